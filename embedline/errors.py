@@ -1,0 +1,152 @@
+"""Failure classes (DESIGN §5). Every adapter translates third-party errors into these.
+
+::
+
+    EmbedlineError            base; attributes chunk_index, row_number (None when unknown)
+     ├─ InputError            bad CSV, header, encoding or parameter → exit 2 before any API call
+     ├─ RowError              one row unusable (empty, too long, rejected) → dead letter
+     ├─ RetryableError        timeouts, resets, 408/409/425/429/5xx, non-JSON bodies → retried
+     │   └─ RateLimitedError  429 with a server-given wait (retry_after_s, seconds)
+     ├─ BadResponseError      2xx with wrong count/index/dimensions or NaN/Inf → chunk failed
+     ├─ FatalError            401/403, insufficient_quota, unknown model, store refusals → exit 3
+     │   └─ ConflictError     an object at our key holds other bytes → never overwritten
+     └─ RunIncompleteError    the run ended with failed chunks or dead letters → exit 1
+
+Messages never contain input text, API keys or credentials: only ids, line numbers, column
+names, HTTP statuses and keys.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadResponseError",
+    "ConflictError",
+    "EmbedlineError",
+    "FatalError",
+    "InputError",
+    "RateLimitedError",
+    "RetryableError",
+    "RowError",
+    "RunIncompleteError",
+]
+
+
+class EmbedlineError(Exception):
+    """Base of every embedline error; ``chunk_index`` and ``row_number`` when known."""
+
+    exit_code = 1
+
+    def __init__(
+        self, message: str, *, chunk_index: int | None = None, row_number: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.chunk_index = chunk_index
+        self.row_number = row_number
+
+    def __reduce__(self):  # keep keyword attributes across pickling (Prefect, Dask)
+        return (_rebuild, (type(self), self.__dict__))
+
+
+def _rebuild(cls: type[EmbedlineError], state: dict[str, object]) -> EmbedlineError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, state.get("message", ""))
+    err.__dict__.update(state)
+    return err
+
+
+class InputError(EmbedlineError):
+    """Raised when the input file, its header, encoding, a row or a parameter is unusable.
+
+    ``path`` names the file, ``line`` the 1-based physical line where the offending record
+    starts (header = line 1), ``column`` the column name when one is at fault.
+    """
+
+    exit_code = 2
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        column: str | None = None,
+    ) -> None:
+        where = ":".join(str(p) for p in (path, line) if p is not None)
+        super().__init__(f"{where}: {message}" if where else message)
+        self.path = path
+        self.line = line
+        self.column = column
+
+
+class RowError(EmbedlineError):
+    """Raised when one row can never be embedded; it becomes a dead letter.
+
+    ``reason`` is a short machine-readable word (``empty_text``, ``rejected``,
+    ``too_long``); ``http_status`` is the server's answer, if any.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        http_status: int | None = None,
+        detail: str = "",
+        row_number: int | None = None,
+    ) -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason, row_number=row_number)
+        self.reason = reason
+        self.http_status = http_status
+
+
+class RetryableError(EmbedlineError):
+    """Raised when a request may succeed if sent again (timeouts, 408/409/425/429/5xx)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        http_status: int | None = None,
+        retry_after_s: float | None = None,
+        chunk_index: int | None = None,
+    ) -> None:
+        super().__init__(message, chunk_index=chunk_index)
+        self.http_status = http_status
+        self.retry_after_s = retry_after_s
+
+
+class RateLimitedError(RetryableError):
+    """Raised on 429 rate limiting; ``retry_after_s`` is the server's wait in seconds."""
+
+
+class BadResponseError(EmbedlineError):
+    """Raised when a 2xx body has the wrong count, index, dimensions, or NaN/Inf values."""
+
+
+class FatalError(EmbedlineError):
+    """Raised when retrying cannot help (401/403, quota, unknown model, store refusals)."""
+
+    exit_code = 3
+
+    def __init__(
+        self, message: str, *, http_status: int | None = None, chunk_index: int | None = None
+    ) -> None:
+        super().__init__(message, chunk_index=chunk_index)
+        self.http_status = http_status
+
+
+class ConflictError(FatalError):
+    """Raised when an object already at our key holds different bytes; it is never replaced."""
+
+
+class RunIncompleteError(EmbedlineError):
+    """Raised when a run ends with failed chunks or dead letters; the manifest is not written.
+
+    ``summary`` is the run's summary dict (counts only, no text).
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, summary: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or {}

@@ -1,0 +1,106 @@
+"""Content keys: SHA-256 hex digests that make every output idempotent.
+
+All keys follow ``../shared/DESIGN.md`` §2 (a contract: outside checks recompute them).
+
+- ``text_sha256(text)``: the exact text as read, UTF-8, no trimming.
+- ``row_key``: ``sha256("{id}\\x1f{text_sha256}\\x1f{model}\\x1f{dimensions}")``.
+- ``request_key``: sha256 of a request's row keys joined by ``\\n`` (the ``Idempotency-Key``
+  header), so every attempt of the same request, in this process or after a crash, carries
+  the same key.
+- ``ChunkKeyBuilder`` / ``chunk_key``: ``sha256("\\n".join(["chunk.v1", model, dims] +
+  ["{id}\\x1f{text_sha256}", ...]))``, built incrementally so planning never holds a chunk.
+- ``run_key``: ``sha256("\\n".join(["run.v1", input_sha256, id_column, text_column, model,
+  dims, str(chunk_size)]))``.
+
+An unset ``dimensions`` (``None``) is the empty string everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "ChunkKeyBuilder",
+    "chunk_key",
+    "dims_text",
+    "request_key",
+    "row_key",
+    "run_key",
+    "text_sha256",
+]
+
+_SEP = "\x1f"  # ASCII unit separator: cannot collide with a CSV field boundary
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def dims_text(dimensions: int | None) -> str:
+    """Return ``dimensions`` as decimal text, or ``""`` when unset (DESIGN §2)."""
+    return "" if dimensions is None else str(int(dimensions))
+
+
+def text_sha256(text: str) -> str:
+    """Return the lowercase hex SHA-256 of ``text`` encoded as UTF-8 (64 chars)."""
+    return _sha256(text)
+
+
+def row_key(row_id: str, text_hash: str, model: str, dimensions: int | None) -> str:
+    """Return a row's idempotency key (64 hex chars) from its id and ``text_sha256``."""
+    return _sha256(_SEP.join((row_id, text_hash, model, dims_text(dimensions))))
+
+
+def request_key(row_keys: Sequence[str]) -> str:
+    """Return the ``Idempotency-Key`` of a request carrying ``row_keys`` in order.
+
+    :raises ValueError: if ``row_keys`` is empty (an empty request is never sent).
+    """
+    if not row_keys:
+        raise ValueError("a request needs at least one row key")
+    return _sha256("\n".join(row_keys))
+
+
+class ChunkKeyBuilder:
+    """Incremental chunk key: feed ``(id, text_sha256)`` pairs in input order.
+
+    Hashes the same bytes as ``chunk_key`` without keeping the rows, so a planning pass over a
+    file of any size holds one hash object per open chunk.
+    """
+
+    __slots__ = ("_hash", "rows")
+
+    def __init__(self, model: str, dimensions: int | None) -> None:
+        self._hash = hashlib.sha256(f"chunk.v1\n{model}\n{dims_text(dimensions)}".encode())
+        self.rows = 0
+
+    def add(self, row_id: str, text_hash: str) -> None:
+        """Append one row (its id and the hex SHA-256 of its text)."""
+        self._hash.update(f"\n{row_id}{_SEP}{text_hash}".encode())
+        self.rows += 1
+
+    def hexdigest(self) -> str:
+        """Return the chunk key for the rows added so far (64 hex chars)."""
+        return self._hash.hexdigest()
+
+
+def chunk_key(model: str, dimensions: int | None, rows: Iterable[tuple[str, str]]) -> str:
+    """Return the chunk key of ``rows``, an iterable of ``(id, text_sha256)`` in input order."""
+    builder = ChunkKeyBuilder(model, dimensions)
+    for row_id, text_hash in rows:
+        builder.add(row_id, text_hash)
+    return builder.hexdigest()
+
+
+def run_key(
+    input_sha256: str,
+    id_column: str,
+    text_column: str,
+    model: str,
+    dimensions: int | None,
+    chunk_size: int,
+) -> str:
+    """Return the run key (64 hex chars) naming the manifest ``manifests/{run_key}.json``."""
+    parts = ["run.v1", input_sha256, id_column, text_column, model, dims_text(dimensions)]
+    return _sha256("\n".join([*parts, str(chunk_size)]))

@@ -1,0 +1,194 @@
+"""Plain records passed between stages: plan → embed → publish → record.
+
+Frozen, slotted dataclasses (picklable, so Prefect and Dask can ship them). None of them
+holds a secret; only ``Row`` holds input text, and its ``repr`` leaves the text out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+__all__ = [
+    "ChunkOutcome",
+    "ChunkSpec",
+    "ChunkState",
+    "DeadLetter",
+    "InputPlan",
+    "InputSource",
+    "ManifestChunk",
+    "Row",
+    "RunSummary",
+    "chunk_object_key",
+    "manifest_object_key",
+]
+
+ChunkState = Literal["pending", "running", "published", "failed"]
+
+
+def chunk_object_key(chunk_key: str) -> str:
+    """Return the object key of a chunk under the output root (DESIGN §4)."""
+    return f"chunks/{chunk_key}.parquet"
+
+
+def manifest_object_key(run_key: str) -> str:
+    """Return the object key of a run's manifest under the output root (DESIGN §4)."""
+    return f"manifests/{run_key}.json"
+
+
+@dataclass(frozen=True, slots=True)
+class InputSource:
+    """Where the CSV is and how its records map to ids and texts.
+
+    ``encoding`` is a Python codec name (``utf-8``, ``cp932``); ``data_start`` is the byte
+    offset of the first data record (after the header); ``id_index``/``text_index`` are
+    0-based field positions; ``n_fields`` is the header's width.
+    """
+
+    path: str
+    name: str
+    encoding: str
+    id_column: str
+    text_column: str
+    id_index: int
+    text_index: int
+    n_fields: int
+    data_start: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """One chunk of the input: ``rows`` consecutive records starting at ``first_row``.
+
+    ``first_row`` is the 1-based record number (header excluded) and ``line_start`` the
+    1-based physical line at ``byte_start``. ``byte_start``/``byte_stop`` (bytes, stop
+    exclusive) lie on record boundaries, so a task reads only its own rows;
+    ``bytes_sha256`` is the SHA-256 of those bytes, to detect an input changed mid-run.
+    """
+
+    index: int
+    key: str
+    first_row: int
+    line_start: int
+    rows: int
+    byte_start: int
+    byte_stop: int
+    bytes_sha256: str
+
+    @property
+    def object_key(self) -> str:
+        """The chunk's object key, ``chunks/{key}.parquet``."""
+        return chunk_object_key(self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class InputPlan:
+    """Result of the planning pass: the input's identity and its chunks.
+
+    ``sha256`` and ``bytes`` cover the whole file; ``rows`` counts data records.
+    """
+
+    source: InputSource
+    sha256: str
+    bytes: int
+    rows: int
+    chunks: tuple[ChunkSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One data record: 1-based ``row_number`` (records), 1-based physical ``line``."""
+
+    row_number: int
+    line: int
+    id: str
+    text: str = field(repr=False)
+    text_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A row that will not be embedded for this content; never carries the text.
+
+    ``reason`` is a short word (``empty_text``, ``too_long``, ``rejected``,
+    ``server_error``); ``http_status`` is the server's status when one answered.
+    """
+
+    row_number: int
+    id: str
+    reason: str
+    http_status: int | None = None
+    attempts: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the record as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkOutcome:
+    """What a chunk task did. ``rows`` counts rows in the published object.
+
+    ``created`` is False when the object already existed with our bytes (an earlier or
+    concurrent run published it). ``tokens`` are as reported by the API (0 when unknown),
+    ``requests`` counts HTTP requests sent, retries included.
+    """
+
+    index: int
+    key: str
+    object_key: str
+    object_sha256: str
+    rows: int
+    dead_letters: tuple[DeadLetter, ...] = ()
+    tokens: int = 0
+    requests: int = 0
+    created: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestChunk:
+    """One entry of ``manifest.chunks`` (DESIGN §4): ``rows`` in the object, its SHA-256."""
+
+    index: int
+    key: str
+    object: str
+    rows: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the entry as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """What a run did, for the CLI, the flow's final state and artifacts. Counts only.
+
+    ``exit_code`` follows DESIGN §3: 0 done, 1 incomplete, 2 input error, 3 fatal,
+    130/143 interrupted. Rows are data records; ``wall_s`` is seconds; ``tokens`` as
+    reported by the API.
+    """
+
+    exit_code: int
+    status: str
+    message: str
+    run_key: str | None = None
+    output: str | None = None
+    manifest_uri: str | None = None
+    rows_total: int = 0
+    rows_published: int = 0
+    rows_skipped: int = 0
+    rows_failed: int = 0
+    chunks_total: int = 0
+    chunks_published: int = 0
+    chunks_skipped: int = 0
+    chunks_failed: int = 0
+    chunks_not_run: int = 0
+    tokens: int = 0
+    requests: int = 0
+    wall_s: float = 0.0
+    dimensions: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the summary as a JSON-ready dict."""
+        return asdict(self)

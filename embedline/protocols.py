@@ -1,0 +1,81 @@
+"""Interfaces between the stages and the adapters (``typing.Protocol``: fakes need not inherit)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["EmbeddingClient", "Embeddings", "ObjectStore", "PutResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """One request's result: ``vectors`` float32 of shape ``(len(texts), dimensions)``.
+
+    ``tokens`` is the API's reported usage (0 when the server reports none); ``requests``
+    counts HTTP attempts made for it, retries included (0 for an in-process model).
+    """
+
+    vectors: np.ndarray
+    tokens: int = 0
+    requests: int = 0
+
+
+class EmbeddingClient(Protocol):
+    """Embeds one batch of texts; retries and classifies failures itself."""
+
+    model: str
+
+    def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
+        """Return one vector per text, in the order of ``texts``.
+
+        :raises RowError: the batch holds an input the server rejects (400/413/422).
+        :raises RetryableError: still failing after the attempt budget.
+        :raises BadResponseError: the response's shape or values are wrong.
+        :raises FatalError: credentials, quota or model are wrong.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """Outcome of a conditional create: ``created`` False means identical bytes were there."""
+
+    created: bool
+    sha256: str
+
+
+class ObjectStore(Protocol):
+    """A flat key space under one output root with create-only writes (DESIGN §4)."""
+
+    uri: str
+
+    def put_if_absent(
+        self, key: str, body: bytes, *, sha256: str, content_type: str
+    ) -> PutResult:
+        """Create ``key`` with ``body`` unless it exists; never overwrite.
+
+        :raises ConflictError: the key exists with other bytes (SHA-256 differs).
+        :raises FatalError: the store refuses the write (permissions, missing bucket).
+        """
+        ...
+
+    def head_sha256(self, key: str) -> str | None:
+        """Return the stored object's SHA-256 (hex), or None if the key does not exist."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """Return the object's bytes. :raises FileNotFoundError: if the key does not exist."""
+        ...
+
+    def uri_for(self, key: str) -> str:
+        """Return the full URI of ``key`` (``s3://bucket/prefix/key`` or a local path)."""
+        ...

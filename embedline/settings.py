@@ -1,0 +1,94 @@
+"""Run settings: one validated, frozen pydantic model shared by the CLI and the flow.
+
+Settings never hold secrets: the API key is read from the environment by the adapter that
+needs it (``EMBEDLINE_API_KEY``, else ``OPENAI_API_KEY``), so it never becomes a Prefect
+parameter or a ledger value.
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["DEFAULT_MODELS", "RunSettings", "codec_for"]
+
+#: Model used when ``--model`` is not given, per embedder.
+DEFAULT_MODELS = {
+    "local": "sentence-transformers/all-MiniLM-L6-v2",
+    "openai": "text-embedding-3-small",
+}
+
+
+def codec_for(encoding: str) -> str:
+    """Return the Python codec name for ``--encoding`` (``auto`` means UTF-8, BOM optional).
+
+    :raises ValueError: for an unknown codec, or one whose newline is not the byte 0x0A
+        (UTF-16/UTF-32), which a line-oriented CSV reader cannot split safely.
+    """
+    if encoding.lower() in ("auto", "utf-8-sig", "utf8-sig"):
+        return "utf-8"
+    try:
+        name = codecs.lookup(encoding).name
+    except LookupError:
+        raise ValueError(
+            f"unknown encoding {encoding!r}; use 'auto' (UTF-8) or a Python codec name "
+            "such as 'cp932', 'latin-1'"
+        ) from None
+    if "\n".encode(name) != b"\n":
+        raise ValueError(f"encoding {encoding!r} is not supported: re-encode the file as UTF-8")
+    return name
+
+
+class RunSettings(BaseModel):
+    """Everything a run needs but secrets. Units: seconds, rows, requests/min, tokens/min.
+
+    Limits that come from a documented API limit say so: ``batch_size`` ≤ 2048 inputs and
+    ``max_request_tokens`` ≤ 300,000 tokens per request (OpenAI embeddings API reference).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: str
+    output: str = "./embedline-output"
+    id_column: str = "id"
+    text_column: str = "text"
+    encoding: str = "auto"
+    embedder: Literal["local", "openai"] = "local"
+    model: str | None = None
+    base_url: str = "https://api.openai.com/v1"
+    dimensions: int | None = Field(default=None, ge=1)
+    chunk_size: int = Field(default=1000, ge=1, le=1_000_000)
+    batch_size: int = Field(default=128, ge=1, le=2048)
+    max_request_tokens: int = Field(default=200_000, ge=1, le=300_000)
+    concurrency: int = Field(default=8, ge=1, le=256)
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_attempts: int = Field(default=6, ge=1, le=100)
+    ledger: str = ".embedline/ledger.sqlite3"
+    allow_failed_rows: bool = False
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        codec_for(value)
+        return value
+
+    @field_validator("id_column", "text_column")
+    @classmethod
+    def _column_named(cls, value: str) -> str:
+        if not value:
+            raise ValueError("a column name cannot be empty")
+        return value
+
+    @property
+    def effective_model(self) -> str:
+        """``model``, or the embedder's default model."""
+        return self.model or DEFAULT_MODELS[self.embedder]
+
+    @property
+    def codec(self) -> str:
+        """The Python codec that decodes the input."""
+        return codec_for(self.encoding)

@@ -1,0 +1,153 @@
+"""Run chunk tasks with a bounded number in flight and record each outcome in the ledger.
+
+Orchestration only: the dispatcher claims a chunk (a lease in the ledger), submits the chunk
+task to a Prefect task runner, and records the outcome when the future completes. The flow
+process is the ledger's only writer. At most ``window`` chunks are in flight, so memory stays
+flat however large the input is.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.ledger import Ledger, new_owner
+from embedline.models import ChunkOutcome, ChunkSpec
+from tasks.outcome import ChunkFailure, status_for
+
+__all__ = ["DispatchResult", "Dispatcher"]
+
+_POLL_S = 0.5  # seconds between checks of held chunks and leases
+
+
+@dataclass(slots=True)
+class DispatchResult:
+    """Outcomes by chunk index; ``stop`` is the failure that stopped dispatching, if any."""
+
+    published: dict[int, ChunkOutcome] = field(default_factory=dict)
+    failed: dict[int, ChunkFailure] = field(default_factory=dict)
+    not_run: list[int] = field(default_factory=list)
+    stop: ChunkFailure | None = None
+
+
+class Dispatcher:
+    """Claims, submits and records chunks. ``submit(spec)`` returns a Prefect future.
+
+    ``lease_s`` (seconds) is how long a claim holds without renewal; leases of in-flight
+    chunks are renewed every ``lease_s / 3``. ``on_outcome`` is called after each record.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        run_key: str,
+        object_uri: Callable[[ChunkSpec], str],
+        submit: Callable[[ChunkSpec], Any],
+        window: int,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        lease_s: float = 600.0,
+        on_outcome: Callable[[DispatchResult], None] | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.run_key = run_key
+        self.object_uri = object_uri
+        self.submit = submit
+        self.window = window
+        self.logger = logger
+        self.lease_s = lease_s
+        self.on_outcome = on_outcome or (lambda result: None)
+        self.owner = new_owner()
+        self.result = DispatchResult()
+        self._done: queue.Queue[Any] = queue.Queue()
+        self._inflight: dict[Any, ChunkSpec] = {}
+        self._stopping = False
+
+    def stop(self, failure: ChunkFailure | None = None) -> None:
+        """Submit no more chunks; in-flight chunks finish and are recorded."""
+        self._stopping = True
+        if failure is not None and self.result.stop is None:
+            self.result.stop = failure
+
+    def run(self, specs: Sequence[ChunkSpec]) -> DispatchResult:
+        """Process ``specs``; return when every chunk is recorded or dispatching stopped."""
+        pending = deque(specs)
+        held: list[ChunkSpec] = []
+        renewed = time.monotonic()
+        while pending or held or self._inflight:
+            if not self._stopping:
+                self._fill(pending, held)
+            if self._stopping and not self._inflight:
+                break
+            self._drain(timeout=_POLL_S)
+            if held and not self._stopping:
+                pending.extend(held)
+                held.clear()
+            if time.monotonic() - renewed > self.lease_s / 3:
+                self.ledger.renew(self.run_key, [s.index for s in self._inflight.values()],
+                                  owner=self.owner, lease_s=self.lease_s)  # fmt: skip
+                renewed = time.monotonic()
+        self.result.not_run = sorted({s.index for s in [*pending, *held]})
+        return self.result
+
+    def _fill(self, pending: deque[ChunkSpec], held: list[ChunkSpec]) -> None:
+        while pending and len(self._inflight) < self.window:
+            spec = pending.popleft()
+            if self.ledger.published_object(self.object_uri(spec)) is not None:
+                continue  # published meanwhile by a concurrent run
+            if not self.ledger.claim(self.run_key, spec.index, owner=self.owner,
+                                     lease_s=self.lease_s):  # fmt: skip
+                held.append(spec)  # another live process holds it: look again later
+                continue
+            future = self.submit(spec)
+            self._inflight[future] = spec
+            future.add_done_callback(self._done.put)
+
+    def _drain(self, *, timeout: float) -> None:
+        try:
+            future = self._done.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._record(future, self._inflight.pop(future))
+            try:
+                future = self._done.get_nowait()
+            except queue.Empty:
+                return
+
+    def _record(self, future: Any, spec: ChunkSpec) -> None:
+        future.wait()  # sets the final state locally; before it, .state asks the API server
+        state = future.state
+        if state.is_completed():
+            outcome: ChunkOutcome = future.result()
+            self.ledger.mark_published(
+                self.run_key, spec, object_uri=self.object_uri(spec),
+                sha256=outcome.object_sha256, rows=outcome.rows,
+                dead_letters=outcome.dead_letters,
+            )  # fmt: skip
+            self.result.published[spec.index] = outcome
+        else:
+            exc = state.result(raise_on_failure=False)
+            failure = status_for(exc) if isinstance(exc, BaseException) else status_for(
+                RuntimeError(f"chunk task ended in state {state.type.value}")
+            )  # fmt: skip
+            self._log_failure(spec, failure, exc)
+            self.ledger.mark_failed(self.run_key, spec.index, owner=self.owner,
+                                    error=failure.error)  # fmt: skip
+            self.result.failed[spec.index] = failure
+            if failure.kind in ("fatal", "input"):
+                self.stop(failure)
+        self.on_outcome(self.result)
+
+    def _log_failure(self, spec: ChunkSpec, failure: ChunkFailure, exc: object) -> None:
+        if failure.expected:
+            self.logger.error("chunk %d failed: %s", spec.index, failure.error)
+        else:
+            self.logger.error("chunk %d failed with an unexpected error: %s", spec.index,
+                              failure.error, exc_info=exc if isinstance(exc, BaseException)
+                              else None)  # fmt: skip

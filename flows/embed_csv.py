@@ -1,0 +1,270 @@
+"""The ``embed-csv`` flow: plan → skip published → embed + publish chunks → manifest.
+
+Orchestration only. Parameters mirror ``embedline run`` (DESIGN §3) and never include a
+secret: the API key stays in the environment. The flow's final state is Completed when the
+manifest is committed (or already was), Failed otherwise; its data is the run summary, whose
+``exit_code`` the CLI returns.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from prefect.states import Completed, Failed, State
+from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import ValidationError
+
+from adapters.ledger import Ledger
+from embedline import keys
+from embedline.errors import ConflictError, EmbedlineError, InputError
+from embedline.models import ChunkOutcome, InputPlan, ManifestChunk, RunSummary
+from embedline.progress import Progress, notify
+from embedline.settings import RunSettings
+from flows.dispatch import DispatchResult, Dispatcher
+from tasks.chunk import embed_chunk, store_for
+from tasks.manifest import build_manifest, read_manifest, write_manifest
+from tasks.plan import find_published, plan_input
+
+__all__ = ["embed_csv", "run_settings"]
+
+
+@flow(name="embed-csv", log_prints=False)
+def embed_csv(
+    input: str,
+    output: str = "./embedline-output",
+    id_column: str = "id",
+    text_column: str = "text",
+    encoding: str = "auto",
+    embedder: str = "local",
+    model: str | None = None,
+    base_url: str = "https://api.openai.com/v1",
+    dimensions: int | None = None,
+    chunk_size: int = 1000,
+    batch_size: int = 128,
+    max_request_tokens: int = 200_000,
+    concurrency: int = 8,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    timeout: float = 60.0,
+    max_attempts: int = 6,
+    ledger: str = ".embedline/ledger.sqlite3",
+    allow_failed_rows: bool = False,
+) -> State[Any]:
+    """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
+
+    Units: ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight requests, ``rpm``
+    requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
+    request (first try included). Returns a Completed or Failed state carrying the summary.
+    """
+    parameters = dict(locals())
+    parameters["timeout_s"] = parameters.pop("timeout")
+    try:
+        settings = RunSettings(**parameters)
+    except ValidationError as exc:
+        return _final(RunSummary(2, "input_error", f"invalid parameters: {exc}"))
+    return _final(run_settings(settings))
+
+
+def run_settings(settings: RunSettings) -> RunSummary:
+    """Run the pipeline for ``settings`` inside the current flow run; return its summary."""
+    logger = get_run_logger()
+    started = time.monotonic()
+    # ── plan ──────────────────────────────────────────────────────────────────────────────
+    try:
+        plan = plan_input(settings)
+        store = store_for(settings.output)
+    except InputError as exc:
+        return RunSummary(exc.exit_code, "input_error", str(exc))
+    run_key = keys.run_key(
+        plan.sha256, settings.id_column, settings.text_column, settings.effective_model,
+        settings.dimensions, settings.chunk_size,
+    )  # fmt: skip
+    base = RunSummary(0, "running", "", run_key=run_key, output=store.uri, rows_total=plan.rows,
+                      chunks_total=len(plan.chunks))  # fmt: skip
+    # ── already committed? ───────────────────────────────────────────────────────────────
+    try:
+        existing = read_manifest(store, run_key)
+    except EmbedlineError as exc:
+        return _with(base, started, exit_code=exc.exit_code, status="fatal", message=str(exc))
+    if existing is not None:
+        logger.info("run %s is already complete: manifest %s", run_key, store.uri_for(
+            f"manifests/{run_key}.json"))  # fmt: skip
+        return _already_complete(base, existing, store.uri_for(f"manifests/{run_key}.json"),
+                                 started)  # fmt: skip
+    ledger = Ledger(settings.ledger)
+    try:
+        return _run(settings, plan, base, ledger, started)
+    finally:
+        ledger.close()
+
+
+def _run(
+    settings: RunSettings, plan: InputPlan, base: RunSummary, ledger: Ledger, started: float
+) -> RunSummary:
+    logger = get_run_logger()
+    store = store_for(settings.output)
+    run_key = str(base.run_key)
+    ledger.start_run(
+        run_key, plan, output_uri=store.uri, settings=settings.model_dump(),
+        flow_run_id=flow_run.get_id(),
+        object_uris=[store.uri_for(c.object_key) for c in plan.chunks],
+    )  # fmt: skip
+    # ── skip published ───────────────────────────────────────────────────────────────────
+    try:
+        skipped = find_published(plan, run_key=run_key, ledger=ledger, store=store,
+                                 model=settings.effective_model)  # fmt: skip
+    except ConflictError as exc:
+        return _finish(ledger, _with(base, started, exit_code=3, status="fatal",
+                                     message=str(exc)))  # fmt: skip
+    todo = [c for c in plan.chunks if c.index not in skipped]
+    logger.info("%d of %d chunks already published; %d to embed",
+                len(skipped), len(plan.chunks), len(todo))  # fmt: skip
+    # ── embed + publish, record as chunks finish ─────────────────────────────────────────
+    report = _progress_reporter(plan, skipped)
+    report(DispatchResult())
+    window = 2 if settings.embedder == "local" else settings.concurrency + 1
+    with ThreadPoolTaskRunner(max_workers=window) as runner:
+        dispatcher = Dispatcher(
+            ledger=ledger,
+            run_key=run_key,
+            object_uri=lambda spec: store.uri_for(spec.object_key),
+            submit=lambda spec: runner.submit(
+                embed_chunk, {"spec": spec, "source": plan.source, "settings": settings}
+            ),
+            window=window,
+            logger=logger,
+            on_outcome=report,
+        )
+        result = dispatcher.run(todo)
+    # ── manifest ─────────────────────────────────────────────────────────────────────────
+    summary = _summarize(base, plan, skipped, result, started)
+    if summary.exit_code == 0 or (summary.status == "dead_letters" and settings.allow_failed_rows):
+        summary = _commit(settings, plan, store, {**skipped, **result.published}, summary)
+    return _finish(ledger, summary)
+
+
+def _summarize(
+    base: RunSummary,
+    plan: InputPlan,
+    skipped: dict[int, ChunkOutcome],
+    result: DispatchResult,
+    started: float,
+) -> RunSummary:
+    done = {**skipped, **result.published}
+    rows_failed = sum(len(o.dead_letters) for o in done.values())
+    not_done = len(plan.chunks) - len(done)
+    summary = _with(
+        base, started,
+        rows_published=sum(o.rows for o in done.values()),
+        rows_skipped=sum(o.rows for o in skipped.values()),
+        rows_failed=rows_failed,
+        chunks_published=len(result.published),
+        chunks_skipped=len(skipped),
+        chunks_failed=len(result.failed),
+        chunks_not_run=not_done - len(result.failed),
+        tokens=sum(o.tokens for o in result.published.values()),
+        requests=sum(o.requests for o in result.published.values()),
+    )  # fmt: skip
+    if result.stop is not None:
+        code = 3 if result.stop.kind == "fatal" else 2
+        return _with(summary, started, exit_code=code, status=result.stop.kind,
+                     message=f"stopped: {result.stop.error}")  # fmt: skip
+    if not_done:
+        return _with(summary, started, exit_code=1, status="incomplete", message=(
+            f"{not_done} of {len(plan.chunks)} chunks not published; rerun the same command "
+            "to retry only those chunks"))  # fmt: skip
+    if rows_failed:
+        return _with(summary, started, exit_code=1, status="dead_letters", message=(
+            f"{rows_failed} rows are dead letters (see `embedline dead-letters "
+            f"{base.run_key}`); the manifest is committed only with --allow-failed-rows"))
+    return _with(summary, started, status="complete")
+
+
+def _commit(
+    settings: RunSettings,
+    plan: InputPlan,
+    store: Any,
+    done: dict[int, ChunkOutcome],
+    summary: RunSummary,
+) -> RunSummary:
+    logger = get_run_logger()
+    dims = _dimensions(settings, store, plan, done)
+    manifest = build_manifest(
+        run_key=str(summary.run_key), plan=plan, embedder=settings.embedder,
+        model=settings.effective_model, dimensions=dims,
+        chunks=[ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
+                for o in done.values()],
+        rows_failed=summary.rows_failed,
+    )  # fmt: skip
+    uri, created = write_manifest(store, manifest)
+    logger.info("manifest %s %s", "committed" if created else "already committed", uri)
+    return RunSummary(**{**summary.to_dict(), "exit_code": 0, "status": "complete",
+                         "manifest_uri": uri, "dimensions": dims, "message": (
+                             f"{summary.rows_failed} rows are dead letters (committed with "
+                             "--allow-failed-rows)" if summary.rows_failed else "")})  # fmt: skip
+
+
+def _dimensions(
+    settings: RunSettings, store: Any, plan: InputPlan, done: dict[int, ChunkOutcome]
+) -> int:
+    """The vectors' length: from a non-empty chunk's object metadata, else the setting."""
+    from tasks.publish import read_chunk_metadata
+
+    for outcome in sorted(done.values(), key=lambda o: -o.rows):
+        if outcome.rows:
+            return read_chunk_metadata(store.get(outcome.object_key)).dimensions
+    return settings.dimensions or 0
+
+
+def _already_complete(
+    base: RunSummary, manifest: dict[str, Any], uri: str, started: float
+) -> RunSummary:
+    return _with(
+        base, started, status="already_complete", manifest_uri=uri,
+        message="the run's manifest already exists: nothing to do",
+        rows_published=int(manifest["rows_published"]),
+        rows_skipped=int(manifest["rows_published"]),
+        rows_failed=int(manifest["rows_failed"]),
+        chunks_skipped=len(manifest["chunks"]),
+        dimensions=int(manifest["dimensions"]),
+    )  # fmt: skip
+
+
+def _progress_reporter(plan: InputPlan, skipped: dict[int, ChunkOutcome]) -> Any:
+    rows_skipped = sum(c.rows for c in plan.chunks if c.index in skipped)
+
+    def report(result: DispatchResult) -> None:
+        notify(Progress(
+            rows_total=plan.rows, chunks_total=len(plan.chunks),
+            rows_done=rows_skipped + sum(plan.chunks[i].rows for i in result.published),
+            chunks_done=len(skipped) + len(result.published), rows_skipped=rows_skipped,
+            dead_letters=sum(len(o.dead_letters) for o in result.published.values()),
+            chunks_failed=len(result.failed),
+        ))  # fmt: skip
+
+    return report
+
+
+def _with(summary: RunSummary, started: float, **changes: Any) -> RunSummary:
+    return RunSummary(**{**summary.to_dict(), **changes,
+                         "wall_s": round(time.monotonic() - started, 3)})  # fmt: skip
+
+
+def _finish(ledger: Ledger, summary: RunSummary) -> RunSummary:
+    ledger.finish_run(
+        str(summary.run_key),
+        status=summary.status,
+        rows_published=summary.rows_published,
+        rows_failed=summary.rows_failed,
+        manifest_uri=summary.manifest_uri,
+    )
+    return summary
+
+
+def _final(summary: RunSummary) -> State[Any]:
+    if summary.exit_code == 0:
+        return Completed(message=summary.message or summary.status, data=summary.to_dict())
+    return Failed(message=summary.message, data=summary.to_dict())

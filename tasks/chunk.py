@@ -1,0 +1,81 @@
+"""The chunk task: read a chunk's rows, embed them, publish its object. Runs on any worker.
+
+It takes a small frozen ``ChunkSpec`` (byte offsets, not rows) plus settings, builds its
+adapters itself (shared per process), and returns a ``ChunkOutcome``. It never touches the
+ledger: only the flow process writes it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from adapters.csv_source import read_chunk
+from adapters.embeddings import build_embedder
+from adapters.object_store import open_store
+from embedline.models import ChunkOutcome, ChunkSpec, InputSource
+from embedline.protocols import ObjectStore
+from embedline.settings import RunSettings
+from tasks.embed import embed_rows
+from tasks.outcome import retry_condition
+from tasks.publish import publish_chunk
+
+__all__ = ["embed_chunk", "store_for"]
+
+
+@functools.lru_cache(maxsize=8)
+def store_for(uri: str) -> ObjectStore:
+    """Return this process's store for ``uri`` (one client and connection pool per URI)."""
+    return open_store(uri)
+
+
+@task(
+    name="embed-chunk",
+    task_run_name="embed-chunk-{spec.index:04d}",
+    cache_policy=NO_CACHE,
+    retry_condition_fn=retry_condition,
+)
+def embed_chunk(spec: ChunkSpec, source: InputSource, settings: RunSettings) -> ChunkOutcome:
+    """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
+
+    :raises InputError: the input changed since planning.
+    :raises RetryableError: the API kept failing past the attempt budget (Prefect may retry
+        the task; see ``retry_condition``).
+    :raises BadResponseError: the API answered with wrong shapes or values.
+    :raises FatalError: credentials, quota, model or store refusals; the run stops.
+    :raises ConflictError: the chunk's key holds an object that is not this chunk.
+    """
+    logger = get_run_logger()
+    rows = read_chunk(source, spec)
+    client = build_embedder(settings)
+    embedded = embed_rows(
+        rows,
+        client,
+        model=settings.effective_model,
+        dimensions=settings.dimensions,
+        batch_size=settings.batch_size,
+        max_request_tokens=settings.max_request_tokens,
+    )
+    if embedded.rows:
+        dimensions = int(embedded.vectors.shape[1])
+    else:
+        dimensions = settings.dimensions or int(getattr(client, "dimensions", None) or 0)
+    outcome = publish_chunk(
+        store_for(settings.output),
+        spec,
+        embedded,
+        model=settings.effective_model,
+        dimensions=dimensions,
+    )
+    logger.info(
+        "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens",
+        spec.index,
+        outcome.rows,
+        "" if outcome.created else " (object already existed)",
+        len(outcome.dead_letters),
+        outcome.requests,
+        outcome.tokens,
+    )
+    return outcome

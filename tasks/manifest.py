@@ -1,0 +1,102 @@
+"""The run manifest: written once, last, by conditional create. It is the commit point.
+
+Format ``embedline.manifest.v1`` (DESIGN §4, a contract):
+``rows_published + rows_failed == input.rows``; ``chunks[].rows`` counts rows in each object;
+``chunks[].sha256`` is of the object's bytes; ``dimensions`` is the vectors' actual length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from embedline.errors import ConflictError
+from embedline.models import InputPlan, ManifestChunk, manifest_object_key
+from embedline.protocols import ObjectStore
+
+__all__ = ["MANIFEST_FORMAT", "build_manifest", "read_manifest", "write_manifest"]
+
+MANIFEST_FORMAT = "embedline.manifest.v1"
+
+
+def build_manifest(
+    *,
+    run_key: str,
+    plan: InputPlan,
+    embedder: str,
+    model: str,
+    dimensions: int,
+    chunks: Sequence[ManifestChunk],
+    rows_failed: int,
+) -> dict[str, object]:
+    """Return the manifest as a JSON-ready dict (chunks in index order).
+
+    :raises ValueError: the counts do not add up to the input's rows.
+    """
+    rows_published = sum(c.rows for c in chunks)
+    if rows_published + rows_failed != plan.rows:
+        raise ValueError(
+            f"manifest counts do not add up: {rows_published} published + {rows_failed} "
+            f"failed != {plan.rows} input rows"
+        )
+    return {
+        "format": MANIFEST_FORMAT,
+        "run_key": run_key,
+        "input": {
+            "name": plan.source.name,
+            "sha256": plan.sha256,
+            "bytes": plan.bytes,
+            "rows": plan.rows,
+        },
+        "id_column": plan.source.id_column,
+        "text_column": plan.source.text_column,
+        "embedder": embedder,
+        "model": model,
+        "dimensions": dimensions,
+        "rows_published": rows_published,
+        "rows_failed": rows_failed,
+        "chunks": [c.to_dict() for c in sorted(chunks, key=lambda c: c.index)],
+        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def write_manifest(store: ObjectStore, manifest: dict[str, object]) -> tuple[str, bool]:
+    """Create ``manifests/{run_key}.json``; return ``(uri, created)``.
+
+    ``created`` is False when a manifest for this run key already existed (a concurrent run
+    committed first): that manifest stands, ours is dropped, nothing is overwritten.
+
+    :raises ConflictError: the existing object is not a manifest of this run key.
+    """
+    key = manifest_object_key(str(manifest["run_key"]))
+    body = (json.dumps(manifest, indent=2) + "\n").encode()
+    digest = hashlib.sha256(body).hexdigest()
+    try:
+        put = store.put_if_absent(key, body, sha256=digest, content_type="application/json")
+        return store.uri_for(key), put.created
+    except ConflictError:
+        existing = read_manifest(store, str(manifest["run_key"]))
+        if existing is None or existing.get("run_key") != manifest["run_key"]:
+            raise
+        return store.uri_for(key), False
+
+
+def read_manifest(store: ObjectStore, run_key: str) -> dict[str, object] | None:
+    """Return the run's committed manifest, or None when the run has none yet.
+
+    :raises ConflictError: the object exists but is not a manifest.
+    """
+    key = manifest_object_key(run_key)
+    try:
+        body = store.get(key)
+    except FileNotFoundError:
+        return None
+    try:
+        manifest = json.loads(body)
+    except json.JSONDecodeError:
+        raise ConflictError(f"{store.uri_for(key)} exists but is not JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ConflictError(f"{store.uri_for(key)} exists but is not an embedline manifest")
+    return manifest

@@ -1,0 +1,57 @@
+"""Map an exception to what it means for a chunk and for the run: the one place that does.
+
+``status_for`` is the only function that looks at arbitrary exceptions: unknown errors are
+``failed`` (and logged with their traceback by the caller), never retried, because a retried
+bug spends API budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from embedline.errors import EmbedlineError, FatalError, InputError, RetryableError
+
+__all__ = ["ChunkFailure", "FailureKind", "retry_condition", "status_for"]
+
+FailureKind = Literal["fatal", "input", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFailure:
+    """A failed chunk: ``kind`` says what the run does next; ``error`` is for the ledger.
+
+    ``fatal`` stops dispatching and exits 3; ``input`` stops and exits 2; ``failed`` marks
+    the chunk failed (a rerun retries it) and the run goes on.
+    """
+
+    kind: FailureKind
+    error: str
+    expected: bool  # False for an exception embedline does not know: a bug, log its traceback
+
+
+def status_for(exc: BaseException) -> ChunkFailure:
+    """Classify ``exc`` (raised by a chunk task) into a ``ChunkFailure``."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, FatalError):
+        return ChunkFailure("fatal", text, expected=True)
+    if isinstance(exc, InputError):
+        return ChunkFailure("input", text, expected=True)
+    if isinstance(exc, EmbedlineError):
+        return ChunkFailure("failed", text, expected=True)
+    return ChunkFailure("failed", text, expected=False)
+
+
+def retry_condition(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry a chunk task only for a ``RetryableError``.
+
+    Row-permanent, bad-response, fatal, input and unknown errors are never retried by
+    Prefect (docs: how-to-guides/workflows/retries, "retry_condition_fn").
+    """
+    try:
+        state.result()
+    except RetryableError:
+        return True
+    except BaseException:
+        return False
+    return False

@@ -1,0 +1,181 @@
+"""Publish a chunk: one Parquet object per chunk, created once under its content key.
+
+Object layout (DESIGN §4): columns ``id`` (string), ``embedding`` (fixed-size list of
+float32, length = dimensions), ``text_sha256`` (string), ``idempotency_key`` (string); rows
+in input order, dead letters left out. The Parquet key-value metadata carries the chunk key,
+model, dimensions, row counts and dead letters (row, id, reason, HTTP status; never text), so
+the store alone tells a chunk's outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedline.errors import BadResponseError, ConflictError
+from embedline.models import ChunkOutcome, ChunkSpec, DeadLetter
+from embedline.protocols import ObjectStore
+from tasks.embed import EmbeddedRows
+
+__all__ = ["CHUNK_FORMAT", "ChunkMetadata", "chunk_parquet", "publish_chunk", "read_chunk_metadata"]
+
+CHUNK_FORMAT = "embedline.chunk.v1"
+PARQUET_CONTENT_TYPE = "application/vnd.apache.parquet"
+_META_KEY = b"embedline"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMetadata:
+    """What a chunk object says about itself (from its Parquet key-value metadata)."""
+
+    chunk_key: str
+    model: str
+    dimensions: int
+    rows: int
+    first_row: int  # 1-based record number of the chunk's first row in the writing run
+    dead_letters: tuple[DeadLetter, ...]
+
+
+def chunk_parquet(
+    spec: ChunkSpec, embedded: EmbeddedRows, *, model: str, dimensions: int
+) -> bytes:
+    """Return the chunk's Parquet bytes (deterministic for the same vectors).
+
+    ``dimensions`` is the vectors' length (used for a 0-row chunk's schema).
+
+    :raises BadResponseError: a vector holds NaN or Inf (nothing is published).
+    """
+    vectors = embedded.vectors
+    if not np.isfinite(vectors).all():
+        raise BadResponseError(f"chunk {spec.index}: embeddings hold NaN or Inf values")
+    flat = pa.array(vectors.reshape(-1), type=pa.float32())
+    table = pa.table(
+        {
+            "id": pa.array([r.id for r in embedded.rows], type=pa.string()),
+            "embedding": pa.FixedSizeListArray.from_arrays(flat, dimensions),
+            "text_sha256": pa.array([r.text_sha256 for r in embedded.rows], type=pa.string()),
+            "idempotency_key": pa.array(embedded.row_keys, type=pa.string()),
+        }
+    )
+    meta = {
+        "format": CHUNK_FORMAT,
+        "chunk_key": spec.key,
+        "model": model,
+        "dimensions": dimensions,
+        "rows": len(embedded.rows),
+        "rows_total": spec.rows,
+        "first_row": spec.first_row,
+        "dead_letters": [d.to_dict() for d in embedded.dead_letters],
+    }
+    table = table.replace_schema_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def read_chunk_metadata(body: bytes) -> ChunkMetadata:
+    """Parse a chunk object's embedline metadata.
+
+    :raises ValueError: the bytes are not a Parquet file written by embedline.
+    """
+    try:
+        schema = pq.read_schema(io.BytesIO(body))
+        meta = json.loads((schema.metadata or {})[_META_KEY])
+    except (pa.ArrowInvalid, KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not an embedline chunk object: {exc}") from None
+    if meta.get("format") != CHUNK_FORMAT:
+        raise ValueError(f"unknown chunk format {meta.get('format')!r}")
+    return ChunkMetadata(
+        chunk_key=meta["chunk_key"],
+        model=meta["model"],
+        dimensions=int(meta["dimensions"]),
+        rows=int(meta["rows"]),
+        first_row=int(meta["first_row"]),
+        dead_letters=tuple(DeadLetter(**d) for d in meta["dead_letters"]),
+    )
+
+
+def publish_chunk(
+    store: ObjectStore,
+    spec: ChunkSpec,
+    embedded: EmbeddedRows,
+    *,
+    model: str,
+    dimensions: int,
+) -> ChunkOutcome:
+    """Create the chunk's object with a conditional create; never overwrite.
+
+    If an object already exists at the key with other bytes, it is adopted when it is an
+    embedline chunk of the same chunk key and model (another run embedded the same content;
+    embedding APIs are not bit-for-bit deterministic). Anything else is a conflict.
+
+    :raises ConflictError: the key holds an object that is not this chunk.
+    :raises BadResponseError: NaN/Inf in the vectors.
+    """
+    body = chunk_parquet(spec, embedded, model=model, dimensions=dimensions)
+    digest = hashlib.sha256(body).hexdigest()
+    outcome = ChunkOutcome(
+        index=spec.index,
+        key=spec.key,
+        object_key=spec.object_key,
+        object_sha256=digest,
+        rows=len(embedded.rows),
+        dead_letters=tuple(embedded.dead_letters),
+        tokens=embedded.tokens,
+        requests=embedded.requests,
+    )
+    try:
+        put = store.put_if_absent(
+            spec.object_key, body, sha256=digest, content_type=PARQUET_CONTENT_TYPE
+        )
+    except ConflictError:
+        return adopt_existing(store, spec, model=model, tokens=embedded.tokens,
+                              requests=embedded.requests)  # fmt: skip
+    if put.created:
+        return outcome
+    return replace(outcome, created=False)
+
+
+def adopt_existing(
+    store: ObjectStore, spec: ChunkSpec, *, model: str, tokens: int = 0, requests: int = 0
+) -> ChunkOutcome:
+    """Describe the object already stored for ``spec`` (published by this or another run).
+
+    :raises ConflictError: the object is not an embedline chunk of ``spec.key`` and ``model``.
+    :raises FileNotFoundError: no object exists at the key.
+    """
+    body = store.get(spec.object_key)
+    try:
+        meta = read_chunk_metadata(body)
+    except ValueError as exc:
+        raise ConflictError(
+            f"{store.uri_for(spec.object_key)} exists and is not an embedline chunk ({exc}); "
+            "it was not overwritten: remove it or choose another --output",
+            chunk_index=spec.index,
+        ) from None
+    if meta.chunk_key != spec.key or meta.model != model:
+        raise ConflictError(
+            f"{store.uri_for(spec.object_key)} holds chunk {meta.chunk_key[:12]} of model "
+            f"{meta.model!r}, not this chunk; it was not overwritten",
+            chunk_index=spec.index,
+        )
+    return ChunkOutcome(
+        index=spec.index,
+        key=spec.key,
+        object_key=spec.object_key,
+        object_sha256=hashlib.sha256(body).hexdigest(),
+        rows=meta.rows,
+        dead_letters=tuple(
+            replace(d, row_number=spec.first_row + d.row_number - meta.first_row)
+            for d in meta.dead_letters
+        ),
+        tokens=tokens,
+        requests=requests,
+        created=False,
+    )

@@ -1,0 +1,27 @@
+"""Session-wide test environment: no real credentials, no real Prefect, no real AWS.
+
+Like httpx's ``clean_environ``: variables that could reach a real account are removed before
+anything imports Prefect or boto3, and Prefect gets a throwaway home.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from tests.support.fixtures import fake_openai  # noqa: F401
+from tests.support.moto_server import moto_endpoint, s3_bucket, s3_client  # noqa: F401
+from tests.support.prefect_server import prefect_api_url  # noqa: F401
+
+_SECRETS = ("OPENAI_API_KEY", "EMBEDLINE_API_KEY", "AWS_PROFILE", "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT_URL_S3", "PREFECT_API_URL", "PREFECT_API_KEY")
+
+
+def pytest_configure(config: object) -> None:
+    for name in _SECRETS:
+        os.environ.pop(name, None)
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="embedline-test-prefect-")
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+    os.environ["HF_HUB_OFFLINE"] = "1"

@@ -1,0 +1,182 @@
+"""``embedline run`` end to end: a real CLI process, a real embeddings server on loopback, a
+real Prefect server, local and S3 (moto over HTTP) outputs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+
+from embedline import keys
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import run_cli
+from tests.support.output import read_local_output, vectors_by_id
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+
+
+def _csv(path: Path, rows: list[tuple[str, str]], header: tuple[str, str] = ("id", "text")) -> Path:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    path.write_text(buf.getvalue(), encoding="utf-8")
+    return path
+
+
+def _rows(n: int) -> list[tuple[str, str]]:
+    return [(f"{i:03d}", f"description {i}\nsecond line, with \"quotes\" {i * 7}") for i in range(n)]
+
+
+def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> tuple[int, str, str]:
+    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+            server.base_url, "--output", str(tmp_path / "out"), "--ledger",
+            str(tmp_path / "ledger.sqlite3"), *extra]  # fmt: skip
+    result = run_cli(*args, cwd=tmp_path)
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_run_publishes_every_row_with_its_own_vector(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    rows = _rows(25)
+    _csv(tmp_path / "in.csv", rows)
+    fake_openai.shuffle_index = True  # data items come back in reverse index order
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--batch-size", "4")
+    assert code == 0, err
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert manifest["rows_published"] == 25 and manifest["rows_failed"] == 0
+    assert manifest["input"]["rows"] == 25 and manifest["dimensions"] == 384
+    assert [c["rows"] for c in manifest["chunks"]] == [10, 10, 5]
+    for row_id, text in rows:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
+    assert f"manifest   {tmp_path / 'out' / 'manifests'}" in out
+    # keys are the documented ones
+    sha = keys.text_sha256(rows[0][1])
+    chunk0 = keys.chunk_key("text-embedding-3-small", None,
+                            [(i, keys.text_sha256(t)) for i, t in rows[:10]])  # fmt: skip
+    assert manifest["chunks"][0]["key"] == chunk0
+    assert manifest["chunks"][0]["object"] == f"chunks/{chunk0}.parquet"
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "out" / manifest["chunks"][0]["object"])
+    assert table.column("text_sha256")[0].as_py() == sha
+    assert table.column("idempotency_key")[0].as_py() == keys.row_key(
+        rows[0][0], sha, "text-embedding-3-small", None)
+    # every request carried the Idempotency-Key of its rows
+    assert all(entry["idempotency_key"] for entry in fake_openai.log)
+
+
+def test_rerun_after_success_makes_zero_requests(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _csv(tmp_path / "in.csv", _rows(12))
+    assert _run(tmp_path, fake_openai, "--chunk-size", "5")[0] == 0
+    first = fake_openai.counters()["requests"]
+    assert first > 0
+    manifest_before = read_local_output(tmp_path / "out")[0]
+    code, out, _ = _run(tmp_path, fake_openai, "--chunk-size", "5")
+    assert code == 0 and "already" in out
+    assert fake_openai.counters()["requests"] == first
+    assert read_local_output(tmp_path / "out")[0] == manifest_before
+
+
+def test_fresh_ledger_skips_published_chunks_after_head(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _csv(tmp_path / "in.csv", _rows(12))
+    assert _run(tmp_path, fake_openai, "--chunk-size", "5")[0] == 0
+    for manifest in (tmp_path / "out" / "manifests").iterdir():
+        manifest.unlink()  # the run is no longer committed ...
+    (tmp_path / "ledger.sqlite3").unlink()  # ... and the ledger is gone
+    before = fake_openai.counters()["requests"]
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5")
+    assert code == 0, err
+    assert fake_openai.counters()["requests"] == before  # every chunk found in the store
+    assert "3 skipped" in out
+    assert read_local_output(tmp_path / "out")[0]["rows_published"] == 12
+
+
+def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    rows = _rows(6)
+    rows[2] = (rows[2][0], "")
+    rows[4] = (rows[4][0], "   \n  ")
+    _csv(tmp_path / "in.csv", rows)
+    code, out, _ = _run(tmp_path, fake_openai, "--chunk-size", "3")
+    assert code == 1 and "2 rows are dead letters" in out
+    assert not (tmp_path / "out" / "manifests").exists()
+    run_key = out.split()[1]
+    dead = run_cli("dead-letters", run_key[:8], "--ledger", str(tmp_path / "ledger.sqlite3"),
+                   cwd=tmp_path)  # fmt: skip
+    assert dead.returncode == 0
+    assert dead.stdout.splitlines() == ["002\tempty_text\t", "004\tempty_text\t"]
+    requests = fake_openai.counters()["requests"]
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "3", "--allow-failed-rows")
+    assert code == 0, err
+    assert fake_openai.counters()["requests"] == requests  # dead letters are final
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert manifest["rows_failed"] == 2 and manifest["rows_published"] == 4
+    assert set(vectors) == {"000", "001", "003", "005"}
+    status = run_cli("status", "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)
+    assert status.stdout.startswith(run_key) and "complete" in status.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"id,body\n1,a\n", "no text column 'text'"),
+        (b"id,text\n1,a\n1,b\n", "duplicated id"),
+        (b"id,text\n1,a\n2,caf\xe9\n", ":3: byte 0xe9"),
+        (b"id,text\n1,a\n2,b,c\n", ":3: record has 3 fields"),
+    ],
+)
+def test_input_errors_exit_2_before_any_request(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, content: bytes, needle: str
+) -> None:
+    (tmp_path / "in.csv").write_bytes(content)
+    code, out, err = _run(tmp_path, fake_openai)
+    assert code == 2
+    assert needle in out + err and "in.csv" in out + err
+    assert fake_openai.counters()["requests"] == 0
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    result = run_cli("run", str(tmp_path / "missing.csv"), cwd=tmp_path)
+    assert result.returncode == 2 and "no such file" in result.stderr
+    result = run_cli("run", "x.csv", "--chunk-size", "0", cwd=tmp_path)
+    assert result.returncode == 2 and "--chunk-size" in result.stderr
+
+
+def test_s3_output_through_moto_server(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    rows = _rows(9)
+    _csv(tmp_path / "in.csv", rows)
+    env = {"AWS_ENDPOINT_URL": moto_endpoint}
+    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+            fake_openai.base_url, "--output", f"s3://{s3_bucket}/emb/v1", "--ledger",
+            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "4"]  # fmt: skip
+    result = run_cli(*args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"s3://{s3_bucket}/emb/v1/manifests/" in result.stdout
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="emb/v1/")["Contents"]
+    names = sorted(o["Key"] for o in listed)
+    manifest_key = next(n for n in names if n.startswith("emb/v1/manifests/"))
+    manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=manifest_key)["Body"].read())
+    bodies = {e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"emb/v1/{e['object']}")["Body"]
+              .read() for e in manifest["chunks"]}  # fmt: skip
+    vectors = vectors_by_id(bodies, manifest)
+    assert set(vectors) == {r[0] for r in rows}
+    head = s3.head_object(Bucket=s3_bucket, Key=f"emb/v1/{manifest['chunks'][0]['object']}")
+    assert head["Metadata"]["sha256"] == manifest["chunks"][0]["sha256"]
+    requests = fake_openai.counters()["requests"]
+    rerun = run_cli(*args, cwd=tmp_path, env=env)
+    assert rerun.returncode == 0 and fake_openai.counters()["requests"] == requests

@@ -1,0 +1,627 @@
+"""adapters.embeddings without sockets: every classification branch, response parsing,
+request shape, retries, the shared pause and the concurrency limit, via httpx.MockTransport."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from adapters.embeddings import (
+    LocalEmbedder,
+    OpenAIEmbedder,
+    api_key_from_env,
+    build_embedder,
+    classify,
+    close_embedders,
+    estimate_tokens,
+)
+from embedline.errors import (
+    BadResponseError,
+    FatalError,
+    InputError,
+    RateLimitedError,
+    RetryableError,
+    RowError,
+)
+from embedline.settings import RunSettings
+
+REPO = Path(__file__).resolve().parents[2]
+BASE_URL = "https://api.example.test/v1"
+MODEL = "text-embedding-3-small"
+API_KEY = "sk-test-SECRET-0123456789"
+IDEM = "f" * 64
+SECRET_TEXT = "the quarterly numbers are confidential"
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMBEDLINE_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+
+def make_embedder(
+    handler: Handler,
+    *,
+    api_key: str | None = API_KEY,
+    dimensions: int | None = None,
+    max_attempts: int = 1,
+    concurrency: int = 8,
+    sleep: Callable[[float], None] = lambda s: None,
+    base_url: str = BASE_URL,
+) -> OpenAIEmbedder:
+    return OpenAIEmbedder(
+        base_url=base_url, model=MODEL, dimensions=dimensions, api_key=api_key, timeout_s=5.0,
+        max_attempts=max_attempts, concurrency=concurrency,
+        client=httpx.Client(transport=httpx.MockTransport(handler)), sleep=sleep,
+    )
+
+
+def vectors_for(n: int, dims: int = 4) -> np.ndarray:
+    return (np.arange(n * dims, dtype=np.float32).reshape(n, dims) + 1) / 100
+
+
+def ok_body(request: httpx.Request, *, dims: int = 4, order: list[int] | None = None,
+            usage: dict[str, int] | None = None) -> dict[str, Any]:
+    body = json.loads(request.content)
+    n = len(body["input"])
+    matrix = vectors_for(n, dims)
+    encode = body.get("encoding_format") == "base64"
+    data = [
+        {"object": "embedding", "index": i,
+         "embedding": base64.b64encode(matrix[i].astype("<f4").tobytes()).decode()
+         if encode else matrix[i].tolist()}
+        for i in (order if order is not None else range(n))
+    ]
+    return {"object": "list", "data": data, "model": MODEL,
+            "usage": usage if usage is not None else {"prompt_tokens": n, "total_tokens": n}}
+
+
+def ok(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json=ok_body(request))
+
+
+def answer(status: int, body: Any = None, headers: dict[str, str] | None = None) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(body, (str, bytes)):
+            return httpx.Response(status, content=body, headers=headers)
+        return httpx.Response(status, json=body, headers=headers)
+    return handler
+
+
+def openai_error(
+    code: str | None, message: str = "error", type_: str = "invalid_request_error"
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+class Sequenced:
+    """Answers with the given handlers in turn (the last repeats); records requests."""
+
+    def __init__(self, *handlers: Handler) -> None:
+        self.handlers = list(handlers)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        handler = self.handlers[min(len(self.requests), len(self.handlers)) - 1]
+        return handler(request)
+
+
+def embed_error(handler: Handler, **kwargs: Any) -> BaseException:
+    with pytest.raises(Exception) as caught:
+        make_embedder(handler, **kwargs).embed(["a", SECRET_TEXT], idempotency_key=IDEM)
+    return caught.value
+
+
+def assert_clean(message: str) -> None:
+    for secret in (API_KEY, SECRET_TEXT, IDEM):
+        assert secret not in message
+
+
+# -- transport errors -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exc_type",
+    [httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout,
+     httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
+     httpx.ProxyError],
+)
+def test_transport_failures_are_retryable(exc_type: type[httpx.RequestError]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc_type("boom", request=request)
+
+    error = embed_error(handler)
+    assert type(error) is RetryableError
+    assert isinstance(error.__cause__, exc_type)
+    assert exc_type.__name__ in str(error)
+
+
+def test_unsupported_protocol_is_fatal() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.UnsupportedProtocol("nope", request=request)
+
+    assert isinstance(embed_error(handler), FatalError)
+
+
+def test_local_protocol_error_is_fatal_and_not_chained() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.LocalProtocolError(f"Illegal header value b'Bearer {API_KEY}\\n'")
+
+    error = embed_error(handler)
+    assert isinstance(error, FatalError)
+    assert error.__cause__ is None and error.__suppress_context__
+    assert_clean(str(error))
+
+
+# -- HTTP statuses --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [408, 409, 425, 500, 502, 503, 504])
+def test_transient_statuses_are_retryable_with_retry_after(status: int) -> None:
+    body = openai_error(None, type_="server_error")
+    error = embed_error(answer(status, body, {"Retry-After": "7"}))
+    assert type(error) is RetryableError
+    assert error.http_status == status
+    assert error.retry_after_s == 7.0
+
+
+def test_429_is_rate_limited_with_the_servers_wait() -> None:
+    body = openai_error("rate_limit_exceeded")
+    error = embed_error(answer(429, body, {"retry-after-ms": "200"}))
+    assert isinstance(error, RateLimitedError)
+    assert error.http_status == 429
+    assert error.retry_after_s == pytest.approx(0.2)
+
+
+def test_429_without_headers_has_no_server_wait() -> None:
+    error = embed_error(answer(429, openai_error("rate_limit_exceeded")))
+    assert isinstance(error, RateLimitedError) and error.retry_after_s is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [openai_error("insufficient_quota", type_="insufficient_quota"),
+     openai_error(None, type_="insufficient_quota"),
+     openai_error("insufficient_quota", type_="requests")],
+)
+def test_429_insufficient_quota_is_fatal_without_retry(body: dict[str, Any]) -> None:
+    seq = Sequenced(answer(429, body, {"retry-after-ms": "10"}))
+    error = embed_error(seq, max_attempts=5)
+    assert isinstance(error, FatalError) and error.http_status == 429
+    assert "insufficient_quota" in str(error)
+    assert len(seq.requests) == 1
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_auth_failures_are_fatal_and_say_which_variable_to_set(status: int) -> None:
+    # OpenAI's 401 message quotes part of the key: it must not reach our message
+    body = openai_error("invalid_api_key", f"Incorrect API key provided: {API_KEY[:12]}***")
+    error = embed_error(answer(status, body))
+    assert isinstance(error, FatalError) and error.http_status == status
+    assert "EMBEDLINE_API_KEY" in str(error) and "OPENAI_API_KEY" in str(error)
+    assert API_KEY[:12] not in str(error)
+
+
+def test_404_is_fatal_naming_model_and_path() -> None:
+    error = embed_error(answer(404, openai_error("model_not_found", "The model does not exist")))
+    assert isinstance(error, FatalError) and error.http_status == 404
+    assert MODEL in str(error) and "/v1/embeddings" in str(error)
+    assert "api.example.test" not in str(error)
+
+
+@pytest.mark.parametrize("status", [400, 413, 422])
+def test_rejections_are_row_errors_for_the_batch(status: int) -> None:
+    seq = Sequenced(answer(status, openai_error(None, "'$.input' is invalid")))
+    error = embed_error(seq, max_attempts=4)
+    assert isinstance(error, RowError)
+    assert error.reason == "rejected" and error.http_status == status
+    assert len(seq.requests) == 1
+
+
+def test_error_message_quoting_an_input_is_withheld() -> None:
+    error = embed_error(answer(400, openai_error("bad_input", f"cannot embed '{SECRET_TEXT}'")))
+    assert isinstance(error, RowError)
+    assert "withheld" in str(error)
+    assert_clean(str(error))
+
+
+def test_long_error_messages_are_truncated() -> None:
+    error = embed_error(answer(400, openai_error("x", "y" * 5000)))
+    assert 150 < len(str(error)) < 300
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers"),
+    [(200, "<html><body>gateway</body></html>", {"Content-Type": "text/html"}),
+     (200, "not json at all", {"Content-Type": "text/plain"}),
+     (200, b"", None),
+     (502, "<html>Bad Gateway</html>", {"Content-Type": "text/html"}),
+     (418, "<html>I'm a teapot</html>", {"Content-Type": "text/html"})],
+)
+def test_html_or_non_json_bodies_are_retryable(status: int, body: Any, headers: Any) -> None:
+    error = embed_error(answer(status, body, headers))
+    assert type(error) is RetryableError and error.http_status == status
+
+
+def test_other_4xx_with_json_is_fatal() -> None:
+    error = embed_error(answer(418, openai_error("teapot")))
+    assert isinstance(error, FatalError) and error.http_status == 418
+
+
+def test_redirect_is_fatal() -> None:
+    error = embed_error(answer(302, b"", {"Location": "https://elsewhere.test/v1/embeddings"}))
+    assert isinstance(error, FatalError) and error.http_status == 302
+
+
+def test_classify_reads_vllm_and_tei_error_shapes() -> None:
+    vllm = {"object": "error", "message": "quota", "type": "insufficient_quota", "code": 429}
+    tei = {"error": "Input validation error", "error_type": "Validation"}
+    assert isinstance(classify(429, {}, vllm, model=MODEL, path="/v1/embeddings"), FatalError)
+    error = classify(422, {}, tei, model=MODEL, path="/v1/embeddings")
+    assert isinstance(error, RowError) and "Validation" in str(error)
+
+
+def test_classify_returns_none_for_2xx_json() -> None:
+    assert classify(200, {}, {"data": []}, model=MODEL, path="/v1/embeddings") is None
+
+
+# -- response parsing -----------------------------------------------------------------------
+
+
+def test_vectors_are_placed_by_index_not_position() -> None:
+    emb = make_embedder(lambda r: httpx.Response(200, json=ok_body(r, order=[2, 0, 1])))
+    result = emb.embed(["a", "b", "c"], idempotency_key=IDEM)
+    np.testing.assert_array_equal(result.vectors, vectors_for(3))
+    assert result.vectors.dtype == np.float32 and result.vectors.shape == (3, 4)
+
+
+def test_base64_is_little_endian_float32() -> None:
+    result = make_embedder(ok).embed(["a", "b"], idempotency_key=IDEM)
+    np.testing.assert_array_equal(result.vectors, vectors_for(2))
+
+
+def test_a_float_list_is_accepted_even_when_base64_was_asked() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = ok_body(request)
+        for item in body["data"]:
+            item["embedding"] = vectors_for(2)[item["index"]].tolist()
+        return httpx.Response(200, json=body)
+
+    result = make_embedder(handler).embed(["a", "b"], idempotency_key=IDEM)
+    np.testing.assert_allclose(result.vectors, vectors_for(2))
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens"),
+    [({"prompt_tokens": 5, "total_tokens": 7}, 7), ({"prompt_tokens": 5}, 5), ({}, 0)],
+)
+def test_tokens_come_from_usage(usage: dict[str, int], tokens: int) -> None:
+    emb = make_embedder(lambda r: httpx.Response(200, json=ok_body(r, usage=usage)))
+    result = emb.embed(["a"], idempotency_key=IDEM)
+    assert result.tokens == tokens and result.requests == 1
+
+
+def _mutate(fn: Callable[[dict[str, Any]], Any]) -> Handler:
+    """A 200 answer whose body ``fn`` breaks; plain json.dumps, so NaN/Infinity can be sent."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = ok_body(request)
+        fn(body)
+        content = json.dumps(body)
+        return httpx.Response(200, content=content, headers={"Content-Type": "application/json"})
+    return handler
+
+
+def _set_item(index: int, key: str, value: Any) -> Handler:
+    return _mutate(lambda body: body["data"][index].__setitem__(key, value))
+
+
+def _b64(values: list[float]) -> str:
+    return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
+
+
+BAD_BODIES: dict[str, Handler] = {
+    "no data": _mutate(lambda b: b.pop("data")),
+    "payload is a list": lambda r: httpx.Response(200, json=[1, 2]),
+    "too few": _mutate(lambda b: b["data"].pop()),
+    "too many": _mutate(lambda b: b["data"].append(dict(b["data"][0], index=2))),
+    "missing index": _mutate(lambda b: b["data"][0].pop("index")),
+    "bool index": _set_item(0, "index", True),
+    "string index": _set_item(0, "index", "0"),
+    "duplicate index": _set_item(1, "index", 0),
+    "index out of range": _set_item(1, "index", 2),
+    "negative index": _set_item(1, "index", -1),
+    "unequal lengths": _set_item(1, "embedding", _b64([0.1, 0.2, 0.3])),
+    "nan in base64": _set_item(0, "embedding", _b64([0.1, float("nan"), 0.3, 0.4])),
+    "inf in base64": _set_item(0, "embedding", _b64([0.1, float("-inf"), 0.3, 0.4])),
+    "nan in list": _set_item(0, "embedding", [0.1, float("nan"), 0.3, 0.4]),
+    "inf in list": _set_item(0, "embedding", [0.1, float("inf"), 0.3, 0.4]),
+    "overflow in list": _set_item(0, "embedding", [1e40, 0.2, 0.3, 0.4]),
+    "null in list": _set_item(0, "embedding", [None, 0.2, 0.3, 0.4]),
+    "not base64": _set_item(0, "embedding", "@@@@"),
+    "partial float32": _set_item(0, "embedding", base64.b64encode(b"\x00" * 6).decode()),
+    "nested list": _set_item(0, "embedding", [[0.1], [0.2]]),
+    "text in list": _set_item(0, "embedding", [0.1, "x", 0.3, 0.4]),
+    "number as embedding": _set_item(0, "embedding", 0.5),
+    "missing embedding": _mutate(lambda b: b["data"][0].pop("embedding")),
+    "empty embedding": _set_item(0, "embedding", []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BODIES))
+def test_malformed_2xx_is_a_bad_response(case: str) -> None:
+    assert isinstance(embed_error(BAD_BODIES[case]), BadResponseError)
+
+
+def test_wrong_dimensions_is_a_bad_response() -> None:
+    assert isinstance(embed_error(ok, dimensions=8), BadResponseError)
+
+
+def test_bad_responses_are_retried_until_the_budget_is_spent() -> None:
+    seq = Sequenced(BAD_BODIES["duplicate index"])
+    slept: list[float] = []
+    error = embed_error(seq, max_attempts=3, sleep=slept.append)
+    assert isinstance(error, BadResponseError)
+    assert len(seq.requests) == 3 and len(slept) == 2
+
+
+# -- request shape --------------------------------------------------------------------------
+
+
+def test_request_body_and_headers() -> None:
+    seq = Sequenced(lambda r: httpx.Response(200, json=ok_body(r, dims=64)))
+    make_embedder(seq, dimensions=64).embed(["a", "b"], idempotency_key=IDEM)
+    request = seq.requests[0]
+    assert request.method == "POST" and request.url.path == "/v1/embeddings"
+    assert json.loads(request.content) == {
+        "model": MODEL, "input": ["a", "b"], "encoding_format": "base64", "dimensions": 64,
+    }
+    assert request.headers["Idempotency-Key"] == IDEM
+    assert request.headers["Authorization"] == f"Bearer {API_KEY}"
+
+
+def test_no_dimensions_and_no_authorization_when_unset() -> None:
+    seq = Sequenced(ok)
+    make_embedder(seq, api_key=None).embed(["a"], idempotency_key=IDEM)
+    assert "dimensions" not in json.loads(seq.requests[0].content)
+    assert "Authorization" not in seq.requests[0].headers
+
+
+def test_query_string_of_the_base_url_is_kept() -> None:
+    seq = Sequenced(ok)
+    url = "https://gw.test/openai/deployments/d?api-version=2024-02-01"
+    emb = make_embedder(seq, base_url=url)
+    emb.embed(["a"], idempotency_key=IDEM)
+    assert seq.requests[0].url.path == "/openai/deployments/d/embeddings"
+    assert seq.requests[0].url.params["api-version"] == "2024-02-01"
+
+
+def test_refused_base64_switches_to_float_once_and_for_good() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["encoding_format"] == "base64":
+            return httpx.Response(400, json=openai_error(None, "encoding_format: unknown value"))
+        return ok(request)
+
+    seq = Sequenced(handler)
+    emb = make_embedder(seq)
+    first = emb.embed(["a", "b"], idempotency_key=IDEM)
+    assert first.requests == 2 and emb.encoding_format == "float"
+    np.testing.assert_allclose(first.vectors, vectors_for(2))
+    assert emb.embed(["c"], idempotency_key=IDEM).requests == 1
+    formats = [json.loads(r.content)["encoding_format"] for r in seq.requests]
+    assert formats == ["base64", "float", "float"]
+
+
+def test_format_fallback_is_not_repeated_when_float_is_refused_too() -> None:
+    seq = Sequenced(answer(400, openai_error(None, "encoding_format not supported")))
+    error = embed_error(seq, max_attempts=5)
+    assert isinstance(error, RowError)
+    assert len(seq.requests) == 2
+
+
+def test_empty_batch_is_a_programming_error() -> None:
+    with pytest.raises(ValueError):
+        make_embedder(ok).embed([], idempotency_key=IDEM)
+
+
+# -- retries, pause, concurrency ------------------------------------------------------------
+
+
+def test_retry_resends_the_same_idempotency_key() -> None:
+    seq = Sequenced(answer(503, openai_error(None, type_="server_error")), ok)
+    slept: list[float] = []
+    emb = make_embedder(seq, max_attempts=3, sleep=slept.append)
+    result = emb.embed(["a"], idempotency_key=IDEM)
+    assert result.requests == 2 and len(slept) == 1
+    assert [r.headers["Idempotency-Key"] for r in seq.requests] == [IDEM, IDEM]
+
+
+def test_429_sleeps_the_servers_wait_once_then_pauses_other_calls() -> None:
+    rate_limited = answer(429, openai_error("rate_limit_exceeded"), {"retry-after-ms": "500"})
+    seq = Sequenced(rate_limited, ok)
+    slept: list[float] = []
+    emb = make_embedder(seq, max_attempts=3, sleep=slept.append)
+    emb.embed(["a"], idempotency_key=IDEM)
+    assert slept == [0.5]  # its own retry wait, not doubled by the shared pause
+    other: list[float] = []
+    emb._sleep = other.append  # another request of the same client, while the pause lasts
+    emb.embed(["b"], idempotency_key=IDEM)
+    assert len(other) == 1 and 0.2 < other[0] <= 0.5
+
+
+def test_in_flight_requests_never_exceed_concurrency() -> None:
+    lock = threading.Lock()
+    state = {"now": 0, "max": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        time.sleep(0.03)
+        with lock:
+            state["now"] -= 1
+        return ok(request)
+
+    emb = make_embedder(handler, concurrency=2)
+    threads = [threading.Thread(target=emb.embed, args=(["a"],), kwargs={"idempotency_key": IDEM})
+               for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert state["max"] == 2
+
+
+def test_concurrency_slot_is_free_during_backoff() -> None:
+    free_while_sleeping: list[bool] = []
+    holder: dict[str, OpenAIEmbedder] = {}
+
+    def sleep(seconds: float) -> None:
+        got = holder["emb"]._slots.acquire(blocking=False)
+        free_while_sleeping.append(got)
+        if got:
+            holder["emb"]._slots.release()
+
+    seq = Sequenced(answer(503, openai_error(None)), ok)
+    holder["emb"] = make_embedder(seq, concurrency=1, max_attempts=2, sleep=sleep)
+    holder["emb"].embed(["a"], idempotency_key=IDEM)
+    assert free_while_sleeping == [True]
+
+
+# -- logging --------------------------------------------------------------------------------
+
+
+def test_one_info_per_call_one_warning_per_retry_and_no_secrets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seq = Sequenced(answer(503, openai_error(None, f"overloaded; your input {SECRET_TEXT}")), ok)
+    with caplog.at_level(logging.INFO, logger="embedline.http"):
+        make_embedder(seq, max_attempts=2).embed(["a", SECRET_TEXT], idempotency_key=IDEM)
+    ours = [r for r in caplog.records if r.name == "embedline.http"]
+    assert [r.levelno for r in ours] == [logging.INFO, logging.WARNING, logging.INFO]
+    assert "503" in ours[0].getMessage() and "200" in ours[2].getMessage()
+    assert "503" in ours[1].getMessage()
+    for record in ours:
+        assert_clean(record.getMessage())
+
+
+# -- construction, factory, helpers ---------------------------------------------------------
+
+
+def test_repr_masks_the_key_and_url_password() -> None:
+    emb = make_embedder(ok, base_url="https://user:hunter2@api.example.test/v1")
+    assert API_KEY not in repr(emb) and "hunter2" not in repr(emb)
+    assert "[secure]" in repr(emb)
+
+
+@pytest.mark.parametrize("url", ["ftp://example.test/v1", "example.test/v1", "http://"])
+def test_bad_base_url_is_an_input_error(url: str) -> None:
+    with pytest.raises(InputError):
+        make_embedder(ok, base_url=url)
+
+
+@pytest.mark.parametrize("key", [API_KEY + "\n", "sk-é", "sk test"])
+def test_api_key_with_unsendable_characters_is_fatal_and_not_echoed(key: str) -> None:
+    with pytest.raises(FatalError) as caught:
+        make_embedder(ok, api_key=key)
+    assert key.strip() not in str(caught.value)
+
+
+def test_api_key_from_env_prefers_embedline(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert api_key_from_env() is None
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    assert api_key_from_env() == "sk-openai"
+    monkeypatch.setenv("EMBEDLINE_API_KEY", "sk-embedline")
+    assert api_key_from_env() == "sk-embedline"
+    monkeypatch.setenv("EMBEDLINE_API_KEY", "")
+    assert api_key_from_env() == "sk-openai"
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"), [("", 1), ("abc", 1), ("abcd", 2), ("日本語", 3), ("a" * 300, 100)]
+)
+def test_estimate_tokens_is_utf8_bytes_over_three(text: str, tokens: int) -> None:
+    assert estimate_tokens(text) == tokens
+
+
+@pytest.fixture
+def fresh_cache() -> Any:
+    close_embedders()
+    yield
+    close_embedders()
+
+
+def settings(**overrides: Any) -> RunSettings:
+    values: dict[str, Any] = {"input": "in.csv", "embedder": "openai", "base_url": BASE_URL}
+    values.update(overrides)
+    return RunSettings(**values)
+
+
+def test_build_embedder_shares_one_client_per_configuration(fresh_cache: None) -> None:
+    first = build_embedder(settings())
+    assert build_embedder(settings()) is first
+    assert build_embedder(settings(output="elsewhere")) is first  # not a client setting
+    assert build_embedder(settings(timeout_s=5)) is not first
+    assert build_embedder(settings(concurrency=2)) is not first
+    close_embedders()
+    assert build_embedder(settings()) is not first
+
+
+def test_build_embedder_reads_the_key_from_the_environment(
+    fresh_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBEDLINE_API_KEY", API_KEY)
+    emb = build_embedder(settings())
+    assert isinstance(emb, OpenAIEmbedder) and emb._api_key == API_KEY
+    assert API_KEY not in repr(emb)
+
+
+def test_build_embedder_warns_once_without_a_key(
+    fresh_cache: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="embedline.http"):
+        build_embedder(settings())
+        build_embedder(settings(timeout_s=9))
+    warnings = [r for r in caplog.records if "Authorization" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+
+
+def test_local_embedder_rejects_other_dimensions_and_models(fresh_cache: None) -> None:
+    with pytest.raises(FatalError, match="384"):
+        build_embedder(settings(embedder="local", dimensions=256))
+    with pytest.raises(FatalError):
+        LocalEmbedder(model="text-embedding-3-small")
+    assert isinstance(build_embedder(settings(embedder="local", dimensions=384)), LocalEmbedder)
+
+
+def test_openai_path_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "import adapters.embeddings as e\n"
+        "from embedline.settings import RunSettings\n"
+        "c = e.build_embedder(RunSettings(input='x.csv', embedder='openai'))\n"
+        "local = e.LocalEmbedder()\n"  # constructing the local one is cheap too
+        "assert type(c).__name__ == 'OpenAIEmbedder'\n"
+        "bad = [m for m in ('torch', 'sentence_transformers', 'prefect') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "print('clean', e.__file__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("clean") and str(REPO) in done.stdout

@@ -1,0 +1,125 @@
+"""Ledger transitions, leases, dead letters and concurrency."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from adapters.ledger import SCHEMA_VERSION, Ledger
+from embedline.models import ChunkSpec, DeadLetter, InputPlan, InputSource
+
+
+def _plan(n_chunks: int, rows: int = 10) -> InputPlan:
+    source = InputSource("/x.csv", "x.csv", "utf-8", "id", "text", 0, 1, 2, 8)
+    chunks = tuple(
+        ChunkSpec(i, f"{i:064x}", 1 + i * rows, 2 + i * rows, rows, 0, 0, "h")
+        for i in range(n_chunks)
+    )
+    return InputPlan(source, "f" * 64, 100, rows * n_chunks, chunks)
+
+
+def _uris(plan: InputPlan, root: str = "/out") -> list[str]:
+    return [f"{root}/{c.object_key}" for c in plan.chunks]
+
+
+@pytest.fixture
+def ledger() -> Ledger:
+    return Ledger(":memory:")
+
+
+def _start(ledger: Ledger, plan: InputPlan, run: str = "r" * 64, root: str = "/out") -> str:
+    ledger.start_run(run, plan, output_uri=root, settings={}, flow_run_id=None,
+                     object_uris=_uris(plan, root))  # fmt: skip
+    return run
+
+
+def test_schema_version_and_wal(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "l.sqlite3")
+    assert led.schema_version() == SCHEMA_VERSION
+    mode = sqlite3.connect(tmp_path / "l.sqlite3").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    led.close()
+    assert Ledger(tmp_path / "l.sqlite3").schema_version() == SCHEMA_VERSION  # reopen: no re-run
+
+
+def test_claim_publish_and_dead_letters(ledger: Ledger) -> None:
+    plan = _plan(2)
+    run = _start(ledger, plan)
+    spec = plan.chunks[1]
+    assert ledger.claim(run, 1, owner="a", lease_s=60)
+    assert not ledger.claim(run, 1, owner="b", lease_s=60)  # held by a live lease
+    dead = [DeadLetter(spec.first_row + 3, "id-3", "empty_text")]
+    ledger.mark_published(run, spec, object_uri="/out/" + spec.object_key, sha256="s",
+                          rows=9, dead_letters=dead)  # fmt: skip
+    assert ledger.chunk_states(run)[1].state == "published"
+    assert ledger.published_object("/out/" + spec.object_key).rows == 9
+    assert ledger.run_dead_letters(run) == dead
+    assert not ledger.claim(run, 1, owner="b", lease_s=60)  # published is final
+
+
+def test_expired_lease_is_reclaimed(ledger: Ledger) -> None:
+    run = _start(ledger, _plan(1))
+    assert ledger.claim(run, 0, owner="dead-process", lease_s=0.01)
+    time.sleep(0.03)
+    assert ledger.claim(run, 0, owner="next-run", lease_s=60)
+    assert ledger.chunk_states(run)[0].lease_owner == "next-run"
+    assert ledger.chunk_states(run)[0].attempts == 2
+
+
+def test_failed_chunk_can_be_claimed_again_and_release_returns_to_pending(ledger: Ledger) -> None:
+    run = _start(ledger, _plan(1))
+    assert ledger.claim(run, 0, owner="a", lease_s=60)
+    ledger.mark_failed(run, 0, owner="a", error="RetryableError: 503")
+    assert ledger.chunk_states(run)[0].state == "failed"
+    assert ledger.claim(run, 0, owner="b", lease_s=60)
+    ledger.release(run, 0, owner="b")
+    assert ledger.chunk_states(run)[0].state == "pending"
+
+
+def test_rerun_to_another_output_resets_chunks_not_published_there(ledger: Ledger) -> None:
+    plan = _plan(1)
+    run = _start(ledger, plan, root="/a")
+    ledger.mark_published(run, plan.chunks[0], object_uri="/a/" + plan.chunks[0].object_key,
+                          sha256="s", rows=10, dead_letters=[])  # fmt: skip
+    _start(ledger, plan, run, root="/b")
+    assert ledger.chunk_states(run)[0].state == "pending"
+    assert ledger.published_object("/b/" + plan.chunks[0].object_key) is None
+
+
+def test_find_run_by_prefix(ledger: Ledger) -> None:
+    run = _start(ledger, _plan(1), "abcdef12" + "0" * 56)
+    assert ledger.find_run("abcdef12").run_key == run
+    assert ledger.find_run("00000000") is None
+    with pytest.raises(ValueError, match="at least 8 hex"):
+        ledger.find_run("abc")
+
+
+def test_32_threads_drive_500_chunks_without_lock_errors(tmp_path: Path) -> None:
+    path = tmp_path / "l.sqlite3"
+    plan = _plan(500, rows=1)
+    run = _start(Ledger(path), plan)
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        led = Ledger(path)  # one connection per thread, like separate processes
+        try:
+            for spec in plan.chunks[n::32]:
+                assert led.claim(run, spec.index, owner=f"w{n}", lease_s=60)
+                led.mark_published(run, spec, object_uri=f"/out/{spec.object_key}",
+                                   sha256="s", rows=1, dead_letters=[])  # fmt: skip
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+        finally:
+            led.close()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert Ledger(path).state_counts(run) == {"published": 500}
