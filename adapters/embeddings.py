@@ -3,7 +3,9 @@ embedded local model (sentence-transformers all-MiniLM-L6-v2, 384 dimensions).
 
 Both satisfy ``embedline.protocols.EmbeddingClient``. The HTTP client retries and classifies
 every failure into the classes of DESIGN §5 (``classify``, ``classify_transport_error``);
-callers see only embedline errors. Nothing here logs or raises with input text, vectors, the
+callers see only embedline errors. It paces its requests under ``--rpm``/``--tpm``
+(``adapters.rate_limit``), stops sending for good after a fatal answer, and never sleeps a
+server wait above ``max_wait_s`` inside a task (``RetryLaterError``). Nothing here logs or raises with input text, vectors, the
 API key or the ``Idempotency-Key`` value. This module never imports prefect, and never
 imports torch unless a ``LocalEmbedder`` embeds something.
 
@@ -11,7 +13,8 @@ Rule sources: OpenAI embeddings API reference
 (https://platform.openai.com/docs/api-reference/embeddings) for the request/response shape,
 ``encoding_format``, ``dimensions`` and ``usage``; OpenAI error codes guide
 (https://platform.openai.com/docs/guides/error-codes) for 401/403/429/``insufficient_quota``;
-RFC 9110 §10.2.3 for ``Retry-After`` (via ``embedline.retry``).
+RFC 9110 §10.2.3 for ``Retry-After`` (via ``embedline.retry``); OpenAI rate-limits guide
+(https://platform.openai.com/docs/guides/rate-limits) for RPM/TPM.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Union
 import httpx
 import numpy as np
 
+from adapters.rate_limit import RequestPacer
 from embedline.errors import (
     BadResponseError,
     EmbedlineError,
@@ -40,10 +44,11 @@ from embedline.errors import (
     InputError,
     RateLimitedError,
     RetryableError,
+    RetryLaterError,
     RowError,
 )
 from embedline.protocols import EmbeddingClient, Embeddings
-from embedline.retry import parse_retry_after, request_retrying
+from embedline.retry import MAX_RETRY_AFTER_S, parse_retry_after, request_retrying
 from embedline.settings import DEFAULT_MODELS
 
 if TYPE_CHECKING:
@@ -95,7 +100,8 @@ def estimate_tokens(text: str) -> int:
     English averages about 4 characters per token (OpenAI help center, "What are tokens and
     how to count them?"); CJK text is about one token per character, 3 bytes each in UTF-8.
     Dividing bytes by 3 over-estimates English and matches CJK, so a batch sized with it
-    stays under a per-request token limit without shipping a tokenizer.
+    stays under a per-request token limit without shipping a tokenizer. The TPM pacer books
+    this estimate before a request and corrects it with the server's ``usage`` afterwards.
     """
     return max(1, math.ceil(len(text.encode("utf-8")) / 3))
 
@@ -146,6 +152,9 @@ def classify(
       else ``RateLimitedError`` with ``retry_after_s`` from the headers (or None).
     - 408/409/425/500/502/503/504, or any other status with a non-JSON body:
       ``RetryableError`` with ``retry_after_s`` from the headers (or None).
+
+    ``retry_after_s`` is the server's wait in seconds, not clamped here: the client compares
+    it with its ``max_wait_s``.
     - any other status: ``FatalError``.
 
     Messages carry the status and the server's error code/message cut to 200 characters;
@@ -181,7 +190,7 @@ def classify(
         return RetryableError(
             f"HTTP {status} {detail}".strip(),
             http_status=status,
-            retry_after_s=parse_retry_after(headers),
+            retry_after_s=parse_retry_after(headers, max_wait_s=math.inf),
         )
     return FatalError(f"HTTP {status} from {path} {detail}".strip(), http_status=status)
 
@@ -196,7 +205,7 @@ def _classify_429(payload: object, headers: Mapping[str, str], detail: str) -> E
     return RateLimitedError(
         f"HTTP 429 rate limited {detail}".strip(),
         http_status=429,
-        retry_after_s=parse_retry_after(headers),
+        retry_after_s=parse_retry_after(headers, max_wait_s=math.inf),
     )
 
 
@@ -343,42 +352,59 @@ def _usage_tokens(usage: object) -> int:
 
 
 class _SharedPause:
-    """A ``time.monotonic()`` deadline before which no request of one client is sent."""
+    """A ``clock()`` deadline before which no request of one client is sent (a 429's wait)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._until = 0.0
+        self._status: int | None = None
 
-    def extend(self, seconds: float | None) -> float:
+    def extend(self, seconds: float | None, *, http_status: int | None = None) -> float:
         """Pause every request for ``seconds`` from now; return this pause's own deadline."""
         if not seconds or seconds <= 0:
             return 0.0
-        deadline = time.monotonic() + seconds
+        deadline = self._clock() + seconds
         with self._lock:
-            self._until = max(self._until, deadline)
+            if deadline > self._until:
+                self._until, self._status = deadline, http_status
         return deadline
 
-    def wait(self, sleep: Callable[[float], None], *, covered: float = 0.0) -> float:
-        """Sleep until the shared deadline; ``covered`` is a deadline already slept through.
+    def wait(
+        self, sleep: Callable[[float], None], *, covered: float, max_wait_s: float
+    ) -> float:
+        """Sleep once until the shared deadline, unless ``covered`` (a deadline already slept
+        through) reaches it; return the deadline now covered.
 
-        Returns the seconds slept (0.0 when no pause is active).
+        :raises RetryLaterError: if more than ``max_wait_s`` seconds of the pause remain.
         """
-        slept = 0.0
-        while True:
-            with self._lock:
-                until = self._until
-            remaining = until - time.monotonic()
-            if remaining <= 0 or until <= covered:
-                return slept
-            sleep(remaining)
-            slept += remaining
-            covered = until
+        with self._lock:
+            until, status = self._until, self._status
+        remaining = until - self._clock()
+        if remaining <= 0 or until <= covered:
+            return covered
+        if remaining > max_wait_s:
+            raise RetryLaterError(
+                f"not sent: the server asked this client to wait {remaining:.0f} s more, "
+                f"above the {max_wait_s:.0f} s a task sleeps; retry later",
+                http_status=status, retry_after_s=remaining,
+            )
+        sleep(remaining)
+        return until
+
+    def pending(self, *, covered: float) -> bool:
+        """True if a pause not yet slept through (later than ``covered``) is still running."""
+        with self._lock:
+            until = self._until
+        return until > covered and until > self._clock()
 
 
 @dataclass(slots=True)
 class _Call:
-    """Book-keeping of one ``embed`` call: HTTP requests sent, own pause deadline."""
+    """Book-keeping of one ``embed`` call: HTTP requests sent, own pause deadline, the
+    batch's estimated tokens (``estimate_tokens`` summed, for the TPM pacer)."""
 
+    estimated_tokens: int
     requests: int = 0
     pause_deadline: float = 0.0
 
@@ -387,9 +413,22 @@ class OpenAIEmbedder:
     """Client for an OpenAI-compatible ``POST {base_url}/embeddings`` endpoint.
 
     Thread-safe; one instance is meant to be shared by every task of a process
-    (``build_embedder``): at most ``concurrency`` HTTP requests are in flight at once (a
-    semaphore held only while a request is on the wire, never during backoff), and a 429
-    with a server-given wait pauses every request of this client until that deadline.
+    (``build_embedder``), so its limits hold for the whole process:
+
+    - at most ``concurrency`` HTTP requests are in flight at once (a semaphore held only
+      while a request is on the wire and its answer is classified, never while waiting for
+      the pacer, a pause or a backoff);
+    - ``rpm``/``tpm`` pace request starts evenly (``adapters.rate_limit.RequestPacer``);
+      each attempt books one request and the batch's ``estimate_tokens``, corrected with
+      the answer's ``usage``;
+    - a 429 with a server-given wait pauses every request of this client until then;
+    - a server wait above ``max_wait_s`` is not slept: that call raises ``RetryLaterError``
+      at once (and, for a 429, so does every call of this client while the pause lasts);
+    - fatal latch: after the first ``FatalError`` answer, every ``embed`` call, from any
+      thread, raises an equivalent ``FatalError`` without sending; calls waiting for the
+      pacer, a pause or a backoff wake at once (with the default ``sleep``) and raise too.
+      Only requests already holding a slot may still reach the server: at most
+      ``concurrency - 1`` after the fatal answer.
 
     :param base_url: e.g. ``https://api.openai.com/v1``; a query string (Azure-style
         ``?api-version=``) is kept after ``/embeddings``.
@@ -397,10 +436,18 @@ class OpenAIEmbedder:
     :param api_key: sent as ``Authorization: Bearer``; None sends no such header.
     :param timeout_s: per-request connect/read/write/pool timeout, seconds.
     :param max_attempts: HTTP attempts per ``embed`` call, the first one included.
+    :param concurrency: HTTP requests in flight at once, across threads.
+    :param rpm: requests per minute, None for no limit.
+    :param tpm: tokens per minute, None for no limit.
+    :param max_wait_s: longest server wait (``retry-after-ms``/``Retry-After``) slept inside
+        a call, seconds; default ``embedline.retry.MAX_RETRY_AFTER_S`` (120 s).
     :param client: an ``httpx.Client`` to use (tests pass one with ``MockTransport``);
         not closed by ``close()``.
-    :param sleep: called with seconds for backoff and pauses (tests record it).
+    :param sleep: called with seconds for backoff, pauses and pacing (tests record it);
+        default: a sleep that ends early once the client is stopped by a fatal answer.
+    :param clock: monotonic seconds for the pacer and pauses (default ``time.monotonic``).
     :raises InputError: if ``base_url`` is not an http(s) URL.
+    :raises ValueError: if ``rpm`` or ``tpm`` is below 1.
     """
 
     def __init__(
@@ -413,9 +460,13 @@ class OpenAIEmbedder:
         timeout_s: float,
         max_attempts: int,
         concurrency: int = 8,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        max_wait_s: float = MAX_RETRY_AFTER_S,
         client: httpx.Client | None = None,
         logger: Logger | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._url = _endpoint_url(base_url)
         _check_api_key(api_key)
@@ -425,26 +476,47 @@ class OpenAIEmbedder:
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.concurrency = concurrency
+        self.max_wait_s = max_wait_s
         self._api_key = api_key or None
         self._owns_client = client is None
         self._client = client if client is not None else _new_http_client(timeout_s, concurrency)
         self._logger: Logger = logger or logging.getLogger(_HTTP_LOGGER)
-        self._sleep = sleep
+        self._stopped = threading.Event()
+        self._fatal: FatalError | None = None
+        self._fatal_lock = threading.Lock()
+        self._sleep: Callable[[float], None] = sleep if sleep is not None else self._nap
         self._slots = threading.BoundedSemaphore(concurrency)
-        self._pause = _SharedPause()
+        self._pause = _SharedPause(clock)
+        self._pacer = RequestPacer(rpm=rpm, tpm=tpm, clock=clock)
         self._encoding_format = "base64"
 
     def __repr__(self) -> str:
         key = "'[secure]'" if self._api_key else "None"
         return (
             f"OpenAIEmbedder(base_url={_safe_url(self.base_url)!r}, model={self.model!r}, "
-            f"dimensions={self.dimensions!r}, api_key={key})"
+            f"dimensions={self.dimensions!r}, api_key={key}, rpm={self.rpm!r}, "
+            f"tpm={self.tpm!r})"
         )
+
+    @property
+    def rpm(self) -> int | None:
+        """Requests per minute this client paces to, or None."""
+        return self._pacer.rpm
+
+    @property
+    def tpm(self) -> int | None:
+        """Tokens per minute this client paces to, or None."""
+        return self._pacer.tpm
 
     @property
     def encoding_format(self) -> str:
         """``"base64"``, or ``"float"`` once the server has refused base64."""
         return self._encoding_format
+
+    @property
+    def fatal_error(self) -> FatalError | None:
+        """The first fatal answer, once the client has stopped sending; else None."""
+        return self._fatal if self._stopped.is_set() else None
 
     def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
         """Embed ``texts`` in one request, retried; return float32 ``(len(texts), d)``.
@@ -454,28 +526,36 @@ class OpenAIEmbedder:
 
         :raises ValueError: if ``texts`` is empty (callers never send an empty batch).
         :raises RowError: 400/413/422: the batch holds an input the server rejects.
+        :raises RetryLaterError: the server asked to wait more than ``max_wait_s`` seconds
+            (``retry_after_s`` holds its wait); nothing more is sent for this call.
         :raises RetryableError: still failing after ``max_attempts`` attempts
             (``RateLimitedError`` for 429).
         :raises BadResponseError: the last answer had a wrong count, index, length or
             non-finite values.
-        :raises FatalError: 401/403, 404, ``insufficient_quota``, other 4xx.
+        :raises FatalError: 401/403, 404, ``insufficient_quota``, other 4xx; also at once,
+            without sending, once any earlier call of this client got one.
         Rule source: https://platform.openai.com/docs/api-reference/embeddings/create
         (``input`` array of at most 2048 strings, ``data[].index``, ``usage``).
         """
         if not texts:
             raise ValueError("embed() needs at least one text")
+        self._raise_if_stopped()
         batch = list(texts)
-        call = _Call()
+        call = _Call(estimated_tokens=sum(estimate_tokens(t) for t in batch))
         retrying = request_retrying(
-            max_attempts=self.max_attempts, sleep=self._sleep, before_sleep=self._log_retry
+            max_attempts=self.max_attempts, max_wait_s=self.max_wait_s, sleep=self._sleep,
+            before_sleep=self._log_retry,
         )
         for attempt in retrying:
             with attempt:
-                self._pause.wait(self._sleep, covered=call.pause_deadline)
                 try:
                     vectors, tokens = self._post_once(batch, idempotency_key, call)
-                except RateLimitedError as exc:
-                    call.pause_deadline = self._pause.extend(exc.retry_after_s)
+                except RetryableError as exc:
+                    if isinstance(exc, RateLimitedError):
+                        call.pause_deadline = self._pause.extend(
+                            exc.retry_after_s, http_status=exc.http_status
+                        )
+                    self._defer_if_too_long(exc)
                     raise
         return Embeddings(vectors=vectors, tokens=tokens, requests=call.requests)
 
@@ -484,18 +564,50 @@ class OpenAIEmbedder:
         if self._owns_client:
             self._client.close()
 
-    def _post_once(self, texts: list[str], key: str, call: _Call) -> tuple[np.ndarray, int]:
-        """One round trip and its classification; returns (vectors, tokens).
+    # -- one attempt ---------------------------------------------------------------------
 
-        If the server answers 400 naming ``encoding_format`` to a base64 request, this
-        client switches to ``"float"`` for good and resends once.
+    def _admit(self, call: _Call) -> None:
+        """Wait, holding no concurrency slot, until this client may send one request.
+
+        Sleeps through the shared 429 pause, then books the request with the pacer and
+        sleeps until its start; repeats if a new pause began meanwhile. Checks the fatal
+        latch after every wait.
+
+        :raises FatalError: the client was stopped by a fatal answer.
+        :raises RetryLaterError: the shared pause has more than ``max_wait_s`` to run.
         """
+        while True:
+            self._raise_if_stopped()
+            call.pause_deadline = self._pause.wait(
+                self._sleep, covered=call.pause_deadline, max_wait_s=self.max_wait_s
+            )
+            self._raise_if_stopped()
+            delay = self._pacer.reserve(call.estimated_tokens)
+            if delay > 0:
+                self._sleep(delay)
+                self._raise_if_stopped()
+            if not self._pause.pending(covered=call.pause_deadline):
+                return
+
+    def _post_once(self, texts: list[str], key: str, call: _Call) -> tuple[np.ndarray, int]:
+        """One paced round trip and its classification; returns (vectors, tokens).
+
+        The answer is classified while the concurrency slot is held, so a fatal answer
+        stops the client before another request can take the slot. If the server answers
+        400 naming ``encoding_format`` to a base64 request, this client switches to
+        ``"float"`` for good and resends once (paced like any request).
+        """
+        self._admit(call)
         fmt = self._encoding_format
-        response, payload = self._send(texts, key, fmt, call)
-        error = classify(
-            response.status_code, response.headers, payload,
-            model=self.model, path=self._url.path, redact=texts,
-        )
+        with self._slots:
+            self._raise_if_stopped()
+            response, payload = self._send(texts, key, fmt, call)
+            error = classify(
+                response.status_code, response.headers, payload,
+                model=self.model, path=self._url.path, redact=texts,
+            )
+            if isinstance(error, FatalError):
+                self._stop(error)
         if isinstance(error, RowError) and fmt == "base64" and _mentions_encoding_format(payload):
             self._encoding_format = "float"
             self._logger.warning(
@@ -505,12 +617,15 @@ class OpenAIEmbedder:
             return self._post_once(texts, key, call)
         if error is not None:
             raise error
-        return _parse(payload, len(texts), self.dimensions)
+        vectors, tokens = _parse(payload, len(texts), self.dimensions)
+        if tokens:
+            self._pacer.correct(estimated=call.estimated_tokens, used=tokens)
+        return vectors, tokens
 
     def _send(
         self, texts: list[str], key: str, fmt: str, call: _Call
     ) -> tuple[httpx.Response, object]:
-        """POST once while holding a concurrency slot; returns (response, decoded JSON)."""
+        """POST once (the caller holds a concurrency slot); returns (response, decoded JSON)."""
         body: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": fmt}
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
@@ -519,18 +634,67 @@ class OpenAIEmbedder:
             headers["Authorization"] = f"Bearer {self._api_key}"
         call.requests += 1
         started = time.perf_counter()
-        with self._slots:
-            try:
-                response = self._client.post(
-                    self._url, json=body, headers=headers, timeout=self.timeout_s
-                )
-            except httpx.RequestError as exc:
-                self._log_call(type(exc).__name__, len(texts), call.requests, started)
-                # a LocalProtocolError's text can quote a header value: do not chain it
-                cause = None if isinstance(exc, httpx.LocalProtocolError) else exc
-                raise classify_transport_error(exc) from cause
+        try:
+            response = self._client.post(
+                self._url, json=body, headers=headers, timeout=self.timeout_s
+            )
+        except httpx.RequestError as exc:
+            self._log_call(type(exc).__name__, len(texts), call.requests, started)
+            error = classify_transport_error(exc)
+            if isinstance(error, FatalError):
+                self._stop(error)
+            # a LocalProtocolError's text can quote a header value: do not chain it
+            cause = None if isinstance(exc, httpx.LocalProtocolError) else exc
+            raise error from cause
         self._log_call(response.status_code, len(texts), call.requests, started)
         return response, _json_or_none(response)
+
+    def _defer_if_too_long(self, exc: RetryableError) -> None:
+        """:raises RetryLaterError: if the server's wait exceeds ``max_wait_s`` (RFC 9110
+        §10.2.3 ``Retry-After``); the call ends at once instead of sleeping in a task."""
+        wait = exc.retry_after_s
+        if isinstance(exc, RetryLaterError) or wait is None or wait <= self.max_wait_s:
+            return
+        self._logger.warning(
+            "server asked to wait %.0f s (status %s), above the %.0f s a task sleeps: "
+            "batch deferred", wait, exc.http_status, self.max_wait_s,
+        )
+        raise RetryLaterError(
+            f"HTTP {exc.http_status}: the server asked to retry in {wait:.0f} s, above the "
+            f"{self.max_wait_s:.0f} s limit; the batch is deferred, rerun later",
+            http_status=exc.http_status, retry_after_s=wait,
+        ) from exc
+
+    # -- the fatal latch -----------------------------------------------------------------
+
+    def _stop(self, error: FatalError) -> None:
+        """Latch the first fatal answer: from now on nothing more is sent."""
+        with self._fatal_lock:
+            if self._fatal is not None:
+                return
+            self._fatal = error
+            self._stopped.set()
+        self._logger.warning(
+            "fatal answer (%s, status %s): this client sends no more requests",
+            type(error).__name__, error.http_status,
+        )
+
+    def _raise_if_stopped(self) -> None:
+        """:raises FatalError: like the first fatal answer, once the client is stopped."""
+        if not self._stopped.is_set():
+            return
+        first = self._fatal
+        assert first is not None  # set before the event
+        raise FatalError(
+            f"not sent: an earlier request of this client failed fatally: {first.message}",
+            http_status=first.http_status,
+        )
+
+    def _nap(self, seconds: float) -> None:
+        """The default sleep: ``seconds``, or less if a fatal answer stops the client."""
+        self._stopped.wait(seconds)
+
+    # -- logging -------------------------------------------------------------------------
 
     def _log_call(self, status: object, n: int, attempt: int, started: float) -> None:
         elapsed_ms = (time.perf_counter() - started) * 1000
@@ -689,8 +853,8 @@ def build_embedder(settings: RunSettings, *, logger: Logger | None = None) -> Em
     """Return the process's shared client for ``settings``, creating it on first use.
 
     Cached by (embedder, model, base_url, dimensions, timeout_s, max_attempts, concurrency,
-    and a digest of the API key), so every chunk task of a process shares one client, one
-    concurrency semaphore and one 429 pause. The first caller's ``logger`` is kept: pass a
+    rpm, tpm, and a digest of the API key), so every chunk task of a process shares one
+    client: one concurrency semaphore, one RPM/TPM pacer, one 429 pause and one fatal latch. The first caller's ``logger`` is kept: pass a
     stdlib logger, not a per-task-run logger. The API key comes from ``api_key_from_env()``;
     with none, a WARNING (once per base URL) says no ``Authorization`` header is sent.
 
@@ -721,7 +885,8 @@ def _cache_key(settings: RunSettings, api_key: str | None) -> tuple[object, ...]
     key_digest = hashlib.sha256(api_key.encode()).hexdigest() if api_key else None
     return (
         settings.embedder, settings.effective_model, settings.base_url, settings.dimensions,
-        settings.timeout_s, settings.max_attempts, settings.concurrency, key_digest,
+        settings.timeout_s, settings.max_attempts, settings.concurrency, settings.rpm,
+        settings.tpm, key_digest,
     )
 
 
@@ -739,5 +904,6 @@ def _new_embedder(settings: RunSettings, api_key: str | None, logger: Logger) ->
     return OpenAIEmbedder(
         base_url=settings.base_url, model=settings.effective_model,
         dimensions=settings.dimensions, api_key=api_key, timeout_s=settings.timeout_s,
-        max_attempts=settings.max_attempts, concurrency=settings.concurrency, logger=logger,
+        max_attempts=settings.max_attempts, concurrency=settings.concurrency,
+        rpm=settings.rpm, tpm=settings.tpm, logger=logger,
     )

@@ -107,6 +107,26 @@ def new_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def _owner_is_dead(owner: str | None) -> bool:
+    """True if ``owner`` (``host:pid:random``) names a process of this host that is gone."""
+    parts = (owner or "").rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname():
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False  # our own lease from an earlier run in this process: let it expire
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, owned by another user
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     """A ``runs`` row (counts in rows/chunks; times UTC ISO-8601)."""
@@ -336,8 +356,10 @@ class Ledger:
     def claim(self, run_key: str, idx: int, *, owner: str, lease_s: float) -> bool:
         """Take chunk ``idx`` for ``owner`` for ``lease_s`` seconds; False if someone holds it.
 
-        A chunk is claimable when ``pending`` or ``failed``, or ``running`` under an expired
-        lease (its process died). One conditional UPDATE: safe against concurrent runs.
+        A chunk is claimable when ``pending`` or ``failed``, or ``running`` under a lease that
+        expired or whose owner is a process on this host that no longer exists (killed:
+        no need to wait for the lease to run out). Conditional UPDATEs only: safe against
+        concurrent runs.
         """
         now = time.time()
         with self._lock:
@@ -347,6 +369,20 @@ class Ledger:
                    WHERE run_key = ? AND idx = ? AND (state IN ('pending', 'failed')
                        OR (state = 'running' AND (lease_expires < ? OR lease_owner = ?)))""",
                 (owner, now + lease_s, _now_iso(), run_key, idx, now, owner),
+            )
+            if cursor.rowcount == 1:
+                return True
+            row = self._conn.execute(
+                "SELECT lease_owner FROM chunks WHERE run_key = ? AND idx = ? AND state = 'running'",
+                (run_key, idx),
+            ).fetchone()
+            if row is None or not _owner_is_dead(row[0]):
+                return False
+            cursor = self._conn.execute(
+                """UPDATE chunks SET lease_owner = ?, lease_expires = ?, attempts = attempts + 1,
+                       updated_at = ?
+                   WHERE run_key = ? AND idx = ? AND state = 'running' AND lease_owner = ?""",
+                (owner, now + lease_s, _now_iso(), run_key, idx, row[0]),
             )
             return cursor.rowcount == 1
 

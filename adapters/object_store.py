@@ -59,7 +59,7 @@ logger = logging.getLogger("embedline")
 SCRATCH_PREFIX = "_embedline/"
 
 #: Temp files are named ``.{name}.tmp-{pid}-{16 hex}`` so ``sweep_temp_files`` can find them.
-_TEMP_RE = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{16}$")
+_TEMP_RE = re.compile(r"^\..+\.tmp-(?P<pid>\d+)-[0-9a-f]{16}$")
 
 _READ_BLOCK = 1 << 20  # bytes per read when hashing a file
 
@@ -141,6 +141,23 @@ def _hash_file(path: Path) -> str:
         for block in iter(lambda: fh.read(_READ_BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _writer_is_dead(temp_name: str) -> bool:
+    """True if the pid in a temp file's name is not a live process of this host."""
+    match = _TEMP_RE.match(temp_name)
+    if match is None:
+        return False
+    pid = int(match.group("pid"))
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 class LocalDirStore:
@@ -270,18 +287,20 @@ class LocalDirStore:
     def sweep_temp_files(
         self, max_age_s: float = 3600.0, *, now: float | None = None
     ) -> list[str]:
-        """Remove temp files older than ``max_age_s`` seconds; return their paths.
+        """Remove temp files left by dead writers; return their paths.
 
         Searches ``chunks/``, ``manifests/`` and ``_embedline/`` (recursively). Only names
-        matching ``.{name}.tmp-{pid}-{16 hex}`` are touched. A younger temp file may belong
-        to a writer still running in another process, so it is left alone.
+        matching ``.{name}.tmp-{pid}-{16 hex}`` are touched: those whose writer process
+        (``pid``, on this host) no longer exists, and any older than ``max_age_s`` seconds
+        (a writer on another host sharing the directory). A younger temp file of a live
+        process belongs to a writer still running, so it is left alone.
         """
         cutoff = (time.time() if now is None else now) - max_age_s
         removed: list[str] = []
         for top in ("chunks", "manifests", SCRATCH_PREFIX.rstrip("/")):
             for path in self._temp_files(self.root / top):
                 with contextlib.suppress(FileNotFoundError):
-                    if path.stat().st_mtime < cutoff:
+                    if _writer_is_dead(path.name) or path.stat().st_mtime < cutoff:
                         os.unlink(path)
                         removed.append(str(path))
         return removed

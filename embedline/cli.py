@@ -29,6 +29,10 @@ _PREFECT_DEFAULTS = {
 }
 
 
+#: CLI/flow parameter name → settings field (units in the field names).
+_RENAMED = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_delay_s", "grace": "grace_s"}
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -75,9 +79,19 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds per request")
     run.add_argument("--max-attempts", type=_positive_int, default=6,
                      help="attempts per request, the first included")
+    run.add_argument("--max-input-tokens", type=_positive_int, default=8191,
+                     help="per text (openai); longer texts follow --on-too-long")
+    run.add_argument("--on-too-long", choices=("dead-letter", "truncate"), default="dead-letter")
+    run.add_argument("--chunk-retries", type=int, default=1,
+                     help="Prefect retries of a chunk after a retryable failure")
+    run.add_argument("--chunk-retry-delay", type=float, default=10.0, help="seconds")
+    run.add_argument("--grace", type=float, default=30.0,
+                     help="seconds in-flight chunks may finish after SIGINT/SIGTERM")
     run.add_argument("--ledger", default=".embedline/ledger.sqlite3")
     run.add_argument("--allow-failed-rows", action="store_true",
                      help="commit the manifest even if some rows are dead letters")
+    run.add_argument("--allow-unconditional-store", action="store_true",
+                     help="run even if the store ignores conditional writes (unsafe)")
     status = sub.add_parser("status", help="one line per run in the ledger")
     status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     status.add_argument("--ledger", default=".embedline/ledger.sqlite3")
@@ -103,7 +117,8 @@ def _settings_from(args: argparse.Namespace) -> Any:
     from embedline.settings import RunSettings
 
     fields = {k: v for k, v in vars(args).items() if k != "command"}
-    fields["timeout_s"] = fields.pop("timeout")
+    for flag, field in _RENAMED.items():
+        fields[field] = fields.pop(flag)
     try:
         return RunSettings(**fields)
     except ValidationError as exc:
@@ -126,7 +141,8 @@ def _run(args: argparse.Namespace) -> int:
     from flows.embed_csv import embed_csv
 
     parameters = settings.model_dump()
-    parameters["timeout"] = parameters.pop("timeout_s")
+    for flag, field in _RENAMED.items():
+        parameters[flag] = parameters.pop(field)
     with ProgressBar(enabled=sys.stderr.isatty()):
         try:
             state = embed_csv(**parameters, return_state=True)

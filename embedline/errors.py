@@ -8,6 +8,7 @@
      ├─ RetryableError        timeouts, resets, 408/409/425/429/5xx, non-JSON bodies → retried
      │   └─ RateLimitedError  429 with a server-given wait (retry_after_s, seconds)
      ├─ BadResponseError      2xx with wrong count/index/dimensions or NaN/Inf → chunk failed
+     ├─ StopRequestedError    the run is stopping (SIGINT/SIGTERM) → chunk released, rerun resumes
      ├─ FatalError            401/403, insufficient_quota, unknown model, store refusals → exit 3
      │   └─ ConflictError     an object at our key holds other bytes → never overwritten
      └─ RunIncompleteError    the run ended with failed chunks or dead letters → exit 1
@@ -25,9 +26,11 @@ __all__ = [
     "FatalError",
     "InputError",
     "RateLimitedError",
+    "RetryLaterError",
     "RetryableError",
     "RowError",
     "RunIncompleteError",
+    "StopRequestedError",
 ]
 
 
@@ -119,8 +122,19 @@ class RateLimitedError(RetryableError):
     """Raised on 429 rate limiting; ``retry_after_s`` is the server's wait in seconds."""
 
 
+class RetryLaterError(RetryableError):
+    """Raised when the server's wait (``retry_after_s``) exceeds the configured maximum.
+
+    Not slept inside a task: the chunk is released as retryable-later and the run reports it.
+    """
+
+
 class BadResponseError(EmbedlineError):
     """Raised when a 2xx body has the wrong count, index, dimensions, or NaN/Inf values."""
+
+
+class StopRequestedError(EmbedlineError):
+    """Raised inside a chunk task when the run is stopping; the chunk is released, not failed."""
 
 
 class FatalError(EmbedlineError):

@@ -183,6 +183,7 @@ class RunSummary:
     chunks_published: int = 0
     chunks_skipped: int = 0
     chunks_failed: int = 0
+    chunks_released: int = 0
     chunks_not_run: int = 0
     tokens: int = 0
     requests: int = 0

@@ -29,6 +29,7 @@ class EmbeddingClient(Protocol):
     """Embeds one batch of texts; retries and classifies failures itself."""
 
     model: str
+    dimensions: int | None  # vector length when known (requested, or the local model's 384)
 
     def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
         """Return one vector per text, in the order of ``texts``.

@@ -10,10 +10,12 @@ Pure: no I/O (sleeping is injected). Built on tenacity (``Retrying``, ``stop_aft
   ``retry-after-ms`` / ``Retry-After``), else full-jitter exponential backoff
   (``uniform(0, min(cap, base * 2 ** (attempt - 1)))``, AWS Architecture Blog,
   "Exponential Backoff And Jitter").
-- Server waits are honoured up to ``MAX_RETRY_AFTER_S`` (120 s) and clamped to it above
-  that, like openai-python ``_calculate_retry_timeout`` bounds what it honours. Clamping
-  (rather than falling back to backoff) keeps us from hammering a server that asked for a
-  long pause; a run that hits the clamp repeatedly fails its attempts within minutes.
+- Server waits are honoured up to ``MAX_RETRY_AFTER_S`` (120 s), like openai-python
+  ``_calculate_retry_timeout`` bounds what it honours. A longer wait is not slept inside a
+  task: the adapter raises ``RetryLaterError`` (carrying the server's full wait) and this
+  policy never retries it, so the chunk is released at once and the run reports it.
+  ``parse_retry_after`` and ``WaitRetryAfter`` still clamp to ``max_wait_s`` by default, as a
+  safety net for callers that do not make that check.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from typing import TYPE_CHECKING
 from tenacity import (
     Retrying,
     retry_if_exception_type,
+    retry_if_not_exception_type,
     stop_after_attempt,
     wait_random_exponential,
 )
 from tenacity.wait import wait_base
 
-from embedline.errors import BadResponseError, RetryableError
+from embedline.errors import BadResponseError, RetryableError, RetryLaterError
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
@@ -136,10 +139,11 @@ def request_retrying(
 ) -> Retrying:
     """Return the retry policy for one HTTP request.
 
-    Retries ``RetryableError`` and ``BadResponseError`` only; stops after ``max_attempts``
-    attempts, the first try included; waits per ``WaitRetryAfter`` over full-jitter
-    backoff (``backoff_base_s * 2 ** (attempt - 1)`` seconds, at most ``backoff_cap_s``).
-    ``reraise=True``: callers see the last embedline error, never ``tenacity.RetryError``.
+    Retries ``RetryableError`` and ``BadResponseError`` only, never ``RetryLaterError`` (a
+    server wait above ``max_wait_s`` seconds: the caller releases the work instead of
+    sleeping); stops after ``max_attempts`` attempts, the first try included; waits per
+    ``WaitRetryAfter`` over full-jitter backoff (``backoff_base_s * 2 ** (attempt - 1)``
+    seconds, at most ``backoff_cap_s``). ``reraise=True``: callers see the last embedline error, never ``tenacity.RetryError``.
 
     :param sleep: called with the wait in seconds (tests pass ``list.append``).
     :param before_sleep: called with the tenacity ``RetryCallState`` before each sleep
@@ -153,7 +157,10 @@ def request_retrying(
         sleep=sleep,
         stop=stop_after_attempt(max_attempts),
         wait=WaitRetryAfter(fallback, max_wait_s=max_wait_s),
-        retry=retry_if_exception_type((RetryableError, BadResponseError)),
+        retry=(
+            retry_if_exception_type((RetryableError, BadResponseError))
+            & retry_if_not_exception_type(RetryLaterError)
+        ),
         before_sleep=before_sleep,
         reraise=True,
     )

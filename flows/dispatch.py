@@ -31,6 +31,7 @@ class DispatchResult:
 
     published: dict[int, ChunkOutcome] = field(default_factory=dict)
     failed: dict[int, ChunkFailure] = field(default_factory=dict)
+    released: dict[int, ChunkFailure] = field(default_factory=dict)
     not_run: list[int] = field(default_factory=list)
     stop: ChunkFailure | None = None
 
@@ -67,10 +68,17 @@ class Dispatcher:
         self._done: queue.Queue[Any] = queue.Queue()
         self._inflight: dict[Any, ChunkSpec] = {}
         self._stopping = False
+        self._deadline = float("inf")
 
-    def stop(self, failure: ChunkFailure | None = None) -> None:
-        """Submit no more chunks; in-flight chunks finish and are recorded."""
+    def stop(self, failure: ChunkFailure | None = None, *, grace_s: float | None = None) -> None:
+        """Submit no more chunks; in-flight chunks finish and are recorded.
+
+        With ``grace_s`` (seconds), chunks still in flight when it runs out are released in
+        the ledger (back to ``pending``) and ``run`` returns without waiting for them.
+        """
         self._stopping = True
+        if grace_s is not None:
+            self._deadline = min(self._deadline, time.monotonic() + grace_s)
         if failure is not None and self.result.stop is None:
             self.result.stop = failure
 
@@ -84,6 +92,9 @@ class Dispatcher:
                 self._fill(pending, held)
             if self._stopping and not self._inflight:
                 break
+            if time.monotonic() > self._deadline:
+                self._release_inflight("grace period over while stopping")
+                break
             self._drain(timeout=_POLL_S)
             if held and not self._stopping:
                 pending.extend(held)
@@ -94,6 +105,12 @@ class Dispatcher:
                 renewed = time.monotonic()
         self.result.not_run = sorted({s.index for s in [*pending, *held]})
         return self.result
+
+    def _release_inflight(self, why: str) -> None:
+        for spec in self._inflight.values():
+            self.ledger.release(self.run_key, spec.index, owner=self.owner, error=why)
+            self.result.released[spec.index] = ChunkFailure("released", why, expected=True)
+        self._inflight.clear()
 
     def _fill(self, pending: deque[ChunkSpec], held: list[ChunkSpec]) -> None:
         while pending and len(self._inflight) < self.window:
@@ -136,6 +153,14 @@ class Dispatcher:
             failure = status_for(exc) if isinstance(exc, BaseException) else status_for(
                 RuntimeError(f"chunk task ended in state {state.type.value}")
             )  # fmt: skip
+            if failure.kind == "released":
+                self.logger.warning("chunk %d released for a later run: %s", spec.index,
+                                    failure.error)  # fmt: skip
+                self.ledger.release(self.run_key, spec.index, owner=self.owner,
+                                    error=failure.error)  # fmt: skip
+                self.result.released[spec.index] = failure
+                self.on_outcome(self.result)
+                return
             self._log_failure(spec, failure, exc)
             self.ledger.mark_failed(self.run_key, spec.index, owner=self.owner,
                                     error=failure.error)  # fmt: skip

@@ -8,6 +8,7 @@ manifest is committed (or already was), Failed otherwise; its data is the run su
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
@@ -18,15 +19,17 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import ValidationError
 
 from adapters.ledger import Ledger
-from embedline import keys
+from embedline import keys, shutdown
 from embedline.errors import ConflictError, EmbedlineError, InputError
 from embedline.models import ChunkOutcome, InputPlan, ManifestChunk, RunSummary
 from embedline.progress import Progress, notify
 from embedline.settings import RunSettings
 from flows.dispatch import DispatchResult, Dispatcher
+from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, store_for
 from tasks.manifest import build_manifest, read_manifest, write_manifest
 from tasks.plan import find_published, plan_input
+from tasks.publish import ensure_conditional_writes, read_chunk_metadata
 
 __all__ = ["embed_csv", "run_settings"]
 
@@ -50,8 +53,14 @@ def embed_csv(
     tpm: int | None = None,
     timeout: float = 60.0,
     max_attempts: int = 6,
+    max_input_tokens: int | None = 8191,
+    on_too_long: str = "dead-letter",
+    chunk_retries: int = 1,
+    chunk_retry_delay: float = 10.0,
+    grace: float = 30.0,
     ledger: str = ".embedline/ledger.sqlite3",
     allow_failed_rows: bool = False,
+    allow_unconditional_store: bool = False,
 ) -> State[Any]:
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
 
@@ -60,7 +69,9 @@ def embed_csv(
     request (first try included). Returns a Completed or Failed state carrying the summary.
     """
     parameters = dict(locals())
-    parameters["timeout_s"] = parameters.pop("timeout")
+    for name, field in (("timeout", "timeout_s"), ("chunk_retry_delay", "chunk_retry_delay_s"),
+                        ("grace", "grace_s")):  # fmt: skip
+        parameters[field] = parameters.pop(name)
     try:
         settings = RunSettings(**parameters)
     except ValidationError as exc:
@@ -112,7 +123,16 @@ def _run(
         flow_run_id=flow_run.get_id(),
         object_uris=[store.uri_for(c.object_key) for c in plan.chunks],
     )  # fmt: skip
-    # ── skip published ───────────────────────────────────────────────────────────────────
+    # ── store check, then skip published ─────────────────────────────────────────────────
+    try:
+        warning = ensure_conditional_writes(
+            store, allow_unconditional=settings.allow_unconditional_store
+        )
+    except EmbedlineError as exc:
+        return _finish(ledger, _with(base, started, exit_code=exc.exit_code, status="fatal",
+                                     message=str(exc)))  # fmt: skip
+    if warning:
+        logger.warning(warning)
     try:
         skipped = find_published(plan, run_key=run_key, ledger=ledger, store=store,
                                  model=settings.effective_model)  # fmt: skip
@@ -126,19 +146,26 @@ def _run(
     report = _progress_reporter(plan, skipped)
     report(DispatchResult())
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
+    chunk_task = embed_chunk.with_options(
+        retries=settings.chunk_retries,
+        retry_delay_seconds=settings.chunk_retry_delay_s,
+        retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,
+    )
+    shutdown.reset()
     with ThreadPoolTaskRunner(max_workers=window) as runner:
         dispatcher = Dispatcher(
             ledger=ledger,
             run_key=run_key,
             object_uri=lambda spec: store.uri_for(spec.object_key),
             submit=lambda spec: runner.submit(
-                embed_chunk, {"spec": spec, "source": plan.source, "settings": settings}
+                chunk_task, {"spec": spec, "source": plan.source, "settings": settings}
             ),
             window=window,
             logger=logger,
             on_outcome=report,
         )
-        result = dispatcher.run(todo)
+        with stop_on_signals(dispatcher, grace_s=settings.grace_s, logger=logger):
+            result = dispatcher.run(todo)
     # ── manifest ─────────────────────────────────────────────────────────────────────────
     summary = _summarize(base, plan, skipped, result, started)
     if summary.exit_code == 0 or (summary.status == "dead_letters" and settings.allow_failed_rows):
@@ -164,10 +191,18 @@ def _summarize(
         chunks_published=len(result.published),
         chunks_skipped=len(skipped),
         chunks_failed=len(result.failed),
-        chunks_not_run=not_done - len(result.failed),
+        chunks_released=len(result.released),
+        chunks_not_run=not_done - len(result.failed) - len(result.released),
         tokens=sum(o.tokens for o in result.published.values()),
         requests=sum(o.requests for o in result.published.values()),
     )  # fmt: skip
+    signum = shutdown.stop_signal()
+    if signum is not None:
+        return _with(summary, started, exit_code=shutdown.exit_code_for(signum),
+                     status="interrupted", message=(
+                         f"interrupted by {signal.Signals(signum).name}: {len(done)} of "
+                         f"{len(plan.chunks)} chunks published; rerun the same command to "
+                         "resume"))  # fmt: skip
     if result.stop is not None:
         code = 3 if result.stop.kind == "fatal" else 2
         return _with(summary, started, exit_code=code, status=result.stop.kind,
@@ -211,8 +246,6 @@ def _dimensions(
     settings: RunSettings, store: Any, plan: InputPlan, done: dict[int, ChunkOutcome]
 ) -> int:
     """The vectors' length: from a non-empty chunk's object metadata, else the setting."""
-    from tasks.publish import read_chunk_metadata
-
     for outcome in sorted(done.values(), key=lambda o: -o.rows):
         if outcome.rows:
             return read_chunk_metadata(store.get(outcome.object_key)).dimensions

@@ -57,6 +57,8 @@ def embed_chunk(spec: ChunkSpec, source: InputSource, settings: RunSettings) -> 
         dimensions=settings.dimensions,
         batch_size=settings.batch_size,
         max_request_tokens=settings.max_request_tokens,
+        max_input_tokens=settings.max_input_tokens if settings.embedder == "openai" else None,
+        on_too_long=settings.on_too_long,
     )
     if embedded.rows:
         dimensions = int(embedded.vectors.shape[1])

@@ -6,16 +6,25 @@ Pure chunk logic over an ``EmbeddingClient``: no Prefect, no store. The chunk ta
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from adapters.embeddings import estimate_tokens
-from embedline.errors import BadResponseError, RowError
+from embedline.errors import (
+    BadResponseError,
+    RetryableError,
+    RetryLaterError,
+    RowError,
+    StopRequestedError,
+)
 from embedline.keys import request_key, row_key
 from embedline.models import DeadLetter, Row
 from embedline.protocols import EmbeddingClient
+from embedline.shutdown import stop_requested
 
 __all__ = ["EmbeddedRows", "batches", "embed_rows"]
 
@@ -55,7 +64,15 @@ def batches(
 
 
 class _Embedder:
-    """Sends batches, bisecting a rejected batch until the rejected rows stand alone."""
+    """Sends batches and isolates the rows that make a batch fail.
+
+    Row-permanent answers (400/413/422) bisect the batch until each rejected row stands
+    alone. A 500 that outlives the retry budget is bisected the same way, but only while one
+    half succeeds: when both halves fail the server is down rather than choking on a row, and
+    the error propagates (the chunk fails and a rerun retries it) instead of dead-lettering
+    healthy rows. So one poison row cannot sink its chunk, and an outage costs at most three
+    retried requests per batch.
+    """
 
     def __init__(self, client: EmbeddingClient, model: str, dimensions: int | None) -> None:
         self.client = client
@@ -70,28 +87,55 @@ class _Embedder:
         return [row_key(r.id, r.text_sha256, self.model, self.dimensions) for r in batch]
 
     def embed(self, batch: list[Row]) -> None:
+        """Embed ``batch``, isolating rejected rows; raises what cannot be isolated."""
+        error = self._try(batch)
+        if error is not None:
+            self._isolate_server_error(batch, error)
+
+    def _try(self, batch: list[Row]) -> RetryableError | None:
+        """Send once (the client retries); return a 500 that outlived its retries."""
+        if stop_requested():
+            raise StopRequestedError("the run is stopping; chunk released for the next run")
         try:
             result = self.client.embed(
                 [r.text for r in batch], idempotency_key=request_key(self.keys(batch))
             )
         except RowError as exc:
-            self._isolate(batch, exc)
-            return
+            self._isolate_rejected(batch, exc)
+            return None
+        except RetryableError as exc:
+            if exc.http_status == 500 and not isinstance(exc, RetryLaterError):
+                return exc
+            raise
         self.tokens += result.tokens
         self.requests += result.requests
         for row, vector in zip(batch, result.vectors, strict=True):
             self.vectors[row.row_number] = vector
+        return None
 
-    def _isolate(self, batch: list[Row], exc: RowError) -> None:
+    def _isolate_rejected(self, batch: list[Row], exc: RowError) -> None:
         if len(batch) == 1:
-            row = batch[0]
-            self.dead_letters.append(
-                DeadLetter(row.row_number, row.id, exc.reason, exc.http_status, attempts=1)
-            )
+            self._dead(batch[0], exc.reason, exc.http_status)
             return
         middle = len(batch) // 2
         self.embed(batch[:middle])
         self.embed(batch[middle:])
+
+    def _isolate_server_error(self, batch: list[Row], exc: RetryableError) -> None:
+        if len(batch) == 1:
+            self._dead(batch[0], "server_error", exc.http_status)
+            return
+        middle = len(batch) // 2
+        halves = (batch[:middle], batch[middle:])
+        errors = [self._try(half) for half in halves]
+        if all(e is not None for e in errors):
+            raise exc
+        for half, error in zip(halves, errors, strict=True):
+            if error is not None:
+                self._isolate_server_error(half, error)
+
+    def _dead(self, row: Row, reason: str, http_status: int | None) -> None:
+        self.dead_letters.append(DeadLetter(row.row_number, row.id, reason, http_status, 1))
 
 
 def embed_rows(
@@ -102,12 +146,23 @@ def embed_rows(
     dimensions: int | None,
     batch_size: int,
     max_request_tokens: int,
+    max_input_tokens: int | None = None,
+    on_too_long: str = "dead-letter",
 ) -> EmbeddedRows:
     """Embed a chunk's ``rows``; return the embedded rows in input order and the dead letters.
 
     Empty or whitespace-only texts are never sent: they become ``empty_text`` dead letters
     (DESIGN §5). A batch answered with a row-permanent error (400/413/422) is bisected until
     the rejected rows are isolated; they become dead letters, the rest are embedded.
+
+    Texts over ``max_input_tokens`` (None: no limit, e.g. the local model, which truncates
+    itself): with ``on_too_long="dead-letter"`` a text whose *lenient* estimate
+    (``ceil(chars / 4)``, OpenAI's rule of thumb for English) exceeds the limit is a
+    ``too_long`` dead letter, never sent; shorter texts that the server still rejects (CJK
+    runs about one token per character) are caught by the 400 bisection. With
+    ``"truncate"``, a text whose *conservative* estimate (``estimate_tokens``) exceeds the
+    limit is cut to ``3 × max_input_tokens`` UTF-8 bytes, which fits in any script; its keys
+    and ``text_sha256`` stay those of the full input text.
 
     :raises RetryableError: a request still failed after the client's attempt budget.
     :raises BadResponseError: batches disagree on the vector length.
@@ -116,10 +171,16 @@ def embed_rows(
     embedder = _Embedder(client, model, dimensions)
     sendable = []
     for row in rows:
-        if row.text.strip():
-            sendable.append(row)
-        else:
+        if not row.text.strip():
             embedder.dead_letters.append(DeadLetter(row.row_number, row.id, "empty_text"))
+        elif max_input_tokens is None:
+            sendable.append(row)
+        elif on_too_long == "truncate":
+            sendable.append(_truncated(row, max_input_tokens))
+        elif math.ceil(len(row.text) / 4) > max_input_tokens:
+            embedder.dead_letters.append(DeadLetter(row.row_number, row.id, "too_long"))
+        else:
+            sendable.append(row)
     for batch in batches(sendable, batch_size=batch_size, max_request_tokens=max_request_tokens):
         embedder.embed(batch)
     kept = [r for r in rows if r.row_number in embedder.vectors]
@@ -132,6 +193,13 @@ def embed_rows(
         tokens=embedder.tokens,
         requests=embedder.requests,
     )
+
+
+def _truncated(row: Row, max_input_tokens: int) -> Row:
+    if estimate_tokens(row.text) <= max_input_tokens:
+        return row
+    cut = row.text.encode("utf-8")[: 3 * max_input_tokens].decode("utf-8", errors="ignore")
+    return dataclasses.replace(row, text=cut)
 
 
 def _stack(vectors: list[np.ndarray], dimensions: int | None) -> np.ndarray:

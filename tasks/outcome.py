@@ -10,11 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from embedline.errors import EmbedlineError, FatalError, InputError, RetryableError
+from embedline.errors import (
+    EmbedlineError,
+    FatalError,
+    InputError,
+    RetryableError,
+    RetryLaterError,
+    StopRequestedError,
+)
 
 __all__ = ["ChunkFailure", "FailureKind", "retry_condition", "status_for"]
 
-FailureKind = Literal["fatal", "input", "failed"]
+FailureKind = Literal["fatal", "input", "failed", "released"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +29,8 @@ class ChunkFailure:
     """A failed chunk: ``kind`` says what the run does next; ``error`` is for the ledger.
 
     ``fatal`` stops dispatching and exits 3; ``input`` stops and exits 2; ``failed`` marks
-    the chunk failed (a rerun retries it) and the run goes on.
+    the chunk failed (a rerun retries it) and the run goes on; ``released`` gives the chunk
+    back as pending (the run is stopping, or the server asked for a wait above the cap).
     """
 
     kind: FailureKind
@@ -37,6 +45,8 @@ def status_for(exc: BaseException) -> ChunkFailure:
         return ChunkFailure("fatal", text, expected=True)
     if isinstance(exc, InputError):
         return ChunkFailure("input", text, expected=True)
+    if isinstance(exc, (StopRequestedError, RetryLaterError)):
+        return ChunkFailure("released", text, expected=True)
     if isinstance(exc, EmbedlineError):
         return ChunkFailure("failed", text, expected=True)
     return ChunkFailure("failed", text, expected=False)
@@ -50,6 +60,8 @@ def retry_condition(task: Any, task_run: Any, state: Any) -> bool:
     """
     try:
         state.result()
+    except RetryLaterError:
+        return False  # the server asked for a wait above the cap: release, do not spin
     except RetryableError:
         return True
     except BaseException:

@@ -18,12 +18,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedline.errors import BadResponseError, ConflictError
+from adapters.object_store import check_conditional_writes
+from embedline.errors import BadResponseError, ConflictError, FatalError
 from embedline.models import ChunkOutcome, ChunkSpec, DeadLetter
 from embedline.protocols import ObjectStore
 from tasks.embed import EmbeddedRows
 
-__all__ = ["CHUNK_FORMAT", "ChunkMetadata", "chunk_parquet", "publish_chunk", "read_chunk_metadata"]
+__all__ = [
+    "CHUNK_FORMAT",
+    "ChunkMetadata",
+    "adopt_existing",
+    "chunk_parquet",
+    "ensure_conditional_writes",
+    "publish_chunk",
+    "read_chunk_metadata",
+]
 
 CHUNK_FORMAT = "embedline.chunk.v1"
 PARQUET_CONTENT_TYPE = "application/vnd.apache.parquet"
@@ -179,3 +188,33 @@ def adopt_existing(
         requests=requests,
         created=False,
     )
+
+
+_checked_stores: set[str] = set()
+
+
+def ensure_conditional_writes(store: ObjectStore, *, allow_unconditional: bool) -> str | None:
+    """Check once per process that ``store`` refuses to overwrite; return a warning or None.
+
+    Probes with two conditional creates of a scratch key (``check_conditional_writes``), and
+    on a local directory removes temp files left by killed writers first.
+
+    :raises FatalError: the store overwrote the scratch key and ``allow_unconditional`` is
+        False (exactly-once publishing would not be guaranteed).
+    """
+    sweep = getattr(store, "sweep_temp_files", None)
+    if sweep is not None:
+        sweep()
+    if store.uri in _checked_stores:
+        return None
+    if check_conditional_writes(store):
+        _checked_stores.add(store.uri)
+        return None
+    message = (
+        f"{store.uri} does not enforce conditional writes (If-None-Match: *): a concurrent "
+        "or retried publish could overwrite a chunk"
+    )
+    if not allow_unconditional:
+        raise FatalError(f"{message}; use a store that does, or pass "
+                         "--allow-unconditional-store to run anyway")  # fmt: skip
+    return f"{message}. RUNNING ANYWAY because --allow-unconditional-store was given."

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import subprocess
 import stat
 import threading
 import time
@@ -226,20 +227,25 @@ def test_discard_scratch_refuses_real_keys(store: LocalDirStore) -> None:
     assert store.get(KEY) == b"payload"
 
 
-def test_sweep_removes_only_old_temp_files(store: LocalDirStore) -> None:
+def test_sweep_removes_old_and_dead_writers_temp_files(store: LocalDirStore) -> None:
     put(store, KEY, b"payload")
     chunks = store.root / "chunks"
-    old = chunks / ".abc.parquet.tmp-123-0123456789abcdef"
-    young = chunks / ".def.parquet.tmp-123-fedcba9876543210"
+    live = os.getppid()  # a live process that is not this one
+    dead_child = subprocess.Popen(["true"])
+    dead_child.wait()  # reaped: its pid names no process now
+    old = chunks / f".abc.parquet.tmp-{live}-0123456789abcdef"
+    young = chunks / f".def.parquet.tmp-{live}-fedcba9876543210"
+    killed = chunks / f".ghi.parquet.tmp-{dead_child.pid}-00112233445566ff"
     lookalike = chunks / ".abc.parquet.tmp-notours"
-    for path in (old, young, lookalike):
+    for path in (old, young, killed, lookalike):
         path.write_bytes(b"partial")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
 
     removed = store.sweep_temp_files(max_age_s=3600)
 
-    assert removed == [str(old)]
-    assert not old.exists() and young.exists() and lookalike.exists()
+    assert sorted(removed) == sorted([str(old), str(killed)])
+    assert not old.exists() and not killed.exists()
+    assert young.exists() and lookalike.exists()
     assert store.get(KEY) == b"payload"
 
 

@@ -1,0 +1,150 @@
+"""Process-wide request pacing: requests per minute (RPM) and tokens per minute (TPM).
+
+``RequestPacer`` spaces requests evenly instead of letting a whole minute's allowance out at
+once: with ``rpm=120`` a request may start every 0.5 s; with ``tpm=60_000`` a request of
+1,000 tokens holds the next one back by 1 s. RPM and TPM are the two limits OpenAI applies
+per model and organization (OpenAI rate-limits guide,
+https://platform.openai.com/docs/guides/rate-limits: "RPM - requests per minute",
+"TPM - tokens per minute"; limits "may be quantized", i.e. enforced over shorter periods,
+which is why an even pace is safer than a per-minute burst).
+
+Algorithm: GCRA (generic cell rate algorithm, ITU-T I.371) in its virtual-scheduling form,
+one theoretical arrival time ``tat`` (``time.monotonic()`` seconds) per rate, with no burst
+tolerance beyond one request. A request of weight ``w`` (1 for RPM, its tokens for TPM)
+starts at ``start = max(now, tat_rpm, tat_tpm)`` and moves each ``tat`` to
+``start + w * 60 / limit``. So:
+
+- after an idle period the first request goes at once (a burst of exactly one request);
+- at steady state requests start ``60 / rpm`` seconds apart, or ``tokens * 60 / tpm``
+  seconds after the previous request's start, whichever is later;
+- a request heavier than a whole minute's TPM never deadlocks: it goes as soon as every
+  earlier reservation has elapsed (the bucket is "full"), and the requests after it wait for
+  its whole weight (more than a minute). Nothing is clamped, so the long-run average never
+  exceeds the limit;
+- over any window of ``L`` seconds at most ``L * limit / 60`` units plus one request start.
+
+``reserve`` books the slot and returns how long to wait; the caller sleeps outside the lock
+(and outside any concurrency slot). ``correct`` adjusts TPM once the server's ``usage`` is
+known: an over-estimate is credited back and an under-estimate debited, applied to the
+reservations that follow; a credit never moves ``tat`` before ``now`` (idle time does not
+accumulate into a burst).
+
+Thread-safe: one ``threading.Lock`` guards every ``tat``; nothing sleeps under it. The clock
+is injected (tests pass a fake one).
+
+Why not a library: ``pyrate-limiter`` 4.5.1 was evaluated (its ``InMemoryBucket`` and
+``Limiter`` are thread-safe: an ``RLock``, released while a blocked caller sleeps). It does not
+fit here, measured on this machine: (1) it is a sliding-window log, so ``Rate(120,
+Duration.MINUTE)`` admits all 120 requests at once; even pacing needs ``Rate(1, 500 ms)``,
+and for tokens a short window refuses any request heavier than that window's share;
+(2) a weight above a rate's limit is refused for good (``try_acquire`` returns False), the
+deadlock this module must avoid; (3) there is no way to credit tokens back after ``usage``;
+(4) each blocked wait adds ``buffer_ms`` (50 ms): ``Rate(1, 100 ms)`` paced 150 ms apart;
+(5) a weight of 300,000 tokens is stored as 300,000 list entries, and every limiter starts a
+background "Leaker" thread; (6) its sleep is ``time.sleep`` imported at module level, so
+neither a fake clock nor an interruptible sleep (for the fatal latch) can be injected.
+``limits`` (fixed/moving windows) has (1)-(3) too; ``aiolimiter`` is asyncio-only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["GCRA", "RequestPacer"]
+
+
+@dataclass(slots=True)
+class GCRA:
+    """One rate limit: ``per_minute`` units per minute, paced evenly. Not locked by itself.
+
+    :param per_minute: the limit, units per minute (requests for RPM, tokens for TPM).
+    :param tat: theoretical arrival time, ``clock()`` seconds: the earliest start of the next
+        unit. 0.0 means idle since the clock's origin.
+    """
+
+    per_minute: int
+    tat: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.per_minute < 1:
+            raise ValueError(f"a rate limit must be at least 1 per minute, got {self.per_minute}")
+
+    @property
+    def interval_s(self) -> float:
+        """Seconds one unit occupies: ``60 / per_minute``."""
+        return 60.0 / self.per_minute
+
+    def book(self, start: float, weight: float) -> None:
+        """Record ``weight`` units starting at ``start`` (seconds; ``start >= tat``)."""
+        self.tat = max(self.tat, start) + weight * self.interval_s
+
+    def adjust(self, now: float, delta: float) -> None:
+        """Add ``delta`` units (negative: credit back) to the booked time; never before ``now``."""
+        self.tat = max(now, self.tat + delta * self.interval_s)
+
+
+class RequestPacer:
+    """Even pacing of one client's requests under an optional RPM and an optional TPM.
+
+    :param rpm: requests per minute, or None for no request limit.
+    :param tpm: tokens per minute, or None for no token limit.
+    :param clock: seconds, monotonic (default ``time.monotonic``).
+    :raises ValueError: if a limit is below 1.
+    """
+
+    def __init__(
+        self,
+        *,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rpm = rpm
+        self.tpm = tpm
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._requests = GCRA(rpm) if rpm is not None else None
+        self._tokens = GCRA(tpm) if tpm is not None else None
+
+    def __repr__(self) -> str:
+        return f"RequestPacer(rpm={self.rpm!r}, tpm={self.tpm!r})"
+
+    @property
+    def enabled(self) -> bool:
+        """True when at least one limit is set."""
+        return self._requests is not None or self._tokens is not None
+
+    def reserve(self, tokens: int) -> float:
+        """Book one request of ``tokens`` (estimated) tokens; return seconds to wait before it.
+
+        The request may be sent ``returned`` seconds from now (0.0: at once). The booking
+        holds even if the caller gives up (a fatal error): that only makes pacing more
+        conservative.
+        """
+        if not self.enabled:
+            return 0.0
+        with self._lock:
+            now = self._clock()
+            start = now
+            for rate in (self._requests, self._tokens):
+                if rate is not None:
+                    start = max(start, rate.tat)
+            if self._requests is not None:
+                self._requests.book(start, 1)
+            if self._tokens is not None:
+                self._tokens.book(start, max(0, tokens))
+        return start - now
+
+    def correct(self, *, estimated: int, used: int) -> None:
+        """Replace a request's ``estimated`` tokens by the ``used`` ones the server reported.
+
+        ``used > estimated`` delays the following requests (debit); ``used < estimated``
+        lets them go earlier (credit), but never earlier than now. No effect without a TPM.
+        """
+        if self._tokens is None or used == estimated:
+            return
+        with self._lock:
+            self._tokens.adjust(self._clock(), used - estimated)

@@ -1,0 +1,58 @@
+"""Graceful stop on SIGINT/SIGTERM while chunks are in flight.
+
+First signal: submit no more chunks, ask running chunk tasks to stop before their next
+request (``embedline.shutdown``), give in-flight chunks ``grace_s`` seconds to finish, then
+release the rest in the ledger; the run exits 130 (SIGINT) or 143 (SIGTERM). Second signal:
+exit at once with the same code; the ledger stays consistent because every write is one
+SQLite transaction, and chunks left ``running`` are reclaimed by the next run on this host
+as soon as it sees their process is gone.
+
+Prefect 3.9 installs its own SIGTERM handler for the flow run (it raises
+``TerminationSignal`` and marks the run Crashed); this context replaces it only while chunks
+are dispatched and restores it afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from embedline import shutdown
+from flows.dispatch import Dispatcher
+
+__all__ = ["stop_on_signals"]
+
+
+@contextlib.contextmanager
+def stop_on_signals(
+    dispatcher: Dispatcher, *, grace_s: float, logger: logging.Logger | logging.LoggerAdapter[Any]
+) -> Iterator[None]:
+    """Install SIGINT/SIGTERM handlers for the block (main thread only; else a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        if shutdown.stop_requested():
+            sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now\n")
+            sys.stderr.flush()
+            os._exit(shutdown.exit_code_for(signum))
+        shutdown.request_stop(signum)
+        dispatcher.stop(grace_s=grace_s)
+        logger.warning(
+            "%s received: no new chunks; in-flight chunks get %.0f s to finish, then are "
+            "released (send it again to exit now)", signal.Signals(signum).name, grace_s,
+        )  # fmt: skip
+
+    previous = {s: signal.signal(s, handle) for s in shutdown.SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
