@@ -1,0 +1,242 @@
+"""Crashes and stops, injected for real: SIGKILL at random moments, SIGTERM/SIGINT, fatal
+API answers. After the final rerun the output is complete and correct, no row appears twice,
+no object was overwritten, no temp file is left and the ledger passes integrity_check."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import REPO, run_cli
+from tests.support.output import read_local_output
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+
+
+class TextRecorder:
+    """A fail_when hook: records the texts of every request, delays those with a marker."""
+
+    def __init__(self, delays: dict[str, float] | None = None, default_delay_s: float = 0.0):
+        self.delays = delays or {}
+        self.default_delay_s = default_delay_s
+        self.texts: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, payload: Any) -> dict[str, Any] | None:
+        texts = payload.get("input", []) if isinstance(payload, dict) else []
+        with self.lock:
+            self.texts.extend(texts)
+        delay = max([self.delays[m] for m in self.delays if any(m in t for t in texts)],
+                    default=self.default_delay_s)  # fmt: skip
+        return {"delay_s": delay} if delay else None
+
+    def take(self) -> list[str]:
+        with self.lock:
+            texts, self.texts = self.texts, []
+            return texts
+
+
+def _write_csv(path: Path, n: int, marker_rows: dict[int, str] | None = None) -> list[tuple[str, str]]:
+    rows = []
+    for i in range(n):
+        text = f"row {i} {(marker_rows or {}).get(i, '')}\nsecond line {i}"
+        rows.append((f"r{i:04d}", text))
+    body = "id,text\n" + "".join(f'{rid},"{text}"\n' for rid, text in rows)
+    path.write_text(body, encoding="utf-8")
+    return rows
+
+
+def _args(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> list[str]:
+    return ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+            server.base_url, "--output", str(tmp_path / "out"), "--ledger",
+            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]  # fmt: skip
+
+
+def _popen(tmp_path: Path, args: list[str]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "embedline.cli", *args], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _chunk_files(out: Path) -> dict[str, str]:
+    chunks = out / "chunks"
+    if not chunks.exists():
+        return {}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in chunks.iterdir() if p.name.endswith(".parquet") and not p.name.startswith(".")}
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _assert_complete(tmp_path: Path, rows: list[tuple[str, str]]) -> None:
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert manifest["rows_published"] == len(rows) and manifest["rows_failed"] == 0
+    assert set(vectors) == {rid for rid, _ in rows}
+    for rid, text in rows:
+        np.testing.assert_allclose(vectors[rid], expected_vector(text), rtol=1e-6)
+    leftovers = [p.name for p in (tmp_path / "out").rglob(".*.tmp-*")]
+    assert leftovers == []
+    db = sqlite3.connect(tmp_path / "ledger.sqlite3")
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert db.execute("SELECT COUNT(*) FROM chunks WHERE state = 'running'").fetchone()[0] == 0
+
+
+def test_kill_while_slow_chunk_in_flight_rerun_embeds_only_unfinished_chunks(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    # 5 chunks of 4 rows; chunk 0 and chunk 4 are slow, 1-3 fast; 4 in flight at once
+    rows = _write_csv(tmp_path / "in.csv", 20, {0: "SLOW", 16: "SLOW"})
+    recorder = TextRecorder({"SLOW": 60.0})
+    fake_openai.fail_when(recorder)
+    proc = _popen(tmp_path, _args(tmp_path, fake_openai, "--chunk-size", "4",
+                                  "--concurrency", "3"))  # fmt: skip
+    try:
+        _wait_for(lambda: len(_chunk_files(tmp_path / "out")) == 3, 120, "chunks 1-3")
+        time.sleep(0.3)  # let the flow record them
+    finally:
+        proc.kill()
+        proc.wait()
+    published = _chunk_files(tmp_path / "out")
+    recorder.take()
+    recorder.delays = {}
+    result = run_cli(*_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "3"),
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    sent = recorder.take()
+    sent_rows = sorted({int(t.split()[1]) for t in sent})
+    assert sent_rows == [0, 1, 2, 3, 16, 17, 18, 19]  # exactly chunks 0 and 4
+    assert {k: v for k, v in _chunk_files(tmp_path / "out").items() if k in published} == published
+    _assert_complete(tmp_path, rows)
+
+
+def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: int) -> None:
+    rows = _write_csv(tmp_path / "in.csv", 120)
+    server.fail_when(TextRecorder(default_delay_s=0.05))
+    rng = random.Random(seed)
+    args = _args(tmp_path, server, "--chunk-size", "3", "--batch-size", "2", "--concurrency", "2")
+    seen: dict[str, str] = {}
+    finished_early = 0
+    for _ in range(kills):
+        proc = _popen(tmp_path, args)
+        time.sleep(rng.uniform(1.0, 5.0))  # start-up, planning, dispatch, manifest
+        if proc.poll() is not None:
+            finished_early += 1
+            break
+        proc.kill()
+        proc.wait()
+        files = _chunk_files(tmp_path / "out")
+        for name, digest in seen.items():
+            assert files[name] == digest, f"{name} was overwritten"  # never rewritten
+        seen.update(files)
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    _assert_complete(tmp_path, rows)
+    assert server.counters()["inputs"] >= len(rows)
+
+
+def test_random_sigkills_then_rerun_give_complete_output(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _kill_loop(tmp_path, fake_openai, kills=10, seed=20261129)
+
+
+@pytest.mark.slow
+def test_many_random_sigkills_soak(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
+    _kill_loop(tmp_path, fake_openai, kills=int(os.environ.get("EMBEDLINE_SOAK_KILLS", "60")),
+               seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")))  # fmt: skip
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_stops_gracefully_and_rerun_resumes(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, signum: int, code: int
+) -> None:
+    rows = _write_csv(tmp_path / "in.csv", 40)
+    fake_openai.fail_when(TextRecorder(default_delay_s=0.3))
+    args = _args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "2", "--grace", "20")
+    proc = _popen(tmp_path, args)
+    _wait_for(lambda: len(_chunk_files(tmp_path / "out")) >= 1, 120, "a published chunk")
+    proc.send_signal(signum)
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert time.monotonic() - started < 20
+    assert "interrupted" in out and "rerun the same command" in out
+    db = sqlite3.connect(tmp_path / "ledger.sqlite3")
+    assert db.execute("SELECT COUNT(*) FROM chunks WHERE state = 'running'").fetchone()[0] == 0
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    published = len(_chunk_files(tmp_path / "out"))
+    assert 1 <= published < 10
+    fake_openai.fail_when(None)
+    before = fake_openai.counters()["inputs"]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert fake_openai.counters()["inputs"] - before <= (10 - published) * 4
+    _assert_complete(tmp_path, rows)
+
+
+def test_second_signal_exits_at_once(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
+    _write_csv(tmp_path / "in.csv", 20)
+    fake_openai.fail_when(TextRecorder(default_delay_s=5.0))
+    proc = _popen(tmp_path, _args(tmp_path, fake_openai, "--chunk-size", "4", "--grace", "60"))
+    _wait_for(lambda: fake_openai.counters()["requests"] >= 1, 120, "a request")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert time.monotonic() - started < 3
+    db = sqlite3.connect(tmp_path / "ledger.sqlite3")
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_wrong_api_key_exits_3_fast_without_leaking_the_key(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _write_csv(tmp_path / "in.csv", 40)
+    fake_openai.require_key = "sk-right-key"
+    started = time.monotonic()
+    result = run_cli(*_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "4"),
+                     cwd=tmp_path, env={"EMBEDLINE_API_KEY": "sk-wrong-secret"})  # fmt: skip
+    assert result.returncode == 3
+    assert time.monotonic() - started < 60
+    assert "EMBEDLINE_API_KEY" in result.stdout + result.stderr
+    assert "sk-wrong-secret" not in result.stdout + result.stderr
+    assert fake_openai.counters()["requests"] <= 5  # about one per in-flight chunk
+    assert not (tmp_path / "out" / "manifests").exists()
+
+
+def test_insufficient_quota_exits_3_without_retrying(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _write_csv(tmp_path / "in.csv", 8)
+    quota = ('{"error": {"message": "You exceeded your current quota", '
+             '"type": "insufficient_quota", "code": "insufficient_quota"}}')  # fmt: skip
+    fake_openai.fail_when(lambda payload: {"status": 429, "body": quota})
+    result = run_cli(*_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "1"),
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 3
+    assert "quota" in (result.stdout + result.stderr).lower()
+    assert fake_openai.counters()["requests"] <= 2
