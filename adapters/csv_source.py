@@ -26,10 +26,11 @@ import os
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from adapters.input_source import open_input
 from embedline.errors import InputError
 from embedline.keys import ChunkKeyBuilder, text_sha256
 from embedline.models import ChunkSpec, InputPlan, InputSource, Row
@@ -195,7 +196,7 @@ def _open_lines(
     fh: BinaryIO, source_path: str, codec: str, on_bytes: Callable[[bytes], None] | None
 ) -> _Lines:
     """Position ``fh`` after any UTF-8 BOM and wrap it; refuse UTF-16 files."""
-    head = fh.read(4)
+    head = fh.peek(4)[:4]  # type: ignore[attr-defined]  # a BufferedReader: no seek needed (S3)
     if head.startswith(_UTF16_BOMS):
         raise InputError(
             "the file starts with a UTF-16 byte-order mark; re-save it as UTF-8",
@@ -203,7 +204,6 @@ def _open_lines(
             line=1,
         )
     skip = len(_UTF8_BOM) if codec == "utf-8" and head.startswith(_UTF8_BOM) else 0
-    fh.seek(0)
     bom = fh.read(skip)
     if on_bytes is not None and bom:
         on_bytes(bom)
@@ -269,6 +269,9 @@ def plan_csv(
 ) -> InputPlan:
     """Stream ``path`` once: validate it, hash it and cut it into chunks of ``chunk_size`` rows.
 
+    ``path`` is a local path, a ``file://`` URI or ``s3://bucket/key`` (streamed, not
+    downloaded first).
+
     ``codec`` is a Python codec name (``embedline.settings.codec_for``). The plan holds the
     file's SHA-256, size (bytes), record count and one ``ChunkSpec`` per chunk, each with its
     content key (DESIGN §2) and byte range.
@@ -288,11 +291,9 @@ def plan_csv(
         file_hash.update(raw)
         planner.feed_bytes(raw)
 
-    try:
-        fh = open(source_path, "rb")  # noqa: SIM115 - closed below, after the pass
-    except OSError as exc:
-        raise InputError(f"cannot open the input: {exc.strerror}", path=source_path) from None
-    with fh:
+    found = open_input(source_path)
+    with found.open() as fh:
+        source_path = found.uri
         lines = _open_lines(fh, source_path, codec, on_bytes)
         records = _records(lines, source_path)
         header_record = next(records, None)
@@ -312,10 +313,11 @@ def plan_csv(
             )
         planner.close(stop=lines.offset)  # trailing blank lines belong to the last chunk
         size = lines.offset
-    _raise_on_duplicates(id_digests, source_path, codec, header)
+    _raise_on_duplicates(id_digests, found, codec, header)
     source = InputSource(
-        path=os.path.abspath(source_path),
-        name=os.path.basename(source_path),
+        path=found.uri,
+        name=found.name,
+        version=getattr(found, "etag", None),
         encoding=codec,
         id_column=id_column,
         text_column=text_column,
@@ -337,7 +339,7 @@ def _id_digest(row_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(row_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
-def _raise_on_duplicates(digests: array, path: str, codec: str, header: _Header) -> None:
+def _raise_on_duplicates(digests: array, found: Any, codec: str, header: _Header) -> None:
     """Raise InputError listing the first duplicated ids with their lines, if any.
 
     The pass kept only 64-bit digests; a second pass runs only when digests collide, and it
@@ -349,8 +351,9 @@ def _raise_on_duplicates(digests: array, path: str, codec: str, header: _Header)
     suspects = {int(v) for v in values[counts > 1]}
     if not suspects:
         return
+    path = found.uri
     lines_by_id: dict[str, list[int]] = {}
-    with open(path, "rb") as fh:
+    with found.open() as fh:
         records = _records(_open_lines(fh, path, codec, None), path)
         next(records)  # the header
         for record in records:
@@ -384,12 +387,8 @@ def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:
 
     :raises InputError: (exit 2) the input changed since planning, or cannot be read.
     """
-    try:
-        with open(source.path, "rb") as fh:
-            fh.seek(spec.byte_start)
-            data = fh.read(spec.byte_stop - spec.byte_start)
-    except OSError as exc:
-        raise InputError(f"cannot read the input: {exc.strerror}", path=source.path) from None
+    data = open_input(source.path, etag=source.version).read_range(spec.byte_start,
+                                                                   spec.byte_stop)  # fmt: skip
     if hashlib.sha256(data).hexdigest() != spec.bytes_sha256:
         raise InputError(
             f"the input changed while the run read it (chunk {spec.index}, bytes "

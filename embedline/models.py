@@ -38,7 +38,7 @@ def manifest_object_key(run_key: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class InputSource:
-    """Where the CSV is and how its records map to ids and texts.
+    """Where the CSV is (a local path or ``s3://`` URI) and how its records map to ids and texts.
 
     ``encoding`` is a Python codec name (``utf-8``, ``cp932``); ``data_start`` is the byte
     offset of the first data record (after the header); ``id_index``/``text_index`` are
@@ -54,6 +54,7 @@ class InputSource:
     text_index: int
     n_fields: int
     data_start: int
+    version: str | None = None  # S3 ETag seen at planning (chunk reads require it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,3 +180,43 @@ def test_s3_output_through_moto_server(
     requests = fake_openai.counters()["requests"]
     rerun = run_cli(*args, cwd=tmp_path, env=env)
     assert rerun.returncode == 0 and fake_openai.counters()["requests"] == requests
+
+
+def test_s3_input_is_streamed_and_chunk_reads_are_pinned_to_its_etag(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    rows = _rows(7)
+    local = _csv(tmp_path / "local.csv", rows)
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.put_object(Bucket=s3_bucket, Key="inputs/data.csv", Body=local.read_bytes())
+    args = ["run", f"s3://{s3_bucket}/inputs/data.csv", "--embedder", "openai", "--base-url",
+            fake_openai.base_url, "--output", str(tmp_path / "out"), "--ledger",
+            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "3"]  # fmt: skip
+    result = run_cli(*args, cwd=tmp_path, env={"AWS_ENDPOINT_URL": moto_endpoint})
+    assert result.returncode == 0, result.stderr
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert manifest["input"]["name"] == "data.csv"
+    assert manifest["input"]["bytes"] == local.stat().st_size
+    import hashlib
+
+    assert manifest["input"]["sha256"] == hashlib.sha256(local.read_bytes()).hexdigest()
+    for row_id, text in rows:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
+
+
+def test_s3_input_changed_after_planning_is_refused(
+    moto_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adapters.csv_source import plan_csv, read_chunk
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.put_object(Bucket=s3_bucket, Key="in.csv", Body=b"id,text\n1,alpha\n2,beta\n")
+    plan = plan_csv(f"s3://{s3_bucket}/in.csv", id_column="id", text_column="text",
+                    codec="utf-8", chunk_size=1, model="m", dimensions=None)  # fmt: skip
+    assert read_chunk(plan.source, plan.chunks[1])[0].id == "2"
+    s3.put_object(Bucket=s3_bucket, Key="in.csv", Body=b"id,text\n1,alpha\n2,BETA\n")
+    from embedline.errors import InputError
+
+    with pytest.raises(InputError, match="changed while the run read it"):
+        read_chunk(plan.source, plan.chunks[1])
