@@ -333,6 +333,18 @@ class Ledger:
             raise ValueError(f"run key prefix {prefix!r} is ambiguous; give more characters")
         return self._run_record(rows[0]) if rows else None
 
+    def run_settings(self, run_key: str) -> dict[str, object]:
+        """Return the settings a run was started with (no secrets are ever stored).
+
+        :raises KeyError: no such run.
+        """
+        row = self._conn.execute(
+            "SELECT settings_json FROM runs WHERE run_key = ?", (run_key,)
+        ).fetchone()
+        if row is None:
+            raise KeyError(run_key)
+        return dict(json.loads(row[0]))
+
     @staticmethod
     def _run_record(row: sqlite3.Row) -> RunRecord:
         return RunRecord(**{f: row[f] for f in RunRecord.__slots__})

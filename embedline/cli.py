@@ -92,9 +92,17 @@ def _parser() -> argparse.ArgumentParser:
                      help="commit the manifest even if some rows are dead letters")
     run.add_argument("--allow-unconditional-store", action="store_true",
                      help="run even if the store ignores conditional writes (unsafe)")
+    run.add_argument("--price-per-million-tokens", type=float, default=None,
+                     help="USD per 1M tokens, for the cost estimate in the summary")
     status = sub.add_parser("status", help="one line per run in the ledger")
     status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     status.add_argument("--ledger", default=".embedline/ledger.sqlite3")
+    retry = sub.add_parser(
+        "retry-failed",
+        help="rerun a run's failed and never-run chunks with its recorded settings",
+    )
+    retry.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
+    retry.add_argument("--ledger", default=".embedline/ledger.sqlite3")
     dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter")
     dead.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     dead.add_argument("--ledger", default=".embedline/ledger.sqlite3")
@@ -108,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     if args.command == "status":
         return _status(args)
+    if args.command == "retry-failed":
+        return _retry_failed(args)
     return _dead_letters(args)
 
 
@@ -132,7 +142,29 @@ def _fail(message: str, code: int) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = _settings_from(args)
+    return _run_settings(_settings_from(args))
+
+
+def _retry_failed(args: argparse.Namespace) -> int:
+    """Rerun a recorded run: published chunks are skipped, the rest are embedded again."""
+    from pydantic import ValidationError
+
+    from embedline.settings import RunSettings
+
+    ledger = _open_ledger(args.ledger)
+    run = _find(ledger, args.run)
+    recorded = ledger.run_settings(run.run_key)
+    ledger.close()
+    try:
+        settings = RunSettings(**{**recorded, "ledger": args.ledger})
+    except ValidationError as exc:
+        return _fail(f"embedline: error: the recorded settings no longer validate: {exc}",
+                     EXIT_USAGE)  # fmt: skip
+    print(f"retrying run {run.run_key} ({run.input_name} -> {run.output_uri})", file=sys.stderr)
+    return _run_settings(settings)
+
+
+def _run_settings(settings: Any) -> int:
     if "://" not in settings.input and not os.path.isfile(settings.input):
         return _fail(f"embedline: error: {settings.input}: no such file", EXIT_USAGE)
     for name, value in _PREFECT_DEFAULTS.items():

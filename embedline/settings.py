@@ -82,6 +82,7 @@ class RunSettings(BaseModel):
     ledger: str = ".embedline/ledger.sqlite3"
     allow_failed_rows: bool = False
     allow_unconditional_store: bool = False
+    price_per_million_tokens: float | None = Field(default=None, ge=0)
 
     @field_validator("encoding")
     @classmethod

@@ -30,6 +30,7 @@ from tasks.chunk import embed_chunk, store_for
 from tasks.manifest import build_manifest, read_manifest, write_manifest
 from tasks.plan import find_published, plan_input
 from tasks.publish import ensure_conditional_writes, read_chunk_metadata
+from tasks.report import ProgressArtifact, publish_summary
 
 __all__ = ["embed_csv", "run_settings"]
 
@@ -61,6 +62,7 @@ def embed_csv(
     ledger: str = ".embedline/ledger.sqlite3",
     allow_failed_rows: bool = False,
     allow_unconditional_store: bool = False,
+    price_per_million_tokens: float | None = None,
 ) -> State[Any]:
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
 
@@ -107,7 +109,13 @@ def run_settings(settings: RunSettings) -> RunSummary:
                                  started)  # fmt: skip
     ledger = Ledger(settings.ledger)
     try:
-        return _run(settings, plan, base, ledger, started)
+        summary = _run(settings, plan, base, ledger, started)
+        publish_summary(
+            summary, dead_letters=ledger.run_dead_letters(run_key),
+            chunk_states=ledger.state_counts(run_key),
+            price_per_million_tokens=settings.price_per_million_tokens,
+        )  # fmt: skip
+        return summary
     finally:
         ledger.close()
 
@@ -119,7 +127,8 @@ def _run(
     store = store_for(settings.output)
     run_key = str(base.run_key)
     ledger.start_run(
-        run_key, plan, output_uri=store.uri, settings=settings.model_dump(),
+        run_key, plan, output_uri=store.uri,
+        settings={**settings.model_dump(), "input": plan.source.path, "output": store.uri},
         flow_run_id=flow_run.get_id(),
         object_uris=[store.uri_for(c.object_key) for c in plan.chunks],
     )  # fmt: skip
@@ -143,7 +152,8 @@ def _run(
     logger.info("%d of %d chunks already published; %d to embed",
                 len(skipped), len(plan.chunks), len(todo))  # fmt: skip
     # ── embed + publish, record as chunks finish ─────────────────────────────────────────
-    report = _progress_reporter(plan, skipped)
+    report = _progress_reporter(plan, skipped, ProgressArtifact(
+        description=f"{plan.source.name}: rows embedded and published"))
     report(DispatchResult())
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
     chunk_task = embed_chunk.with_options(
@@ -266,17 +276,21 @@ def _already_complete(
     )  # fmt: skip
 
 
-def _progress_reporter(plan: InputPlan, skipped: dict[int, ChunkOutcome]) -> Any:
+def _progress_reporter(
+    plan: InputPlan, skipped: dict[int, ChunkOutcome], artifact: ProgressArtifact
+) -> Any:
     rows_skipped = sum(c.rows for c in plan.chunks if c.index in skipped)
 
     def report(result: DispatchResult) -> None:
+        rows_done = rows_skipped + sum(plan.chunks[i].rows for i in result.published)
+        chunks_done = len(skipped) + len(result.published)
         notify(Progress(
-            rows_total=plan.rows, chunks_total=len(plan.chunks),
-            rows_done=rows_skipped + sum(plan.chunks[i].rows for i in result.published),
-            chunks_done=len(skipped) + len(result.published), rows_skipped=rows_skipped,
+            rows_total=plan.rows, chunks_total=len(plan.chunks), rows_done=rows_done,
+            chunks_done=chunks_done, rows_skipped=rows_skipped,
             dead_letters=sum(len(o.dead_letters) for o in result.published.values()),
             chunks_failed=len(result.failed),
         ))  # fmt: skip
+        artifact.update(rows_done, plan.rows, force=chunks_done == len(plan.chunks))
 
     return report
 

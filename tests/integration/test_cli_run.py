@@ -220,3 +220,32 @@ def test_s3_input_changed_after_planning_is_refused(
 
     with pytest.raises(InputError, match="changed while the run read it"):
         read_chunk(plan.source, plan.chunks[1])
+
+
+def test_failed_chunks_then_retry_failed_embeds_only_those(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    rows = _rows(20)
+    rows[5] = (rows[5][0], "BROKEN " + rows[5][1])  # chunk 1 of 4 (5 rows each)
+    rows[17] = (rows[17][0], "BROKEN " + rows[17][1])  # chunk 3
+    _csv(tmp_path / "in.csv", rows)
+    fake_openai.fail_when(lambda p: {"status": 503} if any("BROKEN" in t for t in p["input"])
+                          else None)  # fmt: skip
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5", "--batch-size", "5",
+                          "--max-attempts", "2", "--chunk-retries", "0")  # fmt: skip
+    assert code == 1, err
+    assert "2 of 4 chunks not published" in out
+    run_key = out.split()[1]
+    status = run_cli("status", run_key[:10], "--ledger", str(tmp_path / "ledger.sqlite3"),
+                     cwd=tmp_path)  # fmt: skip
+    assert "published=2 failed=2" in status.stdout
+    fake_openai.fail_when(None)
+    before = fake_openai.counters()["requests"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    retry = run_cli("retry-failed", run_key[:12], "--ledger", str(tmp_path / "ledger.sqlite3"),
+                    cwd=elsewhere)  # fmt: skip
+    assert retry.returncode == 0, retry.stderr
+    assert fake_openai.counters()["requests"] - before == 2  # one batch per failed chunk
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert set(vectors) == {r[0] for r in rows}

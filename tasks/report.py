@@ -1,0 +1,115 @@
+"""What the Prefect UI shows: a progress artifact while chunks finish, a summary at the end.
+
+Artifacts carry counts, ids, reasons and URIs only: never input text, never secrets.
+Keys are stable (``embedline-progress``, ``embedline-summary``, ``embedline-dead-letters``)
+so the Artifacts page keeps one history per key (Prefect docs: artifacts, "key").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from embedline.models import DeadLetter, RunSummary
+
+__all__ = ["ProgressArtifact", "publish_summary", "summary_markdown"]
+
+_MAX_DEAD_LETTERS_SHOWN = 1000
+
+
+class ProgressArtifact:
+    """A progress artifact (0–100 %) updated at most every ``min_interval_s`` seconds."""
+
+    def __init__(self, *, description: str, min_interval_s: float = 1.0) -> None:
+        self._id: UUID = create_progress_artifact(
+            progress=0.0, key="embedline-progress", description=description
+        )
+        self._min_interval_s = min_interval_s
+        self._last = 0.0
+
+    def update(self, done: int, total: int, *, force: bool = False) -> None:
+        """Set progress to ``done / total`` (rows or chunks)."""
+        now = time.monotonic()
+        if not force and now - self._last < self._min_interval_s:
+            return
+        self._last = now
+        update_progress_artifact(self._id, 100.0 * done / total if total else 100.0)
+
+
+def summary_markdown(
+    summary: RunSummary,
+    *,
+    dead_letters: Sequence[DeadLetter] = (),
+    chunk_states: dict[str, int] | None = None,
+    price_per_million_tokens: float | None = None,
+) -> str:
+    """Render the run summary as Markdown (no text, no secrets)."""
+    cost = (f"${summary.tokens * price_per_million_tokens / 1e6:,.4f} "
+            f"(at ${price_per_million_tokens}/1M tokens)"
+            if price_per_million_tokens is not None else "n/a (no price given)")  # fmt: skip
+    rows = [
+        ("status", f"**{summary.status}**" + (f": {summary.message}" if summary.message else "")),
+        ("run key", f"`{summary.run_key}`"),
+        ("rows published", f"{summary.rows_published:,} of {summary.rows_total:,}"),
+        ("rows already published before this run", f"{summary.rows_skipped:,}"),
+        ("dead letters", f"{summary.rows_failed:,}"),
+        ("chunks", f"{summary.chunks_published} published now, {summary.chunks_skipped} "
+                   f"skipped, {summary.chunks_failed} failed, {summary.chunks_released} "
+                   f"released, {summary.chunks_not_run} not run, of {summary.chunks_total}"),
+        ("chunks by ledger state", ", ".join(f"{k} {v}" for k, v in
+                                              sorted((chunk_states or {}).items())) or "-"),
+        ("tokens (reported by the API)", f"{summary.tokens:,}"),
+        ("estimated cost", cost),
+        ("requests", f"{summary.requests:,}"),
+        ("wall time", f"{summary.wall_s:.1f} s"),
+        ("output", f"`{summary.output}`"),
+        ("manifest", f"`{summary.manifest_uri}`" if summary.manifest_uri else "not committed"),
+    ]  # fmt: skip
+    lines = ["# embedline run", "", "| | |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    if summary.exit_code != 0 and summary.run_key:
+        lines += ["", "Rerun only what is missing: run the deployment again with the same "
+                  "parameters, press **Retry** on this flow run, or `embedline run` the same "
+                  f"command (`embedline status {summary.run_key[:12]}`)."]  # fmt: skip
+    if dead_letters:
+        lines += ["", f"## Dead letters ({len(dead_letters)})", "", "| row | id | reason | HTTP |",
+                  "|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {d.row_number} | `{_cell(d.id)}` | {d.reason} | {d.http_status or ''} |"
+                  for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: str) -> str:
+    return value.replace("|", "\\|").replace("`", "'").replace("\n", " ")[:200]
+
+
+def publish_summary(
+    summary: RunSummary,
+    *,
+    dead_letters: Sequence[DeadLetter] = (),
+    chunk_states: dict[str, int] | None = None,
+    price_per_million_tokens: float | None = None,
+) -> None:
+    """Create the ``embedline-summary`` (and, with dead letters, a table) artifact."""
+    create_markdown_artifact(
+        summary_markdown(summary, dead_letters=dead_letters, chunk_states=chunk_states,
+                         price_per_million_tokens=price_per_million_tokens),
+        key="embedline-summary",
+        description=f"embedline run {summary.status}",
+    )  # fmt: skip
+    if dead_letters:
+        table: list[dict[str, Any]] = [
+            {"row": d.row_number, "id": d.id, "reason": d.reason, "http_status": d.http_status}
+            for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]
+        ]
+        create_table_artifact(table, key="embedline-dead-letters",
+                              description=f"{len(dead_letters)} dead letters (no text)")  # fmt: skip

@@ -1,0 +1,73 @@
+"""The flow in-process against a real Prefect server: final states, task run names and the
+artifacts the UI shows (progress, summary, dead letters) — with no input text in them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from tests.support.fake_openai import FakeEmbeddingServer
+
+pytestmark = pytest.mark.integration
+
+SECRET_TEXT = "confidential words that must never reach the UI"
+
+
+def _run_flow(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, **kw: Any) -> Any:
+    from flows.embed_csv import embed_csv
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        return embed_csv(
+            input=str(tmp_path / "in.csv"), output=str(tmp_path / "out"),
+            ledger=str(tmp_path / "ledger.sqlite3"), embedder="openai",
+            base_url=server.base_url, chunk_size=2, chunk_retries=0,
+            price_per_million_tokens=0.02, return_state=True, **kw,
+        )  # fmt: skip
+
+
+def _artifacts_and_tasks(api_url: str, flow_run_id: Any) -> tuple[dict[str, Any], list[str]]:
+    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(
+        sync_client=True
+    ) as client:
+        runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        artifacts = {a.key: a for a in client.read_artifacts(flow_run_filter=runs) if a.key}
+        tasks = [t.name for t in client.read_task_runs(flow_run_filter=runs)]
+    return artifacts, tasks
+
+
+def test_completed_run_has_named_chunk_tasks_and_summary_artifacts(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
+) -> None:
+    (tmp_path / "in.csv").write_text(f"id,text\n1,{SECRET_TEXT}\n2,b\n3,c\n", encoding="utf-8")
+    state = _run_flow(tmp_path, fake_openai, prefect_api_url)
+    assert state.is_completed()
+    summary = state.result()
+    assert summary["exit_code"] == 0 and summary["rows_published"] == 3
+    artifacts, tasks = _artifacts_and_tasks(prefect_api_url, state.state_details.flow_run_id)
+    assert {"embedline-progress", "embedline-summary"} <= set(artifacts)
+    assert artifacts["embedline-progress"].data == 100.0
+    markdown = str(artifacts["embedline-summary"].data)
+    assert "3 of 3" in markdown and summary["run_key"] in markdown
+    assert "estimated cost" in markdown
+    assert SECRET_TEXT not in markdown
+    assert sorted(t for t in tasks if t.startswith("embed-chunk")) == [
+        "embed-chunk-0000", "embed-chunk-0001"]
+    assert any(t.startswith("plan-input") for t in tasks)
+
+
+def test_dead_letters_fail_the_flow_run_and_are_listed_without_text(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
+) -> None:
+    (tmp_path / "in.csv").write_text(f"id,text\n1,{SECRET_TEXT}\n2,\n3,c\n", encoding="utf-8")
+    state = _run_flow(tmp_path, fake_openai, prefect_api_url)
+    assert state.is_failed()
+    assert "dead letters" in (state.message or "")
+    artifacts, _ = _artifacts_and_tasks(prefect_api_url, state.state_details.flow_run_id)
+    table = str(artifacts["embedline-dead-letters"].data)
+    assert "empty_text" in table and SECRET_TEXT not in table
+    assert "not committed" in str(artifacts["embedline-summary"].data)
