@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # The main job on the embedded default model: a real Debian sample, no network, no account.
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/embedline run examples/debian-sample.csv --output ./embedline-output
+	HF_HUB_OFFLINE=1 $(BIN)/embedline run examples/debian-sample.csv --chunk-size 50 --output ./embedline-output
 
 # The test suite CI runs (unit + integration on loopback servers); slow soak runs excluded.
 test: $(STAMP)
