@@ -1,0 +1,80 @@
+"""Publishing under races and ambiguity: an S3 write whose answer is lost, and two runs of
+the same input at once. Each chunk object is created once and never overwritten."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from adapters.object_store import S3Store
+from tests.support.fake_openai import FakeEmbeddingServer
+from tests.support.fixtures import REPO
+from tests.support.output import read_local_output
+from tests.support.s3_proxy import ResettingProxy
+
+pytestmark = pytest.mark.integration
+
+
+def test_ambiguous_first_write_is_resolved_by_412_and_checksum(
+    moto_endpoint: str, s3_bucket: str
+) -> None:
+    dropped: list[str] = []
+
+    def drop_first_put(method: str, path: str) -> bool:
+        if method == "PUT" and "chunks/" in path and not dropped:
+            dropped.append(path)
+            return True
+        return False
+
+    with ResettingProxy(moto_endpoint, drop_first_put) as proxy:
+        client = boto3.session.Session().client(
+            "s3", endpoint_url=proxy.url,
+            config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
+        )  # fmt: skip
+        store = S3Store(s3_bucket, "p", client=client)
+        body = b"parquet bytes"
+        digest = hashlib.sha256(body).hexdigest()
+        result = store.put_if_absent("chunks/k.parquet", body, sha256=digest,
+                                     content_type="application/octet-stream")  # fmt: skip
+    puts = [status for method, path, status in proxy.seen if method == "PUT"]
+    assert puts == ["dropped", 412]  # stored, answer lost; the retry found it there
+    assert result.sha256 == digest and result.created is False
+    direct = boto3.client("s3", endpoint_url=moto_endpoint)
+    stored = direct.get_object(Bucket=s3_bucket, Key="p/chunks/k.parquet")
+    assert stored["Body"].read() == body and stored["Metadata"]["sha256"] == digest
+
+
+def _start(tmp_path: Path, server: FakeEmbeddingServer, ledger: str) -> subprocess.Popen[str]:
+    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+            server.base_url, "--output", str(tmp_path / "out"), "--ledger", ledger,
+            "--chunk-size", "3", "--concurrency", "2"]  # fmt: skip
+    return subprocess.Popen([sys.executable, "-m", "embedline.cli", *args], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+
+@pytest.mark.usefixtures("prefect_api_url")
+@pytest.mark.parametrize("shared_ledger", [True, False], ids=["one-ledger", "two-ledgers"])
+def test_two_concurrent_runs_publish_each_chunk_once(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, shared_ledger: bool
+) -> None:
+    rows = [(f"id{i:03d}", f"text number {i}") for i in range(30)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.1})
+    second = "a.sqlite3" if shared_ledger else "b.sqlite3"
+    ledgers = [str(tmp_path / "a.sqlite3"), str(tmp_path / second)]
+    procs = [_start(tmp_path, fake_openai, ledger) for ledger in ledgers]
+    results = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert set(vectors) == {r[0] for r in rows} and manifest["rows_published"] == 30
+    assert len(list((tmp_path / "out" / "chunks").glob("*.parquet"))) == 10
+    if shared_ledger:  # claims in one ledger: every row embedded exactly once in total
+        assert fake_openai.counters()["inputs"] == 30

@@ -1,0 +1,78 @@
+"""A loopback HTTP proxy in front of moto that can drop the answer to a request after the
+store has done the work: the client sees a reset, the object exists — an ambiguous write."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+
+__all__ = ["ResettingProxy"]
+
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"}
+
+
+class ResettingProxy:
+    """Forwards every request to ``upstream``; ``drop_answer(method, path)`` → True makes the
+    proxy forward the request, then close the client connection without answering.
+
+    ``seen`` records ``(method, path, status or "dropped")`` per request.
+    """
+
+    def __init__(self, upstream: str, drop_answer: Callable[[str, str], bool]) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.drop_answer = drop_answer
+        self.seen: list[tuple[str, str, Any]] = []
+        self.lock = threading.Lock()
+        self._client = httpx.Client(timeout=30)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+                response = proxy._client.request(self.command, proxy.upstream + self.path,
+                                                 headers=headers, content=body)  # fmt: skip
+                if proxy.drop_answer(self.command, self.path):
+                    with proxy.lock:
+                        proxy.seen.append((self.command, self.path, "dropped"))
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                with proxy.lock:
+                    proxy.seen.append((self.command, self.path, response.status_code))
+                self.send_response(response.status_code)
+                for name, value in response.headers.items():
+                    if name.lower() not in _HOP_HEADERS:
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(response.content)))
+                self.end_headers()
+                self.wfile.write(response.content)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward  # noqa: N815
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> ResettingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._client.close()
