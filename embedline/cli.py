@@ -94,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="run even if the store ignores conditional writes (unsafe)")
     run.add_argument("--price-per-million-tokens", type=float, default=None,
                      help="USD per 1M tokens, for the cost estimate in the summary")
+    run.add_argument("--task-runner", choices=("threads", "dask"), default="threads",
+                     help="where chunk tasks run: threads here, or Dask workers")
+    run.add_argument("--dask-address", default=None,
+                     help="an existing Dask scheduler (tcp://host:8786); default: a local "
+                          "cluster. Remote workers need an s3:// --output")
+    run.add_argument("--dask-workers", type=_positive_int, default=2,
+                     help="worker processes of the local Dask cluster")
     status = sub.add_parser("status", help="one line per run in the ledger")
     status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     status.add_argument("--ledger", default=".embedline/ledger.sqlite3")
@@ -132,7 +139,10 @@ def _settings_from(args: argparse.Namespace) -> Any:
     try:
         return RunSettings(**fields)
     except ValidationError as exc:
-        problems = "; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            (f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else "") + e["msg"]
+            for e in exc.errors()
+        )
         raise SystemExit(_fail(f"embedline: error: {problems}", EXIT_USAGE)) from None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["DEFAULT_MODELS", "RunSettings", "codec_for"]
 
@@ -83,6 +83,18 @@ class RunSettings(BaseModel):
     allow_failed_rows: bool = False
     allow_unconditional_store: bool = False
     price_per_million_tokens: float | None = Field(default=None, ge=0)
+    task_runner: Literal["threads", "dask"] = "threads"
+    dask_address: str | None = None
+    dask_workers: int = Field(default=2, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _remote_workers_need_shared_storage(self) -> RunSettings:
+        if self.task_runner == "dask" and self.dask_address and "://" not in self.output:
+            raise ValueError(
+                "with --dask-address the chunk tasks run on other machines, which cannot "
+                f"write to the local directory {self.output!r}: use an s3:// --output"
+            )
+        return self
 
     @field_validator("encoding")
     @classmethod

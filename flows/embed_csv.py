@@ -63,6 +63,9 @@ def embed_csv(
     allow_failed_rows: bool = False,
     allow_unconditional_store: bool = False,
     price_per_million_tokens: float | None = None,
+    task_runner: str = "threads",
+    dask_address: str | None = None,
+    dask_workers: int = 2,
 ) -> State[Any]:
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
 
@@ -162,7 +165,7 @@ def _run(
         retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,
     )
     shutdown.reset()
-    with ThreadPoolTaskRunner(max_workers=window) as runner:
+    with _task_runner(settings, window) as runner:
         dispatcher = Dispatcher(
             ledger=ledger,
             run_key=run_key,
@@ -181,6 +184,23 @@ def _run(
     if summary.exit_code == 0 or (summary.status == "dead_letters" and settings.allow_failed_rows):
         summary = _commit(settings, plan, store, {**skipped, **result.published}, summary)
     return _finish(ledger, summary)
+
+
+def _task_runner(settings: RunSettings, window: int) -> Any:
+    """Threads in this process, or Dask workers (a local cluster, or ``dask_address``)."""
+    if settings.task_runner == "threads":
+        return ThreadPoolTaskRunner(max_workers=window)
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        raise InputError("--task-runner dask needs prefect-dask: pip install "
+                         "'embedline[dask]'") from None  # fmt: skip
+    if settings.dask_address:
+        return DaskTaskRunner(address=settings.dask_address)
+    threads = max(1, -(-window // settings.dask_workers))
+    return DaskTaskRunner(cluster_kwargs={"n_workers": settings.dask_workers,
+                                          "threads_per_worker": threads, "processes": True,
+                                          "dashboard_address": None})  # fmt: skip
 
 
 def _summarize(

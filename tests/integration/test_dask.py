@@ -1,0 +1,49 @@
+"""Chunk tasks on a local multi-process Dask cluster, publishing to moto's S3 server; only
+the flow process writes the ledger."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import run_cli
+from tests.support.output import vectors_by_id
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+
+
+def test_dask_workers_embed_and_publish_to_s3(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    rows = [(f"d{i:02d}", f"dask text {i}") for i in range(12)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    result = run_cli(
+        "run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+        fake_openai.base_url, "--output", f"s3://{s3_bucket}/dask", "--ledger",
+        str(tmp_path / "ledger.sqlite3"), "--chunk-size", "3", "--task-runner", "dask",
+        "--dask-workers", "2", cwd=tmp_path, env={"AWS_ENDPOINT_URL": moto_endpoint},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket, Prefix="dask/")["Contents"]]
+    manifest_key = next(k for k in keys if "/manifests/" in k)
+    manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=manifest_key)["Body"].read())
+    bodies = {e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"dask/{e['object']}")["Body"]
+              .read() for e in manifest["chunks"]}  # fmt: skip
+    vectors = vectors_by_id(bodies, manifest)
+    for row_id, text in rows:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
+    assert "embed-chunk-0003" in result.stderr  # task runs reported from the workers
+
+
+def test_remote_dask_workers_refuse_a_local_output(tmp_path: Path) -> None:
+    (tmp_path / "in.csv").write_text("id,text\n1,a\n")
+    result = run_cli("run", "in.csv", "--task-runner", "dask", "--dask-address",
+                     "tcp://127.0.0.1:8786", "--output", "./out", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2
+    assert "s3:// --output" in result.stderr
