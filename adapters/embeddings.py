@@ -5,9 +5,9 @@ Both satisfy ``embedline.protocols.EmbeddingClient``. The HTTP client retries an
 every failure into the classes of DESIGN §5 (``classify``, ``classify_transport_error``);
 callers see only embedline errors. It paces its requests under ``--rpm``/``--tpm``
 (``adapters.rate_limit``), stops sending for good after a fatal answer, and never sleeps a
-server wait above ``max_wait_s`` inside a task (``RetryLaterError``). Nothing here logs or raises with input text, vectors, the
-API key or the ``Idempotency-Key`` value. This module never imports prefect, and never
-imports torch unless a ``LocalEmbedder`` embeds something.
+server wait above ``max_wait_s`` inside a task (``RetryLaterError``). Nothing here logs or
+raises with input text, vectors, the API key or the ``Idempotency-Key`` value. This module
+never imports prefect, and never imports torch unless a ``LocalEmbedder`` embeds something.
 
 Rule sources: OpenAI embeddings API reference
 (https://platform.openai.com/docs/api-reference/embeddings) for the request/response shape,
@@ -420,7 +420,9 @@ class OpenAIEmbedder:
       the pacer, a pause or a backoff);
     - ``rpm``/``tpm`` pace request starts evenly (``adapters.rate_limit.RequestPacer``);
       each attempt books one request and the batch's ``estimate_tokens``, corrected with
-      the answer's ``usage``;
+      the answer's ``usage`` (a failed answer keeps the estimate). A booked start is the
+      earliest one: a request that then waits for a slot goes later, so when every slot
+      is busy, waiting requests go out as slots free up (never more than ``concurrency``);
     - a 429 with a server-given wait pauses every request of this client until then;
     - a server wait above ``max_wait_s`` is not slept: that call raises ``RetryLaterError``
       at once (and, for a 429, so does every call of this client while the pause lasts);
@@ -854,9 +856,10 @@ def build_embedder(settings: RunSettings, *, logger: Logger | None = None) -> Em
 
     Cached by (embedder, model, base_url, dimensions, timeout_s, max_attempts, concurrency,
     rpm, tpm, and a digest of the API key), so every chunk task of a process shares one
-    client: one concurrency semaphore, one RPM/TPM pacer, one 429 pause and one fatal latch. The first caller's ``logger`` is kept: pass a
-    stdlib logger, not a per-task-run logger. The API key comes from ``api_key_from_env()``;
-    with none, a WARNING (once per base URL) says no ``Authorization`` header is sent.
+    client: one concurrency semaphore, one RPM/TPM pacer, one 429 pause and one fatal latch.
+    The first caller's ``logger`` is kept: pass a stdlib logger, not a per-task-run logger.
+    The API key comes from ``api_key_from_env()``; with none, a WARNING (once per base URL)
+    says no ``Authorization`` header is sent.
 
     :raises FatalError: local embedder with an unsupported model or dimensions.
     :raises InputError: openai embedder with a base URL that is not http(s).

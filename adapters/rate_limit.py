@@ -21,7 +21,8 @@ starts at ``start = max(now, tat_rpm, tat_tpm)`` and moves each ``tat`` to
   earlier reservation has elapsed (the bucket is "full"), and the requests after it wait for
   its whole weight (more than a minute). Nothing is clamped, so the long-run average never
   exceeds the limit;
-- over any window of ``L`` seconds at most ``L * limit / 60`` units plus one request start.
+- over any window of ``L`` seconds, at most ``1 + L * rpm / 60`` requests start, and the
+  requests starting in it book at most ``L * tpm / 60`` tokens plus the last one's weight.
 
 ``reserve`` books the slot and returns how long to wait; the caller sleeps outside the lock
 (and outside any concurrency slot). ``correct`` adjusts TPM once the server's ``usage`` is

@@ -143,7 +143,8 @@ def request_retrying(
     server wait above ``max_wait_s`` seconds: the caller releases the work instead of
     sleeping); stops after ``max_attempts`` attempts, the first try included; waits per
     ``WaitRetryAfter`` over full-jitter backoff (``backoff_base_s * 2 ** (attempt - 1)``
-    seconds, at most ``backoff_cap_s``). ``reraise=True``: callers see the last embedline error, never ``tenacity.RetryError``.
+    seconds, at most ``backoff_cap_s``). ``reraise=True``: callers see the last embedline
+    error, never ``tenacity.RetryError``.
 
     :param sleep: called with the wait in seconds (tests pass ``list.append``).
     :param before_sleep: called with the tenacity ``RetryCallState`` before each sleep

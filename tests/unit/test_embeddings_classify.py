@@ -1,5 +1,6 @@
 """adapters.embeddings without sockets: every classification branch, response parsing,
-request shape, retries, the shared pause and the concurrency limit, via httpx.MockTransport."""
+request shape, retries, the shared pause, the concurrency limit, RPM/TPM pacing, the fatal
+latch and server waits above the cap, via httpx.MockTransport and a fake clock."""
 
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ from embedline.errors import (
     InputError,
     RateLimitedError,
     RetryableError,
+    RetryLaterError,
     RowError,
 )
+from embedline.retry import request_retrying
 from embedline.settings import RunSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,13 +62,14 @@ def make_embedder(
     dimensions: int | None = None,
     max_attempts: int = 1,
     concurrency: int = 8,
-    sleep: Callable[[float], None] = lambda s: None,
+    sleep: Callable[[float], None] | None = lambda s: None,
     base_url: str = BASE_URL,
+    **options: Any,
 ) -> OpenAIEmbedder:
     return OpenAIEmbedder(
         base_url=base_url, model=MODEL, dimensions=dimensions, api_key=api_key, timeout_s=5.0,
         max_attempts=max_attempts, concurrency=concurrency,
-        client=httpx.Client(transport=httpx.MockTransport(handler)), sleep=sleep,
+        client=httpx.Client(transport=httpx.MockTransport(handler)), sleep=sleep, **options,
     )
 
 
@@ -501,6 +505,369 @@ def test_concurrency_slot_is_free_during_backoff() -> None:
     assert free_while_sleeping == [True]
 
 
+# -- RPM/TPM pacing -------------------------------------------------------------------------
+
+
+class FakeClock:
+    """Monotonic seconds that move only when the client sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def clocked(clock: FakeClock, handler: Handler) -> tuple[Handler, list[float]]:
+    """Wrap ``handler`` to record the fake time at which each request is sent."""
+    sent: list[float] = []
+
+    def wrapped(request: httpx.Request) -> httpx.Response:
+        sent.append(clock.now)
+        return handler(request)
+    return wrapped, sent
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def test_rpm_spaces_the_clients_requests_evenly() -> None:
+    clock = FakeClock()
+    handler, sent = clocked(clock, ok)
+    emb = make_embedder(handler, rpm=120, clock=clock, sleep=clock.sleep)
+    for _ in range(5):
+        emb.embed(["a"], idempotency_key=IDEM)
+    assert gaps(sent) == pytest.approx([0.5] * 4)
+    assert sent[0] == 100.0  # the first request waits for nothing
+
+
+def test_retries_are_paced_like_any_request() -> None:
+    clock = FakeClock()
+    busy = answer(503, openai_error(None), {"retry-after-ms": "1"})
+    handler, sent = clocked(clock, Sequenced(busy, ok))
+    emb = make_embedder(handler, rpm=60, clock=clock, sleep=clock.sleep, max_attempts=2)
+    emb.embed(["a"], idempotency_key=IDEM)
+    assert gaps(sent) == pytest.approx([1.0])  # not 1 ms: the retry is a request too
+
+
+def test_tpm_books_the_estimate_then_credits_back_the_usage() -> None:
+    clock = FakeClock()
+    text = "x" * 300  # estimate_tokens: 100
+    handler, sent = clocked(clock, lambda r: httpx.Response(200, json=ok_body(
+        r, usage={"prompt_tokens": 20, "total_tokens": 20})))
+    emb = make_embedder(handler, tpm=600, clock=clock, sleep=clock.sleep)  # 0.1 s/token
+    emb.embed([text], idempotency_key=IDEM)
+    emb.embed([text], idempotency_key=IDEM)
+    assert gaps(sent) == pytest.approx([2.0])  # the 20 tokens used, not the 100 estimated
+
+
+def test_tpm_debits_a_usage_above_the_estimate() -> None:
+    clock = FakeClock()
+    handler, sent = clocked(clock, lambda r: httpx.Response(200, json=ok_body(
+        r, usage={"total_tokens": 50})))
+    emb = make_embedder(handler, tpm=600, clock=clock, sleep=clock.sleep)
+    emb.embed(["abc"], idempotency_key=IDEM)  # estimated 1 token
+    emb.embed(["abc"], idempotency_key=IDEM)
+    assert gaps(sent) == pytest.approx([5.0])
+
+
+def test_tpm_keeps_the_estimate_without_usage() -> None:
+    clock = FakeClock()
+    handler, sent = clocked(clock, lambda r: httpx.Response(200, json=ok_body(r, usage={})))
+    emb = make_embedder(handler, tpm=600, clock=clock, sleep=clock.sleep)
+    emb.embed(["x" * 30, "y" * 30], idempotency_key=IDEM)  # 10 + 10 tokens estimated
+    emb.embed(["z"], idempotency_key=IDEM)
+    assert gaps(sent) == pytest.approx([2.0])
+
+
+def test_a_request_above_the_whole_tpm_is_sent_without_deadlock() -> None:
+    clock = FakeClock()
+    handler, sent = clocked(clock, lambda r: httpx.Response(200, json=ok_body(r, usage={})))
+    emb = make_embedder(handler, tpm=100, clock=clock, sleep=clock.sleep)
+    emb.embed(["x" * 3000], idempotency_key=IDEM)  # 1,000 tokens: ten minutes' allowance
+    emb.embed(["y"], idempotency_key=IDEM)
+    assert len(sent) == 2 and gaps(sent) == pytest.approx([600.0])
+
+
+def test_waiting_for_the_pacer_holds_no_concurrency_slot() -> None:
+    free_while_waiting: list[bool] = []
+    holder: dict[str, OpenAIEmbedder] = {}
+
+    def sleep(seconds: float) -> None:
+        got = holder["emb"]._slots.acquire(blocking=False)
+        free_while_waiting.append(got)
+        if got:
+            holder["emb"]._slots.release()
+
+    holder["emb"] = make_embedder(ok, concurrency=1, rpm=60, sleep=sleep)
+    holder["emb"].embed(["a"], idempotency_key=IDEM)
+    holder["emb"].embed(["b"], idempotency_key=IDEM)
+    assert free_while_waiting == [True]
+
+
+def test_a_pause_that_starts_during_the_pacer_wait_is_honoured() -> None:
+    clock = FakeClock()
+    holder: dict[str, OpenAIEmbedder] = {}
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(clock.slept) == 1:  # while this call waits for its start, a 429 pauses all
+            holder["emb"]._pause.extend(5.0, http_status=429)
+
+    handler, sent = clocked(clock, ok)
+    holder["emb"] = make_embedder(handler, rpm=60, clock=clock, sleep=sleep)
+    holder["emb"].embed(["a"], idempotency_key=IDEM)
+    holder["emb"].embed(["b"], idempotency_key=IDEM)
+    assert sent[1] - sent[0] >= 6.0  # its 1 s start, then the 5 s pause
+
+
+# -- fatal latch ----------------------------------------------------------------------------
+
+UNAUTHORIZED = answer(401, openai_error("invalid_api_key", "Incorrect API key provided"))
+
+
+def test_after_a_fatal_answer_no_call_sends_anything() -> None:
+    seq = Sequenced(UNAUTHORIZED, ok)
+    emb = make_embedder(seq)
+    with pytest.raises(FatalError) as first:
+        emb.embed(["a"], idempotency_key=IDEM)
+    for _ in range(3):
+        with pytest.raises(FatalError) as later:
+            emb.embed(["b"], idempotency_key=IDEM)
+        assert later.value.http_status == 401
+        assert "EMBEDLINE_API_KEY" in str(later.value)  # still says what to fix
+    assert len(seq.requests) == 1
+    assert emb.fatal_error is first.value
+
+
+@pytest.mark.parametrize(
+    "fatal",
+    [answer(403, openai_error(None)), answer(404, openai_error("model_not_found")),
+     answer(429, openai_error("insufficient_quota", type_="insufficient_quota")),
+     answer(418, openai_error("teapot"))],
+    ids=["403", "404", "insufficient_quota", "other 4xx"],
+)
+def test_every_fatal_class_latches(fatal: Handler) -> None:
+    seq = Sequenced(fatal, ok)
+    emb = make_embedder(seq)
+    for _ in range(2):
+        with pytest.raises(FatalError):
+            emb.embed(["a"], idempotency_key=IDEM)
+    assert len(seq.requests) == 1
+
+
+def test_a_fatal_transport_error_latches() -> None:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        raise httpx.UnsupportedProtocol("nope", request=request)
+
+    emb = make_embedder(handler)
+    for _ in range(2):
+        with pytest.raises(FatalError):
+            emb.embed(["a"], idempotency_key=IDEM)
+    assert len(calls) == 1
+
+
+def test_row_errors_and_retryable_errors_do_not_latch() -> None:
+    seq = Sequenced(answer(400, openai_error(None)), answer(503, openai_error(None)), ok)
+    emb = make_embedder(seq)
+    with pytest.raises(RowError):
+        emb.embed(["a"], idempotency_key=IDEM)
+    with pytest.raises(RetryableError):
+        emb.embed(["a"], idempotency_key=IDEM)
+    assert emb.embed(["a"], idempotency_key=IDEM).requests == 1
+    assert emb.fatal_error is None
+
+
+def test_a_call_sleeping_in_backoff_raises_instead_of_resending() -> None:
+    seq = Sequenced(answer(503, openai_error(None)), UNAUTHORIZED, ok)
+    holder: dict[str, OpenAIEmbedder] = {}
+    other: list[BaseException] = []
+
+    def sleep(seconds: float) -> None:  # while the first call backs off, another gets a 401
+        with pytest.raises(FatalError) as caught:
+            holder["emb"].embed(["b"], idempotency_key=IDEM)
+        other.append(caught.value)
+
+    holder["emb"] = make_embedder(seq, max_attempts=5, sleep=sleep)
+    with pytest.raises(FatalError) as woke:
+        holder["emb"].embed(["a"], idempotency_key=IDEM)
+    assert len(seq.requests) == 2 and other[0].http_status == 401
+    assert woke.value.http_status == 401 and "earlier request" in str(woke.value)
+
+
+def test_a_call_waiting_for_the_pacer_raises_instead_of_sending() -> None:
+    seq = Sequenced(ok, UNAUTHORIZED, ok)
+    holder: dict[str, OpenAIEmbedder] = {}
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 1:  # the 2nd call waits for its start; a 3rd call gets the 401
+            with pytest.raises(FatalError):
+                holder["emb"].embed(["c"], idempotency_key=IDEM)
+
+    holder["emb"] = make_embedder(seq, rpm=60, sleep=sleep)
+    holder["emb"].embed(["a"], idempotency_key=IDEM)
+    with pytest.raises(FatalError):
+        holder["emb"].embed(["b"], idempotency_key=IDEM)
+    assert len(seq.requests) == 2
+
+
+def test_the_default_sleep_wakes_as_soon_as_the_client_is_stopped() -> None:
+    seq = Sequenced(answer(503, openai_error(None), {"Retry-After": "30"}), UNAUTHORIZED)
+    emb = make_embedder(seq, max_attempts=3, sleep=None)  # the real, interruptible sleep
+    outcome: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            emb.embed(["a"], idempotency_key=IDEM)
+        except BaseException as exc:  # noqa: BLE001 (handed to the test thread)
+            outcome.append(exc)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while len(seq.requests) < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.05)  # the first call is now sleeping its 30 s
+    started = time.monotonic()
+    with pytest.raises(FatalError):
+        emb.embed(["b"], idempotency_key=IDEM)
+    thread.join(timeout=5)
+    assert not thread.is_alive() and time.monotonic() - started < 2.0
+    assert isinstance(outcome[0], FatalError) and len(seq.requests) == 2
+
+
+def test_a_call_waiting_for_a_slot_checks_the_latch_before_sending() -> None:
+    entered = threading.Event()
+    release = threading.Event()
+    count: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        count.append(1)
+        if len(count) == 1:
+            entered.set()
+            release.wait(5)
+            return UNAUTHORIZED(request)
+        return ok(request)
+
+    emb = make_embedder(handler, concurrency=1)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            emb.embed(["a"], idempotency_key=IDEM)
+        except FatalError as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=call)
+    first.start()
+    entered.wait(5)
+    second = threading.Thread(target=call)  # blocks on the one slot
+    second.start()
+    time.sleep(0.05)
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert len(count) == 1 and len(errors) == 2
+
+
+# -- server waits above the cap -------------------------------------------------------------
+
+
+def test_classify_keeps_the_servers_whole_wait() -> None:
+    error = classify(429, {"Retry-After": "600"}, openai_error("rate_limit_exceeded"),
+                     model=MODEL, path="/v1/embeddings")
+    assert isinstance(error, RateLimitedError) and error.retry_after_s == 600.0
+
+
+@pytest.mark.parametrize(
+    ("status", "headers"),
+    [(429, {"Retry-After": "600"}), (429, {"retry-after-ms": "600000"}),
+     (503, {"Retry-After": "600"})],
+)
+def test_a_wait_above_the_cap_is_not_slept(status: int, headers: dict[str, str]) -> None:
+    seq = Sequenced(answer(status, openai_error(None), headers), ok)
+    slept: list[float] = []
+    emb = make_embedder(seq, max_attempts=5, sleep=slept.append)
+    with pytest.raises(RetryLaterError) as caught:
+        emb.embed(["a", SECRET_TEXT], idempotency_key=IDEM)
+    assert caught.value.retry_after_s == pytest.approx(600.0)
+    assert caught.value.http_status == status
+    assert len(seq.requests) == 1 and slept == []
+    assert_clean(str(caught.value))
+
+
+def test_an_http_date_above_the_cap_is_not_slept() -> None:
+    from email.utils import formatdate
+
+    later = formatdate(time.time() + 900, usegmt=True)
+    seq = Sequenced(answer(429, openai_error(None), {"Retry-After": later}), ok)
+    with pytest.raises(RetryLaterError) as caught:
+        make_embedder(seq, max_attempts=5).embed(["a"], idempotency_key=IDEM)
+    assert 880 < caught.value.retry_after_s <= 900  # type: ignore[operator]
+
+
+def test_a_long_429_defers_every_call_of_the_client_while_it_lasts() -> None:
+    clock = FakeClock()
+    seq = Sequenced(answer(429, openai_error(None), {"Retry-After": "600"}), ok)
+    emb = make_embedder(seq, max_attempts=5, clock=clock, sleep=clock.sleep)
+    with pytest.raises(RetryLaterError):
+        emb.embed(["a"], idempotency_key=IDEM)
+    clock.now += 100.0
+    with pytest.raises(RetryLaterError) as caught:  # 500 s left: still above the cap
+        emb.embed(["b"], idempotency_key=IDEM)
+    assert caught.value.retry_after_s == pytest.approx(500.0)
+    assert caught.value.http_status == 429 and len(seq.requests) == 1
+    clock.now += 400.0  # 100 s left: slept, then sent
+    assert emb.embed(["c"], idempotency_key=IDEM).requests == 1
+    assert clock.slept == [pytest.approx(100.0)] and len(seq.requests) == 2
+
+
+def test_a_long_503_wait_defers_only_its_own_call() -> None:
+    seq = Sequenced(answer(503, openai_error(None), {"Retry-After": "600"}), ok)
+    emb = make_embedder(seq, max_attempts=5)
+    with pytest.raises(RetryLaterError):
+        emb.embed(["a"], idempotency_key=IDEM)
+    assert emb.embed(["b"], idempotency_key=IDEM).requests == 1
+
+
+@pytest.mark.parametrize(("max_wait_s", "deferred"), [(5.0, True), (10.0, False)])
+def test_max_wait_s_is_the_cap(max_wait_s: float, deferred: bool) -> None:
+    seq = Sequenced(answer(429, openai_error(None), {"Retry-After": "7"}), ok)
+    slept: list[float] = []
+    emb = make_embedder(seq, max_attempts=3, max_wait_s=max_wait_s, sleep=slept.append)
+    if deferred:
+        with pytest.raises(RetryLaterError):
+            emb.embed(["a"], idempotency_key=IDEM)
+        assert slept == [] and len(seq.requests) == 1
+    else:
+        assert emb.embed(["a"], idempotency_key=IDEM).requests == 2
+        assert slept == [7.0]
+
+
+def test_the_retry_policy_never_retries_retry_later() -> None:
+    calls: list[int] = []
+    slept: list[float] = []
+
+    def fn() -> None:
+        calls.append(1)
+        raise RetryLaterError("later", http_status=429, retry_after_s=600.0)
+
+    with pytest.raises(RetryLaterError):
+        request_retrying(max_attempts=5, sleep=slept.append)(fn)
+    assert len(calls) == 1 and slept == []
+
+
 # -- logging --------------------------------------------------------------------------------
 
 
@@ -576,6 +943,8 @@ def test_build_embedder_shares_one_client_per_configuration(fresh_cache: None) -
     assert build_embedder(settings(output="elsewhere")) is first  # not a client setting
     assert build_embedder(settings(timeout_s=5)) is not first
     assert build_embedder(settings(concurrency=2)) is not first
+    assert build_embedder(settings(rpm=60)) is not first
+    assert build_embedder(settings(tpm=10_000)) is not build_embedder(settings(tpm=20_000))
     close_embedders()
     assert build_embedder(settings()) is not first
 
@@ -625,3 +994,12 @@ def test_openai_path_never_imports_torch() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("clean") and str(REPO) in done.stdout
+
+
+def test_build_embedder_hands_rpm_and_tpm_to_the_client(fresh_cache: None) -> None:
+    emb = build_embedder(settings(rpm=120, tpm=30_000))
+    assert isinstance(emb, OpenAIEmbedder)
+    assert (emb.rpm, emb.tpm) == (120, 30_000)
+    assert emb.max_wait_s == 120.0
+    unlimited = build_embedder(settings())
+    assert isinstance(unlimited, OpenAIEmbedder) and (unlimited.rpm, unlimited.tpm) == (None, None)
