@@ -30,6 +30,7 @@ class DispatchResult:
     """Outcomes by chunk index; ``stop`` is the failure that stopped dispatching, if any."""
 
     published: dict[int, ChunkOutcome] = field(default_factory=dict)
+    published_elsewhere: dict[int, ChunkOutcome] = field(default_factory=dict)
     failed: dict[int, ChunkFailure] = field(default_factory=dict)
     released: dict[int, ChunkFailure] = field(default_factory=dict)
     not_run: list[int] = field(default_factory=list)
@@ -115,8 +116,14 @@ class Dispatcher:
     def _fill(self, pending: deque[ChunkSpec], held: list[ChunkSpec]) -> None:
         while pending and len(self._inflight) < self.window:
             spec = pending.popleft()
-            if self.ledger.published_object(self.object_uri(spec)) is not None:
-                continue  # published meanwhile by a concurrent run
+            record = self.ledger.published_object(self.object_uri(spec))
+            if record is not None:  # published meanwhile by a concurrent run
+                self.result.published_elsewhere[spec.index] = ChunkOutcome(
+                    index=spec.index, key=spec.key, object_key=spec.object_key,
+                    object_sha256=record.sha256, rows=record.rows,
+                    dead_letters=tuple(self.ledger.chunk_dead_letters(spec)), created=False,
+                )  # fmt: skip
+                continue
             if not self.ledger.claim(self.run_key, spec.index, owner=self.owner,
                                      lease_s=self.lease_s):  # fmt: skip
                 held.append(spec)  # another live process holds it: look again later

@@ -18,6 +18,7 @@ from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import ValidationError
 
+from adapters.embeddings import close_embedders
 from adapters.ledger import Ledger
 from embedline import keys, shutdown
 from embedline.errors import ConflictError, EmbedlineError, InputError
@@ -26,7 +27,7 @@ from embedline.progress import Progress, notify
 from embedline.settings import RunSettings
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.signals import stop_on_signals
-from tasks.chunk import embed_chunk, store_for
+from tasks.chunk import embed_chunk, show_published_chunk, store_for
 from tasks.manifest import build_manifest, read_manifest, write_manifest
 from tasks.plan import find_published, plan_input
 from tasks.publish import ensure_conditional_writes, read_chunk_metadata
@@ -121,6 +122,7 @@ def run_settings(settings: RunSettings) -> RunSummary:
         return summary
     finally:
         ledger.close()
+        close_embedders()  # a latched (fatal) client must not outlive its run
 
 
 def _run(
@@ -177,13 +179,30 @@ def _run(
             logger=logger,
             on_outcome=report,
         )
+        _show_published(runner, plan, skipped, store)
         with stop_on_signals(dispatcher, grace_s=settings.grace_s, logger=logger):
             result = dispatcher.run(todo)
     # ── manifest ─────────────────────────────────────────────────────────────────────────
+    skipped = {**skipped, **result.published_elsewhere}
     summary = _summarize(base, plan, skipped, result, started)
     if summary.exit_code == 0 or (summary.status == "dead_letters" and settings.allow_failed_rows):
         summary = _commit(settings, plan, store, {**skipped, **result.published}, summary)
     return _finish(ledger, summary)
+
+
+_SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much
+
+
+def _show_published(runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcome],
+                    store: Any) -> None:  # fmt: skip
+    """One Completed("Cached") task run per chunk published before, for the UI."""
+    if not skipped or len(skipped) > _SHOWN_SKIPPED_MAX:
+        return
+    futures = [runner.submit(show_published_chunk, {
+        "spec": plan.chunks[i], "object_uri": store.uri_for(plan.chunks[i].object_key)})
+        for i in sorted(skipped)]  # fmt: skip
+    for future in futures:
+        future.wait()
 
 
 def _task_runner(settings: RunSettings, window: int) -> Any:

@@ -71,3 +71,21 @@ def test_dead_letters_fail_the_flow_run_and_are_listed_without_text(
     table = str(artifacts["embedline-dead-letters"].data)
     assert "empty_text" in table and SECRET_TEXT not in table
     assert "not committed" in str(artifacts["embedline-summary"].data)
+
+
+def test_rerun_shows_published_chunks_as_cached_task_runs_without_requests(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
+) -> None:
+    (tmp_path / "in.csv").write_text("id,text\n1,a\n2,b\n3,c\n", encoding="utf-8")
+    assert _run_flow(tmp_path, fake_openai, prefect_api_url).is_completed()
+    for manifest in (tmp_path / "out" / "manifests").iterdir():
+        manifest.unlink()  # not committed any more: the rerun goes through every chunk
+    requests = fake_openai.counters()["requests"]
+    state = _run_flow(tmp_path, fake_openai, prefect_api_url)
+    assert state.is_completed() and fake_openai.counters()["requests"] == requests
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}), get_client(
+        sync_client=True
+    ) as client:
+        runs = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        tasks = {t.name: t.state.name for t in client.read_task_runs(flow_run_filter=runs)}
+    assert tasks["embed-chunk-0000"] == "Cached" and tasks["embed-chunk-0001"] == "Cached"

@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import boto3
@@ -67,10 +68,14 @@ def test_two_concurrent_runs_publish_each_chunk_once(
 ) -> None:
     rows = [(f"id{i:03d}", f"text number {i}") for i in range(30)]
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
-    fake_openai.fail_when(lambda payload: {"delay_s": 0.1})
+    fake_openai.fail_when(lambda payload: {"delay_s": 1.0})
     second = "a.sqlite3" if shared_ledger else "b.sqlite3"
     ledgers = [str(tmp_path / "a.sqlite3"), str(tmp_path / second)]
-    procs = [_start(tmp_path, fake_openai, ledger) for ledger in ledgers]
+    first = _start(tmp_path, fake_openai, ledgers[0])
+    deadline = time.monotonic() + 120  # the second run starts while the first is mid-way
+    while not list((tmp_path / "out").glob("chunks/*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs = [first, _start(tmp_path, fake_openai, ledgers[1])]
     results = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     manifest, vectors = read_local_output(tmp_path / "out")
