@@ -22,6 +22,7 @@ _PREFECT_DEFAULTS = {
     # loaded 2-core machine (../shared/STACK-NOTES.md); no network here, so no telemetry.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
     # Adapters log to "embedline.*" (they never call Prefect): route those into run logs.
     "PREFECT_LOGGING_EXTRA_LOGGERS": "embedline",
     "HF_HUB_OFFLINE": "1",
