@@ -192,6 +192,7 @@ def _run_settings(settings: Any) -> int:
         except KeyboardInterrupt:
             return _fail("embedline: interrupted; rerun the same command to resume", 130)
     summary = state.result(raise_on_failure=False)
+    summary = getattr(summary, "summary", summary)  # a Failed state carries RunNotComplete
     if not isinstance(summary, dict):
         return _fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
     print_summary(summary)

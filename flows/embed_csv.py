@@ -8,17 +8,19 @@ manifest is committed (or already was), Failed otherwise; its data is the run su
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.blocks.system import Secret
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import ValidationError
 
-from adapters.embeddings import close_embedders
+from adapters.embeddings import api_key_from_env, close_embedders
 from adapters.ledger import Ledger
 from embedline import keys, shutdown
 from embedline.errors import ConflictError, EmbedlineError, InputError
@@ -82,7 +84,35 @@ def embed_csv(
         settings = RunSettings(**parameters)
     except ValidationError as exc:
         return _final(RunSummary(2, "input_error", f"invalid parameters: {exc}"))
+    if settings.embedder == "openai" and api_key_from_env() is None:
+        problem = _export_api_key_from_block()
+        if problem:
+            return _final(RunSummary(3, "fatal", problem))
     return _final(run_settings(settings))
+
+
+#: Secret block read when neither EMBEDLINE_API_KEY nor OPENAI_API_KEY is set.
+API_KEY_BLOCK_ENV, DEFAULT_API_KEY_BLOCK = "EMBEDLINE_API_KEY_BLOCK", "embedline-api-key"
+
+
+def _export_api_key_from_block() -> str | None:
+    """Copy the key from a Prefect ``Secret`` block into this process's EMBEDLINE_API_KEY.
+
+    The block is named by ``$EMBEDLINE_API_KEY_BLOCK``, else ``embedline-api-key``; a missing
+    default block just leaves the key unset (the adapter warns). The value is never logged.
+    Returns a message if the block named by the variable is missing or holds no string.
+    """
+    named = os.environ.get(API_KEY_BLOCK_ENV)
+    name = named or DEFAULT_API_KEY_BLOCK
+    try:
+        value = Secret.load(name).get()
+    except ValueError:
+        return f"no Secret block named {name!r} (from {API_KEY_BLOCK_ENV})" if named else None
+    if not isinstance(value, str) or not value.strip():
+        return f"the Secret block {name!r} holds no API key string"
+    os.environ["EMBEDLINE_API_KEY"] = value.strip()
+    get_run_logger().info("API key loaded from Secret block %r", name)
+    return None
 
 
 def run_settings(settings: RunSettings) -> RunSummary:
@@ -350,7 +380,19 @@ def _finish(ledger: Ledger, summary: RunSummary) -> RunSummary:
     return summary
 
 
+class RunNotComplete(Exception):
+    """The data of a Failed ``embed-csv`` state: carries the run summary (``.summary``).
+
+    An exception, not a dict, because Prefect's engine re-raises a failed flow run's data;
+    a dict there becomes ``TypeError: Unexpected result for failed state`` in worker logs.
+    """
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        super().__init__(summary["message"])
+        self.summary = summary
+
+
 def _final(summary: RunSummary) -> State[Any]:
     if summary.exit_code == 0:
         return Completed(message=summary.message or summary.status, data=summary.to_dict())
-    return Failed(message=summary.message, data=summary.to_dict())
+    return Failed(message=summary.message, data=RunNotComplete(summary.to_dict()))

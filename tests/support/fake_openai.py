@@ -18,10 +18,15 @@ Failure injection: ``script([fault, ...])`` (consumed one per request, in order)
 ``after_work`` (with ``reset``: compute and count the answer first, then reset). A fault
 with neither ``status`` nor ``reset`` only delays the normal answer.
 
-Run standalone (benchmarks)::
+Run standalone (benchmarks, and tests whose client runs in another process)::
 
     python -m tests.support.fake_openai --port 0 --dims 384
     # stdout: READY http://127.0.0.1:PORT/v1 ; on SIGTERM: one JSON line of counters
+    python -m tests.support.fake_openai --port 0 --fail-texts-containing MARK --fail-status 503
+
+Control endpoints (for a server in another process): ``GET /control/counters`` answers
+``{"requests", "inputs", "log"}`` (the log as described for ``FakeEmbeddingServer``);
+``POST /control/heal`` stops ``fail_texts_containing`` failures (``heal()``).
 """
 
 from __future__ import annotations
@@ -89,9 +94,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 (http.server naming)
         length = int(self.headers.get("Content-Length") or 0)
-        self.app._handle(self, self.rfile.read(length))
+        raw = self.rfile.read(length)
+        if self.path.split("?")[0].rstrip("/") == "/control/heal":
+            self.app.heal()
+            return self.app._reply(self, 200, b'{"healed": true}')
+        self.app._handle(self, raw)
 
     def do_GET(self) -> None:  # noqa: N802
+        if self.path.split("?")[0].rstrip("/") == "/control/counters":
+            with self.app.lock:
+                body = {"requests": self.app.requests, "inputs": self.app.inputs,
+                        "log": [dict(entry) for entry in self.app.log]}  # fmt: skip
+            return self.app._reply(self, 200, json.dumps(body).encode())
         self.app._reply(self, 200, b'{"status": "ok"}')
 
     def finish(self) -> None:
@@ -132,6 +146,10 @@ class FakeEmbeddingServer:
         request holding a text that contains this marker.
     :param accept_base64: if False, ``encoding_format: "base64"`` gets a 400 naming
         ``encoding_format`` (like servers that only speak floats).
+    :param fail_texts_containing: answer ``fail_status`` (an OpenAI-shaped server error) to
+        any request holding a text that contains this marker, until ``heal()``. Applies
+        after ``script``/``fail_when`` faults, which take precedence.
+    :param fail_status: the HTTP status of those failures (default 503).
     """
 
     def __init__(
@@ -142,6 +160,8 @@ class FakeEmbeddingServer:
         require_key: str | None = None,
         reject_texts_containing: str | None = None,
         accept_base64: bool = True,
+        fail_texts_containing: str | None = None,
+        fail_status: int = 503,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -150,6 +170,8 @@ class FakeEmbeddingServer:
         self.require_key = require_key
         self.reject_texts_containing = reject_texts_containing
         self.accept_base64 = accept_base64
+        self.fail_texts_containing = fail_texts_containing
+        self.fail_status = fail_status
         self._address = (host, port)
         self.lock = threading.Lock()
         self.requests = 0
@@ -204,6 +226,11 @@ class FakeEmbeddingServer:
         """Set a hook called with each request's JSON; a returned fault is applied."""
         with self.lock:
             self._fail_when = predicate
+
+    def heal(self) -> None:
+        """Stop failing requests that hold ``fail_texts_containing``."""
+        with self.lock:
+            self.fail_texts_containing = None
 
     def reset(self) -> None:
         """Clear counters, log, queued faults and the ``fail_when`` hook."""
@@ -265,7 +292,14 @@ class FakeEmbeddingServer:
             if self._faults:
                 return self._faults.popleft()
             hook = self._fail_when
-        return hook(payload) if hook is not None else None
+            marker, status = self.fail_texts_containing, self.fail_status
+        fault = hook(payload) if hook is not None else None
+        if fault is None and marker is not None and isinstance(payload, dict):
+            texts = payload.get("input")
+            texts = texts if isinstance(texts, list) else [texts]
+            if any(isinstance(t, str) and marker in t for t in texts):
+                fault = {"status": status}
+        return fault
 
     def _reset(self, handler: _Handler, entry: dict[str, Any]) -> None:
         entry["status"] = "reset"
@@ -362,13 +396,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dims", type=int, default=384)
     parser.add_argument("--shuffle-index", action="store_true")
     parser.add_argument("--reject-texts-containing", default=None)
+    parser.add_argument("--fail-texts-containing", default=None,
+                        help="answer --fail-status to requests holding this marker until "
+                             "POST /control/heal")  # fmt: skip
+    parser.add_argument("--fail-status", type=int, default=503)
     args = parser.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server = FakeEmbeddingServer(
         dims=args.dims, shuffle_index=args.shuffle_index,
-        reject_texts_containing=args.reject_texts_containing, host=args.host, port=args.port,
+        reject_texts_containing=args.reject_texts_containing,
+        fail_texts_containing=args.fail_texts_containing, fail_status=args.fail_status,
+        host=args.host, port=args.port,
     ).start()
     print(f"READY {server.base_url}", flush=True)
     while not stop.wait(0.2):

@@ -8,6 +8,7 @@ session). Start-up costs about 15 s here (../shared/STACK-NOTES.md): once per se
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-__all__ = ["prefect_api_url", "start_prefect_server"]
+__all__ = [
+    "prefect_api_url", "start_prefect_server", "start_prefect_worker", "stop_prefect_worker",
+]
 
 _STARTUP_S = 120.0
 
@@ -74,3 +77,60 @@ def prefect_api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def start_prefect_worker(
+    pool: str, log_path: Path, *, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``prefect worker start --pool POOL`` (polling every second), logging to ``log_path``.
+
+    It uses this interpreter, so the flow runs it spawns do too, and reaches the server in
+    ``PREFECT_API_URL`` (from ``env``, else ``os.environ``). Stop it with ``stop_prefect_worker``.
+    """
+    full_env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", **(env or {})}
+    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the worker
+    return subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
+        env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def _children(pid: int) -> list[int]:
+    """Return the pids of ``pid``'s descendants (Linux ``/proc``; empty elsewhere)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop_prefect_worker(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """Stop a worker from ``start_prefect_worker`` and any flow-run process it left running.
+
+    A worker needs two SIGTERMs (../shared/STACK-NOTES.md); flow runs it spawned live in
+    sessions of their own, so they are found through ``/proc`` and killed by pid.
+    """
+    leftovers = _children(proc.pid)
+    for _ in range(2):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout / 2)
+            except subprocess.TimeoutExpired:
+                pass
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,73 @@
+"""Serve the ``embed-csv`` flow from this one process: no work pool, no worker.
+
+    .venv/bin/python deployments/serve.py      # Ctrl-C to stop (schedules are paused on exit)
+
+Creates two deployments on the Prefect server in ``PREFECT_API_URL``, mirroring
+``prefect.yaml`` and reading their parameters and schedule from it (one source of truth):
+``embed-csv/nightly-served`` (its cron schedule; an overlapping run is cancelled, CANCEL_NEW)
+and ``embed-csv/manual-served`` (no schedule, for runs started from the UI or with
+``prefect deployment run 'embed-csv/manual-served' --param ...``; an overlapping run waits,
+ENQUEUE). Each flow run is a child process of this one, started in the repository root, so
+relative parameters resolve inside this checkout; ``limit=1`` runs one flow run at a time
+across both deployments. If no API key is in the environment, the key is copied from the
+``Secret`` block ``embedline-api-key`` (or ``$EMBEDLINE_API_KEY_BLOCK``), when it exists,
+into this process's environment, which flow runs inherit (``deployments/api_key.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SUFFIX = "-served"  # beside, not over, the worker deployments of prefect.yaml
+
+
+def _spec() -> dict[str, Any]:
+    return dict(yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text()))
+
+
+def build_deployments() -> list[Any]:
+    """Return a ``RunnerDeployment`` per deployment of ``prefect.yaml``, named ``<name>-served``."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.schedules import Cron
+
+    from flows.embed_csv import embed_csv
+
+    deployments = []
+    for spec in _spec()["deployments"]:
+        limit = spec["concurrency_limit"]
+        schedules = [Cron(s["cron"], timezone=s.get("timezone")) for s in spec.get("schedules")
+                     or []]  # fmt: skip
+        deployments.append(embed_csv.to_deployment(
+            name=spec["name"] + SUFFIX,
+            description=spec.get("description"),
+            tags=spec.get("tags"),
+            parameters=spec["parameters"],
+            schedules=schedules,
+            concurrency_limit=ConcurrencyLimitConfig(
+                limit=limit["limit"],
+                collision_strategy=ConcurrencyLimitStrategy(limit["collision_strategy"]),
+            ),
+        ))  # fmt: skip
+    return deployments
+
+
+def main() -> None:
+    """Serve until interrupted."""
+    os.chdir(REPO)  # flow runs start here: relative parameters and the entrypoint resolve
+    sys.path.insert(0, str(REPO))  # `flows`, `tasks`, … without an installed package
+    from prefect import serve
+
+    from deployments.api_key import export_api_key_from_block
+
+    export_api_key_from_block()
+    serve(*build_deployments(), limit=1)
+
+
+if __name__ == "__main__":
+    main()

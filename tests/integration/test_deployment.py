@@ -1,0 +1,206 @@
+"""deployments/prefect.yaml for real: deploy to a Prefect server, run on a process worker,
+fail 3 of 20 chunks with 503s, heal the API, retry the flow run as the UI does, and check that
+the retry embedded only the failed chunks and published every row exactly once."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.support.fake_openai import expected_vector
+from tests.support.fixtures import REPO
+from tests.support.output import read_local_output
+from tests.support.prefect_server import start_prefect_worker, stop_prefect_worker
+
+pytestmark = pytest.mark.integration
+
+POOL = "embedline-local"  # the work pool named in deployments/prefect.yaml
+MARKER = "FAIL-UNTIL-HEALED"
+CHUNK_SIZE, BATCH_SIZE, ROWS = 5, 2, 98  # 20 chunks, the last one of 3 rows
+FAILING_ROWS = (12, 57, 96)  # in chunks 2, 11 and 19
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _prefect(*args: str, timeout: float = 120) -> str:
+    """Run ``prefect ARGS`` from the repository root; return stdout, fail on non-zero exit."""
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("EMBEDLINE_REPO", None)  # the deploy's build step falls back to the checkout
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", *args], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=timeout,
+    )  # fmt: skip
+    assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture
+def failing_api(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A fake embeddings server in its own process: 503 for texts holding MARKER until healed.
+
+    Yields ``(base_url, control_url)``.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.fake_openai", "--port", "0",
+         "--fail-texts-containing", MARKER, "--fail-status", "503"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("READY "), line
+        base_url = line.split()[1]
+        yield base_url, base_url.removesuffix("/v1") + "/control"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def worker(prefect_api_url: str, tmp_path: Path) -> Iterator[Path]:
+    """The process work pool and a worker polling it; yields the worker's log file."""
+    _prefect("work-pool", "create", POOL, "--type", "process", "--overwrite")
+    log = tmp_path / "worker.log"
+    proc = start_prefect_worker(POOL, log)
+    try:
+        yield log
+    finally:
+        stop_prefect_worker(proc)
+
+
+def _write_csv(path: Path) -> list[tuple[str, str]]:
+    rows = [(f"pkg-{i:03d}", f"package {i}: tools for task {i * 7}, \"quoted\"\nline two")
+            for i in range(ROWS)]  # fmt: skip
+    for i in FAILING_ROWS:
+        rows[i] = (rows[i][0], f"{rows[i][1]} {MARKER}")
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(("id", "text"))
+        writer.writerows(rows)
+    return rows
+
+
+def _flow_run(api: str, flow_run_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def _wait_terminal(api: str, flow_run_id: str, log: Path, timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = _flow_run(api, flow_run_id)
+        if run["state_type"] in TERMINAL:
+            return run
+        time.sleep(0.25)
+    pytest.fail(f"flow run {flow_run_id} still {run['state_name']} after {timeout} s; worker "
+                f"log:\n{log.read_text(errors='replace')[-4000:]}")  # fmt: skip
+
+
+def _chunk_task_runs(api: str, flow_run_id: str, expected: int) -> list[tuple[str, str]]:
+    """``(name, state name)`` of the run's chunk task runs, waiting up to 15 s for ``expected``
+    (the server records task run states from events, a moment after the flow run ends)."""
+    deadline = time.monotonic() + 15
+    while True:
+        response = httpx.post(f"{api}/task_runs/filter", timeout=10,
+                              json={"flow_runs": {"id": {"any_": [flow_run_id]}}})  # fmt: skip
+        found = [t for t in response.json() if t["name"].startswith("embed-chunk-")]
+        runs = [(t["name"], t["state_name"]) for t in found]
+        settled = all(t["state_type"] in TERMINAL for t in found)
+        if (len(runs) >= expected and settled) or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.5)
+
+
+def _log(control: str) -> list[dict[str, Any]]:
+    return list(httpx.get(f"{control}/counters", timeout=10).json()["log"])
+
+
+def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
+    prefect_api_url: str, worker: Path, failing_api: tuple[str, str], tmp_path: Path
+) -> None:
+    api = prefect_api_url
+    base_url, control = failing_api
+    rows = _write_csv(tmp_path / "in.csv")
+    out, ledger = tmp_path / "out", tmp_path / "ledger.sqlite3"
+
+    # ── deploy both deployments of the file, as the README does ───────────────────────────
+    _prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
+    nightly = httpx.get(f"{api}/deployments/name/embed-csv/nightly", timeout=10).json()
+    manual = httpx.get(f"{api}/deployments/name/embed-csv/manual", timeout=10).json()
+    assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["30 2 * * *"]
+    assert manual["schedules"] == []
+    for deployment, strategy in ((nightly, "CANCEL_NEW"), (manual, "ENQUEUE")):
+        assert deployment["global_concurrency_limit"]["limit"] == 1
+        assert deployment["concurrency_options"]["collision_strategy"] == strategy
+        assert deployment["entrypoint"] == "flows/embed_csv.py:embed_csv"
+        assert deployment["work_pool_name"] == POOL
+        assert deployment["pull_steps"] == [{
+            "prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
+        assert deployment["parameters"]["input"] == "examples/debian-sample.csv"
+
+    # ── run it with per-run parameters: 3 of 20 chunks get 503s ───────────────────────────
+    params = {"input": tmp_path / "in.csv", "output": out, "ledger": ledger,
+              "embedder": "openai", "base_url": base_url, "chunk_size": CHUNK_SIZE,
+              "batch_size": BATCH_SIZE, "chunk_retries": 0, "max_attempts": 1, "timeout": 5}
+    args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
+    started = _prefect("deployment", "run", "embed-csv/manual", *args)
+    match = re.search(r"UUID: ([0-9a-f-]{36})", started)
+    assert match, started
+    flow_run_id = match.group(1)
+    first = _wait_terminal(api, flow_run_id, worker)
+    assert first["state_type"] == "FAILED", first["state"]
+    assert first["state"]["message"].startswith("3 of 20 chunks not published")
+    assert not (out / "manifests").exists()
+    requests_before = len(_log(control))
+
+    # ── heal the API, retry the flow run (what the UI's "Retry" does), wait ───────────────
+    httpx.post(f"{control}/heal", timeout=10).raise_for_status()
+    retried_at = time.monotonic()
+    _prefect("flow-run", "retry", flow_run_id)
+    final = _wait_terminal(api, flow_run_id, worker)
+    retry_s = time.monotonic() - retried_at
+    assert final["state_type"] == "COMPLETED", final["state"]
+    assert final["run_count"] == 2
+    print(f"\nretry -> Completed: {retry_s:.1f} s")
+
+    # ── the retry embedded the failed chunks and nothing else ─────────────────────────────
+    failed_chunks = sorted({i // CHUNK_SIZE for i in FAILING_ROWS})
+    chunk_rows = [min(CHUNK_SIZE, ROWS - c * CHUNK_SIZE) for c in failed_chunks]
+    expected = sum(math.ceil(n / BATCH_SIZE) for n in chunk_rows)  # 3 + 3 + 2
+    retry_requests = _log(control)[requests_before:]
+    print(f"requests: first run {requests_before}, retry {len(retry_requests)}")
+    assert len(retry_requests) == expected == 8
+    assert all(entry["status"] == 200 for entry in retry_requests)
+    assert sum(entry["n_inputs"] for entry in retry_requests) == sum(chunk_rows)
+
+    # Prefect reran the whole flow function (it skips no task run: results are not
+    # persisted); the flow embedded only the 3 failed chunks and showed the 17 published ones
+    # as "Cached" task runs. So the run holds 20 chunk task runs from each attempt.
+    chunk_runs = _chunk_task_runs(api, flow_run_id, expected=40)
+    failed_names = [f"embed-chunk-{c:04d}" for c in failed_chunks]
+    by_state = {state: sorted(n for n, s in chunk_runs if s == state)
+                for state in ("Failed", "Cached", "Completed")}  # fmt: skip
+    assert by_state["Failed"] == failed_names
+    assert by_state["Cached"] == sorted(
+        f"embed-chunk-{c:04d}" for c in range(20) if c not in failed_chunks)
+    assert by_state["Completed"] == [f"embed-chunk-{c:04d}" for c in range(20)]
+    assert len(chunk_runs) == 40
+
+    # ── the manifest is committed and every id is published once, with its own vector ─────
+    manifest, vectors = read_local_output(out)  # asserts no id appears twice
+    assert manifest["rows_published"] == ROWS and manifest["rows_failed"] == 0
+    assert sorted(vectors) == sorted(row_id for row_id, _ in rows)
+    for row_id, text in rows:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
