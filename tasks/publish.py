@@ -84,7 +84,9 @@ def chunk_parquet(
     }
     table = table.replace_schema_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
+    # No dictionary encoding: every id and hash is unique, and dictionary-encoding 384k floats
+    # per chunk tripled the write time and the Arrow pool's peak (measured: 25 MB vs 7 MB).
+    pq.write_table(table, sink, compression="zstd", use_dictionary=False, write_statistics=["id"])
     return sink.getvalue()
 
 
