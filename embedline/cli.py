@@ -180,6 +180,7 @@ def _run_settings(settings: Any) -> int:
         return _fail(f"embedline: error: {settings.input}: no such file", EXIT_USAGE)
     for name, value in _PREFECT_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    _isolate_temporary_server()
     from embedline.console import ProgressBar, print_summary
     from flows.embed_csv import embed_csv
 
@@ -197,6 +198,42 @@ def _run_settings(settings: Any) -> int:
         return _fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
     print_summary(summary)
     return int(summary["exit_code"])
+
+
+def _isolate_temporary_server() -> None:
+    """Start Prefect's temporary server (used when no PREFECT_API_URL is set) in its own
+    session, and stop it on a hard exit.
+
+    A terminal's Ctrl-C signals the whole foreground process group. Prefect 3.9 starts its
+    temporary server as a plain child (prefect/server/api/server.py,
+    ``SubprocessASGIServer._run_uvicorn_command``), so the server died with the first Ctrl-C
+    and the run, meant to stop gracefully, hung on a dead API. Only the ``subprocess``
+    reference inside that Prefect module is replaced; everything else is untouched.
+    """
+    import subprocess
+
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return  # a configured server: not ours to manage
+    from prefect.server.api import server as prefect_server
+
+    from embedline import shutdown
+
+    started: list[subprocess.Popen[Any]] = []
+
+    class _NewSessionSubprocess:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(subprocess, name)
+
+        @staticmethod
+        def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:  # noqa: N802
+            process = subprocess.Popen(*args, start_new_session=True, **kwargs)
+            started.append(process)
+            return process
+
+    prefect_server.subprocess = _NewSessionSubprocess()  # type: ignore[assignment]
+    shutdown.on_hard_exit(lambda: [p.terminate() for p in started if p.poll() is None])
 
 
 def _open_ledger(path: str) -> Any:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.ledger import Ledger, new_owner
+from embedline import shutdown
 from embedline.models import ChunkOutcome, ChunkSpec
 from tasks.outcome import ChunkFailure, status_for
 
@@ -108,6 +109,7 @@ class Dispatcher:
         return self.result
 
     def _release_inflight(self, why: str) -> None:
+        shutdown.stop_tasks()  # running chunk tasks stop before their next request
         for spec in self._inflight.values():
             self.ledger.release(self.run_key, spec.index, owner=self.owner, error=why)
             self.result.released[spec.index] = ChunkFailure("released", why, expected=True)

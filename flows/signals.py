@@ -1,9 +1,9 @@
 """Graceful stop on SIGINT/SIGTERM while chunks are in flight.
 
-First signal: submit no more chunks, ask running chunk tasks to stop before their next
-request (``embedline.shutdown``), give in-flight chunks ``grace_s`` seconds to finish, then
-release the rest in the ledger; the run exits 130 (SIGINT) or 143 (SIGTERM). Second signal:
-exit at once with the same code; the ledger stays consistent because every write is one
+First signal: submit no more chunks and give in-flight chunks ``grace_s`` seconds to finish
+(their requests are paid for: let them land); chunks still running then stop before their
+next request and are released in the ledger; the run exits 130 (SIGINT) or 143 (SIGTERM).
+Second signal: exit at once with the same code; the ledger stays consistent because every write is one
 SQLite transaction, and chunks left ``running`` are reclaimed by the next run on this host
 as soon as it sees their process is gone.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import sys
 import threading
@@ -39,11 +38,10 @@ def stop_on_signals(
         return
 
     def handle(signum: int, frame: object) -> None:
-        if shutdown.stop_requested():
+        if shutdown.stop_signal() is not None:
             sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now\n")
-            sys.stderr.flush()
-            os._exit(shutdown.exit_code_for(signum))
-        shutdown.request_stop(signum)
+            shutdown.hard_exit(shutdown.exit_code_for(signum))
+        shutdown.note_signal(signum)
         dispatcher.stop(grace_s=grace_s)
         logger.warning(
             "%s received: no new chunks; in-flight chunks get %.0f s to finish, then are "

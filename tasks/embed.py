@@ -24,7 +24,7 @@ from embedline.errors import (
 from embedline.keys import request_key, row_key
 from embedline.models import DeadLetter, Row
 from embedline.protocols import EmbeddingClient
-from embedline.shutdown import stop_requested
+from embedline.shutdown import tasks_must_stop
 
 __all__ = ["EmbeddedRows", "batches", "embed_rows"]
 
@@ -94,7 +94,7 @@ class _Embedder:
 
     def _try(self, batch: list[Row]) -> RetryableError | None:
         """Send once (the client retries); return a 500 that outlived its retries."""
-        if stop_requested():
+        if tasks_must_stop():
             raise StopRequestedError("the run is stopping; chunk released for the next run")
         try:
             result = self.client.embed(

@@ -132,12 +132,12 @@ def test_kill_while_slow_chunk_in_flight_rerun_embeds_only_unfinished_chunks(
 
 
 def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: int) -> None:
-    rows = _write_csv(tmp_path / "in.csv", 120)
-    server.fail_when(TextRecorder(default_delay_s=0.05))
+    rows = _write_csv(tmp_path / "in.csv", 24 * kills)  # enough work that most kills land
+    server.fail_when(TextRecorder(default_delay_s=0.1))
     rng = random.Random(seed)
     args = _args(tmp_path, server, "--chunk-size", "3", "--batch-size", "2", "--concurrency", "2")
     seen: dict[str, str] = {}
-    finished_early = 0
+    finished_early = killed = 0
     for _ in range(kills):
         proc = _popen(tmp_path, args)
         time.sleep(rng.uniform(1.0, 5.0))  # start-up, planning, dispatch, manifest
@@ -146,6 +146,7 @@ def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: in
             break
         proc.kill()
         proc.wait()
+        killed += 1
         files = _chunk_files(tmp_path / "out")
         for name, digest in seen.items():
             assert files[name] == digest, f"{name} was overwritten"  # never rewritten
@@ -153,7 +154,12 @@ def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: in
     result = run_cli(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     _assert_complete(tmp_path, rows)
-    assert server.counters()["inputs"] >= len(rows)
+    counters = server.counters()
+    assert counters["inputs"] >= len(rows)
+    assert killed >= min(kills, 8)
+    print(f"\nkill loop: {killed} SIGKILLs of {kills} planned, {len(seen)} chunk objects seen and never rewritten, "
+          f"finished before a kill: {finished_early}, requests {counters['requests']}, "
+          f"inputs embedded {counters['inputs']} for {len(rows)} rows")
 
 
 def test_random_sigkills_then_rerun_give_complete_output(
