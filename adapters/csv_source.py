@@ -35,7 +35,7 @@ from embedline.errors import InputError
 from embedline.keys import ChunkKeyBuilder, text_sha256
 from embedline.models import ChunkSpec, InputPlan, InputSource, Row
 
-__all__ = ["plan_csv", "read_chunk"]
+__all__ = ["check_header", "plan_csv", "read_chunk"]
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
@@ -377,6 +377,22 @@ def _raise_on_duplicates(digests: array, found: Any, codec: str, header: _Header
         line=duplicates[0][1][1],
         column=column,
     )
+
+
+def check_header(
+    path: str | os.PathLike[str], *, id_column: str, text_column: str, codec: str
+) -> None:
+    """Read only the header (and any BOM) of ``path``: a fast check before anything starts.
+
+    :raises InputError: unreadable file, UTF-16, undecodable header, missing or duplicated
+        id/text column, empty file.
+    """
+    found = open_input(os.fspath(path))
+    with found.open() as fh:
+        header = next(_records(_open_lines(fh, found.uri, codec, None), found.uri), None)
+    if header is None:
+        raise InputError("the file is empty: expected a header line", path=found.uri, line=1)
+    _parse_header(header.fields, id_column=id_column, text_column=text_column, path=found.uri)
 
 
 def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:

@@ -49,7 +49,7 @@ from embedline.errors import (
 )
 from embedline.protocols import EmbeddingClient, Embeddings
 from embedline.retry import MAX_RETRY_AFTER_S, parse_retry_after, request_retrying
-from embedline.settings import DEFAULT_MODELS
+from embedline.settings import DEFAULT_MODELS, LOCAL_DIMENSIONS, LOCAL_MODEL_NAMES
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
@@ -70,9 +70,7 @@ __all__ = [
 
 Logger = Union[logging.Logger, "logging.LoggerAdapter[Any]"]
 
-#: Vector length of all-MiniLM-L6-v2, the local model.
-LOCAL_DIMENSIONS = 384
-_LOCAL_MODEL_NAMES = frozenset({DEFAULT_MODELS["local"], "all-MiniLM-L6-v2"})
+_LOCAL_MODEL_NAMES = LOCAL_MODEL_NAMES
 _RETRYABLE_STATUSES = frozenset({408, 409, 425, 500, 502, 503, 504})
 _ROW_STATUSES = frozenset({400, 413, 422})
 _AUTH_STATUSES = frozenset({401, 403})

@@ -177,6 +177,23 @@ class LocalDirStore:
     def __repr__(self) -> str:
         return f"LocalDirStore({self.uri!r})"
 
+    def prepare(self) -> None:
+        """Create the output directory if needed.
+
+        :raises InputError: (exit 2) the path exists but is not a directory, or cannot be
+            created (permissions, a file in the way, a read-only file system).
+        """
+        if self.root.exists() and not self.root.is_dir():
+            raise InputError(f"--output {self.uri} exists and is not a directory; "
+                             "choose a directory path")  # fmt: skip
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--output {self.uri} cannot be created: {exc.strerror}; "
+                             "choose a writable directory") from None  # fmt: skip
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise InputError(f"--output {self.uri} is not writable; choose a writable directory")
+
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*_check_key(key).split("/"))
 

@@ -176,8 +176,10 @@ def _retry_failed(args: argparse.Namespace) -> int:
 
 
 def _run_settings(settings: Any) -> int:
-    if "://" not in settings.input and not os.path.isfile(settings.input):
-        return _fail(f"embedline: error: {settings.input}: no such file", EXIT_USAGE)
+    if "://" not in settings.input:
+        problem = _check_local_input(settings)
+        if problem:
+            return _fail(f"embedline: error: {problem}", EXIT_USAGE)
     for name, value in _PREFECT_DEFAULTS.items():
         os.environ.setdefault(name, value)
     _isolate_temporary_server()
@@ -198,6 +200,24 @@ def _run_settings(settings: Any) -> int:
         return _fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
     print_summary(summary)
     return int(summary["exit_code"])
+
+
+def _check_local_input(settings: Any) -> str | None:
+    """Check a local input's header before Prefect starts (seconds), so the most common
+    mistakes (wrong path, wrong column name, wrong encoding) answer at once."""
+    from adapters.csv_source import check_header
+    from embedline.errors import InputError
+
+    if os.path.isdir(settings.input):
+        return f"{settings.input} is a directory, not a CSV file"
+    if not os.path.isfile(settings.input):
+        return f"{settings.input}: no such file"
+    try:
+        check_header(settings.input, id_column=settings.id_column,
+                     text_column=settings.text_column, codec=settings.codec)  # fmt: skip
+    except InputError as exc:
+        return str(exc)
+    return None
 
 
 def _isolate_temporary_server() -> None:

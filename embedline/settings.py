@@ -12,13 +12,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["DEFAULT_MODELS", "RunSettings", "codec_for"]
+__all__ = ["DEFAULT_MODELS", "LOCAL_DIMENSIONS", "LOCAL_MODEL_NAMES", "RunSettings", "codec_for"]
 
 #: Model used when ``--model`` is not given, per embedder.
 DEFAULT_MODELS = {
     "local": "sentence-transformers/all-MiniLM-L6-v2",
     "openai": "text-embedding-3-small",
 }
+
+#: The embedded local model (all-MiniLM-L6-v2) and its vector length.
+LOCAL_MODEL_NAMES = frozenset({DEFAULT_MODELS["local"], "all-MiniLM-L6-v2"})
+LOCAL_DIMENSIONS = 384
 
 
 def codec_for(encoding: str) -> str:
@@ -86,6 +90,18 @@ class RunSettings(BaseModel):
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None
     dask_workers: int = Field(default=2, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _local_model_is_fixed(self) -> RunSettings:
+        if self.embedder != "local":
+            return self
+        if self.model is not None and self.model not in LOCAL_MODEL_NAMES:
+            raise ValueError(f"the local embedder runs {DEFAULT_MODELS['local']} only; use "
+                             f"--embedder openai for {self.model!r}")  # fmt: skip
+        if self.dimensions not in (None, LOCAL_DIMENSIONS):
+            raise ValueError(f"the local model gives {LOCAL_DIMENSIONS} dimensions; omit "
+                             "--dimensions or use --embedder openai")  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _remote_workers_need_shared_storage(self) -> RunSettings:

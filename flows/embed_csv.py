@@ -121,8 +121,11 @@ def run_settings(settings: RunSettings) -> RunSummary:
     started = time.monotonic()
     # ── plan ──────────────────────────────────────────────────────────────────────────────
     try:
-        plan = plan_input(settings)
         store = store_for(settings.output)
+        prepare = getattr(store, "prepare", None)  # a local directory: create it, or say why not
+        if prepare is not None:
+            prepare()
+        plan = plan_input(settings)
     except InputError as exc:
         return RunSummary(exc.exit_code, "input_error", str(exc))
     run_key = keys.run_key(
@@ -143,7 +146,7 @@ def run_settings(settings: RunSettings) -> RunSummary:
                                  started)  # fmt: skip
     ledger = Ledger(settings.ledger)
     try:
-        summary = _run(settings, plan, base, ledger, started)
+        summary = _run_recording_crashes(settings, plan, base, ledger, started)
         publish_summary(
             summary, dead_letters=ledger.run_dead_letters(run_key),
             chunk_states=ledger.state_counts(run_key),
@@ -153,6 +156,19 @@ def run_settings(settings: RunSettings) -> RunSummary:
     finally:
         ledger.close()
         close_embedders()  # a latched (fatal) client must not outlive its run
+
+
+def _run_recording_crashes(
+    settings: RunSettings, plan: InputPlan, base: RunSummary, ledger: Ledger, started: float
+) -> RunSummary:
+    """``_run``, but a run that dies of an unexpected error is marked ``crashed`` in the
+    ledger (not left ``running``) before the error propagates to Prefect."""
+    try:
+        return _run(settings, plan, base, ledger, started)
+    except BaseException:
+        ledger.finish_run(str(base.run_key), status="crashed", rows_published=0, rows_failed=0,
+                          manifest_uri=None)  # fmt: skip
+        raise
 
 
 def _run(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from pathlib import Path
 
 import boto3
@@ -249,3 +250,34 @@ def test_failed_chunks_then_retry_failed_embeds_only_those(
     assert fake_openai.counters()["requests"] - before == 2  # one batch per failed chunk
     manifest, vectors = read_local_output(tmp_path / "out")
     assert set(vectors) == {r[0] for r in rows}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--embedder", "local", "--dimensions", "128"], "384 dimensions"),
+        (["--embedder", "local", "--model", "bge-large"], "--embedder openai"),
+        (["--text-column", "body"], "no text column 'body'"),
+    ],
+)
+def test_usage_and_header_errors_answer_before_prefect_starts(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    _csv(tmp_path / "in.csv", _rows(3))
+    started = time.monotonic()
+    result = run_cli("run", "in.csv", *args, cwd=tmp_path)
+    assert result.returncode == 2 and needle in result.stderr
+    assert time.monotonic() - started < 8  # no Prefect start-up, no model load
+    assert "Traceback" not in result.stderr
+
+
+def test_unusable_output_is_a_usage_error(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
+    _csv(tmp_path / "in.csv", _rows(3))
+    (tmp_path / "afile").write_text("not a directory")
+    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+                     "--output", "afile", "--ledger", "l.sqlite3", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2
+    assert "exists and is not a directory" in result.stdout + result.stderr
+    assert fake_openai.counters()["requests"] == 0
+    dirs = run_cli("run", str(tmp_path), cwd=tmp_path)
+    assert dirs.returncode == 2 and "is a directory" in dirs.stderr

@@ -969,8 +969,10 @@ def test_build_embedder_warns_once_without_a_key(
 
 
 def test_local_embedder_rejects_other_dimensions_and_models(fresh_cache: None) -> None:
-    with pytest.raises(FatalError, match="384"):
-        build_embedder(settings(embedder="local", dimensions=256))
+    with pytest.raises(ValueError, match="384"):  # settings refuse it before any work
+        settings(embedder="local", dimensions=256)
+    with pytest.raises(ValueError, match="--embedder openai"):
+        settings(embedder="local", model="text-embedding-3-small")
     with pytest.raises(FatalError):
         LocalEmbedder(model="text-embedding-3-small")
     assert isinstance(build_embedder(settings(embedder="local", dimensions=384)), LocalEmbedder)
