@@ -107,16 +107,17 @@ def estimate_tokens(text: str) -> int:
 # -- classification (DESIGN §5) -------------------------------------------------------------
 
 
-def classify_transport_error(exc: httpx.RequestError) -> EmbedlineError:
+def classify_transport_error(exc: httpx.RequestError, *, where: str = "") -> EmbedlineError:
     """Translate an httpx failure that produced no response; most specific class first.
 
     Timeouts, connect/read/write errors, ``RemoteProtocolError`` (server closed the
     connection) and proxy errors → ``RetryableError``. ``UnsupportedProtocol`` and
     ``LocalProtocolError`` (an illegal header value) cannot succeed on retry →
     ``FatalError``. Only the exception's class name is kept: its text may quote the URL or
-    a header.
+    a header; ``where`` (the base URL without credentials) names the endpoint.
     """
     name = type(exc).__name__
+    at = f" {where}" if where else ""
     if isinstance(exc, httpx.UnsupportedProtocol):
         return FatalError(f"cannot send the request ({name}): --base-url must be http(s)")
     if isinstance(exc, httpx.LocalProtocolError):
@@ -124,7 +125,13 @@ def classify_transport_error(exc: httpx.RequestError) -> EmbedlineError:
             f"cannot send the request ({name}): check the API key and --base-url for "
             "stray characters such as newlines"
         )
-    return RetryableError(f"request failed without a response ({name})")
+    if isinstance(exc, httpx.ConnectError):
+        return RetryableError(f"cannot connect to{at} ({name}): check that the server is "
+                              "running and --base-url is right")  # fmt: skip
+    if isinstance(exc, httpx.TimeoutException):
+        return RetryableError(f"no answer from{at} in time ({name}); raise --timeout if the "
+                              "server is slow")  # fmt: skip
+    return RetryableError(f"request to{at} failed without a response ({name})")
 
 
 def classify(
@@ -640,7 +647,7 @@ class OpenAIEmbedder:
             )
         except httpx.RequestError as exc:
             self._log_call(type(exc).__name__, len(texts), call.requests, started)
-            error = classify_transport_error(exc)
+            error = classify_transport_error(exc, where=_safe_url(self.base_url))
             if isinstance(error, FatalError):
                 self._stop(error)
             # a LocalProtocolError's text can quote a header value: do not chain it
