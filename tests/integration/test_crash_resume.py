@@ -156,10 +156,15 @@ def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: in
     _assert_complete(tmp_path, rows)
     counters = server.counters()
     assert counters["inputs"] >= len(rows)
+    answered = [e["idempotency_key"] for e in server.log if e["status"] == 200]
+    # a re-sent batch (its chunk was in flight at a kill) carries the same Idempotency-Key,
+    # so a server that honours keys charges it once
+    charged_once = len(set(answered))
     assert killed >= min(kills, 8)
     print(f"\nkill loop: {killed} SIGKILLs of {kills} planned, {len(seen)} chunk objects seen and never rewritten, "
           f"finished before a kill: {finished_early}, requests {counters['requests']}, "
-          f"inputs embedded {counters['inputs']} for {len(rows)} rows")
+          f"inputs embedded {counters['inputs']} for {len(rows)} rows, answered requests "
+          f"{len(answered)} with {charged_once} distinct idempotency keys")
 
 
 def test_random_sigkills_then_rerun_give_complete_output(
