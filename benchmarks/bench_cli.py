@@ -72,10 +72,18 @@ _CHUNK = re.compile(
     r"chunk (\d+): (\d+) rows published( \(object already existed\))?, (\d+) dead letters, "
     r"(\d+) requests, (\d+) tokens"
 )
-_SUMMARY_WALL = re.compile(r"^wall time\s+([\d.]+) s", re.M)
-_SUMMARY_API = re.compile(r"^api\s+([\d,]+) requests", re.M)
-_SUMMARY_STATUS = re.compile(r"^status\s+(\S+)", re.M)
-_SUMMARY_ROWS = re.compile(r"^rows\s+([\d,]+) published of ([\d,]+) .*?([\d,]+) dead letters", re.M)
+# First occurrence of each, timed by the CLI's own log clock (see _phases).
+_PHASE_MARKS = (
+    ("begin", re.compile(r"Beginning flow run")),
+    ("planned", re.compile(r"Task run 'plan-input[^']*' - planned ")),
+    ("complete", re.compile(r" is already complete: manifest ")),
+    ("manifest", re.compile(r"Flow run '[^']*' - manifest (already )?committed ")),
+    ("finished", re.compile(r"Flow run '[^']*' - Finished in state ")),
+)
+_SUMMARY_WALL = re.compile(r"^wall time\s+([\d.]+) s", re.MULTILINE)
+_SUMMARY_API = re.compile(r"^api\s+([\d,]+) requests", re.MULTILINE)
+_SUMMARY_STATUS = re.compile(r"^status\s+(\S+)", re.MULTILINE)
+_SUMMARY_ROWS = re.compile(r"^rows\s+([\d,]+) published of ([\d,]+) .*?([\d,]+) dead letters", re.MULTILINE)
 
 
 # -- data ----------------------------------------------------------------------------------
@@ -218,6 +226,42 @@ def _maps_torch(pid: int) -> bool | None:
         return None
 
 
+def _machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine so far (all cores), from /proc/stat."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of a live process, seconds (0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wait_quiet(max_wait_s: float, *, cores: float = 0.25, window_s: float = 2.0) -> float:
+    """Wait until the machine's busy CPU over ``window_s`` is below ``cores``; return seconds
+    waited (at most ``max_wait_s``). This box is shared: other work skews every number."""
+    started = time.monotonic()
+    while time.monotonic() - started < max_wait_s:
+        before = _machine_busy_s()
+        time.sleep(window_s)
+        if (_machine_busy_s() - before) / window_s < cores:
+            break
+    return time.monotonic() - started
+
+
 class Sampler(threading.Thread):
     """Polls VmHWM of the CLI process (and of each descendant) until ``stop()``.
 
@@ -273,7 +317,11 @@ class RunResult:
     temp_server_s: float | None = None  # "Starting temporary server" -> "Beginning flow run"
     shutdown_s: float | None = None  # flow's "Finished in state" line -> process exit
     flow_wall_s: float | None = None  # the flow summary's own "wall time"
+    plan_s: float | None = None  # "Beginning flow run" -> "planned ..." (log clock)
+    skip_s: float | None = None  # "planned ..." -> "K to embed" / "already complete"
     embed_phase_s: float | None = None  # "K to embed" line -> last "chunk N:" line (log clock)
+    commit_s: float | None = None  # last chunk (or "to embed") -> "manifest committed"
+    flow_close_s: float | None = None  # manifest line (or last step) -> flow "Finished in state"
     rows_embedded: int = 0  # sum of rows in "chunk N: R rows published" lines
     steady_rows_per_s: float | None = None  # rows_embedded / embed_phase_s
     completion_rows_per_s: float | None = None  # first -> last chunk completion, first excluded
@@ -292,6 +340,9 @@ class RunResult:
     rusage_maxrss_mb: float | None = None  # wait4: max over the CLI and its reaped children
     torch_mapped: bool = False
     prefect_home_fresh: bool = False
+    other_cpu_s: float | None = None  # CPU used meanwhile by processes not in this benchmark
+    fake_server_cpu_s: float | None = None  # CPU the fake OpenAI server used for this run
+    quiet_wait_s: float = 0.0  # time spent waiting for a quiet machine before the run
     error_lines: list[str] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)
     stdout: str = ""
@@ -384,6 +435,7 @@ def _parse_stderr(result: RunResult, events: list[tuple[float, str]]) -> None:
     dispatch_at: float | None = None
     temp_server_at: float | None = None
     flow_done_at: float | None = None
+    stamps: dict[str, float] = {}
     completions: list[tuple[float, int]] = []
     for arrived, line in events:
         stamp = _log_seconds(line)
@@ -398,6 +450,10 @@ def _parse_stderr(result: RunResult, events: list[tuple[float, str]]) -> None:
             completions.append((stamp, int(m.group(2))))
         elif "Flow run" in line and "Finished in state" in line:
             flow_done_at = arrived
+        if stamp is not None:
+            for mark, pattern in _PHASE_MARKS:
+                if mark not in stamps and pattern.search(line):
+                    stamps[mark] = stamp
         if " | ERROR " in line or line.startswith("Traceback") or " | CRITICAL " in line:
             result.error_lines.append(line[:300])
     result.stderr_tail = [line[:300] for _t, line in events[-15:]]
@@ -412,11 +468,27 @@ def _parse_stderr(result: RunResult, events: list[tuple[float, str]]) -> None:
         result.embed_phase_s = _wrap(last - dispatch_at)
         if result.embed_phase_s > 0:
             result.steady_rows_per_s = result.rows_embedded / result.embed_phase_s
+    last_chunk = max((t for t, _r in completions), default=None)
+    _phases(result, stamps, dispatch_at, last_chunk)
     if len(completions) >= 2:
         completions.sort()
         span = _wrap(completions[-1][0] - completions[0][0])
         if span > 0:
             result.completion_rows_per_s = sum(r for _t, r in completions[1:]) / span
+
+
+def _phases(result: RunResult, stamps: dict[str, float], dispatch_at: float | None,
+            last_chunk: float | None) -> None:  # fmt: skip
+    """Durations between the flow's own log lines (its clock, millisecond resolution)."""
+    def span(start: float | None, stop: float | None) -> float | None:
+        return None if start is None or stop is None else round(_wrap(stop - start), 3)
+
+    ready = dispatch_at if dispatch_at is not None else stamps.get("complete")
+    result.plan_s = span(stamps.get("begin"), stamps.get("planned"))
+    result.skip_s = span(stamps.get("planned"), ready)
+    manifest = stamps.get("manifest")
+    result.commit_s = span(last_chunk if last_chunk is not None else ready, manifest)
+    result.flow_close_s = span(manifest if manifest is not None else ready, stamps.get("finished"))
 
 
 def _wrap(seconds: float) -> float:
@@ -524,10 +596,16 @@ class Bench:
         server = FakeServer(self.args.python, _server_env())
         try:
             argv = self.cli_argv(data, output, ledger, server.base_url)
+            waited = wait_quiet(self.args.quiet_wait) if self.args.quiet_wait > 0 else 0.0
             print(f"bench: {name}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+            busy0, server0, self0 = _machine_busy_s(), _proc_cpu_s(server.proc.pid), _self_cpu_s()
             result = run_cli(name, argv, env=self.env, cwd=self.tmp, dataset=dataset,
                              rows_input=rows, log_path=self.tmp / f"{name}.stderr.log",
                              prefect_home_fresh=fresh_home)  # fmt: skip
+            result.fake_server_cpu_s = _proc_cpu_s(server.proc.pid) - server0
+            own = result.cpu_s + result.fake_server_cpu_s + _self_cpu_s() - self0
+            result.other_cpu_s = max(0.0, _machine_busy_s() - busy0 - own)
+            result.quiet_wait_s = waited
         finally:
             counters = server.stop()
         result.server_requests = counters.get("requests")
@@ -547,7 +625,12 @@ class Bench:
         server = FakeServer(self.args.python, _server_env())
         print(f"bench: baseline (seed design) on {len(rows)} rows", file=sys.stderr, flush=True)
         try:
+            waited = wait_quiet(self.args.quiet_wait) if self.args.quiet_wait > 0 else 0.0
+            busy0, server0, self0 = _machine_busy_s(), _proc_cpu_s(server.proc.pid), _self_cpu_s()
             result = run_baseline(rows, server.base_url, self.tmp / "baseline")
+            own = _proc_cpu_s(server.proc.pid) - server0 + _self_cpu_s() - self0
+            result.update(other_cpu_s=max(0.0, _machine_busy_s() - busy0 - own),
+                          quiet_wait_s=waited)  # fmt: skip
         finally:
             counters = server.stop()
         result.update(server_requests=counters.get("requests"))
@@ -617,24 +700,39 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
 def print_table(runs: list[RunResult], baseline: dict[str, Any] | None,
                 ratios: dict[str, Any], targets: dict[str, Any]) -> None:  # fmt: skip
     head = ("run", "exit", "rows", "wall s", "start s", "embed s", "rows/s", "req",
-            "RSS cli", "RSS child", "shut s")  # fmt: skip
+            "RSS cli", "RSS child", "shut s", "other cores")  # fmt: skip
     lines = [head]
     for r in runs:
         lines.append((r.name, str(r.exit_code), f"{r.rows_embedded:,}/{r.rows_input:,}",
                       _fmt(r.wall_s), _fmt(r.startup_s), _fmt(r.embed_phase_s, ".2f"),
                       _fmt(r.steady_rows_per_s, ",.0f"), str(r.server_requests),
                       _fmt(r.peak_rss_cli_mb, ".0f"), _fmt(r.peak_rss_children_mb, ".0f"),
-                      _fmt(r.shutdown_s)))  # fmt: skip
+                      _fmt(r.shutdown_s),
+                      _fmt(None if r.other_cpu_s is None else r.other_cpu_s / r.wall_s,
+                           ".2f")))  # fmt: skip
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     print()
     for row in lines:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                         for i, (cell, w) in enumerate(zip(row, widths, strict=True))))  # fmt: skip
+    print("\nphases (flow log clock, s): plan / skip-published / embed / manifest / flow close")
+    for r in runs:
+        print(f"  {r.name}: {_fmt(r.plan_s, '.2f')} / {_fmt(r.skip_s, '.2f')} / "
+              f"{_fmt(r.embed_phase_s, '.2f')} / {_fmt(r.commit_s, '.2f')} / "
+              f"{_fmt(r.flow_close_s, '.2f')}; temporary server start {_fmt(r.temp_server_s)}"
+              f"{' (fresh PREFECT_HOME)' if r.prefect_home_fresh else ''}")
     if baseline:
         print(f"\nbaseline (seed design, {baseline['rows']:,} rows): {baseline['rows_per_s']:,.0f} "
-              f"rows/s, {baseline['wall_s']:.1f} s, {baseline['server_requests']} requests")
+              f"rows/s, {baseline['wall_s']:.1f} s, {baseline['server_requests']} requests, other "
+              f"processes {baseline['other_cpu_s'] / baseline['wall_s']:.2f} cores")
     for key, value in ratios.items():
         print(f"ratio  {key}: {value:,.1f}x")
+    noisy = [r.name for r in runs if (r.other_cpu_s or 0) / r.wall_s > 0.25]
+    if baseline and baseline["other_cpu_s"] / baseline["wall_s"] > 0.25:
+        noisy.insert(0, "baseline")
+    if noisy:
+        print(f"WARNING: other processes used > 0.25 cores during {', '.join(noisy)}: those "
+              "numbers are skewed; rerun on a quiet machine (or with --quiet-wait 120)")
     for key, value in targets.items():
         print(f"target {'MET   ' if value['met'] else 'MISSED'} {key}: {value['value']}")
 
@@ -650,8 +748,23 @@ def _machine() -> dict[str, Any]:
         "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
         "platform": platform.platform(), "python": platform.python_version(),
         "prefect": version("prefect"), "httpx": version("httpx"), "pyarrow": version("pyarrow"),
-        "load_avg_at_start": os.getloadavg(),
+        "load_avg_at_start": os.getloadavg(), **_git(),
     }  # fmt: skip
+
+
+def _git() -> dict[str, Any]:
+    """The code measured: HEAD and whether the work tree differs (read-only git commands)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                  timeout=10, check=True)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_head": git("rev-parse", "HEAD"),
+            "git_modified_files": None if status is None else len(status.splitlines())}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -671,11 +784,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="reuse a running Prefect server instead of a temporary one")
     parser.add_argument("--no-allow-failed-rows", dest="allow_failed_rows",
                         action="store_false",
-                        help="do not pass --allow-failed-rows (the whole file has one empty "
-                        "text, a dead letter, so the run then exits 1)")  # fmt: skip
+                        help="do not pass --allow-failed-rows (the whole file holds 3 dead "
+                        "letters: 1 empty text, 2 too long; the run then exits 1)")  # fmt: skip
     parser.add_argument("--cli-arg", action="append", metavar="ARG",
                         help="extra argument for `embedline run`, repeatable "
                         "(e.g. --cli-arg=--chunk-size=2000)")  # fmt: skip
+    parser.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="before each run, wait up to SECONDS for the machine to be idle "
+                        "(< 0.25 busy cores over 2 s)")  # fmt: skip
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter for the CLI and the fake server")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, outputs)")
@@ -693,7 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path("/proc/self/status").exists():
         print("bench_cli: error: needs Linux /proc for memory sampling", file=sys.stderr)
         return 2
-    started_at = dt.datetime.now(dt.timezone.utc)
+    started_at = dt.datetime.now(dt.UTC)
     out = args.out or REPO / "benchmarks" / "results" / f"{started_at:%Y-%m-%dT%H%M%SZ}.json"
     tmp = Path(tempfile.mkdtemp(prefix="embedline-bench-"))
     machine = _machine()
@@ -719,13 +835,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(bench.runs, baseline, ratios, targets)
     results = {
         "started_at": started_at.isoformat(timespec="seconds"),
-        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine,
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {**machine, "load_avg_at_end": os.getloadavg()},
         "data": {"path": str(data), "rows": total_rows, "bytes": data.stat().st_size},
         "settings": {"dims": DIMS, "model": MODEL, "encoding_format": "base64",
                      "allow_failed_rows": args.allow_failed_rows, "cli_args": args.cli_arg,
                      "prefect_api_url": args.prefect_api_url,
-                     "temp_dir": str(tmp) if args.keep else None},  # fmt: skip
+                     "temp_dir": str(tmp) if args.keep else None},
         "baseline": baseline,
         "runs": [asdict(r) for r in bench.runs],
         "fake_servers": bench.servers,

@@ -180,6 +180,14 @@ def _run_settings(settings: Any) -> int:
         problem = _check_local_input(settings)
         if problem:
             return _fail(f"embedline: error: {problem}", EXIT_USAGE)
+        committed = _already_committed(settings)
+        if isinstance(committed, str):
+            return _fail(f"embedline: error: {committed}", EXIT_USAGE)
+        if committed is not None:
+            from embedline.console import print_summary
+
+            print_summary(committed)
+            return 0
     for name, value in _PREFECT_DEFAULTS.items():
         os.environ.setdefault(name, value)
     _isolate_temporary_server()
@@ -218,6 +226,45 @@ def _check_local_input(settings: Any) -> str | None:
     except InputError as exc:
         return str(exc)
     return None
+
+
+def _already_committed(settings: Any) -> dict[str, Any] | str | None:
+    """The summary of a run whose manifest exists (a rerun of a finished command), found
+    without starting Prefect; an input error's message; or None (run the flow).
+
+    Costs one pass over the local input (0.6 s for 27 MB here) and one read of the store;
+    it writes nothing, as DESIGN §4 asks of a completed run.
+    """
+    import time
+
+    from adapters.csv_source import plan_csv
+    from adapters.object_store import open_store
+    from embedline import keys
+    from embedline.errors import EmbedlineError, InputError
+    from embedline.models import manifest_object_key
+    from tasks.manifest import read_manifest, summary_from_manifest
+
+    started = time.monotonic()
+    try:
+        store = open_store(settings.output)
+        plan = plan_csv(settings.input, id_column=settings.id_column,
+                        text_column=settings.text_column, codec=settings.codec,
+                        chunk_size=settings.chunk_size, model=settings.effective_model,
+                        dimensions=settings.dimensions)  # fmt: skip
+        run_key = keys.run_key(plan.sha256, settings.id_column, settings.text_column,
+                               settings.effective_model, settings.dimensions,
+                               settings.chunk_size)  # fmt: skip
+        manifest = read_manifest(store, run_key)
+    except InputError as exc:
+        return str(exc)
+    except (EmbedlineError, OSError):
+        return None  # let the flow report it with its full context
+    if manifest is None:
+        return None
+    return summary_from_manifest(
+        manifest, uri=store.uri_for(manifest_object_key(run_key)), output=store.uri,
+        chunks_total=len(plan.chunks), wall_s=time.monotonic() - started,
+    ).to_dict()  # fmt: skip
 
 
 def _isolate_temporary_server() -> None:

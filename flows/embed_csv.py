@@ -24,13 +24,19 @@ from adapters.embeddings import api_key_from_env, close_embedders
 from adapters.ledger import Ledger
 from embedline import keys, shutdown
 from embedline.errors import ConflictError, EmbedlineError, InputError
-from embedline.models import ChunkOutcome, InputPlan, ManifestChunk, RunSummary
+from embedline.models import (
+    ChunkOutcome,
+    InputPlan,
+    ManifestChunk,
+    RunSummary,
+    manifest_object_key,
+)
 from embedline.progress import Progress, notify
 from embedline.settings import RunSettings
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
-from tasks.manifest import build_manifest, read_manifest, write_manifest
+from tasks.manifest import build_manifest, read_manifest, summary_from_manifest, write_manifest
 from tasks.plan import find_published, plan_input
 from tasks.publish import ensure_conditional_writes, read_chunk_metadata
 from tasks.report import ProgressArtifact, publish_summary
@@ -140,10 +146,11 @@ def run_settings(settings: RunSettings) -> RunSummary:
     except EmbedlineError as exc:
         return _with(base, started, exit_code=exc.exit_code, status="fatal", message=str(exc))
     if existing is not None:
-        logger.info("run %s is already complete: manifest %s", run_key, store.uri_for(
-            f"manifests/{run_key}.json"))  # fmt: skip
-        return _already_complete(base, existing, store.uri_for(f"manifests/{run_key}.json"),
-                                 started)  # fmt: skip
+        uri = store.uri_for(manifest_object_key(run_key))
+        logger.info("run %s is already complete: manifest %s", run_key, uri)
+        return summary_from_manifest(existing, uri=uri, output=store.uri,
+                                     chunks_total=len(plan.chunks),
+                                     wall_s=time.monotonic() - started)  # fmt: skip
     ledger = Ledger(settings.ledger)
     try:
         summary = _run_recording_crashes(settings, plan, base, ledger, started)
@@ -345,20 +352,6 @@ def _dimensions(
         if outcome.rows:
             return read_chunk_metadata(store.get(outcome.object_key)).dimensions
     return settings.dimensions or 0
-
-
-def _already_complete(
-    base: RunSummary, manifest: dict[str, Any], uri: str, started: float
-) -> RunSummary:
-    return _with(
-        base, started, status="already_complete", manifest_uri=uri,
-        message="the run's manifest already exists: nothing to do",
-        rows_published=int(manifest["rows_published"]),
-        rows_skipped=int(manifest["rows_published"]),
-        rows_failed=int(manifest["rows_failed"]),
-        chunks_skipped=len(manifest["chunks"]),
-        dimensions=int(manifest["dimensions"]),
-    )  # fmt: skip
 
 
 def _progress_reporter(

@@ -11,12 +11,19 @@ import hashlib
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from embedline.errors import ConflictError
-from embedline.models import InputPlan, ManifestChunk, manifest_object_key
+from embedline.models import InputPlan, ManifestChunk, RunSummary, manifest_object_key
 from embedline.protocols import ObjectStore
 
-__all__ = ["MANIFEST_FORMAT", "build_manifest", "read_manifest", "write_manifest"]
+__all__ = [
+    "MANIFEST_FORMAT",
+    "build_manifest",
+    "read_manifest",
+    "summary_from_manifest",
+    "write_manifest",
+]
 
 MANIFEST_FORMAT = "embedline.manifest.v1"
 
@@ -100,3 +107,20 @@ def read_manifest(store: ObjectStore, run_key: str) -> dict[str, object] | None:
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise ConflictError(f"{store.uri_for(key)} exists but is not an embedline manifest")
     return manifest
+
+
+def summary_from_manifest(
+    manifest: dict[str, Any], *, uri: str, output: str, chunks_total: int, wall_s: float
+) -> RunSummary:
+    """The summary of a run found already committed: nothing embedded, nothing written."""
+    return RunSummary(
+        exit_code=0, status="already_complete",
+        message="the run's manifest already exists: nothing to do",
+        run_key=str(manifest["run_key"]), output=output, manifest_uri=uri,
+        rows_total=int(manifest["input"]["rows"]),
+        rows_published=int(manifest["rows_published"]),
+        rows_skipped=int(manifest["rows_published"]),
+        rows_failed=int(manifest["rows_failed"]),
+        chunks_total=chunks_total, chunks_skipped=len(manifest["chunks"]),
+        dimensions=int(manifest["dimensions"]), wall_s=round(wall_s, 3),
+    )  # fmt: skip
