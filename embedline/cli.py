@@ -80,8 +80,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds per request")
     run.add_argument("--max-attempts", type=_positive_int, default=6,
                      help="attempts per request, the first included")
-    run.add_argument("--max-input-tokens", type=_positive_int, default=8191,
-                     help="per text (openai); longer texts follow --on-too-long")
+    run.add_argument("--max-input-tokens", type=_positive_int, default=None,
+                     help="the model's limit per text, e.g. 8191 for text-embedding-3 "
+                          "(openai); longer texts follow --on-too-long. Unset: the server's "
+                          "400 isolates them")
     run.add_argument("--on-too-long", choices=("dead-letter", "truncate"), default="dead-letter")
     run.add_argument("--chunk-retries", type=int, default=1,
                      help="Prefect retries of a chunk after a retryable failure")

@@ -49,8 +49,10 @@ class RunSettings(BaseModel):
     """Everything a run needs but secrets. Units: seconds, rows, requests/min, tokens/min.
 
     Limits that come from a documented API limit say so: ``batch_size`` ≤ 2048 inputs and
-    ``max_request_tokens`` ≤ 300,000 tokens per request, ``max_input_tokens`` 8191 tokens
-    per input for text-embedding-3 models (OpenAI embeddings API reference).
+    ``max_request_tokens`` ≤ 300,000 tokens per request (OpenAI embeddings API reference).
+    ``max_input_tokens`` (None: no check before sending) is the model's per-input limit,
+    e.g. 8191 for OpenAI's text-embedding-3 models; unset, an over-long input is isolated
+    by the server's 400 and the batch bisection instead.
 
     ``chunk_retries`` are Prefect task retries of a chunk that failed with a retryable error
     after its requests' own retries, ``chunk_retry_delay_s`` apart; ``grace_s`` is how long
@@ -78,7 +80,7 @@ class RunSettings(BaseModel):
     tpm: int | None = Field(default=None, ge=1)
     timeout_s: float = Field(default=60.0, gt=0)
     max_attempts: int = Field(default=6, ge=1, le=100)
-    max_input_tokens: int | None = Field(default=8191, ge=1)
+    max_input_tokens: int | None = Field(default=None, ge=1)
     on_too_long: Literal["dead-letter", "truncate"] = "dead-letter"
     chunk_retries: int = Field(default=1, ge=0, le=10)
     chunk_retry_delay_s: float = Field(default=10.0, ge=0)

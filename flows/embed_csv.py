@@ -63,7 +63,7 @@ def embed_csv(
     tpm: int | None = None,
     timeout: float = 60.0,
     max_attempts: int = 6,
-    max_input_tokens: int | None = 8191,
+    max_input_tokens: int | None = None,
     on_too_long: str = "dead-letter",
     chunk_retries: int = 1,
     chunk_retry_delay: float = 10.0,

@@ -281,3 +281,43 @@ def test_unusable_output_is_a_usage_error(tmp_path: Path, fake_openai: FakeEmbed
     assert fake_openai.counters()["requests"] == 0
     dirs = run_cli("run", str(tmp_path), cwd=tmp_path)
     assert dirs.returncode == 2 and "is a directory" in dirs.stderr
+
+
+def test_rejected_long_input_is_isolated_and_no_request_body_is_sent_twice(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    rows = _rows(8)
+    rows[3] = (rows[3][0], "CONTEXT-TOO-LONG " + "word " * 50)  # the fourth text
+    _csv(tmp_path / "in.csv", rows)
+    fake_openai.reject_texts_containing = "CONTEXT-TOO-LONG"
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "8", "--batch-size", "8",
+                          "--allow-failed-rows")  # fmt: skip
+    assert code == 0, err
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert manifest["rows_failed"] == 1 and set(vectors) == {r[0] for i, r in enumerate(rows)
+                                                              if i != 3}  # fmt: skip
+    run_key = out.split()[1]
+    dead = run_cli("dead-letters", run_key[:8], "--ledger", str(tmp_path / "ledger.sqlite3"),
+                   cwd=tmp_path)  # fmt: skip
+    assert dead.stdout.splitlines() == ["003\trejected\t400"]
+    keys_sent = [entry["idempotency_key"] for entry in fake_openai.log]
+    assert len(keys_sent) == len(set(keys_sent))  # a rejected body is never sent again
+
+
+def test_max_input_tokens_truncate_and_dead_letter_before_sending(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    rows = _rows(4)
+    rows[1] = (rows[1][0], "x" * 400)
+    _csv(tmp_path / "in.csv", rows)
+    code, out, _ = _run(tmp_path, fake_openai, "--max-input-tokens", "50")
+    assert code == 1 and "1 rows are dead letters" in out
+    assert fake_openai.counters()["inputs"] == 3  # the long text was never sent
+    (tmp_path / "ledger.sqlite3").unlink()
+    import shutil
+
+    shutil.rmtree(tmp_path / "out")
+    code, _, err = _run(tmp_path, fake_openai, "--max-input-tokens", "50", "--on-too-long",
+                        "truncate")  # fmt: skip
+    assert code == 0, err
+    assert set(read_local_output(tmp_path / "out")[1]) == {r[0] for r in rows}
