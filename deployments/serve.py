@@ -61,6 +61,10 @@ def main() -> None:
     """Serve until interrupted."""
     os.chdir(REPO)  # flow runs start here: relative parameters and the entrypoint resolve
     sys.path.insert(0, str(REPO))  # `flows`, `tasks`, … without an installed package
+    # the adapters' "embedline.*" log lines (HTTP status, attempts) go to the run logs, and
+    # the local model never reaches for a hub; set before Prefect configures logging
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "embedline")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from prefect import serve
 
     from deployments.api_key import export_api_key_from_block

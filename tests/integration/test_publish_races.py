@@ -16,7 +16,7 @@ from botocore.config import Config
 
 from adapters.object_store import S3Store
 from tests.support.fake_openai import FakeEmbeddingServer
-from tests.support.fixtures import REPO
+from tests.support.fixtures import REPO, run_cli
 from tests.support.output import read_local_output
 from tests.support.s3_proxy import ResettingProxy
 
@@ -83,3 +83,60 @@ def test_two_concurrent_runs_publish_each_chunk_once(
     assert len(list((tmp_path / "out" / "chunks").glob("*.parquet"))) == 10
     if shared_ledger:  # claims in one ledger: every row embedded exactly once in total
         assert fake_openai.counters()["inputs"] == 30
+
+
+def _s3_error(code: str, message: str) -> bytes:
+    return (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+            f"<Message>{message}</Message></Error>").encode()  # fmt: skip
+
+
+def _faulty_puts(statuses: list[tuple[int, bytes]]) -> object:
+    queue = list(statuses)
+
+    def fault(method: str, path: str) -> tuple[int, bytes] | None:
+        return queue.pop(0) if method == "PUT" and "chunks/" in path and queue else None
+
+    return fault
+
+
+@pytest.mark.parametrize(
+    ("faults", "expected"),
+    [
+        ([(503, _s3_error("SlowDown", "Please reduce your request rate."))] * 2,
+         [503, 503, 200]),  # retried by botocore's standard mode
+        ([(409, _s3_error("ConditionalRequestConflict", "A conflicting operation"))],
+         [409, 200]),  # retried by the store adapter
+    ],
+    ids=["503-SlowDown", "409-ConditionalRequestConflict"],
+)
+def test_s3_server_faults_on_put_are_retried(
+    moto_endpoint: str, s3_bucket: str, faults: list[tuple[int, bytes]], expected: list[int]
+) -> None:
+    with ResettingProxy(moto_endpoint, fault=_faulty_puts(faults)) as proxy:  # type: ignore[arg-type]
+        client = boto3.session.Session().client("s3", endpoint_url=proxy.url)
+        store = S3Store(s3_bucket, "f", client=client)
+        body = b"chunk bytes"
+        result = store.put_if_absent("chunks/x.parquet", body,
+                                     sha256=hashlib.sha256(body).hexdigest(),
+                                     content_type="application/octet-stream")  # fmt: skip
+    assert result.created is True
+    assert [status for method, _, status in proxy.seen if method == "PUT"] == expected
+
+
+@pytest.mark.usefixtures("prefect_api_url")
+def test_store_ignoring_if_none_match_is_refused_unless_overridden(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    (tmp_path / "in.csv").write_text("id,text\n1,a\n2,b\n")
+    with ResettingProxy(moto_endpoint, strip_request_headers=("If-None-Match",)) as proxy:
+        args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+                fake_openai.base_url, "--output", f"s3://{s3_bucket}/u", "--ledger",
+                str(tmp_path / "l.sqlite3")]  # fmt: skip
+        env = {"AWS_ENDPOINT_URL": proxy.url}
+        refused = run_cli(*args, cwd=tmp_path, env=env)
+        assert refused.returncode == 3
+        assert "does not enforce conditional writes" in refused.stdout + refused.stderr
+        assert fake_openai.counters()["requests"] == 0
+        allowed = run_cli(*args, "--allow-unconditional-store", cwd=tmp_path, env=env)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "RUNNING ANYWAY" in allowed.stderr

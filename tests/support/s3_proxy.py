@@ -15,16 +15,32 @@ __all__ = ["ResettingProxy"]
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"}
 
 
+Fault = tuple[int, bytes]  # (HTTP status, XML body) answered instead of forwarding
+
+
 class ResettingProxy:
-    """Forwards every request to ``upstream``; ``drop_answer(method, path)`` → True makes the
-    proxy forward the request, then close the client connection without answering.
+    """Forwards every request to ``upstream``, misbehaving on request:
+
+    - ``drop_answer(method, path)`` → True: forward, then close the connection unanswered;
+    - ``fault(method, path)`` → ``(status, body)``: answer that, without forwarding;
+    - ``strip_request_headers``: header names removed before forwarding (a store that
+      ignores them, e.g. ``If-None-Match``).
 
     ``seen`` records ``(method, path, status or "dropped")`` per request.
     """
 
-    def __init__(self, upstream: str, drop_answer: Callable[[str, str], bool]) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        drop_answer: Callable[[str, str], bool] = lambda method, path: False,
+        *,
+        fault: Callable[[str, str], Fault | None] = lambda method, path: None,
+        strip_request_headers: tuple[str, ...] = (),
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.drop_answer = drop_answer
+        self.fault = fault
+        self.strip = {h.lower() for h in strip_request_headers}
         self.seen: list[tuple[str, str, Any]] = []
         self.lock = threading.Lock()
         self._client = httpx.Client(timeout=30)
@@ -36,7 +52,18 @@ class ResettingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+                fault = proxy.fault(self.command, self.path)
+                if fault is not None:
+                    with proxy.lock:
+                        proxy.seen.append((self.command, self.path, fault[0]))
+                    self.send_response(fault[0])
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(fault[1])))
+                    self.end_headers()
+                    self.wfile.write(fault[1])
+                    return
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in _HOP_HEADERS | proxy.strip}  # fmt: skip
                 response = proxy._client.request(self.command, proxy.upstream + self.path,
                                                  headers=headers, content=body)  # fmt: skip
                 if proxy.drop_answer(self.command, self.path):
