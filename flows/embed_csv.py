@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.blocks.system import Secret
 from prefect.runtime import flow_run
+from prefect.settings import get_current_settings
 from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import ValidationError
@@ -248,8 +249,13 @@ _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks c
 
 def _show_published(runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcome],
                     store: Any) -> None:  # fmt: skip
-    """One Completed("Cached") task run per chunk published before, for the UI."""
-    if not skipped or len(skipped) > _SHOWN_SKIPPED_MAX:
+    """One Completed("Cached") task run per chunk published before, for the UI.
+
+    Skipped with Prefect's temporary server (no PREFECT_API_URL): nobody can look at its UI
+    after the process exits, and stopping it while these runs' events are still being
+    recorded printed "Error flushing events" tracebacks on successful reruns.
+    """
+    if not skipped or len(skipped) > _SHOWN_SKIPPED_MAX or not get_current_settings().api.url:
         return
     futures = [runner.submit(show_published_chunk, {
         "spec": plan.chunks[i], "object_uri": store.uri_for(plan.chunks[i].object_key)})
