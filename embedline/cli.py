@@ -338,12 +338,19 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tsv_field(value: str) -> str:
+    """Escape backslash, tab, CR and LF so an id (quoted CSV fields may hold them) stays one
+    TSV field (the convention of PostgreSQL's COPY text format)."""
+    return (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+            .replace("\r", "\\r"))  # fmt: skip
+
+
 def _dead_letters(args: argparse.Namespace) -> int:
     ledger = _open_ledger(args.ledger)
     run = _find(ledger, args.run)
     for dead in ledger.run_dead_letters(run.run_key):
         status = "" if dead.http_status is None else str(dead.http_status)
-        print(f"{dead.id}\t{dead.reason}\t{status}")
+        print(f"{_tsv_field(dead.id)}\t{dead.reason}\t{status}")
     return 0
 
 
