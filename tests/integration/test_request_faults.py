@@ -95,7 +95,10 @@ def test_tpm_spacing_follows_the_tokens_the_server_counted(server: FakeEmbedding
     at = arrivals(server)
     gaps = [b - a for a, b in zip(at, at[1:])]
     for gap, used in zip(gaps, words):
-        assert used * 0.05 * 0.9 <= gap <= used * 0.05 + 0.08
+        assert gap <= used * 0.05 + 0.12  # credited back: booked estimates would triple it
+    # paced overall (the pacer tolerates a burst of about one token, and arrival times
+    # carry the server's scheduling jitter, so single gaps are not checked from below)
+    assert at[-1] - at[0] >= sum(words[:-1]) * 0.05 - 0.1
 
 
 def test_a_request_above_the_whole_tpm_is_sent_and_paid_for(
