@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from adapters.processes import local_process_is_gone
 from embedline.models import ChunkSpec, DeadLetter, InputPlan
 
 __all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "new_owner"]
@@ -112,19 +113,8 @@ def _owner_is_dead(owner: str | None) -> bool:
     parts = (owner or "").rsplit(":", 2)
     if len(parts) != 3 or parts[0] != socket.gethostname():
         return False
-    try:
-        pid = int(parts[1])
-    except ValueError:
-        return False
-    if pid == os.getpid():
-        return False  # our own lease from an earlier run in this process: let it expire
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, owned by another user
-    return False
+    # our own lease from an earlier run in this process is not "gone": it expires instead
+    return parts[1].isdigit() and local_process_is_gone(int(parts[1]))
 
 
 @dataclass(frozen=True, slots=True)

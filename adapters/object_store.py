@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
+from adapters.processes import local_process_is_gone
 from embedline.errors import (
     ConflictError,
     EmbedlineError,
@@ -146,18 +147,7 @@ def _hash_file(path: Path) -> str:
 def _writer_is_dead(temp_name: str) -> bool:
     """True if the pid in a temp file's name is not a live process of this host."""
     match = _TEMP_RE.match(temp_name)
-    if match is None:
-        return False
-    pid = int(match.group("pid"))
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return match is not None and local_process_is_gone(int(match.group("pid")))
 
 
 class LocalDirStore:

@@ -30,10 +30,6 @@ _PREFECT_DEFAULTS = {
 }
 
 
-#: CLI/flow parameter name → settings field (units in the field names).
-_RENAMED = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_delay_s", "grace": "grace_s"}
-
-
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -136,11 +132,9 @@ def _settings_from(args: argparse.Namespace) -> Any:
 
     from embedline.settings import RunSettings
 
-    fields = {k: v for k, v in vars(args).items() if k != "command"}
-    for flag, field in _RENAMED.items():
-        fields[field] = fields.pop(flag)
+    parameters = {k: v for k, v in vars(args).items() if k != "command"}
     try:
-        return RunSettings(**fields)
+        return RunSettings.from_parameters(parameters)
     except ValidationError as exc:
         problems = "; ".join(
             (f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else "") + e["msg"]
@@ -196,9 +190,7 @@ def _run_settings(settings: Any) -> int:
     from embedline.console import ProgressBar, print_summary
     from flows.embed_csv import embed_csv
 
-    parameters = settings.model_dump()
-    for flag, field in _RENAMED.items():
-        parameters[flag] = parameters.pop(field)
+    parameters = settings.to_parameters()
     with ProgressBar(enabled=sys.stderr.isatty()):
         try:
             state = embed_csv(**parameters, return_state=True)

@@ -12,7 +12,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["DEFAULT_MODELS", "LOCAL_DIMENSIONS", "LOCAL_MODEL_NAMES", "RunSettings", "codec_for"]
+__all__ = [
+    "DEFAULT_MODELS",
+    "LOCAL_DIMENSIONS",
+    "LOCAL_MODEL_NAMES",
+    "PARAMETER_FIELDS",
+    "RunSettings",
+    "codec_for",
+]
 
 #: Model used when ``--model`` is not given, per embedder.
 DEFAULT_MODELS = {
@@ -23,6 +30,10 @@ DEFAULT_MODELS = {
 #: The embedded local model (all-MiniLM-L6-v2) and its vector length.
 LOCAL_MODEL_NAMES = frozenset({DEFAULT_MODELS["local"], "all-MiniLM-L6-v2"})
 LOCAL_DIMENSIONS = 384
+
+#: CLI flag / flow parameter name → settings field, where the field name carries its unit.
+PARAMETER_FIELDS = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_delay_s",
+                    "grace": "grace_s"}  # fmt: skip
 
 
 def codec_for(encoding: str) -> str:
@@ -126,6 +137,25 @@ class RunSettings(BaseModel):
         if not value:
             raise ValueError("a column name cannot be empty")
         return value
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, object]) -> RunSettings:
+        """Build settings from CLI/flow parameter names (``timeout`` → ``timeout_s`` …).
+
+        :raises pydantic.ValidationError: a value is out of range or unknown.
+        """
+        fields = dict(parameters)
+        for name, field in PARAMETER_FIELDS.items():
+            if name in fields:
+                fields[field] = fields.pop(name)
+        return cls(**fields)
+
+    def to_parameters(self) -> dict[str, object]:
+        """The inverse of ``from_parameters``: flow parameters mirroring the CLI."""
+        parameters = self.model_dump()
+        for name, field in PARAMETER_FIELDS.items():
+            parameters[name] = parameters.pop(field)
+        return parameters
 
     @property
     def effective_model(self) -> str:

@@ -83,12 +83,8 @@ def embed_csv(
     requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
     request (first try included). Returns a Completed or Failed state carrying the summary.
     """
-    parameters = dict(locals())
-    for name, field in (("timeout", "timeout_s"), ("chunk_retry_delay", "chunk_retry_delay_s"),
-                        ("grace", "grace_s")):  # fmt: skip
-        parameters[field] = parameters.pop(name)
     try:
-        settings = RunSettings(**parameters)
+        settings = RunSettings.from_parameters(dict(locals()))
     except ValidationError as exc:
         return _final(RunSummary(2, "input_error", f"invalid parameters: {exc}"))
     if settings.embedder == "openai" and api_key_from_env() is None:
