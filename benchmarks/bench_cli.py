@@ -583,7 +583,7 @@ class Bench:
         self.servers: list[dict[str, Any]] = []
 
     def cli_argv(self, data: Path, output: Path, ledger: Path, base_url: str) -> list[str]:
-        argv = [self.args.python, "-m", "embedline.cli", "run", str(data),
+        argv = [self.args.python, "-m", "cli", "run", str(data),
                 "--embedder", "openai", "--base-url", base_url,
                 "--output", str(output), "--ledger", str(ledger)]  # fmt: skip
         if self.args.allow_failed_rows:

@@ -1,7 +1,7 @@
 """embedline's pure core: keys, errors, models, settings and protocols (no Prefect, no I/O).
 
-The CLI lives in ``embedline.cli``; adapters, tasks and flows import this package, never the
-reverse (the CLI imports the flow only inside its commands).
+The CLI lives in the top-level ``cli`` package, above ``flows/``; adapters, tasks, flows and
+the CLI import this package, never the reverse.
 """
 
 from embedline.errors import (

@@ -1,6 +1,6 @@
 """Content keys: SHA-256 hex digests that make every output idempotent.
 
-All keys follow ``../shared/DESIGN.md`` §2 (a contract: outside checks recompute them).
+All keys follow ``docs/design.md`` §2 (a contract: outside checks recompute them).
 
 - ``text_sha256(text)``: the exact text as read, UTF-8, no trimming.
 - ``row_key``: ``sha256("{id}\\x1f{text_sha256}\\x1f{model}\\x1f{dimensions}")``.

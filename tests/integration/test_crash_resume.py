@@ -68,7 +68,7 @@ def _args(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> list[str]
 def _popen(tmp_path: Path, args: list[str]) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-m", "embedline.cli", *args], cwd=tmp_path, env=env,
+        [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

@@ -56,7 +56,7 @@ def _start(tmp_path: Path, server: FakeEmbeddingServer, ledger: str) -> subproce
     args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
             server.base_url, "--output", str(tmp_path / "out"), "--ledger", ledger,
             "--chunk-size", "3", "--concurrency", "2"]  # fmt: skip
-    return subprocess.Popen([sys.executable, "-m", "embedline.cli", *args], cwd=tmp_path,
+    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
 

@@ -47,7 +47,7 @@ def test_ctrl_c_to_the_process_group_stops_gracefully(
     args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
             "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",
             "--concurrency", "2", "--chunk-retries", "0"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "embedline.cli", *args], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                             env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 120

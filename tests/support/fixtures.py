@@ -33,6 +33,6 @@ def run_cli(
     """Run ``embedline ARGS`` as a real subprocess in ``cwd``; return its result (text)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "embedline.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from embedline.cli import _tsv_field, main
+from cli import main
+from cli.inspect import tsv_field
 
 
-def test_dead_letter_ids_stay_one_tsv_field() -> None:
-    assert _tsv_field("plain-id") == "plain-id"
-    assert _tsv_field("a\tb\nc\rd\\e") == "a\\tb\\nc\\rd\\\\e"
+def test_dead_letter_ids_stay_onetsv_field() -> None:
+    assert tsv_field("plain-id") == "plain-id"
+    assert tsv_field("a\tb\nc\rd\\e") == "a\\tb\\nc\\rd\\\\e"
 
 
 def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("package", ["embedline", "adapters", "tasks", "flows"])
+@pytest.mark.parametrize("package", ["embedline", "adapters", "tasks", "flows", "cli"])
 def test_package_exports_exist_and_come_from_this_repo(package: str) -> None:
     module = importlib.import_module(package)
     assert Path(module.__file__).resolve().is_relative_to(REPO)
@@ -23,7 +23,7 @@ def test_package_exports_exist_and_come_from_this_repo(package: str) -> None:
 
 
 def test_core_imports_neither_prefect_nor_adapters() -> None:
-    code = ("import sys, embedline, embedline.cli, embedline.retry, embedline.shutdown; "
+    code = ("import sys, embedline, embedline.retry, embedline.shutdown; "
             "bad = [m for m in ('prefect', 'adapters', 'tasks', 'flows', 'boto3', 'httpx') "
             "if m in sys.modules]; print(bad)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

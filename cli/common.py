@@ -1,0 +1,56 @@
+"""Helpers every command shares: argument types, one-line failures, opening the ledger."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+__all__ = ["DEFAULT_LEDGER", "EXIT_USAGE", "fail", "find_run", "open_ledger", "positive_float",
+           "positive_int"]  # fmt: skip
+
+EXIT_USAGE = 2
+DEFAULT_LEDGER = ".embedline/ledger.sqlite3"
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def fail(message: str, code: int) -> int:
+    """Print ``message`` (one line) to stderr and return ``code``."""
+    print(message, file=sys.stderr)
+    return code
+
+
+def open_ledger(path: str) -> Any:
+    """Open the ledger at ``path``; exit 2 with one line if there is none."""
+    from adapters.ledger import Ledger
+
+    if not os.path.exists(path):
+        raise SystemExit(fail(f"embedline: error: no ledger at {path}", EXIT_USAGE))
+    return Ledger(path)
+
+
+def find_run(ledger: Any, key: str) -> Any:
+    """The ledger's run for a run key or unique prefix (≥ 8 hex); exit 2 if none or ambiguous."""
+    try:
+        record = ledger.find_run(key)
+    except ValueError as exc:
+        raise SystemExit(fail(f"embedline: error: {exc}", EXIT_USAGE)) from None
+    if record is None:
+        raise SystemExit(fail(f"embedline: error: no run {key!r} in {ledger.path}", EXIT_USAGE))
+    return record

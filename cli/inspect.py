@@ -1,0 +1,52 @@
+"""``embedline status`` and ``embedline dead-letters``: read the ledger, print no text."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli.common import DEFAULT_LEDGER, find_run, open_ledger
+
+__all__ = ["add_parsers", "tsv_field"]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``status`` and ``dead-letters``."""
+    status = sub.add_parser("status", help="one line per run in the ledger")
+    status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
+    status.add_argument("--ledger", default=DEFAULT_LEDGER)
+    status.set_defaults(handler=_status)
+    dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter")
+    dead.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
+    dead.add_argument("--ledger", default=DEFAULT_LEDGER)
+    dead.set_defaults(handler=_dead_letters)
+
+
+def _status(args: argparse.Namespace) -> int:
+    ledger = open_ledger(args.ledger)
+    runs = [find_run(ledger, args.run)] if args.run else ledger.runs()
+    for run in runs:
+        states = ledger.state_counts(run.run_key)
+        chunks = " ".join(f"{s}={states.get(s, 0)}" for s in
+                          ("published", "failed", "running", "pending"))  # fmt: skip
+        print(
+            f"{run.run_key}\t{run.status}\trows={run.rows_published}/{run.input_rows} "
+            f"dead_letters={run.rows_failed}\tchunks {chunks}\t{run.input_name}\t"
+            f"{run.output_uri}\t{run.updated_at}"
+        )
+    return 0
+
+
+def tsv_field(value: str) -> str:
+    """Escape backslash, tab, CR and LF so an id (quoted CSV fields may hold them) stays one
+    TSV field (the convention of PostgreSQL's COPY text format)."""
+    return (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+            .replace("\r", "\\r"))  # fmt: skip
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    ledger = open_ledger(args.ledger)
+    run = find_run(ledger, args.run)
+    for dead in ledger.run_dead_letters(run.run_key):
+        status = "" if dead.http_status is None else str(dead.http_status)
+        print(f"{tsv_field(dead.id)}\t{dead.reason}\t{status}")
+    return 0

@@ -1,0 +1,29 @@
+"""The ``embedline`` parser and dispatch: each command module registers its subcommands."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from cli import inspect, run
+
+__all__ = ["main"]
+
+_COMMAND_MODULES = (run, inspect)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="embedline",
+        description="Embed a CSV's text column and publish the vectors exactly once.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in _COMMAND_MODULES:
+        module.add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``embedline`` console script; returns the exit code (DESIGN §3)."""
+    args = _parser().parse_args(argv)
+    return int(args.handler(args))
