@@ -38,8 +38,6 @@ from embedline.models import ChunkSpec, DeadLetter, InputPlan
 
 __all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "new_owner"]
 
-SCHEMA_VERSION = 1
-
 _MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
         "0001_initial",
@@ -97,6 +95,9 @@ _MIGRATIONS: tuple[tuple[str, str], ...] = (
         """,
     ),
 )
+
+#: One more per migration; migrations are applied by name, each once, in tuple order.
+SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 def _now_iso() -> str:
