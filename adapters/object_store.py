@@ -24,6 +24,7 @@ import base64
 import contextlib
 import errno
 import hashlib
+import io
 import logging
 import os
 import re
@@ -32,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 from urllib.parse import unquote, urlsplit
 
 from adapters.processes import local_process_is_gone
@@ -43,7 +44,7 @@ from embedline.errors import (
     InputError,
     RetryableError,
 )
-from embedline.protocols import ObjectStore, PutResult
+from embedline.protocols import ObjectInfo, ObjectStore, PutResult
 
 __all__ = [
     "LocalDirStore",
@@ -281,6 +282,34 @@ class LocalDirStore:
     def get(self, key: str) -> bytes:
         """Return the bytes at ``key``. :raises FileNotFoundError: if the key does not exist."""
         return self._path(key).read_bytes()
+
+    def open_read(self, key: str) -> BinaryIO:
+        """Return a seekable binary file over ``key`` (read only the parts you need).
+
+        :raises FileNotFoundError: if the key does not exist.
+        """
+        return open(self._path(key), "rb")  # noqa: SIM115 — the caller closes it
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Yield the objects whose key starts with ``prefix`` (a folder such as ``chunks/``),
+        temp files excluded, in no particular order."""
+        top = self.root.joinpath(*[p for p in prefix.split("/") if p])
+        for dirpath, _dirnames, filenames in os.walk(top):
+            for name in filenames:
+                if _TEMP_RE.match(name):
+                    continue
+                path = Path(dirpath, name)
+                with contextlib.suppress(FileNotFoundError):
+                    stat = path.stat()
+                    key = path.relative_to(self.root).as_posix()
+                    yield ObjectInfo(key, stat.st_size, stat.st_mtime)
+
+    def delete(self, key: str) -> None:
+        """Delete ``key`` (garbage collection only; a missing key is not an error)."""
+        path = self._path(key)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        _fsync_dir(path.parent)
 
     def discard_scratch(self, key: str) -> None:
         """Delete a scratch key under ``_embedline/`` (best effort); other keys: ValueError."""
@@ -653,6 +682,63 @@ class S3Store:
                     from exc
             _raise_translated(exc, bucket=self.bucket, what=what)
 
+    def open_read(self, key: str) -> BinaryIO:
+        """Return a seekable binary file over ``key`` that reads by HTTP ranges, so a Parquet
+        reader fetches only the footer and the columns it needs.
+
+        :raises FileNotFoundError: if the key does not exist.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except (ClientError, BotoCoreError) as exc:
+            if _is_not_found(exc):
+                raise FileNotFoundError(errno.ENOENT, "no such object", self.uri_for(key)) \
+                    from exc
+            _raise_translated(exc, bucket=self.bucket, what=f"HEAD {self.uri_for(key)}")
+        raw = _S3RangeReader(self, key, int(head["ContentLength"]), head.get("ETag"))
+        return io.BufferedReader(raw, buffer_size=1 << 16)
+
+    def _get_range(self, key: str, start: int, stop: int, etag: str | None) -> bytes:
+        """Bytes ``[start, stop)`` of ``key``; ``etag`` pins the version that was opened."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        extra = {"IfMatch": etag} if etag else {}
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                              Range=f"bytes={start}-{stop - 1}", **extra)
+            return bytes(response["Body"].read())
+        except (ClientError, BotoCoreError) as exc:
+            if _is_not_found(exc):
+                raise FileNotFoundError(errno.ENOENT, "no such object", self.uri_for(key)) \
+                    from exc
+            _raise_translated(exc, bucket=self.bucket, what=f"GET {self.uri_for(key)}")
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Yield the objects whose key starts with ``prefix`` (``ListObjectsV2``, paginated)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        root = f"{self.prefix}/" if self.prefix else ""
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=root + prefix)
+            for page in pages:
+                for item in page.get("Contents", []):
+                    yield ObjectInfo(item["Key"][len(root):], int(item["Size"]),
+                                     item["LastModified"].timestamp())
+        except (ClientError, BotoCoreError) as exc:
+            _raise_translated(exc, bucket=self.bucket, what=f"LIST {self.uri_for(prefix)}")
+
+    def delete(self, key: str) -> None:
+        """Delete ``key`` (garbage collection only; a missing key is not an error)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (ClientError, BotoCoreError) as exc:
+            _raise_translated(exc, bucket=self.bucket, what=f"DELETE {self.uri_for(key)}")
+
     def discard_scratch(self, key: str) -> None:
         """Delete a scratch key under ``_embedline/`` (best effort); other keys: ValueError.
 
@@ -668,6 +754,37 @@ class S3Store:
         except (ClientError, BotoCoreError) as exc:
             logger.warning("could not delete scratch object %s: %s", self.uri_for(key),
                            type(exc).__name__)
+
+
+class _S3RangeReader(io.RawIOBase):
+    """A read-only, seekable raw file over one S3 object, one ranged GET per ``readinto``."""
+
+    def __init__(self, store: S3Store, key: str, size: int, etag: str | None) -> None:
+        self._store, self._key, self._size, self._etag = store, key, size, etag
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        stop = min(self._size, self._pos + len(buffer))
+        if stop <= self._pos:
+            return 0
+        data = self._store._get_range(self._key, self._pos, stop, self._etag)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
 def _is_conditional_conflict(exc: BaseException) -> bool:

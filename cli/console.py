@@ -94,6 +94,12 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"wall time  {summary['wall_s']:.1f} s",
             f"output     {summary['output']}",
         ]
+    if summary.get("rows_added") is not None:
+        base = summary.get("changes_base")
+        lines.append(
+            f"changes    {summary['rows_added']:,} added, {summary['rows_changed']:,} changed, "
+            f"{summary['rows_removed']:,} removed, {summary['rows_unchanged']:,} unchanged "
+            + (f"(against run {base[:12]})" if base else "(first run on this output)"))
     if summary.get("manifest_uri"):
         lines.append(f"manifest   {summary['manifest_uri']}")
     print("\n".join(lines))

@@ -190,6 +190,13 @@ class RunSummary:
     requests: int = 0
     wall_s: float = 0.0
     dimensions: int | None = None
+    # change set against the previous committed run (None: not committed / v1 manifest)
+    rows_added: int | None = None
+    rows_changed: int | None = None
+    rows_removed: int | None = None
+    rows_unchanged: int | None = None
+    changes_object: str | None = None
+    changes_base: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

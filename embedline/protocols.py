@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["EmbeddingClient", "Embeddings", "ObjectStore", "PutResult"]
+__all__ = ["EmbeddingClient", "Embeddings", "ObjectInfo", "ObjectStore", "PutResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,16 @@ class PutResult:
     sha256: str
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One listed object: ``key`` relative to the output root, ``size_bytes``, and
+    ``modified`` (Unix time in seconds: S3 ``LastModified``, or a file's mtime)."""
+
+    key: str
+    size_bytes: int
+    modified: float
+
+
 class ObjectStore(Protocol):
     """A flat key space under one output root with create-only writes (DESIGN §4)."""
 
@@ -79,4 +89,19 @@ class ObjectStore(Protocol):
 
     def uri_for(self, key: str) -> str:
         """Return the full URI of ``key`` (``s3://bucket/prefix/key`` or a local path)."""
+        ...
+
+    def open_read(self, key: str) -> BinaryIO:
+        """Return a seekable binary file over the object (ranged reads on S3).
+
+        :raises FileNotFoundError: if the key does not exist.
+        """
+        ...
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Yield every object whose key starts with ``prefix`` (temp files excluded)."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Delete the object (garbage collection only; a missing key is not an error)."""
         ...

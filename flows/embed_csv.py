@@ -37,7 +37,15 @@ from embedline.settings import RunSettings
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
-from tasks.manifest import build_manifest, read_manifest, summary_from_manifest, write_manifest
+from tasks.changes import write_changes
+from tasks.manifest import (
+    build_manifest,
+    change_fields,
+    latest_manifest,
+    read_manifest,
+    summary_from_manifest,
+    write_manifest,
+)
 from tasks.plan import find_published, plan_input
 from tasks.publish import ensure_conditional_writes, read_chunk_metadata
 from tasks.report import ProgressArtifact, publish_summary
@@ -331,16 +339,27 @@ def _commit(
 ) -> RunSummary:
     logger = get_run_logger()
     dims = _dimensions(settings, store, plan, done)
+    chunks = [ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
+              for o in sorted(done.values(), key=lambda o: o.index)]  # fmt: skip
+    base = latest_manifest(store, id_column=settings.id_column,
+                           text_column=settings.text_column, model=settings.effective_model,
+                           dimensions=dims, exclude_run_key=summary.run_key)  # fmt: skip
+    changes = write_changes(store, run_key=str(summary.run_key),
+                            chunks=[c.to_dict() for c in chunks], base=base)  # fmt: skip
     manifest = build_manifest(
         run_key=str(summary.run_key), plan=plan, embedder=settings.embedder,
-        model=settings.effective_model, dimensions=dims,
-        chunks=[ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
-                for o in done.values()],
-        rows_failed=summary.rows_failed,
+        model=settings.effective_model, dimensions=dims, chunks=chunks,
+        rows_failed=summary.rows_failed, changes=changes.to_dict(),
     )  # fmt: skip
     uri, created = write_manifest(store, manifest)
     logger.info("manifest %s %s", "committed" if created else "already committed", uri)
-    return RunSummary(**{**summary.to_dict(), "exit_code": 0, "status": "complete",
+    logger.info("changes against %s: %d added, %d changed, %d removed, %d unchanged",
+                (changes.base_run_key or "nothing (first run)")[:12], changes.added,
+                changes.changed, changes.removed, changes.unchanged)  # fmt: skip
+    if not created:  # a concurrent run of the same key won: report its manifest
+        manifest = read_manifest(store, str(summary.run_key)) or manifest
+    return RunSummary(**{**summary.to_dict(), **change_fields(manifest), "exit_code": 0,
+                         "status": "complete",
                          "manifest_uri": uri, "dimensions": dims, "message": (
                              f"{summary.rows_failed} rows are dead letters (committed with "
                              "--allow-failed-rows)" if summary.rows_failed else "")})  # fmt: skip

@@ -1,15 +1,17 @@
 """The run manifest: written once, last, by conditional create. It is the commit point.
 
-Format ``embedline.manifest.v1`` (DESIGN §4, a contract):
-``rows_published + rows_failed == input.rows``; ``chunks[].rows`` counts rows in each object;
-``chunks[].sha256`` is of the object's bytes; ``dimensions`` is the vectors' actual length.
+Format ``embedline.manifest.v2`` (DESIGN §4, a contract), a superset of v1 (still read
+everywhere): ``rows_published + rows_failed == input.rows``; ``chunks[].rows`` counts rows
+in each object; ``chunks[].sha256`` is of the object's bytes; ``dimensions`` is the vectors'
+actual length; ``changes`` names the run's change set (``tasks/changes.py``) and its counts;
+``created_at`` is UTC with microseconds (v1: seconds).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,13 +21,20 @@ from embedline.protocols import ObjectStore
 
 __all__ = [
     "MANIFEST_FORMAT",
+    "MANIFEST_FORMATS",
     "build_manifest",
+    "change_fields",
+    "created_at",
+    "latest_manifest",
+    "list_manifests",
     "read_manifest",
     "summary_from_manifest",
     "write_manifest",
 ]
 
-MANIFEST_FORMAT = "embedline.manifest.v1"
+MANIFEST_FORMAT = "embedline.manifest.v2"
+#: Formats every reader accepts (v1 manifests written before change sets stay valid).
+MANIFEST_FORMATS = ("embedline.manifest.v1", MANIFEST_FORMAT)
 
 
 def build_manifest(
@@ -37,8 +46,11 @@ def build_manifest(
     dimensions: int,
     chunks: Sequence[ManifestChunk],
     rows_failed: int,
+    changes: dict[str, object] | None = None,
 ) -> dict[str, object]:
     """Return the manifest as a JSON-ready dict (chunks in index order).
+
+    ``changes`` is ``ChangeCounts.to_dict()`` (object key, sha256, base run key, counts).
 
     :raises ValueError: the counts do not add up to the input's rows.
     """
@@ -65,7 +77,8 @@ def build_manifest(
         "rows_published": rows_published,
         "rows_failed": rows_failed,
         "chunks": [c.to_dict() for c in sorted(chunks, key=lambda c: c.index)],
-        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "changes": changes,
+        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
     }
 
 
@@ -104,9 +117,61 @@ def read_manifest(store: ObjectStore, run_key: str) -> dict[str, object] | None:
         manifest = json.loads(body)
     except json.JSONDecodeError:
         raise ConflictError(f"{store.uri_for(key)} exists but is not JSON") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in MANIFEST_FORMATS:
         raise ConflictError(f"{store.uri_for(key)} exists but is not an embedline manifest")
     return manifest
+
+
+def list_manifests(store: ObjectStore) -> Iterator[dict[str, Any]]:
+    """Yield every committed manifest under the store (v1 and v2), in no particular order.
+
+    Objects under ``manifests/`` that are not manifests are skipped.
+    """
+    for info in store.list("manifests/"):
+        name = info.key.rsplit("/", 1)[-1]
+        if not name.endswith(".json"):
+            continue
+        try:
+            manifest = read_manifest(store, name[: -len(".json")])
+        except ConflictError:
+            continue
+        if manifest is not None:
+            yield manifest
+
+
+def created_at(manifest: dict[str, Any]) -> datetime:
+    """A manifest's commit time (UTC), from v1 (seconds) or v2 (microseconds) text."""
+    return datetime.fromisoformat(str(manifest["created_at"]).replace("Z", "+00:00"))
+
+
+def latest_manifest(
+    store: ObjectStore,
+    *,
+    id_column: str | None = None,
+    text_column: str | None = None,
+    model: str | None = None,
+    dimensions: int | None = None,
+    exclude_run_key: str | None = None,
+) -> dict[str, Any] | None:
+    """Return the latest committed manifest, by ``created_at`` then run key, among those
+    matching every criterion given (None matches anything); None if there is none.
+
+    This is "the previous committed run" of a change set (DESIGN §4) and the default run
+    of readers. Lists ``manifests/`` and reads each (small JSON objects).
+    """
+    wanted = {"id_column": id_column, "text_column": text_column, "model": model,
+              "dimensions": dimensions}  # fmt: skip
+    best: dict[str, Any] | None = None
+    for manifest in list_manifests(store):
+        if manifest["run_key"] == exclude_run_key:
+            continue
+        if any(v is not None and manifest.get(k) != v for k, v in wanted.items()):
+            continue
+        if best is None or (created_at(manifest), manifest["run_key"]) > (
+            created_at(best), best["run_key"]
+        ):
+            best = manifest
+    return best
 
 
 def summary_from_manifest(
@@ -123,4 +188,17 @@ def summary_from_manifest(
         rows_failed=int(manifest["rows_failed"]),
         chunks_total=chunks_total, chunks_skipped=len(manifest["chunks"]),
         dimensions=int(manifest["dimensions"]), wall_s=round(wall_s, 3),
+        **change_fields(manifest),
     )  # fmt: skip
+
+
+def change_fields(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The ``RunSummary`` change-set fields of a manifest (none for a v1 manifest)."""
+    changes = manifest.get("changes")
+    if not changes:
+        return {}
+    return {"rows_added": int(changes["added"]), "rows_changed": int(changes["changed"]),
+            "rows_removed": int(changes["removed"]),
+            "rows_unchanged": int(changes["unchanged"]),
+            "changes_object": str(changes["object"]),
+            "changes_base": changes.get("base_run_key")}  # fmt: skip

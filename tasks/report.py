@@ -73,6 +73,7 @@ def summary_markdown(
         ("wall time", f"{summary.wall_s:.1f} s"),
         ("output", f"`{summary.output}`"),
         ("manifest", f"`{summary.manifest_uri}`" if summary.manifest_uri else "not committed"),
+        ("changes", _changes_cell(summary)),
     ]  # fmt: skip
     lines = ["# embedline run", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
@@ -86,6 +87,16 @@ def summary_markdown(
         lines += [f"| {d.row_number} | `{_cell(d.id)}` | {d.reason} | {d.http_status or ''} |"
                   for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _changes_cell(summary: RunSummary) -> str:
+    if summary.rows_added is None:
+        return "none (no manifest committed)"
+    base = (f"against run `{summary.changes_base[:12]}`" if summary.changes_base
+            else "first run on this output")  # fmt: skip
+    return (f"{summary.rows_added:,} added, {summary.rows_changed:,} changed, "
+            f"{summary.rows_removed:,} removed, {summary.rows_unchanged:,} unchanged ({base}): "
+            f"`{summary.changes_object}`")
 
 
 def _cell(value: str) -> str:

@@ -321,3 +321,38 @@ def test_max_input_tokens_truncate_and_dead_letter_before_sending(
                         "truncate")  # fmt: skip
     assert code == 0, err
     assert set(read_local_output(tmp_path / "out")[1]) == {r[0] for r in rows}
+
+
+def test_second_run_publishes_a_change_set_against_the_first(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    import pyarrow.parquet as pq
+
+    rows = _rows(12)
+    _csv(tmp_path / "in.csv", rows)
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5")
+    assert code == 0, err
+    first = read_local_output(tmp_path / "out")[0]
+    assert first["format"] == "embedline.manifest.v2"
+    assert first["changes"]["added"] == 12 and first["changes"]["base_run_key"] is None
+    assert "changes    12 added, 0 changed, 0 removed, 0 unchanged (first run" in out
+    edited = [r for r in rows if r[0] != "004"]
+    edited[7] = (edited[7][0], "a new text")
+    edited.append(("new", "appended row"))
+    _csv(tmp_path / "in.csv", edited)
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5")
+    assert code == 0, err
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "out/manifests").glob("*.json")]
+    second = next(m for m in manifests if m["run_key"] != first["run_key"])
+    changes = second["changes"]
+    assert changes["base_run_key"] == first["run_key"]
+    assert (changes["added"], changes["changed"], changes["removed"], changes["unchanged"]) == (
+        1, 1, 1, 10)
+    table = pq.read_table(tmp_path / "out" / changes["object"]).to_pylist()
+    assert table == [
+        {"id": "004", "change": "removed", "text_sha256": keys.text_sha256(rows[4][1])},
+        {"id": edited[7][0], "change": "changed", "text_sha256": keys.text_sha256("a new text")},
+        {"id": "new", "change": "added", "text_sha256": keys.text_sha256("appended row")},
+    ]
+    assert f"changes    1 added, 1 changed, 1 removed, 10 unchanged (against run " \
+           f"{first['run_key'][:12]})" in out

@@ -1,0 +1,87 @@
+"""Change sets against the previous committed run, computed from chunk objects on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from adapters.object_store import LocalDirStore
+from embedline.keys import text_sha256
+from tasks.changes import write_changes
+from tasks.manifest import latest_manifest, read_manifest
+
+
+def _chunk(store: LocalDirStore, name: str, rows: list[tuple[str, str]]) -> dict[str, object]:
+    """Store a chunk-shaped object (id, text_sha256) and return its manifest entry."""
+    table = pa.table({"id": [r for r, _ in rows],
+                      "text_sha256": [text_sha256(t) for _, t in rows]})  # fmt: skip
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    body = sink.getvalue()
+    key = f"chunks/{name}.parquet"
+    store.put_if_absent(key, body, sha256=hashlib.sha256(body).hexdigest(), content_type="x")
+    return {"object": key, "rows": len(rows)}
+
+
+def _manifest(store: LocalDirStore, run_key: str, chunks: list[dict[str, object]],
+              created_at: str, **fields: object) -> dict[str, object]:  # fmt: skip
+    manifest = {"format": "embedline.manifest.v1", "run_key": run_key, "chunks": chunks,
+                "id_column": "id", "text_column": "text", "model": "m", "dimensions": 3,
+                "created_at": created_at, **fields}  # fmt: skip
+    body = json.dumps(manifest).encode()
+    store.put_if_absent(f"manifests/{run_key}.json", body,
+                        sha256=hashlib.sha256(body).hexdigest(), content_type="x")  # fmt: skip
+    return manifest
+
+
+def _changes(store: LocalDirStore, key: str) -> dict[str, tuple[str, str]]:
+    table = pq.read_table(store.uri_for(key))
+    ids = table["id"].to_pylist()
+    assert ids == sorted(ids)
+    return {i: (c, h) for i, c, h in zip(ids, table["change"].to_pylist(),
+                                         table["text_sha256"].to_pylist(), strict=True)}
+
+
+def test_change_set_has_added_changed_removed_and_counts_unchanged(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    shared = _chunk(store, "shared", [("a", "alpha"), ("b", "beta")])
+    old = _chunk(store, "old", [("c", "gamma"), ("d", "delta"), ("e", "eps")])
+    base = _manifest(store, "r1", [shared, old], "2026-01-01T00:00:00Z")
+    new = _chunk(store, "new", [("c", "gamma"), ("d", "DELTA"), ("f", "phi")])
+    counts = write_changes(store, run_key="r2", chunks=[shared, new], base=base)
+    assert (counts.added, counts.changed, counts.removed, counts.unchanged) == (1, 1, 1, 3)
+    assert counts.base_run_key == "r1" and counts.object == "changes/r2.parquet"
+    assert _changes(store, counts.object) == {
+        "d": ("changed", text_sha256("DELTA")),
+        "e": ("removed", text_sha256("eps")),
+        "f": ("added", text_sha256("phi")),
+    }
+
+
+def test_first_run_is_all_added_and_rewriting_is_idempotent(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    chunk = _chunk(store, "c1", [("x", "one"), ("y", "two")])
+    first = write_changes(store, run_key="r1", chunks=[chunk], base=None)
+    assert (first.added, first.changed, first.removed, first.unchanged) == (2, 0, 0, 0)
+    assert first.base_run_key is None
+    # an attempt that died before its manifest: the rerun keeps the object it finds
+    other = _manifest(store, "r0", [], "2026-01-02T00:00:00Z")
+    again = write_changes(store, run_key="r1", chunks=[chunk], base=other)
+    assert again == first
+
+
+def test_latest_manifest_orders_v1_and_v2_times_and_filters_columns(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    _manifest(store, "a", [], "2026-01-01T00:00:05Z")
+    _manifest(store, "b", [], "2026-01-01T00:00:05.250000Z", format="embedline.manifest.v2")
+    _manifest(store, "c", [], "2026-01-03T00:00:00Z", text_column="other")
+    assert read_manifest(store, "b") is not None  # v2 reads; v1 ("a") too
+    assert latest_manifest(store, id_column="id", text_column="text")["run_key"] == "b"
+    assert latest_manifest(store, text_column="text", exclude_run_key="b")["run_key"] == "a"
+    assert latest_manifest(store)["run_key"] == "c"
+    assert latest_manifest(store, model="other") is None
