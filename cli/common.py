@@ -7,10 +7,11 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["DEFAULT_LEDGER", "EXIT_USAGE", "fail", "find_run", "open_ledger", "positive_float",
+__all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "fail", "find_run", "open_ledger", "positive_float",
            "positive_int"]  # fmt: skip
 
 EXIT_USAGE = 2
+EXIT_FATAL = 3
 DEFAULT_LEDGER = ".embedline/ledger.sqlite3"
 
 

@@ -1,11 +1,17 @@
-"""The Prefect environment of a CLI run: quiet offline defaults and the temporary server."""
+"""The Prefect environment of a CLI run: quiet offline defaults and which API server to use.
+
+With ``PREFECT_API_URL`` set (environment or Prefect profile), that server must answer before
+anything starts; without it the CLI starts its own temporary server (``cli.local_server``)
+and exports its URL, so the flow, its tasks and Dask workers all talk to that one server.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
-__all__ = ["configure_prefect_environment", "isolate_temporary_server"]
+from cli.local_server import LocalServer, ServerStartError
+
+__all__ = ["PrefectApiError", "configure_prefect_environment", "prefect_api"]
 
 _PREFECT_DEFAULTS = {
     # A temporary Prefect server can take longer than Prefect's 20 s default to start on a
@@ -18,6 +24,11 @@ _PREFECT_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
+_CHECK_TIMEOUT_S = 5.0  # seconds to wait for a configured server's /health
+
+
+class PrefectApiError(RuntimeError):
+    """No usable Prefect API: the message is one line that says what to do (exit 2)."""
 
 
 def configure_prefect_environment() -> None:
@@ -26,37 +37,97 @@ def configure_prefect_environment() -> None:
         os.environ.setdefault(name, value)
 
 
-def isolate_temporary_server() -> None:
-    """Start Prefect's temporary server (used when no PREFECT_API_URL is set) in its own
-    session, and stop it on a hard exit.
+class PrefectApi:
+    """The API this run uses: a configured server, or the CLI's temporary ``server``."""
 
-    A terminal's Ctrl-C signals the whole foreground process group. Prefect 3.9 starts its
-    temporary server as a plain child (prefect/server/api/server.py,
-    ``SubprocessASGIServer._run_uvicorn_command``), so the server died with the first Ctrl-C
-    and the run, meant to stop gracefully, hung on a dead API. Only the ``subprocess``
-    reference inside that Prefect module is replaced; everything else is untouched.
+    def __init__(self, url: str, server: LocalServer | None) -> None:
+        self.url = url
+        self.server = server
+
+    def wait_ready(self) -> None:
+        """Block until the API answers.
+
+        :raises PrefectApiError: the temporary server did not start.
+        """
+        if self.server is None:
+            return
+        timeout_s = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+        try:
+            self.server.wait_ready(timeout_s)
+        except ServerStartError as exc:
+            raise PrefectApiError(str(exc)) from None
+
+    def close(self) -> None:
+        """Send Prefect's pending logs and events, then stop the temporary server, if this
+        run started one (stopping it first printed "Error logging to API" at exit)."""
+        if self.server is not None:
+            _drain_prefect_workers()
+            self.server.stop()
+
+    def kill(self) -> None:
+        """Stop the temporary server at once (a hard exit)."""
+        if self.server is not None:
+            self.server.kill()
+
+
+def prefect_api() -> PrefectApi:
+    """Pick the Prefect API for this run and export it as ``PREFECT_API_URL``.
+
+    Call before Prefect is imported. The temporary server is spawned at once (its start-up,
+    about 5 s, overlaps with the imports and the planning); call ``wait_ready`` before the
+    flow.
+
+    :raises PrefectApiError: a configured ``PREFECT_API_URL`` does not answer.
     """
-    import subprocess
+    configure_prefect_environment()
+    configured = os.environ.get("PREFECT_API_URL") or _profile_api_url()
+    if configured:
+        _check_reachable(configured)
+        return PrefectApi(configured, None)
+    server = LocalServer().start()
+    # Before Prefect is imported: its settings are read once, at import.
+    os.environ["PREFECT_API_URL"] = server.api_url
+    return PrefectApi(server.api_url, server)
 
-    from prefect.settings import get_current_settings
 
-    if get_current_settings().api.url:
-        return  # a configured server: not ours to manage
-    from prefect.server.api import server as prefect_server
+def _profile_api_url() -> str | None:
+    """``PREFECT_API_URL`` from the active Prefect profile (``prefect config set``), read
+    without importing Prefect: ``$PREFECT_PROFILES_PATH``, else ``$PREFECT_HOME/profiles.toml``;
+    profile ``$PREFECT_PROFILE``, else the file's ``active``."""
+    import tomllib
+    from pathlib import Path
 
-    from embedline import shutdown
+    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    name = os.environ.get("PREFECT_PROFILE") or profiles.get("active") or "ephemeral"
+    value = profiles.get("profiles", {}).get(name, {}).get("PREFECT_API_URL")
+    return str(value) if value else None
 
-    started: list[subprocess.Popen[Any]] = []
 
-    class _NewSessionSubprocess:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(subprocess, name)
+def _drain_prefect_workers(timeout_s: float = 5.0) -> None:
+    """Flush Prefect's log and event workers (background threads posting to the API)."""
+    import sys
 
-        @staticmethod
-        def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen[Any]:  # noqa: N802
-            process = subprocess.Popen(*args, start_new_session=True, **kwargs)
-            started.append(process)
-            return process
+    if "prefect.logging.handlers" not in sys.modules:
+        return  # Prefect never ran in this process
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
 
-    prefect_server.subprocess = _NewSessionSubprocess()  # type: ignore[assignment]
-    shutdown.on_hard_exit(lambda: [p.terminate() for p in started if p.poll() is None])
+    APILogWorker.drain_all(timeout=timeout_s)
+    EventsWorker.drain_all(timeout=timeout_s)
+
+
+def _check_reachable(url: str) -> None:
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=_CHECK_TIMEOUT_S)
+    except httpx.TransportError as exc:  # an HTTP answer of any status: someone is there
+        raise PrefectApiError(
+            f"the Prefect API at {url} (PREFECT_API_URL) does not answer ({type(exc).__name__}): "
+            "start that server (`prefect server start`), or unset PREFECT_API_URL to use a "
+            "temporary one") from None  # fmt: skip

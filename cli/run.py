@@ -13,6 +13,7 @@ from typing import Any
 
 from cli.common import (
     DEFAULT_LEDGER,
+    EXIT_FATAL,
     EXIT_USAGE,
     fail,
     find_run,
@@ -20,7 +21,7 @@ from cli.common import (
     positive_float,
     positive_int,
 )
-from cli.prefect_env import configure_prefect_environment, isolate_temporary_server
+from cli.prefect_env import PrefectApi, PrefectApiError, prefect_api
 
 __all__ = ["add_parsers"]
 
@@ -127,23 +128,37 @@ def _retry_failed(args: argparse.Namespace) -> int:
 
 
 def _run_settings(settings: Any) -> int:
-    if "://" not in settings.input:
-        problem = _check_local_input(settings)
-        if problem:
-            return fail(f"embedline: error: {problem}", EXIT_USAGE)
-        committed = _already_committed(settings)
-        if isinstance(committed, str):
-            return fail(f"embedline: error: {committed}", EXIT_USAGE)
-        if committed is not None:
-            from cli.console import print_summary
+    problem = _check_before_prefect(settings)
+    if problem is not None:
+        return fail(f"embedline: error: {problem[0]}", problem[1])
+    try:
+        api = prefect_api()  # a temporary server starts now, in parallel with planning
+    except PrefectApiError as exc:
+        return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    from embedline import shutdown
 
-            print_summary(committed)
-            return 0
-    configure_prefect_environment()
-    isolate_temporary_server()
+    shutdown.on_hard_exit(api.kill)
+    try:
+        return _run_flow(settings, api)
+    finally:
+        api.close()
+
+
+def _run_flow(settings: Any, api: PrefectApi) -> int:
     from cli.console import ProgressBar, print_summary
+
+    committed = _already_committed(settings) if "://" not in settings.input else None
+    if isinstance(committed, tuple):
+        return fail(f"embedline: error: {committed[0]}", committed[1])
+    if committed is not None:
+        print_summary(committed)
+        return 0
     from flows.embed_csv import embed_csv
 
+    try:
+        api.wait_ready()
+    except PrefectApiError as exc:
+        return fail(f"embedline: error: {exc}", EXIT_USAGE)
     parameters = settings.to_parameters()
     with ProgressBar(enabled=sys.stderr.isatty()):
         try:
@@ -158,27 +173,63 @@ def _run_settings(settings: Any) -> int:
     return int(summary["exit_code"])
 
 
-def _check_local_input(settings: Any) -> str | None:
-    """Check a local input's header before Prefect starts (seconds), so the most common
-    mistakes (wrong path, wrong column name, wrong encoding) answer at once."""
+def _check_before_prefect(settings: Any) -> tuple[str, int] | None:
+    """Everything that can be checked in about a second, before Prefect starts: the input
+    (exists, header, encoding; S3: readable with these credentials), the output (a
+    directory, or a bucket these credentials reach) and the API key. Returns (one-line
+    message, exit code) or None."""
     from adapters.csv_source import check_header
-    from embedline.errors import InputError
+    from embedline.errors import EmbedlineError, InputError
 
-    if os.path.isdir(settings.input):
-        return f"{settings.input} is a directory, not a CSV file"
-    if not os.path.isfile(settings.input):
-        return f"{settings.input}: no such file"
+    if "://" not in settings.input:
+        if os.path.isdir(settings.input):
+            return f"{settings.input} is a directory, not a CSV file", EXIT_USAGE
+        if not os.path.isfile(settings.input):
+            return f"{settings.input}: no such file", EXIT_USAGE
     try:
         check_header(settings.input, id_column=settings.id_column,
                      text_column=settings.text_column, codec=settings.codec)  # fmt: skip
     except InputError as exc:
-        return str(exc)
+        return str(exc), exc.exit_code
+    try:
+        _check_output(settings.output)
+    except EmbedlineError as exc:
+        return str(exc), exc.exit_code
+    return _check_api_key(settings)
+
+
+def _check_output(uri: str) -> None:
+    """Create a local output directory, or look for a manifest in an S3 one (one HEAD):
+    a file in the way, a missing bucket or missing credentials answer now.
+
+    :raises EmbedlineError: the output is unusable (its exit code says which class).
+    """
+    from adapters.object_store import open_store
+
+    store = open_store(uri)
+    prepare = getattr(store, "prepare", None)
+    if prepare is not None:
+        prepare()
+    else:
+        store.head_sha256("manifests/.embedline-check")
+
+
+def _check_api_key(settings: Any) -> tuple[str, int] | None:
+    """OpenAI's own API with no key refuses every request (401): say so before start-up.
+    With a configured Prefect server the flow decides (it may find a Secret block)."""
+    from adapters.embeddings import api_key_from_env
+    from embedline.settings import NO_API_KEY_MESSAGE
+
+    if settings.requires_api_key and api_key_from_env() is None and not os.environ.get(
+            "PREFECT_API_URL"):  # fmt: skip
+        return NO_API_KEY_MESSAGE, EXIT_FATAL
     return None
 
 
-def _already_committed(settings: Any) -> dict[str, Any] | str | None:
+def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None:
     """The summary of a run whose manifest exists (a rerun of a finished command), found
-    without starting Prefect; an input error's message; or None (run the flow).
+    without waiting for Prefect; (an input or store error's message, exit code); or None
+    (run the flow).
 
     Costs one pass over the local input (0.6 s for 27 MB here) and one read of the store;
     it writes nothing, as DESIGN §4 asks of a completed run.
@@ -188,7 +239,7 @@ def _already_committed(settings: Any) -> dict[str, Any] | str | None:
     from adapters.csv_source import plan_csv
     from adapters.object_store import open_store
     from embedline import keys
-    from embedline.errors import EmbedlineError, InputError
+    from embedline.errors import EmbedlineError
     from embedline.models import manifest_object_key
     from tasks.manifest import read_manifest, summary_from_manifest
 
@@ -203,9 +254,9 @@ def _already_committed(settings: Any) -> dict[str, Any] | str | None:
                                settings.effective_model, settings.dimensions,
                                settings.chunk_size)  # fmt: skip
         manifest = read_manifest(store, run_key)
-    except InputError as exc:
-        return str(exc)
-    except (EmbedlineError, OSError):
+    except EmbedlineError as exc:
+        return str(exc), exc.exit_code
+    except OSError:
         return None  # let the flow report it with its full context
     if manifest is None:
         return None

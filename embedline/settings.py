@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_MODELS",
     "LOCAL_DIMENSIONS",
     "LOCAL_MODEL_NAMES",
+    "NO_API_KEY_MESSAGE",
     "PARAMETER_FIELDS",
     "RunSettings",
     "codec_for",
@@ -30,6 +31,11 @@ DEFAULT_MODELS = {
 #: The embedded local model (all-MiniLM-L6-v2) and its vector length.
 LOCAL_MODEL_NAMES = frozenset({DEFAULT_MODELS["local"], "all-MiniLM-L6-v2"})
 LOCAL_DIMENSIONS = 384
+
+#: Hosts that refuse every request without a key (OpenAI API reference, "Authentication").
+KEY_REQUIRED_HOSTS = frozenset({"api.openai.com"})
+NO_API_KEY_MESSAGE = ("--base-url is OpenAI's API, which refuses requests without a key: "
+                      "export EMBEDLINE_API_KEY (or OPENAI_API_KEY)")
 
 #: CLI flag / flow parameter name → settings field, where the field name carries its unit.
 PARAMETER_FIELDS = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_delay_s",
@@ -161,6 +167,14 @@ class RunSettings(BaseModel):
     def effective_model(self) -> str:
         """``model``, or the embedder's default model."""
         return self.model or DEFAULT_MODELS[self.embedder]
+
+    @property
+    def requires_api_key(self) -> bool:
+        """True when the embedder talks to a host that refuses requests without a key."""
+        from urllib.parse import urlsplit
+
+        return (self.embedder == "openai"
+                and urlsplit(self.base_url).hostname in KEY_REQUIRED_HOSTS)  # fmt: skip
 
     @property
     def codec(self) -> str:

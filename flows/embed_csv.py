@@ -33,7 +33,7 @@ from embedline.models import (
     manifest_object_key,
 )
 from embedline.progress import Progress, notify
-from embedline.settings import RunSettings
+from embedline.settings import NO_API_KEY_MESSAGE, RunSettings
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
@@ -99,6 +99,8 @@ def embed_csv(
         problem = _export_api_key_from_block()
         if problem:
             return _final(RunSummary(3, "fatal", problem))
+        if settings.requires_api_key and api_key_from_env() is None:
+            return _final(RunSummary(3, "fatal", NO_API_KEY_MESSAGE))
     return _final(run_settings(settings))
 
 

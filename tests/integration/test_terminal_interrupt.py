@@ -16,23 +16,9 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.processes import wait_until_gone
 
 pytestmark = pytest.mark.integration
-
-
-def _server_processes(prefect_home: Path) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"uvicorn" in cmdline and f"PREFECT_HOME={prefect_home}".encode() in environ:
-            pids.append(int(entry.name))
-    return pids
 
 
 def test_ctrl_c_to_the_process_group_stops_gracefully(
@@ -60,5 +46,4 @@ def test_ctrl_c_to_the_process_group_stops_gracefully(
     assert "interrupted by SIGINT" in out
     db = sqlite3.connect(tmp_path / "ledger.sqlite3")
     assert db.execute("SELECT COUNT(*) FROM chunks WHERE state = 'running'").fetchone()[0] == 0
-    time.sleep(1.0)
-    assert _server_processes(home) == []
+    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []

@@ -1,0 +1,172 @@
+"""The CLI's own temporary Prefect server: started early, reachable by Dask workers, and
+never outliving the command.
+
+Prefect 3.9 starts a temporary server itself when no ``PREFECT_API_URL`` is set
+(``prefect.server.api.server.SubprocessASGIServer``), but only once the flow is called, as a
+plain child that a ``kill -9`` of the CLI leaves running forever (about 200 MB and a port
+each), and that Dask worker processes cannot find (each tried to start its own). Instead the
+CLI starts the same uvicorn app (same environment as Prefect's: ephemeral services, no UI)
+at once, in parallel with planning, and exports its URL as ``PREFECT_API_URL`` so the flow,
+its tasks and any Dask worker spawned by the flow talk to this one server.
+
+The server process ends when the CLI does, however the CLI ended:
+
+- normal end, error or second Ctrl-C: ``stop()`` (SIGTERM, then SIGKILL after 5 s);
+- ``kill -9`` of the CLI or of its whole process group (the server has a session of its
+  own, so a terminal's Ctrl-C reaches only the CLI): the server watches a pipe whose only
+  write end the CLI holds; the kernel closes it when the CLI dies, the server reads EOF and
+  exits (at most ``_EXIT_GRACE_S`` later). ``PR_SET_PDEATHSIG`` (Linux prctl(2)) is set as
+  well, when available.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["LocalServer", "ServerStartError"]
+
+_EXIT_GRACE_S = 3.0  # seconds a server whose CLI died gets to shut down before _exit
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class ServerStartError(RuntimeError):
+    """The temporary Prefect server did not answer ``/api/health`` (message: one line)."""
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _log_path() -> Path:
+    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
+    home.mkdir(parents=True, exist_ok=True)
+    return home / "embedline-temporary-server.log"
+
+
+class LocalServer:
+    """A Prefect API server subprocess on 127.0.0.1 tied to this process's lifetime.
+
+    ``start()`` returns at once (the server imports for several seconds); ``wait_ready``
+    blocks until ``/api/health`` answers 200. ``api_url`` is ``http://127.0.0.1:PORT/api``.
+    The server's output goes to ``$PREFECT_HOME/embedline-temporary-server.log``.
+    """
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.log_path = _log_path()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._write_fd: int | None = None
+
+    def start(self) -> LocalServer:
+        """Spawn the server (call from the main thread: PR_SET_PDEATHSIG is per thread)."""
+        read_fd, self._write_fd = os.pipe()  # both ends close-on-exec: only read_fd passed
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+               "PREFECT__SERVER_FINAL": "1"}  # what Prefect's own temporary server gets
+        env.pop("PREFECT_API_URL", None)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "cli.local_server", str(self.port), str(read_fd),
+                 str(os.getpid())],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(read_fd,), start_new_session=True,
+            )  # fmt: skip
+        os.close(read_fd)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the server is healthy.
+
+        :raises ServerStartError: it exited, or did not answer within ``timeout_s`` seconds.
+        """
+        import httpx
+
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise ServerStartError(
+                        f"the temporary Prefect server exited with code "
+                        f"{self.process.returncode}; see {self.log_path}")  # fmt: skip
+                try:
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.05)
+        raise ServerStartError(
+            f"the temporary Prefect server did not start within {timeout_s:.0f} s (see "
+            f"{self.log_path}); start one with `prefect server start` and set PREFECT_API_URL")
+
+    def alive(self) -> bool:
+        """True while the server process runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout_s`` seconds) and reap it."""
+        if self._write_fd is not None:
+            os.close(self._write_fd)
+            self._write_fd = None
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def kill(self) -> None:
+        """Stop the server at once (a hard exit); never raises."""
+        with contextlib.suppress(OSError):
+            if self.process is not None and self.process.poll() is None:
+                self.process.kill()
+
+
+def _exit_when_parent_dies(watch_fd: int) -> None:
+    """In the server: a read of the pipe returns EOF once the CLI holds no write end."""
+    try:
+        while os.read(watch_fd, 4096):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown
+    time.sleep(_EXIT_GRACE_S)
+    os._exit(0)
+
+
+def _set_parent_death_signal(parent_pid: int) -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (prctl(2)); no-op elsewhere."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def _serve(port: int, watch_fd: int, parent_pid: int) -> None:
+    _set_parent_death_signal(parent_pid)
+    threading.Thread(target=_exit_when_parent_dies, args=(watch_fd,), daemon=True).start()
+    import uvicorn
+
+    uvicorn.run("prefect.server.api.server:create_app", factory=True, host="127.0.0.1",
+                port=port, log_level="error", lifespan="on")  # fmt: skip
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
