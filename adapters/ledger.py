@@ -17,6 +17,10 @@ Tables:
   dead-letter count. A chunk whose object URI is here is published for every run.
 - ``dead_letters``: per chunk key and 0-based row within the chunk: id, reason, HTTP status,
   attempts. Dead letters are final for that content (DESIGN §4).
+- ``sink_loads`` (migration ``0004_sinks``): one row per (sink, run key) load: ``loading`` or
+  ``loaded``, mode (``replace`` or ``changes``), rows upserted and deleted.
+- ``sink_chunks``: one row per chunk of a run loaded into a sink (written after the sink's
+  transaction committed): a chunk listed here is never loaded into that sink again.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from datetime import UTC, datetime
 from adapters.processes import local_process_is_gone
 from embedline.models import ChunkSpec, DeadLetter, InputPlan
 
-__all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "new_owner"]
+__all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "SinkLoadRecord",
+           "new_owner"]  # fmt: skip
 
 _MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
@@ -91,6 +96,34 @@ _MIGRATIONS: tuple[tuple[str, str], ...] = (
             http_status INTEGER,
             attempts INTEGER NOT NULL,
             PRIMARY KEY (chunk_key, chunk_row)
+        ) STRICT;
+        """,
+    ),
+)
+
+_MIGRATIONS += (
+    (
+        "0004_sinks",
+        """
+        CREATE TABLE sink_loads (
+            sink TEXT NOT NULL,
+            run_key TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('loading', 'loaded')),
+            mode TEXT NOT NULL CHECK (mode IN ('replace', 'changes')),
+            rows_loaded INTEGER NOT NULL DEFAULT 0,
+            rows_deleted INTEGER NOT NULL DEFAULT 0,
+            started_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (sink, run_key)
+        ) STRICT;
+        CREATE TABLE sink_chunks (
+            sink TEXT NOT NULL,
+            run_key TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            chunk_key TEXT NOT NULL,
+            rows_loaded INTEGER NOT NULL,
+            loaded_at TEXT NOT NULL,
+            PRIMARY KEY (sink, run_key, idx)
         ) STRICT;
         """,
     ),
@@ -156,6 +189,19 @@ class ObjectRecord:
     sha256: str
     rows: int
     dead_letters: int
+
+
+@dataclass(frozen=True, slots=True)
+class SinkLoadRecord:
+    """A ``sink_loads`` row: the load of one run into one sink (rows; UTC ISO-8601 time)."""
+
+    sink: str
+    run_key: str
+    state: str
+    mode: str
+    rows_loaded: int
+    rows_deleted: int
+    updated_at: str
 
 
 class Ledger:
@@ -484,3 +530,88 @@ class Ledger:
             (run_key,),
         )
         return [DeadLetter(*r) for r in rows]
+
+    # -- sink loads (DESIGN §8) ------------------------------------------------------------
+
+    def start_load(self, sink: str, run_key: str, *, mode: str) -> SinkLoadRecord:
+        """Record that ``run_key`` is being loaded into ``sink`` (a secret-free sink identity);
+        a load already recorded keeps its state, mode and loaded chunks, unless another run's
+        load into the same sink finished after it started (then it starts over). Returns the
+        record."""
+        now = _now_iso()
+        with self.atomic() as db:
+            # Another run's load into this sink finished since ours started: what we loaded
+            # may have been overwritten or deleted since, so ours starts over.
+            superseded = db.execute(
+                """SELECT 1 FROM sink_loads mine JOIN sink_loads other ON other.sink = mine.sink
+                   WHERE mine.sink = ? AND mine.run_key = ?
+                     AND other.run_key != mine.run_key AND other.state = 'loaded'
+                     AND other.updated_at > mine.started_at""",
+                (sink, run_key),
+            ).fetchone()
+            if superseded:
+                db.execute("DELETE FROM sink_chunks WHERE sink = ? AND run_key = ?",
+                           (sink, run_key))
+                db.execute("DELETE FROM sink_loads WHERE sink = ? AND run_key = ?",
+                           (sink, run_key))
+            db.execute(
+                """INSERT INTO sink_loads (sink, run_key, state, mode, started_at, updated_at)
+                   VALUES (?, ?, 'loading', ?, ?, ?)
+                   ON CONFLICT (sink, run_key) DO NOTHING""",
+                (sink, run_key, mode, now, now),
+            )
+        record = self.sink_load(sink, run_key)
+        assert record is not None
+        return record
+
+    def sink_load(self, sink: str, run_key: str) -> SinkLoadRecord | None:
+        """Return the load of ``run_key`` into ``sink``, or None if never started."""
+        row = self._conn.execute(
+            "SELECT * FROM sink_loads WHERE sink = ? AND run_key = ?", (sink, run_key)
+        ).fetchone()
+        return SinkLoadRecord(**{f: row[f] for f in SinkLoadRecord.__slots__}) if row else None
+
+    def last_loaded_run(self, sink: str) -> str | None:
+        """Return the run key whose load into ``sink`` finished last, or None."""
+        row = self._conn.execute(
+            """SELECT run_key FROM sink_loads WHERE sink = ? AND state = 'loaded'
+               ORDER BY updated_at DESC LIMIT 1""",
+            (sink,),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def loaded_chunks(self, sink: str, run_key: str) -> dict[int, int]:
+        """Return ``{chunk index: rows loaded}`` for the chunks of ``run_key`` in ``sink``."""
+        rows = self._conn.execute(
+            "SELECT idx, rows_loaded FROM sink_chunks WHERE sink = ? AND run_key = ?",
+            (sink, run_key),
+        )
+        return {int(i): int(n) for i, n in rows}
+
+    def mark_chunk_loaded(
+        self, sink: str, run_key: str, idx: int, *, chunk_key: str, rows: int
+    ) -> None:
+        """Record chunk ``idx`` of ``run_key`` as loaded into ``sink`` (``rows`` upserted).
+
+        Called only after the sink's own transaction committed: a crash in between reloads
+        the chunk, which the sink's upsert by id makes harmless.
+        """
+        with self.atomic() as db:
+            db.execute(
+                """INSERT INTO sink_chunks VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (sink, run_key, idx) DO NOTHING""",
+                (sink, run_key, idx, chunk_key, rows, _now_iso()),
+            )
+            db.execute(
+                "UPDATE sink_loads SET updated_at = ? WHERE sink = ? AND run_key = ?",
+                (_now_iso(), sink, run_key),
+            )
+
+    def finish_load(self, sink: str, run_key: str, *, rows_loaded: int, rows_deleted: int) -> None:
+        """Record the load of ``run_key`` into ``sink`` as complete (counts in rows)."""
+        with self.atomic() as db:
+            db.execute(
+                """UPDATE sink_loads SET state = 'loaded', rows_loaded = ?, rows_deleted = ?,
+                       updated_at = ? WHERE sink = ? AND run_key = ?""",
+                (rows_loaded, rows_deleted, _now_iso(), sink, run_key),
+            )

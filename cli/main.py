@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from cli import inspect, run
+from cli import inspect, load, run, search
 
 __all__ = ["main"]
 
-_COMMAND_MODULES = (run, inspect)
+_COMMAND_MODULES = (run, inspect, load, search)
 
 
 def _parser() -> argparse.ArgumentParser:

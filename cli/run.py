@@ -78,6 +78,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                           "cluster. Remote workers need an s3:// --output")
     run.add_argument("--dask-workers", type=positive_int, default=2,
                      help="worker processes of the local Dask cluster")
+    run.add_argument("--sink", default=None, metavar="URI",
+                     help="after the manifest commit, load the run into lancedb://PATH, "
+                          "PATH/NAME.lance or postgresql://user@host/db (see embedline load)")
     run.set_defaults(handler=_run)
     retry = sub.add_parser(
         "retry-failed",
@@ -150,7 +153,7 @@ def _run_flow(settings: Any, api: PrefectApi) -> int:
     committed = _already_committed(settings) if "://" not in settings.input else None
     if isinstance(committed, tuple):
         return fail(f"embedline: error: {committed[0]}", committed[1])
-    if committed is not None:
+    if committed is not None and not settings.sink:  # with --sink, the flow loads it
         print_summary(committed)
         return 0
     from flows.embed_csv import embed_csv
@@ -170,6 +173,10 @@ def _run_flow(settings: Any, api: PrefectApi) -> int:
     if not isinstance(summary, dict):
         return fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
     print_summary(summary)
+    if summary.get("load"):
+        from cli.load import print_load_summary
+
+        print_load_summary(summary["load"])
     return int(summary["exit_code"])
 
 
@@ -193,6 +200,10 @@ def _check_before_prefect(settings: Any) -> tuple[str, int] | None:
         return str(exc), exc.exit_code
     try:
         _check_output(settings.output)
+        if settings.sink:
+            from adapters.sinks import validate_sink_uri
+
+            validate_sink_uri(settings.sink)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     return _check_api_key(settings)

@@ -1,8 +1,14 @@
 """embedline's pure core: keys, errors, models, settings and protocols (no Prefect, no I/O).
 
 The CLI lives in the top-level ``cli`` package, above ``flows/``; adapters, tasks, flows and
-the CLI import this package, never the reverse.
+the CLI import this package, never the reverse — with one exception for users:
+``read_embeddings`` and ``read_embeddings_arrow`` (reading a committed run back) are loaded
+from ``tasks.read`` on first use (PEP 562), so ``import embedline`` stays free of I/O
+libraries.
 """
+
+import importlib
+from typing import Any
 
 from embedline.errors import (
     BadResponseError,
@@ -46,8 +52,18 @@ __all__ = [
     "RunSummary",
     "StopRequestedError",
     "chunk_key",
+    "read_embeddings",
+    "read_embeddings_arrow",
     "request_key",
     "row_key",
     "run_key",
     "text_sha256",
 ]
+
+_LAZY = {"read_embeddings": "tasks.read", "read_embeddings_arrow": "tasks.read"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'embedline' has no attribute {name!r}")

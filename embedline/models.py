@@ -16,6 +16,7 @@ __all__ = [
     "DeadLetter",
     "InputPlan",
     "InputSource",
+    "LoadSummary",
     "ManifestChunk",
     "Row",
     "RunSummary",
@@ -197,6 +198,38 @@ class RunSummary:
     rows_unchanged: int | None = None
     changes_object: str | None = None
     changes_base: str | None = None
+    load: dict[str, object] | None = None  # the LoadSummary of ``--sink``, when given
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the summary as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class LoadSummary:
+    """What loading a committed run into a sink did (DESIGN §8). Counts only, no text.
+
+    ``exit_code``: 0 loaded, 1 chunks failed to load (rerun resumes), 2 usage or input
+    error, 3 a mismatch or refusal retrying cannot fix. ``mode`` is ``replace`` (rows of
+    other runs deleted after every chunk loaded) or ``changes`` (only the change set's
+    added and changed rows upserted, its removed ids deleted). Rows are vectors; ``wall_s``
+    seconds; ``rows_skipped`` counts rows of chunks loaded into this sink before.
+    """
+
+    exit_code: int
+    status: str
+    message: str
+    sink: str | None = None
+    run_key: str | None = None
+    mode: str | None = None
+    rows_loaded: int = 0
+    rows_skipped: int = 0
+    rows_deleted: int = 0
+    chunks_total: int = 0
+    chunks_loaded: int = 0
+    chunks_skipped: int = 0
+    chunks_failed: int = 0
+    wall_s: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
+    import pyarrow as pa
 
-__all__ = ["EmbeddingClient", "Embeddings", "ObjectInfo", "ObjectStore", "PutResult"]
+__all__ = ["EmbeddingClient", "Embeddings", "ObjectInfo", "ObjectStore", "PutResult", "SinkTable",
+           "VectorSink"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,4 +106,61 @@ class ObjectStore(Protocol):
 
     def delete(self, key: str) -> None:
         """Delete the object (garbage collection only; a missing key is not an error)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SinkTable:
+    """What a sink table says about its vectors: who embedded them, their length, its rows."""
+
+    embedder: str | None  # None: a table embedline did not create (no metadata)
+    model: str | None
+    dimensions: int
+    rows: int
+
+
+class VectorSink(Protocol):
+    """A vector store table that embedline loads runs into (DESIGN §8).
+
+    Rows are ``id`` (unique key), ``embedding`` (``dimensions`` float32), ``text_sha256`` and
+    ``run_key`` (the run that last wrote the row). Every method is one transaction.
+    """
+
+    identity: str  # the sink and table, without secrets: the ledger's key for load state
+    parallel_loads: int  # chunk loads that may run at once against this sink
+
+    def ensure_table(self, *, embedder: str, model: str, dimensions: int) -> SinkTable:
+        """Create the table if absent; return what it holds.
+
+        :raises FatalError: the existing table holds vectors of another length or model.
+        """
+        ...
+
+    def describe(self) -> SinkTable | None:
+        """Return the table's metadata, or None if the table does not exist."""
+        ...
+
+    def upsert(self, rows: pa.Table, *, run_key: str) -> int:
+        """Insert or replace ``rows`` (``id``, ``embedding``, ``text_sha256``) by id, tagged
+        ``run_key``, in one transaction; return the number of rows written."""
+        ...
+
+    def delete_ids(self, ids: Sequence[str]) -> int:
+        """Delete rows by id in one transaction; return how many existed."""
+        ...
+
+    def delete_other_runs(self, run_key: str) -> int:
+        """Delete every row not tagged ``run_key``; return how many."""
+        ...
+
+    def finalize(self) -> None:
+        """Build or refresh the table's index after a load (idempotent)."""
+        ...
+
+    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """Return up to ``k`` ``(id, cosine similarity)`` pairs, most similar first."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
         ...

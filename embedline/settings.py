@@ -8,6 +8,7 @@ parameter or a ledger value.
 from __future__ import annotations
 
 import codecs
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -109,6 +110,7 @@ class RunSettings(BaseModel):
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None
     dask_workers: int = Field(default=2, ge=1, le=256)
+    sink: str | None = None  # a vector store to load the committed run into (DESIGN §8)
 
     @model_validator(mode="after")
     def _local_model_is_fixed(self) -> RunSettings:
@@ -136,6 +138,14 @@ class RunSettings(BaseModel):
     def _known_encoding(cls, value: str) -> str:
         codec_for(value)
         return value
+
+    @field_validator("sink")
+    @classmethod
+    def _sink_has_no_password(cls, value: str | None) -> str | None:
+        if value and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:[^/@]+@", value):
+            raise ValueError("a password in the sink URI is not accepted (it would be stored "
+                             "in Prefect parameters and the ledger): set PGPASSWORD instead")
+        return value or None
 
     @field_validator("id_column", "text_column")
     @classmethod

@@ -35,6 +35,7 @@ from embedline.models import (
 from embedline.progress import Progress, notify
 from embedline.settings import NO_API_KEY_MESSAGE, RunSettings
 from flows.dispatch import DispatchResult, Dispatcher
+from flows.load import load_stage
 from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
 from tasks.changes import write_changes
@@ -84,10 +85,12 @@ def embed_csv(
     task_runner: str = "threads",
     dask_address: str | None = None,
     dask_workers: int = 2,
+    sink: str | None = None,
 ) -> State[Any]:
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
 
-    Units: ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight requests, ``rpm``
+    With ``sink``, the committed run is then loaded into that vector store (``load-chunk``
+    tasks; DESIGN §8). Units: ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight requests, ``rpm``
     requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
     request (first try included). Returns a Completed or Failed state carrying the summary.
     """
@@ -155,9 +158,9 @@ def run_settings(settings: RunSettings) -> RunSummary:
     if existing is not None:
         uri = store.uri_for(manifest_object_key(run_key))
         logger.info("run %s is already complete: manifest %s", run_key, uri)
-        return summary_from_manifest(existing, uri=uri, output=store.uri,
-                                     chunks_total=len(plan.chunks),
-                                     wall_s=time.monotonic() - started)  # fmt: skip
+        return _load_into_sink(settings, existing, summary_from_manifest(
+            existing, uri=uri, output=store.uri, chunks_total=len(plan.chunks),
+            wall_s=time.monotonic() - started))  # fmt: skip
     ledger = Ledger(settings.ledger)
     try:
         summary = _run_recording_crashes(settings, plan, base, ledger, started)
@@ -247,7 +250,29 @@ def _run(
     summary = _summarize(base, plan, skipped, result, started)
     if summary.exit_code == 0 or (summary.status == "dead_letters" and settings.allow_failed_rows):
         summary = _commit(settings, plan, store, {**skipped, **result.published}, summary)
+        summary = _finish(ledger, summary)
+        # ── load into the sink ───────────────────────────────────────────────────────────
+        return _load_into_sink(settings, read_manifest(store, run_key), summary, ledger)
     return _finish(ledger, summary)
+
+
+def _load_into_sink(settings: RunSettings, manifest: dict[str, Any] | None,
+                    summary: RunSummary, ledger: Ledger | None = None) -> RunSummary:
+    """With ``--sink``, load the committed run; the run's exit code becomes the load's."""
+    if not settings.sink or manifest is None:
+        return summary
+    book = ledger or Ledger(settings.ledger)
+    try:
+        load = load_stage(output=settings.output, manifest=manifest, sink_uri=settings.sink,
+                          ledger=book)  # fmt: skip
+    finally:
+        if ledger is None:
+            book.close()
+    changes: dict[str, Any] = {"load": load.to_dict()}
+    if load.exit_code:
+        changes.update(exit_code=load.exit_code, message=f"manifest committed, but the load "
+                       f"into the sink did not finish: {load.message}")  # fmt: skip
+    return RunSummary(**{**summary.to_dict(), **changes})
 
 
 _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much

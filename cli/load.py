@@ -1,0 +1,92 @@
+"""``embedline load RUN --to URI``: load a committed run into a vector-store sink.
+
+Calls the ``load-run`` flow; each chunk is a ``load-chunk-NNNN`` task. Rerunning resumes:
+chunks the ledger records as loaded into that sink are not loaded again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from cli.common import DEFAULT_LEDGER, EXIT_USAGE, fail
+from cli.prefect_env import configure_prefect_environment, isolate_temporary_server
+
+__all__ = ["add_parsers", "print_load_summary"]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``load``."""
+    load = sub.add_parser("load", help="load a committed run into LanceDB or pgvector")
+    load.add_argument("run", nargs="?", metavar="RUN",
+                      help="a run key or prefix (≥ 8 hex); default: the latest committed run")
+    load.add_argument("--to", required=True, metavar="URI",
+                      help="lancedb://PATH[?table=NAME], PATH/NAME.lance, or "
+                           "postgresql://user@host:port/db[?table=NAME] (password from "
+                           "PGPASSWORD, never the URI)")
+    load.add_argument("--output", default=None,
+                      help="the run's output root (default: the ledger's record of RUN, "
+                           "else ./embedline-output)")
+    load.add_argument("--ledger", default=DEFAULT_LEDGER)
+    load.set_defaults(handler=_load)
+
+
+def _output_for(args: argparse.Namespace) -> str:
+    """``--output``, else where the ledger says RUN was published, else the default."""
+    if args.output:
+        return str(args.output)
+    if args.run and os.path.exists(args.ledger):
+        from adapters.ledger import Ledger
+
+        ledger = Ledger(args.ledger)
+        try:
+            record = ledger.find_run(args.run)
+        except ValueError:
+            record = None
+        finally:
+            ledger.close()
+        if record is not None:
+            return record.output_uri
+    return "./embedline-output"
+
+
+def _load(args: argparse.Namespace) -> int:
+    from adapters.sinks import validate_sink_uri
+    from embedline.errors import InputError
+
+    try:
+        validate_sink_uri(args.to)
+    except InputError as exc:
+        return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    configure_prefect_environment()
+    isolate_temporary_server()
+    from flows.load import load_run
+
+    try:
+        state = load_run(to=args.to, run=args.run, output=_output_for(args), ledger=args.ledger,
+                         return_state=True)  # fmt: skip
+    except KeyboardInterrupt:
+        return fail("embedline: interrupted; rerun the same command to resume", 130)
+    summary = state.result(raise_on_failure=False)
+    summary = getattr(summary, "summary", summary)
+    if not isinstance(summary, dict):
+        return fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
+    print_load_summary(summary)
+    return int(summary["exit_code"])
+
+
+def print_load_summary(summary: dict[str, Any]) -> None:
+    """Print a load's summary (stdout), and its message on stderr when it did not finish."""
+    print(f"sink       {summary['sink']}")
+    if summary.get("run_key"):
+        print(f"load       {summary['status']} (run {summary['run_key']}, mode "
+              f"{summary.get('mode') or '-'})")  # fmt: skip
+        print(f"rows       {summary['rows_loaded']} upserted now, {summary['rows_skipped']} "
+              f"loaded before, {summary['rows_deleted']} deleted")  # fmt: skip
+        print(f"chunks     {summary['chunks_loaded']} loaded now, {summary['chunks_skipped']} "
+              f"skipped, {summary['chunks_failed']} failed, of {summary['chunks_total']}")
+        print(f"wall time  {summary['wall_s']:.1f} s")
+    if summary["exit_code"] != 0:
+        print(f"embedline: {summary['message']}", file=sys.stderr)

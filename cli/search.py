@@ -1,0 +1,156 @@
+"""``embedline search TARGET "query" [--k 10]``: the nearest ids to a query, by cosine similarity.
+
+TARGET is a run's output root (searches the latest committed run's published vectors, or
+``--run``) or a sink URI (LanceDB or pgvector). The query is embedded with the embedder and
+model that made the vectors: the run's manifest says which, or the sink table's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from cli.common import DEFAULT_LEDGER, EXIT_USAGE, fail, positive_int
+
+__all__ = ["add_parsers", "search_target", "top_k"]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``search``."""
+    search = sub.add_parser("search", help="ids nearest to a query (cosine similarity)")
+    search.add_argument("target", metavar="TARGET",
+                        help="an output root (directory or s3://), or a sink URI "
+                             "(lancedb://PATH, PATH/NAME.lance, postgresql://…)")
+    search.add_argument("query", metavar="QUERY", help="the text to search for")
+    search.add_argument("--k", type=positive_int, default=10, help="results to print")
+    search.add_argument("--run", default=None,
+                        help="with an output root: a run key or prefix (default: the latest)")
+    search.add_argument("--base-url", default=None,
+                        help="for openai vectors: the API root (default: the run's recorded "
+                             "--base-url, else OpenAI's)")
+    search.add_argument("--ledger", default=DEFAULT_LEDGER)
+    search.set_defaults(handler=_search)
+
+
+def top_k(matrix: Any, ids: list[str], vector: Any, k: int) -> list[tuple[str, float]]:
+    """The ``k`` rows of ``matrix`` (float32, rows × d) most cosine-similar to ``vector``
+    (d,), as ``(id, similarity)``, most similar first."""
+    import numpy as np
+
+    if not len(ids):
+        return []
+    norms = np.linalg.norm(matrix, axis=1) * max(float(np.linalg.norm(vector)), 1e-12)
+    scores = (matrix @ vector) / np.where(norms == 0, 1, norms)
+    k = min(k, len(ids))
+    best = np.argpartition(-scores, k - 1)[:k]
+    best = best[np.argsort(-scores[best], kind="stable")]
+    return [(ids[i], float(scores[i])) for i in best]
+
+
+def _is_sink(target: str) -> bool:
+    lowered = target.lower()
+    return lowered.startswith(("lancedb://", "postgresql://", "postgres://")) or \
+        target.rstrip("/").endswith(".lance")
+
+
+def _recorded_base_url(ledger_path: str, run_key: str) -> str | None:
+    if not os.path.exists(ledger_path):
+        return None
+    from adapters.ledger import Ledger
+
+    ledger = Ledger(ledger_path)
+    try:
+        return str(ledger.run_settings(run_key).get("base_url") or "") or None
+    except KeyError:
+        return None
+    finally:
+        ledger.close()
+
+
+def _embed_query(query: str, *, embedder: str, model: str, dimensions: int | None,
+                 base_url: str | None) -> Any:  # fmt: skip
+    from adapters.embeddings import build_embedder, close_embedders
+    from embedline.keys import text_sha256
+    from embedline.settings import LOCAL_DIMENSIONS, RunSettings
+
+    fields: dict[str, Any] = {"input": "-", "embedder": embedder, "model": model}
+    if embedder == "openai":
+        fields["dimensions"] = dimensions
+        if base_url:
+            fields["base_url"] = base_url
+    elif dimensions not in (None, LOCAL_DIMENSIONS):
+        fields["dimensions"] = dimensions
+    client = build_embedder(RunSettings(**fields))
+    try:
+        return client.embed([query], idempotency_key=text_sha256(query)).vectors[0]
+    finally:
+        close_embedders()
+
+
+def search_target(target: str, query: str, *, k: int, run: str | None = None,
+                  base_url: str | None = None,
+                  ledger: str = DEFAULT_LEDGER) -> list[tuple[str, float]]:  # fmt: skip
+    """Embed ``query`` like the target's vectors and return its ``k`` nearest ids.
+
+    :raises InputError: no committed run, no sink table, or a bad URI.
+    :raises EmbedlineError: the embedder failed (see ``EmbeddingClient.embed``).
+    """
+    from embedline.errors import InputError
+
+    if _is_sink(target):
+        from adapters.sinks import open_sink
+
+        sink = open_sink(target)
+        try:
+            info = sink.describe()
+            if info is None:
+                raise InputError(f"sink {sink.identity} has no table yet: load a run first")
+            if info.model is None or info.embedder is None:
+                raise InputError(f"sink {sink.identity} was not created by embedline: its "
+                                 "model is unknown")  # fmt: skip
+            vector = _embed_query(query, embedder=info.embedder, model=info.model,
+                                  dimensions=info.dimensions, base_url=base_url)  # fmt: skip
+            return sink.search(vector, k)
+        finally:
+            sink.close()
+    import numpy as np
+
+    from tasks.read import read_embeddings_arrow
+
+    table = read_embeddings_arrow(target, run)
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    manifest_embedder = _manifest_embedder(target, meta["embedline.run_key"])
+    dims = int(meta["embedline.dimensions"])
+    vector = _embed_query(query, embedder=manifest_embedder, model=meta["embedline.model"],
+                          dimensions=dims, base_url=base_url or _recorded_base_url(
+                              ledger, meta["embedline.run_key"]))  # fmt: skip
+    column = table.column("embedding").combine_chunks()
+    matrix = np.asarray(column.flatten().to_numpy(zero_copy_only=False),
+                        dtype=np.float32).reshape(len(column), dims)  # fmt: skip
+    return top_k(matrix, table.column("id").to_pylist(), vector, k)
+
+
+def _manifest_embedder(output: str, run_key: str) -> str:
+    from adapters.object_store import open_store
+    from embedline.models import manifest_object_key
+
+    manifest = json.loads(open_store(output).get(manifest_object_key(run_key)))
+    return str(manifest.get("embedder") or "local")
+
+
+def _search(args: argparse.Namespace) -> int:
+    from embedline.errors import EmbedlineError
+
+    try:
+        hits = search_target(args.target, args.query, k=args.k, run=args.run,
+                             base_url=args.base_url, ledger=args.ledger)  # fmt: skip
+    except EmbedlineError as exc:
+        return fail(f"embedline: error: {exc}", exc.exit_code)
+    except FileNotFoundError as exc:
+        return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    print(f"{'rank':>4}  {'score':>6}  id")
+    for rank, (row_id, score) in enumerate(hits, 1):
+        print(f"{rank:>4}  {score:6.3f}  {row_id}")
+    return 0
