@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[local,dask,test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[local,dask,pgvector,test]'
 	touch $(STAMP)
 
 # The main job on the embedded default model: a real Debian sample, no network, no account.

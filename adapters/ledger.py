@@ -535,7 +535,8 @@ class Ledger:
 
     def start_load(self, sink: str, run_key: str, *, mode: str) -> SinkLoadRecord:
         """Record that ``run_key`` is being loaded into ``sink`` (a secret-free sink identity);
-        a load already recorded keeps its state, mode and loaded chunks, unless another run's
+        a load already recorded keeps its state and loaded chunks (an unfinished one takes
+        ``mode``), unless another run's
         load into the same sink finished after it started (then it starts over). Returns the
         record."""
         now = _now_iso()
@@ -557,7 +558,8 @@ class Ledger:
             db.execute(
                 """INSERT INTO sink_loads (sink, run_key, state, mode, started_at, updated_at)
                    VALUES (?, ?, 'loading', ?, ?, ?)
-                   ON CONFLICT (sink, run_key) DO NOTHING""",
+                   ON CONFLICT (sink, run_key) DO UPDATE SET mode = excluded.mode
+                   WHERE sink_loads.state = 'loading'""",
                 (sink, run_key, mode, now, now),
             )
         record = self.sink_load(sink, run_key)

@@ -138,13 +138,13 @@ class PgVectorSink:
 
         with self._transaction("create") as conn:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.identity,))
-            conn.execute(sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, "
-                "embedding vector({}) NOT NULL, text_sha256 text NOT NULL, "
-                "run_key text NOT NULL)").format(self._ident(), sql.Literal(dimensions)))
-            has_comment = conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')",
-                                       (self._quoted_name(),)).fetchone()[0]  # fmt: skip
-            if has_comment is None:
+            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                  (self._quoted_name(),)).fetchone()[0]  # fmt: skip
+            if not exists:
+                conn.execute(sql.SQL(
+                    "CREATE TABLE {} (id text PRIMARY KEY, embedding vector({}) NOT NULL, "
+                    "text_sha256 text NOT NULL, run_key text NOT NULL)"
+                ).format(self._ident(), sql.Literal(dimensions)))
                 meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions)
                 conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(
                     self._ident(), sql.Literal(meta)))

@@ -106,6 +106,12 @@ def open_sink(uri: str) -> VectorSink:
         from adapters.sink_lancedb import LanceDBSink
 
         return LanceDBSink(params["path"], table=params["table"])
+    try:
+        import pgvector.psycopg  # noqa: F401
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise FatalError("the pgvector sink needs psycopg and pgvector: pip install "
+                         "'embedline[pgvector]'") from None  # fmt: skip
     from adapters.sink_pgvector import PgVectorSink
 
     return PgVectorSink(params["dsn"], table=params["table"])

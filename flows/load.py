@@ -17,16 +17,21 @@ deletes are idempotent too.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import time
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from prefect import flow, get_run_logger
 from prefect.futures import wait
 from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from adapters.ledger import Ledger
-from embedline.errors import EmbedlineError
+from embedline.errors import ConflictError, EmbedlineError
 from embedline.models import LoadSummary, ManifestChunk
 from embedline.protocols import VectorSink
 from tasks.chunk import store_for
@@ -96,14 +101,16 @@ def load_stage(
     except EmbedlineError as exc:
         return _with(base, started, exit_code=exc.exit_code, status="fatal", message=str(exc))
     base.sink = sink.identity
-    job = _job(output, sink, manifest, ledger)
+    try:
+        job = _job(output, sink, manifest, ledger)
+    except EmbedlineError as exc:
+        return _with(base, started, exit_code=exc.exit_code, status="fatal", message=str(exc))
     record = ledger.start_load(sink.identity, run_key, mode=job.mode)
     if record.state == "loaded":
         logger.info("run %s is already loaded into %s", run_key, sink.identity)
         return _with(base, started, status="already_loaded", mode=record.mode,
                      chunks_skipped=len(chunks), rows_skipped=sum(c.rows for c in chunks),
                      message="the run was already loaded into this sink")  # fmt: skip
-    job = LoadJob(**{**{f: getattr(job, f) for f in LoadJob.__slots__}, "mode": record.mode})
     done = ledger.loaded_chunks(sink.identity, run_key)
     todo = [c for c in chunks if c.index not in done]
     logger.info("loading run %s into %s (%s): %d of %d chunks already loaded", run_key,
@@ -130,9 +137,32 @@ def load_stage(
 
 
 def _job(output: str, sink: VectorSink, manifest: dict[str, Any], ledger: Ledger) -> LoadJob:
-    """The load's mode: ``changes`` needs a change set relative to what the sink holds."""
-    return LoadJob(output=output, sink=sink.identity, run_key=str(manifest["run_key"]),
-                   mode="replace")  # fmt: skip
+    """The load's mode: ``changes`` when the run's change set is relative to the run this
+    sink last finished loading (the ledger's record), else ``replace``."""
+    run_key = str(manifest["run_key"])
+    changes = manifest.get("changes") or {}
+    base = changes.get("base_run_key")
+    # Either mode gives the same rows when the sink holds the base run, so a resumed load
+    # may switch modes; a load superseded by another is restarted by ``start_load``.
+    if not base or base != ledger.last_loaded_run(sink.identity):
+        return LoadJob(output=output, sink=sink.identity, run_key=run_key, mode="replace")
+    table = _change_set(output, changes)
+    upsert = pc.is_in(table.column("change"), pa.array(["added", "changed"]))
+    return LoadJob(output=output, sink=sink.identity, run_key=run_key, mode="changes",
+                   upsert_ids=frozenset(table.filter(upsert).column("id").to_pylist()))
+
+
+def _change_set(output: str, changes: dict[str, Any]) -> pa.Table:
+    """The run's change set (``id``, ``change``, ``text_sha256``), checked by SHA-256.
+
+    :raises ConflictError: the object's bytes differ from the manifest's record.
+    """
+    store = store_for(output)
+    body = store.get(str(changes["object"]))
+    if hashlib.sha256(body).hexdigest() != changes["sha256"]:
+        raise ConflictError(f"{store.uri_for(str(changes['object']))} does not match its "
+                            "manifest's SHA-256")  # fmt: skip
+    return pq.read_table(io.BytesIO(body), columns=["id", "change"])
 
 
 def _load_chunks(
@@ -165,8 +195,13 @@ def _load_chunks(
 
 
 def _delete_stale(sink: VectorSink, job: LoadJob, manifest: dict[str, Any]) -> int:
-    """Delete what the run does not contain; return rows deleted."""
-    return sink.delete_other_runs(job.run_key)
+    """Delete what the run does not contain; return rows deleted. ``changes``: the change
+    set's removed ids; ``replace``: every row another run wrote."""
+    if job.mode == "replace":
+        return sink.delete_other_runs(job.run_key)
+    table = _change_set(job.output, manifest["changes"])
+    removed = table.filter(pc.equal(table.column("change"), "removed")).column("id")
+    return sink.delete_ids(removed.to_pylist()) if len(removed) else 0
 
 
 def _with(summary: LoadSummary, started: float, **changes: Any) -> LoadSummary:

@@ -20,7 +20,7 @@ from adapters.object_store import open_store
 from embedline.errors import ConflictError, InputError
 from embedline.models import manifest_object_key
 from embedline.protocols import ObjectStore
-from tasks.manifest import read_manifest
+from tasks.manifest import latest_manifest, list_manifests, read_manifest
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,25 +32,11 @@ __all__ = ["COLUMNS", "chunk_table", "chunk_tables", "read_embeddings", "read_em
 COLUMNS = ("id", "embedding", "text_sha256")
 
 _RUN_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
-_MANIFEST_RE = re.compile(r"^manifests/([0-9a-f]{64})\.json$")
-
-
-def _manifest_keys(store: ObjectStore) -> list[tuple[float, str]]:
-    """``(modified, run_key)`` of every manifest under the output root."""
-    lister = getattr(store, "list", None)
-    if lister is None:
-        raise InputError(f"{store.uri}: this store cannot list its manifests; pass the run key")
-    found = []
-    for info in lister("manifests/"):
-        match = _MANIFEST_RE.match(info.key)
-        if match:
-            found.append((info.modified, match.group(1)))
-    return found
 
 
 def resolve_run(store: ObjectStore, run: str | None = None) -> dict[str, Any]:
     """Return the committed manifest of ``run`` (a run key, or a unique prefix of at least 8
-    hex characters), or of the latest committed run (newest manifest object) when None.
+    hex characters), or of the latest committed run (``latest_manifest``) when None.
 
     :raises InputError: no committed run matches, or the prefix is ambiguous.
     :raises ConflictError: the manifest object is not an embedline manifest.
@@ -60,7 +46,8 @@ def resolve_run(store: ObjectStore, run: str | None = None) -> dict[str, Any]:
         if not _RUN_KEY_RE.match(wanted):
             if len(wanted) < 8 or any(c not in "0123456789abcdef" for c in wanted):
                 raise InputError(f"run {run!r}: give a run key or at least 8 of its hex digits")
-            matches = sorted({k for _, k in _manifest_keys(store) if k.startswith(wanted)})
+            matches = sorted({str(m["run_key"]) for m in list_manifests(store)
+                              if str(m["run_key"]).startswith(wanted)})  # fmt: skip
             if len(matches) != 1:
                 raise InputError(f"run {run!r}: {'ambiguous' if matches else 'no committed run'}"
                                  f" under {store.uri}")  # fmt: skip
@@ -70,14 +57,10 @@ def resolve_run(store: ObjectStore, run: str | None = None) -> dict[str, Any]:
             raise InputError(f"run {wanted} has no committed manifest under {store.uri} "
                              f"({store.uri_for(manifest_object_key(wanted))} is missing)")
         return manifest
-    keys = _manifest_keys(store)
-    if not keys:
+    latest = latest_manifest(store)
+    if latest is None:
         raise InputError(f"no committed run under {store.uri} (no manifests/*.json)")
-    latest = max(keys)[1]
-    manifest = read_manifest(store, latest)
-    if manifest is None:  # removed between the listing and the read (gc)
-        raise InputError(f"run {latest} disappeared from {store.uri} while reading it")
-    return manifest
+    return latest
 
 
 def chunk_table(store: ObjectStore, entry: dict[str, Any]) -> pa.Table:

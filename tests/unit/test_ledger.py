@@ -123,3 +123,35 @@ def test_32_threads_drive_500_chunks_without_lock_errors(tmp_path: Path) -> None
         t.join()
     assert errors == []
     assert Ledger(path).state_counts(run) == {"published": 500}
+
+
+def test_a_chunk_loaded_into_a_sink_stays_loaded_and_the_load_finishes(ledger: Ledger) -> None:
+    record = ledger.start_load("lancedb:///x?table=t", "r1", mode="replace")
+    assert (record.state, record.mode) == ("loading", "replace")
+    ledger.mark_chunk_loaded("lancedb:///x?table=t", "r1", 0, chunk_key="k0", rows=10)
+    ledger.mark_chunk_loaded("lancedb:///x?table=t", "r1", 0, chunk_key="k0", rows=10)
+    # a resumed load (after a crash) sees chunk 0 as loaded, and keeps it
+    assert ledger.start_load("lancedb:///x?table=t", "r1", mode="replace").state == "loading"
+    assert ledger.loaded_chunks("lancedb:///x?table=t", "r1") == {0: 10}
+    assert ledger.loaded_chunks("lancedb:///other?table=t", "r1") == {}
+    ledger.finish_load("lancedb:///x?table=t", "r1", rows_loaded=10, rows_deleted=2)
+    assert ledger.start_load("lancedb:///x?table=t", "r1", mode="replace").state == "loaded"
+    assert ledger.last_loaded_run("lancedb:///x?table=t") == "r1"
+
+
+def test_a_load_superseded_by_another_runs_load_starts_over(ledger: Ledger) -> None:
+    sink = "postgresql://u@h/db?table=t"
+    ledger.start_load(sink, "r1", mode="replace")
+    ledger.mark_chunk_loaded(sink, "r1", 0, chunk_key="k0", rows=10)
+    time.sleep(0.002)
+    ledger.start_load(sink, "r2", mode="replace")
+    ledger.finish_load(sink, "r2", rows_loaded=5, rows_deleted=0)
+    # r2 overwrote the sink since r1 started: r1's chunk 0 rows may be gone
+    assert ledger.start_load(sink, "r1", mode="replace").state == "loading"
+    assert ledger.loaded_chunks(sink, "r1") == {}
+    # a finished load of r1 older than r2's is no longer "already loaded" either
+    ledger.finish_load(sink, "r1", rows_loaded=10, rows_deleted=0)
+    time.sleep(0.002)
+    ledger.start_load(sink, "r2", mode="replace")
+    assert ledger.start_load(sink, "r2", mode="replace").state == "loading"
+    assert ledger.last_loaded_run(sink) == "r1"

@@ -1,0 +1,118 @@
+"""Real Debian data into pgvector on a real PostgreSQL (pgserver), through the CLI.
+
+Every vector in the table is checked against the fake server's deterministic vector of its
+text; then a second run over an edited copy (rows added, changed, removed) must leave the
+table exactly equal to the edited input.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+from pgvector.psycopg import register_vector
+
+from tests.support.csv_data import ENGLISH, edit_rows, expected_vectors, read_rows, write_rows
+from tests.support.fake_openai import FakeEmbeddingServer
+from tests.support.fixtures import run_cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+
+
+def _table(pg_uri: str, table: str) -> dict[str, np.ndarray]:
+    with psycopg.connect(pg_uri) as conn:
+        register_vector(conn)
+        rows = conn.execute(f'SELECT id, embedding FROM "{table}"').fetchall()
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids)), "duplicate ids in the table"
+    return {r[0]: np.asarray(r[1].to_numpy(), dtype=np.float32) for r in rows}
+
+
+def _assert_equal(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert len(got) == len(want)
+    assert set(got) == set(want)
+    bad = [i for i in want if not np.array_equal(got[i], want[i])]
+    assert bad == [], f"{len(bad)} vectors differ from the fake server's, e.g. {bad[:3]}"
+
+
+def _sink(pg_uri: str, table: str) -> str:
+    return f"{pg_uri}{'&' if '?' in pg_uri else '?'}table={table}"
+
+
+def _run(tmp_path: Path, server: FakeEmbeddingServer, csv_path: Path, sink: str,
+         chunk_size: int) -> str:  # fmt: skip
+    result = run_cli("run", str(csv_path), "--embedder", "openai", "--base-url",
+                     server.base_url, "--output", str(tmp_path / "out"), "--ledger",
+                     str(tmp_path / "ledger.sqlite3"), "--chunk-size", str(chunk_size),
+                     "--batch-size", "500", "--allow-failed-rows", "--sink", sink,
+                     cwd=tmp_path, timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def _check_whole_cycle(tmp_path: Path, server: FakeEmbeddingServer, pg_uri: str,
+                       rows: list[tuple[str, str]], table: str, chunk_size: int) -> None:  # fmt: skip
+    sink = _sink(pg_uri, table)
+    first = _run(tmp_path, server, write_rows(tmp_path / "in.csv", rows), sink, chunk_size)
+    assert re.search(r"^load +loaded .*mode replace", first, re.M), first
+    _assert_equal(_table(pg_uri, table), expected_vectors(rows))
+    with psycopg.connect(pg_uri) as conn:
+        indexes = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s",
+                               (table,)).fetchall()  # fmt: skip
+        column = conn.execute(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attname = 'embedding'", (table,)).fetchone()
+    assert any("USING hnsw (embedding vector_cosine_ops)" in i[0] for i in indexes), indexes
+    assert any("PRIMARY KEY" in i[0] or "_pkey" in i[0] for i in indexes), indexes
+    assert column == ("vector(384)",)
+
+    edited = edit_rows(rows, removed=len(rows) // 20, changed=len(rows) // 40, added=37)
+    second = _run(tmp_path, server, write_rows(tmp_path / "in.csv", edited), sink, chunk_size)
+    # the change set against the run this table holds drives the load: only what changed
+    assert re.search(r"^load +loaded .*mode changes", second, re.M), second
+    assert f"{len(rows) // 20} deleted" in second
+    _assert_equal(_table(pg_uri, table), expected_vectors(edited))
+
+
+def test_sample_into_pgvector_then_an_edited_copy_leaves_exactly_the_edited_rows(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
+) -> None:
+    _check_whole_cycle(tmp_path, fake_openai, pg_uri, read_rows(ENGLISH, 3000), "sample",
+                       chunk_size=500)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_whole_english_file_into_pgvector_then_an_edited_copy(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
+) -> None:
+    _check_whole_cycle(tmp_path, fake_openai, pg_uri, read_rows(ENGLISH), "whole",
+                       chunk_size=1000)  # fmt: skip
+
+
+def test_load_into_a_table_of_another_length_exits_3_naming_both(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
+) -> None:
+    with psycopg.connect(pg_uri) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        conn.execute("CREATE TABLE other (id text PRIMARY KEY, embedding vector(8), "
+                     "text_sha256 text, run_key text)")  # fmt: skip
+    rows = read_rows(ENGLISH, 40)
+    _run(tmp_path, fake_openai, write_rows(tmp_path / "in.csv", rows),
+         f"lancedb://{tmp_path}/lance", chunk_size=20)  # fmt: skip
+    result = run_cli("load", "--to", _sink(pg_uri, "other"), "--output", str(tmp_path / "out"),
+                     "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "8-dimension vectors of model unknown" in result.stderr
+    assert "384-dimension vectors of model text-embedding-3-small" in result.stderr
+    with psycopg.connect(pg_uri) as conn:
+        assert conn.execute("SELECT count(*) FROM other").fetchone() == (0,)
+
+
+def test_a_password_in_the_sink_uri_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    result = run_cli("load", "--to", "postgresql://app:hunter2@127.0.0.1:1/db",
+                     "--output", str(tmp_path / "out"), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2
+    assert "PGPASSWORD" in result.stderr and "hunter2" not in result.stderr + result.stdout

@@ -1,0 +1,102 @@
+"""Sink URIs and the LanceDB sink (embedded: a directory, no socket)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from adapters.sinks import open_sink, validate_sink_uri
+from embedline.errors import FatalError, InputError
+
+
+def _rows(ids: list[str], dims: int = 4, seed: int = 0) -> pa.Table:
+    vectors = np.random.default_rng(seed).random((len(ids), dims), dtype=np.float32)
+    return pa.table({
+        "id": pa.array(ids, pa.string()),
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dims),
+        "text_sha256": pa.array([f"h{i}" for i in ids], pa.string()),
+    })  # fmt: skip
+
+
+def _contents(sink) -> dict[str, tuple[list[float], str]]:
+    table = sink._open().to_arrow()
+    return {i: (v, r) for i, v, r in zip(table.column("id").to_pylist(),
+                                         table.column("embedding").to_pylist(),
+                                         table.column("run_key").to_pylist(), strict=True)}
+
+
+def test_password_in_a_postgres_uri_is_refused_without_echoing_it() -> None:
+    with pytest.raises(InputError) as caught:
+        validate_sink_uri("postgresql://app:s3cret@db.example:5432/vectors")
+    assert "PGPASSWORD" in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_postgres_uri_keeps_libpq_params_and_takes_the_table_out() -> None:
+    pytest.importorskip("psycopg")
+    sink = open_sink("postgresql://app@/vectors?host=/tmp/sock&table=docs")
+    assert sink.dsn == "postgresql://app@/vectors?host=%2Ftmp%2Fsock"
+    assert sink.table_name == "docs"
+    assert "table=docs" in sink.identity
+
+
+def test_lance_path_names_database_and_table(tmp_path: Path) -> None:
+    sink = open_sink(str(tmp_path / "db" / "packages.lance"))
+    assert (sink.path, sink.table_name) == (str(tmp_path / "db"), "packages")
+    sink = open_sink(f"lancedb://{tmp_path}/db")
+    assert (sink.path, sink.table_name) == (str(tmp_path / "db"), "embeddings")
+
+
+@pytest.mark.parametrize("uri", ["", "mysql://x/y", "lancedb://", "lancedb:///x?table=1bad",
+                                 "lancedb:///x?mode=overwrite", "out/vectors.parquet"])
+def test_unusable_sink_uris_are_input_errors(uri: str) -> None:
+    with pytest.raises(InputError):
+        validate_sink_uri(uri)
+
+
+def test_lancedb_upsert_is_idempotent_and_replace_deletes_other_runs(tmp_path: Path) -> None:
+    sink = open_sink(f"lancedb://{tmp_path}")
+    sink.ensure_table(embedder="openai", model="m", dimensions=4)
+    first = _rows(["a", "b", "c"])
+    assert sink.upsert(first, run_key="r1") == 3
+    assert sink.upsert(first, run_key="r1") == 3  # a reloaded chunk: no duplicate rows
+    assert sorted(_contents(sink)) == ["a", "b", "c"]
+    second = _rows(["b", "c", "d"], seed=1)
+    sink.upsert(second, run_key="r2")
+    assert sink.delete_other_runs("r2") == 1  # "a" is not in run r2
+    got = _contents(sink)
+    assert sorted(got) == ["b", "c", "d"]
+    expected = dict(zip(second.column("id").to_pylist(),
+                        second.column("embedding").to_pylist(), strict=True))  # fmt: skip
+    assert all(np.array_equal(got[i][0], expected[i]) and got[i][1] == "r2" for i in got)
+    assert sink.delete_ids(["b", "it's-absent"]) == 1
+    sink.finalize()
+    assert sorted(_contents(sink)) == ["c", "d"]
+
+
+def test_lancedb_search_returns_the_nearest_id_first(tmp_path: Path) -> None:
+    sink = open_sink(f"lancedb://{tmp_path}")
+    sink.ensure_table(embedder="openai", model="m", dimensions=4)
+    rows = _rows([f"id{i}" for i in range(50)], seed=3)
+    sink.upsert(rows, run_key="r")
+    target = np.asarray(rows.column("embedding")[17].as_py(), dtype=np.float32)
+    hits = sink.search(target, 3)
+    assert hits[0][0] == "id17" and hits[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert len(hits) == 3 and hits[0][1] >= hits[1][1] >= hits[2][1]
+
+
+def test_lancedb_mismatch_names_both_models_and_lengths(tmp_path: Path) -> None:
+    sink = open_sink(f"lancedb://{tmp_path}?table=t")
+    sink.ensure_table(embedder="openai", model="text-embedding-3-small", dimensions=4)
+    again = open_sink(f"lancedb://{tmp_path}?table=t")
+    with pytest.raises(FatalError) as caught:
+        again.ensure_table(embedder="local", model="all-MiniLM-L6-v2", dimensions=384)
+    message = str(caught.value)
+    for part in ("text-embedding-3-small", "4-dimension", "all-MiniLM-L6-v2", "384-dimension"):
+        assert part in message
+    assert caught.value.exit_code == 3
+    with pytest.raises(FatalError, match="model other"):
+        again.ensure_table(embedder="openai", model="other", dimensions=4)
