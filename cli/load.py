@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from cli.common import DEFAULT_LEDGER, EXIT_USAGE, fail
-from cli.prefect_env import configure_prefect_environment, isolate_temporary_server
+from cli.prefect_env import PrefectApiError, prefect_api
 
 __all__ = ["add_parsers", "print_load_summary"]
 
@@ -60,12 +60,29 @@ def _load(args: argparse.Namespace) -> int:
         validate_sink_uri(args.to)
     except InputError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    configure_prefect_environment()
-    isolate_temporary_server()
+    try:
+        api = prefect_api()
+    except PrefectApiError as exc:
+        return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    from embedline import shutdown
+
+    shutdown.on_hard_exit(api.kill)
+    try:
+        return _load_flow(args, api)
+    finally:
+        api.close()
+
+
+def _load_flow(args: argparse.Namespace, api: Any) -> int:
+    output = _output_for(args)
+    try:
+        api.wait_ready()
+    except PrefectApiError as exc:
+        return fail(f"embedline: error: {exc}", EXIT_USAGE)
     from flows.load import load_run
 
     try:
-        state = load_run(to=args.to, run=args.run, output=_output_for(args), ledger=args.ledger,
+        state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
                          return_state=True)  # fmt: skip
     except KeyboardInterrupt:
         return fail("embedline: interrupted; rerun the same command to resume", 130)
