@@ -60,7 +60,9 @@ __all__ = [
     "LOCAL_DIMENSIONS",
     "LocalEmbedder",
     "OpenAIEmbedder",
+    "RequestCaps",
     "api_key_from_env",
+    "auth_header_for",
     "build_embedder",
     "classify",
     "classify_transport_error",
@@ -81,6 +83,16 @@ _KEY_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what a Bearer token m
 
 
 # -- environment and estimates ------------------------------------------------------------
+
+
+#: Environment variable naming the header that carries the API key (``--auth-header``).
+AUTH_HEADER_ENV = "EMBEDLINE_AUTH_HEADER"
+
+
+def auth_header_for(setting: str | None) -> str:
+    """The header that carries the key: ``--auth-header``, else ``$EMBEDLINE_AUTH_HEADER``,
+    else ``Authorization`` (sent as ``Bearer KEY``)."""
+    return setting or os.environ.get(AUTH_HEADER_ENV) or "Authorization"
 
 
 def api_key_from_env() -> str | None:
@@ -142,6 +154,7 @@ def classify(
     model: str,
     path: str,
     redact: Sequence[str] = (),
+    auth_hint: str = _KEY_HINT,
 ) -> EmbedlineError | None:
     """Return the error for an HTTP answer, or None when it is a 2xx JSON body to parse.
 
@@ -151,7 +164,7 @@ def classify(
     - 2xx: None if JSON, else ``RetryableError`` (a proxy's HTML page, a truncated body).
     - 3xx: ``FatalError`` (redirects are not followed; point --base-url at the final URL).
     - 400/413/422: ``RowError(reason="rejected")``; the caller bisects the batch.
-    - 401/403: ``FatalError`` telling to set ``EMBEDLINE_API_KEY``/``OPENAI_API_KEY``.
+    - 401/403: ``FatalError`` with ``auth_hint`` (which header carried the key, what to set).
     - 404: ``FatalError`` naming the model and the URL path.
     - 429: ``FatalError`` if ``error.code`` or ``error.type`` is ``insufficient_quota``,
       else ``RateLimitedError`` with ``retry_after_s`` from the headers (or None).
@@ -180,7 +193,7 @@ def classify(
         return RowError("rejected", http_status=status, detail=f"HTTP {status} {detail}".strip())
     if status in _AUTH_STATUSES:
         return FatalError(
-            f"HTTP {status} from {path} ({code or 'unauthorized'}): {_KEY_HINT}",
+            f"HTTP {status} from {path} ({code or 'unauthorized'}): {auth_hint}",
             http_status=status,
         )
     if status == 404:
@@ -215,7 +228,7 @@ def _classify_429(payload: object, headers: Mapping[str, str], detail: str) -> E
 
 
 def _error_object(payload: object) -> Mapping[str, Any]:
-    """The error mapping of an OpenAI (``{"error": {...}}``), vLLM or TEI error body."""
+    """The error mapping of an OpenAI (``{"error": {...}}``), vLLM, TEI or FastAPI error body."""
     if not isinstance(payload, Mapping):
         return {}
     error = payload.get("error")
@@ -223,7 +236,27 @@ def _error_object(payload: object) -> Mapping[str, Any]:
         return error
     if isinstance(error, str):  # TEI / Ollama: {"error": "...", "error_type": "..."}
         return {"message": error, "type": payload.get("error_type")}
+    detail = payload.get("detail")
+    if detail is not None and "message" not in payload:
+        return _fastapi_error(detail)
     return payload  # vLLM: {"object": "error", "message": ..., "type": ..., "code": ...}
+
+
+def _fastapi_error(detail: object) -> Mapping[str, Any]:
+    """FastAPI/pydantic ``{"detail": "..."}`` or ``{"detail": [{"loc", "msg", "type"}]}``
+    (infinity, LiteLLM and other FastAPI servers) as an error mapping; ``param`` names the
+    first field at fault (``loc`` without its leading ``"body"``)."""
+    if isinstance(detail, str):
+        return {"message": detail}
+    items = [d for d in detail if isinstance(d, Mapping)] if isinstance(detail, list) else []
+    if not items:
+        return {}
+    parts, params = [], []
+    for item in items[:3]:
+        loc = [str(p) for p in item.get("loc") or [] if p != "body"]
+        params.append(".".join(loc))
+        parts.append(f"{'.'.join(loc) or 'request'}: {item.get('msg') or item.get('type')}")
+    return {"message": "; ".join(parts), "type": items[0].get("type"), "param": params[0]}
 
 
 def _error_codes(payload: object) -> set[str]:
@@ -263,6 +296,24 @@ def _mentions_encoding_format(payload: object) -> bool:
     return any("encoding_format" in str(error.get(k) or "") for k in ("message", "param"))
 
 
+def _names_another_param(payload: object) -> bool:
+    """True when the error body blames a request field other than ``encoding_format``."""
+    param = _error_object(payload).get("param")
+    return bool(param) and "encoding_format" not in str(param)
+
+
+def _probe_worthy(error: EmbedlineError | None) -> bool:
+    """Could this answer to a base64 request be the server refusing base64? A rejection or
+    a server error is; auth, model, quota and rate-limit answers are not."""
+    status = getattr(error, "http_status", None)
+    if isinstance(error, RowError):
+        return True
+    if isinstance(error, RetryableError) and not isinstance(error, RateLimitedError):
+        return status in (500, 501)  # not 502-504: those say "overloaded", not "cannot do"
+    return isinstance(error, FatalError) and status is not None and 400 <= status < 500 and (
+        status not in (401, 403, 404, 429))
+
+
 # -- response parsing ------------------------------------------------------------------------
 
 
@@ -276,28 +327,55 @@ def _json_or_none(response: httpx.Response) -> object:
         return None
 
 
-def _parse(payload: object, n: int, dimensions: int | None) -> tuple[np.ndarray, int]:
+def _parse(
+    payload: object, n: int, dimensions: int | None, *, redact: Sequence[str] = ()
+) -> tuple[np.ndarray, int]:
     """Return (float32 ``(n, d)`` vectors in request order, tokens used) from a 2xx body.
 
-    Vectors are placed by each item's ``index``, never by position.
+    Vectors are placed by each item's ``index``, never by position, except where the order is
+    otherwise unambiguous: items without any ``index`` are in request order, and a single
+    item without one (Gemini's OpenAI-compatible layer omits ``index: 0``) takes the one
+    index the others leave free.
 
-    :raises BadResponseError: no ``data`` list, a count other than ``n``, a missing,
-        duplicate or out-of-range index, vectors of unequal length or of a length other
-        than ``dimensions``, an undecodable vector, or NaN/Inf values.
+    :raises BadResponseError: an error object instead of ``data`` (its message is shown,
+        redacted like ``classify``'s), no ``data`` list, a count other than ``n``, a
+        duplicate, ambiguous or out-of-range index, vectors of unequal length or of a length
+        other than ``dimensions``, an undecodable vector, or NaN/Inf values.
     """
     data = payload.get("data") if isinstance(payload, Mapping) else None
     if not isinstance(data, list):
+        code, message = _error_fields(payload)
+        if isinstance(payload, Mapping) and (code or message):
+            detail = _detail(code, message, redact)
+            raise BadResponseError(f"HTTP 200 with an error body instead of embeddings {detail}")
         raise BadResponseError("response has no 'data' list")
     if len(data) != n:
         raise BadResponseError(f"expected {n} embeddings, got {len(data)}")
     rows: list[np.ndarray | None] = [None] * n
-    for item in data:
-        index = _index_of(item, n)
+    for item, index in zip(data, _indexes(data, n), strict=True):
         if rows[index] is not None:
             raise BadResponseError(f"duplicate embedding index {index}")
-        rows[index] = _decode_vector(item.get("embedding"), index)  # type: ignore[union-attr]
+        rows[index] = _decode_vector(item.get("embedding"), index)
     matrix = _stack([r for r in rows if r is not None], dimensions)
     return matrix, _usage_tokens(payload.get("usage"))  # type: ignore[union-attr]
+
+
+def _indexes(data: list[object], n: int) -> list[int]:
+    """Each item's position in the request (see ``_parse``)."""
+    if not all(isinstance(item, Mapping) for item in data):
+        raise BadResponseError("embedding item is not an object")
+    missing = [i for i, item in enumerate(data) if "index" not in item]  # type: ignore[operator]
+    if len(missing) == len(data):
+        return list(range(n))
+    given = [_index_of(item, n) if "index" in item else -1 for item in data]  # type: ignore[operator]
+    if len(missing) == 1:
+        free = set(range(n)) - set(given)
+        if len(free) != 1:
+            raise BadResponseError("embedding item without an 'index' and no free index for it")
+        given[missing[0]] = free.pop()
+    elif missing:
+        raise BadResponseError(f"{len(missing)} embedding items without an 'index'")
+    return given
 
 
 def _index_of(item: object, n: int) -> int:
@@ -404,6 +482,50 @@ class _SharedPause:
         return until > covered and until > self._clock()
 
 
+class RequestCaps:
+    """Per-request limits learned from the server, kept for the rest of the run; thread-safe.
+
+    Some servers cap the inputs (TEI's ``--max-client-batch-size``, Gemini's 100 or 250) or
+    the tokens of one request and answer a 4xx above it. When a rejected batch was then
+    embedded whole in smaller requests (no row was at fault), the largest request that
+    worked becomes the cap, so later batches do not pay the same 4xx and bisection again.
+    Caps only ever shrink. ``max_inputs`` in inputs, ``max_tokens`` in estimated tokens
+    (``estimate_tokens``); None means no learned cap.
+    """
+
+    def __init__(self, *, logger: Logger | None = None) -> None:
+        self._lock = threading.Lock()
+        self._logger: Logger = logger or logging.getLogger(_HTTP_LOGGER)
+        self.max_inputs: int | None = None
+        self.max_tokens: int | None = None
+
+    def limits(self, batch_size: int, max_request_tokens: int) -> tuple[int, int]:
+        """Return (inputs, tokens) per request: the settings, lowered by learned caps."""
+        with self._lock:
+            inputs, tokens = self.max_inputs, self.max_tokens
+        return min(batch_size, inputs or batch_size), min(max_request_tokens,
+                                                          tokens or max_request_tokens)
+
+    def learn(self, *, rejected: int, inputs: int, tokens: int | None, status: int | None) -> None:
+        """Record that a request of ``rejected`` inputs was refused (HTTP ``status``) while
+        requests of up to ``inputs`` inputs (and ``tokens`` estimated tokens, when the
+        server named tokens as the limit) worked. Logged once per change."""
+        with self._lock:
+            changed = self.max_inputs is None or inputs < self.max_inputs
+            if changed:
+                self.max_inputs = inputs
+            if tokens is not None and (self.max_tokens is None or tokens < self.max_tokens):
+                self.max_tokens, changed = tokens, True
+            max_inputs, max_tokens = self.max_inputs, self.max_tokens
+        if changed:
+            self._logger.warning(
+                "the server refused a request of %d inputs (HTTP %s) but accepted its rows in "
+                "smaller requests: sending at most %d inputs%s per request from now on",
+                rejected, status, max_inputs,
+                f" and {max_tokens} estimated tokens" if max_tokens else "",
+            )  # fmt: skip
+
+
 @dataclass(slots=True)
 class _Call:
     """Book-keeping of one ``embed`` call: HTTP requests sent, own pause deadline, the
@@ -440,7 +562,15 @@ class OpenAIEmbedder:
     :param base_url: e.g. ``https://api.openai.com/v1``; a query string (Azure-style
         ``?api-version=``) is kept after ``/embeddings``.
     :param dimensions: sent as ``dimensions`` when set, and every vector must have it.
-    :param api_key: sent as ``Authorization: Bearer``; None sends no such header.
+    :param api_key: sent as ``Authorization: Bearer KEY``, or as ``NAME: KEY`` when
+        ``auth_header`` names another header (Azure-style gateways read ``api-key``); None
+        sends no key at all.
+    :param auth_header: the header that carries the key (an RFC 9110 field name).
+    :param encoding_format: ``"base64"`` or ``"float"`` for every request; ``"auto"`` asks
+        for base64 and, until the server has accepted a base64 request, answers a rejection
+        or a server error by resending that request once as ``"float"``: if that works (or
+        the answer named ``encoding_format``), float is used for the rest of the run,
+        logged once. Some servers refuse base64 with a 400, a FastAPI 422 or a 500.
     :param timeout_s: per-request connect/read/write/pool timeout, seconds.
     :param max_attempts: HTTP attempts per ``embed`` call, the first one included.
     :param concurrency: HTTP requests in flight at once, across threads.
@@ -470,6 +600,8 @@ class OpenAIEmbedder:
         rpm: int | None = None,
         tpm: int | None = None,
         max_wait_s: float = MAX_RETRY_AFTER_S,
+        auth_header: str = "Authorization",
+        encoding_format: str = "auto",
         client: httpx.Client | None = None,
         logger: Logger | None = None,
         sleep: Callable[[float], None] | None = None,
@@ -477,6 +609,9 @@ class OpenAIEmbedder:
     ) -> None:
         self._url = _endpoint_url(base_url)
         _check_api_key(api_key)
+        _check_header_name(auth_header)
+        if encoding_format not in ("auto", "base64", "float"):
+            raise ValueError(f"encoding_format must be auto, base64 or float: {encoding_format!r}")
         self.base_url = base_url
         self.model = model
         self.dimensions = dimensions
@@ -495,7 +630,12 @@ class OpenAIEmbedder:
         self._slots = threading.BoundedSemaphore(concurrency)
         self._pause = _SharedPause(clock)
         self._pacer = RequestPacer(rpm=rpm, tpm=tpm, clock=clock)
-        self._encoding_format = "base64"
+        self._auth_header = auth_header
+        self._encoding_format = "float" if encoding_format == "float" else "base64"
+        self._format_settled = encoding_format != "auto"
+        self._format_lock = threading.Lock()
+        self._accepted = 0
+        self.caps = RequestCaps(logger=self._logger)
 
     def __repr__(self) -> str:
         key = "'[secure]'" if self._api_key else "None"
@@ -519,6 +659,11 @@ class OpenAIEmbedder:
     def encoding_format(self) -> str:
         """``"base64"``, or ``"float"`` once the server has refused base64."""
         return self._encoding_format
+
+    @property
+    def accepted_requests(self) -> int:
+        """Requests this client got a well-formed 2xx answer to."""
+        return self._accepted
 
     @property
     def fatal_error(self) -> FatalError | None:
@@ -553,17 +698,21 @@ class OpenAIEmbedder:
             max_attempts=self.max_attempts, max_wait_s=self.max_wait_s, sleep=self._sleep,
             before_sleep=self._log_retry,
         )
-        for attempt in retrying:
-            with attempt:
-                try:
-                    vectors, tokens = self._post_once(batch, idempotency_key, call)
-                except RetryableError as exc:
-                    if isinstance(exc, RateLimitedError):
-                        call.pause_deadline = self._pause.extend(
-                            exc.retry_after_s, http_status=exc.http_status
-                        )
-                    self._defer_if_too_long(exc)
-                    raise
+        try:
+            for attempt in retrying:
+                with attempt:
+                    try:
+                        vectors, tokens = self._post_once(batch, idempotency_key, call)
+                    except RetryableError as exc:
+                        if isinstance(exc, RateLimitedError):
+                            call.pause_deadline = self._pause.extend(
+                                exc.retry_after_s, http_status=exc.http_status
+                            )
+                        self._defer_if_too_long(exc)
+                        raise
+        except EmbedlineError as exc:
+            exc.requests = call.requests  # what this call paid for, for the run's counts
+            raise
         return Embeddings(vectors=vectors, tokens=tokens, requests=call.requests)
 
     def close(self) -> None:
@@ -600,34 +749,93 @@ class OpenAIEmbedder:
         """One paced round trip and its classification; returns (vectors, tokens).
 
         The answer is classified while the concurrency slot is held, so a fatal answer
-        stops the client before another request can take the slot. If the server answers
-        400 naming ``encoding_format`` to a base64 request, this client switches to
-        ``"float"`` for good and resends once (paced like any request).
+        stops the client before another request can take the slot. A base64 request that
+        may have failed because of base64 is resent once as float (``_try_float``).
         """
-        self._admit(call)
-        fmt = self._encoding_format
-        with self._slots:
-            self._raise_if_stopped()
-            response, payload = self._send(texts, key, fmt, call)
-            error = classify(
-                response.status_code, response.headers, payload,
-                model=self.model, path=self._url.path, redact=texts,
-            )
-            if isinstance(error, FatalError):
-                self._stop(error)
-        if isinstance(error, RowError) and fmt == "base64" and _mentions_encoding_format(payload):
-            self._encoding_format = "float"
-            self._logger.warning(
-                "server refused encoding_format=base64 (HTTP %s); using float from now on",
-                response.status_code,
-            )
-            return self._post_once(texts, key, call)
+        response, payload, error, fmt = self._round_trip(texts, key, None, call)
+        if fmt == "base64" and error is not None and not self._format_settled:
+            if _mentions_encoding_format(payload):
+                self._use_float(response.status_code)
+                return self._post_once(texts, key, call)
+            if _probe_worthy(error) and not _names_another_param(payload):
+                result = self._try_float(texts, key, call, response.status_code)
+                if result is not None:
+                    return result
+        if isinstance(error, FatalError):
+            self._stop(error)
         if error is not None:
             raise error
-        vectors, tokens = _parse(payload, len(texts), self.dimensions)
+        return self._accepted_answer(payload, texts, call, fmt)
+
+    def _round_trip(
+        self, texts: list[str], key: str, fmt: str | None, call: _Call
+    ) -> tuple[httpx.Response, object, EmbedlineError | None, str]:
+        """Admit, send once holding a slot, classify; returns (response, JSON, error, format
+        sent). ``fmt`` None sends the client's format as of the moment the slot is taken. A
+        fatal answer (but one the format probe may explain) latches the client before the
+        slot is released."""
+        self._admit(call)
+        with self._slots:
+            self._raise_if_stopped()
+            fmt = fmt or self._encoding_format
+            response, payload = self._send(texts, key, fmt, call)
+            error = classify(
+                response.status_code, response.headers, payload, model=self.model,
+                path=self._url.path, redact=texts, auth_hint=self._auth_hint(),
+            )  # fmt: skip
+            unsure = (fmt == "base64" and not self._format_settled and _probe_worthy(error)
+                      and not _names_another_param(payload))
+            if isinstance(error, FatalError) and not unsure:
+                self._stop(error)
+        return response, payload, error, fmt
+
+    def _try_float(
+        self, texts: list[str], key: str, call: _Call, status: int
+    ) -> tuple[np.ndarray, int] | None:
+        """Resend a failed base64 request once as float; on success use float from now on
+        and return its result, else keep base64 for good and return None."""
+        _, payload, error, _ = self._round_trip(texts, key, "float", call)
+        if error is not None or not _well_formed(payload, len(texts)):
+            with self._format_lock:
+                self._format_settled = True  # float fails alike: base64 was not the cause
+            return None
+        self._use_float(status)
+        return self._accepted_answer(payload, texts, call, "float")
+
+    def _use_float(self, status: int) -> None:
+        with self._format_lock:
+            first = self._encoding_format == "base64"
+            self._encoding_format, self._format_settled = "float", True
+        if first:
+            self._logger.warning(
+                "the server refused encoding_format=base64 (HTTP %s) and accepted float: "
+                "using float for the rest of the run", status,
+            )
+
+    def _accepted_answer(
+        self, payload: object, texts: list[str], call: _Call, fmt: str
+    ) -> tuple[np.ndarray, int]:
+        vectors, tokens = _parse(payload, len(texts), self.dimensions, redact=texts)
+        with self._format_lock:
+            self._accepted += 1
+            if fmt == "base64":
+                self._format_settled = True
         if tokens:
             self._pacer.correct(estimated=call.estimated_tokens, used=tokens)
         return vectors, tokens
+
+    def _auth_hint(self) -> str:
+        """What a 401/403 message says about the key and the header that carried it."""
+        if self._api_key is None:
+            return ("no API key was sent: set EMBEDLINE_API_KEY (or OPENAI_API_KEY), and "
+                    "--auth-header if the gateway reads the key from another header")
+        if self._auth_header.lower() == "authorization":
+            return ("the key was sent as 'Authorization: Bearer …': check EMBEDLINE_API_KEY "
+                    "(or OPENAI_API_KEY), or pass --auth-header api-key if the gateway "
+                    "(Azure-style) expects the key in another header")
+        return (f"the key was sent in the {self._auth_header!r} header (--auth-header or "
+                "EMBEDLINE_AUTH_HEADER): check EMBEDLINE_API_KEY (or OPENAI_API_KEY) and "
+                "the header name the gateway expects")
 
     def _send(
         self, texts: list[str], key: str, fmt: str, call: _Call
@@ -638,7 +846,10 @@ class OpenAIEmbedder:
             body["dimensions"] = self.dimensions
         headers = {"Idempotency-Key": key, "Accept": "application/json"}
         if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
+            if self._auth_header.lower() == "authorization":
+                headers["Authorization"] = f"Bearer {self._api_key}"
+            else:
+                headers[self._auth_header] = self._api_key
         call.requests += 1
         started = time.perf_counter()
         try:
@@ -673,6 +884,10 @@ class OpenAIEmbedder:
         ) from exc
 
     # -- the fatal latch -----------------------------------------------------------------
+
+    def stop(self, error: FatalError) -> None:
+        """Latch ``error`` as if the server had answered it: nothing more is sent."""
+        self._stop(error)
 
     def _stop(self, error: FatalError) -> None:
         """Latch the first fatal answer: from now on nothing more is sent."""
@@ -728,6 +943,23 @@ def _endpoint_url(base_url: str) -> httpx.URL:
     if url.scheme not in ("http", "https") or not url.host:
         raise InputError(f"--base-url must be an http(s) URL, got {_safe_url(base_url)!r}")
     return url.copy_with(path=url.path.rstrip("/") + "/embeddings")
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 §5.6.2 token (a field name)
+
+
+def _check_header_name(name: str) -> None:
+    """:raises InputError: if ``name`` cannot be an HTTP field name (RFC 9110 §5.1)."""
+    if not _TOKEN.fullmatch(name or ""):
+        raise InputError(f"--auth-header {name!r} is not a valid HTTP header name")
+
+
+def _well_formed(payload: object, n: int) -> bool:
+    try:
+        _parse(payload, n, None)
+    except BadResponseError:
+        return False
+    return True
 
 
 def _check_api_key(api_key: str | None) -> None:
@@ -894,7 +1126,8 @@ def _cache_key(settings: RunSettings, api_key: str | None) -> tuple[object, ...]
     return (
         settings.embedder, settings.effective_model, settings.base_url, settings.dimensions,
         settings.timeout_s, settings.max_attempts, settings.concurrency, settings.rpm,
-        settings.tpm, key_digest,
+        settings.tpm, key_digest, auth_header_for(settings.auth_header),
+        settings.encoding_format,
     )
 
 
@@ -913,5 +1146,6 @@ def _new_embedder(settings: RunSettings, api_key: str | None, logger: Logger) ->
         base_url=settings.base_url, model=settings.effective_model,
         dimensions=settings.dimensions, api_key=api_key, timeout_s=settings.timeout_s,
         max_attempts=settings.max_attempts, concurrency=settings.concurrency,
-        rpm=settings.rpm, tpm=settings.tpm, logger=logger,
+        rpm=settings.rpm, tpm=settings.tpm, auth_header=auth_header_for(settings.auth_header),
+        encoding_format=settings.encoding_format, logger=logger,
     )

@@ -59,6 +59,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                           "(openai); longer texts follow --on-too-long. Unset: the server's "
                           "400 isolates them")
     run.add_argument("--on-too-long", choices=("dead-letter", "truncate"), default="dead-letter")
+    run.add_argument("--auth-header", default=None, metavar="NAME",
+                     help="header that carries the API key: Authorization (default, sent as "
+                          "'Bearer KEY') or e.g. api-key for Azure-style gateways (sent as "
+                          "the bare key); also from EMBEDLINE_AUTH_HEADER")
+    run.add_argument("--encoding-format", choices=("auto", "base64", "float"), default="auto",
+                     help="how vectors travel: auto (default) asks for base64 and falls back "
+                          "to float for the whole run if the server refuses base64")
     run.add_argument("--chunk-retries", type=int, default=1,
                      help="Prefect retries of a chunk after a retryable failure")
     run.add_argument("--chunk-retry-delay", type=float, default=10.0, help="seconds")

@@ -10,11 +10,16 @@
      ├─ BadResponseError      2xx with wrong count/index/dimensions or NaN/Inf → chunk failed
      ├─ StopRequestedError    the run is stopping (SIGINT/SIGTERM) → chunk released, rerun resumes
      ├─ FatalError            401/403, insufficient_quota, unknown model, store refusals → exit 3
+     │   ├─ RequestRejectedError  a 4xx for the request itself, not one input → exit 3
      │   └─ ConflictError     an object at our key holds other bytes → never overwritten
      └─ RunIncompleteError    the run ended with failed chunks or dead letters → exit 1
 
 Messages never contain input text, API keys or credentials: only ids, line numbers, column
 names, HTTP statuses and keys.
+
+Every error also carries ``requests`` and ``tokens``: the HTTP requests sent (retries
+included) and the tokens the server reported for the work that ended in this error, so a run
+counts what it paid for even when a chunk fails (0 when nothing was sent).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = [
     "FatalError",
     "InputError",
     "RateLimitedError",
+    "RequestRejectedError",
     "RetryLaterError",
     "RetryableError",
     "RowError",
@@ -38,6 +44,8 @@ class EmbedlineError(Exception):
     """Base of every embedline error; ``chunk_index`` and ``row_number`` when known."""
 
     exit_code = 1
+    requests = 0  # HTTP requests sent for the failed work, retries included
+    tokens = 0  # tokens the server reported for it
 
     def __init__(
         self, message: str, *, chunk_index: int | None = None, row_number: int | None = None
@@ -147,6 +155,15 @@ class FatalError(EmbedlineError):
     ) -> None:
         super().__init__(message, chunk_index=chunk_index)
         self.http_status = http_status
+
+
+class RequestRejectedError(FatalError):
+    """Raised when the server answers the same 4xx to a batch and to its rows sent alone.
+
+    The request itself is refused (an unsupported parameter such as ``dimensions``, a wrong
+    deployment), not an input: dead-lettering every row would make the rejection final, so
+    the run stops instead (exit 3) and publishes nothing for the affected chunks.
+    """
 
 
 class ConflictError(FatalError):

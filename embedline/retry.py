@@ -4,7 +4,9 @@ Pure: no I/O (sleeping is injected). Built on tenacity (``Retrying``, ``stop_aft
 ``wait_random_exponential``) so the adapter's retry loop is ``for attempt in policy:``.
 
 - Retried: ``RetryableError`` (its subclass ``RateLimitedError`` included) and
-  ``BadResponseError`` (DESIGN §5: a malformed 2xx is retried, then the chunk fails).
+  ``BadResponseError`` (DESIGN §5: a malformed 2xx is retried, then the chunk fails). A
+  malformed 2xx is retried at most once (``MAX_BAD_RESPONSES``): a server that answers a
+  request with a bad 200 usually answers it the same way again, and every attempt is billed.
   ``RowError`` and ``FatalError`` are never retried.
 - Wait: the server's wait when the error carries one (``retry_after_s``, parsed from
   ``retry-after-ms`` / ``Retry-After``), else full-jitter exponential backoff
@@ -35,6 +37,7 @@ from tenacity import (
     stop_after_attempt,
     wait_random_exponential,
 )
+from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from embedline.errors import BadResponseError, RetryableError, RetryLaterError
@@ -43,11 +46,15 @@ if TYPE_CHECKING:
     from tenacity import RetryCallState
 
 __all__ = [
+    "MAX_BAD_RESPONSES",
     "MAX_RETRY_AFTER_S",
     "WaitRetryAfter",
     "parse_retry_after",
     "request_retrying",
 ]
+
+#: Malformed 2xx answers accepted for one request before it fails (the first try included).
+MAX_BAD_RESPONSES = 2
 
 #: Longest server-requested wait honoured, in seconds; longer waits are clamped to this.
 MAX_RETRY_AFTER_S = 120.0
@@ -128,6 +135,23 @@ class WaitRetryAfter(wait_base):
         return min(max(float(server_wait), 0.0), self.max_wait_s)
 
 
+class _StopAfterBadResponses(stop_base):
+    """Stop once ``limit`` attempts of one call ended in ``BadResponseError``.
+
+    One instance per ``Retrying`` (one call): it counts the bad answers it was shown.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen = 0
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        outcome = retry_state.outcome
+        if outcome is not None and isinstance(outcome.exception(), BadResponseError):
+            self.seen += 1
+        return self.seen >= self.limit
+
+
 def request_retrying(
     *,
     max_attempts: int,
@@ -141,7 +165,8 @@ def request_retrying(
 
     Retries ``RetryableError`` and ``BadResponseError`` only, never ``RetryLaterError`` (a
     server wait above ``max_wait_s`` seconds: the caller releases the work instead of
-    sleeping); stops after ``max_attempts`` attempts, the first try included; waits per
+    sleeping); stops after ``max_attempts`` attempts, the first try included, or after
+    ``MAX_BAD_RESPONSES`` malformed 2xx answers, whichever comes first; waits per
     ``WaitRetryAfter`` over full-jitter backoff (``backoff_base_s * 2 ** (attempt - 1)``
     seconds, at most ``backoff_cap_s``). ``reraise=True``: callers see the last embedline
     error, never ``tenacity.RetryError``.
@@ -156,7 +181,7 @@ def request_retrying(
     fallback = wait_random_exponential(multiplier=backoff_base_s, max=backoff_cap_s)
     return Retrying(
         sleep=sleep,
-        stop=stop_after_attempt(max_attempts),
+        stop=stop_after_attempt(max_attempts) | _StopAfterBadResponses(MAX_BAD_RESPONSES),
         wait=WaitRetryAfter(fallback, max_wait_s=max_wait_s),
         retry=(
             retry_if_exception_type((RetryableError, BadResponseError))

@@ -72,6 +72,10 @@ class RunSettings(BaseModel):
     e.g. 8191 for OpenAI's text-embedding-3 models; unset, an over-long input is isolated
     by the server's 400 and the batch bisection instead.
 
+    ``auth_header`` names the header that carries the API key (None: ``$EMBEDLINE_AUTH_HEADER``,
+    else ``Authorization: Bearer``); ``encoding_format`` is how vectors travel (``auto``:
+    base64, falling back to float once if the server refuses base64).
+
     ``chunk_retries`` are Prefect task retries of a chunk that failed with a retryable error
     after its requests' own retries, ``chunk_retry_delay_s`` apart; ``grace_s`` is how long
     in-flight chunks may finish after SIGINT/SIGTERM before they are released;
@@ -99,6 +103,8 @@ class RunSettings(BaseModel):
     timeout_s: float = Field(default=60.0, gt=0)
     max_attempts: int = Field(default=6, ge=1, le=100)
     max_input_tokens: int | None = Field(default=None, ge=1)
+    auth_header: str | None = None
+    encoding_format: Literal["auto", "base64", "float"] = "auto"
     on_too_long: Literal["dead-letter", "truncate"] = "dead-letter"
     chunk_retries: int = Field(default=1, ge=0, le=10)
     chunk_retry_delay_s: float = Field(default=10.0, ge=0)
@@ -146,6 +152,13 @@ class RunSettings(BaseModel):
             raise ValueError("a password in the sink URI is not accepted (it would be stored "
                              "in Prefect parameters and the ledger): set PGPASSWORD instead")
         return value or None
+
+    @field_validator("auth_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
+            raise ValueError(f"{value!r} is not an HTTP header name (RFC 9110 §5.1)")
+        return value
 
     @field_validator("id_column", "text_column")
     @classmethod

@@ -75,6 +75,8 @@ def embed_csv(
     max_attempts: int = 6,
     max_input_tokens: int | None = None,
     on_too_long: str = "dead-letter",
+    auth_header: str | None = None,
+    encoding_format: str = "auto",
     chunk_retries: int = 1,
     chunk_retry_delay: float = 10.0,
     grace: float = 30.0,
@@ -332,8 +334,11 @@ def _summarize(
         chunks_failed=len(result.failed),
         chunks_released=len(result.released),
         chunks_not_run=not_done - len(result.failed) - len(result.released),
-        tokens=sum(o.tokens for o in result.published.values()),
-        requests=sum(o.requests for o in result.published.values()),
+        # every request sent and token reported, failed and released chunks included
+        tokens=sum(o.tokens for o in [*result.published.values(), *result.failed.values(),
+                                      *result.released.values()]),
+        requests=sum(o.requests for o in [*result.published.values(), *result.failed.values(),
+                                          *result.released.values()]),
     )  # fmt: skip
     signum = shutdown.stop_signal()
     if signum is not None:

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from adapters.embeddings import estimate_tokens
+from adapters.embeddings import RequestCaps, estimate_tokens
 from embedline.errors import (
     BadResponseError,
+    EmbedlineError,
+    RequestRejectedError,
     RetryableError,
     RetryLaterError,
     RowError,
@@ -46,17 +48,27 @@ class EmbeddedRows:
 
 
 def batches(
-    rows: Sequence[Row], *, batch_size: int, max_request_tokens: int
+    rows: Sequence[Row],
+    *,
+    batch_size: int,
+    max_request_tokens: int,
+    caps: RequestCaps | None = None,
 ) -> Iterator[list[Row]]:
     """Split ``rows`` into consecutive batches of at most ``batch_size`` rows and at most
-    ``max_request_tokens`` estimated tokens (a single larger row goes alone)."""
+    ``max_request_tokens`` estimated tokens (a single larger row goes alone), each lowered
+    by the ``caps`` learned so far (read again before every batch)."""
     batch: list[Row] = []
     budget = 0
+    limit_rows, limit_tokens = batch_size, max_request_tokens
     for row in rows:
+        if not batch and caps is not None:
+            limit_rows, limit_tokens = caps.limits(batch_size, max_request_tokens)
         tokens = estimate_tokens(row.text)
-        if batch and (len(batch) == batch_size or budget + tokens > max_request_tokens):
+        if batch and (len(batch) >= limit_rows or budget + tokens > limit_tokens):
             yield batch
             batch, budget = [], 0
+            if caps is not None:
+                limit_rows, limit_tokens = caps.limits(batch_size, max_request_tokens)
         batch.append(row)
         budget += tokens
     if batch:
@@ -72,14 +84,29 @@ class _Embedder:
     the error propagates (the chunk fails and a rerun retries it) instead of dead-lettering
     healthy rows. So one poison row cannot sink its chunk, and an outage costs at most three
     retried requests per batch.
+
+    Request-level rejections: until the server has accepted any request of this run, a
+    rejected batch first sends its first rows alone. Two different rows rejected alone with
+    the same status and message, while nothing was ever accepted, mean the server refuses
+    the request itself (an unsupported parameter, a wrong deployment), not these inputs:
+    ``RequestRejectedError`` (exit 3) instead of a chunk of final dead letters. Cost: the
+    batch and two single-row requests. Limitation: a run whose first two rows are both
+    rejected for the same reason is stopped too (its message quotes the server).
+
+    Learned caps: a rejected batch whose rows all went through in smaller requests was too
+    big, not bad; the largest request that worked is remembered in the client's
+    ``RequestCaps`` for the rest of the run.
     """
 
     def __init__(self, client: EmbeddingClient, model: str, dimensions: int | None) -> None:
         self.client = client
         self.model = model
         self.dimensions = dimensions
+        self.caps: RequestCaps | None = getattr(client, "caps", None)
         self.vectors: dict[int, np.ndarray] = {}
         self.dead_letters: list[DeadLetter] = []
+        self.accepted: list[tuple[int, int]] = []  # (inputs, estimated tokens) per request
+        self.lone_rejections: list[tuple[int | None, str]] = []  # while nothing was accepted
         self.tokens = 0
         self.requests = 0
 
@@ -89,37 +116,95 @@ class _Embedder:
     def embed(self, batch: list[Row]) -> None:
         """Embed ``batch``, isolating rejected rows; raises what cannot be isolated."""
         error = self._try(batch)
-        if error is not None:
+        if isinstance(error, RowError):
+            self._isolate_rejected(batch, error)
+        elif error is not None:
             self._isolate_server_error(batch, error)
 
-    def _try(self, batch: list[Row]) -> RetryableError | None:
-        """Send once (the client retries); return a 500 that outlived its retries."""
+    def _try(self, batch: list[Row]) -> RowError | RetryableError | None:
+        """Send once (the client retries); return a rejection or a 500 that outlived its
+        retries, record the vectors of a success, raise anything else."""
         if tasks_must_stop():
             raise StopRequestedError("the run is stopping; chunk released for the next run")
         try:
             result = self.client.embed(
                 [r.text for r in batch], idempotency_key=request_key(self.keys(batch))
             )
-        except RowError as exc:
-            self._isolate_rejected(batch, exc)
-            return None
-        except RetryableError as exc:
-            if exc.http_status == 500 and not isinstance(exc, RetryLaterError):
+        except EmbedlineError as exc:
+            self.requests += exc.requests
+            if isinstance(exc, RowError):
+                return exc
+            if (isinstance(exc, RetryableError) and exc.http_status == 500
+                    and not isinstance(exc, RetryLaterError)):  # fmt: skip
                 return exc
             raise
         self.tokens += result.tokens
         self.requests += result.requests
+        self.accepted.append((len(batch), sum(estimate_tokens(r.text) for r in batch)))
         for row, vector in zip(batch, result.vectors, strict=True):
             self.vectors[row.row_number] = vector
         return None
 
+    def _nothing_accepted(self) -> bool:
+        """True until this chunk or (if the client says) any request of the run got a 2xx."""
+        return not self.accepted and getattr(self.client, "accepted_requests", 1) == 0
+
     def _isolate_rejected(self, batch: list[Row], exc: RowError) -> None:
         if len(batch) == 1:
-            self._dead(batch[0], exc.reason, exc.http_status)
+            self._reject_lone(batch[0], exc)
             return
-        middle = len(batch) // 2
-        self.embed(batch[:middle])
-        self.embed(batch[middle:])
+        mark = (len(self.dead_letters), len(self.accepted))
+        rest = self._probe_first_rows(batch) if self._nothing_accepted() else batch
+        middle = len(rest) // 2
+        for half in (rest[:middle], rest[middle:]):
+            if half:
+                self.embed(half)
+        self._learn_cap(batch, exc, mark)
+
+    def _probe_first_rows(self, batch: list[Row]) -> list[Row]:
+        """Send the first rows alone (at most two) while nothing was accepted; return the
+        rows still to embed. :raises RequestRejectedError: via ``_reject_lone``."""
+        for i in range(min(2, len(batch))):
+            error = self._try([batch[i]])
+            if error is None:
+                return batch[i + 1:]
+            if isinstance(error, RetryableError):
+                raise error  # a 500 for a lone row whose batch got a 4xx: not isolable here
+            self._reject_lone(batch[i], error)
+            if not self._nothing_accepted():
+                return batch[i + 1:]
+        return batch[2:]
+
+    def _reject_lone(self, row: Row, exc: RowError) -> None:
+        """Dead-letter a row rejected alone, unless it proves a request-level rejection."""
+        if self._nothing_accepted():
+            signature = (exc.http_status, exc.message)
+            self.lone_rejections.append(signature)
+            if self.lone_rejections.count(signature) >= 2:
+                error = RequestRejectedError(
+                    f"the server rejects every request, not one input (rows sent alone got "
+                    f"the same answer as their batch): {exc.message}. Nothing was published "
+                    "for this chunk; change the setting the server refuses (e.g. drop "
+                    "--dimensions) and rerun", http_status=exc.http_status,
+                )  # fmt: skip
+                stop = getattr(self.client, "stop", None)
+                if stop is not None:
+                    stop(error)  # no other chunk of this process sends the same request
+                raise error
+        self._dead(row, exc.reason, exc.http_status)
+
+    def _learn_cap(self, batch: list[Row], exc: RowError, mark: tuple[int, int]) -> None:
+        dead_before, accepted_before = mark
+        worked = self.accepted[accepted_before:]
+        if self.caps is None or len(self.dead_letters) != dead_before or not worked:
+            return
+        if not all(r.row_number in self.vectors for r in batch):
+            return
+        token_bound = "token" in exc.message.lower()
+        self.caps.learn(
+            rejected=len(batch), inputs=max(n for n, _ in worked),
+            tokens=max(t for _, t in worked) if token_bound else None, status=exc.http_status,
+        )  # fmt: skip
 
     def _isolate_server_error(self, batch: list[Row], exc: RetryableError) -> None:
         if len(batch) == 1:
@@ -128,10 +213,12 @@ class _Embedder:
         middle = len(batch) // 2
         halves = (batch[:middle], batch[middle:])
         errors = [self._try(half) for half in halves]
-        if all(e is not None for e in errors):
+        if all(isinstance(e, RetryableError) for e in errors):
             raise exc
         for half, error in zip(halves, errors, strict=True):
-            if error is not None:
+            if isinstance(error, RowError):
+                self._isolate_rejected(half, error)
+            elif error is not None:
                 self._isolate_server_error(half, error)
 
     def _dead(self, row: Row, reason: str, http_status: int | None) -> None:
@@ -164,6 +251,9 @@ def embed_rows(
     limit is cut to ``3 × max_input_tokens`` UTF-8 bytes, which fits in any script; its keys
     and ``text_sha256`` stay those of the full input text.
 
+    Every error raised carries the chunk's ``requests`` and ``tokens`` so far.
+
+    :raises RequestRejectedError: the server refuses the request itself (see ``_Embedder``).
     :raises RetryableError: a request still failed after the client's attempt budget.
     :raises BadResponseError: batches disagree on the vector length.
     :raises FatalError: from the client (credentials, quota, model).
@@ -181,8 +271,13 @@ def embed_rows(
             embedder.dead_letters.append(DeadLetter(row.row_number, row.id, "too_long"))
         else:
             sendable.append(row)
-    for batch in batches(sendable, batch_size=batch_size, max_request_tokens=max_request_tokens):
-        embedder.embed(batch)
+    try:
+        for batch in batches(sendable, batch_size=batch_size,
+                             max_request_tokens=max_request_tokens, caps=embedder.caps):  # fmt: skip
+            embedder.embed(batch)
+    except EmbedlineError as exc:
+        exc.requests, exc.tokens = embedder.requests, embedder.tokens  # the chunk's whole cost
+        raise
     kept = [r for r in rows if r.row_number in embedder.vectors]
     vectors = _stack([embedder.vectors[r.row_number] for r in kept], dimensions)
     return EmbeddedRows(

@@ -36,19 +36,23 @@ class ChunkFailure:
     kind: FailureKind
     error: str
     expected: bool  # False for an exception embedline does not know: a bug, log its traceback
+    requests: int = 0  # HTTP requests the chunk sent before failing, retries included
+    tokens: int = 0  # tokens the server reported for them
 
 
 def status_for(exc: BaseException) -> ChunkFailure:
     """Classify ``exc`` (raised by a chunk task) into a ``ChunkFailure``."""
     text = f"{type(exc).__name__}: {exc}"
+    cost = {"requests": int(getattr(exc, "requests", 0) or 0),
+            "tokens": int(getattr(exc, "tokens", 0) or 0)}  # fmt: skip
     if isinstance(exc, FatalError):
-        return ChunkFailure("fatal", text, expected=True)
+        return ChunkFailure("fatal", text, expected=True, **cost)
     if isinstance(exc, InputError):
-        return ChunkFailure("input", text, expected=True)
+        return ChunkFailure("input", text, expected=True, **cost)
     if isinstance(exc, (StopRequestedError, RetryLaterError)):
-        return ChunkFailure("released", text, expected=True)
+        return ChunkFailure("released", text, expected=True, **cost)
     if isinstance(exc, EmbedlineError):
-        return ChunkFailure("failed", text, expected=True)
+        return ChunkFailure("failed", text, expected=True, **cost)
     return ChunkFailure("failed", text, expected=False)
 
 

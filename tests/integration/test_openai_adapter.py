@@ -219,14 +219,14 @@ def _bad_200(mutate: Any) -> Any:
      lambda b: b["data"][0].__setitem__("embedding", [float("nan"), 0.5])],
     ids=["wrong count", "duplicate index", "nan"],
 )
-def test_bad_responses_fail_after_the_attempt_budget(
+def test_bad_responses_are_retried_once_then_fail(
     server: FakeEmbeddingServer, mutate: Any
 ) -> None:
     server.fail_when(_bad_200(mutate))
     sleep = Recorder()
     with pytest.raises(BadResponseError):
-        make(server, max_attempts=3, sleep=sleep).embed(TEXTS, idempotency_key=KEY)
-    assert server.requests == 3 and len(sleep.waits) == 2
+        make(server, max_attempts=6, sleep=sleep).embed(TEXTS, idempotency_key=KEY)
+    assert server.requests == 2 and len(sleep.waits) == 1
 
 
 def test_no_authorization_header_without_a_key(server: FakeEmbeddingServer) -> None:

@@ -150,6 +150,17 @@ class FakeEmbeddingServer:
         any request holding a text that contains this marker, until ``heal()``. Applies
         after ``script``/``fail_when`` faults, which take precedence.
     :param fail_status: the HTTP status of those failures (default 503).
+    :param reject_params: ``{param: message}``: a request carrying ``param`` gets a 400 with
+        that message (a server that does not support ``dimensions``, say), every time.
+    :param base64_refusal: answer ``encoding_format: "base64"`` with this status instead:
+        400 (OpenAI-shaped, naming the field, as ``accept_base64=False``), 422 (a FastAPI
+        validation body, ``{"detail": [{"loc": ["body", "encoding_format"], …}]}``) or 500
+        (a plain-text "Internal Server Error", naming nothing).
+    :param omit_first_index: leave ``index`` out of the first item of ``data`` (Gemini's
+        OpenAI-compatible layer).
+    :param key_header: with ``require_key``, the header that must carry the bare key
+        (e.g. ``api-key``, Azure-style) instead of ``Authorization: Bearer``.
+    :param max_inputs: answer 400 ("too many inputs") to requests of more inputs.
     """
 
     def __init__(
@@ -162,6 +173,11 @@ class FakeEmbeddingServer:
         accept_base64: bool = True,
         fail_texts_containing: str | None = None,
         fail_status: int = 503,
+        reject_params: dict[str, str] | None = None,
+        base64_refusal: int | None = None,
+        omit_first_index: bool = False,
+        key_header: str | None = None,
+        max_inputs: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -172,6 +188,11 @@ class FakeEmbeddingServer:
         self.accept_base64 = accept_base64
         self.fail_texts_containing = fail_texts_containing
         self.fail_status = fail_status
+        self.reject_params = dict(reject_params or {})
+        self.base64_refusal = base64_refusal
+        self.omit_first_index = omit_first_index
+        self.key_header = key_header
+        self.max_inputs = max_inputs
         self._address = (host, port)
         self.lock = threading.Lock()
         self.requests = 0
@@ -337,9 +358,17 @@ class FakeEmbeddingServer:
         if not handler.path.split("?")[0].rstrip("/").endswith("/embeddings"):
             return 404, _error_body("Unknown URL.", type_=invalid, code="unknown_url"), 0
         if self.require_key is not None:
-            if handler.headers.get("Authorization") != f"Bearer {self.require_key}":
-                body = _error_body("Incorrect API key.", type_=invalid, code="invalid_api_key")
+            if self.key_header is not None:
+                good = handler.headers.get(self.key_header) == self.require_key
+            else:
+                good = handler.headers.get("Authorization") == f"Bearer {self.require_key}"
+            if not good:
+                body = _error_body("Access denied due to invalid subscription key.",
+                                   type_=invalid, code="401")  # fmt: skip
                 return 401, body, 0
+        refusal = self._refuse_base64(payload)
+        if refusal is not None:
+            return refusal
         problem = self._invalid(payload)
         if problem is not None:
             return 400, problem, 0
@@ -348,6 +377,21 @@ class FakeEmbeddingServer:
         fmt = payload.get("encoding_format") or "float"
         body = self._embeddings_body(texts, dims, fmt, payload["model"])
         return 200, body, len(texts)
+
+    def _refuse_base64(self, payload: Any) -> tuple[int, bytes, int] | None:
+        status = self.base64_refusal
+        if status is None or not isinstance(payload, dict):
+            return None
+        if payload.get("encoding_format") != "base64":
+            return None
+        if status == 422:
+            detail = [{"loc": ["body", "encoding_format"], "type": "literal_error",
+                       "msg": "Input should be 'float'", "input": "base64"}]  # fmt: skip
+            return 422, json.dumps({"detail": detail}).encode(), 0
+        if status == 500:
+            return 500, b"Internal Server Error", 0
+        return status, _error_body("Invalid value for encoding_format: 'base64'.",
+                                   type_="invalid_request_error", param="encoding_format"), 0
 
     def _invalid(self, payload: Any) -> bytes | None:
         """Return an OpenAI-shaped 400 body if the request is malformed, else None."""
@@ -366,6 +410,11 @@ class FakeEmbeddingServer:
         fmt = payload.get("encoding_format")
         if fmt not in (None, "float", "base64") or (fmt == "base64" and not self.accept_base64):
             return bad(f"Invalid value for encoding_format: {fmt!r}.", "encoding_format")
+        for param, message in self.reject_params.items():
+            if param in payload:
+                return bad(message, param)
+        if self.max_inputs is not None and len(texts) > self.max_inputs:
+            return bad(f"too many inputs: {len(texts)} > {self.max_inputs} per request", "input")
         dims = payload.get("dimensions")
         if dims is not None and (type(dims) is not int or not 1 <= dims <= self.dims):
             return bad(f"dimensions must be between 1 and {self.dims}.", "dimensions")
@@ -382,6 +431,8 @@ class FakeEmbeddingServer:
             vectors = matrix.tolist()
         order = range(len(texts) - 1, -1, -1) if self.shuffle_index else range(len(texts))
         data = [{"object": "embedding", "index": i, "embedding": vectors[i]} for i in order]
+        if self.omit_first_index:
+            data[0].pop("index")
         tokens = sum(max(1, len(t.split())) for t in texts)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         answer = {"object": "list", "data": data, "model": model, "usage": usage}
@@ -400,6 +451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="answer --fail-status to requests holding this marker until "
                              "POST /control/heal")  # fmt: skip
     parser.add_argument("--fail-status", type=int, default=503)
+    parser.add_argument("--reject-param", action="append", default=[], metavar="PARAM=MESSAGE",
+                        help="answer 400 MESSAGE to requests carrying PARAM")
+    parser.add_argument("--base64-refusal", type=int, default=None, choices=(400, 422, 500))
+    parser.add_argument("--omit-first-index", action="store_true")
+    parser.add_argument("--max-inputs", type=int, default=None)
     args = parser.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -408,7 +464,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         dims=args.dims, shuffle_index=args.shuffle_index,
         reject_texts_containing=args.reject_texts_containing,
         fail_texts_containing=args.fail_texts_containing, fail_status=args.fail_status,
-        host=args.host, port=args.port,
+        reject_params=dict(p.split("=", 1) for p in args.reject_param),
+        base64_refusal=args.base64_refusal, omit_first_index=args.omit_first_index,
+        max_inputs=args.max_inputs, host=args.host, port=args.port,
     ).start()
     print(f"READY {server.base_url}", flush=True)
     while not stop.wait(0.2):

@@ -66,6 +66,7 @@ def make_embedder(
     base_url: str = BASE_URL,
     **options: Any,
 ) -> OpenAIEmbedder:
+    options.setdefault("encoding_format", "base64")  # no float probe unless a test asks
     return OpenAIEmbedder(
         base_url=base_url, model=MODEL, dimensions=dimensions, api_key=api_key, timeout_s=5.0,
         max_attempts=max_attempts, concurrency=concurrency,
@@ -342,7 +343,8 @@ BAD_BODIES: dict[str, Handler] = {
     "payload is a list": lambda r: httpx.Response(200, json=[1, 2]),
     "too few": _mutate(lambda b: b["data"].pop()),
     "too many": _mutate(lambda b: b["data"].append(dict(b["data"][0], index=2))),
-    "missing index": _mutate(lambda b: b["data"][0].pop("index")),
+    "missing index, other out of range": _mutate(lambda b: (b["data"][0].pop("index"),
+                                                            b["data"][1].update(index=7))),
     "bool index": _set_item(0, "index", True),
     "string index": _set_item(0, "index", "0"),
     "duplicate index": _set_item(1, "index", 0),
@@ -374,12 +376,12 @@ def test_wrong_dimensions_is_a_bad_response() -> None:
     assert isinstance(embed_error(ok, dimensions=8), BadResponseError)
 
 
-def test_bad_responses_are_retried_until_the_budget_is_spent() -> None:
+def test_a_bad_200_is_retried_once_not_until_the_budget_is_spent() -> None:
     seq = Sequenced(BAD_BODIES["duplicate index"])
     slept: list[float] = []
-    error = embed_error(seq, max_attempts=3, sleep=slept.append)
+    error = embed_error(seq, max_attempts=6, sleep=slept.append)
     assert isinstance(error, BadResponseError)
-    assert len(seq.requests) == 3 and len(slept) == 2
+    assert len(seq.requests) == 2 and len(slept) == 1
 
 
 # -- request shape --------------------------------------------------------------------------
@@ -420,7 +422,7 @@ def test_refused_base64_switches_to_float_once_and_for_good() -> None:
         return ok(request)
 
     seq = Sequenced(handler)
-    emb = make_embedder(seq)
+    emb = make_embedder(seq, encoding_format="auto")
     first = emb.embed(["a", "b"], idempotency_key=IDEM)
     assert first.requests == 2 and emb.encoding_format == "float"
     np.testing.assert_allclose(first.vectors, vectors_for(2))
@@ -431,9 +433,129 @@ def test_refused_base64_switches_to_float_once_and_for_good() -> None:
 
 def test_format_fallback_is_not_repeated_when_float_is_refused_too() -> None:
     seq = Sequenced(answer(400, openai_error(None, "encoding_format not supported")))
-    error = embed_error(seq, max_attempts=5)
+    error = embed_error(seq, max_attempts=5, encoding_format="auto")
     assert isinstance(error, RowError)
     assert len(seq.requests) == 2
+
+
+def _refuses_base64(status: int, body: Any) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["encoding_format"] == "base64":
+            if isinstance(body, str):
+                return httpx.Response(status, text=body)
+            return httpx.Response(status, json=body)
+        return ok(request)
+    return handler
+
+
+FASTAPI_422 = {"detail": [{"loc": ["body", "encoding_format"], "msg": "value is not a valid "
+                           "enumeration member; permitted: 'float'", "type": "type_error.enum"}]}
+
+
+@pytest.mark.parametrize("status, body", [
+    (422, FASTAPI_422), (500, "Internal Server Error"),
+    (500, {"detail": "something broke"}), (400, openai_error(None, "unsupported parameter")),
+], ids=["fastapi-422", "plain-500", "json-500", "400-unnamed"])
+def test_base64_refused_any_way_falls_back_to_float_once_for_the_run(
+    status: int, body: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    seq = Sequenced(_refuses_base64(status, body))
+    emb = make_embedder(seq, encoding_format="auto", max_attempts=6)
+    with caplog.at_level(logging.WARNING, logger="embedline.http"):
+        first = emb.embed(["a", "b"], idempotency_key=IDEM)
+        second = emb.embed(["c"], idempotency_key=IDEM)
+    np.testing.assert_allclose(first.vectors, vectors_for(2))
+    assert (first.requests, second.requests) == (2, 1)
+    formats = [json.loads(r.content)["encoding_format"] for r in seq.requests]
+    assert formats == ["base64", "float", "float"]
+    assert sum("encoding_format=base64" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_base64_is_kept_once_the_server_accepted_it() -> None:
+    calls = Sequenced(ok, answer(500, "Internal Server Error"), ok)
+    emb = make_embedder(calls, encoding_format="auto", max_attempts=2)
+    emb.embed(["a"], idempotency_key=IDEM)
+    emb.embed(["b"], idempotency_key=IDEM)
+    formats = [json.loads(r.content)["encoding_format"] for r in calls.requests]
+    assert formats == ["base64", "base64", "base64"] and emb.encoding_format == "base64"
+
+
+def test_encoding_format_float_never_asks_for_base64() -> None:
+    seq = Sequenced(ok)
+    make_embedder(seq, encoding_format="float").embed(["a"], idempotency_key=IDEM)
+    assert json.loads(seq.requests[0].content)["encoding_format"] == "float"
+
+
+def test_a_fastapi_422_is_read_with_its_field() -> None:
+    error = classify(422, {}, FASTAPI_422, model=MODEL, path="/v1/embeddings")
+    assert isinstance(error, RowError) and "encoding_format: value is not" in str(error)
+
+
+@pytest.mark.parametrize("missing", [[0], [0, 1, 2]], ids=["item 0", "every item"])
+def test_a_missing_index_is_accepted_when_the_order_is_unambiguous(missing: list[int]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = ok_body(request)
+        for i in missing:
+            body["data"][i].pop("index")
+        return httpx.Response(200, json=body)
+
+    seq = Sequenced(handler)
+    result = make_embedder(seq).embed(["a", "b", "c"], idempotency_key=IDEM)
+    np.testing.assert_allclose(result.vectors, vectors_for(3))
+    assert len(seq.requests) == 1
+
+
+def test_two_of_three_indexes_missing_is_ambiguous() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = ok_body(request)
+        for item in body["data"][:2]:
+            item.pop("index")
+        return httpx.Response(200, json=body)
+
+    with pytest.raises(BadResponseError):
+        make_embedder(handler).embed(["a", "b", "c"], idempotency_key=IDEM)
+
+
+def test_a_200_error_body_shows_the_servers_message_redacted() -> None:
+    body = {"error": {"message": f"upstream failed on {SECRET_TEXT}", "code": "upstream"}}
+    seq = Sequenced(answer(200, {"error": {"message": "model overloaded", "code": "busy"}}))
+    error = embed_error(seq, max_attempts=6)
+    assert isinstance(error, BadResponseError) and "model overloaded" in str(error)
+    assert len(seq.requests) == 2  # a bad 200 is retried once, not six times
+    quoted = embed_error(Sequenced(answer(200, body)))
+    assert "withheld" in str(quoted) and SECRET_TEXT not in str(quoted)
+
+
+def test_auth_header_api_key_sends_the_bare_key_and_no_bearer() -> None:
+    seq = Sequenced(ok)
+    make_embedder(seq, auth_header="api-key").embed(["a"], idempotency_key=IDEM)
+    assert seq.requests[0].headers["api-key"] == API_KEY
+    assert "Authorization" not in seq.requests[0].headers
+
+
+@pytest.mark.parametrize("header, named", [("Authorization", "Authorization: Bearer"),
+                                           ("api-key", "'api-key' header")])
+def test_a_401_names_the_header_that_carried_the_key(header: str, named: str) -> None:
+    body = openai_error("invalid_api_key", "Access denied due to invalid subscription key.")
+    error = embed_error(answer(401, body), auth_header=header)
+    assert isinstance(error, FatalError) and named in str(error)
+    assert "--auth-header" in str(error) and API_KEY not in str(error)
+
+
+def test_a_401_without_a_key_says_none_was_sent() -> None:
+    error = embed_error(answer(401, openai_error("invalid_api_key", "no key")), api_key=None)
+    assert "no API key was sent" in str(error)
+
+
+def test_an_invalid_auth_header_name_is_an_input_error() -> None:
+    with pytest.raises(InputError):
+        make_embedder(ok, auth_header="api key")
+
+
+def test_errors_carry_the_requests_they_cost() -> None:
+    seq = Sequenced(answer(503, openai_error(None, "busy")))
+    error = embed_error(seq, max_attempts=3)
+    assert isinstance(error, RetryableError) and error.requests == 3
 
 
 def test_empty_batch_is_a_programming_error() -> None:

@@ -1,0 +1,247 @@
+"""Endpoints as users really have them (issue 8, items 1 and 3-8): a real ``embedline run``
+process against the loopback fake server switched into the misbehaviour public bug reports
+describe for vLLM, TEI, infinity, Gemini's compatibility layer and Azure-style gateways.
+Every published vector is checked against the server's deterministic vector for its text."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import run_cli
+from tests.support.output import read_local_output
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+
+TEXTS = {f"{i:03d}": f"package {i} does useful thing number {i * 7}" for i in range(20)}
+
+
+def _input(tmp_path: Path, texts: dict[str, str] = TEXTS) -> Path:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(("id", "text"))
+    writer.writerows(texts.items())
+    path = tmp_path / "in.csv"
+    path.write_text(buf.getvalue(), encoding="utf-8")
+    return path
+
+
+def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str,
+         env: dict[str, str] | None = None) -> tuple[int, str, str]:  # fmt: skip
+    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+            server.base_url, "--output", str(tmp_path / "out"), "--ledger",
+            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]  # fmt: skip
+    result = run_cli(*args, cwd=tmp_path, env=env)
+    return result.returncode, result.stdout, result.stderr
+
+
+def _summary_requests(out: str) -> int:
+    line = next(x for x in out.splitlines() if x.startswith("api"))
+    return int(line.split()[1].replace(",", ""))
+
+
+def _check_vectors(tmp_path: Path, dims: int = 384, texts: dict[str, str] = TEXTS) -> None:
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert manifest["rows_published"] == len(texts) and manifest["rows_failed"] == 0
+    assert set(vectors) == set(texts)
+    for row_id, text in texts.items():
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text, dims), atol=1e-6)
+
+
+def _chunk_objects(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "out" / "chunks").glob("*.parquet"))
+
+
+# -- item 1: a request-level 4xx is not 20 dead letters --------------------------------------
+
+
+def test_a_rejected_parameter_stops_the_run_and_publishes_nothing(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _input(tmp_path)
+    fake_openai.reject_params = {"dimensions": "dimensions is currently not supported"}
+    code, out, err = _run(tmp_path, fake_openai, "--dimensions", "64", "--chunk-size", "20")
+    assert code == 3, out + err
+    assert "dimensions is currently not supported" in out + err
+    assert fake_openai.requests <= 3  # the batch and two rows alone, not 36
+    assert _summary_requests(out) == fake_openai.requests
+    assert _chunk_objects(tmp_path) == []  # nothing made final
+    dead = run_cli("dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"),
+                   cwd=tmp_path)  # fmt: skip
+    assert dead.stdout.strip() == ""
+    # the server is fixed: a rerun embeds every row
+    fake_openai.reject_params = {}
+    code, out, err = _run(tmp_path, fake_openai, "--dimensions", "64", "--chunk-size", "20")
+    assert code == 0, out + err
+    _check_vectors(tmp_path, dims=64)
+
+
+def test_a_request_level_rejection_with_concurrent_chunks_stops_within_a_few_requests(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    texts = {f"{i:04d}": f"text number {i}" for i in range(400)}
+    _input(tmp_path, texts)
+    fake_openai.reject_params = {"dimensions": "Unrecognized request argument: dimensions"}
+    code, out, err = _run(tmp_path, fake_openai, "--dimensions", "64", "--chunk-size", "50",
+                          "--concurrency", "4")  # fmt: skip
+    assert code == 3, out + err
+    assert "Unrecognized request argument: dimensions" in out + err
+    assert fake_openai.requests <= 3 * 5  # at most 3 per chunk in flight (window 5)
+    assert _chunk_objects(tmp_path) == []
+
+
+def test_one_rejected_row_is_still_a_dead_letter(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    texts = dict(TEXTS, **{"007": "this row is POISON for the server"})
+    _input(tmp_path, texts)
+    fake_openai.reject_texts_containing = "POISON"
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "20")
+    assert code == 1, out + err
+    dead = run_cli("dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"),
+                   cwd=tmp_path)  # fmt: skip
+    assert dead.stdout.split() == ["007", "rejected", "400"]
+
+
+# -- item 3: servers that refuse base64 -------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [400, 422, 500])
+def test_a_server_refusing_base64_gets_float_for_the_whole_run(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, status: int
+) -> None:
+    _input(tmp_path)
+    fake_openai.base64_refusal = status
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5", "--batch-size", "5",
+                          "--concurrency", "1")  # fmt: skip
+    assert code == 0, out + err
+    formats = [e["encoding_format"] for e in fake_openai.log]
+    first_float = formats.index("float")
+    assert formats[0] == "base64" and "base64" not in formats[first_float:]
+    assert formats.count("base64") <= 2  # two chunk tasks start at once; then float for good
+    assert formats.count("float") == 4 + formats.count("base64") - 1
+    assert _summary_requests(out) == fake_openai.requests
+    assert (out + err).count("using float for the rest of the run") == 1
+    _check_vectors(tmp_path)
+
+
+def test_encoding_format_float_never_sends_base64(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _input(tmp_path)
+    fake_openai.base64_refusal = 500
+    code, out, err = _run(tmp_path, fake_openai, "--encoding-format", "float")
+    assert code == 0, out + err
+    assert {e["encoding_format"] for e in fake_openai.log} == {"float"}
+    _check_vectors(tmp_path)
+
+
+# -- item 4: Gemini-style missing index, and bad 200s retried once ----------------------------
+
+
+def test_a_missing_first_index_is_accepted(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _input(tmp_path)
+    fake_openai.omit_first_index = True
+    fake_openai.shuffle_index = False
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10")
+    assert code == 0, out + err
+    assert fake_openai.requests == 2
+    _check_vectors(tmp_path)
+
+
+def test_a_deterministic_bad_200_is_sent_at_most_twice(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _input(tmp_path)
+    wrong_count = {"status": 200, "body": json.dumps({"object": "list", "data": []})}
+    fake_openai.fail_when(lambda payload: wrong_count)
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "20", "--max-attempts", "6")
+    assert code == 1, out + err
+    assert fake_openai.requests == 2  # not 6, every one billed
+    assert _summary_requests(out) == 2
+    assert _chunk_objects(tmp_path) == []
+
+
+# -- item 5: Azure-style api-key header -------------------------------------------------------
+
+
+def test_auth_header_api_key_from_flag_and_from_env(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _input(tmp_path)
+    fake_openai.require_key, fake_openai.key_header = "azure-secret-1", "api-key"
+    env = {"EMBEDLINE_API_KEY": "azure-secret-1"}
+    code, out, err = _run(tmp_path, fake_openai, env=env)
+    assert code == 3, out + err
+    assert "'Authorization: Bearer" in out + err and "--auth-header api-key" in out + err
+    assert "azure-secret-1" not in out + err
+    code, out, err = _run(tmp_path, fake_openai, "--auth-header", "api-key", env=env)
+    assert code == 0, out + err
+    _check_vectors(tmp_path)
+    again = tmp_path / "env"
+    again.mkdir()
+    _input(again)
+    code, out, err = _run(again, fake_openai, env={**env, "EMBEDLINE_AUTH_HEADER": "api-key"})
+    assert code == 0, out + err
+    _check_vectors(again)
+
+
+# -- item 6: a per-request input cap is learned once -----------------------------------------
+
+
+def test_a_per_request_input_cap_is_remembered_for_the_rest_of_the_run(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    texts = {f"{i:04d}": f"row {i} of a capped server" for i in range(256)}
+    _input(tmp_path, texts)
+    fake_openai.max_inputs = 16
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "64", "--batch-size", "64",
+                          "--concurrency", "1")  # fmt: skip
+    assert code == 0, out + err
+    rejected = [e for e in fake_openai.log if e["status"] == 400]
+    assert len(rejected) <= 8  # paid by the two chunks that run first (64, 63, 32, 31 each)
+    later = fake_openai.log[-8:]  # the last two chunks: 128 rows in requests of 16, no 400
+    assert [(e["n_inputs"], e["status"]) for e in later] == [(16, 200)] * 8
+    assert "at most 16 inputs per request" in out + err
+    _check_vectors(tmp_path, texts=texts)
+
+
+# -- item 7: a 200 whose body is an error object ----------------------------------------------
+
+
+def test_a_200_error_body_is_shown_redacted(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _input(tmp_path)
+    body = json.dumps({"error": {"message": "upstream model crashed (code 7)", "code": "x"}})
+    fake_openai.fail_when(lambda payload: {"status": 200, "body": body})
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "20")
+    assert code == 1, out + err
+    assert "upstream model crashed (code 7)" in out + err
+    assert TEXTS["003"] not in out + err
+
+
+# -- item 8: the summary counts every request sent --------------------------------------------
+
+
+def test_requests_of_failed_chunks_and_dead_letters_are_counted(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    texts = dict(TEXTS, **{"002": "BROKEN row", "012": "REJECT me"})
+    _input(tmp_path, texts)
+    fake_openai.reject_texts_containing = "REJECT"
+    fake_openai.fail_when(lambda p: {"status": 503} if any("BROKEN" in t for t in p["input"])
+                          else None)  # fmt: skip
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "2",
+                          "--concurrency", "1")  # fmt: skip
+    assert code == 1, out + err
+    assert fake_openai.requests > 2
+    assert _summary_requests(out) == fake_openai.requests
