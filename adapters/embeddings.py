@@ -753,6 +753,8 @@ class OpenAIEmbedder:
         may have failed because of base64 is resent once as float (``_try_float``).
         """
         response, payload, error, fmt = self._round_trip(texts, key, None, call)
+        if fmt == "base64" and error is not None and self._encoding_format == "float":
+            return self._post_once(texts, key, call)  # another call found float meanwhile
         if fmt == "base64" and error is not None and not self._format_settled:
             if _mentions_encoding_format(payload):
                 self._use_float(response.status_code)
