@@ -69,10 +69,11 @@ def _recorded_base_url(ledger_path: str, run_key: str) -> str | None:
         ledger.close()
 
 
-def _embed_query(query: str, *, embedder: str, model: str, dimensions: int | None,
-                 base_url: str | None) -> Any:  # fmt: skip
+def _embed_queries(queries: list[str], *, embedder: str, model: str, dimensions: int | None,
+                   base_url: str | None) -> Any:  # fmt: skip
+    """The queries' vectors (float32, len(queries) × d), one request or one model call."""
     from adapters.embeddings import build_embedder, close_embedders
-    from embedline.keys import text_sha256
+    from embedline.keys import request_key, text_sha256
     from embedline.settings import LOCAL_DIMENSIONS, RunSettings
 
     fields: dict[str, Any] = {"input": "-", "embedder": embedder, "model": model}
@@ -84,15 +85,17 @@ def _embed_query(query: str, *, embedder: str, model: str, dimensions: int | Non
         fields["dimensions"] = dimensions
     client = build_embedder(RunSettings(**fields))
     try:
-        return client.embed([query], idempotency_key=text_sha256(query)).vectors[0]
+        key = request_key([text_sha256(q) for q in queries])
+        return client.embed(queries, idempotency_key=key).vectors
     finally:
         close_embedders()
 
 
-def search_target(target: str, query: str, *, k: int, run: str | None = None,
+def search_target(target: str, queries: list[str], *, k: int, run: str | None = None,
                   base_url: str | None = None,
-                  ledger: str = DEFAULT_LEDGER) -> list[tuple[str, float]]:  # fmt: skip
-    """Embed ``query`` like the target's vectors and return its ``k`` nearest ids.
+                  ledger: str = DEFAULT_LEDGER) -> list[list[tuple[str, float]]]:  # fmt: skip
+    """Embed ``queries`` like the target's vectors; return each one's ``k`` nearest ids as
+    ``(id, cosine similarity)``, most similar first.
 
     :raises InputError: no committed run, no sink table, or a bad URI.
     :raises EmbedlineError: the embedder failed (see ``EmbeddingClient.embed``).
@@ -110,9 +113,9 @@ def search_target(target: str, query: str, *, k: int, run: str | None = None,
             if info.model is None or info.embedder is None:
                 raise InputError(f"sink {sink.identity} was not created by embedline: its "
                                  "model is unknown")  # fmt: skip
-            vector = _embed_query(query, embedder=info.embedder, model=info.model,
-                                  dimensions=info.dimensions, base_url=base_url)  # fmt: skip
-            return sink.search(vector, k)
+            vectors = _embed_queries(queries, embedder=info.embedder, model=info.model,
+                                     dimensions=info.dimensions, base_url=base_url)  # fmt: skip
+            return [sink.search(v, k) for v in vectors]
         finally:
             sink.close()
     import numpy as np
@@ -123,13 +126,14 @@ def search_target(target: str, query: str, *, k: int, run: str | None = None,
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     manifest_embedder = _manifest_embedder(target, meta["embedline.run_key"])
     dims = int(meta["embedline.dimensions"])
-    vector = _embed_query(query, embedder=manifest_embedder, model=meta["embedline.model"],
-                          dimensions=dims, base_url=base_url or _recorded_base_url(
-                              ledger, meta["embedline.run_key"]))  # fmt: skip
+    vectors = _embed_queries(queries, embedder=manifest_embedder, model=meta["embedline.model"],
+                             dimensions=dims, base_url=base_url or _recorded_base_url(
+                                 ledger, meta["embedline.run_key"]))  # fmt: skip
     column = table.column("embedding").combine_chunks()
     matrix = np.asarray(column.flatten().to_numpy(zero_copy_only=False),
                         dtype=np.float32).reshape(len(column), dims)  # fmt: skip
-    return top_k(matrix, table.column("id").to_pylist(), vector, k)
+    ids = table.column("id").to_pylist()
+    return [top_k(matrix, ids, v, k) for v in vectors]
 
 
 def _manifest_embedder(output: str, run_key: str) -> str:
@@ -144,8 +148,8 @@ def _search(args: argparse.Namespace) -> int:
     from embedline.errors import EmbedlineError
 
     try:
-        hits = search_target(args.target, args.query, k=args.k, run=args.run,
-                             base_url=args.base_url, ledger=args.ledger)  # fmt: skip
+        hits = search_target(args.target, [args.query], k=args.k, run=args.run,
+                             base_url=args.base_url, ledger=args.ledger)[0]  # fmt: skip
     except EmbedlineError as exc:
         return fail(f"embedline: error: {exc}", exc.exit_code)
     except FileNotFoundError as exc:

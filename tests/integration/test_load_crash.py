@@ -1,0 +1,95 @@
+"""``kill -9`` during ``embedline load``, then ``embedline load`` again: the table ends complete,
+with every vector right and no id twice; chunks recorded as loaded are not loaded again."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.csv_data import ENGLISH, expected_vectors, read_rows, write_rows
+from tests.support.fake_openai import FakeEmbeddingServer
+from tests.support.fixtures import REPO, run_cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+
+ROWS, CHUNK = 6000, 25  # 240 chunks: each load-chunk task is a Prefect task run, ~20-50 ms
+
+
+def _loaded_chunks(ledger: Path) -> int:
+    try:
+        db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True, timeout=1)
+        try:
+            return int(db.execute("SELECT count(*) FROM sink_chunks").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.OperationalError:
+        return 0  # no table yet
+
+
+def _table(kind: str, sink: str, pg_uri: str) -> list[tuple[str, np.ndarray]]:
+    if kind == "pgvector":
+        import psycopg
+        from pgvector.psycopg import register_vector
+
+        with psycopg.connect(pg_uri) as conn:
+            register_vector(conn)
+            rows = conn.execute("SELECT id, embedding FROM crash").fetchall()
+        return [(i, np.asarray(v.to_numpy(), dtype=np.float32)) for i, v in rows]
+    import lancedb
+
+    table = lancedb.connect(sink[len("lancedb://"):].split("?")[0]).open_table("crash").to_arrow()
+    return [(i, np.asarray(v, dtype=np.float32)) for i, v in
+            zip(table.column("id").to_pylist(), table.column("embedding").to_pylist(),
+                strict=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["lancedb", "pgvector"])
+def test_kill_9_during_load_then_load_again_completes_without_duplicates(
+    kind: str, tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
+) -> None:
+    rows = read_rows(ENGLISH, ROWS)
+    ledger = tmp_path / "ledger.sqlite3"
+    published = run_cli("run", str(write_rows(tmp_path / "in.csv", rows)), "--embedder",
+                        "openai", "--base-url", fake_openai.base_url, "--output",
+                        str(tmp_path / "out"), "--ledger", str(ledger), "--chunk-size",
+                        str(CHUNK), "--allow-failed-rows", cwd=tmp_path, timeout=600)  # fmt: skip
+    assert published.returncode == 0, published.stderr[-2000:]
+    sink = (f"{pg_uri}&table=crash" if kind == "pgvector"
+            else f"lancedb://{tmp_path}/lance?table=crash")  # fmt: skip
+    load = ["load", "--to", sink, "--output", str(tmp_path / "out"), "--ledger", str(ledger)]
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *load], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while _loaded_chunks(ledger) < 10 and proc.poll() is None:
+            assert time.monotonic() < deadline, "the load never got going"
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI and anything it started
+        proc.wait()
+    loaded_before = _loaded_chunks(ledger)
+    assert proc.returncode == -signal.SIGKILL
+    assert 10 <= loaded_before < ROWS // CHUNK, "the load was not killed midway"
+
+    again = run_cli(*load, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    skipped = int(re.search(r"^chunks +\d+ loaded now, (\d+) skipped", again.stdout,
+                            re.M).group(1))  # fmt: skip
+    assert skipped >= loaded_before  # what the ledger recorded was not loaded again
+    table = _table(kind, sink, pg_uri)
+    ids = [i for i, _ in table]
+    assert len(ids) == len(set(ids)), "an id appears twice"
+    want = expected_vectors(rows)
+    assert set(ids) == set(want)
+    assert all(np.array_equal(v, want[i]) for i, v in table)

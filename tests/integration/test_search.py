@@ -1,0 +1,64 @@
+"""Search over the local model's vectors of the real Debian sample (250 packages): a package's
+own short description (its ``title`` column; the vectors are of its long ``text``) finds that
+package first, over the published vectors and over the LanceDB sink; and ``embedline search``
+prints ranked ids."""
+
+from __future__ import annotations
+
+import csv
+import random
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.search import search_target
+from tests.support.fixtures import REPO, run_cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+
+SAMPLE = REPO / "examples" / "debian-sample.csv"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """What ``make demo`` does: the sample, local model, loaded into LanceDB."""
+    cwd = tmp_path_factory.mktemp("demo")
+    result = run_cli("run", str(SAMPLE), "--chunk-size", "50", "--output", "embedline-output",
+                     "--sink", "lancedb://./embedline-output/lancedb", "--ledger",
+                     str(cwd / "ledger.sqlite3"), cwd=cwd, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^rows +250 upserted now", result.stdout, re.M), result.stdout
+    yield cwd
+
+
+def _titles(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    with open(SAMPLE, newline="", encoding="utf-8") as fh:
+        records = [(r["id"], r["title"]) for r in csv.DictReader(fh)]
+    return random.Random(seed).sample(records, n)
+
+
+@pytest.mark.parametrize("where", ["published vectors", "lancedb sink"])
+def test_a_packages_short_description_finds_it_first_for_9_of_10(demo: Path, where: str) -> None:
+    sampled = _titles(10)
+    target = str(demo / "embedline-output") if where == "published vectors" else \
+        f"lancedb://{demo}/embedline-output/lancedb"
+    hits = search_target(target, [title for _, title in sampled], k=3,
+                         ledger=str(demo / "ledger.sqlite3"))  # fmt: skip
+    first = [h[0][0] for h in hits]
+    found = sum(package == top for (package, _), top in zip(sampled, first, strict=True))
+    assert found >= 9, list(zip([p for p, _ in sampled], first, strict=True))
+
+
+def test_embedline_search_prints_ranked_ids(demo: Path) -> None:
+    result = run_cli("search", "lancedb://./embedline-output/lancedb",
+                     "Real-time strategy game of ancient warfare", "--k", "5", cwd=demo)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].split() == ["rank", "score", "id"]
+    ranked = [line.split() for line in lines[1:]]
+    assert [r[0] for r in ranked] == ["1", "2", "3", "4", "5"]
+    assert ranked[0][2] == "0ad"
+    scores = [float(r[1]) for r in ranked]
+    assert scores == sorted(scores, reverse=True)
