@@ -14,8 +14,10 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # The main job on the embedded default model: a real Debian sample, no network, no account.
+# Then loads it into an embedded LanceDB table and searches it.
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/embedline run examples/debian-sample.csv --chunk-size 50 --output ./embedline-output
+	HF_HUB_OFFLINE=1 $(BIN)/embedline run examples/debian-sample.csv --chunk-size 50 --output ./embedline-output --sink lancedb://./embedline-output/lancedb
+	HF_HUB_OFFLINE=1 $(BIN)/embedline search lancedb://./embedline-output/lancedb "play a strategy game" --k 5
 
 # The test suite CI runs (unit + integration on loopback servers); slow soak runs excluded.
 test: $(STAMP)
