@@ -29,6 +29,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py
+	$(BIN)/python benchmarks/bench_load.py
 
 clean:
 	rm -rf $(VENV) embedline-output .embedline

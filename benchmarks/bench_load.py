@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Load throughput of ``embedline load`` into LanceDB and pgvector, on the whole English file.
+
+What it does, in one run on one machine:
+
+1. Starts the fake OpenAI-compatible server (``tests.support.fake_openai``, 384 dimensions)
+   and publishes the whole file once with ``embedline run --embedder openai`` (chunks of
+   1,000 rows); this is the run every load below reads.
+2. Starts a private PostgreSQL with pgvector (``pgserver``, Unix socket in a temp dir).
+3. For each sink: ``embedline load RUN --to URI`` into a fresh table (CLI end to end, Prefect
+   start-up included), then the same command again (already loaded: a no-op), and as a
+   baseline the sink adapter alone upserting every chunk in one loop (no Prefect, no ledger),
+   so the cost of orchestration and load state is a ratio measured here and now. The
+   pgvector figures include building the HNSW index.
+4. Prints a table and writes JSON (``--out``, default ``benchmarks/results/load-<UTC>.json``).
+
+Numbers, never a timed assertion. Usage::
+
+    python benchmarks/bench_load.py [--data PATH] [--rows N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+DEFAULT_DATA = REPO / ".." / "shared" / "data" / "debian-descriptions-en.csv"
+
+_LOAD_WALL = re.compile(r"^wall time\s+([\d.]+) s\s*\Z", re.M)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PREFECT_API"))}
+    return {**env, "PYTHONPATH": str(REPO), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+def _cli(*args: str, cwd: Path) -> tuple[float, str]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=3600)  # fmt: skip
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"embedline {args[0]} exited {done.returncode}: {done.stderr[-2000:]}")
+    return wall, done.stdout
+
+
+def _fake_server() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.fake_openai", "--port", "0",
+                             "--dims", "384"], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("READY "):
+        proc.kill()
+        raise RuntimeError(f"fake server did not start: {line!r}")
+    return proc, line.split(" ", 1)[1]
+
+
+def _adapter_only(sink_uri: str, output: str) -> float:
+    """Seconds for the sink adapter alone to upsert every chunk of the latest run."""
+    from adapters.object_store import open_store
+    from adapters.sinks import open_sink
+    from tasks.read import chunk_tables, resolve_run
+
+    store = open_store(output)
+    manifest = resolve_run(store)
+    sink = open_sink(sink_uri)
+    started = time.monotonic()
+    sink.ensure_table(embedder="openai", model=str(manifest["model"]),
+                      dimensions=int(manifest["dimensions"]))  # fmt: skip
+    for _, table in chunk_tables(store, manifest):
+        sink.upsert(table, run_key=str(manifest["run_key"]))
+    sink.finalize()
+    wall = time.monotonic() - started
+    sink.close()
+    return wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="embedline-bench-load-"))
+    os.chmod(work, 0o755)  # pgserver runs postgres as its own user when we are root
+    server, base_url = _fake_server()
+    pg: Any = None
+    results: dict[str, Any] = {"data": str(args.data.resolve()), "sinks": {}}
+    try:
+        wall, out = _cli("run", str(args.data.resolve()), "--embedder", "openai",
+                         "--base-url", base_url, "--output", str(work / "out"), "--ledger",
+                         str(work / "ledger.sqlite3"), "--batch-size", "1000",
+                         "--allow-failed-rows", cwd=work)  # fmt: skip
+        rows = int(re.search(r"^rows\s+([\d,]+) published", out, re.M).group(1).replace(",", ""))
+        results["publish"] = {"rows": rows, "wall_s": round(wall, 2)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pgserver
+        pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
+        sinks = {"lancedb": (f"lancedb://{work}/lance?table=bench",
+                             f"lancedb://{work}/lance?table=baseline"),
+                 "pgvector": (f"{pg.get_uri()}&table=bench",
+                              f"{pg.get_uri()}&table=baseline")}  # fmt: skip
+        for name, (uri, baseline_uri) in sinks.items():
+            common = ["--output", str(work / "out"), "--ledger", str(work / "ledger.sqlite3")]
+            first_wall, first = _cli("load", "--to", uri, *common, cwd=work)
+            stage_s = float(_LOAD_WALL.search(first).group(1))
+            again_wall, _ = _cli("load", "--to", uri, *common, cwd=work)
+            adapter_s = _adapter_only(baseline_uri, str(work / "out"))
+            results["sinks"][name] = {
+                "cli_wall_s": round(first_wall, 2), "cli_rows_s": round(rows / first_wall),
+                "stage_wall_s": round(stage_s, 2), "stage_rows_s": round(rows / stage_s),
+                "adapter_only_wall_s": round(adapter_s, 2),
+                "adapter_only_rows_s": round(rows / adapter_s),
+                "stage_vs_adapter": round(stage_s / adapter_s, 2),
+                "rerun_already_loaded_wall_s": round(again_wall, 2),
+            }  # fmt: skip
+    finally:
+        if pg is not None:
+            pg.cleanup()
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+    _print(results)
+    out_path = args.out or REPO / "benchmarks" / "results" / (
+        "load-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwritten: {out_path}")
+    return 0
+
+
+def _print(results: dict[str, Any]) -> None:
+    publish = results["publish"]
+    print(f"published {publish['rows']:,} rows in {publish['wall_s']} s (embedline run, fake "
+          "server)\n")  # fmt: skip
+    print(f"{'sink':<9} {'CLI wall':>9} {'CLI rows/s':>11} {'stage':>8} {'stage rows/s':>13} "
+          f"{'adapter':>8} {'adapter rows/s':>15} {'stage/adapter':>14} {'rerun':>7}")
+    for name, r in results["sinks"].items():
+        print(f"{name:<9} {r['cli_wall_s']:>8}s {r['cli_rows_s']:>11,} {r['stage_wall_s']:>7}s "
+              f"{r['stage_rows_s']:>13,} {r['adapter_only_wall_s']:>7}s "
+              f"{r['adapter_only_rows_s']:>15,} {r['stage_vs_adapter']:>13}x "
+              f"{r['rerun_already_loaded_wall_s']:>6}s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
