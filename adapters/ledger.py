@@ -21,6 +21,11 @@ Tables:
   ``loaded``, mode (``replace`` or ``changes``), rows upserted and deleted.
 - ``sink_chunks``: one row per chunk of a run loaded into a sink (written after the sink's
   transaction committed): a chunk listed here is never loaded into that sink again.
+- ``reuse_objects`` / ``reuse_texts`` (the reuse index, DESIGN §8): which chunk objects under
+  which output root hold a vector for which text, by (output URI, model, requested
+  dimensions as in the row key: "" or decimal). ``text_sha256`` is stored as 32 raw bytes,
+  about 60 bytes per row on disk with its B-tree, nothing in RAM. A cache of the store: it is
+  rebuilt from the chunk objects' ``text_sha256`` columns whenever it misses objects.
 """
 
 from __future__ import annotations
@@ -97,6 +102,27 @@ _MIGRATIONS: tuple[tuple[str, str], ...] = (
             attempts INTEGER NOT NULL,
             PRIMARY KEY (chunk_key, chunk_row)
         ) STRICT;
+        """,
+    ),
+    (
+        "0002_reuse",
+        """
+        CREATE TABLE reuse_objects (
+            object_id INTEGER PRIMARY KEY,
+            output_uri TEXT NOT NULL,
+            object_key TEXT NOT NULL,
+            model TEXT NOT NULL,
+            dimensions TEXT NOT NULL,
+            rows INTEGER NOT NULL,
+            indexed_at TEXT NOT NULL,
+            UNIQUE (output_uri, object_key)
+        ) STRICT;
+        CREATE TABLE reuse_texts (
+            text_sha256 BLOB NOT NULL,
+            object_id INTEGER NOT NULL,
+            PRIMARY KEY (text_sha256, object_id)
+        ) STRICT, WITHOUT ROWID;
+        CREATE INDEX reuse_texts_by_object ON reuse_texts (object_id);
         """,
     ),
 )
@@ -617,3 +643,68 @@ class Ledger:
                        updated_at = ? WHERE sink = ? AND run_key = ?""",
                 (rows_loaded, rows_deleted, _now_iso(), sink, run_key),
             )
+    # -- reuse index -----------------------------------------------------------------------
+
+    def indexed_objects(self, output_uri: str) -> set[str]:
+        """Return the object keys under ``output_uri`` that the reuse index covers."""
+        rows = self._conn.execute(
+            "SELECT object_key FROM reuse_objects WHERE output_uri = ?", (output_uri,)
+        )
+        return {r[0] for r in rows}
+
+    def index_object(
+        self,
+        output_uri: str,
+        object_key: str,
+        *,
+        model: str,
+        dimensions: str,
+        text_hashes: Sequence[str],
+    ) -> None:
+        """Add a chunk object's texts (hex SHA-256s) to the reuse index, atomically.
+
+        ``dimensions`` is the requested dimensions as in the row key ("" when unset).
+        Indexing an object twice (a concurrent run) changes nothing.
+        """
+        with self.atomic() as db:
+            cursor = db.execute(
+                """INSERT INTO reuse_objects (output_uri, object_key, model, dimensions, rows,
+                       indexed_at) VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (output_uri, object_key) DO NOTHING RETURNING object_id""",
+                (output_uri, object_key, model, dimensions, len(text_hashes), _now_iso()),
+            )
+            row = cursor.fetchone()
+            if row is None:
+                return
+            db.executemany("INSERT OR IGNORE INTO reuse_texts VALUES (?, ?)",
+                           [(bytes.fromhex(h), row[0]) for h in text_hashes])  # fmt: skip
+
+    def forget_objects(self, output_uri: str, object_keys: Sequence[str]) -> None:
+        """Drop objects (deleted from the store) from the reuse index."""
+        with self.atomic() as db:
+            for key in object_keys:
+                row = db.execute(
+                    "DELETE FROM reuse_objects WHERE output_uri = ? AND object_key = ? "
+                    "RETURNING object_id", (output_uri, key)).fetchone()  # fmt: skip
+                if row is not None:
+                    db.execute("DELETE FROM reuse_texts WHERE object_id = ?", (row[0],))
+
+    def find_vectors(
+        self, output_uri: str, *, model: str, dimensions: str, text_hashes: Sequence[str]
+    ) -> dict[str, str]:
+        """Return ``{text hash: object key}`` for the texts some indexed object holds with
+        this model and requested dimensions ("" when unset); the others are absent."""
+        found: dict[str, str] = {}
+        with self._lock:
+            for text_hash in dict.fromkeys(text_hashes):
+                row = self._conn.execute(
+                    """SELECT o.object_key FROM reuse_texts t
+                       JOIN reuse_objects o ON o.object_id = t.object_id
+                       WHERE t.text_sha256 = ? AND o.output_uri = ? AND o.model = ?
+                         AND o.dimensions = ?
+                       ORDER BY o.object_id LIMIT 1""",
+                    (bytes.fromhex(text_hash), output_uri, model, dimensions),
+                ).fetchone()
+                if row is not None:
+                    found[text_hash] = row[0]
+        return found

@@ -64,6 +64,7 @@ SCRATCH_PREFIX = "_embedline/"
 _TEMP_RE = re.compile(r"^\..+\.tmp-(?P<pid>\d+)-[0-9a-f]{16}$")
 
 _READ_BLOCK = 1 << 20  # bytes per read when hashing a file
+_TAIL_BYTES = 1 << 16  # bytes of an object's end fetched first by ``S3Store.open_read``
 
 _ACCEPTED_FORMS = (
     "accepted forms: s3://bucket or s3://bucket/prefix, file:///absolute/path, "
@@ -686,18 +687,26 @@ class S3Store:
         """Return a seekable binary file over ``key`` that reads by HTTP ranges, so a Parquet
         reader fetches only the footer and the columns it needs.
 
+        The first request asks for the object's last ``_TAIL_BYTES`` (a suffix range, RFC
+        9110 §14.1.1): its ``Content-Range`` gives the size and it holds the Parquet footer.
+        Later ranges are pinned to the first answer's ETag (``If-Match``).
+
         :raises FileNotFoundError: if the key does not exist.
         """
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                              Range=f"bytes=-{_TAIL_BYTES}")  # fmt: skip
+            tail = bytes(response["Body"].read())
         except (ClientError, BotoCoreError) as exc:
             if _is_not_found(exc):
                 raise FileNotFoundError(errno.ENOENT, "no such object", self.uri_for(key)) \
                     from exc
-            _raise_translated(exc, bucket=self.bucket, what=f"HEAD {self.uri_for(key)}")
-        raw = _S3RangeReader(self, key, int(head["ContentLength"]), head.get("ETag"))
+            _raise_translated(exc, bucket=self.bucket, what=f"GET {self.uri_for(key)}")
+        content_range = str(response.get("ContentRange") or "")
+        size = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else len(tail)
+        raw = _S3RangeReader(self, key, size, response.get("ETag"), tail)
         return io.BufferedReader(raw, buffer_size=1 << 16)
 
     def _get_range(self, key: str, start: int, stop: int, etag: str | None) -> bytes:
@@ -759,8 +768,11 @@ class S3Store:
 class _S3RangeReader(io.RawIOBase):
     """A read-only, seekable raw file over one S3 object, one ranged GET per ``readinto``."""
 
-    def __init__(self, store: S3Store, key: str, size: int, etag: str | None) -> None:
+    def __init__(
+        self, store: S3Store, key: str, size: int, etag: str | None, tail: bytes
+    ) -> None:
         self._store, self._key, self._size, self._etag = store, key, size, etag
+        self._tail, self._tail_start = tail, size - len(tail)
         self._pos = 0
 
     def readable(self) -> bool:
@@ -781,7 +793,10 @@ class _S3RangeReader(io.RawIOBase):
         stop = min(self._size, self._pos + len(buffer))
         if stop <= self._pos:
             return 0
-        data = self._store._get_range(self._key, self._pos, stop, self._etag)
+        if self._pos >= self._tail_start:
+            data = self._tail[self._pos - self._tail_start: stop - self._tail_start]
+        else:
+            data = self._store._get_range(self._key, self._pos, stop, self._etag)
         buffer[: len(data)] = data
         self._pos += len(data)
         return len(data)

@@ -19,7 +19,7 @@ from rich.progress import (
 
 from embedline import progress
 
-__all__ = ["ProgressBar", "print_summary"]
+__all__ = ["ProgressBar", "cost_lines", "print_summary"]
 
 
 class ProgressBar:
@@ -76,6 +76,16 @@ class ProgressBar:
             self._bar.stop()
 
 
+def cost_lines(summary: dict[str, Any]) -> list[str]:
+    """The cost line, when the run had a ``price_per_million_tokens`` (USD)."""
+    price = summary.get("price_per_million_tokens")
+    if price is None:
+        return []
+    spent, saved = summary["tokens"] * price / 1e6, summary.get("tokens_saved", 0) * price / 1e6
+    return [f"cost       ${spent:,.4f} estimated, ~${saved:,.4f} saved by reuse and "
+            f"deduplication (at ${price}/1M tokens)"]
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """Print the run summary (counts, wall time, manifest) to stdout; never any text."""
     lines = [
@@ -90,7 +100,12 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"chunks     {summary['chunks_published']} published now, "
             f"{summary['chunks_skipped']} skipped, {summary['chunks_failed']} failed, "
             f"{summary['chunks_not_run']} not run, of {summary['chunks_total']}",
-            f"api        {summary['requests']:,} requests, {summary['tokens']:,} tokens reported",
+            f"api        {summary['requests']:,} requests, {summary.get('inputs', 0):,} inputs "
+            f"sent, {summary['tokens']:,} tokens reported",
+            f"reuse      {summary.get('rows_reused', 0):,} rows reused from earlier runs, "
+            f"{summary.get('rows_deduplicated', 0):,} deduplicated in this run "
+            f"(~{summary.get('tokens_saved', 0):,} tokens not sent)",
+            *cost_lines(summary),
             f"wall time  {summary['wall_s']:.1f} s",
             f"output     {summary['output']}",
         ]

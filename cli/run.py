@@ -78,6 +78,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                      help="run even if the store ignores conditional writes (unsafe)")
     run.add_argument("--price-per-million-tokens", type=float, default=None,
                      help="USD per 1M tokens, for the cost estimate in the summary")
+    run.add_argument("--no-reuse", dest="reuse", action="store_false",
+                     help="send every text, even one whose vector the output already holds "
+                          "for this model (e.g. the model's weights changed under its name)")
     run.add_argument("--task-runner", choices=("threads", "dask"), default="threads",
                      help="where chunk tasks run: threads here, or Dask workers")
     run.add_argument("--dask-address", default=None,

@@ -18,6 +18,8 @@ __all__ = [
     "InputSource",
     "LoadSummary",
     "ManifestChunk",
+    "ReusePlan",
+    "ReuseSource",
     "Row",
     "RunSummary",
     "chunk_object_key",
@@ -145,6 +147,35 @@ class ChunkOutcome:
     tokens: int = 0
     requests: int = 0
     created: bool = True
+    inputs: int = 0  # texts sent to the API (requests' inputs, first attempts)
+    reused: int = 0  # rows whose vector was copied from an object of an earlier run
+    deduplicated: int = 0  # rows whose text this run embeds once for another row
+    tokens_saved: int = 0  # estimated tokens (``estimate_tokens``) of reused+deduplicated rows
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseSource:
+    """Rows of a chunk whose vectors a published (or soon published) object holds.
+
+    ``rows`` are 0-based positions within the chunk; ``object_key`` is the chunk object to
+    read them from, matched there by ``text_sha256``. ``in_run`` marks an object this run is
+    still publishing (another chunk embeds that text): the task waits for it.
+    """
+
+    object_key: str
+    rows: tuple[int, ...]
+    in_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReusePlan:
+    """What a chunk task need not send: decided by the flow process, which holds the index.
+
+    Small (object keys and row positions, no vectors, no text), so it travels to Dask
+    workers. Rows not listed are embedded (and deduplicated within the chunk).
+    """
+
+    sources: tuple[ReuseSource, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +222,11 @@ class RunSummary:
     requests: int = 0
     wall_s: float = 0.0
     dimensions: int | None = None
+    inputs: int = 0  # texts sent to the API
+    rows_reused: int = 0  # vectors copied from objects of earlier runs
+    rows_deduplicated: int = 0  # rows whose text this run embedded once for another row
+    tokens_saved: int = 0  # estimated tokens not sent thanks to reuse and deduplication
+    price_per_million_tokens: float | None = None  # USD, for the cost estimate
     # change set against the previous committed run (None: not committed / v1 manifest)
     rows_added: int | None = None
     rows_changed: int | None = None

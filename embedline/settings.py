@@ -80,7 +80,9 @@ class RunSettings(BaseModel):
     after its requests' own retries, ``chunk_retry_delay_s`` apart; ``grace_s`` is how long
     in-flight chunks may finish after SIGINT/SIGTERM before they are released;
     ``allow_unconditional_store`` runs even on a store that ignores ``If-None-Match``
-    (exactly-once is then not guaranteed).
+    (exactly-once is then not guaranteed). ``reuse`` copies the vector of a text already
+    published under the output with the same model and dimensions instead of sending it
+    (``--no-reuse`` turns it off, e.g. for a model whose weights changed under its name).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -113,6 +115,7 @@ class RunSettings(BaseModel):
     allow_failed_rows: bool = False
     allow_unconditional_store: bool = False
     price_per_million_tokens: float | None = Field(default=None, ge=0)
+    reuse: bool = True
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None
     dask_workers: int = Field(default=2, ge=1, le=256)

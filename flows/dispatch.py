@@ -56,6 +56,7 @@ class Dispatcher:
         logger: logging.Logger | logging.LoggerAdapter[Any],
         lease_s: float = 600.0,
         on_outcome: Callable[[DispatchResult], None] | None = None,
+        on_gave_up: Callable[[int], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.run_key = run_key
@@ -65,6 +66,7 @@ class Dispatcher:
         self.logger = logger
         self.lease_s = lease_s
         self.on_outcome = on_outcome or (lambda result: None)
+        self.on_gave_up = on_gave_up or (lambda index: None)
         self.owner = new_owner()
         self.result = DispatchResult()
         self._done: queue.Queue[Any] = queue.Queue()
@@ -113,6 +115,7 @@ class Dispatcher:
         for spec in self._inflight.values():
             self.ledger.release(self.run_key, spec.index, owner=self.owner, error=why)
             self.result.released[spec.index] = ChunkFailure("released", why, expected=True)
+            self.on_gave_up(spec.index)
         self._inflight.clear()
 
     def _fill(self, pending: deque[ChunkSpec], held: list[ChunkSpec]) -> None:
@@ -168,12 +171,14 @@ class Dispatcher:
                 self.ledger.release(self.run_key, spec.index, owner=self.owner,
                                     error=failure.error)  # fmt: skip
                 self.result.released[spec.index] = failure
+                self.on_gave_up(spec.index)
                 self.on_outcome(self.result)
                 return
             self._log_failure(spec, failure, exc)
             self.ledger.mark_failed(self.run_key, spec.index, owner=self.owner,
                                     error=failure.error)  # fmt: skip
             self.result.failed[spec.index] = failure
+            self.on_gave_up(spec.index)
             if failure.kind in ("fatal", "input"):
                 self.stop(failure)
         self.on_outcome(self.result)

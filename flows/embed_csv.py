@@ -50,6 +50,7 @@ from tasks.manifest import (
 from tasks.plan import find_published, plan_input
 from tasks.publish import ensure_conditional_writes, read_chunk_metadata
 from tasks.report import ProgressArtifact, publish_summary
+from tasks.reuse import ReusePlanner, refresh_index
 
 __all__ = ["embed_csv", "run_settings"]
 
@@ -84,6 +85,7 @@ def embed_csv(
     allow_failed_rows: bool = False,
     allow_unconditional_store: bool = False,
     price_per_million_tokens: float | None = None,
+    reuse: bool = True,
     task_runner: str = "threads",
     dask_address: str | None = None,
     dask_workers: int = 2,
@@ -151,7 +153,8 @@ def run_settings(settings: RunSettings) -> RunSummary:
         settings.dimensions, settings.chunk_size,
     )  # fmt: skip
     base = RunSummary(0, "running", "", run_key=run_key, output=store.uri, rows_total=plan.rows,
-                      chunks_total=len(plan.chunks))  # fmt: skip
+                      chunks_total=len(plan.chunks),
+                      price_per_million_tokens=settings.price_per_million_tokens)  # fmt: skip
     # ── already committed? ───────────────────────────────────────────────────────────────
     try:
         existing = read_manifest(store, run_key)
@@ -221,6 +224,7 @@ def _run(
     todo = [c for c in plan.chunks if c.index not in skipped]
     logger.info("%d of %d chunks already published; %d to embed",
                 len(skipped), len(plan.chunks), len(todo))  # fmt: skip
+    planner = _reuse_planner(settings, plan, store, ledger, todo)
     # ── embed + publish, record as chunks finish ─────────────────────────────────────────
     report = _progress_reporter(plan, skipped, ProgressArtifact(
         description=f"{plan.source.name}: rows embedded and published"))
@@ -238,11 +242,13 @@ def _run(
             run_key=run_key,
             object_uri=lambda spec: store.uri_for(spec.object_key),
             submit=lambda spec: runner.submit(
-                chunk_task, {"spec": spec, "source": plan.source, "settings": settings}
+                chunk_task, {"spec": spec, "source": plan.source, "settings": settings,
+                             "reuse": planner.resolve(spec)}
             ),
             window=window,
             logger=logger,
             on_outcome=report,
+            on_gave_up=planner.note_failed,
         )
         _show_published(runner, plan, skipped, store)
         with stop_on_signals(dispatcher, grace_s=settings.grace_s, logger=logger):
@@ -275,6 +281,20 @@ def _load_into_sink(settings: RunSettings, manifest: dict[str, Any] | None,
         changes.update(exit_code=load.exit_code, message=f"manifest committed, but the load "
                        f"into the sink did not finish: {load.message}")  # fmt: skip
     return RunSummary(**{**summary.to_dict(), **changes})
+
+
+def _reuse_planner(settings: RunSettings, plan: InputPlan, store: Any, ledger: Ledger,
+                   todo: list[Any]) -> ReusePlanner:  # fmt: skip
+    """Index what the store holds (when reuse is on and there is work), then plan reuse."""
+    logger = get_run_logger()
+    if settings.reuse and todo:
+        started = time.monotonic()
+        added = refresh_index(store, ledger)
+        logger.info("reuse index: %d new chunk objects indexed in %.1f s", added,
+                    time.monotonic() - started)  # fmt: skip
+    return ReusePlanner(ledger=ledger, store=store, source=plan.source,
+                        model=settings.effective_model, dimensions=settings.dimensions,
+                        reuse=settings.reuse)  # fmt: skip
 
 
 _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much
@@ -339,6 +359,10 @@ def _summarize(
                                       *result.released.values()]),
         requests=sum(o.requests for o in [*result.published.values(), *result.failed.values(),
                                           *result.released.values()]),
+        inputs=sum(o.inputs for o in result.published.values()),
+        rows_reused=sum(o.reused for o in result.published.values()),
+        rows_deduplicated=sum(o.deduplicated for o in result.published.values()),
+        tokens_saved=sum(o.tokens_saved for o in result.published.values()),
     )  # fmt: skip
     signum = shutdown.stop_signal()
     if signum is not None:

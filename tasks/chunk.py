@@ -8,6 +8,7 @@ ledger: only the flow process writes it.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -16,12 +17,13 @@ from prefect.states import Completed, State
 from adapters.csv_source import read_chunk
 from adapters.embeddings import build_embedder
 from adapters.object_store import open_store
-from embedline.models import ChunkOutcome, ChunkSpec, InputSource
+from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from tasks.embed import embed_rows
 from tasks.outcome import retry_condition
 from tasks.publish import publish_chunk
+from tasks.reuse import combine, split_duplicates, take_reused
 
 __all__ = ["embed_chunk", "show_published_chunk", "store_for"]
 
@@ -38,8 +40,14 @@ def store_for(uri: str) -> ObjectStore:
     cache_policy=NO_CACHE,
     retry_condition_fn=retry_condition,
 )
-def embed_chunk(spec: ChunkSpec, source: InputSource, settings: RunSettings) -> ChunkOutcome:
+def embed_chunk(
+    spec: ChunkSpec, source: InputSource, settings: RunSettings, reuse: ReusePlan | None = None
+) -> ChunkOutcome:
     """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
+
+    Rows listed in ``reuse`` (decided by the flow process) take their vectors from the
+    objects named there; rows with a text already sent in this chunk are copied; the rest
+    are sent (``tasks/reuse.py``).
 
     :raises InputError: the input changed since planning.
     :raises RetryableError: the API kept failing past the attempt budget (Prefect may retry
@@ -49,11 +57,14 @@ def embed_chunk(spec: ChunkSpec, source: InputSource, settings: RunSettings) -> 
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
     logger = get_run_logger()
+    store = store_for(settings.output)
     rows = read_chunk(source, spec)
-    client = build_embedder(settings)
+    found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model)
+    send, copies = split_duplicates([r for r in rows if r.row_number not in found.vectors])
+    client = build_embedder(settings) if send else None
     embedded = embed_rows(
-        rows,
-        client,
+        send,
+        client,  # type: ignore[arg-type]  # never called with no rows to send
         model=settings.effective_model,
         dimensions=settings.dimensions,
         batch_size=settings.batch_size,
@@ -61,17 +72,22 @@ def embed_chunk(spec: ChunkSpec, source: InputSource, settings: RunSettings) -> 
         max_input_tokens=settings.max_input_tokens if settings.embedder == "openai" else None,
         on_too_long=settings.on_too_long,
     )
+    sent = len(embedded.rows)
+    embedded = combine(rows, embedded, found, copies, model=settings.effective_model,
+                       dimensions=settings.dimensions)  # fmt: skip
     if embedded.rows:
         dimensions = int(embedded.vectors.shape[1])
     else:
         dimensions = settings.dimensions or int(getattr(client, "dimensions", None) or 0)
     outcome = publish_chunk(
-        store_for(settings.output),
+        store,
         spec,
         embedded,
         model=settings.effective_model,
         dimensions=dimensions,
     )
+    outcome = replace(outcome, inputs=sent, reused=found.reused,
+                      deduplicated=found.deduplicated, tokens_saved=found.tokens_saved)
     logger.info(
         "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens",
         spec.index,
@@ -81,6 +97,9 @@ def embed_chunk(spec: ChunkSpec, source: InputSource, settings: RunSettings) -> 
         outcome.requests,
         outcome.tokens,
     )
+    if found.reused or found.deduplicated:
+        logger.info("chunk %d: %d rows reused from earlier runs, %d deduplicated in this run",
+                    spec.index, found.reused, found.deduplicated)  # fmt: skip
     return outcome
 
 

@@ -90,13 +90,13 @@ def chunk_parquet(
     return sink.getvalue()
 
 
-def read_chunk_metadata(body: bytes) -> ChunkMetadata:
-    """Parse a chunk object's embedline metadata.
+def read_chunk_metadata(body: bytes | pa.Schema) -> ChunkMetadata:
+    """Parse a chunk object's embedline metadata (from its bytes, or its Arrow schema).
 
     :raises ValueError: the bytes are not a Parquet file written by embedline.
     """
     try:
-        schema = pq.read_schema(io.BytesIO(body))
+        schema = body if isinstance(body, pa.Schema) else pq.read_schema(io.BytesIO(body))
         meta = json.loads((schema.metadata or {})[_META_KEY])
     except (pa.ArrowInvalid, KeyError, json.JSONDecodeError) as exc:
         raise ValueError(f"not an embedline chunk object: {exc}") from None

@@ -53,9 +53,12 @@ def summary_markdown(
     price_per_million_tokens: float | None = None,
 ) -> str:
     """Render the run summary as Markdown (no text, no secrets)."""
-    cost = (f"${summary.tokens * price_per_million_tokens / 1e6:,.4f} "
-            f"(at ${price_per_million_tokens}/1M tokens)"
-            if price_per_million_tokens is not None else "n/a (no price given)")  # fmt: skip
+    price = price_per_million_tokens
+    cost = (f"${summary.tokens * price / 1e6:,.4f} (at ${price}/1M tokens)"
+            if price is not None else "n/a (no price given)")  # fmt: skip
+    saved = (f"~${summary.tokens_saved * price / 1e6:,.4f} (~{summary.tokens_saved:,} tokens "
+             "not sent, estimated)" if price is not None
+             else f"~{summary.tokens_saved:,} tokens not sent (estimated)")  # fmt: skip
     rows = [
         ("status", f"**{summary.status}**" + (f": {summary.message}" if summary.message else "")),
         ("run key", f"`{summary.run_key}`"),
@@ -68,7 +71,11 @@ def summary_markdown(
         ("chunks by ledger state", ", ".join(f"{k} {v}" for k, v in
                                               sorted((chunk_states or {}).items())) or "-"),
         ("tokens (reported by the API)", f"{summary.tokens:,}"),
+        ("texts sent", f"{summary.inputs:,}"),
+        ("rows reused from earlier runs", f"{summary.rows_reused:,}"),
+        ("rows deduplicated in this run", f"{summary.rows_deduplicated:,}"),
         ("estimated cost", cost),
+        ("saved by reuse and deduplication", saved),
         ("requests", f"{summary.requests:,}"),
         ("wall time", f"{summary.wall_s:.1f} s"),
         ("output", f"`{summary.output}`"),

@@ -460,3 +460,32 @@ def test_get_from_missing_bucket_is_fatal_not_file_not_found(moto_endpoint: str)
     assert store.head_sha256(KEY) is None  # HEAD's bare 404 cannot tell bucket from key
     with pytest.raises(FatalError, match="does not exist"):
         store.get(KEY)
+
+
+# ------------------------------------------------------------------ list, ranged reads, delete
+
+
+def test_list_open_read_and_delete_stay_under_the_prefix(
+    store: S3Store, s3_client: Any, s3_bucket: str
+) -> None:
+    body = bytes(range(256)) * 1024  # 256 KiB: larger than the first (tail) read
+    put(store, "chunks/a.parquet", body)
+    put(store, "chunks/b.parquet", b"small")
+    s3_client.put_object(Bucket=s3_bucket, Key="runs/other/chunks/c.parquet", Body=b"x")
+    listed = {i.key: i.size_bytes for i in store.list("chunks/")}
+    assert listed == {"chunks/a.parquet": len(body), "chunks/b.parquet": 5}
+    wire = Wire(store.client, "GetObject")
+    with store.open_read("chunks/a.parquet") as fh:
+        fh.seek(1000)
+        assert fh.read(10) == body[1000:1010]
+        fh.seek(-20, 2)
+        assert fh.read() == body[-20:]
+    ranges = [r.headers.get("Range") for r in wire.requests]
+    assert ranges[0] == b"bytes=-65536" and len(ranges) == 2  # tail, then one range
+    with store.open_read("chunks/b.parquet") as fh:
+        assert fh.read() == b"small"
+    with pytest.raises(FileNotFoundError):
+        store.open_read("chunks/missing.parquet")
+    store.delete("chunks/a.parquet")
+    store.delete("chunks/a.parquet")  # already gone: not an error
+    assert [i.key for i in store.list("chunks/")] == ["chunks/b.parquet"]

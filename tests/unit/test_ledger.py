@@ -155,3 +155,21 @@ def test_a_load_superseded_by_another_runs_load_starts_over(ledger: Ledger) -> N
     ledger.start_load(sink, "r2", mode="replace")
     assert ledger.start_load(sink, "r2", mode="replace").state == "loading"
     assert ledger.last_loaded_run(sink) == "r1"
+
+
+def test_reuse_index_matches_output_model_and_dimensions_only(ledger: Ledger) -> None:
+    a, b, c = "a" * 64, "b" * 64, "c" * 64
+    ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="", text_hashes=[a, b])
+    ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="", text_hashes=[c])
+    ledger.index_object("/out", "chunks/2.parquet", model="m", dimensions="256",
+                        text_hashes=[c])  # fmt: skip
+    ledger.index_object("/other", "chunks/3.parquet", model="m", dimensions="", text_hashes=[c])
+    found = ledger.find_vectors("/out", model="m", dimensions="", text_hashes=[a, c, b, a])
+    assert found == {a: "chunks/1.parquet", b: "chunks/1.parquet"}  # c only at 256 / /other
+    assert ledger.find_vectors("/out", model="m", dimensions="256", text_hashes=[c]) == {
+        c: "chunks/2.parquet"}
+    assert ledger.find_vectors("/out", model="other", dimensions="", text_hashes=[a]) == {}
+    assert ledger.indexed_objects("/out") == {"chunks/1.parquet", "chunks/2.parquet"}
+    ledger.forget_objects("/out", ["chunks/1.parquet"])
+    assert ledger.find_vectors("/out", model="m", dimensions="", text_hashes=[a]) == {}
+    assert ledger.indexed_objects("/out") == {"chunks/2.parquet"}

@@ -307,3 +307,19 @@ def test_open_store_never_echoes_uri_credentials() -> None:
         open_store("s3://AKIDEXAMPLE:s3cr3t@bucket/x")
     assert "s3cr3t" not in str(info.value)
     assert "AKIDEXAMPLE" not in str(info.value)
+
+
+def test_list_open_read_and_delete_skip_temp_files(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    body = b"0123456789"
+    store.put_if_absent("chunks/a.parquet", body, sha256=hashlib.sha256(body).hexdigest(),
+                        content_type="x")  # fmt: skip
+    (tmp_path / "chunks" / ".b.parquet.tmp-1-0123456789abcdef").write_bytes(b"partial")
+    assert [(i.key, i.size_bytes) for i in store.list("chunks/")] == [("chunks/a.parquet", 10)]
+    assert list(store.list("manifests/")) == []
+    with store.open_read("chunks/a.parquet") as fh:
+        fh.seek(4)
+        assert fh.read(3) == b"456"
+    store.delete("chunks/a.parquet")
+    store.delete("chunks/a.parquet")
+    assert list(store.list("chunks/")) == []

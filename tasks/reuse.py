@@ -1,0 +1,304 @@
+"""Row-level reuse: pay once per distinct text, model and dimensions under an output root.
+
+Where each step runs, and why (DESIGN §8):
+
+- ``refresh_index`` (flow process, before dispatch): lists ``chunks/`` and adds every object
+  the ledger's reuse index does not cover yet (only its ``id``, ``text_sha256`` and
+  ``idempotency_key`` columns are read: ranged reads on S3), and drops objects that are gone.
+  So the index is a cache of the store: a fresh ledger or a new machine rebuilds it.
+- ``ReusePlanner.resolve`` (flow process, when a chunk is submitted): reads the chunk's rows
+  and decides, per non-empty text, where its vector comes from: an indexed object of an
+  earlier run, or the chunk of *this* run that embeds that text first (each distinct text is
+  owned by the first chunk resolved with it). The result is a small ``ReusePlan`` (object
+  keys and row positions), so tasks on Dask workers need no ledger.
+- ``take_reused`` (chunk task): reads the vectors of the planned rows, object by object (the
+  ``text_sha256`` and ``embedding`` columns only), matching by the full text hash, and
+  waits for objects of this run still being published. Anything it cannot get (an object
+  deleted by gc, an owner chunk that failed) is embedded instead: reuse never costs
+  correctness, only, rarely, a second payment.
+
+No deadlock: a chunk only ever waits for chunks submitted before it (owners are resolved
+first), each of which holds its own worker thread; a failed owner is reported to waiting
+tasks of this process at once (``note_failed``), and a task elsewhere (Dask) stops waiting
+after ``IN_RUN_WAIT_S`` and embeds the rows itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from adapters.csv_source import read_chunk
+from adapters.embeddings import estimate_tokens
+from adapters.ledger import Ledger
+from embedline.errors import BadResponseError, EmbedlineError
+from embedline.keys import dims_text, row_key
+from embedline.models import ChunkSpec, DeadLetter, InputSource, ReusePlan, ReuseSource, Row
+from embedline.protocols import ObjectStore
+from tasks.embed import EmbeddedRows
+from tasks.publish import read_chunk_metadata
+
+__all__ = [
+    "IN_RUN_WAIT_S",
+    "ReusePlanner",
+    "Reused",
+    "note_failed",
+    "combine",
+    "refresh_index",
+    "split_duplicates",
+    "take_reused",
+]
+
+#: Seconds a chunk task waits for another chunk of its run to publish a text it owns.
+IN_RUN_WAIT_S = 600.0
+_POLL_S = 0.2
+_INDEX_THREADS = 16
+_failed_objects: set[str] = set()  # in-run owners that will not publish (this process)
+_failed_lock = threading.Lock()
+
+# --------------------------------------------------------------------------- flow process
+
+
+def refresh_index(store: ObjectStore, ledger: Ledger) -> int:
+    """Bring the ledger's reuse index for ``store`` in line with its ``chunks/``.
+
+    Returns the number of objects newly indexed. Objects that are not embedline chunks are
+    skipped (never indexed, never touched).
+    """
+    listed = {i.key for i in store.list("chunks/") if i.key.endswith(".parquet")}
+    known = ledger.indexed_objects(store.uri)
+    ledger.forget_objects(store.uri, sorted(known - listed))
+    todo = sorted(listed - known)
+    with ThreadPoolExecutor(_INDEX_THREADS) as pool:
+        for key, entry in zip(todo, pool.map(lambda k: _index_entry(store, k), todo),
+                              strict=True):  # fmt: skip
+            if entry is not None:
+                model, dims, hashes = entry
+                ledger.index_object(store.uri, key, model=model, dimensions=dims,
+                                    text_hashes=hashes)  # fmt: skip
+    return len(todo)
+
+
+def _index_entry(store: ObjectStore, key: str) -> tuple[str, str, list[str]] | None:
+    """(model, requested dimensions text, text hashes) of a chunk object, or None."""
+    try:
+        with store.open_read(key) as fh:
+            parquet = pq.ParquetFile(fh)
+            meta = read_chunk_metadata(parquet.schema_arrow)
+            table = parquet.read(columns=["id", "text_sha256", "idempotency_key"])
+    except (FileNotFoundError, ValueError, pa.ArrowException):
+        return None
+    if table.num_rows == 0:
+        return meta.model, "", []
+    first = table.slice(0, 1).to_pylist()[0]
+    # The row key holds the *requested* dimensions ("" when unset): recover which one.
+    for requested in (None, meta.dimensions):
+        if row_key(first["id"], first["text_sha256"], meta.model, requested) == \
+                first["idempotency_key"]:  # fmt: skip
+            return meta.model, dims_text(requested), table["text_sha256"].to_pylist()
+    return None
+
+
+class ReusePlanner:
+    """Decides, chunk by chunk, which rows need no request (see the module docstring).
+
+    Memory: one entry per distinct text of the run (its first 64 bits as an int → owner
+    chunk), about 90 bytes each. A 64-bit collision only makes a task look for a text in
+    an object that lacks it, and embed it.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        store: ObjectStore,
+        source: InputSource,
+        model: str,
+        dimensions: int | None,
+        reuse: bool,
+    ) -> None:
+        self._ledger, self._store, self._source = ledger, store, source
+        self._model, self._dims, self._reuse = model, dims_text(dimensions), reuse
+        self._owner: dict[int, int] = {}
+        self._object_of: dict[int, str] = {}
+        self._failed: set[int] = set()
+        with _failed_lock:
+            _failed_objects.clear()  # a new run: earlier runs' failures do not apply
+
+    def resolve(self, spec: ChunkSpec) -> ReusePlan:
+        """Return the chunk's reuse plan and make it the owner of its new texts.
+
+        An input that cannot be read gives an empty plan: the task reports the error.
+        """
+        try:
+            rows = read_chunk(self._source, spec)
+        except EmbedlineError:
+            return ReusePlan()
+        wanted = [r for r in rows if r.text.strip()]
+        stored = self._ledger.find_vectors(
+            self._store.uri, model=self._model, dimensions=self._dims,
+            text_hashes=[r.text_sha256 for r in wanted],
+        ) if self._reuse else {}  # fmt: skip
+        by_object: dict[tuple[str, bool], list[int]] = defaultdict(list)
+        self._object_of[spec.index] = spec.object_key
+        for position, row in enumerate(rows):
+            if not row.text.strip():
+                continue
+            if row.text_sha256 in stored:
+                by_object[(stored[row.text_sha256], False)].append(position)
+                continue
+            short = int(row.text_sha256[:16], 16)
+            owner = self._owner.get(short)
+            if owner is None or owner in self._failed:
+                self._owner[short] = spec.index
+            elif owner != spec.index:
+                by_object[(self._object_of[owner], True)].append(position)
+        return ReusePlan(tuple(ReuseSource(key, tuple(positions), in_run)
+                               for (key, in_run), positions in by_object.items()))  # fmt: skip
+
+    def note_failed(self, index: int) -> None:
+        """Chunk ``index`` will not publish in this run: its texts go to later chunks."""
+        self._failed.add(index)
+        note_failed(self._object_of.get(index, ""))
+
+
+# --------------------------------------------------------------------------- chunk task
+
+
+def note_failed(object_key: str) -> None:
+    """Tell chunk tasks of this process that ``object_key`` will not appear in this run."""
+    with _failed_lock:
+        _failed_objects.add(object_key)
+
+
+def _gave_up(object_key: str) -> bool:
+    with _failed_lock:
+        return object_key in _failed_objects
+
+
+@dataclass(slots=True)
+class Reused:
+    """Vectors found for a chunk's rows: ``vectors`` by row number (float32 arrays)."""
+
+    vectors: dict[int, np.ndarray]
+    reused: int = 0
+    deduplicated: int = 0
+    tokens_saved: int = 0
+
+
+def take_reused(
+    store: ObjectStore, rows: Sequence[Row], plan: ReusePlan, *, model: str,
+    wait_s: float = IN_RUN_WAIT_S,
+) -> Reused:  # fmt: skip
+    """Read the planned rows' vectors from their objects; rows not found are left out.
+
+    :raises RetryableError, FatalError: the store failed (not a missing object).
+    """
+    found = Reused({})
+    for source in plan.sources:
+        picked = [rows[p] for p in source.rows]
+        vectors = _vectors_for(store, source, [r.text_sha256 for r in picked], model, wait_s)
+        for row, vector in zip(picked, vectors, strict=True):
+            if vector is None:
+                continue
+            found.vectors[row.row_number] = vector
+            found.tokens_saved += estimate_tokens(row.text)
+            if source.in_run:
+                found.deduplicated += 1
+            else:
+                found.reused += 1
+    return found
+
+
+def _vectors_for(
+    store: ObjectStore, source: ReuseSource, hashes: list[str], model: str, wait_s: float
+) -> list[np.ndarray | None]:
+    deadline = time.monotonic() + (wait_s if source.in_run else 0.0)
+    while True:
+        try:
+            with store.open_read(source.object_key) as fh:
+                parquet = pq.ParquetFile(fh)
+                if read_chunk_metadata(parquet.schema_arrow).model != model:
+                    return [None] * len(hashes)
+                table = parquet.read(columns=["text_sha256", "embedding"])
+            break
+        except FileNotFoundError:
+            if time.monotonic() >= deadline or _gave_up(source.object_key):
+                return [None] * len(hashes)
+            time.sleep(_POLL_S)
+        except (ValueError, pa.ArrowException):
+            return [None] * len(hashes)
+    where = pc.index_in(pa.array(hashes, pa.string()), value_set=table["text_sha256"])
+    embedding = table["embedding"].combine_chunks()
+    width = embedding.type.list_size
+    flat = embedding.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+    return [None if i is None else flat[i].astype(np.float32) for i in where.to_pylist()]
+
+
+def split_duplicates(rows: Sequence[Row]) -> tuple[list[Row], list[tuple[Row, Row]]]:
+    """Return (rows to send, ``(row, earlier row with the same text)`` pairs).
+
+    Empty texts are all kept (each becomes its own ``empty_text`` dead letter).
+    """
+    first: dict[str, Row] = {}
+    send: list[Row] = []
+    copies: list[tuple[Row, Row]] = []
+    for row in rows:
+        earlier = first.get(row.text_sha256) if row.text.strip() else None
+        if earlier is None:
+            first.setdefault(row.text_sha256, row)
+            send.append(row)
+        else:
+            copies.append((row, earlier))
+    return send, copies
+
+
+def combine(
+    rows: Sequence[Row],
+    embedded: EmbeddedRows,
+    found: Reused,
+    copies: Sequence[tuple[Row, Row]],
+    *,
+    model: str,
+    dimensions: int | None,
+) -> EmbeddedRows:
+    """The whole chunk in input order: embedded, reused and copied vectors together.
+
+    A copy of a dead-lettered row is a dead letter with the same reason. Counts copies in
+    ``found.deduplicated`` and ``found.tokens_saved``.
+    """
+    vectors = dict(found.vectors)
+    vectors.update(zip((r.row_number for r in embedded.rows), embedded.vectors, strict=True))
+    dead = {d.row_number: d for d in embedded.dead_letters}
+    for row, earlier in copies:
+        if earlier.row_number in vectors:
+            vectors[row.row_number] = vectors[earlier.row_number]
+            found.deduplicated += 1
+            found.tokens_saved += estimate_tokens(row.text)
+        elif earlier.row_number in dead:
+            reason = dead[earlier.row_number]
+            dead[row.row_number] = DeadLetter(row.row_number, row.id, reason.reason,
+                                              reason.http_status, reason.attempts)  # fmt: skip
+    kept = [r for r in rows if r.row_number in vectors]
+    width = embedded.vectors.shape[1] if embedded.rows else (
+        len(next(iter(vectors.values()))) if vectors else (dimensions or 0))  # fmt: skip
+    if any(len(vectors[r.row_number]) != width for r in kept):
+        raise BadResponseError("reused vectors differ in length from the embedded ones")
+    stacked = (np.ascontiguousarray(np.stack([vectors[r.row_number] for r in kept]),
+                                    dtype=np.float32)
+               if kept else np.zeros((0, width), dtype=np.float32))  # fmt: skip
+    return EmbeddedRows(
+        rows=kept, vectors=stacked,
+        row_keys=[row_key(r.id, r.text_sha256, model, dimensions) for r in kept],
+        dead_letters=sorted(dead.values(), key=lambda d: d.row_number),
+        tokens=embedded.tokens, requests=embedded.requests,
+    )  # fmt: skip
