@@ -643,6 +643,7 @@ class Ledger:
                        updated_at = ? WHERE sink = ? AND run_key = ?""",
                 (rows_loaded, rows_deleted, _now_iso(), sink, run_key),
             )
+
     # -- reuse index -----------------------------------------------------------------------
 
     def indexed_objects(self, output_uri: str) -> set[str]:
