@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "fail", "find_run", "open_ledger", "positive_float",
-           "positive_int"]  # fmt: skip
+__all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "fail", "find_run", "open_ledger",
+           "positive_float", "positive_int", "with_prefect_api"]  # fmt: skip
 
 EXIT_USAGE = 2
 EXIT_FATAL = 3
@@ -55,3 +56,21 @@ def find_run(ledger: Any, key: str) -> Any:
     if record is None:
         raise SystemExit(fail(f"embedline: error: no run {key!r} in {ledger.path}", EXIT_USAGE))
     return record
+
+
+def with_prefect_api(body: Callable[[Any], int]) -> int:
+    """Pick the Prefect API (a temporary server starts now, in the background), call
+    ``body(api)`` and stop that server however ``body`` ends, a hard exit included.
+    Returns ``body``'s exit code, or 2 with one line when no API is usable."""
+    from cli.prefect_env import PrefectApiError, prefect_api
+    from embedline import shutdown
+
+    try:
+        api = prefect_api()
+    except PrefectApiError as exc:
+        return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    shutdown.on_hard_exit(api.kill)
+    try:
+        return body(api)
+    finally:
+        api.close()

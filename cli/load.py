@@ -11,10 +11,10 @@ import os
 import sys
 from typing import Any
 
-from cli.common import DEFAULT_LEDGER, EXIT_USAGE, fail
-from cli.prefect_env import PrefectApiError, prefect_api
+from cli.common import DEFAULT_LEDGER, EXIT_USAGE, fail, with_prefect_api
+from cli.prefect_env import PrefectApiError
 
-__all__ = ["add_parsers", "print_load_summary"]
+__all__ = ["add_parsers", "already_loaded", "print_load_summary"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,17 +60,49 @@ def _load(args: argparse.Namespace) -> int:
         validate_sink_uri(args.to)
     except InputError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    try:
-        api = prefect_api()
-    except PrefectApiError as exc:
-        return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    from embedline import shutdown
+    done = already_loaded(_output_for(args), args.run, args.to, args.ledger)
+    if done is not None:
+        print_load_summary(done)
+        return 0
+    return with_prefect_api(lambda api: _load_flow(args, api))
 
-    shutdown.on_hard_exit(api.kill)
+
+def already_loaded(output: str, run: str | None, sink_uri: str,
+                   ledger_path: str) -> dict[str, Any] | None:  # fmt: skip
+    """The summary of a load the ledger records as finished and still current (the sink's
+    last finished load), found without starting Prefect or connecting to the sink; else None.
+    """
+    import time
+
+    from adapters.ledger import Ledger
+    from adapters.object_store import open_store
+    from adapters.sinks import open_sink
+    from embedline.errors import EmbedlineError
+    from embedline.models import LoadSummary
+    from tasks.read import resolve_run
+
+    if not os.path.exists(ledger_path):
+        return None
+    started = time.monotonic()
     try:
-        return _load_flow(args, api)
+        manifest = resolve_run(open_store(output), run)
+        identity = open_sink(sink_uri).identity
+    except (EmbedlineError, OSError):
+        return None  # the flow reports it with its full context
+    ledger = Ledger(ledger_path)
+    try:
+        record = ledger.sink_load(identity, str(manifest["run_key"]))
+        if record is None or record.state != "loaded" or \
+                ledger.last_loaded_run(identity) != record.run_key:
+            return None
     finally:
-        api.close()
+        ledger.close()
+    rows = sum(int(c["rows"]) for c in manifest["chunks"])
+    return LoadSummary(0, "already_loaded", "the run was already loaded into this sink",
+                       sink=identity, run_key=record.run_key, mode=record.mode,
+                       rows_skipped=rows, chunks_total=len(manifest["chunks"]),
+                       chunks_skipped=len(manifest["chunks"]),
+                       wall_s=round(time.monotonic() - started, 3)).to_dict()  # fmt: skip
 
 
 def _load_flow(args: argparse.Namespace, api: Any) -> int:

@@ -20,8 +20,9 @@ from cli.common import (
     open_ledger,
     positive_float,
     positive_int,
+    with_prefect_api,
 )
-from cli.prefect_env import PrefectApi, PrefectApiError, prefect_api
+from cli.prefect_env import PrefectApi, PrefectApiError
 
 __all__ = ["add_parsers"]
 
@@ -144,17 +145,8 @@ def _run_settings(settings: Any) -> int:
     problem = _check_before_prefect(settings)
     if problem is not None:
         return fail(f"embedline: error: {problem[0]}", problem[1])
-    try:
-        api = prefect_api()  # a temporary server starts now, in parallel with planning
-    except PrefectApiError as exc:
-        return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    from embedline import shutdown
-
-    shutdown.on_hard_exit(api.kill)
-    try:
-        return _run_flow(settings, api)
-    finally:
-        api.close()
+    # a temporary server starts now, in parallel with planning
+    return with_prefect_api(lambda api: _run_flow(settings, api))
 
 
 def _run_flow(settings: Any, api: PrefectApi) -> int:
@@ -163,9 +155,17 @@ def _run_flow(settings: Any, api: PrefectApi) -> int:
     committed = _already_committed(settings) if "://" not in settings.input else None
     if isinstance(committed, tuple):
         return fail(f"embedline: error: {committed[0]}", committed[1])
-    if committed is not None and not settings.sink:  # with --sink, the flow loads it
-        print_summary(committed)
-        return 0
+    if committed is not None:
+        from cli.load import already_loaded, print_load_summary
+
+        loaded = settings.sink and already_loaded(settings.output, str(committed["run_key"]),
+                                                  settings.sink, settings.ledger)  # fmt: skip
+        if not settings.sink or loaded:
+            print_summary(committed)
+            if loaded:
+                print_load_summary(loaded)
+            return 0
+        # with --sink and a load still to do, the flow loads the committed run
     from flows.embed_csv import embed_csv
 
     try:

@@ -99,7 +99,8 @@ def load_stage(
         sink.ensure_table(embedder=str(manifest.get("embedder")), model=str(manifest["model"]),
                           dimensions=int(manifest["dimensions"]))  # fmt: skip
     except EmbedlineError as exc:
-        return _with(base, started, exit_code=exc.exit_code, status="fatal", message=str(exc))
+        return _with(base, started, exit_code=exc.exit_code,
+                     status="fatal" if exc.exit_code == 3 else "failed", message=str(exc))
     base.sink = sink.identity
     try:
         job = _job(output, sink, manifest, ledger)
@@ -180,12 +181,14 @@ def _load_chunks(
             futures = [runner.submit(load_chunk, {"chunk": c, "job": job}) for c in wave]
             wait(futures)
             for chunk, future in zip(wave, futures, strict=True):
-                try:
-                    rows = int(future.result())
-                except Exception as exc:  # noqa: BLE001 — classified by status_for, the one place
-                    failed[chunk.index] = status_for(exc)
+                state = future.state
+                if not state.is_completed():
+                    exc = state.result(raise_on_failure=False)
+                    failed[chunk.index] = status_for(exc if isinstance(exc, BaseException) else
+                                                     RuntimeError(f"state {state.type.value}"))
                     logger.error("chunk %d not loaded: %s", chunk.index, failed[chunk.index].error)
                     continue
+                rows = int(future.result())
                 ledger.mark_chunk_loaded(job.sink, job.run_key, chunk.index, chunk_key=chunk.key,
                                          rows=rows)  # fmt: skip
                 loaded[chunk.index] = rows

@@ -92,7 +92,7 @@ def test_whole_english_file_into_pgvector_then_an_edited_copy(
                        chunk_size=1000)  # fmt: skip
 
 
-def test_load_into_a_table_of_another_length_exits_3_naming_both(
+def test_a_table_of_another_length_exits_3_naming_both_and_no_server_exits_1(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
 ) -> None:
     with psycopg.connect(pg_uri) as conn:
@@ -109,6 +109,12 @@ def test_load_into_a_table_of_another_length_exits_3_naming_both(
     assert "384-dimension vectors of model text-embedding-3-small" in result.stderr
     with psycopg.connect(pg_uri) as conn:
         assert conn.execute("SELECT count(*) FROM other").fetchone() == (0,)
+    # nothing listening where the URI points: one line, exit 1 (rerun when it is up)
+    gone = run_cli("load", "--to", f"postgresql://postgres@/postgres?host={tmp_path}/nothing",
+                   "--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"),
+                   cwd=tmp_path)  # fmt: skip
+    assert gone.returncode == 1, gone.stderr[-2000:]
+    assert "check that the server is running" in gone.stderr.splitlines()[-1]
 
 
 def test_a_password_in_the_sink_uri_is_refused_before_anything_runs(tmp_path: Path) -> None:
