@@ -709,3 +709,30 @@ class Ledger:
                 if row is not None:
                     found[text_hash] = row[0]
         return found
+
+    def forget_collected(
+        self,
+        output_uri: str,
+        *,
+        object_keys: Sequence[str],
+        object_uris: Sequence[str],
+        manifest_uris: Sequence[str],
+    ) -> None:
+        """Drop rows that refer to objects garbage collection deleted under ``output_uri``:
+        published objects (so no run skips a chunk that is gone), the reuse index, dead
+        letters of chunk keys no recorded object has any more; runs whose manifest was
+        deleted become ``collected``."""
+        self.forget_objects(output_uri, object_keys)
+        with self.atomic() as db:
+            for uri in object_uris:
+                row = db.execute("DELETE FROM objects WHERE object_uri = ? RETURNING chunk_key",
+                                 (uri,)).fetchone()  # fmt: skip
+                if row is not None:
+                    db.execute("""DELETE FROM dead_letters WHERE chunk_key = ? AND NOT EXISTS
+                                  (SELECT 1 FROM objects WHERE chunk_key = ?)""",
+                               (row[0], row[0]))  # fmt: skip
+                db.execute("""UPDATE chunks SET state = 'pending', updated_at = ?
+                              WHERE object_uri = ? AND state = 'published'""",
+                           (_now_iso(), uri))  # fmt: skip
+            db.executemany("UPDATE runs SET status = 'collected' WHERE manifest_uri = ?",
+                           [(u,) for u in manifest_uris])  # fmt: skip

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from cli import inspect, load, run, search
+from cli import gc, inspect, load, run, search
 
 __all__ = ["main"]
 
-_COMMAND_MODULES = (run, inspect, load, search)
+_COMMAND_MODULES = (run, inspect, load, search, gc)
 
 
 def _parser() -> argparse.ArgumentParser:

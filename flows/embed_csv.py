@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -22,7 +23,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import ValidationError
 
 from adapters.embeddings import api_key_from_env, close_embedders
-from adapters.ledger import Ledger
+from adapters.ledger import Ledger, new_owner
 from embedline import keys, shutdown
 from embedline.errors import ConflictError, EmbedlineError, InputError
 from embedline.models import (
@@ -39,6 +40,7 @@ from flows.load import load_stage
 from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
 from tasks.changes import write_changes
+from tasks.gc import drop_run_lease, write_run_lease
 from tasks.manifest import (
     build_manifest,
     change_fields,
@@ -215,6 +217,20 @@ def _run(
                                      message=str(exc)))  # fmt: skip
     if warning:
         logger.warning(warning)
+    lease = write_run_lease(store, run_key, new_owner(), plan)  # gc keeps what it lists
+    try:
+        return _embed_and_commit(settings, plan, base, ledger, started, store)
+    finally:
+        try:
+            drop_run_lease(store, lease)
+        except EmbedlineError as exc:
+            logger.warning("could not delete the run lease %s: %s", lease, exc)
+
+
+def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
+                      ledger: Ledger, started: float, store: Any) -> RunSummary:  # fmt: skip
+    logger = get_run_logger()
+    run_key = str(base.run_key)
     try:
         skipped = find_published(plan, run_key=run_key, ledger=ledger, store=store,
                                  model=settings.effective_model)  # fmt: skip
@@ -257,11 +273,35 @@ def _run(
     skipped = {**skipped, **result.published_elsewhere}
     summary = _summarize(base, plan, skipped, result, started)
     if summary.exit_code == 0 or (summary.status == "dead_letters" and settings.allow_failed_rows):
-        summary = _commit(settings, plan, store, {**skipped, **result.published}, summary)
+        done = {**skipped, **result.published}
+        missing = _missing_objects(store, done)
+        if missing:
+            return _finish(ledger, _lost_objects(ledger, store, summary, started, missing))
+        summary = _commit(settings, plan, store, done, summary)
         summary = _finish(ledger, summary)
         # ── load into the sink ───────────────────────────────────────────────────────────
         return _load_into_sink(settings, read_manifest(store, run_key), summary, ledger)
     return _finish(ledger, summary)
+
+
+def _missing_objects(store: Any, done: dict[int, ChunkOutcome]) -> list[str]:
+    """Chunk objects the manifest would list that are no longer in the store (HEAD each)."""
+    keys = sorted({o.object_key for o in done.values()})
+    with ThreadPoolExecutor(16) as pool:
+        present = list(pool.map(lambda k: store.head_sha256(k) is not None, keys))
+    return [k for k, here in zip(keys, present, strict=True) if not here]
+
+
+def _lost_objects(ledger: Ledger, store: Any, base: RunSummary, started: float,
+                  missing: list[str]) -> RunSummary:  # fmt: skip
+    """Objects deleted under a running run (``embedline gc`` with a short grace period, or
+    by hand): forget them, so the rerun embeds those chunks again; commit nothing."""
+    ledger.forget_collected(store.uri, object_keys=missing,
+                            object_uris=[store.uri_for(k) for k in missing],
+                            manifest_uris=[])  # fmt: skip
+    return _with(base, started, exit_code=1, status="incomplete", message=(
+        f"{len(missing)} chunk objects were deleted from the output while the run went "
+        "(embedline gc?); nothing committed: rerun the same command to embed them again"))
 
 
 def _load_into_sink(settings: RunSettings, manifest: dict[str, Any] | None,

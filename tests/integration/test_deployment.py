@@ -141,6 +141,10 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
     manual = httpx.get(f"{api}/deployments/name/embed-csv/manual", timeout=10).json()
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["30 2 * * *"]
     assert manual["schedules"] == []
+    gc = httpx.get(f"{api}/deployments/name/gc-output/gc-weekly", timeout=10).json()
+    assert [(s["schedule"]["cron"], s["active"]) for s in gc["schedules"]] == [
+        ("0 4 * * 0", False)]  # weekly, inactive until switched on
+    assert gc["entrypoint"] == "flows/gc_output.py:gc_output"
     for deployment, strategy in ((nightly, "CANCEL_NEW"), (manual, "ENQUEUE")):
         assert deployment["global_concurrency_limit"]["limit"] == 1
         assert deployment["concurrency_options"]["collision_strategy"] == strategy

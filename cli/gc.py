@@ -1,0 +1,78 @@
+"""``embedline gc OUTPUT``: delete what no kept run needs (policy in ``tasks/gc.py``).
+
+Needs no Prefect: it lists and deletes objects directly (the ``gc-output`` flow wraps the
+same functions for scheduled runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from cli.common import DEFAULT_LEDGER, EXIT_USAGE, fail, positive_int
+
+__all__ = ["add_parsers", "format_report"]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``gc``."""
+    gc = sub.add_parser(
+        "gc", help="delete manifests beyond retention and objects no kept manifest references")
+    gc.add_argument("output", metavar="OUTPUT", help="local directory or s3://bucket/prefix")
+    gc.add_argument("--keep-runs", type=positive_int, default=None,
+                    help="keep the newest N manifests (default: all, unless --older-than)")
+    gc.add_argument("--older-than", default=None, metavar="AGE",
+                    help="delete manifests older than AGE (90d, 36h, 2w); with --keep-runs, "
+                         "only those both rules let go")
+    gc.add_argument("--grace", default="24h", metavar="AGE",
+                    help="never delete anything younger than this (default 24h): runs in "
+                         "progress keep what they wrote")
+    gc.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
+    gc.add_argument("--ledger", default=DEFAULT_LEDGER,
+                    help="ledger whose rows about deleted objects are dropped (if it exists)")
+    gc.set_defaults(handler=_gc)
+
+
+def format_report(done: Any, *, dry_run: bool) -> str:
+    """One line per kind of object, then the total (objects and bytes)."""
+    verb = "would delete" if dry_run else "deleted"
+    lines = [f"kept       {len(done.kept_runs)} runs"]
+    for kind, items in done.groups().items():
+        lines.append(f"{kind:<10} {verb} {len(items):,} objects, "
+                     f"{sum(i.size_bytes for i in items):,} bytes")  # fmt: skip
+    if done.temp_files:
+        lines.append(f"temp files {verb} {len(done.temp_files):,}")
+    objects, size = done.totals()
+    lines.append(f"total      {verb} {objects:,} objects, {size:,} bytes")
+    return "\n".join(lines)
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from adapters.ledger import Ledger
+    from adapters.object_store import open_store
+    from embedline.errors import EmbedlineError
+    from tasks.gc import collect, parse_age, plan_gc
+
+    try:
+        grace_s = parse_age(args.grace)
+        older_than_s = None if args.older_than is None else parse_age(args.older_than)
+    except ValueError as exc:
+        return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    try:
+        store = open_store(args.output)
+        plan = plan_gc(store, keep_runs=args.keep_runs, older_than_s=older_than_s,
+                       grace_s=grace_s)  # fmt: skip
+        if args.dry_run:
+            print(format_report(plan, dry_run=True))
+            return 0
+        ledger = Ledger(args.ledger) if os.path.exists(args.ledger) else None
+        try:
+            done = collect(store, plan, ledger=ledger, grace_s=grace_s)
+        finally:
+            if ledger is not None:
+                ledger.close()
+    except EmbedlineError as exc:
+        return fail(f"embedline: error: {exc}", exc.exit_code)
+    print(format_report(done, dry_run=False))
+    return 0

@@ -1,0 +1,205 @@
+"""Retention: delete what no kept run needs from an output root (``embedline gc``).
+
+Policy (DESIGN §4, "Retention"):
+
+- **Manifests.** Sorted newest first by ``created_at``. With ``keep_runs`` N the newest N
+  are kept; with ``older_than_s`` those younger than that are kept; with both, a manifest
+  is deleted only when both rules let it go; with neither, every manifest is kept. The
+  newest manifest is always kept.
+- **Chunk and change-set objects** (``chunks/``, ``changes/``) that no kept manifest
+  references are deleted.
+- **Run leases** (``_embedline/runs/``): every run writes one at start listing the chunk
+  objects it plans to use and deletes it at the end; objects a lease lists are kept. A lease
+  older than the grace period belongs to a run that died and is deleted itself.
+- **Never** deleted: anything younger than the grace period (``grace_s``, default 24 h:
+  the object's ``LastModified``/mtime), so a run in progress keeps what it just wrote;
+  anything a kept manifest or a live lease references. Leases are listed again just before
+  deleting, and a run re-checks (HEAD) its chunk objects before committing its manifest, so
+  a run that starts while gc runs at worst has to be rerun, never commits a dangling
+  manifest.
+- **Temp files** of dead writers (local directories) and conditional-write probe scratch
+  objects older than the grace period.
+- **Ledger rows** that refer to deleted objects (published objects, the reuse index, dead
+  letters of chunk keys no object has any more; runs whose manifest went are marked
+  ``collected``), when a ledger is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.ledger import Ledger
+from adapters.object_store import SCRATCH_PREFIX
+from embedline.models import InputPlan
+from embedline.protocols import ObjectInfo, ObjectStore
+from tasks.manifest import created_at, list_manifests
+
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "LEASE_PREFIX",
+    "GcPlan",
+    "collect",
+    "drop_run_lease",
+    "parse_age",
+    "plan_gc",
+    "write_run_lease",
+]
+
+DEFAULT_GRACE_S = 24 * 3600.0
+LEASE_PREFIX = f"{SCRATCH_PREFIX}runs/"
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_S = {"": 86400.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_age(text: str) -> float:
+    """Return seconds for ``90d``, ``36h``, ``2w``, ``30m``, ``45s`` (a bare number: days).
+
+    :raises ValueError: anything else.
+    """
+    match = _AGE.match(text)
+    if match is None:
+        raise ValueError(f"not an age: {text!r}; use e.g. 90d, 36h, 2w")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+# --------------------------------------------------------------------------- run leases
+
+
+def write_run_lease(store: ObjectStore, run_key: str, owner: str, plan: InputPlan) -> str:
+    """Create the run's lease object listing its planned chunk objects; return its key."""
+    key = f"{LEASE_PREFIX}{run_key}.{hashlib.sha256(owner.encode()).hexdigest()[:16]}.json"
+    body = json.dumps({"run_key": run_key, "started_at": time.time(),
+                       "objects": [c.object_key for c in plan.chunks]}).encode()  # fmt: skip
+    store.put_if_absent(key, body, sha256=hashlib.sha256(body).hexdigest(),
+                        content_type="application/json")  # fmt: skip
+    return key
+
+
+def drop_run_lease(store: ObjectStore, key: str) -> None:
+    """Delete the run's lease (the run ended, whatever its outcome)."""
+    store.delete(key)
+
+
+def _live_leases(store: ObjectStore, cutoff: float) -> tuple[set[str], list[ObjectInfo]]:
+    """(objects protected by live leases, stale lease objects)."""
+    protected: set[str] = set()
+    stale: list[ObjectInfo] = []
+    for info in store.list(LEASE_PREFIX):
+        if info.modified < cutoff:
+            stale.append(info)
+            continue
+        try:
+            protected.update(json.loads(store.get(info.key))["objects"])
+        except (FileNotFoundError, ValueError, KeyError):
+            continue
+    return protected, stale
+
+
+# --------------------------------------------------------------------------- plan and act
+
+
+@dataclass(slots=True)
+class GcPlan:
+    """What gc deletes (or would): objects by kind, and the manifests it keeps."""
+
+    kept_runs: list[str] = field(default_factory=list)
+    manifests: list[ObjectInfo] = field(default_factory=list)
+    chunks: list[ObjectInfo] = field(default_factory=list)
+    changes: list[ObjectInfo] = field(default_factory=list)
+    stale: list[ObjectInfo] = field(default_factory=list)  # leases and probe scratch
+    temp_files: list[str] = field(default_factory=list)  # local paths, already removed
+
+    def groups(self) -> dict[str, list[ObjectInfo]]:
+        """Deletions by kind (``manifests``, ``chunks``, ``changes``, ``stale``)."""
+        return {"manifests": self.manifests, "chunks": self.chunks, "changes": self.changes,
+                "stale": self.stale}  # fmt: skip
+
+    def totals(self) -> tuple[int, int]:
+        """(objects, bytes) to delete, temp files not included."""
+        items = [i for group in self.groups().values() for i in group]
+        return len(items), sum(i.size_bytes for i in items)
+
+
+def _kept_manifests(
+    manifests: Sequence[dict[str, Any]], keep_runs: int | None, older_than_s: float | None,
+    now: float,
+) -> list[dict[str, Any]]:  # fmt: skip
+    ordered = sorted(manifests, key=lambda m: (created_at(m), m["run_key"]), reverse=True)
+    kept = []
+    for rank, manifest in enumerate(ordered):
+        by_count = keep_runs is not None and rank < keep_runs
+        by_age = older_than_s is not None and now - created_at(manifest).timestamp() < older_than_s
+        no_rule = keep_runs is None and older_than_s is None
+        if rank == 0 or by_count or by_age or no_rule:
+            kept.append(manifest)
+    return kept
+
+
+def _referenced(manifests: Iterable[dict[str, Any]]) -> set[str]:
+    keys: set[str] = set()
+    for manifest in manifests:
+        keys.update(str(c["object"]) for c in manifest["chunks"])
+        if manifest.get("changes"):
+            keys.add(str(manifest["changes"]["object"]))
+        keys.add(f"manifests/{manifest['run_key']}.json")
+    return keys
+
+
+def plan_gc(
+    store: ObjectStore,
+    *,
+    keep_runs: int | None = None,
+    older_than_s: float | None = None,
+    grace_s: float = DEFAULT_GRACE_S,
+    now: float | None = None,
+) -> GcPlan:
+    """Decide what to delete; deletes nothing. Ages in seconds; ``now`` a Unix time."""
+    now = time.time() if now is None else now
+    cutoff = now - grace_s
+    manifests = list(list_manifests(store))
+    kept = _kept_manifests(manifests, keep_runs, older_than_s, now)
+    keep = _referenced(kept)
+    protected, stale_leases = _live_leases(store, cutoff)
+    keep |= protected
+    plan = GcPlan(kept_runs=[str(m["run_key"]) for m in kept])
+    for prefix, bucket in (("manifests/", plan.manifests), ("chunks/", plan.chunks),
+                           ("changes/", plan.changes)):  # fmt: skip
+        for info in store.list(prefix):
+            if info.key not in keep and info.modified < cutoff:
+                bucket.append(info)
+    scratch = [i for i in store.list(SCRATCH_PREFIX)
+               if not i.key.startswith(LEASE_PREFIX) and i.modified < cutoff]  # fmt: skip
+    plan.stale = stale_leases + scratch
+    return plan
+
+
+def collect(
+    store: ObjectStore, plan: GcPlan, *, ledger: Ledger | None, grace_s: float,
+    now: float | None = None,
+) -> GcPlan:  # fmt: skip
+    """Carry out ``plan``: delete its objects (leases first re-read), sweep temp files,
+    and drop the ledger rows that referred to deleted objects. Returns what was deleted."""
+    now = time.time() if now is None else now
+    protected, _ = _live_leases(store, now - grace_s)  # a run that started meanwhile
+    done = GcPlan(kept_runs=plan.kept_runs, stale=list(plan.stale))
+    done.chunks = [i for i in plan.chunks if i.key not in protected]
+    done.changes, done.manifests = list(plan.changes), list(plan.manifests)
+    for group in (done.manifests, done.changes, done.chunks, done.stale):
+        for info in group:
+            store.delete(info.key)
+    sweep = getattr(store, "sweep_temp_files", None)
+    if sweep is not None:
+        done.temp_files = sweep(grace_s)
+    if ledger is not None:
+        ledger.forget_collected(
+            store.uri, object_keys=[i.key for i in done.chunks],
+            object_uris=[store.uri_for(i.key) for i in done.chunks],
+            manifest_uris=[store.uri_for(i.key) for i in done.manifests],
+        )  # fmt: skip
+    return done

@@ -1,0 +1,187 @@
+"""``embedline gc`` and the ``gc-output`` flow on real runs: what goes, what stays, and a run
+in progress on the same output that must not be hurt."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adapters.ledger import Ledger
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import REPO, run_cli
+from tests.support.moto_server import make_s3_client
+from tests.support.output import vectors_by_id
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+
+Rows = list[tuple[str, str]]
+TWO_DAYS_S = 2 * 86400
+
+
+def _rows(n: int, tag: str = "") -> Rows:
+    return [(f"id{i:03d}", f"package {i} description{tag}") for i in range(n)]
+
+
+def _write(path: Path, rows: Rows) -> None:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerows([("id", "text"), *rows])
+    path.write_text(buf.getvalue())
+
+
+def _args(tmp: Path, server: FakeEmbeddingServer, output: str) -> list[str]:
+    return ["run", str(tmp / "in.csv"), "--embedder", "openai", "--base-url", server.base_url,
+            "--output", output, "--ledger", str(tmp / "ledger.sqlite3"), "--chunk-size", "10"]
+
+
+def _run(tmp: Path, server: FakeEmbeddingServer, output: str, rows: Rows,
+         env: dict[str, str] | None = None) -> str:  # fmt: skip
+    _write(tmp / "in.csv", rows)
+    result = run_cli(*_args(tmp, server, output), cwd=tmp, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return next(line.split()[-1] for line in result.stdout.splitlines()
+                if line.startswith("manifest"))  # fmt: skip
+
+
+def _age(root: Path, seconds: float) -> None:
+    """Make every file under ``root`` look ``seconds`` old (mtime is gc's clock)."""
+    then = time.time() - seconds
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (then, then))
+
+
+def _check(manifest: dict[str, Any], bodies: dict[str, bytes], rows: Rows) -> None:
+    vectors = vectors_by_id(bodies, manifest)
+    assert sorted(vectors) == sorted(i for i, _ in rows)
+    for row_id, text in rows:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
+
+
+def _local_check(out: Path, manifest_path: str, rows: Rows) -> None:
+    manifest = json.loads(Path(manifest_path).read_text())
+    _check(manifest, {e["object"]: (out / e["object"]).read_bytes()
+                      for e in manifest["chunks"]}, rows)  # fmt: skip
+
+
+def _gc(tmp: Path, out: Path, *flags: str) -> str:
+    result = run_cli("gc", str(out), "--ledger", str(tmp / "ledger.sqlite3"), *flags, cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    out = tmp_path / "out"
+    first = _rows(60)
+    manifest_a = _run(tmp_path, fake_openai, str(out), first)
+    second = [*(_rows(10, " v2")), *first[10:]]  # chunk 0 edited
+    manifest_b = _run(tmp_path, fake_openai, str(out), second)
+    a = json.loads(Path(manifest_a).read_text())
+    only_a = a["chunks"][0]["object"]
+    _age(out, TWO_DAYS_S)
+
+    dry = _gc(tmp_path, out, "--keep-runs", "1", "--dry-run")
+    assert "manifests  would delete 1 objects" in dry
+    assert "chunks     would delete 1 objects" in dry
+    assert "changes    would delete 1 objects" in dry
+    assert Path(manifest_a).exists() and (out / only_a).exists()
+
+    # A run in progress that needs chunk 0 of the first run (no kept manifest lists it):
+    # its requests are slow, so gc runs while it holds its lease.
+    fake_openai.fail_when(lambda payload: {"delay_s": 4.0})
+    third = [*first, ("id999", "a new package")]
+    _write(tmp_path / "in.csv", third)
+    running = subprocess.Popen(
+        [sys.executable, "-m", "cli", *_args(tmp_path, fake_openai, str(out))], cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not list((out / "_embedline" / "runs").glob("*.json")):
+            assert time.monotonic() < deadline and running.poll() is None, "no run lease seen"
+            time.sleep(0.1)
+        done = _gc(tmp_path, out, "--keep-runs", "1", "--grace", "1h")
+        stdout, stderr = running.communicate(timeout=120)
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert running.returncode == 0, stderr[-3000:]
+    assert "manifests  deleted 1 objects" in done and "changes    deleted 1 objects" in done
+    assert "chunks     deleted 0 objects" in done  # the running run's lease kept chunk 0
+    assert not Path(manifest_a).exists() and (out / only_a).exists()
+    manifest_c = next(line.split()[-1] for line in stdout.splitlines()
+                      if line.startswith("manifest"))  # fmt: skip
+    _local_check(out, manifest_c, third)
+    _local_check(out, manifest_b, second)
+    assert not list((out / "_embedline" / "runs").glob("*.json"))  # the lease went with it
+
+    # Once nothing needs it any more (only the newest run, by created_at, is kept), the
+    # second run's own chunk goes, and the ledger forgets it: a later run that needs it
+    # embeds it again instead of skipping it or reusing a vector that is gone.
+    b_only = json.loads(Path(manifest_b).read_text())["chunks"][0]["object"]
+    _age(out, TWO_DAYS_S)
+    _gc(tmp_path, out, "--keep-runs", "1")
+    assert not (out / b_only).exists() and not Path(manifest_b).exists()
+    assert (out / only_a).exists()  # the newest (third) run lists it
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    assert ledger.published_object(str(out / b_only)) is None
+    assert b_only not in ledger.indexed_objects(str(out))
+    ledger.close()
+    fake_openai.fail_when(None)
+    fake_openai.reset()
+    again = _run(tmp_path, fake_openai, str(out), second[:10])
+    assert fake_openai.counters()["inputs"] == 10
+    _local_check(out, again, second[:10])
+
+
+def test_gc_output_flow_on_s3_keeps_the_newest_run(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch, prefect_api_url: str,
+) -> None:  # fmt: skip
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.gc_output import gc_output
+    from tests.support.moto_server import moto_env
+
+    env = moto_env(moto_endpoint)
+    output = f"s3://{s3_bucket}/emb"
+    first = _rows(30)
+    _run(tmp_path, fake_openai, output, first, env)
+    second = [*(_rows(10, " v2")), *first[10:]]
+    uri_b = _run(tmp_path, fake_openai, output, second, env)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    s3 = make_s3_client(moto_endpoint)
+
+    def keys() -> set[str]:
+        listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="emb/")["Contents"]
+        return {o["Key"][4:] for o in listed}
+
+    before = keys()
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}):
+        dry = gc_output(output=output, keep_runs=1, grace="0s", dry_run=True,
+                        ledger=str(tmp_path / "ledger.sqlite3"))  # fmt: skip
+        assert {k: v["objects"] for k, v in dry["deleted"].items()} == {
+            "manifests": 1, "chunks": 1, "changes": 1, "stale": 0}
+        assert keys() == before
+        done = gc_output(output=output, keep_runs=1, grace="0s",
+                         ledger=str(tmp_path / "ledger.sqlite3"))  # fmt: skip
+    assert done["deleted"] == dry["deleted"] and done["kept_runs"] == [uri_b.rsplit("/")[-1][:-5]]
+    assert len(before - keys()) == 3
+    manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=uri_b[len(f"s3://{s3_bucket}/"):])
+                          ["Body"].read())  # fmt: skip
+    bodies = {e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"emb/{e['object']}")["Body"]
+              .read() for e in manifest["chunks"]}  # fmt: skip
+    _check(manifest, bodies, second)
