@@ -9,9 +9,18 @@ neither, and its type inference is the source of the classic bugs this module mu
 
 Records versus lines: a quoted field may hold line breaks, so chunks are cut by records;
 ``row_number`` counts records (1-based, header excluded) and ``line`` counts physical lines
-(1-based, header = line 1). Lines are split on the byte 0x0A and decoded strictly one by one,
-which is exact for UTF-8 and for legacy encodings such as cp932 (0x0A is never a trail byte);
-UTF-16/32 are refused in ``embedline.settings.codec_for``.
+(1-based, header = line 1). Lines are split on the encoded newline and decoded strictly one by
+one: the byte 0x0A for UTF-8 and legacy encodings such as cp932 (0x0A is never a trail byte);
+the 2-byte unit ``0A 00`` at an even offset for UTF-16-LE (``00 0A`` for BE); ``\r`` for files
+with CR-only line ends (classic Mac, some exports).
+
+Format sniffing (``sniff_format``, once per input, from its first MiB): a BOM decides UTF-8 or
+UTF-16; ``--encoding auto`` without a BOM takes UTF-8 if the sample decodes strictly, else the
+encoding charset-normalizer names; the newline is ``\n`` unless the sample has only ``\r``;
+``--delimiter auto`` tries ``,`` ``;`` TAB ``|`` on the header line and keeps the first that
+yields both the id and the text column. What was chosen is reported (``CsvFormat.note``).
+Compressed input (``.gz``) is decompressed as a stream by ``adapters.input_source``; a ZIP or
+xlsx file, or gzip bytes without the suffix, is refused naming what it is.
 
 Memory: the pass holds one line, one record, and 8 bytes per row (a 64-bit digest of each id,
 for the duplicate check), plus the list of chunk specs.
@@ -19,6 +28,7 @@ for the duplicate check), plus the list of chunk specs.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import io
@@ -35,10 +45,13 @@ from embedline.errors import InputError
 from embedline.keys import ChunkKeyBuilder, text_sha256
 from embedline.models import ChunkSpec, InputPlan, InputSource, Row
 
-__all__ = ["check_header", "plan_csv", "read_chunk"]
+__all__ = ["CsvFormat", "check_header", "plan_csv", "read_chunk", "sniff_format"]
 
 _UTF8_BOM = b"\xef\xbb\xbf"
-_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_UTF16_BOMS = {b"\xff\xfe": "utf-16-le", b"\xfe\xff": "utf-16-be"}
+_SNIFF_BYTES = 1 << 20
+_DELIMITERS = (",", ";", "\t", "|")
+_BLOCK = 1 << 20
 _MAX_FIELD_CHARS = 64 * 1024 * 1024  # csv's default limit (131,072 chars) is too small for texts
 _MAX_DUPLICATES_REPORTED = 5
 
@@ -59,6 +72,7 @@ class _Lines:
         line: int,
         offset: int,
         on_bytes: Callable[[bytes], None] | None = None,
+        newline: str = "\n",
     ) -> None:
         self._fh = fh
         self._codec = codec
@@ -66,12 +80,17 @@ class _Lines:
         self.line = line
         self.offset = offset
         self.on_bytes = on_bytes
+        separator = newline.encode(codec)
+        if separator == b"\n":
+            self._raw: Iterator[bytes] = iter(fh.readline, b"")  # the fast path, in C
+        else:
+            self._raw = _split_lines(fh, separator, unit=_unit(codec))
 
     def __iter__(self) -> _Lines:
         return self
 
     def __next__(self) -> str:
-        raw = self._fh.readline()
+        raw = next(self._raw, b"")
         if not raw:
             raise StopIteration
         self.line += 1
@@ -90,6 +109,133 @@ class _Lines:
             ) from None
 
 
+def _unit(codec: str) -> int:
+    """Bytes per code unit: where a line break may start (2 for UTF-16)."""
+    return len("\n".encode(codec))
+
+
+def _split_lines(fh: BinaryIO, separator: bytes, *, unit: int) -> Iterator[bytes]:
+    """Yield ``fh``'s lines, each with its ``separator``, which counts only at an offset that
+    is a multiple of ``unit`` (so UTF-16's ``0A 00`` never matches across two characters)."""
+    buf = b""
+    while True:
+        block = fh.read(_BLOCK)
+        if not block:
+            if buf:
+                yield buf
+            return
+        buf += block
+        pos = search = 0
+        while (found := buf.find(separator, search)) >= 0:
+            if (found - pos) % unit:
+                search = found + 1
+                continue
+            end = found + len(separator)
+            yield buf[pos:end]
+            pos = search = end
+        buf = buf[pos:]
+
+
+@dataclass(frozen=True, slots=True)
+class CsvFormat:
+    """How an input's bytes become records: ``codec`` decodes each line (no BOM),
+    ``newline`` ends a line (``"\n"`` or ``"\r"``), ``delimiter`` separates fields, ``bom``
+    bytes at the start are skipped; ``note`` says what was detected (empty: all defaults)."""
+
+    codec: str
+    newline: str = "\n"
+    delimiter: str = ","
+    bom: int = 0
+    note: str = ""
+
+
+def sniff_format(
+    head: bytes, *, encoding: str, delimiter: str, path: str, id_column: str, text_column: str
+) -> CsvFormat:
+    """Decide codec, newline and delimiter from the input's first bytes (see module doc).
+
+    ``encoding`` is ``auto`` or a Python codec name; ``delimiter`` is ``auto`` or one character.
+
+    :raises InputError: a binary format (ZIP/xlsx, gzip without ``.gz``), a BOM that
+        contradicts ``--encoding``, or bytes no detector can name.
+    """
+    _refuse_binary(head, path)
+    codec, bom, notes = _sniff_codec(head, encoding, path)
+    text = head[bom:].decode(codec, errors="replace")
+    crlf = text.count("\r\n")
+    lone_cr, lone_lf = text.count("\r") - crlf, text.count("\n") - crlf
+    newline = "\r" if lone_cr > lone_lf else "\n"  # \n may still occur inside quoted fields
+    if newline == "\r":
+        notes.append("line ends: CR only")
+    header = text.split(newline, 1)[0]
+    if delimiter == "auto":
+        delimiter = _sniff_delimiter(header, id_column, text_column)
+        if delimiter != ",":
+            notes.append(f"delimiter {delimiter!r} (found in the header)")
+    return CsvFormat(codec, newline, delimiter, bom, "; ".join(notes))
+
+
+def _refuse_binary(head: bytes, path: str) -> None:
+    if head.startswith(b"\x1f\x8b"):
+        raise InputError("the file is gzip-compressed but its name does not end in .gz; "
+                         "rename it to ….csv.gz (it is then read as a stream)", path=path)
+    if head.startswith(b"PK\x03\x04"):
+        raise InputError("the file is a ZIP archive (an .xlsx workbook?), not CSV text; "
+                         "export it as CSV (UTF-8) first", path=path)  # fmt: skip
+
+
+def _sniff_codec(head: bytes, encoding: str, path: str) -> tuple[str, int, list[str]]:
+    """Return (codec for each line, BOM bytes to skip, notes)."""
+    wanted = encoding.lower().replace("_", "-")
+    for bom, codec in _UTF16_BOMS.items():
+        if head.startswith(bom):
+            if wanted not in ("auto", "utf-16", codec):
+                raise InputError(f"the file starts with a {codec.upper()} byte-order mark but "
+                                 f"--encoding is {encoding}; pass --encoding auto",
+                                 path=path, line=1)  # fmt: skip
+            return codec, 2, [f"encoding {codec} (byte-order mark)"]
+    if wanted == "utf-16":
+        raise InputError("--encoding utf-16 needs a byte-order mark, and the file has none; "
+                         "pass utf-16-le or utf-16-be", path=path, line=1)  # fmt: skip
+    if wanted != "auto":
+        name = codecs.lookup(encoding).name
+        name = "utf-8" if name == "utf-8-sig" else name
+        return name, 3 if name == "utf-8" and head.startswith(_UTF8_BOM) else 0, []
+    if head.startswith(_UTF8_BOM):
+        return "utf-8", 3, []
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        return "utf-8", 0, []
+    except UnicodeDecodeError:
+        pass
+    from charset_normalizer import from_bytes
+
+    best = from_bytes(head).best()
+    if best is None or "\n".encode(best.encoding) != b"\n":
+        raise InputError("the file is not UTF-8 and its encoding could not be detected; "
+                         "pass --encoding with its real encoding (e.g. cp932, latin-1)",
+                         path=path, line=1)  # fmt: skip
+    codec = codecs.lookup(best.encoding).name
+    return codec, 0, [f"encoding {codec} (detected by charset-normalizer; pass --encoding to "
+                      "override)"]
+
+
+def _sniff_delimiter(header: str, id_column: str, text_column: str) -> str:
+    """The first of , ; TAB | that splits ``header`` into fields holding both columns; else
+    the one giving most fields; else ``,`` (the header check then names what it found)."""
+    best, most = ",", 1
+    for candidate in _DELIMITERS:
+        try:
+            fields = next(csv.reader([header], delimiter=candidate), [])
+        except csv.Error:
+            continue
+        if id_column in fields and text_column in fields:
+            return candidate
+        if len(fields) > most:
+            best, most = candidate, len(fields)
+    return best
+
+
 @dataclass(slots=True)
 class _Record:
     fields: list[str]
@@ -98,7 +244,7 @@ class _Record:
     stop: int  # byte offset just after its last line
 
 
-def _records(lines: _Lines, path: str) -> Iterator[_Record]:
+def _records(lines: _Lines, path: str, delimiter: str = ",") -> Iterator[_Record]:
     """Yield non-blank records with their first line and byte span.
 
     Sets the process's csv field limit first: every path that reads CSV comes through here,
@@ -106,7 +252,7 @@ def _records(lines: _Lines, path: str) -> Iterator[_Record]:
     131,072 characters would refuse a long text that planning accepted.
     """
     csv.field_size_limit(_MAX_FIELD_CHARS)
-    reader = csv.reader(lines, strict=True)
+    reader = csv.reader(lines, strict=True, delimiter=delimiter)
     while True:
         start, first_line = lines.offset, lines.line + 1
         try:
@@ -199,21 +345,21 @@ def _row_id(record: _Record, header: _Header, path: str) -> str:
 
 
 def _open_lines(
-    fh: BinaryIO, source_path: str, codec: str, on_bytes: Callable[[bytes], None] | None
+    fh: BinaryIO, source_path: str, fmt: CsvFormat, on_bytes: Callable[[bytes], None] | None
 ) -> _Lines:
-    """Position ``fh`` after any UTF-8 BOM and wrap it; refuse UTF-16 files."""
-    head = fh.peek(4)[:4]  # type: ignore[attr-defined]  # a BufferedReader: no seek needed (S3)
-    if head.startswith(_UTF16_BOMS):
-        raise InputError(
-            "the file starts with a UTF-16 byte-order mark; re-save it as UTF-8",
-            path=source_path,
-            line=1,
-        )
-    skip = len(_UTF8_BOM) if codec == "utf-8" and head.startswith(_UTF8_BOM) else 0
-    bom = fh.read(skip)
+    """Skip ``fh``'s BOM (hashing it) and wrap the rest in ``fmt``'s line reader."""
+    bom = fh.read(fmt.bom)
     if on_bytes is not None and bom:
         on_bytes(bom)
-    return _Lines(fh, codec=codec, path=source_path, line=0, offset=skip, on_bytes=on_bytes)
+    return _Lines(fh, codec=fmt.codec, path=source_path, line=0, offset=fmt.bom,
+                  on_bytes=on_bytes, newline=fmt.newline)  # fmt: skip
+
+
+def _sniff(fh: BinaryIO, path: str, encoding: str, delimiter: str, id_column: str,
+           text_column: str) -> CsvFormat:  # fmt: skip
+    head = fh.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]  # type: ignore[attr-defined]
+    return sniff_format(head, encoding=encoding, delimiter=delimiter, path=path,
+                        id_column=id_column, text_column=text_column)  # fmt: skip
 
 
 class _Planner:
@@ -272,13 +418,17 @@ def plan_csv(
     chunk_size: int,
     model: str,
     dimensions: int | None,
+    delimiter: str = ",",
 ) -> InputPlan:
     """Stream ``path`` once: validate it, hash it and cut it into chunks of ``chunk_size`` rows.
 
     ``path`` is a local path, a ``file://`` URI or ``s3://bucket/key`` (streamed, not
-    downloaded first).
+    downloaded first), ``.gz`` for gzip (decompressed as a stream; hashes, sizes and offsets
+    are of the decompressed bytes).
 
-    ``codec`` is a Python codec name (``embedline.settings.codec_for``). The plan holds the
+    ``codec`` is ``auto`` or a Python codec name (``embedline.settings.codec_for``);
+    ``delimiter`` is ``auto`` or one character (``sniff_format``). The plan's source records
+    what was chosen (``encoding``, ``newline``, ``delimiter``, ``note``). The plan holds the
     file's SHA-256, size (bytes), record count and one ``ChunkSpec`` per chunk, each with its
     content key (DESIGN §2) and byte range.
 
@@ -299,8 +449,9 @@ def plan_csv(
     found = open_input(source_path)
     with found.open() as fh:
         source_path = found.uri
-        lines = _open_lines(fh, source_path, codec, on_bytes)
-        records = _records(lines, source_path)
+        fmt = _sniff(fh, source_path, codec, delimiter, id_column, text_column)
+        lines = _open_lines(fh, source_path, fmt, on_bytes)
+        records = _records(lines, source_path, fmt.delimiter)
         header_record = next(records, None)
         if header_record is None:
             raise InputError("the file is empty: expected a header line", path=source_path, line=1)
@@ -318,12 +469,15 @@ def plan_csv(
             )
         planner.close(stop=lines.offset)  # trailing blank lines belong to the last chunk
         size = lines.offset
-    _raise_on_duplicates(id_digests, found, codec, header)
+    _raise_on_duplicates(id_digests, found, fmt, header)
     source = InputSource(
         path=found.uri,
         name=found.name,
         version=getattr(found, "etag", None),
-        encoding=codec,
+        encoding=fmt.codec,
+        newline=fmt.newline,
+        delimiter=fmt.delimiter,
+        note=fmt.note,
         id_column=id_column,
         text_column=text_column,
         id_index=header.id_index,
@@ -344,7 +498,7 @@ def _id_digest(row_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(row_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
-def _raise_on_duplicates(digests: array, found: Any, codec: str, header: _Header) -> None:
+def _raise_on_duplicates(digests: array, found: Any, fmt: CsvFormat, header: _Header) -> None:
     """Raise InputError listing the first duplicated ids with their lines, if any.
 
     The pass kept only 64-bit digests; a second pass runs only when digests collide, and it
@@ -359,7 +513,7 @@ def _raise_on_duplicates(digests: array, found: Any, codec: str, header: _Header
     path = found.uri
     lines_by_id: dict[str, list[int]] = {}
     with found.open() as fh:
-        records = _records(_open_lines(fh, path, codec, None), path)
+        records = _records(_open_lines(fh, path, fmt, None), path, fmt.delimiter)
         next(records)  # the header
         for record in records:
             row_id = record.fields[header.id_index]
@@ -385,19 +539,24 @@ def _raise_on_duplicates(digests: array, found: Any, codec: str, header: _Header
 
 
 def check_header(
-    path: str | os.PathLike[str], *, id_column: str, text_column: str, codec: str
-) -> None:
+    path: str | os.PathLike[str], *, id_column: str, text_column: str, codec: str,
+    delimiter: str = ",",
+) -> CsvFormat:
     """Read only the header (and any BOM) of ``path``: a fast check before anything starts.
+    Returns the format ``sniff_format`` chose (its ``note`` says what was detected).
 
-    :raises InputError: unreadable file, UTF-16, undecodable header, missing or duplicated
+    :raises InputError: unreadable or binary file, undecodable header, missing or duplicated
         id/text column, empty file.
     """
     found = open_input(os.fspath(path))
     with found.open() as fh:
-        header = next(_records(_open_lines(fh, found.uri, codec, None), found.uri), None)
+        fmt = _sniff(fh, found.uri, codec, delimiter, id_column, text_column)
+        records = _records(_open_lines(fh, found.uri, fmt, None), found.uri, fmt.delimiter)
+        header = next(records, None)
     if header is None:
         raise InputError("the file is empty: expected a header line", path=found.uri, line=1)
     _parse_header(header.fields, id_column=id_column, text_column=text_column, path=found.uri)
+    return fmt
 
 
 def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:
@@ -423,9 +582,11 @@ def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:
         path=source.path,
         line=spec.line_start - 1,
         offset=spec.byte_start,
+        newline=source.newline,
     )
     rows = []
-    for number, record in enumerate(_records(lines, source.path), start=spec.first_row):
+    records = _records(lines, source.path, source.delimiter)
+    for number, record in enumerate(records, start=spec.first_row):
         text = record.fields[source.text_index]
         row_id = record.fields[source.id_index]
         rows.append(Row(number, record.line, row_id, text, text_sha256(text)))

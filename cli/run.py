@@ -36,7 +36,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--id-column", default="id")
     run.add_argument("--text-column", default="text")
     run.add_argument("--encoding", default="auto",
-                     help="auto (UTF-8, BOM optional) or a codec name such as cp932")
+                     help="auto (UTF-8 with or without BOM, UTF-16 by its BOM, else detected "
+                          "and printed) or a codec name such as cp932, utf-16-le")
+    run.add_argument("--delimiter", default="auto",
+                     help="field separator: auto (found in the header line among , ; tab |) "
+                          "or one character; 'tab' for tab")
     run.add_argument("--embedder", choices=("local", "openai"), default="local")
     run.add_argument("--model", default=None,
                      help="default: all-MiniLM-L6-v2 (local), text-embedding-3-small (openai)")
@@ -204,8 +208,12 @@ def _check_before_prefect(settings: Any) -> tuple[str, int] | None:
         if not os.path.isfile(settings.input):
             return f"{settings.input}: no such file", EXIT_USAGE
     try:
-        check_header(settings.input, id_column=settings.id_column,
-                     text_column=settings.text_column, codec=settings.codec)  # fmt: skip
+        fmt = check_header(settings.input, id_column=settings.id_column,
+                           text_column=settings.text_column, codec=settings.codec,
+                           delimiter=settings.delimiter)  # fmt: skip
+        if fmt.note:
+            print(f"embedline: reading {os.path.basename(settings.input)} as: {fmt.note}",
+                  file=sys.stderr)
     except InputError as exc:
         return str(exc), exc.exit_code
     try:
@@ -269,6 +277,7 @@ def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None
         store = open_store(settings.output)
         plan = plan_csv(settings.input, id_column=settings.id_column,
                         text_column=settings.text_column, codec=settings.codec,
+                        delimiter=settings.delimiter,
                         chunk_size=settings.chunk_size, model=settings.effective_model,
                         dimensions=settings.dimensions)  # fmt: skip
         run_key = keys.run_key(plan.sha256, settings.id_column, settings.text_column,

@@ -58,6 +58,9 @@ class InputSource:
     n_fields: int
     data_start: int
     version: str | None = None  # S3 ETag seen at planning (chunk reads require it)
+    newline: str = "\n"  # "\n", or "\r" for CR-only line ends
+    delimiter: str = ","  # the field separator chosen (--delimiter, or sniffed)
+    note: str = ""  # what format sniffing detected, for the log (empty: all defaults)
 
 
 @dataclass(frozen=True, slots=True)

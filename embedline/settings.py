@@ -44,20 +44,27 @@ PARAMETER_FIELDS = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_de
 
 
 def codec_for(encoding: str) -> str:
-    """Return the Python codec name for ``--encoding`` (``auto`` means UTF-8, BOM optional).
+    """Return the Python codec name for ``--encoding``, or ``"auto"`` (UTF-8 with or without
+    BOM, UTF-16 by its BOM, else detected: ``adapters.csv_source.sniff_format``).
 
-    :raises ValueError: for an unknown codec, or one whose newline is not the byte 0x0A
-        (UTF-16/UTF-32), which a line-oriented CSV reader cannot split safely.
+    UTF-16 (``utf-16`` with a BOM, ``utf-16-le``, ``utf-16-be``) is read line by line on its
+    2-byte units; other codecs must encode the newline as the byte 0x0A.
+
+    :raises ValueError: for an unknown codec, or one a line reader cannot split (UTF-32).
     """
-    if encoding.lower() in ("auto", "utf-8-sig", "utf8-sig"):
-        return "utf-8"
+    if encoding.lower() == "auto":
+        return "auto"
     try:
         name = codecs.lookup(encoding).name
     except LookupError:
         raise ValueError(
-            f"unknown encoding {encoding!r}; use 'auto' (UTF-8) or a Python codec name "
-            "such as 'cp932', 'latin-1'"
+            f"unknown encoding {encoding!r}; use 'auto' (UTF-8, UTF-16 by BOM, else detected) "
+            "or a Python codec name such as 'cp932', 'latin-1'"
         ) from None
+    if name == "utf-8-sig":
+        return "utf-8"
+    if name in ("utf-16", "utf-16-le", "utf-16-be"):
+        return name
     if "\n".encode(name) != b"\n":
         raise ValueError(f"encoding {encoding!r} is not supported: re-encode the file as UTF-8")
     return name
@@ -92,6 +99,7 @@ class RunSettings(BaseModel):
     id_column: str = "id"
     text_column: str = "text"
     encoding: str = "auto"
+    delimiter: str = "auto"
     embedder: Literal["local", "openai"] = "local"
     model: str | None = None
     base_url: str = "https://api.openai.com/v1"
@@ -161,6 +169,14 @@ class RunSettings(BaseModel):
     def _header_name(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
             raise ValueError(f"{value!r} is not an HTTP header name (RFC 9110 §5.1)")
+        return value
+
+    @field_validator("delimiter")
+    @classmethod
+    def _one_character(cls, value: str) -> str:
+        value = {"tab": "\t", "\\t": "\t", "comma": ",", "semicolon": ";"}.get(value, value)
+        if value != "auto" and (len(value) != 1 or value in "\r\n\"" ):
+            raise ValueError("--delimiter is auto or one character (',', ';', 'tab', '|')")
         return value
 
     @field_validator("id_column", "text_column")

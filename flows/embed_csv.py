@@ -64,6 +64,7 @@ def embed_csv(
     id_column: str = "id",
     text_column: str = "text",
     encoding: str = "auto",
+    delimiter: str = "auto",
     embedder: str = "local",
     model: str | None = None,
     base_url: str = "https://api.openai.com/v1",

@@ -31,10 +31,13 @@ def plan_input(settings: RunSettings) -> InputPlan:
         id_column=settings.id_column,
         text_column=settings.text_column,
         codec=settings.codec,
+        delimiter=settings.delimiter,
         chunk_size=settings.chunk_size,
         model=settings.effective_model,
         dimensions=settings.dimensions,
     )
+    if plan.source.note:
+        logger.info("read %s as: %s", plan.source.name, plan.source.note)
     logger.info(
         "planned %s: %d rows, %d bytes, %d chunks of up to %d rows",
         plan.source.name, plan.rows, plan.bytes, len(plan.chunks), settings.chunk_size,

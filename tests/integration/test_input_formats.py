@@ -1,0 +1,115 @@
+"""``embedline run`` on files as users export them (issue 8, items 11-12), end to end: a real
+CLI process, the loopback fake server, moto's S3 server; every vector checked against the
+server's deterministic vector for its text."""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import gzip
+import io
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import run_cli
+from tests.support.output import read_local_output
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+
+ROWS = [(f"{i:03d}", f"Paket {i}: Größe, «quoted» and ünïcode — 日本語 {i}") for i in range(9)]
+
+
+def _text(delimiter: str = ",", newline: str = "\n") -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, delimiter=delimiter, lineterminator=newline)
+    writer.writerow(("id", "text"))
+    writer.writerows(ROWS)
+    return buf.getvalue()
+
+
+def _run(tmp_path: Path, server: FakeEmbeddingServer, source: str,
+         env: dict[str, str] | None = None) -> tuple[int, str]:  # fmt: skip
+    result = run_cli("run", source, "--embedder", "openai", "--base-url", server.base_url,
+                     "--output", str(tmp_path / "out"), "--ledger",
+                     str(tmp_path / "ledger.sqlite3"), "--chunk-size", "4",
+                     cwd=tmp_path, env=env)  # fmt: skip
+    return result.returncode, result.stdout + result.stderr
+
+
+def _check(tmp_path: Path) -> None:
+    _, vectors = read_local_output(tmp_path / "out")
+    assert set(vectors) == {i for i, _ in ROWS}
+    for row_id, text in ROWS:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), atol=1e-6)
+
+
+def test_excel_unicode_text_utf16_tab_separated(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    path = tmp_path / "export.txt"
+    path.write_bytes(codecs.BOM_UTF16_LE + _text("\t", "\r\n").encode("utf-16-le"))
+    code, output = _run(tmp_path, fake_openai, str(path))
+    assert code == 0, output
+    assert "encoding utf-16-le (byte-order mark)" in output and "delimiter '\\t'" in output
+    _check(tmp_path)
+
+
+def test_semicolon_file_with_cr_only_line_ends(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    path = tmp_path / "mac.csv"
+    path.write_bytes(_text(";", "\r").encode("utf-8"))
+    code, output = _run(tmp_path, fake_openai, str(path))
+    assert code == 0, output
+    _check(tmp_path)
+
+
+def test_cp932_file_is_detected_and_announced(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    rows = [(f"{i}", f"日本語のパッケージ説明です。番号{i}、とても便利なツールです。") for i in range(30)]
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\r\n").writerows([("id", "text"), *rows])
+    (tmp_path / "sjis.csv").write_bytes(buf.getvalue().encode("cp932"))
+    code, output = _run(tmp_path, fake_openai, str(tmp_path / "sjis.csv"))
+    assert code == 0, output
+    assert "charset-normalizer" in output
+    _, vectors = read_local_output(tmp_path / "out")
+    for row_id, text in rows:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), atol=1e-6)
+
+
+def test_gzip_input_local_and_on_s3_streamed(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    packed = gzip.compress(_text().encode("utf-8"))
+    (tmp_path / "in.csv.gz").write_bytes(packed)
+    code, output = _run(tmp_path, fake_openai, str(tmp_path / "in.csv.gz"))
+    assert code == 0, output
+    _check(tmp_path)
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.put_object(Bucket=s3_bucket, Key="inputs/data.csv.gz", Body=packed)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    code, output = _run(remote, fake_openai, f"s3://{s3_bucket}/inputs/data.csv.gz",
+                        env={"AWS_ENDPOINT_URL": moto_endpoint})  # fmt: skip
+    assert code == 0, output
+    manifest, _ = read_local_output(remote / "out")
+    assert manifest["input"]["name"] == "data.csv.gz"
+    assert manifest["input"]["bytes"] == len(_text().encode("utf-8"))  # decompressed bytes
+    _check(remote)
+
+
+def test_an_xlsx_is_refused_naming_what_it_is(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "book.xlsx", "w") as z:
+        z.writestr("xl/workbook.xml", "<workbook/>")
+    code, output = _run(tmp_path, fake_openai, str(tmp_path / "book.xlsx"))
+    assert code == 2 and "ZIP archive" in output and fake_openai.requests == 0

@@ -1,0 +1,150 @@
+"""Files as users really export them (issue 8, items 11-12): other delimiters, Excel's UTF-16
+"Unicode Text", CR-only line ends, gzip, legacy encodings detected, and clear refusals."""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import gzip
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from adapters.csv_source import check_header, plan_csv, read_chunk
+from embedline.errors import InputError
+from embedline.models import InputPlan
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = [("007", "first, with a comma"), ("008", "second\nover two lines"),
+        ("009", "café ünïcode 日本語"), ("010", 'a "quoted" word')]  # fmt: skip
+
+
+def _text(rows: list[tuple[str, str]], *, delimiter: str = ",", newline: str = "\n") -> str:
+    buf = io.StringIO()
+    quoting = csv.QUOTE_ALL if newline == "\r" else csv.QUOTE_MINIMAL  # quote the "\n" too
+    writer = csv.writer(buf, delimiter=delimiter, lineterminator=newline, quoting=quoting)
+    writer.writerow(("id", "title", "text"))
+    writer.writerows((i, "t", text) for i, text in rows)
+    return buf.getvalue()
+
+
+def _plan(path: Path, *, codec: str = "auto", delimiter: str = "auto") -> InputPlan:
+    return plan_csv(path, id_column="id", text_column="text", codec=codec, chunk_size=1,
+                    model="m", dimensions=None, delimiter=delimiter)  # fmt: skip
+
+
+def _read(plan: InputPlan) -> list[tuple[str, str]]:
+    return [(r.id, r.text) for spec in plan.chunks for r in read_chunk(plan.source, spec)]
+
+
+@pytest.mark.parametrize("delimiter", [";", "\t", "|", ","])
+def test_auto_delimiter_is_found_in_the_header(tmp_path: Path, delimiter: str) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text(_text(ROWS, delimiter=delimiter), encoding="utf-8")
+    plan = _plan(path)
+    assert plan.source.delimiter == delimiter
+    assert _read(plan) == ROWS
+    assert (repr(delimiter) in plan.source.note) == (delimiter != ",")
+
+
+def test_an_explicit_delimiter_is_used_as_given(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text(_text(ROWS, delimiter=";"), encoding="utf-8")
+    assert _read(_plan(path, delimiter=";")) == ROWS
+    with pytest.raises(InputError, match="no id column 'id'"):
+        _plan(path, delimiter=",")
+
+
+@pytest.mark.parametrize("codec, bom", [("utf-16-le", codecs.BOM_UTF16_LE),
+                                        ("utf-16-be", codecs.BOM_UTF16_BE)])
+def test_excel_unicode_text_utf16_with_bom_tabs_and_crlf(
+    tmp_path: Path, codec: str, bom: bytes
+) -> None:
+    path = tmp_path / "excel.txt"
+    path.write_bytes(bom + _text(ROWS, delimiter="\t", newline="\r\n").encode(codec))
+    plan = _plan(path)
+    assert (plan.source.encoding, plan.source.delimiter) == (codec, "\t")
+    assert codec in plan.source.note
+    assert _read(plan) == ROWS
+    assert plan.bytes == path.stat().st_size
+
+
+def test_utf16_lines_split_only_on_whole_code_units(tmp_path: Path) -> None:
+    # U+0A00..U+0AFF (Gurmukhi) put the byte 0x0A at odd offsets in UTF-16-LE
+    rows = [("a", "\u0a05\u0a06 ਆ"), ("b", "\u0a0a\n\u0a0a")]
+    path = tmp_path / "in.csv"
+    path.write_bytes(codecs.BOM_UTF16_LE + _text(rows).encode("utf-16-le"))
+    assert _read(_plan(path)) == rows
+
+
+def test_cr_only_line_ends(tmp_path: Path) -> None:
+    path = tmp_path / "mac.csv"
+    path.write_bytes(_text(ROWS, newline="\r").encode("utf-8"))
+    plan = _plan(path)
+    assert plan.source.newline == "\r" and "CR only" in plan.source.note
+    assert _read(plan) == ROWS
+
+
+def test_legacy_encoding_is_detected_and_decoded_strictly(tmp_path: Path) -> None:
+    with open(REPO.parent / "shared" / "data" / "debian-descriptions-ja.csv",
+              encoding="utf-8", newline="") as fh:  # fmt: skip
+        rows = []
+        for row in csv.DictReader(fh):
+            try:
+                row["text"].encode("cp932")
+            except UnicodeEncodeError:
+                continue
+            rows.append((row["id"], row["text"]))
+            if len(rows) == 20:
+                break
+    path = tmp_path / "sjis.csv"
+    path.write_bytes(_text(rows).encode("cp932"))
+    plan = _plan(path)
+    assert plan.source.encoding in ("cp932", "shift_jis", "shift_jis_2004", "shift_jisx0213")
+    assert "charset-normalizer" in plan.source.note
+    assert _read(plan) == rows
+    with pytest.raises(InputError, match="not valid utf-8"):
+        _plan(path, codec="utf-8")  # an explicit codec stays strict
+
+
+def test_utf8_without_bom_stays_utf8_with_no_note(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text(_text(ROWS), encoding="utf-8")
+    plan = _plan(path)
+    assert (plan.source.encoding, plan.source.note) == ("utf-8", "")
+
+
+def test_gzip_input_is_read_as_a_stream_with_decompressed_offsets(tmp_path: Path) -> None:
+    raw = _text(ROWS).encode("utf-8")
+    plain, packed = tmp_path / "in.csv", tmp_path / "in.csv.gz"
+    plain.write_bytes(raw)
+    packed.write_bytes(gzip.compress(raw))
+    a, b = _plan(plain), _plan(packed)
+    assert _read(b) == ROWS
+    assert (b.sha256, b.bytes, [c.key for c in b.chunks]) == (
+        a.sha256, a.bytes, [c.key for c in a.chunks])
+
+
+def test_zip_and_unnamed_gzip_are_refused_naming_the_format(tmp_path: Path) -> None:
+    xlsx = tmp_path / "book.xlsx"
+    with zipfile.ZipFile(xlsx, "w") as z:
+        z.writestr("xl/workbook.xml", "<workbook/>")
+    with pytest.raises(InputError, match="ZIP archive"):
+        check_header(xlsx, id_column="id", text_column="text", codec="auto")
+    hidden = tmp_path / "data.csv"
+    hidden.write_bytes(gzip.compress(_text(ROWS).encode()))
+    with pytest.raises(InputError, match="gzip-compressed"):
+        check_header(hidden, id_column="id", text_column="text", codec="auto")
+    broken = tmp_path / "broken.csv.gz"
+    broken.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    with pytest.raises(InputError, match="cannot decompress"):
+        _plan(broken)
+
+
+def test_a_bom_that_contradicts_the_encoding_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_bytes(codecs.BOM_UTF16_LE + _text(ROWS).encode("utf-16-le"))
+    with pytest.raises(InputError, match="UTF-16-LE byte-order mark but --encoding is cp932"):
+        _plan(path, codec="cp932")
