@@ -130,19 +130,20 @@ def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
 
 
 @pytest.mark.parametrize(
-    ("content", "needle"),
+    ("content", "needle", "args"),
     [
-        (b"id,body\n1,a\n", "no text column 'text'"),
-        (b"id,text\n1,a\n1,b\n", "duplicated id"),
-        (b"id,text\n1,a\n2,caf\xe9\n", ":3: byte 0xe9"),
-        (b"id,text\n1,a\n2,b,c\n", ":3: record has 3 fields"),
+        (b"id,body\n1,a\n", "no text column 'text'", ()),
+        (b"id,text\n1,a\n1,b\n", "duplicated id", ()),
+        (b"id,text\n1,a\n2,caf\xe9\n", ":3: byte 0xe9", ("--encoding", "utf-8")),
+        (b"id,text\n1,a\n2,b,c\n", ":3: record has 3 fields", ()),
     ],
 )
 def test_input_errors_exit_2_before_any_request(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, content: bytes, needle: str
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, content: bytes, needle: str,
+    args: tuple[str, ...],
 ) -> None:
     (tmp_path / "in.csv").write_bytes(content)
-    code, out, err = _run(tmp_path, fake_openai)
+    code, out, err = _run(tmp_path, fake_openai, *args)
     assert code == 2
     assert needle in out + err and "in.csv" in out + err
     assert fake_openai.counters()["requests"] == 0
