@@ -153,6 +153,12 @@ _MIGRATIONS += (
         ) STRICT;
         """,
     ),
+    (
+        # The process that runs a run (``host:pid:random``), so ``status`` can tell a run
+        # that is going from one whose process is gone (killed, second Ctrl-C).
+        "0005_run_owner",
+        "ALTER TABLE runs ADD COLUMN owner TEXT;",
+    ),
 )
 
 #: One more per migration; migrations are applied by name, each once, in tuple order.
@@ -166,6 +172,10 @@ def _now_iso() -> str:
 def new_owner() -> str:
     """Return a lease owner id unique to this process and run: ``host:pid:random``."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+#: This process as a run owner (``host:pid:random``), recorded by ``start_run``.
+_PROCESS_OWNER = new_owner()
 
 
 def _owner_is_dead(owner: str | None) -> bool:
@@ -354,6 +364,7 @@ class Ledger:
                     for s, uri in zip(plan.chunks, object_uris, strict=True)
                 ],
             )
+            db.execute("UPDATE runs SET owner = ? WHERE run_key = ?", (_PROCESS_OWNER, run_key))
 
     def finish_run(
         self,
@@ -420,6 +431,39 @@ class Ledger:
             "SELECT * FROM chunks WHERE run_key = ? ORDER BY idx", (run_key,)
         ).fetchall()
         return {r["idx"]: ChunkRecord(**{f: r[f] for f in ChunkRecord.__slots__}) for r in rows}
+
+    def run_process_gone(self, run_key: str) -> bool:
+        """True if the process recorded as running ``run_key`` is known to be gone (this
+        host only; a run of another host, or of an older ledger, counts as alive)."""
+        row = self._conn.execute("SELECT owner FROM runs WHERE run_key = ?",
+                                 (run_key,)).fetchone()  # fmt: skip
+        return row is not None and _owner_is_dead(row[0])
+
+    def live_state_counts(self, run_key: str) -> dict[str, int]:
+        """``state_counts``, but a ``running`` chunk whose lease holder is gone counts as
+        ``pending``: the next run reclaims it at once (see ``claim``)."""
+        counts: dict[str, int] = {}
+        for state, owner in self._conn.execute(
+                "SELECT state, lease_owner FROM chunks WHERE run_key = ?", (run_key,)):  # fmt: skip
+            if state == "running" and _owner_is_dead(owner):
+                state = "pending"
+            counts[state] = counts.get(state, 0) + 1
+        return counts
+
+    def published_rows(self, run_key: str) -> int:
+        """Rows in the run's chunks published so far (what the store holds for it)."""
+        row = self._conn.execute(
+            """SELECT COALESCE(SUM(o.rows), 0) FROM chunks c JOIN objects o
+               ON o.object_uri = c.object_uri WHERE c.run_key = ? AND c.state = 'published'""",
+            (run_key,),
+        ).fetchone()
+        return int(row[0])
+
+    def mark_interrupted(self, run_key: str) -> None:
+        """Set a ``running`` run to ``interrupted`` (a hard stop of its own process)."""
+        with self.atomic() as db:
+            db.execute("UPDATE runs SET status = 'interrupted', updated_at = ? "
+                       "WHERE run_key = ? AND status = 'running'", (_now_iso(), run_key))  # fmt: skip
 
     def state_counts(self, run_key: str) -> dict[str, int]:
         """Return ``{state: number of chunks}`` for a run."""

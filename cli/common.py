@@ -8,12 +8,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "fail", "find_run", "open_ledger",
-           "positive_float", "positive_int", "with_prefect_api"]  # fmt: skip
+__all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "HELP_FORMATTER", "LEDGER_HELP", "fail",
+           "find_run", "open_ledger", "positive_float", "positive_int",
+           "with_prefect_api"]  # fmt: skip
 
 EXIT_USAGE = 2
 EXIT_FATAL = 3
 DEFAULT_LEDGER = ".embedline/ledger.sqlite3"
+LEDGER_HELP = ("the SQLite ledger; a relative path is relative to the current directory, so "
+               "run `status`, `dead-letters` and `retry-failed` where `run` ran, or pass the "
+               "same --ledger")
+#: Every option's help ends with its default ("(default: 1000)").
+HELP_FORMATTER = argparse.ArgumentDefaultsHelpFormatter
 
 
 def positive_int(text: str) -> int:
@@ -43,7 +49,10 @@ def open_ledger(path: str) -> Any:
     from adapters.ledger import Ledger
 
     if not os.path.exists(path):
-        raise SystemExit(fail(f"embedline: error: no ledger at {path}", EXIT_USAGE))
+        raise SystemExit(fail(
+            f"embedline: error: no ledger at {os.path.abspath(path)}: `embedline run` keeps "
+            f"it in {DEFAULT_LEDGER} under the directory it ran in; cd there or pass "
+            "--ledger PATH", EXIT_USAGE))  # fmt: skip
     return Ledger(path)
 
 

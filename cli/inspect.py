@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-from cli.common import DEFAULT_LEDGER, find_run, open_ledger
+from cli.common import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP, find_run, open_ledger
 
 __all__ = ["add_parsers", "tsv_field"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``status`` and ``dead-letters``."""
-    status = sub.add_parser("status", help="one line per run in the ledger")
+    status = sub.add_parser("status", help="one line per run in the ledger",
+                            formatter_class=HELP_FORMATTER)  # fmt: skip
     status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
-    status.add_argument("--ledger", default=DEFAULT_LEDGER)
+    status.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     status.set_defaults(handler=_status)
-    dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter")
+    dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter",
+                          formatter_class=HELP_FORMATTER)  # fmt: skip
     dead.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
-    dead.add_argument("--ledger", default=DEFAULT_LEDGER)
+    dead.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     dead.set_defaults(handler=_dead_letters)
 
 
@@ -25,11 +27,16 @@ def _status(args: argparse.Namespace) -> int:
     ledger = open_ledger(args.ledger)
     runs = [find_run(ledger, args.run)] if args.run else ledger.runs()
     for run in runs:
-        states = ledger.state_counts(run.run_key)
+        states = ledger.live_state_counts(run.run_key)
+        status = run.status
+        if status == "running" and ledger.run_process_gone(run.run_key):
+            status = "crashed"  # its process is gone without recording an end
+        published = run.rows_published if status == "complete" else max(
+            run.rows_published, ledger.published_rows(run.run_key))  # fmt: skip
         chunks = " ".join(f"{s}={states.get(s, 0)}" for s in
                           ("published", "failed", "running", "pending"))  # fmt: skip
         print(
-            f"{run.run_key}\t{run.status}\trows={run.rows_published}/{run.input_rows} "
+            f"{run.run_key}\t{status}\trows={published}/{run.input_rows} "
             f"dead_letters={run.rows_failed}\tchunks {chunks}\t{run.input_name}\t"
             f"{run.output_uri}\t{run.updated_at}"
         )

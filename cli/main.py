@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 
 from cli import gc, inspect, load, run, search
@@ -26,4 +28,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``embedline`` console script; returns the exit code (DESIGN §3)."""
     args = _parser().parse_args(argv)
-    return int(args.handler(args))
+    try:
+        code = int(args.handler(args))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped early (`embedline status | head -1`): nothing failed. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail again
+        # (Python docs, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return code

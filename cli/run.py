@@ -15,6 +15,8 @@ from cli.common import (
     DEFAULT_LEDGER,
     EXIT_FATAL,
     EXIT_USAGE,
+    HELP_FORMATTER,
+    LEDGER_HELP,
     fail,
     find_run,
     open_ledger,
@@ -29,24 +31,30 @@ __all__ = ["add_parsers"]
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``run`` and ``retry-failed``."""
-    run = sub.add_parser("run", help="embed INPUT and publish chunks, then the manifest")
+    run = sub.add_parser("run", help="embed INPUT and publish chunks, then the manifest",
+                         formatter_class=HELP_FORMATTER)  # fmt: skip
     run.add_argument("input", metavar="INPUT", help="CSV file with an id and a text column")
     run.add_argument("--output", default="./embedline-output",
                      help="local directory, file:// URI or s3://bucket/prefix")
-    run.add_argument("--id-column", default="id")
-    run.add_argument("--text-column", default="text")
+    run.add_argument("--id-column", default="id", help="header name of the unique id column")
+    run.add_argument("--text-column", default="text",
+                     help="header name of the column to embed")
     run.add_argument("--encoding", default="auto",
                      help="auto (UTF-8 with or without BOM, UTF-16 by its BOM, else detected "
                           "and printed) or a codec name such as cp932, utf-16-le")
     run.add_argument("--delimiter", default="auto",
                      help="field separator: auto (found in the header line among , ; tab |) "
                           "or one character; 'tab' for tab")
-    run.add_argument("--embedder", choices=("local", "openai"), default="local")
+    run.add_argument("--embedder", choices=("local", "openai"), default="local",
+                     help="local: all-MiniLM-L6-v2 in-process; openai: any OpenAI-compatible "
+                          "API (key from EMBEDLINE_API_KEY or OPENAI_API_KEY)")
     run.add_argument("--model", default=None,
-                     help="default: all-MiniLM-L6-v2 (local), text-embedding-3-small (openai)")
+                     help="the embedder's model; None means all-MiniLM-L6-v2 (local) or "
+                          "text-embedding-3-small (openai)")
     run.add_argument("--base-url", default="https://api.openai.com/v1",
                      help="OpenAI-compatible API root; POST {base-url}/embeddings")
-    run.add_argument("--dimensions", type=positive_int, default=None)
+    run.add_argument("--dimensions", type=positive_int, default=None,
+                     help="shortened vectors (openai text-embedding-3); None: the model's own")
     run.add_argument("--chunk-size", type=positive_int, default=1000, help="rows per chunk")
     run.add_argument("--batch-size", type=positive_int, default=128, help="rows per request")
     run.add_argument("--max-request-tokens", type=positive_int, default=200_000,
@@ -63,20 +71,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                      help="the model's limit per text, e.g. 8191 for text-embedding-3 "
                           "(openai); longer texts follow --on-too-long. Unset: the server's "
                           "400 isolates them")
-    run.add_argument("--on-too-long", choices=("dead-letter", "truncate"), default="dead-letter")
+    run.add_argument("--on-too-long", choices=("dead-letter", "truncate"), default="dead-letter",
+                     help="what to do with a text over --max-input-tokens")
     run.add_argument("--auth-header", default=None, metavar="NAME",
                      help="header that carries the API key: Authorization (default, sent as "
                           "'Bearer KEY') or e.g. api-key for Azure-style gateways (sent as "
                           "the bare key); also from EMBEDLINE_AUTH_HEADER")
     run.add_argument("--encoding-format", choices=("auto", "base64", "float"), default="auto",
-                     help="how vectors travel: auto (default) asks for base64 and falls back "
+                     help="how vectors travel: auto asks for base64 and falls back "
                           "to float for the whole run if the server refuses base64")
     run.add_argument("--chunk-retries", type=int, default=1,
                      help="Prefect retries of a chunk after a retryable failure")
-    run.add_argument("--chunk-retry-delay", type=float, default=10.0, help="seconds")
+    run.add_argument("--chunk-retry-delay", type=float, default=10.0,
+                     help="seconds between Prefect retries of a chunk")
     run.add_argument("--grace", type=float, default=30.0,
                      help="seconds in-flight chunks may finish after SIGINT/SIGTERM")
-    run.add_argument("--ledger", default=DEFAULT_LEDGER)
+    run.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     run.add_argument("--allow-failed-rows", action="store_true",
                      help="commit the manifest even if some rows are dead letters")
     run.add_argument("--allow-unconditional-store", action="store_true",
@@ -87,7 +97,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                      help="send every text, even one whose vector the output already holds "
                           "for this model (e.g. the model's weights changed under its name)")
     run.add_argument("--task-runner", choices=("threads", "dask"), default="threads",
-                     help="where chunk tasks run: threads here, or Dask workers")
+                     help="where chunk tasks run: threads here, or Dask workers (with no "
+                          "PREFECT_API_URL they use this run's temporary Prefect server)")
     run.add_argument("--dask-address", default=None,
                      help="an existing Dask scheduler (tcp://host:8786); default: a local "
                           "cluster. Remote workers need an s3:// --output")
@@ -96,41 +107,52 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--sink", default=None, metavar="URI",
                      help="after the manifest commit, load the run into lancedb://PATH, "
                           "PATH/NAME.lance or postgresql://user@host/db (see embedline load)")
+    run.add_argument("--debug", action="store_true",
+                     help="show tracebacks of expected failures (also in Dask workers)")
     run.set_defaults(handler=_run)
     retry = sub.add_parser(
         "retry-failed",
         help="rerun a run's failed and never-run chunks with its recorded settings",
+        formatter_class=HELP_FORMATTER,
     )
     retry.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
-    retry.add_argument("--ledger", default=DEFAULT_LEDGER)
+    retry.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
+    retry.add_argument("--debug", action="store_true", help="show tracebacks of expected failures")
     retry.set_defaults(handler=_retry_failed)
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
-    from embedline.settings import RunSettings
+    from embedline.settings import RunSettings, validation_message
 
-    parameters = {k: v for k, v in vars(args).items() if k not in ("command", "handler")}
+    parameters = {k: v for k, v in vars(args).items()
+                  if k not in ("command", "handler", "debug")}  # fmt: skip
     try:
         return RunSettings.from_parameters(parameters)
     except ValidationError as exc:
-        problems = "; ".join(
-            (f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else "") + e["msg"]
-            for e in exc.errors()
-        )
-        raise SystemExit(fail(f"embedline: error: {problems}", EXIT_USAGE)) from None
+        raise SystemExit(fail(f"embedline: error: {validation_message(exc)}", EXIT_USAGE)) from None
 
 
 def _run(args: argparse.Namespace) -> int:
+    _set_debug(args.debug)
     return _run_settings(_settings_from(args))
+
+
+def _set_debug(debug: bool) -> None:
+    """``--debug``: keep tracebacks of expected failures, here and in Dask workers (env)."""
+    from embedline.tracebacks import DEBUG_ENV
+
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 
 def _retry_failed(args: argparse.Namespace) -> int:
     """Rerun a recorded run: published chunks are skipped, the rest are embedded again."""
+    _set_debug(args.debug)
     from pydantic import ValidationError
 
-    from embedline.settings import RunSettings
+    from embedline.settings import RunSettings, validation_message
 
     ledger = open_ledger(args.ledger)
     run = find_run(ledger, args.run)
@@ -139,8 +161,8 @@ def _retry_failed(args: argparse.Namespace) -> int:
     try:
         settings = RunSettings(**{**recorded, "ledger": args.ledger})
     except ValidationError as exc:
-        return fail(f"embedline: error: the recorded settings no longer validate: {exc}",
-                     EXIT_USAGE)  # fmt: skip
+        return fail("embedline: error: the recorded settings no longer validate: "
+                    f"{validation_message(exc)}", EXIT_USAGE)  # fmt: skip
     print(f"retrying run {run.run_key} ({run.input_name} -> {run.output_uri})", file=sys.stderr)
     return _run_settings(settings)
 

@@ -23,6 +23,7 @@ __all__ = [
     "Row",
     "RunSummary",
     "chunk_object_key",
+    "dead_letters_phrase",
     "manifest_object_key",
 ]
 
@@ -32,6 +33,11 @@ ChunkState = Literal["pending", "running", "published", "failed"]
 def chunk_object_key(chunk_key: str) -> str:
     """Return the object key of a chunk under the output root (DESIGN §4)."""
     return f"chunks/{chunk_key}.parquet"
+
+
+def dead_letters_phrase(rows: int) -> str:
+    """``"1 row is a dead letter"`` / ``"3 rows are dead letters"`` (messages, summaries)."""
+    return "1 row is a dead letter" if rows == 1 else f"{rows:,} rows are dead letters"
 
 
 def manifest_object_key(run_key: str) -> str:

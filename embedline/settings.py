@@ -11,7 +11,14 @@ import codecs
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -21,6 +28,7 @@ __all__ = [
     "PARAMETER_FIELDS",
     "RunSettings",
     "codec_for",
+    "validation_message",
 ]
 
 #: Model used when ``--model`` is not given, per embedder.
@@ -68,6 +76,16 @@ def codec_for(encoding: str) -> str:
     if "\n".encode(name) != b"\n":
         raise ValueError(f"encoding {encoding!r} is not supported: re-encode the file as UTF-8")
     return name
+
+
+def validation_message(exc: ValidationError) -> str:
+    """One line for a pydantic error: ``--flag: problem; …`` (without pydantic's "Value
+    error, " prefix, which says nothing to a user)."""
+    return "; ".join(
+        (f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else "")
+        + str(e["msg"]).removeprefix("Value error, ")
+        for e in exc.errors()
+    )
 
 
 class RunSettings(BaseModel):

@@ -31,10 +31,12 @@ from embedline.models import (
     InputPlan,
     ManifestChunk,
     RunSummary,
+    dead_letters_phrase,
     manifest_object_key,
 )
 from embedline.progress import Progress, notify
-from embedline.settings import NO_API_KEY_MESSAGE, RunSettings
+from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_message
+from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.load import load_stage
 from flows.signals import stop_on_signals
@@ -101,10 +103,12 @@ def embed_csv(
     requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
     request (first try included). Returns a Completed or Failed state carrying the summary.
     """
+    quiet_expected_tracebacks()
     try:
         settings = RunSettings.from_parameters(dict(locals()))
     except ValidationError as exc:
-        return _final(RunSummary(2, "input_error", f"invalid parameters: {exc}"))
+        return _final(RunSummary(2, "input_error",
+                                 f"invalid parameters: {validation_message(exc)}"))
     if settings.embedder == "openai" and api_key_from_env() is None:
         problem = _export_api_key_from_block()
         if problem:
@@ -422,7 +426,7 @@ def _summarize(
             "to retry only those chunks"))  # fmt: skip
     if rows_failed:
         return _with(summary, started, exit_code=1, status="dead_letters", message=(
-            f"{rows_failed} rows are dead letters (see `embedline dead-letters "
+            f"{dead_letters_phrase(rows_failed)} (see `embedline dead-letters "
             f"{base.run_key}`); the manifest is committed only with --allow-failed-rows"))
     return _with(summary, started, status="complete")
 
@@ -458,7 +462,7 @@ def _commit(
     return RunSummary(**{**summary.to_dict(), **change_fields(manifest), "exit_code": 0,
                          "status": "complete",
                          "manifest_uri": uri, "dimensions": dims, "message": (
-                             f"{summary.rows_failed} rows are dead letters (committed with "
+                             f"{dead_letters_phrase(summary.rows_failed)} (committed with "
                              "--allow-failed-rows)" if summary.rows_failed else "")})  # fmt: skip
 
 

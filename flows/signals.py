@@ -17,15 +17,31 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sqlite3
 import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+from adapters.ledger import Ledger
 from embedline import shutdown
 from flows.dispatch import Dispatcher
 
 __all__ = ["stop_on_signals"]
+
+
+def _record_hard_stop(dispatcher: Dispatcher) -> None:
+    """Mark the run ``interrupted`` in the ledger, on a connection of its own that waits at
+    most 1 s (the interrupted thread may hold the write lock; ``status`` then finds the
+    process gone and says ``crashed``)."""
+    try:
+        ledger = Ledger(dispatcher.ledger.path, busy_timeout_s=1.0)
+        try:
+            ledger.mark_interrupted(dispatcher.run_key)
+        finally:
+            ledger.close()
+    except sqlite3.Error:
+        pass
 
 
 @contextlib.contextmanager
@@ -39,7 +55,9 @@ def stop_on_signals(
 
     def handle(signum: int, frame: object) -> None:
         if shutdown.stop_signal() is not None:
-            sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now\n")
+            sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; "
+                             "rerun the same command to resume\n")
+            _record_hard_stop(dispatcher)
             shutdown.hard_exit(shutdown.exit_code_for(signum))
         shutdown.note_signal(signum)
         dispatcher.stop(grace_s=grace_s)

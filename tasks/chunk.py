@@ -20,6 +20,7 @@ from adapters.object_store import open_store
 from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
+from embedline.tracebacks import quiet_expected_tracebacks
 from tasks.embed import embed_rows
 from tasks.outcome import retry_condition
 from tasks.publish import publish_chunk
@@ -56,6 +57,7 @@ def embed_chunk(
     :raises FatalError: credentials, quota, model or store refusals; the run stops.
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
+    quiet_expected_tracebacks()  # this process may be a Dask worker
     logger = get_run_logger()
     store = store_for(settings.output)
     rows = read_chunk(source, spec)

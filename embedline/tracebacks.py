@@ -1,0 +1,51 @@
+"""Tracebacks only where they help: an expected failure (an ``EmbedlineError``: a refused
+request, a store error, bad input) is logged as its one-line message; anything else keeps
+its traceback. ``EMBEDLINE_DEBUG=1`` (``embedline run --debug``) or a logger at DEBUG level
+keeps every traceback.
+
+Prefect's task engine logs a failed task run at ERROR with ``exc_info``; for an expected
+error that put about 40 lines per failed chunk on the terminal and in the UI's logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from embedline.errors import EmbedlineError
+
+__all__ = ["DEBUG_ENV", "ExpectedErrorFilter", "quiet_expected_tracebacks"]
+
+DEBUG_ENV = "EMBEDLINE_DEBUG"
+
+#: Loggers whose records carry a task's or flow's exception (Prefect's run loggers).
+_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.task_engine",
+            "prefect.flow_engine")  # fmt: skip
+
+
+class ExpectedErrorFilter(logging.Filter):
+    """Drop the traceback (not the record) of an expected ``EmbedlineError``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, EmbedlineError) and not _debugging(record.name):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _debugging(logger_name: str) -> bool:
+    return bool(os.environ.get(DEBUG_ENV)) or logging.getLogger(logger_name).isEnabledFor(
+        logging.DEBUG)  # fmt: skip
+
+
+_FILTER = ExpectedErrorFilter()
+
+
+def quiet_expected_tracebacks() -> None:
+    """Install the filter on Prefect's run loggers in this process (idempotent; call it in
+    each process that runs flows or tasks, Dask workers included)."""
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)

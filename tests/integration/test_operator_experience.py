@@ -1,0 +1,244 @@
+"""What an operator sees when things go wrong: one line, the right exit code, checks done
+before Prefect starts, quiet broken pipes, a truthful status, help with defaults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from adapters.ledger import Ledger
+from embedline.models import ChunkSpec, DeadLetter, InputPlan, InputSource
+from tests.support.fake_openai import FakeEmbeddingServer
+from tests.support.fixtures import REPO
+
+pytestmark = pytest.mark.integration
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+_NO_CREDENTIALS = {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent",
+                   "AWS_EC2_METADATA_DISABLED": "true"}  # fmt: skip
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    if extra.get("AWS_CONFIG_FILE") == "/nonexistent":
+        env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(home), **extra)
+    return env
+
+
+def _cli(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path,
+                          env=_env(tmp_path / "prefect-home", **extra), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def _prefect_started(tmp_path: Path) -> bool:
+    """Prefect's database or our server's log exists once a server started (either kind)."""
+    home = tmp_path / "prefect-home"
+    return (home / "prefect.db").exists() or (home / "embedline-temporary-server.log").exists()
+
+
+def _one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+@pytest.fixture
+def csv_file(tmp_path: Path) -> Path:
+    path = tmp_path / "in.csv"
+    path.write_text("id,text\n1,alpha\n2,beta\n")
+    return path
+
+
+# -- item 2: a configured Prefect API that does not answer -----------------------------------
+
+
+def test_unreachable_prefect_api_is_one_line_and_exit_2(tmp_path: Path, csv_file: Path) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    result = _cli(tmp_path, "run", "in.csv", PREFECT_API_URL=url)
+    assert result.returncode == 2
+    line = _one_line(result.stderr)
+    assert url in line and "unset PREFECT_API_URL" in line and "prefect server start" in line
+
+
+# -- item 4: checks that need no Prefect answer before it starts -----------------------------
+
+
+def test_output_that_is_a_file_is_refused_before_prefect(tmp_path: Path, csv_file: Path) -> None:
+    (tmp_path / "taken").write_text("not a directory")
+    result = _cli(tmp_path, "run", "in.csv", "--output", "taken")
+    assert result.returncode == 2
+    assert "exists and is not a directory" in _one_line(result.stderr)
+    assert not _prefect_started(tmp_path)
+
+
+def test_s3_input_without_credentials_is_one_line_before_prefect(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    result = _cli(tmp_path, "run", "s3://no-such-bucket/in.csv", AWS_ENDPOINT_URL=moto_endpoint,
+                  **_NO_CREDENTIALS)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    line = _one_line(result.stderr)
+    assert "s3://no-such-bucket/in.csv" in line and "credentials" in line
+    assert not _prefect_started(tmp_path)
+
+
+def test_s3_output_without_credentials_is_one_line_before_prefect(
+    tmp_path: Path, csv_file: Path, moto_endpoint: str, s3_bucket: str
+) -> None:
+    result = _cli(tmp_path, "run", "in.csv", "--output", f"s3://{s3_bucket}/out",
+                  AWS_ENDPOINT_URL=moto_endpoint, **_NO_CREDENTIALS)  # fmt: skip
+    assert result.returncode in (2, 3), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "credentials" in _one_line(result.stderr)
+    assert not _prefect_started(tmp_path)
+
+
+# -- item 8: OpenAI's API and no key -----------------------------------------------------------
+
+
+def test_openai_without_a_key_is_refused_with_exit_3(tmp_path: Path, csv_file: Path) -> None:
+    result = _cli(tmp_path, "run", "in.csv", "--embedder", "openai")
+    assert result.returncode == 3
+    assert "EMBEDLINE_API_KEY" in _one_line(result.stderr)
+    assert not _prefect_started(tmp_path)
+
+
+# -- item 7: broken pipes ----------------------------------------------------------------------
+
+
+def _big_ledger(path: Path) -> str:
+    """A ledger with 3,000 runs and one run of 5,000 dead letters: more than a pipe holds."""
+    ledger = Ledger(path)
+    source = InputSource("/x.csv", "x.csv", "utf-8", "id", "text", 0, 1, 2, 8)
+    chunk = ChunkSpec(0, "c" * 64, 1, 2, 5000, 0, 0, "h")
+    plan = InputPlan(source, "f" * 64, 100, 5000, (chunk,))
+    for i in range(3000):
+        ledger.start_run(f"{i:064x}", plan, output_uri="/out", settings={}, flow_run_id=None,
+                         object_uris=[f"/out/{i}/{chunk.object_key}"])  # fmt: skip
+    run = f"{0:064x}"
+    dead = [DeadLetter(1 + i, f"id-{i}", "empty_text") for i in range(5000)]
+    ledger.mark_published(run, chunk, object_uri=f"/out/0/{chunk.object_key}", sha256="s",
+                          rows=0, dead_letters=dead)  # fmt: skip
+    ledger.close()
+    return run
+
+
+@pytest.mark.parametrize("command", ["status", "dead-letters"])
+def test_output_into_a_closed_pipe_exits_quietly(tmp_path: Path, command: str) -> None:
+    run = _big_ledger(tmp_path / "ledger.sqlite3")
+    args = [command, "--ledger", "ledger.sqlite3"] + ([run] if command != "status" else [])
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
+                            env=_env(tmp_path / "prefect-home"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()  # what `| head -1` does: one line, then close
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0, err
+    assert first and err == b""
+
+
+# -- item 6: status after a double Ctrl-C -----------------------------------------------------
+
+
+def test_status_after_a_double_sigint_says_the_run_is_not_running(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t {i}\n" for i in range(60)))
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.5})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
+         fake_openai.base_url, "--output", "out", "--chunk-size", "4", "--concurrency", "2"],
+        cwd=tmp_path, env=_env(tmp_path / "prefect-home"), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while not list((tmp_path / "out").glob("chunks/*.parquet")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no chunk was published"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    status = _cli(tmp_path, "status")
+    assert status.returncode == 0, status.stderr
+    fields = status.stdout.splitlines()[0].split("\t")
+    assert fields[1] in ("interrupted", "crashed"), status.stdout
+    assert "running=0" in fields[3], status.stdout
+    published = len(list((tmp_path / "out").glob("chunks/*.parquet")))
+    assert f"published={published}" in fields[3], (status.stdout, published)
+
+
+# -- item 9: help ------------------------------------------------------------------------------
+
+
+def test_run_help_shows_every_default_and_explains_the_ledger(tmp_path: Path) -> None:
+    result = _cli(tmp_path, "run", "--help")
+    text = " ".join(result.stdout.split())
+    for flag in ("--chunk-size", "--batch-size", "--concurrency", "--timeout", "--grace"):
+        assert flag in text
+    assert "(default: 1000)" in text and "(default: 128)" in text and "(default: 60.0)" in text
+    for flag in ("--ledger LEDGER the SQLite ledger", "--id-column ID_COLUMN header name",
+                 "--text-column TEXT_COLUMN header name", "--dimensions DIMENSIONS shortened",
+                 "--on-too-long {dead-letter,truncate} what to do"):  # fmt: skip
+        assert flag in text
+
+
+def test_status_elsewhere_says_where_the_ledger_is(tmp_path: Path) -> None:
+    result = _cli(tmp_path, "status")
+    assert result.returncode == 2
+    line = _one_line(result.stderr)
+    assert str(tmp_path / ".embedline/ledger.sqlite3") in line and "--ledger" in line
+
+
+# -- item 10: wording --------------------------------------------------------------------------
+
+
+def test_settings_errors_carry_no_pydantic_prefix(tmp_path: Path, csv_file: Path) -> None:
+    result = _cli(tmp_path, "run", "in.csv", "--model", "text-embedding-3-small")
+    assert result.returncode == 2
+    line = _one_line(result.stderr)
+    assert "Value error" not in line and "--embedder openai" in line
+
+
+def test_one_dead_letter_is_singular(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
+    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,\n3,gamma\n")
+    result = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
+                  fake_openai.base_url)  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "1 row is a dead letter (see" in result.stdout
+    assert "1 rows" not in result.stdout
+
+
+# -- item 3: expected failures have no traceback (unless --debug) ------------------------------
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_nothing_listening_at_base_url_has_no_traceback(
+    tmp_path: Path, csv_file: Path, debug: bool
+) -> None:
+    base_url = f"http://127.0.0.1:{_closed_port()}/v1"
+    result = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url", base_url,
+                  "--max-attempts", "2", "--chunk-retries", "0",
+                  *(["--debug"] if debug else []))  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "check that the server is running and --base-url is right" in result.stderr
+    assert ("Traceback" in result.stderr) is debug, result.stderr[-3000:]
+    if not debug:
+        retries = [line for line in result.stderr.splitlines() if "retry in" in line]
+        assert len(retries) == 1  # one line per retried request (one request, 2 attempts)
