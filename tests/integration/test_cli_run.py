@@ -312,7 +312,7 @@ def test_max_input_tokens_truncate_and_dead_letter_before_sending(
     rows[1] = (rows[1][0], "x" * 400)
     _csv(tmp_path / "in.csv", rows)
     code, out, _ = _run(tmp_path, fake_openai, "--max-input-tokens", "50")
-    assert code == 1 and "1 rows are dead letters" in out
+    assert code == 1 and "1 row is a dead letter" in out
     assert fake_openai.counters()["inputs"] == 3  # the long text was never sent
     (tmp_path / "ledger.sqlite3").unlink()
     import shutil
