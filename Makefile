@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LITELLM_VENV := .venv-litellm
+LITELLM_STAMP := $(LITELLM_VENV)/.installed
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-all test-real-servers bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,9 +28,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
-# Everything, including the slow soak/crash runs.
-test-all: $(STAMP)
-	$(BIN)/python -m pytest
+# Everything, including the slow soak/crash runs and the real-server test below.
+test-all: $(STAMP) $(LITELLM_STAMP)
+	EMBEDLINE_LITELLM=$(LITELLM_VENV)/bin/litellm $(BIN)/python -m pytest
+
+# Slow: the main job through LiteLLM's proxy, a real OpenAI-compatible server from PyPI,
+# installed into its own venv (about 750 MB, 4 minutes) so the project's pins stay its own.
+test-real-servers: $(STAMP) $(LITELLM_STAMP)
+	EMBEDLINE_LITELLM=$(LITELLM_VENV)/bin/litellm $(BIN)/python -m pytest -m slow tests/integration/test_real_server.py
+
+$(LITELLM_STAMP):
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install --quiet 'litellm[proxy]==1.108.7'
+	touch $(LITELLM_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py
@@ -36,4 +48,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_load.py
 
 clean:
-	rm -rf $(VENV) embedline-output .embedline
+	rm -rf $(VENV) $(LITELLM_VENV) embedline-output .embedline
