@@ -36,6 +36,7 @@ import io
 import json
 import os
 import platform
+import random
 import re
 import resource
 import shutil
@@ -139,6 +140,52 @@ def read_rows(path: Path, limit: int) -> list[tuple[str, str]]:
         if len(rows) == limit:
             break
     return rows
+
+
+def _write_records(dest: Path, records: Sequence[list[str]], newline: str = "\n") -> Path:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator=newline).writerows(records)
+    dest.write_bytes(buf.getvalue().encode("utf-8"))
+    return dest
+
+
+def make_edits(source: Path, tmp: Path) -> list[tuple[str, Path, int, int]]:
+    """The nightly edits of the whole file, each applied to the file before it, as
+    ``(name, csv, inputs that should be charged, rows)``. Record terminators only change in the
+    CRLF re-export (line breaks inside quoted texts stay LF, as spreadsheet exports do)."""
+    records = [r for r, _ in _records_with_offsets(source)]
+    header, rows = records[0], records[1:]
+    text_at, id_at = header.index("text"), header.index("id")
+
+    def new(row_id: str, text: str) -> list[str]:
+        row = [""] * len(header)
+        row[id_at], row[text_at] = row_id, text
+        return row
+
+    inserted = [new("zz-bench-new-first", "a brand new package inserted first"), *rows]
+    edited = list(inserted)
+    middle = len(edited) // 2
+    edited[middle] = list(edited[middle])
+    edited[middle][text_at] += " (edited tonight)"
+    appended = [*edited, new("zz-bench-new-last", "a brand new package appended last")]
+    shuffled = list(appended)
+    random.Random(7).shuffle(shuffled)
+    deleted = [r for i, r in enumerate(shuffled) if i % 10 != 3]
+    steps = [("insert-first", inserted, 1), ("edit-middle", edited, 1),
+             ("append", appended, 1), ("shuffle", shuffled, 0), ("delete-10pct", deleted, 0)]
+    out = [(name, _write_records(tmp / f"edit-{name}.csv", [header, *body]), right, len(body))
+           for name, body, right in steps]  # fmt: skip
+    crlf = _write_records(tmp / "edit-crlf.csv", [header, *deleted], newline="\r\n")
+    out.append(("reexport-crlf", crlf, 0, len(deleted)))
+    return out
+
+
+def distinct_texts(source: Path) -> int:
+    """Distinct non-empty (not whitespace-only) texts of the file."""
+    records = _records_with_offsets(source)
+    header = next(records)[0]
+    at = header.index("text")
+    return len({r[at] for r, _ in records if r[at].strip()})
 
 
 # -- fake server ---------------------------------------------------------------------------
@@ -343,6 +390,7 @@ class RunResult:
     other_cpu_s: float | None = None  # CPU used meanwhile by processes not in this benchmark
     fake_server_cpu_s: float | None = None  # CPU the fake OpenAI server used for this run
     quiet_wait_s: float = 0.0  # time spent waiting for a quiet machine before the run
+    right_inputs: int | None = None  # edit scenarios: the inputs an ideal run is charged
     error_lines: list[str] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)
     stdout: str = ""
@@ -651,6 +699,13 @@ class Bench:
         fresh = self.tmp / f"{name}-ledger-fresh.sqlite3"
         self.measure(f"{name}-rerun-fresh-ledger", name, rows, data, out, fresh)
 
+    def edit_runs(self, name: str, data: Path) -> None:
+        """Nightly edits of the whole file on the output and ledger of its first run."""
+        out, ledger = self.tmp / f"{name}-out", self.tmp / f"{name}-ledger.sqlite3"
+        for edit, path, right, rows in make_edits(data, self.tmp):
+            run = self.measure(f"{name}-{edit}", name, rows, path, out, ledger)
+            run.right_inputs = right
+
 
 def _ratios(runs: list[RunResult], baseline: dict[str, Any] | None) -> dict[str, Any]:
     ratios: dict[str, Any] = {}
@@ -682,6 +737,19 @@ def _targets(runs: list[RunResult], full_name: str) -> dict[str, Any]:
             "value": max(peaks), "met": max(peaks) < TARGET_PEAK_RSS_MB}
     targets["torch never mapped into the CLI process"] = {
         "value": any(r.torch_mapped for r in runs), "met": not any(r.torch_mapped for r in runs)}
+    crlf, shuffle = by.get(full_name + "-reexport-crlf"), by.get(full_name + "-shuffle")
+    for changed, same, label in ((crlf, by.get(full_name + "-rerun"), "unchanged-file rerun"),
+                                 (crlf, by.get(full_name + "-rerun-no-manifest"),
+                                  "rerun skipping by ledger (through Prefect)"),
+                                 (shuffle, by.get(full_name + "-rerun-no-manifest"),
+                                  "rerun skipping by ledger (through Prefect)")):
+        if changed is not None and same is not None and same.wall_s:
+            targets[f"{changed.name} wall time < 1.5x the {label}"] = {
+                "value": round(changed.wall_s / same.wall_s, 2),
+                "met": changed.wall_s / same.wall_s < 1.5}
+    for edit in (r for r in runs if r.right_inputs is not None):
+        targets[f"{edit.name}: inputs charged = {edit.right_inputs}"] = {
+            "value": edit.server_inputs, "met": edit.server_inputs == edit.right_inputs}
     for suffix in ("-rerun", "-rerun-no-manifest", "-rerun-fresh-ledger"):
         rerun = by.get(full_name + suffix)
         if rerun is not None:
@@ -733,6 +801,13 @@ def print_table(runs: list[RunResult], baseline: dict[str, Any] | None,
     if noisy:
         print(f"WARNING: other processes used > 0.25 cores during {', '.join(noisy)}: those "
               "numbers are skewed; rerun on a quiet machine (or with --quiet-wait 120)")
+    edits = [r for r in runs if r.right_inputs is not None]
+    if edits:
+        print("\nnightly edits of the whole file (same output and ledger, in this order):")
+        print("  edit                 inputs charged  right number  wall s  exit")
+        for r in edits:
+            print(f"  {r.name:<20} {r.server_inputs!s:>14}  {r.right_inputs:>12}  "
+                  f"{r.wall_s:>6.1f}  {r.exit_code:>4}")
     for key, value in targets.items():
         print(f"target {'MET   ' if value['met'] else 'MISSED'} {key}: {value['value']}")
 
@@ -778,6 +853,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="rows for the seed-design baseline (0 skips it)")
     parser.add_argument("--no-full", action="store_true",
                         help="skip the whole-file run and its reruns")
+    parser.add_argument("--no-edits", action="store_true",
+                        help="skip the nightly edit scenarios on the whole file")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON results (default benchmarks/results/<UTC time>.json)")
     parser.add_argument("--prefect-api-url", default=None,
@@ -827,6 +904,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             full = tmp / data.name
             shutil.copyfile(data, full)  # the CLI reads a private copy
             bench.dataset_runs(full_name, full, total_rows, reruns=True)
+            if not args.no_edits:
+                bench.edit_runs(full_name, full)
+            bench.runs[[r.name for r in bench.runs].index(full_name)].right_inputs = \
+                distinct_texts(full)  # one run charges each distinct non-empty text once
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

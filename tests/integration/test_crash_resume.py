@@ -5,6 +5,7 @@ no object was overwritten, no temp file is left and the ledger passes integrity_
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import signal
@@ -21,7 +22,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
-from tests.support.output import read_local_output
+from tests.support.output import read_local_output, vectors_by_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
@@ -177,6 +178,78 @@ def test_random_sigkills_then_rerun_give_complete_output(
 def test_many_random_sigkills_soak(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
     _kill_loop(tmp_path, fake_openai, kills=int(os.environ.get("EMBEDLINE_SOAK_KILLS", "60")),
                seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")))  # fmt: skip
+
+
+def _write_rows(path: Path, rows: list[tuple[str, str]]) -> None:
+    path.write_text("id,text\n" + "".join(f'{rid},"{text}"\n' for rid, text in rows),
+                    encoding="utf-8")  # fmt: skip
+
+
+def _newest_output(out: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    manifests = [json.loads(p.read_text()) for p in (out / "manifests").glob("*.json")]
+    manifest = max(manifests, key=lambda m: m["created_at"])
+    bodies = {e["object"]: (out / e["object"]).read_bytes() for e in manifest["chunks"]}
+    return manifest, vectors_by_id(bodies, manifest)
+
+
+def _reuse_kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: int) -> None:
+    """Yesterday's run completes; today's input reorders yesterday's rows (every chunk key
+    changes: all of them are reuse hits) and adds new texts, each at two ids in different
+    chunks (in-run deduplication); today's run is SIGKILLed at random moments, then rerun."""
+    yesterday = _write_csv(tmp_path / "in.csv", 12 * kills)
+    args = _args(tmp_path, server, "--chunk-size", "3", "--batch-size", "2", "--concurrency", "2")
+    assert run_cli(*args, cwd=tmp_path).returncode == 0
+    known = {text for _, text in yesterday}
+    new_texts = [f"new text {k}\nsecond line" for k in range(6 * kills)]
+    today = list(reversed(yesterday))
+    for k, text in enumerate(new_texts):
+        today.insert((7 * k) % len(today), (f"n{k:04d}a", text))
+        today.append((f"n{k:04d}b", text))
+    _write_rows(tmp_path / "in.csv", today)
+    recorder = TextRecorder(default_delay_s=0.1)
+    server.fail_when(recorder)
+    rng = random.Random(seed)
+    killed = 0
+    for _ in range(kills):
+        proc = _popen(tmp_path, args)
+        time.sleep(rng.uniform(1.0, 5.0))
+        if proc.poll() is not None:
+            break
+        proc.kill()
+        proc.wait()
+        killed += 1
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    manifest, vectors = _newest_output(tmp_path / "out")
+    assert sorted(vectors) == sorted(rid for rid, _ in today)
+    for rid, text in today:
+        np.testing.assert_allclose(vectors[rid], expected_vector(text), rtol=1e-6)
+    assert manifest["changes"]["added"] == 2 * len(new_texts)
+    assert manifest["changes"]["removed"] == manifest["changes"]["changed"] == 0
+    sent = recorder.take()
+    assert not known & set(sent), "a text the output already held was sent again"
+    assert set(sent) == set(new_texts)
+    # each new text is charged once, but for requests in flight at a kill (2 requests of at
+    # most 2 inputs each) or of a chunk that was waiting for another chunk's text
+    extra = len(sent) - len(new_texts)
+    assert extra <= 4 * killed, (extra, killed)
+    print(f"\nreuse kill loop: {killed} SIGKILLs, {len(known)} known texts sent 0 times, "
+          f"{len(new_texts)} new texts sent {len(sent)} times")
+
+
+def test_random_sigkills_during_a_reusing_run_then_rerun(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _reuse_kill_loop(tmp_path, fake_openai, kills=4, seed=20261201)
+
+
+@pytest.mark.slow
+def test_many_random_sigkills_during_reusing_runs_soak(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _reuse_kill_loop(tmp_path, fake_openai,
+                     kills=int(os.environ.get("EMBEDLINE_SOAK_KILLS", "60")),
+                     seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")))  # fmt: skip
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

@@ -206,6 +206,7 @@ def test_one_run_over_the_whole_file_charges_each_distinct_text_once(
 ) -> None:
     rows = _sample(None)
     nightly = Nightly(tmp_path, fake_openai, str(tmp_path / "out"), chunk_size=1000)
-    charged, manifest = nightly.run(rows)
+    charged, manifest = nightly.run(rows, "--allow-failed-rows")  # one empty text
+    assert manifest["rows_failed"] == sum(1 for _, t in rows if not t.strip())
     assert charged == _distinct_texts(rows)
     nightly.check(manifest, rows)
