@@ -77,17 +77,11 @@ def _check_whole_cycle(tmp_path: Path, server: FakeEmbeddingServer, pg_uri: str,
     _assert_equal(_table(pg_uri, table), expected_vectors(edited))
 
 
-def test_sample_into_pgvector_then_an_edited_copy_leaves_exactly_the_edited_rows(
+def test_whole_english_file_into_pgvector_then_an_edited_copy_leaves_exactly_the_edited_rows(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
 ) -> None:
-    _check_whole_cycle(tmp_path, fake_openai, pg_uri, read_rows(ENGLISH, 3000), "sample",
-                       chunk_size=500)  # fmt: skip
-
-
-@pytest.mark.slow
-def test_whole_english_file_into_pgvector_then_an_edited_copy(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
-) -> None:
+    # 63,905 rows (one blank text: a dead letter), then 3,195 removed, 1,597 changed, 37
+    # added; about 2 minutes here
     _check_whole_cycle(tmp_path, fake_openai, pg_uri, read_rows(ENGLISH), "whole",
                        chunk_size=1000)  # fmt: skip
 
