@@ -23,20 +23,27 @@ __all__ = ["ProgressBar", "cost_lines", "print_summary"]
 
 
 class ProgressBar:
-    """A terminal progress bar fed by ``embedline.progress`` events (rows, chunks, rows/s, ETA).
+    """Run progress on stderr, fed by ``embedline.progress`` events (rows, chunks, rows/s,
+    ETA), per batch when chunk tasks run in this process.
 
-    Shown on stderr only when ``enabled`` (a terminal); otherwise a no-op.
+    On a terminal (``terminal``): a live bar; Prefect's log lines are printed above it, not
+    glued onto it. Otherwise (a file, a pipe, CI): one line every ``interval_s`` seconds,
+    ``embedline: progress 12,000 of 63,905 rows (18.8%), 3 of 64 chunks, 5,210 rows/s,
+    ETA 10 s`` (0 disables them).
     """
 
-    def __init__(self, *, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, *, terminal: bool, interval_s: float = 10.0) -> None:
+        self.terminal = terminal
+        self.interval_s = interval_s
         self._bar: Progress | None = None
         self._task: Any = None
-        self._started = 0.0
+        self._started: float | None = None
         self._skipped = 0
+        self._last_line = 0.0
+        self._swapped: list[tuple[Any, Any]] = []
 
     def __enter__(self) -> ProgressBar:
-        if self.enabled:
+        if self.terminal:
             self._bar = Progress(
                 TextColumn("[bold]embedding"),
                 BarColumn(),
@@ -48,22 +55,48 @@ class ProgressBar:
                 transient=False,
             )
             self._bar.start()
-            progress.listen(self._update)
+            self._logs_above(self._bar.console)
+            progress.listen(self._update_bar)
+        elif self.interval_s > 0:
+            progress.listen(self._print_line)
         return self
 
-    def _update(self, event: progress.Progress) -> None:
+    def _logs_above(self, console: Console) -> None:
+        """Print Prefect's console log lines through the bar's console (above the bar)."""
+        import logging
+
+        for logger in (logging.getLogger(), logging.getLogger("prefect")):
+            for handler in logger.handlers:
+                if isinstance(getattr(handler, "console", None), Console):
+                    self._swapped.append((handler, handler.console))  # type: ignore[attr-defined]
+                    handler.console = console  # type: ignore[attr-defined]
+
+    def _rate(self, event: progress.Progress) -> float:
+        now = time.monotonic()
+        if self._started is None:
+            self._started, self._skipped = now, event.rows_skipped
+        return (event.rows_done - self._skipped) / max(now - self._started, 1e-6)
+
+    def _update_bar(self, event: progress.Progress) -> None:
         assert self._bar is not None
+        rate = self._rate(event)
         if self._task is None:
-            self._started, self._skipped = time.monotonic(), event.rows_skipped
             self._task = self._bar.add_task("run", total=event.rows_total, chunks="", rate="-")
-        elapsed = max(time.monotonic() - self._started, 1e-6)
-        rate = (event.rows_done - self._skipped) / elapsed
         self._bar.update(
             self._task,
             completed=event.rows_done,
             chunks=f"{event.chunks_done}/{event.chunks_total}",
             rate=f"{rate:,.0f}",
         )
+
+    def _print_line(self, event: progress.Progress) -> None:
+        rate = self._rate(event)
+        now = time.monotonic()
+        if now - self._last_line < self.interval_s:
+            return
+        self._last_line = now
+        sys.stderr.write(progress_line(event, rate) + "\n")
+        sys.stderr.flush()
 
     def __exit__(
         self,
@@ -72,8 +105,20 @@ class ProgressBar:
         tb: TracebackType | None,
     ) -> None:
         progress.listen(None)
+        for handler, console in self._swapped:
+            handler.console = console
         if self._bar is not None:
             self._bar.stop()
+
+
+def progress_line(event: progress.Progress, rate: float) -> str:
+    """One progress line: rows and chunks done of the totals, rows/s, ETA (seconds)."""
+    share = 100.0 * event.rows_done / event.rows_total if event.rows_total else 100.0
+    left = event.rows_total - event.rows_done
+    eta = f"{left / rate:,.0f} s" if rate > 0 else "-"
+    return (f"embedline: progress {event.rows_done:,} of {event.rows_total:,} rows "
+            f"({share:.1f}%), {event.chunks_done} of {event.chunks_total} chunks, "
+            f"{rate:,.0f} rows/s, ETA {eta}")  # fmt: skip
 
 
 def cost_lines(summary: dict[str, Any]) -> list[str]:

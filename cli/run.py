@@ -107,6 +107,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--sink", default=None, metavar="URI",
                      help="after the manifest commit, load the run into lancedb://PATH, "
                           "PATH/NAME.lance or postgresql://user@host/db (see embedline load)")
+    run.add_argument("--progress-interval", type=float, default=10.0, metavar="SECONDS",
+                     help="when stderr is not a terminal, a progress line every SECONDS "
+                          "(0: none)")
     run.add_argument("--debug", action="store_true",
                      help="show tracebacks of expected failures (also in Dask workers)")
     run.set_defaults(handler=_run)
@@ -127,16 +130,19 @@ def _settings_from(args: argparse.Namespace) -> Any:
     from embedline.settings import RunSettings, validation_message
 
     parameters = {k: v for k, v in vars(args).items()
-                  if k not in ("command", "handler", "debug")}  # fmt: skip
+                  if k not in _CLI_ONLY}  # fmt: skip
     try:
         return RunSettings.from_parameters(parameters)
     except ValidationError as exc:
         raise SystemExit(fail(f"embedline: error: {validation_message(exc)}", EXIT_USAGE)) from None
 
 
+_CLI_ONLY = ("command", "handler", "debug", "progress_interval")  # not flow parameters
+
+
 def _run(args: argparse.Namespace) -> int:
     _set_debug(args.debug)
-    return _run_settings(_settings_from(args))
+    return _run_settings(_settings_from(args), progress_interval_s=args.progress_interval)
 
 
 def _set_debug(debug: bool) -> None:
@@ -167,15 +173,15 @@ def _retry_failed(args: argparse.Namespace) -> int:
     return _run_settings(settings)
 
 
-def _run_settings(settings: Any) -> int:
+def _run_settings(settings: Any, *, progress_interval_s: float = 10.0) -> int:
     problem = _check_before_prefect(settings)
     if problem is not None:
         return fail(f"embedline: error: {problem[0]}", problem[1])
     # a temporary server starts now, in parallel with planning
-    return with_prefect_api(lambda api: _run_flow(settings, api))
+    return with_prefect_api(lambda api: _run_flow(settings, api, progress_interval_s))
 
 
-def _run_flow(settings: Any, api: PrefectApi) -> int:
+def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int:
     from cli.console import ProgressBar, print_summary
 
     committed = _already_committed(settings) if "://" not in settings.input else None
@@ -199,7 +205,7 @@ def _run_flow(settings: Any, api: PrefectApi) -> int:
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     parameters = settings.to_parameters()
-    with ProgressBar(enabled=sys.stderr.isatty()):
+    with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s):
         try:
             state = embed_csv(**parameters, return_state=True)
         except KeyboardInterrupt:

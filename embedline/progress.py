@@ -1,15 +1,23 @@
-"""Progress events from the flow to whoever shows them (the CLI's progress bar).
+"""Progress events from the flow to whoever shows them (the CLI's progress bar or lines).
 
 The flow calls ``notify``; a listener registered with ``listen`` receives each event. With no
 listener (a deployment run), events cost one function call. Events carry counts only.
+
+Batch progress: a chunk task wraps its embedding client with ``counting``, which adds the
+rows of every successful request to a per-chunk count in this process. The flow reads
+``partial_rows`` on its own thread (every dispatcher tick), so progress moves per batch, not
+per chunk. With Dask the tasks run in other processes: their counts stay there, and the
+flow's progress moves per chunk (never wrong, only coarser).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Progress", "listen", "notify"]
+__all__ = ["Progress", "chunk_started", "counting", "listen", "notify", "partial_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,3 +46,50 @@ def notify(event: Progress) -> None:
     """Send ``event`` to the registered listener, if any."""
     if _listener is not None:
         _listener(event)
+
+
+_partial: dict[int, int] = {}  # chunk index -> rows embedded so far by its running task
+_partial_lock = threading.Lock()
+
+
+def chunk_started(index: int) -> None:
+    """A chunk task (re)starts: its earlier partial count (a failed attempt) is void."""
+    with _partial_lock:
+        _partial[index] = 0
+
+
+def _add_rows(index: int, rows: int) -> None:
+    with _partial_lock:
+        _partial[index] = _partial.get(index, 0) + rows
+
+
+def partial_rows(finished: Collection[int]) -> int:
+    """Rows embedded so far by chunks of this process that are not in ``finished``; the
+    counts of finished chunks are dropped (their rows are counted by the caller)."""
+    with _partial_lock:
+        for index in [i for i in _partial if i in finished]:
+            del _partial[index]
+        return sum(_partial.values())
+
+
+class _CountingClient:
+    """An embedding client that counts the rows of each successful ``embed`` call."""
+
+    def __init__(self, client: Any, index: int) -> None:
+        self._client = client
+        self._index = index
+
+    def embed(self, texts: Sequence[str], **kwargs: Any) -> Any:
+        result = self._client.embed(texts, **kwargs)
+        _add_rows(self._index, len(texts))
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def counting(client: Any, index: int) -> Any:
+    """Wrap ``client`` (an ``EmbeddingClient``) so chunk ``index``'s rows count as they are
+    embedded; ``None`` stays ``None``."""
+    chunk_started(index)
+    return None if client is None else _CountingClient(client, index)

@@ -42,7 +42,8 @@ class Dispatcher:
     """Claims, submits and records chunks. ``submit(spec)`` returns a Prefect future.
 
     ``lease_s`` (seconds) is how long a claim holds without renewal; leases of in-flight
-    chunks are renewed every ``lease_s / 3``. ``on_outcome`` is called after each record.
+    chunks are renewed every ``lease_s / 3``. ``on_outcome`` is called after each record,
+    ``on_tick`` at least every 0.5 s while chunks are in flight (progress between outcomes).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class Dispatcher:
         logger: logging.Logger | logging.LoggerAdapter[Any],
         lease_s: float = 600.0,
         on_outcome: Callable[[DispatchResult], None] | None = None,
+        on_tick: Callable[[DispatchResult], None] | None = None,
         on_gave_up: Callable[[int], None] | None = None,
     ) -> None:
         self.ledger = ledger
@@ -66,6 +68,7 @@ class Dispatcher:
         self.logger = logger
         self.lease_s = lease_s
         self.on_outcome = on_outcome or (lambda result: None)
+        self.on_tick = on_tick or (lambda result: None)
         self.on_gave_up = on_gave_up or (lambda index: None)
         self.owner = new_owner()
         self.result = DispatchResult()
@@ -100,6 +103,7 @@ class Dispatcher:
                 self._release_inflight("grace period over while stopping")
                 break
             self._drain(timeout=_POLL_S)
+            self.on_tick(self.result)
             if held and not self._stopping:
                 pending.extend(held)
                 held.clear()

@@ -34,7 +34,7 @@ from embedline.models import (
     dead_letters_phrase,
     manifest_object_key,
 )
-from embedline.progress import Progress, notify
+from embedline.progress import Progress, notify, partial_rows
 from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_message
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
@@ -269,6 +269,7 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
             window=window,
             logger=logger,
             on_outcome=report,
+            on_tick=report,
             on_gave_up=planner.note_failed,
         )
         _show_published(runner, plan, skipped, store)
@@ -482,8 +483,12 @@ def _progress_reporter(
     rows_skipped = sum(c.rows for c in plan.chunks if c.index in skipped)
 
     def report(result: DispatchResult) -> None:
-        rows_done = rows_skipped + sum(plan.chunks[i].rows for i in result.published)
-        chunks_done = len(skipped) + len(result.published)
+        finished = {*result.published, *result.published_elsewhere, *result.failed,
+                    *result.released}  # fmt: skip
+        done = {*result.published, *result.published_elsewhere}
+        rows_done = (rows_skipped + sum(plan.chunks[i].rows for i in done)
+                     + partial_rows(finished))  # batches of running chunks (this process)
+        chunks_done = len(skipped) + len(done)
         notify(Progress(
             rows_total=plan.rows, chunks_total=len(plan.chunks), rows_done=rows_done,
             chunks_done=chunks_done, rows_skipped=rows_skipped,

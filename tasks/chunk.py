@@ -19,6 +19,7 @@ from adapters.embeddings import build_embedder
 from adapters.object_store import open_store
 from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan
 from embedline.protocols import ObjectStore
+from embedline import progress
 from embedline.settings import RunSettings
 from embedline.tracebacks import quiet_expected_tracebacks
 from tasks.embed import embed_rows
@@ -63,7 +64,7 @@ def embed_chunk(
     rows = read_chunk(source, spec)
     found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model)
     send, copies = split_duplicates([r for r in rows if r.row_number not in found.vectors])
-    client = build_embedder(settings) if send else None
+    client = progress.counting(build_embedder(settings) if send else None, spec.index)
     embedded = embed_rows(
         send,
         client,  # type: ignore[arg-type]  # never called with no rows to send
