@@ -60,7 +60,9 @@ MODEL = "text-embedding-3-small"  # the CLI's default for --embedder openai
 TARGET_STEADY_ROWS_S = 5000.0
 TARGET_FULL_WALL_S = 45.0
 TARGET_PEAK_RSS_MB = 500.0
-TARGET_RERUN_WALL_S = 10.0
+TARGET_RERUN_WALL_S = 5.0  # a rerun with nothing to embed (issue 10)
+TARGET_SDK_RATIO = 1.0  # whole file, end to end: embedline at least as fast as the SDK loop
+TARGET_DASK_RATIO = 0.5  # 2 local Dask workers reach half the threads runner's rows/s
 
 _POLL_S = 0.05  # RSS sampling period of the CLI process
 _TREE_EVERY = 5  # scan for descendants every _TREE_EVERY samples (0.25 s)
@@ -685,6 +687,39 @@ class Bench:
         print(f"bench: baseline: {result['rows_per_s']:.0f} rows/s", file=sys.stderr, flush=True)
         return result
 
+    def sdk_baseline(self, data: Path) -> dict[str, Any]:
+        """``benchmarks/sdk_loop.py`` (the openai SDK, 4 threads, batches of 1,000) on ``data``
+        as its own process against a fresh fake server: wall time end to end."""
+        server = FakeServer(self.args.python, _server_env())
+        print("bench: openai-SDK loop on the whole file", file=sys.stderr, flush=True)
+        try:
+            started = time.perf_counter()
+            done = subprocess.run([self.args.python, str(REPO / "benchmarks" / "sdk_loop.py"),
+                                   str(data), server.base_url, str(self.tmp / "sdk.parquet")],
+                                  capture_output=True, text=True, env=_server_env())  # fmt: skip
+            wall = time.perf_counter() - started
+        finally:
+            counters = server.stop()
+        if done.returncode != 0:
+            raise RuntimeError(f"sdk_loop.py failed: {done.stderr[-2000:]}")
+        rows = int(done.stdout.split()[-1])
+        print(f"bench: openai-SDK loop: {wall:.1f} s", file=sys.stderr, flush=True)
+        return {"rows": rows, "wall_s": wall, "server_requests": counters.get("requests")}
+
+    def dask_runs(self, data: Path, rows: int) -> None:
+        """The same subset with threads and with a local 2-worker Dask cluster (fresh output
+        and ledger each)."""
+        for runner in ("threads", "dask"):
+            name = f"first{rows}-{runner}"
+            extra = ["--task-runner", "dask", "--dask-workers", "2"] if runner == "dask" else []
+            saved = self.args.cli_arg
+            self.args.cli_arg = [*(saved or []), *extra]
+            try:
+                self.measure(name, f"first{rows}", rows, data, self.tmp / f"{name}-out",
+                             self.tmp / f"{name}-ledger.sqlite3")  # fmt: skip
+            finally:
+                self.args.cli_arg = saved
+
     def dataset_runs(self, name: str, data: Path, rows: int, *, reruns: bool) -> None:
         out, ledger = self.tmp / f"{name}-out", self.tmp / f"{name}-ledger.sqlite3"
         self.measure(f"{name}", name, rows, data, out, ledger)
@@ -721,10 +756,24 @@ def _ratios(runs: list[RunResult], baseline: dict[str, Any] | None) -> dict[str,
     return ratios
 
 
-def _targets(runs: list[RunResult], full_name: str) -> dict[str, Any]:
+def _targets(runs: list[RunResult], full_name: str, sdk: dict[str, Any] | None = None,
+             dask_rows: int = 0) -> dict[str, Any]:  # fmt: skip
     by = {r.name: r for r in runs}
     full = by.get(full_name)
     targets: dict[str, Any] = {}
+    if full is not None and sdk is not None:
+        targets[f"end to end >= {TARGET_SDK_RATIO}x the openai-SDK loop (whole file; SDK "
+                f"{sdk['wall_s']:.1f} s / embedline {full.wall_s:.1f} s)"] = {
+            "value": round(sdk["wall_s"] / full.wall_s, 2),
+            "met": sdk["wall_s"] / full.wall_s >= TARGET_SDK_RATIO and full.exit_code == 0}
+    threads, dask = by.get(f"first{dask_rows}-threads"), by.get(f"first{dask_rows}-dask")
+    if threads is not None and dask is not None:
+        ratio = (dask.steady_rows_per_s or 0) / (threads.steady_rows_per_s or float("inf"))
+        targets[f"dask (2 workers) steady rows/s >= {TARGET_DASK_RATIO}x threads on "
+                f"{dask_rows:,} rows (start-up apart: threads {_fmt(threads.startup_s)} s, "
+                f"dask {_fmt(dask.startup_s)} s)"] = {
+            "value": round(ratio, 2),
+            "met": ratio >= TARGET_DASK_RATIO and dask.exit_code == 0 == threads.exit_code}
     if full is not None:
         targets["steady_rows_per_s >= 5000 (whole file)"] = {
             "value": full.steady_rows_per_s,
@@ -753,7 +802,8 @@ def _targets(runs: list[RunResult], full_name: str) -> dict[str, Any]:
     for suffix in ("-rerun", "-rerun-no-manifest", "-rerun-fresh-ledger"):
         rerun = by.get(full_name + suffix)
         if rerun is not None:
-            targets[f"{rerun.name}: wall_s < 10, exit 0, zero requests"] = {
+            targets[f"{rerun.name}: wall_s < {TARGET_RERUN_WALL_S:.0f}, exit 0, zero "
+                    "requests"] = {
                 "value": {"wall_s": rerun.wall_s, "exit_code": rerun.exit_code,
                           "requests": rerun.server_requests},
                 "met": rerun.wall_s < TARGET_RERUN_WALL_S and rerun.exit_code == 0
@@ -851,6 +901,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="records in the subset run (0 skips it)")
     parser.add_argument("--baseline-rows", type=int, default=2_000,
                         help="rows for the seed-design baseline (0 skips it)")
+    parser.add_argument("--dask-rows", type=int, default=20_000,
+                        help="rows for the threads-vs-Dask comparison (0 skips it)")
     parser.add_argument("--no-full", action="store_true",
                         help="skip the whole-file run and its reruns")
     parser.add_argument("--no-edits", action="store_true",
@@ -895,6 +947,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: temp dir {tmp}; counting records of {data}", file=sys.stderr, flush=True)
         total_rows = sum(1 for _ in _records_with_offsets(data)) - 1
         baseline = bench.baseline(data)
+        sdk = None if args.no_full else bench.sdk_baseline(data)
+        if args.dask_rows > 0:
+            dask_subset = tmp / f"{data.stem}-first{args.dask_rows}.csv"
+            bench.dask_runs(dask_subset, make_subset(data, args.dask_rows, dask_subset))
         if args.rows_subset > 0:
             subset = tmp / f"{data.stem}-first{args.rows_subset}.csv"
             n = make_subset(data, args.rows_subset, subset)
@@ -912,7 +968,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     ratios = _ratios(bench.runs, baseline)
-    targets = _targets(bench.runs, full_name)
+    targets = _targets(bench.runs, full_name, sdk, args.dask_rows)
     print_table(bench.runs, baseline, ratios, targets)
     results = {
         "started_at": started_at.isoformat(timespec="seconds"),
@@ -924,6 +980,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "prefect_api_url": args.prefect_api_url,
                      "temp_dir": str(tmp) if args.keep else None},
         "baseline": baseline,
+        "sdk_loop": sdk,
         "runs": [asdict(r) for r in bench.runs],
         "fake_servers": bench.servers,
         "ratios": ratios,

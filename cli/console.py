@@ -140,10 +140,15 @@ def print_summary(summary: dict[str, Any]) -> None:
     if summary.get("run_key"):
         lines += [
             f"rows       {summary['rows_published']:,} published of {summary['rows_total']:,} "
-            f"({summary['rows_skipped']:,} already published before), "
+            f"({summary['rows_skipped']:,} already published before"
+            + (f", {summary['rows_concurrent']:,} by a concurrent run"
+               if summary.get("rows_concurrent") else "") + "), "
             f"{summary['rows_failed']:,} dead letters",
             f"chunks     {summary['chunks_published']} published now, "
-            f"{summary['chunks_skipped']} skipped, {summary['chunks_failed']} failed, "
+            f"{summary['chunks_skipped']} skipped, "
+            + (f"{summary['chunks_concurrent']} by a concurrent run, "
+               if summary.get("chunks_concurrent") else "")
+            + f"{summary['chunks_failed']} failed, "
             f"{summary['chunks_not_run']} not run, of {summary['chunks_total']}",
             f"api        {summary['requests']:,} requests, {summary.get('inputs', 0):,} inputs "
             f"sent, {summary['tokens']:,} tokens reported",

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 
-from cli.local_server import LocalServer, ServerStartError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cli.local_server import LocalServer
 
 __all__ = ["PrefectApiError", "configure_prefect_environment", "prefect_api"]
 
@@ -51,6 +54,8 @@ class PrefectApi:
         """
         if self.server is None:
             return
+        from cli.local_server import ServerStartError
+
         timeout_s = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
         try:
             self.server.wait_ready(timeout_s)
@@ -84,6 +89,8 @@ def prefect_api() -> PrefectApi:
     if configured:
         _check_reachable(configured)
         return PrefectApi(configured, None)
+    from cli.local_server import LocalServer
+
     server = LocalServer().start()
     # Before Prefect is imported: its settings are read once, at import.
     os.environ["PREFECT_API_URL"] = server.api_url

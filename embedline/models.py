@@ -227,6 +227,9 @@ class RunSummary:
     chunks_failed: int = 0
     chunks_released: int = 0
     chunks_not_run: int = 0
+    # published meanwhile by another run sharing the work (not "before"; counted in skipped)
+    rows_concurrent: int = 0
+    chunks_concurrent: int = 0
     tokens: int = 0
     requests: int = 0
     wall_s: float = 0.0

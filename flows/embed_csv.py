@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.blocks.system import Secret
@@ -67,7 +67,7 @@ def embed_csv(
     text_column: str = "text",
     encoding: str = "auto",
     delimiter: str = "auto",
-    embedder: str = "local",
+    embedder: Literal["local", "openai"] = "local",
     model: str | None = None,
     base_url: str = "https://api.openai.com/v1",
     dimensions: int | None = None,
@@ -80,9 +80,9 @@ def embed_csv(
     timeout: float = 60.0,
     max_attempts: int = 6,
     max_input_tokens: int | None = None,
-    on_too_long: str = "dead-letter",
+    on_too_long: Literal["dead-letter", "truncate"] = "dead-letter",
     auth_header: str | None = None,
-    encoding_format: str = "auto",
+    encoding_format: Literal["auto", "base64", "float"] = "auto",
     chunk_retries: int = 1,
     chunk_retry_delay: float = 10.0,
     grace: float = 30.0,
@@ -91,7 +91,7 @@ def embed_csv(
     allow_unconditional_store: bool = False,
     price_per_million_tokens: float | None = None,
     reuse: bool = True,
-    task_runner: str = "threads",
+    task_runner: Literal["threads", "dask"] = "threads",
     dask_address: str | None = None,
     dask_workers: int = 2,
     sink: str | None = None,
@@ -388,15 +388,18 @@ def _summarize(
     started: float,
 ) -> RunSummary:
     done = {**skipped, **result.published}
+    concurrent = result.published_elsewhere  # also in ``skipped``
     rows_failed = sum(len(o.dead_letters) for o in done.values())
     not_done = len(plan.chunks) - len(done)
     summary = _with(
         base, started,
         rows_published=sum(o.rows for o in done.values()),
-        rows_skipped=sum(o.rows for o in skipped.values()),
+        rows_skipped=sum(o.rows for i, o in skipped.items() if i not in concurrent),
+        rows_concurrent=sum(o.rows for o in concurrent.values()),
+        chunks_concurrent=len(concurrent),
         rows_failed=rows_failed,
         chunks_published=len(result.published),
-        chunks_skipped=len(skipped),
+        chunks_skipped=len(skipped) - len(concurrent),
         chunks_failed=len(result.failed),
         chunks_released=len(result.released),
         chunks_not_run=not_done - len(result.failed) - len(result.released),

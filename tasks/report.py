@@ -64,6 +64,7 @@ def summary_markdown(
         ("run key", f"`{summary.run_key}`"),
         ("rows published", f"{summary.rows_published:,} of {summary.rows_total:,}"),
         ("rows already published before this run", f"{summary.rows_skipped:,}"),
+        ("rows published meanwhile by a concurrent run", f"{summary.rows_concurrent:,}"),
         ("dead letters", f"{summary.rows_failed:,}"),
         ("chunks", f"{summary.chunks_published} published now, {summary.chunks_skipped} "
                    f"skipped, {summary.chunks_failed} failed, {summary.chunks_released} "

@@ -83,6 +83,8 @@ def test_two_concurrent_runs_publish_each_chunk_once(
     assert len(list((tmp_path / "out" / "chunks").glob("*.parquet"))) == 10
     if shared_ledger:  # claims in one ledger: every row embedded exactly once in total
         assert fake_openai.counters()["inputs"] == 30
+    # the first run started alone: chunks the second published meanwhile are not "before"
+    assert "published of 30 (0 already published before" in results[0][0], results[0][0]
 
 
 def _s3_error(code: str, message: str) -> bytes:
