@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 from typing import Any
 
@@ -283,6 +284,31 @@ def _check_api_key(settings: Any) -> tuple[str, int] | None:
     return None
 
 
+def _commit_if_published(
+    settings: Any, store: Any, plan: Any, run_key: str, started: float
+) -> dict[str, Any] | tuple[str, int] | None:
+    """A re-export whose chunks are all published (new bytes, same rows) needs no embedding:
+    commit its change set and manifest here, without Prefect (about a second)."""
+    import time
+
+    from adapters.ledger import Ledger
+    from embedline.errors import EmbedlineError
+    from tasks.commit import commit_if_published
+
+    try:
+        ledger = Ledger(settings.ledger)
+    except (OSError, sqlite3.Error):
+        return None  # the flow reports it with its full context
+    try:
+        summary = commit_if_published(store, ledger, settings=settings, plan=plan,
+                                      run_key=run_key, wall_s=time.monotonic() - started)
+    except EmbedlineError as exc:
+        return str(exc), exc.exit_code
+    finally:
+        ledger.close()
+    return None if summary is None else summary.to_dict()
+
+
 def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None:
     """The summary of a run whose manifest exists (a rerun of a finished command), found
     without waiting for Prefect; (an input or store error's message, exit code); or None
@@ -317,7 +343,7 @@ def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None
     except OSError:
         return None  # let the flow report it with its full context
     if manifest is None:
-        return None
+        return _commit_if_published(settings, store, plan, run_key, started)
     return summary_from_manifest(
         manifest, uri=store.uri_for(manifest_object_key(run_key)), output=store.uri,
         chunks_total=len(plan.chunks), wall_s=time.monotonic() - started,

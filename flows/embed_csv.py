@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
@@ -29,7 +28,6 @@ from embedline.errors import ConflictError, EmbedlineError, InputError
 from embedline.models import (
     ChunkOutcome,
     InputPlan,
-    ManifestChunk,
     RunSummary,
     dead_letters_phrase,
     manifest_object_key,
@@ -41,18 +39,15 @@ from flows.dispatch import DispatchResult, Dispatcher
 from flows.load import load_stage
 from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
-from tasks.changes import write_changes
+from tasks.commit import commit_run, missing_objects
 from tasks.gc import drop_run_lease, write_run_lease
 from tasks.manifest import (
-    build_manifest,
     change_fields,
-    latest_manifest,
     read_manifest,
     summary_from_manifest,
-    write_manifest,
 )
 from tasks.plan import find_published, plan_input
-from tasks.publish import ensure_conditional_writes, read_chunk_metadata
+from tasks.publish import ensure_conditional_writes
 from tasks.report import ProgressArtifact, publish_summary
 from tasks.reuse import ReusePlanner, refresh_index
 
@@ -280,7 +275,7 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
     summary = _summarize(base, plan, skipped, result, started)
     if summary.exit_code == 0 or (summary.status == "dead_letters" and settings.allow_failed_rows):
         done = {**skipped, **result.published}
-        missing = _missing_objects(store, done)
+        missing = missing_objects(store, done)
         if missing:
             return _finish(ledger, _lost_objects(ledger, store, summary, started, missing))
         summary = _commit(settings, plan, store, done, summary)
@@ -288,14 +283,6 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         # ── load into the sink ───────────────────────────────────────────────────────────
         return _load_into_sink(settings, read_manifest(store, run_key), summary, ledger)
     return _finish(ledger, summary)
-
-
-def _missing_objects(store: Any, done: dict[int, ChunkOutcome]) -> list[str]:
-    """Chunk objects the manifest would list that are no longer in the store (HEAD each)."""
-    keys = sorted({o.object_key for o in done.values()})
-    with ThreadPoolExecutor(16) as pool:
-        present = list(pool.map(lambda k: store.head_sha256(k) is not None, keys))
-    return [k for k, here in zip(keys, present, strict=True) if not here]
 
 
 def _lost_objects(ledger: Ledger, store: Any, base: RunSummary, started: float,
@@ -443,41 +430,19 @@ def _commit(
     summary: RunSummary,
 ) -> RunSummary:
     logger = get_run_logger()
-    dims = _dimensions(settings, store, plan, done)
-    chunks = [ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
-              for o in sorted(done.values(), key=lambda o: o.index)]  # fmt: skip
-    base = latest_manifest(store, id_column=settings.id_column,
-                           text_column=settings.text_column, model=settings.effective_model,
-                           dimensions=dims, exclude_run_key=summary.run_key)  # fmt: skip
-    changes = write_changes(store, run_key=str(summary.run_key),
-                            chunks=[c.to_dict() for c in chunks], base=base)  # fmt: skip
-    manifest = build_manifest(
-        run_key=str(summary.run_key), plan=plan, embedder=settings.embedder,
-        model=settings.effective_model, dimensions=dims, chunks=chunks,
-        rows_failed=summary.rows_failed, changes=changes.to_dict(),
-    )  # fmt: skip
-    uri, created = write_manifest(store, manifest)
-    logger.info("manifest %s %s", "committed" if created else "already committed", uri)
+    done_ = commit_run(store, settings=settings, plan=plan, run_key=str(summary.run_key),
+                       done=done, rows_failed=summary.rows_failed)  # fmt: skip
+    changes = done_.changes
+    logger.info("manifest %s %s", "committed" if done_.created else "already committed",
+                done_.uri)  # fmt: skip
     logger.info("changes against %s: %d added, %d changed, %d removed, %d unchanged",
                 (changes.base_run_key or "nothing (first run)")[:12], changes.added,
                 changes.changed, changes.removed, changes.unchanged)  # fmt: skip
-    if not created:  # a concurrent run of the same key won: report its manifest
-        manifest = read_manifest(store, str(summary.run_key)) or manifest
-    return RunSummary(**{**summary.to_dict(), **change_fields(manifest), "exit_code": 0,
+    return RunSummary(**{**summary.to_dict(), **change_fields(done_.manifest), "exit_code": 0,
                          "status": "complete",
-                         "manifest_uri": uri, "dimensions": dims, "message": (
+                         "manifest_uri": done_.uri, "dimensions": done_.dimensions, "message": (
                              f"{dead_letters_phrase(summary.rows_failed)} (committed with "
                              "--allow-failed-rows)" if summary.rows_failed else "")})  # fmt: skip
-
-
-def _dimensions(
-    settings: RunSettings, store: Any, plan: InputPlan, done: dict[int, ChunkOutcome]
-) -> int:
-    """The vectors' length: from a non-empty chunk's object metadata, else the setting."""
-    for outcome in sorted(done.values(), key=lambda o: -o.rows):
-        if outcome.rows:
-            return read_chunk_metadata(store.get(outcome.object_key)).dimensions
-    return settings.dimensions or 0
 
 
 def _progress_reporter(

@@ -34,6 +34,7 @@ __all__ = ["CHANGES_FORMAT", "ChangeCounts", "changes_object_key", "read_keys", 
 CHANGES_FORMAT = "embedline.changes.v1"
 _META_KEY = b"embedline"
 _KEY_COLUMNS = ["id", "text_sha256"]
+_CHANGE_COLUMNS = ["id", "change", "text_sha256"]
 
 
 def changes_object_key(run_key: str) -> str:
@@ -74,8 +75,8 @@ def read_keys(store: ObjectStore, object_key: str) -> pa.Table:
 
 def _keys_of(store: ObjectStore, chunks: Iterable[dict[str, Any]]) -> pa.Table:
     tables = [read_keys(store, str(c["object"])) for c in chunks if int(c["rows"])]
-    if not tables:
-        return pa.table({"id": pa.array([], pa.string()), "text_sha256": pa.array([], pa.string())})
+    if not tables:  # an empty schema's table: building arrays from lists imports pandas
+        return pa.schema([(c, pa.string()) for c in _KEY_COLUMNS]).empty_table()
     return pa.concat_tables(tables)
 
 
@@ -91,6 +92,8 @@ def diff(
     shared = {str(c["object"]) for c in current} & {str(c["object"]) for c in base}
     new = _keys_of(store, [c for c in current if str(c["object"]) not in shared])
     old = _keys_of(store, [c for c in base if str(c["object"]) not in shared])
+    if new.num_rows == 0 and old.num_rows == 0:  # e.g. a re-export: every chunk shared
+        return pa.schema([(c, pa.string()) for c in _CHANGE_COLUMNS]).empty_table()
     joined = new.join(old, keys="id", join_type="full outer", left_suffix="",
                       right_suffix="_old", coalesce_keys=True)  # fmt: skip
     if "text_sha256_old" not in joined.column_names:  # pyarrow drops suffixes with no clash
@@ -101,8 +104,8 @@ def diff(
                        pc.not_equal(now, before)),  # fmt: skip
         "added", "removed", "changed", pa.scalar(None, pa.string()),
     )
-    table = pa.table({"id": joined["id"], "change": change,
-                      "text_sha256": pc.coalesce(now, before)})  # fmt: skip
+    table = pa.Table.from_arrays([joined["id"], change, pc.coalesce(now, before)],
+                                 names=_CHANGE_COLUMNS)
     return table.filter(pc.is_valid(table["change"])).sort_by("id")
 
 

@@ -1,0 +1,140 @@
+"""Commit a run: its change set, then its manifest (the commit point). No Prefect here.
+
+Used by the ``embed-csv`` flow after its chunks are published, and by ``embedline run``
+directly when every chunk of the input is already published (a re-export with the same
+rows: nothing to embed, so no reason to start Prefect).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.ledger import Ledger
+from embedline.models import ChunkOutcome, InputPlan, ManifestChunk, RunSummary
+from embedline.protocols import ObjectStore
+from embedline.settings import RunSettings
+from tasks.changes import ChangeCounts, write_changes
+from tasks.manifest import (
+    build_manifest,
+    change_fields,
+    latest_manifest,
+    read_manifest,
+    write_manifest,
+)
+from tasks.publish import ensure_conditional_writes, read_chunk_metadata
+from tasks.published import find_published
+
+__all__ = ["Committed", "commit_if_published", "commit_run", "missing_objects"]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A committed run: the manifest's URI and content (the winner's, if a concurrent run
+    of the same key committed first: ``created`` False), its change set, the dimensions."""
+
+    uri: str
+    created: bool
+    manifest: dict[str, Any]
+    changes: ChangeCounts
+    dimensions: int
+
+
+def missing_objects(store: ObjectStore, done: dict[int, ChunkOutcome]) -> list[str]:
+    """Chunk objects a manifest would list that are no longer in the store (HEAD each)."""
+    keys = sorted({o.object_key for o in done.values()})
+    with ThreadPoolExecutor(16) as pool:
+        present = list(pool.map(lambda k: store.head_sha256(k) is not None, keys))
+    return [k for k, here in zip(keys, present, strict=True) if not here]
+
+
+def _dimensions(settings: RunSettings, store: ObjectStore, done: dict[int, ChunkOutcome]) -> int:
+    """The vectors' length: from a non-empty chunk's object metadata, else the setting."""
+    for outcome in sorted(done.values(), key=lambda o: -o.rows):
+        if outcome.rows:
+            return read_chunk_metadata(store.get(outcome.object_key)).dimensions
+    return settings.dimensions or 0
+
+
+def commit_run(
+    store: ObjectStore,
+    *,
+    settings: RunSettings,
+    plan: InputPlan,
+    run_key: str,
+    done: dict[int, ChunkOutcome],
+    rows_failed: int,
+) -> Committed:
+    """Write the change set against the latest committed run (DESIGN §4), then the manifest.
+
+    :raises ConflictError: the change-set or manifest key holds something else.
+    :raises ValueError: the counts do not add up to the input's rows.
+    """
+    dims = _dimensions(settings, store, done)
+    chunks = [ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
+              for o in sorted(done.values(), key=lambda o: o.index)]  # fmt: skip
+    base = latest_manifest(store, id_column=settings.id_column,
+                           text_column=settings.text_column, model=settings.effective_model,
+                           dimensions=dims, exclude_run_key=run_key)  # fmt: skip
+    changes = write_changes(store, run_key=run_key, chunks=[c.to_dict() for c in chunks],
+                            base=base)  # fmt: skip
+    manifest = build_manifest(
+        run_key=run_key, plan=plan, embedder=settings.embedder,
+        model=settings.effective_model, dimensions=dims, chunks=chunks,
+        rows_failed=rows_failed, changes=changes.to_dict(),
+    )  # fmt: skip
+    uri, created = write_manifest(store, manifest)
+    if not created:
+        manifest = read_manifest(store, run_key) or manifest
+    return Committed(uri, created, manifest, changes, dims)
+
+
+def commit_if_published(
+    store: ObjectStore,
+    ledger: Ledger,
+    *,
+    settings: RunSettings,
+    plan: InputPlan,
+    run_key: str,
+    wall_s: float = 0.0,
+) -> RunSummary | None:
+    """Commit the run without embedding when every chunk is already published (e.g. a
+    re-export of the same rows with new bytes); None when the flow has work to do: a chunk
+    to embed, dead letters without ``--allow-failed-rows``, a sink to load, or an object
+    gone from the store.
+
+    :raises FatalError: the store ignores conditional writes (and that is not allowed).
+    :raises ConflictError: an object at a chunk's key, or the manifest's, is something else.
+    """
+    if getattr(settings, "sink", None):
+        return None
+    ledger.start_run(run_key, plan, output_uri=store.uri,
+                     settings={**settings.model_dump(), "input": plan.source.path,
+                               "output": store.uri},
+                     flow_run_id=None,
+                     object_uris=[store.uri_for(c.object_key) for c in plan.chunks])  # fmt: skip
+    done = find_published(plan, run_key=run_key, ledger=ledger, store=store,
+                          model=settings.effective_model)  # fmt: skip
+    rows_failed = sum(len(o.dead_letters) for o in done.values())
+    if len(done) < len(plan.chunks) or (rows_failed and not settings.allow_failed_rows):
+        return None
+    warning = ensure_conditional_writes(store, allow_unconditional=settings.allow_unconditional_store)
+    if warning or missing_objects(store, done):
+        return None  # the flow says it loudly, or re-embeds what went
+    committed = commit_run(store, settings=settings, plan=plan, run_key=run_key, done=done,
+                           rows_failed=rows_failed)  # fmt: skip
+    rows = sum(o.rows for o in done.values())
+    ledger.finish_run(run_key, status="complete", rows_published=rows,
+                      rows_failed=rows_failed, manifest_uri=committed.uri)  # fmt: skip
+    return RunSummary(
+        exit_code=0, status="complete",
+        message="every chunk was already published: committed without embedding"
+        + (f"; {rows_failed} dead letters (--allow-failed-rows)" if rows_failed else ""),
+        run_key=run_key, output=store.uri, manifest_uri=committed.uri, rows_total=plan.rows,
+        rows_published=rows, rows_skipped=rows, rows_failed=rows_failed,
+        chunks_total=len(plan.chunks), chunks_skipped=len(done),
+        dimensions=committed.dimensions, wall_s=round(wall_s, 3),
+        price_per_million_tokens=settings.price_per_million_tokens,
+        **change_fields(committed.manifest),
+    )  # fmt: skip
