@@ -79,6 +79,7 @@ def with_prefect_api(body: Callable[[Any], int]) -> int:
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     shutdown.on_hard_exit(api.kill)
+    api.watch()
     try:
         return body(api)
     finally:

@@ -8,6 +8,7 @@ and exports its URL, so the flow, its tasks and Dask workers all talk to that on
 from __future__ import annotations
 
 import os
+import sys
 
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,34 @@ class PrefectApi:
     def __init__(self, url: str, server: LocalServer | None) -> None:
         self.url = url
         self.server = server
+        self._closing = False
+
+    def watch(self, poll_s: float = 0.5) -> None:
+        """Exit this process (code 1, one line) if the temporary server dies before
+        ``close``: without it the flow waited minutes on a dead API, then printed a
+        traceback. Published chunks are safe (the store is the truth: the next run adopts
+        objects the ledger missed, reclaims chunks of this dead process at once)."""
+        import threading
+        import time
+
+        from embedline import shutdown
+
+        server = self.server
+        if server is None:
+            return
+
+        def watchdog() -> None:
+            while server.alive() or self._closing:
+                if self._closing:
+                    return
+                time.sleep(poll_s)
+            sys.stderr.write(
+                f"embedline: error: the temporary Prefect server exited during the run (see "
+                f"{server.log_path}); what was published is kept: rerun the same command to "
+                "resume\n")  # fmt: skip
+            shutdown.hard_exit(1)
+
+        threading.Thread(target=watchdog, name="embedline-server-watchdog", daemon=True).start()
 
     def wait_ready(self) -> None:
         """Block until the API answers.
@@ -65,12 +94,14 @@ class PrefectApi:
     def close(self) -> None:
         """Send Prefect's pending logs and events, then stop the temporary server, if this
         run started one (stopping it first printed "Error logging to API" at exit)."""
+        self._closing = True
         if self.server is not None:
             _drain_prefect_workers()
             self.server.stop()
 
     def kill(self) -> None:
         """Stop the temporary server at once (a hard exit)."""
+        self._closing = True
         if self.server is not None:
             self.server.kill()
 
@@ -117,8 +148,6 @@ def _profile_api_url() -> str | None:
 
 def _drain_prefect_workers(timeout_s: float = 5.0) -> None:
     """Flush Prefect's log and event workers (background threads posting to the API)."""
-    import sys
-
     if "prefect.logging.handlers" not in sys.modules:
         return  # Prefect never ran in this process
     from prefect.events.worker import EventsWorker

@@ -242,3 +242,36 @@ def test_nothing_listening_at_base_url_has_no_traceback(
     if not debug:
         retries = [line for line in result.stderr.splitlines() if "retry in" in line]
         assert len(retries) == 1  # one line per retried request (one request, 2 attempts)
+
+
+# -- item 2: the temporary Prefect server dies mid-run -----------------------------------------
+
+
+def test_temporary_server_dying_mid_run_stops_at_once_and_a_rerun_finishes(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    from tests.support.processes import processes_with_env
+
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t {i}\n" for i in range(80)))
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.3})
+    home = tmp_path / "prefect-home"
+    args = [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
+            fake_openai.base_url, "--output", "out", "--chunk-size", "4", "--concurrency", "2"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=_env(home), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 180
+    while not list((tmp_path / "out").glob("chunks/*.parquet")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no chunk was published"
+        time.sleep(0.1)
+    for pid in processes_with_env("PREFECT_HOME", str(home)):
+        if pid != proc.pid:
+            os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=30)  # bounded: not minutes of client retries
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err
+    assert "the temporary Prefect server exited during the run" in err
+    fake_openai.fail_when(None)
+    rerun = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
+                 fake_openai.base_url, "--output", "out", "--chunk-size", "4")  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "rows       80 published of 80" in rerun.stdout
