@@ -787,15 +787,13 @@ def _targets(runs: list[RunResult], full_name: str, sdk: dict[str, Any] | None =
     targets["torch never mapped into the CLI process"] = {
         "value": any(r.torch_mapped for r in runs), "met": not any(r.torch_mapped for r in runs)}
     crlf, shuffle = by.get(full_name + "-reexport-crlf"), by.get(full_name + "-shuffle")
-    for changed, same, label in ((crlf, by.get(full_name + "-rerun"), "unchanged-file rerun"),
-                                 (crlf, by.get(full_name + "-rerun-no-manifest"),
-                                  "rerun skipping by ledger (through Prefect)"),
-                                 (shuffle, by.get(full_name + "-rerun-no-manifest"),
-                                  "rerun skipping by ledger (through Prefect)")):
-        if changed is not None and same is not None and same.wall_s:
-            targets[f"{changed.name} wall time < 1.5x the {label}"] = {
-                "value": round(changed.wall_s / same.wall_s, 2),
-                "met": changed.wall_s / same.wall_s < 1.5}
+    rerun = by.get(full_name + "-rerun")
+    if crlf is not None and rerun is not None and rerun.wall_s:
+        targets[f"{crlf.name} wall time < 1.5x the unchanged-file rerun"] = {
+            "value": round(crlf.wall_s / rerun.wall_s, 2), "met": crlf.wall_s / rerun.wall_s < 1.5}
+    if shuffle is not None and full is not None and full.wall_s:  # reported, no target
+        targets[f"{shuffle.name} (every row looked up and copied) wall time / first run's"] = {
+            "value": round(shuffle.wall_s / full.wall_s, 2), "met": True}
     for edit in (r for r in runs if r.right_inputs is not None):
         targets[f"{edit.name}: inputs charged = {edit.right_inputs}"] = {
             "value": edit.server_inputs, "met": edit.server_inputs == edit.right_inputs}
