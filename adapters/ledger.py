@@ -546,7 +546,10 @@ class Ledger:
         rows: int,
         dead_letters: Sequence[DeadLetter],
     ) -> None:
-        """Record chunk ``spec`` as published: its object, and its dead letters, atomically."""
+        """Record chunk ``spec`` as published: its object, and its dead letters, atomically.
+
+        The dead letters replace those recorded for the chunk's content: a later generation
+        (DESIGN §8) supersedes the earlier one's."""
         now = _now_iso()
         with self.atomic() as db:
             db.execute(
@@ -554,6 +557,7 @@ class Ledger:
                    ON CONFLICT (object_uri) DO NOTHING""",
                 (object_uri, spec.key, sha256, rows, len(dead_letters), now),
             )
+            db.execute("DELETE FROM dead_letters WHERE chunk_key = ?", (spec.key,))
             db.executemany(
                 "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)",
                 [
@@ -570,6 +574,16 @@ class Ledger:
             )
 
     # -- objects and dead letters ----------------------------------------------------------
+
+    def reopen(self, run_key: str, idx: int) -> None:
+        """Make published chunk ``idx`` claimable again (``pending``), to supersede its dead
+        letters with a new generation; its published object stays as it is."""
+        with self.atomic() as db:
+            db.execute(
+                """UPDATE chunks SET state = 'pending', updated_at = ?
+                   WHERE run_key = ? AND idx = ? AND state = 'published'""",
+                (_now_iso(), run_key, idx),
+            )
 
     def published_object(self, object_uri: str) -> ObjectRecord | None:
         """Return the published object at ``object_uri``, from any run, or None."""

@@ -88,6 +88,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--grace", type=float, default=30.0,
                      help="seconds in-flight chunks may finish after SIGINT/SIGTERM")
     run.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
+    run.add_argument("--retry-dead-letters", action="store_true",
+                     help="send again the rows of published chunks that are dead letters of "
+                          "kind rejected, too_long or server_error (never empty texts); the "
+                          "chunk is superseded by a new object, none is overwritten")
     run.add_argument("--allow-failed-rows", action="store_true",
                      help="commit the manifest even if some rows are dead letters")
     run.add_argument("--allow-unconditional-store", action="store_true",
@@ -120,6 +124,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         formatter_class=HELP_FORMATTER,
     )
     retry.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
+    retry.add_argument("--dead-letters", action="store_true",
+                       help="also send again the run's dead letters of kind rejected, "
+                            "too_long or server_error (only them; empty texts stay final)")
     retry.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     retry.add_argument("--debug", action="store_true", help="show tracebacks of expected failures")
     retry.set_defaults(handler=_retry_failed)
@@ -166,7 +173,8 @@ def _retry_failed(args: argparse.Namespace) -> int:
     recorded = ledger.run_settings(run.run_key)
     ledger.close()
     try:
-        settings = RunSettings(**{**recorded, "ledger": args.ledger})
+        settings = RunSettings(**{**recorded, "ledger": args.ledger,
+                                   "retry_dead_letters": bool(args.dead_letters)})
     except ValidationError as exc:
         return fail("embedline: error: the recorded settings no longer validate: "
                     f"{validation_message(exc)}", EXIT_USAGE)  # fmt: skip

@@ -6,6 +6,7 @@ holds a secret; only ``Row`` holds input text, and its ``repr`` leaves the text 
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -13,6 +14,7 @@ __all__ = [
     "ChunkOutcome",
     "ChunkSpec",
     "ChunkState",
+    "RETRYABLE_DEAD_LETTERS",
     "DeadLetter",
     "InputPlan",
     "InputSource",
@@ -22,6 +24,7 @@ __all__ = [
     "ReuseSource",
     "Row",
     "RunSummary",
+    "chunk_generation",
     "chunk_object_key",
     "dead_letters_phrase",
     "manifest_object_key",
@@ -30,9 +33,23 @@ __all__ = [
 ChunkState = Literal["pending", "running", "published", "failed"]
 
 
-def chunk_object_key(chunk_key: str) -> str:
-    """Return the object key of a chunk under the output root (DESIGN §4)."""
+def chunk_object_key(chunk_key: str, generation: int = 0) -> str:
+    """Return the object key of a chunk under the output root (DESIGN §4, §8): generation 0
+    is ``chunks/{key}.parquet``, generation N ≥ 1 (its dead letters retried) is
+    ``chunks/{key}.g{N}.parquet``."""
+    if generation:
+        return f"chunks/{chunk_key}.g{generation}.parquet"
     return f"chunks/{chunk_key}.parquet"
+
+
+#: Dead-letter reasons a later generation may retry; ``empty_text`` stays final.
+RETRYABLE_DEAD_LETTERS = frozenset({"rejected", "too_long", "server_error"})
+
+
+def chunk_generation(object_key: str) -> int:
+    """The generation of a chunk object key (0 for ``chunks/{key}.parquet``)."""
+    match = re.search(r"\.g([0-9]+)\.parquet$", object_key)
+    return int(match.group(1)) if match else 0
 
 
 def dead_letters_phrase(rows: int) -> str:
@@ -87,11 +104,12 @@ class ChunkSpec:
     byte_start: int
     byte_stop: int
     bytes_sha256: str
+    generation: int = 0  # > 0: supersedes the previous generation's dead letters
 
     @property
     def object_key(self) -> str:
-        """The chunk's object key, ``chunks/{key}.parquet``."""
-        return chunk_object_key(self.key)
+        """The chunk's object key, ``chunks/{key}.parquet`` (``….g{N}.parquet`` for N ≥ 1)."""
+        return chunk_object_key(self.key, self.generation)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ parameter or a ledger value.
 from __future__ import annotations
 
 import codecs
+import hashlib
+import json
 import re
 from typing import Literal
 
@@ -139,6 +141,7 @@ class RunSettings(BaseModel):
     grace_s: float = Field(default=30.0, ge=0)
     ledger: str = ".embedline/ledger.sqlite3"
     allow_failed_rows: bool = False
+    retry_dead_letters: bool = False
     allow_unconditional_store: bool = False
     price_per_million_tokens: float | None = Field(default=None, ge=0)
     reuse: bool = True
@@ -222,6 +225,16 @@ class RunSettings(BaseModel):
         for name, field in PARAMETER_FIELDS.items():
             parameters[name] = parameters.pop(field)
         return parameters
+
+    @property
+    def request_fingerprint(self) -> str:
+        """A digest of the settings that decide how a row is sent and so whether a server
+        rejects it (base URL, encoding format, input-token limit and policy): a rerun whose
+        fingerprint differs retries the published dead letters (DESIGN §8)."""
+        fields = {"embedder": self.embedder, "base_url": self.base_url,
+                  "encoding_format": self.encoding_format, "on_too_long": self.on_too_long,
+                  "max_input_tokens": self.max_input_tokens}  # fmt: skip
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def effective_model(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
@@ -29,6 +30,7 @@ from embedline.models import (
     ChunkOutcome,
     InputPlan,
     RunSummary,
+    chunk_generation,
     dead_letters_phrase,
     manifest_object_key,
 )
@@ -48,6 +50,7 @@ from tasks.manifest import (
 )
 from tasks.plan import find_published, plan_input
 from tasks.publish import ensure_conditional_writes
+from tasks.published import retries_dead_letters
 from tasks.report import ProgressArtifact, publish_summary
 from tasks.reuse import ReusePlanner, refresh_index
 
@@ -83,6 +86,7 @@ def embed_csv(
     grace: float = 30.0,
     ledger: str = ".embedline/ledger.sqlite3",
     allow_failed_rows: bool = False,
+    retry_dead_letters: bool = False,
     allow_unconditional_store: bool = False,
     price_per_million_tokens: float | None = None,
     reuse: bool = True,
@@ -238,6 +242,8 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         return _finish(ledger, _with(base, started, exit_code=3, status="fatal",
                                      message=str(exc)))  # fmt: skip
     todo = [c for c in plan.chunks if c.index not in skipped]
+    retry = _supersede(ledger, run_key, plan, skipped, store, settings)
+    todo = sorted(todo + retry, key=lambda c: c.index)
     logger.info("%d of %d chunks already published; %d to embed",
                 len(skipped), len(plan.chunks), len(todo))  # fmt: skip
     planner = _reuse_planner(settings, plan, store, ledger, todo)
@@ -283,6 +289,24 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         # ── load into the sink ───────────────────────────────────────────────────────────
         return _load_into_sink(settings, read_manifest(store, run_key), summary, ledger)
     return _finish(ledger, summary)
+
+
+def _supersede(ledger: Ledger, run_key: str, plan: InputPlan, skipped: dict[int, ChunkOutcome],
+               store: Any, settings: RunSettings) -> list[Any]:  # fmt: skip
+    """Published chunks whose dead letters this run retries (``retries_dead_letters``): taken
+    out of ``skipped``, reopened in the ledger, and returned as specs of their next
+    generation (DESIGN §8), whose rows are reused from the published object but for the
+    dead letters. Empty texts are never retried."""
+    specs = []
+    for index, outcome in sorted(skipped.items()):
+        if retries_dead_letters(store, outcome, settings):
+            generation = chunk_generation(outcome.object_key) + 1
+            specs.append(replace(plan.chunks[index], generation=generation))
+            ledger.reopen(run_key, index)
+            del skipped[index]
+    if specs:
+        get_run_logger().info("retrying the dead letters of %d published chunks", len(specs))
+    return specs
 
 
 def _lost_objects(ledger: Ledger, store: Any, base: RunSummary, started: float,

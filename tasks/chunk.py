@@ -88,6 +88,7 @@ def embed_chunk(
         embedded,
         model=settings.effective_model,
         dimensions=dimensions,
+        request_settings=settings.request_fingerprint,
     )
     outcome = replace(outcome, inputs=sent, reused=found.reused,
                       deduplicated=found.deduplicated, tokens_saved=found.tokens_saved)

@@ -24,7 +24,7 @@ from tasks.manifest import (
     write_manifest,
 )
 from tasks.publish import ensure_conditional_writes, read_chunk_metadata
-from tasks.published import find_published
+from tasks.published import find_published, retries_dead_letters
 
 __all__ = ["Committed", "commit_if_published", "commit_run", "missing_objects"]
 
@@ -119,6 +119,8 @@ def commit_if_published(
     rows_failed = sum(len(o.dead_letters) for o in done.values())
     if len(done) < len(plan.chunks) or (rows_failed and not settings.allow_failed_rows):
         return None
+    if any(retries_dead_letters(store, o, settings) for o in done.values()):
+        return None  # the flow sends them again (DESIGN §8)
     warning = ensure_conditional_writes(store, allow_unconditional=settings.allow_unconditional_store)
     if warning or missing_objects(store, done):
         return None  # the flow says it loudly, or re-embeds what went

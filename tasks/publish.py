@@ -49,10 +49,12 @@ class ChunkMetadata:
     rows: int
     first_row: int  # 1-based record number of the chunk's first row in the writing run
     dead_letters: tuple[DeadLetter, ...]
+    request_settings: str = ""  # RunSettings.request_fingerprint, kept when dead letters exist
 
 
 def chunk_parquet(
-    spec: ChunkSpec, embedded: EmbeddedRows, *, model: str, dimensions: int
+    spec: ChunkSpec, embedded: EmbeddedRows, *, model: str, dimensions: int,
+    request_settings: str = "",
 ) -> bytes:
     """Return the chunk's Parquet bytes (deterministic for the same vectors).
 
@@ -82,6 +84,8 @@ def chunk_parquet(
         "first_row": spec.first_row,
         "dead_letters": [d.to_dict() for d in embedded.dead_letters],
     }
+    if embedded.dead_letters and request_settings:  # what a rerun compares (DESIGN §8)
+        meta["request_settings"] = request_settings
     table = table.replace_schema_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
     sink = io.BytesIO()
     # No dictionary encoding: every id and hash is unique, and dictionary-encoding 384k floats
@@ -118,6 +122,7 @@ def read_chunk_metadata(body: bytes | pa.Schema) -> ChunkMetadata:
         rows=int(meta["rows"]),
         first_row=int(meta["first_row"]),
         dead_letters=tuple(DeadLetter(**d) for d in meta["dead_letters"]),
+        request_settings=str(meta.get("request_settings", "")),
     )
 
 
@@ -128,6 +133,7 @@ def publish_chunk(
     *,
     model: str,
     dimensions: int,
+    request_settings: str = "",
 ) -> ChunkOutcome:
     """Create the chunk's object with a conditional create; never overwrite.
 
@@ -138,7 +144,8 @@ def publish_chunk(
     :raises ConflictError: the key holds an object that is not this chunk.
     :raises BadResponseError: NaN/Inf in the vectors.
     """
-    body = chunk_parquet(spec, embedded, model=model, dimensions=dimensions)
+    body = chunk_parquet(spec, embedded, model=model, dimensions=dimensions,
+                         request_settings=request_settings)
     digest = hashlib.sha256(body).hexdigest()
     outcome = ChunkOutcome(
         index=spec.index,

@@ -6,13 +6,21 @@ No Prefect here, so ``embedline run`` can ask before starting it.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from adapters.ledger import Ledger
-from embedline.models import ChunkOutcome, ChunkSpec, InputPlan
+from embedline.models import (
+    RETRYABLE_DEAD_LETTERS,
+    ChunkOutcome,
+    ChunkSpec,
+    InputPlan,
+    chunk_generation,
+)
 from embedline.protocols import ObjectStore
-from tasks.publish import adopt_existing
+from embedline.settings import RunSettings
+from tasks.publish import adopt_existing, read_chunk_metadata
 
-__all__ = ["find_published"]
+__all__ = ["find_published", "retries_dead_letters"]
 
 _HEAD_THREADS = 16
 
@@ -24,7 +32,8 @@ def find_published(
 
     The ledger answers first; a chunk it does not know is looked up in the store (HEAD), so
     a rerun with a fresh ledger still skips published chunks (DESIGN §4). Objects found only
-    in the store are recorded in the ledger.
+    in the store are recorded in the ledger. A chunk with retryable dead letters is
+    described by its newest generation (DESIGN §8).
 
     :raises ConflictError: an object at a chunk's key is not that chunk.
     """
@@ -45,12 +54,41 @@ def find_published(
     for spec, present in zip(unknown, exists, strict=True):
         if present:
             found[spec.index] = adopt_existing(store, spec, model=model)
+    for index, outcome in list(found.items()):
+        if any(d.reason in RETRYABLE_DEAD_LETTERS for d in outcome.dead_letters):
+            found[index] = _newest_generation(store, plan.chunks[index], outcome, model)
     for spec in plan.chunks:
         outcome = found.get(spec.index)
         if outcome is not None:
             ledger.mark_published(
-                run_key, spec, object_uri=store.uri_for(spec.object_key),
+                run_key, spec, object_uri=store.uri_for(outcome.object_key),
                 sha256=outcome.object_sha256, rows=outcome.rows,
                 dead_letters=outcome.dead_letters,
             )  # fmt: skip
     return found
+
+
+def _newest_generation(
+    store: ObjectStore, spec: ChunkSpec, outcome: ChunkOutcome, model: str
+) -> ChunkOutcome:
+    """The outcome of the newest generation of ``spec`` in the store (DESIGN §8): a chunk
+    whose dead letters were retried has ``….g1.parquet``, ``….g2.parquet``, …; one ``HEAD``
+    per generation, only for chunks with retryable dead letters."""
+    generation = chunk_generation(outcome.object_key)
+    while store.head_sha256(replace(spec, generation=generation + 1).object_key) is not None:
+        generation += 1
+    if generation == chunk_generation(outcome.object_key):
+        return outcome
+    return adopt_existing(store, replace(spec, generation=generation), model=model)
+
+
+def retries_dead_letters(store: ObjectStore, outcome: ChunkOutcome, settings: RunSettings) -> bool:
+    """Should this run send a published chunk's dead letters again (DESIGN §8)? Only those
+    of kind rejected/too_long/server_error, and only with ``--retry-dead-letters`` or when
+    the object's dead letters were made under other request settings (one GET)."""
+    if not any(d.reason in RETRYABLE_DEAD_LETTERS for d in outcome.dead_letters):
+        return False
+    if settings.retry_dead_letters:
+        return True
+    recorded = read_chunk_metadata(store.get(outcome.object_key)).request_settings
+    return bool(recorded) and recorded != settings.request_fingerprint

@@ -269,3 +269,70 @@ def test_a_chunk_of_only_empty_texts_is_a_0_row_chunk_with_its_dead_letters(
     assert sorted(frame["id"]) == ["a", "b"]
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "2", "--allow-failed-rows")
     assert code == 0, out + err  # the rerun finds the committed run
+
+
+# -- item 2: rejected dead letters are not final forever --------------------------------------
+
+
+def test_retry_failed_dead_letters_resends_only_them_and_supersedes_the_chunk(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    texts = dict(TEXTS, **{"004": "a FLAKY row", "015": "another FLAKY row", "009": " "})
+    _input(tmp_path, texts)
+    fake_openai.reject_texts_containing = "FLAKY"
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10")
+    assert code == 1, out + err
+    run_key = out.split()[1]
+    first = {p.name: p.read_bytes() for p in _chunk_objects(tmp_path)}
+    assert len(first) == 2
+    # the same command again: dead letters are final without asking
+    before = fake_openai.requests
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10")
+    assert code == 1 and fake_openai.requests == before
+    # the server accepts them now: retry-failed --dead-letters sends those two rows only
+    fake_openai.reject_texts_containing = None
+    fake_openai.reset()
+    ledger = str(tmp_path / "ledger.sqlite3")
+    retry = run_cli("retry-failed", run_key[:12], "--dead-letters", "--ledger", ledger,
+                    cwd=tmp_path)  # fmt: skip
+    assert retry.returncode == 1, retry.stdout + retry.stderr  # " " stays a dead letter
+    assert sum(e["n_inputs"] for e in fake_openai.log) == 2
+    dead = run_cli("dead-letters", run_key[:12], "--ledger", ledger, cwd=tmp_path)
+    assert [line.split("\t")[:2] for line in dead.stdout.splitlines()] == [["009", "empty_text"]]
+    for name, body in first.items():  # nothing overwritten: generation 0 is as it was
+        assert (tmp_path / "out" / "chunks" / name).read_bytes() == body
+    assert sorted(p.name.split(".", 1)[1] for p in _chunk_objects(tmp_path)) == [
+        "g1.parquet", "g1.parquet", "parquet", "parquet"]
+    # a fresh ledger finds the newest generation in the store and commits it, sending nothing
+    fake_openai.reset()
+    (tmp_path / "ledger.sqlite3").unlink()
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--allow-failed-rows",
+                          "--retry-dead-letters")  # fmt: skip
+    assert code == 0, out + err
+    assert fake_openai.requests == 0
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert all(".g1." in c["object"] for c in manifest["chunks"])
+    assert manifest["rows_failed"] == 1 and set(vectors) == set(texts) - {"009"}
+    for row_id, vector in vectors.items():
+        np.testing.assert_allclose(vector, expected_vector(texts[row_id]), atol=1e-6)
+
+
+def test_a_rerun_with_another_setting_retries_the_dead_letters_it_may_fix(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    long_text = "word " * 40  # 200 characters: over --max-input-tokens 20
+    texts = dict(TEXTS, **{"003": long_text})
+    _input(tmp_path, texts)
+    args = ("--chunk-size", "10", "--max-input-tokens", "20")
+    code, out, err = _run(tmp_path, fake_openai, *args)
+    assert code == 1, out + err  # 003 is a too_long dead letter, never sent
+    fake_openai.reset()
+    code, out, err = _run(tmp_path, fake_openai, *args)
+    assert code == 1 and fake_openai.requests == 0  # same settings: final
+    code, out, err = _run(tmp_path, fake_openai, *args, "--on-too-long", "truncate")
+    assert code == 0, out + err
+    assert [e["n_inputs"] for e in fake_openai.log] == [1]  # only the dead letter is sent
+    manifest, vectors = read_local_output(tmp_path / "out")
+    assert manifest["rows_failed"] == 0 and set(vectors) == set(texts)
+    cut = long_text.encode()[:60].decode()  # truncated to 3 bytes per token
+    np.testing.assert_allclose(vectors["003"], expected_vector(cut), atol=1e-6)
