@@ -16,7 +16,6 @@ from adapters.csv_source import check_header, plan_csv, read_chunk
 from embedline.errors import InputError
 from embedline.models import InputPlan
 
-REPO = Path(__file__).resolve().parents[2]
 ROWS = [("007", "first, with a comma"), ("008", "second\nover two lines"),
         ("009", "café ünïcode 日本語"), ("010", 'a "quoted" word')]  # fmt: skip
 
@@ -88,17 +87,8 @@ def test_cr_only_line_ends(tmp_path: Path) -> None:
 
 
 def test_legacy_encoding_is_detected_and_decoded_strictly(tmp_path: Path) -> None:
-    with open(REPO.parent / "shared" / "data" / "debian-descriptions-ja.csv",
-              encoding="utf-8", newline="") as fh:  # fmt: skip
-        rows = []
-        for row in csv.DictReader(fh):
-            try:
-                row["text"].encode("cp932")
-            except UnicodeEncodeError:
-                continue
-            rows.append((row["id"], row["text"]))
-            if len(rows) == 20:
-                break
+    rows = [(f"{i:03d}", f"日本語のパッケージ説明です。番号{i}は、とても便利なツールを提供します。"
+                         f"設定ファイルの書式は「{i}」章を参照してください。") for i in range(20)]
     path = tmp_path / "sjis.csv"
     path.write_bytes(_text(rows).encode("cp932"))
     plan = _plan(path)
