@@ -66,7 +66,7 @@ def test_dead_letters_fail_the_flow_run_and_are_listed_without_text(
     (tmp_path / "in.csv").write_text(f"id,text\n1,{SECRET_TEXT}\n2,\n3,c\n", encoding="utf-8")
     state = _run_flow(tmp_path, fake_openai, prefect_api_url)
     assert state.is_failed()
-    assert "dead letters" in (state.message or "")
+    assert "dead letter" in (state.message or "")
     artifacts, _ = _artifacts_and_tasks(prefect_api_url, state.state_details.flow_run_id)
     table = str(artifacts["embedline-dead-letters"].data)
     assert "empty_text" in table and SECRET_TEXT not in table
