@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -341,8 +342,17 @@ def test_second_run_publishes_a_change_set_against_the_first(
     edited[7] = (edited[7][0], "a new text")
     edited.append(("new", "appended row"))
     _csv(tmp_path / "in.csv", edited)
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5")
+    fake_openai.reset()
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5",
+                          "--price-per-million-tokens", "0.02")  # fmt: skip
     assert code == 0, err
+    # every chunk key changed (a row went): the 10 known texts are copied, 2 texts sent
+    assert fake_openai.counters()["inputs"] == 2
+    assert "2 inputs sent" in out
+    assert "reuse      10 rows reused from earlier runs, 0 deduplicated in this run" in out
+    tokens = int(re.search(r"inputs sent, ([\d,]+) tokens reported", out)[1].replace(",", ""))
+    assert tokens > 0
+    assert f"cost       ${tokens * 0.02 / 1e6:,.4f} estimated, ~$" in out
     manifests = [json.loads(p.read_text()) for p in (tmp_path / "out/manifests").glob("*.json")]
     second = next(m for m in manifests if m["run_key"] != first["run_key"])
     changes = second["changes"]
