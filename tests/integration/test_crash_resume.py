@@ -133,8 +133,10 @@ def test_kill_while_slow_chunk_in_flight_rerun_embeds_only_unfinished_chunks(
 
 
 def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: int) -> None:
-    rows = _write_csv(tmp_path / "in.csv", 24 * kills)  # enough work that most kills land
-    server.fail_when(TextRecorder(default_delay_s=0.1))
+    # enough work that every kill lands: start-up is now ~1.5 s, so a run does real work
+    # in most of the 1-5 s before its kill (24 rows a kill at 0.1 s finished after 6 kills)
+    rows = _write_csv(tmp_path / "in.csv", 48 * kills)
+    server.fail_when(TextRecorder(default_delay_s=0.2))
     rng = random.Random(seed)
     args = _args(tmp_path, server, "--chunk-size", "3", "--batch-size", "2", "--concurrency", "2")
     seen: dict[str, str] = {}
