@@ -134,7 +134,9 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
 def print_summary(summary: dict[str, Any]) -> None:
     """Print the run summary (counts, wall time, manifest) to stdout; never any text."""
     lines = [
-        f"run        {summary.get('run_key') or '-'}",
+        f"run        {summary.get('run_key') or '-'}" + (
+            f" (generation {summary['generation']}: retries the dead letters of run "
+            f"{str(summary['supersedes'])[:12]})" if summary.get("supersedes") else ""),
         f"status     {summary['status']}" + (f": {summary['message']}" if summary["message"] else ""),
     ]
     if summary.get("run_key"):

@@ -293,7 +293,7 @@ def _check_api_key(settings: Any) -> tuple[str, int] | None:
 
 
 def _commit_if_published(
-    settings: Any, store: Any, plan: Any, run_key: str, started: float
+    settings: Any, store: Any, plan: Any, target: Any, started: float
 ) -> dict[str, Any] | tuple[str, int] | None:
     """A re-export whose chunks are all published (new bytes, same rows) needs no embedding:
     commit its change set and manifest here, without Prefect (about a second)."""
@@ -309,7 +309,9 @@ def _commit_if_published(
         return None  # the flow reports it with its full context
     try:
         summary = commit_if_published(store, ledger, settings=settings, plan=plan,
-                                      run_key=run_key, wall_s=time.monotonic() - started)
+                                      run_key=target.run_key, wall_s=time.monotonic() - started,
+                                      generation=target.generation,
+                                      supersedes=target.supersedes)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     finally:
@@ -329,10 +331,10 @@ def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None
 
     from adapters.csv_source import plan_csv
     from adapters.object_store import open_store
-    from embedline import keys
     from embedline.errors import EmbedlineError
     from embedline.models import manifest_object_key
-    from tasks.manifest import read_manifest, summary_from_manifest
+    from tasks.generations import resolve_run_target
+    from tasks.manifest import summary_from_manifest
 
     started = time.monotonic()
     try:
@@ -342,17 +344,14 @@ def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None
                         delimiter=settings.delimiter,
                         chunk_size=settings.chunk_size, model=settings.effective_model,
                         dimensions=settings.dimensions)  # fmt: skip
-        run_key = keys.run_key(plan.sha256, settings.id_column, settings.text_column,
-                               settings.effective_model, settings.dimensions,
-                               settings.chunk_size)  # fmt: skip
-        manifest = read_manifest(store, run_key)
+        target = resolve_run_target(store, plan, settings)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     except OSError:
         return None  # let the flow report it with its full context
-    if manifest is None:
-        return _commit_if_published(settings, store, plan, run_key, started)
+    if target.committed is None:
+        return _commit_if_published(settings, store, plan, target, started)
     return summary_from_manifest(
-        manifest, uri=store.uri_for(manifest_object_key(run_key)), output=store.uri,
-        chunks_total=len(plan.chunks), wall_s=time.monotonic() - started,
+        target.committed, uri=store.uri_for(manifest_object_key(target.run_key)),
+        output=store.uri, chunks_total=len(plan.chunks), wall_s=time.monotonic() - started,
     ).to_dict()  # fmt: skip

@@ -10,7 +10,8 @@ All keys follow ``docs/design.md`` §2 (a contract: outside checks recompute the
 - ``ChunkKeyBuilder`` / ``chunk_key``: ``sha256("\\n".join(["chunk.v1", model, dims] +
   ["{id}\\x1f{text_sha256}", ...]))``, built incrementally so planning never holds a chunk.
 - ``run_key``: ``sha256("\\n".join(["run.v1", input_sha256, id_column, text_column, model,
-  dims, str(chunk_size)]))``.
+  dims, str(chunk_size)]))``; generation N >= 1 of a run (a committed run whose dead letters
+  were sent again, DESIGN §8) appends ``"g{N}"`` as a last line.
 
 An unset ``dimensions`` (``None``) is the empty string everywhere.
 """
@@ -100,7 +101,17 @@ def run_key(
     model: str,
     dimensions: int | None,
     chunk_size: int,
+    generation: int = 0,
 ) -> str:
-    """Return the run key (64 hex chars) naming the manifest ``manifests/{run_key}.json``."""
-    parts = ["run.v1", input_sha256, id_column, text_column, model, dims_text(dimensions)]
-    return _sha256("\n".join([*parts, str(chunk_size)]))
+    """Return the run key (64 hex chars) naming the manifest ``manifests/{run_key}.json``.
+
+    ``generation`` N >= 1 names the run that supersedes generation N-1 of the same input and
+    settings by retrying its dead letters (DESIGN §8); 0 is the run itself.
+
+    :raises ValueError: ``generation`` is negative.
+    """
+    if generation < 0:
+        raise ValueError(f"generation must be >= 0, got {generation}")
+    parts = ["run.v1", input_sha256, id_column, text_column, model, dims_text(dimensions),
+             str(chunk_size)]  # fmt: skip
+    return _sha256("\n".join(parts + ([f"g{generation}"] if generation else [])))

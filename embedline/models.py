@@ -265,6 +265,9 @@ class RunSummary:
     changes_object: str | None = None
     changes_base: str | None = None
     load: dict[str, object] | None = None  # the LoadSummary of ``--sink``, when given
+    # a retry of a committed run's dead letters (DESIGN §8): its generation, the run it supersedes
+    generation: int = 0
+    supersedes: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

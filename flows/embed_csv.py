@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from adapters.embeddings import api_key_from_env, close_embedders
 from adapters.ledger import Ledger, new_owner
-from embedline import keys, shutdown
+from embedline import shutdown
 from embedline.errors import ConflictError, EmbedlineError, InputError
 from embedline.models import (
     ChunkOutcome,
@@ -43,6 +43,7 @@ from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
 from tasks.commit import commit_run, missing_objects
 from tasks.gc import drop_run_lease, write_run_lease
+from tasks.generations import resolve_run_target
 from tasks.manifest import (
     change_fields,
     read_manifest,
@@ -154,24 +155,26 @@ def run_settings(settings: RunSettings) -> RunSummary:
         plan = plan_input(settings)
     except InputError as exc:
         return RunSummary(exc.exit_code, "input_error", str(exc))
-    run_key = keys.run_key(
-        plan.sha256, settings.id_column, settings.text_column, settings.effective_model,
-        settings.dimensions, settings.chunk_size,
-    )  # fmt: skip
-    base = RunSummary(0, "running", "", run_key=run_key, output=store.uri, rows_total=plan.rows,
-                      chunks_total=len(plan.chunks),
-                      price_per_million_tokens=settings.price_per_million_tokens)  # fmt: skip
-    # ── already committed? ───────────────────────────────────────────────────────────────
+    # ── already committed, or a retry of a committed run's dead letters? ─────────────────
     try:
-        existing = read_manifest(store, run_key)
+        target = resolve_run_target(store, plan, settings)
     except EmbedlineError as exc:
-        return _with(base, started, exit_code=exc.exit_code, status="fatal", message=str(exc))
-    if existing is not None:
+        return RunSummary(exc.exit_code, "fatal", str(exc), output=store.uri,
+                          rows_total=plan.rows, chunks_total=len(plan.chunks))  # fmt: skip
+    run_key = target.run_key
+    if target.committed is not None:
         uri = store.uri_for(manifest_object_key(run_key))
         logger.info("run %s is already complete: manifest %s", run_key, uri)
-        return _load_into_sink(settings, existing, summary_from_manifest(
-            existing, uri=uri, output=store.uri, chunks_total=len(plan.chunks),
+        return _load_into_sink(settings, target.committed, summary_from_manifest(
+            target.committed, uri=uri, output=store.uri, chunks_total=len(plan.chunks),
             wall_s=time.monotonic() - started))  # fmt: skip
+    if target.supersedes:
+        logger.info("run %s is committed with dead letters to retry: committing generation "
+                    "%d as run %s", target.supersedes, target.generation, run_key)  # fmt: skip
+    base = RunSummary(0, "running", "", run_key=run_key, output=store.uri, rows_total=plan.rows,
+                      chunks_total=len(plan.chunks), generation=target.generation,
+                      supersedes=target.supersedes,
+                      price_per_million_tokens=settings.price_per_million_tokens)  # fmt: skip
     ledger = Ledger(settings.ledger)
     try:
         summary = _run_recording_crashes(settings, plan, base, ledger, started)
@@ -455,7 +458,8 @@ def _commit(
 ) -> RunSummary:
     logger = get_run_logger()
     done_ = commit_run(store, settings=settings, plan=plan, run_key=str(summary.run_key),
-                       done=done, rows_failed=summary.rows_failed)  # fmt: skip
+                       done=done, rows_failed=summary.rows_failed,
+                       generation=summary.generation, supersedes=summary.supersedes)  # fmt: skip
     changes = done_.changes
     logger.info("manifest %s %s", "committed" if done_.created else "already committed",
                 done_.uri)  # fmt: skip

@@ -7,6 +7,7 @@ rows: nothing to embed, so no reason to start Prefect).
 
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -65,8 +66,11 @@ def commit_run(
     run_key: str,
     done: dict[int, ChunkOutcome],
     rows_failed: int,
+    generation: int = 0,
+    supersedes: str | None = None,
 ) -> Committed:
-    """Write the change set against the latest committed run (DESIGN §4), then the manifest.
+    """Write the change set against the latest committed run (DESIGN §4), then the manifest
+    (of ``generation``, superseding the committed run ``supersedes``: DESIGN §8).
 
     :raises ConflictError: the change-set or manifest key holds something else.
     :raises ValueError: the counts do not add up to the input's rows.
@@ -83,6 +87,9 @@ def commit_run(
         run_key=run_key, plan=plan, embedder=settings.embedder,
         model=settings.effective_model, dimensions=dims, chunks=chunks,
         rows_failed=rows_failed, changes=changes.to_dict(),
+        dead_letters=Counter(d.reason for o in done.values() for d in o.dead_letters),
+        request_settings=settings.request_fingerprint, generation=generation,
+        supersedes=supersedes,
     )  # fmt: skip
     uri, created = write_manifest(store, manifest)
     if not created:
@@ -98,6 +105,8 @@ def commit_if_published(
     plan: InputPlan,
     run_key: str,
     wall_s: float = 0.0,
+    generation: int = 0,
+    supersedes: str | None = None,
 ) -> RunSummary | None:
     """Commit the run without embedding when every chunk is already published (e.g. a
     re-export of the same rows with new bytes); None when the flow has work to do: a chunk
@@ -125,7 +134,8 @@ def commit_if_published(
     if warning or missing_objects(store, done):
         return None  # the flow says it loudly, or re-embeds what went
     committed = commit_run(store, settings=settings, plan=plan, run_key=run_key, done=done,
-                           rows_failed=rows_failed)  # fmt: skip
+                           rows_failed=rows_failed, generation=generation,
+                           supersedes=supersedes)  # fmt: skip
     rows = sum(o.rows for o in done.values())
     ledger.finish_run(run_key, status="complete", rows_published=rows,
                       rows_failed=rows_failed, manifest_uri=committed.uri)  # fmt: skip
@@ -138,5 +148,5 @@ def commit_if_published(
         chunks_total=len(plan.chunks), chunks_skipped=len(done),
         dimensions=committed.dimensions, wall_s=round(wall_s, 3),
         price_per_million_tokens=settings.price_per_million_tokens,
-        **change_fields(committed.manifest),
+        generation=generation, supersedes=supersedes, **change_fields(committed.manifest),
     )  # fmt: skip

@@ -47,10 +47,17 @@ def build_manifest(
     chunks: Sequence[ManifestChunk],
     rows_failed: int,
     changes: dict[str, object] | None = None,
+    dead_letters: dict[str, int] | None = None,
+    request_settings: str | None = None,
+    generation: int = 0,
+    supersedes: str | None = None,
 ) -> dict[str, object]:
     """Return the manifest as a JSON-ready dict (chunks in index order).
 
     ``changes`` is ``ChangeCounts.to_dict()`` (object key, sha256, base run key, counts).
+    ``dead_letters`` counts the run's dead letters by reason; ``request_settings`` is
+    ``RunSettings.request_fingerprint``; ``generation``/``supersedes`` name the committed
+    run whose dead letters this one retried (DESIGN §8; 0/None for a first commit).
 
     :raises ValueError: the counts do not add up to the input's rows.
     """
@@ -78,6 +85,10 @@ def build_manifest(
         "rows_failed": rows_failed,
         "chunks": [c.to_dict() for c in sorted(chunks, key=lambda c: c.index)],
         "changes": changes,
+        "dead_letters": dict(sorted((dead_letters or {}).items())),
+        "request_settings": request_settings,
+        "generation": generation,
+        "supersedes": supersedes,
         "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
     }
 

@@ -6,6 +6,7 @@ Every published vector is checked against the server's deterministic vector for 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -336,3 +337,77 @@ def test_a_rerun_with_another_setting_retries_the_dead_letters_it_may_fix(
     assert manifest["rows_failed"] == 0 and set(vectors) == set(texts)
     cut = long_text.encode()[:60].decode()  # truncated to 3 bytes per token
     np.testing.assert_allclose(vectors["003"], expected_vector(cut), atol=1e-6)
+
+
+def _run_key(tmp_path: Path, generation: int = 0) -> str:
+    """The run key of ``in.csv`` (docs/design.md §2, computed here from the recipe)."""
+    digest = hashlib.sha256((tmp_path / "in.csv").read_bytes()).hexdigest()
+    parts = ["run.v1", digest, "id", "text", "text-embedding-3-small", "", "10"]
+    parts += [f"g{generation}"] if generation else []
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _manifest(tmp_path: Path, run_key: str) -> dict[str, object]:
+    return json.loads((tmp_path / "out" / "manifests" / f"{run_key}.json").read_text())
+
+
+def test_a_committed_run_is_superseded_by_a_generation_that_sends_only_its_dead_letters(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    texts = dict(TEXTS, **{"004": "a FLAKY row", "015": "another FLAKY row", "009": " "})
+    _input(tmp_path, texts)
+    fake_openai.reject_texts_containing = "FLAKY"
+    sink = f"lancedb://{tmp_path}/lance?table=docs"
+    args = ("--chunk-size", "10", "--allow-failed-rows", "--sink", sink)
+    code, out, err = _run(tmp_path, fake_openai, *args)
+    assert code == 0, out + err  # committed with 3 dead letters, 17 rows loaded
+    first, second = _run_key(tmp_path), _run_key(tmp_path, generation=1)
+    committed = (tmp_path / "out" / "manifests" / f"{first}.json").read_bytes()
+    assert _manifest(tmp_path, first)["dead_letters"] == {"empty_text": 1, "rejected": 2}
+    # the server accepts them now; retry-failed --dead-letters sends those two rows only
+    fake_openai.reject_texts_containing = None
+    fake_openai.reset()
+    retry = run_cli("retry-failed", first[:12], "--dead-letters", "--ledger",
+                    str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)  # fmt: skip
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    assert sum(e["n_inputs"] for e in fake_openai.log) == 2
+    assert f"run        {second} (generation 1" in retry.stdout
+    manifest = _manifest(tmp_path, second)
+    assert manifest["generation"] == 1 and manifest["supersedes"] == first
+    assert manifest["rows_failed"] == 1 and manifest["dead_letters"] == {"empty_text": 1}
+    assert manifest["changes"]["base_run_key"] == first and manifest["changes"]["added"] == 2
+    assert (tmp_path / "out" / "manifests" / f"{first}.json").read_bytes() == committed
+    # readers see the newest generation; every vector against the server's own
+    from embedline import read_embeddings
+
+    frame = read_embeddings(str(tmp_path / "out"))
+    assert frame.attrs["run_key"] == second and set(frame["id"]) == set(texts) - {"009"}
+    for row_id, vector in zip(frame["id"], frame["embedding"], strict=True):
+        np.testing.assert_allclose(vector, expected_vector(texts[row_id]), atol=1e-6)
+    import lancedb  # the sink got the generation's change set: the two rows are added
+
+    rows = lancedb.connect(str(tmp_path / "lance")).open_table("docs").to_arrow().to_pylist()
+    assert sorted(r["id"] for r in rows) == sorted(set(texts) - {"009"})
+    for row in rows:
+        np.testing.assert_allclose(row["embedding"], expected_vector(texts[row["id"]]), atol=1e-6)
+    # the original command, and a retry with nothing retryable left: complete, nothing sent
+    fake_openai.reset()
+    for extra in ((), ("--retry-dead-letters",)):
+        code, out, err = _run(tmp_path, fake_openai, *args, *extra)
+        assert code == 0 and out.split()[1] == second, out + err
+    assert fake_openai.requests == 0
+    assert len(list((tmp_path / "out" / "manifests").glob("*.json"))) == 2
+
+
+def test_a_committed_run_is_retried_when_the_request_settings_change(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    _input(tmp_path, dict(TEXTS, **{"003": "word " * 40}))  # over --max-input-tokens 20
+    args = ("--chunk-size", "10", "--max-input-tokens", "20", "--allow-failed-rows")
+    assert _run(tmp_path, fake_openai, *args)[0] == 0
+    fake_openai.reset()
+    code, out, err = _run(tmp_path, fake_openai, *args, "--on-too-long", "truncate")
+    assert code == 0, out + err
+    assert [e["n_inputs"] for e in fake_openai.log] == [1]
+    manifest = _manifest(tmp_path, _run_key(tmp_path, generation=1))
+    assert manifest["rows_failed"] == 0 and manifest["supersedes"] == _run_key(tmp_path)
