@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_local.py
 	$(BIN)/python benchmarks/bench_load.py
+	$(BIN)/python benchmarks/bench_gzip.py
 
 clean:
 	rm -rf $(VENV) $(LITELLM_VENV) embedline-output .embedline
