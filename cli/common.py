@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "HELP_FORMATTER", "LEDGER_HELP", "fail",
-           "find_run", "open_ledger", "positive_float", "positive_int",
+__all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "HELP_FORMATTER", "LEDGER_HELP",
+           "exit_on_api_loss", "fail", "find_run", "open_ledger", "positive_float", "positive_int",
            "with_prefect_api"]  # fmt: skip
 
 EXIT_USAGE = 2
@@ -67,10 +67,16 @@ def find_run(ledger: Any, key: str) -> Any:
     return record
 
 
-def with_prefect_api(body: Callable[[Any], int]) -> int:
+def with_prefect_api(
+    body: Callable[[Any], int], *, on_lost: Callable[[Any], None] | None = None
+) -> int:
     """Pick the Prefect API (a temporary server starts now, in the background), call
     ``body(api)`` and stop that server however ``body`` ends, a hard exit included.
-    Returns ``body``'s exit code, or 2 with one line when no API is usable."""
+    Returns ``body``'s exit code, or 2 with one line when no API is usable.
+
+    If the API goes away while ``body`` runs, ``on_lost(loss)`` is called in a watchdog
+    thread (an ``embedline.shutdown.ApiLoss``); by default it prints one line and exits 1.
+    """
     from cli.prefect_env import PrefectApiError, prefect_api
     from embedline import shutdown
 
@@ -79,8 +85,17 @@ def with_prefect_api(body: Callable[[Any], int]) -> int:
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     shutdown.on_hard_exit(api.kill)
-    api.watch()
+    api.watch(on_lost or exit_on_api_loss)
     try:
         return body(api)
     finally:
         api.close()
+
+
+def exit_on_api_loss(loss: Any) -> None:
+    """Print one line for an ``embedline.shutdown.ApiLoss`` and exit 1 at once."""
+    from embedline import shutdown
+
+    sys.stderr.write(f"embedline: error: {loss.what}; what was published is kept: "
+                     f"{loss.todo}\n")  # fmt: skip
+    shutdown.hard_exit(1)

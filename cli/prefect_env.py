@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import sys
-
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from embedline.shutdown import ApiLoss
 
 if TYPE_CHECKING:
     from cli.local_server import LocalServer
@@ -29,6 +32,13 @@ _PREFECT_DEFAULTS = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
 _CHECK_TIMEOUT_S = 5.0  # seconds to wait for a configured server's /health
+#: A configured server whose port refuses connections this long (two probes or more) is
+#: gone; a restart of ``prefect server start`` takes longer anyway (8-16 s measured).
+API_REFUSED_AFTER_S = 2.0
+#: A server whose connects or answers time out this long counts as gone too (a host that
+#: is down, a hung process): slower, because a loaded server can be slow to answer.
+API_SILENT_AFTER_S = 30.0
+_PROBE_TIMEOUT = (1.0, 2.0)  # seconds: connect, read of one /health probe
 
 
 class PrefectApiError(RuntimeError):
@@ -49,32 +59,37 @@ class PrefectApi:
         self.server = server
         self._closing = False
 
-    def watch(self, poll_s: float = 0.5) -> None:
-        """Exit this process (code 1, one line) if the temporary server dies before
-        ``close``: without it the flow waited minutes on a dead API, then printed a
-        traceback. Published chunks are safe (the store is the truth: the next run adopts
-        objects the ledger missed, reclaims chunks of this dead process at once)."""
+    def watch(self, on_lost: Callable[[ApiLoss], None], poll_s: float = 0.5) -> None:
+        """Call ``on_lost`` (in a watchdog thread) if the API goes away before ``close``:
+        the temporary server's process exits, or a configured server refuses connections
+        for ``API_REFUSED_AFTER_S`` seconds (or answers nothing for ``API_SILENT_AFTER_S``).
+        Without it, every Prefect call of the flow retried for about a minute
+        (``PREFECT_CLIENT_MAX_RETRIES`` = 5: 2+4+8+16+32 s) and the CLI ended minutes later
+        with a traceback."""
         import threading
         import time
 
-        from embedline import shutdown
-
-        server = self.server
-        if server is None:
-            return
+        probe: Callable[[], ApiLoss | None] = (
+            self._server_exited if self.server is not None else _HealthProbe(self.url).lost
+        )
 
         def watchdog() -> None:
-            while server.alive() or self._closing:
-                if self._closing:
+            while not self._closing:
+                loss = probe()
+                if loss is not None:
+                    if not self._closing:
+                        on_lost(loss)
                     return
                 time.sleep(poll_s)
-            sys.stderr.write(
-                f"embedline: error: the temporary Prefect server exited during the run (see "
-                f"{server.log_path}); what was published is kept: rerun the same command to "
-                "resume\n")  # fmt: skip
-            shutdown.hard_exit(1)
 
-        threading.Thread(target=watchdog, name="embedline-server-watchdog", daemon=True).start()
+        threading.Thread(target=watchdog, name="embedline-api-watchdog", daemon=True).start()
+
+    def _server_exited(self) -> ApiLoss | None:
+        server = self.server
+        if server is None or server.alive():
+            return None
+        return ApiLoss(f"the temporary Prefect server exited during the run (see "
+                       f"{server.log_path})", "rerun the same command to resume")  # fmt: skip
 
     def wait_ready(self) -> None:
         """Block until the API answers.
@@ -167,3 +182,33 @@ def _check_reachable(url: str) -> None:
             f"the Prefect API at {url} (PREFECT_API_URL) does not answer ({type(exc).__name__}): "
             "start that server (`prefect server start`), or unset PREFECT_API_URL to use a "
             "temporary one") from None  # fmt: skip
+
+
+class _HealthProbe:
+    """``GET {url}/health`` once per call; ``lost()`` says when the server is gone."""
+
+    def __init__(self, url: str) -> None:
+        self.url = f"{url.rstrip('/')}/health"
+        self._failing_since: float | None = None
+
+    def lost(self) -> ApiLoss | None:
+        """None while the server answers (any HTTP status: someone is there)."""
+        import httpx
+
+        try:
+            httpx.get(self.url, timeout=httpx.Timeout(_PROBE_TIMEOUT[1],
+                                                      connect=_PROBE_TIMEOUT[0]))  # fmt: skip
+        except httpx.TransportError as exc:
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            refused = isinstance(exc, httpx.ConnectError)  # nothing listens (not a timeout)
+            limit = API_REFUSED_AFTER_S if refused else API_SILENT_AFTER_S
+            if now - self._failing_since >= limit:
+                return ApiLoss(
+                    f"the Prefect API at {self.url.removesuffix('/health')} (PREFECT_API_URL) "
+                    f"stopped answering during the run ({type(exc).__name__} for "
+                    f"{now - self._failing_since:.0f} s)",
+                    "restart that server and rerun the same command to resume")  # fmt: skip
+            return None
+        self._failing_since = None
+        return None

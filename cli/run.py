@@ -18,6 +18,7 @@ from cli.common import (
     EXIT_USAGE,
     HELP_FORMATTER,
     LEDGER_HELP,
+    exit_on_api_loss,
     fail,
     find_run,
     open_ledger,
@@ -26,6 +27,7 @@ from cli.common import (
     with_prefect_api,
 )
 from cli.prefect_env import PrefectApi, PrefectApiError
+from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["add_parsers"]
 
@@ -186,8 +188,50 @@ def _run_settings(settings: Any, *, progress_interval_s: float = 10.0) -> int:
     problem = _check_before_prefect(settings)
     if problem is not None:
         return fail(f"embedline: error: {problem[0]}", problem[1])
+    if not os.environ.get(DEBUG_ENV):
+        # Prefect's API log handler writes "--- Error logging to API ---" to stderr for each
+        # failed batch (logging.raiseExceptions); a log line that did not reach the UI is not
+        # the user's failure. With --debug it stays.
+        import logging
+
+        logging.raiseExceptions = False
     # a temporary server starts now, in parallel with planning
-    return with_prefect_api(lambda api: _run_flow(settings, api, progress_interval_s))
+    return with_prefect_api(lambda api: _run_flow(settings, api, progress_interval_s),
+                            on_lost=lambda loss: _stop_after_api_loss(loss, settings.grace_s))
+
+
+#: Seconds, beyond ``--grace``, that the flow gets to record its chunks and summary after
+#: the Prefect API went away (ledger and store writes only: no API call).
+_HAND_OVER_MARGIN_S = 10.0
+#: Prefect's loggers that report each failed call to a lost API (an event dump per line).
+_API_NOISE_LOGGERS = ("prefect.events.clients", "prefect._internal.concurrency")
+
+
+def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
+    """Watchdog thread, the Prefect API gone mid-run: the flow stops dispatching (in-flight
+    chunks get ``grace_s`` seconds), records every outcome in the ledger and hands its
+    summary over; print it and one line, and exit with its code (1: rerun resumes) without
+    waiting for Prefect's client retries. At most ``grace_s + _HAND_OVER_MARGIN_S`` seconds."""
+    import logging
+
+    from cli.console import print_summary
+    from embedline import shutdown
+
+    if not os.environ.get(DEBUG_ENV):
+        for name in _API_NOISE_LOGGERS:
+            logging.getLogger(name).disabled = True  # Prefect's SafeLogger ignores levels
+    shutdown.note_api_lost(loss)
+    summary = shutdown.wait_for_hand_over(grace_s + _HAND_OVER_MARGIN_S)
+    if summary is None:  # not dispatching yet, or stuck: the next run reclaims its chunks
+        exit_on_api_loss(loss)
+        return
+    print_summary(summary)
+    if summary["exit_code"]:
+        sys.stderr.write(f"embedline: error: {summary['message']}\n")
+    else:
+        sys.stderr.write(f"embedline: warning: {loss.what} after the run completed; this "
+                         "run is missing from the Prefect UI\n")  # fmt: skip
+    shutdown.hard_exit(int(summary["exit_code"]))
 
 
 def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int:

@@ -5,6 +5,13 @@ When the grace period runs out, ``stop_tasks`` — chunk tasks (worker threads, 
 cannot interrupt) check ``tasks_must_stop()`` before each request and raise
 ``StopRequestedError``, so their chunk is released for the next run. Second signal:
 ``hard_exit`` — run the registered hooks (e.g. stop Prefect's temporary server) and exit.
+
+The Prefect API going away mid-run (the CLI's watchdog: a configured server that stops
+answering, or the temporary server's process exiting) is a stop of the same kind:
+``note_api_lost`` — the dispatcher submits no new chunks and gives in-flight ones the grace
+period; the flow records the outcome in the ledger and ``hand_over``s its summary to the
+waiting CLI thread (``wait_for_hand_over``), which prints it and exits without waiting for
+Prefect's client, whose retries of each call take about a minute (2+4+8+16+32 s).
 """
 
 from __future__ import annotations
@@ -14,17 +21,25 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "SIGNALS",
+    "ApiLoss",
+    "api_lost",
     "exit_code_for",
+    "expect_hand_over",
+    "hand_over",
     "hard_exit",
+    "note_api_lost",
     "note_signal",
     "on_hard_exit",
     "reset",
     "stop_signal",
     "stop_tasks",
     "tasks_must_stop",
+    "wait_for_hand_over",
 ]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -32,6 +47,20 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _tasks_stop = threading.Event()
 _signal: int | None = None
 _hard_exit_hooks: list[Callable[[], None]] = []
+
+
+@dataclass(frozen=True, slots=True)
+class ApiLoss:
+    """Why the run stops: ``what`` happened, and ``todo`` for the user (one line each part)."""
+
+    what: str
+    todo: str
+
+
+_api_loss: ApiLoss | None = None
+_dispatching = threading.Event()
+_handed_over = threading.Event()
+_summary: dict[str, Any] | None = None
 
 
 def note_signal(signum: int) -> None:
@@ -82,3 +111,40 @@ def reset() -> None:
     global _signal
     _signal = None
     _tasks_stop.clear()
+
+
+def note_api_lost(loss: ApiLoss) -> None:
+    """Record that the Prefect API went away: the run stops dispatching (never cleared)."""
+    global _api_loss
+    _api_loss = loss
+
+
+def api_lost() -> ApiLoss | None:
+    """The loss of the Prefect API that is stopping the run, if any."""
+    return _api_loss
+
+
+def expect_hand_over() -> None:
+    """The flow started dispatching: from now on it ends by ``hand_over`` if the API goes
+    away (before, a CLI that lost the API has nothing to wait for and exits at once)."""
+    _dispatching.set()
+
+
+def hand_over(summary: dict[str, Any]) -> bool:
+    """Give the run's summary to the CLI thread waiting after an API loss; True if one is
+    waiting for it (the flow's return value will then not be read)."""
+    global _summary
+    if _api_loss is None:
+        return False
+    _summary = summary
+    _handed_over.set()
+    return True
+
+
+def wait_for_hand_over(timeout_s: float) -> dict[str, Any] | None:
+    """The summary the flow hands over, waiting at most ``timeout_s`` seconds while it is
+    dispatching; None if it is not, or did not in time."""
+    if not _dispatching.is_set() and not _handed_over.is_set():
+        return None
+    _handed_over.wait(timeout_s)
+    return _summary

@@ -44,6 +44,8 @@ class Dispatcher:
     ``lease_s`` (seconds) is how long a claim holds without renewal; leases of in-flight
     chunks are renewed every ``lease_s / 3``. ``on_outcome`` is called after each record,
     ``on_tick`` at least every 0.5 s while chunks are in flight (progress between outcomes).
+    When the Prefect API goes away (``shutdown.api_lost``), dispatching stops as after a
+    first signal: in-flight chunks get ``grace_s`` seconds, then are released.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class Dispatcher:
         on_outcome: Callable[[DispatchResult], None] | None = None,
         on_tick: Callable[[DispatchResult], None] | None = None,
         on_gave_up: Callable[[int], None] | None = None,
+        grace_s: float = 30.0,
     ) -> None:
         self.ledger = ledger
         self.run_key = run_key
@@ -70,6 +73,7 @@ class Dispatcher:
         self.on_outcome = on_outcome or (lambda result: None)
         self.on_tick = on_tick or (lambda result: None)
         self.on_gave_up = on_gave_up or (lambda index: None)
+        self.grace_s = grace_s
         self.owner = new_owner()
         self.result = DispatchResult()
         self._done: queue.Queue[Any] = queue.Queue()
@@ -95,6 +99,10 @@ class Dispatcher:
         held: list[ChunkSpec] = []
         renewed = time.monotonic()
         while pending or held or self._inflight:
+            if not self._stopping and shutdown.api_lost() is not None:
+                self.logger.info("the Prefect API went away: no new chunks; in-flight chunks "
+                                 "get %.0f s to finish", self.grace_s)  # fmt: skip
+                self.stop(grace_s=self.grace_s)
             if not self._stopping:
                 self._fill(pending, held)
             if self._stopping and not self._inflight:

@@ -115,7 +115,11 @@ def embed_csv(
             return _final(RunSummary(3, "fatal", problem))
         if settings.requires_api_key and api_key_from_env() is None:
             return _final(RunSummary(3, "fatal", NO_API_KEY_MESSAGE))
-    return _final(run_settings(settings))
+    summary = run_settings(settings)
+    # The Prefect API went away: the CLI prints this summary and exits; Prefect's client
+    # would retry the final state for about a minute (2+4+8+16+32 s, PREFECT_CLIENT_MAX_RETRIES).
+    shutdown.hand_over(summary.to_dict())
+    return _final(summary)
 
 
 #: Secret block read when neither EMBEDLINE_API_KEY nor OPENAI_API_KEY is set.
@@ -178,6 +182,8 @@ def run_settings(settings: RunSettings) -> RunSummary:
     ledger = Ledger(settings.ledger)
     try:
         summary = _run_recording_crashes(settings, plan, base, ledger, started)
+        if shutdown.api_lost() is not None:
+            return summary  # no artifact: each call would retry for a minute
         publish_summary(
             summary, dead_letters=ledger.run_dead_letters(run_key),
             chunk_states=ledger.state_counts(run_key),
@@ -251,8 +257,8 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
                 len(skipped), len(plan.chunks), len(todo))  # fmt: skip
     planner = _reuse_planner(settings, plan, store, ledger, todo)
     # ── embed + publish, record as chunks finish ─────────────────────────────────────────
-    report = _progress_reporter(plan, skipped, ProgressArtifact(
-        description=f"{plan.source.name}: rows embedded and published"))
+    artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
+    report = _progress_reporter(plan, skipped, artifact)
     report(DispatchResult())
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
     chunk_task = embed_chunk.with_options(
@@ -275,10 +281,13 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
             on_outcome=report,
             on_tick=report,
             on_gave_up=planner.note_failed,
+            grace_s=settings.grace_s,
         )
         _show_published(runner, plan, skipped, store)
+        shutdown.expect_hand_over()
         with stop_on_signals(dispatcher, grace_s=settings.grace_s, logger=logger):
             result = dispatcher.run(todo)
+    artifact.close()
     # ── manifest ─────────────────────────────────────────────────────────────────────────
     skipped = {**skipped, **result.published_elsewhere}
     summary = _summarize(base, plan, skipped, result, started)
@@ -434,6 +443,11 @@ def _summarize(
                          f"interrupted by {signal.Signals(signum).name}: {len(done)} of "
                          f"{len(plan.chunks)} chunks published; rerun the same command to "
                          "resume"))  # fmt: skip
+    loss = shutdown.api_lost()
+    if loss is not None and not_done:
+        return _with(summary, started, exit_code=1, status="interrupted", message=(
+            f"{loss.what}; {len(done)} of {len(plan.chunks)} chunks are published and kept: "
+            f"{loss.todo}"))  # fmt: skip
     if result.stop is not None:
         code = 3 if result.stop.kind == "fatal" else 2
         return _with(summary, started, exit_code=code, status=result.stop.kind,
@@ -491,7 +505,7 @@ def _progress_reporter(
             dead_letters=sum(len(o.dead_letters) for o in result.published.values()),
             chunks_failed=len(result.failed),
         ))  # fmt: skip
-        artifact.update(rows_done, plan.rows, force=chunks_done == len(plan.chunks))
+        artifact.update(rows_done, plan.rows)
 
     return report
 

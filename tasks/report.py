@@ -7,11 +7,15 @@ so the Artifacts page keeps one history per key (Prefect docs: artifacts, "key")
 
 from __future__ import annotations
 
+import contextvars
+import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+import httpx
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -19,30 +23,69 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from embedline import shutdown
 from embedline.models import DeadLetter, RunSummary
 
 __all__ = ["ProgressArtifact", "publish_summary", "summary_markdown"]
 
 _MAX_DEAD_LETTERS_SHOWN = 1000
+logger = logging.getLogger("embedline.report")
 
 
 class ProgressArtifact:
-    """A progress artifact (0–100 %) updated at most every ``min_interval_s`` seconds."""
+    """A progress artifact (0–100 %), posted by a thread of its own at most every
+    ``min_interval_s`` seconds.
+
+    The caller (the dispatcher, which records chunks in the ledger) never waits for the API:
+    a call to a server that went away is retried by Prefect's client for about a minute
+    (``PREFECT_CLIENT_MAX_RETRIES`` = 5, sleeping 2, 4, 8, 16, 32 s). Posting stops for good
+    once the API is lost (``shutdown.api_lost``) or a call fails.
+    """
 
     def __init__(self, *, description: str, min_interval_s: float = 1.0) -> None:
         self._id: UUID = create_progress_artifact(
             progress=0.0, key="embedline-progress", description=description
         )
         self._min_interval_s = min_interval_s
-        self._last = 0.0
+        self._latest: float | None = None
+        self._closed = False
+        self._wake = threading.Event()
+        context = contextvars.copy_context()  # Prefect's settings and client context
+        self._thread = threading.Thread(target=context.run, args=(self._post_loop,),
+                                        name="embedline-progress-artifact", daemon=True)
+        self._thread.start()
 
-    def update(self, done: int, total: int, *, force: bool = False) -> None:
-        """Set progress to ``done / total`` (rows or chunks)."""
-        now = time.monotonic()
-        if not force and now - self._last < self._min_interval_s:
-            return
-        self._last = now
-        update_progress_artifact(self._id, 100.0 * done / total if total else 100.0)
+    def update(self, done: int, total: int) -> None:
+        """Set progress to ``done / total`` (rows or chunks); returns at once."""
+        self._latest = 100.0 * done / total if total else 100.0
+        self._wake.set()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Post the last value (waiting at most ``timeout_s`` seconds) and stop; with the
+        API lost, stop at once (a call in progress is left to its retries)."""
+        self._closed = True
+        self._wake.set()
+        if shutdown.api_lost() is None:
+            self._thread.join(timeout_s)
+
+    def _post_loop(self) -> None:
+        posted = None
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if shutdown.api_lost() is not None:
+                return
+            value = self._latest
+            if value is not None and value != posted:
+                try:
+                    update_progress_artifact(self._id, value)
+                except httpx.HTTPError as exc:
+                    logger.debug("progress artifact not updated: %s", exc)
+                    return
+                posted = value
+            if self._closed:
+                return
+            time.sleep(self._min_interval_s)
 
 
 def summary_markdown(

@@ -279,9 +279,19 @@ def test_temporary_server_dying_mid_run_stops_at_once_and_a_rerun_finishes(
     out, err = proc.communicate(timeout=30)  # bounded: not minutes of client retries
     assert proc.returncode == 1, err[-3000:]
     assert "Traceback" not in err
-    assert "the temporary Prefect server exited during the run" in err
-    fake_openai.fail_when(None)
+    [line] = [line for line in err.splitlines() if line.startswith("embedline: error")]
+    assert "the temporary Prefect server exited during the run" in line
+    assert "rerun the same command to resume" in line
+    # the summary, and a ledger that matches the store (in-flight chunks finished or released)
+    published = len(list((tmp_path / "out").glob("chunks/*.parquet")))
+    assert "status     interrupted" in out, out
+    assert f"rows       {published * 4} published of 80" in out, out
+    status = _cli(tmp_path, "status")
+    assert "\tinterrupted\t" in status.stdout and " running=0 " in status.stdout, status.stdout
+    assert f"published={published} " in status.stdout, status.stdout
+    fake_openai.reset()
     rerun = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
                  fake_openai.base_url, "--output", "out", "--chunk-size", "4")  # fmt: skip
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "rows       80 published of 80" in rerun.stdout
+    assert fake_openai.counters()["inputs"] == 80 - published * 4  # nothing paid twice

@@ -1,0 +1,114 @@
+"""The Prefect API goes away in the middle of ``embedline run`` (issue 10, item 2).
+
+The fault is real: a ``prefect server start`` process (its own ``PREFECT_HOME``) is SIGKILLed
+while chunks are in flight against a slow fake embeddings server. The CLI must stop within
+seconds (not Prefect's client retries: about a minute per call), print its summary and one
+error line, leave a ledger that matches the store, and a rerun against a restarted server
+must send only the rows the store does not hold yet.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import REPO
+from tests.support.prefect_server import start_prefect_server
+from tests.support.processes import wait_until_gone
+
+pytestmark = pytest.mark.integration
+
+ROWS, CHUNK = 800, 4  # 200 chunks; at 0.3 s a request and 2 in flight: about 30 s of work
+
+
+def _env(cli_home: Path, api_url: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(cli_home),
+            "PREFECT_API_URL": api_url}  # fmt: skip
+
+
+def _run_args(fake: FakeEmbeddingServer) -> list[str]:
+    return [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
+            fake.base_url, "--output", "out", "--chunk-size", str(CHUNK), "--concurrency", "2"]
+
+
+def _objects(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "out").glob("chunks/*.parquet"))
+
+
+def _kill(server: subprocess.Popen[bytes]) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its uvicorn child
+    server.wait()
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("embedline: error")]
+
+
+def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only_the_rest(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    texts = {f"r{i}": f"text {i}" for i in range(ROWS)}
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{k},{v}\n" for k, v in texts.items()))
+    server_home, cli_home = tmp_path / "server-home", tmp_path / "cli-home"
+    server_home.mkdir()
+    server, url = start_prefect_server(server_home)
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.3})
+    try:
+        proc = subprocess.Popen(_run_args(fake_openai), cwd=tmp_path, env=_env(cli_home, url),
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        deadline = time.monotonic() + 180
+        while len(_objects(tmp_path)) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "no chunk was published"
+            time.sleep(0.05)
+        _kill(server)
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        stopped_s = time.monotonic() - killed
+    finally:
+        _kill(server)
+    # bounded: 2 s of refused probes + the in-flight requests (0.3 s), not minutes of retries
+    assert stopped_s < 15, (stopped_s, err[-3000:])
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and "Error logging to API" not in err
+    assert "EventsWorker" not in err, err[-3000:]
+    [line] = _error_lines(err)
+    assert f"the Prefect API at {url} (PREFECT_API_URL) stopped answering" in line
+    assert "restart that server and rerun the same command" in line
+    published = len(_objects(tmp_path))
+    assert 2 <= published < ROWS // CHUNK
+    assert "status     interrupted" in out, out
+    assert f"rows       {published * CHUNK} published of {ROWS}" in out, out
+    # the ledger matches the store: every object recorded, nothing left running
+    status = subprocess.run([sys.executable, "-m", "cli", "status"], cwd=tmp_path,
+                            env=_env(cli_home, url), capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert "\tinterrupted\t" in status.stdout, status.stdout
+    assert f"rows={published * CHUNK}/{ROWS}" in status.stdout, status.stdout
+    assert f"published={published} " in status.stdout and " running=0 " in status.stdout
+    assert wait_until_gone("PREFECT_HOME", str(cli_home), 10) == []
+
+    # the server is back: the rerun sends only the rows the store does not hold
+    fake_openai.reset()
+    server, url = start_prefect_server(server_home)
+    try:
+        rerun = subprocess.run(_run_args(fake_openai), cwd=tmp_path, env=_env(cli_home, url),
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    finally:
+        _kill(server)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert fake_openai.counters()["inputs"] == ROWS - published * CHUNK
+    import embedline
+
+    frame = embedline.read_embeddings(str(tmp_path / "out"))
+    assert sorted(frame.id) == sorted(texts)
+    for row in frame.itertuples():
+        np.testing.assert_allclose(row.embedding, expected_vector(texts[row.id]), atol=1e-6)
