@@ -19,7 +19,9 @@ from rich.progress import (
 
 from embedline import progress
 
-__all__ = ["ProgressBar", "cost_lines", "print_summary"]
+__all__ = ["ProgressBar", "cost_lines", "print_summary", "stop_progress"]
+
+_active: list[ProgressBar] = []  # the bar of the run in progress, for stop_progress
 
 
 class ProgressBar:
@@ -59,6 +61,7 @@ class ProgressBar:
             progress.listen(self._update_bar)
         elif self.interval_s > 0:
             progress.listen(self._print_line)
+        _active.append(self)
         return self
 
     def _logs_above(self, console: Console) -> None:
@@ -104,11 +107,21 @@ class ProgressBar:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self not in _active:
+            return  # stopped already (stop_progress)
+        _active.remove(self)
         progress.listen(None)
         for handler, console in self._swapped:
             handler.console = console
         if self._bar is not None:
             self._bar.stop()
+
+
+def stop_progress() -> None:
+    """Stop the bar of the run in progress (restoring the terminal's cursor and Prefect's
+    log consoles) before a summary printed from another thread, or a hard exit."""
+    for bar in list(_active):
+        bar.__exit__(None, None, None)
 
 
 def progress_line(event: progress.Progress, rate: float) -> str:

@@ -18,7 +18,7 @@ from embedline.shutdown import ApiLoss
 if TYPE_CHECKING:
     from cli.local_server import LocalServer
 
-__all__ = ["PrefectApiError", "configure_prefect_environment", "prefect_api"]
+__all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment", "prefect_api"]
 
 _PREFECT_DEFAULTS = {
     # A temporary Prefect server can take longer than Prefect's 20 s default to start on a
@@ -70,7 +70,7 @@ class PrefectApi:
         import time
 
         probe: Callable[[], ApiLoss | None] = (
-            self._server_exited if self.server is not None else _HealthProbe(self.url).lost
+            self._server_exited if self.server is not None else HealthProbe(self.url).lost
         )
 
         def watchdog() -> None:
@@ -184,8 +184,11 @@ def _check_reachable(url: str) -> None:
             "temporary one") from None  # fmt: skip
 
 
-class _HealthProbe:
-    """``GET {url}/health`` once per call; ``lost()`` says when the server is gone."""
+class HealthProbe:
+    """``GET {url}/health`` once per ``lost()`` call (connect 1 s, read 2 s); ``lost()``
+    returns an ``ApiLoss`` once the probes have failed for ``API_REFUSED_AFTER_S`` seconds
+    (connection refused: nothing listens) or ``API_SILENT_AFTER_S`` (timeouts), else None.
+    Any HTTP answer, 5xx included, means the server is there (its own clients retry those)."""
 
     def __init__(self, url: str) -> None:
         self.url = f"{url.rstrip('/')}/health"
@@ -195,12 +198,13 @@ class _HealthProbe:
         """None while the server answers (any HTTP status: someone is there)."""
         import httpx
 
+        sent = time.monotonic()  # a timeout means silence since the probe was sent
         try:
             httpx.get(self.url, timeout=httpx.Timeout(_PROBE_TIMEOUT[1],
                                                       connect=_PROBE_TIMEOUT[0]))  # fmt: skip
         except httpx.TransportError as exc:
             now = time.monotonic()
-            self._failing_since = self._failing_since or now
+            self._failing_since = self._failing_since or sent
             refused = isinstance(exc, httpx.ConnectError)  # nothing listens (not a timeout)
             limit = API_REFUSED_AFTER_S if refused else API_SILENT_AFTER_S
             if now - self._failing_since >= limit:

@@ -214,7 +214,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     waiting for Prefect's client retries. At most ``grace_s + _HAND_OVER_MARGIN_S`` seconds."""
     import logging
 
-    from cli.console import print_summary
+    from cli.console import print_summary, stop_progress
     from embedline import shutdown
 
     if not os.environ.get(DEBUG_ENV):
@@ -225,13 +225,17 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     if summary is None:  # not dispatching yet, or stuck: the next run reclaims its chunks
         exit_on_api_loss(loss)
         return
-    print_summary(summary)
-    if summary["exit_code"]:
-        sys.stderr.write(f"embedline: error: {summary['message']}\n")
-    else:
-        sys.stderr.write(f"embedline: warning: {loss.what} after the run completed; this "
-                         "run is missing from the Prefect UI\n")  # fmt: skip
-    shutdown.hard_exit(int(summary["exit_code"]))
+    code = int(summary["exit_code"])
+    try:  # whatever printing does, this thread ends the process
+        stop_progress()
+        print_summary(summary)
+        if code:
+            sys.stderr.write(f"embedline: error: {summary['message']}\n")
+        else:
+            sys.stderr.write(f"embedline: warning: {loss.what} after the run completed; "
+                             "this run is missing from the Prefect UI\n")  # fmt: skip
+    finally:
+        shutdown.hard_exit(code)
 
 
 def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,3 +113,30 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     assert sorted(frame.id) == sorted(texts)
     for row in frame.itertuples():
         np.testing.assert_allclose(row.embedding, expected_vector(texts[row.id]), atol=1e-6)
+
+
+def test_health_probe_calls_a_refused_port_gone_after_2_s_and_a_silent_one_later(
+    monkeypatch: pytest.MonkeyPatch, fake_openai: FakeEmbeddingServer
+) -> None:
+    from cli import prefect_env
+    from cli.prefect_env import HealthProbe
+
+    answering = HealthProbe(fake_openai.base_url)  # any HTTP answer: someone is there
+    assert answering.lost() is None and answering.lost() is None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    refused = HealthProbe(f"http://127.0.0.1:{port}/api")
+    assert refused.lost() is None  # the first refusal starts the clock
+    time.sleep(prefect_env.API_REFUSED_AFTER_S)
+    loss = refused.lost()
+    assert loss is not None and "ConnectError" in loss.what, loss
+    assert f"127.0.0.1:{port}/api (PREFECT_API_URL) stopped answering" in loss.what
+    monkeypatch.setattr(prefect_env, "API_SILENT_AFTER_S", 3.0)
+    with socket.socket() as listening:  # accepts connections (kernel backlog), never answers
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        silent = HealthProbe(f"http://127.0.0.1:{listening.getsockname()[1]}/api")
+        assert silent.lost() is None  # a read timeout (2 s) is not yet a loss
+        loss = silent.lost()
+    assert loss is not None and "ReadTimeout" in loss.what, loss
