@@ -31,3 +31,88 @@ def test_progress_lines_move_per_batch(tmp_path: Path, fake_openai: FakeEmbeddin
     assert rows == sorted(rows)
     assert any(r % 200 for r in rows), rows  # between chunk boundaries: batches counted
     assert any(r > 0 and m.group(2) == "0" for r, m in zip(rows, lines, strict=True)), rows
+
+
+# -- on a terminal: log lines above the bar, never glued onto it --------------------------------
+
+_CSI = re.compile(r"\x1b\[([?\d;]*)([A-Za-z])")
+_LOG_AT_START = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} \| (INFO|WARNING) ")
+
+
+def _screen(stream: str, width: int) -> list[str]:
+    """What a terminal shows after ``stream``: enough of a VT100 for Rich's live display
+    (CR, LF, cursor up ``CSI n A``, erase line ``CSI n K``; colours and modes ignored)."""
+    lines: list[list[str]] = [[]]
+    row = col = 0
+    i = 0
+    while i < len(stream):
+        if (m := _CSI.match(stream, i)) is not None:
+            params, final = m.groups()
+            if final == "A":
+                row = max(0, row - int(params or 1))
+            elif final == "K":
+                lines[row] = lines[row][:col] if params in ("", "0") else []
+            i = m.end()
+            continue
+        char = stream[i]
+        i += 1
+        if char == "\r":
+            col = 0
+        elif char == "\n":
+            row, col = row + 1, 0
+            lines.extend([] for _ in range(row + 1 - len(lines)))
+        elif char >= " ":
+            line = lines[row]
+            line.extend(" " for _ in range(col + 1 - len(line)))
+            line[col] = char
+            col = min(col + 1, width - 1)
+    return ["".join(line).rstrip() for line in lines]
+
+
+def test_on_a_terminal_log_lines_print_above_the_bar(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    import fcntl
+    import os
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from tests.support.fixtures import REPO
+
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t{i}\n" for i in range(400)))
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.2})
+    width = 200
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, width, 0, 0))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color",
+           "COLUMNS": str(width)}  # fmt: skip
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
+         fake_openai.base_url, "--chunk-size", "100", "--batch-size", "20", "--concurrency",
+         "2", "--output", "out", "--ledger", "l.sqlite3"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=slave,
+    )  # fmt: skip
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=120) == 0
+    screen = _screen(b"".join(chunks).decode("utf-8", "replace"), width)
+    logs = [line for line in screen if " | INFO " in line or " | WARNING " in line]
+    bars = [line for line in screen if line.startswith("embedding")]
+    assert len(logs) >= 4, screen  # chunk lines, published, manifest…
+    assert all(_LOG_AT_START.match(line) for line in logs), logs  # none glued after the bar
+    assert not any("embedding" in line for line in logs)
+    assert len(bars) == 1 and "400/400" in bars[0], screen  # one bar, below, finished
+    assert screen.index(bars[0]) > screen.index(logs[0])
