@@ -71,6 +71,8 @@ _MAPS_EVERY = 20  # look for torch in /proc/PID/maps every _MAPS_EVERY samples (
 # Prefect's console log line: "HH:MM:SS.mmm | LEVEL   | logger - message"
 _LOG_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d{3}) \| (\w+)\s*\| (.*)$")
 _DISPATCH = re.compile(r"(\d+) of (\d+) chunks already published; (\d+) to embed")
+# Dask only: the cluster started and its workers imported the chunk task's modules
+_RUNNER_READY = re.compile(r"task runner ready: dask, \d+ workers, in ([\d.]+) s")
 _CHUNK = re.compile(
     r"chunk (\d+): (\d+) rows published( \(object already existed\))?, (\d+) dead letters, "
     r"(\d+) requests, (\d+) tokens"
@@ -364,6 +366,7 @@ class RunResult:
     cpu_s: float = 0.0  # user+sys of the CLI and its reaped children (wait4 rusage)
     startup_s: float | None = None  # process start -> "Beginning flow run" line arrives
     temp_server_s: float | None = None  # "Starting temporary server" -> "Beginning flow run"
+    runner_start_s: float | None = None  # Dask: cluster start + worker warm-up (flow's log)
     shutdown_s: float | None = None  # flow's "Finished in state" line -> process exit
     flow_wall_s: float | None = None  # the flow summary's own "wall time"
     plan_s: float | None = None  # "Beginning flow run" -> "planned ..." (log clock)
@@ -483,6 +486,7 @@ def _reap_leftovers(children: dict[int, dict[str, Any]]) -> None:
 
 def _parse_stderr(result: RunResult, events: list[tuple[float, str]]) -> None:
     dispatch_at: float | None = None
+    ready_at: float | None = None
     temp_server_at: float | None = None
     flow_done_at: float | None = None
     stamps: dict[str, float] = {}
@@ -496,6 +500,9 @@ def _parse_stderr(result: RunResult, events: list[tuple[float, str]]) -> None:
         elif (m := _DISPATCH.search(line)) and stamp is not None:
             dispatch_at = stamp
             result.chunks_skipped, _total, result.chunks_to_embed = map(int, m.groups())
+        elif (m := _RUNNER_READY.search(line)) and stamp is not None:
+            result.runner_start_s = float(m.group(1))
+            ready_at = stamp  # Dask's start-up is reported apart: embedding starts here
         elif (m := _CHUNK.search(line)) and stamp is not None:
             completions.append((stamp, int(m.group(2))))
         elif "Flow run" in line and "Finished in state" in line:
@@ -511,6 +518,8 @@ def _parse_stderr(result: RunResult, events: list[tuple[float, str]]) -> None:
         result.temp_server_s = result.startup_s - temp_server_at
     if flow_done_at is not None:
         result.shutdown_s = result.wall_s - flow_done_at
+    if ready_at is not None and dispatch_at is not None:
+        dispatch_at = max(dispatch_at, ready_at)
     result.chunks_logged = len(completions)
     result.rows_embedded = sum(rows for _t, rows in completions)
     if completions and dispatch_at is not None:
@@ -836,7 +845,9 @@ def print_table(runs: list[RunResult], baseline: dict[str, Any] | None,
         print(f"  {r.name}: {_fmt(r.plan_s, '.2f')} / {_fmt(r.skip_s, '.2f')} / "
               f"{_fmt(r.embed_phase_s, '.2f')} / {_fmt(r.commit_s, '.2f')} / "
               f"{_fmt(r.flow_close_s, '.2f')}; temporary server start {_fmt(r.temp_server_s)}"
-              f"{' (fresh PREFECT_HOME)' if r.prefect_home_fresh else ''}")
+              f"{' (fresh PREFECT_HOME)' if r.prefect_home_fresh else ''}"
+              + (f"; dask cluster start + warm-up {r.runner_start_s:.1f}"
+                 if r.runner_start_s is not None else ""))
     if baseline:
         print(f"\nbaseline (seed design, {baseline['rows']:,} rows): {baseline['rows_per_s']:,.0f} "
               f"rows/s, {baseline['wall_s']:.1f} s, {baseline['server_requests']} requests, other "

@@ -27,7 +27,7 @@ from tasks.outcome import retry_condition
 from tasks.publish import publish_chunk
 from tasks.reuse import combine, split_duplicates, take_reused
 
-__all__ = ["embed_chunk", "show_published_chunk", "store_for"]
+__all__ = ["embed_chunk", "show_published_chunk", "store_for", "warm_worker"]
 
 
 @functools.lru_cache(maxsize=8)
@@ -115,3 +115,16 @@ def show_published_chunk(spec: ChunkSpec, object_uri: str) -> State[None]:
     is Completed, named "Cached", like a Prefect cache hit.
     """
     return Completed(name="Cached", message=f"already published: {object_uri}")
+
+
+def warm_worker() -> int:
+    """Run once in each Dask worker before chunks are submitted: unpickling this function
+    imports this module and what a chunk task needs (Prefect's task engine, pyarrow, httpx),
+    so the first chunk on each worker does not pay for it. Returns the worker's pid."""
+    import os
+
+    import prefect.task_engine  # noqa: F401 - imported for its side effect: warm
+    import pyarrow.parquet  # noqa: F401
+
+    return os.getpid()
+

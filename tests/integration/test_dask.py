@@ -47,3 +47,18 @@ def test_remote_dask_workers_refuse_a_local_output(tmp_path: Path) -> None:
                      "tcp://127.0.0.1:8786", "--output", "./out", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 2
     assert "s3:// --output" in result.stderr
+
+
+def test_local_cluster_workers_run_without_the_statistical_profiler(tmp_path: Path) -> None:
+    """Dask's profiler (``sys._current_frames`` every 10 ms) deadlocked a worker on CPython
+    3.11 in a 20,000-row run (gh-106883, dask/distributed#8616); the slow soak
+    ``test_dask_temporary_server.py::test_ten_dask_runs_in_a_row_pass`` covers the fault."""
+    import dask.config
+
+    from embedline.settings import RunSettings
+    from flows.embed_csv import _task_runner
+
+    settings = RunSettings(input=str(tmp_path / "in.csv"), task_runner="dask", dask_workers=2)
+    with _task_runner(settings, 2) as runner:
+        enabled = runner.client.run(dask.config.get, "distributed.worker.profile.enabled")
+    assert list(enabled.values()) == [False, False]
