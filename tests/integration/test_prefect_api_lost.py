@@ -63,19 +63,22 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     server_home.mkdir()
     server, url = start_prefect_server(server_home)
     fake_openai.fail_when(lambda payload: {"delay_s": 0.3})
+    proc = subprocess.Popen(_run_args(fake_openai), cwd=tmp_path, env=_env(cli_home, url),
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
-        proc = subprocess.Popen(_run_args(fake_openai), cwd=tmp_path, env=_env(cli_home, url),
-                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
         deadline = time.monotonic() + 180
         while len(_objects(tmp_path)) < 2:
             assert time.monotonic() < deadline and proc.poll() is None, "no chunk was published"
             time.sleep(0.05)
         _kill(server)
         killed = time.monotonic()
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)  # before the fix: 154 s
         stopped_s = time.monotonic() - killed
     finally:
         _kill(server)
+        if proc.poll() is None:  # the test failed: leave no process behind
+            proc.kill()
+            proc.communicate()
     # bounded: 2 s of refused probes + the in-flight requests (0.3 s), not minutes of retries
     assert stopped_s < 15, (stopped_s, err[-3000:])
     assert proc.returncode == 1, err[-3000:]
