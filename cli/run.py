@@ -188,13 +188,6 @@ def _run_settings(settings: Any, *, progress_interval_s: float = 10.0) -> int:
     problem = _check_before_prefect(settings)
     if problem is not None:
         return fail(f"embedline: error: {problem[0]}", problem[1])
-    if not os.environ.get(DEBUG_ENV):
-        # Prefect's API log handler writes "--- Error logging to API ---" to stderr for each
-        # failed batch (logging.raiseExceptions); a log line that did not reach the UI is not
-        # the user's failure. With --debug it stays.
-        import logging
-
-        logging.raiseExceptions = False
     # a temporary server starts now, in parallel with planning
     return with_prefect_api(lambda api: _run_flow(settings, api, progress_interval_s),
                             on_lost=lambda loss: _stop_after_api_loss(loss, settings.grace_s))

@@ -44,7 +44,14 @@ _FILTER = ExpectedErrorFilter()
 
 def quiet_expected_tracebacks() -> None:
     """Install the filter on Prefect's run loggers in this process (idempotent; call it in
-    each process that runs flows or tasks, Dask workers included)."""
+    each process that runs flows or tasks, Dask workers included).
+
+    Unless debugging, also turn off ``logging.raiseExceptions``: Prefect's API log handler
+    then stops writing "--- Error logging to API ---" to stderr for each batch of log lines
+    that did not reach a server that went away (the run reports that in one line itself).
+    """
+    if not os.environ.get(DEBUG_ENV):
+        logging.raiseExceptions = False
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
