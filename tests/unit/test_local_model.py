@@ -1,5 +1,5 @@
-"""The torch-free all-MiniLM-L6-v2 (``adapters.minilm``) against vectors sentence-transformers
-computed (``tests/data/minilm_reference.json``, made once by
+"""The torch-free all-MiniLM-L6-v2 (``adapters.minilm``, on onnxruntime) against vectors
+sentence-transformers computed (``tests/data/minilm_reference.json``, made once by
 ``tests/support/make_local_reference.py`` with sentence-transformers 6.2.0 and torch 2.13.0,
 independent of the code under test)."""
 
@@ -39,6 +39,11 @@ def test_results_do_not_depend_on_batching(model: MiniLM) -> None:
     one_by_one = np.stack([model.encode([t])[0] for t in texts])
     together = model.encode(texts, batch_size=64)
     np.testing.assert_allclose(together, one_by_one, atol=2e-5)
+
+
+def test_one_thread_gives_the_same_vectors(model: MiniLM) -> None:
+    texts = REFERENCE["texts"][:8]
+    np.testing.assert_allclose(MiniLM(threads=1).encode(texts), model.encode(texts), atol=2e-5)
 
 
 def test_long_inputs_are_truncated_at_256_word_pieces(model: MiniLM) -> None:
