@@ -123,8 +123,9 @@ def warm_worker() -> int:
     so the first chunk on each worker does not pay for it. Returns the worker's pid."""
     import os
 
-    import prefect.task_engine  # noqa: F401 - imported for its side effect: warm
-    import pyarrow.parquet  # noqa: F401
+    import pandas  # noqa: F401 - pyarrow imports it on its first conversion, which blocked
+    import prefect.task_engine  # noqa: F401   every other thread of a cold worker on the
+    import pyarrow.parquet  # noqa: F401       import lock for ~1 s (py-spy, 20,000 rows)
 
     return os.getpid()
 
