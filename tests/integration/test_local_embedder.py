@@ -1,4 +1,4 @@
-"""LocalEmbedder with the real all-MiniLM-L6-v2 weights (numpy, no torch: about a second)."""
+"""LocalEmbedder with the real all-MiniLM-L6-v2 weights (onnxruntime, no torch: about a second)."""
 
 from __future__ import annotations
 
