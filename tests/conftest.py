@@ -7,6 +7,7 @@ anything imports Prefect or boto3, and Prefect gets a throwaway home.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 
 from tests.support.fixtures import fake_openai  # noqa: F401
@@ -26,3 +27,11 @@ def pytest_configure(config: object) -> None:
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # SIGTERM (a CI timeout, `kill`) ends the session like Ctrl-C, so session fixtures stop
+    # their servers (Prefect, PostgreSQL) instead of leaving them running
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+

@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.processes import die_with_parent
+
 __all__ = [
     "prefect_api_url", "start_prefect_server", "start_prefect_worker", "stop_prefect_worker",
 ]
@@ -46,6 +48,7 @@ def start_prefect_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
          "--port", str(port)],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=die_with_parent,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + _STARTUP_S
@@ -92,6 +95,7 @@ def start_prefect_worker(
     return subprocess.Popen(
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
         env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=die_with_parent,
     )  # fmt: skip
 
 
