@@ -504,9 +504,9 @@ def _commit(
     changes = done_.changes
     logger.info("manifest %s %s", "committed" if done_.created else "already committed",
                 done_.uri)  # fmt: skip
-    logger.info("changes against %s: %d added, %d changed, %d removed, %d unchanged",
-                (changes.base_run_key or "nothing (first run)")[:12], changes.added,
-                changes.changed, changes.removed, changes.unchanged)  # fmt: skip
+    base = f"run {changes.base_run_key[:12]}" if changes.base_run_key else "nothing (first run)"
+    logger.info("changes against %s: %d added, %d changed, %d removed, %d unchanged", base,
+                changes.added, changes.changed, changes.removed, changes.unchanged)  # fmt: skip
     return RunSummary(**{**summary.to_dict(), **change_fields(done_.manifest), "exit_code": 0,
                          "status": "complete",
                          "manifest_uri": done_.uri, "dimensions": done_.dimensions, "message": (
