@@ -70,13 +70,20 @@ def read_keys(store: ObjectStore, object_key: str) -> pa.Table:
     :raises FileNotFoundError: the object does not exist.
     """
     with store.open_read(object_key) as fh:
-        return pq.read_table(fh, columns=_KEY_COLUMNS)
+        return pq.ParquetFile(fh).read(columns=_KEY_COLUMNS)
+
+
+def _empty(columns: Sequence[str]) -> pa.Table:
+    """A 0-row table of string columns. Not ``Schema.empty_table()`` nor ``pq.read_table``:
+    both make pyarrow import pandas (0.14 s), most of what committing a re-export without
+    Prefect cost beyond an unchanged rerun."""
+    return pa.Table.from_batches([], schema=pa.schema([(c, pa.string()) for c in columns]))
 
 
 def _keys_of(store: ObjectStore, chunks: Iterable[dict[str, Any]]) -> pa.Table:
     tables = [read_keys(store, str(c["object"])) for c in chunks if int(c["rows"])]
-    if not tables:  # an empty schema's table: building arrays from lists imports pandas
-        return pa.schema([(c, pa.string()) for c in _KEY_COLUMNS]).empty_table()
+    if not tables:
+        return _empty(_KEY_COLUMNS)
     return pa.concat_tables(tables)
 
 
@@ -93,7 +100,7 @@ def diff(
     new = _keys_of(store, [c for c in current if str(c["object"]) not in shared])
     old = _keys_of(store, [c for c in base if str(c["object"]) not in shared])
     if new.num_rows == 0 and old.num_rows == 0:  # e.g. a re-export: every chunk shared
-        return pa.schema([(c, pa.string()) for c in _CHANGE_COLUMNS]).empty_table()
+        return _empty(_CHANGE_COLUMNS)
     joined = new.join(old, keys="id", join_type="full outer", left_suffix="",
                       right_suffix="_old", coalesce_keys=True)  # fmt: skip
     if "text_sha256_old" not in joined.column_names:  # pyarrow drops suffixes with no clash
@@ -120,7 +127,7 @@ def _parquet(run_key: str, base_run_key: str | None, table: pa.Table) -> bytes:
 def _counts_of(object_key: str, body: bytes, *, rows: int) -> ChangeCounts:
     """Counts from the object itself; ``rows`` = ids with a vector in this run, so
     unchanged = rows - added - changed."""
-    column = pq.read_table(io.BytesIO(body), columns=["change"])["change"]
+    column = pq.ParquetFile(io.BytesIO(body)).read(columns=["change"])["change"]
     counts = {str(v["values"]): int(v["counts"]) for v in column.value_counts().to_pylist()}
     added, changed = counts.get("added", 0), counts.get("changed", 0)
     return ChangeCounts(
