@@ -46,7 +46,6 @@ from tasks.gc import drop_run_lease, write_run_lease
 from tasks.generations import resolve_run_target
 from tasks.manifest import (
     change_fields,
-    read_manifest,
     summary_from_manifest,
 )
 from tasks.plan import find_published, plan_input
@@ -298,10 +297,10 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         missing = missing_objects(store, done)
         if missing:
             return _finish(ledger, _lost_objects(ledger, store, summary, started, missing))
-        summary = _commit(settings, plan, store, done, summary)
+        summary, manifest = _commit(settings, plan, store, done, summary)
         summary = _finish(ledger, summary)
         # ── load into the sink ───────────────────────────────────────────────────────────
-        return _load_into_sink(settings, read_manifest(store, run_key), summary, ledger)
+        return _load_into_sink(settings, manifest, summary, ledger)
     return _finish(ledger, summary)
 
 
@@ -496,7 +495,9 @@ def _commit(
     store: Any,
     done: dict[int, ChunkOutcome],
     summary: RunSummary,
-) -> RunSummary:
+) -> tuple[RunSummary, dict[str, Any]]:
+    """Commit the run; return its summary and the manifest that stands (ours, or that of a
+    concurrent run of the same key that committed first)."""
     logger = get_run_logger()
     done_ = commit_run(store, settings=settings, plan=plan, run_key=str(summary.run_key),
                        done=done, rows_failed=summary.rows_failed,
@@ -507,11 +508,12 @@ def _commit(
     base = f"run {changes.base_run_key[:12]}" if changes.base_run_key else "nothing (first run)"
     logger.info("changes against %s: %d added, %d changed, %d removed, %d unchanged", base,
                 changes.added, changes.changed, changes.removed, changes.unchanged)  # fmt: skip
-    return RunSummary(**{**summary.to_dict(), **change_fields(done_.manifest), "exit_code": 0,
-                         "status": "complete",
-                         "manifest_uri": done_.uri, "dimensions": done_.dimensions, "message": (
-                             f"{dead_letters_phrase(summary.rows_failed)} (committed with "
-                             "--allow-failed-rows)" if summary.rows_failed else "")})  # fmt: skip
+    message = (f"{dead_letters_phrase(summary.rows_failed)} (committed with "
+               "--allow-failed-rows)" if summary.rows_failed else "")
+    committed = RunSummary(**{**summary.to_dict(), **change_fields(done_.manifest), "exit_code": 0,
+                              "status": "complete", "manifest_uri": done_.uri,
+                              "dimensions": done_.dimensions, "message": message})  # fmt: skip
+    return committed, done_.manifest
 
 
 def _progress_reporter(
