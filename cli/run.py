@@ -255,7 +255,8 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     parameters = settings.to_parameters()
-    with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s):
+    with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
+            _no_heartbeats(api):  # fmt: skip
         try:
             state = embed_csv(**parameters, return_state=True)
         except KeyboardInterrupt:
@@ -270,6 +271,21 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
 
         print_load_summary(summary["load"])
     return int(summary["exit_code"])
+
+
+def _no_heartbeats(api: PrefectApi) -> Any:
+    """With the CLI's own temporary server, no flow-run heartbeats: they exist for a
+    server's crashed-run detection, which an ephemeral server (services off) never runs,
+    and stopping their thread made every run wait up to a second at the end (it sleeps in
+    1 s steps; Prefect 3.9 ``flow_engine._send_heartbeats``). A configured server keeps
+    them (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, 180 s by default)."""
+    import contextlib
+
+    if api.server is None:
+        return contextlib.nullcontext()
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
 def _check_before_prefect(settings: Any) -> tuple[str, int] | None:
@@ -370,7 +386,7 @@ def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None
     """
     import time
 
-    from adapters.csv_source import plan_csv
+    from adapters.csv_source import hand_over_plan, plan_csv
     from adapters.object_store import open_store
     from embedline.errors import EmbedlineError
     from embedline.models import manifest_object_key
@@ -391,7 +407,14 @@ def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None
     except OSError:
         return None  # let the flow report it with its full context
     if target.committed is None:
-        return _commit_if_published(settings, store, plan, target, started)
+        committed = _commit_if_published(settings, store, plan, target, started)
+        if committed is None:  # the flow runs next, in this process: it need not plan again
+            hand_over_plan(plan, settings.input, id_column=settings.id_column,
+                           text_column=settings.text_column, codec=settings.codec,
+                           delimiter=settings.delimiter, chunk_size=settings.chunk_size,
+                           model=settings.effective_model,
+                           dimensions=settings.dimensions)  # fmt: skip
+        return committed
     return summary_from_manifest(
         target.committed, uri=store.uri_for(manifest_object_key(target.run_key)),
         output=store.uri, chunks_total=len(plan.chunks), wall_s=time.monotonic() - started,

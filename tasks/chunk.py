@@ -14,7 +14,6 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
 
-from adapters.csv_source import read_chunk
 from adapters.embeddings import build_embedder
 from adapters.object_store import open_store
 from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan
@@ -25,7 +24,7 @@ from embedline.tracebacks import quiet_expected_tracebacks
 from tasks.embed import embed_rows
 from tasks.outcome import retry_condition
 from tasks.publish import publish_chunk
-from tasks.reuse import combine, split_duplicates, take_reused
+from tasks.reuse import chunk_rows, combine, split_duplicates, take_reused
 
 __all__ = ["embed_chunk", "show_published_chunk", "store_for", "warm_worker"]
 
@@ -61,7 +60,7 @@ def embed_chunk(
     quiet_expected_tracebacks()  # this process may be a Dask worker
     logger = get_run_logger()
     store = store_for(settings.output)
-    rows = read_chunk(source, spec)
+    rows = chunk_rows(source, spec)
     found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model)
     send, copies = split_duplicates([r for r in rows if r.row_number not in found.vectors])
     client = progress.counting(build_embedder(settings) if send else None, spec.index)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -48,7 +47,7 @@ class ProgressArtifact:
         )
         self._min_interval_s = min_interval_s
         self._latest: float | None = None
-        self._closed = False
+        self._closed = threading.Event()
         self._wake = threading.Event()
         context = contextvars.copy_context()  # Prefect's settings and client context
         self._thread = threading.Thread(target=context.run, args=(self._post_loop,),
@@ -63,7 +62,7 @@ class ProgressArtifact:
     def close(self, timeout_s: float = 5.0) -> None:
         """Post the last value (waiting at most ``timeout_s`` seconds) and stop; with the
         API lost, stop at once (a call in progress is left to its retries)."""
-        self._closed = True
+        self._closed.set()
         self._wake.set()
         if shutdown.api_lost() is None:
             self._thread.join(timeout_s)
@@ -83,9 +82,10 @@ class ProgressArtifact:
                     logger.debug("progress artifact not updated: %s", exc)
                     return
                 posted = value
-            if self._closed:
+            if self._closed.is_set():
                 return
-            time.sleep(self._min_interval_s)
+            self._closed.wait(self._min_interval_s)  # close() ends the pause: its join waits
+            # for one last post, not for the rest of a second
 
 
 def summary_markdown(

@@ -51,6 +51,7 @@ __all__ = [
     "IN_RUN_WAIT_S",
     "ReusePlanner",
     "Reused",
+    "chunk_rows",
     "note_failed",
     "combine",
     "refresh_index",
@@ -64,6 +65,7 @@ _POLL_S = 0.2
 _INDEX_THREADS = 16
 _failed_objects: set[str] = set()  # in-run owners that will not publish (this process)
 _failed_lock = threading.Lock()
+_read_ahead: dict[tuple[str, int, str], list[Row]] = {}  # rows resolve read, for the task
 
 # --------------------------------------------------------------------------- flow process
 
@@ -133,6 +135,7 @@ class ReusePlanner:
         self._failed: set[int] = set()
         with _failed_lock:
             _failed_objects.clear()  # a new run: earlier runs' failures do not apply
+            _read_ahead.clear()
 
     def resolve(self, spec: ChunkSpec) -> ReusePlan:
         """Return the chunk's reuse plan and make it the owner of its new texts.
@@ -143,6 +146,8 @@ class ReusePlanner:
             rows = read_chunk(self._source, spec)
         except EmbedlineError:
             return ReusePlan()
+        with _failed_lock:
+            _read_ahead[_read_ahead_key(self._source, spec)] = rows
         wanted = [r for r in rows if r.text.strip()]
         stored = self._ledger.find_vectors(
             self._store.uri, model=self._model, dimensions=self._dims,
@@ -178,6 +183,22 @@ def note_failed(object_key: str) -> None:
     """Tell chunk tasks of this process that ``object_key`` will not appear in this run."""
     with _failed_lock:
         _failed_objects.add(object_key)
+
+
+def chunk_rows(source: InputSource, spec: ChunkSpec) -> list[Row]:
+    """The chunk's rows: those ``ReusePlanner.resolve`` read in this process (taken once:
+    the dispatcher thread parsed them already, so the task does not parse them again), else
+    ``read_chunk`` (a Dask worker, a Prefect retry of the task).
+
+    :raises InputError: as ``read_chunk``.
+    """
+    with _failed_lock:
+        rows = _read_ahead.pop(_read_ahead_key(source, spec), None)
+    return rows if rows is not None else read_chunk(source, spec)
+
+
+def _read_ahead_key(source: InputSource, spec: ChunkSpec) -> tuple[str, int, str]:
+    return source.path, spec.index, spec.bytes_sha256
 
 
 def _gave_up(object_key: str) -> bool:

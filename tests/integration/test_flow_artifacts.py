@@ -89,3 +89,38 @@ def test_rerun_shows_published_chunks_as_cached_task_runs_without_requests(
         runs = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
         tasks = {t.name: t.state.name for t in client.read_task_runs(flow_run_filter=runs)}
     assert tasks["embed-chunk-0000"] == "Cached" and tasks["embed-chunk-0001"] == "Cached"
+
+
+def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_interval(
+    prefect_api_url: str,
+) -> None:
+    """close() used to wait out the poster's pause after a post (min_interval_s) and gave
+    up after its own timeout, so with a long interval the last value was never posted."""
+    import time
+
+    from prefect import flow
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
+
+    from tasks.report import ProgressArtifact
+
+    def posted(client: Any, artifact_id: Any) -> Any:
+        return next(a.data for a in client.read_artifacts() if a.id == artifact_id)
+
+    @flow
+    def progress_flow() -> Any:
+        artifact = ProgressArtifact(description="test", min_interval_s=60.0)
+        artifact.update(1, 4)
+        with get_client(sync_client=True) as client:
+            deadline = time.monotonic() + 30
+            while posted(client, artifact._id) != 25.0 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the poster is now in its 60 s pause
+            assert posted(client, artifact._id) == 25.0
+        artifact.update(4, 4)
+        artifact.close(timeout_s=5.0)
+        return artifact._id
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url,
+                                     PREFECT_LOGGING_TO_API_ENABLED: False}):  # fmt: skip
+        artifact_id = progress_flow()
+        with get_client(sync_client=True) as client:
+            assert posted(client, artifact_id) == 100.0

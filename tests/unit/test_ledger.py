@@ -157,6 +157,21 @@ def test_a_load_superseded_by_another_runs_load_starts_over(ledger: Ledger) -> N
     assert ledger.last_loaded_run(sink) == "r1"
 
 
+def test_reuse_lookup_spans_batches_and_prefers_the_first_indexed_object(ledger: Ledger) -> None:
+    import hashlib
+
+    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(1_203)]
+    ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="",
+                        text_hashes=hashes[:1_100])  # fmt: skip
+    ledger.index_object("/out", "chunks/0.parquet", model="m", dimensions="",
+                        text_hashes=hashes[1_000:])  # fmt: skip
+    found = ledger.find_vectors("/out", model="m", dimensions="", text_hashes=hashes)
+    assert len(found) == 1_203  # more hashes than one lookup query takes
+    assert {found[h] for h in hashes[:1_100]} == {"chunks/1.parquet"}  # indexed first
+    assert {found[h] for h in hashes[1_100:]} == {"chunks/0.parquet"}
+    assert ledger.find_vectors("/out", model="m", dimensions="", text_hashes=[]) == {}
+
+
 def test_reuse_index_matches_output_model_and_dimensions_only(ledger: Ledger) -> None:
     a, b, c = "a" * 64, "b" * 64, "c" * 64
     ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="", text_hashes=[a, b])
