@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_local.py
 	$(BIN)/python benchmarks/bench_load.py
 	$(BIN)/python benchmarks/bench_gzip.py
+	$(BIN)/python benchmarks/bench_reuse_index.py
 
 clean:
 	rm -rf $(VENV) $(LITELLM_VENV) embedline-output .embedline

@@ -774,8 +774,11 @@ class Ledger:
             for start in range(0, len(wanted), _LOOKUP_BATCH):
                 batch = [bytes.fromhex(h) for h in wanted[start:start + _LOOKUP_BATCH]]
                 rows = self._conn.execute(
+                    # CROSS JOIN keeps reuse_texts the outer loop (its primary key answers
+                    # the IN list); the planner's own choice scanned the objects first:
+                    # 41 ms instead of 4 ms per 1,000 texts over 192 indexed objects
                     f"""SELECT t.text_sha256, o.object_id, o.object_key FROM reuse_texts t
-                        JOIN reuse_objects o ON o.object_id = t.object_id
+                        CROSS JOIN reuse_objects o ON o.object_id = t.object_id
                         WHERE t.text_sha256 IN ({", ".join("?" * len(batch))})
                           AND o.output_uri = ? AND o.model = ? AND o.dimensions = ?""",
                     (*batch, output_uri, model, dimensions),
