@@ -396,11 +396,7 @@ def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None
     started = time.monotonic()
     try:
         store = open_store(settings.output)
-        plan = plan_csv(settings.input, id_column=settings.id_column,
-                        text_column=settings.text_column, codec=settings.codec,
-                        delimiter=settings.delimiter,
-                        chunk_size=settings.chunk_size, model=settings.effective_model,
-                        dimensions=settings.dimensions)  # fmt: skip
+        plan = plan_csv(settings.input, **settings.plan_arguments)
         target = resolve_run_target(store, plan, settings)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
@@ -409,11 +405,7 @@ def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None
     if target.committed is None:
         committed = _commit_if_published(settings, store, plan, target, started)
         if committed is None:  # the flow runs next, in this process: it need not plan again
-            hand_over_plan(plan, settings.input, id_column=settings.id_column,
-                           text_column=settings.text_column, codec=settings.codec,
-                           delimiter=settings.delimiter, chunk_size=settings.chunk_size,
-                           model=settings.effective_model,
-                           dimensions=settings.dimensions)  # fmt: skip
+            hand_over_plan(plan, settings.input, **settings.plan_arguments)
         return committed
     return summary_from_manifest(
         target.committed, uri=store.uri_for(manifest_object_key(target.run_key)),

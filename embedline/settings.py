@@ -11,7 +11,7 @@ import codecs
 import hashlib
 import json
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -253,3 +253,12 @@ class RunSettings(BaseModel):
     def codec(self) -> str:
         """The Python codec that decodes the input."""
         return codec_for(self.encoding)
+
+    @property
+    def plan_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of ``adapters.csv_source.plan_csv`` for ``input`` (columns,
+        codec, delimiter, chunk size in rows, model, dimensions)."""
+        return {"id_column": self.id_column, "text_column": self.text_column,
+                "codec": self.codec, "delimiter": self.delimiter,
+                "chunk_size": self.chunk_size, "model": self.effective_model,
+                "dimensions": self.dimensions}  # fmt: skip

@@ -20,16 +20,7 @@ def plan_input(settings: RunSettings) -> InputPlan:
     :raises InputError: anything wrong with the file (exit 2), before any API call.
     """
     logger = get_run_logger()
-    plan = plan_csv(
-        settings.input,
-        id_column=settings.id_column,
-        text_column=settings.text_column,
-        codec=settings.codec,
-        delimiter=settings.delimiter,
-        chunk_size=settings.chunk_size,
-        model=settings.effective_model,
-        dimensions=settings.dimensions,
-    )
+    plan = plan_csv(settings.input, **settings.plan_arguments)
     if plan.source.note:
         logger.info("read %s as: %s", plan.source.name, plan.source.note)
     logger.info(

@@ -64,7 +64,7 @@ IN_RUN_WAIT_S = 600.0
 _POLL_S = 0.2
 _INDEX_THREADS = 16
 _failed_objects: set[str] = set()  # in-run owners that will not publish (this process)
-_failed_lock = threading.Lock()
+_registry_lock = threading.Lock()  # guards _failed_objects and _read_ahead
 _read_ahead: dict[tuple[str, int, str], list[Row]] = {}  # rows resolve read, for the task
 
 # --------------------------------------------------------------------------- flow process
@@ -133,7 +133,7 @@ class ReusePlanner:
         self._owner: dict[int, int] = {}
         self._object_of: dict[int, str] = {}
         self._failed: set[int] = set()
-        with _failed_lock:
+        with _registry_lock:
             _failed_objects.clear()  # a new run: earlier runs' failures do not apply
             _read_ahead.clear()
 
@@ -146,7 +146,7 @@ class ReusePlanner:
             rows = read_chunk(self._source, spec)
         except EmbedlineError:
             return ReusePlan()
-        with _failed_lock:
+        with _registry_lock:
             _read_ahead[_read_ahead_key(self._source, spec)] = rows
         wanted = [r for r in rows if r.text.strip()]
         stored = self._ledger.find_vectors(
@@ -181,7 +181,7 @@ class ReusePlanner:
 
 def note_failed(object_key: str) -> None:
     """Tell chunk tasks of this process that ``object_key`` will not appear in this run."""
-    with _failed_lock:
+    with _registry_lock:
         _failed_objects.add(object_key)
 
 
@@ -192,7 +192,7 @@ def chunk_rows(source: InputSource, spec: ChunkSpec) -> list[Row]:
 
     :raises InputError: as ``read_chunk``.
     """
-    with _failed_lock:
+    with _registry_lock:
         rows = _read_ahead.pop(_read_ahead_key(source, spec), None)
     return rows if rows is not None else read_chunk(source, spec)
 
@@ -202,7 +202,7 @@ def _read_ahead_key(source: InputSource, spec: ChunkSpec) -> tuple[str, int, str
 
 
 def _gave_up(object_key: str) -> bool:
-    with _failed_lock:
+    with _registry_lock:
         return object_key in _failed_objects
 
 
