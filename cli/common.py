@@ -92,10 +92,10 @@ def with_prefect_api(
         api.close()
 
 
-def exit_on_api_loss(loss: Any) -> None:
-    """Print one line for an ``embedline.shutdown.ApiLoss`` and exit 1 at once."""
+def exit_on_api_loss(loss: Any, *, kept: str = "what was published is kept") -> None:
+    """Print one line for an ``embedline.shutdown.ApiLoss`` and exit 1 at once (the hard-exit
+    hooks run first: the temporary server is stopped, a started run marked ``interrupted``)."""
     from embedline import shutdown
 
-    sys.stderr.write(f"embedline: error: {loss.what}; what was published is kept: "
-                     f"{loss.todo}\n")  # fmt: skip
+    sys.stderr.write(f"embedline: error: {loss.what}; {kept}: {loss.todo}\n")
     shutdown.hard_exit(1)

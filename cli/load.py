@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from cli.common import DEFAULT_LEDGER, EXIT_USAGE, fail, with_prefect_api
+from cli.common import DEFAULT_LEDGER, EXIT_USAGE, exit_on_api_loss, fail, with_prefect_api
 from cli.prefect_env import PrefectApiError
 
 __all__ = ["add_parsers", "already_loaded", "print_load_summary"]
@@ -64,7 +64,8 @@ def _load(args: argparse.Namespace) -> int:
     if done is not None:
         print_load_summary(done)
         return 0
-    return with_prefect_api(lambda api: _load_flow(args, api))
+    return with_prefect_api(lambda api: _load_flow(args, api), on_lost=lambda loss:
+                            exit_on_api_loss(loss, kept="what was loaded is kept"))
 
 
 def already_loaded(output: str, run: str | None, sink_uri: str,

@@ -35,6 +35,7 @@ __all__ = [
     "note_api_lost",
     "note_signal",
     "on_hard_exit",
+    "remove_hard_exit_hook",
     "reset",
     "stop_signal",
     "stop_tasks",
@@ -92,6 +93,12 @@ def exit_code_for(signum: int) -> int:
 def on_hard_exit(hook: Callable[[], None]) -> None:
     """Register ``hook`` to run before ``hard_exit`` ends the process."""
     _hard_exit_hooks.append(hook)
+
+
+def remove_hard_exit_hook(hook: Callable[[], None]) -> None:
+    """Unregister ``hook`` (no-op if it is not registered)."""
+    if hook in _hard_exit_hooks:
+        _hard_exit_hooks.remove(hook)
 
 
 def hard_exit(code: int) -> None:

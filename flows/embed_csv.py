@@ -8,6 +8,7 @@ manifest is committed (or already was), Failed otherwise; its data is the run su
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -39,7 +40,7 @@ from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_messa
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.load import load_stage
-from flows.signals import stop_on_signals
+from flows.signals import record_hard_stop, stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for, warm_worker
 from tasks.commit import commit_run, missing_objects
 from tasks.gc import drop_run_lease, write_run_lease
@@ -198,13 +199,19 @@ def _run_recording_crashes(
     settings: RunSettings, plan: InputPlan, base: RunSummary, ledger: Ledger, started: float
 ) -> RunSummary:
     """``_run``, but a run that dies of an unexpected error is marked ``crashed`` in the
-    ledger (not left ``running``) before the error propagates to Prefect."""
+    ledger (not left ``running``) before the error propagates to Prefect, and one ended by
+    a hard exit of this process (a second signal; the Prefect API lost before chunks were
+    dispatched) is marked ``interrupted``: nothing was lost, the rerun resumes."""
+    on_hard_exit = functools.partial(record_hard_stop, settings.ledger, str(base.run_key))
+    shutdown.on_hard_exit(on_hard_exit)
     try:
         return _run(settings, plan, base, ledger, started)
     except BaseException:
         ledger.finish_run(str(base.run_key), status="crashed", rows_published=0, rows_failed=0,
                           manifest_uri=None)  # fmt: skip
         raise
+    finally:
+        shutdown.remove_hard_exit_hook(on_hard_exit)
 
 
 def _run(

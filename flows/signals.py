@@ -3,9 +3,10 @@
 First signal: submit no more chunks and give in-flight chunks ``grace_s`` seconds to finish
 (their requests are paid for: let them land); chunks still running then stop before their
 next request and are released in the ledger; the run exits 130 (SIGINT) or 143 (SIGTERM).
-Second signal: exit at once with the same code; the ledger stays consistent because every write is one
-SQLite transaction, and chunks left ``running`` are reclaimed by the next run on this host
-as soon as it sees their process is gone.
+Second signal: exit at once with the same code (``shutdown.hard_exit``, whose hook from
+``record_hard_stop`` marks the run ``interrupted``); the ledger stays consistent because
+every write is one SQLite transaction, and chunks left ``running`` are reclaimed by the next
+run on this host as soon as it sees their process is gone.
 
 Prefect 3.9 installs its own SIGTERM handler for the flow run (it raises
 ``TerminationSignal`` and marks the run Crashed); this context replaces it only while chunks
@@ -27,17 +28,18 @@ from adapters.ledger import Ledger
 from embedline import shutdown
 from flows.dispatch import Dispatcher
 
-__all__ = ["stop_on_signals"]
+__all__ = ["record_hard_stop", "stop_on_signals"]
 
 
-def _record_hard_stop(dispatcher: Dispatcher) -> None:
-    """Mark the run ``interrupted`` in the ledger, on a connection of its own that waits at
-    most 1 s (the interrupted thread may hold the write lock; ``status`` then finds the
-    process gone and says ``crashed``)."""
+def record_hard_stop(ledger_path: str, run_key: str) -> None:
+    """Mark run ``run_key`` ``interrupted`` if it is still ``running``: called from any
+    thread just before a hard exit (second signal, Prefect API lost before dispatching), on
+    a connection of its own that waits at most 1 s (the stopped thread may hold the write
+    lock; ``status`` then finds the process gone and says ``crashed``). Never raises."""
     try:
-        ledger = Ledger(dispatcher.ledger.path, busy_timeout_s=1.0)
+        ledger = Ledger(ledger_path, busy_timeout_s=1.0)
         try:
-            ledger.mark_interrupted(dispatcher.run_key)
+            ledger.mark_interrupted(run_key)
         finally:
             ledger.close()
     except sqlite3.Error:
@@ -57,7 +59,6 @@ def stop_on_signals(
         if shutdown.stop_signal() is not None:
             sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; "
                              "rerun the same command to resume\n")
-            _record_hard_stop(dispatcher)
             shutdown.hard_exit(shutdown.exit_code_for(signum))
         shutdown.note_signal(signum)
         dispatcher.stop(grace_s=grace_s)

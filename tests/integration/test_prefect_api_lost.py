@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -143,3 +144,54 @@ def test_health_probe_calls_a_refused_port_gone_after_2_s_and_a_silent_one_later
         assert silent.lost() is None  # a read timeout (2 s) is not yet a loss
         loss = silent.lost()
     assert loss is not None and "ReadTimeout" in loss.what, loss
+
+
+def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrupted(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    """The flow has recorded its run but not dispatched a chunk yet (held in the output's
+    conditional-write probe, a PUT through a proxy that waits) when the server dies. The CLI
+    has no summary to wait for: it exits 1 with one line, and the run must read
+    ``interrupted`` (nothing lost, the rerun resumes), not ``crashed`` as before."""
+    from tests.support.s3_proxy import ResettingProxy
+
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n" for i in range(8)))
+    server_home, cli_home = tmp_path / "server-home", tmp_path / "cli-home"
+    server_home.mkdir()
+    reached, release = threading.Event(), threading.Event()
+
+    def hold_first_put(method: str, path: str) -> None:  # a fault that only delays
+        if method == "PUT" and not reached.is_set():
+            reached.set()
+            release.wait(60)
+        return None
+
+    server, url = start_prefect_server(server_home)
+    with ResettingProxy(moto_endpoint, fault=hold_first_put) as proxy:
+        env = {**_env(cli_home, url), "AWS_ENDPOINT_URL": proxy.url}
+        args = [a if a != "out" else f"s3://{s3_bucket}/out" for a in _run_args(fake_openai)]
+        proc = subprocess.Popen(args, cwd=tmp_path, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            assert reached.wait(120), "the flow never reached the store"
+            _kill(server)
+            killed = time.monotonic()
+            out, err = proc.communicate(timeout=60)
+            stopped_s = time.monotonic() - killed
+        finally:
+            release.set()
+            _kill(server)
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert stopped_s < 15, (stopped_s, err[-3000:])
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    [line] = _error_lines(err)
+    assert "stopped answering" in line and "rerun the same command" in line, line
+    assert fake_openai.counters()["inputs"] == 0
+    status = subprocess.run([sys.executable, "-m", "cli", "status"], cwd=tmp_path,
+                            env=_env(cli_home, url), capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert "\tinterrupted\t" in status.stdout, status.stdout
+    assert " running=0 " in status.stdout, status.stdout
