@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import csv
 import datetime as dt
 import importlib.metadata
@@ -743,6 +744,32 @@ class Bench:
         fresh = self.tmp / f"{name}-ledger-fresh.sqlite3"
         self.measure(f"{name}-rerun-fresh-ledger", name, rows, data, out, fresh)
 
+    def running_server_run(self, name: str, data: Path, rows: int) -> None:
+        """The whole file again, fresh output and ledger, against a ``prefect server start``
+        that is already running (the deployment case: no temporary server to wait for), so
+        the report shows what the temporary server's start-up costs. The server is stopped
+        (its process group killed) before this returns."""
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))  # tests.support: not part of the installed package
+        from tests.support.prefect_server import start_prefect_server
+
+        home = self.tmp / "prefect-server-home"
+        home.mkdir(exist_ok=True)
+        print("bench: starting a Prefect server for the running-server run", file=sys.stderr,
+              flush=True)  # fmt: skip
+        server, url = start_prefect_server(home)
+        saved = self.env
+        self.env = {**saved, "PREFECT_API_URL": url}
+        try:
+            self.measure(f"{name}-running-server", name, rows, data,
+                         self.tmp / f"{name}-running-server-out",
+                         self.tmp / f"{name}-running-server-ledger.sqlite3")  # fmt: skip
+        finally:
+            self.env = saved
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)  # the server and its uvicorn child
+            server.wait()
+
     def edit_runs(self, name: str, data: Path) -> None:
         """Nightly edits of the whole file on the output and ledger of its first run."""
         out, ledger = self.tmp / f"{name}-out", self.tmp / f"{name}-ledger.sqlite3"
@@ -775,6 +802,11 @@ def _targets(runs: list[RunResult], full_name: str, sdk: dict[str, Any] | None =
                 f"{sdk['wall_s']:.1f} s / embedline {full.wall_s:.1f} s)"] = {
             "value": round(sdk["wall_s"] / full.wall_s, 2),
             "met": sdk["wall_s"] / full.wall_s >= TARGET_SDK_RATIO and full.exit_code == 0}
+    running = by.get(f"{full_name}-running-server")
+    if running is not None and sdk is not None and running.wall_s:  # reported, no target
+        targets[f"{running.name}: the SDK loop's wall time / embedline's, with a running "
+                f"Prefect server (SDK {sdk['wall_s']:.1f} s / embedline {running.wall_s:.1f} s)"
+                ] = {"value": round(sdk["wall_s"] / running.wall_s, 2), "met": True}
     threads, dask = by.get(f"first{dask_rows}-threads"), by.get(f"first{dask_rows}-dask")
     if threads is not None and dask is not None:
         ratio = (dask.steady_rows_per_s or 0) / (threads.steady_rows_per_s or float("inf"))
@@ -916,6 +948,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="skip the whole-file run and its reruns")
     parser.add_argument("--no-edits", action="store_true",
                         help="skip the nightly edit scenarios on the whole file")
+    parser.add_argument("--no-running-server", dest="running_server", action="store_false",
+                        help="skip the whole-file run against a running `prefect server "
+                             "start` (reported beside the temporary-server run)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON results (default benchmarks/results/<UTC time>.json)")
     parser.add_argument("--prefect-api-url", default=None,
@@ -969,6 +1004,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             full = tmp / data.name
             shutil.copyfile(data, full)  # the CLI reads a private copy
             bench.dataset_runs(full_name, full, total_rows, reruns=True)
+            if args.running_server and not args.prefect_api_url:
+                bench.running_server_run(full_name, full, total_rows)
             if not args.no_edits:
                 bench.edit_runs(full_name, full)
             bench.runs[[r.name for r in bench.runs].index(full_name)].right_inputs = \
