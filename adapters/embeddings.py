@@ -557,7 +557,12 @@ class OpenAIEmbedder:
       thread, raises an equivalent ``FatalError`` without sending; calls waiting for the
       pacer, a pause or a backoff wake at once (with the default ``sleep``) and raise too.
       Only requests already holding a slot may still reach the server: at most
-      ``concurrency - 1`` after the fatal answer.
+      ``concurrency - 1`` after the fatal answer;
+    - unreachable endpoint: a call that spends all ``max_attempts`` on connection failures
+      (``httpx.ConnectError``) before this client ever got an HTTP answer latches a
+      ``FatalError`` ("no request of this run ever reached it"): a wrong ``--base-url`` or
+      a server that is not running stops the run after one call's retries, not every
+      chunk's.
 
     :param base_url: e.g. ``https://api.openai.com/v1``; a query string (Azure-style
         ``?api-version=``) is kept after ``/embeddings``.
@@ -626,6 +631,7 @@ class OpenAIEmbedder:
         self._stopped = threading.Event()
         self._fatal: FatalError | None = None
         self._fatal_lock = threading.Lock()
+        self._answered = False  # any HTTP answer (of any status) to any request yet
         self._sleep: Callable[[float], None] = sleep if sleep is not None else self._nap
         self._slots = threading.BoundedSemaphore(concurrency)
         self._pause = _SharedPause(clock)
@@ -712,8 +718,27 @@ class OpenAIEmbedder:
                         raise
         except EmbedlineError as exc:
             exc.requests = call.requests  # what this call paid for, for the run's counts
+            unreachable = self._unreachable(exc)
+            if unreachable is not None:
+                unreachable.requests = call.requests
+                self._stop(unreachable)
+                raise unreachable from None
             raise
         return Embeddings(vectors=vectors, tokens=tokens, requests=call.requests)
+
+    def _unreachable(self, exc: EmbedlineError) -> FatalError | None:
+        """A call that used up its attempts on connection failures while no request of this
+        client ever got an answer: the endpoint is wrong or down, not flaky, so stop the
+        run now (exit 3) instead of letting every chunk spend its own retries on it. Once
+        any answer came back, a later outage stays retryable (the chunk fails, a rerun
+        resumes)."""
+        if self._answered or not isinstance(exc, RetryableError) or \
+                not isinstance(exc.__cause__, httpx.ConnectError):  # fmt: skip
+            return None
+        return FatalError(
+            f"cannot connect to {_safe_url(self.base_url)} ({type(exc.__cause__).__name__}, "
+            f"{self.max_attempts} attempts) and no request of this run ever reached it: check "
+            "that the server is running and --base-url is right, then rerun")
 
     def close(self) -> None:
         """Close the HTTP connections, unless the ``httpx.Client`` was injected."""
@@ -866,6 +891,7 @@ class OpenAIEmbedder:
             # a LocalProtocolError's text can quote a header value: do not chain it
             cause = None if isinstance(exc, httpx.LocalProtocolError) else exc
             raise error from cause
+        self._answered = True
         self._log_call(response.status_code, len(texts), call.requests, started)
         return response, _json_or_none(response)
 

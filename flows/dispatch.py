@@ -9,6 +9,7 @@ flat however large the input is.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from typing import Any
 from adapters.ledger import Ledger, new_owner
 from embedline import shutdown
 from embedline.models import ChunkOutcome, ChunkSpec
+from embedline.tracebacks import DEBUG_ENV
 from tasks.outcome import ChunkFailure, status_for
 
 __all__ = ["DispatchResult", "Dispatcher"]
@@ -196,8 +198,10 @@ class Dispatcher:
         self.on_outcome(self.result)
 
     def _log_failure(self, spec: ChunkSpec, failure: ChunkFailure, exc: object) -> None:
-        if failure.expected:
-            self.logger.error("chunk %d failed: %s", spec.index, failure.error)
+        if failure.expected:  # its traceback only with --debug (EMBEDLINE_DEBUG)
+            debug = isinstance(exc, BaseException) and bool(os.environ.get(DEBUG_ENV))
+            self.logger.error("chunk %d failed: %s", spec.index, failure.error,
+                              exc_info=exc if debug else None)  # fmt: skip
         else:
             self.logger.error("chunk %d failed with an unexpected error: %s", spec.index,
                               failure.error, exc_info=exc if isinstance(exc, BaseException)

@@ -242,6 +242,47 @@ def test_retries_exhausted_raise_the_last_retryable_error(server: FakeEmbeddingS
     assert caught.value.http_status == 503 and server.requests == 2
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_an_endpoint_that_never_answered_stops_the_client_after_one_call() -> None:
+    """Connection refused on every attempt of the first call, no answer ever: the endpoint
+    is wrong or down, so the call is fatal and latches (before: each chunk spent its own
+    retries on it, minutes for a large input)."""
+    sleep = Recorder()
+    client = OpenAIEmbedder(base_url=f"http://127.0.0.1:{_closed_port()}/v1",
+                            model="text-embedding-3-small", dimensions=None, api_key="sk-test",
+                            timeout_s=5.0, max_attempts=3, sleep=sleep)  # fmt: skip
+    with pytest.raises(FatalError) as caught:
+        client.embed(TEXTS, idempotency_key=KEY)
+    assert "no request of this run ever reached it" in str(caught.value)
+    assert "--base-url" in str(caught.value) and caught.value.requests == 3
+    assert len(sleep.waits) == 2  # the call's own retries still happen
+    with pytest.raises(FatalError):  # latched: nothing more is sent
+        client.embed(TEXTS, idempotency_key=KEY)
+    assert len(sleep.waits) == 2 and client.fatal_error is caught.value
+
+
+def test_an_endpoint_that_answered_before_stays_retryable_when_it_goes_away() -> None:
+    """A server that answered once and then went away is an outage, not a wrong URL: the
+    call fails retryably (the chunk fails, a rerun resumes) and the client is not latched."""
+    no_keepalive = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+    with FakeEmbeddingServer(dims=384) as gone:
+        client = make(gone, client=no_keepalive)  # a kept-alive connection would outlive it
+        client.embed(TEXTS, idempotency_key=KEY)
+    with pytest.raises(RetryableError) as caught:
+        client.embed(TEXTS, idempotency_key=KEY)
+    assert not isinstance(caught.value, FatalError)
+    assert isinstance(caught.value.__cause__, httpx.ConnectError)
+    assert client.fatal_error is None
+    no_keepalive.close()
+
+
 def test_fake_server_runs_standalone_for_benchmarks() -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
