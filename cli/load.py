@@ -114,11 +114,8 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     from flows.load import load_run
 
-    try:
-        state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
-                         return_state=True)  # fmt: skip
-    except KeyboardInterrupt:
-        return fail("embedline: interrupted; rerun the same command to resume", 130)
+    state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
+                     return_state=True)  # fmt: skip  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)
     if not isinstance(summary, dict):

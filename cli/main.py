@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from cli import gc, inspect, load, run, search
+from embedline import shutdown
 
 __all__ = ["main"]
 
@@ -26,8 +29,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``embedline`` console script; returns the exit code (DESIGN §3)."""
+    """Entry point of the ``embedline`` console script; returns the exit code (DESIGN §3).
+
+    Ctrl-C or SIGTERM before a run dispatches chunks (planning, waiting for Prefect's
+    temporary server) ends with one line and 130 or 143, after the cleanups ran (the
+    temporary server stopped, a started run marked ``interrupted``); while chunks are
+    dispatched, ``flows.signals`` handles them (a grace period first).
+    """
     args = _parser().parse_args(argv)
+    previous = None  # an inherited SIG_IGN (e.g. from a supervisor) is kept
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # fmt: skip
+        previous = signal.signal(signal.SIGTERM, shutdown.raise_terminated)
     try:
         code = int(args.handler(args))
         sys.stdout.flush()
@@ -37,4 +50,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (Python docs, "Note on SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except BaseException as exc:
+        if not shutdown.is_interrupt(exc):
+            raise
+        return _interrupted(exc)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return code
+
+
+def _interrupted(exc: BaseException) -> int:
+    """One line for an interrupt that reached the top; returns 130 (SIGINT) or 143."""
+    signum = getattr(exc, "signum", None) or getattr(exc, "signal", None) or signal.SIGINT
+    sys.stderr.write(f"embedline: interrupted by {signal.Signals(signum).name}; rerun the same "
+                     "command to resume\n")  # fmt: skip
+    return shutdown.exit_code_for(signum)

@@ -27,6 +27,7 @@ from cli.common import (
     with_prefect_api,
 )
 from cli.prefect_env import PrefectApi, PrefectApiError
+from embedline import shutdown
 from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["add_parsers"]
@@ -208,7 +209,6 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     import logging
 
     from cli.console import print_summary, stop_progress
-    from embedline import shutdown
 
     if not os.environ.get(DEBUG_ENV):
         for name in _API_NOISE_LOGGERS:
@@ -246,7 +246,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
             print_summary(committed)
             if loaded:
                 print_load_summary(loaded)
-            return 0
+            return int(committed["exit_code"])  # 1: every chunk published, dead letters
         # with --sink and a load still to do, the flow loads the committed run
     from flows.embed_csv import embed_csv
 
@@ -257,10 +257,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     parameters = settings.to_parameters()
     with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
             _no_heartbeats(api):  # fmt: skip
-        try:
-            state = embed_csv(**parameters, return_state=True)
-        except KeyboardInterrupt:
-            return fail("embedline: interrupted; rerun the same command to resume", 130)
+        state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)  # a Failed state carries RunNotComplete
     if not isinstance(summary, dict):
@@ -371,6 +368,10 @@ def _commit_if_published(
                                       supersedes=target.supersedes)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
+    except BaseException as exc:  # an interrupt after the run was recorded: not a crash
+        if shutdown.is_interrupt(exc):
+            ledger.mark_interrupted(target.run_key)
+        raise
     finally:
         ledger.close()
     return None if summary is None else summary.to_dict()

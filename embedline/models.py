@@ -26,6 +26,7 @@ __all__ = [
     "RunSummary",
     "chunk_generation",
     "chunk_object_key",
+    "dead_letters_block_message",
     "dead_letters_phrase",
     "manifest_object_key",
 ]
@@ -55,6 +56,13 @@ def chunk_generation(object_key: str) -> int:
 def dead_letters_phrase(rows: int) -> str:
     """``"1 row is a dead letter"`` / ``"3 rows are dead letters"`` (messages, summaries)."""
     return "1 row is a dead letter" if rows == 1 else f"{rows:,} rows are dead letters"
+
+
+def dead_letters_block_message(rows: int, run_key: str) -> str:
+    """The message of a run whose every chunk is published but ``rows`` dead letters keep
+    its manifest from being committed (without ``--allow-failed-rows``)."""
+    return (f"{dead_letters_phrase(rows)} (see `embedline dead-letters {run_key}`); the "
+            "manifest is committed only with --allow-failed-rows")
 
 
 def manifest_object_key(run_key: str) -> str:

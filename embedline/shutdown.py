@@ -27,14 +27,17 @@ from typing import Any
 __all__ = [
     "SIGNALS",
     "ApiLoss",
+    "Terminated",
     "api_lost",
     "exit_code_for",
     "expect_hand_over",
     "hand_over",
     "hard_exit",
+    "is_interrupt",
     "note_api_lost",
     "note_signal",
     "on_hard_exit",
+    "raise_terminated",
     "remove_hard_exit_hook",
     "reset",
     "stop_signal",
@@ -48,6 +51,30 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _tasks_stop = threading.Event()
 _signal: int | None = None
 _hard_exit_hooks: list[Callable[[], None]] = []
+
+
+class Terminated(BaseException):
+    """SIGTERM outside the flow's dispatch window (where ``flows.signals`` handles it), raised
+    in the main thread like ``KeyboardInterrupt`` for SIGINT, so cleanups run and the CLI
+    prints one line and exits 143. A ``BaseException``: ``except Exception`` never eats it."""
+
+    signum = signal.SIGTERM
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """A SIGTERM handler (``signal.signal(signal.SIGTERM, raise_terminated)``).
+
+    :raises Terminated: always.
+    """
+    raise Terminated()
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """True for an interrupt: ``KeyboardInterrupt`` (Ctrl-C), ``Terminated`` (SIGTERM) and
+    Prefect 3.9's ``TerminationSignal`` (its SIGTERM handler while a flow run is open;
+    matched by name, so this module imports no Prefect)."""
+    return isinstance(exc, KeyboardInterrupt | Terminated) or \
+        type(exc).__name__ == "TerminationSignal"  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

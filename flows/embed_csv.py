@@ -32,6 +32,7 @@ from embedline.models import (
     InputPlan,
     RunSummary,
     chunk_generation,
+    dead_letters_block_message,
     dead_letters_phrase,
     manifest_object_key,
 )
@@ -199,15 +200,17 @@ def _run_recording_crashes(
     settings: RunSettings, plan: InputPlan, base: RunSummary, ledger: Ledger, started: float
 ) -> RunSummary:
     """``_run``, but a run that dies of an unexpected error is marked ``crashed`` in the
-    ledger (not left ``running``) before the error propagates to Prefect, and one ended by
-    a hard exit of this process (a second signal; the Prefect API lost before chunks were
+    ledger (not left ``running``) before the error propagates to Prefect; one ended by an
+    interrupt before dispatching (Ctrl-C, SIGTERM: ``shutdown.is_interrupt``) or by a hard
+    exit of this process (a second signal; the Prefect API lost before chunks were
     dispatched) is marked ``interrupted``: nothing was lost, the rerun resumes."""
     on_hard_exit = functools.partial(record_hard_stop, settings.ledger, str(base.run_key))
     shutdown.on_hard_exit(on_hard_exit)
     try:
         return _run(settings, plan, base, ledger, started)
-    except BaseException:
-        ledger.finish_run(str(base.run_key), status="crashed", rows_published=0, rows_failed=0,
+    except BaseException as exc:
+        status = "interrupted" if shutdown.is_interrupt(exc) else "crashed"
+        ledger.finish_run(str(base.run_key), status=status, rows_published=0, rows_failed=0,
                           manifest_uri=None)  # fmt: skip
         raise
     finally:
@@ -490,9 +493,8 @@ def _summarize(
             f"{not_done} of {len(plan.chunks)} chunks not published; rerun the same command "
             "to retry only those chunks"))  # fmt: skip
     if rows_failed:
-        return _with(summary, started, exit_code=1, status="dead_letters", message=(
-            f"{dead_letters_phrase(rows_failed)} (see `embedline dead-letters "
-            f"{base.run_key}`); the manifest is committed only with --allow-failed-rows"))
+        return _with(summary, started, exit_code=1, status="dead_letters",
+                     message=dead_letters_block_message(rows_failed, str(base.run_key)))
     return _with(summary, started, status="complete")
 
 

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.ledger import Ledger
-from embedline.models import ChunkOutcome, InputPlan, ManifestChunk, RunSummary
+from embedline.models import (
+    ChunkOutcome,
+    InputPlan,
+    ManifestChunk,
+    RunSummary,
+    dead_letters_block_message,
+)
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from tasks.changes import ChangeCounts, write_changes
@@ -97,6 +103,27 @@ def commit_run(
     return Committed(uri, created, manifest, changes, dims)
 
 
+def _blocked_by_dead_letters(
+    ledger: Ledger, store: ObjectStore, settings: RunSettings, plan: InputPlan, run_key: str,
+    done: dict[int, ChunkOutcome], rows_failed: int, *, wall_s: float, generation: int,
+    supersedes: str | None,
+) -> RunSummary:  # fmt: skip
+    """Record and return the end of a run whose chunks are all published but whose dead
+    letters keep it from committing (the flow's ``dead_letters`` summary, exit 1)."""
+    rows = sum(o.rows for o in done.values())
+    ledger.finish_run(run_key, status="dead_letters", rows_published=rows,
+                      rows_failed=rows_failed, manifest_uri=None)  # fmt: skip
+    return RunSummary(
+        exit_code=1, status="dead_letters",
+        message=dead_letters_block_message(rows_failed, run_key),
+        run_key=run_key, output=store.uri, rows_total=plan.rows,
+        rows_published=rows, rows_skipped=rows, rows_failed=rows_failed,
+        chunks_total=len(plan.chunks), chunks_skipped=len(done), wall_s=round(wall_s, 3),
+        price_per_million_tokens=settings.price_per_million_tokens,
+        generation=generation, supersedes=supersedes,
+    )  # fmt: skip
+
+
 def commit_if_published(
     store: ObjectStore,
     ledger: Ledger,
@@ -110,8 +137,11 @@ def commit_if_published(
 ) -> RunSummary | None:
     """Commit the run without embedding when every chunk is already published (e.g. a
     re-export of the same rows with new bytes); None when the flow has work to do: a chunk
-    to embed, dead letters without ``--allow-failed-rows``, a sink to load, or an object
-    gone from the store.
+    to embed, dead letters to send again, a sink to load, or an object gone from the store.
+
+    Every chunk published but dead letters without ``--allow-failed-rows``: nothing to
+    embed and nothing to commit, so the run ends here too, as the flow would end it: status
+    ``dead_letters``, exit 1 (a rerun of that command took 5 s of Prefect start-up to say so).
 
     :raises FatalError: the store ignores conditional writes (and that is not allowed).
     :raises ConflictError: an object at a chunk's key, or the manifest's, is something else.
@@ -125,11 +155,17 @@ def commit_if_published(
                      object_uris=[store.uri_for(c.object_key) for c in plan.chunks])  # fmt: skip
     done = find_published(plan, run_key=run_key, ledger=ledger, store=store,
                           model=settings.effective_model)  # fmt: skip
-    rows_failed = sum(len(o.dead_letters) for o in done.values())
-    if len(done) < len(plan.chunks) or (rows_failed and not settings.allow_failed_rows):
+    if len(done) < len(plan.chunks):
         return None
     if any(retries_dead_letters(store, o, settings) for o in done.values()):
         return None  # the flow sends them again (DESIGN §8)
+    rows_failed = sum(len(o.dead_letters) for o in done.values())
+    if rows_failed and not settings.allow_failed_rows:
+        if missing_objects(store, done):
+            return None  # the flow re-embeds what went
+        return _blocked_by_dead_letters(ledger, store, settings, plan, run_key, done, rows_failed,
+                                        wall_s=wall_s, generation=generation,
+                                        supersedes=supersedes)  # fmt: skip
     warning = ensure_conditional_writes(store, allow_unconditional=settings.allow_unconditional_store)
     if warning or missing_objects(store, done):
         return None  # the flow says it loudly, or re-embeds what went

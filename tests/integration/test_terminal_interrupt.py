@@ -47,3 +47,88 @@ def test_ctrl_c_to_the_process_group_stops_gracefully(
     db = sqlite3.connect(tmp_path / "ledger.sqlite3")
     assert db.execute("SELECT COUNT(*) FROM chunks WHERE state = 'running'").fetchone()[0] == 0
     assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return {**env, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(home), **extra}
+
+
+def _status(tmp_path: Path, home: Path) -> str:
+    return subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
+                          cwd=tmp_path, env=_env(home), capture_output=True, text=True,
+                          timeout=60).stdout  # fmt: skip
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_temporary_server_starts_is_one_line(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, signum: signal.Signals
+) -> None:
+    """Before the flow runs (the CLI waits for its temporary server, about 3 s), Ctrl-C or
+    SIGTERM: one line, 130 or 143, no traceback, no server left, nothing sent (before the
+    fix: a 30-line KeyboardInterrupt traceback, and SIGTERM ended the CLI silently)."""
+    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
+    home = tmp_path / "prefect-home"
+    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=_env(home),
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (home / "embedline-temporary-server.log").exists():  # the server was spawned
+        assert time.monotonic() < deadline and proc.poll() is None, "no server was started"
+        time.sleep(0.02)
+    time.sleep(0.5)  # the CLI is planning or waiting; the server imports for seconds more
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert err.strip().splitlines() == [
+        f"embedline: interrupted by {signal.Signals(signum).name}; rerun the same command to "
+        "resume"], err[-3000:]
+    assert fake_openai.counters()["requests"] == 0
+    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
+    assert "\trunning\t" not in _status(tmp_path, home)
+
+
+def test_ctrl_c_while_the_flow_plans_reads_interrupted(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    """Ctrl-C after the flow recorded its run, before any chunk was dispatched (held in the
+    output's conditional-write probe, a PUT through a proxy that waits): one line, 130, and
+    the run reads ``interrupted``, not ``crashed``."""
+    import threading
+
+    from tests.support.s3_proxy import ResettingProxy
+
+    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
+    home = tmp_path / "prefect-home"
+    reached, release = threading.Event(), threading.Event()
+
+    def hold_first_put(method: str, path: str) -> None:  # a fault that only delays
+        if method == "PUT" and not reached.is_set():
+            reached.set()
+            release.wait(60)
+        return None
+
+    with ResettingProxy(moto_endpoint, fault=hold_first_put) as proxy:
+        args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+                "--output", f"s3://{s3_bucket}/out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
+                                env=_env(home, AWS_ENDPOINT_URL=proxy.url), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            assert reached.wait(120), "the flow never reached the store"
+            proc.send_signal(signal.SIGINT)
+            release.set()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            release.set()
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "embedline: interrupted by SIGINT; rerun the same command to resume"), err[-3000:]
+    assert fake_openai.counters()["requests"] == 0
+    assert "\tinterrupted\t" in _status(tmp_path, home)
+    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
