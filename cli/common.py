@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "HELP_FORMATTER", "LEDGER_HELP",
-           "exit_on_api_loss", "fail", "find_run", "open_ledger", "positive_float", "positive_int",
-           "with_prefect_api"]  # fmt: skip
+           "exit_on_api_loss", "fail", "find_run", "non_negative_float", "open_ledger",
+           "positive_float", "positive_int", "with_prefect_api"]  # fmt: skip
 
 EXIT_USAGE = 2
 EXIT_FATAL = 3
@@ -35,6 +35,14 @@ def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a float ≥ 0."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
 
 

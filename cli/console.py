@@ -164,7 +164,9 @@ def print_summary(summary: dict[str, Any]) -> None:
             + (f"{summary['chunks_concurrent']} by a concurrent run, "
                if summary.get("chunks_concurrent") else "")
             + f"{summary['chunks_failed']} failed, "
-            f"{summary['chunks_not_run']} not run, of {summary['chunks_total']}",
+            + (f"{summary['chunks_released']} released, " if summary.get("chunks_released")
+               else "")
+            + f"{summary['chunks_not_run']} not run, of {summary['chunks_total']}",
             f"api        {summary['requests']:,} requests, {summary.get('inputs', 0):,} inputs "
             f"sent, {summary['tokens']:,} tokens reported",
             f"reuse      {summary.get('rows_reused', 0):,} rows reused from earlier runs, "

@@ -60,12 +60,32 @@ def _load(args: argparse.Namespace) -> int:
         validate_sink_uri(args.to)
     except InputError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    problem = _no_committed_run(_output_for(args), args.run)
+    if problem is not None:
+        return fail(f"embedline: error: {problem[0]}", problem[1])
     done = already_loaded(_output_for(args), args.run, args.to, args.ledger)
     if done is not None:
         print_load_summary(done)
         return 0
     return with_prefect_api(lambda api: _load_flow(args, api), on_lost=lambda loss:
                             exit_on_api_loss(loss, kept="what was loaded is kept"))
+
+
+def _no_committed_run(output: str, run: str | None) -> tuple[str, int] | None:
+    """(one line, exit code) when ``output`` holds no committed run to load (or not RUN):
+    said before Prefect starts, not after its 5 s start-up. None: there is one, or the
+    store could not be read here (the flow reports that with its full context)."""
+    from adapters.object_store import open_store
+    from embedline.errors import EmbedlineError
+    from tasks.read import resolve_run
+
+    try:
+        resolve_run(open_store(output), run)
+    except EmbedlineError as exc:
+        return str(exc), exc.exit_code
+    except OSError:
+        return None
+    return None
 
 
 def already_loaded(output: str, run: str | None, sink_uri: str,

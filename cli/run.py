@@ -21,6 +21,7 @@ from cli.common import (
     exit_on_api_loss,
     fail,
     find_run,
+    non_negative_float,
     open_ledger,
     positive_float,
     positive_int,
@@ -102,8 +103,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--price-per-million-tokens", type=float, default=None,
                      help="USD per 1M tokens, for the cost estimate in the summary")
     run.add_argument("--no-reuse", dest="reuse", action="store_false",
+                     default=argparse.SUPPRESS,  # not "(default: True)": reuse is on
                      help="send every text, even one whose vector the output already holds "
-                          "for this model (e.g. the model's weights changed under its name)")
+                          "for this model (e.g. the model's weights changed under its name); "
+                          "without it, such texts are reused, not sent")
     run.add_argument("--task-runner", choices=("threads", "dask"), default="threads",
                      help="where chunk tasks run: threads here, or Dask workers (with no "
                           "PREFECT_API_URL they use this run's temporary Prefect server)")
@@ -115,7 +118,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--sink", default=None, metavar="URI",
                      help="after the manifest commit, load the run into lancedb://PATH, "
                           "PATH/NAME.lance or postgresql://user@host/db (see embedline load)")
-    run.add_argument("--progress-interval", type=float, default=10.0, metavar="SECONDS",
+    run.add_argument("--progress-interval", type=non_negative_float, default=10.0,
+                     metavar="SECONDS",
                      help="when stderr is not a terminal, a progress line every SECONDS "
                           "(0: none)")
     run.add_argument("--debug", action="store_true",

@@ -83,11 +83,13 @@ def codec_for(encoding: str) -> str:
 def validation_message(exc: ValidationError) -> str:
     """One line for a pydantic error: ``--flag: problem; …`` (without pydantic's "Value
     error, " prefix, which says nothing to a user)."""
+    flags = {field: name for name, field in PARAMETER_FIELDS.items()}  # grace_s → --grace
     return "; ".join(
-        (f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else "")
+        (f"--{flags.get(str(e['loc'][0]), str(e['loc'][0])).replace('_', '-')}: "
+         if e["loc"] else "")
         + str(e["msg"]).removeprefix("Value error, ")
         for e in exc.errors()
-    )
+    )  # fmt: skip
 
 
 class RunSettings(BaseModel):

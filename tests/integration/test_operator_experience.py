@@ -78,6 +78,17 @@ def test_unreachable_prefect_api_is_one_line_and_exit_2(tmp_path: Path, csv_file
 # -- item 4: checks that need no Prefect answer before it starts -----------------------------
 
 
+@pytest.mark.parametrize("run", [None, "0123456789abcdef"], ids=["latest", "named"])
+def test_load_with_no_committed_run_is_one_line_before_prefect(
+    tmp_path: Path, run: str | None
+) -> None:
+    result = _cli(tmp_path, "load", *([run] if run else []), "--to", "lancedb://./db")
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = _one_line(result.stderr)
+    assert line.startswith("embedline: error: ") and "no committed run" in line, line
+    assert not _prefect_started(tmp_path)
+
+
 def test_rerun_held_back_only_by_dead_letters_answers_without_prefect(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
@@ -235,6 +246,8 @@ def test_run_help_shows_every_default_and_explains_the_ledger(tmp_path: Path) ->
     for flag in ("--chunk-size", "--batch-size", "--concurrency", "--timeout", "--grace"):
         assert flag in text
     assert "(default: 1000)" in text and "(default: 128)" in text and "(default: 60.0)" in text
+    no_reuse = text.split("--no-reuse ", 1)[1].split(" --task-runner", 1)[0]
+    assert "default: True" not in no_reuse and "reused" in no_reuse  # on unless --no-reuse
     for flag in ("--ledger LEDGER the SQLite ledger", "--id-column ID_COLUMN header name",
                  "--text-column TEXT_COLUMN header name", "--dimensions DIMENSIONS shortened",
                  "--on-too-long {dead-letter,truncate} what to do"):  # fmt: skip

@@ -13,11 +13,24 @@ def test_dead_letter_ids_stay_onetsv_field() -> None:
     assert tsv_field("a\tb\nc\rd\\e") == "a\\tb\\nc\\rd\\\\e"
 
 
-def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("flag", "value"), [("--chunk-size", "0"),
+                                             ("--progress-interval", "-1")])
+def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str], flag: str,
+                                      value: str) -> None:  # fmt: skip
     with pytest.raises(SystemExit) as info:
-        main(["run", "x.csv", "--chunk-size", "0"])
+        main(["run", "x.csv", flag, value])
     assert info.value.code == 2
-    assert "--chunk-size" in capsys.readouterr().err
+    assert flag in capsys.readouterr().err
+
+
+def test_a_settings_error_names_the_flag_not_the_field(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["run", "x.csv", "--grace", "-1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--grace:" in err and "grace-s" not in err, err
 
 
 def test_flow_heartbeats_are_off_only_with_the_clis_temporary_server() -> None:
@@ -35,3 +48,23 @@ def test_flow_heartbeats_are_off_only_with_the_clis_temporary_server() -> None:
     with _no_heartbeats(SimpleNamespace(server=None)):
         assert get_current_settings().flows.heartbeat_frequency == configured
     assert configured is not None
+
+
+def test_the_summarys_chunk_counts_add_up_after_released_chunks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """After a stop, released chunks are listed too (before: 0 + 0 + 37 + 22 of 64)."""
+    import re
+
+    from cli.console import print_summary
+    from embedline.models import RunSummary
+
+    summary = RunSummary(130, "interrupted", "interrupted by SIGINT", run_key="k" * 64,
+                         output="out", rows_total=640, chunks_total=64, chunks_published=3,
+                         chunks_skipped=2, chunks_failed=37, chunks_released=5,
+                         chunks_not_run=17)  # fmt: skip
+    print_summary(summary.to_dict())
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("chunks"))
+    assert "5 released" in line, line
+    *parts, total = (int(n) for n in re.findall(r"\d+", line))
+    assert sum(parts) == total == 64, line
