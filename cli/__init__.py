@@ -5,6 +5,11 @@ dead-letters). Prefect and the adapters are imported inside the commands, so ``-
 usage errors answer at once.
 """
 
-from cli.main import main
+import time
 
-__all__ = ["main"]
+#: ``time.monotonic()`` when the command started (this package is its first import).
+STARTED_AT = time.monotonic()
+
+from cli.main import main  # noqa: E402 - after STARTED_AT, which it reads
+
+__all__ = ["STARTED_AT", "main"]

@@ -19,7 +19,14 @@ from rich.progress import (
 
 from embedline import progress
 
-__all__ = ["ProgressBar", "cost_lines", "print_summary", "stop_progress"]
+__all__ = ["ProgressBar", "command_seconds", "cost_lines", "print_summary", "stop_progress"]
+
+
+def command_seconds() -> float:
+    """Seconds since this command started (``cli.STARTED_AT``)."""
+    import cli
+
+    return time.monotonic() - cli.STARTED_AT
 
 _active: list[ProgressBar] = []  # the bar of the run in progress, for stop_progress
 
@@ -144,8 +151,12 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
             f"deduplication (at ${price}/1M tokens)"]
 
 
-def print_summary(summary: dict[str, Any]) -> None:
-    """Print the run summary (counts, wall time, manifest) to stdout; never any text."""
+def print_summary(summary: dict[str, Any], *, command_s: float | None = None) -> None:
+    """Print the run summary (counts, wall time, manifest) to stdout; never any text.
+
+    ``wall_s`` is the run's own time (the flow's, or the CLI's commit without Prefect);
+    ``command_s``, when given, is the whole command's, Prefect's start-up included, in
+    seconds since the process started."""
     lines = [
         f"run        {summary.get('run_key') or '-'}" + (
             f" (generation {summary['generation']}: retries the dead letters of run "
@@ -173,7 +184,9 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{summary.get('rows_deduplicated', 0):,} deduplicated in this run "
             f"(~{summary.get('tokens_saved', 0):,} tokens not sent)",
             *cost_lines(summary),
-            f"wall time  {summary['wall_s']:.1f} s",
+            f"wall time  {summary['wall_s']:.1f} s" + (
+                f" (the whole command: {command_s:.1f} s, with Prefect's start-up)"
+                if command_s is not None and command_s - summary["wall_s"] >= 0.1 else ""),
             f"output     {summary['output']}",
         ]
     if summary.get("rows_added") is not None:

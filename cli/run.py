@@ -212,7 +212,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     waiting for Prefect's client retries. At most ``grace_s + _HAND_OVER_MARGIN_S`` seconds."""
     import logging
 
-    from cli.console import print_summary, stop_progress
+    from cli.console import command_seconds, print_summary, stop_progress
 
     if not os.environ.get(DEBUG_ENV):
         for name in _API_NOISE_LOGGERS:
@@ -225,7 +225,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     code = int(summary["exit_code"])
     try:  # whatever printing does, this thread ends the process
         stop_progress()
-        print_summary(summary)
+        print_summary(summary, command_s=command_seconds())
         if code:
             sys.stderr.write(f"embedline: error: {summary['message']}\n")
         else:
@@ -236,7 +236,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
 
 
 def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int:
-    from cli.console import ProgressBar, print_summary
+    from cli.console import ProgressBar, command_seconds, print_summary
 
     committed = _already_committed(settings) if "://" not in settings.input else None
     if isinstance(committed, tuple):
@@ -266,7 +266,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     summary = getattr(summary, "summary", summary)  # a Failed state carries RunNotComplete
     if not isinstance(summary, dict):
         return fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
-    print_summary(summary)
+    print_summary(summary, command_s=command_seconds())
     if summary.get("load"):
         from cli.load import print_load_summary
 

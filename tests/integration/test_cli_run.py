@@ -113,6 +113,7 @@ def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
     _csv(tmp_path / "in.csv", rows)
     code, out, _ = _run(tmp_path, fake_openai, "--chunk-size", "3")
     assert code == 1 and "2 rows are dead letters" in out
+    assert "(the whole command: " in out  # the flow's wall time, and the command's
     assert not (tmp_path / "out" / "manifests").exists()
     run_key = out.split()[1]
     dead = run_cli("dead-letters", run_key[:8], "--ledger", str(tmp_path / "ledger.sqlite3"),

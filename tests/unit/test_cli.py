@@ -68,3 +68,19 @@ def test_the_summarys_chunk_counts_add_up_after_released_chunks(
     assert "5 released" in line, line
     *parts, total = (int(n) for n in re.findall(r"\d+", line))
     assert sum(parts) == total == 64, line
+
+
+def test_the_summary_gives_the_whole_commands_time_beside_the_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The flow's wall time leaves out Prefect's start-up (0.3 s printed for a 5.6 s
+    command); both are printed, the whole command's only when it differs."""
+    from cli.console import print_summary
+    from embedline.models import RunSummary
+
+    summary = RunSummary(0, "complete", "", run_key="k" * 64, output="out", wall_s=4.7)
+    print_summary(summary.to_dict(), command_s=9.84)
+    print_summary(summary.to_dict())
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("wall time")]
+    assert lines == ["wall time  4.7 s (the whole command: 9.8 s, with Prefect's start-up)",
+                     "wall time  4.7 s"]  # fmt: skip
