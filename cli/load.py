@@ -132,7 +132,10 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
         api.wait_ready()
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    from flows.load import load_run
+    from embedline import shutdown
+
+    with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost
+        from flows.load import load_run
 
     state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
                      return_state=True)  # fmt: skip  # an interrupt: cli.main says it

@@ -252,7 +252,8 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
                 print_load_summary(loaded)
             return int(committed["exit_code"])  # 1: every chunk published, dead letters
         # with --sink and a load still to do, the flow loads the committed run
-    from flows.embed_csv import embed_csv
+    with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost
+        from flows.embed_csv import embed_csv
 
     try:
         api.wait_ready()

@@ -16,11 +16,12 @@ Prefect's client, whose retries of each call take about a minute (2+4+8+16+32 s)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "expect_hand_over",
     "hand_over",
     "hard_exit",
+    "interrupts_deferred",
     "is_interrupt",
     "note_api_lost",
     "note_signal",
@@ -67,6 +69,30 @@ def raise_terminated(signum: int, frame: object) -> None:
     :raises Terminated: always.
     """
     raise Terminated()
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM are noted, not raised, inside the block, and the first one is
+    raised when it ends (``KeyboardInterrupt`` or ``Terminated``). For ``import prefect``:
+    an interrupt raised inside it was lost (pydantic wraps it in a ``RuntimeError`` while
+    building a model class, which Prefect 3.9's plugin loader catches and logs) and the run
+    went on. A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum))
+                for s in SIGNALS}  # fmt: skip
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if noted:
+        if noted[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated()
 
 
 def is_interrupt(exc: BaseException) -> bool:

@@ -146,13 +146,43 @@ def assert_clean(message: str) -> None:
      httpx.ProxyError],
 )
 def test_transport_failures_are_retryable(exc_type: type[httpx.RequestError]) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
+    """Retryable once the server has answered this client (a ``ConnectError`` before any
+    answer is the unreachable-endpoint case below)."""
+    def fail(request: httpx.Request) -> httpx.Response:
         raise exc_type("boom", request=request)
 
-    error = embed_error(handler)
+    client = make_embedder(Sequenced(ok, fail))
+    client.embed(["a"], idempotency_key=IDEM)
+    with pytest.raises(Exception) as caught:
+        client.embed(["a", SECRET_TEXT], idempotency_key=IDEM)
+    error = caught.value
     assert type(error) is RetryableError
     assert isinstance(error.__cause__, exc_type)
     assert exc_type.__name__ in str(error)
+
+
+@pytest.mark.parametrize("exc_type", [httpx.ConnectTimeout, httpx.ReadTimeout,
+                                      httpx.ReadError, httpx.RemoteProtocolError])
+def test_before_any_answer_only_refused_connections_mean_unreachable(
+    exc_type: type[httpx.RequestError],
+) -> None:
+    """A wrong --base-url refuses connections (``ConnectError``); a timeout or a dropped
+    connection may be a slow or overloaded server, so it stays retryable even first."""
+    def fail(request: httpx.Request) -> httpx.Response:
+        raise exc_type("boom", request=request)
+
+    error = embed_error(fail)
+    assert type(error) is RetryableError and isinstance(error.__cause__, exc_type)
+
+
+def test_refused_connections_before_any_answer_stop_the_client() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    error = embed_error(refuse)
+    assert type(error) is FatalError, error
+    assert "no request of this run ever reached it" in str(error)
+    assert_clean(str(error))
 
 
 def test_unsupported_protocol_is_fatal() -> None:
