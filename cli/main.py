@@ -22,10 +22,22 @@ def _parser() -> argparse.ArgumentParser:
         prog="embedline",
         description="Embed a CSV's text column and publish the vectors exactly once.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in _COMMAND_MODULES:
         module.add_parsers(sub)
     return parser
+
+
+def _version() -> str:
+    """The installed package's version (``pyproject.toml``), or "unknown" when run from a
+    checkout that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("embedline")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -515,8 +515,9 @@ def _commit(
     logger.info("manifest %s %s", "committed" if done_.created else "already committed",
                 done_.uri)  # fmt: skip
     base = f"run {changes.base_run_key[:12]}" if changes.base_run_key else "nothing (first run)"
-    logger.info("changes against %s: %d added, %d changed, %d removed, %d unchanged", base,
-                changes.added, changes.changed, changes.removed, changes.unchanged)  # fmt: skip
+    logger.info("changes against %s: %s added, %s changed, %s removed, %s unchanged", base,
+                *(f"{n:,}" for n in (changes.added, changes.changed, changes.removed,
+                                     changes.unchanged)))  # fmt: skip
     message = (f"{dead_letters_phrase(summary.rows_failed)} (committed with "
                "--allow-failed-rows)" if summary.rows_failed else "")
     committed = RunSummary(**{**summary.to_dict(), **change_fields(done_.manifest), "exit_code": 0,

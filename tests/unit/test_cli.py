@@ -84,3 +84,12 @@ def test_the_summary_gives_the_whole_commands_time_beside_the_runs(
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("wall time")]
     assert lines == ["wall time  4.7 s (the whole command: 9.8 s, with Prefect's start-up)",
                      "wall time  4.7 s"]  # fmt: skip
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"embedline {version('embedline')}"
