@@ -46,7 +46,7 @@ from adapters.processes import local_process_is_gone
 from embedline.models import ChunkSpec, DeadLetter, InputPlan
 
 __all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "SinkLoadRecord",
-           "new_owner"]  # fmt: skip
+           "new_owner", "record_hard_stop"]  # fmt: skip
 
 _MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
@@ -815,3 +815,19 @@ class Ledger:
                            (_now_iso(), uri))  # fmt: skip
             db.executemany("UPDATE runs SET status = 'collected' WHERE manifest_uri = ?",
                            [(u,) for u in manifest_uris])  # fmt: skip
+
+
+def record_hard_stop(ledger_path: str, run_key: str) -> None:
+    """Mark run ``run_key`` ``interrupted`` if it is still ``running``: called from any
+    thread just before the command ends abruptly (a second signal, an interrupt before the
+    flow took over, the Prefect API lost before dispatching), on a connection of its own
+    that waits at most 1 s (the stopped thread may hold the write lock; ``status`` then
+    finds the process gone and says ``crashed``). Never raises."""
+    try:
+        ledger = Ledger(ledger_path, busy_timeout_s=1.0)
+        try:
+            ledger.mark_interrupted(run_key)
+        finally:
+            ledger.close()
+    except sqlite3.Error:
+        pass

@@ -5,11 +5,45 @@ dead-letters). Prefect and the adapters are imported inside the commands, so ``-
 usage errors answer at once.
 """
 
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
 import time
+from collections.abc import Sequence
 
 #: ``time.monotonic()`` when the command started (this package is its first import).
 STARTED_AT = time.monotonic()
 
-from cli.main import main  # noqa: E402 - after STARTED_AT, which it reads
-
 __all__ = ["STARTED_AT", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``embedline`` console script and ``python -m cli``: see
+    ``cli.main.main``. A Ctrl-C or SIGTERM while the command's modules load (about 0.2 s,
+    nothing started yet) prints the same one line as later, not an import traceback."""
+    early = _exit_quietly_on_signals()
+    try:
+        from cli.main import main as run
+    finally:
+        for signum, handler in early.items():
+            signal.signal(signum, handler)
+    return run(argv)
+
+
+def _exit_quietly_on_signals() -> dict[int, object]:
+    """Install ``_exit_quietly`` for SIGINT/SIGTERM where the default handlers are in place
+    (an inherited SIG_IGN is kept); return the handlers it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    return {signum: signal.signal(signum, _exit_quietly) for signum, default in
+            defaults.items() if signal.getsignal(signum) == default}  # fmt: skip
+
+
+def _exit_quietly(signum: int, frame: object) -> None:
+    sys.stderr.write(f"embedline: interrupted by {signal.Signals(signum).name}; rerun the "
+                     "same command to resume\n")  # fmt: skip
+    os._exit(128 + signum)

@@ -169,7 +169,8 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             f"({summary['rows_skipped']:,} already published before"
             + (f", {summary['rows_concurrent']:,} by a concurrent run"
                if summary.get("rows_concurrent") else "") + "), "
-            f"{summary['rows_failed']:,} dead letters",
+            f"{summary['rows_failed']:,} dead letter" + ("" if summary["rows_failed"] == 1
+                                                          else "s"),
             f"chunks     {summary['chunks_published']} published now, "
             f"{summary['chunks_skipped']} skipped, "
             + (f"{summary['chunks_concurrent']} by a concurrent run, "

@@ -73,7 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _interrupted(exc: BaseException) -> int:
-    """One line for an interrupt that reached the top; returns 130 (SIGINT) or 143."""
+    """One line for an interrupt that reached the top; returns 130 (SIGINT) or 143. The
+    hard-exit hooks run first: a run recorded before the flow took over reads
+    ``interrupted``."""
+    shutdown.run_hard_exit_hooks()
     signum = getattr(exc, "signum", None) or getattr(exc, "signal", None) or signal.SIGINT
     sys.stderr.write(f"embedline: interrupted by {signal.Signals(signum).name}; rerun the same "
                      "command to resume\n")  # fmt: skip

@@ -7,6 +7,7 @@ Prefect starts, in about a second.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sqlite3
 import sys
@@ -263,6 +264,8 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
             _no_heartbeats(api):  # fmt: skip
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it
+    if _recorded_run_hook is not None:
+        shutdown.remove_hard_exit_hook(_recorded_run_hook)
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)  # a Failed state carries RunNotComplete
     if not isinstance(summary, dict):
@@ -351,6 +354,11 @@ def _check_api_key(settings: Any) -> tuple[str, int] | None:
     return None
 
 
+#: The hard-exit hook of a run ``_commit_if_published`` recorded (``running``) and left to
+#: the flow; dropped once the flow ran, which records the run's end itself.
+_recorded_run_hook: Any = None
+
+
 def _commit_if_published(
     settings: Any, store: Any, plan: Any, target: Any, started: float
 ) -> dict[str, Any] | tuple[str, int] | None:
@@ -358,7 +366,7 @@ def _commit_if_published(
     commit its change set and manifest here, without Prefect (about a second)."""
     import time
 
-    from adapters.ledger import Ledger
+    from adapters.ledger import Ledger, record_hard_stop
     from embedline.errors import EmbedlineError
     from tasks.commit import commit_if_published
 
@@ -366,6 +374,11 @@ def _commit_if_published(
         ledger = Ledger(settings.ledger)
     except (OSError, sqlite3.Error):
         return None  # the flow reports it with its full context
+    # The run is recorded `running` now; until the flow takes over, an interrupt or a hard
+    # exit marks it `interrupted` (else `status` finds the process gone: `crashed`).
+    global _recorded_run_hook
+    _recorded_run_hook = functools.partial(record_hard_stop, settings.ledger, target.run_key)
+    shutdown.on_hard_exit(_recorded_run_hook)
     try:
         summary = commit_if_published(store, ledger, settings=settings, plan=plan,
                                       run_key=target.run_key, wall_s=time.monotonic() - started,
@@ -373,10 +386,6 @@ def _commit_if_published(
                                       supersedes=target.supersedes)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
-    except BaseException as exc:  # an interrupt after the run was recorded: not a crash
-        if shutdown.is_interrupt(exc):
-            ledger.mark_interrupted(target.run_key)
-        raise
     finally:
         ledger.close()
     return None if summary is None else summary.to_dict()

@@ -42,6 +42,7 @@ __all__ = [
     "raise_terminated",
     "remove_hard_exit_hook",
     "reset",
+    "run_hard_exit_hooks",
     "stop_signal",
     "stop_tasks",
     "tasks_must_stop",
@@ -154,13 +155,19 @@ def remove_hard_exit_hook(hook: Callable[[], None]) -> None:
         _hard_exit_hooks.remove(hook)
 
 
-def hard_exit(code: int) -> None:
-    """Run the hooks (best effort), flush, and end the process now with ``code``."""
-    for hook in _hard_exit_hooks:
+def run_hard_exit_hooks() -> None:
+    """Run the registered hooks (best effort): also when an interrupt ends the command
+    before a run's own stop handling took over."""
+    for hook in list(_hard_exit_hooks):
         try:
             hook()
         except OSError:
             pass
+
+
+def hard_exit(code: int) -> None:
+    """Run the hooks (best effort), flush, and end the process now with ``code``."""
+    run_hard_exit_hooks()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -24,7 +24,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import ValidationError
 
 from adapters.embeddings import api_key_from_env, close_embedders
-from adapters.ledger import Ledger, new_owner
+from adapters.ledger import Ledger, new_owner, record_hard_stop
 from embedline import shutdown
 from embedline.errors import ConflictError, EmbedlineError, InputError
 from embedline.models import (
@@ -41,7 +41,7 @@ from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_messa
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.load import load_stage
-from flows.signals import record_hard_stop, stop_on_signals
+from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for, warm_worker
 from tasks.commit import commit_run, missing_objects
 from tasks.gc import drop_run_lease, write_run_lease

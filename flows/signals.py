@@ -4,7 +4,7 @@ First signal: submit no more chunks and give in-flight chunks ``grace_s`` second
 (their requests are paid for: let them land); chunks still running then stop before their
 next request and are released in the ledger; the run exits 130 (SIGINT) or 143 (SIGTERM).
 Second signal: exit at once with the same code (``shutdown.hard_exit``, whose hook from
-``record_hard_stop`` marks the run ``interrupted``); the ledger stays consistent because
+``adapters.ledger.record_hard_stop`` marks the run ``interrupted``); the ledger stays consistent because
 every write is one SQLite transaction, and chunks left ``running`` are reclaimed by the next
 run on this host as soon as it sees their process is gone.
 
@@ -18,32 +18,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import sqlite3
 import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-from adapters.ledger import Ledger
 from embedline import shutdown
 from flows.dispatch import Dispatcher
 
-__all__ = ["record_hard_stop", "stop_on_signals"]
-
-
-def record_hard_stop(ledger_path: str, run_key: str) -> None:
-    """Mark run ``run_key`` ``interrupted`` if it is still ``running``: called from any
-    thread just before a hard exit (second signal, Prefect API lost before dispatching), on
-    a connection of its own that waits at most 1 s (the stopped thread may hold the write
-    lock; ``status`` then finds the process gone and says ``crashed``). Never raises."""
-    try:
-        ledger = Ledger(ledger_path, busy_timeout_s=1.0)
-        try:
-            ledger.mark_interrupted(run_key)
-        finally:
-            ledger.close()
-    except sqlite3.Error:
-        pass
+__all__ = ["stop_on_signals"]
 
 
 @contextlib.contextmanager

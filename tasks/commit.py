@@ -19,6 +19,7 @@ from embedline.models import (
     ManifestChunk,
     RunSummary,
     dead_letters_block_message,
+    dead_letters_phrase,
 )
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
@@ -178,7 +179,8 @@ def commit_if_published(
     return RunSummary(
         exit_code=0, status="complete",
         message="every chunk was already published: committed without embedding"
-        + (f"; {rows_failed} dead letters (--allow-failed-rows)" if rows_failed else ""),
+        + (f"; {dead_letters_phrase(rows_failed)} (--allow-failed-rows)" if rows_failed
+           else ""),
         run_key=run_key, output=store.uri, manifest_uri=committed.uri, rows_total=plan.rows,
         rows_published=rows, rows_skipped=rows, rows_failed=rows_failed,
         chunks_total=len(plan.chunks), chunks_skipped=len(done),

@@ -277,7 +277,13 @@ def test_one_dead_letter_is_singular(tmp_path: Path, fake_openai: FakeEmbeddingS
                   fake_openai.base_url)  # fmt: skip
     assert result.returncode == 1, result.stderr[-2000:]
     assert "1 row is a dead letter (see" in result.stdout
-    assert "1 rows" not in result.stdout
+    assert "1 rows" not in result.stdout and "1 dead letters" not in result.stdout
+    assert ", 1 dead letter\n" in result.stdout  # the rows line
+    committed = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
+                     fake_openai.base_url, "--allow-failed-rows")  # fmt: skip
+    assert committed.returncode == 0, committed.stderr[-2000:]
+    assert "1 row is a dead letter (--allow-failed-rows)" in committed.stdout
+    assert "1 dead letters" not in committed.stdout
 
 
 # -- item 3: expected failures have no traceback (unless --debug) ------------------------------
