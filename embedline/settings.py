@@ -132,20 +132,20 @@ class RunSettings(BaseModel):
     concurrency: int = Field(default=8, ge=1, le=256)
     rpm: int | None = Field(default=None, ge=1)
     tpm: int | None = Field(default=None, ge=1)
-    timeout_s: float = Field(default=60.0, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     max_attempts: int = Field(default=6, ge=1, le=100)
     max_input_tokens: int | None = Field(default=None, ge=1)
     auth_header: str | None = None
     encoding_format: Literal["auto", "base64", "float"] = "auto"
     on_too_long: Literal["dead-letter", "truncate"] = "dead-letter"
     chunk_retries: int = Field(default=1, ge=0, le=10)
-    chunk_retry_delay_s: float = Field(default=10.0, ge=0)
-    grace_s: float = Field(default=30.0, ge=0)
+    chunk_retry_delay_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    grace_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
     ledger: str = ".embedline/ledger.sqlite3"
     allow_failed_rows: bool = False
     retry_dead_letters: bool = False
     allow_unconditional_store: bool = False
-    price_per_million_tokens: float | None = Field(default=None, ge=0)
+    price_per_million_tokens: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     reuse: bool = True
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None

@@ -14,7 +14,8 @@ def test_dead_letter_ids_stay_onetsv_field() -> None:
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--chunk-size", "0"),
-                                             ("--progress-interval", "-1")])
+                                             ("--progress-interval", "-1"),
+                                             ("--progress-interval", "inf")])
 def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str], flag: str,
                                       value: str) -> None:  # fmt: skip
     with pytest.raises(SystemExit) as info:
@@ -23,14 +24,16 @@ def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str], flag: 
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("value", "problem"), [("-1", "greater than or equal to 0"),
+                                              ("nan", "finite"), ("inf", "finite")])
 def test_a_settings_error_names_the_flag_not_the_field(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], value: str, problem: str
 ) -> None:
     with pytest.raises(SystemExit) as info:
-        main(["run", "x.csv", "--grace", "-1"])
+        main(["run", "x.csv", "--grace", value])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert "--grace:" in err and "grace-s" not in err, err
+    assert "--grace:" in err and "grace-s" not in err and problem in err, err
 
 
 def test_flow_heartbeats_are_off_only_with_the_clis_temporary_server() -> None:
