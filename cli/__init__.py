@@ -17,7 +17,7 @@ from collections.abc import Sequence
 #: ``time.monotonic()`` when the command started (this package is its first import).
 STARTED_AT = time.monotonic()
 
-__all__ = ["STARTED_AT", "main"]
+__all__ = ["STARTED_AT", "interrupted_line", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,7 +43,12 @@ def _exit_quietly_on_signals() -> dict[int, object]:
             defaults.items() if signal.getsignal(signum) == default}  # fmt: skip
 
 
+def interrupted_line(signum: int) -> str:
+    """The one line an interrupted command ends with (here and in ``cli.main``)."""
+    return (f"embedline: interrupted by {signal.Signals(signum).name}; rerun the same command "
+            "to resume\n")
+
+
 def _exit_quietly(signum: int, frame: object) -> None:
-    sys.stderr.write(f"embedline: interrupted by {signal.Signals(signum).name}; rerun the "
-                     "same command to resume\n")  # fmt: skip
+    sys.stderr.write(interrupted_line(signum))
     os._exit(128 + signum)

@@ -60,10 +60,11 @@ def _load(args: argparse.Namespace) -> int:
         validate_sink_uri(args.to)
     except InputError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    problem = _no_committed_run(_output_for(args), args.run)
-    if problem is not None:
-        return fail(f"embedline: error: {problem[0]}", problem[1])
-    done = already_loaded(_output_for(args), args.run, args.to, args.ledger)
+    output = _output_for(args)
+    manifest = _committed_manifest(output, args.run)
+    if isinstance(manifest, tuple):
+        return fail(f"embedline: error: {manifest[0]}", manifest[1])
+    done = already_loaded(output, args.run, args.to, args.ledger, manifest=manifest)
     if done is not None:
         print_load_summary(done)
         return 0
@@ -71,27 +72,28 @@ def _load(args: argparse.Namespace) -> int:
                             exit_on_api_loss(loss, kept="what was loaded is kept"))
 
 
-def _no_committed_run(output: str, run: str | None) -> tuple[str, int] | None:
-    """(one line, exit code) when ``output`` holds no committed run to load (or not RUN):
-    said before Prefect starts, not after its 5 s start-up. None: there is one, or the
-    store could not be read here (the flow reports that with its full context)."""
+def _committed_manifest(output: str, run: str | None) -> dict[str, Any] | tuple[str, int] | None:
+    """The committed manifest to load (RUN's, else the latest), read before Prefect starts;
+    (one line, exit code) when ``output`` holds none, said now rather than after Prefect's
+    5 s start-up; None when the store could not be read here (the flow reports that with its
+    full context)."""
     from adapters.object_store import open_store
     from embedline.errors import EmbedlineError
     from tasks.read import resolve_run
 
     try:
-        resolve_run(open_store(output), run)
+        return resolve_run(open_store(output), run)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     except OSError:
         return None
-    return None
 
 
-def already_loaded(output: str, run: str | None, sink_uri: str,
-                   ledger_path: str) -> dict[str, Any] | None:  # fmt: skip
+def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str, *,
+                   manifest: dict[str, Any] | None = None) -> dict[str, Any] | None:  # fmt: skip
     """The summary of a load the ledger records as finished and still current (the sink's
     last finished load), found without starting Prefect or connecting to the sink; else None.
+    ``manifest``: the run's committed manifest, if the caller read it already.
     """
     import time
 
@@ -106,7 +108,7 @@ def already_loaded(output: str, run: str | None, sink_uri: str,
         return None
     started = time.monotonic()
     try:
-        manifest = resolve_run(open_store(output), run)
+        manifest = manifest or resolve_run(open_store(output), run)
         identity = open_sink(sink_uri).identity
     except (EmbedlineError, OSError):
         return None  # the flow reports it with its full context

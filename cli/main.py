@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from cli import gc, inspect, load, run, search
+from cli import gc, inspect, interrupted_line, load, run, search
 from embedline import shutdown
 
 __all__ = ["main"]
@@ -78,6 +78,5 @@ def _interrupted(exc: BaseException) -> int:
     ``interrupted``."""
     shutdown.run_hard_exit_hooks()
     signum = getattr(exc, "signum", None) or getattr(exc, "signal", None) or signal.SIGINT
-    sys.stderr.write(f"embedline: interrupted by {signal.Signals(signum).name}; rerun the same "
-                     "command to resume\n")  # fmt: skip
+    sys.stderr.write(interrupted_line(signum))
     return shutdown.exit_code_for(signum)

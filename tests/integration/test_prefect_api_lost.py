@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -153,33 +152,26 @@ def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrup
     conditional-write probe, a PUT through a proxy that waits) when the server dies. The CLI
     has no summary to wait for: it exits 1 with one line, and the run must read
     ``interrupted`` (nothing lost, the rerun resumes), not ``crashed`` as before."""
-    from tests.support.s3_proxy import ResettingProxy
+    from tests.support.s3_proxy import FirstPutHold, ResettingProxy
 
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n" for i in range(8)))
     server_home, cli_home = tmp_path / "server-home", tmp_path / "cli-home"
     server_home.mkdir()
-    reached, release = threading.Event(), threading.Event()
-
-    def hold_first_put(method: str, path: str) -> None:  # a fault that only delays
-        if method == "PUT" and not reached.is_set():
-            reached.set()
-            release.wait(60)
-        return None
-
+    hold = FirstPutHold()
     server, url = start_prefect_server(server_home)
-    with ResettingProxy(moto_endpoint, fault=hold_first_put) as proxy:
+    with ResettingProxy(moto_endpoint, fault=hold) as proxy:
         env = {**_env(cli_home, url), "AWS_ENDPOINT_URL": proxy.url}
         args = [a if a != "out" else f"s3://{s3_bucket}/out" for a in _run_args(fake_openai)]
         proc = subprocess.Popen(args, cwd=tmp_path, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
         try:
-            assert reached.wait(120), "the flow never reached the store"
+            assert hold.reached.wait(120), "the flow never reached the store"
             _kill(server)
             killed = time.monotonic()
             out, err = proc.communicate(timeout=60)
             stopped_s = time.monotonic() - killed
         finally:
-            release.set()
+            hold.release.set()
             _kill(server)
             if proc.poll() is None:
                 proc.kill()

@@ -117,33 +117,24 @@ def test_ctrl_c_while_the_flow_plans_reads_interrupted(
     """Ctrl-C after the flow recorded its run, before any chunk was dispatched (held in the
     output's conditional-write probe, a PUT through a proxy that waits): one line, 130, and
     the run reads ``interrupted``, not ``crashed``."""
-    import threading
-
-    from tests.support.s3_proxy import ResettingProxy
+    from tests.support.s3_proxy import FirstPutHold, ResettingProxy
 
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
     home = tmp_path / "prefect-home"
-    reached, release = threading.Event(), threading.Event()
-
-    def hold_first_put(method: str, path: str) -> None:  # a fault that only delays
-        if method == "PUT" and not reached.is_set():
-            reached.set()
-            release.wait(60)
-        return None
-
-    with ResettingProxy(moto_endpoint, fault=hold_first_put) as proxy:
+    hold = FirstPutHold()
+    with ResettingProxy(moto_endpoint, fault=hold) as proxy:
         args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
                 "--output", f"s3://{s3_bucket}/out", "--ledger", "ledger.sqlite3"]  # fmt: skip
         proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                                 env=_env(home, AWS_ENDPOINT_URL=proxy.url), text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
         try:
-            assert reached.wait(120), "the flow never reached the store"
+            assert hold.reached.wait(120), "the flow never reached the store"
             proc.send_signal(signal.SIGINT)
-            release.set()
+            hold.release.set()
             out, err = proc.communicate(timeout=60)
         finally:
-            release.set()
+            hold.release.set()
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ResettingProxy"]
+__all__ = ["FirstPutHold", "ResettingProxy"]
 
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"}
 
@@ -103,3 +103,18 @@ class ResettingProxy:
         self._server.shutdown()
         self._server.server_close()
         self._client.close()
+
+
+class FirstPutHold:
+    """A ``fault`` for ``ResettingProxy`` that only delays: the first PUT waits (up to 60 s)
+    until ``release`` is set, then is forwarded. ``reached`` is set when it arrives, so a
+    test can act while the client is held there (e.g. an output's conditional-write probe)."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, method: str, path: str) -> None:
+        if method == "PUT" and not self.reached.is_set():
+            self.reached.set()
+            self.release.wait(60)
