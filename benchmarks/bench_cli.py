@@ -53,7 +53,17 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO / ".." / "shared" / "data" / "debian-descriptions-en.csv"
+
+
+def default_data() -> Path:
+    """The whole English file, unpacked from the copy vendored in ``tests/data``."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # tests.support: not part of the installed package
+    from tests.support.real_data import ENGLISH_NAME, real_csv
+
+    return real_csv(ENGLISH_NAME)
+
+
 DIMS = 384
 MODEL = "text-embedding-3-small"  # the CLI's default for --embedder openai
 
@@ -935,9 +945,9 @@ def _git() -> dict[str, Any]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                        help="input CSV (default: ../shared/data/debian-descriptions-en.csv "
-                        "relative to the repo root)")  # fmt: skip
+    parser.add_argument("--data", type=Path, default=None,
+                        help="input CSV (default: the English Debian file vendored in "
+                        "tests/data, 63,905 rows)")  # fmt: skip
     parser.add_argument("--rows-subset", type=int, default=10_000,
                         help="records in the subset run (0 skips it)")
     parser.add_argument("--baseline-rows", type=int, default=2_000,
@@ -973,11 +983,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    data = args.data.resolve()
+    data = (args.data or default_data()).resolve()
     if not data.is_file():
         print(f"bench_cli: error: input CSV not found: {data}\n"
-              "  pass --data PATH (the default is ../shared/data/debian-descriptions-en.csv "
-              "relative to the repo root)", file=sys.stderr)  # fmt: skip
+              "  pass --data PATH (the default is the file vendored in tests/data)", file=sys.stderr)  # fmt: skip
         return 2
     if not Path("/proc/self/status").exists():
         print("bench_cli: error: needs Linux /proc for memory sampling", file=sys.stderr)

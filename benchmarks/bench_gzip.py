@@ -41,10 +41,14 @@ def _from_start(path: Path, start: int, stop: int) -> bytes:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path,
-                        default=REPO.parent / "shared" / "data" / "debian-descriptions-en.csv")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="input CSV (default: the English file vendored in tests/data)")
     parser.add_argument("--chunk-size", type=int, default=1000)
     args = parser.parse_args()
+    if args.data is None:
+        from tests.support.real_data import ENGLISH_NAME, real_csv
+
+        args.data = real_csv(ENGLISH_NAME)
     if not args.data.is_file():
         parser.error(f"no input at {args.data}: pass --data PATH")
     with tempfile.TemporaryDirectory() as tmp:

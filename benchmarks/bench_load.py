@@ -38,7 +38,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-DEFAULT_DATA = REPO / ".." / "shared" / "data" / "debian-descriptions-en.csv"
 
 _LOAD_WALL = re.compile(r"^wall time\s+([\d.]+) s\s*\Z", re.M)
 
@@ -92,13 +91,18 @@ def _adapter_only(sink_uri: str, output: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="input CSV (default: the English file vendored in tests/data)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="embedline-bench-load-"))
     os.chmod(work, 0o755)  # pgserver runs postgres as its own user when we are root
     server, base_url = _fake_server()
     pg: Any = None
+    if args.data is None:
+        from tests.support.real_data import ENGLISH_NAME, real_csv
+
+        args.data = real_csv(ENGLISH_NAME)
     results: dict[str, Any] = {"data": str(args.data.resolve()), "sinks": {}}
     try:
         wall, out = _cli("run", str(args.data.resolve()), "--embedder", "openai",

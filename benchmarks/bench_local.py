@@ -126,14 +126,19 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_local.py")
-    parser.add_argument("--data", type=Path,
-                        default=REPO.parent / "shared" / "data" / "debian-descriptions-en.csv")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="input CSV (default: the English file vendored in tests/data)")
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--st-python", default=None,
                         help="an interpreter with sentence-transformers, for the issue's baseline")
     parser.add_argument("--repeat", type=int, default=1,
                         help="alternate the measurements this many times; report medians")
     args = parser.parse_args(argv)
+    if args.data is None:
+        sys.path.insert(0, str(REPO))
+        from tests.support.real_data import ENGLISH_NAME, real_csv
+
+        args.data = real_csv(ENGLISH_NAME)
     if not args.data.is_file():
         print(f"bench_local: no data at {args.data}", file=sys.stderr)
         return 2

@@ -24,10 +24,11 @@ from tests.support.fake_openai import FakeEmbeddingServer, expected_matrix
 from tests.support.fixtures import run_cli
 from tests.support.moto_server import make_s3_client, moto_env
 from tests.support.output import vectors_by_id
+from tests.support.real_data import ENGLISH_NAME, real_csv
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "debian-descriptions-en.csv"
+DATA = real_csv(ENGLISH_NAME)  # vendored in tests/data
 Rows = list[tuple[str, str]]
 
 

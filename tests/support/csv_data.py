@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from tests.support.fake_openai import expected_matrix
-from tests.support.fixtures import REPO
+from tests.support.real_data import ENGLISH_NAME, real_csv
 
 __all__ = ["ENGLISH", "edit_rows", "expected_vectors", "read_rows", "write_rows"]
 
-ENGLISH = REPO.parent / "shared" / "data" / "debian-descriptions-en.csv"
+ENGLISH = real_csv(ENGLISH_NAME)  # vendored in tests/data (gzip), decompressed once
 
 
 def read_rows(path: Path, limit: int | None = None) -> list[tuple[str, str]]:

@@ -17,9 +17,10 @@ import json
 import sys
 from pathlib import Path
 
+from tests.support.real_data import real_csv
+
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "tests" / "data" / "minilm_reference.json"
-DATA = REPO.parent / "shared" / "data"
 
 
 def reference_texts() -> list[str]:
@@ -37,7 +38,7 @@ def reference_texts() -> list[str]:
     ]
     csv.field_size_limit(1 << 30)
     for name, count in (("debian-descriptions-en.csv", 24), ("debian-descriptions-ja.csv", 6)):
-        with open(DATA / name, encoding="utf-8", newline="") as fh:
+        with open(real_csv(name), encoding="utf-8", newline="") as fh:
             for i, row in enumerate(csv.DictReader(fh)):
                 if i % 97 == 0 and row["text"].strip():
                     texts.append(row["text"])

@@ -12,8 +12,8 @@ import pytest
 
 from adapters.gzip_index import GzipIndex
 from adapters.input_source import open_input
+from tests.support.real_data import JAPANESE_NAME, real_csv
 
-DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
 
 def _payload(size: int, seed: int = 7) -> bytes:
@@ -91,7 +91,7 @@ def test_truncated_and_corrupt_files_raise() -> None:
 
 
 def test_gzip_input_chunks_of_the_real_file_equal_the_plain_files_bytes(tmp_path: Path) -> None:
-    raw = (DATA / "debian-descriptions-ja.csv").read_bytes()
+    raw = real_csv(JAPANESE_NAME).read_bytes()
     packed = tmp_path / "ja.csv.gz"
     packed.write_bytes(gzip.compress(raw))
     source = open_input(str(packed))
