@@ -40,6 +40,7 @@ from adapters.rate_limit import RequestPacer
 from embedline.errors import (
     BadResponseError,
     EmbedlineError,
+    EndpointDownError,
     FatalError,
     InputError,
     RateLimitedError,
@@ -558,11 +559,13 @@ class OpenAIEmbedder:
       pacer, a pause or a backoff wake at once (with the default ``sleep``) and raise too.
       Only requests already holding a slot may still reach the server: at most
       ``concurrency - 1`` after the fatal answer;
-    - unreachable endpoint: a call that spends all ``max_attempts`` on connection failures
-      (``httpx.ConnectError``) before this client ever got an HTTP answer latches a
-      ``FatalError`` ("no request of this run ever reached it"): a wrong ``--base-url`` or
-      a server that is not running stops the run after one call's retries, not every
-      chunk's.
+    - circuit breaker: a call that spends all ``max_attempts`` on refused connections
+      (``httpx.ConnectError``) latches like a fatal answer. Before this client ever got
+      an HTTP answer it latches a ``FatalError`` ("no request of this run ever reached it": a wrong ``--base-url``, a server not
+      running; exit 3); after one, an ``EndpointDownError`` (the server went down mid-run;
+      exit 1, a rerun resumes). Either way the run stops after one call's retries (about
+      8 s with the default backoff), not after every chunk's. Timeouts and dropped
+      connections never open it: a slow server is not a down one.
 
     :param base_url: e.g. ``https://api.openai.com/v1``; a query string (Azure-style
         ``?api-version=``) is kept after ``/embeddings``.
@@ -629,7 +632,7 @@ class OpenAIEmbedder:
         self._client = client if client is not None else _new_http_client(timeout_s, concurrency)
         self._logger: Logger = logger or logging.getLogger(_HTTP_LOGGER)
         self._stopped = threading.Event()
-        self._fatal: FatalError | None = None
+        self._fatal: FatalError | EndpointDownError | None = None  # the latched error
         self._fatal_lock = threading.Lock()
         self._answered = False  # any HTTP answer (of any status) to any request yet
         self._sleep: Callable[[float], None] = sleep if sleep is not None else self._nap
@@ -673,8 +676,16 @@ class OpenAIEmbedder:
 
     @property
     def fatal_error(self) -> FatalError | None:
-        """The first fatal answer, once the client has stopped sending; else None."""
-        return self._fatal if self._stopped.is_set() else None
+        """The first fatal answer, once the client has stopped sending; else None (also
+        while the circuit breaker is open: ``endpoint_down``)."""
+        fatal = self._fatal if self._stopped.is_set() else None
+        return fatal if isinstance(fatal, FatalError) else None
+
+    @property
+    def endpoint_down(self) -> EndpointDownError | None:
+        """The outage that opened the circuit breaker, once the client stopped; else None."""
+        down = self._fatal if self._stopped.is_set() else None
+        return down if isinstance(down, EndpointDownError) else None
 
     def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
         """Embed ``texts`` in one request, retried; return float32 ``(len(texts), d)``.
@@ -726,19 +737,26 @@ class OpenAIEmbedder:
             raise
         return Embeddings(vectors=vectors, tokens=tokens, requests=call.requests)
 
-    def _unreachable(self, exc: EmbedlineError) -> FatalError | None:
-        """A call that used up its attempts on connection failures while no request of this
-        client ever got an answer: the endpoint is wrong or down, not flaky, so stop the
-        run now (exit 3) instead of letting every chunk spend its own retries on it. Once
-        any answer came back, a later outage stays retryable (the chunk fails, a rerun
-        resumes)."""
-        if self._answered or not isinstance(exc, RetryableError) or \
-                not isinstance(exc.__cause__, httpx.ConnectError):  # fmt: skip
+    def _unreachable(self, exc: EmbedlineError) -> FatalError | EndpointDownError | None:
+        """A call that used up its attempts on refused connections (``ConnectError``; a
+        timeout may be a slow server): the endpoint is wrong or down, not flaky, so stop
+        now instead of letting every chunk spend its own retries on it (a circuit breaker).
+        If no request of this client ever got an answer, it is a wrong ``--base-url`` or a
+        server that is not running: ``FatalError`` (exit 3). If earlier requests were
+        answered, the server went down mid-run: ``EndpointDownError`` (exit 1, a rerun
+        resumes what was not published)."""
+        cause = exc.__cause__
+        if not isinstance(exc, RetryableError) or isinstance(exc, EndpointDownError) or \
+                not isinstance(cause, httpx.ConnectError):  # fmt: skip
             return None
-        return FatalError(
-            f"cannot connect to {_safe_url(self.base_url)} ({type(exc.__cause__).__name__}, "
-            f"{self.max_attempts} attempts) and no request of this run ever reached it: check "
-            "that the server is running and --base-url is right, then rerun")
+        where = f"{_safe_url(self.base_url)} ({type(cause).__name__}, {self.max_attempts} attempts)"
+        if not self._answered:
+            return FatalError(
+                f"cannot connect to {where} and no request of this run ever reached it: "
+                "check that the server is running and --base-url is right, then rerun")
+        return EndpointDownError(
+            f"the embedding server stopped accepting connections: cannot connect to {where} "
+            f"after it answered earlier requests; rerun the same command once it is back")
 
     def close(self) -> None:
         """Close the HTTP connections, unless the ``httpx.Client`` was injected."""
@@ -917,28 +935,31 @@ class OpenAIEmbedder:
         """Latch ``error`` as if the server had answered it: nothing more is sent."""
         self._stop(error)
 
-    def _stop(self, error: FatalError) -> None:
-        """Latch the first fatal answer: from now on nothing more is sent."""
+    def _stop(self, error: FatalError | EndpointDownError) -> None:
+        """Latch the first fatal answer or outage: from now on nothing more is sent."""
         with self._fatal_lock:
             if self._fatal is not None:
                 return
             self._fatal = error
             self._stopped.set()
-        self._logger.warning(
-            "fatal answer (%s, status %s): this client sends no more requests",
-            type(error).__name__, error.http_status,
-        )
+        what = ("the endpoint is down" if isinstance(error, EndpointDownError)
+                else f"fatal answer ({type(error).__name__}, status {error.http_status})")
+        self._logger.warning("%s: this client sends no more requests", what)
 
     def _raise_if_stopped(self) -> None:
-        """:raises FatalError: like the first fatal answer, once the client is stopped."""
+        """Raise the latched error again (same class family and message, so whichever
+        chunk reports first, the run's summary reads the same), without sending.
+
+        :raises FatalError: once a fatal answer stopped the client.
+        :raises EndpointDownError: once the circuit breaker opened.
+        """
         if not self._stopped.is_set():
             return
         first = self._fatal
         assert first is not None  # set before the event
-        raise FatalError(
-            f"not sent: an earlier request of this client failed fatally: {first.message}",
-            http_status=first.http_status,
-        )
+        if isinstance(first, EndpointDownError):
+            raise EndpointDownError(first.message)
+        raise FatalError(first.message, http_status=first.http_status)
 
     def _nap(self, seconds: float) -> None:
         """The default sleep: ``seconds``, or less if a fatal answer stops the client."""

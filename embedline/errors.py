@@ -6,7 +6,10 @@
      ├─ InputError            bad CSV, header, encoding or parameter → exit 2 before any API call
      ├─ RowError              one row unusable (empty, too long, rejected) → dead letter
      ├─ RetryableError        timeouts, resets, 408/409/425/429/5xx, non-JSON bodies → retried
-     │   └─ RateLimitedError  429 with a server-given wait (retry_after_s, seconds)
+     │   ├─ RateLimitedError  429 with a server-given wait (retry_after_s, seconds)
+     │   ├─ RetryLaterError   a server wait above the cap → chunk released, not slept
+     │   └─ EndpointDownError the endpoint stopped accepting connections mid-run (circuit
+     │                        breaker open) → no more chunks, exit 1, a rerun resumes
      ├─ BadResponseError      2xx with wrong count/index/dimensions or NaN/Inf → chunk failed
      ├─ StopRequestedError    the run is stopping (SIGINT/SIGTERM) → chunk released, rerun resumes
      ├─ FatalError            401/403, insufficient_quota, unknown model, store refusals → exit 3
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 __all__ = [
     "BadResponseError",
+    "EndpointDownError",
     "ConflictError",
     "EmbedlineError",
     "FatalError",
@@ -134,6 +138,15 @@ class RetryLaterError(RetryableError):
     """Raised when the server's wait (``retry_after_s``) exceeds the configured maximum.
 
     Not slept inside a task: the chunk is released as retryable-later and the run reports it.
+    """
+
+
+class EndpointDownError(RetryableError):
+    """Raised when the embedding endpoint answered earlier requests of this run and then
+    refused every connection of one call (``max_attempts`` connect failures over its
+    backoff): the server went down. The client's circuit breaker opens: every later call
+    raises this at once, without sending; the run dispatches no more chunks and exits 1,
+    and a rerun resumes. Never retried within the run (neither per request nor per task).
     """
 
 

@@ -40,7 +40,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from embedline.errors import BadResponseError, RetryableError, RetryLaterError
+from embedline.errors import BadResponseError, EndpointDownError, RetryableError, RetryLaterError
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
@@ -165,7 +165,7 @@ def request_retrying(
 
     Retries ``RetryableError`` and ``BadResponseError`` only, never ``RetryLaterError`` (a
     server wait above ``max_wait_s`` seconds: the caller releases the work instead of
-    sleeping); stops after ``max_attempts`` attempts, the first try included, or after
+    sleeping) nor ``EndpointDownError`` (the client's circuit breaker is open); stops after ``max_attempts`` attempts, the first try included, or after
     ``MAX_BAD_RESPONSES`` malformed 2xx answers, whichever comes first; waits per
     ``WaitRetryAfter`` over full-jitter backoff (``backoff_base_s * 2 ** (attempt - 1)``
     seconds, at most ``backoff_cap_s``). ``reraise=True``: callers see the last embedline
@@ -185,7 +185,7 @@ def request_retrying(
         wait=WaitRetryAfter(fallback, max_wait_s=max_wait_s),
         retry=(
             retry_if_exception_type((RetryableError, BadResponseError))
-            & retry_if_not_exception_type(RetryLaterError)
+            & retry_if_not_exception_type((RetryLaterError, EndpointDownError))
         ),
         before_sleep=before_sleep,
         reraise=True,

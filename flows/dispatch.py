@@ -193,7 +193,7 @@ class Dispatcher:
                                     error=failure.error)  # fmt: skip
             self.result.failed[spec.index] = failure
             self.on_gave_up(spec.index)
-            if failure.kind in ("fatal", "input"):
+            if failure.kind in ("fatal", "input", "outage"):
                 self.stop(failure)
         self.on_outcome(self.result)
 

@@ -484,6 +484,10 @@ def _summarize(
         return _with(summary, started, exit_code=1, status="interrupted", message=(
             f"{loss.what}; {len(done)} of {len(plan.chunks)} chunks are published and kept: "
             f"{loss.todo}"))  # fmt: skip
+    if result.stop is not None and result.stop.kind == "outage":
+        return _with(summary, started, exit_code=1, status="incomplete", message=(
+            f"stopped: {result.stop.error}; {len(done)} of {len(plan.chunks)} chunks are "
+            "published and kept"))  # fmt: skip
     if result.stop is not None:
         code = 3 if result.stop.kind == "fatal" else 2
         return _with(summary, started, exit_code=code, status=result.stop.kind,

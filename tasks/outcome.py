@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from embedline.errors import (
     EmbedlineError,
+    EndpointDownError,
     FatalError,
     InputError,
     RetryableError,
@@ -21,14 +22,16 @@ from embedline.errors import (
 
 __all__ = ["ChunkFailure", "FailureKind", "retry_condition", "status_for"]
 
-FailureKind = Literal["fatal", "input", "failed", "released"]
+FailureKind = Literal["fatal", "input", "outage", "failed", "released"]
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkFailure:
     """A failed chunk: ``kind`` says what the run does next; ``error`` is for the ledger.
 
-    ``fatal`` stops dispatching and exits 3; ``input`` stops and exits 2; ``failed`` marks
+    ``fatal`` stops dispatching and exits 3; ``input`` stops and exits 2; ``outage`` (the
+    embedding endpoint went down mid-run) marks the chunk failed and stops dispatching, exit
+    1, a rerun resumes; ``failed`` marks
     the chunk failed (a rerun retries it) and the run goes on; ``released`` gives the chunk
     back as pending (the run is stopping, or the server asked for a wait above the cap).
     """
@@ -49,6 +52,8 @@ def status_for(exc: BaseException) -> ChunkFailure:
         return ChunkFailure("fatal", text, expected=True, **cost)
     if isinstance(exc, InputError):
         return ChunkFailure("input", text, expected=True, **cost)
+    if isinstance(exc, EndpointDownError):
+        return ChunkFailure("outage", text, expected=True, **cost)
     if isinstance(exc, (StopRequestedError, RetryLaterError)):
         return ChunkFailure("released", text, expected=True, **cost)
     if isinstance(exc, EmbedlineError):
@@ -66,6 +71,8 @@ def retry_condition(task: Any, task_run: Any, state: Any) -> bool:
         state.result()
     except RetryLaterError:
         return False  # the server asked for a wait above the cap: release, do not spin
+    except EndpointDownError:
+        return False  # the circuit breaker is open: a retry would be refused unsent
     except RetryableError:
         return True
     except BaseException:

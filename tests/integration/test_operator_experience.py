@@ -312,6 +312,73 @@ def test_nothing_listening_at_base_url_stops_the_run_without_traceback(
         assert 1 <= len(retries) <= 3  # one per retried request, at most the window's
 
 
+def _fake_server_process(port: int, *extra: str) -> subprocess.Popen[str]:
+    """The fake OpenAI server as its own process on ``port`` (a SIGKILL drops every
+    connection and refuses new ones, as a crashed server does)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.fake_openai", "--port",
+                             str(port), "--dims", "8", *extra], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, env=_env(REPO))  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+    return proc
+
+
+def _inputs_received(proc: subprocess.Popen[str]) -> int:
+    import json
+
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    return int(json.loads(out.strip().splitlines()[-1])["inputs"])
+
+
+def test_embedding_server_dying_mid_run_stops_in_seconds_and_a_rerun_sends_only_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The embedding server answered, then died: the first call to spend its attempts on
+    refused connections opens the client's circuit breaker; the run stops dispatching,
+    exits 1 with one line, keeps every published chunk, and the rerun (server back on the
+    same URL) sends only the rows not published. Before: every remaining chunk spent its
+    own retries and Prefect's task retry (164 s with 58 chunks left on the real file)."""
+    rows = 400
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t {i}\n" for i in range(rows)))
+    port = _closed_port()
+    server = _fake_server_process(port, "--delay-s", "0.05")
+    args = [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
+            f"http://127.0.0.1:{port}/v1", "--output", "out", "--chunk-size", "4",
+            "--concurrency", "2", "--max-attempts", "3"]  # fmt: skip
+    env = _env(tmp_path / "prefect-home")
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while len(list((tmp_path / "out").glob("chunks/*.parquet"))) < 3:
+            assert time.monotonic() < deadline and proc.poll() is None, "no chunk published"
+            time.sleep(0.05)
+        server.kill()
+        server.wait()
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=240)
+        stopped_s = time.monotonic() - killed
+    finally:
+        proc.kill()
+        server.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert stopped_s < 30, f"took {stopped_s:.0f} s to stop after the server died"
+    assert "stopped accepting connections" in out and "rerun the same command" in err, out
+    assert "Traceback" not in err, err[-3000:]
+    published = int(out.split(" published now")[0].rsplit(" ", 1)[-1])
+    not_run = int(out.split(" not run")[0].rsplit(" ", 1)[-1])
+    assert published >= 3 and not_run >= 50, out  # 100 chunks: dispatching stopped early
+    rows_kept = sum(1 for _ in (tmp_path / "out").glob("chunks/*.parquet")) * 4
+    server = _fake_server_process(port)
+    try:
+        again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
+                               timeout=300)  # fmt: skip
+    finally:
+        sent = _inputs_received(server)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sent == rows - rows_kept, (sent, rows_kept)
+
+
 # -- item 2: the temporary Prefect server dies mid-run -----------------------------------------
 
 

@@ -456,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base64-refusal", type=int, default=None, choices=(400, 422, 500))
     parser.add_argument("--omit-first-index", action="store_true")
     parser.add_argument("--max-inputs", type=int, default=None)
+    parser.add_argument("--delay-s", type=float, default=0.0,
+                        help="seconds every request waits before its answer (a slow server)")
     args = parser.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -468,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         base64_refusal=args.base64_refusal, omit_first_index=args.omit_first_index,
         max_inputs=args.max_inputs, host=args.host, port=args.port,
     ).start()
+    if args.delay_s > 0:
+        server.fail_when(lambda payload: {"delay_s": args.delay_s})
     print(f"READY {server.base_url}", flush=True)
     while not stop.wait(0.2):
         pass

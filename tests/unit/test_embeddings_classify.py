@@ -30,6 +30,7 @@ from adapters.embeddings import (
 )
 from embedline.errors import (
     BadResponseError,
+    EndpointDownError,
     FatalError,
     InputError,
     RateLimitedError,
@@ -142,12 +143,11 @@ def assert_clean(message: str) -> None:
 @pytest.mark.parametrize(
     "exc_type",
     [httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout,
-     httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
-     httpx.ProxyError],
+     httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.ProxyError],
 )
 def test_transport_failures_are_retryable(exc_type: type[httpx.RequestError]) -> None:
-    """Retryable once the server has answered this client (a ``ConnectError`` before any
-    answer is the unreachable-endpoint case below)."""
+    """Retryable, and the client keeps sending (a ``ConnectError`` that outlives a call's
+    attempts opens the circuit breaker: the cases below)."""
     def fail(request: httpx.Request) -> httpx.Response:
         raise exc_type("boom", request=request)
 
@@ -159,6 +159,31 @@ def test_transport_failures_are_retryable(exc_type: type[httpx.RequestError]) ->
     assert type(error) is RetryableError
     assert isinstance(error.__cause__, exc_type)
     assert exc_type.__name__ in str(error)
+    assert client.endpoint_down is None and client.fatal_error is None
+
+
+def test_refused_connections_after_answers_open_the_circuit_breaker() -> None:
+    """The server answered, then refuses every connection of one call: the endpoint went
+    down mid-run. ``EndpointDownError`` (exit 1, a rerun resumes), latched: the next call
+    raises it without sending, so the other chunks do not spend their own retries."""
+    sent: list[int] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        sent.append(1)
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    client = make_embedder(Sequenced(ok, refuse, refuse, refuse), max_attempts=3)
+    client.embed(["a"], idempotency_key=IDEM)
+    with pytest.raises(EndpointDownError) as caught:
+        client.embed(["a", SECRET_TEXT], idempotency_key=IDEM)
+    assert len(sent) == 3 and caught.value.requests == 3
+    assert "stopped accepting connections" in str(caught.value) and "rerun" in str(caught.value)
+    assert_clean(str(caught.value))
+    assert client.endpoint_down is caught.value and client.fatal_error is None
+    with pytest.raises(EndpointDownError) as again:
+        client.embed(["b"], idempotency_key=IDEM)
+    assert len(sent) == 3 and again.value.message == caught.value.message
+    assert isinstance(again.value, RetryableError)  # the run's kind: resumable, not fatal
 
 
 @pytest.mark.parametrize("exc_type", [httpx.ConnectTimeout, httpx.ReadTimeout,
@@ -853,7 +878,10 @@ def test_a_call_sleeping_in_backoff_raises_instead_of_resending() -> None:
     with pytest.raises(FatalError) as woke:
         holder["emb"].embed(["a"], idempotency_key=IDEM)
     assert len(seq.requests) == 2 and other[0].http_status == 401
-    assert woke.value.http_status == 401 and "earlier request" in str(woke.value)
+    # raised again unsent, with the first answer's message: the summary reads the same
+    # whichever chunk reports first
+    assert woke.value.http_status == 401 and woke.value is not other[0]
+    assert str(woke.value) == str(other[0])
 
 
 def test_a_call_waiting_for_the_pacer_raises_instead_of_sending() -> None:
