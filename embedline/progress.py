@@ -8,6 +8,12 @@ rows of every successful request to a per-chunk count in this process. The flow 
 ``partial_rows`` on its own thread (every dispatcher tick), so progress moves per batch, not
 per chunk. With Dask the tasks run in other processes: their counts stay there, and the
 flow's progress moves per chunk (never wrong, only coarser).
+
+Cost: the same wrapper adds every call's HTTP requests (retries included) and reported
+tokens to a process-wide count, failed calls too, so the run's summary counts what chunks
+that failed, were retried by Prefect or were released at a stop paid for (``cost_in_process``;
+the chunks' outcomes only carry their last attempt's). A request still on the wire when the
+summary is made is not in it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Progress", "chunk_started", "counting", "listen", "notify", "partial_rows"]
+__all__ = ["Progress", "chunk_started", "cost_in_process", "counting", "listen", "notify",
+           "partial_rows", "reset_cost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,15 +79,43 @@ def partial_rows(finished: Collection[int]) -> int:
         return sum(_partial.values())
 
 
+_cost = [0, 0]  # requests, tokens of every embed call in this process since reset_cost()
+
+
+def reset_cost() -> None:
+    """Start counting a run's requests and tokens from zero (the flow, before dispatching)."""
+    with _partial_lock:
+        _cost[:] = [0, 0]
+
+
+def cost_in_process() -> tuple[int, int]:
+    """(HTTP requests, tokens) of every ``embed`` call made through ``counting`` clients in
+    this process since ``reset_cost``: successful, failed and released chunks alike."""
+    with _partial_lock:
+        return _cost[0], _cost[1]
+
+
+def _add_cost(requests: int, tokens: int) -> None:
+    with _partial_lock:
+        _cost[0] += requests
+        _cost[1] += tokens
+
+
 class _CountingClient:
-    """An embedding client that counts the rows of each successful ``embed`` call."""
+    """An embedding client that counts the rows of each successful ``embed`` call, and the
+    requests and tokens of every call."""
 
     def __init__(self, client: Any, index: int) -> None:
         self._client = client
         self._index = index
 
     def embed(self, texts: Sequence[str], **kwargs: Any) -> Any:
-        result = self._client.embed(texts, **kwargs)
+        try:
+            result = self._client.embed(texts, **kwargs)
+        except BaseException as exc:  # an EmbedlineError carries what the call sent
+            _add_cost(int(getattr(exc, "requests", 0) or 0), int(getattr(exc, "tokens", 0) or 0))
+            raise
+        _add_cost(int(getattr(result, "requests", 1)), int(getattr(result, "tokens", 0)))
         _add_rows(self._index, len(texts))
         return result
 

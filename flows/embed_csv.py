@@ -36,7 +36,7 @@ from embedline.models import (
     dead_letters_phrase,
     manifest_object_key,
 )
-from embedline.progress import Progress, notify, partial_rows
+from embedline.progress import Progress, cost_in_process, notify, partial_rows, reset_cost
 from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_message
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
@@ -276,6 +276,7 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,
     )
     shutdown.reset()
+    reset_cost()
     runner_started = time.monotonic()
     with _task_runner(settings, window) as runner:
         _warm_up(runner, settings, logger, since=runner_started)
@@ -301,7 +302,10 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
     artifact.close()
     # ── manifest ─────────────────────────────────────────────────────────────────────────
     skipped = {**skipped, **result.published_elsewhere}
-    summary = _summarize(base, plan, skipped, result, started)
+    # threads: every request the chunk tasks sent (failed, retried and released attempts
+    # too); Dask workers count in their own processes, so there the outcomes' counts
+    cost = cost_in_process() if settings.task_runner == "threads" else None
+    summary = _summarize(base, plan, skipped, result, started, cost=cost)
     if summary.exit_code == 0 or (summary.status == "dead_letters" and settings.allow_failed_rows):
         done = {**skipped, **result.published}
         missing = missing_objects(store, done)
@@ -445,9 +449,15 @@ def _summarize(
     skipped: dict[int, ChunkOutcome],
     result: DispatchResult,
     started: float,
+    *,
+    cost: tuple[int, int] | None = None,
 ) -> RunSummary:
+    """The run's summary from its outcomes; ``cost`` (requests, tokens), when given, is
+    what this process's chunk tasks sent, which the outcomes undercount after failures."""
     done = {**skipped, **result.published}
     concurrent = result.published_elsewhere  # also in ``skipped``
+    attempts = [*result.published.values(), *result.failed.values(), *result.released.values()]
+    requests, tokens = cost or (sum(o.requests for o in attempts), sum(o.tokens for o in attempts))
     rows_failed = sum(len(o.dead_letters) for o in done.values())
     not_done = len(plan.chunks) - len(done)
     summary = _with(
@@ -463,10 +473,8 @@ def _summarize(
         chunks_released=len(result.released),
         chunks_not_run=not_done - len(result.failed) - len(result.released),
         # every request sent and token reported, failed and released chunks included
-        tokens=sum(o.tokens for o in [*result.published.values(), *result.failed.values(),
-                                      *result.released.values()]),
-        requests=sum(o.requests for o in [*result.published.values(), *result.failed.values(),
-                                          *result.released.values()]),
+        tokens=tokens,
+        requests=requests,
         inputs=sum(o.inputs for o in result.published.values()),
         rows_reused=sum(o.reused for o in result.published.values()),
         rows_deduplicated=sum(o.deduplicated for o in result.published.values()),

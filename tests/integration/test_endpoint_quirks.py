@@ -9,13 +9,18 @@ import csv
 import hashlib
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
-from tests.support.fixtures import run_cli
+from tests.support.fixtures import REPO, run_cli
 from tests.support.output import read_local_output
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -245,6 +250,54 @@ def test_requests_of_failed_chunks_and_dead_letters_are_counted(
     assert code == 1, out + err
     assert fake_openai.requests > 2
     assert _summary_requests(out) == fake_openai.requests
+
+
+def test_requests_of_chunk_attempts_prefect_retried_are_counted(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """A chunk whose first task attempt failed and whose Prefect retry published it: the
+    summary counts both attempts' requests (it counted only the last attempt's)."""
+    _input(tmp_path)
+    failures = iter([True, True, True])
+    fake_openai.fail_when(lambda p: {"status": 503} if "package 3 " in " ".join(p["input"])
+                          and next(failures, False) else None)  # fmt: skip
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "2",
+                          "--concurrency", "1", "--chunk-retries", "1",
+                          "--chunk-retry-delay", "0")  # fmt: skip
+    assert code == 0, out + err
+    assert fake_openai.requests == 2 + 2 + 1  # attempt 1: 2 x 503; retry: 503, then 200; chunk 2
+    assert _summary_requests(out) == fake_openai.requests
+
+
+def test_requests_of_chunks_released_at_the_end_of_the_grace_period_are_counted(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """SIGINT with a short --grace: chunks still running when it ends are released, and the
+    batches they had sent are in the summary (they were not: 105 counted, 122 sent). Only a
+    request still on the wire at that moment can be missing: at most --concurrency."""
+    texts = {f"{i:03d}": f"package {i} does useful thing number {i * 7}" for i in range(400)}
+    _input(tmp_path, texts)
+    fake_openai.fail_when(lambda p: {"delay_s": 0.15})
+    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+            fake_openai.base_url, "--output", str(tmp_path / "out"), "--ledger",
+            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "40", "--batch-size", "4",
+            "--concurrency", "3", "--grace", "0.5"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while fake_openai.requests < 12:
+            assert time.monotonic() < deadline and proc.poll() is None, "no requests"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "released" in out, out
+    time.sleep(0.5)  # a request on the wire at the release still reaches the server
+    assert fake_openai.requests - 3 <= _summary_requests(out) <= fake_openai.requests, out
 
 
 # -- item 10: a chunk whose texts are all empty, --dimensions unset ---------------------------
