@@ -84,7 +84,7 @@ def interrupts_deferred() -> Iterator[None]:
         return
     noted: list[int] = []
     previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum))
-                for s in SIGNALS}  # fmt: skip
+                for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}  # fmt: skip
     try:
         yield
     finally:

@@ -33,7 +33,9 @@ __all__ = ["stop_on_signals"]
 def stop_on_signals(
     dispatcher: Dispatcher, *, grace_s: float, logger: logging.Logger | logging.LoggerAdapter[Any]
 ) -> Iterator[None]:
-    """Install SIGINT/SIGTERM handlers for the block (main thread only; else a no-op)."""
+    """Install SIGINT/SIGTERM handlers for the block (main thread only; else a no-op). A
+    signal this process inherited as ignored (SIG_IGN: a background job of a
+    non-interactive shell, ``nohup``) stays ignored, as Python itself does."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -50,7 +52,8 @@ def stop_on_signals(
             "released (send it again to exit now)", signal.Signals(signum).name, grace_s,
         )  # fmt: skip
 
-    previous = {s: signal.signal(s, handle) for s in shutdown.SIGNALS}
+    previous = {s: signal.signal(s, handle) for s in shutdown.SIGNALS
+                if signal.getsignal(s) is not signal.SIG_IGN}  # an inherited SIG_IGN is kept
     try:
         yield
     finally:

@@ -379,6 +379,32 @@ def test_embedding_server_dying_mid_run_stops_in_seconds_and_a_rerun_sends_only_
     assert sent == rows - rows_kept, (sent, rows_kept)
 
 
+def test_a_sigint_the_process_inherited_as_ignored_stays_ignored(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """A background job of a non-interactive shell starts with SIGINT ignored (POSIX), and
+    Python keeps it so; embedline's own handlers (while importing Prefect, while
+    dispatching) replaced it, so such a job stopped or not depending on the moment."""
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t {i}\n" for i in range(60)))
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.1})
+    args = [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
+            fake_openai.base_url, "--output", "out", "--chunk-size", "4", "--concurrency", "2"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=_env(tmp_path / "prefect-home"), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        for _ in range(40):  # start-up, importing Prefect, then dispatching
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.25)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "15 published now" in out, out
+
+
 # -- item 2: the temporary Prefect server dies mid-run -----------------------------------------
 
 
