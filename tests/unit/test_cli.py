@@ -89,6 +89,23 @@ def test_the_summary_gives_the_whole_commands_time_beside_the_runs(
                      "wall time  4.7 s"]  # fmt: skip
 
 
+def test_an_already_complete_reruns_changes_line_says_it_is_the_earlier_commits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A rerun of a committed run prints that run's change set; it read "(first run on this
+    output)" as if this command had just made the first run."""
+    from cli.console import print_summary
+    from embedline.models import RunSummary
+
+    fields = dict(run_key="k" * 64, output="out", rows_added=3, rows_changed=0,
+                  rows_removed=0, rows_unchanged=0)  # fmt: skip
+    print_summary(RunSummary(0, "already_complete", "nothing to do", **fields).to_dict())
+    print_summary(RunSummary(0, "complete", "", **fields).to_dict())
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("changes")]
+    assert lines[0].endswith("(first run on this output; as committed earlier)"), lines
+    assert lines[1].endswith("(first run on this output)"), lines
+
+
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib.metadata import version
 
