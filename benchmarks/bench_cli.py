@@ -337,6 +337,7 @@ class Sampler(threading.Thread):
         self.peak_kb = 0
         self.children: dict[int, dict[str, Any]] = {}
         self.torch_mapped = False
+        self.cli_cpu_s = 0.0  # the CLI process's own utime + stime at the last poll
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -345,6 +346,7 @@ class Sampler(threading.Thread):
             kb = _status_field_kb(self.pid, "VmHWM")
             if kb is not None:
                 self.peak_kb = max(self.peak_kb, kb)
+                self.cli_cpu_s = max(self.cli_cpu_s, _proc_cpu_s(self.pid))
             if n % _TREE_EVERY == 0:
                 for child in _descendants(self.pid):
                     ckb = _status_field_kb(child, "VmHWM")
@@ -375,6 +377,7 @@ class RunResult:
     exit_code: int = -1
     wall_s: float = 0.0
     cpu_s: float = 0.0  # user+sys of the CLI and its reaped children (wait4 rusage)
+    cli_self_cpu_s: float | None = None  # the CLI process alone (last 50 ms poll before exit)
     startup_s: float | None = None  # process start -> "Beginning flow run" line arrives
     temp_server_s: float | None = None  # "Starting temporary server" -> "Beginning flow run"
     runner_start_s: float | None = None  # Dask: cluster start + worker warm-up (flow's log)
@@ -464,6 +467,7 @@ def run_cli(
         reader.join(timeout=30)
     result.exit_code = proc.returncode
     result.cpu_s = usage.ru_utime + usage.ru_stime
+    result.cli_self_cpu_s = sampler.cli_cpu_s or None
     result.rusage_maxrss_mb = usage.ru_maxrss / 1024
     result.peak_rss_cli_mb = sampler.peak_kb / 1024 if sampler.peak_kb else None
     result.torch_mapped = sampler.torch_mapped
@@ -713,18 +717,24 @@ class Bench:
         server = FakeServer(self.args.python, _server_env())
         print("bench: openai-SDK loop on the whole file", file=sys.stderr, flush=True)
         try:
+            children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            server0 = _proc_cpu_s(server.proc.pid)
             started = time.perf_counter()
             done = subprocess.run([self.args.python, str(REPO / "benchmarks" / "sdk_loop.py"),
                                    str(data), server.base_url, str(self.tmp / "sdk.parquet")],
                                   capture_output=True, text=True, env=_server_env())  # fmt: skip
             wall = time.perf_counter() - started
+            children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            server_cpu = _proc_cpu_s(server.proc.pid) - server0
         finally:
             counters = server.stop()
         if done.returncode != 0:
             raise RuntimeError(f"sdk_loop.py failed: {done.stderr[-2000:]}")
         rows = int(done.stdout.split()[-1])
         print(f"bench: openai-SDK loop: {wall:.1f} s", file=sys.stderr, flush=True)
-        return {"rows": rows, "wall_s": wall, "server_requests": counters.get("requests")}
+        cpu = (children1.ru_utime + children1.ru_stime) - (children0.ru_utime + children0.ru_stime)
+        return {"rows": rows, "wall_s": wall, "server_requests": counters.get("requests"),
+                "cpu_s": cpu, "fake_server_cpu_s": server_cpu}
 
     def dask_runs(self, data: Path, rows: int) -> None:
         """The same subset with threads and with a local 2-worker Dask cluster (fresh output
@@ -858,6 +868,61 @@ def _targets(runs: list[RunResult], full_name: str, sdk: dict[str, Any] | None =
                 "met": rerun.wall_s < TARGET_RERUN_WALL_S and rerun.exit_code == 0
                 and rerun.server_requests == 0}  # fmt: skip
     return targets
+
+
+def cpu_budget(runs: list[RunResult], full_name: str,
+               sdk: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """What the whole-file runs cost in CPU, and the best end-to-end ratio that cost allows.
+
+    A command that needs C core-seconds on N cores cannot finish in under C / N seconds,
+    however its work is overlapped; so ``sdk_wall_s / (C / N)`` bounds the ratio to the SDK
+    loop that any scheduling (a head start, more threads, fewer waits) could reach without
+    cutting CPU. C counts every process the command needs: the CLI, its children (the
+    temporary Prefect server), the fake embedding server and, for the running-server run,
+    the Prefect server (measured as the other processes' CPU, so noise counts too).
+    Seconds; ``cores`` is ``os.sched_getaffinity``.
+    """
+    if sdk is None or "cpu_s" not in sdk:
+        return {}
+    cores = len(os.sched_getaffinity(0))
+    budget: dict[str, Any] = {"cores": cores, "sdk_loop": {
+        "wall_s": sdk["wall_s"], "cpu_s": sdk["cpu_s"],
+        "fake_server_cpu_s": sdk["fake_server_cpu_s"],
+        "total_cpu_s": sdk["cpu_s"] + sdk["fake_server_cpu_s"]}}
+    by = {r.name: r for r in runs}
+    for name, prefect_part in ((full_name, "temporary_server_cpu_s"),
+                               (f"{full_name}-running-server", "prefect_server_cpu_s")):
+        run = by.get(name)
+        if run is None or run.cli_self_cpu_s is None or run.fake_server_cpu_s is None:
+            continue
+        prefect = (run.cpu_s - run.cli_self_cpu_s if prefect_part == "temporary_server_cpu_s"
+                   else run.other_cpu_s or 0.0)
+        total = run.cli_self_cpu_s + prefect + run.fake_server_cpu_s
+        budget[name] = {"wall_s": run.wall_s, "cli_cpu_s": run.cli_self_cpu_s,
+                        prefect_part: prefect, "fake_server_cpu_s": run.fake_server_cpu_s,
+                        "total_cpu_s": total, "floor_wall_s": total / cores,
+                        "best_ratio": sdk["wall_s"] / (total / cores)}  # fmt: skip
+    return budget
+
+
+def print_cpu_budget(budget: dict[str, Any]) -> None:
+    """One paragraph per whole-file run: its CPU, and the ratio bound it implies."""
+    if not budget:
+        return
+    sdk, cores = budget["sdk_loop"], budget["cores"]
+    print(f"\ncpu budget on {cores} cores (core-seconds): the SDK loop {sdk['total_cpu_s']:.1f} "
+          f"(loop {sdk['cpu_s']:.1f}, fake server {sdk['fake_server_cpu_s']:.1f}) in "
+          f"{sdk['wall_s']:.1f} s")
+    for name, b in budget.items():
+        if name in ("sdk_loop", "cores"):
+            continue
+        prefect = b.get("temporary_server_cpu_s", b.get("prefect_server_cpu_s"))
+        which = ("temporary Prefect server" if "temporary_server_cpu_s" in b
+                 else "running Prefect server and other processes")
+        print(f"  {name}: {b['total_cpu_s']:.1f} (CLI {b['cli_cpu_s']:.1f}, {which} "
+              f"{prefect:.1f}, fake server {b['fake_server_cpu_s']:.1f}) in {b['wall_s']:.1f} s: "
+              f"no scheduling finishes under {b['floor_wall_s']:.1f} s, so the end-to-end "
+              f"ratio is at most {b['best_ratio']:.2f} without cutting CPU")
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
@@ -1025,6 +1090,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratios = _ratios(bench.runs, baseline)
     targets = _targets(bench.runs, full_name, sdk, args.dask_rows)
     print_table(bench.runs, baseline, ratios, targets)
+    budget = cpu_budget(bench.runs, full_name, sdk)
+    print_cpu_budget(budget)
     results = {
         "started_at": started_at.isoformat(timespec="seconds"),
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -1039,6 +1106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": [asdict(r) for r in bench.runs],
         "fake_servers": bench.servers,
         "ratios": ratios,
+        "cpu_budget": budget,
         "targets": targets,
         "benchmark_self_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
