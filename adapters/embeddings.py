@@ -691,7 +691,8 @@ class OpenAIEmbedder:
         """Embed ``texts`` in one request, retried; return float32 ``(len(texts), d)``.
 
         Every attempt carries the same ``Idempotency-Key``. ``tokens`` is the server's
-        ``usage`` (0 if absent); ``requests`` counts HTTP requests made, retries included.
+        ``usage`` (0 if absent); ``requests`` counts HTTP requests sent, retries included
+        (a connection that never opened is not one).
 
         :raises ValueError: if ``texts`` is empty (callers never send an empty batch).
         :raises RowError: 400/413/422: the batch holds an input the server rejects.
@@ -903,6 +904,8 @@ class OpenAIEmbedder:
             )
         except httpx.RequestError as exc:
             self._log_call(type(exc).__name__, len(texts), call.requests, started)
+            if isinstance(exc, _NEVER_SENT):
+                call.requests -= 1  # no byte reached a server: nothing to count or pay for
             error = classify_transport_error(exc, where=_safe_url(self.base_url))
             if isinstance(error, FatalError):
                 self._stop(error)
@@ -1018,6 +1021,11 @@ def _check_api_key(api_key: str | None) -> None:
             "the API key in EMBEDLINE_API_KEY/OPENAI_API_KEY contains whitespace or "
             "non-ASCII characters (a trailing newline?); set it to the bare key"
         )
+
+
+#: Transport failures before any byte of the request left this process: a refused or
+#: timed-out connect, or no free connection in the pool (httpx's exception hierarchy).
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 def _safe_url(base_url: str) -> str:

@@ -20,6 +20,7 @@ import pytest
 from adapters.embeddings import OpenAIEmbedder
 from embedline.errors import (
     BadResponseError,
+    EndpointDownError,
     FatalError,
     RateLimitedError,
     RetryableError,
@@ -261,25 +262,32 @@ def test_an_endpoint_that_never_answered_stops_the_client_after_one_call() -> No
     with pytest.raises(FatalError) as caught:
         client.embed(TEXTS, idempotency_key=KEY)
     assert "no request of this run ever reached it" in str(caught.value)
-    assert "--base-url" in str(caught.value) and caught.value.requests == 3
+    assert "--base-url" in str(caught.value)
+    assert caught.value.requests == 0  # three refused connections: no request was sent
     assert len(sleep.waits) == 2  # the call's own retries still happen
     with pytest.raises(FatalError):  # latched: nothing more is sent
         client.embed(TEXTS, idempotency_key=KEY)
     assert len(sleep.waits) == 2 and client.fatal_error is caught.value
 
 
-def test_an_endpoint_that_answered_before_stays_retryable_when_it_goes_away() -> None:
+def test_an_endpoint_that_answered_before_and_goes_away_opens_the_circuit_breaker() -> None:
     """A server that answered once and then went away is an outage, not a wrong URL: the
-    call fails retryably (the chunk fails, a rerun resumes) and the client is not latched."""
+    call fails retryably (``EndpointDownError``: the chunk fails, exit 1, a rerun resumes),
+    not fatally, and the client sends nothing more, so the other chunks stop at once."""
+    sleep = Recorder()
     no_keepalive = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
     with FakeEmbeddingServer(dims=384) as gone:
-        client = make(gone, client=no_keepalive)  # a kept-alive connection would outlive it
+        client = make(gone, client=no_keepalive, max_attempts=3, sleep=sleep)
+        client.embed(TEXTS, idempotency_key=KEY)  # a kept-alive connection would outlive it
+    with pytest.raises(EndpointDownError) as caught:
         client.embed(TEXTS, idempotency_key=KEY)
-    with pytest.raises(RetryableError) as caught:
+    assert isinstance(caught.value, RetryableError) and not isinstance(caught.value, FatalError)
+    assert "stopped accepting connections" in str(caught.value)
+    assert caught.value.requests == 0 and len(sleep.waits) == 2  # refused: nothing was sent
+    with pytest.raises(EndpointDownError):
         client.embed(TEXTS, idempotency_key=KEY)
-    assert not isinstance(caught.value, FatalError)
-    assert isinstance(caught.value.__cause__, httpx.ConnectError)
-    assert client.fatal_error is None
+    assert len(sleep.waits) == 2  # latched: no new attempt, no wait
+    assert client.endpoint_down is caught.value and client.fatal_error is None
     no_keepalive.close()
 
 

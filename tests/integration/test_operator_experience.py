@@ -303,6 +303,8 @@ def test_nothing_listening_at_base_url_stops_the_run_without_traceback(
                   *(["--debug"] if debug else []))  # fmt: skip
     assert result.returncode == 3, result.stderr[-2000:]
     assert "no request of this run ever reached it" in result.stdout, result.stdout
+    assert "api        0 requests" in result.stdout  # refused connections sent nothing
+    assert "not sent: an earlier request" not in result.stdout  # the first error, verbatim
     assert "check that the server is running and --base-url is right" in result.stderr
     assert ("Traceback" in result.stderr) is debug, result.stderr[-3000:]
     not_run = int(result.stdout.split(" not run")[0].rsplit(" ", 1)[-1])

@@ -176,7 +176,7 @@ def test_refused_connections_after_answers_open_the_circuit_breaker() -> None:
     client.embed(["a"], idempotency_key=IDEM)
     with pytest.raises(EndpointDownError) as caught:
         client.embed(["a", SECRET_TEXT], idempotency_key=IDEM)
-    assert len(sent) == 3 and caught.value.requests == 3
+    assert len(sent) == 3 and caught.value.requests == 0  # refused: no request was sent
     assert "stopped accepting connections" in str(caught.value) and "rerun" in str(caught.value)
     assert_clean(str(caught.value))
     assert client.endpoint_down is caught.value and client.fatal_error is None
