@@ -534,6 +534,7 @@ class _Call:
 
     estimated_tokens: int
     requests: int = 0
+    inputs: int = 0  # texts in the requests sent (a retry sends them again)
     pause_deadline: float = 0.0
 
 
@@ -729,14 +730,15 @@ class OpenAIEmbedder:
                         self._defer_if_too_long(exc)
                         raise
         except EmbedlineError as exc:
-            exc.requests = call.requests  # what this call paid for, for the run's counts
+            exc.requests, exc.inputs = call.requests, call.inputs  # what this call paid for
             unreachable = self._unreachable(exc)
             if unreachable is not None:
-                unreachable.requests = call.requests
+                unreachable.requests, unreachable.inputs = call.requests, call.inputs
                 self._stop(unreachable)
                 raise unreachable from None
             raise
-        return Embeddings(vectors=vectors, tokens=tokens, requests=call.requests)
+        return Embeddings(vectors=vectors, tokens=tokens, requests=call.requests,
+                          inputs=call.inputs)
 
     def _unreachable(self, exc: EmbedlineError) -> FatalError | EndpointDownError | None:
         """A call that used up its attempts on refused connections (``ConnectError``; a
@@ -897,6 +899,7 @@ class OpenAIEmbedder:
             else:
                 headers[self._auth_header] = self._api_key
         call.requests += 1
+        call.inputs += len(texts)
         started = time.perf_counter()
         try:
             response = self._client.post(
@@ -906,6 +909,7 @@ class OpenAIEmbedder:
             self._log_call(type(exc).__name__, len(texts), call.requests, started)
             if isinstance(exc, _NEVER_SENT):
                 call.requests -= 1  # no byte reached a server: nothing to count or pay for
+                call.inputs -= len(texts)
             error = classify_transport_error(exc, where=_safe_url(self.base_url))
             if isinstance(error, FatalError):
                 self._stop(error)
@@ -945,8 +949,12 @@ class OpenAIEmbedder:
                 return
             self._fatal = error
             self._stopped.set()
-        what = ("the endpoint is down" if isinstance(error, EndpointDownError)
-                else f"fatal answer ({type(error).__name__}, status {error.http_status})")
+        if isinstance(error, EndpointDownError):
+            what = "the endpoint is down"
+        elif error.http_status is None:  # no answer: an unreachable endpoint, a store error
+            what = f"fatal error ({type(error).__name__})"
+        else:
+            what = f"fatal answer ({type(error).__name__}, status {error.http_status})"
         self._logger.warning("%s: this client sends no more requests", what)
 
     def _raise_if_stopped(self) -> None:
@@ -1107,7 +1115,7 @@ class LocalEmbedder:
             matrix = model.encode(list(texts))
         if matrix.shape != (len(texts), LOCAL_DIMENSIONS) or not np.isfinite(matrix).all():
             raise BadResponseError(f"local model returned shape {matrix.shape} or NaN/Inf")
-        return Embeddings(vectors=matrix, tokens=0, requests=0)
+        return Embeddings(vectors=matrix, tokens=0, requests=0, inputs=len(texts))
 
     def close(self) -> None:
         """Nothing to release: the model stays loaded for the process."""

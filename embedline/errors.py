@@ -49,6 +49,7 @@ class EmbedlineError(Exception):
 
     exit_code = 1
     requests = 0  # HTTP requests sent for the failed work, retries included
+    inputs = 0  # texts in those requests
     tokens = 0  # tokens the server reported for it
 
     def __init__(

@@ -9,8 +9,8 @@ rows of every successful request to a per-chunk count in this process. The flow 
 per chunk. With Dask the tasks run in other processes: their counts stay there, and the
 flow's progress moves per chunk (never wrong, only coarser).
 
-Cost: the same wrapper adds every call's HTTP requests (retries included) and reported
-tokens to a process-wide count, failed calls too, so the run's summary counts what chunks
+Cost: the same wrapper adds every call's HTTP requests and the texts they carried (retries
+included) and the reported tokens to a process-wide count, failed calls too, so the run's summary counts what chunks
 that failed, were retried by Prefect or were released at a stop paid for (``cost_in_process``;
 the chunks' outcomes only carry their last attempt's). A request still on the wire when the
 summary is made is not in it.
@@ -79,26 +79,28 @@ def partial_rows(finished: Collection[int]) -> int:
         return sum(_partial.values())
 
 
-_cost = [0, 0]  # requests, tokens of every embed call in this process since reset_cost()
+_cost = [0, 0, 0]  # requests, tokens, inputs of every embed call since reset_cost()
 
 
 def reset_cost() -> None:
     """Start counting a run's requests and tokens from zero (the flow, before dispatching)."""
     with _partial_lock:
-        _cost[:] = [0, 0]
+        _cost[:] = [0, 0, 0]
 
 
-def cost_in_process() -> tuple[int, int]:
-    """(HTTP requests, tokens) of every ``embed`` call made through ``counting`` clients in
-    this process since ``reset_cost``: successful, failed and released chunks alike."""
+def cost_in_process() -> tuple[int, int, int]:
+    """(HTTP requests, tokens, inputs) of every ``embed`` call made through ``counting``
+    clients in this process since ``reset_cost``: successful, failed and released chunks
+    alike; inputs are the texts those requests carried, retries included."""
     with _partial_lock:
-        return _cost[0], _cost[1]
+        return _cost[0], _cost[1], _cost[2]
 
 
-def _add_cost(requests: int, tokens: int) -> None:
+def _add_cost(source: object) -> None:
+    """Add the ``requests``, ``tokens`` and ``inputs`` of an ``Embeddings`` or an error."""
     with _partial_lock:
-        _cost[0] += requests
-        _cost[1] += tokens
+        for n, name in enumerate(("requests", "tokens", "inputs")):
+            _cost[n] += int(getattr(source, name, 0) or 0)
 
 
 class _CountingClient:
@@ -113,9 +115,9 @@ class _CountingClient:
         try:
             result = self._client.embed(texts, **kwargs)
         except BaseException as exc:  # an EmbedlineError carries what the call sent
-            _add_cost(int(getattr(exc, "requests", 0) or 0), int(getattr(exc, "tokens", 0) or 0))
+            _add_cost(exc)
             raise
-        _add_cost(int(getattr(result, "requests", 1)), int(getattr(result, "tokens", 0)))
+        _add_cost(result)
         _add_rows(self._index, len(texts))
         return result
 

@@ -19,12 +19,14 @@ class Embeddings:
     """One request's result: ``vectors`` float32 of shape ``(len(texts), dimensions)``.
 
     ``tokens`` is the API's reported usage (0 when the server reports none); ``requests``
-    counts HTTP attempts made for it, retries included (0 for an in-process model).
+    counts HTTP attempts made for it, retries included (0 for an in-process model);
+    ``inputs`` the texts those attempts carried (``len(texts)`` for an in-process model).
     """
 
     vectors: np.ndarray
     tokens: int = 0
     requests: int = 0
+    inputs: int = 0
 
 
 class EmbeddingClient(Protocol):

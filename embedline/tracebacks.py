@@ -5,6 +5,13 @@ keeps every traceback.
 
 Prefect's task engine logs a failed task run at ERROR with ``exc_info``; for an expected
 error that put about 40 lines per failed chunk on the terminal and in the UI's logs.
+
+One line per failed chunk: the flow's dispatcher logs every chunk that did not publish
+("chunk N failed: …", "chunk N released …", with the traceback of an unexpected error), so
+Prefect's own ``Finished in state Failed(…)`` line for an ``embed-chunk`` task run, which
+repeated it word for word, is dropped (``ChunkFinalStateFilter``; Prefect 3.9
+``task_engine.py`` logs it at ERROR for every state that is not Completed). The task run's
+state in the UI still carries the message.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import os
 
 from embedline.errors import EmbedlineError
 
-__all__ = ["DEBUG_ENV", "ExpectedErrorFilter", "quiet_expected_tracebacks"]
+__all__ = ["DEBUG_ENV", "ChunkFinalStateFilter", "ExpectedErrorFilter",
+           "quiet_expected_tracebacks"]
 
 DEBUG_ENV = "EMBEDLINE_DEBUG"
 
@@ -34,12 +42,29 @@ class ExpectedErrorFilter(logging.Filter):
         return True
 
 
+#: The chunk task's Prefect name (``tasks/chunk.py``), whose final-state line is dropped.
+CHUNK_TASK_NAME = "embed-chunk"
+
+
+class ChunkFinalStateFilter(logging.Filter):
+    """Drop Prefect's ERROR ``Finished in state …`` record of an ``embed-chunk`` task run
+    (the dispatcher logs that chunk's outcome itself); keep everything else, and keep it
+    too with ``--debug``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or getattr(record, "task_name", None) != \
+                CHUNK_TASK_NAME or _debugging(record.name):  # fmt: skip
+            return True
+        return not str(record.msg).startswith("Finished in state")
+
+
 def _debugging(logger_name: str) -> bool:
     return bool(os.environ.get(DEBUG_ENV)) or logging.getLogger(logger_name).isEnabledFor(
         logging.DEBUG)  # fmt: skip
 
 
 _FILTER = ExpectedErrorFilter()
+_CHUNK_STATE_FILTER = ChunkFinalStateFilter()
 
 
 def quiet_expected_tracebacks() -> None:
@@ -56,3 +81,6 @@ def quiet_expected_tracebacks() -> None:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+    task_runs = logging.getLogger("prefect.task_runs")
+    if _CHUNK_STATE_FILTER not in task_runs.filters:
+        task_runs.addFilter(_CHUNK_STATE_FILTER)

@@ -82,6 +82,7 @@ class Dispatcher:
         self._inflight: dict[Any, ChunkSpec] = {}
         self._stopping = False
         self._deadline = float("inf")
+        self._same_as_stop: list[int] = []  # failed later with the error that stopped the run
 
     def stop(self, failure: ChunkFailure | None = None, *, grace_s: float | None = None) -> None:
         """Submit no more chunks; in-flight chunks finish and are recorded.
@@ -103,7 +104,7 @@ class Dispatcher:
         while pending or held or self._inflight:
             if not self._stopping and shutdown.api_lost() is not None:
                 self.logger.info("the Prefect API went away: no new chunks; in-flight chunks "
-                                 "get %.0f s to finish", self.grace_s)  # fmt: skip
+                                 "get %g s to finish", self.grace_s)  # fmt: skip
                 self.stop(grace_s=self.grace_s)
             if not self._stopping:
                 self._fill(pending, held)
@@ -122,6 +123,9 @@ class Dispatcher:
                                   owner=self.owner, lease_s=self.lease_s)  # fmt: skip
                 renewed = time.monotonic()
         self.result.not_run = sorted({s.index for s in [*pending, *held]})
+        if self._same_as_stop:
+            self.logger.error("%d more in-flight chunks failed with the same error: %s",
+                              len(self._same_as_stop), _ranges(self._same_as_stop))  # fmt: skip
         return self.result
 
     def _release_inflight(self, why: str) -> None:
@@ -188,7 +192,11 @@ class Dispatcher:
                 self.on_gave_up(spec.index)
                 self.on_outcome(self.result)
                 return
-            self._log_failure(spec, failure, exc)
+            stop = self.result.stop
+            if stop is not None and failure.error == stop.error:
+                self._same_as_stop.append(spec.index)  # a latched error: one line at the end
+            else:
+                self._log_failure(spec, failure, exc)
             self.ledger.mark_failed(self.run_key, spec.index, owner=self.owner,
                                     error=failure.error)  # fmt: skip
             self.result.failed[spec.index] = failure
@@ -206,3 +214,14 @@ class Dispatcher:
             self.logger.error("chunk %d failed with an unexpected error: %s", spec.index,
                               failure.error, exc_info=exc if isinstance(exc, BaseException)
                               else None)  # fmt: skip
+
+
+def _ranges(indexes: Sequence[int]) -> str:
+    """``[0, 2, 3, 4, 7]`` -> ``"chunks 0, 2-4, 7"``."""
+    spans: list[list[int]] = []
+    for index in sorted(indexes):
+        if spans and index == spans[-1][1] + 1:
+            spans[-1][1] = index
+        else:
+            spans.append([index, index])
+    return "chunks " + ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)

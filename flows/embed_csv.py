@@ -450,14 +450,17 @@ def _summarize(
     result: DispatchResult,
     started: float,
     *,
-    cost: tuple[int, int] | None = None,
+    cost: tuple[int, int, int] | None = None,
 ) -> RunSummary:
-    """The run's summary from its outcomes; ``cost`` (requests, tokens), when given, is
-    what this process's chunk tasks sent, which the outcomes undercount after failures."""
+    """The run's summary from its outcomes; ``cost`` (requests, tokens, inputs), when
+    given, is what this process's chunk tasks sent, which the outcomes undercount after
+    failures."""
     done = {**skipped, **result.published}
     concurrent = result.published_elsewhere  # also in ``skipped``
     attempts = [*result.published.values(), *result.failed.values(), *result.released.values()]
-    requests, tokens = cost or (sum(o.requests for o in attempts), sum(o.tokens for o in attempts))
+    requests, tokens, inputs = cost or (sum(o.requests for o in attempts),
+                                        sum(o.tokens for o in attempts),
+                                        sum(o.inputs for o in result.published.values()))
     rows_failed = sum(len(o.dead_letters) for o in done.values())
     not_done = len(plan.chunks) - len(done)
     summary = _with(
@@ -475,7 +478,7 @@ def _summarize(
         # every request sent and token reported, failed and released chunks included
         tokens=tokens,
         requests=requests,
-        inputs=sum(o.inputs for o in result.published.values()),
+        inputs=inputs,
         rows_reused=sum(o.reused for o in result.published.values()),
         rows_deduplicated=sum(o.deduplicated for o in result.published.values()),
         tokens_saved=sum(o.tokens_saved for o in result.published.values()),

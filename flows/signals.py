@@ -48,7 +48,7 @@ def stop_on_signals(
         shutdown.note_signal(signum)
         dispatcher.stop(grace_s=grace_s)
         logger.warning(
-            "%s received: no new chunks; in-flight chunks get %.0f s to finish, then are "
+            "%s received: no new chunks; in-flight chunks get %g s to finish, then are "
             "released (send it again to exit now)", signal.Signals(signum).name, grace_s,
         )  # fmt: skip
 

@@ -20,7 +20,7 @@ from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan
 from embedline.protocols import ObjectStore
 from embedline import progress
 from embedline.settings import RunSettings
-from embedline.tracebacks import quiet_expected_tracebacks
+from embedline.tracebacks import CHUNK_TASK_NAME, quiet_expected_tracebacks
 from tasks.embed import embed_rows
 from tasks.outcome import retry_condition
 from tasks.publish import publish_chunk
@@ -36,7 +36,7 @@ def store_for(uri: str) -> ObjectStore:
 
 
 @task(
-    name="embed-chunk",
+    name=CHUNK_TASK_NAME,
     task_run_name="embed-chunk-{spec.index:04d}",
     cache_policy=NO_CACHE,
     retry_condition_fn=retry_condition,
@@ -106,7 +106,7 @@ def embed_chunk(
     return outcome
 
 
-@task(name="embed-chunk", task_run_name="embed-chunk-{spec.index:04d}", cache_policy=NO_CACHE)
+@task(name=CHUNK_TASK_NAME, task_run_name="embed-chunk-{spec.index:04d}", cache_policy=NO_CACHE)
 def show_published_chunk(spec: ChunkSpec, object_uri: str) -> State[None]:
     """A task run for a chunk published before this run, so the UI lists every chunk.
 

@@ -52,6 +52,17 @@ def _summary_requests(out: str) -> int:
     return int(line.split()[1].replace(",", ""))
 
 
+def _summary_inputs(out: str) -> int:
+    line = next(x for x in out.splitlines() if x.startswith("api"))
+    return int(line.split(" inputs sent")[0].rsplit(" ", 1)[-1].replace(",", ""))
+
+
+def _inputs_received(server: FakeEmbeddingServer) -> int:
+    """Texts in every request the server received, answered or not."""
+    with server.lock:
+        return sum(entry["n_inputs"] for entry in server.log)
+
+
 def _check_vectors(tmp_path: Path, dims: int = 384, texts: dict[str, str] = TEXTS) -> None:
     manifest, vectors = read_local_output(tmp_path / "out")
     assert manifest["rows_published"] == len(texts) and manifest["rows_failed"] == 0
@@ -250,6 +261,7 @@ def test_requests_of_failed_chunks_and_dead_letters_are_counted(
     assert code == 1, out + err
     assert fake_openai.requests > 2
     assert _summary_requests(out) == fake_openai.requests
+    assert _summary_inputs(out) == _inputs_received(fake_openai)  # failed chunks' texts too
 
 
 def test_requests_of_chunk_attempts_prefect_retried_are_counted(
@@ -267,6 +279,7 @@ def test_requests_of_chunk_attempts_prefect_retried_are_counted(
     assert code == 0, out + err
     assert fake_openai.requests == 2 + 2 + 1  # attempt 1: 2 x 503; retry: 503, then 200; chunk 2
     assert _summary_requests(out) == fake_openai.requests
+    assert _summary_inputs(out) == _inputs_received(fake_openai) == 5 * 10
 
 
 def test_requests_of_chunks_released_at_the_end_of_the_grace_period_are_counted(
@@ -298,6 +311,8 @@ def test_requests_of_chunks_released_at_the_end_of_the_grace_period_are_counted(
     assert "released" in out, out
     time.sleep(0.5)  # a request on the wire at the release still reaches the server
     assert fake_openai.requests - 3 <= _summary_requests(out) <= fake_openai.requests, out
+    received = _inputs_received(fake_openai)
+    assert received - 3 * 4 <= _summary_inputs(out) <= received, out  # released batches too
 
 
 # -- item 10: a chunk whose texts are all empty, --dimensions unset ---------------------------

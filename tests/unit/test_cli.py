@@ -113,3 +113,33 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"embedline {version('embedline')}"
+
+
+def test_chunk_index_ranges_for_the_same_error_line() -> None:
+    from flows.dispatch import _ranges
+
+    assert _ranges([7, 0, 3, 2, 4]) == "chunks 0, 2-4, 7"
+    assert _ranges([5]) == "chunks 5"
+
+
+def test_prefects_final_state_line_of_a_chunk_task_is_dropped_unless_debugging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dispatcher logs each chunk's outcome; Prefect's ERROR "Finished in state
+    Failed(…)" for the same task run repeated it (two ERROR lines per failed chunk)."""
+    import logging
+
+    from embedline.tracebacks import DEBUG_ENV, ChunkFinalStateFilter
+
+    def record(msg: str, level: int = logging.ERROR, task: str = "embed-chunk") -> bool:
+        rec = logging.LogRecord("prefect.task_runs", level, __file__, 1, msg, None, None)
+        rec.task_name = task
+        return ChunkFinalStateFilter().filter(rec)
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    assert not record("Finished in state Failed('Task run encountered an exception …')")
+    assert record("Finished in state Failed('…')", task="load-chunk")  # other tasks keep it
+    assert record("Finished in state Completed()", level=logging.INFO)
+    assert record("Task run failed with exception: boom")
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    assert record("Finished in state Failed('…')")
