@@ -151,6 +151,21 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
             f"deduplication (at ${price}/1M tokens)"]
 
 
+def _plural(count: int, word: str) -> str:
+    """``1 request``, ``2 requests`` (thousands grouped)."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
+def _api_line(summary: dict[str, Any]) -> str:
+    """What the embedder was asked: HTTP requests, the texts they carried, tokens; an
+    in-process model (no requests) embedded its inputs locally."""
+    requests, inputs = summary["requests"], summary.get("inputs", 0)
+    if requests == 0 and inputs:
+        return f"model      {_plural(inputs, 'input')} embedded in-process (no API requests)"
+    return (f"api        {_plural(requests, 'request')}, {_plural(inputs, 'input')} sent, "
+            f"{_plural(summary['tokens'], 'token')} reported")
+
+
 def print_summary(summary: dict[str, Any], *, command_s: float | None = None) -> None:
     """Print the run summary (counts, wall time, manifest) to stdout; never any text.
 
@@ -179,8 +194,7 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             + (f"{summary['chunks_released']} released, " if summary.get("chunks_released")
                else "")
             + f"{summary['chunks_not_run']} not run, of {summary['chunks_total']}",
-            f"api        {summary['requests']:,} requests, {summary.get('inputs', 0):,} inputs "
-            f"sent, {summary['tokens']:,} tokens reported",
+            _api_line(summary),
             f"reuse      {summary.get('rows_reused', 0):,} rows reused from earlier runs, "
             f"{summary.get('rows_deduplicated', 0):,} deduplicated in this run "
             f"(~{summary.get('tokens_saved', 0):,} tokens not sent)",

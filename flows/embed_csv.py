@@ -505,12 +505,21 @@ def _summarize(
                      message=f"stopped: {result.stop.error}")  # fmt: skip
     if not_done:
         return _with(summary, started, exit_code=1, status="incomplete", message=(
-            f"{not_done} of {len(plan.chunks)} chunks not published; rerun the same command "
-            "to retry only those chunks"))  # fmt: skip
+            f"{not_done} of {len(plan.chunks)} chunks not published{_why(result)}; rerun the "
+            "same command to retry only those chunks"))  # fmt: skip
     if rows_failed:
         return _with(summary, started, exit_code=1, status="dead_letters",
                      message=dead_letters_block_message(rows_failed, str(base.run_key)))
     return _with(summary, started, status="complete")
+
+
+def _why(result: DispatchResult) -> str:
+    """`` (N failed; chunk I: error)`` for the lowest failed chunk, or ``""``: the summary
+    says what went wrong, not only the log."""
+    if not result.failed:
+        return ""
+    first = min(result.failed)
+    return f" ({len(result.failed)} failed; chunk {first}: {result.failed[first].error})"
 
 
 def _commit(

@@ -238,7 +238,7 @@ def test_failed_chunks_then_retry_failed_embeds_only_those(
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5", "--batch-size", "5",
                           "--max-attempts", "2", "--chunk-retries", "0")  # fmt: skip
     assert code == 1, err
-    assert "2 of 4 chunks not published" in out
+    assert "2 of 4 chunks not published (2 failed; chunk 1: RetryableError: HTTP 503" in out
     run_key = out.split()[1]
     status = run_cli("status", run_key[:10], "--ledger", str(tmp_path / "ledger.sqlite3"),
                      cwd=tmp_path)  # fmt: skip

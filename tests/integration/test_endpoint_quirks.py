@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def _summary_requests(out: str) -> int:
 
 def _summary_inputs(out: str) -> int:
     line = next(x for x in out.splitlines() if x.startswith("api"))
-    return int(line.split(" inputs sent")[0].rsplit(" ", 1)[-1].replace(",", ""))
+    return int(re.search(r"([\d,]+) inputs? sent", line)[1].replace(",", ""))
 
 
 def _inputs_received(server: FakeEmbeddingServer) -> int:

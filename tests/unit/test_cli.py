@@ -143,3 +143,20 @@ def test_prefects_final_state_line_of_a_chunk_task_is_dropped_unless_debugging(
     assert record("Task run failed with exception: boom")
     monkeypatch.setenv(DEBUG_ENV, "1")
     assert record("Finished in state Failed('…')")
+
+
+def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It read "1 inputs sent", and "api 0 requests, 249 inputs sent" for the local model."""
+    from cli.console import print_summary
+    from embedline.models import RunSummary
+
+    base = dict(run_key="k" * 64, output="out")
+    print_summary(RunSummary(0, "complete", "", requests=1, inputs=1, tokens=1, **base).to_dict())
+    print_summary(RunSummary(0, "complete", "", requests=0, inputs=249, **base).to_dict())
+    print_summary(RunSummary(0, "complete", "", requests=0, inputs=0, **base).to_dict())
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("api", "model"))]
+    assert lines == ["api        1 request, 1 input sent, 1 token reported",
+                     "model      249 inputs embedded in-process (no API requests)",
+                     "api        0 requests, 0 inputs sent, 0 tokens reported"]  # fmt: skip
