@@ -217,8 +217,55 @@ def _sniff_codec(head: bytes, encoding: str, path: str) -> tuple[str, int, list[
                          "pass --encoding with its real encoding (e.g. cp932, latin-1)",
                          path=path, line=1)  # fmt: skip
     codec = codecs.lookup(best.encoding).name
+    if _single_byte(codec):
+        _refuse_ambiguous_code_page(head, codec, path)
+        return "cp1252", 0, ["encoding cp1252 (not UTF-8; every Latin code page reads its "
+                             "bytes alike; pass --encoding to override)"]
     return codec, 0, [f"encoding {codec} (detected by charset-normalizer; pass --encoding to "
                       "override)"]
+
+
+#: Windows code pages for Latin-script text, which CSV exports use and which share most
+#: bytes (https://www.unicode.org/Public/MAPPINGS/VENDORS/MICSFT/WINDOWS/): a detector
+#: cannot tell them apart from the bytes alone.
+_LATIN_CODE_PAGES = {"cp1252": "Western Europe", "cp1250": "Central Europe",
+                     "cp1257": "Baltic", "cp1254": "Turkish"}  # fmt: skip
+
+
+def _single_byte(codec: str) -> bool:
+    """A one-byte-per-character code page (Python implements those as a charmap with a
+    ``decoding_table``): cp125x, ISO 8859, KOI8, Mac. Multi-byte ones (cp932, GB18030,
+    Big5, EUC) have structure a detector can check; single-byte ones do not."""
+    import importlib
+
+    module = importlib.import_module(codecs.lookup(codec).incrementaldecoder.__module__)
+    return hasattr(module, "decoding_table")
+
+
+def _refuse_ambiguous_code_page(head: bytes, detected: str, path: str) -> None:
+    """Accept a detected single-byte code page only if the four Windows Latin ones read
+    ``head`` the same as it (German umlauts are the same bytes in all of them: the caller
+    then reads the file as cp1252); else any choice could silently change texts, and so
+    their vectors. charset-normalizer 3 read French cp1252 as cp1250 ("crème" became
+    "crčme"), Lithuanian cp1257 as cp1251 and Turkish cp1254 as KOI8-R.
+
+    :raises InputError: naming the first byte read differently, its line, and each
+        reading, so the user can pass ``--encoding``.
+    """
+    pages = {**_LATIN_CODE_PAGES, detected: _LATIN_CODE_PAGES.get(detected, "detected")}
+    readings = {c: head.decode(c, errors="replace") for c in pages}
+    if len(set(readings.values())) == 1:
+        return
+    offset = next(i for i, b in enumerate(head) if b >= 0x80 and len(
+        {bytes([b]).decode(c, errors="replace") for c in pages}) > 1)  # fmt: skip
+    byte = head[offset:offset + 1]
+    ways = ", ".join(f"{byte.decode(c, errors='replace')!r} as {c} ({region})"
+                     for c, region in pages.items())  # fmt: skip
+    raise InputError(
+        f"the file is not UTF-8, and which code page it uses cannot be told from its bytes "
+        f"(detected {detected}, a guess): byte 0x{byte[0]:02X} reads {ways}; pass --encoding "
+        f"with its real code page (e.g. --encoding cp1252 for Western European text) or "
+        f"export it as UTF-8", path=path, line=head.count(b"\n", 0, offset) + 1)
 
 
 def _sniff_delimiter(header: str, id_column: str, text_column: str) -> str:
