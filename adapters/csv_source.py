@@ -482,8 +482,9 @@ def plan_csv(
 
     :raises InputError: (exit 2) unreadable file, UTF-16 file, undecodable bytes, missing or
         duplicated header column, malformed record, record with extra non-empty or missing
-        fields, empty id, duplicate ids (the first few, with their lines). Every message names
-        the file and the physical line where the record starts.
+        fields, empty id, duplicate ids (the first few, with their lines), a header with no
+        data rows under it. Every message names the file and the physical line where the
+        record starts.
     """
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
             delimiter)  # fmt: skip
@@ -565,6 +566,11 @@ def _plan_csv(
         planner.close(stop=lines.offset)  # trailing blank lines belong to the last chunk
         size = lines.offset
     _raise_on_duplicates(id_digests, found, fmt, header)
+    if not id_digests:
+        raise InputError(
+            "the file has a header and no data rows: nothing to embed. An empty export "
+            "committed as a run would read as 'every row removed' (and a sink load would "
+            "delete every row); check the export, or skip this run", path=source_path, line=2)
     source = InputSource(
         path=found.uri,
         name=found.name,

@@ -132,6 +132,17 @@ def test_latin_bytes_every_code_page_reads_alike_are_read_as_cp1252(tmp_path: Pa
     assert _read(plan) == rows
 
 
+@pytest.mark.parametrize("tail", ["", "\n", "\n\n\n", "\r\n"])
+def test_a_header_with_no_data_rows_is_refused(tmp_path: Path, tail: str) -> None:
+    """It committed an empty run ("complete: every chunk was already published"), whose
+    change set reads as every row removed: a sink load would empty the table."""
+    path = tmp_path / "empty.csv"
+    path.write_text("id,text" + tail, encoding="utf-8", newline="")
+    with pytest.raises(InputError, match="no data rows") as caught:
+        _plan(path)
+    assert caught.value.line == 2
+
+
 def test_utf8_without_bom_stays_utf8_with_no_note(tmp_path: Path) -> None:
     path = tmp_path / "in.csv"
     path.write_text(_text(ROWS), encoding="utf-8")
