@@ -8,10 +8,11 @@ error that put about 40 lines per failed chunk on the terminal and in the UI's l
 
 One line per failed chunk: the flow's dispatcher logs every chunk that did not publish
 ("chunk N failed: …", "chunk N released …", with the traceback of an unexpected error), so
-Prefect's own ``Finished in state Failed(…)`` line for an ``embed-chunk`` task run, which
-repeated it word for word, is dropped (``ChunkFinalStateFilter``; Prefect 3.9
-``task_engine.py`` logs it at ERROR for every state that is not Completed). The task run's
-state in the UI still carries the message.
+Prefect's own ERROR lines for an ``embed-chunk`` task run, which repeated it word for word,
+are dropped (``ChunkFinalStateFilter``): ``Finished in state Failed(…)`` (Prefect 3.9
+``task_engine.py`` logs it for every state that is not Completed) and ``Task run failed
+with exception: … - Retries are exhausted``. Its INFO line for a retry it schedules stays,
+and the task run's state in the UI still carries the message.
 """
 
 from __future__ import annotations
@@ -47,15 +48,15 @@ CHUNK_TASK_NAME = "embed-chunk"
 
 
 class ChunkFinalStateFilter(logging.Filter):
-    """Drop Prefect's ERROR ``Finished in state …`` record of an ``embed-chunk`` task run
-    (the dispatcher logs that chunk's outcome itself); keep everything else, and keep it
-    too with ``--debug``."""
+    """Drop Prefect's ERROR ``Finished in state …`` and ``Task run failed with …`` records
+    of an ``embed-chunk`` task run (the dispatcher logs that chunk's outcome itself); keep
+    everything else, and keep those too with ``--debug``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR or getattr(record, "task_name", None) != \
                 CHUNK_TASK_NAME or _debugging(record.name):  # fmt: skip
             return True
-        return not str(record.msg).startswith("Finished in state")
+        return not str(record.msg).startswith(("Finished in state", "Task run failed with"))
 
 
 def _debugging(logger_name: str) -> bool:

@@ -283,6 +283,23 @@ def test_requests_of_chunk_attempts_prefect_retried_are_counted(
     assert _summary_inputs(out) == _inputs_received(fake_openai) == 5 * 10
 
 
+def test_a_chunk_failing_after_prefects_retry_logs_one_error_line(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """Prefect's "Task run failed with exception: … - Retries are exhausted" repeated the
+    dispatcher's "chunk 0 failed: …" (two ERROR lines per chunk with --chunk-retries 1)."""
+    _input(tmp_path)
+    fake_openai.fail_when(lambda p: {"status": 503} if "package 3 " in " ".join(p["input"])
+                          else None)  # fmt: skip
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "1",
+                          "--chunk-retries", "1", "--chunk-retry-delay", "0")  # fmt: skip
+    assert code == 1, out + err
+    errors = [line for line in err.splitlines() if "| ERROR" in line]
+    assert len(errors) == 1 and "chunk 0 failed: RetryableError: HTTP 503" in errors[0], errors
+    assert "Retry 1/1 will start" in err  # Prefect's retry itself is still one INFO line
+    assert fake_openai.requests == 3  # chunk 0 twice, chunk 1 once
+
+
 def test_requests_of_chunks_released_at_the_end_of_the_grace_period_are_counted(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:

@@ -140,7 +140,10 @@ def test_prefects_final_state_line_of_a_chunk_task_is_dropped_unless_debugging(
     assert not record("Finished in state Failed('Task run encountered an exception …')")
     assert record("Finished in state Failed('…')", task="load-chunk")  # other tasks keep it
     assert record("Finished in state Completed()", level=logging.INFO)
-    assert record("Task run failed with exception: boom")
+    assert not record("Task run failed with exception: RetryableError('…') - Retries are exhausted")
+    assert record("Task run failed with exception: boom - Retry 1/1 will start 10 second(s) "
+                  "from now", level=logging.INFO)  # fmt: skip
+    assert record("Task run failed with exception: boom", task="load-chunk")
     monkeypatch.setenv(DEBUG_ENV, "1")
     assert record("Finished in state Failed('…')")
 
