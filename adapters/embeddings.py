@@ -752,7 +752,8 @@ class OpenAIEmbedder:
         if not isinstance(exc, RetryableError) or isinstance(exc, EndpointDownError) or \
                 not isinstance(cause, httpx.ConnectError):  # fmt: skip
             return None
-        where = f"{_safe_url(self.base_url)} ({type(cause).__name__}, {self.max_attempts} attempts)"
+        attempts = f"{self.max_attempts} attempt" + ("" if self.max_attempts == 1 else "s")
+        where = f"{_safe_url(self.base_url)} ({type(cause).__name__}, {attempts})"
         if not self._answered:
             return FatalError(
                 f"cannot connect to {where} and no request of this run ever reached it: "

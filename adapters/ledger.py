@@ -453,6 +453,14 @@ class Ledger:
             counts[state] = counts.get(state, 0) + 1
         return counts
 
+    def first_failure(self, run_key: str) -> tuple[int, str] | None:
+        """(index, last error) of the run's lowest failed chunk, or None: why the run is not
+        complete, in the error's own words (never input text: errors carry none)."""
+        row = self._conn.execute(
+            "SELECT idx, last_error FROM chunks WHERE run_key = ? AND state = 'failed' "
+            "ORDER BY idx LIMIT 1", (run_key,)).fetchone()  # fmt: skip
+        return None if row is None else (int(row[0]), str(row[1] or "unknown error"))
+
     def published_rows(self, run_key: str) -> int:
         """Rows in the run's chunks published so far (what the store holds for it)."""
         row = self._conn.execute(

@@ -35,10 +35,13 @@ def _status(args: argparse.Namespace) -> int:
             run.rows_published, ledger.published_rows(run.run_key))  # fmt: skip
         chunks = " ".join(f"{s}={states.get(s, 0)}" for s in
                           ("published", "failed", "running", "pending"))  # fmt: skip
+        failure = ledger.first_failure(run.run_key) if states.get("failed") else None
+        why = "" if failure is None else "\t" + tsv_field(f"chunk {failure[0]} failed: "
+                                                          f"{failure[1]}")  # fmt: skip
         print(
             f"{run.run_key}\t{status}\trows={published}/{run.input_rows} "
             f"dead_letters={run.rows_failed}\tchunks {chunks}\t{run.input_name}\t"
-            f"{run.output_uri}\t{run.updated_at}"
+            f"{run.output_uri}\t{run.updated_at}{why}"
         )
     return 0
 
