@@ -217,55 +217,75 @@ def _sniff_codec(head: bytes, encoding: str, path: str) -> tuple[str, int, list[
                          "pass --encoding with its real encoding (e.g. cp932, latin-1)",
                          path=path, line=1)  # fmt: skip
     codec = codecs.lookup(best.encoding).name
-    if _single_byte(codec):
-        _refuse_ambiguous_code_page(head, codec, path)
-        return "cp1252", 0, ["encoding cp1252 (not UTF-8; every Latin code page reads its "
-                             "bytes alike; pass --encoding to override)"]
+    if _single_byte(codec) or _katakana_garbage(head, codec):
+        _refuse_guessed_code_page(head, codec, path)
     return codec, 0, [f"encoding {codec} (detected by charset-normalizer; pass --encoding to "
                       "override)"]
 
 
-#: Windows code pages for Latin-script text, which CSV exports use and which share most
-#: bytes (https://www.unicode.org/Public/MAPPINGS/VENDORS/MICSFT/WINDOWS/): a detector
-#: cannot tell them apart from the bytes alone.
-_LATIN_CODE_PAGES = {"cp1252": "Western Europe", "cp1250": "Central Europe",
-                     "cp1257": "Baltic", "cp1254": "Turkish"}  # fmt: skip
+#: Single-byte code pages CSV exports really use, shown when refusing a guess: one byte
+#: reads differently in each (https://www.unicode.org/Public/MAPPINGS/VENDORS/MICSFT/).
+_CODE_PAGES = {"cp1252": "Windows Western", "iso8859-15": "ISO Western",
+               "cp1250": "Windows Central European", "cp1251": "Windows Cyrillic",
+               "koi8-r": "KOI8 Cyrillic", "cp1257": "Windows Baltic",
+               "cp1254": "Windows Turkish", "cp850": "DOS Western"}  # fmt: skip
 
 
 def _single_byte(codec: str) -> bool:
     """A one-byte-per-character code page (Python implements those as a charmap with a
-    ``decoding_table``): cp125x, ISO 8859, KOI8, Mac. Multi-byte ones (cp932, GB18030,
-    Big5, EUC) have structure a detector can check; single-byte ones do not."""
+    ``decoding_table``): cp125x, ISO 8859, KOI8, DOS, Mac. Multi-byte ones (cp932,
+    GB18030, Big5, EUC) have a byte structure a detector can check; single-byte ones do
+    not: charset-normalizer 3 read French cp1252 as cp1250 ("crème" became "crčme"),
+    Lithuanian cp1257 as cp1251, Turkish cp1254 as KOI8-R, DOS cp850 as cp1252."""
     import importlib
 
     module = importlib.import_module(codecs.lookup(codec).incrementaldecoder.__module__)
     return hasattr(module, "decoding_table")
 
 
-def _refuse_ambiguous_code_page(head: bytes, detected: str, path: str) -> None:
-    """Accept a detected single-byte code page only if the four Windows Latin ones read
-    ``head`` the same as it (German umlauts are the same bytes in all of them: the caller
-    then reads the file as cp1252); else any choice could silently change texts, and so
-    their vectors. charset-normalizer 3 read French cp1252 as cp1250 ("crème" became
-    "crčme"), Lithuanian cp1257 as cp1251 and Turkish cp1254 as KOI8-R.
+def _katakana_garbage(head: bytes, codec: str) -> bool:
+    """A Shift-JIS/EUC-JP guess that decodes to mostly half-width katakana (U+FF61-FF9F):
+    the single-byte letters of KOI8-R or cp1251 text read as Shift-JIS single bytes
+    ("Привет" became "ﾐﾒﾉﾗﾅﾔ"), not Japanese, whose text is mostly kana and kanji."""
+    if "jis" not in codec and codec != "cp932":
+        return False
+    wide = [c for c in head.decode(codec, errors="replace") if ord(c) > 0x7F]
+    return bool(wide) and sum("\uff61" <= c <= "\uff9f" for c in wide) > len(wide) / 2
 
-    :raises InputError: naming the first byte read differently, its line, and each
-        reading, so the user can pass ``--encoding``.
+
+def _refuse_guessed_code_page(head: bytes, detected: str, path: str) -> None:
+    """Refuse a code page detection cannot confirm: any choice could silently change texts,
+    and so their vectors. The message shows how the first non-ASCII byte that code pages
+    disagree on reads in each, so the user can pick ``--encoding``.
+
+    :raises InputError: always; naming the byte's line.
     """
-    pages = {**_LATIN_CODE_PAGES, detected: _LATIN_CODE_PAGES.get(detected, "detected")}
-    readings = {c: head.decode(c, errors="replace") for c in pages}
-    if len(set(readings.values())) == 1:
-        return
-    offset = next(i for i, b in enumerate(head) if b >= 0x80 and len(
-        {bytes([b]).decode(c, errors="replace") for c in pages}) > 1)  # fmt: skip
+    guess = _CODE_PAGES.get(detected)
+    pages = {detected: f"{guess}, the detector's guess" if guess else "the detector's guess",
+             **{c: what for c, what in _CODE_PAGES.items() if c != detected}}
+    offset = next((i for i, b in enumerate(head) if b >= 0x80 and len(
+        {bytes([b]).decode(c, errors="replace") for c in _CODE_PAGES}) > 1), None)  # fmt: skip
+    offset = offset if offset is not None else next(i for i, b in enumerate(head) if b >= 0x80)
     byte = head[offset:offset + 1]
-    ways = ", ".join(f"{byte.decode(c, errors='replace')!r} as {c} ({region})"
-                     for c, region in pages.items())  # fmt: skip
+    ways = ", ".join(f"{_reading(head, offset, c)} in {c} ({what})"
+                     for c, what in pages.items())  # fmt: skip
     raise InputError(
-        f"the file is not UTF-8, and which code page it uses cannot be told from its bytes "
-        f"(detected {detected}, a guess): byte 0x{byte[0]:02X} reads {ways}; pass --encoding "
-        f"with its real code page (e.g. --encoding cp1252 for Western European text) or "
-        f"export it as UTF-8", path=path, line=head.count(b"\n", 0, offset) + 1)
+        f"the file is not UTF-8, and its code page cannot be told from its bytes: byte "
+        f"0x{byte[0]:02X} reads: {ways}. Pass --encoding with the code page it was exported "
+        f"in (one of those, or another Python codec name), or export it as UTF-8",
+        path=path, line=head.count(b"\n", 0, offset) + 1)
+
+
+_WORD_ENDS = (b" ", b",", b";", b"\t", b"|", b'"', b"\n", b"\r")
+
+
+def _reading(head: bytes, offset: int, codec: str) -> str:
+    """The word around ``offset`` decoded as ``codec`` (a byte alone can be half a
+    multi-byte character)."""
+    start = max([head.rfind(sep, 0, offset) for sep in _WORD_ENDS] + [offset - 13]) + 1
+    ends = [i for i in (head.find(sep, offset) for sep in _WORD_ENDS) if i != -1]
+    end = min([*ends, offset + 12])
+    return head[start:end].decode(codec, errors="replace")
 
 
 def _sniff_delimiter(header: str, id_column: str, text_column: str) -> str:
