@@ -24,6 +24,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def _status(args: argparse.Namespace) -> int:
+    """One tab-separated line per run, always 9 fields: key, state, rows, dead letters,
+    chunks by state, input, output, updated, and why the lowest failed chunk failed (empty
+    when none did)."""
     ledger = open_ledger(args.ledger)
     runs = [find_run(ledger, args.run)] if args.run else ledger.runs()
     for run in runs:
@@ -36,12 +39,14 @@ def _status(args: argparse.Namespace) -> int:
         chunks = " ".join(f"{s}={states.get(s, 0)}" for s in
                           ("published", "failed", "running", "pending"))  # fmt: skip
         failure = ledger.first_failure(run.run_key) if states.get("failed") else None
-        why = "" if failure is None else "\t" + tsv_field(f"chunk {failure[0]} failed: "
-                                                          f"{failure[1]}")  # fmt: skip
+        more = states.get("failed", 0) - 1
+        why = "" if failure is None else tsv_field(
+            f"chunk {failure[0]} failed" + (f" (and {more} more)" if more else "")
+            + f": {failure[1]}")  # fmt: skip
         print(
             f"{run.run_key}\t{status}\trows={published}/{run.input_rows} "
             f"dead_letters={run.rows_failed}\tchunks {chunks}\t{run.input_name}\t"
-            f"{run.output_uri}\t{run.updated_at}{why}"
+            f"{run.output_uri}\t{run.updated_at}\t{why}"
         )
     return 0
 

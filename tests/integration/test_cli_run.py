@@ -243,8 +243,9 @@ def test_failed_chunks_then_retry_failed_embeds_only_those(
     status = run_cli("status", run_key[:10], "--ledger", str(tmp_path / "ledger.sqlite3"),
                      cwd=tmp_path)  # fmt: skip
     assert "published=2 failed=2" in status.stdout
-    assert status.stdout.rstrip("\n").split("\t")[-1].startswith(
-        "chunk 1 failed: RetryableError: HTTP 503")  # why, not only counts
+    fields = status.stdout.rstrip("\n").split("\t")
+    assert len(fields) == 9 and fields[-1].startswith(
+        "chunk 1 failed (and 1 more): RetryableError: HTTP 503"), fields  # why, not only counts
     fake_openai.fail_when(None)
     before = fake_openai.counters()["requests"]
     elsewhere = tmp_path / "elsewhere"
