@@ -24,9 +24,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def _status(args: argparse.Namespace) -> int:
-    """One tab-separated line per run, always 9 fields: key, state, rows, dead letters,
-    chunks by state, input, output, updated, and why the lowest failed chunk failed (empty
-    when none did)."""
+    """One tab-separated line per run, always 8 fields: key, state, ``rows=… dead_letters=…``,
+    ``chunks …`` by state, input, output, updated, and why the lowest failed chunk failed
+    (empty when none did)."""
     ledger = open_ledger(args.ledger)
     runs = [find_run(ledger, args.run)] if args.run else ledger.runs()
     for run in runs:

@@ -244,7 +244,7 @@ def test_failed_chunks_then_retry_failed_embeds_only_those(
                      cwd=tmp_path)  # fmt: skip
     assert "published=2 failed=2" in status.stdout
     fields = status.stdout.rstrip("\n").split("\t")
-    assert len(fields) == 9 and fields[-1].startswith(
+    assert len(fields) == 8 and fields[-1].startswith(
         "chunk 1 failed (and 1 more): RetryableError: HTTP 503"), fields  # why, not only counts
     fake_openai.fail_when(None)
     before = fake_openai.counters()["requests"]
