@@ -23,7 +23,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     search.add_argument("target", metavar="TARGET",
                         help="an output root (directory or s3://), or a sink URI "
                              "(lancedb://PATH, PATH/NAME.lance, postgresql://…)")
-    search.add_argument("query", metavar="QUERY", help="the text to search for")
+    search.add_argument("query", metavar="QUERY", type=_query,
+                        help="the text to search for (not blank)")
     search.add_argument("--k", type=positive_int, default=10, help="results to print")
     search.add_argument("--run", default=None,
                         help="with an output root: a run key or prefix (default: the latest)")
@@ -32,6 +33,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                              "--base-url, else OpenAI's)")
     search.add_argument("--ledger", default=DEFAULT_LEDGER)
     search.set_defaults(handler=_search)
+
+
+def _query(text: str) -> str:
+    """argparse type: a query with some non-blank text (a blank one is never sent: the
+    API refuses it, and an embedding of nothing ranks nothing)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is blank: give the text to search for")
+    return text
 
 
 def top_k(matrix: Any, ids: list[str], vector: Any, k: int) -> list[tuple[str, float]]:

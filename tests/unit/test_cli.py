@@ -163,3 +163,14 @@ def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_proc
     assert lines == ["api        1 request, 1 input sent, 1 token reported",
                      "model      249 inputs embedded in-process (no API requests)",
                      "api        0 requests, 0 inputs sent, 0 tokens reported"]  # fmt: skip
+
+
+@pytest.mark.parametrize("query", ["", "   ", "\t"])
+def test_a_blank_search_query_is_a_usage_error_before_any_request(
+    query: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was sent and came back as the server's 400, exit 1."""
+    with pytest.raises(SystemExit) as info:
+        main(["search", "some-output", query])
+    assert info.value.code == 2
+    assert "QUERY" in capsys.readouterr().err
