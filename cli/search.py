@@ -78,6 +78,21 @@ def _recorded_base_url(ledger_path: str, run_key: str) -> str | None:
         ledger.close()
 
 
+def _sink_base_url(ledger_path: str, sink_identity: str) -> str | None:
+    """The recorded ``--base-url`` of the run last loaded into the sink, per the ledger
+    (it went to OpenAI's API, 5 retries and exit 3, for a sink loaded from a local server)."""
+    if not os.path.exists(ledger_path):
+        return None
+    from adapters.ledger import Ledger
+
+    ledger = Ledger(ledger_path)
+    try:
+        run_key = ledger.last_loaded_run(sink_identity)
+    finally:
+        ledger.close()
+    return None if run_key is None else _recorded_base_url(ledger_path, run_key)
+
+
 def _embed_queries(queries: list[str], *, embedder: str, model: str, dimensions: int | None,
                    base_url: str | None) -> Any:  # fmt: skip
     """The queries' vectors (float32, len(queries) × d), one request or one model call."""
@@ -122,6 +137,7 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
             if info.model is None or info.embedder is None:
                 raise InputError(f"sink {sink.identity} was not created by embedline: its "
                                  "model is unknown")  # fmt: skip
+            base_url = base_url or _sink_base_url(ledger, sink.identity)
             vectors = _embed_queries(queries, embedder=info.embedder, model=info.model,
                                      dimensions=info.dimensions, base_url=base_url)  # fmt: skip
             return [sink.search(v, k) for v in vectors]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli.search import search_target
+from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -62,3 +63,25 @@ def test_embedline_search_prints_ranked_ids(demo: Path) -> None:
     assert ranked[0][2] == "0ad"
     scores = [float(r[1]) for r in ranked]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_search_on_a_sink_embeds_the_query_at_the_loaded_runs_base_url(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """A sink loaded from an OpenAI-compatible server at --base-url: search without
+    --base-url went to OpenAI's API (5 retries, exit 3); it now takes the ledger's record
+    of the run last loaded into that sink. The fake server's deterministic vector of a
+    row's own text is that row's vector, so it ranks first."""
+    rows = [(f"pkg{i}", f"package number {i} does a thing of kind {i % 7}") for i in range(30)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in rows))
+    sink = f"lancedb://{tmp_path}/lance"
+    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+                     "--output", "out", "--sink", sink, "--ledger", "ledger.sqlite3",
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    before = fake_openai.requests
+    found = run_cli("search", sink, rows[12][1], "--k", "1", "--ledger", "ledger.sqlite3",
+                    cwd=tmp_path)  # fmt: skip
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.strip().splitlines()[1].split()[2] == "pkg12"
+    assert fake_openai.requests == before + 1
