@@ -28,21 +28,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                            "PGPASSWORD, never the URI)")
     load.add_argument("--output", default=None,
                       help="the run's output root (default: the ledger's record of RUN, "
-                           "else ./embedline-output)")
+                           "or without RUN of its newest complete run, else "
+                           "./embedline-output)")
     load.add_argument("--ledger", default=DEFAULT_LEDGER)
     load.set_defaults(handler=_load)
 
 
 def _output_for(args: argparse.Namespace) -> str:
-    """``--output``, else where the ledger says RUN was published, else the default."""
+    """``--output``, else where the ledger says RUN (without RUN: its newest complete run)
+    was published, else the default."""
     if args.output:
         return str(args.output)
-    if args.run and os.path.exists(args.ledger):
+    if os.path.exists(args.ledger):
         from adapters.ledger import Ledger
 
         ledger = Ledger(args.ledger)
         try:
-            record = ledger.find_run(args.run)
+            record = ledger.find_run(args.run) if args.run else next(
+                (r for r in ledger.runs() if r.status == "complete"), None)  # fmt: skip
         except ValueError:
             record = None
         finally:

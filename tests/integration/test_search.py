@@ -85,3 +85,19 @@ def test_search_on_a_sink_embeds_the_query_at_the_loaded_runs_base_url(
     assert found.returncode == 0, found.stderr[-2000:]
     assert found.stdout.strip().splitlines()[1].split()[2] == "pkg12"
     assert fake_openai.requests == before + 1
+
+
+def test_load_without_run_or_output_takes_the_ledgers_newest_complete_run(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """`load --to SINK --ledger L` looked in ./embedline-output ("no committed run") though
+    the ledger recorded a complete run elsewhere; its help says the ledger decides."""
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"p{i},text {i}\n" for i in range(12)))
+    done = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+                   "--output", "elsewhere", "--ledger", "ledger.sqlite3", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = run_cli("load", "--to", f"lancedb://{tmp_path}/lance", "--ledger", "ledger.sqlite3",
+                     cwd=tmp_path)  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert re.search(r"^rows +12 upserted now", loaded.stdout, re.M), loaded.stdout
+
