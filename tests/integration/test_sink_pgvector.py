@@ -77,6 +77,15 @@ def _check_whole_cycle(tmp_path: Path, server: FakeEmbeddingServer, pg_uri: str,
     _assert_equal(_table(pg_uri, table), expected_vectors(edited))
 
 
+def test_first_2000_rows_into_pgvector_then_an_edited_copy_leaves_exactly_the_edited_rows(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
+) -> None:
+    # the whole-file cycle below on the real file's first 2,000 rows (multi-line texts), in CI
+    _check_whole_cycle(tmp_path, fake_openai, pg_uri, read_rows(ENGLISH, 2000), "first2000",
+                       chunk_size=100)  # fmt: skip
+
+
+@pytest.mark.slow  # about 100 s here: CI runs the same cycle on 2,000 rows; -m slow runs it
 def test_whole_english_file_into_pgvector_then_an_edited_copy_leaves_exactly_the_edited_rows(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
 ) -> None:
