@@ -562,10 +562,11 @@ class OpenAIEmbedder:
       ``concurrency - 1`` after the fatal answer;
     - circuit breaker: a call that spends all ``max_attempts`` on refused connections
       (``httpx.ConnectError``) latches like a fatal answer. Before this client ever got
-      an HTTP answer it latches a ``FatalError`` ("no request of this run ever reached it": a wrong ``--base-url``, a server not
-      running; exit 3); after one, an ``EndpointDownError`` (the server went down mid-run;
-      exit 1, a rerun resumes). Either way the run stops after one call's retries (about
-      8 s with the default backoff), not after every chunk's. Timeouts and dropped
+      an HTTP answer it latches a ``FatalError`` ("no request of this run ever reached it":
+      a wrong ``--base-url``, a server not running; exit 3); after one, an
+      ``EndpointDownError`` (the server went down mid-run; exit 1, a rerun resumes). Either
+      way the run stops after one call's retries (about 8 s with the default backoff), not
+      after every chunk's. Timeouts and dropped
       connections never open it: a slow server is not a down one.
 
     :param base_url: e.g. ``https://api.openai.com/v1``; a query string (Azure-style

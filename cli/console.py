@@ -184,8 +184,7 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             f"({summary['rows_skipped']:,} already published before"
             + (f", {summary['rows_concurrent']:,} by a concurrent run"
                if summary.get("rows_concurrent") else "") + "), "
-            f"{summary['rows_failed']:,} dead letter" + ("" if summary["rows_failed"] == 1
-                                                          else "s"),
+            + _plural(summary["rows_failed"], "dead letter"),
             f"chunks     {summary['chunks_published']} published now, "
             f"{summary['chunks_skipped']} skipped, "
             + (f"{summary['chunks_concurrent']} by a concurrent run, "

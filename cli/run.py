@@ -48,7 +48,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--encoding", default="auto",
                      help="auto (UTF-8 with or without BOM, UTF-16 by its BOM, else detected "
                           "and printed; a single-byte code page such as cp1252 must be "
-                          "named: auto refuses to guess it) or a codec name such as cp932, cp1252, utf-16-le")
+                          "named: auto refuses to guess it) or a codec name such as cp932, "
+                          "cp1252, utf-16-le")
     run.add_argument("--delimiter", default="auto",
                      help="field separator: auto (found in the header line among , ; tab |) "
                           "or one character; 'tab' for tab")

@@ -64,33 +64,23 @@ def _is_sink(target: str) -> bool:
         target.rstrip("/").endswith(".lance")
 
 
-def _recorded_base_url(ledger_path: str, run_key: str) -> str | None:
+def _recorded_base_url(ledger_path: str, *, run_key: str | None = None,
+                       sink: str | None = None) -> str | None:
+    """The ``--base-url`` the ledger recorded for ``run_key``, or for the run last loaded
+    into ``sink`` (a sink identity); None when the ledger does not know it. One read of
+    the ledger."""
     if not os.path.exists(ledger_path):
         return None
     from adapters.ledger import Ledger
 
     ledger = Ledger(ledger_path)
     try:
-        return str(ledger.run_settings(run_key).get("base_url") or "") or None
+        key = run_key or (ledger.last_loaded_run(sink) if sink else None)
+        return None if key is None else str(ledger.run_settings(key).get("base_url") or "") or None
     except KeyError:
         return None
     finally:
         ledger.close()
-
-
-def _sink_base_url(ledger_path: str, sink_identity: str) -> str | None:
-    """The recorded ``--base-url`` of the run last loaded into the sink, per the ledger
-    (it went to OpenAI's API, 5 retries and exit 3, for a sink loaded from a local server)."""
-    if not os.path.exists(ledger_path):
-        return None
-    from adapters.ledger import Ledger
-
-    ledger = Ledger(ledger_path)
-    try:
-        run_key = ledger.last_loaded_run(sink_identity)
-    finally:
-        ledger.close()
-    return None if run_key is None else _recorded_base_url(ledger_path, run_key)
 
 
 def _embed_queries(queries: list[str], *, embedder: str, model: str, dimensions: int | None,
@@ -137,7 +127,7 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
             if info.model is None or info.embedder is None:
                 raise InputError(f"sink {sink.identity} was not created by embedline: its "
                                  "model is unknown")  # fmt: skip
-            base_url = base_url or _sink_base_url(ledger, sink.identity)
+            base_url = base_url or _recorded_base_url(ledger, sink=sink.identity)
             vectors = _embed_queries(queries, embedder=info.embedder, model=info.model,
                                      dimensions=info.dimensions, base_url=base_url)  # fmt: skip
             return [sink.search(v, k) for v in vectors]
@@ -153,7 +143,7 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
     dims = int(meta["embedline.dimensions"])
     vectors = _embed_queries(queries, embedder=manifest_embedder, model=meta["embedline.model"],
                              dimensions=dims, base_url=base_url or _recorded_base_url(
-                                 ledger, meta["embedline.run_key"]))  # fmt: skip
+                                 ledger, run_key=meta["embedline.run_key"]))  # fmt: skip
     column = table.column("embedding").combine_chunks()
     matrix = np.asarray(column.flatten().to_numpy(zero_copy_only=False),
                         dtype=np.float32).reshape(len(column), dims)  # fmt: skip
