@@ -17,7 +17,7 @@ from collections.abc import Sequence
 #: ``time.monotonic()`` when the command started (this package is its first import).
 STARTED_AT = time.monotonic()
 
-__all__ = ["STARTED_AT", "interrupted_line", "main"]
+__all__ = ["STARTED_AT", "forget_caught_interrupts", "interrupted_line", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,7 +30,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for signum, handler in early.items():
             signal.signal(signum, handler)
-    return run(argv)
+    try:
+        return run(argv)
+    finally:  # an interrupt still propagating sets the flag again as it leaves `-m`
+        forget_caught_interrupts()
+
+
+def forget_caught_interrupts() -> None:
+    """Make the exit code we return the process's exit status, even after a Ctrl-C.
+
+    CPython (since 3.8; seen on 3.11) sets a process-wide "unhandled KeyboardInterrupt" flag whenever a
+    ``KeyboardInterrupt`` leaves a string ``exec``/``eval`` (``run_eval_code_obj``), even
+    if a caller catches it. ``dataclasses`` and ``namedtuple`` build their methods that
+    way, so a Ctrl-C during a lazy import can land in one. Under ``python -m cli``,
+    ``Py_RunMain`` checks the flag after our ``sys.exit(130)`` and kills the process with
+    SIGINT instead (status -2; the console script's path does not check it). Every string
+    ``exec`` clears the flag as it starts, so an empty one forgets the caught interrupt.
+    """
+    exec("", {})  # noqa: S102 (a constant empty string: see above)
 
 
 def _exit_quietly_on_signals() -> dict[int, object]:
