@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from cli import gc, inspect, interrupted_line, load, run, search
 from embedline import shutdown
+from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["main"]
 
@@ -53,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # fmt: skip
         previous = signal.signal(signal.SIGTERM, shutdown.raise_terminated)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_unraisable, previous_hook)
     try:
         code = int(args.handler(args))
         sys.stdout.flush()
@@ -67,9 +72,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _interrupted(exc)
     finally:
+        sys.unraisablehook = previous_hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return code
+
+
+def _unraisable(default: Any, unraisable: Any) -> None:
+    """An interrupt lost in a ``__del__`` or weakref callback is delivered again
+    (``shutdown.redeliver_lost_interrupts``) and printed only with ``--debug``; anything
+    else goes to ``default``."""
+    if not shutdown.redeliver_lost_interrupts(unraisable) or os.environ.get(DEBUG_ENV):
+        default(unraisable)
 
 
 def _interrupted(exc: BaseException) -> int:

@@ -188,3 +188,26 @@ def test_sigint_at_any_moment_of_planning_exits_130(
             failures.append((step * 2, proc.returncode, err[-500:]))
         assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
     assert failures == [], failures
+
+
+def test_a_ctrl_c_that_python_drops_in_a_destructor_still_stops_the_run(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """A Ctrl-C whose KeyboardInterrupt is raised inside a ``__del__`` or weakref callback
+    is dropped by Python ("Exception ignored in …"); it is delivered again, so the run still
+    stops: one line, 130, nothing sent, no server left. Before: the run went on, sent its
+    requests and exited 0 (a real Ctrl-C landed in importlib's module-lock callback about
+    once in 500 tries in the first 50 ms of planning)."""
+    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
+    home = tmp_path / "prefect-home"
+    env = _env(home)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests/support/lost_interrupt"), str(REPO)])
+    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "embedline: interrupted by SIGINT; rerun the same command to resume"], done.stderr[-3000:]
+    assert fake_openai.counters()["requests"] == 0
+    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
