@@ -179,10 +179,12 @@ class Dispatcher:
             )  # fmt: skip
             self.result.published[spec.index] = outcome
         else:
-            exc = state.result(raise_on_failure=False)
-            failure = status_for(exc) if isinstance(exc, BaseException) else status_for(
-                RuntimeError(f"chunk task ended in state {state.type.value}")
-            )  # fmt: skip
+            exc = None if state.is_cancelled() else state.result(raise_on_failure=False)
+            if state.is_cancelled():  # the task released its chunk: the run is stopping
+                failure = ChunkFailure("released", state.message or "cancelled", expected=True)
+            else:
+                failure = status_for(exc if isinstance(exc, BaseException) else RuntimeError(
+                    f"chunk task ended in state {state.type.value}"))  # fmt: skip
             if failure.kind == "released":
                 self.logger.warning("chunk %d released for a later run: %s", spec.index,
                                     failure.error)  # fmt: skip

@@ -12,10 +12,11 @@ from dataclasses import replace
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed, State
+from prefect.states import Cancelled, Completed, State
 
 from adapters.embeddings import build_embedder
 from adapters.object_store import open_store
+from embedline.errors import StopRequestedError
 from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan
 from embedline.protocols import ObjectStore
 from embedline import progress
@@ -43,12 +44,14 @@ def store_for(uri: str) -> ObjectStore:
 )
 def embed_chunk(
     spec: ChunkSpec, source: InputSource, settings: RunSettings, reuse: ReusePlan | None = None
-) -> ChunkOutcome:
+) -> ChunkOutcome | State[None]:
     """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
 
     Rows listed in ``reuse`` (decided by the flow process) take their vectors from the
     objects named there; rows with a text already sent in this chunk are copied; the rest
-    are sent (``tasks/reuse.py``).
+    are sent (``tasks/reuse.py``). A chunk that the stopping run released (its grace period
+    ran out: ``StopRequestedError`` before its next request) returns a Cancelled state,
+    Prefect's state for work stopped on request, so the UI does not list it as Failed.
 
     :raises InputError: the input changed since planning.
     :raises RetryableError: the API kept failing past the attempt budget (Prefect may retry
@@ -57,6 +60,15 @@ def embed_chunk(
     :raises FatalError: credentials, quota, model or store refusals; the run stops.
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
+    try:
+        return _embed_chunk(spec, source, settings, reuse)
+    except StopRequestedError as exc:
+        return Cancelled(message=f"{type(exc).__name__}: {exc}")
+
+
+def _embed_chunk(
+    spec: ChunkSpec, source: InputSource, settings: RunSettings, reuse: ReusePlan | None
+) -> ChunkOutcome:
     quiet_expected_tracebacks()  # this process may be a Dask worker
     logger = get_run_logger()
     store = store_for(settings.output)

@@ -497,3 +497,39 @@ def test_a_committed_run_is_retried_when_the_request_settings_change(
     assert [e["n_inputs"] for e in fake_openai.log] == [1]
     manifest = _manifest(tmp_path, _run_key(tmp_path, generation=1))
     assert manifest["rows_failed"] == 0 and manifest["supersedes"] == _run_key(tmp_path)
+
+
+def test_a_chunk_released_at_the_end_of_the_grace_period_is_cancelled_in_prefect(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
+) -> None:
+    """A chunk task that stops because the run released its chunk ends Cancelled (work
+    stopped on request), not Failed with a StopRequestedError (before: Failed, so the UI
+    showed a Ctrl-C as failed chunks)."""
+    import httpx
+
+    texts = {f"{i:03d}": f"package {i} does useful thing number {i * 7}" for i in range(200)}
+    _input(tmp_path, texts)
+    fake_openai.fail_when(lambda p: {"delay_s": 0.5})
+    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+            fake_openai.base_url, "--output", str(tmp_path / "out"), "--ledger",
+            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "40", "--batch-size", "2",
+            "--concurrency", "3", "--grace", "0.2"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while fake_openai.requests < 6:
+            assert time.monotonic() < deadline and proc.poll() is None, "no requests"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    flow_run_id = re.search(r"flow-run/([0-9a-f-]{36})", err)
+    assert flow_run_id, err[-3000:]
+    task_runs = httpx.post(f"{prefect_api_url}/task_runs/filter", json={
+        "flow_runs": {"id": {"any_": [flow_run_id.group(1)]}}}).json()  # fmt: skip
+    states = {t["name"]: t["state"]["type"] for t in task_runs if t["name"].startswith("embed-")}
+    assert "CANCELLED" in states.values() and "FAILED" not in states.values(), states

@@ -183,7 +183,10 @@ def test_sigint_at_any_moment_of_planning_exits_130(
             time.sleep(0.001)
         time.sleep(step * 0.002)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        finally:  # a hang fails the test without leaving the CLI behind
+            proc.kill()
         if proc.returncode != 130 or "interrupted by SIGINT" not in err:
             failures.append((step * 2, proc.returncode, err[-500:]))
         assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
