@@ -1,7 +1,5 @@
 """``python -m cli``: the same as the ``embedline`` console script."""
 
-import sys
+from cli import entry
 
-from cli import main
-
-sys.exit(main())
+entry()
