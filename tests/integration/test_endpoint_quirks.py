@@ -300,32 +300,43 @@ def test_a_chunk_failing_after_prefects_retry_logs_one_error_line(
     assert fake_openai.requests == 3  # chunk 0 twice, chunk 1 once
 
 
-def test_requests_of_chunks_released_at_the_end_of_the_grace_period_are_counted(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer
-) -> None:
-    """SIGINT with a short --grace: chunks still running when it ends are released, and the
-    batches they had sent are in the summary (they were not: 105 counted, 122 sent). Only a
-    request still on the wire at that moment can be missing: at most --concurrency."""
-    texts = {f"{i:03d}": f"package {i} does useful thing number {i * 7}" for i in range(400)}
+def _sigint_during_dispatch(
+    tmp_path: Path, fake: FakeEmbeddingServer, *, rows: int, delay_s: float, batch_size: int,
+    grace_s: float, after_requests: int,
+) -> tuple[int, str, str]:
+    """Run ``rows`` rows in chunks of 40 (3 in flight) against a server that answers after
+    ``delay_s``; SIGINT once it received ``after_requests`` requests; return (code, out, err)."""
+    texts = {f"{i:03d}": f"package {i} does useful thing number {i * 7}" for i in range(rows)}
     _input(tmp_path, texts)
-    fake_openai.fail_when(lambda p: {"delay_s": 0.15})
+    fake.fail_when(lambda p: {"delay_s": delay_s})
     args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            fake_openai.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "40", "--batch-size", "4",
-            "--concurrency", "3", "--grace", "0.5"]  # fmt: skip
+            fake.base_url, "--output", str(tmp_path / "out"), "--ledger",
+            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "40", "--batch-size",
+            str(batch_size), "--concurrency", "3", "--grace", str(grace_s)]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while fake_openai.requests < 12:
+        while fake.requests < after_requests:
             assert time.monotonic() < deadline and proc.poll() is None, "no requests"
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+    return proc.returncode, out, err
+
+
+def test_requests_of_chunks_released_at_the_end_of_the_grace_period_are_counted(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """SIGINT with a short --grace: chunks still running when it ends are released, and the
+    batches they had sent are in the summary (they were not: 105 counted, 122 sent). Only a
+    request still on the wire at that moment can be missing: at most --concurrency."""
+    code, out, err = _sigint_during_dispatch(tmp_path, fake_openai, rows=400, delay_s=0.15,
+                                             batch_size=4, grace_s=0.5, after_requests=12)
+    assert code == 130, err[-3000:]
     assert "released" in out, out
     time.sleep(0.5)  # a request on the wire at the release still reaches the server
     assert fake_openai.requests - 3 <= _summary_requests(out) <= fake_openai.requests, out
@@ -507,26 +518,9 @@ def test_a_chunk_released_at_the_end_of_the_grace_period_is_cancelled_in_prefect
     showed a Ctrl-C as failed chunks)."""
     import httpx
 
-    texts = {f"{i:03d}": f"package {i} does useful thing number {i * 7}" for i in range(200)}
-    _input(tmp_path, texts)
-    fake_openai.fail_when(lambda p: {"delay_s": 0.5})
-    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            fake_openai.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "40", "--batch-size", "2",
-            "--concurrency", "3", "--grace", "0.2"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while fake_openai.requests < 6:
-            assert time.monotonic() < deadline and proc.poll() is None, "no requests"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+    code, out, err = _sigint_during_dispatch(tmp_path, fake_openai, rows=200, delay_s=0.5,
+                                             batch_size=2, grace_s=0.2, after_requests=6)
+    assert code == 130, err[-3000:]
     flow_run_id = re.search(r"flow-run/([0-9a-f-]{36})", err)
     assert flow_run_id, err[-3000:]
     task_runs = httpx.post(f"{prefect_api_url}/task_runs/filter", json={
