@@ -59,12 +59,8 @@ def _end_process() -> None:
 
 def _exit_at_once(signum: int, frame: object) -> None:
     """The command has finished: a signal during exit handlers ends it now (no line)."""
-    _end_process_with(128 + signum)
-
-
-def _end_process_with(code: int) -> None:
     global _exit_code
-    _exit_code = code
+    _exit_code = 128 + signum
     _end_process()
 
 
@@ -87,9 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def forget_caught_interrupts() -> None:
     """Make the exit code we return the process's exit status, even after a Ctrl-C.
 
-    CPython (since 3.8; seen on 3.11) sets a process-wide "unhandled KeyboardInterrupt" flag whenever a
-    ``KeyboardInterrupt`` leaves a string ``exec``/``eval`` (``run_eval_code_obj``), even
-    if a caller catches it. ``dataclasses`` and ``namedtuple`` build their methods that
+    CPython (since 3.8; seen on 3.11) sets a process-wide "unhandled KeyboardInterrupt"
+    flag whenever a ``KeyboardInterrupt`` leaves a string ``exec``/``eval``
+    (``run_eval_code_obj``), even if a caller catches it. ``dataclasses`` and ``namedtuple`` build their methods that
     way, so a Ctrl-C during a lazy import can land in one. Under ``python -m cli``,
     ``Py_RunMain`` checks the flag after our ``sys.exit(130)`` and kills the process with
     SIGINT instead (status -2; the console script's path does not check it). Every string

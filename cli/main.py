@@ -91,6 +91,6 @@ def _interrupted(exc: BaseException) -> int:
     hard-exit hooks run first: a run recorded before the flow took over reads
     ``interrupted``."""
     shutdown.run_hard_exit_hooks()
-    signum = getattr(exc, "signum", None) or getattr(exc, "signal", None) or signal.SIGINT
+    signum = shutdown.signal_of(exc)
     sys.stderr.write(interrupted_line(signum))
     return shutdown.exit_code_for(signum)

@@ -44,6 +44,7 @@ __all__ = [
     "remove_hard_exit_hook",
     "reset",
     "run_hard_exit_hooks",
+    "signal_of",
     "stop_signal",
     "stop_tasks",
     "tasks_must_stop",
@@ -85,9 +86,8 @@ def redeliver_lost_interrupts(unraisable: Any) -> bool:
     exc = unraisable.exc_value
     if exc is None or not is_interrupt(exc):
         return False
-    signum = getattr(exc, "signum", None) or getattr(exc, "signal", None) or signal.SIGINT
     main = threading.main_thread().ident
-    timer = threading.Timer(_REDELIVER_AFTER_S, signal.pthread_kill, (main, int(signum)))
+    timer = threading.Timer(_REDELIVER_AFTER_S, signal.pthread_kill, (main, signal_of(exc)))
     timer.daemon = True
     timer.start()
     return True
@@ -120,6 +120,12 @@ def interrupts_deferred() -> Iterator[None]:
         if noted[0] == signal.SIGINT:
             raise KeyboardInterrupt
         raise Terminated()
+
+
+def signal_of(exc: BaseException) -> int:
+    """The signal number behind an interrupt (``is_interrupt``): SIGTERM for ``Terminated``
+    and Prefect's ``TerminationSignal`` (its ``signal``), SIGINT otherwise."""
+    return int(getattr(exc, "signum", None) or getattr(exc, "signal", None) or signal.SIGINT)
 
 
 def is_interrupt(exc: BaseException) -> bool:

@@ -179,10 +179,11 @@ class Dispatcher:
             )  # fmt: skip
             self.result.published[spec.index] = outcome
         else:
-            exc = None if state.is_cancelled() else state.result(raise_on_failure=False)
             if state.is_cancelled():  # the task released its chunk: the run is stopping
+                exc = None
                 failure = ChunkFailure("released", state.message or "cancelled", expected=True)
             else:
+                exc = state.result(raise_on_failure=False)
                 failure = status_for(exc if isinstance(exc, BaseException) else RuntimeError(
                     f"chunk task ended in state {state.type.value}"))  # fmt: skip
             if failure.kind == "released":
