@@ -19,6 +19,12 @@ STARTED_AT = time.monotonic()
 
 __all__ = ["STARTED_AT", "entry", "forget_caught_interrupts", "interrupted_line", "main"]
 
+#: True once ``entry`` runs: ``main`` then leaves ``shutdown.raise_interrupt`` installed
+#: for SIGINT/SIGTERM after the command (``cli.main`` restores only what it installed), so
+#: no moment between the command's end and ``_exit_at_once`` has Python's SIGTERM default:
+#: a SIGTERM sent as ``search`` printed its results killed the process (-15).
+_entered = False
+
 #: The exit code ``entry`` ends the process with once the exit handlers ran (None: let
 #: Python finalize as usual, e.g. after a usage error or an unexpected exception).
 _exit_code: int | None = None
@@ -36,9 +42,17 @@ def entry() -> None:
     """
     import atexit
 
+    global _entered, _exit_code
     atexit.register(_end_process)  # registered first, so it runs after every other handler
-    code = main()
-    global _exit_code
+    _entered = True
+    try:
+        code = main()
+    except BaseException as exc:  # an interrupt after the command's own handling ended
+        from embedline import shutdown
+
+        if not shutdown.is_interrupt(exc):
+            raise
+        code = shutdown.exit_code_for(shutdown.signal_of(exc))
     _exit_code = int(code)
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:
@@ -69,10 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``cli.main.main``. A Ctrl-C or SIGTERM while the command's modules load (about 0.2 s,
     nothing started yet) prints the same one line as later, not an import traceback."""
     early = _exit_quietly_on_signals()
+    after = dict(early)  # the handlers once the command's modules are loaded
     try:
         from cli.main import main as run
+        from embedline.shutdown import raise_interrupt
+
+        if _entered:
+            after = dict.fromkeys(early, raise_interrupt)
     finally:
-        for signum, handler in early.items():
+        for signum, handler in after.items():
             signal.signal(signum, handler)
     try:
         return run(argv)
@@ -95,13 +114,17 @@ def forget_caught_interrupts() -> None:
 
 
 def _exit_quietly_on_signals() -> dict[int, object]:
-    """Install ``_exit_quietly`` for SIGINT/SIGTERM where the default handlers are in place
-    (an inherited SIG_IGN is kept); return the handlers it replaced."""
+    """Install ``_exit_quietly`` for SIGINT/SIGTERM where the default handlers (or
+    ``entry``'s) are in place (an inherited SIG_IGN is kept); return the handlers it
+    replaced."""
     if threading.current_thread() is not threading.main_thread():
         return {}
+    # `shutdown` is not imported for this: it imports pydantic (0.2 s), which is what the
+    # quiet handlers are for
+    ours = getattr(sys.modules.get("embedline.shutdown"), "raise_interrupt", None)
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     return {signum: signal.signal(signum, _exit_quietly) for signum, default in
-            defaults.items() if signal.getsignal(signum) == default}  # fmt: skip
+            defaults.items() if signal.getsignal(signum) in (default, ours)}  # fmt: skip
 
 
 def interrupted_line(signum: int) -> str:

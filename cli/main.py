@@ -7,7 +7,6 @@ import functools
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,14 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Ctrl-C or SIGTERM before a run dispatches chunks (planning, waiting for Prefect's
     temporary server) ends with one line and 130 or 143, after the cleanups ran (the
-    temporary server stopped, a started run marked ``interrupted``); while chunks are
-    dispatched, ``flows.signals`` handles them (a grace period first).
+    temporary server stopped, a started run marked ``interrupted``); a second one while
+    they run exits at once; while chunks are dispatched, ``flows.signals`` handles them
+    (a grace period first).
     """
     args = _parser().parse_args(argv)
-    previous = None  # an inherited SIG_IGN (e.g. from a supervisor) is kept
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # fmt: skip
-        previous = signal.signal(signal.SIGTERM, shutdown.raise_terminated)
+    shutdown.forget_interrupts()
+    previous = shutdown.install_interrupt_handlers()
     previous_hook = sys.unraisablehook
     sys.unraisablehook = functools.partial(_unraisable, previous_hook)
     try:
@@ -73,8 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _interrupted(exc)
     finally:
         sys.unraisablehook = previous_hook
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return code
 
 

@@ -31,15 +31,18 @@ __all__ = [
     "Terminated",
     "api_lost",
     "exit_code_for",
+    "exit_on_second_signal",
+    "forget_interrupts",
     "expect_hand_over",
     "hand_over",
     "hard_exit",
+    "install_interrupt_handlers",
     "interrupts_deferred",
     "is_interrupt",
     "note_api_lost",
     "note_signal",
     "on_hard_exit",
-    "raise_terminated",
+    "raise_interrupt",
     "redeliver_lost_interrupts",
     "remove_hard_exit_hook",
     "reset",
@@ -66,12 +69,59 @@ class Terminated(BaseException):
     signum = signal.SIGTERM
 
 
-def raise_terminated(signum: int, frame: object) -> None:
-    """A SIGTERM handler (``signal.signal(signal.SIGTERM, raise_terminated)``).
+#: The signal whose interrupt ``raise_interrupt`` (or ``interrupts_deferred``) raised and
+#: the command is unwinding from; None before the first.
+_raised: int | None = None
 
-    :raises Terminated: always.
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    """The command's SIGINT/SIGTERM handler outside the dispatch window (where
+    ``flows.signals`` handles them). The first signal raises ``KeyboardInterrupt`` (SIGINT)
+    or ``Terminated`` (SIGTERM) in the main thread, so the cleanups run: the temporary
+    server stops, a started run is marked ``interrupted``. Those take seconds; a second
+    signal while they run exits at once (``exit_on_second_signal``), as Prefect's CLI and
+    pip do for a second Ctrl-C.
+
+    :raises KeyboardInterrupt: for the first SIGINT.
+    :raises Terminated: for the first SIGTERM.
     """
+    if _raised is not None:
+        exit_on_second_signal(signum)
+    _raise_first(signum)
+
+
+def install_interrupt_handlers() -> dict[int, Any]:
+    """Install ``raise_interrupt`` for SIGINT and SIGTERM where Python's defaults are in
+    place (main thread only); return the handlers it replaced, to restore. An inherited
+    SIG_IGN (a supervisor, ``nohup``) is kept, and so is any handler already installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    return {signum: signal.signal(signum, raise_interrupt)
+            for signum, default in defaults.items() if signal.getsignal(signum) == default}
+
+
+def _raise_first(signum: int) -> None:
+    global _raised
+    _raised = signum
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Terminated()
+
+
+def exit_on_second_signal(signum: int) -> None:
+    """Say so in one line and ``hard_exit`` with 128 + ``signum`` (its hooks stop the
+    temporary server and mark the run ``interrupted``). Never returns."""
+    sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; rerun "
+                     "the same command to resume\n")
+    hard_exit(exit_code_for(signum))
+
+
+def forget_interrupts() -> None:
+    """Forget an interrupt ``raise_interrupt`` raised (a new command in this process, or one
+    that Python lost and ``redeliver_lost_interrupts`` sends again)."""
+    global _raised
+    _raised = None
 
 
 def redeliver_lost_interrupts(unraisable: Any) -> bool:
@@ -86,6 +136,7 @@ def redeliver_lost_interrupts(unraisable: Any) -> bool:
     exc = unraisable.exc_value
     if exc is None or not is_interrupt(exc):
         return False
+    forget_interrupts()  # the one redelivered is a first signal, not a second
     main = threading.main_thread().ident
     timer = threading.Timer(_REDELIVER_AFTER_S, signal.pthread_kill, (main, signal_of(exc)))
     timer.daemon = True
@@ -101,15 +152,23 @@ _REDELIVER_AFTER_S = 0.01
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """SIGINT and SIGTERM are noted, not raised, inside the block, and the first one is
-    raised when it ends (``KeyboardInterrupt`` or ``Terminated``). For ``import prefect``:
-    an interrupt raised inside it was lost (pydantic wraps it in a ``RuntimeError`` while
-    building a model class, which Prefect 3.9's plugin loader catches and logs) and the run
-    went on. A no-op outside the main thread."""
+    raised when it ends (``KeyboardInterrupt`` or ``Terminated``); a second one exits at
+    once (``exit_on_second_signal``). For ``import prefect``: an interrupt raised inside it
+    was lost (pydantic wraps it in a ``RuntimeError`` while building a model class, which
+    Prefect 3.9's plugin loader catches and logs) and the run went on. For a run's commit:
+    the manifest's PUT and the ledger's record of it happen together. A no-op outside the
+    main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     noted: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum))
+
+    def note(signum: int, frame: object) -> None:
+        if noted or _raised is not None:
+            exit_on_second_signal(signum)
+        noted.append(signum)
+
+    previous = {s: signal.signal(s, note)
                 for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}  # fmt: skip
     try:
         yield
@@ -117,9 +176,7 @@ def interrupts_deferred() -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if noted:
-        if noted[0] == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Terminated()
+        _raise_first(noted[0])
 
 
 def signal_of(exc: BaseException) -> int:

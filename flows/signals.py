@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -42,9 +41,7 @@ def stop_on_signals(
 
     def handle(signum: int, frame: object) -> None:
         if shutdown.stop_signal() is not None:
-            sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; "
-                             "rerun the same command to resume\n")
-            shutdown.hard_exit(shutdown.exit_code_for(signum))
+            shutdown.exit_on_second_signal(signum)
         shutdown.note_signal(signum)
         dispatcher.stop(grace_s=grace_s)
         logger.warning(

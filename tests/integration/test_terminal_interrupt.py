@@ -250,3 +250,51 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
         assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
     assert all(code in (0, 128 + signum) and not traced for (step, code, traced), signum in
                zip(results, [signal.SIGINT, signal.SIGTERM] * 3)), results  # fmt: skip
+
+
+def _signal_at(home: Path, signals: str) -> dict[str, str]:
+    """The environment of a CLI that signals itself at the points ``signals`` names
+    (``tests/support/signal_at``)."""
+    return {**_env(home), "EMBEDLINE_TEST_SIGNALS": signals,
+            "PYTHONPATH": os.pathsep.join([str(REPO / "tests/support/signal_at"), str(REPO)])}
+
+
+def test_a_second_signal_while_the_first_ones_cleanups_run_exits_at_once(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """A Ctrl-C before dispatch unwinds through the cleanups (stopping the temporary server
+    takes up to seconds); a second Ctrl-C then ends the command at once, with its own line,
+    as during dispatch. Before: it was raised inside the cleanup as a second
+    KeyboardInterrupt, and a break test measured 2.7-4 s to exit."""
+    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
+    home = tmp_path / "prefect-home"
+    env = _signal_at(home, "after:cli.prefect_env:PrefectApi.wait_ready:SIGINT;"
+                           "before:cli.local_server:LocalServer.stop:SIGINT")  # fmt: skip
+    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "embedline: second SIGINT, exiting now; rerun the same command to resume"), \
+        done.stderr[-3000:]  # fmt: skip
+    assert "Traceback" not in done.stderr
+    assert fake_openai.counters()["requests"] == 0
+    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_as_the_command_returns_exits_with_its_code_not_by_the_signal(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """The moment a command has printed its output and returns, before the exit handlers:
+    where a reader's SIGTERM lands when sent as the last line arrives. Before: Python's
+    default SIGTERM was back in place there and the process died by it (-15; 2 in 10 such
+    SIGTERMs after ``search``)."""
+    (tmp_path / "ledger.sqlite3").touch()
+    env = _signal_at(tmp_path / "prefect-home", f"after:cli:forget_caught_interrupts:{signum.name}")
+    done = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 128 + signum, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -1,0 +1,45 @@
+"""Test-only (put this directory first on PYTHONPATH): the process signals itself at a chosen
+point, to hit a window a few milliseconds wide every time.
+
+``EMBEDLINE_TEST_SIGNALS`` holds ``;``-separated ``WHEN:MODULE:ATTRIBUTE:SIGNAL`` entries:
+``after:tasks.commit:write_manifest:SIGKILL`` sends SIGKILL right after the manifest's PUT
+returns; ``before:cli.local_server:LocalServer.stop:SIGINT`` sends SIGINT as the temporary
+server's stop begins. Each entry fires once. A signal with a Python handler is raised by
+``signal.raise_signal``, so the handler runs at once in the main thread, as a real one would.
+"""
+
+import importlib
+import os
+import signal
+
+
+def _send(name: str) -> None:
+    signum = getattr(signal, name)
+    if signum == signal.SIGKILL:
+        os.kill(os.getpid(), signum)
+    signal.raise_signal(signum)
+
+
+def _wrap(when: str, module_name: str, attribute: str, signame: str) -> None:
+    owner = importlib.import_module(module_name)
+    *path, name = attribute.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    original = getattr(owner, name)
+    fired = []
+
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if when == "before" and not fired:
+            fired.append(True)
+            _send(signame)
+        result = original(*args, **kwargs)
+        if when == "after" and not fired:
+            fired.append(True)
+            _send(signame)
+        return result
+
+    setattr(owner, name, wrapper)
+
+
+for _entry in filter(None, os.environ.get("EMBEDLINE_TEST_SIGNALS", "").split(";")):
+    _wrap(*_entry.split(":"))

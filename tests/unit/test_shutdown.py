@@ -1,0 +1,77 @@
+"""``embedline.shutdown``'s signal handling outside the dispatch window, in a child process
+(a second signal ends the process, by design)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests.support.fixtures import REPO
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_a_second_signal_while_the_first_interrupt_unwinds_exits_at_once() -> None:
+    done = _python("""
+        import signal
+        from embedline import shutdown
+        shutdown.install_interrupt_handlers()
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            print("first: raised", flush=True)
+            signal.raise_signal(signal.SIGTERM)  # during the cleanups
+            print("second: not raised", flush=True)
+    """)
+    assert done.stdout.splitlines() == ["first: raised"]
+    assert done.stderr.splitlines() == [
+        "embedline: second SIGTERM, exiting now; rerun the same command to resume"]
+    assert done.returncode == 143
+
+
+def test_a_forgotten_interrupt_makes_the_next_signal_a_first_one_again() -> None:
+    """A new command in the same process, or an interrupt Python lost and sends again."""
+    done = _python("""
+        import signal
+        from embedline import shutdown
+        shutdown.install_interrupt_handlers()
+        for _ in range(2):
+            try:
+                signal.raise_signal(signal.SIGTERM)
+            except shutdown.Terminated:
+                print("raised", flush=True)
+            shutdown.forget_interrupts()
+    """)
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["raised", "raised"])
+
+
+def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_on_a_second(
+) -> None:  # fmt: skip
+    first = _python("""
+        import signal
+        from embedline import shutdown
+        try:
+            with shutdown.interrupts_deferred():
+                signal.raise_signal(signal.SIGTERM)
+                print("block finished", flush=True)
+        except shutdown.Terminated:
+            print("raised after", flush=True)
+    """)
+    assert (first.returncode, first.stdout.splitlines()) == (0, ["block finished", "raised after"])
+    second = _python("""
+        import signal
+        from embedline import shutdown
+        with shutdown.interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)
+            print("noted", flush=True)
+            signal.raise_signal(signal.SIGINT)
+            print("not reached", flush=True)
+    """)
+    assert second.stdout.splitlines() == ["noted"]
+    assert second.stderr.splitlines() == [
+        "embedline: second SIGINT, exiting now; rerun the same command to resume"]
+    assert second.returncode == 130
