@@ -470,11 +470,33 @@ class Ledger:
         ).fetchone()
         return int(row[0])
 
-    def mark_interrupted(self, run_key: str) -> None:
-        """Set a ``running`` run to ``interrupted`` (a hard stop of its own process)."""
+    def mark_stopped(self, run_key: str, *, status: str = "interrupted") -> None:
+        """Set a ``running`` run to ``status`` (``interrupted``: a signal or a hard stop of
+        its own process; ``crashed``: an unexpected error). A run that already ended keeps
+        its status: an interrupt that lands just after the commit must not make a
+        ``complete`` run read ``interrupted``."""
         with self.atomic() as db:
-            db.execute("UPDATE runs SET status = 'interrupted', updated_at = ? "
-                       "WHERE run_key = ? AND status = 'running'", (_now_iso(), run_key))  # fmt: skip
+            db.execute("UPDATE runs SET status = ?, updated_at = ? "
+                       "WHERE run_key = ? AND status = 'running'",
+                       (status, _now_iso(), run_key))  # fmt: skip
+
+    def record_committed(
+        self, run_key: str, *, manifest_uri: str, rows_published: int, rows_failed: int
+    ) -> bool:
+        """Make a run whose manifest is in the store read ``complete``, with the manifest's
+        counts (rows), if the ledger says otherwise: the process died or was stopped between
+        the manifest's PUT (the commit point, DESIGN §4) and the ledger's write. Returns
+        True if the ledger changed; a run the ledger never saw is left alone."""
+        with self.atomic() as db:
+            changed = db.execute(
+                """UPDATE runs SET status = 'complete', rows_published = ?, rows_failed = ?,
+                       manifest_uri = ?, updated_at = ?
+                   WHERE run_key = ? AND (status != 'complete' OR manifest_uri IS NOT ?
+                                          OR rows_published != ? OR rows_failed != ?)""",
+                (rows_published, rows_failed, manifest_uri, _now_iso(), run_key, manifest_uri,
+                 rows_published, rows_failed),
+            ).rowcount  # fmt: skip
+        return changed > 0
 
     def state_counts(self, run_key: str) -> dict[str, int]:
         """Return ``{state: number of chunks}`` for a run."""
@@ -834,7 +856,7 @@ def record_hard_stop(ledger_path: str, run_key: str) -> None:
     try:
         ledger = Ledger(ledger_path, busy_timeout_s=1.0)
         try:
-            ledger.mark_interrupted(run_key)
+            ledger.mark_stopped(run_key)
         finally:
             ledger.close()
     except sqlite3.Error:

@@ -43,7 +43,7 @@ from flows.dispatch import DispatchResult, Dispatcher
 from flows.load import load_stage
 from flows.signals import stop_on_signals
 from tasks.chunk import embed_chunk, show_published_chunk, store_for, warm_worker
-from tasks.commit import commit_run, missing_objects
+from tasks.commit import commit_run, ledger_catches_up, missing_objects
 from tasks.gc import drop_run_lease, write_run_lease
 from tasks.generations import resolve_run_target
 from tasks.manifest import (
@@ -170,6 +170,9 @@ def run_settings(settings: RunSettings) -> RunSummary:
     if target.committed is not None:
         uri = store.uri_for(manifest_object_key(run_key))
         logger.info("run %s is already complete: manifest %s", run_key, uri)
+        if ledger_catches_up(settings.ledger, target.committed, uri):
+            logger.info("the ledger now records run %s as complete, as the store does",
+                        run_key)  # fmt: skip
         return _load_into_sink(settings, target.committed, summary_from_manifest(
             target.committed, uri=uri, output=store.uri, chunks_total=len(plan.chunks),
             wall_s=time.monotonic() - started))  # fmt: skip
@@ -209,9 +212,8 @@ def _run_recording_crashes(
     try:
         return _run(settings, plan, base, ledger, started)
     except BaseException as exc:
-        status = "interrupted" if shutdown.is_interrupt(exc) else "crashed"
-        ledger.finish_run(str(base.run_key), status=status, rows_published=0, rows_failed=0,
-                          manifest_uri=None)  # fmt: skip
+        ledger.mark_stopped(str(base.run_key),
+                            status="interrupted" if shutdown.is_interrupt(exc) else "crashed")
         raise
     finally:
         shutdown.remove_hard_exit_hook(on_hard_exit)
@@ -311,8 +313,10 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         missing = missing_objects(store, done)
         if missing:
             return _finish(ledger, _lost_objects(ledger, store, summary, started, missing))
-        summary, manifest = _commit(settings, plan, store, done, summary)
-        summary = _finish(ledger, summary)
+        # The manifest's PUT is the commit point: an interrupt waits until the ledger says so
+        with shutdown.interrupts_deferred():
+            summary, manifest = _commit(settings, plan, store, done, summary)
+            summary = _finish(ledger, summary)
         # ── load into the sink ───────────────────────────────────────────────────────────
         return _load_into_sink(settings, manifest, summary, ledger)
     return _finish(ledger, summary)

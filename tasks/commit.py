@@ -7,12 +7,15 @@ rows: nothing to embed, so no reason to start Prefect).
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from adapters.ledger import Ledger
+from embedline import shutdown
 from embedline.models import (
     ChunkOutcome,
     InputPlan,
@@ -34,7 +37,7 @@ from tasks.manifest import (
 from tasks.publish import ensure_conditional_writes, read_chunk_metadata
 from tasks.published import find_published, retries_dead_letters
 
-__all__ = ["Committed", "commit_if_published", "commit_run", "missing_objects"]
+__all__ = ["Committed", "commit_if_published", "commit_run", "ledger_catches_up", "missing_objects"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,12 +173,13 @@ def commit_if_published(
     warning = ensure_conditional_writes(store, allow_unconditional=settings.allow_unconditional_store)
     if warning or missing_objects(store, done):
         return None  # the flow says it loudly, or re-embeds what went
-    committed = commit_run(store, settings=settings, plan=plan, run_key=run_key, done=done,
-                           rows_failed=rows_failed, generation=generation,
-                           supersedes=supersedes)  # fmt: skip
     rows = sum(o.rows for o in done.values())
-    ledger.finish_run(run_key, status="complete", rows_published=rows,
-                      rows_failed=rows_failed, manifest_uri=committed.uri)  # fmt: skip
+    with shutdown.interrupts_deferred():  # the commit point and the ledger's record of it
+        committed = commit_run(store, settings=settings, plan=plan, run_key=run_key, done=done,
+                               rows_failed=rows_failed, generation=generation,
+                               supersedes=supersedes)  # fmt: skip
+        ledger.finish_run(run_key, status="complete", rows_published=rows,
+                          rows_failed=rows_failed, manifest_uri=committed.uri)  # fmt: skip
     return RunSummary(
         exit_code=0, status="complete",
         message="every chunk was already published: committed without embedding"
@@ -188,3 +192,31 @@ def commit_if_published(
         price_per_million_tokens=settings.price_per_million_tokens,
         generation=generation, supersedes=supersedes, **change_fields(committed.manifest),
     )  # fmt: skip
+
+
+def ledger_catches_up(ledger_path: str | os.PathLike[str], manifest: dict[str, Any],
+                      uri: str) -> bool:  # fmt: skip
+    """Record in the ledger at ``ledger_path`` that the run of ``manifest`` (found in the
+    store at ``uri``) is ``complete``, with its counts, if the ledger says otherwise.
+
+    The manifest's PUT is the commit point (DESIGN §4) and the ledger's write comes after
+    it: a process killed, or stopped by a second signal, between the two left the run
+    ``running`` or ``interrupted`` and its dead letters uncounted, so ``status`` and
+    ``load`` (which loads the ledger's last complete run) disagreed with the store. A rerun
+    that finds the manifest calls this. Returns True if the ledger changed; a missing or
+    unreadable ledger is left alone (it is a cache of the store here: nothing is lost).
+    """
+    if not os.path.exists(ledger_path):
+        return False
+    try:
+        ledger = Ledger(ledger_path)
+        try:
+            return ledger.record_committed(
+                str(manifest["run_key"]), manifest_uri=uri,
+                rows_published=int(manifest["rows_published"]),
+                rows_failed=int(manifest["rows_failed"]),
+            )  # fmt: skip
+        finally:
+            ledger.close()
+    except (OSError, sqlite3.Error):
+        return False

@@ -188,3 +188,26 @@ def test_reuse_index_matches_output_model_and_dimensions_only(ledger: Ledger) ->
     ledger.forget_objects("/out", ["chunks/1.parquet"])
     assert ledger.find_vectors("/out", model="m", dimensions="", text_hashes=[a]) == {}
     assert ledger.indexed_objects("/out") == {"chunks/2.parquet"}
+
+
+def test_a_stop_never_overwrites_a_finished_run(ledger: Ledger) -> None:
+    run = _start(ledger, _plan(2), "ab" * 32)
+    ledger.mark_stopped(run, status="crashed")
+    assert ledger.find_run(run[:8]).status == "crashed"
+    _start(ledger, _plan(2), run)  # the rerun
+    ledger.finish_run(run, status="complete", rows_published=20, rows_failed=0,
+                      manifest_uri="/out/manifests/r.json")  # fmt: skip
+    ledger.mark_stopped(run)  # an interrupt that landed just after the commit
+    assert ledger.find_run(run[:8]).status == "complete"
+
+
+def test_record_committed_catches_the_ledger_up_with_the_store_once(ledger: Ledger) -> None:
+    run = _start(ledger, _plan(2), "ab" * 32)
+    ledger.mark_stopped(run)  # stopped between the manifest's PUT and the ledger's write
+    counts = {"manifest_uri": "/out/manifests/r.json", "rows_published": 19, "rows_failed": 1}
+    assert ledger.record_committed(run, **counts)
+    record = ledger.find_run(run[:8])
+    assert (record.status, record.rows_published, record.rows_failed, record.manifest_uri) == (
+        "complete", 19, 1, "/out/manifests/r.json")
+    assert not ledger.record_committed(run, **counts)  # already agrees: no write
+    assert not ledger.record_committed("cd" * 32, **counts)  # a run this ledger never saw

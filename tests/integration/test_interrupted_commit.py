@@ -1,0 +1,107 @@
+"""The manifest's PUT is a run's commit point (DESIGN §4); the ledger records it a few
+milliseconds later. A signal or a kill in between must not leave the ledger disagreeing
+with the store: a run whose manifest exists reads ``complete``, with the manifest's counts.
+
+The window is hit every time by a test-only ``sitecustomize`` (``tests/support/signal_at``)
+that has the process signal itself right after the manifest's PUT returns. Before: 4 in 10
+real signals sent just after "manifest committed" left the run ``interrupted`` for good,
+its dead letters uncounted, and ``load --ledger`` then found "no committed run".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.support.csv_data import write_rows
+from tests.support.fake_openai import FakeEmbeddingServer
+from tests.support.fixtures import REPO, run_cli
+
+pytestmark = pytest.mark.integration
+
+SIGNAL_AFTER_MANIFEST_PUT = "after:tasks.commit:write_manifest:{}"
+
+
+def _rows() -> list[tuple[str, str]]:
+    rows = [(f"r{i:02d}", f"text {i}") for i in range(12)]
+    rows[5] = ("r05", "")  # a dead letter: the manifest counts it, so must the ledger
+    return rows
+
+
+def _run(tmp_path: Path, server: FakeEmbeddingServer, *,
+         signals: str = "") -> tuple[int, str, str]:  # fmt: skip
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests/support/signal_at"), str(REPO)]),
+           "EMBEDLINE_TEST_SIGNALS": signals}  # fmt: skip
+    done = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", server.base_url,
+                   "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",
+                   "--allow-failed-rows", cwd=tmp_path, env=env)  # fmt: skip
+    return done.returncode, done.stdout, done.stderr
+
+
+def _ledger_run(tmp_path: Path) -> tuple[str, str, int, int, str | None]:
+    """The newest run: (run key, status, rows published, rows failed, manifest URI)."""
+    with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
+        return db.execute("SELECT run_key, status, rows_published, rows_failed, manifest_uri "
+                          "FROM runs ORDER BY created_at DESC").fetchone()  # fmt: skip
+
+
+def _assert_ledger_matches_the_store(tmp_path: Path) -> None:
+    run_key, status, published, failed, uri = _ledger_run(tmp_path)
+    manifest = json.loads((tmp_path / "out/manifests" / f"{run_key}.json").read_text())
+    assert (manifest["rows_published"], manifest["rows_failed"]) == (11, 1)
+    assert (status, published, failed) == ("complete", 11, 1)
+    assert uri is not None and uri.endswith(f"manifests/{run_key}.json")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_just_after_the_manifest_put_leaves_the_run_complete_in_the_ledger(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, signum: signal.Signals
+) -> None:
+    """The interrupt waits until the ledger has recorded the commit, then stops the command
+    as any interrupt does (130/143, one line); a rerun has nothing to do."""
+    write_rows(tmp_path / "in.csv", _rows())
+    code, _, err = _run(tmp_path, fake_openai,
+                        signals=SIGNAL_AFTER_MANIFEST_PUT.format(signum.name))  # fmt: skip
+    assert code == 128 + signum, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"embedline: interrupted by {signum.name}; rerun the same command to resume")
+    _assert_ledger_matches_the_store(tmp_path)
+    requests = fake_openai.counters()["requests"]
+    code, out, err = _run(tmp_path, fake_openai)
+    assert code == 0 and "as committed earlier" in out, err[-3000:]
+    assert fake_openai.counters()["requests"] == requests
+
+
+@pytest.mark.parametrize("path", ["flow", "no-prefect"])
+def test_a_kill_just_after_the_manifest_put_is_caught_up_by_the_rerun(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, path: str
+) -> None:
+    """SIGKILL cannot be deferred: the ledger still says ``running``. The rerun finds the
+    manifest, answers "nothing to do", and the ledger then agrees with the store.
+
+    ``flow``: the run that embeds commits inside the Prefect flow. ``no-prefect``: a
+    re-export of the same rows (CRLF line ends), whose chunks are all published, is
+    committed by the CLI without starting Prefect."""
+    rows = _rows()
+    write_rows(tmp_path / "in.csv", rows)
+    signals = SIGNAL_AFTER_MANIFEST_PUT.format("SIGKILL")
+    if path == "no-prefect":
+        assert _run(tmp_path, fake_openai)[0] == 0
+        crlf = (tmp_path / "in.csv").read_bytes().replace(b"\n", b"\r\n")
+        (tmp_path / "in.csv").write_bytes(crlf)
+    code, _, err = _run(tmp_path, fake_openai, signals=signals)
+    assert code == -signal.SIGKILL, err[-3000:]
+    assert _ledger_run(tmp_path)[1] == "running"  # what the kill left: the store has the commit
+    requests = fake_openai.counters()["requests"]
+    code, out, err = _run(tmp_path, fake_openai)
+    assert code == 0 and "as committed earlier" in out, err[-3000:]
+    assert fake_openai.counters()["requests"] == requests
+    _assert_ledger_matches_the_store(tmp_path)
+    status = run_cli("status", "--ledger", "ledger.sqlite3", cwd=tmp_path)
+    assert status.returncode == 0 and status.stdout.splitlines()[0].split()[1] == "complete", \
+        status.stdout  # fmt: skip
