@@ -253,6 +253,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
             print_summary(committed)
             if loaded:
                 print_load_summary(loaded)
+            _say_why_not_complete(committed)
             return int(committed["exit_code"])  # 1: every chunk published, dead letters
         # with --sink and a load still to do, the flow loads the committed run
     with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost
@@ -277,7 +278,18 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
         from cli.load import print_load_summary
 
         print_load_summary(summary["load"])
+    _say_why_not_complete(summary)
     return int(summary["exit_code"])
+
+
+def _say_why_not_complete(summary: dict[str, Any]) -> None:
+    """End stderr with the summary's message, one line, when the run did not complete (the
+    counts are on stdout): after a graceful stop, stderr ended with Prefect's "Finished in
+    state Failed(…)" log line, and after failed chunks with the last chunk's error."""
+    code = int(summary["exit_code"])
+    if code:
+        interrupted = code in (shutdown.exit_code_for(s) for s in shutdown.SIGNALS)
+        sys.stderr.write(f"embedline: {'' if interrupted else 'error: '}{summary['message']}\n")
 
 
 def _no_heartbeats(api: PrefectApi) -> Any:

@@ -269,10 +269,14 @@ def test_signal_stops_gracefully_and_rerun_resumes(
     assert proc.returncode == code, err
     assert time.monotonic() - started < 20
     assert "interrupted" in out and "rerun the same command" in out
+    published = len(_chunk_files(tmp_path / "out"))
+    name = signal.Signals(signum).name  # stderr ends with what happened and what to do
+    assert err.strip().splitlines()[-1] == (f"embedline: interrupted by {name}: {published} of "
+                                            "10 chunks published; rerun the same command to "
+                                            "resume"), err[-2000:]  # fmt: skip
     db = sqlite3.connect(tmp_path / "ledger.sqlite3")
     assert db.execute("SELECT COUNT(*) FROM chunks WHERE state = 'running'").fetchone()[0] == 0
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    published = len(_chunk_files(tmp_path / "out"))
     assert 1 <= published < 10
     fake_openai.fail_when(None)
     before = fake_openai.counters()["inputs"]
