@@ -20,7 +20,6 @@ from prefect.blocks.system import Secret
 from prefect.runtime import flow_run
 from prefect.settings import get_current_settings
 from prefect.states import Completed, Failed, State
-from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import ValidationError
 
 from adapters.embeddings import api_key_from_env, close_embedders
@@ -42,7 +41,8 @@ from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.load import load_stage
 from flows.signals import stop_on_signals
-from tasks.chunk import embed_chunk, show_published_chunk, store_for, warm_worker
+from flows.task_runner import task_runner, warm_up
+from tasks.chunk import embed_chunk, show_published_chunk, store_for
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
 from tasks.gc import drop_run_lease, write_run_lease
 from tasks.generations import resolve_run_target
@@ -280,8 +280,8 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
     shutdown.reset()
     reset_cost()
     runner_started = time.monotonic()
-    with _task_runner(settings, window) as runner:
-        _warm_up(runner, settings, logger, since=runner_started)
+    with task_runner(settings, window) as runner:
+        warm_up(runner, settings, logger, since=runner_started)
         dispatcher = Dispatcher(
             ledger=ledger,
             run_key=run_key,
@@ -403,48 +403,6 @@ def _show_published(runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcom
         for i in sorted(skipped)]  # fmt: skip
     for future in futures:
         future.wait()
-
-
-def _task_runner(settings: RunSettings, window: int) -> Any:
-    """Threads in this process, or Dask workers (a local cluster, or ``dask_address``)."""
-    if settings.task_runner == "threads":
-        return ThreadPoolTaskRunner(max_workers=window)
-    try:
-        from prefect_dask import DaskTaskRunner
-    except ImportError:
-        raise InputError("--task-runner dask needs prefect-dask: pip install "
-                         "'embedline[dask]'") from None  # fmt: skip
-    if settings.dask_address:
-        return DaskTaskRunner(address=settings.dask_address)
-    _no_worker_profiler()
-    threads = max(1, -(-window // settings.dask_workers))
-    return DaskTaskRunner(cluster_kwargs={"n_workers": settings.dask_workers,
-                                          "threads_per_worker": threads, "processes": True,
-                                          "dashboard_address": None})  # fmt: skip
-
-
-def _no_worker_profiler() -> None:
-    """Turn off the statistical profiler of the local cluster's workers.
-
-    It calls ``sys._current_frames()`` every 10 ms, which on CPython 3.11 can deadlock a
-    worker whose threads allocate (a GC inside the call; CPython gh-106883/gh-116969,
-    dask/distributed#8616): measured here, a 20,000-row run hung with every worker thread
-    waiting on a lock. The nanny passes this process's Dask config to the workers it spawns.
-    """
-    import dask.config
-
-    dask.config.set({"distributed.worker.profile.enabled": False})
-
-
-def _warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) -> None:
-    """Dask: import the chunk task's modules on every worker before the first chunk (start-up,
-    not embedding), and log how long the task runner took to be ready (``since``: a
-    ``time.monotonic()`` before the cluster started)."""
-    if settings.task_runner != "dask":
-        return
-    workers = runner.client.run(warm_worker)
-    logger.info("task runner ready: dask, %d workers, in %.1f s (cluster start and warm-up)",
-                len(workers), time.monotonic() - since)  # fmt: skip
 
 
 def _summarize(

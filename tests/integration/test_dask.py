@@ -4,6 +4,12 @@ the flow process writes the ledger."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import boto3
@@ -11,8 +17,9 @@ import numpy as np
 import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
-from tests.support.fixtures import run_cli
+from tests.support.fixtures import REPO, run_cli
 from tests.support.output import vectors_by_id
+from tests.support.processes import wait_until_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
@@ -56,9 +63,49 @@ def test_local_cluster_workers_run_without_the_statistical_profiler(tmp_path: Pa
     import dask.config
 
     from embedline.settings import RunSettings
-    from flows.embed_csv import _task_runner
+    from flows.task_runner import task_runner
 
     settings = RunSettings(input=str(tmp_path / "in.csv"), task_runner="dask", dask_workers=2)
-    with _task_runner(settings, 2) as runner:
+    with task_runner(settings, 2) as runner:
         enabled = runner.client.run(dask.config.get, "distributed.worker.profile.enabled")
+        levels = runner.client.run(_distributed_log_level)
     assert list(enabled.values()) == [False, False]
+    # Dask's INFO chatter ("Closing Nanny …", 34 lines a run) is off in the workers too
+    assert list(levels.values()) == [logging.WARNING, logging.WARNING]
+
+
+def _distributed_log_level() -> int:
+    return logging.getLogger("distributed").getEffectiveLevel()
+
+
+def test_ctrl_c_while_the_local_cluster_starts_is_one_line_and_leaves_no_process(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """Before: exit 130 and the one line, but then distributed's exit handler printed
+    "Exception ignored in atexit callback" and an ``AssertionError: Status.running``
+    traceback from the half-started cluster's teardown, and its INFO lines."""
+    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
+    args = [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai",
+            "--base-url", fake_openai.base_url, "--output", "out", "--ledger", "ledger.sqlite3",
+            "--task-runner", "dask", "--dask-workers", "2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "EMBEDLINE_TEST_MARK": str(tmp_path)}
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "Creating a new Dask cluster" in line:
+                break
+        time.sleep(0.5)  # the cluster takes 1-3 s to start here
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, "".join(lines) + err
+    assert err.strip().splitlines()[-1] == (
+        "embedline: interrupted by SIGINT; rerun the same command to resume"), err[-3000:]
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+    assert "distributed" not in err, err[-3000:]
+    assert wait_until_gone("EMBEDLINE_TEST_MARK", str(tmp_path), timeout_s=10.0) == []

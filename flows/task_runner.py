@@ -1,0 +1,109 @@
+"""The ``embed-csv`` flow's task runner: threads in the flow's process, or Dask workers (a
+local cluster the flow starts, or a running one at ``dask_address``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from embedline.errors import InputError
+from embedline.settings import RunSettings
+from embedline.tracebacks import DEBUG_ENV
+from tasks.chunk import warm_worker
+
+__all__ = ["task_runner", "warm_up"]
+
+#: Dask's level for its ``distributed`` loggers, read from the environment when ``dask`` is
+#: imported, here and in each worker process the nanny spawns (Dask configuration docs:
+#: ``DASK_`` variables, ``__`` for nesting).
+_DASK_LOG_LEVEL_ENV = "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"
+
+_log = logging.getLogger(__name__)
+
+
+def task_runner(settings: RunSettings, window: int) -> Any:
+    """The Prefect task runner for ``settings.task_runner``: a ``ThreadPoolTaskRunner`` of
+    ``window`` threads, or a ``DaskTaskRunner`` (``window`` threads spread over
+    ``settings.dask_workers`` worker processes of a local cluster).
+
+    :raises InputError: ``dask`` without prefect-dask installed.
+    """
+    if settings.task_runner == "threads":
+        return ThreadPoolTaskRunner(max_workers=window)
+    _quiet_dask()
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        raise InputError("--task-runner dask needs prefect-dask: pip install "
+                         "'embedline[dask]'") from None  # fmt: skip
+    if settings.dask_address:
+        return DaskTaskRunner(address=settings.dask_address)
+    _no_worker_profiler()
+    _close_clusters_quietly_at_exit()
+    threads = max(1, -(-window // settings.dask_workers))
+    return DaskTaskRunner(cluster_kwargs={"n_workers": settings.dask_workers,
+                                          "threads_per_worker": threads, "processes": True,
+                                          "dashboard_address": None})  # fmt: skip
+
+
+def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) -> None:
+    """Dask: import the chunk task's modules on every worker before the first chunk (start-up,
+    not embedding), and log how long the task runner took to be ready (``since``: a
+    ``time.monotonic()`` before the cluster started)."""
+    if settings.task_runner != "dask":
+        return
+    workers = runner.client.run(warm_worker)
+    logger.info("task runner ready: dask, %d workers, in %.1f s (cluster start and warm-up)",
+                len(workers), time.monotonic() - since)  # fmt: skip
+
+
+def _quiet_dask() -> None:
+    """Dask's own INFO lines (34 in a run: "Scheduler at …", "Closing Nanny …", "Remove
+    worker …") say nothing an operator acts on; keep its warnings and errors. ``--debug``
+    (or the variable set by the user) keeps them all."""
+    if not os.environ.get(DEBUG_ENV):
+        os.environ.setdefault(_DASK_LOG_LEVEL_ENV, "warning")
+    if os.environ.get(_DASK_LOG_LEVEL_ENV) == "warning":  # dask imported earlier: this process
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+
+
+def _no_worker_profiler() -> None:
+    """Turn off the statistical profiler of the local cluster's workers.
+
+    It calls ``sys._current_frames()`` every 10 ms, which on CPython 3.11 can deadlock a
+    worker whose threads allocate (a GC inside the call; CPython gh-106883/gh-116969,
+    dask/distributed#8616): measured here, a 20,000-row run hung with every worker thread
+    waiting on a lock. The nanny passes this process's Dask config to the workers it spawns.
+    """
+    import dask.config
+
+    dask.config.set({"distributed.worker.profile.enabled": False})
+
+
+def _close_clusters_quietly_at_exit() -> None:
+    """Replace distributed's exit handler (``distributed.deploy.spec.close_clusters``) by one
+    that cannot print a traceback. A Ctrl-C while the local cluster started left it half
+    started, and that handler then printed "Exception ignored in atexit callback" with an
+    ``AssertionError: Status.running`` from its own teardown after the one-line message.
+    Its worker processes exit with this process either way (distributed's worker processes
+    watch their parent: ``test_kill_9_of_a_dask_run_leaves_no_server_and_no_worker``)."""
+    import atexit
+
+    from distributed.deploy import spec
+
+    atexit.unregister(spec.close_clusters)
+    atexit.unregister(_close_clusters)
+    atexit.register(_close_clusters)
+
+
+def _close_clusters() -> None:
+    from distributed.deploy import spec
+
+    try:
+        spec.close_clusters()
+    except Exception:  # noqa: BLE001 (at exit, after the command's own output)
+        _log.debug("closing the local Dask cluster at exit failed", exc_info=True)
