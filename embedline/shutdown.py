@@ -6,6 +6,11 @@ cannot interrupt) check ``tasks_must_stop()`` before each request and raise
 ``StopRequestedError``, so their chunk is released for the next run. Second signal:
 ``hard_exit`` — run the registered hooks (e.g. stop Prefect's temporary server) and exit.
 
+Outside the dispatch window (planning, Prefect's start, the commit), ``raise_interrupt`` is
+the command's handler: the first signal raises ``KeyboardInterrupt``/``Terminated`` so the
+cleanups run, a second one exits at once; ``interrupts_deferred`` holds the first back over
+a step that must not be cut in two (the manifest's PUT and the ledger's record of it).
+
 The Prefect API going away mid-run (the CLI's watchdog: a configured server that stops
 answering, or the temporary server's process exiting) is a stop of the same kind:
 ``note_api_lost`` — the dispatcher submits no new chunks and gives in-flight ones the grace
@@ -32,8 +37,8 @@ __all__ = [
     "api_lost",
     "exit_code_for",
     "exit_on_second_signal",
-    "forget_interrupts",
     "expect_hand_over",
+    "forget_interrupts",
     "hand_over",
     "hard_exit",
     "install_interrupt_handlers",
