@@ -15,12 +15,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                             formatter_class=HELP_FORMATTER)  # fmt: skip
     status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     status.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
-    status.set_defaults(handler=_status)
+    status.set_defaults(handler=_status, resumable=False)
     dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter",
                           formatter_class=HELP_FORMATTER)  # fmt: skip
     dead.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     dead.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
-    dead.set_defaults(handler=_dead_letters)
+    dead.set_defaults(handler=_dead_letters, resumable=False)
 
 
 def _status(args: argparse.Namespace) -> int:

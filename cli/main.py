@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     shutdown.forget_interrupts()
+    shutdown.note_committed(None)
     previous = shutdown.install_interrupt_handlers()
     previous_hook = sys.unraisablehook
     sys.unraisablehook = functools.partial(_unraisable, previous_hook)
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:
         if not shutdown.is_interrupt(exc):
             raise
-        return _interrupted(exc)
+        return _interrupted(exc, resumable=getattr(args, "resumable", True))
     finally:
         sys.unraisablehook = previous_hook
         for signum, handler in previous.items():
@@ -84,11 +85,19 @@ def _unraisable(default: Any, unraisable: Any) -> None:
         default(unraisable)
 
 
-def _interrupted(exc: BaseException) -> int:
+def _interrupted(exc: BaseException, *, resumable: bool) -> int:
     """One line for an interrupt that reached the top; returns 130 (SIGINT) or 143. The
     hard-exit hooks run first: a run recorded before the flow took over reads
-    ``interrupted``."""
+    ``interrupted``. After this command committed its run, the line says so (a rerun has
+    nothing to redo); a read-only command (``resumable`` False) has nothing to resume."""
     shutdown.run_hard_exit_hooks()
     signum = shutdown.signal_of(exc)
-    sys.stderr.write(interrupted_line(signum))
+    committed = shutdown.committed()
+    if committed is not None:
+        run_key, manifest_uri, todo = committed
+        sys.stderr.write(f"embedline: interrupted by {signal.Signals(signum).name} after run "
+                         f"{run_key[:12]} was committed ({manifest_uri}): {todo}\n")
+    else:
+        sys.stderr.write(interrupted_line(signum) if resumable else
+                         f"embedline: interrupted by {signal.Signals(signum).name}\n")
     return shutdown.exit_code_for(signum)

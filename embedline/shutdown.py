@@ -35,6 +35,7 @@ __all__ = [
     "ApiLoss",
     "Terminated",
     "api_lost",
+    "committed",
     "exit_code_for",
     "exit_on_second_signal",
     "expect_hand_over",
@@ -45,6 +46,7 @@ __all__ = [
     "interrupts_deferred",
     "is_interrupt",
     "note_api_lost",
+    "note_committed",
     "note_signal",
     "on_hard_exit",
     "raise_interrupt",
@@ -272,6 +274,23 @@ def reset() -> None:
     global _signal
     _signal = None
     _tasks_stop.clear()
+
+
+#: (run key, manifest URI, what is left to do) of the run this command committed.
+_committed: tuple[str, str, str] | None = None
+
+
+def note_committed(run_key: str | None, manifest_uri: str = "", todo: str = "") -> None:
+    """Record that this command committed run ``run_key`` (its manifest and the ledger's
+    record of it are written; ``todo``: what a rerun would still do, e.g. load a sink), so
+    an interrupt from now on is not reported as work to redo; None forgets it."""
+    global _committed
+    _committed = None if run_key is None else (run_key, manifest_uri, todo)
+
+
+def committed() -> tuple[str, str, str] | None:
+    """(run key, manifest URI, todo) of the run this command committed, if any."""
+    return _committed
 
 
 def note_api_lost(loss: ApiLoss) -> None:

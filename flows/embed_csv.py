@@ -317,6 +317,9 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         with shutdown.interrupts_deferred():
             summary, manifest = _commit(settings, plan, store, done, summary)
             summary = _finish(ledger, summary)
+            shutdown.note_committed(run_key, str(summary.manifest_uri), (
+                "rerun the same command to load it into the sink" if settings.sink
+                else "nothing to resume"))  # fmt: skip
         # ── load into the sink ───────────────────────────────────────────────────────────
         return _load_into_sink(settings, manifest, summary, ledger)
     return _finish(ledger, summary)

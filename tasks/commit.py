@@ -180,6 +180,7 @@ def commit_if_published(
                                supersedes=supersedes)  # fmt: skip
         ledger.finish_run(run_key, status="complete", rows_published=rows,
                           rows_failed=rows_failed, manifest_uri=committed.uri)  # fmt: skip
+        shutdown.note_committed(run_key, committed.uri, "nothing to resume")
     return RunSummary(
         exit_code=0, status="complete",
         message="every chunk was already published: committed without embedding"

@@ -63,14 +63,17 @@ def test_a_signal_just_after_the_manifest_put_leaves_the_run_complete_in_the_led
     tmp_path: Path, fake_openai: FakeEmbeddingServer, signum: signal.Signals
 ) -> None:
     """The interrupt waits until the ledger has recorded the commit, then stops the command
-    as any interrupt does (130/143, one line); a rerun has nothing to do."""
+    (130/143) with one line that says the run is committed: nothing to redo. Before, the
+    line asked to rerun, and a rerun had nothing to do."""
     write_rows(tmp_path / "in.csv", _rows())
     code, _, err = _run(tmp_path, fake_openai,
                         signals=SIGNAL_AFTER_MANIFEST_PUT.format(signum.name))  # fmt: skip
     assert code == 128 + signum, err[-3000:]
-    assert err.strip().splitlines()[-1] == (
-        f"embedline: interrupted by {signum.name}; rerun the same command to resume")
     _assert_ledger_matches_the_store(tmp_path)
+    run_key, *_, manifest_uri = _ledger_run(tmp_path)
+    assert err.strip().splitlines()[-1] == (
+        f"embedline: interrupted by {signum.name} after run {run_key[:12]} was committed "
+        f"({manifest_uri}): nothing to resume"), err[-3000:]
     requests = fake_openai.counters()["requests"]
     code, out, err = _run(tmp_path, fake_openai)
     assert code == 0 and "as committed earlier" in out, err[-3000:]

@@ -298,3 +298,15 @@ def test_a_signal_as_the_command_returns_exits_with_its_code_not_by_the_signal(
                           timeout=60)  # fmt: skip
     assert done.returncode == 128 + signum, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_an_interrupted_read_only_command_has_nothing_to_resume(tmp_path: Path) -> None:
+    """``status`` (like ``dead-letters`` and ``search``) changes nothing: its line must not
+    ask for a rerun "to resume" (a break test found it did)."""
+    (tmp_path / "ledger.sqlite3").touch()
+    env = _signal_at(tmp_path / "prefect-home", "after:cli.inspect:_status:SIGTERM")
+    done = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert done.stderr.splitlines() == ["embedline: interrupted by SIGTERM"], done.stderr
