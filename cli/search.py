@@ -30,9 +30,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                         help="with an output root: a run key or prefix (default: the latest)")
     search.add_argument("--base-url", default=None,
                         help="for openai vectors: the API root (default: the run's recorded "
-                             "--base-url, else OpenAI's)")
+                             "--base-url in --ledger, else OpenAI's if a key is set)")
     search.add_argument("--ledger", default=DEFAULT_LEDGER)
-    search.set_defaults(handler=_search)
+    search.set_defaults(handler=_search, resumable=False)
 
 
 def _query(text: str) -> str:
@@ -84,13 +84,19 @@ def _recorded_base_url(ledger_path: str, *, run_key: str | None = None,
 
 
 def _embed_queries(queries: list[str], *, embedder: str, model: str, dimensions: int | None,
-                   base_url: str | None) -> Any:  # fmt: skip
-    """The queries' vectors (float32, len(queries) × d), one request or one model call."""
+                   base_url: str | None, ledger: str) -> Any:  # fmt: skip
+    """The queries' vectors (float32, len(queries) × d), one request or one model call.
+
+    :raises InputError: openai vectors whose server is unknown (see
+        ``_refuse_an_unknown_server``).
+    """
     from adapters.embeddings import build_embedder, close_embedders
     from embedline.keys import request_key, text_sha256
     from embedline.settings import LOCAL_DIMENSIONS, RunSettings
 
     fields: dict[str, Any] = {"input": "-", "embedder": embedder, "model": model}
+    if embedder == "openai" and not base_url:
+        _refuse_an_unknown_server(ledger)
     if embedder == "openai":
         fields["dimensions"] = dimensions
         if base_url:
@@ -103,6 +109,22 @@ def _embed_queries(queries: list[str], *, embedder: str, model: str, dimensions:
         return client.embed(queries, idempotency_key=key).vectors
     finally:
         close_embedders()
+
+
+def _refuse_an_unknown_server(ledger: str) -> None:
+    """Openai vectors, no ``--base-url``, and no ledger record of the run's: the query would
+    go to OpenAI's API, which without a key refuses it (a break test waited 11 s of retries
+    for exit 3, the vectors having come from a local server). With a key, OpenAI's API it is.
+
+    :raises InputError: no key is set either.
+    """
+    from adapters.embeddings import api_key_from_env
+    from embedline.errors import InputError
+
+    if api_key_from_env() is None:
+        raise InputError(f"which server embedded these vectors is unknown: the ledger {ledger} "
+                         "has no record of their run; pass --ledger (the one the run used) or "
+                         "--base-url (its server)")  # fmt: skip
 
 
 def search_target(target: str, queries: list[str], *, k: int, run: str | None = None,
@@ -129,7 +151,8 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
                                  "model is unknown")  # fmt: skip
             base_url = base_url or _recorded_base_url(ledger, sink=sink.identity)
             vectors = _embed_queries(queries, embedder=info.embedder, model=info.model,
-                                     dimensions=info.dimensions, base_url=base_url)  # fmt: skip
+                                     dimensions=info.dimensions, base_url=base_url,
+                                     ledger=ledger)  # fmt: skip
             return [sink.search(v, k) for v in vectors]
         finally:
             sink.close()
@@ -142,8 +165,8 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
     manifest_embedder = _manifest_embedder(target, meta["embedline.run_key"])
     dims = int(meta["embedline.dimensions"])
     vectors = _embed_queries(queries, embedder=manifest_embedder, model=meta["embedline.model"],
-                             dimensions=dims, base_url=base_url or _recorded_base_url(
-                                 ledger, run_key=meta["embedline.run_key"]))  # fmt: skip
+                             dimensions=dims, ledger=ledger, base_url=base_url or
+                             _recorded_base_url(ledger, run_key=meta["embedline.run_key"]))  # fmt: skip
     column = table.column("embedding").combine_chunks()
     matrix = np.asarray(column.flatten().to_numpy(zero_copy_only=False),
                         dtype=np.float32).reshape(len(column), dims)  # fmt: skip

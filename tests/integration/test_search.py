@@ -85,6 +85,16 @@ def test_search_on_a_sink_embeds_the_query_at_the_loaded_runs_base_url(
     assert found.returncode == 0, found.stderr[-2000:]
     assert found.stdout.strip().splitlines()[1].split()[2] == "pkg12"
     assert fake_openai.requests == before + 1
+    # without the run's ledger (and no key), say what to pass, at once: before, the query
+    # went to OpenAI's API and exited 3 after 11 s of retries. Sink and output root alike.
+    keyless = {"EMBEDLINE_API_KEY": "", "OPENAI_API_KEY": ""}
+    for target in (sink, "out"):
+        lost = run_cli("search", target, rows[12][1], cwd=tmp_path, env=keyless)
+        assert lost.returncode == 2, lost.stderr[-2000:]
+        assert lost.stderr.splitlines() == [
+            "embedline: error: which server embedded these vectors is unknown: the ledger "
+            ".embedline/ledger.sqlite3 has no record of their run; pass --ledger (the one the "
+            "run used) or --base-url (its server)"], lost.stderr[-2000:]
 
 
 def test_load_without_run_or_output_takes_the_ledgers_newest_complete_run(
