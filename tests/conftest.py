@@ -30,6 +30,11 @@ def pytest_configure(config: object) -> None:
     # SIGTERM (a CI timeout, `kill`) ends the session like Ctrl-C, so session fixtures stop
     # their servers (Prefect, PostgreSQL) instead of leaving them running
     signal.signal(signal.SIGTERM, _interrupt)
+    # Tests Ctrl-C the CLIs they start, as a terminal does. A non-interactive shell that ran
+    # the suite in the background (`make test &`) set SIGINT to ignored, which every child
+    # inherits and embedline keeps by design (`nohup`): those tests then failed.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _interrupt(signum: int, frame: object) -> None:
