@@ -48,6 +48,7 @@ __all__ = [
     "note_api_lost",
     "note_committed",
     "note_signal",
+    "on_first_interrupt",
     "on_hard_exit",
     "raise_interrupt",
     "redeliver_lost_interrupts",
@@ -108,9 +109,24 @@ def install_interrupt_handlers() -> dict[int, Any]:
             for signum, default in defaults.items() if signal.getsignal(signum) == default}
 
 
+#: Called (main thread, no arguments) as the first interrupt is raised: see
+#: ``on_first_interrupt``.
+_first_interrupt_hooks: list[Callable[[], None]] = []
+
+
+def on_first_interrupt(hook: Callable[[], None]) -> None:
+    """Register ``hook`` (once) to run as ``raise_interrupt`` raises the first interrupt,
+    before any cleanup: e.g. silence a library whose teardown, cut short, logs errors the
+    command's one line already covers. It must be quick and never raise."""
+    if hook not in _first_interrupt_hooks:
+        _first_interrupt_hooks.append(hook)
+
+
 def _raise_first(signum: int) -> None:
     global _raised
     _raised = signum
+    for hook in list(_first_interrupt_hooks):
+        hook()
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Terminated()

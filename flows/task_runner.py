@@ -10,6 +10,7 @@ from typing import Any
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from embedline import shutdown
 from embedline.errors import InputError
 from embedline.settings import RunSettings
 from embedline.tracebacks import DEBUG_ENV
@@ -44,6 +45,7 @@ def task_runner(settings: RunSettings, window: int) -> Any:
         return DaskTaskRunner(address=settings.dask_address)
     _no_worker_profiler()
     _close_clusters_quietly_at_exit()
+    shutdown.on_first_interrupt(_silence_dask)
     threads = max(1, -(-window // settings.dask_workers))
     return DaskTaskRunner(cluster_kwargs={"n_workers": settings.dask_workers,
                                           "threads_per_worker": threads, "processes": True,
@@ -72,16 +74,20 @@ def _quiet_dask() -> None:
 
 
 def _no_worker_profiler() -> None:
-    """Turn off the statistical profiler of the local cluster's workers.
+    """Turn off the statistical profiler of the local cluster's workers, and have them import
+    ``flows.dask_preload`` as they start (no traceback from a worker whose scheduler closed).
 
-    It calls ``sys._current_frames()`` every 10 ms, which on CPython 3.11 can deadlock a
-    worker whose threads allocate (a GC inside the call; CPython gh-106883/gh-116969,
-    dask/distributed#8616): measured here, a 20,000-row run hung with every worker thread
-    waiting on a lock. The nanny passes this process's Dask config to the workers it spawns.
+    The profiler calls ``sys._current_frames()`` every 10 ms, which on CPython 3.11 can
+    deadlock a worker whose threads allocate (a GC inside the call; CPython
+    gh-106883/gh-116969, dask/distributed#8616): measured here, a 20,000-row run hung with
+    every worker thread waiting on a lock. The nanny passes this process's Dask config to the
+    workers it spawns.
     """
     import dask.config
 
-    dask.config.set({"distributed.worker.profile.enabled": False})
+    preload = [*dask.config.get("distributed.worker.preload", []), "flows.dask_preload"]
+    dask.config.set({"distributed.worker.profile.enabled": False,
+                     "distributed.worker.preload": list(dict.fromkeys(preload))})
 
 
 def _close_clusters_quietly_at_exit() -> None:
@@ -100,9 +106,21 @@ def _close_clusters_quietly_at_exit() -> None:
     atexit.register(_close_clusters)
 
 
+def _silence_dask() -> None:
+    """A Ctrl-C as the local cluster starts cuts its start short; what its teardown then logs
+    in this process ("exit status was already read", asyncio's "Task exception was never
+    retrieved … Nanny failed to start") tells the user nothing the CLI's one line does not.
+    Kept with ``--debug``."""
+    if not os.environ.get(DEBUG_ENV):
+        for name in ("distributed", "asyncio"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def _close_clusters() -> None:
+    """At exit, after the command's last line: a cluster still open here was cut short."""
     from distributed.deploy import spec
 
+    _silence_dask()
     try:
         spec.close_clusters()
     except Exception:  # noqa: BLE001 (at exit, after the command's own output)

@@ -69,21 +69,33 @@ def test_local_cluster_workers_run_without_the_statistical_profiler(tmp_path: Pa
     with task_runner(settings, 2) as runner:
         enabled = runner.client.run(dask.config.get, "distributed.worker.profile.enabled")
         levels = runner.client.run(_distributed_log_level)
+        filtered = runner.client.run(_drops_scheduler_gone_tracebacks)
     assert list(enabled.values()) == [False, False]
     # Dask's INFO chatter ("Closing Nanny …", 34 lines a run) is off in the workers too
     assert list(levels.values()) == [logging.WARNING, logging.WARNING]
+    assert list(filtered.values()) == [True, True]  # flows.dask_preload ran in each worker
 
 
 def _distributed_log_level() -> int:
     return logging.getLogger("distributed").getEffectiveLevel()
 
 
+def _drops_scheduler_gone_tracebacks() -> bool:
+    handlers = logging.getLogger("distributed").handlers
+    return bool(handlers) and all(
+        any(type(f).__name__ == "SchedulerGoneFilter" for f in h.filters) for h in handlers)
+
+
+@pytest.mark.parametrize("after", ["Creating a new Dask cluster", "The Dask dashboard is"],
+                         ids=["cluster-starting", "workers-up"])
 def test_ctrl_c_while_the_local_cluster_starts_is_one_line_and_leaves_no_process(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, after: str
 ) -> None:
     """Before: exit 130 and the one line, but then distributed's exit handler printed
     "Exception ignored in atexit callback" and an ``AssertionError: Status.running``
-    traceback from the half-started cluster's teardown, and its INFO lines."""
+    traceback from the half-started cluster's teardown, and its INFO lines; with the
+    workers up, a worker logged a ``CommClosedError`` traceback ("Failed to communicate
+    with scheduler during heartbeat") as the scheduler closed."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
     args = [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai",
             "--base-url", fake_openai.base_url, "--output", "out", "--ledger", "ledger.sqlite3",
@@ -96,9 +108,9 @@ def test_ctrl_c_while_the_local_cluster_starts_is_one_line_and_leaves_no_process
         lines = []
         for line in proc.stderr:
             lines.append(line)
-            if "Creating a new Dask cluster" in line:
+            if after in line:
                 break
-        time.sleep(0.5)  # the cluster takes 1-3 s to start here
+        time.sleep(0.5 if after.startswith("Creating") else 0.1)  # the cluster: 1-3 s
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -75,3 +75,21 @@ def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_o
     assert second.stderr.splitlines() == [
         "embedline: second SIGINT, exiting now; rerun the same command to resume"]
     assert second.returncode == 130
+
+
+def test_first_interrupt_hooks_run_before_the_interrupt_is_raised_and_only_then() -> None:
+    done = _python("""
+        import signal
+        from embedline import shutdown
+        hook = lambda: print("hook", flush=True)
+        shutdown.on_first_interrupt(hook)
+        shutdown.on_first_interrupt(hook)  # registered once
+        shutdown.install_interrupt_handlers()
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            print("raised", flush=True)
+            signal.raise_signal(signal.SIGINT)
+    """)
+    assert done.stdout.splitlines() == ["hook", "raised"]
+    assert done.returncode == 130
