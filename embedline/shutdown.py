@@ -129,7 +129,7 @@ def _raise_first(signum: int) -> None:
         hook()
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise Terminated()
+    raise Terminated("the process received SIGTERM")  # Prefect's crash message quotes it
 
 
 def exit_on_second_signal(signum: int) -> None:
