@@ -57,7 +57,25 @@ def entry() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _exit_at_once)
+    _skip_prefect_exit_sending()
     sys.exit(code)
+
+
+def _skip_prefect_exit_sending() -> None:
+    """With the temporary server stopped, end the process before Prefect's log and event
+    workers try, at interpreter exit, to send what is left in their queues to it: they
+    retried for seconds (over 30 s once in CI) after a Ctrl-C that landed while they were
+    being flushed. ``threading._register_atexit`` callbacks run last-registered first, and
+    before ``atexit``'s, so this one runs before Prefect's. A configured server keeps them:
+    it is still there to receive the run's last logs."""
+    prefect_env = sys.modules.get("cli.prefect_env")
+    register = getattr(threading, "_register_atexit", None)
+    if prefect_env is None or register is None or not prefect_env.temporary_server_stopped():
+        return
+    try:
+        register(_end_process)
+    except RuntimeError:  # the interpreter is already shutting its threads down
+        pass
 
 
 def _end_process() -> None:

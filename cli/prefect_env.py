@@ -18,7 +18,8 @@ from embedline.shutdown import ApiLoss
 if TYPE_CHECKING:
     from cli.local_server import LocalServer
 
-__all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment", "prefect_api"]
+__all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment", "prefect_api",
+           "temporary_server_stopped"]
 
 _PREFECT_DEFAULTS = {
     # A temporary Prefect server can take longer than Prefect's 20 s default to start on a
@@ -108,17 +109,37 @@ class PrefectApi:
 
     def close(self) -> None:
         """Send Prefect's pending logs and events, then stop the temporary server, if this
-        run started one (stopping it first printed "Error logging to API" at exit)."""
+        run started one (stopping it first printed "Error logging to API" at exit). An
+        interrupt during the sending still stops the server."""
         self._closing = True
         if self.server is not None:
-            _drain_prefect_workers()
-            self.server.stop()
+            global _temporary_server_stopped
+            _temporary_server_stopped = True
+            try:
+                _drain_prefect_workers()
+            finally:
+                self.server.stop()
 
     def kill(self) -> None:
         """Stop the temporary server at once (a hard exit)."""
         self._closing = True
         if self.server is not None:
+            global _temporary_server_stopped
+            _temporary_server_stopped = True
             self.server.kill()
+
+
+#: True once this process stopped the temporary server it started: Prefect's own exit-time
+#: sending of logs and events can then reach nothing.
+_temporary_server_stopped = False
+
+
+def temporary_server_stopped() -> bool:
+    """True once this process stopped (or killed) the temporary Prefect server it started.
+    Prefect's log and event workers then have nowhere to send what is left in their queues;
+    at interpreter exit they would retry it (seconds, up to a minute: a Ctrl-C that landed
+    while they were being flushed left items behind)."""
+    return _temporary_server_stopped
 
 
 def prefect_api() -> PrefectApi:

@@ -243,13 +243,20 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
                     break
             time.sleep(step * 0.1)
             proc.send_signal(signum)
-            _, err = proc.communicate(timeout=30)
+            sent = time.monotonic()
+            _, err = proc.communicate(timeout=60)
+            exited_after_s = round(time.monotonic() - sent, 2)
         finally:
             proc.kill()
-        results.append((step, proc.returncode, "Traceback" in err or "Exception" in err))
+        results.append((step, proc.returncode, "Traceback" in err or "Exception" in err,
+                        exited_after_s))  # fmt: skip
         assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
-    assert all(code in (0, 128 + signum) and not traced for (step, code, traced), signum in
+    assert all(code in (0, 128 + signum) and not traced for (step, code, traced, _), signum in
                zip(results, [signal.SIGINT, signal.SIGTERM] * 3)), results  # fmt: skip
+    # A signal while the CLI flushed Prefect's log and event workers left items queued,
+    # which Prefect's own exit handlers then retried against the stopped server: 3-4 s
+    # here, over 30 s once in CI. A hang bound, not a speed target (the exit takes ~0.3 s).
+    assert all(after_s < 2.0 for *_, after_s in results), results
 
 
 def _signal_at(home: Path, signals: str) -> dict[str, str]:
@@ -310,3 +317,4 @@ def test_an_interrupted_read_only_command_has_nothing_to_resume(tmp_path: Path) 
                           timeout=60)  # fmt: skip
     assert done.returncode == 143, done.stderr[-3000:]
     assert done.stderr.splitlines() == ["embedline: interrupted by SIGTERM"], done.stderr
+
