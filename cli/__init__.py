@@ -122,8 +122,9 @@ def forget_caught_interrupts() -> None:
 
     CPython (since 3.8; seen on 3.11) sets a process-wide "unhandled KeyboardInterrupt"
     flag whenever a ``KeyboardInterrupt`` leaves a string ``exec``/``eval``
-    (``run_eval_code_obj``), even if a caller catches it. ``dataclasses`` and ``namedtuple`` build their methods that
-    way, so a Ctrl-C during a lazy import can land in one. Under ``python -m cli``,
+    (``run_eval_code_obj``), even if a caller catches it. ``dataclasses`` and
+    ``namedtuple`` build their methods that way, so a Ctrl-C during a lazy import can land
+    in one. Under ``python -m cli``,
     ``Py_RunMain`` checks the flag after our ``sys.exit(130)`` and kills the process with
     SIGINT instead (status -2; the console script's path does not check it). Every string
     ``exec`` clears the flag as it starts, so an empty one forgets the caught interrupt.
@@ -145,10 +146,12 @@ def _exit_quietly_on_signals() -> dict[int, object]:
             defaults.items() if signal.getsignal(signum) in (default, ours)}  # fmt: skip
 
 
-def interrupted_line(signum: int) -> str:
-    """The one line an interrupted command ends with (here and in ``cli.main``)."""
-    return (f"embedline: interrupted by {signal.Signals(signum).name}; rerun the same command "
-            "to resume\n")
+def interrupted_line(signum: int, after: str = "",
+                     todo: str | None = "; rerun the same command to resume") -> str:
+    """The one line an interrupted command ends with (here and in ``cli.main``): ``after``
+    says when (e.g. " after run X was committed (URI)"), ``todo`` what to do (None: nothing,
+    for a read-only command)."""
+    return f"embedline: interrupted by {signal.Signals(signum).name}{after}{todo or ''}\n"
 
 
 def _exit_quietly(signum: int, frame: object) -> None:

@@ -95,9 +95,9 @@ def _interrupted(exc: BaseException, *, resumable: bool) -> int:
     committed = shutdown.committed()
     if committed is not None:
         run_key, manifest_uri, todo = committed
-        sys.stderr.write(f"embedline: interrupted by {signal.Signals(signum).name} after run "
-                         f"{run_key[:12]} was committed ({manifest_uri}): {todo}\n")
+        line = interrupted_line(signum, f" after run {run_key[:12]} was committed "
+                                        f"({manifest_uri})", f": {todo}")  # fmt: skip
     else:
-        sys.stderr.write(interrupted_line(signum) if resumable else
-                         f"embedline: interrupted by {signal.Signals(signum).name}\n")
+        line = interrupted_line(signum) if resumable else interrupted_line(signum, todo=None)
+    sys.stderr.write(line)
     return shutdown.exit_code_for(signum)
