@@ -264,6 +264,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     parameters = settings.to_parameters()
+    shutdown.hold_interrupts_when_finishing()  # a committed run's flow run ends Completed
     with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
             _no_heartbeats(api):  # fmt: skip
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it
@@ -274,6 +275,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     if not isinstance(summary, dict):
         return fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
     print_summary(summary, command_s=command_seconds())
+    shutdown.raise_held_interrupt()  # a signal after the commit: cli.main says it (130/143)
     if summary.get("load"):
         from cli.load import print_load_summary
 

@@ -9,7 +9,10 @@ cannot interrupt) check ``tasks_must_stop()`` before each request and raise
 Outside the dispatch window (planning, Prefect's start, the commit), ``raise_interrupt`` is
 the command's handler: the first signal raises ``KeyboardInterrupt``/``Terminated`` so the
 cleanups run, a second one exits at once; ``interrupts_deferred`` holds the first back over
-a step that must not be cut in two (the manifest's PUT and the ledger's record of it).
+a step that must not be cut in two (the manifest's PUT and the ledger's record of it). Once
+a CLI run has nothing left but reporting (``note_finishing``: committed, and loaded if a
+sink was asked), the first signal is held until the flow run has ended (Completed in the
+Prefect UI, not Crashed) and the CLI raises it (``raise_held_interrupt``).
 
 The Prefect API going away mid-run (the CLI's watchdog: a configured server that stops
 answering, or the temporary server's process exiting) is a stop of the same kind:
@@ -42,14 +45,17 @@ __all__ = [
     "forget_interrupts",
     "hand_over",
     "hard_exit",
+    "hold_interrupts_when_finishing",
     "install_interrupt_handlers",
     "interrupts_deferred",
     "is_interrupt",
     "note_api_lost",
     "note_committed",
+    "note_finishing",
     "note_signal",
     "on_first_interrupt",
     "on_hard_exit",
+    "raise_held_interrupt",
     "raise_interrupt",
     "redeliver_lost_interrupts",
     "remove_hard_exit_hook",
@@ -90,11 +96,18 @@ def raise_interrupt(signum: int, frame: object) -> None:
     signal while they run exits at once (``exit_on_second_signal``), as Prefect's CLI and
     pip do for a second Ctrl-C.
 
+    While the run is finishing (``note_finishing``), the first signal is held instead:
+    ``raise_held_interrupt`` raises it once the flow run has ended.
+
     :raises KeyboardInterrupt: for the first SIGINT.
     :raises Terminated: for the first SIGTERM.
     """
-    if _raised is not None:
+    global _held
+    if _raised is not None or _held is not None:
         exit_on_second_signal(signum)
+    if _finishing:
+        _held = signum
+        return
     _raise_first(signum)
 
 
@@ -135,8 +148,10 @@ def _raise_first(signum: int) -> None:
 def exit_on_second_signal(signum: int) -> None:
     """Say so in one line and ``hard_exit`` with 128 + ``signum`` (its hooks stop the
     temporary server and mark the run ``interrupted``). Never returns."""
-    sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; rerun "
-                     "the same command to resume\n")
+    todo = "rerun the same command to resume"
+    if _committed is not None:
+        todo = f"run {_committed[0][:12]} is committed: {_committed[2]}"
+    sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; {todo}\n")
     hard_exit(exit_code_for(signum))
 
 
@@ -197,9 +212,17 @@ def interrupts_deferred() -> Iterator[None]:
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, raise_interrupt if _finishing else handler)
     if noted:
-        _raise_first(noted[0])
+        _hold_or_raise(noted[0])
+
+
+def _hold_or_raise(signum: int) -> None:
+    global _held
+    if _finishing:
+        _held = _held or signum
+    else:
+        _raise_first(signum)
 
 
 def signal_of(exc: BaseException) -> int:
@@ -299,9 +322,58 @@ _committed: tuple[str, str, str] | None = None
 def note_committed(run_key: str | None, manifest_uri: str = "", todo: str = "") -> None:
     """Record that this command committed run ``run_key`` (its manifest and the ledger's
     record of it are written; ``todo``: what a rerun would still do, e.g. load a sink), so
-    an interrupt from now on is not reported as work to redo; None forgets it."""
-    global _committed
+    an interrupt from now on is not reported as work to redo; None forgets it, and the
+    finishing state (a new command)."""
+    global _committed, _finishing, _held, _hold_when_finishing
     _committed = None if run_key is None else (run_key, manifest_uri, todo)
+    if run_key is None:
+        _finishing = _hold_when_finishing = False
+        _held = None
+
+
+#: The command (the CLI) asked for interrupts to be held once its run is finishing.
+_hold_when_finishing = False
+#: The run has nothing left to do but report (``note_finishing``).
+_finishing = False
+#: The signal held while finishing, for ``raise_held_interrupt``.
+_held: int | None = None
+
+
+def hold_interrupts_when_finishing() -> None:
+    """Called by the CLI before it runs the flow in its own process: once the flow says it
+    is finishing (``note_finishing``), hold the first SIGINT/SIGTERM until the CLI calls
+    ``raise_held_interrupt``. Not called in a Prefect worker's process, where SIGTERM is
+    the runner's way to cancel and must keep Prefect's handler."""
+    global _hold_when_finishing
+    _hold_when_finishing = True
+
+
+def note_finishing() -> None:
+    """The flow's run is committed (and loaded, if a sink was asked): what is left is
+    reporting it, and Prefect recording the flow run's final state. A signal from now on
+    stopped nothing; raised, it made Prefect mark the committed run's flow run Crashed.
+    With ``hold_interrupts_when_finishing``, install ``raise_interrupt`` (in place of
+    Prefect's SIGTERM bridge too) and hold the first signal. Main thread only; else a
+    no-op."""
+    global _finishing
+    if not _hold_when_finishing or threading.current_thread() is not threading.main_thread():
+        return
+    _finishing = True
+    for signum in SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, raise_interrupt)
+
+
+def raise_held_interrupt() -> None:
+    """Stop holding; raise the interrupt of a signal held while finishing, if one came.
+
+    :raises KeyboardInterrupt: a SIGINT was held.
+    :raises Terminated: a SIGTERM was held.
+    """
+    global _finishing, _held
+    held, _held, _finishing = _held, None, False
+    if held is not None:
+        _raise_first(held)
 
 
 def committed() -> tuple[str, str, str] | None:

@@ -320,6 +320,8 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
             shutdown.note_committed(run_key, str(summary.manifest_uri), (
                 "rerun the same command to load it into the sink" if settings.sink
                 else "nothing to resume"))  # fmt: skip
+            if not settings.sink:
+                shutdown.note_finishing()
         # ── load into the sink ───────────────────────────────────────────────────────────
         return _load_into_sink(settings, manifest, summary, ledger)
     return _finish(ledger, summary)
@@ -357,8 +359,12 @@ def _lost_objects(ledger: Ledger, store: Any, base: RunSummary, started: float,
 
 def _load_into_sink(settings: RunSettings, manifest: dict[str, Any] | None,
                     summary: RunSummary, ledger: Ledger | None = None) -> RunSummary:
-    """With ``--sink``, load the committed run; the run's exit code becomes the load's."""
-    if not settings.sink or manifest is None:
+    """With ``--sink``, load the committed run; the run's exit code becomes the load's. Then
+    only reporting is left (``shutdown.note_finishing``)."""
+    if manifest is None:
+        return summary
+    if not settings.sink:
+        shutdown.note_finishing()
         return summary
     book = ledger or Ledger(settings.ledger)
     try:
@@ -371,6 +377,10 @@ def _load_into_sink(settings: RunSettings, manifest: dict[str, Any] | None,
     if load.exit_code:
         changes.update(exit_code=load.exit_code, message=f"manifest committed, but the load "
                        f"into the sink did not finish: {load.message}")  # fmt: skip
+    else:
+        shutdown.note_committed(str(summary.run_key), str(summary.manifest_uri),
+                                "nothing to resume")  # fmt: skip
+    shutdown.note_finishing()
     return RunSummary(**{**summary.to_dict(), **changes})
 
 

@@ -11,6 +11,7 @@ its dead letters uncounted, and ``load --ledger`` then found "no committed run".
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import sqlite3
@@ -108,3 +109,32 @@ def test_a_kill_just_after_the_manifest_put_is_caught_up_by_the_rerun(
     status = run_cli("status", "--ledger", "ledger.sqlite3", cwd=tmp_path)
     assert status.returncode == 0 and status.stdout.splitlines()[0].split()[1] == "complete", \
         status.stdout  # fmt: skip
+
+
+@pytest.mark.parametrize(("point", "signum"), [
+    ("after:tasks.commit:write_manifest", signal.SIGINT),  # inside the commit's deferral
+    ("before:tasks.gc:drop_run_lease", signal.SIGTERM),  # after it: the flow's last steps
+    ("before:tasks.gc:drop_run_lease", signal.SIGINT),
+], ids=["SIGINT-at-commit", "SIGTERM-after-commit", "SIGINT-after-commit"])  # fmt: skip
+def test_a_signal_after_the_commit_leaves_the_flow_run_completed_in_prefect(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str, point: str,
+    signum: signal.Signals,
+) -> None:  # fmt: skip
+    """Once the run is committed, only reporting is left: the signal is held until the
+    flow run has ended, so the Prefect UI shows it Completed, as the store and the ledger
+    do; then the command stops with 130/143 and the committed line. Before, Prefect marked
+    the committed run's flow run Crashed ("Execution was interrupted by …")."""
+    import httpx
+
+    write_rows(tmp_path / "in.csv", _rows())
+    code, _, err = _run(tmp_path, fake_openai, signals=f"{point}:{signum.name}")
+    assert code == 128 + signum, err[-3000:]
+    _assert_ledger_matches_the_store(tmp_path)
+    run_key, *_, manifest_uri = _ledger_run(tmp_path)
+    assert err.strip().splitlines()[-1] == (
+        f"embedline: interrupted by {signum.name} after run {run_key[:12]} was committed "
+        f"({manifest_uri}): nothing to resume"), err[-3000:]
+    flow_run_id = re.search(r"flow-run/([0-9a-f-]{36})", err)
+    assert flow_run_id, err[-3000:]
+    flow_run = httpx.get(f"{prefect_api_url}/flow_runs/{flow_run_id.group(1)}").json()
+    assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]

@@ -93,3 +93,55 @@ def test_first_interrupt_hooks_run_before_the_interrupt_is_raised_and_only_then(
     """)
     assert done.stdout.splitlines() == ["hook", "raised"]
     assert done.returncode == 130
+
+
+def test_a_signal_while_a_committed_run_finishes_is_held_until_the_command_raises_it() -> None:
+    """The CLI holds it (Prefect then records the flow run Completed); a second one still
+    exits at once, and says the run is committed."""
+    held = _python("""
+        import signal
+        from embedline import shutdown
+        shutdown.install_interrupt_handlers()
+        shutdown.hold_interrupts_when_finishing()
+        with shutdown.interrupts_deferred():  # the commit
+            shutdown.note_committed("a" * 64, "out/manifests/a.json", "nothing to resume")
+            shutdown.note_finishing()
+            signal.raise_signal(signal.SIGTERM)
+        print("block finished", flush=True)
+        signal.raise_signal(signal.SIGTERM)  # Prefect's SIGTERM bridge was replaced too
+        print("still held", flush=True)
+    """)
+    assert held.stdout.splitlines() == ["block finished"]
+    assert held.stderr.splitlines() == ["embedline: second SIGTERM, exiting now; run "
+                                        "aaaaaaaaaaaa is committed: nothing to resume"]
+    assert held.returncode == 143
+    raised = _python("""
+        import signal
+        from embedline import shutdown
+        shutdown.install_interrupt_handlers()
+        shutdown.hold_interrupts_when_finishing()
+        shutdown.note_finishing()
+        signal.raise_signal(signal.SIGINT)
+        print("held", flush=True)
+        try:
+            shutdown.raise_held_interrupt()
+        except KeyboardInterrupt:
+            print("raised", flush=True)
+        shutdown.raise_held_interrupt()  # nothing held any more
+    """)
+    assert (raised.returncode, raised.stdout.splitlines()) == (0, ["held", "raised"])
+
+
+def test_without_the_command_asking_a_finishing_run_keeps_prefects_signal_handling() -> None:
+    """In a Prefect worker's process (a deployment), SIGTERM is the runner's way to cancel:
+    ``note_finishing`` must leave the handlers alone."""
+    done = _python("""
+        import signal
+        from embedline import shutdown
+        mine = lambda signum, frame: print("own handler", flush=True)
+        signal.signal(signal.SIGTERM, mine)
+        shutdown.note_finishing()
+        signal.raise_signal(signal.SIGTERM)
+        shutdown.raise_held_interrupt()
+    """)
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["own handler"])
