@@ -275,11 +275,11 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     if not isinstance(summary, dict):
         return fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
     print_summary(summary, command_s=command_seconds())
-    shutdown.raise_held_interrupt()  # a signal after the commit: cli.main says it (130/143)
     if summary.get("load"):
         from cli.load import print_load_summary
 
         print_load_summary(summary["load"])
+    shutdown.raise_held_interrupt()  # a signal after the commit: cli.main says it (130/143)
     _say_why_not_complete(summary)
     return int(summary["exit_code"])
 

@@ -34,13 +34,13 @@ def _rows() -> list[tuple[str, str]]:
     return rows
 
 
-def _run(tmp_path: Path, server: FakeEmbeddingServer, *,
+def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str,
          signals: str = "") -> tuple[int, str, str]:  # fmt: skip
     env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests/support/signal_at"), str(REPO)]),
            "EMBEDLINE_TEST_SIGNALS": signals}  # fmt: skip
     done = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", server.base_url,
                    "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",
-                   "--allow-failed-rows", cwd=tmp_path, env=env)  # fmt: skip
+                   "--allow-failed-rows", *extra, cwd=tmp_path, env=env)  # fmt: skip
     return done.returncode, done.stdout, done.stderr
 
 
@@ -111,24 +111,30 @@ def test_a_kill_just_after_the_manifest_put_is_caught_up_by_the_rerun(
         status.stdout  # fmt: skip
 
 
-@pytest.mark.parametrize(("point", "signum"), [
-    ("after:tasks.commit:write_manifest", signal.SIGINT),  # inside the commit's deferral
-    ("before:tasks.gc:drop_run_lease", signal.SIGTERM),  # after it: the flow's last steps
-    ("before:tasks.gc:drop_run_lease", signal.SIGINT),
-], ids=["SIGINT-at-commit", "SIGTERM-after-commit", "SIGINT-after-commit"])  # fmt: skip
+@pytest.mark.parametrize(("point", "signum", "sink"), [
+    ("after:tasks.commit:write_manifest", signal.SIGINT, False),  # in the commit's deferral
+    ("before:tasks.gc:drop_run_lease", signal.SIGTERM, False),  # after it: the last steps
+    ("before:tasks.gc:drop_run_lease", signal.SIGINT, False),
+    ("before:tasks.gc:drop_run_lease", signal.SIGINT, True),  # after the sink's load
+], ids=["SIGINT-at-commit", "SIGTERM-after-commit", "SIGINT-after-commit",
+        "SIGINT-after-load"])  # fmt: skip
 def test_a_signal_after_the_commit_leaves_the_flow_run_completed_in_prefect(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str, point: str,
-    signum: signal.Signals,
+    signum: signal.Signals, sink: bool,
 ) -> None:  # fmt: skip
-    """Once the run is committed, only reporting is left: the signal is held until the
-    flow run has ended, so the Prefect UI shows it Completed, as the store and the ledger
-    do; then the command stops with 130/143 and the committed line. Before, Prefect marked
-    the committed run's flow run Crashed ("Execution was interrupted by …")."""
+    """Once the run is committed (and loaded, with ``--sink``), only reporting is left: the
+    signal is held until the flow run has ended, so the Prefect UI shows it Completed, as
+    the store and the ledger do; then the command prints its summaries and stops with
+    130/143 and the committed line. Before, Prefect marked the committed run's flow run
+    Crashed ("Execution was interrupted by …")."""
     import httpx
 
     write_rows(tmp_path / "in.csv", _rows())
-    code, _, err = _run(tmp_path, fake_openai, signals=f"{point}:{signum.name}")
+    extra = ("--sink", f"lancedb://{tmp_path}/lance?table=t") if sink else ()
+    code, out, err = _run(tmp_path, fake_openai, *extra, signals=f"{point}:{signum.name}")
     assert code == 128 + signum, err[-3000:]
+    if sink:
+        assert "rows       11 upserted now" in out, out
     _assert_ledger_matches_the_store(tmp_path)
     run_key, *_, manifest_uri = _ledger_run(tmp_path)
     assert err.strip().splitlines()[-1] == (
