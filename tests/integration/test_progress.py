@@ -33,6 +33,33 @@ def test_progress_lines_move_per_batch(tmp_path: Path, fake_openai: FakeEmbeddin
     assert any(r > 0 and m.group(2) == "0" for r, m in zip(rows, lines, strict=True)), rows
 
 
+def test_progress_never_goes_backwards_when_a_chunk_fails_and_is_retried(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """Chunk 0 embeds 5 batches, then a request fails for good (503, one attempt): Prefect
+    retries the chunk once, which fails at the same batch. Its embedded rows were counted
+    per batch; before, each restart and the failure took them back off the count (a line
+    said fewer rows than the one before)."""
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t{i}\n" for i in range(400)))
+
+    def fault(payload: dict) -> dict:
+        if "t100" in payload["input"]:
+            return {"status": 503}
+        return {"delay_s": 0.25 if "t1" not in payload["input"][0] else 0.1}
+
+    fake_openai.fail_when(fault)
+    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+                     "--chunk-size", "200", "--batch-size", "20", "--concurrency", "1",
+                     "--max-attempts", "1", "--chunk-retries", "1", "--chunk-retry-delay", "0",
+                     "--progress-interval", "0.3", "--output", "out", "--ledger", "l.sqlite3",
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [m for m in map(_LINE.match, result.stderr.splitlines()) if m]
+    rows = [int(m.group(1).replace(",", "")) for m in lines]
+    assert len(rows) >= 5 and any(0 < r < 200 for r in rows), result.stderr[-3000:]
+    assert rows == sorted(rows), rows
+
+
 # -- on a terminal: log lines above the bar, never glued onto it --------------------------------
 
 _CSI = re.compile(r"\x1b\[([?\d;]*)([A-Za-z])")
