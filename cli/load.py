@@ -142,6 +142,7 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
     with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost
         from flows.load import load_run
 
+    shutdown.command_handles_signals()  # SIGTERM as SIGINT in the flow
     state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
                      return_state=True)  # fmt: skip  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)

@@ -264,7 +264,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     parameters = settings.to_parameters()
-    shutdown.hold_interrupts_when_finishing()  # a committed run's flow run ends Completed
+    shutdown.command_handles_signals()  # SIGTERM as SIGINT; held once committed
     with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
             _no_heartbeats(api):  # fmt: skip
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it

@@ -12,7 +12,8 @@ cleanups run, a second one exits at once; ``interrupts_deferred`` holds the firs
 a step that must not be cut in two (the manifest's PUT and the ledger's record of it). Once
 a CLI run has nothing left but reporting (``note_finishing``: committed, and loaded if a
 sink was asked), the first signal is held until the flow run has ended (Completed in the
-Prefect UI, not Crashed) and the CLI raises it (``raise_held_interrupt``).
+Prefect UI, not Crashed) and the CLI raises it (``raise_held_interrupt``). In a flow the CLI
+runs, SIGTERM keeps that handler too (``take_over_sigterm``), not Prefect's.
 
 The Prefect API going away mid-run (the CLI's watchdog: a configured server that stops
 answering, or the temporary server's process exiting) is a stop of the same kind:
@@ -38,6 +39,7 @@ __all__ = [
     "ApiLoss",
     "Terminated",
     "api_lost",
+    "command_handles_signals",
     "committed",
     "exit_code_for",
     "exit_on_second_signal",
@@ -45,7 +47,6 @@ __all__ = [
     "forget_interrupts",
     "hand_over",
     "hard_exit",
-    "hold_interrupts_when_finishing",
     "install_interrupt_handlers",
     "interrupts_deferred",
     "is_interrupt",
@@ -64,6 +65,7 @@ __all__ = [
     "signal_of",
     "stop_signal",
     "stop_tasks",
+    "take_over_sigterm",
     "tasks_must_stop",
     "wait_for_hand_over",
 ]
@@ -324,39 +326,54 @@ def note_committed(run_key: str | None, manifest_uri: str = "", todo: str = "") 
     record of it are written; ``todo``: what a rerun would still do, e.g. load a sink), so
     an interrupt from now on is not reported as work to redo; None forgets it, and the
     finishing state (a new command)."""
-    global _committed, _finishing, _held, _hold_when_finishing
+    global _committed, _finishing, _held, _command_handles_signals
     _committed = None if run_key is None else (run_key, manifest_uri, todo)
     if run_key is None:
-        _finishing = _hold_when_finishing = False
+        _finishing = _command_handles_signals = False
         _held = None
 
 
-#: The command (the CLI) asked for interrupts to be held once its run is finishing.
-_hold_when_finishing = False
+#: The command (the CLI) runs the flow in its own process and handles the signals itself.
+_command_handles_signals = False
 #: The run has nothing left to do but report (``note_finishing``).
 _finishing = False
 #: The signal held while finishing, for ``raise_held_interrupt``.
 _held: int | None = None
 
 
-def hold_interrupts_when_finishing() -> None:
-    """Called by the CLI before it runs the flow in its own process: once the flow says it
-    is finishing (``note_finishing``), hold the first SIGINT/SIGTERM until the CLI calls
-    ``raise_held_interrupt``. Not called in a Prefect worker's process, where SIGTERM is
-    the runner's way to cancel and must keep Prefect's handler."""
-    global _hold_when_finishing
-    _hold_when_finishing = True
+def command_handles_signals() -> None:
+    """Called by the CLI before it runs a flow in its own process. The flow then keeps the
+    command's handler for SIGTERM as for SIGINT (``take_over_sigterm``), and holds the first
+    signal once the run is finishing (``note_finishing``). Never called in a Prefect
+    worker's process, where SIGTERM is the runner's way to cancel and keeps Prefect's
+    handler."""
+    global _command_handles_signals
+    _command_handles_signals = True
+
+
+def take_over_sigterm() -> None:
+    """In a flow run by the CLI: put ``raise_interrupt`` back for SIGTERM in place of the
+    handler Prefect 3.9 installs for the flow run (``capture_sigterm``, which raises
+    ``TerminationSignal``), so SIGTERM is handled as SIGINT is: the first raises
+    ``Terminated`` (Prefect records the flow run Crashed, the run is marked
+    ``interrupted``), a second one while those cleanups run exits at once
+    (``exit_on_second_signal``). Under Prefect's handler the second was raised inside the
+    cleanups: the ledger's run stayed ``running``. Prefect restores the command's handler
+    when the flow run ends. A no-op unless ``command_handles_signals``; main thread only."""
+    if not _command_handles_signals or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, raise_interrupt)
 
 
 def note_finishing() -> None:
     """The flow's run is committed (and loaded, if a sink was asked): what is left is
     reporting it, and Prefect recording the flow run's final state. A signal from now on
     stopped nothing; raised, it made Prefect mark the committed run's flow run Crashed.
-    With ``hold_interrupts_when_finishing``, install ``raise_interrupt`` (in place of
-    Prefect's SIGTERM bridge too) and hold the first signal. Main thread only; else a
-    no-op."""
+    With ``command_handles_signals``, install ``raise_interrupt`` (in place of Prefect's
+    SIGTERM handler too) and hold the first signal. Main thread only; else a no-op."""
     global _finishing
-    if not _hold_when_finishing or threading.current_thread() is not threading.main_thread():
+    if not _command_handles_signals or threading.current_thread() is not threading.main_thread():
         return
     _finishing = True
     for signum in SIGNALS:

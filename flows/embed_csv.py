@@ -149,6 +149,7 @@ def _export_api_key_from_block() -> str | None:
 
 def run_settings(settings: RunSettings) -> RunSummary:
     """Run the pipeline for ``settings`` inside the current flow run; return its summary."""
+    shutdown.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     logger = get_run_logger()
     started = time.monotonic()
     # ── plan ──────────────────────────────────────────────────────────────────────────────

@@ -31,6 +31,7 @@ from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from adapters.ledger import Ledger
+from embedline import shutdown
 from embedline.errors import ConflictError, EmbedlineError
 from embedline.models import LoadSummary, ManifestChunk
 from embedline.protocols import VectorSink
@@ -51,6 +52,7 @@ def load_run(
 ) -> State[Any]:
     """Load committed run ``run`` (key or ≥ 8-hex prefix; default the latest) of ``output``
     into the sink ``to``. Returns a Completed or Failed state carrying the ``LoadSummary``."""
+    shutdown.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     started = time.monotonic()
     try:
         manifest = resolve_run(store_for(output), run)

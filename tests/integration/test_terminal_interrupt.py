@@ -291,6 +291,35 @@ def test_a_second_signal_while_the_first_ones_cleanups_run_exits_at_once(
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_while_the_flow_records_the_stop_exits_at_once(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, signum: signal.Signals
+) -> None:
+    """The first signal lands inside the flow before any chunk is dispatched (the run is
+    recorded, its lease being written); the second while the flow marks the run stopped.
+    The second ends the command at once with its own line, and the run reads
+    ``interrupted``. Before, for SIGTERM: Prefect's own SIGTERM handler raised the second
+    one inside the ledger's update, so the run stayed ``running`` in the ledger, and the
+    command ended with the first signal's line."""
+    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
+    home = tmp_path / "prefect-home"
+    env = _signal_at(home, f"before:tasks.gc:write_run_lease:{signum.name};"
+                           f"before:adapters.ledger:Ledger.mark_stopped:{signum.name}")
+    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 128 + signum, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"embedline: second {signum.name}, exiting now; rerun the same command to resume"), \
+        done.stderr[-3000:]  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
+        assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+    assert fake_openai.counters()["requests"] == 0
+    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_as_the_command_returns_exits_with_its_code_not_by_the_signal(
     tmp_path: Path, signum: signal.Signals
 ) -> None:

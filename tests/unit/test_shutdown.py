@@ -102,7 +102,7 @@ def test_a_signal_while_a_committed_run_finishes_is_held_until_the_command_raise
         import signal
         from embedline import shutdown
         shutdown.install_interrupt_handlers()
-        shutdown.hold_interrupts_when_finishing()
+        shutdown.command_handles_signals()
         with shutdown.interrupts_deferred():  # the commit
             shutdown.note_committed("a" * 64, "out/manifests/a.json", "nothing to resume")
             shutdown.note_finishing()
@@ -119,7 +119,7 @@ def test_a_signal_while_a_committed_run_finishes_is_held_until_the_command_raise
         import signal
         from embedline import shutdown
         shutdown.install_interrupt_handlers()
-        shutdown.hold_interrupts_when_finishing()
+        shutdown.command_handles_signals()
         shutdown.note_finishing()
         signal.raise_signal(signal.SIGINT)
         print("held", flush=True)
