@@ -9,9 +9,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from embedline.tracebacks import DEBUG_ENV
+
 __all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "HELP_FORMATTER", "LEDGER_HELP",
            "exit_on_api_loss", "fail", "find_run", "non_negative_float", "open_ledger",
-           "positive_float", "positive_int", "with_prefect_api"]  # fmt: skip
+           "positive_float", "positive_int", "quiet_prefect_console",
+           "with_prefect_api"]  # fmt: skip
 
 EXIT_USAGE = 2
 EXIT_FATAL = 3
@@ -94,11 +97,35 @@ def with_prefect_api(
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     shutdown.on_hard_exit(api.kill)
+    shutdown.on_first_interrupt(quiet_prefect_console)
     api.watch(on_lost or exit_on_api_loss)
     try:
         return body(api)
     finally:
         api.close()
+
+
+def quiet_prefect_console() -> None:
+    """A first-interrupt hook (``shutdown.on_first_interrupt``): an interrupt raised inside a
+    flow run before any chunk was dispatched made Prefect print its own account of it on
+    stderr ("Crash detected! Execution was aborted by an interrupt signal.", "Finished in
+    state Crashed(…)", "EventsWorker - Still processing items") above the command's one
+    line, which says all of it. Prefect's console handlers drop every record from then on;
+    its API handler still sends them (the UI shows the crash). ``--debug`` keeps them."""
+    import logging
+
+    if os.environ.get(DEBUG_ENV):
+        return
+    loggers = [logging.getLogger(), *(logger for logger in logging.root.manager.loggerDict.values()
+                                      if isinstance(logger, logging.Logger))]  # fmt: skip
+    for logger in loggers:
+        for handler in logger.handlers:
+            if type(handler).__name__ == "PrefectConsoleHandler":
+                handler.addFilter(_drop)
+
+
+def _drop(record: object) -> bool:
+    return False
 
 
 def exit_on_api_loss(loss: Any, *, kept: str = "what was published is kept") -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -69,8 +70,25 @@ def _quiet_dask() -> None:
     (or the variable set by the user) keeps them all."""
     if not os.environ.get(DEBUG_ENV):
         os.environ.setdefault(_DASK_LOG_LEVEL_ENV, "warning")
+        _quiet_resource_tracker()
     if os.environ.get(_DASK_LOG_LEVEL_ENV) == "warning":  # dask imported earlier: this process
         logging.getLogger("distributed").setLevel(logging.WARNING)
+
+
+#: A ``-W`` option for multiprocessing's resource tracker (see ``_quiet_resource_tracker``).
+_RESOURCE_TRACKER_WARNINGS = "ignore:resource_tracker:UserWarning"
+
+
+def _quiet_resource_tracker() -> None:
+    """A Ctrl-C as the local cluster starts leaves the nannies' semaphores to
+    multiprocessing's resource tracker, which removes them and then warns, after the
+    command's last line: "resource_tracker: There appear to be 12 leaked semaphore objects
+    to clean up at shutdown". The tracker is a process of its own, started with this
+    process's ``-W`` options (``sys.warnoptions``, CPython's
+    ``subprocess._args_from_interpreter_flags``): add one that ignores that warning, before
+    the cluster starts it."""
+    if _RESOURCE_TRACKER_WARNINGS not in sys.warnoptions:
+        sys.warnoptions.append(_RESOURCE_TRACKER_WARNINGS)
 
 
 def _no_worker_profiler() -> None:
