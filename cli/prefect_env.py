@@ -194,15 +194,29 @@ def _drain_prefect_workers(timeout_s: float = 5.0) -> None:
 
 
 def _check_reachable(url: str) -> None:
+    """``GET {url}/health`` once. Nothing answering, a 404/405 or a web page (HTML) is
+    refused; any other answer (200 ``true`` from a Prefect server, 401/403 from one that
+    wants a key, a 5xx) lets Prefect's client take over.
+
+    :raises PrefectApiError: one line that names the URL and what to do (exit 2).
+    """
     import httpx
 
     try:
-        httpx.get(f"{url.rstrip('/')}/health", timeout=_CHECK_TIMEOUT_S)
-    except httpx.TransportError as exc:  # an HTTP answer of any status: someone is there
+        response = httpx.get(f"{url.rstrip('/')}/health", timeout=_CHECK_TIMEOUT_S)
+    except httpx.TransportError as exc:
         raise PrefectApiError(
             f"the Prefect API at {url} (PREFECT_API_URL) does not answer ({type(exc).__name__}): "
             "start that server (`prefect server start`), or unset PREFECT_API_URL to use a "
             "temporary one") from None  # fmt: skip
+    content_type = response.headers.get("content-type", "").split(";")[0].strip()
+    if response.status_code in (404, 405) or content_type == "text/html":
+        # Prefect's client then failed with two tracebacks ("Failed to reach API") and exit 1
+        raise PrefectApiError(
+            f"the server at {url} (PREFECT_API_URL) answers, but not as a Prefect API (HTTP "
+            f"{response.status_code}{', a web page' if content_type == 'text/html' else ''} "
+            "for /health): set PREFECT_API_URL to the server's API URL, which ends in /api "
+            "(e.g. http://127.0.0.1:4200/api), or unset it to use a temporary server")
 
 
 class HealthProbe:

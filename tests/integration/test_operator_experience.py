@@ -75,6 +75,51 @@ def test_unreachable_prefect_api_is_one_line_and_exit_2(tmp_path: Path, csv_file
     assert url in line and "unset PREFECT_API_URL" in line and "prefect server start" in line
 
 
+class _NotPrefect:
+    """A local HTTP server that is not a Prefect API: 404 for every path, or a web page."""
+
+    def __init__(self, web_page: bool) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                body = b"<html><body>a web app</body></html>"
+                self.send_response(200 if web_page else 404)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("web_page", [False, True], ids=["404", "web-page"])
+def test_a_prefect_api_url_that_is_not_a_prefect_api_is_one_line_and_exit_2(
+    tmp_path: Path, csv_file: Path, web_page: bool
+) -> None:
+    """Some other web server at PREFECT_API_URL (a wrong port, the UI's URL without /api).
+    Before: two tracebacks ending "RuntimeError: Failed to reach API at …" and exit 1."""
+    server = _NotPrefect(web_page)
+    try:
+        url = f"{server.url}/{'' if web_page else 'api'}"
+        result = _cli(tmp_path, "run", "in.csv", PREFECT_API_URL=url)
+    finally:
+        server.close()
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = _one_line(result.stderr)
+    assert url in line and "not as a Prefect API" in line and "ends in /api" in line, line
+
+
 # -- item 4: checks that need no Prefect answer before it starts -----------------------------
 
 
