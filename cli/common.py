@@ -22,8 +22,18 @@ DEFAULT_LEDGER = ".embedline/ledger.sqlite3"
 LEDGER_HELP = ("the SQLite ledger; a relative path is relative to the current directory, so "
                "run `status`, `dead-letters` and `retry-failed` where `run` ran, or pass the "
                "same --ledger")
-#: Every option's help ends with its default ("(default: 1000)").
-HELP_FORMATTER = argparse.ArgumentDefaultsHelpFormatter
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default ("(default: 1000)"). An option whose
+    default is None (unset) says in its own words what unset means ("(default: no limit)"):
+    argparse's "(default: None)" said nothing, or the opposite of the text."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+HELP_FORMATTER = HelpFormatter
 
 
 def positive_int(text: str) -> int:

@@ -24,7 +24,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                     help="keep the newest N manifests (default: all, unless --older-than)")
     gc.add_argument("--older-than", default=None, metavar="AGE",
                     help="delete manifests older than AGE (90d, 36h, 2w); with --keep-runs, "
-                         "only those both rules let go")
+                         "only those both rules let go (default: no age rule)")
     gc.add_argument("--grace", default="24h", metavar="AGE",
                     help="never delete anything younger than this (default 24h): runs in "
                          "progress keep what they wrote")

@@ -57,34 +57,37 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                      help="local: all-MiniLM-L6-v2 in-process; openai: any OpenAI-compatible "
                           "API (key from EMBEDLINE_API_KEY or OPENAI_API_KEY)")
     run.add_argument("--model", default=None,
-                     help="the embedder's model; None means all-MiniLM-L6-v2 (local) or "
-                          "text-embedding-3-small (openai)")
+                     help="the embedder's model (default: all-MiniLM-L6-v2 for local, "
+                          "text-embedding-3-small for openai)")
     run.add_argument("--base-url", default="https://api.openai.com/v1",
                      help="OpenAI-compatible API root; POST {base-url}/embeddings")
     run.add_argument("--dimensions", type=positive_int, default=None,
-                     help="shortened vectors (openai text-embedding-3); None: the model's own")
+                     help="shortened vectors (openai text-embedding-3) (default: the model's own)")
     run.add_argument("--chunk-size", type=positive_int, default=1000, help="rows per chunk")
     run.add_argument("--batch-size", type=positive_int, default=128, help="rows per request")
     run.add_argument("--max-request-tokens", type=positive_int, default=200_000,
                      help="estimated tokens per request (OpenAI allows 300,000)")
     run.add_argument("--concurrency", type=positive_int, default=8,
                      help="embedding requests in flight across the process")
-    run.add_argument("--rpm", type=positive_int, default=None, help="requests per minute")
-    run.add_argument("--tpm", type=positive_int, default=None, help="tokens per minute")
+    run.add_argument("--rpm", type=positive_int, default=None,
+                     help="requests per minute (default: no limit: the server's 429s and "
+                          "Retry-After pace the run)")
+    run.add_argument("--tpm", type=positive_int, default=None,
+                     help="tokens per minute (default: no limit)")
     run.add_argument("--timeout", type=positive_float, default=60.0,
                      help="seconds per request")
     run.add_argument("--max-attempts", type=positive_int, default=6,
                      help="attempts per request, the first included")
     run.add_argument("--max-input-tokens", type=positive_int, default=None,
                      help="the model's limit per text, e.g. 8191 for text-embedding-3 "
-                          "(openai); longer texts follow --on-too-long. Unset: the server's "
-                          "400 isolates them")
+                          "(openai); longer texts follow --on-too-long (default: unset: the "
+                          "server's 400 isolates them)")
     run.add_argument("--on-too-long", choices=("dead-letter", "truncate"), default="dead-letter",
                      help="what to do with a text over --max-input-tokens")
     run.add_argument("--auth-header", default=None, metavar="NAME",
-                     help="header that carries the API key: Authorization (default, sent as "
+                     help="header that carries the API key: Authorization (sent as "
                           "'Bearer KEY') or e.g. api-key for Azure-style gateways (sent as "
-                          "the bare key); also from EMBEDLINE_AUTH_HEADER")
+                          "the bare key) (default: $EMBEDLINE_AUTH_HEADER, else Authorization)")
     run.add_argument("--encoding-format", choices=("auto", "base64", "float"), default="auto",
                      help="how vectors travel: auto asks for base64 and falls back "
                           "to float for the whole run if the server refuses base64")
@@ -104,23 +107,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--allow-unconditional-store", action="store_true",
                      help="run even if the store ignores conditional writes (unsafe)")
     run.add_argument("--price-per-million-tokens", type=float, default=None,
-                     help="USD per 1M tokens, for the cost estimate in the summary")
+                     help="USD per 1M tokens, for the cost estimate in the summary (default: no "
+                          "estimate)")
     run.add_argument("--no-reuse", dest="reuse", action="store_false",
                      default=argparse.SUPPRESS,  # not "(default: True)": reuse is on
                      help="send every text, even one whose vector the output already holds "
                           "for this model (e.g. the model's weights changed under its name); "
-                          "without it, such texts are reused, not sent")
+                          "without it, such texts are reused, not sent (default: off: reuse is on)")
     run.add_argument("--task-runner", choices=("threads", "dask"), default="threads",
                      help="where chunk tasks run: threads here, or Dask workers (with no "
                           "PREFECT_API_URL they use this run's temporary Prefect server)")
     run.add_argument("--dask-address", default=None,
-                     help="an existing Dask scheduler (tcp://host:8786); default: a local "
-                          "cluster. Remote workers need an s3:// --output")
+                     help="an existing Dask scheduler (tcp://host:8786); remote workers need an "
+                          "s3:// --output (default: a local cluster)")
     run.add_argument("--dask-workers", type=positive_int, default=2,
                      help="worker processes of the local Dask cluster")
     run.add_argument("--sink", default=None, metavar="URI",
                      help="after the manifest commit, load the run into lancedb://PATH, "
-                          "PATH/NAME.lance or postgresql://user@host/db (see embedline load)")
+                          "PATH/NAME.lance or postgresql://user@host/db (see embedline load) "
+                          "(default: no load)")
     run.add_argument("--progress-interval", type=non_negative_float, default=10.0,
                      metavar="SECONDS",
                      help="when stderr is not a terminal, a progress line every SECONDS "

@@ -293,6 +293,10 @@ def test_run_help_shows_every_default_and_explains_the_ledger(tmp_path: Path) ->
     assert "(default: 1000)" in text and "(default: 128)" in text and "(default: 60.0)" in text
     no_reuse = text.split("--no-reuse ", 1)[1].split(" --task-runner", 1)[0]
     assert "default: True" not in no_reuse and "reused" in no_reuse  # on unless --no-reuse
+    # an unset option says what unset means, never argparse's "(default: None)" (which
+    # contradicted --auth-header's text), and --no-reuse says it is off
+    assert "default: None" not in text and "(default: off: reuse is on)" in no_reuse
+    assert "(default: $EMBEDLINE_AUTH_HEADER, else Authorization)" in text
     for flag in ("--ledger LEDGER the SQLite ledger", "--id-column ID_COLUMN header name",
                  "--text-column TEXT_COLUMN header name", "--dimensions DIMENSIONS shortened",
                  "--on-too-long {dead-letter,truncate} what to do"):  # fmt: skip
