@@ -1102,10 +1102,12 @@ class LocalEmbedder:
     def __repr__(self) -> str:
         return f"LocalEmbedder(model={self.model!r}, dimensions={self.dimensions})"
 
-    def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
+    def embed(self, texts: Sequence[str], *, idempotency_key: str,
+              on_rows: Callable[[int], None] | None = None) -> Embeddings:  # fmt: skip
         """Return float32 ``(len(texts), 384)`` unit vectors; ``tokens=0``, ``requests=0``.
 
         ``idempotency_key`` is accepted for the protocol and unused (no request is sent).
+        ``on_rows(n)`` is called as each forward pass of ``n`` texts ends (progress).
 
         :raises FatalError: if the local model's packages are not installed.
         :raises BadResponseError: if the model returns the wrong shape or non-finite values.
@@ -1114,7 +1116,7 @@ class LocalEmbedder:
             raise ValueError("embed() needs at least one text")
         model = _load_local_model(self._logger)
         with _encode_lock:
-            matrix = model.encode(list(texts))
+            matrix = model.encode(list(texts), on_pass=on_rows)
         if matrix.shape != (len(texts), LOCAL_DIMENSIONS) or not np.isfinite(matrix).all():
             raise BadResponseError(f"local model returned shape {matrix.shape} or NaN/Inf")
         return Embeddings(vectors=matrix, tokens=0, requests=0, inputs=len(texts))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +87,16 @@ class MiniLM:
         self._session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
 
     def encode(
-        self, texts: Sequence[str], *, batch_size: int = 32, max_batch_tokens: int = 2048
-    ) -> np.ndarray:
+        self, texts: Sequence[str], *, batch_size: int = 32, max_batch_tokens: int = 2048,
+        on_pass: Callable[[int], None] | None = None,
+    ) -> np.ndarray:  # fmt: skip
         """Return float32 ``(len(texts), 384)`` unit vectors, in the order of ``texts``.
 
         Texts are sorted by token count and cut into forward passes of at most
         ``batch_size`` texts and ``max_batch_tokens`` padded tokens (which bounds memory:
         measured: peak RSS of a 2,000-text encode 430 MB at 2,048 tokens, 575 MB at 4,096,
-        at the same speed).
+        at the same speed). ``on_pass(n)`` is called after each pass with its ``n`` texts
+        (progress: a chunk's encode takes seconds to minutes on a CPU).
         """
         out = np.empty((len(texts), self.dimensions), dtype=np.float32)
         if not texts:
@@ -110,6 +112,8 @@ class MiniLM:
             ids, mask = _pad([encodings[i] for i in picked])
             out[picked] = self._session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
             start += size
+            if on_pass is not None:
+                on_pass(len(picked))
         return out
 
 

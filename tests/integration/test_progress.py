@@ -60,6 +60,24 @@ def test_progress_never_goes_backwards_when_a_chunk_fails_and_is_retried(
     assert rows == sorted(rows), rows
 
 
+def test_with_the_local_model_progress_moves_per_forward_pass(tmp_path: Path) -> None:
+    """The local model takes a chunk's texts in one call; counted per call, the bar sat
+    still for a whole chunk (a break test saw 10 distinct counts in a 208 s run)."""
+    words = "package provides library tools for the system and its users".split()
+    text = " ".join(words[i % len(words)] for i in range(120))
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},{i} {text}\n"
+                                                             for i in range(240)))
+    result = run_cli("run", "in.csv", "--embedder", "local", "--chunk-size", "240",
+                     "--progress-interval", "0.1", "--output", "out", "--ledger", "l.sqlite3",
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = re.compile(r"^embedline: progress ([\d,]+) of 240 rows ")
+    rows = [int(m.group(1).replace(",", "")) for m in map(line.match, result.stderr.splitlines())
+            if m]  # fmt: skip
+    assert any(0 < r < 240 for r in rows), result.stderr[-3000:]
+    assert rows == sorted(rows), rows
+
+
 # -- on a terminal: log lines above the bar, never glued onto it --------------------------------
 
 _CSI = re.compile(r"\x1b\[([?\d;]*)([A-Za-z])")
