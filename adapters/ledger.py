@@ -334,9 +334,10 @@ class Ledger:
     ) -> None:
         """Record a run and its chunks; chunks already present keep their state and attempts.
 
-        ``object_uris[i]`` is the full URI of chunk ``i``'s object under ``output_uri``. A rerun
-        to another output root re-points the chunks and sets those not published there back
-        to ``pending``.
+        ``object_uris[i]`` is the full URI of chunk ``i``'s object under ``output_uri``. The
+        ledger holds one record per run key: a run to another output root takes it over,
+        re-points the chunks, sets those not published there back to ``pending``, and
+        starts the run's counts and manifest afresh (the other output's stay in its store).
         """
         now = _now_iso()
         with self.atomic() as db:
@@ -346,6 +347,12 @@ class Ledger:
                        created_at, updated_at)
                    VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)
                    ON CONFLICT (run_key) DO UPDATE SET
+                       rows_published = CASE WHEN runs.output_uri = excluded.output_uri
+                                             THEN runs.rows_published ELSE 0 END,
+                       rows_failed = CASE WHEN runs.output_uri = excluded.output_uri
+                                          THEN runs.rows_failed ELSE 0 END,
+                       manifest_uri = CASE WHEN runs.output_uri = excluded.output_uri
+                                           THEN runs.manifest_uri END,
                        output_uri = excluded.output_uri, settings_json = excluded.settings_json,
                        status = 'running', flow_run_id = excluded.flow_run_id,
                        updated_at = excluded.updated_at""",

@@ -61,6 +61,25 @@ def test_claim_publish_and_dead_letters(ledger: Ledger) -> None:
     assert not ledger.claim(run, 1, owner="b", lease_s=60)  # published is final
 
 
+def test_a_run_started_for_another_output_does_not_keep_the_old_outputs_counts(
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """One record per run key: a run of the same input to another output takes it over.
+    Before, it kept the counts and manifest of the first output, and ``status`` showed
+    "rows=9000/20000" beside that output's 0 published chunks."""
+    plan = _plan(2)
+    run = _start(ledger, plan, root="/out")
+    ledger.finish_run(run, status="complete", rows_published=20, rows_failed=0,
+                      manifest_uri="/out/manifests/m.json")  # fmt: skip
+    _start(ledger, plan, run, root="/out")  # the same output again: its counts stand
+    assert (ledger.runs()[0].rows_published, ledger.runs()[0].manifest_uri) == (
+        20, "/out/manifests/m.json")
+    _start(ledger, plan, run, root="/out2")
+    record = ledger.runs()[0]
+    assert (record.output_uri, record.rows_published, record.rows_failed,
+            record.manifest_uri) == ("/out2", 0, 0, None)  # fmt: skip
+
+
 def test_expired_lease_is_reclaimed(ledger: Ledger) -> None:
     run = _start(ledger, _plan(1))
     assert ledger.claim(run, 0, owner="dead-process", lease_s=0.01)
