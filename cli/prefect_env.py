@@ -11,7 +11,8 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from embedline.shutdown import ApiLoss
 
@@ -194,9 +195,9 @@ def _drain_prefect_workers(timeout_s: float = 5.0) -> None:
 
 
 def _check_reachable(url: str) -> None:
-    """``GET {url}/health`` once. Nothing answering, a 404/405 or a web page (HTML) is
-    refused; any other answer (200 ``true`` from a Prefect server, 401/403 from one that
-    wants a key, a 5xx) lets Prefect's client take over.
+    """``GET {url}/health`` once. Nothing answering, a 404/405, a web page (HTML) or a 200
+    that is not Prefect's ``true`` is refused; any other answer (200 ``true``, 401/403 from
+    a server that wants a key, a 5xx) lets Prefect's client take over.
 
     :raises PrefectApiError: one line that names the URL and what to do (exit 2).
     """
@@ -209,14 +210,30 @@ def _check_reachable(url: str) -> None:
             f"the Prefect API at {url} (PREFECT_API_URL) does not answer ({type(exc).__name__}): "
             "start that server (`prefect server start`), or unset PREFECT_API_URL to use a "
             "temporary one") from None  # fmt: skip
-    content_type = response.headers.get("content-type", "").split(";")[0].strip()
-    if response.status_code in (404, 405) or content_type == "text/html":
-        # Prefect's client then failed with two tracebacks ("Failed to reach API") and exit 1
+    what = _not_a_prefect_api(url, response)
+    if what:
+        # Prefect's client then failed with tracebacks ("Failed to reach API", "Invalid
+        # version") and exit 1
         raise PrefectApiError(
             f"the server at {url} (PREFECT_API_URL) answers, but not as a Prefect API (HTTP "
-            f"{response.status_code}{', a web page' if content_type == 'text/html' else ''} "
-            "for /health): set PREFECT_API_URL to the server's API URL, which ends in /api "
-            "(e.g. http://127.0.0.1:4200/api), or unset it to use a temporary server")
+            f"{response.status_code}{what} for /health): set PREFECT_API_URL to the server's "
+            "API URL, which ends in /api (e.g. http://127.0.0.1:4200/api), or unset it to use "
+            "a temporary server")  # fmt: skip
+
+
+def _not_a_prefect_api(url: str, response: Any) -> str | None:
+    """Why ``response`` to ``GET {url}/health`` is not a Prefect API's ("" for a 404 or
+    405), or None if it may be one. A Prefect server answers 200 ``true``; Prefect Cloud's
+    answer is not relied on (its host is let through)."""
+    content_type = response.headers.get("content-type", "").split(";")[0].strip()
+    if content_type == "text/html":
+        return ", a web page"
+    if response.status_code in (404, 405):
+        return ""
+    if response.status_code == 200 and response.text.strip() != "true" and \
+            not (urlsplit(url).hostname or "").endswith("prefect.cloud"):  # fmt: skip
+        return ", not Prefect's answer 'true'"
+    return None
 
 
 class HealthProbe:

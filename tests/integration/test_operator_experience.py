@@ -76,17 +76,21 @@ def test_unreachable_prefect_api_is_one_line_and_exit_2(tmp_path: Path, csv_file
 
 
 class _NotPrefect:
-    """A local HTTP server that is not a Prefect API: 404 for every path, or a web page."""
+    """A local HTTP server that is not a Prefect API: ``answer`` is ``"404"`` (every path),
+    ``"web-page"`` (200, HTML) or ``"json"`` (200, ``{"status": "ok"}``, as the fake
+    embeddings server answers any GET)."""
 
-    def __init__(self, web_page: bool) -> None:
+    def __init__(self, answer: str) -> None:
         import http.server
         import threading
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                body = b"<html><body>a web app</body></html>"
-                self.send_response(200 if web_page else 404)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
+                json_body = answer == "json"
+                body = b'{"status": "ok"}' if json_body else b"<html><body>an app</body></html>"
+                self.send_response(404 if answer == "404" else 200)
+                self.send_header("Content-Type", "application/json" if json_body else
+                                 "text/html; charset=utf-8")  # fmt: skip
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -103,15 +107,16 @@ class _NotPrefect:
         self.server.server_close()
 
 
-@pytest.mark.parametrize("web_page", [False, True], ids=["404", "web-page"])
+@pytest.mark.parametrize("answer", ["404", "web-page", "json"])
 def test_a_prefect_api_url_that_is_not_a_prefect_api_is_one_line_and_exit_2(
-    tmp_path: Path, csv_file: Path, web_page: bool
+    tmp_path: Path, csv_file: Path, answer: str
 ) -> None:
-    """Some other web server at PREFECT_API_URL (a wrong port, the UI's URL without /api).
-    Before: two tracebacks ending "RuntimeError: Failed to reach API at …" and exit 1."""
-    server = _NotPrefect(web_page)
+    """Some other web server at PREFECT_API_URL (a wrong port, the UI's URL without /api,
+    another API). Before: tracebacks ending "RuntimeError: Failed to reach API at …" (404,
+    web page) or "InvalidVersion: Invalid version: {'status': 'ok'}" (JSON), and exit 1."""
+    server = _NotPrefect(answer)
     try:
-        url = f"{server.url}/{'' if web_page else 'api'}"
+        url = f"{server.url}/{'' if answer == 'web-page' else 'api'}"
         result = _cli(tmp_path, "run", "in.csv", PREFECT_API_URL=url)
     finally:
         server.close()
