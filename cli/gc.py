@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from cli.common import DEFAULT_LEDGER, EXIT_USAGE, fail, positive_int
+from cli.common import DEFAULT_LEDGER, EXIT_USAGE, HELP_FORMATTER, fail, positive_int
 
 __all__ = ["add_parsers", "format_report"]
 
@@ -18,7 +18,8 @@ __all__ = ["add_parsers", "format_report"]
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``gc``."""
     gc = sub.add_parser(
-        "gc", help="delete manifests beyond retention and objects no kept manifest references")
+        "gc", help="delete manifests beyond retention and objects no kept manifest references",
+        formatter_class=HELP_FORMATTER)
     gc.add_argument("output", metavar="OUTPUT", help="local directory or s3://bucket/prefix")
     gc.add_argument("--keep-runs", type=positive_int, default=None,
                     help="keep the newest N manifests (default: all, unless --older-than)")
@@ -26,11 +27,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                     help="delete manifests older than AGE (90d, 36h, 2w); with --keep-runs, "
                          "only those both rules let go (default: no age rule)")
     gc.add_argument("--grace", default="24h", metavar="AGE",
-                    help="never delete anything younger than this (default 24h): runs in "
-                         "progress keep what they wrote")
+                    help="never delete anything younger than this: runs in progress keep "
+                         "what they wrote")
     gc.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
     gc.add_argument("--ledger", default=DEFAULT_LEDGER,
-                    help="ledger whose rows about deleted objects are dropped (if it exists)")
+                    help="ledger whose rows about deleted objects are dropped, if that file "
+                         "exists (relative to the current directory)")
     gc.set_defaults(handler=_gc)
 
 

@@ -11,7 +11,14 @@ import os
 import sys
 from typing import Any
 
-from cli.common import DEFAULT_LEDGER, EXIT_USAGE, exit_on_api_loss, fail, with_prefect_api
+from cli.common import (
+    DEFAULT_LEDGER,
+    EXIT_USAGE,
+    HELP_FORMATTER,
+    exit_on_api_loss,
+    fail,
+    with_prefect_api,
+)
 from cli.prefect_env import PrefectApiError
 
 __all__ = ["add_parsers", "already_loaded", "print_load_summary"]
@@ -19,7 +26,8 @@ __all__ = ["add_parsers", "already_loaded", "print_load_summary"]
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``load``."""
-    load = sub.add_parser("load", help="load a committed run into LanceDB or pgvector")
+    load = sub.add_parser("load", help="load a committed run into LanceDB or pgvector",
+                          formatter_class=HELP_FORMATTER)  # fmt: skip
     load.add_argument("run", nargs="?", metavar="RUN",
                       help="a run key or prefix (≥ 8 hex); default: the latest committed run")
     load.add_argument("--to", required=True, metavar="URI",
@@ -30,7 +38,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                       help="the run's output root (default: the ledger's record of RUN, "
                            "or without RUN of its newest complete run, else "
                            "./embedline-output)")
-    load.add_argument("--ledger", default=DEFAULT_LEDGER)
+    load.add_argument("--ledger", default=DEFAULT_LEDGER,
+                      help="the ledger `run` wrote (relative to the current directory): "
+                           "where runs were published, and what each sink already holds")
     load.set_defaults(handler=_load)
 
 

@@ -12,14 +12,15 @@ import json
 import os
 from typing import Any
 
-from cli.common import DEFAULT_LEDGER, EXIT_USAGE, fail, positive_int
+from cli.common import DEFAULT_LEDGER, EXIT_USAGE, HELP_FORMATTER, fail, positive_int
 
 __all__ = ["add_parsers", "search_target", "top_k"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``search``."""
-    search = sub.add_parser("search", help="ids nearest to a query (cosine similarity)")
+    search = sub.add_parser("search", help="ids nearest to a query (cosine similarity)",
+                            formatter_class=HELP_FORMATTER)  # fmt: skip
     search.add_argument("target", metavar="TARGET",
                         help="an output root (directory or s3://), or a sink URI "
                              "(lancedb://PATH, PATH/NAME.lance, postgresql://…)")
@@ -31,7 +32,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     search.add_argument("--base-url", default=None,
                         help="for openai vectors: the API root (default: the run's recorded "
                              "--base-url in --ledger, else OpenAI's if a key is set)")
-    search.add_argument("--ledger", default=DEFAULT_LEDGER)
+    search.add_argument("--ledger", default=DEFAULT_LEDGER,
+                        help="the ledger `run` wrote (relative to the current directory): "
+                             "which --base-url embedded the run's vectors")
     search.set_defaults(handler=_search, resumable=False)
 
 

@@ -174,3 +174,27 @@ def test_a_blank_search_query_is_a_usage_error_before_any_request(
         main(["search", "some-output", query])
     assert info.value.code == 2
     assert "QUERY" in capsys.readouterr().err
+
+
+def test_every_option_of_every_command_has_help_and_says_its_default() -> None:
+    """The second break test found ``load --ledger`` and ``search --ledger`` with no help
+    text, ``search --k`` without its default (10), and ``gc --ledger`` not saying which
+    file it reads. Every option now has help, and every default is shown, in its own words
+    where it is None (never "(default: None)")."""
+    import argparse
+
+    from cli.main import _parser
+
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in commands.choices.items():
+        text = " ".join(parser.format_help().split())
+        assert "default: None" not in text, name
+        for action in parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS or \
+                    isinstance(action, argparse._HelpAction):  # fmt: skip
+                continue
+            assert action.help, (name, action.option_strings)
+            if action.default not in (None, argparse.SUPPRESS):
+                assert " ".join(parser._get_formatter()._get_help_string(action).split()) \
+                    .endswith("(default: %(default)s)") or "(default:" in action.help, \
+                    (name, action.option_strings)  # fmt: skip
