@@ -14,6 +14,7 @@ from embedline.tracebacks import DEBUG_ENV
 __all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "HELP_FORMATTER", "LEDGER_HELP",
            "exit_on_api_loss", "fail", "find_run", "non_negative_float", "open_ledger",
            "positive_float", "positive_int", "quiet_prefect_console",
+           "quiet_prefect_signal_crashes",
            "with_prefect_api"]  # fmt: skip
 
 EXIT_USAGE = 2
@@ -136,6 +137,42 @@ def quiet_prefect_console() -> None:
 
 def _drop(record: object) -> bool:
     return False
+
+
+def quiet_prefect_signal_crashes() -> None:
+    """Call once Prefect is imported (its logging configured), before a flow runs. For the
+    first milliseconds of a flow run (until the flow's body calls
+    ``shutdown.take_over_sigterm``) SIGTERM goes to Prefect's own handler, which reports
+    the crash on the console ("Crash detected! Execution was aborted by a termination
+    signal.", "Finished in state Crashed(…)") above the command's one line (6 of 7 SIGTERMs
+    sent 0-30 ms after "Beginning flow run" in a break test). Prefect's console handlers
+    drop such a record and everything after it; its API handler still sends them.
+    ``--debug`` keeps them."""
+    import logging
+
+    if os.environ.get(DEBUG_ENV):
+        return
+    crashes = _SignalCrashes()
+    for handler in logging.getLogger().handlers:
+        if type(handler).__name__ == "PrefectConsoleHandler":
+            handler.addFilter(crashes)
+
+
+class _SignalCrashes:
+    """A logging filter: False for Prefect's report of a flow run aborted by a signal, and
+    for every record after it (what follows is Prefect's teardown of that crash)."""
+
+    MARKERS = ("aborted by a termination signal", "aborted by an interrupt signal")
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def filter(self, record: Any) -> bool:
+        """True to print ``record``."""
+        if not self.seen:
+            message = record.getMessage()
+            self.seen = any(marker in message for marker in self.MARKERS)
+        return not self.seen
 
 
 def exit_on_api_loss(loss: Any, *, kept: str = "what was published is kept") -> None:

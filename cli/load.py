@@ -17,6 +17,7 @@ from cli.common import (
     HELP_FORMATTER,
     exit_on_api_loss,
     fail,
+    quiet_prefect_signal_crashes,
     with_prefect_api,
 )
 from cli.prefect_env import PrefectApiError
@@ -153,6 +154,7 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
         from flows.load import load_run
 
     shutdown.command_handles_signals()  # SIGTERM as SIGINT in the flow
+    quiet_prefect_signal_crashes()
     state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
                      return_state=True)  # fmt: skip  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)

@@ -26,6 +26,7 @@ from cli.common import (
     open_ledger,
     positive_float,
     positive_int,
+    quiet_prefect_signal_crashes,
     with_prefect_api,
 )
 from cli.prefect_env import PrefectApi, PrefectApiError
@@ -270,6 +271,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     parameters = settings.to_parameters()
     shutdown.command_handles_signals()  # SIGTERM as SIGINT; held once committed
+    quiet_prefect_signal_crashes()
     with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
             _no_heartbeats(api):  # fmt: skip
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it

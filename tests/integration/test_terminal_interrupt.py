@@ -295,6 +295,30 @@ def test_a_second_signal_while_the_first_ones_cleanups_run_exits_at_once(
     assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
 
 
+def test_a_sigterm_as_the_flow_run_begins_is_one_line(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """The first milliseconds of a flow run, before the flow's body takes SIGTERM back from
+    Prefect's handler: Prefect reports the crash itself. Its console lines ("Crash
+    detected! Execution was aborted by a termination signal.", "Finished in state
+    Crashed(…)") no longer print above the command's one line (before: 6 of 7 SIGTERMs sent
+    0-30 ms after "Beginning flow run", in a break test)."""
+    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
+    home = tmp_path / "prefect-home"
+    env = _signal_at(home, "before:embedline.shutdown:take_over_sigterm:SIGTERM")
+    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "embedline: interrupted by SIGTERM; rerun the same command to resume"), \
+        done.stderr[-3000:]  # fmt: skip
+    assert "Crash" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert fake_openai.counters()["requests"] == 0
+    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_second_signal_while_the_flow_records_the_stop_exits_at_once(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, signum: signal.Signals
