@@ -148,7 +148,8 @@ class FakeEmbeddingServer:
         ``encoding_format`` (like servers that only speak floats).
     :param fail_texts_containing: answer ``fail_status`` (an OpenAI-shaped server error) to
         any request holding a text that contains this marker, until ``heal()``. Applies
-        after ``script``/``fail_when`` faults, which take precedence.
+        after ``script``/``fail_when`` faults; one of those that has no ``status`` (a
+        delay: ``--delay-s``) still gets the failure, after its delay.
     :param fail_status: the HTTP status of those failures (default 503).
     :param reject_params: ``{param: message}``: a request carrying ``param`` gets a 400 with
         that message (a server that does not support ``dimensions``, say), every time.
@@ -315,11 +316,12 @@ class FakeEmbeddingServer:
             hook = self._fail_when
             marker, status = self.fail_texts_containing, self.fail_status
         fault = hook(payload) if hook is not None else None
-        if fault is None and marker is not None and isinstance(payload, dict):
+        if (fault is None or "status" not in fault) and marker is not None and \
+                isinstance(payload, dict):  # fmt: skip
             texts = payload.get("input")
             texts = texts if isinstance(texts, list) else [texts]
             if any(isinstance(t, str) and marker in t for t in texts):
-                fault = {"status": status}
+                fault = {**(fault or {}), "status": status}  # a delay-only fault still fails
         return fault
 
     def _reset(self, handler: _Handler, entry: dict[str, Any]) -> None:
