@@ -271,6 +271,25 @@ def _signal_at(home: Path, signals: str) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join([str(REPO / "tests/support/signal_at"), str(REPO)])}
 
 
+def _run_signalled(tmp_path: Path, server: FakeEmbeddingServer, signals: str, *,
+                   code: int, last_line: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """Run a two-row CLI run that signals itself at ``signals``; check the exit ``code``,
+    the ``last_line`` on stderr, no traceback, no request sent and no process left."""
+    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
+    home = tmp_path / "prefect-home"
+    args = ["run", "in.csv", "--embedder", "openai", "--base-url", server.base_url,
+            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path,
+                          env=_signal_at(home, signals), capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == code, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == last_line, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert server.counters()["requests"] == 0
+    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
+    return done
+
+
 def test_a_second_signal_while_the_first_ones_cleanups_run_exits_at_once(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
@@ -278,21 +297,10 @@ def test_a_second_signal_while_the_first_ones_cleanups_run_exits_at_once(
     takes up to seconds); a second Ctrl-C then ends the command at once, with its own line,
     as during dispatch. Before: it was raised inside the cleanup as a second
     KeyboardInterrupt, and a break test measured 2.7-4 s to exit."""
-    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
-    home = tmp_path / "prefect-home"
-    env = _signal_at(home, "after:cli.prefect_env:PrefectApi.wait_ready:SIGINT;"
-                           "before:cli.local_server:LocalServer.stop:SIGINT")  # fmt: skip
-    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 130, done.stderr[-3000:]
-    assert done.stderr.strip().splitlines()[-1] == (
-        "embedline: second SIGINT, exiting now; rerun the same command to resume"), \
-        done.stderr[-3000:]  # fmt: skip
-    assert "Traceback" not in done.stderr
-    assert fake_openai.counters()["requests"] == 0
-    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
+    _run_signalled(tmp_path, fake_openai, "after:cli.prefect_env:PrefectApi.wait_ready:SIGINT;"
+                   "before:cli.local_server:LocalServer.stop:SIGINT", code=130,
+                   last_line="embedline: second SIGINT, exiting now; rerun the same command "
+                             "to resume")  # fmt: skip
 
 
 def test_a_sigterm_as_the_flow_run_begins_is_one_line(
@@ -303,20 +311,11 @@ def test_a_sigterm_as_the_flow_run_begins_is_one_line(
     detected! Execution was aborted by a termination signal.", "Finished in state
     Crashed(…)") no longer print above the command's one line (before: 6 of 7 SIGTERMs sent
     0-30 ms after "Beginning flow run", in a break test)."""
-    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
-    home = tmp_path / "prefect-home"
-    env = _signal_at(home, "before:embedline.shutdown:take_over_sigterm:SIGTERM")
-    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 143, done.stderr[-3000:]
-    assert done.stderr.strip().splitlines()[-1] == (
-        "embedline: interrupted by SIGTERM; rerun the same command to resume"), \
-        done.stderr[-3000:]  # fmt: skip
-    assert "Crash" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert fake_openai.counters()["requests"] == 0
-    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
+    done = _run_signalled(tmp_path, fake_openai,
+                          "before:embedline.shutdown:take_over_sigterm:SIGTERM", code=143,
+                          last_line="embedline: interrupted by SIGTERM; rerun the same "
+                                    "command to resume")  # fmt: skip
+    assert "Crash" not in done.stderr, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -329,23 +328,12 @@ def test_a_second_signal_while_the_flow_records_the_stop_exits_at_once(
     ``interrupted``. Before, for SIGTERM: Prefect's own SIGTERM handler raised the second
     one inside the ledger's update, so the run stayed ``running`` in the ledger, and the
     command ended with the first signal's line."""
-    (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
-    home = tmp_path / "prefect-home"
-    env = _signal_at(home, f"before:tasks.gc:write_run_lease:{signum.name};"
-                           f"before:adapters.ledger:Ledger.mark_stopped:{signum.name}")
-    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 128 + signum, done.stderr[-3000:]
-    assert done.stderr.strip().splitlines()[-1] == (
-        f"embedline: second {signum.name}, exiting now; rerun the same command to resume"), \
-        done.stderr[-3000:]  # fmt: skip
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    _run_signalled(tmp_path, fake_openai, f"before:tasks.gc:write_run_lease:{signum.name};"
+                   f"before:adapters.ledger:Ledger.mark_stopped:{signum.name}",
+                   code=128 + signum, last_line=f"embedline: second {signum.name}, exiting "
+                                                "now; rerun the same command to resume")
     with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
         assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
-    assert fake_openai.counters()["requests"] == 0
-    assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
