@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.prefect_home import fresh_prefect_home
 from tests.support.processes import wait_until_gone
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.integration
 def _dask_run(tmp_path: Path, base_url: str, output: str, env_extra: dict[str, str],
               home: Path) -> subprocess.CompletedProcess[str]:  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(home), **env_extra)
+    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(fresh_prefect_home(home)), **env_extra)
     return subprocess.run(
         [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
          base_url, "--output", output, "--ledger", str(tmp_path / "ledger.sqlite3"),

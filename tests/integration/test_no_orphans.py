@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.prefect_home import fresh_prefect_home
 from tests.support.processes import processes_with_env, wait_until_gone
 
 pytestmark = pytest.mark.integration
@@ -27,7 +28,7 @@ def _start_cli(tmp_path: Path, base_url: str, *extra: str) -> tuple[subprocess.P
         "id,text\n" + "".join(f"r{i},text {i}\n" for i in range(40)))  # fmt: skip
     home = tmp_path / "prefect-home"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(home))
+    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(fresh_prefect_home(home)))
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
          base_url, "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",

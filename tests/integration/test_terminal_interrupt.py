@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.prefect_home import fresh_prefect_home
 from tests.support.processes import wait_until_gone
 
 pytestmark = pytest.mark.integration
@@ -30,7 +31,7 @@ def test_ctrl_c_to_the_process_group_stops_gracefully(
     fake_openai.fail_when(lambda payload: {"delay_s": 0.3})
     home = tmp_path / "prefect-home"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(home))
+    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(fresh_prefect_home(home)))
     args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
             "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",
             "--concurrency", "2", "--chunk-retries", "0"]  # fmt: skip
@@ -52,7 +53,8 @@ def test_ctrl_c_to_the_process_group_stops_gracefully(
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    return {**env, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(home), **extra}
+    return {**env, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(fresh_prefect_home(home)),
+            **extra}
 
 
 def _status(tmp_path: Path, home: Path) -> str:
