@@ -123,20 +123,9 @@ def quiet_prefect_console() -> None:
     state Crashed(…)", "EventsWorker - Still processing items") above the command's one
     line, which says all of it. Prefect's console handlers drop every record from then on;
     its API handler still sends them (the UI shows the crash). ``--debug`` keeps them."""
-    import logging
-
-    if os.environ.get(DEBUG_ENV):
-        return
-    loggers = [logging.getLogger(), *(logger for logger in logging.root.manager.loggerDict.values()
-                                      if isinstance(logger, logging.Logger))]  # fmt: skip
-    for logger in loggers:
-        for handler in logger.handlers:
-            if type(handler).__name__ == "PrefectConsoleHandler":
-                handler.addFilter(_drop)
-
-
-def _drop(record: object) -> bool:
-    return False
+    if not os.environ.get(DEBUG_ENV):
+        _CONSOLE_GATE.closed = True
+        _gate_prefect_console()
 
 
 def quiet_prefect_signal_crashes() -> None:
@@ -148,31 +137,41 @@ def quiet_prefect_signal_crashes() -> None:
     sent 0-30 ms after "Beginning flow run" in a break test). Prefect's console handlers
     drop such a record and everything after it; its API handler still sends them.
     ``--debug`` keeps them."""
-    import logging
-
-    if os.environ.get(DEBUG_ENV):
-        return
-    crashes = _SignalCrashes()
-    for handler in logging.getLogger().handlers:
-        if type(handler).__name__ == "PrefectConsoleHandler":
-            handler.addFilter(crashes)
+    if not os.environ.get(DEBUG_ENV):
+        _gate_prefect_console()
 
 
-class _SignalCrashes:
-    """A logging filter: False for Prefect's report of a flow run aborted by a signal, and
-    for every record after it (what follows is Prefect's teardown of that crash)."""
+class _ConsoleGate:
+    """A logging filter on Prefect's console handlers that, once closed, drops every record:
+    closed by the command's first interrupt, or by Prefect's own report of a flow run
+    aborted by a signal (what follows is Prefect's teardown of that crash)."""
 
     MARKERS = ("aborted by a termination signal", "aborted by an interrupt signal")
 
     def __init__(self) -> None:
-        self.seen = False
+        self.closed = False
 
     def filter(self, record: Any) -> bool:
         """True to print ``record``."""
-        if not self.seen:
+        if not self.closed:
             message = record.getMessage()
-            self.seen = any(marker in message for marker in self.MARKERS)
-        return not self.seen
+            self.closed = any(marker in message for marker in self.MARKERS)
+        return not self.closed
+
+
+_CONSOLE_GATE = _ConsoleGate()
+
+
+def _gate_prefect_console() -> None:
+    """Put ``_CONSOLE_GATE`` on every Prefect console handler (once each)."""
+    import logging
+
+    loggers = [logging.getLogger(), *(logger for logger in logging.root.manager.loggerDict.values()
+                                      if isinstance(logger, logging.Logger))]  # fmt: skip
+    for logger in loggers:
+        for handler in logger.handlers:
+            if type(handler).__name__ == "PrefectConsoleHandler":
+                handler.addFilter(_CONSOLE_GATE)  # a no-op if it is there already
 
 
 def exit_on_api_loss(loss: Any, *, kept: str = "what was published is kept") -> None:

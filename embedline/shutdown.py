@@ -104,13 +104,9 @@ def raise_interrupt(signum: int, frame: object) -> None:
     :raises KeyboardInterrupt: for the first SIGINT.
     :raises Terminated: for the first SIGTERM.
     """
-    global _held
     if _raised is not None or _held is not None:
         exit_on_second_signal(signum)
-    if _finishing:
-        _held = signum
-        return
-    _raise_first(signum)
+    _hold_or_raise(signum)
 
 
 def install_interrupt_handlers() -> dict[int, Any]:
@@ -220,6 +216,7 @@ def interrupts_deferred() -> Iterator[None]:
 
 
 def _hold_or_raise(signum: int) -> None:
+    """The first signal: held while finishing, else raised."""
     global _held
     if _finishing:
         _held = _held or signum
