@@ -302,17 +302,27 @@ def _say_why_not_complete(summary: dict[str, Any]) -> None:
 
 
 def _no_heartbeats(api: PrefectApi) -> Any:
-    """With the CLI's own temporary server, no flow-run heartbeats: they exist for a
-    server's crashed-run detection, which an ephemeral server (services off) never runs,
-    and stopping their thread made every run wait up to a second at the end (it sleeps in
-    1 s steps; Prefect 3.9 ``flow_engine._send_heartbeats``). A configured server keeps
-    them (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, 180 s by default)."""
+    """Flow-run heartbeats only where something can use them: on Prefect Cloud, or when the
+    user set ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` (env, profile or prefect.toml).
+
+    Heartbeats only feed the zombie-run automation, which a self-hosted server has only if
+    the user created it (https://docs.prefect.io/v3/advanced/detect-zombie-flows), and the
+    CLI's temporary server runs no automations. Left on by default (180 s), they cost every
+    run up to a second at its end: the flow joins the heartbeat thread, which sleeps in 1 s
+    steps (Prefect 3.9 ``flow_engine._send_heartbeats``); 0.85 s in a measured run."""
     import contextlib
+    from urllib.parse import urlsplit
 
-    if api.server is None:
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    cloud = (urlsplit(api.url).hostname or "").endswith("prefect.cloud")
+    chosen = "heartbeat_frequency" in get_current_settings().flows.model_fields_set
+    if api.server is None and (cloud or chosen):
         return contextlib.nullcontext()
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 

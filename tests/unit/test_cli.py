@@ -36,21 +36,41 @@ def test_a_settings_error_names_the_flag_not_the_field(
     assert "--grace:" in err and "grace-s" not in err and problem in err, err
 
 
-def test_flow_heartbeats_are_off_only_with_the_clis_temporary_server() -> None:
-    """Prefect joins the heartbeat thread at the end of every flow run (up to 1 s); only a
-    configured server can use heartbeats (crashed-run detection)."""
+@pytest.mark.parametrize(
+    ("url", "temporary", "chosen", "kept"),
+    [
+        ("http://127.0.0.1:4200/api", True, None, False),  # the CLI's own server
+        ("http://127.0.0.1:4200/api", True, "60", False),  # ... runs no automations
+        ("http://prefect.internal:4200/api", False, None, False),  # Prefect's default
+        ("http://prefect.internal:4200/api", False, "60", True),  # the user chose them
+        ("https://api.prefect.cloud/api/accounts/a/workspaces/w", False, None, True),
+    ],
+)
+def test_flow_heartbeats_only_where_something_uses_them(
+    monkeypatch: pytest.MonkeyPatch, url: str, temporary: bool, chosen: str | None, kept: bool
+) -> None:
+    """Prefect joins the heartbeat thread at the end of every flow run (up to 1 s); they feed
+    only the zombie-run automation: Prefect Cloud's, or one the user set up (and then set
+    the frequency, as Prefect's guide says)."""
     from types import SimpleNamespace
 
     from prefect.settings import get_current_settings
 
     from cli.run import _no_heartbeats
 
-    configured = get_current_settings().flows.heartbeat_frequency
-    with _no_heartbeats(SimpleNamespace(server=object())):
-        assert get_current_settings().flows.heartbeat_frequency is None
-    with _no_heartbeats(SimpleNamespace(server=None)):
-        assert get_current_settings().flows.heartbeat_frequency == configured
-    assert configured is not None
+    monkeypatch.delenv("PREFECT_RUNNER_HEARTBEAT_FREQUENCY", raising=False)
+    if chosen is None:
+        monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
+    else:
+        monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", chosen)
+    from prefect.settings import temporary_settings
+
+    with temporary_settings():  # settings read again from the environment set above
+        before = get_current_settings().flows.heartbeat_frequency
+        with _no_heartbeats(SimpleNamespace(url=url, server=object() if temporary else None)):
+            during = get_current_settings().flows.heartbeat_frequency
+    assert before == (180 if chosen is None else int(chosen))
+    assert during == (before if kept else None)
 
 
 def test_the_summarys_chunk_counts_add_up_after_released_chunks(
