@@ -187,3 +187,38 @@ def test_custom_columns_and_column_order(tmp_path: Path) -> None:
     plan = _plan(path, id_column="key", text_column="body")
     row = _rows(plan)[0][0]
     assert (row.id, row.text) == ("k1", "hello")
+
+
+def _tricky_csv(line_ending: str) -> tuple[str, list[tuple[str, str, int]]]:
+    """A CSV whose records span lines in every way a real export does, with the expected
+    (id, text, physical line) of each record, counted here rather than by a reader."""
+    texts = [
+        "plain", "", "two\nlines", "crlf\r\ninside", "lone\rcarriage return",
+        "unicode line\u2028separator, form\x0cfeed, NEL\x85 and \x1cfile separator",
+        'doubled ""quotes""', "日本語の説明\n二行目", "trailing newline\n", "a,b,c",
+    ]
+    out, expected, line = [f"id,text{line_ending}"], [], 2
+    for i in range(37):
+        text = texts[i % len(texts)]
+        if i % 6 == 5:
+            out.append(line_ending)  # a blank line between records
+            line += 1
+        quoted = '"' + text.replace('"', '""') + '"' if any(c in text for c in '\n\r",') else text
+        out.append(f"r{i},{quoted}{line_ending}")
+        expected.append((f"r{i}", text, line))
+        line += 1 + text.count("\n")
+    out.append(line_ending * 2)  # trailing blank lines
+    return "".join(out), expected
+
+
+@pytest.mark.parametrize("line_ending", ["\n", "\r\n"])
+@pytest.mark.parametrize("chunk_size", [1, 4, 7, 100])
+def test_chunk_reads_return_each_record_with_its_first_physical_line(
+    tmp_path: Path, line_ending: str, chunk_size: int
+) -> None:
+    data, expected = _tricky_csv(line_ending)
+    plan = _plan(_write(tmp_path, data), chunk_size=chunk_size)
+    rows = [row for chunk in _rows(plan) for row in chunk]
+    assert [(r.id, r.text, r.line) for r in rows] == expected
+    assert [r.row_number for r in rows] == list(range(1, len(expected) + 1))
+    assert all(r.text_sha256 == keys.text_sha256(r.text) for r in rows)
