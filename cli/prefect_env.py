@@ -71,18 +71,21 @@ class PrefectApi:
         import threading
         import time
 
-        probe: Callable[[], ApiLoss | None] = (
-            self._server_exited if self.server is not None else HealthProbe(self.url).lost
-        )
+        health = None if self.server is not None else HealthProbe(self.url)
+        probe: Callable[[], ApiLoss | None] = self._server_exited if health is None else health.lost
 
         def watchdog() -> None:
-            while not self._closing:
-                loss = probe()
-                if loss is not None:
-                    if not self._closing:
-                        on_lost(loss)
-                    return
-                time.sleep(poll_s)
+            try:
+                while not self._closing:
+                    loss = probe()
+                    if loss is not None:
+                        if not self._closing:
+                            on_lost(loss)
+                        return
+                    time.sleep(poll_s)
+            finally:
+                if health is not None:
+                    health.close()
 
         threading.Thread(target=watchdog, name="embedline-api-watchdog", daemon=True).start()
 
@@ -240,20 +243,26 @@ class HealthProbe:
     """``GET {url}/health`` once per ``lost()`` call (connect 1 s, read 2 s); ``lost()``
     returns an ``ApiLoss`` once the probes have failed for ``API_REFUSED_AFTER_S`` seconds
     (connection refused: nothing listens) or ``API_SILENT_AFTER_S`` (timeouts), else None.
-    Any HTTP answer, 5xx included, means the server is there (its own clients retry those)."""
+    Any HTTP answer, 5xx included, means the server is there (its own clients retry those).
+
+    One ``httpx.Client`` serves every probe: a new one per probe built an SSL context each
+    time (25 ms of CPU, 5 % of a core at two probes a second, taken from the flow's GIL)."""
 
     def __init__(self, url: str) -> None:
         self.url = f"{url.rstrip('/')}/health"
         self._failing_since: float | None = None
+        self._client: Any = None
 
     def lost(self) -> ApiLoss | None:
         """None while the server answers (any HTTP status: someone is there)."""
         import httpx
 
+        if self._client is None:
+            self._client = httpx.Client(timeout=httpx.Timeout(_PROBE_TIMEOUT[1],
+                                                              connect=_PROBE_TIMEOUT[0]))  # fmt: skip
         sent = time.monotonic()  # a timeout means silence since the probe was sent
         try:
-            httpx.get(self.url, timeout=httpx.Timeout(_PROBE_TIMEOUT[1],
-                                                      connect=_PROBE_TIMEOUT[0]))  # fmt: skip
+            self._client.get(self.url)
         except httpx.TransportError as exc:
             now = time.monotonic()
             self._failing_since = self._failing_since or sent
@@ -268,3 +277,8 @@ class HealthProbe:
             return None
         self._failing_since = None
         return None
+
+    def close(self) -> None:
+        """Close the probes' connection (the watchdog calls it when it stops)."""
+        if self._client is not None:
+            self._client.close()

@@ -145,6 +145,57 @@ def test_health_probe_calls_a_refused_port_gone_after_2_s_and_a_silent_one_later
     assert loss is not None and "ReadTimeout" in loss.what, loss
 
 
+def test_health_probes_share_one_connection_and_still_see_the_server_go() -> None:
+    """Two probes a second for a whole run: one kept-alive connection, not a new client (and
+    SSL context, 25 ms of CPU) per probe. A server that dies behind that connection is still
+    called gone once refusals have lasted API_REFUSED_AFTER_S."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from cli import prefect_env
+    from cli.prefect_env import HealthProbe
+
+    connections: list[object] = []
+
+    class Health(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive
+
+        def setup(self) -> None:
+            connections.append(self.request)
+            super().setup()
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    probe = HealthProbe(f"http://127.0.0.1:{server.server_address[1]}/api")
+    try:
+        assert all(probe.lost() is None for _ in range(5))
+        assert len(connections) == 1
+        server.shutdown()  # the process "dies": its listening socket and connections close
+        server.server_close()
+        for connection in connections:
+            connection.shutdown(socket.SHUT_RDWR)
+            connection.close()
+        deadline = time.monotonic() + prefect_env.API_REFUSED_AFTER_S + 3
+        loss = None
+        while loss is None and time.monotonic() < deadline:
+            loss = probe.lost()
+            time.sleep(0.2)
+        assert loss is not None and "stopped answering" in loss.what, loss
+    finally:
+        probe.close()
+        server.server_close()
+
+
 def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrupted(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
 ) -> None:
