@@ -352,13 +352,53 @@ def _parse(
         raise BadResponseError("response has no 'data' list")
     if len(data) != n:
         raise BadResponseError(f"expected {n} embeddings, got {len(data)}")
-    rows: list[np.ndarray | None] = [None] * n
-    for item, index in zip(data, _indexes(data, n), strict=True):
-        if rows[index] is not None:
-            raise BadResponseError(f"duplicate embedding index {index}")
-        rows[index] = _decode_vector(item.get("embedding"), index)
-    matrix = _stack([r for r in rows if r is not None], dimensions)
+    order = _indexes(data, n)
+    matrix = _decode_base64_at_once(data, order, dimensions)
+    if matrix is None:
+        rows: list[np.ndarray | None] = [None] * n
+        for item, index in zip(data, order, strict=True):
+            if rows[index] is not None:
+                raise BadResponseError(f"duplicate embedding index {index}")
+            rows[index] = _decode_vector(item.get("embedding"), index)
+        matrix = _stack([r for r in rows if r is not None], dimensions)
     return matrix, _usage_tokens(payload.get("usage"))  # type: ignore[union-attr]
+
+
+def _decode_base64_at_once(
+    data: list[Any], order: list[int], dimensions: int | None
+) -> np.ndarray | None:
+    """The ``(n, d)`` float32 matrix of an answer whose vectors are all base64 strings of one
+    length with no padding, decoded in one call; None for any other answer, which the
+    per-vector path then decodes or names the bad vector of. Measured on 64 answers of 1,000
+    384-d vectors (the English file): 0.54 s against 0.74 s one vector at a time, most of it
+    now binascii's own decoding. OpenAI's 384, 1,536 and 3,072 dimensions need no padding.
+
+    Unpadded base64 strings of a length divisible by 4 decode to the concatenation of their
+    bytes when joined (RFC 4648 §4: each 4 characters are 3 bytes on their own)."""
+    texts: list[str | None] = [None] * len(order)
+    for item, index in zip(data, order, strict=True):
+        texts[index] = item.get("embedding")
+    first = texts[0]
+    if not isinstance(first, str) or not first or len(first) % 4:
+        return None
+    if len(set(order)) != len(order) or any(
+        not isinstance(t, str) or len(t) != len(first) for t in texts
+    ):
+        return None
+    joined = "".join(texts)  # type: ignore[arg-type]
+    if "=" in joined:
+        return None
+    try:
+        raw = base64.b64decode(joined, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    width = len(raw) // len(texts)
+    if width % 4 or (dimensions is not None and width != 4 * dimensions):
+        return None
+    matrix = np.frombuffer(raw, dtype="<f4").reshape(len(texts), width // 4).astype(np.float32)
+    if not np.isfinite(matrix).all():
+        return None
+    return matrix
 
 
 def _indexes(data: list[object], n: int) -> list[int]:

@@ -427,6 +427,33 @@ def test_malformed_2xx_is_a_bad_response(case: str) -> None:
     assert isinstance(embed_error(BAD_BODIES[case]), BadResponseError)
 
 
+def _unpadded(mutate: Callable[[list[dict[str, Any]]], Any] = lambda data: None) -> Handler:
+    """A 200 answer with 6-dimensional vectors (24 bytes: base64 without padding, which is
+    decoded in one call for the whole answer), out of order, then ``mutate``d."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = ok_body(request, dims=6, order=[1, 0])
+        mutate(body["data"])
+        return httpx.Response(200, content=json.dumps(body),
+                              headers={"Content-Type": "application/json"})  # fmt: skip
+    return handler
+
+
+def test_unpadded_base64_answers_decode_at_once_with_the_same_checks() -> None:
+    result = make_embedder(_unpadded(), dimensions=6).embed(["a", "b"], idempotency_key=IDEM)
+    np.testing.assert_array_equal(result.vectors, vectors_for(2, 6))
+    assert result.vectors.flags.writeable and result.vectors.dtype == np.float32
+    nan = _b64([0.1, float("nan"), 0.3, 0.4, 0.5, 0.6])
+    bad = {
+        "nan": lambda d: d[0].update(embedding=nan),
+        "duplicate index": lambda d: d[1].update(index=d[0]["index"]),
+        "unequal lengths": lambda d: d[0].update(embedding=_b64([0.1] * 9)),
+        "not base64": lambda d: d[0].update(embedding="@" * 32),
+    }
+    for case, mutate in bad.items():
+        assert isinstance(embed_error(_unpadded(mutate)), BadResponseError), case
+    assert isinstance(embed_error(_unpadded(), dimensions=3), BadResponseError)
+
+
 def test_wrong_dimensions_is_a_bad_response() -> None:
     assert isinstance(embed_error(ok, dimensions=8), BadResponseError)
 
