@@ -174,10 +174,12 @@ def _gate_prefect_console() -> None:
                 handler.addFilter(_CONSOLE_GATE)  # a no-op if it is there already
 
 
-def exit_on_api_loss(loss: Any, *, kept: str = "what was published is kept") -> None:
+def exit_on_api_loss(loss: Any, *, kept: str = "what was published is kept",
+                     todo: str | None = None) -> None:  # fmt: skip
     """Print one line for an ``embedline.shutdown.ApiLoss`` and exit 1 at once (the hard-exit
-    hooks run first: the temporary server is stopped, a started run marked ``interrupted``)."""
+    hooks run first: the temporary server is stopped, a started run marked ``interrupted``).
+    ``todo`` replaces the loss's own advice (what a rerun does)."""
     from embedline import shutdown
 
-    sys.stderr.write(f"embedline: error: {loss.what}; {kept}: {loss.todo}\n")
+    sys.stderr.write(f"embedline: error: {loss.what}; {kept}: {todo or loss.todo}\n")
     shutdown.hard_exit(1)

@@ -218,7 +218,9 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     """Watchdog thread, the Prefect API gone mid-run: the flow stops dispatching (in-flight
     chunks get ``grace_s`` seconds), records every outcome in the ledger and hands its
     summary over; print it and one line, and exit with its code (1: rerun resumes) without
-    waiting for Prefect's client retries. At most ``grace_s + _HAND_OVER_MARGIN_S`` seconds."""
+    waiting for Prefect's client retries. At most ``grace_s + _HAND_OVER_MARGIN_S`` seconds;
+    none once the run is committed (``shutdown.committed_summary``): before, the API lost
+    just after the commit waited 42 s and then said "rerun … to resume", exit 1."""
     import logging
 
     from cli.console import command_seconds, print_summary, stop_progress
@@ -227,14 +229,26 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
         for name in _API_NOISE_LOGGERS:
             logging.getLogger(name).disabled = True  # Prefect's SafeLogger ignores levels
     shutdown.note_api_lost(loss)
-    summary = shutdown.wait_for_hand_over(grace_s + _HAND_OVER_MARGIN_S)
+    # Committed and nothing left but reporting: the flow's last steps are Prefect calls
+    # that would retry for a minute; the summary is known
+    summary = shutdown.committed_summary() or shutdown.wait_for_hand_over(
+        grace_s + _HAND_OVER_MARGIN_S)
     if summary is None:  # not dispatching yet, or stuck: the next run reclaims its chunks
-        exit_on_api_loss(loss)
+        committed = shutdown.committed()
+        if committed is None:
+            exit_on_api_loss(loss)
+        else:  # a sink's load was left: the rerun does only that
+            exit_on_api_loss(loss, kept=f"run {committed[0][:12]} is committed",
+                             todo=committed[2])  # fmt: skip
         return
     code = int(summary["exit_code"])
     try:  # whatever printing does, this thread ends the process
         stop_progress()
         print_summary(summary, command_s=command_seconds())
+        if summary.get("load"):
+            from cli.load import print_load_summary
+
+            print_load_summary(summary["load"])
         if code:
             sys.stderr.write(f"embedline: error: {summary['message']}\n")
         else:

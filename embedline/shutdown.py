@@ -316,15 +316,20 @@ def reset() -> None:
 
 #: (run key, manifest URI, what is left to do) of the run this command committed.
 _committed: tuple[str, str, str] | None = None
+#: The committed run's summary (``RunSummary.to_dict()``), once nothing is left but reporting.
+_committed_summary: dict[str, Any] | None = None
 
 
-def note_committed(run_key: str | None, manifest_uri: str = "", todo: str = "") -> None:
+def note_committed(run_key: str | None, manifest_uri: str = "", todo: str = "",
+                   summary: dict[str, Any] | None = None) -> None:  # fmt: skip
     """Record that this command committed run ``run_key`` (its manifest and the ledger's
     record of it are written; ``todo``: what a rerun would still do, e.g. load a sink), so
     an interrupt from now on is not reported as work to redo; None forgets it, and the
-    finishing state (a new command)."""
-    global _committed, _finishing, _held, _command_handles_signals
+    finishing state (a new command). ``summary``: the run's summary, given once nothing is
+    left to do but report it (``committed_summary``)."""
+    global _committed, _committed_summary, _finishing, _held, _command_handles_signals
     _committed = None if run_key is None else (run_key, manifest_uri, todo)
+    _committed_summary = None if run_key is None else summary
     if run_key is None:
         _finishing = _command_handles_signals = False
         _held = None
@@ -393,6 +398,12 @@ def raise_held_interrupt() -> None:
 def committed() -> tuple[str, str, str] | None:
     """(run key, manifest URI, todo) of the run this command committed, if any."""
     return _committed
+
+
+def committed_summary() -> dict[str, Any] | None:
+    """The summary of the run this command committed, once only reporting is left: what
+    the CLI prints if the Prefect API goes away while the flow reports it."""
+    return _committed_summary
 
 
 def note_api_lost(loss: ApiLoss) -> None:

@@ -320,7 +320,7 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
             summary = _finish(ledger, summary)
             shutdown.note_committed(run_key, str(summary.manifest_uri), (
                 "rerun the same command to load it into the sink" if settings.sink
-                else "nothing to resume"))  # fmt: skip
+                else "nothing to resume"), None if settings.sink else summary.to_dict())
             if not settings.sink:
                 shutdown.note_finishing()
         # ── load into the sink ───────────────────────────────────────────────────────────
@@ -378,11 +378,12 @@ def _load_into_sink(settings: RunSettings, manifest: dict[str, Any] | None,
     if load.exit_code:
         changes.update(exit_code=load.exit_code, message=f"manifest committed, but the load "
                        f"into the sink did not finish: {load.message}")  # fmt: skip
-    else:
+    loaded = RunSummary(**{**summary.to_dict(), **changes})
+    if not load.exit_code:
         shutdown.note_committed(str(summary.run_key), str(summary.manifest_uri),
-                                "nothing to resume")  # fmt: skip
+                                "nothing to resume", loaded.to_dict())  # fmt: skip
     shutdown.note_finishing()
-    return RunSummary(**{**summary.to_dict(), **changes})
+    return loaded
 
 
 def _reuse_planner(settings: RunSettings, plan: InputPlan, store: Any, ledger: Ledger,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -61,11 +62,16 @@ class ProgressArtifact:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Post the last value (waiting at most ``timeout_s`` seconds) and stop; with the
-        API lost, stop at once (a call in progress is left to its retries)."""
+        API lost, stop at once (a call in progress is left to its retries), also when the
+        loss is found while waiting (it held the commit for 5 s)."""
         self._closed.set()
         self._wake.set()
-        if shutdown.api_lost() is None:
-            self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and shutdown.api_lost() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._thread.join(min(left, 0.1))
 
     def _post_loop(self) -> None:
         posted = None

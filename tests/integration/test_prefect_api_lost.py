@@ -118,6 +118,45 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
         np.testing.assert_allclose(row.embedding, expected_vector(texts[row.id]), atol=1e-6)
 
 
+@pytest.mark.parametrize("sink", [False, True], ids=["no-sink", "sink"])
+def test_api_lost_just_after_the_commit_prints_the_committed_run_at_once(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, sink: bool
+) -> None:
+    """The server dies right after the manifest's PUT: the run is complete (with a sink, the
+    load needs no Prefect call and completes), and only the flow's reporting to Prefect
+    (artifacts, final state) is left, which would retry for a minute. Before: exit 1 after
+    42 s (``--grace`` + 10 s waiting for a hand-over that never came), with "rerun the same
+    command to resume" and no summary; the load's summary was never printed either."""
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n" for i in range(40)))
+    server_home, cli_home = tmp_path / "server-home", tmp_path / "cli-home"
+    server_home.mkdir()
+    server, url = start_prefect_server(server_home)
+    env = {**_env(cli_home, url),
+           "PYTHONPATH": os.pathsep.join((str(REPO / "tests/support/signal_at"), str(REPO))),
+           "EMBEDLINE_TEST_SIGNALS": f"after:tasks.commit:write_manifest:SIGKILL@{server.pid}"}
+    extra = ["--sink", f"lancedb://{tmp_path}/lance?table=t"] if sink else []
+    started = time.monotonic()
+    try:
+        done = subprocess.run(_run_args(fake_openai) + extra, cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=120)  # fmt: skip
+    finally:
+        _kill(server)
+    took_s = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert took_s < 30, (took_s, done.stderr[-3000:])
+    assert "status     complete" in done.stdout and "rows       40 published of 40" in done.stdout
+    assert ("rows       40 upserted now" in done.stdout) is sink, done.stdout
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"embedline: warning: the Prefect API at {url} (PREFECT_API_URL) "
+                           "stopped answering during the run"), last  # fmt: skip
+    assert last.endswith("after the run completed; this run is missing from the Prefect UI")
+    status = subprocess.run([sys.executable, "-m", "cli", "status"], cwd=tmp_path,
+                            env=_env(cli_home, url), capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert "\tcomplete\t" in status.stdout and "rows=40/40" in status.stdout, status.stdout
+
+
 def test_health_probe_calls_a_refused_port_gone_after_2_s_and_a_silent_one_later(
     monkeypatch: pytest.MonkeyPatch, fake_openai: FakeEmbeddingServer
 ) -> None:

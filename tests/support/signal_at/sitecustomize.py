@@ -4,7 +4,8 @@ point, to hit a window a few milliseconds wide every time.
 ``EMBEDLINE_TEST_SIGNALS`` holds ``;``-separated ``WHEN:MODULE:ATTRIBUTE:SIGNAL`` entries:
 ``after:tasks.commit:write_manifest:SIGKILL`` sends SIGKILL right after the manifest's PUT
 returns; ``before:cli.local_server:LocalServer.stop:SIGINT`` sends SIGINT as the temporary
-server's stop begins. Each entry fires once. A signal with a Python handler is raised by
+server's stop begins; ``SIGKILL@1234`` sends it to process group 1234 instead of this
+process. Each entry fires once. A signal with a Python handler is raised by
 ``signal.raise_signal``, so the handler runs at once in the main thread, as a real one would.
 """
 
@@ -14,7 +15,11 @@ import signal
 
 
 def _send(name: str) -> None:
+    name, _, group = name.partition("@")
     signum = getattr(signal, name)
+    if group:  # SIGNAL@PGID: another process group (a server the test started), not this one
+        os.killpg(int(group), signum)
+        return
     if signum == signal.SIGKILL:
         os.kill(os.getpid(), signum)
     signal.raise_signal(signum)
