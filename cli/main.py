@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 import signal
 import sys
@@ -52,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     (a grace period first).
     """
     args = _parser().parse_args(argv)
+    if not os.environ.get(DEBUG_ENV):
+        from cli.prefect_env import drop_prefect_settings_errors
+
+        logging.getLogger("prefect.plugins").addFilter(drop_prefect_settings_errors)
     shutdown.forget_interrupts()
     shutdown.note_committed(None)
     previous = shutdown.install_interrupt_handlers()
@@ -68,13 +73,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except BaseException as exc:
         if not shutdown.is_interrupt(exc):
-            raise
+            return _invalid_prefect_setting(exc)
         return _interrupted(exc, resumable=getattr(args, "resumable", True))
     finally:
         sys.unraisablehook = previous_hook
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return code
+
+
+def _invalid_prefect_setting(exc: BaseException) -> int:
+    """Exit 2 with one line for a Prefect setting Prefect refuses; re-raise anything else."""
+    from cli.prefect_env import invalid_prefect_setting
+
+    message = invalid_prefect_setting(exc)
+    if message is None or os.environ.get(DEBUG_ENV):
+        raise exc
+    sys.stderr.write(f"embedline: error: {message}\n")
+    return 2
 
 
 def _unraisable(default: Any, unraisable: Any) -> None:

@@ -19,7 +19,8 @@ from embedline.shutdown import ApiLoss
 if TYPE_CHECKING:
     from cli.local_server import LocalServer
 
-__all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment", "prefect_api",
+__all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment",
+           "invalid_prefect_setting", "prefect_api",
            "temporary_server_stopped"]
 
 _PREFECT_DEFAULTS = {
@@ -51,6 +52,41 @@ def configure_prefect_environment() -> None:
     """Set embedline's Prefect defaults in ``os.environ`` where the user set nothing."""
     for name, value in _PREFECT_DEFAULTS.items():
         os.environ.setdefault(name, value)
+
+
+def invalid_prefect_setting(exc: BaseException) -> str | None:
+    """One line for a Prefect setting that Prefect's own settings model refuses (raised by
+    ``import prefect`` or a settings read: a ``pydantic.ValidationError`` from
+    ``prefect/settings``), naming the variables that set it; None for any other error.
+
+    Only each error's location and message are shown, never the value (it may be a key).
+    """
+    import traceback
+
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError) or not any(
+        "/prefect/settings/" in frame.filename.replace(os.sep, "/")
+        for frame in traceback.extract_tb(exc.__traceback__)
+    ):
+        return None
+    problems, names = [], []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"])
+        problems.append(f"{field}: {error['msg']}")
+        tail = "_" + str(error["loc"][-1]).upper() if error["loc"] else "\0"
+        names += sorted(n for n in os.environ if n.startswith("PREFECT_") and n.endswith(tail))
+    where = ", ".join(dict.fromkeys(names)) or "a Prefect profile (`prefect config view`) or prefect.toml"
+    return (f"Prefect refuses a setting ({exc.title} {'; '.join(problems)}), set by {where}: "
+            "fix or unset it")
+
+
+def drop_prefect_settings_errors(record: Any) -> bool:
+    """A ``logging`` filter for Prefect's "prefect.plugins" logger: drop its report of a
+    refused setting at import ("Failed to initialize plugins: …", four lines with the
+    value), which the CLI reports itself in one line (``invalid_prefect_setting``)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return exc is None or invalid_prefect_setting(exc) is None
 
 
 class PrefectApi:

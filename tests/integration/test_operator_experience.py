@@ -126,6 +126,34 @@ def test_a_prefect_api_url_that_is_not_a_prefect_api_is_one_line_and_exit_2(
     assert url in line and "not as a Prefect API" in line and "ends in /api" in line, line
 
 
+@pytest.mark.parametrize(("setting", "value", "problem"), [
+    ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "10", "greater than or equal to 30"),
+    ("PREFECT_API_REQUEST_TIMEOUT", "soon", "a valid number"),
+    ("prefect.toml", "[flows]\nheartbeat_frequency = 5\n", "greater than or equal to 30"),
+], ids=["env-range", "env-type", "prefect-toml"])  # fmt: skip
+def test_a_setting_prefect_refuses_is_one_line_and_exit_2(
+    tmp_path: Path, csv_file: Path, setting: str, value: str, problem: str
+) -> None:
+    """Prefect validates its settings as it is imported. Before: Prefect's "Failed to
+    initialize plugins" report with the value, a 60-line traceback, exit 1."""
+    from tests.support.processes import wait_until_gone
+
+    extra = {}
+    if setting == "prefect.toml":
+        (tmp_path / "prefect.toml").write_text(value)
+    else:
+        extra[setting] = value
+    result = _cli(tmp_path, "run", "in.csv", **extra)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = _one_line(result.stderr)
+    assert line.startswith("embedline: error: Prefect refuses a setting (") and problem in line
+    named = "prefect.toml" if setting == "prefect.toml" else setting
+    assert named in line and line.endswith(": fix or unset it"), line
+    assert f"'{value}'" not in line, line  # the value itself is never shown
+    home = tmp_path / "prefect-home"
+    assert wait_until_gone("PREFECT_HOME", str(home), 10) == []
+
+
 # -- item 4: checks that need no Prefect answer before it starts -----------------------------
 
 
