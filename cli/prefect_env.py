@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from cli.local_server import LocalServer
 
 __all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment",
-           "invalid_prefect_setting", "prefect_api",
+           "invalid_prefect_setting", "is_prefect_cloud", "prefect_api",
            "temporary_server_stopped"]
 
 _PREFECT_DEFAULTS = {
@@ -52,6 +52,11 @@ def configure_prefect_environment() -> None:
     """Set embedline's Prefect defaults in ``os.environ`` where the user set nothing."""
     for name, value in _PREFECT_DEFAULTS.items():
         os.environ.setdefault(name, value)
+
+
+def is_prefect_cloud(url: str) -> bool:
+    """Whether ``url`` (a ``PREFECT_API_URL``) is Prefect Cloud's API (``*.prefect.cloud``)."""
+    return (urlsplit(url).hostname or "").endswith("prefect.cloud")
 
 
 def invalid_prefect_setting(exc: BaseException) -> str | None:
@@ -270,7 +275,7 @@ def _not_a_prefect_api(url: str, response: Any) -> str | None:
     if response.status_code in (404, 405):
         return ""
     if response.status_code == 200 and response.text.strip() != "true" and \
-            not (urlsplit(url).hostname or "").endswith("prefect.cloud"):  # fmt: skip
+            not is_prefect_cloud(url):  # fmt: skip
         return ", not Prefect's answer 'true'"
     return None
 

@@ -346,7 +346,6 @@ def _no_heartbeats(api: PrefectApi) -> Any:
     run up to a second at its end: the flow joins the heartbeat thread, which sleeps in 1 s
     steps (Prefect 3.9 ``flow_engine._send_heartbeats``); 0.85 s in a measured run."""
     import contextlib
-    from urllib.parse import urlsplit
 
     from prefect.settings import (
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
@@ -354,9 +353,10 @@ def _no_heartbeats(api: PrefectApi) -> Any:
         temporary_settings,
     )
 
-    cloud = (urlsplit(api.url).hostname or "").endswith("prefect.cloud")
+    from cli.prefect_env import is_prefect_cloud
+
     chosen = "heartbeat_frequency" in get_current_settings().flows.model_fields_set
-    if api.server is None and (cloud or chosen):
+    if api.server is None and (is_prefect_cloud(api.url) or chosen):
         return contextlib.nullcontext()
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
