@@ -60,9 +60,11 @@ def dead_letters_phrase(rows: int) -> str:
 
 def dead_letters_block_message(rows: int, run_key: str) -> str:
     """The message of a run whose every chunk is published but ``rows`` dead letters keep
-    its manifest from being committed (without ``--allow-failed-rows``)."""
+    its manifest from being committed (without ``--allow-failed-rows``; in a deployment the
+    parameter ``allow_failed_rows``)."""
     return (f"{dead_letters_phrase(rows)} (see `embedline dead-letters {run_key}`); the "
-            "manifest is committed only with --allow-failed-rows")
+            "manifest is committed only with --allow-failed-rows (parameter "
+            "allow_failed_rows)")
 
 
 def manifest_object_key(run_key: str) -> str:
