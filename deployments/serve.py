@@ -1,13 +1,15 @@
-"""Serve the ``embed-csv`` flow from this one process: no work pool, no worker.
+"""Serve the deployments of ``prefect.yaml`` from this one process: no work pool, no worker.
 
     .venv/bin/python deployments/serve.py      # Ctrl-C to stop (schedules are paused on exit)
 
-Creates two deployments on the Prefect server in ``PREFECT_API_URL``, mirroring
-``prefect.yaml`` and reading their parameters and schedule from it (one source of truth):
-``embed-csv/nightly-served`` (its cron schedule; an overlapping run is cancelled, CANCEL_NEW)
-and ``embed-csv/manual-served`` (no schedule, for runs started from the UI or with
+Creates one deployment per entry of ``prefect.yaml`` on the Prefect server in
+``PREFECT_API_URL``, each with the flow of its own ``entrypoint`` and reading its parameters
+and schedule from the file (one source of truth): ``embed-csv/nightly-served`` (its cron
+schedule; an overlapping run is cancelled, CANCEL_NEW), ``embed-csv/manual-served`` (no
+schedule, for runs started from the UI or with
 ``prefect deployment run 'embed-csv/manual-served' --param ...``; an overlapping run waits,
-ENQUEUE). Each flow run is a child process of this one, started in the repository root, so
+ENQUEUE) and ``gc-output/gc-weekly-served`` (retention, its schedule inactive until switched
+on). Each flow run is a child process of this one, started in the repository root, so
 relative parameters resolve inside this checkout; ``limit=1`` runs one flow run at a time
 across both deployments. If no API key is in the environment, the key is copied from the
 ``Secret`` block ``embedline-api-key`` (or ``$EMBEDLINE_API_KEY_BLOCK``), when it exists,
@@ -32,18 +34,20 @@ def _spec() -> dict[str, Any]:
 
 
 def build_deployments() -> list[Any]:
-    """Return a ``RunnerDeployment`` per deployment of ``prefect.yaml``, named ``<name>-served``."""
+    """Return a ``RunnerDeployment`` per deployment of ``prefect.yaml``, named ``<name>-served``,
+    of the flow its ``entrypoint`` names (before, every one was built with ``embed_csv``, and
+    the server refused gc-weekly's parameters: serve.py did not start)."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.flows import load_flow_from_entrypoint
     from prefect.schedules import Cron
-
-    from flows.embed_csv import embed_csv
 
     deployments = []
     for spec in _spec()["deployments"]:
+        flow = load_flow_from_entrypoint(str(REPO / spec["entrypoint"]))
         limit = spec["concurrency_limit"]
-        schedules = [Cron(s["cron"], timezone=s.get("timezone")) for s in spec.get("schedules")
-                     or []]  # fmt: skip
-        deployments.append(embed_csv.to_deployment(
+        schedules = [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
+                     for s in spec.get("schedules") or []]  # fmt: skip
+        deployments.append(flow.to_deployment(
             name=spec["name"] + SUFFIX,
             description=spec.get("description"),
             tags=spec.get("tags"),

@@ -54,11 +54,14 @@ __all__ = [
     "note_committed",
     "note_finishing",
     "note_signal",
+    "note_termination",
     "on_first_interrupt",
     "on_hard_exit",
+    "pending_termination",
     "raise_held_interrupt",
     "raise_interrupt",
     "redeliver_lost_interrupts",
+    "run_by_command",
     "remove_hard_exit_hook",
     "reset",
     "run_hard_exit_hooks",
@@ -258,6 +261,21 @@ def note_signal(signum: int) -> None:
     _signal = signum
 
 
+def note_termination(exc: BaseException) -> None:
+    """Keep Prefect's ``TerminationSignal`` that started a graceful stop in a flow run under a
+    Prefect runner, for the flow to raise again once the run is recorded."""
+    global _termination
+    _termination = exc
+
+
+def pending_termination() -> BaseException | None:
+    """The ``TerminationSignal`` ``note_termination`` kept, if any."""
+    return _termination
+
+
+_termination: BaseException | None = None
+
+
 def stop_signal() -> int | None:
     """The signal that is stopping the run, if any."""
     return _signal
@@ -309,8 +327,9 @@ def hard_exit(code: int) -> None:
 
 def reset() -> None:
     """Clear the stop state (start of a run in a long-lived process)."""
-    global _signal
+    global _signal, _termination
     _signal = None
+    _termination = None
     _tasks_stop.clear()
 
 
@@ -351,6 +370,12 @@ def command_handles_signals() -> None:
     handler."""
     global _command_handles_signals
     _command_handles_signals = True
+
+
+def run_by_command() -> bool:
+    """True in the CLI's own process (``command_handles_signals``); False in a process that a
+    Prefect worker, ``serve`` or the user's own code started for the flow run."""
+    return _command_handles_signals
 
 
 def take_over_sigterm() -> None:

@@ -40,7 +40,7 @@ from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_messa
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.load import load_stage
-from flows.signals import stop_on_signals
+from flows.signals import dispatch_with_graceful_stop, signal_grace_s, under_prefect_runner
 from flows.task_runner import task_runner, warm_up
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
@@ -117,10 +117,28 @@ def embed_csv(
         if settings.requires_api_key and api_key_from_env() is None:
             return _final(RunSummary(3, "fatal", NO_API_KEY_MESSAGE))
     summary = run_settings(settings)
+    _end_as_prefect_cancellation(summary)
     # The Prefect API went away: the CLI prints this summary and exits; Prefect's client
     # would retry the final state for about a minute (2+4+8+16+32 s, PREFECT_CLIENT_MAX_RETRIES).
     shutdown.hand_over(summary.to_dict())
     return _final(summary)
+
+
+def _end_as_prefect_cancellation(summary: RunSummary) -> None:
+    """A run under a Prefect runner that stopped gracefully on Prefect's SIGTERM (the UI's
+    Cancel, ``prefect flow-run cancel``): everything is recorded; raise the kept
+    ``TerminationSignal`` again, so Prefect ends the run as it would have at once: Cancelled
+    for a cancel (exit 0, no traceback), Crashed otherwise. Before, the flow returned a
+    Failed state into ``Cancelling``: the run stayed ``Cancelling``, with an
+    ``UnfinishedRun`` traceback, exit 1 and the worker's "general error" line.
+
+    :raises TerminationSignal: kept by ``shutdown.note_termination``; else returns.
+    """
+    termination = shutdown.pending_termination()
+    if termination is None:
+        return
+    get_run_logger().warning("stopped: %s", summary.message)
+    raise termination
 
 
 #: Secret block read when neither EMBEDLINE_API_KEY nor OPENAI_API_KEY is set.
@@ -300,8 +318,8 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         )
         _show_published(runner, plan, skipped, store)
         shutdown.expect_hand_over()
-        with stop_on_signals(dispatcher, grace_s=settings.grace_s, logger=logger):
-            result = dispatcher.run(todo)
+        result = dispatch_with_graceful_stop(dispatcher, todo, logger=logger,
+                                             grace_s=signal_grace_s(settings.grace_s))
     artifact.close()
     # ── manifest ─────────────────────────────────────────────────────────────────────────
     skipped = {**skipped, **result.published_elsewhere}
@@ -465,8 +483,7 @@ def _summarize(
         return _with(summary, started, exit_code=shutdown.exit_code_for(signum),
                      status="interrupted", message=(
                          f"interrupted by {signal.Signals(signum).name}: {len(done)} of "
-                         f"{len(plan.chunks)} chunks published; rerun the same command to "
-                         "resume"))  # fmt: skip
+                         f"{len(plan.chunks)} chunks published; {_resume_hint()}"))  # fmt: skip
     loss = shutdown.api_lost()
     if loss is not None and not_done:
         return _with(summary, started, exit_code=1, status="interrupted", message=(
@@ -488,6 +505,12 @@ def _summarize(
         return _with(summary, started, exit_code=1, status="dead_letters",
                      message=dead_letters_block_message(rows_failed, str(base.run_key)))
     return _with(summary, started, status="complete")
+
+
+def _resume_hint() -> str:
+    if under_prefect_runner():  # a deployment's run: the operator has no command to rerun
+        return "a new run with the same parameters (or a Retry) resumes"
+    return "rerun the same command to resume"
 
 
 def _why(result: DispatchResult) -> str:

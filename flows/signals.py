@@ -9,47 +9,140 @@ every write is one SQLite transaction, and chunks left ``running`` are reclaimed
 run on this host as soon as it sees their process is gone.
 
 Prefect 3.9 installs its own SIGTERM handler for the flow run (it raises
-``TerminationSignal`` and marks the run Crashed); this context replaces it only while chunks
-are dispatched and restores it afterwards.
+``TerminationSignal`` and marks the run Crashed, or Cancelled when the runner asked for a
+cancellation). In the CLI's process, ``stop_on_signals`` replaces it while chunks are
+dispatched and restores it afterwards.
+
+In a flow run that a Prefect worker or ``serve`` started, SIGTERM is how the runner cancels
+it (the UI's Cancel), and the runner sends SIGKILL 30 s later. There Prefect's handler stays
+(``dispatch_with_graceful_stop``), and the grace period is capped so that in-flight chunks are
+released and recorded before the SIGKILL (``signal_grace_s``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
+import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from embedline import shutdown
-from flows.dispatch import Dispatcher
+from embedline.models import ChunkSpec
+from flows.dispatch import DispatchResult, Dispatcher
 
-__all__ = ["stop_on_signals"]
+__all__ = ["RUNNER_KILL_AFTER_S", "dispatch_with_graceful_stop", "signal_grace_s",
+           "stop_on_signals", "under_prefect_runner"]
+
+#: Seconds from a Prefect runner's SIGTERM to its SIGKILL when it cancels a flow run
+#: (Prefect 3.9 ``runner/_cancellation_manager.py``: ``grace_seconds = 30.0``; fixed).
+RUNNER_KILL_AFTER_S = 30.0
+#: Seconds kept after the grace period for releasing chunks in the ledger, the summary
+#: artifact and the final state, before the runner's SIGKILL.
+_RECORD_MARGIN_S = 10.0
+
+
+def under_prefect_runner() -> bool:
+    """True in a flow-run process started by a Prefect worker or ``serve``: they set
+    ``PREFECT__FLOW_RUN_ID`` for it (Prefect 3.9 ``runner/_starter_engine.py``); the CLI,
+    which runs the flow in its own process, does not."""
+    return bool(os.environ.get("PREFECT__FLOW_RUN_ID")) and not shutdown.run_by_command()
+
+
+def signal_grace_s(grace_s: float) -> float:
+    """The grace period (seconds) in-flight chunks get after the first signal: ``grace_s``,
+    at most ``RUNNER_KILL_AFTER_S - 10`` (20 s) under a Prefect runner. Before, a
+    cancelled deployment run with the default 30 s lost that race: SIGKILLed mid-grace, its
+    paid-for requests unpublished and the ledger left ``crashed``."""
+    if under_prefect_runner():
+        return min(grace_s, RUNNER_KILL_AFTER_S - _RECORD_MARGIN_S)
+    return grace_s
+
+
+def dispatch_with_graceful_stop(
+    dispatcher: Dispatcher, specs: Sequence[ChunkSpec], *, grace_s: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> DispatchResult:  # fmt: skip
+    """``dispatcher.run(specs)`` with the graceful stop above; returns its result.
+
+    Under a Prefect runner, Prefect's own SIGTERM handler stays installed: the runner
+    delivers a cancel only to a process whose handler is Prefect's (Prefect 3.9
+    ``utilities/engine.commit_control_intent_and_ack``), and only then does the run end
+    Cancelled without a traceback. The dispatcher then runs in a thread of its own while
+    the main thread, which Prefect's ``TerminationSignal`` interrupts, only waits: the first
+    one starts the graceful stop and is kept for ``shutdown.pending_termination``, which the
+    flow raises again once everything is recorded, so Prefect ends the run as it would have.
+    """
+    if not under_prefect_runner() or threading.current_thread() is not threading.main_thread():
+        with stop_on_signals(dispatcher, grace_s=grace_s, logger=logger):
+            return dispatcher.run(specs)
+    from prefect.exceptions import TerminationSignal
+
+    outcome: dict[str, Any] = {}
+    context = contextvars.copy_context()  # the flow run's context: logger, artifacts
+
+    done = threading.Event()
+
+    def dispatch() -> None:
+        try:
+            outcome["result"] = context.run(dispatcher.run, specs)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    # Not Thread.join: interrupted by an exception, Python 3.11's join marks a running
+    # thread stopped (bpo-45274's lock handling), and is_alive() turns False.
+    thread = threading.Thread(target=dispatch, name="embedline-dispatch", daemon=True)
+    with stop_on_signals(dispatcher, grace_s=grace_s, logger=logger, signals=(signal.SIGINT,)):
+        thread.start()
+        while not done.is_set():
+            try:
+                done.wait(0.2)
+            except TerminationSignal as exc:
+                if shutdown.pending_termination() is None:
+                    shutdown.note_termination(exc)
+                _stop(signal.SIGTERM, dispatcher, grace_s=grace_s, logger=logger)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]  # type: ignore[no-any-return]
+
+
+def _stop(
+    signum: int, dispatcher: Dispatcher, *, grace_s: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:  # fmt: skip
+    """The first signal stops dispatching (in-flight chunks get ``grace_s`` seconds); a
+    second one exits at once."""
+    if shutdown.stop_signal() is not None:
+        shutdown.exit_on_second_signal(signum)
+    shutdown.note_signal(signum)
+    dispatcher.stop(grace_s=grace_s)
+    hint = ("the Prefect runner kills this process 30 s after a cancel"
+            if under_prefect_runner() else "send it again to exit now")
+    logger.warning("%s received: no new chunks; in-flight chunks get %g s to finish, then are "
+                   "released (%s)", signal.Signals(signum).name, grace_s, hint)  # fmt: skip
 
 
 @contextlib.contextmanager
 def stop_on_signals(
-    dispatcher: Dispatcher, *, grace_s: float, logger: logging.Logger | logging.LoggerAdapter[Any]
+    dispatcher: Dispatcher, *, grace_s: float, logger: logging.Logger | logging.LoggerAdapter[Any],
+    signals: Sequence[int] = shutdown.SIGNALS,
 ) -> Iterator[None]:
-    """Install SIGINT/SIGTERM handlers for the block (main thread only; else a no-op). A
-    signal this process inherited as ignored (SIG_IGN: a background job of a
-    non-interactive shell, ``nohup``) stays ignored, as Python itself does."""
+    """Install handlers of ``signals`` (default SIGINT and SIGTERM) for the block (main
+    thread only; else a no-op). A signal this process inherited as ignored (SIG_IGN: a
+    background job of a non-interactive shell, ``nohup``) stays ignored, as Python does."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handle(signum: int, frame: object) -> None:
-        if shutdown.stop_signal() is not None:
-            shutdown.exit_on_second_signal(signum)
-        shutdown.note_signal(signum)
-        dispatcher.stop(grace_s=grace_s)
-        logger.warning(
-            "%s received: no new chunks; in-flight chunks get %g s to finish, then are "
-            "released (send it again to exit now)", signal.Signals(signum).name, grace_s,
-        )  # fmt: skip
+        _stop(signum, dispatcher, grace_s=grace_s, logger=logger)
 
-    previous = {s: signal.signal(s, handle) for s in shutdown.SIGNALS
+    previous = {s: signal.signal(s, handle) for s in signals
                 if signal.getsignal(s) is not signal.SIG_IGN}  # an inherited SIG_IGN is kept
     try:
         yield

@@ -8,6 +8,7 @@ import csv
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -51,9 +52,13 @@ def failing_api(tmp_path: Path) -> Iterator[tuple[str, str]]:
 
     Yields ``(base_url, control_url)``.
     """
+    yield from _fake_api("--fail-texts-containing", MARKER, "--fail-status", "503")
+
+
+def _fake_api(*options: str) -> Iterator[tuple[str, str]]:
+    """Run ``tests.support.fake_openai OPTIONS`` in its own process; yield (base_url, control)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.fake_openai", "--port", "0",
-         "--fail-texts-containing", MARKER, "--fail-status", "503"],
+        [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", *options],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -208,3 +213,120 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
     assert sorted(vectors) == sorted(row_id for row_id, _ in rows)
     for row_id, text in rows:
         np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
+
+
+@pytest.fixture
+def slow_api() -> Iterator[tuple[str, str]]:
+    """A fake embeddings server whose every answer takes 2.5 s. Yields (base_url, control)."""
+    yield from _fake_api("--delay-s", "2.5")
+
+
+def _flow_run_logs(api: str, flow_run_id: str) -> str:
+    response = httpx.post(f"{api}/logs/filter", timeout=10, json={
+        "logs": {"flow_run_id": {"any_": [flow_run_id]}}, "sort": "TIMESTAMP_ASC"})
+    response.raise_for_status()
+    return "\n".join(entry["message"] for entry in response.json())
+
+
+def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_time(
+    prefect_api_url: str, worker: Path, slow_api: tuple[str, str], tmp_path: Path
+) -> None:
+    """The UI's Cancel (``prefect flow-run cancel``): the runner sends SIGTERM and SIGKILLs
+    30 s later. Asked for 120 s of grace, in-flight chunks (25 s each) get 20 s, are released
+    and recorded, and the run ends Cancelled, with no traceback and exit 0. Before: Failed
+    proposed into Cancelling, an UnfinishedRun traceback, exit 1; with this grace, SIGKILL
+    mid-grace and a ledger that said ``crashed``."""
+    api, (base_url, control) = prefect_api_url, slow_api
+    _write_csv(tmp_path / "in.csv")
+    ledger = tmp_path / "ledger.sqlite3"
+    _prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name",
+             "manual")  # fmt: skip
+    params = {"input": tmp_path / "in.csv", "output": tmp_path / "out", "ledger": ledger,
+              "embedder": "openai", "base_url": base_url, "chunk_size": 20, "batch_size": 1,
+              "concurrency": 2, "grace": 120}  # ≥ 10 requests of 2.5 s per chunk
+    args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
+    started = _prefect("deployment", "run", "embed-csv/manual", *args)
+    match = re.search(r"UUID: ([0-9a-f-]{36})", started)
+    assert match, started
+    flow_run_id = match.group(1)
+    deadline = time.monotonic() + 90
+    while not _log(control):  # chunks are in flight
+        assert time.monotonic() < deadline, worker.read_text(errors="replace")[-4000:]
+        time.sleep(0.2)
+    time.sleep(1.0)
+    _prefect("flow-run", "cancel", flow_run_id)
+    cancelled_at = time.monotonic()
+    final = _wait_terminal(api, flow_run_id, worker, timeout=60)
+    took = time.monotonic() - cancelled_at
+    print(f"\ncancel -> {final['state_name']}: {took:.1f} s")
+    assert final["state_type"] == "CANCELLED", final["state"]
+    assert took < 45  # the process ended before the runner's SIGKILL (worker log below)
+
+    deadline, logs = time.monotonic() + 15, ""
+    while "stopped: interrupted by SIGTERM" not in logs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        logs = _flow_run_logs(api, flow_run_id)
+    assert "in-flight chunks get 20 s to finish" in logs, logs
+    assert "released" in logs, logs
+    assert "Flow run was cancelled." in logs, logs  # Prefect's own cancellation ran
+    assert "stopped: interrupted by SIGTERM: 0 of 5 chunks published; a new run" in logs, logs
+    for noise in ("Traceback", "UnfinishedRun", "Engine execution exited"):
+        assert noise not in logs, logs
+    worker_log = worker.read_text(errors="replace")
+    for code in ("status code: 1", "status code: -9"):  # a general error; SIGKILL
+        assert code not in worker_log, worker_log[-4000:]
+    status = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", str(ledger)],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "interrupted" in status.stdout, status.stdout + status.stderr
+
+
+def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
+    prefect_api_url: str, failing_api: tuple[str, str], tmp_path: Path
+) -> None:
+    """deployments/serve.py as deployments/README.md runs it: every deployment of
+    prefect.yaml, each with its own entrypoint's flow (before, gc-weekly was built with
+    embed_csv and the server's 422 stopped serve.py at start), and a run it serves completes."""
+    from tests.support.processes import die_with_parent
+
+    api, (base_url, _control) = prefect_api_url, failing_api
+    with (tmp_path / "in.csv").open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerows([("id", "text"), *((f"p{i}", f"text {i}\nline two") for i in range(30))])
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        serve = subprocess.Popen([sys.executable, "deployments/serve.py"], cwd=REPO, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=die_with_parent)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        names: dict[str, Any] = {}
+        while len(names) < 3:
+            assert serve.poll() is None, log.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
+            time.sleep(0.5)
+            found = httpx.post(f"{api}/deployments/filter", timeout=10, json={}).json()
+            names = {d["name"]: d for d in found if d["name"].endswith("-served")}
+        assert sorted(names) == ["gc-weekly-served", "manual-served", "nightly-served"]
+        gc = names["gc-weekly-served"]
+        assert gc["entrypoint"] == "flows/gc_output.py:gc_output"
+        assert [s["active"] for s in gc["schedules"]] == [False]
+        assert [s["active"] for s in names["nightly-served"]["schedules"]] == [True]
+
+        params = {"input": tmp_path / "in.csv", "output": tmp_path / "out",
+                  "ledger": tmp_path / "ledger.sqlite3", "embedder": "openai",
+                  "base_url": base_url, "chunk_size": 10}  # fmt: skip
+        args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
+        started = _prefect("deployment", "run", "embed-csv/manual-served", *args)
+        match = re.search(r"UUID: ([0-9a-f-]{36})", started)
+        assert match, started
+        final = _wait_terminal(api, match.group(1), log)
+        assert final["state_type"] == "COMPLETED", final["state"]
+        manifest, vectors = read_local_output(tmp_path / "out")
+        assert manifest["rows_published"] == 30 and len(vectors) == 30
+    finally:
+        serve.send_signal(signal.SIGINT)  # Ctrl-C, as the README stops it
+        try:
+            serve.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
