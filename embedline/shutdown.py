@@ -61,9 +61,9 @@ __all__ = [
     "raise_held_interrupt",
     "raise_interrupt",
     "redeliver_lost_interrupts",
-    "run_by_command",
     "remove_hard_exit_hook",
     "reset",
+    "run_by_command",
     "run_hard_exit_hooks",
     "signal_of",
     "stop_signal",
@@ -263,9 +263,11 @@ def note_signal(signum: int) -> None:
 
 def note_termination(exc: BaseException) -> None:
     """Keep Prefect's ``TerminationSignal`` that started a graceful stop in a flow run under a
-    Prefect runner, for the flow to raise again once the run is recorded."""
+    Prefect runner, for the flow to raise again once the run is recorded (the first one
+    only)."""
     global _termination
-    _termination = exc
+    if _termination is None:
+        _termination = exc
 
 
 def pending_termination() -> BaseException | None:

@@ -40,7 +40,7 @@ from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_messa
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.load import load_stage
-from flows.signals import dispatch_with_graceful_stop, signal_grace_s, under_prefect_runner
+from flows.signals import dispatch_with_graceful_stop, under_prefect_runner
 from flows.task_runner import task_runner, warm_up
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
@@ -318,8 +318,8 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         )
         _show_published(runner, plan, skipped, store)
         shutdown.expect_hand_over()
-        result = dispatch_with_graceful_stop(dispatcher, todo, logger=logger,
-                                             grace_s=signal_grace_s(settings.grace_s))
+        result = dispatch_with_graceful_stop(dispatcher, todo, grace_s=settings.grace_s,
+                                             logger=logger)
     artifact.close()
     # ── manifest ─────────────────────────────────────────────────────────────────────────
     skipped = {**skipped, **result.published_elsewhere}

@@ -66,7 +66,8 @@ def dispatch_with_graceful_stop(
     dispatcher: Dispatcher, specs: Sequence[ChunkSpec], *, grace_s: float,
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> DispatchResult:  # fmt: skip
-    """``dispatcher.run(specs)`` with the graceful stop above; returns its result.
+    """``dispatcher.run(specs)`` with the graceful stop above (``grace_s`` capped by
+    ``signal_grace_s``); returns its result.
 
     Under a Prefect runner, Prefect's own SIGTERM handler stays installed: the runner
     delivers a cancel only to a process whose handler is Prefect's (Prefect 3.9
@@ -76,6 +77,7 @@ def dispatch_with_graceful_stop(
     one starts the graceful stop and is kept for ``shutdown.pending_termination``, which the
     flow raises again once everything is recorded, so Prefect ends the run as it would have.
     """
+    grace_s = signal_grace_s(grace_s)
     if not under_prefect_runner() or threading.current_thread() is not threading.main_thread():
         with stop_on_signals(dispatcher, grace_s=grace_s, logger=logger):
             return dispatcher.run(specs)
@@ -103,8 +105,7 @@ def dispatch_with_graceful_stop(
             try:
                 done.wait(0.2)
             except TerminationSignal as exc:
-                if shutdown.pending_termination() is None:
-                    shutdown.note_termination(exc)
+                shutdown.note_termination(exc)
                 _stop(signal.SIGTERM, dispatcher, grace_s=grace_s, logger=logger)
     if "error" in outcome:
         raise outcome["error"]
