@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 LITELLM_VENV := .venv-litellm
 LITELLM_STAMP := $(LITELLM_VENV)/.installed
 
-.PHONY: demo test test-all test-real-servers bench clean
+.PHONY: demo test test-unit test-all test-real-servers bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,15 @@ demo: $(STAMP)
 	$(BIN)/embedline search lancedb://./embedline-output/lancedb "play a strategy game" --k 5
 
 # The test suite CI runs (unit + integration on loopback servers); slow soak runs excluded.
+# Two workers (pytest-xdist), one test file per worker at a time so module fixtures are
+# shared: the suite is CPU-bound on one core, and this machine has two.
+PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
+
+# Unit tests only: no sockets, no servers, about a minute.
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -m "not slow" -n $(PYTEST_WORKERS)
 
 # Everything, including the slow soak/crash runs and the real-server test below.
 test-all: $(STAMP) $(LITELLM_STAMP)
