@@ -47,6 +47,7 @@ def redo_other_lengths(
     if result.stop is not None or stopping:
         return []
     done = with_lengths(store, {**skipped, **result.published})
+    skipped.update({i: done[i] for i in skipped})  # lengths read once: the commit needs them
     target = length.decide(done.values())
     off = other_lengths(done, target)
     if not off or target is None:

@@ -32,11 +32,10 @@ def _input(tmp_path: Path, texts: dict[str, str]) -> None:
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> tuple[int, str]:
-    result = run_cli(
-        "run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url", server.base_url,
-        "--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"),
-        "--chunk-retries", "0", *extra, cwd=tmp_path,
-    )  # fmt: skip
+    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+            server.base_url, "--output", str(tmp_path / "out"), "--ledger",
+            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]
+    result = run_cli(*args, cwd=tmp_path)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -60,8 +59,8 @@ def _assert_every_manifest_agrees(tmp_path: Path) -> None:
         for entry in manifest["chunks"]:  # type: ignore[union-attr]
             table = pq.read_table(tmp_path / "out" / entry["object"])
             if table.num_rows:
-                assert table.schema.field("embedding").type.list_size == \
-                    manifest["dimensions"], (manifest["run_key"], entry)  # fmt: skip
+                length = table.schema.field("embedding").type.list_size
+                assert length == manifest["dimensions"], (manifest["run_key"], entry)
 
 
 def test_a_length_change_between_requests_of_a_chunk_is_a_bad_response_retried_once(
@@ -69,8 +68,8 @@ def test_a_length_change_between_requests_of_a_chunk_is_a_bad_response_retried_o
 ) -> None:
     _input(tmp_path, dict(list(TEXTS.items())[:10]))
     fake_openai.change_dims_after = 1  # request 1: 384 dimensions; then 255
-    code, out = _run(tmp_path, fake_openai, "--chunk-size", "10", "--batch-size", "5",
-                     "--concurrency", "1")  # fmt: skip
+    args = ("--chunk-size", "10", "--batch-size", "5", "--concurrency", "1")
+    code, out = _run(tmp_path, fake_openai, *args)
     assert code == 1, out
     assert fake_openai.requests == 3  # the second batch's bad answer is sent once more
     assert "expected 384 dimensions" in out and "got 255" in out, out
@@ -88,8 +87,8 @@ def test_chunks_answered_with_another_length_are_never_committed_together(
     another is embedded again as its next generation, in the same run or the rerun."""
     _input(tmp_path, TEXTS)
     fake_openai.change_dims_after = 1
-    args = ("--chunk-size", "5", "--batch-size", "5", "--concurrency", "2",
-            "--task-runner", runner)  # fmt: skip
+    args = ("--chunk-size", "5", "--batch-size", "5", "--concurrency", "2", "--task-runner",
+            runner)
     code, out = _run(tmp_path, fake_openai, *args)
     _assert_every_manifest_agrees(tmp_path)
     assert "embedding them again as their next generation" in out, out
@@ -148,8 +147,8 @@ def test_vectors_reused_from_a_run_of_another_length_are_sent_again(
     assert ".g1." in str(tonight["chunks"][0]["object"])  # last night's object stays as it was
     for entry in tonight["chunks"]:  # type: ignore[union-attr]
         table = pq.read_table(tmp_path / "out" / entry["object"])
-        for row_id, vector in zip(table["id"].to_pylist(), table["embedding"].to_pylist(),
-                                  strict=True):  # fmt: skip
+        pairs = zip(table["id"].to_pylist(), table["embedding"].to_pylist(), strict=True)
+        for row_id, vector in pairs:
             np.testing.assert_allclose(vector, expected_vector(TEXTS[row_id], 255), atol=1e-6)
 
 
