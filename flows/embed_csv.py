@@ -36,18 +36,18 @@ from embedline.models import (
     dead_letters_block_message,
     manifest_object_key,
 )
-from embedline.progress import Progress, cost_in_process, notify, partial_rows, reset_cost
+from embedline.progress import cost_in_process, reset_cost
 from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_message
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
+from flows.progress_report import progress_reporter
 from flows.load import load_stage
 from flows.signals import dispatch_with_graceful_stop, under_prefect_runner
 from flows.task_runner import task_runner, warm_up
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
-from tasks.dimensions import RunLength, other_lengths, other_lengths_message, pinned_length
-from tasks.dimensions import with_lengths
+from tasks.dimensions import RunLength, pinned_length, with_lengths
 from tasks.gc import drop_run_lease, write_run_lease
 from tasks.generations import resolve_run_target
 from tasks.manifest import (
@@ -294,7 +294,7 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
     length = RunLength(pinned_length(store, settings.dimensions, base.supersedes))  # DESIGN §5
     # ── embed + publish, record as chunks finish ─────────────────────────────────────────
     artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
-    report = _progress_reporter(plan, skipped, artifact)
+    report = progress_reporter(plan, skipped, artifact)
     report(DispatchResult())
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
     chunk_task = embed_chunk.with_options(
@@ -342,12 +342,10 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         missing = missing_objects(store, done)
         if missing:
             return _finish(ledger, _lost_objects(ledger, store, summary, started, missing))
-        run_dims = length.decide(done.values())
-        off = other_lengths(done, run_dims)
-        if off:  # the last check before the commit point (redo_other_lengths ran)
-            message = other_lengths_message(done, off, run_dims or 0)
+        refused = length.refusal(done)  # the last check before the commit point
+        if refused:
             return _finish(ledger, _with(summary, started, exit_code=1, status="incomplete",
-                                         message=message))
+                                         message=refused))
         # The manifest's PUT is the commit point: an interrupt waits until the ledger says so
         with shutdown.interrupts_deferred():
             summary, manifest = _commit(settings, plan, store, done, summary)
@@ -566,36 +564,6 @@ def _commit(
                               "status": "complete", "manifest_uri": done_.uri,
                               "dimensions": done_.dimensions, "message": message})  # fmt: skip
     return committed, done_.manifest
-
-
-def _progress_reporter(
-    plan: InputPlan, skipped: dict[int, ChunkOutcome], artifact: ProgressArtifact
-) -> Any:
-    """Progress per dispatcher event: rows of published chunks plus the batches running
-    chunks embedded so far. Never less than an earlier report: the batches of a chunk that
-    Prefect retries, fails or releases drop out of the count, and a progress line that went
-    back read as lost work. The count moves again once the work since passes it; it never
-    passes the total."""
-    rows_skipped = sum(c.rows for c in plan.chunks if c.index in skipped)
-    shown = [0]  # the highest rows_done reported
-
-    def report(result: DispatchResult) -> None:
-        finished = {*result.published, *result.published_elsewhere, *result.failed,
-                    *result.released}  # fmt: skip
-        done = {*result.published, *result.published_elsewhere}
-        rows_done = (rows_skipped + sum(plan.chunks[i].rows for i in done)
-                     + partial_rows(finished))  # batches of running chunks (this process)
-        rows_done = shown[0] = max(shown[0], rows_done)
-        chunks_done = len(skipped) + len(done)
-        notify(Progress(
-            rows_total=plan.rows, chunks_total=len(plan.chunks), rows_done=rows_done,
-            chunks_done=chunks_done, rows_skipped=rows_skipped,
-            dead_letters=sum(len(o.dead_letters) for o in result.published.values()),
-            chunks_failed=len(result.failed),
-        ))  # fmt: skip
-        artifact.update(rows_done, plan.rows)
-
-    return report
 
 
 def _with(summary: RunSummary, started: float, **changes: Any) -> RunSummary:

@@ -106,6 +106,14 @@ class RunLength:
         return max(rows, key=lambda length: rows[length]) if rows else None
 
 
+    def refusal(self, done: Mapping[int, ChunkOutcome]) -> str | None:
+        """Why the published chunks ``done`` (lengths filled in) cannot be committed
+        together (``other_lengths_message``), or None when they can."""
+        target = self.decide(done.values())
+        off = other_lengths(done, target)
+        return other_lengths_message(done, off, target or 0) if off else None
+
+
 def run_length(outcomes: Iterable[ChunkOutcome], pinned: int | None) -> int | None:
     """The length a run of these published chunks commits at, nothing sent (``decide``)."""
     return RunLength(pinned).decide(outcomes)
