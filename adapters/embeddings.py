@@ -37,6 +37,7 @@ import httpx
 import numpy as np
 
 from adapters.rate_limit import RequestPacer
+from adapters.vector_check import check_length, decode_vector, stack_vectors
 from embedline.errors import (
     BadResponseError,
     EmbedlineError,
@@ -359,8 +360,8 @@ def _parse(
         for item, index in zip(data, order, strict=True):
             if rows[index] is not None:
                 raise BadResponseError(f"duplicate embedding index {index}")
-            rows[index] = _decode_vector(item.get("embedding"), index)
-        matrix = _stack([r for r in rows if r is not None], dimensions)
+            rows[index] = decode_vector(item.get("embedding"), index)
+        matrix = stack_vectors([r for r in rows if r is not None], dimensions)
     return matrix, _usage_tokens(payload.get("usage"))  # type: ignore[union-attr]
 
 
@@ -426,40 +427,6 @@ def _index_of(item: object, n: int) -> int:
     if not 0 <= index < n:
         raise BadResponseError(f"embedding index {index} out of range for {n} inputs")
     return index
-
-
-def _decode_vector(value: object, index: int) -> np.ndarray:
-    """Decode base64 (little-endian float32) or a JSON list of numbers into a 1-D array."""
-    if isinstance(value, str):
-        try:
-            raw = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise BadResponseError(f"embedding {index} is not valid base64") from None
-        if not raw or len(raw) % 4:
-            raise BadResponseError(f"embedding {index} is not a whole number of float32")
-        return np.frombuffer(raw, dtype="<f4")
-    if isinstance(value, list):
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):
-                vector = np.asarray(value, dtype=np.float32)
-        except (TypeError, ValueError):
-            raise BadResponseError(f"embedding {index} holds non-numbers") from None
-        if vector.ndim == 1 and vector.size:
-            return vector
-    raise BadResponseError(f"embedding {index} is neither base64 nor a list of numbers")
-
-
-def _stack(rows: list[np.ndarray], dimensions: int | None) -> np.ndarray:
-    lengths = {len(r) for r in rows}
-    if len(lengths) != 1:
-        raise BadResponseError(f"embeddings of different lengths: {sorted(lengths)[:5]}")
-    (length,) = lengths
-    if dimensions is not None and length != dimensions:
-        raise BadResponseError(f"expected {dimensions} dimensions, got {length}")
-    matrix = np.stack(rows).astype(np.float32, copy=False)
-    if not np.isfinite(matrix).all():
-        raise BadResponseError("embeddings contain NaN or Inf")
-    return matrix
 
 
 def _usage_tokens(usage: object) -> int:
@@ -573,6 +540,7 @@ class _Call:
     batch's estimated tokens (``estimate_tokens`` summed, for the TPM pacer)."""
 
     estimated_tokens: int
+    expect_dimensions: int | None = None  # the run's vector length, when the caller knows it
     requests: int = 0
     inputs: int = 0  # texts in the requests sent (a retry sends them again)
     pause_deadline: float = 0.0
@@ -729,10 +697,14 @@ class OpenAIEmbedder:
         down = self._fatal if self._stopped.is_set() else None
         return down if isinstance(down, EndpointDownError) else None
 
-    def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
+    def embed(
+        self, texts: Sequence[str], *, idempotency_key: str, expect_dimensions: int | None = None
+    ) -> Embeddings:
         """Embed ``texts`` in one request, retried; return float32 ``(len(texts), d)``.
 
-        Every attempt carries the same ``Idempotency-Key``. ``tokens`` is the server's
+        ``d`` is ``dimensions`` when set, else ``expect_dimensions`` when given (the run's
+        length, learned from its first answer: an answer of another length is a bad
+        response). Every attempt carries the same ``Idempotency-Key``. ``tokens`` is the server's
         ``usage`` (0 if absent); ``requests`` counts HTTP requests sent, retries included
         (a connection that never opened is not one).
 
@@ -753,7 +725,8 @@ class OpenAIEmbedder:
             raise ValueError("embed() needs at least one text")
         self._raise_if_stopped()
         batch = list(texts)
-        call = _Call(estimated_tokens=sum(estimate_tokens(t) for t in batch))
+        call = _Call(estimated_tokens=sum(estimate_tokens(t) for t in batch),
+                     expect_dimensions=expect_dimensions)
         retrying = request_retrying(
             max_attempts=self.max_attempts, max_wait_s=self.max_wait_s, sleep=self._sleep,
             before_sleep=self._log_retry,
@@ -905,7 +878,8 @@ class OpenAIEmbedder:
     def _accepted_answer(
         self, payload: object, texts: list[str], call: _Call, fmt: str
     ) -> tuple[np.ndarray, int]:
-        vectors, tokens = _parse(payload, len(texts), self.dimensions, redact=texts)
+        length = self.dimensions if self.dimensions is not None else call.expect_dimensions
+        vectors, tokens = _parse(payload, len(texts), length, redact=texts)
         with self._format_lock:
             self._accepted += 1
             if fmt == "base64":
@@ -1143,10 +1117,12 @@ class LocalEmbedder:
         return f"LocalEmbedder(model={self.model!r}, dimensions={self.dimensions})"
 
     def embed(self, texts: Sequence[str], *, idempotency_key: str,
-              on_rows: Callable[[int], None] | None = None) -> Embeddings:  # fmt: skip
+              on_rows: Callable[[int], None] | None = None,
+              expect_dimensions: int | None = None) -> Embeddings:  # fmt: skip
         """Return float32 ``(len(texts), 384)`` unit vectors; ``tokens=0``, ``requests=0``.
 
         ``idempotency_key`` is accepted for the protocol and unused (no request is sent).
+        ``expect_dimensions`` (the run's length) is checked before the model runs.
         ``on_rows(n)`` is called as each forward pass of ``n`` texts ends (progress).
 
         :raises FatalError: if the local model's packages are not installed.
@@ -1154,6 +1130,7 @@ class LocalEmbedder:
         """
         if not texts:
             raise ValueError("embed() needs at least one text")
+        check_length(LOCAL_DIMENSIONS, expect_dimensions)
         model = _load_local_model(self._logger)
         with _encode_lock:
             matrix = model.encode(list(texts), on_pass=on_rows)

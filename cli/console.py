@@ -184,7 +184,9 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             f"({summary['rows_skipped']:,} already published before"
             + (f", {summary['rows_concurrent']:,} by a concurrent run"
                if summary.get("rows_concurrent") else "") + "), "
-            + _plural(summary["rows_failed"], "dead letter"),
+            + _plural(summary["rows_failed"], "dead letter")
+            + (f" ({_plural(summary['rows_empty'], 'empty text')}, skipped)"
+               if summary.get("rows_empty") else ""),
             f"chunks     {summary['chunks_published']} published now, "
             f"{summary['chunks_skipped']} skipped, "
             + (f"{summary['chunks_concurrent']} by a concurrent run, "

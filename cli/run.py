@@ -105,6 +105,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                           "chunk is superseded by a new object, none is overwritten")
     run.add_argument("--allow-failed-rows", action="store_true",
                      help="commit the manifest even if some rows are dead letters")
+    run.add_argument("--on-empty-text", choices=("skip", "fail"), default="skip",
+                     help="empty or whitespace-only texts are never sent: skip lists them as "
+                          "empty_text dead letters and commits; fail keeps the manifest "
+                          "uncommitted unless --allow-failed-rows (exit 1)")
     run.add_argument("--allow-unconditional-store", action="store_true",
                      help="run even if the store ignores conditional writes (unsafe)")
     run.add_argument("--price-per-million-tokens", type=float, default=None,

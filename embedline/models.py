@@ -7,6 +7,7 @@ holds a secret; only ``Row`` holds input text, and its ``repr`` leaves the text 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -16,6 +17,7 @@ __all__ = [
     "ChunkState",
     "RETRYABLE_DEAD_LETTERS",
     "DeadLetter",
+    "EMPTY_TEXT",
     "InputPlan",
     "InputSource",
     "LoadSummary",
@@ -24,10 +26,13 @@ __all__ = [
     "ReuseSource",
     "Row",
     "RunSummary",
+    "blocking_dead_letters",
     "chunk_generation",
     "chunk_object_key",
+    "committed_dead_letters_note",
     "dead_letters_block_message",
     "dead_letters_phrase",
+    "empty_texts_phrase",
     "manifest_object_key",
 ]
 
@@ -65,6 +70,35 @@ def dead_letters_block_message(rows: int, run_key: str) -> str:
     return (f"{dead_letters_phrase(rows)} (see `embedline dead-letters {run_key}`); the "
             "manifest is committed only with --allow-failed-rows (parameter "
             "allow_failed_rows)")
+
+
+#: The dead-letter reason of an empty or whitespace-only text (never sent, DESIGN §5).
+EMPTY_TEXT = "empty_text"
+
+
+def blocking_dead_letters(dead_letters: Iterable[DeadLetter], on_empty_text: str) -> int:
+    """How many of ``dead_letters`` keep a run from committing without
+    ``--allow-failed-rows``: all of them with ``on_empty_text="fail"``; with ``"skip"``
+    (the default) all but the ``empty_text`` ones, which are a property of the input."""
+    return sum(1 for d in dead_letters if on_empty_text == "fail" or d.reason != EMPTY_TEXT)
+
+
+def empty_texts_phrase(rows: int) -> str:
+    """``"1 empty text skipped"`` / ``"3 empty texts skipped"``, naming where they are listed."""
+    what = "1 empty text" if rows == 1 else f"{rows:,} empty texts"
+    return f"{what} skipped (dead letters empty_text)"
+
+
+def committed_dead_letters_note(rows_failed: int, rows_empty: int) -> str:
+    """What a committed run's summary says of its dead letters: the ``rows_empty`` empty
+    texts skipped, and the other ones committed with ``--allow-failed-rows``; "" for none."""
+    parts = []
+    if rows_failed > rows_empty:
+        parts.append(f"{dead_letters_phrase(rows_failed - rows_empty)} (committed with "
+                     "--allow-failed-rows)")
+    if rows_empty:
+        parts.append(empty_texts_phrase(rows_empty))
+    return "; ".join(parts)
 
 
 def manifest_object_key(run_key: str) -> str:
@@ -188,6 +222,8 @@ class ChunkOutcome:
     reused: int = 0  # rows whose vector was copied from an object of an earlier run
     deduplicated: int = 0  # rows whose text this run embeds once for another row
     tokens_saved: int = 0  # estimated tokens (``estimate_tokens``) of reused+deduplicated rows
+    dimensions: int | None = None  # the object's vector length (None: not read yet)
+    rows_sent: int | None = None  # rows the server embedded for the object (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +314,7 @@ class RunSummary:
     # a retry of a committed run's dead letters (DESIGN §8): its generation, the run it supersedes
     generation: int = 0
     supersedes: str | None = None
+    rows_empty: int = 0  # empty texts skipped (--on-empty-text skip), counted in rows_failed
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

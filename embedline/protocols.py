@@ -35,8 +35,11 @@ class EmbeddingClient(Protocol):
     model: str
     dimensions: int | None  # vector length when known (requested, or the local model's 384)
 
-    def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
-        """Return one vector per text, in the order of ``texts``.
+    def embed(
+        self, texts: Sequence[str], *, idempotency_key: str, expect_dimensions: int | None = None
+    ) -> Embeddings:
+        """Return one vector per text, in the order of ``texts``; each of
+        ``expect_dimensions`` components when given (the run's length).
 
         :raises RowError: the batch holds an input the server rejects (400/413/422).
         :raises RetryableError: still failing after the attempt budget.

@@ -108,6 +108,8 @@ class RunSettings(BaseModel):
     ``chunk_retries`` are Prefect task retries of a chunk that failed with a retryable error
     after its requests' own retries, ``chunk_retry_delay_s`` apart; ``grace_s`` is how long
     in-flight chunks may finish after SIGINT/SIGTERM before they are released;
+    ``on_empty_text`` ``skip`` (default) lets ``empty_text`` dead letters commit (an empty
+    text is a property of the input), ``fail`` makes them block like any dead letter;
     ``allow_unconditional_store`` runs even on a store that ignores ``If-None-Match``
     (exactly-once is then not guaranteed). ``reuse`` copies the vector of a text already
     published under the output with the same model and dimensions instead of sending it
@@ -143,6 +145,7 @@ class RunSettings(BaseModel):
     grace_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
     ledger: str = ".embedline/ledger.sqlite3"
     allow_failed_rows: bool = False
+    on_empty_text: Literal["skip", "fail"] = "skip"  # empty texts: dead letters that block?
     retry_dead_letters: bool = False
     allow_unconditional_store: bool = False
     price_per_million_tokens: float | None = Field(default=None, ge=0, allow_inf_nan=False)

@@ -30,20 +30,24 @@ from embedline.models import (
     ChunkOutcome,
     InputPlan,
     RunSummary,
+    blocking_dead_letters,
     chunk_generation,
+    committed_dead_letters_note,
     dead_letters_block_message,
-    dead_letters_phrase,
     manifest_object_key,
 )
-from embedline.progress import Progress, cost_in_process, notify, partial_rows, reset_cost
+from embedline.progress import cost_in_process, reset_cost
 from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_message
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows.dispatch import DispatchResult, Dispatcher
+from flows.lengths import redo_other_lengths
+from flows.progress_report import progress_reporter
 from flows.load import load_stage
 from flows.signals import dispatch_with_graceful_stop, under_prefect_runner
 from flows.task_runner import task_runner, warm_up
 from tasks.chunk import embed_chunk, show_published_chunk, store_for
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
+from tasks.dimensions import RunLength, pinned_length, with_lengths
 from tasks.gc import drop_run_lease, write_run_lease
 from tasks.generations import resolve_run_target
 from tasks.manifest import (
@@ -88,6 +92,7 @@ def embed_csv(
     grace: float = 30.0,
     ledger: str = ".embedline/ledger.sqlite3",
     allow_failed_rows: bool = False,
+    on_empty_text: Literal["skip", "fail"] = "skip",
     retry_dead_letters: bool = False,
     allow_unconditional_store: bool = False,
     price_per_million_tokens: float | None = None,
@@ -286,9 +291,10 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
     logger.info("%d of %d chunks already published; %d to embed",
                 len(skipped), len(plan.chunks), len(todo))  # fmt: skip
     planner = _reuse_planner(settings, plan, store, ledger, todo)
+    length = RunLength(pinned_length(store, settings.dimensions, base.supersedes))  # DESIGN §5
     # ── embed + publish, record as chunks finish ─────────────────────────────────────────
     artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
-    report = _progress_reporter(plan, skipped, artifact)
+    report = progress_reporter(plan, skipped, artifact)
     report(DispatchResult())
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
     chunk_task = embed_chunk.with_options(
@@ -307,11 +313,12 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
             object_uri=lambda spec: store.uri_for(spec.object_key),
             submit=lambda spec: runner.submit(
                 chunk_task, {"spec": spec, "source": plan.source, "settings": settings,
-                             "reuse": planner.resolve(spec)}
+                             "reuse": planner.resolve(spec), "dimensions": length.current()}
             ),
             window=window,
             logger=logger,
-            on_outcome=report,
+            on_outcome=lambda result: (length.answered(result.published.values()),
+                                       report(result)),
             on_tick=report,
             on_gave_up=planner.note_failed,
             grace_s=settings.grace_s,
@@ -320,18 +327,25 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
         shutdown.expect_hand_over()
         result = dispatch_with_graceful_stop(dispatcher, todo, grace_s=settings.grace_s,
                                              logger=logger)
+        redo_other_lengths(dispatcher, store=store, plan=plan, skipped=skipped, length=length,
+                           grace_s=settings.grace_s, logger=logger)
     artifact.close()
     # ── manifest ─────────────────────────────────────────────────────────────────────────
     skipped = {**skipped, **result.published_elsewhere}
     # threads: every request the chunk tasks sent (failed, retried and released attempts
     # too); Dask workers count in their own processes, so there the outcomes' counts
     cost = cost_in_process() if settings.task_runner == "threads" else None
-    summary = _summarize(base, plan, skipped, result, started, cost=cost)
+    summary = _summarize(base, plan, skipped, result, started, cost=cost,
+                         on_empty_text=settings.on_empty_text)
     if summary.exit_code == 0 or (summary.status == "dead_letters" and settings.allow_failed_rows):
-        done = {**skipped, **result.published}
+        done = with_lengths(store, {**skipped, **result.published})
         missing = missing_objects(store, done)
         if missing:
             return _finish(ledger, _lost_objects(ledger, store, summary, started, missing))
+        refused = length.refusal(done)  # the last check before the commit point
+        if refused:
+            return _finish(ledger, _with(summary, started, exit_code=1, status="incomplete",
+                                         message=refused))
         # The manifest's PUT is the commit point: an interrupt waits until the ledger says so
         with shutdown.interrupts_deferred():
             summary, manifest = _commit(settings, plan, store, done, summary)
@@ -446,17 +460,19 @@ def _summarize(
     started: float,
     *,
     cost: tuple[int, int, int] | None = None,
+    on_empty_text: str = "skip",
 ) -> RunSummary:
     """The run's summary from its outcomes; ``cost`` (requests, tokens, inputs), when
     given, is what this process's chunk tasks sent, which the outcomes undercount after
-    failures."""
+    failures. Empty texts block the commit only with ``on_empty_text="fail"``."""
     done = {**skipped, **result.published}
     concurrent = result.published_elsewhere  # also in ``skipped``
     attempts = [*result.published.values(), *result.failed.values(), *result.released.values()]
     requests, tokens, inputs = cost or (sum(o.requests for o in attempts),
                                         sum(o.tokens for o in attempts),
                                         sum(o.inputs for o in result.published.values()))
-    rows_failed = sum(len(o.dead_letters) for o in done.values())
+    dead = [d for o in done.values() for d in o.dead_letters]
+    rows_failed, blocking = len(dead), blocking_dead_letters(dead, on_empty_text)
     not_done = len(plan.chunks) - len(done)
     summary = _with(
         base, started,
@@ -465,6 +481,7 @@ def _summarize(
         rows_concurrent=sum(o.rows for o in concurrent.values()),
         chunks_concurrent=len(concurrent),
         rows_failed=rows_failed,
+        rows_empty=rows_failed - blocking,
         chunks_published=len(result.published),
         chunks_skipped=len(skipped) - len(concurrent),
         chunks_failed=len(result.failed),
@@ -501,9 +518,9 @@ def _summarize(
         return _with(summary, started, exit_code=1, status="incomplete", message=(
             f"{not_done} of {len(plan.chunks)} chunks not published{_why(result)}; rerun the "
             "same command to retry only those chunks"))  # fmt: skip
-    if rows_failed:
+    if blocking:
         return _with(summary, started, exit_code=1, status="dead_letters",
-                     message=dead_letters_block_message(rows_failed, str(base.run_key)))
+                     message=dead_letters_block_message(blocking, str(base.run_key)))
     return _with(summary, started, status="complete")
 
 
@@ -542,42 +559,11 @@ def _commit(
     logger.info("changes against %s: %s added, %s changed, %s removed, %s unchanged", base,
                 *(f"{n:,}" for n in (changes.added, changes.changed, changes.removed,
                                      changes.unchanged)))  # fmt: skip
-    message = (f"{dead_letters_phrase(summary.rows_failed)} (committed with "
-               "--allow-failed-rows)" if summary.rows_failed else "")
+    message = committed_dead_letters_note(summary.rows_failed, summary.rows_empty)
     committed = RunSummary(**{**summary.to_dict(), **change_fields(done_.manifest), "exit_code": 0,
                               "status": "complete", "manifest_uri": done_.uri,
                               "dimensions": done_.dimensions, "message": message})  # fmt: skip
     return committed, done_.manifest
-
-
-def _progress_reporter(
-    plan: InputPlan, skipped: dict[int, ChunkOutcome], artifact: ProgressArtifact
-) -> Any:
-    """Progress per dispatcher event: rows of published chunks plus the batches running
-    chunks embedded so far. Never less than an earlier report: the batches of a chunk that
-    Prefect retries, fails or releases drop out of the count, and a progress line that went
-    back read as lost work. The count moves again once the work since passes it; it never
-    passes the total."""
-    rows_skipped = sum(c.rows for c in plan.chunks if c.index in skipped)
-    shown = [0]  # the highest rows_done reported
-
-    def report(result: DispatchResult) -> None:
-        finished = {*result.published, *result.published_elsewhere, *result.failed,
-                    *result.released}  # fmt: skip
-        done = {*result.published, *result.published_elsewhere}
-        rows_done = (rows_skipped + sum(plan.chunks[i].rows for i in done)
-                     + partial_rows(finished))  # batches of running chunks (this process)
-        rows_done = shown[0] = max(shown[0], rows_done)
-        chunks_done = len(skipped) + len(done)
-        notify(Progress(
-            rows_total=plan.rows, chunks_total=len(plan.chunks), rows_done=rows_done,
-            chunks_done=chunks_done, rows_skipped=rows_skipped,
-            dead_letters=sum(len(o.dead_letters) for o in result.published.values()),
-            chunks_failed=len(result.failed),
-        ))  # fmt: skip
-        artifact.update(rows_done, plan.rows)
-
-    return report
 
 
 def _with(summary: RunSummary, started: float, **changes: Any) -> RunSummary:

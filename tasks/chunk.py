@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -17,15 +18,15 @@ from prefect.states import Cancelled, Completed, State
 from adapters.embeddings import build_embedder
 from adapters.object_store import open_store
 from embedline.errors import StopRequestedError
-from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan
+from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
 from embedline.protocols import ObjectStore
 from embedline import progress
 from embedline.settings import RunSettings
 from embedline.tracebacks import CHUNK_TASK_NAME, quiet_expected_tracebacks
-from tasks.embed import embed_rows
+from tasks.embed import EmbeddedRows, embed_rows, merged
 from tasks.outcome import retry_condition
 from tasks.publish import publish_chunk
-from tasks.reuse import chunk_rows, combine, split_duplicates, take_reused
+from tasks.reuse import chunk_rows, combine, drop_other_lengths, split_duplicates, take_reused
 
 __all__ = ["embed_chunk", "show_published_chunk", "store_for", "warm_worker"]
 
@@ -43,9 +44,18 @@ def store_for(uri: str) -> ObjectStore:
     retry_condition_fn=retry_condition,
 )
 def embed_chunk(
-    spec: ChunkSpec, source: InputSource, settings: RunSettings, reuse: ReusePlan | None = None
+    spec: ChunkSpec,
+    source: InputSource,
+    settings: RunSettings,
+    reuse: ReusePlan | None = None,
+    dimensions: int | None = None,
 ) -> ChunkOutcome | State[None]:
     """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
+
+    ``dimensions`` is the run's vector length as the flow knew it at submission (None:
+    unknown yet; ``tasks/dimensions.py``): every vector published must have it. Reused
+    vectors of another length are sent again; an answer of another length fails the chunk
+    as a bad response, nothing published. Unknown, the chunk's first answer sets it.
 
     Rows listed in ``reuse`` (decided by the flow process) take their vectors from the
     objects named there; rows with a text already sent in this chunk are copied; the rest
@@ -61,38 +71,41 @@ def embed_chunk(
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
     try:
-        return _embed_chunk(spec, source, settings, reuse)
+        return _embed_chunk(spec, source, settings, reuse, dimensions)
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
 
 
 def _embed_chunk(
-    spec: ChunkSpec, source: InputSource, settings: RunSettings, reuse: ReusePlan | None
+    spec: ChunkSpec,
+    source: InputSource,
+    settings: RunSettings,
+    reuse: ReusePlan | None,
+    dimensions: int | None,
 ) -> ChunkOutcome:
     quiet_expected_tracebacks()  # this process may be a Dask worker
     logger = get_run_logger()
     store = store_for(settings.output)
     rows = chunk_rows(source, spec)
-    found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model)
+    expected = settings.dimensions or dimensions
+    found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model,
+                        dimensions=expected)
     send, copies = split_duplicates([r for r in rows if r.row_number not in found.vectors])
     client = progress.counting(build_embedder(settings) if send else None, spec.index)
-    embedded = embed_rows(
-        send,
-        client,  # type: ignore[arg-type]  # never called with no rows to send
-        model=settings.effective_model,
-        dimensions=settings.dimensions,
-        batch_size=settings.batch_size,
-        max_request_tokens=settings.max_request_tokens,
-        max_input_tokens=settings.max_input_tokens if settings.embedder == "openai" else None,
-        on_too_long=settings.on_too_long,
-    )
+    embedded = _embed(send, client, settings, expected)
+    if expected is None and embedded.rows:  # learned from the server's first answer
+        stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
+        if stale:  # vectors of an older length: this run's are the server's answers
+            client = client or progress.counting(build_embedder(settings), spec.index)
+            embedded = merged(embedded, _embed(stale, client, settings,
+                                               int(embedded.vectors.shape[1])))
     sent = len(embedded.rows)
     embedded = combine(rows, embedded, found, copies, model=settings.effective_model,
                        dimensions=settings.dimensions)  # fmt: skip
     if embedded.rows:
         dimensions = int(embedded.vectors.shape[1])
     else:
-        dimensions = settings.dimensions or int(getattr(client, "dimensions", None) or 0)
+        dimensions = expected or int(getattr(client, "dimensions", None) or 0)
     outcome = publish_chunk(
         store,
         spec,
@@ -100,6 +113,7 @@ def _embed_chunk(
         model=settings.effective_model,
         dimensions=dimensions,
         request_settings=settings.request_fingerprint,
+        rows_sent=sent,
     )
     outcome = replace(outcome, inputs=sent, reused=found.reused,
                       deduplicated=found.deduplicated, tokens_saved=found.tokens_saved)
@@ -116,6 +130,23 @@ def _embed_chunk(
         logger.info("chunk %d: %d rows reused from earlier runs, %d deduplicated in this run",
                     spec.index, found.reused, found.deduplicated)  # fmt: skip
     return outcome
+
+
+def _embed(
+    rows: list[Row], client: Any, settings: RunSettings, expected: int | None
+) -> EmbeddedRows:
+    """``embed_rows`` with the run's settings; every answer must be ``expected`` long."""
+    return embed_rows(
+        rows,
+        client,  # never called with no rows to send
+        model=settings.effective_model,
+        dimensions=settings.dimensions,
+        batch_size=settings.batch_size,
+        max_request_tokens=settings.max_request_tokens,
+        max_input_tokens=settings.max_input_tokens if settings.embedder == "openai" else None,
+        on_too_long=settings.on_too_long,
+        expect_dimensions=expected,
+    )
 
 
 @task(name=CHUNK_TASK_NAME, task_run_name="embed-chunk-{spec.index:04d}", cache_policy=NO_CACHE)

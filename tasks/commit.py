@@ -21,12 +21,14 @@ from embedline.models import (
     InputPlan,
     ManifestChunk,
     RunSummary,
+    blocking_dead_letters,
+    committed_dead_letters_note,
     dead_letters_block_message,
-    dead_letters_phrase,
 )
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from tasks.changes import ChangeCounts, write_changes
+from tasks.dimensions import checked_dimensions, other_lengths, run_length, with_lengths
 from tasks.manifest import (
     build_manifest,
     change_fields,
@@ -34,7 +36,7 @@ from tasks.manifest import (
     read_manifest,
     write_manifest,
 )
-from tasks.publish import ensure_conditional_writes, read_chunk_metadata
+from tasks.publish import ensure_conditional_writes
 from tasks.published import find_published, retries_dead_letters
 
 __all__ = ["Committed", "commit_if_published", "commit_run", "ledger_catches_up", "missing_objects"]
@@ -61,11 +63,9 @@ def missing_objects(store: ObjectStore, done: dict[int, ChunkOutcome]) -> list[s
 
 
 def _dimensions(settings: RunSettings, store: ObjectStore, done: dict[int, ChunkOutcome]) -> int:
-    """The vectors' length: from a non-empty chunk's object metadata, else the setting."""
-    for outcome in sorted(done.values(), key=lambda o: -o.rows):
-        if outcome.rows:
-            return read_chunk_metadata(store.get(outcome.object_key)).dimensions
-    return settings.dimensions or 0
+    """The vectors' length, the one every non-empty chunk object has (their footers), else
+    the setting. :raises BadResponseError: the objects disagree (``checked_dimensions``)."""
+    return checked_dimensions(store, done, settings.dimensions) or settings.dimensions or 0
 
 
 def commit_run(
@@ -84,6 +84,7 @@ def commit_run(
 
     :raises ConflictError: the change-set or manifest key holds something else.
     :raises ValueError: the counts do not add up to the input's rows.
+    :raises BadResponseError: chunk objects of different lengths (nothing written).
     """
     dims = _dimensions(settings, store, done)
     chunks = [ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
@@ -109,17 +110,18 @@ def commit_run(
 
 def _blocked_by_dead_letters(
     ledger: Ledger, store: ObjectStore, settings: RunSettings, plan: InputPlan, run_key: str,
-    done: dict[int, ChunkOutcome], rows_failed: int, *, wall_s: float, generation: int,
-    supersedes: str | None,
+    done: dict[int, ChunkOutcome], rows_failed: int, blocking: int, *, wall_s: float,
+    generation: int, supersedes: str | None,
 ) -> RunSummary:  # fmt: skip
     """Record and return the end of a run whose chunks are all published but whose dead
-    letters keep it from committing (the flow's ``dead_letters`` summary, exit 1)."""
+    letters (``blocking`` of its ``rows_failed``) keep it from committing (the flow's
+    ``dead_letters`` summary, exit 1)."""
     rows = sum(o.rows for o in done.values())
     ledger.finish_run(run_key, status="dead_letters", rows_published=rows,
                       rows_failed=rows_failed, manifest_uri=None)  # fmt: skip
     return RunSummary(
         exit_code=1, status="dead_letters",
-        message=dead_letters_block_message(rows_failed, run_key),
+        message=dead_letters_block_message(blocking, run_key),
         run_key=run_key, output=store.uri, rows_total=plan.rows,
         rows_published=rows, rows_skipped=rows, rows_failed=rows_failed,
         chunks_total=len(plan.chunks), chunks_skipped=len(done), wall_s=round(wall_s, 3),
@@ -163,12 +165,17 @@ def commit_if_published(
         return None
     if any(retries_dead_letters(store, o, settings) for o in done.values()):
         return None  # the flow sends them again (DESIGN §8)
-    rows_failed = sum(len(o.dead_letters) for o in done.values())
-    if rows_failed and not settings.allow_failed_rows:
+    done = with_lengths(store, done)
+    if other_lengths(done, run_length(done.values(), settings.dimensions)):
+        return None  # the flow embeds the chunks of another length again
+    dead = [d for o in done.values() for d in o.dead_letters]
+    rows_failed = len(dead)
+    blocking = blocking_dead_letters(dead, settings.on_empty_text)
+    if blocking and not settings.allow_failed_rows:
         if missing_objects(store, done):
             return None  # the flow re-embeds what went
         return _blocked_by_dead_letters(ledger, store, settings, plan, run_key, done, rows_failed,
-                                        wall_s=wall_s, generation=generation,
+                                        blocking, wall_s=wall_s, generation=generation,
                                         supersedes=supersedes)  # fmt: skip
     warning = ensure_conditional_writes(store, allow_unconditional=settings.allow_unconditional_store)
     if warning or missing_objects(store, done):
@@ -183,9 +190,10 @@ def commit_if_published(
         shutdown.note_committed(run_key, committed.uri, "nothing to resume")
     return RunSummary(
         exit_code=0, status="complete",
-        message="every chunk was already published: committed without embedding"
-        + (f"; {dead_letters_phrase(rows_failed)} (--allow-failed-rows)" if rows_failed
-           else ""),
+        message="; ".join(filter(None, (
+            "every chunk was already published: committed without embedding",
+            committed_dead_letters_note(rows_failed, rows_failed - blocking)))),
+        rows_empty=rows_failed - blocking,
         run_key=run_key, output=store.uri, manifest_uri=committed.uri, rows_total=plan.rows,
         rows_published=rows, rows_skipped=rows, rows_failed=rows_failed,
         chunks_total=len(plan.chunks), chunks_skipped=len(done),

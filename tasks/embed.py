@@ -28,7 +28,7 @@ from embedline.models import DeadLetter, Row
 from embedline.protocols import EmbeddingClient
 from embedline.shutdown import tasks_must_stop
 
-__all__ = ["EmbeddedRows", "batches", "embed_rows"]
+__all__ = ["EmbeddedRows", "batches", "embed_rows", "merged"]
 
 
 @dataclass(slots=True)
@@ -98,10 +98,18 @@ class _Embedder:
     ``RequestCaps`` for the rest of the run.
     """
 
-    def __init__(self, client: EmbeddingClient, model: str, dimensions: int | None) -> None:
+    def __init__(
+        self,
+        client: EmbeddingClient,
+        model: str,
+        dimensions: int | None,
+        expect_dimensions: int | None = None,
+    ) -> None:
         self.client = client
         self.model = model
         self.dimensions = dimensions
+        # the run's vector length: given by the flow, else learned from the first answer
+        self.expected = expect_dimensions if expect_dimensions is not None else dimensions
         self.caps: RequestCaps | None = getattr(client, "caps", None)
         self.vectors: dict[int, np.ndarray] = {}
         self.dead_letters: list[DeadLetter] = []
@@ -128,7 +136,8 @@ class _Embedder:
             raise StopRequestedError("the run is stopping; chunk released for the next run")
         try:
             result = self.client.embed(
-                [r.text for r in batch], idempotency_key=request_key(self.keys(batch))
+                [r.text for r in batch], idempotency_key=request_key(self.keys(batch)),
+                expect_dimensions=self.expected,
             )
         except EmbedlineError as exc:
             self.requests += exc.requests
@@ -140,6 +149,8 @@ class _Embedder:
             raise
         self.tokens += result.tokens
         self.requests += result.requests
+        if self.expected is None and len(result.vectors):
+            self.expected = int(result.vectors.shape[1])  # later requests must agree
         self.accepted.append((len(batch), sum(estimate_tokens(r.text) for r in batch)))
         for row, vector in zip(batch, result.vectors, strict=True):
             self.vectors[row.row_number] = vector
@@ -235,6 +246,7 @@ def embed_rows(
     max_request_tokens: int,
     max_input_tokens: int | None = None,
     on_too_long: str = "dead-letter",
+    expect_dimensions: int | None = None,
 ) -> EmbeddedRows:
     """Embed a chunk's ``rows``; return the embedded rows in input order and the dead letters.
 
@@ -251,14 +263,18 @@ def embed_rows(
     limit is cut to ``3 × max_input_tokens`` UTF-8 bytes, which fits in any script; its keys
     and ``text_sha256`` stay those of the full input text.
 
+    Every vector has the run's length: ``expect_dimensions`` when given (the flow knows it
+    from chunks published before), else ``dimensions``, else the first answer's length; an
+    answer of another length is a bad response (retried once by the client, DESIGN §5).
+
     Every error raised carries the chunk's ``requests`` and ``tokens`` so far.
 
     :raises RequestRejectedError: the server refuses the request itself (see ``_Embedder``).
     :raises RetryableError: a request still failed after the client's attempt budget.
-    :raises BadResponseError: batches disagree on the vector length.
+    :raises BadResponseError: an answer's vectors do not have the run's length.
     :raises FatalError: from the client (credentials, quota, model).
     """
-    embedder = _Embedder(client, model, dimensions)
+    embedder = _Embedder(client, model, dimensions, expect_dimensions)
     sendable = []
     for row in rows:
         if not row.text.strip():
@@ -292,6 +308,23 @@ def embed_rows(
         dead_letters=sorted(embedder.dead_letters, key=lambda d: d.row_number),
         tokens=embedder.tokens,
         requests=embedder.requests,
+    )
+
+
+def merged(first: EmbeddedRows, second: EmbeddedRows) -> EmbeddedRows:
+    """Both results as one (rows of ``first``, then ``second``; ``combine`` restores input
+    order). :raises BadResponseError: their vectors differ in length."""
+    if not second.rows:
+        return dataclasses.replace(first, dead_letters=first.dead_letters + second.dead_letters,
+                                   tokens=first.tokens + second.tokens,
+                                   requests=first.requests + second.requests)
+    return EmbeddedRows(
+        rows=first.rows + second.rows,
+        vectors=_stack([*first.vectors, *second.vectors], None),
+        row_keys=first.row_keys + second.row_keys,
+        dead_letters=sorted(first.dead_letters + second.dead_letters, key=lambda d: d.row_number),
+        tokens=first.tokens + second.tokens,
+        requests=first.requests + second.requests,
     )
 
 

@@ -50,15 +50,18 @@ class ChunkMetadata:
     first_row: int  # 1-based record number of the chunk's first row in the writing run
     dead_letters: tuple[DeadLetter, ...]
     request_settings: str = ""  # RunSettings.request_fingerprint, kept when dead letters exist
+    rows_sent: int | None = None  # rows whose vectors the server sent for it (None: older object)
 
 
 def chunk_parquet(
     spec: ChunkSpec, embedded: EmbeddedRows, *, model: str, dimensions: int,
-    request_settings: str = "",
+    request_settings: str = "", rows_sent: int | None = None,
 ) -> bytes:
     """Return the chunk's Parquet bytes (deterministic for the same vectors).
 
-    ``dimensions`` is the vectors' length (used for a 0-row chunk's schema).
+    ``dimensions`` is the vectors' length (used for a 0-row chunk's schema); ``rows_sent``
+    the rows the server embedded for this object (the others reused or copied), recorded so
+    a rerun can tell which length the server gave (``tasks.dimensions``).
 
     :raises BadResponseError: a vector holds NaN or Inf (nothing is published).
     """
@@ -86,6 +89,8 @@ def chunk_parquet(
     }
     if embedded.dead_letters and request_settings:  # what a rerun compares (DESIGN §8)
         meta["request_settings"] = request_settings
+    if rows_sent is not None:
+        meta["rows_sent"] = rows_sent
     table = table.replace_schema_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
     sink = io.BytesIO()
     # No dictionary encoding: every id and hash is unique, and dictionary-encoding 384k floats
@@ -123,6 +128,7 @@ def read_chunk_metadata(body: bytes | pa.Schema) -> ChunkMetadata:
         first_row=int(meta["first_row"]),
         dead_letters=tuple(DeadLetter(**d) for d in meta["dead_letters"]),
         request_settings=str(meta.get("request_settings", "")),
+        rows_sent=int(meta["rows_sent"]) if "rows_sent" in meta else None,
     )
 
 
@@ -134,6 +140,7 @@ def publish_chunk(
     model: str,
     dimensions: int,
     request_settings: str = "",
+    rows_sent: int | None = None,
 ) -> ChunkOutcome:
     """Create the chunk's object with a conditional create; never overwrite.
 
@@ -145,7 +152,7 @@ def publish_chunk(
     :raises BadResponseError: NaN/Inf in the vectors.
     """
     body = chunk_parquet(spec, embedded, model=model, dimensions=dimensions,
-                         request_settings=request_settings)
+                         request_settings=request_settings, rows_sent=rows_sent)
     digest = hashlib.sha256(body).hexdigest()
     outcome = ChunkOutcome(
         index=spec.index,
@@ -156,6 +163,8 @@ def publish_chunk(
         dead_letters=tuple(embedded.dead_letters),
         tokens=embedded.tokens,
         requests=embedded.requests,
+        dimensions=dimensions if embedded.rows else None,
+        rows_sent=rows_sent,
     )
     try:
         put = store.put_if_absent(
@@ -205,6 +214,8 @@ def adopt_existing(
         tokens=tokens,
         requests=requests,
         created=False,
+        dimensions=meta.dimensions if meta.rows else None,
+        rows_sent=meta.rows_sent,
     )
 
 

@@ -114,7 +114,8 @@ def summary_markdown(
         ("rows published", f"{summary.rows_published:,} of {summary.rows_total:,}"),
         ("rows already published before this run", f"{summary.rows_skipped:,}"),
         ("rows published meanwhile by a concurrent run", f"{summary.rows_concurrent:,}"),
-        ("dead letters", f"{summary.rows_failed:,}"),
+        ("dead letters", f"{summary.rows_failed:,}" + (
+            f" ({summary.rows_empty:,} empty texts, skipped)" if summary.rows_empty else "")),
         ("chunks", f"{summary.chunks_published} published now, {summary.chunks_skipped} "
                    f"skipped, {summary.chunks_failed} failed, {summary.chunks_released} "
                    f"released, {summary.chunks_not_run} not run, of {summary.chunks_total}"),

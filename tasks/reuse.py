@@ -30,7 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +54,7 @@ __all__ = [
     "chunk_rows",
     "note_failed",
     "combine",
+    "drop_other_lengths",
     "refresh_index",
     "split_duplicates",
     "take_reused",
@@ -214,20 +215,24 @@ class Reused:
     reused: int = 0
     deduplicated: int = 0
     tokens_saved: int = 0
+    in_run: set[int] = field(default_factory=set)  # row numbers copied from this run's objects
 
 
 def take_reused(
     store: ObjectStore, rows: Sequence[Row], plan: ReusePlan, *, model: str,
-    wait_s: float = IN_RUN_WAIT_S,
+    wait_s: float = IN_RUN_WAIT_S, dimensions: int | None = None,
 ) -> Reused:  # fmt: skip
-    """Read the planned rows' vectors from their objects; rows not found are left out.
+    """Read the planned rows' vectors from their objects; rows not found are left out, and
+    so are rows of an object whose vectors are not ``dimensions`` long (the run's length,
+    when known: an older object of another length is a stale cache, DESIGN §5).
 
     :raises RetryableError, FatalError: the store failed (not a missing object).
     """
     found = Reused({})
     for source in plan.sources:
         picked = [rows[p] for p in source.rows]
-        vectors = _vectors_for(store, source, [r.text_sha256 for r in picked], model, wait_s)
+        vectors = _vectors_for(store, source, [r.text_sha256 for r in picked], model, wait_s,
+                               dimensions)
         for row, vector in zip(picked, vectors, strict=True):
             if vector is None:
                 continue
@@ -235,13 +240,34 @@ def take_reused(
             found.tokens_saved += estimate_tokens(row.text)
             if source.in_run:
                 found.deduplicated += 1
+                found.in_run.add(row.row_number)
             else:
                 found.reused += 1
     return found
 
 
+def drop_other_lengths(found: Reused, rows: Sequence[Row], length: int) -> list[Row]:
+    """Take out of ``found`` the vectors that are not ``length`` long and return their rows
+    (to be sent): the run learned its length from the server after they were read."""
+    stale = [r for r in rows
+             if r.row_number in found.vectors and len(found.vectors[r.row_number]) != length]
+    for row in stale:
+        del found.vectors[row.row_number]
+        found.tokens_saved -= estimate_tokens(row.text)
+        if row.row_number in found.in_run:
+            found.deduplicated -= 1
+        else:
+            found.reused -= 1
+    return stale
+
+
 def _vectors_for(
-    store: ObjectStore, source: ReuseSource, hashes: list[str], model: str, wait_s: float
+    store: ObjectStore,
+    source: ReuseSource,
+    hashes: list[str],
+    model: str,
+    wait_s: float,
+    dimensions: int | None = None,
 ) -> list[np.ndarray | None]:
     deadline = time.monotonic() + (wait_s if source.in_run else 0.0)
     while True:
@@ -261,6 +287,8 @@ def _vectors_for(
     where = pc.index_in(pa.array(hashes, pa.string()), value_set=table["text_sha256"])
     embedding = table["embedding"].combine_chunks()
     width = embedding.type.list_size
+    if dimensions is not None and width != dimensions:
+        return [None] * len(hashes)  # an object of another length: send these rows
     flat = embedding.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
     return [None if i is None else flat[i].astype(np.float32) for i in where.to_pylist()]
 

@@ -111,7 +111,7 @@ def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
     rows[2] = (rows[2][0], "")
     rows[4] = (rows[4][0], "   \n  ")
     _csv(tmp_path / "in.csv", rows)
-    code, out, _ = _run(tmp_path, fake_openai, "--chunk-size", "3")
+    code, out, _ = _run(tmp_path, fake_openai, "--chunk-size", "3", "--on-empty-text", "fail")
     assert code == 1 and "2 rows are dead letters" in out
     assert "(the whole command: " in out  # the flow's wall time, and the command's
     assert not (tmp_path / "out" / "manifests").exists()
@@ -121,7 +121,8 @@ def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
     assert dead.returncode == 0
     assert dead.stdout.splitlines() == ["002\tempty_text\t", "004\tempty_text\t"]
     requests = fake_openai.counters()["requests"]
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "3", "--allow-failed-rows")
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "3", "--allow-failed-rows",
+                          "--on-empty-text", "fail")
     assert code == 0, err
     assert fake_openai.counters()["requests"] == requests  # dead letters are final
     manifest, vectors = read_local_output(tmp_path / "out")

@@ -393,7 +393,7 @@ def test_retry_failed_dead_letters_resends_only_them_and_supersedes_the_chunk(
     ledger = str(tmp_path / "ledger.sqlite3")
     retry = run_cli("retry-failed", run_key[:12], "--dead-letters", "--ledger", ledger,
                     cwd=tmp_path)  # fmt: skip
-    assert retry.returncode == 1, retry.stdout + retry.stderr  # " " stays a dead letter
+    assert retry.returncode == 0, retry.stdout + retry.stderr  # " " is skipped, commits
     assert sum(e["n_inputs"] for e in fake_openai.log) == 2
     dead = run_cli("dead-letters", run_key[:12], "--ledger", ledger, cwd=tmp_path)
     assert [line.split("\t")[:2] for line in dead.stdout.splitlines()] == [["009", "empty_text"]]

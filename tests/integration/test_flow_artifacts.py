@@ -64,7 +64,7 @@ def test_dead_letters_fail_the_flow_run_and_are_listed_without_text(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
 ) -> None:
     (tmp_path / "in.csv").write_text(f"id,text\n1,{SECRET_TEXT}\n2,\n3,c\n", encoding="utf-8")
-    state = _run_flow(tmp_path, fake_openai, prefect_api_url)
+    state = _run_flow(tmp_path, fake_openai, prefect_api_url, on_empty_text="fail")
     assert state.is_failed()
     assert "dead letter" in (state.message or "")
     artifacts, _ = _artifacts_and_tasks(prefect_api_url, state.state_details.flow_run_id)

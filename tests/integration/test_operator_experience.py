@@ -176,7 +176,7 @@ def test_rerun_held_back_only_by_dead_letters_answers_without_prefect(
     5 s of waiting for the temporary server per rerun); with --allow-failed-rows it commits."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,\n3,gamma\n")
     args = ("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--chunk-size", "2")  # fmt: skip
+            "--chunk-size", "2", "--on-empty-text", "fail")  # fmt: skip
     first = _cli(tmp_path, *args)
     assert first.returncode == 1, first.stderr[-3000:]
     assert "Flow run" in first.stderr
@@ -357,15 +357,15 @@ def test_settings_errors_carry_no_pydantic_prefix(tmp_path: Path, csv_file: Path
 def test_one_dead_letter_is_singular(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,\n3,gamma\n")
     result = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
-                  fake_openai.base_url)  # fmt: skip
+                  fake_openai.base_url, "--on-empty-text", "fail")  # fmt: skip
     assert result.returncode == 1, result.stderr[-2000:]
     assert "1 row is a dead letter (see" in result.stdout
     assert "1 rows" not in result.stdout and "1 dead letters" not in result.stdout
     assert ", 1 dead letter\n" in result.stdout  # the rows line
     committed = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
-                     fake_openai.base_url, "--allow-failed-rows")  # fmt: skip
+                     fake_openai.base_url, "--allow-failed-rows", "--on-empty-text", "fail")
     assert committed.returncode == 0, committed.stderr[-2000:]
-    assert "1 row is a dead letter (--allow-failed-rows)" in committed.stdout
+    assert "1 row is a dead letter (committed with --allow-failed-rows)" in committed.stdout
     assert "1 dead letters" not in committed.stdout
 
 

@@ -162,6 +162,19 @@ class FakeEmbeddingServer:
     :param key_header: with ``require_key``, the header that must carry the bare key
         (e.g. ``api-key``, Azure-style) instead of ``Authorization: Bearer``.
     :param max_inputs: answer 400 ("too many inputs") to requests of more inputs.
+
+    Bad 200s (a vector that disagrees with the run, issue 22 item 3), each a real answer:
+
+    :param change_dims_after: after this many answered embedding requests, every vector has
+        ``changed_dims`` components (``expected_vector(text, changed_dims)``, whatever the
+        request's ``dimensions``): a server whose default length changed mid-run.
+    :param changed_dims: the length served once ``change_dims_after`` is reached.
+    :param nan_texts_containing: the vector of a text containing this marker has NaN as its
+        first component (JSON ``NaN`` with ``float``, the NaN bit pattern with ``base64``).
+    :param duplicate_index: the last item of ``data`` repeats the first item's ``index``
+        (the count stays right: one input has two vectors, another none).
+    :param drop_last_item: ``data`` lacks its last item (one input without a vector).
+    :param string_values: ``float`` answers carry each number as a JSON string (``"0.1"``).
     """
 
     def __init__(
@@ -179,6 +192,12 @@ class FakeEmbeddingServer:
         omit_first_index: bool = False,
         key_header: str | None = None,
         max_inputs: int | None = None,
+        change_dims_after: int | None = None,
+        changed_dims: int = 255,
+        nan_texts_containing: str | None = None,
+        duplicate_index: bool = False,
+        drop_last_item: bool = False,
+        string_values: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -194,6 +213,13 @@ class FakeEmbeddingServer:
         self.omit_first_index = omit_first_index
         self.key_header = key_header
         self.max_inputs = max_inputs
+        self.change_dims_after = change_dims_after
+        self.changed_dims = changed_dims
+        self.nan_texts_containing = nan_texts_containing
+        self.duplicate_index = duplicate_index
+        self.drop_last_item = drop_last_item
+        self.string_values = string_values
+        self.answered = 0  # embedding requests answered with vectors (a 200)
         self._address = (host, port)
         self.lock = threading.Lock()
         self.requests = 0
@@ -260,6 +286,7 @@ class FakeEmbeddingServer:
             self.requests = 0
             self.inputs = 0
             self.log = []
+            self.answered = 0
             self._faults.clear()
             self._fail_when = None
 
@@ -426,15 +453,28 @@ class FakeEmbeddingServer:
         return None
 
     def _embeddings_body(self, texts: list[str], dims: int, fmt: str, model: str) -> bytes:
-        matrix = expected_matrix(texts, dims).astype("<f4", copy=False)
+        with self.lock:
+            answered, self.answered = self.answered, self.answered + 1
+        if self.change_dims_after is not None and answered >= self.change_dims_after:
+            dims = self.changed_dims
+        matrix = expected_matrix(texts, dims).astype("<f4", copy=True)
+        marker = self.nan_texts_containing
+        if marker is not None:
+            matrix[[marker in t for t in texts], 0] = np.nan
         if fmt == "base64":
             vectors: list[Any] = [base64.b64encode(row.tobytes()).decode() for row in matrix]
         else:
             vectors = matrix.tolist()
+            if self.string_values:
+                vectors = [[repr(x) for x in row] for row in vectors]
         order = range(len(texts) - 1, -1, -1) if self.shuffle_index else range(len(texts))
         data = [{"object": "embedding", "index": i, "embedding": vectors[i]} for i in order]
         if self.omit_first_index:
             data[0].pop("index")
+        if self.duplicate_index and len(data) > 1:
+            data[-1]["index"] = data[0]["index"]
+        if self.drop_last_item:
+            data.pop()
         tokens = sum(max(1, len(t.split())) for t in texts)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         answer = {"object": "list", "data": data, "model": model, "usage": usage}

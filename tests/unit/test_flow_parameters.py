@@ -10,3 +10,4 @@ def test_choices_are_enums_in_the_custom_run_form() -> None:
     assert properties["embedder"]["enum"] == ["local", "openai"]
     assert properties["task_runner"]["enum"] == ["threads", "dask"]
     assert properties["on_too_long"]["enum"] == ["dead-letter", "truncate"]
+    assert properties["on_empty_text"]["enum"] == ["skip", "fail"]

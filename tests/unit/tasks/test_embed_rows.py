@@ -24,9 +24,12 @@ class ScriptedClient:
     def __init__(self, fail: Callable[[Sequence[str]], Exception | None] = lambda t: None):
         self.fail = fail
         self.calls: list[tuple[list[str], str]] = []
+        self.expected: list[int | None] = []  # expect_dimensions of each call
 
-    def embed(self, texts: Sequence[str], *, idempotency_key: str) -> Embeddings:
+    def embed(self, texts: Sequence[str], *, idempotency_key: str,
+              expect_dimensions: int | None = None) -> Embeddings:
         self.calls.append((list(texts), idempotency_key))
+        self.expected.append(expect_dimensions)
         error = self.fail(texts)
         if error is not None:
             raise error
@@ -139,3 +142,15 @@ def test_stop_request_releases_before_the_next_request() -> None:
     finally:
         shutdown.reset()
     assert client.calls == []
+
+
+def test_every_request_after_the_first_answer_expects_its_length() -> None:
+    client = ScriptedClient()
+    _run(_rows([f"text {i}" for i in range(10)]), client)
+    assert client.expected == [None, 3, 3]  # batches of 4: learned from the first answer
+
+
+def test_the_runs_length_given_by_the_flow_is_expected_from_the_first_request() -> None:
+    client = ScriptedClient()
+    _run(_rows([f"text {i}" for i in range(6)]), client, expect_dimensions=3)
+    assert client.expected == [3, 3]
