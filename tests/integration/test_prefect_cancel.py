@@ -208,3 +208,50 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
         assert final["state_type"] == "COMPLETED", final["state"]
         assert _history(api, flow_run_id)[-3:] == ["CANCELLING", "RUNNING", "COMPLETED"]
         assert "\tcomplete\t" in status, status
+
+
+def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
+    prefect_api_url: str, fake_openai: FakeEmbeddingServer, moto_endpoint: str,
+    s3_bucket: str, tmp_path: Path,
+) -> None:
+    """The ``load-run`` flow that ``embedline load`` runs, cancelled while a chunk is being
+    loaded (its read from the store held): one line, 143, the flow run Cancelled; the next
+    load finishes it."""
+    api, ledger, output = prefect_api_url, tmp_path / "ledger.sqlite3", f"s3://{s3_bucket}/out"
+    _write_csv(tmp_path, rows=8)
+    embedded = subprocess.run([sys.executable, "-m", "cli", *_run_args(fake_openai, output, ledger)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                              env={**os.environ, "PYTHONPATH": str(REPO),
+                                   "AWS_ENDPOINT_URL": moto_endpoint})  # fmt: skip
+    assert embedded.returncode == 0, embedded.stderr[-3000:]
+    load = ["load", "--to", f"lancedb://{tmp_path / 'lance'}", "--output", output, "--ledger",
+            str(ledger)]  # fmt: skip
+    hold = _Hold("GET", "/chunks/")
+    with ResettingProxy(moto_endpoint, fault=hold) as proxy:
+        proc = _cli(*load, cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
+        try:
+            assert hold.reached.wait(120), "no chunk was read"
+            [flow_run] = [r for r in httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
+                "flows": {"name": {"any_": ["load-run"]}},
+                "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}).json()
+                if r["parameters"].get("ledger") == str(ledger)]  # fmt: skip
+            _cancel(api, flow_run["id"])
+            time.sleep(2.5)  # the CLI reads the state once a second
+            hold.release.set()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            hold.release.set()
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert _embedline_lines(err) == [
+        "embedline: cancelled from Prefect; rerun the same command to resume"], err[-3000:]
+    assert _final_state(api, flow_run["id"])["state_type"] == "CANCELLED"
+    again = subprocess.run([sys.executable, "-m", "cli", *load], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=180,
+                           env={**os.environ, "PYTHONPATH": str(REPO),
+                                "AWS_ENDPOINT_URL": moto_endpoint})  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "load       loaded" in again.stdout, again.stdout
