@@ -88,7 +88,7 @@ def cancelled_or(state: State[Any]) -> State[Any]:
     """The final state of a flow run that did not complete: ``state`` (Failed), or, if
     Prefect cancelled the run, Cancelled with the same message and data (from Cancelling the
     server accepts only Cancelled)."""
-    if not shutdown.prefect_cancel_requested():
+    if not _cancel_requested():
         return state
     return Cancelled(message=state.message, data=state.data)
 
@@ -99,7 +99,7 @@ def complete_despite_cancel() -> None:
     back to Running, with a message that says so, so that the server accepts the Completed
     state (from Cancelling it accepts only Cancelled), which then fires what waits for
     Completed once. If that call fails, the flow run stays Cancelling (logged)."""
-    if not shutdown.prefect_cancel_requested():
+    if not _cancel_requested():
         return
     import httpx
     from prefect.client.orchestration import get_client
@@ -112,6 +112,35 @@ def complete_despite_cancel() -> None:
     except httpx.HTTPError as exc:
         get_run_logger().warning("could not record that the run completed (%s): %s; the "
                                  "flow run stays Cancelling", note, exc)  # fmt: skip
+
+
+def _cancel_requested() -> bool:
+    """A cancel the watch saw, or, in the CLI's process, one the flow run's state shows now:
+    it came after the watch's last read (up to ``POLL_S`` before the run ended), too late to
+    stop anything, but the final state must still be one the server accepts. One API call;
+    none once the API is lost (the CLI has the summary and exits)."""
+    if shutdown.prefect_cancel_requested():
+        return True
+    flow_run_id = flow_run.get_id()
+    if not shutdown.run_by_command() or not flow_run_id or shutdown.api_lost() is not None:
+        return False
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return _reads_cancel(client, str(flow_run_id))
+
+
+def _reads_cancel(client: Any, flow_run_id: str) -> bool:
+    """The flow run's state is Cancelling or Cancelled; False when the API does not answer
+    (the CLI's API watchdog decides about a lost API)."""
+    import httpx
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        state = client.read_flow_run(flow_run_id).state
+    except (httpx.HTTPError, ObjectNotFound):
+        return False
+    return state is not None and state.type.value in _CANCEL_STATE_TYPES
 
 
 def raise_if_interrupted_by_cancel(data: object) -> None:
@@ -166,20 +195,8 @@ class _CancelWatch:
 
         with get_client(sync_client=True) as client:
             while not self._ended.wait(self.poll_s):
-                if self._cancelled(client):
+                if _reads_cancel(client, self.flow_run_id):
                     with self._lock:
                         if not self._ended.is_set() and shutdown.note_prefect_cancel():
                             os.kill(os.getpid(), signal.SIGTERM)
                     return
-
-    def _cancelled(self, client: Any) -> bool:
-        """The flow run's state is Cancelling or Cancelled; False when the API does not
-        answer (the CLI's API watchdog decides about a lost API)."""
-        import httpx
-        from prefect.exceptions import ObjectNotFound
-
-        try:
-            state = client.read_flow_run(self.flow_run_id).state
-        except (httpx.HTTPError, ObjectNotFound):
-            return False
-        return state is not None and state.type.value in _CANCEL_STATE_TYPES

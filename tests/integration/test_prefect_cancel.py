@@ -219,8 +219,9 @@ def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
     load finishes it."""
     api, ledger, output = prefect_api_url, tmp_path / "ledger.sqlite3", f"s3://{s3_bucket}/out"
     _write_csv(tmp_path, rows=8)
-    embedded = subprocess.run([sys.executable, "-m", "cli", *_run_args(fake_openai, output, ledger)],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    run = _run_args(fake_openai, output, ledger)
+    embedded = subprocess.run([sys.executable, "-m", "cli", *run], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=180,
                               env={**os.environ, "PYTHONPATH": str(REPO),
                                    "AWS_ENDPOINT_URL": moto_endpoint})  # fmt: skip
     assert embedded.returncode == 0, embedded.stderr[-3000:]
