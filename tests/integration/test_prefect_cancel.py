@@ -161,7 +161,7 @@ class _Hold:
             self.release.wait(60)
 
 
-@pytest.mark.parametrize("moment", ["before-dispatch", "after-commit"])
+@pytest.mark.parametrize("moment", ["before-dispatch", "sink-load", "after-commit"])
 def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_does(
     prefect_api_url: str, fake_openai: FakeEmbeddingServer, moto_endpoint: str,
     s3_bucket: str, tmp_path: Path, moment: str,
@@ -170,13 +170,18 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
     one line, 143, nothing sent, the run ``interrupted`` and the flow run Cancelled. Held in
     the run lease's DELETE (after the commit, only reporting left): the cancel is held like
     a signal, the summary prints, then one line saying the run is committed, 143; the flow
-    run ends Completed (it stopped nothing), after the Cancelling the cancel asked for."""
+    run ends Completed (it stopped nothing), after the Cancelling the cancel asked for. Held
+    in the ``--sink`` load's read of a chunk (after the commit, the load left): one line
+    saying a rerun loads it, 143, Cancelled."""
     api, ledger = prefect_api_url, tmp_path / "ledger.sqlite3"
     _write_csv(tmp_path, rows=8)
-    hold = FirstPutHold() if moment == "before-dispatch" else _Hold("DELETE", "_embedline/runs/")
+    args = _run_args(fake_openai, f"s3://{s3_bucket}/out", ledger)
+    hold: Any = {"before-dispatch": FirstPutHold(), "sink-load": _Hold("GET", "/chunks/"),
+                 "after-commit": _Hold("DELETE", "_embedline/runs/")}[moment]  # fmt: skip
+    if moment == "sink-load":
+        args += ["--sink", f"lancedb://{tmp_path / 'lance'}"]
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
-        proc = _cli(*_run_args(fake_openai, f"s3://{s3_bucket}/out", ledger), cwd=tmp_path,
-                    env={"AWS_ENDPOINT_URL": proxy.url})  # fmt: skip
+        proc = _cli(*args, cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
         try:
             flow_run_id = _find_flow_run(api, ledger, proc)
             assert hold.reached.wait(120), "the flow never reached the held request"
@@ -200,6 +205,12 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
         assert fake_openai.counters()["requests"] == 0
         assert final["state_type"] == "CANCELLED", final["state"]
         assert "\tinterrupted\t" in status, status
+    elif moment == "sink-load":
+        [line] = _embedline_lines(err)
+        assert line.startswith("embedline: cancelled from Prefect after run "), err[-3000:]
+        assert line.endswith(".json): rerun the same command to load it into the sink"), line
+        assert final["state_type"] == "CANCELLED", final["state"]
+        assert "\tcomplete\t" in status, status  # committed; the load is what is left
     else:
         [line] = _embedline_lines(err)
         assert line.startswith("embedline: cancelled from Prefect after run "), err[-3000:]
