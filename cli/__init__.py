@@ -148,7 +148,7 @@ def _exit_quietly_on_signals() -> dict[int, object]:
 
 def interrupted_line(signum: int, after: str = "",
                      todo: str | None = "; rerun the same command to resume",
-                     cause: str | None = None) -> str:  # fmt: skip
+                     cause: str | None = None) -> str:
     """The one line an interrupted command ends with (here and in ``cli.main``): ``after``
     says when (e.g. " after run X was committed (URI)"), ``todo`` what to do (None: nothing,
     for a read-only command), ``cause`` what stopped it (default "interrupted by SIGINT";

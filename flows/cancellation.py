@@ -73,7 +73,7 @@ def run_stopping_on_cancel(body: Callable[[], T], *, poll_s: float = POLL_S) -> 
             return body()
     except BaseException as exc:
         if not (shutdown.prefect_cancel_requested() and shutdown.is_interrupt(exc)
-                and shutdown.signal_of(exc) == signal.SIGTERM):  # fmt: skip
+                and shutdown.signal_of(exc) == signal.SIGTERM):
             raise
         committed = shutdown.committed()
         after, todo = "", "rerun the same command to resume"
@@ -108,10 +108,10 @@ def complete_despite_cancel() -> None:
     try:
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(str(flow_run.get_id()), Running(message=note),
-                                      force=True)  # fmt: skip
+                                      force=True)
     except httpx.HTTPError as exc:
         get_run_logger().warning("could not record that the run completed (%s): %s; the "
-                                 "flow run stays Cancelling", note, exc)  # fmt: skip
+                                 "flow run stays Cancelling", note, exc)
 
 
 def _cancel_requested() -> bool:

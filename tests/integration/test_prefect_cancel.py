@@ -33,7 +33,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd,
                             env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _run_args(fake: FakeEmbeddingServer, output: str, ledger: Path) -> list[str]:
@@ -44,7 +44,7 @@ def _run_args(fake: FakeEmbeddingServer, output: str, ledger: Path) -> list[str]
 
 def _write_csv(tmp_path: Path, rows: int = ROWS) -> None:
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n"
-                                                           for i in range(rows)))  # fmt: skip
+                                                           for i in range(rows)))
 
 
 def _find_flow_run(api: str, ledger: Path, proc: subprocess.Popen[str]) -> str:
@@ -80,7 +80,7 @@ def _final_state(api: str, flow_run_id: str) -> dict[str, Any]:
 
 def _history(api: str, flow_run_id: str) -> list[str]:
     states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": flow_run_id},
-                       timeout=10).json()  # fmt: skip
+                       timeout=10).json()
     return [s["type"] for s in sorted(states, key=lambda s: s["timestamp"])]
 
 
@@ -91,7 +91,7 @@ def _embedline_lines(stderr: str) -> list[str]:
 def _status(cwd: Path, ledger: Path) -> str:
     done = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", str(ledger)],
                           cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
     return done.stdout
 
 
@@ -141,7 +141,7 @@ def test_a_run_cancelled_from_prefect_stops_like_sigterm_ends_cancelled_and_resu
     fake_openai.reset()
     rerun = subprocess.run([sys.executable, "-m", "cli", *_run_args(fake_openai, "out", ledger)],
                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
-                           capture_output=True, text=True, timeout=180)  # fmt: skip
+                           capture_output=True, text=True, timeout=180)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert fake_openai.counters()["inputs"] == ROWS - published * CHUNK
     assert "status     complete" in rerun.stdout, rerun.stdout
@@ -177,7 +177,7 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
     _write_csv(tmp_path, rows=8)
     args = _run_args(fake_openai, f"s3://{s3_bucket}/out", ledger)
     hold: Any = {"before-dispatch": FirstPutHold(), "sink-load": _Hold("GET", "/chunks/"),
-                 "after-commit": _Hold("DELETE", "_embedline/runs/")}[moment]  # fmt: skip
+                 "after-commit": _Hold("DELETE", "_embedline/runs/")}[moment]
     if moment == "sink-load":
         args += ["--sink", f"lancedb://{tmp_path / 'lance'}"]
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
@@ -234,10 +234,10 @@ def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
     embedded = subprocess.run([sys.executable, "-m", "cli", *run], cwd=tmp_path,
                               capture_output=True, text=True, timeout=180,
                               env={**os.environ, "PYTHONPATH": str(REPO),
-                                   "AWS_ENDPOINT_URL": moto_endpoint})  # fmt: skip
+                                   "AWS_ENDPOINT_URL": moto_endpoint})
     assert embedded.returncode == 0, embedded.stderr[-3000:]
     load = ["load", "--to", f"lancedb://{tmp_path / 'lance'}", "--output", output, "--ledger",
-            str(ledger)]  # fmt: skip
+            str(ledger)]
     hold = _Hold("GET", "/chunks/")
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
         proc = _cli(*load, cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
@@ -246,7 +246,7 @@ def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
             [flow_run] = [r for r in httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
                 "flows": {"name": {"any_": ["load-run"]}},
                 "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}).json()
-                if r["parameters"].get("ledger") == str(ledger)]  # fmt: skip
+                if r["parameters"].get("ledger") == str(ledger)]
             _cancel(api, flow_run["id"])
             time.sleep(2.5)  # the CLI reads the state once a second
             hold.release.set()
@@ -264,6 +264,6 @@ def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
     again = subprocess.run([sys.executable, "-m", "cli", *load], cwd=tmp_path,
                            capture_output=True, text=True, timeout=180,
                            env={**os.environ, "PYTHONPATH": str(REPO),
-                                "AWS_ENDPOINT_URL": moto_endpoint})  # fmt: skip
+                                "AWS_ENDPOINT_URL": moto_endpoint})
     assert again.returncode == 0, again.stderr[-3000:]
     assert "load       loaded" in again.stdout, again.stdout
