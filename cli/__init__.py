@@ -147,11 +147,14 @@ def _exit_quietly_on_signals() -> dict[int, object]:
 
 
 def interrupted_line(signum: int, after: str = "",
-                     todo: str | None = "; rerun the same command to resume") -> str:
+                     todo: str | None = "; rerun the same command to resume",
+                     cause: str | None = None) -> str:
     """The one line an interrupted command ends with (here and in ``cli.main``): ``after``
     says when (e.g. " after run X was committed (URI)"), ``todo`` what to do (None: nothing,
-    for a read-only command)."""
-    return f"embedline: interrupted by {signal.Signals(signum).name}{after}{todo or ''}\n"
+    for a read-only command), ``cause`` what stopped it (default "interrupted by SIGINT";
+    ``shutdown.stop_cause``)."""
+    cause = cause or f"interrupted by {signal.Signals(signum).name}"
+    return f"embedline: {cause}{after}{todo or ''}\n"
 
 
 def _exit_quietly(signum: int, frame: object) -> None:

@@ -151,6 +151,7 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
     from embedline import shutdown
 
     with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost
+        from flows.cancellation import raise_if_interrupted_by_cancel
         from flows.load import load_run
 
     shutdown.command_handles_signals()  # SIGTERM as SIGINT in the flow
@@ -159,6 +160,7 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
                      return_state=True)  # fmt: skip  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)
+    raise_if_interrupted_by_cancel(summary)  # cancelled from Prefect: cli.main says it
     if not isinstance(summary, dict):
         return fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
     print_load_summary(summary)

@@ -108,12 +108,15 @@ def _interrupted(exc: BaseException, *, resumable: bool) -> int:
     nothing to redo); a read-only command (``resumable`` False) has nothing to resume."""
     shutdown.run_hard_exit_hooks()
     signum = shutdown.signal_of(exc)
+    cause = shutdown.stop_cause(signum)  # a SIGTERM may be a cancel from Prefect
     committed = shutdown.committed()
     if committed is not None:
         run_key, manifest_uri, todo = committed
         line = interrupted_line(signum, f" after run {run_key[:12]} was committed "
-                                        f"({manifest_uri})", f": {todo}")  # fmt: skip
+                                        f"({manifest_uri})", f": {todo}", cause)  # fmt: skip
+    elif resumable:
+        line = interrupted_line(signum, cause=cause)
     else:
-        line = interrupted_line(signum) if resumable else interrupted_line(signum, todo=None)
+        line = interrupted_line(signum, todo=None, cause=cause)
     sys.stderr.write(line)
     return shutdown.exit_code_for(signum)

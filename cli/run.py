@@ -281,6 +281,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
             return int(committed["exit_code"])  # 1: every chunk published, dead letters
         # with --sink and a load still to do, the flow loads the committed run
     with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost
+        from flows.cancellation import raise_if_interrupted_by_cancel
         from flows.embed_csv import embed_csv
 
         if api.server is not None:
@@ -299,6 +300,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
         shutdown.remove_hard_exit_hook(_recorded_run_hook)
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)  # a Failed state carries RunNotComplete
+    raise_if_interrupted_by_cancel(summary)  # cancelled before a summary: cli.main says it
     if not isinstance(summary, dict):
         return fail(f"embedline: the flow ended in state {state.type.value}: {summary}", 1)
     print_summary(summary, command_s=command_seconds())

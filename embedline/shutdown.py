@@ -21,6 +21,10 @@ answering, or the temporary server's process exiting) is a stop of the same kind
 period; the flow records the outcome in the ledger and ``hand_over``s its summary to the
 waiting CLI thread (``wait_for_hand_over``), which prints it and exits without waiting for
 Prefect's client, whose retries of each call take about a minute (2+4+8+16+32 s).
+
+A cancel from Prefect (the UI's Cancel) of a flow run the CLI runs is a SIGTERM that
+``flows.cancellation`` sends this process after ``note_prefect_cancel``: it stops the run
+as a SIGTERM does, and ``stop_cause`` names it.
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ __all__ = [
     "note_termination",
     "on_first_interrupt",
     "on_hard_exit",
+    "note_prefect_cancel",
     "pending_termination",
+    "prefect_cancel_requested",
     "raise_held_interrupt",
     "raise_interrupt",
     "redeliver_lost_interrupts",
@@ -66,6 +72,7 @@ __all__ = [
     "run_by_command",
     "run_hard_exit_hooks",
     "signal_of",
+    "stop_cause",
     "stop_signal",
     "stop_tasks",
     "take_over_sigterm",
@@ -283,6 +290,36 @@ def stop_signal() -> int | None:
     return _signal
 
 
+#: Prefect cancelled the flow run this command runs (``flows.cancellation``): the SIGTERM
+#: it sends this process is reported as a cancel.
+_prefect_cancel = False
+
+
+def note_prefect_cancel() -> bool:
+    """Record that Prefect cancelled the flow run this command runs in its own process,
+    before ``flows.cancellation`` sends this process the SIGTERM that stops it. Returns
+    False, recording nothing, when the command is already stopping on a signal (noted,
+    raised or held): a SIGTERM then would count as a second signal and exit at once."""
+    global _prefect_cancel
+    if _signal is not None or _raised is not None or _held is not None:
+        return False
+    _prefect_cancel = True
+    return True
+
+
+def prefect_cancel_requested() -> bool:
+    """True once ``note_prefect_cancel`` recorded a cancel (until the next command)."""
+    return _prefect_cancel
+
+
+def stop_cause(signum: int) -> str:
+    """What stopped the command, as its summary and last line say it: "cancelled from
+    Prefect" for the SIGTERM of a cancel, else "interrupted by SIGINT" (or SIGTERM)."""
+    if _prefect_cancel and signum == signal.SIGTERM:
+        return "cancelled from Prefect"
+    return f"interrupted by {signal.Signals(signum).name}"
+
+
 def stop_tasks() -> None:
     """Ask every chunk task of this process to stop before its next request."""
     _tasks_stop.set()
@@ -349,10 +386,11 @@ def note_committed(run_key: str | None, manifest_uri: str = "", todo: str = "",
     finishing state (a new command). ``summary``: the run's summary, given once nothing is
     left to do but report it (``committed_summary``)."""
     global _committed, _committed_summary, _finishing, _held, _command_handles_signals
+    global _prefect_cancel
     _committed = None if run_key is None else (run_key, manifest_uri, todo)
     _committed_summary = None if run_key is None else summary
     if run_key is None:
-        _finishing = _command_handles_signals = False
+        _finishing = _command_handles_signals = _prefect_cancel = False
         _held = None
 
 

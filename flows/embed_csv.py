@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import time
 from dataclasses import replace
 from typing import Any, Literal
@@ -39,6 +38,7 @@ from embedline.models import (
 from embedline.progress import cost_in_process, reset_cost
 from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_message
 from embedline.tracebacks import quiet_expected_tracebacks
+from flows import cancellation
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
 from flows.progress_report import progress_reporter
@@ -50,10 +50,7 @@ from tasks.commit import commit_run, ledger_catches_up, missing_objects
 from tasks.dimensions import RunLength, pinned_length, with_lengths
 from tasks.gc import drop_run_lease, write_run_lease
 from tasks.generations import resolve_run_target
-from tasks.manifest import (
-    change_fields,
-    summary_from_manifest,
-)
+from tasks.manifest import change_fields, summary_from_manifest
 from tasks.plan import find_published, plan_input
 from tasks.publish import ensure_conditional_writes
 from tasks.published import retries_dead_letters
@@ -105,9 +102,10 @@ def embed_csv(
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
 
     With ``sink``, the committed run is then loaded into that vector store (``load-chunk``
-    tasks; DESIGN §8). Units: ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight requests, ``rpm``
-    requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
-    request (first try included). Returns a Completed or Failed state carrying the summary.
+    tasks; DESIGN §8). Units: ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight
+    requests, ``rpm`` requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request,
+    ``max_attempts`` per request (first try included). Returns a Completed or Failed state
+    carrying the summary (Cancelled if cancelled from Prefect: ``flows.cancellation``).
     """
     quiet_expected_tracebacks()
     try:
@@ -121,29 +119,13 @@ def embed_csv(
             return _final(RunSummary(3, "fatal", problem))
         if settings.requires_api_key and api_key_from_env() is None:
             return _final(RunSummary(3, "fatal", NO_API_KEY_MESSAGE))
-    summary = run_settings(settings)
-    _end_as_prefect_cancellation(summary)
-    # The Prefect API went away: the CLI prints this summary and exits; Prefect's client
-    # would retry the final state for about a minute (2+4+8+16+32 s, PREFECT_CLIENT_MAX_RETRIES).
+    summary = cancellation.run_stopping_on_cancel(lambda: run_settings(settings))
+    if isinstance(summary, State):  # cancelled from Prefect before the run had a summary
+        return summary
+    cancellation.end_as_runner_cancellation(summary.message)
+    # The Prefect API went away: the CLI prints this and exits (not 1 min of client retries)
     shutdown.hand_over(summary.to_dict())
     return _final(summary)
-
-
-def _end_as_prefect_cancellation(summary: RunSummary) -> None:
-    """A run under a Prefect runner that stopped gracefully on Prefect's SIGTERM (the UI's
-    Cancel, ``prefect flow-run cancel``): everything is recorded; raise the kept
-    ``TerminationSignal`` again, so Prefect ends the run as it would have at once: Cancelled
-    for a cancel (exit 0, no traceback), Crashed otherwise. Before, the flow returned a
-    Failed state into ``Cancelling``: the run stayed ``Cancelling``, with an
-    ``UnfinishedRun`` traceback, exit 1 and the worker's "general error" line.
-
-    :raises TerminationSignal: kept by ``shutdown.note_termination``; else returns.
-    """
-    termination = shutdown.pending_termination()
-    if termination is None:
-        return
-    get_run_logger().warning("stopped: %s", summary.message)
-    raise termination
 
 
 #: Secret block read when neither EMBEDLINE_API_KEY nor OPENAI_API_KEY is set.
@@ -499,7 +481,7 @@ def _summarize(
     if signum is not None:
         return _with(summary, started, exit_code=shutdown.exit_code_for(signum),
                      status="interrupted", message=(
-                         f"interrupted by {signal.Signals(signum).name}: {len(done)} of "
+                         f"{shutdown.stop_cause(signum)}: {len(done)} of "
                          f"{len(plan.chunks)} chunks published; {_resume_hint()}"))  # fmt: skip
     loss = shutdown.api_lost()
     if loss is not None and not_done:
@@ -596,5 +578,7 @@ class RunNotComplete(Exception):
 
 def _final(summary: RunSummary) -> State[Any]:
     if summary.exit_code == 0:
+        cancellation.complete_despite_cancel()  # a cancel after the commit stopped nothing
         return Completed(message=summary.message or summary.status, data=summary.to_dict())
-    return Failed(message=summary.message, data=RunNotComplete(summary.to_dict()))
+    failed = Failed(message=summary.message, data=RunNotComplete(summary.to_dict()))
+    return cancellation.cancelled_or(failed)  # Cancelled if Prefect cancelled the run

@@ -35,6 +35,7 @@ from embedline import shutdown
 from embedline.errors import ConflictError, EmbedlineError
 from embedline.models import LoadSummary, ManifestChunk
 from embedline.protocols import VectorSink
+from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
 from tasks.chunk import store_for
 from tasks.load import LoadJob, load_chunk, sink_for
 from tasks.outcome import status_for
@@ -60,9 +61,12 @@ def load_run(
         return final_state(LoadSummary(exc.exit_code, "input_error", str(exc), sink=to))
     book = Ledger(ledger)
     try:
-        summary = load_stage(output=output, manifest=manifest, sink_uri=to, ledger=book)
+        summary = run_stopping_on_cancel(lambda: load_stage(output=output, manifest=manifest,
+                                                            sink_uri=to, ledger=book))
     finally:
         book.close()
+    if isinstance(summary, State):  # cancelled from Prefect (the CLI's process)
+        return summary
     summary.wall_s = round(time.monotonic() - started, 3)
     return final_state(summary)
 
@@ -70,8 +74,9 @@ def load_run(
 def final_state(summary: LoadSummary) -> State[Any]:
     """Completed (exit 0) or Failed, carrying the summary dict."""
     if summary.exit_code == 0:
+        complete_despite_cancel()  # a cancel that came as the load ended stopped nothing
         return Completed(message=summary.message or summary.status, data=summary.to_dict())
-    return Failed(message=summary.message, data=LoadNotComplete(summary.to_dict()))
+    return cancelled_or(Failed(message=summary.message, data=LoadNotComplete(summary.to_dict())))
 
 
 class LoadNotComplete(Exception):

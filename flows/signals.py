@@ -124,8 +124,11 @@ def _stop(
     dispatcher.stop(grace_s=grace_s)
     hint = ("the Prefect runner kills this process 30 s after a cancel"
             if under_prefect_runner() else "send it again to exit now")
-    logger.warning("%s received: no new chunks; in-flight chunks get %g s to finish, then are "
-                   "released (%s)", signal.Signals(signum).name, grace_s, hint)  # fmt: skip
+    what = f"{signal.Signals(signum).name} received"
+    if shutdown.stop_cause(signum).startswith("cancelled"):  # flows.cancellation's SIGTERM
+        what, hint = "cancelled from Prefect", "Ctrl-C or SIGTERM exits now"
+    logger.warning("%s: no new chunks; in-flight chunks get %g s to finish, then are "
+                   "released (%s)", what, grace_s, hint)  # fmt: skip
 
 
 @contextlib.contextmanager

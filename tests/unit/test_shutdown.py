@@ -145,3 +145,30 @@ def test_without_the_command_asking_a_finishing_run_keeps_prefects_signal_handli
         shutdown.raise_held_interrupt()
     """)
     assert (done.returncode, done.stdout.splitlines()) == (0, ["own handler"])
+
+
+def test_a_prefect_cancel_is_named_as_such_and_never_counts_as_a_second_signal() -> None:
+    """``flows.cancellation`` notes a cancel, then sends SIGTERM: the stop is then named
+    "cancelled from Prefect". A cancel read while the command already stops on a signal
+    (here a Ctrl-C being unwound) records nothing, so no SIGTERM is sent that would exit
+    at once as a second signal; a new command forgets the cancel."""
+    done = _python("""
+        import signal
+        from embedline import shutdown
+        shutdown.install_interrupt_handlers()
+        print(shutdown.stop_cause(signal.SIGTERM), shutdown.note_prefect_cancel(), flush=True)
+        print(shutdown.stop_cause(signal.SIGTERM), "|", shutdown.stop_cause(signal.SIGINT))
+        shutdown.note_committed(None)  # a new command
+        print(shutdown.prefect_cancel_requested(), flush=True)
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            print(shutdown.note_prefect_cancel(), shutdown.prefect_cancel_requested())
+    """)
+    assert done.stdout.splitlines() == [
+        "interrupted by SIGTERM True",
+        "cancelled from Prefect | interrupted by SIGINT",
+        "False",
+        "False False",
+    ], done.stderr
+    assert done.returncode == 0, done.stderr
