@@ -11,11 +11,9 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 
-#: ``time.monotonic()`` when the command started (this package is its first import).
-STARTED_AT = time.monotonic()
+from cli.started import STARTED_AT, interrupted_line
 
 __all__ = ["STARTED_AT", "entry", "forget_caught_interrupts", "interrupted_line", "main"]
 
@@ -144,17 +142,6 @@ def _exit_quietly_on_signals() -> dict[int, object]:
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     return {signum: signal.signal(signum, _exit_quietly) for signum, default in
             defaults.items() if signal.getsignal(signum) in (default, ours)}  # fmt: skip
-
-
-def interrupted_line(signum: int, after: str = "",
-                     todo: str | None = "; rerun the same command to resume",
-                     cause: str | None = None) -> str:
-    """The one line an interrupted command ends with (here and in ``cli.main``): ``after``
-    says when (e.g. " after run X was committed (URI)"), ``todo`` what to do (None: nothing,
-    for a read-only command), ``cause`` what stopped it (default "interrupted by SIGINT";
-    ``shutdown.stop_cause``)."""
-    cause = cause or f"interrupted by {signal.Signals(signum).name}"
-    return f"embedline: {cause}{after}{todo or ''}\n"
 
 
 def _exit_quietly(signum: int, frame: object) -> None:

@@ -23,10 +23,10 @@ __all__ = ["ProgressBar", "command_seconds", "cost_lines", "print_summary", "sto
 
 
 def command_seconds() -> float:
-    """Seconds since this command started (``cli.STARTED_AT``)."""
-    import cli
+    """Seconds since this command started (``cli.started.STARTED_AT``)."""
+    from cli.started import STARTED_AT
 
-    return time.monotonic() - cli.STARTED_AT
+    return time.monotonic() - STARTED_AT
 
 _active: list[ProgressBar] = []  # the bar of the run in progress, for stop_progress
 

@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cli import gc, inspect, interrupted_line, load, run, search
+from cli import gc, inspect, load, run, search
+from cli.started import interrupted_line
 from embedline import shutdown
 from embedline.tracebacks import DEBUG_ENV
 
