@@ -22,6 +22,8 @@ from cli.common import (
     exit_on_api_loss,
     fail,
     find_run,
+    MAX_DELETE_HELP,
+    fraction,
     non_negative_float,
     open_ledger,
     positive_float,
@@ -127,6 +129,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                      help="after the manifest commit, load the run into lancedb://PATH, "
                           "PATH/NAME.lance or postgresql://user@host/db (see embedline load) "
                           "(default: no load)")
+    run.add_argument("--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE",
+                     help=MAX_DELETE_HELP)
     run.add_argument("--progress-interval", type=non_negative_float, default=10.0,
                      metavar="SECONDS",
                      help="when stderr is not a terminal, a progress line every SECONDS "
