@@ -41,6 +41,7 @@ from tasks.chunk import store_for
 from tasks.load import LoadJob, load_chunk, sink_for
 from tasks.outcome import status_for
 from tasks.read import resolve_run
+from tasks.report import publish_load_summary
 from tasks.sink_state import (
     DEFAULT_MAX_DELETE_FRACTION,
     LoadPlan,
@@ -78,6 +79,8 @@ def load_run(
     finally:
         book.close()
     summary.wall_s = round(time.monotonic() - started, 3)
+    if shutdown.api_lost() is None:
+        publish_load_summary(summary)
     return final_state(summary)
 
 

@@ -45,3 +45,15 @@ def test_a_delete_above_the_share_is_refused_naming_the_counts_and_the_flag() ->
     assert caught.value.exit_code == 2
     assert "58 of 60 rows (97%)" in message and "--max-delete-fraction 0.97" in message
     assert "max_delete_fraction" in message and "\n" not in message
+
+
+def test_the_load_artifact_says_a_refused_delete_with_its_counts_and_flag() -> None:
+    from embedline.models import LoadSummary
+    from tasks.report import load_markdown
+
+    message = ("loading run abc into t would delete 58 of 60 rows (97%), more than "
+               "--max-delete-fraction 0.5 allows: nothing deleted. If the input really lost "
+               "those rows, rerun with --max-delete-fraction 0.97")  # fmt: skip
+    text = load_markdown(LoadSummary(2, "delete_refused", message, sink="lancedb:///x?table=t",
+                                     run_key="abc", mode="replace"))  # fmt: skip
+    assert f"**delete_refused**: {message}" in text
