@@ -129,11 +129,14 @@ class LanceDBSink:
             return deleted
 
     def held_keys(self) -> pa.Table:
-        """Every row's ``id`` and ``text_sha256`` (strings), read from one table version:
+        """Every row's ``id`` and ``text_sha256`` (strings), read from the latest version:
         what the table holds, the record loads decide by (DESIGN §9). Reads those two
         columns only (about 100 bytes a row), never the vectors."""
         with self._lock:
             table = self._require()
+            # a handle reads the version it last saw: another handle's or process's commits
+            # (another load of this table) are seen only after this
+            table.checkout_latest()
             held = table.search().select(["id", "text_sha256"]).limit(None).to_arrow()
         return held.select(["id", "text_sha256"])
 

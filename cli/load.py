@@ -1,7 +1,7 @@
 """``embedline load RUN --to URI``: load a committed run into a vector-store sink.
 
-Calls the ``load-run`` flow; each chunk is a ``load-chunk-NNNN`` task. Rerunning resumes:
-chunks the ledger records as loaded into that sink are not loaded again.
+Calls the ``load-run`` flow; each chunk with rows the sink lacks is a ``load-chunk-NNNN``
+task. Rerunning resumes: what the sink itself holds is not loaded again (DESIGN §9).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                            "./embedline-output)")
     load.add_argument("--ledger", default=DEFAULT_LEDGER,
                       help="the ledger `run` wrote (relative to the current directory): "
-                           "where runs were published, and what each sink already holds")
+                           "where runs were published (what a sink holds, the sink says)")
     load.add_argument("--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE",
                       help=MAX_DELETE_HELP)
     load.set_defaults(handler=_load)
