@@ -130,12 +130,24 @@ def load_stage(
         plan = plan_load(run, sink.held_keys())
         mode = _mode(output, manifest, plan)
     except EmbedlineError as exc:
-        return _with(base, started, exit_code=exc.exit_code, status="fatal", message=str(exc))
+        return _with(base, started, exit_code=exc.exit_code,
+                     status="fatal" if exc.exit_code == 3 else "failed", message=str(exc))
+    except FileNotFoundError as exc:  # gc, or by hand: the run can no longer be loaded
+        return _with(base, started, exit_code=3, status="fatal", message=(
+            f"a chunk object of run {run_key[:12]} is gone from {output} ({exc.filename}): "
+            "load a newer run"))
     total = sum(c.rows for c in chunks)
     base = _with(base, started, mode=mode, rows_skipped=total - plan.rows_to_upsert,
                  chunks_skipped=len(chunks) - len(plan.upsert))  # fmt: skip
     if plan.done:
         logger.info("%s holds exactly run %s (%d rows)", sink.identity, run_key, total)
+        cached = ledger.sink_load(sink.identity, run_key)
+        if cached is None or cached.state != "loaded":  # e.g. killed before its index
+            try:
+                sink.finalize()
+            except EmbedlineError as exc:
+                return _with(base, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
+                             status="incomplete", message=f"{exc}; rerun the same command")
         ledger.start_load(sink.identity, run_key, mode=mode)
         ledger.finish_load(sink.identity, run_key, rows_loaded=total, rows_deleted=0)
         return _with(base, started, status="already_loaded",
@@ -216,7 +228,10 @@ def _mode(output: str, manifest: dict[str, Any], plan: LoadPlan) -> str:
     changes = manifest.get("changes") or {}
     if not changes.get("base_run_key"):
         return "replace"
-    table = _change_set(output, changes)
+    try:
+        table = _change_set(output, changes)
+    except FileNotFoundError:  # collected: the plan does not need it
+        return "replace"
     upsert = pc.is_in(table.column("change"), pa.array(["added", "changed"]))
     removed = pc.equal(table.column("change"), "removed")
     same = (set(table.filter(upsert).column("id").to_pylist())
