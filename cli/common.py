@@ -12,7 +12,8 @@ from typing import Any
 from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "HELP_FORMATTER", "LEDGER_HELP",
-           "MAX_DELETE_HELP", "exit_on_api_loss", "fail", "fraction", "find_run", "non_negative_float", "open_ledger",
+           "MAX_DELETE_HELP", "exit_on_api_loss", "fail", "find_run", "fraction",
+           "non_negative_float", "open_ledger",
            "positive_float", "positive_int", "quiet_prefect_console",
            "quiet_prefect_signal_crashes",
            "with_prefect_api"]  # fmt: skip

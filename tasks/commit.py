@@ -38,7 +38,8 @@ from tasks.publish import ensure_conditional_writes, read_chunk_metadata
 from tasks.published import find_published, retries_dead_letters
 from tasks.sink_state import MassDeleteError, check_delete_share
 
-__all__ = ["Committed", "commit_if_published", "commit_run", "delete_refused", "ledger_catches_up", "missing_objects"]
+__all__ = ["Committed", "commit_if_published", "commit_run", "delete_refused", "ledger_catches_up",
+           "missing_objects"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,8 +158,13 @@ def test_a_cut_short_export_is_refused_at_commit_and_at_load_until_the_flag_allo
     assert "58 of 60 rows" in line and "--max-delete-fraction" in line, line
     assert len(list((tmp_path / "out/manifests").glob("*.json"))) == 1, "committed anyway"
     _assert_holds(_table("lancedb", sink, "", "short"), rows)
-    # the flag commits it without embedding again (no sink: no load yet)
+    # every chunk is published now: without --sink the refusal comes without Prefect
     sent = fake_openai.inputs
+    again = _run(tmp_path, fake_openai, rows[:2])
+    assert again.returncode == 2, again.stderr[-2000:]  # type: ignore[attr-defined]
+    assert "58 of 60 rows" in again.stderr  # type: ignore[attr-defined]
+    assert len(list((tmp_path / "out/manifests").glob("*.json"))) == 1, "committed anyway"
+    # the flag commits it without embedding again (no sink: no load yet)
     allowed = _run(tmp_path, fake_openai, rows[:2], "--max-delete-fraction", "1")
     assert allowed.returncode == 0, allowed.stderr[-2000:]  # type: ignore[attr-defined]
     assert fake_openai.inputs == sent, "embedded again"
