@@ -20,7 +20,8 @@ Tables:
 - ``sink_loads`` (migration ``0004_sinks``): one row per (sink, run key) load: ``loading`` or
   ``loaded``, mode (``replace`` or ``changes``), rows upserted and deleted.
 - ``sink_chunks``: one row per chunk of a run loaded into a sink (written after the sink's
-  transaction committed): a chunk listed here is never loaded into that sink again.
+  transaction committed). Both are a cache of what loads did: what a sink holds is decided
+  by the sink's own rows (DESIGN §9, ``tasks/sink_state.py``), never by these tables.
 - ``reuse_objects`` / ``reuse_texts`` (the reuse index, DESIGN §8): which chunk objects under
   which output root hold a vector for which text, by (output URI, model, requested
   dimensions as in the row key: "" or decimal). ``text_sha256`` is stored as 32 raw bytes,

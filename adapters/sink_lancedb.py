@@ -128,6 +128,18 @@ class LanceDBSink:
                 deleted += int(result.num_deleted_rows)
             return deleted
 
+    def held_keys(self) -> pa.Table:
+        """Every row's ``id`` and ``text_sha256`` (strings), read from the latest version:
+        what the table holds, the record loads decide by (DESIGN §9). Reads those two
+        columns only (about 100 bytes a row), never the vectors."""
+        with self._lock:
+            table = self._require()
+            # a handle reads the version it last saw: another handle's or process's commits
+            # (another load of this table) are seen only after this
+            table.checkout_latest()
+            held = table.search().select(["id", "text_sha256"]).limit(None).to_arrow()
+        return held.select(["id", "text_sha256"])
+
     def delete_other_runs(self, run_key: str) -> int:
         """Delete every row not written by ``run_key``; return how many."""
         with self._lock:

@@ -191,6 +191,18 @@ class PgVectorSink:
                 self._ident()), (list(ids),))
             return int(cursor.rowcount)
 
+    def held_keys(self) -> pa.Table:
+        """Every row's ``id`` and ``text_sha256`` (strings), read in one transaction (one
+        snapshot): what the table holds, the record loads decide by (DESIGN §9). Two text
+        columns only (about 100 bytes a row), never the vectors."""
+        from psycopg import sql
+
+        with self._transaction("read") as conn:
+            rows = conn.execute(sql.SQL("SELECT id, text_sha256 FROM {}").format(
+                self._ident())).fetchall()
+        return pa.table({"id": pa.array([r[0] for r in rows], type=pa.string()),
+                         "text_sha256": pa.array([r[1] for r in rows], type=pa.string())})
+
     def delete_other_runs(self, run_key: str) -> int:
         """Delete every row not written by ``run_key`` (one transaction); return how many."""
         from psycopg import sql

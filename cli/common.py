@@ -12,7 +12,8 @@ from typing import Any
 from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["DEFAULT_LEDGER", "EXIT_FATAL", "EXIT_USAGE", "HELP_FORMATTER", "LEDGER_HELP",
-           "exit_on_api_loss", "fail", "find_run", "non_negative_float", "open_ledger",
+           "MAX_DELETE_HELP", "exit_on_api_loss", "fail", "find_run", "fraction",
+           "non_negative_float", "open_ledger",
            "positive_float", "positive_int", "quiet_prefect_console",
            "quiet_prefect_signal_crashes",
            "with_prefect_api"]  # fmt: skip
@@ -59,6 +60,20 @@ def non_negative_float(text: str) -> float:
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, got {text}")
     return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a share from 0 to 1 (``--max-delete-fraction``)."""
+    value = float(text)
+    if not (0 <= value <= 1):
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text}")
+    return value
+
+
+MAX_DELETE_HELP = ("stop, before deleting anything, a load that would delete more than this "
+                   "share of the rows the sink holds, or a commit whose change set removes more "
+                   "than this share of the previous run's rows (a cut-short export); exit 2 "
+                   "with the counts. 1 allows any delete")
 
 
 def fail(message: str, code: int) -> int:

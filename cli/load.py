@@ -1,7 +1,7 @@
 """``embedline load RUN --to URI``: load a committed run into a vector-store sink.
 
-Calls the ``load-run`` flow; each chunk is a ``load-chunk-NNNN`` task. Rerunning resumes:
-chunks the ledger records as loaded into that sink are not loaded again.
+Calls the ``load-run`` flow; each chunk with rows the sink lacks is a ``load-chunk-NNNN``
+task. Rerunning resumes: what the sink itself holds is not loaded again (DESIGN §9).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from cli.common import (
     DEFAULT_LEDGER,
     EXIT_USAGE,
     HELP_FORMATTER,
+    MAX_DELETE_HELP,
     exit_on_api_loss,
     fail,
+    fraction,
     quiet_prefect_signal_crashes,
     with_prefect_api,
 )
@@ -41,7 +43,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                            "./embedline-output)")
     load.add_argument("--ledger", default=DEFAULT_LEDGER,
                       help="the ledger `run` wrote (relative to the current directory): "
-                           "where runs were published, and what each sink already holds")
+                           "where runs were published (what a sink holds, the sink says)")
+    load.add_argument("--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE",
+                      help=MAX_DELETE_HELP)
     load.set_defaults(handler=_load)
 
 
@@ -105,38 +109,42 @@ def _committed_manifest(output: str, run: str | None) -> dict[str, Any] | tuple[
 
 def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str, *,
                    manifest: dict[str, Any] | None = None) -> dict[str, Any] | None:  # fmt: skip
-    """The summary of a load the ledger records as finished and still current (the sink's
-    last finished load), found without starting Prefect or connecting to the sink; else None.
-    ``manifest``: the run's committed manifest, if the caller read it already.
+    """The summary of a load with nothing to do, found without starting Prefect: the sink
+    itself holds exactly the run's rows (ids and text hashes, ``tasks.sink_state``); else
+    None (also when the store or the sink cannot be read here: the flow reports that).
+    ``manifest``: the run's committed manifest, if the caller read it already;
+    ``ledger_path`` is not consulted (the ledger never decides what a sink holds).
     """
     import time
 
-    from adapters.ledger import Ledger
     from adapters.object_store import open_store
     from adapters.sinks import open_sink
     from embedline.errors import EmbedlineError
     from embedline.models import LoadSummary
     from tasks.read import resolve_run
+    from tasks.sink_state import plan_load, run_keys
 
-    if not os.path.exists(ledger_path):
-        return None
+    del ledger_path
     started = time.monotonic()
     try:
-        manifest = manifest or resolve_run(open_store(output), run)
-        identity = open_sink(sink_uri).identity
+        store = open_store(output)
+        manifest = manifest or resolve_run(store, run)
+        sink = open_sink(sink_uri)
     except (EmbedlineError, OSError):
-        return None  # the flow reports it with its full context
-    ledger = Ledger(ledger_path)
+        return None
     try:
-        record = ledger.sink_load(identity, str(manifest["run_key"]))
-        if record is None or record.state != "loaded" or \
-                ledger.last_loaded_run(identity) != record.run_key:
+        if sink.describe() is None:
             return None
+        plan = plan_load(run_keys(store, manifest["chunks"]), sink.held_keys())
+    except (EmbedlineError, OSError):
+        return None
     finally:
-        ledger.close()
+        sink.close()
+    if not plan.done:
+        return None
     rows = sum(int(c["rows"]) for c in manifest["chunks"])
-    return LoadSummary(0, "already_loaded", "the run was already loaded into this sink",
-                       sink=identity, run_key=record.run_key, mode=record.mode,
+    return LoadSummary(0, "already_loaded", "the sink already holds exactly this run",
+                       sink=sink.identity, run_key=str(manifest["run_key"]), mode="-",
                        rows_skipped=rows, chunks_total=len(manifest["chunks"]),
                        chunks_skipped=len(manifest["chunks"]),
                        wall_s=round(time.monotonic() - started, 3)).to_dict()  # fmt: skip
@@ -157,7 +165,7 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
     shutdown.command_handles_signals()  # SIGTERM as SIGINT in the flow
     quiet_prefect_signal_crashes()
     state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
-                     return_state=True)  # fmt: skip  # an interrupt: cli.main says it
+                     max_delete_fraction=args.max_delete_fraction, return_state=True)  # fmt: skip  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)
     raise_if_interrupted_by_cancel(summary)  # cancelled from Prefect: cli.main says it

@@ -19,9 +19,11 @@ from cli.common import (
     EXIT_USAGE,
     HELP_FORMATTER,
     LEDGER_HELP,
+    MAX_DELETE_HELP,
     exit_on_api_loss,
     fail,
     find_run,
+    fraction,
     non_negative_float,
     open_ledger,
     positive_float,
@@ -131,6 +133,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                      help="after the manifest commit, load the run into lancedb://PATH, "
                           "PATH/NAME.lance or postgresql://user@host/db (see embedline load) "
                           "(default: no load)")
+    run.add_argument("--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE",
+                     help=MAX_DELETE_HELP)
     run.add_argument("--progress-interval", type=non_negative_float, default=10.0,
                      metavar="SECONDS",
                      help="when stderr is not a terminal, a progress line every SECONDS "

@@ -158,6 +158,11 @@ class VectorSink(Protocol):
         """Delete every row not tagged ``run_key``; return how many."""
         ...
 
+    def held_keys(self) -> pa.Table:
+        """Return every row's ``id`` and ``text_sha256`` (strings) from one snapshot of the
+        table: what the sink holds, which decides every load (DESIGN §9)."""
+        ...
+
     def finalize(self) -> None:
         """Build or refresh the table's index after a load (idempotent)."""
         ...

@@ -154,6 +154,9 @@ class RunSettings(BaseModel):
     dask_address: str | None = None
     dask_workers: int = Field(default=2, ge=1, le=256)
     sink: str | None = None  # a vector store to load the committed run into (DESIGN §8)
+    # the most a commit's change set (share of the base run's rows) or a load (share of the
+    # sink's rows) may delete before it stops, exit 2 (DESIGN §9)
+    max_delete_fraction: float = Field(default=0.5, ge=0, le=1, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _local_model_is_fixed(self) -> RunSettings:

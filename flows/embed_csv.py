@@ -56,6 +56,7 @@ from tasks.publish import ensure_conditional_writes
 from tasks.published import retries_dead_letters
 from tasks.report import ProgressArtifact, publish_summary
 from tasks.reuse import ReusePlanner, refresh_index
+from tasks.sink_state import MassDeleteError
 
 __all__ = ["embed_csv", "run_settings"]
 
@@ -98,14 +99,16 @@ def embed_csv(
     dask_address: str | None = None,
     dask_workers: int = 2,
     sink: str | None = None,
+    max_delete_fraction: float = 0.5,
 ) -> State[Any]:
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
 
     With ``sink``, the committed run is then loaded into that vector store (``load-chunk``
-    tasks; DESIGN §8). Units: ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight
-    requests, ``rpm`` requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request,
-    ``max_attempts`` per request (first try included). Returns a Completed or Failed state
-    carrying the summary (Cancelled if cancelled from Prefect: ``flows.cancellation``).
+    tasks; DESIGN §9); ``max_delete_fraction``: DESIGN §9, "Mass deletes". Units:
+    ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight requests, ``rpm``
+    requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
+    request (first try included). Returns a Completed or Failed state carrying the summary
+    (Cancelled if cancelled from Prefect: ``flows.cancellation``).
     """
     quiet_expected_tracebacks()
     try:
@@ -330,7 +333,11 @@ def _embed_and_commit(settings: RunSettings, plan: InputPlan, base: RunSummary,
                                          message=refused))
         # The manifest's PUT is the commit point: an interrupt waits until the ledger says so
         with shutdown.interrupts_deferred():
-            summary, manifest = _commit(settings, plan, store, done, summary)
+            try:
+                summary, manifest = _commit(settings, plan, store, done, summary)
+            except MassDeleteError as exc:  # a cut-short export: nothing committed, all kept
+                return _finish(ledger, _with(summary, started, exit_code=exc.exit_code,
+                                             status="delete_refused", message=str(exc)))
             summary = _finish(ledger, summary)
             shutdown.note_committed(run_key, str(summary.manifest_uri), (
                 "rerun the same command to load it into the sink" if settings.sink
@@ -384,7 +391,8 @@ def _load_into_sink(settings: RunSettings, manifest: dict[str, Any] | None,
     book = ledger or Ledger(settings.ledger)
     try:
         load = load_stage(output=settings.output, manifest=manifest, sink_uri=settings.sink,
-                          ledger=book)  # fmt: skip
+                          ledger=book,
+                          max_delete_fraction=settings.max_delete_fraction)  # fmt: skip
     finally:
         if ledger is None:
             book.close()

@@ -4,15 +4,17 @@ Runs after the manifest commit inside ``embed-csv`` (``embedline run … --sink 
 its own flow ``load-run`` (``embedline load RUN --to URI``). Orchestration only:
 
 1. open the sink, create its table if absent, refuse another model or length (exit 3);
-2. choose the mode: ``changes`` when the run's change set is relative to the run this sink
-   last finished loading (upsert added and changed rows, delete removed ids), else
-   ``replace`` (upsert every row, then delete rows that other runs wrote);
-3. one ``load-chunk-NNNN`` task per chunk not yet loaded into this sink for this run; the
-   ledger records each chunk after its sink transaction committed (never loaded again);
-4. when every chunk is loaded: the deletes, the index, and the load is recorded complete.
+2. read what the sink holds (every row's id and text hash) and the run's keys, and plan
+   what takes the table to exactly the run (``tasks.sink_state``): nothing to do is
+   ``already_loaded``; a plan deleting more than ``max_delete_fraction`` of the held rows
+   stops here (exit 2, nothing written); mode ``changes`` when the plan is the run's change
+   set (the sink holds its base run), else ``replace``;
+3. one ``load-chunk-NNNN`` task per chunk with rows the sink lacks (only those rows);
+4. the deletes, then read the sink again: a table another writer changed meanwhile gets
+   the rest (at most three passes); then the index, and the ledger's cache is updated.
 
-A crash anywhere resumes on the next load: chunk upserts are idempotent by id, and steps 4's
-deletes are idempotent too.
+The ledger is never asked what the sink holds. A crash anywhere resumes on the next load:
+what was committed to the sink is held, so it is not loaded again.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ from tasks.chunk import store_for
 from tasks.load import LoadJob, load_chunk, sink_for
 from tasks.outcome import status_for
 from tasks.read import resolve_run
+from tasks.report import publish_load_summary
+from tasks.sink_state import (
+    DEFAULT_MAX_DELETE_FRACTION,
+    LoadPlan,
+    MassDeleteError,
+    check_delete_share,
+    plan_load,
+    run_keys,
+)
 
 __all__ = ["load_run", "load_stage"]
 
@@ -50,9 +61,12 @@ def load_run(
     run: str | None = None,
     output: str = "./embedline-output",
     ledger: str = ".embedline/ledger.sqlite3",
+    max_delete_fraction: float = DEFAULT_MAX_DELETE_FRACTION,
 ) -> State[Any]:
     """Load committed run ``run`` (key or ≥ 8-hex prefix; default the latest) of ``output``
-    into the sink ``to``. Returns a Completed or Failed state carrying the ``LoadSummary``."""
+    into the sink ``to``; refuse (exit 2) to delete more than ``max_delete_fraction`` (0..1)
+    of the rows the sink holds. Returns a Completed or Failed state carrying the
+    ``LoadSummary``."""
     shutdown.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     started = time.monotonic()
     try:
@@ -61,13 +75,16 @@ def load_run(
         return final_state(LoadSummary(exc.exit_code, "input_error", str(exc), sink=to))
     book = Ledger(ledger)
     try:
-        summary = run_stopping_on_cancel(lambda: load_stage(output=output, manifest=manifest,
-                                                            sink_uri=to, ledger=book))
+        summary = run_stopping_on_cancel(lambda: load_stage(
+            output=output, manifest=manifest, sink_uri=to, ledger=book,
+            max_delete_fraction=max_delete_fraction))
     finally:
         book.close()
     if isinstance(summary, State):  # cancelled from Prefect (the CLI's process)
         return summary
     summary.wall_s = round(time.monotonic() - started, 3)
+    if shutdown.api_lost() is None:
+        publish_load_summary(summary)
     return final_state(summary)
 
 
@@ -88,11 +105,15 @@ class LoadNotComplete(Exception):
 
 
 def load_stage(
-    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger
+    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger,
+    max_delete_fraction: float = DEFAULT_MAX_DELETE_FRACTION,
 ) -> LoadSummary:
-    """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``.
+    """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``: take the
+    table to exactly the run's rows, decided by what the sink holds (``tasks.sink_state``).
 
-    Call inside a flow run. Never raises for an expected failure: the summary says it.
+    A load that would delete more than ``max_delete_fraction`` (0..1) of the rows the sink
+    held stops before writing anything (exit 2). Call inside a flow run. Never raises for an
+    expected failure: the summary says it.
     """
     logger = get_run_logger()
     started = time.monotonic()
@@ -110,54 +131,118 @@ def load_stage(
                      status="fatal" if exc.exit_code == 3 else "failed", message=str(exc))
     base.sink = sink.identity
     try:
-        job = _job(output, sink, manifest, ledger)
+        run = run_keys(store_for(output), manifest["chunks"])
+        plan = plan_load(run, sink.held_keys())
+        mode = _mode(output, manifest, plan)
     except EmbedlineError as exc:
-        return _with(base, started, exit_code=exc.exit_code, status="fatal", message=str(exc))
-    record = ledger.start_load(sink.identity, run_key, mode=job.mode)
-    if record.state == "loaded":
-        logger.info("run %s is already loaded into %s", run_key, sink.identity)
-        return _with(base, started, status="already_loaded", mode=record.mode,
-                     chunks_skipped=len(chunks), rows_skipped=sum(c.rows for c in chunks),
-                     message="the run was already loaded into this sink")  # fmt: skip
-    done = ledger.loaded_chunks(sink.identity, run_key)
-    todo = [c for c in chunks if c.index not in done]
-    logger.info("loading run %s into %s (%s): %d of %d chunks already loaded", run_key,
-                sink.identity, job.mode, len(done), len(chunks))  # fmt: skip
-    loaded, failed = _load_chunks(todo, job, sink, ledger)
-    summary = _with(base, started, mode=job.mode, rows_loaded=sum(loaded.values()),
-                    rows_skipped=sum(done.values()), chunks_loaded=len(loaded),
-                    chunks_skipped=len(done), chunks_failed=len(failed))  # fmt: skip
-    if failed:
-        fatal = [f for f in failed.values() if f.kind == "fatal"]
-        first = (fatal or list(failed.values()))[0]
-        return _with(summary, started, exit_code=3 if fatal else 1, status="incomplete",
-                     message=f"{len(failed)} of {len(chunks)} chunks not loaded ({first.error})"
-                             "; rerun the same command to load only those")  # fmt: skip
-    try:
-        deleted = _delete_stale(sink, job, manifest)
-        sink.finalize()
-    except EmbedlineError as exc:
-        return _with(summary, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
-                     status="incomplete", message=f"{exc}; rerun the same command to finish")
+        return _with(base, started, exit_code=exc.exit_code,
+                     status="fatal" if exc.exit_code == 3 else "failed", message=str(exc))
+    except FileNotFoundError as exc:  # gc, or by hand: the run can no longer be loaded
+        return _with(base, started, exit_code=3, status="fatal", message=(
+            f"a chunk object of run {run_key[:12]} is gone from {output} ({exc.filename}): "
+            "load a newer run"))
     total = sum(c.rows for c in chunks)
-    ledger.finish_load(sink.identity, run_key, rows_loaded=total, rows_deleted=deleted)
-    return _with(summary, started, status="loaded", rows_deleted=deleted)
+    base = _with(base, started, mode=mode, rows_skipped=total - plan.rows_to_upsert,
+                 chunks_skipped=len(chunks) - len(plan.upsert))  # fmt: skip
+    if plan.done:
+        logger.info("%s holds exactly run %s (%d rows)", sink.identity, run_key, total)
+        cached = ledger.sink_load(sink.identity, run_key)
+        if cached is None or cached.state != "loaded":  # e.g. killed before its index
+            try:
+                sink.finalize()
+            except EmbedlineError as exc:
+                return _with(base, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
+                             status="incomplete", message=f"{exc}; rerun the same command")
+        ledger.start_load(sink.identity, run_key, mode=mode)
+        ledger.finish_load(sink.identity, run_key, rows_loaded=total, rows_deleted=0)
+        return _with(base, started, status="already_loaded",
+                     message="the sink already holds exactly this run")  # fmt: skip
+    try:
+        check_delete_share(len(plan.delete), plan.held, max_delete_fraction,
+                           what=f"loading run {run_key[:12]} into {sink.identity}")  # fmt: skip
+    except MassDeleteError as exc:
+        logger.error("%s", exc)
+        return _with(base, started, exit_code=exc.exit_code, status="delete_refused",
+                     message=str(exc))  # fmt: skip
+    ledger.start_load(sink.identity, run_key, mode=mode)
+    logger.info("loading run %s into %s (%s): %d rows of %d chunks to upsert, %d ids to "
+                "delete, %d of %d chunks already held", run_key, sink.identity, mode,
+                plan.rows_to_upsert, len(plan.upsert), len(plan.delete),
+                len(chunks) - len(plan.upsert), len(chunks))  # fmt: skip
+    return _converge(base, started, chunks, run, plan, sink, ledger, output, max_delete_fraction)
 
 
-def _job(output: str, sink: VectorSink, manifest: dict[str, Any], ledger: Ledger) -> LoadJob:
-    """The load's mode: ``changes`` when the run's change set is relative to the run this
-    sink last finished loading (the ledger's record), else ``replace``."""
-    run_key = str(manifest["run_key"])
+_PASSES = 3  # plans applied before a table that keeps changing under the load is reported
+
+
+def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk], run: pa.Table,
+              plan: LoadPlan, sink: VectorSink, ledger: Ledger, output: str,
+              max_delete_fraction: float) -> LoadSummary:  # fmt: skip
+    """Apply ``plan``, read what the sink holds again, and repeat until it holds exactly the
+    run (another writer may have written meanwhile), at most ``_PASSES`` times."""
+    run_key = str(summary.run_key)
+    held_before = plan.held
+    by_index = {c.index: c for c in chunks}
+    for _ in range(_PASSES):
+        todo = [by_index[i] for i in plan.upsert]
+        ids = {i: (None if len(v) == by_index[i].rows else v) for i, v in plan.upsert.items()}
+        job = LoadJob(output=output, sink=sink.identity, run_key=run_key,
+                      mode=str(summary.mode))  # fmt: skip
+        loaded, failed = _load_chunks(todo, job, sink, ledger, ids)
+        summary = _with(summary, started, rows_loaded=summary.rows_loaded + sum(loaded.values()),
+                        chunks_loaded=summary.chunks_loaded + len(loaded),
+                        chunks_failed=len(failed))  # fmt: skip
+        if failed:
+            fatal = [f for f in failed.values() if f.kind == "fatal"]
+            first = (fatal or list(failed.values()))[0]
+            return _with(summary, started, exit_code=3 if fatal else 1, status="incomplete",
+                         message=f"{len(failed)} of {len(chunks)} chunks not loaded "
+                                 f"({first.error}); rerun the same command to load only "
+                                 "those")  # fmt: skip
+        try:
+            if plan.delete:
+                check_delete_share(len(plan.delete), held_before, max_delete_fraction,
+                                   what=f"loading run {run_key[:12]} into {sink.identity}")
+                summary = _with(summary, started,
+                                rows_deleted=summary.rows_deleted + sink.delete_ids(plan.delete))
+            plan = plan_load(run, sink.held_keys())
+            if plan.done:
+                sink.finalize()
+                break
+        except MassDeleteError as exc:
+            return _with(summary, started, exit_code=exc.exit_code, status="delete_refused",
+                         message=str(exc))  # fmt: skip
+        except EmbedlineError as exc:
+            return _with(summary, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
+                         status="incomplete", message=f"{exc}; rerun the same command to finish")
+        get_run_logger().warning("%s changed while loading (another load writing it?): %d rows "
+                                 "to upsert and %d ids to delete again", sink.identity,
+                                 plan.rows_to_upsert, len(plan.delete))  # fmt: skip
+    else:
+        return _with(summary, started, exit_code=1, status="incomplete", message=(
+            f"{sink.identity} kept changing while run {run_key[:12]} was loaded (another load "
+            f"writing the same table?); rerun the same command once that one has finished"))
+    ledger.finish_load(sink.identity, run_key, rows_loaded=summary.rows_loaded,
+                       rows_deleted=summary.rows_deleted)  # fmt: skip
+    return _with(summary, started, status="loaded")
+
+
+def _mode(output: str, manifest: dict[str, Any], plan: LoadPlan) -> str:
+    """``changes`` when what the sink lacks and holds beyond the run is exactly the run's
+    change set (the sink holds the change set's base run), else ``replace``."""
     changes = manifest.get("changes") or {}
-    base = changes.get("base_run_key")
-    # Either mode gives the same rows when the sink holds the base run, so a resumed load
-    # may switch modes; a load superseded by another is restarted by ``start_load``.
-    if not base or base != ledger.last_loaded_run(sink.identity):
-        return LoadJob(output=output, sink=sink.identity, run_key=run_key, mode="replace")
-    table = _change_set(output, changes)
+    if not changes.get("base_run_key"):
+        return "replace"
+    try:
+        table = _change_set(output, changes)
+    except FileNotFoundError:  # collected: the plan does not need it
+        return "replace"
     upsert = pc.is_in(table.column("change"), pa.array(["added", "changed"]))
-    return LoadJob(output=output, sink=sink.identity, run_key=run_key, mode="changes",
-                   upsert_ids=frozenset(table.filter(upsert).column("id").to_pylist()))
+    removed = pc.equal(table.column("change"), "removed")
+    same = (set(table.filter(upsert).column("id").to_pylist())
+            == {i for ids in plan.upsert.values() for i in ids}
+            and sorted(table.filter(removed).column("id").to_pylist()) == plan.delete)
+    return "changes" if same else "replace"
 
 
 def _change_set(output: str, changes: dict[str, Any]) -> pa.Table:
@@ -174,7 +259,8 @@ def _change_set(output: str, changes: dict[str, Any]) -> pa.Table:
 
 
 def _load_chunks(
-    todo: list[ManifestChunk], job: LoadJob, sink: VectorSink, ledger: Ledger
+    todo: list[ManifestChunk], job: LoadJob, sink: VectorSink, ledger: Ledger,
+    ids: dict[int, frozenset[str] | None],
 ) -> tuple[dict[int, int], dict[int, Any]]:
     """Run ``load-chunk`` tasks, ``sink.parallel_loads`` at a time; record each in the
     ledger as it finishes. Stops submitting after a fatal failure."""
@@ -185,7 +271,8 @@ def _load_chunks(
     with ThreadPoolTaskRunner(max_workers=window) as runner:
         for start in range(0, len(todo), window):
             wave = todo[start:start + window]
-            futures = [runner.submit(load_chunk, {"chunk": c, "job": job}) for c in wave]
+            futures = [runner.submit(load_chunk, {"chunk": c, "job": job, "ids": ids[c.index]})
+                       for c in wave]  # fmt: skip
             wait(futures)
             for chunk, future in zip(wave, futures, strict=True):
                 state = future.state
@@ -202,16 +289,6 @@ def _load_chunks(
             if any(f.kind == "fatal" for f in failed.values()):
                 break
     return loaded, failed
-
-
-def _delete_stale(sink: VectorSink, job: LoadJob, manifest: dict[str, Any]) -> int:
-    """Delete what the run does not contain; return rows deleted. ``changes``: the change
-    set's removed ids; ``replace``: every row another run wrote."""
-    if job.mode == "replace":
-        return sink.delete_other_runs(job.run_key)
-    table = _change_set(job.output, manifest["changes"])
-    removed = table.filter(pc.equal(table.column("change"), "removed")).column("id")
-    return sink.delete_ids(removed.to_pylist()) if len(removed) else 0
 
 
 def _with(summary: LoadSummary, started: float, **changes: Any) -> LoadSummary:

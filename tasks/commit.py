@@ -38,8 +38,10 @@ from tasks.manifest import (
 )
 from tasks.publish import ensure_conditional_writes
 from tasks.published import find_published, retries_dead_letters
+from tasks.sink_state import MassDeleteError, check_delete_share
 
-__all__ = ["Committed", "commit_if_published", "commit_run", "ledger_catches_up", "missing_objects"]
+__all__ = ["Committed", "commit_if_published", "commit_run", "delete_refused", "ledger_catches_up",
+           "missing_objects"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,8 @@ def commit_run(
     (of ``generation``, superseding the committed run ``supersedes``: DESIGN §8).
 
     :raises ConflictError: the change-set or manifest key holds something else.
+    :raises MassDeleteError: the change set removes more than ``max_delete_fraction`` of the
+        base run's rows (nothing committed; the change set object, create-only, stays).
     :raises ValueError: the counts do not add up to the input's rows.
     :raises BadResponseError: chunk objects of different lengths (nothing written).
     """
@@ -94,6 +98,12 @@ def commit_run(
                            dimensions=dims, exclude_run_key=run_key)  # fmt: skip
     changes = write_changes(store, run_key=run_key, chunks=[c.to_dict() for c in chunks],
                             base=base)  # fmt: skip
+    if base is not None and changes.base_run_key == str(base["run_key"]):
+        check_delete_share(
+            changes.removed, sum(int(c["rows"]) for c in base["chunks"]),
+            settings.max_delete_fraction, kept="nothing committed, every chunk is kept",
+            what=f"run {run_key[:12]}'s change set against run {str(base['run_key'])[:12]}",
+        )  # fmt: skip
     manifest = build_manifest(
         run_key=run_key, plan=plan, embedder=settings.embedder,
         model=settings.effective_model, dimensions=dims, chunks=chunks,
@@ -127,6 +137,23 @@ def _blocked_by_dead_letters(
         chunks_total=len(plan.chunks), chunks_skipped=len(done), wall_s=round(wall_s, 3),
         price_per_million_tokens=settings.price_per_million_tokens,
         generation=generation, supersedes=supersedes,
+    )  # fmt: skip
+
+
+def delete_refused(ledger: Ledger, store: ObjectStore, plan: InputPlan, run_key: str,
+                   done: dict[int, ChunkOutcome], rows_failed: int, exc: MassDeleteError, *,
+                   wall_s: float) -> RunSummary:  # fmt: skip
+    """Record and return a run whose chunks are all published but whose change set removes
+    too much to commit (status ``delete_refused``, exit 2): a rerun with a higher
+    ``--max-delete-fraction`` commits it without embedding."""
+    rows = sum(o.rows for o in done.values())
+    ledger.finish_run(run_key, status="delete_refused", rows_published=rows,
+                      rows_failed=rows_failed, manifest_uri=None)  # fmt: skip
+    return RunSummary(
+        exit_code=exc.exit_code, status="delete_refused", message=str(exc), run_key=run_key,
+        output=store.uri, rows_total=plan.rows, rows_published=rows, rows_skipped=rows,
+        rows_failed=rows_failed, chunks_total=len(plan.chunks), chunks_skipped=len(done),
+        wall_s=round(wall_s, 3),
     )  # fmt: skip
 
 
@@ -182,9 +209,13 @@ def commit_if_published(
         return None  # the flow says it loudly, or re-embeds what went
     rows = sum(o.rows for o in done.values())
     with shutdown.interrupts_deferred():  # the commit point and the ledger's record of it
-        committed = commit_run(store, settings=settings, plan=plan, run_key=run_key, done=done,
-                               rows_failed=rows_failed, generation=generation,
-                               supersedes=supersedes)  # fmt: skip
+        try:
+            committed = commit_run(store, settings=settings, plan=plan, run_key=run_key,
+                                   done=done, rows_failed=rows_failed, generation=generation,
+                                   supersedes=supersedes)  # fmt: skip
+        except MassDeleteError as exc:
+            return delete_refused(ledger, store, plan, run_key, done, rows_failed, exc,
+                                  wall_s=wall_s)  # fmt: skip
         ledger.finish_run(run_key, status="complete", rows_published=rows,
                           rows_failed=rows_failed, manifest_uri=committed.uri)  # fmt: skip
         shutdown.note_committed(run_key, committed.uri, "nothing to resume")

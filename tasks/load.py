@@ -59,15 +59,17 @@ def rows_to_load(table: pa.Table, upsert_ids: frozenset[str] | None) -> pa.Table
     cache_policy=NO_CACHE,
     retry_condition_fn=retry_condition,
 )
-def load_chunk(chunk: ManifestChunk, job: LoadJob) -> int:
-    """Upsert chunk ``chunk`` of run ``job.run_key`` into ``job.sink``; return rows written.
+def load_chunk(chunk: ManifestChunk, job: LoadJob, ids: frozenset[str] | None = None) -> int:
+    """Upsert chunk ``chunk`` of run ``job.run_key`` into ``job.sink`` (only the rows whose
+    id is in ``ids``, when given: those the sink lacks); return rows written.
 
     :raises ConflictError: the object differs from the manifest.
     :raises RetryableError: the sink was unreachable (Prefect may retry the task).
     :raises FatalError: the sink refused the write (rights, missing extension).
     """
     logger = get_run_logger()
-    table = rows_to_load(chunk_table(store_for(job.output), chunk.to_dict()), job.upsert_ids)
+    table = rows_to_load(chunk_table(store_for(job.output), chunk.to_dict()),
+                         job.upsert_ids if ids is None else ids)  # fmt: skip
     written = sink_for(job.sink).upsert(table, run_key=job.run_key)
     logger.info("chunk %d: %d of %d rows upserted into %s", chunk.index, written, chunk.rows,
                 sink_for(job.sink).identity)  # fmt: skip

@@ -24,9 +24,10 @@ from prefect.artifacts import (
 )
 
 from embedline import shutdown
-from embedline.models import DeadLetter, RunSummary
+from embedline.models import DeadLetter, LoadSummary, RunSummary
 
-__all__ = ["ProgressArtifact", "publish_summary", "summary_markdown"]
+__all__ = ["ProgressArtifact", "load_markdown", "publish_load_summary", "publish_summary",
+           "summary_markdown"]  # fmt: skip
 
 _MAX_DEAD_LETTERS_SHOWN = 1000
 logger = logging.getLogger("embedline.report")
@@ -182,3 +183,28 @@ def publish_summary(
         ]
         create_table_artifact(table, key="embedline-dead-letters",
                               description=f"{len(dead_letters)} dead letters (no text)")  # fmt: skip
+
+
+def load_markdown(summary: LoadSummary) -> str:
+    """Render a load's summary as Markdown (counts only; a refusal's message names the
+    counts and the flag that allows it)."""
+    rows = [
+        ("status", f"**{summary.status}**" + (f": {summary.message}" if summary.message else "")),
+        ("sink", f"`{summary.sink}`"),
+        ("run key", f"`{summary.run_key}`"),
+        ("mode", summary.mode or "-"),
+        ("rows", f"{summary.rows_loaded:,} upserted now, {summary.rows_skipped:,} held before, "
+                 f"{summary.rows_deleted:,} deleted"),
+        ("chunks", f"{summary.chunks_loaded} loaded now, {summary.chunks_skipped} skipped, "
+                   f"{summary.chunks_failed} failed, of {summary.chunks_total}"),
+        ("wall time", f"{summary.wall_s:.1f} s"),
+    ]  # fmt: skip
+    lines = ["# embedline load", "", "| | |", "|---|---|"]
+    cells = [value.replace("|", "\\|").replace("\n", " ") for _, value in rows]
+    return "\n".join(lines + [f"| {n} | {c} |" for (n, _), c in zip(rows, cells, strict=True)]) + "\n"
+
+
+def publish_load_summary(summary: LoadSummary) -> None:
+    """Create the ``embedline-load-summary`` artifact of a ``load-run`` flow run."""
+    create_markdown_artifact(load_markdown(summary), key="embedline-load-summary",
+                             description=f"embedline load {summary.status}")  # fmt: skip
