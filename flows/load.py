@@ -17,6 +17,7 @@ deletes are idempotent too.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import time
@@ -37,6 +38,7 @@ from embedline.models import LoadSummary, ManifestChunk
 from embedline.protocols import VectorSink
 from tasks.chunk import store_for
 from tasks.load import LoadJob, load_chunk, sink_for
+from tasks.load_lease import load_lease
 from tasks.outcome import status_for
 from tasks.read import resolve_run
 
@@ -88,7 +90,21 @@ def load_stage(
     """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``.
 
     Call inside a flow run. Never raises for an expected failure: the summary says it.
+    Holds a load lease on the run for its whole length, so gc keeps what it reads.
     """
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(load_lease(store_for(output), manifest, log=get_run_logger()))
+        except EmbedlineError as exc:  # no lease gc respects: nothing was read
+            status = "fatal" if exc.exit_code == 3 else "failed"
+            return LoadSummary(exc.exit_code, status, f"{exc} (writing the load lease)",
+                               sink=sink_uri, run_key=str(manifest["run_key"]))
+        return _load_stage(output=output, manifest=manifest, sink_uri=sink_uri, ledger=ledger)
+
+
+def _load_stage(
+    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger
+) -> LoadSummary:
     logger = get_run_logger()
     started = time.monotonic()
     run_key = str(manifest["run_key"])
