@@ -22,13 +22,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         formatter_class=HELP_FORMATTER)
     gc.add_argument("output", metavar="OUTPUT", help="local directory or s3://bucket/prefix")
     gc.add_argument("--keep-runs", type=positive_int, default=None,
-                    help="keep the newest N manifests (default: all, unless --older-than)")
+                    help="keep the newest N manifests of each dataset (same columns, model "
+                         "and dimensions; default: all, unless --older-than)")
     gc.add_argument("--older-than", default=None, metavar="AGE",
                     help="delete manifests older than AGE (90d, 36h, 2w); with --keep-runs, "
-                         "only those both rules let go (default: no age rule)")
+                         "only those both rules let go; the newest of each dataset always "
+                         "stays (default: no age rule)")
     gc.add_argument("--grace", default="24h", metavar="AGE",
                     help="never delete anything younger than this: runs in progress keep "
-                         "what they wrote")
+                         "what they wrote (loads in progress keep their run by a renewed "
+                         "lease, whatever this says)")
     gc.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
     gc.add_argument("--ledger", default=DEFAULT_LEDGER,
                     help="ledger whose rows about deleted objects are dropped, if that file "
@@ -37,9 +40,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def format_report(done: Any, *, dry_run: bool) -> str:
-    """One line per kind of object, then the total (objects and bytes)."""
+    """One line per dataset (runs kept and deleted; column names, model and dimensions, no
+    text or values), one per kind of object, then the total (objects and bytes)."""
     verb = "would delete" if dry_run else "deleted"
     lines = [f"kept       {len(done.kept_runs)} runs"]
+    for entry in done.datasets:
+        lines.append(f"dataset    {entry.label()}: kept {len(entry.kept)} runs, {verb} "
+                     f"{len(entry.deleted)}")
+
     for kind, items in done.groups().items():
         lines.append(f"{kind:<10} {verb} {len(items):,} objects, "
                      f"{sum(i.size_bytes for i in items):,} bytes")  # fmt: skip

@@ -61,9 +61,18 @@ def gc_output(
     report = {kind: {"objects": len(items), "bytes": sum(i.size_bytes for i in items)}
               for kind, items in done.groups().items()}  # fmt: skip
     rows = "\n".join(f"| {k} | {v['objects']:,} | {v['bytes']:,} |" for k, v in report.items())
+    datasets = [{**{k: v for k, v in d.fields.items() if v is not None},
+                 "kept": len(d.kept), "deleted": len(d.deleted)} for d in done.datasets]
+    for entry in done.datasets:
+        logger.info("dataset %s: kept %d runs, %s %d", entry.label(), len(entry.kept), verb,
+                    len(entry.deleted))
+    per_dataset = "\n".join(f"| {d.label()} | {len(d.kept)} | {len(d.deleted)} |"
+                            for d in done.datasets)
     create_markdown_artifact(
         f"# embedline gc ({verb})\n\n`{output}`: kept {len(done.kept_runs)} runs\n\n"
-        f"| kind | objects | bytes |\n|---|---|---|\n{rows}\n",
+        f"| kind | objects | bytes |\n|---|---|---|\n{rows}\n\n"
+        f"| dataset | runs kept | runs {verb} |\n|---|---|---|\n{per_dataset}\n",
         key="embedline-gc", description=f"embedline gc {verb} {objects} objects")  # fmt: skip
     return {"dry_run": dry_run, "kept_runs": done.kept_runs, "deleted": report,
+            "datasets": datasets,
             "temp_files": len(done.temp_files)}  # fmt: skip

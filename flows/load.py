@@ -19,6 +19,7 @@ what was committed to the sink is held, so it is not loaded again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import time
@@ -40,6 +41,7 @@ from embedline.protocols import VectorSink
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
 from tasks.chunk import store_for
 from tasks.load import LoadJob, load_chunk, sink_for
+from tasks.load_lease import load_lease
 from tasks.outcome import status_for
 from tasks.read import resolve_run
 from tasks.report import publish_load_summary
@@ -113,8 +115,24 @@ def load_stage(
 
     A load that would delete more than ``max_delete_fraction`` (0..1) of the rows the sink
     held stops before writing anything (exit 2). Call inside a flow run. Never raises for an
-    expected failure: the summary says it.
+    expected failure: the summary says it. Holds a load lease on the run for its whole
+    length, so gc keeps what it reads.
     """
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(load_lease(store_for(output), manifest, log=get_run_logger()))
+        except EmbedlineError as exc:  # no lease gc respects: nothing was read
+            status = "fatal" if exc.exit_code == 3 else "failed"
+            return LoadSummary(exc.exit_code, status, f"{exc} (writing the load lease)",
+                               sink=sink_uri, run_key=str(manifest["run_key"]))
+        return _load_stage(output=output, manifest=manifest, sink_uri=sink_uri, ledger=ledger,
+                           max_delete_fraction=max_delete_fraction)
+
+
+def _load_stage(
+    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger,
+    max_delete_fraction: float,
+) -> LoadSummary:
     logger = get_run_logger()
     started = time.monotonic()
     run_key = str(manifest["run_key"])

@@ -2,15 +2,23 @@
 
 Policy (DESIGN §4, "Retention"):
 
-- **Manifests.** Sorted newest first by ``created_at``. With ``keep_runs`` N the newest N
+- **Manifests**, per dataset: the manifests that share ``dataset_key`` (input columns,
+  model, dimensions and whatever else the manifest records of the input's shape,
+  ``tasks/manifest.py``) are one dataset; retention counts within it, never across. Each
+  dataset's manifests sorted newest first by ``created_at``. With ``keep_runs`` N the newest N
   are kept; with ``older_than_s`` those younger than that are kept; with both, a manifest
   is deleted only when both rules let it go; with neither, every manifest is kept. The
-  newest manifest is always kept.
+  newest manifest of each dataset is always kept.
 - **Chunk and change-set objects** (``chunks/``, ``changes/``) that no kept manifest
   references are deleted.
 - **Run leases** (``_embedline/runs/``): every run writes one at start listing the chunk
   objects it plans to use and deletes it at the end; objects a lease lists are kept. A lease
   older than the grace period belongs to a run that died and is deleted itself.
+- **Load leases** (``_embedline/loads/``, ``tasks/load_lease.py``): every load writes one
+  before it reads anything, listing the run's manifest, chunk objects and change set, and
+  deletes it when it ends. A lease whose ``expires_at`` (Unix s) is still ahead is live
+  whatever the grace period (a load renews it while it runs); one that expired and is older
+  than the grace period belonged to a load that died and is deleted itself.
 - **Never** deleted: anything younger than the grace period (``grace_s``, default 24 h:
   the object's ``LastModified``/mtime), so a run in progress keeps what it just wrote;
   anything a kept manifest or a live lease references. Leases are listed again just before
@@ -38,21 +46,26 @@ from adapters.ledger import Ledger
 from adapters.object_store import SCRATCH_PREFIX
 from embedline.models import InputPlan
 from embedline.protocols import ObjectInfo, ObjectStore
-from tasks.manifest import created_at, list_manifests
+from tasks.manifest import created_at, dataset_key, list_manifests
 
 __all__ = [
     "DEFAULT_GRACE_S",
     "LEASE_PREFIX",
+    "LOAD_LEASE_PREFIX",
+    "DatasetRetention",
     "GcPlan",
     "collect",
     "drop_run_lease",
     "parse_age",
     "plan_gc",
+    "write_lease",
     "write_run_lease",
 ]
 
 DEFAULT_GRACE_S = 24 * 3600.0
 LEASE_PREFIX = f"{SCRATCH_PREFIX}runs/"
+LOAD_LEASE_PREFIX = f"{SCRATCH_PREFIX}loads/"
+_LEASE_PREFIXES = (LEASE_PREFIX, LOAD_LEASE_PREFIX)
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 86400.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
@@ -71,14 +84,36 @@ def parse_age(text: str) -> float:
 # --------------------------------------------------------------------------- run leases
 
 
-def write_run_lease(store: ObjectStore, run_key: str, owner: str, plan: InputPlan) -> str:
-    """Create the run's lease object listing its planned chunk objects; return its key."""
-    key = f"{LEASE_PREFIX}{run_key}.{hashlib.sha256(owner.encode()).hexdigest()[:16]}.json"
-    body = json.dumps({"run_key": run_key, "started_at": time.time(),
-                       "objects": [c.object_key for c in plan.chunks]}).encode()  # fmt: skip
+def write_lease(
+    store: ObjectStore,
+    key: str,
+    run_key: str,
+    objects: Sequence[str],
+    *,
+    expires_at: float | None = None,
+) -> str:
+    """Create the lease object ``key`` (under ``LEASE_PREFIX`` or ``LOAD_LEASE_PREFIX``)
+    listing ``objects`` (keys gc must keep); ``expires_at`` (Unix s) keeps it live past the
+    grace period. Returns ``key``. :raises ConflictError: the key exists with other bytes."""
+    record: dict[str, Any] = {"run_key": run_key, "started_at": time.time()}
+    record["objects"] = list(objects)
+    if expires_at is not None:
+        record["expires_at"] = expires_at
+    body = json.dumps(record).encode()
     store.put_if_absent(key, body, sha256=hashlib.sha256(body).hexdigest(),
                         content_type="application/json")  # fmt: skip
     return key
+
+
+def owner_tag(owner: str) -> str:
+    """The lease key's owner part: 16 hex of the owner's SHA-256 (no host names in keys)."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+
+def write_run_lease(store: ObjectStore, run_key: str, owner: str, plan: InputPlan) -> str:
+    """Create the run's lease object listing its planned chunk objects; return its key."""
+    return write_lease(store, f"{LEASE_PREFIX}{run_key}.{owner_tag(owner)}.json", run_key,
+                       [c.object_key for c in plan.chunks])  # fmt: skip
 
 
 def drop_run_lease(store: ObjectStore, key: str) -> None:
@@ -86,22 +121,43 @@ def drop_run_lease(store: ObjectStore, key: str) -> None:
     store.delete(key)
 
 
-def _live_leases(store: ObjectStore, cutoff: float) -> tuple[set[str], list[ObjectInfo]]:
-    """(objects protected by live leases, stale lease objects)."""
+def _live_leases(
+    store: ObjectStore, cutoff: float, now: float
+) -> tuple[set[str], list[ObjectInfo]]:
+    """(objects protected by live run and load leases, stale lease objects)."""
     protected: set[str] = set()
     stale: list[ObjectInfo] = []
-    for info in store.list(LEASE_PREFIX):
-        if info.modified < cutoff:
-            stale.append(info)
-            continue
-        try:
-            protected.update(json.loads(store.get(info.key))["objects"])
-        except (FileNotFoundError, ValueError, KeyError):
-            continue
+    for prefix in _LEASE_PREFIXES:
+        for info in store.list(prefix):
+            try:
+                record = json.loads(store.get(info.key))
+                objects, expires_at = record["objects"], float(record.get("expires_at") or 0)
+            except FileNotFoundError:
+                continue  # its run or load just ended
+            except (ValueError, KeyError, TypeError):
+                objects, expires_at = [], 0.0  # unreadable: only its age protects it
+            if info.modified < cutoff and expires_at <= now:
+                stale.append(info)
+                continue
+            protected.update(str(o) for o in objects)
     return protected, stale
 
 
 # --------------------------------------------------------------------------- plan and act
+
+
+@dataclass(slots=True)
+class DatasetRetention:
+    """One dataset's retention: its key fields (column names, model, dimensions; no input
+    text or values), the run keys kept and the run keys whose manifests go."""
+
+    fields: dict[str, Any]
+    kept: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    def label(self) -> str:
+        """``id_column=id text_column=text model=m dimensions=8`` (fields in key order)."""
+        return " ".join(f"{k}={v}" for k, v in self.fields.items() if v is not None)
 
 
 @dataclass(slots=True)
@@ -114,6 +170,7 @@ class GcPlan:
     changes: list[ObjectInfo] = field(default_factory=list)
     stale: list[ObjectInfo] = field(default_factory=list)  # leases and probe scratch
     temp_files: list[str] = field(default_factory=list)  # local paths, already removed
+    datasets: list[DatasetRetention] = field(default_factory=list)
 
     def groups(self) -> dict[str, list[ObjectInfo]]:
         """Deletions by kind (``manifests``, ``chunks``, ``changes``, ``stale``)."""
@@ -129,16 +186,37 @@ class GcPlan:
 def _kept_manifests(
     manifests: Sequence[dict[str, Any]], keep_runs: int | None, older_than_s: float | None,
     now: float,
-) -> list[dict[str, Any]]:  # fmt: skip
-    ordered = sorted(manifests, key=lambda m: (created_at(m), m["run_key"]), reverse=True)
-    kept = []
-    for rank, manifest in enumerate(ordered):
-        by_count = keep_runs is not None and rank < keep_runs
-        by_age = older_than_s is not None and now - created_at(manifest).timestamp() < older_than_s
-        no_rule = keep_runs is None and older_than_s is None
-        if rank == 0 or by_count or by_age or no_rule:
-            kept.append(manifest)
-    return kept
+) -> tuple[list[dict[str, Any]], list[DatasetRetention]]:  # fmt: skip
+    """(manifests kept, per-dataset retention): the rules apply within each dataset."""
+    datasets: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for manifest in manifests:
+        datasets.setdefault(tuple(dataset_key(manifest).items()), []).append(manifest)
+    kept: list[dict[str, Any]] = []
+    report: list[DatasetRetention] = []
+    for key, members in sorted(datasets.items(), key=lambda kv: repr(kv[0])):
+        ordered = sorted(members, key=lambda m: (created_at(m), m["run_key"]), reverse=True)
+        entry = DatasetRetention(fields=dict(key))
+        for rank, manifest in enumerate(ordered):
+            by_count = keep_runs is not None and rank < keep_runs
+            age_s = now - created_at(manifest).timestamp()
+            by_age = older_than_s is not None and age_s < older_than_s
+            no_rule = keep_runs is None and older_than_s is None
+            if rank == 0 or by_count or by_age or no_rule:
+                kept.append(manifest)
+                entry.kept.append(str(manifest["run_key"]))
+            else:
+                entry.deleted.append(str(manifest["run_key"]))
+        report.append(entry)
+    return kept, report
+
+
+def _pin(plan: GcPlan, protected: set[str]) -> None:
+    """Count a run whose manifest a live lease lists (a load in progress) as kept."""
+    for entry in plan.datasets:
+        pinned = [r for r in entry.deleted if f"manifests/{r}.json" in protected]
+        entry.deleted = [r for r in entry.deleted if r not in pinned]
+        entry.kept += pinned
+        plan.kept_runs += [r for r in pinned if r not in plan.kept_runs]
 
 
 def _referenced(manifests: Iterable[dict[str, Any]]) -> set[str]:
@@ -163,18 +241,19 @@ def plan_gc(
     now = time.time() if now is None else now
     cutoff = now - grace_s
     manifests = list(list_manifests(store))
-    kept = _kept_manifests(manifests, keep_runs, older_than_s, now)
+    kept, datasets = _kept_manifests(manifests, keep_runs, older_than_s, now)
     keep = _referenced(kept)
-    protected, stale_leases = _live_leases(store, cutoff)
+    protected, stale_leases = _live_leases(store, cutoff, now)
     keep |= protected
-    plan = GcPlan(kept_runs=[str(m["run_key"]) for m in kept])
+    plan = GcPlan(kept_runs=[str(m["run_key"]) for m in kept], datasets=datasets)
+    _pin(plan, protected)
     for prefix, bucket in (("manifests/", plan.manifests), ("chunks/", plan.chunks),
                            ("changes/", plan.changes)):  # fmt: skip
         for info in store.list(prefix):
             if info.key not in keep and info.modified < cutoff:
                 bucket.append(info)
     scratch = [i for i in store.list(SCRATCH_PREFIX)
-               if not i.key.startswith(LEASE_PREFIX) and i.modified < cutoff]  # fmt: skip
+               if not i.key.startswith(_LEASE_PREFIXES) and i.modified < cutoff]  # fmt: skip
     plan.stale = stale_leases + scratch
     return plan
 
@@ -186,10 +265,12 @@ def collect(
     """Carry out ``plan``: delete its objects (leases first re-read), sweep temp files,
     and drop the ledger rows that referred to deleted objects. Returns what was deleted."""
     now = time.time() if now is None else now
-    protected, _ = _live_leases(store, now - grace_s)  # a run that started meanwhile
-    done = GcPlan(kept_runs=plan.kept_runs, stale=list(plan.stale))
+    protected, _ = _live_leases(store, now - grace_s, now)  # a run or load started meanwhile
+    done = GcPlan(kept_runs=plan.kept_runs, stale=list(plan.stale), datasets=plan.datasets)
     done.chunks = [i for i in plan.chunks if i.key not in protected]
-    done.changes, done.manifests = list(plan.changes), list(plan.manifests)
+    done.changes = [i for i in plan.changes if i.key not in protected]
+    done.manifests = [i for i in plan.manifests if i.key not in protected]
+    _pin(done, protected)
     for group in (done.manifests, done.changes, done.chunks, done.stale):
         for info in group:
             store.delete(info.key)

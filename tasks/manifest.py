@@ -20,11 +20,13 @@ from embedline.models import InputPlan, ManifestChunk, RunSummary, manifest_obje
 from embedline.protocols import ObjectStore
 
 __all__ = [
+    "DATASET_FIELDS",
     "MANIFEST_FORMAT",
     "MANIFEST_FORMATS",
     "build_manifest",
     "change_fields",
     "created_at",
+    "dataset_key",
     "latest_manifest",
     "list_manifests",
     "read_manifest",
@@ -153,6 +155,20 @@ def list_manifests(store: ObjectStore) -> Iterator[dict[str, Any]]:
 def created_at(manifest: dict[str, Any]) -> datetime:
     """A manifest's commit time (UTC), from v1 (seconds) or v2 (microseconds) text."""
     return datetime.fromisoformat(str(manifest["created_at"]).replace("Z", "+00:00"))
+
+
+#: What makes runs one dataset (DESIGN §4 "Base of a change set"; §8 "Retention"): the input
+#: columns read, how the text is built and what is kept, the model and the vector length.
+#: Fields a manifest does not record (older formats) count as None.
+DATASET_FIELDS = ("id_column", "text_column", "text_template", "keep_columns", "kept_columns",
+                  "model", "dimensions")
+
+
+def dataset_key(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's dataset, ``{field: value}`` for ``DATASET_FIELDS`` in that order
+    (lists become tuples so the values hash); names and settings only, never input text."""
+    values = {f: manifest.get(f) for f in DATASET_FIELDS}
+    return {f: tuple(v) if isinstance(v, list) else v for f, v in values.items()}
 
 
 def latest_manifest(

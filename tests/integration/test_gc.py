@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -185,3 +186,93 @@ def test_gc_output_flow_on_s3_keeps_the_newest_run(
     bodies = {e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"emb/{e['object']}")["Body"]
               .read() for e in manifest["chunks"]}  # fmt: skip
     _check(manifest, bodies, second)
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): state ``T`` in ``/proc/PID/stat``."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    import lancedb
+
+    out = tmp_path / "out"
+    old_rows, new_rows = _rows(40), _rows(40, " v2")  # every chunk differs between the runs
+    old = Path(_run(tmp_path, fake_openai, str(out), old_rows)).stem
+    new = Path(_run(tmp_path, fake_openai, str(out), new_rows)).stem
+    sink = f"lancedb://{tmp_path}/lance?table=docs"
+    load = ["load", "--to", sink, "--output", str(out), "--ledger", str(tmp_path / "ledger.sqlite3")]
+    first = run_cli(*load, new, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    # Roll the sink back to the older run; the load stops itself after its first chunk is
+    # recorded (SIGSTOP), and gc runs with no grace period and only the newest run kept.
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests/support/signal_at'}:{REPO}",
+           "EMBEDLINE_TEST_SIGNALS": "after:adapters.ledger:Ledger.mark_chunk_loaded:SIGSTOP"}
+    loading = subprocess.Popen([sys.executable, "-m", "cli", *load, old], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _stopped(loading.pid):
+            assert time.monotonic() < deadline and loading.poll() is None, "the load never paused"
+            time.sleep(0.05)
+        done = _gc(tmp_path, out, "--keep-runs", "1", "--grace", "0s")
+        loading.send_signal(signal.SIGCONT)
+        stdout, stderr = loading.communicate(timeout=120)
+    finally:
+        if loading.poll() is None:
+            loading.kill()
+            loading.wait()
+    assert "manifests  deleted 0 objects" in done and "chunks     deleted 0 objects" in done
+    assert "kept 2 runs, deleted 0" in done  # the loading run counts as kept
+    assert loading.returncode == 0, stderr[-3000:]
+    assert (out / "manifests" / f"{old}.json").exists()
+    assert not list((out / "_embedline" / "loads").glob("*.json"))  # the lease went with it
+    table = lancedb.connect(str(tmp_path / "lance")).open_table("docs").to_arrow()
+    ids = table.column("id").to_pylist()
+    assert sorted(ids) == sorted(i for i, _ in old_rows)  # the sink equals the older run
+    vectors = dict(zip(ids, table.column("embedding").to_pylist(), strict=True))
+    for row_id, text in old_rows:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
+
+    # The load over, nothing protects the older run any more: the next gc deletes it.
+    after = _gc(tmp_path, out, "--keep-runs", "1", "--grace", "0s")
+    assert "manifests  deleted 1 objects" in after
+    assert not (out / "manifests" / f"{old}.json").exists()
+
+
+def test_gc_keep_runs_1_keeps_the_newest_run_of_each_dataset(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    out = tmp_path / "out"
+    rows = _rows(20)
+    _write(tmp_path / "in.csv", rows)
+    with_title = tmp_path / "titled.csv"
+    with_title.write_text("id,text,title\n" + "".join(f"{i},{t},title {i}\n" for i, t in rows))
+    datasets = {  # three datasets, two runs of the first
+        "text-old": ("in.csv", ()),
+        "text-new": ("titled.csv", ()),
+        "title": ("titled.csv", ("--text-column", "title")),
+        "model": ("in.csv", ("--model", "other-model")),
+    }
+    manifests = {}
+    for name, (source, extra) in datasets.items():
+        args = _args(tmp_path, fake_openai, str(out))
+        args[1] = str(tmp_path / source)
+        result = run_cli(*args, *extra, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        manifests[name] = next(line.split()[-1] for line in result.stdout.splitlines()
+                               if line.startswith("manifest"))
+    _age(out, TWO_DAYS_S)
+
+    report = _gc(tmp_path, out, "--keep-runs", "1")
+    assert not Path(manifests["text-old"]).exists()
+    for name in ("text-new", "title", "model"):
+        manifest = json.loads(Path(manifests[name]).read_text())
+        assert all((out / e["object"]).exists() for e in manifest["chunks"]), name
+    assert "kept       3 runs" in report and "manifests  deleted 1 objects" in report
+    assert "text_column=text model=" in report and "kept 1 runs, deleted 1" in report
+    assert "text_column=title" in report and "model=other-model" in report
+    assert "package 1 description" not in report  # names and counts only, never text

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from adapters.object_store import LocalDirStore
-from tasks.gc import LEASE_PREFIX, parse_age, plan_gc
+from tasks.gc import LEASE_PREFIX, LOAD_LEASE_PREFIX, collect, parse_age, plan_gc
+from tasks.load_lease import load_lease
 
 DAY = 86400.0
 
@@ -64,3 +65,90 @@ def test_plan_keeps_newest_runs_young_objects_and_leased_objects(tmp_path: Path)
     assert both.kept_runs == ["r3", "r2"]
     assert plan_gc(store).kept_runs == ["r3", "r2", "r1"]  # no rule: keep every manifest
     assert plan_gc(store, keep_runs=1, grace_s=40 * DAY).totals() == (0, 0)
+
+
+def _dataset_manifest(store: LocalDirStore, run: str, days_ago: float, **fields: object) -> None:
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - days_ago * DAY))
+    record = {"format": "embedline.manifest.v2", "run_key": run, "created_at": created,
+              "chunks": [{"object": f"chunks/{run}.parquet", "rows": 1}], "changes": None,
+              "id_column": "id", "text_column": "text", "model": "m1", "dimensions": 8}
+    record.update(fields)
+    _put(store, f"manifests/{run}.json", json.dumps(record).encode(), days_ago * DAY)
+    _put(store, f"chunks/{run}.parquet", run.encode(), days_ago * DAY)
+
+
+def test_retention_counts_runs_per_dataset_never_across(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    _dataset_manifest(store, "text1", 30)
+    _dataset_manifest(store, "text2", 20)
+    _dataset_manifest(store, "title1", 10, text_column="title")  # other input column
+    _dataset_manifest(store, "model1", 5, model="m2")  # other model
+    _dataset_manifest(store, "dims1", 6, model="m2", dimensions=4)  # other length
+    _dataset_manifest(store, "tmpl1", 7, text_template="{title}: {text}")  # other template
+    _dataset_manifest(store, "tmpl2", 3, text_template="{title}: {text}")
+
+    plan = plan_gc(store, keep_runs=1)
+    assert sorted(plan.kept_runs) == ["dims1", "model1", "text2", "title1", "tmpl2"]
+    assert {i.key for i in plan.manifests} == {"manifests/text1.json", "manifests/tmpl1.json"}
+    assert {i.key for i in plan.chunks} == {"chunks/text1.parquet", "chunks/tmpl1.parquet"}
+    by_dataset = {(d.fields["text_column"], d.fields["model"], d.fields["dimensions"],
+                   d.fields["text_template"]): (d.kept, d.deleted) for d in plan.datasets}
+    assert by_dataset == {
+        ("text", "m1", 8, None): (["text2"], ["text1"]),
+        ("title", "m1", 8, None): (["title1"], []),
+        ("text", "m2", 8, None): (["model1"], []),
+        ("text", "m2", 4, None): (["dims1"], []),
+        ("text", "m1", 8, "{title}: {text}"): (["tmpl2"], ["tmpl1"]),
+    }
+    # an age rule too: each dataset's newest stays although every run is older than 1 day
+    assert sorted(plan_gc(store, older_than_s=DAY).kept_runs) == sorted(plan.kept_runs)
+    label = next(d for d in plan.datasets if d.fields["text_column"] == "title").label()
+    assert label == "id_column=id text_column=title model=m1 dimensions=8"
+
+
+def test_a_live_load_lease_keeps_its_run_whatever_the_grace(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    _dataset_manifest(store, "old", 20)
+    _dataset_manifest(store, "new", 10)
+    manifest = json.loads(store.get("manifests/old.json"))
+    with load_lease(store, manifest) as key:
+        assert key.startswith(LOAD_LEASE_PREFIX)
+        _put(store, key, store.get(key), 3 * DAY)  # older than any grace: expires_at decides
+        plan = plan_gc(store, keep_runs=1, grace_s=0)
+        assert plan.kept_runs == ["new", "old"] and plan.manifests == plan.chunks == []
+        assert plan.datasets[0].kept == ["new", "old"] and plan.datasets[0].deleted == []
+        assert plan.stale == []
+    assert list(store.list(LOAD_LEASE_PREFIX)) == []  # the load ended: its lease went
+    plan = plan_gc(store, keep_runs=1, grace_s=0)
+    assert [i.key for i in plan.manifests] == ["manifests/old.json"]
+    # a load that starts after the plan: collect re-reads the leases and keeps the run
+    with load_lease(store, manifest):
+        done = collect(store, plan, ledger=None, grace_s=0)
+    assert done.manifests == done.chunks == [] and done.kept_runs == ["new", "old"]
+    assert store.head_sha256("manifests/old.json") and store.head_sha256("chunks/old.parquet")
+
+
+def test_a_load_lease_is_renewed_and_an_expired_one_is_stale(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    _dataset_manifest(store, "old", 20)
+    manifest = json.loads(store.get("manifests/old.json"))
+    with load_lease(store, manifest, ttl_s=60, renew_s=0.05) as first:
+        deadline = time.monotonic() + 10
+        while [i.key for i in store.list(LOAD_LEASE_PREFIX)] == [first]:
+            assert time.monotonic() < deadline, "the lease was never renewed"
+            time.sleep(0.02)
+        time.sleep(0.2)
+        leases = list(store.list(LOAD_LEASE_PREFIX))
+        assert len(leases) <= 2 and first not in {i.key for i in leases}  # old ones deleted
+        record = json.loads(store.get(leases[-1].key))
+        assert record["objects"] == ["manifests/old.json", "chunks/old.parquet"]
+        assert record["expires_at"] > time.time() + 50
+    assert list(store.list(LOAD_LEASE_PREFIX)) == []
+    # a load that died: its lease expired and is older than the grace period
+    dead = json.dumps({"run_key": "old", "objects": ["chunks/old.parquet"],
+                       "expires_at": time.time() - 60}).encode()
+    _put(store, f"{LOAD_LEASE_PREFIX}old.dead.000000.json", dead, 2 * DAY)
+    _dataset_manifest(store, "new", 10)
+    plan = plan_gc(store, keep_runs=1)
+    assert [i.key for i in plan.stale] == [f"{LOAD_LEASE_PREFIX}old.dead.000000.json"]
+    assert [i.key for i in plan.chunks] == ["chunks/old.parquet"]
