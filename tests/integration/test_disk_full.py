@@ -33,12 +33,12 @@ def _input(tmp_path: Path) -> Path:
 
 
 def _run(
-    tmp_path: Path, server: FakeEmbeddingServer, output: Path, ledger: Path
+    tmp_path: Path, server: FakeEmbeddingServer, output: Path, ledger: Path, *extra: str
 ) -> tuple[int, str]:
     result = run_cli(
         "run", str(_input(tmp_path)), "--embedder", "openai", "--base-url", server.base_url,
         "--output", str(output), "--ledger", str(ledger), "--chunk-size", "4",
-        "--concurrency", "1", cwd=tmp_path,
+        "--concurrency", "1", *extra, cwd=tmp_path,
     )
     return result.returncode, result.stdout + result.stderr
 
@@ -85,3 +85,26 @@ def test_a_full_filesystem_mid_run_is_one_line_and_the_rerun_pays_nothing_twice(
     assert set(vectors) == {i for i, _ in ROWS}
     for row_id, text in ROWS:
         np.testing.assert_allclose(vectors[row_id], expected_vector(text), atol=1e-6)
+
+
+def test_a_full_lancedb_sink_directory_is_one_line_and_the_rerun_only_loads(
+    tmp_path: Path, tiny_tmpfs: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    sink = tiny_tmpfs / "lancedb"
+    filled = _fill_after(fake_openai, tiny_tmpfs, requests=CHUNKS)  # full before the load
+    args = ("--sink", f"lancedb://{sink}")
+    code, out = _run(tmp_path, fake_openai, tmp_path / "out", tmp_path / "l.sqlite3", *args)
+    assert filled and code == 1, out
+    assert "Traceback" not in out and "LanceError" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("embedline: error:")]
+    assert len(errors) == 1, out
+    assert f"{sink} is full: free space on {tiny_tmpfs} and rerun the same command" in errors[0]
+    fake_openai.fail_when(None)
+    filled[0].unlink()
+    code, out = _run(tmp_path, fake_openai, tmp_path / "out", tmp_path / "l.sqlite3", *args)
+    assert code == 0, out
+    assert fake_openai.requests == CHUNKS  # the committed run is loaded, not embedded again
+    import lancedb
+
+    table = lancedb.connect(str(sink)).open_table("embeddings")
+    assert sorted(table.to_arrow().column("id").to_pylist()) == [i for i, _ in ROWS]
