@@ -35,7 +35,7 @@ from embedline.errors import DiskFullError
 __all__ = ["LedgerConnection", "full_error", "is_disk_full", "translate_full"]
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-_FULL_TEXTS = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122")
+_FULL_TEXTS = ("no space left on device", "(os error 28)", "disk quota exceeded", "(os error 122)")
 _SQLITE_FULL = 13  # https://www.sqlite.org/rescode.html#full
 _SQLITE_MAYBE_FULL = (10, 14)  # SQLITE_IOERR, SQLITE_CANTOPEN: full only if no space is left
 _NEARLY_NO_SPACE = 64 << 10  # bytes free below which an I/O error is taken as "full"

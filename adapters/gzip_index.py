@@ -17,8 +17,10 @@ reads a file (``gzip._GzipReader._read_eof``: "Gzip files can be padded with zer
 Any other byte after a member must start a new one (``1f 8b``, RFC 1952 §2.3.1); if it does
 not, ``NotGzipData`` names its compressed offset (where ``gzip`` would raise
 ``BadGzipFile``). ``GzipStream`` reads a whole file with the same ``_Members`` code, so the
-planning pass and every chunk read agree on what the decompressed bytes are. Memory: at most ``max_points``
-checkpoints per file; past that every other one is dropped and the spacing doubles.
+planning pass and every chunk read agree on what the decompressed bytes are.
+
+Memory: at most ``max_points`` checkpoints per file; past that every other one is dropped
+and the spacing doubles.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ class _Members:
     members); ``consumed``: compressed bytes fed so far; ``produced``: decompressed bytes.
     """
 
-    def __init__(self, inflater: object | None = None, consumed: int = 0, produced: int = 0) -> None:
+    def __init__(
+        self, inflater: object | None = None, consumed: int = 0, produced: int = 0
+    ) -> None:
         self.inflater = inflater
         self.consumed = consumed
         self.produced = produced
@@ -86,7 +90,8 @@ class _Members:
                 self.inflater = zlib.decompressobj(_GZIP_WBITS)
             data = self.inflater.decompress(block[pos:])  # type: ignore[attr-defined]
             pieces.append(data)
-            unused = self.inflater.unused_data if self.inflater.eof else b""  # type: ignore[attr-defined]
+            ended = self.inflater.eof  # type: ignore[attr-defined]
+            unused = self.inflater.unused_data if ended else b""  # type: ignore[attr-defined]
             pos = len(block) - len(unused)
         self.consumed = base + len(block)
         out = b"".join(pieces)
@@ -166,7 +171,8 @@ class GzipIndex:
     def _maybe_checkpoint(self, members: _Members) -> None:
         if members.produced - self._points[-1].out_offset < self._spacing:
             return  # also skips points behind the newest (a read that started earlier)
-        inflater = None if members.between else members.inflater.copy()  # type: ignore[attr-defined]
+        current: Any = members.inflater
+        inflater = None if members.between else current.copy()
         self._points.append(_Checkpoint(members.produced, members.consumed, inflater))
         if len(self._points) > self._max_points:
             self._points = self._points[::2]
