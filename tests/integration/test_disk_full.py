@@ -76,6 +76,9 @@ def test_a_full_filesystem_mid_run_is_one_line_and_the_rerun_pays_nothing_twice(
     assert 0 < published < CHUNKS, out
     if full == "ledger":  # every chunk paid for was published before the ledger filled
         assert published == first
+        # the summary counts from the store and the process's tally, not from the ledger
+        assert f"chunks     {published} published now" in out, out
+        assert f"api        {first} requests" in out, out
     fake_openai.fail_when(None)
     filled[0].unlink()
     code, out = _run(tmp_path, fake_openai, output, ledger)
