@@ -41,6 +41,7 @@ from embedline.tracebacks import quiet_expected_tracebacks
 from flows import cancellation
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
+from flows.disk_full import disk_full_summary
 from flows.progress_report import progress_reporter
 from flows.load import load_stage
 from flows.signals import dispatch_with_graceful_stop, under_prefect_runner
@@ -197,7 +198,7 @@ def run_settings(settings: RunSettings) -> RunSummary:
         try:
             summary = _run_recording_crashes(settings, plan, base, ledger, started)
         except DiskFullError as exc:  # the ledger mid-run: what is published stays published
-            return _disk_full_summary(exc, base, plan, store, settings, started)
+            return disk_full_summary(exc, base, plan, store, settings, started)
         if shutdown.api_lost() is not None:
             return summary  # no artifact: each call would retry for a minute
         publish_summary(
@@ -209,34 +210,6 @@ def run_settings(settings: RunSettings) -> RunSummary:
     finally:
         ledger.close()
         close_embedders()  # a latched (fatal) client must not outlive its run
-
-
-def _disk_full_summary(
-    exc: DiskFullError,
-    base: RunSummary,
-    plan: InputPlan,
-    store: Any,
-    settings: RunSettings,
-    started: float,
-) -> RunSummary:
-    """The summary of a run the ledger's full filesystem stopped: published chunks counted
-    from the store (the ledger could not record them), requests from this process's tally."""
-    done = [c for c in plan.chunks if store.head_sha256(c.object_key) is not None]
-    threads = settings.task_runner == "threads"
-    requests, tokens, inputs = cost_in_process() if threads else (0, 0, 0)
-    return _with(
-        base,
-        started,
-        exit_code=exc.exit_code,
-        status="disk_full",
-        message=str(exc),
-        rows_published=sum(c.rows for c in done),
-        chunks_published=len(done),
-        chunks_not_run=len(plan.chunks) - len(done),
-        requests=requests,
-        tokens=tokens,
-        inputs=inputs,
-    )
 
 
 def _run_recording_crashes(
