@@ -11,23 +11,97 @@ inflation once the index covers it. Checkpoints are made as a side effect of rea
 is no separate indexing pass.
 
 Multi-member files (concatenated gzip streams, as ``cat a.gz b.gz`` or pigz/bgzip write)
-are followed member by member, like ``gzip.GzipFile``. Memory: at most ``max_points``
-checkpoints per file; past that every other one is dropped and the spacing doubles.
+are followed member by member, and NUL bytes after a member are padding, skipped (files
+written to block devices or tapes, some uploaders): both exactly as Python's ``gzip`` module
+reads a file (``gzip._GzipReader._read_eof``: "Gzip files can be padded with zeroes").
+Any other byte after a member must start a new one (``1f 8b``, RFC 1952 §2.3.1); if it does
+not, ``NotGzipData`` names its compressed offset (where ``gzip`` would raise
+``BadGzipFile``). ``GzipStream`` reads a whole file with the same ``_Members`` code, so the
+planning pass and every chunk read agree on what the decompressed bytes are.
+
+Memory: at most ``max_points`` checkpoints per file; past that every other one is dropped
+and the spacing doubles.
 """
 
 from __future__ import annotations
 
+import io
 import threading
 import zlib
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-__all__ = ["GzipIndex"]
+__all__ = ["GzipIndex", "GzipStream", "NotGzipData"]
 
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer (RFC 1952), not raw deflate
 _READ_BYTES = 1 << 16  # compressed bytes per read
+_MAGIC = b"\x1f\x8b"  # RFC 1952 §2.3.1: ID1 ID2 start every member
+
+
+class NotGzipData(ValueError):
+    """Bytes after a gzip member that are neither NUL padding nor another member (trailing
+    garbage), or a file that does not start with a member. ``offset``: their first byte's
+    offset in the compressed file; ``decompressed``: decompressed bytes before it."""
+
+    def __init__(self, offset: int, decompressed: int) -> None:
+        super().__init__(f"byte {offset} of the compressed file does not start a gzip member")
+        self.offset = offset
+        self.decompressed = decompressed
+
+
+class _Members:
+    """Inflates a gzip file fed block by block, member after member (RFC 1952 §2.2: a gzip
+    file is a series of members), skipping NUL padding after a member as ``gzip`` does.
+
+    ``inflater``: the current member's zlib Decompress (None before the first or between
+    members); ``consumed``: compressed bytes fed so far; ``produced``: decompressed bytes.
+    """
+
+    def __init__(
+        self, inflater: object | None = None, consumed: int = 0, produced: int = 0
+    ) -> None:
+        self.inflater = inflater
+        self.consumed = consumed
+        self.produced = produced
+
+    @property
+    def between(self) -> bool:
+        """True before a member starts (no inflater state needed to resume here)."""
+        return self.inflater is None or self.inflater.eof  # type: ignore[attr-defined]
+
+    def feed(self, block: bytes) -> bytes:
+        """Inflate the next compressed ``block``; returns the decompressed bytes.
+
+        :raises NotGzipData: a byte after a member (or at 0) starts no member.
+        :raises zlib.error: corrupt deflate data or a bad CRC/length trailer.
+        """
+        pieces, pos, base = [], 0, self.consumed
+        while pos < len(block):
+            if self.between:
+                if base + pos > 0:  # padding is allowed after a member, not before the first
+                    rest = block[pos:]
+                    pos += len(rest) - len(rest.lstrip(b"\0"))
+                    if pos == len(block):
+                        break
+                if not _MAGIC.startswith(block[pos:pos + 2]):
+                    raise NotGzipData(base + pos, self.produced + sum(map(len, pieces)))
+                self.inflater = zlib.decompressobj(_GZIP_WBITS)
+            data = self.inflater.decompress(block[pos:])  # type: ignore[attr-defined]
+            pieces.append(data)
+            ended = self.inflater.eof  # type: ignore[attr-defined]
+            unused = self.inflater.unused_data if ended else b""  # type: ignore[attr-defined]
+            pos = len(block) - len(unused)
+        self.consumed = base + len(block)
+        out = b"".join(pieces)
+        self.produced += len(out)
+        return out
+
+    def finish(self) -> None:
+        """The compressed file ended. :raises EOFError: inside a member (truncated)."""
+        if not self.between:
+            raise EOFError("the gzip file ends inside a member (truncated?)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,41 +153,62 @@ class GzipIndex:
 
     def _inflate_from(self, point: _Checkpoint, start: int, stop: int) -> bytes:
         out = bytearray()
-        position, consumed = point.out_offset, point.in_offset
         inflater = point.inflater.copy() if point.inflater is not None else None  # type: ignore[attr-defined]
-        with self._open_at(consumed) as stream:
-            while position < stop:
+        members = _Members(inflater, point.in_offset, point.out_offset)
+        with self._open_at(point.in_offset) as stream:
+            while members.produced < stop:
                 block = stream.read(_READ_BYTES)
                 if not block:
-                    if inflater is not None and not inflater.eof:
-                        raise EOFError("the gzip file ends inside a member (truncated?)")
+                    members.finish()
                     break
-                consumed += len(block)
-                data, inflater = _inflate(inflater, block)
+                position = members.produced
+                data = members.feed(block)
                 if position + len(data) > start:
                     out += data[max(0, start - position): stop - position]
-                position += len(data)
-                self._maybe_checkpoint(position, consumed, inflater)
+                self._maybe_checkpoint(members)
         return bytes(out)
 
-    def _maybe_checkpoint(self, position: int, consumed: int, inflater: object | None) -> None:
-        if position - self._points[-1].out_offset < self._spacing:
+    def _maybe_checkpoint(self, members: _Members) -> None:
+        if members.produced - self._points[-1].out_offset < self._spacing:
             return  # also skips points behind the newest (a read that started earlier)
-        between = inflater is None or inflater.eof  # type: ignore[attr-defined]
-        self._points.append(_Checkpoint(position, consumed, None if between
-                                        else inflater.copy()))  # type: ignore[attr-defined]
+        current: Any = members.inflater
+        inflater = None if members.between else current.copy()
+        self._points.append(_Checkpoint(members.produced, members.consumed, inflater))
         if len(self._points) > self._max_points:
             self._points = self._points[::2]
             self._spacing *= 2
 
 
-def _inflate(inflater: object | None, block: bytes) -> tuple[bytes, object | None]:
-    """Inflate ``block``, starting new members as earlier ones end (RFC 1952 §2.2: a gzip
-    file is a series of members). Returns the output and the inflater to continue with."""
-    pieces = []
-    while block:
-        if inflater is None or inflater.eof:  # type: ignore[attr-defined]
-            inflater = zlib.decompressobj(_GZIP_WBITS)
-        pieces.append(inflater.decompress(block))  # type: ignore[attr-defined]
-        block = inflater.unused_data if inflater.eof else b""  # type: ignore[attr-defined]
-    return b"".join(pieces), inflater
+class GzipStream(io.RawIOBase):
+    """The decompressed bytes of a whole gzip file, read from ``compressed`` (a binary stream
+    from its first byte) with the same ``_Members`` code as ``GzipIndex`` reads ranges.
+
+    ``read``/``readinto`` raise ``NotGzipData``, ``zlib.error`` (corrupt) or ``EOFError``
+    (truncated); closing closes ``compressed``.
+    """
+
+    def __init__(self, compressed: BinaryIO) -> None:
+        super().__init__()
+        self._fh = compressed
+        self._members = _Members()
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            block = self._fh.read(_READ_BYTES)
+            if not block:
+                self._members.finish()
+                return 0
+            self._pending = memoryview(self._members.feed(block))
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._fh.close()
+        super().close()

@@ -13,7 +13,6 @@ instead of ``chunks / 2`` times.
 
 from __future__ import annotations
 
-import gzip
 import io
 import os
 import threading
@@ -21,7 +20,7 @@ import zlib
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlsplit
 
-from adapters.gzip_index import GzipIndex
+from adapters.gzip_index import GzipIndex, GzipStream, NotGzipData
 from embedline.errors import EmbedlineError, InputError
 
 __all__ = ["GzipInput", "InputFile", "LocalInput", "S3Input", "open_input"]
@@ -171,8 +170,7 @@ class GzipInput:
 
         :raises InputError: the input cannot be opened.
         """
-        raw = gzip.GzipFile(fileobj=self.inner.open(), mode="rb")
-        return _GzipErrors(raw, self.uri)
+        return _GzipErrors(GzipStream(self.inner.open()), self.uri)
 
     def read_range(self, start: int, stop: int) -> bytes:
         """Decompressed bytes ``[start, stop)``, through the process's ``GzipIndex`` of this
@@ -183,9 +181,20 @@ class GzipInput:
         index = _index_for(self.inner)
         try:
             return index.read_range(start, stop)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(f"cannot decompress the input ({type(exc).__name__}: {exc}); "
-                             "is it really gzip?", path=self.uri) from None  # fmt: skip
+        except (OSError, EOFError, zlib.error, NotGzipData) as exc:
+            raise _gzip_error(exc, self.uri) from None
+
+
+def _gzip_error(exc: BaseException, uri: str) -> InputError:
+    """The one-line error for a gzip input that cannot be decompressed."""
+    if isinstance(exc, NotGzipData) and exc.offset > 0:
+        return InputError(f"the bytes from compressed byte offset {exc.offset} on (after "
+                          f"{exc.decompressed} decompressed bytes) are neither a gzip member nor "
+                          "NUL padding: trailing data after the last member. Truncate the file "
+                          f"to its first {exc.offset} bytes (head -c {exc.offset}) or export "
+                          "it again", path=uri)
+    return InputError(f"cannot decompress the input ({type(exc).__name__}: {exc}); "
+                      "is it really gzip?", path=uri)
 
 
 _INDEXES: dict[tuple[str, str], GzipIndex] = {}
@@ -211,16 +220,15 @@ def _index_for(inner: LocalInput | S3Input) -> GzipIndex:
 class _GzipErrors(io.BufferedReader):
     """A buffered gzip stream whose corrupt-data errors become one-line ``InputError``s."""
 
-    def __init__(self, raw: gzip.GzipFile, uri: str) -> None:
+    def __init__(self, raw: GzipStream, uri: str) -> None:
         super().__init__(raw, buffer_size=_STREAM_BUFFER)  # type: ignore[arg-type]
         self._uri = uri
 
     def _wrap(self, call: Any, *args: Any) -> Any:
         try:
             return call(*args)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(f"cannot decompress the input ({type(exc).__name__}: {exc}); "
-                             "is it really gzip?", path=self._uri) from None  # fmt: skip
+        except (OSError, EOFError, zlib.error, NotGzipData) as exc:
+            raise _gzip_error(exc, self._uri) from None
 
     def read(self, size: int | None = -1) -> bytes:
         return self._wrap(super().read, size)  # type: ignore[no-any-return]

@@ -43,7 +43,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from adapters.disk_full import LedgerConnection, translate_full
 from adapters.processes import local_process_is_gone
+from embedline.errors import DiskFullError
 from embedline.models import ChunkSpec, DeadLetter, InputPlan
 
 __all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "SinkLoadRecord",
@@ -252,26 +254,30 @@ class Ledger:
     process's write lock.
 
     :raises sqlite3.DatabaseError: if the file is not a SQLite database.
+    :raises DiskFullError: (exit 1) the ledger's filesystem is full, at open, migration, any
+        write or the WAL checkpoint (``adapters.disk_full.LedgerConnection``).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0) -> None:
         self.path = os.fspath(path)
-        if self.path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._conn = sqlite3.connect(
-            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
-        self._conn.row_factory = sqlite3.Row
-        self._lock = threading.RLock()
-        self._depth = 0
-        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        self._migrate()
+        with translate_full(self.path, "ledger"):  # creating the file, WAL and migrations
+            if self.path != ":memory:":
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
+                                         check_same_thread=False, factory=LedgerConnection)
+            self._conn.ledger_path = self.path  # every statement: a full disk, one line
+            self._conn.row_factory = sqlite3.Row
+            self._lock = threading.RLock()
+            self._depth = 0
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
 
     def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
+        """Close the connection. A full filesystem is ignored here: the WAL that could not be
+        checkpointed is replayed by the next open, so nothing is lost."""
+        with self._lock, contextlib.suppress(DiskFullError):
             self._conn.close()
 
     # -- transactions ---------------------------------------------------------------------
@@ -291,9 +297,10 @@ class Ledger:
             try:
                 yield self._conn
             except BaseException:
-                self._conn.execute(rollback)
-                if self._depth > 1:
-                    self._conn.execute(f"RELEASE {name}")
+                if self._conn.in_transaction:  # SQLITE_FULL may have rolled it back already
+                    self._conn.execute(rollback)
+                    if self._depth > 1:
+                        self._conn.execute(f"RELEASE {name}")
                 raise
             else:
                 self._conn.execute(commit)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 from urllib.parse import unquote, urlsplit
 
+from adapters.disk_full import full_error, is_disk_full
 from adapters.processes import local_process_is_gone
 from embedline.errors import (
     ConflictError,
@@ -113,9 +114,8 @@ def _translate_os_error(exc: OSError, path: str) -> EmbedlineError | None:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return FatalError(f"cannot write {path}: {exc.strerror}; check the output directory's "
                           "permissions and that its filesystem is writable")
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return FatalError(f"cannot write {path}: {exc.strerror}; free space or choose another "
-                          "--output")
+    if is_disk_full(exc):  # exit 1: a rerun after freeing space resumes (adapters.disk_full)
+        return full_error(path, "output")
     if exc.errno in (errno.ENOTDIR, errno.EISDIR):
         return FatalError(f"cannot write {path}: {exc.strerror}; a file stands where the "
                           "output layout needs a directory (or the reverse)")
@@ -202,7 +202,8 @@ class LocalDirStore:
 
         :raises ValueError: ``sha256`` is not the SHA-256 of ``body``, or the key is invalid.
         :raises ConflictError: the key exists with other bytes (or is not a regular file).
-        :raises FatalError: permissions, read-only or full filesystem, no hard-link support.
+        :raises FatalError: permissions, read-only filesystem, no hard-link support.
+        :raises DiskFullError: (exit 1) the output's filesystem is full.
         Rule source: POSIX ``link(2)`` fails with EEXIST if the new path exists.
         """
         _require_digest(body, sha256)

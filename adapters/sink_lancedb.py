@@ -9,15 +9,17 @@ Source: https://lancedb.github.io/lancedb/guides/tables/ (merge insert, delete, 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
+from adapters.disk_full import translate_full
 from adapters.sinks import check_compatible, sink_metadata, sink_table_from_metadata
 from embedline.errors import FatalError
 from embedline.protocols import SinkTable
@@ -28,10 +30,24 @@ logger = logging.getLogger("embedline")
 
 _META_KEY = b"embedline"
 _DELETE_BATCH = 500  # ids per ``delete`` predicate
+_T = TypeVar("_T")
 
 
 def _quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+def _writes(method: Callable[..., _T]) -> Callable[..., _T]:
+    """A method that writes the database directory: a full filesystem (Lance raises
+    ``RuntimeError("lance error: LanceError(IO): No space left on device (os error 28)")``)
+    becomes one ``DiskFullError`` naming the directory (``adapters.disk_full``)."""
+
+    @functools.wraps(method)
+    def wrapper(self: LanceDBSink, *args: Any, **kwargs: Any) -> _T:
+        with translate_full(self.path, "LanceDB sink directory"):
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class LanceDBSink:
@@ -77,6 +93,7 @@ class LanceDBSink:
         meta = (table.schema.metadata or {}).get(_META_KEY)
         return sink_table_from_metadata(meta, dimensions=dims, rows=table.count_rows())
 
+    @_writes
     def ensure_table(self, *, embedder: str, model: str, dimensions: int) -> SinkTable:
         """Create the table with embedline's schema if absent; check an existing one.
 
@@ -104,6 +121,7 @@ class LanceDBSink:
             raise FatalError(f"LanceDB table {self.identity} does not exist")
         return table
 
+    @_writes
     def upsert(self, rows: pa.Table, *, run_key: str) -> int:
         """Insert or replace ``rows`` by id (one commit); return the rows written."""
         if rows.num_rows == 0:
@@ -117,6 +135,7 @@ class LanceDBSink:
              .execute(data))  # fmt: skip
         return rows.num_rows
 
+    @_writes
     def delete_ids(self, ids: Sequence[str]) -> int:
         """Delete rows whose id is in ``ids``; return how many rows went."""
         with self._lock:
@@ -140,12 +159,14 @@ class LanceDBSink:
             held = table.search().select(["id", "text_sha256"]).limit(None).to_arrow()
         return held.select(["id", "text_sha256"])
 
+    @_writes
     def delete_other_runs(self, run_key: str) -> int:
         """Delete every row not written by ``run_key``; return how many."""
         with self._lock:
             result = self._require().delete(f"run_key != {_quote(run_key)}")
             return int(result.num_deleted_rows)
 
+    @_writes
     def finalize(self) -> None:
         """Compact fragments and prune old versions (Lance's ``optimize``)."""
         with self._lock:

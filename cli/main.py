@@ -14,6 +14,7 @@ from typing import Any
 from cli import gc, inspect, load, run, search
 from cli.started import interrupted_line
 from embedline import shutdown
+from embedline.errors import DiskFullError
 from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["main"]
@@ -73,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except BaseException as exc:
+        if isinstance(exc, DiskFullError) and not os.environ.get(DEBUG_ENV):
+            sys.stderr.write(f"embedline: error: {exc}\n")  # any command, one line
+            return exc.exit_code
         if not shutdown.is_interrupt(exc):
             return _invalid_prefect_setting(exc)
         return _interrupted(exc, resumable=getattr(args, "resumable", True))

@@ -15,6 +15,9 @@
      ├─ FatalError            401/403, insufficient_quota, unknown model, store refusals → exit 3
      │   ├─ RequestRejectedError  a 4xx for the request itself, not one input → exit 3
      │   └─ ConflictError     an object at our key holds other bytes → never overwritten
+     ├─ DiskFullError         a write met a full filesystem (ledger, scratch, output, sink)
+     │                        → exit 1, one line naming the path; a rerun after freeing
+     │                        space resumes
      └─ RunIncompleteError    the run ended with failed chunks or dead letters → exit 1
 
 Messages never contain input text, API keys or credentials: only ids, line numbers, column
@@ -31,6 +34,7 @@ __all__ = [
     "BadResponseError",
     "EndpointDownError",
     "ConflictError",
+    "DiskFullError",
     "EmbedlineError",
     "FatalError",
     "InputError",
@@ -182,6 +186,19 @@ class RequestRejectedError(FatalError):
 
 class ConflictError(FatalError):
     """Raised when an object already at our key holds different bytes; it is never replaced."""
+
+
+class DiskFullError(EmbedlineError):
+    """Raised when a write meets a full filesystem (ENOSPC/EDQUOT, SQLite's SQLITE_FULL):
+    an environment problem that a rerun fixes once space is freed, so exit 1 (as an endpoint
+    outage), not 3. ``path``: what was being written. Built by ``adapters.disk_full``.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class RunIncompleteError(EmbedlineError):

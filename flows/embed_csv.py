@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from adapters.embeddings import api_key_from_env, close_embedders
 from adapters.ledger import Ledger, new_owner, record_hard_stop
 from embedline import shutdown
-from embedline.errors import ConflictError, EmbedlineError, InputError
+from embedline.errors import ConflictError, DiskFullError, EmbedlineError, InputError
 from embedline.models import (
     ChunkOutcome,
     InputPlan,
@@ -41,6 +41,7 @@ from embedline.tracebacks import quiet_expected_tracebacks
 from flows import cancellation
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
+from flows.disk_full import disk_full_summary
 from flows.progress_report import progress_reporter
 from flows.load import load_stage
 from flows.signals import dispatch_with_graceful_stop, under_prefect_runner
@@ -192,9 +193,15 @@ def run_settings(settings: RunSettings) -> RunSummary:
                       chunks_total=len(plan.chunks), generation=target.generation,
                       supersedes=target.supersedes,
                       price_per_million_tokens=settings.price_per_million_tokens)  # fmt: skip
-    ledger = Ledger(settings.ledger)
     try:
-        summary = _run_recording_crashes(settings, plan, base, ledger, started)
+        ledger = Ledger(settings.ledger)
+    except DiskFullError as exc:  # exit 1, one line; nothing started
+        return _with(base, started, exit_code=exc.exit_code, status="disk_full", message=str(exc))
+    try:
+        try:
+            summary = _run_recording_crashes(settings, plan, base, ledger, started)
+        except DiskFullError as exc:  # the ledger mid-run: what is published stays published
+            return disk_full_summary(exc, base, plan, store, settings, started)
         if shutdown.api_lost() is not None:
             return summary  # no artifact: each call would retry for a minute
         publish_summary(

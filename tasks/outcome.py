@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from embedline.errors import (
+    DiskFullError,
     EmbedlineError,
     EndpointDownError,
     FatalError,
@@ -30,7 +31,7 @@ class ChunkFailure:
     """A failed chunk: ``kind`` says what the run does next; ``error`` is for the ledger.
 
     ``fatal`` stops dispatching and exits 3; ``input`` stops and exits 2; ``outage`` (the
-    embedding endpoint went down mid-run) marks the chunk failed and stops dispatching, exit
+    embedding endpoint went down mid-run, or a filesystem written is full) marks the chunk failed and stops dispatching, exit
     1, a rerun resumes; ``failed`` marks
     the chunk failed (a rerun retries it) and the run goes on; ``released`` gives the chunk
     back as pending (the run is stopping, or the server asked for a wait above the cap).
@@ -52,7 +53,7 @@ def status_for(exc: BaseException) -> ChunkFailure:
         return ChunkFailure("fatal", text, expected=True, **cost)
     if isinstance(exc, InputError):
         return ChunkFailure("input", text, expected=True, **cost)
-    if isinstance(exc, EndpointDownError):
+    if isinstance(exc, (EndpointDownError, DiskFullError)):  # every later chunk would fail
         return ChunkFailure("outage", text, expected=True, **cost)
     if isinstance(exc, (StopRequestedError, RetryLaterError)):
         return ChunkFailure("released", text, expected=True, **cost)

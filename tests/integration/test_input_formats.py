@@ -113,3 +113,36 @@ def test_an_xlsx_is_refused_naming_what_it_is(
         z.writestr("xl/workbook.xml", "<workbook/>")
     code, output = _run(tmp_path, fake_openai, str(tmp_path / "book.xlsx"))
     assert code == 2 and "ZIP archive" in output and fake_openai.requests == 0
+
+
+def test_gzip_with_nul_padding_after_the_member_runs_local_and_on_s3(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    """Issue 22 item 8: 1,024 NUL bytes after the member (block devices, some uploaders),
+    which ``zcat`` and Python's gzip read, were planned and then failed every chunk read."""
+    packed = gzip.compress(_text().encode("utf-8")) + b"\0" * 1024
+    (tmp_path / "in.csv.gz").write_bytes(packed)
+    code, output = _run(tmp_path, fake_openai, str(tmp_path / "in.csv.gz"))
+    assert code == 0, output
+    _check(tmp_path)
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.put_object(Bucket=s3_bucket, Key="inputs/padded.csv.gz", Body=packed)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    source = f"s3://{s3_bucket}/inputs/padded.csv.gz"
+    code, output = _run(remote, fake_openai, source, env={"AWS_ENDPOINT_URL": moto_endpoint})
+    assert code == 0, output
+    _check(remote)
+
+
+def test_gzip_trailing_garbage_is_refused_at_planning_naming_the_offset(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    member = gzip.compress(_text().encode("utf-8"))
+    (tmp_path / "in.csv.gz").write_bytes(member + b"\0" * 8 + b"<html>oops</html>\n")
+    code, output = _run(tmp_path, fake_openai, str(tmp_path / "in.csv.gz"))
+    assert code == 2, output
+    assert "Traceback" not in output
+    lines = [line for line in output.splitlines() if f"byte offset {len(member) + 8}" in line]
+    assert len(lines) == 1 and "in.csv.gz" in lines[0], output
+    assert fake_openai.requests == 0

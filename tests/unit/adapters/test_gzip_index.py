@@ -98,3 +98,51 @@ def test_gzip_input_chunks_of_the_real_file_equal_the_plain_files_bytes(tmp_path
     step = max(1, len(raw) // 37)
     for start in list(range(0, len(raw), step))[::-1]:  # backwards: every read seeks back
         assert source.read_range(start, start + step) == raw[start:start + step]
+
+
+# Issue 22 item 8: the planning stream and the chunk reader read gzip with one code path, as
+# Python's gzip module reads it (NUL padding after a member skipped), and trailing garbage
+# is refused with its compressed offset.
+
+def _padded(raw: bytes, members: int = 1, padding: bytes = b"\0" * 1024) -> bytes:
+    step = -(-len(raw) // members)
+    return b"".join(gzip.compress(raw[i:i + step]) + padding for i in range(0, len(raw), step))
+
+
+@pytest.mark.parametrize("members", [1, 3])
+def test_nul_padding_after_members_reads_as_python_gzip_reads_it(
+    tmp_path: Path, members: int
+) -> None:
+    raw = _payload(700_000)
+    blob = _padded(raw, members)
+    assert gzip.decompress(blob) == raw  # the reference reader accepts the padding
+    index = GzipIndex(_opener(blob, []), spacing_bytes=64 << 10)
+    rng = random.Random(3)
+    for start in [0, len(raw) - 10, *(rng.randrange(len(raw)) for _ in range(20))]:
+        assert index.read_range(start, start + 50_000) == raw[start:start + 50_000]
+    assert index.read_range(len(raw) - 5, len(raw) + 2000) == raw[-5:]
+    path = tmp_path / "padded.csv.gz"
+    path.write_bytes(blob)
+    found = open_input(str(path))
+    with found.open() as fh:
+        assert fh.read() == raw  # the planning stream
+    assert found.read_range(len(raw) - 100, len(raw) + 1024) == raw[-100:]
+
+
+def test_trailing_garbage_is_refused_with_its_offset_by_both_readers(tmp_path: Path) -> None:
+    from embedline.errors import InputError
+
+    raw = _payload(200_000)
+    member = gzip.compress(raw)
+    path = tmp_path / "garbage.csv.gz"
+    path.write_bytes(member + b"\0" * 16 + b"GARBAGE")
+    offset = len(member) + 16
+    found = open_input(str(path))
+    with pytest.raises(InputError) as planning, found.open() as fh:
+        fh.read()
+    message = str(planning.value)
+    assert f"byte offset {offset}" in message and str(path) in message
+    assert "\n" not in message
+    with pytest.raises(InputError, match=f"byte offset {offset}"):
+        open_input(str(path)).read_range(len(raw) - 10, len(raw) + 10)
+    assert GzipIndex(_opener(member, [])).read_range(0, 10) == raw[:10]  # the member alone

@@ -1,0 +1,47 @@
+"""The summary of a run stopped by its ledger's full filesystem (issue 22 item 9).
+
+The ledger could not record the chunks published before it filled, so they are counted
+from the store (a ``stat`` or ``HEAD`` per chunk, on this error path only), and the
+requests from this process's tally (``embedline.progress``; threads runner only).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from embedline.errors import DiskFullError
+from embedline.models import InputPlan, RunSummary
+from embedline.progress import cost_in_process
+from embedline.settings import RunSettings
+
+__all__ = ["disk_full_summary"]
+
+
+def disk_full_summary(
+    exc: DiskFullError,
+    base: RunSummary,
+    plan: InputPlan,
+    store: Any,
+    settings: RunSettings,
+    started: float,
+) -> RunSummary:
+    """``base`` with status ``disk_full``, exit 1, ``exc``'s one line as the message, and
+    the chunks and rows published (from ``store``) and requests, tokens and inputs sent.
+    ``started``: ``time.monotonic()`` at the run's start (for ``wall_s``, seconds)."""
+    done = [c for c in plan.chunks if store.head_sha256(c.object_key) is not None]
+    threads = settings.task_runner == "threads"
+    requests, tokens, inputs = cost_in_process() if threads else (0, 0, 0)
+    changes = {
+        "exit_code": exc.exit_code,
+        "status": "disk_full",
+        "message": str(exc),
+        "rows_published": sum(c.rows for c in done),
+        "chunks_published": len(done),
+        "chunks_not_run": len(plan.chunks) - len(done),
+        "requests": requests,
+        "tokens": tokens,
+        "inputs": inputs,
+        "wall_s": round(time.monotonic() - started, 3),
+    }
+    return RunSummary(**{**base.to_dict(), **changes})
