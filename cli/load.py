@@ -22,7 +22,7 @@ from cli.common import (
 )
 from cli.prefect_env import PrefectApiError
 
-__all__ = ["add_parsers", "already_loaded", "print_load_summary"]
+__all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -42,7 +42,33 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     load.add_argument("--ledger", default=DEFAULT_LEDGER,
                       help="the ledger `run` wrote (relative to the current directory): "
                            "where runs were published, and what each sink already holds")
+    load.add_argument("--allow-failed-rows", action="store_true",
+                      help="rows the sink refuses for good (an id PostgreSQL cannot store or "
+                           "index, a NaN vector: load dead letters) do not fail the load "
+                           "(exit 0); without it the load finishes, lists them, exit 1")
+    load.add_argument("--lancedb-keep-versions", type=duration_s, default=None,
+                      metavar="DURATION",
+                      help="LanceDB: prune table versions older than this after the load "
+                           "(e.g. 0, 90s, 30m, 1h, 7d; default 1h); the latest is always kept")
     load.set_defaults(handler=_load)
+
+
+def duration_s(text: str) -> float:
+    """``0``, ``90s``, ``30m``, ``1h``, ``7d`` (or plain seconds) as seconds.
+
+    :raises argparse.ArgumentTypeError: anything else, or a negative value.
+    """
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    value = text.strip().lower()
+    scale = units.get(value[-1:], None)
+    try:
+        seconds = float(value[:-1] if scale else value) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 0, 90s, 30m, 1h, "
+                                         "7d)") from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration cannot be negative")
+    return seconds
 
 
 def _output_for(args: argparse.Namespace) -> str:
@@ -78,10 +104,11 @@ def _load(args: argparse.Namespace) -> int:
     manifest = _committed_manifest(output, args.run)
     if isinstance(manifest, tuple):
         return fail(f"embedline: error: {manifest[0]}", manifest[1])
-    done = already_loaded(output, args.run, args.to, args.ledger, manifest=manifest)
+    done = already_loaded(output, args.run, args.to, args.ledger, manifest=manifest,
+                          allow_failed_rows=args.allow_failed_rows)
     if done is not None:
         print_load_summary(done)
-        return 0
+        return int(done["exit_code"])
     return with_prefect_api(lambda api: _load_flow(args, api), on_lost=lambda loss:
                             exit_on_api_loss(loss, kept="what was loaded is kept"))
 
@@ -104,10 +131,12 @@ def _committed_manifest(output: str, run: str | None) -> dict[str, Any] | tuple[
 
 
 def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str, *,
-                   manifest: dict[str, Any] | None = None) -> dict[str, Any] | None:  # fmt: skip
+                   manifest: dict[str, Any] | None = None,
+                   allow_failed_rows: bool = False) -> dict[str, Any] | None:
     """The summary of a load the ledger records as finished and still current (the sink's
     last finished load), found without starting Prefect or connecting to the sink; else None.
-    ``manifest``: the run's committed manifest, if the caller read it already.
+    ``manifest``: the run's committed manifest, if the caller read it already. A load that
+    finished with load dead letters says so again (exit 1 unless ``allow_failed_rows``).
     """
     import time
 
@@ -132,14 +161,17 @@ def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str
         if record is None or record.state != "loaded" or \
                 ledger.last_loaded_run(identity) != record.run_key:
             return None
+        dead = ledger.load_dead_letters(identity, record.run_key)
     finally:
         ledger.close()
+    from embedline.models import load_dead_letters_end
+
     rows = sum(int(c["rows"]) for c in manifest["chunks"])
-    return LoadSummary(0, "already_loaded", "the run was already loaded into this sink",
-                       sink=identity, run_key=record.run_key, mode=record.mode,
-                       rows_skipped=rows, chunks_total=len(manifest["chunks"]),
-                       chunks_skipped=len(manifest["chunks"]),
-                       wall_s=round(time.monotonic() - started, 3)).to_dict()  # fmt: skip
+    return load_dead_letters_end(LoadSummary(
+        0, "already_loaded", "the run was already loaded into this sink", sink=identity,
+        run_key=record.run_key, mode=record.mode, rows_skipped=rows,
+        chunks_total=len(manifest["chunks"]), chunks_skipped=len(manifest["chunks"]),
+        wall_s=round(time.monotonic() - started, 3)), dead, allow_failed_rows).to_dict()
 
 
 def _load_flow(args: argparse.Namespace, api: Any) -> int:
@@ -156,6 +188,8 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
     shutdown.command_handles_signals()  # SIGTERM as SIGINT in the flow
     quiet_prefect_signal_crashes()
     state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
+                     allow_failed_rows=args.allow_failed_rows,
+                     lancedb_keep_versions_s=args.lancedb_keep_versions,
                      return_state=True)  # fmt: skip  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)
@@ -173,6 +207,9 @@ def print_load_summary(summary: dict[str, Any]) -> None:
               f"{summary.get('mode') or '-'})")  # fmt: skip
         print(f"rows       {summary['rows_loaded']} upserted now, {summary['rows_skipped']} "
               f"loaded before, {summary['rows_deleted']} deleted")  # fmt: skip
+        if summary.get("rows_failed"):
+            print(f"dead       {summary['rows_failed']} rows refused by the sink for good "
+                  f"(embedline dead-letters {str(summary['run_key'])[:12]} --sink URI)")
         print(f"chunks     {summary['chunks_loaded']} loaded now, {summary['chunks_skipped']} "
               f"skipped, {summary['chunks_failed']} failed, of {summary['chunks_total']}")
         print(f"wall time  {summary['wall_s']:.1f} s")

@@ -388,7 +388,7 @@ def _load_into_sink(settings: RunSettings, manifest: dict[str, Any] | None,
     book = ledger or Ledger(settings.ledger)
     try:
         load = load_stage(output=settings.output, manifest=manifest, sink_uri=settings.sink,
-                          ledger=book)  # fmt: skip
+                          ledger=book, allow_failed_rows=settings.allow_failed_rows)  # fmt: skip
     finally:
         if ledger is None:
             book.close()

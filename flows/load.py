@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 from prefect.futures import wait
 from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -33,10 +34,10 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from adapters.ledger import Ledger
 from embedline import shutdown
 from embedline.errors import ConflictError, EmbedlineError
-from embedline.models import LoadSummary, ManifestChunk
+from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
 from embedline.protocols import VectorSink
 from tasks.chunk import store_for
-from tasks.load import LoadJob, load_chunk, sink_for
+from tasks.load import LoadedChunk, LoadJob, load_chunk, sink_for
 from tasks.outcome import status_for
 from tasks.read import resolve_run
 
@@ -49,9 +50,15 @@ def load_run(
     run: str | None = None,
     output: str = "./embedline-output",
     ledger: str = ".embedline/ledger.sqlite3",
+    allow_failed_rows: bool = False,
+    lancedb_keep_versions_s: float | None = None,
 ) -> State[Any]:
     """Load committed run ``run`` (key or ≥ 8-hex prefix; default the latest) of ``output``
-    into the sink ``to``. Returns a Completed or Failed state carrying the ``LoadSummary``."""
+    into the sink ``to``. Returns a Completed or Failed state carrying the ``LoadSummary``.
+
+    ``allow_failed_rows``: rows the sink refuses for good (load dead letters) do not make
+    the load fail (exit 0). ``lancedb_keep_versions_s``: LanceDB versions older than this
+    (seconds) are pruned after the load (default 3,600)."""
     shutdown.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     started = time.monotonic()
     try:
@@ -60,7 +67,9 @@ def load_run(
         return final_state(LoadSummary(exc.exit_code, "input_error", str(exc), sink=to))
     book = Ledger(ledger)
     try:
-        summary = load_stage(output=output, manifest=manifest, sink_uri=to, ledger=book)
+        summary = load_stage(output=output, manifest=manifest, sink_uri=to, ledger=book,
+                             allow_failed_rows=allow_failed_rows,
+                             keep_versions_s=lancedb_keep_versions_s)
     finally:
         book.close()
     summary.wall_s = round(time.monotonic() - started, 3)
@@ -83,11 +92,14 @@ class LoadNotComplete(Exception):
 
 
 def load_stage(
-    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger
+    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger,
+    allow_failed_rows: bool = False, keep_versions_s: float | None = None,
 ) -> LoadSummary:
     """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``.
 
     Call inside a flow run. Never raises for an expected failure: the summary says it.
+    Rows the sink refuses for good are load dead letters: the rest is loaded and the load
+    finishes; the summary says ``dead_letters``, exit 1, unless ``allow_failed_rows``.
     """
     logger = get_run_logger()
     started = time.monotonic()
@@ -111,9 +123,11 @@ def load_stage(
     record = ledger.start_load(sink.identity, run_key, mode=job.mode)
     if record.state == "loaded":
         logger.info("run %s is already loaded into %s", run_key, sink.identity)
-        return _with(base, started, status="already_loaded", mode=record.mode,
-                     chunks_skipped=len(chunks), rows_skipped=sum(c.rows for c in chunks),
-                     message="the run was already loaded into this sink")  # fmt: skip
+        return load_dead_letters_end(_with(
+            base, started, status="already_loaded", mode=record.mode, chunks_skipped=len(chunks),
+            rows_skipped=sum(c.rows for c in chunks),
+            message="the run was already loaded into this sink"),
+            ledger.load_dead_letters(sink.identity, run_key), allow_failed_rows)
     done = ledger.loaded_chunks(sink.identity, run_key)
     todo = [c for c in chunks if c.index not in done]
     logger.info("loading run %s into %s (%s): %d of %d chunks already loaded", run_key,
@@ -130,13 +144,25 @@ def load_stage(
                              "; rerun the same command to load only those")  # fmt: skip
     try:
         deleted = _delete_stale(sink, job, manifest)
-        sink.finalize()
+        sink.finalize(keep_versions_s=keep_versions_s)
     except EmbedlineError as exc:
         return _with(summary, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
                      status="incomplete", message=f"{exc}; rerun the same command to finish")
     total = sum(c.rows for c in chunks)
     ledger.finish_load(sink.identity, run_key, rows_loaded=total, rows_deleted=deleted)
-    return _with(summary, started, status="loaded", rows_deleted=deleted)
+    dead = ledger.load_dead_letters(sink.identity, run_key)
+    if dead:
+        _dead_letters_artifact(dead)
+    return load_dead_letters_end(_with(summary, started, status="loaded", rows_deleted=deleted),
+                             dead, allow_failed_rows)
+
+
+def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:
+    """The ``embedline-load-dead-letters`` table artifact (ids and reasons, never text)."""
+    create_table_artifact([{"chunk": d.chunk_index, "id": d.id[:200], "reason": d.reason,
+                            "sqlstate": d.sqlstate, "message": d.message} for d in dead[:1000]],
+                          key="embedline-load-dead-letters",
+                          description=f"{len(dead)} rows the sink refuses (no text)")
 
 
 def _job(output: str, sink: VectorSink, manifest: dict[str, Any], ledger: Ledger) -> LoadJob:
@@ -190,10 +216,10 @@ def _load_chunks(
                                                      RuntimeError(f"state {state.type.value}"))
                     logger.error("chunk %d not loaded: %s", chunk.index, failed[chunk.index].error)
                     continue
-                rows = int(future.result())
+                done: LoadedChunk = future.result()
                 ledger.mark_chunk_loaded(job.sink, job.run_key, chunk.index, chunk_key=chunk.key,
-                                         rows=rows)  # fmt: skip
-                loaded[chunk.index] = rows
+                                         rows=done.rows, dead_letters=done.dead_letters)
+                loaded[chunk.index] = done.rows
             if any(f.kind == "fatal" for f in failed.values()):
                 break
     return loaded, failed
