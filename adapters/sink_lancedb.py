@@ -205,6 +205,9 @@ class LanceDBSink:
         Source: LanceTable.optimize(cleanup_older_than=…) (Lance keeps 7 days unless told).
         """
         keep = DEFAULT_KEEP_VERSIONS_S if keep_versions_s is None else keep_versions_s
+        # 0 is asked for explicitly here; lancedb warns about exactly 0 (other readers of old
+        # versions), so 1 ms stands for it: the same versions go
+        keep = max(keep, 0.001)
         with self._lock:
             table = self._require()
             for attempt in range(1, _OPTIMIZE_ATTEMPTS + 1):
