@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from adapters.disk_full import LedgerConnection, translate_full
 from adapters.processes import local_process_is_gone
 from embedline.errors import DiskFullError
-from embedline.models import ChunkSpec, DeadLetter, InputPlan
+from embedline.models import ChunkSpec, DeadLetter, InputPlan, LoadDeadLetter
 
 __all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "SinkLoadRecord",
            "new_owner", "record_hard_stop"]  # fmt: skip
@@ -161,6 +161,26 @@ _MIGRATIONS += (
         # that is going from one whose process is gone (killed, second Ctrl-C).
         "0005_run_owner",
         "ALTER TABLE runs ADD COLUMN owner TEXT;",
+    ),
+)
+
+_MIGRATIONS += (
+    (
+        # Rows a sink refuses for good (DESIGN §9): load dead letters, listed by
+        # ``embedline dead-letters RUN --sink URI``; written with the chunk's load record.
+        "0006_sink_dead_letters",
+        """
+        CREATE TABLE sink_dead_letters (
+            sink TEXT NOT NULL,
+            run_key TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            id TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            sqlstate TEXT,
+            message TEXT NOT NULL,
+            PRIMARY KEY (sink, run_key, idx, id)
+        ) STRICT;
+        """,
     ),
 )
 
@@ -723,14 +743,22 @@ class Ledger:
         return {int(i): int(n) for i, n in rows}
 
     def mark_chunk_loaded(
-        self, sink: str, run_key: str, idx: int, *, chunk_key: str, rows: int
+        self, sink: str, run_key: str, idx: int, *, chunk_key: str, rows: int,
+        dead_letters: Sequence[LoadDeadLetter] = (),
     ) -> None:
-        """Record chunk ``idx`` of ``run_key`` as loaded into ``sink`` (``rows`` upserted).
+        """Record chunk ``idx`` of ``run_key`` as loaded into ``sink`` (``rows`` upserted),
+        with the rows the sink refused for good (load dead letters), in one transaction.
 
         Called only after the sink's own transaction committed: a crash in between reloads
         the chunk, which the sink's upsert by id makes harmless.
         """
         with self.atomic() as db:
+            db.executemany(
+                """INSERT INTO sink_dead_letters VALUES (?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (sink, run_key, idx, id) DO NOTHING""",
+                [(sink, run_key, idx, d.id, d.reason, d.sqlstate, d.message)
+                 for d in dead_letters],
+            )
             db.execute(
                 """INSERT INTO sink_chunks VALUES (?, ?, ?, ?, ?, ?)
                    ON CONFLICT (sink, run_key, idx) DO NOTHING""",
@@ -740,6 +768,15 @@ class Ledger:
                 "UPDATE sink_loads SET updated_at = ? WHERE sink = ? AND run_key = ?",
                 (_now_iso(), sink, run_key),
             )
+
+    def load_dead_letters(self, sink: str, run_key: str) -> list[LoadDeadLetter]:
+        """Return the rows of ``run_key`` that ``sink`` refused for good, in chunk order."""
+        rows = self._conn.execute(
+            """SELECT idx, id, reason, sqlstate, message FROM sink_dead_letters
+               WHERE sink = ? AND run_key = ? ORDER BY idx, id""",
+            (sink, run_key),
+        )
+        return [LoadDeadLetter(*r) for r in rows]
 
     def finish_load(self, sink: str, run_key: str, *, rows_loaded: int, rows_deleted: int) -> None:
         """Record the load of ``run_key`` into ``sink`` as complete (counts in rows)."""

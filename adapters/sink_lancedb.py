@@ -13,7 +13,9 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import numpy as np
@@ -21,20 +23,37 @@ import pyarrow as pa
 
 from adapters.disk_full import translate_full
 from adapters.sinks import check_compatible, sink_metadata, sink_table_from_metadata
-from embedline.errors import FatalError
-from embedline.protocols import SinkTable
+from embedline.errors import FatalError, RetryableError
+from embedline.protocols import SinkTable, UpsertResult
 
-__all__ = ["LanceDBSink"]
+__all__ = ["DEFAULT_KEEP_VERSIONS_S", "LanceDBSink"]
 
 logger = logging.getLogger("embedline")
 
 _META_KEY = b"embedline"
 _DELETE_BATCH = 500  # ids per ``delete`` predicate
+#: Versions older than this are pruned after each load unless told otherwise (1 hour: no
+#: search or load of this table takes that long, so none still reads a pruned version).
+DEFAULT_KEEP_VERSIONS_S = 3600.0
+_OPTIMIZE_ATTEMPTS = 3
 _T = TypeVar("_T")
 
 
 def _quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+@contextmanager
+def _lance_errors(where: str) -> Iterator[None]:
+    """Lance's commit conflicts ("Retryable commit conflict … preempted by concurrent
+    transaction") as ``RetryableError``; other errors pass through."""
+    try:
+        yield
+    except (RuntimeError, OSError) as exc:
+        if "commit conflict" in str(exc).lower():
+            raise RetryableError(f"{where}: another writer committed at the same time; rerun "
+                                 "the same command to load the rest") from exc
+        raise
 
 
 def _writes(method: Callable[..., _T]) -> Callable[..., _T]:
@@ -73,7 +92,9 @@ class LanceDBSink:
         import lancedb
 
         os.makedirs(self.path, exist_ok=True)
-        return lancedb.connect(self.path)
+        # every read checks for the latest version: a handle kept across loads (a long-lived
+        # process) or a table another process wrote never commits on a stale version
+        return lancedb.connect(self.path, read_consistency_interval=timedelta(0))
 
     def _open(self) -> Any:
         if self._table is None:
@@ -111,9 +132,37 @@ class LanceDBSink:
                                                   exist_ok=True)  # fmt: skip
             found = self.describe()
             assert found is not None
+        self._check_shape(dimensions)
         check_compatible(found, where=f"LanceDB table {self.identity}", model=model,
                          dimensions=dimensions)  # fmt: skip
         return found
+
+    def _check_shape(self, dimensions: int) -> None:
+        """Refuse a table of another shape before any row is written.
+
+        :raises FatalError: naming each difference (exit 3).
+        """
+        schema = self._require().schema
+        problems = []
+        for name in ("id", "text_sha256", "run_key"):
+            if name not in schema.names:
+                problems.append(f"no column {name}")
+            elif not pa.types.is_string(schema.field(name).type) and \
+                    not pa.types.is_large_string(schema.field(name).type):
+                problems.append(f"{name} is {schema.field(name).type}, not string")
+        if "embedding" not in schema.names:
+            problems.append("no column embedding")
+        elif not pa.types.is_fixed_size_list(schema.field("embedding").type) or \
+                schema.field("embedding").type.value_type != pa.float32():
+            problems.append(f"embedding is {schema.field('embedding').type}, not "
+                            f"fixed_size_list<float>[{dimensions}]")
+        extra = [n for n in schema.names if n not in ("id", "embedding", "text_sha256", "run_key")]
+        problems += [f"column {n} is not one embedline writes" for n in extra]
+        if problems:
+            raise FatalError(f"LanceDB table {self.identity} is not of embedline's shape (id, "
+                             f"embedding fixed_size_list<float>[{dimensions}], text_sha256, "
+                             "run_key): " + "; ".join(problems) + ". Load into another table "
+                             "(?table=NAME) or drop that one")
 
     def _require(self) -> Any:
         table = self._open()
@@ -122,18 +171,31 @@ class LanceDBSink:
         return table
 
     @_writes
-    def upsert(self, rows: pa.Table, *, run_key: str) -> int:
-        """Insert or replace ``rows`` by id (one commit); return the rows written."""
+    def upsert(self, rows: pa.Table, *, run_key: str) -> UpsertResult:
+        """Insert or replace ``rows`` by id (one commit); rows LanceDB refuses for good (a
+        NaN or infinite vector value: "Vector column 'embedding' has NaNs") are left out,
+        listed, and removed from the table if an earlier run wrote them. Lance stores any
+        id string (NUL bytes and 12,000-character ids included: measured)."""
         if rows.num_rows == 0:
-            return 0
-        data = rows.select(["id", "embedding", "text_sha256"]).append_column(
-            "run_key", pa.array([run_key] * rows.num_rows, type=pa.string()))
-        with self._lock:
+            return UpsertResult(0)
+        dims = rows.schema.field("embedding").type.list_size
+        flat = rows.column("embedding").combine_chunks().flatten()
+        finite = np.isfinite(flat.to_numpy(zero_copy_only=False).reshape(-1, dims)).all(axis=1)
+        ids = rows.column("id").to_pylist()
+        refused = tuple((i, ids[i], "non_finite_vector", None, "the vector holds NaN or "
+                         "infinity, which LanceDB refuses") for i in np.flatnonzero(~finite))
+        good = rows.filter(pa.array(finite)) if refused else rows
+        data = good.select(["id", "embedding", "text_sha256"]).append_column(
+            "run_key", pa.array([run_key] * good.num_rows, type=pa.string()))
+        with self._lock, _lance_errors(f"upsert into {self.identity}"):
             table = self._require()
-            data = data.cast(table.schema.remove_metadata())
-            (table.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
-             .execute(data))  # fmt: skip
-        return rows.num_rows
+            if good.num_rows:
+                data = data.cast(table.schema.remove_metadata())
+                (table.merge_insert("id").when_matched_update_all()
+                 .when_not_matched_insert_all().execute(data))
+        if refused:
+            self.delete_ids([r[1] for r in refused])
+        return UpsertResult(good.num_rows, tuple((int(i), *rest) for i, *rest in refused))
 
     @_writes
     def delete_ids(self, ids: Sequence[str]) -> int:
@@ -167,10 +229,32 @@ class LanceDBSink:
             return int(result.num_deleted_rows)
 
     @_writes
-    def finalize(self) -> None:
-        """Compact fragments and prune old versions (Lance's ``optimize``)."""
+    def finalize(self, *, keep_versions_s: float | None = None) -> None:
+        """Compact fragments and prune versions older than ``keep_versions_s`` seconds
+        (default ``DEFAULT_KEEP_VERSIONS_S``; the latest version is never pruned), through
+        the load's one table handle, after its last write: nothing of the load's own can
+        conflict. A commit conflict with another process's write is retried; compaction is
+        not needed for correct rows, so if it still conflicts the load warns and goes on.
+        Source: LanceTable.optimize(cleanup_older_than=…) (Lance keeps 7 days unless told).
+        """
+        keep = DEFAULT_KEEP_VERSIONS_S if keep_versions_s is None else keep_versions_s
+        # 0 is asked for explicitly here; lancedb warns about exactly 0 (other readers of old
+        # versions), so 1 ms stands for it: the same versions go
+        keep = max(keep, 0.001)
         with self._lock:
-            self._require().optimize()
+            table = self._require()
+            for attempt in range(1, _OPTIMIZE_ATTEMPTS + 1):
+                try:
+                    table.optimize(cleanup_older_than=timedelta(seconds=keep))
+                    return
+                except (RuntimeError, OSError, ValueError) as exc:
+                    if "conflict" not in str(exc).lower():
+                        raise
+                    logger.warning("%s: compaction met a concurrent commit (attempt %d of %d)",
+                                   self.identity, attempt, _OPTIMIZE_ATTEMPTS)
+                    table.checkout_latest()
+            logger.warning("%s: not compacted this time (other writers); the rows are loaded",
+                           self.identity)
 
     def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
         """Exact cosine search: up to ``k`` ``(id, similarity)``, most similar first."""

@@ -25,8 +25,18 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.sinks import check_compatible, sink_metadata, sink_table_from_metadata
-from embedline.errors import FatalError, RetryableError
-from embedline.protocols import SinkTable
+from adapters.pg_errors import (
+    classify,
+    describe_columns_sql,
+    one_line,
+    relkind_sql,
+    row_reason,
+    shape_problems,
+    unique_id_sql,
+)
+from adapters.pg_errors import translate as _translate
+from embedline.errors import FatalError
+from embedline.protocols import SinkTable, UpsertResult
 
 __all__ = ["HNSW_MAX_DIMENSIONS", "PgVectorSink"]
 
@@ -36,20 +46,29 @@ HNSW_MAX_DIMENSIONS = 2000  # pgvector: "vector - up to 2,000 dimensions" for HN
 _INDEX_BUILD_MEMORY = "512MB"  # a cap for the one index build, not an allocation
 
 
-def _translate(exc: Exception, where: str) -> Exception:
-    """Map a psycopg error to embedline's classes (adapter edge, most specific first)."""
-    import psycopg
+def sql_stage(dims: int) -> Any:
+    """The per-transaction stage table a batch is COPYed into."""
+    from psycopg import sql
 
-    if isinstance(exc, psycopg.errors.InsufficientPrivilege | psycopg.errors.InvalidPassword):
-        return FatalError(f"{where}: {exc.__class__.__name__}: check the user's rights and "
-                          "PGPASSWORD")  # fmt: skip
-    if isinstance(exc, psycopg.errors.UndefinedFile | psycopg.errors.FeatureNotSupported):
-        return FatalError(f"{where}: the pgvector extension is not available on this server "
-                          f"({exc.__class__.__name__}); install pgvector")  # fmt: skip
-    if isinstance(exc, psycopg.OperationalError):
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return RetryableError(f"{where}: {first}; check that the server is running")
-    return exc
+    return sql.SQL("CREATE TEMP TABLE embedline_stage (id text, embedding vector({}), "
+                   "text_sha256 text) ON COMMIT DROP").format(sql.Literal(dims))
+
+
+def _refused_before_sending(ids: list[str], matrix: np.ndarray) -> list[tuple[int, str, str,
+                                                                            str | None, str]]:
+    """Rows no PostgreSQL table can take, found without a round trip: a NUL in the id
+    (text cannot hold U+0000: PostgreSQL manual, "Character Types"), NaN or infinity in
+    the vector (pgvector refuses them)."""
+    finite = np.isfinite(matrix).all(axis=1)
+    refused: list[tuple[int, str, str, str | None, str]] = []
+    for i, row_id in enumerate(ids):
+        if "\x00" in row_id:
+            refused.append((i, row_id, "id_has_nul", None,
+                            "the id holds a NUL byte, which PostgreSQL text cannot store"))
+        elif not finite[i]:
+            refused.append((i, row_id, "non_finite_vector", None,
+                            "the vector holds NaN or infinity, which pgvector refuses"))
+    return refused
 
 
 class PgVectorSink:
@@ -78,7 +97,9 @@ class PgVectorSink:
             import psycopg
 
             try:
-                conn = psycopg.connect(self.dsn, connect_timeout=10)
+                # UTF-8 on the wire whatever the database's encoding: the server then names a
+                # character it cannot hold (22P05, a dead letter), not psycopg's encoder
+                conn = psycopg.connect(self.dsn, connect_timeout=10, client_encoding="UTF8")
                 conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 conn.commit()
                 from pgvector.psycopg import register_vector
@@ -149,38 +170,109 @@ class PgVectorSink:
                 meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions)
                 conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(
                     self._ident(), sql.Literal(meta)))
+            self._check_shape(conn, dimensions)
         found = self.describe()
         assert found is not None
         check_compatible(found, where=f"PostgreSQL table {self.identity}", model=model,
                          dimensions=dimensions)  # fmt: skip
         return found
 
-    def upsert(self, rows: pa.Table, *, run_key: str) -> int:
-        """Insert or replace ``rows`` by id in one transaction; return the rows written."""
-        from psycopg import sql
+    def _check_shape(self, conn: Any, dimensions: int) -> None:
+        """Refuse a table of another shape before any row is sent (``shape_problems``).
+
+        :raises FatalError: naming each difference (exit 3: a rerun meets the same table).
+        """
+        name = self._quoted_name()
+        kind = conn.execute(relkind_sql(), (name,)).fetchone()[0]
+        columns = conn.execute(describe_columns_sql(), (name,)).fetchall()
+        unique = bool(conn.execute(unique_id_sql(), (name,)).fetchone()[0])
+        problems = shape_problems(columns, has_unique_id=unique, kind=kind, dimensions=dimensions)
+        if problems:
+            raise FatalError(
+                f"PostgreSQL table {self.identity} is not of embedline's shape (id text PRIMARY "
+                f"KEY, embedding vector({dimensions}), text_sha256 text, run_key text): "
+                + "; ".join(problems) + ". Load into another table (?table=NAME) or fix that one")
+
+    def upsert(self, rows: pa.Table, *, run_key: str) -> UpsertResult:
+        """Insert or replace ``rows`` by id in one transaction; rows PostgreSQL refuses for
+        good are left out and listed (``UpsertResult.refused``).
+
+        Checked before sending: a NUL in an id (PostgreSQL text cannot hold one) and a
+        non-finite vector value (pgvector refuses NaN and infinity). A batch the server
+        refuses for a row (``classify`` = row: an index row too big, a value too long…) is
+        bisected in savepoints of the same transaction until each refused row stands alone,
+        as the embedding adapter bisects a 400: one bad row in n costs about 2·log2(n)
+        attempts, not n transactions. Any row already under a refused id is deleted in the
+        same transaction (the table keeps no stale vector for it).
+
+        :raises FatalError: the table is not of embedline's shape, or another refusal.
+        :raises RetryableError: the connection failed.
+        """
+        import psycopg
 
         if rows.num_rows == 0:
-            return 0
+            return UpsertResult(0)
         ids = rows.column("id").to_pylist()
         shas = rows.column("text_sha256").to_pylist()
         dims = rows.schema.field("embedding").type.list_size
         flat = rows.column("embedding").combine_chunks().flatten()
         matrix = flat.to_numpy(zero_copy_only=False).reshape(-1, dims)
+        refused = _refused_before_sending(ids, matrix)
+        stack = [[i for i in range(len(ids)) if i not in {r[0] for r in refused}]]
+        attempts = 0
         with self._transaction("upsert into") as conn:
-            conn.execute(sql.SQL(
-                "CREATE TEMP TABLE embedline_stage (id text, embedding vector({}), "
-                "text_sha256 text) ON COMMIT DROP").format(sql.Literal(dims)))
-            with conn.cursor().copy("COPY embedline_stage FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["text", "vector", "text"])
-                for row_id, vector, sha in zip(ids, matrix, shas, strict=True):
-                    copy.write_row((row_id, vector, sha))
-            conn.execute(sql.SQL(
-                "INSERT INTO {} (id, embedding, text_sha256, run_key) "
-                "SELECT id, embedding, text_sha256, %s FROM embedline_stage "
-                "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
-                "text_sha256 = EXCLUDED.text_sha256, run_key = EXCLUDED.run_key"
-            ).format(self._ident()), (run_key,))
-        return len(ids)
+            conn.execute(sql_stage(dims))
+            while stack:
+                part = stack.pop()
+                if not part:
+                    continue
+                attempts += 1
+                try:
+                    with conn.transaction():  # a savepoint: a refusal undoes only this part
+                        self._write(conn, part, ids, matrix, shas, run_key)
+                except psycopg.Error as exc:
+                    if classify(exc) != "row":
+                        raise
+                    if len(part) == 1:
+                        refused.append((part[0], ids[part[0]], row_reason(exc), exc.sqlstate,
+                                        one_line(exc)))
+                    else:
+                        middle = len(part) // 2
+                        stack += [part[middle:], part[:middle]]
+            self._forget(conn, [r[1] for r in refused if r[2] != "id_has_nul"])
+        return UpsertResult(len(ids) - len(refused), tuple(sorted(refused)), max(attempts, 1))
+
+    def _write(self, conn: Any, part: list[int], ids: list[str], matrix: np.ndarray,
+               shas: list[str], run_key: str) -> None:
+        """COPY rows ``part`` into the stage table, upsert them, empty the stage."""
+        from psycopg import sql
+
+        with conn.cursor().copy("COPY embedline_stage FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["text", "vector", "text"])
+            for i in part:
+                copy.write_row((ids[i], matrix[i], shas[i]))
+        conn.execute(sql.SQL(
+            "INSERT INTO {} (id, embedding, text_sha256, run_key) "
+            "SELECT id, embedding, text_sha256, %s FROM embedline_stage "
+            "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
+            "text_sha256 = EXCLUDED.text_sha256, run_key = EXCLUDED.run_key"
+        ).format(self._ident()), (run_key,))
+        conn.execute("TRUNCATE embedline_stage")
+
+    def _forget(self, conn: Any, ids: list[str]) -> None:
+        """Delete rows under refused ids (an id the server cannot even compare cannot be in
+        the table: skipped)."""
+        import psycopg
+        from psycopg import sql
+
+        for row_id in ids:
+            try:
+                with conn.transaction():
+                    conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(self._ident()),
+                                 (row_id,))
+            except psycopg.Error as exc:
+                if classify(exc) != "row":
+                    raise
 
     def delete_ids(self, ids: Sequence[str]) -> int:
         """Delete rows whose id is in ``ids`` (one transaction); return how many existed."""
@@ -212,8 +304,9 @@ class PgVectorSink:
                 self._ident()), (run_key,))
             return int(cursor.rowcount)
 
-    def finalize(self) -> None:
-        """Create the HNSW cosine index if absent (vectors of ≤ 2,000 dimensions)."""
+    def finalize(self, *, keep_versions_s: float | None = None) -> None:
+        """Create the HNSW cosine index if absent (vectors of ≤ 2,000 dimensions).
+        ``keep_versions_s`` is LanceDB's: PostgreSQL keeps no table versions."""
         from psycopg import sql
 
         found = self.describe()

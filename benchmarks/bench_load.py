@@ -12,7 +12,13 @@ What it does, in one run on one machine:
    baseline the sink adapter alone upserting every chunk in one loop (no Prefect, no ledger),
    so the cost of orchestration and load state is a ratio measured here and now. The
    pgvector figures include building the HNSW index.
-4. Prints a table and writes JSON (``--out``, default ``benchmarks/results/load-<UTC>.json``).
+4. LanceDB night after night: a second run over an edited copy (5 % removed, 2.5 % changed),
+   then 8 loads into one table alternating between the two runs (each a real load: every
+   chunk upserted, the other run's rows deleted), reporting the table's disk use against
+   its live data (``stats()["total_bytes"]``) and its versions after the 8th, with the
+   default retention (``--lancedb-keep-versions`` 1h: all 8 loads fall inside it here)
+   and with ``0`` (what nightly loads further apart than the retention keep).
+5. Prints a table and writes JSON (``--out``, default ``benchmarks/results/load-<UTC>.json``).
 
 Numbers, never a timed assertion. Usage::
 
@@ -89,6 +95,39 @@ def _adapter_only(sink_uri: str, output: str) -> float:
     return wall
 
 
+def _disk_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _nightly(data: Path, work: Path, base_url: str, first: str) -> dict[str, Any]:
+    """Disk use of a LanceDB table after 8 loads alternating between two runs."""
+    import lancedb
+
+    from tests.support.csv_data import edit_rows, read_rows, write_rows
+
+    common = ["--output", str(work / "out"), "--ledger", str(work / "ledger.sqlite3")]
+    rows = read_rows(data)
+    edited = edit_rows(rows, removed=len(rows) // 20, changed=len(rows) // 40, added=0)
+    _, out = _cli("run", str(write_rows(work / "edited.csv", edited)), "--embedder", "openai",
+                  "--base-url", base_url, *common, "--batch-size", "1000",
+                  "--allow-failed-rows", cwd=work)
+    second = re.search(r"^run +([0-9a-f]+)", out, re.M).group(1)
+    found: dict[str, Any] = {}
+    for label, keep in (("default_1h", []), ("keep_0", ["--lancedb-keep-versions", "0"])):
+        uri = f"{work}/lance/nightly_{label}.lance"
+        started = time.monotonic()
+        for night in range(8):
+            _cli("load", (first, second)[night % 2], "--to", uri, *common, *keep, cwd=work)
+        table = lancedb.connect(str(work / "lance")).open_table(f"nightly_{label}")
+        live = int(table.stats()["total_bytes"])
+        disk = _disk_bytes(work / "lance" / f"nightly_{label}.lance")
+        found[label] = {"disk_bytes": disk, "live_bytes": live,
+                        "disk_vs_live": round(disk / live, 2),
+                        "versions": len(table.list_versions()),
+                        "wall_s_8_loads": round(time.monotonic() - started, 1)}
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--data", type=Path, default=None,
@@ -133,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 "stage_vs_adapter": round(stage_s / adapter_s, 2),
                 "rerun_already_loaded_wall_s": round(again_wall, 2),
             }  # fmt: skip
+        first_run = re.search(r"^run +([0-9a-f]+)", out, re.M).group(1)
+        results["lancedb_nightly"] = _nightly(args.data.resolve(), work, base_url, first_run)
     finally:
         if pg is not None:
             pg.cleanup()
@@ -158,7 +199,10 @@ def _print(results: dict[str, Any]) -> None:
         print(f"{name:<9} {r['cli_wall_s']:>8}s {r['cli_rows_s']:>11,} {r['stage_wall_s']:>7}s "
               f"{r['stage_rows_s']:>13,} {r['adapter_only_wall_s']:>7}s "
               f"{r['adapter_only_rows_s']:>15,} {r['stage_vs_adapter']:>13}x "
-              f"{r['rerun_already_loaded_wall_s']:>6}s")  # fmt: skip
+              f"{r['rerun_already_loaded_wall_s']:>6}s")
+    for label, r in results.get("lancedb_nightly", {}).items():
+        print(f"LanceDB after 8 nightly loads ({label}): {r['disk_bytes']:,} bytes on disk for "
+              f"{r['live_bytes']:,} live ({r['disk_vs_live']}x) in {r['versions']} versions")  # fmt: skip
 
 
 if __name__ == "__main__":

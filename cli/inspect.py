@@ -20,6 +20,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                           formatter_class=HELP_FORMATTER)  # fmt: skip
     dead.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     dead.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
+    dead.add_argument("--sink", metavar="URI", default=None,
+                      help="list the rows this sink refused for good when RUN was loaded into "
+                           "it (id<TAB>reason<TAB>sqlstate<TAB>message) instead")
     dead.set_defaults(handler=_dead_letters, resumable=False)
 
 
@@ -52,15 +55,22 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def tsv_field(value: str) -> str:
-    """Escape backslash, tab, CR and LF so an id (quoted CSV fields may hold them) stays one
-    TSV field (the convention of PostgreSQL's COPY text format)."""
+    """Escape backslash, tab, CR, LF and NUL so an id (quoted CSV fields may hold them) stays
+    one printable TSV field (the convention of PostgreSQL's COPY text format: NUL as ``\\x00``)."""
     return (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-            .replace("\r", "\\r"))  # fmt: skip
+            .replace("\r", "\\r").replace("\x00", "\\x00"))  # fmt: skip
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
     ledger = open_ledger(args.ledger)
     run = find_run(ledger, args.run)
+    if args.sink:
+        from adapters.sinks import open_sink
+
+        for refused in ledger.load_dead_letters(open_sink(args.sink).identity, run.run_key):
+            print(f"{tsv_field(refused.id)}\t{refused.reason}\t{refused.sqlstate or ''}\t"
+                  f"{tsv_field(refused.message)}")
+        return 0
     for dead in ledger.run_dead_letters(run.run_key):
         status = "" if dead.http_status is None else str(dead.http_status)
         print(f"{tsv_field(dead.id)}\t{dead.reason}\t{status}")

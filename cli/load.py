@@ -24,7 +24,7 @@ from cli.common import (
 )
 from cli.prefect_env import PrefectApiError
 
-__all__ = ["add_parsers", "already_loaded", "print_load_summary"]
+__all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -46,7 +46,33 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                            "where runs were published (what a sink holds, the sink says)")
     load.add_argument("--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE",
                       help=MAX_DELETE_HELP)
+    load.add_argument("--allow-failed-rows", action="store_true",
+                      help="rows the sink refuses for good (an id PostgreSQL cannot store or "
+                           "index, a NaN vector: load dead letters) do not fail the load "
+                           "(exit 0); without it the load finishes, lists them, exit 1")
+    load.add_argument("--lancedb-keep-versions", type=duration_s, default=None,
+                      metavar="DURATION",
+                      help="LanceDB: prune table versions older than this after the load "
+                           "(e.g. 0, 90s, 30m, 1h, 7d; default 1h); the latest is always kept")
     load.set_defaults(handler=_load)
+
+
+def duration_s(text: str) -> float:
+    """``0``, ``90s``, ``30m``, ``1h``, ``7d`` (or plain seconds) as seconds.
+
+    :raises argparse.ArgumentTypeError: anything else, or a negative value.
+    """
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    value = text.strip().lower()
+    scale = units.get(value[-1:], None)
+    try:
+        seconds = float(value[:-1] if scale else value) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 0, 90s, 30m, 1h, "
+                                         "7d)") from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration cannot be negative")
+    return seconds
 
 
 def _output_for(args: argparse.Namespace) -> str:
@@ -82,10 +108,11 @@ def _load(args: argparse.Namespace) -> int:
     manifest = _committed_manifest(output, args.run)
     if isinstance(manifest, tuple):
         return fail(f"embedline: error: {manifest[0]}", manifest[1])
-    done = already_loaded(output, args.run, args.to, args.ledger, manifest=manifest)
+    done = already_loaded(output, args.run, args.to, args.ledger, manifest=manifest,
+                          allow_failed_rows=args.allow_failed_rows)
     if done is not None:
         print_load_summary(done)
-        return 0
+        return int(done["exit_code"])
     return with_prefect_api(lambda api: _load_flow(args, api), on_lost=lambda loss:
                             exit_on_api_loss(loss, kept="what was loaded is kept"))
 
@@ -108,12 +135,15 @@ def _committed_manifest(output: str, run: str | None) -> dict[str, Any] | tuple[
 
 
 def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str, *,
-                   manifest: dict[str, Any] | None = None) -> dict[str, Any] | None:  # fmt: skip
+                   manifest: dict[str, Any] | None = None,
+                   allow_failed_rows: bool = False) -> dict[str, Any] | None:
     """The summary of a load with nothing to do, found without starting Prefect: the sink
     itself holds exactly the run's rows (ids and text hashes, ``tasks.sink_state``); else
     None (also when the store or the sink cannot be read here: the flow reports that).
     ``manifest``: the run's committed manifest, if the caller read it already;
     ``ledger_path`` is not consulted (the ledger never decides what a sink holds).
+    ``allow_failed_rows`` is accepted for the callers' sake: a sink that holds exactly the
+    run has no load dead letters.
     """
     import time
 
@@ -124,7 +154,7 @@ def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str
     from tasks.read import resolve_run
     from tasks.sink_state import plan_load, run_keys
 
-    del ledger_path
+    del ledger_path, allow_failed_rows
     started = time.monotonic()
     try:
         store = open_store(output)
@@ -165,7 +195,10 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
     shutdown.command_handles_signals()  # SIGTERM as SIGINT in the flow
     quiet_prefect_signal_crashes()
     state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
-                     max_delete_fraction=args.max_delete_fraction, return_state=True)  # fmt: skip  # an interrupt: cli.main says it
+                     max_delete_fraction=args.max_delete_fraction,
+                     allow_failed_rows=args.allow_failed_rows,
+                     lancedb_keep_versions_s=args.lancedb_keep_versions,
+                     return_state=True)  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)
     raise_if_interrupted_by_cancel(summary)  # cancelled from Prefect: cli.main says it
@@ -183,6 +216,9 @@ def print_load_summary(summary: dict[str, Any]) -> None:
               f"{summary.get('mode') or '-'})")  # fmt: skip
         print(f"rows       {summary['rows_loaded']} upserted now, {summary['rows_skipped']} "
               f"loaded before, {summary['rows_deleted']} deleted")  # fmt: skip
+        if summary.get("rows_failed"):
+            print(f"dead       {summary['rows_failed']} rows refused by the sink for good "
+                  f"(embedline dead-letters {str(summary['run_key'])[:12]} --sink URI)")
         print(f"chunks     {summary['chunks_loaded']} loaded now, {summary['chunks_skipped']} "
               f"skipped, {summary['chunks_failed']} failed, of {summary['chunks_total']}")
         print(f"wall time  {summary['wall_s']:.1f} s")

@@ -275,13 +275,16 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     if committed is not None:
         from cli.load import already_loaded, print_load_summary
 
-        loaded = settings.sink and already_loaded(settings.output, str(committed["run_key"]),
-                                                  settings.sink, settings.ledger)  # fmt: skip
+        loaded = settings.sink and already_loaded(
+            settings.output, str(committed["run_key"]), settings.sink, settings.ledger,
+            allow_failed_rows=settings.allow_failed_rows)
         if not settings.sink or loaded:
             print_summary(committed)
             if loaded:
                 print_load_summary(loaded)
             _say_why_not_complete(committed)
+            if loaded and loaded["exit_code"]:  # the load's dead letters, said again at once
+                return int(loaded["exit_code"])
             return int(committed["exit_code"])  # 1: every chunk published, dead letters
         # with --sink and a load still to do, the flow loads the committed run
     with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost

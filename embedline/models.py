@@ -7,7 +7,7 @@ holds a secret; only ``Row`` holds input text, and its ``repr`` leaves the text 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -20,6 +20,7 @@ __all__ = [
     "EMPTY_TEXT",
     "InputPlan",
     "InputSource",
+    "LoadDeadLetter",
     "LoadSummary",
     "ManifestChunk",
     "ReusePlan",
@@ -33,7 +34,9 @@ __all__ = [
     "dead_letters_block_message",
     "dead_letters_phrase",
     "empty_texts_phrase",
+    "load_dead_letters_end",
     "manifest_object_key",
+    "shown_id",
 ]
 
 ChunkState = Literal["pending", "running", "published", "failed"]
@@ -201,6 +204,28 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadDeadLetter:
+    """A row of a committed run that a sink refuses for good (DESIGN §9); never the text.
+
+    ``chunk_index`` is the manifest chunk that holds it. ``reason`` is a short word
+    (``id_has_nul``, ``id_too_long``, ``value_too_long``, ``untranslatable``,
+    ``non_finite_vector``, ``invalid_value``, ``check_violation``); ``sqlstate`` is
+    PostgreSQL's error code when the server refused it (None for a check made before
+    sending); ``message`` the store's own one-line reason (no row values).
+    """
+
+    chunk_index: int
+    id: str
+    reason: str
+    sqlstate: str | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the record as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
 class ChunkOutcome:
     """What a chunk task did. ``rows`` counts rows in the published object.
 
@@ -325,8 +350,9 @@ class RunSummary:
 class LoadSummary:
     """What loading a committed run into a sink did (DESIGN §8). Counts only, no text.
 
-    ``exit_code``: 0 loaded, 1 chunks failed to load (rerun resumes), 2 usage or input
-    error, 3 a mismatch or refusal retrying cannot fix. ``mode`` is ``replace`` (rows of
+    ``exit_code``: 0 loaded, 1 chunks failed to load (rerun resumes) or rows the sink refuses
+    for good (``rows_failed`` load dead letters, without ``allow_failed_rows``: a rerun says
+    so again at once), 2 usage or input error, 3 a mismatch or refusal retrying cannot fix. ``mode`` is ``replace`` (rows of
     other runs deleted after every chunk loaded) or ``changes`` (only the change set's
     added and changed rows upserted, its removed ids deleted). Rows are vectors; ``wall_s``
     seconds; ``rows_skipped`` counts rows of chunks loaded into this sink before.
@@ -346,7 +372,38 @@ class LoadSummary:
     chunks_skipped: int = 0
     chunks_failed: int = 0
     wall_s: float = 0.0
+    rows_failed: int = 0  # load dead letters: rows the sink refuses for good (DESIGN §9)
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""
         return asdict(self)
+
+
+def shown_id(row_id: str) -> str:
+    """An id for a log line or message: repr-quoted (a NUL shows as ``\\x00``), at most 40
+    characters, with its length when cut."""
+    text = repr(row_id)
+    return text if len(text) <= 40 else f"{text[:37]}... ({len(row_id):,} characters)"
+
+
+def load_dead_letters_end(
+    summary: LoadSummary, dead: Sequence[LoadDeadLetter], allowed: bool
+) -> LoadSummary:
+    """A finished load with rows the sink refuses for good: exit 1 naming them (a rerun
+    cannot load them, so it says the same at once), or 0 with ``allow_failed_rows``."""
+    if not dead:
+        return summary
+    shown = ", ".join(f"{shown_id(d.id)} ({d.reason}: {d.message})" for d in dead[:3])
+    more = f" and {len(dead) - 3} more" if len(dead) > 3 else ""
+    listing = f"embedline dead-letters {(summary.run_key or '')[:12]} --sink '{summary.sink}'"
+    what = (
+        f"{dead_letters_phrase(len(dead))} of the load: the sink refuses them for good "
+        f"({shown}{more}; see `{listing}`); the run's other rows are loaded"
+    )
+    if allowed:
+        return LoadSummary(**{**summary.to_dict(), "rows_failed": len(dead), "message": what})
+    advice = (": fix those ids (or the table) in the input, or accept them with "
+              "--allow-failed-rows (parameter allow_failed_rows)")
+    changes = {"rows_failed": len(dead), "exit_code": 1, "status": "dead_letters",
+               "message": what + advice}
+    return LoadSummary(**{**summary.to_dict(), **changes})

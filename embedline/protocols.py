@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["EmbeddingClient", "Embeddings", "ObjectInfo", "ObjectStore", "PutResult", "SinkTable",
-           "VectorSink"]  # fmt: skip
+           "UpsertResult", "VectorSink"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +124,18 @@ class SinkTable:
     rows: int
 
 
+@dataclass(frozen=True, slots=True)
+class UpsertResult:
+    """What one ``upsert`` did: ``rows`` written; ``refused`` the rows the store refuses for
+    good, as ``(row position in the upserted table, id, reason, sqlstate or None, the store's
+    one-line message)``; ``attempts`` the transactions (or savepoints) it took to isolate them
+    (1 when nothing was refused)."""
+
+    rows: int
+    refused: tuple[tuple[int, str, str, str | None, str], ...] = ()
+    attempts: int = 1
+
+
 class VectorSink(Protocol):
     """A vector store table that embedline loads runs into (DESIGN §8).
 
@@ -145,9 +157,15 @@ class VectorSink(Protocol):
         """Return the table's metadata, or None if the table does not exist."""
         ...
 
-    def upsert(self, rows: pa.Table, *, run_key: str) -> int:
+    def upsert(self, rows: pa.Table, *, run_key: str) -> UpsertResult:
         """Insert or replace ``rows`` (``id``, ``embedding``, ``text_sha256``) by id, tagged
-        ``run_key``, in one transaction; return the number of rows written."""
+        ``run_key``, in one transaction. Rows the store refuses for good (an id it cannot
+        store, a vector it refuses) are left out, listed in the result, and any row already
+        under their ids is removed, so the table never keeps a stale vector for them.
+
+        :raises FatalError: the table itself is refused (its shape, rights).
+        :raises RetryableError: the store was unreachable.
+        """
         ...
 
     def delete_ids(self, ids: Sequence[str]) -> int:
@@ -163,8 +181,9 @@ class VectorSink(Protocol):
         table: what the sink holds, which decides every load (DESIGN §9)."""
         ...
 
-    def finalize(self) -> None:
-        """Build or refresh the table's index after a load (idempotent)."""
+    def finalize(self, *, keep_versions_s: float | None = None) -> None:
+        """Build or refresh the table's index after a load (idempotent); a store that keeps
+        versions (LanceDB) prunes those older than ``keep_versions_s`` seconds."""
         ...
 
     def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:

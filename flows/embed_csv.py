@@ -398,15 +398,16 @@ def _load_into_sink(settings: RunSettings, manifest: dict[str, Any] | None,
     book = ledger or Ledger(settings.ledger)
     try:
         load = load_stage(output=settings.output, manifest=manifest, sink_uri=settings.sink,
-                          ledger=book,
-                          max_delete_fraction=settings.max_delete_fraction)  # fmt: skip
+                          ledger=book, max_delete_fraction=settings.max_delete_fraction,
+                          allow_failed_rows=settings.allow_failed_rows)
     finally:
         if ledger is None:
             book.close()
     changes: dict[str, Any] = {"load": load.to_dict()}
     if load.exit_code:
+        done = "finished with" if load.status == "dead_letters" else "did not finish:"
         changes.update(exit_code=load.exit_code, message=f"manifest committed, but the load "
-                       f"into the sink did not finish: {load.message}")  # fmt: skip
+                       f"into the sink {done} {load.message}")  # fmt: skip
     loaded = RunSummary(**{**summary.to_dict(), **changes})
     if not load.exit_code:
         shutdown.note_committed(str(summary.run_key), str(summary.manifest_uri),

@@ -23,12 +23,14 @@ import contextlib
 import hashlib
 import io
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 from prefect.futures import wait
 from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -36,11 +38,11 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from adapters.ledger import Ledger
 from embedline import shutdown
 from embedline.errors import ConflictError, EmbedlineError
-from embedline.models import LoadSummary, ManifestChunk
+from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
 from embedline.protocols import VectorSink
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
 from tasks.chunk import store_for
-from tasks.load import LoadJob, load_chunk, sink_for
+from tasks.load import LoadedChunk, LoadJob, load_chunk, sink_for
 from tasks.load_lease import load_lease
 from tasks.outcome import status_for
 from tasks.read import resolve_run
@@ -64,11 +66,17 @@ def load_run(
     output: str = "./embedline-output",
     ledger: str = ".embedline/ledger.sqlite3",
     max_delete_fraction: float = DEFAULT_MAX_DELETE_FRACTION,
+    allow_failed_rows: bool = False,
+    lancedb_keep_versions_s: float | None = None,
 ) -> State[Any]:
     """Load committed run ``run`` (key or ≥ 8-hex prefix; default the latest) of ``output``
     into the sink ``to``; refuse (exit 2) to delete more than ``max_delete_fraction`` (0..1)
     of the rows the sink holds. Returns a Completed or Failed state carrying the
-    ``LoadSummary``."""
+    ``LoadSummary``.
+
+    ``allow_failed_rows``: rows the sink refuses for good (load dead letters) do not make
+    the load fail (exit 0). ``lancedb_keep_versions_s``: LanceDB versions older than this
+    (seconds) are pruned after the load (default 3,600)."""
     shutdown.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     started = time.monotonic()
     try:
@@ -79,7 +87,8 @@ def load_run(
     try:
         summary = run_stopping_on_cancel(lambda: load_stage(
             output=output, manifest=manifest, sink_uri=to, ledger=book,
-            max_delete_fraction=max_delete_fraction))
+            max_delete_fraction=max_delete_fraction, allow_failed_rows=allow_failed_rows,
+            keep_versions_s=lancedb_keep_versions_s))
     finally:
         book.close()
     if isinstance(summary, State):  # cancelled from Prefect (the CLI's process)
@@ -109,6 +118,7 @@ class LoadNotComplete(Exception):
 def load_stage(
     *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger,
     max_delete_fraction: float = DEFAULT_MAX_DELETE_FRACTION,
+    allow_failed_rows: bool = False, keep_versions_s: float | None = None,
 ) -> LoadSummary:
     """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``: take the
     table to exactly the run's rows, decided by what the sink holds (``tasks.sink_state``).
@@ -116,7 +126,9 @@ def load_stage(
     A load that would delete more than ``max_delete_fraction`` (0..1) of the rows the sink
     held stops before writing anything (exit 2). Call inside a flow run. Never raises for an
     expected failure: the summary says it. Holds a load lease on the run for its whole
-    length, so gc keeps what it reads.
+    length, so gc keeps what it reads. Rows the sink refuses for good are load dead
+    letters: the rest is loaded and the load finishes; the summary says ``dead_letters``,
+    exit 1, unless ``allow_failed_rows``. ``keep_versions_s``: see ``load_run``.
     """
     with contextlib.ExitStack() as held:
         try:
@@ -125,13 +137,13 @@ def load_stage(
             status = "fatal" if exc.exit_code == 3 else "failed"
             return LoadSummary(exc.exit_code, status, f"{exc} (writing the load lease)",
                                sink=sink_uri, run_key=str(manifest["run_key"]))
+        options = _Options(max_delete_fraction, allow_failed_rows, keep_versions_s)
         return _load_stage(output=output, manifest=manifest, sink_uri=sink_uri, ledger=ledger,
-                           max_delete_fraction=max_delete_fraction)
+                           options=options)
 
 
 def _load_stage(
-    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger,
-    max_delete_fraction: float,
+    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger, options: _Options,
 ) -> LoadSummary:
     logger = get_run_logger()
     started = time.monotonic()
@@ -167,7 +179,7 @@ def _load_stage(
         cached = ledger.sink_load(sink.identity, run_key)
         if cached is None or cached.state != "loaded":  # e.g. killed before its index
             try:
-                sink.finalize()
+                sink.finalize(keep_versions_s=options.keep_versions_s)
             except EmbedlineError as exc:
                 return _with(base, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
                              status="incomplete", message=f"{exc}; rerun the same command")
@@ -176,7 +188,7 @@ def _load_stage(
         return _with(base, started, status="already_loaded",
                      message="the sink already holds exactly this run")  # fmt: skip
     try:
-        check_delete_share(len(plan.delete), plan.held, max_delete_fraction,
+        check_delete_share(len(plan.delete), plan.held, options.max_delete_fraction,
                            what=f"loading run {run_key[:12]} into {sink.identity}")  # fmt: skip
     except MassDeleteError as exc:
         logger.error("%s", exc)
@@ -187,7 +199,17 @@ def _load_stage(
                 "delete, %d of %d chunks already held", run_key, sink.identity, mode,
                 plan.rows_to_upsert, len(plan.upsert), len(plan.delete),
                 len(chunks) - len(plan.upsert), len(chunks))  # fmt: skip
-    return _converge(base, started, chunks, run, plan, sink, ledger, output, max_delete_fraction)
+    return _converge(base, started, chunks, run, plan, sink, ledger, output, options)
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """A load's user options: the mass-delete guard (0..1 of the held rows), whether load
+    dead letters still exit 0, and LanceDB's version retention (seconds; None: default)."""
+
+    max_delete_fraction: float
+    allow_failed_rows: bool
+    keep_versions_s: float | None
 
 
 _PASSES = 3  # plans applied before a table that keeps changing under the load is reported
@@ -195,10 +217,13 @@ _PASSES = 3  # plans applied before a table that keeps changing under the load i
 
 def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk], run: pa.Table,
               plan: LoadPlan, sink: VectorSink, ledger: Ledger, output: str,
-              max_delete_fraction: float) -> LoadSummary:  # fmt: skip
+              options: _Options) -> LoadSummary:
     """Apply ``plan``, read what the sink holds again, and repeat until it holds exactly the
-    run (another writer may have written meanwhile), at most ``_PASSES`` times."""
+    run (another writer may have written meanwhile), at most ``_PASSES`` times. Rows the
+    sink refused for good (load dead letters) are left out of the run from then on: the
+    sink can never hold them, so they are listed, not loaded again in the next pass."""
     run_key = str(summary.run_key)
+    dead: list[LoadDeadLetter] = []
     held_before = plan.held
     by_index = {c.index: c for c in chunks}
     for _ in range(_PASSES):
@@ -206,7 +231,11 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
         ids = {i: (None if len(v) == by_index[i].rows else v) for i, v in plan.upsert.items()}
         job = LoadJob(output=output, sink=sink.identity, run_key=run_key,
                       mode=str(summary.mode))  # fmt: skip
-        loaded, failed = _load_chunks(todo, job, sink, ledger, ids)
+        loaded, failed, refused = _load_chunks(todo, job, sink, ledger, ids)
+        if refused:
+            dead += refused
+            run = run.filter(pc.invert(pc.is_in(run.column("id"),
+                                                pa.array([d.id for d in refused], pa.string()))))
         summary = _with(summary, started, rows_loaded=summary.rows_loaded + sum(loaded.values()),
                         chunks_loaded=summary.chunks_loaded + len(loaded),
                         chunks_failed=len(failed))  # fmt: skip
@@ -219,13 +248,13 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
                                  "those")  # fmt: skip
         try:
             if plan.delete:
-                check_delete_share(len(plan.delete), held_before, max_delete_fraction,
+                check_delete_share(len(plan.delete), held_before, options.max_delete_fraction,
                                    what=f"loading run {run_key[:12]} into {sink.identity}")
                 summary = _with(summary, started,
                                 rows_deleted=summary.rows_deleted + sink.delete_ids(plan.delete))
             plan = plan_load(run, sink.held_keys())
             if plan.done:
-                sink.finalize()
+                sink.finalize(keep_versions_s=options.keep_versions_s)
                 break
         except MassDeleteError as exc:
             return _with(summary, started, exit_code=exc.exit_code, status="delete_refused",
@@ -242,7 +271,20 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
             f"writing the same table?); rerun the same command once that one has finished"))
     ledger.finish_load(sink.identity, run_key, rows_loaded=summary.rows_loaded,
                        rows_deleted=summary.rows_deleted)  # fmt: skip
-    return _with(summary, started, status="loaded")
+    if dead:
+        _dead_letters_artifact(dead)
+    return load_dead_letters_end(_with(summary, started, status="loaded"), dead,
+                                 options.allow_failed_rows)
+
+
+def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:
+    """The ``embedline-load-dead-letters`` table artifact (ids and reasons, never text)."""
+    if shutdown.api_lost() is not None:
+        return
+    create_table_artifact([{"chunk": d.chunk_index, "id": d.id[:200], "reason": d.reason,
+                            "sqlstate": d.sqlstate, "message": d.message} for d in dead[:1000]],
+                          key="embedline-load-dead-letters",
+                          description=f"{len(dead)} rows the sink refuses (no text)")
 
 
 def _mode(output: str, manifest: dict[str, Any], plan: LoadPlan) -> str:
@@ -279,12 +321,14 @@ def _change_set(output: str, changes: dict[str, Any]) -> pa.Table:
 def _load_chunks(
     todo: list[ManifestChunk], job: LoadJob, sink: VectorSink, ledger: Ledger,
     ids: dict[int, frozenset[str] | None],
-) -> tuple[dict[int, int], dict[int, Any]]:
+) -> tuple[dict[int, int], dict[int, Any], list[LoadDeadLetter]]:
     """Run ``load-chunk`` tasks, ``sink.parallel_loads`` at a time; record each in the
-    ledger as it finishes. Stops submitting after a fatal failure."""
+    ledger as it finishes, with the rows the sink refused for good. Stops submitting after
+    a fatal failure. Returns rows loaded and failures by chunk index, and the refused rows."""
     logger = get_run_logger()
     loaded: dict[int, int] = {}
     failed: dict[int, Any] = {}
+    refused: list[LoadDeadLetter] = []
     window = max(1, sink.parallel_loads)
     with ThreadPoolTaskRunner(max_workers=window) as runner:
         for start in range(0, len(todo), window):
@@ -300,13 +344,14 @@ def _load_chunks(
                                                      RuntimeError(f"state {state.type.value}"))
                     logger.error("chunk %d not loaded: %s", chunk.index, failed[chunk.index].error)
                     continue
-                rows = int(future.result())
+                done: LoadedChunk = future.result()
                 ledger.mark_chunk_loaded(job.sink, job.run_key, chunk.index, chunk_key=chunk.key,
-                                         rows=rows)  # fmt: skip
-                loaded[chunk.index] = rows
+                                         rows=done.rows, dead_letters=done.dead_letters)
+                loaded[chunk.index] = done.rows
+                refused += done.dead_letters
             if any(f.kind == "fatal" for f in failed.values()):
                 break
-    return loaded, failed
+    return loaded, failed, refused
 
 
 def _with(summary: LoadSummary, started: float, **changes: Any) -> LoadSummary:

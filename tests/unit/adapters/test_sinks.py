@@ -61,8 +61,8 @@ def test_lancedb_upsert_is_idempotent_and_replace_deletes_other_runs(tmp_path: P
     sink = open_sink(f"lancedb://{tmp_path}")
     sink.ensure_table(embedder="openai", model="m", dimensions=4)
     first = _rows(["a", "b", "c"])
-    assert sink.upsert(first, run_key="r1") == 3
-    assert sink.upsert(first, run_key="r1") == 3  # a reloaded chunk: no duplicate rows
+    assert sink.upsert(first, run_key="r1").rows == 3
+    assert sink.upsert(first, run_key="r1").rows == 3  # a reloaded chunk: no duplicate rows
     assert sorted(_contents(sink)) == ["a", "b", "c"]
     second = _rows(["b", "c", "d"], seed=1)
     sink.upsert(second, run_key="r2")
@@ -100,3 +100,34 @@ def test_lancedb_mismatch_names_both_models_and_lengths(tmp_path: Path) -> None:
     assert caught.value.exit_code == 3
     with pytest.raises(FatalError, match="model other"):
         again.ensure_table(embedder="openai", model="other", dimensions=4)
+
+
+@pytest.mark.parametrize(("error", "kind"), [
+    ("ProgramLimitExceeded", "row"),  # "index row requires 12016 bytes": an OperationalError
+    ("CharacterNotInRepertoire", "row"), ("StringDataRightTruncation", "row"),
+    ("UntranslatableCharacter", "row"), ("CheckViolation", "row"),
+    ("UndefinedColumn", "table"), ("DatatypeMismatch", "table"), ("NotNullViolation", "table"),
+    ("InvalidColumnReference", "table"), ("AdminShutdown", "retry"), ("DiskFull", "retry"),
+    ("SerializationFailure", "retry"), ("InsufficientPrivilege", "fatal"),
+])
+def test_postgresql_refusals_are_classified_by_sqlstate(error: str, kind: str) -> None:
+    import psycopg
+
+    from adapters.pg_errors import classify, translate
+    from embedline.errors import FatalError, RetryableError
+
+    exc = getattr(psycopg.errors, error)("boom")
+    assert classify(exc) == kind
+    if kind in ("table", "fatal"):
+        assert isinstance(translate(exc, "upsert"), FatalError)
+    if kind == "retry":
+        assert isinstance(translate(exc, "upsert"), RetryableError)
+    assert classify(psycopg.OperationalError("connection lost")) == "retry"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("0", 0.0), ("90s", 90.0), ("30m", 1800.0),
+                                               ("1h", 3600.0), ("7d", 604800.0), ("12", 12.0)])
+def test_lancedb_keep_versions_durations(text: str, seconds: float) -> None:
+    from cli.load import duration_s
+
+    assert duration_s(text) == seconds
