@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from adapters.processes import local_process_is_gone
+from adapters.s3_checksums import checksum_hint, put_checksum_args, store_message
 from adapters.uris import redact, split_location
 from embedline.errors import (
     ConflictError,
@@ -444,8 +445,10 @@ def _translate_client_error(exc: Any, *, bucket: str, what: str) -> EmbedlineErr
         return RetryableError(f"{label}: the store is failing or throttling",
                               http_status=status)
     if status is not None and 400 <= status < 500:
-        return FatalError(f"{label}: the store rejected the request for bucket {bucket!r}",
-                          http_status=status)
+        said = store_message(exc)
+        hint = checksum_hint(said) or "check the request and the store's documentation"
+        return FatalError(f"{label}: the store rejected the request for bucket {bucket!r}"
+                          + (f" ({said})" if said else "") + f"; {hint}", http_status=status)
     return None
 
 
@@ -502,6 +505,8 @@ class S3Store:
     Every object gets user metadata ``sha256`` (hex of the body) and ``ChecksumSHA256``
     (base64 of the digest; S3 verifies it). Giving an explicit checksum makes botocore skip
     its default CRC32 (it only adds one when no ``x-amz-checksum-*`` header is present).
+    Under botocore's ``request_checksum_calculation = when_required`` no flexible checksum
+    is sent at all (``adapters.s3_checksums``); the metadata still verifies every read.
     """
 
     def __init__(
@@ -622,7 +627,8 @@ class S3Store:
         try:
             self.client.put_object(
                 Bucket=self.bucket, Key=self._key(key), Body=body, ContentType=content_type,
-                IfNoneMatch="*", Metadata={"sha256": sha256}, ChecksumSHA256=digest_b64,
+                IfNoneMatch="*", Metadata={"sha256": sha256},
+                **put_checksum_args(self.client, digest_b64),
             )
         except (ClientError, BotoCoreError) as exc:
             if _is_precondition_failed(exc):
