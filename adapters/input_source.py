@@ -18,12 +18,14 @@ import os
 import threading
 import zlib
 from typing import Any, BinaryIO, Protocol
-from urllib.parse import unquote, urlsplit
 
 from adapters.gzip_index import GzipIndex, GzipStream, NotGzipData
+from adapters.uris import split_location
 from embedline.errors import EmbedlineError, InputError
 
 __all__ = ["GzipInput", "InputFile", "LocalInput", "S3Input", "open_input"]
+
+_INPUT_FORMS = "use a local path, file:///abs/path or s3://bucket/key"
 
 _STREAM_BUFFER = 1 << 20  # bytes
 
@@ -245,22 +247,17 @@ def open_input(uri: str, *, etag: str | None = None) -> LocalInput | S3Input | G
 
     ``etag`` pins an S3 object to the version seen at planning.
 
+    The S3 key and a plain path are kept exactly as written (``adapters.uris``).
+
     :raises InputError: an unsupported scheme or an S3 URI without bucket or key.
     """
-    parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
+    where = split_location(uri, what="input", forms=_INPUT_FORMS)
     found: LocalInput | S3Input
-    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
-        found = LocalInput(unquote(parts.path) if scheme == "file" else uri)
-    elif scheme == "s3":
-        key = unquote(parts.path.lstrip("/"))
-        if not parts.netloc or not key:
-            raise InputError(f"input {uri!r}: expected s3://bucket/key.csv")
-        found = S3Input(parts.netloc, key)
-        found.etag = etag
+    if where.kind == "local":
+        found = LocalInput(where.path)
     else:
-        found = None  # type: ignore[assignment]
-    if found is not None:
-        return GzipInput(found) if found.uri.lower().endswith(".gz") else found
-    raise InputError(f"input {uri!r}: unsupported scheme {scheme!r}; use a local path, "
-                     "file:///abs/path or s3://bucket/key")  # fmt: skip
+        if not where.key or where.key.endswith("/"):
+            raise InputError(f"input {uri!r}: expected s3://bucket/key.csv")
+        found = S3Input(where.bucket, where.key)
+        found.etag = etag
+    return GzipInput(found) if found.uri.lower().endswith(".gz") else found

@@ -34,10 +34,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
-from urllib.parse import unquote, urlsplit
 
 from adapters.disk_full import full_error, is_disk_full
 from adapters.processes import local_process_is_gone
+from adapters.s3_checksums import checksum_hint, put_checksum_args, store_message
+from adapters.uris import redact, split_location
 from embedline.errors import (
     ConflictError,
     EmbedlineError,
@@ -445,8 +446,10 @@ def _translate_client_error(exc: Any, *, bucket: str, what: str) -> EmbedlineErr
         return RetryableError(f"{label}: the store is failing or throttling",
                               http_status=status)
     if status is not None and 400 <= status < 500:
-        return FatalError(f"{label}: the store rejected the request for bucket {bucket!r}",
-                          http_status=status)
+        said = store_message(exc)
+        hint = checksum_hint(said) or "check the request and the store's documentation"
+        return FatalError(f"{label}: the store rejected the request for bucket {bucket!r}"
+                          + (f" ({said})" if said else "") + f"; {hint}", http_status=status)
     return None
 
 
@@ -503,6 +506,8 @@ class S3Store:
     Every object gets user metadata ``sha256`` (hex of the body) and ``ChecksumSHA256``
     (base64 of the digest; S3 verifies it). Giving an explicit checksum makes botocore skip
     its default CRC32 (it only adds one when no ``x-amz-checksum-*`` header is present).
+    Under botocore's ``request_checksum_calculation = when_required`` no flexible checksum
+    is sent at all (``adapters.s3_checksums``); the metadata still verifies every read.
     """
 
     def __init__(
@@ -623,7 +628,8 @@ class S3Store:
         try:
             self.client.put_object(
                 Bucket=self.bucket, Key=self._key(key), Body=body, ContentType=content_type,
-                IfNoneMatch="*", Metadata={"sha256": sha256}, ChecksumSHA256=digest_b64,
+                IfNoneMatch="*", Metadata={"sha256": sha256},
+                **put_checksum_args(self.client, digest_b64),
             )
         except (ClientError, BotoCoreError) as exc:
             if _is_precondition_failed(exc):
@@ -845,45 +851,23 @@ def check_conditional_writes(store: ObjectStore) -> bool:
     return refused
 
 
-def _redact(uri: str) -> str:
-    """Return ``uri`` with any ``user:password@`` part replaced, for messages."""
-    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1***@", uri)
+_redact = redact
 
 
 def open_store(uri: str) -> ObjectStore:
     """Return the store for ``--output``: ``s3://bucket[/prefix]`` → ``S3Store``;
     ``file:///abs/path`` or a plain path → ``LocalDirStore``. Opens no connection.
 
-    :raises InputError: empty URI, ``s3://`` without a bucket, credentials, query or
-        fragment in the URI, a ``file://`` URI that is not absolute, any other scheme.
+    The prefix and a plain path are kept exactly as written (``adapters.uris``: ``#``, ``?``,
+    ``%``, ``+``, spaces are part of the name); a ``file://`` path is percent-decoded.
+
+    :raises InputError: empty URI, ``s3://`` without a valid bucket, credentials in the URI,
+        a bad prefix, a ``file://`` URI that is not absolute, any other scheme.
     """
-    text = uri.strip() if isinstance(uri, str) else ""
-    if not text:
-        raise InputError(f"--output is empty; {_ACCEPTED_FORMS}")
-    parts = urlsplit(text)
-    scheme = parts.scheme.lower()
-    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):  # plain or C:\ path
-        return LocalDirStore(text)
-    shown = _redact(text)
-    if "@" in parts.netloc:
-        raise InputError(f"--output {shown}: credentials in the URI are not accepted (use the "
-                         f"AWS configuration chain); {_ACCEPTED_FORMS}")
-    if parts.query or parts.fragment:
-        raise InputError(f"--output {shown}: no query or fragment allowed; {_ACCEPTED_FORMS}")
-    if scheme == "s3":
-        return _open_s3(parts.netloc, parts.path, shown)
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise InputError(f"--output {shown}: a file URI needs an absolute path "
-                             f"(file:///abs/path); {_ACCEPTED_FORMS}")
-        return LocalDirStore(unquote(parts.path))
-    raise InputError(f"--output {shown}: unsupported scheme {scheme!r}; {_ACCEPTED_FORMS}")
-
-
-def _open_s3(bucket: str, path: str, shown: str) -> S3Store:
-    if not bucket:
-        raise InputError(f"--output {shown}: no bucket name; {_ACCEPTED_FORMS}")
+    found = split_location(uri, what="--output", forms=_ACCEPTED_FORMS)
+    if found.kind == "local":
+        return LocalDirStore(found.path)
     try:
-        return S3Store(bucket, unquote(path))
+        return S3Store(found.bucket, found.key)
     except ValueError as exc:
-        raise InputError(f"--output {shown}: {exc}; {_ACCEPTED_FORMS}") from None
+        raise InputError(f"--output {_redact(uri.strip())}: {exc}; {_ACCEPTED_FORMS}") from None

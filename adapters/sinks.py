@@ -3,9 +3,12 @@
 Accepted forms:
 
 - ``lancedb://PATH[?table=NAME]``: an embedded LanceDB database directory (no server);
-  the table defaults to ``embeddings``.
+  the table defaults to ``embeddings``. PATH is taken literally (no percent-decoding; ``#``,
+  spaces, ``+`` kept); the text after the LAST ``?`` is embedline's own ``table=NAME``, so a
+  PATH holding ``?`` needs ``?table=NAME`` after it (else it is refused, pointing to it and
+  to the next form).
 - ``PATH/NAME.lance``: the same, naming the table by its directory (LanceDB keeps table
-  ``NAME`` of database ``PATH`` in ``PATH/NAME.lance``).
+  ``NAME`` of database ``PATH`` in ``PATH/NAME.lance``); every character of PATH is literal.
 - ``postgresql://[user@]host[:port]/db[?libpq-params][&table=NAME]`` (or ``postgres://``):
   pgvector on PostgreSQL. The password is never taken from the URI (it would end up in
   shell history, Prefect parameters and the ledger): libpq reads ``PGPASSWORD`` or
@@ -18,8 +21,9 @@ import json
 import os
 import re
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from adapters.uris import scheme_of
 from embedline.errors import FatalError, InputError
 from embedline.protocols import SinkTable, VectorSink
 
@@ -69,9 +73,9 @@ def _parse(uri: str) -> tuple[str, dict[str, str]]:
     shown = _redacted(text)
     if not text:
         raise InputError(f"--sink is empty; {_FORMS}")
-    parts = urlsplit(text)
-    scheme = parts.scheme.lower()
+    scheme = scheme_of(text)
     if scheme in ("postgresql", "postgres"):
+        parts = urlsplit(text)  # a libpq URI: RFC 3986 rules, percent-decoded by libpq
         if parts.password:
             raise InputError(f"sink {shown}: a password in the URI is not accepted; set "
                              "PGPASSWORD (or use ~/.pgpass) and leave it out of the URI")
@@ -81,12 +85,18 @@ def _parse(uri: str) -> tuple[str, dict[str, str]]:
         dsn = urlunsplit((scheme, user_host, parts.path, query, ""))
         return "pgvector", {"dsn": dsn, "table": table}
     if scheme == "lancedb":
-        path = unquote(parts.netloc + parts.path)
+        # The text after the LAST '?' is embedline's own query, so a sink's identity
+        # (lancedb://ABSPATH?table=NAME) names its path literally whatever it holds.
+        path, mark, query = text[len("lancedb://"):].rpartition("?")
+        if not mark:
+            path, query = query, ""
         if not path:
             raise InputError(f"sink {shown}: no database path; {_FORMS}")
-        table, query = _split_table(parts.query, shown)
+        table, query = _split_table(query, shown)
         if query:
-            raise InputError(f"sink {shown}: only ?table=NAME is accepted; {_FORMS}")
+            raise InputError(f"sink {shown}: only ?table=NAME is accepted after the path (a "
+                             "path holding '?' needs ?table=NAME after it, or write the sink "
+                             f"as PATH/NAME.lance); {_FORMS}")
         return "lancedb", {"path": os.path.abspath(path), "table": table}
     if scheme == "" and text.rstrip("/").endswith(".lance"):
         path = os.path.abspath(text.rstrip("/"))

@@ -24,7 +24,10 @@ class ResettingProxy:
     - ``drop_answer(method, path)`` → True: forward, then close the connection unanswered;
     - ``fault(method, path)`` → ``(status, body)``: answer that, without forwarding;
     - ``strip_request_headers``: header names removed before forwarding (a store that
-      ignores them, e.g. ``If-None-Match``).
+      ignores them, e.g. ``If-None-Match``);
+    - ``refuse_request_headers``: header-name prefixes the store does not support: a request
+      carrying one is answered 400 ``InvalidArgument`` "Unsupported header 'NAME' received
+      for this API call." (Backblaze B2's answer to ``x-amz-checksum-*``), not forwarded.
 
     ``seen`` records ``(method, path, status or "dropped")`` per request.
     """
@@ -36,11 +39,13 @@ class ResettingProxy:
         *,
         fault: Callable[[str, str], Fault | None] = lambda method, path: None,
         strip_request_headers: tuple[str, ...] = (),
+        refuse_request_headers: tuple[str, ...] = (),
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.drop_answer = drop_answer
         self.fault = fault
         self.strip = {h.lower() for h in strip_request_headers}
+        self.refuse = tuple(h.lower() for h in refuse_request_headers)
         self.seen: list[tuple[str, str, Any]] = []
         self.lock = threading.Lock()
         self._client = httpx.Client(timeout=30)
@@ -52,7 +57,7 @@ class ResettingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                fault = proxy.fault(self.command, self.path)
+                fault = proxy.fault(self.command, self.path) or proxy._refused(self.headers)
                 if fault is not None:
                     with proxy.lock:
                         proxy.seen.append((self.command, self.path, fault[0]))
@@ -89,6 +94,14 @@ class ResettingProxy:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _refused(self, headers: Any) -> Fault | None:
+        for name in headers.keys():
+            if self.refuse and name.lower().startswith(self.refuse):
+                return 400, ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidArgument'
+                             f"</Code><Message>Unsupported header '{name.lower()}' received for "
+                             "this API call.</Message></Error>").encode()
+        return None
 
     @property
     def url(self) -> str:
