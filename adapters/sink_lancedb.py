@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.disk_full import translate_full
-from adapters.sinks import check_compatible, sink_metadata, sink_table_from_metadata
+from adapters.sink_meta import check_compatible, sink_metadata, sink_table_from_metadata
 from embedline.errors import FatalError, RetryableError
 from embedline.protocols import SinkTable, UpsertResult
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from adapters.sinks import check_compatible, sink_metadata, sink_table_from_metadata
+from adapters.sink_meta import check_compatible, sink_metadata, sink_table_from_metadata
 from adapters.pg_errors import (
     classify,
     describe_columns_sql,

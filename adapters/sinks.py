@@ -17,21 +17,19 @@ Accepted forms:
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from adapters.sink_meta import SINK_FORMAT, check_compatible, sink_metadata, sink_table_from_metadata
 from adapters.uris import scheme_of
 from embedline.errors import FatalError, InputError
-from embedline.protocols import SinkTable, VectorSink
+from embedline.protocols import VectorSink
 
 __all__ = ["DEFAULT_TABLE", "SINK_FORMAT", "check_compatible", "open_sink", "sink_metadata",
            "sink_table_from_metadata", "validate_sink_uri"]  # fmt: skip
 
 DEFAULT_TABLE = "embeddings"
-SINK_FORMAT = "embedline.sink.v1"
 
 _TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")  # a PostgreSQL identifier, unquoted
 _FORMS = ("accepted forms: lancedb://PATH[?table=NAME], PATH/NAME.lance, "
@@ -125,35 +123,3 @@ def open_sink(uri: str) -> VectorSink:
     from adapters.sink_pgvector import PgVectorSink
 
     return PgVectorSink(params["dsn"], table=params["table"])
-
-
-def sink_metadata(*, embedder: str, model: str, dimensions: int) -> str:
-    """The JSON a sink table carries about its vectors (a LanceDB schema metadata value, a
-    PostgreSQL table comment)."""
-    return json.dumps({"format": SINK_FORMAT, "embedder": embedder, "model": model,
-                       "dimensions": dimensions}, sort_keys=True)  # fmt: skip
-
-
-def sink_table_from_metadata(text: str | bytes | None, *, dimensions: int, rows: int) -> SinkTable:
-    """Parse ``sink_metadata`` JSON (None or foreign text: a table embedline did not create)."""
-    try:
-        meta: Any = json.loads(text) if text else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        meta = None
-    if not isinstance(meta, dict) or meta.get("format") != SINK_FORMAT:
-        return SinkTable(None, None, dimensions, rows)
-    return SinkTable(str(meta.get("embedder")), str(meta.get("model")), dimensions, rows)
-
-
-def check_compatible(found: SinkTable, *, where: str, model: str, dimensions: int) -> None:
-    """Refuse to mix vectors of another length or model in one table.
-
-    :raises FatalError: naming both the table's and the run's model and dimensions.
-    """
-    if found.dimensions == dimensions and found.model in (None, model):
-        return
-    raise FatalError(
-        f"{where} holds {found.dimensions}-dimension vectors of model {found.model or 'unknown'}"
-        f", but this run has {dimensions}-dimension vectors of model {model}: load into "
-        "another table (?table=NAME) or drop that one"
-    )
