@@ -576,13 +576,14 @@ def _plan_csv(
         )
         data_start = header_record.stop
         planner.start(byte_start=data_start, line_start=lines.line + 1)
+        any_text = False
         for record in records:
             _check_width(record, header, source_path)
             row_id = _row_id(record, header, source_path)
             id_digests.append(_id_digest(row_id))
-            planner.add(
-                row_id, record.fields[header.text_index], stop=record.stop, next_line=lines.line + 1
-            )
+            text = record.fields[header.text_index]
+            any_text = any_text or bool(text.strip())  # the rule of tasks.embed
+            planner.add(row_id, text, stop=record.stop, next_line=lines.line + 1)
         planner.close(stop=lines.offset)  # trailing blank lines belong to the last chunk
         size = lines.offset
     _raise_on_duplicates(id_digests, found, fmt, header)
@@ -591,6 +592,13 @@ def _plan_csv(
             "the file has a header and no data rows: nothing to embed. An empty export "
             "committed as a run would read as 'every row removed' (and a sink load would "
             "delete every row); check the export, or skip this run", path=source_path, line=2)
+    if not any_text:
+        column = header.names[header.text_index]
+        raise InputError(
+            f"every text in column {column!r} is empty or whitespace ({len(id_digests):,} rows): "
+            "nothing to embed. Committed, it would read as 'every row removed' (and a sink load "
+            "would delete every row); check the export and --text-column", path=source_path,
+            line=2, column=column)
     source = InputSource(
         path=found.uri,
         name=found.name,

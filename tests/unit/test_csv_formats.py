@@ -141,6 +141,19 @@ def test_a_header_with_no_data_rows_is_refused(tmp_path: Path, tail: str) -> Non
     assert caught.value.line == 2
 
 
+def test_an_export_whose_every_text_is_empty_is_refused(tmp_path: Path) -> None:
+    """It committed a run of 0-dimension vectors that load and search then crashed on, and
+    that no change set compared with the previous run (another dataset): the mass-delete
+    guard never saw the export that lost every text."""
+    path = tmp_path / "blank.csv"
+    path.write_text('id,text\na,\nb,"   "\nc,"\t\n"\n', encoding="utf-8", newline="")
+    with pytest.raises(InputError, match="every text in column 'text' is empty") as caught:
+        _plan(path)
+    assert caught.value.column == "text"
+    path.write_text('id,text\na,\nb,x\n', encoding="utf-8", newline="")
+    assert _plan(path).rows == 2  # one real text is enough
+
+
 def test_utf8_without_bom_stays_utf8_with_no_note(tmp_path: Path) -> None:
     path = tmp_path / "in.csv"
     path.write_text(_text(ROWS), encoding="utf-8")
