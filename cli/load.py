@@ -165,6 +165,10 @@ def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str
     try:
         if sink.describe() is None:
             return None
+        # a table of another shape or model: the flow refuses it (exit 3), even if it holds
+        # the run's ids and hashes (a column added by hand)
+        sink.ensure_table(embedder=str(manifest.get("embedder")), model=str(manifest["model"]),
+                          dimensions=int(manifest["dimensions"]))
         plan = plan_load(run_keys(store, manifest["chunks"]), sink.held_keys())
     except (EmbedlineError, OSError):
         return None

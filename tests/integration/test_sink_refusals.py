@@ -192,3 +192,22 @@ def test_lancedb_table_of_another_shape_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FatalError, match="id is int64, not string"):
         LanceDBSink(str(tmp_path / "db"), table="t").ensure_table(
             embedder="openai", model="m", dimensions=4)
+
+
+def test_a_column_added_by_hand_is_refused_also_when_the_table_holds_the_run(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """A break test found the fast "already loaded" answer (no Prefect) skipping the shape
+    check: exit 0 for a table the flow refuses once any row is missing."""
+    import lancedb
+
+    common = ["--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3")]
+    sink = f"lancedb://{tmp_path / 'db'}?table=t"
+    made = run_cli("run", str(write_rows(tmp_path / "in.csv", read_rows(ENGLISH, 20))),
+                   "--embedder", "openai", "--base-url", fake_openai.base_url, *common,
+                   "--sink", sink, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr[-2000:]
+    lancedb.connect(str(tmp_path / "db")).open_table("t").add_columns({"extra": "'x'"})
+    again = run_cli("load", "--to", sink, *common, cwd=tmp_path)
+    assert again.returncode == 3, again.stdout + again.stderr[-2000:]
+    assert "extra" in again.stderr and "Traceback" not in again.stderr
