@@ -51,6 +51,15 @@ class NotGzipData(ValueError):
         self.decompressed = decompressed
 
 
+class TruncatedMember(EOFError):
+    """The compressed file ends inside a member (cut short: a file half-written or half
+    uploaded). ``offset``: the compressed offset where that member starts (0: the only one)."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__("the gzip file ends inside a member (truncated?)")
+        self.offset = offset
+
+
 class _Members:
     """Inflates a gzip file fed block by block, member after member (RFC 1952 §2.2: a gzip
     file is a series of members), skipping NUL padding after a member as ``gzip`` does.
@@ -65,6 +74,7 @@ class _Members:
         self.inflater = inflater
         self.consumed = consumed
         self.produced = produced
+        self.member_start = 0  # compressed offset of the member being inflated
 
     @property
     def between(self) -> bool:
@@ -88,6 +98,7 @@ class _Members:
                 if not _MAGIC.startswith(block[pos:pos + 2]):
                     raise NotGzipData(base + pos, self.produced + sum(map(len, pieces)))
                 self.inflater = zlib.decompressobj(_GZIP_WBITS)
+                self.member_start = base + pos
             data = self.inflater.decompress(block[pos:])  # type: ignore[attr-defined]
             pieces.append(data)
             ended = self.inflater.eof  # type: ignore[attr-defined]
@@ -99,9 +110,9 @@ class _Members:
         return out
 
     def finish(self) -> None:
-        """The compressed file ended. :raises EOFError: inside a member (truncated)."""
+        """The compressed file ended. :raises TruncatedMember: inside a member."""
         if not self.between:
-            raise EOFError("the gzip file ends inside a member (truncated?)")
+            raise TruncatedMember(self.member_start)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import threading
 import zlib
 from typing import Any, BinaryIO, Protocol
 
-from adapters.gzip_index import GzipIndex, GzipStream, NotGzipData
+from adapters.gzip_index import GzipIndex, GzipStream, NotGzipData, TruncatedMember
 from adapters.uris import split_location
 from embedline.errors import EmbedlineError, InputError
 
@@ -195,6 +195,12 @@ def _gzip_error(exc: BaseException, uri: str) -> InputError:
                           "NUL padding: trailing data after the last member. Truncate the file "
                           f"to its first {exc.offset} bytes (head -c {exc.offset}) or export "
                           "it again", path=uri)
+    if isinstance(exc, TruncatedMember) and exc.offset > 0:
+        return InputError(f"the last gzip member, from compressed byte offset {exc.offset} on, "
+                          "is cut short (a file half-written or half-uploaded after the "
+                          "others?). Truncate the file to its first "
+                          f"{exc.offset} bytes (head -c {exc.offset}) to keep the members "
+                          "before it, or export it again", path=uri)
     return InputError(f"cannot decompress the input ({type(exc).__name__}: {exc}); "
                       "is it really gzip?", path=uri)
 

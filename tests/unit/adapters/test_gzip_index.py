@@ -146,3 +146,19 @@ def test_trailing_garbage_is_refused_with_its_offset_by_both_readers(tmp_path: P
     with pytest.raises(InputError, match=f"byte offset {offset}"):
         open_input(str(path)).read_range(len(raw) - 10, len(raw) + 10)
     assert GzipIndex(_opener(member, [])).read_range(0, 10) == raw[:10]  # the member alone
+
+
+def test_a_cut_short_last_member_is_refused_naming_where_it_starts(tmp_path: Path) -> None:
+    """A break test appended half a second member: the one line said "is it really gzip?"
+    without the offset that keeps the complete members."""
+    from embedline.errors import InputError
+
+    first, second = gzip.compress(_payload(50_000)), gzip.compress(_payload(40_000))
+    path = tmp_path / "half.csv.gz"
+    path.write_bytes(first + second[: len(second) // 2])
+    found = open_input(str(path))
+    with pytest.raises(InputError) as planning, found.open() as fh:
+        fh.read()
+    message = str(planning.value)
+    assert f"head -c {len(first)}" in message and "really gzip" not in message
+    assert "\n" not in message
