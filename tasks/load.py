@@ -30,14 +30,13 @@ __all__ = ["LoadJob", "LoadedChunk", "load_chunk", "rows_to_load", "sink_for"]
 @dataclass(frozen=True, slots=True)
 class LoadJob:
     """What every chunk load of one run into one sink shares (no secrets: the sink URI has
-    no password). ``upsert_ids`` is None in ``replace`` mode (every row is upserted); in
-    ``changes`` mode, the change set's added and changed ids (the only rows upserted)."""
+    no password). Which rows of a chunk to upsert is the plan's (``load_chunk``'s ``ids``),
+    decided by what the sink holds."""
 
     output: str
     sink: str
     run_key: str
     mode: str
-    upsert_ids: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +100,7 @@ def load_chunk(chunk: ManifestChunk, job: LoadJob,
     """
     logger = get_run_logger()
     sink = sink_for(job.sink)
-    table = rows_to_load(chunk_table(store_for(job.output), chunk.to_dict()),
-                         job.upsert_ids if ids is None else ids)
+    table = rows_to_load(chunk_table(store_for(job.output), chunk.to_dict()), ids)
     result = sink.upsert(table, run_key=job.run_key)
     dead = tuple(LoadDeadLetter(chunk.index, row_id, reason, state, message)
                  for _, row_id, reason, state, message in result.refused)

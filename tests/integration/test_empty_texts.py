@@ -4,8 +4,6 @@ the run commits (exit 0); ``--on-empty-text fail`` keeps the strict behaviour (e
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.csv_data import write_rows
 from tests.support.fixtures import run_cli
 from tests.support.output import read_local_output
 
@@ -23,11 +22,7 @@ EMPTY = {"004": "", "007": "   \t"}
 
 
 def _input(tmp_path: Path, texts: dict[str, str]) -> None:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(("id", "text"))
-    writer.writerows(texts.items())
-    (tmp_path / "in.csv").write_text(buf.getvalue(), encoding="utf-8")
+    write_rows(tmp_path / "in.csv", list(texts.items()))
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> tuple[int, str, str]:

@@ -83,25 +83,34 @@ def test_cp932_file_is_detected_and_announced(
         np.testing.assert_allclose(vectors[row_id], expected_vector(text), atol=1e-6)
 
 
+def _run_gzip_local_and_on_s3(tmp_path: Path, fake: FakeEmbeddingServer, moto_endpoint: str,
+                              bucket: str, packed: bytes, key: str) -> Path:
+    """Run ``packed`` (gzip bytes) from a local file and from ``s3://bucket/key``; both must
+    exit 0 with every vector right. Returns the S3 run's directory (its output in ``out``)."""
+    (tmp_path / "in.csv.gz").write_bytes(packed)
+    code, output = _run(tmp_path, fake, str(tmp_path / "in.csv.gz"))
+    assert code == 0, output
+    _check(tmp_path)
+    boto3.client("s3", endpoint_url=moto_endpoint).put_object(Bucket=bucket, Key=key,
+                                                              Body=packed)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    code, output = _run(remote, fake, f"s3://{bucket}/{key}",
+                        env={"AWS_ENDPOINT_URL": moto_endpoint})
+    assert code == 0, output
+    _check(remote)
+    return remote
+
+
 def test_gzip_input_local_and_on_s3_streamed(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
 ) -> None:
     packed = gzip.compress(_text().encode("utf-8"))
-    (tmp_path / "in.csv.gz").write_bytes(packed)
-    code, output = _run(tmp_path, fake_openai, str(tmp_path / "in.csv.gz"))
-    assert code == 0, output
-    _check(tmp_path)
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
-    s3.put_object(Bucket=s3_bucket, Key="inputs/data.csv.gz", Body=packed)
-    remote = tmp_path / "remote"
-    remote.mkdir()
-    code, output = _run(remote, fake_openai, f"s3://{s3_bucket}/inputs/data.csv.gz",
-                        env={"AWS_ENDPOINT_URL": moto_endpoint})  # fmt: skip
-    assert code == 0, output
+    remote = _run_gzip_local_and_on_s3(tmp_path, fake_openai, moto_endpoint, s3_bucket, packed,
+                                       "inputs/data.csv.gz")
     manifest, _ = read_local_output(remote / "out")
     assert manifest["input"]["name"] == "data.csv.gz"
     assert manifest["input"]["bytes"] == len(_text().encode("utf-8"))  # decompressed bytes
-    _check(remote)
 
 
 def test_an_xlsx_is_refused_naming_what_it_is(
@@ -121,18 +130,8 @@ def test_gzip_with_nul_padding_after_the_member_runs_local_and_on_s3(
     """Issue 22 item 8: 1,024 NUL bytes after the member (block devices, some uploaders),
     which ``zcat`` and Python's gzip read, were planned and then failed every chunk read."""
     packed = gzip.compress(_text().encode("utf-8")) + b"\0" * 1024
-    (tmp_path / "in.csv.gz").write_bytes(packed)
-    code, output = _run(tmp_path, fake_openai, str(tmp_path / "in.csv.gz"))
-    assert code == 0, output
-    _check(tmp_path)
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
-    s3.put_object(Bucket=s3_bucket, Key="inputs/padded.csv.gz", Body=packed)
-    remote = tmp_path / "remote"
-    remote.mkdir()
-    source = f"s3://{s3_bucket}/inputs/padded.csv.gz"
-    code, output = _run(remote, fake_openai, source, env={"AWS_ENDPOINT_URL": moto_endpoint})
-    assert code == 0, output
-    _check(remote)
+    _run_gzip_local_and_on_s3(tmp_path, fake_openai, moto_endpoint, s3_bucket, packed,
+                              "inputs/padded.csv.gz")
 
 
 def test_gzip_trailing_garbage_is_refused_at_planning_naming_the_offset(

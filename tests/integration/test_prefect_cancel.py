@@ -14,6 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +149,29 @@ def test_a_run_cancelled_from_prefect_stops_like_sigterm_ends_cancelled_and_resu
     assert "status     complete" in rerun.stdout, rerun.stdout
 
 
+@contextmanager
+def _ended(proc: subprocess.Popen[str], hold: _Hold) -> Iterator[None]:
+    """Whatever the body asserts, the held request is let go and the CLI does not outlive
+    the test."""
+    try:
+        yield
+    finally:
+        hold.release.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _cancel_then_release(api: str, flow_run_id: str, proc: subprocess.Popen[str],
+                         hold: _Hold) -> tuple[str, str]:
+    """Cancel the flow run while a request is held, let the CLI see it (it reads the state
+    once a second), then release the request; returns the CLI's stdout and stderr."""
+    _cancel(api, flow_run_id)
+    time.sleep(2.5)
+    hold.release.set()
+    return proc.communicate(timeout=60)
+
+
 class _Hold:
     """A ``ResettingProxy`` fault that only delays: the first ``method`` request whose path
     holds ``marker`` waits until ``release`` is set (at most 60 s), then is forwarded."""
@@ -182,18 +207,10 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
         args += ["--sink", f"lancedb://{tmp_path / 'lance'}"]
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
         proc = _cli(*args, cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
-        try:
+        with _ended(proc, hold):
             flow_run_id = _find_flow_run(api, ledger, proc)
             assert hold.reached.wait(120), "the flow never reached the held request"
-            _cancel(api, flow_run_id)
-            time.sleep(2.5)  # the CLI reads the state once a second
-            hold.release.set()
-            out, err = proc.communicate(timeout=60)
-        finally:
-            hold.release.set()
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+            out, err = _cancel_then_release(api, flow_run_id, proc, hold)
     assert proc.returncode == 143, err[-3000:]
     assert "Traceback" not in err and "UnfinishedRun" not in err, err[-3000:]
     final = _final_state(api, flow_run_id)
@@ -241,21 +258,13 @@ def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
     hold = _Hold("GET", "/chunks/")
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
         proc = _cli(*load, cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
-        try:
+        with _ended(proc, hold):
             assert hold.reached.wait(120), "no chunk was read"
             [flow_run] = [r for r in httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
                 "flows": {"name": {"any_": ["load-run"]}},
                 "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}).json()
                 if r["parameters"].get("ledger") == str(ledger)]
-            _cancel(api, flow_run["id"])
-            time.sleep(2.5)  # the CLI reads the state once a second
-            hold.release.set()
-            out, err = proc.communicate(timeout=60)
-        finally:
-            hold.release.set()
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+            out, err = _cancel_then_release(api, flow_run["id"], proc, hold)
     assert proc.returncode == 143, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert _embedline_lines(err) == [

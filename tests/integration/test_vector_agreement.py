@@ -5,8 +5,6 @@ it may never commit mixed vectors."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.csv_data import write_rows
 from tests.support.fixtures import run_cli
 from tests.support.output import read_local_output
 
@@ -24,11 +23,7 @@ TEXTS = {f"{i:03d}": f"package {i} does useful thing number {i * 7}" for i in ra
 
 
 def _input(tmp_path: Path, texts: dict[str, str]) -> None:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(("id", "text"))
-    writer.writerows(texts.items())
-    (tmp_path / "in.csv").write_text(buf.getvalue(), encoding="utf-8")
+    write_rows(tmp_path / "in.csv", list(texts.items()))
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> tuple[int, str]:
