@@ -7,7 +7,6 @@ Prefect starts, in about a second.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sqlite3
 import sys
@@ -269,7 +268,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
 def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int:
     from cli.console import ProgressBar, command_seconds, print_summary
 
-    committed = _already_committed(settings) if "://" not in settings.input else None
+    committed = _without_prefect(settings) if "://" not in settings.input else None
     if isinstance(committed, tuple):
         return fail(f"embedline: error: {committed[0]}", committed[1])
     if committed is not None:
@@ -435,79 +434,82 @@ def _check_api_key(settings: Any) -> tuple[str, int] | None:
     return None
 
 
-#: The hard-exit hook of a run ``_commit_if_published`` recorded (``running``) and left to
-#: the flow; dropped once the flow ran, which records the run's end itself.
+#: The hard-exit hook of a run ``_without_prefect`` recorded (``running``) and left to the
+#: flow; dropped once the flow ran, which records the run's end itself.
 _recorded_run_hook: Any = None
 
 
-def _commit_if_published(
-    settings: Any, store: Any, plan: Any, target: Any, started: float
-) -> dict[str, Any] | tuple[str, int] | None:
-    """A re-export whose chunks are all published (new bytes, same rows) needs no embedding:
-    commit its change set and manifest here, without Prefect (about a second)."""
-    import time
+def _without_prefect(settings: Any) -> dict[str, Any] | tuple[str, int] | None:
+    """What ``run`` finishes before Prefect starts, on ``flows.run.Run`` as the flow would:
+    a run already committed (its summary; the ledger catches up if it lags the store), or a
+    run with nothing to embed and no sink (a re-export with new bytes, same rows: commit
+    it, about a second). Else None: the flow runs next, in this process, with the plan
+    handed over. (message, exit code) for an input or store error.
 
-    from adapters.ledger import Ledger, record_hard_stop
-    from embedline.errors import EmbedlineError
-    from tasks.commit import commit_if_published
-
-    try:
-        ledger = Ledger(settings.ledger)
-    except (OSError, sqlite3.Error):
-        return None  # the flow reports it with its full context
-    # The run is recorded `running` now; until the flow takes over, an interrupt or a hard
-    # exit marks it `interrupted` (else `status` finds the process gone: `crashed`).
-    global _recorded_run_hook
-    _recorded_run_hook = functools.partial(record_hard_stop, settings.ledger, target.run_key)
-    shutdown.on_hard_exit(_recorded_run_hook)
-    try:
-        summary = commit_if_published(store, ledger, settings=settings, plan=plan,
-                                      run_key=target.run_key, wall_s=time.monotonic() - started,
-                                      generation=target.generation,
-                                      supersedes=target.supersedes)
-    except EmbedlineError as exc:
-        return str(exc), exc.exit_code
-    finally:
-        ledger.close()
-    return None if summary is None else summary.to_dict()
-
-
-def _already_committed(settings: Any) -> dict[str, Any] | tuple[str, int] | None:
-    """The summary of a run whose manifest exists (a rerun of a finished command), found
-    without waiting for Prefect; (an input or store error's message, exit code); or None
-    (run the flow).
-
-    Costs one pass over the local input (0.6 s for 27 MB here) and one read of the store;
-    it writes nothing to the store, as DESIGN §4 asks of a completed run, and writes the
-    ledger only if it lags the store (``ledger_catches_up``).
+    Costs one pass over the local input (0.6 s for 27 MB here) and a few reads of the store;
+    a committed run writes nothing to the store, as DESIGN §4 asks.
     """
+    import logging
     import time
 
     from adapters.csv_source import hand_over_plan, plan_csv
     from adapters.object_store import open_store
     from embedline.errors import EmbedlineError
-    from embedline.models import manifest_object_key
-    from tasks.commit import ledger_catches_up
-    from tasks.generations import resolve_run_target
-    from tasks.manifest import summary_from_manifest
+    from embedline.models import RunSummary
+    from flows.run import Run
 
     started = time.monotonic()
     try:
-        store = open_store(settings.output)
-        plan = plan_csv(settings.input, **settings.plan_arguments)
-        target = resolve_run_target(store, plan, settings)
+        opened = Run.open(settings, store=open_store(settings.output),
+                          plan_input=lambda s: plan_csv(s.input, **s.plan_arguments),
+                          log=logging.getLogger("embedline.run"), started=started)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     except OSError:
         return None  # let the flow report it with its full context
-    if target.committed is None:
-        committed = _commit_if_published(settings, store, plan, target, started)
-        if committed is None:  # the flow runs next, in this process: it need not plan again
-            hand_over_plan(plan, settings.input, **settings.plan_arguments)
-        return committed
-    uri = store.uri_for(manifest_object_key(target.run_key))
-    ledger_catches_up(settings.ledger, target.committed, uri)
-    return summary_from_manifest(
-        target.committed, uri=uri, output=store.uri, chunks_total=len(plan.chunks),
-        wall_s=time.monotonic() - started,
-    ).to_dict()  # fmt: skip
+    if isinstance(opened, RunSummary):
+        return opened.message, opened.exit_code
+    if opened.committed is not None:
+        return opened.already_committed().to_dict()
+    summary = None if settings.sink else _commit_without_dispatch(opened)
+    if summary is None:
+        hand_over_plan(opened.plan, settings.input, **settings.plan_arguments)
+    return summary
+
+
+def _commit_without_dispatch(run: Any) -> dict[str, Any] | tuple[str, int] | None:
+    """Record ``run``, find its work and, if no chunk task is needed, conclude it (commit,
+    or the summary of what blocks the commit); None if the flow has work to do."""
+    from embedline.errors import EmbedlineError
+    from embedline.models import RunSummary
+    from flows.dispatch import DispatchResult
+    from flows.run import CommittedRun
+
+    global _recorded_run_hook
+    try:
+        run.open_ledger()
+    except (OSError, sqlite3.Error):
+        return None  # the flow reports it with its full context
+    try:
+        with run.recorded(flow_run_id=None):
+            refused = run.check_store()
+            if refused is not None:
+                return refused.to_dict()
+            work = run.work_left()
+            if isinstance(work, RunSummary):
+                return work.to_dict()
+            if run.needs_dispatch(work):
+                # recorded `running`; until the flow takes over, an interrupt or a hard exit
+                # marks it `interrupted` (else `status` finds the process gone: `crashed`)
+                _recorded_run_hook = run.hard_stop_hook()
+                shutdown.on_hard_exit(_recorded_run_hook)
+                return None
+            with run.leased():  # gc keeps the objects the lease lists
+                ended = run.conclude(work, DispatchResult(), on_committed=lambda summary: (
+                    shutdown.note_committed(run.run_key, str(summary.manifest_uri),
+                                            "nothing to resume")))  # fmt: skip
+    except EmbedlineError as exc:
+        return str(exc), exc.exit_code
+    finally:
+        run.close()
+    return (ended.summary if isinstance(ended, CommittedRun) else ended).to_dict()

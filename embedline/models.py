@@ -9,12 +9,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
 
 __all__ = [
     "ChunkOutcome",
     "ChunkSpec",
-    "ChunkState",
     "RETRYABLE_DEAD_LETTERS",
     "DeadLetter",
     "EMPTY_TEXT",
@@ -39,7 +37,6 @@ __all__ = [
     "shown_id",
 ]
 
-ChunkState = Literal["pending", "running", "published", "failed"]
 
 
 def chunk_object_key(chunk_key: str, generation: int = 0) -> str:

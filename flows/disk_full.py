@@ -7,32 +7,27 @@ requests from this process's tally (``embedline.progress``; threads runner only)
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from embedline.errors import DiskFullError
-from embedline.models import InputPlan, RunSummary
+from embedline.models import InputPlan
+from embedline.protocols import ObjectStore
 from embedline.progress import cost_in_process
 from embedline.settings import RunSettings
 
-__all__ = ["disk_full_summary"]
+__all__ = ["disk_full_fields"]
 
 
-def disk_full_summary(
-    exc: DiskFullError,
-    base: RunSummary,
-    plan: InputPlan,
-    store: Any,
-    settings: RunSettings,
-    started: float,
-) -> RunSummary:
-    """``base`` with status ``disk_full``, exit 1, ``exc``'s one line as the message, and
-    the chunks and rows published (from ``store``) and requests, tokens and inputs sent.
-    ``started``: ``time.monotonic()`` at the run's start (for ``wall_s``, seconds)."""
+def disk_full_fields(exc: DiskFullError, plan: InputPlan, store: ObjectStore,
+                     settings: RunSettings) -> dict[str, Any]:  # fmt: skip
+    """The ``RunSummary`` fields of a run stopped by its ledger's full filesystem: status
+    ``disk_full``, exit 1, ``exc``'s one line as the message, the chunks and rows published
+    (from ``store``: one HEAD or ``stat`` per planned chunk) and the requests, tokens and
+    inputs sent (this process's tally; 0 on Dask)."""
     done = [c for c in plan.chunks if store.head_sha256(c.object_key) is not None]
     threads = settings.task_runner == "threads"
     requests, tokens, inputs = cost_in_process() if threads else (0, 0, 0)
-    changes = {
+    return {
         "exit_code": exc.exit_code,
         "status": "disk_full",
         "message": str(exc),
@@ -42,6 +37,4 @@ def disk_full_summary(
         "requests": requests,
         "tokens": tokens,
         "inputs": inputs,
-        "wall_s": round(time.monotonic() - started, 3),
     }
-    return RunSummary(**{**base.to_dict(), **changes})

@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = ["embed_chunk", "find_published", "plan_input"]
 
-_HOMES = {"embed_chunk": "tasks.chunk", "find_published": "tasks.plan", "plan_input": "tasks.plan"}
+_HOMES = {"embed_chunk": "tasks.chunk", "find_published": "tasks.skip", "plan_input": "tasks.plan"}
 
 
 def __getattr__(name: str) -> Any:

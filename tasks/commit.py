@@ -1,8 +1,7 @@
 """Commit a run: its change set, then its manifest (the commit point). No Prefect here.
 
-Used by the ``embed-csv`` flow after its chunks are published, and by ``embedline run``
-directly when every chunk of the input is already published (a re-export with the same
-rows: nothing to embed, so no reason to start Prefect).
+Called by ``flows.run.Run.conclude``, which the ``embed-csv`` flow and ``embedline run``'s
+path without Prefect (every chunk already published) share.
 """
 
 from __future__ import annotations
@@ -15,33 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.ledger import Ledger
-from embedline import shutdown
-from embedline.models import (
-    ChunkOutcome,
-    InputPlan,
-    ManifestChunk,
-    RunSummary,
-    blocking_dead_letters,
-    committed_dead_letters_note,
-    dead_letters_block_message,
-)
+from embedline.models import ChunkOutcome, InputPlan, ManifestChunk
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from tasks.changes import ChangeCounts, write_changes
-from tasks.dimensions import checked_dimensions, other_lengths, run_length, with_lengths
-from tasks.manifest import (
-    build_manifest,
-    change_fields,
-    latest_manifest,
-    read_manifest,
-    write_manifest,
-)
-from tasks.publish import ensure_conditional_writes
-from tasks.published import find_published, retries_dead_letters
-from tasks.sink_state import MassDeleteError, check_delete_share
+from tasks.dimensions import checked_dimensions
+from tasks.manifest import build_manifest, latest_manifest, read_manifest, write_manifest
+from tasks.sink_state import check_delete_share
 
-__all__ = ["Committed", "commit_if_published", "commit_run", "delete_refused", "ledger_catches_up",
-           "missing_objects"]  # fmt: skip
+__all__ = ["Committed", "commit_run", "ledger_catches_up", "missing_objects"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,122 +97,6 @@ def commit_run(
     if not created:
         manifest = read_manifest(store, run_key) or manifest
     return Committed(uri, created, manifest, changes, dims)
-
-
-def _blocked_by_dead_letters(
-    ledger: Ledger, store: ObjectStore, settings: RunSettings, plan: InputPlan, run_key: str,
-    done: dict[int, ChunkOutcome], rows_failed: int, blocking: int, *, wall_s: float,
-    generation: int, supersedes: str | None,
-) -> RunSummary:  # fmt: skip
-    """Record and return the end of a run whose chunks are all published but whose dead
-    letters (``blocking`` of its ``rows_failed``) keep it from committing (the flow's
-    ``dead_letters`` summary, exit 1)."""
-    rows = sum(o.rows for o in done.values())
-    ledger.finish_run(run_key, status="dead_letters", rows_published=rows,
-                      rows_failed=rows_failed, manifest_uri=None)  # fmt: skip
-    return RunSummary(
-        exit_code=1, status="dead_letters",
-        message=dead_letters_block_message(blocking, run_key),
-        run_key=run_key, output=store.uri, rows_total=plan.rows,
-        rows_published=rows, rows_skipped=rows, rows_failed=rows_failed,
-        chunks_total=len(plan.chunks), chunks_skipped=len(done), wall_s=round(wall_s, 3),
-        price_per_million_tokens=settings.price_per_million_tokens,
-        generation=generation, supersedes=supersedes,
-    )  # fmt: skip
-
-
-def delete_refused(ledger: Ledger, store: ObjectStore, plan: InputPlan, run_key: str,
-                   done: dict[int, ChunkOutcome], rows_failed: int, exc: MassDeleteError, *,
-                   wall_s: float) -> RunSummary:  # fmt: skip
-    """Record and return a run whose chunks are all published but whose change set removes
-    too much to commit (status ``delete_refused``, exit 2): a rerun with a higher
-    ``--max-delete-fraction`` commits it without embedding."""
-    rows = sum(o.rows for o in done.values())
-    ledger.finish_run(run_key, status="delete_refused", rows_published=rows,
-                      rows_failed=rows_failed, manifest_uri=None)  # fmt: skip
-    return RunSummary(
-        exit_code=exc.exit_code, status="delete_refused", message=str(exc), run_key=run_key,
-        output=store.uri, rows_total=plan.rows, rows_published=rows, rows_skipped=rows,
-        rows_failed=rows_failed, chunks_total=len(plan.chunks), chunks_skipped=len(done),
-        wall_s=round(wall_s, 3),
-    )  # fmt: skip
-
-
-def commit_if_published(
-    store: ObjectStore,
-    ledger: Ledger,
-    *,
-    settings: RunSettings,
-    plan: InputPlan,
-    run_key: str,
-    wall_s: float = 0.0,
-    generation: int = 0,
-    supersedes: str | None = None,
-) -> RunSummary | None:
-    """Commit the run without embedding when every chunk is already published (e.g. a
-    re-export of the same rows with new bytes); None when the flow has work to do: a chunk
-    to embed, dead letters to send again, a sink to load, or an object gone from the store.
-
-    Every chunk published but dead letters without ``--allow-failed-rows``: nothing to
-    embed and nothing to commit, so the run ends here too, as the flow would end it: status
-    ``dead_letters``, exit 1 (a rerun of that command took 5 s of Prefect start-up to say so).
-
-    :raises FatalError: the store ignores conditional writes (and that is not allowed).
-    :raises ConflictError: an object at a chunk's key, or the manifest's, is something else.
-    """
-    if getattr(settings, "sink", None):
-        return None
-    ledger.start_run(run_key, plan, output_uri=store.uri,
-                     settings={**settings.model_dump(), "input": plan.source.path,
-                               "output": store.uri},
-                     flow_run_id=None,
-                     object_uris=[store.uri_for(c.object_key) for c in plan.chunks])  # fmt: skip
-    done = find_published(plan, run_key=run_key, ledger=ledger, store=store,
-                          model=settings.effective_model)  # fmt: skip
-    if len(done) < len(plan.chunks):
-        return None
-    if any(retries_dead_letters(store, o, settings) for o in done.values()):
-        return None  # the flow sends them again (DESIGN §8)
-    done = with_lengths(store, done)
-    if other_lengths(done, run_length(done.values(), settings.dimensions)):
-        return None  # the flow embeds the chunks of another length again
-    dead = [d for o in done.values() for d in o.dead_letters]
-    rows_failed = len(dead)
-    blocking = blocking_dead_letters(dead, settings.on_empty_text)
-    if blocking and not settings.allow_failed_rows:
-        if missing_objects(store, done):
-            return None  # the flow re-embeds what went
-        return _blocked_by_dead_letters(ledger, store, settings, plan, run_key, done, rows_failed,
-                                        blocking, wall_s=wall_s, generation=generation,
-                                        supersedes=supersedes)  # fmt: skip
-    warning = ensure_conditional_writes(store, allow_unconditional=settings.allow_unconditional_store)
-    if warning or missing_objects(store, done):
-        return None  # the flow says it loudly, or re-embeds what went
-    rows = sum(o.rows for o in done.values())
-    with shutdown.interrupts_deferred():  # the commit point and the ledger's record of it
-        try:
-            committed = commit_run(store, settings=settings, plan=plan, run_key=run_key,
-                                   done=done, rows_failed=rows_failed, generation=generation,
-                                   supersedes=supersedes)  # fmt: skip
-        except MassDeleteError as exc:
-            return delete_refused(ledger, store, plan, run_key, done, rows_failed, exc,
-                                  wall_s=wall_s)  # fmt: skip
-        ledger.finish_run(run_key, status="complete", rows_published=rows,
-                          rows_failed=rows_failed, manifest_uri=committed.uri)  # fmt: skip
-        shutdown.note_committed(run_key, committed.uri, "nothing to resume")
-    return RunSummary(
-        exit_code=0, status="complete",
-        message="; ".join(filter(None, (
-            "every chunk was already published: committed without embedding",
-            committed_dead_letters_note(rows_failed, rows_failed - blocking)))),
-        rows_empty=rows_failed - blocking,
-        run_key=run_key, output=store.uri, manifest_uri=committed.uri, rows_total=plan.rows,
-        rows_published=rows, rows_skipped=rows, rows_failed=rows_failed,
-        chunks_total=len(plan.chunks), chunks_skipped=len(done),
-        dimensions=committed.dimensions, wall_s=round(wall_s, 3),
-        price_per_million_tokens=settings.price_per_million_tokens,
-        generation=generation, supersedes=supersedes, **change_fields(committed.manifest),
-    )  # fmt: skip
 
 
 def ledger_catches_up(ledger_path: str | os.PathLike[str], manifest: dict[str, Any],

@@ -16,13 +16,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from embedline.errors import ConflictError
-from embedline.models import InputPlan, ManifestChunk, RunSummary, manifest_object_key
+from embedline.models import InputPlan, ManifestChunk, manifest_object_key
 from embedline.protocols import ObjectStore
 
 __all__ = [
     "DATASET_FIELDS",
     "MANIFEST_FORMAT",
     "MANIFEST_FORMATS",
+    "already_complete_fields",
     "build_manifest",
     "change_fields",
     "created_at",
@@ -30,7 +31,6 @@ __all__ = [
     "latest_manifest",
     "list_manifests",
     "read_manifest",
-    "summary_from_manifest",
     "write_manifest",
 ]
 
@@ -201,20 +201,18 @@ def latest_manifest(
     return best
 
 
-def summary_from_manifest(
-    manifest: dict[str, Any], *, uri: str, output: str, chunks_total: int, wall_s: float
-) -> RunSummary:
-    """The summary of a run found already committed: nothing embedded, nothing written."""
-    return RunSummary(
+def already_complete_fields(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The ``RunSummary`` fields of a run found already committed (status
+    ``already_complete``, exit 0): its counts from ``manifest``; nothing embedded or written."""
+    return dict(
         exit_code=0, status="already_complete",
         message="the run's manifest already exists: nothing to do",
-        run_key=str(manifest["run_key"]), output=output, manifest_uri=uri,
         rows_total=int(manifest["input"]["rows"]),
         rows_published=int(manifest["rows_published"]),
         rows_skipped=int(manifest["rows_published"]),
         rows_failed=int(manifest["rows_failed"]),
-        chunks_total=chunks_total, chunks_skipped=len(manifest["chunks"]),
-        dimensions=int(manifest["dimensions"]), wall_s=round(wall_s, 3),
+        chunks_skipped=len(manifest["chunks"]),
+        dimensions=int(manifest["dimensions"]),
         **change_fields(manifest),
     )  # fmt: skip
 

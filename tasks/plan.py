@@ -1,4 +1,4 @@
-"""Planning stage (flow process): plan the input, then find chunks already published."""
+"""Planning stage (flow process): plan the input (the ``plan-input`` task)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from prefect.cache_policies import NO_CACHE
 from adapters.csv_source import plan_csv
 from embedline.models import InputPlan
 from embedline.settings import RunSettings
-from tasks.published import find_published
 
-__all__ = ["find_published", "plan_input"]
+__all__ = ["plan_input"]
 
 
 @task(name="plan-input", cache_policy=NO_CACHE)

@@ -1,0 +1,123 @@
+"""The embed + publish stage of the ``embed-csv`` flow: chunk tasks on a task runner.
+
+Each chunk task embeds its rows (reusing vectors the output already holds) and publishes one
+chunk object; the ``Dispatcher`` keeps a window of them in flight and records each outcome
+in the ledger as it arrives (DESIGN §4, §5).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.settings import get_current_settings
+
+from embedline import shutdown
+from embedline.models import ChunkOutcome, InputPlan
+from embedline.progress import cost_in_process, reset_cost
+from embedline.protocols import ObjectStore
+from flows.dispatch import DispatchResult, Dispatcher
+from flows.lengths import redo_other_lengths
+from flows.progress_report import progress_reporter
+from flows.run import Run, Work
+from flows.signals import dispatch_with_graceful_stop
+from flows.task_runner import task_runner, warm_up
+from tasks.chunk import embed_chunk, show_published_chunk
+from tasks.report import ProgressArtifact
+from tasks.reuse import ReusePlanner, refresh_index
+
+__all__ = ["Dispatched", "embed_and_publish"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """What the stage did: the dispatch's ``result`` and, on the threads runner, ``cost``
+    (requests, tokens, inputs) every chunk task of this process sent — failed, retried and
+    released attempts too; None on Dask, whose workers count in their own processes."""
+
+    result: DispatchResult
+    cost: tuple[int, int, int] | None
+
+
+def embed_and_publish(run: Run, work: Work) -> Dispatched:
+    """Embed and publish ``work.todo`` (then the chunks of another vector length again),
+    with a progress artifact, honouring signals (``dispatch_with_graceful_stop``)."""
+    logger = get_run_logger()
+    settings, plan, store, ledger = run.settings, run.plan, run.store, run.ledger
+    assert ledger is not None, "embed_and_publish() of a run not recorded"
+    planner = _reuse_planner(run, work)
+    artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
+    report = progress_reporter(plan, work.skipped, artifact)
+    report(DispatchResult())
+    window = 2 if settings.embedder == "local" else settings.concurrency + 1
+    chunk_task = embed_chunk.with_options(
+        retries=settings.chunk_retries,
+        retry_delay_seconds=settings.chunk_retry_delay_s,
+        retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,
+    )
+    shutdown.reset()
+    reset_cost()
+    runner_started = time.monotonic()
+    with task_runner(settings, window) as runner:
+        warm_up(runner, settings, logger, since=runner_started)
+        dispatcher = Dispatcher(
+            ledger=ledger,
+            run_key=run.run_key,
+            object_uri=lambda spec: store.uri_for(spec.object_key),
+            submit=lambda spec: runner.submit(
+                chunk_task, {"spec": spec, "source": plan.source, "settings": settings,
+                             "reuse": planner.resolve(spec), "dimensions": work.length.current()}
+            ),
+            window=window,
+            logger=logger,
+            on_outcome=lambda result: (work.length.answered(result.published.values()),
+                                       report(result)),
+            on_tick=report,
+            on_gave_up=planner.note_failed,
+            grace_s=settings.grace_s,
+        )  # fmt: skip
+        _show_published(runner, plan, work.skipped, store)
+        shutdown.expect_hand_over()
+        result = dispatch_with_graceful_stop(dispatcher, work.todo, grace_s=settings.grace_s,
+                                             logger=logger)  # fmt: skip
+        redo_other_lengths(dispatcher, store=store, plan=plan, skipped=work.skipped,
+                           length=work.length, grace_s=settings.grace_s, logger=logger)
+    artifact.close()
+    cost = cost_in_process() if settings.task_runner == "threads" else None
+    return Dispatched(result, cost)
+
+
+def _reuse_planner(run: Run, work: Work) -> ReusePlanner:
+    """Index what the store holds (when reuse is on and there is work), then plan reuse."""
+    settings = run.settings
+    assert run.ledger is not None
+    if settings.reuse and work.todo:
+        started = time.monotonic()
+        added = refresh_index(run.store, run.ledger)
+        get_run_logger().info("reuse index: %d new chunk objects indexed in %.1f s", added,
+                              time.monotonic() - started)  # fmt: skip
+    return ReusePlanner(ledger=run.ledger, store=run.store, source=run.plan.source,
+                        model=settings.effective_model, dimensions=settings.dimensions,
+                        reuse=settings.reuse)  # fmt: skip
+
+
+_SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much
+
+
+def _show_published(runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcome],
+                    store: ObjectStore) -> None:  # fmt: skip
+    """One Completed("Cached") task run per chunk published before, for the UI.
+
+    Skipped with Prefect's temporary server (no PREFECT_API_URL): nobody can look at its UI
+    after the process exits, and stopping it while these runs' events are still being
+    recorded printed "Error flushing events" tracebacks on successful reruns.
+    """
+    if not skipped or len(skipped) > _SHOWN_SKIPPED_MAX or not get_current_settings().api.url:
+        return
+    futures = [runner.submit(show_published_chunk, {
+        "spec": plan.chunks[i], "object_uri": store.uri_for(plan.chunks[i].object_key)})
+        for i in sorted(skipped)]  # fmt: skip
+    for future in futures:
+        future.wait()

@@ -1,0 +1,107 @@
+"""A run's outcome from its chunks' outcomes: the counts and the status its summary carries.
+
+Pure: no I/O, no Prefect. ``Run.conclude`` turns these fields into the run's summary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from embedline import shutdown
+from embedline.models import ChunkOutcome, InputPlan, blocking_dead_letters, dead_letters_block_message
+from flows.dispatch import DispatchResult
+
+__all__ = ["outcome_fields"]
+
+
+def outcome_fields(
+    plan: InputPlan,
+    run_key: str,
+    skipped: dict[int, ChunkOutcome],
+    result: DispatchResult,
+    *,
+    cost: tuple[int, int, int] | None = None,
+    on_empty_text: str = "skip",
+    resume_hint: str = "rerun the same command to resume",
+) -> dict[str, Any]:
+    """The ``RunSummary`` fields of a run whose chunks ``skipped`` were published before it
+    and whose dispatch ended with ``result``: counts (rows, chunks, requests, tokens, inputs)
+    and ``exit_code``/``status``/``message``.
+
+    ``cost`` (requests, tokens, inputs), when given, is what this process's chunk tasks sent,
+    which the outcomes undercount after failures. Empty texts block the commit only with
+    ``on_empty_text="fail"``. A status of ``complete`` (exit 0) means: ready to commit.
+    """
+    done = {**skipped, **result.published}
+    concurrent = result.published_elsewhere  # also in ``skipped``
+    attempts = [*result.published.values(), *result.failed.values(), *result.released.values()]
+    requests, tokens, inputs = cost or (sum(o.requests for o in attempts),
+                                        sum(o.tokens for o in attempts),
+                                        sum(o.inputs for o in result.published.values()))
+    dead = [d for o in done.values() for d in o.dead_letters]
+    rows_failed, blocking = len(dead), blocking_dead_letters(dead, on_empty_text)
+    not_done = len(plan.chunks) - len(done)
+    counts = dict(
+        rows_published=sum(o.rows for o in done.values()),
+        rows_skipped=sum(o.rows for i, o in skipped.items() if i not in concurrent),
+        rows_concurrent=sum(o.rows for o in concurrent.values()),
+        chunks_concurrent=len(concurrent),
+        rows_failed=rows_failed,
+        rows_empty=rows_failed - blocking,
+        chunks_published=len(result.published),
+        chunks_skipped=len(skipped) - len(concurrent),
+        chunks_failed=len(result.failed),
+        chunks_released=len(result.released),
+        chunks_not_run=not_done - len(result.failed) - len(result.released),
+        # every request sent and token reported, failed and released chunks included
+        tokens=tokens,
+        requests=requests,
+        inputs=inputs,
+        rows_reused=sum(o.reused for o in result.published.values()),
+        rows_deduplicated=sum(o.deduplicated for o in result.published.values()),
+        tokens_saved=sum(o.tokens_saved for o in result.published.values()),
+    )  # fmt: skip
+    status = _status(plan, run_key, done, result, not_done, blocking, resume_hint)
+    return {**counts, **status}
+
+
+def _status(plan: InputPlan, run_key: str, done: dict[int, ChunkOutcome], result: DispatchResult,
+            not_done: int, blocking: int, resume_hint: str) -> dict[str, Any]:  # fmt: skip
+    """``exit_code``, ``status`` and ``message``: the first of a stop by signal, the Prefect
+    API lost, a stop of the dispatch (outage, fatal, input), chunks not published, dead
+    letters that block the commit; else ``complete``."""
+    published = f"{len(done)} of {len(plan.chunks)} chunks"
+    signum = shutdown.stop_signal()
+    if signum is not None:
+        return _ended(shutdown.exit_code_for(signum), "interrupted",
+                      f"{shutdown.stop_cause(signum)}: {published} published; {resume_hint}")
+    loss = shutdown.api_lost()
+    if loss is not None and not_done:
+        return _ended(1, "interrupted",
+                      f"{loss.what}; {published} are published and kept: {loss.todo}")
+    if result.stop is not None and result.stop.kind == "outage":
+        return _ended(1, "incomplete",
+                      f"stopped: {result.stop.error}; {published} are published and kept")
+    if result.stop is not None:
+        return _ended(3 if result.stop.kind == "fatal" else 2, result.stop.kind,
+                      f"stopped: {result.stop.error}")
+    if not_done:
+        return _ended(1, "incomplete", (
+            f"{not_done} of {len(plan.chunks)} chunks not published{_why(result)}; rerun the "
+            "same command to retry only those chunks"))  # fmt: skip
+    if blocking:
+        return _ended(1, "dead_letters", dead_letters_block_message(blocking, run_key))
+    return _ended(0, "complete", "")
+
+
+def _ended(exit_code: int, status: str, message: str) -> dict[str, Any]:
+    return {"exit_code": exit_code, "status": status, "message": message}
+
+
+def _why(result: DispatchResult) -> str:
+    """`` (N failed; chunk I: error)`` for the lowest failed chunk, or ``""``: the summary
+    says what went wrong, not only the log."""
+    if not result.failed:
+        return ""
+    first = min(result.failed)
+    return f" ({len(result.failed)} failed; chunk {first}: {result.failed[first].error})"

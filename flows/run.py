@@ -1,0 +1,372 @@
+"""``Run``: one run of the pipeline, the object that holds its state from plan to commit.
+
+Both the ``embed-csv`` flow and the CLI's path without Prefect (nothing to embed) drive a
+run through the same steps, in the same order (DESIGN §4):
+
+    open (plan, resolve the target) → record (ledger) → check the store (conditional
+    writes) → work left (published chunks, dead letters to retry) → lease → [embed +
+    publish: the flow] → conclude (missing objects, lengths, change set + manifest under
+    deferred interrupts, ledger) → [load: the flow]
+
+No Prefect here (the CLI uses it before Prefect starts); the flow passes its Prefect pieces
+in (the ``plan-input`` task, its run logger). Every ``RunSummary`` is built here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from adapters.ledger import Ledger, new_owner, record_hard_stop
+from embedline import shutdown
+from embedline.errors import ConflictError, EmbedlineError, InputError
+from embedline.models import (
+    ChunkOutcome,
+    ChunkSpec,
+    InputPlan,
+    RunSummary,
+    chunk_generation,
+    committed_dead_letters_note,
+    manifest_object_key,
+)
+from embedline.protocols import ObjectStore
+from embedline.settings import RunSettings
+from flows.dispatch import DispatchResult
+from flows.outcome import outcome_fields
+from tasks.commit import commit_run, ledger_catches_up, missing_objects
+from tasks.dimensions import RunLength, other_lengths, pinned_length, with_lengths
+from tasks.gc import drop_run_lease, write_run_lease
+from tasks.target import RunTarget, resolve_run_target
+from tasks.manifest import already_complete_fields, change_fields
+from tasks.skip import find_published, retries_dead_letters
+from tasks.sink_state import MassDeleteError
+
+__all__ = ["CommittedRun", "Run", "Work"]
+
+Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
+_NOTHING_SENT = "every chunk was already published: committed without embedding"
+
+
+@dataclass(slots=True)
+class Work:
+    """What a recorded run has left to do: ``skipped`` chunks published before it (by
+    index), ``todo`` chunk specs to embed (sorted by index; superseding generations of
+    chunks whose dead letters are retried included) and the run's vector ``length``."""
+
+    skipped: dict[int, ChunkOutcome]
+    todo: list[ChunkSpec]
+    length: RunLength = field(default_factory=RunLength)
+
+
+@dataclass(slots=True)
+class CommittedRun:
+    """A run's committed summary and the manifest that stands (ours, or that of a
+    concurrent run of the same key that committed first)."""
+
+    summary: RunSummary
+    manifest: dict[str, Any]
+
+
+class Run:
+    """One run of ``settings`` over ``plan`` into ``store``, resolved to ``target``.
+
+    Build it with ``Run.open``. ``started`` is ``time.monotonic()`` at the command's or
+    flow's start: every summary's ``wall_s`` (seconds) counts from it. ``log`` receives the
+    run's info and warning lines (the flow's run logger; a stdlib logger in the CLI).
+    """
+
+    def __init__(self, settings: RunSettings, store: ObjectStore, plan: InputPlan,
+                 target: RunTarget, *, started: float, log: Log) -> None:  # fmt: skip
+        self.settings, self.store, self.plan, self.target = settings, store, plan, target
+        self.started, self.log = started, log
+        self.ledger: Ledger | None = None
+
+    # ── open ──────────────────────────────────────────────────────────────────────────────
+    @classmethod
+    def open(cls, settings: RunSettings, *, store: ObjectStore,
+             plan_input: Callable[[RunSettings], InputPlan], log: Log,
+             started: float | None = None) -> Run | RunSummary:  # fmt: skip
+        """Prepare the output, plan the input (``plan_input``) and resolve the run's target.
+
+        Returns the run, or the summary of why it cannot start: an input error (exit 2,
+        or the error's code: a missing output directory's parent, an unreadable input) or a
+        store that cannot be read (the error's exit code). Nothing is recorded.
+        """
+        started = time.monotonic() if started is None else started
+        try:
+            getattr(store, "prepare", lambda: None)()  # MERGE: storage branch adds prepare()
+            plan = plan_input(settings)
+        except InputError as exc:
+            return cls.refused(exc.exit_code, "input_error", str(exc))
+        try:
+            target = resolve_run_target(store, plan, settings)
+        except EmbedlineError as exc:
+            return cls.refused(exc.exit_code, "fatal", str(exc), output=store.uri,
+                               rows_total=plan.rows, chunks_total=len(plan.chunks))  # fmt: skip
+        run = cls(settings, store, plan, target, started=started, log=log)
+        if target.supersedes and target.committed is None:
+            log.info("run %s is committed with dead letters to retry: committing generation "
+                     "%d as run %s", target.supersedes, target.generation, target.run_key)
+        return run
+
+    @property
+    def run_key(self) -> str:
+        """The run's key (64 hex characters, DESIGN §2)."""
+        return self.target.run_key
+
+    @property
+    def committed(self) -> dict[str, Any] | None:
+        """The run's manifest if it is already committed (nothing to embed), else None."""
+        return self.target.committed
+
+    # ── summaries: the one place they are built ──────────────────────────────────────────
+    @staticmethod
+    def refused(exit_code: int, status: str, message: str, **fields: Any) -> RunSummary:
+        """The summary of a run that never started (invalid parameters, no API key, an
+        input error): ``exit_code`` per DESIGN §3, no run key."""
+        return RunSummary(exit_code, status, message, **fields)
+
+    def summary(self, base: RunSummary | None = None, **changes: Any) -> RunSummary:
+        """``base`` (default: the run's empty summary: key, output, totals, generation)
+        with ``changes``; ``wall_s`` is the seconds since the run started unless given."""
+        fields = base.to_dict() if base is not None else dict(
+            exit_code=0, status="running", message="", run_key=self.run_key,
+            output=self.store.uri, rows_total=self.plan.rows,
+            chunks_total=len(self.plan.chunks), generation=self.target.generation,
+            supersedes=self.target.supersedes,
+            price_per_million_tokens=self.settings.price_per_million_tokens)  # fmt: skip
+        fields.update(changes)
+        fields.setdefault("wall_s", 0.0)
+        if "wall_s" not in changes:
+            fields["wall_s"] = round(time.monotonic() - self.started, 3)
+        return RunSummary(**fields)
+
+    def already_committed(self) -> RunSummary:
+        """The summary of a run found committed: nothing embedded, nothing written to the
+        store; the ledger catches up if it lags the store (``ledger_catches_up``)."""
+        manifest = self.target.committed
+        assert manifest is not None, "already_committed() of a run to embed"
+        uri = self.store.uri_for(manifest_object_key(self.run_key))
+        self.log.info("run %s is already complete: manifest %s", self.run_key, uri)
+        if ledger_catches_up(self.settings.ledger, manifest, uri):
+            self.log.info("the ledger now records run %s as complete, as the store does",
+                          self.run_key)  # fmt: skip
+        return self.summary(**already_complete_fields(manifest), manifest_uri=uri)
+
+    # ── record ───────────────────────────────────────────────────────────────────────────
+    def hard_stop_hook(self) -> Callable[[], None]:
+        """What a hard exit of this process runs: mark the run ``interrupted`` in the
+        ledger (on a connection of its own: ``record_hard_stop``)."""
+        return functools.partial(record_hard_stop, self.settings.ledger, self.run_key)
+
+    def open_ledger(self) -> Ledger:
+        """Open the run's ledger (``settings.ledger``; SQLite, DESIGN §6) for ``recorded``.
+
+        :raises DiskFullError: the ledger's filesystem is full (exit 1, nothing started).
+        :raises OSError, sqlite3.Error: the ledger cannot be opened.
+        """
+        self.ledger = Ledger(self.settings.ledger)
+        return self.ledger
+
+    def close(self) -> None:
+        """Close the run's ledger, if open."""
+        if self.ledger is not None:
+            self.ledger.close()
+
+    def report_facts(self) -> dict[str, Any]:
+        """What the summary artifact adds to a recorded run's summary: its dead letters
+        (ids and reasons, never text), chunk states and the price (USD per 1M tokens)."""
+        ledger = self._ledger()
+        return {"dead_letters": ledger.run_dead_letters(self.run_key),
+                "chunk_states": ledger.state_counts(self.run_key),
+                "price_per_million_tokens": self.settings.price_per_million_tokens}
+
+    @contextlib.contextmanager
+    def recorded(self, *, flow_run_id: str | None) -> Iterator[None]:
+        """Record the run ``running`` in its ledger (``open_ledger``) for the block.
+
+        An error out of the block marks the run ``crashed``; an interrupt (Ctrl-C,
+        SIGTERM: ``shutdown.is_interrupt``) or a hard exit of the process ``interrupted``:
+        nothing was lost, the rerun resumes.
+        """
+        ledger = self._ledger()
+        hook = self.hard_stop_hook()
+        shutdown.on_hard_exit(hook)
+        try:
+            ledger.start_run(
+                self.run_key, self.plan, output_uri=self.store.uri,
+                settings={**self.settings.model_dump(), "input": self.plan.source.path,
+                          "output": self.store.uri},
+                flow_run_id=flow_run_id,
+                object_uris=[self.store.uri_for(c.object_key) for c in self.plan.chunks],
+            )  # fmt: skip
+            yield
+        except BaseException as exc:
+            ledger.mark_stopped(self.run_key,
+                                status="interrupted" if shutdown.is_interrupt(exc) else "crashed")
+            raise
+        finally:
+            shutdown.remove_hard_exit_hook(hook)
+
+    @contextlib.contextmanager
+    def leased(self) -> Iterator[None]:
+        """Hold the run's lease object in the store for the block (``tasks.gc``)."""
+        lease = write_run_lease(self.store, self.run_key, new_owner(), self.plan)
+        try:
+            yield
+        finally:
+            try:
+                drop_run_lease(self.store, lease)
+            except EmbedlineError as exc:
+                self.log.warning("could not delete the run lease %s: %s", lease, exc)
+
+    # ── work left ────────────────────────────────────────────────────────────────────────
+    def check_store(self) -> RunSummary | None:
+        """Check once per process that the store refuses to overwrite (DESIGN §4); the
+        finished ``fatal`` summary if it does not (and that is not allowed), else None."""
+        from tasks.publish import ensure_conditional_writes
+
+        try:
+            warning = ensure_conditional_writes(
+                self.store, allow_unconditional=self.settings.allow_unconditional_store)
+        except EmbedlineError as exc:
+            return self.finish(self.summary(exit_code=exc.exit_code, status="fatal",
+                                            message=str(exc)))  # fmt: skip
+        if warning:
+            self.log.warning(warning)
+        return None
+
+    def work_left(self) -> Work | RunSummary:
+        """The chunks published before (ledger, else the store), the dead letters this run
+        retries (DESIGN §8) and the chunks left to embed; or the finished ``fatal`` summary
+        of an object at a chunk's key that is something else (exit 3)."""
+        settings, ledger = self.settings, self._ledger()
+        try:
+            skipped = find_published(self.plan, run_key=self.run_key, ledger=ledger,
+                                     store=self.store, model=settings.effective_model)
+        except ConflictError as exc:
+            return self.finish(self.summary(exit_code=3, status="fatal", message=str(exc)))
+        todo = [c for c in self.plan.chunks if c.index not in skipped]
+        todo = sorted(todo + self._supersede(skipped), key=lambda c: c.index)
+        self.log.info("%d of %d chunks already published; %d to embed",
+                      len(skipped), len(self.plan.chunks), len(todo))  # fmt: skip
+        length = RunLength(pinned_length(self.store, settings.dimensions, self.target.supersedes))
+        return Work(skipped, todo, length)
+
+    def needs_dispatch(self, work: Work) -> bool:
+        """Whether ``work`` needs chunk tasks: chunks to embed, or published chunks whose
+        vectors have another length than the run's (they are embedded again)."""
+        if work.todo:
+            return True
+        done = with_lengths(self.store, work.skipped)
+        return bool(other_lengths(done, work.length.decide(done.values())))
+
+    def _supersede(self, skipped: dict[int, ChunkOutcome]) -> list[ChunkSpec]:
+        """Published chunks whose dead letters this run retries (``retries_dead_letters``):
+        taken out of ``skipped``, reopened in the ledger, and returned as specs of their next
+        generation (DESIGN §8), whose rows are reused from the published object but for the
+        dead letters. Empty texts are never retried."""
+        specs = []
+        for index, outcome in sorted(skipped.items()):
+            if retries_dead_letters(self.store, outcome, self.settings):
+                generation = chunk_generation(outcome.object_key) + 1
+                specs.append(replace(self.plan.chunks[index], generation=generation))
+                self._ledger().reopen(self.run_key, index)
+                del skipped[index]
+        if specs:
+            self.log.info("retrying the dead letters of %d published chunks", len(specs))
+        return specs
+
+    # ── conclude ─────────────────────────────────────────────────────────────────────────
+    def conclude(self, work: Work, result: DispatchResult, *,
+                 cost: tuple[int, int, int] | None = None,
+                 resume_hint: str = "rerun the same command to resume",
+                 on_committed: Callable[[RunSummary], None] | None = None,
+                 ) -> RunSummary | CommittedRun:  # fmt: skip
+        """End the run after its dispatch: the summary of its outcomes, and when those allow
+        it (every chunk published, no blocking dead letter unless ``allow_failed_rows``)
+        the commit: objects still there, one vector length, change set and manifest (the
+        commit point) with interrupts deferred until the ledger records it.
+
+        ``cost``: (requests, tokens, inputs) this process's chunk tasks sent, when known.
+        ``on_committed`` runs inside the deferred block, after the ledger's record (the
+        flow notes the commit for its signal handlers there). Returns the finished summary,
+        or ``CommittedRun`` with the manifest that stands.
+        """
+        skipped = {**work.skipped, **result.published_elsewhere}
+        fields = outcome_fields(self.plan, self.run_key, skipped, result, cost=cost,
+                                on_empty_text=self.settings.on_empty_text,
+                                resume_hint=resume_hint)  # fmt: skip
+        summary = self.summary(**fields)
+        committable = summary.exit_code == 0 or (
+            summary.status == "dead_letters" and self.settings.allow_failed_rows)
+        if not committable:
+            return self.finish(summary)
+        done = with_lengths(self.store, {**skipped, **result.published})
+        missing = missing_objects(self.store, done)
+        if missing:
+            return self.finish(self._lost_objects(summary, missing))
+        refused = work.length.refusal(done)  # the last check before the commit point
+        if refused:
+            return self.finish(self.summary(summary, exit_code=1, status="incomplete",
+                                            message=refused))  # fmt: skip
+        with shutdown.interrupts_deferred():
+            try:
+                committed = self._commit(done, summary, nothing_sent=not result.published)
+            except MassDeleteError as exc:  # a cut-short export: nothing committed, all kept
+                return self.finish(self.summary(summary, exit_code=exc.exit_code,
+                                                status="delete_refused", message=str(exc)))
+            self.finish(committed.summary)
+            if on_committed is not None:
+                on_committed(committed.summary)
+        return committed
+
+    def _commit(self, done: dict[int, ChunkOutcome], summary: RunSummary, *,
+                nothing_sent: bool) -> CommittedRun:  # fmt: skip
+        made = commit_run(self.store, settings=self.settings, plan=self.plan,
+                          run_key=self.run_key, done=done, rows_failed=summary.rows_failed,
+                          generation=summary.generation, supersedes=summary.supersedes)
+        changes = made.changes
+        self.log.info("manifest %s %s", "committed" if made.created else "already committed",
+                      made.uri)  # fmt: skip
+        base = (f"run {changes.base_run_key[:12]}" if changes.base_run_key
+                else "nothing (first run)")  # fmt: skip
+        self.log.info("changes against %s: %s added, %s changed, %s removed, %s unchanged",
+                      base, *(f"{n:,}" for n in (changes.added, changes.changed,
+                                                  changes.removed, changes.unchanged)))
+        message = "; ".join(filter(None, (
+            _NOTHING_SENT if nothing_sent else "",
+            committed_dead_letters_note(summary.rows_failed, summary.rows_empty))))
+        committed = self.summary(summary, **change_fields(made.manifest), exit_code=0,
+                                 status="complete", manifest_uri=made.uri,
+                                 dimensions=made.dimensions, message=message)  # fmt: skip
+        return CommittedRun(committed, made.manifest)
+
+    def _lost_objects(self, summary: RunSummary, missing: list[str]) -> RunSummary:
+        """Objects deleted under a running run (``embedline gc`` with a short grace period,
+        or by hand): forget them, so the rerun embeds those chunks again; commit nothing."""
+        self._ledger().forget_collected(
+            self.store.uri, object_keys=missing,
+            object_uris=[self.store.uri_for(k) for k in missing], manifest_uris=[])
+        return self.summary(summary, exit_code=1, status="incomplete", message=(
+            f"{len(missing)} chunk objects were deleted from the output while the run went "
+            "(embedline gc?); nothing committed: rerun the same command to embed them again"))
+
+    def finish(self, summary: RunSummary) -> RunSummary:
+        """Record ``summary``'s end of the run in the ledger (if recorded); return it."""
+        if self.ledger is not None:
+            self.ledger.finish_run(self.run_key, status=summary.status,
+                                   rows_published=summary.rows_published,
+                                   rows_failed=summary.rows_failed,
+                                   manifest_uri=summary.manifest_uri)  # fmt: skip
+        return summary
+
+    def _ledger(self) -> Ledger:
+        if self.ledger is None:
+            raise RuntimeError("the run's ledger is not open: call Run.open_ledger() first")
+        return self.ledger
