@@ -84,3 +84,33 @@ def test_deployment_parameters_are_flow_parameters() -> None:
             continue
         unknown = set(deployment.get("parameters") or {}) - flow
         assert not unknown, f"deployment {deployment['name']}: {unknown}"
+
+
+def _base_type(hint: object) -> type:
+    """``int`` of ``int | None``, ``str`` of ``Literal["a", "b"]``, else the type itself."""
+    if typing.get_origin(hint) is typing.Literal:
+        return type(typing.get_args(hint)[0])
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if args:
+        return _base_type(args[0])
+    metadata_free = getattr(hint, "__origin__", hint)  # Annotated[int, ...] -> int
+    assert isinstance(metadata_free, type), hint
+    return metadata_free
+
+
+def _cli_type(action: argparse.Action) -> type:
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return bool
+    if action.type is None:
+        return str
+    return type(action.type("1"))  # positive_int("1") -> int, fraction("1") -> float
+
+
+def test_every_type_agrees() -> None:
+    """``--chunk-size 2.5`` must fail in the CLI exactly when the flow's ``int`` would."""
+    hints = typing.get_type_hints(embed_csv.fn)
+    for name, action in _run_actions().items():
+        flow_type = _base_type(hints[name])
+        assert _cli_type(action) is flow_type, f"--{name}: CLI vs flow ({flow_type})"
+        field = RunSettings.model_fields[PARAMETER_FIELDS.get(name, name)]
+        assert _base_type(field.annotation) is flow_type, f"{name}: flow vs RunSettings"
