@@ -164,9 +164,7 @@ def run_settings(settings: RunSettings) -> RunSummary:
     # ── plan ──────────────────────────────────────────────────────────────────────────────
     try:
         store = store_for(settings.output)
-        prepare = getattr(store, "prepare", None)  # a local directory: create it, or say why not
-        if prepare is not None:
-            prepare()
+        store.prepare()  # a local directory: create it, or say why not
         plan = plan_input(settings)
     except InputError as exc:
         return RunSummary(exc.exit_code, "input_error", str(exc))
