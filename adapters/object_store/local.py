@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from adapters.disk_full import full_error, is_disk_full
-from adapters.object_store.common import SCRATCH_PREFIX, check_key, check_scratch_key, require_digest
+from adapters.object_store.common import (
+    SCRATCH_PREFIX,
+    check_key,
+    check_scratch_key,
+    require_digest,
+)
 from adapters.object_store.conditional import existing_result
 from adapters.processes import local_process_is_gone
 from embedline.errors import ConflictError, EmbedlineError, FatalError, InputError
