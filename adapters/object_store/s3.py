@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, BinaryIO
 
 from adapters.object_store.common import check_key, check_scratch_key, require_digest
@@ -194,7 +195,7 @@ class S3Store:
         )
         return retrying(self._put_once, key, body, sha256, content_type)
 
-    def _errors(self, what: str, **options: Any) -> Any:
+    def _errors(self, what: str, **options: Any) -> AbstractContextManager[None]:
         """``s3_errors`` for this bucket: the one place botocore's errors are translated."""
         return s3_errors(bucket=self.bucket, what=what, **options)
 
