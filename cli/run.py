@@ -412,13 +412,11 @@ def _check_output(uri: str) -> None:
 
     :raises EmbedlineError: the output is unusable (its exit code says which class).
     """
-    from adapters.object_store import open_store
+    from adapters.object_store import S3Store, open_store
 
     store = open_store(uri)
-    prepare = getattr(store, "prepare", None)
-    if prepare is not None:
-        prepare()
-    else:
+    store.prepare()
+    if isinstance(store, S3Store):  # its prepare sends nothing: one HEAD answers now
         store.head_sha256("manifests/.embedline-check")
 
 

@@ -113,6 +113,28 @@ class ObjectStore(Protocol):
         """Delete the object (garbage collection only; a missing key is not an error)."""
         ...
 
+    def prepare(self) -> None:
+        """Make the output root ready for a run's first write (a local directory is created;
+        S3: nothing, a bucket is never created).
+
+        :raises InputError: the root cannot be used (a file in the way, not writable).
+        """
+        ...
+
+    def sweep_temp_files(
+        self, max_age_s: float = 3600.0, *, now: float | None = None
+    ) -> list[str]:
+        """Remove temp files that dead writers left (older than ``max_age_s`` seconds, or
+        whose process is gone); return their locations (``[]`` where a write is atomic)."""
+        ...
+
+    def discard_scratch(self, key: str) -> None:
+        """Delete a scratch key under ``_embedline/``, best effort (a failure is logged).
+
+        :raises ValueError: ``key`` is not a scratch key (real objects are never deleted).
+        """
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class SinkTable:

@@ -55,7 +55,7 @@ PARAMETER_FIELDS = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_de
 
 def codec_for(encoding: str) -> str:
     """Return the Python codec name for ``--encoding``, or ``"auto"`` (UTF-8 with or without
-    BOM, UTF-16 by its BOM, else detected: ``adapters.csv_source.sniff_format``).
+    BOM, UTF-16 by its BOM, else detected: ``adapters.csv_format.sniff_format``).
 
     UTF-16 (``utf-16`` with a BOM, ``utf-16-le``, ``utf-16-be``) is read line by line on its
     2-byte units; other codecs must encode the newline as the byte 0x0A.

@@ -99,7 +99,7 @@ class Run:
         """
         started = time.monotonic() if started is None else started
         try:
-            getattr(store, "prepare", lambda: None)()  # MERGE: storage branch adds prepare()
+            store.prepare()
             plan = plan_input(settings)
         except InputError as exc:
             return cls.refused(exc.exit_code, "input_error", str(exc))

@@ -274,9 +274,7 @@ def collect(
     for group in (done.manifests, done.changes, done.chunks, done.stale):
         for info in group:
             store.delete(info.key)
-    sweep = getattr(store, "sweep_temp_files", None)
-    if sweep is not None:
-        done.temp_files = sweep(grace_s)
+    done.temp_files = store.sweep_temp_files(grace_s)
     if ledger is not None:
         ledger.forget_collected(
             store.uri, object_keys=[i.key for i in done.chunks],

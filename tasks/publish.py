@@ -231,9 +231,7 @@ def ensure_conditional_writes(store: ObjectStore, *, allow_unconditional: bool) 
     :raises FatalError: the store overwrote the scratch key and ``allow_unconditional`` is
         False (exactly-once publishing would not be guaranteed).
     """
-    sweep = getattr(store, "sweep_temp_files", None)
-    if sweep is not None:
-        sweep()
+    store.sweep_temp_files()
     if store.uri in _checked_stores:
         return None
     if check_conditional_writes(store):

@@ -1,0 +1,170 @@
+"""The ledger's schema: named migrations, each applied once, in order (like sqlite-utils'
+``migrations.py``).
+
+``meta`` holds ``schema_version`` and one ``migration:NAME`` row per applied migration; a new
+migration is appended to ``MIGRATIONS`` (never edited once released) and raises
+``SCHEMA_VERSION`` by one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
+
+MIGRATIONS: tuple[tuple[str, str], ...] = (
+    (
+        "0001_initial",
+        """
+        CREATE TABLE runs (
+            run_key TEXT PRIMARY KEY,
+            input_name TEXT NOT NULL,
+            input_sha256 TEXT NOT NULL,
+            input_bytes INTEGER NOT NULL,
+            input_rows INTEGER NOT NULL,
+            output_uri TEXT NOT NULL,
+            settings_json TEXT NOT NULL,
+            status TEXT NOT NULL,
+            chunks_total INTEGER NOT NULL,
+            rows_published INTEGER NOT NULL DEFAULT 0,
+            rows_failed INTEGER NOT NULL DEFAULT 0,
+            manifest_uri TEXT,
+            flow_run_id TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        ) STRICT;
+        CREATE TABLE chunks (
+            run_key TEXT NOT NULL REFERENCES runs(run_key),
+            idx INTEGER NOT NULL,
+            chunk_key TEXT NOT NULL,
+            first_row INTEGER NOT NULL,
+            rows_total INTEGER NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'running', 'published', 'failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            object_uri TEXT NOT NULL,
+            last_error TEXT,
+            lease_owner TEXT,
+            lease_expires REAL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (run_key, idx)
+        ) STRICT;
+        CREATE INDEX chunks_by_state ON chunks (run_key, state);
+        CREATE TABLE objects (
+            object_uri TEXT PRIMARY KEY,
+            chunk_key TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            rows INTEGER NOT NULL,
+            dead_letters INTEGER NOT NULL,
+            created_at TEXT NOT NULL
+        ) STRICT;
+        CREATE TABLE dead_letters (
+            chunk_key TEXT NOT NULL,
+            chunk_row INTEGER NOT NULL,
+            id TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            http_status INTEGER,
+            attempts INTEGER NOT NULL,
+            PRIMARY KEY (chunk_key, chunk_row)
+        ) STRICT;
+        """,
+    ),
+    (
+        "0002_reuse",
+        """
+        CREATE TABLE reuse_objects (
+            object_id INTEGER PRIMARY KEY,
+            output_uri TEXT NOT NULL,
+            object_key TEXT NOT NULL,
+            model TEXT NOT NULL,
+            dimensions TEXT NOT NULL,
+            rows INTEGER NOT NULL,
+            indexed_at TEXT NOT NULL,
+            UNIQUE (output_uri, object_key)
+        ) STRICT;
+        CREATE TABLE reuse_texts (
+            text_sha256 BLOB NOT NULL,
+            object_id INTEGER NOT NULL,
+            PRIMARY KEY (text_sha256, object_id)
+        ) STRICT, WITHOUT ROWID;
+        CREATE INDEX reuse_texts_by_object ON reuse_texts (object_id);
+        """,
+    ),
+)
+
+MIGRATIONS += (
+    (
+        "0004_sinks",
+        """
+        CREATE TABLE sink_loads (
+            sink TEXT NOT NULL,
+            run_key TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('loading', 'loaded')),
+            mode TEXT NOT NULL CHECK (mode IN ('replace', 'changes')),
+            rows_loaded INTEGER NOT NULL DEFAULT 0,
+            rows_deleted INTEGER NOT NULL DEFAULT 0,
+            started_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (sink, run_key)
+        ) STRICT;
+        CREATE TABLE sink_chunks (
+            sink TEXT NOT NULL,
+            run_key TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            chunk_key TEXT NOT NULL,
+            rows_loaded INTEGER NOT NULL,
+            loaded_at TEXT NOT NULL,
+            PRIMARY KEY (sink, run_key, idx)
+        ) STRICT;
+        """,
+    ),
+    (
+        # The process that runs a run (``host:pid:random``), so ``status`` can tell a run
+        # that is going from one whose process is gone (killed, second Ctrl-C).
+        "0005_run_owner",
+        "ALTER TABLE runs ADD COLUMN owner TEXT;",
+    ),
+)
+
+MIGRATIONS += (
+    (
+        # Rows a sink refuses for good (DESIGN §9): load dead letters, listed by
+        # ``embedline dead-letters RUN --sink URI``; written with the chunk's load record.
+        "0006_sink_dead_letters",
+        """
+        CREATE TABLE sink_dead_letters (
+            sink TEXT NOT NULL,
+            run_key TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            id TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            sqlstate TEXT,
+            message TEXT NOT NULL,
+            PRIMARY KEY (sink, run_key, idx, id)
+        ) STRICT;
+        """,
+    ),
+)
+
+#: One more per migration; migrations are applied by name, each once, in tuple order.
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(db: sqlite3.Connection, *, now: str) -> None:
+    """Apply the migrations ``db`` lacks and record them (``now``: UTC ISO-8601), then store
+    ``SCHEMA_VERSION``. Call inside one transaction (``Ledger.atomic``): all or none apply.
+
+    :raises sqlite3.DatabaseError: the file is not a SQLite database.
+    """
+    db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT) STRICT")
+    done = {r[0] for r in db.execute("SELECT key FROM meta WHERE key LIKE 'migration:%'")}
+    for name, sql in MIGRATIONS:
+        if f"migration:{name}" in done:
+            continue
+        for statement in filter(str.strip, sql.split(";")):
+            db.execute(statement)
+        db.execute("INSERT INTO meta VALUES (?, ?)", (f"migration:{name}", now))
+    db.execute(
+        "INSERT INTO meta VALUES ('schema_version', ?) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (str(SCHEMA_VERSION),),
+    )

@@ -1,0 +1,43 @@
+"""The ``objects`` and ``dead_letters`` tables: published chunk objects and their rejected rows."""
+
+from __future__ import annotations
+
+from adapters.ledger.base import LedgerBase
+from adapters.ledger.records import ObjectRecord
+from embedline.models import ChunkSpec, DeadLetter
+
+__all__ = ["ObjectTable"]
+
+
+class ObjectTable(LedgerBase):
+    """Published objects (content-addressed, shared by every run) and their dead letters."""
+
+    def published_object(self, object_uri: str) -> ObjectRecord | None:
+        """Return the published object at ``object_uri``, from any run, or None."""
+        row = self._conn.execute(
+            "SELECT * FROM objects WHERE object_uri = ?", (object_uri,)
+        ).fetchone()
+        return ObjectRecord(**{f: row[f] for f in ObjectRecord.__slots__}) if row else None
+
+    def chunk_dead_letters(self, spec: ChunkSpec) -> list[DeadLetter]:
+        """Return the dead letters recorded for ``spec``'s content, numbered for this run."""
+        rows = self._conn.execute(
+            "SELECT * FROM dead_letters WHERE chunk_key = ? ORDER BY chunk_row", (spec.key,)
+        )
+        return [
+            DeadLetter(spec.first_row + r["chunk_row"], r["id"], r["reason"], r["http_status"],
+                       r["attempts"])
+            for r in rows
+        ]  # fmt: skip
+
+    def run_dead_letters(self, run_key: str) -> list[DeadLetter]:
+        """Return the run's dead letters in row order (row numbers are 1-based records)."""
+        rows = self._conn.execute(
+            """SELECT c.first_row + d.chunk_row AS row_number, d.id, d.reason, d.http_status,
+                      d.attempts
+               FROM chunks c JOIN dead_letters d ON d.chunk_key = c.chunk_key
+               WHERE c.run_key = ? AND c.state = 'published'
+               ORDER BY row_number""",
+            (run_key,),
+        )
+        return [DeadLetter(*r) for r in rows]
