@@ -110,6 +110,10 @@ def _lancedb_open(params: dict[str, str]) -> VectorSink:
 # --- pgvector --------------------------------------------------------------------------
 
 
+def _pgvector_claims(scheme: str, text: str) -> bool:
+    return scheme in ("postgresql", "postgres")
+
+
 def _pgvector_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
     parts = urlsplit(text)  # a libpq URI: RFC 3986 rules, percent-decoded by libpq
     if parts.password:
@@ -139,8 +143,7 @@ KINDS: tuple[SinkKind, ...] = (
     SinkKind("lancedb", ("lancedb://PATH[?table=NAME]", "PATH/NAME.lance"),
              _lancedb_claims, _lancedb_parse, _lancedb_open),
     SinkKind("pgvector", ("postgresql://user@host:port/db[?table=NAME]",),
-             lambda scheme, _text: scheme in ("postgresql", "postgres"),
-             _pgvector_parse, _pgvector_open),
+             _pgvector_claims, _pgvector_parse, _pgvector_open),
 )  # fmt: skip
 
 
