@@ -18,8 +18,8 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from adapters.sink_lancedb import LanceDBSink
-from adapters.sink_pgvector import PgVectorSink
+from adapters.sinks.lancedb import LanceDBSink
+from adapters.sinks.pgvector import PgVectorSink
 from embedline.errors import FatalError
 from tests.support.csv_data import ENGLISH, read_rows, write_rows
 from tests.support.fake_openai import FakeEmbeddingServer

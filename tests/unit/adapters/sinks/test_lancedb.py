@@ -1,4 +1,4 @@
-"""Sink URIs and the LanceDB sink (embedded: a directory, no socket)."""
+"""The LanceDB sink (embedded: a directory, no socket)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from adapters.sinks import open_sink, validate_sink_uri
-from embedline.errors import FatalError, InputError
+from adapters.sinks import open_sink
+from embedline.errors import FatalError
 
 
 def _rows(ids: list[str], dims: int = 4, seed: int = 0) -> pa.Table:
@@ -26,36 +26,6 @@ def _contents(sink) -> dict[str, tuple[list[float], str]]:
     return {i: (v, r) for i, v, r in zip(table.column("id").to_pylist(),
                                          table.column("embedding").to_pylist(),
                                          table.column("run_key").to_pylist(), strict=True)}
-
-
-def test_password_in_a_postgres_uri_is_refused_without_echoing_it() -> None:
-    with pytest.raises(InputError) as caught:
-        validate_sink_uri("postgresql://app:s3cret@db.example:5432/vectors")
-    assert "PGPASSWORD" in str(caught.value)
-    assert "s3cret" not in str(caught.value)
-
-
-def test_postgres_uri_keeps_libpq_params_and_takes_the_table_out() -> None:
-    pytest.importorskip("psycopg")
-    sink = open_sink("postgresql://app@/vectors?host=/tmp/sock&table=docs")
-    assert sink.dsn == "postgresql://app@/vectors?host=%2Ftmp%2Fsock"
-    assert sink.table_name == "docs"
-    assert "table=docs" in sink.identity
-
-
-def test_lance_path_names_database_and_table(tmp_path: Path) -> None:
-    sink = open_sink(str(tmp_path / "db" / "packages.lance"))
-    assert (sink.path, sink.table_name) == (str(tmp_path / "db"), "packages")
-    sink = open_sink(f"lancedb://{tmp_path}/db")
-    assert (sink.path, sink.table_name) == (str(tmp_path / "db"), "embeddings")
-
-
-@pytest.mark.parametrize("uri", ["", "mysql://x/y", "lancedb://", "lancedb:///x?table=1bad",
-                                 "lancedb:///x?mode=overwrite", "out/vectors.parquet"])
-def test_unusable_sink_uris_are_input_errors(uri: str) -> None:
-    with pytest.raises(InputError):
-        validate_sink_uri(uri)
-
 
 def test_lancedb_upsert_is_idempotent_and_replace_deletes_other_runs(tmp_path: Path) -> None:
     sink = open_sink(f"lancedb://{tmp_path}")
@@ -100,30 +70,6 @@ def test_lancedb_mismatch_names_both_models_and_lengths(tmp_path: Path) -> None:
     assert caught.value.exit_code == 3
     with pytest.raises(FatalError, match="model other"):
         again.ensure_table(embedder="openai", model="other", dimensions=4)
-
-
-@pytest.mark.parametrize(("error", "kind"), [
-    ("ProgramLimitExceeded", "row"),  # "index row requires 12016 bytes": an OperationalError
-    ("CharacterNotInRepertoire", "row"), ("StringDataRightTruncation", "row"),
-    ("UntranslatableCharacter", "row"), ("CheckViolation", "row"),
-    ("UndefinedColumn", "table"), ("DatatypeMismatch", "table"), ("NotNullViolation", "table"),
-    ("InvalidColumnReference", "table"), ("AdminShutdown", "retry"), ("DiskFull", "retry"),
-    ("SerializationFailure", "retry"), ("InsufficientPrivilege", "fatal"),
-])
-def test_postgresql_refusals_are_classified_by_sqlstate(error: str, kind: str) -> None:
-    import psycopg
-
-    from adapters.pg_errors import classify, translate
-    from embedline.errors import FatalError, RetryableError
-
-    exc = getattr(psycopg.errors, error)("boom")
-    assert classify(exc) == kind
-    if kind in ("table", "fatal"):
-        assert isinstance(translate(exc, "upsert"), FatalError)
-    if kind == "retry":
-        assert isinstance(translate(exc, "upsert"), RetryableError)
-    assert classify(psycopg.OperationalError("connection lost")) == "retry"
-
 
 @pytest.mark.parametrize(("text", "seconds"), [("0", 0.0), ("90s", 90.0), ("30m", 1800.0),
                                                ("1h", 3600.0), ("7d", 604800.0), ("12", 12.0)])

@@ -1,0 +1,186 @@
+"""Open a vector-store sink from its URI (DESIGN §9): which store a URI names, and how.
+
+Accepted forms:
+
+- ``lancedb://PATH[?table=NAME]``: an embedded LanceDB database directory (no server);
+  the table defaults to ``embeddings``. PATH is taken literally (no percent-decoding; ``#``,
+  spaces, ``+`` kept); the text after the LAST ``?`` is embedline's own ``table=NAME``, so a
+  PATH holding ``?`` needs ``?table=NAME`` after it (else it is refused, pointing to it and
+  to the next form).
+- ``PATH/NAME.lance``: the same, naming the table by its directory (LanceDB keeps table
+  ``NAME`` of database ``PATH`` in ``PATH/NAME.lance``); every character of PATH is literal.
+- ``postgresql://[user@]host[:port]/db[?libpq-params][&table=NAME]`` (or ``postgres://``):
+  pgvector on PostgreSQL. The password is never taken from the URI (it would end up in
+  shell history, Prefect parameters and the ledger): libpq reads ``PGPASSWORD`` or
+  ``~/.pgpass`` (https://www.postgresql.org/docs/current/libpq-envars.html).
+
+Each store is one ``SinkKind`` in ``KINDS``: the URIs it claims, how they parse (here, so a
+URI is checked without importing the store or its client library), and an opener that
+imports the store module only when a sink is opened, as dlt's destination factories import
+their client class (dlt/destinations/impl/lancedb/factory.py ``client_class``). A new store
+is its module plus one entry here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from adapters.sinks.base import DEFAULT_TABLE
+from adapters.uris import redact, scheme_of
+from embedline.errors import FatalError, InputError
+from embedline.protocols import VectorSink
+
+__all__ = ["KINDS", "SinkKind", "open_sink", "validate_sink_uri"]
+
+_TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")  # a PostgreSQL identifier, unquoted
+
+
+@dataclass(frozen=True, slots=True)
+class SinkKind:
+    """One store the factory can open.
+
+    ``claims(scheme, text)``: whether the stripped URI ``text`` (of lowercased ``scheme``,
+    ``""`` for a plain path) names this store. ``parse(text, scheme, shown)``: the keyword
+    arguments ``open`` takes, never connecting (``shown`` is ``text`` redacted, for
+    messages); raises ``InputError``. ``open(params)``: the sink, connecting lazily; raises
+    ``FatalError`` when the store's client library is not installed.
+    """
+
+    name: str  # "lancedb", "pgvector": the store, as ``_parse`` reports it
+    forms: tuple[str, ...]  # the accepted-form hints listed in every refusal
+    claims: Callable[[str, str], bool]
+    parse: Callable[[str, str, str], dict[str, str]]
+    open: Callable[[dict[str, str]], VectorSink]
+
+
+def _table_name(name: str, shown: str) -> str:
+    if not _TABLE_RE.match(name):
+        raise InputError(f"sink {shown}: table name {name!r} must be letters, digits and _ "
+                         "(at most 63, not starting with a digit)")  # fmt: skip
+    return name
+
+
+def _split_table(query: str, shown: str) -> tuple[str, str]:
+    """Return ``(table, query without table)``."""
+    pairs = parse_qsl(query, keep_blank_values=True)
+    tables = [v for k, v in pairs if k == "table"]
+    rest = [(k, v) for k, v in pairs if k != "table"]
+    if len(tables) > 1:
+        raise InputError(f"sink {shown}: 'table' given more than once")
+    return _table_name(tables[0] if tables else DEFAULT_TABLE, shown), urlencode(rest)
+
+
+# --- LanceDB ---------------------------------------------------------------------------
+
+
+def _lancedb_claims(scheme: str, text: str) -> bool:
+    return scheme == "lancedb" or (scheme == "" and text.rstrip("/").endswith(".lance"))
+
+
+def _lancedb_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
+    if scheme == "":  # PATH/NAME.lance
+        path = os.path.abspath(text.rstrip("/"))
+        name = os.path.basename(path)[: -len(".lance")]
+        return {"path": os.path.dirname(path), "table": _table_name(name, shown)}
+    # The text after the LAST '?' is embedline's own query, so a sink's identity
+    # (lancedb://ABSPATH?table=NAME) names its path literally whatever it holds.
+    path, mark, query = text[len("lancedb://"):].rpartition("?")
+    if not mark:
+        path, query = query, ""
+    if not path:
+        raise InputError(f"sink {shown}: no database path; {_forms()}")
+    table, query = _split_table(query, shown)
+    if query:
+        raise InputError(f"sink {shown}: only ?table=NAME is accepted after the path (a "
+                         "path holding '?' needs ?table=NAME after it, or write the sink "
+                         f"as PATH/NAME.lance); {_forms()}")
+    return {"path": os.path.abspath(path), "table": table}
+
+
+def _lancedb_open(params: dict[str, str]) -> VectorSink:
+    from adapters.sinks.lancedb import LanceDBSink
+
+    return LanceDBSink(params["path"], table=params["table"])
+
+
+# --- pgvector --------------------------------------------------------------------------
+
+
+def _pgvector_claims(scheme: str, text: str) -> bool:
+    return scheme in ("postgresql", "postgres")
+
+
+def _pgvector_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
+    parts = urlsplit(text)  # a libpq URI: RFC 3986 rules, percent-decoded by libpq
+    if parts.password:
+        raise InputError(f"sink {shown}: a password in the URI is not accepted; set "
+                         "PGPASSWORD (or use ~/.pgpass) and leave it out of the URI")
+    table, query = _split_table(parts.query, shown)
+    netloc = parts.netloc.split("@")
+    user_host = (netloc[0].split(":")[0] + "@" + netloc[1]) if len(netloc) == 2 else netloc[0]
+    dsn = urlunsplit((scheme, user_host, parts.path, query, ""))
+    return {"dsn": dsn, "table": table}
+
+
+def _pgvector_open(params: dict[str, str]) -> VectorSink:
+    try:
+        import pgvector.psycopg  # noqa: F401
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise FatalError("the pgvector sink needs psycopg and pgvector: pip install "
+                         "'embedline[pgvector]'") from None  # fmt: skip
+    from adapters.sinks.pgvector import PgVectorSink
+
+    return PgVectorSink(params["dsn"], table=params["table"])
+
+
+#: The stores, tried in order; the first whose ``claims`` is true parses the URI.
+KINDS: tuple[SinkKind, ...] = (
+    SinkKind("lancedb", ("lancedb://PATH[?table=NAME]", "PATH/NAME.lance"),
+             _lancedb_claims, _lancedb_parse, _lancedb_open),
+    SinkKind("pgvector", ("postgresql://user@host:port/db[?table=NAME]",),
+             _pgvector_claims, _pgvector_parse, _pgvector_open),
+)  # fmt: skip
+
+
+def _forms() -> str:
+    return "accepted forms: " + ", ".join(form for kind in KINDS for form in kind.forms)
+
+
+def _parse(uri: str) -> tuple[SinkKind, dict[str, str]]:
+    """The store ``uri`` names and its opener's arguments.
+
+    :raises InputError: see ``validate_sink_uri``.
+    """
+    text = (uri or "").strip()
+    if not text:
+        raise InputError(f"--sink is empty; {_forms()}")
+    scheme = scheme_of(text)
+    shown = redact(text)
+    for kind in KINDS:
+        if kind.claims(scheme, text):
+            return kind, kind.parse(text, scheme, shown)
+    raise InputError(f"unsupported sink {shown}; {_forms()}")
+
+
+def validate_sink_uri(uri: str) -> str:
+    """Return ``uri`` if it names a sink embedline can open; never connects.
+
+    :raises InputError: unknown form, a password in the URI, a bad table name.
+    """
+    _parse(uri)
+    return uri
+
+
+def open_sink(uri: str) -> VectorSink:
+    """Open the sink named by ``uri`` (connects lazily, on first use).
+
+    :raises InputError: see ``validate_sink_uri``.
+    :raises FatalError: the sink's client library is not installed.
+    """
+    kind, params = _parse(uri)
+    return kind.open(params)

@@ -1,0 +1,275 @@
+"""LanceDB sink: an embedded vector store in a local directory, no server (DESIGN §8).
+
+Upserts use LanceDB's ``merge_insert("id")`` (one atomic commit per call: Lance writes new
+data files, then a new table version; a killed writer leaves no half-visible rows). Search is
+exact (flat) cosine search, which LanceDB does without an index; ``finalize`` compacts the
+small fragments that one-commit-per-chunk loading leaves behind.
+Source: https://lancedb.github.io/lancedb/guides/tables/ (merge insert, delete, optimize).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from adapters.disk_full import translate_full
+from adapters.sinks.base import (
+    SinkTable,
+    UpsertResult,
+    check_compatible,
+    sink_metadata,
+    sink_table_from_metadata,
+    vector_matrix,
+)
+from embedline.errors import FatalError, RetryableError
+
+__all__ = ["DEFAULT_KEEP_VERSIONS_S", "LanceDBSink"]
+
+logger = logging.getLogger("embedline")
+
+_META_KEY = b"embedline"
+_DELETE_BATCH = 500  # ids per ``delete`` predicate
+#: Versions older than this are pruned after each load unless told otherwise (1 hour: no
+#: search or load of this table takes that long, so none still reads a pruned version).
+DEFAULT_KEEP_VERSIONS_S = 3600.0
+_OPTIMIZE_ATTEMPTS = 3
+_T = TypeVar("_T")
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+@contextmanager
+def _lance_errors(where: str) -> Iterator[None]:
+    """Lance's commit conflicts ("Retryable commit conflict … preempted by concurrent
+    transaction") as ``RetryableError``; other errors pass through."""
+    try:
+        yield
+    except (RuntimeError, OSError) as exc:
+        if "commit conflict" in str(exc).lower():
+            raise RetryableError(f"{where}: another writer committed at the same time; rerun "
+                                 "the same command to load the rest") from exc
+        raise
+
+
+def _writes(method: Callable[..., _T]) -> Callable[..., _T]:
+    """A method that writes the database directory: a full filesystem (Lance raises
+    ``RuntimeError("lance error: LanceError(IO): No space left on device (os error 28)")``)
+    becomes one ``DiskFullError`` naming the directory (``adapters.disk_full``)."""
+
+    @functools.wraps(method)
+    def wrapper(self: LanceDBSink, *args: Any, **kwargs: Any) -> _T:
+        with translate_full(self.path, "LanceDB sink directory"):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+class LanceDBSink:
+    """Table ``table`` of the LanceDB database at ``path`` (a directory).
+
+    One commit at a time: Lance resolves concurrent commits by retrying, which wastes the
+    work, so ``parallel_loads`` is 1.
+    """
+
+    parallel_loads = 1
+
+    def __init__(self, path: str, *, table: str) -> None:
+        self.path = path
+        self.table_name = table
+        self.identity = f"lancedb://{path}?table={table}"
+        self._table: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LanceDBSink({self.identity!r})"
+
+    def _db(self) -> Any:
+        import lancedb
+
+        os.makedirs(self.path, exist_ok=True)
+        # every read checks for the latest version: a handle kept across loads (a long-lived
+        # process) or a table another process wrote never commits on a stale version
+        return lancedb.connect(self.path, read_consistency_interval=timedelta(0))
+
+    def _open(self) -> Any:
+        if self._table is None:
+            try:
+                self._table = self._db().open_table(self.table_name)
+            except (FileNotFoundError, ValueError):
+                return None
+        return self._table
+
+    def describe(self) -> SinkTable | None:
+        """Return the table's metadata and row count, or None if it does not exist."""
+        table = self._open()
+        if table is None:
+            return None
+        field = table.schema.field("embedding")
+        dims = int(getattr(field.type, "list_size", 0) or 0)
+        meta = (table.schema.metadata or {}).get(_META_KEY)
+        return sink_table_from_metadata(meta, dimensions=dims, rows=table.count_rows())
+
+    @_writes
+    def ensure_table(self, *, embedder: str, model: str, dimensions: int) -> SinkTable:
+        """Create the table with embedline's schema if absent; check an existing one.
+
+        :raises FatalError: another length or model (``check_compatible``).
+        """
+        found = self.describe()
+        if found is None:
+            schema = pa.schema(
+                [("id", pa.string()), ("embedding", pa.list_(pa.float32(), dimensions)),
+                 ("text_sha256", pa.string()), ("run_key", pa.string())],
+                metadata={_META_KEY: sink_metadata(embedder=embedder, model=model,
+                                                   dimensions=dimensions).encode()},
+            )  # fmt: skip
+            self._table = self._db().create_table(self.table_name, schema=schema,
+                                                  exist_ok=True)  # fmt: skip
+            found = self.describe()
+            assert found is not None
+        self._check_shape(dimensions)
+        check_compatible(found, where=f"LanceDB table {self.identity}", model=model,
+                         dimensions=dimensions)  # fmt: skip
+        return found
+
+    def _check_shape(self, dimensions: int) -> None:
+        """Refuse a table of another shape before any row is written.
+
+        :raises FatalError: naming each difference (exit 3).
+        """
+        schema = self._require().schema
+        problems = []
+        for name in ("id", "text_sha256", "run_key"):
+            if name not in schema.names:
+                problems.append(f"no column {name}")
+            elif not pa.types.is_string(schema.field(name).type) and \
+                    not pa.types.is_large_string(schema.field(name).type):
+                problems.append(f"{name} is {schema.field(name).type}, not string")
+        if "embedding" not in schema.names:
+            problems.append("no column embedding")
+        elif not pa.types.is_fixed_size_list(schema.field("embedding").type) or \
+                schema.field("embedding").type.value_type != pa.float32():
+            problems.append(f"embedding is {schema.field('embedding').type}, not "
+                            f"fixed_size_list<float>[{dimensions}]")
+        extra = [n for n in schema.names if n not in ("id", "embedding", "text_sha256", "run_key")]
+        problems += [f"column {n} is not one embedline writes" for n in extra]
+        if problems:
+            raise FatalError(f"LanceDB table {self.identity} is not of embedline's shape (id, "
+                             f"embedding fixed_size_list<float>[{dimensions}], text_sha256, "
+                             "run_key): " + "; ".join(problems) + ". Load into another table "
+                             "(?table=NAME) or drop that one")
+
+    def _require(self) -> Any:
+        table = self._open()
+        if table is None:
+            raise FatalError(f"LanceDB table {self.identity} does not exist")
+        return table
+
+    @_writes
+    def upsert(self, rows: pa.Table, *, run_key: str) -> UpsertResult:
+        """Insert or replace ``rows`` by id (one commit); rows LanceDB refuses for good (a
+        NaN or infinite vector value: "Vector column 'embedding' has NaNs") are left out,
+        listed, and removed from the table if an earlier run wrote them. Lance stores any
+        id string (NUL bytes and 12,000-character ids included: measured)."""
+        if rows.num_rows == 0:
+            return UpsertResult(0)
+        finite = np.isfinite(vector_matrix(rows)).all(axis=1)
+        ids = rows.column("id").to_pylist()
+        refused = tuple((i, ids[i], "non_finite_vector", None, "the vector holds NaN or "
+                         "infinity, which LanceDB refuses") for i in np.flatnonzero(~finite))
+        good = rows.filter(pa.array(finite)) if refused else rows
+        data = good.select(["id", "embedding", "text_sha256"]).append_column(
+            "run_key", pa.array([run_key] * good.num_rows, type=pa.string()))
+        with self._lock, _lance_errors(f"upsert into {self.identity}"):
+            table = self._require()
+            if good.num_rows:
+                data = data.cast(table.schema.remove_metadata())
+                (table.merge_insert("id").when_matched_update_all()
+                 .when_not_matched_insert_all().execute(data))
+        if refused:
+            self.delete_ids([r[1] for r in refused])
+        return UpsertResult(good.num_rows, tuple((int(i), *rest) for i, *rest in refused))
+
+    @_writes
+    def delete_ids(self, ids: Sequence[str]) -> int:
+        """Delete rows whose id is in ``ids``; return how many rows went."""
+        with self._lock:
+            table = self._require()
+            deleted = 0
+            for start in range(0, len(ids), _DELETE_BATCH):
+                batch = ids[start:start + _DELETE_BATCH]
+                result = table.delete(f"id IN ({', '.join(_quote(i) for i in batch)})")
+                deleted += int(result.num_deleted_rows)
+            return deleted
+
+    def held_keys(self) -> pa.Table:
+        """Every row's ``id`` and ``text_sha256`` (strings), read from the latest version:
+        what the table holds, the record loads decide by (DESIGN §9). Reads those two
+        columns only (about 100 bytes a row), never the vectors."""
+        with self._lock:
+            table = self._require()
+            # a handle reads the version it last saw: another handle's or process's commits
+            # (another load of this table) are seen only after this
+            table.checkout_latest()
+            held = table.search().select(["id", "text_sha256"]).limit(None).to_arrow()
+        return held.select(["id", "text_sha256"])
+
+    @_writes
+    def delete_other_runs(self, run_key: str) -> int:
+        """Delete every row not written by ``run_key``; return how many."""
+        with self._lock:
+            result = self._require().delete(f"run_key != {_quote(run_key)}")
+            return int(result.num_deleted_rows)
+
+    @_writes
+    def finalize(self, *, keep_versions_s: float | None = None) -> None:
+        """Compact fragments and prune versions older than ``keep_versions_s`` seconds
+        (default ``DEFAULT_KEEP_VERSIONS_S``; the latest version is never pruned), through
+        the load's one table handle, after its last write: nothing of the load's own can
+        conflict. A commit conflict with another process's write is retried; compaction is
+        not needed for correct rows, so if it still conflicts the load warns and goes on.
+        Source: LanceTable.optimize(cleanup_older_than=…) (Lance keeps 7 days unless told).
+        """
+        keep = DEFAULT_KEEP_VERSIONS_S if keep_versions_s is None else keep_versions_s
+        # 0 is asked for explicitly here; lancedb warns about exactly 0 (other readers of old
+        # versions), so 1 ms stands for it: the same versions go
+        keep = max(keep, 0.001)
+        with self._lock:
+            table = self._require()
+            for attempt in range(1, _OPTIMIZE_ATTEMPTS + 1):
+                try:
+                    table.optimize(cleanup_older_than=timedelta(seconds=keep))
+                    return
+                except (RuntimeError, OSError, ValueError) as exc:
+                    if "conflict" not in str(exc).lower():
+                        raise
+                    logger.warning("%s: compaction met a concurrent commit (attempt %d of %d)",
+                                   self.identity, attempt, _OPTIMIZE_ATTEMPTS)
+                    table.checkout_latest()
+            logger.warning("%s: not compacted this time (other writers); the rows are loaded",
+                           self.identity)
+
+    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """Exact cosine search: up to ``k`` ``(id, similarity)``, most similar first."""
+        table = self._require()
+        result = (table.search(np.asarray(vector, dtype=np.float32),
+                               vector_column_name="embedding")
+                  .distance_type("cosine").select(["id", "_distance"]).limit(k).to_arrow())  # fmt: skip
+        return [(i, 1.0 - float(d)) for i, d in zip(result.column("id").to_pylist(),
+                                                   result.column("_distance").to_pylist(),
+                                                   strict=True)]  # fmt: skip
+
+    def close(self) -> None:
+        """Forget the open table (LanceDB holds no connection)."""
+        self._table = None
