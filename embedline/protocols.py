@@ -10,8 +10,10 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-__all__ = ["EmbeddingClient", "Embeddings", "ObjectInfo", "ObjectStore", "PutResult", "SinkTable",
-           "UpsertResult", "VectorSink"]  # fmt: skip
+    from embedline.errors import FatalError
+
+__all__ = ["EmbeddingClient", "EmbeddingClientBase", "Embeddings", "ObjectInfo", "ObjectStore",
+           "PutResult", "RequestLimits", "SinkTable", "UpsertResult", "VectorSink"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +31,49 @@ class Embeddings:
     inputs: int = 0
 
 
+class RequestLimits(Protocol):
+    """Per-request limits a client learned from its server (``adapters.embeddings.RequestCaps``):
+    the chunk logic reads them before every batch and reports what a bisection proved."""
+
+    def limits(self, batch_size: int, max_request_tokens: int) -> tuple[int, int]:
+        """Return (inputs, estimated tokens) allowed per request: the settings, lowered by
+        what was learned."""
+        ...
+
+    def learn(self, *, rejected: int, inputs: int, tokens: int | None, status: int | None) -> None:
+        """Record that ``rejected`` inputs in one request were refused (HTTP ``status``) while
+        requests of ``inputs`` inputs (``tokens`` estimated tokens, when tokens were the
+        limit) worked."""
+        ...
+
+
 class EmbeddingClient(Protocol):
-    """Embeds one batch of texts; retries and classifies failures itself."""
+    """Embeds one batch of texts; retries and classifies failures itself.
+
+    Clients without a server (the local model, test fakes) can take the defaults of
+    ``EmbeddingClientBase``.
+    """
 
     model: str
     dimensions: int | None  # vector length when known (requested, or the local model's 384)
+
+    @property
+    def caps(self) -> RequestLimits | None:
+        """Limits learned from the server's refusals, shared by every caller; None when the
+        client learns none."""
+        ...
+
+    @property
+    def whole_chunk(self) -> bool:
+        """True if the client wants a chunk's texts in one ``embed`` call (it batches them
+        itself, and then takes ``on_rows``, a callable told the texts done after each pass)."""
+        ...
+
+    @property
+    def accepted_requests(self) -> int | None:
+        """Requests of this client that got a well-formed 2xx answer so far; None when the
+        client sends no requests or does not count them."""
+        ...
 
     def embed(
         self, texts: Sequence[str], *, idempotency_key: str, expect_dimensions: int | None = None
@@ -48,9 +88,30 @@ class EmbeddingClient(Protocol):
         """
         ...
 
+    def stop(self, error: FatalError) -> None:
+        """Latch ``error`` as if the server had answered it: the client sends nothing more
+        and every later ``embed`` raises it again (a no-op for a client without a server)."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...
+
+
+class EmbeddingClientBase:
+    """Defaults of the ``EmbeddingClient`` members a client without a server needs no
+    behaviour for: no learned caps, request batches, no request count, nothing to stop.
+    Subclasses set ``model`` and ``dimensions`` and define ``embed``."""
+
+    caps: RequestLimits | None = None
+    whole_chunk: bool = False
+    accepted_requests: int | None = None
+
+    def stop(self, error: FatalError) -> None:
+        """Nothing to latch: no request is ever sent."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 @dataclass(frozen=True, slots=True)

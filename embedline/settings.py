@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from embedline.http_names import is_field_name
+
 __all__ = [
     "DEFAULT_MODELS",
     "LOCAL_DIMENSIONS",
@@ -196,7 +198,7 @@ class RunSettings(BaseModel):
     @field_validator("auth_header")
     @classmethod
     def _header_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
+        if value is not None and not is_field_name(value):
             raise ValueError(f"{value!r} is not an HTTP header name (RFC 9110 §5.1)")
         return value
 
