@@ -13,7 +13,7 @@ graph names them as external data and ``SessionOptions.add_external_initializers
 session the numpy arrays that ``safetensors`` loaded (which keeps the load's peak memory
 about 300 MB lower than serializing them). Building the graph and the session takes about
 0.3 s, so nothing is cached on disk. Vectors agree with
-sentence-transformers' to within 1e-6 cosine (tests/unit/test_local_model.py checks stored
+sentence-transformers' to within 1e-6 cosine (tests/unit/adapters/embeddings/test_local_model.py checks stored
 reference vectors).
 
 Speed and memory: texts are tokenized once, sorted by token count and cut into forward

@@ -22,7 +22,11 @@ import functools
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from embedline.errors import FatalError
+    from embedline.protocols import EmbeddingClient, RequestLimits
 
 __all__ = ["Progress", "chunk_started", "cost_in_process", "counting", "listen", "notify",
            "partial_rows", "reset_cost"]
@@ -110,12 +114,37 @@ class _CountingClient:
     (``whole_chunk``: the local model) counts rows per forward pass instead (``on_rows``):
     per call, the bar sat still for a whole chunk (about 30 s at chunk size 1000)."""
 
-    def __init__(self, client: Any, index: int) -> None:
+    def __init__(self, client: EmbeddingClient, index: int) -> None:
         self._client = client
         self._index = index
+        self.model = client.model
+        self.dimensions = client.dimensions
+
+    @property
+    def caps(self) -> RequestLimits | None:
+        """The wrapped client's learned limits."""
+        return self._client.caps
+
+    @property
+    def whole_chunk(self) -> bool:
+        """The wrapped client's choice of one call per chunk."""
+        return self._client.whole_chunk
+
+    @property
+    def accepted_requests(self) -> int | None:
+        """The wrapped client's count of answered requests."""
+        return self._client.accepted_requests
+
+    def stop(self, error: FatalError) -> None:
+        """Latch the wrapped client."""
+        self._client.stop(error)
+
+    def close(self) -> None:
+        """Close the wrapped client."""
+        self._client.close()
 
     def embed(self, texts: Sequence[str], **kwargs: Any) -> Any:
-        per_pass = getattr(self._client, "whole_chunk", False)  # a chunk in one call: minutes
+        per_pass = self._client.whole_chunk  # a chunk in one call: minutes
         if per_pass:
             kwargs["on_rows"] = functools.partial(_add_rows, self._index)
         try:
@@ -128,11 +157,8 @@ class _CountingClient:
             _add_rows(self._index, len(texts))
         return result
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
 
-
-def counting(client: Any, index: int) -> Any:
+def counting(client: EmbeddingClient | None, index: int) -> EmbeddingClient | None:
     """Wrap ``client`` (an ``EmbeddingClient``) so chunk ``index``'s rows count as they are
     embedded; ``None`` stays ``None``."""
     chunk_started(index)

@@ -110,7 +110,7 @@ class _Embedder:
         self.dimensions = dimensions
         # the run's vector length: given by the flow, else learned from the first answer
         self.expected = expect_dimensions if expect_dimensions is not None else dimensions
-        self.caps: RequestCaps | None = getattr(client, "caps", None)
+        self.caps: RequestCaps | None = client.caps
         self.vectors: dict[int, np.ndarray] = {}
         self.dead_letters: list[DeadLetter] = []
         self.accepted: list[tuple[int, int]] = []  # (inputs, estimated tokens) per request
@@ -158,7 +158,7 @@ class _Embedder:
 
     def _nothing_accepted(self) -> bool:
         """True until this chunk or (if the client says) any request of the run got a 2xx."""
-        return not self.accepted and getattr(self.client, "accepted_requests", 1) == 0
+        return not self.accepted and self.client.accepted_requests == 0
 
     def _isolate_rejected(self, batch: list[Row], exc: RowError) -> None:
         if len(batch) == 1:
@@ -287,7 +287,7 @@ def embed_rows(
             embedder.dead_letters.append(DeadLetter(row.row_number, row.id, "too_long"))
         else:
             sendable.append(row)
-    if getattr(client, "whole_chunk", False) and sendable:
+    if client.whole_chunk and sendable:
         # an in-process model sorts the whole chunk by length itself: request batches would
         # only add padding and per-call overhead
         batch_size, max_request_tokens = len(sendable), sum(estimate_tokens(r.text)

@@ -235,7 +235,7 @@ def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_ti
     30 s later). In-flight chunks (25 s each) get their grace, are released and recorded, and
     the run ends Cancelled, with no traceback and exit 0. Before: Failed proposed into
     Cancelling, an UnfinishedRun traceback, exit 1. (The grace's cap below the SIGKILL:
-    tests/unit/test_signals.py.)"""
+    tests/unit/flows/test_signals.py.)"""
     api, (base_url, control) = prefect_api_url, slow_api
     _write_csv(tmp_path / "in.csv")
     ledger = tmp_path / "ledger.sqlite3"

@@ -13,7 +13,7 @@ from adapters.ledger import Ledger
 from adapters.object_store import LocalDirStore
 from embedline.errors import DiskFullError
 from tests.support.tmpfs import fill
-from tests.unit.test_ledger import _plan, _start
+from tests.unit.adapters.test_ledger import _plan, _start
 
 
 def _is_the_one_line(exc: DiskFullError, path: Path, mount: Path) -> None:

@@ -11,11 +11,11 @@ from embedline import shutdown
 from embedline.errors import RetryableError, RowError, StopRequestedError
 from embedline.keys import request_key, row_key, text_sha256
 from embedline.models import Row
-from embedline.protocols import Embeddings
+from embedline.protocols import EmbeddingClientBase, Embeddings
 from tasks.embed import batches, embed_rows
 
 
-class ScriptedClient:
+class ScriptedClient(EmbeddingClientBase):
     """An EmbeddingClient whose answer depends on the texts sent; records every call."""
 
     model = "m"

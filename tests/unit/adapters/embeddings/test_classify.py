@@ -41,7 +41,7 @@ from embedline.errors import (
 from embedline.retry import request_retrying
 from embedline.settings import RunSettings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 BASE_URL = "https://api.example.test/v1"
 MODEL = "text-embedding-3-small"
 API_KEY = "sk-test-SECRET-0123456789"

@@ -15,7 +15,7 @@ import pytest
 
 from adapters.minilm import MiniLM
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 REFERENCE = json.loads((REPO / "tests" / "data" / "minilm_reference.json").read_text())
 
 

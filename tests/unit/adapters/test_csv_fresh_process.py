@@ -11,7 +11,7 @@ from pathlib import Path
 
 from adapters.csv_source import plan_csv
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 _CHILD = """
 import pickle, sys

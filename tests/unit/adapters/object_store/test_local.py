@@ -47,7 +47,7 @@ def store(tmp_path: Path) -> LocalDirStore:
 
 
 def test_adapters_package_is_the_repo_one() -> None:
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[4]
     assert Path(object_store.__file__).resolve().is_relative_to(repo)
 
 
