@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
-from tests.support.s3_proxy import FirstPutHold, ResettingProxy
+from tests.support.s3_proxy import ResettingProxy
 
 pytestmark = pytest.mark.integration
 
@@ -163,11 +163,20 @@ def _ended(proc: subprocess.Popen[str], hold: _Hold) -> Iterator[None]:
 
 
 def _cancel_then_release(api: str, flow_run_id: str, proc: subprocess.Popen[str],
-                         hold: _Hold) -> tuple[str, str]:
-    """Cancel the flow run while a request is held, let the CLI see it (it reads the state
-    once a second), then release the request; returns the CLI's stdout and stderr."""
+                         hold: _Hold, *, settle_s: float = 20.0) -> tuple[str, str]:
+    """Cancel the flow run while a request is held, let the CLI see it, then release the
+    request; returns the CLI's stdout and stderr.
+
+    The CLI reads the state once a second, and its SIGTERM interrupts a held request, so
+    the wait ends when the CLI does (at most ``settle_s`` seconds: a fixed 2.5 s lost the
+    race on a loaded machine, the cancel then landing after the request went on). Where the
+    CLI holds the signal (after its commit) it cannot end before the release: pass a short
+    ``settle_s`` there."""
     _cancel(api, flow_run_id)
-    time.sleep(2.5)
+    try:
+        proc.wait(timeout=settle_s)
+    except subprocess.TimeoutExpired:
+        pass
     hold.release.set()
     return proc.communicate(timeout=60)
 
@@ -191,8 +200,10 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
     prefect_api_url: str, fake_openai: FakeEmbeddingServer, moto_endpoint: str,
     s3_bucket: str, tmp_path: Path, moment: str,
 ) -> None:
-    """Held in the output's conditional-write probe (a PUT, before any chunk is dispatched):
-    one line, 143, nothing sent, the run ``interrupted`` and the flow run Cancelled. Held in
+    """Held in the run lease's PUT (the flow's last request before any chunk is dispatched;
+    the conditional-write probe is sent by the CLI before Prefect starts, when no flow run
+    exists to cancel): one line, 143, nothing sent, the run ``interrupted`` and the flow
+    run Cancelled. Held in
     the run lease's DELETE (after the commit, only reporting left): the cancel is held like
     a signal, the summary prints, then one line saying the run is committed, 143; the flow
     run ends Completed (it stopped nothing), after the Cancelling the cancel asked for. Held
@@ -201,7 +212,7 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
     api, ledger = prefect_api_url, tmp_path / "ledger.sqlite3"
     _write_csv(tmp_path, rows=8)
     args = _run_args(fake_openai, f"s3://{s3_bucket}/out", ledger)
-    hold: Any = {"before-dispatch": FirstPutHold(), "sink-load": _Hold("GET", "/chunks/"),
+    hold: Any = {"before-dispatch": _Hold("PUT", "_embedline/runs/"), "sink-load": _Hold("GET", "/chunks/"),
                  "after-commit": _Hold("DELETE", "_embedline/runs/")}[moment]
     if moment == "sink-load":
         args += ["--sink", f"lancedb://{tmp_path / 'lance'}"]
@@ -210,7 +221,8 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
         with _ended(proc, hold):
             flow_run_id = _find_flow_run(api, ledger, proc)
             assert hold.reached.wait(120), "the flow never reached the held request"
-            out, err = _cancel_then_release(api, flow_run_id, proc, hold)
+            out, err = _cancel_then_release(api, flow_run_id, proc, hold,
+                                            settle_s=6.0 if moment == "after-commit" else 20.0)
     assert proc.returncode == 143, err[-3000:]
     assert "Traceback" not in err and "UnfinishedRun" not in err, err[-3000:]
     final = _final_state(api, flow_run_id)
