@@ -116,14 +116,14 @@ def with_prefect_api(
     thread (an ``embedline.shutdown.ApiLoss``); by default it prints one line and exits 1.
     """
     from cli.prefect_env import PrefectApiError, prefect_api
-    from embedline import shutdown
+    from embedline.shutdown import STOP
 
     try:
         api = prefect_api()
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    shutdown.on_hard_exit(api.kill)
-    shutdown.on_first_interrupt(quiet_prefect_console)
+    STOP.on_hard_exit(api.kill)
+    STOP.on_first_interrupt(quiet_prefect_console)
     api.watch(on_lost or exit_on_api_loss)
     try:
         return body(api)
@@ -132,7 +132,7 @@ def with_prefect_api(
 
 
 def quiet_prefect_console() -> None:
-    """A first-interrupt hook (``shutdown.on_first_interrupt``): an interrupt raised inside a
+    """A first-interrupt hook (``STOP.on_first_interrupt``): an interrupt raised inside a
     flow run before any chunk was dispatched made Prefect print its own account of it on
     stderr ("Crash detected! Execution was aborted by an interrupt signal.", "Finished in
     state Crashed(…)", "EventsWorker - Still processing items") above the command's one
@@ -146,7 +146,7 @@ def quiet_prefect_console() -> None:
 def quiet_prefect_signal_crashes() -> None:
     """Call once Prefect is imported (its logging configured), before a flow runs. For the
     first milliseconds of a flow run (until the flow's body calls
-    ``shutdown.take_over_sigterm``) SIGTERM goes to Prefect's own handler, which reports
+    ``STOP.take_over_sigterm``) SIGTERM goes to Prefect's own handler, which reports
     the crash on the console ("Crash detected! Execution was aborted by a termination
     signal.", "Finished in state Crashed(…)") above the command's one line (6 of 7 SIGTERMs
     sent 0-30 ms after "Beginning flow run" in a break test). Prefect's console handlers
@@ -194,7 +194,7 @@ def exit_on_api_loss(loss: Any, *, kept: str = "what was published is kept",
     """Print one line for an ``embedline.shutdown.ApiLoss`` and exit 1 at once (the hard-exit
     hooks run first: the temporary server is stopped, a started run marked ``interrupted``).
     ``todo`` replaces the loss's own advice (what a rerun does)."""
-    from embedline import shutdown
+    from embedline.shutdown import STOP
 
     sys.stderr.write(f"embedline: error: {loss.what}; {kept}: {todo or loss.todo}\n")
-    shutdown.hard_exit(1)
+    STOP.hard_exit(1)

@@ -190,13 +190,13 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
         api.wait_ready()
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    from embedline import shutdown
+    from embedline.shutdown import STOP
 
-    with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost
+    with STOP.interrupts_deferred():  # an interrupt inside Prefect's import was lost
         from flows.cancellation import raise_if_interrupted_by_cancel
         from flows.load import load_run
 
-    shutdown.command_handles_signals()  # SIGTERM as SIGINT in the flow
+    STOP.command_handles_signals()  # SIGTERM as SIGINT in the flow
     quiet_prefect_signal_crashes()
     state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
                      max_delete_fraction=args.max_delete_fraction,

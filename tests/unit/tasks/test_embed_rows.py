@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from embedline import shutdown
+from embedline.shutdown import STOP
 from embedline.errors import RetryableError, RowError, StopRequestedError
 from embedline.keys import request_key, row_key, text_sha256
 from embedline.models import Row
@@ -135,12 +135,12 @@ def test_truncate_cuts_long_text_but_keeps_the_original_hash() -> None:
 
 def test_stop_request_releases_before_the_next_request() -> None:
     client = ScriptedClient()
-    shutdown.stop_tasks()
+    STOP.stop_tasks()
     try:
         with pytest.raises(StopRequestedError):
             _run(_rows(["a", "b"]), client)
     finally:
-        shutdown.reset()
+        STOP.start_dispatching()  # clears the stop
     assert client.calls == []
 
 
