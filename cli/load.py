@@ -11,18 +11,10 @@ import os
 import sys
 from typing import Any
 
-from cli.common import (
-    DEFAULT_LEDGER,
-    EXIT_USAGE,
-    HELP_FORMATTER,
-    MAX_DELETE_HELP,
-    exit_on_api_loss,
-    fail,
-    fraction,
-    quiet_prefect_signal_crashes,
-    with_prefect_api,
-)
-from cli.prefect_env import PrefectApiError
+from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, MAX_DELETE_HELP, fraction
+from cli.failures import EXIT_USAGE, exit_on_api_loss, fail
+from cli.prefect_console import quiet_prefect_signal_crashes
+from cli.prefect_env import PrefectApiError, with_prefect_api
 
 __all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 

@@ -12,25 +12,20 @@ import sqlite3
 import sys
 from typing import Any
 
-from cli.common import (
+from cli.arguments import (
     DEFAULT_LEDGER,
-    EXIT_FATAL,
-    EXIT_USAGE,
     HELP_FORMATTER,
     LEDGER_HELP,
     MAX_DELETE_HELP,
-    exit_on_api_loss,
-    fail,
-    find_run,
     fraction,
     non_negative_float,
-    open_ledger,
     positive_float,
     positive_int,
-    quiet_prefect_signal_crashes,
-    with_prefect_api,
 )
-from cli.prefect_env import PrefectApi, PrefectApiError
+from cli.failures import EXIT_FATAL, EXIT_USAGE, exit_on_api_loss, fail
+from cli.ledger_lookup import find_run, open_ledger
+from cli.prefect_console import quiet_prefect_signal_crashes
+from cli.prefect_env import PrefectApi, PrefectApiError, with_prefect_api
 from embedline.shutdown import SIGNALS, STOP, exit_code_for
 from embedline.tracebacks import DEBUG_ENV
 
