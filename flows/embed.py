@@ -57,7 +57,6 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
         retry_delay_seconds=settings.chunk_retry_delay_s,
         retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,
     )
-    STOP.start_dispatching()  # a stop from now on hands the summary over
     reset_cost()
     runner_started = time.monotonic()
     with task_runner(settings, window) as runner:
@@ -79,6 +78,7 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
             grace_s=settings.grace_s,
         )  # fmt: skip
         _show_published(runner, plan, work.skipped, store)
+        STOP.start_dispatching()  # an API loss from now on: the summary is handed over
         result = dispatch_with_graceful_stop(dispatcher, work.todo, grace_s=settings.grace_s,
                                              logger=logger)  # fmt: skip
         redo_other_lengths(dispatcher, store=store, plan=plan, skipped=work.skipped,
