@@ -10,7 +10,8 @@ import argparse
 import os
 from typing import Any
 
-from cli.common import DEFAULT_LEDGER, EXIT_USAGE, HELP_FORMATTER, fail, positive_int
+from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, positive_int
+from cli.failures import EXIT_USAGE, fail
 
 __all__ = ["add_parsers", "format_report"]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from cli.common import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP, find_run, open_ledger
+from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
+from cli.ledger_lookup import find_run, open_ledger
 
 __all__ = ["add_parsers", "tsv_field"]
 

@@ -11,18 +11,10 @@ import os
 import sys
 from typing import Any
 
-from cli.common import (
-    DEFAULT_LEDGER,
-    EXIT_USAGE,
-    HELP_FORMATTER,
-    MAX_DELETE_HELP,
-    exit_on_api_loss,
-    fail,
-    fraction,
-    quiet_prefect_signal_crashes,
-    with_prefect_api,
-)
-from cli.prefect_env import PrefectApiError
+from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, MAX_DELETE_HELP, fraction
+from cli.failures import EXIT_USAGE, exit_on_api_loss, fail
+from cli.prefect_console import quiet_prefect_signal_crashes
+from cli.prefect_env import PrefectApiError, with_prefect_api
 
 __all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 
@@ -190,13 +182,13 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
         api.wait_ready()
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    from embedline import shutdown
+    from embedline.shutdown import STOP
 
-    with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost
+    with STOP.interrupts_deferred():  # an interrupt inside Prefect's import was lost
         from flows.cancellation import raise_if_interrupted_by_cancel
         from flows.load import load_run
 
-    shutdown.command_handles_signals()  # SIGTERM as SIGINT in the flow
+    STOP.command_handles_signals()  # SIGTERM as SIGINT in the flow
     quiet_prefect_signal_crashes()
     state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
                      max_delete_fraction=args.max_delete_fraction,

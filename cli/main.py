@@ -13,8 +13,8 @@ from typing import Any
 
 from cli import gc, inspect, load, run, search
 from cli.started import interrupted_line
-from embedline import shutdown
 from embedline.errors import DiskFullError
+from embedline.shutdown import STOP, exit_code_for, is_interrupt, signal_of
 from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["main"]
@@ -59,9 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cli.prefect_env import drop_prefect_settings_errors
 
         logging.getLogger("prefect.plugins").addFilter(drop_prefect_settings_errors)
-    shutdown.forget_interrupts()
-    shutdown.note_committed(None)
-    previous = shutdown.install_interrupt_handlers()
+    STOP.begin_command()
+    previous = STOP.install_interrupt_handlers()
     previous_hook = sys.unraisablehook
     sys.unraisablehook = functools.partial(_unraisable, previous_hook)
     try:
@@ -77,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, DiskFullError) and not os.environ.get(DEBUG_ENV):
             sys.stderr.write(f"embedline: error: {exc}\n")  # any command, one line
             return exc.exit_code
-        if not shutdown.is_interrupt(exc):
+        if not is_interrupt(exc):
             return _invalid_prefect_setting(exc)
         return _interrupted(exc, resumable=getattr(args, "resumable", True))
     finally:
@@ -100,9 +99,9 @@ def _invalid_prefect_setting(exc: BaseException) -> int:
 
 def _unraisable(default: Any, unraisable: Any) -> None:
     """An interrupt lost in a ``__del__`` or weakref callback is delivered again
-    (``shutdown.redeliver_lost_interrupts``) and printed only with ``--debug``; anything
+    (``STOP.redeliver_lost_interrupts``) and printed only with ``--debug``; anything
     else goes to ``default``."""
-    if not shutdown.redeliver_lost_interrupts(unraisable) or os.environ.get(DEBUG_ENV):
+    if not STOP.redeliver_lost_interrupts(unraisable) or os.environ.get(DEBUG_ENV):
         default(unraisable)
 
 
@@ -111,17 +110,17 @@ def _interrupted(exc: BaseException, *, resumable: bool) -> int:
     hard-exit hooks run first: a run recorded before the flow took over reads
     ``interrupted``. After this command committed its run, the line says so (a rerun has
     nothing to redo); a read-only command (``resumable`` False) has nothing to resume."""
-    shutdown.run_hard_exit_hooks()
-    signum = shutdown.signal_of(exc)
-    cause = shutdown.stop_cause(signum)  # a SIGTERM may be a cancel from Prefect
-    committed = shutdown.committed()
+    STOP.run_hard_exit_hooks()
+    signum = signal_of(exc)
+    cause = STOP.stop_cause(signum)  # a SIGTERM may be a cancel from Prefect
+    committed = STOP.committed()
     if committed is not None:
-        run_key, manifest_uri, todo = committed
-        line = interrupted_line(signum, f" after run {run_key[:12]} was committed "
-                                        f"({manifest_uri})", f": {todo}", cause)  # fmt: skip
+        line = interrupted_line(signum, f" after run {committed.run_key[:12]} was committed "
+                                        f"({committed.manifest_uri})", f": {committed.todo}",
+                                cause)  # fmt: skip
     elif resumable:
         line = interrupted_line(signum, cause=cause)
     else:
         line = interrupted_line(signum, todo=None, cause=cause)
     sys.stderr.write(line)
-    return shutdown.exit_code_for(signum)
+    return exit_code_for(signum)

@@ -1,4 +1,5 @@
-"""The Prefect environment of a CLI run: quiet offline defaults and which API server to use.
+"""The Prefect environment of a CLI run: quiet offline defaults, which API server to use, and
+``with_prefect_api``, which runs a command's body against it.
 
 With ``PREFECT_API_URL`` set (environment or Prefect profile), that server must answer before
 anything starts; without it the CLI starts its own temporary server (``cli.local_server``)
@@ -14,14 +15,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from embedline.shutdown import ApiLoss
+from cli.failures import EXIT_USAGE, exit_on_api_loss, fail
+from cli.prefect_console import quiet_prefect_console
+from embedline.shutdown import STOP, ApiLoss
 
 if TYPE_CHECKING:
     from cli.local_server import LocalServer
 
 __all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment",
            "invalid_prefect_setting", "is_prefect_cloud", "prefect_api",
-           "temporary_server_stopped"]
+           "temporary_server_stopped", "with_prefect_api"]
 
 _PREFECT_DEFAULTS = {
     # A temporary Prefect server can take longer than Prefect's 20 s default to start on a
@@ -207,6 +210,29 @@ def prefect_api() -> PrefectApi:
     # Before Prefect is imported: its settings are read once, at import.
     os.environ["PREFECT_API_URL"] = server.api_url
     return PrefectApi(server.api_url, server)
+
+
+def with_prefect_api(
+    body: Callable[[PrefectApi], int], *, on_lost: Callable[[ApiLoss], None] | None = None
+) -> int:
+    """Pick the Prefect API (a temporary server starts now, in the background), call
+    ``body(api)`` and stop that server however ``body`` ends, a hard exit included.
+    Returns ``body``'s exit code, or 2 with one line when no API is usable.
+
+    If the API goes away while ``body`` runs, ``on_lost(loss)`` is called in a watchdog
+    thread (an ``embedline.shutdown.ApiLoss``); by default it prints one line and exits 1.
+    """
+    try:
+        api = prefect_api()
+    except PrefectApiError as exc:
+        return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    STOP.on_hard_exit(api.kill)
+    STOP.on_first_interrupt(quiet_prefect_console)
+    api.watch(on_lost or exit_on_api_loss)
+    try:
+        return body(api)
+    finally:
+        api.close()
 
 
 def _profile_api_url() -> str | None:

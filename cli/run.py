@@ -12,26 +12,21 @@ import sqlite3
 import sys
 from typing import Any
 
-from cli.common import (
+from cli.arguments import (
     DEFAULT_LEDGER,
-    EXIT_FATAL,
-    EXIT_USAGE,
     HELP_FORMATTER,
     LEDGER_HELP,
     MAX_DELETE_HELP,
-    exit_on_api_loss,
-    fail,
-    find_run,
     fraction,
     non_negative_float,
-    open_ledger,
     positive_float,
     positive_int,
-    quiet_prefect_signal_crashes,
-    with_prefect_api,
 )
-from cli.prefect_env import PrefectApi, PrefectApiError
-from embedline import shutdown
+from cli.failures import EXIT_FATAL, EXIT_USAGE, exit_on_api_loss, fail
+from cli.ledger_lookup import find_run, open_ledger
+from cli.prefect_console import quiet_prefect_signal_crashes
+from cli.prefect_env import PrefectApi, PrefectApiError, with_prefect_api
+from embedline.shutdown import SIGNALS, STOP, exit_code_for
 from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["add_parsers"]
@@ -226,7 +221,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     chunks get ``grace_s`` seconds), records every outcome in the ledger and hands its
     summary over; print it and one line, and exit with its code (1: rerun resumes) without
     waiting for Prefect's client retries. At most ``grace_s + _HAND_OVER_MARGIN_S`` seconds;
-    none once the run is committed (``shutdown.committed_summary``): before, the API lost
+    none once only reporting is left (``STOP.committed().summary``): before, the API lost
     just after the commit waited 42 s and then said "rerun … to resume", exit 1."""
     import logging
 
@@ -235,18 +230,20 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     if not os.environ.get(DEBUG_ENV):
         for name in _API_NOISE_LOGGERS:
             logging.getLogger(name).disabled = True  # Prefect's SafeLogger ignores levels
-    shutdown.note_api_lost(loss)
+    STOP.note_api_lost(loss)
     # Committed and nothing left but reporting: the flow's last steps are Prefect calls
     # that would retry for a minute; the summary is known
-    summary = shutdown.committed_summary() or shutdown.wait_for_hand_over(
-        grace_s + _HAND_OVER_MARGIN_S)
+    committed = STOP.committed()
+    summary = committed.summary if committed is not None else None
+    if summary is None:
+        summary = STOP.wait_for_hand_over(grace_s + _HAND_OVER_MARGIN_S)
     if summary is None:  # not dispatching yet, or stuck: the next run reclaims its chunks
-        committed = shutdown.committed()
+        committed = STOP.committed()  # the flow may have committed while this waited
         if committed is None:
             exit_on_api_loss(loss)
         else:  # a sink's load was left: the rerun does only that
-            exit_on_api_loss(loss, kept=f"run {committed[0][:12]} is committed",
-                             todo=committed[2])  # fmt: skip
+            exit_on_api_loss(loss, kept=f"run {committed.run_key[:12]} is committed",
+                             todo=committed.todo)  # fmt: skip
         return
     code = int(summary["exit_code"])
     try:  # whatever printing does, this thread ends the process
@@ -262,7 +259,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
             sys.stderr.write(f"embedline: warning: {loss.what} after the run completed; "
                              "this run is missing from the Prefect UI\n")  # fmt: skip
     finally:
-        shutdown.hard_exit(code)
+        STOP.hard_exit(code)
 
 
 def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int:
@@ -286,7 +283,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
                 return int(loaded["exit_code"])
             return int(committed["exit_code"])  # 1: every chunk published, dead letters
         # with --sink and a load still to do, the flow loads the committed run
-    with shutdown.interrupts_deferred():  # an interrupt inside Prefect's import was lost
+    with STOP.interrupts_deferred():  # an interrupt inside Prefect's import was lost
         from flows.cancellation import raise_if_interrupted_by_cancel
         from flows.embed_csv import embed_csv
 
@@ -297,13 +294,13 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     parameters = settings.to_parameters()
-    shutdown.command_handles_signals()  # SIGTERM as SIGINT; held once committed
+    STOP.command_handles_signals()  # SIGTERM as SIGINT; held once committed
     quiet_prefect_signal_crashes()
     with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
             _no_heartbeats(api):  # fmt: skip
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it
     if _recorded_run_hook is not None:
-        shutdown.remove_hard_exit_hook(_recorded_run_hook)
+        STOP.remove_hard_exit_hook(_recorded_run_hook)
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)  # a Failed state carries RunNotComplete
     raise_if_interrupted_by_cancel(summary)  # cancelled before a summary: cli.main says it
@@ -314,7 +311,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
         from cli.load import print_load_summary
 
         print_load_summary(summary["load"])
-    shutdown.raise_held_interrupt()  # a signal after the commit: cli.main says it (130/143)
+    STOP.raise_held_interrupt()  # a signal after the commit: cli.main says it (130/143)
     _say_why_not_complete(summary)
     return int(summary["exit_code"])
 
@@ -325,7 +322,7 @@ def _say_why_not_complete(summary: dict[str, Any]) -> None:
     state Failed(…)" log line, and after failed chunks with the last chunk's error."""
     code = int(summary["exit_code"])
     if code:
-        interrupted = code in (shutdown.exit_code_for(s) for s in shutdown.SIGNALS)
+        interrupted = code in (exit_code_for(s) for s in SIGNALS)
         sys.stderr.write(f"embedline: {'' if interrupted else 'error: '}{summary['message']}\n")
 
 
@@ -500,11 +497,11 @@ def _commit_without_dispatch(run: Any) -> dict[str, Any] | tuple[str, int] | Non
                 # recorded `running`; until the flow takes over, an interrupt or a hard exit
                 # marks it `interrupted` (else `status` finds the process gone: `crashed`)
                 _recorded_run_hook = run.hard_stop_hook()
-                shutdown.on_hard_exit(_recorded_run_hook)
+                STOP.on_hard_exit(_recorded_run_hook)
                 return None
             with run.leased():  # gc keeps the objects the lease lists
                 ended = run.conclude(work, DispatchResult(), on_committed=lambda summary: (
-                    shutdown.note_committed(run.run_key, str(summary.manifest_uri),
+                    STOP.note_committed(run.run_key, str(summary.manifest_uri),
                                             "nothing to resume")))  # fmt: skip
     except EmbedlineError as exc:
         return str(exc), exc.exit_code

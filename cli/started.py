@@ -21,6 +21,6 @@ def interrupted_line(signum: int, after: str = "",
     """The one line an interrupted command ends with (here and in ``cli.main``): ``after``
     says when (e.g. " after run X was committed (URI)"), ``todo`` what to do (None: nothing,
     for a read-only command), ``cause`` what stopped it (default "interrupted by SIGINT";
-    ``shutdown.stop_cause``)."""
+    ``STOP.stop_cause``)."""
     cause = cause or f"interrupted by {signal.Signals(signum).name}"
     return f"embedline: {cause}{after}{todo or ''}\n"

@@ -14,7 +14,7 @@ shown Cancelling forever.
 In the CLI's own process, ``run_stopping_on_cancel`` reads the flow run's state once a second
 (one ``GET /flow_runs/{id}``; not the runner's observer, which is Prefect-internal, needs an
 event loop and a websocket, and polls every 10 s when that is down). When it reads
-Cancelling (or Cancelled), the cancel is a SIGTERM: ``shutdown.note_prefect_cancel``, then
+Cancelling (or Cancelled), the cancel is a SIGTERM: ``STOP.note_prefect_cancel``, then
 SIGTERM to this process, so the run stops wherever it is exactly as for a SIGTERM. Planning
 or loading a sink: interrupted at once; dispatching: no new chunks, in-flight chunks get
 ``--grace``, then are released; committing: after the ledger recorded the commit; after the
@@ -36,7 +36,7 @@ from prefect import get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Running, State
 
-from embedline import shutdown
+from embedline.shutdown import STOP, Terminated, is_interrupt, signal_of
 
 __all__ = ["POLL_S", "InterruptedByCancel", "cancelled_or", "complete_despite_cancel",
            "end_as_runner_cancellation", "raise_if_interrupted_by_cancel",
@@ -56,7 +56,7 @@ class InterruptedByCancel(Exception):
 
 
 def run_stopping_on_cancel(body: Callable[[], T], *, poll_s: float = POLL_S) -> T | State[Any]:
-    """``body()`` in a flow run; in the CLI's process (``shutdown.run_by_command``) watched
+    """``body()`` in a flow run; in the CLI's process (``STOP.run_by_command``) watched
     for a cancel from Prefect, which stops it as a SIGTERM does (module docstring).
 
     Returns ``body()``'s result, or a Cancelled state carrying ``InterruptedByCancel`` when
@@ -64,21 +64,21 @@ def run_stopping_on_cancel(body: Callable[[], T], *, poll_s: float = POLL_S) -> 
     ``interrupted``). Any other exception, a Ctrl-C included, propagates.
     """
     flow_run_id = flow_run.get_id()
-    if not shutdown.run_by_command() or not flow_run_id:
+    if not STOP.run_by_command() or not flow_run_id:
         return body()  # a runner's process: its SIGTERM is the cancel
-    shutdown.take_over_sigterm()  # the cancel's SIGTERM reaches the command's handler
+    STOP.take_over_sigterm()  # the cancel's SIGTERM reaches the command's handler
     watch = _CancelWatch(str(flow_run_id), poll_s)
     try:
         with watch:
             return body()
     except BaseException as exc:
-        if not (shutdown.prefect_cancel_requested() and shutdown.is_interrupt(exc)
-                and shutdown.signal_of(exc) == signal.SIGTERM):
+        if not (STOP.prefect_cancel_requested() and is_interrupt(exc)
+                and signal_of(exc) == signal.SIGTERM):
             raise
-        committed = shutdown.committed()
+        committed = STOP.committed()
         after, todo = "", "rerun the same command to resume"
         if committed is not None:
-            after, todo = f" after run {committed[0][:12]} was committed", committed[2]
+            after, todo = f" after run {committed.run_key[:12]} was committed", committed.todo
         message = f"cancelled from Prefect{after}; {todo}"
         get_run_logger().warning("stopped: %s", message)
         return Cancelled(message=message, data=InterruptedByCancel(message))
@@ -119,10 +119,10 @@ def _cancel_requested() -> bool:
     it came after the watch's last read (up to ``POLL_S`` before the run ended), too late to
     stop anything, but the final state must still be one the server accepts. One API call;
     none once the API is lost (the CLI has the summary and exits)."""
-    if shutdown.prefect_cancel_requested():
+    if STOP.prefect_cancel_requested():
         return True
     flow_run_id = flow_run.get_id()
-    if not shutdown.run_by_command() or not flow_run_id or shutdown.api_lost() is not None:
+    if not STOP.run_by_command() or not flow_run_id or STOP.api_lost() is not None:
         return False
     from prefect.client.orchestration import get_client
 
@@ -147,10 +147,10 @@ def raise_if_interrupted_by_cancel(data: object) -> None:
     """In the CLI, after the flow: ``data`` (a flow state's) says a cancel interrupted the
     run before it had a summary; end as a SIGTERM there would (``cli.main``: one line, 143).
 
-    :raises shutdown.Terminated: if ``data`` is ``InterruptedByCancel``.
+    :raises Terminated: if ``data`` is ``InterruptedByCancel``.
     """
     if isinstance(data, InterruptedByCancel):
-        raise shutdown.Terminated("the flow run was cancelled from Prefect")
+        raise Terminated("the flow run was cancelled from Prefect")
 
 
 def end_as_runner_cancellation(message: str) -> None:
@@ -161,9 +161,9 @@ def end_as_runner_cancellation(message: str) -> None:
     Failed state into ``Cancelling``: the run stayed ``Cancelling``, with an
     ``UnfinishedRun`` traceback, exit 1 and the worker's "general error" line.
 
-    :raises TerminationSignal: kept by ``shutdown.note_termination``; else returns.
+    :raises TerminationSignal: kept by ``STOP.note_termination``; else returns.
     """
-    termination = shutdown.pending_termination()
+    termination = STOP.pending_termination()
     if termination is None:
         return
     get_run_logger().warning("stopped: %s", message)
@@ -197,6 +197,6 @@ class _CancelWatch:
             while not self._ended.wait(self.poll_s):
                 if _reads_cancel(client, self.flow_run_id):
                     with self._lock:
-                        if not self._ended.is_set() and shutdown.note_prefect_cancel():
+                        if not self._ended.is_set() and STOP.note_prefect_cancel():
                             os.kill(os.getpid(), signal.SIGTERM)
                     return

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.ledger import Ledger, new_owner
-from embedline import shutdown
 from embedline.models import ChunkOutcome, ChunkSpec
+from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
 from tasks.outcome import ChunkFailure, status_for
 
@@ -46,7 +46,7 @@ class Dispatcher:
     ``lease_s`` (seconds) is how long a claim holds without renewal; leases of in-flight
     chunks are renewed every ``lease_s / 3``. ``on_outcome`` is called after each record,
     ``on_tick`` at least every 0.5 s while chunks are in flight (progress between outcomes).
-    When the Prefect API goes away (``shutdown.api_lost``), dispatching stops as after a
+    When the Prefect API goes away (``STOP.api_lost``), dispatching stops as after a
     first signal: in-flight chunks get ``grace_s`` seconds, then are released.
     """
 
@@ -102,7 +102,7 @@ class Dispatcher:
         held: list[ChunkSpec] = []
         renewed = time.monotonic()
         while pending or held or self._inflight:
-            if not self._stopping and shutdown.api_lost() is not None:
+            if not self._stopping and STOP.api_lost() is not None:
                 self.logger.info("the Prefect API went away: no new chunks; in-flight chunks "
                                  "get %g s to finish", self.grace_s)  # fmt: skip
                 self.stop(grace_s=self.grace_s)
@@ -129,7 +129,7 @@ class Dispatcher:
         return self.result
 
     def _release_inflight(self, why: str) -> None:
-        shutdown.stop_tasks()  # running chunk tasks stop before their next request
+        STOP.stop_tasks()  # running chunk tasks stop before their next request
         for spec in self._inflight.values():
             self.ledger.release(self.run_key, spec.index, owner=self.owner, error=why)
             self.result.released[spec.index] = ChunkFailure("released", why, expected=True)

@@ -14,10 +14,10 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.settings import get_current_settings
 
-from embedline import shutdown
 from embedline.models import ChunkOutcome, InputPlan
 from embedline.progress import cost_in_process, reset_cost
 from embedline.protocols import ObjectStore
+from embedline.shutdown import STOP
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
 from flows.progress_report import progress_reporter
@@ -57,7 +57,6 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
         retry_delay_seconds=settings.chunk_retry_delay_s,
         retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,
     )
-    shutdown.reset()
     reset_cost()
     runner_started = time.monotonic()
     with task_runner(settings, window) as runner:
@@ -79,7 +78,7 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
             grace_s=settings.grace_s,
         )  # fmt: skip
         _show_published(runner, plan, work.skipped, store)
-        shutdown.expect_hand_over()
+        STOP.start_dispatching()  # an API loss from now on: the summary is handed over
         result = dispatch_with_graceful_stop(dispatcher, work.todo, grace_s=settings.grace_s,
                                              logger=logger)  # fmt: skip
         redo_other_lengths(dispatcher, store=store, plan=plan, skipped=work.skipped,

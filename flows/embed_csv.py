@@ -18,10 +18,10 @@ from prefect.states import Completed, Failed, State
 from pydantic import ValidationError
 
 from adapters.embeddings import api_key_from_env, close_embedders
-from embedline import shutdown
 from embedline.errors import DiskFullError
 from embedline.models import RunSummary
 from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_message
+from embedline.shutdown import STOP
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows import cancellation
 from flows.api_key import export_api_key_from_block
@@ -100,7 +100,7 @@ def embed_csv(
         return summary
     cancellation.end_as_runner_cancellation(summary.message)
     # The Prefect API went away: the CLI prints this and exits (not 1 min of client retries)
-    shutdown.hand_over(summary.to_dict())
+    STOP.hand_over(summary.to_dict())
     return _final(summary)
 
 
@@ -121,7 +121,7 @@ def _api_key_problem(settings: RunSettings) -> str | None:
 
 def run_settings(settings: RunSettings) -> RunSummary:
     """Run the pipeline for ``settings`` inside the current flow run; return its summary."""
-    shutdown.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
+    STOP.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     opened = Run.open(settings, store=store_for(settings.output), plan_input=plan_input,
                       log=get_run_logger())  # fmt: skip
     if isinstance(opened, RunSummary):  # an input error, or a store that cannot be read
@@ -138,7 +138,7 @@ def run_settings(settings: RunSettings) -> RunSummary:
             summary = _record_embed_commit_load(run)
         except DiskFullError as exc:  # the ledger mid-run: what is published stays published
             return run.summary(**disk_full_fields(exc, run.plan, run.store, settings))
-        if shutdown.api_lost() is None:  # else no artifact: each call would retry a minute
+        if STOP.api_lost() is None:  # else no artifact: each call would retry a minute
             publish_summary(summary, **run.report_facts())
         return summary
     finally:
@@ -169,11 +169,11 @@ def _record_embed_commit_load(run: Run) -> RunSummary:
 def _note_committed(run: Run, summary: RunSummary) -> None:
     """Tell the signal handlers the run is committed (an interrupt now stops nothing)."""
     sink = run.settings.sink
-    shutdown.note_committed(run.run_key, str(summary.manifest_uri), (
+    STOP.note_committed(run.run_key, str(summary.manifest_uri), (
         "rerun the same command to load it into the sink" if sink else "nothing to resume"),
         None if sink else summary.to_dict())  # fmt: skip
     if not sink:
-        shutdown.note_finishing()
+        STOP.only_reporting_left()
 
 
 def _resume_hint() -> str:
@@ -184,10 +184,10 @@ def _resume_hint() -> str:
 
 def _load_into_sink(run: Run, manifest: dict[str, Any], summary: RunSummary) -> RunSummary:
     """With ``--sink``, load the committed run; the run's exit code becomes the load's. Then
-    only reporting is left (``shutdown.note_finishing``)."""
+    only reporting is left (``STOP.only_reporting_left``)."""
     settings = run.settings
     if not settings.sink:
-        shutdown.note_finishing()
+        STOP.only_reporting_left()
         return summary
     opened_here = run.ledger is None
     ledger = run.open_ledger() if opened_here else run.ledger
@@ -206,9 +206,9 @@ def _load_into_sink(run: Run, manifest: dict[str, Any], summary: RunSummary) -> 
                        f"into the sink {done} {load.message}")  # fmt: skip
     loaded = run.summary(summary, wall_s=summary.wall_s, **changes)
     if not load.exit_code:
-        shutdown.note_committed(run.run_key, str(summary.manifest_uri), "nothing to resume",
+        STOP.note_committed(run.run_key, str(summary.manifest_uri), "nothing to resume",
                                 loaded.to_dict())  # fmt: skip
-    shutdown.note_finishing()
+    STOP.only_reporting_left()
     return loaded
 
 

@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from adapters.ledger import Ledger
-from embedline import shutdown
 from embedline.models import ChunkOutcome, InputPlan, chunk_generation
 from embedline.protocols import ObjectStore
+from embedline.shutdown import STOP
 from flows.dispatch import Dispatcher
 from flows.signals import dispatch_with_graceful_stop
 from tasks.dimensions import RunLength, other_lengths, with_lengths
@@ -43,7 +43,7 @@ def redo_other_lengths(
     length is pinned for the second pass: every answer must have it.
     """
     result = dispatcher.result
-    stopping = shutdown.stop_signal() is not None or shutdown.api_lost() is not None
+    stopping = STOP.stop_signal() is not None or STOP.api_lost() is not None
     if result.stop is not None or stopping:
         return []
     done = with_lengths(store, {**skipped, **result.published})

@@ -36,10 +36,10 @@ from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from adapters.ledger import Ledger
-from embedline import shutdown
 from embedline.errors import ConflictError, EmbedlineError
 from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
 from embedline.protocols import VectorSink
+from embedline.shutdown import STOP
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
 from tasks.chunk import store_for
 from tasks.load import LoadedChunk, LoadJob, load_chunk, sink_for
@@ -77,7 +77,7 @@ def load_run(
     ``allow_failed_rows``: rows the sink refuses for good (load dead letters) do not make
     the load fail (exit 0). ``lancedb_keep_versions_s``: LanceDB versions older than this
     (seconds) are pruned after the load (default 3,600)."""
-    shutdown.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
+    STOP.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     started = time.monotonic()
     try:
         manifest = resolve_run(store_for(output), run)
@@ -94,7 +94,7 @@ def load_run(
     if isinstance(summary, State):  # cancelled from Prefect (the CLI's process)
         return summary
     summary.wall_s = round(time.monotonic() - started, 3)
-    if shutdown.api_lost() is None:
+    if STOP.api_lost() is None:
         publish_load_summary(summary)
     return final_state(summary)
 
@@ -279,7 +279,7 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
 
 def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:
     """The ``embedline-load-dead-letters`` table artifact (ids and reasons, never text)."""
-    if shutdown.api_lost() is not None:
+    if STOP.api_lost() is not None:
         return
     create_table_artifact([{"chunk": d.chunk_index, "id": d.id[:200], "reason": d.reason,
                             "sqlstate": d.sqlstate, "message": d.message} for d in dead[:1000]],

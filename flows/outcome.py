@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedline import shutdown
 from embedline.models import ChunkOutcome, InputPlan, blocking_dead_letters, dead_letters_block_message
+from embedline.shutdown import STOP, exit_code_for
 from flows.dispatch import DispatchResult
 
 __all__ = ["outcome_fields"]
@@ -71,11 +71,11 @@ def _status(plan: InputPlan, run_key: str, done: dict[int, ChunkOutcome], result
     API lost, a stop of the dispatch (outage, fatal, input), chunks not published, dead
     letters that block the commit; else ``complete``."""
     published = f"{len(done)} of {len(plan.chunks)} chunks"
-    signum = shutdown.stop_signal()
+    signum = STOP.stop_signal()
     if signum is not None:
-        return _ended(shutdown.exit_code_for(signum), "interrupted",
-                      f"{shutdown.stop_cause(signum)}: {published} published; {resume_hint}")
-    loss = shutdown.api_lost()
+        return _ended(exit_code_for(signum), "interrupted",
+                      f"{STOP.stop_cause(signum)}: {published} published; {resume_hint}")
+    loss = STOP.api_lost()
     if loss is not None and not_done:
         return _ended(1, "interrupted",
                       f"{loss.what}; {published} are published and kept: {loss.todo}")

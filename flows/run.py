@@ -23,7 +23,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from adapters.ledger import Ledger, new_owner, record_hard_stop
-from embedline import shutdown
 from embedline.errors import ConflictError, EmbedlineError, InputError
 from embedline.models import (
     ChunkOutcome,
@@ -36,6 +35,7 @@ from embedline.models import (
 )
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
+from embedline.shutdown import STOP, is_interrupt
 from flows.dispatch import DispatchResult
 from flows.outcome import outcome_fields
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
@@ -191,12 +191,12 @@ class Run:
         """Record the run ``running`` in its ledger (``open_ledger``) for the block.
 
         An error out of the block marks the run ``crashed``; an interrupt (Ctrl-C,
-        SIGTERM: ``shutdown.is_interrupt``) or a hard exit of the process ``interrupted``:
+        SIGTERM: ``is_interrupt``) or a hard exit of the process ``interrupted``:
         nothing was lost, the rerun resumes.
         """
         ledger = self._ledger()
         hook = self.hard_stop_hook()
-        shutdown.on_hard_exit(hook)
+        STOP.on_hard_exit(hook)
         try:
             ledger.start_run(
                 self.run_key, self.plan, output_uri=self.store.uri,
@@ -208,10 +208,10 @@ class Run:
             yield
         except BaseException as exc:
             ledger.mark_stopped(self.run_key,
-                                status="interrupted" if shutdown.is_interrupt(exc) else "crashed")
+                                status="interrupted" if is_interrupt(exc) else "crashed")
             raise
         finally:
-            shutdown.remove_hard_exit_hook(hook)
+            STOP.remove_hard_exit_hook(hook)
 
     @contextlib.contextmanager
     def leased(self) -> Iterator[None]:
@@ -315,7 +315,7 @@ class Run:
         if refused:
             return self.finish(self.summary(summary, exit_code=1, status="incomplete",
                                             message=refused))  # fmt: skip
-        with shutdown.interrupts_deferred():
+        with STOP.committing():
             try:
                 committed = self._commit(done, summary, nothing_sent=not result.published)
             except MassDeleteError as exc:  # a cut-short export: nothing committed, all kept

@@ -3,7 +3,7 @@
 First signal: submit no more chunks and give in-flight chunks ``grace_s`` seconds to finish
 (their requests are paid for: let them land); chunks still running then stop before their
 next request and are released in the ledger; the run exits 130 (SIGINT) or 143 (SIGTERM).
-Second signal: exit at once with the same code (``shutdown.hard_exit``, whose hook from
+Second signal: exit at once with the same code (``STOP.hard_exit``, whose hook from
 ``adapters.ledger.record_hard_stop`` marks the run ``interrupted``); the ledger stays consistent because
 every write is one SQLite transaction, and chunks left ``running`` are reclaimed by the next
 run on this host as soon as it sees their process is gone.
@@ -30,8 +30,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from embedline import shutdown
 from embedline.models import ChunkSpec
+from embedline.shutdown import SIGNALS, STOP
 from flows.dispatch import DispatchResult, Dispatcher
 
 __all__ = ["RUNNER_KILL_AFTER_S", "dispatch_with_graceful_stop", "signal_grace_s",
@@ -49,7 +49,7 @@ def under_prefect_runner() -> bool:
     """True in a flow-run process started by a Prefect worker or ``serve``: they set
     ``PREFECT__FLOW_RUN_ID`` for it (Prefect 3.9 ``runner/_starter_engine.py``); the CLI,
     which runs the flow in its own process, does not."""
-    return bool(os.environ.get("PREFECT__FLOW_RUN_ID")) and not shutdown.run_by_command()
+    return bool(os.environ.get("PREFECT__FLOW_RUN_ID")) and not STOP.run_by_command()
 
 
 def signal_grace_s(grace_s: float) -> float:
@@ -74,7 +74,7 @@ def dispatch_with_graceful_stop(
     ``utilities/engine.commit_control_intent_and_ack``), and only then does the run end
     Cancelled without a traceback. The dispatcher then runs in a thread of its own while
     the main thread, which Prefect's ``TerminationSignal`` interrupts, only waits: the first
-    one starts the graceful stop and is kept for ``shutdown.pending_termination``, which the
+    one starts the graceful stop and is kept for ``STOP.pending_termination``, which the
     flow raises again once everything is recorded, so Prefect ends the run as it would have.
     """
     grace_s = signal_grace_s(grace_s)
@@ -105,7 +105,7 @@ def dispatch_with_graceful_stop(
             try:
                 done.wait(0.2)
             except TerminationSignal as exc:
-                shutdown.note_termination(exc)
+                STOP.note_termination(exc)
                 _stop(signal.SIGTERM, dispatcher, grace_s=grace_s, logger=logger)
     if "error" in outcome:
         raise outcome["error"]
@@ -118,14 +118,12 @@ def _stop(
 ) -> None:  # fmt: skip
     """The first signal stops dispatching (in-flight chunks get ``grace_s`` seconds); a
     second one exits at once."""
-    if shutdown.stop_signal() is not None:
-        shutdown.exit_on_second_signal(signum)
-    shutdown.note_signal(signum)
+    STOP.note_stop_signal(signum)  # a second one exits at once
     dispatcher.stop(grace_s=grace_s)
     hint = ("the Prefect runner kills this process 30 s after a cancel"
             if under_prefect_runner() else "send it again to exit now")
     what = f"{signal.Signals(signum).name} received"
-    if shutdown.stop_cause(signum).startswith("cancelled"):  # flows.cancellation's SIGTERM
+    if STOP.stop_cause(signum).startswith("cancelled"):  # flows.cancellation's SIGTERM
         what, hint = "cancelled from Prefect", "Ctrl-C or SIGTERM exits now"
     logger.warning("%s: no new chunks; in-flight chunks get %g s to finish, then are "
                    "released (%s)", what, grace_s, hint)  # fmt: skip
@@ -134,7 +132,7 @@ def _stop(
 @contextlib.contextmanager
 def stop_on_signals(
     dispatcher: Dispatcher, *, grace_s: float, logger: logging.Logger | logging.LoggerAdapter[Any],
-    signals: Sequence[int] = shutdown.SIGNALS,
+    signals: Sequence[int] = SIGNALS,
 ) -> Iterator[None]:
     """Install handlers of ``signals`` (default SIGINT and SIGTERM) for the block (main
     thread only; else a no-op). A signal this process inherited as ignored (SIG_IGN: a

@@ -11,9 +11,9 @@ from typing import Any
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from embedline import shutdown
 from embedline.errors import InputError
 from embedline.settings import RunSettings
+from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
 from tasks.chunk import warm_worker
 
@@ -46,7 +46,7 @@ def task_runner(settings: RunSettings, window: int) -> Any:
         return DaskTaskRunner(address=settings.dask_address)
     _no_worker_profiler()
     _close_clusters_quietly_at_exit()
-    shutdown.on_first_interrupt(_silence_dask)
+    STOP.on_first_interrupt(_silence_dask)
     threads = max(1, -(-window // settings.dask_workers))
     return DaskTaskRunner(cluster_kwargs={"n_workers": settings.dask_workers,
                                           "threads_per_worker": threads, "processes": True,

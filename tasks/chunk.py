@@ -138,7 +138,7 @@ def _embed(
     """``embed_rows`` with the run's settings; every answer must be ``expected`` long."""
     return embed_rows(
         rows,
-        client,  # never called with no rows to send
+        client,  # None when every row was reused: nothing to send
         model=settings.effective_model,
         dimensions=settings.dimensions,
         batch_size=settings.batch_size,

@@ -100,7 +100,7 @@ class _Embedder:
 
     def __init__(
         self,
-        client: EmbeddingClient,
+        client: EmbeddingClient | None,
         model: str,
         dimensions: int | None,
         expect_dimensions: int | None = None,
@@ -110,7 +110,7 @@ class _Embedder:
         self.dimensions = dimensions
         # the run's vector length: given by the flow, else learned from the first answer
         self.expected = expect_dimensions if expect_dimensions is not None else dimensions
-        self.caps: RequestCaps | None = client.caps
+        self.caps: RequestCaps | None = None if client is None else client.caps
         self.vectors: dict[int, np.ndarray] = {}
         self.dead_letters: list[DeadLetter] = []
         self.accepted: list[tuple[int, int]] = []  # (inputs, estimated tokens) per request
@@ -238,7 +238,7 @@ class _Embedder:
 
 def embed_rows(
     rows: Sequence[Row],
-    client: EmbeddingClient,
+    client: EmbeddingClient | None,
     *,
     model: str,
     dimensions: int | None,
@@ -249,6 +249,7 @@ def embed_rows(
     expect_dimensions: int | None = None,
 ) -> EmbeddedRows:
     """Embed a chunk's ``rows``; return the embedded rows in input order and the dead letters.
+    ``client`` is None when there is nothing to send (every row of the chunk reused).
 
     Empty or whitespace-only texts are never sent: they become ``empty_text`` dead letters
     (DESIGN §5). A batch answered with a row-permanent error (400/413/422) is bisected until
@@ -287,7 +288,7 @@ def embed_rows(
             embedder.dead_letters.append(DeadLetter(row.row_number, row.id, "too_long"))
         else:
             sendable.append(row)
-    if client.whole_chunk and sendable:
+    if sendable and client is not None and client.whole_chunk:
         # an in-process model sorts the whole chunk by length itself: request batches would
         # only add padding and per-call overhead
         batch_size, max_request_tokens = len(sendable), sum(estimate_tokens(r.text)

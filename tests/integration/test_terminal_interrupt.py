@@ -314,7 +314,7 @@ def test_a_sigterm_as_the_flow_run_begins_is_one_line(
     Crashed(…)") no longer print above the command's one line (before: 6 of 7 SIGTERMs sent
     0-30 ms after "Beginning flow run", in a break test)."""
     done = _run_signalled(tmp_path, fake_openai,
-                          "before:embedline.shutdown:take_over_sigterm:SIGTERM", code=143,
+                          "before:embedline.shutdown:STOP.take_over_sigterm:SIGTERM", code=143,
                           last_line="embedline: interrupted by SIGTERM; rerun the same "
                                     "command to resume")  # fmt: skip
     assert "Crash" not in done.stderr, done.stderr[-3000:]

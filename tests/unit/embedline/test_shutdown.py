@@ -1,12 +1,19 @@
-"""``embedline.shutdown``'s signal handling outside the dispatch window, in a child process
-(a second signal ends the process, by design)."""
+"""``embedline.shutdown``: the signal handling outside the dispatch window, in a child process
+(a second signal ends the process, by design), and the ``StopState``'s phases."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Iterator
 
+import pytest
+
+from embedline.shutdown import SIGNALS, ApiLoss, Phase, StopState, raise_interrupt
 from tests.support.fixtures import REPO
 
 
@@ -18,8 +25,8 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 def test_a_second_signal_while_the_first_interrupt_unwinds_exits_at_once() -> None:
     done = _python("""
         import signal
-        from embedline import shutdown
-        shutdown.install_interrupt_handlers()
+        from embedline.shutdown import STOP, Terminated
+        STOP.install_interrupt_handlers()
         try:
             signal.raise_signal(signal.SIGINT)
         except KeyboardInterrupt:
@@ -37,14 +44,14 @@ def test_a_forgotten_interrupt_makes_the_next_signal_a_first_one_again() -> None
     """A new command in the same process, or an interrupt Python lost and sends again."""
     done = _python("""
         import signal
-        from embedline import shutdown
-        shutdown.install_interrupt_handlers()
+        from embedline.shutdown import STOP, Terminated
+        STOP.install_interrupt_handlers()
         for _ in range(2):
             try:
                 signal.raise_signal(signal.SIGTERM)
-            except shutdown.Terminated:
+            except Terminated:
                 print("raised", flush=True)
-            shutdown.forget_interrupts()
+            STOP.forget_interrupts()
     """)
     assert (done.returncode, done.stdout.splitlines()) == (0, ["raised", "raised"])
 
@@ -53,19 +60,19 @@ def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_o
 ) -> None:  # fmt: skip
     first = _python("""
         import signal
-        from embedline import shutdown
+        from embedline.shutdown import STOP, Terminated
         try:
-            with shutdown.interrupts_deferred():
+            with STOP.interrupts_deferred():
                 signal.raise_signal(signal.SIGTERM)
                 print("block finished", flush=True)
-        except shutdown.Terminated:
+        except Terminated:
             print("raised after", flush=True)
     """)
     assert (first.returncode, first.stdout.splitlines()) == (0, ["block finished", "raised after"])
     second = _python("""
         import signal
-        from embedline import shutdown
-        with shutdown.interrupts_deferred():
+        from embedline.shutdown import STOP, Terminated
+        with STOP.interrupts_deferred():
             signal.raise_signal(signal.SIGINT)
             print("noted", flush=True)
             signal.raise_signal(signal.SIGINT)
@@ -80,11 +87,11 @@ def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_o
 def test_first_interrupt_hooks_run_before_the_interrupt_is_raised_and_only_then() -> None:
     done = _python("""
         import signal
-        from embedline import shutdown
+        from embedline.shutdown import STOP, Terminated
         hook = lambda: print("hook", flush=True)
-        shutdown.on_first_interrupt(hook)
-        shutdown.on_first_interrupt(hook)  # registered once
-        shutdown.install_interrupt_handlers()
+        STOP.on_first_interrupt(hook)
+        STOP.on_first_interrupt(hook)  # registered once
+        STOP.install_interrupt_handlers()
         try:
             signal.raise_signal(signal.SIGINT)
         except KeyboardInterrupt:
@@ -100,12 +107,12 @@ def test_a_signal_while_a_committed_run_finishes_is_held_until_the_command_raise
     exits at once, and says the run is committed."""
     held = _python("""
         import signal
-        from embedline import shutdown
-        shutdown.install_interrupt_handlers()
-        shutdown.command_handles_signals()
-        with shutdown.interrupts_deferred():  # the commit
-            shutdown.note_committed("a" * 64, "out/manifests/a.json", "nothing to resume")
-            shutdown.note_finishing()
+        from embedline.shutdown import STOP, Terminated
+        STOP.install_interrupt_handlers()
+        STOP.command_handles_signals()
+        with STOP.interrupts_deferred():  # the commit
+            STOP.note_committed("a" * 64, "out/manifests/a.json", "nothing to resume")
+            STOP.only_reporting_left()
             signal.raise_signal(signal.SIGTERM)
         print("block finished", flush=True)
         signal.raise_signal(signal.SIGTERM)  # Prefect's SIGTERM bridge was replaced too
@@ -117,32 +124,32 @@ def test_a_signal_while_a_committed_run_finishes_is_held_until_the_command_raise
     assert held.returncode == 143
     raised = _python("""
         import signal
-        from embedline import shutdown
-        shutdown.install_interrupt_handlers()
-        shutdown.command_handles_signals()
-        shutdown.note_finishing()
+        from embedline.shutdown import STOP, Terminated
+        STOP.install_interrupt_handlers()
+        STOP.command_handles_signals()
+        STOP.only_reporting_left()
         signal.raise_signal(signal.SIGINT)
         print("held", flush=True)
         try:
-            shutdown.raise_held_interrupt()
+            STOP.raise_held_interrupt()
         except KeyboardInterrupt:
             print("raised", flush=True)
-        shutdown.raise_held_interrupt()  # nothing held any more
+        STOP.raise_held_interrupt()  # nothing held any more
     """)
     assert (raised.returncode, raised.stdout.splitlines()) == (0, ["held", "raised"])
 
 
 def test_without_the_command_asking_a_finishing_run_keeps_prefects_signal_handling() -> None:
     """In a Prefect worker's process (a deployment), SIGTERM is the runner's way to cancel:
-    ``note_finishing`` must leave the handlers alone."""
+    ``only_reporting_left`` must leave the handlers alone."""
     done = _python("""
         import signal
-        from embedline import shutdown
+        from embedline.shutdown import STOP, Terminated
         mine = lambda signum, frame: print("own handler", flush=True)
         signal.signal(signal.SIGTERM, mine)
-        shutdown.note_finishing()
+        STOP.only_reporting_left()
         signal.raise_signal(signal.SIGTERM)
-        shutdown.raise_held_interrupt()
+        STOP.raise_held_interrupt()
     """)
     assert (done.returncode, done.stdout.splitlines()) == (0, ["own handler"])
 
@@ -154,16 +161,16 @@ def test_a_prefect_cancel_is_named_as_such_and_never_counts_as_a_second_signal()
     at once as a second signal; a new command forgets the cancel."""
     done = _python("""
         import signal
-        from embedline import shutdown
-        shutdown.install_interrupt_handlers()
-        print(shutdown.stop_cause(signal.SIGTERM), shutdown.note_prefect_cancel(), flush=True)
-        print(shutdown.stop_cause(signal.SIGTERM), "|", shutdown.stop_cause(signal.SIGINT))
-        shutdown.note_committed(None)  # a new command
-        print(shutdown.prefect_cancel_requested(), flush=True)
+        from embedline.shutdown import STOP, Terminated
+        STOP.install_interrupt_handlers()
+        print(STOP.stop_cause(signal.SIGTERM), STOP.note_prefect_cancel(), flush=True)
+        print(STOP.stop_cause(signal.SIGTERM), "|", STOP.stop_cause(signal.SIGINT))
+        STOP.begin_command()  # a new command
+        print(STOP.prefect_cancel_requested(), flush=True)
         try:
             signal.raise_signal(signal.SIGINT)
         except KeyboardInterrupt:
-            print(shutdown.note_prefect_cancel(), shutdown.prefect_cancel_requested())
+            print(STOP.note_prefect_cancel(), STOP.prefect_cancel_requested())
     """)
     assert done.stdout.splitlines() == [
         "interrupted by SIGTERM True",
@@ -171,4 +178,105 @@ def test_a_prefect_cancel_is_named_as_such_and_never_counts_as_a_second_signal()
         "False",
         "False False",
     ], done.stderr
+    assert done.returncode == 0, done.stderr
+
+
+# -- the phases, on a StopState of their own (signal handlers restored after each test) --
+
+
+@pytest.fixture
+def state() -> Iterator[StopState]:
+    """A fresh ``StopState``; SIGINT/SIGTERM handlers as they were afterwards."""
+    before = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    try:
+        yield StopState()
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_a_cli_run_goes_planning_dispatching_committing_finishing_ended(
+    state: StopState,
+) -> None:
+    assert state.phase is Phase.PLANNING
+    state.begin_command()
+    state.command_handles_signals()
+    state.start_dispatching()
+    assert state.phase is Phase.DISPATCHING
+    with state.committing():
+        assert state.phase is Phase.COMMITTING
+        state.note_committed("a" * 64, "out/manifests/a.json", "nothing to resume", {"x": 1})
+        state.only_reporting_left()
+        assert state.phase is Phase.FINISHING
+    assert state.phase is Phase.FINISHING  # the commit's end does not undo it
+    assert signal.getsignal(signal.SIGTERM) is raise_interrupt  # Prefect's handler replaced
+    state.raise_held_interrupt()  # nothing held
+    assert state.phase is Phase.ENDED
+    state.begin_command()  # the next command forgets the last one
+    assert (state.phase, state.committed(), state.run_by_command()) == (
+        Phase.PLANNING, None, False)
+
+
+@pytest.mark.parametrize("start", [Phase.PLANNING, Phase.DISPATCHING])
+def test_a_commit_with_a_load_left_returns_to_the_phase_before_it(
+    state: StopState, start: Phase
+) -> None:
+    """The CLI's no-Prefect commit (planning) and a flow's commit before the sink's load
+    (dispatching): a signal after the commit is raised again, not held."""
+    state.command_handles_signals()
+    if start is Phase.DISPATCHING:
+        state.start_dispatching()
+    with state.committing():
+        state.note_committed("b" * 64, "out/manifests/b.json", "rerun to load it")
+    assert state.phase is start
+    committed = state.committed()
+    assert committed is not None and (committed.todo, committed.summary) == (
+        "rerun to load it", None)
+
+
+def test_outside_the_cli_a_committed_run_never_enters_finishing(state: StopState) -> None:
+    """A Prefect worker's process: the commit ends back in dispatching, handlers untouched."""
+    state.start_dispatching()
+    handlers = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    with state.committing():
+        state.only_reporting_left()
+        assert state.phase is Phase.COMMITTING
+    assert state.phase is Phase.DISPATCHING
+    assert {signum: signal.getsignal(signum) for signum in SIGNALS} == handlers
+
+
+def test_starting_to_dispatch_clears_the_last_runs_stop(state: StopState) -> None:
+    state.note_stop_signal(signal.SIGINT)
+    state.note_termination(RuntimeError("TerminationSignal"))
+    state.stop_tasks()
+    assert (state.stop_signal(), state.tasks_must_stop()) == (signal.SIGINT, True)
+    state.start_dispatching()
+    assert (state.stop_signal(), state.pending_termination(), state.tasks_must_stop()) == (
+        None, None, False)
+
+
+def test_the_cli_waits_for_a_hand_over_only_once_the_flow_dispatches(state: StopState) -> None:
+    started = time.monotonic()
+    assert state.wait_for_hand_over(5.0) is None  # planning: nothing will come
+    assert time.monotonic() - started < 1.0
+    state.start_dispatching()
+    assert state.hand_over({"exit_code": 1}) is False  # no API loss: nobody waits
+    state.note_api_lost(ApiLoss("the Prefect API went away", "rerun"))
+    threading.Timer(0.2, state.hand_over, args=({"exit_code": 1},)).start()
+    assert state.wait_for_hand_over(5.0) == {"exit_code": 1}
+
+
+def test_a_signal_while_committing_is_raised_when_the_commit_ends() -> None:
+    done = _python("""
+        import signal
+        from embedline.shutdown import STOP, Terminated
+        STOP.install_interrupt_handlers()
+        try:
+            with STOP.committing():
+                signal.raise_signal(signal.SIGTERM)
+                print("commit finished", STOP.phase.value, flush=True)
+        except Terminated:
+            print("raised after", STOP.phase.value, flush=True)
+    """)
+    assert done.stdout.splitlines() == ["commit finished committing", "raised after planning"]
     assert done.returncode == 0, done.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from embedline import shutdown
+from embedline.shutdown import STOP
 from flows.signals import RUNNER_KILL_AFTER_S, signal_grace_s
 
 
@@ -13,7 +13,7 @@ def test_under_a_prefect_runner_the_grace_ends_10_s_before_the_runners_sigkill(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "0b1e3c8e-3f0e-4a55-9d0e-7f1c2a9b8c7d")
-    monkeypatch.setattr(shutdown, "_command_handles_signals", False)
+    monkeypatch.setattr(STOP, "_run_by_command", False)
     assert signal_grace_s(120.0) == RUNNER_KILL_AFTER_S - 10 == 20.0
     assert signal_grace_s(30.0) == 20.0  # the default lost the race before
     assert signal_grace_s(5.0) == 5.0
@@ -28,5 +28,5 @@ def test_elsewhere_the_grace_is_as_asked(
         monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "0b1e3c8e-3f0e-4a55-9d0e-7f1c2a9b8c7d")
     else:
         monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)
-    monkeypatch.setattr(shutdown, "_command_handles_signals", run_by_cli)
+    monkeypatch.setattr(STOP, "_run_by_command", run_by_cli)
     assert signal_grace_s(120.0) == 120.0

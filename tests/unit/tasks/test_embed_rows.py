@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from embedline import shutdown
+from embedline.shutdown import STOP
 from embedline.errors import RetryableError, RowError, StopRequestedError
 from embedline.keys import request_key, row_key, text_sha256
 from embedline.models import Row
@@ -135,12 +135,12 @@ def test_truncate_cuts_long_text_but_keeps_the_original_hash() -> None:
 
 def test_stop_request_releases_before_the_next_request() -> None:
     client = ScriptedClient()
-    shutdown.stop_tasks()
+    STOP.stop_tasks()
     try:
         with pytest.raises(StopRequestedError):
             _run(_rows(["a", "b"]), client)
     finally:
-        shutdown.reset()
+        STOP.start_dispatching()  # clears the stop
     assert client.calls == []
 
 
@@ -154,3 +154,11 @@ def test_the_runs_length_given_by_the_flow_is_expected_from_the_first_request() 
     client = ScriptedClient()
     _run(_rows([f"text {i}" for i in range(6)]), client, expect_dimensions=3)
     assert client.expected == [3, 3]
+
+
+def test_a_chunk_with_nothing_to_send_needs_no_client() -> None:
+    """Every row reused: the chunk task builds no client (a crash-resume test found
+    ``'NoneType' object has no attribute 'caps'`` once ``caps`` was read, not probed)."""
+    result = embed_rows([], None, model="m", dimensions=None, batch_size=4,
+                        max_request_tokens=10**6)  # fmt: skip
+    assert (result.rows, result.dead_letters, result.requests) == ([], [], 0)

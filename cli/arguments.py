@@ -1,0 +1,65 @@
+"""The argparse pieces the commands share: value types, the help formatter, shared defaults
+and help texts."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+__all__ = ["DEFAULT_LEDGER", "HELP_FORMATTER", "LEDGER_HELP", "MAX_DELETE_HELP", "fraction",
+           "non_negative_float", "positive_float", "positive_int"]
+
+DEFAULT_LEDGER = ".embedline/ledger.sqlite3"
+LEDGER_HELP = ("the SQLite ledger; a relative path is relative to the current directory, so "
+               "run `status`, `dead-letters` and `retry-failed` where `run` ran, or pass the "
+               "same --ledger")
+MAX_DELETE_HELP = ("stop, before deleting anything, a load that would delete more than this "
+                   "share of the rows the sink holds, or a commit whose change set removes more "
+                   "than this share of the previous run's rows (a cut-short export); exit 2 "
+                   "with the counts. 1 allows any delete")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default ("(default: 1000)"). An option whose
+    default is None (unset) says in its own words what unset means ("(default: no limit)"):
+    argparse's "(default: None)" said nothing, or the opposite of the text."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+HELP_FORMATTER = HelpFormatter
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float ≥ 0."""
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a share from 0 to 1 (``--max-delete-fraction``)."""
+    value = float(text)
+    if not (0 <= value <= 1):
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text}")
+    return value

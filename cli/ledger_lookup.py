@@ -1,0 +1,35 @@
+"""Finding the ledger and a run in it for the read commands, with one line and exit 2 when
+there is none."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from cli.arguments import DEFAULT_LEDGER
+from cli.failures import EXIT_USAGE, fail
+
+__all__ = ["find_run", "open_ledger"]
+
+
+def open_ledger(path: str) -> Any:
+    """Open the ledger at ``path``; exit 2 with one line if there is none."""
+    from adapters.ledger import Ledger
+
+    if not os.path.exists(path):
+        raise SystemExit(fail(
+            f"embedline: error: no ledger at {os.path.abspath(path)}: `embedline run` keeps "
+            f"it in {DEFAULT_LEDGER} under the directory it ran in; cd there or pass "
+            "--ledger PATH", EXIT_USAGE))  # fmt: skip
+    return Ledger(path)
+
+
+def find_run(ledger: Any, key: str) -> Any:
+    """The ledger's run for a run key or unique prefix (≥ 8 hex); exit 2 if none or ambiguous."""
+    try:
+        record = ledger.find_run(key)
+    except ValueError as exc:
+        raise SystemExit(fail(f"embedline: error: {exc}", EXIT_USAGE)) from None
+    if record is None:
+        raise SystemExit(fail(f"embedline: error: no run {key!r} in {ledger.path}", EXIT_USAGE))
+    return record
