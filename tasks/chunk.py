@@ -114,6 +114,8 @@ def _embed_chunk(
         dimensions=dimensions,
         request_settings=settings.request_fingerprint,
         rows_sent=sent,
+        kept_columns=source.kept_columns,
+        keep_text=source.keep_text,
     )
     outcome = replace(outcome, inputs=sent, reused=found.reused,
                       deduplicated=found.deduplicated, tokens_saved=found.tokens_saved)
