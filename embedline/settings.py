@@ -27,10 +27,8 @@ from embedline.keys import columns_lines
 from embedline.template import (
     RESERVED_COLUMNS,
     TEXT_COLUMN,
-    Template,
     TemplateError,
     parse_template,
-    placeholder,
 )
 
 __all__ = [
@@ -329,11 +327,6 @@ class RunSettings(BaseModel):
 
         return (self.embedder == "openai"
                 and urlsplit(self.base_url).hostname in KEY_REQUIRED_HOSTS)  # fmt: skip
-
-    @property
-    def template(self) -> Template:
-        """The text template in effect (``{text_column}`` when none was given)."""
-        return parse_template(self.text_template or placeholder(self.text_column))
 
     @property
     def kept_columns(self) -> tuple[str, ...]:

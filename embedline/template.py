@@ -77,14 +77,15 @@ class Template:
 
 
 def placeholder(column: str) -> str:
-    """The template ``{column}`` (braces in the name doubled)."""
-    return "{" + column.replace("{", "{{").replace("}", "}}") + "}"
+    """The template ``{column}`` that stands for the plain text column ``column`` (what a
+    manifest records for a run without ``--text-template``)."""
+    return "{" + column + "}"
 
 
 def parse_template(source: str) -> Template:
     """Parse ``source``: ``{name}`` is the field of column ``name``; ``{{``/``}}`` are
-    literal braces. A name is every character up to the next single ``}`` (``}}`` and
-    ``{{`` inside a name are literal braces, as ``placeholder`` writes them).
+    literal braces. A name is every character up to the next ``}``, as in ``str.format``
+    (so ``{{{title}}}`` is the title in braces); a name cannot hold a brace.
 
     :raises TemplateError: an unclosed ``{``, a ``}`` that is not doubled, an empty ``{}``,
         or no placeholder at all (every row would have the same text).
@@ -124,10 +125,7 @@ def _name(source: str, start: int) -> tuple[str, int]:
     name: list[str] = []
     i = start
     while i < len(source):
-        if source.startswith(("}}", "{{"), i):
-            name.append(source[i])
-            i += 2
-        elif source[i] == "}":
+        if source[i] == "}":
             if not name:
                 raise TemplateError(f"an empty '{{}}' at character {start} of the template: "
                                     "name a column inside the braces")  # fmt: skip

@@ -11,6 +11,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, State
@@ -137,7 +138,10 @@ def _embed_chunk(
 def _embed(
     rows: list[Row], client: Any, settings: RunSettings, expected: int | None
 ) -> EmbeddedRows:
-    """``embed_rows`` with the run's settings; every answer must be ``expected`` long."""
+    """``embed_rows`` with the run's settings; every answer must be ``expected`` long.
+    Nothing to send (every vector reused or copied): no client was built, none is called."""
+    if not rows:
+        return EmbeddedRows([], np.zeros((0, expected or 0), dtype=np.float32), [])
     return embed_rows(
         rows,
         client,  # never called with no rows to send

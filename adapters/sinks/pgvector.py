@@ -78,17 +78,25 @@ def _extra_names(columns: SinkColumns) -> list[str]:
     return ([KEPT_HASH] if columns.kept else []) + list(columns.names)
 
 
-def _refused_before_sending(ids: list[str], matrix: np.ndarray) -> list[tuple[int, str, str,
-                                                                            str | None, str]]:
-    """Rows no PostgreSQL table can take, found without a round trip: a NUL in the id
-    (text cannot hold U+0000: PostgreSQL manual, "Character Types"), NaN or infinity in
-    the vector (pgvector refuses them)."""
+def _refused_before_sending(
+    ids: list[str], matrix: np.ndarray, extra: dict[str, list[Any]] | None = None
+) -> list[tuple[int, str, str, str | None, str]]:
+    """Rows no PostgreSQL table can take, found without a round trip: a NUL in the id or a
+    kept value (text cannot hold U+0000: PostgreSQL manual, "Character Types"; psycopg
+    refuses it client-side, with no SQLSTATE), NaN or infinity in the vector (pgvector
+    refuses them). Messages name the column, never the value."""
     finite = np.isfinite(matrix).all(axis=1)
     refused: list[tuple[int, str, str, str | None, str]] = []
     for i, row_id in enumerate(ids):
+        nul = next((name for name, values in (extra or {}).items()
+                    if values[i] is not None and "\x00" in values[i]), None)  # fmt: skip
         if "\x00" in row_id:
             refused.append((i, row_id, "id_has_nul", None,
                             "the id holds a NUL byte, which PostgreSQL text cannot store"))
+        elif nul is not None:
+            refused.append((i, row_id, "value_has_nul", None,
+                            f"column {nul!r} holds a NUL byte, which PostgreSQL text cannot "
+                            "store"))
         elif not finite[i]:
             refused.append((i, row_id, "non_finite_vector", None,
                             "the vector holds NaN or infinity, which pgvector refuses"))
@@ -264,7 +272,7 @@ class PgVectorSink:
         dims = rows.schema.field("embedding").type.list_size
         matrix = vector_matrix(rows)
         extra = extra_values(rows, self._columns())
-        refused = _refused_before_sending(ids, matrix)
+        refused = _refused_before_sending(ids, matrix, extra)
         stack = [[i for i in range(len(ids)) if i not in {r[0] for r in refused}]]
         attempts = 0
         with self._transaction("upsert into") as conn:
