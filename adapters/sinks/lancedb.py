@@ -154,9 +154,9 @@ class LanceDBSink:
                                                   exist_ok=True)  # fmt: skip
             found = self.describe()
             assert found is not None
+        self._check_shape(dimensions, found.columns)  # the shape its own metadata names
         check_compatible(found, where=f"LanceDB table {self.identity}", model=model,
                          dimensions=dimensions, columns=columns)  # fmt: skip
-        self._check_shape(dimensions, found.columns)
         self._kept = found.columns
         return found
 

@@ -214,10 +214,10 @@ class PgVectorSink:
                     self._ident(), sql.Literal(meta)))
         found = self.describe()
         assert found is not None
+        with self._transaction("check") as conn:  # the shape its own metadata names
+            self._check_shape(conn, dimensions, found.columns)
         check_compatible(found, where=f"PostgreSQL table {self.identity}", model=model,
                          dimensions=dimensions, columns=columns)  # fmt: skip
-        with self._transaction("create") as conn:
-            self._check_shape(conn, dimensions, found.columns)
         self._kept = found.columns
         return found
 
