@@ -19,10 +19,12 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # The main job on the embedded default model: a real Debian sample, no network, no account.
-# Then loads it into an embedded LanceDB table and searches it.
+# Each package's title and description are embedded together ('{title}\n\n{text}'), the
+# title is kept beside its vector, loaded into an embedded LanceDB table, and the search
+# prints it after rank, score and id.
 demo: $(STAMP)
-	$(BIN)/embedline run examples/debian-sample.csv --chunk-size 50 --output ./embedline-output --sink lancedb://./embedline-output/lancedb
-	$(BIN)/embedline search lancedb://./embedline-output/lancedb "play a strategy game" --k 5
+	$(BIN)/embedline run examples/debian-sample.csv --chunk-size 50 --output ./embedline-output --text-template '{title}\n\n{text}' --keep-columns title --sink 'lancedb://./embedline-output/lancedb?table=documents'
+	$(BIN)/embedline search 'lancedb://./embedline-output/lancedb?table=documents' "play a strategy game" --k 5
 
 # The test suite CI runs (unit + integration on loopback servers); slow soak runs excluded.
 # Two workers (pytest-xdist), one test file per worker at a time so module fixtures are

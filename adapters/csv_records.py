@@ -13,8 +13,8 @@ with CR-only line ends (classic Mac, some exports). The format comes from
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from adapters.csv_format import CsvFormat
@@ -144,19 +144,28 @@ def read_records(lines: Lines, path: str, delimiter: str = ",") -> Iterator[Reco
 
 @dataclass(frozen=True, slots=True)
 class Header:
-    """The header's column names and the positions of the id and text columns."""
+    """The header's column names and the positions of the id and text columns.
+
+    ``text_index`` is the text column's position (with a template: its first column's);
+    ``columns`` maps every column the template or ``--keep-columns`` names to its position.
+    """
 
     names: list[str]
     id_index: int
     text_index: int
     min_fields: int  # a row needs every field up to the last named column
+    columns: dict[str, int] = field(default_factory=dict)
 
 
-def parse_header(fields: list[str], *, id_column: str, text_column: str, path: str) -> Header:
-    """Find the id and text columns in the header record ``fields``.
+def parse_header(fields: list[str], *, id_column: str, text_column: str, path: str,
+                 template_columns: Sequence[str] = (),
+                 keep_columns: Sequence[str] = ()) -> Header:  # fmt: skip
+    """Find the id and text columns in the header record ``fields``; with a text template,
+    the columns it names (``template_columns``) instead of ``text_column``; and the
+    ``keep_columns``.
 
-    :raises InputError: a column named twice, the same column for id and text, or either
-        column missing (naming the columns found).
+    :raises InputError: a column named twice, the same column for id and text, or any
+        column missing (naming it and listing the columns found).
     """
     seen: dict[str, int] = {}
     for position, name in enumerate(fields):
@@ -169,20 +178,32 @@ def parse_header(fields: list[str], *, id_column: str, text_column: str, path: s
                 column=name,
             )
         seen[name] = position
-    if id_column == text_column:
+    if not template_columns and id_column == text_column:
         raise InputError("--id-column and --text-column must name different columns", path=path)
-    for role, column in (("id", id_column), ("text", text_column)):
+    wanted = [("id", id_column, "--id-column")]
+    if template_columns:
+        wanted += [("template", c, "--text-template") for c in template_columns]
+    else:
+        wanted.append(("text", text_column, "--text-column"))
+    wanted += [("kept", c, "--keep-columns") for c in keep_columns]
+    for role, column, flag in wanted:
         if column not in seen:
             found = ", ".join(repr(n) for n in fields)
+            what = {"id": "no id column", "text": "no text column",
+                    "template": f"no column named by {flag}",
+                    "kept": f"no column named by {flag}"}[role]  # fmt: skip
             raise InputError(
-                f"no {role} column {column!r} in the header; columns found: {found}. "
-                f"Pass --{role}-column with one of them",
+                f"{what} {column!r} in the header; columns found: {found}. "
+                + (f"Pass {flag} with one of them" if role in ("id", "text") else
+                   f"Check {flag}: names are matched exactly, case included"),
                 path=path,
                 line=1,
                 column=column,
             )
     last_named = max(i for i, name in enumerate(fields) if name)
-    return Header(fields, seen[id_column], seen[text_column], last_named + 1)
+    text_index = seen[template_columns[0] if template_columns else text_column]
+    columns = {c: seen[c] for c in (*template_columns, *keep_columns)}
+    return Header(fields, seen[id_column], text_index, last_named + 1, columns)
 
 
 def check_width(record: Record, header: Header, path: str) -> None:

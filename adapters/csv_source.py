@@ -22,6 +22,7 @@ import io
 import os
 import threading
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,8 +39,9 @@ from adapters.csv_records import (
 )
 from adapters.input_source import open_input
 from embedline.errors import InputError
-from embedline.keys import ChunkKeyBuilder, text_sha256
+from embedline.keys import ChunkKeyBuilder, columns_lines, text_sha256
 from embedline.models import ChunkSpec, InputPlan, InputSource, Row
+from embedline.template import Template, TemplateError, kept_sha256, parse_template
 
 __all__ = ["CsvFormat", "check_header", "hand_over_plan", "plan_csv", "read_chunk", "sniff_format"]
 
@@ -49,10 +51,12 @@ _MAX_DUPLICATES_REPORTED = 5
 class _Planner:
     """Accumulates chunk specs while records stream past (one open chunk at a time)."""
 
-    def __init__(self, *, chunk_size: int, model: str, dimensions: int | None) -> None:
+    def __init__(self, *, chunk_size: int, model: str, dimensions: int | None,
+                 columns: Sequence[str] = ()) -> None:  # fmt: skip
         self.chunk_size = chunk_size
         self.model = model
         self.dimensions = dimensions
+        self.columns = tuple(columns)  # keys.columns_lines: the chunk key's extra lines
         self.chunks: list[ChunkSpec] = []
         self.start(byte_start=0, line_start=1)
 
@@ -61,15 +65,16 @@ class _Planner:
         self._open(byte_start=byte_start, line_start=line_start, first_row=1)
 
     def _open(self, *, byte_start: int, line_start: int, first_row: int) -> None:
-        self._key = ChunkKeyBuilder(self.model, self.dimensions)
+        self._key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
         self._bytes = hashlib.sha256()
         self._byte_start, self._line_start, self._first_row = byte_start, line_start, first_row
 
     def feed_bytes(self, raw: bytes) -> None:
         self._bytes.update(raw)
 
-    def add(self, row_id: str, text: str, *, stop: int, next_line: int) -> None:
-        self._key.add(row_id, text_sha256(text))
+    def add(self, row_id: str, text: str, *, stop: int, next_line: int,
+            kept_hash: str | None = None) -> None:  # fmt: skip
+        self._key.add(row_id, text_sha256(text), kept_hash)
         if self._key.rows == self.chunk_size:
             self.close(stop=stop)
             first_row = self._first_row + self.chunk_size
@@ -90,7 +95,7 @@ class _Planner:
                 bytes_sha256=self._bytes.hexdigest(),
             )
         )
-        self._key = ChunkKeyBuilder(self.model, self.dimensions)
+        self._key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
 
 
 def plan_csv(
@@ -103,6 +108,9 @@ def plan_csv(
     model: str,
     dimensions: int | None,
     delimiter: str = ",",
+    text_template: str | None = None,
+    keep_columns: Sequence[str] = (),
+    keep_text: bool = False,
 ) -> InputPlan:
     """Stream ``path`` once: validate it, hash it and cut it into chunks of ``chunk_size`` rows.
 
@@ -116,14 +124,19 @@ def plan_csv(
     file's SHA-256, size (bytes), record count and one ``ChunkSpec`` per chunk, each with its
     content key (DESIGN §2) and byte range.
 
-    :raises InputError: (exit 2) unreadable file, UTF-16 file, undecodable bytes, missing or
+    ``text_template`` (``embedline.template``; None: the ``text_column`` field) builds each
+    row's text; ``keep_columns`` are read beside it and, like ``keep_text``, enter the chunk
+    keys (``keys.columns_lines``).
+
+    :raises InputError: (exit 2) a template column or kept column missing from the header
+        (naming it, listing the header), unreadable file, UTF-16 file, undecodable bytes, missing or
         duplicated header column, malformed record, record with extra non-empty or missing
         fields, empty id, duplicate ids (the first few, with their lines), a header with no
         data rows under it. Every message names the file and the physical line where the
         record starts.
     """
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter)  # fmt: skip
+            delimiter, text_template, tuple(keep_columns), keep_text)  # fmt: skip
     global _handed_over
     with _handed_over_lock:
         handed, _handed_over = _handed_over, None
@@ -134,7 +147,9 @@ def plan_csv(
 
 def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: str,
                    text_column: str, codec: str, chunk_size: int, model: str,
-                   dimensions: int | None, delimiter: str = ",") -> None:  # fmt: skip
+                   dimensions: int | None, delimiter: str = ",",
+                   text_template: str | None = None, keep_columns: Sequence[str] = (),
+                   keep_text: bool = False) -> None:  # fmt: skip
     """Let the next ``plan_csv`` of this process with the same arguments return ``plan``
     (once), if the local file's size, mtime and inode are still those seen now.
 
@@ -144,7 +159,7 @@ def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: 
     """
     global _handed_over
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter)  # fmt: skip
+            delimiter, text_template, tuple(keep_columns), keep_text)  # fmt: skip
     stamp = _local_file_stamp(args[0])
     with _handed_over_lock:
         _handed_over = None if stamp is None else ((args, stamp), plan)
@@ -167,11 +182,15 @@ def _local_file_stamp(path: str) -> tuple[int, int, int, int] | None:
 
 def _plan_csv(
     path: str, id_column: str, text_column: str, codec: str, chunk_size: int, model: str,
-    dimensions: int | None, delimiter: str,
+    dimensions: int | None, delimiter: str, text_template: str | None,
+    keep_columns: tuple[str, ...], keep_text: bool,
 ) -> InputPlan:  # fmt: skip
     source_path = path
     file_hash = hashlib.sha256()
-    planner = _Planner(chunk_size=chunk_size, model=model, dimensions=dimensions)
+    template = _template(text_template)
+    columns = columns_lines(text_template, keep_columns, keep_text)
+    planner = _Planner(chunk_size=chunk_size, model=model, dimensions=dimensions,
+                       columns=columns)  # fmt: skip
     id_digests = array("Q")
 
     def on_bytes(raw: bytes) -> None:
@@ -181,15 +200,18 @@ def _plan_csv(
     found = open_input(source_path)
     with found.open() as fh:
         source_path = found.uri
-        fmt = sniff_stream(fh, source_path, codec, delimiter, id_column, text_column)
+        fmt = sniff_stream(fh, source_path, codec, delimiter, id_column,
+                           template.columns[0] if template else text_column)
         lines = open_lines(fh, source_path, fmt, on_bytes)
         records = read_records(lines, source_path, fmt.delimiter)
         header_record = next(records, None)
         if header_record is None:
             raise InputError("the file is empty: expected a header line", path=source_path, line=1)
         header = parse_header(
-            header_record.fields, id_column=id_column, text_column=text_column, path=source_path
+            header_record.fields, id_column=id_column, text_column=text_column, path=source_path,
+            template_columns=template.columns if template else (), keep_columns=keep_columns,
         )
+        shape = _Shape(header, template, keep_columns)
         data_start = header_record.stop
         planner.start(byte_start=data_start, line_start=lines.line + 1)
         any_text = False
@@ -197,9 +219,10 @@ def _plan_csv(
             check_width(record, header, source_path)
             row_id = row_id_of(record, header, source_path)
             id_digests.append(_id_digest(row_id))
-            text = record.fields[header.text_index]
+            text = shape.text_of(record.fields)
             any_text = any_text or bool(text.strip())  # the rule of tasks.embed
-            planner.add(row_id, text, stop=record.stop, next_line=lines.line + 1)
+            planner.add(row_id, text, stop=record.stop, next_line=lines.line + 1,
+                        kept_hash=shape.kept_hash(record.fields))  # fmt: skip
         planner.close(stop=lines.offset)  # trailing blank lines belong to the last chunk
         size = lines.offset
     _raise_on_duplicates(id_digests, found, fmt, header)
@@ -210,10 +233,13 @@ def _plan_csv(
             "delete every row); check the export, or skip this run", path=source_path, line=2)
     if not any_text:
         column = header.names[header.text_index]
+        where = (f"composed by --text-template from {', '.join(map(repr, template.columns))}"
+                 if template else f"in column {column!r}")
         raise InputError(
-            f"every text in column {column!r} is empty or whitespace ({len(id_digests):,} rows): "
+            f"every text {where} is empty or whitespace ({len(id_digests):,} rows): "
             "nothing to embed. Committed, it would read as 'every row removed' (and a sink load "
-            "would delete every row); check the export and --text-column", path=source_path,
+            "would delete every row); check the export and "
+            f"{'--text-template' if template else '--text-column'}", path=source_path,
             line=2, column=column)
     source = InputSource(
         path=found.uri,
@@ -229,6 +255,7 @@ def _plan_csv(
         text_index=header.text_index,
         n_fields=len(header.names),
         data_start=data_start,
+        **shape.source_fields(text_template, keep_text),
     )
     return InputPlan(
         source=source,
@@ -237,6 +264,46 @@ def _plan_csv(
         rows=len(id_digests),
         chunks=tuple(planner.chunks),
     )
+
+
+def _template(text_template: str | None) -> Template | None:
+    """The parsed template (None: the plain text column).
+
+    :raises InputError: the template is malformed (exit 2).
+    """
+    if text_template is None:
+        return None
+    try:
+        return parse_template(text_template)
+    except TemplateError as exc:
+        raise InputError(f"--text-template: {exc}") from None
+
+
+class _Shape:
+    """How a record becomes a text and kept values, by the header's positions."""
+
+    def __init__(self, header: Header, template: Template | None,
+                 keep_columns: Sequence[str]) -> None:  # fmt: skip
+        self.parts = tuple((literal, header.columns[c] if c is not None else -1)
+                           for literal, c in template.parts) if template else ()  # fmt: skip
+        self.text_index = header.text_index
+        self.keep_columns = tuple(keep_columns)
+        self.kept_indexes = tuple(header.columns[c] for c in keep_columns)
+
+    def text_of(self, fields: list[str]) -> str:
+        if not self.parts:
+            return fields[self.text_index]
+        return "".join(literal + (fields[i] if i >= 0 else "") for literal, i in self.parts)
+
+    def kept_hash(self, fields: list[str]) -> str | None:
+        if not self.kept_indexes:
+            return None
+        return kept_sha256([fields[i] for i in self.kept_indexes])
+
+    def source_fields(self, text_template: str | None, keep_text: bool) -> dict[str, Any]:
+        return {"text_parts": self.parts, "kept_columns": self.keep_columns,
+                "kept_indexes": self.kept_indexes, "keep_text": keep_text,
+                "text_template": text_template}  # fmt: skip
 
 
 def _id_digest(row_id: str) -> int:
@@ -285,22 +352,26 @@ def _raise_on_duplicates(digests: array, found: Any, fmt: CsvFormat, header: Hea
 
 def check_header(
     path: str | os.PathLike[str], *, id_column: str, text_column: str, codec: str,
-    delimiter: str = ",",
+    delimiter: str = ",", text_template: str | None = None, keep_columns: Sequence[str] = (),
 ) -> CsvFormat:
     """Read only the header (and any BOM) of ``path``: a fast check before anything starts.
     Returns the format ``sniff_format`` chose (its ``note`` says what was detected).
 
     :raises InputError: unreadable or binary file, undecodable header, missing or duplicated
-        id/text column, empty file.
+        id/text column, a template or kept column missing, a malformed template, empty file.
     """
+    template = _template(text_template)
     found = open_input(os.fspath(path))
     with found.open() as fh:
-        fmt = sniff_stream(fh, found.uri, codec, delimiter, id_column, text_column)
+        fmt = sniff_stream(fh, found.uri, codec, delimiter, id_column,
+                           template.columns[0] if template else text_column)
         records = read_records(open_lines(fh, found.uri, fmt, None), found.uri, fmt.delimiter)
         header = next(records, None)
     if header is None:
         raise InputError("the file is empty: expected a header line", path=found.uri, line=1)
-    parse_header(header.fields, id_column=id_column, text_column=text_column, path=found.uri)
+    parse_header(header.fields, id_column=id_column, text_column=text_column, path=found.uri,
+                 template_columns=template.columns if template else (),
+                 keep_columns=keep_columns)  # fmt: skip
     return fmt
 
 
@@ -332,9 +403,10 @@ def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:
     rows = []
     records = read_records(lines, source.path, source.delimiter)
     for number, record in enumerate(records, start=spec.first_row):
-        text = record.fields[source.text_index]
+        text = source.text_of(record.fields)
         row_id = record.fields[source.id_index]
-        rows.append(Row(number, record.line, row_id, text, text_sha256(text)))
+        rows.append(Row(number, record.line, row_id, text, text_sha256(text),
+                        source.kept_of(record.fields)))
     if len(rows) != spec.rows:
         raise InputError(
             f"chunk {spec.index} holds {len(rows)} records, the plan said {spec.rows}",

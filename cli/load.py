@@ -144,6 +144,7 @@ def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str
     from embedline.errors import EmbedlineError
     from embedline.models import LoadSummary
     from tasks.read import resolve_run
+    from adapters.sinks.base import sink_columns_of
     from tasks.sink_state import plan_load, run_keys
 
     del ledger_path, allow_failed_rows
@@ -159,9 +160,10 @@ def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str
             return None
         # a table of another shape or model: the flow refuses it (exit 3), even if it holds
         # the run's ids and hashes (a column added by hand)
+        columns = sink_columns_of(manifest)
         sink.ensure_table(embedder=str(manifest.get("embedder")), model=str(manifest["model"]),
-                          dimensions=int(manifest["dimensions"]))
-        plan = plan_load(run_keys(store, manifest["chunks"]), sink.held_keys())
+                          dimensions=int(manifest["dimensions"]), columns=columns)
+        plan = plan_load(run_keys(store, manifest["chunks"], columns.kept), sink.held_keys())
     except (EmbedlineError, OSError):
         return None
     finally:

@@ -42,6 +42,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--id-column", default="id", help="header name of the unique id column")
     run.add_argument("--text-column", default="text",
                      help="header name of the column to embed")
+    run.add_argument("--text-template", default=None, metavar="TEMPLATE", type=_template_arg,
+                     help="build the text to embed from several columns: {column} "
+                          "placeholders, {{ }} for literal braces, \\n and \\t understood, "
+                          "e.g. '{title}\\n\\n{text}' (instead of --text-column)")
+    run.add_argument("--keep-columns", default=None, metavar="A,B",
+                     help="columns carried beside the vectors, as read, into chunk objects, "
+                          "read_embeddings and sinks (comma-separated header names)")
+    run.add_argument("--keep-text", action="store_true",
+                     help="keep the embedded text itself as column 'text' beside the vectors")
     run.add_argument("--encoding", default="auto",
                      help="auto (UTF-8 with or without BOM, UTF-16 by its BOM, else detected "
                           "and printed; a single-byte code page such as cp1252 must be "
@@ -148,6 +157,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     retry.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     retry.add_argument("--debug", action="store_true", help="show tracebacks of expected failures")
     retry.set_defaults(handler=_retry_failed)
+
+
+def _template_arg(text: str) -> str:
+    """argparse type of ``--text-template``: ``\\n``, ``\\t`` (and ``\\\\``) become the
+    characters a shell's single quotes cannot hold (``embedline.template.unescape_cli``)."""
+    from embedline.template import unescape_cli
+
+    return unescape_cli(text)
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
@@ -386,6 +403,8 @@ def _check_before_prefect(settings: Any) -> tuple[str, int] | None:
     try:
         fmt = check_header(settings.input, id_column=settings.id_column,
                            text_column=settings.text_column, codec=settings.codec,
+                           text_template=settings.text_template,
+                           keep_columns=settings.kept_columns,
                            delimiter=settings.delimiter)  # fmt: skip
         if fmt.note:
             print(f"embedline: reading {os.path.basename(settings.input)} as: {fmt.note}",

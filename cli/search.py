@@ -3,6 +3,8 @@
 TARGET is a run's output root (searches the latest committed run's published vectors, or
 ``--run``) or a sink URI (LanceDB or pgvector). The query is embedded with the embedder and
 model that made the vectors: the run's manifest says which, or the sink table's metadata.
+Each line is ``rank score id`` and then the run's kept columns (``--keep-columns``), so
+scripts that read the first three fields keep working; the kept text is not printed.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, positive_int
 from cli.failures import EXIT_USAGE, fail
 
-__all__ = ["add_parsers", "search_target", "top_k"]
+__all__ = ["add_parsers", "kept_columns", "search_target", "top_k"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -47,9 +50,11 @@ def _query(text: str) -> str:
     return text
 
 
-def top_k(matrix: Any, ids: list[str], vector: Any, k: int) -> list[tuple[str, float]]:
+def top_k(matrix: Any, ids: list[str], vector: Any, k: int,
+          values: Sequence[list[Any]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
     """The ``k`` rows of ``matrix`` (float32, rows × d) most cosine-similar to ``vector``
-    (d,), as ``(id, similarity)``, most similar first."""
+    (d,), as ``(id, similarity, *values)``, most similar first; ``values`` are columns
+    (one list per column, a value per row) returned beside each hit."""
     import numpy as np
 
     if not len(ids):
@@ -59,7 +64,7 @@ def top_k(matrix: Any, ids: list[str], vector: Any, k: int) -> list[tuple[str, f
     k = min(k, len(ids))
     best = np.argpartition(-scores, k - 1)[:k]
     best = best[np.argsort(-scores[best], kind="stable")]
-    return [(ids[i], float(scores[i])) for i in best]
+    return [(ids[i], float(scores[i]), *(column[i] for column in values)) for i in best]
 
 
 def _is_sink(target: str) -> bool:
@@ -132,10 +137,11 @@ def _refuse_an_unknown_server(ledger: str) -> None:
 
 
 def search_target(target: str, queries: list[str], *, k: int, run: str | None = None,
-                  base_url: str | None = None,
-                  ledger: str = DEFAULT_LEDGER) -> list[list[tuple[str, float]]]:  # fmt: skip
+                  base_url: str | None = None, ledger: str = DEFAULT_LEDGER,
+                  columns: bool = False) -> list[list[tuple[Any, ...]]]:  # fmt: skip
     """Embed ``queries`` like the target's vectors; return each one's ``k`` nearest ids as
-    ``(id, cosine similarity)``, most similar first.
+    ``(id, cosine similarity)``, most similar first; with ``columns``, each hit is followed
+    by the values of the target's kept columns (``kept_columns`` names them).
 
     :raises InputError: no committed run, no sink table, or a bad URI.
     :raises EmbedlineError: the embedder failed (see ``EmbeddingClient.embed``).
@@ -157,7 +163,8 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
             vectors = _embed_queries(queries, embedder=info.embedder, model=info.model,
                                      dimensions=info.dimensions, base_url=base_url,
                                      ledger=ledger)  # fmt: skip
-            return [sink.search(v, k) for v in vectors]
+            kept = info.columns.kept if columns else ()
+            return [sink.search(v, k, columns=kept) for v in vectors]
         finally:
             sink.close()
     import numpy as np
@@ -175,7 +182,28 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
     matrix = np.asarray(column.flatten().to_numpy(zero_copy_only=False),
                         dtype=np.float32).reshape(len(column), dims)  # fmt: skip
     ids = table.column("id").to_pylist()
-    return [top_k(matrix, ids, v, k) for v in vectors]
+    kept = kept_columns(target, run) if columns else ()
+    values = [table.column(c).to_pylist() for c in kept]
+    return [top_k(matrix, ids, v, k, values) for v in vectors]
+
+
+def kept_columns(target: str, run: str | None = None) -> tuple[str, ...]:
+    """The kept columns (``--keep-columns``) of ``target``: a sink's table or the run of an
+    output root (default: the latest); none when it keeps none."""
+    if _is_sink(target):
+        from adapters.sinks import open_sink
+
+        sink = open_sink(target)
+        try:
+            info = sink.describe()
+        finally:
+            sink.close()
+        return info.columns.kept if info is not None else ()
+    from adapters.object_store import open_store
+    from tasks.read import resolve_run
+
+    manifest = resolve_run(open_store(target), run)
+    return tuple(str(c) for c in manifest.get("kept_columns") or ())
 
 
 def _manifest_embedder(output: str, run_key: str) -> str:
@@ -191,12 +219,25 @@ def _search(args: argparse.Namespace) -> int:
 
     try:
         hits = search_target(args.target, [args.query], k=args.k, run=args.run,
-                             base_url=args.base_url, ledger=args.ledger)[0]  # fmt: skip
+                             base_url=args.base_url, ledger=args.ledger,
+                             columns=True)[0]  # fmt: skip
+        names = kept_columns(args.target, args.run) if hits and len(hits[0]) > 2 else ()
     except EmbedlineError as exc:
         return fail(f"embedline: error: {exc}", exc.exit_code)
     except FileNotFoundError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    print(f"{'rank':>4}  {'score':>6}  id")
-    for rank, (row_id, score) in enumerate(hits, 1):
-        print(f"{rank:>4}  {score:6.3f}  {row_id}")
+    width = max([len(str(h[0])) for h in hits] + [2]) if names else 0
+    print(f"{'rank':>4}  {'score':>6}  " + (f"{'id':<{width}}  " + "  ".join(names)
+                                           if names else "id"))  # fmt: skip
+    for rank, (row_id, score, *values) in enumerate(hits, 1):
+        shown = "  ".join(_one_line(v) for v in values)
+        print(f"{rank:>4}  {score:6.3f}  " + (f"{row_id:<{width}}  {shown}" if names
+                                               else str(row_id)))  # fmt: skip
     return 0
+
+
+def _one_line(value: Any) -> str:
+    """A kept value on one output line: line breaks and tabs shown as spaces, null as ''."""
+    if value is None:
+        return ""
+    return " ".join(str(value).split("\n")).replace("\r", " ").replace("\t", " ")

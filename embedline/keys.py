@@ -12,6 +12,10 @@ All keys follow ``docs/design.md`` §2 (a contract: outside checks recompute the
 - ``run_key``: ``sha256("\\n".join(["run.v1", input_sha256, id_column, text_column, model,
   dims, str(chunk_size)]))``; generation N >= 1 of a run (a committed run whose dead letters
   were sent again, DESIGN §8) appends ``"g{N}"`` as a last line.
+- Documents (DESIGN §2): a run with a text template other than ``{text_column}``, kept
+  columns or ``--keep-text`` appends ``columns_lines`` to the run key (before ``g{N}``) and
+  to the chunk key's header, and each chunk-key row line then also carries
+  ``kept_sha256`` of the row's kept values. Without them every key is exactly as before.
 
 An unset ``dimensions`` (``None``) is the empty string everywhere.
 """
@@ -19,11 +23,13 @@ An unset ``dimensions`` (``None``) is the empty string everywhere.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Sequence
 
 __all__ = [
     "ChunkKeyBuilder",
     "chunk_key",
+    "columns_lines",
     "dims_text",
     "request_key",
     "row_key",
@@ -63,22 +69,47 @@ def request_key(row_keys: Sequence[str]) -> str:
     return _sha256("\n".join(row_keys))
 
 
+def columns_lines(
+    text_template: str | None, kept_columns: Sequence[str] = (), keep_text: bool = False
+) -> list[str]:
+    """The key lines of a run's documents settings (DESIGN §2): ``template:`` and the JSON
+    of ``text_template`` (None: the plain text column, no line), ``keep:`` and the JSON list
+    of ``kept_columns`` (none: no line), ``keep_text`` when the text is kept. JSON so that a
+    template's newlines stay inside its one line."""
+    lines = []
+    if text_template is not None:
+        lines.append("template:" + json.dumps(text_template, ensure_ascii=False))
+    if kept_columns:
+        lines.append("keep:" + json.dumps(list(kept_columns), ensure_ascii=False))
+    if keep_text:
+        lines.append("keep_text")
+    return lines
+
+
 class ChunkKeyBuilder:
-    """Incremental chunk key: feed ``(id, text_sha256)`` pairs in input order.
+    """Incremental chunk key: feed ``(id, text_sha256)`` pairs in input order (with kept
+    columns, also each row's ``kept_sha256``).
 
     Hashes the same bytes as ``chunk_key`` without keeping the rows, so a planning pass over a
-    file of any size holds one hash object per open chunk.
+    file of any size holds one hash object per open chunk. ``columns`` are
+    ``columns_lines`` (empty: the key is exactly the one without documents settings).
     """
 
     __slots__ = ("_hash", "rows")
 
-    def __init__(self, model: str, dimensions: int | None) -> None:
-        self._hash = hashlib.sha256(f"chunk.v1\n{model}\n{dims_text(dimensions)}".encode())
+    def __init__(self, model: str, dimensions: int | None,
+                 columns: Sequence[str] = ()) -> None:  # fmt: skip
+        head = "\n".join(["chunk.v1", model, dims_text(dimensions), *columns])
+        self._hash = hashlib.sha256(head.encode())
         self.rows = 0
 
-    def add(self, row_id: str, text_hash: str) -> None:
-        """Append one row (its id and the hex SHA-256 of its text)."""
-        self._hash.update(f"\n{row_id}{_SEP}{text_hash}".encode())
+    def add(self, row_id: str, text_hash: str, kept_hash: str | None = None) -> None:
+        """Append one row (its id, the hex SHA-256 of its text, and with kept columns the
+        ``template.kept_sha256`` of its kept values)."""
+        line = f"\n{row_id}{_SEP}{text_hash}"
+        if kept_hash is not None:
+            line += f"{_SEP}{kept_hash}"
+        self._hash.update(line.encode())
         self.rows += 1
 
     def hexdigest(self) -> str:
@@ -86,11 +117,14 @@ class ChunkKeyBuilder:
         return self._hash.hexdigest()
 
 
-def chunk_key(model: str, dimensions: int | None, rows: Iterable[tuple[str, str]]) -> str:
-    """Return the chunk key of ``rows``, an iterable of ``(id, text_sha256)`` in input order."""
-    builder = ChunkKeyBuilder(model, dimensions)
-    for row_id, text_hash in rows:
-        builder.add(row_id, text_hash)
+def chunk_key(model: str, dimensions: int | None, rows: Iterable[Sequence[str]],
+              columns: Sequence[str] = ()) -> str:  # fmt: skip
+    """Return the chunk key of ``rows``, an iterable of ``(id, text_sha256)`` (with kept
+    columns ``(id, text_sha256, kept_sha256)``) in input order; ``columns`` as
+    ``ChunkKeyBuilder``."""
+    builder = ChunkKeyBuilder(model, dimensions, columns)
+    for row in rows:
+        builder.add(*row)
     return builder.hexdigest()
 
 
@@ -102,11 +136,14 @@ def run_key(
     dimensions: int | None,
     chunk_size: int,
     generation: int = 0,
+    columns: Sequence[str] = (),
 ) -> str:
     """Return the run key (64 hex chars) naming the manifest ``manifests/{run_key}.json``.
 
     ``generation`` N >= 1 names the run that supersedes generation N-1 of the same input and
-    settings by retrying its dead letters (DESIGN §8); 0 is the run itself.
+    settings by retrying its dead letters (DESIGN §8); 0 is the run itself. ``columns`` are
+    ``columns_lines`` of a run with a template, kept columns or the text kept (none: the
+    key is exactly the one of a plain run).
 
     :raises ValueError: ``generation`` is negative.
     """
@@ -114,4 +151,5 @@ def run_key(
         raise ValueError(f"generation must be >= 0, got {generation}")
     parts = ["run.v1", input_sha256, id_column, text_column, model, dims_text(dimensions),
              str(chunk_size)]  # fmt: skip
+    parts += list(columns)
     return _sha256("\n".join(parts + ([f"g{generation}"] if generation else [])))

@@ -128,6 +128,29 @@ class InputSource:
     newline: str = "\n"  # "\n", or "\r" for CR-only line ends
     delimiter: str = ","  # the field separator chosen (--delimiter, or sniffed)
     note: str = ""  # what format sniffing detected, for the log (empty: all defaults)
+    # documents (DESIGN §2): the text template's parts as (literal, field position; -1 for a
+    # trailing literal), empty for the plain text column; kept columns and their positions
+    text_parts: tuple[tuple[str, int], ...] = ()
+    kept_columns: tuple[str, ...] = ()
+    kept_indexes: tuple[int, ...] = ()
+    keep_text: bool = False
+    text_template: str | None = None  # as given (None: the plain text column)
+
+    def text_of(self, fields: Sequence[str]) -> str:
+        """A record's text: the template composed from ``fields``, or its text field."""
+        if not self.text_parts:
+            return fields[self.text_index]
+        return "".join(literal + (fields[i] if i >= 0 else "") for literal, i in self.text_parts)
+
+    def kept_of(self, fields: Sequence[str]) -> tuple[str, ...]:
+        """A record's kept values, exactly as read (empty without kept columns)."""
+        return tuple(fields[i] for i in self.kept_indexes)
+
+    @property
+    def extra_columns(self) -> tuple[str, ...]:
+        """The columns a chunk object has after embedline's own: the kept columns, then
+        ``text`` with ``keep_text`` (DESIGN §4)."""
+        return self.kept_columns + (("text",) if self.keep_text else ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +202,7 @@ class Row:
     id: str
     text: str = field(repr=False)
     text_sha256: str
+    kept: tuple[str, ...] = field(default=(), repr=False)  # kept values (never logged)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from embedline.errors import FatalError
 
 __all__ = ["EmbeddingClient", "EmbeddingClientBase", "Embeddings", "ObjectInfo", "ObjectStore",
-           "PutResult", "RequestLimits", "SinkTable", "UpsertResult", "VectorSink"]  # fmt: skip
+           "PutResult", "RequestLimits", "SinkColumns", "SinkTable", "UpsertResult",
+           "VectorSink"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +199,39 @@ class ObjectStore(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class SinkColumns:
+    """The columns a sink table holds beside embedline's own (DESIGN §9): ``kept`` CSV
+    columns (their names as in the CSV), and ``text`` (the embedded text) when ``text``.
+
+    A table holding kept columns also holds ``kept_sha256`` (``template.kept_sha256`` of
+    each row's kept values): with ``id`` and ``text_sha256`` the key a load decides by, so a
+    row whose kept values changed is loaded again though its text did not change.
+    """
+
+    kept: tuple[str, ...] = ()
+    text: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The columns in table order: the kept ones, then ``text``."""
+        return self.kept + (("text",) if self.text else ())
+
+    def describe(self) -> str:
+        """``title, section and the text`` / ``no kept columns``, for messages."""
+        parts = [repr(c) for c in self.kept] + (["the text"] if self.text else [])
+        return ", ".join(parts) if parts else "no kept columns"
+
+
+@dataclass(frozen=True, slots=True)
 class SinkTable:
-    """What a sink table says about its vectors: who embedded them, their length, its rows."""
+    """What a sink table says about its vectors: who embedded them, their length, its rows,
+    and the columns it keeps beside them."""
 
     embedder: str | None  # None: a table embedline did not create (no metadata)
     model: str | None
     dimensions: int
     rows: int
+    columns: SinkColumns = SinkColumns()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,16 +250,20 @@ class VectorSink(Protocol):
     """A vector store table that embedline loads runs into (DESIGN §8).
 
     Rows are ``id`` (unique key), ``embedding`` (``dimensions`` float32), ``text_sha256`` and
-    ``run_key`` (the run that last wrote the row). Every method is one transaction.
+    ``run_key`` (the run that last wrote the row), then the table's ``SinkColumns`` (kept
+    columns, ``text``) and, with kept columns, ``kept_sha256``. Every method is one
+    transaction.
     """
 
     identity: str  # the sink and table, without secrets: the ledger's key for load state
     parallel_loads: int  # chunk loads that may run at once against this sink
 
-    def ensure_table(self, *, embedder: str, model: str, dimensions: int) -> SinkTable:
-        """Create the table if absent; return what it holds.
+    def ensure_table(self, *, embedder: str, model: str, dimensions: int,
+                     columns: SinkColumns = SinkColumns()) -> SinkTable:  # fmt: skip
+        """Create the table if absent (with ``columns``); return what it holds.
 
-        :raises FatalError: the existing table holds vectors of another length or model.
+        :raises FatalError: the existing table holds vectors of another length or model, or
+            other kept columns (``adapters.sinks.base.check_compatible``).
         """
         ...
 
@@ -241,8 +272,8 @@ class VectorSink(Protocol):
         ...
 
     def upsert(self, rows: pa.Table, *, run_key: str) -> UpsertResult:
-        """Insert or replace ``rows`` (``id``, ``embedding``, ``text_sha256``) by id, tagged
-        ``run_key``, in one transaction. Rows the store refuses for good (an id it cannot
+        """Insert or replace ``rows`` (``id``, ``embedding``, ``text_sha256`` and the table's
+        ``SinkColumns`` names) by id, tagged ``run_key``, in one transaction. Rows the store refuses for good (an id it cannot
         store, a vector it refuses) are left out, listed in the result, and any row already
         under their ids is removed, so the table never keeps a stale vector for them.
 
@@ -260,8 +291,9 @@ class VectorSink(Protocol):
         ...
 
     def held_keys(self) -> pa.Table:
-        """Return every row's ``id`` and ``text_sha256`` (strings) from one snapshot of the
-        table: what the sink holds, which decides every load (DESIGN §9)."""
+        """Return every row's ``id`` and ``text_sha256`` (strings), and ``kept_sha256`` for
+        a table with kept columns, from one snapshot of the table: what the sink holds,
+        which decides every load (DESIGN §9)."""
         ...
 
     def finalize(self, *, keep_versions_s: float | None = None) -> None:
@@ -269,8 +301,10 @@ class VectorSink(Protocol):
         versions (LanceDB) prunes those older than ``keep_versions_s`` seconds."""
         ...
 
-    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
-        """Return up to ``k`` ``(id, cosine similarity)`` pairs, most similar first."""
+    def search(self, vector: np.ndarray, k: int, *,
+               columns: Sequence[str] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+        """Return up to ``k`` ``(id, cosine similarity, *values of columns)``, most similar
+        first (``columns``: some of the table's ``SinkColumns`` names; none: pairs)."""
         ...
 
     def close(self) -> None:

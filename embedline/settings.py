@@ -23,6 +23,13 @@ from pydantic import (
 )
 
 from embedline.http_names import is_field_name
+from embedline.keys import columns_lines
+from embedline.template import (
+    RESERVED_COLUMNS,
+    TEXT_COLUMN,
+    TemplateError,
+    parse_template,
+)
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -116,6 +123,12 @@ class RunSettings(BaseModel):
     (exactly-once is then not guaranteed). ``reuse`` copies the vector of a text already
     published under the output with the same model and dimensions instead of sending it
     (``--no-reuse`` turns it off, e.g. for a model whose weights changed under its name).
+
+    Documents (DESIGN §2, §4): ``text_template`` builds each row's text from several columns
+    (``{column}`` placeholders; None: the field of ``text_column``; a template that is one
+    placeholder ``{X}`` is stored as ``text_column`` X); ``keep_columns`` are carried beside
+    the vectors (names only here, never values; the CLI's ``A,B`` is split at commas);
+    ``keep_text`` keeps the composed text as column ``text``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -124,6 +137,9 @@ class RunSettings(BaseModel):
     output: str = "./embedline-output"
     id_column: str = "id"
     text_column: str = "text"
+    text_template: str | None = None
+    keep_columns: tuple[str, ...] | None = None
+    keep_text: bool = False
     encoding: str = "auto"
     delimiter: str = "auto"
     embedder: Literal["local", "openai"] = "local"
@@ -159,6 +175,59 @@ class RunSettings(BaseModel):
     # the most a commit's change set (share of the base run's rows) or a load (share of the
     # sink's rows) may delete before it stops, exit 2 (DESIGN §9)
     max_delete_fraction: float = Field(default=0.5, ge=0, le=1, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_placeholder_is_the_text_column(cls, data: Any) -> Any:
+        """``--text-template '{X}'`` is ``--text-column X`` (one run key for one meaning)."""
+        if isinstance(data, dict) and isinstance(data.get("text_template"), str):
+            try:
+                single = parse_template(data["text_template"]).single_column
+            except TemplateError:
+                return data  # the field validator says what is wrong
+            if single is not None:
+                data = {**data, "text_template": None, "text_column": single}
+        return data
+
+    @field_validator("text_template")
+    @classmethod
+    def _template_parses(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parse_template(value)
+        except TemplateError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("keep_columns", mode="before")
+    @classmethod
+    def _column_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [name.strip() for name in value.split(",")]
+        if value is None:
+            return None
+        names = list(value)
+        if any(not isinstance(n, str) or not n for n in names):
+            raise ValueError("an empty column name (write the names separated by commas: "
+                             "title,section)")  # fmt: skip
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"column {twice[0]!r} is named twice")
+        reserved = [n for n in names if n in RESERVED_COLUMNS]
+        if reserved:
+            raise ValueError(f"column {reserved[0]!r} cannot be kept under its name: "
+                             f"{', '.join(RESERVED_COLUMNS)} are embedline's own columns "
+                             "(rename it in the CSV)")  # fmt: skip
+        return tuple(names) or None
+
+    @model_validator(mode="after")
+    def _text_column_is_free(self) -> RunSettings:
+        if self.keep_text and TEXT_COLUMN in (self.keep_columns or ()):
+            raise ValueError(f"--keep-text writes the text as column {TEXT_COLUMN!r}, which "
+                             "--keep-columns also names: drop it from --keep-columns (the "
+                             "text is kept either way) or rename the CSV column")
+        return self
 
     @model_validator(mode="after")
     def _local_model_is_fixed(self) -> RunSettings:
@@ -260,6 +329,17 @@ class RunSettings(BaseModel):
                 and urlsplit(self.base_url).hostname in KEY_REQUIRED_HOSTS)  # fmt: skip
 
     @property
+    def kept_columns(self) -> tuple[str, ...]:
+        """The kept columns, in the order given (empty: none)."""
+        return self.keep_columns or ()
+
+    @property
+    def key_columns(self) -> list[str]:
+        """The run and chunk key lines of the documents settings (``keys.columns_lines``;
+        empty for a plain run, whose keys stay as they always were)."""
+        return columns_lines(self.text_template, self.kept_columns, self.keep_text)
+
+    @property
     def codec(self) -> str:
         """The Python codec that decodes the input."""
         return codec_for(self.encoding)
@@ -267,8 +347,9 @@ class RunSettings(BaseModel):
     @property
     def plan_arguments(self) -> dict[str, Any]:
         """Keyword arguments of ``adapters.csv_source.plan_csv`` for ``input`` (columns,
-        codec, delimiter, chunk size in rows, model, dimensions)."""
+        codec, delimiter, chunk size in rows, model, dimensions, template, kept columns)."""
         return {"id_column": self.id_column, "text_column": self.text_column,
                 "codec": self.codec, "delimiter": self.delimiter,
                 "chunk_size": self.chunk_size, "model": self.effective_model,
-                "dimensions": self.dimensions}  # fmt: skip
+                "dimensions": self.dimensions, "text_template": self.text_template,
+                "keep_columns": self.kept_columns, "keep_text": self.keep_text}  # fmt: skip

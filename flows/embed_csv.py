@@ -43,6 +43,9 @@ def embed_csv(
     output: str = "./embedline-output",
     id_column: str = "id",
     text_column: str = "text",
+    text_template: str | None = None,
+    keep_columns: list[str] | None = None,
+    keep_text: bool = False,
     encoding: str = "auto",
     delimiter: str = "auto",
     embedder: Literal["local", "openai"] = "local",
@@ -78,6 +81,11 @@ def embed_csv(
     max_delete_fraction: float = 0.5,
 ) -> State[Any]:
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
+
+    ``text_template`` builds the text from several columns instead (``{column}``
+    placeholders, ``{{``/``}}`` literal braces, e.g. ``"{title}\n\n{text}"``);
+    ``keep_columns`` (names) are carried beside the vectors into chunk objects, readers and
+    sinks, and ``keep_text`` keeps the text as column ``text`` (DESIGN §2, §4, §9).
 
     With ``sink``, the committed run is then loaded into that vector store (``load-chunk``
     tasks; DESIGN §9); ``max_delete_fraction``: DESIGN §9, "Mass deletes". Units:

@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import io
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -36,6 +36,7 @@ from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from adapters.ledger import Ledger
+from adapters.sinks.base import sink_columns_of
 from embedline.errors import ConflictError, EmbedlineError
 from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
 from embedline.protocols import VectorSink
@@ -154,14 +155,15 @@ def _load_stage(
                        chunks_total=len(chunks))  # fmt: skip
     try:
         sink = sink_for(sink_uri)
+        columns = sink_columns_of(manifest)
         sink.ensure_table(embedder=str(manifest.get("embedder")), model=str(manifest["model"]),
-                          dimensions=int(manifest["dimensions"]))  # fmt: skip
+                          dimensions=int(manifest["dimensions"]), columns=columns)  # fmt: skip
     except EmbedlineError as exc:
         return _with(base, started, exit_code=exc.exit_code,
                      status="fatal" if exc.exit_code == 3 else "failed", message=str(exc))
     base.sink = sink.identity
     try:
-        run = run_keys(store_for(output), manifest["chunks"])
+        run = run_keys(store_for(output), manifest["chunks"], columns.kept)
         plan = plan_load(run, sink.held_keys())
         mode = _mode(output, manifest, plan)
     except EmbedlineError as exc:
@@ -199,17 +201,20 @@ def _load_stage(
                 "delete, %d of %d chunks already held", run_key, sink.identity, mode,
                 plan.rows_to_upsert, len(plan.upsert), len(plan.delete),
                 len(chunks) - len(plan.upsert), len(chunks))  # fmt: skip
+    options = replace(options, columns=columns.names)
     return _converge(base, started, chunks, run, plan, sink, ledger, output, options)
 
 
 @dataclass(frozen=True, slots=True)
 class _Options:
     """A load's user options: the mass-delete guard (0..1 of the held rows), whether load
-    dead letters still exit 0, and LanceDB's version retention (seconds; None: default)."""
+    dead letters still exit 0, and LanceDB's version retention (seconds; None: default);
+    and the columns the run carries beside its vectors (from its manifest)."""
 
     max_delete_fraction: float
     allow_failed_rows: bool
     keep_versions_s: float | None
+    columns: tuple[str, ...] = ()  # the run's kept columns and text, read with each chunk
 
 
 _PASSES = 3  # plans applied before a table that keeps changing under the load is reported
@@ -230,7 +235,7 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
         todo = [by_index[i] for i in plan.upsert]
         ids = {i: (None if len(v) == by_index[i].rows else v) for i, v in plan.upsert.items()}
         job = LoadJob(output=output, sink=sink.identity, run_key=run_key,
-                      mode=str(summary.mode))  # fmt: skip
+                      mode=str(summary.mode), columns=options.columns)  # fmt: skip
         loaded, failed, refused = _load_chunks(todo, job, sink, ledger, ids)
         if refused:
             dead += refused

@@ -1,10 +1,13 @@
 """Change sets: what a committed run added, changed and removed relative to the run before it.
 
 ``changes/{run_key}.parquet`` (DESIGN §4, a contract) has columns ``id`` (string), ``change``
-(string: ``added``, ``changed`` or ``removed``) and ``text_sha256`` (string: the new text's
-hash for added/changed ids, the old one for removed ids), sorted by id. Unchanged ids are
-only counted. The base is ``latest_manifest`` over the same output root, id column, text
-column, model and dimensions at the moment of committing (named in the manifest as
+(string: ``added``, ``changed`` or ``removed``), ``text_sha256`` (string: the new text's
+hash for added/changed ids, the old one for removed ids) and ``text_changed`` (bool: True
+when the text changed, False when only kept columns did, null for added and removed),
+sorted by id. Unchanged ids are only counted. An id whose text is the same but whose kept
+values differ is ``changed`` (its vector is reused, not sent again: DESIGN §8). The base
+is ``latest_manifest`` over the same output root and dataset (columns, template, kept
+columns, model, dimensions) at the moment of committing (named in the manifest as
 ``changes.base_run_key``), so a consumer that applied exactly that run can apply this one.
 
 Only ids with a vector count: an id that became a dead letter is ``removed``. Memory stays
@@ -26,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from adapters.sinks.base import KEPT_HASH, kept_hashes
 from embedline.errors import ConflictError
 from embedline.protocols import ObjectStore
 
@@ -34,7 +38,7 @@ __all__ = ["CHANGES_FORMAT", "ChangeCounts", "changes_object_key", "read_keys", 
 CHANGES_FORMAT = "embedline.changes.v1"
 _META_KEY = b"embedline"
 _KEY_COLUMNS = ["id", "text_sha256"]
-_CHANGE_COLUMNS = ["id", "change", "text_sha256"]
+_CHANGE_COLUMNS = ["id", "change", "text_sha256", "text_changed"]
 
 
 def changes_object_key(run_key: str) -> str:
@@ -62,15 +66,21 @@ class ChangeCounts:
         return asdict(self)
 
 
-def read_keys(store: ObjectStore, object_key: str) -> pa.Table:
-    """Return the ``id`` and ``text_sha256`` columns of a chunk object (strings).
+def read_keys(store: ObjectStore, object_key: str, kept_columns: Sequence[str] = ()) -> pa.Table:
+    """Return the ``id`` and ``text_sha256`` columns of a chunk object (strings), and with
+    ``kept_columns`` also ``kept_sha256`` (``adapters.sinks.base.kept_hashes``).
 
     Reads only those columns' pages (and the footer), never the vectors.
 
     :raises FileNotFoundError: the object does not exist.
     """
     with store.open_read(object_key) as fh:
-        return pq.ParquetFile(fh).read(columns=_KEY_COLUMNS)
+        parquet = pq.ParquetFile(fh)
+        if not kept_columns:
+            return parquet.read(columns=_KEY_COLUMNS)
+        present = [c for c in kept_columns if c in parquet.schema_arrow.names]
+        table = parquet.read(columns=_KEY_COLUMNS + present)
+    return table.select(_KEY_COLUMNS).append_column(KEPT_HASH, kept_hashes(table, kept_columns))
 
 
 def _empty(columns: Sequence[str]) -> pa.Table:
@@ -80,38 +90,49 @@ def _empty(columns: Sequence[str]) -> pa.Table:
     return pa.Table.from_batches([], schema=pa.schema([(c, pa.string()) for c in columns]))
 
 
-def _keys_of(store: ObjectStore, chunks: Iterable[dict[str, Any]]) -> pa.Table:
-    tables = [read_keys(store, str(c["object"])) for c in chunks if int(c["rows"])]
+def _empty_changes() -> pa.Table:
+    schema = pa.schema([(c, pa.bool_() if c == "text_changed" else pa.string())
+                        for c in _CHANGE_COLUMNS])  # fmt: skip
+    return pa.Table.from_batches([], schema=schema)
+
+
+def _keys_of(store: ObjectStore, chunks: Iterable[dict[str, Any]],
+             kept_columns: Sequence[str]) -> pa.Table:  # fmt: skip
+    tables = [read_keys(store, str(c["object"]), kept_columns) for c in chunks if int(c["rows"])]
     if not tables:
-        return _empty(_KEY_COLUMNS)
+        return _empty(_KEY_COLUMNS + ([KEPT_HASH] if kept_columns else []))
     return pa.concat_tables(tables)
 
 
 def diff(
-    store: ObjectStore, current: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]]
+    store: ObjectStore, current: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]],
+    kept_columns: Sequence[str] = (),
 ) -> pa.Table:
-    """Return the change rows (``id``, ``change``, ``text_sha256``) sorted by id.
+    """Return the change rows (``id``, ``change``, ``text_sha256``, ``text_changed``) sorted
+    by id; with ``kept_columns`` an id whose kept values differ is ``changed`` too.
 
     ``current`` and ``base`` are manifest ``chunks`` entries (``object``, ``rows``). Ids are
     unique within each run (the planner refuses duplicates), so a chunk object both runs
-    list holds the same ids with the same texts on both sides and is never read.
+    list holds the same ids with the same texts (and kept values: they are in its key) on
+    both sides and is never read.
     """
     shared = {str(c["object"]) for c in current} & {str(c["object"]) for c in base}
-    new = _keys_of(store, [c for c in current if str(c["object"]) not in shared])
-    old = _keys_of(store, [c for c in base if str(c["object"]) not in shared])
+    new = _keys_of(store, [c for c in current if str(c["object"]) not in shared], kept_columns)
+    old = _keys_of(store, [c for c in base if str(c["object"]) not in shared], kept_columns)
     if new.num_rows == 0 and old.num_rows == 0:  # e.g. a re-export: every chunk shared
-        return _empty(_CHANGE_COLUMNS)
-    joined = new.join(old, keys="id", join_type="full outer", left_suffix="",
-                      right_suffix="_old", coalesce_keys=True)  # fmt: skip
-    if "text_sha256_old" not in joined.column_names:  # pyarrow drops suffixes with no clash
-        joined = joined.rename_columns(["id", "text_sha256", "text_sha256_old"])
+        return _empty_changes()
+    old = old.rename_columns([c if c == "id" else c + "_old" for c in old.column_names])
+    joined = new.join(old, keys="id", join_type="full outer", coalesce_keys=True)
     now, before = joined["text_sha256"], joined["text_sha256_old"]
+    text_differs = pc.not_equal(now, before)
+    differs = text_differs
+    if kept_columns:
+        differs = pc.or_(text_differs, pc.not_equal(joined[KEPT_HASH], joined[KEPT_HASH + "_old"]))
     change = pc.case_when(
-        pc.make_struct(pc.is_null(before), pc.is_null(now),
-                       pc.not_equal(now, before)),  # fmt: skip
+        pc.make_struct(pc.is_null(before), pc.is_null(now), differs),
         "added", "removed", "changed", pa.scalar(None, pa.string()),
     )
-    table = pa.Table.from_arrays([joined["id"], change, pc.coalesce(now, before)],
+    table = pa.Table.from_arrays([joined["id"], change, pc.coalesce(now, before), text_differs],
                                  names=_CHANGE_COLUMNS)
     return table.filter(pc.is_valid(table["change"])).sort_by("id")
 
@@ -143,8 +164,10 @@ def write_changes(
     run_key: str,
     chunks: Sequence[dict[str, Any]],
     base: dict[str, Any] | None,
+    kept_columns: Sequence[str] = (),
 ) -> ChangeCounts:
-    """Compute this run's change set against ``base`` (a manifest, or None) and create it.
+    """Compute this run's change set against ``base`` (a manifest, or None) and create it
+    (``kept_columns``: see ``diff``).
 
     Idempotent: if ``changes/{run_key}.parquet`` already exists (an earlier attempt of this
     run died before its manifest), that object is kept, with the base it names, since it is
@@ -153,7 +176,7 @@ def write_changes(
     :raises ConflictError: the key holds an object that is not this run's change set.
     """
     key = changes_object_key(run_key)
-    table = diff(store, chunks, list(base["chunks"]) if base else [])
+    table = diff(store, chunks, list(base["chunks"]) if base else [], kept_columns)
     body = _parquet(run_key, str(base["run_key"]) if base else None, table)
     try:
         store.put_if_absent(key, body, sha256=hashlib.sha256(body).hexdigest(),

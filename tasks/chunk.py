@@ -11,6 +11,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, State
@@ -114,6 +115,8 @@ def _embed_chunk(
         dimensions=dimensions,
         request_settings=settings.request_fingerprint,
         rows_sent=sent,
+        kept_columns=source.kept_columns,
+        keep_text=source.keep_text,
     )
     outcome = replace(outcome, inputs=sent, reused=found.reused,
                       deduplicated=found.deduplicated, tokens_saved=found.tokens_saved)
@@ -135,7 +138,10 @@ def _embed_chunk(
 def _embed(
     rows: list[Row], client: Any, settings: RunSettings, expected: int | None
 ) -> EmbeddedRows:
-    """``embed_rows`` with the run's settings; every answer must be ``expected`` long."""
+    """``embed_rows`` with the run's settings; every answer must be ``expected`` long.
+    Nothing to send (every vector reused or copied): no client was built, none is called."""
+    if not rows:
+        return EmbeddedRows([], np.zeros((0, expected or 0), dtype=np.float32), [])
     return embed_rows(
         rows,
         client,  # None when every row was reused: nothing to send

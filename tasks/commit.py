@@ -19,7 +19,13 @@ from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from tasks.changes import ChangeCounts, write_changes
 from tasks.dimensions import checked_dimensions
-from tasks.manifest import build_manifest, latest_manifest, read_manifest, write_manifest
+from tasks.manifest import (
+    build_manifest,
+    dataset_key,
+    latest_manifest,
+    read_manifest,
+    write_manifest,
+)
 from tasks.sink_state import check_delete_share
 
 __all__ = ["Committed", "commit_run", "ledger_catches_up", "missing_objects"]
@@ -62,7 +68,9 @@ def commit_run(
     generation: int = 0,
     supersedes: str | None = None,
 ) -> Committed:
-    """Write the change set against the latest committed run (DESIGN §4), then the manifest
+    """Write the change set against the latest committed run of the same dataset
+    (``tasks.manifest.dataset_key``: columns, template, kept columns, model, dimensions;
+    DESIGN §4), then the manifest
     (of ``generation``, superseding the committed run ``supersedes``: DESIGN §8).
 
     :raises ConflictError: the change-set or manifest key holds something else.
@@ -74,25 +82,25 @@ def commit_run(
     dims = _dimensions(settings, store, done)
     chunks = [ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
               for o in sorted(done.values(), key=lambda o: o.index)]  # fmt: skip
-    base = latest_manifest(store, id_column=settings.id_column,
-                           text_column=settings.text_column, model=settings.effective_model,
-                           dimensions=dims, exclude_run_key=run_key)  # fmt: skip
+    manifest = build_manifest(
+        run_key=run_key, plan=plan, embedder=settings.embedder,
+        model=settings.effective_model, dimensions=dims, chunks=chunks,
+        rows_failed=rows_failed, changes=None,
+        dead_letters=Counter(d.reason for o in done.values() for d in o.dead_letters),
+        request_settings=settings.request_fingerprint, generation=generation,
+        supersedes=supersedes,
+    )  # fmt: skip
+    base = latest_manifest(store, dimensions=dims, exclude_run_key=run_key,
+                           dataset=dataset_key(manifest))  # fmt: skip
     changes = write_changes(store, run_key=run_key, chunks=[c.to_dict() for c in chunks],
-                            base=base)  # fmt: skip
+                            base=base, kept_columns=settings.kept_columns)  # fmt: skip
     if base is not None and changes.base_run_key == str(base["run_key"]):
         check_delete_share(
             changes.removed, sum(int(c["rows"]) for c in base["chunks"]),
             settings.max_delete_fraction, kept="nothing committed, every chunk is kept",
             what=f"run {run_key[:12]}'s change set against run {str(base['run_key'])[:12]}",
         )  # fmt: skip
-    manifest = build_manifest(
-        run_key=run_key, plan=plan, embedder=settings.embedder,
-        model=settings.effective_model, dimensions=dims, chunks=chunks,
-        rows_failed=rows_failed, changes=changes.to_dict(),
-        dead_letters=Counter(d.reason for o in done.values() for d in o.dead_letters),
-        request_settings=settings.request_fingerprint, generation=generation,
-        supersedes=supersedes,
-    )  # fmt: skip
+    manifest["changes"] = changes.to_dict()
     uri, created = write_manifest(store, manifest)
     if not created:
         manifest = read_manifest(store, run_key) or manifest

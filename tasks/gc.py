@@ -156,8 +156,16 @@ class DatasetRetention:
     deleted: list[str] = field(default_factory=list)
 
     def label(self) -> str:
-        """``id_column=id text_column=text model=m dimensions=8`` (fields in key order)."""
-        return " ".join(f"{k}={v}" for k, v in self.fields.items() if v is not None)
+        """``id_column=id text_column=text model=m dimensions=8`` (fields in key order; a
+        value holding a space or a line break, as a template may, in JSON quotes)."""
+        return " ".join(f"{k}={_shown(v)}" for k, v in self.fields.items() if v is not None)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        value = ",".join(map(str, value))
+    text = str(value)
+    return json.dumps(text, ensure_ascii=False) if any(c.isspace() for c in text) else text
 
 
 @dataclass(slots=True)

@@ -37,6 +37,7 @@ class LoadJob:
     sink: str
     run_key: str
     mode: str
+    columns: tuple[str, ...] = ()  # the run's kept columns and text (names only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +101,7 @@ def load_chunk(chunk: ManifestChunk, job: LoadJob,
     """
     logger = get_run_logger()
     sink = sink_for(job.sink)
-    table = rows_to_load(chunk_table(store_for(job.output), chunk.to_dict()), ids)
+    table = rows_to_load(chunk_table(store_for(job.output), chunk.to_dict(), job.columns), ids)
     result = sink.upsert(table, run_key=job.run_key)
     dead = tuple(LoadDeadLetter(chunk.index, row_id, reason, state, message)
                  for _, row_id, reason, state, message in result.refused)

@@ -18,6 +18,7 @@ from typing import Any
 from embedline.errors import ConflictError
 from embedline.models import InputPlan, ManifestChunk, manifest_object_key
 from embedline.protocols import ObjectStore
+from embedline.template import TEXT_COLUMN, placeholder
 
 __all__ = [
     "DATASET_FIELDS",
@@ -28,6 +29,7 @@ __all__ = [
     "change_fields",
     "created_at",
     "dataset_key",
+    "extra_columns",
     "latest_manifest",
     "list_manifests",
     "read_manifest",
@@ -80,6 +82,9 @@ def build_manifest(
         },
         "id_column": plan.source.id_column,
         "text_column": plan.source.text_column,
+        "text_template": plan.source.text_template or placeholder(plan.source.text_column),
+        "kept_columns": list(plan.source.kept_columns),
+        "keep_text": plan.source.keep_text,
         "embedder": embedder,
         "model": model,
         "dimensions": dimensions,
@@ -166,9 +171,25 @@ DATASET_FIELDS = ("id_column", "text_column", "text_template", "keep_columns", "
 
 def dataset_key(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's dataset, ``{field: value}`` for ``DATASET_FIELDS`` in that order
-    (lists become tuples so the values hash); names and settings only, never input text."""
+    (lists become tuples so the values hash); names and settings only, never input text.
+
+    A plain run's template (``{text_column}``) and an empty list of kept columns read as
+    None, as in manifests written before templates, so plain runs of before and after are
+    one dataset."""
     values = {f: manifest.get(f) for f in DATASET_FIELDS}
+    if values["text_column"] is not None and \
+            values["text_template"] == placeholder(str(values["text_column"])):
+        values["text_template"] = None
+    values["kept_columns"] = values["kept_columns"] or values["keep_columns"] or None
+    values["keep_columns"] = None
     return {f: tuple(v) if isinstance(v, list) else v for f, v in values.items()}
+
+
+def extra_columns(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The columns the run's chunk objects hold after embedline's own (DESIGN §4): its kept
+    columns, then ``text`` when it kept the text (none for older manifests)."""
+    kept = tuple(str(c) for c in manifest.get("kept_columns") or ())
+    return kept + ((TEXT_COLUMN,) if manifest.get("keep_text") else ())
 
 
 def latest_manifest(
@@ -179,9 +200,11 @@ def latest_manifest(
     model: str | None = None,
     dimensions: int | None = None,
     exclude_run_key: str | None = None,
+    dataset: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Return the latest committed manifest, by ``created_at`` then run key, among those
     matching every criterion given (None matches anything); None if there is none.
+    ``dataset`` (a ``dataset_key``) matches only manifests of that dataset.
 
     This is "the previous committed run" of a change set (DESIGN §4) and the default run
     of readers. Lists ``manifests/`` and reads each (small JSON objects).
@@ -193,6 +216,8 @@ def latest_manifest(
         if manifest["run_key"] == exclude_run_key:
             continue
         if any(v is not None and manifest.get(k) != v for k, v in wanted.items()):
+            continue
+        if dataset is not None and dataset_key(manifest) != dataset:
             continue
         if best is None or (created_at(manifest), manifest["run_key"]) > (
             created_at(best), best["run_key"]

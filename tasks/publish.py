@@ -1,8 +1,9 @@
 """Publish a chunk: one Parquet object per chunk, created once under its content key.
 
 Object layout (DESIGN §4): columns ``id`` (string), ``embedding`` (fixed-size list of
-float32, length = dimensions), ``text_sha256`` (string), ``idempotency_key`` (string); rows
-in input order, dead letters left out. The Parquet key-value metadata carries the chunk key,
+float32, length = dimensions), ``text_sha256`` (string), ``idempotency_key`` (string), then
+the kept columns under their CSV names and, with ``--keep-text``, ``text`` (strings, exactly
+as read or composed); rows in input order, dead letters left out. The Parquet key-value metadata carries the chunk key,
 model, dimensions, row counts and dead letters (row, id, reason, HTTP status; never text), so
 the store alone tells a chunk's outcome.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -56,12 +58,15 @@ class ChunkMetadata:
 def chunk_parquet(
     spec: ChunkSpec, embedded: EmbeddedRows, *, model: str, dimensions: int,
     request_settings: str = "", rows_sent: int | None = None,
+    kept_columns: Sequence[str] = (), keep_text: bool = False,
 ) -> bytes:
     """Return the chunk's Parquet bytes (deterministic for the same vectors).
 
     ``dimensions`` is the vectors' length (used for a 0-row chunk's schema); ``rows_sent``
     the rows the server embedded for this object (the others reused or copied), recorded so
-    a rerun can tell which length the server gave (``tasks.dimensions``).
+    a rerun can tell which length the server gave (``tasks.dimensions``). ``kept_columns``
+    name the rows' ``kept`` values (one string column each, after embedline's own);
+    ``keep_text`` adds the rows' text as column ``text``.
 
     :raises BadResponseError: a vector holds NaN or Inf (nothing is published).
     """
@@ -77,6 +82,12 @@ def chunk_parquet(
             "idempotency_key": pa.array(embedded.row_keys, type=pa.string()),
         }
     )
+    for position, name in enumerate(kept_columns):
+        table = table.append_column(name, pa.array([r.kept[position] for r in embedded.rows],
+                                                   type=pa.string()))  # fmt: skip
+    if keep_text:
+        table = table.append_column("text", pa.array([r.text for r in embedded.rows],
+                                                     type=pa.string()))  # fmt: skip
     meta = {
         "format": CHUNK_FORMAT,
         "chunk_key": spec.key,
@@ -91,6 +102,10 @@ def chunk_parquet(
         meta["request_settings"] = request_settings
     if rows_sent is not None:
         meta["rows_sent"] = rows_sent
+    if kept_columns:
+        meta["kept_columns"] = list(kept_columns)
+    if keep_text:
+        meta["keep_text"] = True
     table = table.replace_schema_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
     sink = io.BytesIO()
     # No dictionary encoding: every id and hash is unique, and dictionary-encoding 384k floats
@@ -141,8 +156,11 @@ def publish_chunk(
     dimensions: int,
     request_settings: str = "",
     rows_sent: int | None = None,
+    kept_columns: Sequence[str] = (),
+    keep_text: bool = False,
 ) -> ChunkOutcome:
-    """Create the chunk's object with a conditional create; never overwrite.
+    """Create the chunk's object with a conditional create; never overwrite (layout and
+    ``kept_columns``/``keep_text``: ``chunk_parquet``).
 
     If an object already exists at the key with other bytes, it is adopted when it is an
     embedline chunk of the same chunk key and model (another run embedded the same content;
@@ -152,7 +170,8 @@ def publish_chunk(
     :raises BadResponseError: NaN/Inf in the vectors.
     """
     body = chunk_parquet(spec, embedded, model=model, dimensions=dimensions,
-                         request_settings=request_settings, rows_sent=rows_sent)
+                         request_settings=request_settings, rows_sent=rows_sent,
+                         kept_columns=kept_columns, keep_text=keep_text)
     digest = hashlib.sha256(body).hexdigest()
     outcome = ChunkOutcome(
         index=spec.index,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -20,7 +20,7 @@ from adapters.object_store import open_store
 from embedline.errors import ConflictError, InputError
 from embedline.models import manifest_object_key
 from embedline.protocols import ObjectStore
-from tasks.manifest import latest_manifest, list_manifests, read_manifest
+from tasks.manifest import extra_columns, latest_manifest, list_manifests, read_manifest
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["COLUMNS", "chunk_table", "chunk_tables", "read_embeddings", "read_embeddings_arrow",
            "resolve_run"]  # fmt: skip
 
-#: The columns a reader gets, in this order.
+#: The columns a reader gets, in this order (then the run's kept columns and ``text``).
 COLUMNS = ("id", "embedding", "text_sha256")
 
 _RUN_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -63,9 +63,11 @@ def resolve_run(store: ObjectStore, run: str | None = None) -> dict[str, Any]:
     return latest
 
 
-def chunk_table(store: ObjectStore, entry: dict[str, Any]) -> pa.Table:
-    """Read one chunk object as ``id``/``embedding``/``text_sha256``, checked against its
-    manifest entry (``object``, ``rows``, ``sha256``).
+def chunk_table(store: ObjectStore, entry: dict[str, Any],
+                extra: Sequence[str] = ()) -> pa.Table:  # fmt: skip
+    """Read one chunk object as ``id``/``embedding``/``text_sha256`` and the ``extra``
+    columns (the run's kept columns and ``text``: ``tasks.manifest.extra_columns``),
+    checked against its manifest entry (``object``, ``rows``, ``sha256``).
 
     :raises ConflictError: the bytes or row count differ from the manifest.
     :raises FileNotFoundError: the object is missing.
@@ -74,7 +76,7 @@ def chunk_table(store: ObjectStore, entry: dict[str, Any]) -> pa.Table:
     if hashlib.sha256(body).hexdigest() != entry["sha256"]:
         raise ConflictError(f"{store.uri_for(entry['object'])} does not match its manifest's "
                             "SHA-256: the object was changed after publishing")  # fmt: skip
-    table = pq.read_table(io.BytesIO(body), columns=list(COLUMNS))
+    table = pq.read_table(io.BytesIO(body), columns=[*COLUMNS, *extra])
     if table.num_rows != int(entry["rows"]):
         raise ConflictError(f"{store.uri_for(entry['object'])} holds {table.num_rows} rows, "
                             f"its manifest says {entry['rows']}")  # fmt: skip
@@ -83,19 +85,22 @@ def chunk_table(store: ObjectStore, entry: dict[str, Any]) -> pa.Table:
 
 def chunk_tables(store: ObjectStore, manifest: dict[str, Any]) -> Iterator[tuple[dict[str, Any],
                                                                                   pa.Table]]:
-    """Yield ``(manifest chunk entry, Arrow table of id/embedding/text_sha256)`` in chunk
-    order, one object in memory at a time.
+    """Yield ``(manifest chunk entry, Arrow table of id/embedding/text_sha256 and the run's
+    kept columns and text)`` in chunk order, one object in memory at a time.
 
     :raises ConflictError: an object's bytes or row count differ from the manifest.
     :raises FileNotFoundError: an object the manifest lists is missing.
     """
+    extra = extra_columns(manifest)
     for entry in manifest["chunks"]:
-        yield entry, chunk_table(store, entry)
+        yield entry, chunk_table(store, entry, extra)
 
 
 def read_embeddings_arrow(output: str, run: str | None = None) -> pa.Table:
     """Return a run's vectors as a ``pyarrow.Table``: ``id`` (string), ``embedding``
-    (fixed-size list of float32, the run's dimensions), ``text_sha256`` (string).
+    (fixed-size list of float32, the run's dimensions), ``text_sha256`` (string), then the
+    run's kept columns under their CSV names and ``text`` if it kept the text (strings,
+    exactly as read).
 
     ``output`` is the run's ``--output`` (a directory, ``file://`` or ``s3://`` URI); ``run``
     a run key or a unique prefix (≥ 8 hex), default the latest committed run. The table's
@@ -111,7 +116,8 @@ def read_embeddings_arrow(output: str, run: str | None = None) -> pa.Table:
     tables = [t for _, t in chunk_tables(store, manifest) if t.num_rows]
     dims = int(manifest["dimensions"])
     schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32(), dims)),
-                        ("text_sha256", pa.string())])  # fmt: skip
+                        ("text_sha256", pa.string())]
+                       + [(c, pa.string()) for c in extra_columns(manifest)])  # fmt: skip
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     return table.replace_schema_metadata({
         "embedline.run_key": str(manifest["run_key"]), "embedline.model": str(manifest["model"]),
@@ -121,7 +127,7 @@ def read_embeddings_arrow(output: str, run: str | None = None) -> pa.Table:
 def read_embeddings(output: str, run: str | None = None) -> pd.DataFrame:
     """Return a run's vectors as a pandas DataFrame: ``id`` and ``text_sha256`` (str),
     ``embedding`` (one float32 numpy array of the run's dimensions per row; the arrays are
-    row views of one contiguous matrix). Arguments and errors as ``read_embeddings_arrow``;
+    row views of one contiguous matrix), then the run's kept columns and ``text`` (str). Arguments and errors as ``read_embeddings_arrow``;
     ``df.attrs`` holds ``run_key``, ``model`` and ``dimensions``.
     """
     import numpy as np
@@ -136,6 +142,7 @@ def read_embeddings(output: str, run: str | None = None) -> pd.DataFrame:
         "id": table.column("id").to_pandas(),
         "embedding": pd.Series(list(matrix), dtype=object),
         "text_sha256": table.column("text_sha256").to_pandas(),
+        **{name: table.column(name).to_pandas() for name in table.column_names[3:]},
     })  # fmt: skip
     meta = table.schema.metadata
     frame.attrs.update(run_key=meta[b"embedline.run_key"].decode(),

@@ -1,7 +1,8 @@
 """What a sink holds against what a run contains: the record every load decides by (DESIGN §9).
 
 The sink's own rows are the record: each row's ``id`` and ``text_sha256`` (written in the
-same transaction, or LanceDB commit, as its vector). A load compares them with the run's
+same transaction, or LanceDB commit, as its vector), and in a table with kept columns each
+row's ``kept_sha256`` (so a metadata-only edit is a row the sink does not hold yet). A load compares them with the run's
 ``id`` and ``text_sha256`` columns (read from the chunk objects, never the vectors):
 
 - rows to upsert: the run's rows whose ``(id, text_sha256)`` the sink does not hold (absent,
@@ -30,6 +31,7 @@ import pyarrow.compute as pc
 
 from embedline.errors import InputError
 from embedline.protocols import ObjectStore
+from adapters.sinks.base import KEPT_HASH
 from tasks.changes import read_keys
 
 __all__ = ["DEFAULT_MAX_DELETE_FRACTION", "LoadPlan", "MassDeleteError", "check_delete_share",
@@ -61,16 +63,20 @@ def check_delete_share(deletes: int, of_rows: int, fraction: float, *, what: str
     )
 
 
-def run_keys(store: ObjectStore, chunks: Sequence[dict[str, Any]]) -> pa.Table:
-    """The run's ``id``, ``text_sha256`` (strings) and ``chunk`` (int32: the manifest chunk's
-    index) from its chunk objects' two key columns (16 objects read at once)."""
+def run_keys(store: ObjectStore, chunks: Sequence[dict[str, Any]],
+             kept_columns: Sequence[str] = ()) -> pa.Table:  # fmt: skip
+    """The run's ``id``, ``text_sha256`` (strings), with ``kept_columns`` ``kept_sha256``
+    (the held key's part, ``adapters.sinks.base.kept_hashes``), and ``chunk`` (int32: the
+    manifest chunk's index) from its chunk objects' key columns (16 objects read at once)."""
     with_rows = [c for c in chunks if int(c["rows"])]
     with ThreadPoolExecutor(16) as pool:
-        tables = list(pool.map(lambda c: read_keys(store, str(c["object"])), with_rows))
+        tables = list(pool.map(lambda c: read_keys(store, str(c["object"]), kept_columns),
+                               with_rows))  # fmt: skip
     parts = [t.append_column("chunk", pa.array([int(c["index"])] * t.num_rows, pa.int32()))
              for c, t in zip(with_rows, tables, strict=True)]  # fmt: skip
     if not parts:
-        return pa.table({"id": pa.array([], pa.string()), "text_sha256": pa.array([], pa.string()),
+        names = ["id", "text_sha256"] + ([KEPT_HASH] if kept_columns else [])
+        return pa.table({**{n: pa.array([], pa.string()) for n in names},
                          "chunk": pa.array([], pa.int32())})  # fmt: skip
     return pa.concat_tables(parts)
 
@@ -96,9 +102,13 @@ class LoadPlan:
 
 
 def plan_load(run: pa.Table, held: pa.Table) -> LoadPlan:
-    """Compare ``run`` (``run_keys``) with ``held`` (``VectorSink.held_keys``)."""
-    held = held.select(["id", "text_sha256"])
-    missing = run.join(held, keys=["id", "text_sha256"], join_type="left anti")
+    """Compare ``run`` (``run_keys``) with ``held`` (``VectorSink.held_keys``) by ``id``,
+    ``text_sha256`` and, where both have it, ``kept_sha256``: a row whose kept values
+    changed is upserted though its text did not."""
+    key = ["id", "text_sha256"] + ([KEPT_HASH] if KEPT_HASH in run.column_names
+                                   and KEPT_HASH in held.column_names else [])  # fmt: skip
+    held = held.select(key)
+    missing = run.join(held, keys=key, join_type="left anti")
     upsert: dict[int, set[str]] = {}
     for chunk, row_id in zip(missing.column("chunk").to_pylist(),
                              missing.column("id").to_pylist(), strict=True):  # fmt: skip

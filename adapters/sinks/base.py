@@ -3,7 +3,10 @@
 A store is a class meeting ``VectorSink`` (``embedline.protocols``; stores need not inherit).
 This module adds what they all use: the default table name, the metadata embedline writes
 beside a table it creates, the check that refuses to mix vectors of another model or length
-in one table, and the ``(rows, d)`` matrix of an upsert batch.
+(or other kept columns) in one table, the ``(rows, d)`` matrix of an upsert batch, and the
+kept columns' part of the held key (``KEPT_HASH``, ``kept_hashes``, ``held_key_columns``):
+a store with kept columns writes ``kept_hashes`` of each row beside its values and returns
+that column from ``held_keys``, so a metadata-only change is loaded like a text change.
 
 Imports go one way: each store module (``lancedb``, ``pgvector``) imports this one, and the
 factory (``adapters.sinks.factory``) imports the stores lazily; this module imports neither.
@@ -12,26 +15,81 @@ factory (``adapters.sinks.factory``) imports the stores lazily; this module impo
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from embedline.errors import FatalError
-from embedline.protocols import SinkTable, UpsertResult, VectorSink
+from embedline.protocols import SinkColumns, SinkTable, UpsertResult, VectorSink
+from embedline.template import kept_sha256
 
-__all__ = ["DEFAULT_TABLE", "SINK_FORMAT", "SinkTable", "UpsertResult", "VectorSink",
-           "check_compatible", "sink_metadata", "sink_table_from_metadata", "vector_matrix"]  # fmt: skip
+__all__ = ["DEFAULT_TABLE", "KEPT_HASH", "OWN_COLUMNS", "SINK_FORMAT", "SinkColumns",
+           "SinkTable", "UpsertResult", "VectorSink", "check_compatible", "extra_values",
+           "held_key_columns", "kept_hashes", "sink_columns_of", "sink_metadata",
+           "sink_table_from_metadata", "vector_matrix"]  # fmt: skip
 
 DEFAULT_TABLE = "embeddings"  # the table a sink URI without ``table=NAME`` names
 SINK_FORMAT = "embedline.sink.v1"
+#: The column of each row's ``template.kept_sha256`` in a table with kept columns.
+KEPT_HASH = "kept_sha256"
+#: Every sink table's own columns (kept columns may not take these names: RunSettings).
+OWN_COLUMNS = ("id", "embedding", "text_sha256", "run_key")
 
 
-def sink_metadata(*, embedder: str, model: str, dimensions: int) -> str:
+def sink_metadata(*, embedder: str, model: str, dimensions: int,
+                  columns: SinkColumns = SinkColumns()) -> str:  # fmt: skip
     """The JSON a sink table carries about its vectors (a LanceDB schema metadata value, a
-    PostgreSQL table comment)."""
-    return json.dumps({"format": SINK_FORMAT, "embedder": embedder, "model": model,
-                       "dimensions": dimensions}, sort_keys=True)  # fmt: skip
+    PostgreSQL table comment): ``kept_columns`` and ``keep_text`` only when it has them,
+    so a plain table's metadata is what it always was."""
+    meta: dict[str, Any] = {"format": SINK_FORMAT, "embedder": embedder, "model": model,
+                            "dimensions": dimensions}  # fmt: skip
+    if columns.kept:
+        meta["kept_columns"] = list(columns.kept)
+    if columns.text:
+        meta["keep_text"] = True
+    return json.dumps(meta, sort_keys=True)
+
+
+def sink_columns_of(manifest: dict[str, Any]) -> SinkColumns:
+    """The ``SinkColumns`` a run's manifest asks for (none for older manifests)."""
+    return SinkColumns(tuple(str(c) for c in manifest.get("kept_columns") or ()),
+                       bool(manifest.get("keep_text")))  # fmt: skip
+
+
+def kept_hashes(table: pa.Table, kept: Sequence[str]) -> pa.Array:
+    """Each row's ``template.kept_sha256`` of its values in the ``kept`` columns (strings;
+    a column ``table`` lacks counts as null): the chunk key's and the held key's part."""
+    values = [table.column(c).to_pylist() if c in table.column_names else [None] * table.num_rows
+              for c in kept]  # fmt: skip
+    if not values:
+        return pa.array([], type=pa.string())
+    return pa.array([kept_sha256(row) for row in zip(*values, strict=True)], type=pa.string())
+
+
+def held_key_columns(columns: SinkColumns) -> list[str]:
+    """The columns a load compares between the run and the sink (DESIGN §9)."""
+    return ["id", "text_sha256"] + ([KEPT_HASH] if columns.kept else [])
+
+
+def extra_values(rows: pa.Table, columns: SinkColumns) -> dict[str, list[Any]]:
+    """The values a store writes beside embedline's own columns, by column: ``kept_sha256``
+    (with kept columns) and each of ``columns.names`` (null where the batch lacks one).
+
+    :raises FatalError: the batch lacks a kept column the table has (a chunk object of
+        another run than the table's columns allow).
+    """
+    missing = [c for c in columns.names if c not in rows.column_names]
+    if missing:
+        raise FatalError(f"the rows to load have no column {missing[0]!r}, which the sink "
+                         "table keeps: load a run made with the same --keep-columns")
+    out: dict[str, list[Any]] = {}
+    if columns.kept:
+        out[KEPT_HASH] = kept_hashes(rows, columns.kept).to_pylist()
+    for name in columns.names:
+        out[name] = rows.column(name).to_pylist()
+    return out
 
 
 def sink_table_from_metadata(text: str | bytes | None, *, dimensions: int, rows: int) -> SinkTable:
@@ -42,21 +100,30 @@ def sink_table_from_metadata(text: str | bytes | None, *, dimensions: int, rows:
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != SINK_FORMAT:
         return SinkTable(None, None, dimensions, rows)
-    return SinkTable(str(meta.get("embedder")), str(meta.get("model")), dimensions, rows)
+    return SinkTable(str(meta.get("embedder")), str(meta.get("model")), dimensions, rows,
+                     sink_columns_of(meta))  # fmt: skip
 
 
-def check_compatible(found: SinkTable, *, where: str, model: str, dimensions: int) -> None:
-    """Refuse to mix vectors of another length or model in one table.
+def check_compatible(found: SinkTable, *, where: str, model: str, dimensions: int,
+                     columns: SinkColumns = SinkColumns()) -> None:  # fmt: skip
+    """Refuse to mix vectors of another length or model in one table, or to load a run
+    keeping other columns than the table was created with.
 
-    :raises FatalError: naming both the table's and the run's model and dimensions.
+    :raises FatalError: naming both the table's and the run's model and dimensions (or
+        kept columns).
     """
-    if found.dimensions == dimensions and found.model in (None, model):
-        return
-    raise FatalError(
-        f"{where} holds {found.dimensions}-dimension vectors of model {found.model or 'unknown'}"
-        f", but this run has {dimensions}-dimension vectors of model {model}: load into "
-        "another table (?table=NAME) or drop that one"
-    )
+    if found.dimensions != dimensions or found.model not in (None, model):
+        raise FatalError(
+            f"{where} holds {found.dimensions}-dimension vectors of model "
+            f"{found.model or 'unknown'}, but this run has {dimensions}-dimension vectors of "
+            f"model {model}: load into another table (?table=NAME) or drop that one"
+        )
+    if found.embedder is not None and found.columns != columns:
+        raise FatalError(
+            f"{where} keeps {found.columns.describe()}, but this run keeps "
+            f"{columns.describe()}: load into another table (?table=NAME), drop that one, "
+            "or run with the table's --keep-columns/--keep-text"
+        )
 
 
 def vector_matrix(rows: pa.Table) -> np.ndarray:

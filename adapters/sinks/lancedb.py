@@ -23,9 +23,14 @@ import pyarrow as pa
 
 from adapters.disk_full import translate_full
 from adapters.sinks.base import (
+    KEPT_HASH,
+    OWN_COLUMNS,
+    SinkColumns,
     SinkTable,
     UpsertResult,
     check_compatible,
+    extra_values,
+    held_key_columns,
     sink_metadata,
     sink_table_from_metadata,
     vector_matrix,
@@ -43,6 +48,12 @@ _DELETE_BATCH = 500  # ids per ``delete`` predicate
 DEFAULT_KEEP_VERSIONS_S = 3600.0
 _OPTIMIZE_ATTEMPTS = 3
 _T = TypeVar("_T")
+
+
+def _extra_names(columns: SinkColumns) -> list[str]:
+    """The table's columns after embedline's own: ``kept_sha256`` with kept columns, then
+    the kept columns and ``text``."""
+    return ([KEPT_HASH] if columns.kept else []) + list(columns.names)
 
 
 def _quote(value: str) -> str:
@@ -90,6 +101,7 @@ class LanceDBSink:
         self.identity = f"lancedb://{path}?table={table}"
         self._table: Any = None
         self._lock = threading.Lock()
+        self._kept: SinkColumns | None = None  # the table's columns, once read
 
     def __repr__(self) -> str:
         return f"LanceDBSink({self.identity!r})"
@@ -121,36 +133,50 @@ class LanceDBSink:
         return sink_table_from_metadata(meta, dimensions=dims, rows=table.count_rows())
 
     @_writes
-    def ensure_table(self, *, embedder: str, model: str, dimensions: int) -> SinkTable:
-        """Create the table with embedline's schema if absent; check an existing one.
+    def ensure_table(self, *, embedder: str, model: str, dimensions: int,
+                     columns: SinkColumns = SinkColumns()) -> SinkTable:  # fmt: skip
+        """Create the table with embedline's schema if absent (the kept columns and
+        ``text`` as strings, ``kept_sha256`` with kept columns); check an existing one.
 
-        :raises FatalError: another length or model (``check_compatible``).
+        :raises FatalError: another length, model or kept columns (``check_compatible``).
         """
         found = self.describe()
         if found is None:
             schema = pa.schema(
                 [("id", pa.string()), ("embedding", pa.list_(pa.float32(), dimensions)),
-                 ("text_sha256", pa.string()), ("run_key", pa.string())],
+                 ("text_sha256", pa.string()), ("run_key", pa.string())]
+                + [(name, pa.string()) for name in _extra_names(columns)],
                 metadata={_META_KEY: sink_metadata(embedder=embedder, model=model,
-                                                   dimensions=dimensions).encode()},
+                                                   dimensions=dimensions,
+                                                   columns=columns).encode()},
             )  # fmt: skip
             self._table = self._db().create_table(self.table_name, schema=schema,
                                                   exist_ok=True)  # fmt: skip
             found = self.describe()
             assert found is not None
-        self._check_shape(dimensions)
+        self._check_shape(dimensions, found.columns)  # the shape its own metadata names
         check_compatible(found, where=f"LanceDB table {self.identity}", model=model,
-                         dimensions=dimensions)  # fmt: skip
+                         dimensions=dimensions, columns=columns)  # fmt: skip
+        self._kept = found.columns
         return found
 
-    def _check_shape(self, dimensions: int) -> None:
+    def _columns(self) -> SinkColumns:
+        """The table's kept columns, from its metadata (none for a table without)."""
+        if self._kept is None:
+            found = self.describe()
+            if found is None:
+                return SinkColumns()
+            self._kept = found.columns
+        return self._kept
+
+    def _check_shape(self, dimensions: int, columns: SinkColumns = SinkColumns()) -> None:
         """Refuse a table of another shape before any row is written.
 
         :raises FatalError: naming each difference (exit 3).
         """
         schema = self._require().schema
         problems = []
-        for name in ("id", "text_sha256", "run_key"):
+        for name in ("id", "text_sha256", "run_key", *_extra_names(columns)):
             if name not in schema.names:
                 problems.append(f"no column {name}")
             elif not pa.types.is_string(schema.field(name).type) and \
@@ -162,7 +188,7 @@ class LanceDBSink:
                 schema.field("embedding").type.value_type != pa.float32():
             problems.append(f"embedding is {schema.field('embedding').type}, not "
                             f"fixed_size_list<float>[{dimensions}]")
-        extra = [n for n in schema.names if n not in ("id", "embedding", "text_sha256", "run_key")]
+        extra = [n for n in schema.names if n not in (*OWN_COLUMNS, *_extra_names(columns))]
         problems += [f"column {n} is not one embedline writes" for n in extra]
         if problems:
             raise FatalError(f"LanceDB table {self.identity} is not of embedline's shape (id, "
@@ -191,6 +217,8 @@ class LanceDBSink:
         good = rows.filter(pa.array(finite)) if refused else rows
         data = good.select(["id", "embedding", "text_sha256"]).append_column(
             "run_key", pa.array([run_key] * good.num_rows, type=pa.string()))
+        for name, values in extra_values(good, self._columns()).items():
+            data = data.append_column(name, pa.array(values, type=pa.string()))
         with self._lock, _lance_errors(f"upsert into {self.identity}"):
             table = self._require()
             if good.num_rows:
@@ -214,16 +242,18 @@ class LanceDBSink:
             return deleted
 
     def held_keys(self) -> pa.Table:
-        """Every row's ``id`` and ``text_sha256`` (strings), read from the latest version:
-        what the table holds, the record loads decide by (DESIGN §9). Reads those two
-        columns only (about 100 bytes a row), never the vectors."""
+        """Every row's ``id`` and ``text_sha256`` (and ``kept_sha256`` with kept columns;
+        strings), read from the latest version: what the table holds, the record loads
+        decide by (DESIGN §9). Reads those columns only (about 100 bytes a row, 170 with
+        kept columns), never the vectors or the kept values."""
+        key = held_key_columns(self._columns())
         with self._lock:
             table = self._require()
             # a handle reads the version it last saw: another handle's or process's commits
             # (another load of this table) are seen only after this
             table.checkout_latest()
-            held = table.search().select(["id", "text_sha256"]).limit(None).to_arrow()
-        return held.select(["id", "text_sha256"])
+            held = table.search().select(key).limit(None).to_arrow()
+        return held.select(key)
 
     @_writes
     def delete_other_runs(self, run_key: str) -> int:
@@ -260,16 +290,21 @@ class LanceDBSink:
             logger.warning("%s: not compacted this time (other writers); the rows are loaded",
                            self.identity)
 
-    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
-        """Exact cosine search: up to ``k`` ``(id, similarity)``, most similar first."""
+    def search(self, vector: np.ndarray, k: int, *,
+               columns: Sequence[str] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+        """Exact cosine search: up to ``k`` ``(id, similarity, *values of columns)``, most
+        similar first."""
         table = self._require()
         result = (table.search(np.asarray(vector, dtype=np.float32),
                                vector_column_name="embedding")
-                  .distance_type("cosine").select(["id", "_distance"]).limit(k).to_arrow())  # fmt: skip
-        return [(i, 1.0 - float(d)) for i, d in zip(result.column("id").to_pylist(),
-                                                   result.column("_distance").to_pylist(),
-                                                   strict=True)]  # fmt: skip
+                  .distance_type("cosine").select(["id", *columns, "_distance"]).limit(k)
+                  .to_arrow())  # fmt: skip
+        values = [result.column(c).to_pylist() for c in columns]
+        return [(i, 1.0 - float(d), *extra) for i, d, *extra in
+                zip(result.column("id").to_pylist(), result.column("_distance").to_pylist(),
+                    *values, strict=True)]  # fmt: skip
 
     def close(self) -> None:
         """Forget the open table (LanceDB holds no connection)."""
         self._table = None
+        self._kept = None

@@ -110,11 +110,13 @@ def _texty(type_name: str, *, min_length: int | None) -> bool:
 
 
 def shape_problems(columns: Sequence[tuple[str, str, bool, bool]], *, has_unique_id: bool,
-                   kind: str, dimensions: int) -> list[str]:
+                   kind: str, dimensions: int, extra: Sequence[str] = ()) -> list[str]:
     """What differs between an existing table and embedline's shape, one phrase each.
 
     ``columns``: ``(name, format_type, NOT NULL, has a default)`` per column; ``kind``: its
     ``pg_class.relkind``. ``id`` may be ``varchar(n)`` (longer ids become dead letters).
+    ``extra``: the text columns the table's metadata says it keeps (``kept_sha256``, kept
+    columns, ``text``), each required to exist as text.
     """
     if kind not in ("r", "p"):
         return [f"it is not a table (relkind {kind!r})"]
@@ -127,13 +129,19 @@ def shape_problems(columns: Sequence[tuple[str, str, bool, bool]], *, has_unique
     for name in ("text_sha256", "run_key"):
         if name in found and not _texty(found[name][0], min_length=want[name]):
             problems.append(f"{name} is {found[name][0]}, not text")
+    for name in extra:
+        if name not in found:
+            problems.append(f"no column {name}")
+        elif not _texty(found[name][0], min_length=_MIN_KEY_LENGTH if name == "kept_sha256"
+                        else 1):
+            problems.append(f"{name} is {found[name][0]}, not text")
     if "embedding" in found and not found["embedding"][0].startswith("vector("):
         problems.append(f"embedding is {found['embedding'][0]}, not vector({dimensions})")
     if not has_unique_id and "id" in found:
         problems.append("no primary key (or unique index) on id alone")
     problems += [f"column {name} is NOT NULL without a default (embedline does not write it)"
                  for name, (_, notnull, default) in found.items()
-                 if name not in want and notnull and not default]
+                 if name not in want and name not in extra and notnull and not default]
     return problems
 
 

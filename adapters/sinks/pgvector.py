@@ -3,7 +3,11 @@
 Table (created if absent; the comment holds embedline's metadata as JSON)::
 
     CREATE TABLE t (id text PRIMARY KEY, embedding vector(d) NOT NULL,
-                    text_sha256 text NOT NULL, run_key text NOT NULL)
+                    text_sha256 text NOT NULL, run_key text NOT NULL
+                    [, kept_sha256 text, "Kept Column" text, …] [, text text])
+
+Kept columns are ``text`` columns named as in the CSV (quoted with
+``psycopg.sql.Identifier``, never pasted into SQL).
     CREATE INDEX t_embedding_hnsw ON t USING hnsw (embedding vector_cosine_ops)
 
 Each upsert is one transaction: binary ``COPY`` into a temporary table, then ``INSERT … ON
@@ -25,9 +29,13 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.sinks.base import (
+    KEPT_HASH,
+    SinkColumns,
     SinkTable,
     UpsertResult,
     check_compatible,
+    extra_values,
+    held_key_columns,
     sink_metadata,
     sink_table_from_metadata,
     vector_matrix,
@@ -52,25 +60,43 @@ HNSW_MAX_DIMENSIONS = 2000  # pgvector: "vector - up to 2,000 dimensions" for HN
 _INDEX_BUILD_MEMORY = "512MB"  # a cap for the one index build, not an allocation
 
 
-def sql_stage(dims: int) -> Any:
-    """The per-transaction stage table a batch is COPYed into."""
+_MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are cut silently
+
+
+def sql_stage(dims: int, extra: Sequence[str] = ()) -> Any:
+    """The per-transaction stage table a batch is COPYed into (``extra``: text columns)."""
     from psycopg import sql
 
+    columns = sql.SQL("").join(sql.SQL(", {} text").format(sql.Identifier(n)) for n in extra)
     return sql.SQL("CREATE TEMP TABLE embedline_stage (id text, embedding vector({}), "
-                   "text_sha256 text) ON COMMIT DROP").format(sql.Literal(dims))
+                   "text_sha256 text{}) ON COMMIT DROP").format(sql.Literal(dims), columns)
 
 
-def _refused_before_sending(ids: list[str], matrix: np.ndarray) -> list[tuple[int, str, str,
-                                                                            str | None, str]]:
-    """Rows no PostgreSQL table can take, found without a round trip: a NUL in the id
-    (text cannot hold U+0000: PostgreSQL manual, "Character Types"), NaN or infinity in
-    the vector (pgvector refuses them)."""
+def _extra_names(columns: SinkColumns) -> list[str]:
+    """The table's columns after embedline's own: ``kept_sha256`` with kept columns, then
+    the kept columns and ``text``."""
+    return ([KEPT_HASH] if columns.kept else []) + list(columns.names)
+
+
+def _refused_before_sending(
+    ids: list[str], matrix: np.ndarray, extra: dict[str, list[Any]] | None = None
+) -> list[tuple[int, str, str, str | None, str]]:
+    """Rows no PostgreSQL table can take, found without a round trip: a NUL in the id or a
+    kept value (text cannot hold U+0000: PostgreSQL manual, "Character Types"; psycopg
+    refuses it client-side, with no SQLSTATE), NaN or infinity in the vector (pgvector
+    refuses them). Messages name the column, never the value."""
     finite = np.isfinite(matrix).all(axis=1)
     refused: list[tuple[int, str, str, str | None, str]] = []
     for i, row_id in enumerate(ids):
+        nul = next((name for name, values in (extra or {}).items()
+                    if values[i] is not None and "\x00" in values[i]), None)  # fmt: skip
         if "\x00" in row_id:
             refused.append((i, row_id, "id_has_nul", None,
                             "the id holds a NUL byte, which PostgreSQL text cannot store"))
+        elif nul is not None:
+            refused.append((i, row_id, "value_has_nul", None,
+                            f"column {nul!r} holds a NUL byte, which PostgreSQL text cannot "
+                            "store"))
         elif not finite[i]:
             refused.append((i, row_id, "non_finite_vector", None,
                             "the vector holds NaN or infinity, which pgvector refuses"))
@@ -93,6 +119,7 @@ class PgVectorSink:
         self._local = threading.local()
         self._all: list[Any] = []
         self._lock = threading.Lock()
+        self._kept: SinkColumns | None = None  # the table's columns, once read
 
     def __repr__(self) -> str:
         return f"PgVectorSink({self.identity!r})"
@@ -156,14 +183,22 @@ class PgVectorSink:
     def _quoted_name(self) -> str:
         return '"' + self.table_name + '"'
 
-    def ensure_table(self, *, embedder: str, model: str, dimensions: int) -> SinkTable:
-        """Create the table if absent (under an advisory lock, so concurrent loaders agree);
-        check an existing one.
+    def ensure_table(self, *, embedder: str, model: str, dimensions: int,
+                     columns: SinkColumns = SinkColumns()) -> SinkTable:  # fmt: skip
+        """Create the table if absent (under an advisory lock, so concurrent loaders agree),
+        with ``columns`` as ``text`` columns; check an existing one.
 
-        :raises FatalError: another length or model (``check_compatible``).
+        :raises FatalError: another length, model or kept columns (``check_compatible``); a
+            kept column name longer than PostgreSQL's 63 bytes.
         """
         from psycopg import sql
 
+        long = [n for n in columns.names if len(n.encode()) > _MAX_IDENTIFIER_BYTES]
+        if long:
+            raise FatalError(f"column {long[0]!r} is longer than PostgreSQL's {_MAX_IDENTIFIER_BYTES}"
+                             "-byte names: rename it in the CSV to keep it in a pgvector sink")
+        extra = sql.SQL("").join(sql.SQL(", {} text").format(sql.Identifier(n))
+                                 for n in _extra_names(columns))  # fmt: skip
         with self._transaction("create") as conn:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.identity,))
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
@@ -171,28 +206,42 @@ class PgVectorSink:
             if not exists:
                 conn.execute(sql.SQL(
                     "CREATE TABLE {} (id text PRIMARY KEY, embedding vector({}) NOT NULL, "
-                    "text_sha256 text NOT NULL, run_key text NOT NULL)"
-                ).format(self._ident(), sql.Literal(dimensions)))
-                meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions)
+                    "text_sha256 text NOT NULL, run_key text NOT NULL{})"
+                ).format(self._ident(), sql.Literal(dimensions), extra))
+                meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions,
+                                     columns=columns)  # fmt: skip
                 conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(
                     self._ident(), sql.Literal(meta)))
-            self._check_shape(conn, dimensions)
         found = self.describe()
         assert found is not None
+        with self._transaction("check") as conn:  # the shape its own metadata names
+            self._check_shape(conn, dimensions, found.columns)
         check_compatible(found, where=f"PostgreSQL table {self.identity}", model=model,
-                         dimensions=dimensions)  # fmt: skip
+                         dimensions=dimensions, columns=columns)  # fmt: skip
+        self._kept = found.columns
         return found
 
-    def _check_shape(self, conn: Any, dimensions: int) -> None:
+    def _columns(self) -> SinkColumns:
+        """The table's kept columns, from its comment (none for a table without)."""
+        if self._kept is None:
+            found = self.describe()
+            if found is None:
+                return SinkColumns()
+            self._kept = found.columns
+        return self._kept
+
+    def _check_shape(self, conn: Any, dimensions: int,
+                     columns: SinkColumns = SinkColumns()) -> None:  # fmt: skip
         """Refuse a table of another shape before any row is sent (``shape_problems``).
 
         :raises FatalError: naming each difference (exit 3: a rerun meets the same table).
         """
         name = self._quoted_name()
         kind = conn.execute(relkind_sql(), (name,)).fetchone()[0]
-        columns = conn.execute(describe_columns_sql(), (name,)).fetchall()
+        found = conn.execute(describe_columns_sql(), (name,)).fetchall()
         unique = bool(conn.execute(unique_id_sql(), (name,)).fetchone()[0])
-        problems = shape_problems(columns, has_unique_id=unique, kind=kind, dimensions=dimensions)
+        problems = shape_problems(found, has_unique_id=unique, kind=kind, dimensions=dimensions,
+                                  extra=_extra_names(columns))  # fmt: skip
         if problems:
             raise FatalError(
                 f"PostgreSQL table {self.identity} is not of embedline's shape (id text PRIMARY "
@@ -222,11 +271,12 @@ class PgVectorSink:
         shas = rows.column("text_sha256").to_pylist()
         dims = rows.schema.field("embedding").type.list_size
         matrix = vector_matrix(rows)
-        refused = _refused_before_sending(ids, matrix)
+        extra = extra_values(rows, self._columns())
+        refused = _refused_before_sending(ids, matrix, extra)
         stack = [[i for i in range(len(ids)) if i not in {r[0] for r in refused}]]
         attempts = 0
         with self._transaction("upsert into") as conn:
-            conn.execute(sql_stage(dims))
+            conn.execute(sql_stage(dims, list(extra)))
             while stack:
                 part = stack.pop()
                 if not part:
@@ -234,7 +284,7 @@ class PgVectorSink:
                 attempts += 1
                 try:
                     with conn.transaction():  # a savepoint: a refusal undoes only this part
-                        self._write(conn, part, ids, matrix, shas, run_key)
+                        self._write(conn, part, ids, matrix, shas, run_key, extra)
                 except psycopg.Error as exc:
                     if classify(exc) != "row":
                         raise
@@ -248,20 +298,25 @@ class PgVectorSink:
         return UpsertResult(len(ids) - len(refused), tuple(sorted(refused)), max(attempts, 1))
 
     def _write(self, conn: Any, part: list[int], ids: list[str], matrix: np.ndarray,
-               shas: list[str], run_key: str) -> None:
-        """COPY rows ``part`` into the stage table, upsert them, empty the stage."""
+               shas: list[str], run_key: str, extra: dict[str, list[Any]]) -> None:
+        """COPY rows ``part`` into the stage table, upsert them, empty the stage. ``extra``:
+        values of the kept columns (and ``kept_sha256``, ``text``) by column."""
         from psycopg import sql
 
+        names = list(extra)
         with conn.cursor().copy("COPY embedline_stage FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["text", "vector", "text"])
+            copy.set_types(["text", "vector", "text"] + ["text"] * len(names))
             for i in part:
-                copy.write_row((ids[i], matrix[i], shas[i]))
+                copy.write_row((ids[i], matrix[i], shas[i], *(extra[n][i] for n in names)))
+        idents = [sql.Identifier(n) for n in names]
+        columns = sql.SQL("").join(sql.SQL(", {}").format(i) for i in idents)
+        updates = sql.SQL("").join(sql.SQL(", {} = EXCLUDED.{}").format(i, i) for i in idents)
         conn.execute(sql.SQL(
-            "INSERT INTO {} (id, embedding, text_sha256, run_key) "
-            "SELECT id, embedding, text_sha256, %s FROM embedline_stage "
+            "INSERT INTO {} (id, embedding, text_sha256, run_key{}) "
+            "SELECT id, embedding, text_sha256, %s{} FROM embedline_stage "
             "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
-            "text_sha256 = EXCLUDED.text_sha256, run_key = EXCLUDED.run_key"
-        ).format(self._ident()), (run_key,))
+            "text_sha256 = EXCLUDED.text_sha256, run_key = EXCLUDED.run_key{}"
+        ).format(self._ident(), columns, columns, updates), (run_key,))
         conn.execute("TRUNCATE embedline_stage")
 
     def _forget(self, conn: Any, ids: list[str]) -> None:
@@ -289,16 +344,18 @@ class PgVectorSink:
             return int(cursor.rowcount)
 
     def held_keys(self) -> pa.Table:
-        """Every row's ``id`` and ``text_sha256`` (strings), read in one transaction (one
-        snapshot): what the table holds, the record loads decide by (DESIGN §9). Two text
-        columns only (about 100 bytes a row), never the vectors."""
+        """Every row's ``id`` and ``text_sha256`` (and ``kept_sha256`` with kept columns;
+        strings), read in one transaction (one snapshot): what the table holds, the record
+        loads decide by (DESIGN §9). Those columns only (about 100 bytes a row), never the
+        vectors or the kept values."""
         from psycopg import sql
 
+        key = held_key_columns(self._columns())
         with self._transaction("read") as conn:
-            rows = conn.execute(sql.SQL("SELECT id, text_sha256 FROM {}").format(
-                self._ident())).fetchall()
-        return pa.table({"id": pa.array([r[0] for r in rows], type=pa.string()),
-                         "text_sha256": pa.array([r[1] for r in rows], type=pa.string())})
+            rows = conn.execute(sql.SQL("SELECT {} FROM {}").format(
+                sql.SQL(", ").join(map(sql.Identifier, key)), self._ident())).fetchall()
+        return pa.table({name: pa.array([r[i] for r in rows], type=pa.string())
+                         for i, name in enumerate(key)})  # fmt: skip
 
     def delete_other_runs(self, run_key: str) -> int:
         """Delete every row not written by ``run_key`` (one transaction); return how many."""
@@ -329,17 +386,19 @@ class PgVectorSink:
                 "CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_cosine_ops)"
             ).format(sql.Identifier(f"{self.table_name}_embedding_hnsw"), self._ident()))
 
-    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+    def search(self, vector: np.ndarray, k: int, *,
+               columns: Sequence[str] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
         """Cosine search (``<=>``, through the HNSW index when present): up to ``k``
-        ``(id, similarity)``, most similar first."""
+        ``(id, similarity, *values of columns)``, most similar first."""
         from psycopg import sql
 
         query = np.asarray(vector, dtype=np.float32)
+        extra = sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(c)) for c in columns)
         with self._transaction("search") as conn:
             rows = conn.execute(sql.SQL(
-                "SELECT id, embedding <=> %s AS distance FROM {} ORDER BY distance LIMIT %s"
-            ).format(self._ident()), (query, k)).fetchall()
-        return [(str(i), 1.0 - float(d)) for i, d in rows]
+                "SELECT id, embedding <=> %s AS distance{} FROM {} ORDER BY distance LIMIT %s"
+            ).format(extra, self._ident()), (query, k)).fetchall()
+        return [(str(i), 1.0 - float(d), *rest) for i, d, *rest in rows]
 
     def close(self) -> None:
         """Close every connection this sink opened."""
@@ -348,3 +407,4 @@ class PgVectorSink:
         for conn in conns:
             conn.close()
         self._local = threading.local()
+        self._kept = None

@@ -366,9 +366,12 @@ def test_second_run_publishes_a_change_set_against_the_first(
         1, 1, 1, 10)
     table = pq.read_table(tmp_path / "out" / changes["object"]).to_pylist()
     assert table == [
-        {"id": "004", "change": "removed", "text_sha256": keys.text_sha256(rows[4][1])},
-        {"id": edited[7][0], "change": "changed", "text_sha256": keys.text_sha256("a new text")},
-        {"id": "new", "change": "added", "text_sha256": keys.text_sha256("appended row")},
+        {"id": "004", "change": "removed", "text_sha256": keys.text_sha256(rows[4][1]),
+         "text_changed": None},
+        {"id": edited[7][0], "change": "changed", "text_sha256": keys.text_sha256("a new text"),
+         "text_changed": True},
+        {"id": "new", "change": "added", "text_sha256": keys.text_sha256("appended row"),
+         "text_changed": None},
     ]
     assert f"changes    1 added, 1 changed, 1 removed, 10 unchanged (against run " \
            f"{first['run_key'][:12]})" in out

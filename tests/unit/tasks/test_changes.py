@@ -85,3 +85,34 @@ def test_latest_manifest_orders_v1_and_v2_times_and_filters_columns(tmp_path: Pa
     assert latest_manifest(store, text_column="text", exclude_run_key="b")["run_key"] == "a"
     assert latest_manifest(store)["run_key"] == "c"
     assert latest_manifest(store, model="other") is None
+
+
+def _kept_chunk(store: LocalDirStore, name: str,
+                rows: list[tuple[str, str, str]]) -> dict[str, object]:  # fmt: skip
+    """A chunk object with a kept column ``title``: rows are (id, text, title)."""
+    table = pa.table({"id": [r[0] for r in rows], "text_sha256": [text_sha256(r[1]) for r in rows],
+                      "title": [r[2] for r in rows]})  # fmt: skip
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    body = sink.getvalue()
+    key = f"chunks/{name}.parquet"
+    store.put_if_absent(key, body, sha256=hashlib.sha256(body).hexdigest(), content_type="x")
+    return {"object": key, "rows": len(rows)}
+
+
+def test_a_kept_value_edit_is_changed_without_a_text_change(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    old = _kept_chunk(store, "old", [("a", "alpha", "A"), ("b", "beta", "B"), ("c", "gamma", "C"),
+                                     ("d", "delta", "D")])  # fmt: skip
+    base = _manifest(store, "r1", [old], "2026-01-01T00:00:00Z", kept_columns=["title"])
+    new = _kept_chunk(store, "new", [("a", "alpha", "A"), ("b", "beta", "B (renamed)"),
+                                     ("c", "GAMMA", "C"), ("e", "eps", "E")])  # fmt: skip
+    counts = write_changes(store, run_key="r2", chunks=[new], base=base, kept_columns=["title"])
+    assert (counts.added, counts.changed, counts.removed, counts.unchanged) == (1, 2, 1, 1)
+    table = pq.read_table(store.uri_for(counts.object)).to_pylist()
+    assert [(r["id"], r["change"], r["text_changed"]) for r in table] == [
+        ("b", "changed", False), ("c", "changed", True), ("d", "removed", None),
+        ("e", "added", None)]
+    # without kept columns the same objects only see the text change
+    plain = write_changes(store, run_key="r3", chunks=[new], base=base)
+    assert (plain.added, plain.changed, plain.removed) == (1, 1, 1)

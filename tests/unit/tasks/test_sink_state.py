@@ -57,3 +57,10 @@ def test_the_load_artifact_says_a_refused_delete_with_its_counts_and_flag() -> N
     text = load_markdown(LoadSummary(2, "delete_refused", message, sink="lancedb:///x?table=t",
                                      run_key="abc", mode="replace"))  # fmt: skip
     assert f"**delete_refused**: {message}" in text
+
+
+def test_with_kept_columns_a_metadata_edit_is_a_row_the_sink_lacks() -> None:
+    run = _run(("a", "1", 0), ("b", "2", 0)).append_column("kept_sha256", pa.array(["k1", "k2"]))
+    held = _held(("a", "1"), ("b", "2")).append_column("kept_sha256", pa.array(["k1", "old"]))
+    assert plan_load(run, held).upsert == {0: frozenset({"b"})}
+    assert plan_load(run, run.select(["id", "text_sha256", "kept_sha256"])).done

@@ -77,3 +77,29 @@ def test_lancedb_keep_versions_durations(text: str, seconds: float) -> None:
     from cli.load import duration_s
 
     assert duration_s(text) == seconds
+
+
+def test_lancedb_keeps_columns_and_their_hash_and_refuses_other_columns(tmp_path: Path) -> None:
+    from adapters.sinks.base import SinkColumns
+    from embedline.template import kept_sha256
+
+    sink = open_sink(f"lancedb://{tmp_path}?table=docs")
+    columns = SinkColumns(("title", "Section name"), text=True)
+    sink.ensure_table(embedder="openai", model="m", dimensions=4, columns=columns)
+    rows = _rows(["a", "b"])
+    for name, values in (("title", ["T'a", "Tb"]), ("Section name", ["s1", "s2"]),
+                         ("text", ["text a", "text b"])):
+        rows = rows.append_column(name, pa.array(values, pa.string()))
+    assert sink.upsert(rows, run_key="r1").rows == 2
+    held = sink.held_keys().to_pylist()
+    assert held == [{"id": "a", "text_sha256": "ha", "kept_sha256": kept_sha256(["T'a", "s1"])},
+                    {"id": "b", "text_sha256": "hb", "kept_sha256": kept_sha256(["Tb", "s2"])}]
+    hits = sink.search(np.asarray(rows.column("embedding")[0].as_py()), 1,
+                       columns=["title", "Section name"])
+    assert hits[0][0] == "a" and hits[0][2:] == ("T'a", "s1")
+    assert sink.describe().columns == columns
+    again = open_sink(f"lancedb://{tmp_path}?table=docs")
+    with pytest.raises(FatalError, match=r"keeps 'title', 'Section name', the text, but this "
+                                         r"run keeps 'title'"):
+        again.ensure_table(embedder="openai", model="m", dimensions=4,
+                           columns=SinkColumns(("title",)))
