@@ -197,7 +197,9 @@ def load_markdown(summary: LoadSummary) -> str:
                  f"{summary.rows_deleted:,} deleted"),
         ("chunks", f"{summary.chunks_loaded} loaded now, {summary.chunks_skipped} skipped, "
                    f"{summary.chunks_failed} failed, of {summary.chunks_total}"),
-        ("wall time", f"{summary.wall_s:.1f} s"),
+        ("index", f"{summary.index_state} in {summary.index_s:.1f} s" if summary.index_state
+                  else "-"),
+        ("wall time", f"{summary.wall_s:.1f} s (the load, index included)"),
     ]  # fmt: skip
     lines = ["# embedline load", "", "| | |", "|---|---|"]
     cells = [value.replace("|", "\\|").replace("\n", " ") for _, value in rows]

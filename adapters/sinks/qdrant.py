@@ -325,18 +325,19 @@ class QdrantSink:
         return pa.table({"id": pa.array(ids, type=pa.string()),
                          "text_sha256": pa.array(shas, type=pa.string())})
 
-    def finalize(self, *, keep_versions_s: float | None = None) -> None:
+    def finalize(self, *, keep_versions_s: float | None = None) -> str:
         """Nothing to build: a Qdrant server indexes (HNSW) in the background as points
         arrive; local mode searches exactly. In local mode above 20,000 points, one line
         says a server would serve better. ``keep_versions_s`` is LanceDB's."""
         if not self.local:
-            return
+            return "nothing to build (the server indexes as points arrive)"
         found = self.describe()
         if found is not None and found.rows > LOCAL_MODE_ADVISED_POINTS:
             logger.info("%s: %d points in Qdrant's local mode, which qdrant-client advises "
                         "for up to %d (it keeps them in memory and searches exactly); a "
                         "Qdrant server loads and searches faster", self.identity, found.rows,
                         LOCAL_MODE_ADVISED_POINTS)  # fmt: skip
+        return "nothing to build (local mode searches exactly)"
 
     def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
         """Cosine search: up to ``k`` ``(id, cosine similarity)``, most similar first."""
