@@ -130,8 +130,16 @@ class QdrantSink:
                         self._client_ = QdrantClient(path=self.path,
                                                      force_disable_check_same_thread=True)
                     else:
+                        key = os.environ.get(API_KEY_ENV) or None
+                        if key and self.url and self.url.startswith("http://"):
+                            # qdrant-client warns at every client; said once per sink here
+                            warnings.filterwarnings("ignore", category=UserWarning,
+                                                    message="Api key is used with an insecure")
+                            logger.warning("%s: %s is sent over plain HTTP; use qdrant+https:// "
+                                           "unless the network is trusted", self.identity,
+                                           API_KEY_ENV)  # fmt: skip
                         self._client_ = QdrantClient(url=self.url,
-                                                     api_key=os.environ.get(API_KEY_ENV) or None,
+                                                     api_key=key,
                                                      timeout=60, prefer_grpc=False,
                                                      check_compatibility=False)  # fmt: skip
             return self._client_
@@ -141,7 +149,7 @@ class QdrantSink:
         """``qdrant-client``'s errors as embedline's, at one point: an unreachable server,
         429 and 5xx are retryable; 401/403 name ``QDRANT_API_KEY``; another process holding a
         local directory is retryable; other refusals are fatal. Messages never carry the key
-        or a payload."""
+        or a payload (an upsert's refusal names only the HTTP status)."""
         from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
         where = f"{what} {self.identity}"
@@ -156,6 +164,8 @@ class QdrantSink:
             if status in _RETRYABLE_STATUS:
                 raise RetryableError(f"{where}: HTTP {status} from Qdrant; rerun the same "
                                      "command to load the rest") from None
+            if what == "upsert into":  # a refusal of a body may quote its payload values
+                detail = exc.reason_phrase
             raise FatalError(f"{where}: Qdrant refused it (HTTP {status}: {detail})") from None
         except ResponseHandlingException as exc:  # connection refused, timeouts, TLS
             raise RetryableError(f"{where}: Qdrant is unreachable ({type(exc.source).__name__})"
