@@ -110,7 +110,8 @@ class _Embedder:
         self.dimensions = dimensions
         # the run's vector length: given by the flow, else learned from the first answer
         self.expected = expect_dimensions if expect_dimensions is not None else dimensions
-        self.caps: RequestCaps | None = client.caps
+        # a chunk whose rows are all reused or copies has no client (tasks.chunk)
+        self.caps: RequestCaps | None = None if client is None else client.caps
         self.vectors: dict[int, np.ndarray] = {}
         self.dead_letters: list[DeadLetter] = []
         self.accepted: list[tuple[int, int]] = []  # (inputs, estimated tokens) per request
@@ -287,7 +288,7 @@ def embed_rows(
             embedder.dead_letters.append(DeadLetter(row.row_number, row.id, "too_long"))
         else:
             sendable.append(row)
-    if client.whole_chunk and sendable:
+    if sendable and client.whole_chunk:
         # an in-process model sorts the whole chunk by length itself: request batches would
         # only add padding and per-call overhead
         batch_size, max_request_tokens = len(sendable), sum(estimate_tokens(r.text)

@@ -154,3 +154,10 @@ def test_the_runs_length_given_by_the_flow_is_expected_from_the_first_request() 
     client = ScriptedClient()
     _run(_rows([f"text {i}" for i in range(6)]), client, expect_dimensions=3)
     assert client.expected == [3, 3]
+
+
+def test_a_chunk_with_nothing_to_send_needs_no_client() -> None:
+    # every row reused or a copy: tasks.chunk builds no client (a rerun of an unchanged
+    # file failed with "'NoneType' object has no attribute 'caps'")
+    result = _run([], None)  # type: ignore[arg-type]
+    assert result.rows == [] and result.dead_letters == []
