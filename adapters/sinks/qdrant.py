@@ -70,7 +70,8 @@ _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
 def point_id(row_id: str) -> str:
-    """The Qdrant point id (a UUID string) of CSV id ``row_id``: ``uuid5(POINT_NAMESPACE, row_id)``."""
+    """The Qdrant point id (a UUID string) of CSV id ``row_id``:
+    ``uuid5(POINT_NAMESPACE, row_id)``."""
     return str(uuid.uuid5(POINT_NAMESPACE, row_id))
 
 
