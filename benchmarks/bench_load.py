@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Load throughput of ``embedline load`` into LanceDB, pgvector and Qdrant (local mode), on the
-whole English file.
+"""Load throughput of ``embedline load`` into LanceDB and pgvector (and, asked for, Qdrant's
+local mode), on the whole English file.
 
 What it does, in one run on one machine:
 
