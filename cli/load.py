@@ -21,14 +21,15 @@ __all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``load``."""
-    load = sub.add_parser("load", help="load a committed run into LanceDB or pgvector",
+    load = sub.add_parser("load", help="load a committed run into LanceDB, pgvector or Qdrant",
                           formatter_class=HELP_FORMATTER)  # fmt: skip
     load.add_argument("run", nargs="?", metavar="RUN",
                       help="a run key or prefix (≥ 8 hex); default: the latest committed run")
     load.add_argument("--to", required=True, metavar="URI",
-                      help="lancedb://PATH[?table=NAME], PATH/NAME.lance, or "
+                      help="lancedb://PATH[?table=NAME], PATH/NAME.lance, "
                            "postgresql://user@host:port/db[?table=NAME] (password from "
-                           "PGPASSWORD, never the URI)")
+                           "PGPASSWORD, never the URI), qdrant://HOST:PORT/COLLECTION (API "
+                           "key from QDRANT_API_KEY) or qdrant+local://PATH[?collection=NAME]")
     load.add_argument("--output", default=None,
                       help="the run's output root (default: the ledger's record of RUN, "
                            "or without RUN of its newest complete run, else "
@@ -219,6 +220,10 @@ def print_load_summary(summary: dict[str, Any]) -> None:
                   f"(embedline dead-letters {str(summary['run_key'])[:12]} --sink URI)")
         print(f"chunks     {summary['chunks_loaded']} loaded now, {summary['chunks_skipped']} "
               f"skipped, {summary['chunks_failed']} failed, of {summary['chunks_total']}")
-        print(f"wall time  {summary['wall_s']:.1f} s")
+        if summary.get("index_state"):
+            print(f"index      {summary['index_state']} in {summary.get('index_s', 0.0):.1f} s")
+        print(f"wall time  {summary['wall_s']:.1f} s (the load"
+              + (f", of which {summary['index_s']:.1f} s the index)"
+                 if summary.get("index_s", 0.0) >= 0.05 else ")"))
     if summary["exit_code"] != 0:
         print(f"embedline: {summary['message']}", file=sys.stderr)

@@ -134,8 +134,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                      help="worker processes of the local Dask cluster")
     run.add_argument("--sink", default=None, metavar="URI",
                      help="after the manifest commit, load the run into lancedb://PATH, "
-                          "PATH/NAME.lance or postgresql://user@host/db (see embedline load) "
-                          "(default: no load)")
+                          "PATH/NAME.lance, postgresql://user@host/db, "
+                          "qdrant://HOST:PORT/COLLECTION or qdrant+local://PATH (see embedline "
+                          "load) (default: no load)")
     run.add_argument("--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE",
                      help=MAX_DELETE_HELP)
     run.add_argument("--progress-interval", type=non_negative_float, default=10.0,

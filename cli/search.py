@@ -1,7 +1,7 @@
 """``embedline search TARGET "query" [--k 10]``: the nearest ids to a query, by cosine similarity.
 
 TARGET is a run's output root (searches the latest committed run's published vectors, or
-``--run``) or a sink URI (LanceDB or pgvector). The query is embedded with the embedder and
+``--run``) or a sink URI (LanceDB, pgvector or Qdrant). The query is embedded with the embedder and
 model that made the vectors: the run's manifest says which, or the sink table's metadata.
 Each line is ``rank score id`` and then the run's kept columns (``--keep-columns``), so
 scripts that read the first three fields keep working; the kept text is not printed.
@@ -27,7 +27,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                             formatter_class=HELP_FORMATTER)  # fmt: skip
     search.add_argument("target", metavar="TARGET",
                         help="an output root (directory or s3://), or a sink URI "
-                             "(lancedb://PATH, PATH/NAME.lance, postgresql://…)")
+                             "(lancedb://PATH, PATH/NAME.lance, postgresql://…, "
+                             "qdrant://HOST:PORT/COLLECTION, qdrant+local://PATH)")
     search.add_argument("query", metavar="QUERY", type=_query,
                         help="the text to search for (not blank)")
     search.add_argument("--k", type=positive_int, default=10, help="results to print")
@@ -68,9 +69,9 @@ def top_k(matrix: Any, ids: list[str], vector: Any, k: int,
 
 
 def _is_sink(target: str) -> bool:
-    lowered = target.lower()
-    return lowered.startswith(("lancedb://", "postgresql://", "postgres://")) or \
-        target.rstrip("/").endswith(".lance")
+    from adapters.sinks import is_sink_uri
+
+    return is_sink_uri(target)
 
 
 def _recorded_base_url(ledger_path: str, *, run_key: str | None = None,

@@ -394,6 +394,8 @@ class LoadSummary:
     chunks_failed: int = 0
     wall_s: float = 0.0
     rows_failed: int = 0  # load dead letters: rows the sink refuses for good (DESIGN §9)
+    index_s: float = 0.0  # seconds the sink's index build (pgvector HNSW) or compaction took
+    index_state: str = ""  # what it did: "HNSW index built", "HNSW index present", "compacted…"
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

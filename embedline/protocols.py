@@ -296,9 +296,10 @@ class VectorSink(Protocol):
         which decides every load (DESIGN §9)."""
         ...
 
-    def finalize(self, *, keep_versions_s: float | None = None) -> None:
+    def finalize(self, *, keep_versions_s: float | None = None) -> str:
         """Build or refresh the table's index after a load (idempotent); a store that keeps
-        versions (LanceDB) prunes those older than ``keep_versions_s`` seconds."""
+        versions (LanceDB) prunes those older than ``keep_versions_s`` seconds. Returns what
+        it did in a few words, for the load summary ("HNSW index built", "compacted")."""
         ...
 
     def search(self, vector: np.ndarray, k: int, *,

@@ -181,7 +181,7 @@ def _load_stage(
         cached = ledger.sink_load(sink.identity, run_key)
         if cached is None or cached.state != "loaded":  # e.g. killed before its index
             try:
-                sink.finalize(keep_versions_s=options.keep_versions_s)
+                base = _finalized(base, sink, options)
             except EmbedlineError as exc:
                 return _with(base, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
                              status="incomplete", message=f"{exc}; rerun the same command")
@@ -259,7 +259,7 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
                                 rows_deleted=summary.rows_deleted + sink.delete_ids(plan.delete))
             plan = plan_load(run, sink.held_keys())
             if plan.done:
-                sink.finalize(keep_versions_s=options.keep_versions_s)
+                summary = _finalized(summary, sink, options)
                 break
         except MassDeleteError as exc:
             return _with(summary, started, exit_code=exc.exit_code, status="delete_refused",
@@ -280,6 +280,20 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
         _dead_letters_artifact(dead)
     return load_dead_letters_end(_with(summary, started, status="loaded"), dead,
                                  options.allow_failed_rows)
+
+
+def _finalized(summary: LoadSummary, sink: VectorSink, options: _Options) -> LoadSummary:
+    """Build the sink's index (or compact it), timed: its own line in the summary, so a
+    long HNSW build is not taken for a hang (or for Prefect's start-up).
+
+    :raises EmbedlineError: the sink failed (see ``VectorSink.finalize``).
+    """
+    logger = get_run_logger()
+    started = time.monotonic()
+    state = sink.finalize(keep_versions_s=options.keep_versions_s)
+    seconds = round(time.monotonic() - started, 3)
+    logger.info("%s: %s in %.1f s", sink.identity, state, seconds)
+    return LoadSummary(**{**summary.to_dict(), "index_s": seconds, "index_state": state})
 
 
 def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:

@@ -129,7 +129,8 @@ def summary_markdown(
         ("estimated cost", cost),
         ("saved by reuse and deduplication", saved),
         ("requests", f"{summary.requests:,}"),
-        ("wall time", f"{summary.wall_s:.1f} s"),
+        ("wall time", f"{summary.wall_s:.1f} s" + (" (the run; the load below has its own)"
+                                                   if summary.load else "")),
         ("output", f"`{summary.output}`"),
         ("manifest", f"`{summary.manifest_uri}`" if summary.manifest_uri else "not committed"),
         ("changes", _changes_cell(summary)),
@@ -140,6 +141,9 @@ def summary_markdown(
         lines += ["", "Rerun only what is missing: run the deployment again with the same "
                   "parameters, press **Retry** on this flow run, or `embedline run` the same "
                   f"command (`embedline status {summary.run_key[:12]}`)."]  # fmt: skip
+    if summary.load:  # run --sink: the load stage's own lines
+        load = LoadSummary(**summary.load)  # type: ignore[arg-type]
+        lines += ["", "## Load into the sink", "", "| | |", "|---|---|"] + _load_lines(load)
     if dead_letters:
         lines += ["", f"## Dead letters ({len(dead_letters)})", "", "| row | id | reason | HTTP |",
                   "|---|---|---|---|"]  # fmt: skip
@@ -188,6 +192,11 @@ def publish_summary(
 def load_markdown(summary: LoadSummary) -> str:
     """Render a load's summary as Markdown (counts only; a refusal's message names the
     counts and the flag that allows it)."""
+    return "\n".join(["# embedline load", "", "| | |", "|---|---|"] + _load_lines(summary)) + "\n"
+
+
+def _load_lines(summary: LoadSummary) -> list[str]:
+    """The load's table rows: status, sink, run, mode, rows, chunks, index, wall time."""
     rows = [
         ("status", f"**{summary.status}**" + (f": {summary.message}" if summary.message else "")),
         ("sink", f"`{summary.sink}`"),
@@ -197,11 +206,12 @@ def load_markdown(summary: LoadSummary) -> str:
                  f"{summary.rows_deleted:,} deleted"),
         ("chunks", f"{summary.chunks_loaded} loaded now, {summary.chunks_skipped} skipped, "
                    f"{summary.chunks_failed} failed, of {summary.chunks_total}"),
-        ("wall time", f"{summary.wall_s:.1f} s"),
+        ("index", f"{summary.index_state} in {summary.index_s:.1f} s" if summary.index_state
+                  else "-"),
+        ("wall time", f"{summary.wall_s:.1f} s (the load, index included)"),
     ]  # fmt: skip
-    lines = ["# embedline load", "", "| | |", "|---|---|"]
     cells = [value.replace("|", "\\|").replace("\n", " ") for _, value in rows]
-    return "\n".join(lines + [f"| {n} | {c} |" for (n, _), c in zip(rows, cells, strict=True)]) + "\n"
+    return [f"| {n} | {c} |" for (n, _), c in zip(rows, cells, strict=True)]
 
 
 def publish_load_summary(summary: LoadSummary) -> None:

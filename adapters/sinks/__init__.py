@@ -3,8 +3,8 @@
 
 - ``base``: the interface (``VectorSink``) and what every store shares (table metadata, the
   model/length check, the batch's vector matrix);
-- ``lancedb``, ``pgvector`` (with ``pg_errors``, its refusal classes): the stores, each
-  importing ``base`` only;
+- ``lancedb``, ``pgvector`` (with ``pg_errors``, its refusal classes), ``qdrant``: the
+  stores, each importing ``base`` only;
 - ``factory``: the URI forms and ``open_sink``, importing a store only when it opens one.
 
 A new store is a module here plus one ``SinkKind`` in ``factory.KINDS``.
@@ -17,7 +17,7 @@ from adapters.sinks.base import (
     sink_metadata,
     sink_table_from_metadata,
 )
-from adapters.sinks.factory import open_sink, validate_sink_uri
+from adapters.sinks.factory import is_sink_uri, open_sink, validate_sink_uri
 
-__all__ = ["DEFAULT_TABLE", "SINK_FORMAT", "check_compatible", "open_sink", "sink_metadata",
-           "sink_table_from_metadata", "validate_sink_uri"]  # fmt: skip
+__all__ = ["DEFAULT_TABLE", "SINK_FORMAT", "check_compatible", "is_sink_uri", "open_sink",
+           "sink_metadata", "sink_table_from_metadata", "validate_sink_uri"]  # fmt: skip

@@ -13,6 +13,12 @@ Accepted forms:
   pgvector on PostgreSQL. The password is never taken from the URI (it would end up in
   shell history, Prefect parameters and the ledger): libpq reads ``PGPASSWORD`` or
   ``~/.pgpass`` (https://www.postgresql.org/docs/current/libpq-envars.html).
+- ``qdrant://HOST[:PORT]/COLLECTION`` (HTTP, port 6333 by default) or
+  ``qdrant+https://HOST[:PORT]/COLLECTION`` (TLS): a Qdrant server. The API key comes from
+  ``QDRANT_API_KEY`` only; a ``key@`` in the URI is refused.
+- ``qdrant+local://PATH[?collection=NAME]``: ``qdrant-client``'s embedded local mode, a
+  directory (no server); the collection defaults to ``embeddings``. PATH is taken literally
+  as for ``lancedb://`` (the text after the LAST ``?`` is embedline's ``collection=NAME``).
 
 Each store is one ``SinkKind`` in ``KINDS``: the URIs it claims, how they parse (here, so a
 URI is checked without importing the store or its client library), and an opener that
@@ -34,7 +40,7 @@ from adapters.uris import redact, scheme_of
 from embedline.errors import FatalError, InputError
 from embedline.protocols import VectorSink
 
-__all__ = ["KINDS", "SinkKind", "open_sink", "validate_sink_uri"]
+__all__ = ["KINDS", "SinkKind", "is_sink_uri", "open_sink", "validate_sink_uri"]
 
 _TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")  # a PostgreSQL identifier, unquoted
 
@@ -50,7 +56,7 @@ class SinkKind:
     ``FatalError`` when the store's client library is not installed.
     """
 
-    name: str  # "lancedb", "pgvector": the store, as ``_parse`` reports it
+    name: str  # "lancedb", "pgvector", "qdrant": the store, as ``_parse`` reports it
     forms: tuple[str, ...]  # the accepted-form hints listed in every refusal
     claims: Callable[[str, str], bool]
     parse: Callable[[str, str, str], dict[str, str]]
@@ -138,12 +144,78 @@ def _pgvector_open(params: dict[str, str]) -> VectorSink:
     return PgVectorSink(params["dsn"], table=params["table"])
 
 
+# --- Qdrant ----------------------------------------------------------------------------
+
+_COLLECTION_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+
+
+def _collection_name(name: str, shown: str) -> str:
+    if not _COLLECTION_RE.match(name):
+        raise InputError(f"sink {shown}: collection name {name!r} must be letters, digits, _ "
+                         "and - (at most 255)")  # fmt: skip
+    return name
+
+
+def _qdrant_claims(scheme: str, text: str) -> bool:
+    return scheme in ("qdrant", "qdrant+https", "qdrant+local")
+
+
+def _qdrant_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
+    rest = text[len(scheme) + 3:]
+    if scheme == "qdrant+local":
+        path, mark, query = rest.rpartition("?")
+        if not mark:
+            path, query = query, ""
+        if not path:
+            raise InputError(f"sink {shown}: no directory; {_forms()}")
+        pairs = parse_qsl(query, keep_blank_values=True)
+        names = [v for k, v in pairs if k == "collection"]
+        if len(names) > 1 or len(pairs) > len(names):
+            raise InputError(f"sink {shown}: only ?collection=NAME (once) is accepted after the "
+                             "path (a path holding '?' needs ?collection=NAME after it); "
+                             f"{_forms()}")
+        collection = _collection_name(names[0] if names else DEFAULT_TABLE, shown)
+        path = os.path.abspath(path)
+        return {"path": path, "collection": collection,
+                "identity": f"qdrant+local://{path}?collection={collection}"}
+    parts = urlsplit(text)
+    if "@" in parts.netloc:
+        raise InputError(f"sink {shown}: credentials in the URI are not accepted; set "
+                         "QDRANT_API_KEY and leave them out of the URI")
+    collection = parts.path.strip("/")
+    if not parts.hostname or not collection or parts.query or parts.fragment:
+        raise InputError(f"sink {shown}: expected {scheme}://HOST[:PORT]/COLLECTION; {_forms()}")
+    try:
+        port = parts.port or 6333
+    except ValueError:
+        raise InputError(f"sink {shown}: the port is not a number") from None
+    http = "https" if scheme == "qdrant+https" else "http"
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    collection = _collection_name(collection, shown)
+    return {"url": f"{http}://{host}:{port}", "collection": collection,
+            "identity": f"{scheme}://{host}:{port}/{collection}"}
+
+
+def _qdrant_open(params: dict[str, str]) -> VectorSink:
+    try:
+        import qdrant_client  # noqa: F401
+    except ImportError:
+        raise FatalError("the Qdrant sink needs qdrant-client: pip install "
+                         "'embedline[qdrant]'") from None  # fmt: skip
+    from adapters.sinks.qdrant import QdrantSink
+
+    return QdrantSink(collection=params["collection"], url=params.get("url"),
+                      path=params.get("path"), identity=params["identity"])
+
+
 #: The stores, tried in order; the first whose ``claims`` is true parses the URI.
 KINDS: tuple[SinkKind, ...] = (
     SinkKind("lancedb", ("lancedb://PATH[?table=NAME]", "PATH/NAME.lance"),
              _lancedb_claims, _lancedb_parse, _lancedb_open),
     SinkKind("pgvector", ("postgresql://user@host:port/db[?table=NAME]",),
              _pgvector_claims, _pgvector_parse, _pgvector_open),
+    SinkKind("qdrant", ("qdrant://HOST:PORT/COLLECTION", "qdrant+local://PATH[?collection=NAME]"),
+             _qdrant_claims, _qdrant_parse, _qdrant_open),
 )  # fmt: skip
 
 
@@ -165,6 +237,14 @@ def _parse(uri: str) -> tuple[SinkKind, dict[str, str]]:
         if kind.claims(scheme, text):
             return kind, kind.parse(text, scheme, shown)
     raise InputError(f"unsupported sink {shown}; {_forms()}")
+
+
+def is_sink_uri(uri: str) -> bool:
+    """Whether ``uri`` names a sink (some store claims it), valid or not; an output root
+    (a directory, ``s3://``) is not one."""
+    text = (uri or "").strip()
+    scheme = scheme_of(text)
+    return any(kind.claims(scheme, text) for kind in KINDS)
 
 
 def validate_sink_uri(uri: str) -> str:

@@ -263,7 +263,7 @@ class LanceDBSink:
             return int(result.num_deleted_rows)
 
     @_writes
-    def finalize(self, *, keep_versions_s: float | None = None) -> None:
+    def finalize(self, *, keep_versions_s: float | None = None) -> str:
         """Compact fragments and prune versions older than ``keep_versions_s`` seconds
         (default ``DEFAULT_KEEP_VERSIONS_S``; the latest version is never pruned), through
         the load's one table handle, after its last write: nothing of the load's own can
@@ -280,7 +280,7 @@ class LanceDBSink:
             for attempt in range(1, _OPTIMIZE_ATTEMPTS + 1):
                 try:
                     table.optimize(cleanup_older_than=timedelta(seconds=keep))
-                    return
+                    return "compacted (searched exactly, no index)"
                 except (RuntimeError, OSError, ValueError) as exc:
                     if "conflict" not in str(exc).lower():
                         raise
@@ -289,6 +289,7 @@ class LanceDBSink:
                     table.checkout_latest()
             logger.warning("%s: not compacted this time (other writers); the rows are loaded",
                            self.identity)
+            return "not compacted (other writers)"
 
     def search(self, vector: np.ndarray, k: int, *,
                columns: Sequence[str] = ()) -> list[tuple[Any, ...]]:  # fmt: skip

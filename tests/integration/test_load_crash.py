@@ -18,6 +18,7 @@ import pytest
 from tests.support.csv_data import ENGLISH, expected_vectors, read_rows, write_rows
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO, run_cli
+from tests.support.qdrant_local import qdrant_path, qdrant_vectors, unit_vectors
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
@@ -44,6 +45,8 @@ def _table(kind: str, sink: str, pg_uri: str) -> list[tuple[str, np.ndarray]]:
             register_vector(conn)
             rows = conn.execute("SELECT id, embedding FROM crash").fetchall()
         return [(i, np.asarray(v.to_numpy(), dtype=np.float32)) for i, v in rows]
+    if kind == "qdrant":
+        return qdrant_vectors(qdrant_path(sink), "crash")
     import lancedb
 
     table = lancedb.connect(sink[len("lancedb://"):].split("?")[0]).open_table("crash").to_arrow()
@@ -52,7 +55,7 @@ def _table(kind: str, sink: str, pg_uri: str) -> list[tuple[str, np.ndarray]]:
                 strict=True)]  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["lancedb", "pgvector"])
+@pytest.mark.parametrize("kind", ["lancedb", "pgvector", "qdrant"])
 def test_kill_9_during_load_then_load_again_completes_without_duplicates(
     kind: str, tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
 ) -> None:
@@ -63,8 +66,9 @@ def test_kill_9_during_load_then_load_again_completes_without_duplicates(
                         str(tmp_path / "out"), "--ledger", str(ledger), "--chunk-size",
                         str(CHUNK), "--allow-failed-rows", cwd=tmp_path, timeout=600)  # fmt: skip
     assert published.returncode == 0, published.stderr[-2000:]
-    sink = (f"{pg_uri}&table=crash" if kind == "pgvector"
-            else f"lancedb://{tmp_path}/lance?table=crash")  # fmt: skip
+    sink = {"pgvector": f"{pg_uri}&table=crash",
+            "qdrant": f"qdrant+local://{tmp_path}/qdrant?collection=crash",
+            "lancedb": f"lancedb://{tmp_path}/lance?table=crash"}[kind]
     load = ["load", "--to", sink, "--output", str(tmp_path / "out"), "--ledger", str(ledger)]
     proc = subprocess.Popen([sys.executable, "-m", "cli", *load], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -92,4 +96,8 @@ def test_kill_9_during_load_then_load_again_completes_without_duplicates(
     assert len(ids) == len(set(ids)), "an id appears twice"
     want = expected_vectors(rows)
     assert set(ids) == set(want)
+    if kind == "qdrant":  # a Cosine collection stores unit vectors
+        want = unit_vectors(want)
+        assert all(np.allclose(v, want[i], rtol=0, atol=1e-6) for i, v in table)
+        return
     assert all(np.array_equal(v, want[i]) for i, v in table)

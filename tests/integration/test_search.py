@@ -1,7 +1,7 @@
 """Search over the local model's vectors of the real Debian sample (250 packages): a package's
 own short description (its ``title`` column; the vectors are of its long ``text``) finds that
-package first, over the published vectors and over the LanceDB sink; and ``embedline search``
-prints ranked ids."""
+package first, over the published vectors and over the LanceDB and Qdrant (local mode) sinks;
+and ``embedline search`` prints ranked ids."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                      str(cwd / "ledger.sqlite3"), cwd=cwd, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^rows +250 upserted now", result.stdout, re.M), result.stdout
+    loaded = run_cli("load", "--to", "qdrant+local://./embedline-output/qdrant", "--output",
+                     "embedline-output", "--ledger", str(cwd / "ledger.sqlite3"), cwd=cwd,
+                     timeout=600)  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert re.search(r"^rows +250 upserted now", loaded.stdout, re.M), loaded.stdout
     yield cwd
 
 
@@ -40,11 +45,12 @@ def _titles(n: int, seed: int = 0) -> list[tuple[str, str]]:
     return random.Random(seed).sample(records, n)
 
 
-@pytest.mark.parametrize("where", ["published vectors", "lancedb sink"])
+@pytest.mark.parametrize("where", ["published vectors", "lancedb sink", "qdrant sink"])
 def test_a_packages_short_description_finds_it_first_for_9_of_10(demo: Path, where: str) -> None:
     sampled = _titles(10)
-    target = str(demo / "embedline-output") if where == "published vectors" else \
-        f"lancedb://{demo}/embedline-output/lancedb"
+    target = {"published vectors": str(demo / "embedline-output"),
+              "lancedb sink": f"lancedb://{demo}/embedline-output/lancedb",
+              "qdrant sink": f"qdrant+local://{demo}/embedline-output/qdrant"}[where]
     hits = search_target(target, [title for _, title in sampled], k=3,
                          ledger=str(demo / "ledger.sqlite3"))  # fmt: skip
     first = [h[0][0] for h in hits]
@@ -52,9 +58,11 @@ def test_a_packages_short_description_finds_it_first_for_9_of_10(demo: Path, whe
     assert found >= 9, list(zip([p for p, _ in sampled], first, strict=True))
 
 
-def test_embedline_search_prints_ranked_ids(demo: Path) -> None:
-    result = run_cli("search", "lancedb://./embedline-output/lancedb",
-                     "Real-time strategy game of ancient warfare", "--k", "5", cwd=demo)
+@pytest.mark.parametrize("sink", ["lancedb://./embedline-output/lancedb",
+                                  "qdrant+local://./embedline-output/qdrant"])
+def test_embedline_search_prints_ranked_ids(demo: Path, sink: str) -> None:
+    result = run_cli("search", sink, "Real-time strategy game of ancient warfare", "--k", "5",
+                     cwd=demo)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].split() == ["rank", "score", "id"]

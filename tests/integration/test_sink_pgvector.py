@@ -58,6 +58,11 @@ def _check_whole_cycle(tmp_path: Path, server: FakeEmbeddingServer, pg_uri: str,
     sink = _sink(pg_uri, table)
     first = _run(tmp_path, server, write_rows(tmp_path / "in.csv", rows), sink, chunk_size)
     assert re.search(r"^load +loaded .*mode replace", first, re.M), first
+    # the load's own lines: the index build has one, and the load's wall time names it
+    assert re.search(r"^index +HNSW index built in [\d.]+ s$", first, re.M), first
+    assert re.search(r"^wall time +[\d.]+ s \(the load, of which [\d.]+ s the index\)$", first,
+                     re.M) or re.search(r"^wall time +[\d.]+ s \(the load\)$", first, re.M), first
+    assert re.search(r"^wall time .*Prefect's start-up and the load below\)$", first, re.M), first
     _assert_equal(_table(pg_uri, table), expected_vectors(rows))
     with psycopg.connect(pg_uri) as conn:
         indexes = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s",
@@ -74,6 +79,7 @@ def _check_whole_cycle(tmp_path: Path, server: FakeEmbeddingServer, pg_uri: str,
     # the change set against the run this table holds drives the load: only what changed
     assert re.search(r"^load +loaded .*mode changes", second, re.M), second
     assert f"{len(rows) // 20} deleted" in second
+    assert re.search(r"^index +HNSW index present in [\d.]+ s$", second, re.M), second
     _assert_equal(_table(pg_uri, table), expected_vectors(edited))
 
 

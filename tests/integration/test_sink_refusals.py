@@ -183,6 +183,25 @@ def test_lancedb_leaves_out_a_nan_vector_and_stores_nul_and_long_ids(tmp_path: P
     assert sink.describe().rows == 3  # type: ignore[union-attr]
 
 
+def test_qdrant_leaves_out_a_nan_vector_and_stores_nul_and_long_ids(tmp_path: Path) -> None:
+    pytest.importorskip("qdrant_client")
+    from adapters.sinks.qdrant import QdrantSink
+
+    sink = QdrantSink(path=str(tmp_path / "q"), collection="t")
+    sink.ensure_table(embedder="openai", model="m", dimensions=4)
+    rows = _rows(["a", NUL_ID, LONG_ID, "nan"])
+    vectors = np.array(rows.column("embedding").combine_chunks().flatten())
+    vectors[12] = np.nan
+    rows = rows.set_column(1, "embedding", pa.FixedSizeListArray.from_arrays(
+        pa.array(vectors), 4))
+    result = sink.upsert(rows, run_key="r1")
+    assert result.rows == 3 and [(r[1], r[2]) for r in result.refused] == [
+        ("nan", "non_finite_vector")]
+    # any string is an id: its point id is a UUIDv5, the id itself is in the payload
+    assert sorted(sink.held_keys().column("id").to_pylist()) == sorted(["a", NUL_ID, LONG_ID])
+    sink.close()
+
+
 def test_lancedb_table_of_another_shape_is_refused(tmp_path: Path) -> None:
     import lancedb
 

@@ -20,6 +20,7 @@ import pytest
 from tests.support.csv_data import ENGLISH, edit_rows, expected_vectors, read_rows, write_rows
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import run_cli
+from tests.support.qdrant_local import delete_points, qdrant_path, qdrant_vectors, unit_vectors
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
@@ -35,6 +36,8 @@ def _table(kind: str, sink: str, pg_uri: str, name: str) -> dict[str, np.ndarray
             register_vector(conn)
             rows = conn.execute(f'SELECT id, embedding FROM "{name}"').fetchall()
         pairs = [(i, np.asarray(v.to_numpy(), dtype=np.float32)) for i, v in rows]
+    elif kind == "qdrant":
+        pairs = qdrant_vectors(qdrant_path(sink), name)
     else:
         import lancedb
 
@@ -54,15 +57,23 @@ def _delete(kind: str, sink: str, pg_uri: str, name: str, ids: list[str]) -> Non
         with psycopg.connect(pg_uri) as conn:
             conn.execute(f'DELETE FROM "{name}" WHERE id = ANY(%s)', (ids,))
         return
+    if kind == "qdrant":
+        delete_points(qdrant_path(sink), name, ids)
+        return
     import lancedb
 
     table = lancedb.connect(sink[len("lancedb://"):].split("?")[0]).open_table(name)
     table.delete("id IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")")
 
 
-def _assert_holds(got: dict[str, np.ndarray], rows: list[tuple[str, str]]) -> None:
+def _assert_holds(got: dict[str, np.ndarray], rows: list[tuple[str, str]],
+                  kind: str = "lancedb") -> None:  # fmt: skip
     want = expected_vectors(rows)
     assert set(got) == set(want), (len(got), len(want))
+    if kind == "qdrant":  # a Cosine collection stores unit vectors
+        want = unit_vectors(want)
+        assert all(np.allclose(got[i], want[i], rtol=0, atol=1e-6) for i in want)
+        return
     assert all(np.array_equal(got[i], want[i]) for i in want)
 
 
@@ -90,7 +101,13 @@ def _status(result: object) -> str:
     return match.group(1) if match else ""
 
 
-@pytest.mark.parametrize("kind", ["lancedb", "pgvector"])
+def _sink(kind: str, tmp_path: Path, pg_uri: str, name: str) -> str:
+    return {"pgvector": f"{pg_uri}&table={name}",
+            "qdrant": f"qdrant+local://{tmp_path}/qdrant?collection={name}",
+            "lancedb": f"lancedb://{tmp_path}/lance?table={name}"}[kind]
+
+
+@pytest.mark.parametrize("kind", ["lancedb", "pgvector", "qdrant"])
 def test_any_ledger_converges_on_the_run_loaded_last_and_restores_rows_deleted_by_others(
     kind: str, tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
 ) -> None:
@@ -101,31 +118,30 @@ def test_any_ledger_converges_on_the_run_loaded_last_and_restores_rows_deleted_b
     assert _run(tmp_path, fake_openai, second).returncode == 0  # type: ignore[attr-defined]
     two = _latest_run_key(tmp_path)
     name = f"truth_{kind}"
-    sink = (f"{pg_uri}&table={name}" if kind == "pgvector"
-            else f"lancedb://{tmp_path}/lance?table={name}")  # fmt: skip
+    sink = _sink(kind, tmp_path, pg_uri, name)
 
     def table() -> dict[str, np.ndarray]:
         return _table(kind, sink, pg_uri, name)
 
     loaded = _load(tmp_path, one, sink, "a.sqlite3")
     assert loaded.returncode == 0 and _status(loaded) == "loaded", loaded.stderr[-2000:]
-    _assert_holds(table(), first)
+    _assert_holds(table(), first, kind)
     # a second ledger (another machine) loads the other run into the same table
     loaded = _load(tmp_path, two, sink, "b.sqlite3")
     assert loaded.returncode == 0 and _status(loaded) == "loaded", loaded.stderr[-2000:]
-    _assert_holds(table(), second)
+    _assert_holds(table(), second, kind)
     # ledger a loaded run one before: before, "already_loaded" while the table held run two
     again = _load(tmp_path, one, sink, "a.sqlite3")
     assert again.returncode == 0, again.stderr[-2000:]
     assert _status(again) == "loaded", again.stdout
-    _assert_holds(table(), first)
+    _assert_holds(table(), first, kind)
     # rows deleted by someone else: the next load of that run restores them
     gone = sorted(table())[:7]
     _delete(kind, sink, pg_uri, name, gone)
     again = _load(tmp_path, one, sink, "a.sqlite3")
     assert again.returncode == 0 and _status(again) == "loaded", again.stderr[-2000:]
     assert re.search(r"^rows +7 upserted now", again.stdout, re.M), again.stdout
-    _assert_holds(table(), first)
+    _assert_holds(table(), first, kind)
     # nothing to do is said only when the table holds exactly the run
     same = _load(tmp_path, one, sink, "a.sqlite3")
     assert same.returncode == 0 and _status(same) == "already_loaded", same.stdout
@@ -137,10 +153,10 @@ def test_any_ledger_converges_on_the_run_loaded_last_and_restores_rows_deleted_b
     with sqlite3.connect(tmp_path / "c.sqlite3") as db:
         db.execute("UPDATE sink_loads SET state = 'loading'")
     assert _load(tmp_path, one, sink, "d.sqlite3").returncode == 0  # type: ignore[attr-defined]
-    _assert_holds(table(), first)
+    _assert_holds(table(), first, kind)
     resumed = _load(tmp_path, two, sink, "c.sqlite3")
     assert resumed.returncode == 0 and _status(resumed) == "loaded", resumed.stderr[-2000:]
-    _assert_holds(table(), second)
+    _assert_holds(table(), second, kind)
 
 
 def test_a_cut_short_export_is_refused_at_commit_and_at_load_until_the_flag_allows_it(

@@ -38,3 +38,44 @@ def test_unusable_sink_uris_are_input_errors(uri: str) -> None:
     with pytest.raises(InputError):
         validate_sink_uri(uri)
 
+
+
+def test_qdrant_uris_name_a_server_or_a_local_directory(tmp_path: Path) -> None:
+    pytest.importorskip("qdrant_client")
+    sink = open_sink("qdrant://vectors.example:6334/packages")
+    assert (sink.url, sink.collection, sink.local) == ("http://vectors.example:6334", "packages",
+                                                       False)  # fmt: skip
+    assert sink.identity == "qdrant://vectors.example:6334/packages"
+    assert open_sink("qdrant+https://vectors.example/p").url == "https://vectors.example:6333"
+    local = open_sink(f"qdrant+local://{tmp_path}/q dir#1?collection=docs")
+    assert (local.path, local.collection, local.local) == (f"{tmp_path}/q dir#1", "docs", True)
+    assert local.identity == f"qdrant+local://{tmp_path}/q dir#1?collection=docs"
+    assert open_sink(f"qdrant+local://{tmp_path}").collection == "embeddings"
+
+
+def test_an_api_key_in_a_qdrant_uri_is_refused_without_echoing_it() -> None:
+    with pytest.raises(InputError) as caught:
+        validate_sink_uri("qdrant://s3cretkey@vectors.example:6333/packages")
+    assert "QDRANT_API_KEY" in str(caught.value)
+    assert "s3cretkey" not in str(caught.value)
+
+
+def test_the_qdrant_api_key_comes_from_the_environment_and_is_never_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("qdrant_client")
+    monkeypatch.setenv("QDRANT_API_KEY", "k-s3cret")
+    sink = open_sink("qdrant+https://vectors.example/packages")
+    client = sink._client()  # builds the client; connects only on the first call
+    assert "k-s3cret" not in repr(sink) + sink.identity
+    assert client._client.openapi_client.client._client.headers.get("api-key") == "k-s3cret"
+    sink.close()
+
+
+@pytest.mark.parametrize("uri", ["qdrant://host:6333/", "qdrant://host:6333/a/b?x=1",
+                                 "qdrant://host:x/c", "qdrant://host/bad name",
+                                 "qdrant+local://", "qdrant+local:///x?table=t",
+                                 "qdrant+local:///x?collection=a&collection=b"])
+def test_unusable_qdrant_uris_are_input_errors(uri: str) -> None:
+    with pytest.raises(InputError):
+        validate_sink_uri(uri)

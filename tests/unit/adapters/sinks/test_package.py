@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[4]
 
 def test_package_exports_what_adapters_sinks_exported() -> None:
     assert adapters.sinks.__all__ == ["DEFAULT_TABLE", "SINK_FORMAT", "check_compatible",
-                                      "open_sink", "sink_metadata", "sink_table_from_metadata",
-                                      "validate_sink_uri"]  # fmt: skip
+                                      "is_sink_uri", "open_sink", "sink_metadata",
+                                      "sink_table_from_metadata", "validate_sink_uri"]  # fmt: skip
     for name in adapters.sinks.__all__:
         assert hasattr(adapters.sinks, name)
 
@@ -45,8 +45,11 @@ def test_checking_a_uri_imports_no_store() -> None:
     code = ("import sys; from adapters.sinks import validate_sink_uri; "
             "validate_sink_uri('lancedb:///tmp/x?table=t'); "
             "validate_sink_uri('postgresql://app@db/vectors?table=t'); "
+            "validate_sink_uri('qdrant://db:6333/vectors'); "
+            "validate_sink_uri('qdrant+local:///tmp/q?collection=c'); "
             "print(sorted(m for m in sys.modules if m in ('adapters.sinks.lancedb', "
-            "'adapters.sinks.pgvector', 'lancedb', 'psycopg')))")  # fmt: skip
+            "'adapters.sinks.pgvector', 'adapters.sinks.qdrant', 'lancedb', 'psycopg', "
+            "'qdrant_client')))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
     assert out.strip() == "[]"
