@@ -9,9 +9,12 @@ length on upload for ``Cosine``, so a vector read back equals the run's divided 
 **Point ids.** Qdrant takes only unsigned integers and UUIDs as point ids, so the point id of
 CSV id ``X`` is ``uuid5(POINT_NAMESPACE, X)`` (RFC 9562 §5.5: name-based, SHA-1; any string,
 NUL bytes included, maps to one UUID), and the payload keeps the CSV id itself: a point's
-payload is ``{"id": X, "text_sha256": …, "run_key": …}`` (``point_payloads`` is the one place
-further payload fields are added). What the sink holds is read from the payloads
-(``held_keys``), never from a ledger.
+payload is ``{"id": X, "text_sha256": …, "run_key": …}``, and in a collection with kept
+columns also ``kept_sha256`` and each kept column (and ``text``) under its CSV name
+(``point_payloads`` is the one place a payload is built). What the sink holds is read from
+the payloads (``held_keys``), never from a ledger. On a server, ``id`` and the kept columns
+get keyword payload indexes when the collection is created, so Qdrant's planner can serve a
+filtered search (``search(where=…)``) from them.
 
 **Modes.** ``QdrantSink(url=…)`` talks to a server over HTTP (REST, port 6333 by default); the
 API key comes from ``QDRANT_API_KEY`` only, never from the URI, and is never logged.
@@ -43,9 +46,13 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.sinks.base import (
+    SinkColumns,
     SinkTable,
     UpsertResult,
     check_compatible,
+    exact_top_k,
+    extra_values,
+    held_key_columns,
     sink_metadata,
     sink_table_from_metadata,
     vector_matrix,
@@ -75,13 +82,18 @@ def point_id(row_id: str) -> str:
     return str(uuid.uuid5(POINT_NAMESPACE, row_id))
 
 
-def point_payloads(rows: pa.Table, *, run_key: str) -> list[dict[str, Any]]:
-    """The payload of each row of an upsert batch: every column but ``embedding`` under its
-    own name (``id``, ``text_sha256``, and any further string column a batch carries), plus
-    ``run_key``. The one place a point's payload is built."""
-    columns = {name: rows.column(name).to_pylist() for name in rows.column_names
-               if name != "embedding"}  # fmt: skip
-    return [{**{name: values[i] for name, values in columns.items()}, "run_key": run_key}
+def point_payloads(rows: pa.Table, *, run_key: str,
+                   columns: SinkColumns = SinkColumns()) -> list[dict[str, Any]]:  # fmt: skip
+    """The payload of each row of an upsert batch: ``id``, ``text_sha256``, ``run_key``, and
+    with kept ``columns`` ``kept_sha256`` and each of ``columns.names`` (strings, as in the
+    CSV). The one place a point's payload is built.
+
+    :raises FatalError: the batch lacks a column the collection keeps (``extra_values``).
+    """
+    values: dict[str, list[Any]] = {name: rows.column(name).to_pylist()
+                                    for name in ("id", "text_sha256")}  # fmt: skip
+    values.update(extra_values(rows, columns))
+    return [{**{name: column[i] for name, column in values.items()}, "run_key": run_key}
             for i in range(rows.num_rows)]  # fmt: skip
 
 
@@ -113,6 +125,7 @@ class QdrantSink:
                                      if self.local else f"{url}/{collection}")  # fmt: skip
         self._client_: Any = None
         self._lock = threading.RLock()
+        self._kept: SinkColumns | None = None  # the collection's columns, once read
 
     def __repr__(self) -> str:
         return f"QdrantSink({self.identity!r})"
@@ -194,11 +207,12 @@ class QdrantSink:
         return sink_table_from_metadata(meta if isinstance(meta, str) else None,
                                         dimensions=dims, rows=rows)  # fmt: skip
 
-    def ensure_table(self, *, embedder: str, model: str, dimensions: int) -> SinkTable:
-        """Create the collection if absent (Cosine, ``dimensions`` long, embedline's metadata);
-        check an existing one.
+    def ensure_table(self, *, embedder: str, model: str, dimensions: int,
+                     columns: SinkColumns = SinkColumns()) -> SinkTable:  # fmt: skip
+        """Create the collection if absent (Cosine, ``dimensions`` long, embedline's metadata
+        naming the kept ``columns``); check an existing one.
 
-        :raises FatalError: another length, model or vector layout (exit 3).
+        :raises FatalError: another length, model, kept columns or vector layout (exit 3).
         """
         from qdrant_client import models
         from qdrant_client.http.exceptions import UnexpectedResponse
@@ -206,7 +220,8 @@ class QdrantSink:
         with self._lock, self._errors("create"):
             client = self._client()
             if not client.collection_exists(self.collection):
-                meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions)
+                meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions,
+                                     columns=columns)  # fmt: skip
                 try:
                     client.create_collection(
                         self.collection, metadata={_META_KEY: meta},
@@ -215,15 +230,26 @@ class QdrantSink:
                 except UnexpectedResponse as exc:  # created meanwhile by another loader
                     if exc.status_code != 409:
                         raise
-                if not self.local:  # delete_other_runs filters on run_key
-                    client.create_payload_index(self.collection, "run_key",
-                                                field_schema=models.PayloadSchemaType.KEYWORD)
+                if not self.local:  # delete_other_runs filters on run_key, search on the rest
+                    for field in ("run_key", "id", *columns.kept):
+                        client.create_payload_index(self.collection, field,
+                                                    field_schema=models.PayloadSchemaType.KEYWORD)
             self._check_shape(client, dimensions)
         found = self.describe()
         assert found is not None
         check_compatible(found, where=f"Qdrant collection {self.identity}", model=model,
-                         dimensions=dimensions)  # fmt: skip
+                         dimensions=dimensions, columns=columns)  # fmt: skip
+        self._kept = found.columns
         return found
+
+    def _columns(self) -> SinkColumns:
+        """The collection's kept columns, from its metadata (none for one without)."""
+        if self._kept is None:
+            found = self.describe()
+            if found is None:
+                return SinkColumns()
+            self._kept = found.columns
+        return self._kept
 
     def _check_shape(self, client: Any, dimensions: int) -> None:
         """Refuse a collection of another vector layout before any point is sent.
@@ -269,7 +295,8 @@ class QdrantSink:
         refused = tuple((int(i), ids[i], "non_finite_vector", None, "the vector holds NaN or "
                          "infinity, which Qdrant refuses") for i in np.flatnonzero(~finite))
         good = np.flatnonzero(finite)
-        payloads = point_payloads(rows.take(pa.array(good)), run_key=run_key)
+        payloads = point_payloads(rows.take(pa.array(good)), run_key=run_key,
+                                  columns=self._columns())  # fmt: skip
         step = max(1, _FLOATS_PER_REQUEST // max(1, matrix.shape[1]))
         with self._lock if self.local else _no_lock(), self._errors("upsert into"):
             client = self._client()
@@ -314,27 +341,27 @@ class QdrantSink:
         return count
 
     def held_keys(self) -> pa.Table:
-        """Every point's payload ``id`` and ``text_sha256`` (strings), scrolled page by page
-        (never the vectors): what the collection holds, the record loads decide by (DESIGN
-        §9). Qdrant has no snapshot across pages: a load re-reads it after its writes and
-        applies what another writer changed meanwhile."""
-        ids: list[str] = []
-        shas: list[str] = []
+        """Every point's payload ``id`` and ``text_sha256`` (and ``kept_sha256`` with kept
+        columns; strings), scrolled page by page (never the vectors or kept values): what the
+        collection holds, the record loads decide by (DESIGN §9). Qdrant has no snapshot
+        across pages: a load re-reads it after its writes and applies what another writer
+        changed meanwhile."""
+        key = held_key_columns(self._columns())
+        values: dict[str, list[str | None]] = {name: [] for name in key}
         with self._lock, self._errors("read"):
             client = self._client()
             offset = None
             while True:
                 points, offset = client.scroll(self.collection, limit=_PAGE, offset=offset,
-                                               with_payload=["id", "text_sha256"],
-                                               with_vectors=False)  # fmt: skip
+                                               with_payload=key, with_vectors=False)
                 for p in points:
                     payload = p.payload or {}
-                    ids.append(str(payload.get("id")))
-                    shas.append(str(payload.get("text_sha256")))
+                    for name in key:
+                        value = payload.get(name)
+                        values[name].append(None if value is None else str(value))
                 if offset is None:
                     break
-        return pa.table({"id": pa.array(ids, type=pa.string()),
-                         "text_sha256": pa.array(shas, type=pa.string())})
+        return pa.table({name: pa.array(values[name], type=pa.string()) for name in key})
 
     def finalize(self, *, keep_versions_s: float | None = None) -> str:
         """Nothing to build: a Qdrant server indexes (HNSW) in the background as points
@@ -350,18 +377,72 @@ class QdrantSink:
                         LOCAL_MODE_ADVISED_POINTS)  # fmt: skip
         return "nothing to build (local mode searches exactly)"
 
-    def search(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
-        """Cosine search: up to ``k`` ``(id, cosine similarity)``, most similar first."""
-        query = np.asarray(vector, dtype=np.float32).tolist()
+    def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
+               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+        """Cosine search: up to ``k`` ``(id, cosine similarity, *payload values of
+        columns)``, most similar first, among the points whose ``where`` payload fields
+        equal their values.
+
+        The filter is a payload ``Filter`` of ``FieldCondition``/``MatchValue``s (values as
+        data, no filter text). Local mode searches exactly. A server plans a filtered search
+        itself from its payload indexes (``ensure_table`` creates them for ``id`` and the kept
+        columns: small cardinalities are scored exactly from the index, large ones through
+        filterable HNSW); a filter on a field without a payload index is searched exactly
+        (``exact=True``), since HNSW cannot account for it. A field name holding ``.``, ``[``,
+        ``]`` or ``"`` would be read as a nested payload path: such a filter scans the points
+        and filters them here (exact)."""
+        from qdrant_client import models
+
+        query = np.asarray(vector, dtype=np.float32)
+        if any(set(name) & set('.[]"') for name, _ in where):
+            return self._scanned(query, k, columns, where)
+        condition = models.Filter(must=[
+            models.FieldCondition(key=name, match=models.MatchValue(value=value))
+            for name, value in where]) if where else None  # fmt: skip
         with self._lock, self._errors("search"):
-            hits = self._client().query_points(self.collection, query=query, limit=k,
-                                               with_payload=["id"]).points  # fmt: skip
-        return [(str((h.payload or {}).get("id")), float(h.score)) for h in hits]
+            client = self._client()
+            params = None
+            if where and not self.local:
+                indexed = set(client.get_collection(self.collection).payload_schema or {})
+                if any(name not in indexed for name, _ in where):
+                    params = models.SearchParams(exact=True)
+            # the whole payload with columns: a kept column's name may hold a "." that a
+            # payload selector would read as a nested path
+            hits = client.query_points(self.collection, query=query.tolist(), limit=k,
+                                       query_filter=condition, search_params=params,
+                                       with_payload=True if columns else ["id"]).points
+        return [(str((h.payload or {}).get("id")), float(h.score),
+                 *((h.payload or {}).get(c) for c in columns)) for h in hits]  # fmt: skip
+
+    def _scanned(self, vector: np.ndarray, k: int, columns: Sequence[str],
+                 where: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:  # fmt: skip
+        """``search`` by scrolling every point (payload and vector) and filtering here."""
+        ids: list[str] = []
+        vectors: list[list[float]] = []
+        values: list[list[Any]] = [[] for _ in columns]
+        with self._lock, self._errors("search"):
+            client = self._client()
+            offset = None
+            while True:
+                points, offset = client.scroll(self.collection, limit=_PAGE, offset=offset,
+                                               with_payload=True, with_vectors=True)
+                for p in points:
+                    payload = p.payload or {}
+                    if all(payload.get(name) == value for name, value in where):
+                        ids.append(str(payload.get("id")))
+                        vectors.append(p.vector)
+                        for column, name in zip(values, columns, strict=True):
+                            column.append(payload.get(name))
+                if offset is None:
+                    break
+        matrix = np.asarray(vectors, dtype=np.float32).reshape(len(ids), len(vector))
+        return exact_top_k(matrix, ids, vector, k, values)
 
     def close(self) -> None:
         """Close the client (in local mode: release the directory for other processes)."""
         with self._lock:
             client, self._client_ = self._client_, None
+            self._kept = None
         if client is not None:
             client.close()
 

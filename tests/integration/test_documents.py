@@ -3,8 +3,8 @@
 - the text from a template over several columns (placeholders, ``{{ }}`` escapes, ``\\n`` on
   the command line) is what is embedded, hashed and reused: a template change is a new text;
 - unknown placeholders or kept columns stop the run before any request (exit 2);
-- kept columns reach chunk objects, ``read_embeddings`` and the LanceDB and pgvector sinks,
-  value by value as in the CSV;
+- kept columns reach chunk objects, ``read_embeddings`` and the LanceDB, pgvector and Qdrant
+  (local mode) sinks, value by value as in the CSV;
 - editing a kept column that is not in the template charges 0 inputs, is ``changed`` with
   ``text_changed`` False in the change set, and reaches each sink in mode ``changes``;
 - a sink table keeping other columns is refused (exit 3, naming both);
@@ -166,6 +166,18 @@ def _sink_rows(kind: str, sink: str, pg_uri: str, table: str,
         records = [dict(zip(("id", "embedding", *columns), r, strict=True)) for r in rows]
         for record in records:
             record["embedding"] = record["embedding"].to_numpy()
+    elif kind == "qdrant":
+        from qdrant_client import QdrantClient
+
+        from tests.support.qdrant_local import qdrant_path
+
+        client = QdrantClient(path=qdrant_path(sink))
+        try:
+            points, _ = client.scroll(table, limit=10**6, with_payload=True, with_vectors=True)
+        finally:
+            client.close()
+        records = [{"id": p.payload["id"], "embedding": np.asarray(p.vector, dtype=np.float32),
+                    **{c: p.payload.get(c) for c in columns}} for p in points]  # fmt: skip
     else:
         import lancedb
 
@@ -176,14 +188,15 @@ def _sink_rows(kind: str, sink: str, pg_uri: str, table: str,
     return by_id
 
 
-@pytest.mark.parametrize("kind", ["lancedb", "pgvector"])
+@pytest.mark.parametrize("kind", ["lancedb", "pgvector", "qdrant"])
 def test_kept_columns_reach_every_output_and_a_metadata_edit_costs_nothing(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, request: pytest.FixtureRequest, kind: str
 ) -> None:
     pg_uri = request.getfixturevalue("pg_uri") if kind == "pgvector" else ""
     table = f"docs_{kind}"
-    sink = (f"{pg_uri}{'&' if '?' in pg_uri else '?'}table={table}" if kind == "pgvector"
-            else f"lancedb://{tmp_path / 'db'}?table={table}")  # fmt: skip
+    sink = {"pgvector": f"{pg_uri}{'&' if '?' in pg_uri else '?'}table={table}",
+            "qdrant": f"qdrant+local://{tmp_path / 'qdrant'}?collection={table}",
+            "lancedb": f"lancedb://{tmp_path / 'db'}?table={table}"}[kind]
     docs = [d for d in _docs(300) if d["text"].strip()]
     night = Night(tmp_path, fake_openai)
     flags = ["--keep-columns", "title,section", "--keep-text", "--sink", sink]
