@@ -302,10 +302,15 @@ class VectorSink(Protocol):
         it did in a few words, for the load summary ("HNSW index built", "compacted")."""
         ...
 
-    def search(self, vector: np.ndarray, k: int, *,
-               columns: Sequence[str] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+    def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
+               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
         """Return up to ``k`` ``(id, cosine similarity, *values of columns)``, most similar
-        first (``columns``: some of the table's ``SinkColumns`` names; none: pairs)."""
+        first (``columns``: some of the table's ``SinkColumns`` names; none: pairs).
+
+        ``where``: ``(column, value)`` pairs, all of which a row must meet (exact string
+        equality on ``id`` or a ``SinkColumns`` name); the hits are the true ``k`` nearest
+        among the rows that meet them, never the nearest ``k`` filtered afterwards. Values
+        are passed as parameters (or escaped), never pasted into a query."""
         ...
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ from embedline.protocols import SinkColumns, SinkTable, UpsertResult, VectorSink
 from embedline.template import kept_sha256
 
 __all__ = ["DEFAULT_TABLE", "KEPT_HASH", "OWN_COLUMNS", "SINK_FORMAT", "SinkColumns",
-           "SinkTable", "UpsertResult", "VectorSink", "check_compatible", "extra_values",
+           "SinkTable", "UpsertResult", "VectorSink", "check_compatible", "exact_top_k", "extra_values",
            "held_key_columns", "kept_hashes", "sink_columns_of", "sink_metadata",
            "sink_table_from_metadata", "vector_matrix"]  # fmt: skip
 
@@ -135,3 +135,20 @@ def vector_matrix(rows: pa.Table) -> np.ndarray:
     dims = rows.schema.field("embedding").type.list_size
     flat = rows.column("embedding").combine_chunks().flatten()
     return flat.to_numpy(zero_copy_only=False).reshape(-1, dims)
+
+
+def exact_top_k(matrix: np.ndarray, ids: Sequence[Any], vector: np.ndarray, k: int,
+                values: Sequence[Sequence[Any]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+    """The ``k`` rows of ``matrix`` (float32, rows × d) most cosine-similar to ``vector``
+    (d,), as ``(id, similarity, *values)``, most similar first (ties: lower row first);
+    ``values`` are columns (one sequence per column, a value per row) returned beside each
+    hit. Exact: every row is scored. A zero row scores 0."""
+    if not len(ids):
+        return []
+    vector = np.asarray(vector, dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1) * max(float(np.linalg.norm(vector)), 1e-12)
+    scores = (matrix @ vector) / np.where(norms == 0, 1, norms)
+    k = min(k, len(ids))
+    best = np.argpartition(-scores, k - 1)[:k]
+    best = best[np.lexsort((best, -scores[best]))]
+    return [(ids[i], float(scores[i]), *(column[i] for column in values)) for i in best]

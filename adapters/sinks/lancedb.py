@@ -29,6 +29,7 @@ from adapters.sinks.base import (
     SinkTable,
     UpsertResult,
     check_compatible,
+    exact_top_k,
     extra_values,
     held_key_columns,
     sink_metadata,
@@ -291,19 +292,41 @@ class LanceDBSink:
                            self.identity)
             return "not compacted (other writers)"
 
-    def search(self, vector: np.ndarray, k: int, *,
-               columns: Sequence[str] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+    def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
+               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
         """Exact cosine search: up to ``k`` ``(id, similarity, *values of columns)``, most
-        similar first."""
+        similar first, among the rows whose ``where`` columns equal their values.
+
+        The filter is a Lance prefilter (applied before the flat search, so the hits are
+        the true nearest among the matching rows): column names quoted in backticks, values
+        as SQL string literals with ``'`` doubled (Lance's parser takes ``%``, ``\\`` and
+        ``"`` literally inside them: measured). A column name holding a backtick cannot be
+        quoted in Lance's SQL: then the table is scanned and filtered in Arrow."""
         table = self._require()
-        result = (table.search(np.asarray(vector, dtype=np.float32),
-                               vector_column_name="embedding")
-                  .distance_type("cosine").select(["id", *columns, "_distance"]).limit(k)
-                  .to_arrow())  # fmt: skip
+        if any("`" in name for name, _ in where):
+            return self._scanned(np.asarray(vector, dtype=np.float32), k, columns, where)
+        query = (table.search(np.asarray(vector, dtype=np.float32),
+                              vector_column_name="embedding").distance_type("cosine"))
+        if where:
+            query = query.where(" AND ".join(f"`{name}` = {_quote(value)}"
+                                             for name, value in where), prefilter=True)
+        result = query.select(["id", *columns, "_distance"]).limit(k).to_arrow()
         values = [result.column(c).to_pylist() for c in columns]
         return [(i, 1.0 - float(d), *extra) for i, d, *extra in
                 zip(result.column("id").to_pylist(), result.column("_distance").to_pylist(),
                     *values, strict=True)]  # fmt: skip
+
+    def _scanned(self, vector: np.ndarray, k: int, columns: Sequence[str],
+                 where: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:  # fmt: skip
+        """``search`` by reading the table and filtering it in Arrow (exact; no SQL)."""
+        import pyarrow.compute as pc
+
+        names = list(dict.fromkeys(["id", "embedding", *columns, *(n for n, _ in where)]))
+        rows = self._require().to_arrow().select(names)
+        for name, value in where:
+            rows = rows.filter(pc.equal(rows.column(name), pa.scalar(value, pa.string())))
+        return exact_top_k(vector_matrix(rows), rows.column("id").to_pylist(), vector, k,
+                           [rows.column(c).to_pylist() for c in columns])  # fmt: skip
 
     def close(self) -> None:
         """Forget the open table (LanceDB holds no connection)."""

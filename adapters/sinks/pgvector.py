@@ -51,6 +51,7 @@ from adapters.sinks.pg_errors import (
 )
 from adapters.sinks.pg_errors import translate as _translate
 from adapters.sinks.pg_index import index_build_settings, progress_lines
+from adapters.sinks.pg_search import filtered_search
 from embedline.errors import FatalError
 
 __all__ = ["HNSW_MAX_DIMENSIONS", "PgVectorSink"]
@@ -387,6 +388,8 @@ class PgVectorSink:
             return "no index (vectors too long for HNSW)"
         name = f"{self.table_name}_embedding_hnsw"
         with self._transaction("index") as conn:
+            # fresh statistics: a filtered search picks its plan from them (pg_search)
+            conn.execute(sql.SQL("ANALYZE {}").format(self._ident()))
             present = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
                                    ('"' + name + '"',)).fetchone()[0]  # fmt: skip
             if present:
@@ -405,18 +408,16 @@ class PgVectorSink:
                 ).format(sql.Identifier(name), self._ident()))
         return "HNSW index built"
 
-    def search(self, vector: np.ndarray, k: int, *,
-               columns: Sequence[str] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+    def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
+               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
         """Cosine search (``<=>``, through the HNSW index when present): up to ``k``
-        ``(id, similarity, *values of columns)``, most similar first."""
-        from psycopg import sql
-
+        ``(id, similarity, *values of columns)``, most similar first, among the rows whose
+        ``where`` columns equal their values (``pg_search.filtered_search``: an exact scan
+        or an iterative index scan, in one transaction; values are parameters)."""
         query = np.asarray(vector, dtype=np.float32)
-        extra = sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(c)) for c in columns)
+        index = '"' + f"{self.table_name}_embedding_hnsw" + '"'
         with self._transaction("search") as conn:
-            rows = conn.execute(sql.SQL(
-                "SELECT id, embedding <=> %s AS distance{} FROM {} ORDER BY distance LIMIT %s"
-            ).format(extra, self._ident()), (query, k)).fetchall()
+            rows = filtered_search(conn, self._ident(), index, query, k, columns, where)
         return [(str(i), 1.0 - float(d), *rest) for i, d, *rest in rows]
 
     def close(self) -> None:
