@@ -1,10 +1,16 @@
-"""``embedline search TARGET "query" [--k 10]``: the nearest ids to a query, by cosine similarity.
+"""``embedline search TARGET "query" [--k 10] [--where COLUMN=VALUE …] [--columns A,B]``: the
+nearest ids to a query, by cosine similarity.
 
 TARGET is a run's output root (searches the latest committed run's published vectors, or
 ``--run``) or a sink URI (LanceDB, pgvector or Qdrant). The query is embedded with the embedder and
 model that made the vectors: the run's manifest says which, or the sink table's metadata.
 Each line is ``rank score id`` and then the run's kept columns (``--keep-columns``), so
-scripts that read the first three fields keep working; the kept text is not printed.
+scripts that read the first three fields keep working; the kept text is not printed unless
+``--columns`` names it. ``--where COLUMN=VALUE`` (repeatable, all must hold) keeps only the
+rows whose ``id`` or kept column equals VALUE exactly, and the hits are the true k nearest
+among those (each store's ``search(where=…)``; on an output root the rows are filtered, then
+scored exactly). A column the target does not have is an input error (exit 2) before any
+query is embedded.
 """
 
 from __future__ import annotations
@@ -37,6 +43,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     search.add_argument("--base-url", default=None,
                         help="for openai vectors: the API root (default: the run's recorded "
                              "--base-url in --ledger, else OpenAI's if a key is set)")
+    search.add_argument("--where", metavar="COLUMN=VALUE", action="append", type=_where,
+                        default=[], help="only rows whose COLUMN (id or a kept column) is "
+                        "exactly VALUE; repeat for several (all must hold)")
+    search.add_argument("--columns", metavar="A,B", type=_column_list, default=None,
+                        help="the kept columns to print after rank, score and id (default: "
+                             "all kept columns; the kept text only when named)")
     search.add_argument("--ledger", default=DEFAULT_LEDGER,
                         help="the ledger `run` wrote (relative to the current directory): "
                              "which --base-url embedded the run's vectors")
@@ -51,21 +63,32 @@ def _query(text: str) -> str:
     return text
 
 
+def _where(text: str) -> tuple[str, str]:
+    """argparse type: ``COLUMN=VALUE`` split at the first ``=`` (VALUE may hold ``=``)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError("is not COLUMN=VALUE: give a column name, '=', and "
+                                         "the value it must equal")  # fmt: skip
+    return name, value
+
+
+def _column_list(text: str) -> tuple[str, ...]:
+    """argparse type: ``A,B`` → ``("A", "B")`` (names as in the CSV, spaces kept)."""
+    names = tuple(n for n in text.split(",") if n)
+    if not names:
+        raise argparse.ArgumentTypeError("names no column: give A,B")
+    return names
+
+
 def top_k(matrix: Any, ids: list[str], vector: Any, k: int,
           values: Sequence[list[Any]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
     """The ``k`` rows of ``matrix`` (float32, rows × d) most cosine-similar to ``vector``
     (d,), as ``(id, similarity, *values)``, most similar first; ``values`` are columns
-    (one list per column, a value per row) returned beside each hit."""
-    import numpy as np
+    (one list per column, a value per row) returned beside each hit
+    (``adapters.sinks.base.exact_top_k``)."""
+    from adapters.sinks.base import exact_top_k
 
-    if not len(ids):
-        return []
-    norms = np.linalg.norm(matrix, axis=1) * max(float(np.linalg.norm(vector)), 1e-12)
-    scores = (matrix @ vector) / np.where(norms == 0, 1, norms)
-    k = min(k, len(ids))
-    best = np.argpartition(-scores, k - 1)[:k]
-    best = best[np.argsort(-scores[best], kind="stable")]
-    return [(ids[i], float(scores[i]), *(column[i] for column in values)) for i in best]
+    return exact_top_k(matrix, ids, vector, k, values)
 
 
 def _is_sink(target: str) -> bool:
@@ -139,12 +162,16 @@ def _refuse_an_unknown_server(ledger: str) -> None:
 
 def search_target(target: str, queries: list[str], *, k: int, run: str | None = None,
                   base_url: str | None = None, ledger: str = DEFAULT_LEDGER,
-                  columns: bool = False) -> list[list[tuple[Any, ...]]]:  # fmt: skip
+                  columns: bool | Sequence[str] = False,
+                  where: Sequence[tuple[str, str]] = ()) -> list[list[tuple[Any, ...]]]:  # fmt: skip
     """Embed ``queries`` like the target's vectors; return each one's ``k`` nearest ids as
-    ``(id, cosine similarity)``, most similar first; with ``columns``, each hit is followed
-    by the values of the target's kept columns (``kept_columns`` names them).
+    ``(id, cosine similarity)``, most similar first, among the rows meeting ``where``
+    (``(column, value)`` pairs, exact string equality, all must hold); with ``columns``
+    (True: the target's kept columns, ``kept_columns``; or a sequence of its column names),
+    each hit is followed by those columns' values.
 
-    :raises InputError: no committed run, no sink table, or a bad URI.
+    :raises InputError: no committed run, no sink table, a bad URI, or a ``where`` or
+        ``columns`` name the target lacks (before any query is embedded).
     :raises EmbedlineError: the embedder failed (see ``EmbeddingClient.embed``).
     """
     from embedline.errors import InputError
@@ -160,20 +187,29 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
             if info.model is None or info.embedder is None:
                 raise InputError(f"sink {sink.identity} was not created by embedline: its "
                                  "model is unknown")  # fmt: skip
+            shown = _shown(target, ("id", *info.columns.names), info.columns.kept, columns,
+                           where)  # fmt: skip
             base_url = base_url or _recorded_base_url(ledger, sink=sink.identity)
             vectors = _embed_queries(queries, embedder=info.embedder, model=info.model,
                                      dimensions=info.dimensions, base_url=base_url,
                                      ledger=ledger)  # fmt: skip
-            kept = info.columns.kept if columns else ()
-            return [sink.search(v, k, columns=kept) for v in vectors]
+            return [sink.search(v, k, columns=shown, where=tuple(where)) for v in vectors]
         finally:
             sink.close()
     import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     from tasks.read import read_embeddings_arrow
 
     table = read_embeddings_arrow(target, run)
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    known = ("id", *(n for n in table.column_names if n not in ("id", "embedding",
+                                                                "text_sha256")))  # fmt: skip
+    shown = _shown(target, known, kept_columns(target, run) if columns is True else (),
+                   columns, where)  # fmt: skip
+    for name, value in where:  # the published rows that match, then an exact search
+        table = table.filter(pc.equal(table.column(name), pa.scalar(value, pa.string())))
     manifest_embedder = _manifest_embedder(target, meta["embedline.run_key"])
     dims = int(meta["embedline.dimensions"])
     vectors = _embed_queries(queries, embedder=manifest_embedder, model=meta["embedline.model"],
@@ -183,9 +219,25 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
     matrix = np.asarray(column.flatten().to_numpy(zero_copy_only=False),
                         dtype=np.float32).reshape(len(column), dims)  # fmt: skip
     ids = table.column("id").to_pylist()
-    kept = kept_columns(target, run) if columns else ()
-    values = [table.column(c).to_pylist() for c in kept]
+    values = [table.column(c).to_pylist() for c in shown]
     return [top_k(matrix, ids, v, k, values) for v in vectors]
+
+
+def _shown(target: str, known: Sequence[str], kept: Sequence[str], columns: bool | Sequence[str],
+           where: Sequence[tuple[str, str]]) -> tuple[str, ...]:  # fmt: skip
+    """The columns to return beside each hit (``kept`` for True, none for False); refuse a
+    ``where`` or ``columns`` name not in ``known`` (``id`` and the target's kept columns).
+
+    :raises InputError: naming the column and listing ``known``.
+    """
+    from embedline.errors import InputError
+
+    shown = tuple(kept) if columns is True else () if columns is False else tuple(columns)
+    for name, flag in [(n, "--where") for n, _ in where] + [(n, "--columns") for n in shown]:
+        if name not in known or (flag == "--columns" and name == "id"):
+            raise InputError(f"{flag} names column {name!r}, which {target} does not have; "
+                             f"its columns: {', '.join(known)}", column=name)  # fmt: skip
+    return shown
 
 
 def kept_columns(target: str, run: str | None = None) -> tuple[str, ...]:
@@ -219,14 +271,16 @@ def _search(args: argparse.Namespace) -> int:
     from embedline.errors import EmbedlineError
 
     try:
+        names = args.columns if args.columns is not None else kept_columns(args.target, args.run)
         hits = search_target(args.target, [args.query], k=args.k, run=args.run,
-                             base_url=args.base_url, ledger=args.ledger,
-                             columns=True)[0]  # fmt: skip
-        names = kept_columns(args.target, args.run) if hits and len(hits[0]) > 2 else ()
+                             base_url=args.base_url, ledger=args.ledger, columns=names,
+                             where=args.where)[0]  # fmt: skip
     except EmbedlineError as exc:
         return fail(f"embedline: error: {exc}", exc.exit_code)
     except FileNotFoundError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    if not hits:  # nothing matched --where (or an empty target): nothing to print
+        return 0
     width = max([len(str(h[0])) for h in hits] + [2]) if names else 0
     print(f"{'rank':>4}  {'score':>6}  " + (f"{'id':<{width}}  " + "  ".join(names)
                                            if names else "id"))  # fmt: skip
