@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import uuid
 import warnings
@@ -74,6 +75,7 @@ _META_KEY = "embedline"
 _PAGE = 10_000  # points per scroll page / retrieve batch
 _FLOATS_PER_REQUEST = 1_000_000  # about 10-20 MB of JSON, under the server's 32 MB default
 _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")  # a payload key Qdrant reads as itself, not a path
 
 
 def point_id(row_id: str) -> str:
@@ -388,13 +390,14 @@ class QdrantSink:
         itself from its payload indexes (``ensure_table`` creates them for ``id`` and the kept
         columns: small cardinalities are scored exactly from the index, large ones through
         filterable HNSW); a filter on a field without a payload index is searched exactly
-        (``exact=True``), since HNSW cannot account for it. A field name holding ``.``, ``[``,
-        ``]`` or ``"`` would be read as a nested payload path: such a filter scans the points
-        and filters them here (exact)."""
+        (``exact=True``), since HNSW cannot account for it. A field name other than letters,
+        digits, ``_`` and ``-`` is a payload path to Qdrant (``.`` nests, ``[]`` indexes;
+        ``qdrant-client``'s local parser refuses a backtick or a space): such a filter scans
+        the points and filters them here (exact)."""
         from qdrant_client import models
 
         query = np.asarray(vector, dtype=np.float32)
-        if any(set(name) & set('.[]"') for name, _ in where):
+        if not all(_PLAIN_KEY.fullmatch(name) for name, _ in where):
             return self._scanned(query, k, columns, where)
         condition = models.Filter(must=[
             models.FieldCondition(key=name, match=models.MatchValue(value=value))

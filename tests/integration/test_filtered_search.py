@@ -191,3 +191,46 @@ def test_pgvector_picks_exact_for_selective_and_iterative_for_broad_filters(
     truth = _brute_force(loaded.docs, query, where)
     assert max(h[1] for h in hits) <= truth[0][1] + 1e-5
     assert all(d["section"] == "section 3" for d in loaded.docs if d["id"] in {h[0] for h in hits})
+
+
+@pytest.mark.parametrize("kind", ["lancedb", "qdrant"])
+def test_odd_column_names_are_filtered_exactly(
+    tmp_path: Path, kind: str
+) -> None:
+    """``.`` or a backtick in a name is a payload path to Qdrant: such a filter is applied by
+    scanning the points, with the same exact answer; LanceDB quotes a space or a quote in a
+    name in backticks."""
+    import pyarrow as pa
+
+    from adapters.sinks.base import SinkColumns
+    from adapters.sinks.lancedb import LanceDBSink
+    from adapters.sinks.qdrant import QdrantSink
+
+    docs = _docs()[:400]
+    # Lance refuses a column name holding "." (a struct field) and cannot merge_insert one
+    # holding a backtick (measured): its odd names are quoted in backticks instead
+    odd = ("c d", "e-f'g") if kind == "lancedb" else ("a`b", "c.d")
+    columns = SinkColumns(odd)
+    texts = [d["text"] for d in docs]
+    rows = pa.table({
+        "id": [d["id"] for d in docs],
+        "embedding": pa.array(list(expected_matrix(texts)), pa.list_(pa.float32(), 384)),
+        "text_sha256": ["-"] * len(docs),
+        odd[0]: [d["grp"] for d in docs], odd[1]: [d["section"] for d in docs]})  # fmt: skip
+    sink: Any = (LanceDBSink(str(tmp_path / "db"), table="odd") if kind == "lancedb"
+                 else QdrantSink(collection="odd", path=str(tmp_path / "qdrant")))  # fmt: skip
+    try:
+        sink.ensure_table(embedder="openai", model="m", dimensions=384, columns=columns)
+        sink.upsert(rows, run_key="r")
+        query = docs[5]["text"]
+        for where in ([(odd[0], "group 7")], [(odd[1], "section 2")],
+                      [(odd[0], "group 7"), (odd[1], "section 0")]):
+            hits = sink.search(expected_matrix([query])[0], 10, columns=odd, where=where)
+            truth = _brute_force([dict(d, **{odd[0]: d["grp"], odd[1]: d["section"]})
+                                  for d in docs], query, where)  # fmt: skip
+            _assert_same_top(hits, truth)
+            assert all(dict(zip(odd, h[2:], strict=True))[c] == v for h in hits
+                       for c, v in where)  # fmt: skip
+        assert sink.search(expected_matrix([query])[0], 10, where=[(odd[1], "x' OR 1=1")]) == []
+    finally:
+        sink.close()
