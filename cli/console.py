@@ -138,7 +138,7 @@ def progress_line(event: progress.Progress, rate: float) -> str:
     eta = f"{left / rate:,.0f} s" if rate > 0 else "-"
     return (f"embedline: progress {event.rows_done:,} of {event.rows_total:,} rows "
             f"({share:.1f}%), {event.chunks_done} of {event.chunks_total} chunks, "
-            f"{rate:,.0f} rows/s, ETA {eta}")  # fmt: skip
+            f"{rate:,.0f} rows/s, ETA {eta}")
 
 
 def cost_lines(summary: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ def open_ledger(path: str) -> Any:
         raise SystemExit(fail(
             f"embedline: error: no ledger at {os.path.abspath(path)}: `embedline run` keeps "
             f"it in {DEFAULT_LEDGER} under the directory it ran in; cd there or pass "
-            "--ledger PATH", EXIT_USAGE))  # fmt: skip
+            "--ledger PATH", EXIT_USAGE))
     return Ledger(path)
 
 

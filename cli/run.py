@@ -35,7 +35,7 @@ __all__ = ["add_parsers"]
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``run`` and ``retry-failed``."""
     run = sub.add_parser("run", help="embed INPUT and publish chunks, then the manifest",
-                         formatter_class=HELP_FORMATTER)  # fmt: skip
+                         formatter_class=HELP_FORMATTER)
     run.add_argument("input", metavar="INPUT", help="CSV file with an id and a text column")
     run.add_argument("--output", default="./embedline-output",
                      help="local directory, file:// URI or s3://bucket/prefix")
@@ -174,7 +174,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
     from embedline.settings import RunSettings, validation_message
 
     parameters = {k: v for k, v in vars(args).items()
-                  if k not in _CLI_ONLY}  # fmt: skip
+                  if k not in _CLI_ONLY}
     try:
         return RunSettings.from_parameters(parameters)
     except ValidationError as exc:
@@ -213,7 +213,7 @@ def _retry_failed(args: argparse.Namespace) -> int:
                                    "retry_dead_letters": bool(args.dead_letters)})
     except ValidationError as exc:
         return fail("embedline: error: the recorded settings no longer validate: "
-                    f"{validation_message(exc)}", EXIT_USAGE)  # fmt: skip
+                    f"{validation_message(exc)}", EXIT_USAGE)
     print(f"retrying run {run.run_key} ({run.input_name} -> {run.output_uri})", file=sys.stderr)
     return _run_settings(settings)
 
@@ -261,7 +261,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
             exit_on_api_loss(loss)
         else:  # a sink's load was left: the rerun does only that
             exit_on_api_loss(loss, kept=f"run {committed.run_key[:12]} is committed",
-                             todo=committed.todo)  # fmt: skip
+                             todo=committed.todo)
         return
     code = int(summary["exit_code"])
     try:  # whatever printing does, this thread ends the process
@@ -275,7 +275,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
             sys.stderr.write(f"embedline: error: {summary['message']}\n")
         else:
             sys.stderr.write(f"embedline: warning: {loss.what} after the run completed; "
-                             "this run is missing from the Prefect UI\n")  # fmt: skip
+                             "this run is missing from the Prefect UI\n")
     finally:
         STOP.hard_exit(code)
 
@@ -315,7 +315,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     STOP.command_handles_signals()  # SIGTERM as SIGINT; held once committed
     quiet_prefect_signal_crashes()
     with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
-            _no_heartbeats(api):  # fmt: skip
+            _no_heartbeats(api):
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it
     if _recorded_run_hook is not None:
         STOP.remove_hard_exit_hook(_recorded_run_hook)
@@ -406,7 +406,7 @@ def _check_before_prefect(settings: Any) -> tuple[str, int] | None:
                            text_column=settings.text_column, codec=settings.codec,
                            text_template=settings.text_template,
                            keep_columns=settings.kept_columns,
-                           delimiter=settings.delimiter)  # fmt: skip
+                           delimiter=settings.delimiter)
         if fmt.note:
             print(f"embedline: reading {os.path.basename(settings.input)} as: {fmt.note}",
                   file=sys.stderr)
@@ -444,7 +444,7 @@ def _check_api_key(settings: Any) -> tuple[str, int] | None:
     from embedline.settings import NO_API_KEY_MESSAGE
 
     if settings.requires_api_key and api_key_from_env() is None and not os.environ.get(
-            "PREFECT_API_URL"):  # fmt: skip
+            "PREFECT_API_URL"):
         return NO_API_KEY_MESSAGE, EXIT_FATAL
     return None
 
@@ -522,7 +522,7 @@ def _commit_without_dispatch(run: Any) -> dict[str, Any] | tuple[str, int] | Non
             with run.leased():  # gc keeps the objects the lease lists
                 ended = run.conclude(work, DispatchResult(), on_committed=lambda summary: (
                     STOP.note_committed(run.run_key, str(summary.manifest_uri),
-                                            "nothing to resume")))  # fmt: skip
+                                            "nothing to resume")))
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     finally:
