@@ -10,7 +10,7 @@ import argparse
 import os
 import sqlite3
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.arguments import (
     DEFAULT_LEDGER,
@@ -28,6 +28,10 @@ from cli.prefect_console import quiet_prefect_signal_crashes
 from cli.prefect_env import PrefectApi, PrefectApiError, with_prefect_api
 from embedline.shutdown import SIGNALS, STOP, exit_code_for
 from embedline.tracebacks import DEBUG_ENV
+
+if TYPE_CHECKING:  # imported when used: `embedline --help` stays fast
+    from embedline.settings import RunSettings
+    from flows.run import Run
 
 __all__ = ["add_parsers"]
 
@@ -218,7 +222,7 @@ def _retry_failed(args: argparse.Namespace) -> int:
     return _run_settings(settings)
 
 
-def _run_settings(settings: Any, *, progress_interval_s: float = 10.0) -> int:
+def _run_settings(settings: RunSettings, *, progress_interval_s: float = 10.0) -> int:
     problem = _check_before_prefect(settings)
     if problem is not None:
         return fail(f"embedline: error: {problem[0]}", problem[1])
@@ -280,7 +284,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
         STOP.hard_exit(code)
 
 
-def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int:
+def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float) -> int:
     from cli.console import ProgressBar, command_seconds, print_summary
 
     committed = _without_prefect(settings) if "://" not in settings.input else None
@@ -388,7 +392,7 @@ def _no_heartbeats(api: PrefectApi) -> Any:
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
-def _check_before_prefect(settings: Any) -> tuple[str, int] | None:
+def _check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
     """Everything that can be checked in about a second, before Prefect starts: the input
     (exists, header, encoding; S3: readable with these credentials), the output (a
     directory, or a bucket these credentials reach) and the API key. Returns (one-line
@@ -437,7 +441,7 @@ def _check_output(uri: str) -> None:
         store.head_sha256("manifests/.embedline-check")
 
 
-def _check_api_key(settings: Any) -> tuple[str, int] | None:
+def _check_api_key(settings: RunSettings) -> tuple[str, int] | None:
     """OpenAI's own API with no key refuses every request (401): say so before start-up.
     With a configured Prefect server the flow decides (it may find a Secret block)."""
     from adapters.embeddings import api_key_from_env
@@ -454,7 +458,7 @@ def _check_api_key(settings: Any) -> tuple[str, int] | None:
 _recorded_run_hook: Any = None
 
 
-def _without_prefect(settings: Any) -> dict[str, Any] | tuple[str, int] | None:
+def _without_prefect(settings: RunSettings) -> dict[str, Any] | tuple[str, int] | None:
     """What ``run`` finishes before Prefect starts, on ``flows.run.Run`` as the flow would:
     a run already committed (its summary; the ledger catches up if it lags the store), or a
     run with nothing to embed and no sink (a re-export with new bytes, same rows: commit
@@ -492,7 +496,7 @@ def _without_prefect(settings: Any) -> dict[str, Any] | tuple[str, int] | None:
     return summary
 
 
-def _commit_without_dispatch(run: Any) -> dict[str, Any] | tuple[str, int] | None:
+def _commit_without_dispatch(run: Run) -> dict[str, Any] | tuple[str, int] | None:
     """Record ``run``, find its work and, if no chunk task is needed, conclude it (commit,
     or the summary of what blocks the commit); None if the flow has work to do."""
     from embedline.errors import EmbedlineError
