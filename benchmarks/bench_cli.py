@@ -195,6 +195,18 @@ def make_edits(source: Path, tmp: Path) -> list[tuple[str, Path, int, int]]:
     return out
 
 
+def make_kept_column_edits(source: Path, tmp: Path, *, rows: int = 100) -> tuple[Path, int]:
+    """The whole file with the ``title`` of ``rows`` evenly spaced records changed and every
+    ``text`` as it was: a night whose only edits are to a kept column the text does not use.
+    Returns ``(csv, rows in it)``."""
+    records = [r for r, _ in _records_with_offsets(source)]
+    header, body = records[0], [list(r) for r in records[1:]]
+    title_at = header.index("title")
+    for i in range(0, len(body), max(1, len(body) // rows))[:rows]:
+        body[i][title_at] += " (retitled tonight)"
+    return _write_records(tmp / "edit-titles.csv", [header, *body]), len(body)
+
+
 def distinct_texts(source: Path) -> int:
     """Distinct non-empty (not whitespace-only) texts of the file."""
     records = _records_with_offsets(source)
@@ -665,11 +677,11 @@ class Bench:
         return argv + list(self.args.cli_arg or [])
 
     def measure(self, name: str, dataset: str, rows: int, data: Path, output: Path,
-                ledger: Path) -> RunResult:
+                ledger: Path, extra: Sequence[str] = ()) -> RunResult:
         fresh_home = not self.prefect_home.exists() and not self.args.prefect_api_url
         server = FakeServer(self.args.python, _server_env())
         try:
-            argv = self.cli_argv(data, output, ledger, server.base_url)
+            argv = self.cli_argv(data, output, ledger, server.base_url) + list(extra)
             waited = wait_quiet(self.args.quiet_wait) if self.args.quiet_wait > 0 else 0.0
             print(f"bench: {name}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
             busy0, server0, self0 = _machine_busy_s(), _proc_cpu_s(server.proc.pid), _self_cpu_s()
@@ -789,6 +801,16 @@ class Bench:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)  # the server and its uvicorn child
             server.wait()
+
+    def kept_column_runs(self, name: str, data: Path, rows: int) -> None:
+        """A first run keeping ``title`` beside the vectors (the text is ``text`` alone), then
+        a night that edits 100 titles and nothing else: it should charge 0 inputs (issue 23)."""
+        out, ledger = self.tmp / f"{name}-kept-out", self.tmp / f"{name}-kept-ledger.sqlite3"
+        keep = ["--keep-columns", "title"]
+        self.measure(f"{name}-keep-title", name, rows, data, out, ledger, keep)
+        edited, edited_rows = make_kept_column_edits(data, self.tmp)
+        night = self.measure(f"{name}-titles-only", name, edited_rows, edited, out, ledger, keep)
+        night.right_inputs = 0
 
     def edit_runs(self, name: str, data: Path) -> None:
         """Nightly edits of the whole file on the output and ledger of its first run."""
@@ -1082,6 +1104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.running_server_run(full_name, full, total_rows)
             if not args.no_edits:
                 bench.edit_runs(full_name, full)
+                bench.kept_column_runs(full_name, full, total_rows)
             bench.runs[[r.name for r in bench.runs].index(full_name)].right_inputs = \
                 distinct_texts(full)  # one run charges each distinct non-empty text once
     finally:
