@@ -194,8 +194,11 @@ def parse_header(fields: list[str], *, id_column: str, text_column: str, path: s
                     "kept": f"no column named by {flag}"}[role]
             raise InputError(
                 f"{what} {column!r} in the header; columns found: {found}. "
-                + (f"Pass {flag} with one of them" if role in ("id", "text") else
-                   f"Check {flag}: names are matched exactly, case included"),
+                + ("Pass --id-column with one of them" if role == "id" else
+                   "Pass --text-column (or --text-template '{column}') with one of them"
+                   if role == "text" else
+                   f"Check {flag}: names are matched exactly, case included (a "
+                   "placeholder is a column name only: no format specs)"),
                 path=path,
                 line=1,
                 column=column,

@@ -211,7 +211,7 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
         lines.append(
             f"changes    {summary['rows_added']:,} added, {summary['rows_changed']:,} changed, "
             f"{summary['rows_removed']:,} removed, {summary['rows_unchanged']:,} unchanged "
-            + (f"(against run {base[:12]}" if base else "(first run on this output")
+            + (f"(against run {base[:12]}" if base else "(first run of this dataset on this output")
             + ("; as committed earlier)" if summary["status"] == "already_complete" else ")"))
     if summary.get("manifest_uri"):
         lines.append(f"manifest   {summary['manifest_uri']}")

@@ -181,6 +181,9 @@ class RunSettings(BaseModel):
     def _one_placeholder_is_the_text_column(cls, data: Any) -> Any:
         """``--text-template '{X}'`` is ``--text-column X`` (one run key for one meaning)."""
         if isinstance(data, dict) and isinstance(data.get("text_template"), str):
+            if data.get("text_column") not in (None, "text"):
+                raise ValueError("pass --text-template or --text-column, not both: the "
+                                 "template names the columns of the text")
             try:
                 single = parse_template(data["text_template"]).single_column
             except TemplateError:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +40,7 @@ from adapters.ledger import Ledger
 from adapters.sinks.base import sink_columns_of
 from embedline.errors import ConflictError, EmbedlineError
 from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
+from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import VectorSink
 from embedline.shutdown import STOP
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
@@ -58,6 +60,8 @@ from tasks.sink_state import (
 )
 
 __all__ = ["load_run", "load_stage"]
+
+logging.getLogger(PROGRESS_LOGGER).setLevel(logging.INFO)  # a sink's progress lines show
 
 
 @flow(name="load-run", log_prints=False)

@@ -156,7 +156,7 @@ def _changes_cell(summary: RunSummary) -> str:
     if summary.rows_added is None:
         return "none (no manifest committed)"
     base = (f"against run `{summary.changes_base[:12]}`" if summary.changes_base
-            else "first run on this output")
+            else "first run of this dataset on this output")
     return (f"{summary.rows_added:,} added, {summary.rows_changed:,} changed, "
             f"{summary.rows_removed:,} removed, {summary.rows_unchanged:,} unchanged ({base}): "
             f"`{summary.changes_object}`")
