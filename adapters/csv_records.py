@@ -21,7 +21,7 @@ from adapters.csv_format import CsvFormat
 from embedline.errors import InputError
 
 __all__ = ["Header", "Lines", "Record", "check_width", "open_lines", "parse_header",
-           "read_records", "row_id_of"]  # fmt: skip
+           "read_records", "row_id_of"]
 
 _BLOCK = 1 << 20
 _MAX_FIELD_CHARS = 64 * 1024 * 1024  # csv's default limit (131,072 chars) is too small for texts
@@ -159,7 +159,7 @@ class Header:
 
 def parse_header(fields: list[str], *, id_column: str, text_column: str, path: str,
                  template_columns: Sequence[str] = (),
-                 keep_columns: Sequence[str] = ()) -> Header:  # fmt: skip
+                 keep_columns: Sequence[str] = ()) -> Header:
     """Find the id and text columns in the header record ``fields``; with a text template,
     the columns it names (``template_columns``) instead of ``text_column``; and the
     ``keep_columns``.
@@ -191,11 +191,14 @@ def parse_header(fields: list[str], *, id_column: str, text_column: str, path: s
             found = ", ".join(repr(n) for n in fields)
             what = {"id": "no id column", "text": "no text column",
                     "template": f"no column named by {flag}",
-                    "kept": f"no column named by {flag}"}[role]  # fmt: skip
+                    "kept": f"no column named by {flag}"}[role]
             raise InputError(
                 f"{what} {column!r} in the header; columns found: {found}. "
-                + (f"Pass {flag} with one of them" if role in ("id", "text") else
-                   f"Check {flag}: names are matched exactly, case included"),
+                + ("Pass --id-column with one of them" if role == "id" else
+                   "Pass --text-column (or --text-template '{column}') with one of them"
+                   if role == "text" else
+                   f"Check {flag}: names are matched exactly, case included (a "
+                   "placeholder is a column name only: no format specs)"),
                 path=path,
                 line=1,
                 column=column,
@@ -259,4 +262,4 @@ def open_lines(
     if on_bytes is not None and bom:
         on_bytes(bom)
     return Lines(fh, codec=fmt.codec, path=source_path, line=0, offset=fmt.bom,
-                  on_bytes=on_bytes, newline=fmt.newline)  # fmt: skip
+                  on_bytes=on_bytes, newline=fmt.newline)

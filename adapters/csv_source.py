@@ -52,7 +52,7 @@ class _Planner:
     """Accumulates chunk specs while records stream past (one open chunk at a time)."""
 
     def __init__(self, *, chunk_size: int, model: str, dimensions: int | None,
-                 columns: Sequence[str] = ()) -> None:  # fmt: skip
+                 columns: Sequence[str] = ()) -> None:
         self.chunk_size = chunk_size
         self.model = model
         self.dimensions = dimensions
@@ -73,7 +73,7 @@ class _Planner:
         self._bytes.update(raw)
 
     def add(self, row_id: str, text: str, *, stop: int, next_line: int,
-            kept_hash: str | None = None) -> None:  # fmt: skip
+            kept_hash: str | None = None) -> None:
         self._key.add(row_id, text_sha256(text), kept_hash)
         if self._key.rows == self.chunk_size:
             self.close(stop=stop)
@@ -136,7 +136,7 @@ def plan_csv(
         record starts.
     """
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter, text_template, tuple(keep_columns), keep_text)  # fmt: skip
+            delimiter, text_template, tuple(keep_columns), keep_text)
     global _handed_over
     with _handed_over_lock:
         handed, _handed_over = _handed_over, None
@@ -149,7 +149,7 @@ def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: 
                    text_column: str, codec: str, chunk_size: int, model: str,
                    dimensions: int | None, delimiter: str = ",",
                    text_template: str | None = None, keep_columns: Sequence[str] = (),
-                   keep_text: bool = False) -> None:  # fmt: skip
+                   keep_text: bool = False) -> None:
     """Let the next ``plan_csv`` of this process with the same arguments return ``plan``
     (once), if the local file's size, mtime and inode are still those seen now.
 
@@ -159,7 +159,7 @@ def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: 
     """
     global _handed_over
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter, text_template, tuple(keep_columns), keep_text)  # fmt: skip
+            delimiter, text_template, tuple(keep_columns), keep_text)
     stamp = _local_file_stamp(args[0])
     with _handed_over_lock:
         _handed_over = None if stamp is None else ((args, stamp), plan)
@@ -184,13 +184,13 @@ def _plan_csv(
     path: str, id_column: str, text_column: str, codec: str, chunk_size: int, model: str,
     dimensions: int | None, delimiter: str, text_template: str | None,
     keep_columns: tuple[str, ...], keep_text: bool,
-) -> InputPlan:  # fmt: skip
+) -> InputPlan:
     source_path = path
     file_hash = hashlib.sha256()
     template = _template(text_template)
     columns = columns_lines(text_template, keep_columns, keep_text)
     planner = _Planner(chunk_size=chunk_size, model=model, dimensions=dimensions,
-                       columns=columns)  # fmt: skip
+                       columns=columns)
     id_digests = array("Q")
 
     def on_bytes(raw: bytes) -> None:
@@ -222,7 +222,7 @@ def _plan_csv(
             text = shape.text_of(record.fields)
             any_text = any_text or bool(text.strip())  # the rule of tasks.embed
             planner.add(row_id, text, stop=record.stop, next_line=lines.line + 1,
-                        kept_hash=shape.kept_hash(record.fields))  # fmt: skip
+                        kept_hash=shape.kept_hash(record.fields))
         planner.close(stop=lines.offset)  # trailing blank lines belong to the last chunk
         size = lines.offset
     _raise_on_duplicates(id_digests, found, fmt, header)
@@ -283,9 +283,9 @@ class _Shape:
     """How a record becomes a text and kept values, by the header's positions."""
 
     def __init__(self, header: Header, template: Template | None,
-                 keep_columns: Sequence[str]) -> None:  # fmt: skip
+                 keep_columns: Sequence[str]) -> None:
         self.parts = tuple((literal, header.columns[c] if c is not None else -1)
-                           for literal, c in template.parts) if template else ()  # fmt: skip
+                           for literal, c in template.parts) if template else ()
         self.text_index = header.text_index
         self.keep_columns = tuple(keep_columns)
         self.kept_indexes = tuple(header.columns[c] for c in keep_columns)
@@ -303,7 +303,7 @@ class _Shape:
     def source_fields(self, text_template: str | None, keep_text: bool) -> dict[str, Any]:
         return {"text_parts": self.parts, "kept_columns": self.keep_columns,
                 "kept_indexes": self.kept_indexes, "keep_text": keep_text,
-                "text_template": text_template}  # fmt: skip
+                "text_template": text_template}
 
 
 def _id_digest(row_id: str) -> int:
@@ -371,7 +371,7 @@ def check_header(
         raise InputError("the file is empty: expected a header line", path=found.uri, line=1)
     parse_header(header.fields, id_column=id_column, text_column=text_column, path=found.uri,
                  template_columns=template.columns if template else (),
-                 keep_columns=keep_columns)  # fmt: skip
+                 keep_columns=keep_columns)
     return fmt
 
 
@@ -384,7 +384,7 @@ def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:
     :raises InputError: (exit 2) the input changed since planning, or cannot be read.
     """
     data = open_input(source.path, etag=source.version).read_range(spec.byte_start,
-                                                                   spec.byte_stop)  # fmt: skip
+                                                                   spec.byte_stop)
     if hashlib.sha256(data).hexdigest() != spec.bytes_sha256:
         raise InputError(
             f"the input changed while the run read it (chunk {spec.index}, bytes "

@@ -118,7 +118,7 @@ class S3Input:
             return b""
         extra = {"IfMatch": self.etag} if self.etag else {}
         response = self._call("get_object", Bucket=self.bucket, Key=self.key,
-                              Range=f"bytes={start}-{stop - 1}", **extra)  # fmt: skip
+                              Range=f"bytes={start}-{stop - 1}", **extra)
         return bytes(response["Body"].read())
 
     def open_at(self, offset: int) -> BinaryIO:
@@ -126,7 +126,7 @@ class S3Input:
         ETag seen at planning). :raises InputError: as ``read_range``."""
         extra = {"IfMatch": self.etag} if self.etag else {}
         response = self._call("get_object", Bucket=self.bucket, Key=self.key,
-                              Range=f"bytes={offset}-", **extra)  # fmt: skip
+                              Range=f"bytes={offset}-", **extra)
         return io.BufferedReader(response["Body"], buffer_size=_STREAM_BUFFER)
 
     @property
@@ -143,9 +143,9 @@ class S3Input:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("PreconditionFailed", "412"):
                 raise InputError("the input object changed while the run read it; rerun",
-                                 path=self.uri) from None  # fmt: skip
+                                 path=self.uri) from None
             raise InputError(f"cannot read the input ({code or 'error'}): check the bucket, "
-                             "key and credentials", path=self.uri) from None  # fmt: skip
+                             "key and credentials", path=self.uri) from None
         except (BotoCoreError, EmbedlineError) as exc:
             raise InputError(f"cannot read the input: {exc}", path=self.uri) from None
 

@@ -89,7 +89,7 @@ class MiniLM:
     def encode(
         self, texts: Sequence[str], *, batch_size: int = 32, max_batch_tokens: int = 2048,
         on_pass: Callable[[int], None] | None = None,
-    ) -> np.ndarray:  # fmt: skip
+    ) -> np.ndarray:
         """Return float32 ``(len(texts), 384)`` unit vectors, in the order of ``texts``.
 
         Texts are sorted by token count and cut into forward passes of at most
@@ -167,7 +167,7 @@ class _Graph:
 
 
 def _bert_graph(config: dict[str, Any],
-                raw: dict[str, np.ndarray]) -> tuple[bytes, dict[str, np.ndarray]]:  # fmt: skip
+                raw: dict[str, np.ndarray]) -> tuple[bytes, dict[str, np.ndarray]]:
     """The serialized ONNX model (inputs ``input_ids``/``attention_mask`` int64 ``(b, t)``,
     output ``embedding`` float32 ``(b, hidden)``, unit length) and the weights it expects
     through ``add_external_initializers`` (linear weights transposed once, ``x @ W.T`` → ``x @ Wt``)."""
@@ -194,10 +194,10 @@ def _bert_graph(config: dict[str, Any],
     x = g.op("Add", g.op("Gather", g.weight("word", raw["embeddings.word_embeddings.weight"]),
                          "input_ids"),
              g.op("Gather", g.weight("position", raw["embeddings.position_embeddings.weight"]),
-                  positions))  # fmt: skip
+                  positions))
     x = layer_norm(g.op("Add", x, g.weight("type0",
                                            raw["embeddings.token_type_embeddings.weight"][0])),
-                   "embeddings.LayerNorm")  # fmt: skip
+                   "embeddings.LayerNorm")
     mask = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)
     # padding gets the most negative float32 added to its scores, as transformers does
     pad_bias = g.op("Mul", g.op("Sub", g.const("one_f", 1.0), mask),
@@ -225,13 +225,13 @@ def _bert_graph(config: dict[str, Any],
     pooled = g.op("Div", summed, count)
     norm = g.op("ReduceL2", pooled, g.const("axis_last", [-1], np.int64), keepdims=1)
     g.nodes.append(helper.make_node("Div", [pooled, g.op("Max", norm, g.const("tiny2", 1e-12))],
-                                    ["embedding"]))  # fmt: skip
+                                    ["embedding"]))
     int_input = helper.make_tensor_value_info
     graph = helper.make_graph(
         g.nodes, "all-MiniLM-L6-v2",
         [int_input("input_ids", TensorProto.INT64, ["batch", "tokens"]),
          int_input("attention_mask", TensorProto.INT64, ["batch", "tokens"])],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", d])],
-        g.constants)  # fmt: skip
+        g.constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)])
     return model.SerializeToString(), g.weights

@@ -189,10 +189,22 @@ def make_edits(source: Path, tmp: Path) -> list[tuple[str, Path, int, int]]:
     steps = [("insert-first", inserted, 1), ("edit-middle", edited, 1),
              ("append", appended, 1), ("shuffle", shuffled, 0), ("delete-10pct", deleted, 0)]
     out = [(name, _write_records(tmp / f"edit-{name}.csv", [header, *body]), right, len(body))
-           for name, body, right in steps]  # fmt: skip
+           for name, body, right in steps]
     crlf = _write_records(tmp / "edit-crlf.csv", [header, *deleted], newline="\r\n")
     out.append(("reexport-crlf", crlf, 0, len(deleted)))
     return out
+
+
+def make_kept_column_edits(source: Path, tmp: Path, *, rows: int = 100) -> tuple[Path, int]:
+    """The whole file with the ``title`` of ``rows`` evenly spaced records changed and every
+    ``text`` as it was: a night whose only edits are to a kept column the text does not use.
+    Returns ``(csv, rows in it)``."""
+    records = [r for r, _ in _records_with_offsets(source)]
+    header, body = records[0], [list(r) for r in records[1:]]
+    title_at = header.index("title")
+    for i in range(0, len(body), max(1, len(body) // rows))[:rows]:
+        body[i][title_at] += " (retitled tonight)"
+    return _write_records(tmp / "edit-titles.csv", [header, *body]), len(body)
 
 
 def distinct_texts(source: Path) -> int:
@@ -213,7 +225,7 @@ class FakeServer:
         self.proc = subprocess.Popen(
             [python, "-m", "tests.support.fake_openai", "--port", "0", "--dims", str(DIMS)],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
         if not line.startswith("READY "):
@@ -351,7 +363,7 @@ class Sampler(threading.Thread):
                 for child in _descendants(self.pid):
                     ckb = _status_field_kb(child, "VmHWM")
                     info = self.children.setdefault(child, {"cmd": _cmdline(child)[:160],
-                                                            "peak_kb": 0})  # fmt: skip
+                                                            "peak_kb": 0})
                     if ckb is not None:
                         info["peak_kb"] = max(info["peak_kb"], ckb)
             if n % _MAPS_EVERY == 0 and not self.torch_mapped:
@@ -436,14 +448,14 @@ def run_cli(
 ) -> RunResult:
     """Run one CLI command, sampling memory and timestamping stderr lines as they arrive."""
     result = RunResult(name=name, dataset=dataset, rows_input=rows_input,
-                       prefect_home_fresh=prefect_home_fresh)  # fmt: skip
+                       prefect_home_fresh=prefect_home_fresh)
     events: list[tuple[float, str]] = []
     out_chunks: list[str] = []
     started = time.monotonic()
     proc = subprocess.Popen(
         list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, encoding="utf-8", errors="replace", bufsize=1,
-    )  # fmt: skip
+    )
     sampler = Sampler(proc.pid)
     sampler.start()
 
@@ -491,7 +503,7 @@ def _reap_leftovers(children: dict[int, dict[str, Any]]) -> None:
             time.sleep(0.2)
         if _cmdline(pid)[:160] == info["cmd"] and info["cmd"]:
             print(f"bench: CLI left pid {pid} running ({info['cmd'][:80]}); terminating it",
-                  file=sys.stderr)  # fmt: skip
+                  file=sys.stderr)
             info["left_running"] = True
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -552,7 +564,7 @@ def _parse_stderr(result: RunResult, events: list[tuple[float, str]]) -> None:
 
 
 def _phases(result: RunResult, stamps: dict[str, float], dispatch_at: float | None,
-            last_chunk: float | None) -> None:  # fmt: skip
+            last_chunk: float | None) -> None:
     """Durations between the flow's own log lines (its clock, millisecond resolution)."""
     def span(start: float | None, stop: float | None) -> float | None:
         return None if start is None or stop is None else round(_wrap(stop - start), 3)
@@ -606,7 +618,7 @@ def run_baseline(rows: list[tuple[str, str]], base_url: str, workdir: Path) -> d
             if not text.strip():
                 continue
             response = client.post(url, json={"model": MODEL, "input": [text],
-                                              "encoding_format": "base64"})  # fmt: skip
+                                              "encoding_format": "base64"})
             response.raise_for_status()
             encoded = response.json()["data"][0]["embedding"]
             vectors.append(np.frombuffer(base64.b64decode(encoded), dtype="<f4"))
@@ -617,7 +629,7 @@ def run_baseline(rows: list[tuple[str, str]], base_url: str, workdir: Path) -> d
     elapsed = time.perf_counter() - started
     np.save(workdir / "vectors.npy", np.stack(vectors))
     return {"rows": len(finished), "wall_s": elapsed, "rows_per_s": len(finished) / elapsed,
-            "checkpoint_bytes": checkpoint.stat().st_size}  # fmt: skip
+            "checkpoint_bytes": checkpoint.stat().st_size}
 
 
 # -- orchestration -------------------------------------------------------------------------
@@ -659,23 +671,23 @@ class Bench:
     def cli_argv(self, data: Path, output: Path, ledger: Path, base_url: str) -> list[str]:
         argv = [self.args.python, "-m", "cli", "run", str(data),
                 "--embedder", "openai", "--base-url", base_url,
-                "--output", str(output), "--ledger", str(ledger)]  # fmt: skip
+                "--output", str(output), "--ledger", str(ledger)]
         if self.args.allow_failed_rows:
             argv.append("--allow-failed-rows")
         return argv + list(self.args.cli_arg or [])
 
     def measure(self, name: str, dataset: str, rows: int, data: Path, output: Path,
-                ledger: Path) -> RunResult:  # fmt: skip
+                ledger: Path, extra: Sequence[str] = ()) -> RunResult:
         fresh_home = not self.prefect_home.exists() and not self.args.prefect_api_url
         server = FakeServer(self.args.python, _server_env())
         try:
-            argv = self.cli_argv(data, output, ledger, server.base_url)
+            argv = self.cli_argv(data, output, ledger, server.base_url) + list(extra)
             waited = wait_quiet(self.args.quiet_wait) if self.args.quiet_wait > 0 else 0.0
             print(f"bench: {name}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
             busy0, server0, self0 = _machine_busy_s(), _proc_cpu_s(server.proc.pid), _self_cpu_s()
             result = run_cli(name, argv, env=self.env, cwd=self.tmp, dataset=dataset,
                              rows_input=rows, log_path=self.tmp / f"{name}.stderr.log",
-                             prefect_home_fresh=fresh_home)  # fmt: skip
+                             prefect_home_fresh=fresh_home)
             result.fake_server_cpu_s = _proc_cpu_s(server.proc.pid) - server0
             own = result.cpu_s + result.fake_server_cpu_s + _self_cpu_s() - self0
             result.other_cpu_s = max(0.0, _machine_busy_s() - busy0 - own)
@@ -687,7 +699,7 @@ class Bench:
         self.servers.append({"run": name, "peak_rss_mb": server.peak_rss_mb, **counters})
         self.runs.append(result)
         print(f"bench: {name}: exit {result.exit_code}, wall {result.wall_s:.1f} s, "
-              f"{result.server_requests} requests", file=sys.stderr, flush=True)  # fmt: skip
+              f"{result.server_requests} requests", file=sys.stderr, flush=True)
         if result.exit_code != 0:
             print("bench: stderr tail:\n  " + "\n  ".join(result.stderr_tail), file=sys.stderr)
         return result
@@ -704,7 +716,7 @@ class Bench:
             result = run_baseline(rows, server.base_url, self.tmp / "baseline")
             own = _proc_cpu_s(server.proc.pid) - server0 + _self_cpu_s() - self0
             result.update(other_cpu_s=max(0.0, _machine_busy_s() - busy0 - own),
-                          quiet_wait_s=waited)  # fmt: skip
+                          quiet_wait_s=waited)
         finally:
             counters = server.stop()
         result.update(server_requests=counters.get("requests"))
@@ -722,7 +734,7 @@ class Bench:
             started = time.perf_counter()
             done = subprocess.run([self.args.python, str(REPO / "benchmarks" / "sdk_loop.py"),
                                    str(data), server.base_url, str(self.tmp / "sdk.parquet")],
-                                  capture_output=True, text=True, env=_server_env())  # fmt: skip
+                                  capture_output=True, text=True, env=_server_env())
             wall = time.perf_counter() - started
             children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             server_cpu = _proc_cpu_s(server.proc.pid) - server0
@@ -746,7 +758,7 @@ class Bench:
             self.args.cli_arg = [*(saved or []), *extra]
             try:
                 self.measure(name, f"first{rows}", rows, data, self.tmp / f"{name}-out",
-                             self.tmp / f"{name}-ledger.sqlite3")  # fmt: skip
+                             self.tmp / f"{name}-ledger.sqlite3")
             finally:
                 self.args.cli_arg = saved
 
@@ -776,19 +788,29 @@ class Bench:
         home = self.tmp / "prefect-server-home"
         home.mkdir(exist_ok=True)
         print("bench: starting a Prefect server for the running-server run", file=sys.stderr,
-              flush=True)  # fmt: skip
+              flush=True)
         server, url = start_prefect_server(home)
         saved = self.env
         self.env = {**saved, "PREFECT_API_URL": url}
         try:
             self.measure(f"{name}-running-server", name, rows, data,
                          self.tmp / f"{name}-running-server-out",
-                         self.tmp / f"{name}-running-server-ledger.sqlite3")  # fmt: skip
+                         self.tmp / f"{name}-running-server-ledger.sqlite3")
         finally:
             self.env = saved
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)  # the server and its uvicorn child
             server.wait()
+
+    def kept_column_runs(self, name: str, data: Path, rows: int) -> None:
+        """A first run keeping ``title`` beside the vectors (the text is ``text`` alone), then
+        a night that edits 100 titles and nothing else: it should charge 0 inputs (issue 23)."""
+        out, ledger = self.tmp / f"{name}-kept-out", self.tmp / f"{name}-kept-ledger.sqlite3"
+        keep = ["--keep-columns", "title"]
+        self.measure(f"{name}-keep-title", name, rows, data, out, ledger, keep)
+        edited, edited_rows = make_kept_column_edits(data, self.tmp)
+        night = self.measure(f"{name}-titles-only", name, edited_rows, edited, out, ledger, keep)
+        night.right_inputs = 0
 
     def edit_runs(self, name: str, data: Path) -> None:
         """Nightly edits of the whole file on the output and ledger of its first run."""
@@ -813,7 +835,7 @@ def _ratios(runs: list[RunResult], baseline: dict[str, Any] | None) -> dict[str,
 
 
 def _targets(runs: list[RunResult], full_name: str, sdk: dict[str, Any] | None = None,
-             dask_rows: int = 0) -> dict[str, Any]:  # fmt: skip
+             dask_rows: int = 0) -> dict[str, Any]:
     by = {r.name: r for r in runs}
     full = by.get(full_name)
     targets: dict[str, Any] = {}
@@ -866,12 +888,12 @@ def _targets(runs: list[RunResult], full_name: str, sdk: dict[str, Any] | None =
                 "value": {"wall_s": rerun.wall_s, "exit_code": rerun.exit_code,
                           "requests": rerun.server_requests},
                 "met": rerun.wall_s < TARGET_RERUN_WALL_S and rerun.exit_code == 0
-                and rerun.server_requests == 0}  # fmt: skip
+                and rerun.server_requests == 0}
     return targets
 
 
 def cpu_budget(runs: list[RunResult], full_name: str,
-               sdk: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+               sdk: dict[str, Any] | None) -> dict[str, Any]:
     """What the whole-file runs cost in CPU, and the best end-to-end ratio that cost allows.
 
     A command that needs C core-seconds on N cores cannot finish in under C / N seconds,
@@ -901,7 +923,7 @@ def cpu_budget(runs: list[RunResult], full_name: str,
         budget[name] = {"wall_s": run.wall_s, "cli_cpu_s": run.cli_self_cpu_s,
                         prefect_part: prefect, "fake_server_cpu_s": run.fake_server_cpu_s,
                         "total_cpu_s": total, "floor_wall_s": total / cores,
-                        "best_ratio": sdk["wall_s"] / (total / cores)}  # fmt: skip
+                        "best_ratio": sdk["wall_s"] / (total / cores)}
     return budget
 
 
@@ -930,9 +952,9 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
 
 
 def print_table(runs: list[RunResult], baseline: dict[str, Any] | None,
-                ratios: dict[str, Any], targets: dict[str, Any]) -> None:  # fmt: skip
+                ratios: dict[str, Any], targets: dict[str, Any]) -> None:
     head = ("run", "exit", "rows", "wall s", "start s", "embed s", "rows/s", "req",
-            "RSS cli", "RSS child", "shut s", "other cores")  # fmt: skip
+            "RSS cli", "RSS child", "shut s", "other cores")
     lines = [head]
     for r in runs:
         lines.append((r.name, str(r.exit_code), f"{r.rows_embedded:,}/{r.rows_input:,}",
@@ -941,12 +963,12 @@ def print_table(runs: list[RunResult], baseline: dict[str, Any] | None,
                       _fmt(r.peak_rss_cli_mb, ".0f"), _fmt(r.peak_rss_children_mb, ".0f"),
                       _fmt(r.shutdown_s),
                       _fmt(None if r.other_cpu_s is None else r.other_cpu_s / r.wall_s,
-                           ".2f")))  # fmt: skip
+                           ".2f")))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     print()
     for row in lines:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                        for i, (cell, w) in enumerate(zip(row, widths, strict=True))))  # fmt: skip
+                        for i, (cell, w) in enumerate(zip(row, widths, strict=True))))
     print("\nphases (flow log clock, s): plan / skip-published / embed / manifest / flow close")
     for r in runs:
         print(f"  {r.name}: {_fmt(r.plan_s, '.2f')} / {_fmt(r.skip_s, '.2f')} / "
@@ -990,7 +1012,7 @@ def _machine() -> dict[str, Any]:
         "platform": platform.platform(), "python": platform.python_version(),
         "prefect": version("prefect"), "httpx": version("httpx"), "pyarrow": version("pyarrow"),
         "load_avg_at_start": os.getloadavg(), **_git(),
-    }  # fmt: skip
+    }
 
 
 def _git() -> dict[str, Any]:
@@ -998,7 +1020,7 @@ def _git() -> dict[str, Any]:
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                                  timeout=10, check=True)  # fmt: skip
+                                  timeout=10, check=True)
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout.strip()
@@ -1012,7 +1034,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=None,
                         help="input CSV (default: the English Debian file vendored in "
-                        "tests/data, 63,905 rows)")  # fmt: skip
+                        "tests/data, 63,905 rows)")
     parser.add_argument("--rows-subset", type=int, default=10_000,
                         help="records in the subset run (0 skips it)")
     parser.add_argument("--baseline-rows", type=int, default=2_000,
@@ -1033,13 +1055,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-allow-failed-rows", dest="allow_failed_rows",
                         action="store_false",
                         help="do not pass --allow-failed-rows (the whole file holds 3 dead "
-                        "letters: 1 empty text, 2 too long; the run then exits 1)")  # fmt: skip
+                        "letters: 1 empty text, 2 too long; the run then exits 1)")
     parser.add_argument("--cli-arg", action="append", metavar="ARG",
                         help="extra argument for `embedline run`, repeatable "
-                        "(e.g. --cli-arg=--chunk-size=2000)")  # fmt: skip
+                        "(e.g. --cli-arg=--chunk-size=2000)")
     parser.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
                         help="before each run, wait up to SECONDS for the machine to be idle "
-                        "(< 0.25 busy cores over 2 s)")  # fmt: skip
+                        "(< 0.25 busy cores over 2 s)")
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter for the CLI and the fake server")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, outputs)")
@@ -1051,7 +1073,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = (args.data or default_data()).resolve()
     if not data.is_file():
         print(f"bench_cli: error: input CSV not found: {data}\n"
-              "  pass --data PATH (the default is the file vendored in tests/data)", file=sys.stderr)  # fmt: skip
+              "  pass --data PATH (the default is the file vendored in tests/data)", file=sys.stderr)
         return 2
     if not Path("/proc/self/status").exists():
         print("bench_cli: error: needs Linux /proc for memory sampling", file=sys.stderr)
@@ -1082,6 +1104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.running_server_run(full_name, full, total_rows)
             if not args.no_edits:
                 bench.edit_runs(full_name, full)
+                bench.kept_column_runs(full_name, full, total_rows)
             bench.runs[[r.name for r in bench.runs].index(full_name)].right_inputs = \
                 distinct_texts(full)  # one run charges each distinct non-empty text once
     finally:

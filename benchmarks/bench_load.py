@@ -64,7 +64,7 @@ def _env() -> dict[str, str]:
 def _cli(*args: str, cwd: Path) -> tuple[float, str]:
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=3600)  # fmt: skip
+                          capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"embedline {args[0]} exited {done.returncode}: {done.stderr[-2000:]}")
@@ -74,7 +74,7 @@ def _cli(*args: str, cwd: Path) -> tuple[float, str]:
 def _fake_server() -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen([sys.executable, "-m", "tests.support.fake_openai", "--port", "0",
                              "--dims", "384"], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+                            stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     if not line.startswith("READY "):
@@ -94,7 +94,7 @@ def _adapter_only(sink_uri: str, output: str) -> float:
     sink = open_sink(sink_uri)
     started = time.monotonic()
     sink.ensure_table(embedder="openai", model=str(manifest["model"]),
-                      dimensions=int(manifest["dimensions"]))  # fmt: skip
+                      dimensions=int(manifest["dimensions"]))
     for _, table in chunk_tables(store, manifest):
         sink.upsert(table, run_key=str(manifest["run_key"]))
     sink.finalize()
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         wall, out = _cli("run", str(args.data.resolve()), "--embedder", "openai",
                          "--base-url", base_url, "--output", str(work / "out"), "--ledger",
                          str(work / "ledger.sqlite3"), "--batch-size", "1000",
-                         "--allow-failed-rows", cwd=work)  # fmt: skip
+                         "--allow-failed-rows", cwd=work)
         rows = int(re.search(r"^rows\s+([\d,]+) published", out, re.M).group(1).replace(",", ""))
         results["publish"] = {"rows": rows, "wall_s": round(wall, 2)}
         pg = start_postgres(work / "pg")
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                  "pgvector": (f"{pg.get_uri()}&table=bench",
                               f"{pg.get_uri()}&table=baseline"),
                  "qdrant_local": (f"qdrant+local://{work}/qdrant?collection=bench",
-                                  f"qdrant+local://{work}/qdrant?collection=baseline")}  # fmt: skip
+                                  f"qdrant+local://{work}/qdrant?collection=baseline")}
         chosen = args.sinks.split(",")
         sinks = {name: uris for name, uris in sinks.items() if name in chosen}
         for name, (uri, baseline_uri) in sinks.items():
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rerun_already_loaded_wall_s": round(again_wall, 2),
                 "index": index.group(1) if index else None,
                 "index_s": float(index.group(2)) if index else None,
-            }  # fmt: skip
+            }
         if "pgvector" in sinks:
             results["pgvector_index_build"] = _index_builds(pg.get_uri(), "baseline", rows, 384)
         first_run = re.search(r"^run +([0-9a-f]+)", out, re.M).group(1)
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print(results: dict[str, Any]) -> None:
     publish = results["publish"]
     print(f"published {publish['rows']:,} rows in {publish['wall_s']} s (embedline run, fake "
-          "server)\n")  # fmt: skip
+          "server)\n")
     print(f"{'sink':<9} {'CLI wall':>9} {'CLI rows/s':>11} {'stage':>8} {'stage rows/s':>13} "
           f"{'adapter':>8} {'adapter rows/s':>15} {'stage/adapter':>14} {'rerun':>7}")
     for name, r in results["sinks"].items():
@@ -270,7 +270,7 @@ def _print(results: dict[str, Any]) -> None:
               f"before/now {build['before_vs_ours']}x, serial/now {build['serial_vs_ours']}x")
     for label, r in results.get("lancedb_nightly", {}).items():
         print(f"LanceDB after 8 nightly loads ({label}): {r['disk_bytes']:,} bytes on disk for "
-              f"{r['live_bytes']:,} live ({r['disk_vs_live']}x) in {r['versions']} versions")  # fmt: skip
+              f"{r['live_bytes']:,} live ({r['disk_vs_live']}x) in {r['versions']} versions")
 
 
 if __name__ == "__main__":

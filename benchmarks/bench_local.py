@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         subset = work / "subset.csv"
         make_subset(args.data, args.rows, subset)
         samples: dict[str, list[dict[str, Any]]] = {"plain": [], "sentence-transformers": [],
-                                                    "embedline": []}  # fmt: skip
+                                                    "embedline": []}
         for i in range(args.repeat):
             samples["plain"].append(encode_baseline(sys.executable, "minilm", subset))
             if args.st_python:

@@ -32,7 +32,7 @@ def per_text(ledger: Ledger, hashes: list[str]) -> dict[str, str]:
                JOIN reuse_objects o ON o.object_id = t.object_id
                WHERE t.text_sha256 = ? AND o.output_uri = ? AND o.model = ?
                  AND o.dimensions = ? ORDER BY o.object_id LIMIT 1""",
-            (bytes.fromhex(text_hash), "/out", "m", "")).fetchone()  # fmt: skip
+            (bytes.fromhex(text_hash), "/out", "m", "")).fetchone()
         if row is not None:
             found[text_hash] = row[0]
     return found
@@ -55,14 +55,14 @@ def main() -> int:
             for i in range(args.objects):
                 ledger.index_object("/out", f"chunks/{copy}-{i}.parquet", model="m",
                                     dimensions="",
-                                    text_hashes=order[i * args.rows:(i + 1) * args.rows])  # fmt: skip
+                                    text_hashes=order[i * args.rows:(i + 1) * args.rows])
         rng = random.Random(1)
         rounds = [rng.sample(hashes, args.lookup) for _ in range(args.rounds)]
         results = {}
         for name, lookup in (
             ("one query per text", lambda hs: per_text(ledger, hs)),
             ("find_vectors", lambda hs: ledger.find_vectors("/out", model="m", dimensions="",
-                                                            text_hashes=hs)),  # fmt: skip
+                                                            text_hashes=hs)),
         ):
             started = time.perf_counter()
             answers = [lookup(hs) for hs in rounds]

@@ -138,7 +138,7 @@ def progress_line(event: progress.Progress, rate: float) -> str:
     eta = f"{left / rate:,.0f} s" if rate > 0 else "-"
     return (f"embedline: progress {event.rows_done:,} of {event.rows_total:,} rows "
             f"({share:.1f}%), {event.chunks_done} of {event.chunks_total} chunks, "
-            f"{rate:,.0f} rows/s, ETA {eta}")  # fmt: skip
+            f"{rate:,.0f} rows/s, ETA {eta}")
 
 
 def cost_lines(summary: dict[str, Any]) -> list[str]:
@@ -211,7 +211,7 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
         lines.append(
             f"changes    {summary['rows_added']:,} added, {summary['rows_changed']:,} changed, "
             f"{summary['rows_removed']:,} removed, {summary['rows_unchanged']:,} unchanged "
-            + (f"(against run {base[:12]}" if base else "(first run on this output")
+            + (f"(against run {base[:12]}" if base else "(first run of this dataset on this output")
             + ("; as committed earlier)" if summary["status"] == "already_complete" else ")"))
     if summary.get("manifest_uri"):
         lines.append(f"manifest   {summary['manifest_uri']}")

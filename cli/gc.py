@@ -51,7 +51,7 @@ def format_report(done: Any, *, dry_run: bool) -> str:
 
     for kind, items in done.groups().items():
         lines.append(f"{kind:<10} {verb} {len(items):,} objects, "
-                     f"{sum(i.size_bytes for i in items):,} bytes")  # fmt: skip
+                     f"{sum(i.size_bytes for i in items):,} bytes")
     if done.temp_files:
         lines.append(f"temp files {verb} {len(done.temp_files):,}")
     objects, size = done.totals()
@@ -73,7 +73,7 @@ def _gc(args: argparse.Namespace) -> int:
     try:
         store = open_store(args.output)
         plan = plan_gc(store, keep_runs=args.keep_runs, older_than_s=older_than_s,
-                       grace_s=grace_s)  # fmt: skip
+                       grace_s=grace_s)
         if args.dry_run:
             print(format_report(plan, dry_run=True))
             return 0

@@ -13,12 +13,12 @@ __all__ = ["add_parsers", "tsv_field"]
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``status`` and ``dead-letters``."""
     status = sub.add_parser("status", help="one line per run in the ledger",
-                            formatter_class=HELP_FORMATTER)  # fmt: skip
+                            formatter_class=HELP_FORMATTER)
     status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     status.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     status.set_defaults(handler=_status, resumable=False)
     dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter",
-                          formatter_class=HELP_FORMATTER)  # fmt: skip
+                          formatter_class=HELP_FORMATTER)
     dead.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     dead.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     dead.add_argument("--sink", metavar="URI", default=None,
@@ -39,14 +39,14 @@ def _status(args: argparse.Namespace) -> int:
         if status == "running" and ledger.run_process_gone(run.run_key):
             status = "crashed"  # its process is gone without recording an end
         published = run.rows_published if status == "complete" else max(
-            run.rows_published, ledger.published_rows(run.run_key))  # fmt: skip
+            run.rows_published, ledger.published_rows(run.run_key))
         chunks = " ".join(f"{s}={states.get(s, 0)}" for s in
-                          ("published", "failed", "running", "pending"))  # fmt: skip
+                          ("published", "failed", "running", "pending"))
         failure = ledger.first_failure(run.run_key) if states.get("failed") else None
         more = states.get("failed", 0) - 1
         why = "" if failure is None else tsv_field(
             f"chunk {failure[0]} failed" + (f" (and {more} more)" if more else "")
-            + f": {failure[1]}")  # fmt: skip
+            + f": {failure[1]}")
         print(
             f"{run.run_key}\t{status}\trows={published}/{run.input_rows} "
             f"dead_letters={run.rows_failed}\tchunks {chunks}\t{run.input_name}\t"
@@ -59,7 +59,7 @@ def tsv_field(value: str) -> str:
     """Escape backslash, tab, CR, LF and NUL so an id (quoted CSV fields may hold them) stays
     one printable TSV field (the convention of PostgreSQL's COPY text format: NUL as ``\\x00``)."""
     return (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-            .replace("\r", "\\r").replace("\x00", "\\x00"))  # fmt: skip
+            .replace("\r", "\\r").replace("\x00", "\\x00"))
 
 
 def _dead_letters(args: argparse.Namespace) -> int:

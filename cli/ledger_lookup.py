@@ -4,15 +4,18 @@ there is none."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.arguments import DEFAULT_LEDGER
 from cli.failures import EXIT_USAGE, fail
 
+if TYPE_CHECKING:
+    from adapters.ledger import Ledger
+
 __all__ = ["find_run", "open_ledger"]
 
 
-def open_ledger(path: str) -> Any:
+def open_ledger(path: str) -> Ledger:
     """Open the ledger at ``path``; exit 2 with one line if there is none."""
     from adapters.ledger import Ledger
 
@@ -20,11 +23,11 @@ def open_ledger(path: str) -> Any:
         raise SystemExit(fail(
             f"embedline: error: no ledger at {os.path.abspath(path)}: `embedline run` keeps "
             f"it in {DEFAULT_LEDGER} under the directory it ran in; cd there or pass "
-            "--ledger PATH", EXIT_USAGE))  # fmt: skip
+            "--ledger PATH", EXIT_USAGE))
     return Ledger(path)
 
 
-def find_run(ledger: Any, key: str) -> Any:
+def find_run(ledger: Ledger, key: str) -> Any:
     """The ledger's run for a run key or unique prefix (≥ 8 hex); exit 2 if none or ambiguous."""
     try:
         record = ledger.find_run(key)

@@ -22,7 +22,7 @@ __all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``load``."""
     load = sub.add_parser("load", help="load a committed run into LanceDB, pgvector or Qdrant",
-                          formatter_class=HELP_FORMATTER)  # fmt: skip
+                          formatter_class=HELP_FORMATTER)
     load.add_argument("run", nargs="?", metavar="RUN",
                       help="a run key or prefix (≥ 8 hex); default: the latest committed run")
     load.add_argument("--to", required=True, metavar="URI",
@@ -79,7 +79,7 @@ def _output_for(args: argparse.Namespace) -> str:
         ledger = Ledger(args.ledger)
         try:
             record = ledger.find_run(args.run) if args.run else next(
-                (r for r in ledger.runs() if r.status == "complete"), None)  # fmt: skip
+                (r for r in ledger.runs() if r.status == "complete"), None)
         except ValueError:
             record = None
         finally:
@@ -176,7 +176,7 @@ def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str
                        sink=sink.identity, run_key=str(manifest["run_key"]), mode="-",
                        rows_skipped=rows, chunks_total=len(manifest["chunks"]),
                        chunks_skipped=len(manifest["chunks"]),
-                       wall_s=round(time.monotonic() - started, 3)).to_dict()  # fmt: skip
+                       wall_s=round(time.monotonic() - started, 3)).to_dict()
 
 
 def _load_flow(args: argparse.Namespace, api: Any) -> int:
@@ -212,9 +212,9 @@ def print_load_summary(summary: dict[str, Any]) -> None:
     print(f"sink       {summary['sink']}")
     if summary.get("run_key"):
         print(f"load       {summary['status']} (run {summary['run_key']}, mode "
-              f"{summary.get('mode') or '-'})")  # fmt: skip
+              f"{summary.get('mode') or '-'})")
         print(f"rows       {summary['rows_loaded']} upserted now, {summary['rows_skipped']} "
-              f"loaded before, {summary['rows_deleted']} deleted")  # fmt: skip
+              f"loaded before, {summary['rows_deleted']} deleted")
         if summary.get("rows_failed"):
             print(f"dead       {summary['rows_failed']} rows refused by the sink for good "
                   f"(embedline dead-letters {str(summary['run_key'])[:12]} --sink URI)")

@@ -87,7 +87,7 @@ class LocalServer:
                  str(os.getpid())],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(read_fd,), start_new_session=True,
-            )  # fmt: skip
+            )
         os.close(read_fd)
         return self
 
@@ -105,7 +105,7 @@ class LocalServer:
                 if self.process.poll() is not None:
                     raise ServerStartError(
                         f"the temporary Prefect server exited with code "
-                        f"{self.process.returncode}; see {self.log_path}")  # fmt: skip
+                        f"{self.process.returncode}; see {self.log_path}")
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
                         return
@@ -172,7 +172,7 @@ def _serve(port: int, watch_fd: int, parent_pid: int) -> None:
     import uvicorn
 
     uvicorn.run("prefect.server.api.server:create_app", factory=True, host="127.0.0.1",
-                port=port, log_level="error", lifespan="on")  # fmt: skip
+                port=port, log_level="error", lifespan="on")
 
 
 if __name__ == "__main__":

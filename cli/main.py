@@ -117,7 +117,7 @@ def _interrupted(exc: BaseException, *, resumable: bool) -> int:
     if committed is not None:
         line = interrupted_line(signum, f" after run {committed.run_key[:12]} was committed "
                                         f"({committed.manifest_uri})", f": {committed.todo}",
-                                cause)  # fmt: skip
+                                cause)
     elif resumable:
         line = interrupted_line(signum, cause=cause)
     else:

@@ -63,7 +63,7 @@ def _gate_prefect_console() -> None:
     import logging
 
     loggers = [logging.getLogger(), *(logger for logger in logging.root.manager.loggerDict.values()
-                                      if isinstance(logger, logging.Logger))]  # fmt: skip
+                                      if isinstance(logger, logging.Logger))]
     for logger in loggers:
         for handler in logger.handlers:
             if type(handler).__name__ == "PrefectConsoleHandler":

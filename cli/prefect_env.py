@@ -138,7 +138,7 @@ class PrefectApi:
         if server is None or server.alive():
             return None
         return ApiLoss(f"the temporary Prefect server exited during the run (see "
-                       f"{server.log_path})", "rerun the same command to resume")  # fmt: skip
+                       f"{server.log_path})", "rerun the same command to resume")
 
     def wait_ready(self) -> None:
         """Block until the API answers.
@@ -279,7 +279,7 @@ def _check_reachable(url: str) -> None:
         raise PrefectApiError(
             f"the Prefect API at {url} (PREFECT_API_URL) does not answer ({type(exc).__name__}): "
             "start that server (`prefect server start`), or unset PREFECT_API_URL to use a "
-            "temporary one") from None  # fmt: skip
+            "temporary one") from None
     what = _not_a_prefect_api(url, response)
     if what:
         # Prefect's client then failed with tracebacks ("Failed to reach API", "Invalid
@@ -288,7 +288,7 @@ def _check_reachable(url: str) -> None:
             f"the server at {url} (PREFECT_API_URL) answers, but not as a Prefect API (HTTP "
             f"{response.status_code}{what} for /health): set PREFECT_API_URL to the server's "
             "API URL, which ends in /api (e.g. http://127.0.0.1:4200/api), or unset it to use "
-            "a temporary server")  # fmt: skip
+            "a temporary server")
 
 
 def _not_a_prefect_api(url: str, response: Any) -> str | None:
@@ -301,7 +301,7 @@ def _not_a_prefect_api(url: str, response: Any) -> str | None:
     if response.status_code in (404, 405):
         return ""
     if response.status_code == 200 and response.text.strip() != "true" and \
-            not is_prefect_cloud(url):  # fmt: skip
+            not is_prefect_cloud(url):
         return ", not Prefect's answer 'true'"
     return None
 
@@ -326,7 +326,7 @@ class HealthProbe:
 
         if self._client is None:
             self._client = httpx.Client(timeout=httpx.Timeout(_PROBE_TIMEOUT[1],
-                                                              connect=_PROBE_TIMEOUT[0]))  # fmt: skip
+                                                              connect=_PROBE_TIMEOUT[0]))
         sent = time.monotonic()  # a timeout means silence since the probe was sent
         try:
             self._client.get(self.url)
@@ -340,7 +340,7 @@ class HealthProbe:
                     f"the Prefect API at {self.url.removesuffix('/health')} (PREFECT_API_URL) "
                     f"stopped answering during the run ({type(exc).__name__} for "
                     f"{now - self._failing_since:.0f} s)",
-                    "restart that server and rerun the same command to resume")  # fmt: skip
+                    "restart that server and rerun the same command to resume")
             return None
         self._failing_since = None
         return None

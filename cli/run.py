@@ -10,7 +10,7 @@ import argparse
 import os
 import sqlite3
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.arguments import (
     DEFAULT_LEDGER,
@@ -29,13 +29,17 @@ from cli.prefect_env import PrefectApi, PrefectApiError, with_prefect_api
 from embedline.shutdown import SIGNALS, STOP, exit_code_for
 from embedline.tracebacks import DEBUG_ENV
 
+if TYPE_CHECKING:  # imported when used: `embedline --help` stays fast
+    from embedline.settings import RunSettings
+    from flows.run import Run
+
 __all__ = ["add_parsers"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``run`` and ``retry-failed``."""
     run = sub.add_parser("run", help="embed INPUT and publish chunks, then the manifest",
-                         formatter_class=HELP_FORMATTER)  # fmt: skip
+                         formatter_class=HELP_FORMATTER)
     run.add_argument("input", metavar="INPUT", help="CSV file with an id and a text column")
     run.add_argument("--output", default="./embedline-output",
                      help="local directory, file:// URI or s3://bucket/prefix")
@@ -174,7 +178,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
     from embedline.settings import RunSettings, validation_message
 
     parameters = {k: v for k, v in vars(args).items()
-                  if k not in _CLI_ONLY}  # fmt: skip
+                  if k not in _CLI_ONLY}
     try:
         return RunSettings.from_parameters(parameters)
     except ValidationError as exc:
@@ -213,12 +217,12 @@ def _retry_failed(args: argparse.Namespace) -> int:
                                    "retry_dead_letters": bool(args.dead_letters)})
     except ValidationError as exc:
         return fail("embedline: error: the recorded settings no longer validate: "
-                    f"{validation_message(exc)}", EXIT_USAGE)  # fmt: skip
+                    f"{validation_message(exc)}", EXIT_USAGE)
     print(f"retrying run {run.run_key} ({run.input_name} -> {run.output_uri})", file=sys.stderr)
     return _run_settings(settings)
 
 
-def _run_settings(settings: Any, *, progress_interval_s: float = 10.0) -> int:
+def _run_settings(settings: RunSettings, *, progress_interval_s: float = 10.0) -> int:
     problem = _check_before_prefect(settings)
     if problem is not None:
         return fail(f"embedline: error: {problem[0]}", problem[1])
@@ -261,7 +265,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
             exit_on_api_loss(loss)
         else:  # a sink's load was left: the rerun does only that
             exit_on_api_loss(loss, kept=f"run {committed.run_key[:12]} is committed",
-                             todo=committed.todo)  # fmt: skip
+                             todo=committed.todo)
         return
     code = int(summary["exit_code"])
     try:  # whatever printing does, this thread ends the process
@@ -275,12 +279,12 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
             sys.stderr.write(f"embedline: error: {summary['message']}\n")
         else:
             sys.stderr.write(f"embedline: warning: {loss.what} after the run completed; "
-                             "this run is missing from the Prefect UI\n")  # fmt: skip
+                             "this run is missing from the Prefect UI\n")
     finally:
         STOP.hard_exit(code)
 
 
-def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int:
+def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float) -> int:
     from cli.console import ProgressBar, command_seconds, print_summary
 
     committed = _without_prefect(settings) if "://" not in settings.input else None
@@ -315,7 +319,7 @@ def _run_flow(settings: Any, api: PrefectApi, progress_interval_s: float) -> int
     STOP.command_handles_signals()  # SIGTERM as SIGINT; held once committed
     quiet_prefect_signal_crashes()
     with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
-            _no_heartbeats(api):  # fmt: skip
+            _no_heartbeats(api):
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it
     if _recorded_run_hook is not None:
         STOP.remove_hard_exit_hook(_recorded_run_hook)
@@ -388,7 +392,7 @@ def _no_heartbeats(api: PrefectApi) -> Any:
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
-def _check_before_prefect(settings: Any) -> tuple[str, int] | None:
+def _check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
     """Everything that can be checked in about a second, before Prefect starts: the input
     (exists, header, encoding; S3: readable with these credentials), the output (a
     directory, or a bucket these credentials reach) and the API key. Returns (one-line
@@ -406,7 +410,7 @@ def _check_before_prefect(settings: Any) -> tuple[str, int] | None:
                            text_column=settings.text_column, codec=settings.codec,
                            text_template=settings.text_template,
                            keep_columns=settings.kept_columns,
-                           delimiter=settings.delimiter)  # fmt: skip
+                           delimiter=settings.delimiter)
         if fmt.note:
             print(f"embedline: reading {os.path.basename(settings.input)} as: {fmt.note}",
                   file=sys.stderr)
@@ -437,14 +441,14 @@ def _check_output(uri: str) -> None:
         store.head_sha256("manifests/.embedline-check")
 
 
-def _check_api_key(settings: Any) -> tuple[str, int] | None:
+def _check_api_key(settings: RunSettings) -> tuple[str, int] | None:
     """OpenAI's own API with no key refuses every request (401): say so before start-up.
     With a configured Prefect server the flow decides (it may find a Secret block)."""
     from adapters.embeddings import api_key_from_env
     from embedline.settings import NO_API_KEY_MESSAGE
 
     if settings.requires_api_key and api_key_from_env() is None and not os.environ.get(
-            "PREFECT_API_URL"):  # fmt: skip
+            "PREFECT_API_URL"):
         return NO_API_KEY_MESSAGE, EXIT_FATAL
     return None
 
@@ -454,7 +458,7 @@ def _check_api_key(settings: Any) -> tuple[str, int] | None:
 _recorded_run_hook: Any = None
 
 
-def _without_prefect(settings: Any) -> dict[str, Any] | tuple[str, int] | None:
+def _without_prefect(settings: RunSettings) -> dict[str, Any] | tuple[str, int] | None:
     """What ``run`` finishes before Prefect starts, on ``flows.run.Run`` as the flow would:
     a run already committed (its summary; the ledger catches up if it lags the store), or a
     run with nothing to embed and no sink (a re-export with new bytes, same rows: commit
@@ -492,7 +496,7 @@ def _without_prefect(settings: Any) -> dict[str, Any] | tuple[str, int] | None:
     return summary
 
 
-def _commit_without_dispatch(run: Any) -> dict[str, Any] | tuple[str, int] | None:
+def _commit_without_dispatch(run: Run) -> dict[str, Any] | tuple[str, int] | None:
     """Record ``run``, find its work and, if no chunk task is needed, conclude it (commit,
     or the summary of what blocks the commit); None if the flow has work to do."""
     from embedline.errors import EmbedlineError
@@ -522,7 +526,7 @@ def _commit_without_dispatch(run: Any) -> dict[str, Any] | tuple[str, int] | Non
             with run.leased():  # gc keeps the objects the lease lists
                 ended = run.conclude(work, DispatchResult(), on_committed=lambda summary: (
                     STOP.note_committed(run.run_key, str(summary.manifest_uri),
-                                            "nothing to resume")))  # fmt: skip
+                                            "nothing to resume")))
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     finally:

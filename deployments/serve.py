@@ -46,7 +46,7 @@ def build_deployments() -> list[Any]:
         flow = load_flow_from_entrypoint(str(REPO / spec["entrypoint"]))
         limit = spec["concurrency_limit"]
         schedules = [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
-                     for s in spec.get("schedules") or []]  # fmt: skip
+                     for s in spec.get("schedules") or []]
         deployments.append(flow.to_deployment(
             name=spec["name"] + SUFFIX,
             description=spec.get("description"),
@@ -57,7 +57,7 @@ def build_deployments() -> list[Any]:
                 limit=limit["limit"],
                 collision_strategy=ConcurrencyLimitStrategy(limit["collision_strategy"]),
             ),
-        ))  # fmt: skip
+        ))
     return deployments
 
 

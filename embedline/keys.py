@@ -98,7 +98,7 @@ class ChunkKeyBuilder:
     __slots__ = ("_hash", "rows")
 
     def __init__(self, model: str, dimensions: int | None,
-                 columns: Sequence[str] = ()) -> None:  # fmt: skip
+                 columns: Sequence[str] = ()) -> None:
         head = "\n".join(["chunk.v1", model, dims_text(dimensions), *columns])
         self._hash = hashlib.sha256(head.encode())
         self.rows = 0
@@ -118,7 +118,7 @@ class ChunkKeyBuilder:
 
 
 def chunk_key(model: str, dimensions: int | None, rows: Iterable[Sequence[str]],
-              columns: Sequence[str] = ()) -> str:  # fmt: skip
+              columns: Sequence[str] = ()) -> str:
     """Return the chunk key of ``rows``, an iterable of ``(id, text_sha256)`` (with kept
     columns ``(id, text_sha256, kept_sha256)``) in input order; ``columns`` as
     ``ChunkKeyBuilder``."""
@@ -150,6 +150,6 @@ def run_key(
     if generation < 0:
         raise ValueError(f"generation must be >= 0, got {generation}")
     parts = ["run.v1", input_sha256, id_column, text_column, model, dims_text(dimensions),
-             str(chunk_size)]  # fmt: skip
+             str(chunk_size)]
     parts += list(columns)
     return _sha256("\n".join(parts + ([f"g{generation}"] if generation else [])))

@@ -28,8 +28,13 @@ if TYPE_CHECKING:
     from embedline.errors import FatalError
     from embedline.protocols import EmbeddingClient, RequestLimits
 
-__all__ = ["Progress", "chunk_started", "cost_in_process", "counting", "listen", "notify",
+__all__ = ["PROGRESS_LOGGER", "Progress", "chunk_started", "cost_in_process", "counting", "listen", "notify",
            "partial_rows", "reset_cost"]
+
+# Lines a user waits on from inside an adapter (an index build's progress): INFO, and shown.
+# Prefect copies its handlers to the "embedline" logger (PREFECT_LOGGING_EXTRA_LOGGERS) but
+# not a level, so its INFO lines (a PUT per object) stay hidden; this child is set to INFO.
+PROGRESS_LOGGER = "embedline.progress"
 
 
 @dataclass(frozen=True, slots=True)

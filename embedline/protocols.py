@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EmbeddingClient", "EmbeddingClientBase", "Embeddings", "ObjectInfo", "ObjectStore",
            "PutResult", "RequestLimits", "SinkColumns", "SinkTable", "UpsertResult",
-           "VectorSink"]  # fmt: skip
+           "VectorSink"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +259,7 @@ class VectorSink(Protocol):
     parallel_loads: int  # chunk loads that may run at once against this sink
 
     def ensure_table(self, *, embedder: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> SinkTable:  # fmt: skip
+                     columns: SinkColumns = SinkColumns()) -> SinkTable:
         """Create the table if absent (with ``columns``); return what it holds.
 
         :raises FatalError: the existing table holds vectors of another length or model, or
@@ -303,7 +303,7 @@ class VectorSink(Protocol):
         ...
 
     def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
-               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:
         """Return up to ``k`` ``(id, cosine similarity, *values of columns)``, most similar
         first (``columns``: some of the table's ``SinkColumns`` names; none: pairs).
 

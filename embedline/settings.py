@@ -59,7 +59,7 @@ NO_API_KEY_MESSAGE = ("--base-url is OpenAI's API, which refuses requests withou
 
 #: CLI flag / flow parameter name → settings field, where the field name carries its unit.
 PARAMETER_FIELDS = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_delay_s",
-                    "grace": "grace_s"}  # fmt: skip
+                    "grace": "grace_s"}
 
 
 def codec_for(encoding: str) -> str:
@@ -98,7 +98,7 @@ def validation_message(exc: ValidationError) -> str:
          if e["loc"] else "")
         + str(e["msg"]).removeprefix("Value error, ")
         for e in exc.errors()
-    )  # fmt: skip
+    )
 
 
 class RunSettings(BaseModel):
@@ -181,6 +181,9 @@ class RunSettings(BaseModel):
     def _one_placeholder_is_the_text_column(cls, data: Any) -> Any:
         """``--text-template '{X}'`` is ``--text-column X`` (one run key for one meaning)."""
         if isinstance(data, dict) and isinstance(data.get("text_template"), str):
+            if data.get("text_column") not in (None, "text"):
+                raise ValueError("pass --text-template or --text-column, not both: the "
+                                 "template names the columns of the text")
             try:
                 single = parse_template(data["text_template"]).single_column
             except TemplateError:
@@ -210,7 +213,7 @@ class RunSettings(BaseModel):
         names = list(value)
         if any(not isinstance(n, str) or not n for n in names):
             raise ValueError("an empty column name (write the names separated by commas: "
-                             "title,section)")  # fmt: skip
+                             "title,section)")
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"column {twice[0]!r} is named twice")
@@ -218,7 +221,7 @@ class RunSettings(BaseModel):
         if reserved:
             raise ValueError(f"column {reserved[0]!r} cannot be kept under its name: "
                              f"{', '.join(RESERVED_COLUMNS)} are embedline's own columns "
-                             "(rename it in the CSV)")  # fmt: skip
+                             "(rename it in the CSV)")
         return tuple(names) or None
 
     @model_validator(mode="after")
@@ -235,10 +238,10 @@ class RunSettings(BaseModel):
             return self
         if self.model is not None and self.model not in LOCAL_MODEL_NAMES:
             raise ValueError(f"the local embedder runs {DEFAULT_MODELS['local']} only; use "
-                             f"--embedder openai for {self.model!r}")  # fmt: skip
+                             f"--embedder openai for {self.model!r}")
         if self.dimensions not in (None, LOCAL_DIMENSIONS):
             raise ValueError(f"the local model gives {LOCAL_DIMENSIONS} dimensions; omit "
-                             "--dimensions or use --embedder openai")  # fmt: skip
+                             "--dimensions or use --embedder openai")
         return self
 
     @model_validator(mode="after")
@@ -312,7 +315,7 @@ class RunSettings(BaseModel):
         fingerprint differs retries the published dead letters (DESIGN §8)."""
         fields = {"embedder": self.embedder, "base_url": self.base_url,
                   "encoding_format": self.encoding_format, "on_too_long": self.on_too_long,
-                  "max_input_tokens": self.max_input_tokens}  # fmt: skip
+                  "max_input_tokens": self.max_input_tokens}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -326,7 +329,7 @@ class RunSettings(BaseModel):
         from urllib.parse import urlsplit
 
         return (self.embedder == "openai"
-                and urlsplit(self.base_url).hostname in KEY_REQUIRED_HOSTS)  # fmt: skip
+                and urlsplit(self.base_url).hostname in KEY_REQUIRED_HOSTS)
 
     @property
     def kept_columns(self) -> tuple[str, ...]:
@@ -352,4 +355,4 @@ class RunSettings(BaseModel):
                 "codec": self.codec, "delimiter": self.delimiter,
                 "chunk_size": self.chunk_size, "model": self.effective_model,
                 "dimensions": self.dimensions, "text_template": self.text_template,
-                "keep_columns": self.kept_columns, "keep_text": self.keep_text}  # fmt: skip
+                "keep_columns": self.kept_columns, "keep_text": self.keep_text}

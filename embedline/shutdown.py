@@ -103,7 +103,7 @@ def is_interrupt(exc: BaseException) -> bool:
     Prefect 3.9's ``TerminationSignal`` (its SIGTERM handler while a flow run is open;
     matched by name, so this module imports no Prefect)."""
     return isinstance(exc, KeyboardInterrupt | Terminated) or \
-        type(exc).__name__ == "TerminationSignal"  # fmt: skip
+        type(exc).__name__ == "TerminationSignal"
 
 
 def exit_code_for(signum: int) -> int:
@@ -279,7 +279,7 @@ class StopState:
             noted.append(signum)
 
         previous = {s: signal.signal(s, note)
-                    for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}  # fmt: skip
+                    for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
         try:
             yield
         finally:
@@ -302,7 +302,7 @@ class StopState:
         if self._committed is not None:
             todo = f"run {self._committed.run_key[:12]} is committed: {self._committed.todo}"
         sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; "
-                         f"{todo}\n")  # fmt: skip
+                         f"{todo}\n")
         self.hard_exit(exit_code_for(signum))
 
     def forget_interrupts(self) -> None:
@@ -404,7 +404,7 @@ class StopState:
     # -- the committed run ----------------------------------------------------------------
 
     def note_committed(self, run_key: str, manifest_uri: str, todo: str,
-                       summary: dict[str, Any] | None = None) -> None:  # fmt: skip
+                       summary: dict[str, Any] | None = None) -> None:
         """Record that this command committed run ``run_key`` (its manifest and the ledger's
         record of it are written; ``todo``: what a rerun would still do, e.g. load a sink),
         so an interrupt from now on is not reported as work to redo. ``summary``: the run's

@@ -31,7 +31,7 @@ __all__ = [
 #: Columns every chunk object (and sink) has: a kept column may not take their names.
 #: ``run_key`` and ``kept_sha256`` are the sinks' own (DESIGN §9).
 RESERVED_COLUMNS = ("id", "embedding", "text_sha256", "idempotency_key", "run_key",
-                    "kept_sha256")  # fmt: skip
+                    "kept_sha256")
 #: The column ``--keep-text`` adds: the composed text.
 TEXT_COLUMN = "text"
 
@@ -73,7 +73,7 @@ class Template:
         :raises KeyError: a column of the template is missing from ``values``.
         """
         return "".join(literal + (values[column] if column is not None else "")
-                       for literal, column in self.parts)  # fmt: skip
+                       for literal, column in self.parts)
 
 
 def placeholder(column: str) -> str:
@@ -105,7 +105,7 @@ def parse_template(source: str) -> Template:
         elif char == "}":
             if not source.startswith("}}", i):
                 raise TemplateError(f"a single '}}' at character {i + 1} of the template; "
-                                    f"write '}}}}' for a literal brace")  # fmt: skip
+                                    f"write '}}}}' for a literal brace")
             literal.append("}")
             i += 2
         else:
@@ -116,7 +116,7 @@ def parse_template(source: str) -> Template:
     template = Template(source, tuple(parts))
     if not template.columns:
         raise TemplateError("the template names no column: write {column} where a column's "
-                            "value goes (e.g. '{title}\\n\\n{text}')")  # fmt: skip
+                            "value goes (e.g. '{title}\\n\\n{text}')")
     return template
 
 
@@ -128,17 +128,17 @@ def _name(source: str, start: int) -> tuple[str, int]:
         if source[i] == "}":
             if not name:
                 raise TemplateError(f"an empty '{{}}' at character {start} of the template: "
-                                    "name a column inside the braces")  # fmt: skip
+                                    "name a column inside the braces")
             return "".join(name), i + 1
         elif source[i] == "{":
             raise TemplateError(f"a '{{' inside the placeholder at character {start} of the "
                                 f"template; write '{{{{' outside placeholders for a literal "
-                                "brace")  # fmt: skip
+                                "brace")
         else:
             name.append(source[i])
             i += 1
     raise TemplateError(f"the '{{' at character {start} of the template is never closed; "
-                        "write '{{' for a literal brace")  # fmt: skip
+                        "write '{{' for a literal brace")
 
 
 _CLI_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}

@@ -29,7 +29,7 @@ DEBUG_ENV = "EMBEDLINE_DEBUG"
 
 #: Loggers whose records carry a task's or flow's exception (Prefect's run loggers).
 _LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.task_engine",
-            "prefect.flow_engine")  # fmt: skip
+            "prefect.flow_engine")
 
 
 class ExpectedErrorFilter(logging.Filter):
@@ -54,14 +54,14 @@ class ChunkFinalStateFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR or getattr(record, "task_name", None) != \
-                CHUNK_TASK_NAME or _debugging(record.name):  # fmt: skip
+                CHUNK_TASK_NAME or _debugging(record.name):
             return True
         return not str(record.msg).startswith(("Finished in state", "Task run failed with"))
 
 
 def _debugging(logger_name: str) -> bool:
     return bool(os.environ.get(DEBUG_ENV)) or logging.getLogger(logger_name).isEnabledFor(
-        logging.DEBUG)  # fmt: skip
+        logging.DEBUG)
 
 
 _FILTER = ExpectedErrorFilter()

@@ -104,7 +104,7 @@ class Dispatcher:
         while pending or held or self._inflight:
             if not self._stopping and STOP.api_lost() is not None:
                 self.logger.info("the Prefect API went away: no new chunks; in-flight chunks "
-                                 "get %g s to finish", self.grace_s)  # fmt: skip
+                                 "get %g s to finish", self.grace_s)
                 self.stop(grace_s=self.grace_s)
             if not self._stopping:
                 self._fill(pending, held)
@@ -120,12 +120,12 @@ class Dispatcher:
                 held.clear()
             if time.monotonic() - renewed > self.lease_s / 3:
                 self.ledger.renew(self.run_key, [s.index for s in self._inflight.values()],
-                                  owner=self.owner, lease_s=self.lease_s)  # fmt: skip
+                                  owner=self.owner, lease_s=self.lease_s)
                 renewed = time.monotonic()
         self.result.not_run = sorted({s.index for s in [*pending, *held]})
         if self._same_as_stop:
             self.logger.error("%d more in-flight chunks failed with the same error: %s",
-                              len(self._same_as_stop), _ranges(self._same_as_stop))  # fmt: skip
+                              len(self._same_as_stop), _ranges(self._same_as_stop))
         return self.result
 
     def _release_inflight(self, why: str) -> None:
@@ -145,10 +145,10 @@ class Dispatcher:
                     index=spec.index, key=spec.key, object_key=spec.object_key,
                     object_sha256=record.sha256, rows=record.rows,
                     dead_letters=tuple(self.ledger.chunk_dead_letters(spec)), created=False,
-                )  # fmt: skip
+                )
                 continue
             if not self.ledger.claim(self.run_key, spec.index, owner=self.owner,
-                                     lease_s=self.lease_s):  # fmt: skip
+                                     lease_s=self.lease_s):
                 held.append(spec)  # another live process holds it: look again later
                 continue
             future = self.submit(spec)
@@ -176,7 +176,7 @@ class Dispatcher:
                 self.run_key, spec, object_uri=self.object_uri(spec),
                 sha256=outcome.object_sha256, rows=outcome.rows,
                 dead_letters=outcome.dead_letters,
-            )  # fmt: skip
+            )
             self.result.published[spec.index] = outcome
         else:
             if state.is_cancelled():  # the task released its chunk: the run is stopping
@@ -185,12 +185,12 @@ class Dispatcher:
             else:
                 exc = state.result(raise_on_failure=False)
                 failure = status_for(exc if isinstance(exc, BaseException) else RuntimeError(
-                    f"chunk task ended in state {state.type.value}"))  # fmt: skip
+                    f"chunk task ended in state {state.type.value}"))
             if failure.kind == "released":
                 self.logger.warning("chunk %d released for a later run: %s", spec.index,
-                                    failure.error)  # fmt: skip
+                                    failure.error)
                 self.ledger.release(self.run_key, spec.index, owner=self.owner,
-                                    error=failure.error)  # fmt: skip
+                                    error=failure.error)
                 self.result.released[spec.index] = failure
                 self.on_gave_up(spec.index)
                 self.on_outcome(self.result)
@@ -201,7 +201,7 @@ class Dispatcher:
             else:
                 self._log_failure(spec, failure, exc)
             self.ledger.mark_failed(self.run_key, spec.index, owner=self.owner,
-                                    error=failure.error)  # fmt: skip
+                                    error=failure.error)
             self.result.failed[spec.index] = failure
             self.on_gave_up(spec.index)
             if failure.kind in ("fatal", "input", "outage"):
@@ -212,11 +212,11 @@ class Dispatcher:
         if failure.expected:  # its traceback only with --debug (EMBEDLINE_DEBUG)
             debug = isinstance(exc, BaseException) and bool(os.environ.get(DEBUG_ENV))
             self.logger.error("chunk %d failed: %s", spec.index, failure.error,
-                              exc_info=exc if debug else None)  # fmt: skip
+                              exc_info=exc if debug else None)
         else:
             self.logger.error("chunk %d failed with an unexpected error: %s", spec.index,
                               failure.error, exc_info=exc if isinstance(exc, BaseException)
-                              else None)  # fmt: skip
+                              else None)
 
 
 def _ranges(indexes: Sequence[int]) -> str:

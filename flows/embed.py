@@ -76,11 +76,11 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
             on_tick=report,
             on_gave_up=planner.note_failed,
             grace_s=settings.grace_s,
-        )  # fmt: skip
+        )
         _show_published(runner, plan, work.skipped, store)
         STOP.start_dispatching()  # an API loss from now on: the summary is handed over
         result = dispatch_with_graceful_stop(dispatcher, work.todo, grace_s=settings.grace_s,
-                                             logger=logger)  # fmt: skip
+                                             logger=logger)
         redo_other_lengths(dispatcher, store=store, plan=plan, skipped=work.skipped,
                            length=work.length, grace_s=settings.grace_s, logger=logger)
     artifact.close()
@@ -96,17 +96,17 @@ def _reuse_planner(run: Run, work: Work) -> ReusePlanner:
         started = time.monotonic()
         added = refresh_index(run.store, run.ledger)
         get_run_logger().info("reuse index: %d new chunk objects indexed in %.1f s", added,
-                              time.monotonic() - started)  # fmt: skip
+                              time.monotonic() - started)
     return ReusePlanner(ledger=run.ledger, store=run.store, source=run.plan.source,
                         model=settings.effective_model, dimensions=settings.dimensions,
-                        reuse=settings.reuse)  # fmt: skip
+                        reuse=settings.reuse)
 
 
 _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much
 
 
 def _show_published(runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcome],
-                    store: ObjectStore) -> None:  # fmt: skip
+                    store: ObjectStore) -> None:
     """One Completed("Cached") task run per chunk published before, for the UI.
 
     Skipped with Prefect's temporary server (no PREFECT_API_URL): nobody can look at its UI
@@ -117,6 +117,6 @@ def _show_published(runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcom
         return
     futures = [runner.submit(show_published_chunk, {
         "spec": plan.chunks[i], "object_uri": store.uri_for(plan.chunks[i].object_key)})
-        for i in sorted(skipped)]  # fmt: skip
+        for i in sorted(skipped)]
     for future in futures:
         future.wait()

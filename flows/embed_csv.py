@@ -131,7 +131,7 @@ def run_settings(settings: RunSettings) -> RunSummary:
     """Run the pipeline for ``settings`` inside the current flow run; return its summary."""
     STOP.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     opened = Run.open(settings, store=store_for(settings.output), plan_input=plan_input,
-                      log=get_run_logger())  # fmt: skip
+                      log=get_run_logger())
     if isinstance(opened, RunSummary):  # an input error, or a store that cannot be read
         return opened
     run = opened
@@ -179,7 +179,7 @@ def _note_committed(run: Run, summary: RunSummary) -> None:
     sink = run.settings.sink
     STOP.note_committed(run.run_key, str(summary.manifest_uri), (
         "rerun the same command to load it into the sink" if sink else "nothing to resume"),
-        None if sink else summary.to_dict())  # fmt: skip
+        None if sink else summary.to_dict())
     if not sink:
         STOP.only_reporting_left()
 
@@ -202,7 +202,7 @@ def _load_into_sink(run: Run, manifest: dict[str, Any], summary: RunSummary) -> 
     try:
         load = load_stage(output=settings.output, manifest=manifest, sink_uri=settings.sink,
                           ledger=ledger, max_delete_fraction=settings.max_delete_fraction,
-                          allow_failed_rows=settings.allow_failed_rows)  # fmt: skip
+                          allow_failed_rows=settings.allow_failed_rows)
     finally:
         if opened_here:
             run.close()
@@ -211,11 +211,11 @@ def _load_into_sink(run: Run, manifest: dict[str, Any], summary: RunSummary) -> 
     if load.exit_code:
         done = "finished with" if load.status == "dead_letters" else "did not finish:"
         changes.update(exit_code=load.exit_code, message=f"manifest committed, but the load "
-                       f"into the sink {done} {load.message}")  # fmt: skip
+                       f"into the sink {done} {load.message}")
     loaded = run.summary(summary, wall_s=summary.wall_s, **changes)
     if not load.exit_code:
         STOP.note_committed(run.run_key, str(summary.manifest_uri), "nothing to resume",
-                                loaded.to_dict())  # fmt: skip
+                                loaded.to_dict())
     STOP.only_reporting_left()
     return loaded
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +40,7 @@ from adapters.ledger import Ledger
 from adapters.sinks.base import sink_columns_of
 from embedline.errors import ConflictError, EmbedlineError
 from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
+from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import VectorSink
 from embedline.shutdown import STOP
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
@@ -58,6 +60,8 @@ from tasks.sink_state import (
 )
 
 __all__ = ["load_run", "load_stage"]
+
+logging.getLogger(PROGRESS_LOGGER).setLevel(logging.INFO)  # a sink's progress lines show
 
 
 @flow(name="load-run", log_prints=False)
@@ -150,14 +154,14 @@ def _load_stage(
     started = time.monotonic()
     run_key = str(manifest["run_key"])
     chunks = [ManifestChunk(**{f: e[f] for f in ManifestChunk.__slots__})
-              for e in manifest["chunks"]]  # fmt: skip
+              for e in manifest["chunks"]]
     base = LoadSummary(0, "loading", "", sink=sink_uri, run_key=run_key,
-                       chunks_total=len(chunks))  # fmt: skip
+                       chunks_total=len(chunks))
     try:
         sink = sink_for(sink_uri)
         columns = sink_columns_of(manifest)
         sink.ensure_table(embedder=str(manifest.get("embedder")), model=str(manifest["model"]),
-                          dimensions=int(manifest["dimensions"]), columns=columns)  # fmt: skip
+                          dimensions=int(manifest["dimensions"]), columns=columns)
     except EmbedlineError as exc:
         return _with(base, started, exit_code=exc.exit_code,
                      status="fatal" if exc.exit_code == 3 else "failed", message=str(exc))
@@ -175,7 +179,7 @@ def _load_stage(
             "load a newer run"))
     total = sum(c.rows for c in chunks)
     base = _with(base, started, mode=mode, rows_skipped=total - plan.rows_to_upsert,
-                 chunks_skipped=len(chunks) - len(plan.upsert))  # fmt: skip
+                 chunks_skipped=len(chunks) - len(plan.upsert))
     if plan.done:
         logger.info("%s holds exactly run %s (%d rows)", sink.identity, run_key, total)
         cached = ledger.sink_load(sink.identity, run_key)
@@ -188,19 +192,19 @@ def _load_stage(
         ledger.start_load(sink.identity, run_key, mode=mode)
         ledger.finish_load(sink.identity, run_key, rows_loaded=total, rows_deleted=0)
         return _with(base, started, status="already_loaded",
-                     message="the sink already holds exactly this run")  # fmt: skip
+                     message="the sink already holds exactly this run")
     try:
         check_delete_share(len(plan.delete), plan.held, options.max_delete_fraction,
-                           what=f"loading run {run_key[:12]} into {sink.identity}")  # fmt: skip
+                           what=f"loading run {run_key[:12]} into {sink.identity}")
     except MassDeleteError as exc:
         logger.error("%s", exc)
         return _with(base, started, exit_code=exc.exit_code, status="delete_refused",
-                     message=str(exc))  # fmt: skip
+                     message=str(exc))
     ledger.start_load(sink.identity, run_key, mode=mode)
     logger.info("loading run %s into %s (%s): %d rows of %d chunks to upsert, %d ids to "
                 "delete, %d of %d chunks already held", run_key, sink.identity, mode,
                 plan.rows_to_upsert, len(plan.upsert), len(plan.delete),
-                len(chunks) - len(plan.upsert), len(chunks))  # fmt: skip
+                len(chunks) - len(plan.upsert), len(chunks))
     options = replace(options, columns=columns.names)
     return _converge(base, started, chunks, run, plan, sink, ledger, output, options)
 
@@ -235,7 +239,7 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
         todo = [by_index[i] for i in plan.upsert]
         ids = {i: (None if len(v) == by_index[i].rows else v) for i, v in plan.upsert.items()}
         job = LoadJob(output=output, sink=sink.identity, run_key=run_key,
-                      mode=str(summary.mode), columns=options.columns)  # fmt: skip
+                      mode=str(summary.mode), columns=options.columns)
         loaded, failed, refused = _load_chunks(todo, job, sink, ledger, ids)
         if refused:
             dead += refused
@@ -243,14 +247,14 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
                                                 pa.array([d.id for d in refused], pa.string()))))
         summary = _with(summary, started, rows_loaded=summary.rows_loaded + sum(loaded.values()),
                         chunks_loaded=summary.chunks_loaded + len(loaded),
-                        chunks_failed=len(failed))  # fmt: skip
+                        chunks_failed=len(failed))
         if failed:
             fatal = [f for f in failed.values() if f.kind == "fatal"]
             first = (fatal or list(failed.values()))[0]
             return _with(summary, started, exit_code=3 if fatal else 1, status="incomplete",
                          message=f"{len(failed)} of {len(chunks)} chunks not loaded "
                                  f"({first.error}); rerun the same command to load only "
-                                 "those")  # fmt: skip
+                                 "those")
         try:
             if plan.delete:
                 check_delete_share(len(plan.delete), held_before, options.max_delete_fraction,
@@ -263,19 +267,19 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
                 break
         except MassDeleteError as exc:
             return _with(summary, started, exit_code=exc.exit_code, status="delete_refused",
-                         message=str(exc))  # fmt: skip
+                         message=str(exc))
         except EmbedlineError as exc:
             return _with(summary, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
                          status="incomplete", message=f"{exc}; rerun the same command to finish")
         get_run_logger().warning("%s changed while loading (another load writing it?): %d rows "
                                  "to upsert and %d ids to delete again", sink.identity,
-                                 plan.rows_to_upsert, len(plan.delete))  # fmt: skip
+                                 plan.rows_to_upsert, len(plan.delete))
     else:
         return _with(summary, started, exit_code=1, status="incomplete", message=(
             f"{sink.identity} kept changing while run {run_key[:12]} was loaded (another load "
             f"writing the same table?); rerun the same command once that one has finished"))
     ledger.finish_load(sink.identity, run_key, rows_loaded=summary.rows_loaded,
-                       rows_deleted=summary.rows_deleted)  # fmt: skip
+                       rows_deleted=summary.rows_deleted)
     if dead:
         _dead_letters_artifact(dead)
     return load_dead_letters_end(_with(summary, started, status="loaded"), dead,
@@ -333,7 +337,7 @@ def _change_set(output: str, changes: dict[str, Any]) -> pa.Table:
     body = store.get(str(changes["object"]))
     if hashlib.sha256(body).hexdigest() != changes["sha256"]:
         raise ConflictError(f"{store.uri_for(str(changes['object']))} does not match its "
-                            "manifest's SHA-256")  # fmt: skip
+                            "manifest's SHA-256")
     return pq.read_table(io.BytesIO(body), columns=["id", "change"])
 
 
@@ -353,7 +357,7 @@ def _load_chunks(
         for start in range(0, len(todo), window):
             wave = todo[start:start + window]
             futures = [runner.submit(load_chunk, {"chunk": c, "job": job, "ids": ids[c.index]})
-                       for c in wave]  # fmt: skip
+                       for c in wave]
             wait(futures)
             for chunk, future in zip(wave, futures, strict=True):
                 state = future.state
@@ -375,4 +379,4 @@ def _load_chunks(
 
 def _with(summary: LoadSummary, started: float, **changes: Any) -> LoadSummary:
     return LoadSummary(**{**summary.to_dict(), **changes,
-                          "wall_s": round(time.monotonic() - started, 3)})  # fmt: skip
+                          "wall_s": round(time.monotonic() - started, 3)})

@@ -60,13 +60,13 @@ def outcome_fields(
         rows_reused=sum(o.reused for o in result.published.values()),
         rows_deduplicated=sum(o.deduplicated for o in result.published.values()),
         tokens_saved=sum(o.tokens_saved for o in result.published.values()),
-    )  # fmt: skip
+    )
     status = _status(plan, run_key, done, result, not_done, blocking, resume_hint)
     return {**counts, **status}
 
 
 def _status(plan: InputPlan, run_key: str, done: dict[int, ChunkOutcome], result: DispatchResult,
-            not_done: int, blocking: int, resume_hint: str) -> dict[str, Any]:  # fmt: skip
+            not_done: int, blocking: int, resume_hint: str) -> dict[str, Any]:
     """``exit_code``, ``status`` and ``message``: the first of a stop by signal, the Prefect
     API lost, a stop of the dispatch (outage, fatal, input), chunks not published, dead
     letters that block the commit; else ``complete``."""
@@ -88,7 +88,7 @@ def _status(plan: InputPlan, run_key: str, done: dict[int, ChunkOutcome], result
     if not_done:
         return _ended(1, "incomplete", (
             f"{not_done} of {len(plan.chunks)} chunks not published{_why(result)}; rerun the "
-            "same command to retry only those chunks"))  # fmt: skip
+            "same command to retry only those chunks"))
     if blocking:
         return _ended(1, "dead_letters", dead_letters_block_message(blocking, run_key))
     return _ended(0, "complete", "")

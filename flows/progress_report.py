@@ -26,7 +26,7 @@ def progress_reporter(
 
     def report(result: DispatchResult) -> None:
         finished = {*result.published, *result.published_elsewhere, *result.failed,
-                    *result.released}  # fmt: skip
+                    *result.released}
         done = {*result.published, *result.published_elsewhere}
         rows_done = (rows_skipped + sum(plan.chunks[i].rows for i in done)
                      + partial_rows(finished))  # batches of running chunks (this process)
@@ -37,7 +37,7 @@ def progress_reporter(
             chunks_done=chunks_done, rows_skipped=rows_skipped,
             dead_letters=sum(len(o.dead_letters) for o in result.published.values()),
             chunks_failed=len(result.failed),
-        ))  # fmt: skip
+        ))
         artifact.update(rows_done, plan.rows)
 
     return report

@@ -81,7 +81,7 @@ class Run:
     """
 
     def __init__(self, settings: RunSettings, store: ObjectStore, plan: InputPlan,
-                 target: RunTarget, *, started: float, log: Log) -> None:  # fmt: skip
+                 target: RunTarget, *, started: float, log: Log) -> None:
         self.settings, self.store, self.plan, self.target = settings, store, plan, target
         self.started, self.log = started, log
         self.ledger: Ledger | None = None
@@ -90,7 +90,7 @@ class Run:
     @classmethod
     def open(cls, settings: RunSettings, *, store: ObjectStore,
              plan_input: Callable[[RunSettings], InputPlan], log: Log,
-             started: float | None = None) -> Run | RunSummary:  # fmt: skip
+             started: float | None = None) -> Run | RunSummary:
         """Prepare the output, plan the input (``plan_input``) and resolve the run's target.
 
         Returns the run, or the summary of why it cannot start: an input error (exit 2,
@@ -107,7 +107,7 @@ class Run:
             target = resolve_run_target(store, plan, settings)
         except EmbedlineError as exc:
             return cls.refused(exc.exit_code, "fatal", str(exc), output=store.uri,
-                               rows_total=plan.rows, chunks_total=len(plan.chunks))  # fmt: skip
+                               rows_total=plan.rows, chunks_total=len(plan.chunks))
         run = cls(settings, store, plan, target, started=started, log=log)
         if target.supersedes and target.committed is None:
             log.info("run %s is committed with dead letters to retry: committing generation "
@@ -139,7 +139,7 @@ class Run:
             output=self.store.uri, rows_total=self.plan.rows,
             chunks_total=len(self.plan.chunks), generation=self.target.generation,
             supersedes=self.target.supersedes,
-            price_per_million_tokens=self.settings.price_per_million_tokens)  # fmt: skip
+            price_per_million_tokens=self.settings.price_per_million_tokens)
         fields.update(changes)
         fields.setdefault("wall_s", 0.0)
         if "wall_s" not in changes:
@@ -155,7 +155,7 @@ class Run:
         self.log.info("run %s is already complete: manifest %s", self.run_key, uri)
         if ledger_catches_up(self.settings.ledger, manifest, uri):
             self.log.info("the ledger now records run %s as complete, as the store does",
-                          self.run_key)  # fmt: skip
+                          self.run_key)
         return self.summary(**already_complete_fields(manifest), manifest_uri=uri)
 
     # ── record ───────────────────────────────────────────────────────────────────────────
@@ -204,7 +204,7 @@ class Run:
                           "output": self.store.uri},
                 flow_run_id=flow_run_id,
                 object_uris=[self.store.uri_for(c.object_key) for c in self.plan.chunks],
-            )  # fmt: skip
+            )
             yield
         except BaseException as exc:
             ledger.mark_stopped(self.run_key,
@@ -236,7 +236,7 @@ class Run:
                 self.store, allow_unconditional=self.settings.allow_unconditional_store)
         except EmbedlineError as exc:
             return self.finish(self.summary(exit_code=exc.exit_code, status="fatal",
-                                            message=str(exc)))  # fmt: skip
+                                            message=str(exc)))
         if warning:
             self.log.warning(warning)
         return None
@@ -254,7 +254,7 @@ class Run:
         todo = [c for c in self.plan.chunks if c.index not in skipped]
         todo = sorted(todo + self._supersede(skipped), key=lambda c: c.index)
         self.log.info("%d of %d chunks already published; %d to embed",
-                      len(skipped), len(self.plan.chunks), len(todo))  # fmt: skip
+                      len(skipped), len(self.plan.chunks), len(todo))
         length = RunLength(pinned_length(self.store, settings.dimensions, self.target.supersedes))
         return Work(skipped, todo, length)
 
@@ -287,7 +287,7 @@ class Run:
                  cost: tuple[int, int, int] | None = None,
                  resume_hint: str = "rerun the same command to resume",
                  on_committed: Callable[[RunSummary], None] | None = None,
-                 ) -> RunSummary | CommittedRun:  # fmt: skip
+                 ) -> RunSummary | CommittedRun:
         """End the run after its dispatch: the summary of its outcomes, and when those allow
         it (every chunk published, no blocking dead letter unless ``allow_failed_rows``)
         the commit: objects still there, one vector length, change set and manifest (the
@@ -301,7 +301,7 @@ class Run:
         skipped = {**work.skipped, **result.published_elsewhere}
         fields = outcome_fields(self.plan, self.run_key, skipped, result, cost=cost,
                                 on_empty_text=self.settings.on_empty_text,
-                                resume_hint=resume_hint)  # fmt: skip
+                                resume_hint=resume_hint)
         summary = self.summary(**fields)
         committable = summary.exit_code == 0 or (
             summary.status == "dead_letters" and self.settings.allow_failed_rows)
@@ -314,7 +314,7 @@ class Run:
         refused = work.length.refusal(done)  # the last check before the commit point
         if refused:
             return self.finish(self.summary(summary, exit_code=1, status="incomplete",
-                                            message=refused))  # fmt: skip
+                                            message=refused))
         with STOP.committing():
             try:
                 committed = self._commit(done, summary, nothing_sent=not result.published)
@@ -327,15 +327,15 @@ class Run:
         return committed
 
     def _commit(self, done: dict[int, ChunkOutcome], summary: RunSummary, *,
-                nothing_sent: bool) -> CommittedRun:  # fmt: skip
+                nothing_sent: bool) -> CommittedRun:
         made = commit_run(self.store, settings=self.settings, plan=self.plan,
                           run_key=self.run_key, done=done, rows_failed=summary.rows_failed,
                           generation=summary.generation, supersedes=summary.supersedes)
         changes = made.changes
         self.log.info("manifest %s %s", "committed" if made.created else "already committed",
-                      made.uri)  # fmt: skip
+                      made.uri)
         base = (f"run {changes.base_run_key[:12]}" if changes.base_run_key
-                else "nothing (first run)")  # fmt: skip
+                else "nothing (first run)")
         self.log.info("changes against %s: %s added, %s changed, %s removed, %s unchanged",
                       base, *(f"{n:,}" for n in (changes.added, changes.changed,
                                                   changes.removed, changes.unchanged)))
@@ -344,7 +344,7 @@ class Run:
             committed_dead_letters_note(summary.rows_failed, summary.rows_empty))))
         committed = self.summary(summary, **change_fields(made.manifest), exit_code=0,
                                  status="complete", manifest_uri=made.uri,
-                                 dimensions=made.dimensions, message=message)  # fmt: skip
+                                 dimensions=made.dimensions, message=message)
         return CommittedRun(committed, made.manifest)
 
     def _lost_objects(self, summary: RunSummary, missing: list[str]) -> RunSummary:
@@ -363,7 +363,7 @@ class Run:
             self.ledger.finish_run(self.run_key, status=summary.status,
                                    rows_published=summary.rows_published,
                                    rows_failed=summary.rows_failed,
-                                   manifest_uri=summary.manifest_uri)  # fmt: skip
+                                   manifest_uri=summary.manifest_uri)
         return summary
 
     def _ledger(self) -> Ledger:

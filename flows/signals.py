@@ -65,7 +65,7 @@ def signal_grace_s(grace_s: float) -> float:
 def dispatch_with_graceful_stop(
     dispatcher: Dispatcher, specs: Sequence[ChunkSpec], *, grace_s: float,
     logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> DispatchResult:  # fmt: skip
+) -> DispatchResult:
     """``dispatcher.run(specs)`` with the graceful stop above (``grace_s`` capped by
     ``signal_grace_s``); returns its result.
 
@@ -115,7 +115,7 @@ def dispatch_with_graceful_stop(
 def _stop(
     signum: int, dispatcher: Dispatcher, *, grace_s: float,
     logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> None:  # fmt: skip
+) -> None:
     """The first signal stops dispatching (in-flight chunks get ``grace_s`` seconds); a
     second one exits at once."""
     STOP.note_stop_signal(signum)  # a second one exits at once
@@ -126,7 +126,7 @@ def _stop(
     if STOP.stop_cause(signum).startswith("cancelled"):  # flows.cancellation's SIGTERM
         what, hint = "cancelled from Prefect", "Ctrl-C or SIGTERM exits now"
     logger.warning("%s: no new chunks; in-flight chunks get %g s to finish, then are "
-                   "released (%s)", what, grace_s, hint)  # fmt: skip
+                   "released (%s)", what, grace_s, hint)
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ def task_runner(settings: RunSettings, window: int) -> Any:
         from prefect_dask import DaskTaskRunner
     except ImportError:
         raise InputError("--task-runner dask needs prefect-dask: pip install "
-                         "'embedline[dask]'") from None  # fmt: skip
+                         "'embedline[dask]'") from None
     if settings.dask_address:
         return DaskTaskRunner(address=settings.dask_address)
     _no_worker_profiler()
@@ -50,7 +50,7 @@ def task_runner(settings: RunSettings, window: int) -> Any:
     threads = max(1, -(-window // settings.dask_workers))
     return DaskTaskRunner(cluster_kwargs={"n_workers": settings.dask_workers,
                                           "threads_per_worker": threads, "processes": True,
-                                          "dashboard_address": None})  # fmt: skip
+                                          "dashboard_address": None})
 
 
 def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) -> None:
@@ -61,7 +61,7 @@ def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) ->
         return
     workers = runner.client.run(warm_worker)
     logger.info("task runner ready: dask, %d workers, in %.1f s (cluster start and warm-up)",
-                len(workers), time.monotonic() - since)  # fmt: skip
+                len(workers), time.monotonic() - since)
 
 
 def _quiet_dask() -> None:

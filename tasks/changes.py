@@ -92,12 +92,12 @@ def _empty(columns: Sequence[str]) -> pa.Table:
 
 def _empty_changes() -> pa.Table:
     schema = pa.schema([(c, pa.bool_() if c == "text_changed" else pa.string())
-                        for c in _CHANGE_COLUMNS])  # fmt: skip
+                        for c in _CHANGE_COLUMNS])
     return pa.Table.from_batches([], schema=schema)
 
 
 def _keys_of(store: ObjectStore, chunks: Iterable[dict[str, Any]],
-             kept_columns: Sequence[str]) -> pa.Table:  # fmt: skip
+             kept_columns: Sequence[str]) -> pa.Table:
     tables = [read_keys(store, str(c["object"]), kept_columns) for c in chunks if int(c["rows"])]
     if not tables:
         return _empty(_KEY_COLUMNS + ([KEPT_HASH] if kept_columns else []))
@@ -155,7 +155,7 @@ def _counts_of(object_key: str, body: bytes, *, rows: int) -> ChangeCounts:
         object=object_key, sha256=hashlib.sha256(body).hexdigest(),
         base_run_key=_meta(body)["base_run_key"], added=added, changed=changed,
         removed=counts.get("removed", 0), unchanged=rows - added - changed,
-    )  # fmt: skip
+    )
 
 
 def write_changes(
@@ -180,7 +180,7 @@ def write_changes(
     body = _parquet(run_key, str(base["run_key"]) if base else None, table)
     try:
         store.put_if_absent(key, body, sha256=hashlib.sha256(body).hexdigest(),
-                            content_type="application/vnd.apache.parquet")  # fmt: skip
+                            content_type="application/vnd.apache.parquet")
     except ConflictError:
         body = store.get(key)
         if _meta(body).get("run_key") != run_key:

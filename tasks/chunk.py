@@ -102,7 +102,7 @@ def _embed_chunk(
                                                int(embedded.vectors.shape[1])))
     sent = len(embedded.rows)
     embedded = combine(rows, embedded, found, copies, model=settings.effective_model,
-                       dimensions=settings.dimensions)  # fmt: skip
+                       dimensions=settings.dimensions)
     if embedded.rows:
         dimensions = int(embedded.vectors.shape[1])
     else:
@@ -131,7 +131,7 @@ def _embed_chunk(
     )
     if found.reused or found.deduplicated:
         logger.info("chunk %d: %d rows reused from earlier runs, %d deduplicated in this run",
-                    spec.index, found.reused, found.deduplicated)  # fmt: skip
+                    spec.index, found.reused, found.deduplicated)
     return outcome
 
 

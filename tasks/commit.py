@@ -81,7 +81,7 @@ def commit_run(
     """
     dims = _dimensions(settings, store, done)
     chunks = [ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
-              for o in sorted(done.values(), key=lambda o: o.index)]  # fmt: skip
+              for o in sorted(done.values(), key=lambda o: o.index)]
     manifest = build_manifest(
         run_key=run_key, plan=plan, embedder=settings.embedder,
         model=settings.effective_model, dimensions=dims, chunks=chunks,
@@ -89,17 +89,17 @@ def commit_run(
         dead_letters=Counter(d.reason for o in done.values() for d in o.dead_letters),
         request_settings=settings.request_fingerprint, generation=generation,
         supersedes=supersedes,
-    )  # fmt: skip
+    )
     base = latest_manifest(store, dimensions=dims, exclude_run_key=run_key,
-                           dataset=dataset_key(manifest))  # fmt: skip
+                           dataset=dataset_key(manifest))
     changes = write_changes(store, run_key=run_key, chunks=[c.to_dict() for c in chunks],
-                            base=base, kept_columns=settings.kept_columns)  # fmt: skip
+                            base=base, kept_columns=settings.kept_columns)
     if base is not None and changes.base_run_key == str(base["run_key"]):
         check_delete_share(
             changes.removed, sum(int(c["rows"]) for c in base["chunks"]),
             settings.max_delete_fraction, kept="nothing committed, every chunk is kept",
             what=f"run {run_key[:12]}'s change set against run {str(base['run_key'])[:12]}",
-        )  # fmt: skip
+        )
     manifest["changes"] = changes.to_dict()
     uri, created = write_manifest(store, manifest)
     if not created:
@@ -108,7 +108,7 @@ def commit_run(
 
 
 def ledger_catches_up(ledger_path: str | os.PathLike[str], manifest: dict[str, Any],
-                      uri: str) -> bool:  # fmt: skip
+                      uri: str) -> bool:
     """Record in the ledger at ``ledger_path`` that the run of ``manifest`` (found in the
     store at ``uri``) is ``complete``, with its counts, if the ledger says otherwise.
 
@@ -128,7 +128,7 @@ def ledger_catches_up(ledger_path: str | os.PathLike[str], manifest: dict[str, A
                 str(manifest["run_key"]), manifest_uri=uri,
                 rows_published=int(manifest["rows_published"]),
                 rows_failed=int(manifest["rows_failed"]),
-            )  # fmt: skip
+            )
         finally:
             ledger.close()
     except (OSError, sqlite3.Error):

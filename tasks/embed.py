@@ -144,7 +144,7 @@ class _Embedder:
             if isinstance(exc, RowError):
                 return exc
             if (isinstance(exc, RetryableError) and exc.http_status == 500
-                    and not isinstance(exc, RetryLaterError)):  # fmt: skip
+                    and not isinstance(exc, RetryLaterError)):
                 return exc
             raise
         self.tokens += result.tokens
@@ -197,7 +197,7 @@ class _Embedder:
                     f"the same answer as their batch): {exc.message}. Nothing was published "
                     "for this chunk; change the setting the server refuses (e.g. drop "
                     "--dimensions) and rerun", http_status=exc.http_status,
-                )  # fmt: skip
+                )
                 stop = getattr(self.client, "stop", None)
                 if stop is not None:
                     stop(error)  # no other chunk of this process sends the same request
@@ -215,7 +215,7 @@ class _Embedder:
         self.caps.learn(
             rejected=len(batch), inputs=max(n for n, _ in worked),
             tokens=max(t for _, t in worked) if token_bound else None, status=exc.http_status,
-        )  # fmt: skip
+        )
 
     def _isolate_server_error(self, batch: list[Row], exc: RetryableError) -> None:
         if len(batch) == 1:
@@ -292,10 +292,10 @@ def embed_rows(
         # an in-process model sorts the whole chunk by length itself: request batches would
         # only add padding and per-call overhead
         batch_size, max_request_tokens = len(sendable), sum(estimate_tokens(r.text)
-                                                            for r in sendable)  # fmt: skip
+                                                            for r in sendable)
     try:
         for batch in batches(sendable, batch_size=batch_size,
-                             max_request_tokens=max_request_tokens, caps=embedder.caps):  # fmt: skip
+                             max_request_tokens=max_request_tokens, caps=embedder.caps):
             embedder.embed(batch)
     except EmbedlineError as exc:
         exc.requests, exc.tokens = embedder.requests, embedder.tokens  # the chunk's whole cost

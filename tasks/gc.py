@@ -101,7 +101,7 @@ def write_lease(
         record["expires_at"] = expires_at
     body = json.dumps(record).encode()
     store.put_if_absent(key, body, sha256=hashlib.sha256(body).hexdigest(),
-                        content_type="application/json")  # fmt: skip
+                        content_type="application/json")
     return key
 
 
@@ -113,7 +113,7 @@ def owner_tag(owner: str) -> str:
 def write_run_lease(store: ObjectStore, run_key: str, owner: str, plan: InputPlan) -> str:
     """Create the run's lease object listing its planned chunk objects; return its key."""
     return write_lease(store, f"{LEASE_PREFIX}{run_key}.{owner_tag(owner)}.json", run_key,
-                       [c.object_key for c in plan.chunks])  # fmt: skip
+                       [c.object_key for c in plan.chunks])
 
 
 def drop_run_lease(store: ObjectStore, key: str) -> None:
@@ -183,7 +183,7 @@ class GcPlan:
     def groups(self) -> dict[str, list[ObjectInfo]]:
         """Deletions by kind (``manifests``, ``chunks``, ``changes``, ``stale``)."""
         return {"manifests": self.manifests, "chunks": self.chunks, "changes": self.changes,
-                "stale": self.stale}  # fmt: skip
+                "stale": self.stale}
 
     def totals(self) -> tuple[int, int]:
         """(objects, bytes) to delete, temp files not included."""
@@ -194,7 +194,7 @@ class GcPlan:
 def _kept_manifests(
     manifests: Sequence[dict[str, Any]], keep_runs: int | None, older_than_s: float | None,
     now: float,
-) -> tuple[list[dict[str, Any]], list[DatasetRetention]]:  # fmt: skip
+) -> tuple[list[dict[str, Any]], list[DatasetRetention]]:
     """(manifests kept, per-dataset retention): the rules apply within each dataset."""
     datasets: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for manifest in manifests:
@@ -256,12 +256,12 @@ def plan_gc(
     plan = GcPlan(kept_runs=[str(m["run_key"]) for m in kept], datasets=datasets)
     _pin(plan, protected)
     for prefix, bucket in (("manifests/", plan.manifests), ("chunks/", plan.chunks),
-                           ("changes/", plan.changes)):  # fmt: skip
+                           ("changes/", plan.changes)):
         for info in store.list(prefix):
             if info.key not in keep and info.modified < cutoff:
                 bucket.append(info)
     scratch = [i for i in store.list(SCRATCH_PREFIX)
-               if not i.key.startswith(_LEASE_PREFIXES) and i.modified < cutoff]  # fmt: skip
+               if not i.key.startswith(_LEASE_PREFIXES) and i.modified < cutoff]
     plan.stale = stale_leases + scratch
     return plan
 
@@ -269,7 +269,7 @@ def plan_gc(
 def collect(
     store: ObjectStore, plan: GcPlan, *, ledger: Ledger | None, grace_s: float,
     now: float | None = None,
-) -> GcPlan:  # fmt: skip
+) -> GcPlan:
     """Carry out ``plan``: delete its objects (leases first re-read), sweep temp files,
     and drop the ledger rows that referred to deleted objects. Returns what was deleted."""
     now = time.time() if now is None else now
@@ -288,5 +288,5 @@ def collect(
             store.uri, object_keys=[i.key for i in done.chunks],
             object_uris=[store.uri_for(i.key) for i in done.chunks],
             manifest_uris=[store.uri_for(i.key) for i in done.manifests],
-        )  # fmt: skip
+        )
     return done

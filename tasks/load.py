@@ -79,7 +79,7 @@ def rows_to_load(table: pa.Table, upsert_ids: frozenset[str] | None) -> pa.Table
     if upsert_ids is None:
         return table
     return table.filter(pc.is_in(table.column("id"), pa.array(sorted(upsert_ids),
-                                                               type=pa.string())))  # fmt: skip
+                                                               type=pa.string())))
 
 
 @task(

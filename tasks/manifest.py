@@ -210,7 +210,7 @@ def latest_manifest(
     of readers. Lists ``manifests/`` and reads each (small JSON objects).
     """
     wanted = {"id_column": id_column, "text_column": text_column, "model": model,
-              "dimensions": dimensions}  # fmt: skip
+              "dimensions": dimensions}
     best: dict[str, Any] | None = None
     for manifest in list_manifests(store):
         if manifest["run_key"] == exclude_run_key:
@@ -239,7 +239,7 @@ def already_complete_fields(manifest: dict[str, Any]) -> dict[str, Any]:
         chunks_skipped=len(manifest["chunks"]),
         dimensions=int(manifest["dimensions"]),
         **change_fields(manifest),
-    )  # fmt: skip
+    )
 
 
 def change_fields(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -251,4 +251,4 @@ def change_fields(manifest: dict[str, Any]) -> dict[str, Any]:
             "rows_removed": int(changes["removed"]),
             "rows_unchanged": int(changes["unchanged"]),
             "changes_object": str(changes["object"]),
-            "changes_base": changes.get("base_run_key")}  # fmt: skip
+            "changes_base": changes.get("base_run_key")}

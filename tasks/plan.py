@@ -25,5 +25,5 @@ def plan_input(settings: RunSettings) -> InputPlan:
     logger.info(
         "planned %s: %d rows, %d bytes, %d chunks of up to %d rows",
         plan.source.name, plan.rows, plan.bytes, len(plan.chunks), settings.chunk_size,
-    )  # fmt: skip
+    )
     return plan

@@ -84,10 +84,10 @@ def chunk_parquet(
     )
     for position, name in enumerate(kept_columns):
         table = table.append_column(name, pa.array([r.kept[position] for r in embedded.rows],
-                                                   type=pa.string()))  # fmt: skip
+                                                   type=pa.string()))
     if keep_text:
         table = table.append_column("text", pa.array([r.text for r in embedded.rows],
-                                                     type=pa.string()))  # fmt: skip
+                                                     type=pa.string()))
     meta = {
         "format": CHUNK_FORMAT,
         "chunk_key": spec.key,
@@ -191,7 +191,7 @@ def publish_chunk(
         )
     except ConflictError:
         return adopt_existing(store, spec, model=model, tokens=embedded.tokens,
-                              requests=embedded.requests)  # fmt: skip
+                              requests=embedded.requests)
     if put.created:
         return outcome
     return replace(outcome, created=False)
@@ -262,5 +262,5 @@ def ensure_conditional_writes(store: ObjectStore, *, allow_unconditional: bool) 
     )
     if not allow_unconditional:
         raise FatalError(f"{message}; use a store that does, or pass "
-                         "--allow-unconditional-store to run anyway")  # fmt: skip
+                         "--allow-unconditional-store to run anyway")
     return f"{message}. RUNNING ANYWAY because --allow-unconditional-store was given."

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["COLUMNS", "chunk_table", "chunk_tables", "read_embeddings", "read_embeddings_arrow",
-           "resolve_run"]  # fmt: skip
+           "resolve_run"]
 
 #: The columns a reader gets, in this order (then the run's kept columns and ``text``).
 COLUMNS = ("id", "embedding", "text_sha256")
@@ -47,10 +47,10 @@ def resolve_run(store: ObjectStore, run: str | None = None) -> dict[str, Any]:
             if len(wanted) < 8 or any(c not in "0123456789abcdef" for c in wanted):
                 raise InputError(f"run {run!r}: give a run key or at least 8 of its hex digits")
             matches = sorted({str(m["run_key"]) for m in list_manifests(store)
-                              if str(m["run_key"]).startswith(wanted)})  # fmt: skip
+                              if str(m["run_key"]).startswith(wanted)})
             if len(matches) != 1:
                 raise InputError(f"run {run!r}: {'ambiguous' if matches else 'no committed run'}"
-                                 f" under {store.uri}")  # fmt: skip
+                                 f" under {store.uri}")
             wanted = matches[0]
         manifest = read_manifest(store, wanted)
         if manifest is None:
@@ -64,7 +64,7 @@ def resolve_run(store: ObjectStore, run: str | None = None) -> dict[str, Any]:
 
 
 def chunk_table(store: ObjectStore, entry: dict[str, Any],
-                extra: Sequence[str] = ()) -> pa.Table:  # fmt: skip
+                extra: Sequence[str] = ()) -> pa.Table:
     """Read one chunk object as ``id``/``embedding``/``text_sha256`` and the ``extra``
     columns (the run's kept columns and ``text``: ``tasks.manifest.extra_columns``),
     checked against its manifest entry (``object``, ``rows``, ``sha256``).
@@ -75,11 +75,11 @@ def chunk_table(store: ObjectStore, entry: dict[str, Any],
     body = store.get(str(entry["object"]))
     if hashlib.sha256(body).hexdigest() != entry["sha256"]:
         raise ConflictError(f"{store.uri_for(entry['object'])} does not match its manifest's "
-                            "SHA-256: the object was changed after publishing")  # fmt: skip
+                            "SHA-256: the object was changed after publishing")
     table = pq.read_table(io.BytesIO(body), columns=[*COLUMNS, *extra])
     if table.num_rows != int(entry["rows"]):
         raise ConflictError(f"{store.uri_for(entry['object'])} holds {table.num_rows} rows, "
-                            f"its manifest says {entry['rows']}")  # fmt: skip
+                            f"its manifest says {entry['rows']}")
     return table.replace_schema_metadata(None)
 
 
@@ -117,11 +117,11 @@ def read_embeddings_arrow(output: str, run: str | None = None) -> pa.Table:
     dims = int(manifest["dimensions"])
     schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32(), dims)),
                         ("text_sha256", pa.string())]
-                       + [(c, pa.string()) for c in extra_columns(manifest)])  # fmt: skip
+                       + [(c, pa.string()) for c in extra_columns(manifest)])
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     return table.replace_schema_metadata({
         "embedline.run_key": str(manifest["run_key"]), "embedline.model": str(manifest["model"]),
-        "embedline.dimensions": str(dims)})  # fmt: skip
+        "embedline.dimensions": str(dims)})
 
 
 def read_embeddings(output: str, run: str | None = None) -> pd.DataFrame:
@@ -143,8 +143,8 @@ def read_embeddings(output: str, run: str | None = None) -> pd.DataFrame:
         "embedding": pd.Series(list(matrix), dtype=object),
         "text_sha256": table.column("text_sha256").to_pandas(),
         **{name: table.column(name).to_pandas() for name in table.column_names[3:]},
-    })  # fmt: skip
+    })
     meta = table.schema.metadata
     frame.attrs.update(run_key=meta[b"embedline.run_key"].decode(),
-                       model=meta[b"embedline.model"].decode(), dimensions=dims)  # fmt: skip
+                       model=meta[b"embedline.model"].decode(), dimensions=dims)
     return frame

@@ -27,7 +27,7 @@ from embedline.models import DeadLetter, LoadSummary, RunSummary
 from embedline.shutdown import STOP
 
 __all__ = ["ProgressArtifact", "load_markdown", "publish_load_summary", "publish_summary",
-           "summary_markdown"]  # fmt: skip
+           "summary_markdown"]
 
 _MAX_DEAD_LETTERS_SHOWN = 1000
 logger = logging.getLogger("embedline.report")
@@ -105,10 +105,10 @@ def summary_markdown(
     """Render the run summary as Markdown (no text, no secrets)."""
     price = price_per_million_tokens
     cost = (f"${summary.tokens * price / 1e6:,.4f} (at ${price}/1M tokens)"
-            if price is not None else "n/a (no price given)")  # fmt: skip
+            if price is not None else "n/a (no price given)")
     saved = (f"~${summary.tokens_saved * price / 1e6:,.4f} (~{summary.tokens_saved:,} tokens "
              "not sent, estimated)" if price is not None
-             else f"~{summary.tokens_saved:,} tokens not sent (estimated)")  # fmt: skip
+             else f"~{summary.tokens_saved:,} tokens not sent (estimated)")
     rows = [
         ("status", f"**{summary.status}**" + (f": {summary.message}" if summary.message else "")),
         ("run key", f"`{summary.run_key}`"),
@@ -134,21 +134,21 @@ def summary_markdown(
         ("output", f"`{summary.output}`"),
         ("manifest", f"`{summary.manifest_uri}`" if summary.manifest_uri else "not committed"),
         ("changes", _changes_cell(summary)),
-    ]  # fmt: skip
+    ]
     lines = ["# embedline run", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     if summary.exit_code != 0 and summary.run_key:
         lines += ["", "Rerun only what is missing: run the deployment again with the same "
                   "parameters, press **Retry** on this flow run, or `embedline run` the same "
-                  f"command (`embedline status {summary.run_key[:12]}`)."]  # fmt: skip
+                  f"command (`embedline status {summary.run_key[:12]}`)."]
     if summary.load:  # run --sink: the load stage's own lines
         load = LoadSummary(**summary.load)  # type: ignore[arg-type]
         lines += ["", "## Load into the sink", "", "| | |", "|---|---|"] + _load_lines(load)
     if dead_letters:
         lines += ["", f"## Dead letters ({len(dead_letters)})", "", "| row | id | reason | HTTP |",
-                  "|---|---|---|---|"]  # fmt: skip
+                  "|---|---|---|---|"]
         lines += [f"| {d.row_number} | `{_cell(d.id)}` | {d.reason} | {d.http_status or ''} |"
-                  for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]]  # fmt: skip
+                  for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]]
     return "\n".join(lines) + "\n"
 
 
@@ -156,7 +156,7 @@ def _changes_cell(summary: RunSummary) -> str:
     if summary.rows_added is None:
         return "none (no manifest committed)"
     base = (f"against run `{summary.changes_base[:12]}`" if summary.changes_base
-            else "first run on this output")  # fmt: skip
+            else "first run of this dataset on this output")
     return (f"{summary.rows_added:,} added, {summary.rows_changed:,} changed, "
             f"{summary.rows_removed:,} removed, {summary.rows_unchanged:,} unchanged ({base}): "
             f"`{summary.changes_object}`")
@@ -179,14 +179,14 @@ def publish_summary(
                          price_per_million_tokens=price_per_million_tokens),
         key="embedline-summary",
         description=f"embedline run {summary.status}",
-    )  # fmt: skip
+    )
     if dead_letters:
         table: list[dict[str, Any]] = [
             {"row": d.row_number, "id": d.id, "reason": d.reason, "http_status": d.http_status}
             for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]
         ]
         create_table_artifact(table, key="embedline-dead-letters",
-                              description=f"{len(dead_letters)} dead letters (no text)")  # fmt: skip
+                              description=f"{len(dead_letters)} dead letters (no text)")
 
 
 def load_markdown(summary: LoadSummary) -> str:
@@ -209,7 +209,7 @@ def _load_lines(summary: LoadSummary) -> list[str]:
         ("index", f"{summary.index_state} in {summary.index_s:.1f} s" if summary.index_state
                   else "-"),
         ("wall time", f"{summary.wall_s:.1f} s (the load, index included)"),
-    ]  # fmt: skip
+    ]
     cells = [value.replace("|", "\\|").replace("\n", " ") for _, value in rows]
     return [f"| {n} | {c} |" for (n, _), c in zip(rows, cells, strict=True)]
 
@@ -217,4 +217,4 @@ def _load_lines(summary: LoadSummary) -> list[str]:
 def publish_load_summary(summary: LoadSummary) -> None:
     """Create the ``embedline-load-summary`` artifact of a ``load-run`` flow run."""
     create_markdown_artifact(load_markdown(summary), key="embedline-load-summary",
-                             description=f"embedline load {summary.status}")  # fmt: skip
+                             description=f"embedline load {summary.status}")

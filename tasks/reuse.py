@@ -83,11 +83,11 @@ def refresh_index(store: ObjectStore, ledger: Ledger) -> int:
     todo = sorted(listed - known)
     with ThreadPoolExecutor(_INDEX_THREADS) as pool:
         for key, entry in zip(todo, pool.map(lambda k: _index_entry(store, k), todo),
-                              strict=True):  # fmt: skip
+                              strict=True):
             if entry is not None:
                 model, dims, hashes = entry
                 ledger.index_object(store.uri, key, model=model, dimensions=dims,
-                                    text_hashes=hashes)  # fmt: skip
+                                    text_hashes=hashes)
     return len(todo)
 
 
@@ -106,7 +106,7 @@ def _index_entry(store: ObjectStore, key: str) -> tuple[str, str, list[str]] | N
     # The row key holds the *requested* dimensions ("" when unset): recover which one.
     for requested in (None, meta.dimensions):
         if row_key(first["id"], first["text_sha256"], meta.model, requested) == \
-                first["idempotency_key"]:  # fmt: skip
+                first["idempotency_key"]:
             return meta.model, dims_text(requested), table["text_sha256"].to_pylist()
     return None
 
@@ -153,7 +153,7 @@ class ReusePlanner:
         stored = self._ledger.find_vectors(
             self._store.uri, model=self._model, dimensions=self._dims,
             text_hashes=[r.text_sha256 for r in wanted],
-        ) if self._reuse else {}  # fmt: skip
+        ) if self._reuse else {}
         by_object: dict[tuple[str, bool], list[int]] = defaultdict(list)
         self._object_of[spec.index] = spec.object_key
         for position, row in enumerate(rows):
@@ -169,7 +169,7 @@ class ReusePlanner:
             elif owner != spec.index:
                 by_object[(self._object_of[owner], True)].append(position)
         return ReusePlan(tuple(ReuseSource(key, tuple(positions), in_run)
-                               for (key, in_run), positions in by_object.items()))  # fmt: skip
+                               for (key, in_run), positions in by_object.items()))
 
     def note_failed(self, index: int) -> None:
         """Chunk ``index`` will not publish in this run: its texts go to later chunks."""
@@ -221,7 +221,7 @@ class Reused:
 def take_reused(
     store: ObjectStore, rows: Sequence[Row], plan: ReusePlan, *, model: str,
     wait_s: float = IN_RUN_WAIT_S, dimensions: int | None = None,
-) -> Reused:  # fmt: skip
+) -> Reused:
     """Read the planned rows' vectors from their objects; rows not found are left out, and
     so are rows of an object whose vectors are not ``dimensions`` long (the run's length,
     when known: an older object of another length is a stale cache, DESIGN §5).
@@ -336,18 +336,18 @@ def combine(
         elif earlier.row_number in dead:
             reason = dead[earlier.row_number]
             dead[row.row_number] = DeadLetter(row.row_number, row.id, reason.reason,
-                                              reason.http_status, reason.attempts)  # fmt: skip
+                                              reason.http_status, reason.attempts)
     kept = [r for r in rows if r.row_number in vectors]
     width = embedded.vectors.shape[1] if embedded.rows else (
-        len(next(iter(vectors.values()))) if vectors else (dimensions or 0))  # fmt: skip
+        len(next(iter(vectors.values()))) if vectors else (dimensions or 0))
     if any(len(vectors[r.row_number]) != width for r in kept):
         raise BadResponseError("reused vectors differ in length from the embedded ones")
     stacked = (np.ascontiguousarray(np.stack([vectors[r.row_number] for r in kept]),
                                     dtype=np.float32)
-               if kept else np.zeros((0, width), dtype=np.float32))  # fmt: skip
+               if kept else np.zeros((0, width), dtype=np.float32))
     return EmbeddedRows(
         rows=kept, vectors=stacked,
         row_keys=[row_key(r.id, r.text_sha256, model, dimensions) for r in kept],
         dead_letters=sorted(dead.values(), key=lambda d: d.row_number),
         tokens=embedded.tokens, requests=embedded.requests,
-    )  # fmt: skip
+    )

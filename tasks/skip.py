@@ -48,7 +48,7 @@ def find_published(
             index=spec.index, key=spec.key, object_key=spec.object_key,
             object_sha256=record.sha256, rows=record.rows,
             dead_letters=tuple(ledger.chunk_dead_letters(spec)), created=False,
-        )  # fmt: skip
+        )
     with ThreadPoolExecutor(_HEAD_THREADS) as pool:
         exists = list(pool.map(lambda s: store.head_sha256(s.object_key) is not None, unknown))
     for spec, present in zip(unknown, exists, strict=True):
@@ -64,7 +64,7 @@ def find_published(
                 run_key, spec, object_uri=store.uri_for(outcome.object_key),
                 sha256=outcome.object_sha256, rows=outcome.rows,
                 dead_letters=outcome.dead_letters,
-            )  # fmt: skip
+            )
     return found
 
 

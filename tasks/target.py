@@ -79,7 +79,7 @@ def _key_function(plan: InputPlan, settings: RunSettings) -> Callable[[int], str
     def key_for(generation: int) -> str:
         return keys.run_key(plan.sha256, settings.id_column, settings.text_column,
                             settings.effective_model, settings.dimensions, settings.chunk_size,
-                            generation=generation, columns=settings.key_columns)  # fmt: skip
+                            generation=generation, columns=settings.key_columns)
 
     return key_for
 

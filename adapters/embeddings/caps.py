@@ -69,5 +69,5 @@ class RequestCaps:
                 "smaller requests: sending at most %d inputs%s per request from now on",
                 rejected, status, max_inputs,
                 f" and {max_tokens} estimated tokens" if max_tokens else "",
-            )  # fmt: skip
+            )
 

@@ -68,10 +68,10 @@ def classify_transport_error(exc: httpx.RequestError, *, where: str = "") -> Emb
         )
     if isinstance(exc, httpx.ConnectError):
         return RetryableError(f"cannot connect to{at} ({name}): check that the server is "
-                              "running and --base-url is right")  # fmt: skip
+                              "running and --base-url is right")
     if isinstance(exc, httpx.TimeoutException):
         return RetryableError(f"no answer from{at} in time ({name}); raise --timeout if the "
-                              "server is slow")  # fmt: skip
+                              "server is slow")
     return RetryableError(f"request to{at} failed without a response ({name})")
 
 

@@ -61,7 +61,7 @@ class FormatNegotiation:
         """True if base64 may be why a request sent as ``fmt`` failed with ``error`` (its
         decoded body ``payload``): then a fatal answer must not latch the client yet."""
         return (fmt == "base64" and not self._settled and _probe_worthy(error)
-                and not _names_another_param(payload))  # fmt: skip
+                and not _names_another_param(payload))
 
     def after_failure(
         self, fmt: str, error: EmbedlineError | None, payload: object, *, status: int

@@ -98,7 +98,7 @@ class FatalLatch:
         """
         cause = exc.__cause__
         if not isinstance(exc, RetryableError) or isinstance(exc, EndpointDownError) or \
-                not isinstance(cause, httpx.ConnectError):  # fmt: skip
+                not isinstance(cause, httpx.ConnectError):
             return None
         attempts = f"{max_attempts} attempt" + ("" if max_attempts == 1 else "s")
         where = f"{where} ({type(cause).__name__}, {attempts})"

@@ -74,7 +74,7 @@ class LocalEmbedder(EmbeddingClientBase):
 
     def embed(self, texts: Sequence[str], *, idempotency_key: str,
               on_rows: Callable[[int], None] | None = None,
-              expect_dimensions: int | None = None) -> Embeddings:  # fmt: skip
+              expect_dimensions: int | None = None) -> Embeddings:
         """Return float32 ``(len(texts), 384)`` unit vectors; ``tokens=0``, ``requests=0``.
 
         ``idempotency_key`` is accepted for the protocol and unused (no request is sent).

@@ -345,7 +345,7 @@ class OpenAIEmbedder:
                 response.status_code, response.headers, payload, model=self.model,
                 path=self._url.path, redact=texts,
                 auth_hint=auth_hint(self._api_key, self._auth_header),
-            )  # fmt: skip
+            )
             if isinstance(error, FatalError) and not self._format.may_explain(fmt, error,
                                                                               payload):
                 self._latch.stop(error)
@@ -381,7 +381,7 @@ class OpenAIEmbedder:
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
         headers = {"Idempotency-Key": key, "Accept": "application/json",
-                   **auth_headers(self._api_key, self._auth_header)}  # fmt: skip
+                   **auth_headers(self._api_key, self._auth_header)}
         call.requests += 1
         call.inputs += len(texts)
         started = time.perf_counter()

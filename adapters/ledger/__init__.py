@@ -50,7 +50,7 @@ from adapters.ledger.runs import RunTable
 from adapters.ledger.sink_loads import SinkLoadTable
 
 __all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "SinkLoadRecord",
-           "new_owner", "record_hard_stop"]  # fmt: skip
+           "new_owner", "record_hard_stop"]
 
 
 class Ledger(RunTable, ChunkTable, ObjectTable, SinkLoadTable, ReuseIndex):
@@ -82,16 +82,16 @@ class Ledger(RunTable, ChunkTable, ObjectTable, SinkLoadTable, ReuseIndex):
         with self.atomic() as db:
             for uri in object_uris:
                 row = db.execute("DELETE FROM objects WHERE object_uri = ? RETURNING chunk_key",
-                                 (uri,)).fetchone()  # fmt: skip
+                                 (uri,)).fetchone()
                 if row is not None:
                     db.execute("""DELETE FROM dead_letters WHERE chunk_key = ? AND NOT EXISTS
                                   (SELECT 1 FROM objects WHERE chunk_key = ?)""",
-                               (row[0], row[0]))  # fmt: skip
+                               (row[0], row[0]))
                 db.execute("""UPDATE chunks SET state = 'pending', updated_at = ?
                               WHERE object_uri = ? AND state = 'published'""",
-                           (now_iso(), uri))  # fmt: skip
+                           (now_iso(), uri))
             db.executemany("UPDATE runs SET status = 'collected' WHERE manifest_uri = ?",
-                           [(u,) for u in manifest_uris])  # fmt: skip
+                           [(u,) for u in manifest_uris])
 
 
 def record_hard_stop(ledger_path: str, run_key: str) -> None:

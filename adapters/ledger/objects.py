@@ -28,7 +28,7 @@ class ObjectTable(LedgerBase):
             DeadLetter(spec.first_row + r["chunk_row"], r["id"], r["reason"], r["http_status"],
                        r["attempts"])
             for r in rows
-        ]  # fmt: skip
+        ]
 
     def run_dead_letters(self, run_key: str) -> list[DeadLetter]:
         """Return the run's dead letters in row order (row numbers are 1-based records)."""

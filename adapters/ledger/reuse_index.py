@@ -52,7 +52,7 @@ class ReuseIndex(LedgerBase):
             if row is None:
                 return
             db.executemany("INSERT OR IGNORE INTO reuse_texts VALUES (?, ?)",
-                           [(bytes.fromhex(h), row[0]) for h in text_hashes])  # fmt: skip
+                           [(bytes.fromhex(h), row[0]) for h in text_hashes])
 
     def forget_objects(self, output_uri: str, object_keys: Sequence[str]) -> None:
         """Drop objects (deleted from the store) from the reuse index."""
@@ -60,7 +60,7 @@ class ReuseIndex(LedgerBase):
             for key in object_keys:
                 row = db.execute(
                     "DELETE FROM reuse_objects WHERE output_uri = ? AND object_key = ? "
-                    "RETURNING object_id", (output_uri, key)).fetchone()  # fmt: skip
+                    "RETURNING object_id", (output_uri, key)).fetchone()
                 if row is not None:
                     db.execute("DELETE FROM reuse_texts WHERE object_id = ?", (row[0],))
 
@@ -81,7 +81,7 @@ class ReuseIndex(LedgerBase):
         with self._lock:
             objects = self._conn.execute(
                 "SELECT 1 FROM reuse_objects WHERE output_uri = ? AND model = ? "
-                "AND dimensions = ? LIMIT 1", (output_uri, model, dimensions)).fetchone()  # fmt: skip
+                "AND dimensions = ? LIMIT 1", (output_uri, model, dimensions)).fetchone()
             if objects is None:
                 return {}
             for start in range(0, len(wanted), _LOOKUP_BATCH):

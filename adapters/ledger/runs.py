@@ -55,7 +55,7 @@ class RunTable(LedgerBase):
                     run_key, plan.source.name, plan.sha256, plan.bytes, plan.rows, output_uri,
                     json.dumps(settings, sort_keys=True), len(plan.chunks), flow_run_id, now, now,
                 ),
-            )  # fmt: skip
+            )
             db.executemany(
                 """INSERT INTO chunks (run_key, idx, chunk_key, first_row, rows_total, state,
                        object_uri, updated_at)
@@ -94,7 +94,7 @@ class RunTable(LedgerBase):
         """Return every run, newest first."""
         return [self._run_record(r) for r in self._conn.execute(
             "SELECT * FROM runs ORDER BY updated_at DESC"
-        )]  # fmt: skip
+        )]
 
     def find_run(self, key_or_prefix: str) -> RunRecord | None:
         """Return the run whose key is ``key_or_prefix`` or starts with it (≥ 8 hex chars).
@@ -132,7 +132,7 @@ class RunTable(LedgerBase):
         """True if the process recorded as running ``run_key`` is known to be gone (this
         host only; a run of another host, or of an older ledger, counts as alive)."""
         row = self._conn.execute("SELECT owner FROM runs WHERE run_key = ?",
-                                 (run_key,)).fetchone()  # fmt: skip
+                                 (run_key,)).fetchone()
         return row is not None and owner_is_dead(row[0])
 
     def mark_stopped(self, run_key: str, *, status: str = "interrupted") -> None:
@@ -143,7 +143,7 @@ class RunTable(LedgerBase):
         with self.atomic() as db:
             db.execute("UPDATE runs SET status = ?, updated_at = ? "
                        "WHERE run_key = ? AND status = 'running'",
-                       (status, now_iso(), run_key))  # fmt: skip
+                       (status, now_iso(), run_key))
 
     def record_committed(
         self, run_key: str, *, manifest_uri: str, rows_published: int, rows_failed: int
@@ -160,5 +160,5 @@ class RunTable(LedgerBase):
                                           OR rows_published != ? OR rows_failed != ?)""",
                 (rows_published, rows_failed, manifest_uri, now_iso(), run_key, manifest_uri,
                  rows_published, rows_failed),
-            ).rowcount  # fmt: skip
+            ).rowcount
         return changed > 0

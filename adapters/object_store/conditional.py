@@ -32,7 +32,7 @@ def existing_result(
     if stored != sha256:
         raise ConflictError(
             f"{uri} already holds other bytes (sha256 {stored}, ours {sha256}); it is never "
-            f"overwritten: {fix}", http_status=http_status)  # fmt: skip
+            f"overwritten: {fix}", http_status=http_status)
     return PutResult(created=False, sha256=sha256)
 
 

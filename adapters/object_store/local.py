@@ -109,12 +109,12 @@ class LocalDirStore:
         """
         if self.root.exists() and not self.root.is_dir():
             raise InputError(f"--output {self.uri} exists and is not a directory; "
-                             "choose a directory path")  # fmt: skip
+                             "choose a directory path")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InputError(f"--output {self.uri} cannot be created: {exc.strerror}; "
-                             "choose a writable directory") from None  # fmt: skip
+                             "choose a writable directory") from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise InputError(f"--output {self.uri} is not writable; choose a writable directory")
 

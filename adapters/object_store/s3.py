@@ -265,7 +265,7 @@ class S3Store:
         uri = self.uri_for(key)
         with self._errors(f"GET {uri}", missing=uri):
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
-                                              Range=f"bytes=-{_TAIL_BYTES}")  # fmt: skip
+                                              Range=f"bytes=-{_TAIL_BYTES}")
             tail = bytes(response["Body"].read())
         content_range = str(response.get("ContentRange") or "")
         size = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else len(tail)

@@ -20,10 +20,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from embedline.progress import PROGRESS_LOGGER
+
 __all__ = ["GRAPH_BYTES_PER_ROW", "MAX_BUILD_MEMORY_KB", "MAX_BUILD_WORKERS",
            "graph_bytes", "index_build_settings", "progress_lines"]  # fmt: skip
 
 logger = logging.getLogger("embedline")
+progress_logger = logging.getLogger(PROGRESS_LOGGER)
 
 #: Bytes of pgvector's in-memory HNSW graph per row beyond the vector's 4·d: the element and
 #: its level-0 neighbour list at the default m = 16 (2·m candidates), with upper levels.
@@ -101,7 +104,7 @@ def _report(dsn: str, pid: int, identity: str, rows: int, interval_s: float,
                     continue
                 phase, done, total = row
                 total = int(total or 0) or rows
-                logger.info("%s: building the HNSW index, %s: %d of %d rows (%.0f %%), %.0f s",
+                progress_logger.info("%s: building the HNSW index, %s: %d of %d rows (%.0f %%), %.0f s",
                             identity, phase, int(done or 0), total,
                             100.0 * int(done or 0) / max(total, 1),
                             time.monotonic() - started)  # fmt: skip

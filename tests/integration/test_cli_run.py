@@ -38,7 +38,7 @@ def _rows(n: int) -> list[tuple[str, str]]:
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> tuple[int, str, str]:
     args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
             server.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), *extra]  # fmt: skip
+            str(tmp_path / "ledger.sqlite3"), *extra]
     result = run_cli(*args, cwd=tmp_path)
     return result.returncode, result.stdout, result.stderr
 
@@ -61,7 +61,7 @@ def test_run_publishes_every_row_with_its_own_vector(
     # keys are the documented ones
     sha = keys.text_sha256(rows[0][1])
     chunk0 = keys.chunk_key("text-embedding-3-small", None,
-                            [(i, keys.text_sha256(t)) for i, t in rows[:10]])  # fmt: skip
+                            [(i, keys.text_sha256(t)) for i, t in rows[:10]])
     assert manifest["chunks"][0]["key"] == chunk0
     assert manifest["chunks"][0]["object"] == f"chunks/{chunk0}.parquet"
     import pyarrow.parquet as pq
@@ -117,7 +117,7 @@ def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
     assert not (tmp_path / "out" / "manifests").exists()
     run_key = out.split()[1]
     dead = run_cli("dead-letters", run_key[:8], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)  # fmt: skip
+                   cwd=tmp_path)
     assert dead.returncode == 0
     assert dead.stdout.splitlines() == ["002\tempty_text\t", "004\tempty_text\t"]
     requests = fake_openai.counters()["requests"]
@@ -167,7 +167,7 @@ def test_s3_output_through_moto_server(
     env = {"AWS_ENDPOINT_URL": moto_endpoint}
     args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
             fake_openai.base_url, "--output", f"s3://{s3_bucket}/emb/v1", "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "4"]  # fmt: skip
+            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "4"]
     result = run_cli(*args, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert f"s3://{s3_bucket}/emb/v1/manifests/" in result.stdout
@@ -177,7 +177,7 @@ def test_s3_output_through_moto_server(
     manifest_key = next(n for n in names if n.startswith("emb/v1/manifests/"))
     manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=manifest_key)["Body"].read())
     bodies = {e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"emb/v1/{e['object']}")["Body"]
-              .read() for e in manifest["chunks"]}  # fmt: skip
+              .read() for e in manifest["chunks"]}
     vectors = vectors_by_id(bodies, manifest)
     assert set(vectors) == {r[0] for r in rows}
     head = s3.head_object(Bucket=s3_bucket, Key=f"emb/v1/{manifest['chunks'][0]['object']}")
@@ -196,7 +196,7 @@ def test_s3_input_is_streamed_and_chunk_reads_are_pinned_to_its_etag(
     s3.put_object(Bucket=s3_bucket, Key="inputs/data.csv", Body=local.read_bytes())
     args = ["run", f"s3://{s3_bucket}/inputs/data.csv", "--embedder", "openai", "--base-url",
             fake_openai.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "3"]  # fmt: skip
+            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "3"]
     result = run_cli(*args, cwd=tmp_path, env={"AWS_ENDPOINT_URL": moto_endpoint})
     assert result.returncode == 0, result.stderr
     manifest, vectors = read_local_output(tmp_path / "out")
@@ -218,7 +218,7 @@ def test_s3_input_changed_after_planning_is_refused(
     s3 = boto3.client("s3", endpoint_url=moto_endpoint)
     s3.put_object(Bucket=s3_bucket, Key="in.csv", Body=b"id,text\n1,alpha\n2,beta\n")
     plan = plan_csv(f"s3://{s3_bucket}/in.csv", id_column="id", text_column="text",
-                    codec="utf-8", chunk_size=1, model="m", dimensions=None)  # fmt: skip
+                    codec="utf-8", chunk_size=1, model="m", dimensions=None)
     assert read_chunk(plan.source, plan.chunks[1])[0].id == "2"
     s3.put_object(Bucket=s3_bucket, Key="in.csv", Body=b"id,text\n1,alpha\n2,BETA\n")
     from embedline.errors import InputError
@@ -235,14 +235,14 @@ def test_failed_chunks_then_retry_failed_embeds_only_those(
     rows[17] = (rows[17][0], "BROKEN " + rows[17][1])  # chunk 3
     _csv(tmp_path / "in.csv", rows)
     fake_openai.fail_when(lambda p: {"status": 503} if any("BROKEN" in t for t in p["input"])
-                          else None)  # fmt: skip
+                          else None)
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5", "--batch-size", "5",
-                          "--max-attempts", "2", "--chunk-retries", "0")  # fmt: skip
+                          "--max-attempts", "2", "--chunk-retries", "0")
     assert code == 1, err
     assert "2 of 4 chunks not published (2 failed; chunk 1: RetryableError: HTTP 503" in out
     run_key = out.split()[1]
     status = run_cli("status", run_key[:10], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                     cwd=tmp_path)  # fmt: skip
+                     cwd=tmp_path)
     assert "published=2 failed=2" in status.stdout
     fields = status.stdout.rstrip("\n").split("\t")
     assert len(fields) == 8 and fields[-1].startswith(
@@ -252,7 +252,7 @@ def test_failed_chunks_then_retry_failed_embeds_only_those(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     retry = run_cli("retry-failed", run_key[:12], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                    cwd=elsewhere)  # fmt: skip
+                    cwd=elsewhere)
     assert retry.returncode == 0, retry.stderr
     assert fake_openai.counters()["requests"] - before == 2  # one batch per failed chunk
     manifest, vectors = read_local_output(tmp_path / "out")
@@ -282,7 +282,7 @@ def test_unusable_output_is_a_usage_error(tmp_path: Path, fake_openai: FakeEmbed
     _csv(tmp_path / "in.csv", _rows(3))
     (tmp_path / "afile").write_text("not a directory")
     result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-                     "--output", "afile", "--ledger", "l.sqlite3", cwd=tmp_path)  # fmt: skip
+                     "--output", "afile", "--ledger", "l.sqlite3", cwd=tmp_path)
     assert result.returncode == 2
     assert "exists and is not a directory" in result.stdout + result.stderr
     assert fake_openai.counters()["requests"] == 0
@@ -298,14 +298,14 @@ def test_rejected_long_input_is_isolated_and_no_request_body_is_sent_twice(
     _csv(tmp_path / "in.csv", rows)
     fake_openai.reject_texts_containing = "CONTEXT-TOO-LONG"
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "8", "--batch-size", "8",
-                          "--allow-failed-rows")  # fmt: skip
+                          "--allow-failed-rows")
     assert code == 0, err
     manifest, vectors = read_local_output(tmp_path / "out")
     assert manifest["rows_failed"] == 1 and set(vectors) == {r[0] for i, r in enumerate(rows)
-                                                              if i != 3}  # fmt: skip
+                                                              if i != 3}
     run_key = out.split()[1]
     dead = run_cli("dead-letters", run_key[:8], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)  # fmt: skip
+                   cwd=tmp_path)
     assert dead.stdout.splitlines() == ["003\trejected\t400"]
     keys_sent = [entry["idempotency_key"] for entry in fake_openai.log]
     assert len(keys_sent) == len(set(keys_sent))  # a rejected body is never sent again
@@ -325,7 +325,7 @@ def test_max_input_tokens_truncate_and_dead_letter_before_sending(
 
     shutil.rmtree(tmp_path / "out")
     code, _, err = _run(tmp_path, fake_openai, "--max-input-tokens", "50", "--on-too-long",
-                        "truncate")  # fmt: skip
+                        "truncate")
     assert code == 0, err
     assert set(read_local_output(tmp_path / "out")[1]) == {r[0] for r in rows}
 
@@ -349,7 +349,7 @@ def test_second_run_publishes_a_change_set_against_the_first(
     _csv(tmp_path / "in.csv", edited)
     fake_openai.reset()
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5",
-                          "--price-per-million-tokens", "0.02")  # fmt: skip
+                          "--price-per-million-tokens", "0.02")
     assert code == 0, err
     # every chunk key changed (a row went): the 10 known texts are copied, 2 texts sent
     assert fake_openai.counters()["inputs"] == 2

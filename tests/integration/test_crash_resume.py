@@ -41,7 +41,7 @@ class TextRecorder:
         with self.lock:
             self.texts.extend(texts)
         delay = max([self.delays[m] for m in self.delays if any(m in t for t in texts)],
-                    default=self.default_delay_s)  # fmt: skip
+                    default=self.default_delay_s)
         return {"delay_s": delay} if delay else None
 
     def take(self) -> list[str]:
@@ -63,7 +63,7 @@ def _write_csv(path: Path, n: int, marker_rows: dict[int, str] | None = None) ->
 def _args(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> list[str]:
     return ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
             server.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]  # fmt: skip
+            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]
 
 
 def _popen(tmp_path: Path, args: list[str]) -> subprocess.Popen[str]:
@@ -71,7 +71,7 @@ def _popen(tmp_path: Path, args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
 
 
 def _chunk_files(out: Path) -> dict[str, str]:
@@ -112,7 +112,7 @@ def test_kill_while_slow_chunk_in_flight_rerun_embeds_only_unfinished_chunks(
     recorder = TextRecorder({"SLOW": 60.0})
     fake_openai.fail_when(recorder)
     proc = _popen(tmp_path, _args(tmp_path, fake_openai, "--chunk-size", "4",
-                                  "--concurrency", "3"))  # fmt: skip
+                                  "--concurrency", "3"))
     try:
         _wait_for(lambda: len(_chunk_files(tmp_path / "out")) == 3, 120, "chunks 1-3")
         time.sleep(0.3)  # let the flow record them
@@ -123,7 +123,7 @@ def test_kill_while_slow_chunk_in_flight_rerun_embeds_only_unfinished_chunks(
     recorder.take()
     recorder.delays = {}
     result = run_cli(*_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "3"),
-                     cwd=tmp_path)  # fmt: skip
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     sent = recorder.take()
     sent_rows = sorted({int(t.split()[1]) for t in sent})
@@ -179,12 +179,12 @@ def test_random_sigkills_then_rerun_give_complete_output(
 @pytest.mark.slow
 def test_many_random_sigkills_soak(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
     _kill_loop(tmp_path, fake_openai, kills=int(os.environ.get("EMBEDLINE_SOAK_KILLS", "60")),
-               seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")))  # fmt: skip
+               seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")))
 
 
 def _write_rows(path: Path, rows: list[tuple[str, str]]) -> None:
     path.write_text("id,text\n" + "".join(f'{rid},"{text}"\n' for rid, text in rows),
-                    encoding="utf-8")  # fmt: skip
+                    encoding="utf-8")
 
 
 def _newest_output(out: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -251,7 +251,7 @@ def test_many_random_sigkills_during_reusing_runs_soak(
 ) -> None:
     _reuse_kill_loop(tmp_path, fake_openai,
                      kills=int(os.environ.get("EMBEDLINE_SOAK_KILLS", "60")),
-                     seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")))  # fmt: skip
+                     seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")))
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -273,7 +273,7 @@ def test_signal_stops_gracefully_and_rerun_resumes(
     name = signal.Signals(signum).name  # stderr ends with what happened and what to do
     assert err.strip().splitlines()[-1] == (f"embedline: interrupted by {name}: {published} of "
                                             "10 chunks published; rerun the same command to "
-                                            "resume"), err[-2000:]  # fmt: skip
+                                            "resume"), err[-2000:]
     db = sqlite3.connect(tmp_path / "ledger.sqlite3")
     assert db.execute("SELECT COUNT(*) FROM chunks WHERE state = 'running'").fetchone()[0] == 0
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -309,7 +309,7 @@ def test_wrong_api_key_exits_3_fast_without_leaking_the_key(
     fake_openai.require_key = "sk-right-key"
     started = time.monotonic()
     result = run_cli(*_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "4"),
-                     cwd=tmp_path, env={"EMBEDLINE_API_KEY": "sk-wrong-secret"})  # fmt: skip
+                     cwd=tmp_path, env={"EMBEDLINE_API_KEY": "sk-wrong-secret"})
     assert result.returncode == 3
     assert time.monotonic() - started < 60
     assert "EMBEDLINE_API_KEY" in result.stdout + result.stderr
@@ -323,10 +323,10 @@ def test_insufficient_quota_exits_3_without_retrying(
 ) -> None:
     _write_csv(tmp_path / "in.csv", 8)
     quota = ('{"error": {"message": "You exceeded your current quota", '
-             '"type": "insufficient_quota", "code": "insufficient_quota"}}')  # fmt: skip
+             '"type": "insufficient_quota", "code": "insufficient_quota"}}')
     fake_openai.fail_when(lambda payload: {"status": 429, "body": quota})
     result = run_cli(*_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "1"),
-                     cwd=tmp_path)  # fmt: skip
+                     cwd=tmp_path)
     assert result.returncode == 3
     assert "quota" in (result.stdout + result.stderr).lower()
     assert fake_openai.counters()["requests"] <= 2

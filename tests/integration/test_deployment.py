@@ -41,7 +41,7 @@ def _prefect(*args: str, timeout: float = 120) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "prefect", *args], cwd=REPO, env=env, capture_output=True,
         text=True, timeout=timeout,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -60,7 +60,7 @@ def _fake_api(*options: str) -> Iterator[tuple[str, str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", *options],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -86,7 +86,7 @@ def worker(prefect_api_url: str, tmp_path: Path) -> Iterator[Path]:
 
 def _write_csv(path: Path) -> list[tuple[str, str]]:
     rows = [(f"pkg-{i:03d}", f"package {i}: tools for task {i * 7}, \"quoted\"\nline two")
-            for i in range(ROWS)]  # fmt: skip
+            for i in range(ROWS)]
     for i in FAILING_ROWS:
         rows[i] = (rows[i][0], f"{rows[i][1]} {MARKER}")
     with path.open("w", newline="", encoding="utf-8") as f:
@@ -110,7 +110,7 @@ def _wait_terminal(api: str, flow_run_id: str, log: Path, timeout: float = 90) -
             return run
         time.sleep(0.25)
     pytest.fail(f"flow run {flow_run_id} still {run['state_name']} after {timeout} s; worker "
-                f"log:\n{log.read_text(errors='replace')[-4000:]}")  # fmt: skip
+                f"log:\n{log.read_text(errors='replace')[-4000:]}")
 
 
 def _chunk_task_runs(api: str, flow_run_id: str, expected: int) -> list[tuple[str, str]]:
@@ -119,7 +119,7 @@ def _chunk_task_runs(api: str, flow_run_id: str, expected: int) -> list[tuple[st
     deadline = time.monotonic() + 15
     while True:
         response = httpx.post(f"{api}/task_runs/filter", timeout=10,
-                              json={"flow_runs": {"id": {"any_": [flow_run_id]}}})  # fmt: skip
+                              json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
         found = [t for t in response.json() if t["name"].startswith("embed-chunk-")]
         runs = [(t["name"], t["state_name"]) for t in found]
         settled = all(t["state_type"] in TERMINAL for t in found)
@@ -200,7 +200,7 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
     chunk_runs = _chunk_task_runs(api, flow_run_id, expected=40)
     failed_names = [f"embed-chunk-{c:04d}" for c in failed_chunks]
     by_state = {state: sorted(n for n, s in chunk_runs if s == state)
-                for state in ("Failed", "Cached", "Completed")}  # fmt: skip
+                for state in ("Failed", "Cached", "Completed")}
     assert by_state["Failed"] == failed_names
     assert by_state["Cached"] == sorted(
         f"embed-chunk-{c:04d}" for c in range(20) if c not in failed_chunks)
@@ -240,7 +240,7 @@ def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_ti
     _write_csv(tmp_path / "in.csv")
     ledger = tmp_path / "ledger.sqlite3"
     _prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name",
-             "manual")  # fmt: skip
+             "manual")
     params = {"input": tmp_path / "in.csv", "output": tmp_path / "out", "ledger": ledger,
               "embedder": "openai", "base_url": base_url, "chunk_size": 20, "batch_size": 1,
               "concurrency": 2, "grace": 4}  # ≥ 10 requests of 2.5 s per chunk
@@ -276,7 +276,7 @@ def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_ti
     for code in ("status code: 1", "status code: -9"):  # a general error; SIGKILL
         assert code not in worker_log, worker_log[-4000:]
     status = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", str(ledger)],
-                            cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
     assert "interrupted" in status.stdout, status.stdout + status.stderr
 
 
@@ -296,7 +296,7 @@ def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
     with log.open("wb") as out:
         serve = subprocess.Popen([sys.executable, "deployments/serve.py"], cwd=REPO, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=die_with_parent)  # fmt: skip
+                                 preexec_fn=die_with_parent)
     try:
         deadline = time.monotonic() + 60
         names: dict[str, Any] = {}
@@ -314,7 +314,7 @@ def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
 
         params = {"input": tmp_path / "in.csv", "output": tmp_path / "out",
                   "ledger": tmp_path / "ledger.sqlite3", "embedder": "openai",
-                  "base_url": base_url, "chunk_size": 10}  # fmt: skip
+                  "base_url": base_url, "chunk_size": 10}
         args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
         started = _prefect("deployment", "run", "embed-csv/manual-served", *args)
         match = re.search(r"UUID: ([0-9a-f-]{36})", started)

@@ -40,10 +40,10 @@ def _input(tmp_path: Path, texts: dict[str, str] = TEXTS) -> Path:
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str,
-         env: dict[str, str] | None = None) -> tuple[int, str, str]:  # fmt: skip
+         env: dict[str, str] | None = None) -> tuple[int, str, str]:
     args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
             server.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]  # fmt: skip
+            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]
     result = run_cli(*args, cwd=tmp_path, env=env)
     return result.returncode, result.stdout, result.stderr
 
@@ -91,7 +91,7 @@ def test_a_rejected_parameter_stops_the_run_and_publishes_nothing(
     assert _summary_requests(out) == fake_openai.requests
     assert _chunk_objects(tmp_path) == []  # nothing made final
     dead = run_cli("dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)  # fmt: skip
+                   cwd=tmp_path)
     assert dead.stdout.strip() == ""
     # the server is fixed: a rerun embeds every row
     fake_openai.reject_params = {}
@@ -107,7 +107,7 @@ def test_a_request_level_rejection_with_concurrent_chunks_stops_within_a_few_req
     _input(tmp_path, texts)
     fake_openai.reject_params = {"dimensions": "Unrecognized request argument: dimensions"}
     code, out, err = _run(tmp_path, fake_openai, "--dimensions", "64", "--chunk-size", "50",
-                          "--concurrency", "4")  # fmt: skip
+                          "--concurrency", "4")
     assert code == 3, out + err
     assert "Unrecognized request argument: dimensions" in out + err
     assert fake_openai.requests <= 3 * 5  # at most 3 per chunk in flight (window 5)
@@ -123,7 +123,7 @@ def test_one_rejected_row_is_still_a_dead_letter(
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "20")
     assert code == 1, out + err
     dead = run_cli("dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)  # fmt: skip
+                   cwd=tmp_path)
     assert dead.stdout.split() == ["007", "rejected", "400"]
 
 
@@ -137,7 +137,7 @@ def test_a_server_refusing_base64_gets_float_for_the_whole_run(
     _input(tmp_path)
     fake_openai.base64_refusal = status
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5", "--batch-size", "5",
-                          "--concurrency", "1")  # fmt: skip
+                          "--concurrency", "1")
     assert code == 0, out + err
     formats = [e["encoding_format"] for e in fake_openai.log]
     assert formats[0] == "base64"
@@ -221,7 +221,7 @@ def test_a_per_request_input_cap_is_remembered_for_the_rest_of_the_run(
     _input(tmp_path, texts)
     fake_openai.max_inputs = 16
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "64", "--batch-size", "64",
-                          "--concurrency", "1")  # fmt: skip
+                          "--concurrency", "1")
     assert code == 0, out + err
     rejected = [e for e in fake_openai.log if e["status"] == 400]
     assert len(rejected) <= 8  # paid by the two chunks that run first (64, 63, 32, 31 each)
@@ -256,9 +256,9 @@ def test_requests_of_failed_chunks_and_dead_letters_are_counted(
     _input(tmp_path, texts)
     fake_openai.reject_texts_containing = "REJECT"
     fake_openai.fail_when(lambda p: {"status": 503} if any("BROKEN" in t for t in p["input"])
-                          else None)  # fmt: skip
+                          else None)
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "2",
-                          "--concurrency", "1")  # fmt: skip
+                          "--concurrency", "1")
     assert code == 1, out + err
     assert fake_openai.requests > 2
     assert _summary_requests(out) == fake_openai.requests
@@ -273,10 +273,10 @@ def test_requests_of_chunk_attempts_prefect_retried_are_counted(
     _input(tmp_path)
     failures = iter([True, True, True])
     fake_openai.fail_when(lambda p: {"status": 503} if "package 3 " in " ".join(p["input"])
-                          and next(failures, False) else None)  # fmt: skip
+                          and next(failures, False) else None)
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "2",
                           "--concurrency", "1", "--chunk-retries", "1",
-                          "--chunk-retry-delay", "0")  # fmt: skip
+                          "--chunk-retry-delay", "0")
     assert code == 0, out + err
     assert fake_openai.requests == 2 + 2 + 1  # attempt 1: 2 x 503; retry: 503, then 200; chunk 2
     assert _summary_requests(out) == fake_openai.requests
@@ -290,9 +290,9 @@ def test_a_chunk_failing_after_prefects_retry_logs_one_error_line(
     dispatcher's "chunk 0 failed: …" (two ERROR lines per chunk with --chunk-retries 1)."""
     _input(tmp_path)
     fake_openai.fail_when(lambda p: {"status": 503} if "package 3 " in " ".join(p["input"])
-                          else None)  # fmt: skip
+                          else None)
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "1",
-                          "--chunk-retries", "1", "--chunk-retry-delay", "0")  # fmt: skip
+                          "--chunk-retries", "1", "--chunk-retry-delay", "0")
     assert code == 1, out + err
     errors = [line for line in err.splitlines() if "| ERROR" in line]
     assert len(errors) == 1 and "chunk 0 failed: RetryableError: HTTP 503" in errors[0], errors
@@ -312,10 +312,10 @@ def _sigint_during_dispatch(
     args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
             fake.base_url, "--output", str(tmp_path / "out"), "--ledger",
             str(tmp_path / "ledger.sqlite3"), "--chunk-size", "40", "--batch-size",
-            str(batch_size), "--concurrency", "3", "--grace", str(grace_s)]  # fmt: skip
+            str(batch_size), "--concurrency", "3", "--grace", str(grace_s)]
     proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
         while fake.requests < after_requests:
@@ -358,7 +358,7 @@ def test_a_chunk_of_only_empty_texts_is_a_0_row_chunk_with_its_dead_letters(
     assert set(vectors) == {"a", "b"} and manifest["dimensions"] == 384
     assert [c["rows"] for c in manifest["chunks"]] == [2, 0, 0]
     dead = run_cli("dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)  # fmt: skip
+                   cwd=tmp_path)
     assert [line.split("\t")[:2] for line in dead.stdout.splitlines()] == [
         ["c", "empty_text"], ["d", "empty_text"], ["e", "empty_text"]]
     from embedline import read_embeddings
@@ -392,7 +392,7 @@ def test_retry_failed_dead_letters_resends_only_them_and_supersedes_the_chunk(
     fake_openai.reset()
     ledger = str(tmp_path / "ledger.sqlite3")
     retry = run_cli("retry-failed", run_key[:12], "--dead-letters", "--ledger", ledger,
-                    cwd=tmp_path)  # fmt: skip
+                    cwd=tmp_path)
     assert retry.returncode == 0, retry.stdout + retry.stderr  # " " is skipped, commits
     assert sum(e["n_inputs"] for e in fake_openai.log) == 2
     dead = run_cli("dead-letters", run_key[:12], "--ledger", ledger, cwd=tmp_path)
@@ -405,7 +405,7 @@ def test_retry_failed_dead_letters_resends_only_them_and_supersedes_the_chunk(
     fake_openai.reset()
     (tmp_path / "ledger.sqlite3").unlink()
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--allow-failed-rows",
-                          "--retry-dead-letters")  # fmt: skip
+                          "--retry-dead-letters")
     assert code == 0, out + err
     assert fake_openai.requests == 0
     manifest, vectors = read_local_output(tmp_path / "out")
@@ -465,7 +465,7 @@ def test_a_committed_run_is_superseded_by_a_generation_that_sends_only_its_dead_
     fake_openai.reject_texts_containing = None
     fake_openai.reset()
     retry = run_cli("retry-failed", first[:12], "--dead-letters", "--ledger",
-                    str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)  # fmt: skip
+                    str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)
     assert retry.returncode == 0, retry.stdout + retry.stderr
     assert sum(e["n_inputs"] for e in fake_openai.log) == 2
     assert f"run        {second} (generation 1" in retry.stdout
@@ -524,6 +524,6 @@ def test_a_chunk_released_at_the_end_of_the_grace_period_is_cancelled_in_prefect
     flow_run_id = re.search(r"flow-run/([0-9a-f-]{36})", err)
     assert flow_run_id, err[-3000:]
     task_runs = httpx.post(f"{prefect_api_url}/task_runs/filter", json={
-        "flow_runs": {"id": {"any_": [flow_run_id.group(1)]}}}).json()  # fmt: skip
+        "flow_runs": {"id": {"any_": [flow_run_id.group(1)]}}}).json()
     states = {t["name"]: t["state"]["type"] for t in task_runs if t["name"].startswith("embed-")}
     assert "CANCELLED" in states.values() and "FAILED" not in states.values(), states

@@ -27,7 +27,7 @@ def _run_flow(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, **kw: A
             ledger=str(tmp_path / "ledger.sqlite3"), embedder="openai",
             base_url=server.base_url, chunk_size=2, chunk_retries=0,
             price_per_million_tokens=0.02, return_state=True, **kw,
-        )  # fmt: skip
+        )
 
 
 def _artifacts_and_tasks(api_url: str, flow_run_id: Any) -> tuple[dict[str, Any], list[str]]:
@@ -120,7 +120,7 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
         return artifact._id
 
     with temporary_settings(updates={PREFECT_API_URL: prefect_api_url,
-                                     PREFECT_LOGGING_TO_API_ENABLED: False}):  # fmt: skip
+                                     PREFECT_LOGGING_TO_API_ENABLED: False}):
         artifact_id = progress_flow()
         with get_client(sync_client=True) as client:
             assert posted(client, artifact_id) == 100.0

@@ -51,7 +51,7 @@ def _run(tmp: Path, server: FakeEmbeddingServer, output: str, rows: Rows,
     result = run_cli(*_args(tmp, server, output), *extra, cwd=tmp, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return next(line.split()[-1] for line in result.stdout.splitlines()
-                if line.startswith("manifest"))  # fmt: skip
+                if line.startswith("manifest"))
 
 
 def _age(root: Path, seconds: float) -> None:
@@ -72,7 +72,7 @@ def _check(manifest: dict[str, Any], bodies: dict[str, bytes], rows: Rows) -> No
 def _local_check(out: Path, manifest_path: str, rows: Rows) -> None:
     manifest = json.loads(Path(manifest_path).read_text())
     _check(manifest, {e["object"]: (out / e["object"]).read_bytes()
-                      for e in manifest["chunks"]}, rows)  # fmt: skip
+                      for e in manifest["chunks"]}, rows)
 
 
 def _gc(tmp: Path, out: Path, *flags: str) -> str:
@@ -108,7 +108,7 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
         [sys.executable, "-m", "cli", *_args(tmp_path, fake_openai, str(out))], cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 60
         while not list((out / "_embedline" / "runs").glob("*.json")):
@@ -124,7 +124,7 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
     assert "chunks     deleted 0 objects" in done  # the running run's lease kept chunk 0
     assert not Path(manifest_a).exists() and (out / only_a).exists()
     manifest_c = next(line.split()[-1] for line in stdout.splitlines()
-                      if line.startswith("manifest"))  # fmt: skip
+                      if line.startswith("manifest"))
     _local_check(out, manifest_c, third)
     _local_check(out, manifest_b, second)
     assert not list((out / "_embedline" / "runs").glob("*.json"))  # the lease went with it
@@ -154,7 +154,7 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
 def test_gc_output_flow_on_s3_keeps_the_newest_run(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str,
     monkeypatch: pytest.MonkeyPatch, prefect_api_url: str,
-) -> None:  # fmt: skip
+) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.gc_output import gc_output
@@ -176,18 +176,18 @@ def test_gc_output_flow_on_s3_keeps_the_newest_run(
     before = keys()
     with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}):
         dry = gc_output(output=output, keep_runs=1, grace="0s", dry_run=True,
-                        ledger=str(tmp_path / "ledger.sqlite3"))  # fmt: skip
+                        ledger=str(tmp_path / "ledger.sqlite3"))
         assert {k: v["objects"] for k, v in dry["deleted"].items()} == {
             "manifests": 1, "chunks": 1, "changes": 1, "stale": 0}
         assert keys() == before
         done = gc_output(output=output, keep_runs=1, grace="0s",
-                         ledger=str(tmp_path / "ledger.sqlite3"))  # fmt: skip
+                         ledger=str(tmp_path / "ledger.sqlite3"))
     assert done["deleted"] == dry["deleted"] and done["kept_runs"] == [uri_b.rsplit("/")[-1][:-5]]
     assert len(before - keys()) == 3
     manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=uri_b[len(f"s3://{s3_bucket}/"):])
-                          ["Body"].read())  # fmt: skip
+                          ["Body"].read())
     bodies = {e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"emb/{e['object']}")["Body"]
-              .read() for e in manifest["chunks"]}  # fmt: skip
+              .read() for e in manifest["chunks"]}
     _check(manifest, bodies, second)
 
 

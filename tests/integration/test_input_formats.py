@@ -32,11 +32,11 @@ def _text(delimiter: str = ",", newline: str = "\n") -> str:
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, source: str,
-         env: dict[str, str] | None = None) -> tuple[int, str]:  # fmt: skip
+         env: dict[str, str] | None = None) -> tuple[int, str]:
     result = run_cli("run", source, "--embedder", "openai", "--base-url", server.base_url,
                      "--output", str(tmp_path / "out"), "--ledger",
                      str(tmp_path / "ledger.sqlite3"), "--chunk-size", "4",
-                     cwd=tmp_path, env=env)  # fmt: skip
+                     cwd=tmp_path, env=env)
     return result.returncode, result.stdout + result.stderr
 
 

@@ -35,12 +35,12 @@ def _rows() -> list[tuple[str, str]]:
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str,
-         signals: str = "") -> tuple[int, str, str]:  # fmt: skip
+         signals: str = "") -> tuple[int, str, str]:
     env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests/support/signal_at"), str(REPO)]),
-           "EMBEDLINE_TEST_SIGNALS": signals}  # fmt: skip
+           "EMBEDLINE_TEST_SIGNALS": signals}
     done = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", server.base_url,
                    "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",
-                   "--allow-failed-rows", *extra, cwd=tmp_path, env=env)  # fmt: skip
+                   "--allow-failed-rows", *extra, cwd=tmp_path, env=env)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -48,7 +48,7 @@ def _ledger_run(tmp_path: Path) -> tuple[str, str, int, int, str | None]:
     """The newest run: (run key, status, rows published, rows failed, manifest URI)."""
     with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
         return db.execute("SELECT run_key, status, rows_published, rows_failed, manifest_uri "
-                          "FROM runs ORDER BY created_at DESC").fetchone()  # fmt: skip
+                          "FROM runs ORDER BY created_at DESC").fetchone()
 
 
 def _assert_ledger_matches_the_store(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_a_signal_just_after_the_manifest_put_leaves_the_run_complete_in_the_led
     line asked to rerun, and a rerun had nothing to do."""
     write_rows(tmp_path / "in.csv", _rows())
     code, _, err = _run(tmp_path, fake_openai,
-                        signals=SIGNAL_AFTER_MANIFEST_PUT.format(signum.name))  # fmt: skip
+                        signals=SIGNAL_AFTER_MANIFEST_PUT.format(signum.name))
     assert code == 128 + signum, err[-3000:]
     _assert_ledger_matches_the_store(tmp_path)
     run_key, *_, manifest_uri = _ledger_run(tmp_path)
@@ -108,7 +108,7 @@ def test_a_kill_just_after_the_manifest_put_is_caught_up_by_the_rerun(
     _assert_ledger_matches_the_store(tmp_path)
     status = run_cli("status", "--ledger", "ledger.sqlite3", cwd=tmp_path)
     assert status.returncode == 0 and status.stdout.splitlines()[0].split()[1] == "complete", \
-        status.stdout  # fmt: skip
+        status.stdout
 
 
 @pytest.mark.parametrize(("point", "signum", "sink"), [
@@ -117,11 +117,11 @@ def test_a_kill_just_after_the_manifest_put_is_caught_up_by_the_rerun(
     ("before:tasks.gc:drop_run_lease", signal.SIGINT, False),
     ("before:tasks.gc:drop_run_lease", signal.SIGINT, True),  # after the sink's load
 ], ids=["SIGINT-at-commit", "SIGTERM-after-commit", "SIGINT-after-commit",
-        "SIGINT-after-load"])  # fmt: skip
+        "SIGINT-after-load"])
 def test_a_signal_after_the_commit_leaves_the_flow_run_completed_in_prefect(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str, point: str,
     signum: signal.Signals, sink: bool,
-) -> None:  # fmt: skip
+) -> None:
     """Once the run is committed (and loaded, with ``--sink``), only reporting is left: the
     signal is held until the flow run has ended, so the Prefect UI shows it Completed, as
     the store and the ledger do; then the command prints its summaries and stops with

@@ -52,7 +52,7 @@ def _table(kind: str, sink: str, pg_uri: str) -> list[tuple[str, np.ndarray]]:
     table = lancedb.connect(sink[len("lancedb://"):].split("?")[0]).open_table("crash").to_arrow()
     return [(i, np.asarray(v, dtype=np.float32)) for i, v in
             zip(table.column("id").to_pylist(), table.column("embedding").to_pylist(),
-                strict=True)]  # fmt: skip
+                strict=True)]
 
 
 @pytest.mark.parametrize("kind", ["lancedb", "pgvector", "qdrant"])
@@ -64,7 +64,7 @@ def test_kill_9_during_load_then_load_again_completes_without_duplicates(
     published = run_cli("run", str(write_rows(tmp_path / "in.csv", rows)), "--embedder",
                         "openai", "--base-url", fake_openai.base_url, "--output",
                         str(tmp_path / "out"), "--ledger", str(ledger), "--chunk-size",
-                        str(CHUNK), "--allow-failed-rows", cwd=tmp_path, timeout=600)  # fmt: skip
+                        str(CHUNK), "--allow-failed-rows", cwd=tmp_path, timeout=600)
     assert published.returncode == 0, published.stderr[-2000:]
     sink = {"pgvector": f"{pg_uri}&table=crash",
             "qdrant": f"qdrant+local://{tmp_path}/qdrant?collection=crash",
@@ -73,7 +73,7 @@ def test_kill_9_during_load_then_load_again_completes_without_duplicates(
     proc = subprocess.Popen([sys.executable, "-m", "cli", *load], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while _loaded_chunks(ledger) < 10 and proc.poll() is None:
@@ -89,7 +89,7 @@ def test_kill_9_during_load_then_load_again_completes_without_duplicates(
     again = run_cli(*load, cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     skipped = int(re.search(r"^chunks +\d+ loaded now, (\d+) skipped", again.stdout,
-                            re.M).group(1))  # fmt: skip
+                            re.M).group(1))
     assert skipped >= loaded_before  # what the ledger recorded was not loaded again
     table = _table(kind, sink, pg_uri)
     ids = [i for i, _ in table]

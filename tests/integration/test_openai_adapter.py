@@ -258,7 +258,7 @@ def test_an_endpoint_that_never_answered_stops_the_client_after_one_call() -> No
     sleep = Recorder()
     client = OpenAIEmbedder(base_url=f"http://127.0.0.1:{_closed_port()}/v1",
                             model="text-embedding-3-small", dimensions=None, api_key="sk-test",
-                            timeout_s=5.0, max_attempts=3, sleep=sleep)  # fmt: skip
+                            timeout_s=5.0, max_attempts=3, sleep=sleep)
     with pytest.raises(FatalError) as caught:
         client.embed(TEXTS, idempotency_key=KEY)
     assert "no request of this run ever reached it" in str(caught.value)

@@ -47,7 +47,7 @@ def test_the_index_build_says_how_far_it_got_and_a_second_finalize_builds_nothin
     vectors = np.random.default_rng(0).standard_normal((n, 64)).astype(np.float32)
     embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 64)
     rows = pa.table({"id": pa.array([f"r{i}" for i in range(n)]), "embedding": embedding,
-                     "text_sha256": pa.array(["h"] * n)})  # fmt: skip
+                     "text_sha256": pa.array(["h"] * n)})
     assert sink.upsert(rows, run_key="r").rows == n
     with caplog.at_level(logging.INFO, logger="embedline"):
         assert sink.finalize() == "HNSW index built"

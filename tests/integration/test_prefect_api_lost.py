@@ -32,7 +32,7 @@ ROWS, CHUNK = 800, 4  # 200 chunks; at 0.3 s a request and 2 in flight: about 30
 
 def _env(cli_home: Path, api_url: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(cli_home),
-            "PREFECT_API_URL": api_url}  # fmt: skip
+            "PREFECT_API_URL": api_url}
 
 
 def _run_args(fake: FakeEmbeddingServer) -> list[str]:
@@ -64,7 +64,7 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     server, url = start_prefect_server(server_home)
     fake_openai.fail_when(lambda payload: {"delay_s": 0.3})
     proc = subprocess.Popen(_run_args(fake_openai), cwd=tmp_path, env=_env(cli_home, url),
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 180
         while len(_objects(tmp_path)) < 2:
@@ -94,7 +94,7 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     # the ledger matches the store: every object recorded, nothing left running
     status = subprocess.run([sys.executable, "-m", "cli", "status"], cwd=tmp_path,
                             env=_env(cli_home, url), capture_output=True, text=True,
-                            timeout=60)  # fmt: skip
+                            timeout=60)
     assert "\tinterrupted\t" in status.stdout, status.stdout
     assert f"rows={published * CHUNK}/{ROWS}" in status.stdout, status.stdout
     assert f"published={published} " in status.stdout and " running=0 " in status.stdout
@@ -105,7 +105,7 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     server, url = start_prefect_server(server_home)
     try:
         rerun = subprocess.run(_run_args(fake_openai), cwd=tmp_path, env=_env(cli_home, url),
-                               capture_output=True, text=True, timeout=300)  # fmt: skip
+                               capture_output=True, text=True, timeout=300)
     finally:
         _kill(server)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -138,7 +138,7 @@ def test_api_lost_just_after_the_commit_prints_the_committed_run_at_once(
     started = time.monotonic()
     try:
         done = subprocess.run(_run_args(fake_openai) + extra, cwd=tmp_path, env=env, text=True,
-                              capture_output=True, timeout=120)  # fmt: skip
+                              capture_output=True, timeout=120)
     finally:
         _kill(server)
     took_s = time.monotonic() - started
@@ -149,11 +149,11 @@ def test_api_lost_just_after_the_commit_prints_the_committed_run_at_once(
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"embedline: warning: the Prefect API at {url} (PREFECT_API_URL) "
-                           "stopped answering during the run"), last  # fmt: skip
+                           "stopped answering during the run"), last
     assert last.endswith("after the run completed; this run is missing from the Prefect UI")
     status = subprocess.run([sys.executable, "-m", "cli", "status"], cwd=tmp_path,
                             env=_env(cli_home, url), capture_output=True, text=True,
-                            timeout=60)  # fmt: skip
+                            timeout=60)
     assert "\tcomplete\t" in status.stdout and "rows=40/40" in status.stdout, status.stdout
 
 
@@ -253,7 +253,7 @@ def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrup
         env = {**_env(cli_home, url), "AWS_ENDPOINT_URL": proxy.url}
         args = [a if a != "out" else f"s3://{s3_bucket}/out" for a in _run_args(fake_openai)]
         proc = subprocess.Popen(args, cwd=tmp_path, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             assert hold.reached.wait(120), "the flow never reached the store"
             _kill(server)
@@ -274,6 +274,6 @@ def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrup
     assert fake_openai.counters()["inputs"] == 0
     status = subprocess.run([sys.executable, "-m", "cli", "status"], cwd=tmp_path,
                             env=_env(cli_home, url), capture_output=True, text=True,
-                            timeout=60)  # fmt: skip
+                            timeout=60)
     assert "\tinterrupted\t" in status.stdout, status.stdout
     assert " running=0 " in status.stdout, status.stdout

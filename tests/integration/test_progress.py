@@ -14,7 +14,7 @@ from tests.support.fixtures import run_cli
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
 _LINE = re.compile(r"^embedline: progress ([\d,]+) of 400 rows \([\d.]+%\), (\d) of 2 chunks, "
-                   r"[\d,]+ rows/s, ETA (?:[\d,]+ s|-)$")  # fmt: skip
+                   r"[\d,]+ rows/s, ETA (?:[\d,]+ s|-)$")
 
 
 def test_progress_lines_move_per_batch(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
@@ -23,7 +23,7 @@ def test_progress_lines_move_per_batch(tmp_path: Path, fake_openai: FakeEmbeddin
     result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
                      "--chunk-size", "200", "--batch-size", "20", "--concurrency", "1",
                      "--progress-interval", "0.5", "--output", "out", "--ledger", "l.sqlite3",
-                     cwd=tmp_path)  # fmt: skip
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [m for m in map(_LINE.match, result.stderr.splitlines()) if m]
     assert len(lines) >= 3, result.stderr[-3000:]
@@ -52,7 +52,7 @@ def test_progress_never_goes_backwards_when_a_chunk_fails_and_is_retried(
                      "--chunk-size", "200", "--batch-size", "20", "--concurrency", "1",
                      "--max-attempts", "1", "--chunk-retries", "1", "--chunk-retry-delay", "0",
                      "--progress-interval", "0.3", "--output", "out", "--ledger", "l.sqlite3",
-                     cwd=tmp_path)  # fmt: skip
+                     cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     lines = [m for m in map(_LINE.match, result.stderr.splitlines()) if m]
     rows = [int(m.group(1).replace(",", "")) for m in lines]
@@ -69,11 +69,11 @@ def test_with_the_local_model_progress_moves_per_forward_pass(tmp_path: Path) ->
                                                              for i in range(240)))
     result = run_cli("run", "in.csv", "--embedder", "local", "--chunk-size", "240",
                      "--progress-interval", "0.1", "--output", "out", "--ledger", "l.sqlite3",
-                     cwd=tmp_path)  # fmt: skip
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     line = re.compile(r"^embedline: progress ([\d,]+) of 240 rows ")
     rows = [int(m.group(1).replace(",", "")) for m in map(line.match, result.stderr.splitlines())
-            if m]  # fmt: skip
+            if m]
     assert any(0 < r < 240 for r in rows), result.stderr[-3000:]
     assert rows == sorted(rows), rows
 
@@ -132,7 +132,7 @@ def test_on_a_terminal_log_lines_print_above_the_bar(
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, width, 0, 0))
     env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color",
-           "COLUMNS": str(width)}  # fmt: skip
+           "COLUMNS": str(width)}
     env.pop("NO_COLOR", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
@@ -140,7 +140,7 @@ def test_on_a_terminal_log_lines_print_above_the_bar(
          "2", "--output", "out", "--ledger", "l.sqlite3"],
         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=slave,
-    )  # fmt: skip
+    )
     os.close(slave)
     chunks = []
     while True:

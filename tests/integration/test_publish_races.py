@@ -38,12 +38,12 @@ def test_ambiguous_first_write_is_resolved_by_412_and_checksum(
         client = boto3.session.Session().client(
             "s3", endpoint_url=proxy.url,
             config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
-        )  # fmt: skip
+        )
         store = S3Store(s3_bucket, "p", client=client)
         body = b"parquet bytes"
         digest = hashlib.sha256(body).hexdigest()
         result = store.put_if_absent("chunks/k.parquet", body, sha256=digest,
-                                     content_type="application/octet-stream")  # fmt: skip
+                                     content_type="application/octet-stream")
     puts = [status for method, path, status in proxy.seen if method == "PUT"]
     assert puts == ["dropped", 412]  # stored, answer lost; the retry found it there
     assert result.sha256 == digest and result.created is False
@@ -55,10 +55,10 @@ def test_ambiguous_first_write_is_resolved_by_412_and_checksum(
 def _start(tmp_path: Path, server: FakeEmbeddingServer, ledger: str) -> subprocess.Popen[str]:
     args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
             server.base_url, "--output", str(tmp_path / "out"), "--ledger", ledger,
-            "--chunk-size", "3", "--concurrency", "2"]  # fmt: skip
+            "--chunk-size", "3", "--concurrency", "2"]
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 @pytest.mark.usefixtures("prefect_api_url")
@@ -89,7 +89,7 @@ def test_two_concurrent_runs_publish_each_chunk_once(
 
 def _s3_error(code: str, message: str) -> bytes:
     return (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
-            f"<Message>{message}</Message></Error>").encode()  # fmt: skip
+            f"<Message>{message}</Message></Error>").encode()
 
 
 def _faulty_puts(statuses: list[tuple[int, bytes]]) -> object:
@@ -120,7 +120,7 @@ def test_s3_server_faults_on_put_are_retried(
         body = b"chunk bytes"
         result = store.put_if_absent("chunks/x.parquet", body,
                                      sha256=hashlib.sha256(body).hexdigest(),
-                                     content_type="application/octet-stream")  # fmt: skip
+                                     content_type="application/octet-stream")
     assert result.created is True
     assert [status for method, _, status in proxy.seen if method == "PUT"] == expected
 
@@ -133,7 +133,7 @@ def test_store_ignoring_if_none_match_is_refused_unless_overridden(
     with ResettingProxy(moto_endpoint, strip_request_headers=("If-None-Match",)) as proxy:
         args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
                 fake_openai.base_url, "--output", f"s3://{s3_bucket}/u", "--ledger",
-                str(tmp_path / "l.sqlite3")]  # fmt: skip
+                str(tmp_path / "l.sqlite3")]
         env = {"AWS_ENDPOINT_URL": proxy.url}
         refused = run_cli(*args, cwd=tmp_path, env=env)
         assert refused.returncode == 3

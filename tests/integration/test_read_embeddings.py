@@ -26,11 +26,11 @@ SAMPLE = REPO / "examples" / "debian-sample.csv"
 
 
 def _run(cwd: Path, server: FakeEmbeddingServer, csv_path: Path, output: str,
-         env: dict[str, str] | None = None) -> str:  # fmt: skip
+         env: dict[str, str] | None = None) -> str:
     result = run_cli("run", str(csv_path), "--embedder", "openai", "--base-url",
                      server.base_url, "--output", output, "--ledger",
                      str(cwd / "ledger.sqlite3"), "--chunk-size", "50", cwd=cwd,
-                     env=env)  # fmt: skip
+                     env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return re.search(r"^run +([0-9a-f]{64})", result.stdout, re.M).group(1)
 
@@ -107,11 +107,11 @@ def test_readme_examples_run_as_written(two_runs, monkeypatch: pytest.MonkeyPatc
 
 def test_reads_an_s3_output(tmp_path: Path, fake_openai: FakeEmbeddingServer,
                             moto_endpoint: str, s3_bucket: str,
-                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                            monkeypatch: pytest.MonkeyPatch) -> None:
     rows = read_rows(SAMPLE, 120)
     env = moto_env(moto_endpoint)
     key = _run(tmp_path, fake_openai, write_rows(tmp_path / "in.csv", rows),
-               f"s3://{s3_bucket}/emb", env=env)  # fmt: skip
+               f"s3://{s3_bucket}/emb", env=env)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     frame = embedline.read_embeddings(f"s3://{s3_bucket}/emb")
     assert frame.attrs["run_key"] == key

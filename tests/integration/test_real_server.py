@@ -75,7 +75,7 @@ def litellm_proxy(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> Iterator[
     log = open(tmp_path / "litellm.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([_litellm(), "--config", str(config), "--host", "127.0.0.1",
                              "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)  # fmt: skip
+                            env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -114,7 +114,7 @@ def test_the_main_job_through_litellms_proxy(
                      "--base-url", litellm_proxy, "--output", str(tmp_path / "out"),
                      "--ledger", str(tmp_path / "ledger.sqlite3"), "--chunk-size", "16",
                      "--batch-size", "8", "--allow-failed-rows", cwd=tmp_path,
-                     env={"EMBEDLINE_API_KEY": MASTER_KEY})  # fmt: skip
+                     env={"EMBEDLINE_API_KEY": MASTER_KEY})
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     manifest, vectors = read_local_output(tmp_path / "out")
     assert manifest["rows_published"] == 59 and manifest["rows_failed"] == 1

@@ -58,7 +58,7 @@ class Nightly:
     """One output root and ledger; ``run(rows)`` rewrites the CSV and runs the CLI."""
 
     def __init__(self, tmp: Path, server: FakeEmbeddingServer, output: str,
-                 env: dict[str, str] | None = None, chunk_size: int = 1000) -> None:  # fmt: skip
+                 env: dict[str, str] | None = None, chunk_size: int = 1000) -> None:
         self.tmp, self.server, self.output, self.env = tmp, server, output, env
         self.chunk_size = chunk_size
         self.ledger = tmp / "ledger.sqlite3"
@@ -72,10 +72,10 @@ class Nightly:
             self.server.base_url, "--output", self.output, "--ledger", str(self.ledger),
             "--chunk-size", str(self.chunk_size), "--batch-size", "256", *extra,
             cwd=self.tmp, env=self.env,
-        )  # fmt: skip
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         uri = next(line.split()[-1] for line in result.stdout.splitlines()
-                   if line.startswith("manifest"))  # fmt: skip
+                   if line.startswith("manifest"))
         return self.server.counters()["inputs"], json.loads(self._read(uri))
 
     def _read(self, uri: str) -> bytes:
@@ -197,7 +197,7 @@ def test_nightly_edits_on_a_10000_row_sample(
     nightly = Nightly(tmp_path, fake_openai, str(tmp_path / "out"), chunk_size=1000)
     results = _scenarios(nightly, rows)
     print("\n".join(f"{name}: {charged} charged (right number {allowed})"
-                    for name, charged, allowed in results))  # fmt: skip
+                    for name, charged, allowed in results))
     _report(results)
 
 

@@ -101,11 +101,11 @@ def test_embedline_load_into_a_server_refusing_the_key_exits_3_in_one_line_witho
     rows = read_rows(ENGLISH, 20)
     ran = run_cli("run", str(write_rows(tmp_path / "in.csv", rows)), "--embedder", "openai",
                   "--base-url", fake_openai.base_url, "--output", str(tmp_path / "out"),
-                  "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path)  # fmt: skip
+                  "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-2000:]
     loaded = run_cli("load", "--to", _uri(refusing), "--output", str(tmp_path / "out"),
                      "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path,
-                     env={"QDRANT_API_KEY": KEY})  # fmt: skip
+                     env={"QDRANT_API_KEY": KEY})
     assert loaded.returncode == 3, loaded.stderr[-2000:]
     last = loaded.stderr.strip().splitlines()[-1]
     assert "QDRANT_API_KEY" in last, last

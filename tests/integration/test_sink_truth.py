@@ -44,7 +44,7 @@ def _table(kind: str, sink: str, pg_uri: str, name: str) -> dict[str, np.ndarray
         table = lancedb.connect(sink[len("lancedb://"):].split("?")[0]).open_table(name).to_arrow()
         pairs = [(i, np.asarray(v, dtype=np.float32)) for i, v in
                  zip(table.column("id").to_pylist(), table.column("embedding").to_pylist(),
-                     strict=True)]  # fmt: skip
+                     strict=True)]
     assert len(pairs) == len({i for i, _ in pairs}), "an id appears twice"
     return dict(pairs)
 
@@ -67,7 +67,7 @@ def _delete(kind: str, sink: str, pg_uri: str, name: str, ids: list[str]) -> Non
 
 
 def _assert_holds(got: dict[str, np.ndarray], rows: list[tuple[str, str]],
-                  kind: str = "lancedb") -> None:  # fmt: skip
+                  kind: str = "lancedb") -> None:
     want = expected_vectors(rows)
     assert set(got) == set(want), (len(got), len(want))
     if kind == "qdrant":  # a Cosine collection stores unit vectors
@@ -78,11 +78,11 @@ def _assert_holds(got: dict[str, np.ndarray], rows: list[tuple[str, str]],
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, rows: list[tuple[str, str]],
-         *extra: str) -> object:  # fmt: skip
+         *extra: str) -> object:
     return run_cli("run", str(write_rows(tmp_path / "in.csv", rows)), "--embedder", "openai",
                    "--base-url", server.base_url, "--output", str(tmp_path / "out"),
                    "--ledger", str(tmp_path / "run.sqlite3"), "--chunk-size", str(CHUNK),
-                   *extra, cwd=tmp_path, timeout=300)  # fmt: skip
+                   *extra, cwd=tmp_path, timeout=300)
 
 
 def _latest_run_key(tmp_path: Path) -> str:
@@ -93,7 +93,7 @@ def _latest_run_key(tmp_path: Path) -> str:
 def _load(tmp_path: Path, run_key: str | None, sink: str, ledger: str, *extra: str) -> object:
     return run_cli("load", *([run_key] if run_key else []), "--to", sink, "--output",
                    str(tmp_path / "out"), "--ledger", str(tmp_path / ledger), *extra,
-                   cwd=tmp_path, timeout=300)  # fmt: skip
+                   cwd=tmp_path, timeout=300)
 
 
 def _status(result: object) -> str:

@@ -58,7 +58,7 @@ print(json.dumps(sorted(set(sys.modules.copy()) - before)))
 """
     env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+                          env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     imported = set(json.loads(done.stdout.strip().splitlines()[-1]))
     assert set(_IMPORTED_BY_THE_FLOW) <= imported, set(_IMPORTED_BY_THE_FLOW) - imported

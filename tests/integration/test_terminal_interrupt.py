@@ -34,10 +34,10 @@ def test_ctrl_c_to_the_process_group_stops_gracefully(
     env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(fresh_prefect_home(home)))
     args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
             "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",
-            "--concurrency", "2", "--chunk-retries", "0"]  # fmt: skip
+            "--concurrency", "2", "--chunk-retries", "0"]
     proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                             env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 120
     while not list((tmp_path / "out").glob("chunks/*.parquet")):
         assert time.monotonic() < deadline and proc.poll() is None, "no chunk was published"
@@ -60,7 +60,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 def _status(tmp_path: Path, home: Path) -> str:
     return subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
                           cwd=tmp_path, env=_env(home), capture_output=True, text=True,
-                          timeout=60).stdout  # fmt: skip
+                          timeout=60).stdout
 
 
 def _mapped(pid: int, library: str) -> bool:
@@ -74,7 +74,7 @@ def _mapped(pid: int, library: str) -> bool:
     (signal.SIGINT, None), (signal.SIGINT, 0.0), (signal.SIGINT, 0.6), (signal.SIGINT, 1.2),
     (signal.SIGTERM, None), (signal.SIGTERM, 0.6),
 ], ids=["SIGINT-loading", "SIGINT-planning", "SIGINT-importing", "SIGINT-waiting",
-        "SIGTERM-loading", "SIGTERM"])  # fmt: skip
+        "SIGTERM-loading", "SIGTERM"])
 def test_a_signal_while_the_temporary_server_starts_is_one_line(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, signum: signal.Signals,
     delay_s: float | None,
@@ -89,9 +89,9 @@ def test_a_signal_while_the_temporary_server_starts_is_one_line(
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
     home = tmp_path / "prefect-home"
     args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+            "--output", "out", "--ledger", "ledger.sqlite3"]
     proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=_env(home),
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     if delay_s is None:
         while not _mapped(proc.pid, "pydantic_core"):
@@ -127,10 +127,10 @@ def test_ctrl_c_while_the_flow_plans_reads_interrupted(
     hold = FirstPutHold()
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
         args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-                "--output", f"s3://{s3_bucket}/out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+                "--output", f"s3://{s3_bucket}/out", "--ledger", "ledger.sqlite3"]
         proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                                 env=_env(home, AWS_ENDPOINT_URL=proxy.url), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             assert hold.reached.wait(120), "the flow never reached the store"
             proc.send_signal(signal.SIGINT)
@@ -149,7 +149,7 @@ def test_ctrl_c_while_the_flow_plans_reads_interrupted(
     # "Crash detected! Execution was aborted by an interrupt signal.", "Finished in state
     # Crashed(…)", "EventsWorker - Still processing items: 3 items remaining..."
     assert not [line for line in err.splitlines()
-                if "Crash" in line or "Still processing" in line], err[-3000:]  # fmt: skip
+                if "Crash" in line or "Still processing" in line], err[-3000:]
     assert fake_openai.counters()["requests"] == 0
     assert "\tinterrupted\t" in _status(tmp_path, home)
     assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
@@ -166,7 +166,7 @@ def test_a_caught_interrupt_does_not_turn_the_exit_code_into_a_signal(tmp_path: 
         "if sys.argv[1:] == ['forget']:\n    forget_caught_interrupts()\nsys.exit(130)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     codes = [subprocess.run([sys.executable, "-m", "caught", *extra], env=env,
-                            timeout=60).returncode for extra in ([], ["forget"])]  # fmt: skip
+                            timeout=60).returncode for extra in ([], ["forget"])]
     assert codes == [-signal.SIGINT, 130]
 
 
@@ -178,13 +178,13 @@ def test_sigint_at_any_moment_of_planning_exits_130(
     ended by SIGINT (-2), when the interrupt landed in a dataclass being built."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
     args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+            "--output", "out", "--ledger", "ledger.sqlite3"]
     failures = []
     for step in range(26):
         home = tmp_path / f"prefect-home-{step}"
         proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                                 env=_env(home), text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)  # fmt: skip
+                                stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while not (home / "embedline-temporary-server.log").exists():
             assert time.monotonic() < deadline and proc.poll() is None, "no server was started"
@@ -214,9 +214,9 @@ def test_a_ctrl_c_that_python_drops_in_a_destructor_still_stops_the_run(
     env = _env(home)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests/support/lost_interrupt"), str(REPO)])
     args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+            "--output", "out", "--ledger", "ledger.sqlite3"]
     done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 130, done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [
         "embedline: interrupted by SIGINT; rerun the same command to resume"], done.stderr[-3000:]
@@ -234,7 +234,7 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
     threading")."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
     args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+            "--output", "out", "--ledger", "ledger.sqlite3"]
     results = []
     home = tmp_path / "prefect-home"  # one for all: a fresh one costs seconds of migrations
     for step, signum in enumerate([signal.SIGINT, signal.SIGTERM] * 3):
@@ -242,7 +242,7 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
         (tmp_path / "ledger.sqlite3").unlink(missing_ok=True)
         proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                                 env=_env(home), text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)  # fmt: skip
+                                stderr=subprocess.PIPE)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -256,10 +256,10 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
         finally:
             proc.kill()
         results.append((step, proc.returncode, "Traceback" in err or "Exception" in err,
-                        exited_after_s))  # fmt: skip
+                        exited_after_s))
         assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
     assert all(code in (0, 128 + signum) and not traced for (step, code, traced, _), signum in
-               zip(results, [signal.SIGINT, signal.SIGTERM] * 3)), results  # fmt: skip
+               zip(results, [signal.SIGINT, signal.SIGTERM] * 3)), results
     # A signal while the CLI flushed Prefect's log and event workers left items queued,
     # which Prefect's own exit handlers then retried against the stopped server: 3-4 s
     # here, over 30 s once in CI. A hang bound, not a speed target (the exit takes ~0.3 s).
@@ -274,16 +274,16 @@ def _signal_at(home: Path, signals: str) -> dict[str, str]:
 
 
 def _run_signalled(tmp_path: Path, server: FakeEmbeddingServer, signals: str, *,
-                   code: int, last_line: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+                   code: int, last_line: str) -> subprocess.CompletedProcess[str]:
     """Run a two-row CLI run that signals itself at ``signals``; check the exit ``code``,
     the ``last_line`` on stderr, no traceback, no request sent and no process left."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
     home = tmp_path / "prefect-home"
     args = ["run", "in.csv", "--embedder", "openai", "--base-url", server.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]  # fmt: skip
+            "--output", "out", "--ledger", "ledger.sqlite3"]
     done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                           env=_signal_at(home, signals), capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+                          timeout=60)
     assert done.returncode == code, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == last_line, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -302,7 +302,7 @@ def test_a_second_signal_while_the_first_ones_cleanups_run_exits_at_once(
     _run_signalled(tmp_path, fake_openai, "after:cli.prefect_env:PrefectApi.wait_ready:SIGINT;"
                    "before:cli.local_server:LocalServer.stop:SIGINT", code=130,
                    last_line="embedline: second SIGINT, exiting now; rerun the same command "
-                             "to resume")  # fmt: skip
+                             "to resume")
 
 
 def test_a_sigterm_as_the_flow_run_begins_is_one_line(
@@ -316,7 +316,7 @@ def test_a_sigterm_as_the_flow_run_begins_is_one_line(
     done = _run_signalled(tmp_path, fake_openai,
                           "before:embedline.shutdown:STOP.take_over_sigterm:SIGTERM", code=143,
                           last_line="embedline: interrupted by SIGTERM; rerun the same "
-                                    "command to resume")  # fmt: skip
+                                    "command to resume")
     assert "Crash" not in done.stderr, done.stderr[-3000:]
 
 
@@ -350,7 +350,7 @@ def test_a_signal_as_the_command_returns_exits_with_its_code_not_by_the_signal(
     env = _signal_at(tmp_path / "prefect-home", f"after:cli:forget_caught_interrupts:{signum.name}")
     done = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
                           cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+                          timeout=60)
     assert done.returncode == 128 + signum, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
@@ -362,7 +362,7 @@ def test_an_interrupted_read_only_command_has_nothing_to_resume(tmp_path: Path) 
     env = _signal_at(tmp_path / "prefect-home", "after:cli.inspect:_status:SIGTERM")
     done = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
                           cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+                          timeout=60)
     assert done.returncode == 143, done.stderr[-3000:]
     assert done.stderr.splitlines() == ["embedline: interrupted by SIGTERM"], done.stderr
 

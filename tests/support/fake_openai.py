@@ -104,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.split("?")[0].rstrip("/") == "/control/counters":
             with self.app.lock:
                 body = {"requests": self.app.requests, "inputs": self.app.inputs,
-                        "log": [dict(entry) for entry in self.app.log]}  # fmt: skip
+                        "log": [dict(entry) for entry in self.app.log]}
             return self.app._reply(self, 200, json.dumps(body).encode())
         self.app._reply(self, 200, b'{"status": "ok"}')
 
@@ -344,7 +344,7 @@ class FakeEmbeddingServer:
             marker, status = self.fail_texts_containing, self.fail_status
         fault = hook(payload) if hook is not None else None
         if (fault is None or "status" not in fault) and marker is not None and \
-                isinstance(payload, dict):  # fmt: skip
+                isinstance(payload, dict):
             texts = payload.get("input")
             texts = texts if isinstance(texts, list) else [texts]
             if any(isinstance(t, str) and marker in t for t in texts):
@@ -393,7 +393,7 @@ class FakeEmbeddingServer:
                 good = handler.headers.get("Authorization") == f"Bearer {self.require_key}"
             if not good:
                 body = _error_body("Access denied due to invalid subscription key.",
-                                   type_=invalid, code="401")  # fmt: skip
+                                   type_=invalid, code="401")
                 return 401, body, 0
         refusal = self._refuse_base64(payload)
         if refusal is not None:
@@ -415,7 +415,7 @@ class FakeEmbeddingServer:
             return None
         if status == 422:
             detail = [{"loc": ["body", "encoding_format"], "type": "literal_error",
-                       "msg": "Input should be 'float'", "input": "base64"}]  # fmt: skip
+                       "msg": "Input should be 'float'", "input": "base64"}]
             return 422, json.dumps({"detail": detail}).encode(), 0
         if status == 500:
             return 500, b"Internal Server Error", 0
@@ -491,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reject-texts-containing", default=None)
     parser.add_argument("--fail-texts-containing", default=None,
                         help="answer --fail-status to requests holding this marker until "
-                             "POST /control/heal")  # fmt: skip
+                             "POST /control/heal")
     parser.add_argument("--fail-status", type=int, default=503)
     parser.add_argument("--reject-param", action="append", default=[], metavar="PARAM=MESSAGE",
                         help="answer 400 MESSAGE to requests carrying PARAM")

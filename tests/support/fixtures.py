@@ -35,4 +35,4 @@ def run_cli(
     return subprocess.run(
         [sys.executable, "-m", "cli", *args],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    )

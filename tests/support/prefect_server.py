@@ -49,7 +49,7 @@ def start_prefect_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
          "--port", str(port)],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=die_with_parent,
-    )  # fmt: skip
+    )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + _STARTUP_S
     while time.monotonic() < deadline:
@@ -96,7 +96,7 @@ def start_prefect_worker(
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
         env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=die_with_parent,
-    )  # fmt: skip
+    )
 
 
 def _children(pid: int) -> list[int]:

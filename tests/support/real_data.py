@@ -54,7 +54,7 @@ def real_csv(name: str) -> Path:
     if _sha256(Path(partial)) != expected:
         os.unlink(partial)
         raise ValueError(f"{VENDORED / (name + '.gz')} does not hold the recorded bytes of "
-                         f"{name}; restore it with `git checkout tests/data`")  # fmt: skip
+                         f"{name}; restore it with `git checkout tests/data`")
     os.replace(partial, path)
     return path
 

@@ -68,9 +68,9 @@ class ResettingProxy:
                     self.wfile.write(fault[1])
                     return
                 headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in _HOP_HEADERS | proxy.strip}  # fmt: skip
+                           if k.lower() not in _HOP_HEADERS | proxy.strip}
                 response = proxy._client.request(self.command, proxy.upstream + self.path,
-                                                 headers=headers, content=body)  # fmt: skip
+                                                 headers=headers, content=body)
                 if proxy.drop_answer(self.command, self.path):
                     with proxy.lock:
                         proxy.seen.append((self.command, self.path, "dropped"))

@@ -25,7 +25,7 @@ def test_package_exports_exist_and_come_from_this_repo(package: str) -> None:
 def test_core_imports_neither_prefect_nor_adapters() -> None:
     code = ("import sys, embedline, embedline.retry, embedline.shutdown; "
             "bad = [m for m in ('prefect', 'adapters', 'tasks', 'flows', 'boto3', 'httpx') "
-            "if m in sys.modules]; print(bad)")  # fmt: skip
+            "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+                         text=True, check=True).stdout
     assert out.strip() == "[]"

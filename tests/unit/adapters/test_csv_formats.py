@@ -17,7 +17,7 @@ from embedline.errors import InputError
 from embedline.models import InputPlan
 
 ROWS = [("007", "first, with a comma"), ("008", "second\nover two lines"),
-        ("009", "café ünïcode 日本語"), ("010", 'a "quoted" word')]  # fmt: skip
+        ("009", "café ünïcode 日本語"), ("010", 'a "quoted" word')]
 
 
 def _text(rows: list[tuple[str, str]], *, delimiter: str = ",", newline: str = "\n") -> str:
@@ -31,7 +31,7 @@ def _text(rows: list[tuple[str, str]], *, delimiter: str = ",", newline: str = "
 
 def _plan(path: Path, *, codec: str = "auto", delimiter: str = "auto") -> InputPlan:
     return plan_csv(path, id_column="id", text_column="text", codec=codec, chunk_size=1,
-                    model="m", dimensions=None, delimiter=delimiter)  # fmt: skip
+                    model="m", dimensions=None, delimiter=delimiter)
 
 
 def _read(plan: InputPlan) -> list[tuple[str, str]]:
@@ -122,7 +122,7 @@ def test_a_code_page_the_bytes_cannot_tell_apart_is_refused_not_guessed(
     path = tmp_path / "in.csv"
     path.write_bytes(_text(data).encode(codec))
     with pytest.raises(InputError, match=r"code page cannot be told .* byte 0x[0-9A-F]{2} "
-                                         r"reads: .* in cp1252") as caught:  # fmt: skip
+                                         r"reads: .* in cp1252") as caught:
         _plan(path)
     assert caught.value.line == 2 and "--encoding" in str(caught.value)
     first_word = next(w for w in f"{text} ".replace(",", " ").split() if not w.isascii())

@@ -55,7 +55,7 @@ def test_random_ranges_match_a_full_decompression_and_resume_from_checkpoints() 
     index = GzipIndex(_opener(blob, tally), spacing_bytes=256 << 10)
     rng = random.Random(1)
     ranges = [(a, a + rng.randint(0, 90_000)) for a in
-              (rng.randrange(len(raw)) for _ in range(60))]  # fmt: skip
+              (rng.randrange(len(raw)) for _ in range(60))]
     ranges += [(0, 10), (len(raw) - 5, len(raw) + 100), (len(raw) + 10, len(raw) + 20)]
     for start, stop in ranges:
         assert index.read_range(start, stop) == raw[start:stop]

@@ -33,7 +33,7 @@ def ledger() -> Ledger:
 
 def _start(ledger: Ledger, plan: InputPlan, run: str = "r" * 64, root: str = "/out") -> str:
     ledger.start_run(run, plan, output_uri=root, settings={}, flow_run_id=None,
-                     object_uris=_uris(plan, root))  # fmt: skip
+                     object_uris=_uris(plan, root))
     return run
 
 
@@ -54,7 +54,7 @@ def test_claim_publish_and_dead_letters(ledger: Ledger) -> None:
     assert not ledger.claim(run, 1, owner="b", lease_s=60)  # held by a live lease
     dead = [DeadLetter(spec.first_row + 3, "id-3", "empty_text")]
     ledger.mark_published(run, spec, object_uri="/out/" + spec.object_key, sha256="s",
-                          rows=9, dead_letters=dead)  # fmt: skip
+                          rows=9, dead_letters=dead)
     assert ledger.chunk_states(run)[1].state == "published"
     assert ledger.published_object("/out/" + spec.object_key).rows == 9
     assert ledger.run_dead_letters(run) == dead
@@ -63,21 +63,21 @@ def test_claim_publish_and_dead_letters(ledger: Ledger) -> None:
 
 def test_a_run_started_for_another_output_does_not_keep_the_old_outputs_counts(
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """One record per run key: a run of the same input to another output takes it over.
     Before, it kept the counts and manifest of the first output, and ``status`` showed
     "rows=9000/20000" beside that output's 0 published chunks."""
     plan = _plan(2)
     run = _start(ledger, plan, root="/out")
     ledger.finish_run(run, status="complete", rows_published=20, rows_failed=0,
-                      manifest_uri="/out/manifests/m.json")  # fmt: skip
+                      manifest_uri="/out/manifests/m.json")
     _start(ledger, plan, run, root="/out")  # the same output again: its counts stand
     assert (ledger.runs()[0].rows_published, ledger.runs()[0].manifest_uri) == (
         20, "/out/manifests/m.json")
     _start(ledger, plan, run, root="/out2")
     record = ledger.runs()[0]
     assert (record.output_uri, record.rows_published, record.rows_failed,
-            record.manifest_uri) == ("/out2", 0, 0, None)  # fmt: skip
+            record.manifest_uri) == ("/out2", 0, 0, None)
 
 
 def test_expired_lease_is_reclaimed(ledger: Ledger) -> None:
@@ -103,7 +103,7 @@ def test_rerun_to_another_output_resets_chunks_not_published_there(ledger: Ledge
     plan = _plan(1)
     run = _start(ledger, plan, root="/a")
     ledger.mark_published(run, plan.chunks[0], object_uri="/a/" + plan.chunks[0].object_key,
-                          sha256="s", rows=10, dead_letters=[])  # fmt: skip
+                          sha256="s", rows=10, dead_letters=[])
     _start(ledger, plan, run, root="/b")
     assert ledger.chunk_states(run)[0].state == "pending"
     assert ledger.published_object("/b/" + plan.chunks[0].object_key) is None
@@ -129,7 +129,7 @@ def test_32_threads_drive_500_chunks_without_lock_errors(tmp_path: Path) -> None
             for spec in plan.chunks[n::32]:
                 assert led.claim(run, spec.index, owner=f"w{n}", lease_s=60)
                 led.mark_published(run, spec, object_uri=f"/out/{spec.object_key}",
-                                   sha256="s", rows=1, dead_letters=[])  # fmt: skip
+                                   sha256="s", rows=1, dead_letters=[])
         except BaseException as exc:  # collected and asserted below
             errors.append(exc)
         finally:
@@ -181,9 +181,9 @@ def test_reuse_lookup_spans_batches_and_prefers_the_first_indexed_object(ledger:
 
     hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(1_203)]
     ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="",
-                        text_hashes=hashes[:1_100])  # fmt: skip
+                        text_hashes=hashes[:1_100])
     ledger.index_object("/out", "chunks/0.parquet", model="m", dimensions="",
-                        text_hashes=hashes[1_000:])  # fmt: skip
+                        text_hashes=hashes[1_000:])
     found = ledger.find_vectors("/out", model="m", dimensions="", text_hashes=hashes)
     assert len(found) == 1_203  # more hashes than one lookup query takes
     assert {found[h] for h in hashes[:1_100]} == {"chunks/1.parquet"}  # indexed first
@@ -196,7 +196,7 @@ def test_reuse_index_matches_output_model_and_dimensions_only(ledger: Ledger) ->
     ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="", text_hashes=[a, b])
     ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="", text_hashes=[c])
     ledger.index_object("/out", "chunks/2.parquet", model="m", dimensions="256",
-                        text_hashes=[c])  # fmt: skip
+                        text_hashes=[c])
     ledger.index_object("/other", "chunks/3.parquet", model="m", dimensions="", text_hashes=[c])
     found = ledger.find_vectors("/out", model="m", dimensions="", text_hashes=[a, c, b, a])
     assert found == {a: "chunks/1.parquet", b: "chunks/1.parquet"}  # c only at 256 / /other
@@ -215,7 +215,7 @@ def test_a_stop_never_overwrites_a_finished_run(ledger: Ledger) -> None:
     assert ledger.find_run(run[:8]).status == "crashed"
     _start(ledger, _plan(2), run)  # the rerun
     ledger.finish_run(run, status="complete", rows_published=20, rows_failed=0,
-                      manifest_uri="/out/manifests/r.json")  # fmt: skip
+                      manifest_uri="/out/manifests/r.json")
     ledger.mark_stopped(run)  # an interrupt that landed just after the commit
     assert ledger.find_run(run[:8]).status == "complete"
 

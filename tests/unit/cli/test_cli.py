@@ -17,7 +17,7 @@ def test_dead_letter_ids_stay_onetsv_field() -> None:
                                              ("--progress-interval", "-1"),
                                              ("--progress-interval", "inf")])
 def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str], flag: str,
-                                      value: str) -> None:  # fmt: skip
+                                      value: str) -> None:
     with pytest.raises(SystemExit) as info:
         main(["run", "x.csv", flag, value])
     assert info.value.code == 2
@@ -85,7 +85,7 @@ def test_the_summarys_chunk_counts_add_up_after_released_chunks(
     summary = RunSummary(130, "interrupted", "interrupted by SIGINT", run_key="k" * 64,
                          output="out", rows_total=640, chunks_total=64, chunks_published=3,
                          chunks_skipped=2, chunks_failed=37, chunks_released=5,
-                         chunks_not_run=17)  # fmt: skip
+                         chunks_not_run=17)
     print_summary(summary.to_dict())
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("chunks"))
     assert "5 released" in line, line
@@ -106,7 +106,7 @@ def test_the_summary_gives_the_whole_commands_time_beside_the_runs(
     print_summary(summary.to_dict())
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("wall time")]
     assert lines == ["wall time  4.7 s (the whole command: 9.8 s, with Prefect's start-up)",
-                     "wall time  4.7 s"]  # fmt: skip
+                     "wall time  4.7 s"]
 
 
 def test_an_already_complete_reruns_changes_line_says_it_is_the_earlier_commits(
@@ -118,12 +118,12 @@ def test_an_already_complete_reruns_changes_line_says_it_is_the_earlier_commits(
     from embedline.models import RunSummary
 
     fields = dict(run_key="k" * 64, output="out", rows_added=3, rows_changed=0,
-                  rows_removed=0, rows_unchanged=0)  # fmt: skip
+                  rows_removed=0, rows_unchanged=0)
     print_summary(RunSummary(0, "already_complete", "nothing to do", **fields).to_dict())
     print_summary(RunSummary(0, "complete", "", **fields).to_dict())
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("changes")]
-    assert lines[0].endswith("(first run on this output; as committed earlier)"), lines
-    assert lines[1].endswith("(first run on this output)"), lines
+    assert lines[0].endswith("(first run of this dataset on this output; as committed earlier)"), lines
+    assert lines[1].endswith("(first run of this dataset on this output)"), lines
 
 
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,7 +162,7 @@ def test_prefects_final_state_line_of_a_chunk_task_is_dropped_unless_debugging(
     assert record("Finished in state Completed()", level=logging.INFO)
     assert not record("Task run failed with exception: RetryableError('…') - Retries are exhausted")
     assert record("Task run failed with exception: boom - Retry 1/1 will start 10 second(s) "
-                  "from now", level=logging.INFO)  # fmt: skip
+                  "from now", level=logging.INFO)
     assert record("Task run failed with exception: boom", task="load-chunk")
     monkeypatch.setenv(DEBUG_ENV, "1")
     assert record("Finished in state Failed('…')")
@@ -182,7 +182,7 @@ def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_proc
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("api", "model"))]
     assert lines == ["api        1 request, 1 input sent, 1 token reported",
                      "model      249 inputs embedded in-process (no API requests)",
-                     "api        0 requests, 0 inputs sent, 0 tokens reported"]  # fmt: skip
+                     "api        0 requests, 0 inputs sent, 0 tokens reported"]
 
 
 @pytest.mark.parametrize("query", ["", "   ", "\t"])
@@ -211,10 +211,10 @@ def test_every_option_of_every_command_has_help_and_says_its_default() -> None:
         assert "default: None" not in text, name
         for action in parser._actions:
             if not action.option_strings or action.help == argparse.SUPPRESS or \
-                    isinstance(action, argparse._HelpAction):  # fmt: skip
+                    isinstance(action, argparse._HelpAction):
                 continue
             assert action.help, (name, action.option_strings)
             if action.default not in (None, argparse.SUPPRESS):
                 assert " ".join(parser._get_formatter()._get_help_string(action).split()) \
                     .endswith("(default: %(default)s)") or "(default:" in action.help, \
-                    (name, action.option_strings)  # fmt: skip
+                    (name, action.option_strings)

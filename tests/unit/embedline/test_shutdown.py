@@ -19,7 +19,7 @@ from tests.support.fixtures import REPO
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_a_second_signal_while_the_first_interrupt_unwinds_exits_at_once() -> None:
@@ -57,7 +57,7 @@ def test_a_forgotten_interrupt_makes_the_next_signal_a_first_one_again() -> None
 
 
 def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_on_a_second(
-) -> None:  # fmt: skip
+) -> None:
     first = _python("""
         import signal
         from embedline.shutdown import STOP, Terminated

@@ -33,7 +33,7 @@ def test_placeholders_compose_the_text_with_literal_braces() -> None:
 @pytest.mark.parametrize(("source", "said"), [
     ("{title", "never closed"), ("title}", "single '}'"), ("{}", "empty '{}'"),
     ("plain text", "names no column"), ("{a{b}", "inside the placeholder"),
-])  # fmt: skip
+])
 def test_a_malformed_template_says_what_is_wrong(source: str, said: str) -> None:
     with pytest.raises(TemplateError, match=said):
         parse_template(source)
@@ -63,7 +63,7 @@ def test_plain_runs_keep_their_keys_and_documents_runs_get_lines() -> None:
     assert docs.key_columns == lines
     assert keys.run_key("abc", "id", "text", "m", None, 1000, generation=1,
                         columns=lines) == _sha("\n".join(
-        ["run.v1", "abc", "id", "text", "m", "", "1000", *lines, "g1"]))  # fmt: skip
+        ["run.v1", "abc", "id", "text", "m", "", "1000", *lines, "g1"]))
 
 
 def test_the_chunk_key_covers_kept_values_only_with_kept_columns() -> None:
@@ -91,9 +91,9 @@ def test_a_template_of_one_placeholder_is_the_text_column() -> None:
     ({"keep_columns": "embedding"}, "embedline's own columns"),
     ({"keep_columns": "run_key"}, "embedline's own columns"),
     ({"keep_columns": "title,text", "keep_text": True}, "--keep-text"),
-])  # fmt: skip
+])
 def test_settings_refuse_bad_templates_and_kept_columns(fields: dict[str, object],
-                                                         said: str) -> None:  # fmt: skip
+                                                         said: str) -> None:
     with pytest.raises(ValidationError, match=said):
         RunSettings(input="x.csv", **fields)
 

@@ -18,7 +18,7 @@ def _record(exc: BaseException) -> logging.LogRecord:
         info = sys.exc_info()
     return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1,
                              "Failed to communicate with scheduler during heartbeat.", None,
-                             info)  # fmt: skip
+                             info)
 
 
 def test_a_closed_scheduler_connection_is_dropped_however_deep_in_the_chain() -> None:
@@ -43,5 +43,5 @@ def test_a_closed_scheduler_connection_is_dropped_however_deep_in_the_chain() ->
 def test_any_other_worker_error_is_kept(exc: BaseException) -> None:
     assert SchedulerGoneFilter().filter(_record(exc))
     plain = logging.LogRecord("distributed.worker", logging.WARNING, __file__, 1,
-                              "Worker is at 85% memory usage", None, None)  # fmt: skip
+                              "Worker is at 85% memory usage", None, None)
     assert SchedulerGoneFilter().filter(plain)

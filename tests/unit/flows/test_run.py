@@ -39,7 +39,7 @@ def _settings(tmp_path: Path, **overrides: object) -> RunSettings:
     parameters: dict[str, object] = {
         "input": str(tmp_path / "in.csv"), "output": str(tmp_path / "out"),
         "ledger": str(tmp_path / "ledger.sqlite3"), "chunk_size": 3, "embedder": "openai",
-        "dimensions": DIMS, **overrides}  # fmt: skip
+        "dimensions": DIMS, **overrides}
     return RunSettings.from_parameters(parameters)
 
 
@@ -117,7 +117,7 @@ def test_nothing_published_leaves_every_chunk_to_embed(tmp_path: Path, rows: lis
 
 
 def test_published_chunks_are_committed_with_the_served_vectors(tmp_path: Path,
-                                                                rows: list) -> None:  # fmt: skip
+                                                                rows: list) -> None:
     run = _open(_settings(tmp_path))
     _publish_all(run)
     ended = _concluded(run)
@@ -142,7 +142,7 @@ def test_published_chunks_are_committed_with_the_served_vectors(tmp_path: Path,
 
 
 def test_a_committed_run_opens_as_committed_and_writes_nothing(tmp_path: Path,
-                                                               rows: list) -> None:  # fmt: skip
+                                                               rows: list) -> None:
     run = _open(_settings(tmp_path))
     _publish_all(run)
     assert isinstance(_concluded(run), CommittedRun)
@@ -157,7 +157,7 @@ def test_a_committed_run_opens_as_committed_and_writes_nothing(tmp_path: Path,
 
 
 def test_blocking_dead_letters_keep_the_manifest_uncommitted(tmp_path: Path,
-                                                             rows: list) -> None:  # fmt: skip
+                                                             rows: list) -> None:
     """A chunk published without one of its rows (rejected by the server: a dead letter)
     is not committed unless ``allow_failed_rows``; then it is, and counts the row."""
     run = _open(_settings(tmp_path))
@@ -170,7 +170,7 @@ def test_blocking_dead_letters_keep_the_manifest_uncommitted(tmp_path: Path,
         publish_chunk(run.store, spec, EmbeddedRows(
             kept, vectors, [keys.row_key(r.id, r.text_sha256, model, DIMS) for r in kept],
             dead_letters=dead), model=model, dimensions=DIMS,
-            request_settings=run.settings.request_fingerprint)  # fmt: skip
+            request_settings=run.settings.request_fingerprint)
     ended = _concluded(run)
     assert isinstance(ended, RunSummary)
     assert (ended.exit_code, ended.status, ended.rows_failed) == (1, "dead_letters", 1)
@@ -184,7 +184,7 @@ def test_blocking_dead_letters_keep_the_manifest_uncommitted(tmp_path: Path,
     (KeyboardInterrupt(), "interrupted"), (RuntimeError("bug"), "crashed")])
 def test_an_error_out_of_the_recorded_block_marks_the_run(tmp_path: Path, rows: list,
                                                           error: BaseException,
-                                                          status: str) -> None:  # fmt: skip
+                                                          status: str) -> None:
     run = _open(_settings(tmp_path))
     run.open_ledger()
     with pytest.raises(type(error)), run.recorded(flow_run_id=None):
@@ -194,7 +194,7 @@ def test_an_error_out_of_the_recorded_block_marks_the_run(tmp_path: Path, rows: 
 
 
 def test_a_deleted_object_is_forgotten_and_nothing_is_committed(tmp_path: Path,
-                                                                rows: list) -> None:  # fmt: skip
+                                                                rows: list) -> None:
     run = _open(_settings(tmp_path))
     _publish_all(run)
     run.open_ledger()
@@ -220,7 +220,7 @@ def test_run_imports_no_prefect() -> None:
     """The CLI builds a ``Run`` before Prefect starts (about 2 s of imports)."""
     code = "import sys, flows.run; assert 'prefect' not in sys.modules, 'prefect imported'"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+                          text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
 

@@ -19,7 +19,7 @@ from tasks.manifest import latest_manifest, read_manifest
 def _chunk(store: LocalDirStore, name: str, rows: list[tuple[str, str]]) -> dict[str, object]:
     """Store a chunk-shaped object (id, text_sha256) and return its manifest entry."""
     table = pa.table({"id": [r for r, _ in rows],
-                      "text_sha256": [text_sha256(t) for _, t in rows]})  # fmt: skip
+                      "text_sha256": [text_sha256(t) for _, t in rows]})
     sink = io.BytesIO()
     pq.write_table(table, sink)
     body = sink.getvalue()
@@ -29,13 +29,13 @@ def _chunk(store: LocalDirStore, name: str, rows: list[tuple[str, str]]) -> dict
 
 
 def _manifest(store: LocalDirStore, run_key: str, chunks: list[dict[str, object]],
-              created_at: str, **fields: object) -> dict[str, object]:  # fmt: skip
+              created_at: str, **fields: object) -> dict[str, object]:
     manifest = {"format": "embedline.manifest.v1", "run_key": run_key, "chunks": chunks,
                 "id_column": "id", "text_column": "text", "model": "m", "dimensions": 3,
-                "created_at": created_at, **fields}  # fmt: skip
+                "created_at": created_at, **fields}
     body = json.dumps(manifest).encode()
     store.put_if_absent(f"manifests/{run_key}.json", body,
-                        sha256=hashlib.sha256(body).hexdigest(), content_type="x")  # fmt: skip
+                        sha256=hashlib.sha256(body).hexdigest(), content_type="x")
     return manifest
 
 
@@ -88,10 +88,10 @@ def test_latest_manifest_orders_v1_and_v2_times_and_filters_columns(tmp_path: Pa
 
 
 def _kept_chunk(store: LocalDirStore, name: str,
-                rows: list[tuple[str, str, str]]) -> dict[str, object]:  # fmt: skip
+                rows: list[tuple[str, str, str]]) -> dict[str, object]:
     """A chunk object with a kept column ``title``: rows are (id, text, title)."""
     table = pa.table({"id": [r[0] for r in rows], "text_sha256": [text_sha256(r[1]) for r in rows],
-                      "title": [r[2] for r in rows]})  # fmt: skip
+                      "title": [r[2] for r in rows]})
     sink = io.BytesIO()
     pq.write_table(table, sink)
     body = sink.getvalue()
@@ -103,10 +103,10 @@ def _kept_chunk(store: LocalDirStore, name: str,
 def test_a_kept_value_edit_is_changed_without_a_text_change(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path)
     old = _kept_chunk(store, "old", [("a", "alpha", "A"), ("b", "beta", "B"), ("c", "gamma", "C"),
-                                     ("d", "delta", "D")])  # fmt: skip
+                                     ("d", "delta", "D")])
     base = _manifest(store, "r1", [old], "2026-01-01T00:00:00Z", kept_columns=["title"])
     new = _kept_chunk(store, "new", [("a", "alpha", "A"), ("b", "beta", "B (renamed)"),
-                                     ("c", "GAMMA", "C"), ("e", "eps", "E")])  # fmt: skip
+                                     ("c", "GAMMA", "C"), ("e", "eps", "E")])
     counts = write_changes(store, run_key="r2", chunks=[new], base=base, kept_columns=["title"])
     assert (counts.added, counts.changed, counts.removed, counts.unchanged) == (1, 2, 1, 1)
     table = pq.read_table(store.uri_for(counts.object)).to_pylist()

@@ -160,5 +160,5 @@ def test_a_chunk_with_nothing_to_send_needs_no_client() -> None:
     """Every row reused: the chunk task builds no client (a crash-resume test found
     ``'NoneType' object has no attribute 'caps'`` once ``caps`` was read, not probed)."""
     result = embed_rows([], None, model="m", dimensions=None, batch_size=4,
-                        max_request_tokens=10**6)  # fmt: skip
+                        max_request_tokens=10**6)
     assert (result.rows, result.dead_letters, result.requests) == ([], [], 0)

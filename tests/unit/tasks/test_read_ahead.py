@@ -14,12 +14,12 @@ from adapters.object_store import open_store
 from tasks.reuse import ReusePlanner, chunk_rows
 
 PLAN_ARGS = dict(id_column="id", text_column="text", codec="auto", chunk_size=2, model="m",
-                 dimensions=None, delimiter="auto")  # fmt: skip
+                 dimensions=None, delimiter="auto")
 
 
 def _csv(path: Path, texts: list[str]) -> Path:
     path.write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)),
-                    encoding="utf-8")  # fmt: skip
+                    encoding="utf-8")
     return path
 
 
@@ -29,7 +29,7 @@ def test_chunk_rows_takes_the_rows_resolve_read_once_then_reads_again(
     plan = plan_csv(_csv(tmp_path / "in.csv", ["a", "b", "c"]), **PLAN_ARGS)
     ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
     planner = ReusePlanner(ledger=ledger, store=open_store(str(tmp_path / "out")),
-                           source=plan.source, model="m", dimensions=None, reuse=True)  # fmt: skip
+                           source=plan.source, model="m", dimensions=None, reuse=True)
     spec = plan.chunks[0]
     planner.resolve(spec)
     reads = []

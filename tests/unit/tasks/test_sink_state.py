@@ -10,7 +10,7 @@ from tasks.sink_state import MassDeleteError, check_delete_share, plan_load
 
 def _run(*rows: tuple[str, str, int]) -> pa.Table:
     return pa.table({"id": [r[0] for r in rows], "text_sha256": [r[1] for r in rows],
-                     "chunk": pa.array([r[2] for r in rows], pa.int32())})  # fmt: skip
+                     "chunk": pa.array([r[2] for r in rows], pa.int32())})
 
 
 def _held(*rows: tuple[str, str]) -> pa.Table:
@@ -53,9 +53,9 @@ def test_the_load_artifact_says_a_refused_delete_with_its_counts_and_flag() -> N
 
     message = ("loading run abc into t would delete 58 of 60 rows (97%), more than "
                "--max-delete-fraction 0.5 allows: nothing deleted. If the input really lost "
-               "those rows, rerun with --max-delete-fraction 0.97")  # fmt: skip
+               "those rows, rerun with --max-delete-fraction 0.97")
     text = load_markdown(LoadSummary(2, "delete_refused", message, sink="lancedb:///x?table=t",
-                                     run_key="abc", mode="replace"))  # fmt: skip
+                                     run_key="abc", mode="replace"))
     assert f"**delete_refused**: {message}" in text
 
 

@@ -434,7 +434,7 @@ def _unpadded(mutate: Callable[[list[dict[str, Any]]], Any] = lambda data: None)
         body = ok_body(request, dims=6, order=[1, 0])
         mutate(body["data"])
         return httpx.Response(200, content=json.dumps(body),
-                              headers={"Content-Type": "application/json"})  # fmt: skip
+                              headers={"Content-Type": "application/json"})
     return handler
 
 

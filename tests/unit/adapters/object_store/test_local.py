@@ -313,7 +313,7 @@ def test_list_open_read_and_delete_skip_temp_files(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path)
     body = b"0123456789"
     store.put_if_absent("chunks/a.parquet", body, sha256=hashlib.sha256(body).hexdigest(),
-                        content_type="x")  # fmt: skip
+                        content_type="x")
     (tmp_path / "chunks" / ".b.parquet.tmp-1-0123456789abcdef").write_bytes(b"partial")
     assert [(i.key, i.size_bytes) for i in store.list("chunks/")] == [("chunks/a.parquet", 10)]
     assert list(store.list("manifests/")) == []
