@@ -30,7 +30,7 @@ __all__ = ["add_parsers", "kept_columns", "search_target", "top_k"]
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``search``."""
     search = sub.add_parser("search", help="ids nearest to a query (cosine similarity)",
-                            formatter_class=HELP_FORMATTER)  # fmt: skip
+                            formatter_class=HELP_FORMATTER)
     search.add_argument("target", metavar="TARGET",
                         help="an output root (directory or s3://), or a sink URI "
                              "(lancedb://PATH, PATH/NAME.lance, postgresql://…, "
@@ -68,7 +68,7 @@ def _where(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError("is not COLUMN=VALUE: give a column name, '=', and "
-                                         "the value it must equal")  # fmt: skip
+                                         "the value it must equal")
     return name, value
 
 
@@ -81,7 +81,7 @@ def _column_list(text: str) -> tuple[str, ...]:
 
 
 def top_k(matrix: Any, ids: list[str], vector: Any, k: int,
-          values: Sequence[list[Any]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+          values: Sequence[list[Any]] = ()) -> list[tuple[Any, ...]]:
     """The ``k`` rows of ``matrix`` (float32, rows × d) most cosine-similar to ``vector``
     (d,), as ``(id, similarity, *values)``, most similar first; ``values`` are columns
     (one list per column, a value per row) returned beside each hit
@@ -117,7 +117,7 @@ def _recorded_base_url(ledger_path: str, *, run_key: str | None = None,
 
 
 def _embed_queries(queries: list[str], *, embedder: str, model: str, dimensions: int | None,
-                   base_url: str | None, ledger: str) -> Any:  # fmt: skip
+                   base_url: str | None, ledger: str) -> Any:
     """The queries' vectors (float32, len(queries) × d), one request or one model call.
 
     :raises InputError: openai vectors whose server is unknown (see
@@ -157,13 +157,13 @@ def _refuse_an_unknown_server(ledger: str) -> None:
     if api_key_from_env() is None:
         raise InputError(f"which server embedded these vectors is unknown: the ledger {ledger} "
                          "has no record of their run; pass --ledger (the one the run used) or "
-                         "--base-url (its server)")  # fmt: skip
+                         "--base-url (its server)")
 
 
 def search_target(target: str, queries: list[str], *, k: int, run: str | None = None,
                   base_url: str | None = None, ledger: str = DEFAULT_LEDGER,
                   columns: bool | Sequence[str] = False,
-                  where: Sequence[tuple[str, str]] = ()) -> list[list[tuple[Any, ...]]]:  # fmt: skip
+                  where: Sequence[tuple[str, str]] = ()) -> list[list[tuple[Any, ...]]]:
     """Embed ``queries`` like the target's vectors; return each one's ``k`` nearest ids as
     ``(id, cosine similarity)``, most similar first, among the rows meeting ``where``
     (``(column, value)`` pairs, exact string equality, all must hold); with ``columns``
@@ -186,13 +186,13 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
                 raise InputError(f"sink {sink.identity} has no table yet: load a run first")
             if info.model is None or info.embedder is None:
                 raise InputError(f"sink {sink.identity} was not created by embedline: its "
-                                 "model is unknown")  # fmt: skip
+                                 "model is unknown")
             shown = _shown(target, ("id", *info.columns.names), info.columns.kept, columns,
-                           where)  # fmt: skip
+                           where)
             base_url = base_url or _recorded_base_url(ledger, sink=sink.identity)
             vectors = _embed_queries(queries, embedder=info.embedder, model=info.model,
                                      dimensions=info.dimensions, base_url=base_url,
-                                     ledger=ledger)  # fmt: skip
+                                     ledger=ledger)
             return [sink.search(v, k, columns=shown, where=tuple(where)) for v in vectors]
         finally:
             sink.close()
@@ -205,26 +205,26 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
     table = read_embeddings_arrow(target, run)
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     known = ("id", *(n for n in table.column_names if n not in ("id", "embedding",
-                                                                "text_sha256")))  # fmt: skip
+                                                                "text_sha256")))
     shown = _shown(target, known, kept_columns(target, run) if columns is True else (),
-                   columns, where)  # fmt: skip
+                   columns, where)
     for name, value in where:  # the published rows that match, then an exact search
         table = table.filter(pc.equal(table.column(name), pa.scalar(value, pa.string())))
     manifest_embedder = _manifest_embedder(target, meta["embedline.run_key"])
     dims = int(meta["embedline.dimensions"])
     vectors = _embed_queries(queries, embedder=manifest_embedder, model=meta["embedline.model"],
                              dimensions=dims, ledger=ledger, base_url=base_url or
-                             _recorded_base_url(ledger, run_key=meta["embedline.run_key"]))  # fmt: skip
+                             _recorded_base_url(ledger, run_key=meta["embedline.run_key"]))
     column = table.column("embedding").combine_chunks()
     matrix = np.asarray(column.flatten().to_numpy(zero_copy_only=False),
-                        dtype=np.float32).reshape(len(column), dims)  # fmt: skip
+                        dtype=np.float32).reshape(len(column), dims)
     ids = table.column("id").to_pylist()
     values = [table.column(c).to_pylist() for c in shown]
     return [top_k(matrix, ids, v, k, values) for v in vectors]
 
 
 def _shown(target: str, known: Sequence[str], kept: Sequence[str], columns: bool | Sequence[str],
-           where: Sequence[tuple[str, str]]) -> tuple[str, ...]:  # fmt: skip
+           where: Sequence[tuple[str, str]]) -> tuple[str, ...]:
     """The columns to return beside each hit (``kept`` for True, none for False); refuse a
     ``where`` or ``columns`` name not in ``known`` (``id`` and the target's kept columns).
 
@@ -236,7 +236,7 @@ def _shown(target: str, known: Sequence[str], kept: Sequence[str], columns: bool
     for name, flag in [(n, "--where") for n, _ in where] + [(n, "--columns") for n in shown]:
         if name not in known or (flag == "--columns" and name == "id"):
             raise InputError(f"{flag} names column {name!r}, which {target} does not have; "
-                             f"its columns: {', '.join(known)}", column=name)  # fmt: skip
+                             f"its columns: {', '.join(known)}", column=name)
     return shown
 
 
@@ -274,7 +274,7 @@ def _search(args: argparse.Namespace) -> int:
         names = args.columns if args.columns is not None else kept_columns(args.target, args.run)
         hits = search_target(args.target, [args.query], k=args.k, run=args.run,
                              base_url=args.base_url, ledger=args.ledger, columns=names,
-                             where=args.where)[0]  # fmt: skip
+                             where=args.where)[0]
     except EmbedlineError as exc:
         return fail(f"embedline: error: {exc}", exc.exit_code)
     except FileNotFoundError as exc:
@@ -283,11 +283,11 @@ def _search(args: argparse.Namespace) -> int:
         return 0
     width = max([len(str(h[0])) for h in hits] + [2]) if names else 0
     print(f"{'rank':>4}  {'score':>6}  " + (f"{'id':<{width}}  " + "  ".join(names)
-                                           if names else "id"))  # fmt: skip
+                                           if names else "id"))
     for rank, (row_id, score, *values) in enumerate(hits, 1):
         shown = "  ".join(_one_line(v) for v in values)
         print(f"{rank:>4}  {score:6.3f}  " + (f"{row_id:<{width}}  {shown}" if names
-                                               else str(row_id)))  # fmt: skip
+                                               else str(row_id)))
     return 0
 
 

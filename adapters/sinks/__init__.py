@@ -20,4 +20,4 @@ from adapters.sinks.base import (
 from adapters.sinks.factory import is_sink_uri, open_sink, validate_sink_uri
 
 __all__ = ["DEFAULT_TABLE", "SINK_FORMAT", "check_compatible", "is_sink_uri", "open_sink",
-           "sink_metadata", "sink_table_from_metadata", "validate_sink_uri"]  # fmt: skip
+           "sink_metadata", "sink_table_from_metadata", "validate_sink_uri"]

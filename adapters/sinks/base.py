@@ -28,7 +28,7 @@ from embedline.template import kept_sha256
 __all__ = ["DEFAULT_TABLE", "KEPT_HASH", "OWN_COLUMNS", "SINK_FORMAT", "SinkColumns",
            "SinkTable", "UpsertResult", "VectorSink", "check_compatible", "exact_top_k", "extra_values",
            "held_key_columns", "kept_hashes", "sink_columns_of", "sink_metadata",
-           "sink_table_from_metadata", "vector_matrix"]  # fmt: skip
+           "sink_table_from_metadata", "vector_matrix"]
 
 DEFAULT_TABLE = "embeddings"  # the table a sink URI without ``table=NAME`` names
 SINK_FORMAT = "embedline.sink.v1"
@@ -39,12 +39,12 @@ OWN_COLUMNS = ("id", "embedding", "text_sha256", "run_key")
 
 
 def sink_metadata(*, embedder: str, model: str, dimensions: int,
-                  columns: SinkColumns = SinkColumns()) -> str:  # fmt: skip
+                  columns: SinkColumns = SinkColumns()) -> str:
     """The JSON a sink table carries about its vectors (a LanceDB schema metadata value, a
     PostgreSQL table comment): ``kept_columns`` and ``keep_text`` only when it has them,
     so a plain table's metadata is what it always was."""
     meta: dict[str, Any] = {"format": SINK_FORMAT, "embedder": embedder, "model": model,
-                            "dimensions": dimensions}  # fmt: skip
+                            "dimensions": dimensions}
     if columns.kept:
         meta["kept_columns"] = list(columns.kept)
     if columns.text:
@@ -55,14 +55,14 @@ def sink_metadata(*, embedder: str, model: str, dimensions: int,
 def sink_columns_of(manifest: dict[str, Any]) -> SinkColumns:
     """The ``SinkColumns`` a run's manifest asks for (none for older manifests)."""
     return SinkColumns(tuple(str(c) for c in manifest.get("kept_columns") or ()),
-                       bool(manifest.get("keep_text")))  # fmt: skip
+                       bool(manifest.get("keep_text")))
 
 
 def kept_hashes(table: pa.Table, kept: Sequence[str]) -> pa.Array:
     """Each row's ``template.kept_sha256`` of its values in the ``kept`` columns (strings;
     a column ``table`` lacks counts as null): the chunk key's and the held key's part."""
     values = [table.column(c).to_pylist() if c in table.column_names else [None] * table.num_rows
-              for c in kept]  # fmt: skip
+              for c in kept]
     if not values:
         return pa.array([], type=pa.string())
     return pa.array([kept_sha256(row) for row in zip(*values, strict=True)], type=pa.string())
@@ -101,11 +101,11 @@ def sink_table_from_metadata(text: str | bytes | None, *, dimensions: int, rows:
     if not isinstance(meta, dict) or meta.get("format") != SINK_FORMAT:
         return SinkTable(None, None, dimensions, rows)
     return SinkTable(str(meta.get("embedder")), str(meta.get("model")), dimensions, rows,
-                     sink_columns_of(meta))  # fmt: skip
+                     sink_columns_of(meta))
 
 
 def check_compatible(found: SinkTable, *, where: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> None:  # fmt: skip
+                     columns: SinkColumns = SinkColumns()) -> None:
     """Refuse to mix vectors of another length or model in one table, or to load a run
     keeping other columns than the table was created with.
 
@@ -138,7 +138,7 @@ def vector_matrix(rows: pa.Table) -> np.ndarray:
 
 
 def exact_top_k(matrix: np.ndarray, ids: Sequence[Any], vector: np.ndarray, k: int,
-                values: Sequence[Sequence[Any]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+                values: Sequence[Sequence[Any]] = ()) -> list[tuple[Any, ...]]:
     """The ``k`` rows of ``matrix`` (float32, rows × d) most cosine-similar to ``vector``
     (d,), as ``(id, similarity, *values)``, most similar first (ties: lower row first);
     ``values`` are columns (one sequence per column, a value per row) returned beside each

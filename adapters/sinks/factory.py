@@ -66,7 +66,7 @@ class SinkKind:
 def _table_name(name: str, shown: str) -> str:
     if not _TABLE_RE.match(name):
         raise InputError(f"sink {shown}: table name {name!r} must be letters, digits and _ "
-                         "(at most 63, not starting with a digit)")  # fmt: skip
+                         "(at most 63, not starting with a digit)")
     return name
 
 
@@ -138,7 +138,7 @@ def _pgvector_open(params: dict[str, str]) -> VectorSink:
         import psycopg  # noqa: F401
     except ImportError:
         raise FatalError("the pgvector sink needs psycopg and pgvector: pip install "
-                         "'embedline[pgvector]'") from None  # fmt: skip
+                         "'embedline[pgvector]'") from None
     from adapters.sinks.pgvector import PgVectorSink
 
     return PgVectorSink(params["dsn"], table=params["table"])
@@ -152,7 +152,7 @@ _COLLECTION_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 def _collection_name(name: str, shown: str) -> str:
     if not _COLLECTION_RE.match(name):
         raise InputError(f"sink {shown}: collection name {name!r} must be letters, digits, _ "
-                         "and - (at most 255)")  # fmt: skip
+                         "and - (at most 255)")
     return name
 
 
@@ -201,7 +201,7 @@ def _qdrant_open(params: dict[str, str]) -> VectorSink:
         import qdrant_client  # noqa: F401
     except ImportError:
         raise FatalError("the Qdrant sink needs qdrant-client: pip install "
-                         "'embedline[qdrant]'") from None  # fmt: skip
+                         "'embedline[qdrant]'") from None
     from adapters.sinks.qdrant import QdrantSink
 
     return QdrantSink(collection=params["collection"], url=params.get("url"),
@@ -216,7 +216,7 @@ KINDS: tuple[SinkKind, ...] = (
              _pgvector_claims, _pgvector_parse, _pgvector_open),
     SinkKind("qdrant", ("qdrant://HOST:PORT/COLLECTION", "qdrant+local://PATH[?collection=NAME]"),
              _qdrant_claims, _qdrant_parse, _qdrant_open),
-)  # fmt: skip
+)
 
 
 def _forms() -> str:

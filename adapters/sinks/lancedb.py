@@ -135,7 +135,7 @@ class LanceDBSink:
 
     @_writes
     def ensure_table(self, *, embedder: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> SinkTable:  # fmt: skip
+                     columns: SinkColumns = SinkColumns()) -> SinkTable:
         """Create the table with embedline's schema if absent (the kept columns and
         ``text`` as strings, ``kept_sha256`` with kept columns); check an existing one.
 
@@ -150,14 +150,14 @@ class LanceDBSink:
                 metadata={_META_KEY: sink_metadata(embedder=embedder, model=model,
                                                    dimensions=dimensions,
                                                    columns=columns).encode()},
-            )  # fmt: skip
+            )
             self._table = self._db().create_table(self.table_name, schema=schema,
-                                                  exist_ok=True)  # fmt: skip
+                                                  exist_ok=True)
             found = self.describe()
             assert found is not None
         self._check_shape(dimensions, found.columns)  # the shape its own metadata names
         check_compatible(found, where=f"LanceDB table {self.identity}", model=model,
-                         dimensions=dimensions, columns=columns)  # fmt: skip
+                         dimensions=dimensions, columns=columns)
         self._kept = found.columns
         return found
 
@@ -293,7 +293,7 @@ class LanceDBSink:
             return "not compacted (other writers)"
 
     def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
-               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:
         """Exact cosine search: up to ``k`` ``(id, similarity, *values of columns)``, most
         similar first, among the rows whose ``where`` columns equal their values.
 
@@ -314,10 +314,10 @@ class LanceDBSink:
         values = [result.column(c).to_pylist() for c in columns]
         return [(i, 1.0 - float(d), *extra) for i, d, *extra in
                 zip(result.column("id").to_pylist(), result.column("_distance").to_pylist(),
-                    *values, strict=True)]  # fmt: skip
+                    *values, strict=True)]
 
     def _scanned(self, vector: np.ndarray, k: int, columns: Sequence[str],
-                 where: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:  # fmt: skip
+                 where: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
         """``search`` by reading the table and filtering it in Arrow (exact; no SQL)."""
         import pyarrow.compute as pc
 
@@ -326,7 +326,7 @@ class LanceDBSink:
         for name, value in where:
             rows = rows.filter(pc.equal(rows.column(name), pa.scalar(value, pa.string())))
         return exact_top_k(vector_matrix(rows), rows.column("id").to_pylist(), vector, k,
-                           [rows.column(c).to_pylist() for c in columns])  # fmt: skip
+                           [rows.column(c).to_pylist() for c in columns])
 
     def close(self) -> None:
         """Forget the open table (LanceDB holds no connection)."""

@@ -23,7 +23,7 @@ from typing import Any
 from embedline.progress import PROGRESS_LOGGER
 
 __all__ = ["GRAPH_BYTES_PER_ROW", "MAX_BUILD_MEMORY_KB", "MAX_BUILD_WORKERS",
-           "graph_bytes", "index_build_settings", "progress_lines"]  # fmt: skip
+           "graph_bytes", "index_build_settings", "progress_lines"]
 
 logger = logging.getLogger("embedline")
 progress_logger = logging.getLogger(PROGRESS_LOGGER)
@@ -44,7 +44,7 @@ def graph_bytes(rows: int, dimensions: int) -> int:
 
 def _setting(conn: Any, name: str) -> int:
     return int(conn.execute("SELECT setting::bigint FROM pg_settings WHERE name = %s",
-                            (name,)).fetchone()[0])  # fmt: skip
+                            (name,)).fetchone()[0])
 
 
 def index_build_settings(conn: Any, *, rows: int, dimensions: int) -> dict[str, str]:
@@ -63,7 +63,7 @@ def index_build_settings(conn: Any, *, rows: int, dimensions: int) -> dict[str, 
                        "in maintenance_work_mem (%d MB): the build goes on slower on disk; "
                        "raise maintenance_work_mem on the server to speed it up", rows,
                        dimensions, graph_bytes(rows, dimensions) >> 20,
-                       max(have_kb, want_kb) >> 10)  # fmt: skip
+                       max(have_kb, want_kb) >> 10)
     have_workers = _setting(conn, "max_parallel_maintenance_workers")
     want_workers = min(MAX_BUILD_WORKERS, _setting(conn, "max_parallel_workers"))
     if want_workers > have_workers:
@@ -73,14 +73,14 @@ def index_build_settings(conn: Any, *, rows: int, dimensions: int) -> dict[str, 
 
 @contextmanager
 def progress_lines(dsn: str, pid: int, identity: str, rows: int,
-                   interval_s: float) -> Iterator[None]:  # fmt: skip
+                   interval_s: float) -> Iterator[None]:
     """While the body runs, log every ``interval_s`` seconds how far backend ``pid``'s
     ``CREATE INDEX`` got (phase, rows done of ``rows``), on a connection of its own. A
     failure to read the progress is logged once at DEBUG and ends the lines, never the
     build."""
     stop = threading.Event()
     thread = threading.Thread(target=_report, args=(dsn, pid, identity, rows, interval_s, stop),
-                              name="embedline-index-progress", daemon=True)  # fmt: skip
+                              name="embedline-index-progress", daemon=True)
     thread.start()
     try:
         yield
@@ -90,7 +90,7 @@ def progress_lines(dsn: str, pid: int, identity: str, rows: int,
 
 
 def _report(dsn: str, pid: int, identity: str, rows: int, interval_s: float,
-            stop: threading.Event) -> None:  # fmt: skip
+            stop: threading.Event) -> None:
     import psycopg
 
     started = time.monotonic()
@@ -99,7 +99,7 @@ def _report(dsn: str, pid: int, identity: str, rows: int, interval_s: float,
             while not stop.wait(interval_s):
                 row = conn.execute("SELECT phase, tuples_done, tuples_total FROM "
                                    "pg_stat_progress_create_index WHERE pid = %s",
-                                   (pid,)).fetchone()  # fmt: skip
+                                   (pid,)).fetchone()
                 if row is None:
                     continue
                 phase, done, total = row
@@ -107,6 +107,6 @@ def _report(dsn: str, pid: int, identity: str, rows: int, interval_s: float,
                 progress_logger.info("%s: building the HNSW index, %s: %d of %d rows (%.0f %%), %.0f s",
                             identity, phase, int(done or 0), total,
                             100.0 * int(done or 0) / max(total, 1),
-                            time.monotonic() - started)  # fmt: skip
+                            time.monotonic() - started)
     except psycopg.Error as exc:
         logger.debug("%s: no index build progress (%s)", identity, type(exc).__name__)

@@ -53,10 +53,12 @@ from adapters.sinks.pg_errors import translate as _translate
 from adapters.sinks.pg_index import index_build_settings, progress_lines
 from adapters.sinks.pg_search import filtered_search
 from embedline.errors import FatalError
+from embedline.progress import PROGRESS_LOGGER
 
 __all__ = ["HNSW_MAX_DIMENSIONS", "PgVectorSink"]
 
 logger = logging.getLogger("embedline")
+progress_logger = logging.getLogger(PROGRESS_LOGGER)  # shown at INFO (embedline.progress)
 
 HNSW_MAX_DIMENSIONS = 2000  # pgvector: "vector - up to 2,000 dimensions" for HNSW indexes
 
@@ -90,7 +92,7 @@ def _refused_before_sending(
     refused: list[tuple[int, str, str, str | None, str]] = []
     for i, row_id in enumerate(ids):
         nul = next((name for name, values in (extra or {}).items()
-                    if values[i] is not None and "\x00" in values[i]), None)  # fmt: skip
+                    if values[i] is not None and "\x00" in values[i]), None)
         if "\x00" in row_id:
             refused.append((i, row_id, "id_has_nul", None,
                             "the id holds a NUL byte, which PostgreSQL text cannot store"))
@@ -186,7 +188,7 @@ class PgVectorSink:
         return '"' + self.table_name + '"'
 
     def ensure_table(self, *, embedder: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> SinkTable:  # fmt: skip
+                     columns: SinkColumns = SinkColumns()) -> SinkTable:
         """Create the table if absent (under an advisory lock, so concurrent loaders agree),
         with ``columns`` as ``text`` columns; check an existing one.
 
@@ -200,18 +202,18 @@ class PgVectorSink:
             raise FatalError(f"column {long[0]!r} is longer than PostgreSQL's {_MAX_IDENTIFIER_BYTES}"
                              "-byte names: rename it in the CSV to keep it in a pgvector sink")
         extra = sql.SQL("").join(sql.SQL(", {} text").format(sql.Identifier(n))
-                                 for n in _extra_names(columns))  # fmt: skip
+                                 for n in _extra_names(columns))
         with self._transaction("create") as conn:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.identity,))
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                                  (self._quoted_name(),)).fetchone()[0]  # fmt: skip
+                                  (self._quoted_name(),)).fetchone()[0]
             if not exists:
                 conn.execute(sql.SQL(
                     "CREATE TABLE {} (id text PRIMARY KEY, embedding vector({}) NOT NULL, "
                     "text_sha256 text NOT NULL, run_key text NOT NULL{})"
                 ).format(self._ident(), sql.Literal(dimensions), extra))
                 meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions,
-                                     columns=columns)  # fmt: skip
+                                     columns=columns)
                 conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(
                     self._ident(), sql.Literal(meta)))
         found = self.describe()
@@ -219,7 +221,7 @@ class PgVectorSink:
         with self._transaction("check") as conn:  # the shape its own metadata names
             self._check_shape(conn, dimensions, found.columns)
         check_compatible(found, where=f"PostgreSQL table {self.identity}", model=model,
-                         dimensions=dimensions, columns=columns)  # fmt: skip
+                         dimensions=dimensions, columns=columns)
         self._kept = found.columns
         return found
 
@@ -233,7 +235,7 @@ class PgVectorSink:
         return self._kept
 
     def _check_shape(self, conn: Any, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> None:  # fmt: skip
+                     columns: SinkColumns = SinkColumns()) -> None:
         """Refuse a table of another shape before any row is sent (``shape_problems``).
 
         :raises FatalError: naming each difference (exit 3: a rerun meets the same table).
@@ -243,7 +245,7 @@ class PgVectorSink:
         found = conn.execute(describe_columns_sql(), (name,)).fetchall()
         unique = bool(conn.execute(unique_id_sql(), (name,)).fetchone()[0])
         problems = shape_problems(found, has_unique_id=unique, kind=kind, dimensions=dimensions,
-                                  extra=_extra_names(columns))  # fmt: skip
+                                  extra=_extra_names(columns))
         if problems:
             raise FatalError(
                 f"PostgreSQL table {self.identity} is not of embedline's shape (id text PRIMARY "
@@ -357,7 +359,7 @@ class PgVectorSink:
             rows = conn.execute(sql.SQL("SELECT {} FROM {}").format(
                 sql.SQL(", ").join(map(sql.Identifier, key)), self._ident())).fetchall()
         return pa.table({name: pa.array([r[i] for r in rows], type=pa.string())
-                         for i, name in enumerate(key)})  # fmt: skip
+                         for i, name in enumerate(key)})
 
     def delete_other_runs(self, run_key: str) -> int:
         """Delete every row not written by ``run_key`` (one transaction); return how many."""
@@ -384,32 +386,32 @@ class PgVectorSink:
         if found is None or found.dimensions > HNSW_MAX_DIMENSIONS:
             logger.warning("%s: no HNSW index for %s-dimension vectors (pgvector indexes at "
                            "most %d); searches scan the table", self.identity,
-                           found and found.dimensions, HNSW_MAX_DIMENSIONS)  # fmt: skip
+                           found and found.dimensions, HNSW_MAX_DIMENSIONS)
             return "no index (vectors too long for HNSW)"
         name = f"{self.table_name}_embedding_hnsw"
         with self._transaction("index") as conn:
             # fresh statistics: a filtered search picks its plan from them (pg_search)
             conn.execute(sql.SQL("ANALYZE {}").format(self._ident()))
             present = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                                   ('"' + name + '"',)).fetchone()[0]  # fmt: skip
+                                   ('"' + name + '"',)).fetchone()[0]
             if present:
                 return "HNSW index present"
             settings = index_build_settings(conn, rows=found.rows, dimensions=found.dimensions)
             for setting, value in settings.items():
                 conn.execute(sql.SQL("SELECT set_config({}, {}, true)").format(
                     sql.Literal(setting), sql.Literal(value)))
-            logger.info("%s: building the HNSW index over %d rows (%s)", self.identity,
+            progress_logger.info("%s: building the HNSW index over %d rows (%s)", self.identity,
                         found.rows, ", ".join(f"{k} {v}" for k, v in settings.items()))
             pid = conn.info.backend_pid
             with progress_lines(self.dsn, pid, self.identity, found.rows,
-                                 self.progress_interval_s):  # fmt: skip
+                                 self.progress_interval_s):
                 conn.execute(sql.SQL(
                     "CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_cosine_ops)"
                 ).format(sql.Identifier(name), self._ident()))
         return "HNSW index built"
 
     def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
-               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:
         """Cosine search (``<=>``, through the HNSW index when present): up to ``k``
         ``(id, similarity, *values of columns)``, most similar first, among the rows whose
         ``where`` columns equal their values (``pg_search.filtered_search``: an exact scan

@@ -59,11 +59,13 @@ from adapters.sinks.base import (
     vector_matrix,
 )
 from embedline.errors import FatalError, RetryableError
+from embedline.progress import PROGRESS_LOGGER
 
 __all__ = ["API_KEY_ENV", "LOCAL_MODE_ADVISED_POINTS", "POINT_NAMESPACE", "QdrantSink",
-           "point_id", "point_payloads"]  # fmt: skip
+           "point_id", "point_payloads"]
 
 logger = logging.getLogger("embedline")
+progress_logger = logging.getLogger(PROGRESS_LOGGER)  # shown at INFO (embedline.progress)
 
 #: The namespace of the point ids (``uuid5(uuid.NAMESPACE_URL, "embedline:qdrant:point-id")``);
 #: fixed for good: changing it would orphan every point of every collection.
@@ -85,7 +87,7 @@ def point_id(row_id: str) -> str:
 
 
 def point_payloads(rows: pa.Table, *, run_key: str,
-                   columns: SinkColumns = SinkColumns()) -> list[dict[str, Any]]:  # fmt: skip
+                   columns: SinkColumns = SinkColumns()) -> list[dict[str, Any]]:
     """The payload of each row of an upsert batch: ``id``, ``text_sha256``, ``run_key``, and
     with kept ``columns`` ``kept_sha256`` and each of ``columns.names`` (strings, as in the
     CSV). The one place a point's payload is built.
@@ -93,17 +95,17 @@ def point_payloads(rows: pa.Table, *, run_key: str,
     :raises FatalError: the batch lacks a column the collection keeps (``extra_values``).
     """
     values: dict[str, list[Any]] = {name: rows.column(name).to_pylist()
-                                    for name in ("id", "text_sha256")}  # fmt: skip
+                                    for name in ("id", "text_sha256")}
     values.update(extra_values(rows, columns))
     return [{**{name: column[i] for name, column in values.items()}, "run_key": run_key}
-            for i in range(rows.num_rows)]  # fmt: skip
+            for i in range(rows.num_rows)]
 
 
 def _quiet_local_mode_warning() -> None:
     """Silence ``qdrant-client``'s "Local mode is not recommended for collections with more
     than 20,000 points" (it comes at every open and upsert); ``finalize`` says it once."""
     warnings.filterwarnings("ignore", message="Local mode is not recommended",
-                            category=UserWarning)  # fmt: skip
+                            category=UserWarning)
 
 
 class QdrantSink:
@@ -114,7 +116,7 @@ class QdrantSink:
     mode: one (a single in-process collection)."""
 
     def __init__(self, *, collection: str, url: str | None = None, path: str | None = None,
-                 identity: str | None = None) -> None:  # fmt: skip
+                 identity: str | None = None) -> None:
         if (url is None) == (path is None):
             raise ValueError("give exactly one of url and path")
         self.collection = collection
@@ -124,7 +126,7 @@ class QdrantSink:
         self.local = path is not None
         self.parallel_loads = 1 if self.local else 2
         self.identity = identity or (f"qdrant+local://{path}?collection={collection}"
-                                     if self.local else f"{url}/{collection}")  # fmt: skip
+                                     if self.local else f"{url}/{collection}")
         self._client_: Any = None
         self._lock = threading.RLock()
         self._kept: SinkColumns | None = None  # the collection's columns, once read
@@ -153,11 +155,11 @@ class QdrantSink:
                                                     message="Api key is used with an insecure")
                             logger.warning("%s: %s is sent over plain HTTP; use qdrant+https:// "
                                            "unless the network is trusted", self.identity,
-                                           API_KEY_ENV)  # fmt: skip
+                                           API_KEY_ENV)
                         self._client_ = QdrantClient(url=self.url,
                                                      api_key=key,
                                                      timeout=60, prefer_grpc=False,
-                                                     check_compatibility=False)  # fmt: skip
+                                                     check_compatibility=False)
             return self._client_
 
     @contextmanager
@@ -207,10 +209,10 @@ class QdrantSink:
         dims = int(vectors.size) if isinstance(vectors, models.VectorParams) else 0
         meta = (info.config.metadata or {}).get(_META_KEY)
         return sink_table_from_metadata(meta if isinstance(meta, str) else None,
-                                        dimensions=dims, rows=rows)  # fmt: skip
+                                        dimensions=dims, rows=rows)
 
     def ensure_table(self, *, embedder: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> SinkTable:  # fmt: skip
+                     columns: SinkColumns = SinkColumns()) -> SinkTable:
         """Create the collection if absent (Cosine, ``dimensions`` long, embedline's metadata
         naming the kept ``columns``); check an existing one.
 
@@ -223,7 +225,7 @@ class QdrantSink:
             client = self._client()
             if not client.collection_exists(self.collection):
                 meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions,
-                                     columns=columns)  # fmt: skip
+                                     columns=columns)
                 try:
                     client.create_collection(
                         self.collection, metadata={_META_KEY: meta},
@@ -240,7 +242,7 @@ class QdrantSink:
         found = self.describe()
         assert found is not None
         check_compatible(found, where=f"Qdrant collection {self.identity}", model=model,
-                         dimensions=dimensions, columns=columns)  # fmt: skip
+                         dimensions=dimensions, columns=columns)
         self._kept = found.columns
         return found
 
@@ -298,7 +300,7 @@ class QdrantSink:
                          "infinity, which Qdrant refuses") for i in np.flatnonzero(~finite))
         good = np.flatnonzero(finite)
         payloads = point_payloads(rows.take(pa.array(good)), run_key=run_key,
-                                  columns=self._columns())  # fmt: skip
+                                  columns=self._columns())
         step = max(1, _FLOATS_PER_REQUEST // max(1, matrix.shape[1]))
         with self._lock if self.local else _no_lock(), self._errors("upsert into"):
             client = self._client()
@@ -321,7 +323,7 @@ class QdrantSink:
             for start in range(0, len(ids), _PAGE):
                 points = [point_id(i) for i in ids[start:start + _PAGE]]
                 found = client.retrieve(self.collection, points, with_payload=False,
-                                        with_vectors=False)  # fmt: skip
+                                        with_vectors=False)
                 if found:
                     existed += len(found)
                     client.delete(self.collection, wait=True, points_selector=models.PointIdsList(
@@ -373,14 +375,14 @@ class QdrantSink:
             return "nothing to build (the server indexes as points arrive)"
         found = self.describe()
         if found is not None and found.rows > LOCAL_MODE_ADVISED_POINTS:
-            logger.info("%s: %d points in Qdrant's local mode, which qdrant-client advises "
+            progress_logger.info("%s: %d points in Qdrant's local mode, which qdrant-client advises "
                         "for up to %d (it keeps them in memory and searches exactly); a "
                         "Qdrant server loads and searches faster", self.identity, found.rows,
-                        LOCAL_MODE_ADVISED_POINTS)  # fmt: skip
+                        LOCAL_MODE_ADVISED_POINTS)
         return "nothing to build (local mode searches exactly)"
 
     def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
-               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:  # fmt: skip
+               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:
         """Cosine search: up to ``k`` ``(id, cosine similarity, *payload values of
         columns)``, most similar first, among the points whose ``where`` payload fields
         equal their values.
@@ -401,7 +403,7 @@ class QdrantSink:
             return self._scanned(query, k, columns, where)
         condition = models.Filter(must=[
             models.FieldCondition(key=name, match=models.MatchValue(value=value))
-            for name, value in where]) if where else None  # fmt: skip
+            for name, value in where]) if where else None
         with self._lock, self._errors("search"):
             client = self._client()
             params = None
@@ -415,10 +417,10 @@ class QdrantSink:
                                        query_filter=condition, search_params=params,
                                        with_payload=True if columns else ["id"]).points
         return [(str((h.payload or {}).get("id")), float(h.score),
-                 *((h.payload or {}).get(c) for c in columns)) for h in hits]  # fmt: skip
+                 *((h.payload or {}).get(c) for c in columns)) for h in hits]
 
     def _scanned(self, vector: np.ndarray, k: int, columns: Sequence[str],
-                 where: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:  # fmt: skip
+                 where: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
         """``search`` by scrolling every point (payload and vector) and filtering here."""
         ids: list[str] = []
         vectors: list[list[float]] = []

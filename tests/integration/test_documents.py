@@ -43,7 +43,7 @@ def _docs(limit: int) -> list[Doc]:
     with open(ENGLISH, newline="", encoding="utf-8") as fh:
         rows = [r for _, r in zip(range(limit), csv.DictReader(fh), strict=False)]
     return [{"id": r["id"], "title": r["title"], "section": f"section {n % 7}",
-             "text": r["text"]} for n, r in enumerate(rows)]  # fmt: skip
+             "text": r["text"]} for n, r in enumerate(rows)]
 
 
 def _write(path: Path, docs: list[Doc]) -> Path:
@@ -69,13 +69,13 @@ class Night:
                          "--base-url", self.server.base_url, "--output", str(self.output),
                          "--ledger", str(self.tmp / "ledger.sqlite3"), "--chunk-size", "100",
                          "--batch-size", "256", "--allow-failed-rows", *flags,
-                         cwd=self.tmp)  # fmt: skip
+                         cwd=self.tmp)
         assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-3000:]
         return self.server.counters()["inputs"], result.stdout, result.stderr
 
     def manifest(self, stdout: str) -> dict[str, Any]:
         uri = next(line.split()[-1] for line in stdout.splitlines()
-                   if line.startswith("manifest"))  # fmt: skip
+                   if line.startswith("manifest"))
         return dict(json.loads(Path(uri).read_text()))
 
     def changes(self, manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -122,13 +122,13 @@ def test_a_template_is_the_text_embedded_hashed_and_reused(
     assert charged == 0
     table = embedline.read_embeddings_arrow(str(night.output))
     _vectors_match(table.column("id").to_pylist(), table.column("embedding").to_pylist(),
-                   composed)  # fmt: skip
+                   composed)
 
 
 @pytest.mark.parametrize(("flags", "named"), [
     (["--text-template", r"{title}\n{body}"], "'body'"),
     (["--keep-columns", "title,Section"], "'Section'"),
-])  # fmt: skip
+])
 def test_an_unknown_column_is_an_input_error_before_any_request(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, flags: list[str], named: str
 ) -> None:
@@ -151,7 +151,7 @@ def test_a_kept_column_under_a_reserved_name_is_an_input_error(
 
 
 def _sink_rows(kind: str, sink: str, pg_uri: str, table: str,
-               columns: tuple[str, ...]) -> dict[str, dict[str, Any]]:  # fmt: skip
+               columns: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """``{id: {"embedding": …, column: value, …}}`` as the sink holds it."""
     if kind == "pgvector":
         import psycopg
@@ -177,7 +177,7 @@ def _sink_rows(kind: str, sink: str, pg_uri: str, table: str,
         finally:
             client.close()
         records = [{"id": p.payload["id"], "embedding": np.asarray(p.vector, dtype=np.float32),
-                    **{c: p.payload.get(c) for c in columns}} for p in points]  # fmt: skip
+                    **{c: p.payload.get(c) for c in columns}} for p in points]
     else:
         import lancedb
 
@@ -229,7 +229,7 @@ def test_kept_columns_reach_every_output_and_a_metadata_edit_costs_nothing(
     # search prints the titles after rank, score and id
     found = run_cli("search", sink, docs[5]["text"], "--k", "3", "--base-url",
                     fake_openai.base_url, "--ledger", str(tmp_path / "ledger.sqlite3"),
-                    cwd=tmp_path)  # fmt: skip
+                    cwd=tmp_path)
     assert found.returncode == 0, found.stderr[-2000:]
     lines = found.stdout.splitlines()
     assert lines[0].split() == ["rank", "score", "id", "title", "section"]
@@ -239,7 +239,7 @@ def test_kept_columns_reach_every_output_and_a_metadata_edit_costs_nothing(
 
     # a metadata-only night: 40 sections edited (not in the text) → 0 inputs, in the sink
     edited = [dict(d, section=f"{d['section']} (moved {n})") if n % 7 == 3 else d
-              for n, d in enumerate(docs)]  # fmt: skip
+              for n, d in enumerate(docs)]
     moved = {d["id"] for d, e in zip(docs, edited, strict=True) if d != e}
     charged, out, _ = night.run(edited, *flags)
     assert charged == 0, "a metadata-only edit must not send any text"
@@ -259,7 +259,7 @@ def test_kept_columns_reach_every_output_and_a_metadata_edit_costs_nothing(
 
     # a text edit of one row: text_changed True, one input
     texted = [dict(d, text=d["text"] + " (edited)") if n == 11 else d
-              for n, d in enumerate(edited)]  # fmt: skip
+              for n, d in enumerate(edited)]
     charged, out, _ = night.run(texted, *flags)
     assert charged == 1
     assert [(c["id"], c["text_changed"]) for c in night.changes(night.manifest(out))] == \
@@ -285,13 +285,13 @@ def test_a_kept_value_never_appears_in_a_failing_runs_output_or_ledger(
     result = run_cli("run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
                      fake_openai.base_url, "--output", str(night.output), "--ledger",
                      str(tmp_path / "ledger.sqlite3"), "--chunk-size", "50",
-                     "--keep-columns", "title,section", "--debug", cwd=tmp_path)  # fmt: skip
+                     "--keep-columns", "title,section", "--debug", cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]  # a dead letter: not committed
     assert "1 row is a dead letter" in result.stdout + result.stderr
     assert secret not in result.stdout + result.stderr
     assert secret.encode() not in (tmp_path / "ledger.sqlite3").read_bytes()
     listed = run_cli("dead-letters", _run_key(result.stdout), "--ledger",
-                     str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)  # fmt: skip
+                     str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)
     assert docs[7]["id"] in listed.stdout and secret not in listed.stdout + listed.stderr
 
     # and a fatal stop (401) of the same input
@@ -300,7 +300,7 @@ def test_a_kept_value_never_appears_in_a_failing_runs_output_or_ledger(
     failed = run_cli("run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
                      fake_openai.base_url, "--output", str(tmp_path / "out2"), "--ledger",
                      str(tmp_path / "ledger2.sqlite3"), "--chunk-size", "50",
-                     "--keep-columns", "title,section", "--debug", cwd=tmp_path)  # fmt: skip
+                     "--keep-columns", "title,section", "--debug", cwd=tmp_path)
     assert failed.returncode == 3, failed.stderr[-3000:]
     assert secret not in failed.stdout + failed.stderr
     assert secret.encode() not in (tmp_path / "ledger2.sqlite3").read_bytes()

@@ -55,14 +55,14 @@ class Loaded:
     """The run's rows, its output root, the three sinks, the ledger and the server."""
 
     def __init__(self, cwd: Path, docs: list[dict[str, str]], server: FakeEmbeddingServer,
-                 targets: dict[str, str]) -> None:  # fmt: skip
+                 targets: dict[str, str]) -> None:
         self.cwd, self.docs, self.server, self.targets = cwd, docs, server, targets
         self.ledger = str(cwd / "ledger.sqlite3")
 
     def search(self, target: str, query: str, where: list[tuple[str, str]],
-               k: int = 10) -> list[tuple[Any, ...]]:  # fmt: skip
+               k: int = 10) -> list[tuple[Any, ...]]:
         return search_target(self.targets[target], [query], k=k, where=where, columns=True,
-                             base_url=self.server.base_url, ledger=self.ledger)[0]  # fmt: skip
+                             base_url=self.server.base_url, ledger=self.ledger)[0]
 
     def cli(self, target: str, *args: str) -> Any:
         return run_cli("search", self.targets[target], *args, "--base-url",
@@ -87,18 +87,18 @@ def loaded(tmp_path_factory: pytest.TempPathFactory, pg_uri: str) -> Iterator[Lo
                          server.base_url, "--output", targets["output root"], "--ledger",
                          ledger, "--chunk-size", "1000", "--batch-size", "1000",
                          "--keep-columns", "title,grp,section", "--allow-failed-rows",
-                         "--sink", targets["pgvector"], cwd=cwd, timeout=600)  # fmt: skip
+                         "--sink", targets["pgvector"], cwd=cwd, timeout=600)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         assert re.search(rf"^rows +{len(docs)} upserted now", result.stdout, re.M), result.stdout
         for kind in ("lancedb", "qdrant"):
             load = run_cli("load", "--to", targets[kind], "--output", targets["output root"],
-                           "--ledger", ledger, cwd=cwd, timeout=600)  # fmt: skip
+                           "--ledger", ledger, cwd=cwd, timeout=600)
             assert load.returncode == 0, load.stdout[-2000:] + load.stderr[-3000:]
         yield Loaded(cwd, docs, server, targets)
 
 
 def _brute_force(docs: list[dict[str, str]], query: str, where: list[tuple[str, str]],
-                 k: int = 10) -> list[tuple[str, float]]:  # fmt: skip
+                 k: int = 10) -> list[tuple[str, float]]:
     """The true top k ``(id, cosine)`` among the rows meeting ``where``, by numpy over the
     expected vectors, most similar first."""
     rows = [d for d in docs if all(d[c] == v for c, v in where)]
@@ -149,7 +149,7 @@ def test_no_match_prints_nothing_and_injection_finds_nothing(loaded: Loaded, tar
     found = loaded.cli(target, "anything", "--where", "grp=x' OR '1'='1")
     assert (found.returncode, found.stdout) == (0, ""), found.stderr[-2000:]
     shown = loaded.cli(target, loaded.docs[5]["text"], "--where", f"grp={QUOTED}", "--k", "3",
-                       "--columns", "section")  # fmt: skip
+                       "--columns", "section")
     assert shown.returncode == 0, shown.stderr[-2000:]
     lines = shown.stdout.splitlines()
     assert lines[0].split() == ["rank", "score", "id", "section"]
@@ -175,7 +175,7 @@ def test_pgvector_picks_exact_for_selective_and_iterative_for_broad_filters(
         index = '"filtered_embedding_hnsw"'
         assert conn.execute("SELECT to_regclass(%s) IS NOT NULL", (index,)).fetchone()[0]
         version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'"
-                               ).fetchone()[0]  # fmt: skip
+                               ).fetchone()[0]
         assert tuple(int(p) for p in version.split(".")) >= (0, 8, 0), version
         table = sql.Identifier("filtered")
         assert search_plan(conn, table, index, [("grp", QUOTED)]) == "exact"
@@ -216,9 +216,9 @@ def test_odd_column_names_are_filtered_exactly(
         "id": [d["id"] for d in docs],
         "embedding": pa.array(list(expected_matrix(texts)), pa.list_(pa.float32(), 384)),
         "text_sha256": ["-"] * len(docs),
-        odd[0]: [d["grp"] for d in docs], odd[1]: [d["section"] for d in docs]})  # fmt: skip
+        odd[0]: [d["grp"] for d in docs], odd[1]: [d["section"] for d in docs]})
     sink: Any = (LanceDBSink(str(tmp_path / "db"), table="odd") if kind == "lancedb"
-                 else QdrantSink(collection="odd", path=str(tmp_path / "qdrant")))  # fmt: skip
+                 else QdrantSink(collection="odd", path=str(tmp_path / "qdrant")))
     try:
         sink.ensure_table(embedder="openai", model="m", dimensions=384, columns=columns)
         sink.upsert(rows, run_key="r")
@@ -227,10 +227,10 @@ def test_odd_column_names_are_filtered_exactly(
                       [(odd[0], "group 7"), (odd[1], "section 0")]):
             hits = sink.search(expected_matrix([query])[0], 10, columns=odd, where=where)
             truth = _brute_force([dict(d, **{odd[0]: d["grp"], odd[1]: d["section"]})
-                                  for d in docs], query, where)  # fmt: skip
+                                  for d in docs], query, where)
             _assert_same_top(hits, truth)
             assert all(dict(zip(odd, h[2:], strict=True))[c] == v for h in hits
-                       for c, v in where)  # fmt: skip
+                       for c, v in where)
         assert sink.search(expected_matrix([query])[0], 10, where=[(odd[1], "x' OR 1=1")]) == []
     finally:
         sink.close()

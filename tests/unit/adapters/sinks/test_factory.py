@@ -44,7 +44,7 @@ def test_qdrant_uris_name_a_server_or_a_local_directory(tmp_path: Path) -> None:
     pytest.importorskip("qdrant_client")
     sink = open_sink("qdrant://vectors.example:6334/packages")
     assert (sink.url, sink.collection, sink.local) == ("http://vectors.example:6334", "packages",
-                                                       False)  # fmt: skip
+                                                       False)
     assert sink.identity == "qdrant://vectors.example:6334/packages"
     assert open_sink("qdrant+https://vectors.example/p").url == "https://vectors.example:6333"
     local = open_sink(f"qdrant+local://{tmp_path}/q dir#1?collection=docs")

@@ -18,7 +18,7 @@ def _rows(ids: list[str], dims: int = 4, seed: int = 0) -> pa.Table:
         "id": pa.array(ids, pa.string()),
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dims),
         "text_sha256": pa.array([f"h{i}" for i in ids], pa.string()),
-    })  # fmt: skip
+    })
 
 
 def _contents(sink) -> dict[str, tuple[list[float], str]]:
@@ -40,7 +40,7 @@ def test_lancedb_upsert_is_idempotent_and_replace_deletes_other_runs(tmp_path: P
     got = _contents(sink)
     assert sorted(got) == ["b", "c", "d"]
     expected = dict(zip(second.column("id").to_pylist(),
-                        second.column("embedding").to_pylist(), strict=True))  # fmt: skip
+                        second.column("embedding").to_pylist(), strict=True))
     assert all(np.array_equal(got[i][0], expected[i]) and got[i][1] == "r2" for i in got)
     assert sink.delete_ids(["b", "it's-absent"]) == 1
     sink.finalize()

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[4]
 def test_package_exports_what_adapters_sinks_exported() -> None:
     assert adapters.sinks.__all__ == ["DEFAULT_TABLE", "SINK_FORMAT", "check_compatible",
                                       "is_sink_uri", "open_sink", "sink_metadata",
-                                      "sink_table_from_metadata", "validate_sink_uri"]  # fmt: skip
+                                      "sink_table_from_metadata", "validate_sink_uri"]
     for name in adapters.sinks.__all__:
         assert hasattr(adapters.sinks, name)
 
@@ -34,7 +34,7 @@ def test_package_exports_what_adapters_sinks_exported() -> None:
     ("adapters.sink_meta", "adapters.sinks.base", ["SINK_FORMAT", "check_compatible",
                                                    "sink_metadata", "sink_table_from_metadata"]),
     ("adapters.pg_errors", "adapters.sinks.pg_errors", ["classify", "translate", "REASONS"]),
-])  # fmt: skip
+])
 def test_old_module_paths_name_the_same_objects(old: str, new: str, names: list[str]) -> None:
     before, after = importlib.import_module(old), importlib.import_module(new)
     for name in names:
@@ -49,9 +49,9 @@ def test_checking_a_uri_imports_no_store() -> None:
             "validate_sink_uri('qdrant+local:///tmp/q?collection=c'); "
             "print(sorted(m for m in sys.modules if m in ('adapters.sinks.lancedb', "
             "'adapters.sinks.pgvector', 'adapters.sinks.qdrant', 'lancedb', 'psycopg', "
-            "'qdrant_client')))")  # fmt: skip
+            "'qdrant_client')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+                         text=True, check=True).stdout
     assert out.strip() == "[]"
 
 

@@ -22,13 +22,13 @@ def _rows(ids: list[str], dims: int = 4, seed: int = 0) -> pa.Table:
         "id": pa.array(ids, pa.string()),
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dims),
         "text_sha256": pa.array([f"h{i}" for i in ids], pa.string()),
-    })  # fmt: skip
+    })
 
 
 def _unit(rows: pa.Table) -> dict[str, np.ndarray]:
     out = {}
     for i, v in zip(rows.column("id").to_pylist(), rows.column("embedding").to_pylist(),
-                    strict=True):  # fmt: skip
+                    strict=True):
         v = np.asarray(v, dtype=np.float32)
         out[i] = v / np.linalg.norm(v)
     return out
@@ -36,7 +36,7 @@ def _unit(rows: pa.Table) -> dict[str, np.ndarray]:
 
 def _points(sink) -> dict[str, tuple[np.ndarray, dict]]:
     points, _ = sink._client().scroll(sink.collection, limit=100_000, with_payload=True,
-                                      with_vectors=True)  # fmt: skip
+                                      with_vectors=True)
     return {p.payload["id"]: (np.asarray(p.vector, dtype=np.float32), p.payload, p.id)
             for p in points}
 
