@@ -125,6 +125,12 @@ class StopState:
     process, ``STOP``; a new command (``begin_command``) and a new dispatch
     (``start_dispatching``) clear what belongs to them."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled into a Dask task (a bound method, a hook, Prefect's task context), the stop
+        state is the receiving process's own, as module globals were: one per process, never
+        a copy (its locks and events cannot be copied)."""
+        return (_process_stop_state, ())
+
     def __init__(self) -> None:
         self._phase = Phase.PLANNING
         #: The CLI runs the flow in its own process and handles the signals itself.
@@ -473,6 +479,11 @@ class StopState:
 
 #: The process's stop state.
 STOP = StopState()
+
+
+def _process_stop_state() -> StopState:
+    """This process's stop state (what a pickled ``StopState`` becomes)."""
+    return STOP
 
 
 def raise_interrupt(signum: int, frame: object) -> None:

@@ -280,3 +280,17 @@ def test_a_signal_while_committing_is_raised_when_the_commit_ends() -> None:
     """)
     assert done.stdout.splitlines() == ["commit finished committing", "raised after planning"]
     assert done.returncode == 0, done.stderr
+
+
+def test_the_stop_state_pickles_as_the_receiving_processs_own() -> None:
+    """A Dask task carrying it (a bound method, a hook) must not copy its locks: pickled, it is
+    the process's one ``STOP`` (the stop-state refactor broke every Dask run with
+    "cannot pickle '_thread.lock' object")."""
+    import pickle
+
+    import cloudpickle
+
+    from embedline.shutdown import STOP
+
+    assert pickle.loads(pickle.dumps(STOP)) is STOP
+    assert cloudpickle.loads(cloudpickle.dumps(STOP.tasks_must_stop))() is STOP.tasks_must_stop()
