@@ -33,7 +33,7 @@ PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
-# Unit tests only: no sockets, no servers, about a minute.
+# Unit tests only: no sockets, no servers, about 40 s.
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -m "not slow" -n $(PYTEST_WORKERS)
 
