@@ -25,7 +25,8 @@ from embedline.errors import FatalError
 from embedline.protocols import SinkColumns, SinkTable, UpsertResult, VectorSink
 from embedline.template import kept_sha256
 
-__all__ = ["DEFAULT_TABLE", "KEPT_HASH", "OWN_COLUMNS", "SINK_FORMAT", "SinkColumns",
+__all__ = ["DEFAULT_TABLE", "KEPT_HASH", "KeptColumnsCache", "OWN_COLUMNS", "SINK_FORMAT",
+           "SinkColumns",
            "SinkTable", "UpsertResult", "VectorSink", "check_compatible", "exact_top_k", "extra_values",
            "held_key_columns", "kept_hashes", "sink_columns_of", "sink_metadata",
            "sink_table_from_metadata", "vector_matrix"]
@@ -152,3 +153,23 @@ def exact_top_k(matrix: np.ndarray, ids: Sequence[Any], vector: np.ndarray, k: i
     best = np.argpartition(-scores, k - 1)[:k]
     best = best[np.lexsort((best, -scores[best]))]
     return [(ids[i], float(scores[i]), *(column[i] for column in values)) for i in best]
+
+
+class KeptColumnsCache:
+    """The kept columns a store's table was created with, read once from its ``describe()``
+    and cached in ``_kept`` (``ensure_table`` sets it; dropping the table clears it)."""
+
+    _kept: SinkColumns | None = None
+
+    def describe(self) -> SinkTable | None:  # defined by each store
+        raise NotImplementedError
+
+    def _columns(self) -> SinkColumns:
+        """The table's kept columns (none for a table without, or no table yet)."""
+        if self._kept is None:
+            found = self.describe()
+            if found is None:
+                return SinkColumns()
+            self._kept = found.columns
+        return self._kept
+

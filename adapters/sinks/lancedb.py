@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from adapters.disk_full import translate_full
 from adapters.sinks.base import (
+    KeptColumnsCache,
     KEPT_HASH,
     OWN_COLUMNS,
     SinkColumns,
@@ -87,7 +88,7 @@ def _writes(method: Callable[..., _T]) -> Callable[..., _T]:
     return wrapper
 
 
-class LanceDBSink:
+class LanceDBSink(KeptColumnsCache):
     """Table ``table`` of the LanceDB database at ``path`` (a directory).
 
     One commit at a time: Lance resolves concurrent commits by retrying, which wastes the
@@ -160,15 +161,6 @@ class LanceDBSink:
                          dimensions=dimensions, columns=columns)
         self._kept = found.columns
         return found
-
-    def _columns(self) -> SinkColumns:
-        """The table's kept columns, from its metadata (none for a table without)."""
-        if self._kept is None:
-            found = self.describe()
-            if found is None:
-                return SinkColumns()
-            self._kept = found.columns
-        return self._kept
 
     def _check_shape(self, dimensions: int, columns: SinkColumns = SinkColumns()) -> None:
         """Refuse a table of another shape before any row is written.

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.sinks.base import (
+    KeptColumnsCache,
     KEPT_HASH,
     SinkColumns,
     SinkTable,
@@ -106,7 +107,7 @@ def _refused_before_sending(
     return refused
 
 
-class PgVectorSink:
+class PgVectorSink(KeptColumnsCache):
     """Table ``table`` in the PostgreSQL database at ``dsn`` (a password-free libpq URI).
 
     One connection per thread (psycopg connections run one transaction at a time), so
@@ -224,15 +225,6 @@ class PgVectorSink:
                          dimensions=dimensions, columns=columns)
         self._kept = found.columns
         return found
-
-    def _columns(self) -> SinkColumns:
-        """The table's kept columns, from its comment (none for a table without)."""
-        if self._kept is None:
-            found = self.describe()
-            if found is None:
-                return SinkColumns()
-            self._kept = found.columns
-        return self._kept
 
     def _check_shape(self, conn: Any, dimensions: int,
                      columns: SinkColumns = SinkColumns()) -> None:

@@ -47,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.sinks.base import (
+    KeptColumnsCache,
     SinkColumns,
     SinkTable,
     UpsertResult,
@@ -108,7 +109,7 @@ def _quiet_local_mode_warning() -> None:
                             category=UserWarning)
 
 
-class QdrantSink:
+class QdrantSink(KeptColumnsCache):
     """Collection ``collection`` of a Qdrant server at ``url`` (``http://HOST:PORT`` or
     ``https://…``) or of the local-mode directory ``path`` (exactly one of the two).
 
@@ -245,15 +246,6 @@ class QdrantSink:
                          dimensions=dimensions, columns=columns)
         self._kept = found.columns
         return found
-
-    def _columns(self) -> SinkColumns:
-        """The collection's kept columns, from its metadata (none for one without)."""
-        if self._kept is None:
-            found = self.describe()
-            if found is None:
-                return SinkColumns()
-            self._kept = found.columns
-        return self._kept
 
     def _check_shape(self, client: Any, dimensions: int) -> None:
         """Refuse a collection of another vector layout before any point is sent.
