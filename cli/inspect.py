@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
 from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
+from adapters.ledger import Ledger
+from adapters.ledger.records import RunRecord
 from cli.ledger_lookup import find_run, open_ledger
 
-__all__ = ["add_parsers", "tsv_field"]
+__all__ = ["add_parsers", "run_status", "tsv_field"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -16,6 +20,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                             formatter_class=HELP_FORMATTER)
     status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     status.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
+    status.add_argument("--json", action="store_true",
+                        help="one JSON object per run and line, for monitors (fields: "
+                             "docs/design.md, 'status --json')")
     status.set_defaults(handler=_status, resumable=False)
     dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter",
                           formatter_class=HELP_FORMATTER)
@@ -27,32 +34,54 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     dead.set_defaults(handler=_dead_letters, resumable=False)
 
 
+_CHUNK_STATES = ("published", "failed", "running", "pending")
+
+
 def _status(args: argparse.Namespace) -> int:
     """One tab-separated line per run, always 8 fields: key, state, ``rows=… dead_letters=…``,
     ``chunks …`` by state, input, output, updated, and why the lowest failed chunk failed
-    (empty when none did)."""
+    (empty when none did). With ``--json``, ``run_status`` as one JSON object per line."""
     ledger = open_ledger(args.ledger)
     runs = [find_run(ledger, args.run)] if args.run else ledger.runs()
     for run in runs:
-        states = ledger.live_state_counts(run.run_key)
-        status = run.status
-        if status == "running" and ledger.run_process_gone(run.run_key):
-            status = "crashed"  # its process is gone without recording an end
-        published = run.rows_published if status == "complete" else max(
-            run.rows_published, ledger.published_rows(run.run_key))
-        chunks = " ".join(f"{s}={states.get(s, 0)}" for s in
-                          ("published", "failed", "running", "pending"))
-        failure = ledger.first_failure(run.run_key) if states.get("failed") else None
-        more = states.get("failed", 0) - 1
-        why = "" if failure is None else tsv_field(
-            f"chunk {failure[0]} failed" + (f" (and {more} more)" if more else "")
-            + f": {failure[1]}")
+        facts = run_status(ledger, run)
+        if args.json:
+            print(json.dumps(facts, sort_keys=True))
+            continue
+        chunks = " ".join(f"{s}={facts['chunks'][s]}" for s in _CHUNK_STATES)
         print(
-            f"{run.run_key}\t{status}\trows={published}/{run.input_rows} "
-            f"dead_letters={run.rows_failed}\tchunks {chunks}\t{run.input_name}\t"
-            f"{run.output_uri}\t{run.updated_at}\t{why}"
+            f"{run.run_key}\t{facts['status']}\trows={facts['rows_published']}/"
+            f"{run.input_rows} dead_letters={run.rows_failed}\tchunks {chunks}\t"
+            f"{run.input_name}\t{run.output_uri}\t{run.updated_at}\t"
+            f"{tsv_field(facts['failure'] or '')}"
         )
     return 0
+
+
+def run_status(ledger: Ledger, run: RunRecord) -> dict[str, Any]:
+    """A run's state as the ledger knows it, JSON-ready (DESIGN ``status --json``):
+    ``run_key``, ``status`` (``crashed`` when a ``running`` run's process is gone),
+    ``input``, ``input_rows``, ``output``, ``manifest_uri``, ``updated_at`` (UTC ISO-8601),
+    ``rows_published``, ``dead_letters`` (rows), ``chunks`` (count per state),
+    ``failure`` (why the lowest failed chunk failed, or None) and ``committed`` (the
+    ``embedline.run.committed`` event's payload, or None). Counts only, never text."""
+    states = ledger.live_state_counts(run.run_key)
+    status = run.status
+    if status == "running" and ledger.run_process_gone(run.run_key):
+        status = "crashed"  # its process is gone without recording an end
+    published = run.rows_published if status == "complete" else max(
+        run.rows_published, ledger.published_rows(run.run_key))
+    failure = ledger.first_failure(run.run_key) if states.get("failed") else None
+    more = states.get("failed", 0) - 1
+    why = None if failure is None else (
+        f"chunk {failure[0]} failed" + (f" (and {more} more)" if more else "")
+        + f": {failure[1]}")
+    return {"run_key": run.run_key, "status": status, "input": run.input_name,
+            "input_rows": run.input_rows, "output": run.output_uri,
+            "manifest_uri": run.manifest_uri, "updated_at": run.updated_at,
+            "rows_published": published, "dead_letters": run.rows_failed,
+            "chunks": {s: states.get(s, 0) for s in _CHUNK_STATES}, "failure": why,
+            "committed": ledger.run_facts(run.run_key) if status == "complete" else None}
 
 
 def tsv_field(value: str) -> str:

@@ -32,6 +32,7 @@ from flows.run import CommittedRun, Run
 from flows.signals import under_prefect_runner
 from tasks.chunk import store_for
 from tasks.plan import plan_input
+from tasks.events import emit_run_committed
 from tasks.report import publish_summary
 
 __all__ = ["embed_csv", "run_settings"]
@@ -175,7 +176,9 @@ def _record_embed_commit_load(run: Run) -> RunSummary:
 
 
 def _note_committed(run: Run, summary: RunSummary) -> None:
-    """Tell the signal handlers the run is committed (an interrupt now stops nothing)."""
+    """Tell the signal handlers the run is committed (an interrupt now stops nothing), and
+    emit ``embedline.run.committed``."""
+    emit_run_committed(summary)
     sink = run.settings.sink
     STOP.note_committed(run.run_key, str(summary.manifest_uri), (
         "rerun the same command to load it into the sink" if sink else "nothing to resume"),

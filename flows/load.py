@@ -49,6 +49,7 @@ from tasks.load import LoadedChunk, LoadJob, load_chunk, sink_for
 from tasks.load_lease import load_lease
 from tasks.outcome import status_for
 from tasks.read import resolve_run
+from tasks.events import emit_load_completed
 from tasks.report import publish_load_summary
 from tasks.sink_state import (
     DEFAULT_MAX_DELETE_FRACTION,
@@ -133,7 +134,8 @@ def load_stage(
     expected failure: the summary says it. Holds a load lease on the run for its whole
     length, so gc keeps what it reads. Rows the sink refuses for good are load dead
     letters: the rest is loaded and the load finishes; the summary says ``dead_letters``,
-    exit 1, unless ``allow_failed_rows``. ``keep_versions_s``: see ``load_run``.
+    exit 1, unless ``allow_failed_rows``. ``keep_versions_s``: see ``load_run``. A load that
+    changed the sink and ended with exit 0 emits ``embedline.load.completed``.
     """
     with contextlib.ExitStack() as held:
         try:
@@ -143,8 +145,11 @@ def load_stage(
             return LoadSummary(exc.exit_code, status, f"{exc} (writing the load lease)",
                                sink=sink_uri, run_key=str(manifest["run_key"]))
         options = _Options(max_delete_fraction, allow_failed_rows, keep_versions_s)
-        return _load_stage(output=output, manifest=manifest, sink_uri=sink_uri, ledger=ledger,
-                           options=options)
+        summary = _load_stage(output=output, manifest=manifest, sink_uri=sink_uri,
+                              ledger=ledger, options=options)
+    if summary.exit_code == 0 and summary.status != "already_loaded":
+        emit_load_completed(summary)
+    return summary
 
 
 def _load_stage(

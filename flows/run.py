@@ -40,6 +40,7 @@ from flows.dispatch import DispatchResult
 from flows.outcome import outcome_fields
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
 from tasks.dimensions import RunLength, other_lengths, pinned_length, with_lengths
+from tasks.events import run_payload
 from tasks.gc import drop_run_lease, write_run_lease
 from tasks.target import RunTarget, resolve_run_target
 from tasks.manifest import already_complete_fields, change_fields
@@ -360,10 +361,12 @@ class Run:
     def finish(self, summary: RunSummary) -> RunSummary:
         """Record ``summary``'s end of the run in the ledger (if recorded); return it."""
         if self.ledger is not None:
+            committed = summary.status == "complete"
             self.ledger.finish_run(self.run_key, status=summary.status,
                                    rows_published=summary.rows_published,
                                    rows_failed=summary.rows_failed,
-                                   manifest_uri=summary.manifest_uri)
+                                   manifest_uri=summary.manifest_uri,
+                                   facts=run_payload(summary) if committed else None)
         return summary
 
     def _ledger(self) -> Ledger:

@@ -145,6 +145,16 @@ MIGRATIONS += (
     ),
 )
 
+MIGRATIONS += (
+    (
+        # What a committed run did (``tasks.events.run_payload``: counts, tokens, cost, the
+        # change set's counts), for ``status --json``: the same facts as the
+        # ``embedline.run.committed`` event, without reading the manifest from the store.
+        "0007_run_facts",
+        "ALTER TABLE runs ADD COLUMN facts_json TEXT;",
+    ),
+)
+
 #: One more per migration; migrations are applied by name, each once, in tuple order.
 SCHEMA_VERSION = len(MIGRATIONS)
 

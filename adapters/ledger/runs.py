@@ -79,16 +79,27 @@ class RunTable(LedgerBase):
         rows_published: int,
         rows_failed: int,
         manifest_uri: str | None,
+        facts: dict[str, object] | None = None,
     ) -> None:
         """Record a run's final status (``completed``, ``incomplete``, ``failed``,
-        ``interrupted``) and counts (rows)."""
+        ``interrupted``) and counts (rows); ``facts``, a committed run's JSON-ready
+        ``tasks.events.run_payload`` (counts only), replaces the stored ones when given."""
         with self.atomic() as db:
             db.execute(
                 """UPDATE runs SET status = ?, rows_published = ?, rows_failed = ?,
-                       manifest_uri = COALESCE(?, manifest_uri), updated_at = ?
+                       manifest_uri = COALESCE(?, manifest_uri), updated_at = ?,
+                       facts_json = COALESCE(?, facts_json)
                    WHERE run_key = ?""",
-                (status, rows_published, rows_failed, manifest_uri, now_iso(), run_key),
+                (status, rows_published, rows_failed, manifest_uri, now_iso(),
+                 None if facts is None else json.dumps(facts, sort_keys=True), run_key),
             )
+
+    def run_facts(self, run_key: str) -> dict[str, object] | None:
+        """The facts recorded when ``run_key`` committed (``finish_run(facts=…)``), or None
+        (not committed by this ledger's runs, or committed before the ledger kept them)."""
+        row = self._conn.execute("SELECT facts_json FROM runs WHERE run_key = ?",
+                                 (run_key,)).fetchone()
+        return None if row is None or row[0] is None else dict(json.loads(row[0]))
 
     def runs(self) -> list[RunRecord]:
         """Return every run, newest first."""

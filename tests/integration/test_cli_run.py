@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import re
+import sqlite3
 import time
 from pathlib import Path
 
@@ -130,6 +131,20 @@ def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
     assert set(vectors) == {"000", "001", "003", "005"}
     status = run_cli("status", "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)
     assert status.stdout.startswith(run_key) and "complete" in status.stdout
+    as_json = run_cli("status", "--json", "--ledger", str(tmp_path / "ledger.sqlite3"),
+                      cwd=tmp_path)
+    (facts,) = [json.loads(line) for line in as_json.stdout.splitlines()]
+    with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
+        ledger_row = db.execute("SELECT status, rows_published, rows_failed, manifest_uri "
+                                "FROM runs WHERE run_key = ?", (run_key,)).fetchone()
+    assert (facts["status"], facts["rows_published"], facts["dead_letters"],
+            facts["manifest_uri"]) == ledger_row == ("complete", 4, 2, ledger_row[3])
+    assert facts["chunks"] == {"published": 2, "failed": 0, "running": 0, "pending": 0}
+    committed = facts["committed"]  # the embedline.run.committed payload
+    assert committed["run_key"] == run_key and committed["dead_letters"] == 2
+    assert committed["rows_added"] == 4 and committed["rows_published"] == 4
+    assert committed["manifest_uri"] == ledger_row[3]
+    assert ledger_row[3].endswith(f"manifests/{run_key}.json")
 
 
 @pytest.mark.parametrize(
@@ -247,6 +262,10 @@ def test_failed_chunks_then_retry_failed_embeds_only_those(
     fields = status.stdout.rstrip("\n").split("\t")
     assert len(fields) == 8 and fields[-1].startswith(
         "chunk 1 failed (and 1 more): RetryableError: HTTP 503"), fields  # why, not only counts
+    as_json = json.loads(run_cli("status", run_key[:10], "--json", "--ledger",
+                                 str(tmp_path / "ledger.sqlite3"), cwd=tmp_path).stdout)
+    assert as_json["failure"] == fields[-1] and as_json["committed"] is None
+    assert as_json["chunks"]["failed"] == 2 and as_json["status"] == "incomplete"
     fake_openai.fail_when(None)
     before = fake_openai.counters()["requests"]
     elsewhere = tmp_path / "elsewhere"

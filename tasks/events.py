@@ -1,0 +1,67 @@
+"""The Prefect events a run and a load emit, for automations and downstream deployments.
+
+``embedline.run.committed`` fires once when a run's manifest is written (the commit point,
+DESIGN §4); ``embedline.load.completed`` when a load into a sink finished with exit 0. Both
+carry counts only (no text, no kept-column values, no secrets: sink URIs never hold a
+password, ``settings._sink_has_no_password``). Emitted inside a flow run, Prefect's events
+worker adds the flow run, flow and deployment as related resources
+(``prefect.events.related.related_resources_from_run_context``), so an automation or a
+deployment trigger can match ``embedline.run.committed`` of one deployment
+(docs: https://docs.prefect.io/v3/concepts/events). Outside a run, or without a Prefect API,
+nothing is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from embedline.models import LoadSummary, RunSummary
+
+__all__ = ["LOAD_COMPLETED", "RUN_COMMITTED", "emit_load_completed", "emit_run_committed",
+           "load_payload", "run_payload"]
+
+RUN_COMMITTED = "embedline.run.committed"
+LOAD_COMPLETED = "embedline.load.completed"
+
+_RUN_FIELDS = ("run_key", "output", "manifest_uri", "rows_total", "rows_published",
+               "rows_failed", "rows_reused", "rows_added", "rows_changed", "rows_removed",
+               "rows_unchanged", "tokens", "inputs", "generation")
+_LOAD_FIELDS = ("run_key", "sink", "mode", "rows_loaded", "rows_deleted", "rows_skipped",
+                "rows_failed", "chunks_total", "wall_s")
+
+
+def run_payload(summary: RunSummary) -> dict[str, Any]:
+    """The facts of a committed run: keys, rows (counts), ``dead_letters`` (rows), the change
+    set's counts (rows; None for a first run without a base), ``tokens`` and ``cost_usd``
+    (None without ``--price-per-million-tokens``)."""
+    payload = {name: getattr(summary, name) for name in _RUN_FIELDS}
+    payload["dead_letters"] = summary.rows_failed
+    price = summary.price_per_million_tokens
+    payload["cost_usd"] = None if price is None else round(summary.tokens * price / 1e6, 6)
+    return payload
+
+
+def load_payload(summary: LoadSummary) -> dict[str, Any]:
+    """The facts of a finished load: run key, sink URI, ``mode`` (``replace``/``upsert``…),
+    rows upserted (``rows_loaded``) and deleted, and ``wall_s`` (seconds)."""
+    return {name: getattr(summary, name) for name in _LOAD_FIELDS}
+
+
+def emit_run_committed(summary: RunSummary) -> None:
+    """Emit ``embedline.run.committed`` for ``summary`` (a committed run's)."""
+    _emit(RUN_COMMITTED, f"embedline.run.{summary.run_key}", run_payload(summary),
+          {"embedline.output": str(summary.output)})
+
+
+def emit_load_completed(summary: LoadSummary) -> None:
+    """Emit ``embedline.load.completed`` for ``summary`` (a load that ended with exit 0)."""
+    _emit(LOAD_COMPLETED, f"embedline.run.{summary.run_key}", load_payload(summary),
+          {"embedline.sink": str(summary.sink)})
+
+
+def _emit(event: str, resource_id: str, payload: dict[str, Any], labels: dict[str, str]) -> None:
+    from prefect.events import emit_event
+
+    # Never fails the run: the events worker sends in the background and drops on error.
+    emit_event(event=event, resource={"prefect.resource.id": resource_id, **labels},
+               payload=payload)
