@@ -503,6 +503,7 @@ def _commit_without_dispatch(run: Run) -> dict[str, Any] | tuple[str, int] | Non
     from embedline.models import RunSummary
     from flows.dispatch import DispatchResult
     from flows.run import CommittedRun
+    from tasks.events import emit_run_committed
 
     global _recorded_run_hook
     try:
@@ -526,7 +527,7 @@ def _commit_without_dispatch(run: Run) -> dict[str, Any] | tuple[str, int] | Non
             with run.leased():  # gc keeps the objects the lease lists
                 ended = run.conclude(work, DispatchResult(), on_committed=lambda summary: (
                     STOP.note_committed(run.run_key, str(summary.manifest_uri),
-                                            "nothing to resume")))
+                                        "nothing to resume"), emit_run_committed(summary)))
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     finally:

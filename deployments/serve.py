@@ -38,6 +38,7 @@ def build_deployments() -> list[Any]:
     of the flow its ``entrypoint`` names (before, every one was built with ``embed_csv``, and
     the server refused gc-weekly's parameters: serve.py did not start)."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.events import DeploymentEventTrigger
     from prefect.flows import load_flow_from_entrypoint
     from prefect.schedules import Cron
 
@@ -57,6 +58,7 @@ def build_deployments() -> list[Any]:
                 limit=limit["limit"],
                 collision_strategy=ConcurrencyLimitStrategy(limit["collision_strategy"]),
             ),
+            triggers=[DeploymentEventTrigger.model_validate(t) for t in spec.get("triggers") or []],
         ))
     return deployments
 

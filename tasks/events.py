@@ -17,11 +17,14 @@ from typing import Any
 
 from embedline.models import LoadSummary, RunSummary
 
-__all__ = ["LOAD_COMPLETED", "RUN_COMMITTED", "emit_load_completed", "emit_run_committed",
+__all__ = ["DEAD_LETTERS_EXCEEDED", "LOAD_COMPLETED", "RUN_COMMITTED", "THRESHOLD_VARIABLE",
+           "dead_letters_threshold", "emit_load_completed", "emit_run_committed",
            "load_payload", "run_payload"]
 
 RUN_COMMITTED = "embedline.run.committed"
 LOAD_COMPLETED = "embedline.load.completed"
+DEAD_LETTERS_EXCEEDED = "embedline.run.dead-letters-exceeded"
+THRESHOLD_VARIABLE = "embedline_dead_letters_alert_threshold"
 
 _RUN_FIELDS = ("run_key", "output", "manifest_uri", "rows_total", "rows_published",
                "rows_failed", "rows_reused", "rows_added", "rows_changed", "rows_removed",
@@ -48,15 +51,49 @@ def load_payload(summary: LoadSummary) -> dict[str, Any]:
 
 
 def emit_run_committed(summary: RunSummary) -> None:
-    """Emit ``embedline.run.committed`` for ``summary`` (a committed run's)."""
-    _emit(RUN_COMMITTED, f"embedline.run.{summary.run_key}", run_payload(summary),
-          {"embedline.output": str(summary.output)})
+    """Emit ``embedline.run.committed`` for ``summary`` (a committed run's); and
+    ``embedline.run.dead-letters-exceeded`` too when its dead letters (rows) are above the
+    Prefect Variable ``embedline_dead_letters_alert_threshold`` (set by
+    ``deployments/automations.py``; absent: never)."""
+    if not _api_configured():
+        return
+    payload = run_payload(summary)
+    labels = {"embedline.output": str(summary.output)}
+    _emit(RUN_COMMITTED, f"embedline.run.{summary.run_key}", payload, labels)
+    threshold = dead_letters_threshold()
+    if threshold is not None and summary.rows_failed > threshold:
+        _emit(DEAD_LETTERS_EXCEEDED, f"embedline.run.{summary.run_key}",
+              {**payload, "threshold": threshold}, labels)
+
+
+def dead_letters_threshold() -> int | None:
+    """The Prefect Variable ``embedline_dead_letters_alert_threshold`` as rows, or None when
+    it is unset, not a whole number ≥ 0, or cannot be read (an alert threshold never fails
+    a committed run)."""
+    from prefect.variables import Variable
+
+    try:
+        value = Variable.get(THRESHOLD_VARIABLE, default=None)
+        threshold = None if value is None else int(value)
+    except Exception:  # noqa: BLE001 - the API went away after the commit, a bad value
+        return None
+    return threshold if threshold is not None and threshold >= 0 else None
 
 
 def emit_load_completed(summary: LoadSummary) -> None:
     """Emit ``embedline.load.completed`` for ``summary`` (a load that ended with exit 0)."""
+    if not _api_configured():
+        return
     _emit(LOAD_COMPLETED, f"embedline.run.{summary.run_key}", load_payload(summary),
           {"embedline.sink": str(summary.sink)})
+
+
+def _api_configured() -> bool:
+    # Without PREFECT_API_URL, Prefect's client would start an ephemeral server (and a
+    # database in ~/.prefect) just to drop the event: a CLI commit without a flow run.
+    from prefect.settings import PREFECT_API_URL
+
+    return bool(PREFECT_API_URL.value())
 
 
 def _emit(event: str, resource_id: str, payload: dict[str, Any], labels: dict[str, str]) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from deployments.server import server_command, server_env
 from tests.support.processes import die_with_parent
 
 __all__ = [
@@ -34,21 +35,22 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_prefect_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Start a Prefect server with ``PREFECT_HOME=home``; return it and its API URL.
+def start_prefect_server(home: Path, *, ui: bool = False, database_url: str | None = None,
+                         ) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a Prefect server with ``PREFECT_HOME=home`` the way deployments/README.md says
+    (``deployments/server.py``: host, port and the UI's API address set together), on a free
+    port, with its UI only when ``ui``, on ``database_url`` (PostgreSQL) or SQLite in
+    ``home``; return it and its API URL.
 
     :raises RuntimeError: it did not answer ``/api/health`` within 120 s.
     """
     port = _free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
+    base = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": str(ui).lower()}
+    env = server_env(base, port=port, database_url=database_url)
     log = open(home / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-         "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=die_with_parent,
+        server_command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True, preexec_fn=die_with_parent,
     )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + _STARTUP_S
