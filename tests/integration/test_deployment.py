@@ -331,3 +331,51 @@ def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
         except subprocess.TimeoutExpired:
             os.killpg(serve.pid, signal.SIGKILL)
             serve.wait()
+
+
+def test_the_server_runs_on_postgresql_and_its_ui_talks_to_its_own_port(
+    prefect_api_url: str, pg_uri: str
+) -> None:
+    """The session's server is started as deployments/README.md says (deployments/server.py:
+    PostgreSQL, a port of its own): what the API writes lands in PostgreSQL, and the UI is
+    told to call this port's API, not 4200's (it showed "Can't connect to Server API at
+    http://127.0.0.1:4200/api" when started with --port before PREFECT_API_URL was set)."""
+    import psycopg
+
+    name = f"pg-probe-{os.getpid()}-{time.monotonic_ns()}"
+    httpx.post(f"{prefect_api_url}/flows/", json={"name": name}, timeout=10).raise_for_status()
+    with psycopg.connect(pg_uri, autocommit=True) as db:
+        databases = [r[0] for r in db.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'prefect_%'")]
+    found = []
+    for database in databases:
+        with psycopg.connect(pg_uri.replace("/postgres?", f"/{database}?"), autocommit=True) as db:
+            found += db.execute("SELECT name FROM flow WHERE name = %s", (name,)).fetchall()
+    assert found == [(name,)]
+    ui = httpx.get(prefect_api_url.removesuffix("/api") + "/ui-settings", timeout=10).json()
+    assert ui["api_url"] == prefect_api_url
+
+
+def test_server_py_gives_the_ui_its_own_port_even_with_a_stale_api_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A profile's PREFECT_API_URL saved for port 4200 (README step 2, done before) and a
+    server moved to 4371: Prefect's own resolution (the setting ``/ui-settings`` serves)
+    picks 4200; deployments/server.py's environment picks 4371."""
+    from prefect.settings.models.root import Settings
+
+    from deployments.server import server_env
+
+    def resolved(env: dict[str, str]) -> tuple[str | None, int]:
+        with monkeypatch.context() as m:
+            for key in [k for k in os.environ if k.startswith("PREFECT_")]:
+                m.delenv(key)
+            for key, value in env.items():
+                if key.startswith("PREFECT_"):
+                    m.setenv(key, value)
+            settings = Settings()
+            return settings.server.ui.api_url, settings.server.api.port
+
+    stale = {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}
+    assert resolved(stale) == ("http://127.0.0.1:4200/api", 4200)  # the pitfall
+    assert resolved(server_env(stale, port=4371)) == ("http://127.0.0.1:4371/api", 4371)

@@ -67,11 +67,31 @@ def start_prefect_server(home: Path, *, ui: bool = False, database_url: str | No
     raise RuntimeError(f"prefect server did not start in {_STARTUP_S} s")
 
 
+def prefect_database(pg_uri: str) -> str:
+    """Create a database of its own for a Prefect server on the PostgreSQL of ``pg_uri``
+    (``postgresql://…?host=SOCKET_DIR``); return its ``postgresql+asyncpg://`` URL (the
+    driver Prefect ships with, over the same Unix socket)."""
+    import uuid
+    from urllib.parse import parse_qs, urlsplit
+
+    import psycopg
+
+    name = f"prefect_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_uri, autocommit=True) as db:
+        db.execute(f'CREATE DATABASE "{name}"')
+    parts = urlsplit(pg_uri)
+    host = parse_qs(parts.query)["host"][0]
+    return f"postgresql+asyncpg://{parts.username or 'postgres'}@/{name}?host={host}"
+
+
 @pytest.fixture(scope="session")
-def prefect_api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Session-scoped Prefect server; sets ``PREFECT_API_URL`` for the session."""
+def prefect_api_url(tmp_path_factory: pytest.TempPathFactory, pg_uri: str) -> Iterator[str]:
+    """Session-scoped Prefect server as production runs it (deployments/README.md): on
+    PostgreSQL, with its UI, started by ``deployments/server.py``'s settings; sets
+    ``PREFECT_API_URL`` for the session. (The CLI's temporary server, on SQLite, serves
+    the tests that do not ask for this one.)"""
     home = tmp_path_factory.mktemp("prefect-server")
-    proc, url = start_prefect_server(home)
+    proc, url = start_prefect_server(home, ui=True, database_url=prefect_database(pg_uri))
     os.environ["PREFECT_API_URL"] = url
     try:
         yield url
