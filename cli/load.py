@@ -47,6 +47,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                       metavar="DURATION",
                       help="LanceDB: prune table versions older than this after the load "
                            "(e.g. 0, 90s, 30m, 1h, 7d; default 1h); the latest is always kept")
+    load.add_argument("--alias", metavar="NAME", default=None,
+                      help="model cutover: load into the table of the run's model behind "
+                           "NAME (NAME__MODEL_DIMS in the store --to names), check it, then "
+                           "switch NAME to it in one step (pgvector: a view; Qdrant: a "
+                           "collection alias); searches through NAME never see a half-loaded "
+                           "table")
+    load.add_argument("--rollback", action="store_true",
+                      help="with --alias: point NAME back at the table it pointed at before "
+                           "the last switch (RUN is not read)")
     load.set_defaults(handler=_load)
 
 
@@ -97,10 +106,18 @@ def _load(args: argparse.Namespace) -> int:
         validate_sink_uri(args.to)
     except InputError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    if args.rollback:
+        return _rollback(args)
     output = _output_for(args)
     manifest = _committed_manifest(output, args.run)
     if isinstance(manifest, tuple):
         return fail(f"embedline: error: {manifest[0]}", manifest[1])
+    if args.alias:  # the check and the switch run in the flow, after the load
+        refused = _alias_refused(args, manifest)
+        if refused is not None:
+            return fail(f"embedline: error: {refused}", EXIT_USAGE)
+        return with_prefect_api(lambda api: _load_flow(args, api), on_lost=lambda loss:
+                                exit_on_api_loss(loss, kept="what was loaded is kept"))
     done = already_loaded(output, args.run, args.to, args.ledger, manifest=manifest,
                           allow_failed_rows=args.allow_failed_rows)
     if done is not None:
@@ -108,6 +125,44 @@ def _load(args: argparse.Namespace) -> int:
         return int(done["exit_code"])
     return with_prefect_api(lambda api: _load_flow(args, api), on_lost=lambda loss:
                             exit_on_api_loss(loss, kept="what was loaded is kept"))
+
+
+def _alias_refused(args: argparse.Namespace, manifest: dict[str, Any] | None) -> str | None:
+    """Why ``--alias`` cannot work with ``--to`` (a store without aliases, a bad name),
+    said before Prefect starts; None if it can (or the manifest could not be read here)."""
+    from adapters.sinks.factory import open_alias
+    from embedline.errors import InputError
+    from tasks.cutover import cutover_target
+
+    if manifest is None:
+        return None
+    try:
+        cutover_target(args.to, args.alias, manifest)
+        open_alias(args.to, args.alias)  # the name is checked; nothing connects yet
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    """``--alias NAME --rollback``: NAME back to its previous table; one line, exit 0; or
+    one line, exit 2 (no alias, or never switched)."""
+    from adapters.sinks.factory import open_alias
+    from embedline.errors import EmbedlineError
+    from tasks.cutover import roll_back
+
+    if not args.alias:
+        return fail("embedline: error: --rollback needs --alias NAME", EXIT_USAGE)
+    try:
+        switch = open_alias(args.to, args.alias)
+        try:
+            done = roll_back(switch)
+        finally:
+            switch.close()
+    except EmbedlineError as exc:
+        return fail(f"embedline: error: {exc}", exc.exit_code)
+    print(f"alias      {done.alias} -> {done.table} (rolled back from {done.previous})")
+    return 0
 
 
 def _committed_manifest(output: str, run: str | None) -> dict[str, Any] | tuple[str, int] | None:
@@ -196,7 +251,7 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
     state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
                      max_delete_fraction=args.max_delete_fraction,
                      allow_failed_rows=args.allow_failed_rows,
-                     lancedb_keep_versions_s=args.lancedb_keep_versions,
+                     lancedb_keep_versions_s=args.lancedb_keep_versions, alias=args.alias,
                      return_state=True)  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)
@@ -220,6 +275,10 @@ def print_load_summary(summary: dict[str, Any]) -> None:
                   f"(embedline dead-letters {str(summary['run_key'])[:12]} --sink URI)")
         print(f"chunks     {summary['chunks_loaded']} loaded now, {summary['chunks_skipped']} "
               f"skipped, {summary['chunks_failed']} failed, of {summary['chunks_total']}")
+        if summary.get("alias_table"):
+            before = summary.get("alias_previous")
+            print(f"alias      {summary['alias']} -> {summary['alias_table']}"
+                  + (f" (was {before}; --rollback restores it)" if before else " (new)"))
         if summary.get("index_state"):
             print(f"index      {summary['index_state']} in {summary.get('index_s', 0.0):.1f} s")
         print(f"wall time  {summary['wall_s']:.1f} s (the load"

@@ -396,6 +396,10 @@ class LoadSummary:
     rows_failed: int = 0  # load dead letters: rows the sink refuses for good (DESIGN §9)
     index_s: float = 0.0  # seconds the sink's index build (pgvector HNSW) or compaction took
     index_state: str = ""  # what it did: "HNSW index built", "HNSW index present", "compacted…"
+    # model cutover (``--alias``): the alias, the table it now points at, and the one before
+    alias: str | None = None
+    alias_table: str | None = None
+    alias_previous: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
     from embedline.errors import FatalError
 
-__all__ = ["EmbeddingClient", "EmbeddingClientBase", "Embeddings", "ObjectInfo", "ObjectStore",
+__all__ = ["AliasState", "AliasSwitch", "EmbeddingClient", "EmbeddingClientBase", "Embeddings",
+           "ObjectInfo", "ObjectStore",
            "PutResult", "RequestLimits", "SinkColumns", "SinkTable", "UpsertResult",
            "VectorSink"]
 
@@ -256,6 +257,7 @@ class VectorSink(Protocol):
     """
 
     identity: str  # the sink and table, without secrets: the ledger's key for load state
+    table_name: str  # the table (collection) in its store
     parallel_loads: int  # chunk loads that may run at once against this sink
 
     def ensure_table(self, *, embedder: str, model: str, dimensions: int,
@@ -315,4 +317,39 @@ class VectorSink(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AliasState:
+    """Where a stable name points in a store: ``current`` table (None: the alias does not
+    exist yet) and the ``previous`` one (None: no switch before), for ``--rollback``."""
+
+    alias: str
+    current: str | None
+    previous: str | None
+
+
+class AliasSwitch(Protocol):
+    """A store's one-step switch of a stable name between its tables (DESIGN §9, model
+    cutover): a view replaced in one transaction (PostgreSQL), a collection alias
+    (Qdrant). Readers through the name see the old table or the new one, never a mix."""
+
+    alias: str
+
+    def state(self) -> AliasState:
+        """Where the alias points now (no write)."""
+        ...
+
+    def switch(self, table: str) -> AliasState:
+        """Point the alias at ``table`` in one step, remembering the table it pointed at as
+        ``previous``; a no-op when it points there already. Returns the new state.
+
+        :raises InputError: the alias names something embedline did not make (a table).
+        :raises RetryableError: the store was unreachable.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
         ...

@@ -38,6 +38,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from adapters.ledger import Ledger
 from adapters.sinks.base import sink_columns_of
+from adapters.sinks.factory import open_alias
 from embedline.errors import ConflictError, EmbedlineError
 from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
 from embedline.progress import PROGRESS_LOGGER
@@ -49,6 +50,7 @@ from tasks.load import LoadedChunk, LoadJob, load_chunk, sink_for
 from tasks.load_lease import load_lease
 from tasks.outcome import status_for
 from tasks.read import resolve_run
+from tasks.cutover import check_loaded, cut_over, cutover_target
 from tasks.events import emit_load_completed
 from tasks.report import publish_load_summary
 from tasks.sink_state import (
@@ -74,11 +76,14 @@ def load_run(
     max_delete_fraction: float = DEFAULT_MAX_DELETE_FRACTION,
     allow_failed_rows: bool = False,
     lancedb_keep_versions_s: float | None = None,
+    alias: str | None = None,
 ) -> State[Any]:
     """Load committed run ``run`` (key or ≥ 8-hex prefix; default the latest) of ``output``
     into the sink ``to``; refuse (exit 2) to delete more than ``max_delete_fraction`` (0..1)
     of the rows the sink holds. Returns a Completed or Failed state carrying the
-    ``LoadSummary``.
+    ``LoadSummary``. With ``alias``, the model cutover (``tasks.cutover``): the run goes into
+    the table of its model behind ``alias`` in the store ``to`` names, is checked, and
+    only then ``alias`` is switched to it (a failed check exits 3, switching nothing).
 
     ``allow_failed_rows``: rows the sink refuses for good (load dead letters) do not make
     the load fail (exit 0). ``lancedb_keep_versions_s``: LanceDB versions older than this
@@ -89,16 +94,22 @@ def load_run(
         manifest = resolve_run(store_for(output), run)
     except EmbedlineError as exc:
         return final_state(LoadSummary(exc.exit_code, "input_error", str(exc), sink=to))
+    try:
+        target = to if alias is None else cutover_target(to, alias, manifest)
+    except EmbedlineError as exc:
+        return final_state(LoadSummary(exc.exit_code, "input_error", str(exc), sink=to))
     book = Ledger(ledger)
     try:
         summary = run_stopping_on_cancel(lambda: load_stage(
-            output=output, manifest=manifest, sink_uri=to, ledger=book,
+            output=output, manifest=manifest, sink_uri=target, ledger=book,
             max_delete_fraction=max_delete_fraction, allow_failed_rows=allow_failed_rows,
             keep_versions_s=lancedb_keep_versions_s))
     finally:
         book.close()
     if isinstance(summary, State):  # cancelled from Prefect (the CLI's process)
         return summary
+    if alias is not None and summary.exit_code == 0:
+        summary = switch_alias(summary, to=to, alias=alias, target=target, manifest=manifest)
     summary.wall_s = round(time.monotonic() - started, 3)
     if STOP.api_lost() is None:
         publish_load_summary(summary)
@@ -385,3 +396,22 @@ def _load_chunks(
 def _with(summary: LoadSummary, started: float, **changes: Any) -> LoadSummary:
     return LoadSummary(**{**summary.to_dict(), **changes,
                           "wall_s": round(time.monotonic() - started, 3)})
+
+
+def switch_alias(summary: LoadSummary, *, to: str, alias: str, target: str,
+                 manifest: dict[str, Any]) -> LoadSummary:
+    """After a load into ``target`` that ended with exit 0: check the table against the
+    manifest and switch ``alias`` to it; the summary says what was switched, or exit 3
+    (``cutover_refused``) with the alias untouched."""
+    sink = sink_for(target)
+    try:
+        check_loaded(sink, manifest)
+        switch = open_alias(to, alias, via=sink)
+        done = cut_over(switch, sink.table_name)
+    except EmbedlineError as exc:
+        return replace(summary, exit_code=exc.exit_code,
+                       status="cutover_refused", message=str(exc), alias=alias)
+    get_run_logger().info("alias %s -> %s (%s)", alias, done.table,
+                          f"was {done.previous}" if done.switched and done.previous
+                          else "new" if done.switched else "already there")
+    return replace(summary, alias=alias, alias_table=done.table, alias_previous=done.previous)

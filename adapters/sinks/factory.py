@@ -38,9 +38,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from adapters.sinks.base import DEFAULT_TABLE
 from adapters.uris import redact, scheme_of
 from embedline.errors import FatalError, InputError
-from embedline.protocols import VectorSink
+from embedline.protocols import AliasSwitch, VectorSink
 
-__all__ = ["KINDS", "SinkKind", "is_sink_uri", "open_sink", "validate_sink_uri"]
+__all__ = ["KINDS", "SinkKind", "is_sink_uri", "open_alias", "open_sink", "sink_uri_for_table",
+           "validate_sink_uri"]
 
 _TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")  # a PostgreSQL identifier, unquoted
 
@@ -61,6 +62,10 @@ class SinkKind:
     claims: Callable[[str, str], bool]
     parse: Callable[[str, str, str], dict[str, str]]
     open: Callable[[dict[str, str]], VectorSink]
+    # model cutover (``open_alias``): the params naming another table of the same store,
+    # and the store's alias switch; None for a store without aliases or views (LanceDB)
+    retable: Callable[[dict[str, str], str], dict[str, str]] | None = None
+    alias: Callable[[dict[str, str], str, VectorSink | None], AliasSwitch] | None = None
 
 
 def _table_name(name: str, shown: str) -> str:
@@ -208,14 +213,43 @@ def _qdrant_open(params: dict[str, str]) -> VectorSink:
                       path=params.get("path"), identity=params["identity"])
 
 
+def _pgvector_retable(params: dict[str, str], table: str) -> dict[str, str]:
+    return {**params, "table": _table_name(table, table)}
+
+
+def _pgvector_alias(params: dict[str, str], alias: str, via: VectorSink | None) -> AliasSwitch:
+    from adapters.sinks.aliases import PgAlias
+
+    del via  # a connection of its own: the switch is one transaction
+    if not _TABLE_RE.match(alias):
+        raise InputError(f"--alias {alias!r}: a PostgreSQL alias is a view name: letters, "
+                         "digits and _ (at most 63, not starting with a digit)")
+    return PgAlias(params["dsn"], alias)
+
+
+def _qdrant_retable(params: dict[str, str], collection: str) -> dict[str, str]:
+    collection = _collection_name(collection, collection)
+    head = params["identity"].rsplit("collection=" if "path" in params else "/", 1)[0]
+    joiner = "collection=" if "path" in params else "/"
+    return {**params, "collection": collection, "identity": f"{head}{joiner}{collection}"}
+
+
+def _qdrant_alias(params: dict[str, str], alias: str, via: VectorSink | None) -> AliasSwitch:
+    from adapters.sinks.aliases import QdrantAlias
+
+    # a local-mode directory admits one client per process: reuse the loader's
+    return QdrantAlias(via or _qdrant_open(_qdrant_retable(params, alias)), alias)
+
+
 #: The stores, tried in order; the first whose ``claims`` is true parses the URI.
 KINDS: tuple[SinkKind, ...] = (
     SinkKind("lancedb", ("lancedb://PATH[?table=NAME]", "PATH/NAME.lance"),
              _lancedb_claims, _lancedb_parse, _lancedb_open),
     SinkKind("pgvector", ("postgresql://user@host:port/db[?table=NAME]",),
-             _pgvector_claims, _pgvector_parse, _pgvector_open),
+             _pgvector_claims, _pgvector_parse, _pgvector_open,
+             _pgvector_retable, _pgvector_alias),
     SinkKind("qdrant", ("qdrant://HOST:PORT/COLLECTION", "qdrant+local://PATH[?collection=NAME]"),
-             _qdrant_claims, _qdrant_parse, _qdrant_open),
+             _qdrant_claims, _qdrant_parse, _qdrant_open, _qdrant_retable, _qdrant_alias),
 )
 
 
@@ -264,3 +298,36 @@ def open_sink(uri: str) -> VectorSink:
     """
     kind, params = _parse(uri)
     return kind.open(params)
+
+
+def sink_uri_for_table(uri: str, table: str) -> str:
+    """The URI of table (collection) ``table`` in the store ``uri`` names: the table a
+    cutover loads into (``tasks.cutover.alias_table``).
+
+    :raises InputError: see ``validate_sink_uri``; the store has no aliases (LanceDB).
+    """
+    kind, params = _aliasing(uri)
+    assert kind.retable is not None
+    return kind.open(kind.retable(params, table)).identity
+
+
+def open_alias(uri: str, alias: str, *, via: VectorSink | None = None) -> AliasSwitch:
+    """The alias switch for name ``alias`` in the store ``uri`` names; ``via``, an open
+    sink of that store (the table just loaded), lends its client where the store needs
+    one client per process (Qdrant's local mode).
+
+    :raises InputError: see ``validate_sink_uri``; the store has no aliases (LanceDB).
+    """
+    kind, params = _aliasing(uri)
+    assert kind.alias is not None
+    return kind.alias(params, alias, via)
+
+
+def _aliasing(uri: str) -> tuple[SinkKind, dict[str, str]]:
+    kind, params = _parse(uri)
+    if kind.alias is None:
+        raise InputError(f"{kind.name} has no aliases or views, so --alias cannot switch "
+                         "readers in one step: load each model into a table of its own "
+                         "(?table=NAME) and point the application at it, or use pgvector or "
+                         "Qdrant")
+    return kind, params

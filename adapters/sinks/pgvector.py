@@ -53,7 +53,7 @@ from adapters.sinks.pg_errors import (
 from adapters.sinks.pg_errors import translate as _translate
 from adapters.sinks.pg_index import index_build_settings, progress_lines
 from adapters.sinks.pg_search import filtered_search
-from embedline.errors import FatalError
+from embedline.errors import FatalError, RetryableError
 from embedline.progress import PROGRESS_LOGGER
 
 __all__ = ["HNSW_MAX_DIMENSIONS", "PgVectorSink"]
@@ -171,19 +171,28 @@ class PgVectorSink(KeptColumnsCache):
         from psycopg import sql
 
         with self._transaction("describe") as conn:
-            row = conn.execute(
-                """SELECT format_type(a.atttypid, a.atttypmod), obj_description(c.oid, 'pg_class')
-                   FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
-                   WHERE c.oid = to_regclass(%s) AND a.attname = 'embedding'""",
-                (self._quoted_name(),),
-            ).fetchone()
-            if row is None:
+            shape = self._shape(conn)
+            if shape is None:
                 return None
             rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self._ident()))
             count = int(rows.fetchone()[0])
+        dims, comment = shape
+        return sink_table_from_metadata(comment, dimensions=dims, rows=count)
+
+    def _shape(self, conn: Any) -> tuple[int, str | None] | None:
+        """The embedding column's length (0: not ``vector(N)``) and the relation's comment
+        (embedline's metadata), in ``conn``'s transaction; None: no such table or view."""
+        row = conn.execute(
+            """SELECT format_type(a.atttypid, a.atttypmod), obj_description(c.oid, 'pg_class')
+               FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+               WHERE c.oid = to_regclass(%s) AND a.attname = 'embedding'""",
+            (self._quoted_name(),),
+        ).fetchone()
+        if row is None:
+            return None
         type_name, comment = row
         dims = int(type_name[len("vector("):-1]) if type_name.startswith("vector(") else 0
-        return sink_table_from_metadata(comment, dimensions=dims, rows=count)
+        return dims, comment
 
     def _quoted_name(self) -> str:
         return '"' + self.table_name + '"'
@@ -408,9 +417,19 @@ class PgVectorSink(KeptColumnsCache):
         ``(id, similarity, *values of columns)``, most similar first, among the rows whose
         ``where`` columns equal their values (``pg_search.filtered_search``: an exact scan
         or an iterative index scan, in one transaction; values are parameters)."""
+        from psycopg import sql
+
         query = np.asarray(vector, dtype=np.float32)
         index = '"' + f"{self.table_name}_embedding_hnsw" + '"'
         with self._transaction("search") as conn:
+            # an alias (a view) switched to another model since the query was embedded: the
+            # lock taken here holds further switches back until this search ends
+            conn.execute(sql.SQL("SELECT 1 FROM {} LIMIT 0").format(self._ident()))
+            shape = self._shape(conn)
+            if shape is not None and shape[0] not in (0, len(query)):
+                raise RetryableError(f"search {self.identity}: it now holds vectors of "
+                                     f"{shape[0]} floats, the query has {len(query)}: an "
+                                     "alias switched models meanwhile; search again")
             rows = filtered_search(conn, self._ident(), index, query, k, columns, where)
         return [(str(i), 1.0 - float(d), *rest) for i, d, *rest in rows]
 
