@@ -270,6 +270,7 @@ class ChunkOutcome:
     tokens_saved: int = 0  # estimated tokens (``estimate_tokens``) of reused+deduplicated rows
     dimensions: int | None = None  # the object's vector length (None: not read yet)
     rows_sent: int | None = None  # rows the server embedded for the object (None: unknown)
+    batch_tokens: int = 0  # of ``tokens``: those answered by Batch API batches (half price)
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +362,9 @@ class RunSummary:
     generation: int = 0
     supersedes: str | None = None
     rows_empty: int = 0  # empty texts skipped (--on-empty-text skip), counted in rows_failed
+    # Batch API mode: of ``tokens``, those billed at the batch price (half), and the batches
+    batch_tokens: int = 0
+    batches: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

@@ -16,7 +16,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, State
 
-from adapters.embeddings import build_embedder
+from adapters.embeddings import build_batch_client, build_embedder
 from adapters.object_store import open_store
 from embedline.errors import StopRequestedError
 from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
@@ -24,6 +24,7 @@ from embedline.protocols import ObjectStore
 from embedline import progress
 from embedline.settings import RunSettings
 from embedline.tracebacks import CHUNK_TASK_NAME, quiet_expected_tracebacks
+from tasks.batch_answers import BatchAnswers, batch_answers
 from tasks.embed import EmbeddedRows, embed_rows, merged
 from tasks.outcome import retry_condition
 from tasks.publish import publish_chunk
@@ -50,8 +51,12 @@ def embed_chunk(
     settings: RunSettings,
     reuse: ReusePlan | None = None,
     dimensions: int | None = None,
+    batch_files: tuple[str, ...] | None = None,
 ) -> ChunkOutcome | State[None]:
     """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
+
+    ``batch_files`` (Batch API mode): the output and error file ids of every batch of the
+    chunk; its texts are answered from them, not sent (``tasks.batch_answers``).
 
     ``dimensions`` is the run's vector length as the flow knew it at submission (None:
     unknown yet; ``tasks/dimensions.py``): every vector published must have it. Reused
@@ -72,7 +77,7 @@ def embed_chunk(
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
     try:
-        return _embed_chunk(spec, source, settings, reuse, dimensions)
+        return _embed_chunk(spec, source, settings, reuse, dimensions, batch_files)
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
 
@@ -83,6 +88,7 @@ def _embed_chunk(
     settings: RunSettings,
     reuse: ReusePlan | None,
     dimensions: int | None,
+    batch_files: tuple[str, ...] | None = None,
 ) -> ChunkOutcome:
     quiet_expected_tracebacks()  # this process may be a Dask worker
     logger = get_run_logger()
@@ -92,7 +98,9 @@ def _embed_chunk(
     found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model,
                         dimensions=expected)
     send, copies = split_duplicates([r for r in rows if r.row_number not in found.vectors])
-    client = progress.counting(build_embedder(settings) if send else None, spec.index)
+    answers = _batch_answers(rows, reuse, settings, batch_files) if send else None
+    client = progress.counting((answers or build_embedder(settings)) if send else None,
+                               spec.index)
     embedded = _embed(send, client, settings, expected)
     if expected is None and embedded.rows:  # learned from the server's first answer
         stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
@@ -119,7 +127,8 @@ def _embed_chunk(
         keep_text=source.keep_text,
     )
     outcome = replace(outcome, inputs=sent, reused=found.reused,
-                      deduplicated=found.deduplicated, tokens_saved=found.tokens_saved)
+                      deduplicated=found.deduplicated, tokens_saved=found.tokens_saved,
+                      batch_tokens=answers.batch_tokens if answers is not None else 0)
     logger.info(
         "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens",
         spec.index,
@@ -133,6 +142,17 @@ def _embed_chunk(
         logger.info("chunk %d: %d rows reused from earlier runs, %d deduplicated in this run",
                     spec.index, found.reused, found.deduplicated)
     return outcome
+
+
+def _batch_answers(rows: list[Row], reuse: ReusePlan | None, settings: RunSettings,
+                   batch_files: tuple[str, ...] | None) -> BatchAnswers | None:
+    """Batch API mode: the chunk's batch results as its client (None in synchronous mode).
+    With ``--batch-fallback sync``, texts no batch answered are sent synchronously."""
+    if batch_files is None:
+        return None
+    fallback = (lambda: build_embedder(settings)) if settings.batch_fallback == "sync" else None
+    return batch_answers(rows, reuse or ReusePlan(), settings, batch_files,
+                         client=build_batch_client(settings), fallback=fallback)
 
 
 def _embed(
