@@ -30,7 +30,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 def _status(args: argparse.Namespace) -> int:
     """One tab-separated line per run, always 8 fields: key, state, ``rows=… dead_letters=…``,
     ``chunks …`` by state, input, output, updated, and why the lowest failed chunk failed
-    (empty when none did)."""
+    (empty when none did). With RUN, its Batch API batches follow, one line each, first
+    field ``batch`` (``cli.batches.batch_lines``)."""
     ledger = open_ledger(args.ledger)
     runs = [find_run(ledger, args.run)] if args.run else ledger.runs()
     for run in runs:
@@ -52,6 +53,11 @@ def _status(args: argparse.Namespace) -> int:
             f"dead_letters={run.rows_failed}\tchunks {chunks}\t{run.input_name}\t"
             f"{run.output_uri}\t{run.updated_at}\t{why}"
         )
+        if args.run:  # Batch API mode: one line per batch after the run's
+            from cli.batches import batch_lines
+
+            for line in batch_lines(ledger, run.run_key):
+                print(line)
     return 0
 
 

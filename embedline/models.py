@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 __all__ = [
+    "BATCH_PRICE_FACTOR",
     "ChunkOutcome",
     "ChunkSpec",
     "RETRYABLE_DEAD_LETTERS",
@@ -25,6 +26,7 @@ __all__ = [
     "ReuseSource",
     "Row",
     "RunSummary",
+    "run_cost",
     "blocking_dead_letters",
     "chunk_generation",
     "chunk_object_key",
@@ -311,6 +313,19 @@ class ManifestChunk:
     def to_dict(self) -> dict[str, object]:
         """Return the entry as a JSON-ready dict."""
         return asdict(self)
+
+
+#: The Batch API's price as a share of the synchronous one (OpenAI: 50 % for embeddings).
+BATCH_PRICE_FACTOR = 0.5
+
+
+def run_cost(tokens: int, batch_tokens: int, price_per_million: float) -> tuple[float, float]:
+    """(USD spent, USD the Batch API saved) for ``tokens``, of which ``batch_tokens`` were
+    billed at the batch price (``BATCH_PRICE_FACTOR`` of ``price_per_million``, the
+    synchronous USD per 1M tokens)."""
+    batch = min(batch_tokens, tokens)
+    spent = ((tokens - batch) + batch * BATCH_PRICE_FACTOR) * price_per_million / 1e6
+    return spent, batch * (1 - BATCH_PRICE_FACTOR) * price_per_million / 1e6
 
 
 @dataclass(slots=True)

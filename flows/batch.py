@@ -34,10 +34,10 @@ from typing import Any
 from adapters.embeddings import build_batch_client
 from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
 from adapters.ledger import BatchRecord, Ledger
-from embedline.errors import EmbedlineError, FatalError, RetryableError
+from embedline.errors import FatalError, RetryableError
 from embedline.models import ChunkSpec, ReusePlan
 from embedline.settings import RunSettings
-from embedline.shutdown import is_interrupt
+from embedline.shutdown import STOP, is_interrupt
 from tasks.batch_requests import BatchRequest, BatchResults, chunk_requests, input_file, pack
 from tasks.reuse import ReusePlanner, chunk_rows
 
@@ -109,15 +109,19 @@ class BatchStage:
                 self._start(spec)
                 self._check_failures(self.ledger.run_batches(self.run_key, spec.index), spec)
                 if self.staged.fatal:
+                    self._count()
                     return self.staged
             self._wait()
         except BaseException as exc:
             if is_interrupt(exc):
                 self._left_running()
             raise
+        self._count()
+        return self.staged
+
+    def _count(self) -> None:
         self.staged.batches = sum(1 for r in self.ledger.run_batches(self.run_key)
                                   if r.batch_id and r.idx in self._specs)
-        return self.staged
 
     def _requests(self, spec: ChunkSpec) -> list[BatchRequest]:
         rows = chunk_rows(self.source, spec)  # read by resolve: taken back, not read again
@@ -346,11 +350,11 @@ class BatchStage:
         running = [r for r in self.ledger.run_batches(self.run_key)
                    if r.batch_id and r.status not in TERMINAL_STATUSES]
         if running:
-            self.log.warning(
-                "stopped while waiting: %d batches keep running at the provider (they are "
-                "billed when they complete); rerun the same command to collect them without "
-                "paying again, or `embedline cancel-batches %s` to cancel them",
-                len(running), self.run_key[:12])
+            what = (f"{len(running)} batches keep running at the provider (billed when they "
+                    "complete): rerun the same command to collect them without paying again, "
+                    f"or `embedline cancel-batches {self.run_key[:12]}` to cancel them")
+            self.log.warning("stopped while waiting: %s", what)
+            STOP.note_left_running(what)  # the command's last line says it too
 
 
 def _token_limit(record: BatchRecord) -> bool:
@@ -366,28 +370,3 @@ def _late_ids(record: BatchRecord) -> bool:
 def _all_answered(record: BatchRecord) -> bool:
     return (record.status == "completed" and record.failed == 0
             and record.completed == record.requests)
-
-
-def cancel_run_batches(ledger: Ledger, run_key: str, client: BatchClient) -> list[str]:
-    """Ask the provider to cancel every batch of ``run_key`` that has not ended; return
-    their ids. What they completed is still delivered (and billed); a rerun collects it.
-
-    :raises EmbedlineError: the Batch API failed past its retries.
-    """
-    cancelled = []
-    for record in ledger.run_batches(run_key):
-        if record.batch_id and record.status not in TERMINAL_STATUSES:
-            batch = client.cancel_batch(record.batch_id)
-            ledger.update_batch(record.batch_id, status=str(batch.get("status")),
-                                output_file_id=batch.get("output_file_id"),
-                                error_file_id=batch.get("error_file_id"),
-                                completed=int((batch.get("request_counts") or {}).get(
-                                    "completed") or 0),
-                                failed=int((batch.get("request_counts") or {}).get(
-                                    "failed") or 0))
-            cancelled.append(record.batch_id)
-    return cancelled
-
-
-__all__ += ["cancel_run_batches"]
-_ = EmbedlineError  # raised through: documented in ``run``

@@ -41,6 +41,7 @@ class Dispatched:
 
     result: DispatchResult
     cost: tuple[int, int, int] | None
+    batches: int = 0  # Batch API batches of the chunks this run embedded
 
 
 def embed_and_publish(run: Run, work: Work) -> Dispatched:
@@ -58,7 +59,7 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
         failure = ChunkFailure("fatal", staged.fatal, expected=True)
         artifact.close()
         return Dispatched(DispatchResult(stop=failure, not_run=[s.index for s in work.todo]),
-                          None)
+                          None, staged.batches)
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
     chunk_task = embed_chunk.with_options(
         retries=settings.chunk_retries,
@@ -94,7 +95,7 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
                            length=work.length, grace_s=settings.grace_s, logger=logger)
     artifact.close()
     cost = cost_in_process() if settings.task_runner == "threads" else None
-    return Dispatched(result, cost)
+    return Dispatched(result, cost, staged.batches if staged is not None else 0)
 
 
 def _batches(run: Run, work: Work, planner: ReusePlanner) -> Staged:

@@ -180,6 +180,8 @@ def _record_embed_commit_load(run: Run) -> RunSummary:
             ended = run.conclude(work, dispatched.result, cost=dispatched.cost,
                                  resume_hint=_resume_hint(),
                                  on_committed=lambda summary: _note_committed(run, summary))
+            (ended.summary if isinstance(ended, CommittedRun) else ended).batches = \
+                dispatched.batches
             if isinstance(ended, CommittedRun):
                 return _load_into_sink(run, ended.manifest, ended.summary)
             return ended

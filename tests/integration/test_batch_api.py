@@ -204,26 +204,74 @@ def test_fake_batch_api_answers_match_the_openai_sdk_types(
     client.close()
 
 
-def test_kill_9_while_waiting_then_rerun_creates_no_batch_and_pays_nothing_twice(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
-    rows = write_csv(tmp_path / "in.csv", TEXTS)
-    server.hold = True  # batches stay in_progress: the run waits
-    args = [sys.executable, "-m", "cli", "run", str(tmp_path / "in.csv"), "--output",
+def cli_args(tmp_path: Path, server: FakeBatchServer) -> list[str]:
+    return [sys.executable, "-m", "cli", "run", str(tmp_path / "in.csv"), "--output",
             str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"),
             "--embedder", "openai", "--base-url", server.base_url, "--chunk-size", "4",
             "--batch-size", "2", "--batch-api", "--batch-poll-interval", "0.1"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def start_waiting_run(tmp_path: Path, server: FakeBatchServer,
+                      env: dict[str, str]) -> subprocess.Popen[str]:
+    """A CLI run whose 3 batches are submitted and held ``in_progress``: it waits."""
+    server.hold = True
+    proc = subprocess.Popen(cli_args(tmp_path, server), cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     deadline = time.monotonic() + 90
     while server.batch_counters()["batches"] < 3:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the run never submitted its batches"
         time.sleep(0.1)
-    time.sleep(0.3)  # waiting now
+    time.sleep(0.3)  # polling now
+    return proc
+
+
+def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
+    proc = start_waiting_run(tmp_path, server, env)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "3 batches keep running at the provider" in stderr
+    assert "cancel-batches" in stderr
+    assert all(b["status"] == "in_progress" for b in server.batches.values())
+    ledger = ["--ledger", str(tmp_path / "ledger.sqlite3")]
+    cli = [sys.executable, "-m", "cli"]
+    status = subprocess.run([*cli, "status", *ledger], cwd=tmp_path, env=env, text=True,
+                            capture_output=True, timeout=60)
+    run_key = status.stdout.split("\t")[0]
+    status = subprocess.run([*cli, "status", run_key, *ledger], cwd=tmp_path, env=env,
+                            text=True, capture_output=True, timeout=60)
+    batch_lines = [line for line in status.stdout.splitlines() if line.startswith("batch\t")]
+    assert len(batch_lines) == 3 and all("\tin_progress\t" in b for b in batch_lines)
+    cancel = subprocess.run([*cli, "cancel-batches", run_key[:12], *ledger], cwd=tmp_path,
+                            env=env, text=True, capture_output=True, timeout=60)
+    assert cancel.returncode == 0, cancel.stderr
+    assert all(b["status"] == "cancelling" for b in server.batches.values())
+    server.hold = False
+    rerun = subprocess.run(cli_args(tmp_path, server), cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    # each cancelled batch delivered half its requests; only the rest went in new batches
+    assert counters["creates"] == counters["batches"] == 6
+    assert counters["batch_inputs"] == distinct(rows)
+    assert counters["requests"] == 0
+
+
+def test_kill_9_while_waiting_then_rerun_creates_no_batch_and_pays_nothing_twice(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
+    proc = start_waiting_run(tmp_path, server, env)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     server.hold = False
+    args = cli_args(tmp_path, server)
     rerun = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=120)
     assert rerun.returncode == 0, rerun.stderr
