@@ -40,9 +40,19 @@ import pyarrow.parquet as pq
 
 from adapters.object_store import SCRATCH_PREFIX
 from embedline.errors import EmbedlineError
+from embedline.keys import row_key
+from embedline.models import Row
 from embedline.protocols import ObjectStore
 
-__all__ = ["PAID_PREFIX", "PaidRequests", "chunk_name", "paid_run_key"]
+__all__ = [
+    "PAID_PREFIX",
+    "PaidRequests",
+    "chunk_name",
+    "gave_up_key",
+    "mark_gave_up",
+    "paid_run_key",
+    "take_paid",
+]
 
 #: Every kept request lives under this prefix (a scratch prefix: only scratch keys are deleted).
 PAID_PREFIX = f"{SCRATCH_PREFIX}paid/"
@@ -56,6 +66,24 @@ def chunk_name(object_key: str) -> str:
     """``chunks/{key}.parquet`` -> ``{key}``; ``chunks/{key}.g2.parquet`` -> ``{key}.g2``."""
     name = object_key.rsplit("/", 1)[-1]
     return name[: -len(".parquet")] if name.endswith(".parquet") else name
+
+
+def gave_up_key(run_key: str, chunk_key: str, session: str) -> str:
+    """The key of the mark the flow process writes when chunk ``chunk_key`` will not publish
+    in the run process ``session`` (a random token per planning process, so a mark of an
+    earlier process never stops a later one from waiting)."""
+    return f"{PAID_PREFIX}{run_key}/{chunk_key}/gave-up-{session}.json"
+
+
+def mark_gave_up(store: ObjectStore, run_key: str, chunk_key: str, session: str) -> None:
+    """Write the gave-up mark (``gave_up_key``): chunks on other processes (Dask workers)
+    waiting for this chunk's object stop waiting and take what it kept. Best effort."""
+    key = gave_up_key(run_key, chunk_key, session)
+    body = b'{"gave_up": true}'
+    try:
+        store.put_if_absent(key, body, sha256=_sha256(body), content_type="application/json")
+    except (EmbedlineError, OSError) as exc:
+        logger.warning("could not mark %s as given up: %s", key, type(exc).__name__)
 
 
 def paid_run_key(key: str) -> str | None:
@@ -90,6 +118,7 @@ class PaidRequests:
         self.store = store
         self.prefix = f"{PAID_PREFIX}{run_key}/{chunk_key}/"
         self._read: dict[str, _Kept] | None = None  # request object key -> kept, once listed
+        self._marks: list[str] = []  # other keys under the prefix (gave-up marks), once listed
         self._written: dict[str, _Kept] = {}
 
     # -- write --------------------------------------------------------------------------
@@ -163,10 +192,10 @@ class PaidRequests:
     def clear(self) -> None:
         """Delete every kept request of this chunk (after its object is published). Best
         effort: what cannot be deleted now is left to ``embedline gc``."""
-        keys = set(self._written) | set(self._listed())
+        keys = set(self._written) | set(self._listed()) | set(self._marks)
         for key in sorted(keys):
             self.store.discard_scratch(key)
-        self._read, self._written = {}, {}
+        self._read, self._written, self._marks = {}, {}, []
 
     # -- internals ----------------------------------------------------------------------
 
@@ -178,11 +207,13 @@ class PaidRequests:
             return self._read
         read: dict[str, _Kept] = {}
         try:
-            keys = [i.key for i in self.store.list(self.prefix) if i.key.endswith(".parquet")]
+            listed = [i.key for i in self.store.list(self.prefix)]
         except (EmbedlineError, OSError) as exc:
             logger.warning("could not list the paid requests under %s: %s", self.prefix,
                            type(exc).__name__)
-            keys = []
+            listed = []
+        keys = [k for k in listed if k.endswith(".parquet")]
+        self._marks = [k for k in listed if not k.endswith(".parquet")]
         for key in keys:
             if key in self._written:
                 continue
@@ -195,6 +226,38 @@ class PaidRequests:
                                type(exc).__name__)
         self._read = read
         return read
+
+
+def take_paid(
+    paid: PaidRequests, rows: Sequence[Row], *, model: str, dimensions: int | None,
+    length: int | None,
+) -> dict[int, np.ndarray]:
+    """Vectors (float32, by ``row_number``) of the ``rows`` a kept request of this chunk
+    covers: matched by ``text_sha256`` (so a row whose text an earlier attempt sent for
+    another row of the chunk is covered too), else by row key (``dimensions`` as requested).
+    Empty texts are never covered. Only vectors ``length`` long are taken (the run's length;
+    None: unknown yet, then the first kept vector's length decides).
+    """
+    if not rows:
+        return {}
+    by_key = paid.kept()
+    if not by_key:
+        return {}
+    by_text = paid.kept_by_text()
+    out: dict[int, np.ndarray] = {}
+    for row in rows:
+        if not row.text.strip():
+            continue
+        vector = by_text.get(row.text_sha256)
+        if vector is None:
+            vector = by_key.get(row_key(row.id, row.text_sha256, model, dimensions))
+        if vector is None:
+            continue
+        if length is None:
+            length = len(vector)
+        if len(vector) == length:
+            out[row.row_number] = vector
+    return out
 
 
 def _sha256(body: bytes) -> str:
