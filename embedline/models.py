@@ -282,11 +282,15 @@ class ReuseSource:
     ``rows`` are 0-based positions within the chunk; ``object_key`` is the chunk object to
     read them from, matched there by ``text_sha256``. ``in_run`` marks an object this run is
     still publishing (another chunk embeds that text): the task waits for it.
+    ``owner_failed`` (with ``in_run``): that chunk failed before this one was planned; the
+    task does not wait, it takes what the owner kept of its paid requests
+    (``tasks/paid.py``) and embeds the rest.
     """
 
     object_key: str
     rows: tuple[int, ...]
     in_run: bool = False
+    owner_failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +302,7 @@ class ReusePlan:
     """
 
     sources: tuple[ReuseSource, ...] = ()
+    session: str = ""  # the planning process's token: names its gave-up marks (tasks/paid.py)
 
 
 @dataclass(frozen=True, slots=True)

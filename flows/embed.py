@@ -76,8 +76,8 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
             object_uri=lambda spec: store.uri_for(spec.object_key),
             submit=lambda spec: runner.submit(
                 chunk_task, {"spec": spec, "source": plan.source, "settings": settings,
-                             "dimensions": work.length.current(), **_chunk_inputs(
-                                 spec, planner, staged)}
+                             "dimensions": work.length.current(), "run_key": run.run_key,
+                             **_chunk_inputs(spec, planner, staged)}
             ),
             window=window,
             logger=logger,
@@ -129,7 +129,7 @@ def _reuse_planner(run: Run, work: Work) -> ReusePlanner:
                               time.monotonic() - started)
     return ReusePlanner(ledger=run.ledger, store=run.store, source=run.plan.source,
                         model=settings.effective_model, dimensions=settings.dimensions,
-                        reuse=settings.reuse)
+                        reuse=settings.reuse, run_key=run.run_key)
 
 
 _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much

@@ -27,6 +27,7 @@ from embedline.tracebacks import CHUNK_TASK_NAME, quiet_expected_tracebacks
 from tasks.batch_answers import BatchAnswers, batch_answers
 from tasks.embed import EmbeddedRows, embed_rows, merged
 from tasks.outcome import retry_condition
+from tasks.paid import PaidRequests, chunk_name, take_paid
 from tasks.publish import publish_chunk
 from tasks.reuse import chunk_rows, combine, drop_other_lengths, split_duplicates, take_reused
 
@@ -51,6 +52,7 @@ def embed_chunk(
     settings: RunSettings,
     reuse: ReusePlan | None = None,
     dimensions: int | None = None,
+    run_key: str | None = None,
     batch_files: tuple[str, ...] | None = None,
 ) -> ChunkOutcome | State[None]:
     """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
@@ -65,7 +67,9 @@ def embed_chunk(
 
     Rows listed in ``reuse`` (decided by the flow process) take their vectors from the
     objects named there; rows with a text already sent in this chunk are copied; the rest
-    are sent (``tasks/reuse.py``). A chunk that the stopping run released (its grace period
+    are sent (``tasks/reuse.py``). With ``run_key`` (the run's key), each successful
+    request's vectors are kept in the store until the chunk is published, and rows an
+    earlier attempt of this chunk kept are not sent again (``tasks/paid.py``). A chunk that the stopping run released (its grace period
     ran out: ``StopRequestedError`` before its next request) returns a Cancelled state,
     Prefect's state for work stopped on request, so the UI does not list it as Failed.
 
@@ -77,7 +81,7 @@ def embed_chunk(
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
     try:
-        return _embed_chunk(spec, source, settings, reuse, dimensions, batch_files)
+        return _embed_chunk(spec, source, settings, reuse, dimensions, run_key, batch_files)
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
 
@@ -88,6 +92,7 @@ def _embed_chunk(
     settings: RunSettings,
     reuse: ReusePlan | None,
     dimensions: int | None,
+    run_key: str | None,
     batch_files: tuple[str, ...] | None = None,
 ) -> ChunkOutcome:
     quiet_expected_tracebacks()  # this process may be a Dask worker
@@ -95,20 +100,28 @@ def _embed_chunk(
     store = store_for(settings.output)
     rows = chunk_rows(source, spec)
     expected = settings.dimensions or dimensions
+    paid = PaidRequests(store, run_key, chunk_name(spec.object_key)) if run_key else None
     found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model,
-                        dimensions=expected)
-    send, copies = split_duplicates([r for r in rows if r.row_number not in found.vectors])
+                        dimensions=expected, run_key=run_key)
+    rest = [r for r in rows if r.row_number not in found.vectors]
+    if paid is not None:  # an earlier attempt paid for these: not sent again
+        found.take_paid(take_paid(paid, rest, model=settings.effective_model,
+                                  dimensions=settings.dimensions, length=expected))
+        rest = [r for r in rest if r.row_number not in found.vectors]
+    send, copies = split_duplicates(rest)
     answers = _batch_answers(rows, reuse, settings, batch_files) if send else None
     client = progress.counting((answers or build_embedder(settings)) if send else None,
                                spec.index)
-    embedded = _embed(send, client, settings, expected)
+    # batch answers are kept by the provider (the rerun reads them again): nothing to keep
+    embedded = _embed(send, client, settings, expected, paid if answers is None else None)
     if expected is None and embedded.rows:  # learned from the server's first answer
         stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
         if stale:  # vectors of an older length: this run's are the server's answers
             client = client or progress.counting(build_embedder(settings), spec.index)
             embedded = merged(embedded, _embed(stale, client, settings,
-                                               int(embedded.vectors.shape[1])))
-    sent = len(embedded.rows)
+                                               int(embedded.vectors.shape[1]), paid))
+    inputs = len(embedded.rows)  # texts this attempt sent and got vectors for
+    sent = inputs + len(found.paid)  # the server embedded these for the object
     embedded = combine(rows, embedded, found, copies, model=settings.effective_model,
                        dimensions=settings.dimensions)
     if embedded.rows:
@@ -126,7 +139,9 @@ def _embed_chunk(
         kept_columns=source.kept_columns,
         keep_text=source.keep_text,
     )
-    outcome = replace(outcome, inputs=sent, reused=found.reused,
+    if paid is not None:
+        paid.clear()  # published: what the failed attempts paid for is in the object now
+    outcome = replace(outcome, inputs=inputs, reused=found.reused,
                       deduplicated=found.deduplicated, tokens_saved=found.tokens_saved,
                       batch_tokens=answers.batch_tokens if answers is not None else 0)
     logger.info(
@@ -138,6 +153,9 @@ def _embed_chunk(
         outcome.requests,
         outcome.tokens,
     )
+    if found.paid:
+        logger.info("chunk %d: %d rows from requests an earlier attempt paid for",
+                    spec.index, len(found.paid))
     if found.reused or found.deduplicated:
         logger.info("chunk %d: %d rows reused from earlier runs, %d deduplicated in this run",
                     spec.index, found.reused, found.deduplicated)
@@ -156,7 +174,8 @@ def _batch_answers(rows: list[Row], reuse: ReusePlan | None, settings: RunSettin
 
 
 def _embed(
-    rows: list[Row], client: Any, settings: RunSettings, expected: int | None
+    rows: list[Row], client: Any, settings: RunSettings, expected: int | None,
+    paid: PaidRequests | None = None,
 ) -> EmbeddedRows:
     """``embed_rows`` with the run's settings; every answer must be ``expected`` long.
     Nothing to send (every vector reused or copied): no client was built, none is called."""
@@ -172,6 +191,7 @@ def _embed(
         max_input_tokens=settings.max_input_tokens if settings.embedder == "openai" else None,
         on_too_long=settings.on_too_long,
         expect_dimensions=expected,
+        paid=paid,
     )
 
 
