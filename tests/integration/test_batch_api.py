@@ -280,3 +280,67 @@ def test_kill_9_while_waiting_then_rerun_creates_no_batch_and_pays_nothing_twice
     assert counters["creates"] == counters["batches"] == 3  # nothing submitted again
     assert counters["batch_inputs"] == distinct(rows)  # nothing paid twice
     assert counters["requests"] == 0
+
+
+def test_fallback_sync_sends_only_what_the_expired_batch_left(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS[:4])  # one chunk: 2 requests of 2 inputs
+    server.expire_after = 1
+    summary = run_flow(tmp_path, server, prefect_api_url, batch_fallback="sync")
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["creates"] == 1  # no second batch: the rest went synchronously
+    assert counters["requests"] == 1 and server.counters()["inputs"] == 2
+    assert counters["batch_inputs"] + server.counters()["inputs"] == distinct(rows)
+    assert 0 < summary["batch_tokens"] < summary["tokens"]
+
+
+def test_a_server_error_in_the_error_file_is_submitted_again(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", [*TEXTS[:3], "flaky MARK text"])
+    server.batch_texts_fail, server.batch_texts_fail_times = {"MARK": 500}, 1
+    summary = run_flow(tmp_path, server, prefect_api_url)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    batches = sorted(server.batches.values(), key=lambda b: b["id"])
+    assert [b["request_counts"]["total"] for b in batches] == [2, 1]
+    assert server.batch_counters()["batch_inputs"] == distinct(rows)
+
+
+class Crash(BaseException):
+    """A process dying between a batch's create and the ledger's record of it."""
+
+
+def test_a_crash_right_after_a_create_is_adopted_by_the_rerun(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from adapters.embeddings.openai_batch import BatchClient
+
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    real_create = BatchClient.create_batch
+    calls: list[int] = []
+
+    def create_then_die(self: BatchClient, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        batch = real_create(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            raise Crash("killed after the provider created the batch")
+        return batch
+
+    monkeypatch.setattr(BatchClient, "create_batch", create_then_die)
+    with pytest.raises(Crash):
+        run_flow(tmp_path, server, prefect_api_url)
+    monkeypatch.setattr(BatchClient, "create_batch", real_create)
+    from adapters.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    assert [r.state for r in ledger.run_batches(ledger.runs()[0].run_key)] == [
+        "submitted", "creating"]  # the second part's batch exists, unrecorded
+    ledger.close()
+    summary = run_flow(tmp_path, server, prefect_api_url)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["creates"] == counters["batches"] == 3  # adopted, not created again
+    assert counters["batch_inputs"] == distinct(rows)
