@@ -227,6 +227,7 @@ def start_waiting_run(tmp_path: Path, server: FakeBatchServer,
     return proc
 
 
+@pytest.mark.slow  # two CLI runs (~10 s): beyond the CI budget; `pytest -m slow`
 def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
         tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
     rows = write_csv(tmp_path / "in.csv", TEXTS)
