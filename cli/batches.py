@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
 from cli.failures import EXIT_USAGE, fail
 from cli.ledger_lookup import find_run, open_ledger
+
+if TYPE_CHECKING:
+    from adapters.ledger import Ledger
 
 __all__ = ["add_parsers", "batch_lines"]
 
@@ -29,11 +33,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     cancel.set_defaults(handler=_cancel_batches, resumable=False)
 
 
-def batch_lines(ledger: object, run_key: str) -> list[str]:
+def batch_lines(ledger: Ledger, run_key: str) -> list[str]:
     """``batch<TAB>id<TAB>chunk=N part=P<TAB>status<TAB>requests=done/total failed=F`` per
     batch of the run (``embedline status RUN`` prints them after the run's line)."""
     lines = []
-    for record in ledger.run_batches(run_key):  # type: ignore[attr-defined]
+    for record in ledger.run_batches(run_key):
         lines.append(f"batch\t{record.batch_id or '-'}\tchunk={record.idx} part={record.part}\t"
                      f"{record.status or record.state}\trequests={record.completed}/"
                      f"{record.requests} failed={record.failed}")

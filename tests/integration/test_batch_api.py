@@ -140,6 +140,7 @@ def test_completed_with_a_null_output_file_reads_the_error_file(
     server.reject_texts_containing = "MARK"  # each of these requests is a 400 in the batch
     server.output_id_race = 1  # and the first poll of a finished batch has no file ids yet
     summary = run_flow(tmp_path, server, prefect_api_url, batch_size=1, chunk_size=2)
+    assert server.output_id_race == 0  # a poll saw `completed` without file ids: polled again
     first = min(server.batches.values(), key=lambda b: b["id"])
     assert first["status"] == "completed" and first["output_file_id"] is None
     assert first["error_file_id"] is not None
