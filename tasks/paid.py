@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from adapters.object_store import SCRATCH_PREFIX
 from embedline.errors import EmbedlineError
-from embedline.keys import row_key
+from embedline.keys import request_key, row_key
 from embedline.models import Row
 from embedline.protocols import ObjectStore
 
@@ -49,6 +49,7 @@ __all__ = [
     "PaidRequests",
     "chunk_name",
     "gave_up_key",
+    "keep_handed",
     "kept_texts",
     "mark_gave_up",
     "paid_run_key",
@@ -257,6 +258,22 @@ def kept_texts(store: ObjectStore, run_key: str) -> dict[str, str]:
             if text_hash:
                 out.setdefault(text_hash, name)
     return out
+
+
+def keep_handed(
+    paid: PaidRequests, rows: Sequence[Row], vectors: dict[int, np.ndarray], *, model: str,
+    dimensions: int | None,
+) -> None:
+    """Keep, as this chunk's own, the vectors of ``rows`` it took from another chunk's kept
+    requests (the in-run dedup handover): should this chunk fail too, a chunk after it
+    takes them from here instead of paying for them again. 0 tokens (paid once, counted
+    by the chunk that paid)."""
+    if len({len(vectors[r.row_number]) for r in rows}) != 1:
+        return  # of two lengths (the run's is not known yet): not kept, at worst paid again
+    keys = [row_key(r.id, r.text_sha256, model, dimensions) for r in rows]
+    paid.keep(keys, np.stack([vectors[r.row_number] for r in rows]), tokens=0,
+              request_key=request_key(["handed over", *keys]),
+              text_hashes=[r.text_sha256 for r in rows])
 
 
 def take_paid(

@@ -39,11 +39,11 @@ def test_the_first_waiter_of_a_failed_owner_owns_its_texts(tmp_path: Path) -> No
     assert _sources(planner.resolve(c0)) == []
     assert _sources(planner.resolve(c1)) == [(c0.object_key, (0,), False, ())]  # waits
     # a second waiter falls back on the first one if chunk 0 fails, not on paying itself
-    assert _sources(planner.resolve(c2)) == [(c0.object_key, (0,), False, (c1.object_key,))]
+    assert _sources(planner.resolve(c2)) == [(c0.object_key, (0,), False, ((c1.object_key,),))]
     planner.note_failed(c0.index)
     # before: chunk 3 became the owner too, and chunks 1, 2 and 3 all paid for "x"; now
     # it waits for chunk 1, and for chunk 2 should chunk 1 fail as well
-    assert _sources(planner.resolve(c3)) == [(c1.object_key, (0,), False, (c2.object_key,))]
+    assert _sources(planner.resolve(c3)) == [(c1.object_key, (0,), False, ((c2.object_key,),))]
     marks = [i.key for i in planner._store.list("_embedline/paid/")]
     assert marks == [f"_embedline/paid/{RUN}/{chunk_name(c0.object_key)}/"
                      f"gave-up-{planner._session}.json"]  # for waiters on Dask workers
