@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_gzip.py
 	$(BIN)/python benchmarks/bench_reuse_index.py
 	$(BIN)/python benchmarks/bench_batch.py
+	$(BIN)/python benchmarks/bench_paid.py
 
 clean:
 	rm -rf $(VENV) $(LITELLM_VENV) embedline-output .embedline

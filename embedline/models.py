@@ -284,13 +284,17 @@ class ReuseSource:
     still publishing (another chunk embeds that text): the task waits for it.
     ``owner_failed`` (with ``in_run``): that chunk failed before this one was planned; the
     task does not wait, it takes what the owner kept of its paid requests
-    (``tasks/paid.py``) and embeds the rest.
+    (``tasks/paid.py``) and embeds the rest. ``heirs`` (with ``in_run``; empty, or one
+    entry per row): the objects of the chunks that waited for that row's text before this
+    one (in order, at most 16), of which the first still running embeds it if the owner
+    fails; the task then waits for those objects in turn before sending the text itself.
     """
 
     object_key: str
     rows: tuple[int, ...]
     in_run: bool = False
     owner_failed: bool = False
+    heirs: tuple[tuple[str, ...], ...] = ()  # per row: who embeds it if the owner fails
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from embedline.tracebacks import CHUNK_TASK_NAME, quiet_expected_tracebacks
 from tasks.batch_answers import BatchAnswers, batch_answers
 from tasks.embed import EmbeddedRows, embed_rows, merged
 from tasks.outcome import retry_condition
-from tasks.paid import PaidRequests, chunk_name, take_paid
+from tasks.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.publish import publish_chunk
 from tasks.reuse import chunk_rows, combine, drop_other_lengths, split_duplicates, take_reused
 
@@ -69,9 +69,10 @@ def embed_chunk(
     objects named there; rows with a text already sent in this chunk are copied; the rest
     are sent (``tasks/reuse.py``). With ``run_key`` (the run's key), each successful
     request's vectors are kept in the store until the chunk is published, and rows an
-    earlier attempt of this chunk kept are not sent again (``tasks/paid.py``). A chunk that the stopping run released (its grace period
-    ran out: ``StopRequestedError`` before its next request) returns a Cancelled state,
-    Prefect's state for work stopped on request, so the UI does not list it as Failed.
+    earlier attempt of this chunk kept are not sent again (``tasks/paid.py``). A chunk
+    that the stopping run released (its grace period ran out: ``StopRequestedError``
+    before its next request) returns a Cancelled state, Prefect's state for work stopped
+    on request, so the UI does not list it as Failed.
 
     :raises InputError: the input changed since planning.
     :raises RetryableError: the API kept failing past the attempt budget (Prefect may retry
@@ -103,6 +104,9 @@ def _embed_chunk(
     paid = PaidRequests(store, run_key, chunk_name(spec.object_key)) if run_key else None
     found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model,
                         dimensions=expected, run_key=run_key)
+    if paid is not None and found.handed:  # kept as ours too, should this chunk fail
+        keep_handed(paid, [r for r in rows if r.row_number in found.handed], found.vectors,
+                    model=settings.effective_model, dimensions=settings.dimensions)
     rest = [r for r in rows if r.row_number not in found.vectors]
     if paid is not None:  # an earlier attempt paid for these: not sent again
         found.take_paid(take_paid(paid, rest, model=settings.effective_model,

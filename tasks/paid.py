@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from adapters.object_store import SCRATCH_PREFIX
 from embedline.errors import EmbedlineError
-from embedline.keys import row_key
+from embedline.keys import request_key, row_key
 from embedline.models import Row
 from embedline.protocols import ObjectStore
 
@@ -49,6 +49,8 @@ __all__ = [
     "PaidRequests",
     "chunk_name",
     "gave_up_key",
+    "keep_handed",
+    "kept_texts",
     "mark_gave_up",
     "paid_run_key",
     "take_paid",
@@ -226,6 +228,52 @@ class PaidRequests:
                                type(exc).__name__)
         self._read = read
         return read
+
+
+def kept_texts(store: ObjectStore, run_key: str) -> dict[str, str]:
+    """``text_sha256 -> chunk name`` of every text a chunk of run ``run_key`` kept (read by
+    the flow process before dispatch, so other chunks of the rerun take these texts from
+    there instead of paying for them again; first chunk name wins). Only the
+    ``text_sha256`` column is read. Unreadable objects are skipped (a warning)."""
+    out: dict[str, str] = {}
+    prefix = f"{PAID_PREFIX}{run_key}/"
+    try:
+        keys = [i.key for i in store.list(prefix) if i.key.endswith(".parquet")]
+    except (EmbedlineError, OSError) as exc:
+        logger.warning("could not list the paid requests under %s: %s", prefix,
+                       type(exc).__name__)
+        return out
+    for key in sorted(keys):
+        name = key[len(prefix):].split("/")[0]
+        try:
+            with store.open_read(key) as fh:
+                hashes = pq.read_table(fh, columns=["text_sha256"])["text_sha256"].to_pylist()
+        except FileNotFoundError:
+            continue
+        except (EmbedlineError, OSError, ValueError, KeyError, pa.ArrowException) as exc:
+            logger.warning("skipping an unreadable paid request %s: %s", key,
+                           type(exc).__name__)
+            continue
+        for text_hash in hashes:
+            if text_hash:
+                out.setdefault(text_hash, name)
+    return out
+
+
+def keep_handed(
+    paid: PaidRequests, rows: Sequence[Row], vectors: dict[int, np.ndarray], *, model: str,
+    dimensions: int | None,
+) -> None:
+    """Keep, as this chunk's own, the vectors of ``rows`` it took from another chunk's kept
+    requests (the in-run dedup handover): should this chunk fail too, a chunk after it
+    takes them from here instead of paying for them again. 0 tokens (paid once, counted
+    by the chunk that paid)."""
+    if len({len(vectors[r.row_number]) for r in rows}) != 1:
+        return  # of two lengths (the run's is not known yet): not kept, at worst paid again
+    keys = [row_key(r.id, r.text_sha256, model, dimensions) for r in rows]
+    paid.keep(keys, np.stack([vectors[r.row_number] for r in rows]), tokens=0,
+              request_key=request_key(["handed over", *keys]),
+              text_hashes=[r.text_sha256 for r in rows])
 
 
 def take_paid(
