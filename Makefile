@@ -57,6 +57,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_load.py
 	$(BIN)/python benchmarks/bench_gzip.py
 	$(BIN)/python benchmarks/bench_reuse_index.py
+	$(BIN)/python benchmarks/bench_batch.py
+	$(BIN)/python benchmarks/bench_paid.py
 
 clean:
 	rm -rf $(VENV) $(LITELLM_VENV) embedline-output .embedline

@@ -142,13 +142,23 @@ def progress_line(event: progress.Progress, rate: float) -> str:
 
 
 def cost_lines(summary: dict[str, Any]) -> list[str]:
-    """The cost line, when the run had a ``price_per_million_tokens`` (USD)."""
+    """The cost line, when the run had a ``price_per_million_tokens`` (USD); in Batch API
+    mode also the batches and what their half price saved."""
     price = summary.get("price_per_million_tokens")
+    batch_tokens = int(summary.get("batch_tokens") or 0)
+    batches = (f"batch      {summary.get('batches', 0):,} Batch API batches, {batch_tokens:,} "
+               "tokens at the batch price (half)")
     if price is None:
-        return []
-    spent, saved = summary["tokens"] * price / 1e6, summary.get("tokens_saved", 0) * price / 1e6
-    return [f"cost       ${spent:,.4f} estimated, ~${saved:,.4f} saved by reuse and "
-            f"deduplication (at ${price}/1M tokens)"]
+        return [batches] if batch_tokens or summary.get("batches") else []
+    from embedline.models import run_cost
+
+    spent, batch_saved = run_cost(summary["tokens"], batch_tokens, price)
+    saved = summary.get("tokens_saved", 0) * price / 1e6
+    lines = [f"cost       ${spent:,.4f} estimated, ~${saved:,.4f} saved by reuse and "
+             f"deduplication (at ${price}/1M tokens)"]
+    if batch_tokens:
+        lines.append(f"{batches}: ${batch_saved:,.4f} saved by --batch-api")
+    return lines
 
 
 def _plural(count: int, word: str) -> str:

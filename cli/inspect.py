@@ -40,7 +40,9 @@ _CHUNK_STATES = ("published", "failed", "running", "pending")
 def _status(args: argparse.Namespace) -> int:
     """One tab-separated line per run, always 8 fields: key, state, ``rows=… dead_letters=…``,
     ``chunks …`` by state, input, output, updated, and why the lowest failed chunk failed
-    (empty when none did). With ``--json``, ``run_status`` as one JSON object per line."""
+    (empty when none did); with RUN, its Batch API batches follow, one line each, first
+    field ``batch`` (``cli.batches.batch_lines``). With ``--json``, ``run_status`` as one
+    JSON object per line."""
     ledger = open_ledger(args.ledger)
     runs = [find_run(ledger, args.run)] if args.run else ledger.runs()
     for run in runs:
@@ -55,6 +57,11 @@ def _status(args: argparse.Namespace) -> int:
             f"{run.input_name}\t{run.output_uri}\t{run.updated_at}\t"
             f"{tsv_field(facts['failure'] or '')}"
         )
+        if args.run:  # Batch API mode: one line per batch after the run's
+            from cli.batches import batch_lines
+
+            for line in batch_lines(ledger, run.run_key):
+                print(line)
     return 0
 
 

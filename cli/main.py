@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cli import gc, inspect, load, run, search
+from cli import batches, gc, inspect, load, run, search
 from cli.started import interrupted_line
 from embedline.errors import DiskFullError
 from embedline.shutdown import STOP, exit_code_for, is_interrupt, signal_of
@@ -19,7 +19,7 @@ from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["main"]
 
-_COMMAND_MODULES = (run, inspect, load, search, gc)
+_COMMAND_MODULES = (run, inspect, load, search, gc, batches)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,6 +118,8 @@ def _interrupted(exc: BaseException, *, resumable: bool) -> int:
         line = interrupted_line(signum, f" after run {committed.run_key[:12]} was committed "
                                         f"({committed.manifest_uri})", f": {committed.todo}",
                                 cause)
+    elif resumable and STOP.left_running():
+        line = interrupted_line(signum, f"; {STOP.left_running()}", todo="", cause=cause)
     elif resumable:
         line = interrupted_line(signum, cause=cause)
     else:

@@ -143,6 +143,23 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                           "load) (default: no load)")
     run.add_argument("--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE",
                      help=MAX_DELETE_HELP)
+    run.add_argument("--batch-api", action="store_true",
+                     help="--embedder openai: send the requests as Batch API batches (half "
+                          "the price, results within 24 h); the run waits for them, and a "
+                          "rerun after a crash or Ctrl-C collects them without paying twice")
+    run.add_argument("--batch-poll-interval", type=positive_float, default=60.0,
+                     metavar="SECONDS",
+                     help="longest wait between two polls of the run's batches (the first "
+                          "polls come sooner)")
+    run.add_argument("--batch-max-inputs", type=positive_int, default=50_000, metavar="N",
+                     help="inputs per batch (OpenAI allows 50,000)")
+    run.add_argument("--batch-fallback", choices=("batch", "sync"), default="batch",
+                     help="what batches leave unanswered (expired, cancelled, server "
+                          "errors): sent again as a batch, or synchronously at full price")
+    run.add_argument("--batch-enqueued-tokens", type=positive_int, default=None, metavar="N",
+                     help="the account's enqueued-token limit for the model: batches are "
+                          "sized to fit it (default: 50,000 inputs per batch; a refusal "
+                          "token_limit_exceeded waits for earlier batches)")
     run.add_argument("--progress-interval", type=non_negative_float, default=10.0,
                      metavar="SECONDS",
                      help="when stderr is not a terminal, a progress line every SECONDS "

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 __all__ = [
+    "BATCH_PRICE_FACTOR",
     "ChunkOutcome",
     "ChunkSpec",
     "RETRYABLE_DEAD_LETTERS",
@@ -25,6 +26,7 @@ __all__ = [
     "ReuseSource",
     "Row",
     "RunSummary",
+    "run_cost",
     "blocking_dead_letters",
     "chunk_generation",
     "chunk_object_key",
@@ -270,6 +272,7 @@ class ChunkOutcome:
     tokens_saved: int = 0  # estimated tokens (``estimate_tokens``) of reused+deduplicated rows
     dimensions: int | None = None  # the object's vector length (None: not read yet)
     rows_sent: int | None = None  # rows the server embedded for the object (None: unknown)
+    batch_tokens: int = 0  # of ``tokens``: those answered by Batch API batches (half price)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,11 +282,19 @@ class ReuseSource:
     ``rows`` are 0-based positions within the chunk; ``object_key`` is the chunk object to
     read them from, matched there by ``text_sha256``. ``in_run`` marks an object this run is
     still publishing (another chunk embeds that text): the task waits for it.
+    ``owner_failed`` (with ``in_run``): that chunk failed before this one was planned; the
+    task does not wait, it takes what the owner kept of its paid requests
+    (``tasks/paid.py``) and embeds the rest. ``heirs`` (with ``in_run``; empty, or one
+    entry per row): the objects of the chunks that waited for that row's text before this
+    one (in order, at most 16), of which the first still running embeds it if the owner
+    fails; the task then waits for those objects in turn before sending the text itself.
     """
 
     object_key: str
     rows: tuple[int, ...]
     in_run: bool = False
+    owner_failed: bool = False
+    heirs: tuple[tuple[str, ...], ...] = ()  # per row: who embeds it if the owner fails
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +306,7 @@ class ReusePlan:
     """
 
     sources: tuple[ReuseSource, ...] = ()
+    session: str = ""  # the planning process's token: names its gave-up marks (tasks/paid.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +322,19 @@ class ManifestChunk:
     def to_dict(self) -> dict[str, object]:
         """Return the entry as a JSON-ready dict."""
         return asdict(self)
+
+
+#: The Batch API's price as a share of the synchronous one (OpenAI: 50 % for embeddings).
+BATCH_PRICE_FACTOR = 0.5
+
+
+def run_cost(tokens: int, batch_tokens: int, price_per_million: float) -> tuple[float, float]:
+    """(USD spent, USD the Batch API saved) for ``tokens``, of which ``batch_tokens`` were
+    billed at the batch price (``BATCH_PRICE_FACTOR`` of ``price_per_million``, the
+    synchronous USD per 1M tokens)."""
+    batch = min(batch_tokens, tokens)
+    spent = ((tokens - batch) + batch * BATCH_PRICE_FACTOR) * price_per_million / 1e6
+    return spent, batch * (1 - BATCH_PRICE_FACTOR) * price_per_million / 1e6
 
 
 @dataclass(slots=True)
@@ -361,6 +386,9 @@ class RunSummary:
     generation: int = 0
     supersedes: str | None = None
     rows_empty: int = 0  # empty texts skipped (--on-empty-text skip), counted in rows_failed
+    # Batch API mode: of ``tokens``, those billed at the batch price (half), and the batches
+    batch_tokens: int = 0
+    batches: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

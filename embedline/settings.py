@@ -59,7 +59,7 @@ NO_API_KEY_MESSAGE = ("--base-url is OpenAI's API, which refuses requests withou
 
 #: CLI flag / flow parameter name → settings field, where the field name carries its unit.
 PARAMETER_FIELDS = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_delay_s",
-                    "grace": "grace_s"}
+                    "grace": "grace_s", "batch_poll_interval": "batch_poll_interval_s"}
 
 
 def codec_for(encoding: str) -> str:
@@ -175,6 +175,16 @@ class RunSettings(BaseModel):
     # the most a commit's change set (share of the base run's rows) or a load (share of the
     # sink's rows) may delete before it stops, exit 2 (DESIGN §9)
     max_delete_fraction: float = Field(default=0.5, ge=0, le=1, allow_inf_nan=False)
+    # Batch API mode (DESIGN §5, "Batch API mode"): the openai embedder's requests go into
+    # batches (half price, within 24 h); polled every ``batch_poll_interval_s`` seconds at
+    # most; at most ``batch_max_inputs`` inputs per batch (OpenAI: 50,000); what batches
+    # leave unanswered is sent again as a batch, or synchronously with ``sync``;
+    # ``batch_enqueued_tokens`` (estimated tokens) sizes batches to the account's budget
+    batch_api: bool = False
+    batch_poll_interval_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    batch_max_inputs: int = Field(default=50_000, ge=1, le=50_000)
+    batch_fallback: Literal["batch", "sync"] = "batch"
+    batch_enqueued_tokens: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -242,6 +252,13 @@ class RunSettings(BaseModel):
         if self.dimensions not in (None, LOCAL_DIMENSIONS):
             raise ValueError(f"the local model gives {LOCAL_DIMENSIONS} dimensions; omit "
                              "--dimensions or use --embedder openai")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_api_is_openai(self) -> RunSettings:
+        if self.batch_api and self.embedder != "openai":
+            raise ValueError("--batch-api needs --embedder openai (OpenAI's Batch API, or a "
+                             "server with the same /files and /batches endpoints)")
         return self
 
     @model_validator(mode="after")

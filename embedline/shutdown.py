@@ -147,6 +147,8 @@ class StopState:
         #: Prefect cancelled the flow run this command runs (``flows.cancellation``).
         self._prefect_cancel = False
         self._committed: Committed | None = None
+        #: What an interrupt left running elsewhere (Batch API batches), for its last line.
+        self._left_running: str | None = None
         self._api_loss: ApiLoss | None = None
         self._tasks_stop = threading.Event()
         self._dispatched = threading.Event()  # a flow of this process started dispatching
@@ -406,6 +408,17 @@ class StopState:
         if self._prefect_cancel and signum == signal.SIGTERM:
             return "cancelled from Prefect"
         return f"interrupted by {signal.Signals(signum).name}"
+
+    # -- work left running elsewhere ------------------------------------------------------
+
+    def note_left_running(self, what: str | None) -> None:
+        """Record what an interrupt leaves running outside this process (e.g. "3 batches
+        keep running at the provider: ..."), for the command's last line; None clears it."""
+        self._left_running = what
+
+    def left_running(self) -> str | None:
+        """What ``note_left_running`` recorded, if anything."""
+        return self._left_running
 
     # -- the committed run ----------------------------------------------------------------
 

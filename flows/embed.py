@@ -14,10 +14,11 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.settings import get_current_settings
 
-from embedline.models import ChunkOutcome, InputPlan
+from embedline.models import ChunkOutcome, ChunkSpec, InputPlan
 from embedline.progress import cost_in_process, reset_cost
 from embedline.protocols import ObjectStore
 from embedline.shutdown import STOP
+from flows.batch import BatchStage, Staged
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
 from flows.progress_report import progress_reporter
@@ -25,6 +26,7 @@ from flows.run import Run, Work
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
 from tasks.chunk import embed_chunk, show_published_chunk
+from tasks.outcome import ChunkFailure
 from tasks.report import ProgressArtifact
 from tasks.reuse import ReusePlanner, refresh_index
 
@@ -39,6 +41,7 @@ class Dispatched:
 
     result: DispatchResult
     cost: tuple[int, int, int] | None
+    batches: int = 0  # Batch API batches of the chunks this run embedded
 
 
 def embed_and_publish(run: Run, work: Work) -> Dispatched:
@@ -51,6 +54,12 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
     artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
     report = progress_reporter(plan, work.skipped, artifact)
     report(DispatchResult())
+    staged = _batches(run, work, planner) if settings.batch_api else None
+    if staged is not None and staged.fatal:  # a batch failed validation: exit 3
+        failure = ChunkFailure("fatal", staged.fatal, expected=True)
+        artifact.close()
+        return Dispatched(DispatchResult(stop=failure, not_run=[s.index for s in work.todo]),
+                          None, staged.batches)
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
     chunk_task = embed_chunk.with_options(
         retries=settings.chunk_retries,
@@ -67,7 +76,8 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
             object_uri=lambda spec: store.uri_for(spec.object_key),
             submit=lambda spec: runner.submit(
                 chunk_task, {"spec": spec, "source": plan.source, "settings": settings,
-                             "reuse": planner.resolve(spec), "dimensions": work.length.current()}
+                             "dimensions": work.length.current(), "run_key": run.run_key,
+                             **_chunk_inputs(spec, planner, staged)}
             ),
             window=window,
             logger=logger,
@@ -85,7 +95,27 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
                            length=work.length, grace_s=settings.grace_s, logger=logger)
     artifact.close()
     cost = cost_in_process() if settings.task_runner == "threads" else None
-    return Dispatched(result, cost)
+    return Dispatched(result, cost, staged.batches if staged is not None else 0)
+
+
+def _batches(run: Run, work: Work, planner: ReusePlanner) -> Staged:
+    """Batch API mode: submit the work's requests as batches, wait, collect
+    (``flows.batch``); logs what it cost at the batch price."""
+    assert run.ledger is not None
+    stage = BatchStage(settings=run.settings, ledger=run.ledger, run_key=run.run_key,
+                       planner=planner, source=run.plan.source, log=get_run_logger())
+    return stage.run(work.todo)
+
+
+def _chunk_inputs(spec: ChunkSpec, planner: ReusePlanner, staged: Staged | None
+                  ) -> dict[str, Any]:
+    """The reuse plan of a chunk task (the batch stage's, which its batches were built
+    from) and, in Batch API mode, its batches' result files."""
+    if staged is None:
+        return {"reuse": planner.resolve(spec)}
+    plan = staged.plans.get(spec.index)
+    return {"reuse": planner.resolve(spec) if plan is None else plan,
+            "batch_files": staged.files.get(spec.index, ())}
 
 
 def _reuse_planner(run: Run, work: Work) -> ReusePlanner:
@@ -99,7 +129,7 @@ def _reuse_planner(run: Run, work: Work) -> ReusePlanner:
                               time.monotonic() - started)
     return ReusePlanner(ledger=run.ledger, store=run.store, source=run.plan.source,
                         model=settings.effective_model, dimensions=settings.dimensions,
-                        reuse=settings.reuse)
+                        reuse=settings.reuse, run_key=run.run_key)
 
 
 _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much

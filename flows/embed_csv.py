@@ -80,6 +80,11 @@ def embed_csv(
     dask_workers: int = 2,
     sink: str | None = None,
     max_delete_fraction: float = 0.5,
+    batch_api: bool = False,
+    batch_poll_interval: float = 60.0,
+    batch_max_inputs: int = 50_000,
+    batch_fallback: Literal["batch", "sync"] = "batch",
+    batch_enqueued_tokens: int | None = None,
 ) -> State[Any]:
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
 
@@ -94,6 +99,12 @@ def embed_csv(
     requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
     request (first try included). Returns a Completed or Failed state carrying the summary
     (Cancelled if cancelled from Prefect: ``flows.cancellation``).
+
+    ``batch_api`` (openai embedder): the requests go through the provider's Batch API at half
+    price (``flows.batch``), polled every ``batch_poll_interval`` seconds at most, at most
+    ``batch_max_inputs`` inputs per batch; ``batch_fallback`` ``sync`` sends what batches
+    left unanswered synchronously; ``batch_enqueued_tokens`` sizes batches to the account's
+    enqueued-token budget (estimated tokens).
     """
     quiet_expected_tracebacks()
     try:
@@ -170,6 +181,8 @@ def _record_embed_commit_load(run: Run) -> RunSummary:
             ended = run.conclude(work, dispatched.result, cost=dispatched.cost,
                                  resume_hint=_resume_hint(),
                                  on_committed=lambda summary: _note_committed(run, summary))
+            (ended.summary if isinstance(ended, CommittedRun) else ended).batches = \
+                dispatched.batches
             if isinstance(ended, CommittedRun):
                 return _load_into_sink(run, ended.manifest, ended.summary)
             return ended

@@ -60,6 +60,7 @@ def outcome_fields(
         rows_reused=sum(o.reused for o in result.published.values()),
         rows_deduplicated=sum(o.deduplicated for o in result.published.values()),
         tokens_saved=sum(o.tokens_saved for o in result.published.values()),
+        batch_tokens=sum(o.batch_tokens for o in result.published.values()),
     )
     status = _status(plan, run_key, done, result, not_done, blocking, resume_hint)
     return {**counts, **status}

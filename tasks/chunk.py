@@ -16,7 +16,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, State
 
-from adapters.embeddings import build_embedder
+from adapters.embeddings import build_batch_client, build_embedder
 from adapters.object_store import open_store
 from embedline.errors import StopRequestedError
 from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
@@ -24,8 +24,10 @@ from embedline.protocols import ObjectStore
 from embedline import progress
 from embedline.settings import RunSettings
 from embedline.tracebacks import CHUNK_TASK_NAME, quiet_expected_tracebacks
+from tasks.batch_answers import BatchAnswers, batch_answers
 from tasks.embed import EmbeddedRows, embed_rows, merged
 from tasks.outcome import retry_condition
+from tasks.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.publish import publish_chunk
 from tasks.reuse import chunk_rows, combine, drop_other_lengths, split_duplicates, take_reused
 
@@ -50,8 +52,13 @@ def embed_chunk(
     settings: RunSettings,
     reuse: ReusePlan | None = None,
     dimensions: int | None = None,
+    run_key: str | None = None,
+    batch_files: tuple[str, ...] | None = None,
 ) -> ChunkOutcome | State[None]:
     """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
+
+    ``batch_files`` (Batch API mode): the output and error file ids of every batch of the
+    chunk; its texts are answered from them, not sent (``tasks.batch_answers``).
 
     ``dimensions`` is the run's vector length as the flow knew it at submission (None:
     unknown yet; ``tasks/dimensions.py``): every vector published must have it. Reused
@@ -60,9 +67,12 @@ def embed_chunk(
 
     Rows listed in ``reuse`` (decided by the flow process) take their vectors from the
     objects named there; rows with a text already sent in this chunk are copied; the rest
-    are sent (``tasks/reuse.py``). A chunk that the stopping run released (its grace period
-    ran out: ``StopRequestedError`` before its next request) returns a Cancelled state,
-    Prefect's state for work stopped on request, so the UI does not list it as Failed.
+    are sent (``tasks/reuse.py``). With ``run_key`` (the run's key), each successful
+    request's vectors are kept in the store until the chunk is published, and rows an
+    earlier attempt of this chunk kept are not sent again (``tasks/paid.py``). A chunk
+    that the stopping run released (its grace period ran out: ``StopRequestedError``
+    before its next request) returns a Cancelled state, Prefect's state for work stopped
+    on request, so the UI does not list it as Failed.
 
     :raises InputError: the input changed since planning.
     :raises RetryableError: the API kept failing past the attempt budget (Prefect may retry
@@ -72,7 +82,7 @@ def embed_chunk(
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
     try:
-        return _embed_chunk(spec, source, settings, reuse, dimensions)
+        return _embed_chunk(spec, source, settings, reuse, dimensions, run_key, batch_files)
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
 
@@ -83,24 +93,39 @@ def _embed_chunk(
     settings: RunSettings,
     reuse: ReusePlan | None,
     dimensions: int | None,
+    run_key: str | None,
+    batch_files: tuple[str, ...] | None = None,
 ) -> ChunkOutcome:
     quiet_expected_tracebacks()  # this process may be a Dask worker
     logger = get_run_logger()
     store = store_for(settings.output)
     rows = chunk_rows(source, spec)
     expected = settings.dimensions or dimensions
+    paid = PaidRequests(store, run_key, chunk_name(spec.object_key)) if run_key else None
     found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model,
-                        dimensions=expected)
-    send, copies = split_duplicates([r for r in rows if r.row_number not in found.vectors])
-    client = progress.counting(build_embedder(settings) if send else None, spec.index)
-    embedded = _embed(send, client, settings, expected)
+                        dimensions=expected, run_key=run_key)
+    if paid is not None and found.handed:  # kept as ours too, should this chunk fail
+        keep_handed(paid, [r for r in rows if r.row_number in found.handed], found.vectors,
+                    model=settings.effective_model, dimensions=settings.dimensions)
+    rest = [r for r in rows if r.row_number not in found.vectors]
+    if paid is not None:  # an earlier attempt paid for these: not sent again
+        found.take_paid(take_paid(paid, rest, model=settings.effective_model,
+                                  dimensions=settings.dimensions, length=expected))
+        rest = [r for r in rest if r.row_number not in found.vectors]
+    send, copies = split_duplicates(rest)
+    answers = _batch_answers(rows, reuse, settings, batch_files) if send else None
+    client = progress.counting((answers or build_embedder(settings)) if send else None,
+                               spec.index)
+    # batch answers are kept by the provider (the rerun reads them again): nothing to keep
+    embedded = _embed(send, client, settings, expected, paid if answers is None else None)
     if expected is None and embedded.rows:  # learned from the server's first answer
         stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
         if stale:  # vectors of an older length: this run's are the server's answers
             client = client or progress.counting(build_embedder(settings), spec.index)
             embedded = merged(embedded, _embed(stale, client, settings,
-                                               int(embedded.vectors.shape[1])))
-    sent = len(embedded.rows)
+                                               int(embedded.vectors.shape[1]), paid))
+    inputs = len(embedded.rows)  # texts this attempt sent and got vectors for
+    sent = inputs + len(found.paid)  # the server embedded these for the object
     embedded = combine(rows, embedded, found, copies, model=settings.effective_model,
                        dimensions=settings.dimensions)
     if embedded.rows:
@@ -118,8 +143,11 @@ def _embed_chunk(
         kept_columns=source.kept_columns,
         keep_text=source.keep_text,
     )
-    outcome = replace(outcome, inputs=sent, reused=found.reused,
-                      deduplicated=found.deduplicated, tokens_saved=found.tokens_saved)
+    if paid is not None:
+        paid.clear()  # published: what the failed attempts paid for is in the object now
+    outcome = replace(outcome, inputs=inputs, reused=found.reused,
+                      deduplicated=found.deduplicated, tokens_saved=found.tokens_saved,
+                      batch_tokens=answers.batch_tokens if answers is not None else 0)
     logger.info(
         "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens",
         spec.index,
@@ -129,14 +157,29 @@ def _embed_chunk(
         outcome.requests,
         outcome.tokens,
     )
+    if found.paid:
+        logger.info("chunk %d: %d rows from requests an earlier attempt paid for",
+                    spec.index, len(found.paid))
     if found.reused or found.deduplicated:
         logger.info("chunk %d: %d rows reused from earlier runs, %d deduplicated in this run",
                     spec.index, found.reused, found.deduplicated)
     return outcome
 
 
+def _batch_answers(rows: list[Row], reuse: ReusePlan | None, settings: RunSettings,
+                   batch_files: tuple[str, ...] | None) -> BatchAnswers | None:
+    """Batch API mode: the chunk's batch results as its client (None in synchronous mode).
+    With ``--batch-fallback sync``, texts no batch answered are sent synchronously."""
+    if batch_files is None:
+        return None
+    fallback = (lambda: build_embedder(settings)) if settings.batch_fallback == "sync" else None
+    return batch_answers(rows, reuse or ReusePlan(), settings, batch_files,
+                         client=build_batch_client(settings), fallback=fallback)
+
+
 def _embed(
-    rows: list[Row], client: Any, settings: RunSettings, expected: int | None
+    rows: list[Row], client: Any, settings: RunSettings, expected: int | None,
+    paid: PaidRequests | None = None,
 ) -> EmbeddedRows:
     """``embed_rows`` with the run's settings; every answer must be ``expected`` long.
     Nothing to send (every vector reused or copied): no client was built, none is called."""
@@ -152,6 +195,7 @@ def _embed(
         max_input_tokens=settings.max_input_tokens if settings.embedder == "openai" else None,
         on_too_long=settings.on_too_long,
         expect_dimensions=expected,
+        paid=paid,
     )
 
 

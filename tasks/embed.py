@@ -27,6 +27,7 @@ from embedline.keys import request_key, row_key
 from embedline.models import DeadLetter, Row
 from embedline.protocols import EmbeddingClient
 from embedline.shutdown import tasks_must_stop
+from tasks.paid import PaidRequests
 
 __all__ = ["EmbeddedRows", "batches", "embed_rows", "merged"]
 
@@ -104,8 +105,10 @@ class _Embedder:
         model: str,
         dimensions: int | None,
         expect_dimensions: int | None = None,
+        paid: PaidRequests | None = None,
     ) -> None:
         self.client = client
+        self.paid = paid  # where each successful request's vectors are kept at once
         self.model = model
         self.dimensions = dimensions
         # the run's vector length: given by the flow, else learned from the first answer
@@ -134,9 +137,10 @@ class _Embedder:
         retries, record the vectors of a success, raise anything else."""
         if tasks_must_stop():
             raise StopRequestedError("the run is stopping; chunk released for the next run")
+        keys = self.keys(batch)
         try:
             result = self.client.embed(
-                [r.text for r in batch], idempotency_key=request_key(self.keys(batch)),
+                [r.text for r in batch], idempotency_key=request_key(keys),
                 expect_dimensions=self.expected,
             )
         except EmbedlineError as exc:
@@ -152,6 +156,10 @@ class _Embedder:
         if self.expected is None and len(result.vectors):
             self.expected = int(result.vectors.shape[1])  # later requests must agree
         self.accepted.append((len(batch), sum(estimate_tokens(r.text) for r in batch)))
+        if self.paid is not None:  # paid for: kept before anything else can fail the chunk
+            self.paid.keep(keys, result.vectors, tokens=result.tokens,
+                           request_key=request_key(keys),
+                           text_hashes=[r.text_sha256 for r in batch])
         for row, vector in zip(batch, result.vectors, strict=True):
             self.vectors[row.row_number] = vector
         return None
@@ -247,6 +255,7 @@ def embed_rows(
     max_input_tokens: int | None = None,
     on_too_long: str = "dead-letter",
     expect_dimensions: int | None = None,
+    paid: PaidRequests | None = None,
 ) -> EmbeddedRows:
     """Embed a chunk's ``rows``; return the embedded rows in input order and the dead letters.
     ``client`` is None when there is nothing to send (every row of the chunk reused).
@@ -268,14 +277,16 @@ def embed_rows(
     from chunks published before), else ``dimensions``, else the first answer's length; an
     answer of another length is a bad response (retried once by the client, DESIGN §5).
 
-    Every error raised carries the chunk's ``requests`` and ``tokens`` so far.
+    Every error raised carries the chunk's ``requests`` and ``tokens`` so far. With
+    ``paid``, each successful request's vectors are kept there as soon as it answers
+    (``tasks/paid.py``), so a chunk that fails later does not pay for them again.
 
     :raises RequestRejectedError: the server refuses the request itself (see ``_Embedder``).
     :raises RetryableError: a request still failed after the client's attempt budget.
     :raises BadResponseError: an answer's vectors do not have the run's length.
     :raises FatalError: from the client (credentials, quota, model).
     """
-    embedder = _Embedder(client, model, dimensions, expect_dimensions)
+    embedder = _Embedder(client, model, dimensions, expect_dimensions, paid)
     sendable = []
     for row in rows:
         if not row.text.strip():

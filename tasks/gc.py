@@ -25,6 +25,12 @@ Policy (DESIGN §4, "Retention"):
   deleting, and a run re-checks (HEAD) its chunk objects before committing its manifest, so
   a run that starts while gc runs at worst has to be rerun, never commits a dangling
   manifest.
+- **Paid requests** (``_embedline/paid/{run_key}/…``, ``tasks/paid.py``): the vectors a
+  chunk kept of requests it paid for before failing. Never deleted while their run holds
+  a live lease (a run in progress, or one that died less than the grace period ago);
+  otherwise deleted once older than the grace period (a rerun within it still takes them),
+  or at once when their chunk's object exists (the chunk was published; a best-effort
+  delete after publishing failed).
 - **Temp files** of dead writers (local directories) and conditional-write probe scratch
   objects older than the grace period.
 - **Ledger rows** that refer to deleted objects (published objects, the reuse index, dead
@@ -47,6 +53,7 @@ from adapters.object_store import SCRATCH_PREFIX
 from embedline.models import InputPlan
 from embedline.protocols import ObjectInfo, ObjectStore
 from tasks.manifest import created_at, dataset_key, list_manifests
+from tasks.paid import PAID_PREFIX, chunk_name, paid_run_key
 
 __all__ = [
     "DEFAULT_GRACE_S",
@@ -124,7 +131,8 @@ def drop_run_lease(store: ObjectStore, key: str) -> None:
 def _live_leases(
     store: ObjectStore, cutoff: float, now: float
 ) -> tuple[set[str], list[ObjectInfo]]:
-    """(objects protected by live run and load leases, stale lease objects)."""
+    """(objects protected by live run and load leases, stale lease objects). A live run
+    lease also protects its run's paid requests: its set holds ``{PAID_PREFIX}{run_key}/``."""
     protected: set[str] = set()
     stale: list[ObjectInfo] = []
     for prefix in _LEASE_PREFIXES:
@@ -140,7 +148,21 @@ def _live_leases(
                 stale.append(info)
                 continue
             protected.update(str(o) for o in objects)
+            if prefix == LEASE_PREFIX and isinstance(record.get("run_key"), str):
+                protected.add(f"{PAID_PREFIX}{record['run_key']}/")
     return protected, stale
+
+
+def _paid_kept(key: str, protected: set[str]) -> bool:
+    """Whether ``key`` is a paid request of a run a live lease protects."""
+    run_key = paid_run_key(key)
+    return run_key is not None and f"{PAID_PREFIX}{run_key}/" in protected
+
+
+def _paid_published(key: str, published: set[str]) -> bool:
+    """Whether ``key`` is a paid request of a chunk whose object exists."""
+    parts = key[len(PAID_PREFIX):].split("/")
+    return paid_run_key(key) is not None and parts[1] in published
 
 
 # --------------------------------------------------------------------------- plan and act
@@ -255,13 +277,17 @@ def plan_gc(
     keep |= protected
     plan = GcPlan(kept_runs=[str(m["run_key"]) for m in kept], datasets=datasets)
     _pin(plan, protected)
+    published: set[str] = set()
     for prefix, bucket in (("manifests/", plan.manifests), ("chunks/", plan.chunks),
                            ("changes/", plan.changes)):
         for info in store.list(prefix):
+            if prefix == "chunks/":
+                published.add(chunk_name(info.key))
             if info.key not in keep and info.modified < cutoff:
                 bucket.append(info)
     scratch = [i for i in store.list(SCRATCH_PREFIX)
-               if not i.key.startswith(_LEASE_PREFIXES) and i.modified < cutoff]
+               if not i.key.startswith(_LEASE_PREFIXES) and not _paid_kept(i.key, protected)
+               and (i.modified < cutoff or _paid_published(i.key, published))]
     plan.stale = stale_leases + scratch
     return plan
 
@@ -274,7 +300,8 @@ def collect(
     and drop the ledger rows that referred to deleted objects. Returns what was deleted."""
     now = time.time() if now is None else now
     protected, _ = _live_leases(store, now - grace_s, now)  # a run or load started meanwhile
-    done = GcPlan(kept_runs=plan.kept_runs, stale=list(plan.stale), datasets=plan.datasets)
+    done = GcPlan(kept_runs=plan.kept_runs, datasets=plan.datasets,
+                  stale=[i for i in plan.stale if not _paid_kept(i.key, protected)])
     done.chunks = [i for i in plan.chunks if i.key not in protected]
     done.changes = [i for i in plan.changes if i.key not in protected]
     done.manifests = [i for i in plan.manifests if i.key not in protected]

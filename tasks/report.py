@@ -23,7 +23,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from embedline.models import DeadLetter, LoadSummary, RunSummary
+from embedline.models import DeadLetter, LoadSummary, RunSummary, run_cost
 from embedline.shutdown import STOP
 
 __all__ = ["ProgressArtifact", "load_markdown", "publish_load_summary", "publish_summary",
@@ -104,8 +104,10 @@ def summary_markdown(
 ) -> str:
     """Render the run summary as Markdown (no text, no secrets)."""
     price = price_per_million_tokens
-    cost = (f"${summary.tokens * price / 1e6:,.4f} (at ${price}/1M tokens)"
-            if price is not None else "n/a (no price given)")
+    spent, batch_saved = run_cost(summary.tokens, summary.batch_tokens, price or 0.0)
+    cost = (f"${spent:,.4f} (at ${price}/1M tokens" + (
+        f"; {summary.batch_tokens:,} tokens at the batch price, ${price / 2}/1M)"
+        if summary.batch_tokens else ")") if price is not None else "n/a (no price given)")
     saved = (f"~${summary.tokens_saved * price / 1e6:,.4f} (~{summary.tokens_saved:,} tokens "
              "not sent, estimated)" if price is not None
              else f"~{summary.tokens_saved:,} tokens not sent (estimated)")
@@ -128,6 +130,10 @@ def summary_markdown(
         ("rows deduplicated in this run", f"{summary.rows_deduplicated:,}"),
         ("estimated cost", cost),
         ("saved by reuse and deduplication", saved),
+        *([("saved by the Batch API (half price)",
+            f"${batch_saved:,.4f} on {summary.batch_tokens:,} tokens" if price is not None
+            else f"half the price of {summary.batch_tokens:,} tokens")]
+          if summary.batch_tokens else []),
         ("requests", f"{summary.requests:,}"),
         ("wall time", f"{summary.wall_s:.1f} s" + (" (the run; the load below has its own)"
                                                    if summary.load else "")),

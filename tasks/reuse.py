@@ -13,18 +13,23 @@ Where each step runs, and why (DESIGN §8):
   keys and row positions), so tasks on Dask workers need no ledger.
 - ``take_reused`` (chunk task): reads the vectors of the planned rows, object by object (the
   ``text_sha256`` and ``embedding`` columns only), matching by the full text hash, and
-  waits for objects of this run still being published. Anything it cannot get (an object
-  deleted by gc, an owner chunk that failed) is embedded instead: reuse never costs
-  correctness, only, rarely, a second payment.
+  waits for objects of this run still being published. An owner chunk that fails hands
+  over what it paid for: the waiting chunk takes the owner's kept requests
+  (``tasks/paid.py``, matched by text hash), and a chunk planned after the owner failed is
+  pointed at them too (``ReuseSource.owner_failed``: no wait). Anything it still cannot get
+  (an object deleted by gc, texts the owner never got to) is embedded instead: reuse never
+  costs correctness, only, rarely, a second payment.
 
 No deadlock: a chunk only ever waits for chunks submitted before it (owners are resolved
 first), each of which holds its own worker thread; a failed owner is reported to waiting
-tasks of this process at once (``note_failed``), and a task elsewhere (Dask) stops waiting
-after ``IN_RUN_WAIT_S`` and embeds the rows itself.
+tasks of this process at once (``note_failed``), and to tasks elsewhere (Dask) through a
+gave-up mark in the store (``tasks.paid.mark_gave_up``, looked for every second); a task
+that sees neither stops waiting after ``IN_RUN_WAIT_S``.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import defaultdict
@@ -42,9 +47,18 @@ from adapters.embeddings import estimate_tokens
 from adapters.ledger import Ledger
 from embedline.errors import BadResponseError, EmbedlineError
 from embedline.keys import dims_text, row_key
-from embedline.models import ChunkSpec, DeadLetter, InputSource, ReusePlan, ReuseSource, Row
+from embedline.models import (
+    ChunkSpec,
+    DeadLetter,
+    InputSource,
+    ReusePlan,
+    ReuseSource,
+    Row,
+    chunk_object_key,
+)
 from embedline.protocols import ObjectStore
 from tasks.embed import EmbeddedRows
+from tasks.paid import PaidRequests, chunk_name, gave_up_key, kept_texts, mark_gave_up
 from tasks.publish import read_chunk_metadata
 
 __all__ = [
@@ -63,6 +77,8 @@ __all__ = [
 #: Seconds a chunk task waits for another chunk of its run to publish a text it owns.
 IN_RUN_WAIT_S = 600.0
 _POLL_S = 0.2
+_MARK_POLL_S = 1.0  # seconds between looks for an owner's gave-up mark (another process)
+_HEIRS = 16  # waiters remembered per text, in order, to take over from a failed owner
 _INDEX_THREADS = 16
 _failed_objects: set[str] = set()  # in-run owners that will not publish (this process)
 _registry_lock = threading.Lock()  # guards _failed_objects and _read_ahead
@@ -128,12 +144,21 @@ class ReusePlanner:
         model: str,
         dimensions: int | None,
         reuse: bool,
+        run_key: str = "",
     ) -> None:
         self._ledger, self._store, self._source = ledger, store, source
+        self._run_key, self._session = run_key, secrets.token_hex(8)
         self._model, self._dims, self._reuse = model, dims_text(dimensions), reuse
         self._owner: dict[int, int] = {}
         self._object_of: dict[int, str] = {}
         self._failed: set[int] = set()
+        # the first chunks that wait for a text's owner (at most _HEIRS): the first of them
+        # still running owns the text if the owner fails
+        self._heirs: dict[int, list[int]] = {}
+        # texts kept by chunks of this run that failed in an earlier process: chunk name
+        self._kept: dict[int, str] = {
+            int(h[:16], 16): name for h, name in kept_texts(store, run_key).items()
+        } if run_key else {}
         with _registry_lock:
             _failed_objects.clear()  # a new run: earlier runs' failures do not apply
             _read_ahead.clear()
@@ -154,27 +179,58 @@ class ReusePlanner:
             self._store.uri, model=self._model, dimensions=self._dims,
             text_hashes=[r.text_sha256 for r in wanted],
         ) if self._reuse else {}
-        by_object: dict[tuple[str, bool], list[int]] = defaultdict(list)
+        by_object: dict[tuple[str, bool, bool], list[tuple[int, tuple[str, ...]]]] = \
+            defaultdict(list)
         self._object_of[spec.index] = spec.object_key
+        name = chunk_name(spec.object_key)
         for position, row in enumerate(rows):
             if not row.text.strip():
                 continue
             if row.text_sha256 in stored:
-                by_object[(stored[row.text_sha256], False)].append(position)
+                by_object[(stored[row.text_sha256], False, False)].append((position, ()))
                 continue
             short = int(row.text_sha256[:16], 16)
+            kept_by = self._kept.get(short)
+            if kept_by is not None:  # paid for by a chunk that failed before this process
+                if kept_by != name:  # (its own: the task takes it, tasks.paid.take_paid)
+                    by_object[(chunk_object_key(kept_by), True, True)].append((position, ()))
+                continue
             owner = self._owner.get(short)
             if owner is None or owner in self._failed:
                 self._owner[short] = spec.index
+                if owner is not None:  # it may have paid for the text before it failed
+                    by_object[(self._object_of[owner], True, True)].append((position, ()))
             elif owner != spec.index:
-                by_object[(self._object_of[owner], True)].append(position)
-        return ReusePlan(tuple(ReuseSource(key, tuple(positions), in_run)
-                               for (key, in_run), positions in by_object.items()))
+                heirs = self._heirs.setdefault(short, [])
+                before = heirs[:heirs.index(spec.index)] if spec.index in heirs else list(heirs)
+                if spec.index not in heirs and len(heirs) < _HEIRS:
+                    heirs.append(spec.index)
+                after = tuple(self._object_of[h] for h in before
+                              if h != owner and h not in self._failed)
+                by_object[(self._object_of[owner], True, False)].append((position, after))
+        return ReusePlan(tuple(_source(key, in_run, failed, picked)
+                               for (key, in_run, failed), picked in by_object.items()),
+                         session=self._session)
 
     def note_failed(self, index: int) -> None:
         """Chunk ``index`` will not publish in this run: its texts go to later chunks."""
         self._failed.add(index)
-        note_failed(self._object_of.get(index, ""))
+        for short, heirs in self._heirs.items():  # its first live waiter embeds its texts
+            if self._owner.get(short) == index:
+                live = [h for h in heirs if h not in self._failed]
+                if live:
+                    self._owner[short] = live[0]
+        object_key = self._object_of.get(index, "")
+        note_failed(object_key)
+        if object_key and self._run_key:  # for chunks waiting on it in other processes
+            mark_gave_up(self._store, self._run_key, chunk_name(object_key), self._session)
+
+
+def _source(key: str, in_run: bool, failed: bool,
+            picked: list[tuple[int, tuple[str, ...]]]) -> ReuseSource:
+    chains = tuple(chain for _, chain in picked)
+    return ReuseSource(key, tuple(p for p, _ in picked), in_run, failed,
+                       chains if any(chains) else ())
 
 
 # --------------------------------------------------------------------------- chunk task
@@ -216,27 +272,41 @@ class Reused:
     deduplicated: int = 0
     tokens_saved: int = 0
     in_run: set[int] = field(default_factory=set)  # row numbers copied from this run's objects
+    paid: set[int] = field(default_factory=set)  # row numbers an earlier attempt paid for
+    handed: set[int] = field(default_factory=set)  # taken from another chunk's kept requests
+
+    def take_paid(self, vectors: dict[int, np.ndarray]) -> None:
+        """Add the vectors of this chunk's kept requests (``tasks.paid.take_paid``)."""
+        self.vectors.update(vectors)
+        self.paid.update(vectors)
 
 
 def take_reused(
     store: ObjectStore, rows: Sequence[Row], plan: ReusePlan, *, model: str,
-    wait_s: float = IN_RUN_WAIT_S, dimensions: int | None = None,
+    wait_s: float = IN_RUN_WAIT_S, dimensions: int | None = None, run_key: str | None = None,
 ) -> Reused:
     """Read the planned rows' vectors from their objects; rows not found are left out, and
     so are rows of an object whose vectors are not ``dimensions`` long (the run's length,
     when known: an older object of another length is a stale cache, DESIGN §5).
 
+    With ``run_key``, an in-run owner whose object does not come (it failed, or the wait
+    ran out) hands over the requests it kept (``tasks/paid.py``): its rows are taken from
+    there by text hash.
+
     :raises RetryableError, FatalError: the store failed (not a missing object).
     """
     found = Reused({})
+    handed: set[str] = set()  # text hashes served from a failed chunk's kept requests
     for source in plan.sources:
         picked = [rows[p] for p in source.rows]
         vectors = _vectors_for(store, source, [r.text_sha256 for r in picked], model, wait_s,
-                               dimensions)
+                               dimensions, run_key, plan.session, handed)
         for row, vector in zip(picked, vectors, strict=True):
             if vector is None:
                 continue
             found.vectors[row.row_number] = vector
+            if row.text_sha256 in handed:
+                found.handed.add(row.row_number)
             found.tokens_saved += estimate_tokens(row.text)
             if source.in_run:
                 found.deduplicated += 1
@@ -253,6 +323,9 @@ def drop_other_lengths(found: Reused, rows: Sequence[Row], length: int) -> list[
              if r.row_number in found.vectors and len(found.vectors[r.row_number]) != length]
     for row in stale:
         del found.vectors[row.row_number]
+        if row.row_number in found.paid:
+            found.paid.discard(row.row_number)
+            continue
         found.tokens_saved -= estimate_tokens(row.text)
         if row.row_number in found.in_run:
             found.deduplicated -= 1
@@ -268,8 +341,15 @@ def _vectors_for(
     model: str,
     wait_s: float,
     dimensions: int | None = None,
+    run_key: str | None = None,
+    session: str = "",
+    handed: set[str] | None = None,
 ) -> list[np.ndarray | None]:
-    deadline = time.monotonic() + (wait_s if source.in_run else 0.0)
+    waits = source.in_run and not source.owner_failed
+    deadline = time.monotonic() + (wait_s if waits else 0.0)
+    mark = (gave_up_key(run_key, chunk_name(source.object_key), session)
+            if waits and run_key and session else None)
+    looked = time.monotonic()
     while True:
         try:
             with store.open_read(source.object_key) as fh:
@@ -279,8 +359,14 @@ def _vectors_for(
                 table = parquet.read(columns=["text_sha256", "embedding"])
             break
         except FileNotFoundError:
-            if time.monotonic() >= deadline or _gave_up(source.object_key):
-                return [None] * len(hashes)
+            now = time.monotonic()
+            look = mark is not None and now - looked >= _MARK_POLL_S
+            if look:
+                looked = now
+            if now >= deadline or _gave_up(source.object_key) or (
+                    look and mark is not None and _marked(store, mark)):
+                return _handed_over(store, source, hashes, model, wait_s, dimensions, run_key,
+                                    session, handed)
             time.sleep(_POLL_S)
         except (ValueError, pa.ArrowException):
             return [None] * len(hashes)
@@ -291,6 +377,47 @@ def _vectors_for(
         return [None] * len(hashes)  # an object of another length: send these rows
     flat = embedding.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
     return [None if i is None else flat[i].astype(np.float32) for i in where.to_pylist()]
+
+
+def _marked(store: ObjectStore, key: str) -> bool:
+    """Whether the owner's gave-up mark exists (a store error: not known, keep waiting)."""
+    try:
+        return store.head_sha256(key) is not None
+    except EmbedlineError:
+        return False
+
+
+def _handed_over(
+    store: ObjectStore, source: ReuseSource, hashes: list[str], model: str, wait_s: float,
+    dimensions: int | None, run_key: str | None, session: str,
+    handed: set[str] | None = None,
+) -> list[np.ndarray | None]:
+    """The vectors an in-run owner that will not publish kept of ``hashes``, then those its
+    heirs (``ReuseSource.heirs``, in turn) publish or kept; None where none has one. So
+    what was paid for is not paid again, and the owner's other texts by one chunk only."""
+    if not source.in_run or not run_key:
+        return [None] * len(hashes)
+    kept = PaidRequests(store, run_key, chunk_name(source.object_key)).kept_by_text()
+    vectors = [v if v is not None and (dimensions is None or len(v) == dimensions) else None
+               for v in (kept.get(h) for h in hashes)]
+    if handed is not None:
+        handed.update(h for h, v in zip(hashes, vectors, strict=True) if v is not None)
+    chains = source.heirs or ((),) * len(hashes)
+    pending = [i for i, v in enumerate(vectors) if v is None and chains[i]]
+    depth = 0
+    while pending:  # the first waiter embeds them: wait for it, do not pay again
+        by_heir: dict[str, list[int]] = defaultdict(list)
+        for i in pending:
+            by_heir[chains[i][depth]].append(i)
+        for heir_key, at in by_heir.items():
+            heir = ReuseSource(heir_key, (), in_run=True)
+            got = _vectors_for(store, heir, [hashes[i] for i in at], model, wait_s,
+                               dimensions, run_key, session, handed)
+            for i, vector in zip(at, got, strict=True):
+                vectors[i] = vector
+        depth += 1
+        pending = [i for i in pending if vectors[i] is None and depth < len(chains[i])]
+    return vectors
 
 
 def split_duplicates(rows: Sequence[Row]) -> tuple[list[Row], list[tuple[Row, Row]]]:

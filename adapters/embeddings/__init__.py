@@ -20,6 +20,7 @@ One module per concern; imports go down this list, never up:
   circuit breaker, the base64 ↔ float negotiation);
 - ``openai_compatible``: ``OpenAIEmbedder``, built of the above;
 - ``local``: ``LocalEmbedder``;
+- ``openai_batch``: ``BatchClient``, OpenAI's Batch API (files, batches) for ``--batch-api``;
 - ``factory``: ``build_embedder``, one shared client per configuration and process.
 
 Rule sources: OpenAI embeddings API reference
@@ -33,7 +34,7 @@ RFC 9110 §10.2.3 for ``Retry-After`` (via ``embedline.retry``); OpenAI rate-lim
 from adapters.embeddings.caps import RequestCaps, estimate_tokens
 from adapters.embeddings.classify import classify, classify_transport_error
 from adapters.embeddings.endpoint import AUTH_HEADER_ENV, api_key_from_env, auth_header_for
-from adapters.embeddings.factory import build_embedder, close_embedders
+from adapters.embeddings.factory import build_batch_client, build_embedder, close_embedders
 from adapters.embeddings.local import LocalEmbedder
 from adapters.embeddings.openai_compatible import OpenAIEmbedder
 from embedline.settings import LOCAL_DIMENSIONS
@@ -46,6 +47,7 @@ __all__ = [
     "RequestCaps",
     "api_key_from_env",
     "auth_header_for",
+    "build_batch_client",
     "build_embedder",
     "classify",
     "classify_transport_error",

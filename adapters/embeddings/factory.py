@@ -13,17 +13,19 @@ from typing import TYPE_CHECKING
 from adapters.embeddings.common import HTTP_LOGGER, Logger
 from adapters.embeddings.endpoint import api_key_from_env, auth_header_for, safe_url
 from adapters.embeddings.local import LocalEmbedder
+from adapters.embeddings.openai_batch import BatchClient
 from adapters.embeddings.openai_compatible import OpenAIEmbedder
 from embedline.protocols import EmbeddingClient
 
 if TYPE_CHECKING:
     from embedline.settings import RunSettings
 
-__all__ = ["build_embedder", "close_embedders"]
+__all__ = ["build_batch_client", "build_embedder", "close_embedders"]
 
 _embedders: dict[tuple[object, ...], EmbeddingClient] = {}
 _embedders_lock = threading.Lock()
 _warned_no_key: set[str] = set()
+_batch_clients: dict[tuple[object, ...], BatchClient] = {}
 
 
 def build_embedder(settings: RunSettings, *, logger: Logger | None = None) -> EmbeddingClient:
@@ -49,11 +51,34 @@ def build_embedder(settings: RunSettings, *, logger: Logger | None = None) -> Em
         return client
 
 
+def build_batch_client(settings: RunSettings, *, logger: Logger | None = None) -> BatchClient:
+    """Return the process's shared Batch API client for ``settings`` (``--base-url``, the
+    API key from the environment and its header, ``--max-attempts``), created on first use.
+
+    :raises InputError: a base URL that is not http(s).
+    """
+    api_key = api_key_from_env()
+    key = ("batch", settings.base_url, settings.max_attempts, auth_header_for(
+        settings.auth_header), hashlib.sha256(api_key.encode()).hexdigest() if api_key else None)
+    with _embedders_lock:
+        client = _batch_clients.get(key)
+        if client is None:
+            client = BatchClient(base_url=settings.base_url, api_key=api_key,
+                                 timeout_s=max(settings.timeout_s, 120.0),
+                                 max_attempts=settings.max_attempts,
+                                 auth_header=auth_header_for(settings.auth_header),
+                                 logger=logger or logging.getLogger(HTTP_LOGGER))
+            _batch_clients[key] = client
+        return client
+
+
 def close_embedders() -> None:
     """Close and forget every cached client (end of a run, or between tests)."""
     with _embedders_lock:
-        clients = list(_embedders.values())
+        clients: list[EmbeddingClient | BatchClient] = [*_embedders.values(),
+                                                        *_batch_clients.values()]
         _embedders.clear()
+        _batch_clients.clear()
         _warned_no_key.clear()
     for client in clients:
         client.close()

@@ -19,6 +19,8 @@ Tables:
   attempts. Dead letters are final for that content (DESIGN §4).
 - ``sink_loads`` (migration ``0004_sinks``): one row per (sink, run key) load: ``loading`` or
   ``loaded``, mode (``replace`` or ``changes``), rows upserted and deleted.
+- ``batches`` (migration ``0007_batches``): one row per Batch API batch of a run's chunk
+  (``adapters/ledger/batches.py``): written before and after its create.
 - ``sink_chunks``: one row per chunk of a run loaded into a sink (written after the sink's
   transaction committed). Both are a cache of what loads did: what a sink holds is decided
   by the sink's own rows (DESIGN §9, ``tasks/sink_state.py``), never by these tables.
@@ -40,6 +42,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from adapters.ledger.base import now_iso
+from adapters.ledger.batches import BatchRecord, BatchTable
 from adapters.ledger.chunks import ChunkTable
 from adapters.ledger.migrations import SCHEMA_VERSION
 from adapters.ledger.objects import ObjectTable
@@ -49,11 +52,11 @@ from adapters.ledger.reuse_index import ReuseIndex
 from adapters.ledger.runs import RunTable
 from adapters.ledger.sink_loads import SinkLoadTable
 
-__all__ = ["SCHEMA_VERSION", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "SinkLoadRecord",
+__all__ = ["SCHEMA_VERSION", "BatchRecord", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "SinkLoadRecord",
            "new_owner", "record_hard_stop"]
 
 
-class Ledger(RunTable, ChunkTable, ObjectTable, SinkLoadTable, ReuseIndex):
+class Ledger(RunTable, ChunkTable, ObjectTable, SinkLoadTable, ReuseIndex, BatchTable):
     """The run ledger in one SQLite file (``":memory:"`` for tests): ``Ledger(path,
     busy_timeout_s=30.0)``; one method per transition, grouped by table in the base classes.
 

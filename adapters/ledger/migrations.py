@@ -147,10 +147,42 @@ MIGRATIONS += (
 
 MIGRATIONS += (
     (
+        # Batch API mode (DESIGN §6, ``adapters/ledger/batches.py``): one row per batch a
+        # chunk of a run submitted, written before its create (state ``creating``) and
+        # after it (``submitted``, with the provider's id), so a crash or a failed create is
+        # adopted from the provider's list instead of submitted again.
+        "0007_batches",
+        """
+        CREATE TABLE batches (
+            run_key TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            part INTEGER NOT NULL,
+            chunk_key TEXT NOT NULL,
+            req_start INTEGER,
+            req_stop INTEGER,
+            state TEXT NOT NULL CHECK (state IN ('creating', 'submitted')),
+            batch_id TEXT,
+            status TEXT,
+            input_file_id TEXT,
+            output_file_id TEXT,
+            error_file_id TEXT,
+            requests INTEGER NOT NULL,
+            inputs INTEGER NOT NULL,
+            completed INTEGER NOT NULL DEFAULT 0,
+            failed INTEGER NOT NULL DEFAULT 0,
+            error TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (run_key, idx, part)
+        ) STRICT;
+        CREATE UNIQUE INDEX batches_by_id ON batches (batch_id);
+        """,
+    ),
+    (
         # What a committed run did (``tasks.events.run_payload``: counts, tokens, cost, the
         # change set's counts), for ``status --json``: the same facts as the
         # ``embedline.run.committed`` event, without reading the manifest from the store.
-        "0007_run_facts",
+        "0008_run_facts",
         "ALTER TABLE runs ADD COLUMN facts_json TEXT;",
     ),
 )

@@ -134,7 +134,9 @@ class FakeEmbeddingServer:
     """OpenAI-compatible embeddings server on loopback, in a daemon thread.
 
     Counters (read under ``lock`` or via ``counters()``): ``requests`` (POSTs received),
-    ``inputs`` (texts embedded in answered or ``after_work`` requests) and ``log``, one dict
+    ``inputs`` (texts embedded in answered or ``after_work`` requests), ``charged`` (a
+    ``Counter``: how many times each text was embedded so, keyed by ``sha256(text)``
+    hex; ``charged_texts()``) and ``log``, one dict
     per POST: ``idempotency_key``, ``n_inputs``, ``model``, ``status`` (int, or ``"reset"``),
     ``encoding_format``, ``dimensions``, ``authorization`` (bool: header present), ``at``
     (``time.monotonic()`` on arrival). No text is stored.
@@ -224,6 +226,7 @@ class FakeEmbeddingServer:
         self.lock = threading.Lock()
         self.requests = 0
         self.inputs = 0
+        self.charged: collections.Counter[str] = collections.Counter()  # sha256(text) -> n
         self.log: list[dict[str, Any]] = []
         self._faults: collections.deque[Fault] = collections.deque()
         self._fail_when: Callable[[Any], Fault | None] | None = None
@@ -285,10 +288,16 @@ class FakeEmbeddingServer:
         with self.lock:
             self.requests = 0
             self.inputs = 0
+            self.charged = collections.Counter()
             self.log = []
             self.answered = 0
             self._faults.clear()
             self._fail_when = None
+
+    def charged_texts(self) -> collections.Counter[str]:
+        """A copy of ``charged``: ``sha256(text)`` hex -> times the text was charged."""
+        with self.lock:
+            return collections.Counter(self.charged)
 
     def counters(self) -> dict[str, int]:
         """Return ``{"requests": ..., "inputs": ...}``."""
@@ -313,6 +322,10 @@ class FakeEmbeddingServer:
         status, body, n_ok = self._answer(handler, payload)
         with self.lock:
             self.inputs += n_ok
+            if n_ok:  # charged: counted per text (by hash), the independent truth of payment
+                texts = payload["input"] if isinstance(payload["input"], list) else [
+                    payload["input"]]
+                self.charged.update(hashlib.sha256(t.encode()).hexdigest() for t in texts)
         if fault is not None and fault.get("reset"):
             return self._reset(handler, entry)
         entry["status"] = status

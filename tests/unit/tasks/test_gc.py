@@ -152,3 +152,28 @@ def test_a_load_lease_is_renewed_and_an_expired_one_is_stale(tmp_path: Path) -> 
     plan = plan_gc(store, keep_runs=1)
     assert [i.key for i in plan.stale] == [f"{LOAD_LEASE_PREFIX}old.dead.000000.json"]
     assert [i.key for i in plan.chunks] == ["chunks/old.parquet"]
+
+
+def test_paid_requests_of_a_live_run_are_kept_abandoned_ones_go(tmp_path: Path) -> None:
+    from tasks.paid import PAID_PREFIX
+
+    store = LocalDirStore(tmp_path)
+    live, dead, young, done = "1" * 64, "2" * 64, "3" * 64, "4" * 64
+    lease = json.dumps({"run_key": live, "objects": []}).encode()
+    _put(store, f"{LEASE_PREFIX}{live}.x.json", lease, 3600)  # a run in progress
+    _put(store, f"{PAID_PREFIX}{live}/c1/q1.parquet", b"live", 3 * DAY)  # its old failure
+    _put(store, f"{PAID_PREFIX}{dead}/c2/q2.parquet", b"dead", 3 * DAY)  # no lease: abandoned
+    _put(store, f"{PAID_PREFIX}{dead}/c2/gave-up-ab.json", b"{}", 3 * DAY)
+    _put(store, f"{PAID_PREFIX}{young}/c3/q3.parquet", b"young", 3600)  # a rerun may take it
+    _put(store, "chunks/c4.parquet", b"published", 3600)
+    _put(store, f"{PAID_PREFIX}{done}/c4/q4.parquet", b"done", 60)  # its chunk is published
+    plan = plan_gc(store)
+    assert sorted(i.key for i in plan.stale) == [
+        f"{PAID_PREFIX}{dead}/c2/gave-up-ab.json", f"{PAID_PREFIX}{dead}/c2/q2.parquet",
+        f"{PAID_PREFIX}{done}/c4/q4.parquet"]
+    collect(store, plan, ledger=None, grace_s=DAY)
+    left = sorted(i.key for i in store.list(PAID_PREFIX))
+    assert left == [f"{PAID_PREFIX}{live}/c1/q1.parquet", f"{PAID_PREFIX}{young}/c3/q3.parquet"]
+    # the run ends (its lease goes): its old paid request is abandoned now
+    store.delete(f"{LEASE_PREFIX}{live}.x.json")
+    assert [i.key for i in plan_gc(store).stale] == [f"{PAID_PREFIX}{live}/c1/q1.parquet"]

@@ -1,0 +1,106 @@
+"""The ``batches`` table (migration ``0007_batches``): the Batch API batches of each run.
+
+One row per (run key, chunk index, part). A part is written ``creating`` before its input
+file is uploaded and its batch created, and ``submitted`` with the provider's batch id
+after; its provider ``status``, file ids and request counts follow each poll. A part whose
+row is still ``creating`` (a crash, a create that failed or timed out) is looked up in the
+account's batch list by its metadata before anything is submitted again. ``req_start`` /
+``req_stop`` is the part's range of the chunk's requests (``tasks.batch_requests``), NULL
+for a part that resubmits what earlier parts left unanswered. Ids, counts and error
+messages of the provider only: never text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adapters.ledger.base import LedgerBase, now_iso
+
+__all__ = ["BatchRecord", "BatchTable"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """A ``batches`` row (requests and inputs of the part; counts as the provider says)."""
+
+    run_key: str
+    idx: int
+    part: int
+    chunk_key: str
+    req_start: int | None
+    req_stop: int | None
+    state: str
+    batch_id: str | None
+    status: str | None
+    input_file_id: str | None
+    output_file_id: str | None
+    error_file_id: str | None
+    requests: int
+    inputs: int
+    completed: int
+    failed: int
+    error: str | None
+
+
+class BatchTable(LedgerBase):
+    """The ledger's record of batches submitted to a Batch API."""
+
+    def add_batch_parts(self, run_key: str, idx: int, chunk_key: str,
+                        parts: list[tuple[int, int | None, int | None, int, int]]) -> None:
+        """Record parts ``(part, req_start, req_stop, requests, inputs)`` of chunk ``idx``
+        as ``creating``, in one transaction (parts already recorded are kept)."""
+        now = now_iso()
+        with self.atomic() as db:
+            db.executemany(
+                """INSERT INTO batches (run_key, idx, part, chunk_key, req_start, req_stop,
+                   state, requests, inputs, created_at, updated_at)
+                   VALUES (?, ?, ?, ?, ?, ?, 'creating', ?, ?, ?, ?)
+                   ON CONFLICT (run_key, idx, part) DO NOTHING""",
+                [(run_key, idx, part, chunk_key, start, stop, n, inputs, now, now)
+                 for part, start, stop, n, inputs in parts])
+
+    def mark_batch_submitted(self, run_key: str, idx: int, part: int, *, batch_id: str,
+                             input_file_id: str | None, status: str) -> None:
+        """Record the provider's id of part ``part`` (created, or adopted from the list)."""
+        with self._lock:
+            self._conn.execute(
+                """UPDATE batches SET state = 'submitted', batch_id = ?, input_file_id = ?,
+                   status = ?, updated_at = ? WHERE run_key = ? AND idx = ? AND part = ?""",
+                (batch_id, input_file_id, status, now_iso(), run_key, idx, part))
+
+    def note_batch_input(self, run_key: str, idx: int, part: int, input_file_id: str) -> None:
+        """Record the uploaded input file of a part still ``creating``."""
+        with self._lock:
+            self._conn.execute(
+                """UPDATE batches SET input_file_id = ?, updated_at = ?
+                   WHERE run_key = ? AND idx = ? AND part = ?""",
+                (input_file_id, now_iso(), run_key, idx, part))
+
+    def update_batch(self, batch_id: str, *, status: str, output_file_id: str | None,
+                     error_file_id: str | None, completed: int, failed: int,
+                     error: str | None = None) -> None:
+        """Record a poll of batch ``batch_id``."""
+        with self._lock:
+            self._conn.execute(
+                """UPDATE batches SET status = ?, output_file_id = ?, error_file_id = ?,
+                   completed = ?, failed = ?, error = COALESCE(?, error), updated_at = ?
+                   WHERE batch_id = ?""",
+                (status, output_file_id, error_file_id, completed, failed, error, now_iso(),
+                 batch_id))
+
+    def drop_batch_part(self, run_key: str, idx: int, part: int) -> None:
+        """Forget a part still ``creating`` that no batch holds (it is recorded again)."""
+        with self._lock:
+            self._conn.execute(
+                """DELETE FROM batches WHERE run_key = ? AND idx = ? AND part = ?
+                   AND state = 'creating'""", (run_key, idx, part))
+
+    def run_batches(self, run_key: str, idx: int | None = None) -> list[BatchRecord]:
+        """The batches of run ``run_key`` (of chunk ``idx`` only, when given), by chunk and
+        part."""
+        sql = "SELECT * FROM batches WHERE run_key = ?"
+        args: tuple[object, ...] = (run_key,)
+        if idx is not None:
+            sql, args = sql + " AND idx = ?", (run_key, idx)
+        rows = self._conn.execute(sql + " ORDER BY idx, part", args).fetchall()
+        return [BatchRecord(**{f: row[f] for f in BatchRecord.__slots__}) for row in rows]

@@ -1,0 +1,372 @@
+"""Batch API mode (``--batch-api``): submit each chunk's requests as batches, wait, collect.
+
+Runs in the flow process before the chunk tasks (DESIGN §5, "Batch API mode"):
+
+    for each chunk to embed: its reuse plan (``ReusePlanner.resolve``, the plan its task
+    gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating`` →
+    upload + create, one by one, each recorded ``submitted`` → one poller for all of the
+    run's batches, the interval growing to ``--batch-poll-interval`` → a chunk whose
+    batches all ended has its unanswered requests submitted again as a new part (or left
+    to ``--batch-fallback sync``) → when every chunk is ready, the ordinary chunk tasks run
+    with the chunk's result files (``tasks.batch_answers``): same objects, manifest,
+    change set and sinks as a synchronous run.
+
+Exactly once: a create has no idempotency key, so a part is recorded before its create and
+every batch carries ``metadata`` (run key, chunk key, chunk index, part). A part still
+``creating`` (a crash, a create that failed or timed out) is looked for in the account's
+batch list and adopted; only a part no batch carries is submitted. A rerun after a crash or
+Ctrl-C (batches keep running at the provider) polls and collects what the ledger records.
+
+A batch ``failed`` for ``token_limit_exceeded`` (or a create refused so) is submitted again
+after earlier batches finish (exponential backoff, within the 24 h window); any other
+``failed`` stops the run with the server's reason (exit 3), nothing more submitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.embeddings import build_batch_client
+from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
+from adapters.ledger import BatchRecord, Ledger
+from embedline.errors import FatalError, RetryableError
+from embedline.models import ChunkSpec, ReusePlan
+from embedline.settings import RunSettings
+from embedline.shutdown import STOP, is_interrupt
+from tasks.batch_requests import BatchRequest, BatchResults, chunk_requests, input_file, pack
+from tasks.reuse import ReusePlanner, chunk_rows
+
+__all__ = ["BatchStage", "Staged", "batch_metadata"]
+
+Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
+_FIRST_POLL_S = 0.05  # seconds; the interval grows by half each poll to --batch-poll-interval
+_MAX_REST_PARTS = 4  # resubmissions of a chunk's unanswered requests for server errors
+_WINDOW_S = 24 * 3600.0  # the completion window: token-limit waits end within it
+_LIST_BACK_S = 31 * 86400  # how far back the account's batches are listed to adopt one
+
+
+def batch_metadata(run_key: str, spec: ChunkSpec, part: int) -> dict[str, str]:
+    """The ``metadata`` every batch of embedline carries: how a crashed or timed-out create
+    is recognized in the account's list (at most 16 keys of 512 characters: OpenAI)."""
+    return {"embedline_run": run_key, "embedline_chunk": spec.key,
+            "embedline_index": str(spec.index), "embedline_part": str(part)}
+
+
+@dataclass(slots=True)
+class Staged:
+    """The stage's outcome: by chunk index, the reuse plan its task gets and the output and
+    error file ids of its batches (chunks not ready are absent); ``fatal``: why the run
+    stopped (a batch failed validation), or None."""
+
+    plans: dict[int, ReusePlan] = field(default_factory=dict)
+    files: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    fatal: str | None = None
+    batches: int = 0
+
+
+class BatchStage:
+    """Submits, polls and collects the batches of ``todo`` (see the module docstring).
+
+    ``client``: the Batch API client (default: ``build_batch_client(settings)``);
+    ``sleep`` and ``clock`` (seconds) are injected by tests.
+    """
+
+    def __init__(self, *, settings: RunSettings, ledger: Ledger, run_key: str,
+                 planner: ReusePlanner, source: Any, log: Log,
+                 client: BatchClient | None = None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.ledger, self.run_key = settings, ledger, run_key
+        self.planner, self.source, self.log = planner, source, log
+        self.client = client or build_batch_client(settings)
+        self.sleep, self.clock = sleep, clock
+        self.staged = Staged()
+        self._specs: dict[int, ChunkSpec] = {}
+        self._listed: dict[tuple[str, str], dict[str, Any]] | None = None
+        self._not_before = 0.0  # no create before this clock time (token limit)
+        self._token_waits = 0
+        self._seen_limits: set[str] = set()
+        self._started = clock()
+        self._shown: tuple[object, ...] = ()
+
+    # ── the stage ────────────────────────────────────────────────────────────────────────
+    def run(self, todo: list[ChunkSpec]) -> Staged:
+        """Submit and wait for the batches of ``todo``; return what the chunk tasks need.
+
+        :raises KeyboardInterrupt, Terminated: the batches keep running (logged); a rerun
+            collects them.
+        :raises EmbedlineError: the Batch API failed past its retries.
+        """
+        try:
+            for spec in todo:
+                self._specs[spec.index] = spec
+                self.staged.plans[spec.index] = self.planner.resolve(spec)
+                self._start(spec)
+                self._check_failures(self.ledger.run_batches(self.run_key, spec.index), spec)
+                if self.staged.fatal:
+                    self._count()
+                    return self.staged
+            self._wait()
+        except BaseException as exc:
+            if is_interrupt(exc):
+                self._left_running()
+            raise
+        self._count()
+        return self.staged
+
+    def _count(self) -> None:
+        self.staged.batches = sum(1 for r in self.ledger.run_batches(self.run_key)
+                                  if r.batch_id and r.idx in self._specs)
+
+    def _requests(self, spec: ChunkSpec) -> list[BatchRequest]:
+        rows = chunk_rows(self.source, spec)  # read by resolve: taken back, not read again
+        return chunk_requests(rows, self.staged.plans[spec.index], self.settings)
+
+    def _start(self, spec: ChunkSpec) -> None:
+        """Record and submit the chunk's parts, or adopt those a crashed run created."""
+        records = self.ledger.run_batches(self.run_key, spec.index)
+        if not records:
+            requests = self._requests(spec)
+            if not requests:
+                self.staged.files[spec.index] = ()
+                return
+            parts = pack(requests, self.settings, max_tokens=self.settings.batch_enqueued_tokens)
+            self.ledger.add_batch_parts(self.run_key, spec.index, spec.key, [
+                (p, a, b, b - a, sum(len(r.texts) for r in requests[a:b]))
+                for p, (a, b) in enumerate(parts)])
+            records = self.ledger.run_batches(self.run_key, spec.index)
+            for record in records:
+                self._submit(spec, record, requests[record.req_start:record.req_stop])
+            return
+        for record in records:
+            if record.state == "creating":
+                self._resume_creating(spec, record)
+
+    def _resume_creating(self, spec: ChunkSpec, record: BatchRecord) -> None:
+        adopted = self._find(spec, record.part)
+        if adopted is not None:
+            self._adopt(spec, record, adopted)
+            return
+        if record.req_start is None:  # a resubmission part: what earlier parts left
+            requests = self._pending(spec, [r for r in self.ledger.run_batches(
+                self.run_key, spec.index) if r.part < record.part])
+        else:
+            requests = self._requests(spec)[record.req_start:record.req_stop]
+        if requests:
+            self._submit(spec, record, requests)
+        else:
+            self.ledger.drop_batch_part(self.run_key, spec.index, record.part)
+
+    # ── create ───────────────────────────────────────────────────────────────────────────
+    def _submit(self, spec: ChunkSpec, record: BatchRecord,
+                requests: list[BatchRequest]) -> None:
+        """Upload the part's input file and create its batch (sent once); a create that
+        failed or timed out is looked for in the list and adopted; a token-limit refusal
+        leaves the part ``creating`` until earlier batches finish."""
+        self._wait_for_token_budget()
+        file_id = record.input_file_id
+        if file_id is None:
+            name = f"embedline-{self.run_key[:12]}-{spec.index:05d}-{record.part}.jsonl"
+            file_id = self.client.upload(name, input_file(requests, self.settings))
+            self.ledger.note_batch_input(self.run_key, spec.index, record.part, file_id)
+        metadata = batch_metadata(self.run_key, spec, record.part)
+        try:
+            batch = self.client.create_batch(file_id, metadata)
+        except TokenLimitError:
+            self._token_limited()
+            return
+        except RetryableError as exc:
+            self.log.warning("chunk %d part %d: the batch create failed (%s): looking for "
+                             "the batch it may have made", spec.index, record.part, exc)
+            self._listed = None  # list again: the batch would be new
+            batch = self._find(spec, record.part)
+            if batch is None:
+                return  # still `creating`: submitted again on the next poll
+        self._adopt(spec, record, batch, created=True)
+
+    def _adopt(self, spec: ChunkSpec, record: BatchRecord, batch: dict[str, Any], *,
+               created: bool = False) -> None:
+        self.ledger.mark_batch_submitted(self.run_key, spec.index, record.part,
+                                         batch_id=str(batch["id"]),
+                                         input_file_id=batch.get("input_file_id"),
+                                         status=str(batch.get("status")))
+        if not created:
+            self.log.info("chunk %d part %d: adopted batch %s, which an earlier attempt "
+                          "created", spec.index, record.part, batch["id"])
+        self._record_poll(batch)
+
+    def _find(self, spec: ChunkSpec, part: int) -> dict[str, Any] | None:
+        """The account's batch that carries this run's, chunk's and part's metadata."""
+        if self._listed is None:
+            self._listed = {}
+            for batch in self._list_back_to(time.time() - _LIST_BACK_S):
+                meta = batch.get("metadata") or {}
+                if meta.get("embedline_run") == self.run_key:
+                    key = (str(meta.get("embedline_index")), str(meta.get("embedline_part")))
+                    self._listed.setdefault(key, batch)
+        return self._listed.get((str(spec.index), str(part)))
+
+    def _list_back_to(self, oldest: float) -> Iterator[dict[str, Any]]:
+        for batch in self.client.list_batches():
+            if int(batch.get("created_at") or 0) < oldest:
+                return
+            yield batch
+
+    def _token_limited(self) -> None:
+        self._token_waits += 1
+        wait = min(self.settings.batch_poll_interval_s * 2 ** (self._token_waits - 1),
+                   3600.0)
+        if self.clock() - self._started + wait > _WINDOW_S:
+            raise FatalError("the Batch API's enqueued-token limit stayed full for 24 h: "
+                             "give --batch-enqueued-tokens or run fewer batches at once")
+        self._not_before = self.clock() + wait
+        self.log.warning("token_limit_exceeded: the model's enqueued-token budget is full; "
+                         "submitting again in %.1f s, after earlier batches finish", wait)
+
+    def _wait_for_token_budget(self) -> None:
+        delay = self._not_before - self.clock()
+        if delay > 0:
+            self.sleep(delay)
+            self._poll_all()
+
+    # ── wait ─────────────────────────────────────────────────────────────────────────────
+    def _wait(self) -> None:
+        interval = min(_FIRST_POLL_S, self.settings.batch_poll_interval_s)
+        while not self.staged.fatal:
+            records = self._poll_all()
+            open_chunks = [i for i in self._specs if i not in self.staged.files]
+            for index in open_chunks:
+                self._advance(self._specs[index], [r for r in records if r.idx == index])
+                if self.staged.fatal:
+                    return
+            if all(i in self.staged.files for i in self._specs):
+                return
+            self._show(self.ledger.run_batches(self.run_key))
+            self.sleep(interval)
+            interval = min(interval * 1.5, self.settings.batch_poll_interval_s)
+
+    def _poll_all(self) -> list[BatchRecord]:
+        for record in self.ledger.run_batches(self.run_key):
+            if record.idx in self._specs and record.batch_id and \
+                    record.status not in TERMINAL_STATUSES:
+                self._record_poll(self.client.get_batch(record.batch_id))
+            elif record.idx in self._specs and record.batch_id and record.status == "completed" \
+                    and record.output_file_id is None and record.error_file_id is None:
+                self._record_poll(self.client.get_batch(record.batch_id))  # the id is late
+        return self.ledger.run_batches(self.run_key)
+
+    def _record_poll(self, batch: dict[str, Any]) -> None:
+        counts = batch.get("request_counts") or {}
+        errors = (batch.get("errors") or {}).get("data") or []
+        error = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)[:500] or None
+        self.ledger.update_batch(str(batch["id"]), status=str(batch.get("status")),
+                                 output_file_id=batch.get("output_file_id"),
+                                 error_file_id=batch.get("error_file_id"),
+                                 completed=int(counts.get("completed") or 0),
+                                 failed=int(counts.get("failed") or 0), error=error)
+
+    def _advance(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
+        """Move one chunk on: resubmit a part still ``creating``; when all its batches have
+        ended, stop on a validation failure, else submit what is unanswered or mark the
+        chunk ready."""
+        for record in records:
+            if record.state == "creating" and self.clock() >= self._not_before:
+                self._resume_creating(spec, record)
+        records = self.ledger.run_batches(self.run_key, spec.index)
+        if any(r.state == "creating" or r.status not in TERMINAL_STATUSES or _late_ids(r)
+               for r in records):
+            return
+        self._check_failures(records, spec)
+        if self.staged.fatal:
+            return
+        if all(_all_answered(r) for r in records):
+            self._ready(spec, records)
+            return
+        pending = self._pending(spec, records)
+        rest_parts = sum(1 for r in records if r.req_start is None and not _token_limit(r))
+        if not pending or self.settings.batch_fallback == "sync" or rest_parts >= _MAX_REST_PARTS:
+            if pending:
+                self.log.warning("chunk %d: %d requests unanswered by its batches%s", spec.index,
+                                 len(pending), ", sent synchronously" if
+                                 self.settings.batch_fallback == "sync" else "")
+            self._ready(spec, records)
+            return
+        part = max(r.part for r in records) + 1
+        self.log.info("chunk %d: %d requests left unanswered (expired, cancelled or server "
+                      "errors): submitting them as part %d", spec.index, len(pending), part)
+        self.ledger.add_batch_parts(self.run_key, spec.index, spec.key, [
+            (part, None, None, len(pending), sum(len(r.texts) for r in pending))])
+        record = self.ledger.run_batches(self.run_key, spec.index)[-1]
+        self._submit(spec, record, pending)
+
+    def _check_failures(self, records: list[BatchRecord], spec: ChunkSpec) -> None:
+        """A batch ``failed`` validation: the run stops (``fatal``); one that failed for
+        the token limit: later creates wait (once per batch)."""
+        for record in records:
+            if record.status != "failed":
+                continue
+            if not _token_limit(record):
+                self.staged.fatal = (f"batch {record.batch_id} (chunk {spec.index}) failed "
+                                     f"validation: {record.error or 'no reason given'}; "
+                                     "nothing more is submitted")
+                return
+            if record.batch_id not in self._seen_limits:
+                self._seen_limits.add(str(record.batch_id))
+                self._token_limited()
+
+    def _pending(self, spec: ChunkSpec, records: list[BatchRecord]) -> list[BatchRequest]:
+        """The chunk's requests no batch of ``records`` answered or rejected for good."""
+        results = BatchResults()
+        for record in records:
+            for file_id in (record.output_file_id, record.error_file_id):
+                if file_id:
+                    results.add_output(self.client.file_content(file_id),
+                                       dimensions=self.settings.dimensions)
+        return results.resolve(self._requests(spec)).pending
+
+    def _ready(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
+        self.staged.files[spec.index] = tuple(
+            f for r in records for f in (r.output_file_id, r.error_file_id) if f)
+
+    # ── report ───────────────────────────────────────────────────────────────────────────
+    def _show(self, records: list[BatchRecord]) -> None:
+        """One INFO line when the run's batches change: batches by status, requests done."""
+        mine = [r for r in records if r.idx in self._specs]
+        statuses = Counter(r.status or r.state for r in mine)
+        done = sum(r.completed for r in mine)
+        shown = (tuple(sorted(statuses.items())), done)
+        if shown != self._shown:
+            self._shown = shown
+            self.log.info("batches: %s; %d of %d requests done",
+                          ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())), done,
+                          sum(r.requests for r in mine))
+
+    def _left_running(self) -> None:
+        running = [r for r in self.ledger.run_batches(self.run_key)
+                   if r.batch_id and r.status not in TERMINAL_STATUSES]
+        if running:
+            what = (f"{len(running)} batches keep running at the provider (billed when they "
+                    "complete): rerun the same command to collect them without paying again, "
+                    f"or `embedline cancel-batches {self.run_key[:12]}` to cancel them")
+            self.log.warning("stopped while waiting: %s", what)
+            STOP.note_left_running(what)  # the command's last line says it too
+
+
+def _token_limit(record: BatchRecord) -> bool:
+    return record.status == "failed" and "token_limit_exceeded" in (record.error or "")
+
+
+def _late_ids(record: BatchRecord) -> bool:
+    """``completed`` before the provider filled in its file ids: poll again."""
+    return (record.status == "completed" and record.output_file_id is None
+            and record.error_file_id is None and record.requests > 0)
+
+
+def _all_answered(record: BatchRecord) -> bool:
+    return (record.status == "completed" and record.failed == 0
+            and record.completed == record.requests)

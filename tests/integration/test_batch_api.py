@@ -1,0 +1,348 @@
+"""``--batch-api``: the flow in-process (and the CLI for ``kill -9``) against the fake Batch
+API (``tests/support/fake_batch.py``), whose vectors are the fake embeddings server's
+deterministic ones: exact vectors, nothing paid twice, adoption of a create that failed
+after creating, partial outcomes, the token limit, validation failures."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from tests.support.fake_batch import FakeBatchServer
+from tests.support.fake_openai import expected_vector
+from tests.support.fixtures import REPO
+from tests.support.output import read_local_output
+
+pytestmark = pytest.mark.integration
+
+DIMS = 8
+
+
+@pytest.fixture(scope="module")
+def running_batch_server() -> Iterator[FakeBatchServer]:
+    with FakeBatchServer(dims=DIMS, complete_after_s=0.1) as server:
+        yield server
+
+
+@pytest.fixture
+def server(running_batch_server: FakeBatchServer) -> Iterator[FakeBatchServer]:
+    s = running_batch_server
+    yield s
+    s.reset()
+    with s.lock:  # the batch API's faults and counters too (files may stay)
+        s.batch_inputs = s.creates = s.uploads = 0
+        s.batches.clear()
+    s.expire_after = s.enqueued_token_limit = s.validation_error = None
+    s.create_fails_after_creating = s.output_id_race = 0
+    s.batch_texts_fail, s.batch_texts_fail_times, s.hold = {}, None, False
+    s.reject_texts_containing = None
+
+
+def write_csv(path: Path, texts: list[str]) -> list[tuple[str, str]]:
+    rows = [(f"r{i:03d}", t) for i, t in enumerate(texts)]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "text"])
+        writer.writerows(rows)
+    return rows
+
+
+TEXTS = [f"text number {i} about batches" for i in range(10)] + [
+    "text number 1 about batches",  # a duplicate of row 1 (another chunk)
+    "",  # an empty text: never sent
+]
+
+
+def run_flow(tmp_path: Path, server: FakeBatchServer, api_url: str, **kw: Any) -> dict[str, Any]:
+    from flows.embed_csv import embed_csv
+
+    options: dict[str, Any] = dict(
+        input=str(tmp_path / "in.csv"), output=str(tmp_path / "out"),
+        ledger=str(tmp_path / "ledger.sqlite3"), embedder="openai", base_url=server.base_url,
+        chunk_size=4, batch_size=2, chunk_retries=0, batch_api=True, batch_poll_interval=0.1,
+        price_per_million_tokens=0.02)
+    options.update(kw)
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        state = embed_csv(**options, return_state=True)
+    summary = state.result(raise_on_failure=False)
+    return getattr(summary, "summary", summary)  # type: ignore[no-any-return]
+
+
+def assert_exact(tmp_path: Path, rows: list[tuple[str, str]]) -> None:
+    _, vectors = read_local_output(tmp_path / "out")
+    expected = {i: t for i, t in rows if t.strip()}
+    assert set(vectors) == set(expected)
+    for row_id, text in expected.items():
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text, DIMS), rtol=1e-6)
+
+
+def distinct(rows: list[tuple[str, str]]) -> int:
+    return len({t for _, t in rows if t.strip()})
+
+
+def test_batch_mode_publishes_exact_vectors_with_no_synchronous_request(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    summary = run_flow(tmp_path, server, prefect_api_url)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["requests"] == 0  # no synchronous request
+    assert counters["batch_inputs"] == distinct(rows)  # each distinct text paid once
+    assert counters["creates"] == counters["batches"] == 3  # one batch per chunk
+    assert summary["batch_tokens"] == summary["tokens"] > 0
+    # a rerun has nothing to do: no batch, no request
+    assert run_flow(tmp_path, server, prefect_api_url)["exit_code"] == 0
+    assert server.batch_counters()["creates"] == 3
+
+
+def test_a_create_that_fails_after_creating_is_adopted_not_duplicated(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    server.create_fails_after_creating = 2  # two creates answer 500 after making the batch
+    summary = run_flow(tmp_path, server, prefect_api_url)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["creates"] == counters["batches"] == 3  # adopted: never sent again
+    assert counters["batch_inputs"] == distinct(rows)
+
+
+def test_an_expired_batch_publishes_what_completed_and_resubmits_only_the_rest(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS[:4])  # one chunk: 2 requests of 2 inputs
+    server.expire_after = 1  # a batch runs its first request, then expires
+    summary = run_flow(tmp_path, server, prefect_api_url)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    batches = sorted(server.batches.values(), key=lambda b: b["id"])
+    assert [b["status"] for b in batches] == ["expired", "completed"]
+    assert [b["request_counts"]["total"] for b in batches] == [2, 1]  # only the rest
+    assert server.batch_counters()["batch_inputs"] == distinct(rows)
+    assert server.batch_counters()["requests"] == 0
+
+
+def test_completed_with_a_null_output_file_reads_the_error_file(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", ["bad one MARK", "bad two MARK", "good three",
+                                            "good four"])
+    server.reject_texts_containing = "MARK"  # each of these requests is a 400 in the batch
+    server.output_id_race = 1  # and the first poll of a finished batch has no file ids yet
+    summary = run_flow(tmp_path, server, prefect_api_url, batch_size=1, chunk_size=2)
+    assert server.output_id_race == 0  # a poll saw `completed` without file ids: polled again
+    first = min(server.batches.values(), key=lambda b: b["id"])
+    assert first["status"] == "completed" and first["output_file_id"] is None
+    assert first["error_file_id"] is not None
+    assert (summary["exit_code"], summary["status"]) == (1, "dead_letters"), summary["message"]
+    assert summary["rows_failed"] == 2 and summary["rows_published"] == 2
+    assert server.batch_counters()["requests"] == 0
+    assert not (tmp_path / "out" / "manifests").exists() or not list(
+        (tmp_path / "out" / "manifests").iterdir())  # dead letters block the commit
+    assert len(rows) == 4
+
+
+def test_token_limit_waits_for_earlier_batches_and_submits_again(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    server.enqueued_token_limit = 25  # about one chunk's batch at a time
+    summary = run_flow(tmp_path, server, prefect_api_url)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    statuses = [b["errors"]["data"][0]["code"] for b in server.batches.values()
+                if b["status"] == "failed"]
+    assert statuses and set(statuses) == {"token_limit_exceeded"}
+    assert server.batch_counters()["batch_inputs"] == distinct(rows)
+
+
+def test_a_batch_that_fails_validation_stops_the_run_with_exit_3(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    write_csv(tmp_path / "in.csv", TEXTS)
+    server.validation_error = "The model 'text-embedding-9' does not exist"
+    summary = run_flow(tmp_path, server, prefect_api_url)
+    assert summary["exit_code"] == 3
+    assert "does not exist" in summary["message"]
+    assert server.batch_counters()["creates"] == 1  # nothing more submitted
+    assert server.batch_counters()["batch_inputs"] == 0
+
+
+def test_fake_batch_api_answers_match_the_openai_sdk_types(
+        tmp_path: Path, server: FakeBatchServer) -> None:
+    from openai.types import Batch, FileObject
+
+    from adapters.embeddings.openai_batch import BatchClient
+
+    client = BatchClient(base_url=server.base_url, api_key="sk-test")
+    line = b'{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":' \
+           b'{"model":"text-embedding-3-small","input":["x y"]}}\n'
+    file_id = client.upload("in.jsonl", line)
+    FileObject.model_validate(server.files[file_id])
+    created = client.create_batch(file_id, {"embedline_run": "r"})
+    Batch.model_validate(created)
+    deadline = time.monotonic() + 5
+    while (batch := client.get_batch(created["id"]))["status"] != "completed":
+        Batch.model_validate(batch)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    Batch.model_validate(batch)
+    assert batch["usage"]["total_tokens"] == 2
+    listed = list(client.list_batches(page_size=1))
+    assert [b["id"] for b in listed][:1] == [created["id"]]
+    for b in listed:
+        Batch.model_validate(b)
+    cancelled = client.cancel_batch(created["id"])
+    Batch.model_validate(cancelled)
+    client.close()
+
+
+def cli_args(tmp_path: Path, server: FakeBatchServer) -> list[str]:
+    return [sys.executable, "-m", "cli", "run", str(tmp_path / "in.csv"), "--output",
+            str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"),
+            "--embedder", "openai", "--base-url", server.base_url, "--chunk-size", "4",
+            "--batch-size", "2", "--batch-api", "--batch-poll-interval", "0.1"]
+
+
+def start_waiting_run(tmp_path: Path, server: FakeBatchServer,
+                      env: dict[str, str]) -> subprocess.Popen[str]:
+    """A CLI run whose 3 batches are submitted and held ``in_progress``: it waits."""
+    server.hold = True
+    proc = subprocess.Popen(cli_args(tmp_path, server), cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 90
+    while server.batch_counters()["batches"] < 3:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never submitted its batches"
+        time.sleep(0.1)
+    time.sleep(0.3)  # polling now
+    return proc
+
+
+@pytest.mark.slow  # two CLI runs (~10 s): beyond the CI budget; `pytest -m slow`
+def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
+    proc = start_waiting_run(tmp_path, server, env)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "3 batches keep running at the provider" in stderr
+    assert "cancel-batches" in stderr
+    assert all(b["status"] == "in_progress" for b in server.batches.values())
+    ledger = ["--ledger", str(tmp_path / "ledger.sqlite3")]
+    cli = [sys.executable, "-m", "cli"]
+    status = subprocess.run([*cli, "status", *ledger], cwd=tmp_path, env=env, text=True,
+                            capture_output=True, timeout=60)
+    run_key = status.stdout.split("\t")[0]
+    status = subprocess.run([*cli, "status", run_key, *ledger], cwd=tmp_path, env=env,
+                            text=True, capture_output=True, timeout=60)
+    batch_lines = [line for line in status.stdout.splitlines() if line.startswith("batch\t")]
+    assert len(batch_lines) == 3 and all("\tin_progress\t" in b for b in batch_lines)
+    cancel = subprocess.run([*cli, "cancel-batches", run_key[:12], *ledger], cwd=tmp_path,
+                            env=env, text=True, capture_output=True, timeout=60)
+    assert cancel.returncode == 0, cancel.stderr
+    assert all(b["status"] == "cancelling" for b in server.batches.values())
+    server.hold = False
+    rerun = subprocess.run(cli_args(tmp_path, server), cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    # each cancelled batch delivered half its requests; only the rest went in new batches
+    assert counters["creates"] == counters["batches"] == 6
+    assert counters["batch_inputs"] == distinct(rows)
+    assert counters["requests"] == 0
+
+
+def test_kill_9_while_waiting_then_rerun_creates_no_batch_and_pays_nothing_twice(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
+    proc = start_waiting_run(tmp_path, server, env)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    server.hold = False
+    args = cli_args(tmp_path, server)
+    rerun = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["creates"] == counters["batches"] == 3  # nothing submitted again
+    assert counters["batch_inputs"] == distinct(rows)  # nothing paid twice
+    assert counters["requests"] == 0
+
+
+def test_fallback_sync_sends_only_what_the_expired_batch_left(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS[:4])  # one chunk: 2 requests of 2 inputs
+    server.expire_after = 1
+    summary = run_flow(tmp_path, server, prefect_api_url, batch_fallback="sync")
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["creates"] == 1  # no second batch: the rest went synchronously
+    assert counters["requests"] == 1 and server.counters()["inputs"] == 2
+    assert counters["batch_inputs"] + server.counters()["inputs"] == distinct(rows)
+    assert 0 < summary["batch_tokens"] < summary["tokens"]
+
+
+def test_a_server_error_in_the_error_file_is_submitted_again(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    rows = write_csv(tmp_path / "in.csv", [*TEXTS[:3], "flaky MARK text"])
+    server.batch_texts_fail, server.batch_texts_fail_times = {"MARK": 500}, 1
+    summary = run_flow(tmp_path, server, prefect_api_url)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    batches = sorted(server.batches.values(), key=lambda b: b["id"])
+    assert [b["request_counts"]["total"] for b in batches] == [2, 1]
+    assert server.batch_counters()["batch_inputs"] == distinct(rows)
+
+
+class Crash(BaseException):
+    """A process dying between a batch's create and the ledger's record of it."""
+
+
+def test_a_crash_right_after_a_create_is_adopted_by_the_rerun(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from adapters.embeddings.openai_batch import BatchClient
+
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    real_create = BatchClient.create_batch
+    calls: list[int] = []
+
+    def create_then_die(self: BatchClient, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        batch = real_create(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            raise Crash("killed after the provider created the batch")
+        return batch
+
+    monkeypatch.setattr(BatchClient, "create_batch", create_then_die)
+    with pytest.raises(Crash):
+        run_flow(tmp_path, server, prefect_api_url)
+    monkeypatch.setattr(BatchClient, "create_batch", real_create)
+    from adapters.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    assert [r.state for r in ledger.run_batches(ledger.runs()[0].run_key)] == [
+        "submitted", "creating"]  # the second part's batch exists, unrecorded
+    ledger.close()
+    summary = run_flow(tmp_path, server, prefect_api_url)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["creates"] == counters["batches"] == 3  # adopted, not created again
+    assert counters["batch_inputs"] == distinct(rows)
