@@ -541,3 +541,24 @@ def test_list_open_read_and_delete_stay_under_the_prefix(
     server_store.delete("chunks/a.parquet")
     server_store.delete("chunks/a.parquet")  # already gone: not an error
     assert [i.key for i in server_store.list("chunks/")] == ["chunks/b.parquet"]
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local IPv4/IPv6 addresses (hex, as in /proc/net/tcp*) listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_test_servers_listen_on_loopback_only(
+    ministack_endpoint: str, s3rver_server: S3rver
+) -> None:
+    # ministack and s3rver bind every interface unless told (BIND_HOST, -a)
+    for endpoint in (ministack_endpoint, s3rver_server.endpoint):
+        port = int(endpoint.rsplit(":", 1)[1])
+        assert _listening_addresses(port) == {"0100007F"}, endpoint  # 127.0.0.1 only
