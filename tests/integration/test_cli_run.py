@@ -255,12 +255,14 @@ def test_s3_input_is_streamed_and_chunk_reads_are_pinned_to_its_etag(
 
 
 def test_s3_input_changed_after_planning_is_refused(
-    moto_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+    conditional_s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On moto and ministack: reads after planning are pinned to the ETag (If-Match)."""
     from adapters.csv_source import plan_csv, read_chunk
 
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3_bucket = make_bucket(conditional_s3_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", conditional_s3_endpoint)
+    s3 = shared_client(conditional_s3_endpoint)
     s3.put_object(Bucket=s3_bucket, Key="in.csv", Body=b"id,text\n1,alpha\n2,beta\n")
     plan = plan_csv(f"s3://{s3_bucket}/in.csv", id_column="id", text_column="text",
                     codec="utf-8", chunk_size=1, model="m", dimensions=None)
