@@ -84,7 +84,8 @@ def _free_port() -> int:
 
 def _start(argv: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start a server on a free loopback port (``{port}`` in ``argv``/``env`` values);
-    return it and its endpoint once it answers an S3 ListBuckets, or fail the test."""
+    return it and its endpoint once the port accepts connections (three tries, in case
+    another process took the port first), or fail the test with the server's log."""
     for _ in range(3):  # another process may take the free port before the server does
         port = _free_port()
         with log.open("ab") as out:
