@@ -6,6 +6,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LITELLM_VENV := .venv-litellm
 LITELLM_STAMP := $(LITELLM_VENV)/.installed
+# Two more S3 servers the integration tests start (tests/support/s3_servers.py): ministack
+# (PyPI, honours If-None-Match) in a venv of its own, since it pins another botocore, and
+# s3rver (npm, ignores it) from the lock file beside its package.json. Both pinned.
+MINISTACK_VENV := .venv-ministack
+MINISTACK_STAMP := $(MINISTACK_VENV)/.installed
+S3RVER_DIR := tests/support/s3rver
+S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
+TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP)
 
 .PHONY: demo test test-unit test-all test-real-servers bench clean
 
@@ -30,7 +38,7 @@ demo: $(STAMP)
 # Two workers (pytest-xdist), one test file per worker at a time so module fixtures are
 # shared: the suite is CPU-bound on one core, and this machine has two.
 PYTEST_WORKERS ?= 2
-test: $(STAMP)
+test: $(STAMP) $(TEST_SERVERS)
 	$(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
 # Unit tests only: no sockets, no servers, about 40 s.
@@ -38,7 +46,7 @@ test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -m "not slow" -n $(PYTEST_WORKERS)
 
 # Everything, including the slow soak/crash runs and the real-server test below.
-test-all: $(STAMP) $(LITELLM_STAMP)
+test-all: $(STAMP) $(LITELLM_STAMP) $(TEST_SERVERS)
 	EMBEDLINE_LITELLM=$(LITELLM_VENV)/bin/litellm $(BIN)/python -m pytest
 
 # Slow: the main job through LiteLLM's proxy, a real OpenAI-compatible server from PyPI,
@@ -51,6 +59,15 @@ $(LITELLM_STAMP):
 	$(LITELLM_VENV)/bin/python -m pip install --quiet 'litellm[proxy]==1.108.7'
 	touch $(LITELLM_STAMP)
 
+$(MINISTACK_STAMP): tests/support/ministack/requirements.txt
+	$(PYTHON) -m venv $(MINISTACK_VENV)
+	$(MINISTACK_VENV)/bin/python -m pip install --quiet -r tests/support/ministack/requirements.txt
+	touch $(MINISTACK_STAMP)
+
+$(S3RVER_STAMP): $(S3RVER_DIR)/package.json $(S3RVER_DIR)/package-lock.json
+	npm ci --prefix $(S3RVER_DIR) --no-audit --no-fund --loglevel=error
+	touch $(S3RVER_STAMP)
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_local.py
@@ -61,4 +78,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_paid.py
 
 clean:
-	rm -rf $(VENV) $(LITELLM_VENV) embedline-output .embedline
+	rm -rf $(VENV) $(LITELLM_VENV) $(MINISTACK_VENV) $(S3RVER_DIR)/node_modules embedline-output .embedline

@@ -14,6 +14,11 @@ from tests.support.fixtures import fake_openai  # noqa: F401
 from tests.support.pg_server import pg_uri  # noqa: F401
 from tests.support.moto_server import moto_endpoint, s3_bucket, s3_client  # noqa: F401
 from tests.support.prefect_server import prefect_api_url  # noqa: F401
+from tests.support.s3_servers import (  # noqa: F401
+    conditional_s3_endpoint,
+    ministack_endpoint,
+    s3rver_server,
+)
 from tests.support.tmpfs import tiny_tmpfs  # noqa: F401
 
 _SECRETS = ("OPENAI_API_KEY", "EMBEDLINE_API_KEY", "AWS_PROFILE", "AWS_ACCESS_KEY_ID",

@@ -1,5 +1,5 @@
 """``embedline run`` end to end: a real CLI process, a real embeddings server on loopback, a
-real Prefect server, local and S3 (moto over HTTP) outputs."""
+real Prefect server, local and S3 outputs (moto, and ministack for the main job, over HTTP)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import boto3
 import numpy as np
@@ -18,6 +19,8 @@ import pytest
 from embedline import keys
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import run_cli
+from tests.support.moto_server import moto_env
+from tests.support.s3_servers import make_bucket, shared_client
 from tests.support.output import read_local_output, vectors_by_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -174,32 +177,59 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2 and "--chunk-size" in result.stderr
 
 
-def test_s3_output_through_moto_server(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+def _listing(s3: Any, bucket: str, prefix: str) -> dict[str, tuple[str, object]]:
+    """key -> (ETag, LastModified) of every object under ``prefix``."""
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return {o["Key"]: (o["ETag"], o["LastModified"]) for o in listed}
+
+
+def test_s3_output_then_a_fresh_ledger_rerun_rewrites_nothing(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, conditional_s3_endpoint: str
 ) -> None:
+    """The main job on moto and on ministack: the start-up probe passes and every row is
+    published. Then the ledger and the manifest go (a new machine, an uncommitted run): the
+    rerun finds every chunk in the store by its conditional create, sends no embedding
+    request, leaves every chunk object as it was (same ETag and LastModified) and commits
+    the same chunks again."""
+    bucket = make_bucket(conditional_s3_endpoint)
     rows = _rows(9)
     _csv(tmp_path / "in.csv", rows)
-    env = {"AWS_ENDPOINT_URL": moto_endpoint}
+    env = moto_env(conditional_s3_endpoint)
     args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            fake_openai.base_url, "--output", f"s3://{s3_bucket}/emb/v1", "--ledger",
+            fake_openai.base_url, "--output", f"s3://{bucket}/emb/v1", "--ledger",
             str(tmp_path / "ledger.sqlite3"), "--chunk-size", "4"]
     result = run_cli(*args, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
-    assert f"s3://{s3_bucket}/emb/v1/manifests/" in result.stdout
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
-    listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="emb/v1/")["Contents"]
-    names = sorted(o["Key"] for o in listed)
-    manifest_key = next(n for n in names if n.startswith("emb/v1/manifests/"))
-    manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=manifest_key)["Body"].read())
-    bodies = {e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"emb/v1/{e['object']}")["Body"]
+    assert "does not enforce conditional writes" not in result.stderr
+    assert f"s3://{bucket}/emb/v1/manifests/" in result.stdout
+    s3 = shared_client(conditional_s3_endpoint)
+    before = _listing(s3, bucket, "emb/v1/")
+    manifest_key = next(n for n in sorted(before) if n.startswith("emb/v1/manifests/"))
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
+    bodies = {e["object"]: s3.get_object(Bucket=bucket, Key=f"emb/v1/{e['object']}")["Body"]
               .read() for e in manifest["chunks"]}
     vectors = vectors_by_id(bodies, manifest)
     assert set(vectors) == {r[0] for r in rows}
-    head = s3.head_object(Bucket=s3_bucket, Key=f"emb/v1/{manifest['chunks'][0]['object']}")
+    for row_id, text in rows:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
+    head = s3.head_object(Bucket=bucket, Key=f"emb/v1/{manifest['chunks'][0]['object']}")
     assert head["Metadata"]["sha256"] == manifest["chunks"][0]["sha256"]
+    assert not [k for k in before if "/_embedline/" in k]  # the probe cleaned up
     requests = fake_openai.counters()["requests"]
+    s3.delete_object(Bucket=bucket, Key=manifest_key)
+    (tmp_path / "ledger.sqlite3").unlink()
+    newest = max(modified for _, modified in before.values()).timestamp()
+    while time.time() < newest + 1.0:  # LastModified has whole seconds: a rewrite must show
+        time.sleep(0.05)
     rerun = run_cli(*args, cwd=tmp_path, env=env)
-    assert rerun.returncode == 0 and fake_openai.counters()["requests"] == requests
+    assert rerun.returncode == 0, rerun.stderr
+    assert fake_openai.counters()["requests"] == requests
+    assert "3 skipped" in rerun.stdout
+    after = _listing(s3, bucket, "emb/v1/")
+    chunks = {k: v for k, v in before.items() if k != manifest_key}
+    assert {k: v for k, v in after.items() if k != manifest_key} == chunks
+    again = json.loads(s3.get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
+    assert again["chunks"] == manifest["chunks"]
 
 
 def test_s3_input_is_streamed_and_chunk_reads_are_pinned_to_its_etag(
@@ -225,12 +255,14 @@ def test_s3_input_is_streamed_and_chunk_reads_are_pinned_to_its_etag(
 
 
 def test_s3_input_changed_after_planning_is_refused(
-    moto_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+    conditional_s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On moto and ministack: reads after planning are pinned to the ETag (If-Match)."""
     from adapters.csv_source import plan_csv, read_chunk
 
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3_bucket = make_bucket(conditional_s3_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", conditional_s3_endpoint)
+    s3 = shared_client(conditional_s3_endpoint)
     s3.put_object(Bucket=s3_bucket, Key="in.csv", Body=b"id,text\n1,alpha\n2,beta\n")
     plan = plan_csv(f"s3://{s3_bucket}/in.csv", id_column="id", text_column="text",
                     codec="utf-8", chunk_size=1, model="m", dimensions=None)

@@ -23,6 +23,7 @@ import pytest
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
 from tests.support.output import read_local_output, vectors_by_id
+from tests.support.s3_servers import make_bucket, shared_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
@@ -60,14 +61,16 @@ def _write_csv(path: Path, n: int, marker_rows: dict[int, str] | None = None) ->
     return rows
 
 
-def _args(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> list[str]:
+def _args(tmp_path: Path, server: FakeEmbeddingServer, *extra: str,
+          output: str | None = None) -> list[str]:
     return ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            server.base_url, "--output", str(tmp_path / "out"), "--ledger",
+            server.base_url, "--output", output or str(tmp_path / "out"), "--ledger",
             str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]
 
 
-def _popen(tmp_path: Path, args: list[str]) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _popen(tmp_path: Path, args: list[str],
+           extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(extra_env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -104,32 +107,79 @@ def _assert_complete(tmp_path: Path, rows: list[tuple[str, str]]) -> None:
     assert db.execute("SELECT COUNT(*) FROM chunks WHERE state = 'running'").fetchone()[0] == 0
 
 
+class _S3Output:
+    """The run's output as a fresh bucket on an S3 server: chunk digests, then manifest."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.bucket = make_bucket(endpoint)
+        self.uri, self.client = f"s3://{self.bucket}/out", shared_client(endpoint)
+        self.env = {"AWS_ENDPOINT_URL": endpoint}
+
+    def chunk_files(self) -> dict[str, str]:
+        listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix="out/chunks/")
+        return {o["Key"].rsplit("/", 1)[1]: self._sha(o["Key"])
+                for o in listed.get("Contents", []) if o["Key"].endswith(".parquet")}
+
+    def _sha(self, key: str) -> str:
+        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return hashlib.sha256(body).hexdigest()
+
+    def assert_complete(self, rows: list[tuple[str, str]]) -> None:
+        listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix="out/manifests/")
+        [key] = [o["Key"] for o in listed.get("Contents", [])]
+        get = self.client.get_object
+        manifest = json.loads(get(Bucket=self.bucket, Key=key)["Body"].read())
+        bodies = {e["object"]: get(Bucket=self.bucket, Key=f"out/{e['object']}")["Body"].read()
+                  for e in manifest["chunks"]}
+        vectors = vectors_by_id(bodies, manifest)
+        assert manifest["rows_published"] == len(rows) and manifest["rows_failed"] == 0
+        assert set(vectors) == {rid for rid, _ in rows}
+        for rid, text in rows:
+            np.testing.assert_allclose(vectors[rid], expected_vector(text), rtol=1e-6)
+
+
+# on ministack: slow (about 10 s, 45 s on a loaded machine), out of make test's budget; the
+# fresh-ledger rerun on ministack (test_cli_run.py) is CI's resume check on a second S3 server
+@pytest.mark.parametrize("output", ["local", pytest.param("ministack", marks=pytest.mark.slow)])
 def test_kill_while_slow_chunk_in_flight_rerun_embeds_only_unfinished_chunks(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, output: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """kill -9 with chunks in flight, then a rerun: only the unfinished chunks are embedded,
+    none published before is rewritten; on a local directory and on ministack (S3)."""
+    s3 = _S3Output(request.getfixturevalue("ministack_endpoint")) if output != "local" else None
+    out = s3.uri if s3 else str(tmp_path / "out")
+    env = s3.env if s3 else {}
+
+    def chunk_files() -> dict[str, str]:
+        return s3.chunk_files() if s3 else _chunk_files(tmp_path / "out")
+
     # 5 chunks of 4 rows; chunk 0 and chunk 4 are slow, 1-3 fast; 4 in flight at once
     rows = _write_csv(tmp_path / "in.csv", 20, {0: "SLOW", 16: "SLOW"})
     recorder = TextRecorder({"SLOW": 60.0})
     fake_openai.fail_when(recorder)
-    proc = _popen(tmp_path, _args(tmp_path, fake_openai, "--chunk-size", "4",
-                                  "--concurrency", "3"))
+    args = _args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "3",
+                 output=out)
+    proc = _popen(tmp_path, args, env)
     try:
-        _wait_for(lambda: len(_chunk_files(tmp_path / "out")) == 3, 120, "chunks 1-3")
+        _wait_for(lambda: len(chunk_files()) == 3, 120, "chunks 1-3")
         time.sleep(0.3)  # let the flow record them
     finally:
         proc.kill()
         proc.wait()
-    published = _chunk_files(tmp_path / "out")
+    published = chunk_files()
     recorder.take()
     recorder.delays = {}
-    result = run_cli(*_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "3"),
-                     cwd=tmp_path)
+    result = run_cli(*args, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     sent = recorder.take()
     sent_rows = sorted({int(t.split()[1]) for t in sent})
     assert sent_rows == [0, 1, 2, 3, 16, 17, 18, 19]  # exactly chunks 0 and 4
-    assert {k: v for k, v in _chunk_files(tmp_path / "out").items() if k in published} == published
-    _assert_complete(tmp_path, rows)
+    assert {k: v for k, v in chunk_files().items() if k in published} == published
+    if s3:
+        s3.assert_complete(rows)
+    else:
+        _assert_complete(tmp_path, rows)
 
 
 def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: int) -> None:

@@ -1,4 +1,9 @@
-"""S3Store against a real moto server over HTTP on 127.0.0.1 (never real AWS).
+"""S3Store against real S3 servers over HTTP on 127.0.0.1 (never real AWS).
+
+What conditional writes promise (create-only puts, the 412 on a second create, sixteen racing
+creates, the start-up probe, reads and errors of a missing bucket) runs on two servers, moto
+and ministack (``conditional_s3_endpoint``, tests/support/s3_servers.py); the probe's answer
+on a server that overwrites runs on s3rver.
 
 Store-side behaviours moto cannot produce (409, 403, 501, 503 SlowDown) are injected with a
 botocore ``before-send`` handler that answers in place of the server: the response still goes
@@ -44,6 +49,7 @@ from adapters.object_store import (
 from embedline.errors import ConflictError, FatalError, RetryableError
 from embedline.protocols import PutResult
 from tests.support.moto_server import make_s3_client, moto_env
+from tests.support.s3_servers import S3rver, make_bucket, shared_client
 
 # Fixtures moto_endpoint, s3_bucket, s3_client come from tests/conftest.py
 # (tests/support/moto_server.py).
@@ -108,19 +114,41 @@ def store(moto_endpoint: str, s3_bucket: str,
     store.client.close()
 
 
+@pytest.fixture
+def server_client(conditional_s3_endpoint: str) -> Any:
+    """A boto3 client for moto, then for ministack (shared by the session)."""
+    return shared_client(conditional_s3_endpoint)
+
+
+@pytest.fixture
+def server_bucket(conditional_s3_endpoint: str) -> str:
+    """A fresh bucket on moto, then on ministack."""
+    return make_bucket(conditional_s3_endpoint)
+
+
+@pytest.fixture
+def server_store(conditional_s3_endpoint: str, server_bucket: str,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
+    """Like ``store``, on moto, then on ministack."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", conditional_s3_endpoint)
+    store = S3Store(server_bucket, "runs/one", sleep=[].append)
+    yield store
+    store.client.close()
+
+
 # ------------------------------------------------------------------ create-only semantics
 
 
 def test_put_creates_object_with_sha256_metadata_and_checksum(
-    store: S3Store, s3_client: Any, s3_bucket: str
+    server_store: S3Store, server_client: Any, server_bucket: str
 ) -> None:
-    wire = Wire(store.client)
+    wire = Wire(server_store.client)
     body = b"chunk bytes"
 
-    result = put(store, KEY, body)
+    result = put(server_store, KEY, body)
 
     assert result == PutResult(created=True, sha256=sha(body))
-    head = s3_client.head_object(Bucket=s3_bucket, Key="runs/one/" + KEY)
+    head = server_client.head_object(Bucket=server_bucket, Key="runs/one/" + KEY)
     assert head["Metadata"] == {"sha256": sha(body)}
     assert head["ContentType"] == "application/x"
     headers = {k.lower(): v for k, v in wire.requests[0].headers.items()}
@@ -133,49 +161,50 @@ def test_put_creates_object_with_sha256_metadata_and_checksum(
 
 
 def test_second_put_of_same_bytes_gets_one_412_and_reports_not_created(
-    store: S3Store, s3_client: Any, s3_bucket: str
+    server_store: S3Store, server_client: Any, server_bucket: str
 ) -> None:
-    put(store, KEY, b"same")
-    before = s3_client.head_object(Bucket=s3_bucket, Key="runs/one/" + KEY)
-    wire = Wire(store.client)
+    put(server_store, KEY, b"same")
+    before = server_client.head_object(Bucket=server_bucket, Key="runs/one/" + KEY)
+    wire = Wire(server_store.client)
 
-    result = put(store, KEY, b"same")
+    result = put(server_store, KEY, b"same")
 
     assert result.created is False
     # Exactly one HTTP attempt, answered 412 (moto#10018 once turned this into retried 500s).
     assert len(wire.requests) == 1
     assert wire.statuses == [412]
-    after = s3_client.head_object(Bucket=s3_bucket, Key="runs/one/" + KEY)
+    after = server_client.head_object(Bucket=server_bucket, Key="runs/one/" + KEY)
     assert (after["ETag"], after["LastModified"]) == (before["ETag"], before["LastModified"])
 
 
 def test_put_of_other_bytes_raises_conflict_and_leaves_object(
-    store: S3Store, s3_client: Any, s3_bucket: str
+    server_store: S3Store, server_client: Any, server_bucket: str
 ) -> None:
-    put(store, KEY, b"original")
+    put(server_store, KEY, b"original")
 
     with pytest.raises(ConflictError) as info:
-        put(store, KEY, b"different")
+        put(server_store, KEY, b"different")
 
-    assert f"s3://{s3_bucket}/runs/one/{KEY}" in str(info.value)
+    assert f"s3://{server_bucket}/runs/one/{KEY}" in str(info.value)
     assert info.value.exit_code == 3
-    body = s3_client.get_object(Bucket=s3_bucket, Key="runs/one/" + KEY)["Body"].read()
+    stored = server_client.get_object(Bucket=server_bucket, Key="runs/one/" + KEY)
+    body = stored["Body"].read()
     assert body == b"original"
 
 
 def test_object_without_sha256_metadata_is_a_conflict(
-    store: S3Store, s3_client: Any, s3_bucket: str
+    server_store: S3Store, server_client: Any, server_bucket: str
 ) -> None:
-    s3_client.put_object(Bucket=s3_bucket, Key="runs/one/" + KEY, Body=b"foreign")
+    server_client.put_object(Bucket=server_bucket, Key="runs/one/" + KEY, Body=b"foreign")
 
     with pytest.raises(ConflictError, match="without sha256 metadata"):
-        store.head_sha256(KEY)
+        server_store.head_sha256(KEY)
     with pytest.raises(ConflictError):
-        put(store, KEY, b"foreign")
-    assert store.get(KEY) == b"foreign"
+        put(server_store, KEY, b"foreign")
+    assert server_store.get(KEY) == b"foreign"
 
 
-def test_sixteen_threads_racing_one_key_create_it_once(store: S3Store) -> None:
+def test_sixteen_threads_racing_one_key_create_it_once(server_store: S3Store) -> None:
     body = b"y" * 50_000
     barrier = threading.Barrier(16)
     results: list[PutResult] = []
@@ -185,7 +214,7 @@ def test_sixteen_threads_racing_one_key_create_it_once(store: S3Store) -> None:
     def worker() -> None:
         barrier.wait()
         try:
-            result = put(store, KEY, body)
+            result = put(server_store, KEY, body)
         except BaseException as exc:  # recorded and asserted below
             with lock:
                 errors.append(exc)
@@ -202,22 +231,23 @@ def test_sixteen_threads_racing_one_key_create_it_once(store: S3Store) -> None:
     assert errors == []
     assert sum(r.created for r in results) == 1
     assert len(results) == 16
-    assert store.get(KEY) == body
+    assert server_store.get(KEY) == body
 
 
-def test_head_sha256_and_get(store: S3Store) -> None:
-    assert store.head_sha256(KEY) is None
+def test_head_sha256_and_get(server_store: S3Store) -> None:
+    assert server_store.head_sha256(KEY) is None
     with pytest.raises(FileNotFoundError):
-        store.get(KEY)
+        server_store.get(KEY)
 
-    put(store, KEY, b"payload")
+    put(server_store, KEY, b"payload")
 
-    assert store.head_sha256(KEY) == sha(b"payload")
-    assert store.get(KEY) == b"payload"
+    assert server_store.head_sha256(KEY) == sha(b"payload")
+    assert server_store.get(KEY) == b"payload"
 
 
-def test_missing_bucket_is_fatal_and_names_it(moto_endpoint: str) -> None:
-    store = S3Store("embedline-no-such-bucket", client=make_s3_client(moto_endpoint))
+def test_missing_bucket_is_fatal_and_names_it(conditional_s3_endpoint: str) -> None:
+    client = make_s3_client(conditional_s3_endpoint)
+    store = S3Store("embedline-no-such-bucket", client=client)
 
     with pytest.raises(FatalError) as info:
         put(store, KEY, b"payload")
@@ -230,12 +260,30 @@ def test_missing_bucket_is_fatal_and_names_it(moto_endpoint: str) -> None:
 # ------------------------------------------------------------------ the conditional-write probe
 
 
-def test_check_conditional_writes_true_on_moto(
-    store: S3Store, s3_client: Any, s3_bucket: str
+def test_check_conditional_writes_true_on_servers_that_refuse_overwrites(
+    server_store: S3Store, server_client: Any, server_bucket: str
 ) -> None:
-    assert check_conditional_writes(store) is True
-    listed = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="runs/one/_embedline/")
+    assert check_conditional_writes(server_store) is True
+    listed = server_client.list_objects_v2(Bucket=server_bucket,
+                                           Prefix="runs/one/_embedline/")
     assert listed.get("KeyCount", 0) == 0  # scratch object deleted
+
+
+def test_check_conditional_writes_false_on_s3rver_which_overwrites(
+    s3rver_server: S3rver,
+) -> None:
+    client = s3rver_server.client()
+    store = S3Store(s3rver_server.bucket, "probe", client=client)
+    wire = Wire(client)
+
+    assert check_conditional_writes(store) is False
+    sent = [{k.lower(): v for k, v in r.headers.items()}.get("if-none-match")
+            for r in wire.requests]
+    assert sent == [b"*", b"*"]  # both creates were conditional ...
+    assert wire.statuses == [200, 200]  # ... and the second overwrote all the same
+    listed = client.list_objects_v2(Bucket=s3rver_server.bucket, Prefix="probe/")
+    assert listed.get("KeyCount", 0) == 0  # scratch object deleted
+    client.close()
 
 
 def test_check_conditional_writes_false_when_store_ignores_if_none_match(
@@ -454,8 +502,11 @@ def test_open_store_s3_uses_prefix(moto_endpoint: str, s3_bucket: str, s3_client
     assert keys == ["deep/prefix/manifests/r.json"]
 
 
-def test_get_from_missing_bucket_is_fatal_not_file_not_found(moto_endpoint: str) -> None:
-    store = S3Store("embedline-no-such-bucket", client=make_s3_client(moto_endpoint))
+def test_get_from_missing_bucket_is_fatal_not_file_not_found(
+    conditional_s3_endpoint: str,
+) -> None:
+    client = make_s3_client(conditional_s3_endpoint)
+    store = S3Store("embedline-no-such-bucket", client=client)
 
     assert store.head_sha256(KEY) is None  # HEAD's bare 404 cannot tell bucket from key
     with pytest.raises(FatalError, match="does not exist"):
@@ -466,26 +517,48 @@ def test_get_from_missing_bucket_is_fatal_not_file_not_found(moto_endpoint: str)
 
 
 def test_list_open_read_and_delete_stay_under_the_prefix(
-    store: S3Store, s3_client: Any, s3_bucket: str
+    server_store: S3Store, server_client: Any, server_bucket: str
 ) -> None:
     body = bytes(range(256)) * 1024  # 256 KiB: larger than the first (tail) read
-    put(store, "chunks/a.parquet", body)
-    put(store, "chunks/b.parquet", b"small")
-    s3_client.put_object(Bucket=s3_bucket, Key="runs/other/chunks/c.parquet", Body=b"x")
-    listed = {i.key: i.size_bytes for i in store.list("chunks/")}
+    put(server_store, "chunks/a.parquet", body)
+    put(server_store, "chunks/b.parquet", b"small")
+    server_client.put_object(Bucket=server_bucket, Key="runs/other/chunks/c.parquet",
+                             Body=b"x")
+    listed = {i.key: i.size_bytes for i in server_store.list("chunks/")}
     assert listed == {"chunks/a.parquet": len(body), "chunks/b.parquet": 5}
-    wire = Wire(store.client, "GetObject")
-    with store.open_read("chunks/a.parquet") as fh:
+    wire = Wire(server_store.client, "GetObject")
+    with server_store.open_read("chunks/a.parquet") as fh:
         fh.seek(1000)
         assert fh.read(10) == body[1000:1010]
         fh.seek(-20, 2)
         assert fh.read() == body[-20:]
     ranges = [r.headers.get("Range") for r in wire.requests]
     assert ranges[0] == b"bytes=-65536" and len(ranges) == 2  # tail, then one range
-    with store.open_read("chunks/b.parquet") as fh:
+    with server_store.open_read("chunks/b.parquet") as fh:
         assert fh.read() == b"small"
     with pytest.raises(FileNotFoundError):
-        store.open_read("chunks/missing.parquet")
-    store.delete("chunks/a.parquet")
-    store.delete("chunks/a.parquet")  # already gone: not an error
-    assert [i.key for i in store.list("chunks/")] == ["chunks/b.parquet"]
+        server_store.open_read("chunks/missing.parquet")
+    server_store.delete("chunks/a.parquet")
+    server_store.delete("chunks/a.parquet")  # already gone: not an error
+    assert [i.key for i in server_store.list("chunks/")] == ["chunks/b.parquet"]
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local IPv4/IPv6 addresses (hex, as in /proc/net/tcp*) listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_test_servers_listen_on_loopback_only(
+    ministack_endpoint: str, s3rver_server: S3rver
+) -> None:
+    # ministack and s3rver bind every interface unless told (BIND_HOST, -a)
+    for endpoint in (ministack_endpoint, s3rver_server.endpoint):
+        port = int(endpoint.rsplit(":", 1)[1])
+        assert _listening_addresses(port) == {"0100007F"}, endpoint  # 127.0.0.1 only

@@ -4,11 +4,13 @@ the same input at once. Each chunk object is created once and never overwritten.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -17,8 +19,9 @@ from botocore.config import Config
 from adapters.object_store import S3Store
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO, run_cli
-from tests.support.output import read_local_output
+from tests.support.output import read_local_output, vectors_by_id
 from tests.support.s3_proxy import ResettingProxy
+from tests.support.s3_servers import S3rver, make_bucket, shared_client
 
 pytestmark = pytest.mark.integration
 
@@ -52,35 +55,77 @@ def test_ambiguous_first_write_is_resolved_by_412_and_checksum(
     assert stored["Body"].read() == body and stored["Metadata"]["sha256"] == digest
 
 
-def _start(tmp_path: Path, server: FakeEmbeddingServer, ledger: str) -> subprocess.Popen[str]:
+def _start(tmp_path: Path, server: FakeEmbeddingServer, ledger: str, output: str,
+           env: dict[str, str]) -> subprocess.Popen[str]:
     args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            server.base_url, "--output", str(tmp_path / "out"), "--ledger", ledger,
+            server.base_url, "--output", output, "--ledger", ledger,
             "--chunk-size", "3", "--concurrency", "2"]
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **env}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+class _Output:
+    """Where the two runs publish: a local directory, or a fresh bucket on ministack."""
+
+    def __init__(self, tmp_path: Path, request: pytest.FixtureRequest, kind: str) -> None:
+        self.kind = kind
+        if kind == "local":
+            self.uri, self.env = str(tmp_path / "out"), {}
+            return
+        endpoint = request.getfixturevalue(f"{kind}_endpoint")
+        self.bucket = make_bucket(endpoint)
+        self.uri, self.env = f"s3://{self.bucket}/out", {"AWS_ENDPOINT_URL": endpoint}
+        self.client = shared_client(endpoint)
+
+    def chunk_objects(self) -> list[str]:
+        if self.kind == "local":
+            return [p.name for p in Path(self.uri).glob("chunks/*.parquet")]
+        listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix="out/chunks/")
+        return [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".parquet")]
+
+    def read(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(manifest, vectors by id), each object checked against the manifest."""
+        if self.kind == "local":
+            return read_local_output(Path(self.uri))
+        listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix="out/manifests/")
+        keys = [o["Key"] for o in listed.get("Contents", [])]
+        assert len(keys) == 1, keys
+        get = self.client.get_object
+        manifest = json.loads(get(Bucket=self.bucket, Key=keys[0])["Body"].read())
+        bodies = {e["object"]: get(Bucket=self.bucket, Key=f"out/{e['object']}")["Body"].read()
+                  for e in manifest["chunks"]}
+        return manifest, vectors_by_id(bodies, manifest)
+
+
 @pytest.mark.usefixtures("prefect_api_url")
-@pytest.mark.parametrize("shared_ledger", [True, False], ids=["one-ledger", "two-ledgers"])
+@pytest.mark.parametrize(
+    ("shared_ledger", "output"),
+    [(True, "local"), (False, "local"), (False, "ministack")],
+    ids=["one-ledger", "two-ledgers", "two-ledgers-ministack"],
+)
 def test_two_concurrent_runs_publish_each_chunk_once(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, shared_ledger: bool
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, shared_ledger: bool, output: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """Two runs of one input at once; with two ledgers nothing but the store's conditional
+    creates keeps them from overwriting each other (on ministack: a real S3 server's)."""
     rows = [(f"id{i:03d}", f"text number {i}") for i in range(30)]
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
     fake_openai.fail_when(lambda payload: {"delay_s": 1.0})
+    out = _Output(tmp_path, request, output)
     second = "a.sqlite3" if shared_ledger else "b.sqlite3"
     ledgers = [str(tmp_path / "a.sqlite3"), str(tmp_path / second)]
-    first = _start(tmp_path, fake_openai, ledgers[0])
+    first = _start(tmp_path, fake_openai, ledgers[0], out.uri, out.env)
     deadline = time.monotonic() + 120  # the second run starts while the first is mid-way
-    while not list((tmp_path / "out").glob("chunks/*.parquet")) and time.monotonic() < deadline:
+    while not out.chunk_objects() and time.monotonic() < deadline:
         time.sleep(0.05)
-    procs = [first, _start(tmp_path, fake_openai, ledgers[1])]
+    procs = [first, _start(tmp_path, fake_openai, ledgers[1], out.uri, out.env)]
     results = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
-    manifest, vectors = read_local_output(tmp_path / "out")
+    manifest, vectors = out.read()
     assert set(vectors) == {r[0] for r in rows} and manifest["rows_published"] == 30
-    assert len(list((tmp_path / "out" / "chunks").glob("*.parquet"))) == 10
+    assert len(out.chunk_objects()) == 10
     if shared_ledger:  # claims in one ledger: every row embedded exactly once in total
         assert fake_openai.counters()["inputs"] == 30
     # the first run started alone: chunks the second published meanwhile are not "before"
@@ -142,3 +187,29 @@ def test_store_ignoring_if_none_match_is_refused_unless_overridden(
         allowed = run_cli(*args, "--allow-unconditional-store", cwd=tmp_path, env=env)
     assert allowed.returncode == 0, allowed.stderr[-2000:]
     assert "RUNNING ANYWAY" in allowed.stderr
+
+
+@pytest.mark.usefixtures("prefect_api_url")
+def test_s3rver_which_overwrites_is_refused_at_start_up(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, s3rver_server: S3rver
+) -> None:
+    """A real S3 server that ignores If-None-Match (npm s3rver): the CLI's start-up probe
+    sees its scratch object overwritten and exits 3 with one line that says what to do,
+    before any embedding request, leaving no object behind."""
+    (tmp_path / "in.csv").write_text("id,text\n1,a\n2,b\n")
+    prefix = f"refused-{tmp_path.name}"
+    result = run_cli("run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
+                     fake_openai.base_url, "--output", f"s3://{s3rver_server.bucket}/{prefix}",
+                     "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path,
+                     env=s3rver_server.env())
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1, result.stderr  # one line, which says what to do
+    assert result.stderr.startswith("embedline: error: ")
+    assert "does not enforce conditional writes (If-None-Match: *)" in result.stderr
+    assert "use a store that does, or pass --allow-unconditional-store" in result.stderr
+    assert "status     fatal" in result.stdout
+    assert fake_openai.counters()["requests"] == 0
+    client = s3rver_server.client()
+    listed = client.list_objects_v2(Bucket=s3rver_server.bucket, Prefix=f"{prefix}/")
+    assert listed.get("KeyCount", 0) == 0
+    client.close()
