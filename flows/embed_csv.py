@@ -32,7 +32,7 @@ from flows.run import CommittedRun, Run
 from flows.signals import under_prefect_runner
 from tasks.chunk import store_for
 from tasks.plan import plan_input
-from tasks.events import emit_run_committed
+from tasks.events import dead_letters_threshold, emit_run_committed
 from tasks.report import publish_summary
 
 __all__ = ["embed_csv", "run_settings"]
@@ -153,9 +153,12 @@ def run_settings(settings: RunSettings) -> RunSummary:
         run.open_ledger()
     except DiskFullError as exc:  # exit 1, one line; nothing started
         return run.summary(exit_code=exc.exit_code, status="disk_full", message=str(exc))
+    # read now, while the API is known to answer: after the commit a lost API would make
+    # Prefect's client retry this call for a minute
+    threshold = dead_letters_threshold()
     try:
         try:
-            summary = _record_embed_commit_load(run)
+            summary = _record_embed_commit_load(run, threshold)
         except DiskFullError as exc:  # the ledger mid-run: what is published stays published
             return run.summary(**disk_full_fields(exc, run.plan, run.store, settings))
         if STOP.api_lost() is None:  # else no artifact: each call would retry a minute
@@ -166,7 +169,7 @@ def run_settings(settings: RunSettings) -> RunSummary:
         close_embedders()  # a latched (fatal) client must not outlive its run
 
 
-def _record_embed_commit_load(run: Run) -> RunSummary:
+def _record_embed_commit_load(run: Run, threshold: int | None) -> RunSummary:
     """Record the run, find its work, embed and publish it, commit, load: its summary. The
     lease covers the load too: the load reads the chunk objects."""
     with run.recorded(flow_run_id=flow_run.get_id()):
@@ -180,7 +183,8 @@ def _record_embed_commit_load(run: Run) -> RunSummary:
             dispatched = embed_and_publish(run, work)
             ended = run.conclude(work, dispatched.result, cost=dispatched.cost,
                                  resume_hint=_resume_hint(),
-                                 on_committed=lambda summary: _note_committed(run, summary))
+                                 on_committed=lambda summary: _note_committed(run, summary,
+                                                                               threshold))
             (ended.summary if isinstance(ended, CommittedRun) else ended).batches = \
                 dispatched.batches
             if isinstance(ended, CommittedRun):
@@ -188,10 +192,10 @@ def _record_embed_commit_load(run: Run) -> RunSummary:
             return ended
 
 
-def _note_committed(run: Run, summary: RunSummary) -> None:
+def _note_committed(run: Run, summary: RunSummary, threshold: int | None) -> None:
     """Tell the signal handlers the run is committed (an interrupt now stops nothing), and
     emit ``embedline.run.committed``."""
-    emit_run_committed(summary)
+    emit_run_committed(summary, dead_letters_threshold=threshold)
     sink = run.settings.sink
     STOP.note_committed(run.run_key, str(summary.manifest_uri), (
         "rerun the same command to load it into the sink" if sink else "nothing to resume"),

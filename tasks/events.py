@@ -50,17 +50,18 @@ def load_payload(summary: LoadSummary) -> dict[str, Any]:
     return {name: getattr(summary, name) for name in _LOAD_FIELDS}
 
 
-def emit_run_committed(summary: RunSummary) -> None:
+def emit_run_committed(summary: RunSummary, *, dead_letters_threshold: int | None = None,
+                       ) -> None:
     """Emit ``embedline.run.committed`` for ``summary`` (a committed run's); and
-    ``embedline.run.dead-letters-exceeded`` too when its dead letters (rows) are above the
-    Prefect Variable ``embedline_dead_letters_alert_threshold`` (set by
-    ``deployments/automations.py``; absent: never)."""
+    ``embedline.run.dead-letters-exceeded`` too when its dead letters (rows) are above
+    ``dead_letters_threshold`` (rows: the Prefect Variable read by ``dead_letters_threshold()``
+    when the run started; None: never). Sends nothing without ``PREFECT_API_URL``."""
     if not _api_configured():
         return
     payload = run_payload(summary)
     labels = {"embedline.output": str(summary.output)}
     _emit(RUN_COMMITTED, f"embedline.run.{summary.run_key}", payload, labels)
-    threshold = dead_letters_threshold()
+    threshold = dead_letters_threshold
     if threshold is not None and summary.rows_failed > threshold:
         _emit(DEAD_LETTERS_EXCEEDED, f"embedline.run.{summary.run_key}",
               {**payload, "threshold": threshold}, labels)
@@ -72,6 +73,8 @@ def dead_letters_threshold() -> int | None:
     a committed run)."""
     from prefect.variables import Variable
 
+    if not _api_configured():
+        return None
     try:
         value = Variable.get(THRESHOLD_VARIABLE, default=None)
         threshold = None if value is None else int(value)
