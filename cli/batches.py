@@ -64,7 +64,8 @@ def _cancel_batches(args: argparse.Namespace) -> int:
         for record in open_batches:
             batch = client.cancel_batch(str(record.batch_id))
             counts = batch.get("request_counts") or {}
-            ledger.update_batch(str(record.batch_id), status=str(batch.get("status")),
+            ledger.update_batch(run.run_key, str(record.batch_id),
+                                status=str(batch.get("status")),
                                 output_file_id=batch.get("output_file_id"),
                                 error_file_id=batch.get("error_file_id"),
                                 completed=int(counts.get("completed") or 0),

@@ -131,16 +131,24 @@ def _alias_refused(args: argparse.Namespace, manifest: dict[str, Any] | None) ->
     """Why ``--alias`` cannot work with ``--to`` (a store without aliases, a bad name),
     said before Prefect starts; None if it can (or the manifest could not be read here)."""
     from adapters.sinks.factory import open_alias
-    from embedline.errors import InputError
+    from embedline.errors import EmbedlineError, InputError
     from tasks.cutover import cutover_target
 
     if manifest is None:
         return None
     try:
         cutover_target(args.to, args.alias, manifest)
-        open_alias(args.to, args.alias)  # the name is checked; nothing connects yet
+        switch = open_alias(args.to, args.alias)
     except InputError as exc:
         return str(exc)
+    try:
+        switch.check_name()  # a name taken by a table: said now, not after the whole load
+    except InputError as exc:
+        return str(exc)
+    except EmbedlineError:
+        return None  # the store cannot be reached from here: the flow says so
+    finally:
+        switch.close()
     return None
 
 

@@ -123,12 +123,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--webhook-url", default=None,
                         help="create (or replace) the notification block as a webhook to URL")
     args = parser.parse_args(argv)
-    config = yaml.safe_load(args.file.read_text(encoding="utf-8"))
+    try:
+        config = yaml.safe_load(args.file.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        sys.stderr.write(f"automations: error: cannot read {args.file}: {exc}\n")
+        return 2
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if not api:  # else Prefect's client starts a throwaway server and applies them there
+        sys.stderr.write("automations: error: PREFECT_API_URL is not set: point it at the "
+                         "server the deployments are on (deployments/README.md, step 2)\n")
+        return 2
     try:
         names = apply(config, webhook_url=args.webhook_url)
     except (LookupError, ValueError) as exc:
         sys.stderr.write(f"automations: error: {exc}\n")
         return 2
+    except Exception as exc:  # noqa: BLE001 - httpx/Prefect: the server does not answer
+        if "Connect" not in type(exc).__name__ and "Timeout" not in type(exc).__name__:
+            raise
+        sys.stderr.write(f"automations: error: the Prefect API at {api} does not answer "
+                         f"({type(exc).__name__}): start the server or fix PREFECT_API_URL\n")
+        return 1
     for name in names:
         print(f"automation applied: {name}")
     return 0

@@ -53,11 +53,21 @@ def server_command(python: str = sys.executable) -> list[str]:
     return [python, "-m", "prefect", "server", "start"]
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return port
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse ``--host``, ``--port``, ``--database-url``; replace this process with the server."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default=DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT)
     parser.add_argument("--database-url", default=None,
                         help="e.g. postgresql+asyncpg://USER@HOST:5432/DB (default: SQLite "
                              "in PREFECT_HOME)")

@@ -341,6 +341,14 @@ class AliasSwitch(Protocol):
         """Where the alias points now (no write)."""
         ...
 
+    def check_name(self) -> None:
+        """Refuse a name the store already uses for something else (a table, a collection,
+        a view embedline did not make), before anything is loaded.
+
+        :raises InputError: naming it.
+        """
+        ...
+
     def switch(self, table: str) -> AliasState:
         """Point the alias at ``table`` in one step, remembering the table it pointed at as
         ``previous``; a no-op when it points there already. Returns the new state.

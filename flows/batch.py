@@ -264,7 +264,8 @@ class BatchStage:
         counts = batch.get("request_counts") or {}
         errors = (batch.get("errors") or {}).get("data") or []
         error = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)[:500] or None
-        self.ledger.update_batch(str(batch["id"]), status=str(batch.get("status")),
+        self.ledger.update_batch(self.run_key, str(batch["id"]),
+                                 status=str(batch.get("status")),
                                  output_file_id=batch.get("output_file_id"),
                                  error_file_id=batch.get("error_file_id"),
                                  completed=int(counts.get("completed") or 0),

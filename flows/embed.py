@@ -14,6 +14,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.settings import get_current_settings
 
+from embedline.errors import EmbedlineError
 from embedline.models import ChunkOutcome, ChunkSpec, InputPlan
 from embedline.progress import cost_in_process, reset_cost
 from embedline.protocols import ObjectStore
@@ -26,7 +27,7 @@ from flows.run import Run, Work
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
 from tasks.chunk import embed_chunk, show_published_chunk
-from tasks.outcome import ChunkFailure
+from tasks.outcome import ChunkFailure, status_for
 from tasks.report import ProgressArtifact
 from tasks.reuse import ReusePlanner, refresh_index
 
@@ -54,7 +55,15 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
     artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
     report = progress_reporter(plan, work.skipped, artifact)
     report(DispatchResult())
-    staged = _batches(run, work, planner) if settings.batch_api else None
+    try:
+        staged = _batches(run, work, planner) if settings.batch_api else None
+    except EmbedlineError as exc:  # the Batch API refused or could not be reached
+        failure = status_for(exc)
+        artifact.close()
+        stop = failure if failure.kind != "failed" else ChunkFailure(
+            "outage", failure.error, expected=True)  # a rerun resumes: nothing was lost
+        return Dispatched(DispatchResult(stop=stop, not_run=[s.index for s in work.todo]),
+                          None, 0)
     if staged is not None and staged.fatal:  # a batch failed validation: exit 3
         failure = ChunkFailure("fatal", staged.fatal, expected=True)
         artifact.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedline.models import LoadSummary, RunSummary
+from embedline.models import LoadSummary, RunSummary, run_cost
 
 __all__ = ["DEAD_LETTERS_EXCEEDED", "LOAD_COMPLETED", "RUN_COMMITTED", "THRESHOLD_VARIABLE",
            "dead_letters_threshold", "emit_load_completed", "emit_run_committed",
@@ -40,7 +40,9 @@ def run_payload(summary: RunSummary) -> dict[str, Any]:
     payload = {name: getattr(summary, name) for name in _RUN_FIELDS}
     payload["dead_letters"] = summary.rows_failed
     price = summary.price_per_million_tokens
-    payload["cost_usd"] = None if price is None else round(summary.tokens * price / 1e6, 6)
+    payload["batch_tokens"] = summary.batch_tokens
+    payload["cost_usd"] = None if price is None else round(
+        run_cost(summary.tokens, summary.batch_tokens, price)[0], 6)  # batch tokens at half
     return payload
 
 

@@ -158,6 +158,11 @@ class BatchClient:
                           response.status_code)
         if raw and 200 <= response.status_code < 300:
             return response.content
+        if response.status_code == 404 and path.startswith(("/files", "/batches")) \
+                and method == "POST":
+            raise FatalError(f"{safe_url(self.base_url)} has no Batch API ({method} {path}: "
+                             "HTTP 404): run without --batch-api, or point --base-url at a "
+                             "server that offers one")
         payload = json_or_none(response)
         error = classify(response.status_code, response.headers, payload, model="batch",
                          path=path, auth_hint=self._hint)

@@ -76,17 +76,18 @@ class BatchTable(LedgerBase):
                    WHERE run_key = ? AND idx = ? AND part = ?""",
                 (input_file_id, now_iso(), run_key, idx, part))
 
-    def update_batch(self, batch_id: str, *, status: str, output_file_id: str | None,
-                     error_file_id: str | None, completed: int, failed: int,
-                     error: str | None = None) -> None:
-        """Record a poll of batch ``batch_id``."""
+    def update_batch(self, run_key: str, batch_id: str, *, status: str,
+                     output_file_id: str | None, error_file_id: str | None, completed: int,
+                     failed: int, error: str | None = None) -> None:
+        """Record a poll of batch ``batch_id`` of run ``run_key`` (ids are unique per
+        provider account, and one ledger may serve several: keyed with the run)."""
         with self._lock:
             self._conn.execute(
                 """UPDATE batches SET status = ?, output_file_id = ?, error_file_id = ?,
                    completed = ?, failed = ?, error = COALESCE(?, error), updated_at = ?
-                   WHERE batch_id = ?""",
+                   WHERE run_key = ? AND batch_id = ?""",
                 (status, output_file_id, error_file_id, completed, failed, error, now_iso(),
-                 batch_id))
+                 run_key, batch_id))
 
     def drop_batch_part(self, run_key: str, idx: int, part: int) -> None:
         """Forget a part still ``creating`` that no batch holds (it is recorded again)."""

@@ -187,6 +187,19 @@ MIGRATIONS += (
     ),
 )
 
+MIGRATIONS += (
+    (
+        # A batch id is unique within one provider account only, and one ledger serves any
+        # --base-url (gateways, self-hosted servers, accounts): unique per run, not overall
+        # (a second server's "batch_000002" crashed every rerun on the UNIQUE index).
+        "0009_batch_ids_per_run",
+        """
+        DROP INDEX batches_by_id;
+        CREATE UNIQUE INDEX batches_by_run_id ON batches (run_key, batch_id);
+        """,
+    ),
+)
+
 #: One more per migration; migrations are applied by name, each once, in tuple order.
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -77,11 +77,7 @@ class PgAlias:
             row = conn.execute(f"SELECT current FROM {REGISTRY} WHERE alias = %s FOR UPDATE",
                                (self.alias,)).fetchone()
             current = None if row is None else row[0]
-            kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
-                                ('"' + self.alias + '"',)).fetchone()
-            if kind is not None and (kind[0] != "v" or current is None):
-                raise InputError(f"PostgreSQL {self.dsn}: {self.alias!r} exists and is not an "
-                                 "alias embedline made; pick another --alias name")
+            self._refuse_foreign(conn, made_here=current is not None)
             if current == table:
                 return self.state()
             view, target = sql.Identifier(self.alias), sql.Identifier(table)
@@ -95,6 +91,24 @@ class PgAlias:
                          f"previous = {REGISTRY}.current, switched_at = now()",
                          (self.alias, table))
         return AliasState(self.alias, table, current)
+
+    def check_name(self) -> None:
+        """Refuse, before anything is loaded, an alias name taken by a table or by a view
+        embedline did not make.
+
+        :raises InputError: naming it.
+        """
+        conn = self._connection()
+        with conn.transaction():
+            made = self.state().current is not None
+            self._refuse_foreign(conn, made_here=made)
+
+    def _refuse_foreign(self, conn: Any, *, made_here: bool) -> None:
+        kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
+                            ('"' + self.alias + '"',)).fetchone()
+        if kind is not None and (kind[0] != "v" or not made_here):
+            raise InputError(f"PostgreSQL {self.dsn}: {self.alias!r} exists and is not an "
+                             "alias embedline made; pick another --alias name")
 
     def close(self) -> None:
         """Close the connection."""
@@ -128,6 +142,19 @@ class QdrantAlias:
                 previous = found[0].payload.get("previous") if found else None
         return AliasState(self.alias, current, previous)
 
+    def check_name(self) -> None:
+        """Refuse an alias name a collection already has.
+
+        :raises InputError: naming it.
+        """
+        if self.state().current is not None:
+            return
+        with self._lock, self.sink._errors("read collections of"):
+            taken = self.sink._client().collection_exists(self.alias)
+        if taken:
+            raise InputError(f"{self.sink.identity}: a collection is named {self.alias!r}; "
+                             "pick another --alias name")
+
     def switch(self, table: str) -> AliasState:
         """Move the alias to collection ``table`` in one aliases call; record the previous.
 
@@ -138,11 +165,9 @@ class QdrantAlias:
         before = self.state()
         if before.current == table:
             return before
+        self.check_name()
         with self._lock, self.sink._errors("switch alias of"):
             client = self.sink._client()
-            if client.collection_exists(self.alias) and before.current is None:
-                raise InputError(f"{self.sink.identity}: a collection is named "
-                                 f"{self.alias!r}; pick another --alias name")
             operations: list[Any] = []
             if before.current is not None:
                 operations.append(models.DeleteAliasOperation(

@@ -20,7 +20,7 @@ import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from tests.support.fake_batch import FakeBatchServer
-from tests.support.fake_openai import expected_vector
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO
 from tests.support.output import read_local_output
 
@@ -346,3 +346,13 @@ def test_a_crash_right_after_a_create_is_adopted_by_the_rerun(
     counters = server.batch_counters()
     assert counters["creates"] == counters["batches"] == 3  # adopted, not created again
     assert counters["batch_inputs"] == distinct(rows)
+
+
+def test_a_server_without_a_batch_api_stops_the_run_with_exit_3_saying_so(
+        tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str) -> None:
+    write_csv(tmp_path / "in.csv", TEXTS)
+    summary = run_flow(tmp_path, fake_openai, prefect_api_url)  # type: ignore[arg-type]
+    assert summary["exit_code"] == 3 and summary["status"] == "fatal", summary
+    assert "has no Batch API (POST /files: HTTP 404): run without --batch-api" in (
+        summary["message"])
+    assert [e["status"] for e in fake_openai.log] == [404]  # the upload only: nothing embedded

@@ -168,7 +168,7 @@ def test_ledger_records_batches_before_and_after_create() -> None:
         (0, "creating", 2, None), (1, "creating", 3, None)]
     ledger.mark_batch_submitted("r" * 64, 3, 0, batch_id="batch_1", input_file_id="file_1",
                                 status="validating")
-    ledger.update_batch("batch_1", status="completed", output_file_id="file_2",
+    ledger.update_batch("r" * 64, "batch_1", status="completed", output_file_id="file_2",
                         error_file_id=None, completed=2, failed=0)
     first = ledger.run_batches("r" * 64)[0]
     assert (first.state, first.status, first.output_file_id, first.completed) == (

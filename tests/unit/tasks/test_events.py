@@ -34,3 +34,9 @@ def test_load_payload_names_the_sink_and_what_changed() -> None:
     payload = load_payload(summary)
     assert (payload["sink"], payload["mode"], payload["rows_loaded"],
             payload["rows_deleted"]) == ("postgresql://u@h/db?table=t", "upsert", 7, 3)
+
+
+def test_run_payload_prices_batch_tokens_at_half() -> None:
+    payload = run_payload(_committed(price_per_million_tokens=0.02, batch_tokens=2_000_000))
+    assert payload["cost_usd"] == 0.03  # 0.5 M sync at 0.02 + 2 M at 0.01 per million
+    assert payload["batch_tokens"] == 2_000_000
