@@ -39,7 +39,7 @@ demo: $(STAMP)
 # shared: the suite is CPU-bound on one core, and this machine has two.
 PYTEST_WORKERS ?= 2
 test: $(STAMP) $(TEST_SERVERS)
-	$(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
 
 # Unit tests only: no sockets, no servers, about 40 s.
 test-unit: $(STAMP)

@@ -220,6 +220,7 @@ def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: in
           f"{len(answered)} with {charged_once} distinct idempotency keys")
 
 
+@pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_random_sigkills_then_rerun_give_complete_output(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:

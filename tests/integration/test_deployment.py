@@ -232,6 +232,7 @@ def _flow_run_logs(api: str, flow_run_id: str) -> str:
     return "\n".join(entry["message"] for entry in response.json())
 
 
+@pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_time(
     prefect_api_url: str, worker: Path, slow_api: tuple[str, str], tmp_path: Path
 ) -> None:

@@ -90,6 +90,7 @@ def test_a_full_filesystem_mid_run_is_one_line_and_the_rerun_pays_nothing_twice(
         np.testing.assert_allclose(vectors[row_id], expected_vector(text), atol=1e-6)
 
 
+@pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_a_full_lancedb_sink_directory_is_one_line_and_the_rerun_only_loads(
     tmp_path: Path, tiny_tmpfs: Path, fake_openai: FakeEmbeddingServer
 ) -> None:

@@ -196,6 +196,7 @@ def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
+@pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:

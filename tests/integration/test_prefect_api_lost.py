@@ -54,6 +54,7 @@ def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("embedline: error")]
 
 
+@pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only_the_rest(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:

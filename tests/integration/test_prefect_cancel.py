@@ -250,6 +250,7 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
         assert "\tcomplete\t" in status, status
 
 
+@pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
     prefect_api_url: str, fake_openai: FakeEmbeddingServer, moto_endpoint: str,
     s3_bucket: str, tmp_path: Path,

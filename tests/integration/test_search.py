@@ -73,6 +73,7 @@ def test_embedline_search_prints_ranked_ids(demo: Path, sink: str) -> None:
     assert scores == sorted(scores, reverse=True)
 
 
+@pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_search_on_a_sink_embeds_the_query_at_the_loaded_runs_base_url(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:

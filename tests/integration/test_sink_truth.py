@@ -107,7 +107,9 @@ def _sink(kind: str, tmp_path: Path, pg_uri: str, name: str) -> str:
             "lancedb": f"lancedb://{tmp_path}/lance?table={name}"}[kind]
 
 
-@pytest.mark.parametrize("kind", ["lancedb", "pgvector", "qdrant"])
+@pytest.mark.parametrize("kind", [  # pgvector in CI; the others with make test-all (budget)
+    pytest.param("lancedb", marks=pytest.mark.slow), "pgvector",
+    pytest.param("qdrant", marks=pytest.mark.slow)])
 def test_any_ledger_converges_on_the_run_loaded_last_and_restores_rows_deleted_by_others(
     kind: str, tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str
 ) -> None:

@@ -148,6 +148,7 @@ def test_a_second_process_on_the_same_local_directory_is_told_to_rerun(tmp_path:
     second.close()
 
 
+@pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_more_than_20000_points_in_local_mode_do_not_warn(tmp_path: Path) -> None:
     # pytest turns warnings into errors here: qdrant-client's "Local mode is not
     # recommended for collections with more than 20,000 points" would fail this test
