@@ -313,7 +313,10 @@ def test_status_after_a_double_sigint_says_the_run_is_not_running(
     rerun = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
                  fake_openai.base_url, "--output", "out", "--chunk-size", "4")
     assert rerun.returncode == 0, rerun.stderr
-    assert fake_openai.inputs == 60 - 4 * stored, (fake_openai.inputs, stored)
+    # the rerun pays for what no published chunk and no kept request (tasks/paid.py: the
+    # interrupted chunks' answered requests, at most 2 chunks of 4 rows) already paid for
+    unpaid = 60 - 4 * stored
+    assert unpaid - 4 * 2 <= fake_openai.inputs <= unpaid, (fake_openai.inputs, stored)
 
 
 # -- item 9: help ------------------------------------------------------------------------------
