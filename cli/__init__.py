@@ -44,6 +44,9 @@ def entry() -> None:
     atexit.register(_end_process)  # registered first, so it runs after every other handler
     _entered = True
     try:
+        from adapters.memory import keep_memory_flat
+
+        keep_memory_flat()  # before pyarrow is first used (adapters/memory.py)
         code = main()
     except BaseException as exc:  # an interrupt after the command's own handling ended
         from embedline import shutdown

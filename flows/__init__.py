@@ -9,6 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from adapters.memory import keep_memory_flat
+
+keep_memory_flat()  # before pyarrow's first allocation in a deployment's process
+
 __all__ = ["embed_csv"]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
+from adapters.memory import keep_memory_flat
 from embedline.tracebacks import DEBUG_ENV
 
 #: Exceptions a worker gets when its scheduler's connection closes (distributed.comm.core,
@@ -44,3 +45,4 @@ def _install() -> None:
 
 
 _install()
+keep_memory_flat()  # the workers' chunk threads fragment malloc arenas like the CLI's
