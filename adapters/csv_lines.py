@@ -117,7 +117,20 @@ class LineSource(Protocol):
         ...
 
 
-class Lines:
+class _Reader:
+    """What both readers hold: the byte stream, its codec, where it starts in the input (it
+    follows ``line`` lines and ``offset`` bytes) and the hashes to feed."""
+
+    def __init__(self, fh: BinaryIO, *, codec: str, line: int, offset: int,
+                 hashes: Hashes | None) -> None:
+        self._fh = fh
+        self._codec = codec
+        self.first_line = line + 1
+        self.offset = offset
+        self.hashes = hashes
+
+
+class Lines(_Reader):
     """Iterator of decoded physical lines, one at a time (the reference reader).
 
     ``line`` is the number of the last line yielded; ``offset`` the byte offset just after
@@ -126,13 +139,9 @@ class Lines:
 
     def __init__(self, fh: BinaryIO, *, codec: str, path: str, line: int, offset: int,
                  hashes: Hashes | None = None, newline: str = "\n") -> None:
-        self._fh = fh
-        self._codec = codec
+        super().__init__(fh, codec=codec, line=line, offset=offset, hashes=hashes)
         self._path = path
-        self.first_line = line + 1
         self.line = line
-        self.offset = offset
-        self.hashes = hashes
         separator = newline.encode(codec)
         if separator == b"\n":
             self._raw: Iterator[bytes] = iter(fh.readline, b"")  # in C
@@ -205,7 +214,7 @@ def _split_lines(fh: BinaryIO, separator: bytes, *, unit: int) -> Iterator[bytes
         buf = buf[pos:]
 
 
-class Blocks:
+class Blocks(_Reader):
     """Decoded lines of a ``\\n``-separated input, read, hashed and decoded a block at a time
     (the fast path; see the module docstring for when it applies).
 
@@ -217,12 +226,8 @@ class Blocks:
 
     def __init__(self, fh: BinaryIO, *, codec: str, line: int, offset: int,
                  hashes: Hashes | None = None) -> None:
-        self._fh = fh
-        self._codec = codec
+        super().__init__(fh, codec=codec, line=line, offset=offset, hashes=hashes)
         self._block_bytes = BLOCK_BYTES
-        self.first_line = line + 1
-        self.offset = offset
-        self.hashes = hashes
         self._block = b""  # the block read last
         self._start = offset  # its byte offset in the input
         self._lines_before = line  # physical lines before it
