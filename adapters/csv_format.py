@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 from embedline.errors import InputError
 
-__all__ = ["CsvFormat", "sniff_format", "sniff_stream"]
+__all__ = ["CsvFormat", "single_byte_codec", "sniff_format", "sniff_stream"]
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _UTF16_BOMS = {b"\xff\xfe": "utf-16-le", b"\xfe\xff": "utf-16-be"}
@@ -107,7 +107,7 @@ def _sniff_codec(head: bytes, encoding: str, path: str) -> tuple[str, int, list[
                          "pass --encoding with its real encoding (e.g. cp932, latin-1)",
                          path=path, line=1)
     codec = codecs.lookup(best.encoding).name
-    if _single_byte(codec) or _katakana_garbage(head, codec):
+    if single_byte_codec(codec) or _katakana_garbage(head, codec):
         _refuse_guessed_code_page(head, codec, path)
     return codec, 0, [f"encoding {codec} (detected by charset-normalizer; pass --encoding to "
                       "override)"]
@@ -121,7 +121,7 @@ _CODE_PAGES = {"cp1252": "Windows Western", "iso8859-15": "ISO Western",
                "cp1254": "Windows Turkish", "cp850": "DOS Western"}
 
 
-def _single_byte(codec: str) -> bool:
+def single_byte_codec(codec: str) -> bool:
     """A one-byte-per-character code page (Python implements those as a charmap with a
     ``decoding_table``): cp125x, ISO 8859, KOI8, DOS, Mac. Multi-byte ones (cp932,
     GB18030, Big5, EUC) have a byte structure a detector can check; single-byte ones do

@@ -1,145 +1,62 @@
-"""Reading CSV records: physical lines with their numbers and byte offsets, records cut
-from them by the standard library's ``csv`` reader, and the checks every record meets.
+"""Reading CSV records: records cut by the standard library's ``csv`` reader from the
+physical lines of ``adapters.csv_lines``, and the checks every record meets.
 
 Records versus lines: a quoted field may hold line breaks, so chunks are cut by records;
 ``row_number`` counts records (1-based, header excluded) and ``line`` counts physical lines
-(1-based, header = line 1). Lines are split on the encoded newline and decoded strictly one by
-one: the byte 0x0A for UTF-8 and legacy encodings such as cp932 (0x0A is never a trail byte);
-the 2-byte unit ``0A 00`` at an even offset for UTF-16-LE (``00 0A`` for BE); ``\r`` for files
-with CR-only line ends (classic Mac, some exports). The format comes from
-``adapters.csv_format``.
+(1-based, header = line 1). Lines are split on the encoded newline: the byte 0x0A for UTF-8
+and legacy encodings such as cp932 (0x0A is never a trail byte); the 2-byte unit ``0A 00``
+at an even offset for UTF-16-LE (``00 0A`` for BE); ``\r`` for files with CR-only line ends
+(classic Mac, some exports). The format comes from ``adapters.csv_format``; ``open_lines``
+picks the line reader (``Blocks`` where it reads alike, else ``Lines``).
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from adapters.csv_format import CsvFormat
+from adapters.csv_lines import Blocks, Hashes, LineSource, Lines, block_decodable
 from embedline.errors import InputError
 
-__all__ = ["Header", "Lines", "Record", "check_width", "open_lines", "parse_header",
-           "read_records", "row_id_of"]
+__all__ = ["Header", "check_width", "open_lines", "parse_header", "read_records", "row_id_of"]
 
-_BLOCK = 1 << 20
 _MAX_FIELD_CHARS = 64 * 1024 * 1024  # csv's default limit (131,072 chars) is too small for texts
 
 
-class Lines:
-    """Iterator of decoded physical lines that knows its line number and byte offset.
+def read_records(lines: LineSource, path: str,
+                 delimiter: str = ",") -> Iterator[tuple[int, int, list[str]]]:
+    """Yield ``(line, last_line, fields)`` for each non-blank record: the physical lines
+    where it starts and ends, and its fields as written.
 
-    ``line`` is the number of the last line yielded; ``offset`` the byte offset just after
-    it. Every raw line is passed to ``on_bytes`` (hashing) before decoding.
-    """
-
-    def __init__(
-        self,
-        fh: BinaryIO,
-        *,
-        codec: str,
-        path: str,
-        line: int,
-        offset: int,
-        on_bytes: Callable[[bytes], None] | None = None,
-        newline: str = "\n",
-    ) -> None:
-        self._fh = fh
-        self._codec = codec
-        self._path = path
-        self.line = line
-        self.offset = offset
-        self.on_bytes = on_bytes
-        separator = newline.encode(codec)
-        if separator == b"\n":
-            self._raw: Iterator[bytes] = iter(fh.readline, b"")  # the fast path, in C
-        else:
-            self._raw = _split_lines(fh, separator, unit=_unit(codec))
-
-    def __iter__(self) -> Lines:
-        return self
-
-    def __next__(self) -> str:
-        raw = next(self._raw, b"")
-        if not raw:
-            raise StopIteration
-        self.line += 1
-        self.offset += len(raw)
-        if self.on_bytes is not None:
-            self.on_bytes(raw)
-        try:
-            return raw.decode(self._codec)
-        except UnicodeDecodeError as exc:
-            raise InputError(
-                f"byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of this line is not valid "
-                f"{self._codec}; pass --encoding with the file's real encoding (e.g. cp932) "
-                "or re-save the file as UTF-8",
-                path=self._path,
-                line=self.line,
-            ) from None
-
-
-def _unit(codec: str) -> int:
-    """Bytes per code unit: where a line break may start (2 for UTF-16)."""
-    return len("\n".encode(codec))
-
-
-def _split_lines(fh: BinaryIO, separator: bytes, *, unit: int) -> Iterator[bytes]:
-    """Yield ``fh``'s lines, each with its ``separator``, which counts only at an offset that
-    is a multiple of ``unit`` (so UTF-16's ``0A 00`` never matches across two characters)."""
-    buf = b""
-    while True:
-        block = fh.read(_BLOCK)
-        if not block:
-            if buf:
-                yield buf
-            return
-        buf += block
-        pos = search = 0
-        while (found := buf.find(separator, search)) >= 0:
-            if (found - pos) % unit:
-                search = found + 1
-                continue
-            end = found + len(separator)
-            yield buf[pos:end]
-            pos = search = end
-        buf = buf[pos:]
-
-
-@dataclass(slots=True)
-class Record:
-    """One non-blank CSV record: its fields as written, and where it lies in the file."""
-
-    fields: list[str]
-    line: int  # physical line where the record starts
-    start: int  # byte offset of the record's first line
-    stop: int  # byte offset just after its last line
-
-
-def read_records(lines: Lines, path: str, delimiter: str = ",") -> Iterator[Record]:
-    """Yield non-blank records with their first line and byte span.
+    While a record is yielded, ``last_line`` is the last line ``lines`` has read, so
+    ``lines.offset_after(last_line)`` is the byte offset just after the record.
 
     Sets the process's csv field limit first: every path that reads CSV comes through here,
     including a chunk task in a fresh worker process (Dask), where the default limit of
     131,072 characters would refuse a long text that planning accepted.
+
+    :raises InputError: a malformed record (naming the line where it starts), or what
+        ``lines`` raises.
     """
     csv.field_size_limit(_MAX_FIELD_CHARS)
     reader = csv.reader(lines, strict=True, delimiter=delimiter)
-    while True:
-        start, first_line = lines.offset, lines.line + 1
-        try:
-            fields = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise InputError(
-                f"malformed CSV record ({exc}); check the quotes of the record starting here",
-                path=path,
-                line=first_line,
-            ) from None
-        if fields:  # csv yields [] for a blank line; blank lines are skipped
-            yield Record(fields, first_line, start, lines.offset)
+    base = lines.first_line - 1
+    line = lines.first_line  # where the next record starts
+    try:
+        for fields in reader:
+            last_line = base + reader.line_num
+            if fields:  # csv yields [] for a blank line; blank lines are skipped
+                yield line, last_line, fields
+            line = last_line + 1
+    except csv.Error as exc:
+        raise InputError(
+            f"malformed CSV record ({exc}); check the quotes of the record starting here",
+            path=path,
+            line=line,
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,38 +126,38 @@ def parse_header(fields: list[str], *, id_column: str, text_column: str, path: s
     return Header(fields, seen[id_column], text_index, last_named + 1, columns)
 
 
-def check_width(record: Record, header: Header, path: str) -> None:
-    """:raises InputError: ``record`` lacks a field up to the last named column, or has
-    extra non-empty fields (an unquoted comma)."""
-    width, expected = len(record.fields), len(header.names)
+def check_width(fields: list[str], line: int, header: Header, path: str) -> None:
+    """:raises InputError: the record ``fields`` starting at ``line`` lacks a field up to the
+    last named column, or has extra non-empty fields (an unquoted comma)."""
+    width, expected = len(fields), len(header.names)
     if width < header.min_fields:
         raise InputError(
             f"record has {width} fields but the header has {expected}; a field may be missing "
             "or a quote left open on an earlier line",
             path=path,
-            line=record.line,
+            line=line,
         )
-    if width > expected and any(record.fields[expected:]):
+    if width > expected and any(fields[expected:]):
         raise InputError(
             f"record has {width} fields but the header has {expected}; quote fields that "
             "contain commas",
             path=path,
-            line=record.line,
+            line=line,
         )
 
 
-def row_id_of(record: Record, header: Header, path: str) -> str:
-    """Return ``record``'s id, exactly as written.
+def row_id_of(fields: list[str], line: int, header: Header, path: str) -> str:
+    """Return the id of the record ``fields`` starting at ``line``, exactly as written.
 
     :raises InputError: the id is empty (or whitespace) or holds U+001F (a key separator).
     """
-    row_id = record.fields[header.id_index]
+    row_id = fields[header.id_index]
     column = header.names[header.id_index]
     if not row_id.strip():
         raise InputError(
             f"empty id in column {column!r}; every row needs a unique id",
             path=path,
-            line=record.line,
+            line=line,
             column=column,
         )
     if "\x1f" in row_id:
@@ -248,18 +165,26 @@ def row_id_of(record: Record, header: Header, path: str) -> str:
             f"id in column {column!r} contains the control character U+001F, which keys use "
             "as a separator",
             path=path,
-            line=record.line,
+            line=line,
             column=column,
         )
     return row_id
 
 
-def open_lines(
-    fh: BinaryIO, source_path: str, fmt: CsvFormat, on_bytes: Callable[[bytes], None] | None
-) -> Lines:
-    """Skip ``fh``'s BOM (hashing it) and wrap the rest in ``fmt``'s line reader."""
+def open_lines(fh: BinaryIO, source_path: str, fmt: CsvFormat, *, hashes: Hashes | None = None,
+               fast: bool = True, line: int = 0, offset: int = 0) -> LineSource:
+    """Skip ``fh``'s BOM (hashing it, with ``hashes``) and wrap the rest in a line reader:
+    ``Blocks`` if ``fast`` and ``block_decodable`` for ``fmt``, else ``Lines``. ``line`` lines
+    and ``offset`` bytes of the input lie before ``fh``'s start (a chunk read).
+
+    Whoever reads ``Blocks`` catches ``csv_lines.NeedsLineReader`` and reads again with
+    ``fast=False``, for the exact error.
+    """
     bom = fh.read(fmt.bom)
-    if on_bytes is not None and bom:
-        on_bytes(bom)
-    return Lines(fh, codec=fmt.codec, path=source_path, line=0, offset=fmt.bom,
-                  on_bytes=on_bytes, newline=fmt.newline)
+    if hashes is not None:
+        hashes.file.update(bom)
+    offset += len(bom)
+    if fast and block_decodable(fmt.codec, fmt.newline):
+        return Blocks(fh, codec=fmt.codec, line=line, offset=offset, hashes=hashes)
+    return Lines(fh, codec=fmt.codec, path=source_path, line=line, offset=offset, hashes=hashes,
+                 newline=fmt.newline)
