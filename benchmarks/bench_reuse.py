@@ -149,13 +149,15 @@ def cli_bench(args: argparse.Namespace, tmp: Path, repo: Path, *,
 
 
 def export(tmp: Path, rows: int, variant: str, **kwargs: Any) -> tuple[Path, int]:
-    """Write (once) the synthetic export; return ``(path, rows in it)``."""
+    """Write the synthetic export; return ``(path, rows in it)``. The texts it edited
+    (``changed``) are in ``export.edited``."""
     suffix = f"-{kwargs['fraction']}" if "fraction" in kwargs else ""
     path = tmp / f"synthetic-{rows}-{variant}{suffix}.csv"
     started = time.perf_counter()
     done = synthetic.write_export(rows, path, variant, **kwargs)
     print(f"bench: wrote {path.name}: {done['rows']:,} rows, {done['bytes'] / 1e6:,.0f} MB in "
           f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    export.edited = done["edited"]  # type: ignore[attr-defined]
     return path, done["rows"]
 
 
