@@ -72,8 +72,6 @@ from bench_cli import (  # noqa: E402
     _fmt,
     _machine,
     _proc_cpu_s,
-    run_cli,
-    wait_quiet,
 )
 
 DIMS = 64
