@@ -589,7 +589,7 @@ def print_report(runs: list[dict[str, Any]], checks: dict[str, Any], summary: di
         head_commit = (before.get("repo") or {}).get("git_head") or "?"
         label = f"before ({head_commit[:7]})"
         print(f"\nbefore figures: {before['file']} (run {before.get('started_at')})")
-    print(f"\n{'figure':<44} {'now':>12} {label:>18}")
+    print(f"\n{'figure':<44} {'now':>14} {label:>18}")
 
     def cell(s: dict[str, Any], key: str, spec: str, rows_key: str) -> str:
         value = s.get(key)
@@ -599,13 +599,13 @@ def print_report(runs: list[dict[str, Any]], checks: dict[str, Any], summary: di
         return f"{format(value, spec)} @{rows / 1000:,.0f}k" if rows else format(value, spec)
 
     for title, key, spec, rows_key in _TABLE_FIGURES:
-        print(f"{title:<44} {cell(summary, key, spec, rows_key):>12} "
+        print(f"{title:<44} {cell(summary, key, spec, rows_key):>14} "
               f"{cell(b, key, spec, rows_key):>18}")
     print()
     for key, value in targets.items():
         shown = value["value"]
         if isinstance(shown, float):
-            shown = f"{shown:,.2f}"
+            shown = f"{shown:,.3f}" if shown < 10 else f"{shown:,.0f}"
         print(f"target {'MET   ' if value['met'] else 'MISSED'} {key}: {shown}")
 
 
