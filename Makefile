@@ -15,7 +15,7 @@ S3RVER_DIR := tests/support/s3rver
 S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
 TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP)
 
-.PHONY: demo test test-unit test-all test-real-servers bench clean
+.PHONY: demo test test-unit test-all test-real-servers bench bench-scale clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_reuse_index.py
 	$(BIN)/python benchmarks/bench_batch.py
 	$(BIN)/python benchmarks/bench_paid.py
+	$(BIN)/python benchmarks/bench_reuse.py
+
+# issue 24's scale run (not in `make bench`, not in CI): make bench-scale ROWS=10000000
+ROWS ?= 10000000
+bench-scale: $(STAMP)
+	$(BIN)/python benchmarks/bench_scale.py --rows $(ROWS)
 
 clean:
 	rm -rf $(VENV) $(LITELLM_VENV) $(MINISTACK_VENV) $(S3RVER_DIR)/node_modules embedline-output .embedline

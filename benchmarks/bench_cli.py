@@ -221,9 +221,9 @@ def distinct_texts(source: Path) -> int:
 class FakeServer:
     """``python -m tests.support.fake_openai`` in its own process (not sharing our GIL)."""
 
-    def __init__(self, python: str, env: dict[str, str]) -> None:
+    def __init__(self, python: str, env: dict[str, str], *, dims: int = DIMS) -> None:
         self.proc = subprocess.Popen(
-            [python, "-m", "tests.support.fake_openai", "--port", "0", "--dims", str(DIMS)],
+            [python, "-m", "tests.support.fake_openai", "--port", "0", "--dims", str(dims)],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None
@@ -679,7 +679,8 @@ class Bench:
     def measure(self, name: str, dataset: str, rows: int, data: Path, output: Path,
                 ledger: Path, extra: Sequence[str] = ()) -> RunResult:
         fresh_home = not self.prefect_home.exists() and not self.args.prefect_api_url
-        server = FakeServer(self.args.python, _server_env())
+        server = FakeServer(self.args.python, _server_env(),
+                            dims=getattr(self.args, "dims", DIMS))
         try:
             argv = self.cli_argv(data, output, ledger, server.base_url) + list(extra)
             waited = wait_quiet(self.args.quiet_wait) if self.args.quiet_wait > 0 else 0.0

@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Issue 24's scale run: one synthetic export of N rows through a first run, an all-reused
+night, a 0.1 %-changed night and ``embedline gc``, on local output, with what each costs.
+
+``make bench-scale ROWS=10000000`` (not in ``make bench``, not in CI). On the synthetic
+exports of ``benchmarks/synthetic.py`` (about 320 bytes a row, so 10M rows are 3.2 GB a
+file), each command measured by ``bench_cli.run_cli`` against a fresh 64-dim fake OpenAI
+server, ``embedline run --embedder openai --dimensions 64 --chunk-size 5000``, one output
+and one ledger for every step:
+
+1. warm-up (1,000 rows, a throwaway output: Prefect's database is created here);
+2. ``first``: the base export;
+3. ``reused``: the ``shuffled`` export (every row reused); its vectors sampled and checked
+   against the fake server's (``--sample``);
+4. ``changed``: the base export with ``--fraction`` (0.1 %) of its texts edited (only those
+   are charged); sampled and checked likewise;
+5. ``gc``: ``embedline gc OUTPUT --keep-runs 1 --grace 0s --ledger LEDGER`` (``--gc-args``):
+   the two older runs' manifests go, and the chunk objects only they listed.
+
+Reported for each: wall s, rows/s (input rows / wall s, and over the flow's own wall time),
+CPU s (the CLI and its children, i.e. Prefect's temporary server), peak RSS of the CLI,
+inputs charged, rows reused, other processes' CPU. After the last night: the bytes of the
+latest manifest, its change set, the ledger file (with ``-wal``/``-shm``), and of the output
+by top-level folder (again after gc). Planning seconds per GB of input: from a ``planned …
+in S s`` log line when the CLI prints one, and from a probe that runs the measured
+checkout's ``plan_csv`` (hash, parse, duplicate-id check: what the CLI does before its flow)
+alone in its own process on the base export.
+
+Temp files go to ``--workdir`` (default: the system temp dir, or beside the repo when that
+disk is short): one export at a time is on disk (each is deleted after its run), plus the
+output and the ledger; at 10M rows about 3.2 GB for the export and some 15 GB at the peak
+for the three runs' outputs (measure with ``df -h`` first). JSON to
+``benchmarks/results/scale-<ROWS>-<UTC time>.json``::
+
+    python benchmarks/bench_scale.py --rows 10000000 [--fraction 0.001] [--repo PATH]
+        [--workdir DIR] [--sample 2000] [--quiet-wait 60] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+for _path in (REPO, REPO / "benchmarks"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from bench_cli import (  # noqa: E402
+    _fmt,
+    _machine,
+    _machine_busy_s,
+    _self_cpu_s,
+    run_cli,
+    wait_quiet,
+)
+from bench_reuse import (  # noqa: E402
+    CHUNK_SIZE,
+    DIMS,
+    check_vectors,
+    cli_bench,
+    describe,
+    export,
+    git_head,
+    make_workdir,
+    measure,
+    warm_up,
+)
+
+# The probe: the measured checkout's own argument parsing and plan_csv, in a fresh process.
+_PLAN_PROBE = r"""
+import json, resource, sys, time
+out = {"error": None}
+try:
+    from cli.main import _parser
+    from cli.run import _settings_from
+    from adapters.csv_source import plan_csv
+    args = _parser().parse_args(["run", *sys.argv[1:]])
+    settings = _settings_from(args)
+    wall, cpu = time.perf_counter(), time.process_time()
+    plan = plan_csv(settings.input, **settings.plan_arguments)
+    out.update(wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu,
+               rows=plan.rows, bytes=plan.bytes, chunks=len(plan.chunks))
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"[:500]
+out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
+"""
+
+
+def plan_probe(bench: Any, data: Path, output: Path, ledger: Path) -> dict[str, Any]:
+    """Time ``plan_csv`` of the measured checkout on ``data`` with the runs' settings."""
+    argv = [bench.args.python, "-c", _PLAN_PROBE, str(data), "--embedder", "openai",
+            *bench.args.cli_arg, "--output", str(output), "--ledger", str(ledger)]
+    if bench.args.quiet_wait > 0:
+        wait_quiet(bench.args.quiet_wait)
+    print(f"bench: planning probe on {data.name}", file=sys.stderr, flush=True)
+    busy0, self0 = _machine_busy_s(), _self_cpu_s()
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=bench.tmp, env=bench.env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    result: dict[str, Any] = json.loads(lines[-1]) if lines else {
+        "error": f"exit {done.returncode}: {done.stderr[-500:]}"}
+    result["process_wall_s"] = wall
+    result["other_cores"] = max(0.0, _machine_busy_s() - busy0 - (result.get("cpu_s") or 0)
+                                - (_self_cpu_s() - self0)) / wall
+    if result.get("wall_s") and result.get("bytes"):
+        result["s_per_gb"] = result["wall_s"] / (result["bytes"] / 1e9)
+        result["cpu_s_per_gb"] = result["cpu_s"] / (result["bytes"] / 1e9)
+    return result
+
+
+def file_bytes(path: Path) -> int | None:
+    return path.stat().st_size if path.exists() else None
+
+
+def ledger_bytes(ledger: Path) -> dict[str, int | None]:
+    parts = {name: file_bytes(ledger.with_name(ledger.name + suffix))
+             for name, suffix in (("db", ""), ("wal", "-wal"), ("shm", "-shm"))}
+    return {**parts, "total": sum(v for v in parts.values() if v)}
+
+
+def tree_bytes(root: Path) -> dict[str, Any]:
+    """Bytes and files of the output under each top-level folder."""
+    out: dict[str, Any] = {}
+    if not root.exists():
+        return out
+    for top in sorted(root.iterdir()):
+        files = [top] if top.is_file() else [p for p in top.rglob("*") if p.is_file()]
+        out[top.name] = {"bytes": sum(p.stat().st_size for p in files), "files": len(files)}
+    out["total"] = {"bytes": sum(v["bytes"] for v in out.values()),
+                    "files": sum(v["files"] for v in out.values())}
+    return out
+
+
+def run_sizes(output: Path, run_key: str | None, ledger: Path) -> dict[str, Any]:
+    """The latest run's manifest and change set, the ledger, the output by folder."""
+    manifest_path = output / "manifests" / f"{run_key}.json" if run_key else None
+    manifest: dict[str, Any] = {}
+    if manifest_path is not None and manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+    changes = manifest.get("changes") if isinstance(manifest.get("changes"), dict) else {}
+    change_key = (changes or {}).get("object") or (f"changes/{run_key}.parquet" if run_key
+                                                   else None)
+    return {
+        "run_key": run_key,
+        "manifest_bytes": file_bytes(manifest_path) if manifest_path else None,
+        "change_set_object": change_key,
+        "change_set_bytes": file_bytes(output / change_key) if change_key else None,
+        "ledger_bytes": ledger_bytes(ledger),
+        "output": tree_bytes(output),
+    }
+
+
+def run_gc(bench: Any, output: Path, ledger: Path, gc_args: Sequence[str]) -> dict[str, Any]:
+    """``embedline gc OUTPUT … --ledger LEDGER``, measured like the runs (no fake server)."""
+    argv = [bench.args.python, "-m", "cli", "gc", str(output), *gc_args, "--ledger", str(ledger)]
+    if bench.args.quiet_wait > 0:
+        wait_quiet(bench.args.quiet_wait)
+    print(f"bench: gc: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+    busy0, self0 = _machine_busy_s(), _self_cpu_s()
+    log = bench.tmp / "gc.stderr.log"
+    result = run_cli("gc", argv, env=bench.env, cwd=bench.tmp, dataset="output", rows_input=0,
+                     log_path=log, prefect_home_fresh=False)
+    result.other_cpu_s = max(0.0, _machine_busy_s() - busy0 - result.cpu_s
+                             - (_self_cpu_s() - self0))
+    print(f"bench: gc: exit {result.exit_code}, wall {result.wall_s:.1f} s", file=sys.stderr,
+          flush=True)
+    out = describe(result, log)
+    out["stdout"] = result.stdout[-4000:]
+    return out
+
+
+def _rates(run: dict[str, Any]) -> None:
+    run["rows_per_s"] = run["rows"] / run["wall_s"] if run["rows"] and run["wall_s"] else None
+    flow = run.get("flow_wall_s")
+    run["flow_rows_per_s"] = run["rows"] / flow if run["rows"] and flow else None
+
+
+def print_report(runs: list[dict[str, Any]], sizes: dict[str, Any], plan: dict[str, Any] | None,
+                 checks: dict[str, Any], rows: int) -> None:
+    head = ("step", "rows", "exit", "wall s", "rows/s", "flow rows/s", "CPU s", "RSS cli MB",
+            "charged", "reused", "other cores")
+    lines = [head]
+    for r in runs:
+        lines.append((r["name"], f"{r['rows']:,}", str(r["exit_code"]), _fmt(r["wall_s"]),
+                      _fmt(r.get("rows_per_s"), ",.0f"), _fmt(r.get("flow_rows_per_s"), ",.0f"),
+                      _fmt(r["cpu_s"]), _fmt(r["peak_rss_cli_mb"], ".0f"),
+                      "-" if r["inputs_charged"] is None else f"{r['inputs_charged']:,}",
+                      "-" if r["rows_reused"] is None else f"{r['rows_reused']:,}",
+                      _fmt(r["other_cores"], ".2f")))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    print(f"\nscale run, {rows:,} rows")
+    for row in lines:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+
+    def mb(value: Any) -> str:
+        if value is None:
+            return "-"
+        return f"{value / 1e6:,.1f} MB" if value >= 1e6 else f"{value / 1e3:,.1f} KB"
+
+    last = sizes.get("after_last_night", {})
+    if last:
+        print(f"\nafter the last night: manifest {mb(last['manifest_bytes'])}, change set "
+              f"{mb(last['change_set_bytes'])}, ledger {mb(last['ledger_bytes']['total'])}")
+        for when in ("after_last_night", "after_gc"):
+            tree = sizes.get(when, {}).get("output", {})
+            if tree:
+                print(f"  output {when.replace('_', ' ')}: " + ", ".join(
+                    f"{k} {mb(v['bytes'])} ({v['files']:,} files)" for k, v in tree.items()))
+        if sizes.get("after_gc"):
+            print(f"  ledger after gc: {mb(sizes['after_gc']['ledger_bytes']['total'])}")
+    if plan:
+        if plan.get("log_s_per_gb") is not None:
+            print(f"planning (the CLI's 'planned … in S s' line): {plan['log_s']:.1f} s, "
+                  f"{plan['log_s_per_gb']:.1f} s/GB")
+        probe = plan.get("probe") or {}
+        if probe.get("s_per_gb") is not None:
+            print(f"planning (plan_csv alone, own process): {probe['wall_s']:.1f} s wall, "
+                  f"{probe['cpu_s']:.1f} s CPU for {probe['bytes'] / 1e9:.2f} GB: "
+                  f"{probe['s_per_gb']:.1f} s/GB wall, {probe['cpu_s_per_gb']:.1f} CPU s/GB, "
+                  f"peak RSS {probe['peak_rss_mb']:.0f} MB, other cores "
+                  f"{probe['other_cores']:.2f}")
+        elif probe.get("error"):
+            print(f"planning probe failed: {probe['error']}")
+    for name, c in checks.items():
+        print(f"vectors after {name}: {c['checked']:,} checked, {c['mismatches']} mismatches, "
+              f"{c['sha_mismatches']} text_sha256 mismatches, {c['missing']} missing"
+              + (f"; error: {c['error']}" if c["error"] else ""))
+    for r in runs:
+        if r.get("right_inputs") is not None:
+            print(f"{r['name']}: {r['inputs_charged']} inputs charged; ideal "
+                  f"{r['right_inputs']} (the texts the export edited)")
+    noisy = [r["name"] for r in runs if (r["other_cores"] or 0) > 0.25]
+    if noisy:
+        print(f"WARNING: other processes used > 0.25 cores during {', '.join(noisy)}: those "
+              "numbers are skewed")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000,
+                        help="rows of the export (default 10,000,000)")
+    parser.add_argument("--fraction", type=float, default=0.001,
+                        help="share of texts the changed night edits (default 0.001)")
+    parser.add_argument("--sample", type=int, default=2_000,
+                        help="vectors checked after the reused and changed nights (0 skips)")
+    parser.add_argument("--gc-args", default="--keep-runs 1 --grace 0s",
+                        help="options of `embedline gc` (default '--keep-runs 1 --grace 0s')")
+    parser.add_argument("--no-plan-probe", dest="plan_probe", action="store_false",
+                        help="skip timing plan_csv alone")
+    parser.add_argument("--repo", type=Path, default=REPO,
+                        help="checkout whose CLI is measured (default this one)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the temp dir goes (default the system temp dir, or beside "
+                        "the repo when that disk is short)")
+    parser.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="before each command, wait up to SECONDS for an idle machine")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter for the CLI and the fake server")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON results (default benchmarks/results/scale-ROWS-<UTC>.json)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    repo = args.repo.resolve()
+    if not (repo / "cli" / "__main__.py").exists():
+        print(f"bench_scale: error: {repo} is not an embedline checkout", file=sys.stderr)
+        return 2
+    started_at = dt.datetime.now(dt.UTC)
+    out = args.out or REPO / "benchmarks" / "results" / (
+        f"scale-{args.rows}-{started_at:%Y%m%dT%H%M%SZ}.json")
+    tmp = make_workdir(args.workdir, args.rows * 2_000, "embedline-bench-scale-")
+    machine = _machine()
+    bench = cli_bench(args, tmp, repo)
+    output, ledger = tmp / "out", tmp / "ledger.sqlite3"
+    runs: list[dict[str, Any]] = []
+    checks: dict[str, Any] = {}
+    sizes: dict[str, Any] = {}
+    plan: dict[str, Any] = {}
+    print(f"bench: temp dir {tmp}; measuring {repo} ({git_head(repo)['git_head']}) at "
+          f"{args.rows:,} rows", file=sys.stderr, flush=True)
+    try:
+        warm_up(bench, tmp, [])
+        data, n = export(tmp, args.rows, "base")
+        if args.plan_probe:
+            plan["probe"] = plan_probe(bench, data, tmp / "probe-out", tmp / "probe.sqlite3")
+        first = measure(bench, "first", "base", n, data, output, ledger)
+        runs.append(first)
+        if first["planned_in_s"] is not None:
+            plan["log_s"] = first["planned_in_s"]
+            plan["log_s_per_gb"] = first["planned_in_s"] / (data.stat().st_size / 1e9)
+        plan["input_bytes"] = data.stat().st_size
+        data.unlink()
+        for name, variant, extra in (("reused-shuffled", "shuffled", {}),
+                                     (f"changed-{args.fraction:g}", "changed",
+                                      {"fraction": args.fraction})):
+            night, n = export(tmp, args.rows, variant, **extra)
+            run = measure(bench, name, variant, n, night, output, ledger)
+            run["right_inputs"] = export.edited  # type: ignore[attr-defined]
+            runs.append(run)
+            if args.sample:
+                checks[name] = check_vectors(str(output), run["run_key"], args.rows, variant,
+                                             sample=args.sample, expected_rows=n)
+            night.unlink()
+        sizes["after_last_night"] = run_sizes(output, runs[-1]["run_key"], ledger)
+        runs.append(run_gc(bench, output, ledger, shlex.split(args.gc_args)))
+        sizes["after_gc"] = run_sizes(output, runs[-2]["run_key"], ledger)
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    for run in runs:
+        _rates(run)
+    print_report(runs, sizes, plan, checks, args.rows)
+    results = {
+        "benchmark": "bench_scale", "started_at": started_at.isoformat(timespec="seconds"),
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {**machine, "load_avg_at_end": os.getloadavg()},
+        "repo": git_head(repo),
+        "settings": {"rows": args.rows, "fraction": args.fraction, "dims": DIMS,
+                     "chunk_size": CHUNK_SIZE, "sample": args.sample, "gc_args": args.gc_args,
+                     "quiet_wait_s": args.quiet_wait, "cli_args": bench.args.cli_arg,
+                     "temp_dir": str(tmp) if args.keep else None},
+        "runs": runs, "sizes": sizes, "planning": plan, "vector_checks": checks,
+        "fake_servers": bench.servers,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
