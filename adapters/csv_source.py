@@ -16,8 +16,9 @@ Cost: one pass reads, hashes, decodes and parses the input in C a 1 MiB block at
 Python work is per record (``_plan_pass``'s loop: checks, id digest, text hash, chunk key),
 plus a byte-offset lookup per chunk. Measured by ``benchmarks/bench_planning.py``.
 
-Memory: the pass holds one block and its text, one record, and 8 bytes per row (a 64-bit
-digest of each id, for the duplicate check), plus the list of chunk specs.
+Memory: the pass holds one block and its text, one record and the list of chunk specs; the
+per-row facts (id digests for the duplicate check, text hashes for reuse) go to a scratch
+directory (``adapters.row_facts``), so memory does not grow with the rows.
 """
 
 from __future__ import annotations
@@ -26,11 +27,9 @@ import hashlib
 import io
 import os
 import threading
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 
 from adapters.csv_format import CsvFormat, sniff_format, sniff_stream
 from adapters.csv_lines import Hashes, LineSource, NeedsLineReader
@@ -43,6 +42,8 @@ from adapters.csv_records import (
     row_id_of,
 )
 from adapters.input_source import open_input
+from adapters.row_facts import RowFacts
+from adapters.scratch import Scratch
 from embedline.errors import InputError
 from embedline.keys import ChunkKeyBuilder, columns_lines, text_sha256
 from embedline.models import ChunkSpec, InputPlan, InputSource, Row
@@ -75,6 +76,11 @@ class _Planner:
     def _open(self, *, byte_start: int, line_start: int, first_row: int) -> None:
         self._key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
         self._byte_start, self._line_start, self._first_row = byte_start, line_start, first_row
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(chunk index, 0-based position in it) of the next row added."""
+        return len(self.chunks), self._key.rows
 
     def add(self, row_id: str, text_hash: str, kept_hash: str | None, last_line: int) -> None:
         """Add a row to the open chunk (its record ends on physical line ``last_line``, the
@@ -117,6 +123,7 @@ def plan_csv(
     text_template: str | None = None,
     keep_columns: Sequence[str] = (),
     keep_text: bool = False,
+    scratch_root: str | None = None,
 ) -> InputPlan:
     """Stream ``path`` once: validate it, hash it and cut it into chunks of ``chunk_size`` rows.
 
@@ -134,6 +141,12 @@ def plan_csv(
     row's text; ``keep_columns`` are read beside it and, like ``keep_text``, enter the chunk
     keys (``keys.columns_lines``).
 
+    ``scratch_root`` (a directory, normally the ledger's): the pass keeps its per-row facts
+    in a scratch directory under it (``adapters.row_facts``), so memory stays flat at any
+    row count, and the plan's ``scratch`` names it (its ``rows`` spill feeds the reuse
+    stage; release it with ``adapters.scratch.release``). Without it, id digests stay in
+    memory (8 bytes a row) and the plan has no row hashes.
+
     :raises InputError: (exit 2) a template column or kept column missing from the header
         (naming it, listing the header), unreadable file, UTF-16 file, undecodable bytes, missing or
         duplicated header column, malformed record, record with extra non-empty or missing
@@ -142,7 +155,7 @@ def plan_csv(
         record starts.
     """
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter, text_template, tuple(keep_columns), keep_text)
+            delimiter, text_template, tuple(keep_columns), keep_text, scratch_root)
     global _handed_over
     with _handed_over_lock:
         handed, _handed_over = _handed_over, None
@@ -155,7 +168,7 @@ def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: 
                    text_column: str, codec: str, chunk_size: int, model: str,
                    dimensions: int | None, delimiter: str = ",",
                    text_template: str | None = None, keep_columns: Sequence[str] = (),
-                   keep_text: bool = False) -> None:
+                   keep_text: bool = False, scratch_root: str | None = None) -> None:
     """Let the next ``plan_csv`` of this process with the same arguments return ``plan``
     (once), if the local file's size, mtime and inode are still those seen now.
 
@@ -165,7 +178,7 @@ def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: 
     """
     global _handed_over
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter, text_template, tuple(keep_columns), keep_text)
+            delimiter, text_template, tuple(keep_columns), keep_text, scratch_root)
     stamp = _local_file_stamp(args[0])
     with _handed_over_lock:
         _handed_over = None if stamp is None else ((args, stamp), plan)
@@ -189,29 +202,39 @@ def _local_file_stamp(path: str) -> tuple[int, int, int, int] | None:
 def _plan_csv(
     path: str, id_column: str, text_column: str, codec: str, chunk_size: int, model: str,
     dimensions: int | None, delimiter: str, text_template: str | None,
-    keep_columns: tuple[str, ...], keep_text: bool,
+    keep_columns: tuple[str, ...], keep_text: bool, scratch_root: str | None,
 ) -> InputPlan:
     args = (path, id_column, text_column, codec, chunk_size, model, dimensions, delimiter,
             text_template, keep_columns, keep_text)
-    try:
-        return _plan_pass(*args, fast=True)
-    except NeedsLineReader:  # undecodable bytes: the line reader names the first error
-        return _plan_pass(*args, fast=False)
+    for fast in (True, False):
+        scratch = Scratch.create(scratch_root) if scratch_root is not None else None
+        try:
+            return _plan_pass(*args, fast=fast, scratch=scratch)
+        except NeedsLineReader:  # undecodable bytes: the line reader names the first error
+            assert fast, "the line reader never needs itself"
+        except BaseException:
+            if scratch is not None:
+                scratch.close()
+            raise
+        if scratch is not None:
+            scratch.close()
+    raise AssertionError("unreachable")
 
 
 def _plan_pass(
     path: str, id_column: str, text_column: str, codec: str, chunk_size: int, model: str,
     dimensions: int | None, delimiter: str, text_template: str | None,
-    keep_columns: tuple[str, ...], keep_text: bool, *, fast: bool,
+    keep_columns: tuple[str, ...], keep_text: bool, *, fast: bool, scratch: Scratch | None,
 ) -> InputPlan:
-    """One planning pass (``plan_csv``); ``fast``: read by blocks where that reads alike.
+    """One planning pass (``plan_csv``); ``fast``: read by blocks where that reads alike;
+    the per-row facts go to ``scratch`` (``RowFacts``).
 
     :raises NeedsLineReader: ``fast`` met bytes it cannot decode.
     """
     source_path = path
     template = _template(text_template)
     hashes = Hashes()
-    id_digests = array("Q")
+    facts = RowFacts(scratch)
     found = open_input(source_path)
     with found.open() as fh:
         source_path = found.uri
@@ -233,22 +256,24 @@ def _plan_pass(
                            columns=columns_lines(text_template, keep_columns, keep_text))
         planner.start(byte_start=data_start, line_start=header_last_line + 1)
         width, any_text = len(header.names), False
-        text_of, kept_hash, add = shape.text_of, shape.kept_hash, planner.add
+        text_of, kept_hash, add, fact = shape.text_of, shape.kept_hash, planner.add, facts.add
         # The one per-record loop: all that planning does per row happens here, in order
         # (the row goes to chunk len(planner.chunks), after the rows added to it so far).
         for line, last_line, fields in records:
             if len(fields) != width:
                 check_width(fields, line, header, source_path)
             row_id = row_id_of(fields, line, header, source_path)
-            id_digests.append(_id_digest(row_id))
             text = text_of(fields)
-            any_text = any_text or bool(text.strip())  # the rule of tasks.embed
+            nonempty = bool(text.strip())  # the rule of tasks.embed
+            any_text = any_text or nonempty
             text_hash = text_sha256(text)
+            fact(_id_digest(row_id), text_hash if nonempty else None, *planner.position)
             add(row_id, text_hash, kept_hash(fields), last_line)
         size = lines.offset
         planner.close(stop=size)  # trailing blank lines belong to the last chunk
-    _raise_on_duplicates(id_digests, found, fmt, header)
-    if not id_digests:
+    facts.finish()
+    _raise_on_duplicates(facts.suspects(), found, fmt, header)
+    if not facts.count:
         raise InputError(
             "the file has a header and no data rows: nothing to embed. An empty export "
             "committed as a run would read as 'every row removed' (and a sink load would "
@@ -258,7 +283,7 @@ def _plan_pass(
         where = (f"composed by --text-template from {', '.join(map(repr, template.columns))}"
                  if template else f"in column {column!r}")
         raise InputError(
-            f"every text {where} is empty or whitespace ({len(id_digests):,} rows): "
+            f"every text {where} is empty or whitespace ({facts.count:,} rows): "
             "nothing to embed. Committed, it would read as 'every row removed' (and a sink load "
             "would delete every row); check the export and "
             f"{'--text-template' if template else '--text-column'}", path=source_path,
@@ -283,8 +308,9 @@ def _plan_pass(
         source=source,
         sha256=hashes.file.hexdigest(),
         bytes=size,
-        rows=len(id_digests),
+        rows=facts.count,
         chunks=tuple(planner.chunks),
+        scratch=str(scratch.path) if scratch is not None else None,
     )
 
 
@@ -341,16 +367,13 @@ def _id_digest(row_id: str) -> int:
     return hash(row_id) & 0xFFFF_FFFF_FFFF_FFFF
 
 
-def _raise_on_duplicates(digests: array, found: Any, fmt: CsvFormat, header: Header) -> None:
+def _raise_on_duplicates(suspects: set[int], found: Any, fmt: CsvFormat, header: Header) -> None:
     """Raise InputError listing the first duplicated ids with their lines, if any.
 
-    The pass kept only 64-bit digests; a second pass runs only when digests collide, and it
-    confirms real duplicates (a digest collision of distinct ids is not reported).
+    The pass kept only 64-bit digests (``RowFacts.suspects``: those seen twice); a second
+    pass runs only when digests repeat, and it confirms real duplicates (a digest collision
+    of distinct ids is not reported).
     """
-    if len(digests) < 2:
-        return
-    values, counts = np.unique(np.frombuffer(digests, dtype=np.uint64), return_counts=True)
-    suspects = {int(v) for v in values[counts > 1]}
     if not suspects:
         return
     path = found.uri

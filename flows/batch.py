@@ -2,7 +2,7 @@
 
 Runs in the flow process before the chunk tasks (DESIGN §5, "Batch API mode"):
 
-    for each chunk to embed: its reuse plan (``ReusePlanner.resolve``, the plan its task
+    for each chunk to embed: its reuse plan (``ReuseStage.plan_for``, the plan its task
     gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating`` →
     upload + create, one by one, each recorded ``submitted`` → one poller for all of the
     run's batches, the interval growing to ``--batch-poll-interval`` → a chunk whose
@@ -39,7 +39,8 @@ from embedline.models import ChunkSpec, ReusePlan
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP, is_interrupt
 from tasks.batch_requests import BatchRequest, BatchResults, chunk_requests, input_file, pack
-from tasks.reuse import ReusePlanner, chunk_rows
+from adapters.csv_source import read_chunk
+from tasks.reuse_stage import ReuseStage
 
 __all__ = ["BatchStage", "Staged", "batch_metadata"]
 
@@ -77,7 +78,7 @@ class BatchStage:
     """
 
     def __init__(self, *, settings: RunSettings, ledger: Ledger, run_key: str,
-                 planner: ReusePlanner, source: Any, log: Log,
+                 planner: ReuseStage, source: Any, log: Log,
                  client: BatchClient | None = None,
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -105,7 +106,7 @@ class BatchStage:
         try:
             for spec in todo:
                 self._specs[spec.index] = spec
-                self.staged.plans[spec.index] = self.planner.resolve(spec)
+                self.staged.plans[spec.index] = self.planner.plan_for(spec)
                 self._start(spec)
                 self._check_failures(self.ledger.run_batches(self.run_key, spec.index), spec)
                 if self.staged.fatal:
@@ -124,7 +125,7 @@ class BatchStage:
                                   if r.batch_id and r.idx in self._specs)
 
     def _requests(self, spec: ChunkSpec) -> list[BatchRequest]:
-        rows = chunk_rows(self.source, spec)  # read by resolve: taken back, not read again
+        rows = read_chunk(self.source, spec)
         return chunk_requests(rows, self.staged.plans[spec.index], self.settings)
 
     def _start(self, spec: ChunkSpec) -> None:

@@ -29,7 +29,7 @@ from flows.task_runner import task_runner, warm_up
 from tasks.chunk import embed_chunk, show_published_chunk
 from tasks.outcome import ChunkFailure, status_for
 from tasks.report import ProgressArtifact
-from tasks.reuse import ReusePlanner, refresh_index
+from tasks.reuse_stage import ReuseStage
 
 __all__ = ["Dispatched", "embed_and_publish"]
 
@@ -46,17 +46,26 @@ class Dispatched:
 
 
 def embed_and_publish(run: Run, work: Work) -> Dispatched:
-    """Embed and publish ``work.todo`` (then the chunks of another vector length again),
-    with a progress artifact, honouring signals (``dispatch_with_graceful_stop``)."""
+    """Plan and copy what the run reuses (``ReuseStage``), then embed and publish
+    ``work.todo`` (then the chunks of another vector length again), with a progress
+    artifact, honouring signals (``dispatch_with_graceful_stop``)."""
+    assert run.ledger is not None, "embed_and_publish() of a run not recorded"
+    stage = _reuse_stage(run, work)
+    try:
+        return _embed_and_publish(run, work, stage)
+    finally:
+        stage.close()
+
+
+def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     logger = get_run_logger()
     settings, plan, store, ledger = run.settings, run.plan, run.store, run.ledger
-    assert ledger is not None, "embed_and_publish() of a run not recorded"
-    planner = _reuse_planner(run, work)
+    assert ledger is not None
     artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
     report = progress_reporter(plan, work.skipped, artifact)
     report(DispatchResult())
     try:
-        staged = _batches(run, work, planner) if settings.batch_api else None
+        staged = _batches(run, work, stage) if settings.batch_api else None
     except EmbedlineError as exc:  # the Batch API refused or could not be reached
         failure = status_for(exc)
         artifact.close()
@@ -86,14 +95,14 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
             submit=lambda spec: runner.submit(
                 chunk_task, {"spec": spec, "source": plan.source, "settings": settings,
                              "dimensions": work.length.current(), "run_key": run.run_key,
-                             **_chunk_inputs(spec, planner, staged)}
+                             **_chunk_inputs(spec, stage, staged)}
             ),
             window=window,
             logger=logger,
             on_outcome=lambda result: (work.length.answered(result.published.values()),
                                        report(result)),
             on_tick=report,
-            on_gave_up=planner.note_failed,
+            on_gave_up=stage.note_failed,
             grace_s=settings.grace_s,
         )
         _show_published(runner, plan, work.skipped, store)
@@ -107,38 +116,41 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
     return Dispatched(result, cost, staged.batches if staged is not None else 0)
 
 
-def _batches(run: Run, work: Work, planner: ReusePlanner) -> Staged:
+def _batches(run: Run, work: Work, stage: ReuseStage) -> Staged:
     """Batch API mode: submit the work's requests as batches, wait, collect
     (``flows.batch``); logs what it cost at the batch price."""
     assert run.ledger is not None
     stage = BatchStage(settings=run.settings, ledger=run.ledger, run_key=run.run_key,
-                       planner=planner, source=run.plan.source, log=get_run_logger())
+                       planner=stage, source=run.plan.source, log=get_run_logger())
     return stage.run(work.todo)
 
 
-def _chunk_inputs(spec: ChunkSpec, planner: ReusePlanner, staged: Staged | None
+def _chunk_inputs(spec: ChunkSpec, stage: ReuseStage, staged: Staged | None
                   ) -> dict[str, Any]:
     """The reuse plan of a chunk task (the batch stage's, which its batches were built
     from) and, in Batch API mode, its batches' result files."""
     if staged is None:
-        return {"reuse": planner.resolve(spec)}
+        return {"reuse": stage.plan_for(spec)}
     plan = staged.plans.get(spec.index)
-    return {"reuse": planner.resolve(spec) if plan is None else plan,
+    return {"reuse": stage.plan_for(spec) if plan is None else plan,
             "batch_files": staged.files.get(spec.index, ())}
 
 
-def _reuse_planner(run: Run, work: Work) -> ReusePlanner:
-    """Index what the store holds (when reuse is on and there is work), then plan reuse."""
+def _reuse_stage(run: Run, work: Work) -> ReuseStage:
+    """The run's reuse stage, prepared for ``work.todo`` (``tasks/reuse_stage.py``): the
+    index refreshed, every row planned, the vectors to reuse copied once per source."""
     settings = run.settings
     assert run.ledger is not None
-    if settings.reuse and work.todo:
-        started = time.monotonic()
-        added = refresh_index(run.store, run.ledger)
-        get_run_logger().info("reuse index: %d new chunk objects indexed in %.1f s", added,
-                              time.monotonic() - started)
-    return ReusePlanner(ledger=run.ledger, store=run.store, source=run.plan.source,
-                        model=settings.effective_model, dimensions=settings.dimensions,
-                        reuse=settings.reuse, run_key=run.run_key)
+    stage = ReuseStage(store=run.store, ledger=run.ledger, plan=run.plan, run_key=run.run_key,
+                       model=settings.effective_model, dimensions=settings.dimensions,
+                       reuse=settings.reuse, length=work.length.current(),
+                       scratch_root=settings.scratch_root, log=get_run_logger())
+    try:
+        stage.prepare(work.todo)
+    except BaseException:
+        stage.close()
+        raise
+    return stage
 
 
 _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much

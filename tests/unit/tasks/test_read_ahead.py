@@ -1,17 +1,12 @@
-"""The dispatcher parses each chunk once: the rows ``ReusePlanner.resolve`` read are the
-ones the chunk task of the same process uses (``chunk_rows``); the plan the CLI made before
-Prefect started is the flow's, unless the file changed (``hand_over_plan``)."""
+"""The plan the CLI made before Prefect started is the flow's, unless the file changed
+(``hand_over_plan``)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from adapters import csv_source
 from adapters.csv_source import hand_over_plan, plan_csv
-from adapters.ledger import Ledger
-from adapters.object_store import open_store
-from tasks.reuse import ReusePlanner, chunk_rows
 
 PLAN_ARGS = dict(id_column="id", text_column="text", codec="auto", chunk_size=2, model="m",
                  dimensions=None, delimiter="auto")
@@ -21,26 +16,6 @@ def _csv(path: Path, texts: list[str]) -> Path:
     path.write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)),
                     encoding="utf-8")
     return path
-
-
-def test_chunk_rows_takes_the_rows_resolve_read_once_then_reads_again(
-    tmp_path: Path, monkeypatch
-) -> None:
-    plan = plan_csv(_csv(tmp_path / "in.csv", ["a", "b", "c"]), **PLAN_ARGS)
-    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
-    planner = ReusePlanner(ledger=ledger, store=open_store(str(tmp_path / "out")),
-                           source=plan.source, model="m", dimensions=None, reuse=True)
-    spec = plan.chunks[0]
-    planner.resolve(spec)
-    reads = []
-    real = csv_source.read_chunk
-    monkeypatch.setattr("tasks.reuse.read_chunk", lambda *a: reads.append(a) or real(*a))
-    first = chunk_rows(plan.source, spec)
-    assert [r.text for r in first] == ["a", "b"] and reads == []  # no second parse
-    again = chunk_rows(plan.source, spec)  # a Prefect retry of the task: read again
-    assert again == first and len(reads) == 1
-    assert [r.text for r in chunk_rows(plan.source, plan.chunks[1])] == ["c"]  # never resolved
-    ledger.close()
 
 
 def test_a_handed_over_plan_is_used_once_and_not_after_the_file_changed(tmp_path: Path) -> None:

@@ -1,0 +1,169 @@
+"""The reuse stage (flow process, before dispatch): index → plan → copy, then a plan per chunk.
+
+    refresh the reuse index (new chunk objects of the output) → join every row of the
+    chunks to embed against it, against this run's kept requests and against each other
+    (``tasks/reuse_plan.py``) → copy each needed vector once per source object into the
+    chunk's file (``tasks/gather.py``) → for each chunk submitted, a small ``ReusePlan``:
+    its copied-vectors file and the in-run owners it waits for.
+
+Why a stage and not a lookup per chunk at submit time: a chunk's reused rows may come from
+any earlier object (a shuffled export puts every chunk's rows in every object), so looking
+up and reading per chunk reads each source object once per chunk that needs one of its rows
+(chunks × objects reads; a shuffled 500,000-row night cost 2.4× the first run's CPU). Here
+each source is read once per run and the lookups are one sorted join, with memory bounded
+by a bucket, a source object and a write buffer (issue 24).
+
+Prefect-free, like ``flows.run.Run``: the flow drives it. Files live in the plan's scratch
+directory (``adapters.scratch``), deleted with it when the run ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adapters.csv_source import read_chunk
+from adapters.ledger import Ledger
+from adapters.row_facts import ROW_DTYPE, RowFacts
+from adapters.scratch import Scratch, Spill
+from embedline.errors import EmbedlineError
+from embedline.models import ChunkSpec, InputPlan, ReusePlan, ReuseSource
+from embedline.protocols import ObjectStore
+from tasks.gather import Gathered, gather
+from tasks.paid import chunk_name, mark_gave_up
+from tasks.reuse import forget_failures, note_failed
+from tasks.reuse_plan import JoinResult, join_run, read_waits, refresh_index
+
+__all__ = ["ReuseStage"]
+
+Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
+_NO_HEIR = np.iinfo(np.uint32).max
+
+
+class ReuseStage:
+    """One run's reuse stage (module docstring). Build it, call ``prepare(todo)`` once,
+    then ``plan_for(spec)`` for each chunk submitted and ``note_failed(index)`` for each
+    chunk that will not publish; ``close()`` at the end.
+
+    ``length``: the run's vector length when known (vectors of another length are not
+    copied). ``reuse`` False: no earlier run's vectors (in-run deduplication and this run's
+    kept requests still apply). ``scratch_root``: where to plan row hashes when the input
+    plan has none (a plan made without a scratch directory).
+    """
+
+    def __init__(self, *, store: ObjectStore, ledger: Ledger, plan: InputPlan, run_key: str,
+                 model: str, dimensions: int | None, reuse: bool, length: int | None,
+                 scratch_root: str, log: Log) -> None:
+        self.store, self.ledger, self.plan, self.run_key = store, ledger, plan, run_key
+        self.model, self.dimensions, self.reuse, self.length = model, dimensions, reuse, length
+        self.log, self.session = log, secrets.token_hex(8)
+        self._own: Scratch | None = None
+        if plan.scratch is None:
+            self._own = Scratch.create(scratch_root)
+        base = Path(plan.scratch) if plan.scratch is not None else self._own.path  # type: ignore[union-attr]
+        self.directory = base / f"reuse-{self.session}"
+        self._specs: dict[int, ChunkSpec] = {}
+        self._joined: JoinResult | None = None
+        self._gathered: Gathered | None = None
+        self._waits: dict[int, np.ndarray] = {}
+        forget_failures()
+
+    def prepare(self, todo: list[ChunkSpec]) -> None:
+        """Index the store (when reuse is on), plan every row of ``todo`` and copy the
+        vectors; logs ``reuse stage: N rows from M objects in S s``.
+
+        :raises DiskFullError: the scratch filesystem is full.
+        :raises RetryableError, FatalError: the store failed.
+        """
+        self._specs = {s.index: s for s in todo}
+        if not todo:
+            return
+        if self.reuse:
+            added = refresh_index(self.store, self.ledger)
+            self.log.info("reuse index: %d new chunk objects indexed", added)
+        rows = self._row_hashes(todo)
+        self._joined = join_run(
+            directory=self.directory, rows=rows, todo=todo, chunks_total=len(self.plan.chunks),
+            ledger=self.ledger, store=self.store, model=self.model, dimensions=self.dimensions,
+            reuse=self.reuse, run_key=self.run_key)
+        self._gathered = gather(self.store, self._joined, self.directory, length=self.length,
+                                chunks_total=len(self.plan.chunks))
+        got = self._gathered
+        self.log.info("reuse stage: %s rows from %s objects in %.1f s (%s rows wait for an "
+                      "earlier chunk of this run)", f"{got.rows:,}", f"{got.sources_read:,}",
+                      got.seconds, f"{self._joined.waiting:,}")
+
+    def fully_copied(self, spec: ChunkSpec) -> bool:
+        """Whether every non-empty row of ``spec`` has a copied vector (none to send, none
+        to wait for; a copy that fails its full-hash check is still sent by the task)."""
+        if self._joined is None or self._gathered is None or spec.index not in self._specs:
+            return False
+        nonempty = int(self._joined.nonempty[spec.index])
+        return (nonempty > 0 and spec.index not in self._joined.chunks_waiting
+                and int(self._gathered.copied[spec.index]) >= nonempty)
+
+    def plan_for(self, spec: ChunkSpec) -> ReusePlan:
+        """The chunk's ``ReusePlan``: its copied vectors' file and the in-run owners its
+        rows wait for. Chunks the stage did not prepare (redone for another vector length)
+        get an empty plan: they send every row."""
+        if self._joined is None or self._gathered is None or spec.index not in self._specs:
+            return ReusePlan(session=self.session)
+        waits = read_waits(self._joined.waits, spec.index, self._waits)
+        return ReusePlan(self._sources(waits), session=self.session,
+                         prefill=self._gathered.file(spec.index), width=self._gathered.width)
+
+    def note_failed(self, index: int) -> None:
+        """Chunk ``index`` will not publish in this run: chunks waiting for it take what it
+        kept and its heirs embed the rest (``tasks.reuse``); tasks of this process are told
+        at once, tasks elsewhere (Dask) by a gave-up mark in the store."""
+        spec = self._specs.get(index)
+        if spec is None:
+            return
+        note_failed(spec.object_key)
+        mark_gave_up(self.store, self.run_key, chunk_name(spec.object_key), self.session)
+
+    def close(self) -> None:
+        """Delete the stage's files (and its own scratch directory, if it made one)."""
+        if self._own is not None:
+            self._own.close()
+
+    # ── internals ────────────────────────────────────────────────────────────────────────
+    def _row_hashes(self, todo: list[ChunkSpec]) -> Spill:
+        """Planning's spill of text hashes, or (a plan made without one) the same read from
+        the chunks to embed."""
+        if self.plan.scratch is not None:
+            return Spill(Path(self.plan.scratch) / "rows", ROW_DTYPE)
+        assert self._own is not None
+        facts = RowFacts(self._own)
+        for spec in todo:
+            try:
+                rows = read_chunk(self.plan.source, spec)
+            except EmbedlineError:
+                continue  # the chunk task reports it
+            for position, row in enumerate(rows):
+                facts.add(0, row.text_sha256 if row.text.strip() else None, spec.index,
+                          position)
+        facts.finish()
+        assert facts.rows is not None
+        return facts.rows
+
+    def _sources(self, waits: np.ndarray) -> tuple[ReuseSource, ...]:
+        """``waits`` records (one chunk's) as sources: one per owner, heirs per row."""
+        by_owner: dict[int, list[Any]] = {}
+        for record in waits:
+            by_owner.setdefault(int(record["owner"]), []).append(record)
+        sources = []
+        for owner, records in by_owner.items():
+            heirs = tuple(tuple(self._key(int(h)) for h in r["heirs"] if int(h) != _NO_HEIR)
+                          for r in records)
+            sources.append(ReuseSource(self._key(owner),
+                                       tuple(int(r["position"]) for r in records),
+                                       heirs if any(heirs) else ()))
+        return tuple(sources)
+
+    def _key(self, index: int) -> str:
+        return self._specs[index].object_key

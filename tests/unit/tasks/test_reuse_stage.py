@@ -1,0 +1,204 @@
+"""The reuse stage (``tasks/reuse_stage.py``): where each row's vector comes from, and each
+source object read once per run, however the rows were shuffled (issue 24).
+
+Vectors are checked against the fake server's deterministic vectors for their texts
+(``expected_matrix``), never against embedline's own earlier output.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adapters.csv_source import plan_csv, read_chunk
+from adapters.ledger import Ledger
+from adapters.object_store import open_store
+from embedline.keys import row_key, text_sha256
+from embedline.models import InputPlan
+from tasks.embed import EmbeddedRows
+from tasks.paid import PaidRequests, chunk_name, keep_handed
+from tasks.publish import publish_chunk
+from tasks.reuse import note_failed, take_prefill, take_reused
+from tasks.reuse_stage import ReuseStage
+from tests.support.fake_openai import expected_matrix
+
+RUN = "e" * 64
+DIMS = 8
+LOG = logging.getLogger("test")
+
+
+def _args(tmp: Path, chunk_size: int) -> dict[str, Any]:
+    return dict(id_column="id", text_column="text", codec="auto", chunk_size=chunk_size,
+                model="m", dimensions=DIMS, delimiter="auto", scratch_root=str(tmp))
+
+
+def _plan(tmp: Path, name: str, rows: list[tuple[str, str]], chunk_size: int) -> InputPlan:
+    path = tmp / name
+    path.write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in rows), encoding="utf-8")
+    return plan_csv(path, **_args(tmp, chunk_size))
+
+
+class CountingStore:
+    """The local store, counting ``open_read`` per key (the store's reads)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store, self.opened = store, Counter()
+
+    def open_read(self, key: str) -> Any:
+        self.opened[key] += 1
+        return self._store.open_read(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def _publish_truth(store: Any, plan: InputPlan) -> None:
+    """Publish every chunk of ``plan`` with the server's vectors for its texts."""
+    for spec in plan.chunks:
+        rows = read_chunk(plan.source, spec)
+        embedded = EmbeddedRows(rows, expected_matrix([r.text for r in rows], DIMS),
+                                [row_key(r.id, r.text_sha256, "m", DIMS) for r in rows])
+        publish_chunk(store, spec, embedded, model="m", dimensions=DIMS)
+
+
+def _stage(tmp: Path, plan: InputPlan, store: Any, ledger: Ledger, **kw: Any) -> ReuseStage:
+    return ReuseStage(store=store, ledger=ledger, plan=plan, run_key=RUN, model="m",
+                      dimensions=DIMS, reuse=kw.get("reuse", True), length=DIMS,
+                      scratch_root=str(tmp), log=LOG)
+
+
+def test_a_shuffled_night_reads_each_source_object_once_and_copies_true_vectors(
+    tmp_path: Path,
+) -> None:
+    rows = [(f"p{i}", f"text number {i}") for i in range(400)]
+    first = _plan(tmp_path, "first.csv", rows, 20)  # 20 objects
+    local = open_store(str(tmp_path / "out"))
+    local.prepare()
+    _publish_truth(local, first)
+    shuffled = list(rows)
+    random.Random(3).shuffle(shuffled)
+    plan = _plan(tmp_path, "night.csv", shuffled, 25)  # 16 chunks, each from ~all objects
+    store, ledger = CountingStore(local), Ledger(str(tmp_path / "ledger.sqlite3"))
+    stage = _stage(tmp_path, plan, store, ledger)
+    stage.prepare(list(plan.chunks))
+    sources = [k for k in store.opened if k.startswith("chunks/")]
+    assert len(sources) == 20
+    # refresh_index reads each new object once, the copy once: before, the copy read each
+    # object once per chunk that needed a row of it (16 chunks x 20 objects)
+    assert max(store.opened[k] for k in sources) == 2, store.opened
+    for spec in plan.chunks:
+        assert stage.fully_copied(spec)
+        chunk_rows = read_chunk(plan.source, spec)
+        found = take_prefill(chunk_rows, stage.plan_for(spec))
+        assert found.reused == len(chunk_rows)
+        got = np.stack([found.vectors[r.row_number] for r in chunk_rows])
+        np.testing.assert_array_equal(got, expected_matrix([r.text for r in chunk_rows], DIMS))
+    stage.close()
+    ledger.close()
+
+
+def test_only_new_texts_are_left_to_send_and_no_copy_of_another_length(tmp_path: Path) -> None:
+    rows = [(f"p{i}", f"text {i}") for i in range(30)]
+    local = open_store(str(tmp_path / "out"))
+    local.prepare()
+    _publish_truth(local, _plan(tmp_path, "first.csv", rows, 10))
+    edited = list(rows)
+    edited[4] = ("p4", "text 4 edited")
+    plan = _plan(tmp_path, "night.csv", edited, 10)
+    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
+    stage = _stage(tmp_path, plan, local, ledger)
+    stage.prepare(list(plan.chunks))
+    c0 = plan.chunks[0]
+    assert not stage.fully_copied(c0) and stage.fully_copied(plan.chunks[1])
+    got = take_prefill(read_chunk(plan.source, c0), stage.plan_for(c0))
+    assert sorted(got.vectors) == [n for n in range(1, 11) if n != 5]  # row 5 is new
+    stage.close()
+    other = ReuseStage(store=local, ledger=ledger, plan=plan, run_key=RUN, model="m",
+                       dimensions=DIMS, reuse=True, length=DIMS + 1,
+                       scratch_root=str(tmp_path), log=LOG)
+    other.prepare(list(plan.chunks))  # the run's length is not the objects': nothing copied
+    assert take_prefill(read_chunk(plan.source, c0), other.plan_for(c0)).vectors == {}
+    other.close()
+    ledger.close()
+
+
+def test_in_run_owners_and_heirs_are_the_chunks_before_in_order(tmp_path: Path) -> None:
+    texts = ["x", "a", "x", "b", "x", "c", "x", "d"]
+    plan = _plan(tmp_path, "in.csv", list(enumerate(texts)), 2)
+    local = open_store(str(tmp_path / "out"))
+    local.prepare()
+    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
+    stage = _stage(tmp_path, plan, local, ledger)
+    stage.prepare(list(plan.chunks))
+    c0, c1, c2, c3 = plan.chunks
+
+    def sources(spec: Any) -> list[tuple[str, tuple[int, ...], Any]]:
+        return [(s.object_key, s.rows, s.heirs) for s in stage.plan_for(spec).sources]
+
+    assert sources(c0) == []  # the owner of "x"
+    assert sources(c1) == [(c0.object_key, (0,), ())]
+    assert sources(c2) == [(c0.object_key, (0,), ((c1.object_key,),))]
+    assert sources(c3) == [(c0.object_key, (0,), ((c1.object_key, c2.object_key),))]
+    stage.note_failed(c0.index)
+    marks = [i.key for i in local.list("_embedline/paid/")]
+    assert marks == [f"_embedline/paid/{RUN}/{chunk_name(c0.object_key)}/"
+                     f"gave-up-{stage.session}.json"]  # for waiters on Dask workers
+    stage.close()
+    ledger.close()
+
+
+def test_a_text_a_failed_chunk_kept_earlier_is_copied_from_its_kept_request(
+    tmp_path: Path,
+) -> None:
+    plan = _plan(tmp_path, "in.csv", list(enumerate(["a", "x", "x", "b"])), 2)
+    c0, c1 = plan.chunks
+    local = open_store(str(tmp_path / "out"))
+    local.prepare()
+    vector = expected_matrix(["x"], DIMS)
+    PaidRequests(local, RUN, chunk_name(c1.object_key)).keep(
+        ["k"], vector, tokens=1, request_key="q", text_hashes=[text_sha256("x")])
+    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
+    stage = _stage(tmp_path, plan, local, ledger)
+    stage.prepare(list(plan.chunks))
+    # chunk 0 does not send "x" again (before this, it owned it and paid): a copy of chunk
+    # 1's kept request; chunk 1's own kept request is its own task's (tasks.paid.take_paid)
+    rows0 = read_chunk(plan.source, c0)
+    found = take_prefill(rows0, stage.plan_for(c0))
+    np.testing.assert_array_equal(found.vectors[rows0[1].row_number], vector[0])
+    assert stage.plan_for(c0).sources == () and stage.plan_for(c1).prefill is None
+    stage.close()
+    ledger.close()
+
+
+def test_texts_handed_over_are_kept_again_for_the_next_heir(tmp_path: Path) -> None:
+    """Chunk 0 paid for "x" and failed; chunk 1 takes it from chunk 0's kept requests, then
+    fails too; chunk 2 takes it from chunk 1's (it never pays for it again)."""
+    plan = _plan(tmp_path, "in.csv", list(enumerate(["x", "a", "x", "b", "x", "c"])), 2)
+    c0, c1, c2 = plan.chunks
+    local = open_store(str(tmp_path / "out"))
+    local.prepare()
+    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
+    stage = _stage(tmp_path, plan, local, ledger, reuse=False)
+    stage.prepare(list(plan.chunks))
+    vector = np.arange(DIMS, dtype=np.float32)
+    PaidRequests(local, RUN, chunk_name(c0.object_key)).keep(
+        ["k0"], vector[None, :], tokens=1, request_key="q0", text_hashes=[text_sha256("x")])
+    stage.note_failed(c0.index)
+    rows1 = read_chunk(plan.source, c1)
+    found = take_reused(local, rows1, stage.plan_for(c1), model="m", run_key=RUN)
+    assert found.handed == {rows1[0].row_number}
+    np.testing.assert_array_equal(found.vectors[rows1[0].row_number], vector)
+    keep_handed(PaidRequests(local, RUN, chunk_name(c1.object_key)),
+                [rows1[0]], found.vectors, model="m", dimensions=DIMS)
+    stage.note_failed(c1.index)
+    rows2 = read_chunk(plan.source, c2)
+    found = take_reused(local, rows2, stage.plan_for(c2), model="m", run_key=RUN)
+    np.testing.assert_array_equal(found.vectors[rows2[0].row_number], vector)
+    note_failed("")  # (the registry is per process: nothing else to undo)
+    stage.close()
+    ledger.close()
