@@ -30,6 +30,7 @@ import os
 import secrets
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from adapters.disk_full import translate_full
 __all__ = ["Scratch", "Spill", "hash_prefix", "hash_prefixes", "release", "sweep_dead"]
 
 _LOCK = ".lock"
+_MAKING_S = 3600.0  # seconds after which a directory still being made is abandoned
 _live: dict[Path, Scratch] = {}  # directories this process created and has not closed yet
 _live_lock = threading.Lock()
 
@@ -124,11 +126,17 @@ class Scratch:
 
 def sweep_dead(base: Path) -> list[Path]:
     """Delete the scratch directories under ``base`` whose lock no process holds (their
-    owner died); return them. A directory being created (a dot-name) is left."""
+    owner died); return them. A directory being created (a dot-name) is left unless it is
+    over an hour old."""
     swept = []
     for path in base.iterdir():
         lock = path / _LOCK
-        if path.name.startswith(".") or not path.is_dir() or path in _live or not lock.exists():
+        if path.name.startswith("."):  # being made; an hour old: its maker died making it
+            with contextlib.suppress(OSError):
+                if time.time() - path.stat().st_mtime > _MAKING_S:
+                    shutil.rmtree(path, ignore_errors=True)
+            continue
+        if not path.is_dir() or path in _live or not lock.exists():
             continue
         try:
             fd = os.open(lock, os.O_RDWR)

@@ -301,8 +301,10 @@ class ReusePlan:
 
     Small (a file path, object keys and row positions; no vectors, no text), so it travels
     to Dask workers. ``prefill`` is the local file of vectors the reuse stage copied for
-    this chunk (``tasks.gather.Prefill``, vectors ``width`` long; None: nothing copied),
-    ``sources`` the in-run owners it waits for. Rows covered by neither are embedded (and
+    this chunk (``tasks.gather.Prefill``, vectors ``width`` long; None: nothing copied) —
+    or, for workers that do not share the flow process's disk (``--dask-address``),
+    ``copies``, that file's bytes (a few MB: 5,000 rows of 64 dims are 1.4 MB); ``sources``
+    are the in-run owners it waits for. Rows covered by neither are embedded (and
     deduplicated within the chunk).
     """
 
@@ -310,6 +312,7 @@ class ReusePlan:
     session: str = ""  # the planning process's token: names its gave-up marks (tasks/paid.py)
     prefill: str | None = None
     width: int | None = None
+    copies: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ in the ledger as it arrives (DESIGN §4, §5).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +23,12 @@ from embedline.shutdown import STOP
 from flows.batch import BatchStage, Staged
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
+from flows.local_chunks import LocalChunks
 from flows.progress_report import progress_reporter
 from flows.run import Run, Work
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
-from tasks.chunk import embed_chunk, show_published_chunk
+from tasks.chunk import embed_chunk, run_chunk, show_published_chunk
 from tasks.outcome import ChunkFailure, status_for
 from tasks.report import ProgressArtifact
 from tasks.reuse_stage import ReuseStage
@@ -86,17 +88,25 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     )
     reset_cost()
     runner_started = time.monotonic()
-    with task_runner(settings, window) as runner:
+    copied = LocalChunks(lambda spec: run_chunk(
+        spec, plan.source, settings, stage.plan_for(spec), work.length.current(), run.run_key,
+        logger=logger))
+    with task_runner(settings, window) as runner, contextlib.closing(copied):
         warm_up(runner, settings, logger, since=runner_started)
+
+        def submit(spec: ChunkSpec) -> Any:
+            if stage.fully_copied(spec):  # nothing to send: no task run (flows/local_chunks)
+                return copied.submit(spec)
+            return runner.submit(chunk_task, {
+                "spec": spec, "source": plan.source, "settings": settings,
+                "dimensions": work.length.current(), "run_key": run.run_key,
+                **_chunk_inputs(spec, stage, staged)})
+
         dispatcher = Dispatcher(
             ledger=ledger,
             run_key=run.run_key,
             object_uri=lambda spec: store.uri_for(spec.object_key),
-            submit=lambda spec: runner.submit(
-                chunk_task, {"spec": spec, "source": plan.source, "settings": settings,
-                             "dimensions": work.length.current(), "run_key": run.run_key,
-                             **_chunk_inputs(spec, stage, staged)}
-            ),
+            submit=submit,
             window=window,
             logger=logger,
             on_outcome=lambda result: (work.length.answered(result.published.values()),
@@ -144,7 +154,8 @@ def _reuse_stage(run: Run, work: Work) -> ReuseStage:
     stage = ReuseStage(store=run.store, ledger=run.ledger, plan=run.plan, run_key=run.run_key,
                        model=settings.effective_model, dimensions=settings.dimensions,
                        reuse=settings.reuse, length=work.length.current(),
-                       scratch_root=settings.scratch_root, log=get_run_logger())
+                       scratch_root=settings.scratch_root, log=get_run_logger(),
+                       shared_disk=settings.task_runner == "threads" or not settings.dask_address)
     try:
         stage.prepare(work.todo)
     except BaseException:

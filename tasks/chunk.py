@@ -32,7 +32,7 @@ from tasks.publish import publish_chunk
 from adapters.csv_source import read_chunk
 from tasks.reuse import combine, drop_other_lengths, split_duplicates, take_prefill, take_reused
 
-__all__ = ["embed_chunk", "show_published_chunk", "store_for", "warm_worker"]
+__all__ = ["embed_chunk", "run_chunk", "show_published_chunk", "store_for", "warm_worker"]
 
 
 @functools.lru_cache(maxsize=8)
@@ -84,12 +84,13 @@ def embed_chunk(
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
     try:
-        return _embed_chunk(spec, source, settings, reuse, dimensions, run_key, batch_files)
+        return run_chunk(spec, source, settings, reuse, dimensions, run_key, batch_files,
+                         logger=get_run_logger())
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
 
 
-def _embed_chunk(
+def run_chunk(
     spec: ChunkSpec,
     source: InputSource,
     settings: RunSettings,
@@ -97,9 +98,14 @@ def _embed_chunk(
     dimensions: int | None,
     run_key: str | None,
     batch_files: tuple[str, ...] | None = None,
+    *,
+    logger: Any,
 ) -> ChunkOutcome:
+    """``embed_chunk``'s body, without Prefect: also what the flow process runs itself for
+    a chunk whose every row the reuse stage copied (``flows/local_chunks.py``: no task
+    run, nothing to send). ``logger``: a logger or Prefect's run logger. Raises as
+    ``embed_chunk``, and ``StopRequestedError`` (the run is stopping)."""
     quiet_expected_tracebacks()  # this process may be a Dask worker
-    logger = get_run_logger()
     store = store_for(settings.output)
     rows = read_chunk(source, spec)
     expected = settings.dimensions or dimensions

@@ -71,11 +71,15 @@ class Gathered:
 
 
 class Prefill:
-    """A chunk's copied vectors, read from its ``Gathered`` file: ``take(rows)`` returns
-    ``{row_number: vector}`` for the rows whose full text hash matches the copy."""
+    """A chunk's copied vectors, read from its ``Gathered`` file (``path``) or that file's
+    bytes (``data``): ``take(rows)`` returns ``{row_number: vector}`` for the rows whose
+    full text hash matches the copy."""
 
-    def __init__(self, path: str, width: int) -> None:
-        self.records = np.fromfile(path, dtype=vector_dtype(width))
+    def __init__(self, width: int, *, path: str | None = None, data: bytes | None = None
+                 ) -> None:
+        dtype = vector_dtype(width)
+        self.records = (np.frombuffer(data, dtype=dtype) if data is not None
+                        else np.fromfile(str(path), dtype=dtype))
 
     def take(self, rows: list) -> dict[int, np.ndarray]:  # type: ignore[type-arg]
         """Vectors (float32 ``(width,)``) by ``Row.row_number`` for ``rows`` (the chunk's

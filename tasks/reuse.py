@@ -118,16 +118,17 @@ class Reused:
 
 def take_prefill(rows: Sequence[Row], plan: ReusePlan) -> Reused:
     """The vectors the reuse stage copied for this chunk (``plan.prefill``, a ``Prefill``
-    file of ``plan.width``-long vectors), by row number, for rows whose full text hash
+    file of ``plan.width``-long vectors, or ``plan.copies``, its bytes), by row number, for rows whose full text hash
     matches the copy; counted as reused (from an earlier run, or from a request a failed
     attempt of this run kept for another chunk). Empty when the plan copied nothing.
 
     :raises OSError: the file is gone (the run's scratch directory was deleted).
     """
     found = Reused({})
-    if plan.prefill is None or plan.width is None:
+    if (plan.prefill is None and plan.copies is None) or plan.width is None:
         return found
-    found.vectors = Prefill(plan.prefill, plan.width).take(list(rows))
+    copied = Prefill(plan.width, path=plan.prefill, data=plan.copies)
+    found.vectors = copied.take(list(rows))
     found.reused = len(found.vectors)
     by_number = {r.row_number: r for r in rows}
     found.tokens_saved = sum(estimate_tokens(by_number[n].text) for n in found.vectors)

@@ -56,6 +56,7 @@ WAIT_GROUP = 64
 NEED_GROUP = 64
 _NONE = np.iinfo(np.uint32).max  # "no heir" in WAIT_DTYPE["heirs"]
 _INDEX_THREADS = 16
+_INDEX_BATCH = 64  # objects indexed per ledger transaction
 
 #: One row filled from a source: its text's hash prefix, source number, row there, chunk
 #: index and row in the chunk.
@@ -106,13 +107,16 @@ def refresh_index(store: ObjectStore, ledger: Ledger) -> int:
     known = ledger.indexed_objects(store.uri)
     ledger.forget_objects(store.uri, sorted(known - listed))
     todo = sorted(listed - known)
+    batch: list[tuple[str, str, str, pa.Array]] = []
     with ThreadPoolExecutor(_INDEX_THREADS) as pool:
         for key, entry in zip(todo, pool.map(lambda k: _index_entry(store, k), todo),
                               strict=True):
             if entry is not None:
-                model, dims, hashes = entry
-                ledger.index_object(store.uri, key, model=model, dimensions=dims,
-                                    text_hashes=hashes)
+                batch.append((key, *entry))
+            if len(batch) >= _INDEX_BATCH:
+                ledger.index_objects(store.uri, batch)
+                batch = []
+    ledger.index_objects(store.uri, batch)
     return len(todo)
 
 
@@ -197,7 +201,8 @@ def join_run(
     objects = ledger.reuse_objects(store.uri, model=model, dimensions=dims_text(dimensions)
                                    ) if reuse else {}
     sources = [Source(key) for key in objects.values()]
-    source_of = {oid: n for n, oid in enumerate(objects)}
+    source_of = np.full(max(objects, default=0) + 1, -1, dtype=np.int64)  # object id -> number
+    source_of[list(objects)] = np.arange(len(objects))
     kept, kept_hashes = _kept_sources(store, run_key, {chunk_name(s.object_key): s.index
                                                        for s in todo})
     first_kept = len(sources)
@@ -218,7 +223,7 @@ def join_run(
         left = np.ones(len(run), dtype=bool)
         if objects:
             prefixes, oids, positions = ledger.bucket(bucket, list(objects))
-            numbers = np.array([source_of[int(o)] for o in oids], dtype=np.int64)
+            numbers = source_of[oids]
             result.from_index += _take(result.needs, run, left, prefixes, numbers, positions,
                                        owner_of)
         if kept_entries[bucket] is not None:

@@ -52,12 +52,14 @@ class ReuseStage:
     ``length``: the run's vector length when known (vectors of another length are not
     copied). ``reuse`` False: no earlier run's vectors (in-run deduplication and this run's
     kept requests still apply). ``scratch_root``: where to plan row hashes when the input
-    plan has none (a plan made without a scratch directory).
+    plan has none (a plan made without a scratch directory). ``shared_disk`` False (chunk
+    tasks on a Dask cluster elsewhere): plans carry the copied vectors, not their path.
     """
 
     def __init__(self, *, store: ObjectStore, ledger: Ledger, plan: InputPlan, run_key: str,
                  model: str, dimensions: int | None, reuse: bool, length: int | None,
-                 scratch_root: str, log: Log) -> None:
+                 scratch_root: str, log: Log, shared_disk: bool = True) -> None:
+        self.shared_disk = shared_disk
         self.store, self.ledger, self.plan, self.run_key = store, ledger, plan, run_key
         self.model, self.dimensions, self.reuse, self.length = model, dimensions, reuse, length
         self.log, self.session = log, secrets.token_hex(8)
@@ -113,8 +115,12 @@ class ReuseStage:
         if self._joined is None or self._gathered is None or spec.index not in self._specs:
             return ReusePlan(session=self.session)
         waits = read_waits(self._joined.waits, spec.index, self._waits)
-        return ReusePlan(self._sources(waits), session=self.session,
-                         prefill=self._gathered.file(spec.index), width=self._gathered.width)
+        path = self._gathered.file(spec.index)
+        if path is not None and not self.shared_disk:
+            return ReusePlan(self._sources(waits), session=self.session,
+                             width=self._gathered.width, copies=Path(path).read_bytes())
+        return ReusePlan(self._sources(waits), session=self.session, prefill=path,
+                         width=self._gathered.width)
 
     def note_failed(self, index: int) -> None:
         """Chunk ``index`` will not publish in this run: chunks waiting for it take what it

@@ -36,6 +36,16 @@ def bucket_of(prefixes: np.ndarray) -> np.ndarray:
     return (np.asarray(prefixes, dtype=np.uint64) >> _SHIFT).astype(np.int64)
 
 
+def _bucket_rows(object_id: int, prefixes: np.ndarray) -> list[tuple[int, int, bytes, bytes]]:
+    """``reuse_buckets`` rows of one object: (bucket, object id, prefixes, positions)."""
+    positions = np.arange(len(prefixes), dtype="<u4")
+    buckets = bucket_of(prefixes)
+    order = np.argsort(buckets, kind="stable")
+    cut = np.flatnonzero(np.diff(buckets[order])) + 1
+    return [(int(buckets[part[0]]), object_id, prefixes[part].astype("<u8").tobytes(),
+             positions[part].tobytes()) for part in np.split(order, cut) if len(part)]
+
+
 class ReuseIndex(LedgerBase):
     """Index chunk objects' texts, read the index bucket by bucket, forget deleted objects."""
 
@@ -61,27 +71,24 @@ class ReuseIndex(LedgerBase):
         ``dimensions`` is the requested dimensions as in the row key ("" when unset).
         Indexing an object twice (a concurrent run) changes nothing.
         """
-        prefixes = hash_prefixes(text_hashes)
-        positions = np.arange(len(prefixes), dtype="<u4")
-        buckets = bucket_of(prefixes)
-        order = np.argsort(buckets, kind="stable")
+        self.index_objects(output_uri, [(object_key, model, dimensions, text_hashes)])
+
+    def index_objects(self, output_uri: str,
+                      objects: Sequence[tuple[str, str, str, Sequence[str]]]) -> None:
+        """``index_object`` for several ``(object key, model, dimensions, text hashes)`` in
+        one transaction (a commit per object cost 11 ms: 2.2 s for 200 objects)."""
         with self.atomic() as db:
-            cursor = db.execute(
-                """INSERT INTO reuse_objects (output_uri, object_key, model, dimensions, rows,
-                       indexed_at) VALUES (?, ?, ?, ?, ?, ?)
-                   ON CONFLICT (output_uri, object_key) DO NOTHING RETURNING object_id""",
-                (output_uri, object_key, model, dimensions, len(prefixes), now_iso()),
-            )
-            row = cursor.fetchone()
-            if row is None:
-                return
-            cut = np.flatnonzero(np.diff(buckets[order])) + 1
-            db.executemany(
-                "INSERT INTO reuse_buckets VALUES (?, ?, ?, ?)",
-                [(int(buckets[part[0]]), row[0],
-                  prefixes[part].astype("<u8").tobytes(), positions[part].tobytes())
-                 for part in np.split(order, cut) if len(part)],
-            )
+            for object_key, model, dimensions, text_hashes in objects:
+                prefixes = hash_prefixes(text_hashes)
+                row = db.execute(
+                    """INSERT INTO reuse_objects (output_uri, object_key, model, dimensions,
+                           rows, indexed_at) VALUES (?, ?, ?, ?, ?, ?)
+                       ON CONFLICT (output_uri, object_key) DO NOTHING RETURNING object_id""",
+                    (output_uri, object_key, model, dimensions, len(prefixes), now_iso()),
+                ).fetchone()
+                if row is not None:
+                    db.executemany("INSERT INTO reuse_buckets VALUES (?, ?, ?, ?)",
+                                   _bucket_rows(row[0], prefixes))
 
     def forget_objects(self, output_uri: str, object_keys: Sequence[str]) -> None:
         """Drop objects (deleted from the store) from the reuse index."""

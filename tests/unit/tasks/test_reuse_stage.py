@@ -98,6 +98,13 @@ def test_a_shuffled_night_reads_each_source_object_once_and_copies_true_vectors(
         assert found.reused == len(chunk_rows)
         got = np.stack([found.vectors[r.row_number] for r in chunk_rows])
         np.testing.assert_array_equal(got, expected_matrix([r.text for r in chunk_rows], DIMS))
+    stage.shared_disk = False  # Dask workers elsewhere: the plan carries the copies
+    remote = stage.plan_for(plan.chunks[3])
+    assert remote.prefill is None and remote.copies
+    chunk_rows = read_chunk(plan.source, plan.chunks[3])
+    copies = take_prefill(chunk_rows, remote).vectors
+    np.testing.assert_array_equal(np.stack([copies[r.row_number] for r in chunk_rows]),
+                                  expected_matrix([r.text for r in chunk_rows], DIMS))
     stage.close()
     ledger.close()
 
