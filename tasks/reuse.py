@@ -26,6 +26,7 @@ second); a task that sees neither stops waiting after ``IN_RUN_WAIT_S``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -58,6 +59,8 @@ __all__ = [
     "take_prefill",
     "take_reused",
 ]
+
+logger = logging.getLogger("embedline")
 
 #: Seconds a chunk task waits for another chunk of its run to publish a text it owns.
 IN_RUN_WAIT_S = 600.0
@@ -122,12 +125,17 @@ def take_prefill(rows: Sequence[Row], plan: ReusePlan) -> Reused:
     matches the copy; counted as reused (from an earlier run, or from a request a failed
     attempt of this run kept for another chunk). Empty when the plan copied nothing.
 
-    :raises OSError: the file is gone (the run's scratch directory was deleted).
+    A file that is gone (the run's scratch directory deleted under it) copies nothing.
     """
     found = Reused({})
     if (plan.prefill is None and plan.copies is None) or plan.width is None:
         return found
-    copied = Prefill(plan.width, path=plan.prefill, data=plan.copies)
+    try:
+        copied = Prefill(plan.width, path=plan.prefill, data=plan.copies)
+    except FileNotFoundError:  # the run's scratch directory was deleted under it
+        logger.warning("the vectors copied for this chunk are gone (%s): sending its rows",
+                       plan.prefill)
+        return found
     found.vectors = copied.take(list(rows))
     found.reused = len(found.vectors)
     by_number = {r.row_number: r for r in rows}
