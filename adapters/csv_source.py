@@ -267,7 +267,7 @@ def _plan_pass(
             nonempty = bool(text.strip())  # the rule of tasks.embed
             any_text = any_text or nonempty
             text_hash = text_sha256(text)
-            fact(_id_digest(row_id), text_hash if nonempty else None, *planner.position)
+            fact(_id_digest(row_id), row_id, text, text_hash, nonempty, *planner.position)
             add(row_id, text_hash, kept_hash(fields), last_line)
         size = lines.offset
         planner.close(stop=size)  # trailing blank lines belong to the last chunk

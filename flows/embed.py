@@ -29,6 +29,7 @@ from flows.run import Run, Work
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
 from tasks.chunk import embed_chunk, run_chunk, show_published_chunk
+from tasks.copied import publish_copied
 from tasks.outcome import ChunkFailure, status_for
 from tasks.report import ProgressArtifact
 from tasks.reuse_stage import ReuseStage
@@ -88,9 +89,7 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     )
     reset_cost()
     runner_started = time.monotonic()
-    copied = LocalChunks(lambda spec: run_chunk(
-        spec, plan.source, settings, stage.plan_for(spec), work.length.current(), run.run_key,
-        logger=logger))
+    copied = LocalChunks(lambda spec: _publish_copied(run, work, stage, spec, logger))
     with task_runner(settings, window) as runner, contextlib.closing(copied):
         warm_up(runner, settings, logger, since=runner_started)
 
@@ -124,6 +123,21 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     artifact.close()
     cost = cost_in_process() if settings.task_runner == "threads" else None
     return Dispatched(result, cost, staged.batches if staged is not None else 0)
+
+
+def _publish_copied(run: Run, work: Work, stage: ReuseStage, spec: ChunkSpec, logger: Any
+                    ) -> ChunkOutcome:
+    """A chunk whose every row the reuse stage copied: from planning's rows and the copies
+    (``tasks.copied``), else (kept columns, a copy that fails its hash check) the chunk
+    task's body, in this process."""
+    plan = stage.plan_for(spec)
+    outcome = publish_copied(spec, run.plan.source, run.settings, store=run.store,
+                             scratch=run.plan.scratch, prefill=plan.prefill, width=plan.width,
+                             run_key=run.run_key, logger=logger)
+    if outcome is not None:
+        return outcome
+    return run_chunk(spec, run.plan.source, run.settings, plan, work.length.current(),
+                     run.run_key, logger=logger)
 
 
 def _batches(run: Run, work: Work, stage: ReuseStage) -> Staged:

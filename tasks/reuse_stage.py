@@ -151,8 +151,8 @@ class ReuseStage:
             except EmbedlineError:
                 continue  # the chunk task reports it
             for position, row in enumerate(rows):
-                facts.add(0, row.text_sha256 if row.text.strip() else None, spec.index,
-                          position)
+                facts.add(0, row.id, row.text, row.text_sha256, bool(row.text.strip()),
+                          spec.index, position)
         facts.finish()
         assert facts.rows is not None
         return facts.rows

@@ -25,7 +25,7 @@ Tables:
   transaction committed). Both are a cache of what loads did: what a sink holds is decided
   by the sink's own rows (DESIGN §9, ``tasks/sink_state.py``), never by these tables.
 - ``reuse_objects`` / ``reuse_buckets`` (the reuse index, DESIGN §8, migration
-  ``0010_reuse_buckets``): which chunk objects under which output root hold a vector for
+  ``0011_reuse_buckets``): which chunk objects under which output root hold a vector for
   which text, and at which row, by (output URI, model, requested dimensions as in the row
   key: "" or decimal): per object and hash bucket, the texts' 64-bit hash prefixes and row
   positions as packed arrays, about 12 bytes a row, read a bucket at a time. A cache of the

@@ -208,7 +208,7 @@ MIGRATIONS += (
         # and takes each vector by position; indexing an object is 64 inserts, not one per
         # row into a B-tree of random keys (9 s per million rows). The index is a cache of
         # the store: the old rows are dropped and the next run re-indexes from the objects.
-        "0010_reuse_buckets",
+        "0011_reuse_buckets",
         """
         DROP TABLE reuse_texts;
         DELETE FROM reuse_objects;
