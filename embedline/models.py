@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = [
     "BATCH_PRICE_FACTOR",
+    "BatchLayout",
+    "ChunkBatches",
     "ChunkOutcome",
     "ChunkSpec",
     "RETRYABLE_DEAD_LETTERS",
@@ -307,6 +309,25 @@ class ReusePlan:
 
     sources: tuple[ReuseSource, ...] = ()
     session: str = ""  # the planning process's token: names its gave-up marks (tasks/paid.py)
+
+
+#: The requests of a Batch API batch, in order: ``(custom_id, row positions)`` each, the
+#: positions 0-based within the chunk's rows (ids and ints only: no text).
+BatchLayout = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkBatches:
+    """What a chunk task reads its Batch API answers from (``--batch-api``).
+
+    ``files``: the output and error file ids of every batch of the chunk; ``layout``: every
+    request those batches carried, as the ledger recorded it when each batch was submitted
+    (``BatchLayout``), so answers are matched to rows whatever batching settings the run
+    has now. Small, so it travels to Dask workers.
+    """
+
+    files: tuple[str, ...] = ()
+    layout: BatchLayout = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,13 +3,20 @@
 Runs in the flow process before the chunk tasks (DESIGN §5, "Batch API mode"):
 
     for each chunk to embed: its reuse plan (``ReusePlanner.resolve``, the plan its task
-    gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating`` →
-    upload + create, one by one, each recorded ``submitted`` → one poller for all of the
-    run's batches, the interval growing to ``--batch-poll-interval`` → a chunk whose
-    batches all ended has its unanswered requests submitted again as a new part (or left
-    to ``--batch-fallback sync``) → when every chunk is ready, the ordinary chunk tasks run
-    with the chunk's result files (``tasks.batch_answers``): same objects, manifest,
+    gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating``
+    with their layout (each request's custom_id and row positions) → upload + create, one
+    by one, each recorded ``submitted`` → one poller for all of the run's batches, the
+    interval growing to ``--batch-poll-interval`` → a chunk whose batches all ended has its
+    unanswered requests submitted again as a new part (or left to ``--batch-fallback
+    sync``) → when every chunk is ready, the ordinary chunk tasks run with the chunk's
+    result files and recorded layouts (``tasks.batch_answers``): same objects, manifest,
     change set and sinks as a synchronous run.
+
+What a batch carries is read from the ledger (its layout), never derived again from the
+run's settings: a rerun with another ``--batch-size``, ``--batch-max-inputs`` or
+``--max-request-tokens`` collects the batches already submitted, resubmits their
+unanswered requests as they were, and batches with its own settings only rows no batch of
+the run carries.
 
 Exactly once: a create has no idempotency key, so a part is recorded before its create and
 every batch carries ``metadata`` (run key, chunk key, chunk index, part). A part still
@@ -35,10 +42,11 @@ from adapters.embeddings import build_batch_client
 from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
 from adapters.ledger import BatchRecord, Ledger
 from embedline.errors import FatalError, RetryableError
-from embedline.models import ChunkSpec, ReusePlan
+from embedline.models import BatchLayout, ChunkBatches, ChunkSpec, ReusePlan, Row
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP, is_interrupt
-from tasks.batch_requests import BatchRequest, BatchResults, chunk_requests, input_file, pack
+from tasks.batch_requests import (BatchRequest, BatchResults, chunk_requests, input_file,
+                                  layout_of, layout_requests, pack)
 from tasks.reuse import ReusePlanner, chunk_rows
 
 __all__ = ["BatchStage", "Staged", "batch_metadata"]
@@ -59,12 +67,12 @@ def batch_metadata(run_key: str, spec: ChunkSpec, part: int) -> dict[str, str]:
 
 @dataclass(slots=True)
 class Staged:
-    """The stage's outcome: by chunk index, the reuse plan its task gets and the output and
-    error file ids of its batches (chunks not ready are absent); ``fatal``: why the run
-    stopped (a batch failed validation), or None."""
+    """The stage's outcome: by chunk index, the reuse plan its task gets and what its
+    batches answered (result files and recorded layouts; chunks not ready are absent);
+    ``fatal``: why the run stopped (a batch failed validation), or None."""
 
     plans: dict[int, ReusePlan] = field(default_factory=dict)
-    files: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    answers: dict[int, ChunkBatches] = field(default_factory=dict)
     fatal: str | None = None
     batches: int = 0
 
@@ -123,40 +131,77 @@ class BatchStage:
         self.staged.batches = sum(1 for r in self.ledger.run_batches(self.run_key)
                                   if r.batch_id and r.idx in self._specs)
 
-    def _requests(self, spec: ChunkSpec) -> list[BatchRequest]:
-        rows = chunk_rows(self.source, spec)  # read by resolve: taken back, not read again
+    def _rows(self, spec: ChunkSpec) -> list[Row]:
+        return chunk_rows(self.source, spec)  # read by resolve: taken back, not read again
+
+    def _needed(self, spec: ChunkSpec, rows: list[Row]) -> list[BatchRequest]:
+        """What the chunk's task needs answered, batched by the run's settings now."""
         return chunk_requests(rows, self.staged.plans[spec.index], self.settings)
 
+    def _part_requests(self, spec: ChunkSpec, record: BatchRecord,
+                       rows: list[Row]) -> list[BatchRequest]:
+        """The requests part ``record`` carries: its recorded layout; for a part recorded
+        before the ledger kept layouts, as the run's settings batch the chunk (as before)."""
+        if record.layout is not None:
+            return layout_requests(rows, record.layout, self.settings)
+        needed = self._needed(spec, rows)
+        return needed if record.req_start is None else needed[record.req_start:record.req_stop]
+
+    def _recorded(self, spec: ChunkSpec, rows: list[Row],
+                  records: list[BatchRecord]) -> list[BatchRequest]:
+        """Every request the chunk's parts ``records`` carry, each once, in order."""
+        seen: set[str] = set()
+        requests = []
+        for record in records:
+            for request in self._part_requests(spec, record, rows):
+                if request.custom_id not in seen:
+                    seen.add(request.custom_id)
+                    requests.append(request)
+        return requests
+
     def _start(self, spec: ChunkSpec) -> None:
-        """Record and submit the chunk's parts, or adopt those a crashed run created."""
+        """Record and submit the chunk's parts, or adopt those a crashed run created; rows
+        the chunk needs that no recorded part carries (a rerun planned reuse otherwise)
+        go in a part of their own."""
         records = self.ledger.run_batches(self.run_key, spec.index)
+        rows = self._rows(spec)
+        requests = self._needed(spec, rows)
         if not records:
-            requests = self._requests(spec)
             if not requests:
-                self.staged.files[spec.index] = ()
+                self.staged.answers[spec.index] = ChunkBatches()
                 return
             parts = pack(requests, self.settings, max_tokens=self.settings.batch_enqueued_tokens)
             self.ledger.add_batch_parts(self.run_key, spec.index, spec.key, [
-                (p, a, b, b - a, sum(len(r.texts) for r in requests[a:b]))
-                for p, (a, b) in enumerate(parts)])
+                (p, a, b, layout_of(requests[a:b])) for p, (a, b) in enumerate(parts)])
             records = self.ledger.run_batches(self.run_key, spec.index)
             for record in records:
                 self._submit(spec, record, requests[record.req_start:record.req_stop])
             return
         for record in records:
             if record.state == "creating":
-                self._resume_creating(spec, record)
+                self._resume_creating(spec, record, rows)
+        records = self.ledger.run_batches(self.run_key, spec.index)
+        covered = {p for r in self._recorded(spec, rows, records) for p in r.rows}
+        uncovered = {p for r in requests for p in r.rows} - covered
+        if uncovered and records:
+            rest = chunk_requests(rows, self.staged.plans[spec.index], self.settings,
+                                  only=uncovered)
+            self.log.info("chunk %d: %d rows no batch of this run carries: submitting them "
+                          "as part %d", spec.index, len(uncovered),
+                          max(r.part for r in records) + 1)
+            self._submit_rest(spec, records, rest)
 
-    def _resume_creating(self, spec: ChunkSpec, record: BatchRecord) -> None:
+    def _resume_creating(self, spec: ChunkSpec, record: BatchRecord,
+                         rows: list[Row] | None = None) -> None:
         adopted = self._find(spec, record.part)
         if adopted is not None:
             self._adopt(spec, record, adopted)
             return
-        if record.req_start is None:  # a resubmission part: what earlier parts left
+        if record.layout is None and record.req_start is None:  # recorded before layouts
             requests = self._pending(spec, [r for r in self.ledger.run_batches(
                 self.run_key, spec.index) if r.part < record.part])
         else:
-            requests = self._requests(spec)[record.req_start:record.req_stop]
+            requests = self._part_requests(spec, record, rows or self._rows(spec))
         if requests:
             self._submit(spec, record, requests)
         else:
@@ -239,12 +284,12 @@ class BatchStage:
         interval = min(_FIRST_POLL_S, self.settings.batch_poll_interval_s)
         while not self.staged.fatal:
             records = self._poll_all()
-            open_chunks = [i for i in self._specs if i not in self.staged.files]
+            open_chunks = [i for i in self._specs if i not in self.staged.answers]
             for index in open_chunks:
                 self._advance(self._specs[index], [r for r in records if r.idx == index])
                 if self.staged.fatal:
                     return
-            if all(i in self.staged.files for i in self._specs):
+            if all(i in self.staged.answers for i in self._specs):
                 return
             self._show(self.ledger.run_batches(self.run_key))
             self.sleep(interval)
@@ -297,13 +342,19 @@ class BatchStage:
                                  self.settings.batch_fallback == "sync" else "")
             self._ready(spec, records)
             return
-        part = max(r.part for r in records) + 1
         self.log.info("chunk %d: %d requests left unanswered (expired, cancelled or server "
-                      "errors): submitting them as part %d", spec.index, len(pending), part)
-        self.ledger.add_batch_parts(self.run_key, spec.index, spec.key, [
-            (part, None, None, len(pending), sum(len(r.texts) for r in pending))])
+                      "errors): submitting them as part %d", spec.index, len(pending),
+                      max(r.part for r in records) + 1)
+        self._submit_rest(spec, records, pending)
+
+    def _submit_rest(self, spec: ChunkSpec, records: list[BatchRecord],
+                     requests: list[BatchRequest]) -> None:
+        """Record ``requests`` as the chunk's next part (after ``records``) and submit it."""
+        part = max(r.part for r in records) + 1
+        self.ledger.add_batch_parts(self.run_key, spec.index, spec.key,
+                                    [(part, None, None, layout_of(requests))])
         record = self.ledger.run_batches(self.run_key, spec.index)[-1]
-        self._submit(spec, record, pending)
+        self._submit(spec, record, requests)
 
     def _check_failures(self, records: list[BatchRecord], spec: ChunkSpec) -> None:
         """A batch ``failed`` validation: the run stops (``fatal``); one that failed for
@@ -321,18 +372,25 @@ class BatchStage:
                 self._token_limited()
 
     def _pending(self, spec: ChunkSpec, records: list[BatchRecord]) -> list[BatchRequest]:
-        """The chunk's requests no batch of ``records`` answered or rejected for good."""
+        """The requests of ``records`` (as recorded) that no batch answered or rejected for
+        good, and that carry a row the chunk still needs."""
         results = BatchResults()
         for record in records:
             for file_id in (record.output_file_id, record.error_file_id):
                 if file_id:
                     results.add_output(self.client.file_content(file_id),
                                        dimensions=self.settings.dimensions)
-        return results.resolve(self._requests(spec)).pending
+        rows = self._rows(spec)
+        needed = {p for r in self._needed(spec, rows) for p in r.rows}
+        return [r for r in results.resolve(self._recorded(spec, rows, records)).pending
+                if needed.intersection(r.rows)]
 
     def _ready(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
-        self.staged.files[spec.index] = tuple(
-            f for r in records for f in (r.output_file_id, r.error_file_id) if f)
+        files = tuple(f for r in records for f in (r.output_file_id, r.error_file_id) if f)
+        layouts = [r.layout for r in records]
+        if any(layout is None for layout in layouts):  # recorded before layouts
+            layouts = [layout_of(self._recorded(spec, self._rows(spec), records))]
+        self.staged.answers[spec.index] = ChunkBatches(files, _merged(layouts))
 
     # ── report ───────────────────────────────────────────────────────────────────────────
     def _show(self, records: list[BatchRecord]) -> None:
@@ -371,3 +429,12 @@ def _late_ids(record: BatchRecord) -> bool:
 def _all_answered(record: BatchRecord) -> bool:
     return (record.status == "completed" and record.failed == 0
             and record.completed == record.requests)
+
+
+def _merged(layouts: list[BatchLayout | None]) -> BatchLayout:
+    """The requests of ``layouts``, each custom_id once, in order."""
+    seen: dict[str, tuple[int, ...]] = {}
+    for layout in layouts:
+        for custom_id, rows in layout or ():
+            seen.setdefault(custom_id, rows)
+    return tuple(seen.items())

@@ -15,7 +15,7 @@ from prefect import get_run_logger
 from prefect.settings import get_current_settings
 
 from embedline.errors import EmbedlineError
-from embedline.models import ChunkOutcome, ChunkSpec, InputPlan
+from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputPlan
 from embedline.progress import cost_in_process, reset_cost
 from embedline.protocols import ObjectStore
 from embedline.shutdown import STOP
@@ -119,12 +119,12 @@ def _batches(run: Run, work: Work, planner: ReusePlanner) -> Staged:
 def _chunk_inputs(spec: ChunkSpec, planner: ReusePlanner, staged: Staged | None
                   ) -> dict[str, Any]:
     """The reuse plan of a chunk task (the batch stage's, which its batches were built
-    from) and, in Batch API mode, its batches' result files."""
+    from) and, in Batch API mode, its batches' result files and recorded layouts."""
     if staged is None:
         return {"reuse": planner.resolve(spec)}
     plan = staged.plans.get(spec.index)
     return {"reuse": planner.resolve(spec) if plan is None else plan,
-            "batch_files": staged.files.get(spec.index, ())}
+            "batches": staged.answers.get(spec.index, ChunkBatches())}
 
 
 def _reuse_planner(run: Run, work: Work) -> ReusePlanner:

@@ -47,6 +47,7 @@ def server(running_batch_server: FakeBatchServer) -> Iterator[FakeBatchServer]:
     s.create_fails_after_creating = s.output_id_race = 0
     s.batch_texts_fail, s.batch_texts_fail_times, s.hold = {}, None, False
     s.reject_texts_containing = None
+    s.poll_status = s.list_status = None
 
 
 def write_csv(path: Path, texts: list[str]) -> list[tuple[str, str]]:
@@ -356,3 +357,32 @@ def test_a_server_without_a_batch_api_stops_the_run_with_exit_3_saying_so(
     assert "has no Batch API (POST /files: HTTP 404): run without --batch-api" in (
         summary["message"])
     assert [e["status"] for e in fake_openai.log] == [404]  # the upload only: nothing embedded
+
+
+@pytest.mark.parametrize("changed", [
+    # the rerun's requests would be other ones (3 inputs each, parts of at most 2 inputs),
+    # and each batch expired after its first request: only the rest is submitted again
+    {"batch_size": 3, "batch_max_inputs": 2, "expire": True},
+    # one input per request, with the synchronous fallback (before: it paid them all again)
+    {"batch_size": 1, "batch_fallback": "sync"},
+], ids=["batch-size-and-max-inputs", "batch-size-fallback-sync"])
+def test_a_rerun_with_other_batching_settings_collects_the_batches_and_pays_nothing_twice(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        changed: dict[str, Any]) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    server.hold, server.poll_status = True, 503  # submitted, then the API goes away
+    first = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
+    assert first["exit_code"] == 1, first["message"]
+    assert server.batch_counters()["creates"] == 3
+    server.hold, server.poll_status = False, None
+    server.expire_after = 1 if changed.pop("expire", False) else None
+    summary = run_flow(tmp_path, server, prefect_api_url, **changed)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["batch_inputs"] == distinct(rows)  # nothing paid twice
+    assert counters["requests"] == 0  # nothing sent synchronously
+    # the expired batches' unanswered requests went again as they were: one more batch for
+    # each chunk with two requests; none else
+    assert counters["creates"] == (5 if server.expire_after else 3)
+

@@ -36,6 +36,8 @@ Failure injection (attributes, set by tests before or between runs):
   that status (e.g. 500) in the error file, ``batch_texts_fail_times`` times per custom_id
   (default: always).
 - ``hold``: batches stay ``in_progress`` until set back to False (a run waiting).
+- ``poll_status`` / ``list_status``: while set, ``GET /v1/batches/{id}`` (a poll) / ``GET
+  /v1/batches`` (the list) answer this HTTP status (e.g. 503: the API went away).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ class FakeBatchServer(FakeEmbeddingServer):
         self.batch_texts_fail_times: int | None = None
         self._failed_times: dict[str, int] = {}
         self.hold = False
+        self.poll_status: int | None = None
+        self.list_status: int | None = None
         self._finish_lock = threading.Lock()
 
     def start(self) -> FakeBatchServer:
@@ -236,6 +240,10 @@ class FakeBatchServer(FakeEmbeddingServer):
                 data = self.contents.get(content.group(1))
             return (200, data) if data is not None else _error(404, "No such File object")
         one = re.search(r"/batches/([^/]+)$", path)
+        if one and self.poll_status is not None:
+            return _error(self.poll_status, "The server is unavailable.")
+        if path.endswith("/batches") and self.list_status is not None:
+            return _error(self.list_status, "The server is unavailable.")
         if one:
             batch = self.batches.get(one.group(1))
             if batch is None:
