@@ -33,7 +33,9 @@ class BatchAnswers(EmbeddingClientBase):
     """An ``EmbeddingClient`` over ``resolved`` batch results (see the module docstring).
 
     ``batch_tokens`` counts the tokens of the batch answers it handed out (at the batch
-    price); ``fallback`` builds the synchronous client for unanswered texts (None: they
+    price). Each answer's ``Embeddings`` counts the texts batches answered as ``inputs``
+    (sent, through the Batch API) and only synchronous fallback calls as ``requests``;
+    ``fallback`` builds the synchronous client for unanswered texts (None: they
     fail the chunk with ``RetryableError``).
     """
 
@@ -83,8 +85,10 @@ class BatchAnswers(EmbeddingClientBase):
             raise BadResponseError(f"a batch answer is not {width} long")
         self.batch_tokens += tokens
         vectors = np.ascontiguousarray(np.stack(found), dtype=np.float32)  # type: ignore[arg-type]
+        # the texts a batch answered were sent (and billed, at the batch price): counted as
+        # inputs sent like the synchronous ones (before: 0 "inputs sent" in batch mode)
         return Embeddings(vectors, tokens=tokens + sync.tokens, requests=sync.requests,
-                          inputs=sync.inputs)
+                          inputs=len(texts) - len(missing) + sync.inputs)
 
     def _send(self, texts: Sequence[str], missing: list[int], key: str,
               expect_dimensions: int | None) -> Embeddings:

@@ -103,6 +103,7 @@ def test_batch_mode_publishes_exact_vectors_with_no_synchronous_request(
     assert counters["batch_inputs"] == distinct(rows)  # each distinct text paid once
     assert counters["creates"] == counters["batches"] == 3  # one batch per chunk
     assert summary["batch_tokens"] == summary["tokens"] > 0
+    assert summary["inputs"] == distinct(rows)  # answered by batches: sent (before: 0)
     # a rerun has nothing to do: no batch, no request
     assert run_flow(tmp_path, server, prefect_api_url)["exit_code"] == 0
     assert server.batch_counters()["creates"] == 3
@@ -385,4 +386,5 @@ def test_a_rerun_with_other_batching_settings_collects_the_batches_and_pays_noth
     # the expired batches' unanswered requests went again as they were: one more batch for
     # each chunk with two requests; none else
     assert counters["creates"] == (5 if server.expire_after else 3)
+    assert summary["inputs"] == distinct(rows)
 

@@ -152,7 +152,8 @@ def test_answers_send_only_what_no_batch_answered_to_the_fallback() -> None:
     client = BatchAnswers(results.resolve(requests), model=MODEL, dimensions=None,
                           fallback=lambda: Sync())  # type: ignore[arg-type,return-value]
     answer = client.embed(["a", "new", "b"], idempotency_key="k")
-    assert sent == [["new"]] and answer.requests == 1 and answer.inputs == 1
+    assert sent == [["new"]] and answer.requests == 1
+    assert answer.inputs == 3  # two answered by the batch, one sent synchronously
     np.testing.assert_array_equal(answer.vectors[2], vec(1))
     assert client.batch_tokens == 3 and answer.tokens == 10
     without = BatchAnswers(results.resolve(requests), model=MODEL, dimensions=None)
@@ -201,7 +202,7 @@ def test_recorded_layouts_answer_the_rows_whatever_the_batching_settings_now() -
     client = BatchAnswers(results.resolve(rebuilt), model=MODEL, dimensions=None)
     answer = client.embed(["e", "c", "a", "b", "d"], idempotency_key="other batching")
     np.testing.assert_array_equal(answer.vectors[:, 0], [5, 3, 1, 2, 4])
-    assert answer.requests == 0
+    assert answer.requests == 0 and answer.inputs == 5
     # a layout that does not describe these rows (another row at a position) matches none
     edited = rows(["a", "B", "c", "d", "e"])
     assert [r.custom_id for r in layout_requests(edited, layout, rerun)] == [
