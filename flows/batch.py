@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ from tasks.batch_requests import (BatchRequest, BatchResults, chunk_requests, in
                                   layout_of, layout_requests, pack)
 from tasks.reuse import ReusePlanner, chunk_rows
 
-__all__ = ["BatchStage", "Staged", "batch_metadata"]
+__all__ = ["BatchStage", "Staged", "batch_metadata", "listed_parts"]
 
 Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 _FIRST_POLL_S = 0.05  # seconds; the interval grows by half each poll to --batch-poll-interval
@@ -63,6 +63,30 @@ def batch_metadata(run_key: str, spec: ChunkSpec, part: int) -> dict[str, str]:
     is recognized in the account's list (at most 16 keys of 512 characters: OpenAI)."""
     return {"embedline_run": run_key, "embedline_chunk": spec.key,
             "embedline_index": str(spec.index), "embedline_part": str(part)}
+
+
+def listed_parts(client: BatchClient, run_key: str) -> dict[tuple[int, int], dict[str, Any]]:
+    """The account's batches of run ``run_key`` by (chunk index, part), as their
+    ``metadata`` says (``batch_metadata``): the newest of each, back 31 days. How a part
+    recorded ``creating`` (a crash or a create that failed between the provider's create
+    and the ledger's record) is found and adopted, by a run or ``cancel-batches``.
+
+    :raises RetryableError, FatalError: the list could not be read.
+    """
+    found: dict[tuple[int, int], dict[str, Any]] = {}
+    oldest = time.time() - _LIST_BACK_S
+    for batch in client.list_batches():
+        if int(batch.get("created_at") or 0) < oldest:
+            break
+        meta = batch.get("metadata") or {}
+        if meta.get("embedline_run") != run_key:
+            continue
+        try:
+            key = (int(meta["embedline_index"]), int(meta["embedline_part"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        found.setdefault(key, batch)
+    return found
 
 
 @dataclass(slots=True)
@@ -95,7 +119,7 @@ class BatchStage:
         self.sleep, self.clock = sleep, clock
         self.staged = Staged()
         self._specs: dict[int, ChunkSpec] = {}
-        self._listed: dict[tuple[str, str], dict[str, Any]] | None = None
+        self._listed: dict[tuple[int, int], dict[str, Any]] | None = None
         self._not_before = 0.0  # no create before this clock time (token limit)
         self._token_waits = 0
         self._seen_limits: set[str] = set()
@@ -248,19 +272,8 @@ class BatchStage:
     def _find(self, spec: ChunkSpec, part: int) -> dict[str, Any] | None:
         """The account's batch that carries this run's, chunk's and part's metadata."""
         if self._listed is None:
-            self._listed = {}
-            for batch in self._list_back_to(time.time() - _LIST_BACK_S):
-                meta = batch.get("metadata") or {}
-                if meta.get("embedline_run") == self.run_key:
-                    key = (str(meta.get("embedline_index")), str(meta.get("embedline_part")))
-                    self._listed.setdefault(key, batch)
-        return self._listed.get((str(spec.index), str(part)))
-
-    def _list_back_to(self, oldest: float) -> Iterator[dict[str, Any]]:
-        for batch in self.client.list_batches():
-            if int(batch.get("created_at") or 0) < oldest:
-                return
-            yield batch
+            self._listed = listed_parts(self.client, self.run_key)
+        return self._listed.get((spec.index, part))
 
     def _token_limited(self) -> None:
         self._token_waits += 1

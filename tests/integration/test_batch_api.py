@@ -388,3 +388,34 @@ def test_a_rerun_with_other_batching_settings_collects_the_batches_and_pays_noth
     assert counters["creates"] == (5 if server.expire_after else 3)
     assert summary["inputs"] == distinct(rows)
 
+
+def test_cancel_batches_adopts_a_batch_still_recorded_creating_and_cancels_it(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from adapters.ledger import Ledger
+    from cli.main import main
+
+    write_csv(tmp_path / "in.csv", TEXTS[:4])  # one chunk, one batch
+    # the create makes the batch but answers 500, and the list that would find it fails:
+    # the run stops with the batch running and its part recorded `creating`
+    server.create_fails_after_creating, server.list_status, server.hold = 1, 503, True
+    first = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
+    assert first["exit_code"] == 1, first["message"]
+    ledger_path = tmp_path / "ledger.sqlite3"
+    ledger = Ledger(ledger_path)
+    run_key = ledger.runs()[0].run_key
+    assert [r.state for r in ledger.run_batches(run_key)] == ["creating"]
+    ledger.close()
+    (batch,) = server.batches.values()
+    assert batch["status"] in ("validating", "in_progress")
+    server.list_status = None
+    capsys.readouterr()
+    assert main(["cancel-batches", run_key[:12], "--ledger", str(ledger_path)]) == 0
+    out = capsys.readouterr()
+    assert batch["status"] == "cancelling", out  # before: skipped, left running
+    assert f"{batch['id']}\tcancelling" in out.out
+    ledger = Ledger(ledger_path)  # adopted: the rerun polls it, submits nothing
+    (record,) = ledger.run_batches(run_key)
+    ledger.close()
+    assert (record.state, record.batch_id) == ("submitted", batch["id"])
+
