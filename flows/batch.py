@@ -24,6 +24,14 @@ every batch carries ``metadata`` (run key, chunk key, chunk index, part). A part
 batch list and adopted; only a part no batch carries is submitted. A rerun after a crash or
 Ctrl-C (batches keep running at the provider) polls and collects what the ledger records.
 
+Stopping: the flow runs the stage under ``flows.signals.dispatch_with_graceful_stop``, as it
+runs the chunk dispatcher, so the first SIGINT/SIGTERM (or a cancel from Prefect) calls
+``BatchStage.stop``: a create in progress ends and is recorded, nothing more is submitted,
+the wait ends, and the stage returns ``Staged.interrupted`` with the batches left running
+at the provider said in ``STOP.note_left_running`` (the run's summary and last line name
+``embedline cancel-batches RUN``). Before, the interrupt was raised through the wait and
+the command printed no summary.
+
 A batch ``failed`` for ``token_limit_exceeded`` (or a create refused so) is submitted again
 after earlier batches finish (exponential backoff, within the 24 h window); any other
 ``failed`` stops the run with the server's reason (exit 3), nothing more submitted.
@@ -32,9 +40,10 @@ after earlier batches finish (exponential backoff, within the 24 h window); any 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +54,7 @@ from embedline.errors import FatalError, RetryableError
 from embedline.models import BatchLayout, ChunkBatches, ChunkSpec, ReusePlan, Row
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP, is_interrupt
+from flows.signals import under_prefect_runner
 from tasks.batch_requests import (BatchRequest, BatchResults, chunk_requests, input_file,
                                   layout_of, layout_requests, pack)
 from tasks.reuse import ReusePlanner, chunk_rows
@@ -99,24 +109,27 @@ class Staged:
     answers: dict[int, ChunkBatches] = field(default_factory=dict)
     fatal: str | None = None
     batches: int = 0
+    interrupted: bool = False  # stopped (``BatchStage.stop``) before every chunk was ready
 
 
 class BatchStage:
     """Submits, polls and collects the batches of ``todo`` (see the module docstring).
 
     ``client``: the Batch API client (default: ``build_batch_client(settings)``);
-    ``sleep`` and ``clock`` (seconds) are injected by tests.
+    ``sleep`` and ``clock`` (seconds) are injected by tests (the default sleep ends early
+    when ``stop`` is called).
     """
 
     def __init__(self, *, settings: RunSettings, ledger: Ledger, run_key: str,
                  planner: ReusePlanner, source: Any, log: Log,
                  client: BatchClient | None = None,
-                 sleep: Callable[[float], None] = time.sleep,
+                 sleep: Callable[[float], object] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.ledger, self.run_key = settings, ledger, run_key
         self.planner, self.source, self.log = planner, source, log
         self.client = client or build_batch_client(settings)
-        self.sleep, self.clock = sleep, clock
+        self._stopped = threading.Event()
+        self.sleep, self.clock = sleep or self._stopped.wait, clock
         self.staged = Staged()
         self._specs: dict[int, ChunkSpec] = {}
         self._listed: dict[tuple[int, int], dict[str, Any]] | None = None
@@ -127,15 +140,19 @@ class BatchStage:
         self._shown: tuple[object, ...] = ()
 
     # ── the stage ────────────────────────────────────────────────────────────────────────
-    def run(self, todo: list[ChunkSpec]) -> Staged:
-        """Submit and wait for the batches of ``todo``; return what the chunk tasks need.
+    def run(self, todo: Sequence[ChunkSpec]) -> Staged:
+        """Submit and wait for the batches of ``todo``; return what the chunk tasks need
+        (``interrupted`` after ``stop``: the batches keep running, noted for the summary).
 
-        :raises KeyboardInterrupt, Terminated: the batches keep running (logged); a rerun
-            collects them.
+        :raises KeyboardInterrupt, Terminated: raised into the stage (not through ``stop``):
+            the batches keep running (logged); a rerun collects them.
         :raises EmbedlineError: the Batch API failed past its retries.
         """
+        STOP.note_left_running(None)  # an earlier run's, in a long-lived process
         try:
             for spec in todo:
+                if self._stopped.is_set():
+                    break
                 self._specs[spec.index] = spec
                 self.staged.plans[spec.index] = self.planner.resolve(spec)
                 self._start(spec)
@@ -148,8 +165,17 @@ class BatchStage:
             if is_interrupt(exc):
                 self._left_running()
             raise
+        if self._stopped.is_set():
+            self.staged.interrupted = True
+            self._left_running()
         self._count()
         return self.staged
+
+    def stop(self, *, grace_s: float | None = None) -> None:
+        """Submit nothing more and stop waiting (from a signal handler or another thread):
+        ``run`` returns once a create in progress is recorded. ``grace_s`` is ignored:
+        nothing here is worth waiting for, the batches run on at the provider."""
+        self._stopped.set()
 
     def _count(self) -> None:
         self.staged.batches = sum(1 for r in self.ledger.run_batches(self.run_key)
@@ -236,8 +262,11 @@ class BatchStage:
                 requests: list[BatchRequest]) -> None:
         """Upload the part's input file and create its batch (sent once); a create that
         failed or timed out is looked for in the list and adopted; a token-limit refusal
-        leaves the part ``creating`` until earlier batches finish."""
+        leaves the part ``creating`` until earlier batches finish; so does a ``stop``
+        (the next run submits it)."""
         self._wait_for_token_budget()
+        if self._stopped.is_set():
+            return
         file_id = record.input_file_id
         if file_id is None:
             name = f"embedline-{self.run_key[:12]}-{spec.index:05d}-{record.part}.jsonl"
@@ -295,7 +324,7 @@ class BatchStage:
     # ── wait ─────────────────────────────────────────────────────────────────────────────
     def _wait(self) -> None:
         interval = min(_FIRST_POLL_S, self.settings.batch_poll_interval_s)
-        while not self.staged.fatal:
+        while not self.staged.fatal and not self._stopped.is_set():
             records = self._poll_all()
             open_chunks = [i for i in self._specs if i not in self.staged.answers]
             for index in open_chunks:
@@ -422,9 +451,11 @@ class BatchStage:
         running = [r for r in self.ledger.run_batches(self.run_key)
                    if r.batch_id and r.status not in TERMINAL_STATUSES]
         if running:
+            rerun = ("a new run with the same parameters (or a Retry) collects them" if
+                     under_prefect_runner() else "rerun the same command to collect them")
             what = (f"{len(running)} batches keep running at the provider (billed when they "
-                    "complete): rerun the same command to collect them without paying again, "
-                    f"or `embedline cancel-batches {self.run_key[:12]}` to cancel them")
+                    f"complete): {rerun} without paying again, or `embedline cancel-batches "
+                    f"{self.run_key[:12]}` to cancel them")
             self.log.warning("stopped while waiting: %s", what)
             STOP.note_left_running(what)  # the command's last line says it too
 

@@ -69,6 +69,10 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
         artifact.close()
         return Dispatched(DispatchResult(stop=failure, not_run=[s.index for s in work.todo]),
                           None, staged.batches)
+    if staged is not None and staged.interrupted:  # a signal while waiting: the summary
+        artifact.close()  # says it, and that the batches keep running (STOP.left_running)
+        return Dispatched(DispatchResult(not_run=[s.index for s in work.todo]), None,
+                          staged.batches)
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
     chunk_task = embed_chunk.with_options(
         retries=settings.chunk_retries,
@@ -109,11 +113,15 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
 
 def _batches(run: Run, work: Work, planner: ReusePlanner) -> Staged:
     """Batch API mode: submit the work's requests as batches, wait, collect
-    (``flows.batch``); logs what it cost at the batch price."""
+    (``flows.batch``); a first signal stops it as it stops the dispatcher
+    (``dispatch_with_graceful_stop``): ``Staged.interrupted``, the batches left running."""
     assert run.ledger is not None
+    logger = get_run_logger()
     stage = BatchStage(settings=run.settings, ledger=run.ledger, run_key=run.run_key,
-                       planner=planner, source=run.plan.source, log=get_run_logger())
-    return stage.run(work.todo)
+                       planner=planner, source=run.plan.source, log=logger)
+    return dispatch_with_graceful_stop(
+        stage, work.todo, grace_s=run.settings.grace_s, logger=logger,
+        stopping="nothing more is submitted; the run's batches keep running at the provider")
 
 
 def _chunk_inputs(spec: ChunkSpec, planner: ReusePlanner, staged: Staged | None

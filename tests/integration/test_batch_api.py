@@ -214,11 +214,11 @@ def cli_args(tmp_path: Path, server: FakeBatchServer) -> list[str]:
             "--batch-size", "2", "--batch-api", "--batch-poll-interval", "0.1"]
 
 
-def start_waiting_run(tmp_path: Path, server: FakeBatchServer,
-                      env: dict[str, str]) -> subprocess.Popen[str]:
+def start_waiting_run(tmp_path: Path, server: FakeBatchServer, env: dict[str, str],
+                      *extra: str) -> subprocess.Popen[str]:
     """A CLI run whose 3 batches are submitted and held ``in_progress``: it waits."""
     server.hold = True
-    proc = subprocess.Popen(cli_args(tmp_path, server), cwd=tmp_path, env=env, text=True,
+    proc = subprocess.Popen([*cli_args(tmp_path, server), *extra], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 90
@@ -237,8 +237,9 @@ def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
     proc = start_waiting_run(tmp_path, server, env)
     os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
+    assert "status     interrupted: interrupted by SIGINT" in stdout, stdout  # the summary
     assert "3 batches keep running at the provider" in stderr
     assert "cancel-batches" in stderr
     assert all(b["status"] == "in_progress" for b in server.batches.values())
@@ -419,3 +420,20 @@ def test_cancel_batches_adopts_a_batch_still_recorded_creating_and_cancels_it(
     ledger.close()
     assert (record.state, record.batch_id) == ("submitted", batch["id"])
 
+
+def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_progress(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    """The lighter sibling of the slow Ctrl-C test: one CLI run, stopped while it waits."""
+    write_csv(tmp_path / "in.csv", TEXTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
+    proc = start_waiting_run(tmp_path, server, env)
+    os.killpg(proc.pid, signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    # the usual summary on stdout (before: nothing, only a line on stderr)
+    assert "status     interrupted" in stdout, stdout
+    assert "chunks     0 published now" in stdout and "3 not run, of 3" in stdout
+    last = stderr.strip().splitlines()[-1]
+    assert "3 batches keep running at the provider" in last, stderr[-2000:]
+    assert "embedline cancel-batches " in last
+    assert all(b["status"] == "in_progress" for b in server.batches.values())
