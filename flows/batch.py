@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +51,7 @@ from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, Tok
 from adapters.ledger import BatchRecord, Ledger
 from embedline.errors import FatalError, RetryableError
 from embedline.models import BatchLayout, ChunkBatches, ChunkSpec, ReusePlan, Row
+from embedline.progress import BatchCount
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP, is_interrupt
 from flows.signals import under_prefect_runner
@@ -116,19 +116,22 @@ class BatchStage:
     """Submits, polls and collects the batches of ``todo`` (see the module docstring).
 
     ``client``: the Batch API client (default: ``build_batch_client(settings)``);
-    ``sleep`` and ``clock`` (seconds) are injected by tests (the default sleep ends early
-    when ``stop`` is called).
+    ``on_progress``: called after each poll with the run's batches by status (the CLI's
+    progress bar or lines); ``sleep`` and ``clock`` (seconds) are injected by tests (the
+    default sleep ends early when ``stop`` is called).
     """
 
     def __init__(self, *, settings: RunSettings, ledger: Ledger, run_key: str,
                  planner: ReusePlanner, source: Any, log: Log,
                  client: BatchClient | None = None,
+                 on_progress: Callable[[tuple[BatchCount, ...]], None] | None = None,
                  sleep: Callable[[float], object] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.ledger, self.run_key = settings, ledger, run_key
         self.planner, self.source, self.log = planner, source, log
         self.client = client or build_batch_client(settings)
         self._stopped = threading.Event()
+        self.on_progress = on_progress
         self.sleep, self.clock = sleep or self._stopped.wait, clock
         self.staged = Staged()
         self._specs: dict[int, ChunkSpec] = {}
@@ -137,7 +140,7 @@ class BatchStage:
         self._token_waits = 0
         self._seen_limits: set[str] = set()
         self._started = clock()
-        self._shown: tuple[object, ...] = ()
+        self._shown: tuple[BatchCount, ...] = ()
 
     # ── the stage ────────────────────────────────────────────────────────────────────────
     def run(self, todo: Sequence[ChunkSpec]) -> Staged:
@@ -436,16 +439,22 @@ class BatchStage:
 
     # ── report ───────────────────────────────────────────────────────────────────────────
     def _show(self, records: list[BatchRecord]) -> None:
-        """One INFO line when the run's batches change: batches by status, requests done."""
+        """The run's batches by status, with their requests and how many are done: to
+        ``on_progress`` after every poll, and one INFO line when they change."""
         mine = [r for r in records if r.idx in self._specs]
-        statuses = Counter(r.status or r.state for r in mine)
-        done = sum(r.completed for r in mine)
-        shown = (tuple(sorted(statuses.items())), done)
-        if shown != self._shown:
-            self._shown = shown
+        by_status: dict[str, list[BatchRecord]] = {}
+        for record in mine:
+            by_status.setdefault(record.status or record.state, []).append(record)
+        counts = tuple(BatchCount(status, len(group), sum(r.requests for r in group),
+                                  sum(r.completed for r in group))
+                       for status, group in sorted(by_status.items()))
+        if self.on_progress is not None:
+            self.on_progress(counts)
+        if counts != self._shown:
+            self._shown = counts
             self.log.info("batches: %s; %d of %d requests done",
-                          ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())), done,
-                          sum(r.requests for r in mine))
+                          ", ".join(f"{c.batches} {c.status}" for c in counts),
+                          sum(c.completed for c in counts), sum(c.requests for c in counts))
 
     def _left_running(self) -> None:
         running = [r for r in self.ledger.run_batches(self.run_key)

@@ -22,7 +22,7 @@ from embedline.shutdown import STOP
 from flows.batch import BatchStage, Staged
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
-from flows.progress_report import progress_reporter
+from flows.progress_report import ProgressReport, progress_reporter
 from flows.run import Run, Work
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
@@ -56,7 +56,7 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
     report = progress_reporter(plan, work.skipped, artifact)
     report(DispatchResult())
     try:
-        staged = _batches(run, work, planner) if settings.batch_api else None
+        staged = _batches(run, work, planner, report) if settings.batch_api else None
     except EmbedlineError as exc:  # the Batch API refused or could not be reached
         failure = status_for(exc)
         artifact.close()
@@ -111,14 +111,16 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
     return Dispatched(result, cost, staged.batches if staged is not None else 0)
 
 
-def _batches(run: Run, work: Work, planner: ReusePlanner) -> Staged:
+def _batches(run: Run, work: Work, planner: ReusePlanner, report: ProgressReport) -> Staged:
     """Batch API mode: submit the work's requests as batches, wait, collect
-    (``flows.batch``); a first signal stops it as it stops the dispatcher
-    (``dispatch_with_graceful_stop``): ``Staged.interrupted``, the batches left running."""
+    (``flows.batch``), the batches by status in the progress ``report``; a first signal
+    stops it as it stops the dispatcher (``dispatch_with_graceful_stop``):
+    ``Staged.interrupted``, the batches left running."""
     assert run.ledger is not None
     logger = get_run_logger()
     stage = BatchStage(settings=run.settings, ledger=run.ledger, run_key=run.run_key,
-                       planner=planner, source=run.plan.source, log=logger)
+                       planner=planner, source=run.plan.source, log=logger,
+                       on_progress=report.batches)
     return dispatch_with_graceful_stop(
         stage, work.todo, grace_s=run.settings.grace_s, logger=logger,
         stopping="nothing more is submitted; the run's batches keep running at the provider")

@@ -426,7 +426,8 @@ def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_p
     """The lighter sibling of the slow Ctrl-C test: one CLI run, stopped while it waits."""
     write_csv(tmp_path / "in.csv", TEXTS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
-    proc = start_waiting_run(tmp_path, server, env)
+    proc = start_waiting_run(tmp_path, server, env, "--progress-interval", "0.2")
+    time.sleep(0.5)  # a progress line or two while waiting
     os.killpg(proc.pid, signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr
@@ -436,4 +437,6 @@ def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_p
     last = stderr.strip().splitlines()[-1]
     assert "3 batches keep running at the provider" in last, stderr[-2000:]
     assert "embedline cancel-batches " in last
+    # the progress lines show the batches by status with their request counts
+    assert "; batches 3 in_progress (0 of 5 requests done)" in stderr, stderr[-3000:]
     assert all(b["status"] == "in_progress" for b in server.batches.values())
