@@ -175,13 +175,16 @@ def _plural(count: int, word: str) -> str:
 
 
 def _api_line(summary: dict[str, Any]) -> str:
-    """What the embedder was asked: HTTP requests, the texts they carried, tokens; an
-    in-process model (no requests) embedded its inputs locally."""
+    """What the embedder was asked: HTTP requests, the texts they carried (in Batch API
+    mode, how many of them batches answered), tokens; an in-process model (no requests)
+    embedded its inputs locally."""
     requests, inputs = summary["requests"], summary.get("inputs", 0)
-    if requests == 0 and inputs:
+    batch_inputs = int(summary.get("batch_inputs") or 0)
+    if requests == 0 and inputs and not batch_inputs:
         return f"model      {_plural(inputs, 'input')} embedded in-process (no API requests)"
-    return (f"api        {_plural(requests, 'request')}, {_plural(inputs, 'input')} sent, "
-            f"{_plural(summary['tokens'], 'token')} reported")
+    return (f"api        {_plural(requests, 'request')}, {_plural(inputs, 'input')} sent"
+            + (f" ({batch_inputs:,} of them in Batch API batches)" if batch_inputs else "")
+            + f", {_plural(summary['tokens'], 'token')} reported")
 
 
 def print_summary(summary: dict[str, Any], *, command_s: float | None = None) -> None:

@@ -275,6 +275,7 @@ class ChunkOutcome:
     dimensions: int | None = None  # the object's vector length (None: not read yet)
     rows_sent: int | None = None  # rows the server embedded for the object (None: unknown)
     batch_tokens: int = 0  # of ``tokens``: those answered by Batch API batches (half price)
+    batch_inputs: int = 0  # of ``inputs``: the texts Batch API batches answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,9 +408,11 @@ class RunSummary:
     generation: int = 0
     supersedes: str | None = None
     rows_empty: int = 0  # empty texts skipped (--on-empty-text skip), counted in rows_failed
-    # Batch API mode: of ``tokens``, those billed at the batch price (half), and the batches
+    # Batch API mode: of ``tokens``, those billed at the batch price (half), of ``inputs``
+    # the texts batches answered, and the batches
     batch_tokens: int = 0
     batches: int = 0
+    batch_inputs: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

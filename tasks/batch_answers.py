@@ -45,6 +45,7 @@ class BatchAnswers(EmbeddingClientBase):
         self._resolved, self._fallback = resolved, fallback
         self._sync: EmbeddingClient | None = None
         self.batch_tokens = 0
+        self.batch_inputs = 0  # texts answered from the batches (not sent again)
 
     @property
     def accepted_requests(self) -> int:
@@ -84,6 +85,7 @@ class BatchAnswers(EmbeddingClientBase):
         if width is not None and any(len(v) != width for v in found if v is not None):
             raise BadResponseError(f"a batch answer is not {width} long")
         self.batch_tokens += tokens
+        self.batch_inputs += len(texts) - len(missing)
         vectors = np.ascontiguousarray(np.stack(found), dtype=np.float32)  # type: ignore[arg-type]
         # the texts a batch answered were sent (and billed, at the batch price): counted as
         # inputs sent like the synchronous ones (before: 0 "inputs sent" in batch mode)

@@ -148,7 +148,8 @@ def _embed_chunk(
         paid.clear()  # published: what the failed attempts paid for is in the object now
     outcome = replace(outcome, inputs=inputs, reused=found.reused,
                       deduplicated=found.deduplicated, tokens_saved=found.tokens_saved,
-                      batch_tokens=answers.batch_tokens if answers is not None else 0)
+                      batch_tokens=answers.batch_tokens if answers is not None else 0,
+                      batch_inputs=answers.batch_inputs if answers is not None else 0)
     logger.info(
         "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens",
         spec.index,

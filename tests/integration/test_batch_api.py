@@ -21,7 +21,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from tests.support.fake_batch import FakeBatchServer
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
-from tests.support.fixtures import REPO
+from tests.support.fixtures import REPO, run_cli
 from tests.support.output import read_local_output
 
 pytestmark = pytest.mark.integration
@@ -80,8 +80,16 @@ def run_flow(tmp_path: Path, server: FakeBatchServer, api_url: str, **kw: Any) -
     return getattr(summary, "summary", summary)  # type: ignore[no-any-return]
 
 
-def assert_exact(tmp_path: Path, rows: list[tuple[str, str]]) -> None:
-    _, vectors = read_local_output(tmp_path / "out")
+def assert_exact(tmp_path: Path, rows: list[tuple[str, str]], output: str | None = None) -> None:
+    """Every non-empty row's vector is the fake's for its text (``output``: an s3:// root,
+    read through ``read_embeddings``; else ``tmp_path / "out"``)."""
+    if output is None:
+        _, vectors = read_local_output(tmp_path / "out")
+    else:
+        from embedline import read_embeddings
+
+        frame = read_embeddings(output)
+        vectors = dict(zip(frame["id"], frame["embedding"], strict=True))
     expected = {i: t for i, t in rows if t.strip()}
     assert set(vectors) == set(expected)
     for row_id, text in expected.items():
@@ -103,7 +111,7 @@ def test_batch_mode_publishes_exact_vectors_with_no_synchronous_request(
     assert counters["batch_inputs"] == distinct(rows)  # each distinct text paid once
     assert counters["creates"] == counters["batches"] == 3  # one batch per chunk
     assert summary["batch_tokens"] == summary["tokens"] > 0
-    assert summary["inputs"] == distinct(rows)  # answered by batches: sent (before: 0)
+    assert summary["inputs"] == summary["batch_inputs"] == distinct(rows)  # before: 0 sent
     # a rerun has nothing to do: no batch, no request
     assert run_flow(tmp_path, server, prefect_api_url)["exit_code"] == 0
     assert server.batch_counters()["creates"] == 3
@@ -440,3 +448,44 @@ def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_p
     # the progress lines show the batches by status with their request counts
     assert "; batches 3 in_progress (0 of 5 requests done)" in stderr, stderr[-3000:]
     assert all(b["status"] == "in_progress" for b in server.batches.values())
+
+
+def test_batch_mode_publishes_to_s3(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str, moto_endpoint: str,
+        s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    output = f"s3://{s3_bucket}/batch"
+    server.expire_after = 1  # and the chunks with two requests need a second batch
+    summary = run_flow(tmp_path, server, prefect_api_url, output=output)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows, output)
+    counters = server.batch_counters()
+    assert counters["batch_inputs"] == distinct(rows) == summary["inputs"]
+    assert (counters["requests"], counters["creates"]) == (0, 5)
+    assert run_flow(tmp_path, server, prefect_api_url, output=output)["exit_code"] == 0
+    assert server.batch_counters()["creates"] == 5  # the rerun submits nothing
+
+
+@pytest.mark.slow  # a Dask cluster in a CLI run: ~40 s; test_batch_mode_publishes_to_s3 is its
+# lighter sibling in CI (S3, threads)
+def test_batch_mode_on_dask_workers_with_s3_output(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str, moto_endpoint: str,
+        s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunk tasks on Dask worker processes read their batches' result files themselves
+    (no shared memory with the flow process: the recorded layouts travel with the task)."""
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api_url)
+    output = f"s3://{s3_bucket}/dask"
+    args = [*cli_args(tmp_path, server)[3:], "--output", output, "--task-runner", "dask",
+            "--dask-workers", "2"]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # counted on Dask too (from the chunks' outcomes: the workers' counts stay there)
+    assert (f"api        0 requests, {distinct(rows)} inputs sent ({distinct(rows)} of them in "
+            "Batch API batches)") in result.stdout, result.stdout
+    assert_exact(tmp_path, rows, output)
+    counters = server.batch_counters()
+    assert counters["batch_inputs"] == distinct(rows)
+    assert (counters["requests"], counters["creates"]) == (0, 3)
