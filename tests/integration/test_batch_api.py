@@ -375,7 +375,10 @@ def test_a_server_without_a_batch_api_stops_the_run_with_exit_3_saying_so(
     {"batch_size": 3, "batch_max_inputs": 2, "expire": True},
     # one input per request, with the synchronous fallback (before: it paid them all again)
     {"batch_size": 1, "batch_fallback": "sync"},
-], ids=["batch-size-and-max-inputs", "batch-size-fallback-sync"])
+    # the same settings, the parts recorded by a ledger before 0010_batch_layouts (no
+    # layout): derived from the run's settings, as they were
+    {"legacy": True, "expire": True},
+], ids=["batch-size-and-max-inputs", "batch-size-fallback-sync", "recorded-before-layouts"])
 def test_a_rerun_with_other_batching_settings_collects_the_batches_and_pays_nothing_twice(
         tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
         changed: dict[str, Any]) -> None:
@@ -386,6 +389,11 @@ def test_a_rerun_with_other_batching_settings_collects_the_batches_and_pays_noth
     assert server.batch_counters()["creates"] == 3
     server.hold, server.poll_status = False, None
     server.expire_after = 1 if changed.pop("expire", False) else None
+    if changed.pop("legacy", False):
+        import sqlite3
+
+        with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
+            db.execute("UPDATE batches SET layout = NULL")
     summary = run_flow(tmp_path, server, prefect_api_url, **changed)
     assert summary["exit_code"] == 0, summary["message"]
     assert_exact(tmp_path, rows)
