@@ -216,9 +216,12 @@ class BatchStage:
         """Record and submit the chunk's parts, or adopt those a crashed run created; rows
         the chunk needs that no recorded part carries (a rerun planned reuse otherwise)
         go in a part of their own."""
-        records = self.ledger.run_batches(self.run_key, spec.index)
         rows = self._rows(spec)
         requests = self._needed(spec, rows)
+        for record in self.ledger.run_batches(self.run_key, spec.index):
+            if record.state == "creating":
+                self._resume_creating(spec, record, rows)
+        records = self.ledger.run_batches(self.run_key, spec.index)
         if not records:
             if not requests:
                 self.staged.answers[spec.index] = ChunkBatches()
@@ -226,17 +229,12 @@ class BatchStage:
             parts = pack(requests, self.settings, max_tokens=self.settings.batch_enqueued_tokens)
             self.ledger.add_batch_parts(self.run_key, spec.index, spec.key, [
                 (p, a, b, layout_of(requests[a:b])) for p, (a, b) in enumerate(parts)])
-            records = self.ledger.run_batches(self.run_key, spec.index)
-            for record in records:
+            for record in self.ledger.run_batches(self.run_key, spec.index):
                 self._submit(spec, record, requests[record.req_start:record.req_stop])
             return
-        for record in records:
-            if record.state == "creating":
-                self._resume_creating(spec, record, rows)
-        records = self.ledger.run_batches(self.run_key, spec.index)
         covered = {p for r in self._recorded(spec, rows, records) for p in r.rows}
         uncovered = {p for r in requests for p in r.rows} - covered
-        if uncovered and records:
+        if uncovered:
             rest = chunk_requests(rows, self.staged.plans[spec.index], self.settings,
                                   only=uncovered)
             self.log.info("chunk %d: %d rows no batch of this run carries: submitting them "
