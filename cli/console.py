@@ -166,6 +166,8 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
              f"deduplication (at ${price}/1M tokens)"]
     if batch_tokens:
         lines.append(f"{batches}: ${batch_saved:,.4f} saved by --batch-api")
+    elif summary.get("batches"):  # submitted, nothing collected yet (an interrupted wait)
+        lines.append(batches)
     return lines
 
 

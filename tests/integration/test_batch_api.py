@@ -450,6 +450,7 @@ def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_p
     # the usual summary on stdout (before: nothing, only a line on stderr)
     assert "status     interrupted" in stdout, stdout
     assert "chunks     0 published now" in stdout and "3 not run, of 3" in stdout
+    assert "batch      3 Batch API batches" in stdout
     last = stderr.strip().splitlines()[-1]
     assert "3 batches keep running at the provider" in last, stderr[-2000:]
     assert "embedline cancel-batches " in last

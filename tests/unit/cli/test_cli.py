@@ -223,3 +223,15 @@ def test_every_option_of_every_command_has_help_and_says_its_default() -> None:
                 assert " ".join(parser._get_formatter()._get_help_string(action).split()) \
                     .endswith("(default: %(default)s)") or "(default:" in action.help, \
                     (name, action.option_strings)
+
+
+def test_an_interrupted_batch_runs_summary_still_counts_its_batches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cli.console import print_summary
+    from embedline.models import RunSummary
+
+    print_summary(RunSummary(143, "interrupted", "interrupted by SIGTERM", run_key="k" * 64,
+                             output="out", batches=5, price_per_million_tokens=0.02).to_dict())
+    assert "batch      5 Batch API batches, 0 tokens at the batch price (half)\n" in (
+        capsys.readouterr().out)
