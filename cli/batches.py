@@ -1,7 +1,10 @@
 """``embedline cancel-batches RUN``: cancel a run's Batch API batches at the provider.
 
 What a cancelled batch completed before the cancel is still delivered (and billed); a rerun
-of the run collects it and submits only the rest again.
+of the run collects it and submits only the rest again. A part the ledger still records
+``creating`` (the process died, or the create failed, between the provider's create and the
+ledger's record) is looked for in the account's batch list by its metadata, as a run does,
+adopted into the ledger and cancelled too.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from cli.failures import EXIT_USAGE, fail
 from cli.ledger_lookup import find_run, open_ledger
 
 if TYPE_CHECKING:
+    from adapters.embeddings.openai_batch import BatchClient
     from adapters.ledger import Ledger
 
 __all__ = ["add_parsers", "batch_lines"]
@@ -58,9 +62,10 @@ def _cancel_batches(args: argparse.Namespace) -> int:
     except ValidationError:
         return fail("embedline: error: the run's recorded settings no longer validate", EXIT_USAGE)
     client = build_batch_client(settings)
-    open_batches = [r for r in ledger.run_batches(run.run_key)
-                    if r.batch_id and r.status not in _ENDED]
     try:
+        adopted, never_created = _adopt_creating(ledger, client, run.run_key)
+        open_batches = [r for r in ledger.run_batches(run.run_key)
+                        if r.batch_id and r.status not in _ENDED]
         for record in open_batches:
             batch = client.cancel_batch(str(record.batch_id))
             counts = batch.get("request_counts") or {}
@@ -76,6 +81,34 @@ def _cancel_batches(args: argparse.Namespace) -> int:
     finally:
         client.close()
         ledger.close()
-    print(f"embedline: {len(open_batches)} batches of run {run.run_key[:12]} asked to cancel; "
-          "what they completed is still billed: rerun the run to collect it", file=sys.stderr)
+    print(f"embedline: {len(open_batches)} batches of run {run.run_key[:12]} asked to cancel"
+          + (f" ({adopted} of them found in the account's batch list: their create was not "
+             "recorded)" if adopted else "")
+          + "; what they completed is still billed: rerun the run to collect it"
+          + (f"; {never_created} parts were never created (a rerun submits them)"
+             if never_created else ""), file=sys.stderr)
     return 0
+
+
+def _adopt_creating(ledger: Ledger, client: BatchClient, run_key: str) -> tuple[int, int]:
+    """Record the provider's batch of each part still ``creating`` that the account's list
+    holds (by metadata, ``flows.batch.listed_parts``); return (adopted, not found).
+
+    :raises EmbedlineError: the list could not be read.
+    """
+    creating = [r for r in ledger.run_batches(run_key) if r.state == "creating"]
+    if not creating:
+        return 0, 0
+    from flows.batch import listed_parts
+
+    listed = listed_parts(client, run_key)
+    adopted = 0
+    for record in creating:
+        batch = listed.get((record.idx, record.part))
+        if batch is None:
+            continue
+        ledger.mark_batch_submitted(run_key, record.idx, record.part, batch_id=str(batch["id"]),
+                                    input_file_id=batch.get("input_file_id"),
+                                    status=str(batch.get("status")))
+        adopted += 1
+    return adopted, len(creating) - adopted

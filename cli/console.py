@@ -33,7 +33,8 @@ _active: list[ProgressBar] = []  # the bar of the run in progress, for stop_prog
 
 class ProgressBar:
     """Run progress on stderr, fed by ``embedline.progress`` events (rows, chunks, rows/s,
-    ETA), per batch when chunk tasks run in this process.
+    ETA), per batch when chunk tasks run in this process; in Batch API mode, while the run
+    waits for its batches, also the batches by status with their requests done.
 
     On a terminal (``terminal``): a live bar; Prefect's log lines are printed above it, not
     glued onto it. Otherwise (a file, a pipe, CI): one line every ``interval_s`` seconds,
@@ -57,7 +58,8 @@ class ProgressBar:
                 TextColumn("[bold]embedding"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("rows · {task.fields[chunks]} chunks · {task.fields[rate]} rows/s"),
+                TextColumn("rows · {task.fields[chunks]} chunks · {task.fields[rate]} rows/s"
+                           "{task.fields[batches]}"),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 console=Console(file=sys.stderr),
@@ -91,12 +93,15 @@ class ProgressBar:
         assert self._bar is not None
         rate = self._rate(event)
         if self._task is None:
-            self._task = self._bar.add_task("run", total=event.rows_total, chunks="", rate="-")
+            self._task = self._bar.add_task("run", total=event.rows_total, chunks="", rate="-",
+                                            batches="")
+        batches = progress.batches_phrase(event.batches)
         self._bar.update(
             self._task,
             completed=event.rows_done,
             chunks=f"{event.chunks_done}/{event.chunks_total}",
             rate=f"{rate:,.0f}",
+            batches=f" · {batches}" if batches else "",
         )
 
     def _print_line(self, event: progress.Progress) -> None:
@@ -132,13 +137,16 @@ def stop_progress() -> None:
 
 
 def progress_line(event: progress.Progress, rate: float) -> str:
-    """One progress line: rows and chunks done of the totals, rows/s, ETA (seconds)."""
+    """One progress line: rows and chunks done of the totals, rows/s, ETA (seconds); while
+    the run waits for Batch API batches, the batches by status with their requests done
+    (``; batches 3 in_progress (1,200 of 4,000 requests done)``)."""
     share = 100.0 * event.rows_done / event.rows_total if event.rows_total else 100.0
     left = event.rows_total - event.rows_done
     eta = f"{left / rate:,.0f} s" if rate > 0 else "-"
+    batches = progress.batches_phrase(event.batches)
     return (f"embedline: progress {event.rows_done:,} of {event.rows_total:,} rows "
             f"({share:.1f}%), {event.chunks_done} of {event.chunks_total} chunks, "
-            f"{rate:,.0f} rows/s, ETA {eta}")
+            f"{rate:,.0f} rows/s, ETA {eta}" + (f"; {batches}" if batches else ""))
 
 
 def cost_lines(summary: dict[str, Any]) -> list[str]:
@@ -158,6 +166,8 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
              f"deduplication (at ${price}/1M tokens)"]
     if batch_tokens:
         lines.append(f"{batches}: ${batch_saved:,.4f} saved by --batch-api")
+    elif summary.get("batches"):  # submitted, nothing collected yet (an interrupted wait)
+        lines.append(batches)
     return lines
 
 
@@ -167,13 +177,16 @@ def _plural(count: int, word: str) -> str:
 
 
 def _api_line(summary: dict[str, Any]) -> str:
-    """What the embedder was asked: HTTP requests, the texts they carried, tokens; an
-    in-process model (no requests) embedded its inputs locally."""
+    """What the embedder was asked: HTTP requests, the texts they carried (in Batch API
+    mode, how many of them batches answered), tokens; an in-process model (no requests)
+    embedded its inputs locally."""
     requests, inputs = summary["requests"], summary.get("inputs", 0)
-    if requests == 0 and inputs:
+    batch_inputs = int(summary.get("batch_inputs") or 0)
+    if requests == 0 and inputs and not batch_inputs:
         return f"model      {_plural(inputs, 'input')} embedded in-process (no API requests)"
-    return (f"api        {_plural(requests, 'request')}, {_plural(inputs, 'input')} sent, "
-            f"{_plural(summary['tokens'], 'token')} reported")
+    return (f"api        {_plural(requests, 'request')}, {_plural(inputs, 'input')} sent"
+            + (f" ({batch_inputs:,} of them in Batch API batches)" if batch_inputs else "")
+            + f", {_plural(summary['tokens'], 'token')} reported")
 
 
 def print_summary(summary: dict[str, Any], *, command_s: float | None = None) -> None:

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = [
     "BATCH_PRICE_FACTOR",
+    "BatchLayout",
+    "ChunkBatches",
     "ChunkOutcome",
     "ChunkSpec",
     "RETRYABLE_DEAD_LETTERS",
@@ -276,6 +278,7 @@ class ChunkOutcome:
     dimensions: int | None = None  # the object's vector length (None: not read yet)
     rows_sent: int | None = None  # rows the server embedded for the object (None: unknown)
     batch_tokens: int = 0  # of ``tokens``: those answered by Batch API batches (half price)
+    batch_inputs: int = 0  # of ``inputs``: the texts Batch API batches answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +316,25 @@ class ReusePlan:
     prefill: str | None = None
     width: int | None = None
     copies: bytes | None = field(default=None, repr=False)
+
+
+#: The requests of a Batch API batch, in order: ``(custom_id, row positions)`` each, the
+#: positions 0-based within the chunk's rows (ids and ints only: no text).
+BatchLayout = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkBatches:
+    """What a chunk task reads its Batch API answers from (``--batch-api``).
+
+    ``files``: the output and error file ids of every batch of the chunk; ``layout``: every
+    request those batches carried, as the ledger recorded it when each batch was submitted
+    (``BatchLayout``), so answers are matched to rows whatever batching settings the run
+    has now. Small, so it travels to Dask workers.
+    """
+
+    files: tuple[str, ...] = ()
+    layout: BatchLayout = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,9 +414,11 @@ class RunSummary:
     generation: int = 0
     supersedes: str | None = None
     rows_empty: int = 0  # empty texts skipped (--on-empty-text skip), counted in rows_failed
-    # Batch API mode: of ``tokens``, those billed at the batch price (half), and the batches
+    # Batch API mode: of ``tokens``, those billed at the batch price (half), of ``inputs``
+    # the texts batches answered, and the batches
     batch_tokens: int = 0
     batches: int = 0
+    batch_inputs: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Return the summary as a JSON-ready dict."""

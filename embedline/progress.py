@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from embedline.errors import FatalError
     from embedline.protocols import EmbeddingClient, RequestLimits
 
-__all__ = ["PROGRESS_LOGGER", "Progress", "chunk_started", "cost_in_process", "counting", "listen", "notify",
-           "partial_rows", "reset_cost"]
+__all__ = ["PROGRESS_LOGGER", "BatchCount", "Progress", "batches_phrase", "chunk_started",
+           "cost_in_process", "counting", "listen", "notify", "partial_rows", "reset_cost"]
 
 # Lines a user waits on from inside an adapter (an index build's progress): INFO, and shown.
 # Prefect copies its handlers to the "embedline" logger (PREFECT_LOGGING_EXTRA_LOGGERS) but
@@ -38,8 +38,21 @@ PROGRESS_LOGGER = "embedline.progress"
 
 
 @dataclass(frozen=True, slots=True)
+class BatchCount:
+    """Batch API batches in one ``status`` (the provider's, or ``creating``): how many, the
+    requests they hold and how many of those the provider reports done."""
+
+    status: str
+    batches: int
+    requests: int
+    completed: int
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
-    """Run progress: rows and chunks done out of the totals; ``skipped`` were published before."""
+    """Run progress: rows and chunks done out of the totals; ``skipped`` were published before.
+    ``batches``: while the Batch API stage waits (``--batch-api``), the run's batches by
+    status; empty otherwise."""
 
     rows_total: int
     chunks_total: int
@@ -48,6 +61,16 @@ class Progress:
     rows_skipped: int
     dead_letters: int
     chunks_failed: int
+    batches: tuple[BatchCount, ...] = ()
+
+
+def batches_phrase(batches: Sequence[BatchCount]) -> str:
+    """``batches 2 in_progress (1 of 4 requests done), 1 completed (2 of 2 requests done)``;
+    empty when there are none."""
+    if not batches:
+        return ""
+    return "batches " + ", ".join(f"{b.batches:,} {b.status} ({b.completed:,} of "
+                                  f"{b.requests:,} requests done)" for b in batches)
 
 
 _listener: Callable[[Progress], None] | None = None

@@ -3,19 +3,34 @@
 Runs in the flow process before the chunk tasks (DESIGN §5, "Batch API mode"):
 
     for each chunk to embed: its reuse plan (``ReuseStage.plan_for``, the plan its task
-    gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating`` →
-    upload + create, one by one, each recorded ``submitted`` → one poller for all of the
-    run's batches, the interval growing to ``--batch-poll-interval`` → a chunk whose
-    batches all ended has its unanswered requests submitted again as a new part (or left
-    to ``--batch-fallback sync``) → when every chunk is ready, the ordinary chunk tasks run
-    with the chunk's result files (``tasks.batch_answers``): same objects, manifest,
+    gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating``
+    with their layout (each request's custom_id and row positions) → upload + create, one
+    by one, each recorded ``submitted`` → one poller for all of the run's batches, the
+    interval growing to ``--batch-poll-interval`` → a chunk whose batches all ended has its
+    unanswered requests submitted again as a new part (or left to ``--batch-fallback
+    sync``) → when every chunk is ready, the ordinary chunk tasks run with the chunk's
+    result files and recorded layouts (``tasks.batch_answers``): same objects, manifest,
     change set and sinks as a synchronous run.
+
+What a batch carries is read from the ledger (its layout), never derived again from the
+run's settings: a rerun with another ``--batch-size``, ``--batch-max-inputs`` or
+``--max-request-tokens`` collects the batches already submitted, resubmits their
+unanswered requests as they were, and batches with its own settings only rows no batch of
+the run carries.
 
 Exactly once: a create has no idempotency key, so a part is recorded before its create and
 every batch carries ``metadata`` (run key, chunk key, chunk index, part). A part still
 ``creating`` (a crash, a create that failed or timed out) is looked for in the account's
 batch list and adopted; only a part no batch carries is submitted. A rerun after a crash or
 Ctrl-C (batches keep running at the provider) polls and collects what the ledger records.
+
+Stopping: the flow runs the stage under ``flows.signals.dispatch_with_graceful_stop``, as it
+runs the chunk dispatcher, so the first SIGINT/SIGTERM (or a cancel from Prefect) calls
+``BatchStage.stop``: a create in progress ends and is recorded, nothing more is submitted,
+the wait ends, and the stage returns ``Staged.interrupted`` with the batches left running
+at the provider said in ``STOP.note_left_running`` (the run's summary and last line name
+``embedline cancel-batches RUN``). Before, the interrupt was raised through the wait and
+the command printed no summary.
 
 A batch ``failed`` for ``token_limit_exceeded`` (or a create refused so) is submitted again
 after earlier batches finish (exponential backoff, within the 24 h window); any other
@@ -25,9 +40,9 @@ after earlier batches finish (exponential backoff, within the 24 h window); any 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,14 +50,16 @@ from adapters.embeddings import build_batch_client
 from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
 from adapters.ledger import BatchRecord, Ledger
 from embedline.errors import FatalError, RetryableError
-from embedline.models import ChunkSpec, ReusePlan
+from embedline.models import BatchLayout, ChunkBatches, ChunkSpec, ReusePlan, Row
+from embedline.progress import BatchCount
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP, is_interrupt
-from tasks.batch_requests import BatchRequest, BatchResults, chunk_requests, input_file, pack
-from adapters.csv_source import read_chunk
+from flows.signals import under_prefect_runner
+from tasks.batch_requests import (BatchRequest, BatchResults, chunk_requests, input_file,
+                                  layout_of, layout_requests, pack)
 from tasks.reuse_stage import ReuseStage
 
-__all__ = ["BatchStage", "Staged", "batch_metadata"]
+__all__ = ["BatchStage", "Staged", "batch_metadata", "listed_parts"]
 
 Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 _FIRST_POLL_S = 0.05  # seconds; the interval grows by half each poll to --batch-poll-interval
@@ -58,53 +75,87 @@ def batch_metadata(run_key: str, spec: ChunkSpec, part: int) -> dict[str, str]:
             "embedline_index": str(spec.index), "embedline_part": str(part)}
 
 
+def listed_parts(client: BatchClient, run_key: str) -> dict[tuple[int, int], dict[str, Any]]:
+    """The account's batches of run ``run_key`` by (chunk index, part), as their
+    ``metadata`` says (``batch_metadata``): the newest of each, back 31 days. How a part
+    recorded ``creating`` (a crash or a create that failed between the provider's create
+    and the ledger's record) is found and adopted, by a run or ``cancel-batches``.
+
+    :raises RetryableError, FatalError: the list could not be read.
+    """
+    found: dict[tuple[int, int], dict[str, Any]] = {}
+    oldest = time.time() - _LIST_BACK_S
+    for batch in client.list_batches():
+        if int(batch.get("created_at") or 0) < oldest:
+            break
+        meta = batch.get("metadata") or {}
+        if meta.get("embedline_run") != run_key:
+            continue
+        try:
+            key = (int(meta["embedline_index"]), int(meta["embedline_part"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        found.setdefault(key, batch)
+    return found
+
+
 @dataclass(slots=True)
 class Staged:
-    """The stage's outcome: by chunk index, the reuse plan its task gets and the output and
-    error file ids of its batches (chunks not ready are absent); ``fatal``: why the run
-    stopped (a batch failed validation), or None."""
+    """The stage's outcome: by chunk index, the reuse plan its task gets and what its
+    batches answered (result files and recorded layouts; chunks not ready are absent);
+    ``fatal``: why the run stopped (a batch failed validation), or None."""
 
     plans: dict[int, ReusePlan] = field(default_factory=dict)
-    files: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    answers: dict[int, ChunkBatches] = field(default_factory=dict)
     fatal: str | None = None
     batches: int = 0
+    interrupted: bool = False  # stopped (``BatchStage.stop``) before every chunk was ready
 
 
 class BatchStage:
     """Submits, polls and collects the batches of ``todo`` (see the module docstring).
 
     ``client``: the Batch API client (default: ``build_batch_client(settings)``);
-    ``sleep`` and ``clock`` (seconds) are injected by tests.
+    ``on_progress``: called after each poll with the run's batches by status (the CLI's
+    progress bar or lines); ``sleep`` and ``clock`` (seconds) are injected by tests (the
+    default sleep ends early when ``stop`` is called).
     """
 
     def __init__(self, *, settings: RunSettings, ledger: Ledger, run_key: str,
                  planner: ReuseStage, source: Any, log: Log,
                  client: BatchClient | None = None,
-                 sleep: Callable[[float], None] = time.sleep,
+                 on_progress: Callable[[tuple[BatchCount, ...]], None] | None = None,
+                 sleep: Callable[[float], object] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.ledger, self.run_key = settings, ledger, run_key
         self.planner, self.source, self.log = planner, source, log
         self.client = client or build_batch_client(settings)
-        self.sleep, self.clock = sleep, clock
+        self._stopped = threading.Event()
+        self.on_progress = on_progress
+        self.sleep, self.clock = sleep or self._stopped.wait, clock
         self.staged = Staged()
         self._specs: dict[int, ChunkSpec] = {}
-        self._listed: dict[tuple[str, str], dict[str, Any]] | None = None
+        self._listed: dict[tuple[int, int], dict[str, Any]] | None = None
         self._not_before = 0.0  # no create before this clock time (token limit)
         self._token_waits = 0
         self._seen_limits: set[str] = set()
         self._started = clock()
-        self._shown: tuple[object, ...] = ()
+        self._shown: tuple[BatchCount, ...] = ()
 
     # ── the stage ────────────────────────────────────────────────────────────────────────
-    def run(self, todo: list[ChunkSpec]) -> Staged:
-        """Submit and wait for the batches of ``todo``; return what the chunk tasks need.
+    def run(self, todo: Sequence[ChunkSpec]) -> Staged:
+        """Submit and wait for the batches of ``todo``; return what the chunk tasks need
+        (``interrupted`` after ``stop``: the batches keep running, noted for the summary).
 
-        :raises KeyboardInterrupt, Terminated: the batches keep running (logged); a rerun
-            collects them.
+        :raises KeyboardInterrupt, Terminated: raised into the stage (not through ``stop``):
+            the batches keep running (logged); a rerun collects them.
         :raises EmbedlineError: the Batch API failed past its retries.
         """
+        STOP.note_left_running(None)  # an earlier run's, in a long-lived process
         try:
             for spec in todo:
+                if self._stopped.is_set():
+                    break
                 self._specs[spec.index] = spec
                 self.staged.plans[spec.index] = self.planner.plan_for(spec)
                 self._start(spec)
@@ -117,47 +168,91 @@ class BatchStage:
             if is_interrupt(exc):
                 self._left_running()
             raise
+        if self._stopped.is_set():
+            self.staged.interrupted = True
+            self._left_running()
         self._count()
         return self.staged
+
+    def stop(self, *, grace_s: float | None = None) -> None:
+        """Submit nothing more and stop waiting (from a signal handler or another thread):
+        ``run`` returns once a create in progress is recorded. ``grace_s`` is ignored:
+        nothing here is worth waiting for, the batches run on at the provider."""
+        self._stopped.set()
 
     def _count(self) -> None:
         self.staged.batches = sum(1 for r in self.ledger.run_batches(self.run_key)
                                   if r.batch_id and r.idx in self._specs)
 
-    def _requests(self, spec: ChunkSpec) -> list[BatchRequest]:
-        rows = read_chunk(self.source, spec)
+    def _rows(self, spec: ChunkSpec) -> list[Row]:
+        return read_chunk(self.source, spec)
+
+    def _needed(self, spec: ChunkSpec, rows: list[Row]) -> list[BatchRequest]:
+        """What the chunk's task needs answered, batched by the run's settings now."""
         return chunk_requests(rows, self.staged.plans[spec.index], self.settings)
 
+    def _part_requests(self, spec: ChunkSpec, record: BatchRecord,
+                       rows: list[Row]) -> list[BatchRequest]:
+        """The requests part ``record`` carries: its recorded layout; for a part recorded
+        before the ledger kept layouts, as the run's settings batch the chunk (as before)."""
+        if record.layout is not None:
+            return layout_requests(rows, record.layout, self.settings)
+        needed = self._needed(spec, rows)
+        return needed if record.req_start is None else needed[record.req_start:record.req_stop]
+
+    def _recorded(self, spec: ChunkSpec, rows: list[Row],
+                  records: list[BatchRecord]) -> list[BatchRequest]:
+        """Every request the chunk's parts ``records`` carry, each once, in order."""
+        seen: set[str] = set()
+        requests = []
+        for record in records:
+            for request in self._part_requests(spec, record, rows):
+                if request.custom_id not in seen:
+                    seen.add(request.custom_id)
+                    requests.append(request)
+        return requests
+
     def _start(self, spec: ChunkSpec) -> None:
-        """Record and submit the chunk's parts, or adopt those a crashed run created."""
+        """Record and submit the chunk's parts, or adopt those a crashed run created; rows
+        the chunk needs that no recorded part carries (a rerun planned reuse otherwise)
+        go in a part of their own."""
+        rows = self._rows(spec)
+        requests = self._needed(spec, rows)
+        for record in self.ledger.run_batches(self.run_key, spec.index):
+            if record.state == "creating":
+                self._resume_creating(spec, record, rows)
         records = self.ledger.run_batches(self.run_key, spec.index)
         if not records:
-            requests = self._requests(spec)
             if not requests:
-                self.staged.files[spec.index] = ()
+                self.staged.answers[spec.index] = ChunkBatches()
                 return
             parts = pack(requests, self.settings, max_tokens=self.settings.batch_enqueued_tokens)
             self.ledger.add_batch_parts(self.run_key, spec.index, spec.key, [
-                (p, a, b, b - a, sum(len(r.texts) for r in requests[a:b]))
-                for p, (a, b) in enumerate(parts)])
-            records = self.ledger.run_batches(self.run_key, spec.index)
-            for record in records:
+                (p, a, b, layout_of(requests[a:b])) for p, (a, b) in enumerate(parts)])
+            for record in self.ledger.run_batches(self.run_key, spec.index):
                 self._submit(spec, record, requests[record.req_start:record.req_stop])
             return
-        for record in records:
-            if record.state == "creating":
-                self._resume_creating(spec, record)
+        covered = {p for r in self._recorded(spec, rows, records) for p in r.rows}
+        uncovered = {p for r in requests for p in r.rows} - covered
+        if uncovered:
+            rest = chunk_requests(rows, self.staged.plans[spec.index], self.settings,
+                                  only=uncovered)
+            self.log.info("chunk %d: %d rows no batch of this run carries: submitting them "
+                          "as part %d", spec.index, len(uncovered),
+                          max(r.part for r in records) + 1)
+            self._submit_rest(spec, records, rest)
 
-    def _resume_creating(self, spec: ChunkSpec, record: BatchRecord) -> None:
+    def _resume_creating(self, spec: ChunkSpec, record: BatchRecord,
+                         rows: list[Row] | None = None) -> None:
         adopted = self._find(spec, record.part)
         if adopted is not None:
             self._adopt(spec, record, adopted)
             return
-        if record.req_start is None:  # a resubmission part: what earlier parts left
+        if record.layout is None and record.req_start is None:  # recorded before layouts
             requests = self._pending(spec, [r for r in self.ledger.run_batches(
                 self.run_key, spec.index) if r.part < record.part])
         else:
-            requests = self._requests(spec)[record.req_start:record.req_stop]
+            requests = self._part_requests(spec, record, rows or self._rows(spec))
         if requests:
             self._submit(spec, record, requests)
         else:
@@ -168,8 +263,11 @@ class BatchStage:
                 requests: list[BatchRequest]) -> None:
         """Upload the part's input file and create its batch (sent once); a create that
         failed or timed out is looked for in the list and adopted; a token-limit refusal
-        leaves the part ``creating`` until earlier batches finish."""
+        leaves the part ``creating`` until earlier batches finish; so does a ``stop``
+        (the next run submits it)."""
         self._wait_for_token_budget()
+        if self._stopped.is_set():
+            return
         file_id = record.input_file_id
         if file_id is None:
             name = f"embedline-{self.run_key[:12]}-{spec.index:05d}-{record.part}.jsonl"
@@ -204,19 +302,8 @@ class BatchStage:
     def _find(self, spec: ChunkSpec, part: int) -> dict[str, Any] | None:
         """The account's batch that carries this run's, chunk's and part's metadata."""
         if self._listed is None:
-            self._listed = {}
-            for batch in self._list_back_to(time.time() - _LIST_BACK_S):
-                meta = batch.get("metadata") or {}
-                if meta.get("embedline_run") == self.run_key:
-                    key = (str(meta.get("embedline_index")), str(meta.get("embedline_part")))
-                    self._listed.setdefault(key, batch)
-        return self._listed.get((str(spec.index), str(part)))
-
-    def _list_back_to(self, oldest: float) -> Iterator[dict[str, Any]]:
-        for batch in self.client.list_batches():
-            if int(batch.get("created_at") or 0) < oldest:
-                return
-            yield batch
+            self._listed = listed_parts(self.client, self.run_key)
+        return self._listed.get((spec.index, part))
 
     def _token_limited(self) -> None:
         self._token_waits += 1
@@ -238,14 +325,14 @@ class BatchStage:
     # ── wait ─────────────────────────────────────────────────────────────────────────────
     def _wait(self) -> None:
         interval = min(_FIRST_POLL_S, self.settings.batch_poll_interval_s)
-        while not self.staged.fatal:
+        while not self.staged.fatal and not self._stopped.is_set():
             records = self._poll_all()
-            open_chunks = [i for i in self._specs if i not in self.staged.files]
+            open_chunks = [i for i in self._specs if i not in self.staged.answers]
             for index in open_chunks:
                 self._advance(self._specs[index], [r for r in records if r.idx == index])
                 if self.staged.fatal:
                     return
-            if all(i in self.staged.files for i in self._specs):
+            if all(i in self.staged.answers for i in self._specs):
                 return
             self._show(self.ledger.run_batches(self.run_key))
             self.sleep(interval)
@@ -298,13 +385,19 @@ class BatchStage:
                                  self.settings.batch_fallback == "sync" else "")
             self._ready(spec, records)
             return
-        part = max(r.part for r in records) + 1
         self.log.info("chunk %d: %d requests left unanswered (expired, cancelled or server "
-                      "errors): submitting them as part %d", spec.index, len(pending), part)
-        self.ledger.add_batch_parts(self.run_key, spec.index, spec.key, [
-            (part, None, None, len(pending), sum(len(r.texts) for r in pending))])
+                      "errors): submitting them as part %d", spec.index, len(pending),
+                      max(r.part for r in records) + 1)
+        self._submit_rest(spec, records, pending)
+
+    def _submit_rest(self, spec: ChunkSpec, records: list[BatchRecord],
+                     requests: list[BatchRequest]) -> None:
+        """Record ``requests`` as the chunk's next part (after ``records``) and submit it."""
+        part = max(r.part for r in records) + 1
+        self.ledger.add_batch_parts(self.run_key, spec.index, spec.key,
+                                    [(part, None, None, layout_of(requests))])
         record = self.ledger.run_batches(self.run_key, spec.index)[-1]
-        self._submit(spec, record, pending)
+        self._submit(spec, record, requests)
 
     def _check_failures(self, records: list[BatchRecord], spec: ChunkSpec) -> None:
         """A batch ``failed`` validation: the run stops (``fatal``); one that failed for
@@ -322,39 +415,54 @@ class BatchStage:
                 self._token_limited()
 
     def _pending(self, spec: ChunkSpec, records: list[BatchRecord]) -> list[BatchRequest]:
-        """The chunk's requests no batch of ``records`` answered or rejected for good."""
+        """The requests of ``records`` (as recorded) that no batch answered or rejected for
+        good, and that carry a row the chunk still needs."""
         results = BatchResults()
         for record in records:
             for file_id in (record.output_file_id, record.error_file_id):
                 if file_id:
                     results.add_output(self.client.file_content(file_id),
                                        dimensions=self.settings.dimensions)
-        return results.resolve(self._requests(spec)).pending
+        rows = self._rows(spec)
+        needed = {p for r in self._needed(spec, rows) for p in r.rows}
+        return [r for r in results.resolve(self._recorded(spec, rows, records)).pending
+                if needed.intersection(r.rows)]
 
     def _ready(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
-        self.staged.files[spec.index] = tuple(
-            f for r in records for f in (r.output_file_id, r.error_file_id) if f)
+        files = tuple(f for r in records for f in (r.output_file_id, r.error_file_id) if f)
+        layouts = [r.layout for r in records]
+        if any(layout is None for layout in layouts):  # recorded before layouts
+            layouts = [layout_of(self._recorded(spec, self._rows(spec), records))]
+        self.staged.answers[spec.index] = ChunkBatches(files, _merged(layouts))
 
     # ── report ───────────────────────────────────────────────────────────────────────────
     def _show(self, records: list[BatchRecord]) -> None:
-        """One INFO line when the run's batches change: batches by status, requests done."""
+        """The run's batches by status, with their requests and how many are done: to
+        ``on_progress`` after every poll, and one INFO line when they change."""
         mine = [r for r in records if r.idx in self._specs]
-        statuses = Counter(r.status or r.state for r in mine)
-        done = sum(r.completed for r in mine)
-        shown = (tuple(sorted(statuses.items())), done)
-        if shown != self._shown:
-            self._shown = shown
+        by_status: dict[str, list[BatchRecord]] = {}
+        for record in mine:
+            by_status.setdefault(record.status or record.state, []).append(record)
+        counts = tuple(BatchCount(status, len(group), sum(r.requests for r in group),
+                                  sum(r.completed for r in group))
+                       for status, group in sorted(by_status.items()))
+        if self.on_progress is not None:
+            self.on_progress(counts)
+        if counts != self._shown:
+            self._shown = counts
             self.log.info("batches: %s; %d of %d requests done",
-                          ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())), done,
-                          sum(r.requests for r in mine))
+                          ", ".join(f"{c.batches} {c.status}" for c in counts),
+                          sum(c.completed for c in counts), sum(c.requests for c in counts))
 
     def _left_running(self) -> None:
         running = [r for r in self.ledger.run_batches(self.run_key)
                    if r.batch_id and r.status not in TERMINAL_STATUSES]
         if running:
+            rerun = ("a new run with the same parameters (or a Retry) collects them" if
+                     under_prefect_runner() else "rerun the same command to collect them")
             what = (f"{len(running)} batches keep running at the provider (billed when they "
-                    "complete): rerun the same command to collect them without paying again, "
-                    f"or `embedline cancel-batches {self.run_key[:12]}` to cancel them")
+                    f"complete): {rerun} without paying again, or `embedline cancel-batches "
+                    f"{self.run_key[:12]}` to cancel them")
             self.log.warning("stopped while waiting: %s", what)
             STOP.note_left_running(what)  # the command's last line says it too
 
@@ -372,3 +480,12 @@ def _late_ids(record: BatchRecord) -> bool:
 def _all_answered(record: BatchRecord) -> bool:
     return (record.status == "completed" and record.failed == 0
             and record.completed == record.requests)
+
+
+def _merged(layouts: list[BatchLayout | None]) -> BatchLayout:
+    """The requests of ``layouts``, each custom_id once, in order."""
+    seen: dict[str, tuple[int, ...]] = {}
+    for layout in layouts:
+        for custom_id, rows in layout or ():
+            seen.setdefault(custom_id, rows)
+    return tuple(seen.items())

@@ -16,7 +16,7 @@ from prefect import get_run_logger
 from prefect.settings import get_current_settings
 
 from embedline.errors import EmbedlineError
-from embedline.models import ChunkOutcome, ChunkSpec, InputPlan
+from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputPlan
 from embedline.progress import cost_in_process, reset_cost
 from embedline.protocols import ObjectStore
 from embedline.shutdown import STOP
@@ -24,7 +24,7 @@ from flows.batch import BatchStage, Staged
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
 from flows.local_chunks import LocalChunks
-from flows.progress_report import progress_reporter
+from flows.progress_report import ProgressReport, progress_reporter
 from flows.run import Run, Work
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
@@ -68,7 +68,7 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     report = progress_reporter(plan, work.skipped, artifact)
     report(DispatchResult())
     try:
-        staged = _batches(run, work, stage) if settings.batch_api else None
+        staged = _batches(run, work, stage, report) if settings.batch_api else None
     except EmbedlineError as exc:  # the Batch API refused or could not be reached
         failure = status_for(exc)
         artifact.close()
@@ -81,6 +81,10 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
         artifact.close()
         return Dispatched(DispatchResult(stop=failure, not_run=[s.index for s in work.todo]),
                           None, staged.batches)
+    if staged is not None and staged.interrupted:  # a signal while waiting: the summary
+        artifact.close()  # says it, and that the batches keep running (STOP.left_running)
+        return Dispatched(DispatchResult(not_run=[s.index for s in work.todo]), None,
+                          staged.batches)
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
     chunk_task = embed_chunk.with_options(
         retries=settings.chunk_retries,
@@ -140,24 +144,30 @@ def _publish_copied(run: Run, work: Work, stage: ReuseStage, spec: ChunkSpec, lo
                      run.run_key, logger=logger)
 
 
-def _batches(run: Run, work: Work, stage: ReuseStage) -> Staged:
+def _batches(run: Run, work: Work, stage: ReuseStage, report: ProgressReport) -> Staged:
     """Batch API mode: submit the work's requests as batches, wait, collect
-    (``flows.batch``); logs what it cost at the batch price."""
+    (``flows.batch``), the batches by status in the progress ``report``; a first signal
+    stops it as it stops the dispatcher (``dispatch_with_graceful_stop``):
+    ``Staged.interrupted``, the batches left running."""
     assert run.ledger is not None
+    logger = get_run_logger()
     stage = BatchStage(settings=run.settings, ledger=run.ledger, run_key=run.run_key,
-                       planner=stage, source=run.plan.source, log=get_run_logger())
-    return stage.run(work.todo)
+                       planner=stage, source=run.plan.source, log=logger,
+                       on_progress=report.batches)
+    return dispatch_with_graceful_stop(
+        stage, work.todo, grace_s=run.settings.grace_s, logger=logger,
+        stopping="nothing more is submitted; the run's batches keep running at the provider")
 
 
 def _chunk_inputs(spec: ChunkSpec, stage: ReuseStage, staged: Staged | None
                   ) -> dict[str, Any]:
     """The reuse plan of a chunk task (the batch stage's, which its batches were built
-    from) and, in Batch API mode, its batches' result files."""
+    from) and, in Batch API mode, its batches' result files and recorded layouts."""
     if staged is None:
         return {"reuse": stage.plan_for(spec)}
     plan = staged.plans.get(spec.index)
     return {"reuse": stage.plan_for(spec) if plan is None else plan,
-            "batch_files": staged.files.get(spec.index, ())}
+            "batches": staged.answers.get(spec.index, ChunkBatches())}
 
 
 def _reuse_stage(run: Run, work: Work) -> ReuseStage:

@@ -213,6 +213,9 @@ def _note_committed(run: Run, summary: RunSummary, threshold: int | None) -> Non
 
 
 def _resume_hint() -> str:
+    left = STOP.left_running()  # Batch API batches: how to collect or cancel them
+    if left is not None:
+        return left
     if under_prefect_runner():  # a deployment's run: the operator has no command to rerun
         return "a new run with the same parameters (or a Retry) resumes"
     return "rerun the same command to resume"

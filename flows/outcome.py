@@ -61,6 +61,7 @@ def outcome_fields(
         rows_deduplicated=sum(o.deduplicated for o in result.published.values()),
         tokens_saved=sum(o.tokens_saved for o in result.published.values()),
         batch_tokens=sum(o.batch_tokens for o in result.published.values()),
+        batch_inputs=sum(o.batch_inputs for o in result.published.values()),
     )
     status = _status(plan, run_key, done, result, not_done, blocking, resume_hint)
     return {**counts, **status}

@@ -1,43 +1,61 @@
 """The progress feed of a run: the CLI's bar or lines and the Prefect progress artifact,
-fed from the dispatcher's results with the same numbers (DESIGN §7, "Progress")."""
+fed from the dispatcher's results with the same numbers (DESIGN §7, "Progress"), and, while
+the Batch API stage waits, with the run's batches by status."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
 from embedline.models import ChunkOutcome, InputPlan
-from embedline.progress import Progress, notify, partial_rows
+from embedline.progress import BatchCount, Progress, notify, partial_rows
 from flows.dispatch import DispatchResult
 from tasks.report import ProgressArtifact
 
-__all__ = ["progress_reporter"]
+__all__ = ["ProgressReport", "progress_reporter"]
 
 
-def progress_reporter(
-    plan: InputPlan, skipped: dict[int, ChunkOutcome], artifact: ProgressArtifact
-) -> Any:
-    """Progress per dispatcher event: rows of published chunks plus the batches running
-    chunks embedded so far. Never less than an earlier report: the batches of a chunk that
-    Prefect retries, fails or releases drop out of the count, and a progress line that went
-    back read as lost work. The count moves again once the work since passes it; it never
-    passes the total."""
-    rows_skipped = sum(c.rows for c in plan.chunks if c.index in skipped)
-    shown = [0]  # the highest rows_done reported
+class ProgressReport:
+    """Progress per dispatcher event (``__call__``): rows of published chunks plus the
+    batches running chunks embedded so far. Never less than an earlier report: the batches
+    of a chunk that Prefect retries, fails or releases drop out of the count, and a progress
+    line that went back read as lost work. The count moves again once the work since passes
+    it; it never passes the total. ``batches``: the Batch API batches by status while the
+    batch stage waits (rows as last reported)."""
 
-    def report(result: DispatchResult) -> None:
+    def __init__(self, plan: InputPlan, skipped: dict[int, ChunkOutcome],
+                 artifact: ProgressArtifact) -> None:
+        self.plan, self.skipped, self.artifact = plan, skipped, artifact
+        self.rows_skipped = sum(c.rows for c in plan.chunks if c.index in skipped)
+        self._shown = 0  # the highest rows_done reported
+        self._last: Progress | None = None
+
+    def __call__(self, result: DispatchResult) -> None:
+        plan = self.plan
         finished = {*result.published, *result.published_elsewhere, *result.failed,
                     *result.released}
         done = {*result.published, *result.published_elsewhere}
-        rows_done = (rows_skipped + sum(plan.chunks[i].rows for i in done)
+        rows_done = (self.rows_skipped + sum(plan.chunks[i].rows for i in done)
                      + partial_rows(finished))  # batches of running chunks (this process)
-        rows_done = shown[0] = max(shown[0], rows_done)
-        chunks_done = len(skipped) + len(done)
-        notify(Progress(
+        rows_done = self._shown = max(self._shown, rows_done)
+        self._last = Progress(
             rows_total=plan.rows, chunks_total=len(plan.chunks), rows_done=rows_done,
-            chunks_done=chunks_done, rows_skipped=rows_skipped,
+            chunks_done=len(self.skipped) + len(done), rows_skipped=self.rows_skipped,
             dead_letters=sum(len(o.dead_letters) for o in result.published.values()),
             chunks_failed=len(result.failed),
-        ))
-        artifact.update(rows_done, plan.rows)
+        )
+        notify(self._last)
+        self.artifact.update(rows_done, plan.rows)
 
-    return report
+    def batches(self, counts: Sequence[BatchCount]) -> None:
+        """The run's Batch API batches by status, with the rows last reported."""
+        if self._last is None:
+            self(DispatchResult())
+        assert self._last is not None
+        notify(replace(self._last, batches=tuple(counts)))
+
+
+def progress_reporter(plan: InputPlan, skipped: dict[int, ChunkOutcome],
+                      artifact: ProgressArtifact) -> ProgressReport:
+    """The run's ``ProgressReport``."""
+    return ProgressReport(plan, skipped, artifact)

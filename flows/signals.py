@@ -17,6 +17,9 @@ In a flow run that a Prefect worker or ``serve`` started, SIGTERM is how the run
 it (the UI's Cancel), and the runner sends SIGKILL 30 s later. There Prefect's handler stays
 (``dispatch_with_graceful_stop``), and the grace period is capped so that in-flight chunks are
 released and recorded before the SIGKILL (``signal_grace_s``).
+
+The Batch API stage (``flows.batch.BatchStage``) is stopped the same way while it submits
+and waits: it has ``run`` and ``stop`` as the dispatcher has (``Stoppable``).
 """
 
 from __future__ import annotations
@@ -28,14 +31,28 @@ import os
 import signal
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from embedline.models import ChunkSpec
 from embedline.shutdown import SIGNALS, STOP
-from flows.dispatch import DispatchResult, Dispatcher
 
-__all__ = ["RUNNER_KILL_AFTER_S", "dispatch_with_graceful_stop", "signal_grace_s",
+__all__ = ["RUNNER_KILL_AFTER_S", "Stoppable", "dispatch_with_graceful_stop", "signal_grace_s",
            "stop_on_signals", "under_prefect_runner"]
+
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class Stoppable(Protocol[_R_co]):
+    """Work a first signal stops gracefully: the chunk dispatcher (``flows.dispatch``), or
+    the Batch API stage (``flows.batch``)."""
+
+    def run(self, specs: Sequence[ChunkSpec]) -> _R_co:
+        """Do the work of ``specs``; return once done or stopped."""
+        ...
+
+    def stop(self, *, grace_s: float | None = None) -> None:
+        """Start nothing new; what is in flight gets ``grace_s`` seconds (None: no limit)."""
+        ...
 
 #: Seconds from a Prefect runner's SIGTERM to its SIGKILL when it cancels a flow run
 #: (Prefect 3.9 ``runner/_cancellation_manager.py``: ``grace_seconds = 30.0``; fixed).
@@ -63,11 +80,12 @@ def signal_grace_s(grace_s: float) -> float:
 
 
 def dispatch_with_graceful_stop(
-    dispatcher: Dispatcher, specs: Sequence[ChunkSpec], *, grace_s: float,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> DispatchResult:
+    dispatcher: Stoppable[_R_co], specs: Sequence[ChunkSpec], *, grace_s: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any], stopping: str | None = None,
+) -> _R_co:
     """``dispatcher.run(specs)`` with the graceful stop above (``grace_s`` capped by
-    ``signal_grace_s``); returns its result.
+    ``signal_grace_s``); returns its result. ``stopping``: what the warning logged at the
+    first signal says the stop does (default: the chunk dispatcher's grace period).
 
     Under a Prefect runner, Prefect's own SIGTERM handler stays installed: the runner
     delivers a cancel only to a process whose handler is Prefect's (Prefect 3.9
@@ -79,7 +97,7 @@ def dispatch_with_graceful_stop(
     """
     grace_s = signal_grace_s(grace_s)
     if not under_prefect_runner() or threading.current_thread() is not threading.main_thread():
-        with stop_on_signals(dispatcher, grace_s=grace_s, logger=logger):
+        with stop_on_signals(dispatcher, grace_s=grace_s, logger=logger, stopping=stopping):
             return dispatcher.run(specs)
     from prefect.exceptions import TerminationSignal
 
@@ -99,22 +117,24 @@ def dispatch_with_graceful_stop(
     # Not Thread.join: interrupted by an exception, Python 3.11's join marks a running
     # thread stopped (bpo-45274's lock handling), and is_alive() turns False.
     thread = threading.Thread(target=dispatch, name="embedline-dispatch", daemon=True)
-    with stop_on_signals(dispatcher, grace_s=grace_s, logger=logger, signals=(signal.SIGINT,)):
+    with stop_on_signals(dispatcher, grace_s=grace_s, logger=logger, signals=(signal.SIGINT,),
+                         stopping=stopping):
         thread.start()
         while not done.is_set():
             try:
                 done.wait(0.2)
             except TerminationSignal as exc:
                 STOP.note_termination(exc)
-                _stop(signal.SIGTERM, dispatcher, grace_s=grace_s, logger=logger)
+                _stop(signal.SIGTERM, dispatcher, grace_s=grace_s, logger=logger,
+                      stopping=stopping)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]  # type: ignore[no-any-return]
 
 
 def _stop(
-    signum: int, dispatcher: Dispatcher, *, grace_s: float,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    signum: int, dispatcher: Stoppable[Any], *, grace_s: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any], stopping: str | None = None,
 ) -> None:
     """The first signal stops dispatching (in-flight chunks get ``grace_s`` seconds); a
     second one exits at once."""
@@ -125,14 +145,16 @@ def _stop(
     what = f"{signal.Signals(signum).name} received"
     if STOP.stop_cause(signum).startswith("cancelled"):  # flows.cancellation's SIGTERM
         what, hint = "cancelled from Prefect", "Ctrl-C or SIGTERM exits now"
-    logger.warning("%s: no new chunks; in-flight chunks get %g s to finish, then are "
-                   "released (%s)", what, grace_s, hint)
+    stopping = stopping or (f"no new chunks; in-flight chunks get {grace_s:g} s to finish, "
+                            "then are released")
+    logger.warning("%s: %s (%s)", what, stopping, hint)
 
 
 @contextlib.contextmanager
 def stop_on_signals(
-    dispatcher: Dispatcher, *, grace_s: float, logger: logging.Logger | logging.LoggerAdapter[Any],
-    signals: Sequence[int] = SIGNALS,
+    dispatcher: Stoppable[Any], *, grace_s: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any], signals: Sequence[int] = SIGNALS,
+    stopping: str | None = None,
 ) -> Iterator[None]:
     """Install handlers of ``signals`` (default SIGINT and SIGTERM) for the block (main
     thread only; else a no-op). A signal this process inherited as ignored (SIG_IGN: a
@@ -142,7 +164,7 @@ def stop_on_signals(
         return
 
     def handle(signum: int, frame: object) -> None:
-        _stop(signum, dispatcher, grace_s=grace_s, logger=logger)
+        _stop(signum, dispatcher, grace_s=grace_s, logger=logger, stopping=stopping)
 
     previous = {s: signal.signal(s, handle) for s in signals
                 if signal.getsignal(s) is not signal.SIG_IGN}  # an inherited SIG_IGN is kept

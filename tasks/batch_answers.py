@@ -2,8 +2,10 @@
 
 The chunk task runs as in synchronous mode (reuse, in-chunk duplicates, request batches,
 dead letters, publish), but its client answers each text from the chunk's batch output
-files, matched by ``custom_id`` (``tasks.batch_requests``) and then by the SHA-256 of the
-text as sent, never by order: no request is sent and nothing is paid again. A text whose
+files, matched by ``custom_id`` to the request the ledger recorded for the batch (its
+``layout``: which rows it carried, ``tasks.batch_requests``) and then by the SHA-256 of the
+text as sent, never by order, nor by how today's settings would batch the rows: no request
+is sent and nothing is paid again. A text whose
 batch rejected it alone gets the rejection (a dead letter, as a synchronous 400). A text
 no batch answered (the flow submits the rest before the chunk runs, so only with
 ``--batch-fallback sync``, or when a reused vector was missing) goes to the synchronous
@@ -19,10 +21,10 @@ import numpy as np
 
 from adapters.embeddings.openai_batch import BatchClient
 from embedline.errors import BadResponseError, RetryableError, RowError
-from embedline.models import ReusePlan, Row
+from embedline.models import ChunkBatches, Row
 from embedline.protocols import EmbeddingClient, EmbeddingClientBase, Embeddings
 from embedline.settings import RunSettings
-from tasks.batch_requests import BatchResults, Resolved, chunk_requests, sent_text_sha256
+from tasks.batch_requests import BatchResults, Resolved, layout_requests, sent_text_sha256
 
 __all__ = ["BatchAnswers", "batch_answers"]
 
@@ -31,7 +33,9 @@ class BatchAnswers(EmbeddingClientBase):
     """An ``EmbeddingClient`` over ``resolved`` batch results (see the module docstring).
 
     ``batch_tokens`` counts the tokens of the batch answers it handed out (at the batch
-    price); ``fallback`` builds the synchronous client for unanswered texts (None: they
+    price). Each answer's ``Embeddings`` counts the texts batches answered as ``inputs``
+    (sent, through the Batch API) and only synchronous fallback calls as ``requests``;
+    ``fallback`` builds the synchronous client for unanswered texts (None: they
     fail the chunk with ``RetryableError``).
     """
 
@@ -41,6 +45,7 @@ class BatchAnswers(EmbeddingClientBase):
         self._resolved, self._fallback = resolved, fallback
         self._sync: EmbeddingClient | None = None
         self.batch_tokens = 0
+        self.batch_inputs = 0  # texts answered from the batches (not sent again)
 
     @property
     def accepted_requests(self) -> int:
@@ -80,9 +85,12 @@ class BatchAnswers(EmbeddingClientBase):
         if width is not None and any(len(v) != width for v in found if v is not None):
             raise BadResponseError(f"a batch answer is not {width} long")
         self.batch_tokens += tokens
+        self.batch_inputs += len(texts) - len(missing)
         vectors = np.ascontiguousarray(np.stack(found), dtype=np.float32)  # type: ignore[arg-type]
+        # the texts a batch answered were sent (and billed, at the batch price): counted as
+        # inputs sent like the synchronous ones (before: 0 "inputs sent" in batch mode)
         return Embeddings(vectors, tokens=tokens + sync.tokens, requests=sync.requests,
-                          inputs=sync.inputs)
+                          inputs=len(texts) - len(missing) + sync.inputs)
 
     def _send(self, texts: Sequence[str], missing: list[int], key: str,
               expect_dimensions: int | None) -> Embeddings:
@@ -97,19 +105,19 @@ class BatchAnswers(EmbeddingClientBase):
                                 expect_dimensions=expect_dimensions)
 
 
-def batch_answers(rows: Sequence[Row], plan: ReusePlan, settings: RunSettings,
-                  file_ids: Sequence[str], *, client: BatchClient,
+def batch_answers(rows: Sequence[Row], settings: RunSettings, batches: ChunkBatches, *,
+                  client: BatchClient,
                   fallback: Callable[[], EmbeddingClient] | None) -> BatchAnswers:
-    """The chunk's ``BatchAnswers``: its requests (``chunk_requests`` of ``rows`` and
-    ``plan``, as the flow submitted them) resolved against the output and error files
-    ``file_ids`` of every batch the chunk had, read with ``client``.
+    """The chunk's ``BatchAnswers``: the requests its batches carried (``batches.layout``,
+    rebuilt from ``rows``) resolved against the output and error files ``batches.files``
+    of every batch the chunk had, read with ``client``.
 
     :raises RetryableError, FatalError: a file could not be read.
     :raises BadResponseError: a file's answer is malformed.
     """
     results = BatchResults()
-    for file_id in file_ids:
+    for file_id in batches.files:
         results.add_output(client.file_content(file_id), dimensions=settings.dimensions)
-    resolved = results.resolve(chunk_requests(rows, plan, settings))
+    resolved = results.resolve(layout_requests(rows, batches.layout, settings))
     return BatchAnswers(resolved, model=settings.effective_model,
                         dimensions=settings.dimensions, fallback=fallback)

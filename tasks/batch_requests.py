@@ -1,12 +1,15 @@
 """Batch API mode, pure parts: a chunk's requests, its input lines, parts, and results.
 
-The flow process (``flows/batch.py``) and the chunk task (``tasks/chunk.py``) both call
-``chunk_requests`` on the same rows and reuse plan, so both agree on what a chunk sends
-without storing anything: the rows the chunk task would send synchronously (not reused, not
-a duplicate within the chunk, not empty, not too long), in the same request batches.
-Each request's ``custom_id`` is its ``Idempotency-Key`` (``keys.request_key`` of its row
-keys): stable across retries, reruns and crashes, and the only way results are matched
-(the output file's order is not guaranteed). No I/O here.
+The flow process (``flows/batch.py``) calls ``chunk_requests`` for what a chunk sends: the
+rows the chunk task would send synchronously (not reused, not a duplicate within the chunk,
+not empty, not too long), in the same request batches. Each request's ``custom_id`` is its
+``Idempotency-Key`` (``keys.request_key`` of its row keys): stable across retries, reruns
+and crashes, and the only way results are matched (the output file's order is not
+guaranteed). What a batch carried is recorded as its ``layout`` (custom_ids and row
+positions, ``embedline.models.BatchLayout``) when it is submitted; ``layout_requests``
+rebuilds those requests from the rows, so a rerun with other batching settings
+(``--batch-size``, ``--batch-max-inputs``, ``--max-request-tokens``) still matches the
+answers of the batches already submitted. No I/O here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,13 +26,13 @@ from adapters.embeddings import estimate_tokens
 from adapters.embeddings.decode import parse_embeddings
 from adapters.embeddings.openai_batch import BATCH_ENDPOINT, parse_result_lines
 from embedline.keys import request_key, row_key
-from embedline.models import ReusePlan, Row
+from embedline.models import BatchLayout, ReusePlan, Row
 from embedline.settings import RunSettings
 from tasks.embed import batches
 from tasks.reuse import split_duplicates, take_prefill
 
 __all__ = ["BATCH_MAX_BYTES", "BatchRequest", "BatchResults", "chunk_requests", "input_file",
-           "Resolved", "pack", "sent_text_sha256"]
+           "layout_of", "layout_requests", "Resolved", "pack", "sent_text_sha256"]
 
 #: A batch input file's limit is 200 MB (OpenAI Batch guide); kept 5 % below it.
 BATCH_MAX_BYTES = 190_000_000
@@ -49,12 +52,13 @@ class BatchRequest:
     custom_id: str
     texts: tuple[str, ...] = field(repr=False)
     row_keys: tuple[str, ...] = ()
+    rows: tuple[int, ...] = ()  # 0-based positions of its rows within the chunk's rows
 
     def singles(self) -> list[BatchRequest]:
         """The request's inputs as one request each (a rejected request of several inputs
         is sent again this way, so the rejected input is found: a dead letter)."""
-        return [BatchRequest(request_key([k]), (t,), (k,))
-                for t, k in zip(self.texts, self.row_keys, strict=True)]
+        return [BatchRequest(request_key([k]), (t,), (k,), (p,))
+                for t, k, p in zip(self.texts, self.row_keys, self.rows, strict=True)]
 
     @property
     def estimated_tokens(self) -> int:
@@ -62,35 +66,66 @@ class BatchRequest:
         return sum(estimate_tokens(t) for t in self.texts)
 
 
-def chunk_requests(rows: Sequence[Row], plan: ReusePlan, settings: RunSettings) -> list[BatchRequest]:
+def chunk_requests(rows: Sequence[Row], plan: ReusePlan, settings: RunSettings, *,
+                   only: Collection[int] | None = None) -> list[BatchRequest]:
     """The requests a chunk of ``rows`` sends, given its reuse ``plan``: rows the plan does
-    not list (in-run owners, copied vectors), without in-chunk duplicates, empty texts and (``on_too_long=dead-letter``)
-    texts over ``max_input_tokens`` by the lenient estimate, truncated texts as
-    ``tasks.embed`` truncates them; batched by ``batch_size`` and ``max_request_tokens``."""
+    not list (in-run owners, copied vectors), without in-chunk duplicates, empty texts and
+    (``on_too_long=dead-letter``) texts over ``max_input_tokens`` by the lenient estimate, truncated texts as
+    ``tasks.embed`` truncates them; batched by ``batch_size`` and ``max_request_tokens``.
+    ``only``: of those, the rows at these positions (0-based in ``rows``) alone."""
     planned = {p for source in plan.sources for p in source.rows}
+    position = {id(r): i for i, r in enumerate(rows)}
     copied = take_prefill(rows, plan).vectors  # by row number, as the chunk task takes them
     send, _ = split_duplicates([r for i, r in enumerate(rows)
                                 if i not in planned and r.row_number not in copied])
     limit = settings.max_input_tokens
-    kept: list[tuple[Row, str]] = []
-    for row in send:
-        if not row.text.strip():
-            continue
-        text = row.text
-        if limit is not None and settings.on_too_long == "truncate":
-            if estimate_tokens(text) > limit:
-                text = text.encode("utf-8")[: 3 * limit].decode("utf-8", errors="ignore")
-        elif limit is not None and math.ceil(len(text) / 4) > limit:
-            continue
-        kept.append((row, text))
-    sent = {id(r): t for r, t in kept}
+    kept = [row for row in send if row.text.strip() and not (
+        limit is not None and settings.on_too_long != "truncate"
+        and math.ceil(len(row.text) / 4) > limit)]
+    if only is not None:
+        kept = [row for row in kept if position[id(row)] in only]
     model, dims = settings.effective_model, settings.dimensions
     requests = []
-    for batch in batches([r for r, _ in kept], batch_size=settings.batch_size,
+    for batch in batches(kept, batch_size=settings.batch_size,
                          max_request_tokens=settings.max_request_tokens):
         keys = [row_key(r.id, r.text_sha256, model, dims) for r in batch]
-        requests.append(BatchRequest(request_key(keys), tuple(sent[id(r)] for r in batch),
-                                     tuple(keys)))
+        requests.append(BatchRequest(request_key(keys), tuple(_as_sent(r.text, settings)
+                                                              for r in batch),
+                                     tuple(keys), tuple(position[id(r)] for r in batch)))
+    return requests
+
+
+def _as_sent(text: str, settings: RunSettings) -> str:
+    """``text`` as a request carries it: cut as ``tasks.embed`` cuts it when
+    ``on_too_long=truncate`` and its conservative estimate exceeds ``max_input_tokens``."""
+    limit = settings.max_input_tokens
+    if limit is not None and settings.on_too_long == "truncate" and estimate_tokens(text) > limit:
+        return text.encode("utf-8")[: 3 * limit].decode("utf-8", errors="ignore")
+    return text
+
+
+def layout_of(requests: Iterable[BatchRequest]) -> BatchLayout:
+    """What the ledger records of a batch's ``requests``: ``(custom_id, row positions)``."""
+    return tuple((r.custom_id, r.rows) for r in requests)
+
+
+def layout_requests(rows: Sequence[Row], layout: BatchLayout,
+                    settings: RunSettings) -> list[BatchRequest]:
+    """The requests a recorded ``layout`` describes, rebuilt from the chunk's ``rows``
+    (texts as sent), whatever the batching settings are now. A request whose rows' keys do
+    not make its ``custom_id`` (not the rows it was built from, or another model or
+    dimensions) is left out: its answers are never matched to these rows."""
+    model, dims = settings.effective_model, settings.dimensions
+    requests = []
+    for custom_id, positions in layout:
+        if not positions or not all(0 <= p < len(rows) for p in positions):
+            continue
+        picked = [rows[p] for p in positions]
+        keys = tuple(row_key(r.id, r.text_sha256, model, dims) for r in picked)
+        if request_key(keys) == custom_id:
+            requests.append(BatchRequest(custom_id, tuple(_as_sent(r.text, settings)
+                                                          for r in picked),
+                                         keys, tuple(positions)))
     return requests
 
 

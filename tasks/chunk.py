@@ -19,7 +19,7 @@ from prefect.states import Cancelled, Completed, State
 from adapters.embeddings import build_batch_client, build_embedder
 from adapters.object_store import open_store
 from embedline.errors import StopRequestedError
-from embedline.models import ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
+from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
 from embedline.protocols import ObjectStore
 from embedline import progress
 from embedline.settings import RunSettings
@@ -54,12 +54,13 @@ def embed_chunk(
     reuse: ReusePlan | None = None,
     dimensions: int | None = None,
     run_key: str | None = None,
-    batch_files: tuple[str, ...] | None = None,
+    batches: ChunkBatches | None = None,
 ) -> ChunkOutcome | State[None]:
     """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
 
-    ``batch_files`` (Batch API mode): the output and error file ids of every batch of the
-    chunk; its texts are answered from them, not sent (``tasks.batch_answers``).
+    ``batches`` (Batch API mode): the result files of every batch of the chunk and the
+    requests they carried; its texts are answered from them, not sent
+    (``tasks.batch_answers``).
 
     ``dimensions`` is the run's vector length as the flow knew it at submission (None:
     unknown yet; ``tasks/dimensions.py``): every vector published must have it. Reused
@@ -84,7 +85,7 @@ def embed_chunk(
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
     try:
-        return run_chunk(spec, source, settings, reuse, dimensions, run_key, batch_files,
+        return run_chunk(spec, source, settings, reuse, dimensions, run_key, batches,
                          logger=get_run_logger())
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
@@ -97,7 +98,7 @@ def run_chunk(
     reuse: ReusePlan | None,
     dimensions: int | None,
     run_key: str | None,
-    batch_files: tuple[str, ...] | None = None,
+    batches: ChunkBatches | None = None,
     *,
     logger: Any,
 ) -> ChunkOutcome:
@@ -123,7 +124,7 @@ def run_chunk(
                                   dimensions=settings.dimensions, length=expected))
         rest = [r for r in rest if r.row_number not in found.vectors]
     send, copies = split_duplicates(rest)
-    answers = _batch_answers(rows, reuse, settings, batch_files) if send else None
+    answers = _batch_answers(rows, settings, batches) if send else None
     client = progress.counting((answers or build_embedder(settings)) if send else None,
                                spec.index)
     # batch answers are kept by the provider (the rerun reads them again): nothing to keep
@@ -157,7 +158,8 @@ def run_chunk(
         paid.clear()  # published: what the failed attempts paid for is in the object now
     outcome = replace(outcome, inputs=inputs, reused=found.reused,
                       deduplicated=found.deduplicated, tokens_saved=found.tokens_saved,
-                      batch_tokens=answers.batch_tokens if answers is not None else 0)
+                      batch_tokens=answers.batch_tokens if answers is not None else 0,
+                      batch_inputs=answers.batch_inputs if answers is not None else 0)
     logger.info(
         "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens",
         spec.index,
@@ -176,15 +178,15 @@ def run_chunk(
     return outcome
 
 
-def _batch_answers(rows: list[Row], reuse: ReusePlan | None, settings: RunSettings,
-                   batch_files: tuple[str, ...] | None) -> BatchAnswers | None:
+def _batch_answers(rows: list[Row], settings: RunSettings,
+                   batches: ChunkBatches | None) -> BatchAnswers | None:
     """Batch API mode: the chunk's batch results as its client (None in synchronous mode).
     With ``--batch-fallback sync``, texts no batch answered are sent synchronously."""
-    if batch_files is None:
+    if batches is None:
         return None
     fallback = (lambda: build_embedder(settings)) if settings.batch_fallback == "sync" else None
-    return batch_answers(rows, reuse or ReusePlan(), settings, batch_files,
-                         client=build_batch_client(settings), fallback=fallback)
+    return batch_answers(rows, settings, batches, client=build_batch_client(settings),
+                         fallback=fallback)
 
 
 def _embed(

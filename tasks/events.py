@@ -41,6 +41,7 @@ def run_payload(summary: RunSummary) -> dict[str, Any]:
     payload["dead_letters"] = summary.rows_failed
     price = summary.price_per_million_tokens
     payload["batch_tokens"] = summary.batch_tokens
+    payload["batch_inputs"] = summary.batch_inputs
     payload["cost_usd"] = None if price is None else round(
         run_cost(summary.tokens, summary.batch_tokens, price)[0], 6)  # batch tokens at half
     return payload

@@ -125,7 +125,9 @@ def summary_markdown(
         ("chunks by ledger state", ", ".join(f"{k} {v}" for k, v in
                                               sorted((chunk_states or {}).items())) or "-"),
         ("tokens (reported by the API)", f"{summary.tokens:,}"),
-        ("texts sent", f"{summary.inputs:,}"),
+        ("texts sent", f"{summary.inputs:,}" + (
+            f" ({summary.batch_inputs:,} of them in Batch API batches)"
+            if summary.batch_inputs else "")),
         ("rows reused from earlier runs", f"{summary.rows_reused:,}"),
         ("rows deduplicated in this run", f"{summary.rows_deduplicated:,}"),
         ("estimated cost", cost),

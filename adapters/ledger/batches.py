@@ -4,17 +4,23 @@ One row per (run key, chunk index, part). A part is written ``creating`` before 
 file is uploaded and its batch created, and ``submitted`` with the provider's batch id
 after; its provider ``status``, file ids and request counts follow each poll. A part whose
 row is still ``creating`` (a crash, a create that failed or timed out) is looked up in the
-account's batch list by its metadata before anything is submitted again. ``req_start`` /
-``req_stop`` is the part's range of the chunk's requests (``tasks.batch_requests``), NULL
-for a part that resubmits what earlier parts left unanswered. Ids, counts and error
-messages of the provider only: never text.
+account's batch list by its metadata before anything is submitted again. ``layout``
+(migration ``0010_batch_layouts``) is what the part carries: each request's ``custom_id``
+and the positions of its rows in the chunk, recorded before the create and never derived
+again from the run's settings (a rerun may change them); NULL for a part recorded before
+that migration. ``req_start`` / ``req_stop`` is the part's range of the chunk's requests as
+first planned (``tasks.batch_requests``), NULL for a part that submits what earlier parts
+left unanswered. Ids, counts, row positions and error messages of the provider only: never
+text.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from adapters.ledger.base import LedgerBase, now_iso
+from embedline.models import BatchLayout
 
 __all__ = ["BatchRecord", "BatchTable"]
 
@@ -40,24 +46,29 @@ class BatchRecord:
     completed: int
     failed: int
     error: str | None
+    layout: BatchLayout | None = None  # None: recorded before 0010_batch_layouts
 
 
 class BatchTable(LedgerBase):
     """The ledger's record of batches submitted to a Batch API."""
 
     def add_batch_parts(self, run_key: str, idx: int, chunk_key: str,
-                        parts: list[tuple[int, int | None, int | None, int, int]]) -> None:
-        """Record parts ``(part, req_start, req_stop, requests, inputs)`` of chunk ``idx``
-        as ``creating``, in one transaction (parts already recorded are kept)."""
+                        parts: list[tuple[int, int | None, int | None, BatchLayout]]) -> None:
+        """Record parts ``(part, req_start, req_stop, layout)`` of chunk ``idx`` as
+        ``creating``, with the requests each carries (``layout``; its requests and inputs
+        counted from it), in one transaction (parts already recorded are kept)."""
         now = now_iso()
         with self.atomic() as db:
             db.executemany(
                 """INSERT INTO batches (run_key, idx, part, chunk_key, req_start, req_stop,
-                   state, requests, inputs, created_at, updated_at)
-                   VALUES (?, ?, ?, ?, ?, ?, 'creating', ?, ?, ?, ?)
+                   state, requests, inputs, layout, created_at, updated_at)
+                   VALUES (?, ?, ?, ?, ?, ?, 'creating', ?, ?, ?, ?, ?)
                    ON CONFLICT (run_key, idx, part) DO NOTHING""",
-                [(run_key, idx, part, chunk_key, start, stop, n, inputs, now, now)
-                 for part, start, stop, n, inputs in parts])
+                [(run_key, idx, part, chunk_key, start, stop, len(layout),
+                  sum(len(rows) for _, rows in layout),
+                  json.dumps([[c, list(rows)] for c, rows in layout], separators=(",", ":")),
+                  now, now)
+                 for part, start, stop, layout in parts])
 
     def mark_batch_submitted(self, run_key: str, idx: int, part: int, *, batch_id: str,
                              input_file_id: str | None, status: str) -> None:
@@ -104,4 +115,12 @@ class BatchTable(LedgerBase):
         if idx is not None:
             sql, args = sql + " AND idx = ?", (run_key, idx)
         rows = self._conn.execute(sql + " ORDER BY idx, part", args).fetchall()
-        return [BatchRecord(**{f: row[f] for f in BatchRecord.__slots__}) for row in rows]
+        return [BatchRecord(**{f: row[f] for f in BatchRecord.__slots__ if f != "layout"},
+                            layout=_layout(row["layout"])) for row in rows]
+
+
+def _layout(stored: str | None) -> BatchLayout | None:
+    if stored is None:
+        return None
+    return tuple((str(custom_id), tuple(int(p) for p in rows))
+                 for custom_id, rows in json.loads(stored))

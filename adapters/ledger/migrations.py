@@ -202,6 +202,19 @@ MIGRATIONS += (
 
 MIGRATIONS += (
     (
+        # What each batch carried (DESIGN §6): its requests as ``[[custom_id, [row
+        # positions]], ...]`` JSON, written with the part before its create. Before, a
+        # rerun derived them from the run's settings, which it overwrites: with another
+        # --batch-size or --batch-max-inputs no answer matched ("… texts have no answer")
+        # and --batch-fallback sync paid for them again. NULL: a part recorded before this
+        # migration (derived as before).
+        "0010_batch_layouts",
+        "ALTER TABLE batches ADD COLUMN layout TEXT;",
+    ),
+)
+
+MIGRATIONS += (
+    (
         # The reuse index as hash buckets (DESIGN §8, issue 24): one row per (object, bucket)
         # holding the 64-bit prefixes of its texts' SHA-256s and their row positions, so a
         # run joins all its texts against the index bucket by bucket (numpy, flat memory)

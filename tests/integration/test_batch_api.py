@@ -21,7 +21,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from tests.support.fake_batch import FakeBatchServer
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
-from tests.support.fixtures import REPO
+from tests.support.fixtures import REPO, run_cli
 from tests.support.output import read_local_output
 
 pytestmark = pytest.mark.integration
@@ -47,6 +47,7 @@ def server(running_batch_server: FakeBatchServer) -> Iterator[FakeBatchServer]:
     s.create_fails_after_creating = s.output_id_race = 0
     s.batch_texts_fail, s.batch_texts_fail_times, s.hold = {}, None, False
     s.reject_texts_containing = None
+    s.poll_status = s.list_status = None
 
 
 def write_csv(path: Path, texts: list[str]) -> list[tuple[str, str]]:
@@ -79,8 +80,16 @@ def run_flow(tmp_path: Path, server: FakeBatchServer, api_url: str, **kw: Any) -
     return getattr(summary, "summary", summary)  # type: ignore[no-any-return]
 
 
-def assert_exact(tmp_path: Path, rows: list[tuple[str, str]]) -> None:
-    _, vectors = read_local_output(tmp_path / "out")
+def assert_exact(tmp_path: Path, rows: list[tuple[str, str]], output: str | None = None) -> None:
+    """Every non-empty row's vector is the fake's for its text (``output``: an s3:// root,
+    read through ``read_embeddings``; else ``tmp_path / "out"``)."""
+    if output is None:
+        _, vectors = read_local_output(tmp_path / "out")
+    else:
+        from embedline import read_embeddings
+
+        frame = read_embeddings(output)
+        vectors = dict(zip(frame["id"], frame["embedding"], strict=True))
     expected = {i: t for i, t in rows if t.strip()}
     assert set(vectors) == set(expected)
     for row_id, text in expected.items():
@@ -102,6 +111,7 @@ def test_batch_mode_publishes_exact_vectors_with_no_synchronous_request(
     assert counters["batch_inputs"] == distinct(rows)  # each distinct text paid once
     assert counters["creates"] == counters["batches"] == 3  # one batch per chunk
     assert summary["batch_tokens"] == summary["tokens"] > 0
+    assert summary["inputs"] == summary["batch_inputs"] == distinct(rows)  # before: 0 sent
     # a rerun has nothing to do: no batch, no request
     assert run_flow(tmp_path, server, prefect_api_url)["exit_code"] == 0
     assert server.batch_counters()["creates"] == 3
@@ -212,11 +222,11 @@ def cli_args(tmp_path: Path, server: FakeBatchServer) -> list[str]:
             "--batch-size", "2", "--batch-api", "--batch-poll-interval", "0.1"]
 
 
-def start_waiting_run(tmp_path: Path, server: FakeBatchServer,
-                      env: dict[str, str]) -> subprocess.Popen[str]:
+def start_waiting_run(tmp_path: Path, server: FakeBatchServer, env: dict[str, str],
+                      *extra: str) -> subprocess.Popen[str]:
     """A CLI run whose 3 batches are submitted and held ``in_progress``: it waits."""
     server.hold = True
-    proc = subprocess.Popen(cli_args(tmp_path, server), cwd=tmp_path, env=env, text=True,
+    proc = subprocess.Popen([*cli_args(tmp_path, server), *extra], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 90
@@ -235,8 +245,9 @@ def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
     proc = start_waiting_run(tmp_path, server, env)
     os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
+    assert "status     interrupted: interrupted by SIGINT" in stdout, stdout  # the summary
     assert "3 batches keep running at the provider" in stderr
     assert "cancel-batches" in stderr
     assert all(b["status"] == "in_progress" for b in server.batches.values())
@@ -356,3 +367,134 @@ def test_a_server_without_a_batch_api_stops_the_run_with_exit_3_saying_so(
     assert "has no Batch API (POST /files: HTTP 404): run without --batch-api" in (
         summary["message"])
     assert [e["status"] for e in fake_openai.log] == [404]  # the upload only: nothing embedded
+
+
+@pytest.mark.parametrize("changed", [
+    # the rerun's requests would be other ones (3 inputs each, parts of at most 2 inputs),
+    # and each batch expired after its first request: only the rest is submitted again
+    {"batch_size": 3, "batch_max_inputs": 2, "expire": True},
+    # one input per request, with the synchronous fallback (before: it paid them all again)
+    {"batch_size": 1, "batch_fallback": "sync"},
+    # the same settings, the parts recorded by a ledger before 0010_batch_layouts (no
+    # layout): derived from the run's settings, as they were
+    {"legacy": True, "expire": True},
+], ids=["batch-size-and-max-inputs", "batch-size-fallback-sync", "recorded-before-layouts"])
+def test_a_rerun_with_other_batching_settings_collects_the_batches_and_pays_nothing_twice(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        changed: dict[str, Any]) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    server.hold, server.poll_status = True, 503  # submitted, then the API goes away
+    first = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
+    assert first["exit_code"] == 1, first["message"]
+    assert server.batch_counters()["creates"] == 3
+    server.hold, server.poll_status = False, None
+    server.expire_after = 1 if changed.pop("expire", False) else None
+    if changed.pop("legacy", False):
+        import sqlite3
+
+        with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
+            db.execute("UPDATE batches SET layout = NULL")
+    summary = run_flow(tmp_path, server, prefect_api_url, **changed)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["batch_inputs"] == distinct(rows)  # nothing paid twice
+    assert counters["requests"] == 0  # nothing sent synchronously
+    # the expired batches' unanswered requests went again as they were: one more batch for
+    # each chunk with two requests; none else
+    assert counters["creates"] == (5 if server.expire_after else 3)
+    assert summary["inputs"] == distinct(rows)
+
+
+def test_cancel_batches_adopts_a_batch_still_recorded_creating_and_cancels_it(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from adapters.ledger import Ledger
+    from cli.main import main
+
+    write_csv(tmp_path / "in.csv", TEXTS[:4])  # one chunk, one batch
+    # the create makes the batch but answers 500, and the list that would find it fails:
+    # the run stops with the batch running and its part recorded `creating`
+    server.create_fails_after_creating, server.list_status, server.hold = 1, 503, True
+    first = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
+    assert first["exit_code"] == 1, first["message"]
+    ledger_path = tmp_path / "ledger.sqlite3"
+    ledger = Ledger(ledger_path)
+    run_key = ledger.runs()[0].run_key
+    assert [r.state for r in ledger.run_batches(run_key)] == ["creating"]
+    ledger.close()
+    (batch,) = server.batches.values()
+    assert batch["status"] in ("validating", "in_progress")
+    server.list_status = None
+    capsys.readouterr()
+    assert main(["cancel-batches", run_key[:12], "--ledger", str(ledger_path)]) == 0
+    out = capsys.readouterr()
+    assert batch["status"] == "cancelling", out  # before: skipped, left running
+    assert f"{batch['id']}\tcancelling" in out.out
+    ledger = Ledger(ledger_path)  # adopted: the rerun polls it, submits nothing
+    (record,) = ledger.run_batches(run_key)
+    ledger.close()
+    assert (record.state, record.batch_id) == ("submitted", batch["id"])
+
+
+def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_progress(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    """The lighter sibling of the slow Ctrl-C test: one CLI run, stopped while it waits."""
+    write_csv(tmp_path / "in.csv", TEXTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
+    proc = start_waiting_run(tmp_path, server, env, "--progress-interval", "0.2")
+    time.sleep(0.5)  # a progress line or two while waiting
+    os.killpg(proc.pid, signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    # the usual summary on stdout (before: nothing, only a line on stderr)
+    assert "status     interrupted" in stdout, stdout
+    assert "chunks     0 published now" in stdout and "3 not run, of 3" in stdout
+    assert "batch      3 Batch API batches" in stdout
+    last = stderr.strip().splitlines()[-1]
+    assert "3 batches keep running at the provider" in last, stderr[-2000:]
+    assert "embedline cancel-batches " in last
+    # the progress lines show the batches by status with their request counts
+    assert "; batches 3 in_progress (0 of 5 requests done)" in stderr, stderr[-3000:]
+    assert all(b["status"] == "in_progress" for b in server.batches.values())
+
+
+def test_batch_mode_publishes_to_s3(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str, moto_endpoint: str,
+        s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    output = f"s3://{s3_bucket}/batch"
+    server.expire_after = 1  # and the chunks with two requests need a second batch
+    summary = run_flow(tmp_path, server, prefect_api_url, output=output)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows, output)
+    counters = server.batch_counters()
+    assert counters["batch_inputs"] == distinct(rows) == summary["inputs"]
+    assert (counters["requests"], counters["creates"]) == (0, 5)
+    assert run_flow(tmp_path, server, prefect_api_url, output=output)["exit_code"] == 0
+    assert server.batch_counters()["creates"] == 5  # the rerun submits nothing
+
+
+@pytest.mark.slow  # a Dask cluster in a CLI run: ~40 s; test_batch_mode_publishes_to_s3 is its
+# lighter sibling in CI (S3, threads)
+def test_batch_mode_on_dask_workers_with_s3_output(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str, moto_endpoint: str,
+        s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunk tasks on Dask worker processes read their batches' result files themselves
+    (no shared memory with the flow process: the recorded layouts travel with the task)."""
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api_url)
+    output = f"s3://{s3_bucket}/dask"
+    args = [*cli_args(tmp_path, server)[3:], "--output", output, "--task-runner", "dask",
+            "--dask-workers", "2"]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # counted on Dask too (from the chunks' outcomes: the workers' counts stay there)
+    assert (f"api        0 requests, {distinct(rows)} inputs sent ({distinct(rows)} of them in "
+            "Batch API batches)") in result.stdout, result.stdout
+    assert_exact(tmp_path, rows, output)
+    counters = server.batch_counters()
+    assert counters["batch_inputs"] == distinct(rows)
+    assert (counters["requests"], counters["creates"]) == (0, 3)

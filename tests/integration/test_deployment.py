@@ -285,6 +285,63 @@ def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_ti
     assert "interrupted" in status.stdout, status.stdout + status.stderr
 
 
+@pytest.fixture
+def held_batch_api() -> Iterator[str]:
+    """A fake Batch API in its own process whose batches take 10 minutes. Yields its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.fake_batch", "--port", "0", "--dims", "8",
+         "--complete-after-s", "600"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("READY "), line
+        yield line.split()[1]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+@pytest.mark.slow  # a worker and a deployment run (~40 s): make test-all runs it
+def test_a_batch_deployment_run_cancelled_while_waiting_ends_cancelled_and_names_cancel_batches(
+    prefect_api_url: str, worker: Path, held_batch_api: str, tmp_path: Path
+) -> None:
+    """The UI's Cancel while a --batch-api run waits for its batches: the runner's SIGTERM
+    stops the wait at once (nothing in flight to wait for), the run ends Cancelled without a
+    traceback, and its log says the batches keep running and how to cancel them."""
+    api = prefect_api_url
+    _write_csv(tmp_path / "in.csv")
+    _prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name",
+             "manual")
+    params = {"input": tmp_path / "in.csv", "output": tmp_path / "out",
+              "ledger": tmp_path / "ledger.sqlite3", "embedder": "openai",
+              "base_url": held_batch_api, "chunk_size": 50, "batch_api": "true",
+              "batch_poll_interval": 0.5}
+    args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
+    started = _prefect("deployment", "run", "embed-csv/manual", *args)
+    match = re.search(r"UUID: ([0-9a-f-]{36})", started)
+    assert match, started
+    flow_run_id = match.group(1)
+    deadline = time.monotonic() + 90
+    while "batches: 2 in_progress" not in _flow_run_logs(api, flow_run_id):  # waiting
+        assert time.monotonic() < deadline, worker.read_text(errors="replace")[-4000:]
+        time.sleep(0.5)
+    _prefect("flow-run", "cancel", flow_run_id)
+    cancelled_at = time.monotonic()
+    final = _wait_terminal(api, flow_run_id, worker, timeout=60)
+    assert final["state_type"] == "CANCELLED", final["state"]
+    assert time.monotonic() - cancelled_at < 30  # before the runner's SIGKILL
+    deadline, logs = time.monotonic() + 15, ""
+    while "cancel-batches" not in logs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        logs = _flow_run_logs(api, flow_run_id)
+    assert ("2 batches keep running at the provider (billed when they complete): a new run "
+            "with the same parameters (or a Retry) collects them") in logs, logs
+    assert "`embedline cancel-batches " in logs, logs
+    for noise in ("Traceback", "UnfinishedRun", "Engine execution exited"):
+        assert noise not in logs, logs
+
+
 def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
     prefect_api_url: str, failing_api: tuple[str, str], tmp_path: Path
 ) -> None:

@@ -36,14 +36,24 @@ Failure injection (attributes, set by tests before or between runs):
   that status (e.g. 500) in the error file, ``batch_texts_fail_times`` times per custom_id
   (default: always).
 - ``hold``: batches stay ``in_progress`` until set back to False (a run waiting).
+- ``poll_status`` / ``list_status``: while set, ``GET /v1/batches/{id}`` (a poll) / ``GET
+  /v1/batches`` (the list) answer this HTTP status (e.g. 503: the API went away).
+
+Standalone (to try the CLI against it): ``python -m tests.support.fake_batch --port 8000
+--complete-after-s 30`` prints ``READY http://127.0.0.1:8000/v1``, serves until SIGINT or
+SIGTERM, then prints its counters as one JSON line.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import signal
+import sys
 import threading
 import time
+from collections.abc import Sequence
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
@@ -110,6 +120,8 @@ class FakeBatchServer(FakeEmbeddingServer):
         self.batch_texts_fail_times: int | None = None
         self._failed_times: dict[str, int] = {}
         self.hold = False
+        self.poll_status: int | None = None
+        self.list_status: int | None = None
         self._finish_lock = threading.Lock()
 
     def start(self) -> FakeBatchServer:
@@ -236,6 +248,10 @@ class FakeBatchServer(FakeEmbeddingServer):
                 data = self.contents.get(content.group(1))
             return (200, data) if data is not None else _error(404, "No such File object")
         one = re.search(r"/batches/([^/]+)$", path)
+        if one and self.poll_status is not None:
+            return _error(self.poll_status, "The server is unavailable.")
+        if path.endswith("/batches") and self.list_status is not None:
+            return _error(self.list_status, "The server is unavailable.")
         if one:
             batch = self.batches.get(one.group(1))
             if batch is None:
@@ -375,3 +391,33 @@ def _public(batch: dict[str, Any]) -> dict[str, Any]:
 
 def _jsonl(records: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; print ``READY <base_url>`` first, the batch counters (a
+    JSON line) last."""
+    parser = argparse.ArgumentParser(prog="python -m tests.support.fake_batch")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--dims", type=int, default=384)
+    parser.add_argument("--complete-after-s", type=float, default=0.1,
+                        help="seconds from a batch's create to its end")
+    parser.add_argument("--expire-after", type=int, default=None,
+                        help="a batch runs only its first N requests, then expires")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = FakeBatchServer(dims=args.dims, complete_after_s=args.complete_after_s,
+                             host=args.host, port=args.port).start()
+    server.expire_after = args.expire_after
+    print(f"READY {server.base_url}", flush=True)
+    while not stop.wait(0.2):
+        pass
+    server.stop()
+    print(json.dumps(server.batch_counters()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

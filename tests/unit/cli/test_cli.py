@@ -179,10 +179,15 @@ def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_proc
     print_summary(RunSummary(0, "complete", "", requests=1, inputs=1, tokens=1, **base).to_dict())
     print_summary(RunSummary(0, "complete", "", requests=0, inputs=249, **base).to_dict())
     print_summary(RunSummary(0, "complete", "", requests=0, inputs=0, **base).to_dict())
+    # Batch API mode: the texts batches answered were sent, not embedded in-process
+    print_summary(RunSummary(0, "complete", "", requests=0, inputs=10, batch_inputs=10,
+                             tokens=50, batch_tokens=50, batches=3, **base).to_dict())
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("api", "model"))]
     assert lines == ["api        1 request, 1 input sent, 1 token reported",
                      "model      249 inputs embedded in-process (no API requests)",
-                     "api        0 requests, 0 inputs sent, 0 tokens reported"]
+                     "api        0 requests, 0 inputs sent, 0 tokens reported",
+                     "api        0 requests, 10 inputs sent (10 of them in Batch API batches), "
+                     "50 tokens reported"]
 
 
 @pytest.mark.parametrize("query", ["", "   ", "\t"])
@@ -218,3 +223,15 @@ def test_every_option_of_every_command_has_help_and_says_its_default() -> None:
                 assert " ".join(parser._get_formatter()._get_help_string(action).split()) \
                     .endswith("(default: %(default)s)") or "(default:" in action.help, \
                     (name, action.option_strings)
+
+
+def test_an_interrupted_batch_runs_summary_still_counts_its_batches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cli.console import print_summary
+    from embedline.models import RunSummary
+
+    print_summary(RunSummary(143, "interrupted", "interrupted by SIGTERM", run_key="k" * 64,
+                             output="out", batches=5, price_per_million_tokens=0.02).to_dict())
+    assert "batch      5 Batch API batches, 0 tokens at the batch price (half)\n" in (
+        capsys.readouterr().out)

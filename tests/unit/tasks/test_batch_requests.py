@@ -17,7 +17,8 @@ from embedline.models import ReusePlan, ReuseSource, Row
 from embedline.protocols import Embeddings
 from embedline.settings import RunSettings
 from tasks.batch_answers import BatchAnswers
-from tasks.batch_requests import BatchResults, chunk_requests, input_file, pack
+from tasks.batch_requests import (BatchResults, chunk_requests, input_file, layout_of,
+                                  layout_requests, pack)
 from tasks.embed import embed_rows
 
 SETTINGS = RunSettings(input="in.csv", embedder="openai", batch_api=True, batch_size=2)
@@ -151,7 +152,8 @@ def test_answers_send_only_what_no_batch_answered_to_the_fallback() -> None:
     client = BatchAnswers(results.resolve(requests), model=MODEL, dimensions=None,
                           fallback=lambda: Sync())  # type: ignore[arg-type,return-value]
     answer = client.embed(["a", "new", "b"], idempotency_key="k")
-    assert sent == [["new"]] and answer.requests == 1 and answer.inputs == 1
+    assert sent == [["new"]] and answer.requests == 1
+    assert answer.inputs == 3  # two answered by the batch, one sent synchronously
     np.testing.assert_array_equal(answer.vectors[2], vec(1))
     assert client.batch_tokens == 3 and answer.tokens == 10
     without = BatchAnswers(results.resolve(requests), model=MODEL, dimensions=None)
@@ -161,11 +163,14 @@ def test_answers_send_only_what_no_batch_answered_to_the_fallback() -> None:
 
 def test_ledger_records_batches_before_and_after_create() -> None:
     ledger = Ledger(":memory:")
-    ledger.add_batch_parts("r" * 64, 3, "c" * 64, [(0, 0, 2, 2, 4), (1, 2, 3, 1, 2)])
-    ledger.add_batch_parts("r" * 64, 3, "c" * 64, [(0, 0, 9, 9, 9)])  # kept as it was
+    first_layout = (("a" * 64, (0, 1)), ("b" * 64, (2, 3)))
+    ledger.add_batch_parts("r" * 64, 3, "c" * 64, [(0, 0, 2, first_layout),
+                                                   (1, 2, 3, (("d" * 64, (4, 5)),))])
+    ledger.add_batch_parts("r" * 64, 3, "c" * 64, [(0, 0, 9, ())])  # kept as it was
     parts = ledger.run_batches("r" * 64, 3)
-    assert [(p.part, p.state, p.req_stop, p.batch_id) for p in parts] == [
-        (0, "creating", 2, None), (1, "creating", 3, None)]
+    assert [(p.part, p.state, p.req_stop, p.batch_id, p.requests, p.inputs)
+            for p in parts] == [(0, "creating", 2, None, 2, 4), (1, "creating", 3, None, 1, 2)]
+    assert parts[0].layout == first_layout  # what the part carries, as recorded
     ledger.mark_batch_submitted("r" * 64, 3, 0, batch_id="batch_1", input_file_id="file_1",
                                 status="validating")
     ledger.update_batch("r" * 64, "batch_1", status="completed", output_file_id="file_2",
@@ -176,3 +181,36 @@ def test_ledger_records_batches_before_and_after_create() -> None:
     ledger.drop_batch_part("r" * 64, 3, 0)  # submitted: never dropped
     ledger.drop_batch_part("r" * 64, 3, 1)
     assert [p.part for p in ledger.run_batches("r" * 64)] == [0]
+
+
+def test_recorded_layouts_answer_the_rows_whatever_the_batching_settings_now() -> None:
+    chunk = rows(["a", "b", "c", "d", "e"])
+    submitted = chunk_requests(chunk, ReusePlan(), SETTINGS)  # batch size 2: 3 requests
+    layout = layout_of(submitted)
+    assert layout[0] == (submitted[0].custom_id, (0, 1))
+    rerun = SETTINGS.model_copy(update={"batch_size": 3, "batch_max_inputs": 2})
+    assert [r.custom_id for r in chunk_requests(chunk, ReusePlan(), rerun)] != [
+        r.custom_id for r in submitted]  # the rerun would batch them otherwise
+    rebuilt = layout_requests(chunk, layout, rerun)
+    assert [(r.custom_id, r.texts) for r in rebuilt] == [
+        (r.custom_id, r.texts) for r in submitted]
+    results = BatchResults()
+    for i, request in enumerate(submitted):
+        results.add_output(output_line(request.custom_id, [vec(2 * i + j) for j in
+                                                           range(len(request.texts))]),
+                           dimensions=None)
+    client = BatchAnswers(results.resolve(rebuilt), model=MODEL, dimensions=None)
+    answer = client.embed(["e", "c", "a", "b", "d"], idempotency_key="other batching")
+    np.testing.assert_array_equal(answer.vectors[:, 0], [5, 3, 1, 2, 4])
+    assert answer.requests == 0 and answer.inputs == 5
+    # a layout that does not describe these rows (another row at a position) matches none
+    edited = rows(["a", "B", "c", "d", "e"])
+    assert [r.custom_id for r in layout_requests(edited, layout, rerun)] == [
+        submitted[1].custom_id, submitted[2].custom_id]
+    assert layout_requests(chunk, ((submitted[0].custom_id, (0, 9)),), rerun) == []
+
+
+def test_only_rows_at_given_positions_are_requested() -> None:
+    chunk = rows(["a", "b", "c", "d"])
+    requests = chunk_requests(chunk, ReusePlan(), SETTINGS, only={1, 3})
+    assert [(r.texts, r.rows) for r in requests] == [(("b", "d"), (1, 3))]

@@ -66,3 +66,14 @@ def test_the_run_summary_artifact_of_run_with_sink_has_the_loads_own_section() -
     assert "| wall time | 2.5 s (the load, index included) |" in section
     assert "Load into the sink" not in summary_markdown(RunSummary(0, "complete", "",
                                                                    run_key="k" * 64))
+
+
+def test_the_run_summary_artifact_counts_texts_batches_answered_as_sent() -> None:
+    from embedline.models import RunSummary
+    from tasks.report import summary_markdown
+
+    run = RunSummary(0, "complete", "", run_key="k" * 64, output="out", inputs=10,
+                     batch_inputs=10, tokens=50, batch_tokens=50, batches=3)
+    text = summary_markdown(run, price_per_million_tokens=0.02)
+    assert "| texts sent | 10 (10 of them in Batch API batches) |" in text
+    assert "| requests | 0 |" in text
