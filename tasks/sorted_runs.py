@@ -47,14 +47,16 @@ _SORT_KEY = [("id", "ascending")]
 
 @dataclass(frozen=True, slots=True)
 class SortLimits:
-    """How much of a sort is held in memory. Defaults: about 32 MiB while forming a run and
-    about 24 MiB of buffers while merging, for rows of about 90 bytes (an id of 20 bytes and
-    a hex SHA-256; more with a kept-columns hash)."""
+    """How much of a sort is held in memory. Defaults: 16 MiB of rows while forming a run
+    (twice that while it is sorted) and at most 8 MiB of run buffers plus a 4 MiB block
+    while merging, for rows of about 80 bytes (a short id and a hex SHA-256). Measured on
+    10 million rows a side: 36 MiB of Arrow memory at most (benchmarks/bench_changes.py);
+    smaller runs or batches cost more merge passes or more steps for little less memory."""
 
     run_rows: int = 1 << 20  # rows sorted in memory per run, at most
     run_bytes: int = 16 << 20  # ... or fewer, once their Arrow buffers hold this many bytes
-    batch_rows: int = 2048  # rows per IPC batch of a run, at most
-    batch_bytes: int = 128 << 10  # ... or fewer, so a batch stays near this many bytes
+    batch_rows: int = 1024  # rows per IPC batch of a run, at most
+    batch_bytes: int = 64 << 10  # ... or fewer, so a batch stays near this many bytes
     fan_in: int = 64  # runs merged at once; more runs → a merge pass over the smallest first
 
     def __post_init__(self) -> None:
