@@ -135,7 +135,7 @@ def diff_blocks(
     unique within each run (the planner refuses duplicates), so a chunk object both runs
     list holds the same ids with the same texts (and kept values: they are in its key) on
     both sides and is never read. The others' key columns are sorted on disk under
-    ``scratch_dir`` (``tasks.sorted_runs``: about 90 bytes a row, each side) and merged,
+    ``scratch_dir`` (``tasks.sorted_runs``: about 80 bytes a row, each side) and merged,
     holding ``limits`` rows at most (counted in ``stats``), whatever the row count.
 
     :raises FileNotFoundError: a chunk object is missing.
@@ -232,7 +232,7 @@ def write_changes(
     run died before its manifest), that object is kept, with the base it names, since it is
     still a true change set relative to that base; nothing is overwritten, nor computed again.
     The object is written to a file under ``scratch_dir`` (a directory the caller owns,
-    never /tmp implicitly; about 90 bytes a row of each side are sorted there too, and all
+    never /tmp implicitly; about 80 bytes a row of each side are sorted there too, and all
     of it is deleted before returning) and streamed to the store from there.
 
     :raises ConflictError: the key holds an object that is not this run's change set.
@@ -258,8 +258,15 @@ def write_changes(
             if found is None:
                 raise
             return found
+    return _change_counts(key, put.sha256, base_run_key, counts, rows=rows)
+
+
+def _change_counts(key: str, sha256: str, base_run_key: str | None, counts: Counter[str], *,
+                   rows: int) -> ChangeCounts:
+    """``ChangeCounts`` from the rows by change; ``rows`` = ids with a vector in this run,
+    so unchanged = rows - added - changed."""
     added, changed = counts["added"], counts["changed"]
-    return ChangeCounts(object=key, sha256=put.sha256, base_run_key=base_run_key, added=added,
+    return ChangeCounts(object=key, sha256=sha256, base_run_key=base_run_key, added=added,
                         changed=changed, removed=counts["removed"],
                         unchanged=rows - added - changed)
 
@@ -267,7 +274,7 @@ def write_changes(
 def _existing_counts(store: ObjectStore, key: str, run_key: str, *, rows: int) -> ChangeCounts | None:
     """The counts of the change set at ``key`` if it is ``run_key``'s, else None (absent, or
     not a change set of this run). Reads its footer and ``change`` column a row group at a
-    time; ``rows`` = ids with a vector in this run, so unchanged = rows - added - changed."""
+    time (``rows``: see ``_change_counts``)."""
     counts: Counter[str] = Counter()
     try:
         with store.open_read(key) as fh:
@@ -285,7 +292,4 @@ def _existing_counts(store: ObjectStore, key: str, run_key: str, *, rows: int) -
     sha256 = store.head_sha256(key)
     if sha256 is None:
         return None
-    added, changed = counts["added"], counts["changed"]
-    return ChangeCounts(object=key, sha256=sha256, base_run_key=meta.get("base_run_key"),
-                        added=added, changed=changed, removed=counts["removed"],
-                        unchanged=rows - added - changed)
+    return _change_counts(key, sha256, meta.get("base_run_key"), counts, rows=rows)

@@ -62,7 +62,7 @@ def _dimensions(settings: RunSettings, store: ObjectStore, done: dict[int, Chunk
 
 def _scratch_parent(settings: RunSettings) -> Path:
     """Where the change set is sorted and written before its upload: beside the ledger (a
-    disk the run already writes to), never /tmp, which may be small (about 90 bytes a row
+    disk the run already writes to), never /tmp, which may be small (about 80 bytes a row
     of each side that differs, plus the change set; deleted when the commit returns)."""
     parent = Path(settings.ledger).absolute().parent
     parent.mkdir(parents=True, exist_ok=True)

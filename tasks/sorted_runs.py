@@ -319,6 +319,7 @@ def reduce_runs(
 
 def _merge_into_one(group: Sequence[SortedRun], schema: pa.Schema, path: Path,
                     limits: SortLimits, stats: SortStats) -> SortedRun:
+    """Merge the runs of ``group`` (one source, at most ``fan_in``) into one run at ``path``."""
     with _RunWriter(path, schema, min(run.batch_rows for run in group)) as writer:
         for (block,) in merge_blocks([group], schema, limits=limits, stats=stats):
             writer.write(block.sort_by(_SORT_KEY))
