@@ -12,15 +12,16 @@ read by a diff): the base run in id order, and a *shuffled night*, the same ids 
 order with 1 % deleted, 1 % added and 1 % of texts changed, so no chunk object is shared and
 every key of both runs is read, sorted and joined: the worst case for memory.
 
-Each implementation runs in its own process, measured by the parent: wall seconds, CPU
-seconds (user + system, ``wait4``), peak RSS (``ru_maxrss``) and the process's RSS just
-before the diff (interpreter, pyarrow, the chunk lists): ``peak - before`` is what the
-change set costs in a fresh process, including pyarrow's first-use costs (thread pools,
+Each implementation runs in its own process with the CLI's allocator settings (pyarrow's
+system pool, two malloc arenas: ``adapters/memory.py``), measured by the parent: wall
+seconds, CPU seconds (user + system, ``wait4``), peak RSS (``ru_maxrss``) and the process's
+RSS just before the diff (interpreter, pyarrow, the chunk lists): ``peak - before`` is what
+the change set costs in a fresh process, including pyarrow's first-use costs (thread pools,
 allocator arenas) that a CLI run has already paid; ``Arrow MiB`` is the pool's own peak.
 CPU seconds are the fairer ratio on a shared machine: wall time waits for the CPU and, for
-the new diff, for the scratch files. The two change sets are then compared row by row (and schema with
-metadata): they must hold the same content. Results print as a table and go to
-``benchmarks/results/changes-<UTC time>.json``. Never asserted; Linux only (``wait4``).
+the new diff, for its scratch files. The two change sets are then compared row by row
+(and schema with metadata): they must hold the same content. Results print as a table and
+go to ``benchmarks/results/changes-<UTC time>.json``. Never asserted; Linux only (``wait4``).
 The 10M data takes about 1 GB in ``--dir`` and the new diff's scratch about 2 GB more.
 """
 
@@ -46,6 +47,12 @@ sys.path.insert(0, str(REPO))
 OLD_REV = "f605900"  # main before the sort-merge change set (its tasks/changes.py)
 CHUNK_ROWS = 5_000
 RUN_KEY = "bench-night"
+#: The allocators the CLI sets for itself (adapters/memory.py), here for both workers; an
+#: explicit value in the environment wins, as it does for the CLI.
+CLI_ALLOCATORS = {
+    "ARROW_DEFAULT_MEMORY_POOL": os.environ.get("ARROW_DEFAULT_MEMORY_POOL", "system"),
+    "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
+}
 _HEX = np.array([[ord(c) for c in f"{b:02x}"] for b in range(256)], dtype=np.uint8)
 
 
@@ -83,7 +90,8 @@ def _hashes(numbers: np.ndarray, version: np.ndarray) -> pa.Array:
     return _strings(_HEX[raw].reshape(len(numbers), 64))
 
 
-def _write_run(root: Path, name: str, numbers: np.ndarray, version: np.ndarray) -> list[dict[str, Any]]:
+def _write_run(root: Path, name: str, numbers: np.ndarray,
+               version: np.ndarray) -> list[dict[str, Any]]:
     chunks = []
     for index, start in enumerate(range(0, len(numbers), CHUNK_ROWS)):
         part, ver = numbers[start:start + CHUNK_ROWS], version[start:start + CHUNK_ROWS]
@@ -161,7 +169,8 @@ def measure(impl: str, data: Path, out: Path, old_rev: str) -> dict[str, Any]:
     """Run ``worker`` in a child process; add its CPU seconds and peak RSS (``wait4``)."""
     child = subprocess.Popen(
         [sys.executable, __file__, "--worker", impl, "--data", str(data), "--out", str(out),
-         "--old-rev", old_rev], stdout=subprocess.PIPE, text=True)
+         "--old-rev", old_rev],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, **CLI_ALLOCATORS})
     assert child.stdout is not None
     output = child.stdout.read()
     _, status, usage = os.wait4(child.pid, 0)
@@ -265,7 +274,8 @@ def _report(results: list[dict[str, Any]], old_rev: str) -> None:
         low, high = new[0], new[-1]
         print(f"new peak RSS at {high['rows']:,} rows / at {low['rows']:,} rows: "
               f"{high['new']['peak_rss_mib'] / low['new']['peak_rss_mib']:.2f}x")
-    out = REPO / "benchmarks" / "results" / f"changes-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = REPO / "benchmarks" / "results" / f"changes-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"old_rev": old_rev, "results": results}, indent=2))
     print(f"written to {out}")

@@ -99,7 +99,8 @@ def read_keys(store: ObjectStore, object_key: str, kept_columns: Sequence[str] =
 
 def _key_schema(kept_columns: Sequence[str]) -> pa.Schema:
     """The key tables' schema: ``id``, ``text_sha256`` and, with kept columns, their hash."""
-    return pa.schema([(c, pa.string()) for c in _KEY_COLUMNS + ([KEPT_HASH] if kept_columns else [])])
+    names = _KEY_COLUMNS + ([KEPT_HASH] if kept_columns else [])
+    return pa.schema([(c, pa.string()) for c in names])
 
 
 def _key_tables(store: ObjectStore, chunks: Sequence[dict[str, Any]],
@@ -172,7 +173,8 @@ def _classify(new: pa.Table, old: pa.Table, kept_columns: Sequence[str]) -> pa.T
     del both
     ids, hashes, is_old = (rows.column(c).combine_chunks() for c in ("id", "text_sha256", "old"))
     pair = _with_next(ids, pc.equal)  # row i is an id's new row, row i + 1 its old one
-    single = pc.invert(pc.or_(pair, pa.concat_arrays([pa.array([False]), pair.slice(0, len(pair) - 1)])))
+    after_pair = pa.concat_arrays([pa.array([False]), pair.slice(0, len(pair) - 1)])
+    single = pc.invert(pc.or_(pair, after_pair))  # the id is on one side only
     text_differs = _with_next(hashes, pc.not_equal)
     differs = text_differs
     if kept_columns:
@@ -271,7 +273,8 @@ def _change_counts(key: str, sha256: str, base_run_key: str | None, counts: Coun
                         unchanged=rows - added - changed)
 
 
-def _existing_counts(store: ObjectStore, key: str, run_key: str, *, rows: int) -> ChangeCounts | None:
+def _existing_counts(store: ObjectStore, key: str, run_key: str, *,
+                     rows: int) -> ChangeCounts | None:
     """The counts of the change set at ``key`` if it is ``run_key``'s, else None (absent, or
     not a change set of this run). Reads its footer and ``change`` column a row group at a
     time (``rows``: see ``_change_counts``)."""

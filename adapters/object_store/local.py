@@ -268,11 +268,12 @@ class LocalDirStore:
     ) -> list[str]:
         """Remove temp files left by dead writers; return their paths.
 
-        Searches ``chunks/``, ``changes/``, ``manifests/`` and ``_embedline/`` (recursively). Only names
-        matching ``.{name}.tmp-{pid}-{16 hex}`` are touched: those whose writer process
-        (``pid``, on this host) no longer exists, and any older than ``max_age_s`` seconds
-        (a writer on another host sharing the directory). A younger temp file of a live
-        process belongs to a writer still running, so it is left alone.
+        Searches ``chunks/``, ``changes/``, ``manifests/`` and ``_embedline/``
+        (recursively). Only names matching ``.{name}.tmp-{pid}-{16 hex}`` are touched:
+        those whose writer process (``pid``, on this host) no longer exists, and any older
+        than ``max_age_s`` seconds (a writer on another host sharing the directory). A
+        younger temp file of a live process belongs to a writer still running, so it is
+        left alone.
         """
         cutoff = (time.time() if now is None else now) - max_age_s
         removed: list[str] = []
