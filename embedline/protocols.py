@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
@@ -144,6 +145,20 @@ class ObjectStore(Protocol):
     ) -> PutResult:
         """Create ``key`` with ``body`` unless it exists; never overwrite.
 
+        :raises ConflictError: the key exists with other bytes (SHA-256 differs).
+        :raises FatalError: the store refuses the write (permissions, missing bucket).
+        """
+        ...
+
+    def put_file_if_absent(
+        self, key: str, path: str | os.PathLike[str], *, content_type: str
+    ) -> PutResult:
+        """Create ``key`` with the bytes of the local file ``path`` unless it exists; never
+        overwrite. The file is streamed (never read whole into memory) and its SHA-256 is
+        computed here and returned in the ``PutResult``: the same conditional create and
+        outcomes as ``put_if_absent`` for bodies too large to hold (a change set).
+
+        :raises FileNotFoundError: ``path`` does not exist.
         :raises ConflictError: the key exists with other bytes (SHA-256 differs).
         :raises FatalError: the store refuses the write (permissions, missing bucket).
         """

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from adapters.disk_full import translate_full
 from adapters.ledger import Ledger
 from embedline.models import ChunkOutcome, InputPlan, ManifestChunk
 from embedline.protocols import ObjectStore
@@ -57,6 +60,15 @@ def _dimensions(settings: RunSettings, store: ObjectStore, done: dict[int, Chunk
     return checked_dimensions(store, done, settings.dimensions) or settings.dimensions or 0
 
 
+def _scratch_parent(settings: RunSettings) -> Path:
+    """Where the change set is sorted and written before its upload: beside the ledger (a
+    disk the run already writes to), never /tmp, which may be small (about 80 bytes a row
+    of each side that differs, plus the change set; deleted when the commit returns)."""
+    parent = Path(settings.ledger).absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent
+
+
 def commit_run(
     store: ObjectStore,
     *,
@@ -78,6 +90,8 @@ def commit_run(
         base run's rows (nothing committed; the change set object, create-only, stays).
     :raises ValueError: the counts do not add up to the input's rows.
     :raises BadResponseError: chunk objects of different lengths (nothing written).
+    :raises DiskFullError: the filesystem beside the ledger (the change set's scratch
+        space) is full.
     """
     dims = _dimensions(settings, store, done)
     chunks = [ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
@@ -92,8 +106,12 @@ def commit_run(
     )
     base = latest_manifest(store, dimensions=dims, exclude_run_key=run_key,
                            dataset=dataset_key(manifest))
-    changes = write_changes(store, run_key=run_key, chunks=[c.to_dict() for c in chunks],
-                            base=base, kept_columns=settings.kept_columns)
+    with (tempfile.TemporaryDirectory(dir=_scratch_parent(settings),
+                                      prefix=".embedline-commit-") as scratch,
+          translate_full(scratch, "change set's scratch directory")):
+        changes = write_changes(store, run_key=run_key, chunks=[c.to_dict() for c in chunks],
+                                base=base, kept_columns=settings.kept_columns,
+                                scratch_dir=Path(scratch))
     if base is not None and changes.base_run_key == str(base["run_key"]):
         check_delete_share(
             changes.removed, sum(int(c["rows"]) for c in base["chunks"]),

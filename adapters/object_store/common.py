@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
+from typing import BinaryIO
 
-__all__ = ["SCRATCH_PREFIX", "check_key", "check_scratch_key", "require_digest", "sha256_hex"]
+__all__ = ["SCRATCH_PREFIX", "check_key", "check_scratch_key", "copy_hashing", "require_digest",
+           "sha256_file", "sha256_hex"]
+
+_READ_BLOCK = 1 << 20  # bytes per read when streaming a file
 
 #: Scratch keys (``check_conditional_writes``) live under this prefix; only they may be deleted.
 SCRATCH_PREFIX = "_embedline/"
@@ -17,6 +22,26 @@ SCRATCH_PREFIX = "_embedline/"
 def sha256_hex(body: bytes) -> str:
     """Return the lowercase hex SHA-256 of ``body`` (64 characters)."""
     return hashlib.sha256(body).hexdigest()
+
+
+def copy_hashing(source: BinaryIO, write: Callable[[bytes], object] | None = None) -> str:
+    """Read ``source`` to its end a MiB at a time, passing each block to ``write`` (if
+    given); return the lowercase hex SHA-256 of what was read."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: source.read(_READ_BLOCK), b""):
+        digest.update(block)
+        if write is not None:
+            write(block)
+    return digest.hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Return the lowercase hex SHA-256 of the file at ``path``, read a MiB at a time.
+
+    :raises FileNotFoundError: there is no such file.
+    """
+    with open(path, "rb") as fh:
+        return copy_hashing(fh)
 
 
 def require_digest(body: bytes, sha256: str) -> None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -24,7 +23,9 @@ from adapters.object_store.common import (
     SCRATCH_PREFIX,
     check_key,
     check_scratch_key,
+    copy_hashing,
     require_digest,
+    sha256_file,
 )
 from adapters.object_store.conditional import existing_result
 from adapters.processes import local_process_is_gone
@@ -37,9 +38,6 @@ logger = logging.getLogger("embedline")
 
 #: Temp files are named ``.{name}.tmp-{pid}-{16 hex}`` so ``sweep_temp_files`` can find them.
 _TEMP_RE = re.compile(r"^\..+\.tmp-(?P<pid>\d+)-[0-9a-f]{16}$")
-
-_READ_BLOCK = 1 << 20  # bytes per read when hashing a file
-
 
 def _translate_os_error(exc: OSError, path: str) -> EmbedlineError | None:
     """Map a filesystem error to a failure class; None means "unknown, re-raise as is"."""
@@ -68,14 +66,6 @@ def _fsync_dir(path: Path) -> None:
 def _unlink_quietly(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-
-
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(_READ_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _writer_is_dead(temp_name: str) -> bool:
@@ -139,9 +129,32 @@ class LocalDirStore:
         Rule source: POSIX ``link(2)`` fails with EEXIST if the new path exists.
         """
         require_digest(body, sha256)
+
+        def fill(fh: BinaryIO) -> str:
+            fh.write(body)
+            return sha256
+
+        return self._put(key, fill)
+
+    def put_file_if_absent(
+        self, key: str, path: str | os.PathLike[str], *, content_type: str
+    ) -> PutResult:
+        """Create ``key`` holding the bytes of the local file ``path`` unless it exists;
+        never overwrite. The file is copied (and hashed) a MiB at a time into a temp file
+        beside the target, then linked into place as ``put_if_absent`` does.
+
+        :raises FileNotFoundError: ``path`` does not exist.
+        Other errors: as ``put_if_absent``.
+        """
+        with open(path, "rb") as source:  # opened here: its errors are not the output's
+            return self._put(key, lambda fh: copy_hashing(source, fh.write))
+
+    def _put(self, key: str, fill: Callable[[BinaryIO], str]) -> PutResult:
+        """Create ``key`` from a temp file that ``fill`` writes, returning the SHA-256 (hex)
+        of what it wrote."""
         target = self._path(key)
         try:
-            created = self._create(target, body)
+            created, sha256 = self._create(target, fill)
         except OSError as exc:
             translated = _translate_os_error(exc, str(target))
             if translated is None:
@@ -152,18 +165,19 @@ class LocalDirStore:
             return PutResult(created=True, sha256=sha256)
         return self._existing_result(key, target, sha256)
 
-    def _create(self, target: Path, body: bytes) -> bool:
-        """Write ``body`` to ``target`` via a linked temp file; False if ``target`` exists."""
+    def _create(self, target: Path, fill: Callable[[BinaryIO], str]) -> tuple[bool, str]:
+        """Write the body (``fill``) to ``target`` via a linked temp file; return whether
+        it was created (False: ``target`` exists) and the body's SHA-256."""
         self._ensure_dir(target.parent)
-        tmp = self._write_temp(target, body)
+        tmp, sha256 = self._write_temp(target, fill)
         try:
             os.link(tmp, target)
         except FileExistsError:
-            return False
+            return False, sha256
         finally:
             _unlink_quietly(tmp)
         _fsync_dir(target.parent)
-        return True
+        return True, sha256
 
     def _ensure_dir(self, directory: Path) -> None:
         """Create ``directory`` and missing parents, fsyncing each new entry's parent."""
@@ -178,26 +192,26 @@ class LocalDirStore:
             _fsync_dir(path.parent)
 
     @staticmethod
-    def _write_temp(target: Path, body: bytes) -> Path:
+    def _write_temp(target: Path, fill: Callable[[BinaryIO], str]) -> tuple[Path, str]:
         name = f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
         tmp = target.with_name(name)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
                      0o644)
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(body)
+                sha256 = fill(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
         except BaseException:
             _unlink_quietly(tmp)
             raise
-        return tmp
+        return tmp, sha256
 
     def _existing_result(self, key: str, target: Path, sha256: str) -> PutResult:
         if not target.is_file():
             raise ConflictError(f"{self.uri_for(key)} exists and is not a regular file; "
                                 "it is never replaced")
-        result = existing_result(self.uri_for(key), _hash_file(target), sha256,
+        result = existing_result(self.uri_for(key), sha256_file(target), sha256,
                                  fix="use a fresh --output or remove it yourself")
         logger.info("local PUT %s: exists with identical bytes", target)
         return result
@@ -205,7 +219,7 @@ class LocalDirStore:
     def head_sha256(self, key: str) -> str | None:
         """Return the SHA-256 (hex) of the file at ``key``, or None if there is none."""
         try:
-            return _hash_file(self._path(key))
+            return sha256_file(self._path(key))
         except FileNotFoundError:
             return None
 
@@ -254,15 +268,16 @@ class LocalDirStore:
     ) -> list[str]:
         """Remove temp files left by dead writers; return their paths.
 
-        Searches ``chunks/``, ``manifests/`` and ``_embedline/`` (recursively). Only names
-        matching ``.{name}.tmp-{pid}-{16 hex}`` are touched: those whose writer process
-        (``pid``, on this host) no longer exists, and any older than ``max_age_s`` seconds
-        (a writer on another host sharing the directory). A younger temp file of a live
-        process belongs to a writer still running, so it is left alone.
+        Searches ``chunks/``, ``changes/``, ``manifests/`` and ``_embedline/``
+        (recursively). Only names matching ``.{name}.tmp-{pid}-{16 hex}`` are touched:
+        those whose writer process (``pid``, on this host) no longer exists, and any older
+        than ``max_age_s`` seconds (a writer on another host sharing the directory). A
+        younger temp file of a live process belongs to a writer still running, so it is
+        left alone.
         """
         cutoff = (time.time() if now is None else now) - max_age_s
         removed: list[str] = []
-        for top in ("chunks", "manifests", SCRATCH_PREFIX.rstrip("/")):
+        for top in ("chunks", "changes", "manifests", SCRATCH_PREFIX.rstrip("/")):
             for path in self._temp_files(self.root / top):
                 with contextlib.suppress(FileNotFoundError):
                     if _writer_is_dead(path.name) or path.stat().st_mtime < cutoff:

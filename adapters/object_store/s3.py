@@ -14,13 +14,20 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
 from typing import Any, BinaryIO
 
-from adapters.object_store.common import check_key, check_scratch_key, require_digest
+from adapters.object_store.common import (
+    check_key,
+    check_scratch_key,
+    require_digest,
+    sha256_file,
+)
 from adapters.object_store.conditional import existing_result
 from adapters.object_store.s3_errors import KeyExists, s3_errors
 from adapters.s3_checksums import put_checksum_args
@@ -178,6 +185,23 @@ class S3Store:
         Rule source: AWS S3 user guide, "conditional writes" (412 exists, 409 retry).
         """
         require_digest(body, sha256)
+        return self._put(key, body, sha256, content_type)
+
+    def put_file_if_absent(
+        self, key: str, path: str | os.PathLike[str], *, content_type: str
+    ) -> PutResult:
+        """Create ``key`` holding the bytes of the local file ``path`` unless it exists;
+        never overwrite. The file is read twice, never held in memory: once for its
+        SHA-256 (the ``sha256`` metadata and ``ChecksumSHA256``), once streamed as the
+        ``PutObject`` body (one request: up to S3's 5 GiB single-PUT limit).
+
+        :raises FileNotFoundError: ``path`` does not exist.
+        Other errors: as ``put_if_absent``.
+        """
+        return self._put(key, Path(path), sha256_file(path), content_type)
+
+    def _put(self, key: str, body: bytes | Path, sha256: str, content_type: str) -> PutResult:
+        """``_put_once``, again on 409 ConditionalRequestConflict."""
         from tenacity import (
             Retrying,
             retry_if_exception,
@@ -199,15 +223,21 @@ class S3Store:
         """``s3_errors`` for this bucket: the one place botocore's errors are translated."""
         return s3_errors(bucket=self.bucket, what=what, **options)
 
-    def _put_once(self, key: str, body: bytes, sha256: str, content_type: str) -> PutResult:
+    def _put_once(
+        self, key: str, body: bytes | Path, sha256: str, content_type: str
+    ) -> PutResult:
+        """One conditional ``PutObject`` of ``body`` (bytes, or a local file opened for
+        this attempt: botocore rewinds it for its own retries)."""
         digest_b64 = base64.b64encode(bytes.fromhex(sha256)).decode("ascii")
         try:
-            with self._errors(f"PUT {self.uri_for(key)}", exists=True):
-                self.client.put_object(
-                    Bucket=self.bucket, Key=self._key(key), Body=body, ContentType=content_type,
-                    IfNoneMatch="*", Metadata={"sha256": sha256},
-                    **put_checksum_args(self.client, digest_b64),
-                )
+            with ExitStack() as stack:
+                payload = stack.enter_context(open(body, "rb")) if isinstance(body, Path) else body
+                with self._errors(f"PUT {self.uri_for(key)}", exists=True):
+                    self.client.put_object(
+                        Bucket=self.bucket, Key=self._key(key), Body=payload,
+                        ContentType=content_type, IfNoneMatch="*", Metadata={"sha256": sha256},
+                        **put_checksum_args(self.client, digest_b64),
+                    )
         except KeyExists:
             return self._existing_result(key, sha256)
         logger.info("S3 PUT %s: created", self.uri_for(key))

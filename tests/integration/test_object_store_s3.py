@@ -1,7 +1,8 @@
 """S3Store against real S3 servers over HTTP on 127.0.0.1 (never real AWS).
 
-What conditional writes promise (create-only puts, the 412 on a second create, sixteen racing
-creates, the start-up probe, reads and errors of a missing bucket) runs on two servers, moto
+What conditional writes promise (create-only puts, from bytes or streamed from a file, the 412
+on a second create, sixteen racing creates, the start-up probe, reads and errors of a missing
+bucket) runs on two servers, moto
 and ministack (``conditional_s3_endpoint``, tests/support/s3_servers.py); the probe's answer
 on a server that overwrites runs on s3rver.
 
@@ -18,6 +19,7 @@ import base64
 import gzip
 import hashlib
 import json
+import os
 import pickle
 import socket
 import subprocess
@@ -245,6 +247,61 @@ def test_head_sha256_and_get(server_store: S3Store) -> None:
     assert server_store.get(KEY) == b"payload"
 
 
+# ------------------------------------------------------------------ put_file_if_absent
+
+
+def _file(tmp_path: Path, name: str, body: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(body)
+    return path
+
+
+def test_put_file_streams_the_file_with_sha256_metadata_and_checksum(
+    server_store: S3Store, server_client: Any, server_bucket: str, tmp_path: Path
+) -> None:
+    body = os.urandom(3 << 20)  # several MiB read blocks
+    wire = Wire(server_store.client)
+
+    result = server_store.put_file_if_absent(KEY, _file(tmp_path, "body", body),
+                                             content_type="application/x")
+
+    digest = hashlib.sha256(body)
+    assert result == PutResult(created=True, sha256=digest.hexdigest())
+    head = server_client.head_object(Bucket=server_bucket, Key="runs/one/" + KEY)
+    assert (head["Metadata"], head["ContentType"]) == ({"sha256": sha(body)}, "application/x")
+    assert server_store.get(KEY) == body
+    headers = {k.lower(): v for k, v in wire.requests[0].headers.items()}
+    assert headers["if-none-match"] == b"*"
+    assert headers["x-amz-checksum-sha256"] == base64.b64encode(digest.digest())
+
+
+def test_put_file_again_same_bytes_succeeds_other_bytes_conflict(
+    server_store: S3Store, tmp_path: Path
+) -> None:
+    server_store.put_file_if_absent(KEY, _file(tmp_path, "a", b"first"), content_type="x")
+    wire = Wire(server_store.client)
+
+    again = server_store.put_file_if_absent(KEY, _file(tmp_path, "b", b"first"),
+                                            content_type="x")
+    with pytest.raises(ConflictError) as info:
+        server_store.put_file_if_absent(KEY, _file(tmp_path, "c", b"second"), content_type="x")
+
+    assert again == PutResult(created=False, sha256=sha(b"first"))
+    assert wire.statuses == [412, 412]
+    assert info.value.http_status == 412
+    assert server_store.get(KEY) == b"first"
+
+
+def test_put_file_of_a_missing_file_sends_nothing(server_store: S3Store, tmp_path: Path) -> None:
+    wire = Wire(server_store.client)
+
+    with pytest.raises(FileNotFoundError):
+        server_store.put_file_if_absent(KEY, tmp_path / "missing", content_type="x")
+
+    assert wire.requests == []
+    assert server_store.head_sha256(KEY) is None
+
+
 def test_missing_bucket_is_fatal_and_names_it(conditional_s3_endpoint: str) -> None:
     client = make_s3_client(conditional_s3_endpoint)
     store = S3Store("embedline-no-such-bucket", client=client)
@@ -315,6 +372,20 @@ def test_409_conditional_request_conflict_is_retried_then_succeeds(store: S3Stor
     assert wire.statuses == [409, 409, 200]
     assert len(store.slept) == 2  # type: ignore[attr-defined]
     assert all(0 <= s <= 2.0 for s in store.slept)  # type: ignore[attr-defined]
+
+
+def test_put_file_retried_after_409_sends_the_whole_file_again(
+    store: S3Store, tmp_path: Path
+) -> None:
+    body = os.urandom(200_000)
+    wire = Wire(store.client)
+    wire.injected = [error_response(409, "ConditionalRequestConflict")] * 2
+
+    result = store.put_file_if_absent(KEY, _file(tmp_path, "body", body), content_type="x")
+
+    assert result.created is True
+    assert wire.statuses == [409, 409, 200]
+    assert store.get(KEY) == body
 
 
 def test_409_that_persists_becomes_retryable_error(store: S3Store) -> None:

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from adapters.object_store import LocalDirStore
+from embedline.errors import ConflictError
 from embedline.keys import text_sha256
 from tasks.changes import write_changes
 from tasks.manifest import latest_manifest, read_manifest
@@ -53,7 +55,8 @@ def test_change_set_has_added_changed_removed_and_counts_unchanged(tmp_path: Pat
     old = _chunk(store, "old", [("c", "gamma"), ("d", "delta"), ("e", "eps")])
     base = _manifest(store, "r1", [shared, old], "2026-01-01T00:00:00Z")
     new = _chunk(store, "new", [("c", "gamma"), ("d", "DELTA"), ("f", "phi")])
-    counts = write_changes(store, run_key="r2", chunks=[shared, new], base=base)
+    counts = write_changes(store, run_key="r2", chunks=[shared, new], base=base,
+                           scratch_dir=tmp_path)
     assert (counts.added, counts.changed, counts.removed, counts.unchanged) == (1, 1, 1, 3)
     assert counts.base_run_key == "r1" and counts.object == "changes/r2.parquet"
     assert _changes(store, counts.object) == {
@@ -66,12 +69,14 @@ def test_change_set_has_added_changed_removed_and_counts_unchanged(tmp_path: Pat
 def test_first_run_is_all_added_and_rewriting_is_idempotent(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path)
     chunk = _chunk(store, "c1", [("x", "one"), ("y", "two")])
-    first = write_changes(store, run_key="r1", chunks=[chunk], base=None)
+    first = write_changes(store, run_key="r1", chunks=[chunk], base=None,
+                          scratch_dir=tmp_path)
     assert (first.added, first.changed, first.removed, first.unchanged) == (2, 0, 0, 0)
     assert first.base_run_key is None
     # an attempt that died before its manifest: the rerun keeps the object it finds
     other = _manifest(store, "r0", [], "2026-01-02T00:00:00Z")
-    again = write_changes(store, run_key="r1", chunks=[chunk], base=other)
+    again = write_changes(store, run_key="r1", chunks=[chunk], base=other,
+                          scratch_dir=tmp_path)
     assert again == first
 
 
@@ -107,12 +112,42 @@ def test_a_kept_value_edit_is_changed_without_a_text_change(tmp_path: Path) -> N
     base = _manifest(store, "r1", [old], "2026-01-01T00:00:00Z", kept_columns=["title"])
     new = _kept_chunk(store, "new", [("a", "alpha", "A"), ("b", "beta", "B (renamed)"),
                                      ("c", "GAMMA", "C"), ("e", "eps", "E")])
-    counts = write_changes(store, run_key="r2", chunks=[new], base=base, kept_columns=["title"])
+    counts = write_changes(store, run_key="r2", chunks=[new], base=base, kept_columns=["title"],
+                           scratch_dir=tmp_path)
     assert (counts.added, counts.changed, counts.removed, counts.unchanged) == (1, 2, 1, 1)
     table = pq.read_table(store.uri_for(counts.object)).to_pylist()
     assert [(r["id"], r["change"], r["text_changed"]) for r in table] == [
         ("b", "changed", False), ("c", "changed", True), ("d", "removed", None),
         ("e", "added", None)]
     # without kept columns the same objects only see the text change
-    plain = write_changes(store, run_key="r3", chunks=[new], base=base)
+    plain = write_changes(store, run_key="r3", chunks=[new], base=base, scratch_dir=tmp_path)
     assert (plain.added, plain.changed, plain.removed) == (1, 1, 1)
+
+
+def test_an_existing_change_set_of_another_run_is_a_conflict(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "out")
+    chunk = _chunk(store, "c1", [("x", "one")])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    theirs = write_changes(store, run_key="r0", chunks=[chunk], base=None, scratch_dir=scratch)
+    # the other run's object under this run's key (never written so by embedline)
+    body = store.get(theirs.object)
+    store.put_if_absent("changes/r1.parquet", body, sha256=theirs.sha256, content_type="x")
+    store.put_if_absent("changes/r2.parquet", b"not parquet",
+                        sha256=hashlib.sha256(b"not parquet").hexdigest(), content_type="x")
+
+    for run_key in ("r1", "r2"):
+        with pytest.raises(ConflictError, match="already holds other bytes"):
+            write_changes(store, run_key=run_key, chunks=[chunk], base=None, scratch_dir=scratch)
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_rerun_keeps_its_change_set_without_reading_the_chunks(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "out")
+    chunk = _chunk(store, "c1", [("x", "one"), ("y", "two")])
+    first = write_changes(store, run_key="r1", chunks=[chunk], base=None, scratch_dir=tmp_path)
+    store.delete(str(chunk["object"]))  # a diff would need it
+
+    again = write_changes(store, run_key="r1", chunks=[chunk], base=None, scratch_dir=tmp_path)
+
+    assert again == first
