@@ -61,9 +61,11 @@ def _dimensions(settings: RunSettings, store: ObjectStore, done: dict[int, Chunk
 
 
 def _scratch_parent(settings: RunSettings) -> Path:
-    """Where the change set is sorted and written before its upload: beside the ledger (a
-    disk the run already writes to), never /tmp, which may be small (about 80 bytes a row
-    of each side that differs, plus the change set; deleted when the commit returns)."""
+    """Where the change set is sorted and written before its upload when the plan has no
+    scratch directory (``adapters.scratch``, which a dead process's leftovers are swept
+    from): beside the ledger (a disk the run already writes to), never /tmp, which may be
+    small (about 80 bytes a row of each side that differs, plus the change set; deleted
+    when the commit returns)."""
     parent = Path(settings.ledger).absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     return parent
@@ -106,8 +108,8 @@ def commit_run(
     )
     base = latest_manifest(store, dimensions=dims, exclude_run_key=run_key,
                            dataset=dataset_key(manifest))
-    with (tempfile.TemporaryDirectory(dir=_scratch_parent(settings),
-                                      prefix=".embedline-commit-") as scratch,
+    with (tempfile.TemporaryDirectory(dir=plan.scratch or _scratch_parent(settings),
+                                      prefix="commit-") as scratch,
           translate_full(scratch, "change set's scratch directory")):
         changes = write_changes(store, run_key=run_key, chunks=[c.to_dict() for c in chunks],
                                 base=base, kept_columns=settings.kept_columns,
