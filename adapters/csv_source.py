@@ -24,6 +24,7 @@ directory (``adapters.row_facts``), so memory does not grow with the rows.
 from __future__ import annotations
 
 import hashlib
+from hashlib import sha256
 import io
 import os
 import threading
@@ -76,11 +77,6 @@ class _Planner:
     def _open(self, *, byte_start: int, line_start: int, first_row: int) -> None:
         self._key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
         self._byte_start, self._line_start, self._first_row = byte_start, line_start, first_row
-
-    @property
-    def position(self) -> tuple[int, int]:
-        """(chunk index, 0-based position in it) of the next row added."""
-        return len(self.chunks), self._key.rows
 
     def add(self, row_id: str, text_hash: str, kept_hash: str | None, last_line: int) -> None:
         """Add a row to the open chunk (its record ends on physical line ``last_line``, the
@@ -266,8 +262,9 @@ def _plan_pass(
             text = text_of(fields)
             nonempty = bool(text.strip())  # the rule of tasks.embed
             any_text = any_text or nonempty
-            text_hash = text_sha256(text)
-            fact(_id_digest(row_id), row_id, text, text_hash, nonempty, *planner.position)
+            raw = text.encode("utf-8")
+            text_hash = sha256(raw).hexdigest()  # keys.text_sha256, with the bytes kept
+            fact(_id_digest(row_id), row_id, len(raw), text_hash, nonempty, len(planner.chunks))
             add(row_id, text_hash, kept_hash(fields), last_line)
         size = lines.offset
         planner.close(stop=size)  # trailing blank lines belong to the last chunk

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.ledger.reuse_index import BUCKETS, bucket_of
-from adapters.scratch import Scratch, Spill
+from adapters.scratch import Scratch, Spill, hash_prefixes
 
 __all__ = ["CHUNK_ROWS", "ROW_DTYPE", "RowFacts", "chunk_rows"]
 
@@ -50,9 +50,6 @@ class RowFacts:
 
     def __init__(self, scratch: Scratch | None) -> None:
         self._ids: array[int] = array("Q")
-        self._prefixes: array[int] = array("Q")
-        self._chunks: array[int] = array("I")
-        self._positions: array[int] = array("I")
         self.count = 0
         self._id_spill: Spill | None = None
         self.rows: Spill | None = None
@@ -61,17 +58,18 @@ class RowFacts:
         self._row_ids: list[str] = []
         self._row_hashes: list[str] = []
         self._row_bytes: array[int] = array("i")
-        self._row_empty: list[bool] = []
+        self._row_empties: list[int] = []  # positions of the chunk's empty texts
         if scratch is not None:
             self._id_spill = scratch.spill("ids", np.dtype("<u8"))
             self.rows = scratch.spill("rows", ROW_DTYPE)
             self._writer = pa.ipc.new_file(str(scratch.file(CHUNK_ROWS)), _CHUNK_SCHEMA)
 
-    def add(self, id_digest: int, row_id: str, text: str, text_hash: str, nonempty: bool,
-            chunk: int, position: int) -> None:
-        """One row: its id's 64-bit digest and the id, its text, the text's hex SHA-256,
-        whether it is non-empty (an empty text is never reused nor sent), its chunk index
-        and 0-based position in the chunk."""
+    def add(self, id_digest: int, row_id: str, utf8_bytes: int, text_hash: str,
+            nonempty: bool, chunk: int) -> None:
+        """One row: its id's 64-bit digest and the id, its text's size in UTF-8 bytes and
+        hex SHA-256, whether it is non-empty (an empty text is never reused nor sent) and
+        its chunk index (rows come in order: its position is the count of the chunk's rows
+        so far)."""
         self.count += 1
         self._ids.append(id_digest)
         if self._writer is None:
@@ -79,16 +77,13 @@ class RowFacts:
         if chunk != self._chunk:
             self._close_chunk()
             self._chunk = chunk
+        if not nonempty:
+            self._row_empties.append(len(self._row_ids))
         self._row_ids.append(row_id)
         self._row_hashes.append(text_hash)
-        self._row_bytes.append(len(text.encode("utf-8")))
-        self._row_empty.append(not nonempty)
-        if nonempty:
-            self._prefixes.append(int(text_hash[:16], 16))
-            self._chunks.append(chunk)
-            self._positions.append(position)
+        self._row_bytes.append(utf8_bytes)
         if len(self._ids) >= _FLUSH_ROWS:
-            self._flush()
+            self._flush_ids()
 
     def finish(self) -> None:
         """Write what is buffered (with a scratch directory)."""
@@ -96,33 +91,37 @@ class RowFacts:
             self._close_chunk()
             self._writer.close()
             self._writer = None
-            self._flush()
+            self._flush_ids()
+            assert self.rows is not None
+            self.rows.flush()
 
     def _close_chunk(self) -> None:
-        assert self._writer is not None
+        """Write the chunk's rows (one record batch) and its non-empty texts' hash records
+        (``ROW_DTYPE``, vectorized)."""
+        assert self._writer is not None and self.rows is not None
         if not self._row_ids:
             return
+        hashes = pa.array(self._row_hashes, pa.string())
+        empty = np.zeros(len(self._row_ids), dtype=bool)
+        empty[self._row_empties] = True
         self._writer.write_batch(pa.record_batch(
-            [pa.array(self._row_ids, pa.string()), pa.array(self._row_hashes, pa.string()),
-             pa.array(self._row_bytes, pa.int32()), pa.array(self._row_empty, pa.bool_())],
-            schema=_CHUNK_SCHEMA))
+            [pa.array(self._row_ids, pa.string()), hashes, pa.array(self._row_bytes, pa.int32()),
+             pa.array(empty)], schema=_CHUNK_SCHEMA))
+        keep = ~empty
+        records = np.empty(int(keep.sum()), dtype=ROW_DTYPE)
+        records["prefix"] = hash_prefixes(hashes)[keep]
+        records["chunk"] = self._chunk
+        records["position"] = np.flatnonzero(keep)
+        self.rows.add(records, bucket_of(records["prefix"]))
         self._row_ids, self._row_hashes, self._row_bytes = [], [], array("i")
-        self._row_empty = []
+        self._row_empties = []
 
-    def _flush(self) -> None:
-        assert self._id_spill is not None and self.rows is not None
+    def _flush_ids(self) -> None:
+        assert self._id_spill is not None
         ids = np.frombuffer(self._ids, dtype=np.uint64)
         self._id_spill.add(ids.astype("<u8"), (ids >> _ID_SHIFT).astype(np.int64))
         self._ids = array("Q")
-        if self._prefixes:
-            records = np.empty(len(self._prefixes), dtype=ROW_DTYPE)
-            records["prefix"] = np.frombuffer(self._prefixes, dtype=np.uint64)
-            records["chunk"] = np.frombuffer(self._chunks, dtype=np.uint32)
-            records["position"] = np.frombuffer(self._positions, dtype=np.uint32)
-            self.rows.add(records, bucket_of(records["prefix"]))
-            self._prefixes, self._chunks, self._positions = array("Q"), array("I"), array("I")
         self._id_spill.flush()
-        self.rows.flush()
 
     def suspects(self) -> set[int]:
         """The id digests seen more than once (real duplicates, or rarely a collision of

@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from adapters.disk_full import translate_full
 
-__all__ = ["Scratch", "Spill", "hash_prefix", "hash_prefixes", "release", "sweep_dead"]
+__all__ = ["Scratch", "Spill", "digests", "hash_prefix", "hash_prefixes", "release",
+           "sweep_dead"]
 
 _LOCK = ".lock"
 _MAKING_S = 3600.0  # seconds after which a directory still being made is abandoned
@@ -55,12 +57,41 @@ def hash_prefix(text_sha256: str) -> int:
 
 def hash_prefixes(hex_hashes: Any) -> np.ndarray:
     """``hash_prefix`` of a sequence (or Arrow string array) of hex SHA-256s: ``uint64``
-    array of the same length. Vectorized: one parse of the first 16 hex digits each."""
-    values = [h[:16] for h in (hex_hashes.to_pylist() if hasattr(hex_hashes, "to_pylist")
-                               else hex_hashes)]
-    if not values:
-        return np.zeros(0, dtype=np.uint64)
-    return np.frombuffer(bytes.fromhex("".join(values)), dtype=">u8").astype(np.uint64)
+    array of the same length."""
+    return digests(hex_hashes)[:, :8].copy().view(">u8").ravel().astype(np.uint64)
+
+
+def digests(hex_hashes: Any) -> np.ndarray:
+    """The raw SHA-256s of hex SHA-256s (a sequence of ``str`` or an Arrow string array):
+    ``uint8`` array of shape ``(n, 32)``. Anything that is not 64 hex digits (an empty
+    string: a kept request without text hashes) gives 32 zero bytes. An Arrow array is
+    decoded in numpy from its buffers, with no Python object per row."""
+    if isinstance(hex_hashes, (pa.Array, pa.ChunkedArray)):
+        array = hex_hashes.combine_chunks() if isinstance(hex_hashes, pa.ChunkedArray) \
+            else hex_hashes
+        array = array.cast(pa.string())
+        n = len(array)
+        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset:
+                                                                    array.offset + n + 1]
+        if n and array.null_count == 0 and (np.diff(offsets) == 64).all():
+            data = array.buffers()[2]  # the digits of every hash, back to back
+            with contextlib.suppress(ValueError, UnicodeDecodeError):
+                raw = bytes.fromhex(data.to_pybytes()[offsets[0]:offsets[-1]].decode("ascii"))
+                return np.frombuffer(raw, dtype=np.uint8).reshape(n, 32)
+        hex_hashes = array.to_pylist()
+    values = [h if h and len(h) == 64 else "0" * 64 for h in hex_hashes]
+    try:
+        return np.frombuffer(bytes.fromhex("".join(values)), dtype=np.uint8).reshape(-1, 32)
+    except ValueError:  # not hex: zeros for those, as for empty ones
+        return np.stack([_one(v) for v in values]) if values else \
+            np.zeros((0, 32), dtype=np.uint8)
+
+
+def _one(value: str) -> np.ndarray:
+    try:
+        return np.frombuffer(bytes.fromhex(value), dtype=np.uint8)
+    except ValueError:
+        return np.zeros(32, dtype=np.uint8)
 
 
 class Scratch:

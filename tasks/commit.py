@@ -46,9 +46,18 @@ class Committed:
     dimensions: int
 
 
+#: Chunk objects from which ``missing_objects`` lists ``chunks/`` instead of a HEAD each.
+_LIST_FROM = 64
+
+
 def missing_objects(store: ObjectStore, done: dict[int, ChunkOutcome]) -> list[str]:
-    """Chunk objects a manifest would list that are no longer in the store (HEAD each)."""
+    """Chunk objects a manifest would list that are no longer in the store: a HEAD each
+    for a few, else one listing of ``chunks/`` (a thousand keys per S3 request, and a
+    local store's HEAD reads and hashes the whole file: 200 HEADs read 260 MB)."""
     keys = sorted({o.object_key for o in done.values()})
+    if len(keys) >= _LIST_FROM:
+        listed = {info.key for info in store.list("chunks/")}
+        return [k for k in keys if k not in listed]
     with ThreadPoolExecutor(16) as pool:
         present = list(pool.map(lambda k: store.head_sha256(k) is not None, keys))
     return [k for k, here in zip(keys, present, strict=True) if not here]

@@ -19,16 +19,17 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from adapters.row_facts import chunk_rows
+from adapters.scratch import digests
 from embedline.keys import row_key
-from embedline.models import EMPTY_TEXT, ChunkOutcome, ChunkSpec, DeadLetter, InputSource, Row
+from embedline.models import EMPTY_TEXT, ChunkOutcome, ChunkSpec, DeadLetter, InputSource
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
-from tasks.embed import EmbeddedRows
 from tasks.gather import Prefill
 from tasks.paid import PaidRequests, chunk_name
-from tasks.publish import publish_chunk
+from tasks.publish import chunk_parquet_columns, publish_body
 
 __all__ = ["publish_copied"]
 
@@ -46,38 +47,38 @@ def publish_copied(spec: ChunkSpec, source: InputSource, settings: RunSettings, 
             or width is None):
         return None
     batch = chunk_rows(scratch, spec.index)
-    ids = batch.column("id").to_pylist()
-    hashes = batch.column("text_sha256").to_pylist()
-    sizes = batch.column("utf8_bytes").to_numpy()
     empty = batch.column("empty").to_numpy(zero_copy_only=False)
-    if len(ids) != spec.rows:
+    if batch.num_rows != spec.rows:
         return None
+    hashes = batch.column("text_sha256")
     vectors = _copies(Prefill(width, path=prefill), hashes, empty, width)
     if vectors is None:
         return None
     model, dims = settings.effective_model, settings.dimensions
-    rows, dead = [], []
-    for position, (row_id, text_hash) in enumerate(zip(ids, hashes, strict=True)):
-        number = spec.first_row + position
-        if empty[position]:
-            dead.append(DeadLetter(number, row_id, EMPTY_TEXT))
-        else:
-            rows.append(Row(number, 0, row_id, "", text_hash))
-    kept = vectors[~empty]
-    embedded = EmbeddedRows(rows, np.ascontiguousarray(kept, dtype=np.float32),
-                            [row_key(r.id, r.text_sha256, model, dims) for r in rows], dead)
-    outcome = publish_chunk(store, spec, embedded, model=model, dimensions=width,
-                            request_settings=settings.request_fingerprint, rows_sent=0)
+    ids = batch.column("id")
+    dead = [DeadLetter(spec.first_row + int(p), ids[int(p)].as_py(), EMPTY_TEXT)
+            for p in np.flatnonzero(empty)]
+    if dead:
+        keep = pa.array(~empty)
+        ids, hashes = ids.filter(keep), hashes.filter(keep)
+    keys = [row_key(i, h, model, dims)
+            for i, h in zip(ids.to_pylist(), hashes.to_pylist(), strict=True)]
+    body = chunk_parquet_columns(spec, ids, hashes, keys, vectors[~empty], dead, model=model,
+                                 dimensions=width, request_settings=settings.request_fingerprint,
+                                 rows_sent=0)
+    outcome = publish_body(store, spec, body, rows=len(ids), dead_letters=dead, model=model,
+                           dimensions=width, rows_sent=0)
     if run_key:  # requests an earlier attempt kept: in the object now, as run_chunk does
         PaidRequests(store, run_key, chunk_name(spec.object_key)).clear()
+    sizes = batch.column("utf8_bytes").to_numpy()
     saved = int(np.maximum(1, np.ceil(sizes[~empty] / 3)).sum())
     logger.info("chunk %d: %d rows published%s, %d dead letters, 0 requests (every row "
                 "copied)", spec.index, outcome.rows,
                 "" if outcome.created else " (object already existed)", len(dead))
-    return replace(outcome, reused=len(rows), tokens_saved=saved)
+    return replace(outcome, reused=len(ids), tokens_saved=saved)
 
 
-def _copies(prefill: Prefill, hashes: list[str], empty: np.ndarray, width: int
+def _copies(prefill: Prefill, hashes: pa.Array, empty: np.ndarray, width: int
             ) -> np.ndarray | None:
     """The copied vectors in row order, float32 ``(len(hashes), width)`` (empty texts'
     rows unset); None unless every non-empty row has exactly one copy whose full hash is
@@ -90,9 +91,7 @@ def _copies(prefill: Prefill, hashes: list[str], empty: np.ndarray, width: int
     np.add.at(covered, positions, 1)
     if not ((covered == 1) | (empty & (covered == 0))).all():
         return None
-    planned = np.frombuffer(bytes.fromhex("".join(hashes[p] for p in positions)),
-                            dtype=np.uint8).reshape(-1, 32)
-    if not (records["sha256"] == planned).all():
+    if not (records["sha256"] == digests(hashes)[positions]).all():
         return None
     out = np.zeros((len(hashes), width), dtype=np.float32)
     out[positions] = records["vector"]

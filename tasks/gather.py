@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from adapters.scratch import Spill, hash_prefixes
+from adapters.scratch import Spill, digests
 from embedline.errors import EmbedlineError
 from embedline.protocols import ObjectStore
 from tasks.reuse_plan import JoinResult, Source
@@ -136,12 +136,11 @@ def _route(spill: Spill, needs: np.ndarray, table: pa.Table, width: int) -> np.n
     at = needs["source_position"].astype(np.int64)
     needs = needs[at < len(vectors)]
     at = at[at < len(vectors)]
-    wanted = [h if h else "0" * 64 for h in hashes.take(pa.array(at)).to_pylist()]
-    raw = bytes.fromhex("".join(wanted))
-    same = hash_prefixes(wanted) == needs["prefix"]
+    raw = digests(hashes.take(pa.array(at)))  # (n, 32) uint8
+    same = raw[:, :8].copy().view(">u8").ravel() == needs["prefix"]
     records = np.empty(len(needs), dtype=spill.dtype)
     records["position"] = needs["position"]
-    records["sha256"] = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32)
+    records["sha256"] = raw
     records["vector"] = vectors[at]
     records, needs = records[same], needs[same]
     spill.add(records, needs["chunk"].astype(np.int64))

@@ -168,9 +168,8 @@ def _kept_sources(store: ObjectStore, run_key: str, chunk_of: dict[str, int]
             logger.warning("skipping an unreadable paid request %s: %s", key,
                            type(exc).__name__)
             continue
-        values = [h if h else "0" * 64 for h in column.to_pylist()]  # "": not matchable
-        sources.append(Source(key, kept_by=owner, rows=len(values)))
-        hashes.append(hash_prefixes(values))
+        sources.append(Source(key, kept_by=owner, rows=len(column)))
+        hashes.append(hash_prefixes(column))  # "" (no text hash kept): zeros, matching none
     return sources, hashes
 
 

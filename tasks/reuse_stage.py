@@ -150,9 +150,9 @@ class ReuseStage:
                 rows = read_chunk(self.plan.source, spec)
             except EmbedlineError:
                 continue  # the chunk task reports it
-            for position, row in enumerate(rows):
-                facts.add(0, row.id, row.text, row.text_sha256, bool(row.text.strip()),
-                          spec.index, position)
+            for row in rows:
+                facts.add(0, row.id, len(row.text.encode("utf-8")), row.text_sha256,
+                          bool(row.text.strip()), spec.index)
         facts.finish()
         assert facts.rows is not None
         return facts.rows

@@ -223,8 +223,9 @@ MIGRATIONS += (
         # the store: the old rows are dropped and the next run re-indexes from the objects.
         "0011_reuse_buckets",
         """
-        DROP TABLE reuse_texts;
+        DROP TABLE IF EXISTS reuse_texts;
         DELETE FROM reuse_objects;
+        DROP TABLE IF EXISTS reuse_buckets;
         CREATE TABLE reuse_buckets (
             bucket INTEGER NOT NULL,
             object_id INTEGER NOT NULL,

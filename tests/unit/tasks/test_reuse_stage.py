@@ -209,3 +209,49 @@ def test_texts_handed_over_are_kept_again_for_the_next_heir(tmp_path: Path) -> N
     note_failed("")  # (the registry is per process: nothing else to undo)
     stage.close()
     ledger.close()
+
+
+def test_a_fully_copied_chunk_is_the_object_the_chunk_task_would_publish(
+    tmp_path: Path,
+) -> None:
+    """``tasks.copied`` builds the object from planning's rows without parsing the input:
+    byte for byte the object the chunk task's own path (``run_chunk``) makes of the same
+    copies, empty texts (dead letters) included; with kept columns it declines."""
+    from embedline.settings import RunSettings
+    from tasks.chunk import run_chunk
+    from tasks.copied import publish_copied
+
+    rows = [(f"p{i}", f"text {i}" if i % 7 else " ") for i in range(40)]
+    local = open_store(str(tmp_path / "out"))
+    local.prepare()
+    _publish_truth(local, _plan(tmp_path, "first.csv", rows, 10))
+    shuffled = list(rows)
+    random.Random(5).shuffle(shuffled)
+    plan = _plan(tmp_path, "night.csv", shuffled, 10)
+    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
+    stage = _stage(tmp_path, plan, local, ledger)
+    stage.prepare(list(plan.chunks))
+    settings = RunSettings(input=str(tmp_path / "night.csv"), output=str(tmp_path / "out"),
+                           model="m", dimensions=DIMS, embedder="openai",
+                           ledger=str(tmp_path / "ledger.sqlite3"))
+    for spec in plan.chunks:
+        assert stage.fully_copied(spec)
+        copies = stage.plan_for(spec)
+        quick = open_store(str(tmp_path / "quick"))
+        quick.prepare()
+        fast = publish_copied(spec, plan.source, settings, store=quick, scratch=plan.scratch,
+                              prefill=copies.prefill, width=copies.width, run_key=RUN,
+                              logger=LOG)
+        slow = run_chunk(spec, plan.source, settings, copies, DIMS, RUN, logger=LOG)
+        assert fast is not None and slow.requests == 0
+        assert (tmp_path / "quick" / spec.object_key).read_bytes() == \
+            (tmp_path / "out" / spec.object_key).read_bytes()
+        assert (fast.rows, fast.dead_letters, fast.reused, fast.tokens_saved) == \
+            (slow.rows, slow.dead_letters, slow.reused, slow.tokens_saved)
+    kept = plan.source.__class__(**{**{f: getattr(plan.source, f) for f in
+                                        plan.source.__slots__}, "kept_columns": ("x",)})
+    assert publish_copied(plan.chunks[0], kept, settings, store=local, scratch=plan.scratch,
+                          prefill=stage.plan_for(plan.chunks[0]).prefill, width=DIMS,
+                          run_key=RUN, logger=LOG) is None
+    stage.close()
+    ledger.close()
