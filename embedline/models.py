@@ -278,6 +278,7 @@ class ChunkOutcome:
     dimensions: int | None = None  # the object's vector length (None: not read yet)
     rows_sent: int | None = None  # rows the server embedded for the object (None: unknown)
     batch_tokens: int = 0  # of ``tokens``: those answered by Batch API batches (half price)
+    rows_xor: str | None = None  # the object's ``rows_fingerprint`` (None: not read yet)
     batch_inputs: int = 0  # of ``inputs``: the texts Batch API batches answered
 
 

@@ -29,7 +29,7 @@ from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from tasks.gather import Prefill
 from tasks.paid import PaidRequests, chunk_name
-from tasks.publish import chunk_parquet_columns, publish_body
+from tasks.publish import chunk_parquet_columns, publish_body, rows_fingerprint
 
 __all__ = ["publish_copied"]
 
@@ -63,11 +63,12 @@ def publish_copied(spec: ChunkSpec, source: InputSource, settings: RunSettings, 
         ids, hashes = ids.filter(keep), hashes.filter(keep)
     keys = [row_key(i, h, model, dims)
             for i, h in zip(ids.to_pylist(), hashes.to_pylist(), strict=True)]
+    fingerprint = rows_fingerprint(keys)
     body = chunk_parquet_columns(spec, ids, hashes, keys, vectors[~empty], dead, model=model,
                                  dimensions=width, request_settings=settings.request_fingerprint,
-                                 rows_sent=0)
+                                 rows_sent=0, rows_xor=fingerprint)
     outcome = publish_body(store, spec, body, rows=len(ids), dead_letters=dead, model=model,
-                           dimensions=width, rows_sent=0)
+                           dimensions=width, rows_sent=0, rows_xor=fingerprint)
     if run_key:  # requests an earlier attempt kept: in the object now, as run_chunk does
         PaidRequests(store, run_key, chunk_name(spec.object_key)).clear()
     sizes = batch.column("utf8_bytes").to_numpy()

@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from adapters.csv_source import plan_csv, read_chunk
+from adapters.csv_source import read_chunk
 from adapters.ledger import Ledger
 from adapters.object_store import open_store
-from embedline.keys import row_key, text_sha256
+from embedline.keys import text_sha256
 from embedline.models import InputPlan
-from tasks.embed import EmbeddedRows
 from tasks.paid import PaidRequests, chunk_name, keep_handed
-from tasks.publish import publish_chunk
 from tasks.reuse import note_failed, take_prefill, take_reused
 from tasks.reuse_stage import ReuseStage
+from tests.support.chunks import CountingStore, plan_rows, publish_truth
 from tests.support.fake_openai import expected_matrix
 
 RUN = "e" * 64
@@ -32,38 +30,12 @@ DIMS = 8
 LOG = logging.getLogger("test")
 
 
-def _args(tmp: Path, chunk_size: int) -> dict[str, Any]:
-    return dict(id_column="id", text_column="text", codec="auto", chunk_size=chunk_size,
-                model="m", dimensions=DIMS, delimiter="auto", scratch_root=str(tmp))
-
-
 def _plan(tmp: Path, name: str, rows: list[tuple[str, str]], chunk_size: int) -> InputPlan:
-    path = tmp / name
-    path.write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in rows), encoding="utf-8")
-    return plan_csv(path, **_args(tmp, chunk_size))
-
-
-class CountingStore:
-    """The local store, counting ``open_read`` per key (the store's reads)."""
-
-    def __init__(self, store: Any) -> None:
-        self._store, self.opened = store, Counter()
-
-    def open_read(self, key: str) -> Any:
-        self.opened[key] += 1
-        return self._store.open_read(key)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
+    return plan_rows(tmp, name, rows, chunk_size, dimensions=DIMS)
 
 
 def _publish_truth(store: Any, plan: InputPlan) -> None:
-    """Publish every chunk of ``plan`` with the server's vectors for its texts."""
-    for spec in plan.chunks:
-        rows = read_chunk(plan.source, spec)
-        embedded = EmbeddedRows(rows, expected_matrix([r.text for r in rows], DIMS),
-                                [row_key(r.id, r.text_sha256, "m", DIMS) for r in rows])
-        publish_chunk(store, spec, embedded, model="m", dimensions=DIMS)
+    publish_truth(store, plan, dimensions=DIMS)
 
 
 def _stage(tmp: Path, plan: InputPlan, store: Any, ledger: Ledger, **kw: Any) -> ReuseStage:
