@@ -24,11 +24,12 @@ directory (``adapters.row_facts``), so memory does not grow with the rows.
 from __future__ import annotations
 
 import hashlib
-from hashlib import sha256
 import io
 import os
 import threading
+from array import array
 from collections.abc import Sequence
+from hashlib import sha256
 from typing import Any
 
 
@@ -43,7 +44,7 @@ from adapters.csv_records import (
     row_id_of,
 )
 from adapters.input_source import open_input
-from adapters.row_facts import RowFacts
+from adapters.row_facts import RowFacts, id_digests
 from adapters.scratch import Scratch
 from embedline.errors import InputError
 from embedline.keys import ChunkKeyBuilder, columns_lines, text_sha256
@@ -57,15 +58,26 @@ _MAX_DUPLICATES_REPORTED = 5
 
 class _Planner:
     """Accumulates chunk specs while records stream past (one open chunk at a time); each
-    chunk's byte range and SHA-256 come from the line reader ``lines``."""
+    chunk's byte range and SHA-256 come from the line reader ``lines``.
 
-    def __init__(self, lines: LineSource, *, chunk_size: int, model: str,
+    The planning loop appends each row to the open chunk's lists (``ids``, ``hashes``,
+    ``sizes``, ``empties``, ``kept``: bound ``append`` methods, kept across chunks, since
+    a method call per row was a third of the loop); ``close`` hashes the chunk key from
+    them in one update and hands them to ``facts`` (``adapters.row_facts``)."""
+
+    def __init__(self, lines: LineSource, facts: RowFacts, *, chunk_size: int, model: str,
                  dimensions: int | None, columns: Sequence[str] = ()) -> None:
         self.chunk_size = chunk_size
         self.model = model
         self.dimensions = dimensions
         self.columns = tuple(columns)  # keys.columns_lines: the chunk key's extra lines
         self.chunks: list[ChunkSpec] = []
+        self.ids: list[str] = []
+        self.hashes: list[str] = []
+        self.sizes: array[int] = array("i")  # UTF-8 bytes of each text
+        self.empties: list[int] = []  # positions of empty or whitespace-only texts
+        self.kept: list[str] = []  # kept_sha256 of each row (with kept columns)
+        self._facts = facts
         self._lines = lines
         self._open(byte_start=0, line_start=1, first_row=1)
 
@@ -75,35 +87,37 @@ class _Planner:
         self._open(byte_start=byte_start, line_start=line_start, first_row=1)
 
     def _open(self, *, byte_start: int, line_start: int, first_row: int) -> None:
-        self._key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
         self._byte_start, self._line_start, self._first_row = byte_start, line_start, first_row
 
-    def add(self, row_id: str, text_hash: str, kept_hash: str | None, last_line: int) -> None:
-        """Add a row to the open chunk (its record ends on physical line ``last_line``, the
-        last line read); a full chunk is closed just after that record."""
-        self._key.add(row_id, text_hash, kept_hash)
-        if self._key.rows == self.chunk_size:
-            stop = self._lines.offset_after(last_line)
-            self.close(stop=stop)
-            first_row = self._first_row + self.chunk_size
-            self._open(byte_start=stop, line_start=last_line + 1, first_row=first_row)
+    def full(self, last_line: int) -> None:
+        """The open chunk holds ``chunk_size`` rows, the last ending on physical line
+        ``last_line`` (the last line read): close it just after that record."""
+        stop = self._lines.offset_after(last_line)
+        self.close(stop=stop)
+        self._open(byte_start=stop, line_start=last_line + 1,
+                   first_row=self._first_row + self.chunk_size)
 
     def close(self, *, stop: int) -> None:
-        if self._key.rows == 0:
+        if not self.ids:
             return
+        key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
+        key.add_many(self.ids, self.hashes, self.kept if self.columns else None)
+        index = len(self.chunks)
         self.chunks.append(
             ChunkSpec(
-                index=len(self.chunks),
-                key=self._key.hexdigest(),
+                index=index,
+                key=key.hexdigest(),
                 first_row=self._first_row,
                 line_start=self._line_start,
-                rows=self._key.rows,
+                rows=len(self.ids),
                 byte_start=self._byte_start,
                 byte_stop=stop,
                 bytes_sha256=self._lines.cut(stop),
             )
         )
-        self._key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
+        self._facts.add_chunk(index, self.ids, self.hashes, self.sizes, self.empties)
+        for rows in (self.ids, self.hashes, self.sizes, self.empties, self.kept):
+            del rows[:]
 
 
 def plan_csv(
@@ -248,24 +262,34 @@ def _plan_pass(
         )
         shape = _Shape(header, template, keep_columns)
         data_start = lines.offset_after(header_last_line)
-        planner = _Planner(lines, chunk_size=chunk_size, model=model, dimensions=dimensions,
+        planner = _Planner(lines, facts, chunk_size=chunk_size, model=model,
+                           dimensions=dimensions,
                            columns=columns_lines(text_template, keep_columns, keep_text))
         planner.start(byte_start=data_start, line_start=header_last_line + 1)
-        width, any_text = len(header.names), False
-        text_of, kept_hash, add, fact = shape.text_of, shape.kept_hash, planner.add, facts.add
-        # The one per-record loop: all that planning does per row happens here, in order
-        # (the row goes to chunk len(planner.chunks), after the rows added to it so far).
+        width, any_text, filled = len(header.names), False, 0
+        text_of, kept_hash, keeping = shape.text_of, shape.kept_hash, bool(keep_columns)
+        add_id, add_hash, add_size = planner.ids.append, planner.hashes.append, \
+            planner.sizes.append
+        # The one per-record loop: all that planning does per row happens here, in order.
         for line, last_line, fields in records:
             if len(fields) != width:
                 check_width(fields, line, header, source_path)
             row_id = row_id_of(fields, line, header, source_path)
             text = text_of(fields)
-            nonempty = bool(text.strip())  # the rule of tasks.embed
-            any_text = any_text or nonempty
             raw = text.encode("utf-8")
-            text_hash = sha256(raw).hexdigest()  # keys.text_sha256, with the bytes kept
-            fact(_id_digest(row_id), row_id, len(raw), text_hash, nonempty, len(planner.chunks))
-            add(row_id, text_hash, kept_hash(fields), last_line)
+            add_id(row_id)
+            add_hash(sha256(raw).hexdigest())  # keys.text_sha256, with the bytes kept
+            add_size(len(raw))
+            if text.strip():  # the rule of tasks.embed
+                any_text = True
+            else:
+                planner.empties.append(filled)
+            if keeping:
+                planner.kept.append(kept_hash(fields))
+            filled += 1
+            if filled == chunk_size:
+                planner.full(last_line)
+                filled = 0
         size = lines.offset
         planner.close(stop=size)  # trailing blank lines belong to the last chunk
     facts.finish()
@@ -351,19 +375,6 @@ class _Shape:
                 "text_template": text_template}
 
 
-def _id_digest(row_id: str) -> int:
-    """A 64-bit digest of ``row_id`` for the duplicate check (unsigned).
-
-    Python's ``hash`` of the string: SipHash-1-3 under a key drawn per process (PEP 456;
-    CPython 3.11 ``sys.hash_info``), about 40 ns a row against about 700 ns for the BLAKE2b
-    digest it replaced (a tenth of planning's CPU). Process-local: compare only digests made
-    in the same process (``_raise_on_duplicates`` recomputes them in the same ``plan_csv``
-    call) and never store one. A collision of two distinct ids costs a second pass, which
-    compares the ids themselves; it is never reported.
-    """
-    return hash(row_id) & 0xFFFF_FFFF_FFFF_FFFF
-
-
 def _raise_on_duplicates(suspects: set[int], found: Any, fmt: CsvFormat, header: Header) -> None:
     """Raise InputError listing the first duplicated ids with their lines, if any.
 
@@ -380,7 +391,7 @@ def _raise_on_duplicates(suspects: set[int], found: Any, fmt: CsvFormat, header:
         next(records)  # the header
         for line, _, fields in records:
             row_id = fields[header.id_index]
-            if _id_digest(row_id) in suspects:
+            if int(id_digests([row_id])[0]) in suspects:
                 lines_by_id.setdefault(row_id, []).append(line)
     duplicates = [(i, ls) for i, ls in lines_by_id.items() if len(ls) > 1]
     if not duplicates:

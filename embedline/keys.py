@@ -86,6 +86,10 @@ def columns_lines(
     return lines
 
 
+def _line(fields: str) -> str:
+    return "\n" + fields
+
+
 class ChunkKeyBuilder:
     """Incremental chunk key: feed ``(id, text_sha256)`` pairs in input order (with kept
     columns, also each row's ``kept_sha256``).
@@ -111,6 +115,14 @@ class ChunkKeyBuilder:
             line += f"{_SEP}{kept_hash}"
         self._hash.update(line.encode())
         self.rows += 1
+
+    def add_many(self, row_ids: Sequence[str], text_hashes: Sequence[str],
+                 kept_hashes: Sequence[str] | None = None) -> None:
+        """``add`` for many rows in order, in one hash update (the same bytes)."""
+        rows = zip(row_ids, text_hashes, kept_hashes) if kept_hashes is not None \
+            else zip(row_ids, text_hashes)
+        self._hash.update("".join(map(_line, map(_SEP.join, rows))).encode())
+        self.rows += len(row_ids)
 
     def hexdigest(self) -> str:
         """Return the chunk key for the rows added so far (64 hex chars)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -150,9 +151,9 @@ class ReuseStage:
                 rows = read_chunk(self.plan.source, spec)
             except EmbedlineError:
                 continue  # the chunk task reports it
-            for row in rows:
-                facts.add(0, row.id, len(row.text.encode("utf-8")), row.text_sha256,
-                          bool(row.text.strip()), spec.index)
+            facts.add_chunk(spec.index, [r.id for r in rows], [r.text_sha256 for r in rows],
+                            array("i", (len(r.text.encode("utf-8")) for r in rows)),
+                            [p for p, r in enumerate(rows) if not r.text.strip()])
         facts.finish()
         assert facts.rows is not None
         return facts.rows

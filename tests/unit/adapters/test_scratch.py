@@ -87,7 +87,12 @@ def test_planning_spills_row_hashes_and_finds_duplicates_over_buckets(tmp_path: 
 
 
 def test_row_facts_without_scratch_keep_id_digests_in_memory() -> None:
+    from array import array
+
+    from adapters.row_facts import id_digests
+
     facts = RowFacts(None)
-    for digest in (5, 7, 5, 9, 7):
-        facts.add(digest, "id", 0, "", False, 0)
-    assert facts.suspects() == {5, 7} and facts.rows is None and facts.count == 5
+    facts.add_chunk(0, ["a", "b", "a"], ["", "", ""], array("i", [0, 0, 0]), [])
+    facts.add_chunk(1, ["c", "b"], ["", ""], array("i", [0, 0]), [])
+    assert facts.suspects() == {int(d) for d in id_digests(["a", "b"])}
+    assert facts.rows is None and facts.count == 5
