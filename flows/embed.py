@@ -124,6 +124,9 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
                                              logger=logger)
         redo_other_lengths(dispatcher, store=store, plan=plan, skipped=work.skipped,
                            length=work.length, grace_s=settings.grace_s, logger=logger)
+    if copied.submitted:
+        logger.info("%d chunks had every row copied: published by the flow itself, no "
+                    "request and no task run", copied.submitted)
     artifact.close()
     cost = cost_in_process() if settings.task_runner == "threads" else None
     return Dispatched(result, cost, staged.batches if staged is not None else 0)

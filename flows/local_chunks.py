@@ -99,9 +99,11 @@ class LocalChunks:
     def __init__(self, run: Callable[[ChunkSpec], ChunkOutcome], *, workers: int = 2) -> None:
         self._run = run
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="embedline-copied")
+        self.submitted = 0
 
     def submit(self, spec: ChunkSpec) -> LocalFuture:
         """Start chunk ``spec``; return its future."""
+        self.submitted += 1
         return LocalFuture(self._pool.submit(self._run, spec))
 
     def close(self) -> None:
