@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from array import array
 from pathlib import Path
 from typing import Any
@@ -85,9 +86,11 @@ class ReuseStage:
         self._specs = {s.index: s for s in todo}
         if not todo:
             return
+        started = time.monotonic()
         if self.reuse:
             added = refresh_index(self.store, self.ledger)
-            self.log.info("reuse index: %d new chunk objects indexed", added)
+            self.log.info("reuse index: %d new chunk objects indexed in %.1f s", added,
+                          time.monotonic() - started)
         rows = self._row_hashes(todo)
         self._joined = join_run(
             directory=self.directory, rows=rows, todo=todo, chunks_total=len(self.plan.chunks),
@@ -96,9 +99,10 @@ class ReuseStage:
         self._gathered = gather(self.store, self._joined, self.directory, length=self.length,
                                 chunks_total=len(self.plan.chunks))
         got = self._gathered
-        self.log.info("reuse stage: %s rows from %s objects in %.1f s (%s rows wait for an "
-                      "earlier chunk of this run)", f"{got.rows:,}", f"{got.sources_read:,}",
-                      got.seconds, f"{self._joined.waiting:,}")
+        self.log.info("reuse stage: %s rows from %s objects in %.1f s (the index, the join "
+                      "and the copy; %s rows wait for an earlier chunk of this run)",
+                      f"{got.rows:,}", f"{got.sources_read:,}", time.monotonic() - started,
+                      f"{self._joined.waiting:,}")
 
     def fully_copied(self, spec: ChunkSpec) -> bool:
         """Whether every non-empty row of ``spec`` has a copied vector (none to send, none
