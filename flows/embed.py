@@ -127,6 +127,7 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     if copied.submitted:
         logger.info("%d chunks had every row copied: published by the flow itself, no "
                     "request and no task run", copied.submitted)
+    stage.index_published(result.published.values())  # the next run reads none of them
     artifact.close()
     cost = cost_in_process() if settings.task_runner == "threads" else None
     return Dispatched(result, cost, staged.batches if staged is not None else 0)

@@ -23,17 +23,20 @@ import logging
 import secrets
 import time
 from array import array
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from adapters.csv_source import read_chunk
 from adapters.ledger import Ledger
-from adapters.row_facts import ROW_DTYPE, RowFacts
+from adapters.row_facts import ROW_DTYPE, RowFacts, chunk_rows
 from adapters.scratch import Scratch, Spill
 from embedline.errors import EmbedlineError
-from embedline.models import ChunkSpec, InputPlan, ReusePlan, ReuseSource
+from embedline.keys import dims_text
+from embedline.models import ChunkOutcome, ChunkSpec, InputPlan, ReusePlan, ReuseSource
 from embedline.protocols import ObjectStore
 from tasks.gather import Gathered, gather
 from tasks.paid import chunk_name, mark_gave_up
@@ -44,6 +47,7 @@ __all__ = ["ReuseStage"]
 
 Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 _NO_HEIR = np.iinfo(np.uint32).max
+_INDEX_BATCH = 64  # objects indexed per ledger transaction
 
 
 class ReuseStage:
@@ -136,6 +140,39 @@ class ReuseStage:
             return
         note_failed(spec.object_key)
         mark_gave_up(self.store, self.run_key, chunk_name(spec.object_key), self.session)
+
+    def index_published(self, outcomes: Iterable[ChunkOutcome]) -> int:
+        """Add the chunk objects this run published to the reuse index, from planning's rows
+        (the objects hold every row but their dead letters, in order), so the next run need
+        not read them back to index them (it did: 0.7 s of CPU for a 1M-row night on a
+        local disk, a ranged read per object on S3). Returns how many were added; without
+        planning's rows (no scratch directory) or with reuse off, none.
+
+        :raises DiskFullError: the ledger's filesystem is full.
+        """
+        if not self.reuse or self.plan.scratch is None:
+            return 0
+        dims = dims_text(self.dimensions)
+        entries = []
+        for outcome in outcomes:
+            spec = self._specs.get(outcome.index)
+            if spec is None or spec.object_key != outcome.object_key:
+                continue
+            try:
+                hashes = chunk_rows(self.plan.scratch, spec.index).column("text_sha256")
+            except (OSError, IndexError):
+                continue
+            gone = np.array([d.row_number - spec.first_row for d in outcome.dead_letters],
+                            dtype=np.int64)
+            keep = np.ones(len(hashes), dtype=bool)
+            keep[gone[(gone >= 0) & (gone < len(hashes))]] = False
+            if int(keep.sum()) != outcome.rows:
+                continue  # not the rows planned: the next run indexes it from the object
+            entries.append((outcome.object_key, self.model, dims,
+                            hashes.filter(pa.array(keep))))
+        for start in range(0, len(entries), _INDEX_BATCH):
+            self.ledger.index_objects(self.store.uri, entries[start:start + _INDEX_BATCH])
+        return len(entries)
 
     def close(self) -> None:
         """Delete the stage's files (and its own scratch directory, if it made one)."""

@@ -227,3 +227,52 @@ def test_a_fully_copied_chunk_is_the_object_the_chunk_task_would_publish(
                           run_key=RUN, logger=LOG) is None
     stage.close()
     ledger.close()
+
+
+def test_objects_a_run_published_are_indexed_as_the_store_would_index_them(
+    tmp_path: Path,
+) -> None:
+    """``index_published`` indexes this run's objects from planning's rows, dead letters
+    (empty texts) left out: the same entries a fresh ledger gets by reading the objects, and
+    the next run reads none of them to index them."""
+    from adapters.ledger.reuse_index import BUCKETS
+    from embedline.settings import RunSettings
+    from tasks.copied import publish_copied
+    from tasks.reuse_plan import refresh_index
+
+    rows = [(f"p{i}", f"text {i}" if i % 9 else "") for i in range(50)]
+    local = open_store(str(tmp_path / "out"))
+    local.prepare()
+    _publish_truth(local, _plan(tmp_path, "first.csv", rows, 10))
+    shuffled = list(rows)
+    random.Random(4).shuffle(shuffled)
+    plan = _plan(tmp_path, "night.csv", shuffled, 10)
+    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
+    stage = _stage(tmp_path, plan, local, ledger)
+    stage.prepare(list(plan.chunks))
+    settings = RunSettings(input=str(tmp_path / "night.csv"), output=str(tmp_path / "out"),
+                           model="m", dimensions=DIMS, embedder="openai",
+                           ledger=str(tmp_path / "ledger.sqlite3"))
+    outcomes = [publish_copied(spec, plan.source, settings, store=local, scratch=plan.scratch,
+                               prefill=stage.plan_for(spec).prefill, width=DIMS, run_key=RUN,
+                               logger=LOG) for spec in plan.chunks]
+    assert all(o is not None for o in outcomes) and any(o.dead_letters for o in outcomes)
+    assert stage.index_published(outcomes) == len(plan.chunks)
+    counting = CountingStore(local)
+    assert refresh_index(counting, ledger) == 0 and not counting.opened  # nothing to read
+    fresh = Ledger(str(tmp_path / "fresh.sqlite3"))
+    assert refresh_index(local, fresh) == 2 * len(plan.chunks)
+
+    def entries(led: Ledger) -> set[tuple[str, int, int]]:
+        objects = led.reuse_objects(local.uri, model="m", dimensions=str(DIMS))
+        out = set()
+        for bucket in range(BUCKETS):
+            prefixes, ids, positions = led.bucket(bucket, list(objects))
+            out |= {(objects[int(o)], int(p), int(q))
+                    for p, o, q in zip(prefixes, ids, positions, strict=True)}
+        return out
+
+    assert entries(ledger) == entries(fresh)
+    stage.close()
+    ledger.close()
+    fresh.close()
