@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from adapters.row_facts import chunk_rows
 from adapters.scratch import digests
-from embedline.keys import row_key
+from embedline.keys import row_keys
 from embedline.models import EMPTY_TEXT, ChunkOutcome, ChunkSpec, DeadLetter, InputSource
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
@@ -61,8 +61,7 @@ def publish_copied(spec: ChunkSpec, source: InputSource, settings: RunSettings, 
     if dead:
         keep = pa.array(~empty)
         ids, hashes = ids.filter(keep), hashes.filter(keep)
-    keys = [row_key(i, h, model, dims)
-            for i, h in zip(ids.to_pylist(), hashes.to_pylist(), strict=True)]
+    keys = row_keys(ids.to_pylist(), hashes.to_pylist(), model, dims)
     fingerprint = rows_fingerprint(keys)
     body = chunk_parquet_columns(spec, ids, hashes, keys, vectors[~empty], dead, model=model,
                                  dimensions=width, request_settings=settings.request_fingerprint,

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from adapters.embeddings import estimate_tokens
 from embedline.errors import BadResponseError, EmbedlineError
-from embedline.keys import row_key
+from embedline.keys import row_keys
 from embedline.models import DeadLetter, ReusePlan, ReuseSource, Row
 from embedline.protocols import ObjectStore
 from tasks.embed import EmbeddedRows
@@ -333,7 +333,8 @@ def combine(
                if kept else np.zeros((0, width), dtype=np.float32))
     return EmbeddedRows(
         rows=kept, vectors=stacked,
-        row_keys=[row_key(r.id, r.text_sha256, model, dimensions) for r in kept],
+        row_keys=row_keys((r.id for r in kept), (r.text_sha256 for r in kept), model,
+                          dimensions),
         dead_letters=sorted(dead.values(), key=lambda d: d.row_number),
         tokens=embedded.tokens, requests=embedded.requests,
     )
