@@ -19,6 +19,7 @@ from adapters.ledger import Ledger
 from adapters.object_store import open_store
 from embedline.keys import text_sha256
 from embedline.models import InputPlan
+from embedline.settings import RunSettings
 from tasks.paid import PaidRequests, chunk_name, keep_handed
 from tasks.reuse import note_failed, take_prefill, take_reused
 from tasks.reuse_stage import ReuseStage
@@ -36,6 +37,24 @@ def _plan(tmp: Path, name: str, rows: list[tuple[str, str]], chunk_size: int) ->
 
 def _publish_truth(store: Any, plan: InputPlan) -> None:
     publish_truth(store, plan, dimensions=DIMS)
+
+
+def _shuffled_night(tmp: Path, rows: list[tuple[str, str]], *, seed: int
+                    ) -> tuple[Any, InputPlan, Ledger, ReuseStage, RunSettings]:
+    """The first run's objects published (chunks of 10), then the rows shuffled and planned
+    again, and that night's reuse stage prepared: (store, plan, ledger, stage, settings)."""
+    local = open_store(str(tmp / "out"))
+    local.prepare()
+    _publish_truth(local, _plan(tmp, "first.csv", rows, 10))
+    shuffled = list(rows)
+    random.Random(seed).shuffle(shuffled)
+    plan = _plan(tmp, "night.csv", shuffled, 10)
+    ledger = Ledger(str(tmp / "ledger.sqlite3"))
+    stage = _stage(tmp, plan, local, ledger)
+    stage.prepare(list(plan.chunks))
+    settings = RunSettings(input=str(tmp / "night.csv"), output=str(tmp / "out"), model="m",
+                           dimensions=DIMS, embedder="openai", ledger=str(tmp / "ledger.sqlite3"))
+    return local, plan, ledger, stage, settings
 
 
 def _stage(tmp: Path, plan: InputPlan, store: Any, ledger: Ledger, **kw: Any) -> ReuseStage:
@@ -189,23 +208,11 @@ def test_a_fully_copied_chunk_is_the_object_the_chunk_task_would_publish(
     """``tasks.copied`` builds the object from planning's rows without parsing the input:
     byte for byte the object the chunk task's own path (``run_chunk``) makes of the same
     copies, empty texts (dead letters) included; with kept columns it declines."""
-    from embedline.settings import RunSettings
     from tasks.chunk import run_chunk
     from tasks.copied import publish_copied
 
     rows = [(f"p{i}", f"text {i}" if i % 7 else " ") for i in range(40)]
-    local = open_store(str(tmp_path / "out"))
-    local.prepare()
-    _publish_truth(local, _plan(tmp_path, "first.csv", rows, 10))
-    shuffled = list(rows)
-    random.Random(5).shuffle(shuffled)
-    plan = _plan(tmp_path, "night.csv", shuffled, 10)
-    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
-    stage = _stage(tmp_path, plan, local, ledger)
-    stage.prepare(list(plan.chunks))
-    settings = RunSettings(input=str(tmp_path / "night.csv"), output=str(tmp_path / "out"),
-                           model="m", dimensions=DIMS, embedder="openai",
-                           ledger=str(tmp_path / "ledger.sqlite3"))
+    local, plan, ledger, stage, settings = _shuffled_night(tmp_path, rows, seed=5)
     for spec in plan.chunks:
         assert stage.fully_copied(spec)
         copies = stage.plan_for(spec)
@@ -236,23 +243,11 @@ def test_objects_a_run_published_are_indexed_as_the_store_would_index_them(
     (empty texts) left out: the same entries a fresh ledger gets by reading the objects, and
     the next run reads none of them to index them."""
     from adapters.ledger.reuse_index import BUCKETS
-    from embedline.settings import RunSettings
     from tasks.copied import publish_copied
     from tasks.reuse_plan import refresh_index
 
     rows = [(f"p{i}", f"text {i}" if i % 9 else "") for i in range(50)]
-    local = open_store(str(tmp_path / "out"))
-    local.prepare()
-    _publish_truth(local, _plan(tmp_path, "first.csv", rows, 10))
-    shuffled = list(rows)
-    random.Random(4).shuffle(shuffled)
-    plan = _plan(tmp_path, "night.csv", shuffled, 10)
-    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
-    stage = _stage(tmp_path, plan, local, ledger)
-    stage.prepare(list(plan.chunks))
-    settings = RunSettings(input=str(tmp_path / "night.csv"), output=str(tmp_path / "out"),
-                           model="m", dimensions=DIMS, embedder="openai",
-                           ledger=str(tmp_path / "ledger.sqlite3"))
+    local, plan, ledger, stage, settings = _shuffled_night(tmp_path, rows, seed=4)
     outcomes = [publish_copied(spec, plan.source, settings, store=local, scratch=plan.scratch,
                                prefill=stage.plan_for(spec).prefill, width=DIMS, run_key=RUN,
                                logger=LOG) for spec in plan.chunks]
