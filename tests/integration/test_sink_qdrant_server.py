@@ -17,6 +17,7 @@ from embedline.errors import FatalError, RetryableError  # noqa: E402
 from tests.support.csv_data import ENGLISH, read_rows, write_rows  # noqa: E402
 from tests.support.fake_openai import FakeEmbeddingServer  # noqa: E402
 from tests.support.fixtures import run_cli  # noqa: E402
+from tests.support.in_process import run_in_process  # noqa: E402
 from tests.support.loopback_http import LoopbackRecorder  # noqa: E402
 
 pytestmark = [pytest.mark.integration]
@@ -66,15 +67,13 @@ def test_503_is_retryable_and_no_server_is_retryable(refusing: LoopbackRecorder)
     assert "unreachable" in str(caught.value)
 
 
-@pytest.mark.usefixtures("prefect_api_url")
 def test_embedline_load_into_a_server_refusing_the_key_exits_3_in_one_line_without_the_key(
-    refusing: LoopbackRecorder, tmp_path: Path, fake_openai: FakeEmbeddingServer
+    refusing: LoopbackRecorder, tmp_path: Path, fake_openai: FakeEmbeddingServer,
+    prefect_api_url: str,
 ) -> None:
-    rows = read_rows(ENGLISH, 20)
-    ran = run_cli("run", str(write_rows(tmp_path / "in.csv", rows)), "--embedder", "openai",
-                  "--base-url", fake_openai.base_url, "--output", str(tmp_path / "out"),
-                  "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path)
-    assert ran.returncode == 0, ran.stderr[-2000:]
+    run_in_process(prefect_api_url, input=str(write_rows(tmp_path / "in.csv",
+                   read_rows(ENGLISH, 20))), embedder="openai", base_url=fake_openai.base_url,
+                   output=str(tmp_path / "out"), ledger=str(tmp_path / "l.sqlite3"))
     loaded = run_cli("load", "--to", _uri(refusing), "--output", str(tmp_path / "out"),
                      "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path,
                      env={"QDRANT_API_KEY": KEY})
