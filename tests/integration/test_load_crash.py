@@ -60,7 +60,9 @@ def _table(kind: str, sink: str, pg_uri: str) -> list[tuple[str, np.ndarray]]:
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[tuple[str, str]], Path]]:
+def published(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[list[tuple[str, str]], Path]]:
     """One committed run (output root and ledger) of the first ROWS rows, made once for the
     three sinks: each test loads its own copy (a load writes its lease into the output)."""
     cwd = tmp_path_factory.mktemp("published")
