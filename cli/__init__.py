@@ -44,9 +44,6 @@ def entry() -> None:
     atexit.register(_end_process)  # registered first, so it runs after every other handler
     _entered = True
     try:
-        from adapters.memory import keep_memory_flat
-
-        keep_memory_flat()  # before pyarrow is first used (adapters/memory.py)
         code = main()
     except BaseException as exc:  # an interrupt after the command's own handling ended
         from embedline import shutdown
@@ -108,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from embedline.shutdown import raise_interrupt
 
         if _entered:
+            from adapters.memory import keep_memory_flat
+
+            keep_memory_flat()  # before pyarrow is first used (adapters/memory.py)
             after = dict.fromkeys(early, raise_interrupt)
     finally:
         for signum, handler in after.items():

@@ -80,9 +80,9 @@ def apply(config: dict[str, Any], *, webhook_url: str | None = None) -> list[str
     :raises LookupError: the deployment or the notification block does not exist.
     """
     from prefect import get_client
-    from prefect.blocks.core import Block
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
     from prefect.events.schemas.automations import AutomationCore
+    from prefect.exceptions import ObjectNotFound
     from prefect.variables import Variable
 
     slug = str(config["notify_block"])  # BLOCK-TYPE/NAME, as `prefect block ls` shows it
@@ -93,14 +93,20 @@ def apply(config: dict[str, Any], *, webhook_url: str | None = None) -> list[str
             json_data={"text": "{{subject}}\n{{body}}", "title": "{{name}}"},
         ).save(name, overwrite=True)
         slug = f"{CustomWebhookNotificationBlock.get_block_type_slug()}/{name}"
-    try:
-        block = Block.load(slug)
-    except ValueError as exc:
-        raise LookupError(f"no notification block {slug!r} (BLOCK-TYPE/NAME): pass "
-                          "--webhook-url URL to create a webhook block, or create one in "
-                          "the UI") from exc
-    Variable.set(THRESHOLD_VARIABLE, int(config["dead_letters_threshold"]), overwrite=True)
+    block_type, _, block_name = slug.partition("/")
     with get_client(sync_client=True) as client:
+        block_id = None
+        if block_type and block_name:
+            try:  # the block document's id, through the client's public API
+                block_id = client.read_block_document_by_name(
+                    block_name, block_type, include_secrets=False).id
+            except ObjectNotFound:
+                pass
+        if block_id is None:
+            raise LookupError(f"no notification block {slug!r} (BLOCK-TYPE/NAME): pass "
+                              "--webhook-url URL to create a webhook block, or create one in "
+                              "the UI")
+        Variable.set(THRESHOLD_VARIABLE, int(config["dead_letters_threshold"]), overwrite=True)
         try:
             deployment = client.read_deployment_by_name(str(config["deployment"]))
         except Exception as exc:  # ObjectNotFound
@@ -108,7 +114,7 @@ def apply(config: dict[str, Any], *, webhook_url: str | None = None) -> list[str
                               "prefect deploy --all first (deployments/README.md)") from exc
         names = []
         for spec in automation_specs(config, deployment_id=str(deployment.id),
-                                     block_id=str(block._block_document_id)):
+                                     block_id=str(block_id)):
             for old in client.read_automations_by_name(spec["name"]):
                 client.delete_automation(old.id)
             client.create_automation(AutomationCore.model_validate(spec))

@@ -132,8 +132,7 @@ class QdrantAlias:
     def state(self) -> AliasState:
         """Where the alias points (the server's aliases) and the previous collection (the
         registry's point)."""
-        with self._lock, self.sink._errors("read aliases of"):
-            client = self.sink._client()
+        with self._lock, self.sink.client_for("read aliases of") as client:
             current = next((a.collection_name for a in client.get_aliases().aliases
                             if a.alias_name == self.alias), None)
             previous = None
@@ -149,8 +148,8 @@ class QdrantAlias:
         """
         if self.state().current is not None:
             return
-        with self._lock, self.sink._errors("read collections of"):
-            taken = self.sink._client().collection_exists(self.alias)
+        with self._lock, self.sink.client_for("read collections of") as client:
+            taken = client.collection_exists(self.alias)
         if taken:
             raise InputError(f"{self.sink.identity}: a collection is named {self.alias!r}; "
                              "pick another --alias name")
@@ -166,8 +165,7 @@ class QdrantAlias:
         if before.current == table:
             return before
         self.check_name()
-        with self._lock, self.sink._errors("switch alias of"):
-            client = self.sink._client()
+        with self._lock, self.sink.client_for("switch alias of") as client:
             operations: list[Any] = []
             if before.current is not None:
                 operations.append(models.DeleteAliasOperation(

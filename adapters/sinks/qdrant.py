@@ -164,6 +164,14 @@ class QdrantSink(KeptColumnsCache):
             return self._client_
 
     @contextmanager
+    def client_for(self, what: str) -> Iterator[Any]:
+        """The sink's ``qdrant-client`` (one per sink, so a local-mode directory is opened
+        once) for an operation ``what`` of a caller beside the sink (``QdrantAlias``), with
+        its errors turned into embedline's as in the sink's own calls."""
+        with self._errors(what):
+            yield self._client()
+
+    @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         """``qdrant-client``'s errors as embedline's, at one point: an unreachable server,
         429 and 5xx are retryable; 401/403 name ``QDRANT_API_KEY``; another process holding a

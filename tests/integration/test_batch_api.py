@@ -222,9 +222,12 @@ def cli_args(tmp_path: Path, server: FakeBatchServer) -> list[str]:
             "--batch-size", "2", "--batch-api", "--batch-poll-interval", "0.1"]
 
 
-def start_waiting_run(tmp_path: Path, server: FakeBatchServer, env: dict[str, str],
-                      *extra: str) -> subprocess.Popen[str]:
-    """A CLI run whose 3 batches are submitted and held ``in_progress``: it waits."""
+def start_waiting_run(tmp_path: Path, server: FakeBatchServer, api_url: str, *extra: str,
+                      ) -> tuple[list[tuple[str, str]], dict[str, str], subprocess.Popen[str]]:
+    """A CLI run of ``TEXTS`` (on the Prefect server at ``api_url``) whose 3 batches are
+    submitted and held ``in_progress``: it waits. Returns (rows, env, process)."""
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": api_url}
     server.hold = True
     proc = subprocess.Popen([*cli_args(tmp_path, server), *extra], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -235,15 +238,13 @@ def start_waiting_run(tmp_path: Path, server: FakeBatchServer, env: dict[str, st
         assert time.monotonic() < deadline, "the run never submitted its batches"
         time.sleep(0.1)
     time.sleep(0.3)  # polling now
-    return proc
+    return rows, env, proc
 
 
 @pytest.mark.slow  # two CLI runs (~10 s): beyond the CI budget; `pytest -m slow`
 def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
         tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
-    rows = write_csv(tmp_path / "in.csv", TEXTS)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
-    proc = start_waiting_run(tmp_path, server, env)
+    rows, env, proc = start_waiting_run(tmp_path, server, prefect_api_url)
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
@@ -278,9 +279,7 @@ def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
 
 def test_kill_9_while_waiting_then_rerun_creates_no_batch_and_pays_nothing_twice(
         tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
-    rows = write_csv(tmp_path / "in.csv", TEXTS)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
-    proc = start_waiting_run(tmp_path, server, env)
+    rows, env, proc = start_waiting_run(tmp_path, server, prefect_api_url)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     server.hold = False
@@ -440,9 +439,8 @@ def test_cancel_batches_adopts_a_batch_still_recorded_creating_and_cancels_it(
 def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_progress(
         tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
     """The lighter sibling of the slow Ctrl-C test: one CLI run, stopped while it waits."""
-    write_csv(tmp_path / "in.csv", TEXTS)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
-    proc = start_waiting_run(tmp_path, server, env, "--progress-interval", "0.2")
+    _, env, proc = start_waiting_run(tmp_path, server, prefect_api_url,
+                                     "--progress-interval", "0.2")
     time.sleep(0.5)  # a progress line or two while waiting
     os.killpg(proc.pid, signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)

@@ -18,6 +18,7 @@ from pgvector.psycopg import register_vector
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import run_cli
+from tests.support.in_process import run_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -35,19 +36,19 @@ def server() -> Iterator[FakeEmbeddingServer]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, server: FakeEmbeddingServer,
-         ) -> tuple[Path, dict[str, str]]:
+         prefect_api_url: str) -> tuple[Path, dict[str, str]]:
     """One committed run per model of the same CSV, in a directory the tests share (each
-    test loads into stores of its own); returns (directory, model -> run key)."""
+    test loads into stores of its own); returns (directory, model -> run key). In process:
+    preconditions (the loads under test go through the CLI)."""
     where = tmp_path_factory.mktemp("cutover")
     with (where / "in.csv").open("w", newline="", encoding="utf-8") as f:
         csv.writer(f, lineterminator="\n").writerows([("id", "text"), *ROWS])
     keys = {}
     for model, dims in MODELS.items():
-        result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", server.base_url,
-                         "--model", model, "--dimensions", str(dims), "--output", "out",
-                         "--ledger", "ledger.sqlite3", "--chunk-size", "20", cwd=where)
-        assert result.returncode == 0, result.stderr[-2000:]
-        keys[model] = result.stdout.split()[1]
+        keys[model] = str(run_in_process(
+            prefect_api_url, input=str(where / "in.csv"), embedder="openai",
+            base_url=server.base_url, model=model, dimensions=dims, output=str(where / "out"),
+            ledger=str(where / "ledger.sqlite3"), chunk_size=20)["run_key"])
     return where, keys
 
 

@@ -103,8 +103,14 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
 
     from tasks.report import ProgressArtifact
 
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
+
     def posted(client: Any, artifact_id: Any) -> Any:
-        return next(a.data for a in client.read_artifacts() if a.id == artifact_id)
+        # by id: the server's default page holds 200 artifacts, and the session's
+        # server has more than that once other tests ran on it
+        only = ArtifactFilter(id=ArtifactFilterId(any_=[artifact_id]))
+        (artifact,) = client.read_artifacts(artifact_filter=only)
+        return artifact.data
 
     @flow
     def progress_flow() -> Any:

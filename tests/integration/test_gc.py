@@ -20,6 +20,7 @@ import pytest
 from adapters.ledger import Ledger
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
+from tests.support.in_process import run_in_process
 from tests.support.moto_server import make_s3_client
 from tests.support.output import vectors_by_id
 
@@ -45,13 +46,16 @@ def _args(tmp: Path, server: FakeEmbeddingServer, output: str) -> list[str]:
             "--output", output, "--ledger", str(tmp / "ledger.sqlite3"), "--chunk-size", "10"]
 
 
-def _run(tmp: Path, server: FakeEmbeddingServer, output: str, rows: Rows,
-         env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> str:
-    _write(tmp / "in.csv", rows)
-    result = run_cli(*_args(tmp, server, output), *extra, cwd=tmp, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return next(line.split()[-1] for line in result.stdout.splitlines()
-                if line.startswith("manifest"))
+def _run(tmp: Path, server: FakeEmbeddingServer, output: str, rows: Rows, api_url: str,
+         source: str = "in.csv", **params: Any) -> str:
+    """Publish ``rows`` (written to ``source`` unless None) in process, as ``_args`` would
+    with the CLI (the runs are gc's preconditions); return the manifest's URI."""
+    if source == "in.csv":
+        _write(tmp / source, rows)
+    return str(run_in_process(
+        api_url, input=str(tmp / source), embedder="openai", base_url=server.base_url,
+        output=output, ledger=str(tmp / "ledger.sqlite3"), chunk_size=10,
+        **params)["manifest_uri"])
 
 
 def _age(root: Path, seconds: float) -> None:
@@ -82,13 +86,13 @@ def _gc(tmp: Path, out: Path, *flags: str) -> str:
 
 
 def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
 ) -> None:
     out = tmp_path / "out"
     first = _rows(60)
-    manifest_a = _run(tmp_path, fake_openai, str(out), first)
+    manifest_a = _run(tmp_path, fake_openai, str(out), first, prefect_api_url)
     second = [*(_rows(10, " v2")), *first[10:]]  # chunk 0 edited
-    manifest_b = _run(tmp_path, fake_openai, str(out), second)
+    manifest_b = _run(tmp_path, fake_openai, str(out), second, prefect_api_url)
     a = json.loads(Path(manifest_a).read_text())
     only_a = a["chunks"][0]["object"]
     _age(out, TWO_DAYS_S)
@@ -145,8 +149,8 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
     fake_openai.reset()
     # 10 rows of the newest run's 61: the mass-delete guard would stop it (that is not
     # what this test is about)
-    again = _run(tmp_path, fake_openai, str(out), second[:10],
-                 extra=("--max-delete-fraction", "1"))
+    again = _run(tmp_path, fake_openai, str(out), second[:10], prefect_api_url,
+                 max_delete_fraction=1.0)
     assert fake_openai.counters()["inputs"] == 10
     _local_check(out, again, second[:10])
 
@@ -158,15 +162,13 @@ def test_gc_output_flow_on_s3_keeps_the_newest_run(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.gc_output import gc_output
-    from tests.support.moto_server import moto_env
 
-    env = moto_env(moto_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)  # the runs and gc, in process
     output = f"s3://{s3_bucket}/emb"
     first = _rows(30)
-    _run(tmp_path, fake_openai, output, first, env)
+    _run(tmp_path, fake_openai, output, first, prefect_api_url)
     second = [*(_rows(10, " v2")), *first[10:]]
-    uri_b = _run(tmp_path, fake_openai, output, second, env)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    uri_b = _run(tmp_path, fake_openai, output, second, prefect_api_url)
     s3 = make_s3_client(moto_endpoint)
 
     def keys() -> set[str]:
@@ -198,14 +200,14 @@ def _stopped(pid: int) -> bool:
 
 @pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
 ) -> None:
     import lancedb
 
     out = tmp_path / "out"
     old_rows, new_rows = _rows(40), _rows(40, " v2")  # every chunk differs between the runs
-    old = Path(_run(tmp_path, fake_openai, str(out), old_rows)).stem
-    new = Path(_run(tmp_path, fake_openai, str(out), new_rows)).stem
+    old = Path(_run(tmp_path, fake_openai, str(out), old_rows, prefect_api_url)).stem
+    new = Path(_run(tmp_path, fake_openai, str(out), new_rows, prefect_api_url)).stem
     sink = f"lancedb://{tmp_path}/lance?table=docs"
     load = ["load", "--to", sink, "--output", str(out), "--ledger", str(tmp_path / "ledger.sqlite3")]
     first = run_cli(*load, new, cwd=tmp_path)
@@ -248,7 +250,7 @@ def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
 
 
 def test_gc_keep_runs_1_keeps_the_newest_run_of_each_dataset(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
 ) -> None:
     out = tmp_path / "out"
     rows = _rows(20)
@@ -256,19 +258,14 @@ def test_gc_keep_runs_1_keeps_the_newest_run_of_each_dataset(
     with_title = tmp_path / "titled.csv"
     with_title.write_text("id,text,title\n" + "".join(f"{i},{t},title {i}\n" for i, t in rows))
     datasets = {  # three datasets, two runs of the first
-        "text-old": ("in.csv", ()),
-        "text-new": ("titled.csv", ()),
-        "title": ("titled.csv", ("--text-column", "title")),
-        "model": ("in.csv", ("--model", "other-model")),
+        "text-old": ("in.csv", {}),
+        "text-new": ("titled.csv", {}),
+        "title": ("titled.csv", {"text_column": "title"}),
+        "model": ("in.csv", {"model": "other-model"}),
     }
-    manifests = {}
-    for name, (source, extra) in datasets.items():
-        args = _args(tmp_path, fake_openai, str(out))
-        args[1] = str(tmp_path / source)
-        result = run_cli(*args, *extra, cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
-        manifests[name] = next(line.split()[-1] for line in result.stdout.splitlines()
-                               if line.startswith("manifest"))
+    manifests = {name: _run(tmp_path, fake_openai, str(out), rows, prefect_api_url,
+                            source=source, **params)
+                 for name, (source, params) in datasets.items()}
     _age(out, TWO_DAYS_S)
 
     report = _gc(tmp_path, out, "--keep-runs", "1")

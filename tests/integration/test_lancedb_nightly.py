@@ -8,7 +8,6 @@ data on disk in 44 versions (``optimize()`` kept Lance's default 7 days of versi
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import lancedb
@@ -16,9 +15,9 @@ import pytest
 
 from tests.support.csv_data import ENGLISH, edit_rows, read_rows, write_rows
 from tests.support.fake_openai import FakeEmbeddingServer
-from tests.support.fixtures import run_cli
+from tests.support.in_process import load_in_process, run_in_process
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+pytestmark = [pytest.mark.integration]
 
 
 def _disk_bytes(path: Path) -> int:
@@ -26,30 +25,26 @@ def _disk_bytes(path: Path) -> int:
 
 
 def test_eight_nightly_loads_by_path_uri_never_conflict_and_keep_disk_use_bounded(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
 ) -> None:
-    from flows.load import load_run
-
-    common = ["--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3")]
+    """In process on the session's server (the loads were, on a temporary server of
+    Prefect's own that the test process started: 35 s in CI with the two CLI runs)."""
+    common = {"output": str(tmp_path / "out"), "ledger": str(tmp_path / "ledger.sqlite3")}
     rows = read_rows(ENGLISH, 300)
     runs = []
     for night in range(2):  # two runs (nightly exports), loaded in turn: every load writes
         rows = edit_rows(rows, removed=10, changed=20, added=0, seed=night)
-        made = run_cli("run", str(write_rows(tmp_path / "in.csv", rows)), "--embedder",
-                       "openai", "--base-url", fake_openai.base_url, "--chunk-size", "25",
-                       *common, cwd=tmp_path, timeout=600)
-        assert made.returncode == 0, made.stderr[-2000:]
-        runs.append((re.search(r"^run +([0-9a-f]+)", made.stdout, re.M).group(1), len(rows)))
+        made = run_in_process(prefect_api_url, input=str(write_rows(tmp_path / "in.csv", rows)),
+                              embedder="openai", base_url=fake_openai.base_url, chunk_size=25,
+                              **common)
+        runs.append((made["run_key"], len(rows)))
     sink = str(tmp_path / "db" / "nightly.lance")  # the PATH/NAME.lance form: not the identity
     ratios = []
     for night in range(8):
         run_key, count = runs[night % 2]
-        state = load_run(to=sink, run=run_key, output=str(tmp_path / "out"),
-                         ledger=str(tmp_path / "ledger.sqlite3"), lancedb_keep_versions_s=0.0,
-                         return_state=True)
-        summary = state.result(raise_on_failure=False)
-        summary = getattr(summary, "summary", summary)
-        assert summary["exit_code"] == 0 and summary["status"] == "loaded", summary
+        summary = load_in_process(prefect_api_url, to=sink, run=run_key,
+                                  lancedb_keep_versions_s=0.0, **common)
+        assert summary["status"] == "loaded", summary
         table = lancedb.connect(str(tmp_path / "db")).open_table("nightly")
         assert table.count_rows() == count
         ratios.append(_disk_bytes(tmp_path / "db" / "nightly.lance") / table.stats()["total_bytes"])

@@ -12,10 +12,8 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,38 +23,17 @@ import yaml
 
 from tests.integration.test_deployment import POOL, _fake_api, _prefect, _wait_terminal
 from tests.support.fixtures import REPO
+from tests.support.loopback_http import LoopbackRecorder
 from tests.support.prefect_server import start_prefect_worker, stop_prefect_worker
 
 pytestmark = pytest.mark.integration
 
 
-class _Hooks(ThreadingHTTPServer):
-    received: list[dict[str, Any]]
-
-
-class _Hook(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.received.append(json.loads(body))  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def webhook() -> Iterator[_Hooks]:
-    """A webhook on loopback recording each JSON body it is posted (``.received``)."""
-    server = _Hooks(("127.0.0.1", 0), _Hook)
-    server.received = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+def webhook() -> Iterator[LoopbackRecorder]:
+    """A webhook on loopback recording each JSON body it is posted."""
+    with LoopbackRecorder() as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture
@@ -75,8 +52,8 @@ def _wait_for(what: str, found: Any, timeout: float, log: Path) -> Any:
                 f"{log.read_text(errors='replace')[-3000:]}")
 
 
-def _texts(hooks: _Hooks, needle: str) -> list[str]:
-    return [m["text"] for m in hooks.received if needle in m["text"]]
+def _texts(hooks: LoopbackRecorder, needle: str) -> list[str]:
+    return [m["text"] for m in hooks.json_bodies() if needle in m["text"]]
 
 
 def _run_deployment(name: str, params: dict[str, Any]) -> str:
@@ -93,7 +70,7 @@ def _automation(api: str, name: str) -> list[dict[str, Any]]:
 
 
 def test_alerts_events_and_status_json_on_a_real_server(
-    prefect_api_url: str, webhook: _Hooks, fake_api: tuple[str, str], tmp_path: Path,
+    prefect_api_url: str, webhook: LoopbackRecorder, fake_api: tuple[str, str], tmp_path: Path,
 ) -> None:
     api, (base_url, _control) = prefect_api_url, fake_api
     _prefect("work-pool", "create", POOL, "--type", "process", "--overwrite")
@@ -103,7 +80,7 @@ def test_alerts_events_and_status_json_on_a_real_server(
     config = yaml.safe_load((REPO / "deployments" / "automations.yaml").read_text())
     config.update(success_every="10s", grace="0s", dead_letters_threshold=0)
     (tmp_path / "automations.yaml").write_text(yaml.safe_dump(config))
-    hook_url = f"http://127.0.0.1:{webhook.server_address[1]}/hook"
+    hook_url = f"{webhook.url}/hook"
     for _ in range(2):  # applying twice replaces: one automation of each name
         applied = subprocess.run(
             [sys.executable, "deployments/automations.py", "--file", str(tmp_path /
@@ -114,6 +91,14 @@ def test_alerts_events_and_status_json_on_a_real_server(
     assert hook_url not in applied.stdout + applied.stderr  # it may hold a token
     for spec in config["automations"]:
         assert len(_automation(api, spec["name"])) == 1, spec["name"]
+    # a notification block that is not there: LookupError naming it (the script's one line)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from deployments.automations import apply
+
+    with temporary_settings(updates={PREFECT_API_URL: api}), pytest.raises(
+            LookupError, match="no notification block 'custom-webhook/nowhere'"):
+        apply(dict(config, notify_block="custom-webhook/nowhere"))
 
     # ── the commit event starts load-after-commit: switch its trigger on, point it here ───
     (trigger,) = _automation(api, "load-after-commit__automation_1")

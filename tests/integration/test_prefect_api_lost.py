@@ -22,6 +22,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO
+from tests.support.prefect_home import fresh_prefect_home
 from tests.support.prefect_server import start_prefect_server
 from tests.support.processes import wait_until_gone
 
@@ -61,7 +62,7 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     texts = {f"r{i}": f"text {i}" for i in range(ROWS)}
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{k},{v}\n" for k, v in texts.items()))
     server_home, cli_home = tmp_path / "server-home", tmp_path / "cli-home"
-    server_home.mkdir()
+    fresh_prefect_home(server_home)  # migrated already: the server is up 6-7 s sooner
     server, url = start_prefect_server(server_home)
     fake_openai.fail_when(lambda payload: {"delay_s": 0.3})
     proc = subprocess.Popen(_run_args(fake_openai), cwd=tmp_path, env=_env(cli_home, url),
@@ -130,7 +131,7 @@ def test_api_lost_just_after_the_commit_prints_the_committed_run_at_once(
     command to resume" and no summary; the load's summary was never printed either."""
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n" for i in range(40)))
     server_home, cli_home = tmp_path / "server-home", tmp_path / "cli-home"
-    server_home.mkdir()
+    fresh_prefect_home(server_home)  # migrated already: the server is up 6-7 s sooner
     server, url = start_prefect_server(server_home)
     env = {**_env(cli_home, url),
            "PYTHONPATH": os.pathsep.join((str(REPO / "tests/support/signal_at"), str(REPO))),
@@ -247,7 +248,7 @@ def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrup
 
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n" for i in range(8)))
     server_home, cli_home = tmp_path / "server-home", tmp_path / "cli-home"
-    server_home.mkdir()
+    fresh_prefect_home(server_home)  # migrated already: the server is up 6-7 s sooner
     hold = FirstPutHold()
     server, url = start_prefect_server(server_home)
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:

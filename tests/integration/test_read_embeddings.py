@@ -18,6 +18,7 @@ import embedline
 from tests.support.csv_data import edit_rows, expected_vectors, read_rows, write_rows
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO, run_cli
+from tests.support.in_process import run_in_process
 from tests.support.moto_server import moto_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -36,15 +37,21 @@ def _run(cwd: Path, server: FakeEmbeddingServer, csv_path: Path, output: str,
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict]]:
-    """The sample, then an edited copy, into one output root: (cwd, {name: (key, rows)})."""
+def two_runs(tmp_path_factory: pytest.TempPathFactory,
+             prefect_api_url: str) -> Iterator[tuple[Path, dict]]:
+    """The sample, then an edited copy, into one output root: (cwd, {name: (key, rows)}).
+    Runs in process: what is read back is under test here, not the CLI."""
     cwd = tmp_path_factory.mktemp("read")
     rows = read_rows(SAMPLE)
     edited = edit_rows(rows, removed=20, changed=5, added=3)
+    keys = []
     with FakeEmbeddingServer() as server:
-        first = _run(cwd, server, write_rows(cwd / "first.csv", rows), "embedline-output")
-        second = _run(cwd, server, write_rows(cwd / "second.csv", edited), "embedline-output")
-    yield cwd, {"first": (first, rows), "second": (second, edited)}
+        for name, these in (("first.csv", rows), ("second.csv", edited)):
+            keys.append(run_in_process(
+                prefect_api_url, input=str(write_rows(cwd / name, these)), embedder="openai",
+                base_url=server.base_url, output=str(cwd / "embedline-output"),
+                ledger=str(cwd / "ledger.sqlite3"), chunk_size=50)["run_key"])
+    yield cwd, {"first": (keys[0], rows), "second": (keys[1], edited)}
 
 
 def _assert_frame(frame, rows: list[tuple[str, str]]) -> None:

@@ -4,11 +4,8 @@ happy path runs in local mode in the other sink tests.)"""
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,64 +17,40 @@ from embedline.errors import FatalError, RetryableError  # noqa: E402
 from tests.support.csv_data import ENGLISH, read_rows, write_rows  # noqa: E402
 from tests.support.fake_openai import FakeEmbeddingServer  # noqa: E402
 from tests.support.fixtures import run_cli  # noqa: E402
+from tests.support.in_process import run_in_process  # noqa: E402
+from tests.support.loopback_http import LoopbackRecorder  # noqa: E402
 
 pytestmark = [pytest.mark.integration]
 
 KEY = "k-s3cret-0123456789"
 
 
-class _Refusing(ThreadingHTTPServer):
-    status = 401
-    seen_keys: list[str | None]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Refusing
-
-    def _answer(self) -> None:
-        self.server.seen_keys.append(self.headers.get("api-key"))
-        body = json.dumps({"status": {"error": "refused"}}).encode()
-        self.send_response(self.server.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_PUT = do_POST = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def refusing() -> Iterator[_Refusing]:
-    server = _Refusing(("127.0.0.1", 0), _Handler)
-    server.seen_keys = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def refusing() -> Iterator[LoopbackRecorder]:
+    """A "Qdrant server" answering every request 401 (``status`` may be changed)."""
+    with LoopbackRecorder(status=401, body={"status": {"error": "refused"}}) as server:
+        yield server
 
 
-def _uri(server: _Refusing) -> str:
-    return f"qdrant://127.0.0.1:{server.server_address[1]}/packages"
+def _uri(server: LoopbackRecorder) -> str:
+    return f"qdrant://127.0.0.1:{server.port}/packages"
 
 
 def test_a_refused_key_is_fatal_naming_the_variable_never_the_key(
-    refusing: _Refusing, monkeypatch: pytest.MonkeyPatch
+    refusing: LoopbackRecorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("QDRANT_API_KEY", KEY)
     sink = open_sink(_uri(refusing))
     with pytest.raises(FatalError) as caught:
         sink.ensure_table(embedder="openai", model="m", dimensions=4)
     sink.close()
-    assert refusing.seen_keys and set(refusing.seen_keys) == {KEY}  # sent as the api-key header
+    seen_keys = {r.headers.get("api-key") for r in refusing.requests}
+    assert refusing.requests and seen_keys == {KEY}  # sent as the api-key header
     assert "QDRANT_API_KEY" in str(caught.value) and "401" in str(caught.value)
     assert KEY not in str(caught.value) and caught.value.exit_code == 3
 
 
-def test_503_is_retryable_and_no_server_is_retryable(refusing: _Refusing) -> None:
+def test_503_is_retryable_and_no_server_is_retryable(refusing: LoopbackRecorder) -> None:
     refusing.status = 503
     sink = open_sink(_uri(refusing))
     with pytest.raises(RetryableError) as caught:
@@ -94,15 +67,13 @@ def test_503_is_retryable_and_no_server_is_retryable(refusing: _Refusing) -> Non
     assert "unreachable" in str(caught.value)
 
 
-@pytest.mark.usefixtures("prefect_api_url")
 def test_embedline_load_into_a_server_refusing_the_key_exits_3_in_one_line_without_the_key(
-    refusing: _Refusing, tmp_path: Path, fake_openai: FakeEmbeddingServer
+    refusing: LoopbackRecorder, tmp_path: Path, fake_openai: FakeEmbeddingServer,
+    prefect_api_url: str,
 ) -> None:
-    rows = read_rows(ENGLISH, 20)
-    ran = run_cli("run", str(write_rows(tmp_path / "in.csv", rows)), "--embedder", "openai",
-                  "--base-url", fake_openai.base_url, "--output", str(tmp_path / "out"),
-                  "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path)
-    assert ran.returncode == 0, ran.stderr[-2000:]
+    run_in_process(prefect_api_url, input=str(write_rows(tmp_path / "in.csv",
+                   read_rows(ENGLISH, 20))), embedder="openai", base_url=fake_openai.base_url,
+                   output=str(tmp_path / "out"), ledger=str(tmp_path / "l.sqlite3"))
     loaded = run_cli("load", "--to", _uri(refusing), "--output", str(tmp_path / "out"),
                      "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path,
                      env={"QDRANT_API_KEY": KEY})

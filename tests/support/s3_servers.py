@@ -27,6 +27,7 @@ killed) when the session ends: none outlives pytest, even a ``kill -9`` of it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -35,7 +36,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,25 +133,36 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def _running(name: str, argv: Callable[[Path], list[str]],
+             env: Callable[[Path], dict[str, str]]) -> Iterator[str]:
+    """Start server ``name`` with a temporary home (``argv(home)``, ``env(home)``: see
+    ``_start``); yield its endpoint; stop it and remove the home."""
+    home = Path(tempfile.mkdtemp(prefix=f"embedline-test-{name}-"))
+    try:
+        proc, endpoint = _start(argv(home), env(home), home / f"{name}.log")
+        try:
+            yield endpoint
+        finally:
+            _stop(proc)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def ministack_endpoint() -> Iterator[str]:
     """Session-wide ministack S3 server on loopback; yields ``http://127.0.0.1:PORT``."""
     binary = _binary(MINISTACK_BIN, "EMBEDLINE_MINISTACK", MINISTACK_TARGET)
-    home = Path(tempfile.mkdtemp(prefix="embedline-test-ministack-"))
-    env = _clean_env(BIND_HOST="127.0.0.1", GATEWAY_PORT="{port}", SERVICES="s3",
-                     LOG_LEVEL="WARNING", S3_PERSIST="0", TMPDIR=str(home),
-                     S3_DATA_DIR=str(home / "s3"))
     with pytest.MonkeyPatch.context() as mp:
         for name in _REMOVED_AWS_ENV:
             mp.delenv(name, raising=False)
         for name, value in DUMMY_AWS_ENV.items():
             mp.setenv(name, value)
-        proc, endpoint = _start([binary], env, home / "ministack.log")
-        try:
+        with _running("ministack", lambda home: [binary], lambda home: _clean_env(
+                BIND_HOST="127.0.0.1", GATEWAY_PORT="{port}", SERVICES="s3",
+                LOG_LEVEL="WARNING", S3_PERSIST="0", TMPDIR=str(home),
+                S3_DATA_DIR=str(home / "s3"))) as endpoint:
             yield endpoint
-        finally:
-            _stop(proc)
-            shutil.rmtree(home, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -182,16 +194,14 @@ class S3rver:
 def s3rver_server() -> Iterator[S3rver]:
     """Session-wide s3rver (npm) on loopback, one bucket configured; data in a temp dir."""
     binary = _binary(S3RVER_BIN, "EMBEDLINE_S3RVER", S3RVER_TARGET)
-    home = Path(tempfile.mkdtemp(prefix="embedline-test-s3rver-"))
-    (home / "data").mkdir()
-    argv = [binary, "-a", "127.0.0.1", "-p", "{port}", "-d", str(home / "data"),
-            "--configure-bucket", S3RVER_BUCKET, "--silent"]
-    proc, endpoint = _start(argv, _clean_env(), home / "s3rver.log")
-    try:
+
+    def argv(home: Path) -> list[str]:
+        (home / "data").mkdir()
+        return [binary, "-a", "127.0.0.1", "-p", "{port}", "-d", str(home / "data"),
+                "--configure-bucket", S3RVER_BUCKET, "--silent"]
+
+    with _running("s3rver", argv, lambda home: _clean_env()) as endpoint:
         yield S3rver(endpoint, S3RVER_BUCKET)
-    finally:
-        _stop(proc)
-        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(params=CONDITIONAL_S3_SERVERS)

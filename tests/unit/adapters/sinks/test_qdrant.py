@@ -161,3 +161,21 @@ def test_more_than_20000_points_in_local_mode_do_not_warn(tmp_path: Path) -> Non
     reopened = open_sink(f"qdrant+local://{tmp_path}")
     assert reopened.describe().rows == 20_050  # opening a big collection warns too
     reopened.close()
+
+
+def test_client_for_lends_the_sinks_one_client_with_its_error_translation(
+    tmp_path: Path,
+) -> None:
+    """What ``QdrantAlias`` uses: the sink's own client (a local directory opens once per
+    process), and a failure inside is embedline's error, naming the operation."""
+    sink = open_sink(f"qdrant+local://{tmp_path / 'q'}?collection=c")
+    try:
+        with sink.client_for("read aliases of") as first:
+            with sink.client_for("switch alias of") as second:
+                assert first is second
+            assert first.get_aliases().aliases == []
+        with pytest.raises(RetryableError, match="^read aliases of .*another process"):
+            with sink.client_for("read aliases of"):
+                raise RuntimeError("Storage folder q is already accessed by another instance")
+    finally:
+        sink.close()
