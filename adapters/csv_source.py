@@ -101,7 +101,7 @@ class _Planner:
         if not self.ids:
             return
         key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
-        key.add_many(self.ids, self.hashes, self.kept if self.columns else None)
+        key.add_many(self.ids, self.hashes, self.kept if self.kept else None)
         index = len(self.chunks)
         self.chunks.append(
             ChunkSpec(

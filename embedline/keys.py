@@ -129,9 +129,11 @@ class ChunkKeyBuilder:
 
     def add_many(self, row_ids: Sequence[str], text_hashes: Sequence[str],
                  kept_hashes: Sequence[str] | None = None) -> None:
-        """``add`` for many rows in order, in one hash update (the same bytes)."""
-        rows = zip(row_ids, text_hashes, kept_hashes) if kept_hashes is not None \
-            else zip(row_ids, text_hashes)
+        """``add`` for many rows in order, in one hash update (the same bytes).
+
+        :raises ValueError: the sequences differ in length (a row without its hash)."""
+        rows = zip(row_ids, text_hashes, kept_hashes, strict=True) \
+            if kept_hashes is not None else zip(row_ids, text_hashes, strict=True)
         self._hash.update("".join(map(_line, map(_SEP.join, rows))).encode())
         self.rows += len(row_ids)
 
