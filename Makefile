@@ -73,7 +73,6 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_local.py
 	$(BIN)/python benchmarks/bench_load.py
 	$(BIN)/python benchmarks/bench_gzip.py
-	$(BIN)/python benchmarks/bench_reuse_index.py
 	$(BIN)/python benchmarks/bench_batch.py
 	$(BIN)/python benchmarks/bench_paid.py
 	$(BIN)/python benchmarks/bench_reuse.py

@@ -16,8 +16,9 @@ Cost: one pass reads, hashes, decodes and parses the input in C a 1 MiB block at
 Python work is per record (``_plan_pass``'s loop: checks, id digest, text hash, chunk key),
 plus a byte-offset lookup per chunk. Measured by ``benchmarks/bench_planning.py``.
 
-Memory: the pass holds one block and its text, one record, and 8 bytes per row (a 64-bit
-digest of each id, for the duplicate check), plus the list of chunk specs.
+Memory: the pass holds one block and its text, one record and the list of chunk specs; the
+per-row facts (id digests for the duplicate check, text hashes for reuse) go to a scratch
+directory (``adapters.row_facts``), so memory does not grow with the rows.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import os
 import threading
 from array import array
 from collections.abc import Sequence
+from hashlib import sha256
 from typing import Any
 
-import numpy as np
 
 from adapters.csv_format import CsvFormat, sniff_format, sniff_stream
 from adapters.csv_lines import Hashes, LineSource, NeedsLineReader
@@ -43,6 +44,8 @@ from adapters.csv_records import (
     row_id_of,
 )
 from adapters.input_source import open_input
+from adapters.row_facts import RowFacts, id_digests
+from adapters.scratch import Scratch
 from embedline.errors import InputError
 from embedline.keys import ChunkKeyBuilder, columns_lines, text_sha256
 from embedline.models import ChunkSpec, InputPlan, InputSource, Row
@@ -55,15 +58,26 @@ _MAX_DUPLICATES_REPORTED = 5
 
 class _Planner:
     """Accumulates chunk specs while records stream past (one open chunk at a time); each
-    chunk's byte range and SHA-256 come from the line reader ``lines``."""
+    chunk's byte range and SHA-256 come from the line reader ``lines``.
 
-    def __init__(self, lines: LineSource, *, chunk_size: int, model: str,
+    The planning loop appends each row to the open chunk's lists (``ids``, ``hashes``,
+    ``sizes``, ``empties``, ``kept``: bound ``append`` methods, kept across chunks, since
+    a method call per row was a third of the loop); ``close`` hashes the chunk key from
+    them in one update and hands them to ``facts`` (``adapters.row_facts``)."""
+
+    def __init__(self, lines: LineSource, facts: RowFacts, *, chunk_size: int, model: str,
                  dimensions: int | None, columns: Sequence[str] = ()) -> None:
         self.chunk_size = chunk_size
         self.model = model
         self.dimensions = dimensions
         self.columns = tuple(columns)  # keys.columns_lines: the chunk key's extra lines
         self.chunks: list[ChunkSpec] = []
+        self.ids: list[str] = []
+        self.hashes: list[str] = []
+        self.sizes: array[int] = array("i")  # UTF-8 bytes of each text
+        self.empties: list[int] = []  # positions of empty or whitespace-only texts
+        self.kept: list[str] = []  # kept_sha256 of each row (with kept columns)
+        self._facts = facts
         self._lines = lines
         self._open(byte_start=0, line_start=1, first_row=1)
 
@@ -73,35 +87,37 @@ class _Planner:
         self._open(byte_start=byte_start, line_start=line_start, first_row=1)
 
     def _open(self, *, byte_start: int, line_start: int, first_row: int) -> None:
-        self._key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
         self._byte_start, self._line_start, self._first_row = byte_start, line_start, first_row
 
-    def add(self, row_id: str, text_hash: str, kept_hash: str | None, last_line: int) -> None:
-        """Add a row to the open chunk (its record ends on physical line ``last_line``, the
-        last line read); a full chunk is closed just after that record."""
-        self._key.add(row_id, text_hash, kept_hash)
-        if self._key.rows == self.chunk_size:
-            stop = self._lines.offset_after(last_line)
-            self.close(stop=stop)
-            first_row = self._first_row + self.chunk_size
-            self._open(byte_start=stop, line_start=last_line + 1, first_row=first_row)
+    def full(self, last_line: int) -> None:
+        """The open chunk holds ``chunk_size`` rows, the last ending on physical line
+        ``last_line`` (the last line read): close it just after that record."""
+        stop = self._lines.offset_after(last_line)
+        self.close(stop=stop)
+        self._open(byte_start=stop, line_start=last_line + 1,
+                   first_row=self._first_row + self.chunk_size)
 
     def close(self, *, stop: int) -> None:
-        if self._key.rows == 0:
+        if not self.ids:
             return
+        key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
+        key.add_many(self.ids, self.hashes, self.kept if self.kept else None)
+        index = len(self.chunks)
         self.chunks.append(
             ChunkSpec(
-                index=len(self.chunks),
-                key=self._key.hexdigest(),
+                index=index,
+                key=key.hexdigest(),
                 first_row=self._first_row,
                 line_start=self._line_start,
-                rows=self._key.rows,
+                rows=len(self.ids),
                 byte_start=self._byte_start,
                 byte_stop=stop,
                 bytes_sha256=self._lines.cut(stop),
             )
         )
-        self._key = ChunkKeyBuilder(self.model, self.dimensions, self.columns)
+        self._facts.add_chunk(index, self.ids, self.hashes, self.sizes, self.empties)
+        for rows in (self.ids, self.hashes, self.sizes, self.empties, self.kept):
+            del rows[:]
 
 
 def plan_csv(
@@ -117,6 +133,7 @@ def plan_csv(
     text_template: str | None = None,
     keep_columns: Sequence[str] = (),
     keep_text: bool = False,
+    scratch_root: str | None = None,
 ) -> InputPlan:
     """Stream ``path`` once: validate it, hash it and cut it into chunks of ``chunk_size`` rows.
 
@@ -134,6 +151,12 @@ def plan_csv(
     row's text; ``keep_columns`` are read beside it and, like ``keep_text``, enter the chunk
     keys (``keys.columns_lines``).
 
+    ``scratch_root`` (a directory, normally the ledger's): the pass keeps its per-row facts
+    in a scratch directory under it (``adapters.row_facts``), so memory stays flat at any
+    row count, and the plan's ``scratch`` names it (its ``rows`` spill feeds the reuse
+    stage; release it with ``adapters.scratch.release``). Without it, id digests stay in
+    memory (8 bytes a row) and the plan has no row hashes.
+
     :raises InputError: (exit 2) a template column or kept column missing from the header
         (naming it, listing the header), unreadable file, UTF-16 file, undecodable bytes, missing or
         duplicated header column, malformed record, record with extra non-empty or missing
@@ -142,7 +165,7 @@ def plan_csv(
         record starts.
     """
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter, text_template, tuple(keep_columns), keep_text)
+            delimiter, text_template, tuple(keep_columns), keep_text, scratch_root)
     global _handed_over
     with _handed_over_lock:
         handed, _handed_over = _handed_over, None
@@ -155,7 +178,7 @@ def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: 
                    text_column: str, codec: str, chunk_size: int, model: str,
                    dimensions: int | None, delimiter: str = ",",
                    text_template: str | None = None, keep_columns: Sequence[str] = (),
-                   keep_text: bool = False) -> None:
+                   keep_text: bool = False, scratch_root: str | None = None) -> None:
     """Let the next ``plan_csv`` of this process with the same arguments return ``plan``
     (once), if the local file's size, mtime and inode are still those seen now.
 
@@ -165,7 +188,7 @@ def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: 
     """
     global _handed_over
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter, text_template, tuple(keep_columns), keep_text)
+            delimiter, text_template, tuple(keep_columns), keep_text, scratch_root)
     stamp = _local_file_stamp(args[0])
     with _handed_over_lock:
         _handed_over = None if stamp is None else ((args, stamp), plan)
@@ -189,29 +212,39 @@ def _local_file_stamp(path: str) -> tuple[int, int, int, int] | None:
 def _plan_csv(
     path: str, id_column: str, text_column: str, codec: str, chunk_size: int, model: str,
     dimensions: int | None, delimiter: str, text_template: str | None,
-    keep_columns: tuple[str, ...], keep_text: bool,
+    keep_columns: tuple[str, ...], keep_text: bool, scratch_root: str | None,
 ) -> InputPlan:
     args = (path, id_column, text_column, codec, chunk_size, model, dimensions, delimiter,
             text_template, keep_columns, keep_text)
-    try:
-        return _plan_pass(*args, fast=True)
-    except NeedsLineReader:  # undecodable bytes: the line reader names the first error
-        return _plan_pass(*args, fast=False)
+    for fast in (True, False):
+        scratch = Scratch.create(scratch_root) if scratch_root is not None else None
+        try:
+            return _plan_pass(*args, fast=fast, scratch=scratch)
+        except NeedsLineReader:  # undecodable bytes: the line reader names the first error
+            assert fast, "the line reader never needs itself"
+        except BaseException:
+            if scratch is not None:
+                scratch.close()
+            raise
+        if scratch is not None:
+            scratch.close()
+    raise AssertionError("unreachable")
 
 
 def _plan_pass(
     path: str, id_column: str, text_column: str, codec: str, chunk_size: int, model: str,
     dimensions: int | None, delimiter: str, text_template: str | None,
-    keep_columns: tuple[str, ...], keep_text: bool, *, fast: bool,
+    keep_columns: tuple[str, ...], keep_text: bool, *, fast: bool, scratch: Scratch | None,
 ) -> InputPlan:
-    """One planning pass (``plan_csv``); ``fast``: read by blocks where that reads alike.
+    """One planning pass (``plan_csv``); ``fast``: read by blocks where that reads alike;
+    the per-row facts go to ``scratch`` (``RowFacts``).
 
     :raises NeedsLineReader: ``fast`` met bytes it cannot decode.
     """
     source_path = path
     template = _template(text_template)
     hashes = Hashes()
-    id_digests = array("Q")
+    facts = RowFacts(scratch)
     found = open_input(source_path)
     with found.open() as fh:
         source_path = found.uri
@@ -229,26 +262,39 @@ def _plan_pass(
         )
         shape = _Shape(header, template, keep_columns)
         data_start = lines.offset_after(header_last_line)
-        planner = _Planner(lines, chunk_size=chunk_size, model=model, dimensions=dimensions,
+        planner = _Planner(lines, facts, chunk_size=chunk_size, model=model,
+                           dimensions=dimensions,
                            columns=columns_lines(text_template, keep_columns, keep_text))
         planner.start(byte_start=data_start, line_start=header_last_line + 1)
-        width, any_text = len(header.names), False
-        text_of, kept_hash, add = shape.text_of, shape.kept_hash, planner.add
-        # The one per-record loop: all that planning does per row happens here, in order
-        # (the row goes to chunk len(planner.chunks), after the rows added to it so far).
+        width, any_text, filled = len(header.names), False, 0
+        text_of, kept_hash, keeping = shape.text_of, shape.kept_hash, bool(keep_columns)
+        add_id, add_hash, add_size = planner.ids.append, planner.hashes.append, \
+            planner.sizes.append
+        # The one per-record loop: all that planning does per row happens here, in order.
         for line, last_line, fields in records:
             if len(fields) != width:
                 check_width(fields, line, header, source_path)
             row_id = row_id_of(fields, line, header, source_path)
-            id_digests.append(_id_digest(row_id))
             text = text_of(fields)
-            any_text = any_text or bool(text.strip())  # the rule of tasks.embed
-            text_hash = text_sha256(text)
-            add(row_id, text_hash, kept_hash(fields), last_line)
+            raw = text.encode("utf-8")
+            add_id(row_id)
+            add_hash(sha256(raw).hexdigest())  # keys.text_sha256, with the bytes kept
+            add_size(len(raw))
+            if text.strip():  # the rule of tasks.embed
+                any_text = True
+            else:
+                planner.empties.append(filled)
+            if keeping:
+                planner.kept.append(kept_hash(fields))
+            filled += 1
+            if filled == chunk_size:
+                planner.full(last_line)
+                filled = 0
         size = lines.offset
         planner.close(stop=size)  # trailing blank lines belong to the last chunk
-    _raise_on_duplicates(id_digests, found, fmt, header)
-    if not id_digests:
+    facts.finish()
+    _raise_on_duplicates(facts.suspects(), found, fmt, header)
+    if not facts.count:
         raise InputError(
             "the file has a header and no data rows: nothing to embed. An empty export "
             "committed as a run would read as 'every row removed' (and a sink load would "
@@ -258,7 +304,7 @@ def _plan_pass(
         where = (f"composed by --text-template from {', '.join(map(repr, template.columns))}"
                  if template else f"in column {column!r}")
         raise InputError(
-            f"every text {where} is empty or whitespace ({len(id_digests):,} rows): "
+            f"every text {where} is empty or whitespace ({facts.count:,} rows): "
             "nothing to embed. Committed, it would read as 'every row removed' (and a sink load "
             "would delete every row); check the export and "
             f"{'--text-template' if template else '--text-column'}", path=source_path,
@@ -283,8 +329,9 @@ def _plan_pass(
         source=source,
         sha256=hashes.file.hexdigest(),
         bytes=size,
-        rows=len(id_digests),
+        rows=facts.count,
         chunks=tuple(planner.chunks),
+        scratch=str(scratch.path) if scratch is not None else None,
     )
 
 
@@ -328,29 +375,13 @@ class _Shape:
                 "text_template": text_template}
 
 
-def _id_digest(row_id: str) -> int:
-    """A 64-bit digest of ``row_id`` for the duplicate check (unsigned).
-
-    Python's ``hash`` of the string: SipHash-1-3 under a key drawn per process (PEP 456;
-    CPython 3.11 ``sys.hash_info``), about 40 ns a row against about 700 ns for the BLAKE2b
-    digest it replaced (a tenth of planning's CPU). Process-local: compare only digests made
-    in the same process (``_raise_on_duplicates`` recomputes them in the same ``plan_csv``
-    call) and never store one. A collision of two distinct ids costs a second pass, which
-    compares the ids themselves; it is never reported.
-    """
-    return hash(row_id) & 0xFFFF_FFFF_FFFF_FFFF
-
-
-def _raise_on_duplicates(digests: array, found: Any, fmt: CsvFormat, header: Header) -> None:
+def _raise_on_duplicates(suspects: set[int], found: Any, fmt: CsvFormat, header: Header) -> None:
     """Raise InputError listing the first duplicated ids with their lines, if any.
 
-    The pass kept only 64-bit digests; a second pass runs only when digests collide, and it
-    confirms real duplicates (a digest collision of distinct ids is not reported).
+    The pass kept only 64-bit digests (``RowFacts.suspects``: those seen twice); a second
+    pass runs only when digests repeat, and it confirms real duplicates (a digest collision
+    of distinct ids is not reported).
     """
-    if len(digests) < 2:
-        return
-    values, counts = np.unique(np.frombuffer(digests, dtype=np.uint64), return_counts=True)
-    suspects = {int(v) for v in values[counts > 1]}
     if not suspects:
         return
     path = found.uri
@@ -360,7 +391,7 @@ def _raise_on_duplicates(digests: array, found: Any, fmt: CsvFormat, header: Hea
         next(records)  # the header
         for line, _, fields in records:
             row_id = fields[header.id_index]
-            if _id_digest(row_id) in suspects:
+            if int(id_digests([row_id])[0]) in suspects:
                 lines_by_id.setdefault(row_id, []).append(line)
     duplicates = [(i, ls) for i, ls in lines_by_id.items() if len(ls) > 1]
     if not duplicates:

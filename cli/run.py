@@ -506,10 +506,13 @@ def _without_prefect(settings: RunSettings) -> dict[str, Any] | tuple[str, int] 
     if isinstance(opened, RunSummary):
         return opened.message, opened.exit_code
     if opened.committed is not None:
+        opened.discard_scratch()
         return opened.already_committed().to_dict()
     summary = None if settings.sink else _commit_without_dispatch(opened)
-    if summary is None:
+    if summary is None:  # the flow takes the plan over, with its scratch files
         hand_over_plan(opened.plan, settings.input, **settings.plan_arguments)
+    else:
+        opened.discard_scratch()
     return summary
 
 

@@ -195,6 +195,9 @@ class InputPlan:
     bytes: int
     rows: int
     chunks: tuple[ChunkSpec, ...]
+    # the planning pass's scratch directory (``adapters.row_facts``: its ``rows`` spill of
+    # text hashes feeds the reuse stage); None when planned without one
+    scratch: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,41 +278,45 @@ class ChunkOutcome:
     dimensions: int | None = None  # the object's vector length (None: not read yet)
     rows_sent: int | None = None  # rows the server embedded for the object (None: unknown)
     batch_tokens: int = 0  # of ``tokens``: those answered by Batch API batches (half price)
+    rows_xor: str | None = None  # the object's ``rows_fingerprint`` (None: not read yet)
     batch_inputs: int = 0  # of ``inputs``: the texts Batch API batches answered
 
 
 @dataclass(frozen=True, slots=True)
 class ReuseSource:
-    """Rows of a chunk whose vectors a published (or soon published) object holds.
+    """Rows of a chunk whose text an earlier chunk of this run embeds (its *owner*).
 
-    ``rows`` are 0-based positions within the chunk; ``object_key`` is the chunk object to
-    read them from, matched there by ``text_sha256``. ``in_run`` marks an object this run is
-    still publishing (another chunk embeds that text): the task waits for it.
-    ``owner_failed`` (with ``in_run``): that chunk failed before this one was planned; the
-    task does not wait, it takes what the owner kept of its paid requests
-    (``tasks/paid.py``) and embeds the rest. ``heirs`` (with ``in_run``; empty, or one
-    entry per row): the objects of the chunks that waited for that row's text before this
-    one (in order, at most 16), of which the first still running embeds it if the owner
-    fails; the task then waits for those objects in turn before sending the text itself.
+    ``rows`` are 0-based positions within the chunk; ``object_key`` is the owner's chunk
+    object, where the task waits for them and matches them by ``text_sha256``. ``heirs``
+    (empty, or one entry per row): the objects of the chunks that hold that row's text
+    after the owner and before this one (in order, at most 16), of which the first still
+    running embeds it if the owner fails; the task then waits for those objects in turn
+    before sending the text itself.
     """
 
     object_key: str
     rows: tuple[int, ...]
-    in_run: bool = False
-    owner_failed: bool = False
     heirs: tuple[tuple[str, ...], ...] = ()  # per row: who embeds it if the owner fails
 
 
 @dataclass(frozen=True, slots=True)
 class ReusePlan:
-    """What a chunk task need not send: decided by the flow process, which holds the index.
+    """What a chunk task need not send: decided by the flow process (``tasks/reuse_plan``).
 
-    Small (object keys and row positions, no vectors, no text), so it travels to Dask
-    workers. Rows not listed are embedded (and deduplicated within the chunk).
+    Small (a file path, object keys and row positions; no vectors, no text), so it travels
+    to Dask workers. ``prefill`` is the local file of vectors the reuse stage copied for
+    this chunk (``tasks.gather.Prefill``, vectors ``width`` long; None: nothing copied) —
+    or, for workers that do not share the flow process's disk (``--dask-address``),
+    ``copies``, that file's bytes (a few MB: 5,000 rows of 64 dims are 1.4 MB); ``sources``
+    are the in-run owners it waits for. Rows covered by neither are embedded (and
+    deduplicated within the chunk).
     """
 
     sources: tuple[ReuseSource, ...] = ()
     session: str = ""  # the planning process's token: names its gave-up marks (tasks/paid.py)
+    prefill: str | None = None
+    width: int | None = None
+    copies: bytes | None = field(default=None, repr=False)
 
 
 #: The requests of a Batch API batch, in order: ``(custom_id, row positions)`` each, the

@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import os
 import re
 from typing import Any, Literal
 
@@ -367,9 +368,16 @@ class RunSettings(BaseModel):
     @property
     def plan_arguments(self) -> dict[str, Any]:
         """Keyword arguments of ``adapters.csv_source.plan_csv`` for ``input`` (columns,
-        codec, delimiter, chunk size in rows, model, dimensions, template, kept columns)."""
+        codec, delimiter, chunk size in rows, model, dimensions, template, kept columns,
+        ``scratch_root``)."""
         return {"id_column": self.id_column, "text_column": self.text_column,
                 "codec": self.codec, "delimiter": self.delimiter,
                 "chunk_size": self.chunk_size, "model": self.effective_model,
                 "dimensions": self.dimensions, "text_template": self.text_template,
-                "keep_columns": self.kept_columns, "keep_text": self.keep_text}
+                "keep_columns": self.kept_columns, "keep_text": self.keep_text,
+                "scratch_root": self.scratch_root}
+
+    @property
+    def scratch_root(self) -> str:
+        """Where runs keep scratch files (``adapters.scratch``): the ledger's directory."""
+        return os.path.dirname(os.path.abspath(self.ledger))

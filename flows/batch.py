@@ -2,7 +2,7 @@
 
 Runs in the flow process before the chunk tasks (DESIGN §5, "Batch API mode"):
 
-    for each chunk to embed: its reuse plan (``ReusePlanner.resolve``, the plan its task
+    for each chunk to embed: its reuse plan (``ReuseStage.plan_for``, the plan its task
     gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating``
     with their layout (each request's custom_id and row positions) → upload + create, one
     by one, each recorded ``submitted`` → one poller for all of the run's batches, the
@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.csv_source import read_chunk
 from adapters.embeddings import build_batch_client
 from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
 from adapters.ledger import BatchRecord, Ledger
@@ -57,7 +58,7 @@ from embedline.shutdown import STOP, is_interrupt
 from flows.signals import under_prefect_runner
 from tasks.batch_requests import (BatchRequest, BatchResults, chunk_requests, input_file,
                                   layout_of, layout_requests, pack)
-from tasks.reuse import ReusePlanner, chunk_rows
+from tasks.reuse_stage import ReuseStage
 
 __all__ = ["BatchStage", "Staged", "batch_metadata", "listed_parts"]
 
@@ -122,7 +123,7 @@ class BatchStage:
     """
 
     def __init__(self, *, settings: RunSettings, ledger: Ledger, run_key: str,
-                 planner: ReusePlanner, source: Any, log: Log,
+                 planner: ReuseStage, source: Any, log: Log,
                  client: BatchClient | None = None,
                  on_progress: Callable[[tuple[BatchCount, ...]], None] | None = None,
                  sleep: Callable[[float], object] | None = None,
@@ -157,7 +158,7 @@ class BatchStage:
                 if self._stopped.is_set():
                     break
                 self._specs[spec.index] = spec
-                self.staged.plans[spec.index] = self.planner.resolve(spec)
+                self.staged.plans[spec.index] = self.planner.plan_for(spec)
                 self._start(spec)
                 self._check_failures(self.ledger.run_batches(self.run_key, spec.index), spec)
                 if self.staged.fatal:
@@ -185,7 +186,7 @@ class BatchStage:
                                   if r.batch_id and r.idx in self._specs)
 
     def _rows(self, spec: ChunkSpec) -> list[Row]:
-        return chunk_rows(self.source, spec)  # read by resolve: taken back, not read again
+        return read_chunk(self.source, spec)
 
     def _needed(self, spec: ChunkSpec, rows: list[Row]) -> list[BatchRequest]:
         """What the chunk's task needs answered, batched by the run's settings now."""

@@ -7,6 +7,7 @@ in the ledger as it arrives (DESIGN §4, §5).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,14 +23,16 @@ from embedline.shutdown import STOP
 from flows.batch import BatchStage, Staged
 from flows.dispatch import DispatchResult, Dispatcher
 from flows.lengths import redo_other_lengths
+from flows.local_chunks import LocalChunks
 from flows.progress_report import ProgressReport, progress_reporter
 from flows.run import Run, Work
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
-from tasks.chunk import embed_chunk, show_published_chunk
+from tasks.chunk import embed_chunk, run_chunk, show_published_chunk
+from tasks.copied import publish_copied
 from tasks.outcome import ChunkFailure, status_for
 from tasks.report import ProgressArtifact
-from tasks.reuse import ReusePlanner, refresh_index
+from tasks.reuse_stage import ReuseStage
 
 __all__ = ["Dispatched", "embed_and_publish"]
 
@@ -46,17 +49,26 @@ class Dispatched:
 
 
 def embed_and_publish(run: Run, work: Work) -> Dispatched:
-    """Embed and publish ``work.todo`` (then the chunks of another vector length again),
-    with a progress artifact, honouring signals (``dispatch_with_graceful_stop``)."""
+    """Plan and copy what the run reuses (``ReuseStage``), then embed and publish
+    ``work.todo`` (then the chunks of another vector length again), with a progress
+    artifact, honouring signals (``dispatch_with_graceful_stop``)."""
+    assert run.ledger is not None, "embed_and_publish() of a run not recorded"
+    stage = _reuse_stage(run, work)
+    try:
+        return _embed_and_publish(run, work, stage)
+    finally:
+        stage.close()
+
+
+def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     logger = get_run_logger()
     settings, plan, store, ledger = run.settings, run.plan, run.store, run.ledger
-    assert ledger is not None, "embed_and_publish() of a run not recorded"
-    planner = _reuse_planner(run, work)
+    assert ledger is not None
     artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
     report = progress_reporter(plan, work.skipped, artifact)
     report(DispatchResult())
     try:
-        staged = _batches(run, work, planner, report) if settings.batch_api else None
+        staged = _batches(run, work, stage, report) if settings.batch_api else None
     except EmbedlineError as exc:  # the Batch API refused or could not be reached
         failure = status_for(exc)
         artifact.close()
@@ -81,23 +93,29 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
     )
     reset_cost()
     runner_started = time.monotonic()
-    with task_runner(settings, window) as runner:
+    copied = LocalChunks(lambda spec: _publish_copied(run, work, stage, spec, logger))
+    with task_runner(settings, window) as runner, contextlib.closing(copied):
         warm_up(runner, settings, logger, since=runner_started)
+
+        def submit(spec: ChunkSpec) -> Any:
+            if stage.fully_copied(spec):  # nothing to send: no task run (flows/local_chunks)
+                return copied.submit(spec)
+            return runner.submit(chunk_task, {
+                "spec": spec, "source": plan.source, "settings": settings,
+                "dimensions": work.length.current(), "run_key": run.run_key,
+                **_chunk_inputs(spec, stage, staged)})
+
         dispatcher = Dispatcher(
             ledger=ledger,
             run_key=run.run_key,
             object_uri=lambda spec: store.uri_for(spec.object_key),
-            submit=lambda spec: runner.submit(
-                chunk_task, {"spec": spec, "source": plan.source, "settings": settings,
-                             "dimensions": work.length.current(), "run_key": run.run_key,
-                             **_chunk_inputs(spec, planner, staged)}
-            ),
+            submit=submit,
             window=window,
             logger=logger,
             on_outcome=lambda result: (work.length.answered(result.published.values()),
                                        report(result)),
             on_tick=report,
-            on_gave_up=planner.note_failed,
+            on_gave_up=stage.note_failed,
             grace_s=settings.grace_s,
         )
         _show_published(runner, plan, work.skipped, store)
@@ -106,12 +124,31 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
                                              logger=logger)
         redo_other_lengths(dispatcher, store=store, plan=plan, skipped=work.skipped,
                            length=work.length, grace_s=settings.grace_s, logger=logger)
+    if copied.submitted:
+        logger.info("%d chunks had every row copied: published by the flow itself, no "
+                    "request and no task run", copied.submitted)
+    stage.index_published(result.published.values())  # the next run reads none of them
     artifact.close()
     cost = cost_in_process() if settings.task_runner == "threads" else None
     return Dispatched(result, cost, staged.batches if staged is not None else 0)
 
 
-def _batches(run: Run, work: Work, planner: ReusePlanner, report: ProgressReport) -> Staged:
+def _publish_copied(run: Run, work: Work, stage: ReuseStage, spec: ChunkSpec, logger: Any
+                    ) -> ChunkOutcome:
+    """A chunk whose every row the reuse stage copied: from planning's rows and the copies
+    (``tasks.copied``), else (kept columns, a copy that fails its hash check) the chunk
+    task's body, in this process."""
+    plan = stage.plan_for(spec)
+    outcome = publish_copied(spec, run.plan.source, run.settings, store=run.store,
+                             scratch=run.plan.scratch, prefill=plan.prefill, width=plan.width,
+                             run_key=run.run_key, logger=logger)
+    if outcome is not None:
+        return outcome
+    return run_chunk(spec, run.plan.source, run.settings, plan, work.length.current(),
+                     run.run_key, logger=logger)
+
+
+def _batches(run: Run, work: Work, stage: ReuseStage, report: ProgressReport) -> Staged:
     """Batch API mode: submit the work's requests as batches, wait, collect
     (``flows.batch``), the batches by status in the progress ``report``; a first signal
     stops it as it stops the dispatcher (``dispatch_with_graceful_stop``):
@@ -119,36 +156,40 @@ def _batches(run: Run, work: Work, planner: ReusePlanner, report: ProgressReport
     assert run.ledger is not None
     logger = get_run_logger()
     stage = BatchStage(settings=run.settings, ledger=run.ledger, run_key=run.run_key,
-                       planner=planner, source=run.plan.source, log=logger,
+                       planner=stage, source=run.plan.source, log=logger,
                        on_progress=report.batches)
     return dispatch_with_graceful_stop(
         stage, work.todo, grace_s=run.settings.grace_s, logger=logger,
         stopping="nothing more is submitted; the run's batches keep running at the provider")
 
 
-def _chunk_inputs(spec: ChunkSpec, planner: ReusePlanner, staged: Staged | None
+def _chunk_inputs(spec: ChunkSpec, stage: ReuseStage, staged: Staged | None
                   ) -> dict[str, Any]:
     """The reuse plan of a chunk task (the batch stage's, which its batches were built
     from) and, in Batch API mode, its batches' result files and recorded layouts."""
     if staged is None:
-        return {"reuse": planner.resolve(spec)}
+        return {"reuse": stage.plan_for(spec)}
     plan = staged.plans.get(spec.index)
-    return {"reuse": planner.resolve(spec) if plan is None else plan,
+    return {"reuse": stage.plan_for(spec) if plan is None else plan,
             "batches": staged.answers.get(spec.index, ChunkBatches())}
 
 
-def _reuse_planner(run: Run, work: Work) -> ReusePlanner:
-    """Index what the store holds (when reuse is on and there is work), then plan reuse."""
+def _reuse_stage(run: Run, work: Work) -> ReuseStage:
+    """The run's reuse stage, prepared for ``work.todo`` (``tasks/reuse_stage.py``): the
+    index refreshed, every row planned, the vectors to reuse copied once per source."""
     settings = run.settings
     assert run.ledger is not None
-    if settings.reuse and work.todo:
-        started = time.monotonic()
-        added = refresh_index(run.store, run.ledger)
-        get_run_logger().info("reuse index: %d new chunk objects indexed in %.1f s", added,
-                              time.monotonic() - started)
-    return ReusePlanner(ledger=run.ledger, store=run.store, source=run.plan.source,
-                        model=settings.effective_model, dimensions=settings.dimensions,
-                        reuse=settings.reuse, run_key=run.run_key)
+    stage = ReuseStage(store=run.store, ledger=run.ledger, plan=run.plan, run_key=run.run_key,
+                       model=settings.effective_model, dimensions=settings.dimensions,
+                       reuse=settings.reuse, length=work.length.current(),
+                       scratch_root=settings.scratch_root, log=get_run_logger(),
+                       shared_disk=settings.task_runner == "threads" or not settings.dask_address)
+    try:
+        stage.prepare(work.todo)
+    except BaseException:
+        stage.close()
+        raise
+    return stage
 
 
 _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much

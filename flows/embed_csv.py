@@ -146,7 +146,15 @@ def run_settings(settings: RunSettings) -> RunSummary:
                       log=get_run_logger())
     if isinstance(opened, RunSummary):  # an input error, or a store that cannot be read
         return opened
-    run = opened
+    try:
+        return _run_opened(opened)
+    finally:
+        opened.discard_scratch()
+
+
+def _run_opened(run: Run) -> RunSummary:
+    """``run_settings`` once the run is open: commit, load, or record, embed, commit, load."""
+    settings = run.settings
     if run.committed is not None:  # nothing to embed; perhaps a load left to do
         return _load_into_sink(run, run.committed, run.already_committed())
     try:

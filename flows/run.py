@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from adapters.ledger import Ledger, new_owner, record_hard_stop
+from adapters.scratch import release
 from embedline.errors import ConflictError, EmbedlineError, InputError
 from embedline.models import (
     ChunkOutcome,
@@ -107,6 +108,7 @@ class Run:
         try:
             target = resolve_run_target(store, plan, settings)
         except EmbedlineError as exc:
+            release(plan.scratch)
             return cls.refused(exc.exit_code, "fatal", str(exc), output=store.uri,
                                rows_total=plan.rows, chunks_total=len(plan.chunks))
         run = cls(settings, store, plan, target, started=started, log=log)
@@ -178,6 +180,11 @@ class Run:
         """Close the run's ledger, if open."""
         if self.ledger is not None:
             self.ledger.close()
+
+    def discard_scratch(self) -> None:
+        """Delete the planning pass's scratch files (``InputPlan.scratch``): called when the
+        run ends in this process, not when its plan is handed over to the flow."""
+        release(self.plan.scratch)
 
     def report_facts(self) -> dict[str, Any]:
         """What the summary artifact adds to a recorded run's summary: its dead letters

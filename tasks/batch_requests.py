@@ -29,7 +29,7 @@ from embedline.keys import request_key, row_key
 from embedline.models import BatchLayout, ReusePlan, Row
 from embedline.settings import RunSettings
 from tasks.embed import batches
-from tasks.reuse import split_duplicates
+from tasks.reuse import split_duplicates, take_prefill
 
 __all__ = ["BATCH_MAX_BYTES", "BatchRequest", "BatchResults", "chunk_requests", "input_file",
            "layout_of", "layout_requests", "Resolved", "pack", "sent_text_sha256"]
@@ -69,13 +69,15 @@ class BatchRequest:
 def chunk_requests(rows: Sequence[Row], plan: ReusePlan, settings: RunSettings, *,
                    only: Collection[int] | None = None) -> list[BatchRequest]:
     """The requests a chunk of ``rows`` sends, given its reuse ``plan``: rows the plan does
-    not list, without in-chunk duplicates, empty texts and (``on_too_long=dead-letter``)
-    texts over ``max_input_tokens`` by the lenient estimate, truncated texts as
+    not list (in-run owners, copied vectors), without in-chunk duplicates, empty texts and
+    (``on_too_long=dead-letter``) texts over ``max_input_tokens`` by the lenient estimate, truncated texts as
     ``tasks.embed`` truncates them; batched by ``batch_size`` and ``max_request_tokens``.
     ``only``: of those, the rows at these positions (0-based in ``rows``) alone."""
     planned = {p for source in plan.sources for p in source.rows}
     position = {id(r): i for i, r in enumerate(rows)}
-    send, _ = split_duplicates([r for i, r in enumerate(rows) if i not in planned])
+    copied = take_prefill(rows, plan).vectors  # by row number, as the chunk task takes them
+    send, _ = split_duplicates([r for i, r in enumerate(rows)
+                                if i not in planned and r.row_number not in copied])
     limit = settings.max_input_tokens
     kept = [row for row in send if row.text.strip() and not (
         limit is not None and settings.on_too_long != "truncate"

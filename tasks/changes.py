@@ -226,9 +226,12 @@ def write_changes(
     scratch_dir: Path,
     limits: SortLimits = SortLimits(),
     stats: SortStats | None = None,
+    same_rows: bool = False,
 ) -> ChangeCounts:
     """Compute this run's change set against ``base`` (a manifest, or None) and create it
-    (``kept_columns``, ``limits``, ``stats``: see ``diff_blocks``).
+    (``kept_columns``, ``limits``, ``stats``: see ``diff_blocks``). ``same_rows``: the
+    caller knows both runs hold the same rows (``tasks.commit.run_fingerprint``), so the
+    change set is empty and no chunk object is read.
 
     Idempotent: if ``changes/{run_key}.parquet`` already exists (an earlier attempt of this
     run died before its manifest), that object is kept, with the base it names, since it is
@@ -250,8 +253,9 @@ def write_changes(
     meta = {"format": CHANGES_FORMAT, "run_key": run_key, "base_run_key": base_run_key}
     with tempfile.TemporaryDirectory(dir=scratch_dir, prefix="changes-") as tmp:
         path = Path(tmp, "changes.parquet")
-        blocks = diff_blocks(store, chunks, list(base["chunks"]) if base else [], kept_columns,
-                             scratch_dir=Path(tmp), limits=limits, stats=stats)
+        blocks = iter(()) if same_rows and base else diff_blocks(
+            store, chunks, list(base["chunks"]) if base else [], kept_columns,
+            scratch_dir=Path(tmp), limits=limits, stats=stats)
         counts = _write_parquet(path, blocks, meta=meta, row_group_rows=limits.block_rows)
         try:
             put = store.put_file_if_absent(key, path, content_type=_CONTENT_TYPE)

@@ -29,9 +29,10 @@ from tasks.embed import EmbeddedRows, embed_rows, merged
 from tasks.outcome import retry_condition
 from tasks.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.publish import publish_chunk
-from tasks.reuse import chunk_rows, combine, drop_other_lengths, split_duplicates, take_reused
+from adapters.csv_source import read_chunk
+from tasks.reuse import combine, drop_other_lengths, split_duplicates, take_prefill, take_reused
 
-__all__ = ["embed_chunk", "show_published_chunk", "store_for", "warm_worker"]
+__all__ = ["embed_chunk", "run_chunk", "show_published_chunk", "store_for", "warm_worker"]
 
 
 @functools.lru_cache(maxsize=8)
@@ -66,9 +67,10 @@ def embed_chunk(
     vectors of another length are sent again; an answer of another length fails the chunk
     as a bad response, nothing published. Unknown, the chunk's first answer sets it.
 
-    Rows listed in ``reuse`` (decided by the flow process) take their vectors from the
-    objects named there; rows with a text already sent in this chunk are copied; the rest
-    are sent (``tasks/reuse.py``). With ``run_key`` (the run's key), each successful
+    ``reuse`` (decided by the flow process's reuse stage, ``tasks/reuse_stage.py``) names
+    the file of vectors copied for the chunk's rows and the in-run owners it waits for;
+    rows with a text already sent in this chunk are copied; the rest are sent
+    (``tasks/reuse.py``). With ``run_key`` (the run's key), each successful
     request's vectors are kept in the store until the chunk is published, and rows an
     earlier attempt of this chunk kept are not sent again (``tasks/paid.py``). A chunk
     that the stopping run released (its grace period ran out: ``StopRequestedError``
@@ -83,12 +85,13 @@ def embed_chunk(
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
     try:
-        return _embed_chunk(spec, source, settings, reuse, dimensions, run_key, batches)
+        return run_chunk(spec, source, settings, reuse, dimensions, run_key, batches,
+                         logger=get_run_logger())
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
 
 
-def _embed_chunk(
+def run_chunk(
     spec: ChunkSpec,
     source: InputSource,
     settings: RunSettings,
@@ -96,15 +99,22 @@ def _embed_chunk(
     dimensions: int | None,
     run_key: str | None,
     batches: ChunkBatches | None = None,
+    *,
+    logger: Any,
 ) -> ChunkOutcome:
+    """``embed_chunk``'s body, without Prefect: also what the flow process runs itself for
+    a chunk whose every row the reuse stage copied (``flows/local_chunks.py``: no task
+    run, nothing to send). ``logger``: a logger or Prefect's run logger. Raises as
+    ``embed_chunk``, and ``StopRequestedError`` (the run is stopping)."""
     quiet_expected_tracebacks()  # this process may be a Dask worker
-    logger = get_run_logger()
     store = store_for(settings.output)
-    rows = chunk_rows(source, spec)
+    rows = read_chunk(source, spec)
     expected = settings.dimensions or dimensions
+    plan = reuse or ReusePlan()
     paid = PaidRequests(store, run_key, chunk_name(spec.object_key)) if run_key else None
-    found = take_reused(store, rows, reuse or ReusePlan(), model=settings.effective_model,
-                        dimensions=expected, run_key=run_key)
+    found = take_prefill(rows, plan)
+    found.merge(take_reused(store, rows, plan, model=settings.effective_model,
+                            dimensions=expected, run_key=run_key))
     if paid is not None and found.handed:  # kept as ours too, should this chunk fail
         keep_handed(paid, [r for r in rows if r.row_number in found.handed], found.vectors,
                     model=settings.effective_model, dimensions=settings.dimensions)

@@ -26,7 +26,7 @@ from embedline.errors import BadResponseError
 from embedline.models import ChunkOutcome
 from embedline.protocols import ObjectStore
 from tasks.manifest import read_manifest
-from tasks.publish import read_chunk_metadata
+from tasks.publish import ChunkMetadata, read_chunk_metadata
 
 __all__ = [
     "RunLength",
@@ -44,27 +44,28 @@ _READ_THREADS = 16
 def with_lengths(
     store: ObjectStore, outcomes: Mapping[int, ChunkOutcome]
 ) -> dict[int, ChunkOutcome]:
-    """``outcomes`` with ``dimensions`` and ``rows_sent`` filled in from each non-empty
-    object's Parquet footer where the outcome does not say (a chunk the ledger knew): one
-    ranged read per such object, 16 at a time. An object gone from the store is left as it
-    is (``missing_objects`` reports it)."""
-    todo = [o for o in outcomes.values() if o.rows and o.dimensions is None]
+    """``outcomes`` with ``dimensions``, ``rows_sent`` and ``rows_xor`` filled in from each
+    non-empty object's Parquet footer where the outcome does not say (a chunk the ledger
+    knew): one ranged read per such object, 16 at a time. An object gone from the store is
+    left as it is (``missing_objects`` reports it)."""
+    todo = [o for o in outcomes.values() if o.rows and (o.dimensions is None or
+                                                        o.rows_xor is None)]
     with ThreadPoolExecutor(_READ_THREADS) as pool:
         read = list(pool.map(lambda o: _footer(store, o.object_key), todo))
     filled = dict(outcomes)
     for outcome, found in zip(todo, read, strict=True):
         if found is not None:
-            filled[outcome.index] = replace(outcome, dimensions=found[0], rows_sent=found[1])
+            filled[outcome.index] = replace(outcome, dimensions=found.dimensions,
+                                            rows_sent=found.rows_sent, rows_xor=found.rows_xor)
     return filled
 
 
-def _footer(store: ObjectStore, key: str) -> tuple[int, int | None] | None:
+def _footer(store: ObjectStore, key: str) -> ChunkMetadata | None:
     try:
         with store.open_read(key) as fh:
-            meta = read_chunk_metadata(pq.ParquetFile(fh).schema_arrow)
+            return read_chunk_metadata(pq.ParquetFile(fh).schema_arrow)
     except (FileNotFoundError, ValueError, pa.ArrowException):
         return None
-    return meta.dimensions, meta.rows_sent
 
 
 class RunLength:

@@ -50,7 +50,6 @@ __all__ = [
     "chunk_name",
     "gave_up_key",
     "keep_handed",
-    "kept_texts",
     "mark_gave_up",
     "paid_run_key",
     "take_paid",
@@ -228,36 +227,6 @@ class PaidRequests:
                                type(exc).__name__)
         self._read = read
         return read
-
-
-def kept_texts(store: ObjectStore, run_key: str) -> dict[str, str]:
-    """``text_sha256 -> chunk name`` of every text a chunk of run ``run_key`` kept (read by
-    the flow process before dispatch, so other chunks of the rerun take these texts from
-    there instead of paying for them again; first chunk name wins). Only the
-    ``text_sha256`` column is read. Unreadable objects are skipped (a warning)."""
-    out: dict[str, str] = {}
-    prefix = f"{PAID_PREFIX}{run_key}/"
-    try:
-        keys = [i.key for i in store.list(prefix) if i.key.endswith(".parquet")]
-    except (EmbedlineError, OSError) as exc:
-        logger.warning("could not list the paid requests under %s: %s", prefix,
-                       type(exc).__name__)
-        return out
-    for key in sorted(keys):
-        name = key[len(prefix):].split("/")[0]
-        try:
-            with store.open_read(key) as fh:
-                hashes = pq.read_table(fh, columns=["text_sha256"])["text_sha256"].to_pylist()
-        except FileNotFoundError:
-            continue
-        except (EmbedlineError, OSError, ValueError, KeyError, pa.ArrowException) as exc:
-            logger.warning("skipping an unreadable paid request %s: %s", key,
-                           type(exc).__name__)
-            continue
-        for text_hash in hashes:
-            if text_hash:
-                out.setdefault(text_hash, name)
-    return out
 
 
 def keep_handed(

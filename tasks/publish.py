@@ -21,12 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adapters.object_store import check_conditional_writes
+from adapters.scratch import digests
 from embedline.errors import BadResponseError, ConflictError, FatalError
 from embedline.models import ChunkOutcome, ChunkSpec, DeadLetter
 from embedline.protocols import ObjectStore
 from tasks.embed import EmbeddedRows
 
 __all__ = [
+    "rows_fingerprint",
     "CHUNK_FORMAT",
     "ChunkMetadata",
     "adopt_existing",
@@ -53,6 +55,7 @@ class ChunkMetadata:
     dead_letters: tuple[DeadLetter, ...]
     request_settings: str = ""  # RunSettings.request_fingerprint, kept when dead letters exist
     rows_sent: int | None = None  # rows whose vectors the server sent for it (None: older object)
+    rows_xor: str | None = None  # ``rows_fingerprint`` of its rows (None: an older object)
 
 
 def chunk_parquet(
@@ -70,35 +73,59 @@ def chunk_parquet(
 
     :raises BadResponseError: a vector holds NaN or Inf (nothing is published).
     """
-    vectors = embedded.vectors
+    rows = embedded.rows
+    extra = {name: [r.kept[position] for r in rows] for position, name in enumerate(kept_columns)}
+    if keep_text:
+        extra["text"] = [r.text for r in rows]
+    return chunk_parquet_columns(
+        spec, [r.id for r in rows], [r.text_sha256 for r in rows], embedded.row_keys,
+        embedded.vectors, embedded.dead_letters, model=model, dimensions=dimensions,
+        request_settings=request_settings, rows_sent=rows_sent, extra=extra)
+
+
+def chunk_parquet_columns(
+    spec: ChunkSpec, ids: Sequence[str] | pa.Array, text_hashes: Sequence[str] | pa.Array,
+    row_keys: Sequence[str] | pa.Array,
+    vectors: np.ndarray, dead_letters: Sequence[DeadLetter], *, model: str, dimensions: int,
+    request_settings: str = "", rows_sent: int | None = None,
+    extra: dict[str, list[str]] | None = None, rows_xor: str | None = None,
+) -> bytes:
+    """``chunk_parquet`` from its columns: ``ids``, ``text_hashes`` and ``row_keys`` (one
+    string each per published row; lists or Arrow string arrays), ``vectors`` float32 ``(rows, dimensions)``, the
+    chunk's ``dead_letters``, and ``extra`` string columns after embedline's own (kept
+    columns, then ``text``; their names go in the metadata as ``kept_columns`` /
+    ``keep_text``); ``rows_xor``: ``rows_fingerprint(row_keys)`` if the caller has it.
+
+    :raises BadResponseError: a vector holds NaN or Inf (nothing is published).
+    """
     if not np.isfinite(vectors).all():
         raise BadResponseError(f"chunk {spec.index}: embeddings hold NaN or Inf values")
     flat = pa.array(vectors.reshape(-1), type=pa.float32())
     table = pa.table(
         {
-            "id": pa.array([r.id for r in embedded.rows], type=pa.string()),
+            "id": _strings(ids),
             "embedding": _embedding_column(flat, dimensions),
-            "text_sha256": pa.array([r.text_sha256 for r in embedded.rows], type=pa.string()),
-            "idempotency_key": pa.array(embedded.row_keys, type=pa.string()),
+            "text_sha256": _strings(text_hashes),
+            "idempotency_key": _strings(row_keys),
         }
     )
-    for position, name in enumerate(kept_columns):
-        table = table.append_column(name, pa.array([r.kept[position] for r in embedded.rows],
-                                                   type=pa.string()))
-    if keep_text:
-        table = table.append_column("text", pa.array([r.text for r in embedded.rows],
-                                                     type=pa.string()))
+    extra = extra or {}
+    for name, values in extra.items():
+        table = table.append_column(name, pa.array(values, type=pa.string()))
+    kept_columns = [name for name in extra if name != "text"]
+    keep_text = "text" in extra
     meta = {
         "format": CHUNK_FORMAT,
         "chunk_key": spec.key,
         "model": model,
         "dimensions": dimensions,
-        "rows": len(embedded.rows),
+        "rows": len(ids),
         "rows_total": spec.rows,
         "first_row": spec.first_row,
-        "dead_letters": [d.to_dict() for d in embedded.dead_letters],
+        "dead_letters": [d.to_dict() for d in dead_letters],
+        "rows_xor": rows_xor or rows_fingerprint(row_keys),
     }
-    if embedded.dead_letters and request_settings:  # what a rerun compares (DESIGN §8)
+    if dead_letters and request_settings:  # what a rerun compares (DESIGN §8)
         meta["request_settings"] = request_settings
     if rows_sent is not None:
         meta["rows_sent"] = rows_sent
@@ -112,6 +139,21 @@ def chunk_parquet(
     # per chunk tripled the write time and the Arrow pool's peak (measured: 25 MB vs 7 MB).
     pq.write_table(table, sink, compression="zstd", use_dictionary=False, write_statistics=["id"])
     return sink.getvalue()
+
+
+def rows_fingerprint(row_keys: Sequence[str] | pa.Array) -> str:
+    """An order-free fingerprint of a set of rows: the XOR of the first 8 bytes of their
+    row keys (DESIGN §2: a row key hashes the id and the text's hash, for one model and
+    requested dimensions), 16 hex digits; XORs of chunks combine into a run's. Two runs of
+    the same dataset whose fingerprints and row counts agree hold the same (id, text)
+    pairs but for a 2^-64 chance: the commit then skips reading every row for the change
+    set (``tasks.commit``). Ids are unique within a run, so no row cancels another."""
+    folded = digests(row_keys)[:, :8].copy().view("<u8").ravel()
+    return f"{int(np.bitwise_xor.reduce(folded)) if len(folded) else 0:016x}"
+
+
+def _strings(values: Sequence[str] | pa.Array) -> pa.Array:
+    return values if isinstance(values, pa.Array) else pa.array(values, type=pa.string())
 
 
 def _embedding_column(flat: pa.Array, dimensions: int) -> pa.Array:
@@ -144,6 +186,7 @@ def read_chunk_metadata(body: bytes | pa.Schema) -> ChunkMetadata:
         dead_letters=tuple(DeadLetter(**d) for d in meta["dead_letters"]),
         request_settings=str(meta.get("request_settings", "")),
         rows_sent=int(meta["rows_sent"]) if "rows_sent" in meta else None,
+        rows_xor=str(meta["rows_xor"]) if "rows_xor" in meta else None,
     )
 
 
@@ -172,26 +215,40 @@ def publish_chunk(
     body = chunk_parquet(spec, embedded, model=model, dimensions=dimensions,
                          request_settings=request_settings, rows_sent=rows_sent,
                          kept_columns=kept_columns, keep_text=keep_text)
+    return publish_body(store, spec, body, rows=len(embedded.rows),
+                        dead_letters=embedded.dead_letters, model=model, dimensions=dimensions,
+                        tokens=embedded.tokens, requests=embedded.requests, rows_sent=rows_sent,
+                        rows_xor=rows_fingerprint(embedded.row_keys))
+
+
+def publish_body(
+    store: ObjectStore, spec: ChunkSpec, body: bytes, *, rows: int,
+    dead_letters: Sequence[DeadLetter], model: str, dimensions: int, tokens: int = 0,
+    requests: int = 0, rows_sent: int | None = None, rows_xor: str | None = None,
+) -> ChunkOutcome:
+    """``publish_chunk`` of a chunk object already built (``chunk_parquet`` or
+    ``chunk_parquet_columns``) holding ``rows`` rows (``rows_xor``: their fingerprint, as
+    in the object). Raises as ``publish_chunk``."""
     digest = hashlib.sha256(body).hexdigest()
     outcome = ChunkOutcome(
         index=spec.index,
         key=spec.key,
         object_key=spec.object_key,
         object_sha256=digest,
-        rows=len(embedded.rows),
-        dead_letters=tuple(embedded.dead_letters),
-        tokens=embedded.tokens,
-        requests=embedded.requests,
-        dimensions=dimensions if embedded.rows else None,
+        rows=rows,
+        dead_letters=tuple(dead_letters),
+        tokens=tokens,
+        requests=requests,
+        dimensions=dimensions if rows else None,
         rows_sent=rows_sent,
+        rows_xor=rows_xor,
     )
     try:
         put = store.put_if_absent(
             spec.object_key, body, sha256=digest, content_type=PARQUET_CONTENT_TYPE
         )
     except ConflictError:
-        return adopt_existing(store, spec, model=model, tokens=embedded.tokens,
-                              requests=embedded.requests)
+        return adopt_existing(store, spec, model=model, tokens=tokens, requests=requests)
     if put.created:
         return outcome
     return replace(outcome, created=False)

@@ -24,11 +24,12 @@ Tables:
 - ``sink_chunks``: one row per chunk of a run loaded into a sink (written after the sink's
   transaction committed). Both are a cache of what loads did: what a sink holds is decided
   by the sink's own rows (DESIGN §9, ``tasks/sink_state.py``), never by these tables.
-- ``reuse_objects`` / ``reuse_texts`` (the reuse index, DESIGN §8): which chunk objects under
-  which output root hold a vector for which text, by (output URI, model, requested
-  dimensions as in the row key: "" or decimal). ``text_sha256`` is stored as 32 raw bytes,
-  about 90 bytes per row on disk with its B-tree (1M rows: 89 MB), nothing in RAM. A cache
-  of the store: rebuilt from the chunk objects' ``text_sha256`` columns when it misses any.
+- ``reuse_objects`` / ``reuse_buckets`` (the reuse index, DESIGN §8, migration
+  ``0011_reuse_buckets``): which chunk objects under which output root hold a vector for
+  which text, and at which row, by (output URI, model, requested dimensions as in the row
+  key: "" or decimal): per object and hash bucket, the texts' 64-bit hash prefixes and row
+  positions as packed arrays, about 12 bytes a row, read a bucket at a time. A cache of the
+  store: rebuilt from the chunk objects' ``text_sha256`` columns when it misses any.
 
 Modules: ``migrations`` (the schema, named once-only migrations), ``base`` (connection,
 ``atomic``), one module per table group (``runs``, ``chunks``, ``objects``, ``sink_loads``,

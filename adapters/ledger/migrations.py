@@ -213,6 +213,31 @@ MIGRATIONS += (
     ),
 )
 
+MIGRATIONS += (
+    (
+        # The reuse index as hash buckets (DESIGN §8, issue 24): one row per (object, bucket)
+        # holding the 64-bit prefixes of its texts' SHA-256s and their row positions, so a
+        # run joins all its texts against the index bucket by bucket (numpy, flat memory)
+        # and takes each vector by position; indexing an object is 64 inserts, not one per
+        # row into a B-tree of random keys (9 s per million rows). The index is a cache of
+        # the store: the old rows are dropped and the next run re-indexes from the objects.
+        "0011_reuse_buckets",
+        """
+        DROP TABLE IF EXISTS reuse_texts;
+        DELETE FROM reuse_objects;
+        DROP TABLE IF EXISTS reuse_buckets;
+        CREATE TABLE reuse_buckets (
+            bucket INTEGER NOT NULL,
+            object_id INTEGER NOT NULL,
+            prefixes BLOB NOT NULL,
+            positions BLOB NOT NULL,
+            PRIMARY KEY (bucket, object_id)
+        ) STRICT, WITHOUT ROWID;
+        CREATE INDEX reuse_buckets_by_object ON reuse_buckets (object_id);
+        """,
+    ),
+)
+
 #: One more per migration; migrations are applied by name, each once, in tuple order.
 SCHEMA_VERSION = len(MIGRATIONS)
 

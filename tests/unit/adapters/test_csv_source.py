@@ -10,6 +10,7 @@ from adapters.csv_source import plan_csv, read_chunk
 from embedline import keys
 from embedline.errors import InputError
 from embedline.models import InputPlan, Row
+from embedline.template import kept_sha256
 
 
 def _plan(path: Path, *, chunk_size: int = 2, codec: str = "utf-8", **kw: str) -> InputPlan:
@@ -222,3 +223,33 @@ def test_chunk_reads_return_each_record_with_its_first_physical_line(
     assert [(r.id, r.text, r.line) for r in rows] == expected
     assert [r.row_number for r in rows] == list(range(1, len(expected) + 1))
     assert all(r.text_sha256 == keys.text_sha256(r.text) for r in rows)
+
+
+@pytest.mark.parametrize("documents", [
+    {},
+    {"text_template": "{title}\n\n{text}"},
+    {"keep_columns": ("title",)},
+    {"keep_text": True},
+    {"text_template": "{title}: {text}", "keep_columns": ("title",), "keep_text": True},
+], ids=["plain", "template", "kept", "keep-text", "all"])
+def test_each_chunk_key_is_the_key_of_its_own_rows(tmp_path: Path,
+                                                     documents: dict[str, object]) -> None:
+    """Every documents setting: a chunk's key is ``keys.chunk_key`` of the rows read back
+    (a template without kept columns once keyed every chunk as if it had no rows, so all
+    chunks shared one object and the manifest did not add up)."""
+    path = tmp_path / "docs.csv"
+    path.write_text("id,title,text\n" + "".join(f"{n},t{n % 3},text {n}\n" for n in range(8)))
+    plan = plan_csv(path, id_column="id", text_column="text", codec="auto", chunk_size=3,
+                    model="m", dimensions=8, **documents)  # type: ignore[arg-type]
+    kept = documents.get("keep_columns", ())
+    lines = keys.columns_lines(documents.get("text_template"),  # type: ignore[arg-type]
+                               kept, bool(documents.get("keep_text")))  # type: ignore[arg-type]
+    found = []
+    for spec in plan.chunks:
+        rows = read_chunk(plan.source, spec)
+        key_rows = [(r.id, keys.text_sha256(r.text),
+                     *([kept_sha256(list(r.kept[:len(kept)]))] if kept else []))
+                    for r in rows]
+        assert spec.key == keys.chunk_key("m", 8, key_rows, lines)
+        found.append(spec.key)
+    assert len(set(found)) == len(plan.chunks) == 3

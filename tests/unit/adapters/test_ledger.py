@@ -176,7 +176,22 @@ def test_a_load_superseded_by_another_runs_load_starts_over(ledger: Ledger) -> N
     assert ledger.last_loaded_run(sink) == "r1"
 
 
-def test_reuse_lookup_spans_batches_and_prefers_the_first_indexed_object(ledger: Ledger) -> None:
+def _indexed(ledger: Ledger, output: str, model: str, dimensions: str
+             ) -> dict[str, list[tuple[str, int]]]:
+    """``{hash prefix (16 hex): [(object key, row position), ...]}`` over every bucket."""
+    from adapters.ledger.reuse_index import BUCKETS
+
+    objects = ledger.reuse_objects(output, model=model, dimensions=dimensions)
+    out: dict[str, list[tuple[str, int]]] = {}
+    for bucket in range(BUCKETS):
+        prefixes, ids, positions = ledger.bucket(bucket, list(objects))
+        assert not len(prefixes) or set((prefixes >> 58).tolist()) == {bucket}
+        for prefix, oid, position in zip(prefixes, ids, positions, strict=True):
+            out.setdefault(f"{int(prefix):016x}", []).append((objects[int(oid)], int(position)))
+    return out
+
+
+def test_the_reuse_index_gives_every_text_its_objects_and_row_positions(ledger: Ledger) -> None:
     import hashlib
 
     hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(1_203)]
@@ -184,11 +199,12 @@ def test_reuse_lookup_spans_batches_and_prefers_the_first_indexed_object(ledger:
                         text_hashes=hashes[:1_100])
     ledger.index_object("/out", "chunks/0.parquet", model="m", dimensions="",
                         text_hashes=hashes[1_000:])
-    found = ledger.find_vectors("/out", model="m", dimensions="", text_hashes=hashes)
-    assert len(found) == 1_203  # more hashes than one lookup query takes
-    assert {found[h] for h in hashes[:1_100]} == {"chunks/1.parquet"}  # indexed first
-    assert {found[h] for h in hashes[1_100:]} == {"chunks/0.parquet"}
-    assert ledger.find_vectors("/out", model="m", dimensions="", text_hashes=[]) == {}
+    found = _indexed(ledger, "/out", "m", "")
+    assert len(found) == 1_203  # every text, spread over the buckets
+    assert found[hashes[5][:16]] == [("chunks/1.parquet", 5)]
+    assert sorted(found[hashes[1_050][:16]]) == [("chunks/0.parquet", 50),
+                                                ("chunks/1.parquet", 1_050)]
+    assert found[hashes[1_202][:16]] == [("chunks/0.parquet", 202)]
 
 
 def test_reuse_index_matches_output_model_and_dimensions_only(ledger: Ledger) -> None:
@@ -198,14 +214,13 @@ def test_reuse_index_matches_output_model_and_dimensions_only(ledger: Ledger) ->
     ledger.index_object("/out", "chunks/2.parquet", model="m", dimensions="256",
                         text_hashes=[c])
     ledger.index_object("/other", "chunks/3.parquet", model="m", dimensions="", text_hashes=[c])
-    found = ledger.find_vectors("/out", model="m", dimensions="", text_hashes=[a, c, b, a])
-    assert found == {a: "chunks/1.parquet", b: "chunks/1.parquet"}  # c only at 256 / /other
-    assert ledger.find_vectors("/out", model="m", dimensions="256", text_hashes=[c]) == {
-        c: "chunks/2.parquet"}
-    assert ledger.find_vectors("/out", model="other", dimensions="", text_hashes=[a]) == {}
+    assert _indexed(ledger, "/out", "m", "") == {  # c only at 256 or under /other
+        a[:16]: [("chunks/1.parquet", 0)], b[:16]: [("chunks/1.parquet", 1)]}
+    assert _indexed(ledger, "/out", "m", "256") == {c[:16]: [("chunks/2.parquet", 0)]}
+    assert _indexed(ledger, "/out", "other", "") == {}
     assert ledger.indexed_objects("/out") == {"chunks/1.parquet", "chunks/2.parquet"}
     ledger.forget_objects("/out", ["chunks/1.parquet"])
-    assert ledger.find_vectors("/out", model="m", dimensions="", text_hashes=[a]) == {}
+    assert _indexed(ledger, "/out", "m", "") == {}
     assert ledger.indexed_objects("/out") == {"chunks/2.parquet"}
 
 

@@ -1,0 +1,98 @@
+"""Scratch space (``adapters/scratch.py``): spills read back exactly, directories of dead
+processes swept, live ones never; and the planning pass's per-row facts
+(``adapters/row_facts.py``) find duplicated ids bucket by bucket."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.csv_source import plan_csv
+from adapters.row_facts import ROW_DTYPE, RowFacts
+from adapters.scratch import Scratch, Spill, hash_prefixes, release
+from embedline.errors import InputError
+from embedline.keys import text_sha256
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_a_spill_gives_back_each_partition_in_the_order_added(tmp_path: Path) -> None:
+    spill = Spill(tmp_path / "s", np.dtype("<u8"), buffer_rows=7)  # flushes mid-way
+    rng = np.random.default_rng(1)
+    values = rng.integers(0, 2**63, 100).astype(np.uint64)
+    parts = values % np.uint64(5)
+    for start in range(0, 100, 9):
+        spill.add(values[start:start + 9], parts[start:start + 9].astype(np.int64))
+    assert spill.partitions() == [0, 1, 2, 3, 4] and spill.rows == 100
+    for part in range(5):
+        np.testing.assert_array_equal(spill.read(part), values[parts == part])
+    reopened = Spill(tmp_path / "s", np.dtype("<u8"))  # by path, as the reuse stage does
+    np.testing.assert_array_equal(reopened.read(3), values[parts == 3])
+    spill.drop(3)
+    assert 3 not in spill.partitions() and len(spill.read(3)) == 0
+
+
+def test_hash_prefixes_are_the_first_16_hex_digits() -> None:
+    hashes = [text_sha256(t) for t in ("a", "b", "ü")]
+    assert hash_prefixes(hashes).tolist() == [int(h[:16], 16) for h in hashes]
+    assert hash_prefixes([]).dtype == np.uint64
+
+
+def test_a_dead_process_scratch_is_swept_a_live_one_never(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from adapters.scratch import Scratch; "
+         f"s = Scratch.create({str(tmp_path)!r}); print(s.path, flush=True); time.sleep(60)"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    theirs = Path(child.stdout.readline().strip())
+    mine = Scratch.create(tmp_path)  # their process is alive: kept
+    assert theirs.exists() and mine.path.exists()
+    os.kill(child.pid, signal.SIGKILL)  # no cleanup runs
+    child.wait()
+    other = Scratch.create(tmp_path)  # sweeps what a dead process left
+    assert not theirs.exists() and mine.path.exists() and other.path.exists()
+    release(str(mine.path))
+    assert not mine.path.exists()
+    other.close()
+    other.close()  # idempotent
+
+
+def test_planning_spills_row_hashes_and_finds_duplicates_over_buckets(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    rows = [(f"id{i}", f"text {i % 7}" if i % 5 else "  ") for i in range(300)]
+    path.write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in rows), encoding="utf-8")
+    args = dict(id_column="id", text_column="text", codec="auto", chunk_size=40, model="m",
+                dimensions=None, scratch_root=str(tmp_path))
+    plan = plan_csv(path, **args)
+    assert plan.scratch is not None
+    spill = Spill(Path(plan.scratch) / "rows", ROW_DTYPE)
+    got = np.concatenate([spill.read(p) for p in spill.partitions()])
+    want = {(int(text_sha256(t)[:16], 16), i // 40, i % 40)
+            for i, (_, t) in enumerate(rows) if t.strip()}  # empty texts left out
+    assert {(int(r["prefix"]), int(r["chunk"]), int(r["position"])) for r in got} == want
+    release(plan.scratch)
+    assert not Path(plan.scratch).exists()
+    path.write_text("id,text\n" + "".join(f"{n % 250},{t}\n" for n, (_, t) in enumerate(rows)),
+                    encoding="utf-8")
+    with pytest.raises(InputError, match="50 duplicated id"):
+        plan_csv(path, **args)
+    assert not list((tmp_path / "scratch").iterdir())  # an input error leaves no scratch
+
+
+def test_row_facts_without_scratch_keep_id_digests_in_memory() -> None:
+    from array import array
+
+    from adapters.row_facts import id_digests
+
+    facts = RowFacts(None)
+    facts.add_chunk(0, ["a", "b", "a"], ["", "", ""], array("i", [0, 0, 0]), [])
+    facts.add_chunk(1, ["c", "b"], ["", ""], array("i", [0, 0]), [])
+    assert facts.suspects() == {int(d) for d in id_digests(["a", "b"])}
+    assert facts.rows is None and facts.count == 5
