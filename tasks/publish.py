@@ -137,7 +137,11 @@ def chunk_parquet_columns(
     sink = io.BytesIO()
     # No dictionary encoding: every id and hash is unique, and dictionary-encoding 384k floats
     # per chunk tripled the write time and the Arrow pool's peak (measured: 25 MB vs 7 MB).
-    pq.write_table(table, sink, compression="zstd", use_dictionary=False, write_statistics=["id"])
+    # The vectors are stored uncompressed: float32 noise gains zstd 7 % of the bytes for a
+    # third of the write's CPU (5,000 x 64 dims: 6.8 -> 5.1 ms, 1,508 -> 1,619 KiB).
+    codecs = {name: "zstd" for name in table.column_names} | {"embedding": "none"}
+    pq.write_table(table, sink, compression=codecs, use_dictionary=False,
+                   write_statistics=["id"])
     return sink.getvalue()
 
 
