@@ -667,6 +667,7 @@ class Bench:
         self.env = _cli_env(args, self.prefect_home)
         self.runs: list[RunResult] = []
         self.servers: list[dict[str, Any]] = []
+        self.pairs: list[dict[str, Any]] = []  # SDK loop and embedline, running server
 
     def cli_argv(self, data: Path, output: Path, ledger: Path, base_url: str) -> list[str]:
         argv = [self.args.python, "-m", "cli", "run", str(data),
@@ -777,26 +778,33 @@ class Bench:
         fresh = self.tmp / f"{name}-ledger-fresh.sqlite3"
         self.measure(f"{name}-rerun-fresh-ledger", name, rows, data, out, fresh)
 
-    def running_server_run(self, name: str, data: Path, rows: int) -> None:
-        """The whole file again, fresh output and ledger, against a ``prefect server start``
-        that is already running (the deployment case: no temporary server to wait for), so
-        the report shows what the temporary server's start-up costs. The server is stopped
-        (its process group killed) before this returns."""
+    def running_server_run(self, name: str, data: Path, rows: int, pairs: int) -> None:
+        """``pairs`` times, the SDK loop then the whole file again (fresh output and ledger)
+        against a ``prefect server start`` that is already running: the deployment case, no
+        temporary server to wait for. Alternating the two puts any drift of the machine's
+        load on both sides of each ratio. The server is stopped (its process group killed)
+        before this returns; each pair lands in ``self.pairs``."""
         if str(REPO) not in sys.path:
             sys.path.insert(0, str(REPO))  # tests.support: not part of the installed package
         from tests.support.prefect_server import start_prefect_server
 
         home = self.tmp / "prefect-server-home"
         home.mkdir(exist_ok=True)
-        print("bench: starting a Prefect server for the running-server run", file=sys.stderr,
+        print("bench: starting a Prefect server for the running-server runs", file=sys.stderr,
               flush=True)
         server, url = start_prefect_server(home)
         saved = self.env
         self.env = {**saved, "PREFECT_API_URL": url}
         try:
-            self.measure(f"{name}-running-server", name, rows, data,
-                         self.tmp / f"{name}-running-server-out",
-                         self.tmp / f"{name}-running-server-ledger.sqlite3")
+            for pair in range(1, pairs + 1):
+                sdk = self.sdk_baseline(data)
+                run_name = f"{name}-running-server-{pair}"
+                run = self.measure(run_name, name, rows, data, self.tmp / f"{run_name}-out",
+                                   self.tmp / f"{run_name}-ledger.sqlite3")
+                self.pairs.append({"sdk_wall_s": sdk["wall_s"], "run": run_name,
+                                   "embedline_wall_s": run.wall_s,
+                                   "exit_code": run.exit_code,
+                                   "ratio": sdk["wall_s"] / run.wall_s if run.wall_s else 0.0})
         finally:
             self.env = saved
             with contextlib.suppress(ProcessLookupError):
@@ -835,21 +843,37 @@ def _ratios(runs: list[RunResult], baseline: dict[str, Any] | None) -> dict[str,
     return ratios
 
 
+def _sdk_targets(full: RunResult | None, sdk: dict[str, Any] | None,
+                 pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 24, item 4: with a running Prefect server (how deployments run), the whole
+    file end to end at least as fast as the SDK loop: the median of the alternated pairs,
+    each pair's ratio listed. With the CLI's temporary server, its start-up is reported
+    apart (no target: it is the price of not running a server)."""
+    targets: dict[str, Any] = {}
+    if pairs:
+        ratios = sorted(p["ratio"] for p in pairs)
+        median = ratios[len(ratios) // 2] if len(ratios) % 2 else \
+            (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+        each = ", ".join(f"{p['sdk_wall_s']:.1f}/{p['embedline_wall_s']:.1f} s" for p in pairs)
+        targets[f"running Prefect server: whole file end to end >= {TARGET_SDK_RATIO}x the "
+                f"openai-SDK loop (median of {len(pairs)} pairs, SDK/embedline: {each})"] = {
+            "value": round(median, 2), "each": [round(r, 2) for r in ratios],
+            "met": median >= TARGET_SDK_RATIO and all(p["exit_code"] == 0 for p in pairs)}
+    if full is not None and sdk is not None and full.wall_s:  # reported, no target
+        start = full.temp_server_s or 0.0
+        targets[f"temporary server: the SDK loop's wall time / embedline's (SDK "
+                f"{sdk['wall_s']:.1f} s / embedline {full.wall_s:.1f} s, of which "
+                f"{start:.1f} s the temporary server's start-up; without it "
+                f"{sdk['wall_s'] / max(full.wall_s - start, 1e-9):.2f})"] = {
+            "value": round(sdk["wall_s"] / full.wall_s, 2), "met": True}
+    return targets
+
+
 def _targets(runs: list[RunResult], full_name: str, sdk: dict[str, Any] | None = None,
-             dask_rows: int = 0) -> dict[str, Any]:
+             dask_rows: int = 0, pairs: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     by = {r.name: r for r in runs}
     full = by.get(full_name)
-    targets: dict[str, Any] = {}
-    if full is not None and sdk is not None:
-        targets[f"end to end >= {TARGET_SDK_RATIO}x the openai-SDK loop (whole file; SDK "
-                f"{sdk['wall_s']:.1f} s / embedline {full.wall_s:.1f} s)"] = {
-            "value": round(sdk["wall_s"] / full.wall_s, 2),
-            "met": sdk["wall_s"] / full.wall_s >= TARGET_SDK_RATIO and full.exit_code == 0}
-    running = by.get(f"{full_name}-running-server")
-    if running is not None and sdk is not None and running.wall_s:  # reported, no target
-        targets[f"{running.name}: the SDK loop's wall time / embedline's, with a running "
-                f"Prefect server (SDK {sdk['wall_s']:.1f} s / embedline {running.wall_s:.1f} s)"
-                ] = {"value": round(sdk["wall_s"] / running.wall_s, 2), "met": True}
+    targets: dict[str, Any] = _sdk_targets(full, sdk, pairs)
     threads, dask = by.get(f"first{dask_rows}-threads"), by.get(f"first{dask_rows}-dask")
     if threads is not None and dask is not None:
         ratio = (dask.steady_rows_per_s or 0) / (threads.steady_rows_per_s or float("inf"))
@@ -914,7 +938,7 @@ def cpu_budget(runs: list[RunResult], full_name: str,
         "total_cpu_s": sdk["cpu_s"] + sdk["fake_server_cpu_s"]}}
     by = {r.name: r for r in runs}
     for name, prefect_part in ((full_name, "temporary_server_cpu_s"),
-                               (f"{full_name}-running-server", "prefect_server_cpu_s")):
+                               (f"{full_name}-running-server-1", "prefect_server_cpu_s")):
         run = by.get(name)
         if run is None or run.cli_self_cpu_s is None or run.fake_server_cpu_s is None:
             continue
@@ -1046,9 +1070,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="skip the whole-file run and its reruns")
     parser.add_argument("--no-edits", action="store_true",
                         help="skip the nightly edit scenarios on the whole file")
-    parser.add_argument("--no-running-server", dest="running_server", action="store_false",
-                        help="skip the whole-file run against a running `prefect server "
-                             "start` (reported beside the temporary-server run)")
+    parser.add_argument("--pairs", type=int, default=3,
+                        help="SDK loop / whole-file run pairs against a running `prefect "
+                             "server start`, alternated (0 skips them)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON results (default benchmarks/results/<UTC time>.json)")
     parser.add_argument("--prefect-api-url", default=None,
@@ -1101,8 +1125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             full = tmp / data.name
             shutil.copyfile(data, full)  # the CLI reads a private copy
             bench.dataset_runs(full_name, full, total_rows, reruns=True)
-            if args.running_server and not args.prefect_api_url:
-                bench.running_server_run(full_name, full, total_rows)
+            if args.pairs > 0 and not args.prefect_api_url:
+                bench.running_server_run(full_name, full, total_rows, args.pairs)
             if not args.no_edits:
                 bench.edit_runs(full_name, full)
                 bench.kept_column_runs(full_name, full, total_rows)
@@ -1112,7 +1136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     ratios = _ratios(bench.runs, baseline)
-    targets = _targets(bench.runs, full_name, sdk, args.dask_rows)
+    targets = _targets(bench.runs, full_name, sdk, args.dask_rows, bench.pairs)
     print_table(bench.runs, baseline, ratios, targets)
     budget = cpu_budget(bench.runs, full_name, sdk)
     print_cpu_budget(budget)
@@ -1127,6 +1151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "temp_dir": str(tmp) if args.keep else None},
         "baseline": baseline,
         "sdk_loop": sdk,
+        "sdk_pairs_running_server": bench.pairs,
         "runs": [asdict(r) for r in bench.runs],
         "fake_servers": bench.servers,
         "ratios": ratios,
