@@ -333,6 +333,7 @@ def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     parameters = settings.to_parameters()
+    STOP.raise_lost_interrupt()  # a Ctrl-C that a library swallowed while it imported
     STOP.command_handles_signals()  # SIGTERM as SIGINT; held once committed
     quiet_prefect_signal_crashes()
     with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \

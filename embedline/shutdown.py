@@ -176,7 +176,13 @@ class StopState:
         """The flow starts dispatching chunks: ``Phase.DISPATCHING``; the stop signal, kept
         termination and the chunk tasks' stop are cleared (a long-lived process runs several
         runs). From now on the flow ends by ``hand_over`` if the API goes away (before, a
-        CLI that lost the API has nothing to wait for and exits at once)."""
+        CLI that lost the API has nothing to wait for and exits at once).
+
+        :raises KeyboardInterrupt: a SIGINT's interrupt was raised before and swallowed
+            (``raise_lost_interrupt``); nothing was dispatched.
+        :raises Terminated: the same for SIGTERM.
+        """
+        self.raise_lost_interrupt()
         self._phase = Phase.DISPATCHING
         self._signal = self._termination = None
         self._tasks_stop.clear()
@@ -312,6 +318,21 @@ class StopState:
         sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; "
                          f"{todo}\n")
         self.hard_exit(exit_code_for(signum))
+
+    def raise_lost_interrupt(self) -> None:
+        """Raise again, at a checkpoint, the interrupt ``raise_interrupt`` raised before it in
+        ``Phase.PLANNING`` if the command is still going: code between the two swallowed it.
+        Any ``except BaseException`` that does not re-raise does (a library's lazy import
+        that builds a pydantic model turns it into a ``RuntimeError`` that a plugin loader
+        logs; a ``__del__`` prints it), and the run went on to embed and exit 0 after a
+        Ctrl-C (CI, a loaded machine). Checkpoints: before the CLI runs the flow, and
+        ``start_dispatching``. A no-op otherwise, and outside the main thread.
+
+        :raises KeyboardInterrupt: the lost interrupt was a SIGINT's.
+        :raises Terminated: it was a SIGTERM's.
+        """
+        if self._raised is not None and self._phase is Phase.PLANNING and _main_thread():
+            self._raise_first(self._raised)
 
     def forget_interrupts(self) -> None:
         """Forget an interrupt ``raise_interrupt`` raised (one that Python lost and

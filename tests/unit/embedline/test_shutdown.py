@@ -56,6 +56,36 @@ def test_a_forgotten_interrupt_makes_the_next_signal_a_first_one_again() -> None
     assert (done.returncode, done.stdout.splitlines()) == (0, ["raised", "raised"])
 
 
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_a_library_swallowed_is_raised_again_before_anything_is_dispatched(
+    signame: str,
+) -> None:
+    """CI, a loaded machine: a Ctrl-C inside a lazy import was turned into an error a plugin
+    loader logged, and the run embedded and exited 0. The checkpoint raises it again."""
+    done = _python(f"""
+        import signal
+        from embedline.shutdown import STOP, Terminated
+        STOP.install_interrupt_handlers()
+        STOP.begin_command()
+        try:
+            signal.raise_signal(signal.{signame})
+        except BaseException:  # what the library did
+            print("swallowed", flush=True)
+        try:
+            STOP.start_dispatching()
+            print("dispatching", flush=True)
+        except (KeyboardInterrupt, Terminated) as exc:
+            print("raised again:", type(exc).__name__, flush=True)
+        STOP.begin_command()  # the next command in this process starts clean
+        STOP.start_dispatching()
+        STOP.raise_lost_interrupt()  # dispatching: flows.signals' business, a no-op here
+        print("dispatching", flush=True)
+    """)
+    raised = "KeyboardInterrupt" if signame == "SIGINT" else "Terminated"
+    assert (done.returncode, done.stdout.splitlines(), done.stderr) == (
+        0, ["swallowed", f"raised again: {raised}", "dispatching"], "")
+
+
 def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_on_a_second(
 ) -> None:
     first = _python("""
