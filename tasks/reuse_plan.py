@@ -107,16 +107,15 @@ def refresh_index(store: ObjectStore, ledger: Ledger) -> int:
     known = ledger.indexed_objects(store.uri)
     ledger.forget_objects(store.uri, sorted(known - listed))
     todo = sorted(listed - known)
-    batch: list[tuple[str, str, str, pa.Array]] = []
+    # A window of _INDEX_BATCH objects at a time: Executor.map submits everything at once,
+    # and answers that outrun the ledger's inserts would pile up (memory ~ the objects).
     with ThreadPoolExecutor(_INDEX_THREADS) as pool:
-        for key, entry in zip(todo, pool.map(lambda k: _index_entry(store, k), todo),
-                              strict=True):
-            if entry is not None:
-                batch.append((key, *entry))
-            if len(batch) >= _INDEX_BATCH:
-                ledger.index_objects(store.uri, batch)
-                batch = []
-    ledger.index_objects(store.uri, batch)
+        for start in range(0, len(todo), _INDEX_BATCH):
+            window = todo[start:start + _INDEX_BATCH]
+            entries = pool.map(lambda k: _index_entry(store, k), window)
+            ledger.index_objects(store.uri, [(key, *entry) for key, entry in
+                                             zip(window, entries, strict=True)
+                                             if entry is not None])
     return len(todo)
 
 
