@@ -178,16 +178,18 @@ def _run_opened(run: Run) -> RunSummary:
 
 
 def _record_embed_commit_load(run: Run, threshold: int | None) -> RunSummary:
-    """Record the run, find its work, embed and publish it, commit, load: its summary. The
-    lease covers the load too: the load reads the chunk objects."""
+    """Record the run, lease what it needs, find its work, embed and publish it, commit,
+    load: its summary. The lease covers the load too: the load reads the chunk objects."""
     with run.recorded(flow_run_id=flow_run.get_id()):
         refused = run.check_store()
         if refused is not None:
             return refused
-        work = run.work_left()
-        if isinstance(work, RunSummary):
-            return work
-        with run.leased():  # gc keeps the objects the lease lists (the load reads them)
+        # gc keeps what the lease lists from before the published chunks are looked for
+        # until the end (the load reads them too), whatever its grace period
+        with run.leased():
+            work = run.work_left()
+            if isinstance(work, RunSummary):
+                return work
             dispatched = embed_and_publish(run, work)
             ended = run.conclude(work, dispatched.result, cost=dispatched.cost,
                                  resume_hint=_resume_hint(),
