@@ -37,17 +37,8 @@ def running_batch_server() -> Iterator[FakeBatchServer]:
 
 @pytest.fixture
 def server(running_batch_server: FakeBatchServer) -> Iterator[FakeBatchServer]:
-    s = running_batch_server
-    yield s
-    s.reset()
-    with s.lock:  # the batch API's faults and counters too (files may stay)
-        s.batch_inputs = s.creates = s.uploads = 0
-        s.batches.clear()
-    s.expire_after = s.enqueued_token_limit = s.validation_error = None
-    s.create_fails_after_creating = s.output_id_race = 0
-    s.batch_texts_fail, s.batch_texts_fail_times, s.hold = {}, None, False
-    s.reject_texts_containing = None
-    s.poll_status = s.list_status = None
+    yield running_batch_server
+    running_batch_server.reset_batches()  # the batch API's faults and counters too
 
 
 def write_csv(path: Path, texts: list[str]) -> list[tuple[str, str]]:
