@@ -487,3 +487,35 @@ def test_batch_mode_on_dask_workers_with_s3_output(
     counters = server.batch_counters()
     assert counters["batch_inputs"] == distinct(rows)
     assert (counters["requests"], counters["creates"]) == (0, 3)
+
+
+# -- the ways a batch-mode run, cancel-batches and status end (issue 26 review) ----------
+
+
+@pytest.mark.parametrize("option", [
+    ["--batch-poll-interval", "5"], ["--batch-max-inputs", "10"],
+    ["--batch-fallback", "sync"], ["--batch-enqueued-tokens", "1000"],
+], ids=lambda o: o[0])
+def test_a_batch_option_without_batch_api_is_a_usage_error(
+        tmp_path: Path, option: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main
+
+    write_csv(tmp_path / "in.csv", TEXTS)
+    with pytest.raises(SystemExit) as stopped:
+        main(["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--output",
+              str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"), *option])
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"embedline: error: {option[0]} needs --batch-api", line
+    assert not (tmp_path / "ledger.sqlite3").exists()  # refused before anything started
+
+
+def test_a_batch_parameter_without_batch_api_is_refused_by_the_flow(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    """The deployment's parameters: the same check (before: silently ignored)."""
+    write_csv(tmp_path / "in.csv", TEXTS)
+    summary = run_flow(tmp_path, server, prefect_api_url, batch_api=False,
+                       batch_poll_interval=None, batch_fallback="sync")
+    assert (summary["exit_code"], summary["status"]) == (2, "input_error"), summary
+    assert "batch_fallback needs batch_api" in summary["message"], summary["message"]
+    assert server.counters()["requests"] == 0
