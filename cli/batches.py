@@ -2,9 +2,13 @@
 
 What a cancelled batch completed before the cancel is still delivered (and billed); a rerun
 of the run collects it and submits only the rest again. A part the ledger still records
-``creating`` (the process died, or the create failed, between the provider's create and the
-ledger's record) is looked for in the account's batch list by its metadata, as a run does,
-adopted into the ledger and cancelled too.
+``creating`` whose input was uploaded (the process died, or the create failed, between the
+provider's create and the ledger's record) is looked for in the account's batch list by its
+metadata, as a run does, adopted into the ledger and cancelled too; one whose input was
+never uploaded was never created.
+
+A run with nothing to cancel (it ran without ``--batch-api``, every batch ended, nothing
+was ever created) gets one line saying so, exit 0, without contacting the provider.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from cli.ledger_lookup import find_run, open_ledger
 
 if TYPE_CHECKING:
     from adapters.embeddings.openai_batch import BatchClient
-    from adapters.ledger import Ledger
+    from adapters.ledger import BatchRecord, Ledger
 
 __all__ = ["add_parsers", "batch_lines"]
 
@@ -48,6 +52,23 @@ def batch_lines(ledger: Ledger, run_key: str) -> list[str]:
     return lines
 
 
+def _nothing_to_cancel(records: list[BatchRecord], run_key: str) -> str | None:
+    """The line saying why run ``run_key`` has nothing to cancel, or None if some batch may
+    be running: one submitted that has not ended, or a part whose input was uploaded but
+    whose create was not recorded (it may exist)."""
+    if not records:
+        return (f"run {run_key[:12]} has no Batch API batches (it ran without --batch-api): "
+                "nothing to cancel")
+    if any((r.batch_id and r.status not in _ENDED) or (r.state == "creating" and
+                                                        r.input_file_id) for r in records):
+        return None
+    ended = sum(1 for r in records if r.batch_id)
+    never = len(records) - ended
+    counts = ", ".join(part for part in (f"{ended} ended" if ended else "",
+                                         f"{never} never created" if never else "") if part)
+    return f"run {run_key[:12]} has no batch running at the provider ({counts}): nothing to cancel"
+
+
 def _cancel_batches(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -57,6 +78,11 @@ def _cancel_batches(args: argparse.Namespace) -> int:
 
     ledger = open_ledger(args.ledger)
     run = find_run(ledger, args.run)
+    nothing = _nothing_to_cancel(ledger.run_batches(run.run_key), run.run_key)
+    if nothing is not None:  # before: "0 batches … asked to cancel"; no client is built
+        ledger.close()
+        print(f"embedline: {nothing}", file=sys.stderr)
+        return 0
     try:
         settings = RunSettings(**ledger.run_settings(run.run_key))
     except ValidationError:
@@ -92,13 +118,14 @@ def _cancel_batches(args: argparse.Namespace) -> int:
 
 def _adopt_creating(ledger: Ledger, client: BatchClient, run_key: str) -> tuple[int, int]:
     """Record the provider's batch of each part still ``creating`` that the account's list
-    holds (by metadata, ``flows.batch.listed_parts``); return (adopted, not found).
+    holds (by metadata, ``flows.batch.listed_parts``); return (adopted, not found). Parts
+    whose input was never uploaded were never created: not looked for, counted not found.
 
     :raises EmbedlineError: the list could not be read.
     """
     creating = [r for r in ledger.run_batches(run_key) if r.state == "creating"]
-    if not creating:
-        return 0, 0
+    if not any(r.input_file_id for r in creating):
+        return 0, len(creating)
     from flows.batch import listed_parts
 
     listed = listed_parts(client, run_key)

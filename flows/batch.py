@@ -245,7 +245,8 @@ class BatchStage:
 
     def _resume_creating(self, spec: ChunkSpec, record: BatchRecord,
                          rows: list[Row] | None = None) -> None:
-        adopted = self._find(spec, record.part)
+        # a part whose input was never uploaded was never created: nothing to look for
+        adopted = self._find(spec, record.part) if record.input_file_id else None
         if adopted is not None:
             self._adopt(spec, record, adopted)
             return

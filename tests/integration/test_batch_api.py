@@ -492,6 +492,16 @@ def test_batch_mode_on_dask_workers_with_s3_output(
 # -- the ways a batch-mode run, cancel-batches and status end (issue 26 review) ----------
 
 
+def _run_key(tmp_path: Path) -> str:
+    from adapters.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    try:
+        return ledger.runs()[0].run_key
+    finally:
+        ledger.close()
+
+
 @pytest.mark.parametrize("option", [
     ["--batch-poll-interval", "5"], ["--batch-max-inputs", "10"],
     ["--batch-fallback", "sync"], ["--batch-enqueued-tokens", "1000"],
@@ -519,3 +529,32 @@ def test_a_batch_parameter_without_batch_api_is_refused_by_the_flow(
     assert (summary["exit_code"], summary["status"]) == (2, "input_error"), summary
     assert "batch_fallback needs batch_api" in summary["message"], summary["message"]
     assert server.counters()["requests"] == 0
+
+
+def test_cancel_batches_of_a_run_without_running_batches_says_there_is_nothing_to_cancel(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main
+
+    write_csv(tmp_path / "in.csv", TEXTS)
+    assert run_flow(tmp_path, server, prefect_api_url, batch_api=False,
+                    batch_poll_interval=None)["exit_code"] == 0
+    run_key = _run_key(tmp_path)
+    capsys.readouterr()
+    assert main(["cancel-batches", run_key[:12], "--ledger",
+                 str(tmp_path / "ledger.sqlite3")]) == 0
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line == (f"embedline: run {run_key[:12]} has no Batch API batches (it ran without "
+                    "--batch-api): nothing to cancel"), line
+    assert captured.out == ""
+
+    done = tmp_path / "done"  # a batch-mode run whose 3 batches all completed
+    done.mkdir()
+    write_csv(done / "in.csv", TEXTS)
+    assert run_flow(done, server, prefect_api_url)["exit_code"] == 0
+    assert main(["cancel-batches", _run_key(done)[:12], "--ledger",
+                 str(done / "ledger.sqlite3")]) == 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith("has no batch running at the provider (3 ended): nothing to cancel")
+    assert server.batch_counters()["creates"] == 3
