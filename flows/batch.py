@@ -50,7 +50,7 @@ from adapters.csv_source import read_chunk
 from adapters.embeddings import build_batch_client
 from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
 from adapters.ledger import BatchRecord, Ledger
-from embedline.errors import FatalError, RetryableError
+from embedline.errors import FatalError, RetryableError, UnknownBatchError
 from embedline.models import BatchLayout, ChunkBatches, ChunkSpec, ReusePlan, Row
 from embedline.progress import BatchCount
 from embedline.settings import RunSettings
@@ -150,7 +150,11 @@ class BatchStage:
 
         :raises KeyboardInterrupt, Terminated: raised into the stage (not through ``stop``):
             the batches keep running (logged); a rerun collects them.
-        :raises EmbedlineError: the Batch API failed past its retries.
+        :raises UnknownBatchError: the provider does not know a batch or file the ledger
+            recorded (another API key, purged, deleted): the batch is marked ``not_found``
+            in the ledger (``embedline status RUN`` shows it); nothing is resubmitted.
+        :raises EmbedlineError: the Batch API failed past its retries, or its endpoint
+            refuses every connection (``FatalError``: never reached; ``EndpointDownError``).
         """
         STOP.note_left_running(None)  # an earlier run's, in a long-lived process
         try:
@@ -342,13 +346,34 @@ class BatchStage:
 
     def _poll_all(self) -> list[BatchRecord]:
         for record in self.ledger.run_batches(self.run_key):
-            if record.idx in self._specs and record.batch_id and \
-                    record.status not in TERMINAL_STATUSES:
-                self._record_poll(self.client.get_batch(record.batch_id))
-            elif record.idx in self._specs and record.batch_id and record.status == "completed" \
-                    and record.output_file_id is None and record.error_file_id is None:
-                self._record_poll(self.client.get_batch(record.batch_id))  # the id is late
+            if record.idx in self._specs and record.batch_id and (
+                    record.status not in TERMINAL_STATUSES or _late_ids(record)):
+                self._record_poll(self._get_batch(record))  # running, or its ids are late
         return self.ledger.run_batches(self.run_key)
+
+    def _get_batch(self, record: BatchRecord) -> dict[str, Any]:
+        """Poll ``record``'s batch; one the provider does not know is marked ``not_found``.
+
+        :raises UnknownBatchError: naming the batch.
+        """
+        try:
+            return self.client.get_batch(str(record.batch_id))
+        except UnknownBatchError:
+            self.ledger.mark_batch_not_found(self.run_key, str(record.batch_id))
+            raise
+
+    def _file(self, record: BatchRecord, file_id: str) -> bytes:
+        """A result file of ``record``'s batch; one the provider does not know (deleted) is
+        noted on the batch in the ledger.
+
+        :raises UnknownBatchError: naming the file.
+        """
+        try:
+            return self.client.file_content(file_id)
+        except UnknownBatchError:
+            self.ledger.mark_batch_not_found(self.run_key, str(record.batch_id),
+                                             file_id=file_id)
+            raise
 
     def _record_poll(self, batch: dict[str, Any]) -> None:
         counts = batch.get("request_counts") or {}
@@ -423,7 +448,7 @@ class BatchStage:
         for record in records:
             for file_id in (record.output_file_id, record.error_file_id):
                 if file_id:
-                    results.add_output(self.client.file_content(file_id),
+                    results.add_output(self._file(record, file_id),
                                        dimensions=self.settings.dimensions)
         rows = self._rows(spec)
         needed = {p for r in self._needed(spec, rows) for p in r.rows}

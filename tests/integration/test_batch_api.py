@@ -502,6 +502,80 @@ def _run_key(tmp_path: Path) -> str:
         ledger.close()
 
 
+def _submitted_then_lost(tmp_path: Path, server: FakeBatchServer, api_url: str,
+                         texts: list[str]) -> dict[str, Any]:
+    """A run whose batches are submitted and held, then the API goes away (503, one
+    attempt): it stops with its batches running at the provider. Its summary."""
+    write_csv(tmp_path / "in.csv", texts)
+    server.hold, server.poll_status = True, 503
+    first = run_flow(tmp_path, server, api_url, max_attempts=1)
+    assert first["exit_code"] == 1, first["message"]
+    server.poll_status = None
+    return first
+
+
+def test_a_batch_unknown_to_the_provider_is_one_line_and_exit_3_in_a_run_cancel_and_status(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ledger records a batch another API key made (or one the provider purged): 404.
+    Before: "HTTP 404: model 'batch' or URL path … not found; check --model" in a run, "has
+    no Batch API … run without --batch-api" from cancel-batches."""
+    from cli.main import main
+
+    server.owner_scoped = True
+    monkeypatch.setenv("EMBEDLINE_API_KEY", "sk-first-account")
+    _submitted_then_lost(tmp_path, server, prefect_api_url, TEXTS[:4])  # one chunk, one batch
+    (batch,) = server.batches.values()
+    run_key = _run_key(tmp_path)
+    monkeypatch.setenv("EMBEDLINE_API_KEY", "sk-another-account")
+    summary = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
+    assert (summary["exit_code"], summary["status"]) == (3, "fatal"), summary["message"]
+    message = summary["message"]
+    assert f"batch {batch['id']} " in message and "HTTP 404" in message, message
+    assert "the API key and --base-url that created it" in message, message
+    assert "without --batch-api" in message
+    assert "check --model" not in message and "sk-" not in message and "\n" not in message
+    assert batch["status"] in ("validating", "in_progress")  # it runs on, under its key
+    assert server.batch_counters()["creates"] == 1  # nothing resubmitted
+
+    ledger = ["--ledger", str(tmp_path / "ledger.sqlite3")]
+    capsys.readouterr()
+    assert main(["cancel-batches", run_key[:12], *ledger]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and batch["id"] in err[0] and "HTTP 404" in err[0], err
+    assert "the API key that created it" in err[0] and "Traceback" not in err[0]
+    assert batch["status"] in ("validating", "in_progress")  # not cancelled under the wrong key
+
+    assert main(["status", run_key[:12], *ledger]) == 0
+    (line,) = [b for b in capsys.readouterr().out.splitlines() if b.startswith("batch\t")]
+    assert f"\t{batch['id']}\t" in line and "\tnot_found\t" in line, line
+    assert "unknown to the provider" in line, line
+
+    monkeypatch.setenv("EMBEDLINE_API_KEY", "sk-first-account")  # the key that made it
+    assert main(["cancel-batches", run_key[:12], *ledger]) == 0
+    assert batch["status"] == "cancelling"
+
+
+def test_a_deleted_result_file_stops_the_run_with_exit_3_naming_it(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    import httpx
+
+    _submitted_then_lost(tmp_path, server, prefect_api_url, TEXTS[:4])
+    (batch,) = server.batches.values()
+    server.hold = False
+    with httpx.Client(base_url=server.base_url) as http:  # done while nobody was polling
+        while http.get(f"/batches/{batch['id']}").json()["status"] != "completed":
+            time.sleep(0.05)
+        output = batch["output_file_id"]
+        assert http.delete(f"/files/{output}").json()["deleted"] is True  # by a retention job
+    summary = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
+    assert (summary["exit_code"], summary["status"]) == (3, "fatal"), summary["message"]
+    message = summary["message"]
+    assert f"file {output} " in message and "HTTP 404" in message, message
+    assert "check --model" not in message and "\n" not in message
+    assert server.batch_counters()["creates"] == 1  # nothing paid again behind the user's back
+
+
 @pytest.mark.parametrize("option", [
     ["--batch-poll-interval", "5"], ["--batch-max-inputs", "10"],
     ["--batch-fallback", "sync"], ["--batch-enqueued-tokens", "1000"],
@@ -558,3 +632,27 @@ def test_cancel_batches_of_a_run_without_running_batches_says_there_is_nothing_t
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.endswith("has no batch running at the provider (3 ended): nothing to cancel")
     assert server.batch_counters()["creates"] == 3
+
+
+def test_nothing_listening_at_base_url_in_batch_mode_stops_the_run_like_synchronous_mode(
+        tmp_path: Path, prefect_api_url: str) -> None:
+    """Exit 3, one line, no traceback (before: exit 1, "cannot connect …" as an outage)."""
+    import socket
+
+    write_csv(tmp_path / "in.csv", TEXTS)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url",
+                     f"http://127.0.0.1:{port}/v1", "--batch-api", "--max-attempts", "2",
+                     "--ledger", "ledger.sqlite3", "--output", "out", cwd=tmp_path,
+                     env={"PREFECT_API_URL": prefect_api_url})
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "no request of this run ever reached it" in last, last
+    assert "check that the server is running and --base-url is right" in last
+    cancel = run_cli("cancel-batches", _run_key(tmp_path)[:12], "--ledger", "ledger.sqlite3",
+                     cwd=tmp_path)
+    assert cancel.returncode == 0, cancel.stderr  # nothing was ever created: nothing to cancel
+    assert "nothing to cancel" in cancel.stderr
