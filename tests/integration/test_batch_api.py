@@ -514,6 +514,32 @@ def _submitted_then_lost(tmp_path: Path, server: FakeBatchServer, api_url: str,
     return first
 
 
+def test_a_run_that_stops_with_batches_running_says_so_and_how_to_collect_or_cancel(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    """Failed (the API gone while waiting: exit 1) or stopped by a batch that failed
+    validation while another still runs (exit 3): the last line says the batches keep
+    running, and both ways on: rerun to collect them, or cancel-batches. Before, only an
+    interrupt said so."""
+    first = _submitted_then_lost(tmp_path, server, prefect_api_url, TEXTS)
+    message = first["message"]
+    assert "3 batches keep running at the provider" in message, message
+    assert "rerun the same command to collect them" in message
+    assert f"embedline cancel-batches {first['run_key'][:12]}" in message
+    assert "\n" not in message
+
+    other = tmp_path / "other"
+    other.mkdir()
+    server.reset_batches()
+    write_csv(other / "in.csv", TEXTS)
+    server.hold = True  # chunk 0's batch runs on; chunk 1's fails validation
+    server.validation_error, server.validation_error_after = "input is not valid", 1
+    stopped = run_flow(other, server, prefect_api_url)
+    assert stopped["exit_code"] == 3, stopped["message"]
+    assert "failed validation: invalid_request: input is not valid" in stopped["message"]
+    assert "1 batch keeps running at the provider" in stopped["message"], stopped["message"]
+    assert "embedline cancel-batches" in stopped["message"]
+
+
 def test_a_batch_unknown_to_the_provider_is_one_line_and_exit_3_in_a_run_cancel_and_status(
         tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
