@@ -73,6 +73,7 @@ DEFAULT_GRACE_S = 24 * 3600.0
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 86400.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _GENERATION = re.compile(r"\.g[0-9]+\.parquet$")
+_LEASE_READS = 3  # listings of the leases when one vanishes between listing and reading
 
 
 def parse_age(text: str) -> float:
@@ -95,16 +96,35 @@ def _live_leases(
     """(objects protected by live run and load leases, stale lease objects). A lease is
     live while its ``expires_at`` is ahead of ``now`` or it was written after ``cutoff``
     (Unix s). A live run lease also protects its run's paid requests: its set holds
-    ``{PAID_PREFIX}{run_key}/``."""
+    ``{PAID_PREFIX}{run_key}/``.
+
+    A listed lease gone when read was released, or renewed (the next generation written,
+    then this one deleted) after the listing: the leases are listed again, up to
+    ``_LEASE_READS`` times, so a renewal racing gc never leaves its run unprotected.
+    """
+    for _ in range(_LEASE_READS):
+        protected, stale, vanished = _read_leases(store, cutoff, now)
+        if not vanished:
+            break
+    return protected, stale
+
+
+def _read_leases(
+    store: ObjectStore, cutoff: float, now: float
+) -> tuple[set[str], list[ObjectInfo], bool]:
+    """One listing of the leases: ``_live_leases``' pair and whether one listed lease was
+    gone when read."""
     protected: set[str] = set()
     stale: list[ObjectInfo] = []
+    vanished = False
     for prefix in LEASE_PREFIXES:
         for info in store.list(prefix):
             try:
                 record = json.loads(store.get(info.key))
                 objects, expires_at = record["objects"], float(record.get("expires_at") or 0)
             except FileNotFoundError:
-                continue  # its run or load just ended (or renewed it)
+                vanished = True  # its holder ended, or renewed it after the listing
+                continue
             except (ValueError, KeyError, TypeError):
                 objects, expires_at = [], 0.0  # unreadable: only its age protects it
             if info.modified < cutoff and expires_at <= now:
@@ -113,7 +133,7 @@ def _live_leases(
             protected.update(str(o) for o in objects)
             if prefix == LEASE_PREFIX and isinstance(record.get("run_key"), str):
                 protected.add(f"{PAID_PREFIX}{record['run_key']}/")
-    return protected, stale
+    return protected, stale, vanished
 
 
 def _leased(key: str, protected: set[str]) -> bool:

@@ -246,3 +246,30 @@ def test_a_run_lease_is_renewed_and_an_expired_one_is_collected(tmp_path: Path) 
     assert [i.key for i in plan.chunks] == ["chunks/c0.parquet"]
     # expired, but younger than the grace period (killed an hour ago): still kept
     assert plan_gc(store, grace_s=3 * DAY).stale == []
+
+
+class _RenewedWhileListed(LocalDirStore):
+    """A store whose first read of a lease finds it renewed after gc listed it: the holder
+    wrote the next generation and deleted the listed one (as ``held_lease`` does)."""
+
+    renewed = False
+
+    def get(self, key: str) -> bytes:
+        if key.startswith(LEASE_PREFIX) and not self.renewed:
+            self.renewed = True
+            body = super().get(key)
+            next_key = key.replace(".000000.json", ".000001.json")
+            self.put_if_absent(next_key, body, sha256=hashlib.sha256(body).hexdigest(),
+                               content_type="application/json")
+            self.delete(key)
+        return super().get(key)
+
+
+def test_a_lease_renewed_between_gc_listing_and_reading_it_still_protects(
+        tmp_path: Path) -> None:
+    store = _RenewedWhileListed(tmp_path)
+    run = "8" * 64
+    _put(store, "chunks/c0.parquet", b"c0", 3 * DAY)
+    with held_lease(store, LEASE_PREFIX, run, ["chunks/c0.parquet"]):
+        plan = plan_gc(store, grace_s=0)
+    assert store.renewed and plan.chunks == [] and plan.stale == []
