@@ -30,11 +30,15 @@ runs the chunk dispatcher, so the first SIGINT/SIGTERM (or a cancel from Prefect
 the wait ends, and the stage returns ``Staged.interrupted`` with the batches left running
 at the provider said in ``STOP.note_left_running`` (the run's summary and last line name
 ``embedline cancel-batches RUN``). Before, the interrupt was raised through the wait and
-the command printed no summary.
+the command printed no summary. Any other end with batches still running (an error raised
+out of the stage, a failed validation) notes them the same way (``left_running_note``).
 
 A batch ``failed`` for ``token_limit_exceeded`` (or a create refused so) is submitted again
 after earlier batches finish (exponential backoff, within the 24 h window); any other
-``failed`` stops the run with the server's reason (exit 3), nothing more submitted.
+``failed`` stops the run with the server's reason (exit 3), nothing more submitted. A
+batch or file the provider answers 404 for (``UnknownBatchError``: another API key, purged,
+deleted) stops the run (exit 3), marked ``not_found`` in the ledger; it is never
+resubmitted on its own.
 """
 
 from __future__ import annotations
