@@ -2,9 +2,16 @@
 
 What a cancelled batch completed before the cancel is still delivered (and billed); a rerun
 of the run collects it and submits only the rest again. A part the ledger still records
-``creating`` (the process died, or the create failed, between the provider's create and the
-ledger's record) is looked for in the account's batch list by its metadata, as a run does,
-adopted into the ledger and cancelled too.
+``creating`` whose input was uploaded (the process died, or the create failed, between the
+provider's create and the ledger's record) is looked for in the account's batch list by its
+metadata, as a run does, adopted into the ledger and cancelled too; one whose input was
+never uploaded was never created.
+
+Ends (DESIGN §3): exit 0 with one line per batch asked to cancel and a summary line, or one
+line saying there is nothing to cancel (a run without ``--batch-api``, every batch ended,
+nothing ever created); exit 3 with one line naming a batch the provider does not know (404:
+another API key or account, purged; marked ``not_found`` for ``embedline status``) after
+the others were asked to cancel, or for an endpoint that refuses every connection.
 """
 
 from __future__ import annotations
@@ -14,17 +21,21 @@ import sys
 from typing import TYPE_CHECKING
 
 from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
-from cli.failures import EXIT_USAGE, fail
+from cli.failures import EXIT_FATAL, EXIT_USAGE, fail
 from cli.ledger_lookup import find_run, open_ledger
 
 if TYPE_CHECKING:
     from adapters.embeddings.openai_batch import BatchClient
-    from adapters.ledger import Ledger
+    from adapters.ledger import BatchRecord, Ledger
+    from embedline.errors import UnknownBatchError
 
 __all__ = ["add_parsers", "batch_lines"]
 
 #: A batch in one of these statuses changes no more (OpenAI Batch API reference).
 _ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
+#: What ``status`` says of a batch the provider answered 404 for (``not_found``).
+_NOT_FOUND_NOTE = ("unknown to the provider (HTTP 404): created with another API key or "
+                   "--base-url, or purged")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,14 +49,38 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def batch_lines(ledger: Ledger, run_key: str) -> list[str]:
-    """``batch<TAB>id<TAB>chunk=N part=P<TAB>status<TAB>requests=done/total failed=F`` per
-    batch of the run (``embedline status RUN`` prints them after the run's line)."""
+    """``batch<TAB>id<TAB>chunk=N part=P<TAB>status<TAB>requests=done/total failed=F<TAB>note``
+    per batch of the run (``embedline status RUN`` prints them after the run's line);
+    ``note`` is empty, or why the batch cannot be collected (the provider's validation
+    error, a 404 for the batch or one of its result files)."""
     lines = []
     for record in ledger.run_batches(run_key):
+        note = _NOT_FOUND_NOTE if record.status == "not_found" else (record.error or "")
         lines.append(f"batch\t{record.batch_id or '-'}\tchunk={record.idx} part={record.part}\t"
                      f"{record.status or record.state}\trequests={record.completed}/"
-                     f"{record.requests} failed={record.failed}")
+                     f"{record.requests} failed={record.failed}\t{_one_field(note)}")
     return lines
+
+
+def _one_field(text: str) -> str:
+    return " ".join(text.split())  # no tab or line break inside a field
+
+
+def _nothing_to_cancel(records: list[BatchRecord], run_key: str) -> str | None:
+    """The line saying why run ``run_key`` has nothing to cancel, or None if some batch may
+    be running: one submitted that has not ended, or a part whose input was uploaded but
+    whose create was not recorded (it may exist)."""
+    if not records:
+        return (f"run {run_key[:12]} has no Batch API batches (it ran without --batch-api): "
+                "nothing to cancel")
+    if any((r.batch_id and r.status not in _ENDED) or (r.state == "creating" and
+                                                        r.input_file_id) for r in records):
+        return None
+    ended = sum(1 for r in records if r.batch_id)
+    never = len(records) - ended
+    counts = ", ".join(part for part in (f"{ended} ended" if ended else "",
+                                         f"{never} never created" if never else "") if part)
+    return f"run {run_key[:12]} has no batch running at the provider ({counts}): nothing to cancel"
 
 
 def _cancel_batches(args: argparse.Namespace) -> int:
@@ -56,49 +91,83 @@ def _cancel_batches(args: argparse.Namespace) -> int:
     from embedline.settings import RunSettings
 
     ledger = open_ledger(args.ledger)
-    run = find_run(ledger, args.run)
     try:
-        settings = RunSettings(**ledger.run_settings(run.run_key))
-    except ValidationError:
-        return fail("embedline: error: the run's recorded settings no longer validate", EXIT_USAGE)
-    client = build_batch_client(settings)
-    try:
-        adopted, never_created = _adopt_creating(ledger, client, run.run_key)
-        open_batches = [r for r in ledger.run_batches(run.run_key)
-                        if r.batch_id and r.status not in _ENDED]
-        for record in open_batches:
-            batch = client.cancel_batch(str(record.batch_id))
-            counts = batch.get("request_counts") or {}
-            ledger.update_batch(run.run_key, str(record.batch_id),
-                                status=str(batch.get("status")),
-                                output_file_id=batch.get("output_file_id"),
-                                error_file_id=batch.get("error_file_id"),
-                                completed=int(counts.get("completed") or 0),
-                                failed=int(counts.get("failed") or 0))
-            print(f"{record.batch_id}\t{batch.get('status')}")
-    except EmbedlineError as exc:
-        return fail(f"embedline: error: {exc}", exc.exit_code)
+        run = find_run(ledger, args.run)
+        nothing = _nothing_to_cancel(ledger.run_batches(run.run_key), run.run_key)
+        if nothing is not None:  # no client: a run without batches may have no API key
+            print(f"embedline: {nothing}", file=sys.stderr)
+            return 0
+        try:
+            settings = RunSettings(**ledger.run_settings(run.run_key))
+        except ValidationError:
+            return fail("embedline: error: the run's recorded settings no longer validate",
+                        EXIT_USAGE)
+        client = build_batch_client(settings)
+        try:
+            adopted, never_created = _adopt_creating(ledger, client, run.run_key)
+            cancelled, unknown = _cancel_open(ledger, client, run.run_key)
+        except EmbedlineError as exc:
+            return fail(f"embedline: error: {exc}", exc.exit_code)
+        finally:
+            client.close()
     finally:
-        client.close()
         ledger.close()
-    print(f"embedline: {len(open_batches)} batches of run {run.run_key[:12]} asked to cancel"
-          + (f" ({adopted} of them found in the account's batch list: their create was not "
-             "recorded)" if adopted else "")
-          + "; what they completed is still billed: rerun the run to collect it"
-          + (f"; {never_created} parts were never created (a rerun submits them)"
-             if never_created else ""), file=sys.stderr)
+    if cancelled or not unknown:
+        print(f"embedline: {cancelled} batches of run {run.run_key[:12]} asked to cancel"
+              + (f" ({adopted} of them found in the account's batch list: their create was "
+                 "not recorded)" if adopted else "")
+              + "; what they completed is still billed: rerun the run to collect it"
+              + (f"; {never_created} parts were never created (a rerun submits them)"
+                 if never_created else ""), file=sys.stderr)
+    if unknown:
+        more = f" (and {len(unknown) - 1} more batches)" if len(unknown) > 1 else ""
+        return fail(f"embedline: error: {unknown[0].cause}{more}; set the API key that created "
+                    "it (EMBEDLINE_API_KEY or OPENAI_API_KEY) and run cancel-batches again; if "
+                    "the provider no longer has it, nothing is left to cancel", EXIT_FATAL)
     return 0
+
+
+def _cancel_open(ledger: Ledger, client: BatchClient,
+                 run_key: str) -> tuple[int, list[UnknownBatchError]]:
+    """Ask the provider to cancel every batch of the run that has not ended; print one line
+    per batch. Returns (batches asked, the 404s of those the provider does not know: marked
+    ``not_found`` in the ledger, the others are cancelled anyway).
+
+    :raises EmbedlineError: any other failure of a cancel (the ones before it stand).
+    """
+    from embedline.errors import UnknownBatchError
+
+    cancelled, unknown = 0, []
+    for record in ledger.run_batches(run_key):
+        if not record.batch_id or record.status in _ENDED:
+            continue
+        try:
+            batch = client.cancel_batch(record.batch_id)
+        except UnknownBatchError as exc:
+            ledger.mark_batch_not_found(run_key, record.batch_id)
+            unknown.append(exc)
+            continue
+        counts = batch.get("request_counts") or {}
+        ledger.update_batch(run_key, record.batch_id, status=str(batch.get("status")),
+                            output_file_id=batch.get("output_file_id"),
+                            error_file_id=batch.get("error_file_id"),
+                            completed=int(counts.get("completed") or 0),
+                            failed=int(counts.get("failed") or 0))
+        print(f"{record.batch_id}\t{batch.get('status')}")
+        cancelled += 1
+    return cancelled, unknown
 
 
 def _adopt_creating(ledger: Ledger, client: BatchClient, run_key: str) -> tuple[int, int]:
     """Record the provider's batch of each part still ``creating`` that the account's list
-    holds (by metadata, ``flows.batch.listed_parts``); return (adopted, not found).
+    holds (by metadata, ``flows.batch.listed_parts``); return (adopted, not found). Parts
+    whose input was never uploaded were never created: not looked for, counted not found.
 
     :raises EmbedlineError: the list could not be read.
     """
     creating = [r for r in ledger.run_batches(run_key) if r.state == "creating"]
-    if not creating:
-        return 0, 0
+    if not any(r.input_file_id for r in creating):
+        return 0, len(creating)
     from flows.batch import listed_parts
 
     listed = listed_parts(client, run_key)

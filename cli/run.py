@@ -147,19 +147,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                      help="--embedder openai: send the requests as Batch API batches (half "
                           "the price, results within 24 h); the run waits for them, and a "
                           "rerun after a crash or Ctrl-C collects them without paying twice")
-    run.add_argument("--batch-poll-interval", type=positive_float, default=60.0,
+    # Read only with --batch-api, and refused without it (not ignored): absent from the
+    # namespace unless given (SUPPRESS), so their help states the default itself
+    run.add_argument("--batch-poll-interval", type=positive_float, default=argparse.SUPPRESS,
                      metavar="SECONDS",
-                     help="longest wait between two polls of the run's batches (the first "
-                          "polls come sooner)")
-    run.add_argument("--batch-max-inputs", type=positive_int, default=50_000, metavar="N",
-                     help="inputs per batch (OpenAI allows 50,000)")
-    run.add_argument("--batch-fallback", choices=("batch", "sync"), default="batch",
-                     help="what batches leave unanswered (expired, cancelled, server "
-                          "errors): sent again as a batch, or synchronously at full price")
-    run.add_argument("--batch-enqueued-tokens", type=positive_int, default=None, metavar="N",
-                     help="the account's enqueued-token limit for the model: batches are "
-                          "sized to fit it (default: 50,000 inputs per batch; a refusal "
-                          "token_limit_exceeded waits for earlier batches)")
+                     help="with --batch-api: longest wait between two polls of the run's "
+                          "batches (the first polls come sooner) (default: 60.0)")
+    run.add_argument("--batch-max-inputs", type=positive_int, default=argparse.SUPPRESS,
+                     metavar="N",
+                     help="with --batch-api: inputs per batch (OpenAI allows 50,000) "
+                          "(default: 50000)")
+    run.add_argument("--batch-fallback", choices=("batch", "sync"), default=argparse.SUPPRESS,
+                     help="with --batch-api: what batches leave unanswered (expired, "
+                          "cancelled, server errors): sent again as a batch, or "
+                          "synchronously at full price (default: batch)")
+    run.add_argument("--batch-enqueued-tokens", type=positive_int, default=argparse.SUPPRESS,
+                     metavar="N",
+                     help="with --batch-api: the account's enqueued-token limit for the "
+                          "model: batches are sized to fit it (default: 50,000 inputs per "
+                          "batch; a refusal token_limit_exceeded waits for earlier batches)")
     run.add_argument("--progress-interval", type=non_negative_float, default=10.0,
                      metavar="SECONDS",
                      help="when stderr is not a terminal, a progress line every SECONDS "
@@ -192,10 +198,18 @@ def _template_arg(text: str) -> str:
 def _settings_from(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
-    from embedline.settings import RunSettings, validation_message
+    from embedline.settings import (
+        RunSettings,
+        batch_options_without_batch_api,
+        validation_message,
+    )
 
     parameters = {k: v for k, v in vars(args).items()
                   if k not in _CLI_ONLY}
+    ignored = batch_options_without_batch_api(parameters)
+    if ignored:  # before: silently ignored
+        flag = "--" + ignored[0].replace("_", "-")
+        raise SystemExit(fail(f"embedline: error: {flag} needs --batch-api", EXIT_USAGE))
     try:
         return RunSettings.from_parameters(parameters)
     except ValidationError as exc:

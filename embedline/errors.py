@@ -14,6 +14,8 @@
      ├─ StopRequestedError    the run is stopping (SIGINT/SIGTERM) → chunk released, rerun resumes
      ├─ FatalError            401/403, insufficient_quota, unknown model, store refusals → exit 3
      │   ├─ RequestRejectedError  a 4xx for the request itself, not one input → exit 3
+     │   ├─ UnknownBatchError a batch or file id the ledger recorded is a 404 at the Batch
+     │   │                    API (another key or account, purged, deleted) → exit 3
      │   └─ ConflictError     an object at our key holds other bytes → never overwritten
      ├─ DiskFullError         a write met a full filesystem (ledger, scratch, output, sink)
      │                        → exit 1, one line naming the path; a rerun after freeing
@@ -45,6 +47,7 @@ __all__ = [
     "RowError",
     "RunIncompleteError",
     "StopRequestedError",
+    "UnknownBatchError",
 ]
 
 
@@ -182,6 +185,30 @@ class RequestRejectedError(FatalError):
     deployment), not an input: dead-lettering every row would make the rejection final, so
     the run stops instead (exit 3) and publishes nothing for the affected chunks.
     """
+
+
+class UnknownBatchError(FatalError):
+    """Raised when the Batch API answers 404 for a batch or file id embedline recorded: it
+    was created with another API key (organization, project) or ``--base-url``, or the
+    provider no longer has it (purged, deleted). Never resubmitted behind the user's back:
+    under another key the batch may still run and bill. ``batch_id`` or ``file_id`` names
+    it (the other is None); ``where`` is the base URL without credentials; ``cause`` is the
+    message without what to do (the caller's advice differs: a run, ``cancel-batches``).
+    """
+
+    #: What a run tells the user to do (``cancel-batches`` says its own).
+    RUN_ADVICE = ("rerun with the API key and --base-url that created it, or, if the "
+                  "provider no longer has it, rerun without --batch-api to embed what is left "
+                  "synchronously (full price)")
+
+    def __init__(self, *, where: str, batch_id: str | None = None,
+                 file_id: str | None = None) -> None:
+        what = f"batch {batch_id}" if batch_id is not None else f"file {file_id}"
+        cause = (f"{what} is unknown to {where} (HTTP 404): it was created with another API "
+                 "key (organization, project) or --base-url, or the provider no longer has it")
+        super().__init__(f"{cause}; {self.RUN_ADVICE}", http_status=404)
+        self.cause, self.where = cause, where
+        self.batch_id, self.file_id = batch_id, file_id
 
 
 class ConflictError(FatalError):

@@ -33,12 +33,14 @@ from embedline.template import (
 )
 
 __all__ = [
+    "BATCH_API_OPTIONS",
     "DEFAULT_MODELS",
     "LOCAL_DIMENSIONS",
     "LOCAL_MODEL_NAMES",
     "NO_API_KEY_MESSAGE",
     "PARAMETER_FIELDS",
     "RunSettings",
+    "batch_options_without_batch_api",
     "codec_for",
     "validation_message",
 ]
@@ -61,6 +63,21 @@ NO_API_KEY_MESSAGE = ("--base-url is OpenAI's API, which refuses requests withou
 #: CLI flag / flow parameter name → settings field, where the field name carries its unit.
 PARAMETER_FIELDS = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_delay_s",
                     "grace": "grace_s", "batch_poll_interval": "batch_poll_interval_s"}
+
+#: Options (CLI flags and flow parameters, by parameter name) only the Batch API mode reads.
+#: Unset is None in the flow's signature and absent from the CLI's namespace; set without
+#: ``batch_api`` they are refused (``batch_options_without_batch_api``), never ignored.
+BATCH_API_OPTIONS = ("batch_poll_interval", "batch_max_inputs", "batch_fallback",
+                     "batch_enqueued_tokens")
+
+
+def batch_options_without_batch_api(parameters: dict[str, object]) -> list[str]:
+    """The ``BATCH_API_OPTIONS`` given (not None) in ``parameters`` (CLI or flow parameter
+    names) although ``batch_api`` is not: each would be ignored, so the caller refuses the
+    run (exit 2), naming the first."""
+    if parameters.get("batch_api"):
+        return []
+    return [name for name in BATCH_API_OPTIONS if parameters.get(name) is not None]
 
 
 def codec_for(encoding: str) -> str:
@@ -313,17 +330,21 @@ class RunSettings(BaseModel):
 
         :raises pydantic.ValidationError: a value is out of range or unknown.
         """
-        fields = dict(parameters)
+        fields = {k: v for k, v in parameters.items()
+                  if not (k in BATCH_API_OPTIONS and v is None)}  # unset: the default
         for name, field in PARAMETER_FIELDS.items():
             if name in fields:
                 fields[field] = fields.pop(name)
         return cls(**fields)
 
     def to_parameters(self) -> dict[str, object]:
-        """The inverse of ``from_parameters``: flow parameters mirroring the CLI."""
+        """The inverse of ``from_parameters``: flow parameters mirroring the CLI. Without
+        ``batch_api`` the ``BATCH_API_OPTIONS`` are None (unset): the flow refuses them set."""
         parameters = self.model_dump()
         for name, field in PARAMETER_FIELDS.items():
             parameters[name] = parameters.pop(field)
+        if not self.batch_api:
+            parameters.update(dict.fromkeys(BATCH_API_OPTIONS))
         return parameters
 
     @property

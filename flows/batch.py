@@ -30,11 +30,15 @@ runs the chunk dispatcher, so the first SIGINT/SIGTERM (or a cancel from Prefect
 the wait ends, and the stage returns ``Staged.interrupted`` with the batches left running
 at the provider said in ``STOP.note_left_running`` (the run's summary and last line name
 ``embedline cancel-batches RUN``). Before, the interrupt was raised through the wait and
-the command printed no summary.
+the command printed no summary. Any other end with batches still running (an error raised
+out of the stage, a failed validation) notes them the same way (``left_running_note``).
 
 A batch ``failed`` for ``token_limit_exceeded`` (or a create refused so) is submitted again
 after earlier batches finish (exponential backoff, within the 24 h window); any other
-``failed`` stops the run with the server's reason (exit 3), nothing more submitted.
+``failed`` stops the run with the server's reason (exit 3), nothing more submitted. A
+batch or file the provider answers 404 for (``UnknownBatchError``: another API key, purged,
+deleted) stops the run (exit 3), marked ``not_found`` in the ledger; it is never
+resubmitted on its own.
 """
 
 from __future__ import annotations
@@ -50,17 +54,17 @@ from adapters.csv_source import read_chunk
 from adapters.embeddings import build_batch_client
 from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
 from adapters.ledger import BatchRecord, Ledger
-from embedline.errors import FatalError, RetryableError
+from embedline.errors import FatalError, RetryableError, UnknownBatchError
 from embedline.models import BatchLayout, ChunkBatches, ChunkSpec, ReusePlan, Row
 from embedline.progress import BatchCount
 from embedline.settings import RunSettings
-from embedline.shutdown import STOP, is_interrupt
+from embedline.shutdown import STOP
 from flows.signals import under_prefect_runner
 from tasks.batch_requests import (BatchRequest, BatchResults, chunk_requests, input_file,
                                   layout_of, layout_requests, pack)
 from tasks.reuse_stage import ReuseStage
 
-__all__ = ["BatchStage", "Staged", "batch_metadata", "listed_parts"]
+__all__ = ["BatchStage", "Staged", "batch_metadata", "left_running_note", "listed_parts"]
 
 Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 _FIRST_POLL_S = 0.05  # seconds; the interval grows by half each poll to --batch-poll-interval
@@ -142,36 +146,42 @@ class BatchStage:
         self._seen_limits: set[str] = set()
         self._started = clock()
         self._shown: tuple[BatchCount, ...] = ()
+        self._sent: set[tuple[int, int]] = set()  # (chunk, part) whose create was sent
 
     # ── the stage ────────────────────────────────────────────────────────────────────────
     def run(self, todo: Sequence[ChunkSpec]) -> Staged:
         """Submit and wait for the batches of ``todo``; return what the chunk tasks need
         (``interrupted`` after ``stop``: the batches keep running, noted for the summary).
 
+        Whenever it ends with batches still running at the provider (a stop, a batch that
+        failed validation, an error raised out of it), ``STOP.note_left_running`` says how
+        many and both ways on (rerun to collect them, ``embedline cancel-batches`` to cancel
+        them): the run's final message carries it (``flows.outcome``).
+
         :raises KeyboardInterrupt, Terminated: raised into the stage (not through ``stop``):
             the batches keep running (logged); a rerun collects them.
-        :raises EmbedlineError: the Batch API failed past its retries.
+        :raises UnknownBatchError: the provider does not know a batch or file the ledger
+            recorded (another API key, purged, deleted): the batch is marked ``not_found``
+            in the ledger (``embedline status RUN`` shows it); nothing is resubmitted.
+        :raises EmbedlineError: the Batch API failed past its retries, or its endpoint
+            refuses every connection (``FatalError``: never reached; ``EndpointDownError``).
         """
         STOP.note_left_running(None)  # an earlier run's, in a long-lived process
         try:
             for spec in todo:
-                if self._stopped.is_set():
+                if self._stopped.is_set() or self.staged.fatal:
                     break
                 self._specs[spec.index] = spec
                 self.staged.plans[spec.index] = self.planner.plan_for(spec)
                 self._start(spec)
                 self._check_failures(self.ledger.run_batches(self.run_key, spec.index), spec)
-                if self.staged.fatal:
-                    self._count()
-                    return self.staged
-            self._wait()
-        except BaseException as exc:
-            if is_interrupt(exc):
-                self._left_running()
-            raise
-        if self._stopped.is_set():
-            self.staged.interrupted = True
+            if not self.staged.fatal:
+                self._wait()
+        except BaseException:  # an interrupt, the Batch API failing: batches may run on
             self._left_running()
+            raise
+        self.staged.interrupted = self._stopped.is_set() and not self.staged.fatal
+        self._left_running()  # a stop or a failed validation: the others run on
         self._count()
         return self.staged
 
@@ -245,7 +255,8 @@ class BatchStage:
 
     def _resume_creating(self, spec: ChunkSpec, record: BatchRecord,
                          rows: list[Row] | None = None) -> None:
-        adopted = self._find(spec, record.part)
+        # a part whose input was never uploaded was never created: nothing to look for
+        adopted = self._find(spec, record.part) if record.input_file_id else None
         if adopted is not None:
             self._adopt(spec, record, adopted)
             return
@@ -275,6 +286,7 @@ class BatchStage:
             file_id = self.client.upload(name, input_file(requests, self.settings))
             self.ledger.note_batch_input(self.run_key, spec.index, record.part, file_id)
         metadata = batch_metadata(self.run_key, spec, record.part)
+        self._sent.add((spec.index, record.part))
         try:
             batch = self.client.create_batch(file_id, metadata)
         except TokenLimitError:
@@ -341,13 +353,34 @@ class BatchStage:
 
     def _poll_all(self) -> list[BatchRecord]:
         for record in self.ledger.run_batches(self.run_key):
-            if record.idx in self._specs and record.batch_id and \
-                    record.status not in TERMINAL_STATUSES:
-                self._record_poll(self.client.get_batch(record.batch_id))
-            elif record.idx in self._specs and record.batch_id and record.status == "completed" \
-                    and record.output_file_id is None and record.error_file_id is None:
-                self._record_poll(self.client.get_batch(record.batch_id))  # the id is late
+            if record.idx in self._specs and record.batch_id and (
+                    record.status not in TERMINAL_STATUSES or _late_ids(record)):
+                self._record_poll(self._get_batch(record))  # running, or its ids are late
         return self.ledger.run_batches(self.run_key)
+
+    def _get_batch(self, record: BatchRecord) -> dict[str, Any]:
+        """Poll ``record``'s batch; one the provider does not know is marked ``not_found``.
+
+        :raises UnknownBatchError: naming the batch.
+        """
+        try:
+            return self.client.get_batch(str(record.batch_id))
+        except UnknownBatchError:
+            self.ledger.mark_batch_not_found(self.run_key, str(record.batch_id))
+            raise
+
+    def _file(self, record: BatchRecord, file_id: str) -> bytes:
+        """A result file of ``record``'s batch; one the provider does not know (deleted) is
+        noted on the batch in the ledger.
+
+        :raises UnknownBatchError: naming the file.
+        """
+        try:
+            return self.client.file_content(file_id)
+        except UnknownBatchError:
+            self.ledger.mark_batch_not_found(self.run_key, str(record.batch_id),
+                                             file_id=file_id)
+            raise
 
     def _record_poll(self, batch: dict[str, Any]) -> None:
         counts = batch.get("request_counts") or {}
@@ -422,7 +455,7 @@ class BatchStage:
         for record in records:
             for file_id in (record.output_file_id, record.error_file_id):
                 if file_id:
-                    results.add_output(self.client.file_content(file_id),
+                    results.add_output(self._file(record, file_id),
                                        dimensions=self.settings.dimensions)
         rows = self._rows(spec)
         needed = {p for r in self._needed(spec, rows) for p in r.rows}
@@ -456,16 +489,40 @@ class BatchStage:
                           sum(c.completed for c in counts), sum(c.requests for c in counts))
 
     def _left_running(self) -> None:
-        running = [r for r in self.ledger.run_batches(self.run_key)
-                   if r.batch_id and r.status not in TERMINAL_STATUSES]
-        if running:
-            rerun = ("a new run with the same parameters (or a Retry) collects them" if
-                     under_prefect_runner() else "rerun the same command to collect them")
-            what = (f"{len(running)} batches keep running at the provider (billed when they "
-                    f"complete): {rerun} without paying again, or `embedline cancel-batches "
-                    f"{self.run_key[:12]}` to cancel them")
-            self.log.warning("stopped while waiting: %s", what)
-            STOP.note_left_running(what)  # the command's last line says it too
+        """Note (``STOP.note_left_running``) and log the batches the run leaves running at
+        the provider, if any: those submitted that have not ended, and parts whose create
+        was sent but never confirmed (they may run)."""
+        records = self.ledger.run_batches(self.run_key)
+        running = sum(1 for r in records if r.batch_id and r.status not in TERMINAL_STATUSES
+                      and r.status != "not_found")  # unknown to the provider: said apart
+        unconfirmed = sum(1 for r in records if r.state == "creating" and r.input_file_id and
+                          (r.idx, r.part) in self._sent)
+        what = left_running_note(running, unconfirmed, self.run_key,
+                                 rerun=("a new run with the same parameters (or a Retry) "
+                                        "collects them") if under_prefect_runner() else
+                                 "rerun the same command to collect them")
+        if what is not None:
+            self.log.warning("the run stops: %s", what)
+            STOP.note_left_running(what)  # the run's final message and last line say it
+
+
+def left_running_note(running: int, unconfirmed: int, run_key: str, *,
+                      rerun: str = "rerun the same command to collect them") -> str | None:
+    """What a run that ends with ``running`` batches still running at the provider (and
+    ``unconfirmed`` parts whose create was sent but not confirmed) tells the user: both
+    ways on, collect (``rerun``) or cancel; None when there are neither."""
+    if not running and not unconfirmed:
+        return None
+    if running:
+        what = (f"{running} batch keeps" if running == 1 else f"{running} batches keep") + \
+            " running at the provider (billed when they complete)"
+        if unconfirmed:
+            what += f", and {unconfirmed} more may (their create was not confirmed)"
+    else:
+        what = (f"{unconfirmed} {'batch' if unconfirmed == 1 else 'batches'} may be running "
+                "at the provider (their create was not confirmed; billed when they complete)")
+    return (f"{what}: {rerun} without paying again, or `embedline cancel-batches "
+            f"{run_key[:12]}` to cancel them")
 
 
 def _token_limit(record: BatchRecord) -> bool:

@@ -53,6 +53,7 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
     ``work.todo`` (then the chunks of another vector length again), with a progress
     artifact, honouring signals (``dispatch_with_graceful_stop``)."""
     assert run.ledger is not None, "embed_and_publish() of a run not recorded"
+    STOP.note_left_running(None)  # an earlier run's batches, in a long-lived process
     stage = _reuse_stage(run, work)
     try:
         return _embed_and_publish(run, work, stage)

@@ -20,7 +20,12 @@ from pydantic import ValidationError
 from adapters.embeddings import api_key_from_env, close_embedders
 from embedline.errors import DiskFullError
 from embedline.models import RunSummary
-from embedline.settings import NO_API_KEY_MESSAGE, RunSettings, validation_message
+from embedline.settings import (
+    NO_API_KEY_MESSAGE,
+    RunSettings,
+    batch_options_without_batch_api,
+    validation_message,
+)
 from embedline.shutdown import STOP
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows import cancellation
@@ -81,9 +86,9 @@ def embed_csv(
     sink: str | None = None,
     max_delete_fraction: float = 0.5,
     batch_api: bool = False,
-    batch_poll_interval: float = 60.0,
-    batch_max_inputs: int = 50_000,
-    batch_fallback: Literal["batch", "sync"] = "batch",
+    batch_poll_interval: float | None = None,
+    batch_max_inputs: int | None = None,
+    batch_fallback: Literal["batch", "sync"] | None = None,
     batch_enqueued_tokens: int | None = None,
 ) -> State[Any]:
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
@@ -101,14 +106,22 @@ def embed_csv(
     (Cancelled if cancelled from Prefect: ``flows.cancellation``).
 
     ``batch_api`` (openai embedder): the requests go through the provider's Batch API at half
-    price (``flows.batch``), polled every ``batch_poll_interval`` seconds at most, at most
-    ``batch_max_inputs`` inputs per batch; ``batch_fallback`` ``sync`` sends what batches
-    left unanswered synchronously; ``batch_enqueued_tokens`` sizes batches to the account's
-    enqueued-token budget (estimated tokens).
+    price (``flows.batch``), polled every ``batch_poll_interval`` seconds at most (None:
+    60), at most ``batch_max_inputs`` inputs per batch (None: 50,000); ``batch_fallback``
+    ``sync`` sends what batches left unanswered synchronously (None: ``batch``);
+    ``batch_enqueued_tokens`` sizes batches to the account's enqueued-token budget
+    (estimated tokens). Any of these four set without ``batch_api`` is refused (exit 2),
+    not ignored.
     """
+    parameters = dict(locals())
     quiet_expected_tracebacks()
+    ignored = batch_options_without_batch_api(parameters)
+    if ignored:  # before: silently ignored
+        return _final(Run.refused(2, "input_error", (
+            f"invalid parameters: {ignored[0]} needs batch_api: true (only the Batch API mode "
+            "reads it)")))
     try:
-        settings = RunSettings.from_parameters(dict(locals()))
+        settings = RunSettings.from_parameters(parameters)
     except ValidationError as exc:
         return _final(Run.refused(2, "input_error",
                                   f"invalid parameters: {validation_message(exc)}"))
@@ -178,16 +191,18 @@ def _run_opened(run: Run) -> RunSummary:
 
 
 def _record_embed_commit_load(run: Run, threshold: int | None) -> RunSummary:
-    """Record the run, find its work, embed and publish it, commit, load: its summary. The
-    lease covers the load too: the load reads the chunk objects."""
+    """Record the run, lease what it needs, find its work, embed and publish it, commit,
+    load: its summary. The lease covers the load too: the load reads the chunk objects."""
     with run.recorded(flow_run_id=flow_run.get_id()):
         refused = run.check_store()
         if refused is not None:
             return refused
-        work = run.work_left()
-        if isinstance(work, RunSummary):
-            return work
-        with run.leased():  # gc keeps the objects the lease lists (the load reads them)
+        # gc keeps what the lease lists from before the published chunks are looked for
+        # until the end (the load reads them too), whatever its grace period
+        with run.leased():
+            work = run.work_left()
+            if isinstance(work, RunSummary):
+                return work
             dispatched = embed_and_publish(run, work)
             ended = run.conclude(work, dispatched.result, cost=dispatched.cost,
                                  resume_hint=_resume_hint(),

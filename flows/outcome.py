@@ -30,7 +30,10 @@ def outcome_fields(
 
     ``cost`` (requests, tokens, inputs), when given, is what this process's chunk tasks sent,
     which the outcomes undercount after failures. Empty texts block the commit only with
-    ``on_empty_text="fail"``. A status of ``complete`` (exit 0) means: ready to commit.
+    ``on_empty_text="fail"``. A status of ``complete`` (exit 0) means: ready to commit. A
+    run that did not complete and leaves Batch API batches running at the provider
+    (``STOP.left_running``) ends its message with how many and how to collect or cancel
+    them, whatever stopped it.
     """
     done = {**skipped, **result.published}
     concurrent = result.published_elsewhere  # also in ``skipped``
@@ -64,6 +67,9 @@ def outcome_fields(
         batch_inputs=sum(o.batch_inputs for o in result.published.values()),
     )
     status = _status(plan, run_key, done, result, not_done, blocking, resume_hint)
+    left = STOP.left_running()  # Batch API batches this run leaves running at the provider
+    if status["exit_code"] and left and left not in status["message"]:
+        status["message"] += f"; {left}"
     return {**counts, **status}
 
 

@@ -4,9 +4,10 @@ Both the ``embed-csv`` flow and the CLI's path without Prefect (nothing to embed
 run through the same steps, in the same order (DESIGN §4):
 
     open (plan, resolve the target) → record (ledger) → check the store (conditional
-    writes) → work left (published chunks, dead letters to retry) → lease → [embed +
-    publish: the flow] → conclude (missing objects, lengths, change set + manifest under
-    deferred interrupts, ledger) → [load: the flow]
+    writes) → lease (the flow; the CLI's path leases only to conclude) → work left
+    (published chunks, dead letters to retry) → [embed + publish: the flow] → conclude
+    (missing objects, lengths, change set + manifest under deferred interrupts, ledger) →
+    [load: the flow]
 
 No Prefect here (the CLI uses it before Prefect starts); the flow passes its Prefect pieces
 in (the ``plan-input`` task, its run logger). Every ``RunSummary`` is built here.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from adapters.ledger import Ledger, new_owner, record_hard_stop
+from adapters.ledger import Ledger, record_hard_stop
 from adapters.scratch import release
 from embedline.errors import ConflictError, EmbedlineError, InputError
 from embedline.models import (
@@ -42,9 +43,9 @@ from flows.outcome import outcome_fields
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
 from tasks.dimensions import RunLength, other_lengths, pinned_length, with_lengths
 from tasks.events import run_payload
-from tasks.gc import drop_run_lease, write_run_lease
 from tasks.target import RunTarget, resolve_run_target
 from tasks.manifest import already_complete_fields, change_fields
+from tasks.run_lease import run_lease
 from tasks.skip import find_published, retries_dead_letters
 from tasks.sink_state import MassDeleteError
 
@@ -223,15 +224,14 @@ class Run:
 
     @contextlib.contextmanager
     def leased(self) -> Iterator[None]:
-        """Hold the run's lease object in the store for the block (``tasks.gc``)."""
-        lease = write_run_lease(self.store, self.run_key, new_owner(), self.plan)
-        try:
+        """Hold the run's lease in the store for the block (``tasks.run_lease``): gc keeps
+        the run's chunk objects, manifest, change set and paid requests while it is live,
+        whatever its grace period; renewed every 5 min, dropped when the block ends.
+
+        :raises EmbedlineError: the lease cannot be written (the store's error).
+        """
+        with run_lease(self.store, self.run_key, self.plan, log=self.log):
             yield
-        finally:
-            try:
-                drop_run_lease(self.store, lease)
-            except EmbedlineError as exc:
-                self.log.warning("could not delete the run lease %s: %s", lease, exc)
 
     # ── work left ────────────────────────────────────────────────────────────────────────
     def check_store(self) -> RunSummary | None:

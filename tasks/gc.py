@@ -11,26 +11,29 @@ Policy (DESIGN §4, "Retention"):
   newest manifest of each dataset is always kept.
 - **Chunk and change-set objects** (``chunks/``, ``changes/``) that no kept manifest
   references are deleted.
-- **Run leases** (``_embedline/runs/``): every run writes one at start listing the chunk
-  objects it plans to use and deletes it at the end; objects a lease lists are kept. A lease
-  older than the grace period belongs to a run that died and is deleted itself.
-- **Load leases** (``_embedline/loads/``, ``tasks/load_lease.py``): every load writes one
-  before it reads anything, listing the run's manifest, chunk objects and change set, and
-  deletes it when it ends. A lease whose ``expires_at`` (Unix s) is still ahead is live
-  whatever the grace period (a load renews it while it runs); one that expired and is older
-  than the grace period belonged to a load that died and is deleted itself.
+- **Leases** (``tasks/lease.py``): every run (``_embedline/runs/``, ``tasks/run_lease.py``)
+  holds one from before it looks for published chunks until it ends, listing its planned
+  chunk objects, its manifest and its change set; every load (``_embedline/loads/``,
+  ``tasks/load_lease.py``) holds one from before it reads anything, listing the run's
+  manifest, chunk objects and change set. A lease is **live** while its ``expires_at``
+  (Unix s) is ahead, whatever the grace period (its holder renews it every 5 min while it
+  runs), or while it is younger than the grace period. Everything a live lease lists is
+  kept: the objects it names, a listed chunk object's later generations
+  (``chunks/{key}.g{N}.parquet``), and, for a run lease, the run's paid requests. A lease
+  that expired and is older than the grace period belonged to a holder that died (``kill
+  -9``) and is deleted itself; what it listed is then judged like anything else.
 - **Never** deleted: anything younger than the grace period (``grace_s``, default 24 h:
-  the object's ``LastModified``/mtime), so a run in progress keeps what it just wrote;
-  anything a kept manifest or a live lease references. Leases are listed again just before
-  deleting, and a run re-checks (HEAD) its chunk objects before committing its manifest, so
-  a run that starts while gc runs at worst has to be rerun, never commits a dangling
-  manifest.
+  the object's ``LastModified``/mtime); anything a kept manifest or a live lease
+  references, so a run or load in progress keeps what it needs even with ``--grace 0s``.
+  Leases are listed again just before deleting, and a run re-checks (HEAD) its chunk
+  objects before committing its manifest, so a run that starts while gc runs at worst has
+  to be rerun, never commits a dangling manifest.
 - **Paid requests** (``_embedline/paid/{run_key}/…``, ``tasks/paid.py``): the vectors a
   chunk kept of requests it paid for before failing. Never deleted while their run holds
-  a live lease (a run in progress, or one that died less than the grace period ago);
-  otherwise deleted once older than the grace period (a rerun within it still takes them),
-  or at once when their chunk's object exists (the chunk was published; a best-effort
-  delete after publishing failed).
+  a live lease (a run in progress, whatever the grace period; one killed less than the
+  lease's 15 min or the grace period ago); otherwise deleted once older than the grace
+  period (a rerun within it still takes them), or at once when their chunk's object
+  exists (the chunk was published; a best-effort delete after publishing failed).
 - **Temp files** of dead writers (local directories) and conditional-write probe scratch
   objects older than the grace period.
 - **Ledger rows** that refer to deleted objects (published objects, the reuse index, dead
@@ -40,7 +43,6 @@ Policy (DESIGN §4, "Retention"):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -50,8 +52,9 @@ from typing import Any
 
 from adapters.ledger import Ledger
 from adapters.object_store import SCRATCH_PREFIX
-from embedline.models import InputPlan
+from embedline.models import chunk_generation
 from embedline.protocols import ObjectInfo, ObjectStore
+from tasks.lease import LEASE_PREFIX, LEASE_PREFIXES, LOAD_LEASE_PREFIX
 from tasks.manifest import created_at, dataset_key, list_manifests
 from tasks.paid import PAID_PREFIX, chunk_name, paid_run_key
 
@@ -62,19 +65,15 @@ __all__ = [
     "DatasetRetention",
     "GcPlan",
     "collect",
-    "drop_run_lease",
     "parse_age",
     "plan_gc",
-    "write_lease",
-    "write_run_lease",
 ]
 
 DEFAULT_GRACE_S = 24 * 3600.0
-LEASE_PREFIX = f"{SCRATCH_PREFIX}runs/"
-LOAD_LEASE_PREFIX = f"{SCRATCH_PREFIX}loads/"
-_LEASE_PREFIXES = (LEASE_PREFIX, LOAD_LEASE_PREFIX)
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 86400.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_GENERATION = re.compile(r"\.g[0-9]+\.parquet$")
+_LEASE_READS = 3  # listings of the leases when one vanishes between listing and reading
 
 
 def parse_age(text: str) -> float:
@@ -88,60 +87,44 @@ def parse_age(text: str) -> float:
     return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
-# --------------------------------------------------------------------------- run leases
-
-
-def write_lease(
-    store: ObjectStore,
-    key: str,
-    run_key: str,
-    objects: Sequence[str],
-    *,
-    expires_at: float | None = None,
-) -> str:
-    """Create the lease object ``key`` (under ``LEASE_PREFIX`` or ``LOAD_LEASE_PREFIX``)
-    listing ``objects`` (keys gc must keep); ``expires_at`` (Unix s) keeps it live past the
-    grace period. Returns ``key``. :raises ConflictError: the key exists with other bytes."""
-    record: dict[str, Any] = {"run_key": run_key, "started_at": time.time()}
-    record["objects"] = list(objects)
-    if expires_at is not None:
-        record["expires_at"] = expires_at
-    body = json.dumps(record).encode()
-    store.put_if_absent(key, body, sha256=hashlib.sha256(body).hexdigest(),
-                        content_type="application/json")
-    return key
-
-
-def owner_tag(owner: str) -> str:
-    """The lease key's owner part: 16 hex of the owner's SHA-256 (no host names in keys)."""
-    return hashlib.sha256(owner.encode()).hexdigest()[:16]
-
-
-def write_run_lease(store: ObjectStore, run_key: str, owner: str, plan: InputPlan) -> str:
-    """Create the run's lease object listing its planned chunk objects; return its key."""
-    return write_lease(store, f"{LEASE_PREFIX}{run_key}.{owner_tag(owner)}.json", run_key,
-                       [c.object_key for c in plan.chunks])
-
-
-def drop_run_lease(store: ObjectStore, key: str) -> None:
-    """Delete the run's lease (the run ended, whatever its outcome)."""
-    store.delete(key)
+# --------------------------------------------------------------------------- leases
 
 
 def _live_leases(
     store: ObjectStore, cutoff: float, now: float
 ) -> tuple[set[str], list[ObjectInfo]]:
-    """(objects protected by live run and load leases, stale lease objects). A live run
-    lease also protects its run's paid requests: its set holds ``{PAID_PREFIX}{run_key}/``."""
+    """(objects protected by live run and load leases, stale lease objects). A lease is
+    live while its ``expires_at`` is ahead of ``now`` or it was written after ``cutoff``
+    (Unix s). A live run lease also protects its run's paid requests: its set holds
+    ``{PAID_PREFIX}{run_key}/``.
+
+    A listed lease gone when read was released, or renewed (the next generation written,
+    then this one deleted) after the listing: the leases are listed again, up to
+    ``_LEASE_READS`` times, so a renewal racing gc never leaves its run unprotected.
+    """
+    for _ in range(_LEASE_READS):
+        protected, stale, vanished = _read_leases(store, cutoff, now)
+        if not vanished:
+            break
+    return protected, stale
+
+
+def _read_leases(
+    store: ObjectStore, cutoff: float, now: float
+) -> tuple[set[str], list[ObjectInfo], bool]:
+    """One listing of the leases: ``_live_leases``' pair and whether one listed lease was
+    gone when read."""
     protected: set[str] = set()
     stale: list[ObjectInfo] = []
-    for prefix in _LEASE_PREFIXES:
+    vanished = False
+    for prefix in LEASE_PREFIXES:
         for info in store.list(prefix):
             try:
                 record = json.loads(store.get(info.key))
                 objects, expires_at = record["objects"], float(record.get("expires_at") or 0)
             except FileNotFoundError:
-                continue  # its run or load just ended
+                vanished = True  # its holder ended, or renewed it after the listing
+                continue
             except (ValueError, KeyError, TypeError):
                 objects, expires_at = [], 0.0  # unreadable: only its age protects it
             if info.modified < cutoff and expires_at <= now:
@@ -150,7 +133,16 @@ def _live_leases(
             protected.update(str(o) for o in objects)
             if prefix == LEASE_PREFIX and isinstance(record.get("run_key"), str):
                 protected.add(f"{PAID_PREFIX}{record['run_key']}/")
-    return protected, stale
+    return protected, stale, vanished
+
+
+def _leased(key: str, protected: set[str]) -> bool:
+    """Whether a live lease keeps ``key``: it lists it, or ``key`` is a later generation
+    (``chunks/{k}.g{N}.parquet``) of a chunk object it lists (a run writes the generation
+    its plan does not name when it retries dead letters)."""
+    if key in protected:
+        return True
+    return chunk_generation(key) > 0 and _GENERATION.sub(".parquet", key) in protected
 
 
 def _paid_kept(key: str, protected: set[str]) -> bool:
@@ -283,10 +275,11 @@ def plan_gc(
         for info in store.list(prefix):
             if prefix == "chunks/":
                 published.add(chunk_name(info.key))
-            if info.key not in keep and info.modified < cutoff:
+            if info.key not in keep and not _leased(info.key, protected) and \
+                    info.modified < cutoff:
                 bucket.append(info)
     scratch = [i for i in store.list(SCRATCH_PREFIX)
-               if not i.key.startswith(_LEASE_PREFIXES) and not _paid_kept(i.key, protected)
+               if not i.key.startswith(LEASE_PREFIXES) and not _paid_kept(i.key, protected)
                and (i.modified < cutoff or _paid_published(i.key, published))]
     plan.stale = stale_leases + scratch
     return plan
@@ -302,9 +295,9 @@ def collect(
     protected, _ = _live_leases(store, now - grace_s, now)  # a run or load started meanwhile
     done = GcPlan(kept_runs=plan.kept_runs, datasets=plan.datasets,
                   stale=[i for i in plan.stale if not _paid_kept(i.key, protected)])
-    done.chunks = [i for i in plan.chunks if i.key not in protected]
-    done.changes = [i for i in plan.changes if i.key not in protected]
-    done.manifests = [i for i in plan.manifests if i.key not in protected]
+    done.chunks = [i for i in plan.chunks if not _leased(i.key, protected)]
+    done.changes = [i for i in plan.changes if not _leased(i.key, protected)]
+    done.manifests = [i for i in plan.manifests if not _leased(i.key, protected)]
     _pin(done, protected)
     for group in (done.manifests, done.changes, done.chunks, done.stale):
         for info in group:

@@ -1,40 +1,28 @@
 """The load's lease: what gc must keep while a load reads a run (DESIGN §8, "Retention").
 
 A load (``flows/load.py`` ``load_stage``: ``embedline load`` and ``embedline run --sink``)
-holds one lease for its whole length, written before it reads anything and deleted when it
-ends, whatever the outcome. The lease lists the run's manifest, its chunk objects and its
-change set; gc keeps everything a live lease lists (``tasks/gc.py``), so a sink rolled back
-to an older run is never left half one run and half another by a gc meanwhile.
-
-Key: ``_embedline/loads/{run_key}.{owner}.{generation:06d}.json``. Objects are create-only
-(``put_if_absent``), so the lease is renewed by writing the next generation and deleting
-the one before. Each generation carries ``expires_at`` = written + ``LOAD_LEASE_TTL_S``; a
-thread renews it every ``LOAD_LEASE_RENEW_S``, so a lease stays live for as long as its load
-runs, whatever gc's ``--grace``. A load killed without its ``finally`` leaves a lease that
-protects the run for at most ``LOAD_LEASE_TTL_S`` more, then until it is older than gc's
-grace period, when gc deletes it as stale.
+holds one lease (``tasks.lease.held_lease``, key ``_embedline/loads/…``) for its whole
+length, written before it reads anything and deleted when it ends, whatever the outcome. The
+lease lists the run's manifest, its chunk objects and its change set; gc keeps everything a
+live lease lists (``tasks/gc.py``), so a sink rolled back to an older run is never left half
+one run and half another by a gc meanwhile. Renewal and expiry: ``tasks/lease.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
-from adapters.ledger import new_owner
-from embedline.errors import EmbedlineError
 from embedline.protocols import ObjectStore
-from tasks.gc import LOAD_LEASE_PREFIX, owner_tag, write_lease
+from tasks.lease import LEASE_RENEW_S, LEASE_TTL_S, LOAD_LEASE_PREFIX, held_lease
 
 __all__ = ["LOAD_LEASE_RENEW_S", "LOAD_LEASE_TTL_S", "load_lease", "load_lease_objects"]
 
 #: How long one lease generation protects the run without renewal (seconds).
-LOAD_LEASE_TTL_S = 15 * 60.0
-#: How often a running load renews its lease (seconds); a third of the TTL, so two renewals
-#: can fail (a store outage) before the lease lapses.
-LOAD_LEASE_RENEW_S = LOAD_LEASE_TTL_S / 3
+LOAD_LEASE_TTL_S = LEASE_TTL_S
+#: How often a running load renews its lease (seconds).
+LOAD_LEASE_RENEW_S = LEASE_RENEW_S
 
 
 def load_lease_objects(manifest: dict[str, Any]) -> list[str]:
@@ -55,43 +43,14 @@ def load_lease(
     renew_s: float = LOAD_LEASE_RENEW_S,
     log: Any = None,
 ) -> Iterator[str]:
-    """Hold a load lease on ``manifest``'s run under ``store`` for the ``with`` body.
-
-    Yields the first generation's key. A failure to delete or renew the lease is logged
-    (``log.warning``) and does not fail the load: a lease left behind only delays gc.
+    """Hold a load lease on ``manifest``'s run under ``store`` for the ``with`` body; yield
+    the first generation's key (``tasks.lease.held_lease``: ``ttl_s``, ``renew_s`` in
+    seconds; renewal and delete failures logged on ``log``).
 
     :raises EmbedlineError: the first lease cannot be written (the load must not start
         unprotected; the store's error says why).
     """
-    run_key = str(manifest["run_key"])
-    objects = load_lease_objects(manifest)
-    stem = f"{LOAD_LEASE_PREFIX}{run_key}.{owner_tag(new_owner())}"
-    first = f"{stem}.{0:06d}.json"
-    current = [write_lease(store, first, run_key, objects, expires_at=time.time() + ttl_s)]
-    stop = threading.Event()
-
-    def renew() -> None:
-        generation = 0
-        while not stop.wait(renew_s):
-            generation += 1
-            try:
-                key = f"{stem}.{generation:06d}.json"
-                write_lease(store, key, run_key, objects, expires_at=time.time() + ttl_s)
-                old, current[0] = current[0], key
-                store.delete(old)
-            except (EmbedlineError, OSError) as exc:
-                if log is not None:
-                    log.warning("could not renew the load lease %s: %s", current[0], exc)
-
-    thread = threading.Thread(target=renew, name=f"load-lease-{run_key[:8]}", daemon=True)
-    thread.start()
-    try:
-        yield current[0]
-    finally:
-        stop.set()
-        thread.join()
-        try:
-            store.delete(current[0])
-        except (EmbedlineError, OSError) as exc:
-            if log is not None:
-                log.warning("could not delete the load lease %s: %s", current[0], exc)
+    with held_lease(store, LOAD_LEASE_PREFIX, str(manifest["run_key"]),
+                    load_lease_objects(manifest), ttl_s=ttl_s, renew_s=renew_s,
+                    log=log) as key:
+        yield key

@@ -6,7 +6,10 @@ Files (``POST /files`` with ``purpose=batch``, ``GET /files/{id}/content``) and 
 ``embedline.retry`` (an upload sent twice only leaves an unused file); a batch's create has
 no idempotency key, so it is sent once: the caller adopts, by listing, a batch that a failed
 or timed-out create may have made (``flows/batch.py``). Answers are classified like the
-synchronous client's (``classify``). Nothing here logs or raises with input text, vectors
+synchronous client's (``classify``), and so is an endpoint that refuses every connection
+(``FatalLatch.unreachable``: exit 3 before any answer, exit 1 after one). A 404 for a batch
+or file id is ``UnknownBatchError`` (another key or account, or gone), for the collection
+paths a server without a Batch API. Nothing here logs or raises with input text, vectors
 or the API key.
 
 Rule sources: https://platform.openai.com/docs/api-reference/batch (create, retrieve,
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -30,7 +34,9 @@ from adapters.embeddings.classify import classify, classify_transport_error
 from adapters.embeddings.common import HTTP_LOGGER, Logger
 from adapters.embeddings.decode import json_or_none
 from adapters.embeddings.endpoint import auth_headers, auth_hint, check_api_key, safe_url
-from embedline.errors import BadResponseError, EmbedlineError, FatalError, RowError
+from adapters.embeddings.latch import FatalLatch
+from embedline.errors import (BadResponseError, EmbedlineError, FatalError, RowError,
+                              UnknownBatchError)
 from embedline.retry import request_retrying
 
 __all__ = ["BATCH_ENDPOINT", "TERMINAL_STATUSES", "BatchClient", "TokenLimitError",
@@ -39,6 +45,8 @@ __all__ = ["BATCH_ENDPOINT", "TERMINAL_STATUSES", "BatchClient", "TokenLimitErro
 BATCH_ENDPOINT = "/v1/embeddings"
 #: A batch in one of these statuses changes no more (OpenAI Batch API reference).
 TERMINAL_STATUSES = frozenset({"completed", "failed", "expired", "cancelled"})
+_ONE_BATCH = re.compile(r"^/batches/([^/]+)(?:/cancel)?$")
+_ONE_FILE = re.compile(r"^/files/([^/]+)(?:/content)?$")
 
 
 class BatchClient:
@@ -65,6 +73,7 @@ class BatchClient:
             timeout=httpx.Timeout(timeout_s))
         self._logger: Logger = logger or logging.getLogger(HTTP_LOGGER)
         self._sleep = sleep
+        self._latch = FatalLatch(self._logger)  # the circuit breaker of a dead endpoint
 
     def __repr__(self) -> str:
         return f"BatchClient(base_url={safe_url(self.base_url)!r})"
@@ -88,7 +97,10 @@ class BatchClient:
         return str(_field(answer, "id"))
 
     def file_content(self, file_id: str) -> bytes:
-        """The bytes of a file (a batch's input, output or error JSONL)."""
+        """The bytes of a file (a batch's input, output or error JSONL).
+
+        :raises UnknownBatchError: no such file for this key (deleted, another account).
+        """
         return self._call("GET", f"/files/{file_id}/content", raw=True)  # type: ignore[no-any-return]
 
     # -- batches ---------------------------------------------------------------------
@@ -114,11 +126,17 @@ class BatchClient:
             raise
 
     def get_batch(self, batch_id: str) -> dict[str, Any]:
-        """The batch ``batch_id`` as the API shows it now."""
+        """The batch ``batch_id`` as the API shows it now.
+
+        :raises UnknownBatchError: no such batch for this key (another account, purged).
+        """
         return self._call("GET", f"/batches/{batch_id}")  # type: ignore[no-any-return]
 
     def cancel_batch(self, batch_id: str) -> dict[str, Any]:
-        """Ask to cancel ``batch_id`` (it goes ``cancelling``, then ``cancelled``)."""
+        """Ask to cancel ``batch_id`` (it goes ``cancelling``, then ``cancelled``).
+
+        :raises UnknownBatchError: no such batch for this key (another account, purged).
+        """
         return self._call("POST", f"/batches/{batch_id}/cancel")  # type: ignore[no-any-return]
 
     def list_batches(self, *, page_size: int = 100) -> Iterator[dict[str, Any]]:
@@ -141,34 +159,62 @@ class BatchClient:
 
     def _call(self, method: str, path: str, *, attempts: int | None = None, raw: bool = False,
               **kwargs: Any) -> Any:
+        """One call, retried ``attempts`` times (default ``max_attempts``). A call that used
+        them all on refused connections opens the circuit breaker, as the synchronous
+        client's does: ``FatalError`` if the endpoint never answered this client (a wrong
+        ``--base-url``, a server not running: exit 3), else ``EndpointDownError`` (exit 1);
+        every later call raises it again unsent. Not for a call of one attempt (a create:
+        one refused connection is no outage)."""
+        self._latch.check()
         retrying = request_retrying(max_attempts=attempts or self.max_attempts,
                                     **({"sleep": self._sleep} if self._sleep else {}))
-        for attempt in retrying:
-            with attempt:
-                return self._once(method, path, raw=raw, **kwargs)
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return self._once(method, path, raw=raw, **kwargs)
+        except EmbedlineError as exc:
+            down = None if attempts is not None else self._latch.unreachable(
+                exc, where=safe_url(self.base_url), max_attempts=self.max_attempts)
+            if down is None:
+                raise
+            self._latch.stop(down)
+            raise down from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, method: str, path: str, *, raw: bool, **kwargs: Any) -> Any:
         url = self.base_url + path
         try:
             response = self._client.request(method, url, headers=self._headers, **kwargs)
-        except httpx.RequestError as exc:
-            raise classify_transport_error(exc, where=safe_url(self.base_url)) from None
+        except httpx.RequestError as exc:  # the cause kept: the circuit breaker reads it
+            raise classify_transport_error(exc, where=safe_url(self.base_url)) from exc
+        self._latch.note_answer()
         self._logger.info("HTTP Request: %s %s \"%d\"", method, safe_url(url),
                           response.status_code)
         if raw and 200 <= response.status_code < 300:
             return response.content
-        if response.status_code == 404 and path.startswith(("/files", "/batches")) \
-                and method == "POST":
-            raise FatalError(f"{safe_url(self.base_url)} has no Batch API ({method} {path}: "
-                             "HTTP 404): run without --batch-api, or point --base-url at a "
-                             "server that offers one")
+        if response.status_code == 404:
+            raise self._not_found(method, path)
         payload = json_or_none(response)
         error = classify(response.status_code, response.headers, payload, model="batch",
                          path=path, auth_hint=self._hint)
         if error is not None:
             raise error
         return payload
+
+
+    def _not_found(self, method: str, path: str) -> FatalError:
+        """The error of a 404: for one batch or file (an id embedline recorded),
+        ``UnknownBatchError`` naming it; for the collections (``/files``, ``/batches``), a
+        server that has no Batch API."""
+        where = safe_url(self.base_url)
+        batch, file = _ONE_BATCH.match(path), _ONE_FILE.match(path)
+        if batch is not None:
+            return UnknownBatchError(where=where, batch_id=batch.group(1))
+        if file is not None:
+            return UnknownBatchError(where=where, file_id=file.group(1))
+        return FatalError(f"{where} has no Batch API ({method} {path}: HTTP 404): run without "
+                          "--batch-api, or point --base-url at a server that offers one",
+                          http_status=404)
 
 
 class TokenLimitError(EmbedlineError):

@@ -100,6 +100,23 @@ class BatchTable(LedgerBase):
                 (status, output_file_id, error_file_id, completed, failed, error, now_iso(),
                  run_key, batch_id))
 
+    def mark_batch_not_found(self, run_key: str, batch_id: str, *,
+                             file_id: str | None = None) -> None:
+        """Record a 404 of the provider: for batch ``batch_id`` itself (its ``status`` reads
+        ``not_found`` until a poll finds it again: another API key, or purged), or, with
+        ``file_id``, for one of its result files (deleted; said in ``error``)."""
+        with self._lock:
+            if file_id is None:
+                self._conn.execute(
+                    """UPDATE batches SET status = 'not_found', updated_at = ?
+                       WHERE run_key = ? AND batch_id = ?""", (now_iso(), run_key, batch_id))
+            else:
+                self._conn.execute(
+                    """UPDATE batches SET error = ?, updated_at = ?
+                       WHERE run_key = ? AND batch_id = ?""",
+                    (f"result file {file_id} not found at the provider (HTTP 404)", now_iso(),
+                     run_key, batch_id))
+
     def drop_batch_part(self, run_key: str, idx: int, part: int) -> None:
         """Forget a part still ``creating`` that no batch holds (it is recorded again)."""
         with self._lock:

@@ -37,17 +37,8 @@ def running_batch_server() -> Iterator[FakeBatchServer]:
 
 @pytest.fixture
 def server(running_batch_server: FakeBatchServer) -> Iterator[FakeBatchServer]:
-    s = running_batch_server
-    yield s
-    s.reset()
-    with s.lock:  # the batch API's faults and counters too (files may stay)
-        s.batch_inputs = s.creates = s.uploads = 0
-        s.batches.clear()
-    s.expire_after = s.enqueued_token_limit = s.validation_error = None
-    s.create_fails_after_creating = s.output_id_race = 0
-    s.batch_texts_fail, s.batch_texts_fail_times, s.hold = {}, None, False
-    s.reject_texts_containing = None
-    s.poll_status = s.list_status = None
+    yield running_batch_server
+    running_batch_server.reset_batches()  # the batch API's faults and counters too
 
 
 def write_csv(path: Path, texts: list[str]) -> list[tuple[str, str]]:
@@ -496,3 +487,198 @@ def test_batch_mode_on_dask_workers_with_s3_output(
     counters = server.batch_counters()
     assert counters["batch_inputs"] == distinct(rows)
     assert (counters["requests"], counters["creates"]) == (0, 3)
+
+
+# -- the ways a batch-mode run, cancel-batches and status end (issue 26 review) ----------
+
+
+def _run_key(tmp_path: Path) -> str:
+    from adapters.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    try:
+        return ledger.runs()[0].run_key
+    finally:
+        ledger.close()
+
+
+def _submitted_then_lost(tmp_path: Path, server: FakeBatchServer, api_url: str,
+                         texts: list[str]) -> dict[str, Any]:
+    """A run whose batches are submitted and held, then the API goes away (503, one
+    attempt): it stops with its batches running at the provider. Its summary."""
+    write_csv(tmp_path / "in.csv", texts)
+    server.hold, server.poll_status = True, 503
+    first = run_flow(tmp_path, server, api_url, max_attempts=1)
+    assert first["exit_code"] == 1, first["message"]
+    server.poll_status = None
+    return first
+
+
+def test_a_run_that_stops_with_batches_running_says_so_and_how_to_collect_or_cancel(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    """Failed (the API gone while waiting: exit 1) or stopped by a batch that failed
+    validation while another still runs (exit 3): the last line says the batches keep
+    running, and both ways on: rerun to collect them, or cancel-batches. Before, only an
+    interrupt said so."""
+    first = _submitted_then_lost(tmp_path, server, prefect_api_url, TEXTS)
+    message = first["message"]
+    assert "3 batches keep running at the provider" in message, message
+    assert "rerun the same command to collect them" in message
+    assert f"embedline cancel-batches {first['run_key'][:12]}" in message
+    assert "\n" not in message
+
+    other = tmp_path / "other"
+    other.mkdir()
+    server.reset_batches()
+    write_csv(other / "in.csv", TEXTS)
+    server.hold = True  # chunk 0's batch runs on; chunk 1's fails validation
+    server.validation_error, server.validation_error_after = "input is not valid", 1
+    stopped = run_flow(other, server, prefect_api_url)
+    assert stopped["exit_code"] == 3, stopped["message"]
+    assert "failed validation: invalid_request: input is not valid" in stopped["message"]
+    assert "1 batch keeps running at the provider" in stopped["message"], stopped["message"]
+    assert "embedline cancel-batches" in stopped["message"]
+
+
+def test_a_batch_unknown_to_the_provider_is_one_line_and_exit_3_in_a_run_cancel_and_status(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ledger records a batch another API key made (or one the provider purged): 404.
+    Before: "HTTP 404: model 'batch' or URL path … not found; check --model" in a run, "has
+    no Batch API … run without --batch-api" from cancel-batches."""
+    from cli.main import main
+
+    server.owner_scoped = True
+    monkeypatch.setenv("EMBEDLINE_API_KEY", "sk-first-account")
+    _submitted_then_lost(tmp_path, server, prefect_api_url, TEXTS[:4])  # one chunk, one batch
+    (batch,) = server.batches.values()
+    run_key = _run_key(tmp_path)
+    monkeypatch.setenv("EMBEDLINE_API_KEY", "sk-another-account")
+    summary = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
+    assert (summary["exit_code"], summary["status"]) == (3, "fatal"), summary["message"]
+    message = summary["message"]
+    assert f"batch {batch['id']} " in message and "HTTP 404" in message, message
+    assert "the API key and --base-url that created it" in message, message
+    assert "without --batch-api" in message
+    assert "check --model" not in message and "sk-" not in message and "\n" not in message
+    assert batch["status"] in ("validating", "in_progress")  # it runs on, under its key
+    assert server.batch_counters()["creates"] == 1  # nothing resubmitted
+
+    ledger = ["--ledger", str(tmp_path / "ledger.sqlite3")]
+    capsys.readouterr()
+    assert main(["cancel-batches", run_key[:12], *ledger]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and batch["id"] in err[0] and "HTTP 404" in err[0], err
+    assert "the API key that created it" in err[0] and "Traceback" not in err[0]
+    assert batch["status"] in ("validating", "in_progress")  # not cancelled under the wrong key
+
+    assert main(["status", run_key[:12], *ledger]) == 0
+    (line,) = [b for b in capsys.readouterr().out.splitlines() if b.startswith("batch\t")]
+    assert f"\t{batch['id']}\t" in line and "\tnot_found\t" in line, line
+    assert "unknown to the provider" in line, line
+
+    monkeypatch.setenv("EMBEDLINE_API_KEY", "sk-first-account")  # the key that made it
+    assert main(["cancel-batches", run_key[:12], *ledger]) == 0
+    assert batch["status"] == "cancelling"
+
+
+def test_a_deleted_result_file_stops_the_run_with_exit_3_naming_it(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    import httpx
+
+    _submitted_then_lost(tmp_path, server, prefect_api_url, TEXTS[:4])
+    (batch,) = server.batches.values()
+    server.hold = False
+    with httpx.Client(base_url=server.base_url) as http:  # done while nobody was polling
+        while http.get(f"/batches/{batch['id']}").json()["status"] != "completed":
+            time.sleep(0.05)
+        output = batch["output_file_id"]
+        assert http.delete(f"/files/{output}").json()["deleted"] is True  # by a retention job
+    summary = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
+    assert (summary["exit_code"], summary["status"]) == (3, "fatal"), summary["message"]
+    message = summary["message"]
+    assert f"file {output} " in message and "HTTP 404" in message, message
+    assert "check --model" not in message and "\n" not in message
+    assert server.batch_counters()["creates"] == 1  # nothing paid again behind the user's back
+
+
+@pytest.mark.parametrize("option", [
+    ["--batch-poll-interval", "5"], ["--batch-max-inputs", "10"],
+    ["--batch-fallback", "sync"], ["--batch-enqueued-tokens", "1000"],
+], ids=lambda o: o[0])
+def test_a_batch_option_without_batch_api_is_a_usage_error(
+        tmp_path: Path, option: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main
+
+    write_csv(tmp_path / "in.csv", TEXTS)
+    with pytest.raises(SystemExit) as stopped:
+        main(["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--output",
+              str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"), *option])
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"embedline: error: {option[0]} needs --batch-api", line
+    assert not (tmp_path / "ledger.sqlite3").exists()  # refused before anything started
+
+
+def test_a_batch_parameter_without_batch_api_is_refused_by_the_flow(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    """The deployment's parameters: the same check (before: silently ignored)."""
+    write_csv(tmp_path / "in.csv", TEXTS)
+    summary = run_flow(tmp_path, server, prefect_api_url, batch_api=False,
+                       batch_poll_interval=None, batch_fallback="sync")
+    assert (summary["exit_code"], summary["status"]) == (2, "input_error"), summary
+    assert "batch_fallback needs batch_api" in summary["message"], summary["message"]
+    assert server.counters()["requests"] == 0
+
+
+def test_cancel_batches_of_a_run_without_running_batches_says_there_is_nothing_to_cancel(
+        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main
+
+    write_csv(tmp_path / "in.csv", TEXTS)
+    assert run_flow(tmp_path, server, prefect_api_url, batch_api=False,
+                    batch_poll_interval=None)["exit_code"] == 0
+    run_key = _run_key(tmp_path)
+    capsys.readouterr()
+    assert main(["cancel-batches", run_key[:12], "--ledger",
+                 str(tmp_path / "ledger.sqlite3")]) == 0
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line == (f"embedline: run {run_key[:12]} has no Batch API batches (it ran without "
+                    "--batch-api): nothing to cancel"), line
+    assert captured.out == ""
+
+    done = tmp_path / "done"  # a batch-mode run whose 3 batches all completed
+    done.mkdir()
+    write_csv(done / "in.csv", TEXTS)
+    assert run_flow(done, server, prefect_api_url)["exit_code"] == 0
+    assert main(["cancel-batches", _run_key(done)[:12], "--ledger",
+                 str(done / "ledger.sqlite3")]) == 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith("has no batch running at the provider (3 ended): nothing to cancel")
+    assert server.batch_counters()["creates"] == 3
+
+
+def test_nothing_listening_at_base_url_in_batch_mode_stops_the_run_like_synchronous_mode(
+        tmp_path: Path, prefect_api_url: str) -> None:
+    """Exit 3, one line, no traceback (before: exit 1, "cannot connect …" as an outage)."""
+    import socket
+
+    write_csv(tmp_path / "in.csv", TEXTS)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url",
+                     f"http://127.0.0.1:{port}/v1", "--batch-api", "--max-attempts", "2",
+                     "--ledger", "ledger.sqlite3", "--output", "out", cwd=tmp_path,
+                     env={"PREFECT_API_URL": prefect_api_url})
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "no request of this run ever reached it" in last, last
+    assert "check that the server is running and --base-url is right" in last
+    cancel = run_cli("cancel-batches", _run_key(tmp_path)[:12], "--ledger", "ledger.sqlite3",
+                     cwd=tmp_path)
+    assert cancel.returncode == 0, cancel.stderr  # nothing was ever created: nothing to cancel
+    assert "nothing to cancel" in cancel.stderr

@@ -277,3 +277,59 @@ def test_gc_keep_runs_1_keeps_the_newest_run_of_each_dataset(
     assert "text_column=text model=" in report and "kept 1 runs, deleted 1" in report
     assert "text_column=title" in report and "model=other-model" in report
     assert "package 1 description" not in report  # names and counts only, never text
+
+
+def test_gc_with_no_grace_keeps_what_a_paused_run_holds_and_its_paid_requests(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
+) -> None:
+    """A run in progress is protected by its lease whatever ``--grace``: the lease carries
+    ``expires_at`` and is renewed while the run runs. Before, the run lease had none, so
+    ``gc --grace 0s`` took it for a dead run's and deleted it with the chunk objects the
+    run was about to commit and the requests it had already paid for."""
+    out = tmp_path / "out"
+    rows = _rows(20)  # two chunks of 10, two requests of 5 each
+    _write(tmp_path / "in.csv", rows)
+    fake_openai.fail_when(lambda payload: {"status": 503} if any(
+        t == "package 17 description" for t in payload["input"]) else None)
+    first = run_in_process(prefect_api_url, expect=1, input=str(tmp_path / "in.csv"),
+                           embedder="openai", base_url=fake_openai.base_url, output=str(out),
+                           ledger=str(tmp_path / "ledger.sqlite3"), chunk_size=10,
+                           batch_size=5, max_attempts=1, chunk_retries=0)
+    assert first["chunks_published"] == 1 and first["chunks_failed"] == 1, first
+    paid = sorted((out / "_embedline" / "paid").rglob("*.parquet"))
+    assert len(paid) == 1  # chunk 1's first request, kept
+    chunk_0 = sorted((out / "chunks").glob("*.parquet"))
+    assert len(chunk_0) == 1
+    _age(out, TWO_DAYS_S)  # what the first attempt left is old: only a lease protects it
+    fake_openai.reset()
+
+    # The rerun stops itself (SIGSTOP) as chunk 1 is about to take its paid request
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests/support/signal_at'}:{REPO}",
+           "EMBEDLINE_TEST_SIGNALS": "before:tasks.paid:take_paid:SIGSTOP"}
+    args = [*_args(tmp_path, fake_openai, str(out)), "--batch-size", "5"]
+    running = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _stopped(running.pid):
+            assert time.monotonic() < deadline and running.poll() is None, "the run never paused"
+            time.sleep(0.05)
+        done = _gc(tmp_path, out, "--grace", "0s")
+        leases = list((out / "_embedline" / "runs").glob("*.json"))
+        left_paid = sorted((out / "_embedline" / "paid").rglob("*.parquet"))
+        running.send_signal(signal.SIGCONT)
+        stdout, stderr = running.communicate(timeout=120)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+    assert len(leases) == 1, done  # the live run's lease stays
+    assert left_paid == paid, done  # and so do the requests it paid for
+    assert all(p.exists() for p in chunk_0), done  # and the chunk objects it will commit
+    assert "chunks     deleted 0 objects" in done, done
+    assert running.returncode == 0, stderr[-3000:]
+    assert fake_openai.counters()["inputs"] == 5  # only what chunk 1 never got an answer for
+    manifest = next(line.split()[-1] for line in stdout.splitlines()
+                    if line.startswith("manifest"))
+    _local_check(out, manifest, rows)
+    assert not list((out / "_embedline" / "runs").glob("*.json"))  # dropped at the end

@@ -330,7 +330,7 @@ def test_a_second_signal_while_the_flow_records_the_stop_exits_at_once(
     ``interrupted``. Before, for SIGTERM: Prefect's own SIGTERM handler raised the second
     one inside the ledger's update, so the run stayed ``running`` in the ledger, and the
     command ended with the first signal's line."""
-    _run_signalled(tmp_path, fake_openai, f"before:tasks.gc:write_run_lease:{signum.name};"
+    _run_signalled(tmp_path, fake_openai, f"before:tasks.lease:write_lease:{signum.name};"
                    f"before:adapters.ledger:Ledger.mark_stopped:{signum.name}",
                    code=128 + signum, last_line=f"embedline: second {signum.name}, exiting "
                                                 "now; rerun the same command to resume")

@@ -38,6 +38,16 @@ Failure injection (attributes, set by tests before or between runs):
 - ``hold``: batches stay ``in_progress`` until set back to False (a run waiting).
 - ``poll_status`` / ``list_status``: while set, ``GET /v1/batches/{id}`` (a poll) / ``GET
   /v1/batches`` (the list) answer this HTTP status (e.g. 503: the API went away).
+- ``validation_error_after``: with ``validation_error``, the first N batches created pass
+  validation (later ones fail): a run stopped while earlier batches still run.
+- ``owner_scoped``: files and batches belong to the credential that created them (the
+  ``Authorization`` or ``api-key`` header), as OpenAI's belong to an organization and
+  project: another key gets 404 for their ids (``No batch found with id …``, ``No such
+  File object: …``) and does not see them in the list.
+
+``DELETE /v1/files/{id}`` deletes a file, as OpenAI's does (``{"id", "object": "file",
+"deleted": true}``); its id is then a 404 (``No such File object``). ``reset_batches()``
+clears the batches, counters and faults between tests.
 
 Standalone (to try the CLI against it): ``python -m tests.support.fake_batch --port 8000
 --complete-after-s 30`` prints ``READY http://127.0.0.1:8000/v1``, serves until SIGINT or
@@ -80,11 +90,20 @@ class _BatchHandler(_Handler):
     def do_GET(self) -> None:  # noqa: N802
         path, _, query = self.path.partition("?")
         if "/files" in path or "/batches" in path:
-            status, body = self.app.batch_get(path.rstrip("/"), query)
+            status, body = self.app.batch_get(path.rstrip("/"), query, self.headers)
             content = "application/json" if path.endswith(("batches",)) or "/content" not in \
                 path else "application/octet-stream"
             return self.app._reply(self, status, body, {"Content-Type": content})
         super().do_GET()
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        status, body = self.app.batch_delete(self.path.split("?")[0].rstrip("/"), self.headers)
+        return self.app._reply(self, status, body)
+
+
+def _owner(headers: Any) -> str:
+    """The credential a request carries (``owner_scoped``): who a file or batch belongs to."""
+    return str(headers.get("Authorization") or headers.get("api-key") or "")
 
 
 def _error(status: int, message: str, code: str | None = None) -> tuple[int, bytes]:
@@ -122,7 +141,32 @@ class FakeBatchServer(FakeEmbeddingServer):
         self.hold = False
         self.poll_status: int | None = None
         self.list_status: int | None = None
+        self.validation_error_after = 0
+        self.owner_scoped = False
+        self._owners: dict[str, str] = {}  # file or batch id -> the credential that made it
         self._finish_lock = threading.Lock()
+
+    def reset_batches(self) -> None:
+        """Forget every batch and the counters, and clear every fault (files may stay)."""
+        self.reset()
+        with self.lock:
+            self.batch_inputs = self.creates = self.uploads = 0
+            self.batches.clear()
+            self._owners.clear()
+        self.expire_after = self.enqueued_token_limit = self.validation_error = None
+        self.create_fails_after_creating = self.output_id_race = 0
+        self.batch_texts_fail, self.batch_texts_fail_times, self.hold = {}, None, False
+        self.reject_texts_containing = None
+        self.poll_status = self.list_status = None
+        self.validation_error_after, self.owner_scoped = 0, False
+
+    def _visible(self, object_id: str, headers: Any) -> bool:
+        """Whether the caller (its credential) may see ``object_id`` (``owner_scoped``)."""
+        if not self.owner_scoped or headers is None:
+            return True
+        with self.lock:
+            owner = self._owners.get(object_id)
+        return owner is None or owner == _owner(headers)
 
     def start(self) -> FakeBatchServer:
         """Bind and serve in a daemon thread; returns self."""
@@ -163,8 +207,10 @@ class FakeBatchServer(FakeEmbeddingServer):
         with self.lock:
             self.uploads += 1
         name, content = fields["file"]
-        return 200, json.dumps(self._file(content, filename=name or "upload.jsonl",
-                                          purpose="batch")).encode()
+        record = self._file(content, filename=name or "upload.jsonl", purpose="batch")
+        with self.lock:
+            self._owners[record["id"]] = _owner(headers)
+        return 200, json.dumps(record).encode()
 
     # -- batches -----------------------------------------------------------------------
 
@@ -174,18 +220,37 @@ class FakeBatchServer(FakeEmbeddingServer):
             return self._upload(headers, raw)
         cancel = re.search(r"/batches/([^/]+)/cancel$", path)
         if cancel:
+            if not self._visible(cancel.group(1), headers):
+                return _error(404, f"No batch found with id '{cancel.group(1)}'.")
             return self._cancel(cancel.group(1))
         if path.endswith("/batches"):
-            return self._create(json.loads(raw or b"{}"))
+            return self._create(json.loads(raw or b"{}"), headers)
         return _error(404, "Unknown URL.", "unknown_url")
 
-    def _create(self, body: dict[str, Any]) -> tuple[int, bytes]:
+    def batch_delete(self, path: str, headers: Any) -> tuple[int, bytes]:
+        """``DELETE /v1/files/{id}``: the file is gone (its id answers 404 from now on)."""
+        match = re.search(r"/files/([^/]+)$", path)
+        if match is None:
+            return _error(404, "Unknown URL.", "unknown_url")
+        file_id = match.group(1)
+        with self.lock:
+            known = file_id in self.files
+        if not known or not self._visible(file_id, headers):
+            return _error(404, f"No such File object: {file_id}")
+        with self.lock:
+            del self.files[file_id]
+            del self.contents[file_id]
+        return 200, json.dumps({"id": file_id, "object": "file", "deleted": True}).encode()
+
+    def _create(self, body: dict[str, Any], headers: Any = None) -> tuple[int, bytes]:
         with self.lock:
             self.creates += 1
             fail_after = self.create_fails_after_creating > 0
             if fail_after:
                 self.create_fails_after_creating -= 1
         file_id = body.get("input_file_id")
+        if not self._visible(str(file_id), headers):
+            return _error(400, f"Invalid 'input_file_id': '{file_id}'. File not found.")
         if file_id not in self.contents or body.get("endpoint") != "/v1/embeddings" or \
                 body.get("completion_window") != "24h":
             return _error(400, "invalid input_file_id, endpoint or completion_window")
@@ -211,14 +276,16 @@ class FakeBatchServer(FakeEmbeddingServer):
             limit = self.enqueued_token_limit
             enqueued = sum(self._batch_tokens.get(b["id"], 0) for b in self.batches.values()
                            if b["status"] in _ACTIVE)
+            valid = len(self.batches) < self.validation_error_after
             self.batches[batch_id] = batch
             self._batch_tokens[batch_id] = tokens
+            self._owners[batch_id] = _owner(headers) if headers is not None else ""
             if limit is not None and enqueued + tokens > limit:
                 self._fail(batch, "token_limit_exceeded",
                            f"Enqueued token limit reached for {lines[0]['body'].get('model')}"
                            f". Limit: {limit} enqueued tokens. Please try again once some "
                            "in_progress batches have been completed.")
-            elif self.validation_error is not None:
+            elif self.validation_error is not None and not valid:
                 self._fail(batch, "invalid_request", self.validation_error)
         if fail_after:
             return 500, b'{"error": {"message": "The server had an error", "type": "server_error"}}'
@@ -240,13 +307,16 @@ class FakeBatchServer(FakeEmbeddingServer):
                 batch["cancelling_at"] = int(time.time())
         return 200, json.dumps(_public(batch)).encode()
 
-    def batch_get(self, path: str, query: str) -> tuple[int, bytes]:
-        """Route a GET under /v1/files or /v1/batches."""
+    def batch_get(self, path: str, query: str, headers: Any = None) -> tuple[int, bytes]:
+        """Route a GET under /v1/files or /v1/batches (``headers``: the caller's, for
+        ``owner_scoped``)."""
         content = re.search(r"/files/([^/]+)/content$", path)
         if content:
             with self.lock:
                 data = self.contents.get(content.group(1))
-            return (200, data) if data is not None else _error(404, "No such File object")
+            if data is None or not self._visible(content.group(1), headers):
+                return _error(404, f"No such File object: {content.group(1)}")
+            return 200, data
         one = re.search(r"/batches/([^/]+)$", path)
         if one and self.poll_status is not None:
             return _error(self.poll_status, "The server is unavailable.")
@@ -254,19 +324,20 @@ class FakeBatchServer(FakeEmbeddingServer):
             return _error(self.list_status, "The server is unavailable.")
         if one:
             batch = self.batches.get(one.group(1))
-            if batch is None:
+            if batch is None or not self._visible(one.group(1), headers):
                 return _error(404, f"No batch found with id '{one.group(1)}'.")
             self._advance(batch)
             return 200, json.dumps(self._as_polled(batch)).encode()
         if path.endswith("/batches"):
-            return self._list(query)
+            return self._list(query, headers)
         return _error(404, "Unknown URL.", "unknown_url")
 
-    def _list(self, query: str) -> tuple[int, bytes]:
+    def _list(self, query: str, headers: Any = None) -> tuple[int, bytes]:
         params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
         limit = int(params.get("limit", 20))
         with self.lock:
             ordered = sorted(self.batches.values(), key=lambda b: b["id"], reverse=True)
+        ordered = [b for b in ordered if self._visible(b["id"], headers)]
         after = params.get("after")
         if after:
             ordered = [b for b in ordered if b["id"] < after]
@@ -336,6 +407,10 @@ class FakeBatchServer(FakeEmbeddingServer):
             err = self._file(_jsonl(errors), filename="batch_errors.jsonl",
                              purpose="batch_output")
             batch["error_file_id"] = err["id"]
+        with self.lock:  # a batch's result files belong to whoever owns the batch
+            for file_id in (batch["output_file_id"], batch["error_file_id"]):
+                if file_id and batch["id"] in self._owners:
+                    self._owners[file_id] = self._owners[batch["id"]]
         batch["request_counts"] = {"total": len(lines), "completed": len(outputs),
                                    "failed": len(errors)}
         batch["finalizing_at"] = now

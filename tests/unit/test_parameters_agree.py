@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from cli.run import add_parsers
-from embedline.settings import PARAMETER_FIELDS, RunSettings
+from embedline.settings import BATCH_API_OPTIONS, PARAMETER_FIELDS, RunSettings
 from flows.embed_csv import embed_csv
 
 # Options of the command only: they change how the CLI talks to the user, not the run.
@@ -53,6 +53,13 @@ def test_every_default_agrees() -> None:
     for name, action in _run_actions().items():
         if name == "input":
             assert flow[name].default is inspect.Parameter.empty
+            continue
+        if name in BATCH_API_OPTIONS:  # unset: absent (CLI), None (flow); refused if set
+            # without --batch-api; the default is RunSettings', stated in the help
+            assert action.default == argparse.SUPPRESS, f"--{name}"
+            assert flow[name].default is None, f"{name}: unset in the flow is None"
+            default = _setting_default(name)
+            assert default is None or f"(default: {default})" in str(action.help), f"--{name}"
             continue
         # SUPPRESS: the option is absent from the namespace unless given (``--no-reuse``)
         cli_default = flow[name].default if action.default == argparse.SUPPRESS else action.default

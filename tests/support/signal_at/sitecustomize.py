@@ -5,7 +5,8 @@ point, to hit a window a few milliseconds wide every time.
 ``after:tasks.commit:write_manifest:SIGKILL`` sends SIGKILL right after the manifest's PUT
 returns; ``before:cli.local_server:LocalServer.stop:SIGINT`` sends SIGINT as the temporary
 server's stop begins; ``SIGKILL@1234`` sends it to process group 1234 instead of this
-process. Each entry fires once. A signal with a Python handler is raised by
+process. Each entry fires once, at the first call; ``WHEN:MODULE:ATTRIBUTE:SIGNAL:N`` at
+the N-th (``before:tasks.lease:drop_lease:SIGINT:2``: the second lease released). A signal with a Python handler is raised by
 ``signal.raise_signal``, so the handler runs at once in the main thread, as a real one would.
 """
 
@@ -25,21 +26,20 @@ def _send(name: str) -> None:
     signal.raise_signal(signum)
 
 
-def _wrap(when: str, module_name: str, attribute: str, signame: str) -> None:
+def _wrap(when: str, module_name: str, attribute: str, signame: str, nth: str = "1") -> None:
     owner = importlib.import_module(module_name)
     *path, name = attribute.split(".")
     for part in path:
         owner = getattr(owner, part)
     original = getattr(owner, name)
-    fired = []
+    calls = []
 
     def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if when == "before" and not fired:
-            fired.append(True)
+        calls.append(True)
+        if when == "before" and len(calls) == int(nth):
             _send(signame)
         result = original(*args, **kwargs)
-        if when == "after" and not fired:
-            fired.append(True)
+        if when == "after" and len(calls) == int(nth):
             _send(signame)
         return result
 

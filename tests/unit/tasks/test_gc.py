@@ -7,12 +7,17 @@ import json
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from adapters.object_store import LocalDirStore
 from tasks.gc import LEASE_PREFIX, LOAD_LEASE_PREFIX, collect, parse_age, plan_gc
+from tasks.lease import held_lease
 from tasks.load_lease import load_lease
+from tasks.paid import PAID_PREFIX
+from tasks.run_lease import run_lease
 
 DAY = 86400.0
 
@@ -177,3 +182,94 @@ def test_paid_requests_of_a_live_run_are_kept_abandoned_ones_go(tmp_path: Path) 
     # the run ends (its lease goes): its old paid request is abandoned now
     store.delete(f"{LEASE_PREFIX}{live}.x.json")
     assert [i.key for i in plan_gc(store).stale] == [f"{PAID_PREFIX}{live}/c1/q1.parquet"]
+
+
+def _plan(*chunk_keys: str) -> Any:
+    """What ``run_lease`` reads of an ``InputPlan``: its chunks' object keys."""
+    return SimpleNamespace(chunks=[SimpleNamespace(object_key=f"chunks/{k}.parquet")
+                                   for k in chunk_keys])
+
+
+def test_a_live_run_lease_keeps_its_run_whatever_the_grace(tmp_path: Path) -> None:
+    """A run in progress (its lease written as ``Run.leased`` writes it) keeps its planned
+    chunk objects, their later generations, its manifest, change set and paid requests,
+    even from ``--grace 0s``; before, its lease carried no ``expires_at``, so gc took any
+    lease older than the grace period for a dead run's and deleted it with all of those."""
+    store = LocalDirStore(tmp_path)
+    run = "5" * 64
+    for name in ("c0.parquet", "c1.parquet", "c1.g1.parquet", "other.parquet"):
+        _put(store, f"chunks/{name}", name.encode(), 3 * DAY)
+    _put(store, f"{PAID_PREFIX}{run}/c2/q.parquet", b"paid", 3 * DAY)
+    _put(store, f"{PAID_PREFIX}{'6' * 64}/c2/q.parquet", b"abandoned", 3 * DAY)
+    with run_lease(store, run, _plan("c0", "c1", "c2")) as key:
+        assert key.startswith(LEASE_PREFIX)
+        record = json.loads(store.get(key))
+        assert record["objects"] == ["chunks/c0.parquet", "chunks/c1.parquet",
+                                     "chunks/c2.parquet", f"manifests/{run}.json",
+                                     f"changes/{run}.parquet"]
+        assert time.time() + 14 * 60 < record["expires_at"] <= time.time() + 15 * 60
+        _put(store, key, store.get(key), 3 * DAY)  # older than any grace: expires_at decides
+        _put(store, f"manifests/{run}.json", b"{}", 0)  # the commit, then a gc at once
+        _put(store, f"changes/{run}.parquet", b"changes", 0)
+        plan = plan_gc(store, grace_s=0)
+        assert [i.key for i in plan.chunks] == ["chunks/other.parquet"]
+        assert plan.changes == []
+        assert [i.key for i in plan.stale] == [f"{PAID_PREFIX}{'6' * 64}/c2/q.parquet"]
+        done = collect(store, plan, ledger=None, grace_s=0)
+        assert [i.key for i in done.chunks] == ["chunks/other.parquet"]
+        assert store.head_sha256(key) and store.head_sha256(f"{PAID_PREFIX}{run}/c2/q.parquet")
+        assert store.head_sha256("chunks/c1.g1.parquet")
+    assert list(store.list(LEASE_PREFIX)) == []  # the run ended: its lease went
+    assert [i.key for i in plan_gc(store, grace_s=0).stale] == [
+        f"{PAID_PREFIX}{run}/c2/q.parquet"]  # nothing protects them any more
+
+
+def test_a_run_lease_is_renewed_and_an_expired_one_is_collected(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    run = "7" * 64
+    _put(store, "chunks/c0.parquet", b"c0", 3 * DAY)
+    with held_lease(store, LEASE_PREFIX, run, ["chunks/c0.parquet"], ttl_s=60,
+                    renew_s=0.05) as first:
+        deadline = time.monotonic() + 10
+        while [i.key for i in store.list(LEASE_PREFIX)] == [first]:
+            assert time.monotonic() < deadline, "the lease was never renewed"
+            time.sleep(0.02)
+        assert first not in {i.key for i in store.list(LEASE_PREFIX)}  # the old one went
+    # a run killed (no `finally`): its last lease expired and is older than the grace period
+    dead = json.dumps({"run_key": run, "objects": ["chunks/c0.parquet"],
+                       "expires_at": time.time() - 60}).encode()
+    _put(store, f"{LEASE_PREFIX}{run}.dead.000003.json", dead, 2 * DAY)
+    _put(store, f"{PAID_PREFIX}{run}/c0/q.parquet", b"paid", 2 * DAY)
+    plan = plan_gc(store, grace_s=0)
+    assert sorted(i.key for i in plan.stale) == [
+        f"{PAID_PREFIX}{run}/c0/q.parquet", f"{LEASE_PREFIX}{run}.dead.000003.json"]
+    assert [i.key for i in plan.chunks] == ["chunks/c0.parquet"]
+    # expired, but younger than the grace period (killed an hour ago): still kept
+    assert plan_gc(store, grace_s=3 * DAY).stale == []
+
+
+class _RenewedWhileListed(LocalDirStore):
+    """A store whose first read of a lease finds it renewed after gc listed it: the holder
+    wrote the next generation and deleted the listed one (as ``held_lease`` does)."""
+
+    renewed = False
+
+    def get(self, key: str) -> bytes:
+        if key.startswith(LEASE_PREFIX) and not self.renewed:
+            self.renewed = True
+            body = super().get(key)
+            next_key = key.replace(".000000.json", ".000001.json")
+            self.put_if_absent(next_key, body, sha256=hashlib.sha256(body).hexdigest(),
+                               content_type="application/json")
+            self.delete(key)
+        return super().get(key)
+
+
+def test_a_lease_renewed_between_gc_listing_and_reading_it_still_protects(
+        tmp_path: Path) -> None:
+    store = _RenewedWhileListed(tmp_path)
+    run = "8" * 64
+    _put(store, "chunks/c0.parquet", b"c0", 3 * DAY)
+    with held_lease(store, LEASE_PREFIX, run, ["chunks/c0.parquet"]):
+        plan = plan_gc(store, grace_s=0)
+    assert store.renewed and plan.chunks == [] and plan.stale == []
