@@ -44,6 +44,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -115,9 +116,9 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-#: Seconds before a lost interrupt's signal is sent again: long enough for the callback
-#: that lost it to return, short enough to feel immediate.
-_REDELIVER_AFTER_S = 0.01
+#: Seconds between the end of the hook that caught a lost interrupt and its signal sent
+#: again: long enough for the hook to return, short enough to feel immediate.
+_REDELIVER_AFTER_S = 0.05
 
 
 class StopState:
@@ -344,18 +345,29 @@ class StopState:
         (a ``__del__``, a weakref callback such as importlib's module-lock ``cb``) is printed
         as "Exception ignored in …" and lost, and the command went on as if no Ctrl-C had
         come (about 1 Ctrl-C in 500 in the first 50 ms of planning). Send its signal to the
-        main thread again ``_REDELIVER_AFTER_S`` seconds later, from a timer thread (sent
-        from here, it would be raised inside this hook and lost again), so the handler
-        raises it at a point that can propagate it. Returns True if ``unraisable`` was an
-        interrupt (print nothing for it), False otherwise."""
+        main thread again from a thread of its own (sent from here, it would be raised inside
+        this hook and lost again), ``_REDELIVER_AFTER_S`` seconds after this hook has
+        returned, so the handler raises it at a point that can propagate it. The thread
+        waits for the hook to end, not just the delay: on a loaded machine starting it took
+        longer than the delay, and the signal came back inside the hook ("Exception ignored
+        in sys.unraisablehook", CI). Returns True if ``unraisable`` was an interrupt (print
+        nothing for it), False otherwise."""
         exc = unraisable.exc_value
         if exc is None or not is_interrupt(exc):
             return False
         self.forget_interrupts()  # the one redelivered is a first signal, not a second
-        main = threading.main_thread().ident
-        timer = threading.Timer(_REDELIVER_AFTER_S, signal.pthread_kill, (main, signal_of(exc)))
-        timer.daemon = True
-        timer.start()
+        main, signum = threading.main_thread().ident, signal_of(exc)
+        hook_ended = threading.Event()
+
+        def send() -> None:
+            hook_ended.wait()
+            time.sleep(_REDELIVER_AFTER_S)
+            signal.pthread_kill(main, signum)
+
+        try:
+            threading.Thread(target=send, name="redeliver-interrupt", daemon=True).start()
+        finally:
+            hook_ended.set()
         return True
 
     def _holding(self) -> bool:
