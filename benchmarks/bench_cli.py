@@ -865,7 +865,7 @@ def _sdk_targets(full: RunResult | None, sdk: dict[str, Any] | None,
                 f"{sdk['wall_s']:.1f} s / embedline {full.wall_s:.1f} s, of which "
                 f"{start:.1f} s the temporary server's start-up; without it "
                 f"{sdk['wall_s'] / max(full.wall_s - start, 1e-9):.2f})"] = {
-            "value": round(sdk["wall_s"] / full.wall_s, 2), "met": True}
+            "value": round(sdk["wall_s"] / full.wall_s, 2), "met": None}  # no target
     return targets
 
 
@@ -1022,7 +1022,8 @@ def print_table(runs: list[RunResult], baseline: dict[str, Any] | None,
             print(f"  {r.name:<20} {r.server_inputs!s:>14}  {r.right_inputs:>12}  "
                   f"{r.wall_s:>6.1f}  {r.exit_code:>4}")
     for key, value in targets.items():
-        print(f"target {'MET   ' if value['met'] else 'MISSED'} {key}: {value['value']}")
+        verdict = "REPORT" if value["met"] is None else "MET   " if value["met"] else "MISSED"
+        print(f"target {verdict} {key}: {value['value']}")
 
 
 def _machine() -> dict[str, Any]:
