@@ -318,7 +318,10 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
 def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float) -> int:
     from cli.console import ProgressBar, command_seconds, print_summary
 
-    committed = _without_prefect(settings) if "://" not in settings.input else None
+    # a commit's event goes to a server someone reads, never to the temporary one this
+    # command stops at its end (Prefect's events worker waited for it, seconds and a line)
+    committed = _without_prefect(settings, emit_events=api.server is None) \
+        if "://" not in settings.input else None
     if isinstance(committed, tuple):
         return fail(f"embedline: error: {committed[0]}", committed[1])
     if committed is not None:
@@ -490,7 +493,8 @@ def _check_api_key(settings: RunSettings) -> tuple[str, int] | None:
 _recorded_run_hook: Any = None
 
 
-def _without_prefect(settings: RunSettings) -> dict[str, Any] | tuple[str, int] | None:
+def _without_prefect(settings: RunSettings, *, emit_events: bool,
+                     ) -> dict[str, Any] | tuple[str, int] | None:
     """What ``run`` finishes before Prefect starts, on ``flows.run.Run`` as the flow would:
     a run already committed (its summary; the ledger catches up if it lags the store), or a
     run with nothing to embed and no sink (a re-export with new bytes, same rows: commit
@@ -498,7 +502,9 @@ def _without_prefect(settings: RunSettings) -> dict[str, Any] | tuple[str, int] 
     handed over. (message, exit code) for an input or store error.
 
     Costs one pass over the local input (0.6 s for 27 MB here) and a few reads of the store;
-    a committed run writes nothing to the store, as DESIGN §4 asks.
+    a committed run writes nothing to the store, as DESIGN §4 asks. ``emit_events``: send
+    ``embedline.run.committed`` for a commit (False with the CLI's temporary server, which
+    runs no automations and is stopped when the command ends).
     """
     import logging
     import time
@@ -523,7 +529,7 @@ def _without_prefect(settings: RunSettings) -> dict[str, Any] | tuple[str, int] 
     if opened.committed is not None:
         opened.discard_scratch()
         return opened.already_committed().to_dict()
-    summary = None if settings.sink else _commit_without_dispatch(opened)
+    summary = None if settings.sink else _commit_without_dispatch(opened, emit_events)
     if summary is None:  # the flow takes the plan over, with its scratch files
         hand_over_plan(opened.plan, settings.input, **settings.plan_arguments)
     else:
@@ -531,9 +537,11 @@ def _without_prefect(settings: RunSettings) -> dict[str, Any] | tuple[str, int] 
     return summary
 
 
-def _commit_without_dispatch(run: Run) -> dict[str, Any] | tuple[str, int] | None:
+def _commit_without_dispatch(run: Run, emit_events: bool,
+                             ) -> dict[str, Any] | tuple[str, int] | None:
     """Record ``run``, find its work and, if no chunk task is needed, conclude it (commit,
-    or the summary of what blocks the commit); None if the flow has work to do."""
+    or the summary of what blocks the commit; ``embedline.run.committed`` emitted if
+    ``emit_events``); None if the flow has work to do."""
     from embedline.errors import EmbedlineError
     from embedline.models import RunSummary
     from flows.dispatch import DispatchResult
@@ -562,7 +570,8 @@ def _commit_without_dispatch(run: Run) -> dict[str, Any] | tuple[str, int] | Non
             with run.leased():  # gc keeps the objects the lease lists
                 ended = run.conclude(work, DispatchResult(), on_committed=lambda summary: (
                     STOP.note_committed(run.run_key, str(summary.manifest_uri),
-                                        "nothing to resume"), emit_run_committed(summary)))
+                                        "nothing to resume"),
+                    emit_events and emit_run_committed(summary)))
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     finally:

@@ -198,6 +198,10 @@ def test_rerun_held_back_only_by_dead_letters_answers_without_prefect(
     assert committed.returncode == 0, committed.stderr[-3000:]
     assert list((tmp_path / "embedline-output" / "manifests").glob("*.json"))
     assert fake_openai.counters()["requests"] == sent and "Flow run" not in committed.stderr
+    # The commit's event went to the temporary server the command was stopping: nobody could
+    # read it there, and Prefect's events worker waited for it at exit with a stray line
+    # ("Still processing items: 1 items remaining...", seconds of the re-export's rerun).
+    assert committed.stderr.strip() == "", committed.stderr[-3000:]
 
 
 def test_output_that_is_a_file_is_refused_before_prefect(tmp_path: Path, csv_file: Path) -> None:
