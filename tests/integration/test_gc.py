@@ -198,6 +198,14 @@ def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
+def _wait_until_stopped(proc: subprocess.Popen[str], what: str, timeout_s: float = 120) -> None:
+    """Wait until ``proc`` stopped itself (``tests/support/signal_at``'s SIGSTOP)."""
+    deadline = time.monotonic() + timeout_s
+    while not _stopped(proc.pid):
+        assert time.monotonic() < deadline and proc.poll() is None, f"the {what} never paused"
+        time.sleep(0.05)
+
+
 @pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
@@ -220,10 +228,7 @@ def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
     loading = subprocess.Popen([sys.executable, "-m", "cli", *load, old], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not _stopped(loading.pid):
-            assert time.monotonic() < deadline and loading.poll() is None, "the load never paused"
-            time.sleep(0.05)
+        _wait_until_stopped(loading, "load")
         done = _gc(tmp_path, out, "--keep-runs", "1", "--grace", "0s")
         loading.send_signal(signal.SIGCONT)
         stdout, stderr = loading.communicate(timeout=120)
@@ -310,10 +315,7 @@ def test_gc_with_no_grace_keeps_what_a_paused_run_holds_and_its_paid_requests(
     running = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not _stopped(running.pid):
-            assert time.monotonic() < deadline and running.poll() is None, "the run never paused"
-            time.sleep(0.05)
+        _wait_until_stopped(running, "run")
         done = _gc(tmp_path, out, "--grace", "0s")
         leases = list((out / "_embedline" / "runs").glob("*.json"))
         left_paid = sorted((out / "_embedline" / "paid").rglob("*.parquet"))
