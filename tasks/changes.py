@@ -202,7 +202,11 @@ def _write_parquet(path: Path, blocks: Iterable[pa.Table], *, meta: dict[str, An
     the rows by change. Holds one row group and one block at most."""
     schema = _CHANGES_SCHEMA.with_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
     counts: Counter[str] = Counter()
-    with pq.ParquetWriter(str(path), schema, compression="zstd") as writer:
+    # a dictionary for ``change`` (four values) only: ids and hashes are unique, and hashing
+    # them into a dictionary Parquet then abandons cost half the write (31.8 -> 17.5 ms for
+    # 64,000 rows)
+    with pq.ParquetWriter(str(path), schema, compression="zstd",
+                          use_dictionary=["change"]) as writer:
         pending = pa.Table.from_batches([], schema=_CHANGES_SCHEMA)
         for block in blocks:
             counts.update({str(v["values"]): int(v["counts"])
