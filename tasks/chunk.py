@@ -7,6 +7,7 @@ ledger: only the flow process writes it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import replace
 from typing import Any
@@ -30,7 +31,8 @@ from tasks.outcome import retry_condition
 from tasks.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.publish import publish_chunk
 from adapters.csv_source import read_chunk
-from tasks.reuse import combine, drop_other_lengths, split_duplicates, take_prefill, take_reused
+from tasks.reuse import (Reused, combine, drop_other_lengths, split_duplicates, take_prefill,
+                         take_reused)
 
 __all__ = ["embed_chunk", "run_chunk", "show_published_chunk", "store_for", "warm_worker"]
 
@@ -123,59 +125,64 @@ def run_chunk(
         found.take_paid(take_paid(paid, rest, model=settings.effective_model,
                                   dimensions=settings.dimensions, length=expected))
         rest = [r for r in rest if r.row_number not in found.vectors]
-    send, copies = split_duplicates(rest)
-    answers = _batch_answers(rows, settings, batches) if send else None
-    client = progress.counting((answers or build_embedder(settings)) if send else None,
-                               spec.index)
-    # batch answers are kept by the provider (the rerun reads them again): nothing to keep
-    embedded = _embed(send, client, settings, expected, paid if answers is None else None)
-    if expected is None and embedded.rows:  # learned from the server's first answer
-        stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
-        if stale:  # vectors of an older length: this run's are the server's answers
-            client = client or progress.counting(build_embedder(settings), spec.index)
-            embedded = merged(embedded, _embed(stale, client, settings,
-                                               int(embedded.vectors.shape[1]), paid))
-    inputs = len(embedded.rows)  # texts this attempt sent and got vectors for
-    sent = inputs + len(found.paid)  # the server embedded these for the object
-    embedded = combine(rows, embedded, found, copies, model=settings.effective_model,
-                       dimensions=settings.dimensions)
-    if embedded.rows:
-        dimensions = int(embedded.vectors.shape[1])
-    else:
-        dimensions = expected or int(getattr(client, "dimensions", None) or 0)
-    outcome = publish_chunk(
-        store,
-        spec,
-        embedded,
-        model=settings.effective_model,
-        dimensions=dimensions,
-        request_settings=settings.request_fingerprint,
-        rows_sent=sent,
-        kept_columns=source.kept_columns,
-        keep_text=source.keep_text,
-    )
+    # the last request's vectors go straight into the object: written to the store only
+    # if the chunk fails first (tasks/paid.py)
+    with paid.keep_held_on_failure() if paid is not None else contextlib.nullcontext():
+        send, copies = split_duplicates(rest)
+        answers = _batch_answers(rows, settings, batches) if send else None
+        client = progress.counting((answers or build_embedder(settings)) if send else None,
+                                   spec.index)
+        # batch answers are kept by the provider (the rerun reads them again): nothing to keep
+        embedded = _embed(send, client, settings, expected, paid if answers is None else None)
+        if expected is None and embedded.rows:  # learned from the server's first answer
+            stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
+            if stale:  # vectors of an older length: this run's are the server's answers
+                client = client or progress.counting(build_embedder(settings), spec.index)
+                embedded = merged(embedded, _embed(stale, client, settings,
+                                                   int(embedded.vectors.shape[1]), paid))
+        inputs = len(embedded.rows)  # texts this attempt sent and got vectors for
+        sent = inputs + len(found.paid)  # the server embedded these for the object
+        embedded = combine(rows, embedded, found, copies, model=settings.effective_model,
+                           dimensions=settings.dimensions)
+        if embedded.rows:
+            dimensions = int(embedded.vectors.shape[1])
+        else:
+            dimensions = expected or int(getattr(client, "dimensions", None) or 0)
+        outcome = publish_chunk(
+            store,
+            spec,
+            embedded,
+            model=settings.effective_model,
+            dimensions=dimensions,
+            request_settings=settings.request_fingerprint,
+            rows_sent=sent,
+            kept_columns=source.kept_columns,
+            keep_text=source.keep_text,
+        )
     if paid is not None:
         paid.clear()  # published: what the failed attempts paid for is in the object now
     outcome = replace(outcome, inputs=inputs, reused=found.reused,
                       deduplicated=found.deduplicated, tokens_saved=found.tokens_saved,
                       batch_tokens=answers.batch_tokens if answers is not None else 0,
                       batch_inputs=answers.batch_inputs if answers is not None else 0)
-    logger.info(
-        "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens",
-        spec.index,
-        outcome.rows,
-        "" if outcome.created else " (object already existed)",
-        len(outcome.dead_letters),
-        outcome.requests,
-        outcome.tokens,
-    )
-    if found.paid:
-        logger.info("chunk %d: %d rows from requests an earlier attempt paid for",
-                    spec.index, len(found.paid))
-    if found.reused or found.deduplicated:
-        logger.info("chunk %d: %d rows reused from earlier runs, %d deduplicated in this run",
-                    spec.index, found.reused, found.deduplicated)
+    logger.info("chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens%s",
+                spec.index, outcome.rows,
+                "" if outcome.created else " (object already existed)",
+                len(outcome.dead_letters), outcome.requests, outcome.tokens, _sources(found))
     return outcome
+
+
+def _sources(found: Reused) -> str:
+    """Where the rows not sent came from, for the chunk's one log line ("" if all were
+    sent). One line per chunk, not one per fact: each line also goes through Prefect's
+    API log worker to the server and the UI."""
+    parts = []
+    if found.paid:
+        parts.append(f"{len(found.paid)} from requests an earlier attempt paid for")
+    if found.reused or found.deduplicated:
+        parts.append(f"{found.reused} reused from earlier runs, {found.deduplicated} "
+                     "deduplicated in this run")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _batch_answers(rows: list[Row], settings: RunSettings,

@@ -109,6 +109,7 @@ class _Embedder:
     ) -> None:
         self.client = client
         self.paid = paid  # where each successful request's vectors are kept at once
+        self.last_batch = False  # its requests' vectors are published next: held, not written
         self.model = model
         self.dimensions = dimensions
         # the run's vector length: given by the flow, else learned from the first answer
@@ -159,7 +160,7 @@ class _Embedder:
         if self.paid is not None:  # paid for: kept before anything else can fail the chunk
             self.paid.keep(keys, result.vectors, tokens=result.tokens,
                            request_key=request_key(keys),
-                           text_hashes=[r.text_sha256 for r in batch])
+                           text_hashes=[r.text_sha256 for r in batch], held=self.last_batch)
         for row, vector in zip(batch, result.vectors, strict=True):
             self.vectors[row.row_number] = vector
         return None
@@ -279,7 +280,9 @@ def embed_rows(
 
     Every error raised carries the chunk's ``requests`` and ``tokens`` so far. With
     ``paid``, each successful request's vectors are kept there as soon as it answers
-    (``tasks/paid.py``), so a chunk that fails later does not pay for them again.
+    (``tasks/paid.py``), so a chunk that fails later does not pay for them again; those of
+    the last batch are held in memory (``PaidRequests.keep_held_on_failure`` writes them if
+    the chunk fails before it is published).
 
     :raises RequestRejectedError: the server refuses the request itself (see ``_Embedder``).
     :raises RetryableError: a request still failed after the client's attempt budget.
@@ -305,8 +308,11 @@ def embed_rows(
         batch_size, max_request_tokens = len(sendable), sum(estimate_tokens(r.text)
                                                             for r in sendable)
     try:
+        done = 0
         for batch in batches(sendable, batch_size=batch_size,
                              max_request_tokens=max_request_tokens, caps=embedder.caps):
+            done += len(batch)
+            embedder.last_batch = done == len(sendable)
             embedder.embed(batch)
     except EmbedlineError as exc:
         exc.requests, exc.tokens = embedder.requests, embedder.tokens  # the chunk's whole cost

@@ -163,3 +163,34 @@ def test_a_rerun_after_kill_9_mid_chunk_sends_only_the_texts_not_kept(
     assert sent == Counter({_sha(t): 1 for _, t in rows[4:]})  # only what was not kept
     _check_vectors(Output(tmp_path, None, None), rows)
     assert list(paid.rglob("*.parquet")) == []
+
+
+
+def test_chunks_whose_publish_fails_after_their_last_request_keep_that_request(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    # A chunk's last request is held in memory (its vectors are published next); when the
+    # publish then fails, it is written on the way out, so the rerun pays nothing again.
+    # The fault: S3 refuses every chunk object (403, as a bucket policy would).
+    from tests.support.s3_proxy import ResettingProxy
+
+    denied = (403, b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>")
+    rows = [(f"p{i}", f"publish text {i}") for i in range(12)]
+    _write(tmp_path / "in.csv", rows)
+    output = Output(tmp_path, moto_endpoint, s3_bucket)
+    args = _args(tmp_path, fake_openai, output.uri, "--batch-size", "6")
+    with ResettingProxy(moto_endpoint, fault=lambda method, path: denied if (
+            method == "PUT" and "/chunks/" in path) else None) as proxy:
+        first = run_cli(*args, cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
+    assert first.returncode == 3, first.stderr[-3000:]
+    charged = fake_openai.charged_texts()
+    assert charged and max(charged.values()) == 1
+    kept = [k for k in output.keys("_embedline/paid/") if k.endswith(".parquet")]
+    assert len(kept) == fake_openai.counters()["requests"]  # each chunk's one request
+
+    rerun = run_cli(*args, cwd=tmp_path, env={"AWS_ENDPOINT_URL": moto_endpoint})
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert fake_openai.charged_texts() == Counter({_sha(t): 1 for _, t in rows}), \
+        "the rerun paid again for a request a failed publish held"
+    _check_vectors(output, rows)
+    assert output.keys("_embedline/paid/") == []

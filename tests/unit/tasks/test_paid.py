@@ -59,3 +59,28 @@ def test_names() -> None:
     assert chunk_name("chunks/abc.g2.parquet") == "abc.g2"
     assert paid_run_key(f"{PAID_PREFIX}{RUN}/abc/q.parquet") == RUN
     assert paid_run_key("_embedline/runs/x.json") is None
+
+
+def test_the_last_request_is_held_in_memory_and_written_only_if_the_chunk_then_fails(
+    tmp_path: Path,
+) -> None:
+    store = LocalDirStore(tmp_path)
+    published = PaidRequests(store, RUN, "published")
+    with published.keep_held_on_failure():
+        published.keep(["r1"], _vectors(1, seed=1), tokens=3, request_key="q1")
+        published.keep(["r2"], _vectors(1, seed=2), tokens=4, request_key="q2", held=True)
+        assert published.tokens() == 7  # held requests count as paid for this attempt
+        assert sorted(published.kept()) == ["r1", "r2"]
+    published.clear()  # the chunk published: the held one was never written
+    assert list(store.list(PAID_PREFIX)) == []
+
+    failing = PaidRequests(store, RUN, "failing")
+    last = _vectors(2, seed=3)
+    with pytest.raises(OSError), failing.keep_held_on_failure():
+        failing.keep(["r3", "r4"], last, tokens=5, request_key="q3", held=True,
+                     text_hashes=["t3", "t4"])
+        assert list(store.list(PAID_PREFIX)) == []  # nothing written while it may publish
+        raise OSError("the publish failed")
+    retry = PaidRequests(store, RUN, "failing")  # the next attempt, in another process
+    np.testing.assert_array_equal(retry.kept()["r4"], last[1])
+    assert retry.tokens() == 5 and sorted(retry.kept_by_text()) == ["t3", "t4"]
