@@ -217,11 +217,20 @@ class LocalDirStore:
         return result
 
     def head_sha256(self, key: str) -> str | None:
-        """Return the SHA-256 (hex) of the file at ``key``, or None if there is none."""
+        """Return the SHA-256 (hex) of the file at ``key``, or None if there is none.
+
+        :raises ConflictError: something that is not a regular file stands at ``key``, or a
+            file stands where one of its directories should be (it is never replaced).
+        """
+        path = self._path(key)
         try:
-            return sha256_file(self._path(key))
+            return sha256_file(path)
         except FileNotFoundError:
             return None
+        except (IsADirectoryError, NotADirectoryError):
+            raise ConflictError(f"{path} (or a directory above it) exists and is not what the "
+                                "output layout needs; it is never replaced: remove it "
+                                "yourself or use a fresh --output") from None
 
     def get(self, key: str) -> bytes:
         """Return the bytes at ``key``. :raises FileNotFoundError: if the key does not exist."""
