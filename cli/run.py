@@ -74,7 +74,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--dimensions", type=positive_int, default=None,
                      help="shortened vectors (openai text-embedding-3) (default: the model's own)")
     run.add_argument("--chunk-size", type=positive_int, default=1000, help="rows per chunk")
-    run.add_argument("--batch-size", type=positive_int, default=128, help="rows per request")
+    run.add_argument("--batch-size", type=positive_int, default=1000,
+                     help="rows per request (at most 2048, OpenAI's limit)")
     run.add_argument("--max-request-tokens", type=positive_int, default=200_000,
                      help="estimated tokens per request (OpenAI allows 300,000)")
     run.add_argument("--concurrency", type=positive_int, default=8,

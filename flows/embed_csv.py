@@ -59,7 +59,7 @@ def embed_csv(
     base_url: str = "https://api.openai.com/v1",
     dimensions: int | None = None,
     chunk_size: int = 1000,
-    batch_size: int = 128,
+    batch_size: int = 1000,
     max_request_tokens: int = 200_000,
     concurrency: int = 8,
     rpm: int | None = None,

@@ -70,8 +70,8 @@ def classify_transport_error(exc: httpx.RequestError, *, where: str = "") -> Emb
         return RetryableError(f"cannot connect to{at} ({name}): check that the server is "
                               "running and --base-url is right")
     if isinstance(exc, httpx.TimeoutException):
-        return RetryableError(f"no answer from{at} in time ({name}); raise --timeout if the "
-                              "server is slow")
+        return RetryableError(f"no answer from{at} in time ({name}); if the server is slow, "
+                              "raise --timeout or send smaller requests (--batch-size)")
     return RetryableError(f"request to{at} failed without a response ({name})")
 
 
