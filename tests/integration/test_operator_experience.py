@@ -331,7 +331,8 @@ def test_run_help_shows_every_default_and_explains_the_ledger(tmp_path: Path) ->
     text = " ".join(result.stdout.split())
     for flag in ("--chunk-size", "--batch-size", "--concurrency", "--timeout", "--grace"):
         assert flag in text
-    assert "(default: 1000)" in text and "(default: 128)" in text and "(default: 60.0)" in text
+    assert "rows per chunk (default: 1000)" in text and "(default: 60.0)" in text
+    assert "rows per request (at most 2048, OpenAI's limit) (default: 1000)" in text
     no_reuse = text.split("--no-reuse ", 1)[1].split(" --task-runner", 1)[0]
     assert "default: True" not in no_reuse and "reused" in no_reuse  # on unless --no-reuse
     # an unset option says what unset means, never argparse's "(default: None)" (which
