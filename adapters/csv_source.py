@@ -134,6 +134,7 @@ def plan_csv(
     keep_columns: Sequence[str] = (),
     keep_text: bool = False,
     scratch_root: str | None = None,
+    scratch: Scratch | None = None,
 ) -> InputPlan:
     """Stream ``path`` once: validate it, hash it and cut it into chunks of ``chunk_size`` rows.
 
@@ -155,7 +156,9 @@ def plan_csv(
     in a scratch directory under it (``adapters.row_facts``), so memory stays flat at any
     row count, and the plan's ``scratch`` names it (its ``rows`` spill feeds the reuse
     stage; release it with ``adapters.scratch.release``). Without it, id digests stay in
-    memory (8 bytes a row) and the plan has no row hashes.
+    memory (8 bytes a row) and the plan has no row hashes. ``scratch``: plan into this
+    directory instead of a new one under ``scratch_root`` (the caller owns it: a failed
+    plan leaves it to the caller to close).
 
     :raises InputError: (exit 2) a template column or kept column missing from the header
         (naming it, listing the header), unreadable file, UTF-16 file, undecodable bytes, missing or
@@ -171,7 +174,7 @@ def plan_csv(
         handed, _handed_over = _handed_over, None
     if handed is not None and handed[0] == (args, _local_file_stamp(args[0])):
         return handed[1]
-    return _plan_csv(*args)
+    return _plan_csv(*args, given=scratch)
 
 
 def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: str,
@@ -213,20 +216,25 @@ def _plan_csv(
     path: str, id_column: str, text_column: str, codec: str, chunk_size: int, model: str,
     dimensions: int | None, delimiter: str, text_template: str | None,
     keep_columns: tuple[str, ...], keep_text: bool, scratch_root: str | None,
+    *, given: Scratch | None = None,
 ) -> InputPlan:
     args = (path, id_column, text_column, codec, chunk_size, model, dimensions, delimiter,
             text_template, keep_columns, keep_text)
     for fast in (True, False):
-        scratch = Scratch.create(scratch_root) if scratch_root is not None else None
+        if given is not None:
+            scratch: Scratch | None = given
+            given.reset()
+        else:
+            scratch = Scratch.create(scratch_root) if scratch_root is not None else None
         try:
             return _plan_pass(*args, fast=fast, scratch=scratch)
         except NeedsLineReader:  # undecodable bytes: the line reader names the first error
             assert fast, "the line reader never needs itself"
         except BaseException:
-            if scratch is not None:
+            if scratch is not None and given is None:
                 scratch.close()
             raise
-        if scratch is not None:
+        if scratch is not None and given is None:
             scratch.close()
     raise AssertionError("unreachable")
 

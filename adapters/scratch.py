@@ -98,10 +98,10 @@ class Scratch:
     """A private local directory for one run's spill files; see the module docstring.
 
     Build with ``Scratch.create(root)``; ``path`` is the directory. ``close()`` deletes it
-    (idempotent). Thread-safe for distinct file names.
+    (idempotent; a ``lent`` one is left to its owner). Thread-safe for distinct file names.
     """
 
-    def __init__(self, path: Path, lock_fd: int) -> None:
+    def __init__(self, path: Path, lock_fd: int | None) -> None:
         self.path = path
         self._lock_fd: int | None = lock_fd
 
@@ -129,6 +129,22 @@ class Scratch:
         with _live_lock:
             _live[path] = scratch
         return scratch
+
+    @classmethod
+    def lent(cls, path: str | os.PathLike[str]) -> Scratch:
+        """A scratch directory another process created, holds (locked) and deletes, lent to
+        this one to write into (``cli/plan_ahead.py``): ``close`` leaves it alone."""
+        return cls(Path(path), None)
+
+    def reset(self) -> None:
+        """Delete everything in the directory but its lock (a planning pass starting over)."""
+        for entry in self.path.iterdir():
+            if entry.name == _LOCK:
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def file(self, name: str) -> Path:
         """The path of scratch file ``name`` (not created)."""

@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from adapters.processes import set_parent_death_signal
+
 __all__ = ["LocalServer", "ServerStartError"]
 
 #: Block types are for the UI's block forms, which this server does not serve; registering
@@ -40,7 +42,6 @@ __all__ = ["LocalServer", "ServerStartError"]
 _SKIP_BLOCK_REGISTRATION = {"PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
                             "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
 _EXIT_GRACE_S = 3.0  # seconds a server whose CLI died gets to shut down before _exit
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class ServerStartError(RuntimeError):
@@ -153,21 +154,8 @@ def _exit_when_parent_dies(watch_fd: int) -> None:
     os._exit(0)
 
 
-def _set_parent_death_signal(parent_pid: int) -> None:
-    """Ask Linux to SIGTERM this process when its parent dies (prctl(2)); no-op elsewhere."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(0)
-
-
 def _serve(port: int, watch_fd: int, parent_pid: int) -> None:
-    _set_parent_death_signal(parent_pid)
+    set_parent_death_signal(parent_pid)
     threading.Thread(target=_exit_when_parent_dies, args=(watch_fd,), daemon=True).start()
     import uvicorn
 

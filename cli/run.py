@@ -30,6 +30,7 @@ from embedline.shutdown import SIGNALS, STOP, exit_code_for
 from embedline.tracebacks import DEBUG_ENV
 
 if TYPE_CHECKING:  # imported when used: `embedline --help` stays fast
+    from cli.plan_ahead import PlanAhead
     from embedline.settings import RunSettings
     from flows.run import Run
 
@@ -318,11 +319,20 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
 
 def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float) -> int:
     from cli.console import ProgressBar, command_seconds, print_summary
+    from cli.plan_ahead import PlanAhead
 
-    # a commit's event goes to a server someone reads, never to the temporary one this
-    # command stops at its end (Prefect's events worker waited for it, seconds and a line)
-    committed = _without_prefect(settings, emit_events=api.server is None) \
-        if "://" not in settings.input else None
+    local = "://" not in settings.input
+    ahead = PlanAhead.start(settings) if local else None
+    try:
+        if ahead is not None:  # imported while the child plans (cli/plan_ahead.py)
+            _import_the_flow()
+        # a commit's event goes to a server someone reads, never to the temporary one this
+        # command stops at its end (Prefect's events worker waited for it, seconds and a line)
+        committed = _without_prefect(settings, emit_events=api.server is None,
+                                     ahead=ahead) if local else None
+    finally:
+        if ahead is not None:
+            ahead.close()
     if isinstance(committed, tuple):
         return fail(f"embedline: error: {committed[0]}", committed[1])
     if committed is not None:
@@ -340,12 +350,12 @@ def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float
                 return int(loaded["exit_code"])
             return int(committed["exit_code"])  # 1: every chunk published, dead letters
         # with --sink and a load still to do, the flow loads the committed run
-    with STOP.interrupts_deferred():  # an interrupt inside Prefect's import was lost
-        from flows.cancellation import raise_if_interrupted_by_cancel
-        from flows.embed_csv import embed_csv
+    _import_the_flow()
+    from flows.cancellation import raise_if_interrupted_by_cancel
+    from flows.embed_csv import embed_csv
 
-        if api.server is not None:
-            _import_while_the_server_starts()
+    if api.server is not None:
+        _import_while_the_server_starts()
     try:
         api.wait_ready()
     except PrefectApiError as exc:
@@ -389,6 +399,13 @@ def _say_why_not_complete(summary: dict[str, Any]) -> None:
 #: and pandas (pyarrow imports it at its first array, in the first chunk's publish).
 _IMPORTED_BY_THE_FLOW = ("prefect.flow_engine", "prefect.task_engine", "fastapi.encoders",
                          "pandas")
+
+
+def _import_the_flow() -> None:
+    """Import the flow and with it Prefect (0.8 s of CPU here)."""
+    with STOP.interrupts_deferred():  # an interrupt inside Prefect's import was lost
+        import flows.cancellation  # noqa: F401
+        import flows.embed_csv  # noqa: F401
 
 
 def _import_while_the_server_starts() -> None:
@@ -495,6 +512,7 @@ _recorded_run_hook: Any = None
 
 
 def _without_prefect(settings: RunSettings, *, emit_events: bool,
+                     ahead: PlanAhead | None = None,
                      ) -> dict[str, Any] | tuple[str, int] | None:
     """What ``run`` finishes before Prefect starts, on ``flows.run.Run`` as the flow would:
     a run already committed (its summary; the ledger catches up if it lags the store), or a
@@ -505,7 +523,8 @@ def _without_prefect(settings: RunSettings, *, emit_events: bool,
     Costs one pass over the local input (0.6 s for 27 MB here) and a few reads of the store;
     a committed run writes nothing to the store, as DESIGN §4 asks. ``emit_events``: send
     ``embedline.run.committed`` for a commit (False with the CLI's temporary server, which
-    runs no automations and is stopped when the command ends).
+    runs no automations and is stopped when the command ends). ``ahead``: the plan comes
+    from that child process instead (``cli/plan_ahead.py``).
     """
     import logging
     import time
@@ -519,7 +538,8 @@ def _without_prefect(settings: RunSettings, *, emit_events: bool,
     started = time.monotonic()
     try:
         opened = Run.open(settings, store=open_store(settings.output),
-                          plan_input=lambda s: plan_csv(s.input, **s.plan_arguments),
+                          plan_input=ahead.plan if ahead is not None else
+                          lambda s: plan_csv(s.input, **s.plan_arguments),
                           log=logging.getLogger("embedline.run"), started=started)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code

@@ -1,0 +1,127 @@
+"""``embedline run`` plans a local input in a child process while it imports Prefect.
+
+The CLI must plan before it knows whether it needs Prefect at all (a committed run, or one
+with nothing to embed, ends without it), and it must import Prefect before the flow: both
+are single-threaded Python (0.45 s and 0.8 s of CPU for the English file), so in one
+process they added up before the first request. A child process plans on another core
+while this one imports, and hands the plan back.
+
+The child writes into a scratch directory this process created and holds (its lock, its
+deletion at exit: ``adapters.scratch``); the request and the result travel as two pickle
+files in it, never on a command line (column names and paths stay out of ``ps``). The
+child has a session of its own (a terminal's Ctrl-C reaches only the CLI, which stops it)
+and is killed with the CLI (``PR_SET_PDEATHSIG``; ``close``). Anything unexpected — the
+child cannot start, dies, or returns nothing readable — and the CLI plans in-process as
+before, so every input error still reads exactly as planning words it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from adapters.csv_source import plan_csv
+from adapters.processes import set_parent_death_signal
+from adapters.scratch import Scratch
+from embedline.errors import EmbedlineError
+from embedline.models import InputPlan
+from embedline.settings import RunSettings
+
+__all__ = ["PlanAhead"]
+
+_REQUEST = "plan-ahead.request"
+_RESULT = "plan-ahead.result"
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # holds cli/, adapters/, …
+
+
+class PlanAhead:
+    """The planning child of one ``run``. ``start(settings)`` (None if it cannot start),
+    then ``plan(settings)`` once (blocks until the child is done), ``close()`` always."""
+
+    def __init__(self, scratch: Scratch, proc: subprocess.Popen[bytes]) -> None:
+        self.scratch, self.proc = scratch, proc
+
+    @classmethod
+    def start(cls, settings: RunSettings) -> PlanAhead | None:
+        """Start planning ``settings.input`` (a local file) in a child process."""
+        try:
+            scratch = Scratch.create(settings.scratch_root)
+        except (OSError, EmbedlineError):
+            return None  # planning in-process reports it with its full context
+        arguments = {k: v for k, v in settings.plan_arguments.items() if k != "scratch_root"}
+        try:
+            (scratch.path / _REQUEST).write_bytes(pickle.dumps(
+                {"input": settings.input, "arguments": arguments}))
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cli.plan_ahead", str(scratch.path), str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, env=env)
+        except OSError:
+            scratch.close()
+            return None
+        return cls(scratch, proc)
+
+    def plan(self, settings: RunSettings) -> InputPlan:
+        """The child's plan of ``settings.input`` (its ``scratch`` is this object's
+        directory, released with the run's plan), or the plan made here if the child
+        failed unexpectedly.
+
+        :raises InputError: (and any ``EmbedlineError``) as ``plan_csv`` raises it.
+        """
+        result = self._result()
+        if result is None:
+            self.scratch.close()
+            return plan_csv(settings.input, **settings.plan_arguments)
+        kind, value = result
+        if kind == "error":
+            self.scratch.close()
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Stop the child if it still runs (an interrupt, an error before ``plan``)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.wait()
+
+    def _result(self) -> tuple[str, Any] | None:
+        if self.proc.wait() != 0:
+            return None
+        try:
+            result = pickle.loads((self.scratch.path / _RESULT).read_bytes())
+            (self.scratch.path / _RESULT).unlink()
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+            return None
+        if not (isinstance(result, tuple) and len(result) == 2
+                and (result[0] == "plan" and isinstance(result[1], InputPlan)
+                     or result[0] == "error" and isinstance(result[1], EmbedlineError))):
+            return None
+        return result
+
+
+def _child(scratch_dir: str, parent_pid: int) -> int:
+    """The child: plan what the request file asks into ``scratch_dir``; write the result."""
+    set_parent_death_signal(parent_pid)
+    directory = Path(scratch_dir)
+    request = pickle.loads((directory / _REQUEST).read_bytes())
+    try:
+        result: tuple[str, Any] = ("plan", plan_csv(
+            request["input"], **request["arguments"], scratch=Scratch.lent(directory)))
+    except EmbedlineError as exc:
+        result = ("error", exc)
+    written = directory / f".{_RESULT}"
+    written.write_bytes(pickle.dumps(result))
+    written.rename(directory / _RESULT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1], int(sys.argv[2])))

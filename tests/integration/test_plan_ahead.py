@@ -1,0 +1,139 @@
+"""``embedline run`` plans in a child process while it imports Prefect (cli/plan_ahead.py):
+the plan is the one planning in-process makes, input errors read the same, a child that
+dies is replaced by planning in-process, and no child outlives the CLI, however it ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.csv_source import plan_csv
+from adapters.scratch import Spill, release
+from adapters.row_facts import ROW_DTYPE
+from cli.plan_ahead import PlanAhead
+from embedline.settings import RunSettings
+from tests.support.fake_openai import FakeEmbeddingServer
+from tests.support.fixtures import REPO, run_cli
+
+pytestmark = pytest.mark.integration
+
+
+def _csv(path: Path, rows: int) -> Path:
+    with path.open("w", encoding="utf-8") as fh:
+        fh.write('id,text\n')
+        for i in range(rows):
+            fh.write(f'r{i},"text {i % 997}\nsecond line of {i}"\n')
+    return path
+
+
+def _rows(plan: object) -> np.ndarray:
+    spill = Spill(Path(plan.scratch) / "rows", ROW_DTYPE)  # type: ignore[attr-defined]
+    return np.sort(np.concatenate([spill.read(b) for b in spill.partitions()]), order=[
+        "prefix", "chunk", "position"])
+
+
+def test_the_child_plans_what_planning_here_plans(tmp_path: Path) -> None:
+    settings = RunSettings(input=str(_csv(tmp_path / "in.csv", 2500)), chunk_size=400,
+                           ledger=str(tmp_path / "ledger.sqlite3"))
+    here = plan_csv(settings.input, **settings.plan_arguments)
+    ahead = PlanAhead.start(settings)
+    assert ahead is not None
+    try:
+        child = ahead.plan(settings)
+    finally:
+        ahead.close()
+    assert (child.sha256, child.rows, child.bytes) == (here.sha256, here.rows, here.bytes)
+    assert child.chunks == here.chunks and child.source == here.source
+    assert child.scratch == str(ahead.scratch.path) and child.scratch != here.scratch
+    np.testing.assert_array_equal(_rows(child), _rows(here))  # the reuse stage's row hashes
+    release(child.scratch)
+    release(here.scratch)
+    assert not Path(child.scratch).exists()
+
+
+def test_a_child_that_dies_is_replaced_by_planning_here(tmp_path: Path) -> None:
+    settings = RunSettings(input=str(_csv(tmp_path / "in.csv", 300)), chunk_size=100,
+                           ledger=str(tmp_path / "ledger.sqlite3"))
+    ahead = PlanAhead.start(settings)
+    assert ahead is not None
+    os.kill(ahead.proc.pid, signal.SIGKILL)
+    plan = ahead.plan(settings)
+    ahead.close()
+    assert plan.rows == 300 and len(plan.chunks) == 3
+    assert plan.scratch is not None and Path(plan.scratch).is_dir()
+    assert not ahead.scratch.path.exists()  # the child's directory went with it
+    release(plan.scratch)
+
+
+@pytest.mark.usefixtures("prefect_api_url")
+def test_an_input_error_found_by_the_child_reads_as_before(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    (tmp_path / "in.csv").write_text("id,text\n1,a\n2,b\n1,c\n", encoding="utf-8")
+    done = run_cli("run", "in.csv", "--embedder", "openai", "--base-url",
+                   fake_openai.base_url, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "in.csv:4" in done.stderr and "duplicate" in done.stderr.lower()
+    assert "Traceback" not in done.stderr
+    assert fake_openai.counters()["requests"] == 0
+    assert list((tmp_path / ".embedline" / "scratch").iterdir()) == []
+
+
+def _children_planning(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"cli.plan_ahead" in cmdline and any(marker.encode() in part for part in cmdline):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.usefixtures("prefect_api_url")
+def test_no_planning_child_outlives_the_cli(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, how: signal.Signals
+) -> None:
+    _csv(tmp_path / "big.csv", 400_000)  # about a second of planning
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "run", "big.csv", "--embedder", "openai",
+         "--base-url", fake_openai.base_url], cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        scratch, planning = tmp_path / ".embedline" / "scratch", False
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not planning and proc.poll() is None:
+            # planning started: the child read its request and cleared the directory
+            planning = bool(_children_planning(str(tmp_path))) and scratch.is_dir() and not \
+                list(scratch.glob("*/plan-ahead.request")) and bool(list(scratch.iterdir()))
+            time.sleep(0.005)
+        assert planning, "no planning child seen at work"
+        proc.send_signal(how)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _children_planning(str(tmp_path)):
+        time.sleep(0.05)
+    assert _children_planning(str(tmp_path)) == []
+    # stopped, not finished: a child left running would have written its plan by now
+    left = list((tmp_path / ".embedline" / "scratch").glob("*/plan-ahead.result"))
+    assert left == []
+    if how == signal.SIGINT:
+        assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+        assert list((tmp_path / ".embedline" / "scratch").iterdir()) == []
+    assert fake_openai.counters()["requests"] == 0
