@@ -322,7 +322,9 @@ def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float
     from cli.plan_ahead import PlanAhead
 
     local = "://" not in settings.input
-    ahead = PlanAhead.start(settings) if local else None
+    # not with the temporary server: its start-up hides the import already, and a third
+    # busy process on two cores slowed all three (a nothing-to-embed rerun: 1.2 -> 2.2 s)
+    ahead = PlanAhead.start(settings) if local and api.server is None else None
     try:
         if ahead is not None:  # imported while the child plans (cli/plan_ahead.py)
             _import_the_flow()
@@ -350,10 +352,7 @@ def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float
                 return int(loaded["exit_code"])
             return int(committed["exit_code"])  # 1: every chunk published, dead letters
         # with --sink and a load still to do, the flow loads the committed run
-    _import_the_flow()
-    from flows.cancellation import raise_if_interrupted_by_cancel
-    from flows.embed_csv import embed_csv
-
+    embed_csv, raise_if_interrupted_by_cancel = _import_the_flow()
     if api.server is not None:
         _import_while_the_server_starts()
     try:
@@ -401,11 +400,12 @@ _IMPORTED_BY_THE_FLOW = ("prefect.flow_engine", "prefect.task_engine", "fastapi.
                          "pandas")
 
 
-def _import_the_flow() -> None:
-    """Import the flow and with it Prefect (0.8 s of CPU here)."""
+def _import_the_flow() -> tuple[Any, Any]:
+    """The flow and its cancel check, imported with Prefect (0.8 s of CPU here)."""
     with STOP.interrupts_deferred():  # an interrupt inside Prefect's import was lost
-        import flows.cancellation  # noqa: F401
-        import flows.embed_csv  # noqa: F401
+        from flows.cancellation import raise_if_interrupted_by_cancel
+        from flows.embed_csv import embed_csv
+    return embed_csv, raise_if_interrupted_by_cancel
 
 
 def _import_while_the_server_starts() -> None:
