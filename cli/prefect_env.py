@@ -22,7 +22,7 @@ from embedline.shutdown import STOP, ApiLoss
 if TYPE_CHECKING:
     from cli.local_server import LocalServer
 
-__all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment",
+__all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment", "configured_api_url",
            "invalid_prefect_setting", "is_prefect_cloud", "prefect_api",
            "temporary_server_stopped", "with_prefect_api"]
 
@@ -200,7 +200,7 @@ def prefect_api() -> PrefectApi:
     :raises PrefectApiError: a configured ``PREFECT_API_URL`` does not answer.
     """
     configure_prefect_environment()
-    configured = os.environ.get("PREFECT_API_URL") or _profile_api_url()
+    configured = configured_api_url()
     if configured:
         _check_reachable(configured)
         return PrefectApi(configured, None)
@@ -233,6 +233,12 @@ def with_prefect_api(
         return body(api)
     finally:
         api.close()
+
+
+def configured_api_url() -> str | None:
+    """The Prefect API a user configured (``PREFECT_API_URL``, else the active profile's),
+    read without importing Prefect; None: the run gets a temporary server."""
+    return os.environ.get("PREFECT_API_URL") or _profile_api_url()
 
 
 def _profile_api_url() -> str | None:

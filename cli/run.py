@@ -256,12 +256,19 @@ def _retry_failed(args: argparse.Namespace) -> int:
 
 
 def _run_settings(settings: RunSettings, *, progress_interval_s: float = 10.0) -> int:
-    problem = _check_before_prefect(settings)
-    if problem is not None:
-        return fail(f"embedline: error: {problem[0]}", problem[1])
-    # a temporary server starts now, in parallel with planning
-    return with_prefect_api(lambda api: _run_flow(settings, api, progress_interval_s),
-                            on_lost=lambda loss: _stop_after_api_loss(loss, settings.grace_s))
+    from cli.plan_ahead import PlanAhead
+
+    ahead = PlanAhead.for_run(settings)  # first: the checks import what the child does too
+    try:
+        problem = _check_before_prefect(settings)
+        if problem is not None:
+            return fail(f"embedline: error: {problem[0]}", problem[1])
+        # a temporary server starts now, in parallel with planning
+        return with_prefect_api(lambda api: _run_flow(settings, api, progress_interval_s, ahead),
+                                on_lost=lambda loss: _stop_after_api_loss(loss, settings.grace_s))
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 #: Seconds, beyond ``--grace``, that the flow gets to record its chunks and summary after
@@ -317,24 +324,16 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
         STOP.hard_exit(code)
 
 
-def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float) -> int:
+def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float,
+              ahead: PlanAhead | None) -> int:
     from cli.console import ProgressBar, command_seconds, print_summary
-    from cli.plan_ahead import PlanAhead
 
-    local = "://" not in settings.input
-    # not with the temporary server: its start-up hides the import already, and a third
-    # busy process on two cores slowed all three (a nothing-to-embed rerun: 1.2 -> 2.2 s)
-    ahead = PlanAhead.start(settings) if local and api.server is None else None
-    try:
-        if ahead is not None:  # imported while the child plans (cli/plan_ahead.py)
-            _import_the_flow()
-        # a commit's event goes to a server someone reads, never to the temporary one this
-        # command stops at its end (Prefect's events worker waited for it, seconds and a line)
-        committed = _without_prefect(settings, emit_events=api.server is None,
-                                     ahead=ahead) if local else None
-    finally:
-        if ahead is not None:
-            ahead.close()
+    if ahead is not None:  # imported while the child plans (cli/plan_ahead.py)
+        _import_the_flow()
+    # a commit's event goes to a server someone reads, never to the temporary one this
+    # command stops at its end (Prefect's events worker waited for it, seconds and a line)
+    committed = _without_prefect(settings, emit_events=api.server is None, ahead=ahead) \
+        if "://" not in settings.input else None
     if isinstance(committed, tuple):
         return fail(f"embedline: error: {committed[0]}", committed[1])
     if committed is not None:
