@@ -21,8 +21,10 @@ from cli.plan_ahead import PlanAhead
 from embedline.settings import RunSettings
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO, run_cli
+from tests.support.processes import processes_with_env
 
 pytestmark = pytest.mark.integration
+_MARK = "EMBEDLINE_TEST_PLAN_AHEAD"
 
 
 def _csv(path: Path, rows: int) -> Path:
@@ -86,18 +88,9 @@ def test_an_input_error_found_by_the_child_reads_as_before(
     assert list((tmp_path / ".embedline" / "scratch").iterdir()) == []
 
 
-def _children_planning(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"cli.plan_ahead" in cmdline and any(marker.encode() in part for part in cmdline):
-            found.append(int(entry.name))
-    return found
+def _children_planning(marker: str, cli_pid: int) -> list[int]:
+    """The CLI's live children (they inherit its environment's marker)."""
+    return [pid for pid in processes_with_env(_MARK, marker) if pid != cli_pid]
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
@@ -109,15 +102,16 @@ def test_no_planning_child_outlives_the_cli(
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", "run", "big.csv", "--embedder", "openai",
          "--base-url", fake_openai.base_url], cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        env={**os.environ, "PYTHONPATH": str(REPO), _MARK: str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children = lambda: _children_planning(str(tmp_path), proc.pid)  # noqa: E731
     try:
         scratch, planning = tmp_path / ".embedline" / "scratch", False
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not planning and proc.poll() is None:
             # planning started: the child read its request and cleared the directory
-            planning = bool(_children_planning(str(tmp_path))) and scratch.is_dir() and not \
-                list(scratch.glob("*/plan-ahead.request")) and bool(list(scratch.iterdir()))
+            planning = bool(children()) and scratch.is_dir() and not list(
+                scratch.glob("*/plan-ahead.request")) and bool(list(scratch.iterdir()))
             time.sleep(0.005)
         assert planning, "no planning child seen at work"
         proc.send_signal(how)
@@ -127,9 +121,9 @@ def test_no_planning_child_outlives_the_cli(
             proc.kill()
             proc.wait()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _children_planning(str(tmp_path)):
+    while time.monotonic() < deadline and children():
         time.sleep(0.05)
-    assert _children_planning(str(tmp_path)) == []
+    assert children() == []
     # stopped, not finished: a child left running would have written its plan by now
     left = list((tmp_path / ".embedline" / "scratch").glob("*/plan-ahead.result"))
     assert left == []
