@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from adapters.processes import set_parent_death_signal
+from cli.lifeline import set_parent_death_signal
 
 __all__ = ["LocalServer", "ServerStartError"]
 

@@ -131,3 +131,20 @@ def test_no_planning_child_outlives_the_cli(
         assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
         assert list((tmp_path / ".embedline" / "scratch").iterdir()) == []
     assert fake_openai.counters()["requests"] == 0
+
+
+@pytest.mark.usefixtures("prefect_api_url")
+def test_an_input_the_child_cannot_open_as_the_cli_does_is_planned_here(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """``/dev/stdin`` (and ``/dev/fd/N``) name the CLI's own descriptors: a child opening
+    the path read nothing ("the file is empty", exit 2, found by a break test)."""
+    source = _csv(tmp_path / "in.csv", 50)
+    with source.open("rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-m", "cli", "run", "/dev/stdin", "--embedder", "openai",
+             "--base-url", fake_openai.base_url], cwd=tmp_path, stdin=stdin,
+            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+            timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "50 published of 50" in done.stdout
