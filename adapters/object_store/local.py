@@ -55,6 +55,14 @@ def _translate_os_error(exc: OSError, path: str) -> EmbedlineError | None:
     return None
 
 
+def _in_the_way(path: Path) -> ConflictError:
+    """A directory where an object should be, or a file where one of its directories
+    should be: never replaced (a read or existence check of that key raises this)."""
+    return ConflictError(f"{path} (or a directory above it) exists and is not what the "
+                         "output layout needs; it is never replaced: remove it yourself or "
+                         "use a fresh --output")
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -228,20 +236,31 @@ class LocalDirStore:
         except FileNotFoundError:
             return None
         except (IsADirectoryError, NotADirectoryError):
-            raise ConflictError(f"{path} (or a directory above it) exists and is not what the "
-                                "output layout needs; it is never replaced: remove it "
-                                "yourself or use a fresh --output") from None
+            raise _in_the_way(path) from None
 
     def get(self, key: str) -> bytes:
-        """Return the bytes at ``key``. :raises FileNotFoundError: if the key does not exist."""
-        return self._path(key).read_bytes()
+        """Return the bytes at ``key``.
+
+        :raises FileNotFoundError: if the key does not exist.
+        :raises ConflictError: as ``head_sha256``.
+        """
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except (IsADirectoryError, NotADirectoryError):
+            raise _in_the_way(path) from None
 
     def open_read(self, key: str) -> BinaryIO:
         """Return a seekable binary file over ``key`` (read only the parts you need).
 
         :raises FileNotFoundError: if the key does not exist.
+        :raises ConflictError: as ``head_sha256``.
         """
-        return open(self._path(key), "rb")  # noqa: SIM115 — the caller closes it
+        path = self._path(key)
+        try:
+            return open(path, "rb")  # noqa: SIM115 — the caller closes it
+        except (IsADirectoryError, NotADirectoryError):
+            raise _in_the_way(path) from None
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Yield the objects whose key starts with ``prefix`` (a folder such as ``chunks/``),

@@ -194,3 +194,42 @@ def test_chunks_whose_publish_fails_after_their_last_request_keep_that_request(
         "the rerun paid again for a request a failed publish held"
     _check_vectors(output, rows)
     assert output.keys("_embedline/paid/") == []
+
+
+def test_a_directory_at_the_chunks_key_at_publish_time_is_one_line_and_keeps_what_was_paid(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    # Found by a break test: a directory made at the chunk object's key while its request
+    # was in flight failed the publish with an IsADirectoryError traceback, exit 1 and a
+    # "rerun" hint that could not work. Now: a conflict (exit 3, one line), the request
+    # written on the way out, and after the directory is gone the rerun pays nothing again.
+    from adapters.csv_source import plan_csv
+    from embedline.settings import RunSettings
+
+    rows = [(f"d{i}", f"directory text {i}") for i in range(6)]
+    _write(tmp_path / "in.csv", rows)
+    args = _args(tmp_path, fake_openai, str(tmp_path / "out"), "--batch-size", "6")
+    settings = RunSettings(input=str(tmp_path / "in.csv"), embedder="openai", chunk_size=6)
+    plan = plan_csv(settings.input, **{**settings.plan_arguments, "scratch_root": None})
+    fake_openai.fail_when(lambda payload: {"delay_s": 2.0})
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and fake_openai.requests < 1:
+            time.sleep(0.02)
+        (tmp_path / "out" / plan.chunks[0].object_key).mkdir(parents=True)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err[-3000:]
+    assert "not what the output layout needs" in err and "Traceback" not in err
+    assert fake_openai.charged_texts() == Counter({_sha(t): 1 for _, t in rows})
+    fake_openai.fail_when(None)
+    (tmp_path / "out" / plan.chunks[0].object_key).rmdir()
+    rerun = run_cli(*args, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert fake_openai.charged_texts() == Counter({_sha(t): 1 for _, t in rows})
+    _check_vectors(Output(tmp_path, None, None), rows)

@@ -196,17 +196,20 @@ def test_head_and_get_of_missing_key(store: LocalDirStore) -> None:
         store.get("manifests/none.json")
 
 
-def test_head_of_a_key_where_a_directory_or_a_file_stands_in_the_way_is_a_conflict(
+def test_reading_a_key_where_a_directory_or_a_file_stands_in_the_way_is_a_conflict(
     store: LocalDirStore, tmp_path: Path
 ) -> None:
     """A directory at a chunk's key (or a file where ``chunks/`` should be) is refused with
     the path and what to do: it was an IsADirectoryError traceback from the skip check."""
     (tmp_path / "out" / "chunks" / "a.parquet").mkdir(parents=True)
-    with pytest.raises(ConflictError, match=r"chunks/a\.parquet .*fresh --output"):
-        store.head_sha256("chunks/a.parquet")
     (tmp_path / "out" / "manifests").write_text("a file where a directory should be")
-    with pytest.raises(ConflictError, match="manifests/m.json"):
-        store.head_sha256("manifests/m.json")
+    # every read of the key: the existence check, and the publish's read of what stands
+    # there (it was an IsADirectoryError traceback and a "rerun" hint, exit 1)
+    for read in (store.head_sha256, store.get, lambda key: store.open_read(key).close()):
+        with pytest.raises(ConflictError, match=r"chunks/a\.parquet .*fresh --output"):
+            read("chunks/a.parquet")
+        with pytest.raises(ConflictError, match="manifests/m.json"):
+            read("manifests/m.json")
 
 
 @pytest.mark.parametrize(
