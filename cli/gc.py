@@ -44,7 +44,9 @@ def format_report(done: Any, *, dry_run: bool) -> str:
     """One line per dataset (runs kept and deleted; column names, model and dimensions, no
     text or values), one per kind of object, then the total (objects and bytes)."""
     verb = "would delete" if dry_run else "deleted"
-    lines = [f"kept       {len(done.kept_runs)} runs"]
+    lines = [f"kept       {len(done.kept_runs)} runs" + (
+        f", and {done.leased:,} objects that runs in progress need (live leases)"
+        if done.leased else "")]
     for entry in done.datasets:
         lines.append(f"dataset    {entry.label()}: kept {len(entry.kept)} runs, {verb} "
                      f"{len(entry.deleted)}")

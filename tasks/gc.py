@@ -187,6 +187,9 @@ class GcPlan:
     """What gc deletes (or would): objects by kind, and the manifests it keeps."""
 
     kept_runs: list[str] = field(default_factory=list)
+    # objects old enough to go that no kept run lists but a live lease does (a run or load
+    # in progress needs them): kept, and counted so the report does not read "kept 0 runs"
+    leased: int = 0
     manifests: list[ObjectInfo] = field(default_factory=list)
     chunks: list[ObjectInfo] = field(default_factory=list)
     changes: list[ObjectInfo] = field(default_factory=list)
@@ -266,7 +269,6 @@ def plan_gc(
     kept, datasets = _kept_manifests(manifests, keep_runs, older_than_s, now)
     keep = _referenced(kept)
     protected, stale_leases = _live_leases(store, cutoff, now)
-    keep |= protected
     plan = GcPlan(kept_runs=[str(m["run_key"]) for m in kept], datasets=datasets)
     _pin(plan, protected)
     published: set[str] = set()
@@ -275,8 +277,11 @@ def plan_gc(
         for info in store.list(prefix):
             if prefix == "chunks/":
                 published.add(chunk_name(info.key))
-            if info.key not in keep and not _leased(info.key, protected) and \
-                    info.modified < cutoff:
+            if info.key in keep or info.modified >= cutoff:
+                continue
+            if info.key in protected or _leased(info.key, protected):
+                plan.leased += 1
+            else:
                 bucket.append(info)
     scratch = [i for i in store.list(SCRATCH_PREFIX)
                if not i.key.startswith(LEASE_PREFIXES) and not _paid_kept(i.key, protected)
@@ -293,11 +298,14 @@ def collect(
     and drop the ledger rows that referred to deleted objects. Returns what was deleted."""
     now = time.time() if now is None else now
     protected, _ = _live_leases(store, now - grace_s, now)  # a run or load started meanwhile
-    done = GcPlan(kept_runs=plan.kept_runs, datasets=plan.datasets,
+    done = GcPlan(kept_runs=plan.kept_runs, datasets=plan.datasets, leased=plan.leased,
                   stale=[i for i in plan.stale if not _paid_kept(i.key, protected)])
     done.chunks = [i for i in plan.chunks if not _leased(i.key, protected)]
     done.changes = [i for i in plan.changes if not _leased(i.key, protected)]
     done.manifests = [i for i in plan.manifests if not _leased(i.key, protected)]
+    done.leased += sum(len(planned) - len(kept) for planned, kept in (
+        (plan.chunks, done.chunks), (plan.changes, done.changes),
+        (plan.manifests, done.manifests)))
     _pin(done, protected)
     for group in (done.manifests, done.changes, done.chunks, done.stale):
         for info in group:

@@ -126,6 +126,8 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
     assert running.returncode == 0, stderr[-3000:]
     assert "manifests  deleted 1 objects" in done and "changes    deleted 1 objects" in done
     assert "chunks     deleted 0 objects" in done  # the running run's lease kept chunk 0
+    # and the report says so (it read "kept 1 runs" alone, found by a break test)
+    assert "kept       1 runs, and 1 objects that runs in progress need (live leases)" in done
     assert not Path(manifest_a).exists() and (out / only_a).exists()
     manifest_c = next(line.split()[-1] for line in stdout.splitlines()
                       if line.startswith("manifest"))
