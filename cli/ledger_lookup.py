@@ -12,7 +12,7 @@ from cli.failures import EXIT_USAGE, fail
 if TYPE_CHECKING:
     from adapters.ledger import Ledger
 
-__all__ = ["find_run", "open_ledger"]
+__all__ = ["check_ledger_dir", "find_run", "open_ledger"]
 
 
 def open_ledger(path: str) -> Ledger:
@@ -36,3 +36,21 @@ def find_run(ledger: Ledger, key: str) -> Any:
     if record is None:
         raise SystemExit(fail(f"embedline: error: no run {key!r} in {ledger.path}", EXIT_USAGE))
     return record
+
+
+def check_ledger_dir(ledger: str) -> None:
+    """Create the ledger's directory now (it is also the run's scratch root), so a file in
+    the way, a read-only filesystem or missing permissions are one line before anything
+    starts; they were a traceback from the flow's first scratch directory.
+
+    :raises InputError: (exit 2) the directory cannot be created.
+    """
+    from embedline.errors import InputError
+
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(ledger)), exist_ok=True)
+    except OSError as exc:
+        why = ("a file stands where a directory should be"
+               if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror)
+        raise InputError(f"cannot use the ledger {ledger}: {why} ({exc.filename}); pass "
+                         "--ledger a path in a directory you can write") from None

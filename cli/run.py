@@ -23,7 +23,7 @@ from cli.arguments import (
     positive_int,
 )
 from cli.failures import EXIT_FATAL, EXIT_USAGE, exit_on_api_loss, fail
-from cli.ledger_lookup import find_run, open_ledger
+from cli.ledger_lookup import check_ledger_dir, find_run, open_ledger
 from cli.prefect_console import quiet_prefect_signal_crashes
 from cli.prefect_env import PrefectApi, PrefectApiError, with_prefect_api
 from embedline.shutdown import SIGNALS, STOP, exit_code_for
@@ -470,6 +470,7 @@ def _check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
         return str(exc), exc.exit_code
     try:
         _check_output(settings.output)
+        check_ledger_dir(settings.ledger)
         if settings.sink:
             from adapters.sinks import validate_sink_uri
 

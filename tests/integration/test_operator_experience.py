@@ -168,6 +168,19 @@ def test_load_with_no_committed_run_is_one_line_before_prefect(
     assert not _prefect_started(tmp_path)
 
 
+@pytest.mark.parametrize("ledger", ["afile/ledger.sqlite3", "afile/deeper/ledger.sqlite3"])
+def test_a_ledger_where_a_file_stands_in_the_way_is_one_line_before_prefect(
+    tmp_path: Path, csv_file: Path, ledger: str
+) -> None:
+    """It was the flow's traceback from the run's first scratch directory (break test)."""
+    (tmp_path / "afile").write_text("a file where the ledger's directory should be")
+    result = _cli(tmp_path, "run", csv_file.name, "--ledger", ledger)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = _one_line(result.stderr)
+    assert line.startswith(f"embedline: error: cannot use the ledger {ledger}: a file stands"), line
+    assert "--ledger" in line and not _prefect_started(tmp_path)
+
+
 def test_rerun_held_back_only_by_dead_letters_answers_without_prefect(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
