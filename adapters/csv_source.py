@@ -222,20 +222,19 @@ def _plan_csv(
             text_template, keep_columns, keep_text)
     for fast in (True, False):
         if given is not None:
-            scratch: Scratch | None = given
-            given.reset()
-        else:
-            scratch = Scratch.create(scratch_root) if scratch_root is not None else None
+            given.reset()  # the caller's directory: emptied for this pass, never closed
+        owned = Scratch.create(scratch_root) if given is None and scratch_root is not None \
+            else None
         try:
-            return _plan_pass(*args, fast=fast, scratch=scratch)
+            return _plan_pass(*args, fast=fast, scratch=given or owned)
         except NeedsLineReader:  # undecodable bytes: the line reader names the first error
             assert fast, "the line reader never needs itself"
         except BaseException:
-            if scratch is not None and given is None:
-                scratch.close()
+            if owned is not None:
+                owned.close()
             raise
-        if scratch is not None and given is None:
-            scratch.close()
+        if owned is not None:
+            owned.close()
     raise AssertionError("unreachable")
 
 

@@ -279,7 +279,7 @@ def plan_gc(
                 published.add(chunk_name(info.key))
             if info.key in keep or info.modified >= cutoff:
                 continue
-            if info.key in protected or _leased(info.key, protected):
+            if _leased(info.key, protected):
                 plan.leased += 1
             else:
                 bucket.append(info)

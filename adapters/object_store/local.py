@@ -55,12 +55,17 @@ def _translate_os_error(exc: OSError, path: str) -> EmbedlineError | None:
     return None
 
 
-def _in_the_way(path: Path) -> ConflictError:
-    """A directory where an object should be, or a file where one of its directories
-    should be: never replaced (a read or existence check of that key raises this)."""
-    return ConflictError(f"{path} (or a directory above it) exists and is not what the "
-                         "output layout needs; it is never replaced: remove it yourself or "
-                         "use a fresh --output")
+@contextlib.contextmanager
+def _in_the_way_is_a_conflict(path: Path) -> Iterator[None]:
+    """Around a read or existence check of ``path``: a directory where an object should
+    be, or a file where one of its directories should be, is a ``ConflictError`` (never
+    replaced), not an ``IsADirectoryError`` traceback."""
+    try:
+        yield
+    except (IsADirectoryError, NotADirectoryError):
+        raise ConflictError(f"{path} (or a directory above it) exists and is not what the "
+                            "output layout needs; it is never replaced: remove it yourself "
+                            "or use a fresh --output") from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -232,11 +237,10 @@ class LocalDirStore:
         """
         path = self._path(key)
         try:
-            return sha256_file(path)
+            with _in_the_way_is_a_conflict(path):
+                return sha256_file(path)
         except FileNotFoundError:
             return None
-        except (IsADirectoryError, NotADirectoryError):
-            raise _in_the_way(path) from None
 
     def get(self, key: str) -> bytes:
         """Return the bytes at ``key``.
@@ -245,10 +249,8 @@ class LocalDirStore:
         :raises ConflictError: as ``head_sha256``.
         """
         path = self._path(key)
-        try:
+        with _in_the_way_is_a_conflict(path):
             return path.read_bytes()
-        except (IsADirectoryError, NotADirectoryError):
-            raise _in_the_way(path) from None
 
     def open_read(self, key: str) -> BinaryIO:
         """Return a seekable binary file over ``key`` (read only the parts you need).
@@ -257,10 +259,8 @@ class LocalDirStore:
         :raises ConflictError: as ``head_sha256``.
         """
         path = self._path(key)
-        try:
+        with _in_the_way_is_a_conflict(path):
             return open(path, "rb")  # noqa: SIM115 — the caller closes it
-        except (IsADirectoryError, NotADirectoryError):
-            raise _in_the_way(path) from None
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Yield the objects whose key starts with ``prefix`` (a folder such as ``chunks/``),
