@@ -226,6 +226,8 @@ def main() -> int:
     if args.worker:
         worker(args.worker, args.data, args.out, args.old_rev)
         return 0
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="embedline-bench-changes-", dir=args.dir) as tmp:
         rows_results = [_one_size(Path(tmp), rows, args) for rows in args.rows]
     _report(rows_results, args.old_rev)
