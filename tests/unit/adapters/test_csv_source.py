@@ -75,6 +75,35 @@ def test_error_names_physical_line_after_multiline_records(tmp_path: Path) -> No
     assert "empty id" in str(info.value) and "'id'" in str(info.value)
 
 
+@pytest.mark.parametrize(("row_id", "words"), [
+    ("   ", "empty id"), ("\u3000", "empty id"), ("\t ", "empty id"), ("a\x1fb", "U+001F")])
+def test_every_id_the_rule_refuses_is_refused_by_planning_naming_its_line(
+    tmp_path: Path, row_id: str, words: str
+) -> None:
+    path = _write(tmp_path, f'id,text\n1,a\n"{row_id}",b\n')
+    with pytest.raises(InputError) as info:
+        _plan(path)
+    assert info.value.line == 3 and words in str(info.value)
+
+
+def test_whitespace_only_texts_are_planned_empty_as_the_embed_rule_says(tmp_path: Path) -> None:
+    from adapters.row_facts import chunk_rows
+    from adapters.scratch import release
+
+    texts = ["x", "  ", "\u3000\u2003", " y ", '"\n"', "\t"]
+    body = "".join(f"{i},{t}\n" for i, t in enumerate(texts))
+    plan = plan_csv(_write(tmp_path, "id,text\n" + body), id_column="id", text_column="text",
+                    codec="utf-8", chunk_size=10, model="m", dimensions=None,
+                    scratch_root=str(tmp_path / "scratch"))
+    try:
+        empty = chunk_rows(str(plan.scratch), 0).column("empty").to_pylist()
+    finally:
+        release(plan.scratch)
+    rows = read_chunk(plan.source, plan.chunks[0])
+    assert empty == [not row.text.strip() for row in rows] == [False, True, True, False, True,
+                                                               True]
+
+
 def test_trailing_comma_on_every_row_does_not_shift_columns(tmp_path: Path) -> None:
     path = _write(tmp_path, "id,text\n1,alpha,\n2,beta,\n")
     rows = [r for chunk in _rows(_plan(path)) for r in chunk]
