@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 __all__ = ["DEFAULT_LEDGER", "HELP_FORMATTER", "LEDGER_HELP", "MAX_DELETE_HELP", "fraction",
            "non_negative_float", "positive_float", "positive_int"]
@@ -33,17 +34,26 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 HELP_FORMATTER = HelpFormatter
 
 
+def _parsed(kind: type[int] | type[float], text: str, rule: str) -> Any:
+    """``kind(text)``; what it cannot read is worded by the rule the value breaks, not by
+    argparse's "invalid positive_int value"."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{rule}, got {text!r}") from None
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer ≥ 1."""
-    value = int(text)
+    value = _parsed(int, text, "must be a whole number, at least 1")
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be a whole number, at least 1, got {value}")
     return value
 
 
 def positive_float(text: str) -> float:
     """argparse type: a finite float > 0."""
-    value = float(text)
+    value = _parsed(float, text, "must be a finite number greater than 0")
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
     return value
@@ -51,7 +61,7 @@ def positive_float(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     """argparse type: a finite float ≥ 0."""
-    value = float(text)
+    value = _parsed(float, text, "must be a finite number, 0 or more")
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, got {text}")
     return value
@@ -59,7 +69,7 @@ def non_negative_float(text: str) -> float:
 
 def fraction(text: str) -> float:
     """argparse type: a share from 0 to 1 (``--max-delete-fraction``)."""
-    value = float(text)
+    value = _parsed(float, text, "must be a number from 0 to 1")
     if not (0 <= value <= 1):
         raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text}")
     return value

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from cli import batches, gc, inspect, load, run, search
 from cli.started import interrupted_line
@@ -22,8 +22,18 @@ __all__ = ["main"]
 _COMMAND_MODULES = (run, inspect, load, search, gc, batches)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, ``PROG: error: MESSAGE (see 'PROG
+    --help')``, exit 2 (DESIGN §3): argparse's own prints the whole usage first, twenty
+    lines for ``run`` above the one that says what was wrong. Subcommand parsers are of
+    this class too (``add_subparsers`` makes them of the parser's own class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="embedline",
         description="Embed a CSV's text column and publish the vectors exactly once.",
     )

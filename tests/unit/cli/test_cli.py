@@ -24,6 +24,28 @@ def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str], flag: 
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("argv", "words"), [
+    (["run", "x.csv", "--batch-size", "0"], "--batch-size: must be a whole number, at least 1"),
+    (["run", "x.csv", "--chunk-size", "x"], "--chunk-size: must be a whole number, at least 1, "
+                                            "got 'x'"),
+    (["run", "x.csv", "--max-delete-fraction", "2"], "--max-delete-fraction: must be a number"),
+    (["run", "x.csv", "--embedder", "foo"], "invalid choice: 'foo'"),
+    (["run"], "required: INPUT"),
+    (["gc"], "required: OUTPUT"),
+    (["rnu"], "invalid choice: 'rnu'"),
+    (["status", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_every_usage_error_is_one_line_that_points_to_help(
+    capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("embedline") and words in err, err
+    assert err.rstrip().endswith("--help')"), err
+
+
 @pytest.mark.parametrize(("value", "problem"), [("-1", "greater than or equal to 0"),
                                               ("nan", "finite"), ("inf", "finite")])
 def test_a_settings_error_names_the_flag_not_the_field(
