@@ -24,8 +24,12 @@ for the same work and CPU. Two allocators were keeping freed memory:
   pool hands them back to malloc. Arrow's C++ reads ``ARROW_DEFAULT_MEMORY_POOL`` once, at
   its first allocation (the Parquet reader uses that pool whatever
   ``pyarrow.set_memory_pool`` says: measured, 481 MB instead of 322 MB), so the variable is
-  set before pyarrow is first used: at the CLI's entry and when ``flows`` is imported (the
-  package a deployment's process loads first), and in each Dask worker's preload.
+  set before pyarrow is first used: at the CLI's entry before its commands are imported,
+  when ``flows`` is imported (the package a deployment's process loads first), and in each
+  Dask worker's preload. This module imports nothing heavy, and the ``adapters`` package
+  loads its other modules lazily, so importing it is never too late (it was, from the CLI
+  and from ``flows``, while the package imported every adapter, pyarrow among them:
+  ``tests/unit/adapters/test_memory.py``).
 
 An explicit ``ARROW_DEFAULT_MEMORY_POOL`` or ``MALLOC_ARENA_MAX`` in the environment wins.
 Elsewhere than glibc (macOS, musl) the malloc part does nothing.

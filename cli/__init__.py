@@ -101,13 +101,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     early = _exit_quietly_on_signals()
     after = dict(early)  # the handlers once the command's modules are loaded
     try:
+        if _entered:  # first: the command's modules import pyarrow (adapters/memory.py)
+            from adapters.memory import keep_memory_flat
+
+            keep_memory_flat()
         from cli.main import main as run
         from embedline.shutdown import raise_interrupt
 
         if _entered:
-            from adapters.memory import keep_memory_flat
-
-            keep_memory_flat()  # before pyarrow is first used (adapters/memory.py)
             after = dict.fromkeys(early, raise_interrupt)
     finally:
         for signum, handler in after.items():
