@@ -31,7 +31,8 @@ for the same work and CPU. Two allocators were keeping freed memory:
   and from ``flows``, while the package imported every adapter, pyarrow among them:
   ``tests/unit/adapters/test_memory.py``).
 
-An explicit ``ARROW_DEFAULT_MEMORY_POOL`` or ``MALLOC_ARENA_MAX`` in the environment wins.
+An explicit ``ARROW_DEFAULT_MEMORY_POOL`` or glibc variable in the environment wins, each for
+its own setting.
 Elsewhere than glibc (macOS, musl) the malloc part does nothing.
 """
 
@@ -53,17 +54,23 @@ _done = False
 
 
 def keep_memory_flat() -> None:
-    """Apply both settings once per process (idempotent, never raises)."""
+    """Apply the settings once per process (idempotent, never raises); each glibc one is
+    left to its environment variable when that is set (``MALLOC_ARENA_MAX``,
+    ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``: glibc read it at start)."""
     global _done
     if _done:
         return
     _done = True
-    if "MALLOC_ARENA_MAX" not in os.environ:
+    wanted = [(param, value) for param, value, variable in (
+        (_M_ARENA_MAX, _ARENAS, "MALLOC_ARENA_MAX"),
+        (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_"),
+        (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_"),
+    ) if variable not in os.environ]
+    if wanted:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.mallopt(_M_ARENA_MAX, _ARENAS)
-            libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-            libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+            for param, value in wanted:
+                libc.mallopt(param, value)
         except (OSError, AttributeError):
             pass  # not glibc
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

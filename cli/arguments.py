@@ -8,7 +8,8 @@ import math
 from typing import Any
 
 __all__ = ["DEFAULT_LEDGER", "HELP_FORMATTER", "LEDGER_HELP", "MAX_DELETE_HELP", "fraction",
-           "non_negative_float", "positive_float", "positive_int"]
+           "non_negative_float", "non_negative_int", "positive_float", "positive_int",
+           "usage_line"]
 
 DEFAULT_LEDGER = ".embedline/ledger.sqlite3"
 LEDGER_HELP = ("the SQLite ledger; a relative path is relative to the current directory, so "
@@ -41,6 +42,20 @@ def _parsed(kind: type[int] | type[float], text: str, rule: str) -> Any:
         return kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{rule}, got {text!r}") from None
+
+
+def usage_line(prog: str, message: str) -> str:
+    """The one line of a usage error (DESIGN §3): ``PROG: error: MESSAGE (see 'PROG
+    --help')``, for argparse's errors and for the checks made after parsing alike."""
+    return f"{prog}: error: {message} (see '{prog} --help')"
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer ≥ 0."""
+    value = _parsed(int, text, "must be a whole number, 0 or more")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {value}")
+    return value
 
 
 def positive_int(text: str) -> int:

@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, positive_int
+from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, positive_int, usage_line
 from cli.failures import EXIT_USAGE, fail
 
 __all__ = ["add_parsers", "format_report"]
@@ -26,13 +26,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                     help="keep the newest N manifests of each dataset (same columns, model "
                          "and dimensions; default: all, unless --older-than)")
     gc.add_argument("--older-than", default=None, metavar="AGE",
-                    help="delete manifests older than AGE (90d, 36h, 2w); with --keep-runs, "
-                         "only those both rules let go; the newest of each dataset always "
-                         "stays (default: no age rule)")
+                    help="delete manifests older than AGE (90d, 36h, 2w; a bare number is "
+                         "days); with --keep-runs, only those both rules let go; the newest "
+                         "of each dataset always stays (default: no age rule)")
     gc.add_argument("--grace", default="24h", metavar="AGE",
-                    help="never delete anything younger than this: runs in progress keep "
-                         "what they wrote (loads in progress keep their run by a renewed "
-                         "lease, whatever this says)")
+                    help="never delete anything younger than AGE (a bare number is days): "
+                         "runs in progress keep what they wrote (loads in progress keep their "
+                         "run by a renewed lease, whatever this says)")
     gc.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
     gc.add_argument("--ledger", default=DEFAULT_LEDGER,
                     help="ledger whose rows about deleted objects are dropped, if that file "
@@ -67,13 +67,18 @@ def _gc(args: argparse.Namespace) -> int:
     from embedline.errors import EmbedlineError
     from tasks.gc import collect, parse_age, plan_gc
 
-    try:
-        grace_s = parse_age(args.grace)
-        older_than_s = None if args.older_than is None else parse_age(args.older_than)
-    except ValueError as exc:
-        return fail(f"embedline: error: {exc}", EXIT_USAGE)
+    ages: dict[str, float | None] = {}
+    for flag, text in (("--grace", args.grace), ("--older-than", args.older_than)):
+        try:
+            ages[flag] = None if text is None else parse_age(text)
+        except ValueError as exc:
+            return fail(usage_line("embedline gc", f"argument {flag}: {exc}"), EXIT_USAGE)
+    grace_s, older_than_s = ages["--grace"] or 0.0, ages["--older-than"]
     try:
         store = open_store(args.output)
+        if not _holds_output(store):  # a mistyped path would report "deleted 0" and exit 0
+            return fail(f"embedline: error: {args.output} holds no embedline output (no "
+                        "manifests/ or chunks/): check the path", EXIT_USAGE)
         plan = plan_gc(store, keep_runs=args.keep_runs, older_than_s=older_than_s,
                        grace_s=grace_s)
         if args.dry_run:
@@ -89,3 +94,9 @@ def _gc(args: argparse.Namespace) -> int:
         return fail(f"embedline: error: {exc}", exc.exit_code)
     print(format_report(done, dry_run=False))
     return 0
+
+
+def _holds_output(store: Any) -> bool:
+    """Whether anything is under the output's ``manifests/`` or ``chunks/``."""
+    return any(next(iter(store.list(prefix)), None) is not None
+               for prefix in ("manifests/", "chunks/"))

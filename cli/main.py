@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from cli import batches, gc, inspect, load, run, search
+from cli.arguments import usage_line
 from cli.started import interrupted_line
 from embedline.errors import DiskFullError
 from embedline.shutdown import STOP, exit_code_for, is_interrupt, signal_of
@@ -29,7 +30,18 @@ class _Parser(argparse.ArgumentParser):
     this class too (``add_subparsers`` makes them of the parser's own class)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, usage_line(self.prog, message) + "\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse's, but an argument no parser took is refused by the subcommand's parser,
+        so the line points to that command's ``--help``."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = next((a.choices for a in self._actions
+                             if isinstance(a, argparse._SubParsersAction)), {})
+            parser = commands.get(getattr(parsed, "command", None), self)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
 
 def _parser() -> argparse.ArgumentParser:

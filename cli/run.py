@@ -12,16 +12,9 @@ import sqlite3
 import sys
 from typing import TYPE_CHECKING, Any
 
-from cli.arguments import (
-    DEFAULT_LEDGER,
-    HELP_FORMATTER,
-    LEDGER_HELP,
-    MAX_DELETE_HELP,
-    fraction,
-    non_negative_float,
-    positive_float,
-    positive_int,
-)
+from cli.arguments import (DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP, MAX_DELETE_HELP,
+                           fraction, non_negative_float, non_negative_int, positive_float,
+                           positive_int, usage_line)
 from cli.failures import EXIT_FATAL, EXIT_USAGE, exit_on_api_loss, fail
 from cli.ledger_lookup import check_ledger_dir, find_run, open_ledger
 from cli.prefect_console import quiet_prefect_signal_crashes
@@ -103,11 +96,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     run.add_argument("--encoding-format", choices=("auto", "base64", "float"), default="auto",
                      help="how vectors travel: auto asks for base64 and falls back "
                           "to float for the whole run if the server refuses base64")
-    run.add_argument("--chunk-retries", type=int, default=1,
+    run.add_argument("--chunk-retries", type=non_negative_int, default=1,
                      help="Prefect retries of a chunk after a retryable failure")
-    run.add_argument("--chunk-retry-delay", type=float, default=10.0,
+    run.add_argument("--chunk-retry-delay", type=non_negative_float, default=10.0,
                      help="seconds between Prefect retries of a chunk")
-    run.add_argument("--grace", type=float, default=30.0,
+    run.add_argument("--grace", type=non_negative_float, default=30.0,
                      help="seconds in-flight chunks may finish after SIGINT/SIGTERM")
     run.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     run.add_argument("--retry-dead-letters", action="store_true",
@@ -122,7 +115,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
                           "uncommitted unless --allow-failed-rows (exit 1)")
     run.add_argument("--allow-unconditional-store", action="store_true",
                      help="run even if the store ignores conditional writes (unsafe)")
-    run.add_argument("--price-per-million-tokens", type=float, default=None,
+    run.add_argument("--price-per-million-tokens", type=non_negative_float, default=None,
                      help="USD per 1M tokens, for the cost estimate in the summary (default: no "
                           "estimate)")
     run.add_argument("--no-reuse", dest="reuse", action="store_false",
@@ -209,13 +202,16 @@ def _settings_from(args: argparse.Namespace) -> Any:
     parameters = {k: v for k, v in vars(args).items()
                   if k not in _CLI_ONLY}
     ignored = batch_options_without_batch_api(parameters)
+    prog = f"embedline {args.command}"
     if ignored:  # before: silently ignored
         flag = "--" + ignored[0].replace("_", "-")
-        raise SystemExit(fail(f"embedline: error: {flag} needs --batch-api", EXIT_USAGE))
+        raise SystemExit(fail(usage_line(prog, f"argument {flag}: needs --batch-api"),
+                              EXIT_USAGE))
     try:
         return RunSettings.from_parameters(parameters)
     except ValidationError as exc:
-        raise SystemExit(fail(f"embedline: error: {validation_message(exc)}", EXIT_USAGE)) from None
+        raise SystemExit(fail(usage_line(prog, f"argument {validation_message(exc)}"),
+                              EXIT_USAGE)) from None
 
 
 _CLI_ONLY = ("command", "handler", "debug", "progress_interval")  # not flow parameters

@@ -107,16 +107,32 @@ def codec_for(encoding: str) -> str:
     return name
 
 
+#: pydantic's range errors, worded as the CLI's own argument types word them.
+_BOUNDS = {"less_than_equal": ("must be at most", "le"),
+           "greater_than_equal": ("must be at least", "ge"),
+           "greater_than": ("must be greater than", "gt"),
+           "less_than": ("must be less than", "lt")}
+
+
 def validation_message(exc: ValidationError) -> str:
     """One line for a pydantic error: ``--flag: problem; …`` (without pydantic's "Value
-    error, " prefix, which says nothing to a user)."""
+    error, " prefix, which says nothing to a user); a range error reads ``must be at most
+    2048, got 2049``, as the CLI's argument types say it."""
     flags = {field: name for name, field in PARAMETER_FIELDS.items()}  # grace_s → --grace
     return "; ".join(
         (f"--{flags.get(str(e['loc'][0]), str(e['loc'][0])).replace('_', '-')}: "
-         if e["loc"] else "")
-        + str(e["msg"]).removeprefix("Value error, ")
+         if e["loc"] else "") + _problem(e)
         for e in exc.errors()
     )
+
+
+def _problem(error: Any) -> str:
+    bound = _BOUNDS.get(error["type"])
+    if bound is not None and bound[1] in error.get("ctx", {}):
+        return f"{bound[0]} {error['ctx'][bound[1]]}, got {error['input']}"
+    if error["type"] == "finite_number":
+        return f"must be a finite number, got {error['input']}"
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 class RunSettings(BaseModel):

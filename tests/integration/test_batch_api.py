@@ -616,7 +616,8 @@ def test_a_batch_option_without_batch_api_is_a_usage_error(
               str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"), *option])
     assert stopped.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == f"embedline: error: {option[0]} needs --batch-api", line
+    assert line == (f"embedline run: error: argument {option[0]}: needs --batch-api "
+                    "(see 'embedline run --help')"), line
     assert not (tmp_path / "ledger.sqlite3").exists()  # refused before anything started
 
 

@@ -34,8 +34,8 @@ print(faults() - before)
 """
 
 
-def _page_faults(settings: bool) -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+def _page_faults(settings: bool, **extra: str) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | extra
     out = subprocess.run([sys.executable, "-c", _FAULTS, str(REPO),
                           "settings" if settings else "defaults"],
                          env=env, capture_output=True, text=True, check=True, timeout=60)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cli import main
@@ -34,6 +36,8 @@ def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str], flag: 
     (["gc"], "required: OUTPUT"),
     (["rnu"], "invalid choice: 'rnu'"),
     (["status", "--bogus"], "unrecognized arguments: --bogus"),
+    (["run", "x.csv", "extra"], "embedline run: error: unrecognized arguments: extra"),
+    (["status", "a", "b"], "embedline status: error: unrecognized arguments: b"),
 ])
 def test_every_usage_error_is_one_line_that_points_to_help(
     capsys: pytest.CaptureFixture[str], argv: list[str], words: str
@@ -46,16 +50,25 @@ def test_every_usage_error_is_one_line_that_points_to_help(
     assert err.rstrip().endswith("--help')"), err
 
 
-@pytest.mark.parametrize(("value", "problem"), [("-1", "greater than or equal to 0"),
-                                              ("nan", "finite"), ("inf", "finite")])
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["--grace", "-1"], "--grace: must be a finite number, 0 or more, got -1"),
+    (["--grace", "nan"], "--grace: must be a finite number, 0 or more, got nan"),
+    (["--chunk-retries", "-1"], "--chunk-retries: must be a whole number, 0 or more, got -1"),
+    (["--batch-size", "2049"], "--batch-size: must be at most 2048, got 2049"),
+    (["--max-attempts", "101"], "--max-attempts: must be at most 100, got 101"),
+    (["--chunk-retries", "11"], "--chunk-retries: must be at most 10, got 11"),
+])
 def test_a_settings_error_names_the_flag_not_the_field(
-    capsys: pytest.CaptureFixture[str], value: str, problem: str
+    capsys: pytest.CaptureFixture[str], argv: list[str], problem: str
 ) -> None:
+    """Bounds that only the settings know (OpenAI's 2048 inputs) read like argparse's."""
     with pytest.raises(SystemExit) as info:
-        main(["run", "x.csv", "--grace", value])
+        main(["run", "x.csv", *argv])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert "--grace:" in err and "grace-s" not in err and problem in err, err
+    assert err.count("\n") == 1 and "_s:" not in err and problem in err, err
+    assert err.startswith("embedline run: error: argument --"), err
+    assert err.rstrip().endswith("(see 'embedline run --help')"), err
 
 
 @pytest.mark.parametrize(
@@ -257,3 +270,29 @@ def test_an_interrupted_batch_runs_summary_still_counts_its_batches(
                              output="out", batches=5, price_per_million_tokens=0.02).to_dict())
     assert "batch      5 Batch API batches, 0 tokens at the batch price (half)\n" in (
         capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("where", ["missing", "empty", "a file's sibling"])
+def test_gc_on_a_path_that_holds_no_output_says_so_instead_of_deleting_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    target = tmp_path / "out"
+    if where == "empty":
+        target.mkdir()
+    elif where == "a file's sibling":  # a typo next to a real output
+        (tmp_path / "outs" / "manifests").mkdir(parents=True)
+        (tmp_path / "outs" / "manifests" / "x.json").write_text("{}")
+    assert main(["gc", str(target), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(target) in err and "holds no embedline output" in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--grace", "x"), ("--older-than", "5q"),
+                                             ("--grace", "")])
+def test_gc_ages_that_do_not_parse_name_their_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    assert main(["gc", str(tmp_path), flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"embedline gc: error: argument {flag}: not an age"), err
+    assert err.count("\n") == 1
