@@ -77,8 +77,9 @@ def _gc(args: argparse.Namespace) -> int:
     try:
         store = open_store(args.output)
         if not _holds_output(store):  # a mistyped path would report "deleted 0" and exit 0
-            return fail(f"embedline: error: {args.output} holds no embedline output (no "
-                        "manifests/ or chunks/): check the path", EXIT_USAGE)
+            return fail(f"embedline: error: {args.output} holds no embedline output (nothing "
+                        "under manifests/, chunks/, changes/ or _embedline/): check the path",
+                        EXIT_USAGE)
         plan = plan_gc(store, keep_runs=args.keep_runs, older_than_s=older_than_s,
                        grace_s=grace_s)
         if args.dry_run:
@@ -97,6 +98,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def _holds_output(store: Any) -> bool:
-    """Whether anything is under the output's ``manifests/`` or ``chunks/``."""
+    """Whether anything is under the output's folders (``_embedline/`` alone: a first run
+    in progress, whose leases gc must read)."""
     return any(next(iter(store.list(prefix)), None) is not None
-               for prefix in ("manifests/", "chunks/"))
+               for prefix in ("manifests/", "chunks/", "changes/", "_embedline/"))
