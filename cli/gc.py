@@ -76,10 +76,6 @@ def _gc(args: argparse.Namespace) -> int:
     grace_s, older_than_s = ages["--grace"] or 0.0, ages["--older-than"]
     try:
         store = open_store(args.output)
-        if not _holds_output(store):  # a mistyped path would report "deleted 0" and exit 0
-            return fail(f"embedline: error: {args.output} holds no embedline output (nothing "
-                        "under manifests/, chunks/, changes/ or _embedline/): check the path",
-                        EXIT_USAGE)
         plan = plan_gc(store, keep_runs=args.keep_runs, older_than_s=older_than_s,
                        grace_s=grace_s)
         if args.dry_run:
@@ -96,9 +92,3 @@ def _gc(args: argparse.Namespace) -> int:
     print(format_report(done, dry_run=False))
     return 0
 
-
-def _holds_output(store: Any) -> bool:
-    """Whether anything is under the output's folders (``_embedline/`` alone: a first run
-    in progress, whose leases gc must read)."""
-    return any(next(iter(store.list(prefix)), None) is not None
-               for prefix in ("manifests/", "chunks/", "changes/", "_embedline/"))

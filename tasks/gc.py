@@ -52,6 +52,7 @@ from typing import Any
 
 from adapters.ledger import Ledger
 from adapters.object_store import SCRATCH_PREFIX
+from embedline.errors import InputError
 from embedline.models import chunk_generation
 from embedline.protocols import ObjectInfo, ObjectStore
 from tasks.lease import LEASE_PREFIX, LEASE_PREFIXES, LOAD_LEASE_PREFIX
@@ -254,6 +255,16 @@ def _referenced(manifests: Iterable[dict[str, Any]]) -> set[str]:
     return keys
 
 
+def _require_output(store: ObjectStore) -> None:
+    """Raise InputError unless something is under ``manifests/``, ``chunks/``, ``changes/``
+    or ``_embedline/`` (alone: a first run in progress, whose leases gc reads)."""
+    for prefix in ("manifests/", "chunks/", "changes/", SCRATCH_PREFIX):
+        if next(iter(store.list(prefix)), None) is not None:
+            return
+    raise InputError(f"{store.uri} holds no embedline output (nothing under manifests/, "
+                     "chunks/, changes/ or _embedline/): check the path")
+
+
 def plan_gc(
     store: ObjectStore,
     *,
@@ -262,7 +273,13 @@ def plan_gc(
     grace_s: float = DEFAULT_GRACE_S,
     now: float | None = None,
 ) -> GcPlan:
-    """Decide what to delete; deletes nothing. Ages in seconds; ``now`` a Unix time."""
+    """Decide what to delete; deletes nothing. Ages in seconds; ``now`` a Unix time.
+
+    :raises InputError: (exit 2) nothing is under the output's folders: a mistyped path or
+        prefix, which would otherwise read as "deleted 0 objects" (the CLI and the
+        ``gc-output`` flow alike).
+    """
+    _require_output(store)
     now = time.time() if now is None else now
     cutoff = now - grace_s
     manifests = list(list_manifests(store))

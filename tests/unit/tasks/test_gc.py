@@ -273,3 +273,19 @@ def test_a_lease_renewed_between_gc_listing_and_reading_it_still_protects(
     with held_lease(store, LEASE_PREFIX, run, ["chunks/c0.parquet"]):
         plan = plan_gc(store, grace_s=0)
     assert store.renewed and plan.chunks == [] and plan.stale == []
+
+
+def test_a_path_with_no_output_is_refused_and_a_run_in_progress_is_an_output(
+    tmp_path: Path
+) -> None:
+    """The CLI and the gc-output flow both plan with plan_gc: a mistyped output (or S3
+    prefix) is an input error, not "deleted 0 objects"."""
+    from embedline.errors import InputError
+
+    with pytest.raises(InputError, match="holds no embedline output") as info:
+        plan_gc(LocalDirStore(str(tmp_path / "typo")), grace_s=0)
+    assert info.value.exit_code == 2
+    store = LocalDirStore(str(tmp_path / "out"))
+    _put(store, f"{LEASE_PREFIX}run.json", b"{}", age_s=0)  # only a first run's lease
+    plan = plan_gc(store, grace_s=0)
+    assert not plan.manifests and not plan.chunks and not plan.changes
