@@ -67,13 +67,13 @@ def _gc(args: argparse.Namespace) -> int:
     from embedline.errors import EmbedlineError
     from tasks.gc import collect, parse_age, plan_gc
 
-    ages: dict[str, float | None] = {}
-    for flag, text in (("--grace", args.grace), ("--older-than", args.older_than)):
-        try:
-            ages[flag] = None if text is None else parse_age(text)
-        except ValueError as exc:
-            return fail(usage_line("embedline gc", f"argument {flag}: {exc}"), EXIT_USAGE)
-    grace_s, older_than_s = ages["--grace"] or 0.0, ages["--older-than"]
+    flag = "--grace"
+    try:
+        grace_s = parse_age(args.grace)
+        flag = "--older-than"
+        older_than_s = None if args.older_than is None else parse_age(args.older_than)
+    except ValueError as exc:
+        return fail(usage_line("embedline gc", f"argument {flag}: {exc}"), EXIT_USAGE)
     try:
         store = open_store(args.output)
         plan = plan_gc(store, keep_runs=args.keep_runs, older_than_s=older_than_s,

@@ -255,16 +255,6 @@ def _referenced(manifests: Iterable[dict[str, Any]]) -> set[str]:
     return keys
 
 
-def _require_output(store: ObjectStore) -> None:
-    """Raise InputError unless something is under ``manifests/``, ``chunks/``, ``changes/``
-    or ``_embedline/`` (alone: a first run in progress, whose leases gc reads)."""
-    for prefix in ("manifests/", "chunks/", "changes/", SCRATCH_PREFIX):
-        if next(iter(store.list(prefix)), None) is not None:
-            return
-    raise InputError(f"{store.uri} holds no embedline output (nothing under manifests/, "
-                     "chunks/, changes/ or _embedline/): check the path")
-
-
 def plan_gc(
     store: ObjectStore,
     *,
@@ -279,7 +269,6 @@ def plan_gc(
         prefix, which would otherwise read as "deleted 0 objects" (the CLI and the
         ``gc-output`` flow alike).
     """
-    _require_output(store)
     now = time.time() if now is None else now
     cutoff = now - grace_s
     manifests = list(list_manifests(store))
@@ -289,9 +278,11 @@ def plan_gc(
     plan = GcPlan(kept_runs=[str(m["run_key"]) for m in kept], datasets=datasets)
     _pin(plan, protected)
     published: set[str] = set()
+    seen = 0  # objects under manifests/, chunks/ and changes/
     for prefix, bucket in (("manifests/", plan.manifests), ("chunks/", plan.chunks),
                            ("changes/", plan.changes)):
         for info in store.list(prefix):
+            seen += 1
             if prefix == "chunks/":
                 published.add(chunk_name(info.key))
             if info.key in keep or info.modified >= cutoff:
@@ -300,10 +291,14 @@ def plan_gc(
                 plan.leased += 1
             else:
                 bucket.append(info)
-    scratch = [i for i in store.list(SCRATCH_PREFIX)
-               if not i.key.startswith(LEASE_PREFIXES) and not _paid_kept(i.key, protected)
-               and (i.modified < cutoff or _paid_published(i.key, published))]
-    plan.stale = stale_leases + scratch
+    listed = list(store.list(SCRATCH_PREFIX))
+    if not seen and not listed:  # _embedline/ alone: a first run in progress is an output
+        raise InputError(f"{store.uri} holds no embedline output (nothing under manifests/, "
+                         "chunks/, changes/ or _embedline/): check the path")
+    plan.stale = stale_leases + [
+        i for i in listed
+        if not i.key.startswith(LEASE_PREFIXES) and not _paid_kept(i.key, protected)
+        and (i.modified < cutoff or _paid_published(i.key, published))]
     return plan
 
 
