@@ -44,6 +44,7 @@ from adapters.csv_records import (
     row_id_of,
 )
 from adapters.input_source import open_input
+from adapters.memory import large_buffers_reused
 from adapters.row_facts import RowFacts, id_digests
 from adapters.scratch import Scratch
 from embedline.errors import InputError
@@ -226,7 +227,8 @@ def _plan_csv(
         owned = Scratch.create(scratch_root) if given is None and scratch_root is not None \
             else None
         try:
-            return _plan_pass(*args, fast=fast, scratch=given or owned)
+            with large_buffers_reused():
+                return _plan_pass(*args, fast=fast, scratch=given or owned)
         except NeedsLineReader:  # undecodable bytes: the line reader names the first error
             assert fast, "the line reader never needs itself"
         except BaseException:

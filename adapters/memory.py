@@ -9,17 +9,18 @@ for the same work and CPU. Two allocators were keeping freed memory:
   (glibc manual, "Memory Allocation Tunables": ``glibc.malloc.arena_max``, set here at run
   time because the CLI's process has started before it could read ``MALLOC_ARENA_MAX``).
   And its mmap threshold, which glibc raises on its own up to 32 MiB as large blocks are
-  freed (so later large buffers land in the heap and stay): fixed at 4 MiB
-  (``M_MMAP_THRESHOLD``), blocks above it are mapped and unmapped, never kept. Measured on
-  the change set's sort: peak RSS 1.43x from 100k to 10M rows without it, 1.16x with it
-  at 1 MiB, same CPU (128 KiB gave 1.13x for 35 % more CPU). 1 MiB was too low for the
-  run's own working buffers (a 1 MiB planning block decoded and parsed, a chunk's 1.6 MB
-  Parquet body, a request's answer): each was mapped, faulted in page by page and unmapped
-  again, 850,000 page faults to plan 317 MB. With 4 MiB, and the heap trimmed only above
-  16 MiB free at its top (``M_TRIM_THRESHOLD``; glibc's 128 KiB default gave those pages
-  back after every block, to fault them in again), a 1M-row reused night took 14.7 CPU
-  seconds instead of 18.6 (system time 5.3 -> 1.8 s) and a first run 42.1 instead of
-  47.3;
+  freed (so later large buffers land in the heap and stay): fixed at 1 MiB
+  (``M_MMAP_THRESHOLD``), blocks above it are mapped and unmapped, never kept. The chunk
+  tasks' working buffers of 1-4 MiB (a chunk's text, its Parquet body, copied vectors), made
+  and freed on several threads at once, fragment a heap they land in: at 4 MiB, a 0.1 %-edited
+  night held 150 MB of free heap at 1M rows and peaked at 475 MB at 10M rows, against
+  323 and 344 MB at 1 MiB, for the same CPU (``benchmarks/README.md``). Planning is the
+  exception: one thread, a block at a time, each block's bytes, text and ``StringIO`` (up to
+  4x the block's bytes) freed before the next is made, so the heap reuses them exactly.
+  ``large_buffers_reused`` raises the threshold to 4 MiB around it: 300,000 page faults
+  fewer for 317 MB (0.5 CPU s). The heap is trimmed only above 16 MiB free at its top
+  (``M_TRIM_THRESHOLD``; glibc's 128 KiB default gave the pages back after every planning
+  block, to fault them in again: 850,000 page faults to plan 317 MB);
 - pyarrow's default pool (jemalloc or mimalloc in the wheels) caches freed pages; its system
   pool hands them back to malloc. Arrow's C++ reads ``ARROW_DEFAULT_MEMORY_POOL`` once, at
   its first allocation (the Parquet reader uses that pool whatever
@@ -38,26 +39,33 @@ Elsewhere than glibc (macOS, musl) the malloc part does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
+import threading
+from collections.abc import Iterator
 
-__all__ = ["keep_memory_flat"]
+__all__ = ["keep_memory_flat", "large_buffers_reused"]
 
 _M_ARENA_MAX = -8  # malloc.h
 _M_MMAP_THRESHOLD = -3
 _M_TRIM_THRESHOLD = -1
 _ARENAS = 2
-_MMAP_THRESHOLD = 4 << 20  # bytes
+_MMAP_THRESHOLD = 1 << 20  # bytes
+_PLANNING_MMAP_THRESHOLD = 4 << 20  # bytes
 _TRIM_THRESHOLD = 16 << 20  # bytes
 _done = False
+_libc: ctypes.CDLL | None = None  # set when this module chose the mmap threshold
+_planning = 0  # large_buffers_reused() blocks open, across threads
+_planning_lock = threading.Lock()
 
 
 def keep_memory_flat() -> None:
     """Apply the settings once per process (idempotent, never raises); each glibc one is
     left to its environment variable when that is set (``MALLOC_ARENA_MAX``,
     ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``: glibc read it at start)."""
-    global _done
+    global _done, _libc
     if _done:
         return
     _done = True
@@ -71,6 +79,28 @@ def keep_memory_flat() -> None:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             for param, value in wanted:
                 libc.mallopt(param, value)
+            if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+                _libc = libc
         except (OSError, AttributeError):
             pass  # not glibc
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+
+
+@contextlib.contextmanager
+def large_buffers_reused() -> Iterator[None]:
+    """Within the block, glibc's mmap threshold is 4 MiB instead of 1 MiB: for planning,
+    whose buffers of 1-4 MiB come one at a time on one thread (module docstring). Nests and
+    overlaps across threads (the threshold drops back when the last block ends); does
+    nothing unless ``keep_memory_flat`` set the threshold."""
+    global _planning
+    with _planning_lock:
+        _planning += 1
+        if _planning == 1 and _libc is not None:
+            _libc.mallopt(_M_MMAP_THRESHOLD, _PLANNING_MMAP_THRESHOLD)
+    try:
+        yield
+    finally:
+        with _planning_lock:
+            _planning -= 1
+            if _planning == 0 and _libc is not None:
+                _libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
