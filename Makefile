@@ -75,7 +75,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_gzip.py
 	$(BIN)/python benchmarks/bench_batch.py
 	$(BIN)/python benchmarks/bench_paid.py
-	$(BIN)/python benchmarks/bench_reuse.py
+	$(BIN)/python benchmarks/bench_reuse.py --running-server
 
 # issue 24's scale run (not in `make bench`, not in CI): make bench-scale ROWS=10000000
 ROWS ?= 10000000
