@@ -308,6 +308,26 @@ def _machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+@contextlib.contextmanager
+def running_prefect_server(home: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A ``prefect server start`` with ``PREFECT_HOME=home`` for the block: (its process,
+    its API URL); killed with its process group (the server and its uvicorn child) after."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # tests.support: not part of the installed package
+    from tests.support.prefect_server import start_prefect_server
+
+    home.mkdir(exist_ok=True)
+    print("bench: starting a Prefect server for the running-server runs", file=sys.stderr,
+          flush=True)
+    server, url = start_prefect_server(home)
+    try:
+        yield server, url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def _proc_cpu_s(pid: int) -> float:
     """utime + stime of a live process, seconds (0 if gone)."""
     try:
@@ -784,32 +804,21 @@ class Bench:
         temporary server to wait for. Alternating the two puts any drift of the machine's
         load on both sides of each ratio. The server is stopped (its process group killed)
         before this returns; each pair lands in ``self.pairs``."""
-        if str(REPO) not in sys.path:
-            sys.path.insert(0, str(REPO))  # tests.support: not part of the installed package
-        from tests.support.prefect_server import start_prefect_server
-
-        home = self.tmp / "prefect-server-home"
-        home.mkdir(exist_ok=True)
-        print("bench: starting a Prefect server for the running-server runs", file=sys.stderr,
-              flush=True)
-        server, url = start_prefect_server(home)
         saved = self.env
-        self.env = {**saved, "PREFECT_API_URL": url}
-        try:
-            for pair in range(1, pairs + 1):
-                sdk = self.sdk_baseline(data)
-                run_name = f"{name}-running-server-{pair}"
-                run = self.measure(run_name, name, rows, data, self.tmp / f"{run_name}-out",
-                                   self.tmp / f"{run_name}-ledger.sqlite3")
-                self.pairs.append({"sdk_wall_s": sdk["wall_s"], "run": run_name,
-                                   "embedline_wall_s": run.wall_s,
-                                   "exit_code": run.exit_code,
-                                   "ratio": sdk["wall_s"] / run.wall_s if run.wall_s else 0.0})
-        finally:
-            self.env = saved
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)  # the server and its uvicorn child
-            server.wait()
+        with running_prefect_server(self.tmp / "prefect-server-home") as (_, url):
+            self.env = {**saved, "PREFECT_API_URL": url}
+            try:
+                for pair in range(1, pairs + 1):
+                    sdk = self.sdk_baseline(data)
+                    run_name = f"{name}-running-server-{pair}"
+                    run = self.measure(run_name, name, rows, data, self.tmp / f"{run_name}-out",
+                                       self.tmp / f"{run_name}-ledger.sqlite3")
+                    self.pairs.append({"sdk_wall_s": sdk["wall_s"], "run": run_name,
+                                       "embedline_wall_s": run.wall_s,
+                                       "exit_code": run.exit_code,
+                                       "ratio": sdk["wall_s"] / run.wall_s if run.wall_s else 0.0})
+            finally:
+                self.env = saved
 
     def kept_column_runs(self, name: str, data: Path, rows: int) -> None:
         """A first run keeping ``title`` beside the vectors (the text is ``text`` alone), then

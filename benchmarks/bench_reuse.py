@@ -25,7 +25,7 @@ fresh fake OpenAI server (``tests.support.fake_openai``, 64 dimensions, its own 
    (the ``K to embed`` line to the last ``chunk N:`` line); the report says which.
 5. **server** (``--running-server``): the local first run and all-reused night again, against
    a ``prefect server start`` already running (how deployments run, as ``bench_cli``'s
-   item-4 pairs), each run's CPU counting the server's CPU during it (its process group), not
+   item-4 pairs), each run's CPU counting the server's CPU during it (it and its children), not
    its start-up; the same 0.25 target reported for this pair.
 6. After each reused night, ``--sample`` (2,000) published vectors, read back with
    ``tasks.read`` from the chunk objects the run's manifest lists, are compared with
@@ -74,8 +74,10 @@ from bench_cli import (  # noqa: E402
     Bench,
     RunResult,
     _fmt,
+    _descendants,
     _machine,
     _proc_cpu_s,
+    running_prefect_server,
 )
 
 DIMS = 64
@@ -424,21 +426,9 @@ def local_nights(bench: Bench, tmp: Path, rows: int, *, prefix: str, sample: int
     data.unlink()
 
 
-def _group_cpu_s(pgid: int) -> float:
-    """utime + stime of every live process in process group ``pgid``, seconds."""
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[2]) == pgid:
-            total += _proc_cpu_s(int(entry))
-    return total
+def _tree_cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` and its live descendants, seconds."""
+    return sum(_proc_cpu_s(p) for p in (pid, *_descendants(pid)))
 
 
 def server_nights(bench: Bench, tmp: Path, rows: int, *, sample: int,
@@ -446,33 +436,25 @@ def server_nights(bench: Bench, tmp: Path, rows: int, *, sample: int,
     """The first run and the all-reused night against a running Prefect server (module
     docstring, step 5): ``cpu_s`` is the CLI's, ``prefect_server_cpu_s`` the server's during
     the run, ``cpu_with_server_s`` their sum."""
-    from tests.support.prefect_server import start_prefect_server
-
-    home = tmp / "prefect-server-home"
-    home.mkdir(exist_ok=True)
-    print("bench: starting a Prefect server for the running-server nights", file=sys.stderr,
-          flush=True)
-    server, url = start_prefect_server(home)
     saved = bench.env
-    bench.env = {**saved, "PREFECT_API_URL": url}
     out, ledger = tmp / "server-out", tmp / "server-ledger.sqlite3"
-    try:
-        for variant, name in (("base", "server-first"), ("shuffled", "server-reused-shuffled")):
-            data, n = export(tmp, rows, variant)
-            cpu0 = _group_cpu_s(server.pid)
-            run = measure(bench, name, variant, n, data, out, ledger)
-            run["prefect_server_cpu_s"] = _group_cpu_s(server.pid) - cpu0
-            run["cpu_with_server_s"] = (run["cpu_s"] or 0.0) + run["prefect_server_cpu_s"]
-            runs.append(run)
-            if sample and variant == "shuffled":
-                checks[name] = check_vectors(str(out), run["run_key"], rows, variant,
-                                             sample=sample, expected_rows=n)
-            data.unlink()
-    finally:
-        bench.env = saved
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)  # the server and its uvicorn child
-        server.wait()
+    with running_prefect_server(tmp / "prefect-server-home") as (server, url):
+        bench.env = {**saved, "PREFECT_API_URL": url}
+        try:
+            for variant, name in (("base", "server-first"),
+                                  ("shuffled", "server-reused-shuffled")):
+                data, n = export(tmp, rows, variant)
+                cpu0 = _tree_cpu_s(server.pid)
+                run = measure(bench, name, variant, n, data, out, ledger)
+                run["prefect_server_cpu_s"] = _tree_cpu_s(server.pid) - cpu0
+                run["cpu_with_server_s"] = (run["cpu_s"] or 0.0) + run["prefect_server_cpu_s"]
+                runs.append(run)
+                if sample and variant == "shuffled":
+                    checks[name] = check_vectors(str(out), run["run_key"], rows, variant,
+                                                 sample=sample, expected_rows=n)
+                data.unlink()
+        finally:
+            bench.env = saved
 
 
 def s3_nights(bench: Bench, tmp: Path, rows: int, *, sample: int, python: str,
