@@ -7,6 +7,7 @@ anything imports Prefect or boto3, and Prefect gets a throwaway home.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 
@@ -26,10 +27,14 @@ _SECRETS = ("OPENAI_API_KEY", "EMBEDLINE_API_KEY", "AWS_PROFILE", "AWS_ACCESS_KE
             "AWS_ENDPOINT_URL_S3", "PREFECT_API_URL", "PREFECT_API_KEY")
 
 
+_prefect_home: str | None = None  # the throwaway home this process made
+
+
 def pytest_configure(config: object) -> None:
+    global _prefect_home
     for name in _SECRETS:
         os.environ.pop(name, None)
-    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="embedline-test-prefect-")
+    _prefect_home = os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="embedline-test-prefect-")
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -41,6 +46,14 @@ def pytest_configure(config: object) -> None:
     # inherits and embedline keeps by design (`nohup`): those tests then failed.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_unconfigure(config: object) -> None:
+    """Remove the throwaway home (its database grows to megabytes: one a run per process
+    was left in the temp dir, 285 of them after a day of runs). Session fixtures have
+    stopped their servers by now."""
+    if _prefect_home is not None:
+        shutil.rmtree(_prefect_home, ignore_errors=True)
 
 
 def _interrupt(signum: int, frame: object) -> None:

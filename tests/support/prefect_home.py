@@ -10,6 +10,7 @@ flow runs of other tests), at the cost of a file copy.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ def _set_up_template() -> Path:
     with _lock:
         if _template is None:
             template = Path(tempfile.mkdtemp(prefix="embedline-test-prefect-home-"))
+            atexit.register(shutil.rmtree, template, ignore_errors=True)
             _start_and_stop_a_server(template)
             _template = template
         return _template
