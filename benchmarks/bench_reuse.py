@@ -253,21 +253,32 @@ def _environ(env: dict[str, str] | None) -> Iterator[None]:
 
 
 def measure(bench: Bench, name: str, dataset: str, rows: int, data: Path, output: Path | str,
-            ledger: Path, *, moto: MotoProcess | None = None) -> dict[str, Any]:
-    """``bench.measure`` one ``run``, with moto's CPU taken out of ``other cores``; return the
-    figures this benchmark reports (``run`` holds all of bench_cli's)."""
+            ledger: Path, *, moto: MotoProcess | None = None, server_pid: int | None = None,
+            ) -> dict[str, Any]:
+    """``bench.measure`` one ``run``; return the figures this benchmark reports (``run``
+    holds all of bench_cli's). The CPU of the benchmark's own servers during the run, moto
+    and (``server_pid``) a running Prefect server, is taken out of ``other cores`` and
+    reported apart (``moto_cpu_s``; ``prefect_server_cpu_s`` and ``cpu_with_server_s``, the
+    CLI's CPU plus the server's)."""
     saved_env = bench.env
     if moto is not None:
         bench.env = moto.env(saved_env)
     moto0 = moto.cpu_s() if moto is not None else 0.0
+    server0 = _tree_cpu_s(server_pid) if server_pid is not None else 0.0
     try:
         result = bench.measure(name, dataset, rows, data, output, ledger)  # type: ignore[arg-type]
     finally:
         bench.env = saved_env
-    moto_cpu = (moto.cpu_s() - moto0) if moto is not None else None
-    if moto_cpu is not None and result.other_cpu_s is not None:
-        result.other_cpu_s = max(0.0, result.other_cpu_s - moto_cpu)
-    return describe(result, bench.tmp / f"{name}.stderr.log", moto_cpu_s=moto_cpu)
+    extra: dict[str, Any] = {"moto_cpu_s": moto.cpu_s() - moto0 if moto is not None else None}
+    ours = extra["moto_cpu_s"] or 0.0
+    if server_pid is not None:
+        server_cpu = _tree_cpu_s(server_pid) - server0
+        extra |= {"prefect_server_cpu_s": server_cpu,
+                  "cpu_with_server_s": (result.cpu_s or 0.0) + server_cpu}
+        ours += server_cpu
+    if ours and result.other_cpu_s is not None:
+        result.other_cpu_s = max(0.0, result.other_cpu_s - ours)
+    return describe(result, bench.tmp / f"{name}.stderr.log", **extra)
 
 
 def describe(result: RunResult, log_path: Path, **extra: Any) -> dict[str, Any]:
@@ -444,10 +455,8 @@ def server_nights(bench: Bench, tmp: Path, rows: int, *, sample: int,
             for variant, name in (("base", "server-first"),
                                   ("shuffled", "server-reused-shuffled")):
                 data, n = export(tmp, rows, variant)
-                cpu0 = _tree_cpu_s(server.pid)
-                run = measure(bench, name, variant, n, data, out, ledger)
-                run["prefect_server_cpu_s"] = _tree_cpu_s(server.pid) - cpu0
-                run["cpu_with_server_s"] = (run["cpu_s"] or 0.0) + run["prefect_server_cpu_s"]
+                run = measure(bench, name, variant, n, data, out, ledger,
+                              server_pid=server.pid)
                 runs.append(run)
                 if sample and variant == "shuffled":
                     checks[name] = check_vectors(str(out), run["run_key"], rows, variant,
@@ -665,9 +674,20 @@ def print_report(runs: list[dict[str, Any]], checks: dict[str, Any], summary: di
 # -- main ----------------------------------------------------------------------------------
 
 
+def _row_count(text: str) -> int:
+    """An export's row count for argparse: 1 .. ``synthetic.MAX_ROWS``."""
+    try:
+        rows = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of rows: {text!r}") from None
+    if not 1 <= rows <= synthetic.MAX_ROWS:
+        raise argparse.ArgumentTypeError(f"must be 1..{synthetic.MAX_ROWS:,}, got {rows:,}")
+    return rows
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000,
+    parser.add_argument("--rows", type=_row_count, default=1_000_000,
                         help="rows of the local export (default 1,000,000)")
     parser.add_argument("--s3-rows", type=int, default=None,
                         help="rows of the S3 export (default --rows; 0 skips S3)")
@@ -723,11 +743,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.small_rows and args.small_rows != args.rows:
             local_nights(bench, tmp, args.small_rows, prefix="small", sample=0, deleted=False,
                          runs=runs, checks=checks)
-        if args.running_server:
-            server_nights(bench, tmp, args.rows, sample=args.sample, runs=runs, checks=checks)
         if args.s3_rows:
             s3_nights(bench, tmp, args.s3_rows, sample=args.sample, python=args.python,
                       runs=runs, checks=checks)
+        if args.running_server:
+            server_nights(bench, tmp, args.rows, sample=args.sample, runs=runs, checks=checks)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -67,6 +67,7 @@ from bench_cli import (  # noqa: E402
 from bench_reuse import (  # noqa: E402
     CHUNK_SIZE,
     DIMS,
+    _row_count,
     check_vectors,
     cli_bench,
     describe,
@@ -251,7 +252,7 @@ def print_report(runs: list[dict[str, Any]], sizes: dict[str, Any], plan: dict[s
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=10_000_000,
+    parser.add_argument("--rows", type=_row_count, default=10_000_000,
                         help="rows of the export (default 10,000,000)")
     parser.add_argument("--fraction", type=float, default=0.001,
                         help="share of texts the changed night edits (default 0.001)")
