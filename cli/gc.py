@@ -91,4 +91,3 @@ def _gc(args: argparse.Namespace) -> int:
         return fail(f"embedline: error: {exc}", exc.exit_code)
     print(format_report(done, dry_run=False))
     return 0
-
