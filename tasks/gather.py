@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from adapters.scratch import Spill, digests
+from adapters.scratch import Spill, digests, stable_order
 from embedline.errors import EmbedlineError
 from embedline.protocols import ObjectStore
 from tasks.reuse_plan import JoinResult, Source
@@ -138,12 +138,17 @@ def _route(spill: Spill, needs: np.ndarray, table: pa.Table, width: int) -> np.n
     at = at[at < len(vectors)]
     raw = digests(hashes.take(pa.array(at)))  # (n, 32) uint8
     same = raw[:, :8].copy().view(">u8").ravel() == needs["prefix"]
-    records = np.empty(len(needs), dtype=spill.dtype)
-    records["position"] = needs["position"]
-    records["sha256"] = raw
-    records["vector"] = vectors[at]
-    records, needs = records[same], needs[same]
-    spill.add(records, needs["chunk"].astype(np.int64))
+    if not same.all():  # a prefix shared with another text: that row is sent instead
+        needs, at, raw = needs[same], at[same], raw[same]
+    done = 0
+    while done < len(needs):  # straight into the spill's buffer: no array of our own
+        records = spill.reserve(len(needs) - done)
+        part = slice(done, done + len(records))
+        records["position"] = needs["position"][part]
+        records["sha256"] = raw[part]
+        np.take(vectors, at[part], axis=0, out=records["vector"], mode="clip")  # at < len
+        spill.commit(len(records), needs["chunk"][part].astype(np.int64))
+        done = part.stop
     return needs
 
 
@@ -169,7 +174,7 @@ def _read_each_once(pool: ThreadPoolExecutor, store: ObjectStore, joined: JoinRe
 def _needs_by_source(joined: JoinResult) -> Iterator[tuple[int, np.ndarray]]:
     for part in joined.needs.partitions():
         needs = joined.needs.read(part)
-        needs = needs[np.argsort(needs["source"], kind="stable")]
+        needs = needs[stable_order(needs["source"])]
         cut = np.flatnonzero(np.diff(needs["source"])) + 1
         for group in np.split(needs, cut):
             if len(group):

@@ -5,6 +5,7 @@ processes swept, live ones never; and the planning pass's per-row facts
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 from adapters.csv_source import plan_csv
 from adapters.row_facts import ROW_DTYPE, RowFacts
-from adapters.scratch import Scratch, Spill, hash_prefixes, release
+from adapters.scratch import Scratch, Spill, hash_prefixes, release, stable_order
 from embedline.errors import InputError
 from embedline.keys import text_sha256
 
@@ -36,6 +37,59 @@ def test_a_spill_gives_back_each_partition_in_the_order_added(tmp_path: Path) ->
     np.testing.assert_array_equal(reopened.read(3), values[parts == 3])
     spill.drop(3)
     assert 3 not in spill.partitions() and len(spill.read(3)) == 0
+
+
+def test_records_filled_in_place_are_read_back_in_the_order_committed(tmp_path: Path
+                                                                      ) -> None:
+    """``reserve`` gives at most the buffer's free room; ``commit`` adds only what was
+    filled; runs in partition order (the flush's fast path) and shuffled ones both come
+    back per partition in the order committed."""
+    dtype = np.dtype([("position", "<u4"), ("value", "<f4", (3,))])
+    spill = Spill(tmp_path / "s", dtype, buffer_rows=7)
+    rng = np.random.default_rng(2)
+    expected: dict[int, list[tuple[int, float]]] = {}
+    position = 0
+    for step in range(40):
+        want = int(rng.integers(1, 12))
+        room = spill.reserve(want)
+        assert 1 <= len(room) <= min(want, 7)
+        filled = int(rng.integers(1, len(room) + 1))
+        parts = (np.sort(rng.integers(0, 4, filled)) if step % 2 else
+                 rng.integers(0, 4, filled))
+        room["position"][:filled] = np.arange(position, position + filled)
+        room["value"][:filled] = np.arange(position, position + filled)[:, None] * 0.5
+        spill.commit(filled, parts.astype(np.int64))
+        for offset, part in enumerate(parts.tolist()):
+            expected.setdefault(part, []).append((position + offset,
+                                                  (position + offset) * 0.5))
+        position += filled
+    assert spill.rows == position
+    for part, rows in expected.items():
+        got = spill.read(part)
+        assert [(int(p), float(v[0])) for p, v in zip(got["position"], got["value"],
+                                                        strict=True)] == rows
+        assert (got["value"][:, 2] == got["value"][:, 0]).all()
+
+
+def test_records_added_are_copied_so_the_caller_may_reuse_its_array(tmp_path: Path) -> None:
+    """``add`` copies into the spill's one buffer: a caller refilling the same array (as
+    the gather's route does, source after source) neither corrupts what it added nor makes
+    the spill hold every array until a flush."""
+    spill = Spill(tmp_path / "s", np.dtype("<u8"), buffer_rows=100)
+    values = np.zeros(10, dtype=np.uint64)
+    for step in range(25):
+        values[:] = step
+        spill.add(values, step % 3)
+    for part in range(3):
+        np.testing.assert_array_equal(
+            spill.read(part), np.repeat(np.arange(part, 25, 3), 10).astype(np.uint64))
+
+
+@pytest.mark.parametrize("top", [3, 255, 65535, 65536, 2**40])
+def test_stable_order_is_numpys_stable_argsort(top: int) -> None:
+    keys = np.random.default_rng(top).integers(0, top + 1, 10_000).astype(np.int64)
+    np.testing.assert_array_equal(stable_order(keys), np.argsort(keys, kind="stable"))
+    assert len(stable_order(np.zeros(0, dtype=np.int64))) == 0
 
 
 def test_hash_prefixes_are_the_first_16_hex_digits() -> None:
