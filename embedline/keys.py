@@ -33,6 +33,7 @@ __all__ = [
     "dims_text",
     "request_key",
     "row_key",
+    "row_key_digests",
     "row_keys",
     "run_key",
     "text_sha256",
@@ -68,6 +69,17 @@ def row_keys(row_ids: Iterable[str], text_hashes: Iterable[str], model: str,
     sha256 = hashlib.sha256
     return [sha256(f"{i}{_SEP}{h}{tail}".encode()).hexdigest()
             for i, h in zip(row_ids, text_hashes, strict=True)]
+
+
+def row_key_digests(row_ids: Iterable[str], text_hashes: Iterable[str], model: str,
+                    dimensions: int | None) -> bytes:
+    """The 32-byte SHA-256 of each ``row_key``, in order, back to back (``32 * n`` bytes):
+    ``row_keys`` without a hex string per row, for a caller that hexes them all at once
+    (``tasks.publish.hex_keys``) and folds them into a fingerprint."""
+    tail = f"{_SEP}{model}{_SEP}{dims_text(dimensions)}"
+    sha256 = hashlib.sha256
+    return b"".join([sha256(f"{i}{_SEP}{h}{tail}".encode()).digest()
+                     for i, h in zip(row_ids, text_hashes, strict=True)])
 
 
 def request_key(row_keys: Sequence[str]) -> str:

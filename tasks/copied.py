@@ -23,13 +23,14 @@ import pyarrow as pa
 
 from adapters.row_facts import chunk_rows
 from adapters.scratch import digests
-from embedline.keys import row_keys
+from embedline.keys import row_key_digests
 from embedline.models import EMPTY_TEXT, ChunkOutcome, ChunkSpec, DeadLetter, InputSource
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from tasks.gather import Prefill
 from tasks.paid import PaidRequests, chunk_name
-from tasks.publish import chunk_parquet_columns, publish_body, rows_fingerprint
+from tasks.publish import (chunk_parquet_columns, fold_fingerprint, hex_keys, publish_body,
+                           reusing_pool)
 
 __all__ = ["publish_copied"]
 
@@ -61,11 +62,14 @@ def publish_copied(spec: ChunkSpec, source: InputSource, settings: RunSettings, 
     if dead:
         keep = pa.array(~empty)
         ids, hashes = ids.filter(keep), hashes.filter(keep)
-    keys = row_keys(ids.to_pylist(), hashes.to_pylist(), model, dims)
-    fingerprint = rows_fingerprint(keys)
-    body = chunk_parquet_columns(spec, ids, hashes, keys, vectors[~empty], dead, model=model,
+    raw = row_key_digests(ids.to_pylist(), hashes.to_pylist(), model, dims)
+    keys = hex_keys(raw)
+    fingerprint = fold_fingerprint(np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32))
+    kept = vectors[~empty] if dead else vectors
+    body = chunk_parquet_columns(spec, ids, hashes, keys, kept, dead, model=model,
                                  dimensions=width, request_settings=settings.request_fingerprint,
-                                 rows_sent=0, rows_xor=fingerprint)
+                                 rows_sent=0, rows_xor=fingerprint,
+                                 memory_pool=reusing_pool())
     outcome = publish_body(store, spec, body, rows=len(ids), dead_letters=dead, model=model,
                            dimensions=width, rows_sent=0, rows_xor=fingerprint)
     if run_key:  # requests an earlier attempt kept: in the object now, as run_chunk does

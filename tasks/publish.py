@@ -10,6 +10,7 @@ the store alone tells a chunk's outcome.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -89,12 +90,15 @@ def chunk_parquet_columns(
     vectors: np.ndarray, dead_letters: Sequence[DeadLetter], *, model: str, dimensions: int,
     request_settings: str = "", rows_sent: int | None = None,
     extra: dict[str, list[str]] | None = None, rows_xor: str | None = None,
+    memory_pool: pa.MemoryPool | None = None,
 ) -> bytes:
     """``chunk_parquet`` from its columns: ``ids``, ``text_hashes`` and ``row_keys`` (one
     string each per published row; lists or Arrow string arrays), ``vectors`` float32 ``(rows, dimensions)``, the
     chunk's ``dead_letters``, and ``extra`` string columns after embedline's own (kept
     columns, then ``text``; their names go in the metadata as ``kept_columns`` /
-    ``keep_text``); ``rows_xor``: ``rows_fingerprint(row_keys)`` if the caller has it.
+    ``keep_text``); ``rows_xor``: ``rows_fingerprint(row_keys)`` if the caller has it;
+    ``memory_pool``: the Arrow pool of the writer's buffers (default: the process's;
+    ``reusing_pool()`` for a thread that writes one chunk after another).
 
     :raises BadResponseError: a vector holds NaN or Inf (nothing is published).
     """
@@ -134,15 +138,31 @@ def chunk_parquet_columns(
     if keep_text:
         meta["keep_text"] = True
     table = table.replace_schema_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
-    sink = io.BytesIO()
+    pool = memory_pool or pa.default_memory_pool()
+    sink = pa.BufferOutputStream(memory_pool=pool)
     # No dictionary encoding: every id and hash is unique, and dictionary-encoding 384k floats
     # per chunk tripled the write time and the Arrow pool's peak (measured: 25 MB vs 7 MB).
     # The vectors are stored uncompressed: float32 noise gains zstd 7 % of the bytes for a
     # third of the write's CPU (5,000 x 64 dims: 6.8 -> 5.1 ms, 1,508 -> 1,619 KiB).
     codecs = {name: "zstd" for name in table.column_names} | {"embedding": "none"}
     pq.write_table(table, sink, compression=codecs, use_dictionary=False,
-                   write_statistics=["id"])
-    return sink.getvalue()
+                   write_statistics=["id"], memory_pool=pool)
+    return sink.getvalue().to_pybytes()
+
+
+@functools.cache
+def reusing_pool() -> pa.MemoryPool:
+    """An Arrow pool that reuses freed pages (jemalloc where the wheel has it), for the
+    Parquet writer's buffers on a thread that writes chunk after chunk (``tasks.copied``):
+    several MB a chunk, made and freed each time, which the process's default pool
+    (``system``, chosen to keep memory flat: ``adapters.memory``) maps and faults in afresh
+    above glibc's 1 MiB mmap threshold (a chunk of 5,000 x 64 dims: 1,077 page faults,
+    286 with this pool). Not for the chunk tasks: nine of them at once would each keep
+    their pages."""
+    try:
+        return pa.jemalloc_memory_pool()
+    except NotImplementedError:  # a build without jemalloc (Windows wheels)
+        return pa.default_memory_pool()
 
 
 def rows_fingerprint(row_keys: Sequence[str] | pa.Array) -> str:
@@ -152,8 +172,22 @@ def rows_fingerprint(row_keys: Sequence[str] | pa.Array) -> str:
     the same dataset whose fingerprints and row counts agree hold the same (id, text)
     pairs but for a 2^-64 chance: the commit then skips reading every row for the change
     set (``tasks.commit``). Ids are unique within a run, so no row cancels another."""
-    folded = digests(row_keys)[:, :8].copy().view("<u8").ravel()
+    return fold_fingerprint(digests(row_keys))
+
+
+def fold_fingerprint(raw: np.ndarray) -> str:
+    """``rows_fingerprint`` of row keys given as raw digests: ``uint8`` ``(n, 32)``."""
+    folded = raw[:, :8].copy().view("<u8").ravel()
     return f"{int(np.bitwise_xor.reduce(folded)) if len(folded) else 0:016x}"
+
+
+def hex_keys(raw: bytes) -> pa.Array:
+    """Arrow strings of the 64-hex-digit keys whose 32-byte digests are ``raw``, back to
+    back (``embedline.keys.row_key_digests``): one ``bytes.hex`` for all of them."""
+    n = len(raw) // 32
+    offsets = np.arange(0, 64 * n + 1, 64, dtype=np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets),
+                                       pa.py_buffer(raw.hex().encode("ascii")))
 
 
 def _strings(values: Sequence[str] | pa.Array) -> pa.Array:
