@@ -145,8 +145,11 @@ def chunk_parquet_columns(
     # The vectors are stored uncompressed: float32 noise gains zstd 7 % of the bytes for a
     # third of the write's CPU (5,000 x 64 dims: 6.8 -> 5.1 ms, 1,508 -> 1,619 KiB).
     codecs = {name: "zstd" for name in table.column_names} | {"embedding": "none"}
+    # write_batch_size counts the embedding's floats: at the default 1,024, a 5,000 x 64
+    # chunk is written in 313 batches; at 64Ki in 5, a quarter less CPU (4.0 -> 3.1 ms),
+    # the same bytes.
     pq.write_table(table, sink, compression=codecs, use_dictionary=False,
-                   write_statistics=["id"], memory_pool=pool)
+                   write_statistics=["id"], memory_pool=pool, write_batch_size=1 << 16)
     return sink.getvalue().to_pybytes()
 
 
