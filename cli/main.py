@@ -29,6 +29,13 @@ class _Parser(argparse.ArgumentParser):
     lines for ``run`` above the one that says what was wrong. Subcommand parsers are of
     this class too (``add_subparsers`` makes them of the parser's own class)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No abbreviations (--dim for --dimensions): a scheduled deployment's command line
+        # that works today would fail, or name another option, once an option is added
+        # that shares the prefix.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, usage_line(self.prog, message) + "\n")
 

@@ -38,6 +38,9 @@ def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str], flag: 
     (["status", "--bogus"], "unrecognized arguments: --bogus"),
     (["run", "x.csv", "extra"], "embedline run: error: unrecognized arguments: extra"),
     (["status", "a", "b"], "embedline status: error: unrecognized arguments: b"),
+    # abbreviations are refused: they would change meaning when an option is added
+    (["run", "x.csv", "--dim", "64"], "embedline run: error: unrecognized arguments: --dim"),
+    (["gc", "out", "--gra", "1h"], "embedline gc: error: unrecognized arguments: --gra"),
 ])
 def test_every_usage_error_is_one_line_that_points_to_help(
     capsys: pytest.CaptureFixture[str], argv: list[str], words: str
