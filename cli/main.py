@@ -6,6 +6,7 @@ import argparse
 import functools
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -39,6 +40,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, usage_line(self.prog, message) + "\n")
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse's, but a value that starts with a minus and a digit (``--grace -1h``)
+        is the option's value, which its own check then refuses by name: argparse takes
+        only plain negative numbers as values and answered "expected one argument"."""
+        args = _values_joined(self, list(sys.argv[1:] if args is None else args))
+        return super().parse_known_args(args, namespace)
+
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         """argparse's, but an argument no parser took is refused by the subcommand's parser,
         so the line points to that command's ``--help``."""
@@ -49,6 +57,20 @@ class _Parser(argparse.ArgumentParser):
             parser = commands.get(getattr(parsed, "command", None), self)
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed
+
+
+def _values_joined(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """``args`` with each ``--option -1h`` whose option takes one value written
+    ``--option=-1h``."""
+    out: list[str] = []
+    for arg in args:
+        action = parser._option_string_actions.get(out[-1]) if out else None
+        if (action is not None and action.nargs is None and action.option_strings
+                and re.match(r"-\d", arg)):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -83,6 +83,8 @@ def parse_age(text: str) -> float:
     :raises ValueError: anything else.
     """
     match = _AGE.match(text)
+    if match is None and text.strip().startswith("-"):
+        raise ValueError(f"an age is 0 or more, got {text!r}; use e.g. 0s, 36h, 2w")
     if match is None:
         raise ValueError(f"not an age: {text!r}; use e.g. 90d, 36h, 2w")
     return float(match.group(1)) * _UNIT_S[match.group(2)]

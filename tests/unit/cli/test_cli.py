@@ -299,3 +299,24 @@ def test_gc_ages_that_do_not_parse_name_their_option(
     err = capsys.readouterr().err
     assert err.startswith(f"embedline gc: error: argument {flag}: not an age"), err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["gc", "OUT", "--grace", "-1h"], "argument --grace: an age is 0 or more, got '-1h'"),
+    (["gc", "OUT", "--older-than", "-2d"], "argument --older-than: an age is 0 or more"),
+    (["run", "x.csv", "--grace", "-1"], "argument --grace: must be a finite number, 0 or more"),
+    (["run", "x.csv", "--chunk-retry-delay", "-1.5"], "argument --chunk-retry-delay:"),
+])
+def test_a_negative_value_reaches_its_options_own_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+) -> None:
+    """argparse takes only a plain negative number as a value: ``--grace -1h`` answered
+    "expected one argument", as if the value were missing."""
+    argv = [str(tmp_path) if a == "OUT" else a for a in argv]
+    try:
+        code = main(argv)  # gc checks its ages itself; argparse's checks exit
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "expected one argument" not in err, err
