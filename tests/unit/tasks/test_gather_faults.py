@@ -57,9 +57,11 @@ print(faults)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_routing_a_source_faults_in_no_new_memory() -> None:
-    """100 sources of 5,000 x 64 dims (measured: 91,654 page faults before, 196 now)."""
+    """100 sources of 5,000 x 64 dims. Measured: 74,860-91,654 page faults before, 196-10,212
+    now: the kernel's own page moves (compaction, huge pages; more on a busy machine) add
+    faults the route does not make, so the bound sits between the two."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     faults = int(subprocess.run([sys.executable, "-c", _ROUTE, str(REPO)], env=env,
                                 capture_output=True, text=True, check=True,
                                 timeout=120).stdout)
-    assert faults < 5000, f"{faults} page faults routing 100 sources"
+    assert faults < 25_000, f"{faults} page faults routing 100 sources"
