@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import fcntl
 import os
+import re
 import secrets
 import shutil
 import threading
@@ -44,6 +45,7 @@ __all__ = ["Scratch", "Spill", "digests", "hash_prefix", "hash_prefixes", "relea
            "stable_order", "sweep_dead"]
 
 _LOCK = ".lock"
+_TOKEN = re.compile(r"[0-9a-f]{16}\Z")  # a scratch directory's name: secrets.token_hex(8)
 _MAKING_S = 3600.0  # seconds after which a directory still being made is abandoned
 _live: dict[Path, Scratch] = {}  # directories this process created and has not closed yet
 _live_lock = threading.Lock()
@@ -183,16 +185,23 @@ class Scratch:
 def sweep_dead(base: Path) -> list[Path]:
     """Delete the scratch directories under ``base`` whose lock no process holds (their
     owner died); return them. A directory being created (a dot-name) is left unless it is
-    over an hour old."""
+    over an hour old. Only what ``Scratch.create`` makes is touched: a directory named by
+    its 16-hex-digit token (``.`` and the token while being made, holding nothing but its
+    lock). ``base`` is ``scratch/`` in the directory of a ledger the user placed anywhere
+    (``--ledger ~/x.sqlite3``), so anything else in it is the user's and stays."""
     swept = []
     for path in base.iterdir():
         lock = path / _LOCK
-        if path.name.startswith("."):  # being made; an hour old: its maker died making it
-            with contextlib.suppress(OSError):
-                if time.time() - path.stat().st_mtime > _MAKING_S:
-                    shutil.rmtree(path, ignore_errors=True)
+        if path.is_symlink() or not path.is_dir():
             continue
-        if not path.is_dir() or path in _live or not lock.exists():
+        if path.name.startswith("."):  # being made; an hour old: its maker died making it
+            if _TOKEN.match(path.name[1:]):
+                with contextlib.suppress(OSError):
+                    if (time.time() - path.stat().st_mtime > _MAKING_S
+                            and set(os.listdir(path)) <= {_LOCK}):
+                        shutil.rmtree(path, ignore_errors=True)
+            continue
+        if not _TOKEN.match(path.name) or path in _live or not lock.exists():
             continue
         try:
             fd = os.open(lock, os.O_RDWR)

@@ -9,6 +9,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,38 @@ def test_stable_order_is_numpys_stable_argsort(top: int) -> None:
     keys = np.random.default_rng(top).integers(0, top + 1, 10_000).astype(np.int64)
     np.testing.assert_array_equal(stable_order(keys), np.argsort(keys, kind="stable"))
     assert len(stable_order(np.zeros(0, dtype=np.int64))) == 0
+
+
+def test_the_sweep_leaves_everything_it_did_not_make(tmp_path: Path) -> None:
+    """``--ledger ledger.sqlite3`` puts scratch directories in ``./scratch/``, which may be a
+    folder of the user's: only a dead run's own directories are deleted (a break test lost a
+    backdated ``scratch/.venv`` and a folder holding a ``.lock`` file)."""
+    base = tmp_path / "scratch"
+    hour_ago = time.time() - 2 * 3600
+    keep = {
+        ".venv/bin/activate": "x",  # a dot-folder over an hour old
+        "exp1/.lock": "",  # a folder with a lock file nobody holds
+        "exp1/results.csv": "x",
+        "0123456789abcdef/data.bin": "x",  # a token's name, but no lock: not ours
+        ".0123456789abcdef/.lock": "",  # being made, but holds more than its lock
+        ".0123456789abcdef/mine.txt": "x",
+        "notes.txt": "x",
+    }
+    for name, text in keep.items():
+        (base / name).parent.mkdir(parents=True, exist_ok=True)
+        (base / name).write_text(text)
+    dead_making = base / ".fedcba9876543210"  # a maker that died before the rename
+    dead_making.mkdir()
+    (dead_making / ".lock").write_text("")
+    for path in (base / ".venv", base / ".0123456789abcdef", dead_making):
+        os.utime(path, (hour_ago, hour_ago))
+    (base / "link").symlink_to(tmp_path)
+    with Scratch.create(tmp_path) as scratch:
+        for name in keep:
+            assert (base / name).exists(), name
+        assert (base / "link").is_symlink() and tmp_path.exists()
+        assert not dead_making.exists()
+        assert scratch.path.parent == base
 
 
 def test_hash_prefixes_are_the_first_16_hex_digits() -> None:
