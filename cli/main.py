@@ -41,9 +41,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, usage_line(self.prog, message) + "\n")
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        """argparse's, but a value that starts with a minus and a digit (``--grace -1h``)
-        is the option's value, which its own check then refuses by name: argparse takes
-        only plain negative numbers as values and answered "expected one argument"."""
+        """argparse's, but a value that starts with a single minus and is not an option
+        (``--grace -1h``, ``--timeout -inf``, ``--id-column -id``) is the option's value,
+        which its own check then takes or refuses by name: argparse takes only plain
+        negative numbers as values and answered "expected one argument"."""
         args = _values_joined(self, list(sys.argv[1:] if args is None else args))
         return super().parse_known_args(args, namespace)
 
@@ -61,12 +62,14 @@ class _Parser(argparse.ArgumentParser):
 
 def _values_joined(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
     """``args`` with each ``--option -1h`` whose option takes one value written
-    ``--option=-1h``."""
+    ``--option=-1h`` (``-h``, an option of the parser, and ``--anything`` are left as
+    they are: more likely a forgotten value than a value)."""
+    options = parser._option_string_actions
     out: list[str] = []
     for arg in args:
-        action = parser._option_string_actions.get(out[-1]) if out else None
+        action = options.get(out[-1]) if out else None
         if (action is not None and action.nargs is None and action.option_strings
-                and re.match(r"-\d", arg)):
+                and re.match(r"-[^-]", arg) and arg not in options):
             out[-1] = f"{out[-1]}={arg}"
         else:
             out.append(arg)
