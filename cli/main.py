@@ -46,6 +46,7 @@ class _Parser(argparse.ArgumentParser):
         which its own check then takes or refuses by name: argparse takes only plain
         negative numbers as values and answered "expected one argument"."""
         args = _values_joined(self, list(sys.argv[1:] if args is None else args))
+        _refuse_abbreviations(self, args)
         return super().parse_known_args(args, namespace)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
@@ -74,6 +75,24 @@ def _values_joined(parser: argparse.ArgumentParser, args: list[str]) -> list[str
         else:
             out.append(arg)
     return out
+
+
+def _refuse_abbreviations(parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """Refuse a long option that abbreviates one of ``parser``'s, naming what it may
+    mean, before argparse reports anything else (it said "--to is required" to a user who
+    typed ``--t``). Stops at ``--`` and at a subcommand: its own parser checks the rest."""
+    commands = next((a.choices for a in parser._actions
+                     if isinstance(a, argparse._SubParsersAction)), {})
+    for arg in args:
+        if arg == "--" or arg in commands:
+            return
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or name in parser._option_string_actions:
+            continue
+        meant = sorted(o for o in parser._option_string_actions if o.startswith(name))
+        if meant:
+            parser.error(f"unrecognized arguments: {arg} (options are written in full: "
+                         f"{' or '.join(meant)})")
 
 
 def _parser() -> argparse.ArgumentParser:

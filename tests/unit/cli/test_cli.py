@@ -41,6 +41,12 @@ def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str], flag: 
     # abbreviations are refused: they would change meaning when an option is added
     (["run", "x.csv", "--dim", "64"], "embedline run: error: unrecognized arguments: --dim"),
     (["gc", "out", "--gra", "1h"], "embedline gc: error: unrecognized arguments: --gra"),
+    # ... named before anything else argparse would say, with what they may mean
+    (["load", "abcdef12", "--t", "x"], "unrecognized arguments: --t (options are written in "
+                                       "full: --to)"),
+    (["run", "--he"], "embedline run: error: unrecognized arguments: --he"),
+    (["--vers"], "embedline: error: unrecognized arguments: --vers (options are written in "
+                 "full: --version)"),
 ])
 def test_every_usage_error_is_one_line_that_points_to_help(
     capsys: pytest.CaptureFixture[str], argv: list[str], words: str
