@@ -111,11 +111,13 @@ def parse_header(fields: list[str], *, id_column: str, text_column: str, path: s
                     "kept": f"no column named by {flag}"}[role]
             raise InputError(
                 f"{what} {column!r} in the header; columns found: {found}. "
-                + ("Pass --id-column with one of them" if role == "id" else
-                   "Pass --text-column (or --text-template '{column}') with one of them"
-                   if role == "text" else
-                   f"Check {flag}: names are matched exactly, case included (a "
-                   "placeholder is a column name only: no format specs)"),
+                + (_one_column_hint(fields) or
+                   ("Pass --id-column with one of them" if role == "id" else
+                    "Pass --text-column (or --text-template '{column}') with one of them"
+                    if role == "text" else
+                    f"Check {flag}: names are matched exactly, case included"
+                    + (" (a placeholder is a column name only: no format specs)"
+                       if role == "template" else ""))),
                 path=path,
                 line=1,
                 column=column,
@@ -124,6 +126,20 @@ def parse_header(fields: list[str], *, id_column: str, text_column: str, path: s
     text_index = seen[template_columns[0] if template_columns else text_column]
     columns = {c: seen[c] for c in (*template_columns, *keep_columns)}
     return Header(fields, seen[id_column], text_index, last_named + 1, columns)
+
+
+def _one_column_hint(fields: list[str]) -> str | None:
+    """What to say when the header read as one column that holds a usual delimiter: the
+    delimiter is wrong (``--delimiter`` named another, or auto found none), not the
+    column's name."""
+    if len(fields) != 1:
+        return None
+    inside = [name for d, name in ((",", "','"), (";", "';'"), ("\t", "tab"), ("|", "'|'"))
+              if d in fields[0]]
+    if not inside:
+        return None
+    return (f"The header read as one column, and it holds {inside[0]}: check --delimiter "
+            f"(auto finds , ; tab |; pass --delimiter {inside[0]})")
 
 
 def check_width(fields: list[str], line: int, header: Header, path: str) -> None:

@@ -52,8 +52,20 @@ def test_an_explicit_delimiter_is_used_as_given(tmp_path: Path) -> None:
     path = tmp_path / "in.csv"
     path.write_text(_text(ROWS, delimiter=";"), encoding="utf-8")
     assert _read(_plan(path, delimiter=";")) == ROWS
-    with pytest.raises(InputError, match="no id column 'id'"):
+    with pytest.raises(InputError, match="no id column 'id'") as info:
         _plan(path, delimiter=",")
+    # the header read as one column: the delimiter is named, not --id-column
+    assert "check --delimiter (auto finds , ; tab |; pass --delimiter ';')" in str(info.value)
+    assert "Pass --id-column" not in str(info.value)
+
+
+def test_a_missing_kept_column_is_not_told_about_placeholders(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text(_text(ROWS), encoding="utf-8")
+    with pytest.raises(InputError, match="no column named by --keep-columns 'nope'") as info:
+        plan_csv(path, id_column="id", text_column="text", codec="auto", chunk_size=10,
+                 model="m", dimensions=None, keep_columns=("nope",))
+    assert "placeholder" not in str(info.value)
 
 
 @pytest.mark.parametrize("codec, bom", [("utf-16-le", codecs.BOM_UTF16_LE),
