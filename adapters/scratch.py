@@ -269,13 +269,15 @@ class Spill:
     def add(self, records: np.ndarray, partitions: np.ndarray | int) -> None:
         """Append ``records`` (of ``dtype``); ``partitions``: one int for all, or one each."""
         records = np.asarray(records, dtype=self.dtype)
+        parts = (np.full(len(records), partitions, dtype=np.int64)
+                 if isinstance(partitions, (int, np.integer))
+                 else np.asarray(partitions, dtype=np.int64))
         start = 0
         while start < len(records):
             room = self.reserve(len(records) - start)
             stop = start + len(room)
             room[:] = records[start:stop]
-            self.commit(len(room), partitions if isinstance(partitions, (int, np.integer))
-                        else np.asarray(partitions, dtype=np.int64)[start:stop])
+            self.commit(len(room), parts[start:stop])
             start = stop
 
     def reserve(self, rows: int) -> np.ndarray:

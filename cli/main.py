@@ -54,11 +54,15 @@ class _Parser(argparse.ArgumentParser):
         so the line points to that command's ``--help``."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            commands = next((a.choices for a in self._actions
-                             if isinstance(a, argparse._SubParsersAction)), {})
-            parser = commands.get(getattr(parsed, "command", None), self)
+            parser = _commands(self).get(getattr(parsed, "command", None), self)
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommand parsers of ``parser`` by name (none for a subcommand's own)."""
+    return next((a.choices for a in parser._actions
+                 if isinstance(a, argparse._SubParsersAction)), {})
 
 
 def _values_joined(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
@@ -81,8 +85,7 @@ def _refuse_abbreviations(parser: argparse.ArgumentParser, args: list[str]) -> N
     """Refuse a long option that abbreviates one of ``parser``'s, naming what it may
     mean, before argparse reports anything else (it said "--to is required" to a user who
     typed ``--t``). Stops at ``--`` and at a subcommand: its own parser checks the rest."""
-    commands = next((a.choices for a in parser._actions
-                     if isinstance(a, argparse._SubParsersAction)), {})
+    commands = _commands(parser)
     for arg in args:
         if arg == "--" or arg in commands:
             return
