@@ -60,6 +60,30 @@ def test_the_child_plans_what_planning_here_plans(tmp_path: Path) -> None:
     assert not Path(child.scratch).exists()
 
 
+def test_the_child_plans_without_importing_pandas(tmp_path: Path) -> None:
+    """pyarrow imports pandas at its first array unless the import fails (0.2 CPU s a
+    run): the child's finder makes it fail, and planning and pyarrow still work."""
+    data = _csv(tmp_path / "in.csv", 300)
+    code = (
+        "import sys\n"
+        "from cli.plan_ahead import _NoPandas\n"
+        "sys.meta_path.insert(0, _NoPandas())\n"
+        "from adapters.csv_source import plan_csv\n"
+        "from adapters.scratch import release\n"
+        "import pyarrow as pa\n"
+        f"plan = plan_csv({str(data)!r}, id_column='id', text_column='text', codec='auto',\n"
+        f"                chunk_size=100, model='m', dimensions=None,\n"
+        f"                scratch_root={str(tmp_path)!r})\n"
+        "assert plan.rows == 300 and len(plan.chunks) == 3, plan.rows\n"
+        "assert pa.array([1, 2]).to_numpy().tolist() == [1, 2]\n"
+        "release(plan.scratch)\n"
+        "print('pandas' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_a_child_that_dies_is_replaced_by_planning_here(tmp_path: Path) -> None:
     settings = RunSettings(input=str(_csv(tmp_path / "in.csv", 300)), chunk_size=100,
                            ledger=str(tmp_path / "ledger.sqlite3"))
