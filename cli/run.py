@@ -1,8 +1,6 @@
 """``embedline run`` and ``embedline retry-failed``: plan, then call the ``embed-csv`` flow.
-
 Checks that need no Prefect (the input's header, a run already committed) answer before
-Prefect starts, in about a second.
-"""
+Prefect starts, in about a second; so does a run with nothing to send."""
 
 from __future__ import annotations
 
@@ -512,12 +510,11 @@ def _without_prefect(settings: RunSettings, *, emit_events: bool,
                      ) -> dict[str, Any] | tuple[str, int] | None:
     """What ``run`` finishes before Prefect starts, on ``flows.run.Run`` as the flow would:
     a run already committed (its summary; the ledger catches up if it lags the store), or a
-    run with nothing to embed and no sink (a re-export with new bytes, same rows: commit
-    it, about a second). Else None: the flow runs next, in this process, with the plan
-    handed over. (message, exit code) for an input or store error.
-
-    Costs one pass over the local input (0.6 s for 27 MB here) and a few reads of the store;
-    a committed run writes nothing to the store, as DESIGN §4 asks. ``emit_events``: send
+    run with nothing to send and no sink (a re-export with new bytes, same rows: commit it,
+    about a second; every row copied from earlier objects: publish and commit). Else None:
+    the flow runs next, in this process, with the plan (and reuse stage) handed over.
+    (message, exit code) for an input or store error. A committed run writes nothing to
+    the store, as DESIGN §4 asks. ``emit_events``: send
     ``embedline.run.committed`` for a commit (False with the CLI's temporary server, which
     runs no automations and is stopped when the command ends). ``ahead``: the plan comes
     from that child process instead (``cli/plan_ahead.py``).
@@ -556,12 +553,14 @@ def _without_prefect(settings: RunSettings, *, emit_events: bool,
 
 def _commit_without_dispatch(run: Run, emit_events: bool,
                              ) -> dict[str, Any] | tuple[str, int] | None:
-    """Record ``run``, find its work and, if no chunk task is needed, conclude it (commit,
-    or the summary of what blocks the commit; ``embedline.run.committed`` emitted if
-    ``emit_events``); None if the flow has work to do."""
+    """Record ``run``, find its work and, if no chunk task is needed (every chunk published,
+    or every chunk left copied: ``flows.copied_run`` publishes them), conclude it (commit,
+    or what blocks it; ``embedline.run.committed`` emitted if ``emit_events``); None if
+    the flow has work to do."""
     from embedline.errors import EmbedlineError
     from embedline.models import RunSummary
-    from flows.dispatch import DispatchResult
+    from flows.copied_run import publish_if_all_copied
+    from flows.dispatch import DispatchResult, Dispatched
     from flows.run import CommittedRun
     from tasks.events import emit_run_committed
 
@@ -578,17 +577,21 @@ def _commit_without_dispatch(run: Run, emit_events: bool,
             work = run.work_left()
             if isinstance(work, RunSummary):
                 return work.to_dict()
-            if run.needs_dispatch(work):
+            with run.leased():  # gc keeps the objects the lease lists
+                dispatched = publish_if_all_copied(run, work) if run.needs_dispatch(work) \
+                    else Dispatched(DispatchResult(), None)
+                if dispatched is not None:
+                    ended = run.conclude(work, dispatched.result, cost=dispatched.cost,
+                                         on_committed=lambda summary: (STOP.note_committed(
+                                             run.run_key, str(summary.manifest_uri),
+                                             "nothing to resume"),
+                                             emit_events and emit_run_committed(summary)))
+            if dispatched is None:
                 # recorded `running`; until the flow takes over, an interrupt or a hard exit
                 # marks it `interrupted` (else `status` finds the process gone: `crashed`)
                 _recorded_run_hook = run.hard_stop_hook()
                 STOP.on_hard_exit(_recorded_run_hook)
                 return None
-            with run.leased():  # gc keeps the objects the lease lists
-                ended = run.conclude(work, DispatchResult(), on_committed=lambda summary: (
-                    STOP.note_committed(run.run_key, str(summary.manifest_uri),
-                                        "nothing to resume"),
-                    emit_events and emit_run_committed(summary)))
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     finally:

@@ -23,7 +23,7 @@ from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
 from tasks.outcome import ChunkFailure, status_for
 
-__all__ = ["DispatchResult", "Dispatcher"]
+__all__ = ["DispatchResult", "Dispatched", "Dispatcher"]
 
 _POLL_S = 0.5  # seconds between checks of held chunks and leases
 
@@ -38,6 +38,18 @@ class DispatchResult:
     released: dict[int, ChunkFailure] = field(default_factory=dict)
     not_run: list[int] = field(default_factory=list)
     stop: ChunkFailure | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """What a run's embed and publish stage did: the dispatch's ``result`` and, with chunks
+    run in this process (threads), ``cost`` (requests, tokens, inputs) every chunk of this
+    process sent — failed, retried and released attempts too; None on Dask, whose workers
+    count in their own processes."""
+
+    result: DispatchResult
+    cost: tuple[int, int, int] | None
+    batches: int = 0  # Batch API batches of the chunks this run embedded
 
 
 class Dispatcher:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_run_logger
@@ -21,31 +20,20 @@ from embedline.progress import cost_in_process, reset_cost
 from embedline.protocols import ObjectStore
 from embedline.shutdown import STOP
 from flows.batch import BatchStage, Staged
-from flows.dispatch import DispatchResult, Dispatcher
+from flows.copied_run import prepare_stage, publish_copied_chunk, take_stage
+from flows.dispatch import DispatchResult, Dispatched, Dispatcher
 from flows.lengths import redo_other_lengths
 from flows.local_chunks import LocalChunks
 from flows.progress_report import ProgressReport, progress_reporter
 from flows.run import Run, Work
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
-from tasks.chunk import embed_chunk, run_chunk, show_published_chunk
-from tasks.copied import publish_copied
+from tasks.chunk import embed_chunk, show_published_chunk
 from tasks.outcome import ChunkFailure, status_for
 from tasks.report import ProgressArtifact
 from tasks.reuse_stage import ReuseStage
 
 __all__ = ["Dispatched", "embed_and_publish"]
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatched:
-    """What the stage did: the dispatch's ``result`` and, on the threads runner, ``cost``
-    (requests, tokens, inputs) every chunk task of this process sent — failed, retried and
-    released attempts too; None on Dask, whose workers count in their own processes."""
-
-    result: DispatchResult
-    cost: tuple[int, int, int] | None
-    batches: int = 0  # Batch API batches of the chunks this run embedded
 
 
 def embed_and_publish(run: Run, work: Work) -> Dispatched:
@@ -54,7 +42,8 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
     artifact, honouring signals (``dispatch_with_graceful_stop``)."""
     assert run.ledger is not None, "embed_and_publish() of a run not recorded"
     STOP.note_left_running(None)  # an earlier run's batches, in a long-lived process
-    stage = _reuse_stage(run, work)
+    logger = get_run_logger()
+    stage = take_stage(run, work, logger) or prepare_stage(run, work, logger)
     try:
         return _embed_and_publish(run, work, stage)
     finally:
@@ -94,7 +83,7 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     )
     reset_cost()
     runner_started = time.monotonic()
-    copied = LocalChunks(lambda spec: _publish_copied(run, work, stage, spec, logger))
+    copied = LocalChunks(lambda spec: publish_copied_chunk(run, work, stage, spec, logger))
     with task_runner(settings, window) as runner, contextlib.closing(copied):
         warm_up(runner, settings, logger, since=runner_started)
 
@@ -134,21 +123,6 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     return Dispatched(result, cost, staged.batches if staged is not None else 0)
 
 
-def _publish_copied(run: Run, work: Work, stage: ReuseStage, spec: ChunkSpec, logger: Any
-                    ) -> ChunkOutcome:
-    """A chunk whose every row the reuse stage copied: from planning's rows and the copies
-    (``tasks.copied``), else (kept columns, a copy that fails its hash check) the chunk
-    task's body, in this process."""
-    plan = stage.plan_for(spec)
-    outcome = publish_copied(spec, run.plan.source, run.settings, store=run.store,
-                             scratch=run.plan.scratch, prefill=plan.prefill, width=plan.width,
-                             run_key=run.run_key, logger=logger)
-    if outcome is not None:
-        return outcome
-    return run_chunk(spec, run.plan.source, run.settings, plan, work.length.current(),
-                     run.run_key, logger=logger)
-
-
 def _batches(run: Run, work: Work, stage: ReuseStage, report: ProgressReport) -> Staged:
     """Batch API mode: submit the work's requests as batches, wait, collect
     (``flows.batch``), the batches by status in the progress ``report``; a first signal
@@ -173,24 +147,6 @@ def _chunk_inputs(spec: ChunkSpec, stage: ReuseStage, staged: Staged | None
     plan = staged.plans.get(spec.index)
     return {"reuse": stage.plan_for(spec) if plan is None else plan,
             "batches": staged.answers.get(spec.index, ChunkBatches())}
-
-
-def _reuse_stage(run: Run, work: Work) -> ReuseStage:
-    """The run's reuse stage, prepared for ``work.todo`` (``tasks/reuse_stage.py``): the
-    index refreshed, every row planned, the vectors to reuse copied once per source."""
-    settings = run.settings
-    assert run.ledger is not None
-    stage = ReuseStage(store=run.store, ledger=run.ledger, plan=run.plan, run_key=run.run_key,
-                       model=settings.effective_model, dimensions=settings.dimensions,
-                       reuse=settings.reuse, length=work.length.current(),
-                       scratch_root=settings.scratch_root, log=get_run_logger(),
-                       shared_disk=settings.task_runner == "threads" or not settings.dask_address)
-    try:
-        stage.prepare(work.todo)
-    except BaseException:
-        stage.close()
-        raise
-    return stage
 
 
 _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much

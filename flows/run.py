@@ -269,8 +269,13 @@ class Run:
     def needs_dispatch(self, work: Work) -> bool:
         """Whether ``work`` needs chunk tasks: chunks to embed, or published chunks whose
         vectors have another length than the run's (they are embedded again)."""
-        if work.todo:
-            return True
+        return bool(work.todo) or self.redoes_lengths(work)
+
+    def redoes_lengths(self, work: Work) -> bool:
+        """Whether chunks published before this run (``work.skipped``) hold vectors of
+        another length than the run's: they are embedded again (``flows.lengths``)."""
+        if not work.skipped:
+            return False
         done = with_lengths(self.store, work.skipped)
         return bool(other_lengths(done, work.length.decide(done.values())))
 

@@ -78,6 +78,7 @@ class ReuseStage:
         self._joined: JoinResult | None = None
         self._gathered: Gathered | None = None
         self._waits: dict[int, np.ndarray] = {}
+        self.said: list[str] = []  # the info lines prepare logged
         forget_failures()
 
     def prepare(self, todo: list[ChunkSpec]) -> None:
@@ -93,8 +94,8 @@ class ReuseStage:
         started = time.monotonic()
         if self.reuse:
             added = refresh_index(self.store, self.ledger)
-            self.log.info("reuse index: %d new chunk objects indexed in %.1f s", added,
-                          time.monotonic() - started)
+            self._say("reuse index: %d new chunk objects indexed in %.1f s", added,
+                      time.monotonic() - started)
         rows = self._row_hashes(todo)
         self._joined = join_run(
             directory=self.directory, rows=rows, todo=todo, chunks_total=len(self.plan.chunks),
@@ -103,10 +104,10 @@ class ReuseStage:
         self._gathered = gather(self.store, self._joined, self.directory, length=self.length,
                                 chunks_total=len(self.plan.chunks))
         got = self._gathered
-        self.log.info("reuse stage: %s rows from %s objects in %.1f s (the index, the join "
-                      "and the copy; %s rows wait for an earlier chunk of this run)",
-                      f"{got.rows:,}", f"{got.sources_read:,}", time.monotonic() - started,
-                      f"{self._joined.waiting:,}")
+        self._say("reuse stage: %s rows from %s objects in %.1f s (the index, the join and "
+                  "the copy; %s rows wait for an earlier chunk of this run)", f"{got.rows:,}",
+                  f"{got.sources_read:,}", time.monotonic() - started,
+                  f"{self._joined.waiting:,}")
 
     def fully_copied(self, spec: ChunkSpec) -> bool:
         """Whether every non-empty row of ``spec`` has a copied vector (none to send, none
@@ -196,6 +197,12 @@ class ReuseStage:
             self._own.close()
 
     # ── internals ────────────────────────────────────────────────────────────────────────
+    def _say(self, message: str, *args: Any) -> None:
+        """Log an info line of ``prepare`` and keep it (``said``): a stage prepared before
+        the flow started is adopted by the flow, whose log says them again."""
+        self.log.info(message, *args)
+        self.said.append(message % args)
+
     def _row_hashes(self, todo: list[ChunkSpec]) -> Spill:
         """Planning's spill of text hashes, or (a plan made without one) the same read from
         the chunks to embed."""

@@ -1,0 +1,168 @@
+"""The reuse stage of a run, and runs whose every chunk left is copied: no Prefect needed.
+
+``prepare_stage`` builds the run's reuse stage (``tasks/reuse_stage.py``) for its work: the
+index refreshed, every row planned, each reused vector copied once per source object. The
+flow calls it (``flows.embed``); so does ``embedline run`` before Prefect starts
+(``cli/run.py``, ``_without_prefect``), through ``publish_if_all_copied``:
+
+- when every chunk left has every non-empty row copied (a shuffled or re-ordered export, a
+  re-export cut at new chunk boundaries: a night that sends no request), the chunks are
+  published here as the flow publishes them (``publish_copied_chunk`` on
+  ``flows.local_chunks``, recorded by the same ``Dispatcher``) and the command concludes the
+  run as it concludes one with nothing to embed. A flow run would only add Prefect's own
+  costs: its engine, API calls and background threads and the running server's work, about
+  1.3 of a 12 CPU s 1M-row night, and the import of the flow (0.8 CPU s) when the command
+  has not made it yet (issue 24);
+- otherwise nothing is published here: the prepared stage is handed to the flow of the same
+  run in this process (``take_stage``), so no row is planned or copied twice.
+
+Prefect-free: imported by the CLI before it knows whether a flow will run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+from embedline.models import ChunkOutcome, ChunkSpec
+from embedline.progress import cost_in_process, reset_cost
+from embedline.settings import RunSettings
+from flows.dispatch import Dispatched, Dispatcher
+from flows.local_chunks import LocalChunks
+from flows.run import Run, Work
+from flows.signals import dispatch_with_graceful_stop
+from tasks.copied import publish_copied
+from tasks.reuse_stage import Log, ReuseStage
+
+__all__ = ["prepare_stage", "publish_copied_chunk", "publish_if_all_copied", "take_stage"]
+
+#: The stage ``publish_if_all_copied`` prepared and left to the flow: (run key, indexes of
+#: the chunks it was prepared for, the stage).
+_handed: tuple[str, tuple[int, ...], ReuseStage] | None = None
+_handed_lock = threading.Lock()
+
+
+def prepare_stage(run: Run, work: Work, log: Log) -> ReuseStage:
+    """The run's reuse stage, prepared for ``work.todo``: the index refreshed, every row
+    planned, the vectors to reuse copied once per source. ``log``: the stage's info lines.
+
+    :raises DiskFullError: the scratch filesystem is full.
+    :raises RetryableError, FatalError: the store failed.
+    """
+    settings = run.settings
+    assert run.ledger is not None, "prepare_stage() of a run not recorded"
+    stage = ReuseStage(store=run.store, ledger=run.ledger, plan=run.plan, run_key=run.run_key,
+                       model=settings.effective_model, dimensions=settings.dimensions,
+                       reuse=settings.reuse, length=work.length.current(),
+                       scratch_root=settings.scratch_root, log=log,
+                       shared_disk=settings.task_runner == "threads" or not settings.dask_address)
+    try:
+        stage.prepare(work.todo)
+    except BaseException:
+        stage.close()
+        raise
+    return stage
+
+
+def take_stage(run: Run, work: Work, log: Log) -> ReuseStage | None:
+    """The stage ``publish_if_all_copied`` prepared for this run and these chunks, now the
+    caller's (its ledger and log become ``run``'s and ``log``); None if there is none. A
+    stage left for another run or other chunks is closed."""
+    global _handed
+    with _handed_lock:
+        handed, _handed = _handed, None
+    if handed is None:
+        return None
+    run_key, indexes, stage = handed
+    if run_key != run.run_key or indexes != tuple(s.index for s in work.todo):
+        stage.close()
+        return None
+    assert run.ledger is not None
+    stage.ledger, stage.log = run.ledger, log
+    for line in stage.said:
+        log.info("%s, before the flow started", line)
+    return stage
+
+
+def publish_if_all_copied(run: Run, work: Work) -> Dispatched | None:
+    """Publish ``work.todo`` without Prefect if every chunk of it has every non-empty row
+    copied (module docstring): what the dispatch did, for ``Run.conclude``. None when the
+    run needs the flow (its stage, if prepared, is left for ``take_stage``). Call it on a
+    recorded run, under its lease (the stage reads earlier objects).
+
+    :raises DiskFullError: the scratch or ledger filesystem is full.
+    :raises RetryableError, FatalError: the store failed while the stage read it.
+    """
+    if not _may_copy_all(run, work):
+        return None
+    stage = prepare_stage(run, work, run.log)
+    if not all(stage.fully_copied(spec) for spec in work.todo):
+        _hand_over(run.run_key, work, stage)
+        return None
+    try:
+        return _dispatch(run, work, stage)
+    finally:
+        stage.close()
+
+
+def publish_copied_chunk(run: Run, work: Work, stage: ReuseStage, spec: ChunkSpec,
+                         logger: Any) -> ChunkOutcome:
+    """A chunk whose every row the reuse stage copied: from planning's rows and the copies
+    (``tasks.copied``), else (kept columns, a copy that fails its hash check) the chunk
+    task's body, in this process."""
+    plan = stage.plan_for(spec)
+    outcome = publish_copied(spec, run.plan.source, run.settings, store=run.store,
+                             scratch=run.plan.scratch, prefill=plan.prefill, width=plan.width,
+                             run_key=run.run_key, logger=logger)
+    if outcome is not None:
+        return outcome
+    from tasks.chunk import run_chunk  # Prefect's task machinery: only when sending
+
+    return run_chunk(spec, run.plan.source, run.settings, plan, work.length.current(),
+                     run.run_key, logger=logger)
+
+
+def _settings_allow(settings: RunSettings) -> bool:
+    """Reuse on, chunks published by this process (threads), no Batch API, no sink to
+    load, nothing kept beside the vectors (kept values are in the input only)."""
+    return (settings.reuse and settings.task_runner == "threads" and not settings.batch_api
+            and not settings.sink and not settings.kept_columns and not settings.keep_text)
+
+
+def _may_copy_all(run: Run, work: Work) -> bool:
+    """Whether this run can be published here: its settings allow it, planning's rows are
+    at hand, and no chunk published before holds another vector length (the flow embeds
+    those again)."""
+    return (bool(work.todo) and _settings_allow(run.settings) and run.plan.scratch is not None
+            and not run.redoes_lengths(work))
+
+
+def _hand_over(run_key: str, work: Work, stage: ReuseStage) -> None:
+    global _handed
+    with _handed_lock:
+        previous, _handed = _handed, (run_key, tuple(s.index for s in work.todo), stage)
+    if previous is not None:
+        previous[2].close()
+
+
+def _dispatch(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
+    """Publish every chunk of ``work.todo`` on the copied chunks' pool, recorded as the
+    flow records them; index what was published (the next run reads none of it)."""
+    assert run.ledger is not None
+    settings, log = run.settings, run.log
+    reset_cost()  # a copy that fails its hash check is sent (publish_copied_chunk)
+    copied = LocalChunks(lambda spec: publish_copied_chunk(run, work, stage, spec, log))
+    with contextlib.closing(copied):
+        dispatcher = Dispatcher(
+            ledger=run.ledger, run_key=run.run_key,
+            object_uri=lambda spec: run.store.uri_for(spec.object_key),
+            submit=copied.submit, window=settings.concurrency + 1, logger=log,
+            on_outcome=lambda result: work.length.answered(result.published.values()),
+            on_gave_up=stage.note_failed, grace_s=settings.grace_s)
+        result = dispatch_with_graceful_stop(dispatcher, work.todo, grace_s=settings.grace_s,
+                                             logger=log)
+    log.info("%d chunks had every row copied: published before Prefect started, no request",
+             copied.submitted)
+    stage.index_published(result.published.values())
+    return Dispatched(result, cost_in_process())

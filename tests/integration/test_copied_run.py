@@ -1,0 +1,99 @@
+"""``embedline run`` publishes a night whose every row an earlier object holds before Prefect
+starts (flows/copied_run.py): no request, no flow run, the vectors the fake server gives
+for those texts; and a night with something to send hands its prepared reuse stage to the
+flow, which prepares nothing again. A real CLI, fake server and Prefect server."""
+
+from __future__ import annotations
+
+import csv
+import io
+import random
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import run_cli
+from tests.support.output import vectors_by_id
+
+pytestmark = pytest.mark.integration
+
+
+def _csv(path: Path, rows: list[tuple[str, str]]) -> None:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(("id", "text"))
+    writer.writerows(rows)
+    path.write_text(buf.getvalue(), encoding="utf-8")
+
+
+def _run(tmp_path: Path, server: FakeEmbeddingServer, name: str) -> tuple[int, str, str]:
+    result = run_cli("run", str(tmp_path / name), "--embedder", "openai", "--base-url",
+                     server.base_url, "--output", str(tmp_path / "out"), "--ledger",
+                     str(tmp_path / "ledger.sqlite3"), "--chunk-size", "40", cwd=tmp_path)
+    return result.returncode, result.stdout, result.stderr
+
+
+def _flow_runs(api_url: str) -> int:
+    answer = httpx.post(f"{api_url}/flow_runs/count", json={}, timeout=10)
+    answer.raise_for_status()
+    return int(answer.json())
+
+
+def _latest_vectors(out: Path, run_key_line: str) -> dict[str, np.ndarray]:
+    import json
+
+    run_key = run_key_line.split()[1]
+    manifest = json.loads((out / "manifests" / f"{run_key}.json").read_text())
+    bodies = {e["object"]: (out / e["object"]).read_bytes() for e in manifest["chunks"]}
+    return vectors_by_id(bodies, manifest)
+
+
+def test_an_all_copied_night_sends_nothing_and_runs_no_flow(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str,
+) -> None:
+    rows = [(f"pkg-{i}", f"package {i} does thing {i * 13 % 97}") for i in range(200)]
+    _csv(tmp_path / "first.csv", rows)
+    code, _, err = _run(tmp_path, fake_openai, "first.csv")
+    assert code == 0, err
+    sent, flows = fake_openai.counters()["inputs"], _flow_runs(prefect_api_url)
+    assert sent == 200
+    shuffled = list(rows)
+    random.Random(5).shuffle(shuffled)  # every chunk key new, every row in an earlier object
+    _csv(tmp_path / "night.csv", shuffled)
+    code, out, err = _run(tmp_path, fake_openai, "night.csv")
+    assert code == 0, err
+    assert "200 rows reused from earlier runs" in out
+    assert fake_openai.counters()["inputs"] == sent  # nothing sent
+    assert _flow_runs(prefect_api_url) == flows  # no flow run: published before Prefect
+    run_line = next(line for line in out.splitlines() if line.startswith("run "))
+    vectors = _latest_vectors(tmp_path / "out", run_line)
+    assert sorted(vectors) == sorted(i for i, _ in rows)
+    for row_id, text in shuffled:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
+
+
+def test_a_night_with_one_change_hands_its_prepared_stage_to_the_flow(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str,
+) -> None:
+    rows = [(f"pkg-{i}", f"package {i} does thing {i * 13 % 97}") for i in range(200)]
+    _csv(tmp_path / "first.csv", rows)
+    assert _run(tmp_path, fake_openai, "first.csv")[0] == 0
+    sent, flows = fake_openai.counters()["inputs"], _flow_runs(prefect_api_url)
+    night = list(rows)
+    random.Random(6).shuffle(night)
+    night[17] = (night[17][0], "a text no earlier run embedded")
+    _csv(tmp_path / "night.csv", night)
+    code, out, err = _run(tmp_path, fake_openai, "night.csv")
+    assert code == 0, err
+    assert fake_openai.counters()["inputs"] == sent + 1  # only the changed text
+    assert _flow_runs(prefect_api_url) == flows + 1
+    stage_lines = [line for line in err.splitlines() if "reuse stage:" in line]
+    assert len(stage_lines) == 1, stage_lines  # prepared once, before the flow
+    assert stage_lines[0].endswith("before the flow started"), stage_lines
+    run_line = next(line for line in out.splitlines() if line.startswith("run "))
+    vectors = _latest_vectors(tmp_path / "out", run_line)
+    for row_id, text in night:
+        np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
