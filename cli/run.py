@@ -5,6 +5,7 @@ Prefect starts, in about a second; so does a run with nothing to send."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sqlite3
 import sys
@@ -553,13 +554,12 @@ def _without_prefect(settings: RunSettings, *, emit_events: bool,
 
 def _commit_without_dispatch(run: Run, emit_events: bool,
                              ) -> dict[str, Any] | tuple[str, int] | None:
-    """Record ``run``, find its work and, if no chunk task is needed (every chunk published,
-    or every chunk left copied: ``flows.copied_run`` publishes them), conclude it (commit,
-    or what blocks it; ``embedline.run.committed`` emitted if ``emit_events``); None if
-    the flow has work to do."""
+    """Record ``run``, find its work and, if no chunk task is needed (all published, or all
+    left copied: ``flows.copied_run``), conclude it (``embedline.run.committed`` emitted if
+    ``emit_events``); None if the flow has work to do."""
     from embedline.errors import EmbedlineError
     from embedline.models import RunSummary
-    from flows.copied_run import publish_if_all_copied
+    from flows.copied_run import may_publish_here, publish_if_all_copied
     from flows.dispatch import DispatchResult, Dispatched
     from flows.run import CommittedRun
     from tasks.events import emit_run_committed
@@ -577,18 +577,19 @@ def _commit_without_dispatch(run: Run, emit_events: bool,
             work = run.work_left()
             if isinstance(work, RunSummary):
                 return work.to_dict()
-            with run.leased():  # gc keeps the objects the lease lists
-                dispatched = publish_if_all_copied(run, work) if run.needs_dispatch(work) \
-                    else Dispatched(DispatchResult(), None)
+            needed = run.needs_dispatch(work)
+            dispatched = None if needed and not may_publish_here(run, work) else \
+                Dispatched(DispatchResult(), None)
+            with run.leased() if dispatched else contextlib.nullcontext():  # gc keeps them
+                if needed and dispatched:
+                    dispatched = publish_if_all_copied(run, work)
                 if dispatched is not None:
-                    ended = run.conclude(work, dispatched.result, cost=dispatched.cost,
-                                         on_committed=lambda summary: (STOP.note_committed(
-                                             run.run_key, str(summary.manifest_uri),
-                                             "nothing to resume"),
-                                             emit_events and emit_run_committed(summary)))
-            if dispatched is None:
-                # recorded `running`; until the flow takes over, an interrupt or a hard exit
-                # marks it `interrupted` (else `status` finds the process gone: `crashed`)
+                    ended = run.conclude(
+                        work, dispatched.result, cost=dispatched.cost, on_committed=lambda s: (
+                            STOP.note_committed(run.run_key, str(s.manifest_uri), "nothing to "
+                                                "resume"), emit_events and emit_run_committed(s)))
+            if dispatched is None:  # recorded `running`; until the flow takes over, an
+                # interrupt or hard exit marks it `interrupted` (else `status`: `crashed`)
                 _recorded_run_hook = run.hard_stop_hook()
                 STOP.on_hard_exit(_recorded_run_hook)
                 return None

@@ -35,7 +35,8 @@ from flows.signals import dispatch_with_graceful_stop
 from tasks.copied import publish_copied
 from tasks.reuse_stage import Log, ReuseStage
 
-__all__ = ["prepare_stage", "publish_copied_chunk", "publish_if_all_copied", "take_stage"]
+__all__ = ["may_publish_here", "prepare_stage", "publish_copied_chunk", "publish_if_all_copied",
+           "take_stage"]
 
 #: The stage ``publish_if_all_copied`` prepared and left to the flow: (run key, indexes of
 #: the chunks it was prepared for, the stage).
@@ -94,7 +95,7 @@ def publish_if_all_copied(run: Run, work: Work) -> Dispatched | None:
     :raises DiskFullError: the scratch or ledger filesystem is full.
     :raises RetryableError, FatalError: the store failed while the stage read it.
     """
-    if not _may_copy_all(run, work):
+    if not may_publish_here(run, work):
         return None
     stage = prepare_stage(run, work, run.log)
     if not all(stage.fully_copied(spec) for spec in work.todo):
@@ -130,11 +131,14 @@ def _settings_allow(settings: RunSettings) -> bool:
             and not settings.sink and not settings.kept_columns and not settings.keep_text)
 
 
-def _may_copy_all(run: Run, work: Work) -> bool:
-    """Whether this run can be published here: its settings allow it, planning's rows are
-    at hand, and no chunk published before holds another vector length (the flow embeds
-    those again)."""
+def may_publish_here(run: Run, work: Work) -> bool:
+    """Whether ``publish_if_all_copied`` may publish this run (else it returns None at once,
+    with nothing prepared, read or leased): its settings allow it, planning's rows are
+    at hand, the ledger already indexes objects of this output (a first run, or a fresh
+    ledger, has nothing to copy from yet: its flow prepares the stage as before), and no
+    chunk published before holds another vector length (the flow embeds those again)."""
     return (bool(work.todo) and _settings_allow(run.settings) and run.plan.scratch is not None
+            and run.ledger is not None and bool(run.ledger.indexed_objects(run.store.uri))
             and not run.redoes_lengths(work))
 
 
