@@ -126,12 +126,8 @@ class Scratch:
         """
         base = Path(root) / "scratch"
         with translate_full(str(base), "scratch directory"):
-            base.mkdir(parents=True, exist_ok=True)
-            sweep_dead(base)
-            token = secrets.token_hex(8)
-            # locked under a dot-name the sweep skips, then renamed: never swept unlocked
-            making = base / f".{token}"
-            making.mkdir()
+            making = _make_locked_dir(base)
+            token = making.name[1:]
             fd = os.open(making / _LOCK, os.O_CREAT | os.O_RDWR, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             path = base / token
@@ -166,7 +162,8 @@ class Scratch:
         return Spill(self.path / name, dtype, buffer_rows=buffer_rows)
 
     def close(self) -> None:
-        """Delete the directory and release its lock (idempotent)."""
+        """Delete the directory and release its lock (idempotent); then ``scratch/`` too
+        if that left it empty (it sits beside a ledger the user placed anywhere)."""
         if self._lock_fd is None:
             return
         shutil.rmtree(self.path, ignore_errors=True)
@@ -174,12 +171,36 @@ class Scratch:
         self._lock_fd = None
         with _live_lock:
             _live.pop(self.path, None)
+        _remove_if_empty(self.path.parent)
 
     def __enter__(self) -> Scratch:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _make_locked_dir(base: Path) -> Path:
+    """Make ``base`` and, in it, ``.{token}`` (the caller locks it, under a dot-name the
+    sweep skips, then renames it: never swept unlocked); first sweep the dead. ``base`` may
+    vanish meanwhile (another process removed it empty, ``_remove_if_empty``): made again."""
+    for attempt in range(3):
+        base.mkdir(parents=True, exist_ok=True)
+        try:
+            sweep_dead(base)
+            making = base / f".{secrets.token_hex(8)}"
+            making.mkdir()
+            return making
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _remove_if_empty(base: Path) -> None:
+    """Remove the directory ``base`` if it is empty (``rmdir`` refuses otherwise)."""
+    with contextlib.suppress(OSError):
+        base.rmdir()
 
 
 def sweep_dead(base: Path) -> list[Path]:
@@ -235,6 +256,7 @@ def _remove_live() -> None:
         paths = list(_live)
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
+        _remove_if_empty(path.parent)
 
 
 class Spill:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -52,12 +54,14 @@ class LedgerBase:
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
+        _open[self._conn] = self._lock
 
     def close(self) -> None:
         """Close the connection. A full filesystem is ignored here: the WAL that could not be
         checkpointed is replayed by the next open, so nothing is lost."""
         with self._lock, contextlib.suppress(DiskFullError):
             self._conn.close()
+        _open.pop(self._conn, None)
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[sqlite3.Connection]:
@@ -92,3 +96,25 @@ class LedgerBase:
         """Return the schema version stored in ``meta``."""
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         return int(row[0])
+
+
+#: Ledger connections open in this process, with their ledger's lock. The CLI ends with
+#: ``os._exit`` once the exit handlers ran (``cli.entry``), which skips closing them (a
+#: connection outlives its ``Ledger`` when something else holds it): SQLite then left
+#: ``-wal`` and ``-shm`` files beside the ledger after every ``status`` or ``search``.
+#: Closing the last connection checkpoints the WAL and removes both
+#: (https://sqlite.org/wal.html, "WAL file").
+_open: weakref.WeakKeyDictionary[sqlite3.Connection, threading.RLock] = \
+    weakref.WeakKeyDictionary()
+
+
+@atexit.register
+def _close_open_ledgers() -> None:
+    """Close each connection no thread holds (never wait at exit)."""
+    for conn, lock in list(_open.items()):
+        if lock.acquire(blocking=False):
+            try:
+                with contextlib.suppress(DiskFullError, sqlite3.Error):
+                    conn.close()
+            finally:
+                lock.release()

@@ -170,7 +170,7 @@ def test_planning_spills_row_hashes_and_finds_duplicates_over_buckets(tmp_path: 
                     encoding="utf-8")
     with pytest.raises(InputError, match="50 duplicated id"):
         plan_csv(path, **args)
-    assert not list((tmp_path / "scratch").iterdir())  # an input error leaves no scratch
+    assert not (tmp_path / "scratch").exists()  # an input error leaves no scratch at all
 
 
 def test_row_facts_without_scratch_keep_id_digests_in_memory() -> None:
@@ -183,3 +183,42 @@ def test_row_facts_without_scratch_keep_id_digests_in_memory() -> None:
     facts.add_chunk(1, ["c", "b"], ["", ""], array("i", [0, 0]), [])
     assert facts.suspects() == {int(d) for d in id_digests(["a", "b"])}
     assert facts.rows is None and facts.count == 5
+
+
+def test_the_last_scratch_closed_removes_the_empty_scratch_directory(tmp_path: Path) -> None:
+    """``scratch/`` sits beside a ledger the user placed anywhere (``--ledger ~/x.sqlite3``):
+    it goes with its last directory, and stays while another is open or holds anything."""
+    first, second = Scratch.create(tmp_path), Scratch.create(tmp_path)
+    base = tmp_path / "scratch"
+    first.close()
+    assert base.is_dir() and second.path.is_dir()  # another is open
+    (base / "notes.txt").write_text("the user's")
+    second.close()
+    assert base.is_dir() and (base / "notes.txt").exists()  # not empty: kept
+    (base / "notes.txt").unlink()
+    third = Scratch.create(tmp_path)
+    third.close()
+    assert not base.exists()
+
+
+def test_a_scratch_directory_removed_while_another_is_made_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another process may remove ``scratch/`` empty between this one's mkdir and its
+    own directory's: ``create`` makes it again instead of failing the run."""
+    import adapters.scratch as scratch
+
+    sweep = scratch.sweep_dead
+    removed = []
+
+    def sweep_then_lose_the_base(base: Path) -> list[Path]:
+        found = sweep(base)
+        if not removed:  # the other process's close, just after this one's mkdir
+            base.rmdir()
+            removed.append(base)
+        return found
+
+    monkeypatch.setattr(scratch, "sweep_dead", sweep_then_lose_the_base)
+    made = Scratch.create(tmp_path)
+    assert removed and made.path.is_dir() and (made.path / ".lock").exists()
+    made.close()
