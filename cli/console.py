@@ -171,7 +171,7 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _plural(count: int, word: str) -> str:
+def plural(count: int, word: str) -> str:
     """``1 request``, ``2 requests`` (thousands grouped)."""
     return f"{count:,} {word}" + ("" if count == 1 else "s")
 
@@ -183,10 +183,10 @@ def _api_line(summary: dict[str, Any]) -> str:
     requests, inputs = summary["requests"], summary.get("inputs", 0)
     batch_inputs = int(summary.get("batch_inputs") or 0)
     if requests == 0 and inputs and not batch_inputs:
-        return f"model      {_plural(inputs, 'input')} embedded in-process (no API requests)"
-    return (f"api        {_plural(requests, 'request')}, {_plural(inputs, 'input')} sent"
+        return f"model      {plural(inputs, 'input')} embedded in-process (no API requests)"
+    return (f"api        {plural(requests, 'request')}, {plural(inputs, 'input')} sent"
             + (f" ({batch_inputs:,} of them in Batch API batches)" if batch_inputs else "")
-            + f", {_plural(summary['tokens'], 'token')} reported")
+            + f", {plural(summary['tokens'], 'token')} reported")
 
 
 def print_summary(summary: dict[str, Any], *, command_s: float | None = None) -> None:
@@ -207,8 +207,8 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             f"({summary['rows_skipped']:,} already published before"
             + (f", {summary['rows_concurrent']:,} by a concurrent run"
                if summary.get("rows_concurrent") else "") + "), "
-            + _plural(summary["rows_failed"], "dead letter")
-            + (f" ({_plural(summary['rows_empty'], 'empty text')}, skipped)"
+            + plural(summary["rows_failed"], "dead letter")
+            + (f" ({plural(summary['rows_empty'], 'empty text')}, skipped)"
                if summary.get("rows_empty") else ""),
             f"chunks     {summary['chunks_published']} published now, "
             f"{summary['chunks_skipped']} skipped, "

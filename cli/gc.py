@@ -43,21 +43,23 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 def format_report(done: Any, *, dry_run: bool) -> str:
     """One line per dataset (runs kept and deleted; column names, model and dimensions, no
     text or values), one per kind of object, then the total (objects and bytes)."""
+    from cli.console import plural
+
     verb = "would delete" if dry_run else "deleted"
-    lines = [f"kept       {len(done.kept_runs)} runs" + (
-        f", and {done.leased:,} objects that runs in progress need (live leases)"
+    lines = [f"kept       {plural(len(done.kept_runs), 'run')}" + (
+        f", and {plural(done.leased, 'object')} that runs in progress need (live leases)"
         if done.leased else "")]
     for entry in done.datasets:
-        lines.append(f"dataset    {entry.label()}: kept {len(entry.kept)} runs, {verb} "
-                     f"{len(entry.deleted)}")
+        lines.append(f"dataset    {entry.label()}: kept {plural(len(entry.kept), 'run')}, "
+                     f"{verb} {len(entry.deleted)}")
 
     for kind, items in done.groups().items():
-        lines.append(f"{kind:<10} {verb} {len(items):,} objects, "
+        lines.append(f"{kind:<10} {verb} {plural(len(items), 'object')}, "
                      f"{sum(i.size_bytes for i in items):,} bytes")
     if done.temp_files:
         lines.append(f"temp files {verb} {len(done.temp_files):,}")
     objects, size = done.totals()
-    lines.append(f"total      {verb} {objects:,} objects, {size:,} bytes")
+    lines.append(f"total      {verb} {plural(objects, 'object')}, {size:,} bytes")
     return "\n".join(lines)
 
 

@@ -98,9 +98,9 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
     _age(out, TWO_DAYS_S)
 
     dry = _gc(tmp_path, out, "--keep-runs", "1", "--dry-run")
-    assert "manifests  would delete 1 objects" in dry
-    assert "chunks     would delete 1 objects" in dry
-    assert "changes    would delete 1 objects" in dry
+    assert "manifests  would delete 1 object," in dry
+    assert "chunks     would delete 1 object," in dry
+    assert "changes    would delete 1 object," in dry
     assert Path(manifest_a).exists() and (out / only_a).exists()
 
     # A run in progress that needs chunk 0 of the first run (no kept manifest lists it):
@@ -124,10 +124,10 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
         if running.poll() is None:
             running.kill()
     assert running.returncode == 0, stderr[-3000:]
-    assert "manifests  deleted 1 objects" in done and "changes    deleted 1 objects" in done
+    assert "manifests  deleted 1 object," in done and "changes    deleted 1 object," in done
     assert "chunks     deleted 0 objects" in done  # the running run's lease kept chunk 0
     # and the report says so (it read "kept 1 runs" alone, found by a break test)
-    assert "kept       1 runs, and 1 objects that runs in progress need (live leases)" in done
+    assert "kept       1 run, and 1 object that runs in progress need (live leases)" in done
     assert not Path(manifest_a).exists() and (out / only_a).exists()
     manifest_c = next(line.split()[-1] for line in stdout.splitlines()
                       if line.startswith("manifest"))
@@ -252,7 +252,7 @@ def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
 
     # The load over, nothing protects the older run any more: the next gc deletes it.
     after = _gc(tmp_path, out, "--keep-runs", "1", "--grace", "0s")
-    assert "manifests  deleted 1 objects" in after
+    assert "manifests  deleted 1 object," in after
     assert not (out / "manifests" / f"{old}.json").exists()
 
 
@@ -280,8 +280,8 @@ def test_gc_keep_runs_1_keeps_the_newest_run_of_each_dataset(
     for name in ("text-new", "title", "model"):
         manifest = json.loads(Path(manifests[name]).read_text())
         assert all((out / e["object"]).exists() for e in manifest["chunks"]), name
-    assert "kept       3 runs" in report and "manifests  deleted 1 objects" in report
-    assert "text_column=text model=" in report and "kept 1 runs, deleted 1" in report
+    assert "kept       3 runs" in report and "manifests  deleted 1 object," in report
+    assert "text_column=text model=" in report and "kept 1 run, deleted 1" in report
     assert "text_column=title" in report and "model=other-model" in report
     assert "package 1 description" not in report  # names and counts only, never text
 
