@@ -34,6 +34,10 @@ _PREFECT_DEFAULTS = {
     "DO_NOT_TRACK": "1",
     # Adapters log to "embedline.*" (they never call Prefect): route those into run logs.
     "PREFECT_LOGGING_EXTRA_LOGGERS": "embedline",
+    # ...and outside a flow run (the CLI before Prefect: a commit, a night of copied rows,
+    # its graceful stop) they have none to go to: Prefect's API handler printed a
+    # UserWarning with its source line for each, instead of nothing.
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }

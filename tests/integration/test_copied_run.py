@@ -97,3 +97,30 @@ def test_a_night_with_one_change_hands_its_prepared_stage_to_the_flow(
     vectors = _latest_vectors(tmp_path / "out", run_line)
     for row_id, text in night:
         np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
+
+
+def test_an_embedline_warning_outside_a_flow_run_prints_only_itself(
+    tmp_path: Path, prefect_api_url: str,
+) -> None:
+    """The CLI logs on ``embedline.*`` before Prefect runs a flow (a night of copied rows
+    and its graceful stop): with Prefect imported and a configured server, its API log
+    handler printed a UserWarning and its source line beside each such line."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.fixtures import REPO
+
+    code = ("import logging\n"
+            "from cli.prefect_env import configure_prefect_environment\n"
+            "configure_prefect_environment()\n"
+            "from prefect.logging.configuration import setup_logging\n"
+            "setup_logging()  # as the CLI's import of the flow does\n"
+            "logging.getLogger('embedline.run').warning('SIGTERM received: no new chunks')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO),
+                               "PREFECT_API_URL": prefect_api_url})
+    assert done.returncode == 0, done.stderr
+    assert "SIGTERM received: no new chunks" in done.stderr
+    assert "UserWarning" not in done.stderr and "flow run id" not in done.stderr, done.stderr
