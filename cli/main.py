@@ -132,9 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     if not os.environ.get(DEBUG_ENV):
-        from cli.prefect_env import drop_prefect_settings_errors
+        from cli.prefect_env import (EXIT_DRAIN_LOGGERS, drop_drain_progress,
+                                     drop_prefect_settings_errors)
 
         logging.getLogger("prefect.plugins").addFilter(drop_prefect_settings_errors)
+        for name in EXIT_DRAIN_LOGGERS:
+            logging.getLogger(name).addFilter(drop_drain_progress)
     STOP.begin_command()
     previous = STOP.install_interrupt_handlers()
     previous_hook = sys.unraisablehook

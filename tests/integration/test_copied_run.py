@@ -68,6 +68,7 @@ def test_an_all_copied_night_sends_nothing_and_runs_no_flow(
     assert "200 rows reused from earlier runs" in out
     assert fake_openai.counters()["inputs"] == sent  # nothing sent
     assert _flow_runs(prefect_api_url) == flows  # no flow run: published before Prefect
+    assert "WARNING" not in err and "Traceback" not in err, err  # the commit's event, sent
     run_line = next(line for line in out.splitlines() if line.startswith("run "))
     vectors = _latest_vectors(tmp_path / "out", run_line)
     assert sorted(vectors) == sorted(i for i, _ in rows)
