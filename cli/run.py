@@ -1,6 +1,5 @@
 """``embedline run`` and ``embedline retry-failed``: plan, then call the ``embed-csv`` flow.
-Checks that need no Prefect (the input's header, a run already committed) answer before
-Prefect starts, in about a second; so does a run with nothing to send."""
+Checks that need no Prefect answer before it starts; so does a run with nothing to send."""
 
 from __future__ import annotations
 
@@ -264,6 +263,8 @@ def _run_settings(settings: RunSettings, *, progress_interval_s: float = 10.0) -
     finally:
         if ahead is not None:
             ahead.close()
+        while _handed_leases:  # the flow took its own lease, and has ended
+            _handed_leases.pop().close()
 
 
 #: Seconds, beyond ``--grace``, that the flow gets to record its chunks and summary after
@@ -379,17 +380,15 @@ def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float
 
 def _say_why_not_complete(summary: dict[str, Any]) -> None:
     """End stderr with the summary's message, one line, when the run did not complete (the
-    counts are on stdout): after a graceful stop, stderr ended with Prefect's "Finished in
-    state Failed(…)" log line, and after failed chunks with the last chunk's error."""
+    counts are on stdout; stderr ended with Prefect's last log line)."""
     code = int(summary["exit_code"])
     if code:
         interrupted = code in (exit_code_for(s) for s in SIGNALS)
         sys.stderr.write(f"embedline: {'' if interrupted else 'error: '}{summary['message']}\n")
 
 
-#: Modules a flow run imports on its way (measured: 0.4 s of CPU in all, in the flow's
-#: critical path): Prefect's engines, FastAPI's encoder (Prefect's parameter serializer),
-#: and pandas (pyarrow imports it at its first array, in the first chunk's publish).
+#: Modules a flow run imports on its way (0.4 CPU s in the flow's critical path): Prefect's
+#: engines, FastAPI's encoder (its parameter serializer), pandas (pyarrow's first array).
 _IMPORTED_BY_THE_FLOW = ("prefect.flow_engine", "prefect.task_engine", "fastapi.encoders",
                          "pandas")
 
@@ -418,13 +417,10 @@ def _no_heartbeats(api: PrefectApi) -> Any:
     """Flow-run heartbeats only where something can use them: on Prefect Cloud, or when the
     user set ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` (env, profile or prefect.toml).
 
-    Heartbeats only feed the zombie-run automation, which a self-hosted server has only if
-    the user created it (https://docs.prefect.io/v3/advanced/detect-zombie-flows), and the
-    CLI's temporary server runs no automations. Left on by default (180 s), they cost every
-    run up to a second at its end: the flow joins the heartbeat thread, which sleeps in 1 s
-    steps (Prefect 3.9 ``flow_engine._send_heartbeats``); 0.85 s in a measured run."""
-    import contextlib
-
+    Heartbeats only feed the zombie-run automation (a self-hosted server has it only if the
+    user made it: https://docs.prefect.io/v3/advanced/detect-zombie-flows). On by default,
+    they cost every run up to a second at its end (Prefect 3.9 joins the heartbeat thread,
+    which sleeps in 1 s steps, ``flow_engine._send_heartbeats``): 0.85 s measured."""
     from prefect.settings import (
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         get_current_settings,
@@ -504,6 +500,7 @@ def _check_api_key(settings: RunSettings) -> tuple[str, int] | None:
 #: The hard-exit hook of a run ``_without_prefect`` recorded (``running``) and left to the
 #: flow; dropped once the flow ran, which records the run's end itself.
 _recorded_run_hook: Any = None
+_handed_leases: list[contextlib.ExitStack] = []  # held to the end: no gap before the flow's
 
 
 def _without_prefect(settings: RunSettings, *, emit_events: bool,
@@ -580,16 +577,19 @@ def _commit_without_dispatch(run: Run, emit_events: bool,
             needed = run.needs_dispatch(work)
             dispatched = None if needed and not may_publish_here(run, work) else \
                 Dispatched(DispatchResult(), None)
-            with run.leased() if dispatched else contextlib.nullcontext():  # gc keeps them
+            with contextlib.ExitStack() as lease:
+                if dispatched:  # gc keeps what the lease lists, until the flow ends if handed
+                    lease.enter_context(run.leased())
                 if needed and dispatched:
                     dispatched = publish_if_all_copied(run, work)
+                    if dispatched is None:
+                        _handed_leases.append(lease.pop_all())
                 if dispatched is not None:
                     ended = run.conclude(
                         work, dispatched.result, cost=dispatched.cost, on_committed=lambda s: (
                             STOP.note_committed(run.run_key, str(s.manifest_uri), "nothing to "
                                                 "resume"), emit_events and emit_run_committed(s)))
-            if dispatched is None:  # recorded `running`; until the flow takes over, an
-                # interrupt or hard exit marks it `interrupted` (else `status`: `crashed`)
+            if dispatched is None:  # `running`: an interrupt or hard exit marks it `interrupted`
                 _recorded_run_hook = run.hard_stop_hook()
                 STOP.on_hard_exit(_recorded_run_hook)
                 return None
