@@ -89,14 +89,13 @@ def take_stage(run: Run, work: Work, log: Log) -> ReuseStage | None:
 def publish_if_all_copied(run: Run, work: Work) -> Dispatched | None:
     """Publish ``work.todo`` without Prefect if every chunk of it has every non-empty row
     copied (module docstring): what the dispatch did, for ``Run.conclude``. None when the
-    run needs the flow (its stage, if prepared, is left for ``take_stage``). Call it on a
-    recorded run, under its lease (the stage reads earlier objects).
+    run needs the flow (its prepared stage is left for ``take_stage``). Call it on a
+    recorded run, under its lease (the stage reads earlier objects), once
+    ``may_publish_here`` said yes (not asked again: it reads the store for chunk lengths).
 
     :raises DiskFullError: the scratch or ledger filesystem is full.
     :raises RetryableError, FatalError: the store failed while the stage read it.
     """
-    if not may_publish_here(run, work):
-        return None
     stage = prepare_stage(run, work, run.log)
     if not all(stage.fully_copied(spec) for spec in work.todo):
         _hand_over(run.run_key, work, stage)
@@ -132,8 +131,8 @@ def _settings_allow(settings: RunSettings) -> bool:
 
 
 def may_publish_here(run: Run, work: Work) -> bool:
-    """Whether ``publish_if_all_copied`` may publish this run (else it returns None at once,
-    with nothing prepared, read or leased): its settings allow it, planning's rows are
+    """Whether ``publish_if_all_copied`` may publish this run (else the caller leases,
+    prepares and reads nothing before the flow): its settings allow it, planning's rows are
     at hand, the ledger already indexes objects of this output (a first run, or a fresh
     ledger, has nothing to copy from yet: its flow prepares the stage as before), and no
     chunk published before holds another vector length (the flow embeds those again)."""
