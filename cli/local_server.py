@@ -117,6 +117,11 @@ class LocalServer:
             f"the temporary Prefect server did not start within {timeout_s:.0f} s (see "
             f"{self.log_path}); start one with `prefect server start` and set PREFECT_API_URL")
 
+    @property
+    def started(self) -> bool:
+        """True once ``start`` spawned the process."""
+        return self.process is not None
+
     def alive(self) -> bool:
         """True while the server process runs."""
         return self.process is not None and self.process.poll() is None

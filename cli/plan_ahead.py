@@ -33,11 +33,40 @@ if TYPE_CHECKING:  # imported when used: the child sets its parent-death signal 
     from embedline.models import InputPlan
     from embedline.settings import RunSettings
 
-__all__ = ["PlanAhead"]
+__all__ = ["PlanAhead", "prefect_on_demand"]
 
 _REQUEST = "plan-ahead.request"
 _RESULT = "plan-ahead.result"
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # holds cli/, adapters/, …
+
+
+def prefect_on_demand(settings: RunSettings) -> bool:
+    """Whether ``settings``' run may end before Prefect with every chunk copied from earlier
+    objects (``flows.copied_run``), asked before anything starts: its settings allow it, its
+    input is a local file and its ledger already indexes objects of its output. The CLI
+    then starts nothing ahead (the temporary server, a planning child, the flow's import:
+    3.1, 0.4 and 0.4 CPU s of a 1M-row night of copied rows, about 12 s in all; issue 24)
+    and starts Prefect once a flow is needed."""
+    import sqlite3
+
+    from adapters.ledger import Ledger
+    from adapters.object_store import open_store
+    from embedline.errors import EmbedlineError
+
+    if not settings.copies_in_process or "://" in settings.input or \
+            not os.path.isfile(settings.ledger):
+        return False
+    try:
+        uri = open_store(settings.output).uri
+        ledger = Ledger(settings.ledger)
+    except (EmbedlineError, OSError, sqlite3.Error):
+        return False  # the run reports it with its full context
+    try:
+        return ledger.indexes_output(uri)
+    except sqlite3.Error:
+        return False
+    finally:
+        ledger.close()
 
 
 class PlanAhead:

@@ -149,9 +149,15 @@ class PrefectApi:
 
         threading.Thread(target=watchdog, name="embedline-api-watchdog", daemon=True).start()
 
+    def start_server(self) -> None:
+        """Spawn the temporary server if ``prefect_api(defer_server=True)`` left it unstarted
+        (call from the main thread, as ``LocalServer.start``)."""
+        if self.server is not None and not self.server.started:
+            self.server.start()
+
     def _server_exited(self) -> ApiLoss | None:
         server = self.server
-        if server is None or server.alive():
+        if server is None or not server.started or server.alive():
             return None
         return ApiLoss(f"the temporary Prefect server exited during the run (see "
                        f"{server.log_path})", "rerun the same command to resume")
@@ -165,6 +171,7 @@ class PrefectApi:
             return
         from cli.local_server import ServerStartError
 
+        self.start_server()
         timeout_s = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
         try:
             self.server.wait_ready(timeout_s)
@@ -206,12 +213,13 @@ def temporary_server_stopped() -> bool:
     return _temporary_server_stopped
 
 
-def prefect_api() -> PrefectApi:
+def prefect_api(*, defer_server: bool = False) -> PrefectApi:
     """Pick the Prefect API for this run and export it as ``PREFECT_API_URL``.
 
     Call before Prefect is imported. The temporary server is spawned at once (its start-up,
-    about 5 s, overlaps with the imports and the planning); call ``wait_ready`` before the
-    flow.
+    about 5 s, overlaps with the imports and the planning), unless ``defer_server``: then
+    by ``start_server`` or ``wait_ready``, when a flow is to run (its URL is fixed now);
+    call ``wait_ready`` before the flow.
 
     :raises PrefectApiError: a configured ``PREFECT_API_URL`` does not answer.
     """
@@ -222,24 +230,28 @@ def prefect_api() -> PrefectApi:
         return PrefectApi(configured, None)
     from cli.local_server import LocalServer
 
-    server = LocalServer().start()
+    server = LocalServer()
+    if not defer_server:
+        server.start()
     # Before Prefect is imported: its settings are read once, at import.
     os.environ["PREFECT_API_URL"] = server.api_url
     return PrefectApi(server.api_url, server)
 
 
 def with_prefect_api(
-    body: Callable[[PrefectApi], int], *, on_lost: Callable[[ApiLoss], None] | None = None
+    body: Callable[[PrefectApi], int], *, on_lost: Callable[[ApiLoss], None] | None = None,
+    defer_server: bool = False,
 ) -> int:
-    """Pick the Prefect API (a temporary server starts now, in the background), call
-    ``body(api)`` and stop that server however ``body`` ends, a hard exit included.
+    """Pick the Prefect API (a temporary server starts now, in the background, or when
+    needed with ``defer_server``: ``prefect_api``), call ``body(api)`` and stop that server
+    however ``body`` ends, a hard exit included.
     Returns ``body``'s exit code, or 2 with one line when no API is usable.
 
     If the API goes away while ``body`` runs, ``on_lost(loss)`` is called in a watchdog
     thread (an ``embedline.shutdown.ApiLoss``); by default it prints one line and exits 1.
     """
     try:
-        api = prefect_api()
+        api = prefect_api(defer_server=defer_server)
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     STOP.on_hard_exit(api.kill)

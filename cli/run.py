@@ -250,16 +250,17 @@ def _retry_failed(args: argparse.Namespace) -> int:
 
 
 def _run_settings(settings: RunSettings, *, progress_interval_s: float = 10.0) -> int:
-    from cli.plan_ahead import PlanAhead
+    from cli.plan_ahead import PlanAhead, prefect_on_demand
 
-    ahead = PlanAhead.for_run(settings)  # first: the checks import what the child does too
+    lazy = prefect_on_demand(settings)  # else Prefect starts now, in parallel with planning
+    ahead = None if lazy else PlanAhead.for_run(settings)  # first: the checks import it too
     try:
         problem = _check_before_prefect(settings)
         if problem is not None:
             return fail(f"embedline: error: {problem[0]}", problem[1])
-        # a temporary server starts now, in parallel with planning
-        return with_prefect_api(lambda api: _run_flow(settings, api, progress_interval_s, ahead),
-                                on_lost=lambda loss: _stop_after_api_loss(loss, settings.grace_s))
+        return with_prefect_api(
+            lambda api: _run_flow(settings, api, progress_interval_s, ahead),
+            on_lost=lambda loss: _stop_after_api_loss(loss, settings.grace_s), defer_server=lazy)
     finally:
         if ahead is not None:
             ahead.close()
@@ -347,6 +348,7 @@ def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float
                 return int(loaded["exit_code"])
             return int(committed["exit_code"])  # 1: every chunk published, dead letters
         # with --sink and a load still to do, the flow loads the committed run
+    api.start_server()
     embed_csv, raise_if_interrupted_by_cancel = _import_the_flow()
     if api.server is not None:
         _import_while_the_server_starts()
@@ -407,10 +409,8 @@ def _import_while_the_server_starts() -> None:
     import importlib
 
     for name in _IMPORTED_BY_THE_FLOW:
-        try:
+        with contextlib.suppress(ImportError):  # a later Prefect or pyarrow without it
             importlib.import_module(name)
-        except ImportError:  # a later Prefect or pyarrow without it: nothing to warm
-            continue
 
 
 def _no_heartbeats(api: PrefectApi) -> Any:

@@ -421,3 +421,12 @@ class RunSettings(BaseModel):
     def scratch_root(self) -> str:
         """Where runs keep scratch files (``adapters.scratch``): the ledger's directory."""
         return os.path.dirname(os.path.abspath(self.ledger))
+
+    @property
+    def copies_in_process(self) -> bool:
+        """Whether chunks whose every row is copied may be published by the CLI's process
+        without the flow (``flows.copied_run``): reuse on, chunks run by threads, no Batch
+        API, no sink to load, nothing kept beside the vectors (kept values are in the input
+        only)."""
+        return (self.reuse and self.task_runner == "threads" and not self.batch_api
+                and not self.sink and not self.kept_columns and not self.keep_text)

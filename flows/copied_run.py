@@ -27,7 +27,6 @@ from typing import Any
 
 from embedline.models import ChunkOutcome, ChunkSpec
 from embedline.progress import cost_in_process, reset_cost
-from embedline.settings import RunSettings
 from flows.dispatch import Dispatched, Dispatcher
 from flows.local_chunks import LocalChunks
 from flows.run import Run, Work
@@ -123,21 +122,14 @@ def publish_copied_chunk(run: Run, work: Work, stage: ReuseStage, spec: ChunkSpe
                      run.run_key, logger=logger)
 
 
-def _settings_allow(settings: RunSettings) -> bool:
-    """Reuse on, chunks published by this process (threads), no Batch API, no sink to
-    load, nothing kept beside the vectors (kept values are in the input only)."""
-    return (settings.reuse and settings.task_runner == "threads" and not settings.batch_api
-            and not settings.sink and not settings.kept_columns and not settings.keep_text)
-
-
 def may_publish_here(run: Run, work: Work) -> bool:
     """Whether ``publish_if_all_copied`` may publish this run (else the caller leases,
     prepares and reads nothing before the flow): its settings allow it, planning's rows are
     at hand, the ledger already indexes objects of this output (a first run, or a fresh
     ledger, has nothing to copy from yet: its flow prepares the stage as before), and no
     chunk published before holds another vector length (the flow embeds those again)."""
-    return (bool(work.todo) and _settings_allow(run.settings) and run.plan.scratch is not None
-            and run.ledger is not None and bool(run.ledger.indexed_objects(run.store.uri))
+    return (bool(work.todo) and run.settings.copies_in_process and run.plan.scratch is not None
+            and run.ledger is not None and run.ledger.indexes_output(run.store.uri)
             and not run.redoes_lengths(work))
 
 

@@ -56,6 +56,13 @@ class ReuseIndex(LedgerBase):
         )
         return {r[0] for r in rows}
 
+    def indexes_output(self, output_uri: str) -> bool:
+        """Whether the reuse index covers any object under ``output_uri`` (one indexed row
+        read: a first run, or a fresh ledger, has nothing to copy from)."""
+        return self._conn.execute(
+            "SELECT 1 FROM reuse_objects WHERE output_uri = ? LIMIT 1", (output_uri,)
+        ).fetchone() is not None
+
     def index_object(
         self,
         output_uri: str,
