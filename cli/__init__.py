@@ -48,9 +48,10 @@ def entry() -> None:
     except BaseException as exc:  # an interrupt after the command's own handling ended
         from embedline import shutdown
 
-        if not shutdown.is_interrupt(exc):
+        interrupt = shutdown.interrupt_of(exc)
+        if interrupt is None:
             raise
-        code = shutdown.exit_code_for(shutdown.signal_of(exc))
+        code = shutdown.exit_code_for(shutdown.signal_of(interrupt))
     _exit_code = int(code)
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:

@@ -16,7 +16,7 @@ from cli import batches, gc, inspect, load, run, search
 from cli.arguments import usage_line
 from cli.started import interrupted_line
 from embedline.errors import DiskFullError
-from embedline.shutdown import STOP, exit_code_for, is_interrupt, signal_of
+from embedline.shutdown import STOP, exit_code_for, interrupt_of, signal_of
 from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["main"]
@@ -155,9 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, DiskFullError) and not os.environ.get(DEBUG_ENV):
             sys.stderr.write(f"embedline: error: {exc}\n")  # any command, one line
             return exc.exit_code
-        if not is_interrupt(exc):
+        interrupt = interrupt_of(exc)
+        if interrupt is None:
             return _invalid_prefect_setting(exc)
-        return _interrupted(exc, resumable=getattr(args, "resumable", True))
+        return _interrupted(interrupt, resumable=getattr(args, "resumable", True))
     finally:
         sys.unraisablehook = previous_hook
         for signum, handler in previous.items():

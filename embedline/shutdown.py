@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["SIGNALS", "STOP", "ApiLoss", "Committed", "Phase", "StopState", "Terminated",
-           "exit_code_for", "is_interrupt", "raise_interrupt", "signal_of", "tasks_must_stop"]
+           "exit_code_for", "interrupt_of", "is_interrupt", "raise_interrupt", "signal_of",
+           "tasks_must_stop"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -105,6 +106,23 @@ def is_interrupt(exc: BaseException) -> bool:
     matched by name, so this module imports no Prefect)."""
     return isinstance(exc, KeyboardInterrupt | Terminated) or \
         type(exc).__name__ == "TerminationSignal"
+
+
+def interrupt_of(exc: BaseException) -> BaseException | None:
+    """``exc`` if it is an interrupt (``is_interrupt``), else the first interrupt among the
+    exceptions it was raised from (``__cause__``, as ``raise … from``), else None. Python
+    wraps some exceptions that end a hook it calls: a Ctrl-C that landed in a class body's
+    ``__set_name__`` during an import (pyarrow imports pandas lazily, at its first array)
+    surfaced as ``RuntimeError: Error calling __set_name__ …`` from the KeyboardInterrupt,
+    and the CLI printed its traceback instead of the interrupt's one line."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if is_interrupt(current):
+            return current
+        seen.add(id(current))
+        current = current.__cause__
+    return None
 
 
 def exit_code_for(signum: int) -> int:
@@ -352,8 +370,8 @@ class StopState:
         longer than the delay, and the signal came back inside the hook ("Exception ignored
         in sys.unraisablehook", CI). Returns True if ``unraisable`` was an interrupt (print
         nothing for it), False otherwise."""
-        exc = unraisable.exc_value
-        if exc is None or not is_interrupt(exc):
+        exc = None if unraisable.exc_value is None else interrupt_of(unraisable.exc_value)
+        if exc is None:
             return False
         self.forget_interrupts()  # the one redelivered is a first signal, not a second
         main, signum = threading.main_thread().ident, signal_of(exc)

@@ -37,7 +37,7 @@ from embedline.models import (
 )
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
-from embedline.shutdown import STOP, is_interrupt
+from embedline.shutdown import STOP, interrupt_of
 from flows.dispatch import DispatchResult
 from flows.outcome import outcome_fields
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
@@ -200,7 +200,7 @@ class Run:
         """Record the run ``running`` in its ledger (``open_ledger``) for the block.
 
         An error out of the block marks the run ``crashed``; an interrupt (Ctrl-C,
-        SIGTERM: ``is_interrupt``) or a hard exit of the process ``interrupted``:
+        SIGTERM: ``interrupt_of``) or a hard exit of the process ``interrupted``:
         nothing was lost, the rerun resumes.
         """
         ledger = self._ledger()
@@ -217,7 +217,7 @@ class Run:
             yield
         except BaseException as exc:
             ledger.mark_stopped(self.run_key,
-                                status="interrupted" if is_interrupt(exc) else "crashed")
+                                status="crashed" if interrupt_of(exc) is None else "interrupted")
             raise
         finally:
             STOP.remove_hard_exit_hook(hook)

@@ -324,3 +324,57 @@ def test_the_stop_state_pickles_as_the_receiving_processs_own() -> None:
 
     assert pickle.loads(pickle.dumps(STOP)) is STOP
     assert cloudpickle.loads(cloudpickle.dumps(STOP.tasks_must_stop))() is STOP.tasks_must_stop()
+
+
+def _interrupt_in_set_name() -> BaseException:
+    """What a Ctrl-C inside a descriptor's ``__set_name__`` (a class body run by an import)
+    raises: on Python 3.11 a RuntimeError from the KeyboardInterrupt."""
+
+    class Descriptor:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    try:
+        type("Owner", (), {"field": Descriptor()})
+    except BaseException as exc:  # noqa: BLE001 - whatever this Python raises
+        return exc
+    raise AssertionError("__set_name__ was not called")
+
+
+def test_an_interrupt_wrapped_by_python_is_still_an_interrupt() -> None:
+    from embedline.shutdown import interrupt_of
+
+    raised = _interrupt_in_set_name()
+    found = interrupt_of(raised)
+    assert isinstance(found, KeyboardInterrupt), repr(raised)
+    unrelated = RuntimeError("a bug")
+    unrelated.__cause__ = ValueError("its cause")
+    assert interrupt_of(unrelated) is None
+    looped = RuntimeError("loop")
+    looped.__cause__ = looped
+    assert interrupt_of(looped) is None
+
+
+def test_the_cli_says_one_line_for_an_interrupt_python_wrapped() -> None:
+    """A Ctrl-C during in-process planning landed in pyarrow's lazy import of pandas, inside
+    a ``__set_name__``: the CLI printed a RuntimeError's traceback, exit 1."""
+    done = _python("""
+        import sys
+        import cli.run
+
+        class Descriptor:
+            def __set_name__(self, owner, name):
+                raise KeyboardInterrupt
+
+        def planning(args):
+            class Imported:  # a module's class body, run while the signal lands
+                field = Descriptor()
+
+        cli.run._run = planning
+        sys.argv = ["embedline", "run", "in.csv"]
+        from cli import entry
+        entry()
+    """)
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr and "RuntimeError" not in done.stderr, done.stderr
+    assert done.stderr.strip().startswith("embedline: interrupted by SIGINT"), done.stderr
