@@ -23,7 +23,6 @@ nothing published is lost).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import os
@@ -40,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.disk_full import translate_full
+from embedline.shutdown import exit_cleanup
 
 __all__ = ["Scratch", "Spill", "digests", "hash_prefix", "hash_prefixes", "release",
            "stable_order", "sweep_dead"]
@@ -250,7 +250,7 @@ def release(path: str | os.PathLike[str] | None) -> None:
         scratch.close()
 
 
-@atexit.register
+@exit_cleanup
 def _remove_live() -> None:
     with _live_lock:
         paths = list(_live)

@@ -80,6 +80,9 @@ def _skip_prefect_exit_sending() -> None:
 def _end_process() -> None:
     if _exit_code is None:
         return
+    shutdown = sys.modules.get("embedline.shutdown")
+    if shutdown is not None:  # embedline's own atexit work (scratch, ledger): os._exit skips it
+        shutdown.run_exit_cleanups()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -12,7 +12,7 @@ from cli.failures import EXIT_USAGE, fail
 if TYPE_CHECKING:
     from adapters.ledger import Ledger
 
-__all__ = ["check_ledger_dir", "find_run", "open_ledger"]
+__all__ = ["check_ledger", "check_ledger_dir", "find_run", "open_ledger"]
 
 
 def open_ledger(path: str) -> Ledger:
@@ -54,3 +54,40 @@ def check_ledger_dir(ledger: str) -> None:
                if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror)
         raise InputError(f"cannot use the ledger {ledger}: {why} ({exc.filename}); pass "
                          "--ledger a path in a directory you can write") from None
+
+
+def check_ledger(ledger: str) -> None:
+    """``check_ledger_dir``, then what a run needs of the ledger beyond its directory: a file
+    can be written there (the run's scratch files, SQLite's WAL), and an existing ledger
+    opens as one. Each was a flow run ending in a traceback ("file is not a database",
+    "attempt to write a readonly database", "Operation not permitted: …/scratch").
+
+    :raises InputError: (exit 2) one line that names the path and what to do.
+    """
+    import sqlite3
+    import tempfile
+
+    from adapters.disk_full import translate_full
+    from adapters.ledger import Ledger
+    from embedline.errors import InputError
+
+    check_ledger_dir(ledger)
+    directory = os.path.dirname(os.path.abspath(ledger))
+    try:
+        with translate_full(ledger, "ledger"), \
+                tempfile.TemporaryFile(dir=directory, prefix=".embedline-probe-"):
+            pass
+    except OSError as exc:  # a full filesystem is DiskFullError (exit 1), raised as is
+        raise InputError(f"cannot write in the ledger's directory {directory} "
+                         f"({exc.strerror}): pass --ledger a path in a directory you can "
+                         "write") from None
+    if not os.path.exists(ledger):
+        return
+    try:
+        Ledger(ledger).close()
+    except (sqlite3.Error, OSError) as exc:
+        raise InputError(
+            f"cannot use the ledger {ledger} ({exc}): fix its permissions or restore it from "
+            "a backup, or move it away and rerun: a new ledger finds what the output already "
+            "holds (nothing published is sent again)") from None
+

@@ -56,7 +56,6 @@ def _free_port() -> int:
 
 def _log_path() -> Path:
     home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
-    home.mkdir(parents=True, exist_ok=True)
     return home / "embedline-temporary-server.log"
 
 
@@ -76,7 +75,11 @@ class LocalServer:
         self._write_fd: int | None = None
 
     def start(self) -> LocalServer:
-        """Spawn the server (call from the main thread: PR_SET_PDEATHSIG is per thread)."""
+        """Spawn the server (call from the main thread: PR_SET_PDEATHSIG is per thread).
+
+        :raises OSError: ``PREFECT_HOME`` (its log file's directory) cannot be written.
+        """
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         read_fd, self._write_fd = os.pipe()  # both ends close-on-exec: only read_fd passed
         env = {**_SKIP_BLOCK_REGISTRATION, **os.environ, "PREFECT_UI_ENABLED": "0",
                "PREFECT__SERVER_EPHEMERAL": "1",

@@ -120,6 +120,7 @@ class PrefectApi:
         self.url = url
         self.server = server
         self._closing = False
+        self._unusable: str | None = None  # why the temporary server could not start
 
     def watch(self, on_lost: Callable[[ApiLoss], None], poll_s: float = 0.5) -> None:
         """Call ``on_lost`` (in a watchdog thread) if the API goes away before ``close``:
@@ -150,10 +151,17 @@ class PrefectApi:
         threading.Thread(target=watchdog, name="embedline-api-watchdog", daemon=True).start()
 
     def start_server(self) -> None:
-        """Spawn the temporary server if ``prefect_api(defer_server=True)`` left it unstarted
-        (call from the main thread, as ``LocalServer.start``)."""
-        if self.server is not None and not self.server.started:
-            self.server.start()
+        """Spawn the temporary server if it is not started yet (``prefect_api(defer_server=
+        True)``; call from the main thread, as ``LocalServer.start``). A ``PREFECT_HOME``
+        that cannot be written is raised by ``wait_ready``, when a flow needs the server."""
+        if self.server is not None and not self.server.started and self._unusable is None:
+            try:
+                self.server.start()
+            except OSError as exc:
+                self._unusable = (
+                    f"cannot start the temporary Prefect server: {exc.strerror} "
+                    f"({exc.filename}): set PREFECT_HOME to a directory you can write, or "
+                    "PREFECT_API_URL to a running Prefect server")
 
     def _server_exited(self) -> ApiLoss | None:
         server = self.server
@@ -172,6 +180,8 @@ class PrefectApi:
         from cli.local_server import ServerStartError
 
         self.start_server()
+        if self._unusable is not None:
+            raise PrefectApiError(self._unusable)
         timeout_s = float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
         try:
             self.server.wait_ready(timeout_s)
@@ -185,7 +195,7 @@ class PrefectApi:
         self._closing = True
         if self.server is not None:
             global _temporary_server_stopped
-            _temporary_server_stopped = True
+            _temporary_server_stopped = self.server.started
             try:
                 _drain_prefect_workers()
             finally:
@@ -196,7 +206,7 @@ class PrefectApi:
         self._closing = True
         if self.server is not None:
             global _temporary_server_stopped
-            _temporary_server_stopped = True
+            _temporary_server_stopped = self.server.started
             self.server.kill()
 
 
@@ -231,11 +241,12 @@ def prefect_api(*, defer_server: bool = False) -> PrefectApi:
     from cli.local_server import LocalServer
 
     server = LocalServer()
-    if not defer_server:
-        server.start()
     # Before Prefect is imported: its settings are read once, at import.
     os.environ["PREFECT_API_URL"] = server.api_url
-    return PrefectApi(server.api_url, server)
+    api = PrefectApi(server.api_url, server)
+    if not defer_server:
+        api.start_server()
+    return api
 
 
 def with_prefect_api(

@@ -14,7 +14,7 @@ from cli.arguments import (DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP, MAX_DELE
                            fraction, non_negative_float, non_negative_int, positive_float,
                            positive_int, usage_line)
 from cli.failures import EXIT_FATAL, EXIT_USAGE, exit_on_api_loss, fail
-from cli.ledger_lookup import check_ledger_dir, find_run, open_ledger
+from cli.ledger_lookup import check_ledger, find_run, open_ledger
 from cli.prefect_console import quiet_prefect_signal_crashes
 from cli.prefect_env import PrefectApi, PrefectApiError, with_prefect_api
 from embedline.shutdown import SIGNALS, STOP, exit_code_for
@@ -461,7 +461,7 @@ def _check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
         return str(exc), exc.exit_code
     try:
         _check_output(settings.output)
-        check_ledger_dir(settings.ledger)
+        check_ledger(settings.ledger)
         if settings.sink:
             from adapters.sinks import validate_sink_uri
 

@@ -38,6 +38,7 @@ as a SIGTERM does, and ``STOP.stop_cause`` names it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import os
@@ -50,8 +51,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["SIGNALS", "STOP", "ApiLoss", "Committed", "Phase", "StopState", "Terminated",
-           "exit_code_for", "interrupt_of", "is_interrupt", "raise_interrupt", "signal_of",
-           "tasks_must_stop"]
+           "exit_cleanup", "exit_code_for", "interrupt_of", "is_interrupt", "raise_interrupt",
+           "run_exit_cleanups", "signal_of", "tasks_must_stop"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -106,6 +107,29 @@ def is_interrupt(exc: BaseException) -> bool:
     matched by name, so this module imports no Prefect)."""
     return isinstance(exc, KeyboardInterrupt | Terminated) or \
         type(exc).__name__ == "TerminationSignal"
+
+
+#: ``exit_cleanup`` functions, in the order registered.
+_exit_cleanups: list[Callable[[], None]] = []
+
+
+def exit_cleanup(cleanup: Callable[[], None]) -> Callable[[], None]:
+    """Register ``cleanup`` (no arguments; safe to call twice) to run at interpreter exit,
+    as ``atexit.register`` does, and also from ``run_exit_cleanups``: the CLI may end its
+    process with ``os._exit`` before ``atexit`` runs (``cli.entry``: after stopping its
+    temporary server, Prefect's senders would otherwise retry for seconds), which left a
+    run's scratch directory behind after an interrupt. Usable as a decorator."""
+    _exit_cleanups.append(cleanup)
+    atexit.register(cleanup)
+    return cleanup
+
+
+def run_exit_cleanups() -> None:
+    """Run every ``exit_cleanup``, the last registered first (as ``atexit`` would); one
+    that fails does not stop the others (the process is ending)."""
+    for cleanup in reversed(_exit_cleanups):
+        with contextlib.suppress(Exception):
+            cleanup()
 
 
 def interrupt_of(exc: BaseException) -> BaseException | None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import sqlite3
@@ -15,6 +14,7 @@ from datetime import UTC, datetime
 from adapters.disk_full import LedgerConnection, translate_full
 from adapters.ledger.migrations import migrate
 from embedline.errors import DiskFullError
+from embedline.shutdown import exit_cleanup
 
 __all__ = ["LedgerBase", "now_iso"]
 
@@ -108,7 +108,7 @@ _open: weakref.WeakKeyDictionary[sqlite3.Connection, threading.RLock] = \
     weakref.WeakKeyDictionary()
 
 
-@atexit.register
+@exit_cleanup
 def _close_open_ledgers() -> None:
     """Close each connection no thread holds (never wait at exit)."""
     for conn, lock in list(_open.items()):
