@@ -5,7 +5,8 @@ chunk, position; empty texts left out) for the chunks this run embeds. For each 
 this order of preference (DESIGN §8):
 
 1. an object of an earlier run that holds its text (the ledger's reuse index, by output,
-   model and requested dimensions; the lowest object id wins), taken by row position;
+   model and requested dimensions; the newest object wins, so a night's sources are one
+   run's objects, not a mix of every run that held the text), taken by row position;
 2. a request a failed attempt of this run kept (``_embedline/paid/{run_key}/``, listed once)
    for another chunk — a chunk's own kept requests are its own task's (``tasks.paid``);
 3. else the first chunk of this run with that text embeds it (the *owner*); a row in a later
@@ -103,10 +104,12 @@ def refresh_index(store: ObjectStore, ledger: Ledger) -> int:
     skipped (never indexed, never touched). Only the ``text_sha256`` column (and the first
     row's ``id``/``idempotency_key``) of each new object is read: ranged reads on S3.
     """
-    listed = {i.key for i in store.list("chunks/") if i.key.endswith(".parquet")}
+    listed = {i.key: i.modified for i in store.list("chunks/") if i.key.endswith(".parquet")}
     known = ledger.indexed_objects(store.uri)
-    ledger.forget_objects(store.uri, sorted(known - listed))
-    todo = sorted(listed - known)
+    ledger.forget_objects(store.uri, sorted(known - listed.keys()))
+    # oldest first: the index's ids then grow with age, as they do when runs index what
+    # they publish, and the join prefers the newest copy of a text (ReuseIndex.reuse_objects)
+    todo = sorted(listed.keys() - known, key=lambda k: (listed[k], k))
     # A window of _INDEX_BATCH objects at a time: Executor.map submits everything at once,
     # and answers that outrun the ledger's inserts would pile up (memory ~ the objects).
     with ThreadPoolExecutor(_INDEX_THREADS) as pool:

@@ -109,10 +109,12 @@ class ReuseIndex(LedgerBase):
 
     def reuse_objects(self, output_uri: str, *, model: str, dimensions: str) -> dict[int, str]:
         """``{object id: object key}`` of the indexed objects of this output, model and
-        requested dimensions ("" when unset); the ids ``bucket`` returns."""
+        requested dimensions ("" when unset), the ids ``bucket`` returns; newest first (the
+        last indexed: ids grow as runs publish, and ``refresh_index`` indexes by age), the
+        order in which the join prefers a text's sources."""
         rows = self._conn.execute(
             "SELECT object_id, object_key FROM reuse_objects WHERE output_uri = ? AND model = ?"
-            " AND dimensions = ?", (output_uri, model, dimensions))
+            " AND dimensions = ? ORDER BY object_id DESC", (output_uri, model, dimensions))
         return dict(rows.fetchall())
 
     def bucket(self, bucket: int, object_ids: Sequence[int]

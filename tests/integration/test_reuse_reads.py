@@ -50,3 +50,48 @@ def test_a_fresh_ledger_reads_each_s3_object_once_for_the_index_and_once_for_the
                                       expected_matrix([r.text for r in chunk], 8))
     stage.close()
     ledger.close()
+
+
+@pytest.mark.parametrize("ledger_saw", ["each run", "nothing (a fresh ledger)"])
+def test_a_text_several_runs_hold_is_copied_from_the_newest_run_only(
+    tmp_path: Path, ledger_saw: str,
+) -> None:
+    """Two runs' objects hold every text (a night, then a reordered night). The next night
+    reads only the newer run's objects, each once: the join's pick among a text's sources
+    was arbitrary (by object key), so it read both runs' objects (twice the objects)."""
+    import os
+
+    rows = [(f"pkg-{i}", f"a description of package {i}") for i in range(600)]
+    local = open_store(str(tmp_path / "out"))
+    local.prepare()
+    older = publish_truth(local, plan_rows(tmp_path, "first.csv", rows, 40))  # 15 objects
+    for outcome in older.values():  # an hour older than the next night's objects
+        path = tmp_path / "out" / outcome.object_key
+        os.utime(path, (path.stat().st_mtime - 3600, path.stat().st_mtime - 3600))
+    ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
+    shuffled = random.Random(12).sample(rows, len(rows))
+    if ledger_saw == "each run":
+        from tasks.reuse_plan import refresh_index
+
+        refresh_index(local, ledger)  # the first run's objects, indexed by the first run
+    newer = publish_truth(local, plan_rows(tmp_path, "second.csv", shuffled, 50))  # 12
+    night = plan_rows(tmp_path, "night.csv", rows[::2], 45)  # base order, half deleted
+    store = CountingStore(local)
+    stage = ReuseStage(store=store, ledger=ledger, plan=night, run_key="e" * 64, model="m",
+                       dimensions=8, reuse=True, length=8, scratch_root=str(tmp_path),
+                       log=logging.getLogger("test"))
+    stage.prepare(list(night.chunks))
+    indexed_before = 1 if ledger_saw == "each run" else 0  # the first run's own index
+    reads = {k: n for k, n in store.opened.items() if k.startswith("chunks/")}
+    assert {k: reads.get(k, 0) for k in (o.object_key for o in older.values())} == \
+        dict.fromkeys((o.object_key for o in older.values()), 1 - indexed_before), reads
+    assert {k: reads.get(k, 0) for k in (o.object_key for o in newer.values())} == \
+        dict.fromkeys((o.object_key for o in newer.values()), 2), reads  # index + copies
+    for spec in night.chunks:
+        chunk = read_chunk(night.source, spec)
+        copies = take_prefill(chunk, stage.plan_for(spec)).vectors
+        assert stage.fully_copied(spec)
+        np.testing.assert_array_equal(np.stack([copies[r.row_number] for r in chunk]),
+                                      expected_matrix([r.text for r in chunk], 8))
+    stage.close()
+    ledger.close()
