@@ -13,6 +13,8 @@ nothing is sent.
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
 from embedline.models import LoadSummary, RunSummary, run_cost
@@ -63,11 +65,23 @@ def emit_run_committed(summary: RunSummary, *, dead_letters_threshold: int | Non
         return
     payload = run_payload(summary)
     labels = {"embedline.output": str(summary.output)}
-    _emit(RUN_COMMITTED, f"embedline.run.{summary.run_key}", payload, labels)
+    resource = f"embedline.run.{summary.run_key}"
+    _emit(RUN_COMMITTED, resource, payload, labels,
+          event_id=_commit_event_id(RUN_COMMITTED, summary))
     threshold = dead_letters_threshold
     if threshold is not None and summary.rows_failed > threshold:
-        _emit(DEAD_LETTERS_EXCEEDED, f"embedline.run.{summary.run_key}",
-              {**payload, "threshold": threshold}, labels)
+        _emit(DEAD_LETTERS_EXCEEDED, resource, {**payload, "threshold": threshold}, labels,
+              event_id=_commit_event_id(DEAD_LETTERS_EXCEEDED, summary))
+
+
+def _commit_event_id(event: str, summary: RunSummary) -> uuid.UUID:
+    """The id of a commit's event: the same for every process that commits the same run
+    to the same output (two identical commands at once both end ``complete``, and each
+    sent the event), so the Prefect server stores it once and automations act once (it
+    drops an event id it has seen: ``prefect.server.events`` storage and causal ordering).
+    A new generation of the run (its dead letters retried, DESIGN §8) is a new commit."""
+    seed = json.dumps([event, summary.run_key, str(summary.output), summary.generation])
+    return uuid.uuid5(uuid.NAMESPACE_URL, seed)
 
 
 def dead_letters_threshold() -> int | None:
@@ -102,9 +116,10 @@ def _api_configured() -> bool:
     return bool(PREFECT_API_URL.value())
 
 
-def _emit(event: str, resource_id: str, payload: dict[str, Any], labels: dict[str, str]) -> None:
+def _emit(event: str, resource_id: str, payload: dict[str, Any], labels: dict[str, str], *,
+          event_id: uuid.UUID | None = None) -> None:
     from prefect.events import emit_event
 
     # Never fails the run: the events worker sends in the background and drops on error.
     emit_event(event=event, resource={"prefect.resource.id": resource_id, **labels},
-               payload=payload)
+               payload=payload, id=event_id)

@@ -163,3 +163,4 @@ def test_with_the_temporary_server_a_copied_night_starts_no_server(
         for row_id, text in night:
             np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
         sent = fake_openai.counters()["inputs"]
+
