@@ -13,6 +13,10 @@ child has a session of its own (a terminal's Ctrl-C reaches only the CLI, which 
 and is killed with the CLI (``PR_SET_PDEATHSIG``; ``close``). Anything unexpected — the
 child cannot start, dies, or returns nothing readable — and the CLI plans in-process as
 before, so every input error still reads exactly as planning words it.
+
+Nothing runs ahead for a rerun that may need no Prefect at all (``prefect_on_demand``: a
+night whose every chunk may be copied from earlier objects): planning then stays in-process
+and Prefect starts only once a flow is needed.
 """
 
 from __future__ import annotations
