@@ -16,7 +16,7 @@ What it does, in one run on one machine (see benchmarks/README.md for what each 
    requests seen by the server, and whether torch was ever mapped into the CLI process.
 4. Reruns on the whole file: the same command (manifest exists), manifest deleted with the
    ledger kept (skip by ledger), manifest deleted with a fresh ledger (skip by HEAD).
-5. Prints a table and writes JSON (``--out``, default ``benchmarks/results/<UTC time>.json``).
+5. Prints a table and writes JSON (``--out``, default ``benchmarks/results/cli-<UTC time>.json``).
 
 Performance is reported as numbers and ratios; nothing here is a timed assertion.
 
@@ -1084,7 +1084,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="SDK loop / whole-file run pairs against a running `prefect "
                              "server start`, alternated (0 skips them)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="JSON results (default benchmarks/results/<UTC time>.json)")
+                        help="JSON results (default benchmarks/results/cli-<UTC time>.json)")
     parser.add_argument("--prefect-api-url", default=None,
                         help="reuse a running Prefect server instead of a temporary one")
     parser.add_argument("--no-allow-failed-rows", dest="allow_failed_rows",
@@ -1114,7 +1114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench_cli: error: needs Linux /proc for memory sampling", file=sys.stderr)
         return 2
     started_at = dt.datetime.now(dt.UTC)
-    out = args.out or REPO / "benchmarks" / "results" / f"{started_at:%Y-%m-%dT%H%M%SZ}.json"
+    out = args.out or REPO / "benchmarks" / "results" / f"cli-{started_at:%Y%m%dT%H%M%SZ}.json"
     tmp = Path(tempfile.mkdtemp(prefix="embedline-bench-"))
     machine = _machine()
     bench = Bench(args, tmp)
