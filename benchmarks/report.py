@@ -82,8 +82,8 @@ def _verdict(ok: bool | None) -> str:
 def _cli(r: Result) -> tuple[str, str]:
     runs = {run["name"]: run for run in r.get("runs", [])}
     full = runs.get("full", {})
-    figures = [f"whole file {_n(full.get('wall_s'), 1)} s, "
-               f"{_n(full.get('steady_rows_per_s'))} rows/s steady"]
+    figures = [(f"whole file {_n(full.get('wall_s'), 1)} s, "
+                f"{_n(full.get('steady_rows_per_s'))} rows/s steady")]
     for name, target in r.get("targets", {}).items():
         if name.startswith("running Prefect server"):
             figures.append(f"SDK loop / embedline {_x(target['value'])} (running server)")
@@ -104,10 +104,10 @@ def _reuse(r: Result) -> tuple[str, str]:
     if s.get("server_reused_cpu_ratio") is not None:
         figures.append(f"running server {s['server_reused_cpu_ratio']:.3f}")
     figures += [f"S3 reuse {_n(s.get('s3_reuse_rows_per_s'))} rows/s",
-                f"peak RSS {_n(s.get('rss_small_mb'))} / {_n(s.get('rss_rows_mb'))} MB "
-                f"at {_n(s.get('small_rows'))} / {_n(s.get('rows'))} rows",
-                f"{_n(s.get('vectors_checked'))} vectors checked, "
-                f"{_n(s.get('vector_mismatches'))} mismatches"]
+                (f"peak RSS {_n(s.get('rss_small_mb'))} / {_n(s.get('rss_rows_mb'))} MB "
+                 f"at {_n(s.get('small_rows'))} / {_n(s.get('rows'))} rows"),
+                (f"{_n(s.get('vectors_checked'))} vectors checked, "
+                 f"{_n(s.get('vector_mismatches'))} mismatches")]
     return "; ".join(figures), _met(r.get("targets", {}))
 
 
@@ -161,7 +161,8 @@ def _changes(r: Result) -> tuple[str, str]:
                      f"CPU {_x(old['cpu_seconds'] / new['cpu_seconds'])})")
         figures.append(text)
     same = [size["same_content"] for size in r["results"] if "same_content" in size]
-    return "; ".join(figures), f"same content as the old diff: {_verdict(all(same) if same else None)}"
+    verdict = _verdict(all(same) if same else None)
+    return "; ".join(figures), f"same content as the old diff: {verdict}"
 
 
 def _load(r: Result) -> tuple[str, str]:
@@ -170,7 +171,8 @@ def _load(r: Result) -> tuple[str, str]:
                for name, s in r.get("sinks", {}).items()]
     build = r.get("pgvector_index_build")
     if build:
-        figures.append(f"HNSW build: PostgreSQL defaults / embedline {_x(build['defaults_vs_ours'])}")
+        figures.append("HNSW build: PostgreSQL defaults / embedline "
+                       f"{_x(build['defaults_vs_ours'])}")
     return "; ".join(figures), "–"
 
 
@@ -193,7 +195,8 @@ def _planning(r: Result) -> tuple[str, str]:
     figures = [f"{name}: planning {v[name]['plan_s'] / gb:.1f} s/GB, chunk reads "
                f"{v[name]['read_s'] / gb:.1f} s/GB" for name in ("new", "old") if name in v]
     if "old" in v and "new" in v:
-        figures.append(f"old / new {_x((v['old']['plan_s'] + v['old']['read_s']) / (v['new']['plan_s'] + v['new']['read_s']))}")
+        old, new = (v[name]["plan_s"] + v[name]["read_s"] for name in ("old", "new"))
+        figures.append(f"old / new {_x(old / new)}")
     return "; ".join(figures), "–"
 
 
@@ -216,8 +219,9 @@ def table(results: Path) -> tuple[str, dict[str, Path]]:
     newest = newest_results(results)
     used = {kind: path for kind, path in newest.items() if kind in BENCHES}
     if not used:
-        return ("No results yet: run `make bench` (and `make bench-scale ROWS=N`), then "
-                "`python benchmarks/report.py`.", used)
+        empty = ("No results yet: run `make bench` (and `make bench-scale ROWS=N`), then "
+                 "`python benchmarks/report.py`.")
+        return empty, used
     lines = ["| bench | newest results: headline figures | targets |", "| --- | --- | --- |"]
     for kind, (script, summary) in BENCHES.items():
         if kind not in used:
