@@ -1,36 +1,34 @@
 """Keep the process's allocators from holding memory the run has freed.
 
-Measured on a 100,000-row reused night (chunk tasks on 9 threads, each parsing 5,000 rows and
-building Arrow tables): peak RSS 536 MB with the defaults, 333 MB with both settings below,
-for the same work and CPU. Two allocators were keeping freed memory:
+Two allocators keep freed memory unless told otherwise; ``keep_memory_flat`` tells them:
 
 - glibc's malloc gives each thread that allocates its own arena (up to 8 per core) and
   returns little of a fragmented arena to the OS; ``mallopt(M_ARENA_MAX, 2)`` caps them
   (glibc manual, "Memory Allocation Tunables": ``glibc.malloc.arena_max``, set here at run
   time because the CLI's process has started before it could read ``MALLOC_ARENA_MAX``).
-  And its mmap threshold, which glibc raises on its own up to 32 MiB as large blocks are
-  freed (so later large buffers land in the heap and stay): fixed at 1 MiB
-  (``M_MMAP_THRESHOLD``), blocks above it are mapped and unmapped, never kept. The chunk
+  glibc also raises its mmap threshold on its own, up to 32 MiB, as large blocks are freed,
+  so later large buffers land in the heap and stay: the threshold is fixed at 1 MiB
+  (``M_MMAP_THRESHOLD``), and blocks above it are mapped and unmapped, never kept. The chunk
   tasks' working buffers of 1-4 MiB (a chunk's text, its Parquet body, copied vectors), made
-  and freed on several threads at once, fragment a heap they land in: at 4 MiB, a 0.1 %-edited
-  night held 150 MB of free heap at 1M rows and peaked at 475 MB at 10M rows, against
-  323 and 344 MB at 1 MiB, for the same CPU (``benchmarks/README.md``). Planning is the
+  and freed on several threads at once, would fragment a heap they landed in. Planning is the
   exception: one thread, a block at a time, each block's bytes, text and ``StringIO`` (up to
-  4x the block's bytes) freed before the next is made, so the heap reuses them exactly.
-  ``large_buffers_reused`` raises the threshold to 4 MiB around it: 300,000 page faults
-  fewer for 317 MB (0.5 CPU s). The heap is trimmed only above 16 MiB free at its top
-  (``M_TRIM_THRESHOLD``; glibc's 128 KiB default gave the pages back after every planning
-  block, to fault them in again: 850,000 page faults to plan 317 MB);
+  4x the block's bytes) freed before the next is made, so the heap reuses them exactly;
+  ``large_buffers_reused`` raises the threshold to 4 MiB around it, which spares a page fault
+  per 4 KiB of every block. The heap is trimmed only above 16 MiB free at its top
+  (``M_TRIM_THRESHOLD``): glibc's 128 KiB default gives the pages back after every planning
+  block, to fault them in again;
 - pyarrow's default pool (jemalloc or mimalloc in the wheels) caches freed pages; its system
   pool hands them back to malloc. Arrow's C++ reads ``ARROW_DEFAULT_MEMORY_POOL`` once, at
   its first allocation (the Parquet reader uses that pool whatever
-  ``pyarrow.set_memory_pool`` says: measured, 481 MB instead of 322 MB), so the variable is
-  set before pyarrow is first used: at the CLI's entry before its commands are imported,
-  when ``flows`` is imported (the package a deployment's process loads first), and in each
-  Dask worker's preload. This module imports nothing heavy, and the ``adapters`` package
-  loads its other modules lazily, so importing it is never too late (it was, from the CLI
-  and from ``flows``, while the package imported every adapter, pyarrow among them:
-  ``tests/unit/adapters/test_memory.py``).
+  ``pyarrow.set_memory_pool`` says), so the variable is set before pyarrow is first used: at
+  the CLI's entry before its commands are imported, when ``flows`` is imported (the package a
+  deployment's process loads first), and in each Dask worker's preload. This module imports
+  nothing heavy, and the ``adapters`` package loads its other modules lazily, so importing it
+  is never too late (``tests/unit/adapters/test_memory.py`` checks it).
+
+With both, a reused night peaks at about three fifths of the RSS the defaults give, for the
+same work and CPU, and the peak stays nearly flat from 100,000 to 10 million rows
+(``benchmarks/LOG.md`` holds the measurements).
 
 An explicit ``ARROW_DEFAULT_MEMORY_POOL`` or glibc variable in the environment wins, each for
 its own setting.

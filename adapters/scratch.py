@@ -269,7 +269,7 @@ class Spill:
     own). ``read(p)`` returns partition ``p``'s records (flushing first); ``partitions()``
     the partitions written. Memory: the buffer (``buffer_rows`` × ``dtype.itemsize`` bytes,
     made at the first record and kept: the same pages each time, where a buffer per call
-    cost a page fault per 4 KiB; issue 24) plus what ``read`` returns. Not thread-safe: one
+    cost a page fault per 4 KiB) plus what ``read`` returns. Not thread-safe: one
     writer.
 
     :raises DiskFullError: (from ``add``/``commit``/``flush``) the scratch filesystem is full.

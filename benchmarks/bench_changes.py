@@ -1,10 +1,10 @@
-"""The change set of a shuffled night: the in-memory diff (``tasks/changes.py`` before issue
-24 item 1, read from git) against the sort-merge one, peak RSS and seconds, as ratios.
+"""The change set of a shuffled night: the in-memory diff (``tasks/changes.py`` of
+``--old-rev``, read from git) against the sort-merge one, peak RSS and seconds, as ratios.
 
 ::
 
     python benchmarks/bench_changes.py [--rows 100000 1000000 10000000] [--dir DIR]
-                                       [--old-rev f605900] [--old-max-rows N]
+                                       [--old-rev REV] [--old-max-rows N]
 
 For each row count it generates (once, kept in ``--dir``) two runs of synthetic keys in
 chunk objects of 5,000 rows, columns ``id`` and ``text_sha256`` only (the vectors are never

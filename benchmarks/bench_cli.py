@@ -16,7 +16,7 @@ What it does, in one run on one machine (see benchmarks/README.md for what each 
    requests seen by the server, and whether torch was ever mapped into the CLI process.
 4. Reruns on the whole file: the same command (manifest exists), manifest deleted with the
    ledger kept (skip by ledger), manifest deleted with a fresh ledger (skip by HEAD).
-5. Prints a table and writes JSON (``--out``, default ``benchmarks/results/<UTC time>.json``).
+5. Prints a table and writes JSON (``--out``, default ``benchmarks/results/cli-<UTC time>.json``).
 
 Performance is reported as numbers and ratios; nothing here is a timed assertion.
 
@@ -67,11 +67,11 @@ def default_data() -> Path:
 DIMS = 384
 MODEL = "text-embedding-3-small"  # the CLI's default for --embedder openai
 
-# Targets from the issue (reported as met / missed; never asserted).
+# Targets (reported as met / missed; never asserted).
 TARGET_STEADY_ROWS_S = 5000.0
 TARGET_FULL_WALL_S = 45.0
 TARGET_PEAK_RSS_MB = 500.0
-TARGET_RERUN_WALL_S = 5.0  # a rerun with nothing to embed (issue 10)
+TARGET_RERUN_WALL_S = 5.0  # a rerun with nothing to embed
 TARGET_SDK_RATIO = 1.0  # whole file, end to end: embedline at least as fast as the SDK loop
 TARGET_DASK_RATIO = 0.5  # 2 local Dask workers reach half the threads runner's rows/s
 
@@ -620,7 +620,7 @@ def _parse_stdout(result: RunResult) -> None:
 def run_baseline(rows: list[tuple[str, str]], base_url: str, workdir: Path) -> dict[str, Any]:
     """One request per row; after every row, rewrite the JSON checkpoint of all finished ids.
 
-    Kept deliberately as described in the issue, with two favours to it: one keep-alive
+    Kept deliberately as the seeds' design, with two favours to it: one keep-alive
     HTTP connection, and no fsync of the checkpoint (write a temp file, ``os.replace``).
     Empty texts are skipped, as embedline never sends them either.
     """
@@ -822,7 +822,7 @@ class Bench:
 
     def kept_column_runs(self, name: str, data: Path, rows: int) -> None:
         """A first run keeping ``title`` beside the vectors (the text is ``text`` alone), then
-        a night that edits 100 titles and nothing else: it should charge 0 inputs (issue 23)."""
+        a night that edits 100 titles and nothing else: it should charge 0 inputs."""
         out, ledger = self.tmp / f"{name}-kept-out", self.tmp / f"{name}-kept-ledger.sqlite3"
         keep = ["--keep-columns", "title"]
         self.measure(f"{name}-keep-title", name, rows, data, out, ledger, keep)
@@ -854,7 +854,7 @@ def _ratios(runs: list[RunResult], baseline: dict[str, Any] | None) -> dict[str,
 
 def _sdk_targets(full: RunResult | None, sdk: dict[str, Any] | None,
                  pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 24, item 4: with a running Prefect server (how deployments run), the whole
+    """With a running Prefect server (how deployments run), the whole
     file end to end at least as fast as the SDK loop: the median of the alternated pairs,
     each pair's ratio listed. With the CLI's temporary server, its start-up is reported
     apart (no target: it is the price of not running a server)."""
@@ -1084,7 +1084,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="SDK loop / whole-file run pairs against a running `prefect "
                              "server start`, alternated (0 skips them)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="JSON results (default benchmarks/results/<UTC time>.json)")
+                        help="JSON results (default benchmarks/results/cli-<UTC time>.json)")
     parser.add_argument("--prefect-api-url", default=None,
                         help="reuse a running Prefect server instead of a temporary one")
     parser.add_argument("--no-allow-failed-rows", dest="allow_failed_rows",
@@ -1114,7 +1114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench_cli: error: needs Linux /proc for memory sampling", file=sys.stderr)
         return 2
     started_at = dt.datetime.now(dt.UTC)
-    out = args.out or REPO / "benchmarks" / "results" / f"{started_at:%Y-%m-%dT%H%M%SZ}.json"
+    out = args.out or REPO / "benchmarks" / "results" / f"cli-{started_at:%Y%m%dT%H%M%SZ}.json"
     tmp = Path(tempfile.mkdtemp(prefix="embedline-bench-"))
     machine = _machine()
     bench = Bench(args, tmp)

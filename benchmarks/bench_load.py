@@ -22,7 +22,7 @@ What it does, in one run on one machine:
    and with ``0`` (what nightly loads further apart than the retention keep).
 5. pgvector's HNSW index build alone, over the same table in the same run: dropped and built
    again with PostgreSQL's defaults (``maintenance_work_mem`` 64 MB, its default parallel
-   maintenance workers), with the 512 MB the load used before issue 23, serially with
+   maintenance workers), with a fixed 512 MB (an older setting of the load), serially with
    embedline's memory, and with embedline's settings now (``adapters.sinks.pg_index``:
    memory for the whole graph, parallel maintenance workers); ratios against the defaults.
 6. Prints a table and writes JSON (``--out``, default ``benchmarks/results/load-<UTC>.json``).

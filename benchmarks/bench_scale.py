@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 24's scale run: one synthetic export of N rows through a first run, an all-reused
+"""The scale run: one synthetic export of N rows through a first run, an all-reused
 night, a 0.1 %-changed night and ``embedline gc``, on local output, with what each costs.
 
 ``make bench-scale ROWS=10000000`` (not in ``make bench``, not in CI). On the synthetic

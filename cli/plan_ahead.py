@@ -49,7 +49,7 @@ def prefect_on_demand(settings: RunSettings) -> bool:
     objects (``flows.copied_run``), asked before anything starts: its settings allow it, its
     input is a local file and its ledger already indexes objects of its output. The CLI
     then starts nothing ahead (the temporary server, a planning child, the flow's import:
-    3.1, 0.4 and 0.4 CPU s of a 1M-row night of copied rows, about 12 s in all; issue 24)
+    3.1, 0.4 and 0.4 CPU s of a 1M-row night of copied rows, about 12 s in all)
     and starts Prefect once a flow is needed."""
     import sqlite3
 

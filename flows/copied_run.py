@@ -12,7 +12,7 @@ flow calls it (``flows.embed``); so does ``embedline run`` before Prefect starts
   run as it concludes one with nothing to embed. A flow run would only add Prefect's own
   costs: its engine, API calls and background threads and the running server's work, about
   1.3 of a 12 CPU s 1M-row night, and the import of the flow (0.8 CPU s) when the command
-  has not made it yet (issue 24);
+  has not made it yet;
 - otherwise nothing is published here: the prepared stage is handed to the flow of the same
   run in this process (``take_stage``), so no row is planned or copied twice.
 

@@ -11,7 +11,7 @@ any earlier object (a shuffled export puts every chunk's rows in every object), 
 up and reading per chunk reads each source object once per chunk that needs one of its rows
 (chunks × objects reads; a shuffled 500,000-row night cost 2.4× the first run's CPU). Here
 each source is read once per run and the lookups are one sorted join, with memory bounded
-by a bucket, a source object and a write buffer (issue 24).
+by a bucket, a source object and a write buffer.
 
 Prefect-free, like ``flows.run.Run``: the flow drives it. Files live in the plan's scratch
 directory (``adapters.scratch``), deleted with it when the run ends.

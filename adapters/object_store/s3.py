@@ -44,7 +44,7 @@ _TAIL_BYTES = 1 << 16  # bytes of an object's end fetched first by ``S3Store.ope
 def supports_if_none_match(client: Any) -> bool:
     """Return True if the botocore S3 model of ``client`` has ``PutObject.IfNoneMatch``.
 
-    The parameter arrived with botocore 1.35.2 / boto3 1.35.2 (2024-08-20, "Amazon Simple
+    The parameter arrived with botocore 1.35.2 / boto3 1.35.2 ("Amazon Simple
     Storage Service / Features : Add support for conditional writes for PutObject and
     CompleteMultipartUpload APIs"); older botocore rejects it with ParamValidationError.
     """

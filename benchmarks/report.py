@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Write the table of the newest benchmark results into ``benchmarks/README.md``.
+
+For each bench that writes JSON, the newest ``benchmarks/results/<kind>-<UTC time>.json`` (by
+the time stamp in its name; ``bench_scale`` writes ``scale-<ROWS>-<UTC time>.json``) gives one
+row: its headline figures (ratios, rows/s, peak RSS) and how many of its targets it met. The
+committed baselines (``*-before-main-*.json``) and A/B files (``reuse-ab-*``) are not results
+of the current code and are left out. The table replaces what stands between the README's
+``BEGIN GENERATED`` and ``END GENERATED`` markers; with no results at all it is one line
+saying to run ``make bench``. Standard library only::
+
+    python benchmarks/report.py [--results DIR] [--readme PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+BEGIN = "<!-- BEGIN GENERATED: benchmarks/report.py -->"
+END = "<!-- END GENERATED -->"
+
+# <kind>[-<rows>]-<UTC time>.json; bench_cli's results before it took the ``cli-`` prefix are
+# named by their time alone (``2026-12-05T093313Z.json``).
+_NAME = re.compile(r"^(?P<kind>[a-z]+)-(?:(?P<rows>\d+)-)?(?P<stamp>\d{8}T\d{6}Z)\.json$")
+_BARE_CLI = re.compile(r"^(?P<stamp>\d{4}-\d{2}-\d{2}T\d{6}Z)\.json$")
+
+Result = dict[str, Any]
+
+
+def newest_results(results: Path) -> dict[str, Path]:
+    """The newest results file of each kind in ``results`` (kind -> path)."""
+    newest: dict[str, tuple[str, Path]] = {}
+    for path in sorted(results.glob("*.json")):
+        if match := _NAME.match(path.name):
+            kind, stamp = match["kind"], match["stamp"]
+        elif match := _BARE_CLI.match(path.name):
+            kind, stamp = "cli", match["stamp"].replace("-", "")
+        else:
+            continue  # a baseline, an A/B file, or a name given with --out
+        if kind not in newest or stamp > newest[kind][0]:
+            newest[kind] = (stamp, path)
+    return {kind: path for kind, (_, path) in newest.items()}
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+
+def _n(value: float | None, digits: int = 0) -> str:
+    """A number with thousands separators, or ``–`` when absent."""
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _met(targets: dict[str, Any]) -> str:
+    """``k/n met``, naming the targets missed; targets without a verdict are not counted."""
+    judged = {name: t for name, t in targets.items() if isinstance(t, dict)
+              and t.get("met") is not None}
+    missed = [name for name, t in judged.items() if not t["met"]]
+    text = f"{len(judged) - len(missed)}/{len(judged)} met"
+    return text + ("; missed: " + "; ".join(missed) if missed else "")
+
+
+def _verdict(ok: bool | None) -> str:
+    return "–" if ok is None else ("met" if ok else "**missed**")
+
+
+# -- one summary per bench: (headline figures, targets) ----------------------------------------
+
+
+def _cli(r: Result) -> tuple[str, str]:
+    runs = {run["name"]: run for run in r.get("runs", [])}
+    full = runs.get("full", {})
+    figures = [(f"whole file {_n(full.get('wall_s'), 1)} s, "
+                f"{_n(full.get('steady_rows_per_s'))} rows/s steady")]
+    for name, target in r.get("targets", {}).items():
+        if name.startswith("running Prefect server"):
+            figures.append(f"SDK loop / embedline {_x(target['value'])} (running server)")
+        elif name.startswith("temporary server"):
+            figures.append(f"{_x(target['value'])} (temporary server)")
+    rss = max((run.get("peak_rss_cli_mb") or 0 for run in runs.values()), default=None)
+    figures.append(f"peak RSS {_n(rss)} MB")
+    reruns = [run["wall_s"] for name, run in runs.items() if name.startswith("full-rerun")]
+    if reruns:
+        figures.append(f"reruns ≤ {max(reruns):.1f} s")
+    return "; ".join(figures), _met(r.get("targets", {}))
+
+
+def _reuse(r: Result) -> tuple[str, str]:
+    s = r["summary"]
+    figures = [f"reused / first run CPU {s['reused_cpu_ratio']:.3f}",
+               f"10 %-deleted {s['deleted_cpu_ratio']:.3f}"]
+    if s.get("server_reused_cpu_ratio") is not None:
+        figures.append(f"running server {s['server_reused_cpu_ratio']:.3f}")
+    figures += [f"S3 reuse {_n(s.get('s3_reuse_rows_per_s'))} rows/s",
+                (f"peak RSS {_n(s.get('rss_small_mb'))} / {_n(s.get('rss_rows_mb'))} MB "
+                 f"at {_n(s.get('small_rows'))} / {_n(s.get('rows'))} rows"),
+                (f"{_n(s.get('vectors_checked'))} vectors checked, "
+                 f"{_n(s.get('vector_mismatches'))} mismatches")]
+    return "; ".join(figures), _met(r.get("targets", {}))
+
+
+def _scale(r: Result) -> tuple[str, str]:
+    runs = {run["name"]: run for run in r["runs"]}
+    figures = [f"{_n(r['settings']['rows'])} rows"]
+    for name, run in runs.items():
+        if name == "gc":
+            figures.append(f"gc {_n(run.get('wall_s'), 1)} s")
+        elif run.get("rows_per_s"):
+            charged = run.get("inputs_charged")
+            ideal = run.get("right_inputs")
+            charge = (f", {_n(charged)} charged" + (f" (ideal {_n(ideal)})" if ideal is not None
+                                                    else "")) if charged is not None else ""
+            figures.append(f"{name} {_n(run['rows_per_s'])} rows/s{charge}")
+    rss = max((run.get("peak_rss_cli_mb") or 0 for run in runs.values()), default=None)
+    figures.append(f"peak RSS {_n(rss)} MB")
+    probe = (r.get("planning") or {}).get("probe") or {}
+    if probe.get("cpu_s_per_gb"):
+        figures.append(f"planning {probe['cpu_s_per_gb']:.1f} CPU s/GB")
+    checks = r.get("vector_checks") or {}
+    ok = all(c.get("ok") for c in checks.values()) if checks else None
+    exits = all(run.get("exit_code") == 0 for run in runs.values())
+    return "; ".join(figures), (f"exit 0 everywhere: {_verdict(exits)}; "
+                                f"sampled vectors exact: {_verdict(ok)}")
+
+
+def _paid(r: Result) -> tuple[str, str]:
+    figures = (f"{_n(r['inputs_charged'])} inputs charged for {_n(r['distinct_texts'])} distinct "
+               f"texts (+{r['extra_pct']:.1f} %) in {len(r['passes'])} passes, "
+               f"{r['fail_rate'] * 100:g} % of requests failing")
+    return figures, f"at most the distinct texts: {_verdict(r.get('target_met'))}"
+
+
+def _batch(r: Result) -> tuple[str, str]:
+    figures = (f"{_n(r['batch_inputs_charged'])} inputs in {_n(r['batches_created'])} batches "
+               f"for {_n(r['distinct_texts'])} distinct texts, {r['synchronous_requests']} "
+               f"synchronous requests; run {_n(r['wall_s'], 1)} s, rerun "
+               f"{_n(r['rerun_wall_s'], 1)} s with {r['rerun_batches_created']} batches")
+    return figures, f"`ok`: {_verdict(r.get('ok'))}"
+
+
+def _changes(r: Result) -> tuple[str, str]:
+    figures = []
+    for size in r["results"]:
+        new, old = size.get("new", {}), size.get("old")
+        text = (f"{_n(size['rows'])} rows: {new.get('cpu_seconds', 0):.1f} CPU s, peak RSS "
+                f"{_n(new.get('peak_rss_mib'))} MiB")
+        if old and old.get("peak_rss_mib") and new.get("peak_rss_mib"):
+            text += (f" (old / new: RSS {_x(old['peak_rss_mib'] / new['peak_rss_mib'])}, "
+                     f"CPU {_x(old['cpu_seconds'] / new['cpu_seconds'])})")
+        figures.append(text)
+    same = [size["same_content"] for size in r["results"] if "same_content" in size]
+    verdict = _verdict(all(same) if same else None)
+    return "; ".join(figures), f"same content as the old diff: {verdict}"
+
+
+def _load(r: Result) -> tuple[str, str]:
+    figures = [f"{name}: CLI {_n(s['cli_rows_s'])} rows/s, stage / adapter "
+               f"{_x(s['stage_vs_adapter'])}, rerun {s['rerun_already_loaded_wall_s']} s"
+               for name, s in r.get("sinks", {}).items()]
+    build = r.get("pgvector_index_build")
+    if build:
+        figures.append("HNSW build: PostgreSQL defaults / embedline "
+                       f"{_x(build['defaults_vs_ours'])}")
+    return "; ".join(figures), "–"
+
+
+def _local(r: Result) -> tuple[str, str]:
+    figures, verdicts = [], []
+    for base in ("sentence-transformers", "plain"):
+        ratios = r.get(f"ratios_vs_{base}")
+        if ratios:
+            figures.append(f"vs {base}: rows/s {_x(ratios['rows_per_s'])}, peak RSS "
+                           f"{_x(ratios['rss'])}, rows/CPU-s {_x(ratios['rows_per_cpu_s'])}")
+            if base == "sentence-transformers":
+                verdicts.append(f"rows/s ≥ 1.0×: {_verdict(ratios['rows_per_s'] >= 1.0)}; "
+                                f"RSS ≤ 1.2×: {_verdict(ratios['rss'] <= 1.2)}")
+    return "; ".join(figures) or "–", "; ".join(verdicts) or "– (needs `--st-python`)"
+
+
+def _planning(r: Result) -> tuple[str, str]:
+    gb = r["bytes"] / 1e9
+    v = r["variants"]
+    figures = [f"{name}: planning {v[name]['plan_s'] / gb:.1f} s/GB, chunk reads "
+               f"{v[name]['read_s'] / gb:.1f} s/GB" for name in ("new", "old") if name in v]
+    if "old" in v and "new" in v:
+        old, new = (v[name]["plan_s"] + v[name]["read_s"] for name in ("old", "new"))
+        figures.append(f"old / new {_x(old / new)}")
+    return "; ".join(figures), "–"
+
+
+# kind -> (bench script, summary); in the order the README lists the benches
+BENCHES: dict[str, tuple[str, Callable[[Result], tuple[str, str]]]] = {
+    "cli": ("bench_cli.py", _cli),
+    "local": ("bench_local.py", _local),
+    "load": ("bench_load.py", _load),
+    "planning": ("bench_planning.py", _planning),
+    "batch": ("bench_batch.py", _batch),
+    "paid": ("bench_paid.py", _paid),
+    "reuse": ("bench_reuse.py", _reuse),
+    "scale": ("bench_scale.py", _scale),
+    "changes": ("bench_changes.py", _changes),
+}
+
+
+def table(results: Path) -> tuple[str, dict[str, Path]]:
+    """The Markdown that goes between the markers, and the files it was made from."""
+    newest = newest_results(results)
+    used = {kind: path for kind, path in newest.items() if kind in BENCHES}
+    if not used:
+        empty = ("No results yet: run `make bench` (and `make bench-scale ROWS=N`), then "
+                 "`python benchmarks/report.py`.")
+        return empty, used
+    lines = ["| bench | newest results: headline figures | targets |", "| --- | --- | --- |"]
+    for kind, (script, summary) in BENCHES.items():
+        if kind not in used:
+            continue
+        try:
+            figures, targets = summary(json.loads(used[kind].read_text()))
+        except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+            figures, targets = f"unreadable results ({type(exc).__name__}: {exc})", "–"
+        lines.append(f"| `{script}` | {figures} | {targets} |")
+    missing = [f"`{script}`" for kind, (script, _) in BENCHES.items() if kind not in used]
+    if missing:
+        lines += ["", "No results file yet for " + ", ".join(missing) + "."]
+    return "\n".join(lines), used
+
+
+def rewrite(readme: Path, generated: str) -> bool:
+    """Replace the text between the markers of ``readme``; True if it changed."""
+    text = readme.read_text(encoding="utf-8")
+    start, stop = text.find(BEGIN), text.find(END)
+    if start < 0 or stop < start:
+        raise SystemExit(f"report.py: {readme} lacks the markers {BEGIN} … {END}")
+    new = text[:start + len(BEGIN)] + "\n" + generated + "\n" + text[stop:]
+    if new != text:
+        readme.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--results", type=Path, default=HERE / "results")
+    parser.add_argument("--readme", type=Path, default=HERE / "README.md")
+    args = parser.parse_args(argv)
+    generated, used = table(args.results)
+    for kind, path in used.items():
+        print(f"{kind:9} {path.name}")
+    changed = rewrite(args.readme, generated)
+    print(f"{args.readme}: {'rewritten' if changed else 'unchanged'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
