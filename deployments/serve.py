@@ -13,7 +13,7 @@ on). Each flow run is a child process of this one, started in the repository roo
 relative parameters resolve inside this checkout; ``limit=1`` runs one flow run at a time
 across both deployments. If no API key is in the environment, the key is copied from the
 ``Secret`` block ``embedline-api-key`` (or ``$EMBEDLINE_API_KEY_BLOCK``), when it exists,
-into this process's environment, which flow runs inherit (``deployments/api_key.py``).
+into this process's environment, which flow runs inherit (``flows/api_key.py``).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from prefect import serve
 
-    from deployments.api_key import export_api_key_from_block
+    from flows.api_key import export_api_key_from_block
 
     export_api_key_from_block()
     serve(*build_deployments(), limit=1)

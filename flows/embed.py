@@ -33,7 +33,7 @@ from tasks.outcome import ChunkFailure, status_for
 from tasks.report import ProgressArtifact
 from tasks.reuse_stage import ReuseStage
 
-__all__ = ["Dispatched", "embed_and_publish"]
+__all__ = ["embed_and_publish"]
 
 
 def embed_and_publish(run: Run, work: Work) -> Dispatched:
