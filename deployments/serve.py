@@ -35,8 +35,8 @@ def _spec() -> dict[str, Any]:
 
 def build_deployments() -> list[Any]:
     """Return a ``RunnerDeployment`` per deployment of ``prefect.yaml``, named ``<name>-served``,
-    of the flow its ``entrypoint`` names (before, every one was built with ``embed_csv``, and
-    the server refused gc-weekly's parameters: serve.py did not start)."""
+    of the flow its ``entrypoint`` names: the server checks each deployment's parameters
+    against that flow's signature."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.events import DeploymentEventTrigger
     from prefect.flows import load_flow_from_entrypoint

@@ -11,7 +11,7 @@ any earlier object (a shuffled export puts every chunk's rows in every object), 
 up and reading per chunk reads each source object once per chunk that needs one of its rows
 (chunks × objects reads; a shuffled 500,000-row night cost 2.4× the first run's CPU). Here
 each source is read once per run and the lookups are one sorted join, with memory bounded
-by a bucket, a source object and a write buffer (issue 24).
+by a bucket, a source object and a write buffer.
 
 Prefect-free, like ``flows.run.Run``: the flow drives it. Files live in the plan's scratch
 directory (``adapters.scratch``), deleted with it when the run ends.
@@ -145,13 +145,13 @@ class ReuseStage:
     def index_published(self, outcomes: Iterable[ChunkOutcome]) -> int:
         """Add the chunk objects this run published to the reuse index, from planning's rows
         (the objects hold every row but their dead letters, in order), so the next run need
-        not read them back to index them (it did: 0.7 s of CPU for a 1M-row night on a
-        local disk, a ranged read per object on S3). Returns how many were added; without
+        not read them back to index them (0.7 s of CPU for a 1M-row night on a local disk, a
+        ranged read per object on S3). Returns how many were added; without
         planning's rows (no scratch directory) or with reuse off, none.
 
         Memory: ``_INDEX_BATCH`` objects' text hashes at most (about 22 MB at 5,000 rows a
-        chunk); they are written to the ledger a batch at a time. Holding every object's
-        until the end made the CLI's peak grow with the rows again (+680 MB at 10M rows).
+        chunk); they are written to the ledger a batch at a time: holding every object's
+        until the end would make the CLI's peak grow with the rows (+680 MB at 10M rows).
 
         :raises DiskFullError: the ledger's filesystem is full.
         """

@@ -41,7 +41,8 @@ def sink_metadata(*, embedder: str, model: str, dimensions: int,
                   columns: SinkColumns = SinkColumns()) -> str:
     """The JSON a sink table carries about its vectors (a LanceDB schema metadata value, a
     PostgreSQL table comment): ``kept_columns`` and ``keep_text`` only when it has them,
-    so a plain table's metadata is what it always was."""
+    so a plain table's metadata holds only ``format``, ``embedder``, ``model`` and
+    ``dimensions``."""
     meta: dict[str, Any] = {"format": SINK_FORMAT, "embedder": embedder, "model": model,
                             "dimensions": dimensions}
     if columns.kept:
