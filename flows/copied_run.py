@@ -12,7 +12,7 @@ flow calls it (``flows.embed``); so does ``embedline run`` before Prefect starts
   run as it concludes one with nothing to embed. A flow run would only add Prefect's own
   costs: its engine, API calls and background threads and the running server's work, about
   1.3 of a 12 CPU s 1M-row night, and the import of the flow (0.8 CPU s) when the command
-  has not made it yet (issue 24);
+  has not made it yet;
 - otherwise nothing is published here: the prepared stage is handed to the flow of the same
   run in this process (``take_stage``), so no row is planned or copied twice.
 
@@ -126,7 +126,7 @@ def may_publish_here(run: Run, work: Work) -> bool:
     """Whether ``publish_if_all_copied`` may publish this run (else the caller leases,
     prepares and reads nothing before the flow): its settings allow it, planning's rows are
     at hand, the ledger already indexes objects of this output (a first run, or a fresh
-    ledger, has nothing to copy from yet: its flow prepares the stage as before), and no
+    ledger, has nothing to copy from yet: its flow prepares the stage), and no
     chunk published before holds another vector length (the flow embeds those again)."""
     return (bool(work.todo) and run.settings.copies_in_process and run.plan.scratch is not None
             and run.ledger is not None and run.ledger.indexes_output(run.store.uri)
