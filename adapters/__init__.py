@@ -3,7 +3,7 @@ ledger. They never import Prefect; they log to ``embedline.*`` loggers.
 
 The names below load on first use (PEP 562), so importing one adapter (``adapters.memory``
 first of all, whose settings must precede pyarrow's first allocation) does not import them
-all: an eager package init loaded pyarrow before the CLI could choose its memory pool.
+all: an eager package init would load pyarrow before the CLI can choose its memory pool.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A run's per-row state — 64-bit digests of every id for the duplicate check, ev
 hash with its chunk and position for reuse, the plan of which earlier object holds which
 row's vector, the vectors gathered for each chunk — is written to files in a private
 directory instead of Python containers, so the process's memory stays flat from 100,000
-rows to tens of millions (issue 24). Two shapes cover it:
+rows to tens of millions. Two shapes cover it:
 
 - ``Spill``: fixed-size numpy records appended to one file per partition (a hash bucket,
   a chunk, a group of chunks), buffered in memory up to a bound and read back a partition
@@ -269,7 +269,7 @@ class Spill:
     own). ``read(p)`` returns partition ``p``'s records (flushing first); ``partitions()``
     the partitions written. Memory: the buffer (``buffer_rows`` × ``dtype.itemsize`` bytes,
     made at the first record and kept: the same pages each time, where a buffer per call
-    cost a page fault per 4 KiB) plus what ``read`` returns. Not thread-safe: one
+    costs a page fault per 4 KiB) plus what ``read`` returns. Not thread-safe: one
     writer.
 
     :raises DiskFullError: (from ``add``/``commit``/``flush``) the scratch filesystem is full.

@@ -19,8 +19,8 @@ __all__ = ["STARTED_AT", "entry", "forget_caught_interrupts", "interrupted_line"
 
 #: True once ``entry`` runs: ``main`` then leaves ``shutdown.raise_interrupt`` installed
 #: for SIGINT/SIGTERM after the command (``cli.main`` restores only what it installed), so
-#: no moment between the command's end and ``_exit_at_once`` has Python's SIGTERM default:
-#: a SIGTERM sent as ``search`` printed its results killed the process (-15).
+#: no moment between the command's end and ``_exit_at_once`` has Python's SIGTERM default,
+#: under which a SIGTERM sent as ``search`` prints its results kills the process (-15).
 _entered = False
 
 #: The exit code ``entry`` ends the process with once the exit handlers ran (None: let
@@ -34,7 +34,7 @@ def entry() -> None:
     Once the command returned its code (its cleanups done: the temporary server stopped,
     the ledger written), the process ends as soon as Python's exit handlers ran (Prefect's
     among them), skipping the interpreter's teardown of every imported module: 0.7 s of
-    each command here, in which a Ctrl-C killed the process by signal (status -2, or a
+    each command, in which a Ctrl-C would kill the process by signal (status -2, or a
     "threading" traceback) instead of exit 130. A SIGINT/SIGTERM after ``main()`` returned
     ends the process at once with 130/143.
     """
@@ -63,7 +63,7 @@ def entry() -> None:
 def _skip_prefect_exit_sending() -> None:
     """With the temporary server stopped, end the process before Prefect's log and event
     workers try, at interpreter exit, to send what is left in their queues to it: they
-    retried for seconds (over 30 s once in CI) after a Ctrl-C that landed while they were
+    would retry for seconds (up to a minute) after a Ctrl-C that lands while they are
     being flushed. ``threading._register_atexit`` callbacks run last-registered first, and
     before ``atexit``'s, so this one runs before Prefect's. A configured server keeps them:
     it is still there to receive the run's last logs."""

@@ -24,7 +24,7 @@ MAX_DELETE_HELP = ("stop, before deleting anything, a load that would delete mor
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default ("(default: 1000)"). An option whose
     default is None (unset) says in its own words what unset means ("(default: no limit)"):
-    argparse's "(default: None)" said nothing, or the opposite of the text."""
+    argparse's "(default: None)" says nothing, or the opposite of the text."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None:

@@ -41,7 +41,7 @@ def find_run(ledger: Ledger, key: str) -> Any:
 def check_ledger_dir(ledger: str) -> None:
     """Create the ledger's directory now (it is also the run's scratch root), so a file in
     the way, a read-only filesystem or missing permissions are one line before anything
-    starts; they were a traceback from the flow's first scratch directory.
+    starts, not a traceback from the flow's first scratch directory.
 
     :raises InputError: (exit 2) the directory cannot be created.
     """
@@ -59,8 +59,8 @@ def check_ledger_dir(ledger: str) -> None:
 def check_ledger(ledger: str) -> None:
     """``check_ledger_dir``, then what a run needs of the ledger beyond its directory: a file
     can be written there (the run's scratch files, SQLite's WAL), and an existing ledger
-    opens as one. Each was a flow run ending in a traceback ("file is not a database",
-    "attempt to write a readonly database", "Operation not permitted: …/scratch").
+    opens as one. Unchecked, each would end a flow run in a traceback ("file is not a
+    database", "attempt to write a readonly database", "Operation not permitted: …/scratch").
 
     :raises InputError: (exit 2) one line that names the path and what to do.
     """

@@ -250,7 +250,7 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     from embedline.shutdown import STOP
 
-    with STOP.interrupts_deferred():  # an interrupt inside Prefect's import was lost
+    with STOP.interrupts_deferred():  # an interrupt inside Prefect's import would be lost
         from flows.cancellation import raise_if_interrupted_by_cancel
         from flows.load import load_run
 

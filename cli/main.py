@@ -83,8 +83,8 @@ def _values_joined(parser: argparse.ArgumentParser, args: list[str]) -> list[str
 
 def _refuse_abbreviations(parser: argparse.ArgumentParser, args: list[str]) -> None:
     """Refuse a long option that abbreviates one of ``parser``'s, naming what it may
-    mean, before argparse reports anything else (it said "--to is required" to a user who
-    typed ``--t``). Stops at ``--`` and at a subcommand: its own parser checks the rest."""
+    mean, before argparse reports anything else (on its own, argparse says "--to is
+    required" to a user who types ``--t``). Stops at ``--`` and at a subcommand: its own parser checks the rest."""
     commands = _commands(parser)
     for arg in args:
         if arg == "--" or arg in commands:

@@ -3,7 +3,7 @@
 The CLI must plan before it knows whether it needs Prefect at all (a committed run, or one
 with nothing to embed, ends without it), and it must import Prefect before the flow: both
 are single-threaded Python (0.45 s and 0.8 s of CPU for the English file), so in one
-process they added up before the first request. A child process plans on another core
+process they add up before the first request. A child process plans on another core
 while this one imports, and hands the plan back.
 
 The child writes into a scratch directory this process created and holds (its lock, its
@@ -11,8 +11,8 @@ deletion at exit: ``adapters.scratch``); the request and the result travel as tw
 files in it, never on a command line (column names and paths stay out of ``ps``). The
 child has a session of its own (a terminal's Ctrl-C reaches only the CLI, which stops it)
 and is killed with the CLI (``PR_SET_PDEATHSIG``; ``close``). Anything unexpected — the
-child cannot start, dies, or returns nothing readable — and the CLI plans in-process as
-before, so every input error still reads exactly as planning words it.
+child cannot start, dies, or returns nothing readable — and the CLI plans in-process
+instead, so every input error reads exactly as planning words it.
 
 Nothing runs ahead for a rerun that may need no Prefect at all (``prefect_on_demand``: a
 night whose every chunk may be copied from earlier objects): planning then stays in-process
@@ -187,7 +187,7 @@ def _same_file_in_a_child(path: str) -> bool:
 class _NoPandas(importlib.abc.MetaPathFinder):
     """Refuses ``import pandas`` in the planning child. pyarrow imports pandas at its first
     ``pa.array`` to check whether the input is a pandas object (``pandas-shim.pxi``), and
-    takes an ImportError as "no pandas": planning never hands it one, and the import was
+    takes an ImportError as "no pandas": planning never hands it one, and the import is
     0.2 CPU s of a child that runs on every ``run`` (a twentieth of a 1M-row plan)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:

@@ -14,7 +14,7 @@ __all__ = ["quiet_prefect_console", "quiet_prefect_signal_crashes"]
 
 def quiet_prefect_console() -> None:
     """A first-interrupt hook (``STOP.on_first_interrupt``): an interrupt raised inside a
-    flow run before any chunk was dispatched made Prefect print its own account of it on
+    flow run before any chunk is dispatched makes Prefect print its own account of it on
     stderr ("Crash detected! Execution was aborted by an interrupt signal.", "Finished in
     state Crashed(…)", "EventsWorker - Still processing items") above the command's one
     line, which says all of it. Prefect's console handlers drop every record from then on;
@@ -29,8 +29,8 @@ def quiet_prefect_signal_crashes() -> None:
     first milliseconds of a flow run (until the flow's body calls
     ``STOP.take_over_sigterm``) SIGTERM goes to Prefect's own handler, which reports
     the crash on the console ("Crash detected! Execution was aborted by a termination
-    signal.", "Finished in state Crashed(…)") above the command's one line (6 of 7 SIGTERMs
-    sent 0-30 ms after "Beginning flow run" in a break test). Prefect's console handlers
+    signal.", "Finished in state Crashed(…)") above the command's one line (most SIGTERMs
+    sent 0-30 ms after "Beginning flow run" land there). Prefect's console handlers
     drop such a record and everything after it; its API handler still sends them.
     ``--debug`` keeps them."""
     if not os.environ.get(DEBUG_ENV):

@@ -35,8 +35,8 @@ _PREFECT_DEFAULTS = {
     # Adapters log to "embedline.*" (they never call Prefect): route those into run logs.
     "PREFECT_LOGGING_EXTRA_LOGGERS": "embedline",
     # ...and outside a flow run (the CLI before Prefect: a commit, a night of copied rows,
-    # its graceful stop) they have none to go to: Prefect's API handler printed a
-    # UserWarning with its source line for each, instead of nothing.
+    # its graceful stop) they have none to go to, and Prefect's API handler would print a
+    # UserWarning with its source line for each.
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -108,7 +108,7 @@ EXIT_DRAIN_LOGGERS = ("EventsWorker", "APILogWorker")
 def drop_drain_progress(record: Any) -> bool:
     """A ``logging`` filter for ``EXIT_DRAIN_LOGGERS``: drop "Still processing items: N
     items remaining..." (``prefect/_internal/concurrency/services.py``), which a command
-    that emitted an event just before it ended printed as a WARNING, the event sent all
+    that emits an event just before it ends prints as a WARNING, the event sent all
     the same (a night of copied rows committed without a flow, every time)."""
     return not str(record.msg).startswith("Still processing items")
 
@@ -126,8 +126,8 @@ class PrefectApi:
         """Call ``on_lost`` (in a watchdog thread) if the API goes away before ``close``:
         the temporary server's process exits, or a configured server refuses connections
         for ``API_REFUSED_AFTER_S`` seconds (or answers nothing for ``API_SILENT_AFTER_S``).
-        Without it, every Prefect call of the flow retried for about a minute
-        (``PREFECT_CLIENT_MAX_RETRIES`` = 5: 2+4+8+16+32 s) and the CLI ended minutes later
+        Without it, every Prefect call of the flow retries for about a minute
+        (``PREFECT_CLIENT_MAX_RETRIES`` = 5: 2+4+8+16+32 s) and the CLI ends minutes later
         with a traceback."""
         import threading
         import time
@@ -190,7 +190,7 @@ class PrefectApi:
 
     def close(self) -> None:
         """Send Prefect's pending logs and events, then stop the temporary server, if this
-        run started one (stopping it first printed "Error logging to API" at exit). An
+        run started one (stopping it first would print "Error logging to API" at exit). An
         interrupt during the sending still stops the server."""
         self._closing = True
         if self.server is not None:
@@ -218,8 +218,8 @@ _temporary_server_stopped = False
 def temporary_server_stopped() -> bool:
     """True once this process stopped (or killed) the temporary Prefect server it started.
     Prefect's log and event workers then have nowhere to send what is left in their queues;
-    at interpreter exit they would retry it (seconds, up to a minute: a Ctrl-C that landed
-    while they were being flushed left items behind)."""
+    at interpreter exit they would retry it (seconds, up to a minute: a Ctrl-C that lands
+    while they are being flushed leaves items behind)."""
     return _temporary_server_stopped
 
 
@@ -327,7 +327,7 @@ def _check_reachable(url: str) -> None:
             "temporary one") from None
     what = _not_a_prefect_api(url, response)
     if what:
-        # Prefect's client then failed with tracebacks ("Failed to reach API", "Invalid
+        # else Prefect's client fails with tracebacks ("Failed to reach API", "Invalid
         # version") and exit 1
         raise PrefectApiError(
             f"the server at {url} (PREFECT_API_URL) answers, but not as a Prefect API (HTTP "

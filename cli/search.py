@@ -146,8 +146,8 @@ def _embed_queries(queries: list[str], *, embedder: str, model: str, dimensions:
 
 def _refuse_an_unknown_server(ledger: str) -> None:
     """Openai vectors, no ``--base-url``, and no ledger record of the run's: the query would
-    go to OpenAI's API, which without a key refuses it (a break test waited 11 s of retries
-    for exit 3, the vectors having come from a local server). With a key, OpenAI's API it is.
+    go to OpenAI's API, which without a key refuses it after seconds of retries (exit 3),
+    though the vectors may well have come from a local server. With a key, OpenAI's API it is.
 
     :raises InputError: no key is set either.
     """

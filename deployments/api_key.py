@@ -6,7 +6,8 @@ environment of the process that runs the flow. Two ways to get it there on a wor
 
 - export it in the worker's environment before ``prefect worker start`` (flow runs inherit it);
 - or keep it in a ``Secret`` block and let the process that runs the flow copy it into its
-  environment: ``export_api_key_from_block()`` below.
+  environment: ``flows.api_key.export_api_key_from_block()`` (the flow and
+  ``deployments/serve.py`` call it).
 
 Store the key in the block (reads it from the terminal without echo, or from stdin; never from
 the command line, which would leave it in the shell history)::
@@ -26,10 +27,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-# one copy of the export, in the flow's package: the flow calls it too
-from flows.api_key import BLOCK_ENV, DEFAULT_BLOCK, export_api_key_from_block
+from flows.api_key import BLOCK_ENV, DEFAULT_BLOCK
 
-__all__ = ["BLOCK_ENV", "DEFAULT_BLOCK", "export_api_key_from_block", "main"]
+__all__ = ["main"]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``store [--block NAME]``: save a key read from the terminal or stdin as a Secret block."""

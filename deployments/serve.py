@@ -13,7 +13,7 @@ on). Each flow run is a child process of this one, started in the repository roo
 relative parameters resolve inside this checkout; ``limit=1`` runs one flow run at a time
 across both deployments. If no API key is in the environment, the key is copied from the
 ``Secret`` block ``embedline-api-key`` (or ``$EMBEDLINE_API_KEY_BLOCK``), when it exists,
-into this process's environment, which flow runs inherit (``deployments/api_key.py``).
+into this process's environment, which flow runs inherit (``flows/api_key.py``).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def _spec() -> dict[str, Any]:
 
 def build_deployments() -> list[Any]:
     """Return a ``RunnerDeployment`` per deployment of ``prefect.yaml``, named ``<name>-served``,
-    of the flow its ``entrypoint`` names (before, every one was built with ``embed_csv``, and
-    the server refused gc-weekly's parameters: serve.py did not start)."""
+    of the flow its ``entrypoint`` names: the server checks each deployment's parameters
+    against that flow's signature."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.events import DeploymentEventTrigger
     from prefect.flows import load_flow_from_entrypoint
@@ -73,7 +73,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from prefect import serve
 
-    from deployments.api_key import export_api_key_from_block
+    from flows.api_key import export_api_key_from_block
 
     export_api_key_from_block()
     serve(*build_deployments(), limit=1)

@@ -15,7 +15,7 @@ All keys follow ``docs/design.md`` §2 (a contract: outside checks recompute the
 - Documents (DESIGN §2): a run with a text template other than ``{text_column}``, kept
   columns or ``--keep-text`` appends ``columns_lines`` to the run key (before ``g{N}``) and
   to the chunk key's header, and each chunk-key row line then also carries
-  ``kept_sha256`` of the row's kept values. Without them every key is exactly as before.
+  ``kept_sha256`` of the row's kept values. Without them the keys are exactly those above.
 
 An unset ``dimensions`` (``None``) is the empty string everywhere.
 """

@@ -140,7 +140,7 @@ class _CountingClient:
     """An embedding client that counts the rows of each successful ``embed`` call, and the
     requests and tokens of every call. A client that takes a whole chunk in one call
     (``whole_chunk``: the local model) counts rows per forward pass instead (``on_rows``):
-    per call, the bar sat still for a whole chunk (about 30 s at chunk size 1000)."""
+    per call, the bar would sit still for a whole chunk (about 30 s at chunk size 1000)."""
 
     def __init__(self, client: EmbeddingClient, index: int) -> None:
         self._client = client

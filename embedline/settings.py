@@ -397,7 +397,7 @@ class RunSettings(BaseModel):
     @property
     def key_columns(self) -> list[str]:
         """The run and chunk key lines of the documents settings (``keys.columns_lines``;
-        empty for a plain run, whose keys stay as they always were)."""
+        empty for a plain run, whose keys have no such lines)."""
         return columns_lines(self.text_template, self.kept_columns, self.keep_text)
 
     @property

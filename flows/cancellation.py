@@ -157,9 +157,9 @@ def end_as_runner_cancellation(message: str) -> None:
     """A run under a Prefect runner that stopped gracefully on Prefect's SIGTERM (the UI's
     Cancel, ``prefect flow-run cancel``): everything is recorded; raise the kept
     ``TerminationSignal`` again, so Prefect ends the run as it would have at once: Cancelled
-    for a cancel (exit 0, no traceback), Crashed otherwise. Before, the flow returned a
-    Failed state into ``Cancelling``: the run stayed ``Cancelling``, with an
-    ``UnfinishedRun`` traceback, exit 1 and the worker's "general error" line.
+    for a cancel (exit 0, no traceback), Crashed otherwise. A Failed state returned into
+    ``Cancelling`` would leave the run ``Cancelling``, with an ``UnfinishedRun``
+    traceback, exit 1 and the worker's "general error" line.
 
     :raises TerminationSignal: kept by ``STOP.note_termination``; else returns.
     """

@@ -126,7 +126,7 @@ def may_publish_here(run: Run, work: Work) -> bool:
     """Whether ``publish_if_all_copied`` may publish this run (else the caller leases,
     prepares and reads nothing before the flow): its settings allow it, planning's rows are
     at hand, the ledger already indexes objects of this output (a first run, or a fresh
-    ledger, has nothing to copy from yet: its flow prepares the stage as before), and no
+    ledger, has nothing to copy from yet: its flow prepares the stage), and no
     chunk published before holds another vector length (the flow embeds those again)."""
     return (bool(work.todo) and run.settings.copies_in_process and run.plan.scratch is not None
             and run.ledger is not None and run.ledger.indexes_output(run.store.uri)

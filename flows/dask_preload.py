@@ -2,7 +2,7 @@
 (``distributed.worker.preload``; Dask docs, "Customize initialization").
 
 When the flow stops (a Ctrl-C while the cluster starts or runs), the scheduler in the CLI's
-process closes before its workers; a worker then logged "Failed to communicate with scheduler
+process closes before its workers; a worker then logs "Failed to communicate with scheduler
 during heartbeat." at ERROR with a 40-line ``CommClosedError`` traceback, after the CLI's
 one-line message. Records whose exception is the scheduler's connection closing are dropped
 here, unless ``--debug``: the CLI reports how the run ended itself. Any other worker warning

@@ -1,4 +1,4 @@
-"""The summary of a run stopped by its ledger's full filesystem (issue 22 item 9).
+"""The summary of a run stopped by its ledger's full filesystem.
 
 The ledger could not record the chunks published before it filled, so they are counted
 from the store (a ``stat`` or ``HEAD`` per chunk, on this error path only), and the

@@ -33,7 +33,7 @@ from tasks.outcome import ChunkFailure, status_for
 from tasks.report import ProgressArtifact
 from tasks.reuse_stage import ReuseStage
 
-__all__ = ["Dispatched", "embed_and_publish"]
+__all__ = ["embed_and_publish"]
 
 
 def embed_and_publish(run: Run, work: Work) -> Dispatched:
@@ -158,7 +158,7 @@ def _show_published(runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcom
 
     Skipped with Prefect's temporary server (no PREFECT_API_URL): nobody can look at its UI
     after the process exits, and stopping it while these runs' events are still being
-    recorded printed "Error flushing events" tracebacks on successful reruns.
+    recorded prints "Error flushing events" tracebacks on successful reruns.
     """
     if not skipped or len(skipped) > _SHOWN_SKIPPED_MAX or not get_current_settings().api.url:
         return

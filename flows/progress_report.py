@@ -19,7 +19,7 @@ class ProgressReport:
     """Progress per dispatcher event (``__call__``): rows of published chunks plus the
     batches running chunks embedded so far. Never less than an earlier report: the batches
     of a chunk that Prefect retries, fails or releases drop out of the count, and a progress
-    line that went back read as lost work. The count moves again once the work since passes
+    line that goes back reads as lost work. The count moves again once the work since passes
     it; it never passes the total. ``batches``: the Batch API batches by status while the
     batch stage waits (rows as last reported)."""
 

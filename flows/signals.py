@@ -71,8 +71,8 @@ def under_prefect_runner() -> bool:
 
 def signal_grace_s(grace_s: float) -> float:
     """The grace period (seconds) in-flight chunks get after the first signal: ``grace_s``,
-    at most ``RUNNER_KILL_AFTER_S - 10`` (20 s) under a Prefect runner. Before, a
-    cancelled deployment run with the default 30 s lost that race: SIGKILLed mid-grace, its
+    at most ``RUNNER_KILL_AFTER_S - 10`` (20 s) under a Prefect runner: with the default
+    30 s, a cancelled deployment run would lose that race, SIGKILLed mid-grace, its
     paid-for requests unpublished and the ledger left ``crashed``."""
     if under_prefect_runner():
         return min(grace_s, RUNNER_KILL_AFTER_S - _RECORD_MARGIN_S)

@@ -110,8 +110,8 @@ def _no_worker_profiler() -> None:
 
 def _close_clusters_quietly_at_exit() -> None:
     """Replace distributed's exit handler (``distributed.deploy.spec.close_clusters``) by one
-    that cannot print a traceback. A Ctrl-C while the local cluster started left it half
-    started, and that handler then printed "Exception ignored in atexit callback" with an
+    that cannot print a traceback. A Ctrl-C while the local cluster starts leaves it half
+    started, and that handler then prints "Exception ignored in atexit callback" with an
     ``AssertionError: Status.running`` from its own teardown after the one-line message.
     Its worker processes exit with this process either way (distributed's worker processes
     watch their parent: ``test_kill_9_of_a_dask_run_leaves_no_server_and_no_worker``)."""

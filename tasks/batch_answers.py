@@ -88,7 +88,7 @@ class BatchAnswers(EmbeddingClientBase):
         self.batch_inputs += len(texts) - len(missing)
         vectors = np.ascontiguousarray(np.stack(found), dtype=np.float32)  # type: ignore[arg-type]
         # the texts a batch answered were sent (and billed, at the batch price): counted as
-        # inputs sent like the synchronous ones (before: 0 "inputs sent" in batch mode)
+        # inputs sent like the synchronous ones
         return Embeddings(vectors, tokens=tokens + sync.tokens, requests=sync.requests,
                           inputs=len(texts) - len(missing) + sync.inputs)
 

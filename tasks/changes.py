@@ -12,7 +12,7 @@ columns, model, dimensions) at the moment of committing (named in the manifest a
 
 Only ids with a vector count: an id that became a dead letter is ``removed``.
 
-Memory is bounded whatever the row count (issue 24 item 1): chunk objects both runs list
+Memory is bounded whatever the row count: chunk objects both runs list
 are skipped (same content key, same rows); of the others only the ``id`` and
 ``text_sha256`` columns (and the kept columns' hash) are read (ranged reads on S3), sorted
 on disk in a scratch directory the caller owns and merged in id-aligned blocks

@@ -83,8 +83,8 @@ def _scratch_parent(settings: RunSettings) -> Path:
 
 def run_fingerprint(outcomes: Iterable[ChunkOutcome]) -> str | None:
     """The run's ``tasks.publish.rows_fingerprint``: the XOR of its chunks' (from their
-    objects' metadata, ``with_lengths``); None if a chunk object has none (written before
-    fingerprints) or the outcomes were not read."""
+    objects' metadata, ``with_lengths``); None if a chunk object's metadata has none or the
+    outcomes were not read."""
     folded = 0
     for outcome in outcomes:
         if outcome.rows and outcome.rows_xor is None:

@@ -76,7 +76,7 @@ def publish_copied(spec: ChunkSpec, source: InputSource, settings: RunSettings, 
         PaidRequests(store, run_key, chunk_name(spec.object_key)).clear()
     sizes = batch.column("utf8_bytes").to_numpy()
     saved = int(np.maximum(1, np.ceil(sizes[~empty] / 3)).sum())
-    # DEBUG: a line per copied chunk cost the API a log row each (the flow's summary and
+    # DEBUG: a line per copied chunk costs the API a log row each (the flow's summary and
     # artifact count them: "N rows reused")
     logger.debug("chunk %d: %d rows published%s, %d dead letters, 0 requests (every row "
                  "copied)", spec.index, outcome.rows,

@@ -55,14 +55,12 @@ from adapters.object_store import SCRATCH_PREFIX
 from embedline.errors import InputError
 from embedline.models import chunk_generation
 from embedline.protocols import ObjectInfo, ObjectStore
-from tasks.lease import LEASE_PREFIX, LEASE_PREFIXES, LOAD_LEASE_PREFIX
+from tasks.lease import LEASE_PREFIX, LEASE_PREFIXES
 from tasks.manifest import created_at, dataset_key, list_manifests
 from tasks.paid import PAID_PREFIX, chunk_name, paid_run_key
 
 __all__ = [
     "DEFAULT_GRACE_S",
-    "LEASE_PREFIX",
-    "LOAD_LEASE_PREFIX",
     "DatasetRetention",
     "GcPlan",
     "collect",

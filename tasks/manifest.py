@@ -174,8 +174,8 @@ def dataset_key(manifest: dict[str, Any]) -> dict[str, Any]:
     (lists become tuples so the values hash); names and settings only, never input text.
 
     A plain run's template (``{text_column}``) and an empty list of kept columns read as
-    None, as in manifests written before templates, so plain runs of before and after are
-    one dataset."""
+    None, as in manifests without those fields, so plain runs are one dataset whether their
+    manifests have the fields or not."""
     values = {f: manifest.get(f) for f in DATASET_FIELDS}
     if values["text_column"] is not None and \
             values["text_template"] == placeholder(str(values["text_column"])):

@@ -64,7 +64,7 @@ class ProgressArtifact:
     def close(self, timeout_s: float = 5.0) -> None:
         """Post the last value (waiting at most ``timeout_s`` seconds) and stop; with the
         API lost, stop at once (a call in progress is left to its retries), also when the
-        loss is found while waiting (it held the commit for 5 s)."""
+        loss is found while waiting (waiting out the timeout would hold the commit 5 s)."""
         self._closed.set()
         self._wake.set()
         deadline = time.monotonic() + timeout_s

@@ -145,13 +145,13 @@ class ReuseStage:
     def index_published(self, outcomes: Iterable[ChunkOutcome]) -> int:
         """Add the chunk objects this run published to the reuse index, from planning's rows
         (the objects hold every row but their dead letters, in order), so the next run need
-        not read them back to index them (it did: 0.7 s of CPU for a 1M-row night on a
-        local disk, a ranged read per object on S3). Returns how many were added; without
+        not read them back to index them (0.7 s of CPU for a 1M-row night on a local disk, a
+        ranged read per object on S3). Returns how many were added; without
         planning's rows (no scratch directory) or with reuse off, none.
 
         Memory: ``_INDEX_BATCH`` objects' text hashes at most (about 22 MB at 5,000 rows a
-        chunk); they are written to the ledger a batch at a time. Holding every object's
-        until the end made the CLI's peak grow with the rows again (+680 MB at 10M rows).
+        chunk); they are written to the ledger a batch at a time: holding every object's
+        until the end would make the CLI's peak grow with the rows (+680 MB at 10M rows).
 
         :raises DiskFullError: the ledger's filesystem is full.
         """

@@ -1,5 +1,5 @@
 """Sorting key tables by ``id`` in bounded memory: sorted runs in a scratch directory, merged
-in id-aligned blocks (issue 24 item 1: what grows with the row count lives on disk).
+in id-aligned blocks (what grows with the row count lives on disk).
 
 ``write_runs`` takes tables in any order (ids unique within one source) and writes *sorted
 runs*: up to ``SortLimits.run_rows`` rows (fewer once their Arrow buffers reach

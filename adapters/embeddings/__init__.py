@@ -37,11 +37,9 @@ from adapters.embeddings.endpoint import AUTH_HEADER_ENV, api_key_from_env, auth
 from adapters.embeddings.factory import build_batch_client, build_embedder, close_embedders
 from adapters.embeddings.local import LocalEmbedder
 from adapters.embeddings.openai_compatible import OpenAIEmbedder
-from embedline.settings import LOCAL_DIMENSIONS
 
 __all__ = [
     "AUTH_HEADER_ENV",
-    "LOCAL_DIMENSIONS",
     "LocalEmbedder",
     "OpenAIEmbedder",
     "RequestCaps",

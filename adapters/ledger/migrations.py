@@ -191,7 +191,7 @@ MIGRATIONS += (
     (
         # A batch id is unique within one provider account only, and one ledger serves any
         # --base-url (gateways, self-hosted servers, accounts): unique per run, not overall
-        # (a second server's "batch_000002" crashed every rerun on the UNIQUE index).
+        # (unique overall, a second server's "batch_000002" fails every rerun on the index).
         "0009_batch_ids_per_run",
         """
         DROP INDEX batches_by_id;
@@ -203,11 +203,11 @@ MIGRATIONS += (
 MIGRATIONS += (
     (
         # What each batch carried (DESIGN §6): its requests as ``[[custom_id, [row
-        # positions]], ...]`` JSON, written with the part before its create. Before, a
-        # rerun derived them from the run's settings, which it overwrites: with another
-        # --batch-size or --batch-max-inputs no answer matched ("… texts have no answer")
-        # and --batch-fallback sync paid for them again. NULL: a part recorded before this
-        # migration (derived as before).
+        # positions]], ...]`` JSON, written with the part before its create, because a rerun
+        # overwrites the run's settings: derived from them, a rerun with another
+        # --batch-size or --batch-max-inputs matches no answer ("… texts have no answer")
+        # and --batch-fallback sync pays for them again. NULL: a part recorded before this
+        # migration, whose layout is derived from the run's settings.
         "0010_batch_layouts",
         "ALTER TABLE batches ADD COLUMN layout TEXT;",
     ),
@@ -215,7 +215,7 @@ MIGRATIONS += (
 
 MIGRATIONS += (
     (
-        # The reuse index as hash buckets (DESIGN §8, issue 24): one row per (object, bucket)
+        # The reuse index as hash buckets (DESIGN §8): one row per (object, bucket)
         # holding the 64-bit prefixes of its texts' SHA-256s and their row positions, so a
         # run joins all its texts against the index bucket by bucket (numpy, flat memory)
         # and takes each vector by position; indexing an object is 64 inserts, not one per

@@ -83,7 +83,7 @@ class ReuseIndex(LedgerBase):
     def index_objects(self, output_uri: str,
                       objects: Sequence[tuple[str, str, str, Sequence[str]]]) -> None:
         """``index_object`` for several ``(object key, model, dimensions, text hashes)`` in
-        one transaction (a commit per object cost 11 ms: 2.2 s for 200 objects)."""
+        one transaction (a commit per object costs 11 ms: 2.2 s for 200 objects)."""
         with self.atomic() as db:
             for object_key, model, dimensions, text_hashes in objects:
                 prefixes = hash_prefixes(text_hashes)

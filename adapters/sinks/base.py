@@ -22,14 +22,12 @@ import numpy as np
 import pyarrow as pa
 
 from embedline.errors import FatalError
-from embedline.protocols import SinkColumns, SinkTable, UpsertResult, VectorSink
+from embedline.protocols import SinkColumns, SinkTable
 from embedline.template import kept_sha256
 
 __all__ = ["DEFAULT_TABLE", "KEPT_HASH", "KeptColumnsCache", "OWN_COLUMNS", "SINK_FORMAT",
-           "SinkColumns",
-           "SinkTable", "UpsertResult", "VectorSink", "check_compatible", "exact_top_k", "extra_values",
-           "held_key_columns", "kept_hashes", "sink_columns_of", "sink_metadata",
-           "sink_table_from_metadata", "vector_matrix"]
+           "check_compatible", "exact_top_k", "extra_values", "held_key_columns", "kept_hashes",
+           "sink_columns_of", "sink_metadata", "sink_table_from_metadata", "vector_matrix"]
 
 DEFAULT_TABLE = "embeddings"  # the table a sink URI without ``table=NAME`` names
 SINK_FORMAT = "embedline.sink.v1"
@@ -43,7 +41,8 @@ def sink_metadata(*, embedder: str, model: str, dimensions: int,
                   columns: SinkColumns = SinkColumns()) -> str:
     """The JSON a sink table carries about its vectors (a LanceDB schema metadata value, a
     PostgreSQL table comment): ``kept_columns`` and ``keep_text`` only when it has them,
-    so a plain table's metadata is what it always was."""
+    so a plain table's metadata holds only ``format``, ``embedder``, ``model`` and
+    ``dimensions``."""
     meta: dict[str, Any] = {"format": SINK_FORMAT, "embedder": embedder, "model": model,
                             "dimensions": dimensions}
     if columns.kept:

@@ -26,9 +26,6 @@ from adapters.sinks.base import (
     KeptColumnsCache,
     KEPT_HASH,
     OWN_COLUMNS,
-    SinkColumns,
-    SinkTable,
-    UpsertResult,
     check_compatible,
     exact_top_k,
     extra_values,
@@ -38,6 +35,7 @@ from adapters.sinks.base import (
     vector_matrix,
 )
 from embedline.errors import FatalError, RetryableError
+from embedline.protocols import SinkColumns, SinkTable, UpsertResult
 
 __all__ = ["DEFAULT_KEEP_VERSIONS_S", "LanceDBSink"]
 

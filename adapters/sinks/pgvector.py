@@ -31,9 +31,6 @@ import pyarrow as pa
 from adapters.sinks.base import (
     KeptColumnsCache,
     KEPT_HASH,
-    SinkColumns,
-    SinkTable,
-    UpsertResult,
     check_compatible,
     extra_values,
     held_key_columns,
@@ -55,6 +52,7 @@ from adapters.sinks.pg_index import index_build_settings, progress_lines
 from adapters.sinks.pg_search import filtered_search
 from embedline.errors import FatalError, RetryableError
 from embedline.progress import PROGRESS_LOGGER
+from embedline.protocols import SinkColumns, SinkTable, UpsertResult
 
 __all__ = ["HNSW_MAX_DIMENSIONS", "PgVectorSink"]
 

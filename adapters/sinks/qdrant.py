@@ -48,9 +48,6 @@ import pyarrow as pa
 
 from adapters.sinks.base import (
     KeptColumnsCache,
-    SinkColumns,
-    SinkTable,
-    UpsertResult,
     check_compatible,
     exact_top_k,
     extra_values,
@@ -61,6 +58,7 @@ from adapters.sinks.base import (
 )
 from embedline.errors import FatalError, RetryableError
 from embedline.progress import PROGRESS_LOGGER
+from embedline.protocols import SinkColumns, SinkTable, UpsertResult
 
 __all__ = ["API_KEY_ENV", "LOCAL_MODE_ADVISED_POINTS", "POINT_NAMESPACE", "QdrantSink",
            "point_id", "point_payloads"]

@@ -202,7 +202,7 @@ def test_odd_column_names_are_filtered_exactly(
     name in backticks."""
     import pyarrow as pa
 
-    from adapters.sinks.base import SinkColumns
+    from embedline.protocols import SinkColumns
     from adapters.sinks.lancedb import LanceDBSink
     from adapters.sinks.qdrant import QdrantSink
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from adapters.object_store import LocalDirStore
-from tasks.gc import LEASE_PREFIX, LOAD_LEASE_PREFIX, collect, parse_age, plan_gc
-from tasks.lease import held_lease
+from tasks.gc import collect, parse_age, plan_gc
+from tasks.lease import LEASE_PREFIX, LOAD_LEASE_PREFIX, held_lease
 from tasks.load_lease import load_lease
 from tasks.paid import PAID_PREFIX
 from tasks.run_lease import run_lease

@@ -80,7 +80,7 @@ def test_lancedb_keep_versions_durations(text: str, seconds: float) -> None:
 
 
 def test_lancedb_keeps_columns_and_their_hash_and_refuses_other_columns(tmp_path: Path) -> None:
-    from adapters.sinks.base import SinkColumns
+    from embedline.protocols import SinkColumns
     from embedline.template import kept_sha256
 
     sink = open_sink(f"lancedb://{tmp_path}?table=docs")

@@ -1,9 +1,8 @@
-"""The sinks package: its exports, the old import paths, and a factory that checks a URI
-without importing any store."""
+"""The sinks package: its exports, and a factory that checks a URI without importing any
+store."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -20,25 +19,12 @@ from embedline.errors import InputError
 REPO = Path(__file__).resolve().parents[4]
 
 
-def test_package_exports_what_adapters_sinks_exported() -> None:
+def test_package_exports_a_closed_list() -> None:
     assert adapters.sinks.__all__ == ["DEFAULT_TABLE", "SINK_FORMAT", "check_compatible",
                                       "is_sink_uri", "open_sink", "sink_metadata",
                                       "sink_table_from_metadata", "validate_sink_uri"]
     for name in adapters.sinks.__all__:
         assert hasattr(adapters.sinks, name)
-
-
-@pytest.mark.parametrize(("old", "new", "names"), [
-    ("adapters.sink_lancedb", "adapters.sinks.lancedb", ["LanceDBSink", "DEFAULT_KEEP_VERSIONS_S"]),
-    ("adapters.sink_pgvector", "adapters.sinks.pgvector", ["PgVectorSink", "HNSW_MAX_DIMENSIONS"]),
-    ("adapters.sink_meta", "adapters.sinks.base", ["SINK_FORMAT", "check_compatible",
-                                                   "sink_metadata", "sink_table_from_metadata"]),
-    ("adapters.pg_errors", "adapters.sinks.pg_errors", ["classify", "translate", "REASONS"]),
-])
-def test_old_module_paths_name_the_same_objects(old: str, new: str, names: list[str]) -> None:
-    before, after = importlib.import_module(old), importlib.import_module(new)
-    for name in names:
-        assert getattr(before, name) is getattr(after, name)
 
 
 def test_checking_a_uri_imports_no_store() -> None:
