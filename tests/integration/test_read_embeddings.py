@@ -1,5 +1,5 @@
 """Reading a committed run back: exactly the manifest's chunks, latest run by default, S3 too,
-and the README's pandas / polars / DuckDB examples, executed as written."""
+and the guide's pandas / polars / DuckDB examples (docs/guide/reading.md), executed as written."""
 
 from __future__ import annotations
 
@@ -93,10 +93,10 @@ def test_unknown_run_is_an_input_error(two_runs) -> None:
         embedline.read_embeddings(str(cwd / "nothing-here"))
 
 
-def test_readme_examples_run_as_written(two_runs, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_guide_reading_examples_run_as_written(two_runs, monkeypatch: pytest.MonkeyPatch) -> None:
     cwd, runs = two_runs
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Reading a run back", 1)[1].split("\n## ", 1)[0]
+    guide = (REPO / "docs" / "guide" / "reading.md").read_text()
+    section = guide.split("## Reading the vectors", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 3
     monkeypatch.chdir(cwd)
@@ -104,7 +104,7 @@ def test_readme_examples_run_as_written(two_runs, monkeypatch: pytest.MonkeyPatc
     for block in blocks:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(block, "README.md", "exec"), {})  # noqa: S102 — our own README
+            exec(compile(block, "docs/guide/reading.md", "exec"), {})  # noqa: S102 — our own guide
         printed.append(out.getvalue())
     kept = [i for i, t in runs["second"][1] if t.strip()]
     assert printed[0].startswith(f"{len(kept)} ['id', 'embedding', 'text_sha256'] float32 (384,)")
