@@ -10,7 +10,7 @@ applies only ``when_supported``), but an explicit ``ChecksumSHA256`` parameter i
 as a header. Some S3-compatible stores refuse those headers (Backblaze B2: 400
 ``Unsupported header 'x-amz-checksum-sha256'``), so embedline sends ``ChecksumSHA256`` only
 when botocore would send a checksum anyway. The content stays verified either way by the
-``sha256`` user metadata checked on every read (docs/design.md §4).
+``sha256`` user metadata checked on every read (docs/reference/output-layout.md).
 """
 
 from __future__ import annotations

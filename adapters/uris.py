@@ -2,7 +2,7 @@
 
 Every place that names an object or a directory (the input, ``--output``, ``load``,
 ``search``, ``gc``, Dask workers that reopen a store from its URI, the LanceDB sink) goes
-through ``split_location``; none uses ``urllib.parse`` for it. The rules (docs/design.md §3,
+through ``split_location``; none uses ``urllib.parse`` for it. The rules (docs/reference/cli.md,
 "Names are literal"):
 
 - ``s3://BUCKET/KEY``: the key is every character after the first ``/`` following the

@@ -1,6 +1,7 @@
-"""Checks that the vectors of an answer agree with the request and the run (DESIGN §5,
-"bad response"): one numeric vector per input, all of one length, the run's length when it
-is known, every value finite. No I/O; used by the embedding clients and the chunk task.
+"""Checks that the vectors of an answer agree with the request and the run
+(docs/reference/failure-classes.md, "bad response"): one numeric vector per input, all of one
+length, the run's length when it is known, every value finite. No I/O; used by the embedding clients
+and the chunk task.
 
 Rule source: OpenAI embeddings API reference
 (https://platform.openai.com/docs/api-reference/embeddings/object): ``embedding`` is a

@@ -1,4 +1,5 @@
-"""The ``embedline`` command line (DESIGN §3, a contract): an entry point above ``flows/``.
+"""The ``embedline`` command line (docs/reference/cli.md, a contract): an entry point above
+``flows/``.
 
 One module per command group: ``run`` (run, retry-failed), ``inspect`` (status,
 dead-letters). Prefect and the adapters are imported inside the commands, so ``--help`` and

@@ -45,7 +45,7 @@ def _parsed(kind: type[int] | type[float], text: str, rule: str) -> Any:
 
 
 def usage_line(prog: str, message: str) -> str:
-    """The one line of a usage error (DESIGN §3): ``PROG: error: MESSAGE (see 'PROG
+    """The one line of a usage error (docs/reference/cli.md): ``PROG: error: MESSAGE (see 'PROG
     --help')``, for argparse's errors and for the checks made after parsing alike."""
     return f"{prog}: error: {message} (see '{prog} --help')"
 

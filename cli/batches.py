@@ -7,8 +7,8 @@ provider's create and the ledger's record) is looked for in the account's batch 
 metadata, as a run does, adopted into the ledger and cancelled too; one whose input was
 never uploaded was never created.
 
-Ends (DESIGN §3): exit 0 with one line per batch asked to cancel and a summary line, or one
-line saying there is nothing to cancel (a run without ``--batch-api``, every batch ended,
+Ends (docs/reference/cli.md): exit 0 with one line per batch asked to cancel and a summary line, or
+one line saying there is nothing to cancel (a run without ``--batch-api``, every batch ended,
 nothing ever created); exit 3 with one line naming a batch the provider does not know (404:
 another API key or account, purged; marked ``not_found`` for ``embedline status``) after
 the others were asked to cancel, or for an endpoint that refuses every connection.

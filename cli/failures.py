@@ -1,4 +1,5 @@
-"""How a command fails: the exit codes of DESIGN §3 and the one line that says what to do."""
+"""How a command fails: the exit codes of docs/reference/cli.md and the one line that says what to
+do."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     status.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     status.add_argument("--json", action="store_true",
                         help="one JSON object per run and line, for monitors (fields: "
-                             "docs/design.md, 'status --json')")
+                             "docs/reference/cli.md, 'embedline status')")
     status.set_defaults(handler=_status, resumable=False)
     dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter",
                           formatter_class=HELP_FORMATTER)
@@ -66,7 +66,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def run_status(ledger: Ledger, run: RunRecord) -> dict[str, Any]:
-    """A run's state as the ledger knows it, JSON-ready (DESIGN ``status --json``):
+    """A run's state as the ledger knows it, JSON-ready (docs/reference/cli.md, ``status --json``):
     ``run_key``, ``status`` (``crashed`` when a ``running`` run's process is gone),
     ``input``, ``input_rows``, ``output``, ``manifest_uri``, ``updated_at`` (UTC ISO-8601),
     ``rows_published``, ``dead_letters`` (rows), ``chunks`` (count per state),

@@ -1,7 +1,7 @@
 """``embedline load RUN --to URI``: load a committed run into a vector-store sink.
 
 Calls the ``load-run`` flow; each chunk with rows the sink lacks is a ``load-chunk-NNNN``
-task. Rerunning resumes: what the sink itself holds is not loaded again (DESIGN §9).
+task. Rerunning resumes: what the sink itself holds is not loaded again (docs/reference/sinks.md).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ _COMMAND_MODULES = (run, inspect, load, search, gc, batches)
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one line, ``PROG: error: MESSAGE (see 'PROG
-    --help')``, exit 2 (DESIGN §3): argparse's own prints the whole usage first, twenty
+    --help')``, exit 2 (docs/reference/cli.md): argparse's own prints the whole usage first, twenty
     lines for ``run`` above the one that says what was wrong. Subcommand parsers are of
     this class too (``add_subparsers`` makes them of the parser's own class)."""
 
@@ -122,7 +122,8 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``embedline`` console script; returns the exit code (DESIGN §3).
+    """Entry point of the ``embedline`` console script; returns the exit code
+    (docs/reference/cli.md).
 
     Ctrl-C or SIGTERM before a run dispatches chunks (planning, waiting for Prefect's
     temporary server) ends with one line and 130 or 143, after the cleanups ran (the

@@ -1,4 +1,5 @@
-"""Failure classes (DESIGN §5). Every adapter translates third-party errors into these.
+"""Failure classes (docs/reference/failure-classes.md). Every adapter translates third-party errors
+into these.
 
 ::
 

@@ -1,6 +1,6 @@
 """Content keys: SHA-256 hex digests that make every output idempotent.
 
-All keys follow ``docs/design.md`` §2 (a contract: outside checks recompute them).
+All keys follow ``docs/reference/keys.md`` (a contract: outside checks recompute them).
 
 - ``text_sha256(text)``: the exact text as read, UTF-8, no trimming.
 - ``row_key``: ``sha256("{id}\\x1f{text_sha256}\\x1f{model}\\x1f{dimensions}")``.
@@ -11,8 +11,9 @@ All keys follow ``docs/design.md`` §2 (a contract: outside checks recompute the
   ["{id}\\x1f{text_sha256}", ...]))``, built incrementally so planning never holds a chunk.
 - ``run_key``: ``sha256("\\n".join(["run.v1", input_sha256, id_column, text_column, model,
   dims, str(chunk_size)]))``; generation N >= 1 of a run (a committed run whose dead letters
-  were sent again, DESIGN §8) appends ``"g{N}"`` as a last line.
-- Documents (DESIGN §2): a run with a text template other than ``{text_column}``, kept
+  were sent again, docs/reference/output-layout.md, "Generations") appends ``"g{N}"`` as a last
+  line.
+- Documents (docs/reference/keys.md): a run with a text template other than ``{text_column}``, kept
   columns or ``--keep-text`` appends ``columns_lines`` to the run key (before ``g{N}``) and
   to the chunk key's header, and each chunk-key row line then also carries
   ``kept_sha256`` of the row's kept values. Without them the keys are exactly those above.
@@ -47,7 +48,7 @@ def _sha256(text: str) -> str:
 
 
 def dims_text(dimensions: int | None) -> str:
-    """Return ``dimensions`` as decimal text, or ``""`` when unset (DESIGN §2)."""
+    """Return ``dimensions`` as decimal text, or ``""`` when unset (docs/reference/keys.md)."""
     return "" if dimensions is None else str(int(dimensions))
 
 
@@ -95,8 +96,8 @@ def request_key(row_keys: Sequence[str]) -> str:
 def columns_lines(
     text_template: str | None, kept_columns: Sequence[str] = (), keep_text: bool = False
 ) -> list[str]:
-    """The key lines of a run's documents settings (DESIGN §2): ``template:`` and the JSON
-    of ``text_template`` (None: the plain text column, no line), ``keep:`` and the JSON list
+    """The key lines of a run's documents settings (docs/reference/keys.md): ``template:`` and the
+    JSON of ``text_template`` (None: the plain text column, no line), ``keep:`` and the JSON list
     of ``kept_columns`` (none: no line), ``keep_text`` when the text is kept. JSON so that a
     template's newlines stay inside its one line."""
     lines = []
@@ -178,9 +179,9 @@ def run_key(
     """Return the run key (64 hex chars) naming the manifest ``manifests/{run_key}.json``.
 
     ``generation`` N >= 1 names the run that supersedes generation N-1 of the same input and
-    settings by retrying its dead letters (DESIGN §8); 0 is the run itself. ``columns`` are
-    ``columns_lines`` of a run with a template, kept columns or the text kept (none: the
-    key is exactly the one of a plain run).
+    settings by retrying its dead letters (docs/reference/output-layout.md, "Generations"); 0 is the
+    run itself. ``columns`` are ``columns_lines`` of a run with a template, kept columns or the text
+    kept (none: the key is exactly the one of a plain run).
 
     :raises ValueError: ``generation`` is negative.
     """

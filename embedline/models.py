@@ -44,8 +44,8 @@ __all__ = [
 
 
 def chunk_object_key(chunk_key: str, generation: int = 0) -> str:
-    """Return the object key of a chunk under the output root (DESIGN §4, §8): generation 0
-    is ``chunks/{key}.parquet``, generation N ≥ 1 (its dead letters retried) is
+    """Return the object key of a chunk under the output root (docs/reference/output-layout.md):
+    generation 0 is ``chunks/{key}.parquet``, generation N ≥ 1 (its dead letters retried) is
     ``chunks/{key}.g{N}.parquet``."""
     if generation:
         return f"chunks/{chunk_key}.g{generation}.parquet"
@@ -76,7 +76,8 @@ def dead_letters_block_message(rows: int, run_key: str) -> str:
             "allow_failed_rows)")
 
 
-#: The dead-letter reason of an empty or whitespace-only text (never sent, DESIGN §5).
+#: The dead-letter reason of an empty or whitespace-only text (never sent,
+#: docs/reference/failure-classes.md).
 EMPTY_TEXT = "empty_text"
 
 
@@ -106,7 +107,8 @@ def committed_dead_letters_note(rows_failed: int, rows_empty: int) -> str:
 
 
 def manifest_object_key(run_key: str) -> str:
-    """Return the object key of a run's manifest under the output root (DESIGN §4)."""
+    """Return the object key of a run's manifest under the output root
+    (docs/reference/output-layout.md)."""
     return f"manifests/{run_key}.json"
 
 
@@ -132,8 +134,8 @@ class InputSource:
     newline: str = "\n"  # "\n", or "\r" for CR-only line ends
     delimiter: str = ","  # the field separator chosen (--delimiter, or sniffed)
     note: str = ""  # what format sniffing detected, for the log (empty: all defaults)
-    # documents (DESIGN §2): the text template's parts as (literal, field position; -1 for a
-    # trailing literal), empty for the plain text column; kept columns and their positions
+    # documents (docs/reference/keys.md): the text template's parts as (literal, field position; -1
+    # for a trailing literal), empty for the plain text column; kept columns and their positions
     text_parts: tuple[tuple[str, int], ...] = ()
     kept_columns: tuple[str, ...] = ()
     kept_indexes: tuple[int, ...] = ()
@@ -153,7 +155,7 @@ class InputSource:
     @property
     def extra_columns(self) -> tuple[str, ...]:
         """The columns a chunk object has after embedline's own: the kept columns, then
-        ``text`` with ``keep_text`` (DESIGN §4)."""
+        ``text`` with ``keep_text`` (docs/reference/output-layout.md)."""
         return self.kept_columns + (("text",) if self.keep_text else ())
 
 
@@ -233,7 +235,8 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class LoadDeadLetter:
-    """A row of a committed run that a sink refuses for good (DESIGN §9); never the text.
+    """A row of a committed run that a sink refuses for good (docs/reference/sinks.md); never the
+    text.
 
     ``chunk_index`` is the manifest chunk that holds it. ``reason`` is a short word
     (``id_has_nul``, ``id_too_long``, ``value_too_long``, ``untranslatable``,
@@ -340,7 +343,8 @@ class ChunkBatches:
 
 @dataclass(frozen=True, slots=True)
 class ManifestChunk:
-    """One entry of ``manifest.chunks`` (DESIGN §4): ``rows`` in the object, its SHA-256."""
+    """One entry of ``manifest.chunks`` (docs/reference/output-layout.md): ``rows`` in the object,
+    its SHA-256."""
 
     index: int
     key: str
@@ -370,7 +374,7 @@ def run_cost(tokens: int, batch_tokens: int, price_per_million: float) -> tuple[
 class RunSummary:
     """What a run did, for the CLI, the flow's final state and artifacts. Counts only.
 
-    ``exit_code`` follows DESIGN §3: 0 done, 1 incomplete, 2 input error, 3 fatal,
+    ``exit_code`` follows docs/reference/cli.md: 0 done, 1 incomplete, 2 input error, 3 fatal,
     130/143 interrupted. Rows are data records; ``wall_s`` is seconds; ``tokens`` as
     reported by the API.
     """
@@ -411,7 +415,8 @@ class RunSummary:
     changes_object: str | None = None
     changes_base: str | None = None
     load: dict[str, object] | None = None  # the LoadSummary of ``--sink``, when given
-    # a retry of a committed run's dead letters (DESIGN §8): its generation, the run it supersedes
+    # a retry of a committed run's dead letters (docs/reference/output-layout.md, "Generations"):
+    # its generation, the run it supersedes
     generation: int = 0
     supersedes: str | None = None
     rows_empty: int = 0  # empty texts skipped (--on-empty-text skip), counted in rows_failed
@@ -428,7 +433,7 @@ class RunSummary:
 
 @dataclass(slots=True)
 class LoadSummary:
-    """What loading a committed run into a sink did (DESIGN §8). Counts only, no text.
+    """What loading a committed run into a sink did (docs/reference/sinks.md). Counts only, no text.
 
     ``exit_code``: 0 loaded, 1 chunks failed to load (rerun resumes) or rows the sink refuses
     for good (``rows_failed`` load dead letters, without ``allow_failed_rows``: a rerun says
@@ -452,7 +457,8 @@ class LoadSummary:
     chunks_skipped: int = 0
     chunks_failed: int = 0
     wall_s: float = 0.0
-    rows_failed: int = 0  # load dead letters: rows the sink refuses for good (DESIGN §9)
+    # load dead letters: rows the sink refuses for good (docs/reference/sinks.md)
+    rows_failed: int = 0
     index_s: float = 0.0  # seconds the sink's index build (pgvector HNSW) or compaction took
     index_state: str = ""  # what it did: "HNSW index built", "HNSW index present", "compacted…"
     # model cutover (``--alias``): the alias, the table it now points at, and the one before

@@ -136,7 +136,8 @@ class ObjectInfo:
 
 
 class ObjectStore(Protocol):
-    """A flat key space under one output root with create-only writes (DESIGN §4)."""
+    """A flat key space under one output root with create-only writes
+    (docs/reference/output-layout.md)."""
 
     uri: str
 
@@ -216,7 +217,7 @@ class ObjectStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SinkColumns:
-    """The columns a sink table holds beside embedline's own (DESIGN §9): ``kept`` CSV
+    """The columns a sink table holds beside embedline's own (docs/reference/sinks.md): ``kept`` CSV
     columns (their names as in the CSV), and ``text`` (the embedded text) when ``text``.
 
     A table holding kept columns also holds ``kept_sha256`` (``template.kept_sha256`` of
@@ -263,7 +264,7 @@ class UpsertResult:
 
 
 class VectorSink(Protocol):
-    """A vector store table that embedline loads runs into (DESIGN §8).
+    """A vector store table that embedline loads runs into (docs/reference/sinks.md).
 
     Rows are ``id`` (unique key), ``embedding`` (``dimensions`` float32), ``text_sha256`` and
     ``run_key`` (the run that last wrote the row), then the table's ``SinkColumns`` (kept
@@ -310,7 +311,7 @@ class VectorSink(Protocol):
     def held_keys(self) -> pa.Table:
         """Return every row's ``id`` and ``text_sha256`` (strings), and ``kept_sha256`` for
         a table with kept columns, from one snapshot of the table: what the sink holds,
-        which decides every load (DESIGN §9)."""
+        which decides every load (docs/reference/sinks.md)."""
         ...
 
     def finalize(self, *, keep_versions_s: float | None = None) -> str:
@@ -346,7 +347,7 @@ class AliasState:
 
 
 class AliasSwitch(Protocol):
-    """A store's one-step switch of a stable name between its tables (DESIGN §9, model
+    """A store's one-step switch of a stable name between its tables (docs/reference/sinks.md, model
     cutover): a view replaced in one transaction (PostgreSQL), a collection alias
     (Qdrant). Readers through the name see the old table or the new one, never a mix."""
 

@@ -4,10 +4,10 @@ Pure: no I/O (sleeping is injected). Built on tenacity (``Retrying``, ``stop_aft
 ``wait_random_exponential``) so the adapter's retry loop is ``for attempt in policy:``.
 
 - Retried: ``RetryableError`` (its subclass ``RateLimitedError`` included) and
-  ``BadResponseError`` (DESIGN §5: a malformed 2xx is retried, then the chunk fails). A
-  malformed 2xx is retried at most once (``MAX_BAD_RESPONSES``): a server that answers a
-  request with a bad 200 usually answers it the same way again, and every attempt is billed.
-  ``RowError`` and ``FatalError`` are never retried.
+  ``BadResponseError`` (docs/reference/failure-classes.md: a malformed 2xx is retried, then the
+  chunk fails). A malformed 2xx is retried at most once (``MAX_BAD_RESPONSES``): a server that
+  answers a request with a bad 200 usually answers it the same way again, and every attempt is
+  billed. ``RowError`` and ``FatalError`` are never retried.
 - Wait: the server's wait when the error carries one (``retry_after_s``, parsed from
   ``retry-after-ms`` / ``Retry-After``), else full-jitter exponential backoff
   (``uniform(0, min(cap, base * 2 ** (attempt - 1)))``, AWS Architecture Blog,

@@ -161,11 +161,11 @@ class RunSettings(BaseModel):
     published under the output with the same model and dimensions instead of sending it
     (``--no-reuse`` turns it off, e.g. for a model whose weights changed under its name).
 
-    Documents (DESIGN §2, §4): ``text_template`` builds each row's text from several columns
-    (``{column}`` placeholders; None: the field of ``text_column``; a template that is one
-    placeholder ``{X}`` is stored as ``text_column`` X); ``keep_columns`` are carried beside
-    the vectors (names only here, never values; the CLI's ``A,B`` is split at commas);
-    ``keep_text`` keeps the composed text as column ``text``.
+    Documents (docs/reference/keys.md, docs/reference/output-layout.md): ``text_template`` builds
+    each row's text from several columns (``{column}`` placeholders; None: the field of
+    ``text_column``; a template that is one placeholder ``{X}`` is stored as ``text_column`` X);
+    ``keep_columns`` are carried beside the vectors (names only here, never values; the CLI's
+    ``A,B`` is split at commas); ``keep_text`` keeps the composed text as column ``text``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -208,11 +208,12 @@ class RunSettings(BaseModel):
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None
     dask_workers: int = Field(default=2, ge=1, le=256)
-    sink: str | None = None  # a vector store to load the committed run into (DESIGN §8)
+    # a vector store to load the committed run into (docs/reference/sinks.md)
+    sink: str | None = None
     # the most a commit's change set (share of the base run's rows) or a load (share of the
-    # sink's rows) may delete before it stops, exit 2 (DESIGN §9)
+    # sink's rows) may delete before it stops, exit 2 (docs/reference/sinks.md)
     max_delete_fraction: float = Field(default=0.5, ge=0, le=1, allow_inf_nan=False)
-    # Batch API mode (DESIGN §5, "Batch API mode"): the openai embedder's requests go into
+    # Batch API mode (docs/design.md, "Batch API mode"): the openai embedder's requests go into
     # batches (half price, within 24 h); polled every ``batch_poll_interval_s`` seconds at
     # most; at most ``batch_max_inputs`` inputs per batch (OpenAI: 50,000); what batches
     # leave unanswered is sent again as a batch, or synchronously with ``sync``;
@@ -370,7 +371,8 @@ class RunSettings(BaseModel):
     def request_fingerprint(self) -> str:
         """A digest of the settings that decide how a row is sent and so whether a server
         rejects it (base URL, encoding format, input-token limit and policy): a rerun whose
-        fingerprint differs retries the published dead letters (DESIGN §8)."""
+        fingerprint differs retries the published dead letters
+        (docs/reference/output-layout.md, "Generations")."""
         fields = {"embedder": self.embedder, "base_url": self.base_url,
                   "encoding_format": self.encoding_format, "on_too_long": self.on_too_long,
                   "max_input_tokens": self.max_input_tokens}

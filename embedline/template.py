@@ -2,9 +2,10 @@
 
 A template is text with ``{column}`` placeholders (``{{`` and ``}}`` are literal braces),
 e.g. ``"{title}\\n\\n{text}"``; ``--text-column X`` is the template ``{X}``. The composed
-string is "the text" everywhere (DESIGN §2): its ``text_sha256``, the row key, reuse, dedup,
-change sets, token estimates and the empty-text rule. Kept columns (``--keep-columns``) are
-carried, as the exact strings read, into chunk objects, readers and sinks (DESIGN §4, §9).
+string is "the text" everywhere (docs/reference/keys.md): its ``text_sha256``, the row key, reuse,
+dedup, change sets, token estimates and the empty-text rule. Kept columns (``--keep-columns``) are
+carried, as the exact strings read, into chunk objects, readers and sinks
+(docs/reference/output-layout.md, docs/reference/sinks.md).
 
 Pure: no I/O. Parsing is our own, not ``str.format`` (which would read ``{a.b}``, ``{a[0]}``
 and ``{a:>9}`` as attribute, index and format spec: a column name may hold any of those).
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 #: Columns every chunk object (and sink) has: a kept column may not take their names.
-#: ``run_key`` and ``kept_sha256`` are the sinks' own (DESIGN §9).
+#: ``run_key`` and ``kept_sha256`` are the sinks' own (docs/reference/sinks.md).
 RESERVED_COLUMNS = ("id", "embedding", "text_sha256", "idempotency_key", "run_key",
                     "kept_sha256")
 #: The column ``--keep-text`` adds: the composed text.
@@ -162,6 +163,6 @@ def unescape_cli(text: str) -> str:
 def kept_sha256(values: Sequence[str | None]) -> str:
     """The hex SHA-256 of a row's kept values as a JSON array (UTF-8, no ASCII escaping,
     separators ``,`` and ``:`` without spaces): the part of the chunk key and of a sink's
-    held key that a metadata-only edit changes (DESIGN §2, §9)."""
+    held key that a metadata-only edit changes (docs/reference/keys.md, docs/reference/sinks.md)."""
     body = json.dumps(list(values), ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(body.encode("utf-8")).hexdigest()

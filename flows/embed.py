@@ -2,7 +2,7 @@
 
 Each chunk task embeds its rows (reusing vectors the output already holds) and publishes one
 chunk object; the ``Dispatcher`` keeps a window of them in flight and records each outcome
-in the ledger as it arrives (DESIGN §4, §5).
+in the ledger as it arrives (docs/reference/output-layout.md, docs/reference/failure-classes.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The dispatcher's second pass: published chunks whose vectors are not the run's length.
 
 Orchestration only (the rule is ``tasks/dimensions.py``). After the first pass the run knows
-its length (DESIGN §5): the chunks of another length, published before the first answer was
-seen or by an older run whose server answered another length, are embedded again as their
-next generation (``chunks/{key}.g{N}.parquet``, DESIGN §8), each told the length, so a run
+its length (docs/reference/failure-classes.md): the chunks of another length, published before the
+first answer was seen or by an older run whose server answered another length, are embedded again as
+their next generation (``chunks/{key}.g{N}.parquet``,
+docs/reference/output-layout.md, "Generations"), each told the length, so a run
 commits one length or nothing.
 """
 

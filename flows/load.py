@@ -1,4 +1,5 @@
-"""The load stage: a committed run → a vector-store sink, resumable chunk by chunk (DESIGN §8).
+"""The load stage: a committed run → a vector-store sink, resumable chunk by chunk
+(docs/reference/sinks.md, "Loading").
 
 Runs after the manifest commit inside ``embed-csv`` (``embedline run … --sink URI``) and as
 its own flow ``load-run`` (``embedline load RUN --to URI``). Orchestration only:

@@ -1,6 +1,6 @@
 """The progress feed of a run: the CLI's bar or lines and the Prefect progress artifact,
-fed from the dispatcher's results with the same numbers (DESIGN §7, "Progress"), and, while
-the Batch API stage waits, with the run's batches by status."""
+fed from the dispatcher's results with the same numbers (docs/reference/prefect.md, "Artifacts and
+progress"), and, while the Batch API stage waits, with the run's batches by status."""
 
 from __future__ import annotations
 

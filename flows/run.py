@@ -1,7 +1,8 @@
 """``Run``: one run of the pipeline, the object that holds its state from plan to commit.
 
 Both the ``embed-csv`` flow and the CLI's path without Prefect (nothing to embed) drive a
-run through the same steps, in the same order (DESIGN §4):
+run through the same steps, in the same order (docs/design.md, "Layers"; the commit:
+docs/reference/output-layout.md):
 
     open (plan, resolve the target) → record (ledger) → check the store (conditional
     writes) → lease (the flow; the CLI's path leases only to conclude) → work left
@@ -120,7 +121,7 @@ class Run:
 
     @property
     def run_key(self) -> str:
-        """The run's key (64 hex characters, DESIGN §2)."""
+        """The run's key (64 hex characters, docs/reference/keys.md)."""
         return self.target.run_key
 
     @property
@@ -132,7 +133,7 @@ class Run:
     @staticmethod
     def refused(exit_code: int, status: str, message: str, **fields: Any) -> RunSummary:
         """The summary of a run that never started (invalid parameters, no API key, an
-        input error): ``exit_code`` per DESIGN §3, no run key."""
+        input error): ``exit_code`` per docs/reference/cli.md, no run key."""
         return RunSummary(exit_code, status, message, **fields)
 
     def summary(self, base: RunSummary | None = None, **changes: Any) -> RunSummary:
@@ -169,7 +170,8 @@ class Run:
         return functools.partial(record_hard_stop, self.settings.ledger, self.run_key)
 
     def open_ledger(self) -> Ledger:
-        """Open the run's ledger (``settings.ledger``; SQLite, DESIGN §6) for ``recorded``.
+        """Open the run's ledger (``settings.ledger``; SQLite, docs/reference/ledger.md) for
+        ``recorded``.
 
         :raises DiskFullError: the ledger's filesystem is full (exit 1, nothing started).
         :raises OSError, sqlite3.Error: the ledger cannot be opened.
@@ -235,8 +237,9 @@ class Run:
 
     # ── work left ────────────────────────────────────────────────────────────────────────
     def check_store(self) -> RunSummary | None:
-        """Check once per process that the store refuses to overwrite (DESIGN §4); the
-        finished ``fatal`` summary if it does not (and that is not allowed), else None."""
+        """Check once per process that the store refuses to overwrite
+        (docs/reference/output-layout.md); the finished ``fatal`` summary if it does not (and that
+        is not allowed), else None."""
         from tasks.publish import ensure_conditional_writes
 
         try:
@@ -251,8 +254,9 @@ class Run:
 
     def work_left(self) -> Work | RunSummary:
         """The chunks published before (ledger, else the store), the dead letters this run
-        retries (DESIGN §8) and the chunks left to embed; or the finished ``fatal`` summary
-        of an object at a chunk's key that is something else (exit 3)."""
+        retries (docs/reference/output-layout.md, "Generations") and the chunks left to embed; or
+        the finished ``fatal`` summary of an object at a chunk's key that is something else (exit
+        3)."""
         settings, ledger = self.settings, self._ledger()
         try:
             skipped = find_published(self.plan, run_key=self.run_key, ledger=ledger,
@@ -282,8 +286,8 @@ class Run:
     def _supersede(self, skipped: dict[int, ChunkOutcome]) -> list[ChunkSpec]:
         """Published chunks whose dead letters this run retries (``retries_dead_letters``):
         taken out of ``skipped``, reopened in the ledger, and returned as specs of their next
-        generation (DESIGN §8), whose rows are reused from the published object but for the
-        dead letters. Empty texts are never retried."""
+        generation (docs/reference/output-layout.md, "Generations"), whose rows are reused from the
+        published object but for the dead letters. Empty texts are never retried."""
         specs = []
         for index, outcome in sorted(skipped.items()):
             if retries_dead_letters(self.store, outcome, self.settings):

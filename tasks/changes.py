@@ -1,13 +1,13 @@
 """Change sets: what a committed run added, changed and removed relative to the run before it.
 
-``changes/{run_key}.parquet`` (DESIGN §4, a contract) has columns ``id`` (string), ``change``
-(string: ``added``, ``changed`` or ``removed``), ``text_sha256`` (string: the new text's
-hash for added/changed ids, the old one for removed ids) and ``text_changed`` (bool: True
+``changes/{run_key}.parquet`` (docs/reference/output-layout.md, a contract) has columns ``id``
+(string), ``change`` (string: ``added``, ``changed`` or ``removed``), ``text_sha256`` (string: the
+new text's hash for added/changed ids, the old one for removed ids) and ``text_changed`` (bool: True
 when the text changed, False when only kept columns did, null for added and removed),
 sorted by id. Unchanged ids are only counted. An id whose text is the same but whose kept
-values differ is ``changed`` (its vector is reused, not sent again: DESIGN §8). The base
-is ``latest_manifest`` over the same output root and dataset (columns, template, kept
-columns, model, dimensions) at the moment of committing (named in the manifest as
+values differ is ``changed`` (its vector is reused, not sent again: docs/design.md, "Reuse by
+content"). The base is ``latest_manifest`` over the same output root and dataset (columns, template,
+kept columns, model, dimensions) at the moment of committing (named in the manifest as
 ``changes.base_run_key``), so a consumer that applied exactly that run can apply this one.
 
 Only ids with a vector count: an id that became a dead letter is ``removed``.

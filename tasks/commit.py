@@ -106,8 +106,9 @@ def commit_run(
 ) -> Committed:
     """Write the change set against the latest committed run of the same dataset
     (``tasks.manifest.dataset_key``: columns, template, kept columns, model, dimensions;
-    DESIGN §4), then the manifest
-    (of ``generation``, superseding the committed run ``supersedes``: DESIGN §8).
+    docs/reference/output-layout.md), then the manifest
+    (of ``generation``, superseding the committed run ``supersedes``:
+    docs/reference/output-layout.md, "Generations").
 
     :raises ConflictError: the change-set or manifest key holds something else.
     :raises MassDeleteError: the change set removes more than ``max_delete_fraction`` of the
@@ -160,8 +161,8 @@ def ledger_catches_up(ledger_path: str | os.PathLike[str], manifest: dict[str, A
     """Record in the ledger at ``ledger_path`` that the run of ``manifest`` (found in the
     store at ``uri``) is ``complete``, with its counts, if the ledger says otherwise.
 
-    The manifest's PUT is the commit point (DESIGN §4) and the ledger's write comes after
-    it: a process killed, or stopped by a second signal, between the two left the run
+    The manifest's PUT is the commit point (docs/reference/output-layout.md) and the ledger's write
+    comes after it: a process killed, or stopped by a second signal, between the two left the run
     ``running`` or ``interrupted`` and its dead letters uncounted, so ``status`` and
     ``load`` (which loads the ledger's last complete run) disagreed with the store. A rerun
     that finds the manifest calls this. Returns True if the ledger changed; a missing or

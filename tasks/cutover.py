@@ -1,5 +1,5 @@
-"""Model cutover without downtime (DESIGN §9): each model's run goes into a table of its own,
-is checked, and only then a stable name (an alias) is switched to it in one step.
+"""Model cutover without downtime (docs/reference/sinks.md): each model's run goes into a table of
+its own, is checked, and only then a stable name (an alias) is switched to it in one step.
 
 ``embedline load RUN --to URI --alias NAME``: the run is loaded (the ordinary load, which
 resumes and converges) into ``alias_table(NAME, model, dimensions)``; ``check_loaded``

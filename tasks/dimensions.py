@@ -1,6 +1,7 @@
-"""The run's vector length, and the published chunks that disagree with it (DESIGN §5, "bad
-response"; §4: every vector of a committed run has the manifest's ``dimensions``). No
-Prefect here: the flow, ``embedline run``'s commit without Prefect and ``commit_run`` use it.
+"""The run's vector length, and the published chunks that disagree with it
+(docs/reference/failure-classes.md, "The run's vector length"; docs/reference/output-layout.md:
+every vector of a committed run has the manifest's ``dimensions``). No Prefect here: the flow,
+``embedline run``'s commit without Prefect and ``commit_run`` use it.
 
 The run's length is ``--dimensions`` when given (or the ``dimensions`` of the committed run
 a generation supersedes); else the length of the first chunk this run publishes with
@@ -10,7 +11,8 @@ older object holds); else, when the run sends nothing, the length most published
 (chunk tasks on Dask workers share no memory), and until it knows one each chunk learns it
 from its first answer. Published chunks of another length (an older night's objects, or
 chunks that ran before the first answer was seen) are embedded again in the same run as
-their next generation (``chunks/{key}.g{N}.parquet``, DESIGN §8); never committed.
+their next generation (``chunks/{key}.g{N}.parquet``,
+docs/reference/output-layout.md, "Generations"); never committed.
 """
 
 from __future__ import annotations

@@ -262,8 +262,9 @@ def embed_rows(
     ``client`` is None when there is nothing to send (every row of the chunk reused).
 
     Empty or whitespace-only texts are never sent: they become ``empty_text`` dead letters
-    (DESIGN §5). A batch answered with a row-permanent error (400/413/422) is bisected until
-    the rejected rows are isolated; they become dead letters, the rest are embedded.
+    (docs/reference/failure-classes.md). A batch answered with a row-permanent error (400/413/422)
+    is bisected until the rejected rows are isolated; they become dead letters, the rest are
+    embedded.
 
     Texts over ``max_input_tokens`` (None: no limit, e.g. the local model, which truncates
     itself): with ``on_too_long="dead-letter"`` a text whose *lenient* estimate
@@ -276,7 +277,8 @@ def embed_rows(
 
     Every vector has the run's length: ``expect_dimensions`` when given (the flow knows it
     from chunks published before), else ``dimensions``, else the first answer's length; an
-    answer of another length is a bad response (retried once by the client, DESIGN §5).
+    answer of another length is a bad response (retried once by the client,
+    docs/reference/failure-classes.md).
 
     Every error raised carries the chunk's ``requests`` and ``tokens`` so far. With
     ``paid``, each successful request's vectors are kept there as soon as it answers

@@ -1,8 +1,8 @@
 """The Prefect events a run and a load emit, for automations and downstream deployments.
 
 ``embedline.run.committed`` fires once when a run's manifest is written (the commit point,
-DESIGN §4); ``embedline.load.completed`` when a load into a sink finished with exit 0. Both
-carry counts only (no text, no kept-column values, no secrets: sink URIs never hold a
+docs/reference/output-layout.md); ``embedline.load.completed`` when a load into a sink finished with
+exit 0. Both carry counts only (no text, no kept-column values, no secrets: sink URIs never hold a
 password, ``settings._sink_has_no_password``). Emitted inside a flow run, Prefect's events
 worker adds the flow run, flow and deployment as related resources
 (``prefect.events.related.related_resources_from_run_context``), so an automation or a
@@ -79,7 +79,8 @@ def _commit_event_id(event: str, summary: RunSummary) -> uuid.UUID:
     to the same output (two identical commands at once both end ``complete``, and each
     sent the event), so the Prefect server stores it once and automations act once (it
     drops an event id it has seen: ``prefect.server.events`` storage and causal ordering).
-    A new generation of the run (its dead letters retried, DESIGN §8) is a new commit."""
+    A new generation of the run (its dead letters retried,
+    docs/reference/output-layout.md, "Generations") is a new commit."""
     seed = json.dumps([event, summary.run_key, str(summary.output), summary.generation])
     return uuid.uuid5(uuid.NAMESPACE_URL, seed)
 

@@ -1,6 +1,6 @@
 """Retention: delete what no kept run needs from an output root (``embedline gc``).
 
-Policy (DESIGN §4, "Retention"):
+Policy (docs/reference/output-layout.md, "Retention"):
 
 - **Manifests**, per dataset: the manifests that share ``dataset_key`` (input columns,
   model, dimensions and whatever else the manifest records of the input's shape,

@@ -1,5 +1,5 @@
 """Leases: objects in the output store that tell gc what a run or a load in progress needs
-(DESIGN §8, "Retention"). One helper, ``held_lease``, for both kinds.
+(docs/reference/output-layout.md, "Leases"). One helper, ``held_lease``, for both kinds.
 
 A lease is written before its holder reads or writes anything gc could delete, and deleted
 when it ends, whatever the outcome. Key::

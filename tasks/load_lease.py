@@ -1,4 +1,5 @@
-"""The load's lease: what gc must keep while a load reads a run (DESIGN §8, "Retention").
+"""The load's lease: what gc must keep while a load reads a run (docs/reference/output-layout.md,
+"Leases").
 
 A load (``flows/load.py`` ``load_stage``: ``embedline load`` and ``embedline run --sink``)
 holds one lease (``tasks.lease.held_lease``, key ``_embedline/loads/…``) for its whole

@@ -1,8 +1,8 @@
 """The run manifest: written once, last, by conditional create. It is the commit point.
 
-Format ``embedline.manifest.v2`` (DESIGN §4, a contract), a superset of v1 (still read
-everywhere): ``rows_published + rows_failed == input.rows``; ``chunks[].rows`` counts rows
-in each object; ``chunks[].sha256`` is of the object's bytes; ``dimensions`` is the vectors'
+Format ``embedline.manifest.v2`` (docs/reference/output-layout.md, a contract), a superset of v1
+(still read everywhere): ``rows_published + rows_failed == input.rows``; ``chunks[].rows`` counts
+rows in each object; ``chunks[].sha256`` is of the object's bytes; ``dimensions`` is the vectors'
 actual length; ``changes`` names the run's change set (``tasks/changes.py``) and its counts;
 ``created_at`` is UTC with microseconds (v1: seconds).
 """
@@ -61,7 +61,8 @@ def build_manifest(
     ``changes`` is ``ChangeCounts.to_dict()`` (object key, sha256, base run key, counts).
     ``dead_letters`` counts the run's dead letters by reason; ``request_settings`` is
     ``RunSettings.request_fingerprint``; ``generation``/``supersedes`` name the committed
-    run whose dead letters this one retried (DESIGN §8; 0/None for a first commit).
+    run whose dead letters this one retried (docs/reference/output-layout.md, "Generations"; 0/None
+    for a first commit).
 
     :raises ValueError: the counts do not add up to the input's rows.
     """
@@ -162,7 +163,8 @@ def created_at(manifest: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(str(manifest["created_at"]).replace("Z", "+00:00"))
 
 
-#: What makes runs one dataset (DESIGN §4 "Base of a change set"; §8 "Retention"): the input
+#: What makes runs one dataset (docs/reference/output-layout.md, "Change sets",
+#: "Retention"): the input
 #: columns read, how the text is built and what is kept, the model and the vector length.
 #: Fields a manifest does not record (older formats) count as None.
 DATASET_FIELDS = ("id_column", "text_column", "text_template", "keep_columns", "kept_columns",
@@ -186,8 +188,9 @@ def dataset_key(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def extra_columns(manifest: dict[str, Any]) -> tuple[str, ...]:
-    """The columns the run's chunk objects hold after embedline's own (DESIGN §4): its kept
-    columns, then ``text`` when it kept the text (none for older manifests)."""
+    """The columns the run's chunk objects hold after embedline's own
+    (docs/reference/output-layout.md): its kept columns, then ``text`` when it kept the text (none
+    for older manifests)."""
     kept = tuple(str(c) for c in manifest.get("kept_columns") or ())
     return kept + ((TEXT_COLUMN,) if manifest.get("keep_text") else ())
 
@@ -206,8 +209,8 @@ def latest_manifest(
     matching every criterion given (None matches anything); None if there is none.
     ``dataset`` (a ``dataset_key``) matches only manifests of that dataset.
 
-    This is "the previous committed run" of a change set (DESIGN §4) and the default run
-    of readers. Lists ``manifests/`` and reads each (small JSON objects).
+    This is "the previous committed run" of a change set (docs/reference/output-layout.md) and the
+    default run of readers. Lists ``manifests/`` and reads each (small JSON objects).
     """
     wanted = {"id_column": id_column, "text_column": text_column, "model": model,
               "dimensions": dimensions}

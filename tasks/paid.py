@@ -16,12 +16,13 @@ window costs the last request again; a failure raised inside it does not::
     _embedline/paid/{run_key}/{chunk_name}/{request_key}.parquet
 
 ``chunk_name`` is the chunk object's name without ``chunks/`` and ``.parquet`` (the chunk key,
-``….g{N}`` for a later generation). Columns: ``row_key`` (the row's idempotency key, DESIGN
-§2), ``text_sha256`` ("" when the writer did not give it) and ``embedding`` (float32, fixed
-size); schema metadata ``embedline.paid`` holds ``{"tokens", "request_key", "dimensions"}``.
+``….g{N}`` for a later generation). Columns: ``row_key`` (the row's idempotency key,
+docs/reference/keys.md), ``text_sha256`` ("" when the writer did not give it) and ``embedding``
+(float32, fixed size); schema metadata ``embedline.paid`` holds
+``{"tokens", "request_key", "dimensions"}``.
 
-Lifecycle (DESIGN §4, "Paid requests"): written by the chunk task after each successful
-request but the last (that one only if the chunk then fails); read by the same chunk's
+Lifecycle (docs/reference/output-layout.md, "Paid requests"): written by the chunk task after each
+successful request but the last (that one only if the chunk then fails); read by the same chunk's
 next attempt (a Prefect retry, a resumed run: same run key) and by chunks waiting on it as
 the in-run dedup owner; deleted by ``clear`` once the
 chunk object is published; abandoned ones (their run has no live lease and they are older
@@ -116,7 +117,7 @@ class PaidRequests:
     """Vectors of requests already paid for, kept until the chunk publishes.
 
     One instance per chunk attempt; cheap to build (no I/O until a method needs it).
-    ``run_key`` is the run's key (64 hex, DESIGN §2), ``chunk_key`` the chunk's name
+    ``run_key`` is the run's key (64 hex, docs/reference/keys.md), ``chunk_key`` the chunk's name
     (``chunk_name(spec.object_key)``). Not thread-safe: one chunk task uses it.
     """
 

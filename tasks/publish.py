@@ -1,7 +1,7 @@
 """Publish a chunk: one Parquet object per chunk, created once under its content key.
 
-Object layout (DESIGN §4): columns ``id`` (string), ``embedding`` (fixed-size list of
-float32, length = dimensions), ``text_sha256`` (string), ``idempotency_key`` (string), then
+Object layout (docs/reference/output-layout.md): columns ``id`` (string), ``embedding`` (fixed-size
+list of float32, length = dimensions), ``text_sha256`` (string), ``idempotency_key`` (string), then
 the kept columns under their CSV names and, with ``--keep-text``, ``text`` (strings, exactly
 as read or composed); rows in input order, dead letters left out. The Parquet key-value metadata carries the chunk key,
 model, dimensions, row counts and dead letters (row, id, reason, HTTP status; never text), so
@@ -129,7 +129,8 @@ def chunk_parquet_columns(
         "dead_letters": [d.to_dict() for d in dead_letters],
         "rows_xor": rows_xor or rows_fingerprint(row_keys),
     }
-    if dead_letters and request_settings:  # what a rerun compares (DESIGN §8)
+    # what a rerun compares (docs/reference/output-layout.md, "Generations")
+    if dead_letters and request_settings:
         meta["request_settings"] = request_settings
     if rows_sent is not None:
         meta["rows_sent"] = rows_sent
@@ -170,7 +171,7 @@ def reusing_pool() -> pa.MemoryPool:
 
 def rows_fingerprint(row_keys: Sequence[str] | pa.Array) -> str:
     """An order-free fingerprint of a set of rows: the XOR of the first 8 bytes of their
-    row keys (DESIGN §2: a row key hashes the id and the text's hash, for one model and
+    row keys (docs/reference/keys.md: a row key hashes the id and the text's hash, for one model and
     requested dimensions), 16 hex digits; XORs of chunks combine into a run's. Two runs of
     the same dataset whose fingerprints and row counts agree hold the same (id, text)
     pairs but for a 2^-64 chance: the commit then skips reading every row for the change
@@ -200,7 +201,7 @@ def _strings(values: Sequence[str] | pa.Array) -> pa.Array:
 def _embedding_column(flat: pa.Array, dimensions: int) -> pa.Array:
     """Fixed-size lists of ``dimensions`` float32. A 0-row chunk whose length nobody knows
     (every text empty, no ``--dimensions``, nothing embedded yet) gets a variable-size list:
-    Arrow has no fixed-size list of length 0 (DESIGN §4)."""
+    Arrow has no fixed-size list of length 0 (docs/reference/output-layout.md)."""
     if dimensions > 0:
         return pa.FixedSizeListArray.from_arrays(flat, dimensions)
     return pa.array([], type=pa.list_(pa.float32()))

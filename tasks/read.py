@@ -1,4 +1,5 @@
-"""Read a committed run back: exactly the chunk objects its manifest lists (DESIGN §4, §8).
+"""Read a committed run back: exactly the chunk objects its manifest lists
+(docs/reference/sinks.md, "Reading").
 
 ``pd.read_parquet("out/chunks")`` mixes every run that ever wrote to the output root (chunks
 are content-addressed and shared); the manifest is the only list of one run's objects.
@@ -112,7 +113,8 @@ def read_embeddings_arrow(output: str, run: str | None = None) -> pa.Table:
     """
     store = open_store(output)
     manifest = resolve_run(store, run)
-    # a 0-row chunk may carry a variable-size embedding list (DESIGN §4): nothing to add
+    # a 0-row chunk may carry a variable-size embedding list (docs/reference/output-layout.md):
+    # nothing to add
     tables = [t for _, t in chunk_tables(store, manifest) if t.num_rows]
     dims = int(manifest["dimensions"])
     schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32(), dims)),

@@ -149,8 +149,8 @@ def take_reused(
 ) -> Reused:
     """Wait for the in-run owners ``plan.sources`` name and read the planned rows' vectors
     from their objects; rows not found are left out, and so are rows of an object whose
-    vectors are not ``dimensions`` long (the run's length, when known, DESIGN §5). All are
-    counted as deduplicated.
+    vectors are not ``dimensions`` long (the run's length, when known,
+    docs/reference/failure-classes.md). All are counted as deduplicated.
 
     With ``run_key``, an in-run owner whose object does not come (it failed, or the wait
     ran out) hands over the requests it kept (``tasks/paid.py``): its rows are taken from

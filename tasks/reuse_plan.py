@@ -2,7 +2,7 @@
 
 Input: the text hashes planning spilled per row (``adapters.row_facts``: 64-bit prefix,
 chunk, position; empty texts left out) for the chunks this run embeds. For each row, in
-this order of preference (DESIGN §8):
+this order of preference (docs/design.md, "Reuse by content"):
 
 1. an object of an earlier run that holds its text (the ledger's reuse index, by output,
    model and requested dimensions; the newest object wins, so a night's sources are one

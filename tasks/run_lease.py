@@ -1,5 +1,5 @@
 """The run's lease: what gc must keep while a run embeds, publishes, commits and loads
-(DESIGN §8, "Retention").
+(docs/reference/output-layout.md, "Leases").
 
 A run (``flows/run.py`` ``Run.leased``) holds one lease (``tasks.lease.held_lease``, key
 ``_embedline/runs/…``) from before it looks for published chunks until it ends (its load

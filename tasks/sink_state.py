@@ -1,4 +1,5 @@
-"""What a sink holds against what a run contains: the record every load decides by (DESIGN §9).
+"""What a sink holds against what a run contains: the record every load decides by
+(docs/reference/sinks.md).
 
 The sink's own rows are the record: each row's ``id`` and ``text_sha256`` (written in the
 same transaction, or LanceDB commit, as its vector), and in a table with kept columns each

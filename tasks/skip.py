@@ -31,9 +31,9 @@ def find_published(
     """Return the chunks already published under ``store``, by index, without embedding.
 
     The ledger answers first; a chunk it does not know is looked up in the store (HEAD), so
-    a rerun with a fresh ledger still skips published chunks (DESIGN §4). Objects found only
-    in the store are recorded in the ledger. A chunk with retryable dead letters is
-    described by its newest generation (DESIGN §8).
+    a rerun with a fresh ledger still skips published chunks (docs/reference/output-layout.md).
+    Objects found only in the store are recorded in the ledger. A chunk with retryable dead letters
+    is described by its newest generation (docs/reference/output-layout.md, "Generations").
 
     :raises ConflictError: an object at a chunk's key is not that chunk.
     """
@@ -71,9 +71,10 @@ def find_published(
 def _newest_generation(
     store: ObjectStore, spec: ChunkSpec, outcome: ChunkOutcome, model: str
 ) -> ChunkOutcome:
-    """The outcome of the newest generation of ``spec`` in the store (DESIGN §8): a chunk
-    whose dead letters were retried has ``….g1.parquet``, ``….g2.parquet``, …; one ``HEAD``
-    per generation, only for chunks with retryable dead letters."""
+    """The outcome of the newest generation of ``spec`` in the store
+    (docs/reference/output-layout.md, "Generations"): a chunk whose dead letters were retried has
+    ``….g1.parquet``, ``….g2.parquet``, …; one ``HEAD`` per generation, only for chunks with
+    retryable dead letters."""
     generation = chunk_generation(outcome.object_key)
     while store.head_sha256(replace(spec, generation=generation + 1).object_key) is not None:
         generation += 1
@@ -83,9 +84,10 @@ def _newest_generation(
 
 
 def retries_dead_letters(store: ObjectStore, outcome: ChunkOutcome, settings: RunSettings) -> bool:
-    """Should this run send a published chunk's dead letters again (DESIGN §8)? Only those
-    of kind rejected/too_long/server_error, and only with ``--retry-dead-letters`` or when
-    the object's dead letters were made under other request settings (one GET)."""
+    """Should this run send a published chunk's dead letters again (docs/reference/output-layout.md,
+    "Generations")? Only those of kind rejected/too_long/server_error, and only with
+    ``--retry-dead-letters`` or when the object's dead letters were made under other request
+    settings (one GET)."""
     if not any(d.reason in RETRYABLE_DEAD_LETTERS for d in outcome.dead_letters):
         return False
     if settings.retry_dead_letters:

@@ -1,10 +1,10 @@
 """Which run a command works on: a run, or the next generation of a committed one.
 
 A committed run is final under its run key, but its dead letters of kind ``rejected``,
-``too_long`` or ``server_error`` are not final forever (DESIGN §8). Retrying them commits a
-new run, *generation* N+1, whose run key is the same inputs plus ``g{N+1}``
-(``keys.run_key(..., generation=N+1)``) and whose manifest says ``supersedes``: every
-reader, sink and ``gc`` treats it as the next committed run over the same input, and no
+``too_long`` or ``server_error`` are not final forever (docs/reference/output-layout.md,
+"Generations"). Retrying them commits a new run, *generation* N+1, whose run key is the same inputs
+plus ``g{N+1}`` (``keys.run_key(..., generation=N+1)``) and whose manifest says ``supersedes``:
+every reader, sink and ``gc`` treats it as the next committed run over the same input, and no
 object is ever overwritten. No Prefect here: ``embedline run`` asks before starting it.
 """
 
@@ -39,7 +39,8 @@ class RunTarget:
 
 
 def retries_committed(manifest: dict[str, Any], settings: RunSettings) -> bool:
-    """Should this command retry the dead letters of a committed run (DESIGN §8)?
+    """Should this command retry the dead letters of a committed run
+    (docs/reference/output-layout.md, "Generations")?
 
     Only when the manifest has dead letters of a retryable kind (a manifest without the
     ``dead_letters`` counts: any failed row), and ``--retry-dead-letters`` is set or the

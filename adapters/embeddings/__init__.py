@@ -2,11 +2,11 @@
 embedded local model (all-MiniLM-L6-v2 on onnxruntime, ``adapters.minilm``, 384 dimensions).
 
 Both satisfy ``embedline.protocols.EmbeddingClient``. The HTTP client retries and classifies
-every failure into the classes of DESIGN §5 (``classify``, ``classify_transport_error``);
-callers see only embedline errors. It paces its requests under ``--rpm``/``--tpm``
-(``adapters.rate_limit``), stops sending for good after a fatal answer, and never sleeps a
-server wait above ``max_wait_s`` inside a task (``RetryLaterError``). Nothing here logs or
-raises with input text, vectors, the API key or the ``Idempotency-Key`` value. This package
+every failure into the classes of docs/reference/failure-classes.md (``classify``,
+``classify_transport_error``); callers see only embedline errors. It paces its requests under
+``--rpm``/``--tpm`` (``adapters.rate_limit``), stops sending for good after a fatal answer, and
+never sleeps a server wait above ``max_wait_s`` inside a task (``RetryLaterError``). Nothing here
+logs or raises with input text, vectors, the API key or the ``Idempotency-Key`` value. This package
 never imports prefect, and never imports torch (the local model runs without it).
 
 One module per concern; imports go down this list, never up:

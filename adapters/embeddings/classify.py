@@ -1,5 +1,5 @@
-"""HTTP failure classification for OpenAI-compatible servers (DESIGN §5): every answer and
-every transport failure becomes one embedline error, most specific first.
+"""HTTP failure classification for OpenAI-compatible servers (docs/reference/failure-classes.md):
+every answer and every transport failure becomes one embedline error, most specific first.
 
 Error bodies are read in the shapes of the server families seen in the field: OpenAI
 (``{"error": {"code", "type", "message", "param"}}``), vLLM (``{"object": "error",

@@ -1,5 +1,6 @@
 """Decoding an embeddings answer: the JSON body, then ``data[]`` into a float32 matrix in
-request order, checked against the request (DESIGN §5, "bad response"). No I/O.
+request order, checked against the request (docs/reference/failure-classes.md, "bad response"). No
+I/O.
 
 Rule source: OpenAI embeddings API reference
 (https://platform.openai.com/docs/api-reference/embeddings/object): ``data[].index``,

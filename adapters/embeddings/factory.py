@@ -1,6 +1,6 @@
 """The process-wide factory: one shared embedding client per distinct configuration, so
 every chunk task of a process shares one concurrency limit, one RPM/TPM pacer, one 429
-pause and one fatal latch (DESIGN §6).
+pause and one fatal latch (docs/design.md, "Layers").
 """
 
 from __future__ import annotations

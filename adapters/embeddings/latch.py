@@ -1,6 +1,7 @@
 """The fatal latch and circuit breaker of one embedding client: once a fatal answer (or an
 endpoint that refuses every connection) is seen, the client sends nothing more, from any
-thread, and every later call raises an equivalent error at once (DESIGN §5, "fatal").
+thread, and every later call raises an equivalent error at once (docs/reference/failure-classes.md,
+"fatal").
 """
 
 from __future__ import annotations

@@ -16,15 +16,16 @@ Tables:
 - ``objects``: one row per published object URI, content-addressed: chunk key, SHA-256, rows,
   dead-letter count. A chunk whose object URI is here is published for every run.
 - ``dead_letters``: per chunk key and 0-based row within the chunk: id, reason, HTTP status,
-  attempts. Dead letters are final for that content (DESIGN §4).
+  attempts. Dead letters are final for that content (docs/reference/output-layout.md,
+  "Generations").
 - ``sink_loads`` (migration ``0004_sinks``): one row per (sink, run key) load: ``loading`` or
   ``loaded``, mode (``replace`` or ``changes``), rows upserted and deleted.
 - ``batches`` (migration ``0007_batches``): one row per Batch API batch of a run's chunk
   (``adapters/ledger/batches.py``): written before and after its create.
 - ``sink_chunks``: one row per chunk of a run loaded into a sink (written after the sink's
   transaction committed). Both are a cache of what loads did: what a sink holds is decided
-  by the sink's own rows (DESIGN §9, ``tasks/sink_state.py``), never by these tables.
-- ``reuse_objects`` / ``reuse_buckets`` (the reuse index, DESIGN §8, migration
+  by the sink's own rows (docs/reference/sinks.md, ``tasks/sink_state.py``), never by these tables.
+- ``reuse_objects`` / ``reuse_buckets`` (the reuse index, docs/reference/ledger.md, migration
   ``0011_reuse_buckets``): which chunk objects under which output root hold a vector for
   which text, and at which row, by (output URI, model, requested dimensions as in the row
   key: "" or decimal): per object and hash bucket, the texts' 64-bit hash prefixes and row

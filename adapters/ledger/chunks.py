@@ -136,7 +136,7 @@ class ChunkTable(LedgerBase):
         """Record chunk ``spec`` as published: its object, and its dead letters, atomically.
 
         The dead letters replace those recorded for the chunk's content: a later generation
-        (DESIGN §8) supersedes the earlier one's."""
+        (docs/reference/output-layout.md, "Generations") supersedes the earlier one's."""
         now = now_iso()
         with self.atomic() as db:
             db.execute(

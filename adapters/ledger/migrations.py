@@ -127,7 +127,7 @@ MIGRATIONS += (
 
 MIGRATIONS += (
     (
-        # Rows a sink refuses for good (DESIGN §9): load dead letters, listed by
+        # Rows a sink refuses for good (docs/reference/sinks.md): load dead letters, listed by
         # ``embedline dead-letters RUN --sink URI``; written with the chunk's load record.
         "0006_sink_dead_letters",
         """
@@ -147,8 +147,8 @@ MIGRATIONS += (
 
 MIGRATIONS += (
     (
-        # Batch API mode (DESIGN §6, ``adapters/ledger/batches.py``): one row per batch a
-        # chunk of a run submitted, written before its create (state ``creating``) and
+        # Batch API mode (docs/reference/ledger.md, ``adapters/ledger/batches.py``): one row per
+        # batch a chunk of a run submitted, written before its create (state ``creating``) and
         # after it (``submitted``, with the provider's id), so a crash or a failed create is
         # adopted from the provider's list instead of submitted again.
         "0007_batches",
@@ -202,7 +202,7 @@ MIGRATIONS += (
 
 MIGRATIONS += (
     (
-        # What each batch carried (DESIGN §6): its requests as ``[[custom_id, [row
+        # What each batch carried (docs/reference/ledger.md): its requests as ``[[custom_id, [row
         # positions]], ...]`` JSON, written with the part before its create, because a rerun
         # overwrites the run's settings: derived from them, a rerun with another
         # --batch-size or --batch-max-inputs matches no answer ("… texts have no answer")
@@ -215,7 +215,7 @@ MIGRATIONS += (
 
 MIGRATIONS += (
     (
-        # The reuse index as hash buckets (DESIGN §8): one row per (object, bucket)
+        # The reuse index as hash buckets (docs/reference/ledger.md): one row per (object, bucket)
         # holding the 64-bit prefixes of its texts' SHA-256s and their row positions, so a
         # run joins all its texts against the index bucket by bucket (numpy, flat memory)
         # and takes each vector by position; indexing an object is 64 inserts, not one per

@@ -1,5 +1,6 @@
-"""The reuse index (``reuse_objects``, ``reuse_buckets``; DESIGN §8): which chunk object holds a
-vector for which text, and at which row, by output URI, model and requested dimensions.
+"""The reuse index (``reuse_objects``, ``reuse_buckets``; docs/reference/ledger.md): which
+chunk object holds a vector for which text, and at which row, by output URI, model and
+requested dimensions.
 
 Texts are keyed by the first 64 bits of their SHA-256 (``adapters.scratch.hash_prefix``)
 and split into ``BUCKETS`` buckets by the top bits of that prefix. One row per (bucket,

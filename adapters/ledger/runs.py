@@ -161,8 +161,8 @@ class RunTable(LedgerBase):
     ) -> bool:
         """Make a run whose manifest is in the store read ``complete``, with the manifest's
         counts (rows), if the ledger says otherwise: the process died or was stopped between
-        the manifest's PUT (the commit point, DESIGN §4) and the ledger's write. Returns
-        True if the ledger changed; a run the ledger never saw is left alone."""
+        the manifest's PUT (the commit point, docs/reference/output-layout.md) and the ledger's
+        write. Returns True if the ledger changed; a run the ledger never saw is left alone."""
         with self.atomic() as db:
             changed = db.execute(
                 """UPDATE runs SET status = 'complete', rows_published = ?, rows_failed = ?,

@@ -1,5 +1,5 @@
 """The ``sink_loads``, ``sink_chunks`` and ``sink_dead_letters`` tables: loads into sinks
-(DESIGN §8, §9).
+(docs/reference/sinks.md, docs/reference/ledger.md).
 
 A cache of what loads did: what a sink holds is decided by the sink's own rows
 (``tasks/sink_state.py``), never by these tables.

@@ -1,4 +1,5 @@
-"""Object stores with create-only writes: a local directory and S3 (DESIGN §4).
+"""Object stores with create-only writes: a local directory and S3
+(docs/reference/output-layout.md).
 
 Both stores give the same contract (``embedline.protocols.ObjectStore``): ``put_if_absent``
 creates a key or finds it already holding the same bytes (SHA-256 equal → ``created=False``);

@@ -1,4 +1,4 @@
-"""Create-only publishing, the part both stores share (DESIGN §4).
+"""Create-only publishing, the part both stores share (docs/reference/output-layout.md).
 
 A create that finds its key taken (``EEXIST`` from ``link(2)``, S3's 412 Precondition
 Failed) is resolved by content: the same SHA-256 → already published (``created=False``);

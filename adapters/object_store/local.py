@@ -1,4 +1,4 @@
-"""The local directory store: create-only writes by ``link(2)`` (DESIGN §4).
+"""The local directory store: create-only writes by ``link(2)`` (docs/reference/output-layout.md).
 
 A write is a temp file in the target's directory, fsynced, then ``os.link``-ed to the target
 name (``link(2)`` fails with EEXIST if the name exists), then the directory is fsynced.

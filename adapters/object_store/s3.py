@@ -1,4 +1,5 @@
-"""The S3 store: create-only writes by ``PutObject`` with ``If-None-Match: *`` (DESIGN §4).
+"""The S3 store: create-only writes by ``PutObject`` with ``If-None-Match: *``
+(docs/reference/output-layout.md).
 
 S3 answers 412 Precondition Failed when the key exists, and 409 ConditionalRequestConflict
 when a concurrent operation on the key is in progress ("On a 409 failure you should retry").

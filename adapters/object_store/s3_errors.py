@@ -1,4 +1,5 @@
-"""S3 errors, translated at one point (DESIGN §5), like httpx's ``map_httpcore_exceptions``.
+"""S3 errors, translated at one point (docs/reference/failure-classes.md), like httpx's
+``map_httpcore_exceptions``.
 
 Every ``S3Store`` call to botocore runs inside ``s3_errors(...)``: botocore's ``ClientError``
 and ``BotoCoreError`` become embedline's failure classes there and nowhere else. The two
@@ -67,7 +68,8 @@ def _is_not_found(exc: BaseException) -> bool:
 
 
 def translate_s3_error(exc: BaseException, *, bucket: str, what: str) -> EmbedlineError | None:
-    """Map a botocore exception to a failure class (DESIGN §5), most specific first.
+    """Map a botocore exception to a failure class (docs/reference/failure-classes.md), most
+    specific first.
 
     ``what`` names the operation and URI for the message (``"PUT s3://b/k"``); messages name
     the bucket and what to fix, never credentials. Returns None for an exception this

@@ -1,4 +1,4 @@
-"""Vector-store sinks (DESIGN §9), one module per store over one interface, as dlt's
+"""Vector-store sinks (docs/reference/sinks.md), one module per store over one interface, as dlt's
 ``destinations/impl/*``:
 
 - ``base``: the interface (``VectorSink``) and what every store shares (table metadata, the

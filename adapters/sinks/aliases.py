@@ -1,4 +1,5 @@
-"""Stable names over versioned sink tables, switched in one step (DESIGN §9, model cutover).
+"""Stable names over versioned sink tables, switched in one step (docs/reference/sinks.md, model
+cutover).
 
 - PostgreSQL (``PgAlias``): the alias is a view ``CREATE VIEW alias AS SELECT * FROM table``
   carrying the table's embedline metadata as its comment; a switch drops and creates it in

@@ -1,4 +1,4 @@
-"""The sink interface and what every store shares (DESIGN §9).
+"""The sink interface and what every store shares (docs/reference/sinks.md).
 
 A store is a class meeting ``VectorSink`` (``embedline.protocols``; stores need not inherit).
 This module adds what they all use: the default table name, the metadata embedline writes
@@ -69,7 +69,7 @@ def kept_hashes(table: pa.Table, kept: Sequence[str]) -> pa.Array:
 
 
 def held_key_columns(columns: SinkColumns) -> list[str]:
-    """The columns a load compares between the run and the sink (DESIGN §9)."""
+    """The columns a load compares between the run and the sink (docs/reference/sinks.md)."""
     return ["id", "text_sha256"] + ([KEPT_HASH] if columns.kept else [])
 
 

@@ -1,4 +1,5 @@
-"""Open a vector-store sink from its URI (DESIGN §9): which store a URI names, and how.
+"""Open a vector-store sink from its URI (docs/reference/sinks.md): which store a URI names, and
+how.
 
 Accepted forms:
 

@@ -1,4 +1,4 @@
-"""LanceDB sink: an embedded vector store in a local directory, no server (DESIGN §8).
+"""LanceDB sink: an embedded vector store in a local directory, no server (docs/reference/sinks.md).
 
 Upserts use LanceDB's ``merge_insert("id")`` (one atomic commit per call: Lance writes new
 data files, then a new table version; a killed writer leaves no half-visible rows). Search is
@@ -235,8 +235,8 @@ class LanceDBSink(KeptColumnsCache):
     def held_keys(self) -> pa.Table:
         """Every row's ``id`` and ``text_sha256`` (and ``kept_sha256`` with kept columns;
         strings), read from the latest version: what the table holds, the record loads
-        decide by (DESIGN §9). Reads those columns only (about 100 bytes a row, 170 with
-        kept columns), never the vectors or the kept values."""
+        decide by (docs/reference/sinks.md). Reads those columns only (about 100 bytes a row, 170
+        with kept columns), never the vectors or the kept values."""
         key = held_key_columns(self._columns())
         with self._lock:
             table = self._require()

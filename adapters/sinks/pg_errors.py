@@ -1,4 +1,5 @@
-"""What a PostgreSQL refusal means for a load (DESIGN §9): one row, the table, or the server.
+"""What a PostgreSQL refusal means for a load (docs/reference/sinks.md): one row, the table, or the
+server.
 
 psycopg's exception classes follow the DB-API, not the cause: ``ProgramLimitExceeded`` ("index
 row requires 12016 bytes, maximum size is 8191") is an ``OperationalError`` like a lost

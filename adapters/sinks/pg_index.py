@@ -1,4 +1,5 @@
-"""The pgvector HNSW index build: the settings it runs with, and its progress lines (DESIGN §9).
+"""The pgvector HNSW index build: the settings it runs with, and its progress lines
+(docs/reference/sinks.md).
 
 pgvector builds an HNSW index much faster while the whole graph fits in
 ``maintenance_work_mem`` (64 MB by default; past it, the build goes on on disk pages, and

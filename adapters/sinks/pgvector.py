@@ -1,4 +1,5 @@
-"""pgvector sink: a PostgreSQL table with a ``vector(d)`` column and an HNSW index (DESIGN §8).
+"""pgvector sink: a PostgreSQL table with a ``vector(d)`` column and an HNSW index
+(docs/reference/sinks.md).
 
 Table (created if absent; the comment holds embedline's metadata as JSON)::
 
@@ -349,8 +350,8 @@ class PgVectorSink(KeptColumnsCache):
     def held_keys(self) -> pa.Table:
         """Every row's ``id`` and ``text_sha256`` (and ``kept_sha256`` with kept columns;
         strings), read in one transaction (one snapshot): what the table holds, the record
-        loads decide by (DESIGN §9). Those columns only (about 100 bytes a row), never the
-        vectors or the kept values."""
+        loads decide by (docs/reference/sinks.md). Those columns only (about 100 bytes a row), never
+        the vectors or the kept values."""
         from psycopg import sql
 
         key = held_key_columns(self._columns())

@@ -1,4 +1,5 @@
-"""Qdrant sink: a Qdrant collection, on a server or in ``qdrant-client``'s local mode (DESIGN §9).
+"""Qdrant sink: a Qdrant collection, on a server or in ``qdrant-client``'s local mode
+(docs/reference/sinks.md).
 
 Collection (created if absent): one unnamed vector of ``d`` float32 with ``Cosine``
 distance; embedline's metadata (``embedline.sink.v1``: embedder, model, dimensions) is the
@@ -345,8 +346,8 @@ class QdrantSink(KeptColumnsCache):
     def held_keys(self) -> pa.Table:
         """Every point's payload ``id`` and ``text_sha256`` (and ``kept_sha256`` with kept
         columns; strings), scrolled page by page (never the vectors or kept values): what the
-        collection holds, the record loads decide by (DESIGN §9). Qdrant has no snapshot
-        across pages: a load re-reads it after its writes and applies what another writer
+        collection holds, the record loads decide by (docs/reference/sinks.md). Qdrant has no
+        snapshot across pages: a load re-reads it after its writes and applies what another writer
         changed meanwhile."""
         key = held_key_columns(self._columns())
         values: dict[str, list[str | None]] = {name: [] for name in key}

@@ -71,7 +71,7 @@ def _ids(search_output: str) -> list[str]:
 
 
 class _Reader(threading.Thread):
-    """Searches through the view ``docs`` in a loop as docs/design.md tells an application
+    """Searches through the view ``docs`` in a loop as docs/reference/sinks.md tells an application
     to: one transaction per search that first touches the view (its lock then holds a
     switch back until the search is done), reads the model from the view's comment (which
     query vector to send), then asks for the top 5. Records each result's model, and any

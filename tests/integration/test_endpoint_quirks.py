@@ -437,7 +437,7 @@ def test_a_rerun_with_another_setting_retries_the_dead_letters_it_may_fix(
 
 
 def _run_key(tmp_path: Path, generation: int = 0) -> str:
-    """The run key of ``in.csv`` (docs/design.md §2, computed here from the recipe)."""
+    """The run key of ``in.csv`` (docs/reference/keys.md, computed here from the recipe)."""
     digest = hashlib.sha256((tmp_path / "in.csv").read_bytes()).hexdigest()
     parts = ["run.v1", digest, "id", "text", "text-embedding-3-small", "", "10"]
     parts += [f"g{generation}"] if generation else []

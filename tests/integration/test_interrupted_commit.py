@@ -1,5 +1,5 @@
-"""The manifest's PUT is a run's commit point (DESIGN §4); the ledger records it a few
-milliseconds later. A signal or a kill in between must not leave the ledger disagreeing
+"""The manifest's PUT is a run's commit point (docs/reference/output-layout.md); the ledger records
+it a few milliseconds later. A signal or a kill in between must not leave the ledger disagreeing
 with the store: a run whose manifest exists reads ``complete``, with the manifest's counts.
 
 The window is hit every time by a test-only ``sitecustomize`` (``tests/support/signal_at``)

@@ -1,4 +1,4 @@
-"""Keys follow DESIGN §2 byte for byte: outside checks recompute them."""
+"""Keys follow docs/reference/keys.md byte for byte: outside checks recompute them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Text templates, kept columns and their keys (DESIGN §2): parsing, escapes, settings."""
+"""Text templates, kept columns and their keys (docs/reference/keys.md): parsing, escapes,
+settings."""
 
 from __future__ import annotations
 

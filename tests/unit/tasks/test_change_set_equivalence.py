@@ -56,7 +56,8 @@ def _chunks(rng: random.Random, store: LocalDirStore, prefix: str, rows: list[Ro
 
 
 def reference(new: list[Row], old: list[Row], kept: bool) -> list[dict[str, Any]]:
-    """The change set by definition (DESIGN §4), with dicts, sorted by UTF-8 bytes."""
+    """The change set by definition (docs/reference/output-layout.md), with dicts, sorted by UTF-8
+    bytes."""
     now, before = {r[0]: r for r in new}, {r[0]: r for r in old}
     out = []
     for id_ in now.keys() | before.keys():

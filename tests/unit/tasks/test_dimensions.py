@@ -1,6 +1,6 @@
-"""The run's vector length (DESIGN §5) and the commit's last line of defence: a manifest
-never lists chunk objects of two lengths. Chunk objects are real Parquet files published to
-a local directory store."""
+"""The run's vector length (docs/reference/failure-classes.md) and the commit's last line of
+defence: a manifest never lists chunk objects of two lengths. Chunk objects are real Parquet files
+published to a local directory store."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A copied chunk's row keys made in bulk (``embedline.keys.row_key_digests``,
 ``tasks.publish.hex_keys`` and ``fold_fingerprint``) are the keys and fingerprint that
-``row_keys`` and ``rows_fingerprint`` give row by row (DESIGN §2: outside checks recompute
-them)."""
+``row_keys`` and ``rows_fingerprint`` give row by row (docs/reference/keys.md: outside checks
+recompute them)."""
 
 from __future__ import annotations
 
