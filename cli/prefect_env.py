@@ -28,7 +28,7 @@ __all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment", "c
 
 _PREFECT_DEFAULTS = {
     # A temporary Prefect server can take longer than Prefect's 20 s default to start on a
-    # loaded 2-core machine (../shared/STACK-NOTES.md); no network here, so no telemetry.
+    # loaded 2-core machine; with no network, telemetry only fails, so it is off.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
