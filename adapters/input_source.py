@@ -55,7 +55,7 @@ class LocalInput:
     def open(self) -> BinaryIO:
         """:raises InputError: the file cannot be opened."""
         try:
-            return open(self.uri, "rb", buffering=_STREAM_BUFFER)  # noqa: SIM115 - caller closes
+            return open(self.uri, "rb", buffering=_STREAM_BUFFER)  # the caller closes it
         except OSError as exc:
             raise InputError(f"cannot open the input: {exc.strerror}", path=self.uri) from None
 

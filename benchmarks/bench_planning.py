@@ -156,7 +156,7 @@ def main() -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "rows": rows, "bytes": size, "chunk_size": args.chunk_size,
             "old_rev": args.old_rev, "load_average": os.getloadavg(), "variants": best,
         }, indent=2))

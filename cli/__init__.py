@@ -7,6 +7,7 @@ usage errors answer at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -71,10 +72,8 @@ def _skip_prefect_exit_sending() -> None:
     register = getattr(threading, "_register_atexit", None)
     if prefect_env is None or register is None or not prefect_env.temporary_server_stopped():
         return
-    try:
+    with contextlib.suppress(RuntimeError):  # the interpreter already shuts its threads down
         register(_end_process)
-    except RuntimeError:  # the interpreter is already shutting its threads down
-        pass
 
 
 def _end_process() -> None:
@@ -84,10 +83,8 @@ def _end_process() -> None:
     if shutdown is not None:  # embedline's own atexit work (scratch, ledger): os._exit skips it
         shutdown.run_exit_cleanups()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing to say
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
-            pass
     os._exit(_exit_code)
 
 

@@ -199,7 +199,8 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
         f"run        {summary.get('run_key') or '-'}" + (
             f" (generation {summary['generation']}: retries the dead letters of run "
             f"{str(summary['supersedes'])[:12]})" if summary.get("supersedes") else ""),
-        f"status     {summary['status']}" + (f": {summary['message']}" if summary["message"] else ""),
+        f"status     {summary['status']}"
+        + (f": {summary['message']}" if summary["message"] else ""),
     ]
     if summary.get("run_key"):
         lines += [

@@ -6,9 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
 from adapters.ledger import Ledger
 from adapters.ledger.records import RunRecord
+from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
 from cli.ledger_lookup import find_run, open_ledger
 
 __all__ = ["add_parsers", "run_status", "tsv_field"]

@@ -132,8 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     if not os.environ.get(DEBUG_ENV):
-        from cli.prefect_env import (EXIT_DRAIN_LOGGERS, drop_drain_progress,
-                                     drop_prefect_settings_errors)
+        from cli.prefect_env import (
+            EXIT_DRAIN_LOGGERS,
+            drop_drain_progress,
+            drop_prefect_settings_errors,
+        )
 
         logging.getLogger("prefect.plugins").addFilter(drop_prefect_settings_errors)
         for name in EXIT_DRAIN_LOGGERS:
@@ -151,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (Python docs, "Note on SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes an exit code here
         if isinstance(exc, DiskFullError) and not os.environ.get(DEBUG_ENV):
             sys.stderr.write(f"embedline: error: {exc}\n")  # any command, one line
             return exc.exit_code

@@ -162,8 +162,8 @@ class PlanAhead:
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
             return None
         if not (isinstance(result, tuple) and len(result) == 2
-                and (result[0] == "plan" and isinstance(result[1], InputPlan)
-                     or result[0] == "error" and isinstance(result[1], EmbedlineError))):
+                and ((result[0] == "plan" and isinstance(result[1], InputPlan))
+                     or (result[0] == "error" and isinstance(result[1], EmbedlineError)))):
             return None
         return result
 

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 __all__ = [
     "BadResponseError",
-    "EndpointDownError",
     "ConflictError",
     "DiskFullError",
     "EmbedlineError",
+    "EndpointDownError",
     "FatalError",
     "InputError",
     "RateLimitedError",

@@ -12,13 +12,13 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = [
     "BATCH_PRICE_FACTOR",
+    "EMPTY_TEXT",
+    "RETRYABLE_DEAD_LETTERS",
     "BatchLayout",
     "ChunkBatches",
     "ChunkOutcome",
     "ChunkSpec",
-    "RETRYABLE_DEAD_LETTERS",
     "DeadLetter",
-    "EMPTY_TEXT",
     "InputPlan",
     "InputSource",
     "LoadDeadLetter",
@@ -28,7 +28,6 @@ __all__ = [
     "ReuseSource",
     "Row",
     "RunSummary",
-    "run_cost",
     "blocking_dead_letters",
     "chunk_generation",
     "chunk_object_key",
@@ -38,6 +37,7 @@ __all__ = [
     "empty_texts_phrase",
     "load_dead_letters_end",
     "manifest_object_key",
+    "run_cost",
     "shown_id",
 ]
 
@@ -432,7 +432,8 @@ class LoadSummary:
 
     ``exit_code``: 0 loaded, 1 chunks failed to load (rerun resumes) or rows the sink refuses
     for good (``rows_failed`` load dead letters, without ``allow_failed_rows``: a rerun says
-    so again at once), 2 usage or input error, 3 a mismatch or refusal retrying cannot fix. ``mode`` is ``replace`` (rows of
+    so again at once), 2 usage or input error, 3 a mismatch or refusal retrying cannot fix.
+    ``mode`` is ``replace`` (rows of
     other runs deleted after every chunk loaded) or ``changes`` (only the change set's
     added and changed rows upserted, its removed ids deleted). Rows are vectors; ``wall_s``
     seconds; ``rows_skipped`` counts rows of chunks loaded into this sink before.

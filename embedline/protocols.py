@@ -290,7 +290,8 @@ class VectorSink(Protocol):
 
     def upsert(self, rows: pa.Table, *, run_key: str) -> UpsertResult:
         """Insert or replace ``rows`` (``id``, ``embedding``, ``text_sha256`` and the table's
-        ``SinkColumns`` names) by id, tagged ``run_key``, in one transaction. Rows the store refuses for good (an id it cannot
+        ``SinkColumns`` names) by id, tagged ``run_key``, in one transaction. Rows the store
+        refuses for good (an id it cannot
         store, a vector it refuses) are left out, listed in the result, and any row already
         under their ids is removed, so the table never keeps a stale vector for them.
 

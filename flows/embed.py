@@ -21,7 +21,7 @@ from embedline.protocols import ObjectStore
 from embedline.shutdown import STOP
 from flows.batch import BatchStage, Staged
 from flows.copied_run import prepare_stage, publish_copied_chunk, take_stage
-from flows.dispatch import DispatchResult, Dispatched, Dispatcher
+from flows.dispatch import Dispatched, Dispatcher, DispatchResult
 from flows.lengths import redo_other_lengths
 from flows.local_chunks import LocalChunks
 from flows.progress_report import ProgressReport, progress_reporter

@@ -46,12 +46,12 @@ from embedline.protocols import VectorSink
 from embedline.shutdown import STOP
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
 from tasks.chunk import store_for
+from tasks.cutover import check_loaded, cut_over, cutover_target
+from tasks.events import emit_load_completed
 from tasks.load import LoadedChunk, LoadJob, load_chunk, sink_for
 from tasks.load_lease import load_lease
 from tasks.outcome import status_for
 from tasks.read import resolve_run
-from tasks.cutover import check_loaded, cut_over, cutover_target
-from tasks.events import emit_load_completed
 from tasks.report import publish_load_summary
 from tasks.sink_state import (
     DEFAULT_MAX_DELETE_FRACTION,

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedline.models import ChunkOutcome, InputPlan, blocking_dead_letters, dead_letters_block_message
+from embedline.models import (
+    ChunkOutcome,
+    InputPlan,
+    blocking_dead_letters,
+    dead_letters_block_message,
+)
 from embedline.shutdown import STOP, exit_code_for
 from flows.dispatch import DispatchResult
 

@@ -43,11 +43,11 @@ from flows.outcome import outcome_fields
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
 from tasks.dimensions import RunLength, other_lengths, pinned_length, with_lengths
 from tasks.events import run_payload
-from tasks.target import RunTarget, resolve_run_target
 from tasks.manifest import already_complete_fields, change_fields
 from tasks.run_lease import run_lease
-from tasks.skip import find_published, retries_dead_letters
 from tasks.sink_state import MassDeleteError
+from tasks.skip import find_published, retries_dead_letters
+from tasks.target import RunTarget, resolve_run_target
 
 __all__ = ["CommittedRun", "Run", "Work"]
 

@@ -105,7 +105,7 @@ def gather(store: ObjectStore, joined: JoinResult, directory: Path, *,
     out = Gathered(directory / "vectors", length, np.zeros(chunks_total, dtype=np.int64))
     spill: Spill | None = None
     with ThreadPoolExecutor(READERS) as pool:
-        for number, needs, table in _read_each_once(pool, store, joined):
+        for _number, needs, table in _read_each_once(pool, store, joined):
             out.sources_read += 1
             if table is None:
                 continue

@@ -151,7 +151,7 @@ def summary_markdown(
                   f"command (`embedline status {summary.run_key[:12]}`)."]
     if summary.load:  # run --sink: the load stage's own lines
         load = LoadSummary(**summary.load)  # type: ignore[arg-type]
-        lines += ["", "## Load into the sink", "", "| | |", "|---|---|"] + _load_lines(load)
+        lines += ["", "## Load into the sink", "", "| | |", "|---|---|", *_load_lines(load)]
     if dead_letters:
         lines += ["", f"## Dead letters ({len(dead_letters)})", "", "| row | id | reason | HTTP |",
                   "|---|---|---|---|"]
@@ -200,7 +200,7 @@ def publish_summary(
 def load_markdown(summary: LoadSummary) -> str:
     """Render a load's summary as Markdown (counts only; a refusal's message names the
     counts and the flag that allows it)."""
-    return "\n".join(["# embedline load", "", "| | |", "|---|---|"] + _load_lines(summary)) + "\n"
+    return "\n".join(["# embedline load", "", "| | |", "|---|---|", *_load_lines(summary)]) + "\n"
 
 
 def _load_lines(summary: LoadSummary) -> list[str]:

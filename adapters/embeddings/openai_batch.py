@@ -35,8 +35,13 @@ from adapters.embeddings.common import HTTP_LOGGER, Logger
 from adapters.embeddings.decode import json_or_none
 from adapters.embeddings.endpoint import auth_headers, auth_hint, check_api_key, safe_url
 from adapters.embeddings.latch import FatalLatch
-from embedline.errors import (BadResponseError, EmbedlineError, FatalError, RowError,
-                              UnknownBatchError)
+from embedline.errors import (
+    BadResponseError,
+    EmbedlineError,
+    FatalError,
+    RowError,
+    UnknownBatchError,
+)
 from embedline.retry import request_retrying
 
 __all__ = ["BATCH_ENDPOINT", "TERMINAL_STATUSES", "BatchClient", "TokenLimitError",

@@ -260,7 +260,7 @@ class LocalDirStore:
         """
         path = self._path(key)
         with _in_the_way_is_a_conflict(path):
-            return open(path, "rb")  # noqa: SIM115 — the caller closes it
+            return open(path, "rb")  # the caller closes it
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Yield the objects whose key starts with ``prefix`` (a folder such as ``chunks/``),

@@ -25,11 +25,26 @@ from embedline.errors import FatalError
 from embedline.protocols import SinkColumns, SinkTable, UpsertResult, VectorSink
 from embedline.template import kept_sha256
 
-__all__ = ["DEFAULT_TABLE", "KEPT_HASH", "KeptColumnsCache", "OWN_COLUMNS", "SINK_FORMAT",
-           "SinkColumns",
-           "SinkTable", "UpsertResult", "VectorSink", "check_compatible", "exact_top_k", "extra_values",
-           "held_key_columns", "kept_hashes", "sink_columns_of", "sink_metadata",
-           "sink_table_from_metadata", "vector_matrix"]
+__all__ = [
+    "DEFAULT_TABLE",
+    "KEPT_HASH",
+    "OWN_COLUMNS",
+    "SINK_FORMAT",
+    "KeptColumnsCache",
+    "SinkColumns",
+    "SinkTable",
+    "UpsertResult",
+    "VectorSink",
+    "check_compatible",
+    "exact_top_k",
+    "extra_values",
+    "held_key_columns",
+    "kept_hashes",
+    "sink_columns_of",
+    "sink_metadata",
+    "sink_table_from_metadata",
+    "vector_matrix",
+]
 
 DEFAULT_TABLE = "embeddings"  # the table a sink URI without ``table=NAME`` names
 SINK_FORMAT = "embedline.sink.v1"
