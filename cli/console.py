@@ -80,6 +80,7 @@ class ProgressBar:
         for logger in (logging.getLogger(), logging.getLogger("prefect")):
             for handler in logger.handlers:
                 if isinstance(getattr(handler, "console", None), Console):
+                    # rich's handler (checked by the getattr above): `console` is its own
                     self._swapped.append((handler, handler.console))  # type: ignore[attr-defined]
                     handler.console = console  # type: ignore[attr-defined]
 

@@ -19,7 +19,7 @@ from cli.prefect_env import PrefectApiError, with_prefect_api
 __all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``load``."""
     load = sub.add_parser("load", help="load a committed run into LanceDB, pgvector or Qdrant",
                           formatter_class=HELP_FORMATTER)

@@ -54,7 +54,8 @@ class _Parser(argparse.ArgumentParser):
         so the line points to that command's ``--help``."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            parser = _commands(self).get(getattr(parsed, "command", None), self)
+            command = getattr(parsed, "command", None)
+            parser = _commands(self).get(command, self) if command is not None else self
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed
 

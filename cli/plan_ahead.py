@@ -138,7 +138,7 @@ class PlanAhead:
             self.scratch.close()
             raise value
         self._handed = True
-        return value  # type: ignore[no-any-return]
+        return value  # type: ignore[no-any-return]  # the plan: kind is not "error"
 
     def close(self) -> None:
         """Stop the child if it still runs (an interrupt, an error before ``plan``) and

@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from prefect.blocks.system import Secret
 
-    Secret(value=key).save(args.block, overwrite=True)
+    Secret(value=key).save(args.block, overwrite=True)  # type: ignore[arg-type]  # validated to SecretStr
     print(f"saved the key in Secret block {args.block!r}")
     return 0
 

@@ -89,7 +89,7 @@ def apply(config: dict[str, Any], *, webhook_url: str | None = None) -> list[str
     slug = str(config["notify_block"])  # BLOCK-TYPE/NAME, as `prefect block ls` shows it
     if webhook_url:
         name = slug.rpartition("/")[2]
-        CustomWebhookNotificationBlock(
+        CustomWebhookNotificationBlock(  # type: ignore[call-arg]  # headers, cookies: optional
             name=name, url=webhook_url,
             json_data={"text": "{{subject}}\n{{body}}", "title": "{{name}}"},
         ).save(name, overwrite=True)

@@ -6,9 +6,10 @@ holds a secret; only ``Row`` holds input text, and its ``repr`` leaves the text 
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 __all__ = [
     "BATCH_PRICE_FACTOR",
@@ -348,7 +349,7 @@ class ManifestChunk:
     rows: int
     sha256: str
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, builtins.object]:
         """Return the entry as a JSON-ready dict."""
         return asdict(self)
 
@@ -488,9 +489,8 @@ def load_dead_letters_end(
         f"({shown}{more}; see `{listing}`); the run's other rows are loaded"
     )
     if allowed:
-        return LoadSummary(**{**summary.to_dict(), "rows_failed": len(dead), "message": what})
+        return replace(summary, rows_failed=len(dead), message=what)
     advice = (": fix those ids (or the table) in the input, or accept them with "
               "--allow-failed-rows (parameter allow_failed_rows)")
-    changes = {"rows_failed": len(dead), "exit_code": 1, "status": "dead_letters",
-               "message": what + advice}
-    return LoadSummary(**{**summary.to_dict(), **changes})
+    return replace(summary, rows_failed=len(dead), exit_code=1, status="dead_letters",
+                   message=what + advice)

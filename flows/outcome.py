@@ -5,7 +5,7 @@ Pure: no I/O, no Prefect. ``Run.conclude`` turns these fields into the run's sum
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embedline.models import (
     ChunkOutcome,
@@ -15,6 +15,9 @@ from embedline.models import (
 )
 from embedline.shutdown import STOP, exit_code_for
 from flows.dispatch import DispatchResult
+
+if TYPE_CHECKING:
+    from tasks.outcome import ChunkFailure
 
 __all__ = ["outcome_fields"]
 
@@ -42,7 +45,8 @@ def outcome_fields(
     """
     done = {**skipped, **result.published}
     concurrent = result.published_elsewhere  # also in ``skipped``
-    attempts = [*result.published.values(), *result.failed.values(), *result.released.values()]
+    attempts: list[ChunkOutcome | ChunkFailure] = [
+        *result.published.values(), *result.failed.values(), *result.released.values()]
     requests, tokens, inputs = cost or (sum(o.requests for o in attempts),
                                         sum(o.tokens for o in attempts),
                                         sum(o.inputs for o in result.published.values()))

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Cancelled, Completed, State
+from prefect.client.schemas.objects import State
+from prefect.states import Cancelled, Completed
 
 from adapters.csv_source import read_chunk
 from adapters.embeddings import build_batch_client, build_embedder

@@ -152,7 +152,8 @@ def chunk_parquet_columns(
     # the same bytes.
     pq.write_table(table, sink, compression=codecs, use_dictionary=False,
                    write_statistics=["id"], memory_pool=pool, write_batch_size=1 << 16)
-    return sink.getvalue().to_pybytes()
+    body: bytes = sink.getvalue().to_pybytes()
+    return body
 
 
 @functools.cache

@@ -44,7 +44,8 @@ class ProgressArtifact:
     """
 
     def __init__(self, *, description: str, min_interval_s: float = 1.0) -> None:
-        self._id: UUID = create_progress_artifact(
+        # sync_compatible: a sync caller gets the UUID, not a coroutine
+        self._id: UUID = create_progress_artifact(  # type: ignore[assignment]
             progress=0.0, key="embedline-progress", description=description
         )
         self._min_interval_s = min_interval_s
@@ -150,7 +151,7 @@ def summary_markdown(
                   "parameters, press **Retry** on this flow run, or `embedline run` the same "
                   f"command (`embedline status {summary.run_key[:12]}`)."]
     if summary.load:  # run --sink: the load stage's own lines
-        load = LoadSummary(**summary.load)  # type: ignore[arg-type]
+        load = LoadSummary(**summary.load)  # type: ignore[arg-type]  # a LoadSummary.to_dict()
         lines += ["", "## Load into the sink", "", "| | |", "|---|---|", *_load_lines(load)]
     if dead_letters:
         lines += ["", f"## Dead letters ({len(dead_letters)})", "", "| row | id | reason | HTTP |",

@@ -7,6 +7,7 @@ Filesystem errors are translated here (``_translate_os_error``) and nowhere else
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import logging
@@ -293,7 +294,7 @@ class LocalDirStore:
 
     def sweep_temp_files(
         self, max_age_s: float = 3600.0, *, now: float | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Remove temp files left by dead writers; return their paths.
 
         Searches ``chunks/``, ``changes/``, ``manifests/`` and ``_embedline/``

@@ -150,7 +150,8 @@ def vector_matrix(rows: pa.Table) -> np.ndarray:
     """
     dims = rows.schema.field("embedding").type.list_size
     flat = rows.column("embedding").combine_chunks().flatten()
-    return flat.to_numpy(zero_copy_only=False).reshape(-1, dims)
+    matrix: np.ndarray = flat.to_numpy(zero_copy_only=False).reshape(-1, dims)
+    return matrix
 
 
 def exact_top_k(matrix: np.ndarray, ids: Sequence[Any], vector: np.ndarray, k: int,
