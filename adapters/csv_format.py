@@ -200,6 +200,6 @@ def sniff_stream(fh: BinaryIO, path: str, encoding: str, delimiter: str, id_colu
 
     :raises InputError: as ``sniff_format``.
     """
-    head = fh.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]  # type: ignore[attr-defined]
+    head = fh.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]  # type: ignore[attr-defined]  # BufferedReader
     return sniff_format(head, encoding=encoding, delimiter=delimiter, path=path,
                         id_column=id_column, text_column=text_column)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from adapters.csv_format import CsvFormat
-from adapters.csv_lines import Blocks, Hashes, LineSource, Lines, block_decodable
+from adapters.csv_lines import Blocks, Hashes, Lines, LineSource, block_decodable
 from embedline.errors import InputError
 
 __all__ = ["Header", "check_width", "open_lines", "parse_header", "read_records", "row_id_of"]

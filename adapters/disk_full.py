@@ -115,11 +115,11 @@ class LedgerConnection(sqlite3.Connection):
 
     ledger_path = ""
 
-    def execute(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+    def execute(self, *args: Any) -> sqlite3.Cursor:
         with translate_full(self.ledger_path, "ledger"):
             return super().execute(*args)
 
-    def executemany(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+    def executemany(self, *args: Any) -> sqlite3.Cursor:
         with translate_full(self.ledger_path, "ledger"):
             return super().executemany(*args)
 

@@ -31,7 +31,10 @@ import zlib
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:
+    from zlib import _Decompress
 
 __all__ = ["GzipIndex", "GzipStream", "NotGzipData"]
 
@@ -69,7 +72,7 @@ class _Members:
     """
 
     def __init__(
-        self, inflater: object | None = None, consumed: int = 0, produced: int = 0
+        self, inflater: _Decompress | None = None, consumed: int = 0, produced: int = 0
     ) -> None:
         self.inflater = inflater
         self.consumed = consumed
@@ -79,7 +82,7 @@ class _Members:
     @property
     def between(self) -> bool:
         """True before a member starts (no inflater state needed to resume here)."""
-        return self.inflater is None or self.inflater.eof  # type: ignore[attr-defined]
+        return self.inflater is None or self.inflater.eof
 
     def feed(self, block: bytes) -> bytes:
         """Inflate the next compressed ``block``; returns the decompressed bytes.
@@ -87,7 +90,8 @@ class _Members:
         :raises NotGzipData: a byte after a member (or at 0) starts no member.
         :raises zlib.error: corrupt deflate data or a bad CRC/length trailer.
         """
-        pieces, pos, base = [], 0, self.consumed
+        pieces: list[bytes] = []
+        pos, base = 0, self.consumed
         while pos < len(block):
             if self.between:
                 if base + pos > 0:  # padding is allowed after a member, not before the first
@@ -99,10 +103,12 @@ class _Members:
                     raise NotGzipData(base + pos, self.produced + sum(map(len, pieces)))
                 self.inflater = zlib.decompressobj(_GZIP_WBITS)
                 self.member_start = base + pos
-            data = self.inflater.decompress(block[pos:])  # type: ignore[attr-defined]
+            inflater = self.inflater
+            assert inflater is not None  # not between members: one is open
+            data = inflater.decompress(block[pos:])
             pieces.append(data)
-            ended = self.inflater.eof  # type: ignore[attr-defined]
-            unused = self.inflater.unused_data if ended else b""  # type: ignore[attr-defined]
+            ended = inflater.eof
+            unused = inflater.unused_data if ended else b""
             pos = len(block) - len(unused)
         self.consumed = base + len(block)
         out = b"".join(pieces)
@@ -119,7 +125,7 @@ class _Members:
 class _Checkpoint:
     out_offset: int  # decompressed bytes before this point
     in_offset: int  # compressed bytes consumed before this point
-    inflater: object | None  # a zlib Decompress (copied before use); None: between members
+    inflater: _Decompress | None  # copied before use; None: between members
 
 
 class GzipIndex:
@@ -164,7 +170,7 @@ class GzipIndex:
 
     def _inflate_from(self, point: _Checkpoint, start: int, stop: int) -> bytes:
         out = bytearray()
-        inflater = point.inflater.copy() if point.inflater is not None else None  # type: ignore[attr-defined]
+        inflater = point.inflater.copy() if point.inflater is not None else None
         members = _Members(inflater, point.in_offset, point.out_offset)
         with self._open_at(point.in_offset) as stream:
             while members.produced < stop:

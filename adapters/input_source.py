@@ -17,7 +17,8 @@ import io
 import os
 import threading
 import zlib
-from typing import Any, BinaryIO, Protocol
+from collections.abc import Callable
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from adapters.gzip_index import GzipIndex, GzipStream, NotGzipData, TruncatedMember
 from adapters.uris import split_location
@@ -55,7 +56,7 @@ class LocalInput:
     def open(self) -> BinaryIO:
         """:raises InputError: the file cannot be opened."""
         try:
-            return open(self.uri, "rb", buffering=_STREAM_BUFFER)  # noqa: SIM115 - caller closes
+            return open(self.uri, "rb", buffering=_STREAM_BUFFER)  # the caller closes it
         except OSError as exc:
             raise InputError(f"cannot open the input: {exc.strerror}", path=self.uri) from None
 
@@ -225,27 +226,30 @@ def _index_for(inner: LocalInput | S3Input) -> GzipIndex:
         return index
 
 
+_T = TypeVar("_T")
+
+
 class _GzipErrors(io.BufferedReader):
     """A buffered gzip stream whose corrupt-data errors become one-line ``InputError``s."""
 
     def __init__(self, raw: GzipStream, uri: str) -> None:
-        super().__init__(raw, buffer_size=_STREAM_BUFFER)  # type: ignore[arg-type]
+        super().__init__(raw, buffer_size=_STREAM_BUFFER)
         self._uri = uri
 
-    def _wrap(self, call: Any, *args: Any) -> Any:
+    def _wrap(self, call: Callable[..., _T], *args: Any) -> _T:
         try:
             return call(*args)
         except (OSError, EOFError, zlib.error, NotGzipData) as exc:
             raise _gzip_error(exc, self._uri) from None
 
     def read(self, size: int | None = -1) -> bytes:
-        return self._wrap(super().read, size)  # type: ignore[no-any-return]
+        return self._wrap(super().read, size)
 
     def readline(self, size: int | None = -1) -> bytes:
-        return self._wrap(super().readline, size)  # type: ignore[no-any-return]
+        return self._wrap(super().readline, size)
 
     def peek(self, size: int = 0) -> bytes:
-        return self._wrap(super().peek, size)  # type: ignore[no-any-return]
+        return self._wrap(super().peek, size)
 
 
 def open_input(uri: str, *, etag: str | None = None) -> LocalInput | S3Input | GzipInput:

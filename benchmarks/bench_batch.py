@@ -62,7 +62,8 @@ def main() -> int:
     records, distinct = _distinct_texts(data)
     work = Path(tempfile.mkdtemp(prefix="embedline-bench-batch-"))
     with FakeBatchServer(dims=384, complete_after_s=0.1) as server:
-        args = ["run", str(data), "--output", str(work / "out"), "--ledger", str(work / "l.sqlite3"),
+        args = ["run", str(data), "--output", str(work / "out"),
+                "--ledger", str(work / "l.sqlite3"),
                 "--embedder", "openai", "--base-url", server.base_url, "--batch-api",
                 "--batch-poll-interval", str(options.poll_interval),
                 "--price-per-million-tokens", "0.02"]

@@ -99,7 +99,8 @@ _PHASE_MARKS = (
 _SUMMARY_WALL = re.compile(r"^wall time\s+([\d.]+) s", re.MULTILINE)
 _SUMMARY_API = re.compile(r"^api\s+([\d,]+) requests", re.MULTILINE)
 _SUMMARY_STATUS = re.compile(r"^status\s+(\S+)", re.MULTILINE)
-_SUMMARY_ROWS = re.compile(r"^rows\s+([\d,]+) published of ([\d,]+) .*?([\d,]+) dead letters", re.MULTILINE)
+_SUMMARY_ROWS = re.compile(r"^rows\s+([\d,]+) published of ([\d,]+) .*?([\d,]+) dead letters",
+                           re.MULTILINE)
 
 
 # -- data ----------------------------------------------------------------------------------
@@ -134,7 +135,7 @@ def make_subset(source: Path, rows: int, dest: Path) -> int:
     Returns the number of data records written (fewer if the file is shorter).
     """
     end, written = 0, -1
-    for _record, end in _records_with_offsets(source):
+    for _record, end in _records_with_offsets(source):  # noqa: B007 - read after the loop
         written += 1
         if written == rows:
             break
@@ -525,10 +526,8 @@ def _reap_leftovers(children: dict[int, dict[str, Any]]) -> None:
             print(f"bench: CLI left pid {pid} running ({info['cmd'][:80]}); terminating it",
                   file=sys.stderr)
             info["left_running"] = True
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 def _parse_stderr(result: RunResult, events: list[tuple[float, str]]) -> None:
@@ -1108,7 +1107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = (args.data or default_data()).resolve()
     if not data.is_file():
         print(f"bench_cli: error: input CSV not found: {data}\n"
-              "  pass --data PATH (the default is the file vendored in tests/data)", file=sys.stderr)
+              "  pass --data PATH (the default is the file vendored in tests/data)",
+              file=sys.stderr)
         return 2
     if not Path("/proc/self/status").exists():
         print("bench_cli: error: needs Linux /proc for memory sampling", file=sys.stderr)

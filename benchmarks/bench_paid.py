@@ -128,14 +128,14 @@ def main() -> int:
         "extra_pct": round(100.0 * (total - len(distinct)) / len(distinct), 2),
         "target_met": total <= len(distinct), "paid_objects_left": paid_left,
         "charged_more_than_once": multi[:50],
-        "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     print(f"{total:,} inputs charged for {len(distinct):,} distinct texts: "
           f"{report['extra_inputs']:,} extra ({report['extra_pct']} %), "
           f"{twice:,} texts charged more than once; {hook.failed} requests failed; "
           f"target (<= distinct texts) {'met' if report['target_met'] else 'missed'}")
     out = args.out or REPO / "benchmarks" / "results" / (
-        "paid-" + dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + ".json")
+        "paid-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"written: {out}")

@@ -155,7 +155,7 @@ def main() -> int:
           f"{old['read_s'] / new['read_s']:.2f}x, both "
           f"{(old['plan_s'] + old['read_s']) / (new['plan_s'] + new['read_s']):.2f}x")
     print(f"identical plans and rows across variants: {'yes' if len(digests) == 1 else 'NO'}")
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     out = args.out or REPO / "benchmarks" / "results" / f"planning-{now:%Y%m%dT%H%M%SZ}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({

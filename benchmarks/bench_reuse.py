@@ -73,8 +73,8 @@ import synthetic  # noqa: E402
 from bench_cli import (  # noqa: E402
     Bench,
     RunResult,
-    _fmt,
     _descendants,
+    _fmt,
     _machine,
     _proc_cpu_s,
     running_prefect_server,
@@ -392,7 +392,7 @@ def check_vectors(output: str, run_key: str | None, rows: int, variant: str, *,
                         result["mismatches"] += 1
                     if shas[i] != hashlib.sha256(texts[n].encode("utf-8")).hexdigest():
                         result["sha_mismatches"] += 1
-    except Exception as exc:  # reported, not raised: the figures above still stand
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: the figures above stand
         result["error"] = f"{type(exc).__name__}: {exc}"[:500]
     result["missing"] = len(want) - len(seen)
     result["seconds"] = round(time.perf_counter() - started, 1)

@@ -8,13 +8,18 @@ usage errors answer at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from cli.started import STARTED_AT, interrupted_line
+
+if TYPE_CHECKING:
+    from signal import _HANDLER as _Handler
 
 __all__ = ["STARTED_AT", "entry", "forget_caught_interrupts", "interrupted_line", "main"]
 
@@ -72,10 +77,8 @@ def _skip_prefect_exit_sending() -> None:
     register = getattr(threading, "_register_atexit", None)
     if prefect_env is None or register is None or not prefect_env.temporary_server_stopped():
         return
-    try:
+    with contextlib.suppress(RuntimeError):  # the interpreter already shuts its threads down
         register(_end_process)
-    except RuntimeError:  # the interpreter is already shutting its threads down
-        pass
 
 
 def _end_process() -> None:
@@ -85,10 +88,8 @@ def _end_process() -> None:
     if shutdown is not None:  # embedline's own atexit work (scratch, ledger): os._exit skips it
         shutdown.run_exit_cleanups()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing to say
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
-            pass
     os._exit(_exit_code)
 
 
@@ -139,7 +140,7 @@ def forget_caught_interrupts() -> None:
     exec("", {})  # noqa: S102 (a constant empty string: see above)
 
 
-def _exit_quietly_on_signals() -> dict[int, object]:
+def _exit_quietly_on_signals() -> dict[int, _Handler]:
     """Install ``_exit_quietly`` for SIGINT/SIGTERM where the default handlers (or
     ``entry``'s) are in place (an inherited SIG_IGN is kept); return the handlers it
     replaced."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import TypeVar
 
 __all__ = ["DEFAULT_LEDGER", "HELP_FORMATTER", "LEDGER_HELP", "MAX_DELETE_HELP", "fraction",
            "non_negative_float", "non_negative_int", "positive_float", "positive_int",
@@ -35,7 +35,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 HELP_FORMATTER = HelpFormatter
 
 
-def _parsed(kind: type[int] | type[float], text: str, rule: str) -> Any:
+_Number = TypeVar("_Number", int, float)
+
+
+def _parsed(kind: type[_Number], text: str, rule: str) -> _Number:
     """``kind(text)``; what it cannot read is worded by the rule the value breaks, not by
     argparse's "invalid positive_int value"."""
     try:

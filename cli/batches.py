@@ -38,7 +38,7 @@ _NOT_FOUND_NOTE = ("unknown to the provider (HTTP 404): created with another API
                    "--base-url, or purged")
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``cancel-batches``."""
     cancel = sub.add_parser(
         "cancel-batches", formatter_class=HELP_FORMATTER,
@@ -98,7 +98,7 @@ def _cancel_batches(args: argparse.Namespace) -> int:
             print(f"embedline: {nothing}", file=sys.stderr)
             return 0
         try:
-            settings = RunSettings(**ledger.run_settings(run.run_key))
+            settings = RunSettings.model_validate(ledger.run_settings(run.run_key))
         except ValidationError:
             return fail("embedline: error: the run's recorded settings no longer validate",
                         EXIT_USAGE)

@@ -80,6 +80,7 @@ class ProgressBar:
         for logger in (logging.getLogger(), logging.getLogger("prefect")):
             for handler in logger.handlers:
                 if isinstance(getattr(handler, "console", None), Console):
+                    # rich's handler (checked by the getattr above): `console` is its own
                     self._swapped.append((handler, handler.console))  # type: ignore[attr-defined]
                     handler.console = console  # type: ignore[attr-defined]
 
@@ -199,7 +200,8 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
         f"run        {summary.get('run_key') or '-'}" + (
             f" (generation {summary['generation']}: retries the dead letters of run "
             f"{str(summary['supersedes'])[:12]})" if summary.get("supersedes") else ""),
-        f"status     {summary['status']}" + (f": {summary['message']}" if summary["message"] else ""),
+        f"status     {summary['status']}"
+        + (f": {summary['message']}" if summary["message"] else ""),
     ]
     if summary.get("run_key"):
         lines += [

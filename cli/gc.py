@@ -16,7 +16,7 @@ from cli.failures import EXIT_USAGE, fail
 __all__ = ["add_parsers", "format_report"]
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``gc``."""
     gc = sub.add_parser(
         "gc", help="delete manifests beyond retention and objects no kept manifest references",

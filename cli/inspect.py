@@ -6,15 +6,15 @@ import argparse
 import json
 from typing import Any
 
-from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
 from adapters.ledger import Ledger
 from adapters.ledger.records import RunRecord
+from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
 from cli.ledger_lookup import find_run, open_ledger
 
 __all__ = ["add_parsers", "run_status", "tsv_field"]
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``status`` and ``dead-letters``."""
     status = sub.add_parser("status", help="one line per run in the ledger",
                             formatter_class=HELP_FORMATTER)

@@ -19,7 +19,7 @@ from cli.prefect_env import PrefectApiError, with_prefect_api
 __all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``load``."""
     load = sub.add_parser("load", help="load a committed run into LanceDB, pgvector or Qdrant",
                           formatter_class=HELP_FORMATTER)
@@ -66,7 +66,7 @@ def duration_s(text: str) -> float:
     """
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     value = text.strip().lower()
-    scale = units.get(value[-1:], None)
+    scale = units.get(value[-1:])
     try:
         seconds = float(value[:-1] if scale else value) * (scale or 1)
     except ValueError:
@@ -205,10 +205,10 @@ def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str
 
     from adapters.object_store import open_store
     from adapters.sinks import open_sink
+    from adapters.sinks.base import sink_columns_of
     from embedline.errors import EmbedlineError
     from embedline.models import LoadSummary
     from tasks.read import resolve_run
-    from adapters.sinks.base import sink_columns_of
     from tasks.sink_state import plan_load, run_keys
 
     del ledger_path, allow_failed_rows

@@ -54,7 +54,8 @@ class _Parser(argparse.ArgumentParser):
         so the line points to that command's ``--help``."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            parser = _commands(self).get(getattr(parsed, "command", None), self)
+            command = getattr(parsed, "command", None)
+            parser = _commands(self).get(command, self) if command is not None else self
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed
 
@@ -84,7 +85,8 @@ def _values_joined(parser: argparse.ArgumentParser, args: list[str]) -> list[str
 def _refuse_abbreviations(parser: argparse.ArgumentParser, args: list[str]) -> None:
     """Refuse a long option that abbreviates one of ``parser``'s, naming what it may
     mean, before argparse reports anything else (on its own, argparse says "--to is
-    required" to a user who types ``--t``). Stops at ``--`` and at a subcommand: its own parser checks the rest."""
+    required" to a user who types ``--t``). Stops at ``--`` and at a subcommand: its own
+    parser checks the rest."""
     commands = _commands(parser)
     for arg in args:
         if arg == "--" or arg in commands:
@@ -133,8 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     if not os.environ.get(DEBUG_ENV):
-        from cli.prefect_env import (EXIT_DRAIN_LOGGERS, drop_drain_progress,
-                                     drop_prefect_settings_errors)
+        from cli.prefect_env import (
+            EXIT_DRAIN_LOGGERS,
+            drop_drain_progress,
+            drop_prefect_settings_errors,
+        )
 
         logging.getLogger("prefect.plugins").addFilter(drop_prefect_settings_errors)
         for name in EXIT_DRAIN_LOGGERS:
@@ -152,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (Python docs, "Note on SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes an exit code here
         if isinstance(exc, DiskFullError) and not os.environ.get(DEBUG_ENV):
             sys.stderr.write(f"embedline: error: {exc}\n")  # any command, one line
             return exc.exit_code

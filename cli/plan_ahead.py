@@ -138,7 +138,7 @@ class PlanAhead:
             self.scratch.close()
             raise value
         self._handed = True
-        return value  # type: ignore[no-any-return]
+        return value  # type: ignore[no-any-return]  # the plan: kind is not "error"
 
     def close(self) -> None:
         """Stop the child if it still runs (an interrupt, an error before ``plan``) and
@@ -162,8 +162,8 @@ class PlanAhead:
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
             return None
         if not (isinstance(result, tuple) and len(result) == 2
-                and (result[0] == "plan" and isinstance(result[1], InputPlan)
-                     or result[0] == "error" and isinstance(result[1], EmbedlineError))):
+                and ((result[0] == "plan" and isinstance(result[1], InputPlan))
+                     or (result[0] == "error" and isinstance(result[1], EmbedlineError)))):
             return None
         return result
 

@@ -88,7 +88,8 @@ def invalid_prefect_setting(exc: BaseException) -> str | None:
         problems.append(f"{field}: {error['msg']}")
         tail = "_" + str(error["loc"][-1]).upper() if error["loc"] else "\0"
         names += sorted(n for n in os.environ if n.startswith("PREFECT_") and n.endswith(tail))
-    where = ", ".join(dict.fromkeys(names)) or "a Prefect profile (`prefect config view`) or prefect.toml"
+    where = (", ".join(dict.fromkeys(names))
+             or "a Prefect profile (`prefect config view`) or prefect.toml")
     return (f"Prefect refuses a setting ({exc.title} {'; '.join(problems)}), set by {where}: "
             "fix or unset it")
 

@@ -27,7 +27,7 @@ from cli.failures import EXIT_USAGE, fail
 __all__ = ["add_parsers", "kept_columns", "search_target", "top_k"]
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``search``."""
     search = sub.add_parser("search", help="ids nearest to a query (cosine similarity)",
                             formatter_class=HELP_FORMATTER)

@@ -39,17 +39,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = sub.add_parser("store", help="save the key (from the terminal or stdin) in a block")
     store.add_argument("--block", default=os.environ.get(BLOCK_ENV) or DEFAULT_BLOCK)
     args = parser.parse_args(argv)
-    if sys.stdin.isatty():
-        key = getpass.getpass("API key (not echoed): ")
-    else:
-        key = sys.stdin.readline()
+    key = getpass.getpass("API key (not echoed): ") if sys.stdin.isatty() else sys.stdin.readline()
     key = key.strip()
     if not key:
         print("api_key.py: error: empty key", file=sys.stderr)
         return 2
     from prefect.blocks.system import Secret
 
-    Secret(value=key).save(args.block, overwrite=True)
+    Secret(value=key).save(args.block, overwrite=True)  # type: ignore[arg-type]  # validated to SecretStr
     print(f"saved the key in Secret block {args.block!r}")
     return 0
 

@@ -1,4 +1,4 @@
-"""Apply the alerts of ``deployments/automations.yaml`` to the Prefect server in ``PREFECT_API_URL``.
+"""Apply the alerts of ``deployments/automations.yaml`` to the Prefect server at PREFECT_API_URL.
 
     .venv/bin/python deployments/automations.py --webhook-url URL   # first time: makes the block
     .venv/bin/python deployments/automations.py                     # after editing the file
@@ -16,6 +16,7 @@ only, never printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,7 +89,7 @@ def apply(config: dict[str, Any], *, webhook_url: str | None = None) -> list[str
     slug = str(config["notify_block"])  # BLOCK-TYPE/NAME, as `prefect block ls` shows it
     if webhook_url:
         name = slug.rpartition("/")[2]
-        CustomWebhookNotificationBlock(
+        CustomWebhookNotificationBlock(  # type: ignore[call-arg]  # headers, cookies: optional
             name=name, url=webhook_url,
             json_data={"text": "{{subject}}\n{{body}}", "title": "{{name}}"},
         ).save(name, overwrite=True)
@@ -97,11 +98,9 @@ def apply(config: dict[str, Any], *, webhook_url: str | None = None) -> list[str
     with get_client(sync_client=True) as client:
         block_id = None
         if block_type and block_name:
-            try:  # the block document's id, through the client's public API
+            with contextlib.suppress(ObjectNotFound):  # its id, through the public API
                 block_id = client.read_block_document_by_name(
                     block_name, block_type, include_secrets=False).id
-            except ObjectNotFound:
-                pass
         if block_id is None:
             raise LookupError(f"no notification block {slug!r} (BLOCK-TYPE/NAME): pass "
                               "--webhook-url URL to create a webhook block, or create one in "
@@ -146,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LookupError, ValueError) as exc:
         sys.stderr.write(f"automations: error: {exc}\n")
         return 2
-    except Exception as exc:  # noqa: BLE001 - httpx/Prefect: the server does not answer
+    except Exception as exc:  # httpx/Prefect: the server does not answer
         if "Connect" not in type(exc).__name__ and "Timeout" not in type(exc).__name__:
             raise
         sys.stderr.write(f"automations: error: the Prefect API at {api} does not answer "

@@ -39,12 +39,12 @@ def build_deployments() -> list[Any]:
     against that flow's signature."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.events import DeploymentEventTrigger
-    from prefect.flows import load_flow_from_entrypoint
+    from prefect.flows import Flow, load_flow_from_entrypoint
     from prefect.schedules import Cron
 
     deployments = []
     for spec in _spec()["deployments"]:
-        flow = load_flow_from_entrypoint(str(REPO / spec["entrypoint"]))
+        flow: Flow[..., Any] = load_flow_from_entrypoint(str(REPO / spec["entrypoint"]))
         limit = spec["concurrency_limit"]
         schedules = [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
                      for s in spec.get("schedules") or []]

@@ -102,7 +102,7 @@ def check(path: Path = CLI_MD, parser: argparse.ArgumentParser | None = None) ->
 def _first_difference(old: str, new: str) -> str:
     """A one-line hint: the first line that differs, as it is and as it would be."""
     old_lines, new_lines = old.splitlines(), new.splitlines()
-    for number, (was, will) in enumerate(zip(old_lines, new_lines), start=1):
+    for number, (was, will) in enumerate(zip(old_lines, new_lines, strict=False), start=1):
         if was != will:
             return f"line {number}: {was[:60]!r} should be {will[:60]!r}"
     number = min(len(old_lines), len(new_lines)) + 1

@@ -35,10 +35,10 @@ from __future__ import annotations
 
 __all__ = [
     "BadResponseError",
-    "EndpointDownError",
     "ConflictError",
     "DiskFullError",
     "EmbedlineError",
+    "EndpointDownError",
     "FatalError",
     "InputError",
     "RateLimitedError",
@@ -68,7 +68,7 @@ class EmbedlineError(Exception):
         self.chunk_index = chunk_index
         self.row_number = row_number
 
-    def __reduce__(self):  # keep keyword attributes across pickling (Prefect, Dask)
+    def __reduce__(self) -> tuple[object, ...]:  # keep keyword attributes across pickling
         return (_rebuild, (type(self), self.__dict__))
 
 

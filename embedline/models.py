@@ -6,19 +6,20 @@ holds a secret; only ``Row`` holds input text, and its ``repr`` leaves the text 
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 __all__ = [
     "BATCH_PRICE_FACTOR",
+    "EMPTY_TEXT",
+    "RETRYABLE_DEAD_LETTERS",
     "BatchLayout",
     "ChunkBatches",
     "ChunkOutcome",
     "ChunkSpec",
-    "RETRYABLE_DEAD_LETTERS",
     "DeadLetter",
-    "EMPTY_TEXT",
     "InputPlan",
     "InputSource",
     "LoadDeadLetter",
@@ -28,7 +29,6 @@ __all__ = [
     "ReuseSource",
     "Row",
     "RunSummary",
-    "run_cost",
     "blocking_dead_letters",
     "chunk_generation",
     "chunk_object_key",
@@ -38,6 +38,7 @@ __all__ = [
     "empty_texts_phrase",
     "load_dead_letters_end",
     "manifest_object_key",
+    "run_cost",
     "shown_id",
 ]
 
@@ -352,7 +353,7 @@ class ManifestChunk:
     rows: int
     sha256: str
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, builtins.object]:
         """Return the entry as a JSON-ready dict."""
         return asdict(self)
 
@@ -437,7 +438,8 @@ class LoadSummary:
 
     ``exit_code``: 0 loaded, 1 chunks failed to load (rerun resumes) or rows the sink refuses
     for good (``rows_failed`` load dead letters, without ``allow_failed_rows``: a rerun says
-    so again at once), 2 usage or input error, 3 a mismatch or refusal retrying cannot fix. ``mode`` is ``replace`` (rows of
+    so again at once), 2 usage or input error, 3 a mismatch or refusal retrying cannot fix.
+    ``mode`` is ``replace`` (rows of
     other runs deleted after every chunk loaded) or ``changes`` (only the change set's
     added and changed rows upserted, its removed ids deleted). Rows are vectors; ``wall_s``
     seconds; ``rows_skipped`` counts rows of chunks loaded into this sink before.
@@ -493,9 +495,8 @@ def load_dead_letters_end(
         f"({shown}{more}; see `{listing}`); the run's other rows are loaded"
     )
     if allowed:
-        return LoadSummary(**{**summary.to_dict(), "rows_failed": len(dead), "message": what})
+        return replace(summary, rows_failed=len(dead), message=what)
     advice = (": fix those ids (or the table) in the input, or accept them with "
               "--allow-failed-rows (parameter allow_failed_rows)")
-    changes = {"rows_failed": len(dead), "exit_code": 1, "status": "dead_letters",
-               "message": what + advice}
-    return LoadSummary(**{**summary.to_dict(), **changes})
+    return replace(summary, rows_failed=len(dead), exit_code=1, status="dead_letters",
+                   message=what + advice)

@@ -10,7 +10,8 @@ per chunk. With Dask the tasks run in other processes: their counts stay there, 
 flow's progress moves per chunk (never wrong, only coarser).
 
 Cost: the same wrapper adds every call's HTTP requests and the texts they carried (retries
-included) and the reported tokens to a process-wide count, failed calls too, so the run's summary counts what chunks
+included) and the reported tokens to a process-wide count, failed calls too, so the run's summary
+counts what chunks
 that failed, were retried by Prefect or were released at a stop paid for (``cost_in_process``;
 the chunks' outcomes only carry their last attempt's). A request still on the wire when the
 summary is made is not in it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -58,7 +59,11 @@ class EmbeddingClient(Protocol):
     """
 
     model: str
-    dimensions: int | None  # vector length when known (requested, or the local model's 384)
+
+    @property
+    def dimensions(self) -> int | None:
+        """Vector length when known (requested, or the local model's 384)."""
+        ...
 
     @property
     def caps(self) -> RequestLimits | None:
@@ -202,7 +207,7 @@ class ObjectStore(Protocol):
 
     def sweep_temp_files(
         self, max_age_s: float = 3600.0, *, now: float | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:  # `list` is the method above
         """Remove temp files that dead writers left (older than ``max_age_s`` seconds, or
         whose process is gone); return their locations (``[]`` where a write is atomic)."""
         ...
@@ -291,7 +296,8 @@ class VectorSink(Protocol):
 
     def upsert(self, rows: pa.Table, *, run_key: str) -> UpsertResult:
         """Insert or replace ``rows`` (``id``, ``embedding``, ``text_sha256`` and the table's
-        ``SinkColumns`` names) by id, tagged ``run_key``, in one transaction. Rows the store refuses for good (an id it cannot
+        ``SinkColumns`` names) by id, tagged ``run_key``, in one transaction. Rows the store
+        refuses for good (an id it cannot
         store, a vector it refuses) are left out, listed in the result, and any row already
         under their ids is removed, so the table never keeps a stale vector for them.
 

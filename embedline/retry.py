@@ -26,7 +26,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from datetime import timezone
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
@@ -108,7 +108,7 @@ def _parse_retry_after_value(value: str | None, *, now: float | None) -> float |
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # "-0000" zone: RFC 5322 says UTC with no local meaning
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     delta = when.timestamp() - (time.time() if now is None else now)
     return max(0.0, delta) if math.isfinite(delta) else None
 
@@ -165,7 +165,8 @@ def request_retrying(
 
     Retries ``RetryableError`` and ``BadResponseError`` only, never ``RetryLaterError`` (a
     server wait above ``max_wait_s`` seconds: the caller releases the work instead of
-    sleeping) nor ``EndpointDownError`` (the client's circuit breaker is open); stops after ``max_attempts`` attempts, the first try included, or after
+    sleeping) nor ``EndpointDownError`` (the client's circuit breaker is open); stops after
+    ``max_attempts`` attempts, the first try included, or after
     ``MAX_BAD_RESPONSES`` malformed 2xx answers, whichever comes first; waits per
     ``WaitRetryAfter`` over full-jitter backoff (``backoff_base_s * 2 ** (attempt - 1)``
     seconds, at most ``backoff_cap_s``). ``reraise=True``: callers see the last embedline

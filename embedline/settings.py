@@ -355,7 +355,7 @@ class RunSettings(BaseModel):
         for name, field in PARAMETER_FIELDS.items():
             if name in fields:
                 fields[field] = fields.pop(name)
-        return cls(**fields)
+        return cls.model_validate(fields)
 
     def to_parameters(self) -> dict[str, object]:
         """The inverse of ``from_parameters``: flow parameters mirroring the CLI. Without

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 __all__ = [
     "RESERVED_COLUMNS",
     "TEXT_COLUMN",
+    "Template",
     "TemplateError",
     "kept_sha256",
     "parse_template",
     "placeholder",
     "unescape_cli",
-    "Template",
 ]
 
 #: Columns every chunk object (and sink) has: a kept column may not take their names.

@@ -42,7 +42,7 @@ def export_api_key_from_block(block_name: str | None = None) -> bool:
             raise ValueError(f"no Secret block named {explicit!r} (set by {BLOCK_ENV} or "
                              "argument); create it with deployments/api_key.py store") from None
         return False
-    value = secret.get()
+    value = secret.get()  # type: ignore[union-attr]  # sync_compatible: sync caller, no coroutine
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"Secret block {explicit or DEFAULT_BLOCK!r} does not hold a key string")
     os.environ["EMBEDLINE_API_KEY"] = value.strip()

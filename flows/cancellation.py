@@ -33,8 +33,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from prefect import get_run_logger
+from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
-from prefect.states import Cancelled, Running, State
+from prefect.states import Cancelled, Running
 
 from embedline.shutdown import STOP, Terminated, is_interrupt, signal_of
 

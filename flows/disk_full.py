@@ -11,8 +11,8 @@ from typing import Any
 
 from embedline.errors import DiskFullError
 from embedline.models import InputPlan
-from embedline.protocols import ObjectStore
 from embedline.progress import cost_in_process
+from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 
 __all__ = ["disk_full_fields"]

@@ -224,7 +224,7 @@ class Dispatcher:
         if failure.expected:  # its traceback only with --debug (EMBEDLINE_DEBUG)
             debug = isinstance(exc, BaseException) and bool(os.environ.get(DEBUG_ENV))
             self.logger.error("chunk %d failed: %s", spec.index, failure.error,
-                              exc_info=exc if debug else None)
+                              exc_info=exc if debug and isinstance(exc, BaseException) else None)
         else:
             self.logger.error("chunk %d failed with an unexpected error: %s", spec.index,
                               failure.error, exc_info=exc if isinstance(exc, BaseException)

@@ -21,7 +21,7 @@ from embedline.protocols import ObjectStore
 from embedline.shutdown import STOP
 from flows.batch import BatchStage, Staged
 from flows.copied_run import prepare_stage, publish_copied_chunk, take_stage
-from flows.dispatch import DispatchResult, Dispatched, Dispatcher
+from flows.dispatch import Dispatched, Dispatcher, DispatchResult
 from flows.lengths import redo_other_lengths
 from flows.local_chunks import LocalChunks
 from flows.progress_report import ProgressReport, progress_reporter
@@ -79,7 +79,8 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     chunk_task = embed_chunk.with_options(
         retries=settings.chunk_retries,
         retry_delay_seconds=settings.chunk_retry_delay_s,
-        retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,
+        # None: no jitter (Task's own type); with_options's annotation leaves None out
+        retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,  # type: ignore[arg-type]
     )
     reset_cost()
     runner_started = time.monotonic()
@@ -95,6 +96,10 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
                 "dimensions": work.length.current(), "run_key": run.run_key,
                 **_chunk_inputs(spec, stage, staged)})
 
+        def on_outcome(result: DispatchResult) -> None:
+            work.length.answered(result.published.values())
+            report(result)
+
         dispatcher = Dispatcher(
             ledger=ledger,
             run_key=run.run_key,
@@ -102,8 +107,7 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
             submit=submit,
             window=window,
             logger=logger,
-            on_outcome=lambda result: (work.length.answered(result.published.values()),
-                                       report(result)),
+            on_outcome=on_outcome,
             on_tick=report,
             on_gave_up=stage.note_failed,
             grace_s=settings.grace_s,
@@ -130,11 +134,11 @@ def _batches(run: Run, work: Work, stage: ReuseStage, report: ProgressReport) ->
     ``Staged.interrupted``, the batches left running."""
     assert run.ledger is not None
     logger = get_run_logger()
-    stage = BatchStage(settings=run.settings, ledger=run.ledger, run_key=run.run_key,
-                       planner=stage, source=run.plan.source, log=logger,
-                       on_progress=report.batches)
+    batches = BatchStage(settings=run.settings, ledger=run.ledger, run_key=run.run_key,
+                         planner=stage, source=run.plan.source, log=logger,
+                         on_progress=report.batches)
     return dispatch_with_graceful_stop(
-        stage, work.todo, grace_s=run.settings.grace_s, logger=logger,
+        batches, work.todo, grace_s=run.settings.grace_s, logger=logger,
         stopping="nothing more is submitted; the run's batches keep running at the provider")
 
 

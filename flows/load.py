@@ -33,8 +33,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
-from prefect.futures import wait
-from prefect.states import Completed, Failed, State
+from prefect.client.schemas.objects import State
+from prefect.futures import PrefectFuture, wait
+from prefect.states import Completed, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from adapters.ledger import Ledger
@@ -47,12 +48,12 @@ from embedline.protocols import VectorSink
 from embedline.shutdown import STOP
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
 from tasks.chunk import store_for
+from tasks.cutover import check_loaded, cut_over, cutover_target
+from tasks.events import emit_load_completed
 from tasks.load import LoadedChunk, LoadJob, load_chunk, sink_for
 from tasks.load_lease import load_lease
 from tasks.outcome import status_for
 from tasks.read import resolve_run
-from tasks.cutover import check_loaded, cut_over, cutover_target
-from tasks.events import emit_load_completed
 from tasks.report import publish_load_summary
 from tasks.sink_state import (
     DEFAULT_MAX_DELETE_FRACTION,
@@ -314,7 +315,7 @@ def _finalized(summary: LoadSummary, sink: VectorSink, options: _Options) -> Loa
     state = sink.finalize(keep_versions_s=options.keep_versions_s)
     seconds = round(time.monotonic() - started, 3)
     logger.info("%s: %s in %.1f s", sink.identity, state, seconds)
-    return LoadSummary(**{**summary.to_dict(), "index_s": seconds, "index_state": state})
+    return replace(summary, index_s=seconds, index_state=state)
 
 
 def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:
@@ -370,11 +371,13 @@ def _load_chunks(
     failed: dict[int, Any] = {}
     refused: list[LoadDeadLetter] = []
     window = max(1, sink.parallel_loads)
-    with ThreadPoolTaskRunner(max_workers=window) as runner:
+    pool: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=window)
+    with pool as runner:
         for start in range(0, len(todo), window):
             wave = todo[start:start + window]
-            futures = [runner.submit(load_chunk, {"chunk": c, "job": job, "ids": ids[c.index]})
-                       for c in wave]
+            futures: list[PrefectFuture[Any]] = [
+                runner.submit(load_chunk, {"chunk": c, "job": job, "ids": ids[c.index]})
+                for c in wave]
             wait(futures)
             for chunk, future in zip(wave, futures, strict=True):
                 state = future.state
@@ -395,8 +398,8 @@ def _load_chunks(
 
 
 def _with(summary: LoadSummary, started: float, **changes: Any) -> LoadSummary:
-    return LoadSummary(**{**summary.to_dict(), **changes,
-                          "wall_s": round(time.monotonic() - started, 3)})
+    fields: dict[str, Any] = {**changes, "wall_s": round(time.monotonic() - started, 3)}
+    return replace(summary, **fields)
 
 
 def switch_alias(summary: LoadSummary, *, to: str, alias: str, target: str,

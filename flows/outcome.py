@@ -5,11 +5,19 @@ Pure: no I/O, no Prefect. ``Run.conclude`` turns these fields into the run's sum
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from embedline.models import ChunkOutcome, InputPlan, blocking_dead_letters, dead_letters_block_message
+from embedline.models import (
+    ChunkOutcome,
+    InputPlan,
+    blocking_dead_letters,
+    dead_letters_block_message,
+)
 from embedline.shutdown import STOP, exit_code_for
 from flows.dispatch import DispatchResult
+
+if TYPE_CHECKING:
+    from tasks.outcome import ChunkFailure
 
 __all__ = ["outcome_fields"]
 
@@ -37,7 +45,8 @@ def outcome_fields(
     """
     done = {**skipped, **result.published}
     concurrent = result.published_elsewhere  # also in ``skipped``
-    attempts = [*result.published.values(), *result.failed.values(), *result.released.values()]
+    attempts: list[ChunkOutcome | ChunkFailure] = [
+        *result.published.values(), *result.failed.values(), *result.released.values()]
     requests, tokens, inputs = cost or (sum(o.requests for o in attempts),
                                         sum(o.tokens for o in attempts),
                                         sum(o.inputs for o in result.published.values()))

@@ -44,15 +44,15 @@ from flows.outcome import outcome_fields
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
 from tasks.dimensions import RunLength, other_lengths, pinned_length, with_lengths
 from tasks.events import run_payload
-from tasks.target import RunTarget, resolve_run_target
 from tasks.manifest import already_complete_fields, change_fields
 from tasks.run_lease import run_lease
-from tasks.skip import find_published, retries_dead_letters
 from tasks.sink_state import MassDeleteError
+from tasks.skip import find_published, retries_dead_letters
+from tasks.target import RunTarget, resolve_run_target
 
 __all__ = ["CommittedRun", "Run", "Work"]
 
-Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
+Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
 _NOTHING_SENT = "every chunk was already published: committed without embedding"
 
 
@@ -139,7 +139,7 @@ class Run:
     def summary(self, base: RunSummary | None = None, **changes: Any) -> RunSummary:
         """``base`` (default: the run's empty summary: key, output, totals, generation)
         with ``changes``; ``wall_s`` is the seconds since the run started unless given."""
-        fields = base.to_dict() if base is not None else dict(
+        fields: dict[str, Any] = base.to_dict() if base is not None else dict(
             exit_code=0, status="running", message="", run_key=self.run_key,
             output=self.store.uri, rows_total=self.plan.rows,
             chunks_total=len(self.plan.chunks), generation=self.target.generation,

@@ -4,7 +4,8 @@ First signal: submit no more chunks and give in-flight chunks ``grace_s`` second
 (their requests are paid for: let them land); chunks still running then stop before their
 next request and are released in the ledger; the run exits 130 (SIGINT) or 143 (SIGTERM).
 Second signal: exit at once with the same code (``STOP.hard_exit``, whose hook from
-``adapters.ledger.record_hard_stop`` marks the run ``interrupted``); the ledger stays consistent because
+``adapters.ledger.record_hard_stop`` marks the run ``interrupted``); the ledger stays consistent
+because
 every write is one SQLite transaction, and chunks left ``running`` are reclaimed by the next
 run on this host as soon as it sees their process is gone.
 
@@ -129,7 +130,7 @@ def dispatch_with_graceful_stop(
                       stopping=stopping)
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["result"]  # type: ignore[no-any-return]
+    return outcome["result"]  # type: ignore[no-any-return]  # the call's own T
 
 
 def _stop(

@@ -38,7 +38,7 @@ def task_runner(settings: RunSettings, window: int) -> Any:
         return ThreadPoolTaskRunner(max_workers=window)
     _quiet_dask()
     try:
-        from prefect_dask import DaskTaskRunner
+        from prefect_dask.task_runners import DaskTaskRunner
     except ImportError:
         raise InputError("--task-runner dask needs prefect-dask: pip install "
                          "'embedline[dask]'") from None

@@ -48,7 +48,7 @@ class BatchAnswers(EmbeddingClientBase):
         self.batch_inputs = 0  # texts answered from the batches (not sent again)
 
     @property
-    def accepted_requests(self) -> int:
+    def accepted_requests(self) -> int:  # type: ignore[override]  # read-only: a count
         """Requests the batches ran: answers, and inputs rejected alone (a batch's error
         file names the request it refused, so a rejection is that input's, not a refusal
         of every request; a parameter the server refuses fails the batch's validation)."""
@@ -86,6 +86,7 @@ class BatchAnswers(EmbeddingClientBase):
             raise BadResponseError(f"a batch answer is not {width} long")
         self.batch_tokens += tokens
         self.batch_inputs += len(texts) - len(missing)
+        # no None left in `found`: the missing ones raised above
         vectors = np.ascontiguousarray(np.stack(found), dtype=np.float32)  # type: ignore[arg-type]
         # the texts a batch answered were sent (and billed, at the batch price): counted as
         # inputs sent like the synchronous ones

@@ -31,8 +31,18 @@ from embedline.settings import RunSettings
 from tasks.embed import batches
 from tasks.reuse import split_duplicates, take_prefill
 
-__all__ = ["BATCH_MAX_BYTES", "BatchRequest", "BatchResults", "chunk_requests", "input_file",
-           "layout_of", "layout_requests", "Resolved", "pack", "sent_text_sha256"]
+__all__ = [
+    "BATCH_MAX_BYTES",
+    "BatchRequest",
+    "BatchResults",
+    "Resolved",
+    "chunk_requests",
+    "input_file",
+    "layout_of",
+    "layout_requests",
+    "pack",
+    "sent_text_sha256",
+]
 
 #: A batch input file's limit is 200 MB (OpenAI Batch guide); kept 5 % below it.
 BATCH_MAX_BYTES = 190_000_000
@@ -70,7 +80,8 @@ def chunk_requests(rows: Sequence[Row], plan: ReusePlan, settings: RunSettings, 
                    only: Collection[int] | None = None) -> list[BatchRequest]:
     """The requests a chunk of ``rows`` sends, given its reuse ``plan``: rows the plan does
     not list (in-run owners, copied vectors), without in-chunk duplicates, empty texts and
-    (``on_too_long=dead-letter``) texts over ``max_input_tokens`` by the lenient estimate, truncated texts as
+    (``on_too_long=dead-letter``) texts over ``max_input_tokens`` by the lenient estimate,
+    truncated texts as
     ``tasks.embed`` truncates them; batched by ``batch_size`` and ``max_request_tokens``.
     ``only``: of those, the rows at these positions (0-based in ``rows``) alone."""
     planned = {p for source in plan.sources for p in source.rows}
@@ -157,7 +168,8 @@ def pack(requests: Sequence[BatchRequest], settings: RunSettings, *,
     for i, request in enumerate(requests):
         n, b, t = len(request.texts), len(_line(request, settings)), request.estimated_tokens
         full = (inputs + n > settings.batch_max_inputs or i - start >= 50_000
-                or size + b > BATCH_MAX_BYTES or (max_tokens is not None and tokens + t > max_tokens))
+                or size + b > BATCH_MAX_BYTES
+                or (max_tokens is not None and tokens + t > max_tokens))
         if i > start and full:
             parts.append((start, i))
             start, inputs, size, tokens = i, 0, 0, 0

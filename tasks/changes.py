@@ -25,6 +25,7 @@ each side that is read (1.6 GB for a shuffled night of 10 million rows), plus th
 
 from __future__ import annotations
 
+import builtins
 import json
 import tempfile
 from collections import Counter, deque
@@ -75,7 +76,7 @@ class ChangeCounts:
     removed: int
     unchanged: int
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, builtins.object]:
         """Return the counts as the manifest's ``changes`` entry."""
         return asdict(self)
 

@@ -15,14 +15,16 @@ from typing import Any
 import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Cancelled, Completed, State
+from prefect.client.schemas.objects import State
+from prefect.states import Cancelled, Completed
 
+from adapters.csv_source import read_chunk
 from adapters.embeddings import build_batch_client, build_embedder
 from adapters.object_store import open_store
+from embedline import progress
 from embedline.errors import StopRequestedError
 from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
 from embedline.protocols import ObjectStore
-from embedline import progress
 from embedline.settings import RunSettings
 from embedline.tracebacks import CHUNK_TASK_NAME, quiet_expected_tracebacks
 from tasks.batch_answers import BatchAnswers, batch_answers
@@ -30,9 +32,14 @@ from tasks.embed import EmbeddedRows, embed_rows, merged
 from tasks.outcome import retry_condition
 from tasks.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.publish import publish_chunk
-from adapters.csv_source import read_chunk
-from tasks.reuse import (Reused, combine, drop_other_lengths, split_duplicates, take_prefill,
-                         take_reused)
+from tasks.reuse import (
+    Reused,
+    combine,
+    drop_other_lengths,
+    split_duplicates,
+    take_prefill,
+    take_reused,
+)
 
 __all__ = ["embed_chunk", "run_chunk", "show_published_chunk", "store_for", "warm_worker"]
 

@@ -29,8 +29,13 @@ from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from tasks.gather import Prefill
 from tasks.paid import PaidRequests, chunk_name
-from tasks.publish import (chunk_parquet_columns, fold_fingerprint, hex_keys, publish_body,
-                           reusing_pool)
+from tasks.publish import (
+    chunk_parquet_columns,
+    fold_fingerprint,
+    hex_keys,
+    publish_body,
+    reusing_pool,
+)
 
 __all__ = ["publish_copied"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from adapters.embeddings import RequestCaps, estimate_tokens
+from adapters.embeddings import estimate_tokens
 from embedline.errors import (
     BadResponseError,
     EmbedlineError,
@@ -25,7 +25,7 @@ from embedline.errors import (
 )
 from embedline.keys import request_key, row_key
 from embedline.models import DeadLetter, Row
-from embedline.protocols import EmbeddingClient
+from embedline.protocols import EmbeddingClient, RequestLimits
 from embedline.shutdown import tasks_must_stop
 from tasks.paid import PaidRequests
 
@@ -53,7 +53,7 @@ def batches(
     *,
     batch_size: int,
     max_request_tokens: int,
-    caps: RequestCaps | None = None,
+    caps: RequestLimits | None = None,
 ) -> Iterator[list[Row]]:
     """Split ``rows`` into consecutive batches of at most ``batch_size`` rows and at most
     ``max_request_tokens`` estimated tokens (a single larger row goes alone), each lowered
@@ -114,7 +114,7 @@ class _Embedder:
         self.dimensions = dimensions
         # the run's vector length: given by the flow, else learned from the first answer
         self.expected = expect_dimensions if expect_dimensions is not None else dimensions
-        self.caps: RequestCaps | None = None if client is None else client.caps
+        self.caps: RequestLimits | None = None if client is None else client.caps
         self.vectors: dict[int, np.ndarray] = {}
         self.dead_letters: list[DeadLetter] = []
         self.accepted: list[tuple[int, int]] = []  # (inputs, estimated tokens) per request
@@ -139,8 +139,10 @@ class _Embedder:
         if tasks_must_stop():
             raise StopRequestedError("the run is stopping; chunk released for the next run")
         keys = self.keys(batch)
+        client = self.client
+        assert client is not None  # a chunk with requests to send has a client
         try:
-            result = self.client.embed(
+            result = client.embed(
                 [r.text for r in batch], idempotency_key=request_key(keys),
                 expect_dimensions=self.expected,
             )
@@ -167,7 +169,9 @@ class _Embedder:
 
     def _nothing_accepted(self) -> bool:
         """True until this chunk or (if the client says) any request of the run got a 2xx."""
-        return not self.accepted and self.client.accepted_requests == 0
+        client = self.client
+        assert client is not None  # a chunk with requests to send has a client
+        return not self.accepted and client.accepted_requests == 0
 
     def _isolate_rejected(self, batch: list[Row], exc: RowError) -> None:
         if len(batch) == 1:

@@ -95,7 +95,7 @@ def dead_letters_threshold() -> int | None:
         return None
     try:
         value = Variable.get(THRESHOLD_VARIABLE, default=None)
-        threshold = None if value is None else int(value)
+        threshold: int | None = None if value is None else int(value)
     except Exception:  # noqa: BLE001 - the API went away after the commit, a bad value
         return None
     return threshold if threshold is not None and threshold >= 0 else None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from adapters.scratch import Spill, digests, stable_order
 from embedline.errors import EmbedlineError
+from embedline.models import Row
 from embedline.protocols import ObjectStore
 from tasks.reuse_plan import JoinResult, Source
 
@@ -81,7 +82,7 @@ class Prefill:
         self.records = (np.frombuffer(data, dtype=dtype) if data is not None
                         else np.fromfile(str(path), dtype=dtype))
 
-    def take(self, rows: list) -> dict[int, np.ndarray]:  # type: ignore[type-arg]
+    def take(self, rows: Sequence[Row]) -> dict[int, np.ndarray]:
         """Vectors (float32 ``(width,)``) by ``Row.row_number`` for ``rows`` (the chunk's
         rows in order, ``Row``), checked against each row's ``text_sha256``."""
         records = self.records[self.records["position"] < len(rows)]
@@ -105,7 +106,7 @@ def gather(store: ObjectStore, joined: JoinResult, directory: Path, *,
     out = Gathered(directory / "vectors", length, np.zeros(chunks_total, dtype=np.int64))
     spill: Spill | None = None
     with ThreadPoolExecutor(READERS) as pool:
-        for number, needs, table in _read_each_once(pool, store, joined):
+        for _number, needs, table in _read_each_once(pool, store, joined):
             out.sources_read += 1
             if table is None:
                 continue

@@ -31,8 +31,8 @@ class ChunkFailure:
     """A failed chunk: ``kind`` says what the run does next; ``error`` is for the ledger.
 
     ``fatal`` stops dispatching and exits 3; ``input`` stops and exits 2; ``outage`` (the
-    embedding endpoint went down mid-run, or a filesystem written is full) marks the chunk failed and stops dispatching, exit
-    1, a rerun resumes; ``failed`` marks
+    embedding endpoint went down mid-run, or a filesystem written is full) marks the chunk failed
+    and stops dispatching, exit 1, a rerun resumes; ``failed`` marks
     the chunk failed (a rerun retries it) and the run goes on; ``released`` gives the chunk
     back as pending (the run is stopping, or the server asked for a wait above the cap).
     """
@@ -76,6 +76,6 @@ def retry_condition(task: Any, task_run: Any, state: Any) -> bool:
         return False  # the circuit breaker is open: a retry would be refused unsent
     except RetryableError:
         return True
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - any other failure is not retried
         return False
     return False

@@ -129,7 +129,8 @@ def read_embeddings_arrow(output: str, run: str | None = None) -> pa.Table:
 def read_embeddings(output: str, run: str | None = None) -> pd.DataFrame:
     """Return a run's vectors as a pandas DataFrame: ``id`` and ``text_sha256`` (str),
     ``embedding`` (one float32 numpy array of the run's dimensions per row; the arrays are
-    row views of one contiguous matrix), then the run's kept columns and ``text`` (str). Arguments and errors as ``read_embeddings_arrow``;
+    row views of one contiguous matrix), then the run's kept columns and ``text`` (str). Arguments
+    and errors as ``read_embeddings_arrow``;
     ``df.attrs`` holds ``run_key``, ``model`` and ``dimensions``.
     """
     import numpy as np

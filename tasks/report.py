@@ -44,7 +44,8 @@ class ProgressArtifact:
     """
 
     def __init__(self, *, description: str, min_interval_s: float = 1.0) -> None:
-        self._id: UUID = create_progress_artifact(
+        # sync_compatible: a sync caller gets the UUID, not a coroutine
+        self._id: UUID = create_progress_artifact(  # type: ignore[assignment]
             progress=0.0, key="embedline-progress", description=description
         )
         self._min_interval_s = min_interval_s
@@ -150,8 +151,8 @@ def summary_markdown(
                   "parameters, press **Retry** on this flow run, or `embedline run` the same "
                   f"command (`embedline status {summary.run_key[:12]}`)."]
     if summary.load:  # run --sink: the load stage's own lines
-        load = LoadSummary(**summary.load)  # type: ignore[arg-type]
-        lines += ["", "## Load into the sink", "", "| | |", "|---|---|"] + _load_lines(load)
+        load = LoadSummary(**summary.load)  # type: ignore[arg-type]  # a LoadSummary.to_dict()
+        lines += ["", "## Load into the sink", "", "| | |", "|---|---|", *_load_lines(load)]
     if dead_letters:
         lines += ["", f"## Dead letters ({len(dead_letters)})", "", "| row | id | reason | HTTP |",
                   "|---|---|---|---|"]
@@ -200,7 +201,7 @@ def publish_summary(
 def load_markdown(summary: LoadSummary) -> str:
     """Render a load's summary as Markdown (counts only; a refusal's message names the
     counts and the flag that allows it)."""
-    return "\n".join(["# embedline load", "", "| | |", "|---|---|"] + _load_lines(summary)) + "\n"
+    return "\n".join(["# embedline load", "", "| | |", "|---|---|", *_load_lines(summary)]) + "\n"
 
 
 def _load_lines(summary: LoadSummary) -> list[str]:

@@ -121,7 +121,8 @@ class Reused:
 
 def take_prefill(rows: Sequence[Row], plan: ReusePlan) -> Reused:
     """The vectors the reuse stage copied for this chunk (``plan.prefill``, a ``Prefill``
-    file of ``plan.width``-long vectors, or ``plan.copies``, its bytes), by row number, for rows whose full text hash
+    file of ``plan.width``-long vectors, or ``plan.copies``, its bytes), by row number, for rows
+    whose full text hash
     matches the copy; counted as reused (from an earlier run, or from a request a failed
     attempt of this run kept for another chunk). Empty when the plan copied nothing.
 

@@ -227,9 +227,9 @@ def join_run(
             numbers = source_of[oids]
             result.from_index += _take(result.needs, run, left, prefixes, numbers, positions,
                                        owner_of)
-        if kept_entries[bucket] is not None:
-            result.from_kept += _take(result.needs, run, left, *kept_entries[bucket],
-                                      owner_of)
+        entries = kept_entries[bucket]
+        if entries is not None:
+            result.from_kept += _take(result.needs, run, left, *entries, owner_of)
         _in_run(result, run[left])
     result.needs.flush()
     result.waits.flush()
@@ -317,7 +317,7 @@ def read_waits(waits: Spill, chunk: int, cache: dict[int, np.ndarray]) -> np.nda
         cache.clear()
         cache[group] = waits.read(group)
     records = cache[group]
-    mine = records[records["chunk"] == chunk]
+    mine: np.ndarray = records[records["chunk"] == chunk]
     return mine[np.argsort(mine["position"], kind="stable")]
 
 

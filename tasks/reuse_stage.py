@@ -45,7 +45,7 @@ from tasks.reuse_plan import JoinResult, join_run, read_waits, refresh_index
 
 __all__ = ["ReuseStage"]
 
-Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
+Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
 _NO_HEIR = np.iinfo(np.uint32).max
 _INDEX_BATCH = 64  # objects indexed per ledger transaction
 
@@ -72,6 +72,7 @@ class ReuseStage:
         self._own: Scratch | None = None
         if plan.scratch is None:
             self._own = Scratch.create(scratch_root)
+        # _own is set just above when plan.scratch is None
         base = Path(plan.scratch) if plan.scratch is not None else self._own.path  # type: ignore[union-attr]
         self.directory = base / f"reuse-{self.session}"
         self._specs: dict[int, ChunkSpec] = {}

@@ -3,7 +3,8 @@
 
 The sink's own rows are the record: each row's ``id`` and ``text_sha256`` (written in the
 same transaction, or LanceDB commit, as its vector), and in a table with kept columns each
-row's ``kept_sha256`` (so a metadata-only edit is a row the sink does not hold yet). A load compares them with the run's
+row's ``kept_sha256`` (so a metadata-only edit is a row the sink does not hold yet). A load
+compares them with the run's
 ``id`` and ``text_sha256`` columns (read from the chunk objects, never the vectors):
 
 - rows to upsert: the run's rows whose ``(id, text_sha256)`` the sink does not hold (absent,
@@ -30,9 +31,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from adapters.sinks.base import KEPT_HASH
 from embedline.errors import InputError
 from embedline.protocols import ObjectStore
-from adapters.sinks.base import KEPT_HASH
 from tasks.changes import read_keys
 
 __all__ = ["DEFAULT_MAX_DELETE_FRACTION", "LoadPlan", "MassDeleteError", "check_delete_share",

@@ -58,12 +58,12 @@ def find_published(
         if any(d.reason in RETRYABLE_DEAD_LETTERS for d in outcome.dead_letters):
             found[index] = _newest_generation(store, plan.chunks[index], outcome, model)
     for spec in plan.chunks:
-        outcome = found.get(spec.index)
-        if outcome is not None:
+        adopted = found.get(spec.index)
+        if adopted is not None:
             ledger.mark_published(
-                run_key, spec, object_uri=store.uri_for(outcome.object_key),
-                sha256=outcome.object_sha256, rows=outcome.rows,
-                dead_letters=outcome.dead_letters,
+                run_key, spec, object_uri=store.uri_for(adopted.object_key),
+                sha256=adopted.object_sha256, rows=adopted.rows,
+                dead_letters=adopted.dead_letters,
             )
     return found
 

@@ -99,7 +99,7 @@ class SortedRun:
 
 def _batch_rows(table: pa.Table, limits: SortLimits) -> int:
     """Rows per IPC batch for a run like ``table``: ``batch_rows``, fewer for wide rows."""
-    per_row = max(1, table.nbytes // max(1, table.num_rows))
+    per_row: int = max(1, table.nbytes // max(1, table.num_rows))
     return max(1, min(limits.batch_rows, limits.batch_bytes // per_row))
 
 

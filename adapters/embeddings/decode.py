@@ -80,7 +80,7 @@ def parse_embeddings(
                 raise BadResponseError(f"duplicate embedding index {index}")
             rows[index] = decode_vector(item.get("embedding"), index)
         matrix = stack_vectors([r for r in rows if r is not None], dimensions)
-    return matrix, _usage_tokens(payload.get("usage"))  # type: ignore[union-attr]
+    return matrix, _usage_tokens(payload.get("usage") if isinstance(payload, Mapping) else None)
 
 
 def _decode_base64_at_once(
@@ -105,7 +105,7 @@ def _decode_base64_at_once(
         not isinstance(t, str) or len(t) != len(first) for t in texts
     ):
         return None
-    joined = "".join(texts)  # type: ignore[arg-type]
+    joined = "".join(texts)  # type: ignore[arg-type]  # all str: checked above
     if "=" in joined:
         return None
     try:
@@ -125,6 +125,7 @@ def _indexes(data: list[object], n: int) -> list[int]:
     """Each item's position in the request (see ``parse_embeddings``)."""
     if not all(isinstance(item, Mapping) for item in data):
         raise BadResponseError("embedding item is not an object")
+    # every item is a Mapping (checked above); `data` is typed list[object]
     missing = [i for i, item in enumerate(data) if "index" not in item]  # type: ignore[operator]
     if len(missing) == len(data):
         return list(range(n))

@@ -35,8 +35,13 @@ from adapters.embeddings.common import HTTP_LOGGER, Logger
 from adapters.embeddings.decode import json_or_none
 from adapters.embeddings.endpoint import auth_headers, auth_hint, check_api_key, safe_url
 from adapters.embeddings.latch import FatalLatch
-from embedline.errors import (BadResponseError, EmbedlineError, FatalError, RowError,
-                              UnknownBatchError)
+from embedline.errors import (
+    BadResponseError,
+    EmbedlineError,
+    FatalError,
+    RowError,
+    UnknownBatchError,
+)
 from embedline.retry import request_retrying
 
 __all__ = ["BATCH_ENDPOINT", "TERMINAL_STATUSES", "BatchClient", "TokenLimitError",
@@ -101,7 +106,7 @@ class BatchClient:
 
         :raises UnknownBatchError: no such file for this key (deleted, another account).
         """
-        return self._call("GET", f"/files/{file_id}/content", raw=True)  # type: ignore[no-any-return]
+        return self._call("GET", f"/files/{file_id}/content", raw=True)  # type: ignore[no-any-return]  # bytes
 
     # -- batches ---------------------------------------------------------------------
 
@@ -117,7 +122,7 @@ class BatchClient:
         body = {"input_file_id": input_file_id, "endpoint": BATCH_ENDPOINT,
                 "completion_window": "24h", "metadata": dict(metadata)}
         try:
-            return self._call("POST", "/batches", json=body, attempts=1)  # type: ignore[no-any-return]
+            return self._call("POST", "/batches", json=body, attempts=1)  # type: ignore[no-any-return]  # JSON
         except (RowError, FatalError) as exc:
             if "token_limit_exceeded" in str(exc):
                 raise TokenLimitError(str(exc)) from None
@@ -130,14 +135,14 @@ class BatchClient:
 
         :raises UnknownBatchError: no such batch for this key (another account, purged).
         """
-        return self._call("GET", f"/batches/{batch_id}")  # type: ignore[no-any-return]
+        return self._call("GET", f"/batches/{batch_id}")  # type: ignore[no-any-return]  # JSON
 
     def cancel_batch(self, batch_id: str) -> dict[str, Any]:
         """Ask to cancel ``batch_id`` (it goes ``cancelling``, then ``cancelled``).
 
         :raises UnknownBatchError: no such batch for this key (another account, purged).
         """
-        return self._call("POST", f"/batches/{batch_id}/cancel")  # type: ignore[no-any-return]
+        return self._call("POST", f"/batches/{batch_id}/cancel")  # type: ignore[no-any-return]  # JSON
 
     def list_batches(self, *, page_size: int = 100) -> Iterator[dict[str, Any]]:
         """Every batch of the account, newest first (``limit``/``after`` pages)."""
@@ -166,8 +171,9 @@ class BatchClient:
         every later call raises it again unsent. Not for a call of one attempt (a create:
         one refused connection is no outage)."""
         self._latch.check()
-        retrying = request_retrying(max_attempts=attempts or self.max_attempts,
-                                    **({"sleep": self._sleep} if self._sleep else {}))
+        tries = attempts or self.max_attempts
+        retrying = (request_retrying(max_attempts=tries, sleep=self._sleep) if self._sleep
+                    else request_retrying(max_attempts=tries))
         try:
             for attempt in retrying:
                 with attempt:

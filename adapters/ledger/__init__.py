@@ -54,8 +54,8 @@ from adapters.ledger.reuse_index import ReuseIndex
 from adapters.ledger.runs import RunTable
 from adapters.ledger.sink_loads import SinkLoadTable
 
-__all__ = ["SCHEMA_VERSION", "BatchRecord", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord", "SinkLoadRecord",
-           "new_owner", "record_hard_stop"]
+__all__ = ["SCHEMA_VERSION", "BatchRecord", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord",
+           "SinkLoadRecord", "new_owner", "record_hard_stop"]
 
 
 class Ledger(RunTable, ChunkTable, ObjectTable, SinkLoadTable, ReuseIndex, BatchTable):

@@ -57,7 +57,7 @@ class ChunkTable(LedgerBase):
         rows = self._conn.execute(
             "SELECT state, COUNT(*) FROM chunks WHERE run_key = ? GROUP BY state", (run_key,)
         )
-        return {state: n for state, n in rows}
+        return dict(rows)
 
     def claim(self, run_key: str, idx: int, *, owner: str, lease_s: float) -> bool:
         """Take chunk ``idx`` for ``owner`` for ``lease_s`` seconds; False if someone holds it.
@@ -79,7 +79,8 @@ class ChunkTable(LedgerBase):
             if cursor.rowcount == 1:
                 return True
             row = self._conn.execute(
-                "SELECT lease_owner FROM chunks WHERE run_key = ? AND idx = ? AND state = 'running'",
+                "SELECT lease_owner FROM chunks"
+                " WHERE run_key = ? AND idx = ? AND state = 'running'",
                 (run_key, idx),
             ).fetchone()
             if row is None or not owner_is_dead(row[0]):

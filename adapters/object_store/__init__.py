@@ -28,9 +28,9 @@ from embedline.errors import InputError
 from embedline.protocols import ObjectStore
 
 __all__ = [
+    "SCRATCH_PREFIX",
     "LocalDirStore",
     "S3Store",
-    "SCRATCH_PREFIX",
     "check_conditional_writes",
     "open_store",
     "supports_if_none_match",

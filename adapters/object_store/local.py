@@ -7,6 +7,7 @@ Filesystem errors are translated here (``_translate_os_error``) and nowhere else
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import logging
@@ -260,7 +261,7 @@ class LocalDirStore:
         """
         path = self._path(key)
         with _in_the_way_is_a_conflict(path):
-            return open(path, "rb")  # noqa: SIM115 — the caller closes it
+            return open(path, "rb")  # the caller closes it
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Yield the objects whose key starts with ``prefix`` (a folder such as ``chunks/``),
@@ -293,7 +294,7 @@ class LocalDirStore:
 
     def sweep_temp_files(
         self, max_age_s: float = 3600.0, *, now: float | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Remove temp files left by dead writers; return their paths.
 
         Searches ``chunks/``, ``changes/``, ``manifests/`` and ``_embedline/``

@@ -13,6 +13,7 @@ writes need SigV4 or HTTPS; boto3 signs with SigV4. botocore's errors are transl
 from __future__ import annotations
 
 import base64
+import builtins
 import io
 import logging
 import os
@@ -335,7 +336,7 @@ class S3Store:
 
     def sweep_temp_files(
         self, max_age_s: float = 3600.0, *, now: float | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Return ``[]``: a PUT is atomic on S3, so no writer leaves a temp object behind."""
         return []
 

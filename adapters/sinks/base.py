@@ -25,9 +25,22 @@ from embedline.errors import FatalError
 from embedline.protocols import SinkColumns, SinkTable
 from embedline.template import kept_sha256
 
-__all__ = ["DEFAULT_TABLE", "KEPT_HASH", "KeptColumnsCache", "OWN_COLUMNS", "SINK_FORMAT",
-           "check_compatible", "exact_top_k", "extra_values", "held_key_columns", "kept_hashes",
-           "sink_columns_of", "sink_metadata", "sink_table_from_metadata", "vector_matrix"]
+__all__ = [
+    "DEFAULT_TABLE",
+    "KEPT_HASH",
+    "OWN_COLUMNS",
+    "SINK_FORMAT",
+    "KeptColumnsCache",
+    "check_compatible",
+    "exact_top_k",
+    "extra_values",
+    "held_key_columns",
+    "kept_hashes",
+    "sink_columns_of",
+    "sink_metadata",
+    "sink_table_from_metadata",
+    "vector_matrix",
+]
 
 DEFAULT_TABLE = "embeddings"  # the table a sink URI without ``table=NAME`` names
 SINK_FORMAT = "embedline.sink.v1"
@@ -134,7 +147,8 @@ def vector_matrix(rows: pa.Table) -> np.ndarray:
     """
     dims = rows.schema.field("embedding").type.list_size
     flat = rows.column("embedding").combine_chunks().flatten()
-    return flat.to_numpy(zero_copy_only=False).reshape(-1, dims)
+    matrix: np.ndarray = flat.to_numpy(zero_copy_only=False).reshape(-1, dims)
+    return matrix
 
 
 def exact_top_k(matrix: np.ndarray, ids: Sequence[Any], vector: np.ndarray, k: int,

@@ -23,9 +23,9 @@ import pyarrow as pa
 
 from adapters.disk_full import translate_full
 from adapters.sinks.base import (
-    KeptColumnsCache,
     KEPT_HASH,
     OWN_COLUMNS,
+    KeptColumnsCache,
     check_compatible,
     exact_top_k,
     extra_values,

@@ -105,9 +105,10 @@ def _report(dsn: str, pid: int, identity: str, rows: int, interval_s: float,
                     continue
                 phase, done, total = row
                 total = int(total or 0) or rows
-                progress_logger.info("%s: building the HNSW index, %s: %d of %d rows (%.0f %%), %.0f s",
-                            identity, phase, int(done or 0), total,
-                            100.0 * int(done or 0) / max(total, 1),
-                            time.monotonic() - started)
+                progress_logger.info(
+                    "%s: building the HNSW index, %s: %d of %d rows (%.0f %%), %.0f s",
+                    identity, phase, int(done or 0), total,
+                    100.0 * int(done or 0) / max(total, 1),
+                    time.monotonic() - started)
     except psycopg.Error as exc:
         logger.debug("%s: no index build progress (%s)", identity, type(exc).__name__)

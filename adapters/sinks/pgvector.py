@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.sinks.base import (
-    KeptColumnsCache,
     KEPT_HASH,
+    KeptColumnsCache,
     check_compatible,
     extra_values,
     held_key_columns,
@@ -208,8 +208,9 @@ class PgVectorSink(KeptColumnsCache):
 
         long = [n for n in columns.names if len(n.encode()) > _MAX_IDENTIFIER_BYTES]
         if long:
-            raise FatalError(f"column {long[0]!r} is longer than PostgreSQL's {_MAX_IDENTIFIER_BYTES}"
-                             "-byte names: rename it in the CSV to keep it in a pgvector sink")
+            raise FatalError(f"column {long[0]!r} is longer than PostgreSQL's "
+                             f"{_MAX_IDENTIFIER_BYTES}-byte names: rename it in the CSV to keep "
+                             "it in a pgvector sink")
         extra = sql.SQL("").join(sql.SQL(", {} text").format(sql.Identifier(n))
                                  for n in _extra_names(columns))
         with self._transaction("create") as conn:

@@ -374,10 +374,11 @@ class QdrantSink(KeptColumnsCache):
             return "nothing to build (the server indexes as points arrive)"
         found = self.describe()
         if found is not None and found.rows > LOCAL_MODE_ADVISED_POINTS:
-            progress_logger.info("%s: %d points in Qdrant's local mode, which qdrant-client advises "
-                        "for up to %d (it keeps them in memory and searches exactly); a "
-                        "Qdrant server loads and searches faster", self.identity, found.rows,
-                        LOCAL_MODE_ADVISED_POINTS)
+            progress_logger.info(
+                "%s: %d points in Qdrant's local mode, which qdrant-client advises "
+                "for up to %d (it keeps them in memory and searches exactly); a "
+                "Qdrant server loads and searches faster", self.identity, found.rows,
+                LOCAL_MODE_ADVISED_POINTS)
         return "nothing to build (local mode searches exactly)"
 
     def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),

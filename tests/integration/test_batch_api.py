@@ -430,7 +430,7 @@ def test_cancel_batches_adopts_a_batch_still_recorded_creating_and_cancels_it(
 def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_progress(
         tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
     """The lighter sibling of the slow Ctrl-C test: one CLI run, stopped while it waits."""
-    _, env, proc = start_waiting_run(tmp_path, server, prefect_api_url,
+    _, _env, proc = start_waiting_run(tmp_path, server, prefect_api_url,
                                      "--progress-interval", "0.2")
     time.sleep(0.5)  # a progress line or two while waiting
     os.killpg(proc.pid, signal.SIGTERM)

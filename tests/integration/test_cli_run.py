@@ -20,8 +20,8 @@ from embedline import keys
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import run_cli
 from tests.support.moto_server import moto_env
-from tests.support.s3_servers import make_bucket, shared_client
 from tests.support.output import read_local_output, vectors_by_id
+from tests.support.s3_servers import make_bucket, shared_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
@@ -36,7 +36,8 @@ def _csv(path: Path, rows: list[tuple[str, str]], header: tuple[str, str] = ("id
 
 
 def _rows(n: int) -> list[tuple[str, str]]:
-    return [(f"{i:03d}", f"description {i}\nsecond line, with \"quotes\" {i * 7}") for i in range(n)]
+    return [(f"{i:03d}", f"description {i}\nsecond line, with \"quotes\" {i * 7}")
+            for i in range(n)]
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> tuple[int, str, str]:
@@ -306,7 +307,7 @@ def test_failed_chunks_then_retry_failed_embeds_only_those(
                     cwd=elsewhere)
     assert retry.returncode == 0, retry.stderr
     assert fake_openai.counters()["requests"] - before == 2  # one batch per failed chunk
-    manifest, vectors = read_local_output(tmp_path / "out")
+    _manifest, vectors = read_local_output(tmp_path / "out")
     assert set(vectors) == {r[0] for r in rows}
 
 

@@ -51,7 +51,8 @@ class TextRecorder:
             return texts
 
 
-def _write_csv(path: Path, n: int, marker_rows: dict[int, str] | None = None) -> list[tuple[str, str]]:
+def _write_csv(path: Path, n: int,
+               marker_rows: dict[int, str] | None = None) -> list[tuple[str, str]]:
     rows = []
     for i in range(n):
         text = f"row {i} {(marker_rows or {}).get(i, '')}\nsecond line {i}"
@@ -214,7 +215,8 @@ def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: in
     # so a server that honours keys charges it once
     charged_once = len(set(answered))
     assert killed >= min(kills, 8)
-    print(f"\nkill loop: {killed} SIGKILLs of {kills} planned, {len(seen)} chunk objects seen and never rewritten, "
+    print(f"\nkill loop: {killed} SIGKILLs of {kills} planned, {len(seen)} chunk objects seen "
+          "and never rewritten, "
           f"finished before a kill: {finished_early}, requests {counters['requests']}, "
           f"inputs embedded {counters['inputs']} for {len(rows)} rows, answered requests "
           f"{len(answered)} with {charged_once} distinct idempotency keys")

@@ -159,7 +159,8 @@ def test_cutover_refusals_lancedb_and_a_table_named_like_the_alias(
     with psycopg.connect(pg_uri) as conn:  # refused before the load: nothing was loaded
         assert conn.execute("SELECT to_regclass('taken__model_a_16')").fetchone()[0] is None
     bad = run_cli("load", "--to", pg_uri, "--alias", "never-made", "--rollback", cwd=tmp_path)
-    assert bad.returncode == 2 and "--alias 'never-made': a PostgreSQL alias is a view" in bad.stderr
+    assert bad.returncode == 2
+    assert "--alias 'never-made': a PostgreSQL alias is a view" in bad.stderr
     never = run_cli("load", "--to", pg_uri, "--alias", "never_made", "--rollback", cwd=tmp_path)
     assert never.returncode == 2 and "does not exist: nothing to roll back" in never.stderr
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.csv_data import write_rows
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import run_cli
 from tests.support.output import read_local_output
 

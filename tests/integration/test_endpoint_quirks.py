@@ -518,8 +518,8 @@ def test_a_chunk_released_at_the_end_of_the_grace_period_is_cancelled_in_prefect
     showed a Ctrl-C as failed chunks)."""
     import httpx
 
-    code, out, err = _sigint_during_dispatch(tmp_path, fake_openai, rows=200, delay_s=0.5,
-                                             batch_size=2, grace_s=0.2, after_requests=6)
+    code, _out, err = _sigint_during_dispatch(tmp_path, fake_openai, rows=200, delay_s=0.5,
+                                              batch_size=2, grace_s=0.2, after_requests=6)
     assert code == 130, err[-3000:]
     flow_run_id = re.search(r"flow-run/([0-9a-f-]{36})", err)
     assert flow_run_id, err[-3000:]

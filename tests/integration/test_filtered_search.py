@@ -202,9 +202,9 @@ def test_odd_column_names_are_filtered_exactly(
     name in backticks."""
     import pyarrow as pa
 
-    from embedline.protocols import SinkColumns
     from adapters.sinks.lancedb import LanceDBSink
     from adapters.sinks.qdrant import QdrantSink
+    from embedline.protocols import SinkColumns
 
     docs = _docs()[:400]
     # Lance refuses a column name holding "." (a struct field) and cannot merge_insert one

@@ -99,11 +99,10 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
     import time
 
     from prefect import flow
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
     from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
 
     from tasks.report import ProgressArtifact
-
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
 
     def posted(client: Any, artifact_id: Any) -> Any:
         # by id: the server's default page holds 200 artifacts, and the session's

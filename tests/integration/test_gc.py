@@ -219,7 +219,8 @@ def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
     old = Path(_run(tmp_path, fake_openai, str(out), old_rows, prefect_api_url)).stem
     new = Path(_run(tmp_path, fake_openai, str(out), new_rows, prefect_api_url)).stem
     sink = f"lancedb://{tmp_path}/lance?table=docs"
-    load = ["load", "--to", sink, "--output", str(out), "--ledger", str(tmp_path / "ledger.sqlite3")]
+    load = ["load", "--to", sink, "--output", str(out),
+            "--ledger", str(tmp_path / "ledger.sqlite3")]
     first = run_cli(*load, new, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
 
@@ -233,7 +234,7 @@ def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
         _wait_until_stopped(loading, "load")
         done = _gc(tmp_path, out, "--keep-runs", "1", "--grace", "0s")
         loading.send_signal(signal.SIGCONT)
-        stdout, stderr = loading.communicate(timeout=120)
+        _stdout, stderr = loading.communicate(timeout=120)
     finally:
         if loading.poll() is None:
             loading.kill()

@@ -71,7 +71,8 @@ def test_semicolon_file_with_cr_only_line_ends(
 def test_cp932_file_is_detected_and_announced(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
-    rows = [(f"{i}", f"日本語のパッケージ説明です。番号{i}、とても便利なツールです。") for i in range(30)]
+    rows = [(f"{i}", f"日本語のパッケージ説明です。番号{i}、とても便利なツールです。")
+            for i in range(30)]
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\r\n").writerows([("id", "text"), *rows])
     (tmp_path / "sjis.csv").write_bytes(buf.getvalue().encode("cp932"))

@@ -11,8 +11,8 @@ its dead letters uncounted, and ``load --ledger`` then found "no committed run".
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import sqlite3
 from pathlib import Path

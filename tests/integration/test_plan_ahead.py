@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from adapters.csv_source import plan_csv
-from adapters.scratch import Spill, release
 from adapters.row_facts import ROW_DTYPE
+from adapters.scratch import Spill, release
 from cli.plan_ahead import PlanAhead
 from embedline.settings import RunSettings
 from tests.support.fake_openai import FakeEmbeddingServer

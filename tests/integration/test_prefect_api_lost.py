@@ -260,7 +260,7 @@ def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrup
             assert hold.reached.wait(120), "the flow never reached the store"
             _kill(server)
             killed = time.monotonic()
-            out, err = proc.communicate(timeout=60)
+            _out, err = proc.communicate(timeout=60)
             stopped_s = time.monotonic() - killed
         finally:
             hold.release.set()

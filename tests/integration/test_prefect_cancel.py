@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -173,10 +173,8 @@ def _cancel_then_release(api: str, flow_run_id: str, proc: subprocess.Popen[str]
     CLI holds the signal (after its commit) it cannot end before the release: pass a short
     ``settle_s`` there."""
     _cancel(api, flow_run_id)
-    try:
+    with suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=settle_s)
-    except subprocess.TimeoutExpired:
-        pass
     hold.release.set()
     return proc.communicate(timeout=60)
 
@@ -212,7 +210,8 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
     api, ledger = prefect_api_url, tmp_path / "ledger.sqlite3"
     _write_csv(tmp_path, rows=8)
     args = _run_args(fake_openai, f"s3://{s3_bucket}/out", ledger)
-    hold: Any = {"before-dispatch": _Hold("PUT", "_embedline/runs/"), "sink-load": _Hold("GET", "/chunks/"),
+    hold: Any = {"before-dispatch": _Hold("PUT", "_embedline/runs/"),
+                 "sink-load": _Hold("GET", "/chunks/"),
                  "after-commit": _Hold("DELETE", "_embedline/runs/")}[moment]
     if moment == "sink-load":
         args += ["--sink", f"lancedb://{tmp_path / 'lance'}"]
@@ -277,7 +276,7 @@ def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
                 "flows": {"name": {"any_": ["load-run"]}},
                 "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}).json()
                 if r["parameters"].get("ledger") == str(ledger)]
-            out, err = _cancel_then_release(api, flow_run["id"], proc, hold)
+            _out, err = _cancel_then_release(api, flow_run["id"], proc, hold)
     assert proc.returncode == 143, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert _embedline_lines(err) == [

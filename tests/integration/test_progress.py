@@ -63,7 +63,8 @@ def test_progress_never_goes_backwards_when_a_chunk_fails_and_is_retried(
 def test_with_the_local_model_progress_moves_per_forward_pass(tmp_path: Path) -> None:
     """The local model takes a chunk's texts in one call; counted per call, the bar sat
     still for a whole chunk (a break test saw 10 distinct counts in a 208 s run)."""
-    words = "package provides library tools for the system and its users".split()
+    words = ["package", "provides", "library", "tools", "for", "the", "system", "and", "its",
+             "users"]
     text = " ".join(words[i % len(words)] for i in range(120))
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},{i} {text}\n"
                                                              for i in range(240)))

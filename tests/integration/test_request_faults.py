@@ -4,6 +4,7 @@ concurrent callers, and server waits above the cap."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -75,7 +76,7 @@ def test_rpm_600_spaces_six_threads_requests_evenly(server: FakeEmbeddingServer)
     run_threads(6, worker)
     emb.close()
     at = arrivals(server)
-    gaps = [b - a for a, b in zip(at, at[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(at)]
     assert len(at) == 12
     assert sum(gaps) / len(gaps) >= 0.09
     assert min(gaps) >= 0.05  # evenly: no two requests together
@@ -93,8 +94,8 @@ def test_tpm_spacing_follows_the_tokens_the_server_counted(server: FakeEmbedding
         emb.embed([" ".join(["hello"] * n)], idempotency_key=KEY)
     emb.close()
     at = arrivals(server)
-    gaps = [b - a for a, b in zip(at, at[1:])]
-    for gap, used in zip(gaps, words):
+    gaps = [b - a for a, b in itertools.pairwise(at)]
+    for gap, used in zip(gaps, words, strict=False):
         assert gap <= used * 0.05 + 0.12  # credited back: booked estimates would triple it
     # paced overall (the pacer tolerates a burst of about one token, and arrival times
     # carry the server's scheduling jitter, so single gaps are not checked from below)
@@ -135,7 +136,7 @@ def test_after_the_first_401_at_most_one_request_per_slot_reaches_the_server(
     server.fail_when(answer)
     emb = make(server, concurrency=4, max_attempts=3)
     errors: dict[int, list[FatalError]] = {i: [] for i in range(4)}
-    ok: dict[int, int] = {i: 0 for i in range(4)}
+    ok: dict[int, int] = dict.fromkeys(range(4), 0)
 
     def worker(i: int) -> None:  # a task thread taking chunk after chunk
         for chunk in range(12):

@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("qdrant_client")
 
-from adapters.sinks import open_sink  # noqa: E402
-from embedline.errors import FatalError, RetryableError  # noqa: E402
-from tests.support.csv_data import ENGLISH, read_rows, write_rows  # noqa: E402
-from tests.support.fake_openai import FakeEmbeddingServer  # noqa: E402
-from tests.support.fixtures import run_cli  # noqa: E402
-from tests.support.in_process import run_in_process  # noqa: E402
-from tests.support.loopback_http import LoopbackRecorder  # noqa: E402
+from adapters.sinks import open_sink
+from embedline.errors import FatalError, RetryableError
+from tests.support.csv_data import ENGLISH, read_rows, write_rows
+from tests.support.fake_openai import FakeEmbeddingServer
+from tests.support.fixtures import run_cli
+from tests.support.in_process import run_in_process
+from tests.support.loopback_http import LoopbackRecorder
 
 pytestmark = [pytest.mark.integration]
 

@@ -103,7 +103,7 @@ def test_a_signal_while_the_temporary_server_starts_is_one_line(
             time.sleep(0.02)
         time.sleep(delay_s)  # the server imports for seconds more
     proc.send_signal(signum)
-    out, err = proc.communicate(timeout=30)
+    _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signum, err[-3000:]
     assert err.strip().splitlines() == [
         f"embedline: interrupted by {signal.Signals(signum).name}; rerun the same command to "
@@ -135,7 +135,7 @@ def test_ctrl_c_while_the_flow_plans_reads_interrupted(
             assert hold.reached.wait(120), "the flow never reached the store"
             proc.send_signal(signal.SIGINT)
             hold.release.set()
-            out, err = proc.communicate(timeout=60)
+            _out, err = proc.communicate(timeout=60)
         finally:
             hold.release.set()
             if proc.poll() is None:
@@ -259,7 +259,7 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
                         exited_after_s))
         assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
     assert all(code in (0, 128 + signum) and not traced for (step, code, traced, _), signum in
-               zip(results, [signal.SIGINT, signal.SIGTERM] * 3)), results
+               zip(results, [signal.SIGINT, signal.SIGTERM] * 3, strict=False)), results
     # A signal while the CLI flushed Prefect's log and event workers left items queued,
     # which Prefect's own exit handlers then retried against the stopped server: 3-4 s
     # here, over 30 s once in CI. A hang bound, not a speed target (the exit takes ~0.3 s).

@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.csv_data import write_rows
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import run_cli
 from tests.support.output import read_local_output
 

@@ -66,7 +66,7 @@ import time
 from collections.abc import Sequence
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import Any
+from typing import Any, ClassVar
 
 from tests.support.fake_openai import FakeEmbeddingServer, _Handler, _HTTPServer
 
@@ -441,7 +441,7 @@ class FakeBatchServer(FakeEmbeddingServer):
 
         class _Path:  # the parent's _answer reads only handler.path and headers
             path = "/v1/embeddings"
-            headers: dict[str, str] = {}
+            headers: ClassVar[dict[str, str]] = {}
 
         return self._answer(_Path(), line.get("body"))  # type: ignore[arg-type]
 

@@ -7,6 +7,7 @@ session). Start-up costs about 15 s here (../shared/STACK-NOTES.md): once per se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -148,15 +149,11 @@ def stop_prefect_worker(proc: subprocess.Popen[bytes], timeout: float = 15.0) ->
     for _ in range(2):
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=timeout / 2)
-            except subprocess.TimeoutExpired:
-                pass
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     for pid in leftovers:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

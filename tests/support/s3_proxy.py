@@ -96,7 +96,7 @@ class ResettingProxy:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def _refused(self, headers: Any) -> Fault | None:
-        for name in headers.keys():
+        for name in headers:
             if self.refuse and name.lower().startswith(self.refuse):
                 return 400, ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidArgument'
                              f"</Code><Message>Unsupported header '{name.lower()}' received for "

@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.moto_server import DUMMY_AWS_ENV, _REMOVED_AWS_ENV, make_s3_client, moto_env
+from tests.support.moto_server import _REMOVED_AWS_ENV, DUMMY_AWS_ENV, make_s3_client, moto_env
 from tests.support.processes import die_with_parent
 
 __all__ = [
@@ -210,7 +210,7 @@ def conditional_s3_endpoint(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(f"{request.param}_endpoint"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shared_client(endpoint: str) -> Any:
     """One boto3 S3 client per endpoint for the session (clients are thread-safe, and
     building one costs about 0.3 s of CPU); never close it."""

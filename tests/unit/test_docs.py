@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 HISTORY = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bHEAD [0-9a-f]{7}|\b[Ii]ssues? #?\d+")
 # A short commit hash: 7 to 12 hex digits holding both a digit and a letter. Longer keys
 # (run keys, SHA-256 digests) are examples users need and are not matched.
-SHORT_HASH = re.compile(r"(?<![0-9a-zA-Z_/-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,12}(?![0-9a-zA-Z_-])")
+SHORT_HASH = re.compile(
+    r"(?<![0-9a-zA-Z_/-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,12}(?![0-9a-zA-Z_-])"
+)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 SHIPPED = ("adapters", "tasks", "flows", "cli", "embedline", "deployments")
 LIMITS = {"README.md": 150, "docs/design.md": 400, "benchmarks/README.md": 200}
@@ -54,10 +56,12 @@ def test_documents_carry_no_history_outside_the_log() -> None:
         text = _prose(md.read_text(encoding="utf-8"))
         # Inline code may show an example key's prefix; a hash in prose is history.
         no_code = re.sub(r"`[^`]*`", lambda m: "\n" * m.group(0).count("\n"), text)
-        for n, (line, bare) in enumerate(zip(text.splitlines(), no_code.splitlines()), 1):
+        lines = zip(text.splitlines(), no_code.splitlines(), strict=True)
+        for n, (line, bare) in enumerate(lines, 1):
             if HISTORY.search(line) or SHORT_HASH.search(bare):
                 found.append(f"{md.relative_to(REPO)}:{n}: {line.strip()[:100]}")
-    assert not found, "dates, hashes or issue numbers belong in benchmarks/LOG.md:\n" + "\n".join(found)
+    where = "\n".join(found)
+    assert not found, f"dates, hashes and issue numbers belong in benchmarks/LOG.md:\n{where}"
 
 
 def test_shipped_code_carries_no_history() -> None:

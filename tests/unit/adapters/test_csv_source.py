@@ -157,7 +157,7 @@ def test_duplicate_ids_are_reported_with_their_lines(tmp_path: Path) -> None:
 
 def test_undecodable_byte_names_the_line(tmp_path: Path) -> None:
     path = _write(tmp_path, b"id,text\n1,ok\n2,caf\xe9\n")
-    with pytest.raises(InputError, match="0xe9.*not valid utf-8.*--encoding") as info:
+    with pytest.raises(InputError, match=r"0xe9.*not valid utf-8.*--encoding") as info:
         _plan(path)
     assert info.value.line == 3
 

@@ -15,7 +15,6 @@ from adapters.input_source import open_input
 from tests.support.real_data import JAPANESE_NAME, real_csv
 
 
-
 def _payload(size: int, seed: int = 7) -> bytes:
     """Compressible but not trivial bytes: words drawn from a small vocabulary."""
     rng = random.Random(seed)

@@ -130,7 +130,7 @@ def test_32_threads_drive_500_chunks_without_lock_errors(tmp_path: Path) -> None
                 assert led.claim(run, spec.index, owner=f"w{n}", lease_s=60)
                 led.mark_published(run, spec, object_uri=f"/out/{spec.object_key}",
                                    sha256="s", rows=1, dead_letters=[])
-        except BaseException as exc:  # collected and asserted below
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
             errors.append(exc)
         finally:
             led.close()

@@ -3,6 +3,7 @@ requests and thread-safety, on a fake clock (no sockets, no real sleeping but on
 
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 import threading
@@ -192,7 +193,7 @@ def test_eight_threads_never_share_a_slot_or_exceed_the_rate(fast_switching: Non
         t.join()
     starts.sort()
     assert len(starts) == 480
-    for (start, tokens), (following, _) in zip(starts, starts[1:]):
+    for (start, tokens), (following, _) in itertools.pairwise(starts):
         # each start leaves room for one request (0.1 s) and for its tokens (1 ms each)
         assert following - start == pytest.approx(max(0.1, tokens / 1000), abs=1e-9)
     assert max_in_window([s for s, _ in starts], 1.0) <= 11

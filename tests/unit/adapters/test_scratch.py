@@ -5,7 +5,6 @@ processes swept, live ones never; and the planning pass's per-row facts
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import subprocess
 import sys

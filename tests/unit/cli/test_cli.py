@@ -166,7 +166,8 @@ def test_an_already_complete_reruns_changes_line_says_it_is_the_earlier_commits(
     print_summary(RunSummary(0, "already_complete", "nothing to do", **fields).to_dict())
     print_summary(RunSummary(0, "complete", "", **fields).to_dict())
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("changes")]
-    assert lines[0].endswith("(first run of this dataset on this output; as committed earlier)"), lines
+    first = "(first run of this dataset on this output; as committed earlier)"
+    assert lines[0].endswith(first), lines
     assert lines[1].endswith("(first run of this dataset on this output)"), lines
 
 

@@ -17,8 +17,14 @@ from embedline.models import ReusePlan, ReuseSource, Row
 from embedline.protocols import Embeddings
 from embedline.settings import RunSettings
 from tasks.batch_answers import BatchAnswers
-from tasks.batch_requests import (BatchResults, chunk_requests, input_file, layout_of,
-                                  layout_requests, pack)
+from tasks.batch_requests import (
+    BatchResults,
+    chunk_requests,
+    input_file,
+    layout_of,
+    layout_requests,
+    pack,
+)
 from tasks.embed import embed_rows
 
 SETTINGS = RunSettings(input="in.csv", embedder="openai", batch_api=True, batch_size=2)

@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from embedline.shutdown import STOP
 from embedline.errors import RetryableError, RowError, StopRequestedError
 from embedline.keys import request_key, row_key, text_sha256
 from embedline.models import Row
 from embedline.protocols import EmbeddingClientBase, Embeddings
+from embedline.shutdown import STOP
 from tasks.embed import batches, embed_rows
 
 

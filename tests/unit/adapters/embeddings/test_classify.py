@@ -5,6 +5,7 @@ latch and server waits above the cap, via httpx.MockTransport and a fake clock."
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import logging
 import subprocess
@@ -738,7 +739,7 @@ def clocked(clock: FakeClock, handler: Handler) -> tuple[Handler, list[float]]:
 
 
 def gaps(times: list[float]) -> list[float]:
-    return [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 def test_rpm_spaces_the_clients_requests_evenly() -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import subprocess
 import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -208,7 +208,7 @@ def test_reading_a_key_where_a_directory_or_a_file_stands_in_the_way_is_a_confli
     for read in (store.head_sha256, store.get, lambda key: store.open_read(key).close()):
         with pytest.raises(ConflictError, match=r"chunks/a\.parquet .*fresh --output"):
             read("chunks/a.parquet")
-        with pytest.raises(ConflictError, match="manifests/m.json"):
+        with pytest.raises(ConflictError, match=r"manifests/m\.json"):
             read("manifests/m.json")
 
 

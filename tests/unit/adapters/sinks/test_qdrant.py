@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("qdrant_client")
 
-from adapters.sinks import open_sink  # noqa: E402
-from adapters.sinks.qdrant import POINT_NAMESPACE, point_id  # noqa: E402
-from embedline.errors import FatalError, RetryableError  # noqa: E402
+from adapters.sinks import open_sink
+from adapters.sinks.qdrant import POINT_NAMESPACE, point_id
+from embedline.errors import FatalError, RetryableError
 
 
 def _rows(ids: list[str], dims: int = 4, seed: int = 0) -> pa.Table:
@@ -63,7 +63,8 @@ def test_qdrant_upsert_is_idempotent_keeps_the_csv_id_and_replace_deletes_other_
         assert payload == {"id": row_id, "text_sha256": f"h{row_id}", "run_key": "r1"}
         assert np.allclose(vector, want[row_id], atol=1e-6)  # Cosine stores unit vectors
     held = sink.held_keys()
-    assert sorted(zip(held.column("id").to_pylist(), held.column("text_sha256").to_pylist())) \
+    assert sorted(zip(held.column("id").to_pylist(), held.column("text_sha256").to_pylist(),
+                      strict=True)) \
         == sorted((i, f"h{i}") for i in ["a", "b", "c", "it's"])
     second = _rows(["b", "c", "d"], seed=1)
     sink.upsert(second, run_key="r2")
@@ -174,8 +175,8 @@ def test_client_for_lends_the_sinks_one_client_with_its_error_translation(
             with sink.client_for("switch alias of") as second:
                 assert first is second
             assert first.get_aliases().aliases == []
-        with pytest.raises(RetryableError, match="^read aliases of .*another process"):
-            with sink.client_for("read aliases of"):
-                raise RuntimeError("Storage folder q is already accessed by another instance")
+        with (pytest.raises(RetryableError, match=r"^read aliases of .*another process"),
+              sink.client_for("read aliases of")):
+            raise RuntimeError("Storage folder q is already accessed by another instance")
     finally:
         sink.close()
