@@ -17,7 +17,8 @@ from cli.failures import EXIT_FATAL, EXIT_USAGE, exit_on_api_loss, fail
 from cli.ledger_lookup import check_ledger, find_run, open_ledger
 from cli.prefect_console import quiet_prefect_signal_crashes
 from cli.prefect_env import PrefectApi, PrefectApiError, with_prefect_api
-from embedline.shutdown import SIGNALS, STOP, exit_code_for
+from embedline.interrupts import SIGNALS, exit_code_for
+from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
 
 if TYPE_CHECKING:  # imported when used: `embedline --help` stays fast
@@ -280,7 +281,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     chunks get ``grace_s`` seconds), records every outcome in the ledger and hands its
     summary over; print it and one line, and exit with its code (1: rerun resumes) without
     waiting for Prefect's client retries. At most ``grace_s + _HAND_OVER_MARGIN_S`` seconds;
-    none once only reporting is left (``STOP.committed().summary``): before, the API lost
+    none once only reporting is left (``STOP.report.committed().summary``): before, the API lost
     just after the commit waited 42 s and then said "rerun … to resume", exit 1."""
     import logging
 
@@ -289,15 +290,15 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
     if not os.environ.get(DEBUG_ENV):
         for name in _API_NOISE_LOGGERS:
             logging.getLogger(name).disabled = True  # Prefect's SafeLogger ignores levels
-    STOP.note_api_lost(loss)
+    STOP.report.note_api_lost(loss)
     # Committed and nothing left but reporting: the flow's last steps are Prefect calls
     # that would retry for a minute; the summary is known
-    committed = STOP.committed()
+    committed = STOP.report.committed()
     summary = committed.summary if committed is not None else None
     if summary is None:
-        summary = STOP.wait_for_hand_over(grace_s + _HAND_OVER_MARGIN_S)
+        summary = STOP.report.wait_for_hand_over(grace_s + _HAND_OVER_MARGIN_S)
     if summary is None:  # not dispatching yet, or stuck: the next run reclaims its chunks
-        committed = STOP.committed()  # the flow may have committed while this waited
+        committed = STOP.report.committed()  # the flow may have committed while this waited
         if committed is None:
             exit_on_api_loss(loss)
         else:  # a sink's load was left: the rerun does only that
@@ -318,7 +319,7 @@ def _stop_after_api_loss(loss: Any, grace_s: float) -> None:
             sys.stderr.write(f"embedline: warning: {loss.what} after the run completed; "
                              "this run is missing from the Prefect UI\n")
     finally:
-        STOP.hard_exit(code)
+        STOP.exit.hard_exit(code)
 
 
 def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float,
@@ -364,7 +365,7 @@ def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float
             _no_heartbeats(api):
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it
     if _recorded_run_hook is not None:
-        STOP.remove_hard_exit_hook(_recorded_run_hook)
+        STOP.exit.remove_hard_exit_hook(_recorded_run_hook)
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)  # a Failed state carries RunNotComplete
     raise_if_interrupted_by_cancel(summary)  # cancelled before a summary: cli.main says it
@@ -587,11 +588,11 @@ def _commit_without_dispatch(run: Run, emit_events: bool,
                 if dispatched is not None:
                     ended = run.conclude(
                         work, dispatched.result, cost=dispatched.cost, on_committed=lambda s: (
-                            STOP.note_committed(run.run_key, str(s.manifest_uri), "nothing to "
+                            STOP.report.note_committed(run.run_key, str(s.manifest_uri), "nothing to "
                                                 "resume"), emit_events and emit_run_committed(s)))
             if dispatched is None:  # `running`: an interrupt or hard exit marks it `interrupted`
                 _recorded_run_hook = run.hard_stop_hook()
-                STOP.on_hard_exit(_recorded_run_hook)
+                STOP.exit.on_hard_exit(_recorded_run_hook)
                 return None
     except EmbedlineError as exc:
         return str(exc), exc.exit_code

@@ -28,7 +28,7 @@ Stopping: the flow runs the stage under ``flows.signals.dispatch_with_graceful_s
 runs the chunk dispatcher, so the first SIGINT/SIGTERM (or a cancel from Prefect) calls
 ``BatchStage.stop``: a create in progress ends and is recorded, nothing more is submitted,
 the wait ends, and the stage returns ``Staged.interrupted`` with the batches left running
-at the provider said in ``STOP.note_left_running`` (the run's summary and last line name
+at the provider said in ``STOP.report.note_left_running`` (the run's summary and last line name
 ``embedline cancel-batches RUN``). Before, the interrupt was raised through the wait and
 the command printed no summary. Any other end with batches still running (an error raised
 out of the stage, a failed validation) notes them the same way (``left_running_note``).
@@ -154,7 +154,7 @@ class BatchStage:
         (``interrupted`` after ``stop``: the batches keep running, noted for the summary).
 
         Whenever it ends with batches still running at the provider (a stop, a batch that
-        failed validation, an error raised out of it), ``STOP.note_left_running`` says how
+        failed validation, an error raised out of it), ``STOP.report.note_left_running`` says how
         many and both ways on (rerun to collect them, ``embedline cancel-batches`` to cancel
         them): the run's final message carries it (``flows.outcome``).
 
@@ -166,7 +166,7 @@ class BatchStage:
         :raises EmbedlineError: the Batch API failed past its retries, or its endpoint
             refuses every connection (``FatalError``: never reached; ``EndpointDownError``).
         """
-        STOP.note_left_running(None)  # an earlier run's, in a long-lived process
+        STOP.report.note_left_running(None)  # an earlier run's, in a long-lived process
         try:
             for spec in todo:
                 if self._stopped.is_set() or self.staged.fatal:
@@ -489,7 +489,7 @@ class BatchStage:
                           sum(c.completed for c in counts), sum(c.requests for c in counts))
 
     def _left_running(self) -> None:
-        """Note (``STOP.note_left_running``) and log the batches the run leaves running at
+        """Note (``STOP.report.note_left_running``) and log the batches the run leaves running at
         the provider, if any: those submitted that have not ended, and parts whose create
         was sent but never confirmed (they may run)."""
         records = self.ledger.run_batches(self.run_key)
@@ -503,7 +503,7 @@ class BatchStage:
                                  "rerun the same command to collect them")
         if what is not None:
             self.log.warning("the run stops: %s", what)
-            STOP.note_left_running(what)  # the run's final message and last line say it
+            STOP.report.note_left_running(what)  # the run's final message and last line say it
 
 
 def left_running_note(running: int, unconfirmed: int, run_key: str, *,

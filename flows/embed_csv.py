@@ -133,7 +133,7 @@ def embed_csv(
         return summary
     cancellation.end_as_runner_cancellation(summary.message)
     # The Prefect API went away: the CLI prints this and exits (not 1 min of client retries)
-    STOP.hand_over(summary.to_dict())
+    STOP.report.hand_over(summary.to_dict())
     return _final(summary)
 
 
@@ -182,7 +182,7 @@ def _run_opened(run: Run) -> RunSummary:
             summary = _record_embed_commit_load(run, threshold)
         except DiskFullError as exc:  # the ledger mid-run: what is published stays published
             return run.summary(**disk_full_fields(exc, run.plan, run.store, settings))
-        if STOP.api_lost() is None:  # else no artifact: each call would retry a minute
+        if STOP.report.api_lost() is None:  # else no artifact: each call would retry a minute
             publish_summary(summary, **run.report_facts())
         return summary
     finally:
@@ -220,7 +220,7 @@ def _note_committed(run: Run, summary: RunSummary, threshold: int | None) -> Non
     emit ``embedline.run.committed``."""
     emit_run_committed(summary, dead_letters_threshold=threshold)
     sink = run.settings.sink
-    STOP.note_committed(run.run_key, str(summary.manifest_uri), (
+    STOP.report.note_committed(run.run_key, str(summary.manifest_uri), (
         "rerun the same command to load it into the sink" if sink else "nothing to resume"),
         None if sink else summary.to_dict())
     if not sink:
@@ -228,7 +228,7 @@ def _note_committed(run: Run, summary: RunSummary, threshold: int | None) -> Non
 
 
 def _resume_hint() -> str:
-    left = STOP.left_running()  # Batch API batches: how to collect or cancel them
+    left = STOP.report.left_running()  # Batch API batches: how to collect or cancel them
     if left is not None:
         return left
     if under_prefect_runner():  # a deployment's run: the operator has no command to rerun
@@ -260,7 +260,7 @@ def _load_into_sink(run: Run, manifest: dict[str, Any], summary: RunSummary) -> 
                        f"into the sink {done} {load.message}")
     loaded = run.summary(summary, wall_s=summary.wall_s, **changes)
     if not load.exit_code:
-        STOP.note_committed(run.run_key, str(summary.manifest_uri), "nothing to resume",
+        STOP.report.note_committed(run.run_key, str(summary.manifest_uri), "nothing to resume",
                                 loaded.to_dict())
     STOP.only_reporting_left()
     return loaded

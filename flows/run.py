@@ -37,7 +37,8 @@ from embedline.models import (
 )
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
-from embedline.shutdown import STOP, interrupt_of
+from embedline.interrupts import interrupt_of
+from embedline.shutdown import STOP
 from flows.dispatch import DispatchResult
 from flows.outcome import outcome_fields
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
@@ -205,7 +206,7 @@ class Run:
         """
         ledger = self._ledger()
         hook = self.hard_stop_hook()
-        STOP.on_hard_exit(hook)
+        STOP.exit.on_hard_exit(hook)
         try:
             ledger.start_run(
                 self.run_key, self.plan, output_uri=self.store.uri,
@@ -220,7 +221,7 @@ class Run:
                                 status="crashed" if interrupt_of(exc) is None else "interrupted")
             raise
         finally:
-            STOP.remove_hard_exit_hook(hook)
+            STOP.exit.remove_hard_exit_hook(hook)
 
     @contextlib.contextmanager
     def leased(self) -> Iterator[None]:
