@@ -22,7 +22,7 @@ def check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
     (exists, header, encoding; S3: readable with these credentials), the output (a
     directory, or a bucket these credentials reach) and the API key. Returns (one-line
     message, exit code) or None."""
-    from adapters.csv_source import check_header
+    from adapters.csv_header import check_header
     from embedline.errors import EmbedlineError, InputError
 
     if "://" not in settings.input:

@@ -41,7 +41,8 @@ def run_without_prefect(settings: RunSettings, *, emit_events: bool,
     import logging
     import time
 
-    from adapters.csv_source import hand_over_plan, plan_csv
+    from adapters.csv_source import plan_csv
+    from adapters.plan_hand_over import hand_over_plan
     from adapters.object_store import open_store
     from embedline.errors import EmbedlineError
     from embedline.models import RunSummary

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from adapters.csv_source import read_chunk
+from adapters.csv_chunks import read_chunk
 from adapters.ledger import BatchRecord
 from embedline.models import ChunkSpec, ReusePlan, Row
 from embedline.settings import RunSettings

@@ -30,7 +30,7 @@ from tasks.embed import EmbeddedRows, embed_rows, merged
 from tasks.outcome import retry_condition
 from tasks.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.publish import publish_chunk
-from adapters.csv_source import read_chunk
+from adapters.csv_chunks import read_chunk
 from tasks.reuse import (Reused, combine, drop_other_lengths, split_duplicates, take_prefill,
                          take_reused)
 
