@@ -13,7 +13,7 @@ from typing import Any
 
 _MODULES = {
     "plan_csv": "adapters.csv_source",
-    "read_chunk": "adapters.csv_source",
+    "read_chunk": "adapters.csv_chunks",
     "LocalEmbedder": "adapters.embeddings",
     "OpenAIEmbedder": "adapters.embeddings",
     "build_embedder": "adapters.embeddings",

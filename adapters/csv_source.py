@@ -1,4 +1,5 @@
-"""The CSV source: one streaming planning pass, then each chunk reads only its own bytes.
+"""Planning a CSV input: one streaming pass validates it, hashes it and cuts it into chunks
+at record boundaries, so that each chunk later reads only its own bytes (``adapters.csv_chunks``).
 
 Why the standard library's ``csv`` reader and not ``pandas.read_csv``: planning needs the byte
 offset of every record boundary (so a chunk task can seek to its rows instead of re-scanning
@@ -10,7 +11,10 @@ neither, and its type inference is the source of the classic bugs this module mu
 The format (encoding, newline, delimiter) is sniffed once per input by ``adapters.csv_format``;
 physical lines are read by ``adapters.csv_lines`` (a block at a time where that reads alike,
 else line by line) and records by ``adapters.csv_records``. Compressed input (``.gz``) is
-decompressed as a stream by ``adapters.input_source``.
+decompressed as a stream by ``adapters.input_source``. The header is checked on its own before
+a run starts by ``adapters.csv_header``; duplicate ids are confirmed by ``adapters.csv_duplicates``;
+a plan ``embedline run`` made moments before its flow plans is taken from
+``adapters.plan_hand_over``.
 
 Cost: one pass reads, hashes, decodes and parses the input in C a 1 MiB block at a time; the
 Python work is per record (``_plan_pass``'s loop: checks, id digest, text hash, chunk key),
@@ -23,17 +27,15 @@ directory (``adapters.row_facts``), so memory does not grow with the rows.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
-import threading
 from array import array
 from collections.abc import Sequence
 from hashlib import sha256
 from typing import Any
 
-
-from adapters.csv_format import CsvFormat, sniff_format, sniff_stream
+from adapters.csv_duplicates import raise_on_duplicates
+from adapters.csv_format import sniff_stream
+from adapters.csv_header import template_of
 from adapters.csv_lines import Hashes, LineSource, NeedsLineReader
 from adapters.csv_records import (
     Header,
@@ -45,16 +47,15 @@ from adapters.csv_records import (
 )
 from adapters.input_source import open_input
 from adapters.memory import large_buffers_reused
-from adapters.row_facts import RowFacts, id_digests
+from adapters.plan_hand_over import take_handed_over
+from adapters.row_facts import RowFacts
 from adapters.scratch import Scratch
 from embedline.errors import InputError
-from embedline.keys import ChunkKeyBuilder, columns_lines, text_sha256
-from embedline.models import ChunkSpec, InputPlan, InputSource, Row
-from embedline.template import Template, TemplateError, kept_sha256, parse_template
+from embedline.keys import ChunkKeyBuilder, columns_lines
+from embedline.models import ChunkSpec, InputPlan, InputSource
+from embedline.template import Template, kept_sha256
 
-__all__ = ["CsvFormat", "check_header", "hand_over_plan", "plan_csv", "read_chunk", "sniff_format"]
-
-_MAX_DUPLICATES_REPORTED = 5
+__all__ = ["plan_csv"]
 
 
 class _Planner:
@@ -170,47 +171,10 @@ def plan_csv(
     """
     args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
             delimiter, text_template, tuple(keep_columns), keep_text, scratch_root)
-    global _handed_over
-    with _handed_over_lock:
-        handed, _handed_over = _handed_over, None
-    if handed is not None and handed[0] == (args, _local_file_stamp(args[0])):
-        return handed[1]
+    handed = take_handed_over(args)  # ``embedline run`` planned it moments ago
+    if handed is not None:
+        return handed
     return _plan_csv(*args, given=scratch)
-
-
-def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: str,
-                   text_column: str, codec: str, chunk_size: int, model: str,
-                   dimensions: int | None, delimiter: str = ",",
-                   text_template: str | None = None, keep_columns: Sequence[str] = (),
-                   keep_text: bool = False, scratch_root: str | None = None) -> None:
-    """Let the next ``plan_csv`` of this process with the same arguments return ``plan``
-    (once), if the local file's size, mtime and inode are still those seen now.
-
-    ``embedline run`` plans before starting Prefect (a finished run answers at once) and its
-    flow plans the same file about a second later: this skips that second pass (0.4 s of
-    CPU for 27 MB). Chunk reads verify their bytes against the plan either way.
-    """
-    global _handed_over
-    args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter, text_template, tuple(keep_columns), keep_text, scratch_root)
-    stamp = _local_file_stamp(args[0])
-    with _handed_over_lock:
-        _handed_over = None if stamp is None else ((args, stamp), plan)
-
-
-#: The plan ``hand_over_plan`` left for the next ``plan_csv``: ((arguments, file stamp), plan).
-_handed_over: tuple[tuple[Any, Any], InputPlan] | None = None
-_handed_over_lock = threading.Lock()
-
-
-def _local_file_stamp(path: str) -> tuple[int, int, int, int] | None:
-    if "://" in path:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
 
 
 def _plan_csv(
@@ -251,7 +215,7 @@ def _plan_pass(
     :raises NeedsLineReader: ``fast`` met bytes it cannot decode.
     """
     source_path = path
-    template = _template(text_template)
+    template = template_of(text_template)
     hashes = Hashes()
     facts = RowFacts(scratch)
     found = open_input(source_path)
@@ -307,7 +271,7 @@ def _plan_pass(
         size = lines.offset
         planner.close(stop=size)  # trailing blank lines belong to the last chunk
     facts.finish()
-    _raise_on_duplicates(facts.suspects(), found, fmt, header)
+    raise_on_duplicates(facts.suspects(), found, fmt, header)
     if not facts.count:
         raise InputError(
             "the file has a header and no data rows: nothing to embed. An empty export "
@@ -349,19 +313,6 @@ def _plan_pass(
     )
 
 
-def _template(text_template: str | None) -> Template | None:
-    """The parsed template (None: the plain text column).
-
-    :raises InputError: the template is malformed (exit 2).
-    """
-    if text_template is None:
-        return None
-    try:
-        return parse_template(text_template)
-    except TemplateError as exc:
-        raise InputError(f"--text-template: {exc}") from None
-
-
 class _Shape:
     """How a record becomes a text and kept values, by the header's positions."""
 
@@ -387,114 +338,3 @@ class _Shape:
         return {"text_parts": self.parts, "kept_columns": self.keep_columns,
                 "kept_indexes": self.kept_indexes, "keep_text": keep_text,
                 "text_template": text_template}
-
-
-def _raise_on_duplicates(suspects: set[int], found: Any, fmt: CsvFormat, header: Header) -> None:
-    """Raise InputError listing the first duplicated ids with their lines, if any.
-
-    The pass kept only 64-bit digests (``RowFacts.suspects``: those seen twice); a second
-    pass runs only when digests repeat, and it confirms real duplicates (a digest collision
-    of distinct ids is not reported).
-    """
-    if not suspects:
-        return
-    path = found.uri
-    lines_by_id: dict[str, list[int]] = {}
-    with found.open() as fh:
-        records = read_records(open_lines(fh, path, fmt), path, fmt.delimiter)
-        next(records)  # the header
-        for line, _, fields in records:
-            row_id = fields[header.id_index]
-            if int(id_digests([row_id])[0]) in suspects:
-                lines_by_id.setdefault(row_id, []).append(line)
-    duplicates = [(i, ls) for i, ls in lines_by_id.items() if len(ls) > 1]
-    if not duplicates:
-        return
-    shown = "; ".join(
-        f"{row_id!r} at lines {', '.join(map(str, ls[:5]))}"
-        for row_id, ls in duplicates[:_MAX_DUPLICATES_REPORTED]
-    )
-    more = len(duplicates) - _MAX_DUPLICATES_REPORTED
-    column = header.names[header.id_index]
-    raise InputError(
-        f"{len(duplicates)} duplicated id(s) in column {column!r}: {shown}"
-        + (f"; and {more} more" if more > 0 else "")
-        + ". Ids must be unique: remove or rename the duplicates",
-        path=path,
-        line=duplicates[0][1][1],
-        column=column,
-    )
-
-
-def check_header(
-    path: str | os.PathLike[str], *, id_column: str, text_column: str, codec: str,
-    delimiter: str = ",", text_template: str | None = None, keep_columns: Sequence[str] = (),
-) -> CsvFormat:
-    """Read only the header (and any BOM) of ``path``: a fast check before anything starts.
-    Returns the format ``sniff_format`` chose (its ``note`` says what was detected).
-
-    :raises InputError: unreadable or binary file, undecodable header, missing or duplicated
-        id/text column, a template or kept column missing, a malformed template, empty file.
-    """
-    template = _template(text_template)
-    found = open_input(os.fspath(path))
-    with found.open() as fh:
-        fmt = sniff_stream(fh, found.uri, codec, delimiter, id_column,
-                           template.columns[0] if template else text_column)
-        lines = open_lines(fh, found.uri, fmt, fast=False)  # the header's lines alone
-        header = next(read_records(lines, found.uri, fmt.delimiter), None)
-    if header is None:
-        raise InputError("the file is empty: expected a header line", path=found.uri, line=1)
-    parse_header(header[2], id_column=id_column, text_column=text_column, path=found.uri,
-                 template_columns=template.columns if template else (),
-                 keep_columns=keep_columns)
-    return fmt
-
-
-def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:
-    """Read the ``spec.rows`` records of one chunk by seeking to its byte range.
-
-    Returns ``Row``s in input order. The bytes are checked against the plan's SHA-256 first,
-    so a file edited after planning is refused rather than published under the old keys.
-
-    :raises InputError: (exit 2) the input changed since planning, or cannot be read.
-    """
-    data = open_input(source.path, etag=source.version).read_range(spec.byte_start,
-                                                                   spec.byte_stop)
-    if hashlib.sha256(data).hexdigest() != spec.bytes_sha256:
-        raise InputError(
-            f"the input changed while the run read it (chunk {spec.index}, bytes "
-            f"{spec.byte_start}-{spec.byte_stop}); rerun once the file is no longer being written",
-            path=source.path,
-            line=spec.line_start,
-        )
-    try:
-        rows = _chunk_rows(source, spec, data, fast=True)
-    except NeedsLineReader:  # undecodable bytes: the line reader names the line
-        rows = _chunk_rows(source, spec, data, fast=False)
-    if len(rows) != spec.rows:
-        raise InputError(
-            f"chunk {spec.index} holds {len(rows)} records, the plan said {spec.rows}",
-            path=source.path,
-            line=spec.line_start,
-        )
-    return rows
-
-
-def _chunk_rows(source: InputSource, spec: ChunkSpec, data: bytes, *, fast: bool) -> list[Row]:
-    """The ``Row``s of the chunk ``spec`` whose bytes are ``data``.
-
-    :raises NeedsLineReader: ``fast`` met bytes it cannot decode.
-    """
-    fmt = CsvFormat(source.encoding, source.newline, source.delimiter)
-    lines = open_lines(io.BytesIO(data), source.path, fmt, fast=fast,
-                       line=spec.line_start - 1, offset=spec.byte_start)
-    text_of, kept_of, id_index = source.text_of, source.kept_of, source.id_index
-    keeps = bool(source.kept_indexes)
-    rows = []
-    for number, (line, _, fields) in enumerate(
-            read_records(lines, source.path, source.delimiter), start=spec.first_row):
-        text = text_of(fields)
-        kept = kept_of(fields) if keeps else ()
-        rows.append(Row(number, line, fields[id_index], text, text_sha256(text), kept))
-    return rows

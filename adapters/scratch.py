@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.disk_full import translate_full
-from embedline.shutdown import exit_cleanup
+from embedline.exit_cleanups import exit_cleanup
 
 __all__ = ["Scratch", "Spill", "digests", "hash_prefix", "hash_prefixes", "release",
            "stable_order", "sweep_dead"]

@@ -44,7 +44,8 @@ sys.path.insert(0, str(REPO))
 _CHILD = r"""
 import hashlib, json, resource, sys
 from adapters import csv_records
-from adapters.csv_source import plan_csv, read_chunk
+from adapters.csv_chunks import read_chunk
+from adapters.csv_source import plan_csv
 
 def cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -52,12 +52,12 @@ def entry() -> None:
     try:
         code = main()
     except BaseException as exc:  # an interrupt after the command's own handling ended
-        from embedline import shutdown
+        from embedline import interrupts
 
-        interrupt = shutdown.interrupt_of(exc)
+        interrupt = interrupts.interrupt_of(exc)
         if interrupt is None:
             raise
-        code = shutdown.exit_code_for(shutdown.signal_of(interrupt))
+        code = interrupts.exit_code_for(interrupts.signal_of(interrupt))
     _exit_code = int(code)
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:
@@ -84,9 +84,9 @@ def _skip_prefect_exit_sending() -> None:
 def _end_process() -> None:
     if _exit_code is None:
         return
-    shutdown = sys.modules.get("embedline.shutdown")
-    if shutdown is not None:  # embedline's own atexit work (scratch, ledger): os._exit skips it
-        shutdown.run_exit_cleanups()
+    cleanups = sys.modules.get("embedline.exit_cleanups")
+    if cleanups is not None:  # embedline's own atexit work (scratch, ledger): os._exit skips it
+        cleanups.run_exit_cleanups()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing to say
             stream.flush()

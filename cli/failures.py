@@ -20,10 +20,10 @@ def fail(message: str, code: int) -> int:
 
 def exit_on_api_loss(loss: Any, *, kept: str = "what was published is kept",
                      todo: str | None = None) -> None:
-    """Print one line for an ``embedline.shutdown.ApiLoss`` and exit 1 at once (the hard-exit
+    """Print one line for an ``embedline.stop_report.ApiLoss`` and exit 1 at once (the hard-exit
     hooks run first: the temporary server is stopped, a started run marked ``interrupted``).
     ``todo`` replaces the loss's own advice (what a rerun does)."""
     from embedline.shutdown import STOP
 
     sys.stderr.write(f"embedline: error: {loss.what}; {kept}: {todo or loss.todo}\n")
-    STOP.hard_exit(1)
+    STOP.exit.hard_exit(1)

@@ -16,7 +16,8 @@ from cli import batches, gc, inspect, load, run, search
 from cli.arguments import usage_line
 from cli.started import interrupted_line
 from embedline.errors import DiskFullError
-from embedline.shutdown import STOP, exit_code_for, interrupt_of, signal_of
+from embedline.interrupts import exit_code_for, interrupt_of, signal_of
+from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["main"]
@@ -196,16 +197,16 @@ def _interrupted(exc: BaseException, *, resumable: bool) -> int:
     hard-exit hooks run first: a run recorded before the flow took over reads
     ``interrupted``. After this command committed its run, the line says so (a rerun has
     nothing to redo); a read-only command (``resumable`` False) has nothing to resume."""
-    STOP.run_hard_exit_hooks()
+    STOP.exit.run_hard_exit_hooks()
     signum = signal_of(exc)
     cause = STOP.stop_cause(signum)  # a SIGTERM may be a cancel from Prefect
-    committed = STOP.committed()
+    committed = STOP.report.committed()
     if committed is not None:
         line = interrupted_line(signum, f" after run {committed.run_key[:12]} was committed "
                                         f"({committed.manifest_uri})", f": {committed.todo}",
                                 cause)
-    elif resumable and STOP.left_running():
-        line = interrupted_line(signum, f"; {STOP.left_running()}", todo="", cause=cause)
+    elif resumable and STOP.report.left_running():
+        line = interrupted_line(signum, f"; {STOP.report.left_running()}", todo="", cause=cause)
     elif resumable:
         line = interrupted_line(signum, cause=cause)
     else:

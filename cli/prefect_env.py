@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 
 from cli.failures import EXIT_USAGE, exit_on_api_loss, fail
 from cli.prefect_console import quiet_prefect_console
-from embedline.shutdown import STOP, ApiLoss
+from embedline.shutdown import STOP
+from embedline.stop_report import ApiLoss
 
 if TYPE_CHECKING:
     from cli.local_server import LocalServer
@@ -260,13 +261,13 @@ def with_prefect_api(
     Returns ``body``'s exit code, or 2 with one line when no API is usable.
 
     If the API goes away while ``body`` runs, ``on_lost(loss)`` is called in a watchdog
-    thread (an ``embedline.shutdown.ApiLoss``); by default it prints one line and exits 1.
+    thread (an ``embedline.stop_report.ApiLoss``); by default it prints one line and exits 1.
     """
     try:
         api = prefect_api(defer_server=defer_server)
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    STOP.on_hard_exit(api.kill)
+    STOP.exit.on_hard_exit(api.kill)
     STOP.on_first_interrupt(quiet_prefect_console)
     api.watch(on_lost or exit_on_api_loss)
     try:

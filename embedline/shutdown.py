@@ -12,7 +12,7 @@ chunks are in flight. First signal: ``STOP.note_stop_signal`` — the run submit
 in-flight chunks keep going. When the grace period runs out, ``STOP.stop_tasks`` — chunk tasks
 (worker threads, which signals cannot interrupt) check ``tasks_must_stop()`` before each
 request and raise ``StopRequestedError``, so their chunk is released for the next run. Second
-signal: ``STOP.hard_exit`` — run the registered hooks (e.g. stop Prefect's temporary server)
+signal: ``STOP.exit.hard_exit`` — run the registered hooks (e.g. stop Prefect's temporary server)
 and exit.
 
 ``Phase.COMMITTING`` (``with STOP.committing()``): the manifest's PUT and the ledger's record of
@@ -26,35 +26,40 @@ SIGTERM keeps the command's handler too (``STOP.take_over_sigterm``), not Prefec
 
 The Prefect API going away mid-run (the CLI's watchdog: a configured server that stops
 answering, or the temporary server's process exiting) is a stop of the same kind:
-``STOP.note_api_lost`` — the dispatcher submits no new chunks and gives in-flight ones the grace
-period; the flow records the outcome in the ledger and ``STOP.hand_over``s its summary to the
-waiting CLI thread (``STOP.wait_for_hand_over``), which prints it and exits without waiting for
-Prefect's client, whose retries of each call take about a minute (2+4+8+16+32 s).
+``STOP.report.note_api_lost`` — the dispatcher submits no new chunks and gives in-flight ones
+the grace period; the flow records the outcome in the ledger and ``STOP.report.hand_over``s its
+summary to the waiting CLI thread (``STOP.report.wait_for_hand_over``), which prints it and
+exits without waiting for Prefect's client, whose retries of each call take about a minute
+(2+4+8+16+32 s).
 
 A cancel from Prefect (the UI's Cancel) of a flow run the CLI runs is a SIGTERM that
 ``flows.cancellation`` sends this process after ``STOP.note_prefect_cancel``: it stops the run
 as a SIGTERM does, and ``STOP.stop_cause`` names it.
+
+The pieces around this state live apart: what an interrupt is and its exit code in
+``embedline.interrupts``, what the command says at its end (the committed run, work left
+running, the API loss) in ``embedline.stop_report`` (``STOP.report``), cleanups that outlive
+``os._exit`` in ``embedline.exit_cleanups``, ending the process at once in
+``embedline.hard_exit`` (``STOP.exit``). This module installs the command's signal handlers;
+it imports neither Prefect nor an adapter.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import enum
-import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SIGNALS", "STOP", "ApiLoss", "Committed", "Phase", "StopState", "Terminated",
-           "exit_cleanup", "exit_code_for", "interrupt_of", "is_interrupt", "raise_interrupt",
-           "run_exit_cleanups", "signal_of", "tasks_must_stop"]
+from embedline.hard_exit import HardExit
+from embedline.interrupts import SIGNALS, Terminated, exit_code_for, interrupt_of, signal_of
+from embedline.stop_report import StopReport
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+__all__ = ["STOP", "Phase", "StopState", "raise_interrupt", "tasks_must_stop"]
 
 
 class Phase(enum.Enum):
@@ -65,93 +70,6 @@ class Phase(enum.Enum):
     COMMITTING = "committing"  # the commit: the first signal waits for its end
     FINISHING = "finishing"  # only reporting left (CLI): the first signal is held
     ENDED = "ended"  # the flow run has ended; the CLI prints what it returned
-
-
-class Terminated(BaseException):
-    """SIGTERM outside the flow's dispatch window (where ``flows.signals`` handles it), raised
-    in the main thread like ``KeyboardInterrupt`` for SIGINT, so cleanups run and the CLI
-    prints one line and exits 143. A ``BaseException``: ``except Exception`` never eats it."""
-
-    signum = signal.SIGTERM
-
-
-@dataclass(frozen=True, slots=True)
-class ApiLoss:
-    """Why the run stops: ``what`` happened, and ``todo`` for the user (one line each part)."""
-
-    what: str
-    todo: str
-
-
-@dataclass(frozen=True, slots=True)
-class Committed:
-    """The run this command committed: its run key, manifest URI, ``todo`` (what a rerun would
-    still do, e.g. load a sink) and, once nothing is left but reporting, its ``summary``
-    (``RunSummary.to_dict()``)."""
-
-    run_key: str
-    manifest_uri: str
-    todo: str
-    summary: dict[str, Any] | None
-
-
-def signal_of(exc: BaseException) -> int:
-    """The signal number behind an interrupt (``is_interrupt``): SIGTERM for ``Terminated``
-    and Prefect's ``TerminationSignal`` (its ``signal``), SIGINT otherwise."""
-    return int(getattr(exc, "signum", None) or getattr(exc, "signal", None) or signal.SIGINT)
-
-
-def is_interrupt(exc: BaseException) -> bool:
-    """True for an interrupt: ``KeyboardInterrupt`` (Ctrl-C), ``Terminated`` (SIGTERM) and
-    Prefect 3.9's ``TerminationSignal`` (its SIGTERM handler while a flow run is open;
-    matched by name, so this module imports no Prefect)."""
-    return isinstance(exc, KeyboardInterrupt | Terminated) or \
-        type(exc).__name__ == "TerminationSignal"
-
-
-#: ``exit_cleanup`` functions, in the order registered.
-_exit_cleanups: list[Callable[[], None]] = []
-
-
-def exit_cleanup(cleanup: Callable[[], None]) -> Callable[[], None]:
-    """Register ``cleanup`` (no arguments; safe to call twice) to run at interpreter exit,
-    as ``atexit.register`` does, and also from ``run_exit_cleanups``: the CLI may end its
-    process with ``os._exit`` before ``atexit`` runs (``cli.entry``: after stopping its
-    temporary server, Prefect's senders would otherwise retry for seconds), which left a
-    run's scratch directory behind after an interrupt. Usable as a decorator."""
-    _exit_cleanups.append(cleanup)
-    atexit.register(cleanup)
-    return cleanup
-
-
-def run_exit_cleanups() -> None:
-    """Run every ``exit_cleanup``, the last registered first (as ``atexit`` would); one
-    that fails does not stop the others (the process is ending)."""
-    for cleanup in reversed(_exit_cleanups):
-        with contextlib.suppress(Exception):
-            cleanup()
-
-
-def interrupt_of(exc: BaseException) -> BaseException | None:
-    """``exc`` if it is an interrupt (``is_interrupt``), else the first interrupt among the
-    exceptions it was raised from (``__cause__``, as ``raise … from``), else None. Python
-    wraps some exceptions that end a hook it calls: a Ctrl-C that landed in a class body's
-    ``__set_name__`` during an import (pyarrow imports pandas lazily, at its first array)
-    surfaced as ``RuntimeError: Error calling __set_name__ …`` from the KeyboardInterrupt,
-    and the CLI printed its traceback instead of the interrupt's one line."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if is_interrupt(current):
-            return current
-        seen.add(id(current))
-        current = current.__cause__
-    return None
-
-
-def exit_code_for(signum: int) -> int:
-    """Shell convention: 128 + signal number (130 for SIGINT, 143 for SIGTERM)."""
-    return 128 + int(signum)
 
 
 def _main_thread() -> bool:
@@ -170,8 +88,8 @@ class StopState:
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled into a Dask task (a bound method, a hook, Prefect's task context), the stop
-        state is the receiving process's own, as module globals were: one per process, never
-        a copy (its locks and events cannot be copied)."""
+        state is the receiving process's own, as a module global's would be: one per process,
+        never a copy (its locks and events cannot be copied)."""
         return (_process_stop_state, ())
 
     def __init__(self) -> None:
@@ -189,15 +107,11 @@ class StopState:
         self._termination: BaseException | None = None
         #: Prefect cancelled the flow run this command runs (``flows.cancellation``).
         self._prefect_cancel = False
-        self._committed: Committed | None = None
-        #: What an interrupt left running elsewhere (Batch API batches), for its last line.
-        self._left_running: str | None = None
-        self._api_loss: ApiLoss | None = None
+        #: What the command says at its end: committed run, work left running, API loss.
+        self.report = StopReport(self)
         self._tasks_stop = threading.Event()
-        self._dispatched = threading.Event()  # a flow of this process started dispatching
-        self._handed_over = threading.Event()
-        self._summary: dict[str, Any] | None = None
-        self._hard_exit_hooks: list[Callable[[], None]] = []
+        #: Ending the process at once, after its hooks (``embedline.hard_exit``).
+        self.exit = HardExit(self)
         self._first_interrupt_hooks: list[Callable[[], None]] = []
 
     # -- phases ---------------------------------------------------------------------------
@@ -212,14 +126,14 @@ class StopState:
         command's interrupt, committed run, held signal, Prefect cancel and that it ran a
         flow (``command_handles_signals``)."""
         self._phase = Phase.PLANNING
-        self._raised = self._held = self._committed = None
+        self._raised = self._held = None
         self._run_by_command = self._prefect_cancel = False
+        self.report.begin_command()
 
     def start_dispatching(self) -> None:
         """The flow starts dispatching chunks: ``Phase.DISPATCHING``; the stop signal, kept
         termination and the chunk tasks' stop are cleared (a long-lived process runs several
-        runs). From now on the flow ends by ``hand_over`` if the API goes away (before, a
-        CLI that lost the API has nothing to wait for and exits at once).
+        runs). From now on the flow ends by ``report.hand_over`` if the API goes away.
 
         :raises KeyboardInterrupt: a SIGINT's interrupt was raised before and swallowed
             (``raise_lost_interrupt``); nothing was dispatched.
@@ -229,7 +143,7 @@ class StopState:
         self._phase = Phase.DISPATCHING
         self._signal = self._termination = None
         self._tasks_stop.clear()
-        self._dispatched.set()
+        self.report.dispatching_started()
 
     @contextlib.contextmanager
     def committing(self) -> Iterator[None]:
@@ -264,9 +178,9 @@ class StopState:
         ``TerminationSignal``), so SIGTERM is handled as SIGINT is: the first raises
         ``Terminated`` (Prefect records the flow run Crashed, the run is marked
         ``interrupted``), a second one while those cleanups run exits at once
-        (``exit_on_second_signal``). Under Prefect's handler the second was raised inside the
-        cleanups: the ledger's run stayed ``running``. Prefect restores the command's handler
-        when the flow run ends. A no-op unless ``command_handles_signals``; main thread
+        (``exit_on_second_signal``) instead of being raised inside those cleanups, which would
+        leave the ledger's run ``running``. Prefect restores the command's handler when the
+        flow run ends. A no-op unless ``command_handles_signals``; main thread
         only."""
         if not self._run_by_command or not _main_thread():
             return
@@ -276,7 +190,8 @@ class StopState:
     def only_reporting_left(self) -> None:
         """The flow's run is committed (and loaded, if a sink was asked): what is left is
         reporting it, and Prefect recording the flow run's final state. A signal from now on
-        stopped nothing; raised, it made Prefect mark the committed run's flow run Crashed.
+        stops nothing; raised, it would make Prefect mark the committed run's flow run
+        Crashed.
         With ``command_handles_signals``: ``Phase.FINISHING``, ``raise_interrupt`` installed
         (in place of Prefect's SIGTERM handler too), and the first signal held. Main thread
         only; else (and in a Prefect worker's process) a no-op."""
@@ -322,9 +237,9 @@ class StopState:
         """SIGINT and SIGTERM are noted, not raised, inside the block, and the first one is
         raised when it ends (``KeyboardInterrupt`` or ``Terminated``); a second one exits at
         once (``exit_on_second_signal``). For ``import prefect``: an interrupt raised inside
-        it was lost (pydantic wraps it in a ``RuntimeError`` while building a model class,
-        which Prefect 3.9's plugin loader catches and logs) and the run went on. For a run's
-        commit: ``committing``. A no-op outside the main thread."""
+        it is lost (pydantic wraps it in a ``RuntimeError`` while building a model class,
+        which Prefect 3.9's plugin loader catches and logs) and the run would go on. For a
+        run's commit: ``committing``. A no-op outside the main thread."""
         if not _main_thread():
             yield
             return
@@ -356,19 +271,20 @@ class StopState:
         """Say so in one line and ``hard_exit`` with 128 + ``signum`` (its hooks stop the
         temporary server and mark the run ``interrupted``). Never returns."""
         todo = "rerun the same command to resume"
-        if self._committed is not None:
-            todo = f"run {self._committed.run_key[:12]} is committed: {self._committed.todo}"
+        committed = self.report.committed()
+        if committed is not None:
+            todo = f"run {committed.run_key[:12]} is committed: {committed.todo}"
         sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; "
                          f"{todo}\n")
-        self.hard_exit(exit_code_for(signum))
+        self.exit.hard_exit(exit_code_for(signum))
 
     def raise_lost_interrupt(self) -> None:
         """Raise again, at a checkpoint, the interrupt ``raise_interrupt`` raised before it in
         ``Phase.PLANNING`` if the command is still going: code between the two swallowed it.
         Any ``except BaseException`` that does not re-raise does (a library's lazy import
         that builds a pydantic model turns it into a ``RuntimeError`` that a plugin loader
-        logs; a ``__del__`` prints it), and the run went on to embed and exit 0 after a
-        Ctrl-C (CI, a loaded machine). Checkpoints: before the CLI runs the flow, and
+        logs; a ``__del__`` prints it), and the run would go on to embed and exit 0 after a
+        Ctrl-C. Checkpoints: before the CLI runs the flow, and
         ``start_dispatching``. A no-op otherwise, and outside the main thread.
 
         :raises KeyboardInterrupt: the lost interrupt was a SIGINT's.
@@ -385,15 +301,15 @@ class StopState:
     def redeliver_lost_interrupts(self, unraisable: Any) -> bool:
         """For ``sys.unraisablehook``: an interrupt raised where Python cannot propagate it
         (a ``__del__``, a weakref callback such as importlib's module-lock ``cb``) is printed
-        as "Exception ignored in …" and lost, and the command went on as if no Ctrl-C had
-        come (about 1 Ctrl-C in 500 in the first 50 ms of planning). Send its signal to the
-        main thread again from a thread of its own (sent from here, it would be raised inside
-        this hook and lost again), ``_REDELIVER_AFTER_S`` seconds after this hook has
+        as "Exception ignored in …" and lost, and the command would go on as if no Ctrl-C
+        had come (a Ctrl-C in the first 50 ms of planning can land there). Send its signal
+        to the main thread again from a thread of its own (sent from here, it would be raised
+        inside this hook and lost again), ``_REDELIVER_AFTER_S`` seconds after this hook has
         returned, so the handler raises it at a point that can propagate it. The thread
-        waits for the hook to end, not just the delay: on a loaded machine starting it took
-        longer than the delay, and the signal came back inside the hook ("Exception ignored
-        in sys.unraisablehook", CI). Returns True if ``unraisable`` was an interrupt (print
-        nothing for it), False otherwise."""
+        waits for the hook to end, not just the delay: on a loaded machine starting it can
+        take longer than the delay, and the signal would come back inside the hook
+        ("Exception ignored in sys.unraisablehook"). Returns True if ``unraisable`` was an
+        interrupt (print nothing for it), False otherwise."""
         exc = None if unraisable.exc_value is None else interrupt_of(unraisable.exc_value)
         if exc is None:
             return False
@@ -483,86 +399,6 @@ class StopState:
         if self._prefect_cancel and signum == signal.SIGTERM:
             return "cancelled from Prefect"
         return f"interrupted by {signal.Signals(signum).name}"
-
-    # -- work left running elsewhere ------------------------------------------------------
-
-    def note_left_running(self, what: str | None) -> None:
-        """Record what an interrupt leaves running outside this process (e.g. "3 batches
-        keep running at the provider: ..."), for the command's last line; None clears it."""
-        self._left_running = what
-
-    def left_running(self) -> str | None:
-        """What ``note_left_running`` recorded, if anything."""
-        return self._left_running
-
-    # -- the committed run ----------------------------------------------------------------
-
-    def note_committed(self, run_key: str, manifest_uri: str, todo: str,
-                       summary: dict[str, Any] | None = None) -> None:
-        """Record that this command committed run ``run_key`` (its manifest and the ledger's
-        record of it are written; ``todo``: what a rerun would still do, e.g. load a sink),
-        so an interrupt from now on is not reported as work to redo. ``summary``: the run's
-        summary, given once nothing is left to do but report it."""
-        self._committed = Committed(run_key, manifest_uri, todo, summary)
-
-    def committed(self) -> Committed | None:
-        """The run this command committed, if any (until the next command)."""
-        return self._committed
-
-    # -- the Prefect API lost -------------------------------------------------------------
-
-    def note_api_lost(self, loss: ApiLoss) -> None:
-        """Record that the Prefect API went away: the run stops dispatching (never
-        cleared)."""
-        self._api_loss = loss
-
-    def api_lost(self) -> ApiLoss | None:
-        """The loss of the Prefect API that is stopping the run, if any."""
-        return self._api_loss
-
-    def hand_over(self, summary: dict[str, Any]) -> bool:
-        """Give the run's summary to the CLI thread waiting after an API loss; True if one is
-        waiting for it (the flow's return value will then not be read)."""
-        if self._api_loss is None:
-            return False
-        self._summary = summary
-        self._handed_over.set()
-        return True
-
-    def wait_for_hand_over(self, timeout_s: float) -> dict[str, Any] | None:
-        """The summary the flow hands over, waiting at most ``timeout_s`` seconds once it
-        started dispatching; None if it did not, or did not hand over in time."""
-        if not self._dispatched.is_set() and not self._handed_over.is_set():
-            return None
-        self._handed_over.wait(timeout_s)
-        return self._summary
-
-    # -- hard exit ------------------------------------------------------------------------
-
-    def on_hard_exit(self, hook: Callable[[], None]) -> None:
-        """Register ``hook`` to run before ``hard_exit`` ends the process."""
-        self._hard_exit_hooks.append(hook)
-
-    def remove_hard_exit_hook(self, hook: Callable[[], None]) -> None:
-        """Unregister ``hook`` (no-op if it is not registered)."""
-        if hook in self._hard_exit_hooks:
-            self._hard_exit_hooks.remove(hook)
-
-    def run_hard_exit_hooks(self) -> None:
-        """Run the registered hooks (best effort): also when an interrupt ends the command
-        before a run's own stop handling took over."""
-        for hook in list(self._hard_exit_hooks):
-            try:
-                hook()
-            except OSError:
-                pass
-
-    def hard_exit(self, code: int) -> None:
-        """Run the hooks (best effort), flush, and end the process now with ``code``."""
-        self.run_hard_exit_hooks()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 #: The process's stop state.

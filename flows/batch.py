@@ -18,20 +18,19 @@ run's settings: a rerun with another ``--batch-size``, ``--batch-max-inputs`` or
 unanswered requests as they were, and batches with its own settings only rows no batch of
 the run carries.
 
-Exactly once: a create has no idempotency key, so a part is recorded before its create and
-every batch carries ``metadata`` (run key, chunk key, chunk index, part). A part still
-``creating`` (a crash, a create that failed or timed out) is looked for in the account's
-batch list and adopted; only a part no batch carries is submitted. A rerun after a crash or
-Ctrl-C (batches keep running at the provider) polls and collects what the ledger records.
+Exactly once: a part is recorded before its create, and one still ``creating`` is looked for
+in the account's batch list and adopted (``flows.batch_calls``, which records every answer of
+the provider). A rerun after a crash or Ctrl-C (batches keep running at the provider) polls
+and collects what the ledger records.
 
 Stopping: the flow runs the stage under ``flows.signals.dispatch_with_graceful_stop``, as it
 runs the chunk dispatcher, so the first SIGINT/SIGTERM (or a cancel from Prefect) calls
 ``BatchStage.stop``: a create in progress ends and is recorded, nothing more is submitted,
 the wait ends, and the stage returns ``Staged.interrupted`` with the batches left running
-at the provider said in ``STOP.note_left_running`` (the run's summary and last line name
-``embedline cancel-batches RUN``). Before, the interrupt was raised through the wait and
-the command printed no summary. Any other end with batches still running (an error raised
-out of the stage, a failed validation) notes them the same way (``left_running_note``).
+at the provider said in ``STOP.report.note_left_running`` (the run's summary and last line
+name ``embedline cancel-batches RUN``), so the command prints its summary. Any other end with
+batches still running (an error raised out of the stage, a failed validation) notes them the
+same way (``flows.batch_records.left_running_note``).
 
 A batch ``failed`` for ``token_limit_exceeded`` (or a create refused so) is submitted again
 after earlier batches finish (exponential backoff, within the 24 h window); any other
@@ -43,65 +42,39 @@ resubmitted on its own.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.csv_source import read_chunk
 from adapters.embeddings import build_batch_client
 from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
 from adapters.ledger import BatchRecord, Ledger
-from embedline.errors import FatalError, RetryableError, UnknownBatchError
-from embedline.models import BatchLayout, ChunkBatches, ChunkSpec, ReusePlan, Row
+from embedline.errors import FatalError, RetryableError
+from embedline.models import ChunkBatches, ChunkSpec, ReusePlan, Row
 from embedline.progress import BatchCount
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
+from flows.batch_calls import BatchCalls, Log, batch_metadata
+from flows.batch_parts import PartRequests
+from flows.batch_records import (
+    all_answered,
+    batch_counts,
+    failed_for_token_limit,
+    ids_late,
+    left_running_note,
+    merged_layouts,
+)
 from flows.signals import under_prefect_runner
-from tasks.batch_requests import (BatchRequest, BatchResults, chunk_requests, input_file,
-                                  layout_of, layout_requests, pack)
+from tasks.batch_requests import BatchRequest, input_file, layout_of, pack
 from tasks.reuse_stage import ReuseStage
 
-__all__ = ["BatchStage", "Staged", "batch_metadata", "left_running_note", "listed_parts"]
+__all__ = ["BatchStage", "Staged"]
 
-Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 _FIRST_POLL_S = 0.05  # seconds; the interval grows by half each poll to --batch-poll-interval
 _MAX_REST_PARTS = 4  # resubmissions of a chunk's unanswered requests for server errors
 _WINDOW_S = 24 * 3600.0  # the completion window: token-limit waits end within it
-_LIST_BACK_S = 31 * 86400  # how far back the account's batches are listed to adopt one
-
-
-def batch_metadata(run_key: str, spec: ChunkSpec, part: int) -> dict[str, str]:
-    """The ``metadata`` every batch of embedline carries: how a crashed or timed-out create
-    is recognized in the account's list (at most 16 keys of 512 characters: OpenAI)."""
-    return {"embedline_run": run_key, "embedline_chunk": spec.key,
-            "embedline_index": str(spec.index), "embedline_part": str(part)}
-
-
-def listed_parts(client: BatchClient, run_key: str) -> dict[tuple[int, int], dict[str, Any]]:
-    """The account's batches of run ``run_key`` by (chunk index, part), as their
-    ``metadata`` says (``batch_metadata``): the newest of each, back 31 days. How a part
-    recorded ``creating`` (a crash or a create that failed between the provider's create
-    and the ledger's record) is found and adopted, by a run or ``cancel-batches``.
-
-    :raises RetryableError, FatalError: the list could not be read.
-    """
-    found: dict[tuple[int, int], dict[str, Any]] = {}
-    oldest = time.time() - _LIST_BACK_S
-    for batch in client.list_batches():
-        if int(batch.get("created_at") or 0) < oldest:
-            break
-        meta = batch.get("metadata") or {}
-        if meta.get("embedline_run") != run_key:
-            continue
-        try:
-            key = (int(meta["embedline_index"]), int(meta["embedline_part"]))
-        except (KeyError, TypeError, ValueError):
-            continue
-        found.setdefault(key, batch)
-    return found
 
 
 @dataclass(slots=True)
@@ -135,12 +108,13 @@ class BatchStage:
         self.settings, self.ledger, self.run_key = settings, ledger, run_key
         self.planner, self.source, self.log = planner, source, log
         self.client = client or build_batch_client(settings)
+        self.calls = BatchCalls(self.client, ledger, run_key, log)
         self._stopped = threading.Event()
         self.on_progress = on_progress
         self.sleep, self.clock = sleep or self._stopped.wait, clock
         self.staged = Staged()
+        self.parts = PartRequests(settings, source, self.staged.plans, self.calls)
         self._specs: dict[int, ChunkSpec] = {}
-        self._listed: dict[tuple[int, int], dict[str, Any]] | None = None
         self._not_before = 0.0  # no create before this clock time (token limit)
         self._token_waits = 0
         self._seen_limits: set[str] = set()
@@ -154,7 +128,7 @@ class BatchStage:
         (``interrupted`` after ``stop``: the batches keep running, noted for the summary).
 
         Whenever it ends with batches still running at the provider (a stop, a batch that
-        failed validation, an error raised out of it), ``STOP.note_left_running`` says how
+        failed validation, an error raised out of it), ``STOP.report.note_left_running`` says how
         many and both ways on (rerun to collect them, ``embedline cancel-batches`` to cancel
         them): the run's final message carries it (``flows.outcome``).
 
@@ -166,7 +140,7 @@ class BatchStage:
         :raises EmbedlineError: the Batch API failed past its retries, or its endpoint
             refuses every connection (``FatalError``: never reached; ``EndpointDownError``).
         """
-        STOP.note_left_running(None)  # an earlier run's, in a long-lived process
+        STOP.report.note_left_running(None)  # an earlier run's, in a long-lived process
         try:
             for spec in todo:
                 if self._stopped.is_set() or self.staged.fatal:
@@ -195,40 +169,12 @@ class BatchStage:
         self.staged.batches = sum(1 for r in self.ledger.run_batches(self.run_key)
                                   if r.batch_id and r.idx in self._specs)
 
-    def _rows(self, spec: ChunkSpec) -> list[Row]:
-        return read_chunk(self.source, spec)
-
-    def _needed(self, spec: ChunkSpec, rows: list[Row]) -> list[BatchRequest]:
-        """What the chunk's task needs answered, batched by the run's settings now."""
-        return chunk_requests(rows, self.staged.plans[spec.index], self.settings)
-
-    def _part_requests(self, spec: ChunkSpec, record: BatchRecord,
-                       rows: list[Row]) -> list[BatchRequest]:
-        """The requests part ``record`` carries: its recorded layout; for a part recorded
-        before the ledger kept layouts, as the run's settings batch the chunk (as before)."""
-        if record.layout is not None:
-            return layout_requests(rows, record.layout, self.settings)
-        needed = self._needed(spec, rows)
-        return needed if record.req_start is None else needed[record.req_start:record.req_stop]
-
-    def _recorded(self, spec: ChunkSpec, rows: list[Row],
-                  records: list[BatchRecord]) -> list[BatchRequest]:
-        """Every request the chunk's parts ``records`` carry, each once, in order."""
-        seen: set[str] = set()
-        requests = []
-        for record in records:
-            for request in self._part_requests(spec, record, rows):
-                if request.custom_id not in seen:
-                    seen.add(request.custom_id)
-                    requests.append(request)
-        return requests
-
     def _start(self, spec: ChunkSpec) -> None:
         """Record and submit the chunk's parts, or adopt those a crashed run created; rows
         the chunk needs that no recorded part carries (a rerun planned reuse otherwise)
         go in a part of their own."""
-        rows = self._rows(spec)
-        requests = self._needed(spec, rows)
+        rows = self.parts.rows(spec)
+        requests = self.parts.needed(spec, rows)
         for record in self.ledger.run_batches(self.run_key, spec.index):
             if record.state == "creating":
                 self._resume_creating(spec, record, rows)
@@ -243,11 +189,10 @@ class BatchStage:
             for record in self.ledger.run_batches(self.run_key, spec.index):
                 self._submit(spec, record, requests[record.req_start:record.req_stop])
             return
-        covered = {p for r in self._recorded(spec, rows, records) for p in r.rows}
+        covered = {p for r in self.parts.recorded(spec, rows, records) for p in r.rows}
         uncovered = {p for r in requests for p in r.rows} - covered
         if uncovered:
-            rest = chunk_requests(rows, self.staged.plans[spec.index], self.settings,
-                                  only=uncovered)
+            rest = self.parts.needed(spec, rows, only=uncovered)
             self.log.info("chunk %d: %d rows no batch of this run carries: submitting them "
                           "as part %d", spec.index, len(uncovered),
                           max(r.part for r in records) + 1)
@@ -256,15 +201,15 @@ class BatchStage:
     def _resume_creating(self, spec: ChunkSpec, record: BatchRecord,
                          rows: list[Row] | None = None) -> None:
         # a part whose input was never uploaded was never created: nothing to look for
-        adopted = self._find(spec, record.part) if record.input_file_id else None
+        adopted = self.calls.find(spec, record.part) if record.input_file_id else None
         if adopted is not None:
-            self._adopt(spec, record, adopted)
+            self.calls.adopt(spec, record, adopted)
             return
-        if record.layout is None and record.req_start is None:  # recorded before layouts
-            requests = self._pending(spec, [r for r in self.ledger.run_batches(
+        if record.layout is None and record.req_start is None:  # recorded without layouts
+            requests = self.parts.pending(spec, [r for r in self.ledger.run_batches(
                 self.run_key, spec.index) if r.part < record.part])
         else:
-            requests = self._part_requests(spec, record, rows or self._rows(spec))
+            requests = self.parts.carried(spec, record, rows or self.parts.rows(spec))
         if requests:
             self._submit(spec, record, requests)
         else:
@@ -295,28 +240,11 @@ class BatchStage:
         except RetryableError as exc:
             self.log.warning("chunk %d part %d: the batch create failed (%s): looking for "
                              "the batch it may have made", spec.index, record.part, exc)
-            self._listed = None  # list again: the batch would be new
-            batch = self._find(spec, record.part)
+            self.calls.forget_listing()  # list again: the batch would be new
+            batch = self.calls.find(spec, record.part)
             if batch is None:
                 return  # still `creating`: submitted again on the next poll
-        self._adopt(spec, record, batch, created=True)
-
-    def _adopt(self, spec: ChunkSpec, record: BatchRecord, batch: dict[str, Any], *,
-               created: bool = False) -> None:
-        self.ledger.mark_batch_submitted(self.run_key, spec.index, record.part,
-                                         batch_id=str(batch["id"]),
-                                         input_file_id=batch.get("input_file_id"),
-                                         status=str(batch.get("status")))
-        if not created:
-            self.log.info("chunk %d part %d: adopted batch %s, which an earlier attempt "
-                          "created", spec.index, record.part, batch["id"])
-        self._record_poll(batch)
-
-    def _find(self, spec: ChunkSpec, part: int) -> dict[str, Any] | None:
-        """The account's batch that carries this run's, chunk's and part's metadata."""
-        if self._listed is None:
-            self._listed = listed_parts(self.client, self.run_key)
-        return self._listed.get((spec.index, part))
+        self.calls.adopt(spec, record, batch, created=True)
 
     def _token_limited(self) -> None:
         self._token_waits += 1
@@ -354,44 +282,9 @@ class BatchStage:
     def _poll_all(self) -> list[BatchRecord]:
         for record in self.ledger.run_batches(self.run_key):
             if record.idx in self._specs and record.batch_id and (
-                    record.status not in TERMINAL_STATUSES or _late_ids(record)):
-                self._record_poll(self._get_batch(record))  # running, or its ids are late
+                    record.status not in TERMINAL_STATUSES or ids_late(record)):
+                self.calls.record_poll(self.calls.get_batch(record))  # running, or its ids are late
         return self.ledger.run_batches(self.run_key)
-
-    def _get_batch(self, record: BatchRecord) -> dict[str, Any]:
-        """Poll ``record``'s batch; one the provider does not know is marked ``not_found``.
-
-        :raises UnknownBatchError: naming the batch.
-        """
-        try:
-            return self.client.get_batch(str(record.batch_id))
-        except UnknownBatchError:
-            self.ledger.mark_batch_not_found(self.run_key, str(record.batch_id))
-            raise
-
-    def _file(self, record: BatchRecord, file_id: str) -> bytes:
-        """A result file of ``record``'s batch; one the provider does not know (deleted) is
-        noted on the batch in the ledger.
-
-        :raises UnknownBatchError: naming the file.
-        """
-        try:
-            return self.client.file_content(file_id)
-        except UnknownBatchError:
-            self.ledger.mark_batch_not_found(self.run_key, str(record.batch_id),
-                                             file_id=file_id)
-            raise
-
-    def _record_poll(self, batch: dict[str, Any]) -> None:
-        counts = batch.get("request_counts") or {}
-        errors = (batch.get("errors") or {}).get("data") or []
-        error = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)[:500] or None
-        self.ledger.update_batch(self.run_key, str(batch["id"]),
-                                 status=str(batch.get("status")),
-                                 output_file_id=batch.get("output_file_id"),
-                                 error_file_id=batch.get("error_file_id"),
-                                 completed=int(counts.get("completed") or 0),
-                                 failed=int(counts.get("failed") or 0), error=error)
 
     def _advance(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
         """Move one chunk on: resubmit a part still ``creating``; when all its batches have
@@ -401,17 +294,17 @@ class BatchStage:
             if record.state == "creating" and self.clock() >= self._not_before:
                 self._resume_creating(spec, record)
         records = self.ledger.run_batches(self.run_key, spec.index)
-        if any(r.state == "creating" or r.status not in TERMINAL_STATUSES or _late_ids(r)
+        if any(r.state == "creating" or r.status not in TERMINAL_STATUSES or ids_late(r)
                for r in records):
             return
         self._check_failures(records, spec)
         if self.staged.fatal:
             return
-        if all(_all_answered(r) for r in records):
+        if all(all_answered(r) for r in records):
             self._ready(spec, records)
             return
-        pending = self._pending(spec, records)
-        rest_parts = sum(1 for r in records if r.req_start is None and not _token_limit(r))
+        pending = self.parts.pending(spec, records)
+        rest_parts = sum(1 for r in records if r.req_start is None and not failed_for_token_limit(r))
         if not pending or self.settings.batch_fallback == "sync" or rest_parts >= _MAX_REST_PARTS:
             if pending:
                 self.log.warning("chunk %d: %d requests unanswered by its batches%s", spec.index,
@@ -439,7 +332,7 @@ class BatchStage:
         for record in records:
             if record.status != "failed":
                 continue
-            if not _token_limit(record):
+            if not failed_for_token_limit(record):
                 self.staged.fatal = (f"batch {record.batch_id} (chunk {spec.index}) failed "
                                      f"validation: {record.error or 'no reason given'}; "
                                      "nothing more is submitted")
@@ -448,38 +341,18 @@ class BatchStage:
                 self._seen_limits.add(str(record.batch_id))
                 self._token_limited()
 
-    def _pending(self, spec: ChunkSpec, records: list[BatchRecord]) -> list[BatchRequest]:
-        """The requests of ``records`` (as recorded) that no batch answered or rejected for
-        good, and that carry a row the chunk still needs."""
-        results = BatchResults()
-        for record in records:
-            for file_id in (record.output_file_id, record.error_file_id):
-                if file_id:
-                    results.add_output(self._file(record, file_id),
-                                       dimensions=self.settings.dimensions)
-        rows = self._rows(spec)
-        needed = {p for r in self._needed(spec, rows) for p in r.rows}
-        return [r for r in results.resolve(self._recorded(spec, rows, records)).pending
-                if needed.intersection(r.rows)]
-
     def _ready(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
         files = tuple(f for r in records for f in (r.output_file_id, r.error_file_id) if f)
         layouts = [r.layout for r in records]
-        if any(layout is None for layout in layouts):  # recorded before layouts
-            layouts = [layout_of(self._recorded(spec, self._rows(spec), records))]
-        self.staged.answers[spec.index] = ChunkBatches(files, _merged(layouts))
+        if any(layout is None for layout in layouts):  # recorded without layouts
+            layouts = [layout_of(self.parts.recorded(spec, self.parts.rows(spec), records))]
+        self.staged.answers[spec.index] = ChunkBatches(files, merged_layouts(layouts))
 
     # ── report ───────────────────────────────────────────────────────────────────────────
     def _show(self, records: list[BatchRecord]) -> None:
         """The run's batches by status, with their requests and how many are done: to
         ``on_progress`` after every poll, and one INFO line when they change."""
-        mine = [r for r in records if r.idx in self._specs]
-        by_status: dict[str, list[BatchRecord]] = {}
-        for record in mine:
-            by_status.setdefault(record.status or record.state, []).append(record)
-        counts = tuple(BatchCount(status, len(group), sum(r.requests for r in group),
-                                  sum(r.completed for r in group))
-                       for status, group in sorted(by_status.items()))
+        counts = batch_counts(r for r in records if r.idx in self._specs)
         if self.on_progress is not None:
             self.on_progress(counts)
         if counts != self._shown:
@@ -489,7 +362,7 @@ class BatchStage:
                           sum(c.completed for c in counts), sum(c.requests for c in counts))
 
     def _left_running(self) -> None:
-        """Note (``STOP.note_left_running``) and log the batches the run leaves running at
+        """Note (``STOP.report.note_left_running``) and log the batches the run leaves running at
         the provider, if any: those submitted that have not ended, and parts whose create
         was sent but never confirmed (they may run)."""
         records = self.ledger.run_batches(self.run_key)
@@ -503,47 +376,4 @@ class BatchStage:
                                  "rerun the same command to collect them")
         if what is not None:
             self.log.warning("the run stops: %s", what)
-            STOP.note_left_running(what)  # the run's final message and last line say it
-
-
-def left_running_note(running: int, unconfirmed: int, run_key: str, *,
-                      rerun: str = "rerun the same command to collect them") -> str | None:
-    """What a run that ends with ``running`` batches still running at the provider (and
-    ``unconfirmed`` parts whose create was sent but not confirmed) tells the user: both
-    ways on, collect (``rerun``) or cancel; None when there are neither."""
-    if not running and not unconfirmed:
-        return None
-    if running:
-        what = (f"{running} batch keeps" if running == 1 else f"{running} batches keep") + \
-            " running at the provider (billed when they complete)"
-        if unconfirmed:
-            what += f", and {unconfirmed} more may (their create was not confirmed)"
-    else:
-        what = (f"{unconfirmed} {'batch' if unconfirmed == 1 else 'batches'} may be running "
-                "at the provider (their create was not confirmed; billed when they complete)")
-    return (f"{what}: {rerun} without paying again, or `embedline cancel-batches "
-            f"{run_key[:12]}` to cancel them")
-
-
-def _token_limit(record: BatchRecord) -> bool:
-    return record.status == "failed" and "token_limit_exceeded" in (record.error or "")
-
-
-def _late_ids(record: BatchRecord) -> bool:
-    """``completed`` before the provider filled in its file ids: poll again."""
-    return (record.status == "completed" and record.output_file_id is None
-            and record.error_file_id is None and record.requests > 0)
-
-
-def _all_answered(record: BatchRecord) -> bool:
-    return (record.status == "completed" and record.failed == 0
-            and record.completed == record.requests)
-
-
-def _merged(layouts: list[BatchLayout | None]) -> BatchLayout:
-    """The requests of ``layouts``, each custom_id once, in order."""
-    seen: dict[str, tuple[int, ...]] = {}
-    for layout in layouts:
-        for custom_id, rows in layout or ():
-            seen.setdefault(custom_id, rows)
-    return tuple(seen.items())
+            STOP.report.note_left_running(what)  # the run's final message and last line say it

@@ -37,7 +37,8 @@ from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Running
 
-from embedline.shutdown import STOP, Terminated, is_interrupt, signal_of
+from embedline.interrupts import Terminated, is_interrupt, signal_of
+from embedline.shutdown import STOP
 
 __all__ = ["POLL_S", "InterruptedByCancel", "cancelled_or", "complete_despite_cancel",
            "end_as_runner_cancellation", "raise_if_interrupted_by_cancel",
@@ -76,7 +77,7 @@ def run_stopping_on_cancel(body: Callable[[], T], *, poll_s: float = POLL_S) -> 
         if not (STOP.prefect_cancel_requested() and is_interrupt(exc)
                 and signal_of(exc) == signal.SIGTERM):
             raise
-        committed = STOP.committed()
+        committed = STOP.report.committed()
         after, todo = "", "rerun the same command to resume"
         if committed is not None:
             after, todo = f" after run {committed.run_key[:12]} was committed", committed.todo
@@ -123,7 +124,7 @@ def _cancel_requested() -> bool:
     if STOP.prefect_cancel_requested():
         return True
     flow_run_id = flow_run.get_id()
-    if not STOP.run_by_command() or not flow_run_id or STOP.api_lost() is not None:
+    if not STOP.run_by_command() or not flow_run_id or STOP.report.api_lost() is not None:
         return False
     from prefect.client.orchestration import get_client
 

@@ -3,7 +3,7 @@
 ``prepare_stage`` builds the run's reuse stage (``tasks/reuse_stage.py``) for its work: the
 index refreshed, every row planned, each reused vector copied once per source object. The
 flow calls it (``flows.embed``); so does ``embedline run`` before Prefect starts
-(``cli/run.py``, ``_without_prefect``), through ``publish_if_all_copied``:
+(``cli/run_without_prefect.py``, ``run_without_prefect``), through ``publish_if_all_copied``:
 
 - when every chunk left has every non-empty row copied (a shuffled or re-ordered export, a
   re-export cut at new chunk boundaries: a night that sends no request), the chunks are

@@ -58,7 +58,7 @@ class Dispatcher:
     ``lease_s`` (seconds) is how long a claim holds without renewal; leases of in-flight
     chunks are renewed every ``lease_s / 3``. ``on_outcome`` is called after each record,
     ``on_tick`` at least every 0.5 s while chunks are in flight (progress between outcomes).
-    When the Prefect API goes away (``STOP.api_lost``), dispatching stops as after a
+    When the Prefect API goes away (``STOP.report.api_lost``), dispatching stops as after a
     first signal: in-flight chunks get ``grace_s`` seconds, then are released.
     """
 
@@ -114,7 +114,7 @@ class Dispatcher:
         held: list[ChunkSpec] = []
         renewed = time.monotonic()
         while pending or held or self._inflight:
-            if not self._stopping and STOP.api_lost() is not None:
+            if not self._stopping and STOP.report.api_lost() is not None:
                 self.logger.info("the Prefect API went away: no new chunks; in-flight chunks "
                                  "get %g s to finish", self.grace_s)
                 self.stop(grace_s=self.grace_s)

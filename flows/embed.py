@@ -41,7 +41,7 @@ def embed_and_publish(run: Run, work: Work) -> Dispatched:
     ``work.todo`` (then the chunks of another vector length again), with a progress
     artifact, honouring signals (``dispatch_with_graceful_stop``)."""
     assert run.ledger is not None, "embed_and_publish() of a run not recorded"
-    STOP.note_left_running(None)  # an earlier run's batches, in a long-lived process
+    STOP.report.note_left_running(None)  # an earlier run's batches, in a long-lived process
     logger = get_run_logger()
     stage = take_stage(run, work, logger) or prepare_stage(run, work, logger)
     try:
@@ -72,7 +72,7 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
         return Dispatched(DispatchResult(stop=failure, not_run=[s.index for s in work.todo]),
                           None, staged.batches)
     if staged is not None and staged.interrupted:  # a signal while waiting: the summary
-        artifact.close()  # says it, and that the batches keep running (STOP.left_running)
+        artifact.close()  # says it, and that the batches keep running (STOP.report.left_running)
         return Dispatched(DispatchResult(not_run=[s.index for s in work.todo]), None,
                           staged.batches)
     window = 2 if settings.embedder == "local" else settings.concurrency + 1

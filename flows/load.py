@@ -113,7 +113,7 @@ def load_run(
     if alias is not None and summary.exit_code == 0:
         summary = switch_alias(summary, to=to, alias=alias, target=target, manifest=manifest)
     summary.wall_s = round(time.monotonic() - started, 3)
-    if STOP.api_lost() is None:
+    if STOP.report.api_lost() is None:
         publish_load_summary(summary)
     return final_state(summary)
 
@@ -320,7 +320,7 @@ def _finalized(summary: LoadSummary, sink: VectorSink, options: _Options) -> Loa
 
 def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:
     """The ``embedline-load-dead-letters`` table artifact (ids and reasons, never text)."""
-    if STOP.api_lost() is not None:
+    if STOP.report.api_lost() is not None:
         return
     create_table_artifact([{"chunk": d.chunk_index, "id": d.id[:200], "reason": d.reason,
                             "sqlstate": d.sqlstate, "message": d.message} for d in dead[:1000]],

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from embedline.interrupts import exit_code_for
 from embedline.models import (
     ChunkOutcome,
     InputPlan,
     blocking_dead_letters,
     dead_letters_block_message,
 )
-from embedline.shutdown import STOP, exit_code_for
+from embedline.shutdown import STOP
 from flows.dispatch import DispatchResult
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def outcome_fields(
     which the outcomes undercount after failures. Empty texts block the commit only with
     ``on_empty_text="fail"``. A status of ``complete`` (exit 0) means: ready to commit. A
     run that did not complete and leaves Batch API batches running at the provider
-    (``STOP.left_running``) ends its message with how many and how to collect or cancel
+    (``STOP.report.left_running``) ends its message with how many and how to collect or cancel
     them, whatever stopped it.
     """
     done = {**skipped, **result.published}
@@ -76,7 +77,7 @@ def outcome_fields(
         batch_inputs=sum(o.batch_inputs for o in result.published.values()),
     )
     status = _status(plan, run_key, done, result, not_done, blocking, resume_hint)
-    left = STOP.left_running()  # Batch API batches this run leaves running at the provider
+    left = STOP.report.left_running()  # Batch API batches this run leaves running at the provider
     if status["exit_code"] and left and left not in status["message"]:
         status["message"] += f"; {left}"
     return {**counts, **status}
@@ -92,7 +93,7 @@ def _status(plan: InputPlan, run_key: str, done: dict[int, ChunkOutcome], result
     if signum is not None:
         return _ended(exit_code_for(signum), "interrupted",
                       f"{STOP.stop_cause(signum)}: {published} published; {resume_hint}")
-    loss = STOP.api_lost()
+    loss = STOP.report.api_lost()
     if loss is not None and not_done:
         return _ended(1, "interrupted",
                       f"{loss.what}; {published} are published and kept: {loss.todo}")

@@ -27,6 +27,7 @@ from typing import Any
 from adapters.ledger import Ledger, record_hard_stop
 from adapters.scratch import release
 from embedline.errors import ConflictError, EmbedlineError, InputError
+from embedline.interrupts import interrupt_of
 from embedline.models import (
     ChunkOutcome,
     ChunkSpec,
@@ -38,7 +39,7 @@ from embedline.models import (
 )
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
-from embedline.shutdown import STOP, interrupt_of
+from embedline.shutdown import STOP
 from flows.dispatch import DispatchResult
 from flows.outcome import outcome_fields
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
@@ -207,7 +208,7 @@ class Run:
         """
         ledger = self._ledger()
         hook = self.hard_stop_hook()
-        STOP.on_hard_exit(hook)
+        STOP.exit.on_hard_exit(hook)
         try:
             ledger.start_run(
                 self.run_key, self.plan, output_uri=self.store.uri,
@@ -222,7 +223,7 @@ class Run:
                                 status="crashed" if interrupt_of(exc) is None else "interrupted")
             raise
         finally:
-            STOP.remove_hard_exit_hook(hook)
+            STOP.exit.remove_hard_exit_hook(hook)
 
     @contextlib.contextmanager
     def leased(self) -> Iterator[None]:

@@ -3,7 +3,7 @@
 First signal: submit no more chunks and give in-flight chunks ``grace_s`` seconds to finish
 (their requests are paid for: let them land); chunks still running then stop before their
 next request and are released in the ledger; the run exits 130 (SIGINT) or 143 (SIGTERM).
-Second signal: exit at once with the same code (``STOP.hard_exit``, whose hook from
+Second signal: exit at once with the same code (``STOP.exit.hard_exit``, whose hook from
 ``adapters.ledger.record_hard_stop`` marks the run ``interrupted``); the ledger stays consistent
 because
 every write is one SQLite transaction, and chunks left ``running`` are reclaimed by the next
@@ -34,8 +34,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
+from embedline.interrupts import SIGNALS
 from embedline.models import ChunkSpec
-from embedline.shutdown import SIGNALS, STOP
+from embedline.shutdown import STOP
 
 __all__ = ["RUNNER_KILL_AFTER_S", "Stoppable", "dispatch_with_graceful_stop", "signal_grace_s",
            "stop_on_signals", "under_prefect_runner"]

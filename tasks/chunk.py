@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed
 
-from adapters.csv_source import read_chunk
+from adapters.csv_chunks import read_chunk
 from adapters.embeddings import build_batch_client, build_embedder
 from adapters.object_store import open_store
 from embedline import progress

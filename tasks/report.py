@@ -40,7 +40,7 @@ class ProgressArtifact:
     The caller (the dispatcher, which records chunks in the ledger) never waits for the API:
     a call to a server that went away is retried by Prefect's client for about a minute
     (``PREFECT_CLIENT_MAX_RETRIES`` = 5, sleeping 2, 4, 8, 16, 32 s). Posting stops for good
-    once the API is lost (``STOP.api_lost``) or a call fails.
+    once the API is lost (``STOP.report.api_lost``) or a call fails.
     """
 
     def __init__(self, *, description: str, min_interval_s: float = 1.0) -> None:
@@ -69,7 +69,7 @@ class ProgressArtifact:
         self._closed.set()
         self._wake.set()
         deadline = time.monotonic() + timeout_s
-        while self._thread.is_alive() and STOP.api_lost() is None:
+        while self._thread.is_alive() and STOP.report.api_lost() is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -80,7 +80,7 @@ class ProgressArtifact:
         while True:
             self._wake.wait()
             self._wake.clear()
-            if STOP.api_lost() is not None:
+            if STOP.report.api_lost() is not None:
                 return
             value = self._latest
             if value is not None and value != posted:

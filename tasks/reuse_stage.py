@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from adapters.csv_source import read_chunk
+from adapters.csv_chunks import read_chunk
 from adapters.ledger import Ledger
 from adapters.row_facts import ROW_DTYPE, RowFacts, chunk_rows
 from adapters.scratch import Scratch, Spill

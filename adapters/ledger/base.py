@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from adapters.disk_full import LedgerConnection, translate_full
 from adapters.ledger.migrations import migrate
 from embedline.errors import DiskFullError
-from embedline.shutdown import exit_cleanup
+from embedline.exit_cleanups import exit_cleanup
 
 __all__ = ["LedgerBase", "now_iso"]
 

@@ -259,7 +259,8 @@ def test_s3_input_changed_after_planning_is_refused(
     conditional_s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On moto and ministack: reads after planning are pinned to the ETag (If-Match)."""
-    from adapters.csv_source import plan_csv, read_chunk
+    from adapters.csv_chunks import read_chunk
+    from adapters.csv_source import plan_csv
 
     s3_bucket = make_bucket(conditional_s3_endpoint)
     monkeypatch.setenv("AWS_ENDPOINT_URL", conditional_s3_endpoint)

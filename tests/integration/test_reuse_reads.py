@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapters.csv_source import read_chunk
+from adapters.csv_chunks import read_chunk
 from adapters.ledger import Ledger
 from adapters.object_store import open_store
 from tasks.reuse import take_prefill

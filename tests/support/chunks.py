@@ -7,7 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from adapters.csv_source import plan_csv, read_chunk
+from adapters.csv_chunks import read_chunk
+from adapters.csv_source import plan_csv
 from embedline.keys import row_key
 from embedline.models import ChunkOutcome, InputPlan
 from tasks.embed import EmbeddedRows

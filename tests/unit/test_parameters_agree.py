@@ -1,4 +1,4 @@
-"""The run's parameters are declared in three places (argparse in ``cli/run.py``, the
+"""The run's parameters are declared in three places (argparse in ``cli/run_options.py``, the
 ``embed-csv`` flow's signature, ``RunSettings``) and used in a fourth (the deployments'
 ``prefect.yaml``): these tests fail when they disagree in name, default or choices."""
 

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from adapters import csv_lines, csv_records
+from adapters.csv_chunks import read_chunk
 from adapters.csv_lines import Blocks, block_decodable
-from adapters.csv_source import plan_csv, read_chunk
+from adapters.csv_source import plan_csv
 from embedline.errors import InputError
 from embedline.models import InputPlan, Row
 from tests.support.real_data import ENGLISH_NAME, JAPANESE_NAME, real_csv

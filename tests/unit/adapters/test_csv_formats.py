@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from adapters.csv_source import check_header, plan_csv, read_chunk
+from adapters.csv_chunks import read_chunk
+from adapters.csv_header import check_header
+from adapters.csv_source import plan_csv
 from embedline.errors import InputError
 from embedline.models import InputPlan
 

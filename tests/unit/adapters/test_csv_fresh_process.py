@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 _CHILD = """
 import pickle, sys
-from adapters.csv_source import read_chunk
+from adapters.csv_chunks import read_chunk
 source, spec = pickle.loads(sys.stdin.buffer.read())
 rows = read_chunk(source, spec)
 print(len(rows), len(rows[0].text))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.csv_source import plan_csv, read_chunk
+from adapters.csv_chunks import read_chunk
+from adapters.csv_source import plan_csv
 from embedline import keys
 from embedline.errors import InputError
 from embedline.models import InputPlan, Row

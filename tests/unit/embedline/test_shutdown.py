@@ -13,7 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from embedline.shutdown import SIGNALS, ApiLoss, Phase, StopState, raise_interrupt
+from embedline.interrupts import SIGNALS
+from embedline.shutdown import Phase, StopState, raise_interrupt
+from embedline.stop_report import ApiLoss
 from tests.support.fixtures import REPO
 
 
@@ -25,7 +27,8 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 def test_a_second_signal_while_the_first_interrupt_unwinds_exits_at_once() -> None:
     done = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         STOP.install_interrupt_handlers()
         try:
             signal.raise_signal(signal.SIGINT)
@@ -44,7 +47,8 @@ def test_a_forgotten_interrupt_makes_the_next_signal_a_first_one_again() -> None
     """A new command in the same process, or an interrupt Python lost and sends again."""
     done = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         STOP.install_interrupt_handlers()
         for _ in range(2):
             try:
@@ -64,7 +68,8 @@ def test_an_interrupt_a_library_swallowed_is_raised_again_before_anything_is_dis
     loader logged, and the run embedded and exited 0. The checkpoint raises it again."""
     done = _python(f"""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         STOP.install_interrupt_handlers()
         STOP.begin_command()
         try:
@@ -90,7 +95,8 @@ def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_o
 ) -> None:
     first = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         try:
             with STOP.interrupts_deferred():
                 signal.raise_signal(signal.SIGTERM)
@@ -101,7 +107,8 @@ def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_o
     assert (first.returncode, first.stdout.splitlines()) == (0, ["block finished", "raised after"])
     second = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         with STOP.interrupts_deferred():
             signal.raise_signal(signal.SIGINT)
             print("noted", flush=True)
@@ -117,7 +124,8 @@ def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_o
 def test_first_interrupt_hooks_run_before_the_interrupt_is_raised_and_only_then() -> None:
     done = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         hook = lambda: print("hook", flush=True)
         STOP.on_first_interrupt(hook)
         STOP.on_first_interrupt(hook)  # registered once
@@ -137,11 +145,12 @@ def test_a_signal_while_a_committed_run_finishes_is_held_until_the_command_raise
     exits at once, and says the run is committed."""
     held = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         STOP.install_interrupt_handlers()
         STOP.command_handles_signals()
         with STOP.interrupts_deferred():  # the commit
-            STOP.note_committed("a" * 64, "out/manifests/a.json", "nothing to resume")
+            STOP.report.note_committed("a" * 64, "out/manifests/a.json", "nothing to resume")
             STOP.only_reporting_left()
             signal.raise_signal(signal.SIGTERM)
         print("block finished", flush=True)
@@ -154,7 +163,8 @@ def test_a_signal_while_a_committed_run_finishes_is_held_until_the_command_raise
     assert held.returncode == 143
     raised = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         STOP.install_interrupt_handlers()
         STOP.command_handles_signals()
         STOP.only_reporting_left()
@@ -174,7 +184,8 @@ def test_without_the_command_asking_a_finishing_run_keeps_prefects_signal_handli
     ``only_reporting_left`` must leave the handlers alone."""
     done = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         mine = lambda signum, frame: print("own handler", flush=True)
         signal.signal(signal.SIGTERM, mine)
         STOP.only_reporting_left()
@@ -191,7 +202,8 @@ def test_a_prefect_cancel_is_named_as_such_and_never_counts_as_a_second_signal()
     at once as a second signal; a new command forgets the cancel."""
     done = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         STOP.install_interrupt_handlers()
         print(STOP.stop_cause(signal.SIGTERM), STOP.note_prefect_cancel(), flush=True)
         print(STOP.stop_cause(signal.SIGTERM), "|", STOP.stop_cause(signal.SIGINT))
@@ -235,7 +247,7 @@ def test_a_cli_run_goes_planning_dispatching_committing_finishing_ended(
     assert state.phase is Phase.DISPATCHING
     with state.committing():
         assert state.phase is Phase.COMMITTING
-        state.note_committed("a" * 64, "out/manifests/a.json", "nothing to resume", {"x": 1})
+        state.report.note_committed("a" * 64, "out/manifests/a.json", "nothing to resume", {"x": 1})
         state.only_reporting_left()
         assert state.phase is Phase.FINISHING
     assert state.phase is Phase.FINISHING  # the commit's end does not undo it
@@ -243,7 +255,7 @@ def test_a_cli_run_goes_planning_dispatching_committing_finishing_ended(
     state.raise_held_interrupt()  # nothing held
     assert state.phase is Phase.ENDED
     state.begin_command()  # the next command forgets the last one
-    assert (state.phase, state.committed(), state.run_by_command()) == (
+    assert (state.phase, state.report.committed(), state.run_by_command()) == (
         Phase.PLANNING, None, False)
 
 
@@ -257,9 +269,9 @@ def test_a_commit_with_a_load_left_returns_to_the_phase_before_it(
     if start is Phase.DISPATCHING:
         state.start_dispatching()
     with state.committing():
-        state.note_committed("b" * 64, "out/manifests/b.json", "rerun to load it")
+        state.report.note_committed("b" * 64, "out/manifests/b.json", "rerun to load it")
     assert state.phase is start
-    committed = state.committed()
+    committed = state.report.committed()
     assert committed is not None and (committed.todo, committed.summary) == (
         "rerun to load it", None)
 
@@ -287,19 +299,20 @@ def test_starting_to_dispatch_clears_the_last_runs_stop(state: StopState) -> Non
 
 def test_the_cli_waits_for_a_hand_over_only_once_the_flow_dispatches(state: StopState) -> None:
     started = time.monotonic()
-    assert state.wait_for_hand_over(5.0) is None  # planning: nothing will come
+    assert state.report.wait_for_hand_over(5.0) is None  # planning: nothing will come
     assert time.monotonic() - started < 1.0
     state.start_dispatching()
-    assert state.hand_over({"exit_code": 1}) is False  # no API loss: nobody waits
-    state.note_api_lost(ApiLoss("the Prefect API went away", "rerun"))
-    threading.Timer(0.2, state.hand_over, args=({"exit_code": 1},)).start()
-    assert state.wait_for_hand_over(5.0) == {"exit_code": 1}
+    assert state.report.hand_over({"exit_code": 1}) is False  # no API loss: nobody waits
+    state.report.note_api_lost(ApiLoss("the Prefect API went away", "rerun"))
+    threading.Timer(0.2, state.report.hand_over, args=({"exit_code": 1},)).start()
+    assert state.report.wait_for_hand_over(5.0) == {"exit_code": 1}
 
 
 def test_a_signal_while_committing_is_raised_when_the_commit_ends() -> None:
     done = _python("""
         import signal
-        from embedline.shutdown import STOP, Terminated
+        from embedline.interrupts import Terminated
+        from embedline.shutdown import STOP
         STOP.install_interrupt_handlers()
         try:
             with STOP.committing():
@@ -342,7 +355,7 @@ def _interrupt_in_set_name() -> BaseException:
 
 
 def test_an_interrupt_wrapped_by_python_is_still_an_interrupt() -> None:
-    from embedline.shutdown import interrupt_of
+    from embedline.interrupts import interrupt_of
 
     raised = _interrupt_in_set_name()
     found = interrupt_of(raised)

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapters.csv_source import plan_csv, read_chunk
+from adapters.csv_chunks import read_chunk
+from adapters.csv_source import plan_csv
 from adapters.object_store import open_store
 from embedline import keys
 from embedline.models import DeadLetter, RunSummary

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from adapters.csv_source import hand_over_plan, plan_csv
+from adapters.csv_source import plan_csv
+from adapters.plan_hand_over import hand_over_plan
 
 PLAN_ARGS = dict(id_column="id", text_column="text", codec="auto", chunk_size=2, model="m",
                  dimensions=None, delimiter="auto")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from adapters.csv_source import read_chunk
+from adapters.csv_chunks import read_chunk
 from adapters.ledger import Ledger
 from adapters.object_store import open_store
 from embedline.keys import text_sha256

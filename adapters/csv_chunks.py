@@ -1,0 +1,66 @@
+"""Reading one chunk of a planned CSV input: seek to its byte range, check the bytes against
+the plan's SHA-256, parse its records into ``Row``s. A chunk never reads another's bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+from adapters.csv_format import CsvFormat
+from adapters.csv_lines import NeedsLineReader
+from adapters.csv_records import open_lines, read_records
+from adapters.input_source import open_input
+from embedline.errors import InputError
+from embedline.keys import text_sha256
+from embedline.models import ChunkSpec, InputSource, Row
+
+__all__ = ["read_chunk"]
+
+
+def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:
+    """Read the ``spec.rows`` records of one chunk by seeking to its byte range.
+
+    Returns ``Row``s in input order. The bytes are checked against the plan's SHA-256 first,
+    so a file edited after planning is refused rather than published under the old keys.
+
+    :raises InputError: (exit 2) the input changed since planning, or cannot be read.
+    """
+    data = open_input(source.path, etag=source.version).read_range(spec.byte_start,
+                                                                   spec.byte_stop)
+    if hashlib.sha256(data).hexdigest() != spec.bytes_sha256:
+        raise InputError(
+            f"the input changed while the run read it (chunk {spec.index}, bytes "
+            f"{spec.byte_start}-{spec.byte_stop}); rerun once the file is no longer being written",
+            path=source.path,
+            line=spec.line_start,
+        )
+    try:
+        rows = _chunk_rows(source, spec, data, fast=True)
+    except NeedsLineReader:  # undecodable bytes: the line reader names the line
+        rows = _chunk_rows(source, spec, data, fast=False)
+    if len(rows) != spec.rows:
+        raise InputError(
+            f"chunk {spec.index} holds {len(rows)} records, the plan said {spec.rows}",
+            path=source.path,
+            line=spec.line_start,
+        )
+    return rows
+
+
+def _chunk_rows(source: InputSource, spec: ChunkSpec, data: bytes, *, fast: bool) -> list[Row]:
+    """The ``Row``s of the chunk ``spec`` whose bytes are ``data``.
+
+    :raises NeedsLineReader: ``fast`` met bytes it cannot decode.
+    """
+    fmt = CsvFormat(source.encoding, source.newline, source.delimiter)
+    lines = open_lines(io.BytesIO(data), source.path, fmt, fast=fast,
+                       line=spec.line_start - 1, offset=spec.byte_start)
+    text_of, kept_of, id_index = source.text_of, source.kept_of, source.id_index
+    keeps = bool(source.kept_indexes)
+    rows = []
+    for number, (line, _, fields) in enumerate(
+            read_records(lines, source.path, source.delimiter), start=spec.first_row):
+        text = text_of(fields)
+        kept = kept_of(fields) if keeps else ()
+        rows.append(Row(number, line, fields[id_index], text, text_sha256(text), kept))
+    return rows
