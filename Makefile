@@ -15,7 +15,7 @@ S3RVER_DIR := tests/support/s3rver
 S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
 TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP)
 
-.PHONY: demo test test-unit test-all test-real-servers bench bench-scale docs clean
+.PHONY: demo test test-unit test-all test-real-servers bench bench-scale docs lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,11 +34,12 @@ demo: $(STAMP)
 	$(BIN)/embedline run examples/debian-sample.csv --chunk-size 50 --output ./embedline-output --text-template '{title}\n\n{text}' --keep-columns title --sink 'lancedb://./embedline-output/lancedb?table=documents'
 	$(BIN)/embedline search 'lancedb://./embedline-output/lancedb?table=documents' "play a strategy game" --k 5
 
-# The test suite CI runs (unit + integration on loopback servers); slow soak runs excluded.
+# The test suite CI runs, after the linters and the docs build (unit + integration on loopback
+# servers); slow soak runs excluded.
 # Two workers (pytest-xdist), one test file per worker at a time so module fixtures are
 # shared: the suite is CPU-bound on one core, and this machine has two.
 PYTEST_WORKERS ?= 2
-test: $(STAMP) $(TEST_SERVERS) docs
+test: $(STAMP) $(TEST_SERVERS) lint docs
 	$(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
 
 # Unit tests only: no sockets, no servers, about 40 s.
@@ -83,6 +84,12 @@ ROWS ?= 10000000
 bench-scale: $(STAMP)
 	$(BIN)/python benchmarks/bench_scale.py --rows $(ROWS)
 	$(BIN)/python benchmarks/report.py
+
+# Formatting, lint and types (pyproject.toml): seconds, but for mypy's first run (about 30 s).
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The documentation site from docs/ into build/site; --strict fails on any warning (a broken
 # link, a page missing from the nav). Open build/site/index.html, or `mkdocs serve` to browse.
