@@ -25,8 +25,7 @@ def read_chunk(source: InputSource, spec: ChunkSpec) -> list[Row]:
 
     :raises InputError: (exit 2) the input changed since planning, or cannot be read.
     """
-    data = open_input(source.path, etag=source.version).read_range(spec.byte_start,
-                                                                   spec.byte_stop)
+    data = open_input(source.path, etag=source.version).read_range(spec.byte_start, spec.byte_stop)
     if hashlib.sha256(data).hexdigest() != spec.bytes_sha256:
         raise InputError(
             f"the input changed while the run read it (chunk {spec.index}, bytes "
@@ -53,13 +52,20 @@ def _chunk_rows(source: InputSource, spec: ChunkSpec, data: bytes, *, fast: bool
     :raises NeedsLineReader: ``fast`` met bytes it cannot decode.
     """
     fmt = CsvFormat(source.encoding, source.newline, source.delimiter)
-    lines = open_lines(io.BytesIO(data), source.path, fmt, fast=fast,
-                       line=spec.line_start - 1, offset=spec.byte_start)
+    lines = open_lines(
+        io.BytesIO(data),
+        source.path,
+        fmt,
+        fast=fast,
+        line=spec.line_start - 1,
+        offset=spec.byte_start,
+    )
     text_of, kept_of, id_index = source.text_of, source.kept_of, source.id_index
     keeps = bool(source.kept_indexes)
     rows = []
     for number, (line, _, fields) in enumerate(
-            read_records(lines, source.path, source.delimiter), start=spec.first_row):
+        read_records(lines, source.path, source.delimiter), start=spec.first_row
+    ):
         text = text_of(fields)
         kept = kept_of(fields) if keeps else ()
         rows.append(Row(number, line, fields[id_index], text, text_sha256(text), kept))

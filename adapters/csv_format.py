@@ -68,11 +68,17 @@ def sniff_format(
 
 def _refuse_binary(head: bytes, path: str) -> None:
     if head.startswith(b"\x1f\x8b"):
-        raise InputError("the file is gzip-compressed but its name does not end in .gz; "
-                         "rename it to ….csv.gz (it is then read as a stream)", path=path)
+        raise InputError(
+            "the file is gzip-compressed but its name does not end in .gz; "
+            "rename it to ….csv.gz (it is then read as a stream)",
+            path=path,
+        )
     if head.startswith(b"PK\x03\x04"):
-        raise InputError("the file is a ZIP archive (an .xlsx workbook?), not CSV text; "
-                         "export it as CSV (UTF-8) first", path=path)
+        raise InputError(
+            "the file is a ZIP archive (an .xlsx workbook?), not CSV text; "
+            "export it as CSV (UTF-8) first",
+            path=path,
+        )
 
 
 def _sniff_codec(head: bytes, encoding: str, path: str) -> tuple[str, int, list[str]]:
@@ -81,13 +87,20 @@ def _sniff_codec(head: bytes, encoding: str, path: str) -> tuple[str, int, list[
     for bom, codec in _UTF16_BOMS.items():
         if head.startswith(bom):
             if wanted not in ("auto", "utf-16", codec):
-                raise InputError(f"the file starts with a {codec.upper()} byte-order mark but "
-                                 f"--encoding is {encoding}; pass --encoding auto",
-                                 path=path, line=1)
+                raise InputError(
+                    f"the file starts with a {codec.upper()} byte-order mark but "
+                    f"--encoding is {encoding}; pass --encoding auto",
+                    path=path,
+                    line=1,
+                )
             return codec, 2, [f"encoding {codec} (byte-order mark)"]
     if wanted == "utf-16":
-        raise InputError("--encoding utf-16 needs a byte-order mark, and the file has none; "
-                         "pass utf-16-le or utf-16-be", path=path, line=1)
+        raise InputError(
+            "--encoding utf-16 needs a byte-order mark, and the file has none; "
+            "pass utf-16-le or utf-16-be",
+            path=path,
+            line=1,
+        )
     if wanted != "auto":
         name = codecs.lookup(encoding).name
         name = "utf-8" if name == "utf-8-sig" else name
@@ -103,22 +116,34 @@ def _sniff_codec(head: bytes, encoding: str, path: str) -> tuple[str, int, list[
 
     best = from_bytes(head).best()
     if best is None or "\n".encode(best.encoding) != b"\n":
-        raise InputError("the file is not UTF-8 and its encoding could not be detected; "
-                         "pass --encoding with its real encoding (e.g. cp932, latin-1)",
-                         path=path, line=1)
+        raise InputError(
+            "the file is not UTF-8 and its encoding could not be detected; "
+            "pass --encoding with its real encoding (e.g. cp932, latin-1)",
+            path=path,
+            line=1,
+        )
     codec = codecs.lookup(best.encoding).name
     if single_byte_codec(codec) or _katakana_garbage(head, codec):
         _refuse_guessed_code_page(head, codec, path)
-    return codec, 0, [f"encoding {codec} (detected by charset-normalizer; pass --encoding to "
-                      "override)"]
+    return (
+        codec,
+        0,
+        [f"encoding {codec} (detected by charset-normalizer; pass --encoding to override)"],
+    )
 
 
 #: Single-byte code pages CSV exports really use, shown when refusing a guess: one byte
 #: reads differently in each (https://www.unicode.org/Public/MAPPINGS/VENDORS/MICSFT/).
-_CODE_PAGES = {"cp1252": "Windows Western", "iso8859-15": "ISO Western",
-               "cp1250": "Windows Central European", "cp1251": "Windows Cyrillic",
-               "koi8-r": "KOI8 Cyrillic", "cp1257": "Windows Baltic",
-               "cp1254": "Windows Turkish", "cp850": "DOS Western"}
+_CODE_PAGES = {
+    "cp1252": "Windows Western",
+    "iso8859-15": "ISO Western",
+    "cp1250": "Windows Central European",
+    "cp1251": "Windows Cyrillic",
+    "koi8-r": "KOI8 Cyrillic",
+    "cp1257": "Windows Baltic",
+    "cp1254": "Windows Turkish",
+    "cp850": "DOS Western",
+}
 
 
 def single_byte_codec(codec: str) -> bool:
@@ -151,19 +176,28 @@ def _refuse_guessed_code_page(head: bytes, detected: str, path: str) -> None:
     :raises InputError: always; naming the byte's line.
     """
     guess = _CODE_PAGES.get(detected)
-    pages = {detected: f"{guess}, the detector's guess" if guess else "the detector's guess",
-             **{c: what for c, what in _CODE_PAGES.items() if c != detected}}
-    offset = next((i for i, b in enumerate(head) if b >= 0x80 and len(
-        {bytes([b]).decode(c, errors="replace") for c in _CODE_PAGES}) > 1), None)
+    pages = {
+        detected: f"{guess}, the detector's guess" if guess else "the detector's guess",
+        **{c: what for c, what in _CODE_PAGES.items() if c != detected},
+    }
+    offset = next(
+        (
+            i
+            for i, b in enumerate(head)
+            if b >= 0x80 and len({bytes([b]).decode(c, errors="replace") for c in _CODE_PAGES}) > 1
+        ),
+        None,
+    )
     offset = offset if offset is not None else next(i for i, b in enumerate(head) if b >= 0x80)
-    byte = head[offset:offset + 1]
-    ways = ", ".join(f"{_reading(head, offset, c)} in {c} ({what})"
-                     for c, what in pages.items())
+    byte = head[offset : offset + 1]
+    ways = ", ".join(f"{_reading(head, offset, c)} in {c} ({what})" for c, what in pages.items())
     raise InputError(
         f"the file is not UTF-8, and its code page cannot be told from its bytes: byte "
         f"0x{byte[0]:02X} reads: {ways}. Pass --encoding with the code page it was exported "
         f"in (one of those, or another Python codec name), or export it as UTF-8",
-        path=path, line=head.count(b"\n", 0, offset) + 1)
+        path=path,
+        line=head.count(b"\n", 0, offset) + 1,
+    )
 
 
 _WORD_ENDS = (b" ", b",", b";", b"\t", b"|", b'"', b"\n", b"\r")
@@ -194,12 +228,19 @@ def _sniff_delimiter(header: str, id_column: str, text_column: str) -> str:
     return best
 
 
-def sniff_stream(fh: BinaryIO, path: str, encoding: str, delimiter: str, id_column: str,
-                 text_column: str) -> CsvFormat:
+def sniff_stream(
+    fh: BinaryIO, path: str, encoding: str, delimiter: str, id_column: str, text_column: str
+) -> CsvFormat:
     """``sniff_format`` on the first MiB of ``fh`` (a buffered reader), peeked, not consumed.
 
     :raises InputError: as ``sniff_format``.
     """
     head = fh.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]  # type: ignore[attr-defined]  # BufferedReader
-    return sniff_format(head, encoding=encoding, delimiter=delimiter, path=path,
-                        id_column=id_column, text_column=text_column)
+    return sniff_format(
+        head,
+        encoding=encoding,
+        delimiter=delimiter,
+        path=path,
+        id_column=id_column,
+        text_column=text_column,
+    )

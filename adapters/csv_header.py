@@ -16,8 +16,14 @@ __all__ = ["check_header", "template_of"]
 
 
 def check_header(
-    path: str | os.PathLike[str], *, id_column: str, text_column: str, codec: str,
-    delimiter: str = ",", text_template: str | None = None, keep_columns: Sequence[str] = (),
+    path: str | os.PathLike[str],
+    *,
+    id_column: str,
+    text_column: str,
+    codec: str,
+    delimiter: str = ",",
+    text_template: str | None = None,
+    keep_columns: Sequence[str] = (),
 ) -> CsvFormat:
     """Read only the header (and any BOM) of ``path``: a fast check before anything starts.
     Returns the format ``sniff_format`` chose (its ``note`` says what was detected).
@@ -28,15 +34,26 @@ def check_header(
     template = template_of(text_template)
     found = open_input(os.fspath(path))
     with found.open() as fh:
-        fmt = sniff_stream(fh, found.uri, codec, delimiter, id_column,
-                           template.columns[0] if template else text_column)
+        fmt = sniff_stream(
+            fh,
+            found.uri,
+            codec,
+            delimiter,
+            id_column,
+            template.columns[0] if template else text_column,
+        )
         lines = open_lines(fh, found.uri, fmt, fast=False)  # the header's lines alone
         header = next(read_records(lines, found.uri, fmt.delimiter), None)
     if header is None:
         raise InputError("the file is empty: expected a header line", path=found.uri, line=1)
-    parse_header(header[2], id_column=id_column, text_column=text_column, path=found.uri,
-                 template_columns=template.columns if template else (),
-                 keep_columns=keep_columns)
+    parse_header(
+        header[2],
+        id_column=id_column,
+        text_column=text_column,
+        path=found.uri,
+        template_columns=template.columns if template else (),
+        keep_columns=keep_columns,
+    )
     return fmt
 
 

@@ -41,8 +41,15 @@ import numpy as np
 from adapters.csv_format import single_byte_codec
 from embedline.errors import InputError
 
-__all__ = ["BLOCK_BYTES", "Blocks", "Hashes", "LineSource", "Lines", "NeedsLineReader",
-           "block_decodable"]
+__all__ = [
+    "BLOCK_BYTES",
+    "Blocks",
+    "Hashes",
+    "LineSource",
+    "Lines",
+    "NeedsLineReader",
+    "block_decodable",
+]
 
 #: Bytes ``Blocks`` reads at a time; a block then ends after its last newline (a longer line
 #: makes a longer block). 1 MiB measured fastest (decoding 4 MiB at once was 3x slower per
@@ -53,11 +60,29 @@ _LINE_BLOCK = 1 << 20  # bytes ``Lines`` reads at a time when the newline is not
 
 #: Stateless multi-byte codecs (``codecs.lookup(name).name``) in which 0x0A is never part of
 #: a multi-byte character: Japanese, Chinese and Korean (CPython Modules/cjkcodecs).
-_BLOCK_CODECS = frozenset({
-    "utf-8", "ascii", "iso8859-1", "cp932", "shift_jis", "shift_jis_2004", "shift_jisx0213",
-    "euc_jp", "euc_jis_2004", "euc_jisx0213", "gb2312", "gbk", "gb18030", "big5", "big5hkscs",
-    "cp949", "euc_kr", "cp950", "johab",
-})
+_BLOCK_CODECS = frozenset(
+    {
+        "utf-8",
+        "ascii",
+        "iso8859-1",
+        "cp932",
+        "shift_jis",
+        "shift_jis_2004",
+        "shift_jisx0213",
+        "euc_jp",
+        "euc_jis_2004",
+        "euc_jisx0213",
+        "gb2312",
+        "gbk",
+        "gb18030",
+        "big5",
+        "big5hkscs",
+        "cp949",
+        "euc_kr",
+        "cp950",
+        "johab",
+    }
+)
 
 
 class NeedsLineReader(Exception):
@@ -121,8 +146,9 @@ class _Reader:
     """What both readers hold: the byte stream, its codec, where it starts in the input (it
     follows ``line`` lines and ``offset`` bytes) and the hashes to feed."""
 
-    def __init__(self, fh: BinaryIO, *, codec: str, line: int, offset: int,
-                 hashes: Hashes | None) -> None:
+    def __init__(
+        self, fh: BinaryIO, *, codec: str, line: int, offset: int, hashes: Hashes | None
+    ) -> None:
         self._fh = fh
         self._codec = codec
         self.first_line = line + 1
@@ -137,8 +163,17 @@ class Lines(_Reader):
     it. With ``hashes``, every raw line is hashed before decoding.
     """
 
-    def __init__(self, fh: BinaryIO, *, codec: str, path: str, line: int, offset: int,
-                 hashes: Hashes | None = None, newline: str = "\n") -> None:
+    def __init__(
+        self,
+        fh: BinaryIO,
+        *,
+        codec: str,
+        path: str,
+        line: int,
+        offset: int,
+        hashes: Hashes | None = None,
+        newline: str = "\n",
+    ) -> None:
         super().__init__(fh, codec=codec, line=line, offset=offset, hashes=hashes)
         self._path = path
         self.line = line
@@ -224,8 +259,9 @@ class Blocks(_Reader):
     :raises NeedsLineReader: (while iterating) a block does not decode strictly.
     """
 
-    def __init__(self, fh: BinaryIO, *, codec: str, line: int, offset: int,
-                 hashes: Hashes | None = None) -> None:
+    def __init__(
+        self, fh: BinaryIO, *, codec: str, line: int, offset: int, hashes: Hashes | None = None
+    ) -> None:
         super().__init__(fh, codec=codec, line=line, offset=offset, hashes=hashes)
         self._block_bytes = BLOCK_BYTES
         self._block = b""  # the block read last
@@ -269,7 +305,7 @@ class Blocks(_Reader):
         """Make ``block`` the current block: the rest of the previous one goes to the chunk
         hash, the whole of this one to the file hash."""
         if self.hashes is not None:
-            self.hashes.chunk.update(memoryview(self._block)[self._hashed:])
+            self.hashes.chunk.update(memoryview(self._block)[self._hashed :])
             self.hashes.file.update(block)
         self._lines_before += self._block.count(b"\n")
         self._start += len(self._block)
@@ -298,6 +334,6 @@ class Blocks(_Reader):
         read last)."""
         assert self.hashes is not None and self._start + self._hashed <= stop <= self.offset
         end = stop - self._start
-        self.hashes.chunk.update(memoryview(self._block)[self._hashed:end])
+        self.hashes.chunk.update(memoryview(self._block)[self._hashed : end])
         self._hashed = end
         return self.hashes.take()

@@ -26,8 +26,9 @@ __all__ = ["Header", "check_width", "open_lines", "parse_header", "read_records"
 _MAX_FIELD_CHARS = 64 * 1024 * 1024  # csv's default limit (131,072 chars) is too small for texts
 
 
-def read_records(lines: LineSource, path: str,
-                 delimiter: str = ",") -> Iterator[tuple[int, int, list[str]]]:
+def read_records(
+    lines: LineSource, path: str, delimiter: str = ","
+) -> Iterator[tuple[int, int, list[str]]]:
     """Yield ``(line, last_line, fields)`` for each non-blank record: the physical lines
     where it starts and ends, and its fields as written.
 
@@ -74,9 +75,15 @@ class Header:
     columns: dict[str, int] = field(default_factory=dict)
 
 
-def parse_header(fields: list[str], *, id_column: str, text_column: str, path: str,
-                 template_columns: Sequence[str] = (),
-                 keep_columns: Sequence[str] = ()) -> Header:
+def parse_header(
+    fields: list[str],
+    *,
+    id_column: str,
+    text_column: str,
+    path: str,
+    template_columns: Sequence[str] = (),
+    keep_columns: Sequence[str] = (),
+) -> Header:
     """Find the id and text columns in the header record ``fields``; with a text template,
     the columns it names (``template_columns``) instead of ``text_column``; and the
     ``keep_columns``.
@@ -106,18 +113,29 @@ def parse_header(fields: list[str], *, id_column: str, text_column: str, path: s
     for role, column, flag in wanted:
         if column not in seen:
             found = ", ".join(repr(n) for n in fields)
-            what = {"id": "no id column", "text": "no text column",
-                    "template": f"no column named by {flag}",
-                    "kept": f"no column named by {flag}"}[role]
+            what = {
+                "id": "no id column",
+                "text": "no text column",
+                "template": f"no column named by {flag}",
+                "kept": f"no column named by {flag}",
+            }[role]
             raise InputError(
                 f"{what} {column!r} in the header; columns found: {found}. "
-                + (_one_column_hint(fields) or
-                   ("Pass --id-column with one of them" if role == "id" else
-                    "Pass --text-column (or --text-template '{column}') with one of them"
-                    if role == "text" else
-                    f"Check {flag}: names are matched exactly, case included"
-                    + (" (a placeholder is a column name only: no format specs)"
-                       if role == "template" else ""))),
+                + (
+                    _one_column_hint(fields)
+                    or (
+                        "Pass --id-column with one of them"
+                        if role == "id"
+                        else "Pass --text-column (or --text-template '{column}') with one of them"
+                        if role == "text"
+                        else f"Check {flag}: names are matched exactly, case included"
+                        + (
+                            " (a placeholder is a column name only: no format specs)"
+                            if role == "template"
+                            else ""
+                        )
+                    )
+                ),
                 path=path,
                 line=1,
                 column=column,
@@ -134,12 +152,17 @@ def _one_column_hint(fields: list[str]) -> str | None:
     column's name."""
     if len(fields) != 1:
         return None
-    inside = [name for d, name in ((",", "','"), (";", "';'"), ("\t", "tab"), ("|", "'|'"))
-              if d in fields[0]]
+    inside = [
+        name
+        for d, name in ((",", "','"), (";", "';'"), ("\t", "tab"), ("|", "'|'"))
+        if d in fields[0]
+    ]
     if not inside:
         return None
-    return (f"The header read as one column, and it holds {inside[0]}: check --delimiter "
-            f"(auto finds , ; tab |; pass --delimiter {inside[0]})")
+    return (
+        f"The header read as one column, and it holds {inside[0]}: check --delimiter "
+        f"(auto finds , ; tab |; pass --delimiter {inside[0]})"
+    )
 
 
 def check_width(fields: list[str], line: int, header: Header, path: str) -> None:
@@ -187,8 +210,16 @@ def row_id_of(fields: list[str], line: int, header: Header, path: str) -> str:
     return row_id
 
 
-def open_lines(fh: BinaryIO, source_path: str, fmt: CsvFormat, *, hashes: Hashes | None = None,
-               fast: bool = True, line: int = 0, offset: int = 0) -> LineSource:
+def open_lines(
+    fh: BinaryIO,
+    source_path: str,
+    fmt: CsvFormat,
+    *,
+    hashes: Hashes | None = None,
+    fast: bool = True,
+    line: int = 0,
+    offset: int = 0,
+) -> LineSource:
     """Skip ``fh``'s BOM (hashing it, with ``hashes``) and wrap the rest in a line reader:
     ``Blocks`` if ``fast`` and ``block_decodable`` for ``fmt``, else ``Lines``. ``line`` lines
     and ``offset`` bytes of the input lie before ``fh``'s start (a chunk read).
@@ -202,5 +233,12 @@ def open_lines(fh: BinaryIO, source_path: str, fmt: CsvFormat, *, hashes: Hashes
     offset += len(bom)
     if fast and block_decodable(fmt.codec, fmt.newline):
         return Blocks(fh, codec=fmt.codec, line=line, offset=offset, hashes=hashes)
-    return Lines(fh, codec=fmt.codec, path=source_path, line=line, offset=offset, hashes=hashes,
-                 newline=fmt.newline)
+    return Lines(
+        fh,
+        codec=fmt.codec,
+        path=source_path,
+        line=line,
+        offset=offset,
+        hashes=hashes,
+        newline=fmt.newline,
+    )

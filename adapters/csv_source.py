@@ -67,8 +67,16 @@ class _Planner:
     a method call per row was a third of the loop); ``close`` hashes the chunk key from
     them in one update and hands them to ``facts`` (``adapters.row_facts``)."""
 
-    def __init__(self, lines: LineSource, facts: RowFacts, *, chunk_size: int, model: str,
-                 dimensions: int | None, columns: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        lines: LineSource,
+        facts: RowFacts,
+        *,
+        chunk_size: int,
+        model: str,
+        dimensions: int | None,
+        columns: Sequence[str] = (),
+    ) -> None:
         self.chunk_size = chunk_size
         self.model = model
         self.dimensions = dimensions
@@ -96,8 +104,9 @@ class _Planner:
         ``last_line`` (the last line read): close it just after that record."""
         stop = self._lines.offset_after(last_line)
         self.close(stop=stop)
-        self._open(byte_start=stop, line_start=last_line + 1,
-                   first_row=self._first_row + self.chunk_size)
+        self._open(
+            byte_start=stop, line_start=last_line + 1, first_row=self._first_row + self.chunk_size
+        )
 
     def close(self, *, stop: int) -> None:
         if not self.ids:
@@ -148,7 +157,7 @@ def plan_csv(
     ``delimiter`` is ``auto`` or one character (``sniff_format``). The plan's source records
     what was chosen (``encoding``, ``newline``, ``delimiter``, ``note``). The plan holds the
     file's SHA-256, size (bytes), record count and one ``ChunkSpec`` per chunk, each with its
-    content key (DESIGN §2) and byte range.
+    content key (docs/reference/keys.md) and byte range.
 
     ``text_template`` (``embedline.template``; None: the ``text_column`` field) builds each
     row's text; ``keep_columns`` are read beside it and, like ``keep_text``, enter the chunk
@@ -169,8 +178,20 @@ def plan_csv(
         data rows under it. Every message names the file and the physical line where the
         record starts.
     """
-    args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter, text_template, tuple(keep_columns), keep_text, scratch_root)
+    args = (
+        os.fspath(path),
+        id_column,
+        text_column,
+        codec,
+        chunk_size,
+        model,
+        dimensions,
+        delimiter,
+        text_template,
+        tuple(keep_columns),
+        keep_text,
+        scratch_root,
+    )
     handed = take_handed_over(args)  # ``embedline run`` planned it moments ago
     if handed is not None:
         return handed
@@ -178,18 +199,38 @@ def plan_csv(
 
 
 def _plan_csv(
-    path: str, id_column: str, text_column: str, codec: str, chunk_size: int, model: str,
-    dimensions: int | None, delimiter: str, text_template: str | None,
-    keep_columns: tuple[str, ...], keep_text: bool, scratch_root: str | None,
-    *, given: Scratch | None = None,
+    path: str,
+    id_column: str,
+    text_column: str,
+    codec: str,
+    chunk_size: int,
+    model: str,
+    dimensions: int | None,
+    delimiter: str,
+    text_template: str | None,
+    keep_columns: tuple[str, ...],
+    keep_text: bool,
+    scratch_root: str | None,
+    *,
+    given: Scratch | None = None,
 ) -> InputPlan:
-    args = (path, id_column, text_column, codec, chunk_size, model, dimensions, delimiter,
-            text_template, keep_columns, keep_text)
+    args = (
+        path,
+        id_column,
+        text_column,
+        codec,
+        chunk_size,
+        model,
+        dimensions,
+        delimiter,
+        text_template,
+        keep_columns,
+        keep_text,
+    )
     for fast in (True, False):
         if given is not None:
             given.reset()  # the caller's directory: emptied for this pass, never closed
-        owned = Scratch.create(scratch_root) if given is None and scratch_root is not None \
-            else None
+        owned = Scratch.create(scratch_root) if given is None and scratch_root is not None else None
         try:
             with large_buffers_reused():
                 return _plan_pass(*args, fast=fast, scratch=given or owned)
@@ -205,9 +246,20 @@ def _plan_csv(
 
 
 def _plan_pass(
-    path: str, id_column: str, text_column: str, codec: str, chunk_size: int, model: str,
-    dimensions: int | None, delimiter: str, text_template: str | None,
-    keep_columns: tuple[str, ...], keep_text: bool, *, fast: bool, scratch: Scratch | None,
+    path: str,
+    id_column: str,
+    text_column: str,
+    codec: str,
+    chunk_size: int,
+    model: str,
+    dimensions: int | None,
+    delimiter: str,
+    text_template: str | None,
+    keep_columns: tuple[str, ...],
+    keep_text: bool,
+    *,
+    fast: bool,
+    scratch: Scratch | None,
 ) -> InputPlan:
     """One planning pass (``plan_csv``); ``fast``: read by blocks where that reads alike;
     the per-row facts go to ``scratch`` (``RowFacts``).
@@ -221,8 +273,14 @@ def _plan_pass(
     found = open_input(source_path)
     with found.open() as fh:
         source_path = found.uri
-        fmt = sniff_stream(fh, source_path, codec, delimiter, id_column,
-                           template.columns[0] if template else text_column)
+        fmt = sniff_stream(
+            fh,
+            source_path,
+            codec,
+            delimiter,
+            id_column,
+            template.columns[0] if template else text_column,
+        )
         lines = open_lines(fh, source_path, fmt, hashes=hashes, fast=fast)
         records = read_records(lines, source_path, fmt.delimiter)
         first = next(records, None)
@@ -230,20 +288,28 @@ def _plan_pass(
             raise InputError("the file is empty: expected a header line", path=source_path, line=1)
         _, header_last_line, header_fields = first
         header = parse_header(
-            header_fields, id_column=id_column, text_column=text_column, path=source_path,
-            template_columns=template.columns if template else (), keep_columns=keep_columns,
+            header_fields,
+            id_column=id_column,
+            text_column=text_column,
+            path=source_path,
+            template_columns=template.columns if template else (),
+            keep_columns=keep_columns,
         )
         shape = _Shape(header, template, keep_columns)
         data_start = lines.offset_after(header_last_line)
-        planner = _Planner(lines, facts, chunk_size=chunk_size, model=model,
-                           dimensions=dimensions,
-                           columns=columns_lines(text_template, keep_columns, keep_text))
+        planner = _Planner(
+            lines,
+            facts,
+            chunk_size=chunk_size,
+            model=model,
+            dimensions=dimensions,
+            columns=columns_lines(text_template, keep_columns, keep_text),
+        )
         planner.start(byte_start=data_start, line_start=header_last_line + 1)
         width, any_text, filled = len(header.names), False, 0
         text_of, kept_hash, keeping = shape.text_of, shape.kept_hash, bool(keep_columns)
         id_index, text_index = header.id_index, None if template else header.text_index
-        add_id, add_hash, add_size = planner.ids.append, planner.hashes.append, \
-            planner.sizes.append
+        add_id, add_hash, add_size = planner.ids.append, planner.hashes.append, planner.sizes.append
         # The one per-record loop: all that planning does per row happens here, in order.
         # Calls and copies per row are avoided where a test answers (a million rows: each
         # costs about 0.1 s): row_id_of only words the error of an id that fails its rule.
@@ -263,7 +329,8 @@ def _plan_pass(
             else:
                 planner.empties.append(filled)
             if keeping:
-                planner.kept.append(kept_hash(fields))
+                # kept_hash is str whenever columns are kept
+                planner.kept.append(kept_hash(fields))  # type: ignore[arg-type]
             filled += 1
             if filled == chunk_size:
                 planner.full(last_line)
@@ -276,17 +343,26 @@ def _plan_pass(
         raise InputError(
             "the file has a header and no data rows: nothing to embed. An empty export "
             "committed as a run would read as 'every row removed' (and a sink load would "
-            "delete every row); check the export, or skip this run", path=source_path, line=2)
+            "delete every row); check the export, or skip this run",
+            path=source_path,
+            line=2,
+        )
     if not any_text:
         column = header.names[header.text_index]
-        where = (f"composed by --text-template from {', '.join(map(repr, template.columns))}"
-                 if template else f"in column {column!r}")
+        where = (
+            f"composed by --text-template from {', '.join(map(repr, template.columns))}"
+            if template
+            else f"in column {column!r}"
+        )
         raise InputError(
             f"every text {where} is empty or whitespace ({facts.count:,} rows): "
             "nothing to embed. Committed, it would read as 'every row removed' (and a sink load "
             "would delete every row); check the export and "
-            f"{'--text-template' if template else '--text-column'}", path=source_path,
-            line=2, column=column)
+            f"{'--text-template' if template else '--text-column'}",
+            path=source_path,
+            line=2,
+            column=column,
+        )
     source = InputSource(
         path=found.uri,
         name=found.name,
@@ -316,10 +392,17 @@ def _plan_pass(
 class _Shape:
     """How a record becomes a text and kept values, by the header's positions."""
 
-    def __init__(self, header: Header, template: Template | None,
-                 keep_columns: Sequence[str]) -> None:
-        self.parts = tuple((literal, header.columns[c] if c is not None else -1)
-                           for literal, c in template.parts) if template else ()
+    def __init__(
+        self, header: Header, template: Template | None, keep_columns: Sequence[str]
+    ) -> None:
+        self.parts = (
+            tuple(
+                (literal, header.columns[c] if c is not None else -1)
+                for literal, c in template.parts
+            )
+            if template
+            else ()
+        )
         self.text_index = header.text_index
         self.keep_columns = tuple(keep_columns)
         self.kept_indexes = tuple(header.columns[c] for c in keep_columns)
@@ -335,6 +418,10 @@ class _Shape:
         return kept_sha256([fields[i] for i in self.kept_indexes])
 
     def source_fields(self, text_template: str | None, keep_text: bool) -> dict[str, Any]:
-        return {"text_parts": self.parts, "kept_columns": self.keep_columns,
-                "kept_indexes": self.kept_indexes, "keep_text": keep_text,
-                "text_template": text_template}
+        return {
+            "text_parts": self.parts,
+            "kept_columns": self.keep_columns,
+            "kept_indexes": self.kept_indexes,
+            "keep_text": keep_text,
+            "text_template": text_template,
+        }

@@ -89,8 +89,11 @@ def _mount_point(path: str) -> str:
 def full_error(path: str, what: str) -> DiskFullError:
     """The one-line error for ``what`` (e.g. "ledger") at ``path`` on a full filesystem."""
     path = os.path.abspath(path)
-    return DiskFullError(f"the filesystem of the {what} {path} is full: free space on "
-                         f"{_mount_point(path)} and rerun the same command", path=path)
+    return DiskFullError(
+        f"the filesystem of the {what} {path} is full: free space on "
+        f"{_mount_point(path)} and rerun the same command",
+        path=path,
+    )
 
 
 @contextlib.contextmanager

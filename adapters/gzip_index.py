@@ -99,7 +99,7 @@ class _Members:
                     pos += len(rest) - len(rest.lstrip(b"\0"))
                     if pos == len(block):
                         break
-                if not _MAGIC.startswith(block[pos:pos + 2]):
+                if not _MAGIC.startswith(block[pos : pos + 2]):
                     raise NotGzipData(base + pos, self.produced + sum(map(len, pieces)))
                 self.inflater = zlib.decompressobj(_GZIP_WBITS)
                 self.member_start = base + pos
@@ -181,7 +181,7 @@ class GzipIndex:
                 position = members.produced
                 data = members.feed(block)
                 if position + len(data) > start:
-                    out += data[max(0, start - position): stop - position]
+                    out += data[max(0, start - position) : stop - position]
                 self._maybe_checkpoint(members)
         return bytes(out)
 

@@ -118,16 +118,22 @@ class S3Input:
         if stop <= start:
             return b""
         extra = {"IfMatch": self.etag} if self.etag else {}
-        response = self._call("get_object", Bucket=self.bucket, Key=self.key,
-                              Range=f"bytes={start}-{stop - 1}", **extra)
+        response = self._call(
+            "get_object",
+            Bucket=self.bucket,
+            Key=self.key,
+            Range=f"bytes={start}-{stop - 1}",
+            **extra,
+        )
         return bytes(response["Body"].read())
 
     def open_at(self, offset: int) -> BinaryIO:
         """Stream the object from byte ``offset`` to its end (one ranged GET, pinned to the
         ETag seen at planning). :raises InputError: as ``read_range``."""
         extra = {"IfMatch": self.etag} if self.etag else {}
-        response = self._call("get_object", Bucket=self.bucket, Key=self.key,
-                              Range=f"bytes={offset}-", **extra)
+        response = self._call(
+            "get_object", Bucket=self.bucket, Key=self.key, Range=f"bytes={offset}-", **extra
+        )
         return io.BufferedReader(response["Body"], buffer_size=_STREAM_BUFFER)
 
     @property
@@ -143,10 +149,13 @@ class S3Input:
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("PreconditionFailed", "412"):
-                raise InputError("the input object changed while the run read it; rerun",
-                                 path=self.uri) from None
-            raise InputError(f"cannot read the input ({code or 'error'}): check the bucket, "
-                             "key and credentials", path=self.uri) from None
+                raise InputError(
+                    "the input object changed while the run read it; rerun", path=self.uri
+                ) from None
+            raise InputError(
+                f"cannot read the input ({code or 'error'}): check the bucket, key and credentials",
+                path=self.uri,
+            ) from None
         except (BotoCoreError, EmbedlineError) as exc:
             raise InputError(f"cannot read the input: {exc}", path=self.uri) from None
 
@@ -191,19 +200,26 @@ class GzipInput:
 def _gzip_error(exc: BaseException, uri: str) -> InputError:
     """The one-line error for a gzip input that cannot be decompressed."""
     if isinstance(exc, NotGzipData) and exc.offset > 0:
-        return InputError(f"the bytes from compressed byte offset {exc.offset} on (after "
-                          f"{exc.decompressed} decompressed bytes) are neither a gzip member nor "
-                          "NUL padding: trailing data after the last member. Truncate the file "
-                          f"to its first {exc.offset} bytes (head -c {exc.offset}) or export "
-                          "it again", path=uri)
+        return InputError(
+            f"the bytes from compressed byte offset {exc.offset} on (after "
+            f"{exc.decompressed} decompressed bytes) are neither a gzip member nor "
+            "NUL padding: trailing data after the last member. Truncate the file "
+            f"to its first {exc.offset} bytes (head -c {exc.offset}) or export "
+            "it again",
+            path=uri,
+        )
     if isinstance(exc, TruncatedMember) and exc.offset > 0:
-        return InputError(f"the last gzip member, from compressed byte offset {exc.offset} on, "
-                          "is cut short (a file half-written or half-uploaded after the "
-                          "others?). Truncate the file to its first "
-                          f"{exc.offset} bytes (head -c {exc.offset}) to keep the members "
-                          "before it, or export it again", path=uri)
-    return InputError(f"cannot decompress the input ({type(exc).__name__}: {exc}); "
-                      "is it really gzip?", path=uri)
+        return InputError(
+            f"the last gzip member, from compressed byte offset {exc.offset} on, "
+            "is cut short (a file half-written or half-uploaded after the "
+            "others?). Truncate the file to its first "
+            f"{exc.offset} bytes (head -c {exc.offset}) to keep the members "
+            "before it, or export it again",
+            path=uri,
+        )
+    return InputError(
+        f"cannot decompress the input ({type(exc).__name__}: {exc}); is it really gzip?", path=uri
+    )
 
 
 _INDEXES: dict[tuple[str, str], GzipIndex] = {}

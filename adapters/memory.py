@@ -67,11 +67,15 @@ def keep_memory_flat() -> None:
     if _done:
         return
     _done = True
-    wanted = [(param, value) for param, value, variable in (
-        (_M_ARENA_MAX, _ARENAS, "MALLOC_ARENA_MAX"),
-        (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_"),
-        (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_"),
-    ) if variable not in os.environ]
+    wanted = [
+        (param, value)
+        for param, value, variable in (
+            (_M_ARENA_MAX, _ARENAS, "MALLOC_ARENA_MAX"),
+            (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_"),
+            (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_"),
+        )
+        if variable not in os.environ
+    ]
     if wanted:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

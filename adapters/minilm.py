@@ -83,11 +83,16 @@ class MiniLM:
         # copied into the session's graph, so the numpy arrays can go once it exists
         names = list(weights)
         options.add_external_initializers(
-            names, [ort.OrtValue.ortvalue_from_numpy(weights[n]) for n in names])
+            names, [ort.OrtValue.ortvalue_from_numpy(weights[n]) for n in names]
+        )
         self._session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
 
     def encode(
-        self, texts: Sequence[str], *, batch_size: int = 32, max_batch_tokens: int = 2048,
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        max_batch_tokens: int = 2048,
         on_pass: Callable[[int], None] | None = None,
     ) -> np.ndarray:
         """Return float32 ``(len(texts), 384)`` unit vectors, in the order of ``texts``.
@@ -108,7 +113,7 @@ class MiniLM:
         while start < len(order):
             width = int(lengths[order[start]])  # the longest of this pass: sorted descending
             size = max(1, min(batch_size, max_batch_tokens // max(width, 1)))
-            picked = order[start:start + size]
+            picked = order[start : start + size]
             ids, mask = _pad([encodings[i] for i in picked])
             out[picked] = self._session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
             start += size
@@ -123,8 +128,8 @@ def _pad(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     ids = np.zeros((len(encodings), width), dtype=np.int64)
     mask = np.zeros((len(encodings), width), dtype=np.int64)
     for row, e in enumerate(encodings):
-        ids[row, :len(e.ids)] = e.ids
-        mask[row, :len(e.ids)] = 1
+        ids[row, : len(e.ids)] = e.ids
+        mask[row, : len(e.ids)] = 1
     return ids, mask
 
 
@@ -166,8 +171,9 @@ class _Graph:
         return name
 
 
-def _bert_graph(config: dict[str, Any],
-                raw: dict[str, np.ndarray]) -> tuple[bytes, dict[str, np.ndarray]]:
+def _bert_graph(
+    config: dict[str, Any], raw: dict[str, np.ndarray]
+) -> tuple[bytes, dict[str, np.ndarray]]:
     """The serialized ONNX model (inputs ``input_ids``/``attention_mask`` int64 ``(b, t)``,
     output ``embedding`` float32 ``(b, hidden)``, unit length) and the weights it expects
     through ``add_external_initializers`` (linear weights transposed once,
@@ -182,8 +188,14 @@ def _bert_graph(config: dict[str, Any],
         return g.op("Add", g.op("MatMul", x, w), g.weight(f"{name}.bias", raw[f"{name}.bias"]))
 
     def layer_norm(x: str, name: str) -> str:
-        return g.op("LayerNormalization", x, g.weight(f"{name}.weight", raw[f"{name}.weight"]),
-                    g.weight(f"{name}.bias", raw[f"{name}.bias"]), axis=-1, epsilon=eps)
+        return g.op(
+            "LayerNormalization",
+            x,
+            g.weight(f"{name}.weight", raw[f"{name}.weight"]),
+            g.weight(f"{name}.bias", raw[f"{name}.bias"]),
+            axis=-1,
+            epsilon=eps,
+        )
 
     def split_heads(x: str, perm: list[int]) -> str:  # (b, t, d) -> (b, heads, t, d/heads)
         return g.op("Transpose", g.op("Reshape", x, "heads_shape"), perm=perm)
@@ -192,17 +204,22 @@ def _bert_graph(config: dict[str, Any],
     g.const("hidden_shape", [0, 0, d], np.int64)
     tokens = g.op("Gather", g.op("Shape", "input_ids"), g.const("one", 1, np.int64), axis=0)
     positions = g.op("Range", g.const("zero", 0, np.int64), tokens, "one")
-    x = g.op("Add", g.op("Gather", g.weight("word", raw["embeddings.word_embeddings.weight"]),
-                         "input_ids"),
-             g.op("Gather", g.weight("position", raw["embeddings.position_embeddings.weight"]),
-                  positions))
-    x = layer_norm(g.op("Add", x, g.weight("type0",
-                                           raw["embeddings.token_type_embeddings.weight"][0])),
-                   "embeddings.LayerNorm")
+    x = g.op(
+        "Add",
+        g.op("Gather", g.weight("word", raw["embeddings.word_embeddings.weight"]), "input_ids"),
+        g.op(
+            "Gather", g.weight("position", raw["embeddings.position_embeddings.weight"]), positions
+        ),
+    )
+    x = layer_norm(
+        g.op("Add", x, g.weight("type0", raw["embeddings.token_type_embeddings.weight"][0])),
+        "embeddings.LayerNorm",
+    )
     mask = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)
     # padding gets the most negative float32 added to its scores, as transformers does
-    pad_bias = g.op("Mul", g.op("Sub", g.const("one_f", 1.0), mask),
-                    g.const("lowest", np.finfo(np.float32).min))
+    pad_bias = g.op(
+        "Mul", g.op("Sub", g.const("one_f", 1.0), mask), g.const("lowest", np.finfo(np.float32).min)
+    )
     pad_bias = g.op("Unsqueeze", pad_bias, g.const("axes_1_2", [1, 2], np.int64))
     root_head = g.const("root_head", np.sqrt(d // heads))
     for i in range(config["num_hidden_layers"]):
@@ -213,11 +230,12 @@ def _bert_graph(config: dict[str, Any],
         scores = g.op("Add", g.op("Div", g.op("MatMul", q, k), root_head), pad_bias)
         context = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
         context = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), "hidden_shape")
-        x = layer_norm(g.op("Add", linear(context, p + "attention.output.dense"), x),
-                       p + "attention.output.LayerNorm")
+        x = layer_norm(
+            g.op("Add", linear(context, p + "attention.output.dense"), x),
+            p + "attention.output.LayerNorm",
+        )
         hidden = g.op("Gelu", linear(x, p + "intermediate.dense"), approximate="none")
-        x = layer_norm(g.op("Add", linear(hidden, p + "output.dense"), x),
-                       p + "output.LayerNorm")
+        x = layer_norm(g.op("Add", linear(hidden, p + "output.dense"), x), p + "output.LayerNorm")
     # mean over real tokens, then L2 normalization (sentence-transformers' Pooling, Normalize)
     mask3 = g.op("Unsqueeze", mask, g.const("axis_2", [2], np.int64))
     axis1 = g.const("axis_1", [1], np.int64)
@@ -225,14 +243,19 @@ def _bert_graph(config: dict[str, Any],
     count = g.op("Max", g.op("ReduceSum", mask3, axis1, keepdims=0), g.const("tiny", 1e-9))
     pooled = g.op("Div", summed, count)
     norm = g.op("ReduceL2", pooled, g.const("axis_last", [-1], np.int64), keepdims=1)
-    g.nodes.append(helper.make_node("Div", [pooled, g.op("Max", norm, g.const("tiny2", 1e-12))],
-                                    ["embedding"]))
+    g.nodes.append(
+        helper.make_node("Div", [pooled, g.op("Max", norm, g.const("tiny2", 1e-12))], ["embedding"])
+    )
     int_input = helper.make_tensor_value_info
     graph = helper.make_graph(
-        g.nodes, "all-MiniLM-L6-v2",
-        [int_input("input_ids", TensorProto.INT64, ["batch", "tokens"]),
-         int_input("attention_mask", TensorProto.INT64, ["batch", "tokens"])],
+        g.nodes,
+        "all-MiniLM-L6-v2",
+        [
+            int_input("input_ids", TensorProto.INT64, ["batch", "tokens"]),
+            int_input("attention_mask", TensorProto.INT64, ["batch", "tokens"]),
+        ],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", d])],
-        g.constants)
+        g.constants,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)])
     return model.SerializeToString(), g.weights

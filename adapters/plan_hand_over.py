@@ -19,17 +19,40 @@ from embedline.models import InputPlan
 __all__ = ["hand_over_plan", "take_handed_over"]
 
 
-def hand_over_plan(plan: InputPlan, path: str | os.PathLike[str], *, id_column: str,
-                   text_column: str, codec: str, chunk_size: int, model: str,
-                   dimensions: int | None, delimiter: str = ",",
-                   text_template: str | None = None, keep_columns: Sequence[str] = (),
-                   keep_text: bool = False, scratch_root: str | None = None) -> None:
+def hand_over_plan(
+    plan: InputPlan,
+    path: str | os.PathLike[str],
+    *,
+    id_column: str,
+    text_column: str,
+    codec: str,
+    chunk_size: int,
+    model: str,
+    dimensions: int | None,
+    delimiter: str = ",",
+    text_template: str | None = None,
+    keep_columns: Sequence[str] = (),
+    keep_text: bool = False,
+    scratch_root: str | None = None,
+) -> None:
     """Let the next ``plan_csv`` of this process with the same arguments return ``plan``
     (once), if the local file's size, mtime and inode are still those seen now (module
     docstring)."""
     global _handed_over
-    args = (os.fspath(path), id_column, text_column, codec, chunk_size, model, dimensions,
-            delimiter, text_template, tuple(keep_columns), keep_text, scratch_root)
+    args = (
+        os.fspath(path),
+        id_column,
+        text_column,
+        codec,
+        chunk_size,
+        model,
+        dimensions,
+        delimiter,
+        text_template,
+        tuple(keep_columns),
+        keep_text,
+        scratch_root,
+    )
     stamp = _local_file_stamp(args[0])
     with _handed_over_lock:
         _handed_over = None if stamp is None else ((args, stamp), plan)

@@ -34,8 +34,14 @@ __all__ = ["CHUNK_ROWS", "ROW_DTYPE", "RowFacts", "chunk_rows", "id_digests"]
 ROW_DTYPE = np.dtype([("prefix", "<u8"), ("chunk", "<u4"), ("position", "<u4")])
 #: The per-chunk rows file: batch i holds chunk i's rows in order.
 CHUNK_ROWS = "chunks.arrow"
-_CHUNK_SCHEMA = pa.schema([("id", pa.string()), ("text_sha256", pa.string()),
-                           ("utf8_bytes", pa.int32()), ("empty", pa.bool_())])
+_CHUNK_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("text_sha256", pa.string()),
+        ("utf8_bytes", pa.int32()),
+        ("empty", pa.bool_()),
+    ]
+)
 _ID_SHIFT = np.uint64(64 - 6)
 
 
@@ -58,8 +64,9 @@ class RowFacts:
             self.rows = scratch.spill("rows", ROW_DTYPE)
             self._writer = pa.ipc.new_file(str(scratch.file(CHUNK_ROWS)), _CHUNK_SCHEMA)
 
-    def add_chunk(self, chunk: int, ids: list[str], hashes: list[str], sizes: array[int],
-                  empties: list[int]) -> None:
+    def add_chunk(
+        self, chunk: int, ids: list[str], hashes: list[str], sizes: array[int], empties: list[int]
+    ) -> None:
         """Chunk ``chunk``'s rows, in order: their ids, texts' hex SHA-256s and UTF-8 sizes,
         and the positions of the empty or whitespace-only texts (never reused nor sent).
         The id digest of the duplicate check is computed here (``id_digests``)."""
@@ -73,9 +80,17 @@ class RowFacts:
         text_hashes = pa.array(hashes, pa.string())
         empty = np.zeros(len(ids), dtype=bool)
         empty[empties] = True
-        self._writer.write_batch(pa.record_batch(
-            [pa.array(ids, pa.string()), text_hashes, pa.array(sizes, pa.int32()),
-             pa.array(empty)], schema=_CHUNK_SCHEMA))
+        self._writer.write_batch(
+            pa.record_batch(
+                [
+                    pa.array(ids, pa.string()),
+                    text_hashes,
+                    pa.array(sizes, pa.int32()),
+                    pa.array(empty),
+                ],
+                schema=_CHUNK_SCHEMA,
+            )
+        )
         keep = ~empty
         records = np.empty(int(keep.sum()), dtype=ROW_DTYPE)
         records["prefix"] = hash_prefixes(text_hashes)[keep]
@@ -96,8 +111,9 @@ class RowFacts:
         """The id digests seen more than once (real duplicates, or rarely a collision of
         distinct ids: the caller confirms by reading the ids). Memory: one bucket."""
         if self._id_spill is None:
-            return _repeated(np.concatenate(self._ids) if self._ids else
-                             np.zeros(0, dtype=np.uint64))
+            return _repeated(
+                np.concatenate(self._ids) if self._ids else np.zeros(0, dtype=np.uint64)
+            )
         found: set[int] = set()
         for bucket in range(BUCKETS):
             found |= _repeated(self._id_spill.read(bucket))

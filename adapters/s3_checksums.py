@@ -17,8 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CHECKSUM_SETTING_HINT", "RESPONSE_SETTING_HINT", "checksum_hint", "put_checksum_args",
-           "store_message"]
+__all__ = [
+    "CHECKSUM_SETTING_HINT",
+    "RESPONSE_SETTING_HINT",
+    "checksum_hint",
+    "put_checksum_args",
+    "store_message",
+]
 
 #: Which setting to change, for messages (env var first: the one a CLI user can set).
 CHECKSUM_SETTING_HINT = (

@@ -41,8 +41,16 @@ import pyarrow as pa
 from adapters.disk_full import translate_full
 from embedline.exit_cleanups import exit_cleanup
 
-__all__ = ["Scratch", "Spill", "digests", "hash_prefix", "hash_prefixes", "release",
-           "stable_order", "sweep_dead"]
+__all__ = [
+    "Scratch",
+    "Spill",
+    "digests",
+    "hash_prefix",
+    "hash_prefixes",
+    "release",
+    "stable_order",
+    "sweep_dead",
+]
 
 _LOCK = ".lock"
 _TOKEN = re.compile(r"[0-9a-f]{16}\Z")  # a scratch directory's name: secrets.token_hex(8)
@@ -78,24 +86,25 @@ def digests(hex_hashes: Any) -> np.ndarray:
     string: a kept request without text hashes) gives 32 zero bytes. An Arrow array is
     decoded in numpy from its buffers, with no Python object per row."""
     if isinstance(hex_hashes, (pa.Array, pa.ChunkedArray)):
-        array = hex_hashes.combine_chunks() if isinstance(hex_hashes, pa.ChunkedArray) \
-            else hex_hashes
+        array = (
+            hex_hashes.combine_chunks() if isinstance(hex_hashes, pa.ChunkedArray) else hex_hashes
+        )
         array = array.cast(pa.string())
         n = len(array)
-        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset:
-                                                                    array.offset + n + 1]
+        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[
+            array.offset : array.offset + n + 1
+        ]
         if n and array.null_count == 0 and (np.diff(offsets) == 64).all():
             data = array.buffers()[2]  # the digits of every hash, back to back
             with contextlib.suppress(ValueError, UnicodeDecodeError):
-                raw = bytes.fromhex(data.to_pybytes()[offsets[0]:offsets[-1]].decode("ascii"))
+                raw = bytes.fromhex(data.to_pybytes()[offsets[0] : offsets[-1]].decode("ascii"))
                 return np.frombuffer(raw, dtype=np.uint8).reshape(n, 32)
         hex_hashes = array.to_pylist()
     values = [h if h and len(h) == 64 else "0" * 64 for h in hex_hashes]
     try:
         return np.frombuffer(bytes.fromhex("".join(values)), dtype=np.uint8).reshape(-1, 32)
     except ValueError:  # not hex: zeros for those, as for empty ones
-        return np.stack([_one(v) for v in values]) if values else \
-            np.zeros((0, 32), dtype=np.uint8)
+        return np.stack([_one(v) for v in values]) if values else np.zeros((0, 32), dtype=np.uint8)
 
 
 def _one(value: str) -> np.ndarray:
@@ -218,8 +227,9 @@ def sweep_dead(base: Path) -> list[Path]:
         if path.name.startswith("."):  # being made; an hour old: its maker died making it
             if _TOKEN.match(path.name[1:]):
                 with contextlib.suppress(OSError):
-                    if (time.time() - path.stat().st_mtime > _MAKING_S
-                            and set(os.listdir(path)) <= {_LOCK}):
+                    if time.time() - path.stat().st_mtime > _MAKING_S and set(os.listdir(path)) <= {
+                        _LOCK
+                    }:
                         shutil.rmtree(path, ignore_errors=True)
             continue
         if not _TOKEN.match(path.name) or path in _live or not lock.exists():
@@ -275,8 +285,9 @@ class Spill:
     :raises DiskFullError: (from ``add``/``commit``/``flush``) the scratch filesystem is full.
     """
 
-    def __init__(self, directory: Path, dtype: np.dtype[Any], *, buffer_rows: int = 1 << 16
-                 ) -> None:
+    def __init__(
+        self, directory: Path, dtype: np.dtype[Any], *, buffer_rows: int = 1 << 16
+    ) -> None:
         self.directory = directory
         self.dtype = np.dtype(dtype)
         self.buffer_rows = buffer_rows
@@ -291,9 +302,11 @@ class Spill:
     def add(self, records: np.ndarray, partitions: np.ndarray | int) -> None:
         """Append ``records`` (of ``dtype``); ``partitions``: one int for all, or one each."""
         records = np.asarray(records, dtype=self.dtype)
-        parts = (np.full(len(records), partitions, dtype=np.int64)
-                 if isinstance(partitions, (int, np.integer))
-                 else np.asarray(partitions, dtype=np.int64))
+        parts = (
+            np.full(len(records), partitions, dtype=np.int64)
+            if isinstance(partitions, (int, np.integer))
+            else np.asarray(partitions, dtype=np.int64)
+        )
         start = 0
         while start < len(records):
             room = self.reserve(len(records) - start)

@@ -75,17 +75,21 @@ def split_location(uri: str, *, what: str, forms: str) -> Location:
     if scheme == "":
         return Location("local", path=text)
     shown = redact(text)
-    rest = text[len(scheme) + 3:]
+    rest = text[len(scheme) + 3 :]
     if scheme == "s3":
         bucket, _, key = rest.partition("/")
         if "@" in bucket:
-            raise InputError(f"{what} {shown}: credentials in the URI are not accepted (use "
-                             f"the AWS configuration chain); {forms}")
+            raise InputError(
+                f"{what} {shown}: credentials in the URI are not accepted (use "
+                f"the AWS configuration chain); {forms}"
+            )
         if not bucket:
             raise InputError(f"{what} {shown}: no bucket name; {forms}")
         if not _BUCKET_RE.match(bucket):
-            raise InputError(f"{what} {shown}: {bucket!r} is not a valid bucket name (letters,"
-                             f" digits, '.', '-', '_'); {forms}")
+            raise InputError(
+                f"{what} {shown}: {bucket!r} is not a valid bucket name (letters,"
+                f" digits, '.', '-', '_'); {forms}"
+            )
         return Location("s3", bucket=bucket, key=key)
     if scheme == "file":
         return Location("local", path=_file_path(rest, shown, what=what, forms=forms))
@@ -96,14 +100,18 @@ def _file_path(rest: str, shown: str, *, what: str, forms: str) -> str:
     """The decoded absolute path of ``file://`` + ``rest`` (RFC 8089: host empty or
     ``localhost``, the path percent-decoded as UTF-8)."""
     if "?" in rest or "#" in rest:
-        raise InputError(f"{what} {shown}: a raw '?' or '#' in a file:// URI starts a query or "
-                         "fragment (RFC 3986); write it as %3F / %23, or give a plain path")
+        raise InputError(
+            f"{what} {shown}: a raw '?' or '#' in a file:// URI starts a query or "
+            "fragment (RFC 3986); write it as %3F / %23, or give a plain path"
+        )
     host, slash, path = rest.partition("/")
     if host not in ("", "localhost") or not slash:
-        raise InputError(f"{what} {shown}: a file URI needs an absolute path "
-                         f"(file:///abs/path); {forms}")
+        raise InputError(
+            f"{what} {shown}: a file URI needs an absolute path (file:///abs/path); {forms}"
+        )
     try:
         return unquote("/" + path, errors="strict")
     except UnicodeDecodeError:
-        raise InputError(f"{what} {shown}: its percent-escapes are not UTF-8 (RFC 3986 §2.5);"
-                         " give a plain path") from None
+        raise InputError(
+            f"{what} {shown}: its percent-escapes are not UTF-8 (RFC 3986 §2.5); give a plain path"
+        ) from None

@@ -43,7 +43,8 @@ def decode_vector(value: object, index: int) -> np.ndarray:
             raise BadResponseError(f"embedding {index} holds non-numbers") from None
         if parsed.dtype.kind not in "iuf":  # "0.1" as a string, true/false, null, objects
             raise BadResponseError(
-                f"embedding {index} holds {_kind(parsed.dtype)} instead of numbers")
+                f"embedding {index} holds {_kind(parsed.dtype)} instead of numbers"
+            )
         if parsed.ndim == 1 and parsed.size:
             with np.errstate(over="ignore", invalid="ignore"):
                 return parsed.astype(np.float32)
@@ -82,4 +83,5 @@ def check_length(length: int, dimensions: int | None) -> None:
     if dimensions is not None and length != dimensions:
         raise BadResponseError(
             f"expected {dimensions} dimensions, got {length}: the server's vectors do not "
-            "have the run's length (pass --dimensions to pin one)")
+            "have the run's length (pass --dimensions to pin one)"
+        )

@@ -42,8 +42,14 @@ def _distinct_texts(path: Path) -> tuple[int, int]:
 def _run(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "EMBEDLINE_API_KEY": "sk-bench"}
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     return result, time.monotonic() - started
 
 
@@ -62,11 +68,23 @@ def main() -> int:
     records, distinct = _distinct_texts(data)
     work = Path(tempfile.mkdtemp(prefix="embedline-bench-batch-"))
     with FakeBatchServer(dims=384, complete_after_s=0.1) as server:
-        args = ["run", str(data), "--output", str(work / "out"),
-                "--ledger", str(work / "l.sqlite3"),
-                "--embedder", "openai", "--base-url", server.base_url, "--batch-api",
-                "--batch-poll-interval", str(options.poll_interval),
-                "--price-per-million-tokens", "0.02"]
+        args = [
+            "run",
+            str(data),
+            "--output",
+            str(work / "out"),
+            "--ledger",
+            str(work / "l.sqlite3"),
+            "--embedder",
+            "openai",
+            "--base-url",
+            server.base_url,
+            "--batch-api",
+            "--batch-poll-interval",
+            str(options.poll_interval),
+            "--price-per-million-tokens",
+            "0.02",
+        ]
         first, first_s = _run(args, work)
         after_first = server.batch_counters()
         rerun, rerun_s = _run(args, work)
@@ -80,29 +98,48 @@ def main() -> int:
         got = [vectors[i] for i, _ in rows]
         exact = bool(all(abs(a - b).max() < 1e-6 for a, b in zip(got, want, strict=True)))
     result: dict[str, Any] = {
-        "benchmark": "bench_batch", "at": dt.datetime.now(dt.UTC).isoformat(),
-        "data": data.name, "records": records, "distinct_texts": distinct,
-        "exit_code": first.returncode, "wall_s": round(first_s, 2),
-        "batches_created": after_first["creates"], "batch_inputs_charged":
-        after_first["batch_inputs"], "synchronous_requests": after_first["requests"],
-        "vectors_exact": exact, "rerun_exit_code": rerun.returncode,
+        "benchmark": "bench_batch",
+        "at": dt.datetime.now(dt.UTC).isoformat(),
+        "data": data.name,
+        "records": records,
+        "distinct_texts": distinct,
+        "exit_code": first.returncode,
+        "wall_s": round(first_s, 2),
+        "batches_created": after_first["creates"],
+        "batch_inputs_charged": after_first["batch_inputs"],
+        "synchronous_requests": after_first["requests"],
+        "vectors_exact": exact,
+        "rerun_exit_code": rerun.returncode,
         "rerun_wall_s": round(rerun_s, 2),
         "rerun_batches_created": after_rerun["creates"] - after_first["creates"],
         "summary_stdout": first.stdout.strip().splitlines()[-12:],
     }
-    result["ok"] = (first.returncode == 0 and exact is True
-                    and result["batch_inputs_charged"] == distinct
-                    and result["synchronous_requests"] == 0
-                    and result["rerun_batches_created"] == 0)
+    result["ok"] = (
+        first.returncode == 0
+        and exact is True
+        and result["batch_inputs_charged"] == distinct
+        and result["synchronous_requests"] == 0
+        and result["rerun_batches_created"] == 0
+    )
     if first.returncode:
         result["stderr_tail"] = first.stderr.strip().splitlines()[-5:]
     out = options.out or REPO / "benchmarks" / "results" / (
-        f"batch-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}.json")
+        f"batch-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    for key in ("records", "distinct_texts", "batches_created", "batch_inputs_charged",
-                "synchronous_requests", "vectors_exact", "wall_s", "rerun_batches_created",
-                "rerun_wall_s", "ok"):
+    for key in (
+        "records",
+        "distinct_texts",
+        "batches_created",
+        "batch_inputs_charged",
+        "synchronous_requests",
+        "vectors_exact",
+        "wall_s",
+        "rerun_batches_created",
+        "rerun_wall_s",
+        "ok",
+    ):
         print(f"{key:24} {result[key]}")
     print(f"written {out}")
     return 0 if result["ok"] else 1

@@ -71,8 +71,9 @@ def _strings(matrix: np.ndarray) -> pa.Array:
     """A string array from an (n, width) uint8 matrix of ASCII codes."""
     n, width = matrix.shape
     offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets),
-                                       pa.py_buffer(np.ascontiguousarray(matrix).tobytes()))
+    return pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(matrix).tobytes())
+    )
 
 
 def _ids(numbers: np.ndarray) -> pa.Array:
@@ -84,20 +85,23 @@ def _ids(numbers: np.ndarray) -> pa.Array:
 
 def _hashes(numbers: np.ndarray, version: np.ndarray) -> pa.Array:
     """A 64-hex "text hash" per (row number, text version)."""
-    lanes = [_mix(numbers * np.uint64(8) + version * np.uint64(4) + np.uint64(k))
-             for k in range(4)]
+    lanes = [_mix(numbers * np.uint64(8) + version * np.uint64(4) + np.uint64(k)) for k in range(4)]
     raw = np.stack(lanes, axis=1).view(np.uint8).reshape(len(numbers), 32)
     return _strings(_HEX[raw].reshape(len(numbers), 64))
 
 
-def _write_run(root: Path, name: str, numbers: np.ndarray,
-               version: np.ndarray) -> list[dict[str, Any]]:
+def _write_run(
+    root: Path, name: str, numbers: np.ndarray, version: np.ndarray
+) -> list[dict[str, Any]]:
     chunks = []
     for index, start in enumerate(range(0, len(numbers), CHUNK_ROWS)):
-        part, ver = numbers[start:start + CHUNK_ROWS], version[start:start + CHUNK_ROWS]
+        part, ver = numbers[start : start + CHUNK_ROWS], version[start : start + CHUNK_ROWS]
         key = f"chunks/{name}-{index:06d}.parquet"
-        pq.write_table(pa.table({"id": _ids(part), "text_sha256": _hashes(part, ver)}),
-                       root / key, compression="zstd")
+        pq.write_table(
+            pa.table({"id": _ids(part), "text_sha256": _hashes(part, ver)}),
+            root / key,
+            compression="zstd",
+        )
         chunks.append({"index": index, "object": key, "rows": len(part)})
     return chunks
 
@@ -114,9 +118,13 @@ def generate(root: Path, rows: int) -> dict[str, Any]:
     night = np.concatenate([kept, np.arange(rows, rows + rows // 100, dtype=np.uint64)])
     rng.shuffle(night)
     version = (rng.random(len(night)) < 0.01).astype(np.uint64)
-    runs = {"base": {"run_key": "bench-base",
-                     "chunks": _write_run(root, "base", base, np.zeros(rows, np.uint64))},
-            "night": _write_run(root, "night", night, version)}
+    runs = {
+        "base": {
+            "run_key": "bench-base",
+            "chunks": _write_run(root, "base", base, np.zeros(rows, np.uint64)),
+        },
+        "night": _write_run(root, "night", night, version),
+    }
     listing.write_text(json.dumps(runs))
     return runs
 
@@ -139,15 +147,20 @@ def worker(impl: str, data: Path, out: Path, old_rev: str) -> None:
     store = LocalDirStore(out)
     extra: dict[str, Any] = {}
     if impl == "old":
-        source = subprocess.run(["git", "-C", str(REPO), "show", f"{old_rev}:tasks/changes.py"],
-                                check=True, capture_output=True, text=True).stdout
+        source = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{old_rev}:tasks/changes.py"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         module = type(sys)("old_changes")
         sys.modules["old_changes"] = module
         exec(compile(source, f"{old_rev}:tasks/changes.py", "exec"), module.__dict__)
         before = _rss_kib()
         started = time.perf_counter()
-        counts = module.write_changes(store, run_key=RUN_KEY, chunks=runs["night"],
-                                      base=runs["base"])
+        counts = module.write_changes(
+            store, run_key=RUN_KEY, chunks=runs["night"], base=runs["base"]
+        )
     else:
         from tasks.changes import write_changes
         from tasks.sorted_runs import SortStats
@@ -157,20 +170,47 @@ def worker(impl: str, data: Path, out: Path, old_rev: str) -> None:
         scratch.mkdir()
         before = _rss_kib()
         started = time.perf_counter()
-        counts = write_changes(store, run_key=RUN_KEY, chunks=runs["night"], base=runs["base"],
-                               scratch_dir=scratch, stats=stats)
+        counts = write_changes(
+            store,
+            run_key=RUN_KEY,
+            chunks=runs["night"],
+            base=runs["base"],
+            scratch_dir=scratch,
+            stats=stats,
+        )
         extra = {"sort": {k: getattr(stats, k) for k in stats.__slots__}}
-    print(json.dumps({"seconds": time.perf_counter() - started, "rss_before_kib": before,
-                      "arrow_peak_mib": pa.default_memory_pool().max_memory() / (1 << 20),
-                      "counts": counts.to_dict(), **extra}))
+    print(
+        json.dumps(
+            {
+                "seconds": time.perf_counter() - started,
+                "rss_before_kib": before,
+                "arrow_peak_mib": pa.default_memory_pool().max_memory() / (1 << 20),
+                "counts": counts.to_dict(),
+                **extra,
+            }
+        )
+    )
 
 
 def measure(impl: str, data: Path, out: Path, old_rev: str) -> dict[str, Any]:
     """Run ``worker`` in a child process; add its CPU seconds and peak RSS (``wait4``)."""
     child = subprocess.Popen(
-        [sys.executable, __file__, "--worker", impl, "--data", str(data), "--out", str(out),
-         "--old-rev", old_rev],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, **CLI_ALLOCATORS})
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            impl,
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--old-rev",
+            old_rev,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **CLI_ALLOCATORS},
+    )
     assert child.stdout is not None
     output = child.stdout.read()
     _, status, usage = os.wait4(child.pid, 0)
@@ -213,12 +253,20 @@ def same_content(a: Path, b: Path) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where the synthetic runs are generated and kept (default: a "
-                             "new temporary directory, removed afterwards)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the synthetic runs are generated and kept (default: a "
+        "new temporary directory, removed afterwards)",
+    )
     parser.add_argument("--old-rev", default=OLD_REV)
-    parser.add_argument("--old-max-rows", type=int, default=10_000_000,
-                        help="skip the old diff above this many rows (it needs ~0.4 GB per M)")
+    parser.add_argument(
+        "--old-max-rows",
+        type=int,
+        default=10_000_000,
+        help="skip the old diff above this many rows (it needs ~0.4 GB per M)",
+    )
     parser.add_argument("--worker", choices=["old", "new"], help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -244,20 +292,28 @@ def _one_size(tmp: Path, rows: int, args: argparse.Namespace) -> dict[str, Any]:
         if impl == "old" and rows > args.old_max_rows:
             continue
         result[impl] = measure(impl, data, tmp / f"out-{rows}-{impl}", args.old_rev)
-        print(f"{'':>11}  {impl}: {result[impl]['seconds']:.1f} s, "
-              f"peak {result[impl]['peak_rss_mib']:.0f} MiB", flush=True)
+        print(
+            f"{'':>11}  {impl}: {result[impl]['seconds']:.1f} s, "
+            f"peak {result[impl]['peak_rss_mib']:.0f} MiB",
+            flush=True,
+        )
     if "old" in result:
         key = f"changes/{RUN_KEY}.parquet"
-        result["same_content"] = same_content(tmp / f"out-{rows}-old" / key,
-                                              tmp / f"out-{rows}-new" / key)
+        result["same_content"] = same_content(
+            tmp / f"out-{rows}-old" / key, tmp / f"out-{rows}-new" / key
+        )
     return result
 
 
 def _report(results: list[dict[str, Any]], old_rev: str) -> None:
-    print(f"\nold = tasks/changes.py at {old_rev}, new = this checkout; shuffled night, "
-          f"every chunk read")
-    print(f"{'rows':>11} {'impl':>4} {'wall s':>8} {'CPU s':>8} {'peak RSS MiB':>13} "
-          f"{'over start MiB':>15} {'Arrow MiB':>10} {'new/old RSS':>12} {'new/old CPU':>12} same")
+    print(
+        f"\nold = tasks/changes.py at {old_rev}, new = this checkout; shuffled night, "
+        f"every chunk read"
+    )
+    print(
+        f"{'rows':>11} {'impl':>4} {'wall s':>8} {'CPU s':>8} {'peak RSS MiB':>13} "
+        f"{'over start MiB':>15} {'Arrow MiB':>10} {'new/old RSS':>12} {'new/old CPU':>12} same"
+    )
     for r in results:
         for impl in ("old", "new"):
             if impl not in r:
@@ -265,17 +321,23 @@ def _report(results: list[dict[str, Any]], old_rev: str) -> None:
             m = r[impl]
             ratios = ""
             if impl == "new" and "old" in r:
-                ratios = (f"{m['peak_rss_mib'] / r['old']['peak_rss_mib']:>12.2f} "
-                          f"{m['cpu_seconds'] / r['old']['cpu_seconds']:>12.2f} "
-                          f"{r['same_content']}")
-            print(f"{r['rows']:>11,} {impl:>4} {m['seconds']:>8.1f} {m['cpu_seconds']:>8.1f} "
-                  f"{m['peak_rss_mib']:>13.0f} {m['change_set_mib']:>15.0f} "
-                  f"{m['arrow_peak_mib']:>10.0f} {ratios}")
+                ratios = (
+                    f"{m['peak_rss_mib'] / r['old']['peak_rss_mib']:>12.2f} "
+                    f"{m['cpu_seconds'] / r['old']['cpu_seconds']:>12.2f} "
+                    f"{r['same_content']}"
+                )
+            print(
+                f"{r['rows']:>11,} {impl:>4} {m['seconds']:>8.1f} {m['cpu_seconds']:>8.1f} "
+                f"{m['peak_rss_mib']:>13.0f} {m['change_set_mib']:>15.0f} "
+                f"{m['arrow_peak_mib']:>10.0f} {ratios}"
+            )
     new = [r for r in results if "new" in r]
     if len(new) > 1:
         low, high = new[0], new[-1]
-        print(f"new peak RSS at {high['rows']:,} rows / at {low['rows']:,} rows: "
-              f"{high['new']['peak_rss_mib'] / low['new']['peak_rss_mib']:.2f}x")
+        print(
+            f"new peak RSS at {high['rows']:,} rows / at {low['rows']:,} rows: "
+            f"{high['new']['peak_rss_mib'] / low['new']['peak_rss_mib']:.2f}x"
+        )
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = REPO / "benchmarks" / "results" / f"changes-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -99,8 +99,9 @@ _PHASE_MARKS = (
 _SUMMARY_WALL = re.compile(r"^wall time\s+([\d.]+) s", re.MULTILINE)
 _SUMMARY_API = re.compile(r"^api\s+([\d,]+) requests", re.MULTILINE)
 _SUMMARY_STATUS = re.compile(r"^status\s+(\S+)", re.MULTILINE)
-_SUMMARY_ROWS = re.compile(r"^rows\s+([\d,]+) published of ([\d,]+) .*?([\d,]+) dead letters",
-                           re.MULTILINE)
+_SUMMARY_ROWS = re.compile(
+    r"^rows\s+([\d,]+) published of ([\d,]+) .*?([\d,]+) dead letters", re.MULTILINE
+)
 
 
 # -- data ----------------------------------------------------------------------------------
@@ -187,10 +188,17 @@ def make_edits(source: Path, tmp: Path) -> list[tuple[str, Path, int, int]]:
     shuffled = list(appended)
     random.Random(7).shuffle(shuffled)
     deleted = [r for i, r in enumerate(shuffled) if i % 10 != 3]
-    steps = [("insert-first", inserted, 1), ("edit-middle", edited, 1),
-             ("append", appended, 1), ("shuffle", shuffled, 0), ("delete-10pct", deleted, 0)]
-    out = [(name, _write_records(tmp / f"edit-{name}.csv", [header, *body]), right, len(body))
-           for name, body, right in steps]
+    steps = [
+        ("insert-first", inserted, 1),
+        ("edit-middle", edited, 1),
+        ("append", appended, 1),
+        ("shuffle", shuffled, 0),
+        ("delete-10pct", deleted, 0),
+    ]
+    out = [
+        (name, _write_records(tmp / f"edit-{name}.csv", [header, *body]), right, len(body))
+        for name, body, right in steps
+    ]
     crlf = _write_records(tmp / "edit-crlf.csv", [header, *deleted], newline="\r\n")
     out.append(("reexport-crlf", crlf, 0, len(deleted)))
     return out
@@ -225,7 +233,11 @@ class FakeServer:
     def __init__(self, python: str, env: dict[str, str], *, dims: int = DIMS) -> None:
         self.proc = subprocess.Popen(
             [python, "-m", "tests.support.fake_openai", "--port", "0", "--dims", str(dims)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
@@ -318,8 +330,9 @@ def running_prefect_server(home: Path) -> Iterator[tuple[subprocess.Popen[bytes]
     from tests.support.prefect_server import start_prefect_server
 
     home.mkdir(exist_ok=True)
-    print("bench: starting a Prefect server for the running-server runs", file=sys.stderr,
-          flush=True)
+    print(
+        "bench: starting a Prefect server for the running-server runs", file=sys.stderr, flush=True
+    )
     server, url = start_prefect_server(home)
     try:
         yield server, url
@@ -383,8 +396,9 @@ class Sampler(threading.Thread):
             if n % _TREE_EVERY == 0:
                 for child in _descendants(self.pid):
                     ckb = _status_field_kb(child, "VmHWM")
-                    info = self.children.setdefault(child, {"cmd": _cmdline(child)[:160],
-                                                            "peak_kb": 0})
+                    info = self.children.setdefault(
+                        child, {"cmd": _cmdline(child)[:160], "peak_kb": 0}
+                    )
                     if ckb is not None:
                         info["peak_kb"] = max(info["peak_kb"], ckb)
             if n % _MAPS_EVERY == 0 and not self.torch_mapped:
@@ -468,14 +482,22 @@ def run_cli(
     prefect_home_fresh: bool,
 ) -> RunResult:
     """Run one CLI command, sampling memory and timestamping stderr lines as they arrive."""
-    result = RunResult(name=name, dataset=dataset, rows_input=rows_input,
-                       prefect_home_fresh=prefect_home_fresh)
+    result = RunResult(
+        name=name, dataset=dataset, rows_input=rows_input, prefect_home_fresh=prefect_home_fresh
+    )
     events: list[tuple[float, str]] = []
     out_chunks: list[str] = []
     started = time.monotonic()
     proc = subprocess.Popen(
-        list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, encoding="utf-8", errors="replace", bufsize=1,
+        list(argv),
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        bufsize=1,
     )
     sampler = Sampler(proc.pid)
     sampler.start()
@@ -523,8 +545,10 @@ def _reap_leftovers(children: dict[int, dict[str, Any]]) -> None:
         while time.monotonic() < deadline and _cmdline(pid)[:160] == info["cmd"] and info["cmd"]:
             time.sleep(0.2)
         if _cmdline(pid)[:160] == info["cmd"] and info["cmd"]:
-            print(f"bench: CLI left pid {pid} running ({info['cmd'][:80]}); terminating it",
-                  file=sys.stderr)
+            print(
+                f"bench: CLI left pid {pid} running ({info['cmd'][:80]}); terminating it",
+                file=sys.stderr,
+            )
             info["left_running"] = True
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -582,9 +606,11 @@ def _parse_stderr(result: RunResult, events: list[tuple[float, str]]) -> None:
             result.completion_rows_per_s = sum(r for _t, r in completions[1:]) / span
 
 
-def _phases(result: RunResult, stamps: dict[str, float], dispatch_at: float | None,
-            last_chunk: float | None) -> None:
+def _phases(
+    result: RunResult, stamps: dict[str, float], dispatch_at: float | None, last_chunk: float | None
+) -> None:
     """Durations between the flow's own log lines (its clock, millisecond resolution)."""
+
     def span(start: float | None, stop: float | None) -> float | None:
         return None if start is None or stop is None else round(_wrap(stop - start), 3)
 
@@ -636,8 +662,9 @@ def run_baseline(rows: list[tuple[str, str]], base_url: str, workdir: Path) -> d
         for row_id, text in rows:
             if not text.strip():
                 continue
-            response = client.post(url, json={"model": MODEL, "input": [text],
-                                              "encoding_format": "base64"})
+            response = client.post(
+                url, json={"model": MODEL, "input": [text], "encoding_format": "base64"}
+            )
             response.raise_for_status()
             encoded = response.json()["data"][0]["embedding"]
             vectors.append(np.frombuffer(base64.b64decode(encoded), dtype="<f4"))
@@ -647,8 +674,12 @@ def run_baseline(rows: list[tuple[str, str]], base_url: str, workdir: Path) -> d
             os.replace(tmp, checkpoint)
     elapsed = time.perf_counter() - started
     np.save(workdir / "vectors.npy", np.stack(vectors))
-    return {"rows": len(finished), "wall_s": elapsed, "rows_per_s": len(finished) / elapsed,
-            "checkpoint_bytes": checkpoint.stat().st_size}
+    return {
+        "rows": len(finished),
+        "wall_s": elapsed,
+        "rows_per_s": len(finished) / elapsed,
+        "checkpoint_bytes": checkpoint.stat().st_size,
+    }
 
 
 # -- orchestration -------------------------------------------------------------------------
@@ -689,26 +720,52 @@ class Bench:
         self.pairs: list[dict[str, Any]] = []  # SDK loop and embedline, running server
 
     def cli_argv(self, data: Path, output: Path, ledger: Path, base_url: str) -> list[str]:
-        argv = [self.args.python, "-m", "cli", "run", str(data),
-                "--embedder", "openai", "--base-url", base_url,
-                "--output", str(output), "--ledger", str(ledger)]
+        argv = [
+            self.args.python,
+            "-m",
+            "cli",
+            "run",
+            str(data),
+            "--embedder",
+            "openai",
+            "--base-url",
+            base_url,
+            "--output",
+            str(output),
+            "--ledger",
+            str(ledger),
+        ]
         if self.args.allow_failed_rows:
             argv.append("--allow-failed-rows")
         return argv + list(self.args.cli_arg or [])
 
-    def measure(self, name: str, dataset: str, rows: int, data: Path, output: Path,
-                ledger: Path, extra: Sequence[str] = ()) -> RunResult:
+    def measure(
+        self,
+        name: str,
+        dataset: str,
+        rows: int,
+        data: Path,
+        output: Path,
+        ledger: Path,
+        extra: Sequence[str] = (),
+    ) -> RunResult:
         fresh_home = not self.prefect_home.exists() and not self.args.prefect_api_url
-        server = FakeServer(self.args.python, _server_env(),
-                            dims=getattr(self.args, "dims", DIMS))
+        server = FakeServer(self.args.python, _server_env(), dims=getattr(self.args, "dims", DIMS))
         try:
             argv = self.cli_argv(data, output, ledger, server.base_url) + list(extra)
             waited = wait_quiet(self.args.quiet_wait) if self.args.quiet_wait > 0 else 0.0
             print(f"bench: {name}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
             busy0, server0, self0 = _machine_busy_s(), _proc_cpu_s(server.proc.pid), _self_cpu_s()
-            result = run_cli(name, argv, env=self.env, cwd=self.tmp, dataset=dataset,
-                             rows_input=rows, log_path=self.tmp / f"{name}.stderr.log",
-                             prefect_home_fresh=fresh_home)
+            result = run_cli(
+                name,
+                argv,
+                env=self.env,
+                cwd=self.tmp,
+                dataset=dataset,
+                rows_input=rows,
+                log_path=self.tmp / f"{name}.stderr.log",
+                prefect_home_fresh=fresh_home,
+            )
             result.fake_server_cpu_s = _proc_cpu_s(server.proc.pid) - server0
             own = result.cpu_s + result.fake_server_cpu_s + _self_cpu_s() - self0
             result.other_cpu_s = max(0.0, _machine_busy_s() - busy0 - own)
@@ -719,8 +776,12 @@ class Bench:
         result.server_inputs = counters.get("inputs")
         self.servers.append({"run": name, "peak_rss_mb": server.peak_rss_mb, **counters})
         self.runs.append(result)
-        print(f"bench: {name}: exit {result.exit_code}, wall {result.wall_s:.1f} s, "
-              f"{result.server_requests} requests", file=sys.stderr, flush=True)
+        print(
+            f"bench: {name}: exit {result.exit_code}, wall {result.wall_s:.1f} s, "
+            f"{result.server_requests} requests",
+            file=sys.stderr,
+            flush=True,
+        )
         if result.exit_code != 0:
             print("bench: stderr tail:\n  " + "\n  ".join(result.stderr_tail), file=sys.stderr)
         return result
@@ -736,8 +797,9 @@ class Bench:
             busy0, server0, self0 = _machine_busy_s(), _proc_cpu_s(server.proc.pid), _self_cpu_s()
             result = run_baseline(rows, server.base_url, self.tmp / "baseline")
             own = _proc_cpu_s(server.proc.pid) - server0 + _self_cpu_s() - self0
-            result.update(other_cpu_s=max(0.0, _machine_busy_s() - busy0 - own),
-                          quiet_wait_s=waited)
+            result.update(
+                other_cpu_s=max(0.0, _machine_busy_s() - busy0 - own), quiet_wait_s=waited
+            )
         finally:
             counters = server.stop()
         result.update(server_requests=counters.get("requests"))
@@ -753,9 +815,18 @@ class Bench:
             children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             server0 = _proc_cpu_s(server.proc.pid)
             started = time.perf_counter()
-            done = subprocess.run([self.args.python, str(REPO / "benchmarks" / "sdk_loop.py"),
-                                   str(data), server.base_url, str(self.tmp / "sdk.parquet")],
-                                  capture_output=True, text=True, env=_server_env())
+            done = subprocess.run(
+                [
+                    self.args.python,
+                    str(REPO / "benchmarks" / "sdk_loop.py"),
+                    str(data),
+                    server.base_url,
+                    str(self.tmp / "sdk.parquet"),
+                ],
+                capture_output=True,
+                text=True,
+                env=_server_env(),
+            )
             wall = time.perf_counter() - started
             children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             server_cpu = _proc_cpu_s(server.proc.pid) - server0
@@ -766,8 +837,13 @@ class Bench:
         rows = int(done.stdout.split()[-1])
         print(f"bench: openai-SDK loop: {wall:.1f} s", file=sys.stderr, flush=True)
         cpu = (children1.ru_utime + children1.ru_stime) - (children0.ru_utime + children0.ru_stime)
-        return {"rows": rows, "wall_s": wall, "server_requests": counters.get("requests"),
-                "cpu_s": cpu, "fake_server_cpu_s": server_cpu}
+        return {
+            "rows": rows,
+            "wall_s": wall,
+            "server_requests": counters.get("requests"),
+            "cpu_s": cpu,
+            "fake_server_cpu_s": server_cpu,
+        }
 
     def dask_runs(self, data: Path, rows: int) -> None:
         """The same subset with threads and with a local 2-worker Dask cluster (fresh output
@@ -778,8 +854,14 @@ class Bench:
             saved = self.args.cli_arg
             self.args.cli_arg = [*(saved or []), *extra]
             try:
-                self.measure(name, f"first{rows}", rows, data, self.tmp / f"{name}-out",
-                             self.tmp / f"{name}-ledger.sqlite3")
+                self.measure(
+                    name,
+                    f"first{rows}",
+                    rows,
+                    data,
+                    self.tmp / f"{name}-out",
+                    self.tmp / f"{name}-ledger.sqlite3",
+                )
             finally:
                 self.args.cli_arg = saved
 
@@ -810,12 +892,23 @@ class Bench:
                 for pair in range(1, pairs + 1):
                     sdk = self.sdk_baseline(data)
                     run_name = f"{name}-running-server-{pair}"
-                    run = self.measure(run_name, name, rows, data, self.tmp / f"{run_name}-out",
-                                       self.tmp / f"{run_name}-ledger.sqlite3")
-                    self.pairs.append({"sdk_wall_s": sdk["wall_s"], "run": run_name,
-                                       "embedline_wall_s": run.wall_s,
-                                       "exit_code": run.exit_code,
-                                       "ratio": sdk["wall_s"] / run.wall_s if run.wall_s else 0.0})
+                    run = self.measure(
+                        run_name,
+                        name,
+                        rows,
+                        data,
+                        self.tmp / f"{run_name}-out",
+                        self.tmp / f"{run_name}-ledger.sqlite3",
+                    )
+                    self.pairs.append(
+                        {
+                            "sdk_wall_s": sdk["wall_s"],
+                            "run": run_name,
+                            "embedline_wall_s": run.wall_s,
+                            "exit_code": run.exit_code,
+                            "ratio": sdk["wall_s"] / run.wall_s if run.wall_s else 0.0,
+                        }
+                    )
             finally:
                 self.env = saved
 
@@ -851,8 +944,9 @@ def _ratios(runs: list[RunResult], baseline: dict[str, Any] | None) -> dict[str,
     return ratios
 
 
-def _sdk_targets(full: RunResult | None, sdk: dict[str, Any] | None,
-                 pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _sdk_targets(
+    full: RunResult | None, sdk: dict[str, Any] | None, pairs: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
     """With a running Prefect server (how deployments run), the whole
     file end to end at least as fast as the SDK loop: the median of the alternated pairs,
     each pair's ratio listed. With the CLI's temporary server, its start-up is reported
@@ -860,73 +954,105 @@ def _sdk_targets(full: RunResult | None, sdk: dict[str, Any] | None,
     targets: dict[str, Any] = {}
     if pairs:
         ratios = sorted(p["ratio"] for p in pairs)
-        median = ratios[len(ratios) // 2] if len(ratios) % 2 else \
-            (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+        median = (
+            ratios[len(ratios) // 2]
+            if len(ratios) % 2
+            else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+        )
         each = ", ".join(f"{p['sdk_wall_s']:.1f}/{p['embedline_wall_s']:.1f} s" for p in pairs)
-        targets[f"running Prefect server: whole file end to end >= {TARGET_SDK_RATIO}x the "
-                f"openai-SDK loop (median of {len(pairs)} pairs, SDK/embedline: {each})"] = {
-            "value": round(median, 2), "each": [round(r, 2) for r in ratios],
-            "met": median >= TARGET_SDK_RATIO and all(p["exit_code"] == 0 for p in pairs)}
+        targets[
+            f"running Prefect server: whole file end to end >= {TARGET_SDK_RATIO}x the "
+            f"openai-SDK loop (median of {len(pairs)} pairs, SDK/embedline: {each})"
+        ] = {
+            "value": round(median, 2),
+            "each": [round(r, 2) for r in ratios],
+            "met": median >= TARGET_SDK_RATIO and all(p["exit_code"] == 0 for p in pairs),
+        }
     if full is not None and sdk is not None and full.wall_s:  # reported, no target
         start = full.temp_server_s or 0.0
-        targets[f"temporary server: the SDK loop's wall time / embedline's (SDK "
-                f"{sdk['wall_s']:.1f} s / embedline {full.wall_s:.1f} s, of which "
-                f"{start:.1f} s the temporary server's start-up; without it "
-                f"{sdk['wall_s'] / max(full.wall_s - start, 1e-9):.2f})"] = {
-            "value": round(sdk["wall_s"] / full.wall_s, 2), "met": None}  # no target
+        targets[
+            f"temporary server: the SDK loop's wall time / embedline's (SDK "
+            f"{sdk['wall_s']:.1f} s / embedline {full.wall_s:.1f} s, of which "
+            f"{start:.1f} s the temporary server's start-up; without it "
+            f"{sdk['wall_s'] / max(full.wall_s - start, 1e-9):.2f})"
+        ] = {"value": round(sdk["wall_s"] / full.wall_s, 2), "met": None}  # no target
     return targets
 
 
-def _targets(runs: list[RunResult], full_name: str, sdk: dict[str, Any] | None = None,
-             dask_rows: int = 0, pairs: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+def _targets(
+    runs: list[RunResult],
+    full_name: str,
+    sdk: dict[str, Any] | None = None,
+    dask_rows: int = 0,
+    pairs: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
     by = {r.name: r for r in runs}
     full = by.get(full_name)
     targets: dict[str, Any] = _sdk_targets(full, sdk, pairs)
     threads, dask = by.get(f"first{dask_rows}-threads"), by.get(f"first{dask_rows}-dask")
     if threads is not None and dask is not None:
         ratio = (dask.steady_rows_per_s or 0) / (threads.steady_rows_per_s or float("inf"))
-        targets[f"dask (2 workers) steady rows/s >= {TARGET_DASK_RATIO}x threads on "
-                f"{dask_rows:,} rows (start-up apart: threads {_fmt(threads.startup_s)} s, "
-                f"dask {_fmt(dask.startup_s)} s)"] = {
+        targets[
+            f"dask (2 workers) steady rows/s >= {TARGET_DASK_RATIO}x threads on "
+            f"{dask_rows:,} rows (start-up apart: threads {_fmt(threads.startup_s)} s, "
+            f"dask {_fmt(dask.startup_s)} s)"
+        ] = {
             "value": round(ratio, 2),
-            "met": ratio >= TARGET_DASK_RATIO and dask.exit_code == 0 == threads.exit_code}
+            "met": ratio >= TARGET_DASK_RATIO and dask.exit_code == 0 == threads.exit_code,
+        }
     if full is not None:
         targets["steady_rows_per_s >= 5000 (whole file)"] = {
             "value": full.steady_rows_per_s,
-            "met": (full.steady_rows_per_s or 0) >= TARGET_STEADY_ROWS_S}
+            "met": (full.steady_rows_per_s or 0) >= TARGET_STEADY_ROWS_S,
+        }
         targets["wall_s < 45 (whole file, incl. Prefect start-up)"] = {
-            "value": full.wall_s, "met": full.wall_s < TARGET_FULL_WALL_S and full.exit_code == 0}
+            "value": full.wall_s,
+            "met": full.wall_s < TARGET_FULL_WALL_S and full.exit_code == 0,
+        }
     peaks = [r.peak_rss_cli_mb or 0 for r in runs]
     if peaks:
         targets["peak RSS of the CLI process < 500 MB (all runs)"] = {
-            "value": max(peaks), "met": max(peaks) < TARGET_PEAK_RSS_MB}
+            "value": max(peaks),
+            "met": max(peaks) < TARGET_PEAK_RSS_MB,
+        }
     targets["torch never mapped into the CLI process"] = {
-        "value": any(r.torch_mapped for r in runs), "met": not any(r.torch_mapped for r in runs)}
+        "value": any(r.torch_mapped for r in runs),
+        "met": not any(r.torch_mapped for r in runs),
+    }
     crlf, shuffle = by.get(full_name + "-reexport-crlf"), by.get(full_name + "-shuffle")
     rerun = by.get(full_name + "-rerun")
     if crlf is not None and rerun is not None and rerun.wall_s:
         targets[f"{crlf.name} wall time < 1.5x the unchanged-file rerun"] = {
-            "value": round(crlf.wall_s / rerun.wall_s, 2), "met": crlf.wall_s / rerun.wall_s < 1.5}
+            "value": round(crlf.wall_s / rerun.wall_s, 2),
+            "met": crlf.wall_s / rerun.wall_s < 1.5,
+        }
     if shuffle is not None and full is not None and full.wall_s:  # reported, no target
         targets[f"{shuffle.name} (every row looked up and copied) wall time / first run's"] = {
-            "value": round(shuffle.wall_s / full.wall_s, 2), "met": True}
+            "value": round(shuffle.wall_s / full.wall_s, 2),
+            "met": True,
+        }
     for edit in (r for r in runs if r.right_inputs is not None):
         targets[f"{edit.name}: inputs charged = {edit.right_inputs}"] = {
-            "value": edit.server_inputs, "met": edit.server_inputs == edit.right_inputs}
+            "value": edit.server_inputs,
+            "met": edit.server_inputs == edit.right_inputs,
+        }
     for suffix in ("-rerun", "-rerun-no-manifest", "-rerun-fresh-ledger"):
         rerun = by.get(full_name + suffix)
         if rerun is not None:
-            targets[f"{rerun.name}: wall_s < {TARGET_RERUN_WALL_S:.0f}, exit 0, zero "
-                    "requests"] = {
-                "value": {"wall_s": rerun.wall_s, "exit_code": rerun.exit_code,
-                          "requests": rerun.server_requests},
-                "met": rerun.wall_s < TARGET_RERUN_WALL_S and rerun.exit_code == 0
-                and rerun.server_requests == 0}
+            targets[f"{rerun.name}: wall_s < {TARGET_RERUN_WALL_S:.0f}, exit 0, zero requests"] = {
+                "value": {
+                    "wall_s": rerun.wall_s,
+                    "exit_code": rerun.exit_code,
+                    "requests": rerun.server_requests,
+                },
+                "met": rerun.wall_s < TARGET_RERUN_WALL_S
+                and rerun.exit_code == 0
+                and rerun.server_requests == 0,
+            }
     return targets
 
 
-def cpu_budget(runs: list[RunResult], full_name: str,
-               sdk: dict[str, Any] | None) -> dict[str, Any]:
+def cpu_budget(runs: list[RunResult], full_name: str, sdk: dict[str, Any] | None) -> dict[str, Any]:
     """What the whole-file runs cost in CPU, and the best end-to-end ratio that cost allows.
 
     A command that needs C core-seconds on N cores cannot finish in under C / N seconds,
@@ -940,23 +1066,38 @@ def cpu_budget(runs: list[RunResult], full_name: str,
     if sdk is None or "cpu_s" not in sdk:
         return {}
     cores = len(os.sched_getaffinity(0))
-    budget: dict[str, Any] = {"cores": cores, "sdk_loop": {
-        "wall_s": sdk["wall_s"], "cpu_s": sdk["cpu_s"],
-        "fake_server_cpu_s": sdk["fake_server_cpu_s"],
-        "total_cpu_s": sdk["cpu_s"] + sdk["fake_server_cpu_s"]}}
+    budget: dict[str, Any] = {
+        "cores": cores,
+        "sdk_loop": {
+            "wall_s": sdk["wall_s"],
+            "cpu_s": sdk["cpu_s"],
+            "fake_server_cpu_s": sdk["fake_server_cpu_s"],
+            "total_cpu_s": sdk["cpu_s"] + sdk["fake_server_cpu_s"],
+        },
+    }
     by = {r.name: r for r in runs}
-    for name, prefect_part in ((full_name, "temporary_server_cpu_s"),
-                               (f"{full_name}-running-server-1", "prefect_server_cpu_s")):
+    for name, prefect_part in (
+        (full_name, "temporary_server_cpu_s"),
+        (f"{full_name}-running-server-1", "prefect_server_cpu_s"),
+    ):
         run = by.get(name)
         if run is None or run.cli_self_cpu_s is None or run.fake_server_cpu_s is None:
             continue
-        prefect = (run.cpu_s - run.cli_self_cpu_s if prefect_part == "temporary_server_cpu_s"
-                   else run.other_cpu_s or 0.0)
+        prefect = (
+            run.cpu_s - run.cli_self_cpu_s
+            if prefect_part == "temporary_server_cpu_s"
+            else run.other_cpu_s or 0.0
+        )
         total = run.cli_self_cpu_s + prefect + run.fake_server_cpu_s
-        budget[name] = {"wall_s": run.wall_s, "cli_cpu_s": run.cli_self_cpu_s,
-                        prefect_part: prefect, "fake_server_cpu_s": run.fake_server_cpu_s,
-                        "total_cpu_s": total, "floor_wall_s": total / cores,
-                        "best_ratio": sdk["wall_s"] / (total / cores)}
+        budget[name] = {
+            "wall_s": run.wall_s,
+            "cli_cpu_s": run.cli_self_cpu_s,
+            prefect_part: prefect,
+            "fake_server_cpu_s": run.fake_server_cpu_s,
+            "total_cpu_s": total,
+            "floor_wall_s": total / cores,
+            "best_ratio": sdk["wall_s"] / (total / cores),
+        }
     return budget
 
 
@@ -965,70 +1106,117 @@ def print_cpu_budget(budget: dict[str, Any]) -> None:
     if not budget:
         return
     sdk, cores = budget["sdk_loop"], budget["cores"]
-    print(f"\ncpu budget on {cores} cores (core-seconds): the SDK loop {sdk['total_cpu_s']:.1f} "
-          f"(loop {sdk['cpu_s']:.1f}, fake server {sdk['fake_server_cpu_s']:.1f}) in "
-          f"{sdk['wall_s']:.1f} s")
+    print(
+        f"\ncpu budget on {cores} cores (core-seconds): the SDK loop {sdk['total_cpu_s']:.1f} "
+        f"(loop {sdk['cpu_s']:.1f}, fake server {sdk['fake_server_cpu_s']:.1f}) in "
+        f"{sdk['wall_s']:.1f} s"
+    )
     for name, b in budget.items():
         if name in ("sdk_loop", "cores"):
             continue
         prefect = b.get("temporary_server_cpu_s", b.get("prefect_server_cpu_s"))
-        which = ("temporary Prefect server" if "temporary_server_cpu_s" in b
-                 else "running Prefect server and other processes")
-        print(f"  {name}: {b['total_cpu_s']:.1f} (CLI {b['cli_cpu_s']:.1f}, {which} "
-              f"{prefect:.1f}, fake server {b['fake_server_cpu_s']:.1f}) in {b['wall_s']:.1f} s: "
-              f"no scheduling finishes under {b['floor_wall_s']:.1f} s, so the end-to-end "
-              f"ratio is at most {b['best_ratio']:.2f} without cutting CPU")
+        which = (
+            "temporary Prefect server"
+            if "temporary_server_cpu_s" in b
+            else "running Prefect server and other processes"
+        )
+        print(
+            f"  {name}: {b['total_cpu_s']:.1f} (CLI {b['cli_cpu_s']:.1f}, {which} "
+            f"{prefect:.1f}, fake server {b['fake_server_cpu_s']:.1f}) in {b['wall_s']:.1f} s: "
+            f"no scheduling finishes under {b['floor_wall_s']:.1f} s, so the end-to-end "
+            f"ratio is at most {b['best_ratio']:.2f} without cutting CPU"
+        )
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(runs: list[RunResult], baseline: dict[str, Any] | None,
-                ratios: dict[str, Any], targets: dict[str, Any]) -> None:
-    head = ("run", "exit", "rows", "wall s", "start s", "embed s", "rows/s", "req",
-            "RSS cli", "RSS child", "shut s", "other cores")
+def print_table(
+    runs: list[RunResult],
+    baseline: dict[str, Any] | None,
+    ratios: dict[str, Any],
+    targets: dict[str, Any],
+) -> None:
+    head = (
+        "run",
+        "exit",
+        "rows",
+        "wall s",
+        "start s",
+        "embed s",
+        "rows/s",
+        "req",
+        "RSS cli",
+        "RSS child",
+        "shut s",
+        "other cores",
+    )
     lines = [head]
     for r in runs:
-        lines.append((r.name, str(r.exit_code), f"{r.rows_embedded:,}/{r.rows_input:,}",
-                      _fmt(r.wall_s), _fmt(r.startup_s), _fmt(r.embed_phase_s, ".2f"),
-                      _fmt(r.steady_rows_per_s, ",.0f"), str(r.server_requests),
-                      _fmt(r.peak_rss_cli_mb, ".0f"), _fmt(r.peak_rss_children_mb, ".0f"),
-                      _fmt(r.shutdown_s),
-                      _fmt(None if r.other_cpu_s is None else r.other_cpu_s / r.wall_s,
-                           ".2f")))
+        lines.append(
+            (
+                r.name,
+                str(r.exit_code),
+                f"{r.rows_embedded:,}/{r.rows_input:,}",
+                _fmt(r.wall_s),
+                _fmt(r.startup_s),
+                _fmt(r.embed_phase_s, ".2f"),
+                _fmt(r.steady_rows_per_s, ",.0f"),
+                str(r.server_requests),
+                _fmt(r.peak_rss_cli_mb, ".0f"),
+                _fmt(r.peak_rss_children_mb, ".0f"),
+                _fmt(r.shutdown_s),
+                _fmt(None if r.other_cpu_s is None else r.other_cpu_s / r.wall_s, ".2f"),
+            )
+        )
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     print()
     for row in lines:
-        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                        for i, (cell, w) in enumerate(zip(row, widths, strict=True))))
+        print(
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
     print("\nphases (flow log clock, s): plan / skip-published / embed / manifest / flow close")
     for r in runs:
-        print(f"  {r.name}: {_fmt(r.plan_s, '.2f')} / {_fmt(r.skip_s, '.2f')} / "
-              f"{_fmt(r.embed_phase_s, '.2f')} / {_fmt(r.commit_s, '.2f')} / "
-              f"{_fmt(r.flow_close_s, '.2f')}; temporary server start {_fmt(r.temp_server_s)}"
-              f"{' (fresh PREFECT_HOME)' if r.prefect_home_fresh else ''}"
-              + (f"; dask cluster start + warm-up {r.runner_start_s:.1f}"
-                 if r.runner_start_s is not None else ""))
+        print(
+            f"  {r.name}: {_fmt(r.plan_s, '.2f')} / {_fmt(r.skip_s, '.2f')} / "
+            f"{_fmt(r.embed_phase_s, '.2f')} / {_fmt(r.commit_s, '.2f')} / "
+            f"{_fmt(r.flow_close_s, '.2f')}; temporary server start {_fmt(r.temp_server_s)}"
+            f"{' (fresh PREFECT_HOME)' if r.prefect_home_fresh else ''}"
+            + (
+                f"; dask cluster start + warm-up {r.runner_start_s:.1f}"
+                if r.runner_start_s is not None
+                else ""
+            )
+        )
     if baseline:
-        print(f"\nbaseline (seed design, {baseline['rows']:,} rows): {baseline['rows_per_s']:,.0f} "
-              f"rows/s, {baseline['wall_s']:.1f} s, {baseline['server_requests']} requests, other "
-              f"processes {baseline['other_cpu_s'] / baseline['wall_s']:.2f} cores")
+        print(
+            f"\nbaseline (seed design, {baseline['rows']:,} rows): {baseline['rows_per_s']:,.0f} "
+            f"rows/s, {baseline['wall_s']:.1f} s, {baseline['server_requests']} requests, other "
+            f"processes {baseline['other_cpu_s'] / baseline['wall_s']:.2f} cores"
+        )
     for key, value in ratios.items():
         print(f"ratio  {key}: {value:,.1f}x")
     noisy = [r.name for r in runs if (r.other_cpu_s or 0) / r.wall_s > 0.25]
     if baseline and baseline["other_cpu_s"] / baseline["wall_s"] > 0.25:
         noisy.insert(0, "baseline")
     if noisy:
-        print(f"WARNING: other processes used > 0.25 cores during {', '.join(noisy)}: those "
-              "numbers are skewed; rerun on a quiet machine (or with --quiet-wait 120)")
+        print(
+            f"WARNING: other processes used > 0.25 cores during {', '.join(noisy)}: those "
+            "numbers are skewed; rerun on a quiet machine (or with --quiet-wait 120)"
+        )
     edits = [r for r in runs if r.right_inputs is not None]
     if edits:
         print("\nnightly edits of the whole file (same output and ledger, in this order):")
         print("  edit                 inputs charged  right number  wall s  exit")
         for r in edits:
-            print(f"  {r.name:<20} {r.server_inputs!s:>14}  {r.right_inputs:>12}  "
-                  f"{r.wall_s:>6.1f}  {r.exit_code:>4}")
+            print(
+                f"  {r.name:<20} {r.server_inputs!s:>14}  {r.right_inputs:>12}  "
+                f"{r.wall_s:>6.1f}  {r.exit_code:>4}"
+            )
     for key, value in targets.items():
         verdict = "REPORT" if value["met"] is None else "MET   " if value["met"] else "MISSED"
         print(f"target {verdict} {key}: {value['value']}")
@@ -1042,62 +1230,108 @@ def _machine() -> dict[str, Any]:
             return None
 
     return {
-        "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
-        "platform": platform.platform(), "python": platform.python_version(),
-        "prefect": version("prefect"), "httpx": version("httpx"), "pyarrow": version("pyarrow"),
-        "load_avg_at_start": os.getloadavg(), **_git(),
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "prefect": version("prefect"),
+        "httpx": version("httpx"),
+        "pyarrow": version("pyarrow"),
+        "load_avg_at_start": os.getloadavg(),
+        **_git(),
     }
 
 
 def _git() -> dict[str, Any]:
     """The code measured: HEAD and whether the work tree differs (read-only git commands)."""
+
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                                  timeout=10, check=True)
+            done = subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout.strip()
 
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"git_head": git("rev-parse", "HEAD"),
-            "git_modified_files": None if status is None else len(status.splitlines())}
+    return {
+        "git_head": git("rev-parse", "HEAD"),
+        "git_modified_files": None if status is None else len(status.splitlines()),
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=None,
-                        help="input CSV (default: the English Debian file vendored in "
-                        "tests/data, 63,905 rows)")
-    parser.add_argument("--rows-subset", type=int, default=10_000,
-                        help="records in the subset run (0 skips it)")
-    parser.add_argument("--baseline-rows", type=int, default=2_000,
-                        help="rows for the seed-design baseline (0 skips it)")
-    parser.add_argument("--dask-rows", type=int, default=20_000,
-                        help="rows for the threads-vs-Dask comparison (0 skips it)")
-    parser.add_argument("--no-full", action="store_true",
-                        help="skip the whole-file run and its reruns")
-    parser.add_argument("--no-edits", action="store_true",
-                        help="skip the nightly edit scenarios on the whole file")
-    parser.add_argument("--pairs", type=int, default=3,
-                        help="SDK loop / whole-file run pairs against a running `prefect "
-                             "server start`, alternated (0 skips them)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON results (default benchmarks/results/cli-<UTC time>.json)")
-    parser.add_argument("--prefect-api-url", default=None,
-                        help="reuse a running Prefect server instead of a temporary one")
-    parser.add_argument("--no-allow-failed-rows", dest="allow_failed_rows",
-                        action="store_false",
-                        help="do not pass --allow-failed-rows (the whole file holds 3 dead "
-                        "letters: 1 empty text, 2 too long; the run then exits 1)")
-    parser.add_argument("--cli-arg", action="append", metavar="ARG",
-                        help="extra argument for `embedline run`, repeatable "
-                        "(e.g. --cli-arg=--chunk-size=2000)")
-    parser.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
-                        help="before each run, wait up to SECONDS for the machine to be idle "
-                        "(< 0.25 busy cores over 2 s)")
-    parser.add_argument("--python", default=sys.executable,
-                        help="interpreter for the CLI and the fake server")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="input CSV (default: the English Debian file vendored in tests/data, 63,905 rows)",
+    )
+    parser.add_argument(
+        "--rows-subset", type=int, default=10_000, help="records in the subset run (0 skips it)"
+    )
+    parser.add_argument(
+        "--baseline-rows",
+        type=int,
+        default=2_000,
+        help="rows for the seed-design baseline (0 skips it)",
+    )
+    parser.add_argument(
+        "--dask-rows",
+        type=int,
+        default=20_000,
+        help="rows for the threads-vs-Dask comparison (0 skips it)",
+    )
+    parser.add_argument(
+        "--no-full", action="store_true", help="skip the whole-file run and its reruns"
+    )
+    parser.add_argument(
+        "--no-edits", action="store_true", help="skip the nightly edit scenarios on the whole file"
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=3,
+        help="SDK loop / whole-file run pairs against a running `prefect "
+        "server start`, alternated (0 skips them)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON results (default benchmarks/results/cli-<UTC time>.json)",
+    )
+    parser.add_argument(
+        "--prefect-api-url",
+        default=None,
+        help="reuse a running Prefect server instead of a temporary one",
+    )
+    parser.add_argument(
+        "--no-allow-failed-rows",
+        dest="allow_failed_rows",
+        action="store_false",
+        help="do not pass --allow-failed-rows (the whole file holds 3 dead "
+        "letters: 1 empty text, 2 too long; the run then exits 1)",
+    )
+    parser.add_argument(
+        "--cli-arg",
+        action="append",
+        metavar="ARG",
+        help="extra argument for `embedline run`, repeatable (e.g. --cli-arg=--chunk-size=2000)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each run, wait up to SECONDS for the machine to be idle "
+        "(< 0.25 busy cores over 2 s)",
+    )
+    parser.add_argument(
+        "--python", default=sys.executable, help="interpreter for the CLI and the fake server"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, outputs)")
     return parser
 
@@ -1106,9 +1340,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     data = (args.data or default_data()).resolve()
     if not data.is_file():
-        print(f"bench_cli: error: input CSV not found: {data}\n"
-              "  pass --data PATH (the default is the file vendored in tests/data)",
-              file=sys.stderr)
+        print(
+            f"bench_cli: error: input CSV not found: {data}\n"
+            "  pass --data PATH (the default is the file vendored in tests/data)",
+            file=sys.stderr,
+        )
         return 2
     if not Path("/proc/self/status").exists():
         print("bench_cli: error: needs Linux /proc for memory sampling", file=sys.stderr)
@@ -1140,8 +1376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.no_edits:
                 bench.edit_runs(full_name, full)
                 bench.kept_column_runs(full_name, full, total_rows)
-            bench.runs[[r.name for r in bench.runs].index(full_name)].right_inputs = \
-                distinct_texts(full)  # one run charges each distinct non-empty text once
+            bench.runs[[r.name for r in bench.runs].index(full_name)].right_inputs = distinct_texts(
+                full
+            )  # one run charges each distinct non-empty text once
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -1155,10 +1392,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {**machine, "load_avg_at_end": os.getloadavg()},
         "data": {"path": str(data), "rows": total_rows, "bytes": data.stat().st_size},
-        "settings": {"dims": DIMS, "model": MODEL, "encoding_format": "base64",
-                     "allow_failed_rows": args.allow_failed_rows, "cli_args": args.cli_arg,
-                     "prefect_api_url": args.prefect_api_url,
-                     "temp_dir": str(tmp) if args.keep else None},
+        "settings": {
+            "dims": DIMS,
+            "model": MODEL,
+            "encoding_format": "base64",
+            "allow_failed_rows": args.allow_failed_rows,
+            "cli_args": args.cli_arg,
+            "prefect_api_url": args.prefect_api_url,
+            "temp_dir": str(tmp) if args.keep else None,
+        },
         "baseline": baseline,
         "sdk_loop": sdk,
         "sdk_pairs_running_server": bench.pairs,

@@ -41,8 +41,12 @@ def _from_start(path: Path, start: int, stop: int) -> bytes:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=None,
-                        help="input CSV (default: the English file vendored in tests/data)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="input CSV (default: the English file vendored in tests/data)",
+    )
     parser.add_argument("--chunk-size", type=int, default=1000)
     args = parser.parse_args()
     if args.data is None:
@@ -54,8 +58,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         packed = Path(tmp) / (args.data.name + ".gz")
         packed.write_bytes(gzip.compress(args.data.read_bytes(), compresslevel=6))
-        plan = plan_csv(str(args.data), id_column="id", text_column="text", codec="auto",
-                        delimiter=",", chunk_size=args.chunk_size, model="m", dimensions=None)
+        plan = plan_csv(
+            str(args.data),
+            id_column="id",
+            text_column="text",
+            codec="auto",
+            delimiter=",",
+            chunk_size=args.chunk_size,
+            model="m",
+            dimensions=None,
+        )
         ranges = [(c.byte_start, c.byte_stop) for c in plan.chunks]
         random.Random(0).shuffle(ranges)
         plain, gz = open_input(str(args.data)), open_input(str(packed))
@@ -71,8 +83,10 @@ def main() -> int:
             seconds[name] = time.perf_counter() - started
             assert got == expected, f"{name} read other bytes"
         packed_bytes = packed.stat().st_size
-    print(f"{args.data.name}: {plan.bytes:,} bytes ({packed_bytes:,} gzipped), "
-          f"{len(ranges)} chunks of {args.chunk_size} rows, read in shuffled order")
+    print(
+        f"{args.data.name}: {plan.bytes:,} bytes ({packed_bytes:,} gzipped), "
+        f"{len(ranges)} chunks of {args.chunk_size} rows, read in shuffled order"
+    )
     print(f"{'reader':<16} {'seconds':>8} {'x plain':>8}")
     for name, value in seconds.items():
         print(f"{name:<16} {value:8.3f} {value / seconds['plain']:8.1f}")

@@ -63,8 +63,14 @@ def _env() -> dict[str, str]:
 
 def _cli(*args: str, cwd: Path) -> tuple[float, str]:
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"embedline {args[0]} exited {done.returncode}: {done.stderr[-2000:]}")
@@ -72,9 +78,14 @@ def _cli(*args: str, cwd: Path) -> tuple[float, str]:
 
 
 def _fake_server() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.fake_openai", "--port", "0",
-                             "--dims", "384"], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", "--dims", "384"],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     if not line.startswith("READY "):
@@ -93,8 +104,9 @@ def _adapter_only(sink_uri: str, output: str) -> float:
     manifest = resolve_run(store)
     sink = open_sink(sink_uri)
     started = time.monotonic()
-    sink.ensure_table(embedder="openai", model=str(manifest["model"]),
-                      dimensions=int(manifest["dimensions"]))
+    sink.ensure_table(
+        embedder="openai", model=str(manifest["model"]), dimensions=int(manifest["dimensions"])
+    )
     for _, table in chunk_tables(store, manifest):
         sink.upsert(table, run_key=str(manifest["run_key"]))
     sink.finalize()
@@ -125,8 +137,10 @@ def _index_builds(dsn: str, table: str, rows: int, dims: int) -> dict[str, Any]:
             for name, value in settings.items():
                 conn.execute("SELECT set_config(%s, %s, true)", (name, value))
             started = time.monotonic()
-            conn.execute(f'CREATE INDEX "{table}_embedding_hnsw" ON "{table}" USING hnsw '
-                         "(embedding vector_cosine_ops)")
+            conn.execute(
+                f'CREATE INDEX "{table}_embedding_hnsw" ON "{table}" USING hnsw '
+                "(embedding vector_cosine_ops)"
+            )
             conn.commit()
             found[label] = round(time.monotonic() - started, 2)
     found["defaults_vs_ours"] = round(found["defaults"] / found["ours"], 2)
@@ -148,9 +162,19 @@ def _nightly(data: Path, work: Path, base_url: str, first: str) -> dict[str, Any
     common = ["--output", str(work / "out"), "--ledger", str(work / "ledger.sqlite3")]
     rows = read_rows(data)
     edited = edit_rows(rows, removed=len(rows) // 20, changed=len(rows) // 40, added=0)
-    _, out = _cli("run", str(write_rows(work / "edited.csv", edited)), "--embedder", "openai",
-                  "--base-url", base_url, *common, "--batch-size", "1000",
-                  "--allow-failed-rows", cwd=work)
+    _, out = _cli(
+        "run",
+        str(write_rows(work / "edited.csv", edited)),
+        "--embedder",
+        "openai",
+        "--base-url",
+        base_url,
+        *common,
+        "--batch-size",
+        "1000",
+        "--allow-failed-rows",
+        cwd=work,
+    )
     second = re.search(r"^run +([0-9a-f]+)", out, re.M).group(1)
     found: dict[str, Any] = {}
     for label, keep in (("default_1h", []), ("keep_0", ["--lancedb-keep-versions", "0"])):
@@ -161,24 +185,37 @@ def _nightly(data: Path, work: Path, base_url: str, first: str) -> dict[str, Any
         table = lancedb.connect(str(work / "lance")).open_table(f"nightly_{label}")
         live = int(table.stats()["total_bytes"])
         disk = _disk_bytes(work / "lance" / f"nightly_{label}.lance")
-        found[label] = {"disk_bytes": disk, "live_bytes": live,
-                        "disk_vs_live": round(disk / live, 2),
-                        "versions": len(table.list_versions()),
-                        "wall_s_8_loads": round(time.monotonic() - started, 1)}
+        found[label] = {
+            "disk_bytes": disk,
+            "live_bytes": live,
+            "disk_vs_live": round(disk / live, 2),
+            "versions": len(table.list_versions()),
+            "wall_s_8_loads": round(time.monotonic() - started, 1),
+        }
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--data", type=Path, default=None,
-                        help="input CSV (default: the English file vendored in tests/data)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="input CSV (default: the English file vendored in tests/data)",
+    )
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--sinks", default="lancedb,pgvector",
-                        help="the sinks to measure, comma-separated, of lancedb, pgvector, "
-                             "qdrant_local (default: lancedb,pgvector; Qdrant's local mode "
-                             "loads about 150 rows/s: give it a smaller --data)")
-    parser.add_argument("--skip-nightly", action="store_true",
-                        help="leave out the LanceDB night-after-night disk use (16 loads)")
+    parser.add_argument(
+        "--sinks",
+        default="lancedb,pgvector",
+        help="the sinks to measure, comma-separated, of lancedb, pgvector, "
+        "qdrant_local (default: lancedb,pgvector; Qdrant's local mode "
+        "loads about 150 rows/s: give it a smaller --data)",
+    )
+    parser.add_argument(
+        "--skip-nightly",
+        action="store_true",
+        help="leave out the LanceDB night-after-night disk use (16 loads)",
+    )
     args = parser.parse_args(argv)
     # SIGTERM (a `timeout`, a CI cancel) as an exit, so the finally below stops PostgreSQL and
     # the fake server: Python's default SIGTERM ends the process without it (measured: a
@@ -196,19 +233,36 @@ def main(argv: list[str] | None = None) -> int:
         args.data = real_csv(ENGLISH_NAME)
     results: dict[str, Any] = {"data": str(args.data.resolve()), "sinks": {}}
     try:
-        wall, out = _cli("run", str(args.data.resolve()), "--embedder", "openai",
-                         "--base-url", base_url, "--output", str(work / "out"), "--ledger",
-                         str(work / "ledger.sqlite3"), "--batch-size", "1000",
-                         "--allow-failed-rows", cwd=work)
+        wall, out = _cli(
+            "run",
+            str(args.data.resolve()),
+            "--embedder",
+            "openai",
+            "--base-url",
+            base_url,
+            "--output",
+            str(work / "out"),
+            "--ledger",
+            str(work / "ledger.sqlite3"),
+            "--batch-size",
+            "1000",
+            "--allow-failed-rows",
+            cwd=work,
+        )
         rows = int(re.search(r"^rows\s+([\d,]+) published", out, re.M).group(1).replace(",", ""))
         results["publish"] = {"rows": rows, "wall_s": round(wall, 2)}
         pg = start_postgres(work / "pg")
-        sinks = {"lancedb": (f"lancedb://{work}/lance?table=bench",
-                             f"lancedb://{work}/lance?table=baseline"),
-                 "pgvector": (f"{pg.get_uri()}&table=bench",
-                              f"{pg.get_uri()}&table=baseline"),
-                 "qdrant_local": (f"qdrant+local://{work}/qdrant?collection=bench",
-                                  f"qdrant+local://{work}/qdrant?collection=baseline")}
+        sinks = {
+            "lancedb": (
+                f"lancedb://{work}/lance?table=bench",
+                f"lancedb://{work}/lance?table=baseline",
+            ),
+            "pgvector": (f"{pg.get_uri()}&table=bench", f"{pg.get_uri()}&table=baseline"),
+            "qdrant_local": (
+                f"qdrant+local://{work}/qdrant?collection=bench",
+                f"qdrant+local://{work}/qdrant?collection=baseline",
+            ),
+        }
         chosen = args.sinks.split(",")
         sinks = {name: uris for name, uris in sinks.items() if name in chosen}
         for name, (uri, baseline_uri) in sinks.items():
@@ -219,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             again_wall, _ = _cli("load", "--to", uri, *common, cwd=work)
             adapter_s = _adapter_only(baseline_uri, str(work / "out"))
             results["sinks"][name] = {
-                "cli_wall_s": round(first_wall, 2), "cli_rows_s": round(rows / first_wall),
-                "stage_wall_s": round(stage_s, 2), "stage_rows_s": round(rows / stage_s),
+                "cli_wall_s": round(first_wall, 2),
+                "cli_rows_s": round(rows / first_wall),
+                "stage_wall_s": round(stage_s, 2),
+                "stage_rows_s": round(rows / stage_s),
                 "adapter_only_wall_s": round(adapter_s, 2),
                 "adapter_only_rows_s": round(rows / adapter_s),
                 "stage_vs_adapter": round(stage_s / adapter_s, 2),
@@ -241,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     _print(results)
     out_path = args.out or REPO / "benchmarks" / "results" / (
-        "load-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
+        "load-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + ".json"
+    )
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwritten: {out_path}")
@@ -250,27 +307,37 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print(results: dict[str, Any]) -> None:
     publish = results["publish"]
-    print(f"published {publish['rows']:,} rows in {publish['wall_s']} s (embedline run, fake "
-          "server)\n")
-    print(f"{'sink':<9} {'CLI wall':>9} {'CLI rows/s':>11} {'stage':>8} {'stage rows/s':>13} "
-          f"{'adapter':>8} {'adapter rows/s':>15} {'stage/adapter':>14} {'rerun':>7}")
+    print(
+        f"published {publish['rows']:,} rows in {publish['wall_s']} s (embedline run, fake "
+        "server)\n"
+    )
+    print(
+        f"{'sink':<9} {'CLI wall':>9} {'CLI rows/s':>11} {'stage':>8} {'stage rows/s':>13} "
+        f"{'adapter':>8} {'adapter rows/s':>15} {'stage/adapter':>14} {'rerun':>7}"
+    )
     for name, r in results["sinks"].items():
-        print(f"{name:<9} {r['cli_wall_s']:>8}s {r['cli_rows_s']:>11,} {r['stage_wall_s']:>7}s "
-              f"{r['stage_rows_s']:>13,} {r['adapter_only_wall_s']:>7}s "
-              f"{r['adapter_only_rows_s']:>15,} {r['stage_vs_adapter']:>13}x "
-              f"{r['rerun_already_loaded_wall_s']:>6}s")
+        print(
+            f"{name:<9} {r['cli_wall_s']:>8}s {r['cli_rows_s']:>11,} {r['stage_wall_s']:>7}s "
+            f"{r['stage_rows_s']:>13,} {r['adapter_only_wall_s']:>7}s "
+            f"{r['adapter_only_rows_s']:>15,} {r['stage_vs_adapter']:>13}x "
+            f"{r['rerun_already_loaded_wall_s']:>6}s"
+        )
     for name, r in results["sinks"].items():
         print(f"{name}: after the upserts, {r['index']} in {r['index_s']} s")
     build = results.get("pgvector_index_build")
     if build:
-        print(f"pgvector HNSW build alone: PostgreSQL defaults {build['defaults']} s, 512 MB "
-              f"(before issue 23) {build['512MB_before_issue_23']} s, embedline's settings "
-              f"serially {build['ours_serial']} s, embedline's settings now {build['ours']} s "
-              f"({build['settings_now']}): defaults/now {build['defaults_vs_ours']}x, "
-              f"before/now {build['before_vs_ours']}x, serial/now {build['serial_vs_ours']}x")
+        print(
+            f"pgvector HNSW build alone: PostgreSQL defaults {build['defaults']} s, 512 MB "
+            f"(before issue 23) {build['512MB_before_issue_23']} s, embedline's settings "
+            f"serially {build['ours_serial']} s, embedline's settings now {build['ours']} s "
+            f"({build['settings_now']}): defaults/now {build['defaults_vs_ours']}x, "
+            f"before/now {build['before_vs_ours']}x, serial/now {build['serial_vs_ours']}x"
+        )
     for label, r in results.get("lancedb_nightly", {}).items():
-        print(f"LanceDB after 8 nightly loads ({label}): {r['disk_bytes']:,} bytes on disk for "
-              f"{r['live_bytes']:,} live ({r['disk_vs_live']}x) in {r['versions']} versions")
+        print(
+            f"LanceDB after 8 nightly loads ({label}): {r['disk_bytes']:,} bytes on disk for "
+            f"{r['live_bytes']:,} live ({r['disk_vs_live']}x) in {r['versions']} versions"
+        )
 
 
 if __name__ == "__main__":

@@ -79,8 +79,13 @@ def _measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, An
         wall = time.perf_counter() - started
         out.seek(0)
         text = out.read().decode()
-    return {"exit": proc.returncode, "wall_s": wall, "rss_mb": usage.ru_maxrss / 1024,
-            "cpu_s": usage.ru_utime + usage.ru_stime, "stdout": text}
+    return {
+        "exit": proc.returncode,
+        "wall_s": wall,
+        "rss_mb": usage.ru_maxrss / 1024,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "stdout": text,
+    }
 
 
 def encode_baseline(python: str, kind: str, subset: Path) -> dict[str, Any]:
@@ -90,28 +95,57 @@ def encode_baseline(python: str, kind: str, subset: Path) -> dict[str, Any]:
         return {"error": f"exit {result['exit']}"}
     facts = json.loads(result["stdout"].strip().splitlines()[-1])
     rows = facts["rows"]
-    return {"rows": rows, "rows_per_s": rows / facts["encode_s"],
-            "process_rows_per_s": rows / result["wall_s"], "rss_mb": result["rss_mb"],
-            "rows_per_cpu_s": rows / result["cpu_s"], "load_s": facts["load_s"],
-            "encode_s": facts["encode_s"]}
+    return {
+        "rows": rows,
+        "rows_per_s": rows / facts["encode_s"],
+        "process_rows_per_s": rows / result["wall_s"],
+        "rss_mb": result["rss_mb"],
+        "rows_per_cpu_s": rows / result["cpu_s"],
+        "load_s": facts["load_s"],
+        "encode_s": facts["encode_s"],
+    }
 
 
 def embedline_run(subset: Path, rows: int, workdir: Path) -> dict[str, Any]:
     """``embedline run --embedder local`` on ``subset`` in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(workdir / "prefect"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PREFECT_HOME": str(workdir / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    }
     env.pop("PREFECT_API_URL", None)
-    result = _measured([sys.executable, "-m", "cli", "run", str(subset), "--embedder", "local",
-                        "--output", str(workdir / "out"), "--ledger",
-                        str(workdir / "ledger.sqlite3"), "--allow-failed-rows"], env=env)
+    result = _measured(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "run",
+            str(subset),
+            "--embedder",
+            "local",
+            "--output",
+            str(workdir / "out"),
+            "--ledger",
+            str(workdir / "ledger.sqlite3"),
+            "--allow-failed-rows",
+        ],
+        env=env,
+    )
     match = re.search(r"^wall time\s+([0-9.]+) s", result["stdout"], re.M)
     flow_s = float(match.group(1)) if match else None
-    return {"exit": result["exit"], "rows": rows, "process_s": result["wall_s"],
-            "flow_s": flow_s, "rss_mb": result["rss_mb"],
-            "rows_per_s": rows / flow_s if flow_s else None,
-            "process_rows_per_s": rows / result["wall_s"],
-            "rows_per_cpu_s": rows / result["cpu_s"]}
+    return {
+        "exit": result["exit"],
+        "rows": rows,
+        "process_s": result["wall_s"],
+        "flow_s": flow_s,
+        "rss_mb": result["rss_mb"],
+        "rows_per_s": rows / flow_s if flow_s else None,
+        "process_rows_per_s": rows / result["wall_s"],
+        "rows_per_cpu_s": rows / result["cpu_s"],
+    }
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,13 +160,24 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_local.py")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="input CSV (default: the English file vendored in tests/data)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="input CSV (default: the English file vendored in tests/data)",
+    )
     parser.add_argument("--rows", type=int, default=2000)
-    parser.add_argument("--st-python", default=None,
-                        help="an interpreter with sentence-transformers, for the baseline")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="alternate the measurements this many times; report medians")
+    parser.add_argument(
+        "--st-python",
+        default=None,
+        help="an interpreter with sentence-transformers, for the baseline",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="alternate the measurements this many times; report medians",
+    )
     args = parser.parse_args(argv)
     if args.data is None:
         sys.path.insert(0, str(REPO))
@@ -146,13 +191,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         subset = work / "subset.csv"
         make_subset(args.data, args.rows, subset)
-        samples: dict[str, list[dict[str, Any]]] = {"plain": [], "sentence-transformers": [],
-                                                    "embedline": []}
+        samples: dict[str, list[dict[str, Any]]] = {
+            "plain": [],
+            "sentence-transformers": [],
+            "embedline": [],
+        }
         for i in range(args.repeat):
             samples["plain"].append(encode_baseline(sys.executable, "minilm", subset))
             if args.st_python:
                 samples["sentence-transformers"].append(
-                    encode_baseline(args.st_python, "st", subset))
+                    encode_baseline(args.st_python, "st", subset)
+                )
             samples["embedline"].append(embedline_run(subset, args.rows, work / f"run{i}"))
     results: dict[str, Any] = {"rows": args.rows, "repeat": args.repeat, "samples": samples}
     for name, runs in samples.items():
@@ -164,8 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("plain", "sentence-transformers", "embedline"):
         r = results.get(name)
         if r and "error" not in r:
-            print(f"{name:24}{r['rows_per_s'] or 0:9.1f}{r['process_rows_per_s']:16.1f}"
-                  f"{r['rows_per_cpu_s']:12.1f}{r['rss_mb']:13.0f}")
+            print(
+                f"{name:24}{r['rows_per_s'] or 0:9.1f}{r['process_rows_per_s']:16.1f}"
+                f"{r['rows_per_cpu_s']:12.1f}{r['rss_mb']:13.0f}"
+            )
     for name in ("plain", "sentence-transformers"):
         base = results.get(name)
         if not base or "error" in base or not run.get("rows_per_s"):
@@ -174,9 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         memory = run["rss_mb"] / base["rss_mb"]
         cpu = run["rows_per_cpu_s"] / base["rows_per_cpu_s"]
         results[f"ratios_vs_{name}"] = {"rows_per_s": speed, "rss": memory, "rows_per_cpu_s": cpu}
-        print(f"embedline vs {name}: rows/s {speed:.2f}x (target >= 1.0x: "
-              f"{'met' if speed >= 1.0 else 'MISSED'}), peak RSS {memory:.2f}x (target <= "
-              f"1.2x: {'met' if memory <= 1.2 else 'MISSED'}), rows/CPU-s {cpu:.2f}x")
+        print(
+            f"embedline vs {name}: rows/s {speed:.2f}x (target >= 1.0x: "
+            f"{'met' if speed >= 1.0 else 'MISSED'}), peak RSS {memory:.2f}x (target <= "
+            f"1.2x: {'met' if memory <= 1.2 else 'MISSED'}), rows/CPU-s {cpu:.2f}x"
+        )
     out = REPO / "benchmarks" / "results"
     out.mkdir(exist_ok=True)
     path = out / f"local-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"

@@ -60,27 +60,52 @@ class FailSome:
 def text_rows(path: Path) -> Counter[str]:
     """Rows per distinct non-empty text (by ``sha256(text)``)."""
     with path.open(encoding="utf-8", newline="") as fh:
-        return Counter(hashlib.sha256(r["text"].encode()).hexdigest()
-                       for r in csv.DictReader(fh) if r["text"].strip())
+        return Counter(
+            hashlib.sha256(r["text"].encode()).hexdigest()
+            for r in csv.DictReader(fh)
+            if r["text"].strip()
+        )
 
 
 def run_pass(repo: Path, data: Path, work: Path, server: FakeEmbeddingServer) -> dict[str, Any]:
-    args = [sys.executable, "-m", "cli", "run", str(data), "--embedder", "openai",
-            "--base-url", server.base_url, "--output", str(work / "out"),
-            "--ledger", str(work / "ledger.sqlite3"), "--max-attempts", "1",
-            "--chunk-retries", "0", "--allow-failed-rows"]
+    args = [
+        sys.executable,
+        "-m",
+        "cli",
+        "run",
+        str(data),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(work / "out"),
+        "--ledger",
+        str(work / "ledger.sqlite3"),
+        "--max-attempts",
+        "1",
+        "--chunk-retries",
+        "0",
+        "--allow-failed-rows",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "AWS_"))}
-    env.update(PYTHONPATH=str(repo), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
+    env.update(
+        PYTHONPATH=str(repo),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
+    )
     before = server.charged_texts()
     started = time.monotonic()
-    result = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True,
-                            timeout=1800)
+    result = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
     charged = server.charged_texts() - before
     last = (result.stderr.strip().splitlines() or [""])[-1]
-    return {"exit_code": result.returncode, "wall_s": round(time.monotonic() - started, 1),
-            "inputs_charged": sum(charged.values()), "last_line": last[:200],
-            "charged": charged}
+    return {
+        "exit_code": result.returncode,
+        "wall_s": round(time.monotonic() - started, 1),
+        "inputs_charged": sum(charged.values()),
+        "last_line": last[:200],
+        "charged": charged,
+    }
 
 
 def main() -> int:
@@ -99,43 +124,68 @@ def main() -> int:
     distinct = set(rows_of)
     hook = FailSome(args.fail_rate, args.seed)
     passes = []
-    with tempfile.TemporaryDirectory(prefix="bench-paid-") as tmp, \
-            FakeEmbeddingServer(dims=384) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-paid-") as tmp,
+        FakeEmbeddingServer(dims=384) as server,
+    ):
         server.fail_when(hook)
         for n in range(1 + args.reruns):
             one = run_pass(args.repo, data, Path(tmp), server)
             passes.append(one)
-            print(f"pass {n}: exit {one['exit_code']}, {one['inputs_charged']:,} inputs "
-                  f"charged, {one['wall_s']} s", flush=True)
+            print(
+                f"pass {n}: exit {one['exit_code']}, {one['inputs_charged']:,} inputs "
+                f"charged, {one['wall_s']} s",
+                flush=True,
+            )
             if one["exit_code"] == 0:
                 break
         charged = server.charged_texts()
-        paid_left = sum(1 for _ in (Path(tmp) / "out" / "_embedline" / "paid").rglob(
-            "*.parquet")) if (Path(tmp) / "out" / "_embedline" / "paid").exists() else 0
+        paid_left = (
+            sum(1 for _ in (Path(tmp) / "out" / "_embedline" / "paid").rglob("*.parquet"))
+            if (Path(tmp) / "out" / "_embedline" / "paid").exists()
+            else 0
+        )
     total = sum(charged.values())
     twice = sum(1 for n in charged.values() if n > 1)
-    multi = [{"text": h[:12], "rows": rows_of[h], "charged": n,
-              "per_pass": [p["charged"][h] for p in passes]}
-             for h, n in sorted(charged.items()) if n > 1]
+    multi = [
+        {
+            "text": h[:12],
+            "rows": rows_of[h],
+            "charged": n,
+            "per_pass": [p["charged"][h] for p in passes],
+        }
+        for h, n in sorted(charged.items())
+        if n > 1
+    ]
     for one in passes:
         del one["charged"]
     report = {
-        "data": str(data), "repo": str(args.repo), "fail_rate": args.fail_rate,
-        "seed": args.seed, "requests_failed": hook.failed, "passes": passes,
+        "data": str(data),
+        "repo": str(args.repo),
+        "fail_rate": args.fail_rate,
+        "seed": args.seed,
+        "requests_failed": hook.failed,
+        "passes": passes,
         "completed": bool(passes and passes[-1]["exit_code"] == 0),
-        "distinct_texts": len(distinct), "inputs_charged": total,
-        "texts_charged_more_than_once": twice, "extra_inputs": total - len(distinct),
+        "distinct_texts": len(distinct),
+        "inputs_charged": total,
+        "texts_charged_more_than_once": twice,
+        "extra_inputs": total - len(distinct),
         "extra_pct": round(100.0 * (total - len(distinct)) / len(distinct), 2),
-        "target_met": total <= len(distinct), "paid_objects_left": paid_left,
+        "target_met": total <= len(distinct),
+        "paid_objects_left": paid_left,
         "charged_more_than_once": multi[:50],
         "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    print(f"{total:,} inputs charged for {len(distinct):,} distinct texts: "
-          f"{report['extra_inputs']:,} extra ({report['extra_pct']} %), "
-          f"{twice:,} texts charged more than once; {hook.failed} requests failed; "
-          f"target (<= distinct texts) {'met' if report['target_met'] else 'missed'}")
+    print(
+        f"{total:,} inputs charged for {len(distinct):,} distinct texts: "
+        f"{report['extra_inputs']:,} extra ({report['extra_pct']} %), "
+        f"{twice:,} texts charged more than once; {hook.failed} requests failed; "
+        f"target (<= distinct texts) {'met' if report['target_met'] else 'missed'}"
+    )
     out = args.out or REPO / "benchmarks" / "results" / (
-        "paid-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
+        "paid-" + dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + ".json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"written: {out}")

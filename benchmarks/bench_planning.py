@@ -98,8 +98,11 @@ def write_export(source: Path, target: Path, min_bytes: int) -> tuple[int, int]:
 
 def old_tree(rev: str, into: Path) -> Path:
     """``adapters/`` and ``embedline/`` of ``rev`` (``git archive``), unpacked into ``into``."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev,
-                              "adapters", "embedline"], capture_output=True, check=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", rev, "adapters", "embedline"],
+        capture_output=True,
+        check=True,
+    )
     tar_path = into / "old.tar"
     tar_path.write_bytes(archive.stdout)
     with tarfile.open(tar_path) as tar:
@@ -111,8 +114,14 @@ def measure(tree: Path, data: Path, chunk_size: int, mode: str) -> dict[str, Any
     """One planning pass and one read of every chunk in a fresh interpreter importing the
     code of ``tree``."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    child = subprocess.run([sys.executable, "-c", _CHILD, str(data), str(chunk_size), mode],
-                           env=env, cwd=tree, capture_output=True, text=True, check=False)
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(data), str(chunk_size), mode],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if child.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{child.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(child.stdout)
@@ -125,18 +134,28 @@ def main() -> int:
     parser.add_argument("--chunk-size", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--old-rev", default="main")
-    parser.add_argument("--dir", type=Path, default=REPO.parent,
-                        help="where the temporary directory goes (default: beside the checkout)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON results (default benchmarks/results/planning-<UTC time>.json)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=REPO.parent,
+        help="where the temporary directory goes (default: beside the checkout)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON results (default benchmarks/results/planning-<UTC time>.json)",
+    )
     args = parser.parse_args()
     from tests.support.real_data import ENGLISH_NAME, real_csv
 
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="embedline-bench-planning-") as tmp:
         data = Path(tmp) / "export.csv"
         rows, size = write_export(real_csv(ENGLISH_NAME), data, args.mb * 1_000_000)
-        print(f"export: {rows:,} rows, {size / 1e6:,.0f} MB ({data}); chunks of "
-              f"{args.chunk_size:,} rows; old = {args.old_rev}")
+        print(
+            f"export: {rows:,} rows, {size / 1e6:,.0f} MB ({data}); chunks of "
+            f"{args.chunk_size:,} rows; old = {args.old_rev}"
+        )
         trees = {"old": old_tree(args.old_rev, Path(tmp)), "lines": REPO, "new": REPO}
         best: dict[str, dict[str, Any]] = {}
         for _ in range(args.repeat):
@@ -149,21 +168,34 @@ def main() -> int:
     gb = size / 1e9
     print(f"{'variant':<8} {'plan s':>8} {'plan s/GB':>10} {'read s':>8} {'read s/GB':>10}")
     for variant, r in best.items():
-        print(f"{variant:<8} {r['plan_s']:8.2f} {r['plan_s'] / gb:10.2f} "
-              f"{r['read_s']:8.2f} {r['read_s'] / gb:10.2f}")
+        print(
+            f"{variant:<8} {r['plan_s']:8.2f} {r['plan_s'] / gb:10.2f} "
+            f"{r['read_s']:8.2f} {r['read_s'] / gb:10.2f}"
+        )
     old, new = best["old"], best["new"]
-    print(f"old / new: planning {old['plan_s'] / new['plan_s']:.2f}x, chunk reads "
-          f"{old['read_s'] / new['read_s']:.2f}x, both "
-          f"{(old['plan_s'] + old['read_s']) / (new['plan_s'] + new['read_s']):.2f}x")
+    print(
+        f"old / new: planning {old['plan_s'] / new['plan_s']:.2f}x, chunk reads "
+        f"{old['read_s'] / new['read_s']:.2f}x, both "
+        f"{(old['plan_s'] + old['read_s']) / (new['plan_s'] + new['read_s']):.2f}x"
+    )
     print(f"identical plans and rows across variants: {'yes' if len(digests) == 1 else 'NO'}")
     now = dt.datetime.now(dt.UTC)
     out = args.out or REPO / "benchmarks" / "results" / f"planning-{now:%Y%m%dT%H%M%SZ}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "when": now.isoformat(timespec="seconds"),
-        "rows": rows, "bytes": size, "chunk_size": args.chunk_size,
-        "old_rev": args.old_rev, "load_average": os.getloadavg(), "variants": best,
-    }, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "when": now.isoformat(timespec="seconds"),
+                "rows": rows,
+                "bytes": size,
+                "chunk_size": args.chunk_size,
+                "old_rev": args.old_rev,
+                "load_average": os.getloadavg(),
+                "variants": best,
+            },
+            indent=2,
+        )
+    )
     print(f"results: {out}")
     return 0 if len(digests) == 1 else 1
 

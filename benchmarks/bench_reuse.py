@@ -91,7 +91,8 @@ TARGET_RSS_MB = 600.0
 TARGET_RSS_GROWTH = 1.2
 
 _REUSE_STAGE = re.compile(
-    r"reuse stage: (?P<rows>[\d,]+) rows from (?P<objects>[\d,]+) objects in (?P<s>[\d.]+) s")
+    r"reuse stage: (?P<rows>[\d,]+) rows from (?P<objects>[\d,]+) objects in (?P<s>[\d.]+) s"
+)
 _REUSE_INDEX = re.compile(r"reuse index: ([\d,]+) new chunk objects indexed in ([\d.]+) s")
 _SUMMARY_REUSE = re.compile(r"^reuse\s+([\d,]+) rows reused", re.MULTILINE)
 _SUMMARY_RUN = re.compile(r"^run\s+([0-9a-f]{64})", re.MULTILINE)
@@ -107,16 +108,25 @@ def _int(text: str) -> int:
 
 def git_head(repo: Path) -> dict[str, Any]:
     """HEAD of ``repo`` and how many tracked files differ from it (read-only git commands)."""
+
     def git(*args: str) -> str | None:
         try:
-            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True,
-                                  text=True, timeout=10, check=True).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(repo), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
 
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"path": str(repo), "git_head": git("rev-parse", "HEAD"),
-            "git_modified_files": None if status is None else len(status.splitlines())}
+    return {
+        "path": str(repo),
+        "git_head": git("rev-parse", "HEAD"),
+        "git_modified_files": None if status is None else len(status.splitlines()),
+    }
 
 
 def free_bytes(path: Path) -> int:
@@ -134,19 +144,27 @@ def make_workdir(workdir: Path | None, need_bytes: int, prefix: str) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     free = free_bytes(workdir)
     if free < need_bytes:
-        print(f"bench: warning: {workdir} has {free / 1e9:.1f} GB free, this run needs about "
-              f"{need_bytes / 1e9:.1f} GB", file=sys.stderr)
+        print(
+            f"bench: warning: {workdir} has {free / 1e9:.1f} GB free, this run needs about "
+            f"{need_bytes / 1e9:.1f} GB",
+            file=sys.stderr,
+        )
     return Path(tempfile.mkdtemp(prefix=prefix, dir=workdir))
 
 
-def cli_bench(args: argparse.Namespace, tmp: Path, repo: Path, *,
-              cli_args: Sequence[str] = ()) -> Bench:
+def cli_bench(
+    args: argparse.Namespace, tmp: Path, repo: Path, *, cli_args: Sequence[str] = ()
+) -> Bench:
     """A ``bench_cli.Bench`` whose runs are ``python -m cli run … --embedder openai
     --dimensions 64 --chunk-size 5000`` from ``repo`` against a 64-dim fake server."""
     options = argparse.Namespace(
-        python=args.python, allow_failed_rows=False, quiet_wait=args.quiet_wait,
-        prefect_api_url=None, dims=DIMS,
-        cli_arg=["--dimensions", str(DIMS), "--chunk-size", str(CHUNK_SIZE), *cli_args])
+        python=args.python,
+        allow_failed_rows=False,
+        quiet_wait=args.quiet_wait,
+        prefect_api_url=None,
+        dims=DIMS,
+        cli_arg=["--dimensions", str(DIMS), "--chunk-size", str(CHUNK_SIZE), *cli_args],
+    )
     bench = Bench(options, tmp)
     bench.env["PYTHONPATH"] = str(repo)  # the measured checkout's modules, not this one's
     return bench
@@ -159,8 +177,12 @@ def export(tmp: Path, rows: int, variant: str, **kwargs: Any) -> tuple[Path, int
     path = tmp / f"synthetic-{rows}-{variant}{suffix}.csv"
     started = time.perf_counter()
     done = synthetic.write_export(rows, path, variant, **kwargs)
-    print(f"bench: wrote {path.name}: {done['rows']:,} rows, {done['bytes'] / 1e6:,.0f} MB in "
-          f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    print(
+        f"bench: wrote {path.name}: {done['rows']:,} rows, {done['bytes'] / 1e6:,.0f} MB in "
+        f"{time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     export.edited = done["edited"]  # type: ignore[attr-defined]
     return path, done["rows"]
 
@@ -188,7 +210,10 @@ class MotoProcess:
             port = _free_port()
             self.proc = subprocess.Popen(
                 [self.python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self.endpoint = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and self.proc.poll() is None:
@@ -252,9 +277,18 @@ def _environ(env: dict[str, str] | None) -> Iterator[None]:
 # -- one measured command ------------------------------------------------------------------
 
 
-def measure(bench: Bench, name: str, dataset: str, rows: int, data: Path, output: Path | str,
-            ledger: Path, *, moto: MotoProcess | None = None, server_pid: int | None = None,
-            ) -> dict[str, Any]:
+def measure(
+    bench: Bench,
+    name: str,
+    dataset: str,
+    rows: int,
+    data: Path,
+    output: Path | str,
+    ledger: Path,
+    *,
+    moto: MotoProcess | None = None,
+    server_pid: int | None = None,
+) -> dict[str, Any]:
     """``bench.measure`` one ``run``; return the figures this benchmark reports (``run``
     holds all of bench_cli's). The CPU of the benchmark's own servers during the run, moto
     and (``server_pid``) a running Prefect server, is taken out of ``other cores`` and
@@ -273,8 +307,10 @@ def measure(bench: Bench, name: str, dataset: str, rows: int, data: Path, output
     ours = extra["moto_cpu_s"] or 0.0
     if server_pid is not None:
         server_cpu = _tree_cpu_s(server_pid) - server0
-        extra |= {"prefect_server_cpu_s": server_cpu,
-                  "cpu_with_server_s": (result.cpu_s or 0.0) + server_cpu}
+        extra |= {
+            "prefect_server_cpu_s": server_cpu,
+            "cpu_with_server_s": (result.cpu_s or 0.0) + server_cpu,
+        }
         ours += server_cpu
     if ours and result.other_cpu_s is not None:
         result.other_cpu_s = max(0.0, result.other_cpu_s - ours)
@@ -286,18 +322,34 @@ def describe(result: RunResult, log_path: Path, **extra: Any) -> dict[str, Any]:
     line), the run key, the reuse stage and reuse index lines, the planning time if logged."""
     log = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
     out: dict[str, Any] = {
-        "name": result.name, "dataset": result.dataset, "rows": result.rows_input,
-        "exit_code": result.exit_code, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
-        "cli_self_cpu_s": result.cli_self_cpu_s, "peak_rss_cli_mb": result.peak_rss_cli_mb,
+        "name": result.name,
+        "dataset": result.dataset,
+        "rows": result.rows_input,
+        "exit_code": result.exit_code,
+        "wall_s": result.wall_s,
+        "cpu_s": result.cpu_s,
+        "cli_self_cpu_s": result.cli_self_cpu_s,
+        "peak_rss_cli_mb": result.peak_rss_cli_mb,
         "peak_rss_children_mb": result.peak_rss_children_mb,
-        "inputs_charged": result.server_inputs, "requests": result.server_requests,
-        "rows_published": result.rows_published, "flow_wall_s": result.flow_wall_s,
-        "startup_s": result.startup_s, "embed_phase_s": result.embed_phase_s,
-        "plan_s": result.plan_s, "other_cpu_s": result.other_cpu_s,
-        "other_cores": (None if result.other_cpu_s is None or not result.wall_s
-                        else result.other_cpu_s / result.wall_s),
-        "quiet_wait_s": result.quiet_wait_s, **extra,
-        "rows_reused": None, "run_key": None, "reuse_stage": None, "reuse_index": None,
+        "inputs_charged": result.server_inputs,
+        "requests": result.server_requests,
+        "rows_published": result.rows_published,
+        "flow_wall_s": result.flow_wall_s,
+        "startup_s": result.startup_s,
+        "embed_phase_s": result.embed_phase_s,
+        "plan_s": result.plan_s,
+        "other_cpu_s": result.other_cpu_s,
+        "other_cores": (
+            None
+            if result.other_cpu_s is None or not result.wall_s
+            else result.other_cpu_s / result.wall_s
+        ),
+        "quiet_wait_s": result.quiet_wait_s,
+        **extra,
+        "rows_reused": None,
+        "run_key": None,
+        "reuse_stage": None,
+        "reuse_index": None,
         "planned_in_s": None,
     }
     if m := _SUMMARY_REUSE.search(result.stdout):
@@ -305,8 +357,11 @@ def describe(result: RunResult, log_path: Path, **extra: Any) -> dict[str, Any]:
     if m := _SUMMARY_RUN.search(result.stdout):
         out["run_key"] = m.group(1)
     if m := _REUSE_STAGE.search(log):
-        out["reuse_stage"] = {"rows": _int(m["rows"]), "objects": _int(m["objects"]),
-                              "seconds": float(m["s"])}
+        out["reuse_stage"] = {
+            "rows": _int(m["rows"]),
+            "objects": _int(m["objects"]),
+            "seconds": float(m["s"]),
+        }
     if m := _REUSE_INDEX.search(log):
         out["reuse_index"] = {"objects": _int(m.group(1)), "seconds": float(m.group(2))}
     if m := _PLANNED_IN.search(log):
@@ -320,17 +375,30 @@ def reuse_rate(run: dict[str, Any]) -> dict[str, Any]:
     else over bench_cli's embed phase (every chunk of a reused night is a copy)."""
     stage = run.get("reuse_stage")
     if stage and stage["seconds"] > 0:
-        return {"rows_per_s": stage["rows"] / stage["seconds"], "rows": stage["rows"],
-                "seconds": stage["seconds"], "objects": stage["objects"],
-                "source": "the CLI's 'reuse stage: … in S s' line"}
+        return {
+            "rows_per_s": stage["rows"] / stage["seconds"],
+            "rows": stage["rows"],
+            "seconds": stage["seconds"],
+            "objects": stage["objects"],
+            "source": "the CLI's 'reuse stage: … in S s' line",
+        }
     rows, seconds = run.get("rows_reused"), run.get("embed_phase_s")
     if rows and seconds:
-        return {"rows_per_s": rows / seconds, "rows": rows, "seconds": seconds,
-                "objects": None,
-                "source": "fallback: bench_cli's embed phase ('K to embed' line to the last "
-                          "'chunk N:' line; no 'reuse stage' line in the log)"}
-    return {"rows_per_s": None, "rows": rows, "seconds": seconds, "objects": None,
-            "source": "not measured (no reuse stage line, no embed phase)"}
+        return {
+            "rows_per_s": rows / seconds,
+            "rows": rows,
+            "seconds": seconds,
+            "objects": None,
+            "source": "fallback: bench_cli's embed phase ('K to embed' line to the last "
+            "'chunk N:' line; no 'reuse stage' line in the log)",
+        }
+    return {
+        "rows_per_s": None,
+        "rows": rows,
+        "seconds": seconds,
+        "objects": None,
+        "source": "not measured (no reuse stage line, no embed phase)",
+    }
 
 
 # -- the published vectors against the fake server's ---------------------------------------
@@ -345,9 +413,17 @@ def sample_rows(rows: int, variant: str, sample: int, seed: int = 24) -> list[in
     return sorted(picked[:sample])
 
 
-def check_vectors(output: str, run_key: str | None, rows: int, variant: str, *,
-                  sample: int = 2_000, dims: int = DIMS, env: dict[str, str] | None = None,
-                  expected_rows: int | None = None) -> dict[str, Any]:
+def check_vectors(
+    output: str,
+    run_key: str | None,
+    rows: int,
+    variant: str,
+    *,
+    sample: int = 2_000,
+    dims: int = DIMS,
+    env: dict[str, str] | None = None,
+    expected_rows: int | None = None,
+) -> dict[str, Any]:
     """Read the run's chunk objects (the ones its manifest lists, each checked against the
     manifest's SHA-256) and compare ``sample`` rows' vectors with ``expected_matrix`` of their
     texts, bit for bit; also each row's ``text_sha256``. ``env``: the environment for the
@@ -357,9 +433,17 @@ def check_vectors(output: str, run_key: str | None, rows: int, variant: str, *,
     from tests.support.fake_openai import expected_matrix
 
     want = {synthetic.row_id(k): k for k in sample_rows(rows, variant, sample)}
-    result: dict[str, Any] = {"sampled": len(want), "checked": 0, "mismatches": 0,
-                              "sha_mismatches": 0, "missing": 0, "duplicates": 0,
-                              "rows_in_run": 0, "expected_rows": expected_rows, "error": None}
+    result: dict[str, Any] = {
+        "sampled": len(want),
+        "checked": 0,
+        "mismatches": 0,
+        "sha_mismatches": 0,
+        "missing": 0,
+        "duplicates": 0,
+        "rows_in_run": 0,
+        "expected_rows": expected_rows,
+        "error": None,
+    }
     seen: set[str] = set()
     started = time.perf_counter()
     try:
@@ -396,14 +480,21 @@ def check_vectors(output: str, run_key: str | None, rows: int, variant: str, *,
         result["error"] = f"{type(exc).__name__}: {exc}"[:500]
     result["missing"] = len(want) - len(seen)
     result["seconds"] = round(time.perf_counter() - started, 1)
-    result["ok"] = (result["error"] is None and result["mismatches"] == 0
-                    and result["sha_mismatches"] == 0 and result["missing"] == 0
-                    and result["duplicates"] == 0
-                    and (expected_rows is None or result["rows_in_run"] == expected_rows))
-    print(f"bench: vectors of {output} ({variant}): {result['checked']:,} checked, "
-          f"{result['mismatches']} mismatches, {result['missing']} missing"
-          + (f", error {result['error']}" if result["error"] else ""),
-          file=sys.stderr, flush=True)
+    result["ok"] = (
+        result["error"] is None
+        and result["mismatches"] == 0
+        and result["sha_mismatches"] == 0
+        and result["missing"] == 0
+        and result["duplicates"] == 0
+        and (expected_rows is None or result["rows_in_run"] == expected_rows)
+    )
+    print(
+        f"bench: vectors of {output} ({variant}): {result['checked']:,} checked, "
+        f"{result['mismatches']} mismatches, {result['missing']} missing"
+        + (f", error {result['error']}" if result["error"] else ""),
+        file=sys.stderr,
+        flush=True,
+    )
     return result
 
 
@@ -414,13 +505,30 @@ def warm_up(bench: Bench, tmp: Path, runs: list[dict[str, Any]]) -> None:
     """1,000 rows with a throwaway output, so the first measured run does not pay for
     creating Prefect's database in the fresh PREFECT_HOME."""
     data, rows = export(tmp, 1_000, "base")
-    runs.append(measure(bench, "warm-up", "warm-up", rows, data, tmp / "warm-up-out",
-                        tmp / "warm-up-ledger.sqlite3"))
+    runs.append(
+        measure(
+            bench,
+            "warm-up",
+            "warm-up",
+            rows,
+            data,
+            tmp / "warm-up-out",
+            tmp / "warm-up-ledger.sqlite3",
+        )
+    )
 
 
-def local_nights(bench: Bench, tmp: Path, rows: int, *, prefix: str, sample: int,
-                 deleted: bool, runs: list[dict[str, Any]],
-                 checks: dict[str, Any]) -> None:
+def local_nights(
+    bench: Bench,
+    tmp: Path,
+    rows: int,
+    *,
+    prefix: str,
+    sample: int,
+    deleted: bool,
+    runs: list[dict[str, Any]],
+    checks: dict[str, Any],
+) -> None:
     """First run, shuffled night (and the 10 %-deleted night) on one output and ledger."""
     out, ledger = tmp / f"{prefix}-out", tmp / f"{prefix}-ledger.sqlite3"
     data, n = export(tmp, rows, "base")
@@ -431,8 +539,9 @@ def local_nights(bench: Bench, tmp: Path, rows: int, *, prefix: str, sample: int
         run = measure(bench, f"{prefix}-{name}", variant, n, night, out, ledger)
         runs.append(run)
         if sample:
-            checks[run["name"]] = check_vectors(str(out), run["run_key"], rows, variant,
-                                                sample=sample, expected_rows=n)
+            checks[run["name"]] = check_vectors(
+                str(out), run["run_key"], rows, variant, sample=sample, expected_rows=n
+            )
         night.unlink()
     data.unlink()
 
@@ -442,8 +551,15 @@ def _tree_cpu_s(pid: int) -> float:
     return sum(_proc_cpu_s(p) for p in (pid, *_descendants(pid)))
 
 
-def server_nights(bench: Bench, tmp: Path, rows: int, *, sample: int,
-                  runs: list[dict[str, Any]], checks: dict[str, Any]) -> None:
+def server_nights(
+    bench: Bench,
+    tmp: Path,
+    rows: int,
+    *,
+    sample: int,
+    runs: list[dict[str, Any]],
+    checks: dict[str, Any],
+) -> None:
     """The first run and the all-reused night against a running Prefect server (module
     docstring, step 5): ``cpu_s`` is the CLI's, ``prefect_server_cpu_s`` the server's during
     the run, ``cpu_with_server_s`` their sum."""
@@ -452,40 +568,65 @@ def server_nights(bench: Bench, tmp: Path, rows: int, *, sample: int,
     with running_prefect_server(tmp / "prefect-server-home") as (server, url):
         bench.env = {**saved, "PREFECT_API_URL": url}
         try:
-            for variant, name in (("base", "server-first"),
-                                  ("shuffled", "server-reused-shuffled")):
+            for variant, name in (("base", "server-first"), ("shuffled", "server-reused-shuffled")):
                 data, n = export(tmp, rows, variant)
-                run = measure(bench, name, variant, n, data, out, ledger,
-                              server_pid=server.pid)
+                run = measure(bench, name, variant, n, data, out, ledger, server_pid=server.pid)
                 runs.append(run)
                 if sample and variant == "shuffled":
-                    checks[name] = check_vectors(str(out), run["run_key"], rows, variant,
-                                                 sample=sample, expected_rows=n)
+                    checks[name] = check_vectors(
+                        str(out), run["run_key"], rows, variant, sample=sample, expected_rows=n
+                    )
                 data.unlink()
         finally:
             bench.env = saved
 
 
-def s3_nights(bench: Bench, tmp: Path, rows: int, *, sample: int, python: str,
-              runs: list[dict[str, Any]], checks: dict[str, Any]) -> None:
+def s3_nights(
+    bench: Bench,
+    tmp: Path,
+    rows: int,
+    *,
+    sample: int,
+    python: str,
+    runs: list[dict[str, Any]],
+    checks: dict[str, Any],
+) -> None:
     """First run to s3://BUCKET/out on moto, then the shuffled export with a fresh ledger."""
     data, n = export(tmp, rows, "base")
     night, n_night = export(tmp, rows, "shuffled")
     bucket = f"embedline-bench-{os.getpid()}"
     output = f"s3://{bucket}/out"
     with MotoProcess(python) as moto:
-        print(f"bench: moto server at {moto.endpoint}, bucket {bucket}", file=sys.stderr,
-              flush=True)
+        print(
+            f"bench: moto server at {moto.endpoint}, bucket {bucket}", file=sys.stderr, flush=True
+        )
         moto.create_bucket(bucket)
-        runs.append(measure(bench, "s3-first", "base", n, data, output,
-                            tmp / "s3-ledger.sqlite3", moto=moto))
-        run = measure(bench, "s3-fresh-ledger-shuffled", "shuffled", n_night, night, output,
-                      tmp / "s3-ledger-fresh.sqlite3", moto=moto)
+        runs.append(
+            measure(
+                bench, "s3-first", "base", n, data, output, tmp / "s3-ledger.sqlite3", moto=moto
+            )
+        )
+        run = measure(
+            bench,
+            "s3-fresh-ledger-shuffled",
+            "shuffled",
+            n_night,
+            night,
+            output,
+            tmp / "s3-ledger-fresh.sqlite3",
+            moto=moto,
+        )
         runs.append(run)
         if sample:
-            checks[run["name"]] = check_vectors(output, run["run_key"], rows, "shuffled",
-                                                sample=sample, env=moto.env(dict(os.environ)),
-                                                expected_rows=n_night)
+            checks[run["name"]] = check_vectors(
+                output,
+                run["run_key"],
+                rows,
+                "shuffled",
+                sample=sample,
+                env=moto.env(dict(os.environ)),
+                expected_rows=n_night,
+            )
     data.unlink()
     night.unlink()
 
@@ -493,8 +634,9 @@ def s3_nights(bench: Bench, tmp: Path, rows: int, *, sample: int, python: str,
 # -- figures, targets, table ---------------------------------------------------------------
 
 
-def summarize(runs: list[dict[str, Any]], checks: dict[str, Any],
-              args: argparse.Namespace) -> dict[str, Any]:
+def summarize(
+    runs: list[dict[str, Any]], checks: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
     by = {r["name"]: r for r in runs}
 
     def get(name: str, key: str) -> Any:
@@ -505,35 +647,53 @@ def summarize(runs: list[dict[str, Any]], checks: dict[str, Any],
 
     s3 = reuse_rate(by["s3-fresh-ledger-shuffled"]) if "s3-fresh-ledger-shuffled" in by else {}
     small = args.small_rows if args.small_rows and args.small_rows != args.rows else None
-    rss_rows = max((get(n, "peak_rss_cli_mb") or 0 for n in
-                    ("local-first", "local-reused-shuffled", "local-deleted10")), default=0)
-    rss_small = (max((get(n, "peak_rss_cli_mb") or 0 for n in
-                      ("small-first", "small-reused-shuffled")), default=0)
-                 if small else None)
+    rss_rows = max(
+        (
+            get(n, "peak_rss_cli_mb") or 0
+            for n in ("local-first", "local-reused-shuffled", "local-deleted10")
+        ),
+        default=0,
+    )
+    rss_small = (
+        max(
+            (get(n, "peak_rss_cli_mb") or 0 for n in ("small-first", "small-reused-shuffled")),
+            default=0,
+        )
+        if small
+        else None
+    )
     return {
-        "rows": args.rows, "s3_rows": args.s3_rows, "small_rows": small,
+        "rows": args.rows,
+        "s3_rows": args.s3_rows,
+        "small_rows": small,
         "first_cpu_s": get("local-first", "cpu_s"),
         "first_wall_s": get("local-first", "wall_s"),
         "reused_cpu_s": get("local-reused-shuffled", "cpu_s"),
         "reused_wall_s": get("local-reused-shuffled", "wall_s"),
         "deleted_cpu_s": get("local-deleted10", "cpu_s"),
         "deleted_wall_s": get("local-deleted10", "wall_s"),
-        "reused_cpu_ratio": ratio(get("local-reused-shuffled", "cpu_s"),
-                                  get("local-first", "cpu_s")),
+        "reused_cpu_ratio": ratio(
+            get("local-reused-shuffled", "cpu_s"), get("local-first", "cpu_s")
+        ),
         "deleted_cpu_ratio": ratio(get("local-deleted10", "cpu_s"), get("local-first", "cpu_s")),
         "server_first_cpu_s": get("server-first", "cpu_with_server_s"),
         "server_reused_cpu_s": get("server-reused-shuffled", "cpu_with_server_s"),
-        "server_reused_cpu_ratio": ratio(get("server-reused-shuffled", "cpu_with_server_s"),
-                                         get("server-first", "cpu_with_server_s")),
+        "server_reused_cpu_ratio": ratio(
+            get("server-reused-shuffled", "cpu_with_server_s"),
+            get("server-first", "cpu_with_server_s"),
+        ),
         "reused_inputs_charged": get("local-reused-shuffled", "inputs_charged"),
         "deleted_inputs_charged": get("local-deleted10", "inputs_charged"),
         "s3_first_wall_s": get("s3-first", "wall_s"),
         "s3_reuse_wall_s": get("s3-fresh-ledger-shuffled", "wall_s"),
         "s3_reuse_cpu_s": get("s3-fresh-ledger-shuffled", "cpu_s"),
         "s3_reuse_inputs_charged": get("s3-fresh-ledger-shuffled", "inputs_charged"),
-        "s3_reuse_rows_per_s": s3.get("rows_per_s"), "s3_reuse_rows": s3.get("rows"),
-        "s3_reuse_seconds": s3.get("seconds"), "s3_reuse_source": s3.get("source"),
-        "rss_small_mb": rss_small, "rss_rows_mb": rss_rows or None,
+        "s3_reuse_rows_per_s": s3.get("rows_per_s"),
+        "s3_reuse_rows": s3.get("rows"),
+        "s3_reuse_seconds": s3.get("seconds"),
+        "s3_reuse_source": s3.get("source"),
+        "rss_small_mb": rss_small,
+        "rss_rows_mb": rss_rows or None,
         "rss_growth": ratio(rss_rows, rss_small),
         "vectors_checked": sum(c["checked"] for c in checks.values()),
         "vector_mismatches": sum(c["mismatches"] + c["sha_mismatches"] for c in checks.values()),
@@ -548,37 +708,49 @@ def targets_of(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
     r, d = s["reused_cpu_ratio"], s["deleted_cpu_ratio"]
     t: dict[str, dict[str, Any]] = {}
     if r is not None:
-        t[f"all-reused night (shuffled) CPU / first run's <= {TARGET_CPU_RATIO} "
-          f"({s['rows']:,} rows, local)"] = met(r, r <= TARGET_CPU_RATIO)
+        t[
+            f"all-reused night (shuffled) CPU / first run's <= {TARGET_CPU_RATIO} "
+            f"({s['rows']:,} rows, local)"
+        ] = met(r, r <= TARGET_CPU_RATIO)
     if d is not None:
-        t[f"10 %-deleted night CPU / first run's <= {TARGET_CPU_RATIO} (also every row "
-          "reused)"] = met(d, d <= TARGET_CPU_RATIO)
+        t[f"10 %-deleted night CPU / first run's <= {TARGET_CPU_RATIO} (also every row reused)"] = (
+            met(d, d <= TARGET_CPU_RATIO)
+        )
     g = s.get("server_reused_cpu_ratio")
     if g is not None:
-        t[f"all-reused night (shuffled) CPU / first run's <= {TARGET_CPU_RATIO} "
-          f"({s['rows']:,} rows, local, running Prefect server: its CPU during each run "
-          "counted)"] = met(g, g <= TARGET_CPU_RATIO)
+        t[
+            f"all-reused night (shuffled) CPU / first run's <= {TARGET_CPU_RATIO} "
+            f"({s['rows']:,} rows, local, running Prefect server: its CPU during each run "
+            "counted)"
+        ] = met(g, g <= TARGET_CPU_RATIO)
     if s["s3_reuse_rows_per_s"] is not None:
-        t[f"S3 reuse (fresh ledger, {s['s3_rows']:,} rows) >= {TARGET_S3_ROWS_S:,.0f} rows/s"] = \
+        t[f"S3 reuse (fresh ledger, {s['s3_rows']:,} rows) >= {TARGET_S3_ROWS_S:,.0f} rows/s"] = (
             met(s["s3_reuse_rows_per_s"], s["s3_reuse_rows_per_s"] >= TARGET_S3_ROWS_S)
+        )
     if s["rss_small_mb"] is not None:
         t[f"peak RSS of the CLI at {s['small_rows']:,} rows < {TARGET_RSS_MB:.0f} MB"] = met(
-            s["rss_small_mb"], s["rss_small_mb"] < TARGET_RSS_MB)
+            s["rss_small_mb"], s["rss_small_mb"] < TARGET_RSS_MB
+        )
     if s["rss_rows_mb"] is not None:
         t[f"peak RSS of the CLI at {s['rows']:,} rows < {TARGET_RSS_MB:.0f} MB"] = met(
-            s["rss_rows_mb"], s["rss_rows_mb"] < TARGET_RSS_MB)
+            s["rss_rows_mb"], s["rss_rows_mb"] < TARGET_RSS_MB
+        )
     if s["rss_growth"] is not None:
-        t[f"peak RSS at {s['rows']:,} rows / at {s['small_rows']:,} <= {TARGET_RSS_GROWTH}"] = \
-            met(s["rss_growth"], s["rss_growth"] <= TARGET_RSS_GROWTH)
-    for key, label in (("reused_inputs_charged", "all-reused night"),
-                       ("deleted_inputs_charged", "10 %-deleted night"),
-                       ("s3_reuse_inputs_charged", "S3 fresh-ledger night")):
+        t[f"peak RSS at {s['rows']:,} rows / at {s['small_rows']:,} <= {TARGET_RSS_GROWTH}"] = met(
+            s["rss_growth"], s["rss_growth"] <= TARGET_RSS_GROWTH
+        )
+    for key, label in (
+        ("reused_inputs_charged", "all-reused night"),
+        ("deleted_inputs_charged", "10 %-deleted night"),
+        ("s3_reuse_inputs_charged", "S3 fresh-ledger night"),
+    ):
         if s[key] is not None:
             t[f"{label}: 0 inputs charged"] = met(s[key], s[key] == 0)
     if s["vector_checks_ok"] is not None:
         t["reused vectors equal the fake server's, bit for bit (sampled)"] = met(
             f"{s['vectors_checked']:,} checked, {s['vector_mismatches']} mismatches",
-            bool(s["vector_checks_ok"]))
+            bool(s["vector_checks_ok"]),
+        )
     return t
 
 
@@ -586,8 +758,12 @@ def load_before(path: Path | None) -> dict[str, Any] | None:
     if path is None or not path.exists():
         return None
     data = json.loads(path.read_text())
-    return {"file": str(path), "summary": data.get("summary", {}),
-            "repo": data.get("repo", {}), "started_at": data.get("started_at")}
+    return {
+        "file": str(path),
+        "summary": data.get("summary", {}),
+        "repo": data.get("repo", {}),
+        "started_at": data.get("started_at"),
+    }
 
 
 _TABLE_FIGURES = (
@@ -610,41 +786,77 @@ _TABLE_FIGURES = (
 )
 
 
-def print_report(runs: list[dict[str, Any]], checks: dict[str, Any], summary: dict[str, Any],
-                 targets: dict[str, Any], before: dict[str, Any] | None) -> None:
-    head = ("run", "rows", "exit", "wall s", "CPU s", "RSS cli MB", "reused", "charged",
-            "embed s", "other cores")
+def print_report(
+    runs: list[dict[str, Any]],
+    checks: dict[str, Any],
+    summary: dict[str, Any],
+    targets: dict[str, Any],
+    before: dict[str, Any] | None,
+) -> None:
+    head = (
+        "run",
+        "rows",
+        "exit",
+        "wall s",
+        "CPU s",
+        "RSS cli MB",
+        "reused",
+        "charged",
+        "embed s",
+        "other cores",
+    )
     lines = [head]
     for r in runs:
-        lines.append((r["name"], f"{r['rows']:,}", str(r["exit_code"]), _fmt(r["wall_s"]),
-                      _fmt(r["cpu_s"]), _fmt(r["peak_rss_cli_mb"], ".0f"),
-                      "-" if r["rows_reused"] is None else f"{r['rows_reused']:,}",
-                      "-" if r["inputs_charged"] is None else f"{r['inputs_charged']:,}",
-                      _fmt(r["embed_phase_s"]), _fmt(r["other_cores"], ".2f")))
+        lines.append(
+            (
+                r["name"],
+                f"{r['rows']:,}",
+                str(r["exit_code"]),
+                _fmt(r["wall_s"]),
+                _fmt(r["cpu_s"]),
+                _fmt(r["peak_rss_cli_mb"], ".0f"),
+                "-" if r["rows_reused"] is None else f"{r['rows_reused']:,}",
+                "-" if r["inputs_charged"] is None else f"{r['inputs_charged']:,}",
+                _fmt(r["embed_phase_s"]),
+                _fmt(r["other_cores"], ".2f"),
+            )
+        )
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     print()
     for row in lines:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        print(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
     noisy = [r["name"] for r in runs if (r["other_cores"] or 0) > 0.25]
     if noisy:
-        print(f"WARNING: other processes used > 0.25 cores during {', '.join(noisy)}: those "
-              "numbers are skewed (rerun with --quiet-wait 120 on a quieter machine)")
+        print(
+            f"WARNING: other processes used > 0.25 cores during {', '.join(noisy)}: those "
+            "numbers are skewed (rerun with --quiet-wait 120 on a quieter machine)"
+        )
     for r in runs:
         if r.get("reuse_stage") or r.get("reuse_index"):
-            print(f"  {r['name']}: reuse stage {r.get('reuse_stage')}, reuse index "
-                  f"{r.get('reuse_index')}")
+            print(
+                f"  {r['name']}: reuse stage {r.get('reuse_stage')}, reuse index "
+                f"{r.get('reuse_index')}"
+            )
     for r in runs:
         if r.get("prefect_server_cpu_s") is not None:
-            print(f"  {r['name']}: CLI {r['cpu_s']:.1f} CPU s + running Prefect server "
-                  f"{r['prefect_server_cpu_s']:.1f} = {r['cpu_with_server_s']:.1f}")
+            print(
+                f"  {r['name']}: CLI {r['cpu_s']:.1f} CPU s + running Prefect server "
+                f"{r['prefect_server_cpu_s']:.1f} = {r['cpu_with_server_s']:.1f}"
+            )
     if summary.get("s3_reuse_source"):
         print(f"S3 reuse rows/s measured by {summary['s3_reuse_source']}")
     for name, c in checks.items():
-        print(f"vectors after {name}: {c['checked']:,} of {c['sampled']:,} sampled checked, "
-              f"{c['mismatches']} mismatches, {c['sha_mismatches']} text_sha256 mismatches, "
-              f"{c['missing']} missing, {c['rows_in_run']:,} rows in the run"
-              + (f"; error: {c['error']}" if c["error"] else ""))
+        print(
+            f"vectors after {name}: {c['checked']:,} of {c['sampled']:,} sampled checked, "
+            f"{c['mismatches']} mismatches, {c['sha_mismatches']} text_sha256 mismatches, "
+            f"{c['missing']} missing, {c['rows_in_run']:,} rows in the run"
+            + (f"; error: {c['error']}" if c["error"] else "")
+        )
     b = (before or {}).get("summary", {})
     label = "before"
     if before:
@@ -661,8 +873,10 @@ def print_report(runs: list[dict[str, Any]], checks: dict[str, Any], summary: di
         return f"{format(value, spec)} @{rows / 1000:,.0f}k" if rows else format(value, spec)
 
     for title, key, spec, rows_key in _TABLE_FIGURES:
-        print(f"{title:<44} {cell(summary, key, spec, rows_key):>14} "
-              f"{cell(b, key, spec, rows_key):>18}")
+        print(
+            f"{title:<44} {cell(summary, key, spec, rows_key):>14} "
+            f"{cell(b, key, spec, rows_key):>18}"
+        )
     print()
     for key, value in targets.items():
         shown = value["value"]
@@ -687,33 +901,72 @@ def _row_count(text: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=_row_count, default=1_000_000,
-                        help="rows of the local export (default 1,000,000)")
-    parser.add_argument("--s3-rows", type=int, default=None,
-                        help="rows of the S3 export (default --rows; 0 skips S3)")
-    parser.add_argument("--small-rows", type=int, default=100_000,
-                        help="the small size of the RSS comparison (0 skips it)")
-    parser.add_argument("--sample", type=int, default=2_000,
-                        help="vectors checked after each reused night (0 skips the check)")
-    parser.add_argument("--no-deleted", dest="deleted", action="store_false",
-                        help="skip the 10 %%-deleted night")
-    parser.add_argument("--running-server", action="store_true",
-                        help="also the first run and the all-reused night against a running "
-                        "Prefect server, its CPU during each run counted")
-    parser.add_argument("--repo", type=Path, default=REPO,
-                        help="checkout whose CLI is measured (default this one)")
-    parser.add_argument("--before", type=Path, default=DEFAULT_BEFORE,
-                        help="before figures printed beside these (a reuse JSON)")
+    parser.add_argument(
+        "--rows",
+        type=_row_count,
+        default=1_000_000,
+        help="rows of the local export (default 1,000,000)",
+    )
+    parser.add_argument(
+        "--s3-rows",
+        type=int,
+        default=None,
+        help="rows of the S3 export (default --rows; 0 skips S3)",
+    )
+    parser.add_argument(
+        "--small-rows",
+        type=int,
+        default=100_000,
+        help="the small size of the RSS comparison (0 skips it)",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=2_000,
+        help="vectors checked after each reused night (0 skips the check)",
+    )
+    parser.add_argument(
+        "--no-deleted", dest="deleted", action="store_false", help="skip the 10 %%-deleted night"
+    )
+    parser.add_argument(
+        "--running-server",
+        action="store_true",
+        help="also the first run and the all-reused night against a running "
+        "Prefect server, its CPU during each run counted",
+    )
+    parser.add_argument(
+        "--repo", type=Path, default=REPO, help="checkout whose CLI is measured (default this one)"
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=DEFAULT_BEFORE,
+        help="before figures printed beside these (a reuse JSON)",
+    )
     parser.add_argument("--no-before", dest="before", action="store_const", const=None)
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="where the temp dir goes (default the system temp dir, or beside "
-                        "the repo when that disk is short)")
-    parser.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
-                        help="before each run, wait up to SECONDS for an idle machine")
-    parser.add_argument("--python", default=sys.executable,
-                        help="interpreter for the CLI, the fake server and moto")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON results (default benchmarks/results/reuse-<UTC>.json)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the temp dir goes (default the system temp dir, or beside "
+        "the repo when that disk is short)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each run, wait up to SECONDS for an idle machine",
+    )
+    parser.add_argument(
+        "--python", default=sys.executable, help="interpreter for the CLI, the fake server and moto"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON results (default benchmarks/results/reuse-<UTC>.json)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir")
     return parser
 
@@ -734,18 +987,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = cli_bench(args, tmp, repo)
     runs: list[dict[str, Any]] = []
     checks: dict[str, Any] = {}
-    print(f"bench: temp dir {tmp}; measuring {repo} ({git_head(repo)['git_head']})",
-          file=sys.stderr, flush=True)
+    print(
+        f"bench: temp dir {tmp}; measuring {repo} ({git_head(repo)['git_head']})",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         warm_up(bench, tmp, runs)
-        local_nights(bench, tmp, args.rows, prefix="local", sample=args.sample,
-                     deleted=args.deleted, runs=runs, checks=checks)
+        local_nights(
+            bench,
+            tmp,
+            args.rows,
+            prefix="local",
+            sample=args.sample,
+            deleted=args.deleted,
+            runs=runs,
+            checks=checks,
+        )
         if args.small_rows and args.small_rows != args.rows:
-            local_nights(bench, tmp, args.small_rows, prefix="small", sample=0, deleted=False,
-                         runs=runs, checks=checks)
+            local_nights(
+                bench,
+                tmp,
+                args.small_rows,
+                prefix="small",
+                sample=0,
+                deleted=False,
+                runs=runs,
+                checks=checks,
+            )
         if args.s3_rows:
-            s3_nights(bench, tmp, args.s3_rows, sample=args.sample, python=args.python,
-                      runs=runs, checks=checks)
+            s3_nights(
+                bench,
+                tmp,
+                args.s3_rows,
+                sample=args.sample,
+                python=args.python,
+                runs=runs,
+                checks=checks,
+            )
         if args.running_server:
             server_nights(bench, tmp, args.rows, sample=args.sample, runs=runs, checks=checks)
     finally:
@@ -756,18 +1035,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     before = load_before(args.before)
     print_report(runs, checks, summary, targets, before)
     results = {
-        "benchmark": "bench_reuse", "started_at": started_at.isoformat(timespec="seconds"),
+        "benchmark": "bench_reuse",
+        "started_at": started_at.isoformat(timespec="seconds"),
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {**machine, "load_avg_at_end": os.getloadavg()},
         "repo": git_head(repo),
-        "settings": {"rows": args.rows, "s3_rows": args.s3_rows, "small_rows": args.small_rows,
-                     "dims": DIMS, "chunk_size": CHUNK_SIZE, "sample": args.sample,
-                     "quiet_wait_s": args.quiet_wait, "cli_args": bench.args.cli_arg,
-                     "temp_dir": str(tmp) if args.keep else None},
-        "summary": summary, "targets": targets,
-        "before": before and {"file": before["file"], "summary": before["summary"],
-                              "repo": before["repo"]},
-        "vector_checks": checks, "runs": runs, "fake_servers": bench.servers,
+        "settings": {
+            "rows": args.rows,
+            "s3_rows": args.s3_rows,
+            "small_rows": args.small_rows,
+            "dims": DIMS,
+            "chunk_size": CHUNK_SIZE,
+            "sample": args.sample,
+            "quiet_wait_s": args.quiet_wait,
+            "cli_args": bench.args.cli_arg,
+            "temp_dir": str(tmp) if args.keep else None,
+        },
+        "summary": summary,
+        "targets": targets,
+        "before": before
+        and {"file": before["file"], "summary": before["summary"], "repo": before["repo"]},
+        "vector_checks": checks,
+        "runs": runs,
+        "fake_servers": bench.servers,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")

@@ -101,8 +101,19 @@ print(json.dumps(out))
 
 def plan_probe(bench: Any, data: Path, output: Path, ledger: Path) -> dict[str, Any]:
     """Time ``plan_csv`` of the measured checkout on ``data`` with the runs' settings."""
-    argv = [bench.args.python, "-c", _PLAN_PROBE, str(data), "--embedder", "openai",
-            *bench.args.cli_arg, "--output", str(output), "--ledger", str(ledger)]
+    argv = [
+        bench.args.python,
+        "-c",
+        _PLAN_PROBE,
+        str(data),
+        "--embedder",
+        "openai",
+        *bench.args.cli_arg,
+        "--output",
+        str(output),
+        "--ledger",
+        str(ledger),
+    ]
     if bench.args.quiet_wait > 0:
         wait_quiet(bench.args.quiet_wait)
     print(f"bench: planning probe on {data.name}", file=sys.stderr, flush=True)
@@ -111,11 +122,16 @@ def plan_probe(bench: Any, data: Path, output: Path, ledger: Path) -> dict[str, 
     done = subprocess.run(argv, cwd=bench.tmp, env=bench.env, capture_output=True, text=True)
     wall = time.perf_counter() - started
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    result: dict[str, Any] = json.loads(lines[-1]) if lines else {
-        "error": f"exit {done.returncode}: {done.stderr[-500:]}"}
+    result: dict[str, Any] = (
+        json.loads(lines[-1])
+        if lines
+        else {"error": f"exit {done.returncode}: {done.stderr[-500:]}"}
+    )
     result["process_wall_s"] = wall
-    result["other_cores"] = max(0.0, _machine_busy_s() - busy0 - (result.get("cpu_s") or 0)
-                                - (_self_cpu_s() - self0)) / wall
+    result["other_cores"] = (
+        max(0.0, _machine_busy_s() - busy0 - (result.get("cpu_s") or 0) - (_self_cpu_s() - self0))
+        / wall
+    )
     if result.get("wall_s") and result.get("bytes"):
         result["s_per_gb"] = result["wall_s"] / (result["bytes"] / 1e9)
         result["cpu_s_per_gb"] = result["cpu_s"] / (result["bytes"] / 1e9)
@@ -127,8 +143,10 @@ def file_bytes(path: Path) -> int | None:
 
 
 def ledger_bytes(ledger: Path) -> dict[str, int | None]:
-    parts = {name: file_bytes(ledger.with_name(ledger.name + suffix))
-             for name, suffix in (("db", ""), ("wal", "-wal"), ("shm", "-shm"))}
+    parts = {
+        name: file_bytes(ledger.with_name(ledger.name + suffix))
+        for name, suffix in (("db", ""), ("wal", "-wal"), ("shm", "-shm"))
+    }
     return {**parts, "total": sum(v for v in parts.values() if v)}
 
 
@@ -140,8 +158,10 @@ def tree_bytes(root: Path) -> dict[str, Any]:
     for top in sorted(root.iterdir()):
         files = [top] if top.is_file() else [p for p in top.rglob("*") if p.is_file()]
         out[top.name] = {"bytes": sum(p.stat().st_size for p in files), "files": len(files)}
-    out["total"] = {"bytes": sum(v["bytes"] for v in out.values()),
-                    "files": sum(v["files"] for v in out.values())}
+    out["total"] = {
+        "bytes": sum(v["bytes"] for v in out.values()),
+        "files": sum(v["files"] for v in out.values()),
+    }
     return out
 
 
@@ -152,8 +172,9 @@ def run_sizes(output: Path, run_key: str | None, ledger: Path) -> dict[str, Any]
     if manifest_path is not None and manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
     changes = manifest.get("changes") if isinstance(manifest.get("changes"), dict) else {}
-    change_key = (changes or {}).get("object") or (f"changes/{run_key}.parquet" if run_key
-                                                   else None)
+    change_key = (changes or {}).get("object") or (
+        f"changes/{run_key}.parquet" if run_key else None
+    )
     return {
         "run_key": run_key,
         "manifest_bytes": file_bytes(manifest_path) if manifest_path else None,
@@ -172,12 +193,24 @@ def run_gc(bench: Any, output: Path, ledger: Path, gc_args: Sequence[str]) -> di
     print(f"bench: gc: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
     busy0, self0 = _machine_busy_s(), _self_cpu_s()
     log = bench.tmp / "gc.stderr.log"
-    result = run_cli("gc", argv, env=bench.env, cwd=bench.tmp, dataset="output", rows_input=0,
-                     log_path=log, prefect_home_fresh=False)
-    result.other_cpu_s = max(0.0, _machine_busy_s() - busy0 - result.cpu_s
-                             - (_self_cpu_s() - self0))
-    print(f"bench: gc: exit {result.exit_code}, wall {result.wall_s:.1f} s", file=sys.stderr,
-          flush=True)
+    result = run_cli(
+        "gc",
+        argv,
+        env=bench.env,
+        cwd=bench.tmp,
+        dataset="output",
+        rows_input=0,
+        log_path=log,
+        prefect_home_fresh=False,
+    )
+    result.other_cpu_s = max(
+        0.0, _machine_busy_s() - busy0 - result.cpu_s - (_self_cpu_s() - self0)
+    )
+    print(
+        f"bench: gc: exit {result.exit_code}, wall {result.wall_s:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     out = describe(result, log)
     out["stdout"] = result.stdout[-4000:]
     return out
@@ -189,23 +222,52 @@ def _rates(run: dict[str, Any]) -> None:
     run["flow_rows_per_s"] = run["rows"] / flow if run["rows"] and flow else None
 
 
-def print_report(runs: list[dict[str, Any]], sizes: dict[str, Any], plan: dict[str, Any] | None,
-                 checks: dict[str, Any], rows: int) -> None:
-    head = ("step", "rows", "exit", "wall s", "rows/s", "flow rows/s", "CPU s", "RSS cli MB",
-            "charged", "reused", "other cores")
+def print_report(
+    runs: list[dict[str, Any]],
+    sizes: dict[str, Any],
+    plan: dict[str, Any] | None,
+    checks: dict[str, Any],
+    rows: int,
+) -> None:
+    head = (
+        "step",
+        "rows",
+        "exit",
+        "wall s",
+        "rows/s",
+        "flow rows/s",
+        "CPU s",
+        "RSS cli MB",
+        "charged",
+        "reused",
+        "other cores",
+    )
     lines = [head]
     for r in runs:
-        lines.append((r["name"], f"{r['rows']:,}", str(r["exit_code"]), _fmt(r["wall_s"]),
-                      _fmt(r.get("rows_per_s"), ",.0f"), _fmt(r.get("flow_rows_per_s"), ",.0f"),
-                      _fmt(r["cpu_s"]), _fmt(r["peak_rss_cli_mb"], ".0f"),
-                      "-" if r["inputs_charged"] is None else f"{r['inputs_charged']:,}",
-                      "-" if r["rows_reused"] is None else f"{r['rows_reused']:,}",
-                      _fmt(r["other_cores"], ".2f")))
+        lines.append(
+            (
+                r["name"],
+                f"{r['rows']:,}",
+                str(r["exit_code"]),
+                _fmt(r["wall_s"]),
+                _fmt(r.get("rows_per_s"), ",.0f"),
+                _fmt(r.get("flow_rows_per_s"), ",.0f"),
+                _fmt(r["cpu_s"]),
+                _fmt(r["peak_rss_cli_mb"], ".0f"),
+                "-" if r["inputs_charged"] is None else f"{r['inputs_charged']:,}",
+                "-" if r["rows_reused"] is None else f"{r['rows_reused']:,}",
+                _fmt(r["other_cores"], ".2f"),
+            )
+        )
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     print(f"\nscale run, {rows:,} rows")
     for row in lines:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        print(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
 
     def mb(value: Any) -> str:
         if value is None:
@@ -214,65 +276,115 @@ def print_report(runs: list[dict[str, Any]], sizes: dict[str, Any], plan: dict[s
 
     last = sizes.get("after_last_night", {})
     if last:
-        print(f"\nafter the last night: manifest {mb(last['manifest_bytes'])}, change set "
-              f"{mb(last['change_set_bytes'])}, ledger {mb(last['ledger_bytes']['total'])}")
+        print(
+            f"\nafter the last night: manifest {mb(last['manifest_bytes'])}, change set "
+            f"{mb(last['change_set_bytes'])}, ledger {mb(last['ledger_bytes']['total'])}"
+        )
         for when in ("after_last_night", "after_gc"):
             tree = sizes.get(when, {}).get("output", {})
             if tree:
-                print(f"  output {when.replace('_', ' ')}: " + ", ".join(
-                    f"{k} {mb(v['bytes'])} ({v['files']:,} files)" for k, v in tree.items()))
+                print(
+                    f"  output {when.replace('_', ' ')}: "
+                    + ", ".join(
+                        f"{k} {mb(v['bytes'])} ({v['files']:,} files)" for k, v in tree.items()
+                    )
+                )
         if sizes.get("after_gc"):
             print(f"  ledger after gc: {mb(sizes['after_gc']['ledger_bytes']['total'])}")
     if plan:
         if plan.get("log_s_per_gb") is not None:
-            print(f"planning (the CLI's 'planned … in S s' line): {plan['log_s']:.1f} s, "
-                  f"{plan['log_s_per_gb']:.1f} s/GB")
+            print(
+                f"planning (the CLI's 'planned … in S s' line): {plan['log_s']:.1f} s, "
+                f"{plan['log_s_per_gb']:.1f} s/GB"
+            )
         probe = plan.get("probe") or {}
         if probe.get("s_per_gb") is not None:
-            print(f"planning (plan_csv alone, own process): {probe['wall_s']:.1f} s wall, "
-                  f"{probe['cpu_s']:.1f} s CPU for {probe['bytes'] / 1e9:.2f} GB: "
-                  f"{probe['s_per_gb']:.1f} s/GB wall, {probe['cpu_s_per_gb']:.1f} CPU s/GB, "
-                  f"peak RSS {probe['peak_rss_mb']:.0f} MB, other cores "
-                  f"{probe['other_cores']:.2f}")
+            print(
+                f"planning (plan_csv alone, own process): {probe['wall_s']:.1f} s wall, "
+                f"{probe['cpu_s']:.1f} s CPU for {probe['bytes'] / 1e9:.2f} GB: "
+                f"{probe['s_per_gb']:.1f} s/GB wall, {probe['cpu_s_per_gb']:.1f} CPU s/GB, "
+                f"peak RSS {probe['peak_rss_mb']:.0f} MB, other cores "
+                f"{probe['other_cores']:.2f}"
+            )
         elif probe.get("error"):
             print(f"planning probe failed: {probe['error']}")
     for name, c in checks.items():
-        print(f"vectors after {name}: {c['checked']:,} checked, {c['mismatches']} mismatches, "
-              f"{c['sha_mismatches']} text_sha256 mismatches, {c['missing']} missing"
-              + (f"; error: {c['error']}" if c["error"] else ""))
+        print(
+            f"vectors after {name}: {c['checked']:,} checked, {c['mismatches']} mismatches, "
+            f"{c['sha_mismatches']} text_sha256 mismatches, {c['missing']} missing"
+            + (f"; error: {c['error']}" if c["error"] else "")
+        )
     for r in runs:
         if r.get("right_inputs") is not None:
-            print(f"{r['name']}: {r['inputs_charged']} inputs charged; ideal "
-                  f"{r['right_inputs']} (the texts the export edited)")
+            print(
+                f"{r['name']}: {r['inputs_charged']} inputs charged; ideal "
+                f"{r['right_inputs']} (the texts the export edited)"
+            )
     noisy = [r["name"] for r in runs if (r["other_cores"] or 0) > 0.25]
     if noisy:
-        print(f"WARNING: other processes used > 0.25 cores during {', '.join(noisy)}: those "
-              "numbers are skewed")
+        print(
+            f"WARNING: other processes used > 0.25 cores during {', '.join(noisy)}: those "
+            "numbers are skewed"
+        )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=_row_count, default=10_000_000,
-                        help="rows of the export (default 10,000,000)")
-    parser.add_argument("--fraction", type=float, default=0.001,
-                        help="share of texts the changed night edits (default 0.001)")
-    parser.add_argument("--sample", type=int, default=2_000,
-                        help="vectors checked after the reused and changed nights (0 skips)")
-    parser.add_argument("--gc-args", default="--keep-runs 1 --grace 0s",
-                        help="options of `embedline gc` (default '--keep-runs 1 --grace 0s')")
-    parser.add_argument("--no-plan-probe", dest="plan_probe", action="store_false",
-                        help="skip timing plan_csv alone")
-    parser.add_argument("--repo", type=Path, default=REPO,
-                        help="checkout whose CLI is measured (default this one)")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="where the temp dir goes (default the system temp dir, or beside "
-                        "the repo when that disk is short)")
-    parser.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
-                        help="before each command, wait up to SECONDS for an idle machine")
-    parser.add_argument("--python", default=sys.executable,
-                        help="interpreter for the CLI and the fake server")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON results (default benchmarks/results/scale-ROWS-<UTC>.json)")
+    parser.add_argument(
+        "--rows",
+        type=_row_count,
+        default=10_000_000,
+        help="rows of the export (default 10,000,000)",
+    )
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=0.001,
+        help="share of texts the changed night edits (default 0.001)",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=2_000,
+        help="vectors checked after the reused and changed nights (0 skips)",
+    )
+    parser.add_argument(
+        "--gc-args",
+        default="--keep-runs 1 --grace 0s",
+        help="options of `embedline gc` (default '--keep-runs 1 --grace 0s')",
+    )
+    parser.add_argument(
+        "--no-plan-probe",
+        dest="plan_probe",
+        action="store_false",
+        help="skip timing plan_csv alone",
+    )
+    parser.add_argument(
+        "--repo", type=Path, default=REPO, help="checkout whose CLI is measured (default this one)"
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the temp dir goes (default the system temp dir, or beside "
+        "the repo when that disk is short)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each command, wait up to SECONDS for an idle machine",
+    )
+    parser.add_argument(
+        "--python", default=sys.executable, help="interpreter for the CLI and the fake server"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON results (default benchmarks/results/scale-ROWS-<UTC>.json)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir")
     return parser
 
@@ -285,7 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started_at = dt.datetime.now(dt.UTC)
     out = args.out or REPO / "benchmarks" / "results" / (
-        f"scale-{args.rows}-{started_at:%Y%m%dT%H%M%SZ}.json")
+        f"scale-{args.rows}-{started_at:%Y%m%dT%H%M%SZ}.json"
+    )
     tmp = make_workdir(args.workdir, args.rows * 2_000, "embedline-bench-scale-")
     machine = _machine()
     bench = cli_bench(args, tmp, repo)
@@ -294,8 +407,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     checks: dict[str, Any] = {}
     sizes: dict[str, Any] = {}
     plan: dict[str, Any] = {}
-    print(f"bench: temp dir {tmp}; measuring {repo} ({git_head(repo)['git_head']}) at "
-          f"{args.rows:,} rows", file=sys.stderr, flush=True)
+    print(
+        f"bench: temp dir {tmp}; measuring {repo} ({git_head(repo)['git_head']}) at "
+        f"{args.rows:,} rows",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         warm_up(bench, tmp, [])
         data, n = export(tmp, args.rows, "base")
@@ -308,16 +425,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan["log_s_per_gb"] = first["planned_in_s"] / (data.stat().st_size / 1e9)
         plan["input_bytes"] = data.stat().st_size
         data.unlink()
-        for name, variant, extra in (("reused-shuffled", "shuffled", {}),
-                                     (f"changed-{args.fraction:g}", "changed",
-                                      {"fraction": args.fraction})):
+        for name, variant, extra in (
+            ("reused-shuffled", "shuffled", {}),
+            (f"changed-{args.fraction:g}", "changed", {"fraction": args.fraction}),
+        ):
             night, n = export(tmp, args.rows, variant, **extra)
             run = measure(bench, name, variant, n, night, output, ledger)
             run["right_inputs"] = export.edited  # type: ignore[attr-defined]
             runs.append(run)
             if args.sample:
-                checks[name] = check_vectors(str(output), run["run_key"], args.rows, variant,
-                                             sample=args.sample, expected_rows=n)
+                checks[name] = check_vectors(
+                    str(output),
+                    run["run_key"],
+                    args.rows,
+                    variant,
+                    sample=args.sample,
+                    expected_rows=n,
+                )
             night.unlink()
         sizes["after_last_night"] = run_sizes(output, runs[-1]["run_key"], ledger)
         runs.append(run_gc(bench, output, ledger, shlex.split(args.gc_args)))
@@ -329,15 +453,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         _rates(run)
     print_report(runs, sizes, plan, checks, args.rows)
     results = {
-        "benchmark": "bench_scale", "started_at": started_at.isoformat(timespec="seconds"),
+        "benchmark": "bench_scale",
+        "started_at": started_at.isoformat(timespec="seconds"),
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {**machine, "load_avg_at_end": os.getloadavg()},
         "repo": git_head(repo),
-        "settings": {"rows": args.rows, "fraction": args.fraction, "dims": DIMS,
-                     "chunk_size": CHUNK_SIZE, "sample": args.sample, "gc_args": args.gc_args,
-                     "quiet_wait_s": args.quiet_wait, "cli_args": bench.args.cli_arg,
-                     "temp_dir": str(tmp) if args.keep else None},
-        "runs": runs, "sizes": sizes, "planning": plan, "vector_checks": checks,
+        "settings": {
+            "rows": args.rows,
+            "fraction": args.fraction,
+            "dims": DIMS,
+            "chunk_size": CHUNK_SIZE,
+            "sample": args.sample,
+            "gc_args": args.gc_args,
+            "quiet_wait_s": args.quiet_wait,
+            "cli_args": bench.args.cli_arg,
+            "temp_dir": str(tmp) if args.keep else None,
+        },
+        "runs": runs,
+        "sizes": sizes,
+        "planning": plan,
+        "vector_checks": checks,
         "fake_servers": bench.servers,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

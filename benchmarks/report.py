@@ -65,8 +65,9 @@ def _x(value: float | None) -> str:
 
 def _met(targets: dict[str, Any]) -> str:
     """``k/n met``, naming the targets missed; targets without a verdict are not counted."""
-    judged = {name: t for name, t in targets.items() if isinstance(t, dict)
-              and t.get("met") is not None}
+    judged = {
+        name: t for name, t in targets.items() if isinstance(t, dict) and t.get("met") is not None
+    }
     missed = [name for name, t in judged.items() if not t["met"]]
     text = f"{len(judged) - len(missed)}/{len(judged)} met"
     return text + ("; missed: " + "; ".join(missed) if missed else "")
@@ -82,8 +83,12 @@ def _verdict(ok: bool | None) -> str:
 def _cli(r: Result) -> tuple[str, str]:
     runs = {run["name"]: run for run in r.get("runs", [])}
     full = runs.get("full", {})
-    figures = [(f"whole file {_n(full.get('wall_s'), 1)} s, "
-                f"{_n(full.get('steady_rows_per_s'))} rows/s steady")]
+    figures = [
+        (
+            f"whole file {_n(full.get('wall_s'), 1)} s, "
+            f"{_n(full.get('steady_rows_per_s'))} rows/s steady"
+        )
+    ]
     for name, target in r.get("targets", {}).items():
         if name.startswith("running Prefect server"):
             figures.append(f"SDK loop / embedline {_x(target['value'])} (running server)")
@@ -99,15 +104,23 @@ def _cli(r: Result) -> tuple[str, str]:
 
 def _reuse(r: Result) -> tuple[str, str]:
     s = r["summary"]
-    figures = [f"reused / first run CPU {s['reused_cpu_ratio']:.3f}",
-               f"10 %-deleted {s['deleted_cpu_ratio']:.3f}"]
+    figures = [
+        f"reused / first run CPU {s['reused_cpu_ratio']:.3f}",
+        f"10 %-deleted {s['deleted_cpu_ratio']:.3f}",
+    ]
     if s.get("server_reused_cpu_ratio") is not None:
         figures.append(f"running server {s['server_reused_cpu_ratio']:.3f}")
-    figures += [f"S3 reuse {_n(s.get('s3_reuse_rows_per_s'))} rows/s",
-                (f"peak RSS {_n(s.get('rss_small_mb'))} / {_n(s.get('rss_rows_mb'))} MB "
-                 f"at {_n(s.get('small_rows'))} / {_n(s.get('rows'))} rows"),
-                (f"{_n(s.get('vectors_checked'))} vectors checked, "
-                 f"{_n(s.get('vector_mismatches'))} mismatches")]
+    figures += [
+        f"S3 reuse {_n(s.get('s3_reuse_rows_per_s'))} rows/s",
+        (
+            f"peak RSS {_n(s.get('rss_small_mb'))} / {_n(s.get('rss_rows_mb'))} MB "
+            f"at {_n(s.get('small_rows'))} / {_n(s.get('rows'))} rows"
+        ),
+        (
+            f"{_n(s.get('vectors_checked'))} vectors checked, "
+            f"{_n(s.get('vector_mismatches'))} mismatches"
+        ),
+    ]
     return "; ".join(figures), _met(r.get("targets", {}))
 
 
@@ -120,8 +133,14 @@ def _scale(r: Result) -> tuple[str, str]:
         elif run.get("rows_per_s"):
             charged = run.get("inputs_charged")
             ideal = run.get("right_inputs")
-            charge = (f", {_n(charged)} charged" + (f" (ideal {_n(ideal)})" if ideal is not None
-                                                    else "")) if charged is not None else ""
+            charge = (
+                (
+                    f", {_n(charged)} charged"
+                    + (f" (ideal {_n(ideal)})" if ideal is not None else "")
+                )
+                if charged is not None
+                else ""
+            )
             figures.append(f"{name} {_n(run['rows_per_s'])} rows/s{charge}")
     rss = max((run.get("peak_rss_cli_mb") or 0 for run in runs.values()), default=None)
     figures.append(f"peak RSS {_n(rss)} MB")
@@ -131,22 +150,27 @@ def _scale(r: Result) -> tuple[str, str]:
     checks = r.get("vector_checks") or {}
     ok = all(c.get("ok") for c in checks.values()) if checks else None
     exits = all(run.get("exit_code") == 0 for run in runs.values())
-    return "; ".join(figures), (f"exit 0 everywhere: {_verdict(exits)}; "
-                                f"sampled vectors exact: {_verdict(ok)}")
+    return "; ".join(figures), (
+        f"exit 0 everywhere: {_verdict(exits)}; sampled vectors exact: {_verdict(ok)}"
+    )
 
 
 def _paid(r: Result) -> tuple[str, str]:
-    figures = (f"{_n(r['inputs_charged'])} inputs charged for {_n(r['distinct_texts'])} distinct "
-               f"texts (+{r['extra_pct']:.1f} %) in {len(r['passes'])} passes, "
-               f"{r['fail_rate'] * 100:g} % of requests failing")
+    figures = (
+        f"{_n(r['inputs_charged'])} inputs charged for {_n(r['distinct_texts'])} distinct "
+        f"texts (+{r['extra_pct']:.1f} %) in {len(r['passes'])} passes, "
+        f"{r['fail_rate'] * 100:g} % of requests failing"
+    )
     return figures, f"at most the distinct texts: {_verdict(r.get('target_met'))}"
 
 
 def _batch(r: Result) -> tuple[str, str]:
-    figures = (f"{_n(r['batch_inputs_charged'])} inputs in {_n(r['batches_created'])} batches "
-               f"for {_n(r['distinct_texts'])} distinct texts, {r['synchronous_requests']} "
-               f"synchronous requests; run {_n(r['wall_s'], 1)} s, rerun "
-               f"{_n(r['rerun_wall_s'], 1)} s with {r['rerun_batches_created']} batches")
+    figures = (
+        f"{_n(r['batch_inputs_charged'])} inputs in {_n(r['batches_created'])} batches "
+        f"for {_n(r['distinct_texts'])} distinct texts, {r['synchronous_requests']} "
+        f"synchronous requests; run {_n(r['wall_s'], 1)} s, rerun "
+        f"{_n(r['rerun_wall_s'], 1)} s with {r['rerun_batches_created']} batches"
+    )
     return figures, f"`ok`: {_verdict(r.get('ok'))}"
 
 
@@ -154,11 +178,15 @@ def _changes(r: Result) -> tuple[str, str]:
     figures = []
     for size in r["results"]:
         new, old = size.get("new", {}), size.get("old")
-        text = (f"{_n(size['rows'])} rows: {new.get('cpu_seconds', 0):.1f} CPU s, peak RSS "
-                f"{_n(new.get('peak_rss_mib'))} MiB")
+        text = (
+            f"{_n(size['rows'])} rows: {new.get('cpu_seconds', 0):.1f} CPU s, peak RSS "
+            f"{_n(new.get('peak_rss_mib'))} MiB"
+        )
         if old and old.get("peak_rss_mib") and new.get("peak_rss_mib"):
-            text += (f" (old / new: RSS {_x(old['peak_rss_mib'] / new['peak_rss_mib'])}, "
-                     f"CPU {_x(old['cpu_seconds'] / new['cpu_seconds'])})")
+            text += (
+                f" (old / new: RSS {_x(old['peak_rss_mib'] / new['peak_rss_mib'])}, "
+                f"CPU {_x(old['cpu_seconds'] / new['cpu_seconds'])})"
+            )
         figures.append(text)
     same = [size["same_content"] for size in r["results"] if "same_content" in size]
     verdict = _verdict(all(same) if same else None)
@@ -166,13 +194,16 @@ def _changes(r: Result) -> tuple[str, str]:
 
 
 def _load(r: Result) -> tuple[str, str]:
-    figures = [f"{name}: CLI {_n(s['cli_rows_s'])} rows/s, stage / adapter "
-               f"{_x(s['stage_vs_adapter'])}, rerun {s['rerun_already_loaded_wall_s']} s"
-               for name, s in r.get("sinks", {}).items()]
+    figures = [
+        f"{name}: CLI {_n(s['cli_rows_s'])} rows/s, stage / adapter "
+        f"{_x(s['stage_vs_adapter'])}, rerun {s['rerun_already_loaded_wall_s']} s"
+        for name, s in r.get("sinks", {}).items()
+    ]
     build = r.get("pgvector_index_build")
     if build:
-        figures.append("HNSW build: PostgreSQL defaults / embedline "
-                       f"{_x(build['defaults_vs_ours'])}")
+        figures.append(
+            f"HNSW build: PostgreSQL defaults / embedline {_x(build['defaults_vs_ours'])}"
+        )
     return "; ".join(figures), "–"
 
 
@@ -181,19 +212,27 @@ def _local(r: Result) -> tuple[str, str]:
     for base in ("sentence-transformers", "plain"):
         ratios = r.get(f"ratios_vs_{base}")
         if ratios:
-            figures.append(f"vs {base}: rows/s {_x(ratios['rows_per_s'])}, peak RSS "
-                           f"{_x(ratios['rss'])}, rows/CPU-s {_x(ratios['rows_per_cpu_s'])}")
+            figures.append(
+                f"vs {base}: rows/s {_x(ratios['rows_per_s'])}, peak RSS "
+                f"{_x(ratios['rss'])}, rows/CPU-s {_x(ratios['rows_per_cpu_s'])}"
+            )
             if base == "sentence-transformers":
-                verdicts.append(f"rows/s ≥ 1.0×: {_verdict(ratios['rows_per_s'] >= 1.0)}; "
-                                f"RSS ≤ 1.2×: {_verdict(ratios['rss'] <= 1.2)}")
+                verdicts.append(
+                    f"rows/s ≥ 1.0×: {_verdict(ratios['rows_per_s'] >= 1.0)}; "
+                    f"RSS ≤ 1.2×: {_verdict(ratios['rss'] <= 1.2)}"
+                )
     return "; ".join(figures) or "–", "; ".join(verdicts) or "– (needs `--st-python`)"
 
 
 def _planning(r: Result) -> tuple[str, str]:
     gb = r["bytes"] / 1e9
     v = r["variants"]
-    figures = [f"{name}: planning {v[name]['plan_s'] / gb:.1f} s/GB, chunk reads "
-               f"{v[name]['read_s'] / gb:.1f} s/GB" for name in ("new", "old") if name in v]
+    figures = [
+        f"{name}: planning {v[name]['plan_s'] / gb:.1f} s/GB, chunk reads "
+        f"{v[name]['read_s'] / gb:.1f} s/GB"
+        for name in ("new", "old")
+        if name in v
+    ]
     if "old" in v and "new" in v:
         old, new = (v[name]["plan_s"] + v[name]["read_s"] for name in ("old", "new"))
         figures.append(f"old / new {_x(old / new)}")
@@ -219,8 +258,10 @@ def table(results: Path) -> tuple[str, dict[str, Path]]:
     newest = newest_results(results)
     used = {kind: path for kind, path in newest.items() if kind in BENCHES}
     if not used:
-        empty = ("No results yet: run `make bench` (and `make bench-scale ROWS=N`), then "
-                 "`python benchmarks/report.py`.")
+        empty = (
+            "No results yet: run `make bench` (and `make bench-scale ROWS=N`), then "
+            "`python benchmarks/report.py`."
+        )
         return empty, used
     lines = ["| bench | newest results: headline figures | targets |", "| --- | --- | --- |"]
     for kind, (script, summary) in BENCHES.items():
@@ -243,7 +284,7 @@ def rewrite(readme: Path, generated: str) -> bool:
     start, stop = text.find(BEGIN), text.find(END)
     if start < 0 or stop < start:
         raise SystemExit(f"report.py: {readme} lacks the markers {BEGIN} … {END}")
-    new = text[:start + len(BEGIN)] + "\n" + generated + "\n" + text[stop:]
+    new = text[: start + len(BEGIN)] + "\n" + generated + "\n" + text[stop:]
     if new != text:
         readme.write_text(new, encoding="utf-8")
     return new != text

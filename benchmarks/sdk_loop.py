@@ -29,7 +29,7 @@ def main(data: str, base_url: str, out: str) -> int:
     frame = frame[frame["text"].str.strip() != ""]
     client = openai.OpenAI(api_key="unused", base_url=base_url, max_retries=6)
     texts = frame["text"].tolist()
-    batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
+    batches = [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
 
     def embed(batch: list[str]) -> np.ndarray:
         response = client.embeddings.create(model=MODEL, input=batch)

@@ -124,7 +124,7 @@ def row_indices(rows: int, variant: str, seed: int = DEFAULT_SEED) -> Iterator[i
     if variant == "shuffled":
         order = permutation(rows, seed)
         for start in range(0, rows, 65_536):
-            yield from order[start:start + 65_536].tolist()
+            yield from order[start : start + 65_536].tolist()
     elif variant == "deleted10":
         yield from (k for k in range(rows) if not is_deleted(k))
     elif variant in ("base", "changed"):
@@ -138,8 +138,14 @@ def text_of(k: int, variant: str, fraction: float = DEFAULT_FRACTION) -> str:
     return row_text(k, edited=variant == "changed" and is_changed(k, fraction))
 
 
-def write_export(rows: int, dest: Path, variant: str = "base", *,
-                 fraction: float = DEFAULT_FRACTION, seed: int = DEFAULT_SEED) -> dict[str, int]:
+def write_export(
+    rows: int,
+    dest: Path,
+    variant: str = "base",
+    *,
+    fraction: float = DEFAULT_FRACTION,
+    seed: int = DEFAULT_SEED,
+) -> dict[str, int]:
     """Write the variant of the ``rows``-row base export to ``dest`` (header ``id,text``, LF
     records, UTF-8 without BOM), streaming. Returns ``{"rows": records written, "bytes": file
     size, "edited": texts edited}``."""
@@ -157,8 +163,7 @@ def write_export(rows: int, dest: Path, variant: str = "base", *,
         for k in row_indices(rows, variant, seed):
             change = variant == "changed" and is_changed(k, fraction)
             edited += change
-            batch.append((f"r{k:09d}",
-                          f"{texts[k % n]} [row {k}{', edited' if change else ''}]"))
+            batch.append((f"r{k:09d}", f"{texts[k % n]} [row {k}{', edited' if change else ''}]"))
             if len(batch) == 8192:
                 out.writerows(batch)
                 written += len(batch)
@@ -174,17 +179,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rows", type=int, help="rows of the base export (1 .. 999,999,999)")
     parser.add_argument("out", type=Path, help="the CSV to write")
     parser.add_argument("--variant", choices=VARIANTS, default="base")
-    parser.add_argument("--fraction", type=float, default=DEFAULT_FRACTION,
-                        help="share of texts edited by --variant changed (default 0.001)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                        help="seed of --variant shuffled's order")
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=DEFAULT_FRACTION,
+        help="share of texts edited by --variant changed (default 0.001)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help="seed of --variant shuffled's order"
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    done = write_export(args.rows, args.out, args.variant, fraction=args.fraction,
-                        seed=args.seed)
-    print(f"{args.out}: {done['rows']:,} rows, {done['bytes']:,} bytes "
-          f"({done['bytes'] / max(done['rows'], 1):.0f} a row), {done['edited']:,} edited, "
-          f"{time.perf_counter() - started:.1f} s")
+    done = write_export(args.rows, args.out, args.variant, fraction=args.fraction, seed=args.seed)
+    print(
+        f"{args.out}: {done['rows']:,} rows, {done['bytes']:,} bytes "
+        f"({done['bytes'] / max(done['rows'], 1):.0f} a row), {done['edited']:,} edited, "
+        f"{time.perf_counter() - started:.1f} s"
+    )
     return 0
 
 

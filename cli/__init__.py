@@ -150,8 +150,11 @@ def _exit_quietly_on_signals() -> dict[int, _Handler]:
     # quiet handlers are for
     ours = getattr(sys.modules.get("embedline.shutdown"), "raise_interrupt", None)
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-    return {signum: signal.signal(signum, _exit_quietly) for signum, default in
-            defaults.items() if signal.getsignal(signum) in (default, ours)}
+    return {
+        signum: signal.signal(signum, _exit_quietly)
+        for signum, default in defaults.items()
+        if signal.getsignal(signum) in (default, ours)
+    }
 
 
 def _exit_quietly(signum: int, frame: object) -> None:

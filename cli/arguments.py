@@ -7,18 +7,31 @@ import argparse
 import math
 from typing import TypeVar
 
-__all__ = ["DEFAULT_LEDGER", "HELP_FORMATTER", "LEDGER_HELP", "MAX_DELETE_HELP", "fraction",
-           "non_negative_float", "non_negative_int", "positive_float", "positive_int",
-           "usage_line"]
+__all__ = [
+    "DEFAULT_LEDGER",
+    "HELP_FORMATTER",
+    "LEDGER_HELP",
+    "MAX_DELETE_HELP",
+    "fraction",
+    "non_negative_float",
+    "non_negative_int",
+    "positive_float",
+    "positive_int",
+    "usage_line",
+]
 
 DEFAULT_LEDGER = ".embedline/ledger.sqlite3"
-LEDGER_HELP = ("the SQLite ledger; a relative path is relative to the current directory, so "
-               "run `status`, `dead-letters` and `retry-failed` where `run` ran, or pass the "
-               "same --ledger")
-MAX_DELETE_HELP = ("stop, before deleting anything, a load that would delete more than this "
-                   "share of the rows the sink holds, or a commit whose change set removes more "
-                   "than this share of the previous run's rows (a cut-short export); exit 2 "
-                   "with the counts. 1 allows any delete")
+LEDGER_HELP = (
+    "the SQLite ledger; a relative path is relative to the current directory, so "
+    "run `status`, `dead-letters` and `retry-failed` where `run` ran, or pass the "
+    "same --ledger"
+)
+MAX_DELETE_HELP = (
+    "stop, before deleting anything, a load that would delete more than this "
+    "share of the rows the sink holds, or a commit whose change set removes more "
+    "than this share of the previous run's rows (a cut-short export); exit 2 "
+    "with the counts. 1 allows any delete"
+)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

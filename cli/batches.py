@@ -34,15 +34,18 @@ __all__ = ["add_parsers", "batch_lines"]
 #: A batch in one of these statuses changes no more (OpenAI Batch API reference).
 _ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
 #: What ``status`` says of a batch the provider answered 404 for (``not_found``).
-_NOT_FOUND_NOTE = ("unknown to the provider (HTTP 404): created with another API key or "
-                   "--base-url, or purged")
+_NOT_FOUND_NOTE = (
+    "unknown to the provider (HTTP 404): created with another API key or --base-url, or purged"
+)
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``cancel-batches``."""
     cancel = sub.add_parser(
-        "cancel-batches", formatter_class=HELP_FORMATTER,
-        help="cancel the Batch API batches of a run (--batch-api) that have not ended")
+        "cancel-batches",
+        formatter_class=HELP_FORMATTER,
+        help="cancel the Batch API batches of a run (--batch-api) that have not ended",
+    )
     cancel.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     cancel.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     cancel.set_defaults(handler=_cancel_batches, resumable=False)
@@ -56,9 +59,11 @@ def batch_lines(ledger: Ledger, run_key: str) -> list[str]:
     lines = []
     for record in ledger.run_batches(run_key):
         note = _NOT_FOUND_NOTE if record.status == "not_found" else (record.error or "")
-        lines.append(f"batch\t{record.batch_id or '-'}\tchunk={record.idx} part={record.part}\t"
-                     f"{record.status or record.state}\trequests={record.completed}/"
-                     f"{record.requests} failed={record.failed}\t{_one_field(note)}")
+        lines.append(
+            f"batch\t{record.batch_id or '-'}\tchunk={record.idx} part={record.part}\t"
+            f"{record.status or record.state}\trequests={record.completed}/"
+            f"{record.requests} failed={record.failed}\t{_one_field(note)}"
+        )
     return lines
 
 
@@ -71,15 +76,22 @@ def _nothing_to_cancel(records: list[BatchRecord], run_key: str) -> str | None:
     be running: one submitted that has not ended, or a part whose input was uploaded but
     whose create was not recorded (it may exist)."""
     if not records:
-        return (f"run {run_key[:12]} has no Batch API batches (it ran without --batch-api): "
-                "nothing to cancel")
-    if any((r.batch_id and r.status not in _ENDED) or (r.state == "creating" and
-                                                        r.input_file_id) for r in records):
+        return (
+            f"run {run_key[:12]} has no Batch API batches (it ran without --batch-api): "
+            "nothing to cancel"
+        )
+    if any(
+        (r.batch_id and r.status not in _ENDED) or (r.state == "creating" and r.input_file_id)
+        for r in records
+    ):
         return None
     ended = sum(1 for r in records if r.batch_id)
     never = len(records) - ended
-    counts = ", ".join(part for part in (f"{ended} ended" if ended else "",
-                                         f"{never} never created" if never else "") if part)
+    counts = ", ".join(
+        part
+        for part in (f"{ended} ended" if ended else "", f"{never} never created" if never else "")
+        if part
+    )
     return f"run {run_key[:12]} has no batch running at the provider ({counts}): nothing to cancel"
 
 
@@ -100,8 +112,9 @@ def _cancel_batches(args: argparse.Namespace) -> int:
         try:
             settings = RunSettings.model_validate(ledger.run_settings(run.run_key))
         except ValidationError:
-            return fail("embedline: error: the run's recorded settings no longer validate",
-                        EXIT_USAGE)
+            return fail(
+                "embedline: error: the run's recorded settings no longer validate", EXIT_USAGE
+            )
         client = build_batch_client(settings)
         try:
             adopted, never_created = _adopt_creating(ledger, client, run.run_key)
@@ -113,22 +126,36 @@ def _cancel_batches(args: argparse.Namespace) -> int:
     finally:
         ledger.close()
     if cancelled or not unknown:
-        print(f"embedline: {cancelled} batches of run {run.run_key[:12]} asked to cancel"
-              + (f" ({adopted} of them found in the account's batch list: their create was "
-                 "not recorded)" if adopted else "")
-              + "; what they completed is still billed: rerun the run to collect it"
-              + (f"; {never_created} parts were never created (a rerun submits them)"
-                 if never_created else ""), file=sys.stderr)
+        print(
+            f"embedline: {cancelled} batches of run {run.run_key[:12]} asked to cancel"
+            + (
+                f" ({adopted} of them found in the account's batch list: their create was "
+                "not recorded)"
+                if adopted
+                else ""
+            )
+            + "; what they completed is still billed: rerun the run to collect it"
+            + (
+                f"; {never_created} parts were never created (a rerun submits them)"
+                if never_created
+                else ""
+            ),
+            file=sys.stderr,
+        )
     if unknown:
         more = f" (and {len(unknown) - 1} more batches)" if len(unknown) > 1 else ""
-        return fail(f"embedline: error: {unknown[0].cause}{more}; set the API key that created "
-                    "it (EMBEDLINE_API_KEY or OPENAI_API_KEY) and run cancel-batches again; if "
-                    "the provider no longer has it, nothing is left to cancel", EXIT_FATAL)
+        return fail(
+            f"embedline: error: {unknown[0].cause}{more}; set the API key that created "
+            "it (EMBEDLINE_API_KEY or OPENAI_API_KEY) and run cancel-batches again; if "
+            "the provider no longer has it, nothing is left to cancel",
+            EXIT_FATAL,
+        )
     return 0
 
 
-def _cancel_open(ledger: Ledger, client: BatchClient,
-                 run_key: str) -> tuple[int, list[UnknownBatchError]]:
+def _cancel_open(
+    ledger: Ledger, client: BatchClient, run_key: str
+) -> tuple[int, list[UnknownBatchError]]:
     """Ask the provider to cancel every batch of the run that has not ended; print one line
     per batch. Returns (batches asked, the 404s of those the provider does not know: marked
     ``not_found`` in the ledger, the others are cancelled anyway).
@@ -148,11 +175,15 @@ def _cancel_open(ledger: Ledger, client: BatchClient,
             unknown.append(exc)
             continue
         counts = batch.get("request_counts") or {}
-        ledger.update_batch(run_key, record.batch_id, status=str(batch.get("status")),
-                            output_file_id=batch.get("output_file_id"),
-                            error_file_id=batch.get("error_file_id"),
-                            completed=int(counts.get("completed") or 0),
-                            failed=int(counts.get("failed") or 0))
+        ledger.update_batch(
+            run_key,
+            record.batch_id,
+            status=str(batch.get("status")),
+            output_file_id=batch.get("output_file_id"),
+            error_file_id=batch.get("error_file_id"),
+            completed=int(counts.get("completed") or 0),
+            failed=int(counts.get("failed") or 0),
+        )
         print(f"{record.batch_id}\t{batch.get('status')}")
         cancelled += 1
     return cancelled, unknown
@@ -176,8 +207,13 @@ def _adopt_creating(ledger: Ledger, client: BatchClient, run_key: str) -> tuple[
         batch = listed.get((record.idx, record.part))
         if batch is None:
             continue
-        ledger.mark_batch_submitted(run_key, record.idx, record.part, batch_id=str(batch["id"]),
-                                    input_file_id=batch.get("input_file_id"),
-                                    status=str(batch.get("status")))
+        ledger.mark_batch_submitted(
+            run_key,
+            record.idx,
+            record.part,
+            batch_id=str(batch["id"]),
+            input_file_id=batch.get("input_file_id"),
+            status=str(batch.get("status")),
+        )
         adopted += 1
     return adopted, len(creating) - adopted

@@ -28,6 +28,7 @@ def command_seconds() -> float:
 
     return time.monotonic() - STARTED_AT
 
+
 _active: list[ProgressBar] = []  # the bar of the run in progress, for stop_progress
 
 
@@ -58,8 +59,10 @@ class ProgressBar:
                 TextColumn("[bold]embedding"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("rows · {task.fields[chunks]} chunks · {task.fields[rate]} rows/s"
-                           "{task.fields[batches]}"),
+                TextColumn(
+                    "rows · {task.fields[chunks]} chunks · {task.fields[rate]} rows/s"
+                    "{task.fields[batches]}"
+                ),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 console=Console(file=sys.stderr),
@@ -94,8 +97,9 @@ class ProgressBar:
         assert self._bar is not None
         rate = self._rate(event)
         if self._task is None:
-            self._task = self._bar.add_task("run", total=event.rows_total, chunks="", rate="-",
-                                            batches="")
+            self._task = self._bar.add_task(
+                "run", total=event.rows_total, chunks="", rate="-", batches=""
+            )
         batches = progress.batches_phrase(event.batches)
         self._bar.update(
             self._task,
@@ -145,9 +149,11 @@ def progress_line(event: progress.Progress, rate: float) -> str:
     left = event.rows_total - event.rows_done
     eta = f"{left / rate:,.0f} s" if rate > 0 else "-"
     batches = progress.batches_phrase(event.batches)
-    return (f"embedline: progress {event.rows_done:,} of {event.rows_total:,} rows "
-            f"({share:.1f}%), {event.chunks_done} of {event.chunks_total} chunks, "
-            f"{rate:,.0f} rows/s, ETA {eta}" + (f"; {batches}" if batches else ""))
+    return (
+        f"embedline: progress {event.rows_done:,} of {event.rows_total:,} rows "
+        f"({share:.1f}%), {event.chunks_done} of {event.chunks_total} chunks, "
+        f"{rate:,.0f} rows/s, ETA {eta}" + (f"; {batches}" if batches else "")
+    )
 
 
 def cost_lines(summary: dict[str, Any]) -> list[str]:
@@ -155,16 +161,20 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
     mode also the batches and what their half price saved."""
     price = summary.get("price_per_million_tokens")
     batch_tokens = int(summary.get("batch_tokens") or 0)
-    batches = (f"batch      {summary.get('batches', 0):,} Batch API batches, {batch_tokens:,} "
-               "tokens at the batch price (half)")
+    batches = (
+        f"batch      {summary.get('batches', 0):,} Batch API batches, {batch_tokens:,} "
+        "tokens at the batch price (half)"
+    )
     if price is None:
         return [batches] if batch_tokens or summary.get("batches") else []
     from embedline.models import run_cost
 
     spent, batch_saved = run_cost(summary["tokens"], batch_tokens, price)
     saved = summary.get("tokens_saved", 0) * price / 1e6
-    lines = [f"cost       ${spent:,.4f} estimated, ~${saved:,.4f} saved by reuse and "
-             f"deduplication (at ${price}/1M tokens)"]
+    lines = [
+        f"cost       ${spent:,.4f} estimated, ~${saved:,.4f} saved by reuse and "
+        f"deduplication (at ${price}/1M tokens)"
+    ]
     if batch_tokens:
         lines.append(f"{batches}: ${batch_saved:,.4f} saved by --batch-api")
     elif summary.get("batches"):  # submitted, nothing collected yet (an interrupted wait)
@@ -185,9 +195,11 @@ def _api_line(summary: dict[str, Any]) -> str:
     batch_inputs = int(summary.get("batch_inputs") or 0)
     if requests == 0 and inputs and not batch_inputs:
         return f"model      {plural(inputs, 'input')} embedded in-process (no API requests)"
-    return (f"api        {plural(requests, 'request')}, {plural(inputs, 'input')} sent"
-            + (f" ({batch_inputs:,} of them in Batch API batches)" if batch_inputs else "")
-            + f", {plural(summary['tokens'], 'token')} reported")
+    return (
+        f"api        {plural(requests, 'request')}, {plural(inputs, 'input')} sent"
+        + (f" ({batch_inputs:,} of them in Batch API batches)" if batch_inputs else "")
+        + f", {plural(summary['tokens'], 'token')} reported"
+    )
 
 
 def print_summary(summary: dict[str, Any], *, command_s: float | None = None) -> None:
@@ -197,9 +209,13 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
     ``command_s``, when given, is the whole command's, Prefect's start-up included, in
     seconds since the process started."""
     lines = [
-        f"run        {summary.get('run_key') or '-'}" + (
+        f"run        {summary.get('run_key') or '-'}"
+        + (
             f" (generation {summary['generation']}: retries the dead letters of run "
-            f"{str(summary['supersedes'])[:12]})" if summary.get("supersedes") else ""),
+            f"{str(summary['supersedes'])[:12]})"
+            if summary.get("supersedes")
+            else ""
+        ),
         f"status     {summary['status']}"
         + (f": {summary['message']}" if summary["message"] else ""),
     ]
@@ -207,28 +223,40 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
         lines += [
             f"rows       {summary['rows_published']:,} published of {summary['rows_total']:,} "
             f"({summary['rows_skipped']:,} already published before"
-            + (f", {summary['rows_concurrent']:,} by a concurrent run"
-               if summary.get("rows_concurrent") else "") + "), "
+            + (
+                f", {summary['rows_concurrent']:,} by a concurrent run"
+                if summary.get("rows_concurrent")
+                else ""
+            )
+            + "), "
             + plural(summary["rows_failed"], "dead letter")
-            + (f" ({plural(summary['rows_empty'], 'empty text')}, skipped)"
-               if summary.get("rows_empty") else ""),
+            + (
+                f" ({plural(summary['rows_empty'], 'empty text')}, skipped)"
+                if summary.get("rows_empty")
+                else ""
+            ),
             f"chunks     {summary['chunks_published']} published now, "
             f"{summary['chunks_skipped']} skipped, "
-            + (f"{summary['chunks_concurrent']} by a concurrent run, "
-               if summary.get("chunks_concurrent") else "")
+            + (
+                f"{summary['chunks_concurrent']} by a concurrent run, "
+                if summary.get("chunks_concurrent")
+                else ""
+            )
             + f"{summary['chunks_failed']} failed, "
-            + (f"{summary['chunks_released']} released, " if summary.get("chunks_released")
-               else "")
+            + (f"{summary['chunks_released']} released, " if summary.get("chunks_released") else "")
             + f"{summary['chunks_not_run']} not run, of {summary['chunks_total']}",
             _api_line(summary),
             f"reuse      {summary.get('rows_reused', 0):,} rows reused from earlier runs, "
             f"{summary.get('rows_deduplicated', 0):,} deduplicated in this run "
             f"(~{summary.get('tokens_saved', 0):,} tokens not sent)",
             *cost_lines(summary),
-            f"wall time  {summary['wall_s']:.1f} s" + (
+            f"wall time  {summary['wall_s']:.1f} s"
+            + (
                 f" (the whole command: {command_s:.1f} s, with Prefect's start-up"
                 + (" and the load below)" if summary.get("load") else ")")
-                if command_s is not None and command_s - summary["wall_s"] >= 0.1 else ""),
+                if command_s is not None and command_s - summary["wall_s"] >= 0.1
+                else ""
+            ),
             f"output     {summary['output']}",
         ]
     if summary.get("rows_added") is not None:
@@ -237,7 +265,8 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             f"changes    {summary['rows_added']:,} added, {summary['rows_changed']:,} changed, "
             f"{summary['rows_removed']:,} removed, {summary['rows_unchanged']:,} unchanged "
             + (f"(against run {base[:12]}" if base else "(first run of this dataset on this output")
-            + ("; as committed earlier)" if summary["status"] == "already_complete" else ")"))
+            + ("; as committed earlier)" if summary["status"] == "already_complete" else ")")
+        )
     if summary.get("manifest_uri"):
         lines.append(f"manifest   {summary['manifest_uri']}")
     print("\n".join(lines))

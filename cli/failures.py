@@ -18,8 +18,9 @@ def fail(message: str, code: int) -> int:
     return code
 
 
-def exit_on_api_loss(loss: Any, *, kept: str = "what was published is kept",
-                     todo: str | None = None) -> None:
+def exit_on_api_loss(
+    loss: Any, *, kept: str = "what was published is kept", todo: str | None = None
+) -> None:
     """Print one line for an ``embedline.stop_report.ApiLoss`` and exit 1 at once (the hard-exit
     hooks run first: the temporary server is stopped, a started run marked ``interrupted``).
     ``todo`` replaces the loss's own advice (what a rerun does)."""

@@ -19,24 +19,41 @@ __all__ = ["add_parsers", "format_report"]
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``gc``."""
     gc = sub.add_parser(
-        "gc", help="delete manifests beyond retention and objects no kept manifest references",
-        formatter_class=HELP_FORMATTER)
+        "gc",
+        help="delete manifests beyond retention and objects no kept manifest references",
+        formatter_class=HELP_FORMATTER,
+    )
     gc.add_argument("output", metavar="OUTPUT", help="local directory or s3://bucket/prefix")
-    gc.add_argument("--keep-runs", type=positive_int, default=None,
-                    help="keep the newest N manifests of each dataset (same columns, model "
-                         "and dimensions; default: all, unless --older-than)")
-    gc.add_argument("--older-than", default=None, metavar="AGE",
-                    help="delete manifests older than AGE (90d, 36h, 2w; a bare number is "
-                         "days); with --keep-runs, only those both rules let go; the newest "
-                         "of each dataset always stays (default: no age rule)")
-    gc.add_argument("--grace", default="24h", metavar="AGE",
-                    help="never delete anything younger than AGE (a bare number is days): "
-                         "runs in progress keep what they wrote (loads in progress keep their "
-                         "run by a renewed lease, whatever this says)")
+    gc.add_argument(
+        "--keep-runs",
+        type=positive_int,
+        default=None,
+        help="keep the newest N manifests of each dataset (same columns, model "
+        "and dimensions; default: all, unless --older-than)",
+    )
+    gc.add_argument(
+        "--older-than",
+        default=None,
+        metavar="AGE",
+        help="delete manifests older than AGE (90d, 36h, 2w; a bare number is "
+        "days); with --keep-runs, only those both rules let go; the newest "
+        "of each dataset always stays (default: no age rule)",
+    )
+    gc.add_argument(
+        "--grace",
+        default="24h",
+        metavar="AGE",
+        help="never delete anything younger than AGE (a bare number is days): "
+        "runs in progress keep what they wrote (loads in progress keep their "
+        "run by a renewed lease, whatever this says)",
+    )
     gc.add_argument("--dry-run", action="store_true", help="print what would go; delete nothing")
-    gc.add_argument("--ledger", default=DEFAULT_LEDGER,
-                    help="ledger whose rows about deleted objects are dropped, if that file "
-                         "exists (relative to the current directory)")
+    gc.add_argument(
+        "--ledger",
+        default=DEFAULT_LEDGER,
+        help="ledger whose rows about deleted objects are dropped, if that file "
+        "exists (relative to the current directory)",
+    )
     gc.set_defaults(handler=_gc)
 
 
@@ -46,16 +63,25 @@ def format_report(done: Any, *, dry_run: bool) -> str:
     from cli.console import plural
 
     verb = "would delete" if dry_run else "deleted"
-    lines = [f"kept       {plural(len(done.kept_runs), 'run')}" + (
-        f", and {plural(done.leased, 'object')} that runs in progress need (live leases)"
-        if done.leased else "")]
+    lines = [
+        f"kept       {plural(len(done.kept_runs), 'run')}"
+        + (
+            f", and {plural(done.leased, 'object')} that runs in progress need (live leases)"
+            if done.leased
+            else ""
+        )
+    ]
     for entry in done.datasets:
-        lines.append(f"dataset    {entry.label()}: kept {plural(len(entry.kept), 'run')}, "
-                     f"{verb} {len(entry.deleted)}")
+        lines.append(
+            f"dataset    {entry.label()}: kept {plural(len(entry.kept), 'run')}, "
+            f"{verb} {len(entry.deleted)}"
+        )
 
     for kind, items in done.groups().items():
-        lines.append(f"{kind:<10} {verb} {plural(len(items), 'object')}, "
-                     f"{sum(i.size_bytes for i in items):,} bytes")
+        lines.append(
+            f"{kind:<10} {verb} {plural(len(items), 'object')}, "
+            f"{sum(i.size_bytes for i in items):,} bytes"
+        )
     if done.temp_files:
         lines.append(f"temp files {verb} {len(done.temp_files):,}")
     objects, size = done.totals()
@@ -78,8 +104,7 @@ def _gc(args: argparse.Namespace) -> int:
         return fail(usage_line("embedline gc", f"argument {flag}: {exc}"), EXIT_USAGE)
     try:
         store = open_store(args.output)
-        plan = plan_gc(store, keep_runs=args.keep_runs, older_than_s=older_than_s,
-                       grace_s=grace_s)
+        plan = plan_gc(store, keep_runs=args.keep_runs, older_than_s=older_than_s, grace_s=grace_s)
         if args.dry_run:
             print(format_report(plan, dry_run=True))
             return 0

@@ -16,21 +16,32 @@ __all__ = ["add_parsers", "run_status", "tsv_field"]
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``status`` and ``dead-letters``."""
-    status = sub.add_parser("status", help="one line per run in the ledger",
-                            formatter_class=HELP_FORMATTER)
+    status = sub.add_parser(
+        "status", help="one line per run in the ledger", formatter_class=HELP_FORMATTER
+    )
     status.add_argument("run", nargs="?", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     status.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
-    status.add_argument("--json", action="store_true",
-                        help="one JSON object per run and line, for monitors (fields: "
-                             "docs/reference/cli.md, 'embedline status')")
+    status.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per run and line, for monitors (fields: "
+        "docs/reference/cli.md, 'embedline status')",
+    )
     status.set_defaults(handler=_status, resumable=False)
-    dead = sub.add_parser("dead-letters", help="id<TAB>reason<TAB>http_status per dead letter",
-                          formatter_class=HELP_FORMATTER)
+    dead = sub.add_parser(
+        "dead-letters",
+        help="id<TAB>reason<TAB>http_status per dead letter",
+        formatter_class=HELP_FORMATTER,
+    )
     dead.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     dead.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
-    dead.add_argument("--sink", metavar="URI", default=None,
-                      help="list the rows this sink refused for good when RUN was loaded into "
-                           "it (id<TAB>reason<TAB>sqlstate<TAB>message) instead")
+    dead.add_argument(
+        "--sink",
+        metavar="URI",
+        default=None,
+        help="list the rows this sink refused for good when RUN was loaded into "
+        "it (id<TAB>reason<TAB>sqlstate<TAB>message) instead",
+    )
     dead.set_defaults(handler=_dead_letters, resumable=False)
 
 
@@ -76,26 +87,48 @@ def run_status(ledger: Ledger, run: RunRecord) -> dict[str, Any]:
     status = run.status
     if status == "running" and ledger.run_process_gone(run.run_key):
         status = "crashed"  # its process is gone without recording an end
-    published = run.rows_published if status == "complete" else max(
-        run.rows_published, ledger.published_rows(run.run_key))
+    published = (
+        run.rows_published
+        if status == "complete"
+        else max(run.rows_published, ledger.published_rows(run.run_key))
+    )
     failure = ledger.first_failure(run.run_key) if states.get("failed") else None
     more = states.get("failed", 0) - 1
-    why = None if failure is None else (
-        f"chunk {failure[0]} failed" + (f" (and {more} more)" if more else "")
-        + f": {failure[1]}")
-    return {"run_key": run.run_key, "status": status, "input": run.input_name,
-            "input_rows": run.input_rows, "output": run.output_uri,
-            "manifest_uri": run.manifest_uri, "updated_at": run.updated_at,
-            "rows_published": published, "dead_letters": run.rows_failed,
-            "chunks": {s: states.get(s, 0) for s in _CHUNK_STATES}, "failure": why,
-            "committed": ledger.run_facts(run.run_key) if status == "complete" else None}
+    why = (
+        None
+        if failure is None
+        else (
+            f"chunk {failure[0]} failed"
+            + (f" (and {more} more)" if more else "")
+            + f": {failure[1]}"
+        )
+    )
+    return {
+        "run_key": run.run_key,
+        "status": status,
+        "input": run.input_name,
+        "input_rows": run.input_rows,
+        "output": run.output_uri,
+        "manifest_uri": run.manifest_uri,
+        "updated_at": run.updated_at,
+        "rows_published": published,
+        "dead_letters": run.rows_failed,
+        "chunks": {s: states.get(s, 0) for s in _CHUNK_STATES},
+        "failure": why,
+        "committed": ledger.run_facts(run.run_key) if status == "complete" else None,
+    }
 
 
 def tsv_field(value: str) -> str:
     """Escape backslash, tab, CR, LF and NUL so an id (quoted CSV fields may hold them) stays
     one printable TSV field (the convention of PostgreSQL's COPY text format: NUL as ``\\x00``)."""
-    return (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-            .replace("\r", "\\r").replace("\x00", "\\x00"))
+    return (
+        value.replace("\\", "\\\\")
+        .replace("\t", "\\t")
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\x00", "\\x00")
+    )
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
@@ -105,8 +138,10 @@ def _dead_letters(args: argparse.Namespace) -> int:
         from adapters.sinks import open_sink
 
         for refused in ledger.load_dead_letters(open_sink(args.sink).identity, run.run_key):
-            print(f"{tsv_field(refused.id)}\t{refused.reason}\t{refused.sqlstate or ''}\t"
-                  f"{tsv_field(refused.message)}")
+            print(
+                f"{tsv_field(refused.id)}\t{refused.reason}\t{refused.sqlstate or ''}\t"
+                f"{tsv_field(refused.message)}"
+            )
         return 0
     for dead in ledger.run_dead_letters(run.run_key):
         status = "" if dead.http_status is None else str(dead.http_status)

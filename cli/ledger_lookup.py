@@ -20,10 +20,14 @@ def open_ledger(path: str) -> Ledger:
     from adapters.ledger import Ledger
 
     if not os.path.exists(path):
-        raise SystemExit(fail(
-            f"embedline: error: no ledger at {os.path.abspath(path)}: `embedline run` keeps "
-            f"it in {DEFAULT_LEDGER} under the directory it ran in; cd there or pass "
-            "--ledger PATH", EXIT_USAGE))
+        raise SystemExit(
+            fail(
+                f"embedline: error: no ledger at {os.path.abspath(path)}: `embedline run` keeps "
+                f"it in {DEFAULT_LEDGER} under the directory it ran in; cd there or pass "
+                "--ledger PATH",
+                EXIT_USAGE,
+            )
+        )
     return Ledger(path)
 
 
@@ -50,10 +54,15 @@ def check_ledger_dir(ledger: str) -> None:
     try:
         os.makedirs(os.path.dirname(os.path.abspath(ledger)), exist_ok=True)
     except OSError as exc:
-        why = ("a file stands where a directory should be"
-               if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror)
-        raise InputError(f"cannot use the ledger {ledger}: {why} ({exc.filename}); pass "
-                         "--ledger a path in a directory you can write") from None
+        why = (
+            "a file stands where a directory should be"
+            if isinstance(exc, (FileExistsError, NotADirectoryError))
+            else exc.strerror
+        )
+        raise InputError(
+            f"cannot use the ledger {ledger}: {why} ({exc.filename}); pass "
+            "--ledger a path in a directory you can write"
+        ) from None
 
 
 def check_ledger(ledger: str) -> None:
@@ -74,13 +83,17 @@ def check_ledger(ledger: str) -> None:
     check_ledger_dir(ledger)
     directory = os.path.dirname(os.path.abspath(ledger))
     try:
-        with translate_full(ledger, "ledger"), \
-                tempfile.TemporaryFile(dir=directory, prefix=".embedline-probe-"):
+        with (
+            translate_full(ledger, "ledger"),
+            tempfile.TemporaryFile(dir=directory, prefix=".embedline-probe-"),
+        ):
             pass
     except OSError as exc:  # a full filesystem is DiskFullError (exit 1), raised as is
-        raise InputError(f"cannot write in the ledger's directory {directory} "
-                         f"({exc.strerror}): pass --ledger a path in a directory you can "
-                         "write") from None
+        raise InputError(
+            f"cannot write in the ledger's directory {directory} "
+            f"({exc.strerror}): pass --ledger a path in a directory you can "
+            "write"
+        ) from None
     if not os.path.exists(ledger):
         return
     try:
@@ -89,5 +102,5 @@ def check_ledger(ledger: str) -> None:
         raise InputError(
             f"cannot use the ledger {ledger} ({exc}): fix its permissions or restore it from "
             "a backup, or move it away and rerun: a new ledger finds what the output already "
-            "holds (nothing published is sent again)") from None
-
+            "holds (nothing published is sent again)"
+        ) from None

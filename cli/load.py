@@ -21,41 +21,73 @@ __all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``load``."""
-    load = sub.add_parser("load", help="load a committed run into LanceDB, pgvector or Qdrant",
-                          formatter_class=HELP_FORMATTER)
-    load.add_argument("run", nargs="?", metavar="RUN",
-                      help="a run key or prefix (≥ 8 hex); default: the latest committed run")
-    load.add_argument("--to", required=True, metavar="URI",
-                      help="lancedb://PATH[?table=NAME], PATH/NAME.lance, "
-                           "postgresql://user@host:port/db[?table=NAME] (password from "
-                           "PGPASSWORD, never the URI), qdrant://HOST:PORT/COLLECTION (API "
-                           "key from QDRANT_API_KEY) or qdrant+local://PATH[?collection=NAME]")
-    load.add_argument("--output", default=None,
-                      help="the run's output root (default: the ledger's record of RUN, "
-                           "or without RUN of its newest complete run, else "
-                           "./embedline-output)")
-    load.add_argument("--ledger", default=DEFAULT_LEDGER,
-                      help="the ledger `run` wrote (relative to the current directory): "
-                           "where runs were published (what a sink holds, the sink says)")
-    load.add_argument("--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE",
-                      help=MAX_DELETE_HELP)
-    load.add_argument("--allow-failed-rows", action="store_true",
-                      help="rows the sink refuses for good (an id PostgreSQL cannot store or "
-                           "index, a NaN vector: load dead letters) do not fail the load "
-                           "(exit 0); without it the load finishes, lists them, exit 1")
-    load.add_argument("--lancedb-keep-versions", type=duration_s, default=None,
-                      metavar="DURATION",
-                      help="LanceDB: prune table versions older than this after the load "
-                           "(e.g. 0, 90s, 30m, 1h, 7d; default 1h); the latest is always kept")
-    load.add_argument("--alias", metavar="NAME", default=None,
-                      help="model cutover: load into the table of the run's model behind "
-                           "NAME (NAME__MODEL_DIMS in the store --to names), check it, then "
-                           "switch NAME to it in one step (pgvector: a view; Qdrant: a "
-                           "collection alias); searches through NAME never see a half-loaded "
-                           "table")
-    load.add_argument("--rollback", action="store_true",
-                      help="with --alias: point NAME back at the table it pointed at before "
-                           "the last switch (RUN is not read)")
+    load = sub.add_parser(
+        "load",
+        help="load a committed run into LanceDB, pgvector or Qdrant",
+        formatter_class=HELP_FORMATTER,
+    )
+    load.add_argument(
+        "run",
+        nargs="?",
+        metavar="RUN",
+        help="a run key or prefix (≥ 8 hex); default: the latest committed run",
+    )
+    load.add_argument(
+        "--to",
+        required=True,
+        metavar="URI",
+        help="lancedb://PATH[?table=NAME], PATH/NAME.lance, "
+        "postgresql://user@host:port/db[?table=NAME] (password from "
+        "PGPASSWORD, never the URI), qdrant://HOST:PORT/COLLECTION (API "
+        "key from QDRANT_API_KEY) or qdrant+local://PATH[?collection=NAME]",
+    )
+    load.add_argument(
+        "--output",
+        default=None,
+        help="the run's output root (default: the ledger's record of RUN, "
+        "or without RUN of its newest complete run, else "
+        "./embedline-output)",
+    )
+    load.add_argument(
+        "--ledger",
+        default=DEFAULT_LEDGER,
+        help="the ledger `run` wrote (relative to the current directory): "
+        "where runs were published (what a sink holds, the sink says)",
+    )
+    load.add_argument(
+        "--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE", help=MAX_DELETE_HELP
+    )
+    load.add_argument(
+        "--allow-failed-rows",
+        action="store_true",
+        help="rows the sink refuses for good (an id PostgreSQL cannot store or "
+        "index, a NaN vector: load dead letters) do not fail the load "
+        "(exit 0); without it the load finishes, lists them, exit 1",
+    )
+    load.add_argument(
+        "--lancedb-keep-versions",
+        type=duration_s,
+        default=None,
+        metavar="DURATION",
+        help="LanceDB: prune table versions older than this after the load "
+        "(e.g. 0, 90s, 30m, 1h, 7d; default 1h); the latest is always kept",
+    )
+    load.add_argument(
+        "--alias",
+        metavar="NAME",
+        default=None,
+        help="model cutover: load into the table of the run's model behind "
+        "NAME (NAME__MODEL_DIMS in the store --to names), check it, then "
+        "switch NAME to it in one step (pgvector: a view; Qdrant: a "
+        "collection alias); searches through NAME never see a half-loaded "
+        "table",
+    )
+    load.add_argument(
+        "--rollback",
+        action="store_true",
+        help="with --alias: point NAME back at the table it pointed at before "
+        "the last switch (RUN is not read)",
+    )
     load.set_defaults(handler=_load)
 
 
@@ -70,8 +102,9 @@ def duration_s(text: str) -> float:
     try:
         seconds = float(value[:-1] if scale else value) * (scale or 1)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 0, 90s, 30m, 1h, "
-                                         "7d)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (e.g. 0, 90s, 30m, 1h, 7d)"
+        ) from None
     if seconds < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a duration cannot be negative")
     return seconds
@@ -87,8 +120,11 @@ def _output_for(args: argparse.Namespace) -> str:
 
         ledger = Ledger(args.ledger)
         try:
-            record = ledger.find_run(args.run) if args.run else next(
-                (r for r in ledger.runs() if r.status == "complete"), None)
+            record = (
+                ledger.find_run(args.run)
+                if args.run
+                else next((r for r in ledger.runs() if r.status == "complete"), None)
+            )
         except ValueError:
             record = None
         finally:
@@ -116,15 +152,25 @@ def _load(args: argparse.Namespace) -> int:
         refused = _alias_refused(args, manifest)
         if refused is not None:
             return fail(f"embedline: error: {refused}", EXIT_USAGE)
-        return with_prefect_api(lambda api: _load_flow(args, api), on_lost=lambda loss:
-                                exit_on_api_loss(loss, kept="what was loaded is kept"))
-    done = already_loaded(output, args.run, args.to, args.ledger, manifest=manifest,
-                          allow_failed_rows=args.allow_failed_rows)
+        return with_prefect_api(
+            lambda api: _load_flow(args, api),
+            on_lost=lambda loss: exit_on_api_loss(loss, kept="what was loaded is kept"),
+        )
+    done = already_loaded(
+        output,
+        args.run,
+        args.to,
+        args.ledger,
+        manifest=manifest,
+        allow_failed_rows=args.allow_failed_rows,
+    )
     if done is not None:
         print_load_summary(done)
         return int(done["exit_code"])
-    return with_prefect_api(lambda api: _load_flow(args, api), on_lost=lambda loss:
-                            exit_on_api_loss(loss, kept="what was loaded is kept"))
+    return with_prefect_api(
+        lambda api: _load_flow(args, api),
+        on_lost=lambda loss: exit_on_api_loss(loss, kept="what was loaded is kept"),
+    )
 
 
 def _alias_refused(args: argparse.Namespace, manifest: dict[str, Any] | None) -> str | None:
@@ -190,9 +236,15 @@ def _committed_manifest(output: str, run: str | None) -> dict[str, Any] | tuple[
         return None
 
 
-def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str, *,
-                   manifest: dict[str, Any] | None = None,
-                   allow_failed_rows: bool = False) -> dict[str, Any] | None:
+def already_loaded(
+    output: str,
+    run: str | None,
+    sink_uri: str,
+    ledger_path: str,
+    *,
+    manifest: dict[str, Any] | None = None,
+    allow_failed_rows: bool = False,
+) -> dict[str, Any] | None:
     """The summary of a load with nothing to do, found without starting Prefect: the sink
     itself holds exactly the run's rows (ids and text hashes, ``tasks.sink_state``); else
     None (also when the store or the sink cannot be read here: the flow reports that).
@@ -225,8 +277,12 @@ def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str
         # a table of another shape or model: the flow refuses it (exit 3), even if it holds
         # the run's ids and hashes (a column added by hand)
         columns = sink_columns_of(manifest)
-        sink.ensure_table(embedder=str(manifest.get("embedder")), model=str(manifest["model"]),
-                          dimensions=int(manifest["dimensions"]), columns=columns)
+        sink.ensure_table(
+            embedder=str(manifest.get("embedder")),
+            model=str(manifest["model"]),
+            dimensions=int(manifest["dimensions"]),
+            columns=columns,
+        )
         plan = plan_load(run_keys(store, manifest["chunks"], columns.kept), sink.held_keys())
     except (EmbedlineError, OSError):
         return None
@@ -235,11 +291,18 @@ def already_loaded(output: str, run: str | None, sink_uri: str, ledger_path: str
     if not plan.done:
         return None
     rows = sum(int(c["rows"]) for c in manifest["chunks"])
-    return LoadSummary(0, "already_loaded", "the sink already holds exactly this run",
-                       sink=sink.identity, run_key=str(manifest["run_key"]), mode="-",
-                       rows_skipped=rows, chunks_total=len(manifest["chunks"]),
-                       chunks_skipped=len(manifest["chunks"]),
-                       wall_s=round(time.monotonic() - started, 3)).to_dict()
+    return LoadSummary(
+        0,
+        "already_loaded",
+        "the sink already holds exactly this run",
+        sink=sink.identity,
+        run_key=str(manifest["run_key"]),
+        mode="-",
+        rows_skipped=rows,
+        chunks_total=len(manifest["chunks"]),
+        chunks_skipped=len(manifest["chunks"]),
+        wall_s=round(time.monotonic() - started, 3),
+    ).to_dict()
 
 
 def _load_flow(args: argparse.Namespace, api: Any) -> int:
@@ -256,11 +319,17 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
 
     STOP.command_handles_signals()  # SIGTERM as SIGINT in the flow
     quiet_prefect_signal_crashes()
-    state = load_run(to=args.to, run=args.run, output=output, ledger=args.ledger,
-                     max_delete_fraction=args.max_delete_fraction,
-                     allow_failed_rows=args.allow_failed_rows,
-                     lancedb_keep_versions_s=args.lancedb_keep_versions, alias=args.alias,
-                     return_state=True)  # an interrupt: cli.main says it
+    state = load_run(
+        to=args.to,
+        run=args.run,
+        output=output,
+        ledger=args.ledger,
+        max_delete_fraction=args.max_delete_fraction,
+        allow_failed_rows=args.allow_failed_rows,
+        lancedb_keep_versions_s=args.lancedb_keep_versions,
+        alias=args.alias,
+        return_state=True,
+    )  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)
     raise_if_interrupted_by_cancel(summary)  # cancelled from Prefect: cli.main says it
@@ -274,23 +343,38 @@ def print_load_summary(summary: dict[str, Any]) -> None:
     """Print a load's summary (stdout), and its message on stderr when it did not finish."""
     print(f"sink       {summary['sink']}")
     if summary.get("run_key"):
-        print(f"load       {summary['status']} (run {summary['run_key']}, mode "
-              f"{summary.get('mode') or '-'})")
-        print(f"rows       {summary['rows_loaded']} upserted now, {summary['rows_skipped']} "
-              f"loaded before, {summary['rows_deleted']} deleted")
+        print(
+            f"load       {summary['status']} (run {summary['run_key']}, mode "
+            f"{summary.get('mode') or '-'})"
+        )
+        print(
+            f"rows       {summary['rows_loaded']} upserted now, {summary['rows_skipped']} "
+            f"loaded before, {summary['rows_deleted']} deleted"
+        )
         if summary.get("rows_failed"):
-            print(f"dead       {summary['rows_failed']} rows refused by the sink for good "
-                  f"(embedline dead-letters {str(summary['run_key'])[:12]} --sink URI)")
-        print(f"chunks     {summary['chunks_loaded']} loaded now, {summary['chunks_skipped']} "
-              f"skipped, {summary['chunks_failed']} failed, of {summary['chunks_total']}")
+            print(
+                f"dead       {summary['rows_failed']} rows refused by the sink for good "
+                f"(embedline dead-letters {str(summary['run_key'])[:12]} --sink URI)"
+            )
+        print(
+            f"chunks     {summary['chunks_loaded']} loaded now, {summary['chunks_skipped']} "
+            f"skipped, {summary['chunks_failed']} failed, of {summary['chunks_total']}"
+        )
         if summary.get("alias_table"):
             before = summary.get("alias_previous")
-            print(f"alias      {summary['alias']} -> {summary['alias_table']}"
-                  + (f" (was {before}; --rollback restores it)" if before else " (new)"))
+            print(
+                f"alias      {summary['alias']} -> {summary['alias_table']}"
+                + (f" (was {before}; --rollback restores it)" if before else " (new)")
+            )
         if summary.get("index_state"):
             print(f"index      {summary['index_state']} in {summary.get('index_s', 0.0):.1f} s")
-        print(f"wall time  {summary['wall_s']:.1f} s (the load"
-              + (f", of which {summary['index_s']:.1f} s the index)"
-                 if summary.get("index_s", 0.0) >= 0.05 else ")"))
+        print(
+            f"wall time  {summary['wall_s']:.1f} s (the load"
+            + (
+                f", of which {summary['index_s']:.1f} s the index)"
+                if summary.get("index_s", 0.0) >= 0.05
+                else ")"
+            )
+        )
     if summary["exit_code"] != 0:
         print(f"embedline: {summary['message']}", file=sys.stderr)

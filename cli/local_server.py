@@ -39,8 +39,10 @@ __all__ = ["LocalServer", "ServerStartError"]
 #: them (or hashing them to skip it) imported every installed Prefect collection at start
 #: (prefect-dask: dask, distributed, numpy), 0.4 s of the server's 4-5 s start here. A
 #: ``prefect server start`` on the same PREFECT_HOME still registers them itself.
-_SKIP_BLOCK_REGISTRATION = {"PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
-                            "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
+_SKIP_BLOCK_REGISTRATION = {
+    "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
+    "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
+}
 _EXIT_GRACE_S = 3.0  # seconds a server whose CLI died gets to shut down before _exit
 
 
@@ -81,16 +83,30 @@ class LocalServer:
         """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         read_fd, self._write_fd = os.pipe()  # both ends close-on-exec: only read_fd passed
-        env = {**_SKIP_BLOCK_REGISTRATION, **os.environ, "PREFECT_UI_ENABLED": "0",
-               "PREFECT__SERVER_EPHEMERAL": "1",
-               "PREFECT__SERVER_FINAL": "1"}  # what Prefect's own temporary server gets
+        env = {
+            **_SKIP_BLOCK_REGISTRATION,
+            **os.environ,
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+        }  # what Prefect's own temporary server gets
         env.pop("PREFECT_API_URL", None)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cli.local_server", str(self.port), str(read_fd),
-                 str(os.getpid())],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(read_fd,), start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "cli.local_server",
+                    str(self.port),
+                    str(read_fd),
+                    str(os.getpid()),
+                ],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(read_fd,),
+                start_new_session=True,
             )
         os.close(read_fd)
         return self
@@ -109,7 +125,8 @@ class LocalServer:
                 if self.process.poll() is not None:
                     raise ServerStartError(
                         f"the temporary Prefect server exited with code "
-                        f"{self.process.returncode}; see {self.log_path}")
+                        f"{self.process.returncode}; see {self.log_path}"
+                    )
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
                         return
@@ -118,7 +135,8 @@ class LocalServer:
                 time.sleep(0.05)
         raise ServerStartError(
             f"the temporary Prefect server did not start within {timeout_s:.0f} s (see "
-            f"{self.log_path}); start one with `prefect server start` and set PREFECT_API_URL")
+            f"{self.log_path}); start one with `prefect server start` and set PREFECT_API_URL"
+        )
 
     @property
     def started(self) -> bool:
@@ -167,8 +185,14 @@ def _serve(port: int, watch_fd: int, parent_pid: int) -> None:
     threading.Thread(target=_exit_when_parent_dies, args=(watch_fd,), daemon=True).start()
     import uvicorn
 
-    uvicorn.run("prefect.server.api.server:create_app", factory=True, host="127.0.0.1",
-                port=port, log_level="error", lifespan="on")
+    uvicorn.run(
+        "prefect.server.api.server:create_app",
+        factory=True,
+        host="127.0.0.1",
+        port=port,
+        log_level="error",
+        lifespan="on",
+    )
 
 
 if __name__ == "__main__":

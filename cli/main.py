@@ -63,8 +63,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     """The subcommand parsers of ``parser`` by name (none for a subcommand's own)."""
-    return next((a.choices for a in parser._actions
-                 if isinstance(a, argparse._SubParsersAction)), {})
+    return next(
+        (a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {}
+    )
 
 
 def _values_joined(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
@@ -75,8 +76,13 @@ def _values_joined(parser: argparse.ArgumentParser, args: list[str]) -> list[str
     out: list[str] = []
     for arg in args:
         action = options.get(out[-1]) if out else None
-        if (action is not None and action.nargs is None and action.option_strings
-                and re.match(r"-[^-]", arg) and arg not in options):
+        if (
+            action is not None
+            and action.nargs is None
+            and action.option_strings
+            and re.match(r"-[^-]", arg)
+            and arg not in options
+        ):
             out[-1] = f"{out[-1]}={arg}"
         else:
             out.append(arg)
@@ -97,8 +103,9 @@ def _refuse_abbreviations(parser: argparse.ArgumentParser, args: list[str]) -> N
             continue
         meant = sorted(o for o in parser._option_string_actions if o.startswith(name))
         if meant:
-            parser.error(f"unrecognized arguments: {arg} (options are written in full: "
-                         f"{' or '.join(meant)})")
+            parser.error(
+                f"unrecognized arguments: {arg} (options are written in full: {' or '.join(meant)})"
+            )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -202,9 +209,12 @@ def _interrupted(exc: BaseException, *, resumable: bool) -> int:
     cause = STOP.stop_cause(signum)  # a SIGTERM may be a cancel from Prefect
     committed = STOP.report.committed()
     if committed is not None:
-        line = interrupted_line(signum, f" after run {committed.run_key[:12]} was committed "
-                                        f"({committed.manifest_uri})", f": {committed.todo}",
-                                cause)
+        line = interrupted_line(
+            signum,
+            f" after run {committed.run_key[:12]} was committed ({committed.manifest_uri})",
+            f": {committed.todo}",
+            cause,
+        )
     elif resumable and STOP.report.left_running():
         line = interrupted_line(signum, f"; {STOP.report.left_running()}", todo="", cause=cause)
     elif resumable:

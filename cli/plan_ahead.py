@@ -57,8 +57,11 @@ def prefect_on_demand(settings: RunSettings) -> bool:
     from adapters.object_store import open_store
     from embedline.errors import EmbedlineError
 
-    if not settings.copies_in_process or "://" in settings.input or \
-            not os.path.isfile(settings.ledger):
+    if (
+        not settings.copies_in_process
+        or "://" in settings.input
+        or not os.path.isfile(settings.ledger)
+    ):
         return False
     try:
         uri = open_store(settings.output).uri
@@ -104,17 +107,26 @@ class PlanAhead:
             return None  # planning in-process reports it with its full context
         arguments = {k: v for k, v in settings.plan_arguments.items() if k != "scratch_root"}
         try:
-            (scratch.path / _REQUEST).write_bytes(pickle.dumps(
-                {"input": settings.input, "arguments": arguments}))
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+            (scratch.path / _REQUEST).write_bytes(
+                pickle.dumps({"input": settings.input, "arguments": arguments})
+            )
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p
+                ),
                 # planning does no linear algebra; numpy's OpenBLAS threads, started at
                 # import, spin about 0.1 CPU s for nothing (measured: 0.19 -> 0.06 s)
-                "OPENBLAS_NUM_THREADS": "1"}
+                "OPENBLAS_NUM_THREADS": "1",
+            }
             proc = subprocess.Popen(
                 [sys.executable, "-m", "cli.plan_ahead", str(scratch.path), str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, env=env)
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
         except OSError:
             scratch.close()
             return None
@@ -161,9 +173,14 @@ class PlanAhead:
             (self.scratch.path / _RESULT).unlink()
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
             return None
-        if not (isinstance(result, tuple) and len(result) == 2
-                and ((result[0] == "plan" and isinstance(result[1], InputPlan))
-                     or (result[0] == "error" and isinstance(result[1], EmbedlineError)))):
+        if not (
+            isinstance(result, tuple)
+            and len(result) == 2
+            and (
+                (result[0] == "plan" and isinstance(result[1], InputPlan))
+                or (result[0] == "error" and isinstance(result[1], EmbedlineError))
+            )
+        ):
             return None
         return result
 
@@ -192,8 +209,7 @@ class _NoPandas(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
         if fullname == "pandas" or fullname.startswith("pandas."):
-            raise ModuleNotFoundError("pandas is not used by the planning child",
-                                      name=fullname)
+            raise ModuleNotFoundError("pandas is not used by the planning child", name=fullname)
 
 
 def _child(scratch_dir: str) -> int:
@@ -206,8 +222,10 @@ def _child(scratch_dir: str) -> int:
     directory = Path(scratch_dir)
     request = pickle.loads((directory / _REQUEST).read_bytes())
     try:
-        result: tuple[str, Any] = ("plan", plan_csv(
-            request["input"], **request["arguments"], scratch=Scratch.lent(directory)))
+        result: tuple[str, Any] = (
+            "plan",
+            plan_csv(request["input"], **request["arguments"], scratch=Scratch.lent(directory)),
+        )
     except EmbedlineError as exc:
         result = ("error", exc)
     written = directory / f".{_RESULT}"

@@ -62,10 +62,15 @@ def _gate_prefect_console() -> None:
     """Put ``_CONSOLE_GATE`` on every Prefect console handler (once each)."""
     import logging
 
-    loggers = [logging.getLogger(), *(logger for logger in logging.root.manager.loggerDict.values()
-                                      if isinstance(logger, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(
+            logger
+            for logger in logging.root.manager.loggerDict.values()
+            if isinstance(logger, logging.Logger)
+        ),
+    ]
     for logger in loggers:
         for handler in logger.handlers:
             if type(handler).__name__ == "PrefectConsoleHandler":
                 handler.addFilter(_CONSOLE_GATE)  # a no-op if it is there already
-

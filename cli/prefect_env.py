@@ -23,9 +23,17 @@ from embedline.stop_report import ApiLoss
 if TYPE_CHECKING:
     from cli.local_server import LocalServer
 
-__all__ = ["HealthProbe", "PrefectApiError", "configure_prefect_environment", "configured_api_url",
-           "invalid_prefect_setting", "is_prefect_cloud", "prefect_api",
-           "temporary_server_stopped", "with_prefect_api"]
+__all__ = [
+    "HealthProbe",
+    "PrefectApiError",
+    "configure_prefect_environment",
+    "configured_api_url",
+    "invalid_prefect_setting",
+    "is_prefect_cloud",
+    "prefect_api",
+    "temporary_server_stopped",
+    "with_prefect_api",
+]
 
 _PREFECT_DEFAULTS = {
     # A temporary Prefect server can take longer than Prefect's 20 s default to start on a
@@ -89,10 +97,14 @@ def invalid_prefect_setting(exc: BaseException) -> str | None:
         problems.append(f"{field}: {error['msg']}")
         tail = "_" + str(error["loc"][-1]).upper() if error["loc"] else "\0"
         names += sorted(n for n in os.environ if n.startswith("PREFECT_") and n.endswith(tail))
-    where = (", ".join(dict.fromkeys(names))
-             or "a Prefect profile (`prefect config view`) or prefect.toml")
-    return (f"Prefect refuses a setting ({exc.title} {'; '.join(problems)}), set by {where}: "
-            "fix or unset it")
+    where = (
+        ", ".join(dict.fromkeys(names))
+        or "a Prefect profile (`prefect config view`) or prefect.toml"
+    )
+    return (
+        f"Prefect refuses a setting ({exc.title} {'; '.join(problems)}), set by {where}: "
+        "fix or unset it"
+    )
 
 
 def drop_prefect_settings_errors(record: Any) -> bool:
@@ -163,14 +175,17 @@ class PrefectApi:
                 self._unusable = (
                     f"cannot start the temporary Prefect server: {exc.strerror} "
                     f"({exc.filename}): set PREFECT_HOME to a directory you can write, or "
-                    "PREFECT_API_URL to a running Prefect server")
+                    "PREFECT_API_URL to a running Prefect server"
+                )
 
     def _server_exited(self) -> ApiLoss | None:
         server = self.server
         if server is None or not server.started or server.alive():
             return None
-        return ApiLoss(f"the temporary Prefect server exited during the run (see "
-                       f"{server.log_path})", "rerun the same command to resume")
+        return ApiLoss(
+            f"the temporary Prefect server exited during the run (see {server.log_path})",
+            "rerun the same command to resume",
+        )
 
     def wait_ready(self) -> None:
         """Block until the API answers.
@@ -252,7 +267,9 @@ def prefect_api(*, defer_server: bool = False) -> PrefectApi:
 
 
 def with_prefect_api(
-    body: Callable[[PrefectApi], int], *, on_lost: Callable[[ApiLoss], None] | None = None,
+    body: Callable[[PrefectApi], int],
+    *,
+    on_lost: Callable[[ApiLoss], None] | None = None,
     defer_server: bool = False,
 ) -> int:
     """Pick the Prefect API (a temporary server starts now, in the background, or when
@@ -326,7 +343,8 @@ def _check_reachable(url: str) -> None:
         raise PrefectApiError(
             f"the Prefect API at {url} (PREFECT_API_URL) does not answer ({type(exc).__name__}): "
             "start that server (`prefect server start`), or unset PREFECT_API_URL to use a "
-            "temporary one") from None
+            "temporary one"
+        ) from None
     what = _not_a_prefect_api(url, response)
     if what:
         # else Prefect's client fails with tracebacks ("Failed to reach API", "Invalid
@@ -335,7 +353,8 @@ def _check_reachable(url: str) -> None:
             f"the server at {url} (PREFECT_API_URL) answers, but not as a Prefect API (HTTP "
             f"{response.status_code}{what} for /health): set PREFECT_API_URL to the server's "
             "API URL, which ends in /api (e.g. http://127.0.0.1:4200/api), or unset it to use "
-            "a temporary server")
+            "a temporary server"
+        )
 
 
 def _not_a_prefect_api(url: str, response: Any) -> str | None:
@@ -347,8 +366,11 @@ def _not_a_prefect_api(url: str, response: Any) -> str | None:
         return ", a web page"
     if response.status_code in (404, 405):
         return ""
-    if response.status_code == 200 and response.text.strip() != "true" and \
-            not is_prefect_cloud(url):
+    if (
+        response.status_code == 200
+        and response.text.strip() != "true"
+        and not is_prefect_cloud(url)
+    ):
         return ", not Prefect's answer 'true'"
     return None
 
@@ -372,8 +394,9 @@ class HealthProbe:
         import httpx
 
         if self._client is None:
-            self._client = httpx.Client(timeout=httpx.Timeout(_PROBE_TIMEOUT[1],
-                                                              connect=_PROBE_TIMEOUT[0]))
+            self._client = httpx.Client(
+                timeout=httpx.Timeout(_PROBE_TIMEOUT[1], connect=_PROBE_TIMEOUT[0])
+            )
         sent = time.monotonic()  # a timeout means silence since the probe was sent
         try:
             self._client.get(self.url)
@@ -387,7 +410,8 @@ class HealthProbe:
                     f"the Prefect API at {self.url.removesuffix('/health')} (PREFECT_API_URL) "
                     f"stopped answering during the run ({type(exc).__name__} for "
                     f"{now - self._failing_since:.0f} s)",
-                    "restart that server and rerun the same command to resume")
+                    "restart that server and rerun the same command to resume",
+                )
             return None
         self._failing_since = None
         return None

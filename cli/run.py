@@ -35,8 +35,11 @@ __all__ = ["add_parsers"]
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``run`` and ``retry-failed``."""
-    run = sub.add_parser("run", help="embed INPUT and publish chunks, then the manifest",
-                         formatter_class=HELP_FORMATTER)
+    run = sub.add_parser(
+        "run",
+        help="embed INPUT and publish chunks, then the manifest",
+        formatter_class=HELP_FORMATTER,
+    )
     add_run_arguments(run)
     run.set_defaults(handler=_run)
     retry = sub.add_parser(
@@ -48,7 +51,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     retry.set_defaults(handler=_retry_failed)
 
 
-
 def _settings_from(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
@@ -58,19 +60,18 @@ def _settings_from(args: argparse.Namespace) -> Any:
         validation_message,
     )
 
-    parameters = {k: v for k, v in vars(args).items()
-                  if k not in _CLI_ONLY}
+    parameters = {k: v for k, v in vars(args).items() if k not in _CLI_ONLY}
     ignored = batch_options_without_batch_api(parameters)
     prog = f"embedline {args.command}"
     if ignored:  # refused, not ignored
         flag = "--" + ignored[0].replace("_", "-")
-        raise SystemExit(fail(usage_line(prog, f"argument {flag}: needs --batch-api"),
-                              EXIT_USAGE))
+        raise SystemExit(fail(usage_line(prog, f"argument {flag}: needs --batch-api"), EXIT_USAGE))
     try:
         return RunSettings.from_parameters(parameters)
     except ValidationError as exc:
-        raise SystemExit(fail(usage_line(prog, f"argument {validation_message(exc)}"),
-                              EXIT_USAGE)) from None
+        raise SystemExit(
+            fail(usage_line(prog, f"argument {validation_message(exc)}"), EXIT_USAGE)
+        ) from None
 
 
 _CLI_ONLY = ("command", "handler", "debug", "progress_interval")  # not flow parameters
@@ -101,11 +102,15 @@ def _retry_failed(args: argparse.Namespace) -> int:
     recorded = ledger.run_settings(run.run_key)
     ledger.close()
     try:
-        settings = RunSettings(**{**recorded, "ledger": args.ledger,
-                                   "retry_dead_letters": bool(args.dead_letters)})
+        settings = RunSettings(
+            **{**recorded, "ledger": args.ledger, "retry_dead_letters": bool(args.dead_letters)}
+        )
     except ValidationError as exc:
-        return fail("embedline: error: the recorded settings no longer validate: "
-                    f"{validation_message(exc)}", EXIT_USAGE)
+        return fail(
+            "embedline: error: the recorded settings no longer validate: "
+            f"{validation_message(exc)}",
+            EXIT_USAGE,
+        )
     print(f"retrying run {run.run_key} ({run.input_name} -> {run.output_uri})", file=sys.stderr)
     return _run_settings(settings)
 
@@ -121,31 +126,41 @@ def _run_settings(settings: RunSettings, *, progress_interval_s: float = 10.0) -
             return fail(f"embedline: error: {problem[0]}", problem[1])
         return with_prefect_api(
             lambda api: _run_flow(settings, api, progress_interval_s, ahead),
-            on_lost=lambda loss: stop_after_api_loss(loss, settings.grace_s), defer_server=lazy)
+            on_lost=lambda loss: stop_after_api_loss(loss, settings.grace_s),
+            defer_server=lazy,
+        )
     finally:
         if ahead is not None:
             ahead.close()
         release_handed_leases()  # the flow took its own lease, and has ended
 
 
-def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float,
-              ahead: PlanAhead | None) -> int:
+def _run_flow(
+    settings: RunSettings, api: PrefectApi, progress_interval_s: float, ahead: PlanAhead | None
+) -> int:
     from cli.console import ProgressBar, command_seconds
 
     if ahead is not None:  # imported while the child plans (cli/plan_ahead.py)
         _import_the_flow()
     # a commit's event goes to a server someone reads, never to the temporary one this
     # command stops at its end (Prefect's events worker would wait for it: seconds, a line)
-    committed = run_without_prefect(settings, emit_events=api.server is None, ahead=ahead) \
-        if "://" not in settings.input else None
+    committed = (
+        run_without_prefect(settings, emit_events=api.server is None, ahead=ahead)
+        if "://" not in settings.input
+        else None
+    )
     if isinstance(committed, tuple):
         return fail(f"embedline: error: {committed[0]}", committed[1])
     if committed is not None:
         from cli.load import already_loaded
 
         loaded = settings.sink and already_loaded(
-            settings.output, str(committed["run_key"]), settings.sink, settings.ledger,
-            allow_failed_rows=settings.allow_failed_rows)
+            settings.output,
+            str(committed["run_key"]),
+            settings.sink,
+            settings.ledger,
+            allow_failed_rows=settings.allow_failed_rows,
+        )
         if not settings.sink or loaded:
             print_summaries(committed, loaded or None)
             say_why_not_complete(committed)
@@ -165,8 +180,10 @@ def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float
     STOP.raise_lost_interrupt()  # a Ctrl-C that a library swallowed while it imported
     STOP.command_handles_signals()  # SIGTERM as SIGINT; held once committed
     quiet_prefect_signal_crashes()
-    with ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s), \
-            _no_heartbeats(api):
+    with (
+        ProgressBar(terminal=sys.stderr.isatty(), interval_s=progress_interval_s),
+        _no_heartbeats(api),
+    ):
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it
     drop_recorded_run_hook()
     summary = state.result(raise_on_failure=False)
@@ -182,8 +199,7 @@ def _run_flow(settings: RunSettings, api: PrefectApi, progress_interval_s: float
 
 #: Modules a flow run imports on its way (0.4 CPU s in the flow's critical path): Prefect's
 #: engines, FastAPI's encoder (its parameter serializer), pandas (pyarrow's first array).
-_IMPORTED_BY_THE_FLOW = ("prefect.flow_engine", "prefect.task_engine", "fastapi.encoders",
-                         "pandas")
+_IMPORTED_BY_THE_FLOW = ("prefect.flow_engine", "prefect.task_engine", "fastapi.encoders", "pandas")
 
 
 def _import_the_flow() -> tuple[Any, Any]:

@@ -31,14 +31,20 @@ def check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
         if not os.path.isfile(settings.input):
             return f"{settings.input}: no such file", EXIT_USAGE
     try:
-        fmt = check_header(settings.input, id_column=settings.id_column,
-                           text_column=settings.text_column, codec=settings.codec,
-                           text_template=settings.text_template,
-                           keep_columns=settings.kept_columns,
-                           delimiter=settings.delimiter)
+        fmt = check_header(
+            settings.input,
+            id_column=settings.id_column,
+            text_column=settings.text_column,
+            codec=settings.codec,
+            text_template=settings.text_template,
+            keep_columns=settings.kept_columns,
+            delimiter=settings.delimiter,
+        )
         if fmt.note:
-            print(f"embedline: reading {os.path.basename(settings.input)} as: {fmt.note}",
-                  file=sys.stderr)
+            print(
+                f"embedline: reading {os.path.basename(settings.input)} as: {fmt.note}",
+                file=sys.stderr,
+            )
     except InputError as exc:
         return str(exc), exc.exit_code
     try:
@@ -73,8 +79,10 @@ def _check_api_key(settings: RunSettings) -> tuple[str, int] | None:
     from adapters.embeddings import api_key_from_env
     from embedline.settings import NO_API_KEY_MESSAGE
 
-    if settings.requires_api_key and api_key_from_env() is None and not os.environ.get(
-            "PREFECT_API_URL"):
+    if (
+        settings.requires_api_key
+        and api_key_from_env() is None
+        and not os.environ.get("PREFECT_API_URL")
+    ):
         return NO_API_KEY_MESSAGE, EXIT_FATAL
     return None
-

@@ -23,8 +23,9 @@ _HAND_OVER_MARGIN_S = 10.0
 _API_NOISE_LOGGERS = ("prefect.events.clients", "prefect._internal.concurrency")
 
 
-def print_summaries(summary: dict[str, Any], load: dict[str, Any] | None = None, *,
-                    command_s: float | None = None) -> None:
+def print_summaries(
+    summary: dict[str, Any], load: dict[str, Any] | None = None, *, command_s: float | None = None
+) -> None:
     """Print the run's summary on stdout (``command_s``: the command's seconds, if known),
     then the summary of its sink load, if one ran."""
     from cli.console import print_summary
@@ -71,8 +72,9 @@ def stop_after_api_loss(loss: Any, grace_s: float) -> None:
         if committed is None:
             exit_on_api_loss(loss)
         else:  # a sink's load was left: the rerun does only that
-            exit_on_api_loss(loss, kept=f"run {committed.run_key[:12]} is committed",
-                             todo=committed.todo)
+            exit_on_api_loss(
+                loss, kept=f"run {committed.run_key[:12]} is committed", todo=committed.todo
+            )
         return
     code = int(summary["exit_code"])
     try:  # whatever printing does, this thread ends the process
@@ -85,7 +87,9 @@ def stop_after_api_loss(loss: Any, grace_s: float) -> None:
         if code:
             sys.stderr.write(f"embedline: error: {summary['message']}\n")
         else:
-            sys.stderr.write(f"embedline: warning: {loss.what} after the run completed; "
-                             "this run is missing from the Prefect UI\n")
+            sys.stderr.write(
+                f"embedline: warning: {loss.what} after the run completed; "
+                "this run is missing from the Prefect UI\n"
+            )
     finally:
         STOP.exit.hard_exit(code)

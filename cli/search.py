@@ -29,29 +29,52 @@ __all__ = ["add_parsers", "kept_columns", "search_target", "top_k"]
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``search``."""
-    search = sub.add_parser("search", help="ids nearest to a query (cosine similarity)",
-                            formatter_class=HELP_FORMATTER)
-    search.add_argument("target", metavar="TARGET",
-                        help="an output root (directory or s3://), or a sink URI "
-                             "(lancedb://PATH, PATH/NAME.lance, postgresql://…, "
-                             "qdrant://HOST:PORT/COLLECTION, qdrant+local://PATH)")
-    search.add_argument("query", metavar="QUERY", type=_query,
-                        help="the text to search for (not blank)")
+    search = sub.add_parser(
+        "search", help="ids nearest to a query (cosine similarity)", formatter_class=HELP_FORMATTER
+    )
+    search.add_argument(
+        "target",
+        metavar="TARGET",
+        help="an output root (directory or s3://), or a sink URI "
+        "(lancedb://PATH, PATH/NAME.lance, postgresql://…, "
+        "qdrant://HOST:PORT/COLLECTION, qdrant+local://PATH)",
+    )
+    search.add_argument(
+        "query", metavar="QUERY", type=_query, help="the text to search for (not blank)"
+    )
     search.add_argument("--k", type=positive_int, default=10, help="results to print")
-    search.add_argument("--run", default=None,
-                        help="with an output root: a run key or prefix (default: the latest)")
-    search.add_argument("--base-url", default=None,
-                        help="for openai vectors: the API root (default: the run's recorded "
-                             "--base-url in --ledger, else OpenAI's if a key is set)")
-    search.add_argument("--where", metavar="COLUMN=VALUE", action="append", type=_where,
-                        default=[], help="only rows whose COLUMN (id or a kept column) is "
-                        "exactly VALUE; repeat for several (all must hold)")
-    search.add_argument("--columns", metavar="A,B", type=_column_list, default=None,
-                        help="the kept columns to print after rank, score and id (default: "
-                             "all kept columns; the kept text only when named)")
-    search.add_argument("--ledger", default=DEFAULT_LEDGER,
-                        help="the ledger `run` wrote (relative to the current directory): "
-                             "which --base-url embedded the run's vectors")
+    search.add_argument(
+        "--run", default=None, help="with an output root: a run key or prefix (default: the latest)"
+    )
+    search.add_argument(
+        "--base-url",
+        default=None,
+        help="for openai vectors: the API root (default: the run's recorded "
+        "--base-url in --ledger, else OpenAI's if a key is set)",
+    )
+    search.add_argument(
+        "--where",
+        metavar="COLUMN=VALUE",
+        action="append",
+        type=_where,
+        default=[],
+        help="only rows whose COLUMN (id or a kept column) is "
+        "exactly VALUE; repeat for several (all must hold)",
+    )
+    search.add_argument(
+        "--columns",
+        metavar="A,B",
+        type=_column_list,
+        default=None,
+        help="the kept columns to print after rank, score and id (default: "
+        "all kept columns; the kept text only when named)",
+    )
+    search.add_argument(
+        "--ledger",
+        default=DEFAULT_LEDGER,
+        help="the ledger `run` wrote (relative to the current directory): "
+        "which --base-url embedded the run's vectors",
+    )
     search.set_defaults(handler=_search, resumable=False)
 
 
@@ -67,8 +90,9 @@ def _where(text: str) -> tuple[str, str]:
     """argparse type: ``COLUMN=VALUE`` split at the first ``=`` (VALUE may hold ``=``)."""
     name, sep, value = text.partition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError("is not COLUMN=VALUE: give a column name, '=', and "
-                                         "the value it must equal")
+        raise argparse.ArgumentTypeError(
+            "is not COLUMN=VALUE: give a column name, '=', and the value it must equal"
+        )
     return name, value
 
 
@@ -80,8 +104,9 @@ def _column_list(text: str) -> tuple[str, ...]:
     return names
 
 
-def top_k(matrix: Any, ids: list[str], vector: Any, k: int,
-          values: Sequence[list[Any]] = ()) -> list[tuple[Any, ...]]:
+def top_k(
+    matrix: Any, ids: list[str], vector: Any, k: int, values: Sequence[list[Any]] = ()
+) -> list[tuple[Any, ...]]:
     """The ``k`` rows of ``matrix`` (float32, rows × d) most cosine-similar to ``vector``
     (d,), as ``(id, similarity, *values)``, most similar first; ``values`` are columns
     (one list per column, a value per row) returned beside each hit
@@ -97,8 +122,9 @@ def _is_sink(target: str) -> bool:
     return is_sink_uri(target)
 
 
-def _recorded_base_url(ledger_path: str, *, run_key: str | None = None,
-                       sink: str | None = None) -> str | None:
+def _recorded_base_url(
+    ledger_path: str, *, run_key: str | None = None, sink: str | None = None
+) -> str | None:
     """The ``--base-url`` the ledger recorded for ``run_key``, or for the run last loaded
     into ``sink`` (a sink identity); None when the ledger does not know it. One read of
     the ledger."""
@@ -116,8 +142,15 @@ def _recorded_base_url(ledger_path: str, *, run_key: str | None = None,
         ledger.close()
 
 
-def _embed_queries(queries: list[str], *, embedder: str, model: str, dimensions: int | None,
-                   base_url: str | None, ledger: str) -> Any:
+def _embed_queries(
+    queries: list[str],
+    *,
+    embedder: str,
+    model: str,
+    dimensions: int | None,
+    base_url: str | None,
+    ledger: str,
+) -> Any:
     """The queries' vectors (float32, len(queries) × d), one request or one model call.
 
     :raises InputError: openai vectors whose server is unknown (see
@@ -155,15 +188,24 @@ def _refuse_an_unknown_server(ledger: str) -> None:
     from embedline.errors import InputError
 
     if api_key_from_env() is None:
-        raise InputError(f"which server embedded these vectors is unknown: the ledger {ledger} "
-                         "has no record of their run; pass --ledger (the one the run used) or "
-                         "--base-url (its server)")
+        raise InputError(
+            f"which server embedded these vectors is unknown: the ledger {ledger} "
+            "has no record of their run; pass --ledger (the one the run used) or "
+            "--base-url (its server)"
+        )
 
 
-def search_target(target: str, queries: list[str], *, k: int, run: str | None = None,
-                  base_url: str | None = None, ledger: str = DEFAULT_LEDGER,
-                  columns: bool | Sequence[str] = False,
-                  where: Sequence[tuple[str, str]] = ()) -> list[list[tuple[Any, ...]]]:
+def search_target(
+    target: str,
+    queries: list[str],
+    *,
+    k: int,
+    run: str | None = None,
+    base_url: str | None = None,
+    ledger: str = DEFAULT_LEDGER,
+    columns: bool | Sequence[str] = False,
+    where: Sequence[tuple[str, str]] = (),
+) -> list[list[tuple[Any, ...]]]:
     """Embed ``queries`` like the target's vectors; return each one's ``k`` nearest ids as
     ``(id, cosine similarity)``, most similar first, among the rows meeting ``where``
     (``(column, value)`` pairs, exact string equality, all must hold); with ``columns``
@@ -185,14 +227,19 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
             if info is None:
                 raise InputError(f"sink {sink.identity} has no table yet: load a run first")
             if info.model is None or info.embedder is None:
-                raise InputError(f"sink {sink.identity} was not created by embedline: its "
-                                 "model is unknown")
-            shown = _shown(target, ("id", *info.columns.names), info.columns.kept, columns,
-                           where)
+                raise InputError(
+                    f"sink {sink.identity} was not created by embedline: its model is unknown"
+                )
+            shown = _shown(target, ("id", *info.columns.names), info.columns.kept, columns, where)
             base_url = base_url or _recorded_base_url(ledger, sink=sink.identity)
-            vectors = _embed_queries(queries, embedder=info.embedder, model=info.model,
-                                     dimensions=info.dimensions, base_url=base_url,
-                                     ledger=ledger)
+            vectors = _embed_queries(
+                queries,
+                embedder=info.embedder,
+                model=info.model,
+                dimensions=info.dimensions,
+                base_url=base_url,
+                ledger=ledger,
+            )
             return [sink.search(v, k, columns=shown, where=tuple(where)) for v in vectors]
         finally:
             sink.close()
@@ -204,27 +251,38 @@ def search_target(target: str, queries: list[str], *, k: int, run: str | None = 
 
     table = read_embeddings_arrow(target, run)
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    known = ("id", *(n for n in table.column_names if n not in ("id", "embedding",
-                                                                "text_sha256")))
-    shown = _shown(target, known, kept_columns(target, run) if columns is True else (),
-                   columns, where)
+    known = ("id", *(n for n in table.column_names if n not in ("id", "embedding", "text_sha256")))
+    shown = _shown(
+        target, known, kept_columns(target, run) if columns is True else (), columns, where
+    )
     for name, value in where:  # the published rows that match, then an exact search
         table = table.filter(pc.equal(table.column(name), pa.scalar(value, pa.string())))
     manifest_embedder = _manifest_embedder(target, meta["embedline.run_key"])
     dims = int(meta["embedline.dimensions"])
-    vectors = _embed_queries(queries, embedder=manifest_embedder, model=meta["embedline.model"],
-                             dimensions=dims, ledger=ledger, base_url=base_url or
-                             _recorded_base_url(ledger, run_key=meta["embedline.run_key"]))
+    vectors = _embed_queries(
+        queries,
+        embedder=manifest_embedder,
+        model=meta["embedline.model"],
+        dimensions=dims,
+        ledger=ledger,
+        base_url=base_url or _recorded_base_url(ledger, run_key=meta["embedline.run_key"]),
+    )
     column = table.column("embedding").combine_chunks()
-    matrix = np.asarray(column.flatten().to_numpy(zero_copy_only=False),
-                        dtype=np.float32).reshape(len(column), dims)
+    matrix = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(
+        len(column), dims
+    )
     ids = table.column("id").to_pylist()
     values = [table.column(c).to_pylist() for c in shown]
     return [top_k(matrix, ids, v, k, values) for v in vectors]
 
 
-def _shown(target: str, known: Sequence[str], kept: Sequence[str], columns: bool | Sequence[str],
-           where: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+def _shown(
+    target: str,
+    known: Sequence[str],
+    kept: Sequence[str],
+    columns: bool | Sequence[str],
+    where: Sequence[tuple[str, str]],
+) -> tuple[str, ...]:
     """The columns to return beside each hit (``kept`` for True, none for False); refuse a
     ``where`` or ``columns`` name not in ``known`` (``id`` and the target's kept columns).
 
@@ -235,8 +293,11 @@ def _shown(target: str, known: Sequence[str], kept: Sequence[str], columns: bool
     shown = tuple(kept) if columns is True else () if columns is False else tuple(columns)
     for name, flag in [(n, "--where") for n, _ in where] + [(n, "--columns") for n in shown]:
         if name not in known or (flag == "--columns" and name == "id"):
-            raise InputError(f"{flag} names column {name!r}, which {target} does not have; "
-                             f"its columns: {', '.join(known)}", column=name)
+            raise InputError(
+                f"{flag} names column {name!r}, which {target} does not have; "
+                f"its columns: {', '.join(known)}",
+                column=name,
+            )
     return shown
 
 
@@ -272,9 +333,16 @@ def _search(args: argparse.Namespace) -> int:
 
     try:
         names = args.columns if args.columns is not None else kept_columns(args.target, args.run)
-        hits = search_target(args.target, [args.query], k=args.k, run=args.run,
-                             base_url=args.base_url, ledger=args.ledger, columns=names,
-                             where=args.where)[0]
+        hits = search_target(
+            args.target,
+            [args.query],
+            k=args.k,
+            run=args.run,
+            base_url=args.base_url,
+            ledger=args.ledger,
+            columns=names,
+            where=args.where,
+        )[0]
     except EmbedlineError as exc:
         return fail(f"embedline: error: {exc}", exc.exit_code)
     except FileNotFoundError as exc:
@@ -282,12 +350,15 @@ def _search(args: argparse.Namespace) -> int:
     if not hits:  # nothing matched --where (or an empty target): nothing to print
         return 0
     width = max([len(str(h[0])) for h in hits] + [2]) if names else 0
-    print(f"{'rank':>4}  {'score':>6}  " + (f"{'id':<{width}}  " + "  ".join(names)
-                                           if names else "id"))
+    print(
+        f"{'rank':>4}  {'score':>6}  "
+        + (f"{'id':<{width}}  " + "  ".join(names) if names else "id")
+    )
     for rank, (row_id, score, *values) in enumerate(hits, 1):
         shown = "  ".join(_one_line(v) for v in values)
-        print(f"{rank:>4}  {score:6.3f}  " + (f"{row_id:<{width}}  {shown}" if names
-                                               else str(row_id)))
+        print(
+            f"{rank:>4}  {score:6.3f}  " + (f"{row_id:<{width}}  {shown}" if names else str(row_id))
+        )
     return 0
 
 

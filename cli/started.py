@@ -15,9 +15,12 @@ __all__ = ["STARTED_AT", "interrupted_line"]
 STARTED_AT = time.monotonic()
 
 
-def interrupted_line(signum: int, after: str = "",
-                     todo: str | None = "; rerun the same command to resume",
-                     cause: str | None = None) -> str:
+def interrupted_line(
+    signum: int,
+    after: str = "",
+    todo: str | None = "; rerun the same command to resume",
+    cause: str | None = None,
+) -> str:
     """The one line an interrupted command ends with (here and in ``cli.main``): ``after``
     says when (e.g. " after run X was committed (URI)"), ``todo`` what to do (None: nothing,
     for a read-only command), ``cause`` what stopped it (default "interrupted by SIGINT";

@@ -36,8 +36,9 @@ __all__ = ["apply", "automation_specs"]
 DEFAULT_FILE = REPO / "deployments" / "automations.yaml"
 
 
-def automation_specs(config: dict[str, Any], *, deployment_id: str,
-                     block_id: str) -> list[dict[str, Any]]:
+def automation_specs(
+    config: dict[str, Any], *, deployment_id: str, block_id: str
+) -> list[dict[str, Any]]:
     """The file's automations with the placeholders filled in, as JSON-ready dicts in
     Prefect's ``AutomationCore`` shape.
 
@@ -46,10 +47,15 @@ def automation_specs(config: dict[str, Any], *, deployment_id: str,
     """
     within = parse_age(str(config["success_every"])) + parse_age(str(config["grace"]))
     if within < 10:
-        raise ValueError("success_every + grace must be at least 10 s (Prefect's minimum "
-                         "for a proactive trigger)")
-    values = {"$DEPLOYMENT": f"prefect.deployment.{deployment_id}", "$BLOCK": block_id,
-              "$LATE_WITHIN_TEXT": _shown(within)}
+        raise ValueError(
+            "success_every + grace must be at least 10 s (Prefect's minimum "
+            "for a proactive trigger)"
+        )
+    values = {
+        "$DEPLOYMENT": f"prefect.deployment.{deployment_id}",
+        "$BLOCK": block_id,
+        "$LATE_WITHIN_TEXT": _shown(within),
+    }
 
     def fill(node: Any) -> Any:
         if isinstance(node, dict):
@@ -90,7 +96,8 @@ def apply(config: dict[str, Any], *, webhook_url: str | None = None) -> list[str
     if webhook_url:
         name = slug.rpartition("/")[2]
         CustomWebhookNotificationBlock(  # type: ignore[call-arg]  # headers, cookies: optional
-            name=name, url=webhook_url,
+            name=name,
+            url=webhook_url,
             json_data={"text": "{{subject}}\n{{body}}", "title": "{{name}}"},
         ).save(name, overwrite=True)
         slug = f"{CustomWebhookNotificationBlock.get_block_type_slug()}/{name}"
@@ -100,20 +107,26 @@ def apply(config: dict[str, Any], *, webhook_url: str | None = None) -> list[str
         if block_type and block_name:
             with contextlib.suppress(ObjectNotFound):  # its id, through the public API
                 block_id = client.read_block_document_by_name(
-                    block_name, block_type, include_secrets=False).id
+                    block_name, block_type, include_secrets=False
+                ).id
         if block_id is None:
-            raise LookupError(f"no notification block {slug!r} (BLOCK-TYPE/NAME): pass "
-                              "--webhook-url URL to create a webhook block, or create one in "
-                              "the UI")
+            raise LookupError(
+                f"no notification block {slug!r} (BLOCK-TYPE/NAME): pass "
+                "--webhook-url URL to create a webhook block, or create one in "
+                "the UI"
+            )
         Variable.set(THRESHOLD_VARIABLE, int(config["dead_letters_threshold"]), overwrite=True)
         try:
             deployment = client.read_deployment_by_name(str(config["deployment"]))
         except Exception as exc:  # ObjectNotFound
-            raise LookupError(f"no deployment {config['deployment']!r} on the server: run "
-                              "prefect deploy --all first (deployments/README.md)") from exc
+            raise LookupError(
+                f"no deployment {config['deployment']!r} on the server: run "
+                "prefect deploy --all first (deployments/README.md)"
+            ) from exc
         names = []
-        for spec in automation_specs(config, deployment_id=str(deployment.id),
-                                     block_id=str(block_id)):
+        for spec in automation_specs(
+            config, deployment_id=str(deployment.id), block_id=str(block_id)
+        ):
             for old in client.read_automations_by_name(spec["name"]):
                 client.delete_automation(old.id)
             client.create_automation(AutomationCore.model_validate(spec))
@@ -125,8 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``--file`` and ``--webhook-url``, apply, print one line per automation."""
     parser = argparse.ArgumentParser(description="Apply embedline's alerts to Prefect.")
     parser.add_argument("--file", type=Path, default=DEFAULT_FILE)
-    parser.add_argument("--webhook-url", default=None,
-                        help="create (or replace) the notification block as a webhook to URL")
+    parser.add_argument(
+        "--webhook-url",
+        default=None,
+        help="create (or replace) the notification block as a webhook to URL",
+    )
     args = parser.parse_args(argv)
     try:
         config = yaml.safe_load(args.file.read_text(encoding="utf-8"))
@@ -137,8 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     api = PREFECT_API_URL.value()
     if not api:  # else Prefect's client starts a throwaway server and applies them there
-        sys.stderr.write("automations: error: PREFECT_API_URL is not set: point it at the "
-                         "server the deployments are on (deployments/README.md, step 2)\n")
+        sys.stderr.write(
+            "automations: error: PREFECT_API_URL is not set: point it at the "
+            "server the deployments are on (deployments/README.md, step 2)\n"
+        )
         return 2
     try:
         names = apply(config, webhook_url=args.webhook_url)
@@ -148,8 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # httpx/Prefect: the server does not answer
         if "Connect" not in type(exc).__name__ and "Timeout" not in type(exc).__name__:
             raise
-        sys.stderr.write(f"automations: error: the Prefect API at {api} does not answer "
-                         f"({type(exc).__name__}): start the server or fix PREFECT_API_URL\n")
+        sys.stderr.write(
+            f"automations: error: the Prefect API at {api} does not answer "
+            f"({type(exc).__name__}): start the server or fix PREFECT_API_URL\n"
+        )
         return 1
     for name in names:
         print(f"automation applied: {name}")

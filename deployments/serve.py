@@ -46,20 +46,26 @@ def build_deployments() -> list[Any]:
     for spec in _spec()["deployments"]:
         flow: Flow[..., Any] = load_flow_from_entrypoint(str(REPO / spec["entrypoint"]))
         limit = spec["concurrency_limit"]
-        schedules = [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
-                     for s in spec.get("schedules") or []]
-        deployments.append(flow.to_deployment(
-            name=spec["name"] + SUFFIX,
-            description=spec.get("description"),
-            tags=spec.get("tags"),
-            parameters=spec["parameters"],
-            schedules=schedules,
-            concurrency_limit=ConcurrencyLimitConfig(
-                limit=limit["limit"],
-                collision_strategy=ConcurrencyLimitStrategy(limit["collision_strategy"]),
-            ),
-            triggers=[DeploymentEventTrigger.model_validate(t) for t in spec.get("triggers") or []],
-        ))
+        schedules = [
+            Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
+            for s in spec.get("schedules") or []
+        ]
+        deployments.append(
+            flow.to_deployment(
+                name=spec["name"] + SUFFIX,
+                description=spec.get("description"),
+                tags=spec.get("tags"),
+                parameters=spec["parameters"],
+                schedules=schedules,
+                concurrency_limit=ConcurrencyLimitConfig(
+                    limit=limit["limit"],
+                    collision_strategy=ConcurrencyLimitStrategy(limit["collision_strategy"]),
+                ),
+                triggers=[
+                    DeploymentEventTrigger.model_validate(t) for t in spec.get("triggers") or []
+                ],
+            )
+        )
     return deployments
 
 

@@ -31,17 +31,25 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 
 
-def server_env(base: Mapping[str, str], *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-               database_url: str | None = None) -> dict[str, str]:
+def server_env(
+    base: Mapping[str, str],
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    database_url: str | None = None,
+) -> dict[str, str]:
     """``base`` plus the settings that make the API, the UI's API address and the database
     agree: ``PREFECT_SERVER_API_HOST``/``PORT``, ``PREFECT_UI_API_URL`` =
     ``http://HOST:PORT/api``, and ``PREFECT_API_DATABASE_CONNECTION_URL`` when given.
     ``PREFECT_API_URL`` is dropped: it is the client's setting, and a stale one would win
     over the port for the UI. Analytics are off."""
     env = {k: v for k, v in base.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_SERVER_API_HOST=host, PREFECT_SERVER_API_PORT=str(port),
-               PREFECT_UI_API_URL=f"http://{host}:{port}/api",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.update(
+        PREFECT_SERVER_API_HOST=host,
+        PREFECT_SERVER_API_PORT=str(port),
+        PREFECT_UI_API_URL=f"http://{host}:{port}/api",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    )
     if database_url:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
     return env
@@ -68,13 +76,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default=DEFAULT_HOST)
     parser.add_argument("--port", type=_port, default=DEFAULT_PORT)
-    parser.add_argument("--database-url", default=None,
-                        help="e.g. postgresql+asyncpg://USER@HOST:5432/DB (default: SQLite "
-                             "in PREFECT_HOME)")
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="e.g. postgresql+asyncpg://USER@HOST:5432/DB (default: SQLite in PREFECT_HOME)",
+    )
     args = parser.parse_args(argv)
     env = server_env(os.environ, host=args.host, port=args.port, database_url=args.database_url)
-    print(f"Prefect server: API http://{args.host}:{args.port}/api, UI "
-          f"http://{args.host}:{args.port}", flush=True)
+    print(
+        f"Prefect server: API http://{args.host}:{args.port}/api, UI "
+        f"http://{args.host}:{args.port}",
+        flush=True,
+    )
     command = server_command()
     os.execve(command[0], command, env)
 

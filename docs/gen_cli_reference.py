@@ -45,8 +45,7 @@ def run_parser() -> argparse.ArgumentParser:
 def _cell(text: str) -> str:
     """``text`` on one line, safe inside a Markdown table cell."""
     text = " ".join(text.split())
-    for raw, escaped in (("\\", "\\\\"), ("|", "\\|"), ("*", "\\*"), ("<", "&lt;"),
-                         (">", "&gt;")):
+    for raw, escaped in (("\\", "\\\\"), ("|", "\\|"), ("*", "\\*"), ("<", "&lt;"), (">", "&gt;")):
         text = text.replace(raw, escaped)
     return text
 
@@ -71,7 +70,8 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
             argument = formatter._format_args(action, default) if action.nargs != 0 else ""
         else:
             option = formatter._format_args(
-                action, formatter._get_default_metavar_for_positional(action))
+                action, formatter._get_default_metavar_for_positional(action)
+            )
             argument = ""
         help_text = formatter._expand_help(action) if action.help else ""
         rows.append(f"| {_code(option)} | {_code(argument)} | {_cell(help_text)} |")
@@ -112,16 +112,21 @@ def _first_difference(old: str, new: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Rewrite the table (exit 0), or with ``--check`` exit 1 when it is out of date."""
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    args.add_argument("--check", action="store_true",
-                      help="change nothing; exit 1 if the table differs from --help")
+    args.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 if the table differs from --help",
+    )
     options = args.parse_args(argv)
     text = CLI_MD.read_text(encoding="utf-8")
     new = rewrite(text, render())
     shown = CLI_MD.relative_to(ROOT)
     if options.check:
         if new != text:
-            print(f"{shown}: the `embedline run` table differs from `embedline run --help` "
-                  f"({_first_difference(text, new)}); run python docs/gen_cli_reference.py")
+            print(
+                f"{shown}: the `embedline run` table differs from `embedline run --help` "
+                f"({_first_difference(text, new)}); run python docs/gen_cli_reference.py"
+            )
             return 1
         return 0
     if new != text:

@@ -198,15 +198,20 @@ class UnknownBatchError(FatalError):
     """
 
     #: What a run tells the user to do (``cancel-batches`` says its own).
-    RUN_ADVICE = ("rerun with the API key and --base-url that created it, or, if the "
-                  "provider no longer has it, rerun without --batch-api to embed what is left "
-                  "synchronously (full price)")
+    RUN_ADVICE = (
+        "rerun with the API key and --base-url that created it, or, if the "
+        "provider no longer has it, rerun without --batch-api to embed what is left "
+        "synchronously (full price)"
+    )
 
-    def __init__(self, *, where: str, batch_id: str | None = None,
-                 file_id: str | None = None) -> None:
+    def __init__(
+        self, *, where: str, batch_id: str | None = None, file_id: str | None = None
+    ) -> None:
         what = f"batch {batch_id}" if batch_id is not None else f"file {file_id}"
-        cause = (f"{what} is unknown to {where} (HTTP 404): it was created with another API "
-                 "key (organization, project) or --base-url, or the provider no longer has it")
+        cause = (
+            f"{what} is unknown to {where} (HTTP 404): it was created with another API "
+            "key (organization, project) or --base-url, or the provider no longer has it"
+        )
         super().__init__(f"{cause}; {self.RUN_ADVICE}", http_status=404)
         self.cause, self.where = cause, where
         self.batch_id, self.file_id = batch_id, file_id

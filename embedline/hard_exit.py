@@ -8,6 +8,7 @@ One per process, ``STOP.exit`` (``embedline.shutdown``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -41,10 +42,8 @@ class HardExit:
         """Run the registered hooks (best effort): also when an interrupt ends the command
         before a run's own stop handling took over."""
         for hook in list(self._hooks):
-            try:
+            with contextlib.suppress(OSError):
                 hook()
-            except OSError:
-                pass
 
     def hard_exit(self, code: int) -> None:
         """Run the hooks (best effort), flush, and end the process now with ``code``."""

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["SIGNALS", "Terminated", "exit_code_for", "interrupt_of", "is_interrupt",
-           "signal_of"]
+__all__ = ["SIGNALS", "Terminated", "exit_code_for", "interrupt_of", "is_interrupt", "signal_of"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -31,8 +30,9 @@ def is_interrupt(exc: BaseException) -> bool:
     """True for an interrupt: ``KeyboardInterrupt`` (Ctrl-C), ``Terminated`` (SIGTERM) and
     Prefect 3.9's ``TerminationSignal`` (its SIGTERM handler while a flow run is open;
     matched by name, so this module imports no Prefect)."""
-    return isinstance(exc, KeyboardInterrupt | Terminated) or \
-        type(exc).__name__ == "TerminationSignal"
+    return (
+        isinstance(exc, KeyboardInterrupt | Terminated) or type(exc).__name__ == "TerminationSignal"
+    )
 
 
 def interrupt_of(exc: BaseException) -> BaseException | None:

@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 
-
 def chunk_object_key(chunk_key: str, generation: int = 0) -> str:
     """Return the object key of a chunk under the output root (docs/reference/output-layout.md):
     generation 0 is ``chunks/{key}.parquet``, generation N ≥ 1 (its dead letters retried) is
@@ -72,9 +71,11 @@ def dead_letters_block_message(rows: int, run_key: str) -> str:
     """The message of a run whose every chunk is published but ``rows`` dead letters keep
     its manifest from being committed (without ``--allow-failed-rows``; in a deployment the
     parameter ``allow_failed_rows``)."""
-    return (f"{dead_letters_phrase(rows)} (see `embedline dead-letters {run_key}`); the "
-            "manifest is committed only with --allow-failed-rows (parameter "
-            "allow_failed_rows)")
+    return (
+        f"{dead_letters_phrase(rows)} (see `embedline dead-letters {run_key}`); the "
+        "manifest is committed only with --allow-failed-rows (parameter "
+        "allow_failed_rows)"
+    )
 
 
 #: The dead-letter reason of an empty or whitespace-only text (never sent,
@@ -100,8 +101,9 @@ def committed_dead_letters_note(rows_failed: int, rows_empty: int) -> str:
     texts skipped, and the other ones committed with ``--allow-failed-rows``; "" for none."""
     parts = []
     if rows_failed > rows_empty:
-        parts.append(f"{dead_letters_phrase(rows_failed - rows_empty)} (committed with "
-                     "--allow-failed-rows)")
+        parts.append(
+            f"{dead_letters_phrase(rows_failed - rows_empty)} (committed with --allow-failed-rows)"
+        )
     if rows_empty:
         parts.append(empty_texts_phrase(rows_empty))
     return "; ".join(parts)
@@ -496,7 +498,10 @@ def load_dead_letters_end(
     )
     if allowed:
         return replace(summary, rows_failed=len(dead), message=what)
-    advice = (": fix those ids (or the table) in the input, or accept them with "
-              "--allow-failed-rows (parameter allow_failed_rows)")
-    return replace(summary, rows_failed=len(dead), exit_code=1, status="dead_letters",
-                   message=what + advice)
+    advice = (
+        ": fix those ids (or the table) in the input, or accept them with "
+        "--allow-failed-rows (parameter allow_failed_rows)"
+    )
+    return replace(
+        summary, rows_failed=len(dead), exit_code=1, status="dead_letters", message=what + advice
+    )

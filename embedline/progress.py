@@ -29,8 +29,19 @@ if TYPE_CHECKING:
     from embedline.errors import FatalError
     from embedline.protocols import EmbeddingClient, RequestLimits
 
-__all__ = ["PROGRESS_LOGGER", "BatchCount", "Progress", "batches_phrase", "chunk_started",
-           "cost_in_process", "counting", "listen", "notify", "partial_rows", "reset_cost"]
+__all__ = [
+    "PROGRESS_LOGGER",
+    "BatchCount",
+    "Progress",
+    "batches_phrase",
+    "chunk_started",
+    "cost_in_process",
+    "counting",
+    "listen",
+    "notify",
+    "partial_rows",
+    "reset_cost",
+]
 
 # Lines a user waits on from inside an adapter (an index build's progress): INFO, and shown.
 # Prefect copies its handlers to the "embedline" logger (PREFECT_LOGGING_EXTRA_LOGGERS) but
@@ -70,8 +81,10 @@ def batches_phrase(batches: Sequence[BatchCount]) -> str:
     empty when there are none."""
     if not batches:
         return ""
-    return "batches " + ", ".join(f"{b.batches:,} {b.status} ({b.completed:,} of "
-                                  f"{b.requests:,} requests done)" for b in batches)
+    return "batches " + ", ".join(
+        f"{b.batches:,} {b.status} ({b.completed:,} of {b.requests:,} requests done)"
+        for b in batches
+    )
 
 
 _listener: Callable[[Progress], None] | None = None

@@ -14,10 +14,21 @@ if TYPE_CHECKING:
 
     from embedline.errors import FatalError
 
-__all__ = ["AliasState", "AliasSwitch", "EmbeddingClient", "EmbeddingClientBase", "Embeddings",
-           "ObjectInfo", "ObjectStore",
-           "PutResult", "RequestLimits", "SinkColumns", "SinkTable", "UpsertResult",
-           "VectorSink"]
+__all__ = [
+    "AliasState",
+    "AliasSwitch",
+    "EmbeddingClient",
+    "EmbeddingClientBase",
+    "Embeddings",
+    "ObjectInfo",
+    "ObjectStore",
+    "PutResult",
+    "RequestLimits",
+    "SinkColumns",
+    "SinkTable",
+    "UpsertResult",
+    "VectorSink",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +157,7 @@ class ObjectStore(Protocol):
 
     uri: str
 
-    def put_if_absent(
-        self, key: str, body: bytes, *, sha256: str, content_type: str
-    ) -> PutResult:
+    def put_if_absent(self, key: str, body: bytes, *, sha256: str, content_type: str) -> PutResult:
         """Create ``key`` with ``body`` unless it exists; never overwrite.
 
         :raises ConflictError: the key exists with other bytes (SHA-256 differs).
@@ -281,8 +290,9 @@ class VectorSink(Protocol):
     table_name: str  # the table (collection) in its store
     parallel_loads: int  # chunk loads that may run at once against this sink
 
-    def ensure_table(self, *, embedder: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> SinkTable:
+    def ensure_table(
+        self, *, embedder: str, model: str, dimensions: int, columns: SinkColumns = SinkColumns()
+    ) -> SinkTable:
         """Create the table if absent (with ``columns``); return what it holds.
 
         :raises FatalError: the existing table holds vectors of another length or model, or
@@ -326,8 +336,14 @@ class VectorSink(Protocol):
         it did in a few words, for the load summary ("HNSW index built", "compacted")."""
         ...
 
-    def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
-               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:
+    def search(
+        self,
+        vector: np.ndarray,
+        k: int,
+        *,
+        columns: Sequence[str] = (),
+        where: Sequence[tuple[str, str]] = (),
+    ) -> list[tuple[Any, ...]]:
         """Return up to ``k`` ``(id, cosine similarity, *values of columns)``, most similar
         first (``columns``: some of the table's ``SinkColumns`` names; none: pairs).
 

@@ -57,18 +57,28 @@ LOCAL_DIMENSIONS = 384
 
 #: Hosts that refuse every request without a key (OpenAI API reference, "Authentication").
 KEY_REQUIRED_HOSTS = frozenset({"api.openai.com"})
-NO_API_KEY_MESSAGE = ("--base-url is OpenAI's API, which refuses requests without a key: "
-                      "export EMBEDLINE_API_KEY (or OPENAI_API_KEY)")
+NO_API_KEY_MESSAGE = (
+    "--base-url is OpenAI's API, which refuses requests without a key: "
+    "export EMBEDLINE_API_KEY (or OPENAI_API_KEY)"
+)
 
 #: CLI flag / flow parameter name → settings field, where the field name carries its unit.
-PARAMETER_FIELDS = {"timeout": "timeout_s", "chunk_retry_delay": "chunk_retry_delay_s",
-                    "grace": "grace_s", "batch_poll_interval": "batch_poll_interval_s"}
+PARAMETER_FIELDS = {
+    "timeout": "timeout_s",
+    "chunk_retry_delay": "chunk_retry_delay_s",
+    "grace": "grace_s",
+    "batch_poll_interval": "batch_poll_interval_s",
+}
 
 #: Options (CLI flags and flow parameters, by parameter name) only the Batch API mode reads.
 #: Unset is None in the flow's signature and absent from the CLI's namespace; set without
 #: ``batch_api`` they are refused (``batch_options_without_batch_api``), never ignored.
-BATCH_API_OPTIONS = ("batch_poll_interval", "batch_max_inputs", "batch_fallback",
-                     "batch_enqueued_tokens")
+BATCH_API_OPTIONS = (
+    "batch_poll_interval",
+    "batch_max_inputs",
+    "batch_fallback",
+    "batch_enqueued_tokens",
+)
 
 
 def batch_options_without_batch_api(parameters: dict[str, object]) -> list[str]:
@@ -108,10 +118,12 @@ def codec_for(encoding: str) -> str:
 
 
 #: pydantic's range errors, worded as the CLI's own argument types word them.
-_BOUNDS = {"less_than_equal": ("must be at most", "le"),
-           "greater_than_equal": ("must be at least", "ge"),
-           "greater_than": ("must be greater than", "gt"),
-           "less_than": ("must be less than", "lt")}
+_BOUNDS = {
+    "less_than_equal": ("must be at most", "le"),
+    "greater_than_equal": ("must be at least", "ge"),
+    "greater_than": ("must be greater than", "gt"),
+    "less_than": ("must be less than", "lt"),
+}
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -120,8 +132,12 @@ def validation_message(exc: ValidationError) -> str:
     2048, got 2049``, as the CLI's argument types say it."""
     flags = {field: name for name, field in PARAMETER_FIELDS.items()}  # grace_s → --grace
     return "; ".join(
-        (f"--{flags.get(str(e['loc'][0]), str(e['loc'][0])).replace('_', '-')}: "
-         if e["loc"] else "") + _problem(e)
+        (
+            f"--{flags.get(str(e['loc'][0]), str(e['loc'][0])).replace('_', '-')}: "
+            if e["loc"]
+            else ""
+        )
+        + _problem(e)
         for e in exc.errors()
     )
 
@@ -230,8 +246,10 @@ class RunSettings(BaseModel):
         """``--text-template '{X}'`` is ``--text-column X`` (one run key for one meaning)."""
         if isinstance(data, dict) and isinstance(data.get("text_template"), str):
             if data.get("text_column") not in (None, "text"):
-                raise ValueError("pass --text-template or --text-column, not both: the "
-                                 "template names the columns of the text")
+                raise ValueError(
+                    "pass --text-template or --text-column, not both: the "
+                    "template names the columns of the text"
+                )
             try:
                 single = parse_template(data["text_template"]).single_column
             except TemplateError:
@@ -260,24 +278,29 @@ class RunSettings(BaseModel):
             return None
         names = list(value)
         if any(not isinstance(n, str) or not n for n in names):
-            raise ValueError("an empty column name (write the names separated by commas: "
-                             "title,section)")
+            raise ValueError(
+                "an empty column name (write the names separated by commas: title,section)"
+            )
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"column {twice[0]!r} is named twice")
         reserved = [n for n in names if n in RESERVED_COLUMNS]
         if reserved:
-            raise ValueError(f"column {reserved[0]!r} cannot be kept under its name: "
-                             f"{', '.join(RESERVED_COLUMNS)} are embedline's own columns "
-                             "(rename it in the CSV)")
+            raise ValueError(
+                f"column {reserved[0]!r} cannot be kept under its name: "
+                f"{', '.join(RESERVED_COLUMNS)} are embedline's own columns "
+                "(rename it in the CSV)"
+            )
         return tuple(names) or None
 
     @model_validator(mode="after")
     def _text_column_is_free(self) -> RunSettings:
         if self.keep_text and TEXT_COLUMN in (self.keep_columns or ()):
-            raise ValueError(f"--keep-text writes the text as column {TEXT_COLUMN!r}, which "
-                             "--keep-columns also names: drop it from --keep-columns (the "
-                             "text is kept either way) or rename the CSV column")
+            raise ValueError(
+                f"--keep-text writes the text as column {TEXT_COLUMN!r}, which "
+                "--keep-columns also names: drop it from --keep-columns (the "
+                "text is kept either way) or rename the CSV column"
+            )
         return self
 
     @model_validator(mode="after")
@@ -285,18 +308,24 @@ class RunSettings(BaseModel):
         if self.embedder != "local":
             return self
         if self.model is not None and self.model not in LOCAL_MODEL_NAMES:
-            raise ValueError(f"the local embedder runs {DEFAULT_MODELS['local']} only; use "
-                             f"--embedder openai for {self.model!r}")
+            raise ValueError(
+                f"the local embedder runs {DEFAULT_MODELS['local']} only; use "
+                f"--embedder openai for {self.model!r}"
+            )
         if self.dimensions not in (None, LOCAL_DIMENSIONS):
-            raise ValueError(f"the local model gives {LOCAL_DIMENSIONS} dimensions; omit "
-                             "--dimensions or use --embedder openai")
+            raise ValueError(
+                f"the local model gives {LOCAL_DIMENSIONS} dimensions; omit "
+                "--dimensions or use --embedder openai"
+            )
         return self
 
     @model_validator(mode="after")
     def _batch_api_is_openai(self) -> RunSettings:
         if self.batch_api and self.embedder != "openai":
-            raise ValueError("--batch-api needs --embedder openai (OpenAI's Batch API, or a "
-                             "server with the same /files and /batches endpoints)")
+            raise ValueError(
+                "--batch-api needs --embedder openai (OpenAI's Batch API, or a "
+                "server with the same /files and /batches endpoints)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -318,8 +347,10 @@ class RunSettings(BaseModel):
     @classmethod
     def _sink_has_no_password(cls, value: str | None) -> str | None:
         if value and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:[^/@]+@", value):
-            raise ValueError("a password in the sink URI is not accepted (it would be stored "
-                             "in Prefect parameters and the ledger): set PGPASSWORD instead")
+            raise ValueError(
+                "a password in the sink URI is not accepted (it would be stored "
+                "in Prefect parameters and the ledger): set PGPASSWORD instead"
+            )
         return value or None
 
     @field_validator("auth_header")
@@ -333,7 +364,7 @@ class RunSettings(BaseModel):
     @classmethod
     def _one_character(cls, value: str) -> str:
         value = {"tab": "\t", "\\t": "\t", "comma": ",", "semicolon": ";"}.get(value, value)
-        if value != "auto" and (len(value) != 1 or value in "\r\n\"" ):
+        if value != "auto" and (len(value) != 1 or value in '\r\n"'):
             raise ValueError("--delimiter is auto or one character (',', ';', 'tab', '|')")
         return value
 
@@ -350,8 +381,9 @@ class RunSettings(BaseModel):
 
         :raises pydantic.ValidationError: a value is out of range or unknown.
         """
-        fields = {k: v for k, v in parameters.items()
-                  if not (k in BATCH_API_OPTIONS and v is None)}  # unset: the default
+        fields = {
+            k: v for k, v in parameters.items() if not (k in BATCH_API_OPTIONS and v is None)
+        }  # unset: the default
         for name, field in PARAMETER_FIELDS.items():
             if name in fields:
                 fields[field] = fields.pop(name)
@@ -373,9 +405,13 @@ class RunSettings(BaseModel):
         rejects it (base URL, encoding format, input-token limit and policy): a rerun whose
         fingerprint differs retries the published dead letters
         (docs/reference/output-layout.md, "Generations")."""
-        fields = {"embedder": self.embedder, "base_url": self.base_url,
-                  "encoding_format": self.encoding_format, "on_too_long": self.on_too_long,
-                  "max_input_tokens": self.max_input_tokens}
+        fields = {
+            "embedder": self.embedder,
+            "base_url": self.base_url,
+            "encoding_format": self.encoding_format,
+            "on_too_long": self.on_too_long,
+            "max_input_tokens": self.max_input_tokens,
+        }
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -388,8 +424,7 @@ class RunSettings(BaseModel):
         """True when the embedder talks to a host that refuses requests without a key."""
         from urllib.parse import urlsplit
 
-        return (self.embedder == "openai"
-                and urlsplit(self.base_url).hostname in KEY_REQUIRED_HOSTS)
+        return self.embedder == "openai" and urlsplit(self.base_url).hostname in KEY_REQUIRED_HOSTS
 
     @property
     def kept_columns(self) -> tuple[str, ...]:
@@ -412,12 +447,19 @@ class RunSettings(BaseModel):
         """Keyword arguments of ``adapters.csv_source.plan_csv`` for ``input`` (columns,
         codec, delimiter, chunk size in rows, model, dimensions, template, kept columns,
         ``scratch_root``)."""
-        return {"id_column": self.id_column, "text_column": self.text_column,
-                "codec": self.codec, "delimiter": self.delimiter,
-                "chunk_size": self.chunk_size, "model": self.effective_model,
-                "dimensions": self.dimensions, "text_template": self.text_template,
-                "keep_columns": self.kept_columns, "keep_text": self.keep_text,
-                "scratch_root": self.scratch_root}
+        return {
+            "id_column": self.id_column,
+            "text_column": self.text_column,
+            "codec": self.codec,
+            "delimiter": self.delimiter,
+            "chunk_size": self.chunk_size,
+            "model": self.effective_model,
+            "dimensions": self.dimensions,
+            "text_template": self.text_template,
+            "keep_columns": self.kept_columns,
+            "keep_text": self.keep_text,
+            "scratch_root": self.scratch_root,
+        }
 
     @property
     def scratch_root(self) -> str:
@@ -430,5 +472,11 @@ class RunSettings(BaseModel):
         without the flow (``flows.copied_run``): reuse on, chunks run by threads, no Batch
         API, no sink to load, nothing kept beside the vectors (kept values are in the input
         only)."""
-        return (self.reuse and self.task_runner == "threads" and not self.batch_api
-                and not self.sink and not self.kept_columns and not self.keep_text)
+        return (
+            self.reuse
+            and self.task_runner == "threads"
+            and not self.batch_api
+            and not self.sink
+            and not self.kept_columns
+            and not self.keep_text
+        )

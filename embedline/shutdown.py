@@ -223,8 +223,11 @@ class StopState:
         if not _main_thread():
             return {}
         defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-        return {signum: signal.signal(signum, raise_interrupt)
-                for signum, default in defaults.items() if signal.getsignal(signum) == default}
+        return {
+            signum: signal.signal(signum, raise_interrupt)
+            for signum, default in defaults.items()
+            if signal.getsignal(signum) == default
+        }
 
     def raise_interrupt(self, signum: int) -> None:
         """``raise_interrupt``'s body: see there."""
@@ -250,8 +253,9 @@ class StopState:
                 self.exit_on_second_signal(signum)
             noted.append(signum)
 
-        previous = {s: signal.signal(s, note)
-                    for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+        previous = {
+            s: signal.signal(s, note) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN
+        }
         try:
             yield
         finally:
@@ -274,8 +278,7 @@ class StopState:
         committed = self.report.committed()
         if committed is not None:
             todo = f"run {committed.run_key[:12]} is committed: {committed.todo}"
-        sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; "
-                         f"{todo}\n")
+        sys.stderr.write(f"embedline: second {signal.Signals(signum).name}, exiting now; {todo}\n")
         self.exit.hard_exit(exit_code_for(signum))
 
     def raise_lost_interrupt(self) -> None:
@@ -315,6 +318,7 @@ class StopState:
             return False
         self.forget_interrupts()  # the one redelivered is a first signal, not a second
         main, signum = threading.main_thread().ident, signal_of(exc)
+        assert main is not None, "the main thread has started"
         hook_ended = threading.Event()
 
         def send() -> None:

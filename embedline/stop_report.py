@@ -77,8 +77,9 @@ class StopReport:
 
     # -- the committed run ----------------------------------------------------------------
 
-    def note_committed(self, run_key: str, manifest_uri: str, todo: str,
-                       summary: dict[str, Any] | None = None) -> None:
+    def note_committed(
+        self, run_key: str, manifest_uri: str, todo: str, summary: dict[str, Any] | None = None
+    ) -> None:
         """Record that this command committed run ``run_key`` (its manifest and the ledger's
         record of it are written; ``todo``: what a rerun would still do, e.g. load a sink),
         so an interrupt from now on is not reported as work to redo. ``summary``: the run's

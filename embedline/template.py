@@ -31,8 +31,7 @@ __all__ = [
 
 #: Columns every chunk object (and sink) has: a kept column may not take their names.
 #: ``run_key`` and ``kept_sha256`` are the sinks' own (docs/reference/sinks.md).
-RESERVED_COLUMNS = ("id", "embedding", "text_sha256", "idempotency_key", "run_key",
-                    "kept_sha256")
+RESERVED_COLUMNS = ("id", "embedding", "text_sha256", "idempotency_key", "run_key", "kept_sha256")
 #: The column ``--keep-text`` adds: the composed text.
 TEXT_COLUMN = "text"
 
@@ -73,8 +72,10 @@ class Template:
 
         :raises KeyError: a column of the template is missing from ``values``.
         """
-        return "".join(literal + (values[column] if column is not None else "")
-                       for literal, column in self.parts)
+        return "".join(
+            literal + (values[column] if column is not None else "")
+            for literal, column in self.parts
+        )
 
 
 def placeholder(column: str) -> str:
@@ -105,8 +106,10 @@ def parse_template(source: str) -> Template:
             literal = []
         elif char == "}":
             if not source.startswith("}}", i):
-                raise TemplateError(f"a single '}}' at character {i + 1} of the template; "
-                                    f"write '}}}}' for a literal brace")
+                raise TemplateError(
+                    f"a single '}}' at character {i + 1} of the template; "
+                    f"write '}}}}' for a literal brace"
+                )
             literal.append("}")
             i += 2
         else:
@@ -116,8 +119,10 @@ def parse_template(source: str) -> Template:
         parts.append(("".join(literal), None))
     template = Template(source, tuple(parts))
     if not template.columns:
-        raise TemplateError("the template names no column: write {column} where a column's "
-                            "value goes (e.g. '{title}\\n\\n{text}')")
+        raise TemplateError(
+            "the template names no column: write {column} where a column's "
+            "value goes (e.g. '{title}\\n\\n{text}')"
+        )
     return template
 
 
@@ -128,18 +133,24 @@ def _name(source: str, start: int) -> tuple[str, int]:
     while i < len(source):
         if source[i] == "}":
             if not name:
-                raise TemplateError(f"an empty '{{}}' at character {start} of the template: "
-                                    "name a column inside the braces")
+                raise TemplateError(
+                    f"an empty '{{}}' at character {start} of the template: "
+                    "name a column inside the braces"
+                )
             return "".join(name), i + 1
         elif source[i] == "{":
-            raise TemplateError(f"a '{{' inside the placeholder at character {start} of the "
-                                f"template; write '{{{{' outside placeholders for a literal "
-                                "brace")
+            raise TemplateError(
+                f"a '{{' inside the placeholder at character {start} of the "
+                f"template; write '{{{{' outside placeholders for a literal "
+                "brace"
+            )
         else:
             name.append(source[i])
             i += 1
-    raise TemplateError(f"the '{{' at character {start} of the template is never closed; "
-                        "write '{{' for a literal brace")
+    raise TemplateError(
+        f"the '{{' at character {start} of the template is never closed; "
+        "write '{{' for a literal brace"
+    )
 
 
 _CLI_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}

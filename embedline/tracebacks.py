@@ -22,14 +22,12 @@ import os
 
 from embedline.errors import EmbedlineError
 
-__all__ = ["DEBUG_ENV", "ChunkFinalStateFilter", "ExpectedErrorFilter",
-           "quiet_expected_tracebacks"]
+__all__ = ["DEBUG_ENV", "ChunkFinalStateFilter", "ExpectedErrorFilter", "quiet_expected_tracebacks"]
 
 DEBUG_ENV = "EMBEDLINE_DEBUG"
 
 #: Loggers whose records carry a task's or flow's exception (Prefect's run loggers).
-_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.task_engine",
-            "prefect.flow_engine")
+_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.task_engine", "prefect.flow_engine")
 
 
 class ExpectedErrorFilter(logging.Filter):
@@ -53,15 +51,19 @@ class ChunkFinalStateFilter(logging.Filter):
     everything else, and keep those too with ``--debug``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR or getattr(record, "task_name", None) != \
-                CHUNK_TASK_NAME or _debugging(record.name):
+        if (
+            record.levelno < logging.ERROR
+            or getattr(record, "task_name", None) != CHUNK_TASK_NAME
+            or _debugging(record.name)
+        ):
             return True
         return not str(record.msg).startswith(("Finished in state", "Task run failed with"))
 
 
 def _debugging(logger_name: str) -> bool:
     return bool(os.environ.get(DEBUG_ENV)) or logging.getLogger(logger_name).isEnabledFor(
-        logging.DEBUG)
+        logging.DEBUG
+    )
 
 
 _FILTER = ExpectedErrorFilter()

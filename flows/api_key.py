@@ -39,8 +39,10 @@ def export_api_key_from_block(block_name: str | None = None) -> bool:
         secret = Secret.load(explicit or DEFAULT_BLOCK)
     except ValueError:
         if explicit:
-            raise ValueError(f"no Secret block named {explicit!r} (set by {BLOCK_ENV} or "
-                             "argument); create it with deployments/api_key.py store") from None
+            raise ValueError(
+                f"no Secret block named {explicit!r} (set by {BLOCK_ENV} or "
+                "argument); create it with deployments/api_key.py store"
+            ) from None
         return False
     value = secret.get()  # type: ignore[union-attr]  # sync_compatible: sync caller, no coroutine
     if not isinstance(value, str) or not value.strip():

@@ -1,6 +1,6 @@
 """Batch API mode (``--batch-api``): submit each chunk's requests as batches, wait, collect.
 
-Runs in the flow process before the chunk tasks (DESIGN §5, "Batch API mode"):
+Runs in the flow process before the chunk tasks (docs/design.md, "Batch API mode"):
 
     for each chunk to embed: its reuse plan (``ReuseStage.plan_for``, the plan its task
     gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating``
@@ -99,12 +99,20 @@ class BatchStage:
     default sleep ends early when ``stop`` is called).
     """
 
-    def __init__(self, *, settings: RunSettings, ledger: Ledger, run_key: str,
-                 planner: ReuseStage, source: Any, log: Log,
-                 client: BatchClient | None = None,
-                 on_progress: Callable[[tuple[BatchCount, ...]], None] | None = None,
-                 sleep: Callable[[float], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        settings: RunSettings,
+        ledger: Ledger,
+        run_key: str,
+        planner: ReuseStage,
+        source: Any,
+        log: Log,
+        client: BatchClient | None = None,
+        on_progress: Callable[[tuple[BatchCount, ...]], None] | None = None,
+        sleep: Callable[[float], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings, self.ledger, self.run_key = settings, ledger, run_key
         self.planner, self.source, self.log = planner, source, log
         self.client = client or build_batch_client(settings)
@@ -166,8 +174,9 @@ class BatchStage:
         self._stopped.set()
 
     def _count(self) -> None:
-        self.staged.batches = sum(1 for r in self.ledger.run_batches(self.run_key)
-                                  if r.batch_id and r.idx in self._specs)
+        self.staged.batches = sum(
+            1 for r in self.ledger.run_batches(self.run_key) if r.batch_id and r.idx in self._specs
+        )
 
     def _start(self, spec: ChunkSpec) -> None:
         """Record and submit the chunk's parts, or adopt those a crashed run created; rows
@@ -184,30 +193,44 @@ class BatchStage:
                 self.staged.answers[spec.index] = ChunkBatches()
                 return
             parts = pack(requests, self.settings, max_tokens=self.settings.batch_enqueued_tokens)
-            self.ledger.add_batch_parts(self.run_key, spec.index, spec.key, [
-                (p, a, b, layout_of(requests[a:b])) for p, (a, b) in enumerate(parts)])
+            self.ledger.add_batch_parts(
+                self.run_key,
+                spec.index,
+                spec.key,
+                [(p, a, b, layout_of(requests[a:b])) for p, (a, b) in enumerate(parts)],
+            )
             for record in self.ledger.run_batches(self.run_key, spec.index):
-                self._submit(spec, record, requests[record.req_start:record.req_stop])
+                self._submit(spec, record, requests[record.req_start : record.req_stop])
             return
         covered = {p for r in self.parts.recorded(spec, rows, records) for p in r.rows}
         uncovered = {p for r in requests for p in r.rows} - covered
         if uncovered:
             rest = self.parts.needed(spec, rows, only=uncovered)
-            self.log.info("chunk %d: %d rows no batch of this run carries: submitting them "
-                          "as part %d", spec.index, len(uncovered),
-                          max(r.part for r in records) + 1)
+            self.log.info(
+                "chunk %d: %d rows no batch of this run carries: submitting them as part %d",
+                spec.index,
+                len(uncovered),
+                max(r.part for r in records) + 1,
+            )
             self._submit_rest(spec, records, rest)
 
-    def _resume_creating(self, spec: ChunkSpec, record: BatchRecord,
-                         rows: list[Row] | None = None) -> None:
+    def _resume_creating(
+        self, spec: ChunkSpec, record: BatchRecord, rows: list[Row] | None = None
+    ) -> None:
         # a part whose input was never uploaded was never created: nothing to look for
         adopted = self.calls.find(spec, record.part) if record.input_file_id else None
         if adopted is not None:
             self.calls.adopt(spec, record, adopted)
             return
         if record.layout is None and record.req_start is None:  # recorded without layouts
-            requests = self.parts.pending(spec, [r for r in self.ledger.run_batches(
-                self.run_key, spec.index) if r.part < record.part])
+            requests = self.parts.pending(
+                spec,
+                [
+                    r
+                    for r in self.ledger.run_batches(self.run_key, spec.index)
+                    if r.part < record.part
+                ],
+            )
         else:
             requests = self.parts.carried(spec, record, rows or self.parts.rows(spec))
         if requests:
@@ -216,8 +239,7 @@ class BatchStage:
             self.ledger.drop_batch_part(self.run_key, spec.index, record.part)
 
     # ── create ───────────────────────────────────────────────────────────────────────────
-    def _submit(self, spec: ChunkSpec, record: BatchRecord,
-                requests: list[BatchRequest]) -> None:
+    def _submit(self, spec: ChunkSpec, record: BatchRecord, requests: list[BatchRequest]) -> None:
         """Upload the part's input file and create its batch (sent once); a create that
         failed or timed out is looked for in the list and adopted; a token-limit refusal
         leaves the part ``creating`` until earlier batches finish; so does a ``stop``
@@ -238,24 +260,34 @@ class BatchStage:
             self._token_limited()
             return
         except RetryableError as exc:
-            self.log.warning("chunk %d part %d: the batch create failed (%s): looking for "
-                             "the batch it may have made", spec.index, record.part, exc)
+            self.log.warning(
+                "chunk %d part %d: the batch create failed (%s): looking for "
+                "the batch it may have made",
+                spec.index,
+                record.part,
+                exc,
+            )
             self.calls.forget_listing()  # list again: the batch would be new
-            batch = self.calls.find(spec, record.part)
-            if batch is None:
+            found = self.calls.find(spec, record.part)
+            if found is None:
                 return  # still `creating`: submitted again on the next poll
+            batch = found
         self.calls.adopt(spec, record, batch, created=True)
 
     def _token_limited(self) -> None:
         self._token_waits += 1
-        wait = min(self.settings.batch_poll_interval_s * 2 ** (self._token_waits - 1),
-                   3600.0)
+        wait = min(self.settings.batch_poll_interval_s * 2 ** (self._token_waits - 1), 3600.0)
         if self.clock() - self._started + wait > _WINDOW_S:
-            raise FatalError("the Batch API's enqueued-token limit stayed full for 24 h: "
-                             "give --batch-enqueued-tokens or run fewer batches at once")
+            raise FatalError(
+                "the Batch API's enqueued-token limit stayed full for 24 h: "
+                "give --batch-enqueued-tokens or run fewer batches at once"
+            )
         self._not_before = self.clock() + wait
-        self.log.warning("token_limit_exceeded: the model's enqueued-token budget is full; "
-                         "submitting again in %.1f s, after earlier batches finish", wait)
+        self.log.warning(
+            "token_limit_exceeded: the model's enqueued-token budget is full; "
+            "submitting again in %.1f s, after earlier batches finish",
+            wait,
+        )
 
     def _wait_for_token_budget(self) -> None:
         delay = self._not_before - self.clock()
@@ -263,15 +295,20 @@ class BatchStage:
             self.sleep(delay)
             self._poll_all()
 
+    def _failed(self) -> bool:
+        """Whether a batch failed validation (``Staged.fatal``): a method, not the field, so
+        that a check after a call that may set it is not narrowed away."""
+        return self.staged.fatal is not None
+
     # ── wait ─────────────────────────────────────────────────────────────────────────────
     def _wait(self) -> None:
         interval = min(_FIRST_POLL_S, self.settings.batch_poll_interval_s)
-        while not self.staged.fatal and not self._stopped.is_set():
+        while not self._failed() and not self._stopped.is_set():
             records = self._poll_all()
             open_chunks = [i for i in self._specs if i not in self.staged.answers]
             for index in open_chunks:
                 self._advance(self._specs[index], [r for r in records if r.idx == index])
-                if self.staged.fatal:
+                if self._failed():
                     return
             if all(i in self.staged.answers for i in self._specs):
                 return
@@ -281,8 +318,11 @@ class BatchStage:
 
     def _poll_all(self) -> list[BatchRecord]:
         for record in self.ledger.run_batches(self.run_key):
-            if record.idx in self._specs and record.batch_id and (
-                    record.status not in TERMINAL_STATUSES or ids_late(record)):
+            if (
+                record.idx in self._specs
+                and record.batch_id
+                and (record.status not in TERMINAL_STATUSES or ids_late(record))
+            ):
                 self.calls.record_poll(self.calls.get_batch(record))  # running, or its ids are late
         return self.ledger.run_batches(self.run_key)
 
@@ -294,8 +334,10 @@ class BatchStage:
             if record.state == "creating" and self.clock() >= self._not_before:
                 self._resume_creating(spec, record)
         records = self.ledger.run_batches(self.run_key, spec.index)
-        if any(r.state == "creating" or r.status not in TERMINAL_STATUSES or ids_late(r)
-               for r in records):
+        if any(
+            r.state == "creating" or r.status not in TERMINAL_STATUSES or ids_late(r)
+            for r in records
+        ):
             return
         self._check_failures(records, spec)
         if self.staged.fatal:
@@ -304,25 +346,36 @@ class BatchStage:
             self._ready(spec, records)
             return
         pending = self.parts.pending(spec, records)
-        rest_parts = sum(1 for r in records if r.req_start is None and not failed_for_token_limit(r))
+        rest_parts = sum(
+            1 for r in records if r.req_start is None and not failed_for_token_limit(r)
+        )
         if not pending or self.settings.batch_fallback == "sync" or rest_parts >= _MAX_REST_PARTS:
             if pending:
-                self.log.warning("chunk %d: %d requests unanswered by its batches%s", spec.index,
-                                 len(pending), ", sent synchronously" if
-                                 self.settings.batch_fallback == "sync" else "")
+                self.log.warning(
+                    "chunk %d: %d requests unanswered by its batches%s",
+                    spec.index,
+                    len(pending),
+                    ", sent synchronously" if self.settings.batch_fallback == "sync" else "",
+                )
             self._ready(spec, records)
             return
-        self.log.info("chunk %d: %d requests left unanswered (expired, cancelled or server "
-                      "errors): submitting them as part %d", spec.index, len(pending),
-                      max(r.part for r in records) + 1)
+        self.log.info(
+            "chunk %d: %d requests left unanswered (expired, cancelled or server "
+            "errors): submitting them as part %d",
+            spec.index,
+            len(pending),
+            max(r.part for r in records) + 1,
+        )
         self._submit_rest(spec, records, pending)
 
-    def _submit_rest(self, spec: ChunkSpec, records: list[BatchRecord],
-                     requests: list[BatchRequest]) -> None:
+    def _submit_rest(
+        self, spec: ChunkSpec, records: list[BatchRecord], requests: list[BatchRequest]
+    ) -> None:
         """Record ``requests`` as the chunk's next part (after ``records``) and submit it."""
         part = max(r.part for r in records) + 1
-        self.ledger.add_batch_parts(self.run_key, spec.index, spec.key,
-                                    [(part, None, None, layout_of(requests))])
+        self.ledger.add_batch_parts(
+            self.run_key, spec.index, spec.key, [(part, None, None, layout_of(requests))]
+        )
         record = self.ledger.run_batches(self.run_key, spec.index)[-1]
         self._submit(spec, record, requests)
 
@@ -333,9 +386,11 @@ class BatchStage:
             if record.status != "failed":
                 continue
             if not failed_for_token_limit(record):
-                self.staged.fatal = (f"batch {record.batch_id} (chunk {spec.index}) failed "
-                                     f"validation: {record.error or 'no reason given'}; "
-                                     "nothing more is submitted")
+                self.staged.fatal = (
+                    f"batch {record.batch_id} (chunk {spec.index}) failed "
+                    f"validation: {record.error or 'no reason given'}; "
+                    "nothing more is submitted"
+                )
                 return
             if record.batch_id not in self._seen_limits:
                 self._seen_limits.add(str(record.batch_id))
@@ -357,23 +412,36 @@ class BatchStage:
             self.on_progress(counts)
         if counts != self._shown:
             self._shown = counts
-            self.log.info("batches: %s; %d of %d requests done",
-                          ", ".join(f"{c.batches} {c.status}" for c in counts),
-                          sum(c.completed for c in counts), sum(c.requests for c in counts))
+            self.log.info(
+                "batches: %s; %d of %d requests done",
+                ", ".join(f"{c.batches} {c.status}" for c in counts),
+                sum(c.completed for c in counts),
+                sum(c.requests for c in counts),
+            )
 
     def _left_running(self) -> None:
         """Note (``STOP.report.note_left_running``) and log the batches the run leaves running at
         the provider, if any: those submitted that have not ended, and parts whose create
         was sent but never confirmed (they may run)."""
         records = self.ledger.run_batches(self.run_key)
-        running = sum(1 for r in records if r.batch_id and r.status not in TERMINAL_STATUSES
-                      and r.status != "not_found")  # unknown to the provider: said apart
-        unconfirmed = sum(1 for r in records if r.state == "creating" and r.input_file_id and
-                          (r.idx, r.part) in self._sent)
-        what = left_running_note(running, unconfirmed, self.run_key,
-                                 rerun=("a new run with the same parameters (or a Retry) "
-                                        "collects them") if under_prefect_runner() else
-                                 "rerun the same command to collect them")
+        running = sum(
+            1
+            for r in records
+            if r.batch_id and r.status not in TERMINAL_STATUSES and r.status != "not_found"
+        )  # unknown to the provider: said apart
+        unconfirmed = sum(
+            1
+            for r in records
+            if r.state == "creating" and r.input_file_id and (r.idx, r.part) in self._sent
+        )
+        what = left_running_note(
+            running,
+            unconfirmed,
+            self.run_key,
+            rerun=("a new run with the same parameters (or a Retry) collects them")
+            if under_prefect_runner()
+            else "rerun the same command to collect them",
+        )
         if what is not None:
             self.log.warning("the run stops: %s", what)
             STOP.report.note_left_running(what)  # the run's final message and last line say it

@@ -28,8 +28,12 @@ _LIST_BACK_S = 31 * 86400  # how far back the account's batches are listed to ad
 def batch_metadata(run_key: str, spec: ChunkSpec, part: int) -> dict[str, str]:
     """The ``metadata`` every batch of embedline carries: how a crashed or timed-out create
     is recognized in the account's list (at most 16 keys of 512 characters: OpenAI)."""
-    return {"embedline_run": run_key, "embedline_chunk": spec.key,
-            "embedline_index": str(spec.index), "embedline_part": str(part)}
+    return {
+        "embedline_run": run_key,
+        "embedline_chunk": spec.key,
+        "embedline_index": str(spec.index),
+        "embedline_part": str(part),
+    }
 
 
 def listed_parts(client: BatchClient, run_key: str) -> dict[tuple[int, int], dict[str, Any]]:
@@ -75,17 +79,26 @@ class BatchCalls:
         new one)."""
         self._listed = None
 
-    def adopt(self, spec: ChunkSpec, record: BatchRecord, batch: dict[str, Any], *,
-              created: bool = False) -> None:
+    def adopt(
+        self, spec: ChunkSpec, record: BatchRecord, batch: dict[str, Any], *, created: bool = False
+    ) -> None:
         """Record ``batch`` as part ``record`` of the chunk: submitted, with its first poll
         (``created``: this stage's own create, else one an earlier attempt made)."""
-        self.ledger.mark_batch_submitted(self.run_key, spec.index, record.part,
-                                         batch_id=str(batch["id"]),
-                                         input_file_id=batch.get("input_file_id"),
-                                         status=str(batch.get("status")))
+        self.ledger.mark_batch_submitted(
+            self.run_key,
+            spec.index,
+            record.part,
+            batch_id=str(batch["id"]),
+            input_file_id=batch.get("input_file_id"),
+            status=str(batch.get("status")),
+        )
         if not created:
-            self.log.info("chunk %d part %d: adopted batch %s, which an earlier attempt "
-                          "created", spec.index, record.part, batch["id"])
+            self.log.info(
+                "chunk %d part %d: adopted batch %s, which an earlier attempt created",
+                spec.index,
+                record.part,
+                batch["id"],
+            )
         self.record_poll(batch)
 
     def get_batch(self, record: BatchRecord) -> dict[str, Any]:
@@ -108,8 +121,7 @@ class BatchCalls:
         try:
             return self.client.file_content(file_id)
         except UnknownBatchError:
-            self.ledger.mark_batch_not_found(self.run_key, str(record.batch_id),
-                                             file_id=file_id)
+            self.ledger.mark_batch_not_found(self.run_key, str(record.batch_id), file_id=file_id)
             raise
 
     def record_poll(self, batch: dict[str, Any]) -> None:
@@ -117,9 +129,13 @@ class BatchCalls:
         counts = batch.get("request_counts") or {}
         errors = (batch.get("errors") or {}).get("data") or []
         error = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)[:500] or None
-        self.ledger.update_batch(self.run_key, str(batch["id"]),
-                                 status=str(batch.get("status")),
-                                 output_file_id=batch.get("output_file_id"),
-                                 error_file_id=batch.get("error_file_id"),
-                                 completed=int(counts.get("completed") or 0),
-                                 failed=int(counts.get("failed") or 0), error=error)
+        self.ledger.update_batch(
+            self.run_key,
+            str(batch["id"]),
+            status=str(batch.get("status")),
+            output_file_id=batch.get("output_file_id"),
+            error_file_id=batch.get("error_file_id"),
+            completed=int(counts.get("completed") or 0),
+            failed=int(counts.get("failed") or 0),
+            error=error,
+        )

@@ -11,8 +11,14 @@ from adapters.ledger import BatchRecord
 from embedline.models import BatchLayout
 from embedline.progress import BatchCount
 
-__all__ = ["all_answered", "batch_counts", "failed_for_token_limit", "ids_late",
-           "left_running_note", "merged_layouts"]
+__all__ = [
+    "all_answered",
+    "batch_counts",
+    "failed_for_token_limit",
+    "ids_late",
+    "left_running_note",
+    "merged_layouts",
+]
 
 
 def failed_for_token_limit(record: BatchRecord) -> bool:
@@ -22,14 +28,19 @@ def failed_for_token_limit(record: BatchRecord) -> bool:
 
 def ids_late(record: BatchRecord) -> bool:
     """``completed`` before the provider filled in its file ids: poll again."""
-    return (record.status == "completed" and record.output_file_id is None
-            and record.error_file_id is None and record.requests > 0)
+    return (
+        record.status == "completed"
+        and record.output_file_id is None
+        and record.error_file_id is None
+        and record.requests > 0
+    )
 
 
 def all_answered(record: BatchRecord) -> bool:
     """The batch completed with an answer for every request it carries."""
-    return (record.status == "completed" and record.failed == 0
-            and record.completed == record.requests)
+    return (
+        record.status == "completed" and record.failed == 0 and record.completed == record.requests
+    )
 
 
 def merged_layouts(layouts: list[BatchLayout | None]) -> BatchLayout:
@@ -47,25 +58,38 @@ def batch_counts(records: Iterable[BatchRecord]) -> tuple[BatchCount, ...]:
     by_status: dict[str, list[BatchRecord]] = {}
     for record in records:
         by_status.setdefault(record.status or record.state, []).append(record)
-    return tuple(BatchCount(status, len(group), sum(r.requests for r in group),
-                            sum(r.completed for r in group))
-                 for status, group in sorted(by_status.items()))
+    return tuple(
+        BatchCount(
+            status, len(group), sum(r.requests for r in group), sum(r.completed for r in group)
+        )
+        for status, group in sorted(by_status.items())
+    )
 
 
-def left_running_note(running: int, unconfirmed: int, run_key: str, *,
-                      rerun: str = "rerun the same command to collect them") -> str | None:
+def left_running_note(
+    running: int,
+    unconfirmed: int,
+    run_key: str,
+    *,
+    rerun: str = "rerun the same command to collect them",
+) -> str | None:
     """What a run that ends with ``running`` batches still running at the provider (and
     ``unconfirmed`` parts whose create was sent but not confirmed) tells the user: both
     ways on, collect (``rerun``) or cancel; None when there are neither."""
     if not running and not unconfirmed:
         return None
     if running:
-        what = (f"{running} batch keeps" if running == 1 else f"{running} batches keep") + \
-            " running at the provider (billed when they complete)"
+        what = (
+            f"{running} batch keeps" if running == 1 else f"{running} batches keep"
+        ) + " running at the provider (billed when they complete)"
         if unconfirmed:
             what += f", and {unconfirmed} more may (their create was not confirmed)"
     else:
-        what = (f"{unconfirmed} {'batch' if unconfirmed == 1 else 'batches'} may be running "
-                "at the provider (their create was not confirmed; billed when they complete)")
-    return (f"{what}: {rerun} without paying again, or `embedline cancel-batches "
-            f"{run_key[:12]}` to cancel them")
+        what = (
+            f"{unconfirmed} {'batch' if unconfirmed == 1 else 'batches'} may be running "
+            "at the provider (their create was not confirmed; billed when they complete)"
+        )
+    return (
+        f"{what}: {rerun} without paying again, or `embedline cancel-batches "
+        f"{run_key[:12]}` to cancel them"
+    )

@@ -40,9 +40,15 @@ from prefect.states import Cancelled, Running
 from embedline.interrupts import Terminated, is_interrupt, signal_of
 from embedline.shutdown import STOP
 
-__all__ = ["POLL_S", "InterruptedByCancel", "cancelled_or", "complete_despite_cancel",
-           "end_as_runner_cancellation", "raise_if_interrupted_by_cancel",
-           "run_stopping_on_cancel"]
+__all__ = [
+    "POLL_S",
+    "InterruptedByCancel",
+    "cancelled_or",
+    "complete_despite_cancel",
+    "end_as_runner_cancellation",
+    "raise_if_interrupted_by_cancel",
+    "run_stopping_on_cancel",
+]
 
 #: Seconds between two reads of the flow run's state (one light API call each).
 POLL_S = 1.0
@@ -74,8 +80,11 @@ def run_stopping_on_cancel(body: Callable[[], T], *, poll_s: float = POLL_S) -> 
         with watch:
             return body()
     except BaseException as exc:
-        if not (STOP.prefect_cancel_requested() and is_interrupt(exc)
-                and signal_of(exc) == signal.SIGTERM):
+        if not (
+            STOP.prefect_cancel_requested()
+            and is_interrupt(exc)
+            and signal_of(exc) == signal.SIGTERM
+        ):
             raise
         committed = STOP.report.committed()
         after, todo = "", "rerun the same command to resume"
@@ -109,11 +118,13 @@ def complete_despite_cancel() -> None:
     note = "a cancel arrived after the run was committed: nothing was stopped"
     try:
         with get_client(sync_client=True) as client:
-            client.set_flow_run_state(str(flow_run.get_id()), Running(message=note),
-                                      force=True)
+            client.set_flow_run_state(str(flow_run.get_id()), Running(message=note), force=True)
     except httpx.HTTPError as exc:
-        get_run_logger().warning("could not record that the run completed (%s): %s; the "
-                                 "flow run stays Cancelling", note, exc)
+        get_run_logger().warning(
+            "could not record that the run completed (%s): %s; the flow run stays Cancelling",
+            note,
+            exc,
+        )
 
 
 def _cancel_requested() -> bool:

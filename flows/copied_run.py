@@ -34,8 +34,13 @@ from flows.signals import dispatch_with_graceful_stop
 from tasks.copied import publish_copied
 from tasks.reuse_stage import Log, ReuseStage
 
-__all__ = ["may_publish_here", "prepare_stage", "publish_copied_chunk", "publish_if_all_copied",
-           "take_stage"]
+__all__ = [
+    "may_publish_here",
+    "prepare_stage",
+    "publish_copied_chunk",
+    "publish_if_all_copied",
+    "take_stage",
+]
 
 #: The stage ``publish_if_all_copied`` prepared and left to the flow: (run key, indexes of
 #: the chunks it was prepared for, the stage).
@@ -52,11 +57,19 @@ def prepare_stage(run: Run, work: Work, log: Log) -> ReuseStage:
     """
     settings = run.settings
     assert run.ledger is not None, "prepare_stage() of a run not recorded"
-    stage = ReuseStage(store=run.store, ledger=run.ledger, plan=run.plan, run_key=run.run_key,
-                       model=settings.effective_model, dimensions=settings.dimensions,
-                       reuse=settings.reuse, length=work.length.current(),
-                       scratch_root=settings.scratch_root, log=log,
-                       shared_disk=settings.task_runner == "threads" or not settings.dask_address)
+    stage = ReuseStage(
+        store=run.store,
+        ledger=run.ledger,
+        plan=run.plan,
+        run_key=run.run_key,
+        model=settings.effective_model,
+        dimensions=settings.dimensions,
+        reuse=settings.reuse,
+        length=work.length.current(),
+        scratch_root=settings.scratch_root,
+        log=log,
+        shared_disk=settings.task_runner == "threads" or not settings.dask_address,
+    )
     try:
         stage.prepare(work.todo)
     except BaseException:
@@ -105,21 +118,31 @@ def publish_if_all_copied(run: Run, work: Work) -> Dispatched | None:
         stage.close()
 
 
-def publish_copied_chunk(run: Run, work: Work, stage: ReuseStage, spec: ChunkSpec,
-                         logger: Any) -> ChunkOutcome:
+def publish_copied_chunk(
+    run: Run, work: Work, stage: ReuseStage, spec: ChunkSpec, logger: Any
+) -> ChunkOutcome:
     """A chunk whose every row the reuse stage copied: from planning's rows and the copies
     (``tasks.copied``), else (kept columns, a copy that fails its hash check) the chunk
     task's body, in this process."""
     plan = stage.plan_for(spec)
-    outcome = publish_copied(spec, run.plan.source, run.settings, store=run.store,
-                             scratch=run.plan.scratch, prefill=plan.prefill, width=plan.width,
-                             run_key=run.run_key, logger=logger)
+    outcome = publish_copied(
+        spec,
+        run.plan.source,
+        run.settings,
+        store=run.store,
+        scratch=run.plan.scratch,
+        prefill=plan.prefill,
+        width=plan.width,
+        run_key=run.run_key,
+        logger=logger,
+    )
     if outcome is not None:
         return outcome
     from tasks.chunk import run_chunk  # Prefect's task machinery: only when sending
 
-    return run_chunk(spec, run.plan.source, run.settings, plan, work.length.current(),
-                     run.run_key, logger=logger)
+    return run_chunk(
+        spec, run.plan.source, run.settings, plan, work.length.current(), run.run_key, logger=logger
+    )
 
 
 def may_publish_here(run: Run, work: Work) -> bool:
@@ -128,9 +151,14 @@ def may_publish_here(run: Run, work: Work) -> bool:
     at hand, the ledger already indexes objects of this output (a first run, or a fresh
     ledger, has nothing to copy from yet: its flow prepares the stage), and no
     chunk published before holds another vector length (the flow embeds those again)."""
-    return (bool(work.todo) and run.settings.copies_in_process and run.plan.scratch is not None
-            and run.ledger is not None and run.ledger.indexes_output(run.store.uri)
-            and not run.redoes_lengths(work))
+    return (
+        bool(work.todo)
+        and run.settings.copies_in_process
+        and run.plan.scratch is not None
+        and run.ledger is not None
+        and run.ledger.indexes_output(run.store.uri)
+        and not run.redoes_lengths(work)
+    )
 
 
 def _hand_over(run_key: str, work: Work, stage: ReuseStage) -> None:
@@ -150,14 +178,22 @@ def _dispatch(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     copied = LocalChunks(lambda spec: publish_copied_chunk(run, work, stage, spec, log))
     with contextlib.closing(copied):
         dispatcher = Dispatcher(
-            ledger=run.ledger, run_key=run.run_key,
+            ledger=run.ledger,
+            run_key=run.run_key,
             object_uri=lambda spec: run.store.uri_for(spec.object_key),
-            submit=copied.submit, window=settings.concurrency + 1, logger=log,
+            submit=copied.submit,
+            window=settings.concurrency + 1,
+            logger=log,
             on_outcome=lambda result: work.length.answered(result.published.values()),
-            on_gave_up=stage.note_failed, grace_s=settings.grace_s)
-        result = dispatch_with_graceful_stop(dispatcher, work.todo, grace_s=settings.grace_s,
-                                             logger=log)
-    log.info("%d chunks had every row copied: published before Prefect started, no request",
-             copied.submitted)
+            on_gave_up=stage.note_failed,
+            grace_s=settings.grace_s,
+        )
+        result = dispatch_with_graceful_stop(
+            dispatcher, work.todo, grace_s=settings.grace_s, logger=log
+        )
+    log.info(
+        "%d chunks had every row copied: published before Prefect started, no request",
+        copied.submitted,
+    )
     stage.index_published(result.published.values())
     return Dispatched(result, cost_in_process())

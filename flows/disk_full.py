@@ -18,8 +18,9 @@ from embedline.settings import RunSettings
 __all__ = ["disk_full_fields"]
 
 
-def disk_full_fields(exc: DiskFullError, plan: InputPlan, store: ObjectStore,
-                     settings: RunSettings) -> dict[str, Any]:
+def disk_full_fields(
+    exc: DiskFullError, plan: InputPlan, store: ObjectStore, settings: RunSettings
+) -> dict[str, Any]:
     """The ``RunSummary`` fields of a run stopped by its ledger's full filesystem: status
     ``disk_full``, exit 1, ``exc``'s one line as the message, the chunks and rows published
     (from ``store``: one HEAD or ``stat`` per planned chunk) and the requests, tokens and

@@ -115,8 +115,10 @@ class Dispatcher:
         renewed = time.monotonic()
         while pending or held or self._inflight:
             if not self._stopping and STOP.report.api_lost() is not None:
-                self.logger.info("the Prefect API went away: no new chunks; in-flight chunks "
-                                 "get %g s to finish", self.grace_s)
+                self.logger.info(
+                    "the Prefect API went away: no new chunks; in-flight chunks get %g s to finish",
+                    self.grace_s,
+                )
                 self.stop(grace_s=self.grace_s)
             if not self._stopping:
                 self._fill(pending, held)
@@ -131,13 +133,20 @@ class Dispatcher:
                 pending.extend(held)
                 held.clear()
             if time.monotonic() - renewed > self.lease_s / 3:
-                self.ledger.renew(self.run_key, [s.index for s in self._inflight.values()],
-                                  owner=self.owner, lease_s=self.lease_s)
+                self.ledger.renew(
+                    self.run_key,
+                    [s.index for s in self._inflight.values()],
+                    owner=self.owner,
+                    lease_s=self.lease_s,
+                )
                 renewed = time.monotonic()
         self.result.not_run = sorted({s.index for s in [*pending, *held]})
         if self._same_as_stop:
-            self.logger.error("%d more in-flight chunks failed with the same error: %s",
-                              len(self._same_as_stop), _ranges(self._same_as_stop))
+            self.logger.error(
+                "%d more in-flight chunks failed with the same error: %s",
+                len(self._same_as_stop),
+                _ranges(self._same_as_stop),
+            )
         return self.result
 
     def _release_inflight(self, why: str) -> None:
@@ -154,13 +163,18 @@ class Dispatcher:
             record = self.ledger.published_object(self.object_uri(spec))
             if record is not None:  # published meanwhile by a concurrent run
                 self.result.published_elsewhere[spec.index] = ChunkOutcome(
-                    index=spec.index, key=spec.key, object_key=spec.object_key,
-                    object_sha256=record.sha256, rows=record.rows,
-                    dead_letters=tuple(self.ledger.chunk_dead_letters(spec)), created=False,
+                    index=spec.index,
+                    key=spec.key,
+                    object_key=spec.object_key,
+                    object_sha256=record.sha256,
+                    rows=record.rows,
+                    dead_letters=tuple(self.ledger.chunk_dead_letters(spec)),
+                    created=False,
                 )
                 continue
-            if not self.ledger.claim(self.run_key, spec.index, owner=self.owner,
-                                     lease_s=self.lease_s):
+            if not self.ledger.claim(
+                self.run_key, spec.index, owner=self.owner, lease_s=self.lease_s
+            ):
                 held.append(spec)  # another live process holds it: look again later
                 continue
             future = self.submit(spec)
@@ -185,8 +199,11 @@ class Dispatcher:
         if state.is_completed():
             outcome: ChunkOutcome = future.result()
             self.ledger.mark_published(
-                self.run_key, spec, object_uri=self.object_uri(spec),
-                sha256=outcome.object_sha256, rows=outcome.rows,
+                self.run_key,
+                spec,
+                object_uri=self.object_uri(spec),
+                sha256=outcome.object_sha256,
+                rows=outcome.rows,
                 dead_letters=outcome.dead_letters,
             )
             self.result.published[spec.index] = outcome
@@ -196,13 +213,16 @@ class Dispatcher:
                 failure = ChunkFailure("released", state.message or "cancelled", expected=True)
             else:
                 exc = state.result(raise_on_failure=False)
-                failure = status_for(exc if isinstance(exc, BaseException) else RuntimeError(
-                    f"chunk task ended in state {state.type.value}"))
+                failure = status_for(
+                    exc
+                    if isinstance(exc, BaseException)
+                    else RuntimeError(f"chunk task ended in state {state.type.value}")
+                )
             if failure.kind == "released":
-                self.logger.warning("chunk %d released for a later run: %s", spec.index,
-                                    failure.error)
-                self.ledger.release(self.run_key, spec.index, owner=self.owner,
-                                    error=failure.error)
+                self.logger.warning(
+                    "chunk %d released for a later run: %s", spec.index, failure.error
+                )
+                self.ledger.release(self.run_key, spec.index, owner=self.owner, error=failure.error)
                 self.result.released[spec.index] = failure
                 self.on_gave_up(spec.index)
                 self.on_outcome(self.result)
@@ -212,8 +232,7 @@ class Dispatcher:
                 self._same_as_stop.append(spec.index)  # a latched error: one line at the end
             else:
                 self._log_failure(spec, failure, exc)
-            self.ledger.mark_failed(self.run_key, spec.index, owner=self.owner,
-                                    error=failure.error)
+            self.ledger.mark_failed(self.run_key, spec.index, owner=self.owner, error=failure.error)
             self.result.failed[spec.index] = failure
             self.on_gave_up(spec.index)
             if failure.kind in ("fatal", "input", "outage"):
@@ -223,12 +242,19 @@ class Dispatcher:
     def _log_failure(self, spec: ChunkSpec, failure: ChunkFailure, exc: object) -> None:
         if failure.expected:  # its traceback only with --debug (EMBEDLINE_DEBUG)
             debug = isinstance(exc, BaseException) and bool(os.environ.get(DEBUG_ENV))
-            self.logger.error("chunk %d failed: %s", spec.index, failure.error,
-                              exc_info=exc if debug and isinstance(exc, BaseException) else None)
+            self.logger.error(
+                "chunk %d failed: %s",
+                spec.index,
+                failure.error,
+                exc_info=exc if debug and isinstance(exc, BaseException) else None,
+            )
         else:
-            self.logger.error("chunk %d failed with an unexpected error: %s", spec.index,
-                              failure.error, exc_info=exc if isinstance(exc, BaseException)
-                              else None)
+            self.logger.error(
+                "chunk %d failed with an unexpected error: %s",
+                spec.index,
+                failure.error,
+                exc_info=exc if isinstance(exc, BaseException) else None,
+            )
 
 
 def _ranges(indexes: Sequence[int]) -> str:

@@ -62,19 +62,23 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     except EmbedlineError as exc:  # the Batch API refused or could not be reached
         failure = status_for(exc)
         artifact.close()
-        stop = failure if failure.kind != "failed" else ChunkFailure(
-            "outage", failure.error, expected=True)  # a rerun resumes: nothing was lost
-        return Dispatched(DispatchResult(stop=stop, not_run=[s.index for s in work.todo]),
-                          None, 0)
+        stop = (
+            failure
+            if failure.kind != "failed"
+            else ChunkFailure("outage", failure.error, expected=True)
+        )  # a rerun resumes: nothing was lost
+        return Dispatched(DispatchResult(stop=stop, not_run=[s.index for s in work.todo]), None, 0)
     if staged is not None and staged.fatal:  # a batch failed validation: exit 3
         failure = ChunkFailure("fatal", staged.fatal, expected=True)
         artifact.close()
-        return Dispatched(DispatchResult(stop=failure, not_run=[s.index for s in work.todo]),
-                          None, staged.batches)
+        return Dispatched(
+            DispatchResult(stop=failure, not_run=[s.index for s in work.todo]), None, staged.batches
+        )
     if staged is not None and staged.interrupted:  # a signal while waiting: the summary
         artifact.close()  # says it, and that the batches keep running (STOP.report.left_running)
-        return Dispatched(DispatchResult(not_run=[s.index for s in work.todo]), None,
-                          staged.batches)
+        return Dispatched(
+            DispatchResult(not_run=[s.index for s in work.todo]), None, staged.batches
+        )
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
     chunk_task = embed_chunk.with_options(
         retries=settings.chunk_retries,
@@ -91,10 +95,17 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
         def submit(spec: ChunkSpec) -> Any:
             if stage.fully_copied(spec):  # nothing to send: no task run (flows/local_chunks)
                 return copied.submit(spec)
-            return runner.submit(chunk_task, {
-                "spec": spec, "source": plan.source, "settings": settings,
-                "dimensions": work.length.current(), "run_key": run.run_key,
-                **_chunk_inputs(spec, stage, staged)})
+            return runner.submit(
+                chunk_task,
+                {
+                    "spec": spec,
+                    "source": plan.source,
+                    "settings": settings,
+                    "dimensions": work.length.current(),
+                    "run_key": run.run_key,
+                    **_chunk_inputs(spec, stage, staged),
+                },
+            )
 
         def on_outcome(result: DispatchResult) -> None:
             work.length.answered(result.published.values())
@@ -114,13 +125,24 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
         )
         _show_published(runner, plan, work.skipped, store)
         STOP.start_dispatching()  # an API loss from now on: the summary is handed over
-        result = dispatch_with_graceful_stop(dispatcher, work.todo, grace_s=settings.grace_s,
-                                             logger=logger)
-        redo_other_lengths(dispatcher, store=store, plan=plan, skipped=work.skipped,
-                           length=work.length, grace_s=settings.grace_s, logger=logger)
+        result = dispatch_with_graceful_stop(
+            dispatcher, work.todo, grace_s=settings.grace_s, logger=logger
+        )
+        redo_other_lengths(
+            dispatcher,
+            store=store,
+            plan=plan,
+            skipped=work.skipped,
+            length=work.length,
+            grace_s=settings.grace_s,
+            logger=logger,
+        )
     if copied.submitted:
-        logger.info("%d chunks had every row copied: published by the flow itself, no "
-                    "request and no task run", copied.submitted)
+        logger.info(
+            "%d chunks had every row copied: published by the flow itself, no "
+            "request and no task run",
+            copied.submitted,
+        )
     stage.index_published(result.published.values())  # the next run reads none of them
     artifact.close()
     cost = cost_in_process() if settings.task_runner == "threads" else None
@@ -134,30 +156,42 @@ def _batches(run: Run, work: Work, stage: ReuseStage, report: ProgressReport) ->
     ``Staged.interrupted``, the batches left running."""
     assert run.ledger is not None
     logger = get_run_logger()
-    batches = BatchStage(settings=run.settings, ledger=run.ledger, run_key=run.run_key,
-                         planner=stage, source=run.plan.source, log=logger,
-                         on_progress=report.batches)
+    batches = BatchStage(
+        settings=run.settings,
+        ledger=run.ledger,
+        run_key=run.run_key,
+        planner=stage,
+        source=run.plan.source,
+        log=logger,
+        on_progress=report.batches,
+    )
     return dispatch_with_graceful_stop(
-        batches, work.todo, grace_s=run.settings.grace_s, logger=logger,
-        stopping="nothing more is submitted; the run's batches keep running at the provider")
+        batches,
+        work.todo,
+        grace_s=run.settings.grace_s,
+        logger=logger,
+        stopping="nothing more is submitted; the run's batches keep running at the provider",
+    )
 
 
-def _chunk_inputs(spec: ChunkSpec, stage: ReuseStage, staged: Staged | None
-                  ) -> dict[str, Any]:
+def _chunk_inputs(spec: ChunkSpec, stage: ReuseStage, staged: Staged | None) -> dict[str, Any]:
     """The reuse plan of a chunk task (the batch stage's, which its batches were built
     from) and, in Batch API mode, its batches' result files and recorded layouts."""
     if staged is None:
         return {"reuse": stage.plan_for(spec)}
     plan = staged.plans.get(spec.index)
-    return {"reuse": stage.plan_for(spec) if plan is None else plan,
-            "batches": staged.answers.get(spec.index, ChunkBatches())}
+    return {
+        "reuse": stage.plan_for(spec) if plan is None else plan,
+        "batches": staged.answers.get(spec.index, ChunkBatches()),
+    }
 
 
 _SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much
 
 
-def _show_published(runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcome],
-                    store: ObjectStore) -> None:
+def _show_published(
+    runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcome], store: ObjectStore
+) -> None:
     """One Completed("Cached") task run per chunk published before, for the UI.
 
     Skipped with Prefect's temporary server (no PREFECT_API_URL): nobody can look at its UI
@@ -166,8 +200,12 @@ def _show_published(runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcom
     """
     if not skipped or len(skipped) > _SHOWN_SKIPPED_MAX or not get_current_settings().api.url:
         return
-    futures = [runner.submit(show_published_chunk, {
-        "spec": plan.chunks[i], "object_uri": store.uri_for(plan.chunks[i].object_key)})
-        for i in sorted(skipped)]
+    futures = [
+        runner.submit(
+            show_published_chunk,
+            {"spec": plan.chunks[i], "object_uri": store.uri_for(plan.chunks[i].object_key)},
+        )
+        for i in sorted(skipped)
+    ]
     for future in futures:
         future.wait()

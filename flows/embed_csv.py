@@ -2,11 +2,11 @@
 
 Orchestration only: the flow checks its parameters and the API key, then runs the stages in
 order (``flows.run_stages``), each a method of ``flows.run.Run`` (no Prefect) or a stage
-module (``flows.embed``, ``flows.load``). Parameters mirror ``embedline run`` (DESIGN §3)
-and never include a secret: the API key stays in the environment (or a Secret block:
-``flows.api_key``). The flow's final state is Completed when the manifest is committed (or
-already was), Failed otherwise; its data is the run summary, whose ``exit_code`` the CLI
-returns.
+module (``flows.embed``, ``flows.load``). Parameters mirror ``embedline run``
+(docs/reference/cli.md) and never include a secret: the API key stays in the environment
+(or a Secret block: ``flows.api_key``). The flow's final state is Completed when the
+manifest is committed (or already was), Failed otherwise; its data is the run summary, whose
+``exit_code`` the CLI returns.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
-from prefect.states import Completed, Failed, State
+from prefect.client.schemas.objects import State
+from prefect.states import Completed, Failed
 from pydantic import ValidationError
 
 from adapters.embeddings import api_key_from_env
@@ -88,14 +89,16 @@ def embed_csv(
     ``text_template`` builds the text from several columns instead (``{column}``
     placeholders, ``{{``/``}}`` literal braces, e.g. ``"{title}\n\n{text}"``);
     ``keep_columns`` (names) are carried beside the vectors into chunk objects, readers and
-    sinks, and ``keep_text`` keeps the text as column ``text`` (DESIGN §2, §4, §9).
+    sinks, and ``keep_text`` keeps the text as column ``text`` (docs/reference/keys.md,
+    output-layout.md, sinks.md).
 
     With ``sink``, the committed run is then loaded into that vector store (``load-chunk``
-    tasks; DESIGN §9); ``max_delete_fraction``: DESIGN §9, "Mass deletes". Units:
-    ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight requests, ``rpm``
-    requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
-    request (first try included). Returns a Completed or Failed state carrying the summary
-    (Cancelled if cancelled from Prefect: ``flows.cancellation``).
+    tasks; docs/reference/sinks.md); ``max_delete_fraction``: docs/reference/output-layout.md,
+    "Mass deletes at commit". Units: ``chunk_size``/``batch_size`` rows, ``concurrency``
+    in-flight requests, ``rpm`` requests/min, ``tpm`` tokens/min, ``timeout`` seconds per
+    request, ``max_attempts`` per request (first try included). Returns a Completed or
+    Failed state carrying the summary (Cancelled if cancelled from Prefect:
+    ``flows.cancellation``).
 
     ``batch_api`` (openai embedder): the requests go through the provider's Batch API at half
     price (``flows.batch``), polled every ``batch_poll_interval`` seconds at most (None:
@@ -109,14 +112,22 @@ def embed_csv(
     quiet_expected_tracebacks()
     ignored = batch_options_without_batch_api(parameters)
     if ignored:  # refused, not ignored
-        return _final(Run.refused(2, "input_error", (
-            f"invalid parameters: {ignored[0]} needs batch_api: true (only the Batch API mode "
-            "reads it)")))
+        return _final(
+            Run.refused(
+                2,
+                "input_error",
+                (
+                    f"invalid parameters: {ignored[0]} needs batch_api: true "
+                    "(only the Batch API mode reads it)"
+                ),
+            )
+        )
     try:
         settings = RunSettings.from_parameters(parameters)
     except ValidationError as exc:
-        return _final(Run.refused(2, "input_error",
-                                  f"invalid parameters: {validation_message(exc)}"))
+        return _final(
+            Run.refused(2, "input_error", f"invalid parameters: {validation_message(exc)}")
+        )
     problem = _api_key_problem(settings)
     if problem:
         return _final(Run.refused(3, "fatal", problem))
@@ -160,5 +171,5 @@ def _final(summary: RunSummary) -> State[Any]:
     if summary.exit_code == 0:
         cancellation.complete_despite_cancel()  # a cancel after the commit stopped nothing
         return Completed(message=summary.message or summary.status, data=summary.to_dict())
-    failed = Failed(message=summary.message, data=RunNotComplete(summary.to_dict()))
+    failed: State[Any] = Failed(message=summary.message, data=RunNotComplete(summary.to_dict()))
     return cancellation.cancelled_or(failed)  # Cancelled if Prefect cancelled the run

@@ -23,9 +23,12 @@ __all__ = ["gc_output"]
 
 @task(name="plan-gc", cache_policy=NO_CACHE)
 def _plan(output: str, keep_runs: int | None, older_than: str | None, grace: str) -> GcPlan:
-    return plan_gc(open_store(output), keep_runs=keep_runs,
-                   older_than_s=None if older_than is None else parse_age(older_than),
-                   grace_s=parse_age(grace))
+    return plan_gc(
+        open_store(output),
+        keep_runs=keep_runs,
+        older_than_s=None if older_than is None else parse_age(older_than),
+        grace_s=parse_age(grace),
+    )
 
 
 @task(name="collect-garbage", cache_policy=NO_CACHE)
@@ -56,23 +59,49 @@ def gc_output(
     done = plan if dry_run else _collect(output, plan, grace, ledger)
     objects, size = done.totals()
     verb = "would delete" if dry_run else "deleted"
-    logger.info("%s: kept %d runs, %s %d objects (%d bytes)", output, len(done.kept_runs),
-                verb, objects, size)
-    report = {kind: {"objects": len(items), "bytes": sum(i.size_bytes for i in items)}
-              for kind, items in done.groups().items()}
+    logger.info(
+        "%s: kept %d runs, %s %d objects (%d bytes)",
+        output,
+        len(done.kept_runs),
+        verb,
+        objects,
+        size,
+    )
+    report = {
+        kind: {"objects": len(items), "bytes": sum(i.size_bytes for i in items)}
+        for kind, items in done.groups().items()
+    }
     rows = "\n".join(f"| {k} | {v['objects']:,} | {v['bytes']:,} |" for k, v in report.items())
-    datasets = [{**{k: v for k, v in d.fields.items() if v is not None},
-                 "kept": len(d.kept), "deleted": len(d.deleted)} for d in done.datasets]
+    datasets = [
+        {
+            **{k: v for k, v in d.fields.items() if v is not None},
+            "kept": len(d.kept),
+            "deleted": len(d.deleted),
+        }
+        for d in done.datasets
+    ]
     for entry in done.datasets:
-        logger.info("dataset %s: kept %d runs, %s %d", entry.label(), len(entry.kept), verb,
-                    len(entry.deleted))
-    per_dataset = "\n".join(f"| {d.label()} | {len(d.kept)} | {len(d.deleted)} |"
-                            for d in done.datasets)
+        logger.info(
+            "dataset %s: kept %d runs, %s %d",
+            entry.label(),
+            len(entry.kept),
+            verb,
+            len(entry.deleted),
+        )
+    per_dataset = "\n".join(
+        f"| {d.label()} | {len(d.kept)} | {len(d.deleted)} |" for d in done.datasets
+    )
     create_markdown_artifact(
         f"# embedline gc ({verb})\n\n`{output}`: kept {len(done.kept_runs)} runs\n\n"
         f"| kind | objects | bytes |\n|---|---|---|\n{rows}\n\n"
         f"| dataset | runs kept | runs {verb} |\n|---|---|---|\n{per_dataset}\n",
-        key="embedline-gc", description=f"embedline gc {verb} {objects} objects")
-    return {"dry_run": dry_run, "kept_runs": done.kept_runs, "deleted": report,
-            "datasets": datasets,
-            "temp_files": len(done.temp_files)}
+        key="embedline-gc",
+        description=f"embedline gc {verb} {objects} objects",
+    )
+    return {
+        "dry_run": dry_run,
+        "kept_runs": done.kept_runs,
+        "deleted": report,
+        "datasets": datasets,
+        "temp_files": len(done.temp_files),
+    }

@@ -66,7 +66,10 @@ def redo_other_lengths(
     logger.warning(
         "%d published chunks hold vectors of another length than the run's %d dimensions "
         "(chunk %d: %s): embedding them again as their next generation",
-        len(off), target, off[0], done[off[0]].dimensions,
+        len(off),
+        target,
+        off[0],
+        done[off[0]].dimensions,
     )
     dispatch_with_graceful_stop(dispatcher, specs, grace_s=grace_s, logger=logger)
     return off

@@ -102,10 +102,17 @@ def load_run(
         return final_state(LoadSummary(exc.exit_code, "input_error", str(exc), sink=to))
     book = Ledger(ledger)
     try:
-        summary = run_stopping_on_cancel(lambda: load_stage(
-            output=output, manifest=manifest, sink_uri=target, ledger=book,
-            max_delete_fraction=max_delete_fraction, allow_failed_rows=allow_failed_rows,
-            keep_versions_s=lancedb_keep_versions_s))
+        summary = run_stopping_on_cancel(
+            lambda: load_stage(
+                output=output,
+                manifest=manifest,
+                sink_uri=target,
+                ledger=book,
+                max_delete_fraction=max_delete_fraction,
+                allow_failed_rows=allow_failed_rows,
+                keep_versions_s=lancedb_keep_versions_s,
+            )
+        )
     finally:
         book.close()
     if isinstance(summary, State):  # cancelled from Prefect (the CLI's process)
@@ -135,9 +142,14 @@ class LoadNotComplete(Exception):
 
 
 def load_stage(
-    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger,
+    *,
+    output: str,
+    manifest: dict[str, Any],
+    sink_uri: str,
+    ledger: Ledger,
     max_delete_fraction: float = DEFAULT_MAX_DELETE_FRACTION,
-    allow_failed_rows: bool = False, keep_versions_s: float | None = None,
+    allow_failed_rows: bool = False,
+    keep_versions_s: float | None = None,
 ) -> LoadSummary:
     """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``: take the
     table to exactly the run's rows, decided by what the sink holds (``tasks.sink_state``).
@@ -155,49 +167,86 @@ def load_stage(
             held.enter_context(load_lease(store_for(output), manifest, log=get_run_logger()))
         except EmbedlineError as exc:  # no lease gc respects: nothing was read
             status = "fatal" if exc.exit_code == 3 else "failed"
-            return LoadSummary(exc.exit_code, status, f"{exc} (writing the load lease)",
-                               sink=sink_uri, run_key=str(manifest["run_key"]))
+            return LoadSummary(
+                exc.exit_code,
+                status,
+                f"{exc} (writing the load lease)",
+                sink=sink_uri,
+                run_key=str(manifest["run_key"]),
+            )
         options = _Options(max_delete_fraction, allow_failed_rows, keep_versions_s)
-        summary = _load_stage(output=output, manifest=manifest, sink_uri=sink_uri,
-                              ledger=ledger, options=options)
+        summary = _load_stage(
+            output=output, manifest=manifest, sink_uri=sink_uri, ledger=ledger, options=options
+        )
     if summary.exit_code == 0 and summary.status != "already_loaded":
         emit_load_completed(summary)
     return summary
 
 
 def _load_stage(
-    *, output: str, manifest: dict[str, Any], sink_uri: str, ledger: Ledger, options: _Options,
+    *,
+    output: str,
+    manifest: dict[str, Any],
+    sink_uri: str,
+    ledger: Ledger,
+    options: _Options,
 ) -> LoadSummary:
     logger = get_run_logger()
     started = time.monotonic()
     run_key = str(manifest["run_key"])
-    chunks = [ManifestChunk(**{f: e[f] for f in ManifestChunk.__slots__})
-              for e in manifest["chunks"]]
-    base = LoadSummary(0, "loading", "", sink=sink_uri, run_key=run_key,
-                       chunks_total=len(chunks))
+    chunks = [
+        ManifestChunk(**{f: e[f] for f in ManifestChunk.__slots__}) for e in manifest["chunks"]
+    ]
+    base = LoadSummary(0, "loading", "", sink=sink_uri, run_key=run_key, chunks_total=len(chunks))
     try:
         sink = sink_for(sink_uri)
         columns = sink_columns_of(manifest)
-        sink.ensure_table(embedder=str(manifest.get("embedder")), model=str(manifest["model"]),
-                          dimensions=int(manifest["dimensions"]), columns=columns)
+        sink.ensure_table(
+            embedder=str(manifest.get("embedder")),
+            model=str(manifest["model"]),
+            dimensions=int(manifest["dimensions"]),
+            columns=columns,
+        )
     except EmbedlineError as exc:
-        return _with(base, started, exit_code=exc.exit_code,
-                     status="fatal" if exc.exit_code == 3 else "failed", message=str(exc))
+        return _with(
+            base,
+            started,
+            exit_code=exc.exit_code,
+            status="fatal" if exc.exit_code == 3 else "failed",
+            message=str(exc),
+        )
     base.sink = sink.identity
     try:
         run = run_keys(store_for(output), manifest["chunks"], columns.kept)
         plan = plan_load(run, sink.held_keys())
         mode = _mode(output, manifest, plan)
     except EmbedlineError as exc:
-        return _with(base, started, exit_code=exc.exit_code,
-                     status="fatal" if exc.exit_code == 3 else "failed", message=str(exc))
+        return _with(
+            base,
+            started,
+            exit_code=exc.exit_code,
+            status="fatal" if exc.exit_code == 3 else "failed",
+            message=str(exc),
+        )
     except FileNotFoundError as exc:  # gc, or by hand: the run can no longer be loaded
-        return _with(base, started, exit_code=3, status="fatal", message=(
-            f"a chunk object of run {run_key[:12]} is gone from {output} ({exc.filename}): "
-            "load a newer run"))
+        return _with(
+            base,
+            started,
+            exit_code=3,
+            status="fatal",
+            message=(
+                f"a chunk object of run {run_key[:12]} is gone from {output} ({exc.filename}): "
+                "load a newer run"
+            ),
+        )
     total = sum(c.rows for c in chunks)
-    base = _with(base, started, mode=mode, rows_skipped=total - plan.rows_to_upsert,
-                 chunks_skipped=len(chunks) - len(plan.upsert))
+    base = _with(
+        base,
+        started,
+        mode=mode,
+        rows_skipped=total - plan.rows_to_upsert,
+        chunks_skipped=len(chunks) - len(plan.upsert),
+    )
     if plan.done:
         logger.info("%s holds exactly run %s (%d rows)", sink.identity, run_key, total)
         cached = ledger.sink_load(sink.identity, run_key)
@@ -205,24 +254,46 @@ def _load_stage(
             try:
                 base = _finalized(base, sink, options)
             except EmbedlineError as exc:
-                return _with(base, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
-                             status="incomplete", message=f"{exc}; rerun the same command")
+                return _with(
+                    base,
+                    started,
+                    exit_code=exc.exit_code if exc.exit_code == 3 else 1,
+                    status="incomplete",
+                    message=f"{exc}; rerun the same command",
+                )
         ledger.start_load(sink.identity, run_key, mode=mode)
         ledger.finish_load(sink.identity, run_key, rows_loaded=total, rows_deleted=0)
-        return _with(base, started, status="already_loaded",
-                     message="the sink already holds exactly this run")
+        return _with(
+            base,
+            started,
+            status="already_loaded",
+            message="the sink already holds exactly this run",
+        )
     try:
-        check_delete_share(len(plan.delete), plan.held, options.max_delete_fraction,
-                           what=f"loading run {run_key[:12]} into {sink.identity}")
+        check_delete_share(
+            len(plan.delete),
+            plan.held,
+            options.max_delete_fraction,
+            what=f"loading run {run_key[:12]} into {sink.identity}",
+        )
     except MassDeleteError as exc:
         logger.error("%s", exc)
-        return _with(base, started, exit_code=exc.exit_code, status="delete_refused",
-                     message=str(exc))
+        return _with(
+            base, started, exit_code=exc.exit_code, status="delete_refused", message=str(exc)
+        )
     ledger.start_load(sink.identity, run_key, mode=mode)
-    logger.info("loading run %s into %s (%s): %d rows of %d chunks to upsert, %d ids to "
-                "delete, %d of %d chunks already held", run_key, sink.identity, mode,
-                plan.rows_to_upsert, len(plan.upsert), len(plan.delete),
-                len(chunks) - len(plan.upsert), len(chunks))
+    logger.info(
+        "loading run %s into %s (%s): %d rows of %d chunks to upsert, %d ids to "
+        "delete, %d of %d chunks already held",
+        run_key,
+        sink.identity,
+        mode,
+        plan.rows_to_upsert,
+        len(plan.upsert),
+        len(plan.delete),
+        len(chunks) - len(plan.upsert),
+        len(chunks),
+    )
     options = replace(options, columns=columns.names)
     return _converge(base, started, chunks, run, plan, sink, ledger, output, options)
 
@@ -242,9 +313,17 @@ class _Options:
 _PASSES = 3  # plans applied before a table that keeps changing under the load is reported
 
 
-def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk], run: pa.Table,
-              plan: LoadPlan, sink: VectorSink, ledger: Ledger, output: str,
-              options: _Options) -> LoadSummary:
+def _converge(
+    summary: LoadSummary,
+    started: float,
+    chunks: list[ManifestChunk],
+    run: pa.Table,
+    plan: LoadPlan,
+    sink: VectorSink,
+    ledger: Ledger,
+    output: str,
+    options: _Options,
+) -> LoadSummary:
     """Apply ``plan``, read what the sink holds again, and repeat until it holds exactly the
     run (another writer may have written meanwhile), at most ``_PASSES`` times. Rows the
     sink refused for good (load dead letters) are left out of the run from then on: the
@@ -256,52 +335,95 @@ def _converge(summary: LoadSummary, started: float, chunks: list[ManifestChunk],
     for _ in range(_PASSES):
         todo = [by_index[i] for i in plan.upsert]
         ids = {i: (None if len(v) == by_index[i].rows else v) for i, v in plan.upsert.items()}
-        job = LoadJob(output=output, sink=sink.identity, run_key=run_key,
-                      mode=str(summary.mode), columns=options.columns)
+        job = LoadJob(
+            output=output,
+            sink=sink.identity,
+            run_key=run_key,
+            mode=str(summary.mode),
+            columns=options.columns,
+        )
         loaded, failed, refused = _load_chunks(todo, job, sink, ledger, ids)
         if refused:
             dead += refused
-            run = run.filter(pc.invert(pc.is_in(run.column("id"),
-                                                pa.array([d.id for d in refused], pa.string()))))
-        summary = _with(summary, started, rows_loaded=summary.rows_loaded + sum(loaded.values()),
-                        chunks_loaded=summary.chunks_loaded + len(loaded),
-                        chunks_failed=len(failed))
+            run = run.filter(
+                pc.invert(
+                    pc.is_in(run.column("id"), pa.array([d.id for d in refused], pa.string()))
+                )
+            )
+        summary = _with(
+            summary,
+            started,
+            rows_loaded=summary.rows_loaded + sum(loaded.values()),
+            chunks_loaded=summary.chunks_loaded + len(loaded),
+            chunks_failed=len(failed),
+        )
         if failed:
             fatal = [f for f in failed.values() if f.kind == "fatal"]
             first = (fatal or list(failed.values()))[0]
-            return _with(summary, started, exit_code=3 if fatal else 1, status="incomplete",
-                         message=f"{len(failed)} of {len(chunks)} chunks not loaded "
-                                 f"({first.error}); rerun the same command to load only "
-                                 "those")
+            return _with(
+                summary,
+                started,
+                exit_code=3 if fatal else 1,
+                status="incomplete",
+                message=f"{len(failed)} of {len(chunks)} chunks not loaded "
+                f"({first.error}); rerun the same command to load only "
+                "those",
+            )
         try:
             if plan.delete:
-                check_delete_share(len(plan.delete), held_before, options.max_delete_fraction,
-                                   what=f"loading run {run_key[:12]} into {sink.identity}")
-                summary = _with(summary, started,
-                                rows_deleted=summary.rows_deleted + sink.delete_ids(plan.delete))
+                check_delete_share(
+                    len(plan.delete),
+                    held_before,
+                    options.max_delete_fraction,
+                    what=f"loading run {run_key[:12]} into {sink.identity}",
+                )
+                summary = _with(
+                    summary,
+                    started,
+                    rows_deleted=summary.rows_deleted + sink.delete_ids(plan.delete),
+                )
             plan = plan_load(run, sink.held_keys())
             if plan.done:
                 summary = _finalized(summary, sink, options)
                 break
         except MassDeleteError as exc:
-            return _with(summary, started, exit_code=exc.exit_code, status="delete_refused",
-                         message=str(exc))
+            return _with(
+                summary, started, exit_code=exc.exit_code, status="delete_refused", message=str(exc)
+            )
         except EmbedlineError as exc:
-            return _with(summary, started, exit_code=exc.exit_code if exc.exit_code == 3 else 1,
-                         status="incomplete", message=f"{exc}; rerun the same command to finish")
-        get_run_logger().warning("%s changed while loading (another load writing it?): %d rows "
-                                 "to upsert and %d ids to delete again", sink.identity,
-                                 plan.rows_to_upsert, len(plan.delete))
+            return _with(
+                summary,
+                started,
+                exit_code=exc.exit_code if exc.exit_code == 3 else 1,
+                status="incomplete",
+                message=f"{exc}; rerun the same command to finish",
+            )
+        get_run_logger().warning(
+            "%s changed while loading (another load writing it?): %d rows "
+            "to upsert and %d ids to delete again",
+            sink.identity,
+            plan.rows_to_upsert,
+            len(plan.delete),
+        )
     else:
-        return _with(summary, started, exit_code=1, status="incomplete", message=(
-            f"{sink.identity} kept changing while run {run_key[:12]} was loaded (another load "
-            f"writing the same table?); rerun the same command once that one has finished"))
-    ledger.finish_load(sink.identity, run_key, rows_loaded=summary.rows_loaded,
-                       rows_deleted=summary.rows_deleted)
+        return _with(
+            summary,
+            started,
+            exit_code=1,
+            status="incomplete",
+            message=(
+                f"{sink.identity} kept changing while run {run_key[:12]} was loaded (another load "
+                f"writing the same table?); rerun the same command once that one has finished"
+            ),
+        )
+    ledger.finish_load(
+        sink.identity, run_key, rows_loaded=summary.rows_loaded, rows_deleted=summary.rows_deleted
+    )
     if dead:
         _dead_letters_artifact(dead)
-    return load_dead_letters_end(_with(summary, started, status="loaded"), dead,
-                                 options.allow_failed_rows)
+    return load_dead_letters_end(
+        _with(summary, started, status="loaded"), dead, options.allow_failed_rows
+    )
 
 
 def _finalized(summary: LoadSummary, sink: VectorSink, options: _Options) -> LoadSummary:
@@ -322,10 +444,20 @@ def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:
     """The ``embedline-load-dead-letters`` table artifact (ids and reasons, never text)."""
     if STOP.report.api_lost() is not None:
         return
-    create_table_artifact([{"chunk": d.chunk_index, "id": d.id[:200], "reason": d.reason,
-                            "sqlstate": d.sqlstate, "message": d.message} for d in dead[:1000]],
-                          key="embedline-load-dead-letters",
-                          description=f"{len(dead)} rows the sink refuses (no text)")
+    create_table_artifact(
+        [
+            {
+                "chunk": d.chunk_index,
+                "id": d.id[:200],
+                "reason": d.reason,
+                "sqlstate": d.sqlstate,
+                "message": d.message,
+            }
+            for d in dead[:1000]
+        ],
+        key="embedline-load-dead-letters",
+        description=f"{len(dead)} rows the sink refuses (no text)",
+    )
 
 
 def _mode(output: str, manifest: dict[str, Any], plan: LoadPlan) -> str:
@@ -340,9 +472,11 @@ def _mode(output: str, manifest: dict[str, Any], plan: LoadPlan) -> str:
         return "replace"
     upsert = pc.is_in(table.column("change"), pa.array(["added", "changed"]))
     removed = pc.equal(table.column("change"), "removed")
-    same = (set(table.filter(upsert).column("id").to_pylist())
-            == {i for ids in plan.upsert.values() for i in ids}
-            and sorted(table.filter(removed).column("id").to_pylist()) == plan.delete)
+    same = (
+        set(table.filter(upsert).column("id").to_pylist())
+        == {i for ids in plan.upsert.values() for i in ids}
+        and sorted(table.filter(removed).column("id").to_pylist()) == plan.delete
+    )
     return "changes" if same else "replace"
 
 
@@ -354,13 +488,17 @@ def _change_set(output: str, changes: dict[str, Any]) -> pa.Table:
     store = store_for(output)
     body = store.get(str(changes["object"]))
     if hashlib.sha256(body).hexdigest() != changes["sha256"]:
-        raise ConflictError(f"{store.uri_for(str(changes['object']))} does not match its "
-                            "manifest's SHA-256")
+        raise ConflictError(
+            f"{store.uri_for(str(changes['object']))} does not match its manifest's SHA-256"
+        )
     return pq.read_table(io.BytesIO(body), columns=["id", "change"])
 
 
 def _load_chunks(
-    todo: list[ManifestChunk], job: LoadJob, sink: VectorSink, ledger: Ledger,
+    todo: list[ManifestChunk],
+    job: LoadJob,
+    sink: VectorSink,
+    ledger: Ledger,
     ids: dict[int, frozenset[str] | None],
 ) -> tuple[dict[int, int], dict[int, Any], list[LoadDeadLetter]]:
     """Run ``load-chunk`` tasks, ``sink.parallel_loads`` at a time; record each in the
@@ -374,22 +512,32 @@ def _load_chunks(
     pool: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=window)
     with pool as runner:
         for start in range(0, len(todo), window):
-            wave = todo[start:start + window]
+            wave = todo[start : start + window]
             futures: list[PrefectFuture[Any]] = [
                 runner.submit(load_chunk, {"chunk": c, "job": job, "ids": ids[c.index]})
-                for c in wave]
+                for c in wave
+            ]
             wait(futures)
             for chunk, future in zip(wave, futures, strict=True):
                 state = future.state
                 if not state.is_completed():
                     exc = state.result(raise_on_failure=False)
-                    failed[chunk.index] = status_for(exc if isinstance(exc, BaseException) else
-                                                     RuntimeError(f"state {state.type.value}"))
+                    failed[chunk.index] = status_for(
+                        exc
+                        if isinstance(exc, BaseException)
+                        else RuntimeError(f"state {state.type.value}")
+                    )
                     logger.error("chunk %d not loaded: %s", chunk.index, failed[chunk.index].error)
                     continue
                 done: LoadedChunk = future.result()
-                ledger.mark_chunk_loaded(job.sink, job.run_key, chunk.index, chunk_key=chunk.key,
-                                         rows=done.rows, dead_letters=done.dead_letters)
+                ledger.mark_chunk_loaded(
+                    job.sink,
+                    job.run_key,
+                    chunk.index,
+                    chunk_key=chunk.key,
+                    rows=done.rows,
+                    dead_letters=done.dead_letters,
+                )
                 loaded[chunk.index] = done.rows
                 refused += done.dead_letters
             if any(f.kind == "fatal" for f in failed.values()):
@@ -402,8 +550,9 @@ def _with(summary: LoadSummary, started: float, **changes: Any) -> LoadSummary:
     return replace(summary, **fields)
 
 
-def switch_alias(summary: LoadSummary, *, to: str, alias: str, target: str,
-                 manifest: dict[str, Any]) -> LoadSummary:
+def switch_alias(
+    summary: LoadSummary, *, to: str, alias: str, target: str, manifest: dict[str, Any]
+) -> LoadSummary:
     """After a load into ``target`` that ended with exit 0: check the table against the
     manifest and switch ``alias`` to it; the summary says what was switched, or exit 3
     (``cutover_refused``) with the alias untouched."""
@@ -413,9 +562,21 @@ def switch_alias(summary: LoadSummary, *, to: str, alias: str, target: str,
         switch = open_alias(to, alias, via=sink)
         done = cut_over(switch, sink.table_name)
     except EmbedlineError as exc:
-        return replace(summary, exit_code=exc.exit_code,
-                       status="cutover_refused", message=str(exc), alias=alias)
-    get_run_logger().info("alias %s -> %s (%s)", alias, done.table,
-                          f"was {done.previous}" if done.switched and done.previous
-                          else "new" if done.switched else "already there")
+        return replace(
+            summary,
+            exit_code=exc.exit_code,
+            status="cutover_refused",
+            message=str(exc),
+            alias=alias,
+        )
+    get_run_logger().info(
+        "alias %s -> %s (%s)",
+        alias,
+        done.table,
+        f"was {done.previous}"
+        if done.switched and done.previous
+        else "new"
+        if done.switched
+        else "already there",
+    )
     return replace(summary, alias=alias, alias_table=done.table, alias_previous=done.previous)

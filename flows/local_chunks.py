@@ -76,8 +76,7 @@ class LocalFuture:
                 if error is None:
                     self._state = _State(_Type.COMPLETED, self._future.result())
                 elif isinstance(error, StopRequestedError):
-                    self._state = _State(_Type.CANCELLED, error,
-                                         f"{type(error).__name__}: {error}")
+                    self._state = _State(_Type.CANCELLED, error, f"{type(error).__name__}: {error}")
                 else:
                     self._state = _State(_Type.FAILED, error, str(error))
             return self._state

@@ -47,10 +47,15 @@ def outcome_fields(
     done = {**skipped, **result.published}
     concurrent = result.published_elsewhere  # also in ``skipped``
     attempts: list[ChunkOutcome | ChunkFailure] = [
-        *result.published.values(), *result.failed.values(), *result.released.values()]
-    requests, tokens, inputs = cost or (sum(o.requests for o in attempts),
-                                        sum(o.tokens for o in attempts),
-                                        sum(o.inputs for o in result.published.values()))
+        *result.published.values(),
+        *result.failed.values(),
+        *result.released.values(),
+    ]
+    requests, tokens, inputs = cost or (
+        sum(o.requests for o in attempts),
+        sum(o.tokens for o in attempts),
+        sum(o.inputs for o in result.published.values()),
+    )
     dead = [d for o in done.values() for d in o.dead_letters]
     rows_failed, blocking = len(dead), blocking_dead_letters(dead, on_empty_text)
     not_done = len(plan.chunks) - len(done)
@@ -83,30 +88,50 @@ def outcome_fields(
     return {**counts, **status}
 
 
-def _status(plan: InputPlan, run_key: str, done: dict[int, ChunkOutcome], result: DispatchResult,
-            not_done: int, blocking: int, resume_hint: str) -> dict[str, Any]:
+def _status(
+    plan: InputPlan,
+    run_key: str,
+    done: dict[int, ChunkOutcome],
+    result: DispatchResult,
+    not_done: int,
+    blocking: int,
+    resume_hint: str,
+) -> dict[str, Any]:
     """``exit_code``, ``status`` and ``message``: the first of a stop by signal, the Prefect
     API lost, a stop of the dispatch (outage, fatal, input), chunks not published, dead
     letters that block the commit; else ``complete``."""
     published = f"{len(done)} of {len(plan.chunks)} chunks"
     signum = STOP.stop_signal()
     if signum is not None:
-        return _ended(exit_code_for(signum), "interrupted",
-                      f"{STOP.stop_cause(signum)}: {published} published; {resume_hint}")
+        return _ended(
+            exit_code_for(signum),
+            "interrupted",
+            f"{STOP.stop_cause(signum)}: {published} published; {resume_hint}",
+        )
     loss = STOP.report.api_lost()
     if loss is not None and not_done:
-        return _ended(1, "interrupted",
-                      f"{loss.what}; {published} are published and kept: {loss.todo}")
+        return _ended(
+            1, "interrupted", f"{loss.what}; {published} are published and kept: {loss.todo}"
+        )
     if result.stop is not None and result.stop.kind == "outage":
-        return _ended(1, "incomplete",
-                      f"stopped: {result.stop.error}; {published} are published and kept")
+        return _ended(
+            1, "incomplete", f"stopped: {result.stop.error}; {published} are published and kept"
+        )
     if result.stop is not None:
-        return _ended(3 if result.stop.kind == "fatal" else 2, result.stop.kind,
-                      f"stopped: {result.stop.error}")
+        return _ended(
+            3 if result.stop.kind == "fatal" else 2,
+            result.stop.kind,
+            f"stopped: {result.stop.error}",
+        )
     if not_done:
-        return _ended(1, "incomplete", (
-            f"{not_done} of {len(plan.chunks)} chunks not published{_why(result)}; rerun the "
-            "same command to retry only those chunks"))
+        return _ended(
+            1,
+            "incomplete",
+            (
+                f"{not_done} of {len(plan.chunks)} chunks not published{_why(result)}; rerun the "
+                "same command to retry only those chunks"
+            ),
+        )
     if blocking:
         return _ended(1, "dead_letters", dead_letters_block_message(blocking, run_key))
     return _ended(0, "complete", "")

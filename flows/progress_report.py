@@ -23,8 +23,9 @@ class ProgressReport:
     it; it never passes the total. ``batches``: the Batch API batches by status while the
     batch stage waits (rows as last reported)."""
 
-    def __init__(self, plan: InputPlan, skipped: dict[int, ChunkOutcome],
-                 artifact: ProgressArtifact) -> None:
+    def __init__(
+        self, plan: InputPlan, skipped: dict[int, ChunkOutcome], artifact: ProgressArtifact
+    ) -> None:
         self.plan, self.skipped, self.artifact = plan, skipped, artifact
         self.rows_skipped = sum(c.rows for c in plan.chunks if c.index in skipped)
         self._shown = 0  # the highest rows_done reported
@@ -32,15 +33,23 @@ class ProgressReport:
 
     def __call__(self, result: DispatchResult) -> None:
         plan = self.plan
-        finished = {*result.published, *result.published_elsewhere, *result.failed,
-                    *result.released}
+        finished = {
+            *result.published,
+            *result.published_elsewhere,
+            *result.failed,
+            *result.released,
+        }
         done = {*result.published, *result.published_elsewhere}
-        rows_done = (self.rows_skipped + sum(plan.chunks[i].rows for i in done)
-                     + partial_rows(finished))  # batches of running chunks (this process)
+        rows_done = (
+            self.rows_skipped + sum(plan.chunks[i].rows for i in done) + partial_rows(finished)
+        )  # batches of running chunks (this process)
         rows_done = self._shown = max(self._shown, rows_done)
         self._last = Progress(
-            rows_total=plan.rows, chunks_total=len(plan.chunks), rows_done=rows_done,
-            chunks_done=len(self.skipped) + len(done), rows_skipped=self.rows_skipped,
+            rows_total=plan.rows,
+            chunks_total=len(plan.chunks),
+            rows_done=rows_done,
+            chunks_done=len(self.skipped) + len(done),
+            rows_skipped=self.rows_skipped,
             dead_letters=sum(len(o.dead_letters) for o in result.published.values()),
             chunks_failed=len(result.failed),
         )
@@ -55,7 +64,8 @@ class ProgressReport:
         notify(replace(self._last, batches=tuple(counts)))
 
 
-def progress_reporter(plan: InputPlan, skipped: dict[int, ChunkOutcome],
-                      artifact: ProgressArtifact) -> ProgressReport:
+def progress_reporter(
+    plan: InputPlan, skipped: dict[int, ChunkOutcome], artifact: ProgressArtifact
+) -> ProgressReport:
     """The run's ``ProgressReport``."""
     return ProgressReport(plan, skipped, artifact)

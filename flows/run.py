@@ -85,17 +85,31 @@ class Run:
     run's info and warning lines (the flow's run logger; a stdlib logger in the CLI).
     """
 
-    def __init__(self, settings: RunSettings, store: ObjectStore, plan: InputPlan,
-                 target: RunTarget, *, started: float, log: Log) -> None:
+    def __init__(
+        self,
+        settings: RunSettings,
+        store: ObjectStore,
+        plan: InputPlan,
+        target: RunTarget,
+        *,
+        started: float,
+        log: Log,
+    ) -> None:
         self.settings, self.store, self.plan, self.target = settings, store, plan, target
         self.started, self.log = started, log
         self.ledger: Ledger | None = None
 
     # ── open ──────────────────────────────────────────────────────────────────────────────
     @classmethod
-    def open(cls, settings: RunSettings, *, store: ObjectStore,
-             plan_input: Callable[[RunSettings], InputPlan], log: Log,
-             started: float | None = None) -> Run | RunSummary:
+    def open(
+        cls,
+        settings: RunSettings,
+        *,
+        store: ObjectStore,
+        plan_input: Callable[[RunSettings], InputPlan],
+        log: Log,
+        started: float | None = None,
+    ) -> Run | RunSummary:
         """Prepare the output, plan the input (``plan_input``) and resolve the run's target.
 
         Returns the run, or the summary of why it cannot start: an input error (exit 2,
@@ -112,12 +126,23 @@ class Run:
             target = resolve_run_target(store, plan, settings)
         except EmbedlineError as exc:
             release(plan.scratch)
-            return cls.refused(exc.exit_code, "fatal", str(exc), output=store.uri,
-                               rows_total=plan.rows, chunks_total=len(plan.chunks))
+            return cls.refused(
+                exc.exit_code,
+                "fatal",
+                str(exc),
+                output=store.uri,
+                rows_total=plan.rows,
+                chunks_total=len(plan.chunks),
+            )
         run = cls(settings, store, plan, target, started=started, log=log)
         if target.supersedes and target.committed is None:
-            log.info("run %s is committed with dead letters to retry: committing generation "
-                     "%d as run %s", target.supersedes, target.generation, target.run_key)
+            log.info(
+                "run %s is committed with dead letters to retry: committing generation "
+                "%d as run %s",
+                target.supersedes,
+                target.generation,
+                target.run_key,
+            )
         return run
 
     @property
@@ -140,12 +165,22 @@ class Run:
     def summary(self, base: RunSummary | None = None, **changes: Any) -> RunSummary:
         """``base`` (default: the run's empty summary: key, output, totals, generation)
         with ``changes``; ``wall_s`` is the seconds since the run started unless given."""
-        fields: dict[str, Any] = base.to_dict() if base is not None else dict(
-            exit_code=0, status="running", message="", run_key=self.run_key,
-            output=self.store.uri, rows_total=self.plan.rows,
-            chunks_total=len(self.plan.chunks), generation=self.target.generation,
-            supersedes=self.target.supersedes,
-            price_per_million_tokens=self.settings.price_per_million_tokens)
+        fields: dict[str, Any] = (
+            base.to_dict()
+            if base is not None
+            else dict(
+                exit_code=0,
+                status="running",
+                message="",
+                run_key=self.run_key,
+                output=self.store.uri,
+                rows_total=self.plan.rows,
+                chunks_total=len(self.plan.chunks),
+                generation=self.target.generation,
+                supersedes=self.target.supersedes,
+                price_per_million_tokens=self.settings.price_per_million_tokens,
+            )
+        )
         fields.update(changes)
         fields.setdefault("wall_s", 0.0)
         if "wall_s" not in changes:
@@ -160,8 +195,9 @@ class Run:
         uri = self.store.uri_for(manifest_object_key(self.run_key))
         self.log.info("run %s is already complete: manifest %s", self.run_key, uri)
         if ledger_catches_up(self.settings.ledger, manifest, uri):
-            self.log.info("the ledger now records run %s as complete, as the store does",
-                          self.run_key)
+            self.log.info(
+                "the ledger now records run %s as complete, as the store does", self.run_key
+            )
         return self.summary(**already_complete_fields(manifest), manifest_uri=uri)
 
     # ── record ───────────────────────────────────────────────────────────────────────────
@@ -194,9 +230,11 @@ class Run:
         """What the summary artifact adds to a recorded run's summary: its dead letters
         (ids and reasons, never text), chunk states and the price (USD per 1M tokens)."""
         ledger = self._ledger()
-        return {"dead_letters": ledger.run_dead_letters(self.run_key),
-                "chunk_states": ledger.state_counts(self.run_key),
-                "price_per_million_tokens": self.settings.price_per_million_tokens}
+        return {
+            "dead_letters": ledger.run_dead_letters(self.run_key),
+            "chunk_states": ledger.state_counts(self.run_key),
+            "price_per_million_tokens": self.settings.price_per_million_tokens,
+        }
 
     @contextlib.contextmanager
     def recorded(self, *, flow_run_id: str | None) -> Iterator[None]:
@@ -211,16 +249,22 @@ class Run:
         STOP.exit.on_hard_exit(hook)
         try:
             ledger.start_run(
-                self.run_key, self.plan, output_uri=self.store.uri,
-                settings={**self.settings.model_dump(), "input": self.plan.source.path,
-                          "output": self.store.uri},
+                self.run_key,
+                self.plan,
+                output_uri=self.store.uri,
+                settings={
+                    **self.settings.model_dump(),
+                    "input": self.plan.source.path,
+                    "output": self.store.uri,
+                },
                 flow_run_id=flow_run_id,
                 object_uris=[self.store.uri_for(c.object_key) for c in self.plan.chunks],
             )
             yield
         except BaseException as exc:
-            ledger.mark_stopped(self.run_key,
-                                status="crashed" if interrupt_of(exc) is None else "interrupted")
+            ledger.mark_stopped(
+                self.run_key, status="crashed" if interrupt_of(exc) is None else "interrupted"
+            )
             raise
         finally:
             STOP.exit.remove_hard_exit_hook(hook)
@@ -245,10 +289,12 @@ class Run:
 
         try:
             warning = ensure_conditional_writes(
-                self.store, allow_unconditional=self.settings.allow_unconditional_store)
+                self.store, allow_unconditional=self.settings.allow_unconditional_store
+            )
         except EmbedlineError as exc:
-            return self.finish(self.summary(exit_code=exc.exit_code, status="fatal",
-                                            message=str(exc)))
+            return self.finish(
+                self.summary(exit_code=exc.exit_code, status="fatal", message=str(exc))
+            )
         if warning:
             self.log.warning(warning)
         return None
@@ -260,14 +306,23 @@ class Run:
         3)."""
         settings, ledger = self.settings, self._ledger()
         try:
-            skipped = find_published(self.plan, run_key=self.run_key, ledger=ledger,
-                                     store=self.store, model=settings.effective_model)
+            skipped = find_published(
+                self.plan,
+                run_key=self.run_key,
+                ledger=ledger,
+                store=self.store,
+                model=settings.effective_model,
+            )
         except ConflictError as exc:
             return self.finish(self.summary(exit_code=3, status="fatal", message=str(exc)))
         todo = [c for c in self.plan.chunks if c.index not in skipped]
         todo = sorted(todo + self._supersede(skipped), key=lambda c: c.index)
-        self.log.info("%d of %d chunks already published; %d to embed",
-                      len(skipped), len(self.plan.chunks), len(todo))
+        self.log.info(
+            "%d of %d chunks already published; %d to embed",
+            len(skipped),
+            len(self.plan.chunks),
+            len(todo),
+        )
         length = RunLength(pinned_length(self.store, settings.dimensions, self.target.supersedes))
         return Work(skipped, todo, length)
 
@@ -301,11 +356,15 @@ class Run:
         return specs
 
     # ── conclude ─────────────────────────────────────────────────────────────────────────
-    def conclude(self, work: Work, result: DispatchResult, *,
-                 cost: tuple[int, int, int] | None = None,
-                 resume_hint: str = "rerun the same command to resume",
-                 on_committed: Callable[[RunSummary], None] | None = None,
-                 ) -> RunSummary | CommittedRun:
+    def conclude(
+        self,
+        work: Work,
+        result: DispatchResult,
+        *,
+        cost: tuple[int, int, int] | None = None,
+        resume_hint: str = "rerun the same command to resume",
+        on_committed: Callable[[RunSummary], None] | None = None,
+    ) -> RunSummary | CommittedRun:
         """End the run after its dispatch: the summary of its outcomes, and when those allow
         it (every chunk published, no blocking dead letter unless ``allow_failed_rows``)
         the commit: objects still there, one vector length, change set and manifest (the
@@ -317,12 +376,19 @@ class Run:
         or ``CommittedRun`` with the manifest that stands.
         """
         skipped = {**work.skipped, **result.published_elsewhere}
-        fields = outcome_fields(self.plan, self.run_key, skipped, result, cost=cost,
-                                on_empty_text=self.settings.on_empty_text,
-                                resume_hint=resume_hint)
+        fields = outcome_fields(
+            self.plan,
+            self.run_key,
+            skipped,
+            result,
+            cost=cost,
+            on_empty_text=self.settings.on_empty_text,
+            resume_hint=resume_hint,
+        )
         summary = self.summary(**fields)
         committable = summary.exit_code == 0 or (
-            summary.status == "dead_letters" and self.settings.allow_failed_rows)
+            summary.status == "dead_letters" and self.settings.allow_failed_rows
+        )
         if not committable:
             return self.finish(summary)
         done = with_lengths(self.store, {**skipped, **result.published})
@@ -331,59 +397,100 @@ class Run:
             return self.finish(self._lost_objects(summary, missing))
         refused = work.length.refusal(done)  # the last check before the commit point
         if refused:
-            return self.finish(self.summary(summary, exit_code=1, status="incomplete",
-                                            message=refused))
+            return self.finish(
+                self.summary(summary, exit_code=1, status="incomplete", message=refused)
+            )
         with STOP.committing():
             try:
                 committed = self._commit(done, summary, nothing_sent=not result.published)
             except MassDeleteError as exc:  # a cut-short export: nothing committed, all kept
-                return self.finish(self.summary(summary, exit_code=exc.exit_code,
-                                                status="delete_refused", message=str(exc)))
+                return self.finish(
+                    self.summary(
+                        summary, exit_code=exc.exit_code, status="delete_refused", message=str(exc)
+                    )
+                )
             self.finish(committed.summary)
             if on_committed is not None:
                 on_committed(committed.summary)
         return committed
 
-    def _commit(self, done: dict[int, ChunkOutcome], summary: RunSummary, *,
-                nothing_sent: bool) -> CommittedRun:
-        made = commit_run(self.store, settings=self.settings, plan=self.plan,
-                          run_key=self.run_key, done=done, rows_failed=summary.rows_failed,
-                          generation=summary.generation, supersedes=summary.supersedes)
+    def _commit(
+        self, done: dict[int, ChunkOutcome], summary: RunSummary, *, nothing_sent: bool
+    ) -> CommittedRun:
+        made = commit_run(
+            self.store,
+            settings=self.settings,
+            plan=self.plan,
+            run_key=self.run_key,
+            done=done,
+            rows_failed=summary.rows_failed,
+            generation=summary.generation,
+            supersedes=summary.supersedes,
+        )
         changes = made.changes
-        self.log.info("manifest %s %s", "committed" if made.created else "already committed",
-                      made.uri)
-        base = (f"run {changes.base_run_key[:12]}" if changes.base_run_key
-                else "nothing (first run)")
-        self.log.info("changes against %s: %s added, %s changed, %s removed, %s unchanged",
-                      base, *(f"{n:,}" for n in (changes.added, changes.changed,
-                                                  changes.removed, changes.unchanged)))
-        message = "; ".join(filter(None, (
-            _NOTHING_SENT if nothing_sent else "",
-            committed_dead_letters_note(summary.rows_failed, summary.rows_empty))))
-        committed = self.summary(summary, **change_fields(made.manifest), exit_code=0,
-                                 status="complete", manifest_uri=made.uri,
-                                 dimensions=made.dimensions, message=message)
+        self.log.info(
+            "manifest %s %s", "committed" if made.created else "already committed", made.uri
+        )
+        base = f"run {changes.base_run_key[:12]}" if changes.base_run_key else "nothing (first run)"
+        self.log.info(
+            "changes against %s: %s added, %s changed, %s removed, %s unchanged",
+            base,
+            *(
+                f"{n:,}"
+                for n in (changes.added, changes.changed, changes.removed, changes.unchanged)
+            ),
+        )
+        message = "; ".join(
+            filter(
+                None,
+                (
+                    _NOTHING_SENT if nothing_sent else "",
+                    committed_dead_letters_note(summary.rows_failed, summary.rows_empty),
+                ),
+            )
+        )
+        committed = self.summary(
+            summary,
+            **change_fields(made.manifest),
+            exit_code=0,
+            status="complete",
+            manifest_uri=made.uri,
+            dimensions=made.dimensions,
+            message=message,
+        )
         return CommittedRun(committed, made.manifest)
 
     def _lost_objects(self, summary: RunSummary, missing: list[str]) -> RunSummary:
         """Objects deleted under a running run (``embedline gc`` with a short grace period,
         or by hand): forget them, so the rerun embeds those chunks again; commit nothing."""
         self._ledger().forget_collected(
-            self.store.uri, object_keys=missing,
-            object_uris=[self.store.uri_for(k) for k in missing], manifest_uris=[])
-        return self.summary(summary, exit_code=1, status="incomplete", message=(
-            f"{len(missing)} chunk objects were deleted from the output while the run went "
-            "(embedline gc?); nothing committed: rerun the same command to embed them again"))
+            self.store.uri,
+            object_keys=missing,
+            object_uris=[self.store.uri_for(k) for k in missing],
+            manifest_uris=[],
+        )
+        return self.summary(
+            summary,
+            exit_code=1,
+            status="incomplete",
+            message=(
+                f"{len(missing)} chunk objects were deleted from the output while the run went "
+                "(embedline gc?); nothing committed: rerun the same command to embed them again"
+            ),
+        )
 
     def finish(self, summary: RunSummary) -> RunSummary:
         """Record ``summary``'s end of the run in the ledger (if recorded); return it."""
         if self.ledger is not None:
             committed = summary.status == "complete"
-            self.ledger.finish_run(self.run_key, status=summary.status,
-                                   rows_published=summary.rows_published,
-                                   rows_failed=summary.rows_failed,
-                                   manifest_uri=summary.manifest_uri,
-                                   facts=run_payload(summary) if committed else None)
+            self.ledger.finish_run(
+                self.run_key,
+                status=summary.status,
+                rows_published=summary.rows_published,
+                rows_failed=summary.rows_failed,
+                manifest_uri=summary.manifest_uri,
+                facts=run_payload(summary) if committed else None,
+            )
         return summary
 
     def _ledger(self) -> Ledger:

@@ -31,8 +31,9 @@ __all__ = ["run_settings"]
 def run_settings(settings: RunSettings) -> RunSummary:
     """Run the pipeline for ``settings`` inside the current flow run; return its summary."""
     STOP.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
-    opened = Run.open(settings, store=store_for(settings.output), plan_input=plan_input,
-                      log=get_run_logger())
+    opened = Run.open(
+        settings, store=store_for(settings.output), plan_input=plan_input, log=get_run_logger()
+    )
     if isinstance(opened, RunSummary):  # an input error, or a store that cannot be read
         return opened
     try:
@@ -80,12 +81,16 @@ def _record_embed_commit_load(run: Run, threshold: int | None) -> RunSummary:
             if isinstance(work, RunSummary):
                 return work
             dispatched = embed_and_publish(run, work)
-            ended = run.conclude(work, dispatched.result, cost=dispatched.cost,
-                                 resume_hint=_resume_hint(),
-                                 on_committed=lambda summary: _note_committed(run, summary,
-                                                                               threshold))
-            (ended.summary if isinstance(ended, CommittedRun) else ended).batches = \
-                dispatched.batches
+            ended = run.conclude(
+                work,
+                dispatched.result,
+                cost=dispatched.cost,
+                resume_hint=_resume_hint(),
+                on_committed=lambda summary: _note_committed(run, summary, threshold),
+            )
+            (
+                ended.summary if isinstance(ended, CommittedRun) else ended
+            ).batches = dispatched.batches
             if isinstance(ended, CommittedRun):
                 return _load_into_sink(run, ended.manifest, ended.summary)
             return ended
@@ -96,9 +101,12 @@ def _note_committed(run: Run, summary: RunSummary, threshold: int | None) -> Non
     emit ``embedline.run.committed``."""
     emit_run_committed(summary, dead_letters_threshold=threshold)
     sink = run.settings.sink
-    STOP.report.note_committed(run.run_key, str(summary.manifest_uri), (
-        "rerun the same command to load it into the sink" if sink else "nothing to resume"),
-        None if sink else summary.to_dict())
+    STOP.report.note_committed(
+        run.run_key,
+        str(summary.manifest_uri),
+        ("rerun the same command to load it into the sink" if sink else "nothing to resume"),
+        None if sink else summary.to_dict(),
+    )
     if not sink:
         STOP.only_reporting_left()
 
@@ -120,11 +128,16 @@ def _load_into_sink(run: Run, manifest: dict[str, Any], summary: RunSummary) -> 
         STOP.only_reporting_left()
         return summary
     opened_here = run.ledger is None
-    ledger = run.open_ledger() if opened_here else run.ledger
+    ledger = run.open_ledger() if run.ledger is None else run.ledger
     try:
-        load = load_stage(output=settings.output, manifest=manifest, sink_uri=settings.sink,
-                          ledger=ledger, max_delete_fraction=settings.max_delete_fraction,
-                          allow_failed_rows=settings.allow_failed_rows)
+        load = load_stage(
+            output=settings.output,
+            manifest=manifest,
+            sink_uri=settings.sink,
+            ledger=ledger,
+            max_delete_fraction=settings.max_delete_fraction,
+            allow_failed_rows=settings.allow_failed_rows,
+        )
     finally:
         if opened_here:
             run.close()
@@ -132,11 +145,14 @@ def _load_into_sink(run: Run, manifest: dict[str, Any], summary: RunSummary) -> 
     changes: dict[str, Any] = {"load": load.to_dict()}
     if load.exit_code:
         done = "finished with" if load.status == "dead_letters" else "did not finish:"
-        changes.update(exit_code=load.exit_code, message=f"manifest committed, but the load "
-                       f"into the sink {done} {load.message}")
+        changes.update(
+            exit_code=load.exit_code,
+            message=f"manifest committed, but the load into the sink {done} {load.message}",
+        )
     loaded = run.summary(summary, wall_s=summary.wall_s, **changes)
     if not load.exit_code:
-        STOP.report.note_committed(run.run_key, str(summary.manifest_uri), "nothing to resume",
-                                loaded.to_dict())
+        STOP.report.note_committed(
+            run.run_key, str(summary.manifest_uri), "nothing to resume", loaded.to_dict()
+        )
     STOP.only_reporting_left()
     return loaded

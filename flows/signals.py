@@ -38,8 +38,14 @@ from embedline.interrupts import SIGNALS
 from embedline.models import ChunkSpec
 from embedline.shutdown import STOP
 
-__all__ = ["RUNNER_KILL_AFTER_S", "Stoppable", "dispatch_with_graceful_stop", "signal_grace_s",
-           "stop_on_signals", "under_prefect_runner"]
+__all__ = [
+    "RUNNER_KILL_AFTER_S",
+    "Stoppable",
+    "dispatch_with_graceful_stop",
+    "signal_grace_s",
+    "stop_on_signals",
+    "under_prefect_runner",
+]
 
 _R_co = TypeVar("_R_co", covariant=True)
 
@@ -55,6 +61,7 @@ class Stoppable(Protocol[_R_co]):
     def stop(self, *, grace_s: float | None = None) -> None:
         """Start nothing new; what is in flight gets ``grace_s`` seconds (None: no limit)."""
         ...
+
 
 #: Seconds from a Prefect runner's SIGTERM to its SIGKILL when it cancels a flow run
 #: (Prefect 3.9 ``runner/_cancellation_manager.py``: ``grace_seconds = 30.0``; fixed).
@@ -82,8 +89,12 @@ def signal_grace_s(grace_s: float) -> float:
 
 
 def dispatch_with_graceful_stop(
-    dispatcher: Stoppable[_R_co], specs: Sequence[ChunkSpec], *, grace_s: float,
-    logger: logging.Logger | logging.LoggerAdapter[Any], stopping: str | None = None,
+    dispatcher: Stoppable[_R_co],
+    specs: Sequence[ChunkSpec],
+    *,
+    grace_s: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    stopping: str | None = None,
 ) -> _R_co:
     """``dispatcher.run(specs)`` with the graceful stop above (``grace_s`` capped by
     ``signal_grace_s``); returns its result. ``stopping``: what the warning logged at the
@@ -119,43 +130,54 @@ def dispatch_with_graceful_stop(
     # Not Thread.join: interrupted by an exception, Python 3.11's join marks a running
     # thread stopped (bpo-45274's lock handling), and is_alive() turns False.
     thread = threading.Thread(target=dispatch, name="embedline-dispatch", daemon=True)
-    with stop_on_signals(dispatcher, grace_s=grace_s, logger=logger, signals=(signal.SIGINT,),
-                         stopping=stopping):
+    with stop_on_signals(
+        dispatcher, grace_s=grace_s, logger=logger, signals=(signal.SIGINT,), stopping=stopping
+    ):
         thread.start()
         while not done.is_set():
             try:
                 done.wait(0.2)
             except TerminationSignal as exc:
                 STOP.note_termination(exc)
-                _stop(signal.SIGTERM, dispatcher, grace_s=grace_s, logger=logger,
-                      stopping=stopping)
+                _stop(signal.SIGTERM, dispatcher, grace_s=grace_s, logger=logger, stopping=stopping)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]  # type: ignore[no-any-return]  # the call's own T
 
 
 def _stop(
-    signum: int, dispatcher: Stoppable[Any], *, grace_s: float,
-    logger: logging.Logger | logging.LoggerAdapter[Any], stopping: str | None = None,
+    signum: int,
+    dispatcher: Stoppable[Any],
+    *,
+    grace_s: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    stopping: str | None = None,
 ) -> None:
     """The first signal stops dispatching (in-flight chunks get ``grace_s`` seconds); a
     second one exits at once."""
     STOP.note_stop_signal(signum)  # a second one exits at once
     dispatcher.stop(grace_s=grace_s)
-    hint = ("the Prefect runner kills this process 30 s after a cancel"
-            if under_prefect_runner() else "send it again to exit now")
+    hint = (
+        "the Prefect runner kills this process 30 s after a cancel"
+        if under_prefect_runner()
+        else "send it again to exit now"
+    )
     what = f"{signal.Signals(signum).name} received"
     if STOP.stop_cause(signum).startswith("cancelled"):  # flows.cancellation's SIGTERM
         what, hint = "cancelled from Prefect", "Ctrl-C or SIGTERM exits now"
-    stopping = stopping or (f"no new chunks; in-flight chunks get {grace_s:g} s to finish, "
-                            "then are released")
+    stopping = stopping or (
+        f"no new chunks; in-flight chunks get {grace_s:g} s to finish, then are released"
+    )
     logger.warning("%s: %s (%s)", what, stopping, hint)
 
 
 @contextlib.contextmanager
 def stop_on_signals(
-    dispatcher: Stoppable[Any], *, grace_s: float,
-    logger: logging.Logger | logging.LoggerAdapter[Any], signals: Sequence[int] = SIGNALS,
+    dispatcher: Stoppable[Any],
+    *,
+    grace_s: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    signals: Sequence[int] = SIGNALS,
     stopping: str | None = None,
 ) -> Iterator[None]:
     """Install handlers of ``signals`` (default SIGINT and SIGTERM) for the block (main
@@ -168,8 +190,9 @@ def stop_on_signals(
     def handle(signum: int, frame: object) -> None:
         _stop(signum, dispatcher, grace_s=grace_s, logger=logger, stopping=stopping)
 
-    previous = {s: signal.signal(s, handle) for s in signals
-                if signal.getsignal(s) is not signal.SIG_IGN}  # an inherited SIG_IGN is kept
+    previous = {
+        s: signal.signal(s, handle) for s in signals if signal.getsignal(s) is not signal.SIG_IGN
+    }  # an inherited SIG_IGN is kept
     try:
         yield
     finally:

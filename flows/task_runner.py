@@ -40,17 +40,23 @@ def task_runner(settings: RunSettings, window: int) -> Any:
     try:
         from prefect_dask.task_runners import DaskTaskRunner
     except ImportError:
-        raise InputError("--task-runner dask needs prefect-dask: pip install "
-                         "'embedline[dask]'") from None
+        raise InputError(
+            "--task-runner dask needs prefect-dask: pip install 'embedline[dask]'"
+        ) from None
     if settings.dask_address:
         return DaskTaskRunner(address=settings.dask_address)
     _no_worker_profiler()
     _close_clusters_quietly_at_exit()
     STOP.on_first_interrupt(_silence_dask)
     threads = max(1, -(-window // settings.dask_workers))
-    return DaskTaskRunner(cluster_kwargs={"n_workers": settings.dask_workers,
-                                          "threads_per_worker": threads, "processes": True,
-                                          "dashboard_address": None})
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": settings.dask_workers,
+            "threads_per_worker": threads,
+            "processes": True,
+            "dashboard_address": None,
+        }
+    )
 
 
 def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) -> None:
@@ -60,8 +66,11 @@ def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) ->
     if settings.task_runner != "dask":
         return
     workers = runner.client.run(warm_worker)
-    logger.info("task runner ready: dask, %d workers, in %.1f s (cluster start and warm-up)",
-                len(workers), time.monotonic() - since)
+    logger.info(
+        "task runner ready: dask, %d workers, in %.1f s (cluster start and warm-up)",
+        len(workers),
+        time.monotonic() - since,
+    )
 
 
 def _quiet_dask() -> None:
@@ -104,8 +113,12 @@ def _no_worker_profiler() -> None:
     import dask.config
 
     preload = [*dask.config.get("distributed.worker.preload", []), "flows.dask_preload"]
-    dask.config.set({"distributed.worker.profile.enabled": False,
-                     "distributed.worker.preload": list(dict.fromkeys(preload))})
+    dask.config.set(
+        {
+            "distributed.worker.profile.enabled": False,
+            "distributed.worker.preload": list(dict.fromkeys(preload)),
+        }
+    )
 
 
 def _close_clusters_quietly_at_exit() -> None:

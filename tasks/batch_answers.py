@@ -39,8 +39,14 @@ class BatchAnswers(EmbeddingClientBase):
     fail the chunk with ``RetryableError``).
     """
 
-    def __init__(self, resolved: Resolved, *, model: str, dimensions: int | None,
-                 fallback: Callable[[], EmbeddingClient] | None = None) -> None:
+    def __init__(
+        self,
+        resolved: Resolved,
+        *,
+        model: str,
+        dimensions: int | None,
+        fallback: Callable[[], EmbeddingClient] | None = None,
+    ) -> None:
         self.model, self.dimensions = model, dimensions
         self._resolved, self._fallback = resolved, fallback
         self._sync: EmbeddingClient | None = None
@@ -55,8 +61,9 @@ class BatchAnswers(EmbeddingClientBase):
         sync = self._sync.accepted_requests if self._sync is not None else 0
         return len(self._resolved.vectors) + len(self._resolved.rejected) + (sync or 0)
 
-    def embed(self, texts: Sequence[str], *, idempotency_key: str,
-              expect_dimensions: int | None = None) -> Embeddings:
+    def embed(
+        self, texts: Sequence[str], *, idempotency_key: str, expect_dimensions: int | None = None
+    ) -> Embeddings:
         """One vector per text from the batch results (see the class docstring).
 
         :raises RowError: a text of ``texts`` was rejected alone by its batch.
@@ -67,8 +74,11 @@ class BatchAnswers(EmbeddingClientBase):
         for h in hashes:
             if h in self._resolved.rejected:
                 status, message = self._resolved.rejected[h]
-                raise RowError("rejected", http_status=status,
-                               detail=f"HTTP {status} in the batch's error file {message}".strip())
+                raise RowError(
+                    "rejected",
+                    http_status=status,
+                    detail=f"HTTP {status} in the batch's error file {message}".strip(),
+                )
         found: list[np.ndarray | None] = []
         tokens = 0
         for h in hashes:
@@ -90,25 +100,38 @@ class BatchAnswers(EmbeddingClientBase):
         vectors = np.ascontiguousarray(np.stack(found), dtype=np.float32)  # type: ignore[arg-type]
         # the texts a batch answered were sent (and billed, at the batch price): counted as
         # inputs sent like the synchronous ones
-        return Embeddings(vectors, tokens=tokens + sync.tokens, requests=sync.requests,
-                          inputs=len(texts) - len(missing) + sync.inputs)
+        return Embeddings(
+            vectors,
+            tokens=tokens + sync.tokens,
+            requests=sync.requests,
+            inputs=len(texts) - len(missing) + sync.inputs,
+        )
 
-    def _send(self, texts: Sequence[str], missing: list[int], key: str,
-              expect_dimensions: int | None) -> Embeddings:
+    def _send(
+        self, texts: Sequence[str], missing: list[int], key: str, expect_dimensions: int | None
+    ) -> Embeddings:
         if self._fallback is None:
-            raise RetryableError(f"{len(missing)} texts have no answer in the chunk's batches: "
-                                 "rerun to submit them again (or --batch-fallback sync)")
+            raise RetryableError(
+                f"{len(missing)} texts have no answer in the chunk's batches: "
+                "rerun to submit them again (or --batch-fallback sync)"
+            )
         if self._sync is None:
             self._sync = self._fallback()
         if len(missing) < len(texts):  # another request than the batch's: another key
             key = hashlib.sha256(f"{key}:rest:{missing}".encode()).hexdigest()
-        return self._sync.embed([texts[i] for i in missing], idempotency_key=key,
-                                expect_dimensions=expect_dimensions)
+        return self._sync.embed(
+            [texts[i] for i in missing], idempotency_key=key, expect_dimensions=expect_dimensions
+        )
 
 
-def batch_answers(rows: Sequence[Row], settings: RunSettings, batches: ChunkBatches, *,
-                  client: BatchClient,
-                  fallback: Callable[[], EmbeddingClient] | None) -> BatchAnswers:
+def batch_answers(
+    rows: Sequence[Row],
+    settings: RunSettings,
+    batches: ChunkBatches,
+    *,
+    client: BatchClient,
+    fallback: Callable[[], EmbeddingClient] | None,
+) -> BatchAnswers:
     """The chunk's ``BatchAnswers``: the requests its batches carried (``batches.layout``,
     rebuilt from ``rows``) resolved against the output and error files ``batches.files``
     of every batch the chunk had, read with ``client``.
@@ -120,5 +143,6 @@ def batch_answers(rows: Sequence[Row], settings: RunSettings, batches: ChunkBatc
     for file_id in batches.files:
         results.add_output(client.file_content(file_id), dimensions=settings.dimensions)
     resolved = results.resolve(layout_requests(rows, batches.layout, settings))
-    return BatchAnswers(resolved, model=settings.effective_model,
-                        dimensions=settings.dimensions, fallback=fallback)
+    return BatchAnswers(
+        resolved, model=settings.effective_model, dimensions=settings.dimensions, fallback=fallback
+    )

@@ -67,8 +67,10 @@ class BatchRequest:
     def singles(self) -> list[BatchRequest]:
         """The request's inputs as one request each (a rejected request of several inputs
         is sent again this way, so the rejected input is found: a dead letter)."""
-        return [BatchRequest(request_key([k]), (t,), (k,), (p,))
-                for t, k, p in zip(self.texts, self.row_keys, self.rows, strict=True)]
+        return [
+            BatchRequest(request_key([k]), (t,), (k,), (p,))
+            for t, k, p in zip(self.texts, self.row_keys, self.rows, strict=True)
+        ]
 
     @property
     def estimated_tokens(self) -> int:
@@ -76,8 +78,13 @@ class BatchRequest:
         return sum(estimate_tokens(t) for t in self.texts)
 
 
-def chunk_requests(rows: Sequence[Row], plan: ReusePlan, settings: RunSettings, *,
-                   only: Collection[int] | None = None) -> list[BatchRequest]:
+def chunk_requests(
+    rows: Sequence[Row],
+    plan: ReusePlan,
+    settings: RunSettings,
+    *,
+    only: Collection[int] | None = None,
+) -> list[BatchRequest]:
     """The requests a chunk of ``rows`` sends, given its reuse ``plan``: rows the plan does
     not list (in-run owners, copied vectors), without in-chunk duplicates, empty texts and
     (``on_too_long=dead-letter``) texts over ``max_input_tokens`` by the lenient estimate,
@@ -87,22 +94,36 @@ def chunk_requests(rows: Sequence[Row], plan: ReusePlan, settings: RunSettings, 
     planned = {p for source in plan.sources for p in source.rows}
     position = {id(r): i for i, r in enumerate(rows)}
     copied = take_prefill(rows, plan).vectors  # by row number, as the chunk task takes them
-    send, _ = split_duplicates([r for i, r in enumerate(rows)
-                                if i not in planned and r.row_number not in copied])
+    send, _ = split_duplicates(
+        [r for i, r in enumerate(rows) if i not in planned and r.row_number not in copied]
+    )
     limit = settings.max_input_tokens
-    kept = [row for row in send if row.text.strip() and not (
-        limit is not None and settings.on_too_long != "truncate"
-        and math.ceil(len(row.text) / 4) > limit)]
+    kept = [
+        row
+        for row in send
+        if row.text.strip()
+        and not (
+            limit is not None
+            and settings.on_too_long != "truncate"
+            and math.ceil(len(row.text) / 4) > limit
+        )
+    ]
     if only is not None:
         kept = [row for row in kept if position[id(row)] in only]
     model, dims = settings.effective_model, settings.dimensions
     requests = []
-    for batch in batches(kept, batch_size=settings.batch_size,
-                         max_request_tokens=settings.max_request_tokens):
+    for batch in batches(
+        kept, batch_size=settings.batch_size, max_request_tokens=settings.max_request_tokens
+    ):
         keys = [row_key(r.id, r.text_sha256, model, dims) for r in batch]
-        requests.append(BatchRequest(request_key(keys), tuple(_as_sent(r.text, settings)
-                                                              for r in batch),
-                                     tuple(keys), tuple(position[id(r)] for r in batch)))
+        requests.append(
+            BatchRequest(
+                request_key(keys),
+                tuple(_as_sent(r.text, settings) for r in batch),
+                tuple(keys),
+                tuple(position[id(r)] for r in batch),
+            )
+        )
     return requests
 
 
@@ -120,8 +141,9 @@ def layout_of(requests: Iterable[BatchRequest]) -> BatchLayout:
     return tuple((r.custom_id, r.rows) for r in requests)
 
 
-def layout_requests(rows: Sequence[Row], layout: BatchLayout,
-                    settings: RunSettings) -> list[BatchRequest]:
+def layout_requests(
+    rows: Sequence[Row], layout: BatchLayout, settings: RunSettings
+) -> list[BatchRequest]:
     """The requests a recorded ``layout`` describes, rebuilt from the chunk's ``rows``
     (texts as sent), whatever the batching settings are now. A request whose rows' keys do
     not make its ``custom_id`` (not the rows it was built from, or another model or
@@ -134,20 +156,26 @@ def layout_requests(rows: Sequence[Row], layout: BatchLayout,
         picked = [rows[p] for p in positions]
         keys = tuple(row_key(r.id, r.text_sha256, model, dims) for r in picked)
         if request_key(keys) == custom_id:
-            requests.append(BatchRequest(custom_id, tuple(_as_sent(r.text, settings)
-                                                          for r in picked),
-                                         keys, tuple(positions)))
+            requests.append(
+                BatchRequest(
+                    custom_id,
+                    tuple(_as_sent(r.text, settings) for r in picked),
+                    keys,
+                    tuple(positions),
+                )
+            )
     return requests
 
 
 def _line(request: BatchRequest, settings: RunSettings) -> bytes:
-    body: dict[str, object] = {"model": settings.effective_model, "input": list(request.texts),
-                               "encoding_format": "float" if settings.encoding_format == "float"
-                               else "base64"}
+    body: dict[str, object] = {
+        "model": settings.effective_model,
+        "input": list(request.texts),
+        "encoding_format": "float" if settings.encoding_format == "float" else "base64",
+    }
     if settings.dimensions is not None:
         body["dimensions"] = settings.dimensions
-    line = {"custom_id": request.custom_id, "method": "POST", "url": BATCH_ENDPOINT,
-            "body": body}
+    line = {"custom_id": request.custom_id, "method": "POST", "url": BATCH_ENDPOINT, "body": body}
     return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
@@ -157,8 +185,9 @@ def input_file(requests: Iterable[BatchRequest], settings: RunSettings) -> bytes
     return b"".join(_line(r, settings) for r in requests)
 
 
-def pack(requests: Sequence[BatchRequest], settings: RunSettings, *,
-         max_tokens: int | None = None) -> list[tuple[int, int]]:
+def pack(
+    requests: Sequence[BatchRequest], settings: RunSettings, *, max_tokens: int | None = None
+) -> list[tuple[int, int]]:
     """Split ``requests`` into consecutive parts ``[start, stop)``: each at most
     ``batch_max_inputs`` inputs (≤ 50,000, OpenAI's limit for embeddings), 50,000 requests,
     ``BATCH_MAX_BYTES`` bytes and, when given, ``max_tokens`` estimated tokens (the
@@ -167,9 +196,12 @@ def pack(requests: Sequence[BatchRequest], settings: RunSettings, *,
     start, inputs, size, tokens = 0, 0, 0, 0
     for i, request in enumerate(requests):
         n, b, t = len(request.texts), len(_line(request, settings)), request.estimated_tokens
-        full = (inputs + n > settings.batch_max_inputs or i - start >= 50_000
-                or size + b > BATCH_MAX_BYTES
-                or (max_tokens is not None and tokens + t > max_tokens))
+        full = (
+            inputs + n > settings.batch_max_inputs
+            or i - start >= 50_000
+            or size + b > BATCH_MAX_BYTES
+            or (max_tokens is not None and tokens + t > max_tokens)
+        )
         if i > start and full:
             parts.append((start, i))
             start, inputs, size, tokens = i, 0, 0, 0
@@ -237,8 +269,9 @@ class BatchResults:
                     done.vectors[sent_text_sha256(text)] = (vectors[i], share)
             elif request.custom_id in self.rejected:
                 if len(request.texts) == 1:
-                    done.rejected[sent_text_sha256(request.texts[0])] = \
-                        self.rejected[request.custom_id]
+                    done.rejected[sent_text_sha256(request.texts[0])] = self.rejected[
+                        request.custom_id
+                    ]
                 else:
                     todo[:0] = request.singles()
             else:

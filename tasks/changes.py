@@ -44,14 +44,26 @@ from embedline.errors import ConflictError
 from embedline.protocols import ObjectStore
 from tasks.sorted_runs import SortLimits, SortStats, merge_blocks, reduce_runs, write_runs
 
-__all__ = ["CHANGES_FORMAT", "ChangeCounts", "changes_object_key", "diff_blocks", "read_keys",
-           "write_changes"]
+__all__ = [
+    "CHANGES_FORMAT",
+    "ChangeCounts",
+    "changes_object_key",
+    "diff_blocks",
+    "read_keys",
+    "write_changes",
+]
 
 CHANGES_FORMAT = "embedline.changes.v1"
 _META_KEY = b"embedline"
 _KEY_COLUMNS = ["id", "text_sha256"]
-_CHANGES_SCHEMA = pa.schema([("id", pa.string()), ("change", pa.string()),
-                             ("text_sha256", pa.string()), ("text_changed", pa.bool_())])
+_CHANGES_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("change", pa.string()),
+        ("text_sha256", pa.string()),
+        ("text_changed", pa.bool_()),
+    ]
+)
 _CONTENT_TYPE = "application/vnd.apache.parquet"
 _READ_AHEAD = 8  # chunk objects whose key columns are read at once, ahead of the sort
 
@@ -104,8 +116,9 @@ def _key_schema(kept_columns: Sequence[str]) -> pa.Schema:
     return pa.schema([(c, pa.string()) for c in names])
 
 
-def _key_tables(store: ObjectStore, chunks: Sequence[dict[str, Any]],
-                kept_columns: Sequence[str]) -> Iterator[pa.Table]:
+def _key_tables(
+    store: ObjectStore, chunks: Sequence[dict[str, Any]], kept_columns: Sequence[str]
+) -> Iterator[pa.Table]:
     """``read_keys`` of each chunk with rows (cast to ``_key_schema``), in order, reading
     ``_READ_AHEAD`` objects at once (ranged reads on S3 wait on the network, not the CPU)."""
     schema = _key_schema(kept_columns)
@@ -125,8 +138,13 @@ def _key_tables(store: ObjectStore, chunks: Sequence[dict[str, Any]],
 
 
 def diff_blocks(
-    store: ObjectStore, current: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]],
-    kept_columns: Sequence[str] = (), *, scratch_dir: Path, limits: SortLimits = SortLimits(),
+    store: ObjectStore,
+    current: Sequence[dict[str, Any]],
+    base: Sequence[dict[str, Any]],
+    kept_columns: Sequence[str] = (),
+    *,
+    scratch_dir: Path,
+    limits: SortLimits = SortLimits(),
     stats: SortStats | None = None,
 ) -> Iterator[pa.Table]:
     """Yield the change rows (``id``, ``change``, ``text_sha256``, ``text_changed``) in
@@ -146,10 +164,16 @@ def diff_blocks(
     stats = SortStats() if stats is None else stats
     shared = {str(c["object"]) for c in current} & {str(c["object"]) for c in base}
     schema = _key_schema(kept_columns)
-    sides = [write_runs(_key_tables(store, [c for c in chunks if str(c["object"]) not in shared],
-                                    kept_columns),
-                        scratch_dir, name=name, limits=limits, stats=stats)
-             for name, chunks in (("new", current), ("old", base))]
+    sides = [
+        write_runs(
+            _key_tables(store, [c for c in chunks if str(c["object"]) not in shared], kept_columns),
+            scratch_dir,
+            name=name,
+            limits=limits,
+            stats=stats,
+        )
+        for name, chunks in (("new", current), ("old", base))
+    ]
     sides = reduce_runs(sides, schema, scratch_dir, limits=limits, stats=stats)
     for new, old in merge_blocks(sides, schema, limits=limits, stats=stats):
         changes = _classify(new, old, kept_columns)
@@ -166,10 +190,12 @@ def _classify(new: pa.Table, old: pa.Table, kept_columns: Sequence[str]) -> pa.T
     comparisons of each row with the next; no hash join (Arrow's held about 4 times a
     block and kept its memory). Hashes are never null (every row has a vector).
     """
-    both = pa.concat_tables([
-        new.append_column("old", pa.repeat(pa.scalar(False), new.num_rows)),
-        old.append_column("old", pa.repeat(pa.scalar(True), old.num_rows)),
-    ]).combine_chunks()
+    both = pa.concat_tables(
+        [
+            new.append_column("old", pa.repeat(pa.scalar(False), new.num_rows)),
+            old.append_column("old", pa.repeat(pa.scalar(True), old.num_rows)),
+        ]
+    ).combine_chunks()
     rows = both.take(pc.sort_indices(both, sort_keys=[("id", "ascending"), ("old", "ascending")]))
     del both
     ids, hashes, is_old = (rows.column(c).combine_chunks() for c in ("id", "text_sha256", "old"))
@@ -192,12 +218,14 @@ def _with_next(values: pa.Array, compare: Any) -> pa.Array:
     count = len(values)
     if count < 2:
         return pa.array([False] * count)
-    return pa.concat_arrays([compare(values.slice(0, count - 1), values.slice(1)),
-                             pa.array([False])])
+    return pa.concat_arrays(
+        [compare(values.slice(0, count - 1), values.slice(1)), pa.array([False])]
+    )
 
 
-def _write_parquet(path: Path, blocks: Iterable[pa.Table], *, meta: dict[str, Any],
-                   row_group_rows: int) -> Counter[str]:
+def _write_parquet(
+    path: Path, blocks: Iterable[pa.Table], *, meta: dict[str, Any], row_group_rows: int
+) -> Counter[str]:
     """Write the change rows of ``blocks`` to the local file ``path`` (zstd, row groups of
     ``row_group_rows`` rows, ``meta`` as JSON under the schema key ``embedline``); return
     the rows by change. Holds one row group and one block at most."""
@@ -206,12 +234,17 @@ def _write_parquet(path: Path, blocks: Iterable[pa.Table], *, meta: dict[str, An
     # a dictionary for ``change`` (four values) only: ids and hashes are unique, and hashing
     # them into a dictionary Parquet then abandons cost half the write (31.8 -> 17.5 ms for
     # 64,000 rows)
-    with pq.ParquetWriter(str(path), schema, compression="zstd",
-                          use_dictionary=["change"]) as writer:
+    with pq.ParquetWriter(
+        str(path), schema, compression="zstd", use_dictionary=["change"]
+    ) as writer:
         pending = pa.Table.from_batches([], schema=_CHANGES_SCHEMA)
         for block in blocks:
-            counts.update({str(v["values"]): int(v["counts"])
-                           for v in block["change"].value_counts().to_pylist()})
+            counts.update(
+                {
+                    str(v["values"]): int(v["counts"])
+                    for v in block["change"].value_counts().to_pylist()
+                }
+            )
             pending = pa.concat_tables([pending, block])
             while pending.num_rows >= row_group_rows:
                 writer.write_table(pending.slice(0, row_group_rows), row_group_size=row_group_rows)
@@ -258,9 +291,19 @@ def write_changes(
     meta = {"format": CHANGES_FORMAT, "run_key": run_key, "base_run_key": base_run_key}
     with tempfile.TemporaryDirectory(dir=scratch_dir, prefix="changes-") as tmp:
         path = Path(tmp, "changes.parquet")
-        blocks = iter(()) if same_rows and base else diff_blocks(
-            store, chunks, list(base["chunks"]) if base else [], kept_columns,
-            scratch_dir=Path(tmp), limits=limits, stats=stats)
+        blocks = (
+            iter(())
+            if same_rows and base
+            else diff_blocks(
+                store,
+                chunks,
+                list(base["chunks"]) if base else [],
+                kept_columns,
+                scratch_dir=Path(tmp),
+                limits=limits,
+                stats=stats,
+            )
+        )
         counts = _write_parquet(path, blocks, meta=meta, row_group_rows=limits.block_rows)
         try:
             put = store.put_file_if_absent(key, path, content_type=_CONTENT_TYPE)
@@ -272,18 +315,26 @@ def write_changes(
     return _change_counts(key, put.sha256, base_run_key, counts, rows=rows)
 
 
-def _change_counts(key: str, sha256: str, base_run_key: str | None, counts: Counter[str], *,
-                   rows: int) -> ChangeCounts:
+def _change_counts(
+    key: str, sha256: str, base_run_key: str | None, counts: Counter[str], *, rows: int
+) -> ChangeCounts:
     """``ChangeCounts`` from the rows by change; ``rows`` = ids with a vector in this run,
     so unchanged = rows - added - changed."""
     added, changed = counts["added"], counts["changed"]
-    return ChangeCounts(object=key, sha256=sha256, base_run_key=base_run_key, added=added,
-                        changed=changed, removed=counts["removed"],
-                        unchanged=rows - added - changed)
+    return ChangeCounts(
+        object=key,
+        sha256=sha256,
+        base_run_key=base_run_key,
+        added=added,
+        changed=changed,
+        removed=counts["removed"],
+        unchanged=rows - added - changed,
+    )
 
 
-def _existing_counts(store: ObjectStore, key: str, run_key: str, *,
-                     rows: int) -> ChangeCounts | None:
+def _existing_counts(
+    store: ObjectStore, key: str, run_key: str, *, rows: int
+) -> ChangeCounts | None:
     """The counts of the change set at ``key`` if it is ``run_key``'s, else None (absent, or
     not a change set of this run). Reads its footer and ``change`` column a row group at a
     time (``rows``: see ``_change_counts``)."""
@@ -295,8 +346,12 @@ def _existing_counts(store: ObjectStore, key: str, run_key: str, *,
             if meta.get("run_key") != run_key:
                 return None
             for batch in parquet.iter_batches(columns=["change"]):
-                counts.update({str(v["values"]): int(v["counts"])
-                               for v in batch.column(0).value_counts().to_pylist()})
+                counts.update(
+                    {
+                        str(v["values"]): int(v["counts"])
+                        for v in batch.column(0).value_counts().to_pylist()
+                    }
+                )
     except FileNotFoundError:
         return None
     except (pa.ArrowInvalid, KeyError, TypeError, ValueError):  # not a change set

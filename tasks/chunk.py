@@ -94,8 +94,9 @@ def embed_chunk(
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
     try:
-        return run_chunk(spec, source, settings, reuse, dimensions, run_key, batches,
-                         logger=get_run_logger())
+        return run_chunk(
+            spec, source, settings, reuse, dimensions, run_key, batches, logger=get_run_logger()
+        )
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
 
@@ -122,35 +123,58 @@ def run_chunk(
     plan = reuse or ReusePlan()
     paid = PaidRequests(store, run_key, chunk_name(spec.object_key)) if run_key else None
     found = take_prefill(rows, plan)
-    found.merge(take_reused(store, rows, plan, model=settings.effective_model,
-                            dimensions=expected, run_key=run_key))
+    found.merge(
+        take_reused(
+            store, rows, plan, model=settings.effective_model, dimensions=expected, run_key=run_key
+        )
+    )
     if paid is not None and found.handed:  # kept as ours too, should this chunk fail
-        keep_handed(paid, [r for r in rows if r.row_number in found.handed], found.vectors,
-                    model=settings.effective_model, dimensions=settings.dimensions)
+        keep_handed(
+            paid,
+            [r for r in rows if r.row_number in found.handed],
+            found.vectors,
+            model=settings.effective_model,
+            dimensions=settings.dimensions,
+        )
     rest = [r for r in rows if r.row_number not in found.vectors]
     if paid is not None:  # an earlier attempt paid for these: not sent again
-        found.take_paid(take_paid(paid, rest, model=settings.effective_model,
-                                  dimensions=settings.dimensions, length=expected))
+        found.take_paid(
+            take_paid(
+                paid,
+                rest,
+                model=settings.effective_model,
+                dimensions=settings.dimensions,
+                length=expected,
+            )
+        )
         rest = [r for r in rest if r.row_number not in found.vectors]
     # the last request's vectors go straight into the object: written to the store only
     # if the chunk fails first (tasks/paid.py)
     with paid.keep_held_on_failure() if paid is not None else contextlib.nullcontext():
         send, copies = split_duplicates(rest)
         answers = _batch_answers(rows, settings, batches) if send else None
-        client = progress.counting((answers or build_embedder(settings)) if send else None,
-                                   spec.index)
+        client = progress.counting(
+            (answers or build_embedder(settings)) if send else None, spec.index
+        )
         # batch answers are kept by the provider (the rerun reads them again): nothing to keep
         embedded = _embed(send, client, settings, expected, paid if answers is None else None)
         if expected is None and embedded.rows:  # learned from the server's first answer
             stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
             if stale:  # vectors of an older length: this run's are the server's answers
                 client = client or progress.counting(build_embedder(settings), spec.index)
-                embedded = merged(embedded, _embed(stale, client, settings,
-                                                   int(embedded.vectors.shape[1]), paid))
+                embedded = merged(
+                    embedded, _embed(stale, client, settings, int(embedded.vectors.shape[1]), paid)
+                )
         inputs = len(embedded.rows)  # texts this attempt sent and got vectors for
         sent = inputs + len(found.paid)  # the server embedded these for the object
-        embedded = combine(rows, embedded, found, copies, model=settings.effective_model,
-                           dimensions=settings.dimensions)
+        embedded = combine(
+            rows,
+            embedded,
+            found,
+            copies,
+            model=settings.effective_model,
+            dimensions=settings.dimensions,
+        )
         if embedded.rows:
             dimensions = int(embedded.vectors.shape[1])
         else:
@@ -168,14 +192,25 @@ def run_chunk(
         )
     if paid is not None:
         paid.clear()  # published: what the failed attempts paid for is in the object now
-    outcome = replace(outcome, inputs=inputs, reused=found.reused,
-                      deduplicated=found.deduplicated, tokens_saved=found.tokens_saved,
-                      batch_tokens=answers.batch_tokens if answers is not None else 0,
-                      batch_inputs=answers.batch_inputs if answers is not None else 0)
-    logger.info("chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens%s",
-                spec.index, outcome.rows,
-                "" if outcome.created else " (object already existed)",
-                len(outcome.dead_letters), outcome.requests, outcome.tokens, _sources(found))
+    outcome = replace(
+        outcome,
+        inputs=inputs,
+        reused=found.reused,
+        deduplicated=found.deduplicated,
+        tokens_saved=found.tokens_saved,
+        batch_tokens=answers.batch_tokens if answers is not None else 0,
+        batch_inputs=answers.batch_inputs if answers is not None else 0,
+    )
+    logger.info(
+        "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens%s",
+        spec.index,
+        outcome.rows,
+        "" if outcome.created else " (object already existed)",
+        len(outcome.dead_letters),
+        outcome.requests,
+        outcome.tokens,
+        _sources(found),
+    )
     return outcome
 
 
@@ -187,24 +222,31 @@ def _sources(found: Reused) -> str:
     if found.paid:
         parts.append(f"{len(found.paid)} from requests an earlier attempt paid for")
     if found.reused or found.deduplicated:
-        parts.append(f"{found.reused} reused from earlier runs, {found.deduplicated} "
-                     "deduplicated in this run")
+        parts.append(
+            f"{found.reused} reused from earlier runs, {found.deduplicated} "
+            "deduplicated in this run"
+        )
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _batch_answers(rows: list[Row], settings: RunSettings,
-                   batches: ChunkBatches | None) -> BatchAnswers | None:
+def _batch_answers(
+    rows: list[Row], settings: RunSettings, batches: ChunkBatches | None
+) -> BatchAnswers | None:
     """Batch API mode: the chunk's batch results as its client (None in synchronous mode).
     With ``--batch-fallback sync``, texts no batch answered are sent synchronously."""
     if batches is None:
         return None
     fallback = (lambda: build_embedder(settings)) if settings.batch_fallback == "sync" else None
-    return batch_answers(rows, settings, batches, client=build_batch_client(settings),
-                         fallback=fallback)
+    return batch_answers(
+        rows, settings, batches, client=build_batch_client(settings), fallback=fallback
+    )
 
 
 def _embed(
-    rows: list[Row], client: Any, settings: RunSettings, expected: int | None,
+    rows: list[Row],
+    client: Any,
+    settings: RunSettings,
+    expected: int | None,
     paid: PaidRequests | None = None,
 ) -> EmbeddedRows:
     """``embed_rows`` with the run's settings; every answer must be ``expected`` long.
@@ -246,4 +288,3 @@ def warm_worker() -> int:
     import pyarrow.parquet  # noqa: F401       import lock for ~1 s (py-spy, 20,000 rows)
 
     return os.getpid()
-

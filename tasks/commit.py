@@ -119,34 +119,58 @@ def commit_run(
         space) is full.
     """
     dims = _dimensions(settings, store, done)
-    chunks = [ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
-              for o in sorted(done.values(), key=lambda o: o.index)]
+    chunks = [
+        ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
+        for o in sorted(done.values(), key=lambda o: o.index)
+    ]
     manifest = build_manifest(
-        run_key=run_key, plan=plan, embedder=settings.embedder,
-        model=settings.effective_model, dimensions=dims, chunks=chunks,
-        rows_failed=rows_failed, changes=None,
+        run_key=run_key,
+        plan=plan,
+        embedder=settings.embedder,
+        model=settings.effective_model,
+        dimensions=dims,
+        chunks=chunks,
+        rows_failed=rows_failed,
+        changes=None,
         dead_letters=Counter(d.reason for o in done.values() for d in o.dead_letters),
-        request_settings=settings.request_fingerprint, generation=generation,
+        request_settings=settings.request_fingerprint,
+        generation=generation,
         supersedes=supersedes,
     )
     fingerprint = run_fingerprint(done.values())
     if fingerprint is not None:
         manifest["rows_xor"] = fingerprint
-    base = latest_manifest(store, dimensions=dims, exclude_run_key=run_key,
-                           dataset=dataset_key(manifest))
-    same = (base is not None and fingerprint is not None and not settings.kept_columns
-            and base.get("rows_xor") == fingerprint
-            and base.get("rows_published") == manifest["rows_published"])
-    with (tempfile.TemporaryDirectory(dir=plan.scratch or _scratch_parent(settings),
-                                      prefix="commit-") as scratch,
-          translate_full(scratch, "change set's scratch directory")):
-        changes = write_changes(store, run_key=run_key, chunks=[c.to_dict() for c in chunks],
-                                base=base, kept_columns=settings.kept_columns,
-                                scratch_dir=Path(scratch), same_rows=same)
+    base = latest_manifest(
+        store, dimensions=dims, exclude_run_key=run_key, dataset=dataset_key(manifest)
+    )
+    same = (
+        base is not None
+        and fingerprint is not None
+        and not settings.kept_columns
+        and base.get("rows_xor") == fingerprint
+        and base.get("rows_published") == manifest["rows_published"]
+    )
+    with (
+        tempfile.TemporaryDirectory(
+            dir=plan.scratch or _scratch_parent(settings), prefix="commit-"
+        ) as scratch,
+        translate_full(scratch, "change set's scratch directory"),
+    ):
+        changes = write_changes(
+            store,
+            run_key=run_key,
+            chunks=[c.to_dict() for c in chunks],
+            base=base,
+            kept_columns=settings.kept_columns,
+            scratch_dir=Path(scratch),
+            same_rows=same,
+        )
     if base is not None and changes.base_run_key == str(base["run_key"]):
         check_delete_share(
-            changes.removed, sum(int(c["rows"]) for c in base["chunks"]),
-            settings.max_delete_fraction, kept="nothing committed, every chunk is kept",
+            changes.removed,
+            sum(int(c["rows"]) for c in base["chunks"]),
+            settings.max_delete_fraction,
+            kept="nothing committed, every chunk is kept",
             what=f"run {run_key[:12]}'s change set against run {str(base['run_key'])[:12]}",
         )
     manifest["changes"] = changes.to_dict()
@@ -156,8 +180,9 @@ def commit_run(
     return Committed(uri, created, manifest, changes, dims)
 
 
-def ledger_catches_up(ledger_path: str | os.PathLike[str], manifest: dict[str, Any],
-                      uri: str) -> bool:
+def ledger_catches_up(
+    ledger_path: str | os.PathLike[str], manifest: dict[str, Any], uri: str
+) -> bool:
     """Record in the ledger at ``ledger_path`` that the run of ``manifest`` (found in the
     store at ``uri``) is ``complete``, with its counts, if the ledger says otherwise.
 
@@ -174,7 +199,8 @@ def ledger_catches_up(ledger_path: str | os.PathLike[str], manifest: dict[str, A
         ledger = Ledger(ledger_path)
         try:
             return ledger.record_committed(
-                str(manifest["run_key"]), manifest_uri=uri,
+                str(manifest["run_key"]),
+                manifest_uri=uri,
                 rows_published=int(manifest["rows_published"]),
                 rows_failed=int(manifest["rows_failed"]),
             )

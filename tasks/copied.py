@@ -40,17 +40,31 @@ from tasks.publish import (
 __all__ = ["publish_copied"]
 
 
-def publish_copied(spec: ChunkSpec, source: InputSource, settings: RunSettings, *,
-                   store: ObjectStore, scratch: str | None, prefill: str | None,
-                   width: int | None, run_key: str | None, logger: Any) -> ChunkOutcome | None:
+def publish_copied(
+    spec: ChunkSpec,
+    source: InputSource,
+    settings: RunSettings,
+    *,
+    store: ObjectStore,
+    scratch: str | None,
+    prefill: str | None,
+    width: int | None,
+    run_key: str | None,
+    logger: Any,
+) -> ChunkOutcome | None:
     """Publish ``spec`` from planning's rows (``scratch``) and the copied vectors
     (``prefill``, ``width`` long); None when that cannot be done (module docstring).
 
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     :raises RetryableError, FatalError: the store failed.
     """
-    if (source.kept_columns or source.keep_text or scratch is None or prefill is None
-            or width is None):
+    if (
+        source.kept_columns
+        or source.keep_text
+        or scratch is None
+        or prefill is None
+        or width is None
+    ):
         return None
     batch = chunk_rows(scratch, spec.index)
     empty = batch.column("empty").to_numpy(zero_copy_only=False)
@@ -62,8 +76,10 @@ def publish_copied(spec: ChunkSpec, source: InputSource, settings: RunSettings, 
         return None
     model, dims = settings.effective_model, settings.dimensions
     ids = batch.column("id")
-    dead = [DeadLetter(spec.first_row + int(p), ids[int(p)].as_py(), EMPTY_TEXT)
-            for p in np.flatnonzero(empty)]
+    dead = [
+        DeadLetter(spec.first_row + int(p), ids[int(p)].as_py(), EMPTY_TEXT)
+        for p in np.flatnonzero(empty)
+    ]
     if dead:
         keep = pa.array(~empty)
         ids, hashes = ids.filter(keep), hashes.filter(keep)
@@ -71,26 +87,48 @@ def publish_copied(spec: ChunkSpec, source: InputSource, settings: RunSettings, 
     keys = hex_keys(raw)
     fingerprint = fold_fingerprint(np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32))
     kept = vectors[~empty] if dead else vectors
-    body = chunk_parquet_columns(spec, ids, hashes, keys, kept, dead, model=model,
-                                 dimensions=width, request_settings=settings.request_fingerprint,
-                                 rows_sent=0, rows_xor=fingerprint,
-                                 memory_pool=reusing_pool())
-    outcome = publish_body(store, spec, body, rows=len(ids), dead_letters=dead, model=model,
-                           dimensions=width, rows_sent=0, rows_xor=fingerprint)
+    body = chunk_parquet_columns(
+        spec,
+        ids,
+        hashes,
+        keys,
+        kept,
+        dead,
+        model=model,
+        dimensions=width,
+        request_settings=settings.request_fingerprint,
+        rows_sent=0,
+        rows_xor=fingerprint,
+        memory_pool=reusing_pool(),
+    )
+    outcome = publish_body(
+        store,
+        spec,
+        body,
+        rows=len(ids),
+        dead_letters=dead,
+        model=model,
+        dimensions=width,
+        rows_sent=0,
+        rows_xor=fingerprint,
+    )
     if run_key:  # requests an earlier attempt kept: in the object now, as run_chunk does
         PaidRequests(store, run_key, chunk_name(spec.object_key)).clear()
     sizes = batch.column("utf8_bytes").to_numpy()
     saved = int(np.maximum(1, np.ceil(sizes[~empty] / 3)).sum())
     # DEBUG: a line per copied chunk costs the API a log row each (the flow's summary and
     # artifact count them: "N rows reused")
-    logger.debug("chunk %d: %d rows published%s, %d dead letters, 0 requests (every row "
-                 "copied)", spec.index, outcome.rows,
-                 "" if outcome.created else " (object already existed)", len(dead))
+    logger.debug(
+        "chunk %d: %d rows published%s, %d dead letters, 0 requests (every row copied)",
+        spec.index,
+        outcome.rows,
+        "" if outcome.created else " (object already existed)",
+        len(dead),
+    )
     return replace(outcome, reused=len(ids), tokens_saved=saved)
 
 
-def _copies(prefill: Prefill, hashes: pa.Array, empty: np.ndarray, width: int
-            ) -> np.ndarray | None:
+def _copies(prefill: Prefill, hashes: pa.Array, empty: np.ndarray, width: int) -> np.ndarray | None:
     """The copied vectors in row order, float32 ``(len(hashes), width)`` (empty texts'
     rows unset); None unless every non-empty row has exactly one copy whose full hash is
     the planned one."""

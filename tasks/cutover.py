@@ -19,8 +19,14 @@ from adapters.sinks.factory import sink_uri_for_table
 from embedline.errors import FatalError, InputError
 from embedline.protocols import AliasState, AliasSwitch, VectorSink
 
-__all__ = ["CutoverResult", "alias_table", "check_loaded", "cut_over", "cutover_target",
-           "roll_back"]
+__all__ = [
+    "CutoverResult",
+    "alias_table",
+    "check_loaded",
+    "cut_over",
+    "cutover_target",
+    "roll_back",
+]
 
 _MAX_NAME_BYTES = 63  # PostgreSQL's identifier limit, the tightest of the stores
 
@@ -48,7 +54,7 @@ def alias_table(alias: str, model: str, dimensions: int) -> str:
     if len(name.encode()) <= _MAX_NAME_BYTES:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name.encode()[:_MAX_NAME_BYTES - 9].decode(errors='ignore')}_{digest}"
+    return f"{name.encode()[: _MAX_NAME_BYTES - 9].decode(errors='ignore')}_{digest}"
 
 
 def cutover_target(to: str, alias: str, manifest: dict[str, Any]) -> str:
@@ -81,8 +87,11 @@ def check_loaded(sink: VectorSink, manifest: dict[str, Any]) -> None:
         if found.model is not None and found.model != model:
             problems.append(f"its model is {found.model!r}, the run's {model!r}")
     if problems:
-        raise FatalError(f"{sink.identity} is not ready for the cutover: "
-                         + "; ".join(problems) + "; the alias still points where it did")
+        raise FatalError(
+            f"{sink.identity} is not ready for the cutover: "
+            + "; ".join(problems)
+            + "; the alias still points where it did"
+        )
 
 
 def cut_over(switch: AliasSwitch, table: str) -> CutoverResult:
@@ -90,8 +99,9 @@ def cut_over(switch: AliasSwitch, table: str) -> CutoverResult:
     before = switch.state()
     switch.switch(table)
     switched = before.current != table
-    return CutoverResult(switch.alias, table,
-                         before.current if switched else before.previous, switched)
+    return CutoverResult(
+        switch.alias, table, before.current if switched else before.previous, switched
+    )
 
 
 def roll_back(switch: AliasSwitch) -> CutoverResult:
@@ -103,7 +113,9 @@ def roll_back(switch: AliasSwitch) -> CutoverResult:
     if state.current is None:
         raise InputError(f"alias {switch.alias!r} does not exist: nothing to roll back")
     if state.previous is None:
-        raise InputError(f"alias {switch.alias!r} was never switched (it points at "
-                         f"{state.current}): nothing to roll back to")
+        raise InputError(
+            f"alias {switch.alias!r} was never switched (it points at "
+            f"{state.current}): nothing to roll back to"
+        )
     switch.switch(state.previous)
     return CutoverResult(switch.alias, state.previous, state.current, switched=True)

@@ -50,15 +50,18 @@ def with_lengths(
     non-empty object's Parquet footer where the outcome does not say (a chunk the ledger
     knew): one ranged read per such object, 16 at a time. An object gone from the store is
     left as it is (``missing_objects`` reports it)."""
-    todo = [o for o in outcomes.values() if o.rows and (o.dimensions is None or
-                                                        o.rows_xor is None)]
+    todo = [o for o in outcomes.values() if o.rows and (o.dimensions is None or o.rows_xor is None)]
     with ThreadPoolExecutor(_READ_THREADS) as pool:
         read = list(pool.map(lambda o: _footer(store, o.object_key), todo))
     filled = dict(outcomes)
     for outcome, found in zip(todo, read, strict=True):
         if found is not None:
-            filled[outcome.index] = replace(outcome, dimensions=found.dimensions,
-                                            rows_sent=found.rows_sent, rows_xor=found.rows_xor)
+            filled[outcome.index] = replace(
+                outcome,
+                dimensions=found.dimensions,
+                rows_sent=found.rows_sent,
+                rows_xor=found.rows_xor,
+            )
     return filled
 
 
@@ -108,7 +111,6 @@ class RunLength:
                 rows[o.dimensions] = (count + o.rows, max(first, -o.index))
         return max(rows, key=lambda length: rows[length]) if rows else None
 
-
     def refusal(self, done: Mapping[int, ChunkOutcome]) -> str | None:
         """Why the published chunks ``done`` (lengths filled in) cannot be committed
         together (``other_lengths_message``), or None when they can."""
@@ -138,21 +140,22 @@ def other_lengths(outcomes: Mapping[int, ChunkOutcome], length: int | None) -> l
     if length is None:
         return []
     return sorted(
-        i for i, o in outcomes.items()
+        i
+        for i, o in outcomes.items()
         if o.rows and o.dimensions is not None and o.dimensions != length
     )
 
 
-def other_lengths_message(
-    outcomes: Mapping[int, ChunkOutcome], off: list[int], length: int
-) -> str:
+def other_lengths_message(outcomes: Mapping[int, ChunkOutcome], off: list[int], length: int) -> str:
     """One line for a run that cannot commit because chunks ``off`` have another length."""
     first = outcomes[off[0]]
     more = f" (and {len(off) - 1} more)" if len(off) > 1 else ""
-    return (f"chunk {off[0]}{more} holds vectors of {first.dimensions} dimensions, the run's "
-            f"are {length}: the server changed the length of its answers during the run; "
-            "nothing committed. Rerun the same command to embed those chunks again at "
-            f"{length}, or pass --dimensions to pin one length")
+    return (
+        f"chunk {off[0]}{more} holds vectors of {first.dimensions} dimensions, the run's "
+        f"are {length}: the server changed the length of its answers during the run; "
+        "nothing committed. Rerun the same command to embed those chunks again at "
+        f"{length}, or pass --dimensions to pin one length"
+    )
 
 
 def checked_dimensions(
@@ -172,5 +175,6 @@ def checked_dimensions(
     if len(lengths) > 1:
         raise BadResponseError(
             f"refusing to commit: the run's chunk objects hold vectors of {sorted(lengths)} "
-            "dimensions; a manifest lists one length")
+            "dimensions; a manifest lists one length"
+        )
     return lengths.pop() if lengths else None

@@ -143,15 +143,19 @@ class _Embedder:
         assert client is not None  # a chunk with requests to send has a client
         try:
             result = client.embed(
-                [r.text for r in batch], idempotency_key=request_key(keys),
+                [r.text for r in batch],
+                idempotency_key=request_key(keys),
                 expect_dimensions=self.expected,
             )
         except EmbedlineError as exc:
             self.requests += exc.requests
             if isinstance(exc, RowError):
                 return exc
-            if (isinstance(exc, RetryableError) and exc.http_status == 500
-                    and not isinstance(exc, RetryLaterError)):
+            if (
+                isinstance(exc, RetryableError)
+                and exc.http_status == 500
+                and not isinstance(exc, RetryLaterError)
+            ):
                 return exc
             raise
         self.tokens += result.tokens
@@ -160,9 +164,14 @@ class _Embedder:
             self.expected = int(result.vectors.shape[1])  # later requests must agree
         self.accepted.append((len(batch), sum(estimate_tokens(r.text) for r in batch)))
         if self.paid is not None:  # paid for: kept before anything else can fail the chunk
-            self.paid.keep(keys, result.vectors, tokens=result.tokens,
-                           request_key=request_key(keys),
-                           text_hashes=[r.text_sha256 for r in batch], held=self.last_batch)
+            self.paid.keep(
+                keys,
+                result.vectors,
+                tokens=result.tokens,
+                request_key=request_key(keys),
+                text_hashes=[r.text_sha256 for r in batch],
+                held=self.last_batch,
+            )
         for row, vector in zip(batch, result.vectors, strict=True):
             self.vectors[row.row_number] = vector
         return None
@@ -191,12 +200,12 @@ class _Embedder:
         for i in range(min(2, len(batch))):
             error = self._try([batch[i]])
             if error is None:
-                return batch[i + 1:]
+                return batch[i + 1 :]
             if isinstance(error, RetryableError):
                 raise error  # a 500 for a lone row whose batch got a 4xx: not isolable here
             self._reject_lone(batch[i], error)
             if not self._nothing_accepted():
-                return batch[i + 1:]
+                return batch[i + 1 :]
         return batch[2:]
 
     def _reject_lone(self, row: Row, exc: RowError) -> None:
@@ -209,7 +218,8 @@ class _Embedder:
                     f"the server rejects every request, not one input (rows sent alone got "
                     f"the same answer as their batch): {exc.message}. Nothing was published "
                     "for this chunk; change the setting the server refuses (e.g. drop "
-                    "--dimensions) and rerun", http_status=exc.http_status,
+                    "--dimensions) and rerun",
+                    http_status=exc.http_status,
                 )
                 stop = getattr(self.client, "stop", None)
                 if stop is not None:
@@ -226,8 +236,10 @@ class _Embedder:
             return
         token_bound = "token" in exc.message.lower()
         self.caps.learn(
-            rejected=len(batch), inputs=max(n for n, _ in worked),
-            tokens=max(t for _, t in worked) if token_bound else None, status=exc.http_status,
+            rejected=len(batch),
+            inputs=max(n for n, _ in worked),
+            tokens=max(t for _, t in worked) if token_bound else None,
+            status=exc.http_status,
         )
 
     def _isolate_server_error(self, batch: list[Row], exc: RetryableError) -> None:
@@ -311,12 +323,18 @@ def embed_rows(
     if sendable and client is not None and client.whole_chunk:
         # an in-process model sorts the whole chunk by length itself: request batches would
         # only add padding and per-call overhead
-        batch_size, max_request_tokens = len(sendable), sum(estimate_tokens(r.text)
-                                                            for r in sendable)
+        batch_size, max_request_tokens = (
+            len(sendable),
+            sum(estimate_tokens(r.text) for r in sendable),
+        )
     try:
         done = 0
-        for batch in batches(sendable, batch_size=batch_size,
-                             max_request_tokens=max_request_tokens, caps=embedder.caps):
+        for batch in batches(
+            sendable,
+            batch_size=batch_size,
+            max_request_tokens=max_request_tokens,
+            caps=embedder.caps,
+        ):
             done += len(batch)
             embedder.last_batch = done == len(sendable)
             embedder.embed(batch)
@@ -339,9 +357,12 @@ def merged(first: EmbeddedRows, second: EmbeddedRows) -> EmbeddedRows:
     """Both results as one (rows of ``first``, then ``second``; ``combine`` restores input
     order). :raises BadResponseError: their vectors differ in length."""
     if not second.rows:
-        return dataclasses.replace(first, dead_letters=first.dead_letters + second.dead_letters,
-                                   tokens=first.tokens + second.tokens,
-                                   requests=first.requests + second.requests)
+        return dataclasses.replace(
+            first,
+            dead_letters=first.dead_letters + second.dead_letters,
+            tokens=first.tokens + second.tokens,
+            requests=first.requests + second.requests,
+        )
     return EmbeddedRows(
         rows=first.rows + second.rows,
         vectors=_stack([*first.vectors, *second.vectors], None),

@@ -19,20 +19,50 @@ from typing import Any
 
 from embedline.models import LoadSummary, RunSummary, run_cost
 
-__all__ = ["DEAD_LETTERS_EXCEEDED", "LOAD_COMPLETED", "RUN_COMMITTED", "THRESHOLD_VARIABLE",
-           "dead_letters_threshold", "emit_load_completed", "emit_run_committed",
-           "load_payload", "run_payload"]
+__all__ = [
+    "DEAD_LETTERS_EXCEEDED",
+    "LOAD_COMPLETED",
+    "RUN_COMMITTED",
+    "THRESHOLD_VARIABLE",
+    "dead_letters_threshold",
+    "emit_load_completed",
+    "emit_run_committed",
+    "load_payload",
+    "run_payload",
+]
 
 RUN_COMMITTED = "embedline.run.committed"
 LOAD_COMPLETED = "embedline.load.completed"
 DEAD_LETTERS_EXCEEDED = "embedline.run.dead-letters-exceeded"
 THRESHOLD_VARIABLE = "embedline_dead_letters_alert_threshold"
 
-_RUN_FIELDS = ("run_key", "output", "manifest_uri", "rows_total", "rows_published",
-               "rows_failed", "rows_reused", "rows_added", "rows_changed", "rows_removed",
-               "rows_unchanged", "tokens", "inputs", "generation")
-_LOAD_FIELDS = ("run_key", "sink", "mode", "rows_loaded", "rows_deleted", "rows_skipped",
-                "rows_failed", "chunks_total", "wall_s")
+_RUN_FIELDS = (
+    "run_key",
+    "output",
+    "manifest_uri",
+    "rows_total",
+    "rows_published",
+    "rows_failed",
+    "rows_reused",
+    "rows_added",
+    "rows_changed",
+    "rows_removed",
+    "rows_unchanged",
+    "tokens",
+    "inputs",
+    "generation",
+)
+_LOAD_FIELDS = (
+    "run_key",
+    "sink",
+    "mode",
+    "rows_loaded",
+    "rows_deleted",
+    "rows_skipped",
+    "rows_failed",
+    "chunks_total",
+    "wall_s",
+)
 
 
 def run_payload(summary: RunSummary) -> dict[str, Any]:
@@ -44,8 +74,11 @@ def run_payload(summary: RunSummary) -> dict[str, Any]:
     price = summary.price_per_million_tokens
     payload["batch_tokens"] = summary.batch_tokens
     payload["batch_inputs"] = summary.batch_inputs
-    payload["cost_usd"] = None if price is None else round(
-        run_cost(summary.tokens, summary.batch_tokens, price)[0], 6)  # batch tokens at half
+    payload["cost_usd"] = (
+        None
+        if price is None
+        else round(run_cost(summary.tokens, summary.batch_tokens, price)[0], 6)
+    )  # batch tokens at half
     return payload
 
 
@@ -55,8 +88,11 @@ def load_payload(summary: LoadSummary) -> dict[str, Any]:
     return {name: getattr(summary, name) for name in _LOAD_FIELDS}
 
 
-def emit_run_committed(summary: RunSummary, *, dead_letters_threshold: int | None = None,
-                       ) -> None:
+def emit_run_committed(
+    summary: RunSummary,
+    *,
+    dead_letters_threshold: int | None = None,
+) -> None:
     """Emit ``embedline.run.committed`` for ``summary`` (a committed run's); and
     ``embedline.run.dead-letters-exceeded`` too when its dead letters (rows) are above
     ``dead_letters_threshold`` (rows: the Prefect Variable read by ``dead_letters_threshold()``
@@ -66,12 +102,18 @@ def emit_run_committed(summary: RunSummary, *, dead_letters_threshold: int | Non
     payload = run_payload(summary)
     labels = {"embedline.output": str(summary.output)}
     resource = f"embedline.run.{summary.run_key}"
-    _emit(RUN_COMMITTED, resource, payload, labels,
-          event_id=_commit_event_id(RUN_COMMITTED, summary))
+    _emit(
+        RUN_COMMITTED, resource, payload, labels, event_id=_commit_event_id(RUN_COMMITTED, summary)
+    )
     threshold = dead_letters_threshold
     if threshold is not None and summary.rows_failed > threshold:
-        _emit(DEAD_LETTERS_EXCEEDED, resource, {**payload, "threshold": threshold}, labels,
-              event_id=_commit_event_id(DEAD_LETTERS_EXCEEDED, summary))
+        _emit(
+            DEAD_LETTERS_EXCEEDED,
+            resource,
+            {**payload, "threshold": threshold},
+            labels,
+            event_id=_commit_event_id(DEAD_LETTERS_EXCEEDED, summary),
+        )
 
 
 def _commit_event_id(event: str, summary: RunSummary) -> uuid.UUID:
@@ -105,8 +147,12 @@ def emit_load_completed(summary: LoadSummary) -> None:
     """Emit ``embedline.load.completed`` for ``summary`` (a load that ended with exit 0)."""
     if not _api_configured():
         return
-    _emit(LOAD_COMPLETED, f"embedline.run.{summary.run_key}", load_payload(summary),
-          {"embedline.sink": str(summary.sink)})
+    _emit(
+        LOAD_COMPLETED,
+        f"embedline.run.{summary.run_key}",
+        load_payload(summary),
+        {"embedline.sink": str(summary.sink)},
+    )
 
 
 def _api_configured() -> bool:
@@ -117,10 +163,20 @@ def _api_configured() -> bool:
     return bool(PREFECT_API_URL.value())
 
 
-def _emit(event: str, resource_id: str, payload: dict[str, Any], labels: dict[str, str], *,
-          event_id: uuid.UUID | None = None) -> None:
+def _emit(
+    event: str,
+    resource_id: str,
+    payload: dict[str, Any],
+    labels: dict[str, str],
+    *,
+    event_id: uuid.UUID | None = None,
+) -> None:
     from prefect.events import emit_event
 
     # Never fails the run: the events worker sends in the background and drops on error.
-    emit_event(event=event, resource={"prefect.resource.id": resource_id, **labels},
-               payload=payload, id=event_id)
+    emit_event(
+        event=event,
+        resource={"prefect.resource.id": resource_id, **labels},
+        payload=payload,
+        id=event_id,
+    )

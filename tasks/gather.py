@@ -76,11 +76,13 @@ class Prefill:
     bytes (``data``): ``take(rows)`` returns ``{row_number: vector}`` for the rows whose
     full text hash matches the copy."""
 
-    def __init__(self, width: int, *, path: str | None = None, data: bytes | None = None
-                 ) -> None:
+    def __init__(self, width: int, *, path: str | None = None, data: bytes | None = None) -> None:
         dtype = vector_dtype(width)
-        self.records = (np.frombuffer(data, dtype=dtype) if data is not None
-                        else np.fromfile(str(path), dtype=dtype))
+        self.records = (
+            np.frombuffer(data, dtype=dtype)
+            if data is not None
+            else np.fromfile(str(path), dtype=dtype)
+        )
 
     def take(self, rows: Sequence[Row]) -> dict[int, np.ndarray]:
         """Vectors (float32 ``(width,)``) by ``Row.row_number`` for ``rows`` (the chunk's
@@ -88,14 +90,23 @@ class Prefill:
         records = self.records[self.records["position"] < len(rows)]
         positions = records["position"].astype(np.int64)
         expected = bytes.fromhex("".join(rows[p].text_sha256 for p in positions))
-        same = (records["sha256"] == np.frombuffer(expected, dtype=np.uint8).reshape(-1, 32)
-                ).all(axis=1)
-        return {rows[int(p)].row_number: v
-                for p, v in zip(positions[same], records["vector"][same], strict=True)}
+        same = (records["sha256"] == np.frombuffer(expected, dtype=np.uint8).reshape(-1, 32)).all(
+            axis=1
+        )
+        return {
+            rows[int(p)].row_number: v
+            for p, v in zip(positions[same], records["vector"][same], strict=True)
+        }
 
 
-def gather(store: ObjectStore, joined: JoinResult, directory: Path, *,
-           length: int | None, chunks_total: int) -> Gathered:
+def gather(
+    store: ObjectStore,
+    joined: JoinResult,
+    directory: Path,
+    *,
+    length: int | None,
+    chunks_total: int,
+) -> Gathered:
     """Copy every planned row's vector into its chunk's file under ``directory``/vectors
     (module docstring).
 
@@ -117,8 +128,11 @@ def gather(store: ObjectStore, joined: JoinResult, directory: Path, *,
                 continue  # another length: these rows are sent
             if spill is None:
                 dtype = vector_dtype(out.width)
-                spill = Spill(out.directory, dtype,
-                              buffer_rows=max(1024, _ROUTE_BUFFER_BYTES // dtype.itemsize))
+                spill = Spill(
+                    out.directory,
+                    dtype,
+                    buffer_rows=max(1024, _ROUTE_BUFFER_BYTES // dtype.itemsize),
+                )
             copied = _route(spill, needs, table, out.width)
             np.add.at(out.copied, copied["chunk"].astype(np.int64), 1)
             out.rows += len(copied)
@@ -153,8 +167,9 @@ def _route(spill: Spill, needs: np.ndarray, table: pa.Table, width: int) -> np.n
     return needs
 
 
-def _read_each_once(pool: ThreadPoolExecutor, store: ObjectStore, joined: JoinResult
-                    ) -> Iterator[tuple[int, np.ndarray, pa.Table | None]]:
+def _read_each_once(
+    pool: ThreadPoolExecutor, store: ObjectStore, joined: JoinResult
+) -> Iterator[tuple[int, np.ndarray, pa.Table | None]]:
     """``(source number, its needs, its table or None)`` for every source with needs, each
     read once, in source order; reads overlap up to ``READERS`` and ``BUDGET_BYTES``."""
     pending: list[tuple[int, np.ndarray, Future[pa.Table | None], int]] = []
@@ -192,8 +207,9 @@ def _read_source(store: ObjectStore, source: Source) -> pa.Table | None:
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, pa.ArrowException) as exc:
-        logger.warning("not reusing rows of %s, which cannot be read: %s", source.key,
-                       type(exc).__name__)
+        logger.warning(
+            "not reusing rows of %s, which cannot be read: %s", source.key, type(exc).__name__
+        )
         return None
     except EmbedlineError:
         raise

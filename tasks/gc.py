@@ -154,7 +154,7 @@ def _paid_kept(key: str, protected: set[str]) -> bool:
 
 def _paid_published(key: str, published: set[str]) -> bool:
     """Whether ``key`` is a paid request of a chunk whose object exists."""
-    parts = key[len(PAID_PREFIX):].split("/")
+    parts = key[len(PAID_PREFIX) :].split("/")
     return paid_run_key(key) is not None and parts[1] in published
 
 
@@ -200,8 +200,12 @@ class GcPlan:
 
     def groups(self) -> dict[str, list[ObjectInfo]]:
         """Deletions by kind (``manifests``, ``chunks``, ``changes``, ``stale``)."""
-        return {"manifests": self.manifests, "chunks": self.chunks, "changes": self.changes,
-                "stale": self.stale}
+        return {
+            "manifests": self.manifests,
+            "chunks": self.chunks,
+            "changes": self.changes,
+            "stale": self.stale,
+        }
 
     def totals(self) -> tuple[int, int]:
         """(objects, bytes) to delete, temp files not included."""
@@ -210,7 +214,9 @@ class GcPlan:
 
 
 def _kept_manifests(
-    manifests: Sequence[dict[str, Any]], keep_runs: int | None, older_than_s: float | None,
+    manifests: Sequence[dict[str, Any]],
+    keep_runs: int | None,
+    older_than_s: float | None,
     now: float,
 ) -> tuple[list[dict[str, Any]], list[DatasetRetention]]:
     """(manifests kept, per-dataset retention): the rules apply within each dataset."""
@@ -279,8 +285,11 @@ def plan_gc(
     _pin(plan, protected)
     published: set[str] = set()
     seen = 0  # objects under manifests/, chunks/ and changes/
-    for prefix, bucket in (("manifests/", plan.manifests), ("chunks/", plan.chunks),
-                           ("changes/", plan.changes)):
+    for prefix, bucket in (
+        ("manifests/", plan.manifests),
+        ("chunks/", plan.chunks),
+        ("changes/", plan.changes),
+    ):
         for info in store.list(prefix):
             seen += 1
             if prefix == "chunks/":
@@ -293,31 +302,49 @@ def plan_gc(
                 bucket.append(info)
     listed = list(store.list(SCRATCH_PREFIX))
     if not seen and not listed:  # _embedline/ alone: a first run in progress is an output
-        raise InputError(f"{store.uri} holds no embedline output (nothing under manifests/, "
-                         "chunks/, changes/ or _embedline/): check the path")
+        raise InputError(
+            f"{store.uri} holds no embedline output (nothing under manifests/, "
+            "chunks/, changes/ or _embedline/): check the path"
+        )
     plan.stale = stale_leases + [
-        i for i in listed
-        if not i.key.startswith(LEASE_PREFIXES) and not _paid_kept(i.key, protected)
-        and (i.modified < cutoff or _paid_published(i.key, published))]
+        i
+        for i in listed
+        if not i.key.startswith(LEASE_PREFIXES)
+        and not _paid_kept(i.key, protected)
+        and (i.modified < cutoff or _paid_published(i.key, published))
+    ]
     return plan
 
 
 def collect(
-    store: ObjectStore, plan: GcPlan, *, ledger: Ledger | None, grace_s: float,
+    store: ObjectStore,
+    plan: GcPlan,
+    *,
+    ledger: Ledger | None,
+    grace_s: float,
     now: float | None = None,
 ) -> GcPlan:
     """Carry out ``plan``: delete its objects (leases first re-read), sweep temp files,
     and drop the ledger rows that referred to deleted objects. Returns what was deleted."""
     now = time.time() if now is None else now
     protected, _ = _live_leases(store, now - grace_s, now)  # a run or load started meanwhile
-    done = GcPlan(kept_runs=plan.kept_runs, datasets=plan.datasets, leased=plan.leased,
-                  stale=[i for i in plan.stale if not _paid_kept(i.key, protected)])
+    done = GcPlan(
+        kept_runs=plan.kept_runs,
+        datasets=plan.datasets,
+        leased=plan.leased,
+        stale=[i for i in plan.stale if not _paid_kept(i.key, protected)],
+    )
     done.chunks = [i for i in plan.chunks if not _leased(i.key, protected)]
     done.changes = [i for i in plan.changes if not _leased(i.key, protected)]
     done.manifests = [i for i in plan.manifests if not _leased(i.key, protected)]
-    done.leased += sum(len(planned) - len(kept) for planned, kept in (
-        (plan.chunks, done.chunks), (plan.changes, done.changes),
-        (plan.manifests, done.manifests)))
+    done.leased += sum(
+        len(planned) - len(kept)
+        for planned, kept in (
+            (plan.chunks, done.chunks),
+            (plan.changes, done.changes),
+            (plan.manifests, done.manifests),
+        )
+    )
     _pin(done, protected)
     for group in (done.manifests, done.changes, done.chunks, done.stale):
         for info in group:
@@ -325,7 +352,8 @@ def collect(
     done.temp_files = store.sweep_temp_files(grace_s)
     if ledger is not None:
         ledger.forget_collected(
-            store.uri, object_keys=[i.key for i in done.chunks],
+            store.uri,
+            object_keys=[i.key for i in done.chunks],
             object_uris=[store.uri_for(i.key) for i in done.chunks],
             manifest_uris=[store.uri_for(i.key) for i in done.manifests],
         )

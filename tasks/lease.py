@@ -62,7 +62,12 @@ def owner_tag(owner: str) -> str:
 
 
 def write_lease(
-    store: ObjectStore, key: str, run_key: str, objects: Sequence[str], *, expires_at: float,
+    store: ObjectStore,
+    key: str,
+    run_key: str,
+    objects: Sequence[str],
+    *,
+    expires_at: float,
 ) -> str:
     """Create the lease object ``key`` listing ``objects`` (keys gc must keep) until
     ``expires_at`` (Unix s); return ``key``.
@@ -70,11 +75,16 @@ def write_lease(
     :raises ConflictError: the key exists with other bytes.
     :raises EmbedlineError: the store refused the write (its class says why).
     """
-    record: dict[str, Any] = {"run_key": run_key, "started_at": time.time(),
-                              "objects": list(objects), "expires_at": expires_at}
+    record: dict[str, Any] = {
+        "run_key": run_key,
+        "started_at": time.time(),
+        "objects": list(objects),
+        "expires_at": expires_at,
+    }
     body = json.dumps(record).encode()
-    store.put_if_absent(key, body, sha256=hashlib.sha256(body).hexdigest(),
-                        content_type="application/json")
+    store.put_if_absent(
+        key, body, sha256=hashlib.sha256(body).hexdigest(), content_type="application/json"
+    )
     return key
 
 
@@ -109,8 +119,9 @@ def held_lease(
         start unprotected; the store's error says why).
     """
     stem = f"{prefix}{run_key}.{owner_tag(new_owner())}"
-    current = [write_lease(store, f"{stem}.{0:06d}.json", run_key, objects,
-                           expires_at=time.time() + ttl_s)]
+    current = [
+        write_lease(store, f"{stem}.{0:06d}.json", run_key, objects, expires_at=time.time() + ttl_s)
+    ]
     stop = threading.Event()
 
     def renew() -> None:
@@ -118,8 +129,13 @@ def held_lease(
         while not stop.wait(renew_s):
             generation += 1
             try:
-                key = write_lease(store, f"{stem}.{generation:06d}.json", run_key, objects,
-                                  expires_at=time.time() + ttl_s)
+                key = write_lease(
+                    store,
+                    f"{stem}.{generation:06d}.json",
+                    run_key,
+                    objects,
+                    expires_at=time.time() + ttl_s,
+                )
                 old, current[0] = current[0], key
                 drop_lease(store, old)
             except (EmbedlineError, OSError) as exc:

@@ -78,8 +78,9 @@ def rows_to_load(table: pa.Table, upsert_ids: frozenset[str] | None) -> pa.Table
     """The rows of a chunk to upsert: all of them, or those whose id is in ``upsert_ids``."""
     if upsert_ids is None:
         return table
-    return table.filter(pc.is_in(table.column("id"), pa.array(sorted(upsert_ids),
-                                                               type=pa.string())))
+    return table.filter(
+        pc.is_in(table.column("id"), pa.array(sorted(upsert_ids), type=pa.string()))
+    )
 
 
 @task(
@@ -88,8 +89,9 @@ def rows_to_load(table: pa.Table, upsert_ids: frozenset[str] | None) -> pa.Table
     cache_policy=NO_CACHE,
     retry_condition_fn=retry_condition,
 )
-def load_chunk(chunk: ManifestChunk, job: LoadJob,
-               ids: frozenset[str] | None = None) -> LoadedChunk:
+def load_chunk(
+    chunk: ManifestChunk, job: LoadJob, ids: frozenset[str] | None = None
+) -> LoadedChunk:
     """Upsert chunk ``chunk`` of run ``job.run_key`` into ``job.sink`` (only the rows whose
     id is in ``ids``, when given: those the sink lacks); return rows written and the rows
     the sink refused for good (load dead letters).
@@ -103,11 +105,23 @@ def load_chunk(chunk: ManifestChunk, job: LoadJob,
     sink = sink_for(job.sink)
     table = rows_to_load(chunk_table(store_for(job.output), chunk.to_dict(), job.columns), ids)
     result = sink.upsert(table, run_key=job.run_key)
-    dead = tuple(LoadDeadLetter(chunk.index, row_id, reason, state, message)
-                 for _, row_id, reason, state, message in result.refused)
-    logger.info("chunk %d: %d of %d rows upserted into %s", chunk.index, result.rows,
-                chunk.rows, sink.identity)
+    dead = tuple(
+        LoadDeadLetter(chunk.index, row_id, reason, state, message)
+        for _, row_id, reason, state, message in result.refused
+    )
+    logger.info(
+        "chunk %d: %d of %d rows upserted into %s",
+        chunk.index,
+        result.rows,
+        chunk.rows,
+        sink.identity,
+    )
     for d in dead:
-        logger.warning("chunk %d: row id %s refused by the sink for good (%s: %s)",
-                       chunk.index, shown_id(d.id), d.reason, d.message)
+        logger.warning(
+            "chunk %d: row id %s refused by the sink for good (%s: %s)",
+            chunk.index,
+            shown_id(d.id),
+            d.reason,
+            d.message,
+        )
     return LoadedChunk(result.rows, dead)

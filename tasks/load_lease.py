@@ -51,7 +51,13 @@ def load_lease(
     :raises EmbedlineError: the first lease cannot be written (the load must not start
         unprotected; the store's error says why).
     """
-    with held_lease(store, LOAD_LEASE_PREFIX, str(manifest["run_key"]),
-                    load_lease_objects(manifest), ttl_s=ttl_s, renew_s=renew_s,
-                    log=log) as key:
+    with held_lease(
+        store,
+        LOAD_LEASE_PREFIX,
+        str(manifest["run_key"]),
+        load_lease_objects(manifest),
+        ttl_s=ttl_s,
+        renew_s=renew_s,
+        log=log,
+    ) as key:
         yield key

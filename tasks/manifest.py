@@ -167,8 +167,15 @@ def created_at(manifest: dict[str, Any]) -> datetime:
 #: "Retention"): the input
 #: columns read, how the text is built and what is kept, the model and the vector length.
 #: Fields a manifest does not record (older formats) count as None.
-DATASET_FIELDS = ("id_column", "text_column", "text_template", "keep_columns", "kept_columns",
-                  "model", "dimensions")
+DATASET_FIELDS = (
+    "id_column",
+    "text_column",
+    "text_template",
+    "keep_columns",
+    "kept_columns",
+    "model",
+    "dimensions",
+)
 
 
 def dataset_key(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -179,8 +186,9 @@ def dataset_key(manifest: dict[str, Any]) -> dict[str, Any]:
     None, as in manifests without those fields, so plain runs are one dataset whether their
     manifests have the fields or not."""
     values = {f: manifest.get(f) for f in DATASET_FIELDS}
-    if values["text_column"] is not None and \
-            values["text_template"] == placeholder(str(values["text_column"])):
+    if values["text_column"] is not None and values["text_template"] == placeholder(
+        str(values["text_column"])
+    ):
         values["text_template"] = None
     values["kept_columns"] = values["kept_columns"] or values["keep_columns"] or None
     values["keep_columns"] = None
@@ -212,8 +220,12 @@ def latest_manifest(
     This is "the previous committed run" of a change set (docs/reference/output-layout.md) and the
     default run of readers. Lists ``manifests/`` and reads each (small JSON objects).
     """
-    wanted = {"id_column": id_column, "text_column": text_column, "model": model,
-              "dimensions": dimensions}
+    wanted = {
+        "id_column": id_column,
+        "text_column": text_column,
+        "model": model,
+        "dimensions": dimensions,
+    }
     best: dict[str, Any] | None = None
     for manifest in list_manifests(store):
         if manifest["run_key"] == exclude_run_key:
@@ -223,7 +235,8 @@ def latest_manifest(
         if dataset is not None and dataset_key(manifest) != dataset:
             continue
         if best is None or (created_at(manifest), manifest["run_key"]) > (
-            created_at(best), best["run_key"]
+            created_at(best),
+            best["run_key"],
         ):
             best = manifest
     return best
@@ -233,7 +246,8 @@ def already_complete_fields(manifest: dict[str, Any]) -> dict[str, Any]:
     """The ``RunSummary`` fields of a run found already committed (status
     ``already_complete``, exit 0): its counts from ``manifest``; nothing embedded or written."""
     return dict(
-        exit_code=0, status="already_complete",
+        exit_code=0,
+        status="already_complete",
         message="the run's manifest already exists: nothing to do",
         rows_total=int(manifest["input"]["rows"]),
         rows_published=int(manifest["rows_published"]),
@@ -250,8 +264,11 @@ def change_fields(manifest: dict[str, Any]) -> dict[str, Any]:
     changes = manifest.get("changes")
     if not changes:
         return {}
-    return {"rows_added": int(changes["added"]), "rows_changed": int(changes["changed"]),
-            "rows_removed": int(changes["removed"]),
-            "rows_unchanged": int(changes["unchanged"]),
-            "changes_object": str(changes["object"]),
-            "changes_base": changes.get("base_run_key")}
+    return {
+        "rows_added": int(changes["added"]),
+        "rows_changed": int(changes["changed"]),
+        "rows_removed": int(changes["removed"]),
+        "rows_unchanged": int(changes["unchanged"]),
+        "changes_object": str(changes["object"]),
+        "changes_base": changes.get("base_run_key"),
+    }

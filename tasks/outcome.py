@@ -47,8 +47,10 @@ class ChunkFailure:
 def status_for(exc: BaseException) -> ChunkFailure:
     """Classify ``exc`` (raised by a chunk task) into a ``ChunkFailure``."""
     text = f"{type(exc).__name__}: {exc}"
-    cost = {"requests": int(getattr(exc, "requests", 0) or 0),
-            "tokens": int(getattr(exc, "tokens", 0) or 0)}
+    cost = {
+        "requests": int(getattr(exc, "requests", 0) or 0),
+        "tokens": int(getattr(exc, "tokens", 0) or 0),
+    }
     if isinstance(exc, FatalError):
         return ChunkFailure("fatal", text, expected=True, **cost)
     if isinstance(exc, InputError):

@@ -99,7 +99,7 @@ def paid_run_key(key: str) -> str | None:
     """The run key of a kept request's object key, or None for any other key."""
     if not key.startswith(PAID_PREFIX):
         return None
-    parts = key[len(PAID_PREFIX):].split("/")
+    parts = key[len(PAID_PREFIX) :].split("/")
     return parts[0] if len(parts) == 3 and parts[0] else None
 
 
@@ -157,8 +157,10 @@ class PaidRequests:
         matrix = np.ascontiguousarray(vectors, dtype=np.float32)
         hashes = list(text_hashes) if text_hashes is not None else [""] * len(row_keys)
         if matrix.ndim != 2 or matrix.shape[0] != len(row_keys) or len(hashes) != len(row_keys):
-            raise ValueError(f"keep(): {len(row_keys)} row keys, {len(hashes)} text hashes, "
-                             f"vectors of shape {matrix.shape}")
+            raise ValueError(
+                f"keep(): {len(row_keys)} row keys, {len(hashes)} text hashes, "
+                f"vectors of shape {matrix.shape}"
+            )
         if not row_keys:
             return
         kept = _Kept(list(row_keys), hashes, matrix, int(tokens))
@@ -186,8 +188,11 @@ class PaidRequests:
         try:
             self.store.put_if_absent(key, body, sha256=_sha256(body), content_type=_PARQUET)
         except (EmbedlineError, OSError) as exc:  # ConflictError: kept before, other bytes
-            logger.warning("could not keep a paid request under %s (it may be paid again): "
-                           "%s", self.prefix, type(exc).__name__)
+            logger.warning(
+                "could not keep a paid request under %s (it may be paid again): %s",
+                self.prefix,
+                type(exc).__name__,
+            )
             return
         self._written[key] = kept
 
@@ -243,8 +248,9 @@ class PaidRequests:
         try:
             listed = [i.key for i in self.store.list(self.prefix)]
         except (EmbedlineError, OSError) as exc:
-            logger.warning("could not list the paid requests under %s: %s", self.prefix,
-                           type(exc).__name__)
+            logger.warning(
+                "could not list the paid requests under %s: %s", self.prefix, type(exc).__name__
+            )
             listed = []
         keys = [k for k in listed if k.endswith(".parquet")]
         self._marks = [k for k in listed if not k.endswith(".parquet")]
@@ -256,14 +262,19 @@ class PaidRequests:
             except FileNotFoundError:
                 continue  # cleared meanwhile: its chunk was published
             except (EmbedlineError, OSError, ValueError, KeyError, pa.ArrowException) as exc:
-                logger.warning("skipping an unreadable paid request %s: %s", key,
-                               type(exc).__name__)
+                logger.warning(
+                    "skipping an unreadable paid request %s: %s", key, type(exc).__name__
+                )
         self._read = read
         return read
 
 
 def keep_handed(
-    paid: PaidRequests, rows: Sequence[Row], vectors: dict[int, np.ndarray], *, model: str,
+    paid: PaidRequests,
+    rows: Sequence[Row],
+    vectors: dict[int, np.ndarray],
+    *,
+    model: str,
     dimensions: int | None,
 ) -> None:
     """Keep, as this chunk's own, the vectors of ``rows`` it took from another chunk's kept
@@ -273,13 +284,21 @@ def keep_handed(
     if len({len(vectors[r.row_number]) for r in rows}) != 1:
         return  # of two lengths (the run's is not known yet): not kept, at worst paid again
     keys = [row_key(r.id, r.text_sha256, model, dimensions) for r in rows]
-    paid.keep(keys, np.stack([vectors[r.row_number] for r in rows]), tokens=0,
-              request_key=request_key(["handed over", *keys]),
-              text_hashes=[r.text_sha256 for r in rows])
+    paid.keep(
+        keys,
+        np.stack([vectors[r.row_number] for r in rows]),
+        tokens=0,
+        request_key=request_key(["handed over", *keys]),
+        text_hashes=[r.text_sha256 for r in rows],
+    )
 
 
 def take_paid(
-    paid: PaidRequests, rows: Sequence[Row], *, model: str, dimensions: int | None,
+    paid: PaidRequests,
+    rows: Sequence[Row],
+    *,
+    model: str,
+    dimensions: int | None,
     length: int | None,
 ) -> dict[int, np.ndarray]:
     """Vectors (float32, by ``row_number``) of the ``rows`` a kept request of this chunk
@@ -316,19 +335,23 @@ def _sha256(body: bytes) -> str:
 
 def _encode(kept: _Kept, request_key: str) -> bytes:
     dims = int(kept.vectors.shape[1])
-    embedding = pa.FixedSizeListArray.from_arrays(pa.array(kept.vectors.reshape(-1),
-                                                            pa.float32()), dims)
-    table = pa.table({"row_key": pa.array(kept.row_keys, pa.string()),
-                      "text_sha256": pa.array(kept.text_hashes, pa.string()),
-                      "embedding": embedding})
+    embedding = pa.FixedSizeListArray.from_arrays(
+        pa.array(kept.vectors.reshape(-1), pa.float32()), dims
+    )
+    table = pa.table(
+        {
+            "row_key": pa.array(kept.row_keys, pa.string()),
+            "text_sha256": pa.array(kept.text_hashes, pa.string()),
+            "embedding": embedding,
+        }
+    )
     meta = {"tokens": kept.tokens, "request_key": request_key, "dimensions": dims}
     table = table.replace_schema_metadata({_META: json.dumps(meta).encode()})
     buf = io.BytesIO()
     # No dictionary encoding, no statistics: Parquet's defaults hashed every float of the
     # request into a dictionary that is then abandoned (30 ms a request of 1,000 x 384,
     # against 2.5 ms; 2 s of the CLI's 9 s of CPU for the English file).
-    pq.write_table(table, buf, compression="none", use_dictionary=False,
-                   write_statistics=False)
+    pq.write_table(table, buf, compression="none", use_dictionary=False, write_statistics=False)
     return buf.getvalue()
 
 
@@ -339,5 +362,9 @@ def _decode(body: bytes) -> _Kept:
     embedding = table["embedding"].combine_chunks()
     width = embedding.type.list_size
     flat = embedding.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-    return _Kept(table["row_key"].to_pylist(), table["text_sha256"].to_pylist(),
-                 flat.reshape(-1, width), int(meta["tokens"]))
+    return _Kept(
+        table["row_key"].to_pylist(),
+        table["text_sha256"].to_pylist(),
+        flat.reshape(-1, width),
+        int(meta["tokens"]),
+    )

@@ -24,6 +24,10 @@ def plan_input(settings: RunSettings) -> InputPlan:
         logger.info("read %s as: %s", plan.source.name, plan.source.note)
     logger.info(
         "planned %s: %d rows, %d bytes, %d chunks of up to %d rows",
-        plan.source.name, plan.rows, plan.bytes, len(plan.chunks), settings.chunk_size,
+        plan.source.name,
+        plan.rows,
+        plan.bytes,
+        len(plan.chunks),
+        settings.chunk_size,
     )
     return plan

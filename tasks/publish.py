@@ -61,9 +61,15 @@ class ChunkMetadata:
 
 
 def chunk_parquet(
-    spec: ChunkSpec, embedded: EmbeddedRows, *, model: str, dimensions: int,
-    request_settings: str = "", rows_sent: int | None = None,
-    kept_columns: Sequence[str] = (), keep_text: bool = False,
+    spec: ChunkSpec,
+    embedded: EmbeddedRows,
+    *,
+    model: str,
+    dimensions: int,
+    request_settings: str = "",
+    rows_sent: int | None = None,
+    kept_columns: Sequence[str] = (),
+    keep_text: bool = False,
 ) -> bytes:
     """Return the chunk's Parquet bytes (deterministic for the same vectors).
 
@@ -80,17 +86,34 @@ def chunk_parquet(
     if keep_text:
         extra["text"] = [r.text for r in rows]
     return chunk_parquet_columns(
-        spec, [r.id for r in rows], [r.text_sha256 for r in rows], embedded.row_keys,
-        embedded.vectors, embedded.dead_letters, model=model, dimensions=dimensions,
-        request_settings=request_settings, rows_sent=rows_sent, extra=extra)
+        spec,
+        [r.id for r in rows],
+        [r.text_sha256 for r in rows],
+        embedded.row_keys,
+        embedded.vectors,
+        embedded.dead_letters,
+        model=model,
+        dimensions=dimensions,
+        request_settings=request_settings,
+        rows_sent=rows_sent,
+        extra=extra,
+    )
 
 
 def chunk_parquet_columns(
-    spec: ChunkSpec, ids: Sequence[str] | pa.Array, text_hashes: Sequence[str] | pa.Array,
+    spec: ChunkSpec,
+    ids: Sequence[str] | pa.Array,
+    text_hashes: Sequence[str] | pa.Array,
     row_keys: Sequence[str] | pa.Array,
-    vectors: np.ndarray, dead_letters: Sequence[DeadLetter], *, model: str, dimensions: int,
-    request_settings: str = "", rows_sent: int | None = None,
-    extra: dict[str, list[str]] | None = None, rows_xor: str | None = None,
+    vectors: np.ndarray,
+    dead_letters: Sequence[DeadLetter],
+    *,
+    model: str,
+    dimensions: int,
+    request_settings: str = "",
+    rows_sent: int | None = None,
+    extra: dict[str, list[str]] | None = None,
+    rows_xor: str | None = None,
     memory_pool: pa.MemoryPool | None = None,
 ) -> bytes:
     """``chunk_parquet`` from its columns: ``ids``, ``text_hashes`` and ``row_keys`` (one
@@ -151,8 +174,15 @@ def chunk_parquet_columns(
     # write_batch_size counts the embedding's floats: at the default 1,024, a 5,000 x 64
     # chunk is written in 313 batches; at 64Ki in 5, a quarter less CPU (4.0 -> 3.1 ms),
     # the same bytes.
-    pq.write_table(table, sink, compression=codecs, use_dictionary=False,
-                   write_statistics=["id"], memory_pool=pool, write_batch_size=1 << 16)
+    pq.write_table(
+        table,
+        sink,
+        compression=codecs,
+        use_dictionary=False,
+        write_statistics=["id"],
+        memory_pool=pool,
+        write_batch_size=1 << 16,
+    )
     body: bytes = sink.getvalue().to_pybytes()
     return body
 
@@ -193,8 +223,9 @@ def hex_keys(raw: bytes) -> pa.Array:
     back (``embedline.keys.row_key_digests``): one ``bytes.hex`` for all of them."""
     n = len(raw) // 32
     offsets = np.arange(0, 64 * n + 1, 64, dtype=np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets),
-                                       pa.py_buffer(raw.hex().encode("ascii")))
+    return pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(raw.hex().encode("ascii"))
+    )
 
 
 def _strings(values: Sequence[str] | pa.Array) -> pa.Array:
@@ -257,19 +288,44 @@ def publish_chunk(
     :raises ConflictError: the key holds an object that is not this chunk.
     :raises BadResponseError: NaN/Inf in the vectors.
     """
-    body = chunk_parquet(spec, embedded, model=model, dimensions=dimensions,
-                         request_settings=request_settings, rows_sent=rows_sent,
-                         kept_columns=kept_columns, keep_text=keep_text)
-    return publish_body(store, spec, body, rows=len(embedded.rows),
-                        dead_letters=embedded.dead_letters, model=model, dimensions=dimensions,
-                        tokens=embedded.tokens, requests=embedded.requests, rows_sent=rows_sent,
-                        rows_xor=rows_fingerprint(embedded.row_keys))
+    body = chunk_parquet(
+        spec,
+        embedded,
+        model=model,
+        dimensions=dimensions,
+        request_settings=request_settings,
+        rows_sent=rows_sent,
+        kept_columns=kept_columns,
+        keep_text=keep_text,
+    )
+    return publish_body(
+        store,
+        spec,
+        body,
+        rows=len(embedded.rows),
+        dead_letters=embedded.dead_letters,
+        model=model,
+        dimensions=dimensions,
+        tokens=embedded.tokens,
+        requests=embedded.requests,
+        rows_sent=rows_sent,
+        rows_xor=rows_fingerprint(embedded.row_keys),
+    )
 
 
 def publish_body(
-    store: ObjectStore, spec: ChunkSpec, body: bytes, *, rows: int,
-    dead_letters: Sequence[DeadLetter], model: str, dimensions: int, tokens: int = 0,
-    requests: int = 0, rows_sent: int | None = None, rows_xor: str | None = None,
+    store: ObjectStore,
+    spec: ChunkSpec,
+    body: bytes,
+    *,
+    rows: int,
+    dead_letters: Sequence[DeadLetter],
+    model: str,
+    dimensions: int,
+    tokens: int = 0,
+    requests: int = 0,
+    rows_sent: int | None = None,
+    rows_xor: str | None = None,
 ) -> ChunkOutcome:
     """``publish_chunk`` of a chunk object already built (``chunk_parquet`` or
     ``chunk_parquet_columns``) holding ``rows`` rows (``rows_xor``: their fingerprint, as
@@ -363,6 +419,7 @@ def ensure_conditional_writes(store: ObjectStore, *, allow_unconditional: bool) 
         "or retried publish could overwrite a chunk"
     )
     if not allow_unconditional:
-        raise FatalError(f"{message}; use a store that does, or pass "
-                         "--allow-unconditional-store to run anyway")
+        raise FatalError(
+            f"{message}; use a store that does, or pass --allow-unconditional-store to run anyway"
+        )
     return f"{message}. RUNNING ANYWAY because --allow-unconditional-store was given."

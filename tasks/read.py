@@ -26,8 +26,14 @@ from tasks.manifest import extra_columns, latest_manifest, list_manifests, read_
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["COLUMNS", "chunk_table", "chunk_tables", "read_embeddings", "read_embeddings_arrow",
-           "resolve_run"]
+__all__ = [
+    "COLUMNS",
+    "chunk_table",
+    "chunk_tables",
+    "read_embeddings",
+    "read_embeddings_arrow",
+    "resolve_run",
+]
 
 #: The columns a reader gets, in this order (then the run's kept columns and ``text``).
 COLUMNS = ("id", "embedding", "text_sha256")
@@ -47,16 +53,25 @@ def resolve_run(store: ObjectStore, run: str | None = None) -> dict[str, Any]:
         if not _RUN_KEY_RE.match(wanted):
             if len(wanted) < 8 or any(c not in "0123456789abcdef" for c in wanted):
                 raise InputError(f"run {run!r}: give a run key or at least 8 of its hex digits")
-            matches = sorted({str(m["run_key"]) for m in list_manifests(store)
-                              if str(m["run_key"]).startswith(wanted)})
+            matches = sorted(
+                {
+                    str(m["run_key"])
+                    for m in list_manifests(store)
+                    if str(m["run_key"]).startswith(wanted)
+                }
+            )
             if len(matches) != 1:
-                raise InputError(f"run {run!r}: {'ambiguous' if matches else 'no committed run'}"
-                                 f" under {store.uri}")
+                raise InputError(
+                    f"run {run!r}: {'ambiguous' if matches else 'no committed run'}"
+                    f" under {store.uri}"
+                )
             wanted = matches[0]
         manifest = read_manifest(store, wanted)
         if manifest is None:
-            raise InputError(f"run {wanted} has no committed manifest under {store.uri} "
-                             f"({store.uri_for(manifest_object_key(wanted))} is missing)")
+            raise InputError(
+                f"run {wanted} has no committed manifest under {store.uri} "
+                f"({store.uri_for(manifest_object_key(wanted))} is missing)"
+            )
         return manifest
     latest = latest_manifest(store)
     if latest is None:
@@ -64,8 +79,7 @@ def resolve_run(store: ObjectStore, run: str | None = None) -> dict[str, Any]:
     return latest
 
 
-def chunk_table(store: ObjectStore, entry: dict[str, Any],
-                extra: Sequence[str] = ()) -> pa.Table:
+def chunk_table(store: ObjectStore, entry: dict[str, Any], extra: Sequence[str] = ()) -> pa.Table:
     """Read one chunk object as ``id``/``embedding``/``text_sha256`` and the ``extra``
     columns (the run's kept columns and ``text``: ``tasks.manifest.extra_columns``),
     checked against its manifest entry (``object``, ``rows``, ``sha256``).
@@ -75,17 +89,22 @@ def chunk_table(store: ObjectStore, entry: dict[str, Any],
     """
     body = store.get(str(entry["object"]))
     if hashlib.sha256(body).hexdigest() != entry["sha256"]:
-        raise ConflictError(f"{store.uri_for(entry['object'])} does not match its manifest's "
-                            "SHA-256: the object was changed after publishing")
+        raise ConflictError(
+            f"{store.uri_for(entry['object'])} does not match its manifest's "
+            "SHA-256: the object was changed after publishing"
+        )
     table = pq.read_table(io.BytesIO(body), columns=[*COLUMNS, *extra])
     if table.num_rows != int(entry["rows"]):
-        raise ConflictError(f"{store.uri_for(entry['object'])} holds {table.num_rows} rows, "
-                            f"its manifest says {entry['rows']}")
+        raise ConflictError(
+            f"{store.uri_for(entry['object'])} holds {table.num_rows} rows, "
+            f"its manifest says {entry['rows']}"
+        )
     return table.replace_schema_metadata(None)
 
 
-def chunk_tables(store: ObjectStore, manifest: dict[str, Any]) -> Iterator[tuple[dict[str, Any],
-                                                                                  pa.Table]]:
+def chunk_tables(
+    store: ObjectStore, manifest: dict[str, Any]
+) -> Iterator[tuple[dict[str, Any], pa.Table]]:
     """Yield ``(manifest chunk entry, Arrow table of id/embedding/text_sha256 and the run's
     kept columns and text)`` in chunk order, one object in memory at a time.
 
@@ -117,13 +136,22 @@ def read_embeddings_arrow(output: str, run: str | None = None) -> pa.Table:
     # nothing to add
     tables = [t for _, t in chunk_tables(store, manifest) if t.num_rows]
     dims = int(manifest["dimensions"])
-    schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32(), dims)),
-                        ("text_sha256", pa.string())]
-                       + [(c, pa.string()) for c in extra_columns(manifest)])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("embedding", pa.list_(pa.float32(), dims)),
+            ("text_sha256", pa.string()),
+        ]
+        + [(c, pa.string()) for c in extra_columns(manifest)]
+    )
     table = pa.concat_tables(tables) if tables else schema.empty_table()
-    return table.replace_schema_metadata({
-        "embedline.run_key": str(manifest["run_key"]), "embedline.model": str(manifest["model"]),
-        "embedline.dimensions": str(dims)})
+    return table.replace_schema_metadata(
+        {
+            "embedline.run_key": str(manifest["run_key"]),
+            "embedline.model": str(manifest["model"]),
+            "embedline.dimensions": str(dims),
+        }
+    )
 
 
 def read_embeddings(output: str, run: str | None = None) -> pd.DataFrame:
@@ -141,13 +169,18 @@ def read_embeddings(output: str, run: str | None = None) -> pd.DataFrame:
     column = table.column("embedding").combine_chunks()
     flat = column.flatten().to_numpy(zero_copy_only=False) if len(column) else np.empty(0)
     matrix = np.ascontiguousarray(flat, dtype=np.float32).reshape(len(column), dims)
-    frame = pd.DataFrame({
-        "id": table.column("id").to_pandas(),
-        "embedding": pd.Series(list(matrix), dtype=object),
-        "text_sha256": table.column("text_sha256").to_pandas(),
-        **{name: table.column(name).to_pandas() for name in table.column_names[3:]},
-    })
+    frame = pd.DataFrame(
+        {
+            "id": table.column("id").to_pandas(),
+            "embedding": pd.Series(list(matrix), dtype=object),
+            "text_sha256": table.column("text_sha256").to_pandas(),
+            **{name: table.column(name).to_pandas() for name in table.column_names[3:]},
+        }
+    )
     meta = table.schema.metadata
-    frame.attrs.update(run_key=meta[b"embedline.run_key"].decode(),
-                       model=meta[b"embedline.model"].decode(), dimensions=dims)
+    frame.attrs.update(
+        run_key=meta[b"embedline.run_key"].decode(),
+        model=meta[b"embedline.model"].decode(),
+        dimensions=dims,
+    )
     return frame

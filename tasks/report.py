@@ -26,8 +26,13 @@ from prefect.artifacts import (
 from embedline.models import DeadLetter, LoadSummary, RunSummary, run_cost
 from embedline.shutdown import STOP
 
-__all__ = ["ProgressArtifact", "load_markdown", "publish_load_summary", "publish_summary",
-           "summary_markdown"]
+__all__ = [
+    "ProgressArtifact",
+    "load_markdown",
+    "publish_load_summary",
+    "publish_summary",
+    "summary_markdown",
+]
 
 _MAX_DEAD_LETTERS_SHOWN = 1000
 logger = logging.getLogger("embedline.report")
@@ -53,8 +58,12 @@ class ProgressArtifact:
         self._closed = threading.Event()
         self._wake = threading.Event()
         context = contextvars.copy_context()  # Prefect's settings and client context
-        self._thread = threading.Thread(target=context.run, args=(self._post_loop,),
-                                        name="embedline-progress-artifact", daemon=True)
+        self._thread = threading.Thread(
+            target=context.run,
+            args=(self._post_loop,),
+            name="embedline-progress-artifact",
+            daemon=True,
+        )
         self._thread.start()
 
     def update(self, done: int, total: int) -> None:
@@ -106,40 +115,75 @@ def summary_markdown(
     """Render the run summary as Markdown (no text, no secrets)."""
     price = price_per_million_tokens
     spent, batch_saved = run_cost(summary.tokens, summary.batch_tokens, price or 0.0)
-    cost = (f"${spent:,.4f} (at ${price}/1M tokens" + (
-        f"; {summary.batch_tokens:,} tokens at the batch price, ${price / 2}/1M)"
-        if summary.batch_tokens else ")") if price is not None else "n/a (no price given)")
-    saved = (f"~${summary.tokens_saved * price / 1e6:,.4f} (~{summary.tokens_saved:,} tokens "
-             "not sent, estimated)" if price is not None
-             else f"~{summary.tokens_saved:,} tokens not sent (estimated)")
+    cost = (
+        f"${spent:,.4f} (at ${price}/1M tokens"
+        + (
+            f"; {summary.batch_tokens:,} tokens at the batch price, ${price / 2}/1M)"
+            if summary.batch_tokens
+            else ")"
+        )
+        if price is not None
+        else "n/a (no price given)"
+    )
+    saved = (
+        f"~${summary.tokens_saved * price / 1e6:,.4f} (~{summary.tokens_saved:,} tokens "
+        "not sent, estimated)"
+        if price is not None
+        else f"~{summary.tokens_saved:,} tokens not sent (estimated)"
+    )
     rows = [
         ("status", f"**{summary.status}**" + (f": {summary.message}" if summary.message else "")),
         ("run key", f"`{summary.run_key}`"),
         ("rows published", f"{summary.rows_published:,} of {summary.rows_total:,}"),
         ("rows already published before this run", f"{summary.rows_skipped:,}"),
         ("rows published meanwhile by a concurrent run", f"{summary.rows_concurrent:,}"),
-        ("dead letters", f"{summary.rows_failed:,}" + (
-            f" ({summary.rows_empty:,} empty texts, skipped)" if summary.rows_empty else "")),
-        ("chunks", f"{summary.chunks_published} published now, {summary.chunks_skipped} "
-                   f"skipped, {summary.chunks_failed} failed, {summary.chunks_released} "
-                   f"released, {summary.chunks_not_run} not run, of {summary.chunks_total}"),
-        ("chunks by ledger state", ", ".join(f"{k} {v}" for k, v in
-                                              sorted((chunk_states or {}).items())) or "-"),
+        (
+            "dead letters",
+            f"{summary.rows_failed:,}"
+            + (f" ({summary.rows_empty:,} empty texts, skipped)" if summary.rows_empty else ""),
+        ),
+        (
+            "chunks",
+            f"{summary.chunks_published} published now, {summary.chunks_skipped} "
+            f"skipped, {summary.chunks_failed} failed, {summary.chunks_released} "
+            f"released, {summary.chunks_not_run} not run, of {summary.chunks_total}",
+        ),
+        (
+            "chunks by ledger state",
+            ", ".join(f"{k} {v}" for k, v in sorted((chunk_states or {}).items())) or "-",
+        ),
         ("tokens (reported by the API)", f"{summary.tokens:,}"),
-        ("texts sent", f"{summary.inputs:,}" + (
-            f" ({summary.batch_inputs:,} of them in Batch API batches)"
-            if summary.batch_inputs else "")),
+        (
+            "texts sent",
+            f"{summary.inputs:,}"
+            + (
+                f" ({summary.batch_inputs:,} of them in Batch API batches)"
+                if summary.batch_inputs
+                else ""
+            ),
+        ),
         ("rows reused from earlier runs", f"{summary.rows_reused:,}"),
         ("rows deduplicated in this run", f"{summary.rows_deduplicated:,}"),
         ("estimated cost", cost),
         ("saved by reuse and deduplication", saved),
-        *([("saved by the Batch API (half price)",
-            f"${batch_saved:,.4f} on {summary.batch_tokens:,} tokens" if price is not None
-            else f"half the price of {summary.batch_tokens:,} tokens")]
-          if summary.batch_tokens else []),
+        *(
+            [
+                (
+                    "saved by the Batch API (half price)",
+                    f"${batch_saved:,.4f} on {summary.batch_tokens:,} tokens"
+                    if price is not None
+                    else f"half the price of {summary.batch_tokens:,} tokens",
+                )
+            ]
+            if summary.batch_tokens
+            else []
+        ),
         ("requests", f"{summary.requests:,}"),
-        ("wall time", f"{summary.wall_s:.1f} s" + (" (the run; the load below has its own)"
-                                                   if summary.load else "")),
+        (
+            "wall time",
+            f"{summary.wall_s:.1f} s"
+            + (" (the run; the load below has its own)" if summary.load else ""),
+        ),
         ("output", f"`{summary.output}`"),
         ("manifest", f"`{summary.manifest_uri}`" if summary.manifest_uri else "not committed"),
         ("changes", _changes_cell(summary)),
@@ -147,28 +191,43 @@ def summary_markdown(
     lines = ["# embedline run", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     if summary.exit_code != 0 and summary.run_key:
-        lines += ["", "Rerun only what is missing: run the deployment again with the same "
-                  "parameters, press **Retry** on this flow run, or `embedline run` the same "
-                  f"command (`embedline status {summary.run_key[:12]}`)."]
+        lines += [
+            "",
+            "Rerun only what is missing: run the deployment again with the same "
+            "parameters, press **Retry** on this flow run, or `embedline run` the same "
+            f"command (`embedline status {summary.run_key[:12]}`).",
+        ]
     if summary.load:  # run --sink: the load stage's own lines
         load = LoadSummary(**summary.load)  # type: ignore[arg-type]  # a LoadSummary.to_dict()
         lines += ["", "## Load into the sink", "", "| | |", "|---|---|", *_load_lines(load)]
     if dead_letters:
-        lines += ["", f"## Dead letters ({len(dead_letters)})", "", "| row | id | reason | HTTP |",
-                  "|---|---|---|---|"]
-        lines += [f"| {d.row_number} | `{_cell(d.id)}` | {d.reason} | {d.http_status or ''} |"
-                  for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]]
+        lines += [
+            "",
+            f"## Dead letters ({len(dead_letters)})",
+            "",
+            "| row | id | reason | HTTP |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {d.row_number} | `{_cell(d.id)}` | {d.reason} | {d.http_status or ''} |"
+            for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]
+        ]
     return "\n".join(lines) + "\n"
 
 
 def _changes_cell(summary: RunSummary) -> str:
     if summary.rows_added is None:
         return "none (no manifest committed)"
-    base = (f"against run `{summary.changes_base[:12]}`" if summary.changes_base
-            else "first run of this dataset on this output")
-    return (f"{summary.rows_added:,} added, {summary.rows_changed:,} changed, "
-            f"{summary.rows_removed:,} removed, {summary.rows_unchanged:,} unchanged ({base}): "
-            f"`{summary.changes_object}`")
+    base = (
+        f"against run `{summary.changes_base[:12]}`"
+        if summary.changes_base
+        else "first run of this dataset on this output"
+    )
+    return (
+        f"{summary.rows_added:,} added, {summary.rows_changed:,} changed, "
+        f"{summary.rows_removed:,} removed, {summary.rows_unchanged:,} unchanged ({base}): "
+        f"`{summary.changes_object}`"
+    )
 
 
 def _cell(value: str) -> str:
@@ -184,8 +243,12 @@ def publish_summary(
 ) -> None:
     """Create the ``embedline-summary`` (and, with dead letters, a table) artifact."""
     create_markdown_artifact(
-        summary_markdown(summary, dead_letters=dead_letters, chunk_states=chunk_states,
-                         price_per_million_tokens=price_per_million_tokens),
+        summary_markdown(
+            summary,
+            dead_letters=dead_letters,
+            chunk_states=chunk_states,
+            price_per_million_tokens=price_per_million_tokens,
+        ),
         key="embedline-summary",
         description=f"embedline run {summary.status}",
     )
@@ -194,8 +257,11 @@ def publish_summary(
             {"row": d.row_number, "id": d.id, "reason": d.reason, "http_status": d.http_status}
             for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]
         ]
-        create_table_artifact(table, key="embedline-dead-letters",
-                              description=f"{len(dead_letters)} dead letters (no text)")
+        create_table_artifact(
+            table,
+            key="embedline-dead-letters",
+            description=f"{len(dead_letters)} dead letters (no text)",
+        )
 
 
 def load_markdown(summary: LoadSummary) -> str:
@@ -211,12 +277,20 @@ def _load_lines(summary: LoadSummary) -> list[str]:
         ("sink", f"`{summary.sink}`"),
         ("run key", f"`{summary.run_key}`"),
         ("mode", summary.mode or "-"),
-        ("rows", f"{summary.rows_loaded:,} upserted now, {summary.rows_skipped:,} held before, "
-                 f"{summary.rows_deleted:,} deleted"),
-        ("chunks", f"{summary.chunks_loaded} loaded now, {summary.chunks_skipped} skipped, "
-                   f"{summary.chunks_failed} failed, of {summary.chunks_total}"),
-        ("index", f"{summary.index_state} in {summary.index_s:.1f} s" if summary.index_state
-                  else "-"),
+        (
+            "rows",
+            f"{summary.rows_loaded:,} upserted now, {summary.rows_skipped:,} held before, "
+            f"{summary.rows_deleted:,} deleted",
+        ),
+        (
+            "chunks",
+            f"{summary.chunks_loaded} loaded now, {summary.chunks_skipped} skipped, "
+            f"{summary.chunks_failed} failed, of {summary.chunks_total}",
+        ),
+        (
+            "index",
+            f"{summary.index_state} in {summary.index_s:.1f} s" if summary.index_state else "-",
+        ),
         ("wall time", f"{summary.wall_s:.1f} s (the load, index included)"),
     ]
     cells = [value.replace("|", "\\|").replace("\n", " ") for _, value in rows]
@@ -225,5 +299,8 @@ def _load_lines(summary: LoadSummary) -> list[str]:
 
 def publish_load_summary(summary: LoadSummary) -> None:
     """Create the ``embedline-load-summary`` artifact of a ``load-run`` flow run."""
-    create_markdown_artifact(load_markdown(summary), key="embedline-load-summary",
-                             description=f"embedline load {summary.status}")
+    create_markdown_artifact(
+        load_markdown(summary),
+        key="embedline-load-summary",
+        description=f"embedline load {summary.status}",
+    )

@@ -134,8 +134,9 @@ def take_prefill(rows: Sequence[Row], plan: ReusePlan) -> Reused:
     try:
         copied = Prefill(plan.width, path=plan.prefill, data=plan.copies)
     except FileNotFoundError:  # the run's scratch directory was deleted under it
-        logger.warning("the vectors copied for this chunk are gone (%s): sending its rows",
-                       plan.prefill)
+        logger.warning(
+            "the vectors copied for this chunk are gone (%s): sending its rows", plan.prefill
+        )
         return found
     found.vectors = copied.take(list(rows))
     found.reused = len(found.vectors)
@@ -145,8 +146,14 @@ def take_prefill(rows: Sequence[Row], plan: ReusePlan) -> Reused:
 
 
 def take_reused(
-    store: ObjectStore, rows: Sequence[Row], plan: ReusePlan, *, model: str,
-    wait_s: float = IN_RUN_WAIT_S, dimensions: int | None = None, run_key: str | None = None,
+    store: ObjectStore,
+    rows: Sequence[Row],
+    plan: ReusePlan,
+    *,
+    model: str,
+    wait_s: float = IN_RUN_WAIT_S,
+    dimensions: int | None = None,
+    run_key: str | None = None,
 ) -> Reused:
     """Wait for the in-run owners ``plan.sources`` name and read the planned rows' vectors
     from their objects; rows not found are left out, and so are rows of an object whose
@@ -163,8 +170,17 @@ def take_reused(
     handed: set[str] = set()  # text hashes served from a failed chunk's kept requests
     for source in plan.sources:
         picked = [rows[p] for p in source.rows]
-        vectors = _vectors_for(store, source, [r.text_sha256 for r in picked], model, wait_s,
-                               dimensions, run_key, plan.session, handed)
+        vectors = _vectors_for(
+            store,
+            source,
+            [r.text_sha256 for r in picked],
+            model,
+            wait_s,
+            dimensions,
+            run_key,
+            plan.session,
+            handed,
+        )
         for row, vector in zip(picked, vectors, strict=True):
             if vector is None:
                 continue
@@ -180,8 +196,11 @@ def take_reused(
 def drop_other_lengths(found: Reused, rows: Sequence[Row], length: int) -> list[Row]:
     """Take out of ``found`` the vectors that are not ``length`` long and return their rows
     (to be sent): the run learned its length from the server after they were read."""
-    stale = [r for r in rows
-             if r.row_number in found.vectors and len(found.vectors[r.row_number]) != length]
+    stale = [
+        r
+        for r in rows
+        if r.row_number in found.vectors and len(found.vectors[r.row_number]) != length
+    ]
     for row in stale:
         del found.vectors[row.row_number]
         if row.row_number in found.paid:
@@ -207,8 +226,11 @@ def _vectors_for(
     handed: set[str] | None = None,
 ) -> list[np.ndarray | None]:
     deadline = time.monotonic() + wait_s
-    mark = (gave_up_key(run_key, chunk_name(source.object_key), session)
-            if run_key and session else None)
+    mark = (
+        gave_up_key(run_key, chunk_name(source.object_key), session)
+        if run_key and session
+        else None
+    )
     looked = time.monotonic()
     while True:
         try:
@@ -223,10 +245,14 @@ def _vectors_for(
             look = mark is not None and now - looked >= _MARK_POLL_S
             if look:
                 looked = now
-            if now >= deadline or _gave_up(source.object_key) or (
-                    look and mark is not None and _marked(store, mark)):
-                return _handed_over(store, source, hashes, model, wait_s, dimensions, run_key,
-                                    session, handed)
+            if (
+                now >= deadline
+                or _gave_up(source.object_key)
+                or (look and mark is not None and _marked(store, mark))
+            ):
+                return _handed_over(
+                    store, source, hashes, model, wait_s, dimensions, run_key, session, handed
+                )
             time.sleep(_POLL_S)
         except (ValueError, pa.ArrowException):
             return [None] * len(hashes)
@@ -248,8 +274,14 @@ def _marked(store: ObjectStore, key: str) -> bool:
 
 
 def _handed_over(
-    store: ObjectStore, source: ReuseSource, hashes: list[str], model: str, wait_s: float,
-    dimensions: int | None, run_key: str | None, session: str,
+    store: ObjectStore,
+    source: ReuseSource,
+    hashes: list[str],
+    model: str,
+    wait_s: float,
+    dimensions: int | None,
+    run_key: str | None,
+    session: str,
     handed: set[str] | None = None,
 ) -> list[np.ndarray | None]:
     """The vectors an in-run owner that will not publish kept of ``hashes``, then those its
@@ -258,8 +290,10 @@ def _handed_over(
     if not run_key:
         return [None] * len(hashes)
     kept = PaidRequests(store, run_key, chunk_name(source.object_key)).kept_by_text()
-    vectors = [v if v is not None and (dimensions is None or len(v) == dimensions) else None
-               for v in (kept.get(h) for h in hashes)]
+    vectors = [
+        v if v is not None and (dimensions is None or len(v) == dimensions) else None
+        for v in (kept.get(h) for h in hashes)
+    ]
     if handed is not None:
         handed.update(h for h, v in zip(hashes, vectors, strict=True) if v is not None)
     chains = source.heirs or ((),) * len(hashes)
@@ -271,8 +305,17 @@ def _handed_over(
             by_heir[chains[i][depth]].append(i)
         for heir_key, at in by_heir.items():
             heir = ReuseSource(heir_key, ())
-            got = _vectors_for(store, heir, [hashes[i] for i in at], model, wait_s,
-                               dimensions, run_key, session, handed)
+            got = _vectors_for(
+                store,
+                heir,
+                [hashes[i] for i in at],
+                model,
+                wait_s,
+                dimensions,
+                run_key,
+                session,
+                handed,
+            )
             for i, vector in zip(at, got, strict=True):
                 vectors[i] = vector
         depth += 1
@@ -322,20 +365,27 @@ def combine(
             found.tokens_saved += estimate_tokens(row.text)
         elif earlier.row_number in dead:
             reason = dead[earlier.row_number]
-            dead[row.row_number] = DeadLetter(row.row_number, row.id, reason.reason,
-                                              reason.http_status, reason.attempts)
+            dead[row.row_number] = DeadLetter(
+                row.row_number, row.id, reason.reason, reason.http_status, reason.attempts
+            )
     kept = [r for r in rows if r.row_number in vectors]
-    width = embedded.vectors.shape[1] if embedded.rows else (
-        len(next(iter(vectors.values()))) if vectors else (dimensions or 0))
+    width = (
+        embedded.vectors.shape[1]
+        if embedded.rows
+        else (len(next(iter(vectors.values()))) if vectors else (dimensions or 0))
+    )
     if any(len(vectors[r.row_number]) != width for r in kept):
         raise BadResponseError("reused vectors differ in length from the embedded ones")
-    stacked = (np.ascontiguousarray(np.stack([vectors[r.row_number] for r in kept]),
-                                    dtype=np.float32)
-               if kept else np.zeros((0, width), dtype=np.float32))
+    stacked = (
+        np.ascontiguousarray(np.stack([vectors[r.row_number] for r in kept]), dtype=np.float32)
+        if kept
+        else np.zeros((0, width), dtype=np.float32)
+    )
     return EmbeddedRows(
-        rows=kept, vectors=stacked,
-        row_keys=row_keys((r.id for r in kept), (r.text_sha256 for r in kept), model,
-                          dimensions),
+        rows=kept,
+        vectors=stacked,
+        row_keys=row_keys((r.id for r in kept), (r.text_sha256 for r in kept), model, dimensions),
         dead_letters=sorted(dead.values(), key=lambda d: d.row_number),
-        tokens=embedded.tokens, requests=embedded.requests,
+        tokens=embedded.tokens,
+        requests=embedded.requests,
     )

@@ -44,8 +44,7 @@ from embedline.protocols import ObjectStore
 from tasks.paid import PAID_PREFIX, chunk_name
 from tasks.publish import read_chunk_metadata
 
-__all__ = ["HEIRS", "NEED_DTYPE", "WAIT_DTYPE", "JoinResult", "Source", "join_run",
-           "refresh_index"]
+__all__ = ["HEIRS", "NEED_DTYPE", "WAIT_DTYPE", "JoinResult", "Source", "join_run", "refresh_index"]
 
 logger = logging.getLogger("embedline")
 
@@ -61,11 +60,19 @@ _INDEX_BATCH = 64  # objects indexed per ledger transaction
 
 #: One row filled from a source: its text's hash prefix, source number, row there, chunk
 #: index and row in the chunk.
-NEED_DTYPE = np.dtype([("prefix", "<u8"), ("source", "<u4"), ("source_position", "<u4"),
-                       ("chunk", "<u4"), ("position", "<u4")])
+NEED_DTYPE = np.dtype(
+    [
+        ("prefix", "<u8"),
+        ("source", "<u4"),
+        ("source_position", "<u4"),
+        ("chunk", "<u4"),
+        ("position", "<u4"),
+    ]
+)
 #: One row whose text an earlier chunk of this run embeds: its owner and heirs (chunk indexes).
-WAIT_DTYPE = np.dtype([("chunk", "<u4"), ("position", "<u4"), ("owner", "<u4"),
-                       ("heirs", "<u4", (HEIRS,))])
+WAIT_DTYPE = np.dtype(
+    [("chunk", "<u4"), ("position", "<u4"), ("owner", "<u4"), ("heirs", "<u4", (HEIRS,))]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +121,16 @@ def refresh_index(store: ObjectStore, ledger: Ledger) -> int:
     # and answers that outrun the ledger's inserts would pile up (memory ~ the objects).
     with ThreadPoolExecutor(_INDEX_THREADS) as pool:
         for start in range(0, len(todo), _INDEX_BATCH):
-            window = todo[start:start + _INDEX_BATCH]
+            window = todo[start : start + _INDEX_BATCH]
             entries = pool.map(lambda k: _index_entry(store, k), window)
-            ledger.index_objects(store.uri, [(key, *entry) for key, entry in
-                                             zip(window, entries, strict=True)
-                                             if entry is not None])
+            ledger.index_objects(
+                store.uri,
+                [
+                    (key, *entry)
+                    for key, entry in zip(window, entries, strict=True)
+                    if entry is not None
+                ],
+            )
     return len(todo)
 
 
@@ -136,8 +148,10 @@ def _index_entry(store: ObjectStore, key: str) -> tuple[str, str, pa.Array] | No
     first = table.slice(0, 1).to_pylist()[0]
     # The row key holds the *requested* dimensions ("" when unset): recover which one.
     for requested in (None, meta.dimensions):
-        if row_key(first["id"], first["text_sha256"], meta.model, requested) == \
-                first["idempotency_key"]:
+        if (
+            row_key(first["id"], first["text_sha256"], meta.model, requested)
+            == first["idempotency_key"]
+        ):
             return meta.model, dims_text(requested), table["text_sha256"]
     return None
 
@@ -145,20 +159,20 @@ def _index_entry(store: ObjectStore, key: str) -> tuple[str, str, pa.Array] | No
 # --------------------------------------------------------------------------- kept requests
 
 
-def _kept_sources(store: ObjectStore, run_key: str, chunk_of: dict[str, int]
-                  ) -> tuple[list[Source], list[np.ndarray]]:
+def _kept_sources(
+    store: ObjectStore, run_key: str, chunk_of: dict[str, int]
+) -> tuple[list[Source], list[np.ndarray]]:
     """The requests chunks of this run kept (for chunks this run still embeds) and the hash
     prefixes of each one's rows. Unreadable ones are skipped with a warning."""
     prefix = f"{PAID_PREFIX}{run_key}/"
     try:
         keys = sorted(i.key for i in store.list(prefix) if i.key.endswith(".parquet"))
     except (EmbedlineError, OSError) as exc:
-        logger.warning("could not list the paid requests under %s: %s", prefix,
-                       type(exc).__name__)
+        logger.warning("could not list the paid requests under %s: %s", prefix, type(exc).__name__)
         return [], []
     sources, hashes = [], []
     for key in keys:
-        owner = chunk_of.get(key[len(prefix):].split("/")[0])
+        owner = chunk_of.get(key[len(prefix) :].split("/")[0])
         if owner is None:
             continue
         try:
@@ -167,8 +181,7 @@ def _kept_sources(store: ObjectStore, run_key: str, chunk_of: dict[str, int]
         except FileNotFoundError:
             continue
         except (EmbedlineError, OSError, ValueError, KeyError, pa.ArrowException) as exc:
-            logger.warning("skipping an unreadable paid request %s: %s", key,
-                           type(exc).__name__)
+            logger.warning("skipping an unreadable paid request %s: %s", key, type(exc).__name__)
             continue
         sources.append(Source(key, kept_by=owner, rows=len(column)))
         hashes.append(hash_prefixes(column))  # "" (no text hash kept): zeros, matching none
@@ -199,21 +212,29 @@ def join_run(
     """
     in_todo = np.zeros(chunks_total, dtype=bool)
     in_todo[[s.index for s in todo]] = True
-    objects = ledger.reuse_objects(store.uri, model=model, dimensions=dims_text(dimensions)
-                                   ) if reuse else {}
+    objects = (
+        ledger.reuse_objects(store.uri, model=model, dimensions=dims_text(dimensions))
+        if reuse
+        else {}
+    )
     sources = [Source(key) for key in objects.values()]
     source_of = np.full(max(objects, default=0) + 1, -1, dtype=np.int64)  # object id -> number
     source_of[list(objects)] = np.arange(len(objects))
-    kept, kept_hashes = _kept_sources(store, run_key, {chunk_name(s.object_key): s.index
-                                                       for s in todo})
+    kept, kept_hashes = _kept_sources(
+        store, run_key, {chunk_name(s.object_key): s.index for s in todo}
+    )
     first_kept = len(sources)
     sources += kept
     kept_entries = _kept_buckets(kept_hashes, first_kept)
-    result = JoinResult(sources, Spill(directory / "needs", NEED_DTYPE),
-                        Spill(directory / "waits", WAIT_DTYPE),
-                        np.zeros(chunks_total, dtype=np.int64))
-    owner_of = np.array([s.kept_by if s.kept_by is not None else -1 for s in sources],
-                        dtype=np.int64)
+    result = JoinResult(
+        sources,
+        Spill(directory / "needs", NEED_DTYPE),
+        Spill(directory / "waits", WAIT_DTYPE),
+        np.zeros(chunks_total, dtype=np.int64),
+    )
+    owner_of = np.array(
+        [s.kept_by if s.kept_by is not None else -1 for s in sources], dtype=np.int64
+    )
     for bucket in range(BUCKETS):
         run = rows.read(bucket)
         run = run[in_todo[run["chunk"]]]
@@ -225,8 +246,9 @@ def join_run(
         if objects:
             prefixes, oids, positions = ledger.bucket(bucket, list(objects))
             numbers = source_of[oids]
-            result.from_index += _take(result.needs, run, left, prefixes, numbers, positions,
-                                       owner_of)
+            result.from_index += _take(
+                result.needs, run, left, prefixes, numbers, positions, owner_of
+            )
         entries = kept_entries[bucket]
         if entries is not None:
             result.from_kept += _take(result.needs, run, left, *entries, owner_of)
@@ -236,8 +258,9 @@ def join_run(
     return result
 
 
-def _kept_buckets(hashes: list[np.ndarray], first: int
-                  ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+def _kept_buckets(
+    hashes: list[np.ndarray], first: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
     """The kept requests' entries split by bucket: (prefixes, source numbers, positions)."""
     out: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * BUCKETS
     if not hashes:
@@ -252,8 +275,15 @@ def _kept_buckets(hashes: list[np.ndarray], first: int
     return out
 
 
-def _take(needs: Spill, run: np.ndarray, left: np.ndarray, prefixes: np.ndarray,
-          numbers: np.ndarray, positions: np.ndarray, owner_of: np.ndarray) -> int:
+def _take(
+    needs: Spill,
+    run: np.ndarray,
+    left: np.ndarray,
+    prefixes: np.ndarray,
+    numbers: np.ndarray,
+    positions: np.ndarray,
+    owner_of: np.ndarray,
+) -> int:
     """Match the rows still ``left`` against one set of source entries (the first source
     per prefix: lowest number, then position), add their needs, clear them from ``left``.
     A source kept by the row's own chunk is not used (that chunk's task takes it)."""
@@ -299,9 +329,10 @@ def _in_run(result: JoinResult, run: np.ndarray) -> None:
             chunk = int(chunks[at])
             if chunk == owner:
                 continue  # the owner itself, or a copy inside the owner (its task copies it)
-            before = distinct[1:distinct.index(chunk)][:HEIRS]
-            waits.append((chunk, int(run["position"][at]), owner,
-                          before + [_NONE] * (HEIRS - len(before))))
+            before = distinct[1 : distinct.index(chunk)][:HEIRS]
+            waits.append(
+                (chunk, int(run["position"][at]), owner, before + [_NONE] * (HEIRS - len(before)))
+            )
     if waits:
         records = np.array(waits, dtype=WAIT_DTYPE)
         result.waits.add(records, (records["chunk"] // WAIT_GROUP).astype(np.int64))

@@ -62,9 +62,21 @@ class ReuseStage:
     tasks on a Dask cluster elsewhere): plans carry the copied vectors, not their path.
     """
 
-    def __init__(self, *, store: ObjectStore, ledger: Ledger, plan: InputPlan, run_key: str,
-                 model: str, dimensions: int | None, reuse: bool, length: int | None,
-                 scratch_root: str, log: Log, shared_disk: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        ledger: Ledger,
+        plan: InputPlan,
+        run_key: str,
+        model: str,
+        dimensions: int | None,
+        reuse: bool,
+        length: int | None,
+        scratch_root: str,
+        log: Log,
+        shared_disk: bool = True,
+    ) -> None:
         self.shared_disk = shared_disk
         self.store, self.ledger, self.plan, self.run_key = store, ledger, plan, run_key
         self.model, self.dimensions, self.reuse, self.length = model, dimensions, reuse, length
@@ -95,20 +107,40 @@ class ReuseStage:
         started = time.monotonic()
         if self.reuse:
             added = refresh_index(self.store, self.ledger)
-            self._say("reuse index: %d new chunk objects indexed in %.1f s", added,
-                      time.monotonic() - started)
+            self._say(
+                "reuse index: %d new chunk objects indexed in %.1f s",
+                added,
+                time.monotonic() - started,
+            )
         rows = self._row_hashes(todo)
         self._joined = join_run(
-            directory=self.directory, rows=rows, todo=todo, chunks_total=len(self.plan.chunks),
-            ledger=self.ledger, store=self.store, model=self.model, dimensions=self.dimensions,
-            reuse=self.reuse, run_key=self.run_key)
-        self._gathered = gather(self.store, self._joined, self.directory, length=self.length,
-                                chunks_total=len(self.plan.chunks))
+            directory=self.directory,
+            rows=rows,
+            todo=todo,
+            chunks_total=len(self.plan.chunks),
+            ledger=self.ledger,
+            store=self.store,
+            model=self.model,
+            dimensions=self.dimensions,
+            reuse=self.reuse,
+            run_key=self.run_key,
+        )
+        self._gathered = gather(
+            self.store,
+            self._joined,
+            self.directory,
+            length=self.length,
+            chunks_total=len(self.plan.chunks),
+        )
         got = self._gathered
-        self._say("reuse stage: %s rows from %s objects in %.1f s (the index, the join and "
-                  "the copy; %s rows wait for an earlier chunk of this run)", f"{got.rows:,}",
-                  f"{got.sources_read:,}", time.monotonic() - started,
-                  f"{self._joined.waiting:,}")
+        self._say(
+            "reuse stage: %s rows from %s objects in %.1f s (the index, the join and "
+            "the copy; %s rows wait for an earlier chunk of this run)",
+            f"{got.rows:,}",
+            f"{got.sources_read:,}",
+            time.monotonic() - started,
+            f"{self._joined.waiting:,}",
+        )
 
     def fully_copied(self, spec: ChunkSpec) -> bool:
         """Whether every non-empty row of ``spec`` has a copied vector (none to send, none
@@ -116,8 +148,11 @@ class ReuseStage:
         if self._joined is None or self._gathered is None or spec.index not in self._specs:
             return False
         nonempty = int(self._joined.nonempty[spec.index])
-        return (nonempty > 0 and spec.index not in self._joined.chunks_waiting
-                and int(self._gathered.copied[spec.index]) >= nonempty)
+        return (
+            nonempty > 0
+            and spec.index not in self._joined.chunks_waiting
+            and int(self._gathered.copied[spec.index]) >= nonempty
+        )
 
     def plan_for(self, spec: ChunkSpec) -> ReusePlan:
         """The chunk's ``ReusePlan``: its copied vectors' file and the in-run owners its
@@ -128,10 +163,15 @@ class ReuseStage:
         waits = read_waits(self._joined.waits, spec.index, self._waits)
         path = self._gathered.file(spec.index)
         if path is not None and not self.shared_disk:
-            return ReusePlan(self._sources(waits), session=self.session,
-                             width=self._gathered.width, copies=Path(path).read_bytes())
-        return ReusePlan(self._sources(waits), session=self.session, prefill=path,
-                         width=self._gathered.width)
+            return ReusePlan(
+                self._sources(waits),
+                session=self.session,
+                width=self._gathered.width,
+                copies=Path(path).read_bytes(),
+            )
+        return ReusePlan(
+            self._sources(waits), session=self.session, prefill=path, width=self._gathered.width
+        )
 
     def note_failed(self, index: int) -> None:
         """Chunk ``index`` will not publish in this run: chunks waiting for it take what it
@@ -184,8 +224,9 @@ class ReuseStage:
             hashes = chunk_rows(self.plan.scratch, spec.index).column("text_sha256")
         except (OSError, IndexError):
             return None
-        gone = np.array([d.row_number - spec.first_row for d in outcome.dead_letters],
-                        dtype=np.int64)
+        gone = np.array(
+            [d.row_number - spec.first_row for d in outcome.dead_letters], dtype=np.int64
+        )
         keep = np.ones(len(hashes), dtype=bool)
         keep[gone[(gone >= 0) & (gone < len(hashes))]] = False
         if int(keep.sum()) != outcome.rows:
@@ -216,9 +257,13 @@ class ReuseStage:
                 rows = read_chunk(self.plan.source, spec)
             except EmbedlineError:
                 continue  # the chunk task reports it
-            facts.add_chunk(spec.index, [r.id for r in rows], [r.text_sha256 for r in rows],
-                            array("i", (len(r.text.encode("utf-8")) for r in rows)),
-                            [p for p, r in enumerate(rows) if not r.text.strip()])
+            facts.add_chunk(
+                spec.index,
+                [r.id for r in rows],
+                [r.text_sha256 for r in rows],
+                array("i", (len(r.text.encode("utf-8")) for r in rows)),
+                [p for p, r in enumerate(rows) if not r.text.strip()],
+            )
         facts.finish()
         assert facts.rows is not None
         return facts.rows
@@ -230,11 +275,16 @@ class ReuseStage:
             by_owner.setdefault(int(record["owner"]), []).append(record)
         sources = []
         for owner, records in by_owner.items():
-            heirs = tuple(tuple(self._key(int(h)) for h in r["heirs"] if int(h) != _NO_HEIR)
-                          for r in records)
-            sources.append(ReuseSource(self._key(owner),
-                                       tuple(int(r["position"]) for r in records),
-                                       heirs if any(heirs) else ()))
+            heirs = tuple(
+                tuple(self._key(int(h)) for h in r["heirs"] if int(h) != _NO_HEIR) for r in records
+            )
+            sources.append(
+                ReuseSource(
+                    self._key(owner),
+                    tuple(int(r["position"]) for r in records),
+                    heirs if any(heirs) else (),
+                )
+            )
         return tuple(sources)
 
     def _key(self, index: int) -> str:

@@ -27,8 +27,11 @@ __all__ = ["run_lease", "run_lease_objects"]
 def run_lease_objects(run_key: str, plan: InputPlan) -> list[str]:
     """The object keys run ``run_key`` of ``plan`` needs kept: its planned chunk objects
     (generation 0; gc keeps each one's later generations with it), manifest, change set."""
-    return [*(c.object_key for c in plan.chunks), manifest_object_key(run_key),
-            changes_object_key(run_key)]
+    return [
+        *(c.object_key for c in plan.chunks),
+        manifest_object_key(run_key),
+        changes_object_key(run_key),
+    ]
 
 
 @contextlib.contextmanager
@@ -47,6 +50,13 @@ def run_lease(
 
     :raises EmbedlineError: the first lease cannot be written (the store's error says why).
     """
-    with held_lease(store, LEASE_PREFIX, run_key, run_lease_objects(run_key, plan),
-                    ttl_s=ttl_s, renew_s=renew_s, log=log) as key:
+    with held_lease(
+        store,
+        LEASE_PREFIX,
+        run_key,
+        run_lease_objects(run_key, plan),
+        ttl_s=ttl_s,
+        renew_s=renew_s,
+        log=log,
+    ) as key:
         yield key

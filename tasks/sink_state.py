@@ -36,8 +36,14 @@ from embedline.errors import InputError
 from embedline.protocols import ObjectStore
 from tasks.changes import read_keys
 
-__all__ = ["DEFAULT_MAX_DELETE_FRACTION", "LoadPlan", "MassDeleteError", "check_delete_share",
-           "plan_load", "run_keys"]
+__all__ = [
+    "DEFAULT_MAX_DELETE_FRACTION",
+    "LoadPlan",
+    "MassDeleteError",
+    "check_delete_share",
+    "plan_load",
+    "run_keys",
+]
 
 DEFAULT_MAX_DELETE_FRACTION = 0.5  # a load or a change set may remove at most half the rows
 
@@ -47,9 +53,15 @@ class MassDeleteError(InputError):
     the rows there are (a cut-short export, a wrong input): nothing was deleted. Exit 2."""
 
 
-def check_delete_share(deletes: int, of_rows: int, fraction: float, *, what: str,
-                       kept: str = "nothing deleted",
-                       flag: str = "--max-delete-fraction") -> None:
+def check_delete_share(
+    deletes: int,
+    of_rows: int,
+    fraction: float,
+    *,
+    what: str,
+    kept: str = "nothing deleted",
+    flag: str = "--max-delete-fraction",
+) -> None:
     """Refuse ``deletes`` of ``of_rows`` rows when that is more than ``fraction`` (0..1).
 
     :raises MassDeleteError: naming the counts, the share and the flag that allows it.
@@ -65,21 +77,26 @@ def check_delete_share(deletes: int, of_rows: int, fraction: float, *, what: str
     )
 
 
-def run_keys(store: ObjectStore, chunks: Sequence[dict[str, Any]],
-             kept_columns: Sequence[str] = ()) -> pa.Table:
+def run_keys(
+    store: ObjectStore, chunks: Sequence[dict[str, Any]], kept_columns: Sequence[str] = ()
+) -> pa.Table:
     """The run's ``id``, ``text_sha256`` (strings), with ``kept_columns`` ``kept_sha256``
     (the held key's part, ``adapters.sinks.base.kept_hashes``), and ``chunk`` (int32: the
     manifest chunk's index) from its chunk objects' key columns (16 objects read at once)."""
     with_rows = [c for c in chunks if int(c["rows"])]
     with ThreadPoolExecutor(16) as pool:
-        tables = list(pool.map(lambda c: read_keys(store, str(c["object"]), kept_columns),
-                               with_rows))
-    parts = [t.append_column("chunk", pa.array([int(c["index"])] * t.num_rows, pa.int32()))
-             for c, t in zip(with_rows, tables, strict=True)]
+        tables = list(
+            pool.map(lambda c: read_keys(store, str(c["object"]), kept_columns), with_rows)
+        )
+    parts = [
+        t.append_column("chunk", pa.array([int(c["index"])] * t.num_rows, pa.int32()))
+        for c, t in zip(with_rows, tables, strict=True)
+    ]
     if not parts:
         names = ["id", "text_sha256"] + ([KEPT_HASH] if kept_columns else [])
-        return pa.table({**{n: pa.array([], pa.string()) for n in names},
-                         "chunk": pa.array([], pa.int32())})
+        return pa.table(
+            {**{n: pa.array([], pa.string()) for n in names}, "chunk": pa.array([], pa.int32())}
+        )
     return pa.concat_tables(parts)
 
 
@@ -107,15 +124,18 @@ def plan_load(run: pa.Table, held: pa.Table) -> LoadPlan:
     """Compare ``run`` (``run_keys``) with ``held`` (``VectorSink.held_keys``) by ``id``,
     ``text_sha256`` and, where both have it, ``kept_sha256``: a row whose kept values
     changed is upserted though its text did not."""
-    key = ["id", "text_sha256"] + ([KEPT_HASH] if KEPT_HASH in run.column_names
-                                   and KEPT_HASH in held.column_names else [])
+    key = ["id", "text_sha256"] + (
+        [KEPT_HASH] if KEPT_HASH in run.column_names and KEPT_HASH in held.column_names else []
+    )
     held = held.select(key)
     missing = run.join(held, keys=key, join_type="left anti")
     upsert: dict[int, set[str]] = {}
-    for chunk, row_id in zip(missing.column("chunk").to_pylist(),
-                             missing.column("id").to_pylist(), strict=True):
+    for chunk, row_id in zip(
+        missing.column("chunk").to_pylist(), missing.column("id").to_pylist(), strict=True
+    ):
         upsert.setdefault(int(chunk), set()).add(str(row_id))
     gone = held.select(["id"]).join(run.select(["id"]), keys="id", join_type="left anti")
     ids = pc.unique(gone.column("id")).to_pylist() if gone.num_rows else []
-    return LoadPlan({k: frozenset(v) for k, v in sorted(upsert.items())}, sorted(map(str, ids)),
-                    held.num_rows)
+    return LoadPlan(
+        {k: frozenset(v) for k, v in sorted(upsert.items())}, sorted(map(str, ids)), held.num_rows
+    )

@@ -45,9 +45,13 @@ def find_published(
             unknown.append(spec)
             continue
         found[spec.index] = ChunkOutcome(
-            index=spec.index, key=spec.key, object_key=spec.object_key,
-            object_sha256=record.sha256, rows=record.rows,
-            dead_letters=tuple(ledger.chunk_dead_letters(spec)), created=False,
+            index=spec.index,
+            key=spec.key,
+            object_key=spec.object_key,
+            object_sha256=record.sha256,
+            rows=record.rows,
+            dead_letters=tuple(ledger.chunk_dead_letters(spec)),
+            created=False,
         )
     with ThreadPoolExecutor(_HEAD_THREADS) as pool:
         exists = list(pool.map(lambda s: store.head_sha256(s.object_key) is not None, unknown))
@@ -61,8 +65,11 @@ def find_published(
         adopted = found.get(spec.index)
         if adopted is not None:
             ledger.mark_published(
-                run_key, spec, object_uri=store.uri_for(adopted.object_key),
-                sha256=adopted.object_sha256, rows=adopted.rows,
+                run_key,
+                spec,
+                object_uri=store.uri_for(adopted.object_key),
+                sha256=adopted.object_sha256,
+                rows=adopted.rows,
                 dead_letters=adopted.dead_letters,
             )
     return found

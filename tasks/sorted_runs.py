@@ -142,7 +142,11 @@ def _spill(parts: list[pa.Table], path: Path, limits: SortLimits) -> SortedRun:
 
 
 def write_runs(
-    tables: Iterable[pa.Table], directory: Path, *, name: str, limits: SortLimits,
+    tables: Iterable[pa.Table],
+    directory: Path,
+    *,
+    name: str,
+    limits: SortLimits,
     stats: SortStats,
 ) -> list[SortedRun]:
     """Write ``tables`` (each of one schema with a string ``id``; ids unique across them) as
@@ -230,7 +234,10 @@ class _Cursor:
 
 
 def merge_blocks(
-    sources: Sequence[Sequence[SortedRun]], schema: pa.Schema, *, limits: SortLimits,
+    sources: Sequence[Sequence[SortedRun]],
+    schema: pa.Schema,
+    *,
+    limits: SortLimits,
     stats: SortStats,
 ) -> Iterator[list[pa.Table]]:
     """Yield blocks in ascending id order, each a list of one table per source (of
@@ -255,8 +262,9 @@ def merge_blocks(
             cursor.close()
 
 
-def _blocks(cursors: list[list[_Cursor]], schema: pa.Schema, limits: SortLimits,
-            stats: SortStats) -> Iterator[list[pa.Table]]:
+def _blocks(
+    cursors: list[list[_Cursor]], schema: pa.Schema, limits: SortLimits, stats: SortStats
+) -> Iterator[list[pa.Table]]:
     gathered: list[list[pa.Table]] = [[] for _ in cursors]
     gathered_rows = 0
     every = list(itertools.chain.from_iterable(cursors))
@@ -283,16 +291,22 @@ def _blocks(cursors: list[list[_Cursor]], schema: pa.Schema, limits: SortLimits,
 def _block(gathered: list[list[pa.Table]], schema: pa.Schema, stats: SortStats) -> list[pa.Table]:
     """One table per source from the gathered pieces (emptied)."""
     stats.blocks += 1
-    block = [pa.concat_tables(side) if side else pa.Table.from_batches([], schema=schema)
-             for side in gathered]
+    block = [
+        pa.concat_tables(side) if side else pa.Table.from_batches([], schema=schema)
+        for side in gathered
+    ]
     for side in gathered:
         side.clear()
     return block
 
 
 def reduce_runs(
-    sources: Sequence[Sequence[SortedRun]], schema: pa.Schema, directory: Path, *,
-    limits: SortLimits, stats: SortStats,
+    sources: Sequence[Sequence[SortedRun]],
+    schema: pa.Schema,
+    directory: Path,
+    *,
+    limits: SortLimits,
+    stats: SortStats,
 ) -> list[list[SortedRun]]:
     """Return ``sources`` with at most ``limits.fan_in`` runs in all: while there are more,
     merge the smallest runs of the source holding the most runs into one run (as few as
@@ -308,8 +322,9 @@ def reduce_runs(
         runs = max(result, key=len)
         count = min(limits.fan_in, total - limits.fan_in + 1, len(runs))
         group, rest = runs[:count], runs[count:]
-        merged = _merge_into_one(group, schema, directory / f"merged-{stats.merged_runs:06d}.arrow",
-                                 limits, stats)
+        merged = _merge_into_one(
+            group, schema, directory / f"merged-{stats.merged_runs:06d}.arrow", limits, stats
+        )
         for run in group:
             with contextlib.suppress(FileNotFoundError):
                 run.path.unlink()
@@ -317,8 +332,9 @@ def reduce_runs(
     return result
 
 
-def _merge_into_one(group: Sequence[SortedRun], schema: pa.Schema, path: Path,
-                    limits: SortLimits, stats: SortStats) -> SortedRun:
+def _merge_into_one(
+    group: Sequence[SortedRun], schema: pa.Schema, path: Path, limits: SortLimits, stats: SortStats
+) -> SortedRun:
     """Merge the runs of ``group`` (one source, at most ``fan_in``) into one run at ``path``."""
     with _RunWriter(path, schema, min(run.batch_rows for run in group)) as writer:
         for (block,) in merge_blocks([group], schema, limits=limits, stats=stats):

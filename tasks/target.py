@@ -55,7 +55,8 @@ def retries_committed(manifest: dict[str, Any], settings: RunSettings) -> bool:
         return False
     recorded = manifest.get("request_settings")
     return settings.retry_dead_letters or (
-        bool(recorded) and recorded != settings.request_fingerprint)
+        bool(recorded) and recorded != settings.request_fingerprint
+    )
 
 
 def resolve_run_target(store: ObjectStore, plan: InputPlan, settings: RunSettings) -> RunTarget:
@@ -78,9 +79,16 @@ def resolve_run_target(store: ObjectStore, plan: InputPlan, settings: RunSetting
 
 def _key_function(plan: InputPlan, settings: RunSettings) -> Callable[[int], str]:
     def key_for(generation: int) -> str:
-        return keys.run_key(plan.sha256, settings.id_column, settings.text_column,
-                            settings.effective_model, settings.dimensions, settings.chunk_size,
-                            generation=generation, columns=settings.key_columns)
+        return keys.run_key(
+            plan.sha256,
+            settings.id_column,
+            settings.text_column,
+            settings.effective_model,
+            settings.dimensions,
+            settings.chunk_size,
+            generation=generation,
+            columns=settings.key_columns,
+        )
 
     return key_for
 

@@ -22,9 +22,18 @@ from tests.support.s3_servers import (  # noqa: F401
 )
 from tests.support.tmpfs import tiny_tmpfs  # noqa: F401
 
-_SECRETS = ("OPENAI_API_KEY", "EMBEDLINE_API_KEY", "AWS_PROFILE", "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-            "AWS_ENDPOINT_URL_S3", "PREFECT_API_URL", "PREFECT_API_KEY")
+_SECRETS = (
+    "OPENAI_API_KEY",
+    "EMBEDLINE_API_KEY",
+    "AWS_PROFILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "PREFECT_API_URL",
+    "PREFECT_API_KEY",
+)
 
 
 _prefect_home: str | None = None  # the throwaway home this process made
@@ -58,4 +67,3 @@ def pytest_unconfigure(config: object) -> None:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-

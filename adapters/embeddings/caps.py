@@ -49,8 +49,9 @@ class RequestCaps:
         """Return (inputs, tokens) per request: the settings, lowered by learned caps."""
         with self._lock:
             inputs, tokens = self.max_inputs, self.max_tokens
-        return min(batch_size, inputs or batch_size), min(max_request_tokens,
-                                                          tokens or max_request_tokens)
+        return min(batch_size, inputs or batch_size), min(
+            max_request_tokens, tokens or max_request_tokens
+        )
 
     def learn(self, *, rejected: int, inputs: int, tokens: int | None, status: int | None) -> None:
         """Record that a request of ``rejected`` inputs was refused (HTTP ``status``) while
@@ -67,7 +68,8 @@ class RequestCaps:
             self._logger.warning(
                 "the server refused a request of %d inputs (HTTP %s) but accepted its rows in "
                 "smaller requests: sending at most %d inputs%s per request from now on",
-                rejected, status, max_inputs,
+                rejected,
+                status,
+                max_inputs,
                 f" and {max_tokens} estimated tokens" if max_tokens else "",
             )
-

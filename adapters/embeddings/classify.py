@@ -67,11 +67,15 @@ def classify_transport_error(exc: httpx.RequestError, *, where: str = "") -> Emb
             "stray characters such as newlines"
         )
     if isinstance(exc, httpx.ConnectError):
-        return RetryableError(f"cannot connect to{at} ({name}): check that the server is "
-                              "running and --base-url is right")
+        return RetryableError(
+            f"cannot connect to{at} ({name}): check that the server is "
+            "running and --base-url is right"
+        )
     if isinstance(exc, httpx.TimeoutException):
-        return RetryableError(f"no answer from{at} in time ({name}); if the server is slow, "
-                              "raise --timeout or send smaller requests (--batch-size)")
+        return RetryableError(
+            f"no answer from{at} in time ({name}); if the server is slow, "
+            "raise --timeout or send smaller requests (--batch-size)"
+        )
     return RetryableError(f"request to{at} failed without a response ({name})")
 
 
@@ -108,8 +112,10 @@ def classify(
     a message quoting one of ``redact`` (the batch's texts) is withheld.
     """
     if 200 <= status < 300:
-        return None if payload is not None else RetryableError(
-            f"HTTP {status} with a body that is not JSON", http_status=status
+        return (
+            None
+            if payload is not None
+            else RetryableError(f"HTTP {status} with a body that is not JSON", http_status=status)
         )
     code, message = error_fields(payload)
     detail = error_detail(code, message, redact)
@@ -221,4 +227,3 @@ def _quotes_input(message: str, texts: Sequence[str]) -> bool:
         if len(probe) >= 8 and probe in message:
             return True
     return False
-

@@ -159,7 +159,6 @@ def _usage_tokens(usage: object) -> int:
     return 0
 
 
-
 def well_formed(payload: object, n: int) -> bool:
     """True if ``payload`` is a 2xx body ``parse_embeddings`` accepts for ``n`` inputs, at
     any vector length."""

@@ -60,8 +60,12 @@ class FormatNegotiation:
     def may_explain(self, fmt: str, error: EmbedlineError | None, payload: object) -> bool:
         """True if base64 may be why a request sent as ``fmt`` failed with ``error`` (its
         decoded body ``payload``): then a fatal answer must not latch the client yet."""
-        return (fmt == "base64" and not self._settled and _probe_worthy(error)
-                and not _names_another_param(payload))
+        return (
+            fmt == "base64"
+            and not self._settled
+            and _probe_worthy(error)
+            and not _names_another_param(payload)
+        )
 
     def after_failure(
         self, fmt: str, error: EmbedlineError | None, payload: object, *, status: int
@@ -98,7 +102,8 @@ class FormatNegotiation:
         if first:
             self._logger.warning(
                 "the server refused encoding_format=base64 (HTTP %s) and accepted float: "
-                "using float for the rest of the run", status,
+                "using float for the rest of the run",
+                status,
             )
 
     def accepted(self, fmt: str) -> None:
@@ -128,5 +133,9 @@ def _probe_worthy(error: EmbedlineError | None) -> bool:
         return True
     if isinstance(error, RetryableError) and not isinstance(error, RateLimitedError):
         return status in (500, 501)  # not 502-504: those say "overloaded", not "cannot do"
-    return isinstance(error, FatalError) and status is not None and 400 <= status < 500 and (
-        status not in (401, 403, 404, 429))
+    return (
+        isinstance(error, FatalError)
+        and status is not None
+        and 400 <= status < 500
+        and (status not in (401, 403, 404, 429))
+    )

@@ -63,15 +63,21 @@ def auth_headers(api_key: str | None, header: str) -> dict[str, str]:
 def auth_hint(api_key: str | None, header: str) -> str:
     """What a 401/403 message says about the key and the header that carried it."""
     if api_key is None:
-        return ("no API key was sent: set EMBEDLINE_API_KEY (or OPENAI_API_KEY), and "
-                "--auth-header if the gateway reads the key from another header")
+        return (
+            "no API key was sent: set EMBEDLINE_API_KEY (or OPENAI_API_KEY), and "
+            "--auth-header if the gateway reads the key from another header"
+        )
     if header.lower() == "authorization":
-        return ("the key was sent as 'Authorization: Bearer …': check EMBEDLINE_API_KEY "
-                "(or OPENAI_API_KEY), or pass --auth-header api-key if the gateway "
-                "(Azure-style) expects the key in another header")
-    return (f"the key was sent in the {header!r} header (--auth-header or "
-            "EMBEDLINE_AUTH_HEADER): check EMBEDLINE_API_KEY (or OPENAI_API_KEY) and "
-            "the header name the gateway expects")
+        return (
+            "the key was sent as 'Authorization: Bearer …': check EMBEDLINE_API_KEY "
+            "(or OPENAI_API_KEY), or pass --auth-header api-key if the gateway "
+            "(Azure-style) expects the key in another header"
+        )
+    return (
+        f"the key was sent in the {header!r} header (--auth-header or "
+        "EMBEDLINE_AUTH_HEADER): check EMBEDLINE_API_KEY (or OPENAI_API_KEY) and "
+        "the header name the gateway expects"
+    )
 
 
 def check_api_key(api_key: str | None) -> None:

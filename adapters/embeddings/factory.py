@@ -58,16 +58,24 @@ def build_batch_client(settings: RunSettings, *, logger: Logger | None = None) -
     :raises InputError: a base URL that is not http(s).
     """
     api_key = api_key_from_env()
-    key = ("batch", settings.base_url, settings.max_attempts, auth_header_for(
-        settings.auth_header), hashlib.sha256(api_key.encode()).hexdigest() if api_key else None)
+    key = (
+        "batch",
+        settings.base_url,
+        settings.max_attempts,
+        auth_header_for(settings.auth_header),
+        hashlib.sha256(api_key.encode()).hexdigest() if api_key else None,
+    )
     with _embedders_lock:
         client = _batch_clients.get(key)
         if client is None:
-            client = BatchClient(base_url=settings.base_url, api_key=api_key,
-                                 timeout_s=max(settings.timeout_s, 120.0),
-                                 max_attempts=settings.max_attempts,
-                                 auth_header=auth_header_for(settings.auth_header),
-                                 logger=logger or logging.getLogger(HTTP_LOGGER))
+            client = BatchClient(
+                base_url=settings.base_url,
+                api_key=api_key,
+                timeout_s=max(settings.timeout_s, 120.0),
+                max_attempts=settings.max_attempts,
+                auth_header=auth_header_for(settings.auth_header),
+                logger=logger or logging.getLogger(HTTP_LOGGER),
+            )
             _batch_clients[key] = client
         return client
 
@@ -75,8 +83,10 @@ def build_batch_client(settings: RunSettings, *, logger: Logger | None = None) -
 def close_embedders() -> None:
     """Close and forget every cached client (end of a run, or between tests)."""
     with _embedders_lock:
-        clients: list[EmbeddingClient | BatchClient] = [*_embedders.values(),
-                                                        *_batch_clients.values()]
+        clients: list[EmbeddingClient | BatchClient] = [
+            *_embedders.values(),
+            *_batch_clients.values(),
+        ]
         _embedders.clear()
         _batch_clients.clear()
         _warned_no_key.clear()
@@ -87,9 +97,17 @@ def close_embedders() -> None:
 def _cache_key(settings: RunSettings, api_key: str | None) -> tuple[object, ...]:
     key_digest = hashlib.sha256(api_key.encode()).hexdigest() if api_key else None
     return (
-        settings.embedder, settings.effective_model, settings.base_url, settings.dimensions,
-        settings.timeout_s, settings.max_attempts, settings.concurrency, settings.rpm,
-        settings.tpm, key_digest, auth_header_for(settings.auth_header),
+        settings.embedder,
+        settings.effective_model,
+        settings.base_url,
+        settings.dimensions,
+        settings.timeout_s,
+        settings.max_attempts,
+        settings.concurrency,
+        settings.rpm,
+        settings.tpm,
+        key_digest,
+        auth_header_for(settings.auth_header),
         settings.encoding_format,
     )
 
@@ -103,12 +121,20 @@ def _new_embedder(settings: RunSettings, api_key: str | None, logger: Logger) ->
         _warned_no_key.add(settings.base_url)
         logger.warning(
             "no API key in EMBEDLINE_API_KEY or OPENAI_API_KEY: requests to %s carry no "
-            "Authorization header", safe_url(settings.base_url),
+            "Authorization header",
+            safe_url(settings.base_url),
         )
     return OpenAIEmbedder(
-        base_url=settings.base_url, model=settings.effective_model,
-        dimensions=settings.dimensions, api_key=api_key, timeout_s=settings.timeout_s,
-        max_attempts=settings.max_attempts, concurrency=settings.concurrency,
-        rpm=settings.rpm, tpm=settings.tpm, auth_header=auth_header_for(settings.auth_header),
-        encoding_format=settings.encoding_format, logger=logger,
+        base_url=settings.base_url,
+        model=settings.effective_model,
+        dimensions=settings.dimensions,
+        api_key=api_key,
+        timeout_s=settings.timeout_s,
+        max_attempts=settings.max_attempts,
+        concurrency=settings.concurrency,
+        rpm=settings.rpm,
+        tpm=settings.tpm,
+        auth_header=auth_header_for(settings.auth_header),
+        encoding_format=settings.encoding_format,
+        logger=logger,
     )

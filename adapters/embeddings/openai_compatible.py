@@ -243,10 +243,14 @@ class OpenAIEmbedder:
             raise ValueError("embed() needs at least one text")
         self._latch.check()
         batch = list(texts)
-        call = _Call(estimated_tokens=sum(estimate_tokens(t) for t in batch),
-                     expect_dimensions=expect_dimensions)
+        call = _Call(
+            estimated_tokens=sum(estimate_tokens(t) for t in batch),
+            expect_dimensions=expect_dimensions,
+        )
         retrying = request_retrying(
-            max_attempts=self.max_attempts, max_wait_s=self.max_wait_s, sleep=self._sleep,
+            max_attempts=self.max_attempts,
+            max_wait_s=self.max_wait_s,
+            sleep=self._sleep,
             before_sleep=self._log_retry,
         )
         try:
@@ -271,8 +275,9 @@ class OpenAIEmbedder:
                 self._latch.stop(unreachable)
                 raise unreachable from None
             raise
-        return Embeddings(vectors=vectors, tokens=tokens, requests=call.requests,
-                          inputs=call.inputs)
+        return Embeddings(
+            vectors=vectors, tokens=tokens, requests=call.requests, inputs=call.inputs
+        )
 
     def stop(self, error: FatalError) -> None:
         """Latch ``error`` as if the server had answered it: nothing more is sent."""
@@ -342,12 +347,15 @@ class OpenAIEmbedder:
             fmt = fmt or self._format.current
             response, payload = self._send(texts, key, fmt, call)
             error = classify(
-                response.status_code, response.headers, payload, model=self.model,
-                path=self._url.path, redact=texts,
+                response.status_code,
+                response.headers,
+                payload,
+                model=self.model,
+                path=self._url.path,
+                redact=texts,
                 auth_hint=auth_hint(self._api_key, self._auth_header),
             )
-            if isinstance(error, FatalError) and not self._format.may_explain(fmt, error,
-                                                                              payload):
+            if isinstance(error, FatalError) and not self._format.may_explain(fmt, error, payload):
                 self._latch.stop(error)
         return response, payload, error, fmt
 
@@ -380,8 +388,11 @@ class OpenAIEmbedder:
         body: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": fmt}
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
-        headers = {"Idempotency-Key": key, "Accept": "application/json",
-                   **auth_headers(self._api_key, self._auth_header)}
+        headers = {
+            "Idempotency-Key": key,
+            "Accept": "application/json",
+            **auth_headers(self._api_key, self._auth_header),
+        }
         call.requests += 1
         call.inputs += len(texts)
         started = time.perf_counter()
@@ -410,13 +421,21 @@ class OpenAIEmbedder:
         elapsed_ms = (time.perf_counter() - started) * 1000
         self._logger.info(
             "POST %s -> %s (%d inputs, attempt %d, %.0f ms)",
-            self._url.path, status, n, attempt, elapsed_ms,
+            self._url.path,
+            status,
+            n,
+            attempt,
+            elapsed_ms,
         )
 
     def _log_retry(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         self._logger.warning(
             "embedding request retry in %.2f s after %s (status %s; attempt %d of %d): %s",
-            state.upcoming_sleep, type(exc).__name__, getattr(exc, "http_status", None),
-            state.attempt_number, self.max_attempts, exc,
+            state.upcoming_sleep,
+            type(exc).__name__,
+            getattr(exc, "http_status", None),
+            state.attempt_number,
+            self.max_attempts,
+            exc,
         )

@@ -39,9 +39,7 @@ class SharedPause:
                 self._until, self._status = deadline, http_status
         return deadline
 
-    def wait(
-        self, sleep: Callable[[float], None], *, covered: float, max_wait_s: float
-    ) -> float:
+    def wait(self, sleep: Callable[[float], None], *, covered: float, max_wait_s: float) -> float:
         """Sleep once until the shared deadline, unless ``covered`` (a deadline already slept
         through) reaches it; return the deadline now covered.
 
@@ -56,7 +54,8 @@ class SharedPause:
             raise RetryLaterError(
                 f"not sent: the server asked this client to wait {remaining:.0f} s more, "
                 f"above the {max_wait_s:.0f} s a task sleeps; retry later",
-                http_status=status, retry_after_s=remaining,
+                http_status=status,
+                retry_after_s=remaining,
             )
         sleep(remaining)
         return until
@@ -79,11 +78,14 @@ def defer_if_too_long(exc: RetryableError, *, max_wait_s: float, logger: Logger)
     if isinstance(exc, RetryLaterError) or wait is None or wait <= max_wait_s:
         return
     logger.warning(
-        "server asked to wait %.0f s (status %s), above the %.0f s a task sleeps: "
-        "batch deferred", wait, exc.http_status, max_wait_s,
+        "server asked to wait %.0f s (status %s), above the %.0f s a task sleeps: batch deferred",
+        wait,
+        exc.http_status,
+        max_wait_s,
     )
     raise RetryLaterError(
         f"HTTP {exc.http_status}: the server asked to retry in {wait:.0f} s, above the "
         f"{max_wait_s:.0f} s limit; the batch is deferred, rerun later",
-        http_status=exc.http_status, retry_after_s=wait,
+        http_status=exc.http_status,
+        retry_after_s=wait,
     ) from exc

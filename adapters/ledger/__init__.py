@@ -54,8 +54,17 @@ from adapters.ledger.reuse_index import ReuseIndex
 from adapters.ledger.runs import RunTable
 from adapters.ledger.sink_loads import SinkLoadTable
 
-__all__ = ["SCHEMA_VERSION", "BatchRecord", "ChunkRecord", "Ledger", "ObjectRecord", "RunRecord",
-           "SinkLoadRecord", "new_owner", "record_hard_stop"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "BatchRecord",
+    "ChunkRecord",
+    "Ledger",
+    "ObjectRecord",
+    "RunRecord",
+    "SinkLoadRecord",
+    "new_owner",
+    "record_hard_stop",
+]
 
 
 class Ledger(RunTable, ChunkTable, ObjectTable, SinkLoadTable, ReuseIndex, BatchTable):
@@ -86,17 +95,24 @@ class Ledger(RunTable, ChunkTable, ObjectTable, SinkLoadTable, ReuseIndex, Batch
         self.forget_objects(output_uri, object_keys)
         with self.atomic() as db:
             for uri in object_uris:
-                row = db.execute("DELETE FROM objects WHERE object_uri = ? RETURNING chunk_key",
-                                 (uri,)).fetchone()
+                row = db.execute(
+                    "DELETE FROM objects WHERE object_uri = ? RETURNING chunk_key", (uri,)
+                ).fetchone()
                 if row is not None:
-                    db.execute("""DELETE FROM dead_letters WHERE chunk_key = ? AND NOT EXISTS
+                    db.execute(
+                        """DELETE FROM dead_letters WHERE chunk_key = ? AND NOT EXISTS
                                   (SELECT 1 FROM objects WHERE chunk_key = ?)""",
-                               (row[0], row[0]))
-                db.execute("""UPDATE chunks SET state = 'pending', updated_at = ?
+                        (row[0], row[0]),
+                    )
+                db.execute(
+                    """UPDATE chunks SET state = 'pending', updated_at = ?
                               WHERE object_uri = ? AND state = 'published'""",
-                           (now_iso(), uri))
-            db.executemany("UPDATE runs SET status = 'collected' WHERE manifest_uri = ?",
-                           [(u,) for u in manifest_uris])
+                    (now_iso(), uri),
+                )
+            db.executemany(
+                "UPDATE runs SET status = 'collected' WHERE manifest_uri = ?",
+                [(u,) for u in manifest_uris],
+            )
 
 
 def record_hard_stop(ledger_path: str, run_key: str) -> None:

@@ -44,8 +44,13 @@ class LedgerBase:
         with translate_full(self.path, "ledger"):  # creating the file, WAL and migrations
             if self.path != ":memory:":
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
-                                         check_same_thread=False, factory=LedgerConnection)
+            self._conn = sqlite3.connect(
+                self.path,
+                timeout=busy_timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
+                factory=LedgerConnection,
+            )
             self._conn.ledger_path = self.path  # every statement: a full disk, one line
             self._conn.row_factory = sqlite3.Row
             self._lock = threading.RLock()
@@ -104,8 +109,7 @@ class LedgerBase:
 #: ``-wal`` and ``-shm`` files beside the ledger after every ``status`` or ``search``.
 #: Closing the last connection checkpoints the WAL and removes both
 #: (https://sqlite.org/wal.html, "WAL file").
-_open: weakref.WeakKeyDictionary[sqlite3.Connection, threading.RLock] = \
-    weakref.WeakKeyDictionary()
+_open: weakref.WeakKeyDictionary[sqlite3.Connection, threading.RLock] = weakref.WeakKeyDictionary()
 
 
 @exit_cleanup

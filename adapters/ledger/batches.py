@@ -52,8 +52,13 @@ class BatchRecord:
 class BatchTable(LedgerBase):
     """The ledger's record of batches submitted to a Batch API."""
 
-    def add_batch_parts(self, run_key: str, idx: int, chunk_key: str,
-                        parts: list[tuple[int, int | None, int | None, BatchLayout]]) -> None:
+    def add_batch_parts(
+        self,
+        run_key: str,
+        idx: int,
+        chunk_key: str,
+        parts: list[tuple[int, int | None, int | None, BatchLayout]],
+    ) -> None:
         """Record parts ``(part, req_start, req_stop, layout)`` of chunk ``idx`` as
         ``creating``, with the requests each carries (``layout``; its requests and inputs
         counted from it), in one transaction (parts already recorded are kept)."""
@@ -64,20 +69,41 @@ class BatchTable(LedgerBase):
                    state, requests, inputs, layout, created_at, updated_at)
                    VALUES (?, ?, ?, ?, ?, ?, 'creating', ?, ?, ?, ?, ?)
                    ON CONFLICT (run_key, idx, part) DO NOTHING""",
-                [(run_key, idx, part, chunk_key, start, stop, len(layout),
-                  sum(len(rows) for _, rows in layout),
-                  json.dumps([[c, list(rows)] for c, rows in layout], separators=(",", ":")),
-                  now, now)
-                 for part, start, stop, layout in parts])
+                [
+                    (
+                        run_key,
+                        idx,
+                        part,
+                        chunk_key,
+                        start,
+                        stop,
+                        len(layout),
+                        sum(len(rows) for _, rows in layout),
+                        json.dumps([[c, list(rows)] for c, rows in layout], separators=(",", ":")),
+                        now,
+                        now,
+                    )
+                    for part, start, stop, layout in parts
+                ],
+            )
 
-    def mark_batch_submitted(self, run_key: str, idx: int, part: int, *, batch_id: str,
-                             input_file_id: str | None, status: str) -> None:
+    def mark_batch_submitted(
+        self,
+        run_key: str,
+        idx: int,
+        part: int,
+        *,
+        batch_id: str,
+        input_file_id: str | None,
+        status: str,
+    ) -> None:
         """Record the provider's id of part ``part`` (created, or adopted from the list)."""
         with self._lock:
             self._conn.execute(
                 """UPDATE batches SET state = 'submitted', batch_id = ?, input_file_id = ?,
                    status = ?, updated_at = ? WHERE run_key = ? AND idx = ? AND part = ?""",
-                (batch_id, input_file_id, status, now_iso(), run_key, idx, part))
+                (batch_id, input_file_id, status, now_iso(), run_key, idx, part),
+            )
 
     def note_batch_input(self, run_key: str, idx: int, part: int, input_file_id: str) -> None:
         """Record the uploaded input file of a part still ``creating``."""
@@ -85,11 +111,21 @@ class BatchTable(LedgerBase):
             self._conn.execute(
                 """UPDATE batches SET input_file_id = ?, updated_at = ?
                    WHERE run_key = ? AND idx = ? AND part = ?""",
-                (input_file_id, now_iso(), run_key, idx, part))
+                (input_file_id, now_iso(), run_key, idx, part),
+            )
 
-    def update_batch(self, run_key: str, batch_id: str, *, status: str,
-                     output_file_id: str | None, error_file_id: str | None, completed: int,
-                     failed: int, error: str | None = None) -> None:
+    def update_batch(
+        self,
+        run_key: str,
+        batch_id: str,
+        *,
+        status: str,
+        output_file_id: str | None,
+        error_file_id: str | None,
+        completed: int,
+        failed: int,
+        error: str | None = None,
+    ) -> None:
         """Record a poll of batch ``batch_id`` of run ``run_key`` (ids are unique per
         provider account, and one ledger may serve several: keyed with the run)."""
         with self._lock:
@@ -97,11 +133,22 @@ class BatchTable(LedgerBase):
                 """UPDATE batches SET status = ?, output_file_id = ?, error_file_id = ?,
                    completed = ?, failed = ?, error = COALESCE(?, error), updated_at = ?
                    WHERE run_key = ? AND batch_id = ?""",
-                (status, output_file_id, error_file_id, completed, failed, error, now_iso(),
-                 run_key, batch_id))
+                (
+                    status,
+                    output_file_id,
+                    error_file_id,
+                    completed,
+                    failed,
+                    error,
+                    now_iso(),
+                    run_key,
+                    batch_id,
+                ),
+            )
 
-    def mark_batch_not_found(self, run_key: str, batch_id: str, *,
-                             file_id: str | None = None) -> None:
+    def mark_batch_not_found(
+        self, run_key: str, batch_id: str, *, file_id: str | None = None
+    ) -> None:
         """Record a 404 of the provider: for batch ``batch_id`` itself (its ``status`` reads
         ``not_found`` until a poll finds it again: another API key, or purged), or, with
         ``file_id``, for one of its result files (deleted; said in ``error``)."""
@@ -109,20 +156,29 @@ class BatchTable(LedgerBase):
             if file_id is None:
                 self._conn.execute(
                     """UPDATE batches SET status = 'not_found', updated_at = ?
-                       WHERE run_key = ? AND batch_id = ?""", (now_iso(), run_key, batch_id))
+                       WHERE run_key = ? AND batch_id = ?""",
+                    (now_iso(), run_key, batch_id),
+                )
             else:
                 self._conn.execute(
                     """UPDATE batches SET error = ?, updated_at = ?
                        WHERE run_key = ? AND batch_id = ?""",
-                    (f"result file {file_id} not found at the provider (HTTP 404)", now_iso(),
-                     run_key, batch_id))
+                    (
+                        f"result file {file_id} not found at the provider (HTTP 404)",
+                        now_iso(),
+                        run_key,
+                        batch_id,
+                    ),
+                )
 
     def drop_batch_part(self, run_key: str, idx: int, part: int) -> None:
         """Forget a part still ``creating`` that no batch holds (it is recorded again)."""
         with self._lock:
             self._conn.execute(
                 """DELETE FROM batches WHERE run_key = ? AND idx = ? AND part = ?
-                   AND state = 'creating'""", (run_key, idx, part))
+                   AND state = 'creating'""",
+                (run_key, idx, part),
+            )
 
     def run_batches(self, run_key: str, idx: int | None = None) -> list[BatchRecord]:
         """The batches of run ``run_key`` (of chunk ``idx`` only, when given), by chunk and
@@ -132,12 +188,18 @@ class BatchTable(LedgerBase):
         if idx is not None:
             sql, args = sql + " AND idx = ?", (run_key, idx)
         rows = self._conn.execute(sql + " ORDER BY idx, part", args).fetchall()
-        return [BatchRecord(**{f: row[f] for f in BatchRecord.__slots__ if f != "layout"},
-                            layout=_layout(row["layout"])) for row in rows]
+        return [
+            BatchRecord(
+                **{f: row[f] for f in BatchRecord.__slots__ if f != "layout"},
+                layout=_layout(row["layout"]),
+            )
+            for row in rows
+        ]
 
 
 def _layout(stored: str | None) -> BatchLayout | None:
     if stored is None:
         return None
-    return tuple((str(custom_id), tuple(int(p) for p in rows))
-                 for custom_id, rows in json.loads(stored))
+    return tuple(
+        (str(custom_id), tuple(int(p) for p in rows)) for custom_id, rows in json.loads(stored)
+    )

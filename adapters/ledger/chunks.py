@@ -29,7 +29,8 @@ class ChunkTable(LedgerBase):
         ``pending``: the next run reclaims it at once (see ``claim``)."""
         counts: dict[str, int] = {}
         for state, owner in self._conn.execute(
-                "SELECT state, lease_owner FROM chunks WHERE run_key = ?", (run_key,)):
+            "SELECT state, lease_owner FROM chunks WHERE run_key = ?", (run_key,)
+        ):
             if state == "running" and owner_is_dead(owner):
                 state = "pending"
             counts[state] = counts.get(state, 0) + 1
@@ -40,7 +41,9 @@ class ChunkTable(LedgerBase):
         complete, in the error's own words (never input text: errors carry none)."""
         row = self._conn.execute(
             "SELECT idx, last_error FROM chunks WHERE run_key = ? AND state = 'failed' "
-            "ORDER BY idx LIMIT 1", (run_key,)).fetchone()
+            "ORDER BY idx LIMIT 1",
+            (run_key,),
+        ).fetchone()
         return None if row is None else (int(row[0]), str(row[1] or "unknown error"))
 
     def published_rows(self, run_key: str) -> int:
@@ -149,8 +152,14 @@ class ChunkTable(LedgerBase):
             db.executemany(
                 "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)",
                 [
-                    (spec.key, d.row_number - spec.first_row, d.id, d.reason, d.http_status,
-                     d.attempts)
+                    (
+                        spec.key,
+                        d.row_number - spec.first_row,
+                        d.id,
+                        d.reason,
+                        d.http_status,
+                        d.attempts,
+                    )
                     for d in dead_letters
                 ],
             )

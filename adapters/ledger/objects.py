@@ -25,8 +25,13 @@ class ObjectTable(LedgerBase):
             "SELECT * FROM dead_letters WHERE chunk_key = ? ORDER BY chunk_row", (spec.key,)
         )
         return [
-            DeadLetter(spec.first_row + r["chunk_row"], r["id"], r["reason"], r["http_status"],
-                       r["attempts"])
+            DeadLetter(
+                spec.first_row + r["chunk_row"],
+                r["id"],
+                r["reason"],
+                r["http_status"],
+                r["attempts"],
+            )
             for r in rows
         ]
 

@@ -43,8 +43,16 @@ def _bucket_rows(object_id: int, prefixes: np.ndarray) -> list[tuple[int, int, b
     buckets = bucket_of(prefixes)
     order = np.argsort(buckets, kind="stable")
     cut = np.flatnonzero(np.diff(buckets[order])) + 1
-    return [(int(buckets[part[0]]), object_id, prefixes[part].astype("<u8").tobytes(),
-             positions[part].tobytes()) for part in np.split(order, cut) if len(part)]
+    return [
+        (
+            int(buckets[part[0]]),
+            object_id,
+            prefixes[part].astype("<u8").tobytes(),
+            positions[part].tobytes(),
+        )
+        for part in np.split(order, cut)
+        if len(part)
+    ]
 
 
 class ReuseIndex(LedgerBase):
@@ -60,9 +68,12 @@ class ReuseIndex(LedgerBase):
     def indexes_output(self, output_uri: str) -> bool:
         """Whether the reuse index covers any object under ``output_uri`` (one indexed row
         read: a first run, or a fresh ledger, has nothing to copy from)."""
-        return self._conn.execute(
-            "SELECT 1 FROM reuse_objects WHERE output_uri = ? LIMIT 1", (output_uri,)
-        ).fetchone() is not None
+        return (
+            self._conn.execute(
+                "SELECT 1 FROM reuse_objects WHERE output_uri = ? LIMIT 1", (output_uri,)
+            ).fetchone()
+            is not None
+        )
 
     def index_object(
         self,
@@ -81,8 +92,9 @@ class ReuseIndex(LedgerBase):
         """
         self.index_objects(output_uri, [(object_key, model, dimensions, text_hashes)])
 
-    def index_objects(self, output_uri: str,
-                      objects: Sequence[tuple[str, str, str, Sequence[str]]]) -> None:
+    def index_objects(
+        self, output_uri: str, objects: Sequence[tuple[str, str, str, Sequence[str]]]
+    ) -> None:
         """``index_object`` for several ``(object key, model, dimensions, text hashes)`` in
         one transaction (a commit per object costs 11 ms: 2.2 s for 200 objects)."""
         with self.atomic() as db:
@@ -95,8 +107,10 @@ class ReuseIndex(LedgerBase):
                     (output_uri, object_key, model, dimensions, len(prefixes), now_iso()),
                 ).fetchone()
                 if row is not None:
-                    db.executemany("INSERT INTO reuse_buckets VALUES (?, ?, ?, ?)",
-                                   _bucket_rows(row[0], prefixes))
+                    db.executemany(
+                        "INSERT INTO reuse_buckets VALUES (?, ?, ?, ?)",
+                        _bucket_rows(row[0], prefixes),
+                    )
 
     def forget_objects(self, output_uri: str, object_keys: Sequence[str]) -> None:
         """Drop objects (deleted from the store) from the reuse index."""
@@ -104,7 +118,9 @@ class ReuseIndex(LedgerBase):
             for key in object_keys:
                 row = db.execute(
                     "DELETE FROM reuse_objects WHERE output_uri = ? AND object_key = ? "
-                    "RETURNING object_id", (output_uri, key)).fetchone()
+                    "RETURNING object_id",
+                    (output_uri, key),
+                ).fetchone()
                 if row is not None:
                     db.execute("DELETE FROM reuse_buckets WHERE object_id = ?", (row[0],))
 
@@ -115,11 +131,14 @@ class ReuseIndex(LedgerBase):
         order in which the join prefers a text's sources."""
         rows = self._conn.execute(
             "SELECT object_id, object_key FROM reuse_objects WHERE output_uri = ? AND model = ?"
-            " AND dimensions = ? ORDER BY object_id DESC", (output_uri, model, dimensions))
+            " AND dimensions = ? ORDER BY object_id DESC",
+            (output_uri, model, dimensions),
+        )
         return dict(rows.fetchall())
 
-    def bucket(self, bucket: int, object_ids: Sequence[int]
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def bucket(
+        self, bucket: int, object_ids: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every index entry of ``bucket`` in the objects ``object_ids``: three equal-length
         arrays, (prefixes ``uint64``, object ids ``int64``, row positions ``int64``), in no
         particular order. Memory: about 1/``BUCKETS`` of those objects' rows, 20 bytes each.
@@ -128,13 +147,15 @@ class ReuseIndex(LedgerBase):
         with self._lock:
             rows = self._conn.execute(
                 "SELECT object_id, prefixes, positions FROM reuse_buckets WHERE bucket = ?",
-                (bucket,)).fetchall()
+                (bucket,),
+            ).fetchall()
         rows = [r for r in rows if r[0] in wanted]
         if not rows:
             empty = np.zeros(0, dtype=np.int64)
             return np.zeros(0, dtype=np.uint64), empty, empty
         prefixes = np.concatenate([np.frombuffer(r[1], dtype="<u8") for r in rows])
         positions = np.concatenate([np.frombuffer(r[2], dtype="<u4") for r in rows])
-        owners = np.repeat(np.array([r[0] for r in rows], dtype=np.int64),
-                           [len(r[2]) // 4 for r in rows])
+        owners = np.repeat(
+            np.array([r[0] for r in rows], dtype=np.int64), [len(r[2]) // 4 for r in rows]
+        )
         return prefixes.astype(np.uint64), owners, positions.astype(np.int64)

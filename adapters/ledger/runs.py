@@ -52,8 +52,17 @@ class RunTable(LedgerBase):
                        status = 'running', flow_run_id = excluded.flow_run_id,
                        updated_at = excluded.updated_at""",
                 (
-                    run_key, plan.source.name, plan.sha256, plan.bytes, plan.rows, output_uri,
-                    json.dumps(settings, sort_keys=True), len(plan.chunks), flow_run_id, now, now,
+                    run_key,
+                    plan.source.name,
+                    plan.sha256,
+                    plan.bytes,
+                    plan.rows,
+                    output_uri,
+                    json.dumps(settings, sort_keys=True),
+                    len(plan.chunks),
+                    flow_run_id,
+                    now,
+                    now,
                 ),
             )
             db.executemany(
@@ -90,22 +99,31 @@ class RunTable(LedgerBase):
                        manifest_uri = COALESCE(?, manifest_uri), updated_at = ?,
                        facts_json = COALESCE(?, facts_json)
                    WHERE run_key = ?""",
-                (status, rows_published, rows_failed, manifest_uri, now_iso(),
-                 None if facts is None else json.dumps(facts, sort_keys=True), run_key),
+                (
+                    status,
+                    rows_published,
+                    rows_failed,
+                    manifest_uri,
+                    now_iso(),
+                    None if facts is None else json.dumps(facts, sort_keys=True),
+                    run_key,
+                ),
             )
 
     def run_facts(self, run_key: str) -> dict[str, object] | None:
         """The facts recorded when ``run_key`` committed (``finish_run(facts=…)``), or None
         (not committed by this ledger's runs, or committed before the ledger kept them)."""
-        row = self._conn.execute("SELECT facts_json FROM runs WHERE run_key = ?",
-                                 (run_key,)).fetchone()
+        row = self._conn.execute(
+            "SELECT facts_json FROM runs WHERE run_key = ?", (run_key,)
+        ).fetchone()
         return None if row is None or row[0] is None else dict(json.loads(row[0]))
 
     def runs(self) -> list[RunRecord]:
         """Return every run, newest first."""
-        return [self._run_record(r) for r in self._conn.execute(
-            "SELECT * FROM runs ORDER BY updated_at DESC"
-        )]
+        return [
+            self._run_record(r)
+            for r in self._conn.execute("SELECT * FROM runs ORDER BY updated_at DESC")
+        ]
 
     def find_run(self, key_or_prefix: str) -> RunRecord | None:
         """Return the run whose key is ``key_or_prefix`` or starts with it (≥ 8 hex chars).
@@ -142,8 +160,7 @@ class RunTable(LedgerBase):
     def run_process_gone(self, run_key: str) -> bool:
         """True if the process recorded as running ``run_key`` is known to be gone (this
         host only; a run of another host, or of an older ledger, counts as alive)."""
-        row = self._conn.execute("SELECT owner FROM runs WHERE run_key = ?",
-                                 (run_key,)).fetchone()
+        row = self._conn.execute("SELECT owner FROM runs WHERE run_key = ?", (run_key,)).fetchone()
         return row is not None and owner_is_dead(row[0])
 
     def mark_stopped(self, run_key: str, *, status: str = "interrupted") -> None:
@@ -152,9 +169,11 @@ class RunTable(LedgerBase):
         its status: an interrupt that lands just after the commit must not make a
         ``complete`` run read ``interrupted``."""
         with self.atomic() as db:
-            db.execute("UPDATE runs SET status = ?, updated_at = ? "
-                       "WHERE run_key = ? AND status = 'running'",
-                       (status, now_iso(), run_key))
+            db.execute(
+                "UPDATE runs SET status = ?, updated_at = ? "
+                "WHERE run_key = ? AND status = 'running'",
+                (status, now_iso(), run_key),
+            )
 
     def record_committed(
         self, run_key: str, *, manifest_uri: str, rows_published: int, rows_failed: int
@@ -169,7 +188,15 @@ class RunTable(LedgerBase):
                        manifest_uri = ?, updated_at = ?
                    WHERE run_key = ? AND (status != 'complete' OR manifest_uri IS NOT ?
                                           OR rows_published != ? OR rows_failed != ?)""",
-                (rows_published, rows_failed, manifest_uri, now_iso(), run_key, manifest_uri,
-                 rows_published, rows_failed),
+                (
+                    rows_published,
+                    rows_failed,
+                    manifest_uri,
+                    now_iso(),
+                    run_key,
+                    manifest_uri,
+                    rows_published,
+                    rows_failed,
+                ),
             ).rowcount
         return changed > 0

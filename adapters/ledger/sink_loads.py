@@ -37,10 +37,10 @@ class SinkLoadTable(LedgerBase):
                 (sink, run_key),
             ).fetchone()
             if superseded:
-                db.execute("DELETE FROM sink_chunks WHERE sink = ? AND run_key = ?",
-                           (sink, run_key))
-                db.execute("DELETE FROM sink_loads WHERE sink = ? AND run_key = ?",
-                           (sink, run_key))
+                db.execute(
+                    "DELETE FROM sink_chunks WHERE sink = ? AND run_key = ?", (sink, run_key)
+                )
+                db.execute("DELETE FROM sink_loads WHERE sink = ? AND run_key = ?", (sink, run_key))
             db.execute(
                 """INSERT INTO sink_loads (sink, run_key, state, mode, started_at, updated_at)
                    VALUES (?, ?, 'loading', ?, ?, ?)
@@ -77,7 +77,13 @@ class SinkLoadTable(LedgerBase):
         return {int(i): int(n) for i, n in rows}
 
     def mark_chunk_loaded(
-        self, sink: str, run_key: str, idx: int, *, chunk_key: str, rows: int,
+        self,
+        sink: str,
+        run_key: str,
+        idx: int,
+        *,
+        chunk_key: str,
+        rows: int,
         dead_letters: Sequence[LoadDeadLetter] = (),
     ) -> None:
         """Record chunk ``idx`` of ``run_key`` as loaded into ``sink`` (``rows`` upserted),
@@ -90,8 +96,7 @@ class SinkLoadTable(LedgerBase):
             db.executemany(
                 """INSERT INTO sink_dead_letters VALUES (?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (sink, run_key, idx, id) DO NOTHING""",
-                [(sink, run_key, idx, d.id, d.reason, d.sqlstate, d.message)
-                 for d in dead_letters],
+                [(sink, run_key, idx, d.id, d.reason, d.sqlstate, d.message) for d in dead_letters],
             )
             db.execute(
                 """INSERT INTO sink_chunks VALUES (?, ?, ?, ?, ?, ?)

@@ -42,6 +42,7 @@ _ACCEPTED_FORMS = (
     "or a plain directory path"
 )
 
+
 def open_store(uri: str) -> ObjectStore:
     """Return the store for ``--output``: ``s3://bucket[/prefix]`` → ``S3Store``;
     ``file:///abs/path`` or a plain path → ``LocalDirStore``. Opens no connection.

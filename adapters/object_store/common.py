@@ -10,8 +10,15 @@ import os
 from collections.abc import Callable
 from typing import BinaryIO
 
-__all__ = ["SCRATCH_PREFIX", "check_key", "check_scratch_key", "copy_hashing", "require_digest",
-           "sha256_file", "sha256_hex"]
+__all__ = [
+    "SCRATCH_PREFIX",
+    "check_key",
+    "check_scratch_key",
+    "copy_hashing",
+    "require_digest",
+    "sha256_file",
+    "sha256_hex",
+]
 
 _READ_BLOCK = 1 << 20  # bytes per read when streaming a file
 

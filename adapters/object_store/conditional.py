@@ -32,7 +32,9 @@ def existing_result(
     if stored != sha256:
         raise ConflictError(
             f"{uri} already holds other bytes (sha256 {stored}, ours {sha256}); it is never "
-            f"overwritten: {fix}", http_status=http_status)
+            f"overwritten: {fix}",
+            http_status=http_status,
+        )
     return PutResult(created=False, sha256=sha256)
 
 
@@ -58,7 +60,8 @@ def check_conditional_writes(store: ObjectStore) -> bool:
     else:
         refused = False
         # DEBUG: the caller says it once, in the one line the user reads (tasks/publish.py)
-        logger.debug("%s overwrote an existing object: it ignores If-None-Match",
-                     store.uri_for(key))
+        logger.debug(
+            "%s overwrote an existing object: it ignores If-None-Match", store.uri_for(key)
+        )
     store.discard_scratch(key)
     return refused

@@ -40,19 +40,26 @@ logger = logging.getLogger("embedline")
 #: Temp files are named ``.{name}.tmp-{pid}-{16 hex}`` so ``sweep_temp_files`` can find them.
 _TEMP_RE = re.compile(r"^\..+\.tmp-(?P<pid>\d+)-[0-9a-f]{16}$")
 
+
 def _translate_os_error(exc: OSError, path: str) -> EmbedlineError | None:
     """Map a filesystem error to a failure class; None means "unknown, re-raise as is"."""
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return FatalError(f"cannot write {path}: {exc.strerror}; check the output directory's "
-                          "permissions and that its filesystem is writable")
+        return FatalError(
+            f"cannot write {path}: {exc.strerror}; check the output directory's "
+            "permissions and that its filesystem is writable"
+        )
     if is_disk_full(exc):  # exit 1: a rerun after freeing space resumes (adapters.disk_full)
         return full_error(path, "output")
     if exc.errno in (errno.ENOTDIR, errno.EISDIR):
-        return FatalError(f"cannot write {path}: {exc.strerror}; a file stands where the "
-                          "output layout needs a directory (or the reverse)")
+        return FatalError(
+            f"cannot write {path}: {exc.strerror}; a file stands where the "
+            "output layout needs a directory (or the reverse)"
+        )
     if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
-        return FatalError(f"cannot create {path}: {exc.strerror}; the output filesystem does "
-                          "not support hard links, which create-only writes need")
+        return FatalError(
+            f"cannot create {path}: {exc.strerror}; the output filesystem does "
+            "not support hard links, which create-only writes need"
+        )
     return None
 
 
@@ -64,9 +71,11 @@ def _in_the_way_is_a_conflict(path: Path) -> Iterator[None]:
     try:
         yield
     except (IsADirectoryError, NotADirectoryError):
-        raise ConflictError(f"{path} (or a directory above it) exists and is not what the "
-                            "output layout needs; it is never replaced: remove it yourself "
-                            "or use a fresh --output") from None
+        raise ConflictError(
+            f"{path} (or a directory above it) exists and is not what the "
+            "output layout needs; it is never replaced: remove it yourself "
+            "or use a fresh --output"
+        ) from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -112,13 +121,16 @@ class LocalDirStore:
             created (permissions, a file in the way, a read-only file system).
         """
         if self.root.exists() and not self.root.is_dir():
-            raise InputError(f"--output {self.uri} exists and is not a directory; "
-                             "choose a directory path")
+            raise InputError(
+                f"--output {self.uri} exists and is not a directory; choose a directory path"
+            )
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise InputError(f"--output {self.uri} cannot be created: {exc.strerror}; "
-                             "choose a writable directory") from None
+            raise InputError(
+                f"--output {self.uri} cannot be created: {exc.strerror}; "
+                "choose a writable directory"
+            ) from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise InputError(f"--output {self.uri} is not writable; choose a writable directory")
 
@@ -129,9 +141,7 @@ class LocalDirStore:
         """Return the absolute path of ``key`` as a string. :raises ValueError: bad key."""
         return str(self._path(key))
 
-    def put_if_absent(
-        self, key: str, body: bytes, *, sha256: str, content_type: str
-    ) -> PutResult:
+    def put_if_absent(self, key: str, body: bytes, *, sha256: str, content_type: str) -> PutResult:
         """Create ``key`` holding ``body`` (bytes) unless it exists; never overwrite.
 
         ``content_type`` is accepted for interface parity and not stored.
@@ -209,8 +219,7 @@ class LocalDirStore:
     def _write_temp(target: Path, fill: Callable[[BinaryIO], str]) -> tuple[Path, str]:
         name = f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
         tmp = target.with_name(name)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-                     0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             with os.fdopen(fd, "wb") as fh:
                 sha256 = fill(fh)
@@ -223,10 +232,15 @@ class LocalDirStore:
 
     def _existing_result(self, key: str, target: Path, sha256: str) -> PutResult:
         if not target.is_file():
-            raise ConflictError(f"{self.uri_for(key)} exists and is not a regular file; "
-                                "it is never replaced")
-        result = existing_result(self.uri_for(key), sha256_file(target), sha256,
-                                 fix="use a fresh --output or remove it yourself")
+            raise ConflictError(
+                f"{self.uri_for(key)} exists and is not a regular file; it is never replaced"
+            )
+        result = existing_result(
+            self.uri_for(key),
+            sha256_file(target),
+            sha256,
+            fix="use a fresh --output or remove it yourself",
+        )
         logger.info("local PUT %s: exists with identical bytes", target)
         return result
 

@@ -144,12 +144,14 @@ class S3Store:
         if self._client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = self._checked(_build_client(
-                        connect_timeout_s=self.connect_timeout_s,
-                        read_timeout_s=self.read_timeout_s,
-                        max_attempts=self.max_attempts,
-                        max_pool=self.max_pool_connections,
-                    ))
+                    self._client = self._checked(
+                        _build_client(
+                            connect_timeout_s=self.connect_timeout_s,
+                            read_timeout_s=self.read_timeout_s,
+                            max_attempts=self.max_attempts,
+                            max_pool=self.max_pool_connections,
+                        )
+                    )
         return self._client
 
     def _checked(self, client: Any) -> Any:
@@ -170,9 +172,7 @@ class S3Store:
         """Return ``s3://bucket/prefix/key``. :raises ValueError: bad key."""
         return f"s3://{self.bucket}/{self._key(key)}"
 
-    def put_if_absent(
-        self, key: str, body: bytes, *, sha256: str, content_type: str
-    ) -> PutResult:
+    def put_if_absent(self, key: str, body: bytes, *, sha256: str, content_type: str) -> PutResult:
         """Create ``key`` with ``body`` (bytes) unless it exists; never overwrite.
 
         412 Precondition Failed (the key exists, RFC 9110 §15.5.13) is resolved with a HEAD:
@@ -225,9 +225,7 @@ class S3Store:
         """``s3_errors`` for this bucket: the one place botocore's errors are translated."""
         return s3_errors(bucket=self.bucket, what=what, **options)
 
-    def _put_once(
-        self, key: str, body: bytes | Path, sha256: str, content_type: str
-    ) -> PutResult:
+    def _put_once(self, key: str, body: bytes | Path, sha256: str, content_type: str) -> PutResult:
         """One conditional ``PutObject`` of ``body`` (bytes, or a local file opened for
         this attempt: botocore rewinds it for its own retries)."""
         digest_b64 = base64.b64encode(bytes.fromhex(sha256)).decode("ascii")
@@ -236,8 +234,12 @@ class S3Store:
                 payload = stack.enter_context(open(body, "rb")) if isinstance(body, Path) else body
                 with self._errors(f"PUT {self.uri_for(key)}", exists=True):
                     self.client.put_object(
-                        Bucket=self.bucket, Key=self._key(key), Body=payload,
-                        ContentType=content_type, IfNoneMatch="*", Metadata={"sha256": sha256},
+                        Bucket=self.bucket,
+                        Key=self._key(key),
+                        Body=payload,
+                        ContentType=content_type,
+                        IfNoneMatch="*",
+                        Metadata={"sha256": sha256},
                         **put_checksum_args(self.client, digest_b64),
                     )
         except KeyExists:
@@ -248,10 +250,12 @@ class S3Store:
     def _existing_result(self, key: str, sha256: str) -> PutResult:
         stored = self.head_sha256(key)
         if stored is None:
-            raise RetryableError(f"PUT {self.uri_for(key)}: 412 but the object is gone; retry",
-                                 http_status=412)
-        result = existing_result(self.uri_for(key), stored, sha256,
-                                 fix="use a fresh --output prefix", http_status=412)
+            raise RetryableError(
+                f"PUT {self.uri_for(key)}: 412 but the object is gone; retry", http_status=412
+            )
+        result = existing_result(
+            self.uri_for(key), stored, sha256, fix="use a fresh --output prefix", http_status=412
+        )
         logger.info("S3 PUT %s: exists with identical bytes (412)", self.uri_for(key))
         return result
 
@@ -273,8 +277,10 @@ class S3Store:
             return None
         stored = head.get("Metadata", {}).get("sha256")
         if not stored:
-            raise ConflictError(f"{self.uri_for(key)} exists without sha256 metadata (not "
-                                "written by embedline); it is never overwritten")
+            raise ConflictError(
+                f"{self.uri_for(key)} exists without sha256 metadata (not "
+                "written by embedline); it is never overwritten"
+            )
         return str(stored)
 
     def get(self, key: str) -> bytes:
@@ -296,8 +302,9 @@ class S3Store:
         """
         uri = self.uri_for(key)
         with self._errors(f"GET {uri}", missing=uri):
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
-                                              Range=f"bytes=-{_TAIL_BYTES}")
+            response = self.client.get_object(
+                Bucket=self.bucket, Key=self._key(key), Range=f"bytes=-{_TAIL_BYTES}"
+            )
             tail = bytes(response["Body"].read())
         content_range = str(response.get("ContentRange") or "")
         size = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else len(tail)
@@ -309,8 +316,9 @@ class S3Store:
         extra = {"IfMatch": etag} if etag else {}
         uri = self.uri_for(key)
         with self._errors(f"GET {uri}", missing=uri):
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
-                                              Range=f"bytes={start}-{stop - 1}", **extra)
+            response = self.client.get_object(
+                Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{stop - 1}", **extra
+            )
             return bytes(response["Body"].read())
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
@@ -319,11 +327,15 @@ class S3Store:
         # not uri_for: a prefix such as "chunks/" is no valid key
         with self._errors(f"LIST s3://{self.bucket}/{root}{prefix}"):
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=root + prefix)
+                Bucket=self.bucket, Prefix=root + prefix
+            )
             for page in pages:
                 for item in page.get("Contents", []):
-                    yield ObjectInfo(item["Key"][len(root):], int(item["Size"]),
-                                     item["LastModified"].timestamp())
+                    yield ObjectInfo(
+                        item["Key"][len(root) :],
+                        int(item["Size"]),
+                        item["LastModified"].timestamp(),
+                    )
 
     def delete(self, key: str) -> None:
         """Delete ``key`` (garbage collection only; a missing key is not an error)."""
@@ -354,9 +366,7 @@ class S3Store:
 class _S3RangeReader(io.RawIOBase):
     """A read-only, seekable raw file over one S3 object, one ranged GET per ``readinto``."""
 
-    def __init__(
-        self, store: S3Store, key: str, size: int, etag: str | None, tail: bytes
-    ) -> None:
+    def __init__(self, store: S3Store, key: str, size: int, etag: str | None, tail: bytes) -> None:
         self._store, self._key, self._size, self._etag = store, key, size, etag
         self._tail, self._tail_start = tail, size - len(tail)
         self._pos = 0
@@ -380,7 +390,7 @@ class _S3RangeReader(io.RawIOBase):
         if stop <= self._pos:
             return 0
         if self._pos >= self._tail_start:
-            data = self._tail[self._pos - self._tail_start: stop - self._tail_start]
+            data = self._tail[self._pos - self._tail_start : stop - self._tail_start]
         else:
             data = self._store._get_range(self._key, self._pos, stop, self._etag)
         buffer[: len(data)] = data
@@ -394,5 +404,8 @@ def _is_conditional_conflict(exc: BaseException) -> bool:
 
 def _log_conflict_retry(retry_state: Any) -> None:
     seconds = retry_state.next_action.sleep if retry_state.next_action else 0.0
-    logger.warning("S3 409 ConditionalRequestConflict; retrying in %.2f s (attempt %d)",
-                   seconds, retry_state.attempt_number)
+    logger.warning(
+        "S3 409 ConditionalRequestConflict; retrying in %.2f s (attempt %d)",
+        seconds,
+        retry_state.attempt_number,
+    )

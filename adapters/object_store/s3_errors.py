@@ -29,15 +29,30 @@ class KeyExists(Exception):
 
 
 #: Error codes that mean "credentials or permissions are wrong" (HTTP 403 family).
-_AUTH_CODES = frozenset({
-    "AccessDenied", "AllAccessDisabled", "AccountProblem", "ExpiredToken",
-    "InvalidAccessKeyId", "InvalidToken", "SignatureDoesNotMatch", "TokenRefreshRequired",
-})
+_AUTH_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "AccountProblem",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidToken",
+        "SignatureDoesNotMatch",
+        "TokenRefreshRequired",
+    }
+)
 #: Error codes that mean "the request may succeed if sent again".
-_TRANSIENT_CODES = frozenset({
-    "BadDigest", "InternalError", "OperationAborted", "RequestTimeout",
-    "ServiceUnavailable", "SlowDown", "XAmzContentSHA256Mismatch",
-})
+_TRANSIENT_CODES = frozenset(
+    {
+        "BadDigest",
+        "InternalError",
+        "OperationAborted",
+        "RequestTimeout",
+        "ServiceUnavailable",
+        "SlowDown",
+        "XAmzContentSHA256Mismatch",
+    }
+)
 
 
 def _error_code_and_status(exc: Any) -> tuple[str, int | None]:
@@ -89,12 +104,16 @@ def translate_s3_error(exc: BaseException, *, bucket: str, what: str) -> Embedli
     if isinstance(exc, bexc.ClientError):
         return _translate_client_error(exc, bucket=bucket, what=what)
     if isinstance(exc, (bexc.NoCredentialsError, bexc.PartialCredentialsError)):
-        return FatalError(f"{what}: no usable AWS credentials for bucket {bucket!r}; set "
-                          "AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or attach "
-                          "a role")
+        return FatalError(
+            f"{what}: no usable AWS credentials for bucket {bucket!r}; set "
+            "AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or attach "
+            "a role"
+        )
     if isinstance(exc, (bexc.ConnectionError, bexc.HTTPClientError)):
-        return RetryableError(f"{what}: connection failed or timed out "
-                              f"({type(exc).__name__}); the store may be unreachable")
+        return RetryableError(
+            f"{what}: connection failed or timed out "
+            f"({type(exc).__name__}); the store may be unreachable"
+        )
     return None
 
 
@@ -102,35 +121,50 @@ def _translate_client_error(exc: Any, *, bucket: str, what: str) -> EmbedlineErr
     code, status = _error_code_and_status(exc)
     label = f"{what}: {code or status}"
     if code == "ConditionalRequestConflict" or status == 409:
-        return RetryableError(f"{label}: a concurrent write to the key is in progress",
-                              http_status=409)
+        return RetryableError(
+            f"{label}: a concurrent write to the key is in progress", http_status=409
+        )
     if code == "NoSuchBucket":
-        return FatalError(f"{label}: bucket {bucket!r} does not exist; create it or fix "
-                          "--output (and AWS_ENDPOINT_URL / region for S3-compatible stores)",
-                          http_status=status)
+        return FatalError(
+            f"{label}: bucket {bucket!r} does not exist; create it or fix "
+            "--output (and AWS_ENDPOINT_URL / region for S3-compatible stores)",
+            http_status=status,
+        )
     if code in _AUTH_CODES or status == 403:
-        return FatalError(f"{label}: access to bucket {bucket!r} was refused; check the AWS "
-                          "credentials in use (AWS_PROFILE, AWS_ACCESS_KEY_ID, role) and that "
-                          "the bucket policy allows s3:PutObject, s3:GetObject",
-                          http_status=status)
+        return FatalError(
+            f"{label}: access to bucket {bucket!r} was refused; check the AWS "
+            "credentials in use (AWS_PROFILE, AWS_ACCESS_KEY_ID, role) and that "
+            "the bucket policy allows s3:PutObject, s3:GetObject",
+            http_status=status,
+        )
     if code == "NotImplemented" or status == 501:
-        return FatalError(f"{label}: the store behind bucket {bucket!r} does not implement "
-                          "conditional writes (PutObject If-None-Match: *); use AWS S3 or a "
-                          "store that does", http_status=status)
+        return FatalError(
+            f"{label}: the store behind bucket {bucket!r} does not implement "
+            "conditional writes (PutObject If-None-Match: *); use AWS S3 or a "
+            "store that does",
+            http_status=status,
+        )
     if code in _TRANSIENT_CODES or status in (408, 429) or (status or 0) >= 500:
-        return RetryableError(f"{label}: the store is failing or throttling",
-                              http_status=status)
+        return RetryableError(f"{label}: the store is failing or throttling", http_status=status)
     if status is not None and 400 <= status < 500:
         said = store_message(exc)
         hint = checksum_hint(said) or "check the request and the store's documentation"
-        return FatalError(f"{label}: the store rejected the request for bucket {bucket!r}"
-                          + (f" ({said})" if said else "") + f"; {hint}", http_status=status)
+        return FatalError(
+            f"{label}: the store rejected the request for bucket {bucket!r}"
+            + (f" ({said})" if said else "")
+            + f"; {hint}",
+            http_status=status,
+        )
     return None
 
 
 @contextlib.contextmanager
 def s3_errors(
-    *, bucket: str, what: str, missing: str | None = None, exists: bool = False,
+    *,
+    bucket: str,
+    what: str,
+    missing: str | None = None,
+    exists: bool = False,
     warning: str | None = None,
 ) -> Iterator[None]:
     """Translate the botocore errors raised inside the block (``translate_s3_error``).

@@ -19,5 +19,13 @@ from adapters.sinks.base import (
 )
 from adapters.sinks.factory import is_sink_uri, open_sink, validate_sink_uri
 
-__all__ = ["DEFAULT_TABLE", "SINK_FORMAT", "check_compatible", "is_sink_uri", "open_sink",
-           "sink_metadata", "sink_table_from_metadata", "validate_sink_uri"]
+__all__ = [
+    "DEFAULT_TABLE",
+    "SINK_FORMAT",
+    "check_compatible",
+    "is_sink_uri",
+    "open_sink",
+    "sink_metadata",
+    "sink_table_from_metadata",
+    "validate_sink_uri",
+]

@@ -58,8 +58,9 @@ class PgAlias:
         with conn.transaction():
             if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (REGISTRY,)).fetchone()[0]:
                 return AliasState(self.alias, None, None)
-            row = conn.execute(f"SELECT current, previous FROM {REGISTRY} WHERE alias = %s",
-                               (self.alias,)).fetchone()
+            row = conn.execute(
+                f"SELECT current, previous FROM {REGISTRY} WHERE alias = %s", (self.alias,)
+            ).fetchone()
         return AliasState(self.alias, *(row or (None, None)))
 
     def switch(self, table: str) -> AliasState:
@@ -72,25 +73,31 @@ class PgAlias:
         conn = self._connection()
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_LOCK_KEY,))
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {REGISTRY} (alias text PRIMARY KEY, "
-                         "current text NOT NULL, previous text, "
-                         "switched_at timestamptz NOT NULL DEFAULT now())")
-            row = conn.execute(f"SELECT current FROM {REGISTRY} WHERE alias = %s FOR UPDATE",
-                               (self.alias,)).fetchone()
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {REGISTRY} (alias text PRIMARY KEY, "
+                "current text NOT NULL, previous text, "
+                "switched_at timestamptz NOT NULL DEFAULT now())"
+            )
+            row = conn.execute(
+                f"SELECT current FROM {REGISTRY} WHERE alias = %s FOR UPDATE", (self.alias,)
+            ).fetchone()
             current = None if row is None else row[0]
             self._refuse_foreign(conn, made_here=current is not None)
             if current == table:
                 return self.state()
             view, target = sql.Identifier(self.alias), sql.Identifier(table)
-            comment = conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')",
-                                   ('"' + table + '"',)).fetchone()[0]
+            comment = conn.execute(
+                "SELECT obj_description(to_regclass(%s), 'pg_class')", ('"' + table + '"',)
+            ).fetchone()[0]
             conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
             conn.execute(sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(view, target))
             conn.execute(sql.SQL("COMMENT ON VIEW {} IS {}").format(view, sql.Literal(comment)))
-            conn.execute(f"INSERT INTO {REGISTRY} (alias, current) VALUES (%s, %s) "
-                         "ON CONFLICT (alias) DO UPDATE SET current = excluded.current, "
-                         f"previous = {REGISTRY}.current, switched_at = now()",
-                         (self.alias, table))
+            conn.execute(
+                f"INSERT INTO {REGISTRY} (alias, current) VALUES (%s, %s) "
+                "ON CONFLICT (alias) DO UPDATE SET current = excluded.current, "
+                f"previous = {REGISTRY}.current, switched_at = now()",
+                (self.alias, table),
+            )
         return AliasState(self.alias, table, current)
 
     def check_name(self) -> None:
@@ -105,11 +112,14 @@ class PgAlias:
             self._refuse_foreign(conn, made_here=made)
 
     def _refuse_foreign(self, conn: Any, *, made_here: bool) -> None:
-        kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
-                            ('"' + self.alias + '"',)).fetchone()
+        kind = conn.execute(
+            "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", ('"' + self.alias + '"',)
+        ).fetchone()
         if kind is not None and (kind[0] != "v" or not made_here):
-            raise InputError(f"PostgreSQL {self.dsn}: {self.alias!r} exists and is not an "
-                             "alias embedline made; pick another --alias name")
+            raise InputError(
+                f"PostgreSQL {self.dsn}: {self.alias!r} exists and is not an "
+                "alias embedline made; pick another --alias name"
+            )
 
     def close(self) -> None:
         """Close the connection."""
@@ -134,8 +144,14 @@ class QdrantAlias:
         """Where the alias points (the server's aliases) and the previous collection (the
         registry's point)."""
         with self._lock, self.sink.client_for("read aliases of") as client:
-            current = next((a.collection_name for a in client.get_aliases().aliases
-                            if a.alias_name == self.alias), None)
+            current = next(
+                (
+                    a.collection_name
+                    for a in client.get_aliases().aliases
+                    if a.alias_name == self.alias
+                ),
+                None,
+            )
             previous = None
             if client.collection_exists(REGISTRY):
                 found = client.retrieve(REGISTRY, [self._point_id()], with_payload=True)
@@ -152,8 +168,10 @@ class QdrantAlias:
         with self._lock, self.sink.client_for("read collections of") as client:
             taken = client.collection_exists(self.alias)
         if taken:
-            raise InputError(f"{self.sink.identity}: a collection is named {self.alias!r}; "
-                             "pick another --alias name")
+            raise InputError(
+                f"{self.sink.identity}: a collection is named {self.alias!r}; "
+                "pick another --alias name"
+            )
 
     def switch(self, table: str) -> AliasState:
         """Move the alias to collection ``table`` in one aliases call; record the previous.
@@ -169,18 +187,32 @@ class QdrantAlias:
         with self._lock, self.sink.client_for("switch alias of") as client:
             operations: list[Any] = []
             if before.current is not None:
-                operations.append(models.DeleteAliasOperation(
-                    delete_alias=models.DeleteAlias(alias_name=self.alias)))
-            operations.append(models.CreateAliasOperation(create_alias=models.CreateAlias(
-                collection_name=table, alias_name=self.alias)))
+                operations.append(
+                    models.DeleteAliasOperation(
+                        delete_alias=models.DeleteAlias(alias_name=self.alias)
+                    )
+                )
+            operations.append(
+                models.CreateAliasOperation(
+                    create_alias=models.CreateAlias(collection_name=table, alias_name=self.alias)
+                )
+            )
             client.update_collection_aliases(change_aliases_operations=operations)
             if not client.collection_exists(REGISTRY):
-                client.create_collection(REGISTRY, vectors_config=models.VectorParams(
-                    size=1, distance=models.Distance.DOT))
-            client.upsert(REGISTRY, [models.PointStruct(
-                id=self._point_id(), vector=[0.0],
-                payload={"alias": self.alias, "current": table,
-                         "previous": before.current})])
+                client.create_collection(
+                    REGISTRY,
+                    vectors_config=models.VectorParams(size=1, distance=models.Distance.DOT),
+                )
+            client.upsert(
+                REGISTRY,
+                [
+                    models.PointStruct(
+                        id=self._point_id(),
+                        vector=[0.0],
+                        payload={"alias": self.alias, "current": table, "previous": before.current},
+                    )
+                ],
+            )
         return AliasState(self.alias, table, before.current)
 
     def close(self) -> None:

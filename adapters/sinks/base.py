@@ -50,14 +50,19 @@ KEPT_HASH = "kept_sha256"
 OWN_COLUMNS = ("id", "embedding", "text_sha256", "run_key")
 
 
-def sink_metadata(*, embedder: str, model: str, dimensions: int,
-                  columns: SinkColumns = SinkColumns()) -> str:
+def sink_metadata(
+    *, embedder: str, model: str, dimensions: int, columns: SinkColumns = SinkColumns()
+) -> str:
     """The JSON a sink table carries about its vectors (a LanceDB schema metadata value, a
     PostgreSQL table comment): ``kept_columns`` and ``keep_text`` only when it has them,
     so a plain table's metadata holds only ``format``, ``embedder``, ``model`` and
     ``dimensions``."""
-    meta: dict[str, Any] = {"format": SINK_FORMAT, "embedder": embedder, "model": model,
-                            "dimensions": dimensions}
+    meta: dict[str, Any] = {
+        "format": SINK_FORMAT,
+        "embedder": embedder,
+        "model": model,
+        "dimensions": dimensions,
+    }
     if columns.kept:
         meta["kept_columns"] = list(columns.kept)
     if columns.text:
@@ -67,15 +72,18 @@ def sink_metadata(*, embedder: str, model: str, dimensions: int,
 
 def sink_columns_of(manifest: dict[str, Any]) -> SinkColumns:
     """The ``SinkColumns`` a run's manifest asks for (none for older manifests)."""
-    return SinkColumns(tuple(str(c) for c in manifest.get("kept_columns") or ()),
-                       bool(manifest.get("keep_text")))
+    return SinkColumns(
+        tuple(str(c) for c in manifest.get("kept_columns") or ()), bool(manifest.get("keep_text"))
+    )
 
 
 def kept_hashes(table: pa.Table, kept: Sequence[str]) -> pa.Array:
     """Each row's ``template.kept_sha256`` of its values in the ``kept`` columns (strings;
     a column ``table`` lacks counts as null): the chunk key's and the held key's part."""
-    values = [table.column(c).to_pylist() if c in table.column_names else [None] * table.num_rows
-              for c in kept]
+    values = [
+        table.column(c).to_pylist() if c in table.column_names else [None] * table.num_rows
+        for c in kept
+    ]
     if not values:
         return pa.array([], type=pa.string())
     return pa.array([kept_sha256(row) for row in zip(*values, strict=True)], type=pa.string())
@@ -95,8 +103,10 @@ def extra_values(rows: pa.Table, columns: SinkColumns) -> dict[str, list[Any]]:
     """
     missing = [c for c in columns.names if c not in rows.column_names]
     if missing:
-        raise FatalError(f"the rows to load have no column {missing[0]!r}, which the sink "
-                         "table keeps: load a run made with the same --keep-columns")
+        raise FatalError(
+            f"the rows to load have no column {missing[0]!r}, which the sink "
+            "table keeps: load a run made with the same --keep-columns"
+        )
     out: dict[str, list[Any]] = {}
     if columns.kept:
         out[KEPT_HASH] = kept_hashes(rows, columns.kept).to_pylist()
@@ -113,12 +123,19 @@ def sink_table_from_metadata(text: str | bytes | None, *, dimensions: int, rows:
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != SINK_FORMAT:
         return SinkTable(None, None, dimensions, rows)
-    return SinkTable(str(meta.get("embedder")), str(meta.get("model")), dimensions, rows,
-                     sink_columns_of(meta))
+    return SinkTable(
+        str(meta.get("embedder")), str(meta.get("model")), dimensions, rows, sink_columns_of(meta)
+    )
 
 
-def check_compatible(found: SinkTable, *, where: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> None:
+def check_compatible(
+    found: SinkTable,
+    *,
+    where: str,
+    model: str,
+    dimensions: int,
+    columns: SinkColumns = SinkColumns(),
+) -> None:
     """Refuse to mix vectors of another length or model in one table, or to load a run
     keeping other columns than the table was created with.
 
@@ -151,8 +168,13 @@ def vector_matrix(rows: pa.Table) -> np.ndarray:
     return matrix
 
 
-def exact_top_k(matrix: np.ndarray, ids: Sequence[Any], vector: np.ndarray, k: int,
-                values: Sequence[Sequence[Any]] = ()) -> list[tuple[Any, ...]]:
+def exact_top_k(
+    matrix: np.ndarray,
+    ids: Sequence[Any],
+    vector: np.ndarray,
+    k: int,
+    values: Sequence[Sequence[Any]] = (),
+) -> list[tuple[Any, ...]]:
     """The ``k`` rows of ``matrix`` (float32, rows × d) most cosine-similar to ``vector``
     (d,), as ``(id, similarity, *values)``, most similar first (ties: lower row first);
     ``values`` are columns (one sequence per column, a value per row) returned beside each
@@ -185,4 +207,3 @@ class KeptColumnsCache:
                 return SinkColumns()
             self._kept = found.columns
         return self._kept
-

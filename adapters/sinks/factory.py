@@ -41,8 +41,15 @@ from adapters.uris import redact, scheme_of
 from embedline.errors import FatalError, InputError
 from embedline.protocols import AliasSwitch, VectorSink
 
-__all__ = ["KINDS", "SinkKind", "is_sink_uri", "open_alias", "open_sink", "sink_uri_for_table",
-           "validate_sink_uri"]
+__all__ = [
+    "KINDS",
+    "SinkKind",
+    "is_sink_uri",
+    "open_alias",
+    "open_sink",
+    "sink_uri_for_table",
+    "validate_sink_uri",
+]
 
 _TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")  # a PostgreSQL identifier, unquoted
 
@@ -71,8 +78,10 @@ class SinkKind:
 
 def _table_name(name: str, shown: str) -> str:
     if not _TABLE_RE.match(name):
-        raise InputError(f"sink {shown}: table name {name!r} must be letters, digits and _ "
-                         "(at most 63, not starting with a digit)")
+        raise InputError(
+            f"sink {shown}: table name {name!r} must be letters, digits and _ "
+            "(at most 63, not starting with a digit)"
+        )
     return name
 
 
@@ -100,16 +109,18 @@ def _lancedb_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
         return {"path": os.path.dirname(path), "table": _table_name(name, shown)}
     # The text after the LAST '?' is embedline's own query, so a sink's identity
     # (lancedb://ABSPATH?table=NAME) names its path literally whatever it holds.
-    path, mark, query = text[len("lancedb://"):].rpartition("?")
+    path, mark, query = text[len("lancedb://") :].rpartition("?")
     if not mark:
         path, query = query, ""
     if not path:
         raise InputError(f"sink {shown}: no database path; {_forms()}")
     table, query = _split_table(query, shown)
     if query:
-        raise InputError(f"sink {shown}: only ?table=NAME is accepted after the path (a "
-                         "path holding '?' needs ?table=NAME after it, or write the sink "
-                         f"as PATH/NAME.lance); {_forms()}")
+        raise InputError(
+            f"sink {shown}: only ?table=NAME is accepted after the path (a "
+            "path holding '?' needs ?table=NAME after it, or write the sink "
+            f"as PATH/NAME.lance); {_forms()}"
+        )
     return {"path": os.path.abspath(path), "table": table}
 
 
@@ -129,8 +140,10 @@ def _pgvector_claims(scheme: str, text: str) -> bool:
 def _pgvector_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
     parts = urlsplit(text)  # a libpq URI: RFC 3986 rules, percent-decoded by libpq
     if parts.password:
-        raise InputError(f"sink {shown}: a password in the URI is not accepted; set "
-                         "PGPASSWORD (or use ~/.pgpass) and leave it out of the URI")
+        raise InputError(
+            f"sink {shown}: a password in the URI is not accepted; set "
+            "PGPASSWORD (or use ~/.pgpass) and leave it out of the URI"
+        )
     table, query = _split_table(parts.query, shown)
     netloc = parts.netloc.split("@")
     user_host = (netloc[0].split(":")[0] + "@" + netloc[1]) if len(netloc) == 2 else netloc[0]
@@ -143,8 +156,9 @@ def _pgvector_open(params: dict[str, str]) -> VectorSink:
         import pgvector.psycopg  # noqa: F401
         import psycopg  # noqa: F401
     except ImportError:
-        raise FatalError("the pgvector sink needs psycopg and pgvector: pip install "
-                         "'embedline[pgvector]'") from None
+        raise FatalError(
+            "the pgvector sink needs psycopg and pgvector: pip install 'embedline[pgvector]'"
+        ) from None
     from adapters.sinks.pgvector import PgVectorSink
 
     return PgVectorSink(params["dsn"], table=params["table"])
@@ -157,8 +171,9 @@ _COLLECTION_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 
 def _collection_name(name: str, shown: str) -> str:
     if not _COLLECTION_RE.match(name):
-        raise InputError(f"sink {shown}: collection name {name!r} must be letters, digits, _ "
-                         "and - (at most 255)")
+        raise InputError(
+            f"sink {shown}: collection name {name!r} must be letters, digits, _ and - (at most 255)"
+        )
     return name
 
 
@@ -167,7 +182,7 @@ def _qdrant_claims(scheme: str, text: str) -> bool:
 
 
 def _qdrant_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
-    rest = text[len(scheme) + 3:]
+    rest = text[len(scheme) + 3 :]
     if scheme == "qdrant+local":
         path, mark, query = rest.rpartition("?")
         if not mark:
@@ -177,17 +192,24 @@ def _qdrant_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
         pairs = parse_qsl(query, keep_blank_values=True)
         names = [v for k, v in pairs if k == "collection"]
         if len(names) > 1 or len(pairs) > len(names):
-            raise InputError(f"sink {shown}: only ?collection=NAME (once) is accepted after the "
-                             "path (a path holding '?' needs ?collection=NAME after it); "
-                             f"{_forms()}")
+            raise InputError(
+                f"sink {shown}: only ?collection=NAME (once) is accepted after the "
+                "path (a path holding '?' needs ?collection=NAME after it); "
+                f"{_forms()}"
+            )
         collection = _collection_name(names[0] if names else DEFAULT_TABLE, shown)
         path = os.path.abspath(path)
-        return {"path": path, "collection": collection,
-                "identity": f"qdrant+local://{path}?collection={collection}"}
+        return {
+            "path": path,
+            "collection": collection,
+            "identity": f"qdrant+local://{path}?collection={collection}",
+        }
     parts = urlsplit(text)
     if "@" in parts.netloc:
-        raise InputError(f"sink {shown}: credentials in the URI are not accepted; set "
-                         "QDRANT_API_KEY and leave them out of the URI")
+        raise InputError(
+            f"sink {shown}: credentials in the URI are not accepted; set "
+            "QDRANT_API_KEY and leave them out of the URI"
+        )
     collection = parts.path.strip("/")
     if not parts.hostname or not collection or parts.query or parts.fragment:
         raise InputError(f"sink {shown}: expected {scheme}://HOST[:PORT]/COLLECTION; {_forms()}")
@@ -198,20 +220,28 @@ def _qdrant_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
     http = "https" if scheme == "qdrant+https" else "http"
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     collection = _collection_name(collection, shown)
-    return {"url": f"{http}://{host}:{port}", "collection": collection,
-            "identity": f"{scheme}://{host}:{port}/{collection}"}
+    return {
+        "url": f"{http}://{host}:{port}",
+        "collection": collection,
+        "identity": f"{scheme}://{host}:{port}/{collection}",
+    }
 
 
 def _qdrant_open(params: dict[str, str]) -> VectorSink:
     try:
         import qdrant_client  # noqa: F401
     except ImportError:
-        raise FatalError("the Qdrant sink needs qdrant-client: pip install "
-                         "'embedline[qdrant]'") from None
+        raise FatalError(
+            "the Qdrant sink needs qdrant-client: pip install 'embedline[qdrant]'"
+        ) from None
     from adapters.sinks.qdrant import QdrantSink
 
-    return QdrantSink(collection=params["collection"], url=params.get("url"),
-                      path=params.get("path"), identity=params["identity"])
+    return QdrantSink(
+        collection=params["collection"],
+        url=params.get("url"),
+        path=params.get("path"),
+        identity=params["identity"],
+    )
 
 
 def _pgvector_retable(params: dict[str, str], table: str) -> dict[str, str]:
@@ -223,8 +253,10 @@ def _pgvector_alias(params: dict[str, str], alias: str, via: VectorSink | None) 
 
     del via  # a connection of its own: the switch is one transaction
     if not _TABLE_RE.match(alias):
-        raise InputError(f"--alias {alias!r}: a PostgreSQL alias is a view name: letters, "
-                         "digits and _ (at most 63, not starting with a digit)")
+        raise InputError(
+            f"--alias {alias!r}: a PostgreSQL alias is a view name: letters, "
+            "digits and _ (at most 63, not starting with a digit)"
+        )
     return PgAlias(params["dsn"], alias)
 
 
@@ -244,13 +276,31 @@ def _qdrant_alias(params: dict[str, str], alias: str, via: VectorSink | None) ->
 
 #: The stores, tried in order; the first whose ``claims`` is true parses the URI.
 KINDS: tuple[SinkKind, ...] = (
-    SinkKind("lancedb", ("lancedb://PATH[?table=NAME]", "PATH/NAME.lance"),
-             _lancedb_claims, _lancedb_parse, _lancedb_open),
-    SinkKind("pgvector", ("postgresql://user@host:port/db[?table=NAME]",),
-             _pgvector_claims, _pgvector_parse, _pgvector_open,
-             _pgvector_retable, _pgvector_alias),
-    SinkKind("qdrant", ("qdrant://HOST:PORT/COLLECTION", "qdrant+local://PATH[?collection=NAME]"),
-             _qdrant_claims, _qdrant_parse, _qdrant_open, _qdrant_retable, _qdrant_alias),
+    SinkKind(
+        "lancedb",
+        ("lancedb://PATH[?table=NAME]", "PATH/NAME.lance"),
+        _lancedb_claims,
+        _lancedb_parse,
+        _lancedb_open,
+    ),
+    SinkKind(
+        "pgvector",
+        ("postgresql://user@host:port/db[?table=NAME]",),
+        _pgvector_claims,
+        _pgvector_parse,
+        _pgvector_open,
+        _pgvector_retable,
+        _pgvector_alias,
+    ),
+    SinkKind(
+        "qdrant",
+        ("qdrant://HOST:PORT/COLLECTION", "qdrant+local://PATH[?collection=NAME]"),
+        _qdrant_claims,
+        _qdrant_parse,
+        _qdrant_open,
+        _qdrant_retable,
+        _qdrant_alias,
+    ),
 )
 
 
@@ -327,8 +377,10 @@ def open_alias(uri: str, alias: str, *, via: VectorSink | None = None) -> AliasS
 def _aliasing(uri: str) -> tuple[SinkKind, dict[str, str]]:
     kind, params = _parse(uri)
     if kind.alias is None:
-        raise InputError(f"{kind.name} has no aliases or views, so --alias cannot switch "
-                         "readers in one step: load each model into a table of its own "
-                         "(?table=NAME) and point the application at it, or use pgvector or "
-                         "Qdrant")
+        raise InputError(
+            f"{kind.name} has no aliases or views, so --alias cannot switch "
+            "readers in one step: load each model into a table of its own "
+            "(?table=NAME) and point the application at it, or use pgvector or "
+            "Qdrant"
+        )
     return kind, params

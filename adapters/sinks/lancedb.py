@@ -68,8 +68,10 @@ def _lance_errors(where: str) -> Iterator[None]:
         yield
     except (RuntimeError, OSError) as exc:
         if "commit conflict" in str(exc).lower():
-            raise RetryableError(f"{where}: another writer committed at the same time; rerun "
-                                 "the same command to load the rest") from exc
+            raise RetryableError(
+                f"{where}: another writer committed at the same time; rerun "
+                "the same command to load the rest"
+            ) from exc
         raise
 
 
@@ -133,8 +135,9 @@ class LanceDBSink(KeptColumnsCache):
         return sink_table_from_metadata(meta, dimensions=dims, rows=table.count_rows())
 
     @_writes
-    def ensure_table(self, *, embedder: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> SinkTable:
+    def ensure_table(
+        self, *, embedder: str, model: str, dimensions: int, columns: SinkColumns = SinkColumns()
+    ) -> SinkTable:
         """Create the table with embedline's schema if absent (the kept columns and
         ``text`` as strings, ``kept_sha256`` with kept columns); check an existing one.
 
@@ -143,20 +146,30 @@ class LanceDBSink(KeptColumnsCache):
         found = self.describe()
         if found is None:
             schema = pa.schema(
-                [("id", pa.string()), ("embedding", pa.list_(pa.float32(), dimensions)),
-                 ("text_sha256", pa.string()), ("run_key", pa.string())]
+                [
+                    ("id", pa.string()),
+                    ("embedding", pa.list_(pa.float32(), dimensions)),
+                    ("text_sha256", pa.string()),
+                    ("run_key", pa.string()),
+                ]
                 + [(name, pa.string()) for name in _extra_names(columns)],
-                metadata={_META_KEY: sink_metadata(embedder=embedder, model=model,
-                                                   dimensions=dimensions,
-                                                   columns=columns).encode()},
+                metadata={
+                    _META_KEY: sink_metadata(
+                        embedder=embedder, model=model, dimensions=dimensions, columns=columns
+                    ).encode()
+                },
             )
-            self._table = self._db().create_table(self.table_name, schema=schema,
-                                                  exist_ok=True)
+            self._table = self._db().create_table(self.table_name, schema=schema, exist_ok=True)
             found = self.describe()
             assert found is not None
         self._check_shape(dimensions, found.columns)  # the shape its own metadata names
-        check_compatible(found, where=f"LanceDB table {self.identity}", model=model,
-                         dimensions=dimensions, columns=columns)
+        check_compatible(
+            found,
+            where=f"LanceDB table {self.identity}",
+            model=model,
+            dimensions=dimensions,
+            columns=columns,
+        )
         self._kept = found.columns
         return found
 
@@ -170,22 +183,29 @@ class LanceDBSink(KeptColumnsCache):
         for name in ("id", "text_sha256", "run_key", *_extra_names(columns)):
             if name not in schema.names:
                 problems.append(f"no column {name}")
-            elif not pa.types.is_string(schema.field(name).type) and \
-                    not pa.types.is_large_string(schema.field(name).type):
+            elif not pa.types.is_string(schema.field(name).type) and not pa.types.is_large_string(
+                schema.field(name).type
+            ):
                 problems.append(f"{name} is {schema.field(name).type}, not string")
         if "embedding" not in schema.names:
             problems.append("no column embedding")
-        elif not pa.types.is_fixed_size_list(schema.field("embedding").type) or \
-                schema.field("embedding").type.value_type != pa.float32():
-            problems.append(f"embedding is {schema.field('embedding').type}, not "
-                            f"fixed_size_list<float>[{dimensions}]")
+        elif (
+            not pa.types.is_fixed_size_list(schema.field("embedding").type)
+            or schema.field("embedding").type.value_type != pa.float32()
+        ):
+            problems.append(
+                f"embedding is {schema.field('embedding').type}, not "
+                f"fixed_size_list<float>[{dimensions}]"
+            )
         extra = [n for n in schema.names if n not in (*OWN_COLUMNS, *_extra_names(columns))]
         problems += [f"column {n} is not one embedline writes" for n in extra]
         if problems:
-            raise FatalError(f"LanceDB table {self.identity} is not of embedline's shape (id, "
-                             f"embedding fixed_size_list<float>[{dimensions}], text_sha256, "
-                             "run_key): " + "; ".join(problems) + ". Load into another table "
-                             "(?table=NAME) or drop that one")
+            raise FatalError(
+                f"LanceDB table {self.identity} is not of embedline's shape (id, "
+                f"embedding fixed_size_list<float>[{dimensions}], text_sha256, "
+                "run_key): " + "; ".join(problems) + ". Load into another table "
+                "(?table=NAME) or drop that one"
+            )
 
     def _require(self) -> Any:
         table = self._open()
@@ -203,19 +223,32 @@ class LanceDBSink(KeptColumnsCache):
             return UpsertResult(0)
         finite = np.isfinite(vector_matrix(rows)).all(axis=1)
         ids = rows.column("id").to_pylist()
-        refused = tuple((i, ids[i], "non_finite_vector", None, "the vector holds NaN or "
-                         "infinity, which LanceDB refuses") for i in np.flatnonzero(~finite))
+        refused = tuple(
+            (
+                i,
+                ids[i],
+                "non_finite_vector",
+                None,
+                "the vector holds NaN or infinity, which LanceDB refuses",
+            )
+            for i in np.flatnonzero(~finite)
+        )
         good = rows.filter(pa.array(finite)) if refused else rows
         data = good.select(["id", "embedding", "text_sha256"]).append_column(
-            "run_key", pa.array([run_key] * good.num_rows, type=pa.string()))
+            "run_key", pa.array([run_key] * good.num_rows, type=pa.string())
+        )
         for name, values in extra_values(good, self._columns()).items():
             data = data.append_column(name, pa.array(values, type=pa.string()))
         with self._lock, _lance_errors(f"upsert into {self.identity}"):
             table = self._require()
             if good.num_rows:
                 data = data.cast(table.schema.remove_metadata())
-                (table.merge_insert("id").when_matched_update_all()
-                 .when_not_matched_insert_all().execute(data))
+                (
+                    table.merge_insert("id")
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute(data)
+                )
         if refused:
             self.delete_ids([r[1] for r in refused])
         return UpsertResult(good.num_rows, tuple((int(i), *rest) for i, *rest in refused))
@@ -227,7 +260,7 @@ class LanceDBSink(KeptColumnsCache):
             table = self._require()
             deleted = 0
             for start in range(0, len(ids), _DELETE_BATCH):
-                batch = ids[start:start + _DELETE_BATCH]
+                batch = ids[start : start + _DELETE_BATCH]
                 result = table.delete(f"id IN ({', '.join(_quote(i) for i in batch)})")
                 deleted += int(result.num_deleted_rows)
             return deleted
@@ -275,15 +308,26 @@ class LanceDBSink(KeptColumnsCache):
                 except (RuntimeError, OSError, ValueError) as exc:
                     if "conflict" not in str(exc).lower():
                         raise
-                    logger.warning("%s: compaction met a concurrent commit (attempt %d of %d)",
-                                   self.identity, attempt, _OPTIMIZE_ATTEMPTS)
+                    logger.warning(
+                        "%s: compaction met a concurrent commit (attempt %d of %d)",
+                        self.identity,
+                        attempt,
+                        _OPTIMIZE_ATTEMPTS,
+                    )
                     table.checkout_latest()
-            logger.warning("%s: not compacted this time (other writers); the rows are loaded",
-                           self.identity)
+            logger.warning(
+                "%s: not compacted this time (other writers); the rows are loaded", self.identity
+            )
             return "not compacted (other writers)"
 
-    def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
-               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:
+    def search(
+        self,
+        vector: np.ndarray,
+        k: int,
+        *,
+        columns: Sequence[str] = (),
+        where: Sequence[tuple[str, str]] = (),
+    ) -> list[tuple[Any, ...]]:
         """Exact cosine search: up to ``k`` ``(id, similarity, *values of columns)``, most
         similar first, among the rows whose ``where`` columns equal their values.
 
@@ -295,19 +339,28 @@ class LanceDBSink(KeptColumnsCache):
         table = self._require()
         if any("`" in name for name, _ in where):
             return self._scanned(np.asarray(vector, dtype=np.float32), k, columns, where)
-        query = (table.search(np.asarray(vector, dtype=np.float32),
-                              vector_column_name="embedding").distance_type("cosine"))
+        query = table.search(
+            np.asarray(vector, dtype=np.float32), vector_column_name="embedding"
+        ).distance_type("cosine")
         if where:
-            query = query.where(" AND ".join(f"`{name}` = {_quote(value)}"
-                                             for name, value in where), prefilter=True)
+            query = query.where(
+                " AND ".join(f"`{name}` = {_quote(value)}" for name, value in where), prefilter=True
+            )
         result = query.select(["id", *columns, "_distance"]).limit(k).to_arrow()
         values = [result.column(c).to_pylist() for c in columns]
-        return [(i, 1.0 - float(d), *extra) for i, d, *extra in
-                zip(result.column("id").to_pylist(), result.column("_distance").to_pylist(),
-                    *values, strict=True)]
+        return [
+            (i, 1.0 - float(d), *extra)
+            for i, d, *extra in zip(
+                result.column("id").to_pylist(),
+                result.column("_distance").to_pylist(),
+                *values,
+                strict=True,
+            )
+        ]
 
-    def _scanned(self, vector: np.ndarray, k: int, columns: Sequence[str],
-                 where: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
+    def _scanned(
+        self, vector: np.ndarray, k: int, columns: Sequence[str], where: Sequence[tuple[str, str]]
+    ) -> list[tuple[Any, ...]]:
         """``search`` by reading the table and filtering it in Arrow (exact; no SQL)."""
         import pyarrow.compute as pc
 
@@ -315,8 +368,13 @@ class LanceDBSink(KeptColumnsCache):
         rows = self._require().to_arrow().select(names)
         for name, value in where:
             rows = rows.filter(pc.equal(rows.column(name), pa.scalar(value, pa.string())))
-        return exact_top_k(vector_matrix(rows), rows.column("id").to_pylist(), vector, k,
-                           [rows.column(c).to_pylist() for c in columns])
+        return exact_top_k(
+            vector_matrix(rows),
+            rows.column("id").to_pylist(),
+            vector,
+            k,
+            [rows.column(c).to_pylist() for c in columns],
+        )
 
     def close(self) -> None:
         """Forget the open table (LanceDB holds no connection)."""

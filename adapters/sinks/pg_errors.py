@@ -28,8 +28,18 @@ from typing import Literal
 
 from embedline.errors import FatalError, RetryableError
 
-__all__ = ["REASONS", "Refusal", "classify", "describe_columns_sql", "one_line", "relkind_sql",
-           "row_reason", "shape_problems", "translate", "unique_id_sql"]
+__all__ = [
+    "REASONS",
+    "Refusal",
+    "classify",
+    "describe_columns_sql",
+    "one_line",
+    "relkind_sql",
+    "row_reason",
+    "shape_problems",
+    "translate",
+    "unique_id_sql",
+]
 
 Refusal = Literal["row", "table", "retry", "fatal"]
 
@@ -78,21 +88,29 @@ def translate(exc: Exception, where: str) -> Exception:
     import psycopg
 
     if isinstance(exc, psycopg.errors.InsufficientPrivilege | psycopg.errors.InvalidPassword):
-        return FatalError(f"{where}: {exc.__class__.__name__}: check the user's rights and "
-                          "PGPASSWORD")
+        return FatalError(
+            f"{where}: {exc.__class__.__name__}: check the user's rights and PGPASSWORD"
+        )
     if isinstance(exc, psycopg.errors.UndefinedFile):
-        return FatalError(f"{where}: the pgvector extension is not available on this server "
-                          f"({exc.__class__.__name__}); install pgvector")
+        return FatalError(
+            f"{where}: the pgvector extension is not available on this server "
+            f"({exc.__class__.__name__}); install pgvector"
+        )
     kind = classify(exc)
     state = getattr(exc, "sqlstate", None)
     if kind == "retry":
-        advice = ("free space on the database server" if str(state).startswith("53") else
-                  "check that the server is running")
+        advice = (
+            "free space on the database server"
+            if str(state).startswith("53")
+            else "check that the server is running"
+        )
         return RetryableError(f"{where}: {one_line(exc)}; {advice}")
     if kind == "table":
-        return FatalError(f"{where}: the table is not of embedline's shape ({state}: "
-                          f"{one_line(exc)}); load into another table (?table=NAME) or fix "
-                          "that one")
+        return FatalError(
+            f"{where}: the table is not of embedline's shape ({state}: "
+            f"{one_line(exc)}); load into another table (?table=NAME) or fix "
+            "that one"
+        )
     if not isinstance(exc, psycopg.DatabaseError):
         return exc  # a client-side misuse: a bug, reported as such
     return FatalError(f"{where}: PostgreSQL refused it ({state}: {one_line(exc)})")
@@ -106,12 +124,18 @@ def _texty(type_name: str, *, min_length: int | None) -> bool:
     if type_name in _TEXT_TYPES:
         return True
     if type_name.startswith("character varying(") and min_length is not None:
-        return int(type_name[len("character varying("):-1]) >= min_length
+        return int(type_name[len("character varying(") : -1]) >= min_length
     return False
 
 
-def shape_problems(columns: Sequence[tuple[str, str, bool, bool]], *, has_unique_id: bool,
-                   kind: str, dimensions: int, extra: Sequence[str] = ()) -> list[str]:
+def shape_problems(
+    columns: Sequence[tuple[str, str, bool, bool]],
+    *,
+    has_unique_id: bool,
+    kind: str,
+    dimensions: int,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """What differs between an existing table and embedline's shape, one phrase each.
 
     ``columns``: ``(name, format_type, NOT NULL, has a default)`` per column; ``kind``: its
@@ -122,8 +146,12 @@ def shape_problems(columns: Sequence[tuple[str, str, bool, bool]], *, has_unique
     if kind not in ("r", "p"):
         return [f"it is not a table (relkind {kind!r})"]
     found = {name: (type_name, notnull, default) for name, type_name, notnull, default in columns}
-    want = {"id": None, "embedding": None, "text_sha256": _MIN_KEY_LENGTH,
-            "run_key": _MIN_KEY_LENGTH}
+    want = {
+        "id": None,
+        "embedding": None,
+        "text_sha256": _MIN_KEY_LENGTH,
+        "run_key": _MIN_KEY_LENGTH,
+    }
     problems = [f"no column {name}" for name in want if name not in found]
     if "id" in found and not _texty(found["id"][0], min_length=1):
         problems.append(f"id is {found['id'][0]}, not text")
@@ -133,16 +161,17 @@ def shape_problems(columns: Sequence[tuple[str, str, bool, bool]], *, has_unique
     for name in extra:
         if name not in found:
             problems.append(f"no column {name}")
-        elif not _texty(found[name][0], min_length=_MIN_KEY_LENGTH if name == "kept_sha256"
-                        else 1):
+        elif not _texty(found[name][0], min_length=_MIN_KEY_LENGTH if name == "kept_sha256" else 1):
             problems.append(f"{name} is {found[name][0]}, not text")
     if "embedding" in found and not found["embedding"][0].startswith("vector("):
         problems.append(f"embedding is {found['embedding'][0]}, not vector({dimensions})")
     if not has_unique_id and "id" in found:
         problems.append("no primary key (or unique index) on id alone")
-    problems += [f"column {name} is NOT NULL without a default (embedline does not write it)"
-                 for name, (_, notnull, default) in found.items()
-                 if name not in want and name not in extra and notnull and not default]
+    problems += [
+        f"column {name} is NOT NULL without a default (embedline does not write it)"
+        for name, (_, notnull, default) in found.items()
+        if name not in want and name not in extra and notnull and not default
+    ]
     return problems
 
 

@@ -23,8 +23,14 @@ from typing import Any
 
 from embedline.progress import PROGRESS_LOGGER
 
-__all__ = ["GRAPH_BYTES_PER_ROW", "MAX_BUILD_MEMORY_KB", "MAX_BUILD_WORKERS",
-           "graph_bytes", "index_build_settings", "progress_lines"]
+__all__ = [
+    "GRAPH_BYTES_PER_ROW",
+    "MAX_BUILD_MEMORY_KB",
+    "MAX_BUILD_WORKERS",
+    "graph_bytes",
+    "index_build_settings",
+    "progress_lines",
+]
 
 logger = logging.getLogger("embedline")
 progress_logger = logging.getLogger(PROGRESS_LOGGER)
@@ -44,8 +50,11 @@ def graph_bytes(rows: int, dimensions: int) -> int:
 
 
 def _setting(conn: Any, name: str) -> int:
-    return int(conn.execute("SELECT setting::bigint FROM pg_settings WHERE name = %s",
-                            (name,)).fetchone()[0])
+    return int(
+        conn.execute("SELECT setting::bigint FROM pg_settings WHERE name = %s", (name,)).fetchone()[
+            0
+        ]
+    )
 
 
 def index_build_settings(conn: Any, *, rows: int, dimensions: int) -> dict[str, str]:
@@ -60,11 +69,15 @@ def index_build_settings(conn: Any, *, rows: int, dimensions: int) -> dict[str, 
     if want_kb > have_kb:
         settings["maintenance_work_mem"] = f"{want_kb // 1024}MB"
     if graph_bytes(rows, dimensions) // 1024 > max(have_kb, want_kb):
-        logger.warning("the HNSW graph of %d rows × %d dimensions (about %d MB) will not fit "
-                       "in maintenance_work_mem (%d MB): the build goes on slower on disk; "
-                       "raise maintenance_work_mem on the server to speed it up", rows,
-                       dimensions, graph_bytes(rows, dimensions) >> 20,
-                       max(have_kb, want_kb) >> 10)
+        logger.warning(
+            "the HNSW graph of %d rows × %d dimensions (about %d MB) will not fit "
+            "in maintenance_work_mem (%d MB): the build goes on slower on disk; "
+            "raise maintenance_work_mem on the server to speed it up",
+            rows,
+            dimensions,
+            graph_bytes(rows, dimensions) >> 20,
+            max(have_kb, want_kb) >> 10,
+        )
     have_workers = _setting(conn, "max_parallel_maintenance_workers")
     want_workers = min(MAX_BUILD_WORKERS, _setting(conn, "max_parallel_workers"))
     if want_workers > have_workers:
@@ -73,15 +86,20 @@ def index_build_settings(conn: Any, *, rows: int, dimensions: int) -> dict[str, 
 
 
 @contextmanager
-def progress_lines(dsn: str, pid: int, identity: str, rows: int,
-                   interval_s: float) -> Iterator[None]:
+def progress_lines(
+    dsn: str, pid: int, identity: str, rows: int, interval_s: float
+) -> Iterator[None]:
     """While the body runs, log every ``interval_s`` seconds how far backend ``pid``'s
     ``CREATE INDEX`` got (phase, rows done of ``rows``), on a connection of its own. A
     failure to read the progress is logged once at DEBUG and ends the lines, never the
     build."""
     stop = threading.Event()
-    thread = threading.Thread(target=_report, args=(dsn, pid, identity, rows, interval_s, stop),
-                              name="embedline-index-progress", daemon=True)
+    thread = threading.Thread(
+        target=_report,
+        args=(dsn, pid, identity, rows, interval_s, stop),
+        name="embedline-index-progress",
+        daemon=True,
+    )
     thread.start()
     try:
         yield
@@ -90,25 +108,32 @@ def progress_lines(dsn: str, pid: int, identity: str, rows: int,
         thread.join(timeout=5)
 
 
-def _report(dsn: str, pid: int, identity: str, rows: int, interval_s: float,
-            stop: threading.Event) -> None:
+def _report(
+    dsn: str, pid: int, identity: str, rows: int, interval_s: float, stop: threading.Event
+) -> None:
     import psycopg
 
     started = time.monotonic()
     try:
         with psycopg.connect(dsn, connect_timeout=10, autocommit=True) as conn:
             while not stop.wait(interval_s):
-                row = conn.execute("SELECT phase, tuples_done, tuples_total FROM "
-                                   "pg_stat_progress_create_index WHERE pid = %s",
-                                   (pid,)).fetchone()
+                row = conn.execute(
+                    "SELECT phase, tuples_done, tuples_total FROM "
+                    "pg_stat_progress_create_index WHERE pid = %s",
+                    (pid,),
+                ).fetchone()
                 if row is None:
                     continue
                 phase, done, total = row
                 total = int(total or 0) or rows
                 progress_logger.info(
                     "%s: building the HNSW index, %s: %d of %d rows (%.0f %%), %.0f s",
-                    identity, phase, int(done or 0), total,
+                    identity,
+                    phase,
+                    int(done or 0),
+                    total,
                     100.0 * int(done or 0) / max(total, 1),
-                    time.monotonic() - started)
+                    time.monotonic() - started,
+                )
     except psycopg.Error as exc:
         logger.debug("%s: no index build progress (%s)", identity, type(exc).__name__)

@@ -64,17 +64,21 @@ def search_plan(conn: Any, table: Any, index: str, where: Sequence[tuple[str, st
         return "plain"
     if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (index,)).fetchone()[0]:
         return "plain"
-    version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'"
-                           ).fetchone()
+    version = conn.execute(
+        "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+    ).fetchone()
     if version is None or _version(version[0]) < ITERATIVE_SCAN_VERSION:
         return "exact"
     condition = _condition(where)
-    explained = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {}").format(
-        table, condition), [v for _, v in where]).fetchone()[0]
+    explained = conn.execute(
+        sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {}").format(table, condition),
+        [v for _, v in where],
+    ).fetchone()[0]
     plan = (explained if isinstance(explained, list) else json.loads(explained))[0]["Plan"]
     matching = float(plan.get("Plan Rows", 0))
-    total = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
-                         (table.as_string(conn),)).fetchone()[0]
+    total = conn.execute(
+        "SELECT reltuples FROM pg_class WHERE oid = %s::regclass", (table.as_string(conn),)
+    ).fetchone()[0]
     if total is None or float(total) <= 0:  # never analyzed: no idea how selective
         return "exact"
     return "exact" if matching <= EXACT_FRACTION * float(total) else "iterative"
@@ -83,13 +87,20 @@ def search_plan(conn: Any, table: Any, index: str, where: Sequence[tuple[str, st
 def _condition(where: Sequence[tuple[str, str]]) -> Any:
     from psycopg import sql
 
-    return sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(name))
-                                 for name, _ in where)
+    return sql.SQL(" AND ").join(
+        sql.SQL("{} = %s").format(sql.Identifier(name)) for name, _ in where
+    )
 
 
-def filtered_search(conn: Any, table: Any, index: str, vector: np.ndarray, k: int,
-                    columns: Sequence[str] = (),
-                    where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:
+def filtered_search(
+    conn: Any,
+    table: Any,
+    index: str,
+    vector: np.ndarray,
+    k: int,
+    columns: Sequence[str] = (),
+    where: Sequence[tuple[str, str]] = (),
+) -> list[tuple[Any, ...]]:
     """Up to ``k`` ``(id, cosine distance, *values of columns)`` of ``table``, nearest first,
     among the rows whose ``where`` columns equal their values; in ``conn``'s current
     transaction (the ``SET LOCAL``s end with it). ``vector``: float32, the table's length."""
@@ -107,11 +118,15 @@ def filtered_search(conn: Any, table: Any, index: str, vector: np.ndarray, k: in
         ).format(extra=extra, table=table, condition=condition)
         return list(conn.execute(query, [*values, vector, k]).fetchall())
     if plan == "iterative":
-        rows = conn.execute(sql.SQL("SELECT reltuples FROM pg_class WHERE oid = %s::regclass"),
-                            (table.as_string(conn),)).fetchone()[0]
-        settings = {"hnsw.iterative_scan": "strict_order",
-                    "hnsw.max_scan_tuples": str(max(20_000, int(float(rows) * 2))),
-                    "hnsw.ef_search": str(min(_MAX_EF_SEARCH, max(40, k)))}
+        rows = conn.execute(
+            sql.SQL("SELECT reltuples FROM pg_class WHERE oid = %s::regclass"),
+            (table.as_string(conn),),
+        ).fetchone()[0]
+        settings = {
+            "hnsw.iterative_scan": "strict_order",
+            "hnsw.max_scan_tuples": str(max(20_000, int(float(rows) * 2))),
+            "hnsw.ef_search": str(min(_MAX_EF_SEARCH, max(40, k))),
+        }
         for name, value in settings.items():
             conn.execute("SELECT set_config(%s, %s, true)", (name, value))
     query = sql.SQL(

@@ -71,8 +71,10 @@ def sql_stage(dims: int, extra: Sequence[str] = ()) -> Any:
     from psycopg import sql
 
     columns = sql.SQL("").join(sql.SQL(", {} text").format(sql.Identifier(n)) for n in extra)
-    return sql.SQL("CREATE TEMP TABLE embedline_stage (id text, embedding vector({}), "
-                   "text_sha256 text{}) ON COMMIT DROP").format(sql.Literal(dims), columns)
+    return sql.SQL(
+        "CREATE TEMP TABLE embedline_stage (id text, embedding vector({}), "
+        "text_sha256 text{}) ON COMMIT DROP"
+    ).format(sql.Literal(dims), columns)
 
 
 def _extra_names(columns: SinkColumns) -> list[str]:
@@ -91,18 +93,44 @@ def _refused_before_sending(
     finite = np.isfinite(matrix).all(axis=1)
     refused: list[tuple[int, str, str, str | None, str]] = []
     for i, row_id in enumerate(ids):
-        nul = next((name for name, values in (extra or {}).items()
-                    if values[i] is not None and "\x00" in values[i]), None)
+        nul = next(
+            (
+                name
+                for name, values in (extra or {}).items()
+                if values[i] is not None and "\x00" in values[i]
+            ),
+            None,
+        )
         if "\x00" in row_id:
-            refused.append((i, row_id, "id_has_nul", None,
-                            "the id holds a NUL byte, which PostgreSQL text cannot store"))
+            refused.append(
+                (
+                    i,
+                    row_id,
+                    "id_has_nul",
+                    None,
+                    "the id holds a NUL byte, which PostgreSQL text cannot store",
+                )
+            )
         elif nul is not None:
-            refused.append((i, row_id, "value_has_nul", None,
-                            f"column {nul!r} holds a NUL byte, which PostgreSQL text cannot "
-                            "store"))
+            refused.append(
+                (
+                    i,
+                    row_id,
+                    "value_has_nul",
+                    None,
+                    f"column {nul!r} holds a NUL byte, which PostgreSQL text cannot store",
+                )
+            )
         elif not finite[i]:
-            refused.append((i, row_id, "non_finite_vector", None,
-                            "the vector holds NaN or infinity, which pgvector refuses"))
+            refused.append(
+                (
+                    i,
+                    row_id,
+                    "non_finite_vector",
+                    None,
+                    "the vector holds NaN or infinity, which pgvector refuses",
+                )
+            )
     return refused
 
 
@@ -190,14 +218,15 @@ class PgVectorSink(KeptColumnsCache):
         if row is None:
             return None
         type_name, comment = row
-        dims = int(type_name[len("vector("):-1]) if type_name.startswith("vector(") else 0
+        dims = int(type_name[len("vector(") : -1]) if type_name.startswith("vector(") else 0
         return dims, comment
 
     def _quoted_name(self) -> str:
         return '"' + self.table_name + '"'
 
-    def ensure_table(self, *, embedder: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> SinkTable:
+    def ensure_table(
+        self, *, embedder: str, model: str, dimensions: int, columns: SinkColumns = SinkColumns()
+    ) -> SinkTable:
         """Create the table if absent (under an advisory lock, so concurrent loaders agree),
         with ``columns`` as ``text`` columns; check an existing one.
 
@@ -208,35 +237,49 @@ class PgVectorSink(KeptColumnsCache):
 
         long = [n for n in columns.names if len(n.encode()) > _MAX_IDENTIFIER_BYTES]
         if long:
-            raise FatalError(f"column {long[0]!r} is longer than PostgreSQL's "
-                             f"{_MAX_IDENTIFIER_BYTES}-byte names: rename it in the CSV to keep "
-                             "it in a pgvector sink")
-        extra = sql.SQL("").join(sql.SQL(", {} text").format(sql.Identifier(n))
-                                 for n in _extra_names(columns))
+            raise FatalError(
+                f"column {long[0]!r} is longer than PostgreSQL's "
+                f"{_MAX_IDENTIFIER_BYTES}-byte names: rename it in the CSV to keep "
+                "it in a pgvector sink"
+            )
+        extra = sql.SQL("").join(
+            sql.SQL(", {} text").format(sql.Identifier(n)) for n in _extra_names(columns)
+        )
         with self._transaction("create") as conn:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.identity,))
-            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                                  (self._quoted_name(),)).fetchone()[0]
+            exists = conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL", (self._quoted_name(),)
+            ).fetchone()[0]
             if not exists:
-                conn.execute(sql.SQL(
-                    "CREATE TABLE {} (id text PRIMARY KEY, embedding vector({}) NOT NULL, "
-                    "text_sha256 text NOT NULL, run_key text NOT NULL{})"
-                ).format(self._ident(), sql.Literal(dimensions), extra))
-                meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions,
-                                     columns=columns)
-                conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(
-                    self._ident(), sql.Literal(meta)))
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE {} (id text PRIMARY KEY, embedding vector({}) NOT NULL, "
+                        "text_sha256 text NOT NULL, run_key text NOT NULL{})"
+                    ).format(self._ident(), sql.Literal(dimensions), extra)
+                )
+                meta = sink_metadata(
+                    embedder=embedder, model=model, dimensions=dimensions, columns=columns
+                )
+                conn.execute(
+                    sql.SQL("COMMENT ON TABLE {} IS {}").format(self._ident(), sql.Literal(meta))
+                )
         found = self.describe()
         assert found is not None
         with self._transaction("check") as conn:  # the shape its own metadata names
             self._check_shape(conn, dimensions, found.columns)
-        check_compatible(found, where=f"PostgreSQL table {self.identity}", model=model,
-                         dimensions=dimensions, columns=columns)
+        check_compatible(
+            found,
+            where=f"PostgreSQL table {self.identity}",
+            model=model,
+            dimensions=dimensions,
+            columns=columns,
+        )
         self._kept = found.columns
         return found
 
-    def _check_shape(self, conn: Any, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> None:
+    def _check_shape(
+        self, conn: Any, dimensions: int, columns: SinkColumns = SinkColumns()
+    ) -> None:
         """Refuse a table of another shape before any row is sent (``shape_problems``).
 
         :raises FatalError: naming each difference (exit 3: a rerun meets the same table).
@@ -245,13 +288,20 @@ class PgVectorSink(KeptColumnsCache):
         kind = conn.execute(relkind_sql(), (name,)).fetchone()[0]
         found = conn.execute(describe_columns_sql(), (name,)).fetchall()
         unique = bool(conn.execute(unique_id_sql(), (name,)).fetchone()[0])
-        problems = shape_problems(found, has_unique_id=unique, kind=kind, dimensions=dimensions,
-                                  extra=_extra_names(columns))
+        problems = shape_problems(
+            found,
+            has_unique_id=unique,
+            kind=kind,
+            dimensions=dimensions,
+            extra=_extra_names(columns),
+        )
         if problems:
             raise FatalError(
                 f"PostgreSQL table {self.identity} is not of embedline's shape (id text PRIMARY "
                 f"KEY, embedding vector({dimensions}), text_sha256 text, run_key text): "
-                + "; ".join(problems) + ". Load into another table (?table=NAME) or fix that one")
+                + "; ".join(problems)
+                + ". Load into another table (?table=NAME) or fix that one"
+            )
 
     def upsert(self, rows: pa.Table, *, run_key: str) -> UpsertResult:
         """Insert or replace ``rows`` by id in one transaction; rows PostgreSQL refuses for
@@ -294,16 +344,25 @@ class PgVectorSink(KeptColumnsCache):
                     if classify(exc) != "row":
                         raise
                     if len(part) == 1:
-                        refused.append((part[0], ids[part[0]], row_reason(exc), exc.sqlstate,
-                                        one_line(exc)))
+                        refused.append(
+                            (part[0], ids[part[0]], row_reason(exc), exc.sqlstate, one_line(exc))
+                        )
                     else:
                         middle = len(part) // 2
                         stack += [part[middle:], part[:middle]]
             self._forget(conn, [r[1] for r in refused if r[2] != "id_has_nul"])
         return UpsertResult(len(ids) - len(refused), tuple(sorted(refused)), max(attempts, 1))
 
-    def _write(self, conn: Any, part: list[int], ids: list[str], matrix: np.ndarray,
-               shas: list[str], run_key: str, extra: dict[str, list[Any]]) -> None:
+    def _write(
+        self,
+        conn: Any,
+        part: list[int],
+        ids: list[str],
+        matrix: np.ndarray,
+        shas: list[str],
+        run_key: str,
+        extra: dict[str, list[Any]],
+    ) -> None:
         """COPY rows ``part`` into the stage table, upsert them, empty the stage. ``extra``:
         values of the kept columns (and ``kept_sha256``, ``text``) by column."""
         from psycopg import sql
@@ -316,12 +375,15 @@ class PgVectorSink(KeptColumnsCache):
         idents = [sql.Identifier(n) for n in names]
         columns = sql.SQL("").join(sql.SQL(", {}").format(i) for i in idents)
         updates = sql.SQL("").join(sql.SQL(", {} = EXCLUDED.{}").format(i, i) for i in idents)
-        conn.execute(sql.SQL(
-            "INSERT INTO {} (id, embedding, text_sha256, run_key{}) "
-            "SELECT id, embedding, text_sha256, %s{} FROM embedline_stage "
-            "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
-            "text_sha256 = EXCLUDED.text_sha256, run_key = EXCLUDED.run_key{}"
-        ).format(self._ident(), columns, columns, updates), (run_key,))
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, embedding, text_sha256, run_key{}) "
+                "SELECT id, embedding, text_sha256, %s{} FROM embedline_stage "
+                "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
+                "text_sha256 = EXCLUDED.text_sha256, run_key = EXCLUDED.run_key{}"
+            ).format(self._ident(), columns, columns, updates),
+            (run_key,),
+        )
         conn.execute("TRUNCATE embedline_stage")
 
     def _forget(self, conn: Any, ids: list[str]) -> None:
@@ -333,8 +395,9 @@ class PgVectorSink(KeptColumnsCache):
         for row_id in ids:
             try:
                 with conn.transaction():
-                    conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(self._ident()),
-                                 (row_id,))
+                    conn.execute(
+                        sql.SQL("DELETE FROM {} WHERE id = %s").format(self._ident()), (row_id,)
+                    )
             except psycopg.Error as exc:
                 if classify(exc) != "row":
                     raise
@@ -344,8 +407,9 @@ class PgVectorSink(KeptColumnsCache):
         from psycopg import sql
 
         with self._transaction("delete from") as conn:
-            cursor = conn.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(
-                self._ident()), (list(ids),))
+            cursor = conn.execute(
+                sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(self._ident()), (list(ids),)
+            )
             return int(cursor.rowcount)
 
     def held_keys(self) -> pa.Table:
@@ -357,18 +421,23 @@ class PgVectorSink(KeptColumnsCache):
 
         key = held_key_columns(self._columns())
         with self._transaction("read") as conn:
-            rows = conn.execute(sql.SQL("SELECT {} FROM {}").format(
-                sql.SQL(", ").join(map(sql.Identifier, key)), self._ident())).fetchall()
-        return pa.table({name: pa.array([r[i] for r in rows], type=pa.string())
-                         for i, name in enumerate(key)})
+            rows = conn.execute(
+                sql.SQL("SELECT {} FROM {}").format(
+                    sql.SQL(", ").join(map(sql.Identifier, key)), self._ident()
+                )
+            ).fetchall()
+        return pa.table(
+            {name: pa.array([r[i] for r in rows], type=pa.string()) for i, name in enumerate(key)}
+        )
 
     def delete_other_runs(self, run_key: str) -> int:
         """Delete every row not written by ``run_key`` (one transaction); return how many."""
         from psycopg import sql
 
         with self._transaction("delete from") as conn:
-            cursor = conn.execute(sql.SQL("DELETE FROM {} WHERE run_key <> %s").format(
-                self._ident()), (run_key,))
+            cursor = conn.execute(
+                sql.SQL("DELETE FROM {} WHERE run_key <> %s").format(self._ident()), (run_key,)
+            )
             return int(cursor.rowcount)
 
     def finalize(self, *, keep_versions_s: float | None = None) -> str:
@@ -385,34 +454,54 @@ class PgVectorSink(KeptColumnsCache):
 
         found = self.describe()
         if found is None or found.dimensions > HNSW_MAX_DIMENSIONS:
-            logger.warning("%s: no HNSW index for %s-dimension vectors (pgvector indexes at "
-                           "most %d); searches scan the table", self.identity,
-                           found and found.dimensions, HNSW_MAX_DIMENSIONS)
+            logger.warning(
+                "%s: no HNSW index for %s-dimension vectors (pgvector indexes at "
+                "most %d); searches scan the table",
+                self.identity,
+                found and found.dimensions,
+                HNSW_MAX_DIMENSIONS,
+            )
             return "no index (vectors too long for HNSW)"
         name = f"{self.table_name}_embedding_hnsw"
         with self._transaction("index") as conn:
             # fresh statistics: a filtered search picks its plan from them (pg_search)
             conn.execute(sql.SQL("ANALYZE {}").format(self._ident()))
-            present = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                                   ('"' + name + '"',)).fetchone()[0]
+            present = conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL", ('"' + name + '"',)
+            ).fetchone()[0]
             if present:
                 return "HNSW index present"
             settings = index_build_settings(conn, rows=found.rows, dimensions=found.dimensions)
             for setting, value in settings.items():
-                conn.execute(sql.SQL("SELECT set_config({}, {}, true)").format(
-                    sql.Literal(setting), sql.Literal(value)))
-            progress_logger.info("%s: building the HNSW index over %d rows (%s)", self.identity,
-                        found.rows, ", ".join(f"{k} {v}" for k, v in settings.items()))
+                conn.execute(
+                    sql.SQL("SELECT set_config({}, {}, true)").format(
+                        sql.Literal(setting), sql.Literal(value)
+                    )
+                )
+            progress_logger.info(
+                "%s: building the HNSW index over %d rows (%s)",
+                self.identity,
+                found.rows,
+                ", ".join(f"{k} {v}" for k, v in settings.items()),
+            )
             pid = conn.info.backend_pid
-            with progress_lines(self.dsn, pid, self.identity, found.rows,
-                                 self.progress_interval_s):
-                conn.execute(sql.SQL(
-                    "CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_cosine_ops)"
-                ).format(sql.Identifier(name), self._ident()))
+            with progress_lines(self.dsn, pid, self.identity, found.rows, self.progress_interval_s):
+                conn.execute(
+                    sql.SQL(
+                        "CREATE INDEX IF NOT EXISTS {} ON {} "
+                        "USING hnsw (embedding vector_cosine_ops)"
+                    ).format(sql.Identifier(name), self._ident())
+                )
         return "HNSW index built"
 
-    def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
-               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:
+    def search(
+        self,
+        vector: np.ndarray,
+        k: int,
+        *,
+        columns: Sequence[str] = (),
+        where: Sequence[tuple[str, str]] = (),
+    ) -> list[tuple[Any, ...]]:
         """Cosine search (``<=>``, through the HNSW index when present): up to ``k``
         ``(id, similarity, *values of columns)``, most similar first, among the rows whose
         ``where`` columns equal their values (``pg_search.filtered_search``: an exact scan
@@ -427,9 +516,11 @@ class PgVectorSink(KeptColumnsCache):
             conn.execute(sql.SQL("SELECT 1 FROM {} LIMIT 0").format(self._ident()))
             shape = self._shape(conn)
             if shape is not None and shape[0] not in (0, len(query)):
-                raise RetryableError(f"search {self.identity}: it now holds vectors of "
-                                     f"{shape[0]} floats, the query has {len(query)}: an "
-                                     "alias switched models meanwhile; search again")
+                raise RetryableError(
+                    f"search {self.identity}: it now holds vectors of "
+                    f"{shape[0]} floats, the query has {len(query)}: an "
+                    "alias switched models meanwhile; search again"
+                )
             rows = filtered_search(conn, self._ident(), index, query, k, columns, where)
         return [(str(i), 1.0 - float(d), *rest) for i, d, *rest in rows]
 

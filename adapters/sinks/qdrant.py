@@ -61,8 +61,14 @@ from embedline.errors import FatalError, RetryableError
 from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import SinkColumns, SinkTable, UpsertResult
 
-__all__ = ["API_KEY_ENV", "LOCAL_MODE_ADVISED_POINTS", "POINT_NAMESPACE", "QdrantSink",
-           "point_id", "point_payloads"]
+__all__ = [
+    "API_KEY_ENV",
+    "LOCAL_MODE_ADVISED_POINTS",
+    "POINT_NAMESPACE",
+    "QdrantSink",
+    "point_id",
+    "point_payloads",
+]
 
 logger = logging.getLogger("embedline")
 progress_logger = logging.getLogger(PROGRESS_LOGGER)  # shown at INFO (embedline.progress)
@@ -86,26 +92,29 @@ def point_id(row_id: str) -> str:
     return str(uuid.uuid5(POINT_NAMESPACE, row_id))
 
 
-def point_payloads(rows: pa.Table, *, run_key: str,
-                   columns: SinkColumns = SinkColumns()) -> list[dict[str, Any]]:
+def point_payloads(
+    rows: pa.Table, *, run_key: str, columns: SinkColumns = SinkColumns()
+) -> list[dict[str, Any]]:
     """The payload of each row of an upsert batch: ``id``, ``text_sha256``, ``run_key``, and
     with kept ``columns`` ``kept_sha256`` and each of ``columns.names`` (strings, as in the
     CSV). The one place a point's payload is built.
 
     :raises FatalError: the batch lacks a column the collection keeps (``extra_values``).
     """
-    values: dict[str, list[Any]] = {name: rows.column(name).to_pylist()
-                                    for name in ("id", "text_sha256")}
+    values: dict[str, list[Any]] = {
+        name: rows.column(name).to_pylist() for name in ("id", "text_sha256")
+    }
     values.update(extra_values(rows, columns))
-    return [{**{name: column[i] for name, column in values.items()}, "run_key": run_key}
-            for i in range(rows.num_rows)]
+    return [
+        {**{name: column[i] for name, column in values.items()}, "run_key": run_key}
+        for i in range(rows.num_rows)
+    ]
 
 
 def _quiet_local_mode_warning() -> None:
     """Silence ``qdrant-client``'s "Local mode is not recommended for collections with more
     than 20,000 points" (it comes at every open and upsert); ``finalize`` says it once."""
-    warnings.filterwarnings("ignore", message="Local mode is not recommended",
-                            category=UserWarning)
+    warnings.filterwarnings("ignore", message="Local mode is not recommended", category=UserWarning)
 
 
 class QdrantSink(KeptColumnsCache):
@@ -115,8 +124,14 @@ class QdrantSink(KeptColumnsCache):
     Server: two chunk loads at once (``parallel_loads``; the client is thread-safe). Local
     mode: one (a single in-process collection)."""
 
-    def __init__(self, *, collection: str, url: str | None = None, path: str | None = None,
-                 identity: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        collection: str,
+        url: str | None = None,
+        path: str | None = None,
+        identity: str | None = None,
+    ) -> None:
         if (url is None) == (path is None):
             raise ValueError("give exactly one of url and path")
         self.collection = collection
@@ -125,8 +140,11 @@ class QdrantSink(KeptColumnsCache):
         self.path = path
         self.local = path is not None
         self.parallel_loads = 1 if self.local else 2
-        self.identity = identity or (f"qdrant+local://{path}?collection={collection}"
-                                     if self.local else f"{url}/{collection}")
+        self.identity = identity or (
+            f"qdrant+local://{path}?collection={collection}"
+            if self.local
+            else f"{url}/{collection}"
+        )
         self._client_: Any = None
         self._lock = threading.RLock()
         self._kept: SinkColumns | None = None  # the collection's columns, once read
@@ -145,21 +163,31 @@ class QdrantSink(KeptColumnsCache):
                         _quiet_local_mode_warning()
                         os.makedirs(self.path, exist_ok=True)
                         # tasks run in worker threads; calls are serialized by self._lock
-                        self._client_ = QdrantClient(path=self.path,
-                                                     force_disable_check_same_thread=True)
+                        self._client_ = QdrantClient(
+                            path=self.path, force_disable_check_same_thread=True
+                        )
                     else:
                         key = os.environ.get(API_KEY_ENV) or None
                         if key and self.url and self.url.startswith("http://"):
                             # qdrant-client warns at every client; said once per sink here
-                            warnings.filterwarnings("ignore", category=UserWarning,
-                                                    message="Api key is used with an insecure")
-                            logger.warning("%s: %s is sent over plain HTTP; use qdrant+https:// "
-                                           "unless the network is trusted", self.identity,
-                                           API_KEY_ENV)
-                        self._client_ = QdrantClient(url=self.url,
-                                                     api_key=key,
-                                                     timeout=60, prefer_grpc=False,
-                                                     check_compatibility=False)
+                            warnings.filterwarnings(
+                                "ignore",
+                                category=UserWarning,
+                                message="Api key is used with an insecure",
+                            )
+                            logger.warning(
+                                "%s: %s is sent over plain HTTP; use qdrant+https:// "
+                                "unless the network is trusted",
+                                self.identity,
+                                API_KEY_ENV,
+                            )
+                        self._client_ = QdrantClient(
+                            url=self.url,
+                            api_key=key,
+                            timeout=60,
+                            prefer_grpc=False,
+                            check_compatibility=False,
+                        )
             return self._client_
 
     @contextmanager
@@ -185,23 +213,30 @@ class QdrantSink(KeptColumnsCache):
             status = exc.status_code
             detail = (exc.content or b"").decode("utf-8", "replace").replace("\n", " ")[:200]
             if status in (401, 403):
-                raise FatalError(f"{where}: the server refused the credentials (HTTP {status});"
-                                 f" set {API_KEY_ENV} to the collection's API key") from None
+                raise FatalError(
+                    f"{where}: the server refused the credentials (HTTP {status});"
+                    f" set {API_KEY_ENV} to the collection's API key"
+                ) from None
             if status in _RETRYABLE_STATUS:
-                raise RetryableError(f"{where}: HTTP {status} from Qdrant; rerun the same "
-                                     "command to load the rest") from None
+                raise RetryableError(
+                    f"{where}: HTTP {status} from Qdrant; rerun the same command to load the rest"
+                ) from None
             if what == "upsert into":  # a refusal of a body may quote its payload values
                 detail = exc.reason_phrase
             raise FatalError(f"{where}: Qdrant refused it (HTTP {status}: {detail})") from None
         except ResponseHandlingException as exc:  # connection refused, timeouts, TLS
-            raise RetryableError(f"{where}: Qdrant is unreachable ({type(exc.source).__name__})"
-                                 "; check the URI, then rerun the same command") from None
+            raise RetryableError(
+                f"{where}: Qdrant is unreachable ({type(exc.source).__name__})"
+                "; check the URI, then rerun the same command"
+            ) from None
         except RuntimeError as exc:
             if "already accessed by another instance" not in str(exc):
                 raise
-            raise RetryableError(f"{where}: another process has this local Qdrant directory "
-                                 "open (local mode allows one at a time); rerun once it has "
-                                 "finished, or use a Qdrant server") from None
+            raise RetryableError(
+                f"{where}: another process has this local Qdrant directory "
+                "open (local mode allows one at a time); rerun once it has "
+                "finished, or use a Qdrant server"
+            ) from None
 
     def describe(self) -> SinkTable | None:
         """Return the collection's metadata and point count, or None if it does not exist."""
@@ -216,11 +251,13 @@ class QdrantSink(KeptColumnsCache):
         vectors = info.config.params.vectors  # a dict when the vectors are named
         dims = int(vectors.size) if isinstance(vectors, models.VectorParams) else 0
         meta = (info.config.metadata or {}).get(_META_KEY)
-        return sink_table_from_metadata(meta if isinstance(meta, str) else None,
-                                        dimensions=dims, rows=rows)
+        return sink_table_from_metadata(
+            meta if isinstance(meta, str) else None, dimensions=dims, rows=rows
+        )
 
-    def ensure_table(self, *, embedder: str, model: str, dimensions: int,
-                     columns: SinkColumns = SinkColumns()) -> SinkTable:
+    def ensure_table(
+        self, *, embedder: str, model: str, dimensions: int, columns: SinkColumns = SinkColumns()
+    ) -> SinkTable:
         """Create the collection if absent (Cosine, ``dimensions`` long, embedline's metadata
         naming the kept ``columns``); check an existing one.
 
@@ -232,25 +269,35 @@ class QdrantSink(KeptColumnsCache):
         with self._lock, self._errors("create"):
             client = self._client()
             if not client.collection_exists(self.collection):
-                meta = sink_metadata(embedder=embedder, model=model, dimensions=dimensions,
-                                     columns=columns)
+                meta = sink_metadata(
+                    embedder=embedder, model=model, dimensions=dimensions, columns=columns
+                )
                 try:
                     client.create_collection(
-                        self.collection, metadata={_META_KEY: meta},
-                        vectors_config=models.VectorParams(size=dimensions,
-                                                           distance=models.Distance.COSINE))
+                        self.collection,
+                        metadata={_META_KEY: meta},
+                        vectors_config=models.VectorParams(
+                            size=dimensions, distance=models.Distance.COSINE
+                        ),
+                    )
                 except UnexpectedResponse as exc:  # created meanwhile by another loader
                     if exc.status_code != 409:
                         raise
                 if not self.local:  # delete_other_runs filters on run_key, search on the rest
                     for field in ("run_key", "id", *columns.kept):
-                        client.create_payload_index(self.collection, field,
-                                                    field_schema=models.PayloadSchemaType.KEYWORD)
+                        client.create_payload_index(
+                            self.collection, field, field_schema=models.PayloadSchemaType.KEYWORD
+                        )
             self._check_shape(client, dimensions)
         found = self.describe()
         assert found is not None
-        check_compatible(found, where=f"Qdrant collection {self.identity}", model=model,
-                         dimensions=dimensions, columns=columns)
+        check_compatible(
+            found,
+            where=f"Qdrant collection {self.identity}",
+            model=model,
+            dimensions=dimensions,
+            columns=columns,
+        )
         self._kept = found.columns
         return found
 
@@ -273,10 +320,13 @@ class QdrantSink(KeptColumnsCache):
             if vectors.datatype not in (None, models.Datatype.FLOAT32):
                 problems.append(f"datatype {vectors.datatype.value}, not float32")
         if problems:
-            raise FatalError(f"Qdrant collection {self.identity} is not of embedline's shape "
-                             f"(one unnamed {dimensions}-dimension Cosine vector): "
-                             + "; ".join(problems) + ". Load into another collection or "
-                             "drop that one")
+            raise FatalError(
+                f"Qdrant collection {self.identity} is not of embedline's shape "
+                f"(one unnamed {dimensions}-dimension Cosine vector): "
+                + "; ".join(problems)
+                + ". Load into another collection or "
+                "drop that one"
+            )
 
     def upsert(self, rows: pa.Table, *, run_key: str) -> UpsertResult:
         """Insert or replace ``rows`` by id (point id ``point_id(id)``), tagged ``run_key``.
@@ -295,19 +345,34 @@ class QdrantSink(KeptColumnsCache):
         matrix = vector_matrix(rows)
         finite = np.isfinite(matrix).all(axis=1)
         ids = rows.column("id").to_pylist()
-        refused = tuple((int(i), ids[i], "non_finite_vector", None, "the vector holds NaN or "
-                         "infinity, which Qdrant refuses") for i in np.flatnonzero(~finite))
+        refused = tuple(
+            (
+                int(i),
+                ids[i],
+                "non_finite_vector",
+                None,
+                "the vector holds NaN or infinity, which Qdrant refuses",
+            )
+            for i in np.flatnonzero(~finite)
+        )
         good = np.flatnonzero(finite)
-        payloads = point_payloads(rows.take(pa.array(good)), run_key=run_key,
-                                  columns=self._columns())
+        payloads = point_payloads(
+            rows.take(pa.array(good)), run_key=run_key, columns=self._columns()
+        )
         step = max(1, _FLOATS_PER_REQUEST // max(1, matrix.shape[1]))
         with self._lock if self.local else _no_lock(), self._errors("upsert into"):
             client = self._client()
             for start in range(0, len(good), step):
-                part = good[start:start + step]
-                client.upsert(self.collection, wait=True, points=models.Batch(
-                    ids=[point_id(ids[i]) for i in part], vectors=matrix[part].tolist(),
-                    payloads=payloads[start:start + step]))
+                part = good[start : start + step]
+                client.upsert(
+                    self.collection,
+                    wait=True,
+                    points=models.Batch(
+                        ids=[point_id(ids[i]) for i in part],
+                        vectors=matrix[part].tolist(),
+                        payloads=payloads[start : start + step],
+                    ),
+                )
         if refused:
             self.delete_ids([r[1] for r in refused])
         return UpsertResult(len(good), refused)
@@ -320,27 +385,33 @@ class QdrantSink(KeptColumnsCache):
         with self._lock, self._errors("delete from"):
             client = self._client()
             for start in range(0, len(ids), _PAGE):
-                points = [point_id(i) for i in ids[start:start + _PAGE]]
-                found = client.retrieve(self.collection, points, with_payload=False,
-                                        with_vectors=False)
+                points = [point_id(i) for i in ids[start : start + _PAGE]]
+                found = client.retrieve(
+                    self.collection, points, with_payload=False, with_vectors=False
+                )
                 if found:
                     existed += len(found)
-                    client.delete(self.collection, wait=True, points_selector=models.PointIdsList(
-                        points=[p.id for p in found]))
+                    client.delete(
+                        self.collection,
+                        wait=True,
+                        points_selector=models.PointIdsList(points=[p.id for p in found]),
+                    )
         return existed
 
     def delete_other_runs(self, run_key: str) -> int:
         """Delete every point whose payload ``run_key`` is not ``run_key``; return how many."""
         from qdrant_client import models
 
-        others = models.Filter(must_not=[models.FieldCondition(
-            key="run_key", match=models.MatchValue(value=run_key))])
+        others = models.Filter(
+            must_not=[models.FieldCondition(key="run_key", match=models.MatchValue(value=run_key))]
+        )
         with self._lock, self._errors("delete from"):
             client = self._client()
             count = int(client.count(self.collection, count_filter=others, exact=True).count)
             if count:
-                client.delete(self.collection, wait=True,
-                              points_selector=models.FilterSelector(filter=others))
+                client.delete(
+                    self.collection, wait=True, points_selector=models.FilterSelector(filter=others)
+                )
         return count
 
     def held_keys(self) -> pa.Table:
@@ -355,8 +426,13 @@ class QdrantSink(KeptColumnsCache):
             client = self._client()
             offset = None
             while True:
-                points, offset = client.scroll(self.collection, limit=_PAGE, offset=offset,
-                                               with_payload=key, with_vectors=False)
+                points, offset = client.scroll(
+                    self.collection,
+                    limit=_PAGE,
+                    offset=offset,
+                    with_payload=key,
+                    with_vectors=False,
+                )
                 for p in points:
                     payload = p.payload or {}
                     for name in key:
@@ -377,12 +453,21 @@ class QdrantSink(KeptColumnsCache):
             progress_logger.info(
                 "%s: %d points in Qdrant's local mode, which qdrant-client advises "
                 "for up to %d (it keeps them in memory and searches exactly); a "
-                "Qdrant server loads and searches faster", self.identity, found.rows,
-                LOCAL_MODE_ADVISED_POINTS)
+                "Qdrant server loads and searches faster",
+                self.identity,
+                found.rows,
+                LOCAL_MODE_ADVISED_POINTS,
+            )
         return "nothing to build (local mode searches exactly)"
 
-    def search(self, vector: np.ndarray, k: int, *, columns: Sequence[str] = (),
-               where: Sequence[tuple[str, str]] = ()) -> list[tuple[Any, ...]]:
+    def search(
+        self,
+        vector: np.ndarray,
+        k: int,
+        *,
+        columns: Sequence[str] = (),
+        where: Sequence[tuple[str, str]] = (),
+    ) -> list[tuple[Any, ...]]:
         """Cosine search: up to ``k`` ``(id, cosine similarity, *payload values of
         columns)``, most similar first, among the points whose ``where`` payload fields
         equal their values.
@@ -401,9 +486,16 @@ class QdrantSink(KeptColumnsCache):
         query = np.asarray(vector, dtype=np.float32)
         if not all(_PLAIN_KEY.fullmatch(name) for name, _ in where):
             return self._scanned(query, k, columns, where)
-        condition = models.Filter(must=[
-            models.FieldCondition(key=name, match=models.MatchValue(value=value))
-            for name, value in where]) if where else None
+        condition = (
+            models.Filter(
+                must=[
+                    models.FieldCondition(key=name, match=models.MatchValue(value=value))
+                    for name, value in where
+                ]
+            )
+            if where
+            else None
+        )
         with self._lock, self._errors("search"):
             client = self._client()
             params = None
@@ -413,14 +505,26 @@ class QdrantSink(KeptColumnsCache):
                     params = models.SearchParams(exact=True)
             # the whole payload with columns: a kept column's name may hold a "." that a
             # payload selector would read as a nested path
-            hits = client.query_points(self.collection, query=query.tolist(), limit=k,
-                                       query_filter=condition, search_params=params,
-                                       with_payload=True if columns else ["id"]).points
-        return [(str((h.payload or {}).get("id")), float(h.score),
-                 *((h.payload or {}).get(c) for c in columns)) for h in hits]
+            hits = client.query_points(
+                self.collection,
+                query=query.tolist(),
+                limit=k,
+                query_filter=condition,
+                search_params=params,
+                with_payload=True if columns else ["id"],
+            ).points
+        return [
+            (
+                str((h.payload or {}).get("id")),
+                float(h.score),
+                *((h.payload or {}).get(c) for c in columns),
+            )
+            for h in hits
+        ]
 
-    def _scanned(self, vector: np.ndarray, k: int, columns: Sequence[str],
-                 where: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
+    def _scanned(
+        self, vector: np.ndarray, k: int, columns: Sequence[str], where: Sequence[tuple[str, str]]
+    ) -> list[tuple[Any, ...]]:
         """``search`` by scrolling every point (payload and vector) and filtering here."""
         ids: list[str] = []
         vectors: list[list[float]] = []
@@ -429,8 +533,13 @@ class QdrantSink(KeptColumnsCache):
             client = self._client()
             offset = None
             while True:
-                points, offset = client.scroll(self.collection, limit=_PAGE, offset=offset,
-                                               with_payload=True, with_vectors=True)
+                points, offset = client.scroll(
+                    self.collection,
+                    limit=_PAGE,
+                    offset=offset,
+                    with_payload=True,
+                    with_vectors=True,
+                )
                 for p in points:
                     payload = p.payload or {}
                     if all(payload.get(name) == value for name, value in where):

@@ -60,10 +60,18 @@ def run_flow(tmp_path: Path, server: FakeBatchServer, api_url: str, **kw: Any) -
     from flows.embed_csv import embed_csv
 
     options: dict[str, Any] = dict(
-        input=str(tmp_path / "in.csv"), output=str(tmp_path / "out"),
-        ledger=str(tmp_path / "ledger.sqlite3"), embedder="openai", base_url=server.base_url,
-        chunk_size=4, batch_size=2, chunk_retries=0, batch_api=True, batch_poll_interval=0.1,
-        price_per_million_tokens=0.02)
+        input=str(tmp_path / "in.csv"),
+        output=str(tmp_path / "out"),
+        ledger=str(tmp_path / "ledger.sqlite3"),
+        embedder="openai",
+        base_url=server.base_url,
+        chunk_size=4,
+        batch_size=2,
+        chunk_retries=0,
+        batch_api=True,
+        batch_poll_interval=0.1,
+        price_per_million_tokens=0.02,
+    )
     options.update(kw)
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         state = embed_csv(**options, return_state=True)
@@ -92,7 +100,8 @@ def distinct(rows: list[tuple[str, str]]) -> int:
 
 
 def test_batch_mode_publishes_exact_vectors_with_no_synchronous_request(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     rows = write_csv(tmp_path / "in.csv", TEXTS)
     summary = run_flow(tmp_path, server, prefect_api_url)
     assert summary["exit_code"] == 0, summary["message"]
@@ -109,7 +118,8 @@ def test_batch_mode_publishes_exact_vectors_with_no_synchronous_request(
 
 
 def test_a_create_that_fails_after_creating_is_adopted_not_duplicated(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     rows = write_csv(tmp_path / "in.csv", TEXTS)
     server.create_fails_after_creating = 2  # two creates answer 500 after making the batch
     summary = run_flow(tmp_path, server, prefect_api_url)
@@ -121,7 +131,8 @@ def test_a_create_that_fails_after_creating_is_adopted_not_duplicated(
 
 
 def test_an_expired_batch_publishes_what_completed_and_resubmits_only_the_rest(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     rows = write_csv(tmp_path / "in.csv", TEXTS[:4])  # one chunk: 2 requests of 2 inputs
     server.expire_after = 1  # a batch runs its first request, then expires
     summary = run_flow(tmp_path, server, prefect_api_url)
@@ -135,9 +146,11 @@ def test_an_expired_batch_publishes_what_completed_and_resubmits_only_the_rest(
 
 
 def test_completed_with_a_null_output_file_reads_the_error_file(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
-    rows = write_csv(tmp_path / "in.csv", ["bad one MARK", "bad two MARK", "good three",
-                                            "good four"])
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
+    rows = write_csv(
+        tmp_path / "in.csv", ["bad one MARK", "bad two MARK", "good three", "good four"]
+    )
     server.reject_texts_containing = "MARK"  # each of these requests is a 400 in the batch
     server.output_id_race = 1  # and the first poll of a finished batch has no file ids yet
     summary = run_flow(tmp_path, server, prefect_api_url, batch_size=1, chunk_size=2)
@@ -149,25 +162,29 @@ def test_completed_with_a_null_output_file_reads_the_error_file(
     assert summary["rows_failed"] == 2 and summary["rows_published"] == 2
     assert server.batch_counters()["requests"] == 0
     assert not (tmp_path / "out" / "manifests").exists() or not list(
-        (tmp_path / "out" / "manifests").iterdir())  # dead letters block the commit
+        (tmp_path / "out" / "manifests").iterdir()
+    )  # dead letters block the commit
     assert len(rows) == 4
 
 
 def test_token_limit_waits_for_earlier_batches_and_submits_again(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     rows = write_csv(tmp_path / "in.csv", TEXTS)
     server.enqueued_token_limit = 25  # about one chunk's batch at a time
     summary = run_flow(tmp_path, server, prefect_api_url)
     assert summary["exit_code"] == 0, summary["message"]
     assert_exact(tmp_path, rows)
-    statuses = [b["errors"]["data"][0]["code"] for b in server.batches.values()
-                if b["status"] == "failed"]
+    statuses = [
+        b["errors"]["data"][0]["code"] for b in server.batches.values() if b["status"] == "failed"
+    ]
     assert statuses and set(statuses) == {"token_limit_exceeded"}
     assert server.batch_counters()["batch_inputs"] == distinct(rows)
 
 
 def test_a_batch_that_fails_validation_stops_the_run_with_exit_3(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     write_csv(tmp_path / "in.csv", TEXTS)
     server.validation_error = "The model 'text-embedding-9' does not exist"
     summary = run_flow(tmp_path, server, prefect_api_url)
@@ -178,14 +195,17 @@ def test_a_batch_that_fails_validation_stops_the_run_with_exit_3(
 
 
 def test_fake_batch_api_answers_match_the_openai_sdk_types(
-        tmp_path: Path, server: FakeBatchServer) -> None:
+    tmp_path: Path, server: FakeBatchServer
+) -> None:
     from openai.types import Batch, FileObject
 
     from adapters.embeddings.openai_batch import BatchClient
 
     client = BatchClient(base_url=server.base_url, api_key="sk-test")
-    line = b'{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":' \
-           b'{"model":"text-embedding-3-small","input":["x y"]}}\n'
+    line = (
+        b'{"custom_id":"a","method":"POST","url":"/v1/embeddings","body":'
+        b'{"model":"text-embedding-3-small","input":["x y"]}}\n'
+    )
     file_id = client.upload("in.jsonl", line)
     FileObject.model_validate(server.files[file_id])
     created = client.create_batch(file_id, {"embedline_run": "r"})
@@ -207,22 +227,50 @@ def test_fake_batch_api_answers_match_the_openai_sdk_types(
 
 
 def cli_args(tmp_path: Path, server: FakeBatchServer) -> list[str]:
-    return [sys.executable, "-m", "cli", "run", str(tmp_path / "in.csv"), "--output",
-            str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"),
-            "--embedder", "openai", "--base-url", server.base_url, "--chunk-size", "4",
-            "--batch-size", "2", "--batch-api", "--batch-poll-interval", "0.1"]
+    return [
+        sys.executable,
+        "-m",
+        "cli",
+        "run",
+        str(tmp_path / "in.csv"),
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--chunk-size",
+        "4",
+        "--batch-size",
+        "2",
+        "--batch-api",
+        "--batch-poll-interval",
+        "0.1",
+    ]
 
 
-def start_waiting_run(tmp_path: Path, server: FakeBatchServer, api_url: str, *extra: str,
-                      ) -> tuple[list[tuple[str, str]], dict[str, str], subprocess.Popen[str]]:
+def start_waiting_run(
+    tmp_path: Path,
+    server: FakeBatchServer,
+    api_url: str,
+    *extra: str,
+) -> tuple[list[tuple[str, str]], dict[str, str], subprocess.Popen[str]]:
     """A CLI run of ``TEXTS`` (on the Prefect server at ``api_url``) whose 3 batches are
     submitted and held ``in_progress``: it waits. Returns (rows, env, process)."""
     rows = write_csv(tmp_path / "in.csv", TEXTS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": api_url}
     server.hold = True
-    proc = subprocess.Popen([*cli_args(tmp_path, server), *extra], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [*cli_args(tmp_path, server), *extra],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 90
     while server.batch_counters()["batches"] < 3:
         assert proc.poll() is None, proc.communicate()
@@ -234,7 +282,8 @@ def start_waiting_run(tmp_path: Path, server: FakeBatchServer, api_url: str, *ex
 
 @pytest.mark.slow  # two CLI runs (~10 s): beyond the CI budget; `pytest -m slow`
 def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     rows, env, proc = start_waiting_run(tmp_path, server, prefect_api_url)
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
@@ -245,20 +294,39 @@ def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
     assert all(b["status"] == "in_progress" for b in server.batches.values())
     ledger = ["--ledger", str(tmp_path / "ledger.sqlite3")]
     cli = [sys.executable, "-m", "cli"]
-    status = subprocess.run([*cli, "status", *ledger], cwd=tmp_path, env=env, text=True,
-                            capture_output=True, timeout=60)
+    status = subprocess.run(
+        [*cli, "status", *ledger], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=60
+    )
     run_key = status.stdout.split("\t")[0]
-    status = subprocess.run([*cli, "status", run_key, *ledger], cwd=tmp_path, env=env,
-                            text=True, capture_output=True, timeout=60)
+    status = subprocess.run(
+        [*cli, "status", run_key, *ledger],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     batch_lines = [line for line in status.stdout.splitlines() if line.startswith("batch\t")]
     assert len(batch_lines) == 3 and all("\tin_progress\t" in b for b in batch_lines)
-    cancel = subprocess.run([*cli, "cancel-batches", run_key[:12], *ledger], cwd=tmp_path,
-                            env=env, text=True, capture_output=True, timeout=60)
+    cancel = subprocess.run(
+        [*cli, "cancel-batches", run_key[:12], *ledger],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert cancel.returncode == 0, cancel.stderr
     assert all(b["status"] == "cancelling" for b in server.batches.values())
     server.hold = False
-    rerun = subprocess.run(cli_args(tmp_path, server), cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=120)
+    rerun = subprocess.run(
+        cli_args(tmp_path, server),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rerun.returncode == 0, rerun.stderr
     assert_exact(tmp_path, rows)
     counters = server.batch_counters()
@@ -269,14 +337,14 @@ def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
 
 
 def test_kill_9_while_waiting_then_rerun_creates_no_batch_and_pays_nothing_twice(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     rows, env, proc = start_waiting_run(tmp_path, server, prefect_api_url)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     server.hold = False
     args = cli_args(tmp_path, server)
-    rerun = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=120)
+    rerun = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
     assert_exact(tmp_path, rows)
     counters = server.batch_counters()
@@ -286,7 +354,8 @@ def test_kill_9_while_waiting_then_rerun_creates_no_batch_and_pays_nothing_twice
 
 
 def test_fallback_sync_sends_only_what_the_expired_batch_left(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     rows = write_csv(tmp_path / "in.csv", TEXTS[:4])  # one chunk: 2 requests of 2 inputs
     server.expire_after = 1
     summary = run_flow(tmp_path, server, prefect_api_url, batch_fallback="sync")
@@ -300,7 +369,8 @@ def test_fallback_sync_sends_only_what_the_expired_batch_left(
 
 
 def test_a_server_error_in_the_error_file_is_submitted_again(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     rows = write_csv(tmp_path / "in.csv", [*TEXTS[:3], "flaky MARK text"])
     server.batch_texts_fail, server.batch_texts_fail_times = {"MARK": 500}, 1
     summary = run_flow(tmp_path, server, prefect_api_url)
@@ -316,8 +386,8 @@ class Crash(BaseException):
 
 
 def test_a_crash_right_after_a_create_is_adopted_by_the_rerun(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from adapters.embeddings.openai_batch import BatchClient
 
     rows = write_csv(tmp_path / "in.csv", TEXTS)
@@ -339,7 +409,9 @@ def test_a_crash_right_after_a_create_is_adopted_by_the_rerun(
 
     ledger = Ledger(tmp_path / "ledger.sqlite3")
     assert [r.state for r in ledger.run_batches(ledger.runs()[0].run_key)] == [
-        "submitted", "creating"]  # the second part's batch exists, unrecorded
+        "submitted",
+        "creating",
+    ]  # the second part's batch exists, unrecorded
     ledger.close()
     summary = run_flow(tmp_path, server, prefect_api_url)
     assert summary["exit_code"] == 0, summary["message"]
@@ -350,28 +422,34 @@ def test_a_crash_right_after_a_create_is_adopted_by_the_rerun(
 
 
 def test_a_server_without_a_batch_api_stops_the_run_with_exit_3_saying_so(
-        tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str) -> None:
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
+) -> None:
     write_csv(tmp_path / "in.csv", TEXTS)
     summary = run_flow(tmp_path, fake_openai, prefect_api_url)  # type: ignore[arg-type]
     assert summary["exit_code"] == 3 and summary["status"] == "fatal", summary
-    assert "has no Batch API (POST /files: HTTP 404): run without --batch-api" in (
-        summary["message"])
+    assert (
+        "has no Batch API (POST /files: HTTP 404): run without --batch-api" in (summary["message"])
+    )
     assert [e["status"] for e in fake_openai.log] == [404]  # the upload only: nothing embedded
 
 
-@pytest.mark.parametrize("changed", [
-    # the rerun's requests would be other ones (3 inputs each, parts of at most 2 inputs),
-    # and each batch expired after its first request: only the rest is submitted again
-    {"batch_size": 3, "batch_max_inputs": 2, "expire": True},
-    # one input per request, with the synchronous fallback (before: it paid them all again)
-    {"batch_size": 1, "batch_fallback": "sync"},
-    # the same settings, the parts recorded by a ledger before 0010_batch_layouts (no
-    # layout): derived from the run's settings, as they were
-    {"legacy": True, "expire": True},
-], ids=["batch-size-and-max-inputs", "batch-size-fallback-sync", "recorded-before-layouts"])
+@pytest.mark.parametrize(
+    "changed",
+    [
+        # the rerun's requests would be other ones (3 inputs each, parts of at most 2 inputs),
+        # and each batch expired after its first request: only the rest is submitted again
+        {"batch_size": 3, "batch_max_inputs": 2, "expire": True},
+        # one input per request, with the synchronous fallback (before: it paid them all again)
+        {"batch_size": 1, "batch_fallback": "sync"},
+        # the same settings, the parts recorded by a ledger before 0010_batch_layouts (no
+        # layout): derived from the run's settings, as they were
+        {"legacy": True, "expire": True},
+    ],
+    ids=["batch-size-and-max-inputs", "batch-size-fallback-sync", "recorded-before-layouts"],
+)
 def test_a_rerun_with_other_batching_settings_collects_the_batches_and_pays_nothing_twice(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
-        changed: dict[str, Any]) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str, changed: dict[str, Any]
+) -> None:
     rows = write_csv(tmp_path / "in.csv", TEXTS)
     server.hold, server.poll_status = True, 503  # submitted, then the API goes away
     first = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
@@ -397,8 +475,11 @@ def test_a_rerun_with_other_batching_settings_collects_the_batches_and_pays_noth
 
 
 def test_cancel_batches_adopts_a_batch_still_recorded_creating_and_cancels_it(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path,
+    server: FakeBatchServer,
+    prefect_api_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from adapters.ledger import Ledger
     from cli.main import main
 
@@ -428,10 +509,12 @@ def test_cancel_batches_adopts_a_batch_still_recorded_creating_and_cancels_it(
 
 
 def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_progress(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     """The lighter sibling of the slow Ctrl-C test: one CLI run, stopped while it waits."""
-    _, _env, proc = start_waiting_run(tmp_path, server, prefect_api_url,
-                                     "--progress-interval", "0.2")
+    _, _env, proc = start_waiting_run(
+        tmp_path, server, prefect_api_url, "--progress-interval", "0.2"
+    )
     time.sleep(0.5)  # a progress line or two while waiting
     os.killpg(proc.pid, signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
@@ -449,8 +532,13 @@ def test_sigterm_while_waiting_prints_the_summary_and_how_to_cancel_with_batch_p
 
 
 def test_batch_mode_publishes_to_s3(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str, moto_endpoint: str,
-        s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path,
+    server: FakeBatchServer,
+    prefect_api_url: str,
+    moto_endpoint: str,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rows = write_csv(tmp_path / "in.csv", TEXTS)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     output = f"s3://{s3_bucket}/batch"
@@ -468,21 +556,35 @@ def test_batch_mode_publishes_to_s3(
 @pytest.mark.slow  # a Dask cluster in a CLI run: ~40 s; test_batch_mode_publishes_to_s3 is its
 # lighter sibling in CI (S3, threads)
 def test_batch_mode_on_dask_workers_with_s3_output(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str, moto_endpoint: str,
-        s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path,
+    server: FakeBatchServer,
+    prefect_api_url: str,
+    moto_endpoint: str,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Chunk tasks on Dask worker processes read their batches' result files themselves
     (no shared memory with the flow process: the recorded layouts travel with the task)."""
     rows = write_csv(tmp_path / "in.csv", TEXTS)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     monkeypatch.setenv("PREFECT_API_URL", prefect_api_url)
     output = f"s3://{s3_bucket}/dask"
-    args = [*cli_args(tmp_path, server)[3:], "--output", output, "--task-runner", "dask",
-            "--dask-workers", "2"]
+    args = [
+        *cli_args(tmp_path, server)[3:],
+        "--output",
+        output,
+        "--task-runner",
+        "dask",
+        "--dask-workers",
+        "2",
+    ]
     result = run_cli(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     # counted on Dask too (from the chunks' outcomes: the workers' counts stay there)
-    assert (f"api        0 requests, {distinct(rows)} inputs sent ({distinct(rows)} of them in "
-            "Batch API batches)") in result.stdout, result.stdout
+    assert (
+        f"api        0 requests, {distinct(rows)} inputs sent ({distinct(rows)} of them in "
+        "Batch API batches)"
+    ) in result.stdout, result.stdout
     assert_exact(tmp_path, rows, output)
     counters = server.batch_counters()
     assert counters["batch_inputs"] == distinct(rows)
@@ -502,8 +604,9 @@ def _run_key(tmp_path: Path) -> str:
         ledger.close()
 
 
-def _submitted_then_lost(tmp_path: Path, server: FakeBatchServer, api_url: str,
-                         texts: list[str]) -> dict[str, Any]:
+def _submitted_then_lost(
+    tmp_path: Path, server: FakeBatchServer, api_url: str, texts: list[str]
+) -> dict[str, Any]:
     """A run whose batches are submitted and held, then the API goes away (503, one
     attempt): it stops with its batches running at the provider. Its summary."""
     write_csv(tmp_path / "in.csv", texts)
@@ -515,7 +618,8 @@ def _submitted_then_lost(tmp_path: Path, server: FakeBatchServer, api_url: str,
 
 
 def test_a_run_that_stops_with_batches_running_says_so_and_how_to_collect_or_cancel(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     """Failed (the API gone while waiting: exit 1) or stopped by a batch that failed
     validation while another still runs (exit 3): the last line says the batches keep
     running, and both ways on: rerun to collect them, or cancel-batches. Before, only an
@@ -541,8 +645,12 @@ def test_a_run_that_stops_with_batches_running_says_so_and_how_to_collect_or_can
 
 
 def test_a_batch_unknown_to_the_provider_is_one_line_and_exit_3_in_a_run_cancel_and_status(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path,
+    server: FakeBatchServer,
+    prefect_api_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The ledger records a batch another API key made (or one the provider purged): 404.
     Before: "HTTP 404: model 'batch' or URL path … not found; check --model" in a run, "has
     no Batch API … run without --batch-api" from cancel-batches."""
@@ -583,7 +691,8 @@ def test_a_batch_unknown_to_the_provider_is_one_line_and_exit_3_in_a_run_cancel_
 
 
 def test_a_deleted_result_file_stops_the_run_with_exit_3_naming_it(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     import httpx
 
     _submitted_then_lost(tmp_path, server, prefect_api_url, TEXTS[:4])
@@ -602,67 +711,104 @@ def test_a_deleted_result_file_stops_the_run_with_exit_3_naming_it(
     assert server.batch_counters()["creates"] == 1  # nothing paid again behind the user's back
 
 
-@pytest.mark.parametrize("option", [
-    ["--batch-poll-interval", "5"], ["--batch-max-inputs", "10"],
-    ["--batch-fallback", "sync"], ["--batch-enqueued-tokens", "1000"],
-], ids=lambda o: o[0])
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--batch-poll-interval", "5"],
+        ["--batch-max-inputs", "10"],
+        ["--batch-fallback", "sync"],
+        ["--batch-enqueued-tokens", "1000"],
+    ],
+    ids=lambda o: o[0],
+)
 def test_a_batch_option_without_batch_api_is_a_usage_error(
-        tmp_path: Path, option: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, option: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     from cli.main import main
 
     write_csv(tmp_path / "in.csv", TEXTS)
     with pytest.raises(SystemExit) as stopped:
-        main(["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--output",
-              str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"), *option])
+        main(
+            [
+                "run",
+                str(tmp_path / "in.csv"),
+                "--embedder",
+                "openai",
+                "--output",
+                str(tmp_path / "out"),
+                "--ledger",
+                str(tmp_path / "ledger.sqlite3"),
+                *option,
+            ]
+        )
     assert stopped.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == (f"embedline run: error: argument {option[0]}: needs --batch-api "
-                    "(see 'embedline run --help')"), line
+    assert line == (
+        f"embedline run: error: argument {option[0]}: needs --batch-api "
+        "(see 'embedline run --help')"
+    ), line
     assert not (tmp_path / "ledger.sqlite3").exists()  # refused before anything started
 
 
 def test_a_batch_parameter_without_batch_api_is_refused_by_the_flow(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str) -> None:
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
     """The deployment's parameters: the same check (before: silently ignored)."""
     write_csv(tmp_path / "in.csv", TEXTS)
-    summary = run_flow(tmp_path, server, prefect_api_url, batch_api=False,
-                       batch_poll_interval=None, batch_fallback="sync")
+    summary = run_flow(
+        tmp_path,
+        server,
+        prefect_api_url,
+        batch_api=False,
+        batch_poll_interval=None,
+        batch_fallback="sync",
+    )
     assert (summary["exit_code"], summary["status"]) == (2, "input_error"), summary
     assert "batch_fallback needs batch_api" in summary["message"], summary["message"]
     assert server.counters()["requests"] == 0
 
 
 def test_cancel_batches_of_a_run_without_running_batches_says_there_is_nothing_to_cancel(
-        tmp_path: Path, server: FakeBatchServer, prefect_api_url: str,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path,
+    server: FakeBatchServer,
+    prefect_api_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from cli.main import main
 
     write_csv(tmp_path / "in.csv", TEXTS)
-    assert run_flow(tmp_path, server, prefect_api_url, batch_api=False,
-                    batch_poll_interval=None)["exit_code"] == 0
+    assert (
+        run_flow(tmp_path, server, prefect_api_url, batch_api=False, batch_poll_interval=None)[
+            "exit_code"
+        ]
+        == 0
+    )
     run_key = _run_key(tmp_path)
     capsys.readouterr()
-    assert main(["cancel-batches", run_key[:12], "--ledger",
-                 str(tmp_path / "ledger.sqlite3")]) == 0
+    assert main(["cancel-batches", run_key[:12], "--ledger", str(tmp_path / "ledger.sqlite3")]) == 0
     captured = capsys.readouterr()
     (line,) = captured.err.strip().splitlines()
-    assert line == (f"embedline: run {run_key[:12]} has no Batch API batches (it ran without "
-                    "--batch-api): nothing to cancel"), line
+    assert line == (
+        f"embedline: run {run_key[:12]} has no Batch API batches (it ran without "
+        "--batch-api): nothing to cancel"
+    ), line
     assert captured.out == ""
 
     done = tmp_path / "done"  # a batch-mode run whose 3 batches all completed
     done.mkdir()
     write_csv(done / "in.csv", TEXTS)
     assert run_flow(done, server, prefect_api_url)["exit_code"] == 0
-    assert main(["cancel-batches", _run_key(done)[:12], "--ledger",
-                 str(done / "ledger.sqlite3")]) == 0
+    assert (
+        main(["cancel-batches", _run_key(done)[:12], "--ledger", str(done / "ledger.sqlite3")]) == 0
+    )
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.endswith("has no batch running at the provider (3 ended): nothing to cancel")
     assert server.batch_counters()["creates"] == 3
 
 
 def test_nothing_listening_at_base_url_in_batch_mode_stops_the_run_like_synchronous_mode(
-        tmp_path: Path, prefect_api_url: str) -> None:
+    tmp_path: Path, prefect_api_url: str
+) -> None:
     """Exit 3, one line, no traceback (before: exit 1, "cannot connect …" as an outage)."""
     import socket
 
@@ -670,16 +816,30 @@ def test_nothing_listening_at_base_url_in_batch_mode_stops_the_run_like_synchron
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url",
-                     f"http://127.0.0.1:{port}/v1", "--batch-api", "--max-attempts", "2",
-                     "--ledger", "ledger.sqlite3", "--output", "out", cwd=tmp_path,
-                     env={"PREFECT_API_URL": prefect_api_url})
+    result = run_cli(
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        f"http://127.0.0.1:{port}/v1",
+        "--batch-api",
+        "--max-attempts",
+        "2",
+        "--ledger",
+        "ledger.sqlite3",
+        "--output",
+        "out",
+        cwd=tmp_path,
+        env={"PREFECT_API_URL": prefect_api_url},
+    )
     assert result.returncode == 3, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert "no request of this run ever reached it" in last, last
     assert "check that the server is running and --base-url is right" in last
-    cancel = run_cli("cancel-batches", _run_key(tmp_path)[:12], "--ledger", "ledger.sqlite3",
-                     cwd=tmp_path)
+    cancel = run_cli(
+        "cancel-batches", _run_key(tmp_path)[:12], "--ledger", "ledger.sqlite3", cwd=tmp_path
+    )
     assert cancel.returncode == 0, cancel.stderr  # nothing was ever created: nothing to cancel
     assert "nothing to cancel" in cancel.stderr

@@ -36,14 +36,23 @@ def _csv(path: Path, rows: list[tuple[str, str]], header: tuple[str, str] = ("id
 
 
 def _rows(n: int) -> list[tuple[str, str]]:
-    return [(f"{i:03d}", f"description {i}\nsecond line, with \"quotes\" {i * 7}")
-            for i in range(n)]
+    return [(f"{i:03d}", f'description {i}\nsecond line, with "quotes" {i * 7}') for i in range(n)]
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> tuple[int, str, str]:
-    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            server.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), *extra]
+    args = [
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        *extra,
+    ]
     result = run_cli(*args, cwd=tmp_path)
     return result.returncode, result.stdout, result.stderr
 
@@ -65,8 +74,9 @@ def test_run_publishes_every_row_with_its_own_vector(
     assert f"manifest   {tmp_path / 'out' / 'manifests'}" in out
     # keys are the documented ones
     sha = keys.text_sha256(rows[0][1])
-    chunk0 = keys.chunk_key("text-embedding-3-small", None,
-                            [(i, keys.text_sha256(t)) for i, t in rows[:10]])
+    chunk0 = keys.chunk_key(
+        "text-embedding-3-small", None, [(i, keys.text_sha256(t)) for i, t in rows[:10]]
+    )
     assert manifest["chunks"][0]["key"] == chunk0
     assert manifest["chunks"][0]["object"] == f"chunks/{chunk0}.parquet"
     import pyarrow.parquet as pq
@@ -74,7 +84,8 @@ def test_run_publishes_every_row_with_its_own_vector(
     table = pq.read_table(tmp_path / "out" / manifest["chunks"][0]["object"])
     assert table.column("text_sha256")[0].as_py() == sha
     assert table.column("idempotency_key")[0].as_py() == keys.row_key(
-        rows[0][0], sha, "text-embedding-3-small", None)
+        rows[0][0], sha, "text-embedding-3-small", None
+    )
     # every request carried the Idempotency-Key of its rows
     assert all(entry["idempotency_key"] for entry in fake_openai.log)
 
@@ -121,13 +132,15 @@ def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
     assert "(the whole command: " in out  # the flow's wall time, and the command's
     assert not (tmp_path / "out" / "manifests").exists()
     run_key = out.split()[1]
-    dead = run_cli("dead-letters", run_key[:8], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)
+    dead = run_cli(
+        "dead-letters", run_key[:8], "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path
+    )
     assert dead.returncode == 0
     assert dead.stdout.splitlines() == ["002\tempty_text\t", "004\tempty_text\t"]
     requests = fake_openai.counters()["requests"]
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "3", "--allow-failed-rows",
-                          "--on-empty-text", "fail")
+    code, out, err = _run(
+        tmp_path, fake_openai, "--chunk-size", "3", "--allow-failed-rows", "--on-empty-text", "fail"
+    )
     assert code == 0, err
     assert fake_openai.counters()["requests"] == requests  # dead letters are final
     manifest, vectors = read_local_output(tmp_path / "out")
@@ -135,14 +148,20 @@ def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
     assert set(vectors) == {"000", "001", "003", "005"}
     status = run_cli("status", "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)
     assert status.stdout.startswith(run_key) and "complete" in status.stdout
-    as_json = run_cli("status", "--json", "--ledger", str(tmp_path / "ledger.sqlite3"),
-                      cwd=tmp_path)
+    as_json = run_cli(
+        "status", "--json", "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path
+    )
     (facts,) = [json.loads(line) for line in as_json.stdout.splitlines()]
     with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
-        ledger_row = db.execute("SELECT status, rows_published, rows_failed, manifest_uri "
-                                "FROM runs WHERE run_key = ?", (run_key,)).fetchone()
-    assert (facts["status"], facts["rows_published"], facts["dead_letters"],
-            facts["manifest_uri"]) == ledger_row == ("complete", 4, 2, ledger_row[3])
+        ledger_row = db.execute(
+            "SELECT status, rows_published, rows_failed, manifest_uri FROM runs WHERE run_key = ?",
+            (run_key,),
+        ).fetchone()
+    assert (
+        (facts["status"], facts["rows_published"], facts["dead_letters"], facts["manifest_uri"])
+        == ledger_row
+        == ("complete", 4, 2, ledger_row[3])
+    )
     assert facts["chunks"] == {"published": 2, "failed": 0, "running": 0, "pending": 0}
     committed = facts["committed"]  # the embedline.run.committed payload
     assert committed["run_key"] == run_key and committed["dead_letters"] == 2
@@ -161,7 +180,10 @@ def test_empty_text_is_a_dead_letter_and_allow_failed_rows_commits(
     ],
 )
 def test_input_errors_exit_2_before_any_request(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, content: bytes, needle: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    content: bytes,
+    needle: str,
     args: tuple[str, ...],
 ) -> None:
     (tmp_path / "in.csv").write_bytes(content)
@@ -196,9 +218,20 @@ def test_s3_output_then_a_fresh_ledger_rerun_rewrites_nothing(
     rows = _rows(9)
     _csv(tmp_path / "in.csv", rows)
     env = moto_env(conditional_s3_endpoint)
-    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            fake_openai.base_url, "--output", f"s3://{bucket}/emb/v1", "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "4"]
+    args = [
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        f"s3://{bucket}/emb/v1",
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "4",
+    ]
     result = run_cli(*args, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert "does not enforce conditional writes" not in result.stderr
@@ -207,8 +240,10 @@ def test_s3_output_then_a_fresh_ledger_rerun_rewrites_nothing(
     before = _listing(s3, bucket, "emb/v1/")
     manifest_key = next(n for n in sorted(before) if n.startswith("emb/v1/manifests/"))
     manifest = json.loads(s3.get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
-    bodies = {e["object"]: s3.get_object(Bucket=bucket, Key=f"emb/v1/{e['object']}")["Body"]
-              .read() for e in manifest["chunks"]}
+    bodies = {
+        e["object"]: s3.get_object(Bucket=bucket, Key=f"emb/v1/{e['object']}")["Body"].read()
+        for e in manifest["chunks"]
+    }
     vectors = vectors_by_id(bodies, manifest)
     assert set(vectors) == {r[0] for r in rows}
     for row_id, text in rows:
@@ -240,9 +275,20 @@ def test_s3_input_is_streamed_and_chunk_reads_are_pinned_to_its_etag(
     local = _csv(tmp_path / "local.csv", rows)
     s3 = boto3.client("s3", endpoint_url=moto_endpoint)
     s3.put_object(Bucket=s3_bucket, Key="inputs/data.csv", Body=local.read_bytes())
-    args = ["run", f"s3://{s3_bucket}/inputs/data.csv", "--embedder", "openai", "--base-url",
-            fake_openai.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "3"]
+    args = [
+        "run",
+        f"s3://{s3_bucket}/inputs/data.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "3",
+    ]
     result = run_cli(*args, cwd=tmp_path, env={"AWS_ENDPOINT_URL": moto_endpoint})
     assert result.returncode == 0, result.stderr
     manifest, vectors = read_local_output(tmp_path / "out")
@@ -266,8 +312,15 @@ def test_s3_input_changed_after_planning_is_refused(
     monkeypatch.setenv("AWS_ENDPOINT_URL", conditional_s3_endpoint)
     s3 = shared_client(conditional_s3_endpoint)
     s3.put_object(Bucket=s3_bucket, Key="in.csv", Body=b"id,text\n1,alpha\n2,beta\n")
-    plan = plan_csv(f"s3://{s3_bucket}/in.csv", id_column="id", text_column="text",
-                    codec="utf-8", chunk_size=1, model="m", dimensions=None)
+    plan = plan_csv(
+        f"s3://{s3_bucket}/in.csv",
+        id_column="id",
+        text_column="text",
+        codec="utf-8",
+        chunk_size=1,
+        model="m",
+        dimensions=None,
+    )
     assert read_chunk(plan.source, plan.chunks[1])[0].id == "2"
     s3.put_object(Bucket=s3_bucket, Key="in.csv", Body=b"id,text\n1,alpha\n2,BETA\n")
     from embedline.errors import InputError
@@ -283,29 +336,51 @@ def test_failed_chunks_then_retry_failed_embeds_only_those(
     rows[5] = (rows[5][0], "BROKEN " + rows[5][1])  # chunk 1 of 4 (5 rows each)
     rows[17] = (rows[17][0], "BROKEN " + rows[17][1])  # chunk 3
     _csv(tmp_path / "in.csv", rows)
-    fake_openai.fail_when(lambda p: {"status": 503} if any("BROKEN" in t for t in p["input"])
-                          else None)
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5", "--batch-size", "5",
-                          "--max-attempts", "2", "--chunk-retries", "0")
+    fake_openai.fail_when(
+        lambda p: {"status": 503} if any("BROKEN" in t for t in p["input"]) else None
+    )
+    code, out, err = _run(
+        tmp_path,
+        fake_openai,
+        "--chunk-size",
+        "5",
+        "--batch-size",
+        "5",
+        "--max-attempts",
+        "2",
+        "--chunk-retries",
+        "0",
+    )
     assert code == 1, err
     assert "2 of 4 chunks not published (2 failed; chunk 1: RetryableError: HTTP 503" in out
     run_key = out.split()[1]
-    status = run_cli("status", run_key[:10], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                     cwd=tmp_path)
+    status = run_cli(
+        "status", run_key[:10], "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path
+    )
     assert "published=2 failed=2" in status.stdout
     fields = status.stdout.rstrip("\n").split("\t")
     assert len(fields) == 8 and fields[-1].startswith(
-        "chunk 1 failed (and 1 more): RetryableError: HTTP 503"), fields  # why, not only counts
-    as_json = json.loads(run_cli("status", run_key[:10], "--json", "--ledger",
-                                 str(tmp_path / "ledger.sqlite3"), cwd=tmp_path).stdout)
+        "chunk 1 failed (and 1 more): RetryableError: HTTP 503"
+    ), fields  # why, not only counts
+    as_json = json.loads(
+        run_cli(
+            "status",
+            run_key[:10],
+            "--json",
+            "--ledger",
+            str(tmp_path / "ledger.sqlite3"),
+            cwd=tmp_path,
+        ).stdout
+    )
     assert as_json["failure"] == fields[-1] and as_json["committed"] is None
     assert as_json["chunks"]["failed"] == 2 and as_json["status"] == "incomplete"
     fake_openai.fail_when(None)
     before = fake_openai.counters()["requests"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    retry = run_cli("retry-failed", run_key[:12], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                    cwd=elsewhere)
+    retry = run_cli(
+        "retry-failed", run_key[:12], "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=elsewhere
+    )
     assert retry.returncode == 0, retry.stderr
     assert fake_openai.counters()["requests"] - before == 2  # one batch per failed chunk
     _manifest, vectors = read_local_output(tmp_path / "out")
@@ -334,8 +409,19 @@ def test_usage_and_header_errors_answer_before_prefect_starts(
 def test_unusable_output_is_a_usage_error(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
     _csv(tmp_path / "in.csv", _rows(3))
     (tmp_path / "afile").write_text("not a directory")
-    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-                     "--output", "afile", "--ledger", "l.sqlite3", cwd=tmp_path)
+    result = run_cli(
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "afile",
+        "--ledger",
+        "l.sqlite3",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert "exists and is not a directory" in result.stdout + result.stderr
     assert fake_openai.counters()["requests"] == 0
@@ -350,15 +436,18 @@ def test_rejected_long_input_is_isolated_and_no_request_body_is_sent_twice(
     rows[3] = (rows[3][0], "CONTEXT-TOO-LONG " + "word " * 50)  # the fourth text
     _csv(tmp_path / "in.csv", rows)
     fake_openai.reject_texts_containing = "CONTEXT-TOO-LONG"
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "8", "--batch-size", "8",
-                          "--allow-failed-rows")
+    code, out, err = _run(
+        tmp_path, fake_openai, "--chunk-size", "8", "--batch-size", "8", "--allow-failed-rows"
+    )
     assert code == 0, err
     manifest, vectors = read_local_output(tmp_path / "out")
-    assert manifest["rows_failed"] == 1 and set(vectors) == {r[0] for i, r in enumerate(rows)
-                                                              if i != 3}
+    assert manifest["rows_failed"] == 1 and set(vectors) == {
+        r[0] for i, r in enumerate(rows) if i != 3
+    }
     run_key = out.split()[1]
-    dead = run_cli("dead-letters", run_key[:8], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)
+    dead = run_cli(
+        "dead-letters", run_key[:8], "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path
+    )
     assert dead.stdout.splitlines() == ["003\trejected\t400"]
     keys_sent = [entry["idempotency_key"] for entry in fake_openai.log]
     assert len(keys_sent) == len(set(keys_sent))  # a rejected body is never sent again
@@ -377,8 +466,9 @@ def test_max_input_tokens_truncate_and_dead_letter_before_sending(
     import shutil
 
     shutil.rmtree(tmp_path / "out")
-    code, _, err = _run(tmp_path, fake_openai, "--max-input-tokens", "50", "--on-too-long",
-                        "truncate")
+    code, _, err = _run(
+        tmp_path, fake_openai, "--max-input-tokens", "50", "--on-too-long", "truncate"
+    )
     assert code == 0, err
     assert set(read_local_output(tmp_path / "out")[1]) == {r[0] for r in rows}
 
@@ -401,8 +491,9 @@ def test_second_run_publishes_a_change_set_against_the_first(
     edited.append(("new", "appended row"))
     _csv(tmp_path / "in.csv", edited)
     fake_openai.reset()
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5",
-                          "--price-per-million-tokens", "0.02")
+    code, out, err = _run(
+        tmp_path, fake_openai, "--chunk-size", "5", "--price-per-million-tokens", "0.02"
+    )
     assert code == 0, err
     # every chunk key changed (a row went): the 10 known texts are copied, 2 texts sent
     assert fake_openai.counters()["inputs"] == 2
@@ -416,15 +507,33 @@ def test_second_run_publishes_a_change_set_against_the_first(
     changes = second["changes"]
     assert changes["base_run_key"] == first["run_key"]
     assert (changes["added"], changes["changed"], changes["removed"], changes["unchanged"]) == (
-        1, 1, 1, 10)
+        1,
+        1,
+        1,
+        10,
+    )
     table = pq.read_table(tmp_path / "out" / changes["object"]).to_pylist()
     assert table == [
-        {"id": "004", "change": "removed", "text_sha256": keys.text_sha256(rows[4][1]),
-         "text_changed": None},
-        {"id": edited[7][0], "change": "changed", "text_sha256": keys.text_sha256("a new text"),
-         "text_changed": True},
-        {"id": "new", "change": "added", "text_sha256": keys.text_sha256("appended row"),
-         "text_changed": None},
+        {
+            "id": "004",
+            "change": "removed",
+            "text_sha256": keys.text_sha256(rows[4][1]),
+            "text_changed": None,
+        },
+        {
+            "id": edited[7][0],
+            "change": "changed",
+            "text_sha256": keys.text_sha256("a new text"),
+            "text_changed": True,
+        },
+        {
+            "id": "new",
+            "change": "added",
+            "text_sha256": keys.text_sha256("appended row"),
+            "text_changed": None,
+        },
     ]
-    assert f"changes    1 added, 1 changed, 1 removed, 10 unchanged (against run " \
-           f"{first['run_key'][:12]})" in out
+    assert (
+        f"changes    1 added, 1 changed, 1 removed, 10 unchanged (against run "
+        f"{first['run_key'][:12]})" in out
+    )

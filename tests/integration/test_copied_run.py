@@ -30,9 +30,21 @@ def _csv(path: Path, rows: list[tuple[str, str]]) -> None:
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, name: str) -> tuple[int, str, str]:
-    result = run_cli("run", str(tmp_path / name), "--embedder", "openai", "--base-url",
-                     server.base_url, "--output", str(tmp_path / "out"), "--ledger",
-                     str(tmp_path / "ledger.sqlite3"), "--chunk-size", "40", cwd=tmp_path)
+    result = run_cli(
+        "run",
+        str(tmp_path / name),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "40",
+        cwd=tmp_path,
+    )
     return result.returncode, result.stdout, result.stderr
 
 
@@ -52,7 +64,9 @@ def _latest_vectors(out: Path, run_key_line: str) -> dict[str, np.ndarray]:
 
 
 def test_an_all_copied_night_sends_nothing_and_runs_no_flow(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    prefect_api_url: str,
 ) -> None:
     rows = [(f"pkg-{i}", f"package {i} does thing {i * 13 % 97}") for i in range(200)]
     _csv(tmp_path / "first.csv", rows)
@@ -77,7 +91,9 @@ def test_an_all_copied_night_sends_nothing_and_runs_no_flow(
 
 
 def test_a_night_with_one_change_hands_its_prepared_stage_to_the_flow(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    prefect_api_url: str,
 ) -> None:
     rows = [(f"pkg-{i}", f"package {i} does thing {i * 13 % 97}") for i in range(200)]
     _csv(tmp_path / "first.csv", rows)
@@ -101,7 +117,8 @@ def test_a_night_with_one_change_hands_its_prepared_stage_to_the_flow(
 
 
 def test_an_embedline_warning_outside_a_flow_run_prints_only_itself(
-    tmp_path: Path, prefect_api_url: str,
+    tmp_path: Path,
+    prefect_api_url: str,
 ) -> None:
     """The CLI logs on ``embedline.*`` before Prefect runs a flow (a night of copied rows
     and its graceful stop): with Prefect imported and a configured server, its API log
@@ -112,23 +129,31 @@ def test_an_embedline_warning_outside_a_flow_run_prints_only_itself(
 
     from tests.support.fixtures import REPO
 
-    code = ("import logging\n"
-            "from cli.prefect_env import configure_prefect_environment\n"
-            "configure_prefect_environment()\n"
-            "from prefect.logging.configuration import setup_logging\n"
-            "setup_logging()  # as the CLI's import of the flow does\n"
-            "logging.getLogger('embedline.run').warning('SIGTERM received: no new chunks')\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO),
-                               "PREFECT_API_URL": prefect_api_url})
+    code = (
+        "import logging\n"
+        "from cli.prefect_env import configure_prefect_environment\n"
+        "configure_prefect_environment()\n"
+        "from prefect.logging.configuration import setup_logging\n"
+        "setup_logging()  # as the CLI's import of the flow does\n"
+        "logging.getLogger('embedline.run').warning('SIGTERM received: no new chunks')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url},
+    )
     assert done.returncode == 0, done.stderr
     assert "SIGTERM received: no new chunks" in done.stderr
     assert "UserWarning" not in done.stderr and "flow run id" not in done.stderr, done.stderr
 
 
 def test_with_the_temporary_server_a_copied_night_starts_no_server(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Without PREFECT_API_URL, a rerun whose ledger indexes its output starts Prefect only
     once a flow is needed (``cli.plan_ahead.prefect_on_demand``): a night of copied rows
@@ -163,4 +188,3 @@ def test_with_the_temporary_server_a_copied_night_starts_no_server(
         for row_id, text in night:
             np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
         sent = fake_openai.counters()["inputs"]
-

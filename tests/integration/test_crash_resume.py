@@ -41,8 +41,10 @@ class TextRecorder:
         texts = payload.get("input", []) if isinstance(payload, dict) else []
         with self.lock:
             self.texts.extend(texts)
-        delay = max([self.delays[m] for m in self.delays if any(m in t for t in texts)],
-                    default=self.default_delay_s)
+        delay = max(
+            [self.delays[m] for m in self.delays if any(m in t for t in texts)],
+            default=self.default_delay_s,
+        )
         return {"delay_s": delay} if delay else None
 
     def take(self) -> list[str]:
@@ -51,8 +53,9 @@ class TextRecorder:
             return texts
 
 
-def _write_csv(path: Path, n: int,
-               marker_rows: dict[int, str] | None = None) -> list[tuple[str, str]]:
+def _write_csv(
+    path: Path, n: int, marker_rows: dict[int, str] | None = None
+) -> list[tuple[str, str]]:
     rows = []
     for i in range(n):
         text = f"row {i} {(marker_rows or {}).get(i, '')}\nsecond line {i}"
@@ -62,19 +65,37 @@ def _write_csv(path: Path, n: int,
     return rows
 
 
-def _args(tmp_path: Path, server: FakeEmbeddingServer, *extra: str,
-          output: str | None = None) -> list[str]:
-    return ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            server.base_url, "--output", output or str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]
+def _args(
+    tmp_path: Path, server: FakeEmbeddingServer, *extra: str, output: str | None = None
+) -> list[str]:
+    return [
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        output or str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-retries",
+        "0",
+        *extra,
+    ]
 
 
-def _popen(tmp_path: Path, args: list[str],
-           extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def _popen(
+    tmp_path: Path, args: list[str], extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), **(extra_env or {})}
     return subprocess.Popen(
-        [sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -82,8 +103,11 @@ def _chunk_files(out: Path) -> dict[str, str]:
     chunks = out / "chunks"
     if not chunks.exists():
         return {}
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in chunks.iterdir() if p.name.endswith(".parquet") and not p.name.startswith(".")}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in chunks.iterdir()
+        if p.name.endswith(".parquet") and not p.name.startswith(".")
+    }
 
 
 def _wait_for(predicate: Any, timeout: float, what: str) -> None:
@@ -118,8 +142,11 @@ class _S3Output:
 
     def chunk_files(self) -> dict[str, str]:
         listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix="out/chunks/")
-        return {o["Key"].rsplit("/", 1)[1]: self._sha(o["Key"])
-                for o in listed.get("Contents", []) if o["Key"].endswith(".parquet")}
+        return {
+            o["Key"].rsplit("/", 1)[1]: self._sha(o["Key"])
+            for o in listed.get("Contents", [])
+            if o["Key"].endswith(".parquet")
+        }
 
     def _sha(self, key: str) -> str:
         body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
@@ -130,8 +157,10 @@ class _S3Output:
         [key] = [o["Key"] for o in listed.get("Contents", [])]
         get = self.client.get_object
         manifest = json.loads(get(Bucket=self.bucket, Key=key)["Body"].read())
-        bodies = {e["object"]: get(Bucket=self.bucket, Key=f"out/{e['object']}")["Body"].read()
-                  for e in manifest["chunks"]}
+        bodies = {
+            e["object"]: get(Bucket=self.bucket, Key=f"out/{e['object']}")["Body"].read()
+            for e in manifest["chunks"]
+        }
         vectors = vectors_by_id(bodies, manifest)
         assert manifest["rows_published"] == len(rows) and manifest["rows_failed"] == 0
         assert set(vectors) == {rid for rid, _ in rows}
@@ -143,7 +172,9 @@ class _S3Output:
 # fresh-ledger rerun on ministack (test_cli_run.py) is CI's resume check on a second S3 server
 @pytest.mark.parametrize("output", ["local", pytest.param("ministack", marks=pytest.mark.slow)])
 def test_kill_while_slow_chunk_in_flight_rerun_embeds_only_unfinished_chunks(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, output: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    output: str,
     request: pytest.FixtureRequest,
 ) -> None:
     """kill -9 with chunks in flight, then a rerun: only the unfinished chunks are embedded,
@@ -159,8 +190,7 @@ def test_kill_while_slow_chunk_in_flight_rerun_embeds_only_unfinished_chunks(
     rows = _write_csv(tmp_path / "in.csv", 20, {0: "SLOW", 16: "SLOW"})
     recorder = TextRecorder({"SLOW": 60.0})
     fake_openai.fail_when(recorder)
-    args = _args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "3",
-                 output=out)
+    args = _args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "3", output=out)
     proc = _popen(tmp_path, args, env)
     try:
         _wait_for(lambda: len(chunk_files()) == 3, 120, "chunks 1-3")
@@ -215,11 +245,13 @@ def _kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, seed: in
     # so a server that honours keys charges it once
     charged_once = len(set(answered))
     assert killed >= min(kills, 8)
-    print(f"\nkill loop: {killed} SIGKILLs of {kills} planned, {len(seen)} chunk objects seen "
-          "and never rewritten, "
-          f"finished before a kill: {finished_early}, requests {counters['requests']}, "
-          f"inputs embedded {counters['inputs']} for {len(rows)} rows, answered requests "
-          f"{len(answered)} with {charged_once} distinct idempotency keys")
+    print(
+        f"\nkill loop: {killed} SIGKILLs of {kills} planned, {len(seen)} chunk objects seen "
+        "and never rewritten, "
+        f"finished before a kill: {finished_early}, requests {counters['requests']}, "
+        f"inputs embedded {counters['inputs']} for {len(rows)} rows, answered requests "
+        f"{len(answered)} with {charged_once} distinct idempotency keys"
+    )
 
 
 @pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
@@ -231,13 +263,18 @@ def test_random_sigkills_then_rerun_give_complete_output(
 
 @pytest.mark.slow
 def test_many_random_sigkills_soak(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
-    _kill_loop(tmp_path, fake_openai, kills=int(os.environ.get("EMBEDLINE_SOAK_KILLS", "60")),
-               seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")))
+    _kill_loop(
+        tmp_path,
+        fake_openai,
+        kills=int(os.environ.get("EMBEDLINE_SOAK_KILLS", "60")),
+        seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")),
+    )
 
 
 def _write_rows(path: Path, rows: list[tuple[str, str]]) -> None:
-    path.write_text("id,text\n" + "".join(f'{rid},"{text}"\n' for rid, text in rows),
-                    encoding="utf-8")
+    path.write_text(
+        "id,text\n" + "".join(f'{rid},"{text}"\n' for rid, text in rows), encoding="utf-8"
+    )
 
 
 def _newest_output(out: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -288,8 +325,10 @@ def _reuse_kill_loop(tmp_path: Path, server: FakeEmbeddingServer, kills: int, se
     # most 2 inputs each) or of a chunk that was waiting for another chunk's text
     extra = len(sent) - len(new_texts)
     assert extra <= 4 * killed, (extra, killed)
-    print(f"\nreuse kill loop: {killed} SIGKILLs, {len(known)} known texts sent 0 times, "
-          f"{len(new_texts)} new texts sent {len(sent)} times")
+    print(
+        f"\nreuse kill loop: {killed} SIGKILLs, {len(known)} known texts sent 0 times, "
+        f"{len(new_texts)} new texts sent {len(sent)} times"
+    )
 
 
 def test_random_sigkills_during_a_reusing_run_then_rerun(
@@ -302,9 +341,12 @@ def test_random_sigkills_during_a_reusing_run_then_rerun(
 def test_many_random_sigkills_during_reusing_runs_soak(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
-    _reuse_kill_loop(tmp_path, fake_openai,
-                     kills=int(os.environ.get("EMBEDLINE_SOAK_KILLS", "60")),
-                     seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")))
+    _reuse_kill_loop(
+        tmp_path,
+        fake_openai,
+        kills=int(os.environ.get("EMBEDLINE_SOAK_KILLS", "60")),
+        seed=int(os.environ.get("EMBEDLINE_SOAK_SEED", "7")),
+    )
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -324,9 +366,11 @@ def test_signal_stops_gracefully_and_rerun_resumes(
     assert "interrupted" in out and "rerun the same command" in out
     published = len(_chunk_files(tmp_path / "out"))
     name = signal.Signals(signum).name  # stderr ends with what happened and what to do
-    assert err.strip().splitlines()[-1] == (f"embedline: interrupted by {name}: {published} of "
-                                            "10 chunks published; rerun the same command to "
-                                            "resume"), err[-2000:]
+    assert err.strip().splitlines()[-1] == (
+        f"embedline: interrupted by {name}: {published} of "
+        "10 chunks published; rerun the same command to "
+        "resume"
+    ), err[-2000:]
     db = sqlite3.connect(tmp_path / "ledger.sqlite3")
     assert db.execute("SELECT COUNT(*) FROM chunks WHERE state = 'running'").fetchone()[0] == 0
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -361,8 +405,11 @@ def test_wrong_api_key_exits_3_fast_without_leaking_the_key(
     _write_csv(tmp_path / "in.csv", 40)
     fake_openai.require_key = "sk-right-key"
     started = time.monotonic()
-    result = run_cli(*_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "4"),
-                     cwd=tmp_path, env={"EMBEDLINE_API_KEY": "sk-wrong-secret"})
+    result = run_cli(
+        *_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "4"),
+        cwd=tmp_path,
+        env={"EMBEDLINE_API_KEY": "sk-wrong-secret"},
+    )
     assert result.returncode == 3
     assert time.monotonic() - started < 60
     assert "EMBEDLINE_API_KEY" in result.stdout + result.stderr
@@ -375,11 +422,14 @@ def test_insufficient_quota_exits_3_without_retrying(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
     _write_csv(tmp_path / "in.csv", 8)
-    quota = ('{"error": {"message": "You exceeded your current quota", '
-             '"type": "insufficient_quota", "code": "insufficient_quota"}}')
+    quota = (
+        '{"error": {"message": "You exceeded your current quota", '
+        '"type": "insufficient_quota", "code": "insufficient_quota"}}'
+    )
     fake_openai.fail_when(lambda payload: {"status": 429, "body": quota})
-    result = run_cli(*_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "1"),
-                     cwd=tmp_path)
+    result = run_cli(
+        *_args(tmp_path, fake_openai, "--chunk-size", "4", "--concurrency", "1"), cwd=tmp_path
+    )
     assert result.returncode == 3
     assert "quota" in (result.stdout + result.stderr).lower()
     assert fake_openai.counters()["requests"] <= 2

@@ -35,8 +35,9 @@ def server() -> Iterator[FakeEmbeddingServer]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, server: FakeEmbeddingServer,
-         prefect_api_url: str) -> tuple[Path, dict[str, str]]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, server: FakeEmbeddingServer, prefect_api_url: str
+) -> tuple[Path, dict[str, str]]:
     """One committed run per model of the same CSV, in a directory the tests share (each
     test loads into stores of its own); returns (directory, model -> run key). In process:
     preconditions (the loads under test go through the CLI)."""
@@ -45,16 +46,37 @@ def runs(tmp_path_factory: pytest.TempPathFactory, server: FakeEmbeddingServer,
         csv.writer(f, lineterminator="\n").writerows([("id", "text"), *ROWS])
     keys = {}
     for model, dims in MODELS.items():
-        keys[model] = str(run_in_process(
-            prefect_api_url, input=str(where / "in.csv"), embedder="openai",
-            base_url=server.base_url, model=model, dimensions=dims, output=str(where / "out"),
-            ledger=str(where / "ledger.sqlite3"), chunk_size=20)["run_key"])
+        keys[model] = str(
+            run_in_process(
+                prefect_api_url,
+                input=str(where / "in.csv"),
+                embedder="openai",
+                base_url=server.base_url,
+                model=model,
+                dimensions=dims,
+                output=str(where / "out"),
+                ledger=str(where / "ledger.sqlite3"),
+                chunk_size=20,
+            )["run_key"]
+        )
     return where, keys
 
 
 def _load(tmp_path: Path, run_key: str, to: str, *extra: str) -> Any:
-    return run_cli("load", run_key, "--to", to, "--output", "out", "--ledger",
-                   "ledger.sqlite3", "--alias", "docs", *extra, cwd=tmp_path)
+    return run_cli(
+        "load",
+        run_key,
+        "--to",
+        to,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+        "--alias",
+        "docs",
+        *extra,
+        cwd=tmp_path,
+    )
 
 
 def _top5(dims: int) -> list[str]:
@@ -66,8 +88,11 @@ def _top5(dims: int) -> list[str]:
 
 def _ids(search_output: str) -> list[str]:
     """The ids of ``embedline search``'s result lines (``rank score id …``)."""
-    return [line.split()[2] for line in search_output.splitlines()
-            if line.split() and line.split()[0].isdigit()]
+    return [
+        line.split()[2]
+        for line in search_output.splitlines()
+        if line.split() and line.split()[0].isdigit()
+    ]
 
 
 class _Reader(threading.Thread):
@@ -92,11 +117,13 @@ class _Reader(threading.Thread):
                     with conn.transaction():
                         conn.execute("SELECT 1 FROM docs LIMIT 0")
                         comment = conn.execute(
-                            "SELECT obj_description('docs'::regclass, 'pg_class')").fetchone()[0]
+                            "SELECT obj_description('docs'::regclass, 'pg_class')"
+                        ).fetchone()[0]
                         model = next(m for m in MODELS if f'"{m}"' in comment)
                         rows = conn.execute(
                             "SELECT id FROM docs ORDER BY embedding <=> %s, id LIMIT 5",
-                            (expected_vector(QUERY, MODELS[model]),)).fetchall()
+                            (expected_vector(QUERY, MODELS[model]),),
+                        ).fetchall()
                     self.seen.append((model, [r[0] for r in rows]))
                 except Exception as exc:  # noqa: BLE001 - any error is the finding
                     self.errors.append(f"{type(exc).__name__}: {exc}")
@@ -115,8 +142,9 @@ def test_cutover_through_a_view_never_shows_readers_an_error_or_a_mix_and_rolls_
     try:
         second = _load(tmp_path, keys["model-b"], pg_uri)
         assert second.returncode == 0, second.stderr[-2000:]
-        assert ("alias      docs -> docs__model_b_32 (was docs__model_a_16; --rollback "
-                "restores it)") in second.stdout
+        assert (
+            "alias      docs -> docs__model_b_32 (was docs__model_a_16; --rollback restores it)"
+        ) in second.stdout
         while not any(model == "model-b" for model, _ in reader.seen[-3:]):
             assert reader.is_alive() and not reader.errors, reader.errors[:3]
     finally:
@@ -130,16 +158,25 @@ def test_cutover_through_a_view_never_shows_readers_an_error_or_a_mix_and_rolls_
     assert switch_at > 0 and set(models[switch_at:]) == {"model-b"}  # one switch, no flapping
 
     with psycopg.connect(pg_uri) as conn:  # both tables are kept for the rollback
-        counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-                  for t in ("docs__model_a_16", "docs__model_b_32", "docs")}
+        counts = {
+            t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("docs__model_a_16", "docs__model_b_32", "docs")
+        }
     assert counts == {"docs__model_a_16": 60, "docs__model_b_32": 60, "docs": 60}
 
     back = run_cli("load", "--to", pg_uri, "--alias", "docs", "--rollback", cwd=tmp_path)
     assert back.returncode == 0, back.stderr
     assert "docs -> docs__model_a_16 (rolled back from docs__model_b_32)" in back.stdout
-    searched = run_cli("search", f"{pg_uri}&table=docs" if "?" in pg_uri else
-                       f"{pg_uri}?table=docs", QUERY, "--k", "5", "--base-url",
-                       server.base_url, cwd=tmp_path)
+    searched = run_cli(
+        "search",
+        f"{pg_uri}&table=docs" if "?" in pg_uri else f"{pg_uri}?table=docs",
+        QUERY,
+        "--k",
+        "5",
+        "--base-url",
+        server.base_url,
+        cwd=tmp_path,
+    )
     assert searched.returncode == 0, searched.stderr
     assert _ids(searched.stdout) == truth["model-a"]
 
@@ -152,8 +189,19 @@ def test_cutover_refusals_lancedb_and_a_table_named_like_the_alias(
     assert lance.returncode == 2 and "lancedb has no aliases or views" in lance.stderr
     with psycopg.connect(pg_uri, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS taken (id text)")
-    refused = run_cli("load", keys["model-a"], "--to", pg_uri, "--output", "out", "--ledger",
-                      "ledger.sqlite3", "--alias", "taken", cwd=tmp_path)
+    refused = run_cli(
+        "load",
+        keys["model-a"],
+        "--to",
+        pg_uri,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+        "--alias",
+        "taken",
+        cwd=tmp_path,
+    )
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "'taken' exists and is not an alias embedline made" in refused.stderr
     with psycopg.connect(pg_uri) as conn:  # refused before the load: nothing was loaded
@@ -185,7 +233,15 @@ def test_cutover_on_qdrant_local_switches_the_collection_alias_and_rolls_back(
         client.close()
     back = run_cli("load", "--to", to, "--alias", "docs", "--rollback", cwd=tmp_path)
     assert back.returncode == 0, back.stderr
-    searched = run_cli("search", f"{to}?collection=docs", QUERY, "--k", "5", "--base-url",
-                       server.base_url, cwd=tmp_path)
+    searched = run_cli(
+        "search",
+        f"{to}?collection=docs",
+        QUERY,
+        "--k",
+        "5",
+        "--base-url",
+        server.base_url,
+        cwd=tmp_path,
+    )
     assert searched.returncode == 0, searched.stderr
     assert _ids(searched.stdout) == _top5(16)

@@ -30,18 +30,34 @@ def test_dask_workers_embed_and_publish_to_s3(
     rows = [(f"d{i:02d}", f"dask text {i}") for i in range(12)]
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
     result = run_cli(
-        "run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-        fake_openai.base_url, "--output", f"s3://{s3_bucket}/dask", "--ledger",
-        str(tmp_path / "ledger.sqlite3"), "--chunk-size", "3", "--task-runner", "dask",
-        "--dask-workers", "2", cwd=tmp_path, env={"AWS_ENDPOINT_URL": moto_endpoint},
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        f"s3://{s3_bucket}/dask",
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "3",
+        "--task-runner",
+        "dask",
+        "--dask-workers",
+        "2",
+        cwd=tmp_path,
+        env={"AWS_ENDPOINT_URL": moto_endpoint},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     s3 = boto3.client("s3", endpoint_url=moto_endpoint)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket, Prefix="dask/")["Contents"]]
     manifest_key = next(k for k in keys if "/manifests/" in k)
     manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=manifest_key)["Body"].read())
-    bodies = {e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"dask/{e['object']}")["Body"]
-              .read() for e in manifest["chunks"]}
+    bodies = {
+        e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"dask/{e['object']}")["Body"].read()
+        for e in manifest["chunks"]
+    }
     vectors = vectors_by_id(bodies, manifest)
     for row_id, text in rows:
         np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6)
@@ -50,8 +66,17 @@ def test_dask_workers_embed_and_publish_to_s3(
 
 def test_remote_dask_workers_refuse_a_local_output(tmp_path: Path) -> None:
     (tmp_path / "in.csv").write_text("id,text\n1,a\n")
-    result = run_cli("run", "in.csv", "--task-runner", "dask", "--dask-address",
-                     "tcp://127.0.0.1:8786", "--output", "./out", cwd=tmp_path)
+    result = run_cli(
+        "run",
+        "in.csv",
+        "--task-runner",
+        "dask",
+        "--dask-address",
+        "tcp://127.0.0.1:8786",
+        "--output",
+        "./out",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert "s3:// --output" in result.stderr
 
@@ -83,11 +108,15 @@ def _distributed_log_level() -> int:
 def _drops_scheduler_gone_tracebacks() -> bool:
     handlers = logging.getLogger("distributed").handlers
     return bool(handlers) and all(
-        any(type(f).__name__ == "SchedulerGoneFilter" for f in h.filters) for h in handlers)
+        any(type(f).__name__ == "SchedulerGoneFilter" for f in h.filters) for h in handlers
+    )
 
 
-@pytest.mark.parametrize("after", ["Creating a new Dask cluster", "The Dask dashboard is"],
-                         ids=["cluster-starting", "workers-up"])
+@pytest.mark.parametrize(
+    "after",
+    ["Creating a new Dask cluster", "The Dask dashboard is"],
+    ids=["cluster-starting", "workers-up"],
+)
 def test_ctrl_c_while_the_local_cluster_starts_is_one_line_and_leaves_no_process(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, after: str
 ) -> None:
@@ -98,12 +127,29 @@ def test_ctrl_c_while_the_local_cluster_starts_is_one_line_and_leaves_no_process
     with scheduler during heartbeat") as the scheduler closed. And Prefect's "Crash
     detected!" lines, and the resource tracker's leaked-semaphore warning."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
-    args = [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai",
-            "--base-url", fake_openai.base_url, "--output", "out", "--ledger", "ledger.sqlite3",
-            "--task-runner", "dask", "--dask-workers", "2"]
+    args = [
+        sys.executable,
+        "-m",
+        "cli",
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+        "--task-runner",
+        "dask",
+        "--dask-workers",
+        "2",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "EMBEDLINE_TEST_MARK": str(tmp_path)}
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         assert proc.stderr is not None
         lines = []
@@ -118,7 +164,8 @@ def test_ctrl_c_while_the_local_cluster_starts_is_one_line_and_leaves_no_process
         proc.kill()
     assert proc.returncode == 130, "".join(lines) + err
     assert err.strip().splitlines()[-1] == (
-        "embedline: interrupted by SIGINT; rerun the same command to resume"), err[-3000:]
+        "embedline: interrupted by SIGINT; rerun the same command to resume"
+    ), err[-3000:]
     assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
     assert "distributed" not in err, err[-3000:]
     # Prefect's own account of the crash, and multiprocessing's resource tracker warning

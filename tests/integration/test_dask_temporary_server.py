@@ -19,25 +19,50 @@ from tests.support.processes import wait_until_gone
 pytestmark = pytest.mark.integration
 
 
-def _dask_run(tmp_path: Path, base_url: str, output: str, env_extra: dict[str, str],
-              home: Path) -> subprocess.CompletedProcess[str]:
+def _dask_run(
+    tmp_path: Path, base_url: str, output: str, env_extra: dict[str, str], home: Path
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(fresh_prefect_home(home)), **env_extra)
     return subprocess.run(
-        [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
-         base_url, "--output", output, "--ledger", str(tmp_path / "ledger.sqlite3"),
-         "--chunk-size", "500", "--task-runner", "dask", "--dask-workers", "2"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "run",
+            "in.csv",
+            "--embedder",
+            "openai",
+            "--base-url",
+            base_url,
+            "--output",
+            output,
+            "--ledger",
+            str(tmp_path / "ledger.sqlite3"),
+            "--chunk-size",
+            "500",
+            "--task-runner",
+            "dask",
+            "--dask-workers",
+            "2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 def _write_input(tmp_path: Path, rows: int) -> None:
     (tmp_path / "in.csv").write_text(
-        "id,text\n" + "".join(f"d{i},dask text {i}\n" for i in range(rows)))
+        "id,text\n" + "".join(f"d{i},dask text {i}\n" for i in range(rows))
+    )
 
 
-def _check_run(result: subprocess.CompletedProcess[str], home: Path, fake: FakeEmbeddingServer,
-               rows: int) -> None:
+def _check_run(
+    result: subprocess.CompletedProcess[str], home: Path, fake: FakeEmbeddingServer, rows: int
+) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"rows       {rows:,} published of {rows:,}" in result.stdout
     assert "Server process did not start" not in result.stderr
@@ -51,8 +76,13 @@ def test_dask_workers_use_the_temporary_server(
 ) -> None:
     _write_input(tmp_path, 5000)
     home = tmp_path / "prefect-home"
-    result = _dask_run(tmp_path, fake_openai.base_url, f"s3://{s3_bucket}/dask-tmp",
-                       {"AWS_ENDPOINT_URL": moto_endpoint}, home)
+    result = _dask_run(
+        tmp_path,
+        fake_openai.base_url,
+        f"s3://{s3_bucket}/dask-tmp",
+        {"AWS_ENDPOINT_URL": moto_endpoint},
+        home,
+    )
     _check_run(result, home, fake_openai, 5000)
     s3 = boto3.client("s3", endpoint_url=moto_endpoint)
     listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="dask-tmp/chunks/")

@@ -39,8 +39,12 @@ def _prefect(*args: str, timeout: float = 120) -> str:
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("EMBEDLINE_REPO", None)  # the deploy's build step falls back to the checkout
     result = subprocess.run(
-        [sys.executable, "-m", "prefect", *args], cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=timeout,
+        [sys.executable, "-m", "prefect", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
     return result.stdout
@@ -59,7 +63,10 @@ def _fake_api(*options: str) -> Iterator[tuple[str, str]]:
     """Run ``tests.support.fake_openai OPTIONS`` in its own process; yield (base_url, control)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", *options],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -85,8 +92,10 @@ def worker(prefect_api_url: str, tmp_path: Path) -> Iterator[Path]:
 
 
 def _write_csv(path: Path) -> list[tuple[str, str]]:
-    rows = [(f"pkg-{i:03d}", f"package {i}: tools for task {i * 7}, \"quoted\"\nline two")
-            for i in range(ROWS)]
+    rows = [
+        (f"pkg-{i:03d}", f'package {i}: tools for task {i * 7}, "quoted"\nline two')
+        for i in range(ROWS)
+    ]
     for i in FAILING_ROWS:
         rows[i] = (rows[i][0], f"{rows[i][1]} {MARKER}")
     with path.open("w", newline="", encoding="utf-8") as f:
@@ -109,8 +118,10 @@ def _wait_terminal(api: str, flow_run_id: str, log: Path, timeout: float = 90) -
         if run["state_type"] in TERMINAL:
             return run
         time.sleep(0.25)
-    pytest.fail(f"flow run {flow_run_id} still {run['state_name']} after {timeout} s; worker "
-                f"log:\n{log.read_text(errors='replace')[-4000:]}")
+    pytest.fail(
+        f"flow run {flow_run_id} still {run['state_name']} after {timeout} s; worker "
+        f"log:\n{log.read_text(errors='replace')[-4000:]}"
+    )
 
 
 def _chunk_task_runs(api: str, flow_run_id: str, expected: int) -> list[tuple[str, str]]:
@@ -118,8 +129,11 @@ def _chunk_task_runs(api: str, flow_run_id: str, expected: int) -> list[tuple[st
     (the server records task run states from events, a moment after the flow run ends)."""
     deadline = time.monotonic() + 15
     while True:
-        response = httpx.post(f"{api}/task_runs/filter", timeout=10,
-                              json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
+        response = httpx.post(
+            f"{api}/task_runs/filter",
+            timeout=10,
+            json={"flow_runs": {"id": {"any_": [flow_run_id]}}},
+        )
         found = [t for t in response.json() if t["name"].startswith("embed-chunk-")]
         runs = [(t["name"], t["state_name"]) for t in found]
         settled = all(t["state_type"] in TERMINAL for t in found)
@@ -148,21 +162,32 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
     assert manual["schedules"] == []
     gc = httpx.get(f"{api}/deployments/name/gc-output/gc-weekly", timeout=10).json()
     assert [(s["schedule"]["cron"], s["active"]) for s in gc["schedules"]] == [
-        ("0 4 * * 0", False)]  # weekly, inactive until switched on
+        ("0 4 * * 0", False)
+    ]  # weekly, inactive until switched on
     assert gc["entrypoint"] == "flows/gc_output.py:gc_output"
     for deployment, strategy in ((nightly, "CANCEL_NEW"), (manual, "ENQUEUE")):
         assert deployment["global_concurrency_limit"]["limit"] == 1
         assert deployment["concurrency_options"]["collision_strategy"] == strategy
         assert deployment["entrypoint"] == "flows/embed_csv.py:embed_csv"
         assert deployment["work_pool_name"] == POOL
-        assert deployment["pull_steps"] == [{
-            "prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
+        assert deployment["pull_steps"] == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
+        ]
         assert deployment["parameters"]["input"] == "examples/debian-sample.csv"
 
     # ── run it with per-run parameters: 3 of 20 chunks get 503s ───────────────────────────
-    params = {"input": tmp_path / "in.csv", "output": out, "ledger": ledger,
-              "embedder": "openai", "base_url": base_url, "chunk_size": CHUNK_SIZE,
-              "batch_size": BATCH_SIZE, "chunk_retries": 0, "max_attempts": 1, "timeout": 5}
+    params = {
+        "input": tmp_path / "in.csv",
+        "output": out,
+        "ledger": ledger,
+        "embedder": "openai",
+        "base_url": base_url,
+        "chunk_size": CHUNK_SIZE,
+        "batch_size": BATCH_SIZE,
+        "chunk_retries": 0,
+        "max_attempts": 1,
+        "timeout": 5,
+    }
     args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
     started = _prefect("deployment", "run", "embed-csv/manual", *args)
     match = re.search(r"UUID: ([0-9a-f-]{36})", started)
@@ -203,11 +228,14 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
     # as "Cached" task runs. So the run holds 20 chunk task runs from each attempt.
     chunk_runs = _chunk_task_runs(api, flow_run_id, expected=40)
     failed_names = [f"embed-chunk-{c:04d}" for c in failed_chunks]
-    by_state = {state: sorted(n for n, s in chunk_runs if s == state)
-                for state in ("Failed", "Cached", "Completed")}
+    by_state = {
+        state: sorted(n for n, s in chunk_runs if s == state)
+        for state in ("Failed", "Cached", "Completed")
+    }
     assert by_state["Failed"] == failed_names
     assert by_state["Cached"] == sorted(
-        f"embed-chunk-{c:04d}" for c in range(20) if c not in failed_chunks)
+        f"embed-chunk-{c:04d}" for c in range(20) if c not in failed_chunks
+    )
     assert by_state["Completed"] == [f"embed-chunk-{c:04d}" for c in range(20)]
     assert len(chunk_runs) == 40
 
@@ -226,8 +254,11 @@ def slow_api() -> Iterator[tuple[str, str]]:
 
 
 def _flow_run_logs(api: str, flow_run_id: str) -> str:
-    response = httpx.post(f"{api}/logs/filter", timeout=10, json={
-        "logs": {"flow_run_id": {"any_": [flow_run_id]}}, "sort": "TIMESTAMP_ASC"})
+    response = httpx.post(
+        f"{api}/logs/filter",
+        timeout=10,
+        json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "sort": "TIMESTAMP_ASC"},
+    )
     response.raise_for_status()
     return "\n".join(entry["message"] for entry in response.json())
 
@@ -244,11 +275,20 @@ def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_ti
     api, (base_url, control) = prefect_api_url, slow_api
     _write_csv(tmp_path / "in.csv")
     ledger = tmp_path / "ledger.sqlite3"
-    _prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name",
-             "manual")
-    params = {"input": tmp_path / "in.csv", "output": tmp_path / "out", "ledger": ledger,
-              "embedder": "openai", "base_url": base_url, "chunk_size": 20, "batch_size": 1,
-              "concurrency": 2, "grace": 4}  # ≥ 10 requests of 2.5 s per chunk
+    _prefect(
+        "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name", "manual"
+    )
+    params = {
+        "input": tmp_path / "in.csv",
+        "output": tmp_path / "out",
+        "ledger": ledger,
+        "embedder": "openai",
+        "base_url": base_url,
+        "chunk_size": 20,
+        "batch_size": 1,
+        "concurrency": 2,
+        "grace": 4,
+    }  # ≥ 10 requests of 2.5 s per chunk
     args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
     started = _prefect("deployment", "run", "embed-csv/manual", *args)
     match = re.search(r"UUID: ([0-9a-f-]{36})", started)
@@ -280,8 +320,13 @@ def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_ti
     worker_log = worker.read_text(errors="replace")
     for code in ("status code: 1", "status code: -9"):  # a general error; SIGKILL
         assert code not in worker_log, worker_log[-4000:]
-    status = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", str(ledger)],
-                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "cli", "status", "--ledger", str(ledger)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "interrupted" in status.stdout, status.stdout + status.stderr
 
 
@@ -289,9 +334,22 @@ def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_ti
 def held_batch_api() -> Iterator[str]:
     """A fake Batch API in its own process whose batches take 10 minutes. Yields its URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.fake_batch", "--port", "0", "--dims", "8",
-         "--complete-after-s", "600"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "tests.support.fake_batch",
+            "--port",
+            "0",
+            "--dims",
+            "8",
+            "--complete-after-s",
+            "600",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -311,12 +369,19 @@ def test_a_batch_deployment_run_cancelled_while_waiting_ends_cancelled_and_names
     traceback, and its log says the batches keep running and how to cancel them."""
     api = prefect_api_url
     _write_csv(tmp_path / "in.csv")
-    _prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name",
-             "manual")
-    params = {"input": tmp_path / "in.csv", "output": tmp_path / "out",
-              "ledger": tmp_path / "ledger.sqlite3", "embedder": "openai",
-              "base_url": held_batch_api, "chunk_size": 50, "batch_api": "true",
-              "batch_poll_interval": 0.5}
+    _prefect(
+        "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name", "manual"
+    )
+    params = {
+        "input": tmp_path / "in.csv",
+        "output": tmp_path / "out",
+        "ledger": tmp_path / "ledger.sqlite3",
+        "embedder": "openai",
+        "base_url": held_batch_api,
+        "chunk_size": 50,
+        "batch_api": "true",
+        "batch_poll_interval": 0.5,
+    }
     args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
     started = _prefect("deployment", "run", "embed-csv/manual", *args)
     match = re.search(r"UUID: ([0-9a-f-]{36})", started)
@@ -335,8 +400,10 @@ def test_a_batch_deployment_run_cancelled_while_waiting_ends_cancelled_and_names
     while "cancel-batches" not in logs and time.monotonic() < deadline:
         time.sleep(0.5)
         logs = _flow_run_logs(api, flow_run_id)
-    assert ("2 batches keep running at the provider (billed when they complete): a new run "
-            "with the same parameters (or a Retry) collects them") in logs, logs
+    assert (
+        "2 batches keep running at the provider (billed when they complete): a new run "
+        "with the same parameters (or a Retry) collects them"
+    ) in logs, logs
     assert "`embedline cancel-batches " in logs, logs
     for noise in ("Traceback", "UnfinishedRun", "Engine execution exited"):
         assert noise not in logs, logs
@@ -356,9 +423,14 @@ def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
         writer.writerows([("id", "text"), *((f"p{i}", f"text {i}\nline two") for i in range(30))])
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
-        serve = subprocess.Popen([sys.executable, "deployments/serve.py"], cwd=REPO, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=die_with_parent)
+        serve = subprocess.Popen(
+            [sys.executable, "deployments/serve.py"],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
     try:
         deadline = time.monotonic() + 60
         names: dict[str, Any] = {}
@@ -368,16 +440,26 @@ def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
             time.sleep(0.5)
             found = httpx.post(f"{api}/deployments/filter", timeout=10, json={}).json()
             names = {d["name"]: d for d in found if d["name"].endswith("-served")}
-        assert sorted(names) == ["gc-weekly-served", "load-after-commit-served",
-                                 "manual-served", "nightly-batch-served", "nightly-served"]
+        assert sorted(names) == [
+            "gc-weekly-served",
+            "load-after-commit-served",
+            "manual-served",
+            "nightly-batch-served",
+            "nightly-served",
+        ]
         gc = names["gc-weekly-served"]
         assert gc["entrypoint"] == "flows/gc_output.py:gc_output"
         assert [s["active"] for s in gc["schedules"]] == [False]
         assert [s["active"] for s in names["nightly-served"]["schedules"]] == [True]
 
-        params = {"input": tmp_path / "in.csv", "output": tmp_path / "out",
-                  "ledger": tmp_path / "ledger.sqlite3", "embedder": "openai",
-                  "base_url": base_url, "chunk_size": 10}
+        params = {
+            "input": tmp_path / "in.csv",
+            "output": tmp_path / "out",
+            "ledger": tmp_path / "ledger.sqlite3",
+            "embedder": "openai",
+            "base_url": base_url,
+            "chunk_size": 10,
+        }
         args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
         started = _prefect("deployment", "run", "embed-csv/manual-served", *args)
         match = re.search(r"UUID: ([0-9a-f-]{36})", started)
@@ -407,8 +489,10 @@ def test_the_server_runs_on_postgresql_and_its_ui_talks_to_its_own_port(
     name = f"pg-probe-{os.getpid()}-{time.monotonic_ns()}"
     httpx.post(f"{prefect_api_url}/flows/", json={"name": name}, timeout=10).raise_for_status()
     with psycopg.connect(pg_uri, autocommit=True) as db:
-        databases = [r[0] for r in db.execute(
-            "SELECT datname FROM pg_database WHERE datname LIKE 'prefect_%'")]
+        databases = [
+            r[0]
+            for r in db.execute("SELECT datname FROM pg_database WHERE datname LIKE 'prefect_%'")
+        ]
     found = []
     for database in databases:
         with psycopg.connect(pg_uri.replace("/postgres?", f"/{database}?"), autocommit=True) as db:

@@ -36,9 +36,22 @@ def _run(
     tmp_path: Path, server: FakeEmbeddingServer, output: Path, ledger: Path, *extra: str
 ) -> tuple[int, str]:
     result = run_cli(
-        "run", str(_input(tmp_path)), "--embedder", "openai", "--base-url", server.base_url,
-        "--output", str(output), "--ledger", str(ledger), "--chunk-size", "4",
-        "--concurrency", "1", *extra, cwd=tmp_path,
+        "run",
+        str(_input(tmp_path)),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(output),
+        "--ledger",
+        str(ledger),
+        "--chunk-size",
+        "4",
+        "--concurrency",
+        "1",
+        *extra,
+        cwd=tmp_path,
     )
     return result.returncode, result.stdout + result.stderr
 

@@ -42,8 +42,10 @@ def _docs(limit: int) -> list[Doc]:
     """The first ``limit`` English rows with their real title, and a made-up section."""
     with open(ENGLISH, newline="", encoding="utf-8") as fh:
         rows = [r for _, r in zip(range(limit), csv.DictReader(fh), strict=False)]
-    return [{"id": r["id"], "title": r["title"], "section": f"section {n % 7}",
-             "text": r["text"]} for n, r in enumerate(rows)]
+    return [
+        {"id": r["id"], "title": r["title"], "section": f"section {n % 7}", "text": r["text"]}
+        for n, r in enumerate(rows)
+    ]
 
 
 def _write(path: Path, docs: list[Doc]) -> Path:
@@ -65,17 +67,30 @@ class Night:
         """Return (inputs the server was sent, stdout, stderr)."""
         self.server.reset()
         _write(self.tmp / "in.csv", docs)
-        result = run_cli("run", str(self.tmp / "in.csv"), "--embedder", "openai",
-                         "--base-url", self.server.base_url, "--output", str(self.output),
-                         "--ledger", str(self.tmp / "ledger.sqlite3"), "--chunk-size", "100",
-                         "--batch-size", "256", "--allow-failed-rows", *flags,
-                         cwd=self.tmp)
+        result = run_cli(
+            "run",
+            str(self.tmp / "in.csv"),
+            "--embedder",
+            "openai",
+            "--base-url",
+            self.server.base_url,
+            "--output",
+            str(self.output),
+            "--ledger",
+            str(self.tmp / "ledger.sqlite3"),
+            "--chunk-size",
+            "100",
+            "--batch-size",
+            "256",
+            "--allow-failed-rows",
+            *flags,
+            cwd=self.tmp,
+        )
         assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-3000:]
         return self.server.counters()["inputs"], result.stdout, result.stderr
 
     def manifest(self, stdout: str) -> dict[str, Any]:
-        uri = next(line.split()[-1] for line in stdout.splitlines()
-                   if line.startswith("manifest"))
+        uri = next(line.split()[-1] for line in stdout.splitlines() if line.startswith("manifest"))
         return dict(json.loads(Path(uri).read_text()))
 
     def changes(self, manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -121,14 +136,16 @@ def test_a_template_is_the_text_embedded_hashed_and_reused(
     charged, out, _ = night.run(docs[::-1], *template)
     assert charged == 0
     table = embedline.read_embeddings_arrow(str(night.output))
-    _vectors_match(table.column("id").to_pylist(), table.column("embedding").to_pylist(),
-                   composed)
+    _vectors_match(table.column("id").to_pylist(), table.column("embedding").to_pylist(), composed)
 
 
-@pytest.mark.parametrize(("flags", "named"), [
-    (["--text-template", r"{title}\n{body}"], "'body'"),
-    (["--keep-columns", "title,Section"], "'Section'"),
-])
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--text-template", r"{title}\n{body}"], "'body'"),
+        (["--keep-columns", "title,Section"], "'Section'"),
+    ],
+)
 def test_an_unknown_column_is_an_input_error_before_any_request(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, flags: list[str], named: str
 ) -> None:
@@ -150,8 +167,9 @@ def test_a_kept_column_under_a_reserved_name_is_an_input_error(
     assert fake_openai.counters()["requests"] == 0
 
 
-def _sink_rows(kind: str, sink: str, pg_uri: str, table: str,
-               columns: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def _sink_rows(
+    kind: str, sink: str, pg_uri: str, table: str, columns: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
     """``{id: {"embedding": …, column: value, …}}`` as the sink holds it."""
     if kind == "pgvector":
         import psycopg
@@ -161,8 +179,9 @@ def _sink_rows(kind: str, sink: str, pg_uri: str, table: str,
         with psycopg.connect(pg_uri) as conn:
             register_vector(conn)
             names = sql.SQL(", ").join(map(sql.Identifier, ("id", "embedding", *columns)))
-            rows = conn.execute(sql.SQL("SELECT {} FROM {}").format(
-                names, sql.Identifier(table))).fetchall()
+            rows = conn.execute(
+                sql.SQL("SELECT {} FROM {}").format(names, sql.Identifier(table))
+            ).fetchall()
         records = [dict(zip(("id", "embedding", *columns), r, strict=True)) for r in rows]
         for record in records:
             record["embedding"] = record["embedding"].to_numpy()
@@ -176,13 +195,24 @@ def _sink_rows(kind: str, sink: str, pg_uri: str, table: str,
             points, _ = client.scroll(table, limit=10**6, with_payload=True, with_vectors=True)
         finally:
             client.close()
-        records = [{"id": p.payload["id"], "embedding": np.asarray(p.vector, dtype=np.float32),
-                    **{c: p.payload.get(c) for c in columns}} for p in points]
+        records = [
+            {
+                "id": p.payload["id"],
+                "embedding": np.asarray(p.vector, dtype=np.float32),
+                **{c: p.payload.get(c) for c in columns},
+            }
+            for p in points
+        ]
     else:
         import lancedb
 
-        records = lancedb.connect(sink[len("lancedb://"):].split("?")[0]).open_table(
-            table).to_arrow().select(["id", "embedding", *columns]).to_pylist()
+        records = (
+            lancedb.connect(sink[len("lancedb://") :].split("?")[0])
+            .open_table(table)
+            .to_arrow()
+            .select(["id", "embedding", *columns])
+            .to_pylist()
+        )
     by_id = {r["id"]: r for r in records}
     assert len(by_id) == len(records), "an id appears twice"
     return by_id
@@ -194,9 +224,11 @@ def test_kept_columns_reach_every_output_and_a_metadata_edit_costs_nothing(
 ) -> None:
     pg_uri = request.getfixturevalue("pg_uri") if kind == "pgvector" else ""
     table = f"docs_{kind}"
-    sink = {"pgvector": f"{pg_uri}{'&' if '?' in pg_uri else '?'}table={table}",
-            "qdrant": f"qdrant+local://{tmp_path / 'qdrant'}?collection={table}",
-            "lancedb": f"lancedb://{tmp_path / 'db'}?table={table}"}[kind]
+    sink = {
+        "pgvector": f"{pg_uri}{'&' if '?' in pg_uri else '?'}table={table}",
+        "qdrant": f"qdrant+local://{tmp_path / 'qdrant'}?collection={table}",
+        "lancedb": f"lancedb://{tmp_path / 'db'}?table={table}",
+    }[kind]
     docs = [d for d in _docs(300) if d["text"].strip()]
     night = Night(tmp_path, fake_openai)
     flags = ["--keep-columns", "title,section", "--keep-text", "--sink", sink]
@@ -209,27 +241,49 @@ def test_kept_columns_reach_every_output_and_a_metadata_edit_costs_nothing(
     # chunk objects: embedline's columns, then the kept ones and the text, value by value
     for entry in manifest["chunks"]:
         chunk = pq.read_table(night.output / entry["object"])
-        assert chunk.column_names == ["id", "embedding", "text_sha256", "idempotency_key",
-                                      "title", "section", "text"]
+        assert chunk.column_names == [
+            "id",
+            "embedding",
+            "text_sha256",
+            "idempotency_key",
+            "title",
+            "section",
+            "text",
+        ]
         for row in chunk.select(["id", "title", "section", "text"]).to_pylist():
             assert row == {c: by_id[row["id"]][c] for c in ("id", "title", "section", "text")}
     # read_embeddings (pandas) and its Arrow twin
     frame = embedline.read_embeddings(str(night.output))
     assert list(frame.columns) == ["id", "embedding", "text_sha256", "title", "section", "text"]
-    assert frame[["id", "title", "section", "text"]].to_dict("records") == \
-        [{c: d[c] for c in ("id", "title", "section", "text")} for d in docs]
-    assert embedline.read_embeddings_arrow(str(night.output)).column("title").to_pylist() == \
-        [d["title"] for d in docs]
+    assert frame[["id", "title", "section", "text"]].to_dict("records") == [
+        {c: d[c] for c in ("id", "title", "section", "text")} for d in docs
+    ]
+    assert embedline.read_embeddings_arrow(str(night.output)).column("title").to_pylist() == [
+        d["title"] for d in docs
+    ]
     # the sink
     held = _sink_rows(kind, sink, pg_uri, table, ("title", "section", "text"))
-    assert {i: (r["title"], r["section"], r["text"]) for i, r in held.items()} == \
-        {d["id"]: (d["title"], d["section"], d["text"]) for d in docs}
-    _vectors_match(list(held), [r["embedding"] for r in held.values()],
-                   {i: d["text"] for i, d in by_id.items()})
+    assert {i: (r["title"], r["section"], r["text"]) for i, r in held.items()} == {
+        d["id"]: (d["title"], d["section"], d["text"]) for d in docs
+    }
+    _vectors_match(
+        list(held),
+        [r["embedding"] for r in held.values()],
+        {i: d["text"] for i, d in by_id.items()},
+    )
     # search prints the titles after rank, score and id
-    found = run_cli("search", sink, docs[5]["text"], "--k", "3", "--base-url",
-                    fake_openai.base_url, "--ledger", str(tmp_path / "ledger.sqlite3"),
-                    cwd=tmp_path)
+    found = run_cli(
+        "search",
+        sink,
+        docs[5]["text"],
+        "--k",
+        "3",
+        "--base-url",
+        fake_openai.base_url,
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        cwd=tmp_path,
+    )
     assert found.returncode == 0, found.stderr[-2000:]
     lines = found.stdout.splitlines()
     assert lines[0].split() == ["rank", "score", "id", "title", "section"]
@@ -238,14 +292,19 @@ def test_kept_columns_reach_every_output_and_a_metadata_edit_costs_nothing(
     assert first[3].startswith(docs[5]["title"].split()[0])
 
     # a metadata-only night: 40 sections edited (not in the text) → 0 inputs, in the sink
-    edited = [dict(d, section=f"{d['section']} (moved {n})") if n % 7 == 3 else d
-              for n, d in enumerate(docs)]
+    edited = [
+        dict(d, section=f"{d['section']} (moved {n})") if n % 7 == 3 else d
+        for n, d in enumerate(docs)
+    ]
     moved = {d["id"] for d, e in zip(docs, edited, strict=True) if d != e}
     charged, out, _ = night.run(edited, *flags)
     assert charged == 0, "a metadata-only edit must not send any text"
     manifest = night.manifest(out)
-    assert (manifest["changes"]["changed"], manifest["changes"]["added"],
-            manifest["changes"]["removed"]) == (len(moved), 0, 0)
+    assert (
+        manifest["changes"]["changed"],
+        manifest["changes"]["added"],
+        manifest["changes"]["removed"],
+    ) == (len(moved), 0, 0)
     changes = night.changes(manifest)
     assert {c["id"] for c in changes} == moved
     assert {c["change"] for c in changes} == {"changed"}
@@ -254,16 +313,19 @@ def test_kept_columns_reach_every_output_and_a_metadata_edit_costs_nothing(
     assert re.search(rf"^rows +{len(moved)} upserted now", out, re.M), out
     held = _sink_rows(kind, sink, pg_uri, table, ("title", "section", "text"))
     assert {i: r["section"] for i, r in held.items()} == {d["id"]: d["section"] for d in edited}
-    _vectors_match(list(held), [r["embedding"] for r in held.values()],
-                   {i: d["text"] for i, d in by_id.items()})
+    _vectors_match(
+        list(held),
+        [r["embedding"] for r in held.values()],
+        {i: d["text"] for i, d in by_id.items()},
+    )
 
     # a text edit of one row: text_changed True, one input
-    texted = [dict(d, text=d["text"] + " (edited)") if n == 11 else d
-              for n, d in enumerate(edited)]
+    texted = [dict(d, text=d["text"] + " (edited)") if n == 11 else d for n, d in enumerate(edited)]
     charged, out, _ = night.run(texted, *flags)
     assert charged == 1
-    assert [(c["id"], c["text_changed"]) for c in night.changes(night.manifest(out))] == \
-        [(texted[11]["id"], True)]
+    assert [(c["id"], c["text_changed"]) for c in night.changes(night.manifest(out))] == [
+        (texted[11]["id"], True)
+    ]
 
     # a table keeping other columns is refused, naming both (exit 3)
     charged, out, err = night.run(texted, "--keep-columns", "title", "--sink", sink, expect=3)
@@ -282,25 +344,58 @@ def test_a_kept_value_never_appears_in_a_failing_runs_output_or_ledger(
     fake_openai.reject_texts_containing = "REJECTME"
     night = Night(tmp_path, fake_openai)
     _write(tmp_path / "in.csv", docs)
-    result = run_cli("run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-                     fake_openai.base_url, "--output", str(night.output), "--ledger",
-                     str(tmp_path / "ledger.sqlite3"), "--chunk-size", "50",
-                     "--keep-columns", "title,section", "--debug", cwd=tmp_path)
+    result = run_cli(
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        str(night.output),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "50",
+        "--keep-columns",
+        "title,section",
+        "--debug",
+        cwd=tmp_path,
+    )
     assert result.returncode == 1, result.stderr[-3000:]  # a dead letter: not committed
     assert "1 row is a dead letter" in result.stdout + result.stderr
     assert secret not in result.stdout + result.stderr
     assert secret.encode() not in (tmp_path / "ledger.sqlite3").read_bytes()
-    listed = run_cli("dead-letters", _run_key(result.stdout), "--ledger",
-                     str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)
+    listed = run_cli(
+        "dead-letters",
+        _run_key(result.stdout),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        cwd=tmp_path,
+    )
     assert docs[7]["id"] in listed.stdout and secret not in listed.stdout + listed.stderr
 
     # and a fatal stop (401) of the same input
     fake_openai.reset()
     fake_openai.script([{"status": 401}] * 20)
-    failed = run_cli("run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-                     fake_openai.base_url, "--output", str(tmp_path / "out2"), "--ledger",
-                     str(tmp_path / "ledger2.sqlite3"), "--chunk-size", "50",
-                     "--keep-columns", "title,section", "--debug", cwd=tmp_path)
+    failed = run_cli(
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        str(tmp_path / "out2"),
+        "--ledger",
+        str(tmp_path / "ledger2.sqlite3"),
+        "--chunk-size",
+        "50",
+        "--keep-columns",
+        "title,section",
+        "--debug",
+        cwd=tmp_path,
+    )
     assert failed.returncode == 3, failed.stderr[-3000:]
     assert secret not in failed.stdout + failed.stderr
     assert secret.encode() not in (tmp_path / "ledger2.sqlite3").read_bytes()

@@ -26,9 +26,21 @@ def _input(tmp_path: Path, texts: dict[str, str]) -> None:
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> tuple[int, str, str]:
-    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            server.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "5", *extra]
+    args = [
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "5",
+        *extra,
+    ]
     result = run_cli(*args, cwd=tmp_path)
     return result.returncode, result.stdout, result.stderr
 
@@ -54,8 +66,7 @@ def test_empty_texts_are_skipped_counted_and_listed_and_the_run_commits(
     assert set(vectors) == set(texts) - set(EMPTY)
     for row_id, vector in vectors.items():
         np.testing.assert_allclose(vector, expected_vector(texts[row_id]), atol=1e-6)
-    assert _dead_letters(tmp_path, out.split()[1]) == [["004", "empty_text"],
-                                                      ["007", "empty_text"]]
+    assert _dead_letters(tmp_path, out.split()[1]) == [["004", "empty_text"], ["007", "empty_text"]]
     assert sum(e["n_inputs"] for e in fake_openai.log) == 8  # never sent
 
 

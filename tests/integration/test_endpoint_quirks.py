@@ -39,11 +39,24 @@ def _input(tmp_path: Path, texts: dict[str, str] = TEXTS) -> Path:
     return path
 
 
-def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str,
-         env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            server.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]
+def _run(
+    tmp_path: Path, server: FakeEmbeddingServer, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    args = [
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-retries",
+        "0",
+        *extra,
+    ]
     result = run_cli(*args, cwd=tmp_path, env=env)
     return result.returncode, result.stdout, result.stderr
 
@@ -90,8 +103,9 @@ def test_a_rejected_parameter_stops_the_run_and_publishes_nothing(
     assert fake_openai.requests <= 3  # the batch and two rows alone, not 36
     assert _summary_requests(out) == fake_openai.requests
     assert _chunk_objects(tmp_path) == []  # nothing made final
-    dead = run_cli("dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)
+    dead = run_cli(
+        "dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path
+    )
     assert dead.stdout.strip() == ""
     # the server is fixed: a rerun embeds every row
     fake_openai.reject_params = {}
@@ -106,8 +120,9 @@ def test_a_request_level_rejection_with_concurrent_chunks_stops_within_a_few_req
     texts = {f"{i:04d}": f"text number {i}" for i in range(400)}
     _input(tmp_path, texts)
     fake_openai.reject_params = {"dimensions": "Unrecognized request argument: dimensions"}
-    code, out, err = _run(tmp_path, fake_openai, "--dimensions", "64", "--chunk-size", "50",
-                          "--concurrency", "4")
+    code, out, err = _run(
+        tmp_path, fake_openai, "--dimensions", "64", "--chunk-size", "50", "--concurrency", "4"
+    )
     assert code == 3, out + err
     assert "Unrecognized request argument: dimensions" in out + err
     assert fake_openai.requests <= 3 * 5  # at most 3 per chunk in flight (window 5)
@@ -122,8 +137,9 @@ def test_one_rejected_row_is_still_a_dead_letter(
     fake_openai.reject_texts_containing = "POISON"
     code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "20")
     assert code == 1, out + err
-    dead = run_cli("dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)
+    dead = run_cli(
+        "dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path
+    )
     assert dead.stdout.split() == ["007", "rejected", "400"]
 
 
@@ -136,8 +152,9 @@ def test_a_server_refusing_base64_gets_float_for_the_whole_run(
 ) -> None:
     _input(tmp_path)
     fake_openai.base64_refusal = status
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "5", "--batch-size", "5",
-                          "--concurrency", "1")
+    code, out, err = _run(
+        tmp_path, fake_openai, "--chunk-size", "5", "--batch-size", "5", "--concurrency", "1"
+    )
     assert code == 0, out + err
     formats = [e["encoding_format"] for e in fake_openai.log]
     assert formats[0] == "base64"
@@ -220,8 +237,9 @@ def test_a_per_request_input_cap_is_remembered_for_the_rest_of_the_run(
     texts = {f"{i:04d}": f"row {i} of a capped server" for i in range(256)}
     _input(tmp_path, texts)
     fake_openai.max_inputs = 16
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "64", "--batch-size", "64",
-                          "--concurrency", "1")
+    code, out, err = _run(
+        tmp_path, fake_openai, "--chunk-size", "64", "--batch-size", "64", "--concurrency", "1"
+    )
     assert code == 0, out + err
     rejected = [e for e in fake_openai.log if e["status"] == 400]
     assert len(rejected) <= 8  # paid by the two chunks that run first (64, 63, 32, 31 each)
@@ -255,10 +273,12 @@ def test_requests_of_failed_chunks_and_dead_letters_are_counted(
     texts = dict(TEXTS, **{"002": "BROKEN row", "012": "REJECT me"})
     _input(tmp_path, texts)
     fake_openai.reject_texts_containing = "REJECT"
-    fake_openai.fail_when(lambda p: {"status": 503} if any("BROKEN" in t for t in p["input"])
-                          else None)
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "2",
-                          "--concurrency", "1")
+    fake_openai.fail_when(
+        lambda p: {"status": 503} if any("BROKEN" in t for t in p["input"]) else None
+    )
+    code, out, err = _run(
+        tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "2", "--concurrency", "1"
+    )
     assert code == 1, out + err
     assert fake_openai.requests > 2
     assert _summary_requests(out) == fake_openai.requests
@@ -272,11 +292,27 @@ def test_requests_of_chunk_attempts_prefect_retried_are_counted(
     summary counts both attempts' requests (it counted only the last attempt's)."""
     _input(tmp_path)
     failures = iter([True, True, True])
-    fake_openai.fail_when(lambda p: {"status": 503} if "package 3 " in " ".join(p["input"])
-                          and next(failures, False) else None)
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "2",
-                          "--concurrency", "1", "--chunk-retries", "1",
-                          "--chunk-retry-delay", "0")
+    fake_openai.fail_when(
+        lambda p: (
+            {"status": 503}
+            if "package 3 " in " ".join(p["input"]) and next(failures, False)
+            else None
+        )
+    )
+    code, out, err = _run(
+        tmp_path,
+        fake_openai,
+        "--chunk-size",
+        "10",
+        "--max-attempts",
+        "2",
+        "--concurrency",
+        "1",
+        "--chunk-retries",
+        "1",
+        "--chunk-retry-delay",
+        "0",
+    )
     assert code == 0, out + err
     assert fake_openai.requests == 2 + 2 + 1  # attempt 1: 2 x 503; retry: 503, then 200; chunk 2
     assert _summary_requests(out) == fake_openai.requests
@@ -289,10 +325,21 @@ def test_a_chunk_failing_after_prefects_retry_logs_one_error_line(
     """Prefect's "Task run failed with exception: … - Retries are exhausted" repeated the
     dispatcher's "chunk 0 failed: …" (two ERROR lines per chunk with --chunk-retries 1)."""
     _input(tmp_path)
-    fake_openai.fail_when(lambda p: {"status": 503} if "package 3 " in " ".join(p["input"])
-                          else None)
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-attempts", "1",
-                          "--chunk-retries", "1", "--chunk-retry-delay", "0")
+    fake_openai.fail_when(
+        lambda p: {"status": 503} if "package 3 " in " ".join(p["input"]) else None
+    )
+    code, out, err = _run(
+        tmp_path,
+        fake_openai,
+        "--chunk-size",
+        "10",
+        "--max-attempts",
+        "1",
+        "--chunk-retries",
+        "1",
+        "--chunk-retry-delay",
+        "0",
+    )
     assert code == 1, out + err
     errors = [line for line in err.splitlines() if "| ERROR" in line]
     assert len(errors) == 1 and "chunk 0 failed: RetryableError: HTTP 503" in errors[0], errors
@@ -301,21 +348,48 @@ def test_a_chunk_failing_after_prefects_retry_logs_one_error_line(
 
 
 def _sigint_during_dispatch(
-    tmp_path: Path, fake: FakeEmbeddingServer, *, rows: int, delay_s: float, batch_size: int,
-    grace_s: float, after_requests: int,
+    tmp_path: Path,
+    fake: FakeEmbeddingServer,
+    *,
+    rows: int,
+    delay_s: float,
+    batch_size: int,
+    grace_s: float,
+    after_requests: int,
 ) -> tuple[int, str, str]:
     """Run ``rows`` rows in chunks of 40 (3 in flight) against a server that answers after
     ``delay_s``; SIGINT once it received ``after_requests`` requests; return (code, out, err)."""
     texts = {f"{i:03d}": f"package {i} does useful thing number {i * 7}" for i in range(rows)}
     _input(tmp_path, texts)
     fake.fail_when(lambda p: {"delay_s": delay_s})
-    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            fake.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-size", "40", "--batch-size",
-            str(batch_size), "--concurrency", "3", "--grace", str(grace_s)]
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    args = [
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "40",
+        "--batch-size",
+        str(batch_size),
+        "--concurrency",
+        "3",
+        "--grace",
+        str(grace_s),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while fake.requests < after_requests:
@@ -334,8 +408,9 @@ def test_requests_of_chunks_released_at_the_end_of_the_grace_period_are_counted(
     """SIGINT with a short --grace: chunks still running when it ends are released, and the
     batches they had sent are in the summary (they were not: 105 counted, 122 sent). Only a
     request still on the wire at that moment can be missing: at most --concurrency."""
-    code, out, err = _sigint_during_dispatch(tmp_path, fake_openai, rows=400, delay_s=0.15,
-                                             batch_size=4, grace_s=0.5, after_requests=12)
+    code, out, err = _sigint_during_dispatch(
+        tmp_path, fake_openai, rows=400, delay_s=0.15, batch_size=4, grace_s=0.5, after_requests=12
+    )
     assert code == 130, err[-3000:]
     assert "released" in out, out
     time.sleep(0.5)  # a request on the wire at the release still reaches the server
@@ -357,10 +432,14 @@ def test_a_chunk_of_only_empty_texts_is_a_0_row_chunk_with_its_dead_letters(
     manifest, vectors = read_local_output(tmp_path / "out")
     assert set(vectors) == {"a", "b"} and manifest["dimensions"] == 384
     assert [c["rows"] for c in manifest["chunks"]] == [2, 0, 0]
-    dead = run_cli("dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)
+    dead = run_cli(
+        "dead-letters", out.split()[1], "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path
+    )
     assert [line.split("\t")[:2] for line in dead.stdout.splitlines()] == [
-        ["c", "empty_text"], ["d", "empty_text"], ["e", "empty_text"]]
+        ["c", "empty_text"],
+        ["d", "empty_text"],
+        ["e", "empty_text"],
+    ]
     from embedline import read_embeddings
 
     frame = read_embeddings(str(tmp_path / "out"))
@@ -391,8 +470,9 @@ def test_retry_failed_dead_letters_resends_only_them_and_supersedes_the_chunk(
     fake_openai.reject_texts_containing = None
     fake_openai.reset()
     ledger = str(tmp_path / "ledger.sqlite3")
-    retry = run_cli("retry-failed", run_key[:12], "--dead-letters", "--ledger", ledger,
-                    cwd=tmp_path)
+    retry = run_cli(
+        "retry-failed", run_key[:12], "--dead-letters", "--ledger", ledger, cwd=tmp_path
+    )
     assert retry.returncode == 0, retry.stdout + retry.stderr  # " " is skipped, commits
     assert sum(e["n_inputs"] for e in fake_openai.log) == 2
     dead = run_cli("dead-letters", run_key[:12], "--ledger", ledger, cwd=tmp_path)
@@ -400,12 +480,17 @@ def test_retry_failed_dead_letters_resends_only_them_and_supersedes_the_chunk(
     for name, body in first.items():  # nothing overwritten: generation 0 is as it was
         assert (tmp_path / "out" / "chunks" / name).read_bytes() == body
     assert sorted(p.name.split(".", 1)[1] for p in _chunk_objects(tmp_path)) == [
-        "g1.parquet", "g1.parquet", "parquet", "parquet"]
+        "g1.parquet",
+        "g1.parquet",
+        "parquet",
+        "parquet",
+    ]
     # a fresh ledger finds the newest generation in the store and commits it, sending nothing
     fake_openai.reset()
     (tmp_path / "ledger.sqlite3").unlink()
-    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--allow-failed-rows",
-                          "--retry-dead-letters")
+    code, out, err = _run(
+        tmp_path, fake_openai, "--chunk-size", "10", "--allow-failed-rows", "--retry-dead-letters"
+    )
     assert code == 0, out + err
     assert fake_openai.requests == 0
     manifest, vectors = read_local_output(tmp_path / "out")
@@ -464,8 +549,14 @@ def test_a_committed_run_is_superseded_by_a_generation_that_sends_only_its_dead_
     # the server accepts them now; retry-failed --dead-letters sends those two rows only
     fake_openai.reject_texts_containing = None
     fake_openai.reset()
-    retry = run_cli("retry-failed", first[:12], "--dead-letters", "--ledger",
-                    str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)
+    retry = run_cli(
+        "retry-failed",
+        first[:12],
+        "--dead-letters",
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        cwd=tmp_path,
+    )
     assert retry.returncode == 0, retry.stdout + retry.stderr
     assert sum(e["n_inputs"] for e in fake_openai.log) == 2
     assert f"run        {second} (generation 1" in retry.stdout
@@ -518,12 +609,15 @@ def test_a_chunk_released_at_the_end_of_the_grace_period_is_cancelled_in_prefect
     showed a Ctrl-C as failed chunks)."""
     import httpx
 
-    code, _out, err = _sigint_during_dispatch(tmp_path, fake_openai, rows=200, delay_s=0.5,
-                                              batch_size=2, grace_s=0.2, after_requests=6)
+    code, _out, err = _sigint_during_dispatch(
+        tmp_path, fake_openai, rows=200, delay_s=0.5, batch_size=2, grace_s=0.2, after_requests=6
+    )
     assert code == 130, err[-3000:]
     flow_run_id = re.search(r"flow-run/([0-9a-f-]{36})", err)
     assert flow_run_id, err[-3000:]
-    task_runs = httpx.post(f"{prefect_api_url}/task_runs/filter", json={
-        "flow_runs": {"id": {"any_": [flow_run_id.group(1)]}}}).json()
+    task_runs = httpx.post(
+        f"{prefect_api_url}/task_runs/filter",
+        json={"flow_runs": {"id": {"any_": [flow_run_id.group(1)]}}},
+    ).json()
     states = {t["name"]: t["state"]["type"] for t in task_runs if t["name"].startswith("embed-")}
     assert "CANCELLED" in states.values() and "FAILED" not in states.values(), states

@@ -30,7 +30,7 @@ from tests.support.fixtures import run_cli
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
 ROWS = 6000
-QUOTED = "O'Reilly 100% \"off\" a\\b"  # group 13's value
+QUOTED = 'O\'Reilly 100% "off" a\\b'  # group 13's value
 COLUMNS = ("id", "title", "grp", "section", "text")
 
 
@@ -46,27 +46,55 @@ def _docs() -> list[dict[str, str]]:
                 break
             if record["text"].strip():
                 n = len(docs)
-                docs.append({"id": record["id"], "title": record["title"], "grp": _group(n),
-                             "section": f"section {n % 7}", "text": record["text"]})
+                docs.append(
+                    {
+                        "id": record["id"],
+                        "title": record["title"],
+                        "grp": _group(n),
+                        "section": f"section {n % 7}",
+                        "text": record["text"],
+                    }
+                )
     return docs
 
 
 class Loaded:
     """The run's rows, its output root, the three sinks, the ledger and the server."""
 
-    def __init__(self, cwd: Path, docs: list[dict[str, str]], server: FakeEmbeddingServer,
-                 targets: dict[str, str]) -> None:
+    def __init__(
+        self,
+        cwd: Path,
+        docs: list[dict[str, str]],
+        server: FakeEmbeddingServer,
+        targets: dict[str, str],
+    ) -> None:
         self.cwd, self.docs, self.server, self.targets = cwd, docs, server, targets
         self.ledger = str(cwd / "ledger.sqlite3")
 
-    def search(self, target: str, query: str, where: list[tuple[str, str]],
-               k: int = 10) -> list[tuple[Any, ...]]:
-        return search_target(self.targets[target], [query], k=k, where=where, columns=True,
-                             base_url=self.server.base_url, ledger=self.ledger)[0]
+    def search(
+        self, target: str, query: str, where: list[tuple[str, str]], k: int = 10
+    ) -> list[tuple[Any, ...]]:
+        return search_target(
+            self.targets[target],
+            [query],
+            k=k,
+            where=where,
+            columns=True,
+            base_url=self.server.base_url,
+            ledger=self.ledger,
+        )[0]
 
     def cli(self, target: str, *args: str) -> Any:
-        return run_cli("search", self.targets[target], *args, "--base-url",
-                       self.server.base_url, "--ledger", self.ledger, cwd=self.cwd)
+        return run_cli(
+            "search",
+            self.targets[target],
+            *args,
+            "--base-url",
+            self.server.base_url,
+            "--ledger",
+            self.ledger,
+            cwd=self.cwd,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -77,28 +105,58 @@ def loaded(tmp_path_factory: pytest.TempPathFactory, pg_uri: str) -> Iterator[Lo
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(docs)
-    targets = {"output root": str(cwd / "out"),
-               "pgvector": f"{pg_uri}{'&' if '?' in pg_uri else '?'}table=filtered",
-               "lancedb": f"lancedb://{cwd / 'db'}?table=filtered",
-               "qdrant": f"qdrant+local://{cwd / 'qdrant'}?collection=filtered"}
+    targets = {
+        "output root": str(cwd / "out"),
+        "pgvector": f"{pg_uri}{'&' if '?' in pg_uri else '?'}table=filtered",
+        "lancedb": f"lancedb://{cwd / 'db'}?table=filtered",
+        "qdrant": f"qdrant+local://{cwd / 'qdrant'}?collection=filtered",
+    }
     with FakeEmbeddingServer() as server:
         ledger = str(cwd / "ledger.sqlite3")
-        result = run_cli("run", str(cwd / "in.csv"), "--embedder", "openai", "--base-url",
-                         server.base_url, "--output", targets["output root"], "--ledger",
-                         ledger, "--chunk-size", "1000", "--batch-size", "1000",
-                         "--keep-columns", "title,grp,section", "--allow-failed-rows",
-                         "--sink", targets["pgvector"], cwd=cwd, timeout=600)
+        result = run_cli(
+            "run",
+            str(cwd / "in.csv"),
+            "--embedder",
+            "openai",
+            "--base-url",
+            server.base_url,
+            "--output",
+            targets["output root"],
+            "--ledger",
+            ledger,
+            "--chunk-size",
+            "1000",
+            "--batch-size",
+            "1000",
+            "--keep-columns",
+            "title,grp,section",
+            "--allow-failed-rows",
+            "--sink",
+            targets["pgvector"],
+            cwd=cwd,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         assert re.search(rf"^rows +{len(docs)} upserted now", result.stdout, re.M), result.stdout
         for kind in ("lancedb", "qdrant"):
-            load = run_cli("load", "--to", targets[kind], "--output", targets["output root"],
-                           "--ledger", ledger, cwd=cwd, timeout=600)
+            load = run_cli(
+                "load",
+                "--to",
+                targets[kind],
+                "--output",
+                targets["output root"],
+                "--ledger",
+                ledger,
+                cwd=cwd,
+                timeout=600,
+            )
             assert load.returncode == 0, load.stdout[-2000:] + load.stderr[-3000:]
         yield Loaded(cwd, docs, server, targets)
 
 
-def _brute_force(docs: list[dict[str, str]], query: str, where: list[tuple[str, str]],
-                 k: int = 10) -> list[tuple[str, float]]:
+def _brute_force(
+    docs: list[dict[str, str]], query: str, where: list[tuple[str, str]], k: int = 10
+) -> list[tuple[str, float]]:
     """The true top k ``(id, cosine)`` among the rows meeting ``where``, by numpy over the
     expected vectors, most similar first."""
     rows = [d for d in docs if all(d[c] == v for c, v in where)]
@@ -132,8 +190,9 @@ def test_a_one_percent_filter_returns_the_true_top_10(loaded: Loaded, target: st
     _assert_same_top(hits, _brute_force(loaded.docs, query, where))
     by_id = {d["id"]: d for d in loaded.docs}
     # the kept values come back beside each hit: title, grp, section
-    assert [tuple(h[2:]) for h in hits] == \
-        [(by_id[h[0]]["title"], QUOTED, by_id[h[0]]["section"]) for h in hits]
+    assert [tuple(h[2:]) for h in hits] == [
+        (by_id[h[0]]["title"], QUOTED, by_id[h[0]]["section"]) for h in hits
+    ]
 
     # two filters ANDed (about 9 rows), and id
     both = [("grp", QUOTED), ("section", "section 6")]
@@ -148,8 +207,16 @@ def test_no_match_prints_nothing_and_injection_finds_nothing(loaded: Loaded, tar
         assert loaded.search(target, "anything", [("grp", value)]) == [], value
     found = loaded.cli(target, "anything", "--where", "grp=x' OR '1'='1")
     assert (found.returncode, found.stdout) == (0, ""), found.stderr[-2000:]
-    shown = loaded.cli(target, loaded.docs[5]["text"], "--where", f"grp={QUOTED}", "--k", "3",
-                       "--columns", "section")
+    shown = loaded.cli(
+        target,
+        loaded.docs[5]["text"],
+        "--where",
+        f"grp={QUOTED}",
+        "--k",
+        "3",
+        "--columns",
+        "section",
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     lines = shown.stdout.splitlines()
     assert lines[0].split() == ["rank", "score", "id", "section"]
@@ -174,8 +241,9 @@ def test_pgvector_picks_exact_for_selective_and_iterative_for_broad_filters(
     with psycopg.connect(uri) as conn:
         index = '"filtered_embedding_hnsw"'
         assert conn.execute("SELECT to_regclass(%s) IS NOT NULL", (index,)).fetchone()[0]
-        version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'"
-                               ).fetchone()[0]
+        version = conn.execute(
+            "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+        ).fetchone()[0]
         assert tuple(int(p) for p in version.split(".")) >= (0, 8, 0), version
         table = sql.Identifier("filtered")
         assert search_plan(conn, table, index, [("grp", QUOTED)]) == "exact"
@@ -194,9 +262,7 @@ def test_pgvector_picks_exact_for_selective_and_iterative_for_broad_filters(
 
 
 @pytest.mark.parametrize("kind", ["lancedb", "qdrant"])
-def test_odd_column_names_are_filtered_exactly(
-    tmp_path: Path, kind: str
-) -> None:
+def test_odd_column_names_are_filtered_exactly(tmp_path: Path, kind: str) -> None:
     """``.`` or a backtick in a name is a payload path to Qdrant: such a filter is applied by
     scanning the points, with the same exact answer; LanceDB quotes a space or a quote in a
     name in backticks."""
@@ -212,25 +278,35 @@ def test_odd_column_names_are_filtered_exactly(
     odd = ("c d", "e-f'g") if kind == "lancedb" else ("a`b", "c.d")
     columns = SinkColumns(odd)
     texts = [d["text"] for d in docs]
-    rows = pa.table({
-        "id": [d["id"] for d in docs],
-        "embedding": pa.array(list(expected_matrix(texts)), pa.list_(pa.float32(), 384)),
-        "text_sha256": ["-"] * len(docs),
-        odd[0]: [d["grp"] for d in docs], odd[1]: [d["section"] for d in docs]})
-    sink: Any = (LanceDBSink(str(tmp_path / "db"), table="odd") if kind == "lancedb"
-                 else QdrantSink(collection="odd", path=str(tmp_path / "qdrant")))
+    rows = pa.table(
+        {
+            "id": [d["id"] for d in docs],
+            "embedding": pa.array(list(expected_matrix(texts)), pa.list_(pa.float32(), 384)),
+            "text_sha256": ["-"] * len(docs),
+            odd[0]: [d["grp"] for d in docs],
+            odd[1]: [d["section"] for d in docs],
+        }
+    )
+    sink: Any = (
+        LanceDBSink(str(tmp_path / "db"), table="odd")
+        if kind == "lancedb"
+        else QdrantSink(collection="odd", path=str(tmp_path / "qdrant"))
+    )
     try:
         sink.ensure_table(embedder="openai", model="m", dimensions=384, columns=columns)
         sink.upsert(rows, run_key="r")
         query = docs[5]["text"]
-        for where in ([(odd[0], "group 7")], [(odd[1], "section 2")],
-                      [(odd[0], "group 7"), (odd[1], "section 0")]):
+        for where in (
+            [(odd[0], "group 7")],
+            [(odd[1], "section 2")],
+            [(odd[0], "group 7"), (odd[1], "section 0")],
+        ):
             hits = sink.search(expected_matrix([query])[0], 10, columns=odd, where=where)
-            truth = _brute_force([dict(d, **{odd[0]: d["grp"], odd[1]: d["section"]})
-                                  for d in docs], query, where)
+            truth = _brute_force(
+                [dict(d, **{odd[0]: d["grp"], odd[1]: d["section"]}) for d in docs], query, where
+            )
             _assert_same_top(hits, truth)
-            assert all(dict(zip(odd, h[2:], strict=True))[c] == v for h in hits
-                       for c, v in where)
+            assert all(dict(zip(odd, h[2:], strict=True))[c] == v for h in hits for c, v in where)
         assert sink.search(expected_matrix([query])[0], 10, where=[(odd[1], "x' OR 1=1")]) == []
     finally:
         sink.close()

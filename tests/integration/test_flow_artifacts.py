@@ -23,17 +23,24 @@ def _run_flow(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, **kw: A
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         return embed_csv(
-            input=str(tmp_path / "in.csv"), output=str(tmp_path / "out"),
-            ledger=str(tmp_path / "ledger.sqlite3"), embedder="openai",
-            base_url=server.base_url, chunk_size=2, chunk_retries=0,
-            price_per_million_tokens=0.02, return_state=True, **kw,
+            input=str(tmp_path / "in.csv"),
+            output=str(tmp_path / "out"),
+            ledger=str(tmp_path / "ledger.sqlite3"),
+            embedder="openai",
+            base_url=server.base_url,
+            chunk_size=2,
+            chunk_retries=0,
+            price_per_million_tokens=0.02,
+            return_state=True,
+            **kw,
         )
 
 
 def _artifacts_and_tasks(api_url: str, flow_run_id: Any) -> tuple[dict[str, Any], list[str]]:
-    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(
-        sync_client=True
-    ) as client:
+    with (
+        temporary_settings(updates={PREFECT_API_URL: api_url}),
+        get_client(sync_client=True) as client,
+    ):
         runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         artifacts = {a.key: a for a in client.read_artifacts(flow_run_filter=runs) if a.key}
         tasks = [t.name for t in client.read_task_runs(flow_run_filter=runs)]
@@ -56,7 +63,9 @@ def test_completed_run_has_named_chunk_tasks_and_summary_artifacts(
     assert "estimated cost" in markdown
     assert SECRET_TEXT not in markdown
     assert sorted(t for t in tasks if t.startswith("embed-chunk")) == [
-        "embed-chunk-0000", "embed-chunk-0001"]
+        "embed-chunk-0000",
+        "embed-chunk-0001",
+    ]
     assert any(t.startswith("plan-input") for t in tasks)
 
 
@@ -83,9 +92,10 @@ def test_rerun_shows_published_chunks_as_cached_task_runs_without_requests(
     requests = fake_openai.counters()["requests"]
     state = _run_flow(tmp_path, fake_openai, prefect_api_url)
     assert state.is_completed() and fake_openai.counters()["requests"] == requests
-    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}), get_client(
-        sync_client=True
-    ) as client:
+    with (
+        temporary_settings(updates={PREFECT_API_URL: prefect_api_url}),
+        get_client(sync_client=True) as client,
+    ):
         runs = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
         tasks = {t.name: t.state.name for t in client.read_task_runs(flow_run_filter=runs)}
     assert tasks["embed-chunk-0000"] == "Cached" and tasks["embed-chunk-0001"] == "Cached"
@@ -124,8 +134,9 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
         artifact.close(timeout_s=5.0)
         return artifact._id
 
-    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url,
-                                     PREFECT_LOGGING_TO_API_ENABLED: False}):
+    with temporary_settings(
+        updates={PREFECT_API_URL: prefect_api_url, PREFECT_LOGGING_TO_API_ENABLED: False}
+    ):
         artifact_id = progress_flow()
         with get_client(sync_client=True) as client:
             assert posted(client, artifact_id) == 100.0

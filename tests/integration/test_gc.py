@@ -42,20 +42,47 @@ def _write(path: Path, rows: Rows) -> None:
 
 
 def _args(tmp: Path, server: FakeEmbeddingServer, output: str) -> list[str]:
-    return ["run", str(tmp / "in.csv"), "--embedder", "openai", "--base-url", server.base_url,
-            "--output", output, "--ledger", str(tmp / "ledger.sqlite3"), "--chunk-size", "10"]
+    return [
+        "run",
+        str(tmp / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        output,
+        "--ledger",
+        str(tmp / "ledger.sqlite3"),
+        "--chunk-size",
+        "10",
+    ]
 
 
-def _run(tmp: Path, server: FakeEmbeddingServer, output: str, rows: Rows, api_url: str,
-         source: str = "in.csv", **params: Any) -> str:
+def _run(
+    tmp: Path,
+    server: FakeEmbeddingServer,
+    output: str,
+    rows: Rows,
+    api_url: str,
+    source: str = "in.csv",
+    **params: Any,
+) -> str:
     """Publish ``rows`` (written to ``source`` unless None) in process, as ``_args`` would
     with the CLI (the runs are gc's preconditions); return the manifest's URI."""
     if source == "in.csv":
         _write(tmp / source, rows)
-    return str(run_in_process(
-        api_url, input=str(tmp / source), embedder="openai", base_url=server.base_url,
-        output=output, ledger=str(tmp / "ledger.sqlite3"), chunk_size=10,
-        **params)["manifest_uri"])
+    return str(
+        run_in_process(
+            api_url,
+            input=str(tmp / source),
+            embedder="openai",
+            base_url=server.base_url,
+            output=output,
+            ledger=str(tmp / "ledger.sqlite3"),
+            chunk_size=10,
+            **params,
+        )["manifest_uri"]
+    )
 
 
 def _age(root: Path, seconds: float) -> None:
@@ -75,8 +102,9 @@ def _check(manifest: dict[str, Any], bodies: dict[str, bytes], rows: Rows) -> No
 
 def _local_check(out: Path, manifest_path: str, rows: Rows) -> None:
     manifest = json.loads(Path(manifest_path).read_text())
-    _check(manifest, {e["object"]: (out / e["object"]).read_bytes()
-                      for e in manifest["chunks"]}, rows)
+    _check(
+        manifest, {e["object"]: (out / e["object"]).read_bytes() for e in manifest["chunks"]}, rows
+    )
 
 
 def _gc(tmp: Path, out: Path, *flags: str) -> str:
@@ -109,9 +137,12 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
     third = [*first, ("id999", "a new package")]
     _write(tmp_path / "in.csv", third)
     running = subprocess.Popen(
-        [sys.executable, "-m", "cli", *_args(tmp_path, fake_openai, str(out))], cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "cli", *_args(tmp_path, fake_openai, str(out))],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -129,8 +160,9 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
     # and the report says so (it read "kept 1 runs" alone, found by a break test)
     assert "kept       1 run, and 1 object that runs in progress need (live leases)" in done
     assert not Path(manifest_a).exists() and (out / only_a).exists()
-    manifest_c = next(line.split()[-1] for line in stdout.splitlines()
-                      if line.startswith("manifest"))
+    manifest_c = next(
+        line.split()[-1] for line in stdout.splitlines() if line.startswith("manifest")
+    )
     _local_check(out, manifest_c, third)
     _local_check(out, manifest_b, second)
     assert not list((out / "_embedline" / "runs").glob("*.json"))  # the lease went with it
@@ -151,15 +183,20 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
     fake_openai.reset()
     # 10 rows of the newest run's 61: the mass-delete guard would stop it (that is not
     # what this test is about)
-    again = _run(tmp_path, fake_openai, str(out), second[:10], prefect_api_url,
-                 max_delete_fraction=1.0)
+    again = _run(
+        tmp_path, fake_openai, str(out), second[:10], prefect_api_url, max_delete_fraction=1.0
+    )
     assert fake_openai.counters()["inputs"] == 10
     _local_check(out, again, second[:10])
 
 
 def test_gc_output_flow_on_s3_keeps_the_newest_run(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str,
-    monkeypatch: pytest.MonkeyPatch, prefect_api_url: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    prefect_api_url: str,
 ) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -179,19 +216,32 @@ def test_gc_output_flow_on_s3_keeps_the_newest_run(
 
     before = keys()
     with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}):
-        dry = gc_output(output=output, keep_runs=1, grace="0s", dry_run=True,
-                        ledger=str(tmp_path / "ledger.sqlite3"))
+        dry = gc_output(
+            output=output,
+            keep_runs=1,
+            grace="0s",
+            dry_run=True,
+            ledger=str(tmp_path / "ledger.sqlite3"),
+        )
         assert {k: v["objects"] for k, v in dry["deleted"].items()} == {
-            "manifests": 1, "chunks": 1, "changes": 1, "stale": 0}
+            "manifests": 1,
+            "chunks": 1,
+            "changes": 1,
+            "stale": 0,
+        }
         assert keys() == before
-        done = gc_output(output=output, keep_runs=1, grace="0s",
-                         ledger=str(tmp_path / "ledger.sqlite3"))
+        done = gc_output(
+            output=output, keep_runs=1, grace="0s", ledger=str(tmp_path / "ledger.sqlite3")
+        )
     assert done["deleted"] == dry["deleted"] and done["kept_runs"] == [uri_b.rsplit("/")[-1][:-5]]
     assert len(before - keys()) == 3
-    manifest = json.loads(s3.get_object(Bucket=s3_bucket, Key=uri_b[len(f"s3://{s3_bucket}/"):])
-                          ["Body"].read())
-    bodies = {e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"emb/{e['object']}")["Body"]
-              .read() for e in manifest["chunks"]}
+    manifest = json.loads(
+        s3.get_object(Bucket=s3_bucket, Key=uri_b[len(f"s3://{s3_bucket}/") :])["Body"].read()
+    )
+    bodies = {
+        e["object"]: s3.get_object(Bucket=s3_bucket, Key=f"emb/{e['object']}")["Body"].read()
+        for e in manifest["chunks"]
+    }
     _check(manifest, bodies, second)
 
 
@@ -219,17 +269,33 @@ def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
     old = Path(_run(tmp_path, fake_openai, str(out), old_rows, prefect_api_url)).stem
     new = Path(_run(tmp_path, fake_openai, str(out), new_rows, prefect_api_url)).stem
     sink = f"lancedb://{tmp_path}/lance?table=docs"
-    load = ["load", "--to", sink, "--output", str(out),
-            "--ledger", str(tmp_path / "ledger.sqlite3")]
+    load = [
+        "load",
+        "--to",
+        sink,
+        "--output",
+        str(out),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+    ]
     first = run_cli(*load, new, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
 
     # Roll the sink back to the older run; the load stops itself after its first chunk is
     # recorded (SIGSTOP), and gc runs with no grace period and only the newest run kept.
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests/support/signal_at'}:{REPO}",
-           "EMBEDLINE_TEST_SIGNALS": "after:adapters.ledger:Ledger.mark_chunk_loaded:SIGSTOP"}
-    loading = subprocess.Popen([sys.executable, "-m", "cli", *load, old], cwd=tmp_path, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO / 'tests/support/signal_at'}:{REPO}",
+        "EMBEDLINE_TEST_SIGNALS": "after:adapters.ledger:Ledger.mark_chunk_loaded:SIGSTOP",
+    }
+    loading = subprocess.Popen(
+        [sys.executable, "-m", "cli", *load, old],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_until_stopped(loading, "load")
         done = _gc(tmp_path, out, "--keep-runs", "1", "--grace", "0s")
@@ -271,9 +337,10 @@ def test_gc_keep_runs_1_keeps_the_newest_run_of_each_dataset(
         "title": ("titled.csv", {"text_column": "title"}),
         "model": ("in.csv", {"model": "other-model"}),
     }
-    manifests = {name: _run(tmp_path, fake_openai, str(out), rows, prefect_api_url,
-                            source=source, **params)
-                 for name, (source, params) in datasets.items()}
+    manifests = {
+        name: _run(tmp_path, fake_openai, str(out), rows, prefect_api_url, source=source, **params)
+        for name, (source, params) in datasets.items()
+    }
     _age(out, TWO_DAYS_S)
 
     report = _gc(tmp_path, out, "--keep-runs", "1")
@@ -297,12 +364,26 @@ def test_gc_with_no_grace_keeps_what_a_paused_run_holds_and_its_paid_requests(
     out = tmp_path / "out"
     rows = _rows(20)  # two chunks of 10, two requests of 5 each
     _write(tmp_path / "in.csv", rows)
-    fake_openai.fail_when(lambda payload: {"status": 503} if any(
-        t == "package 17 description" for t in payload["input"]) else None)
-    first = run_in_process(prefect_api_url, expect=1, input=str(tmp_path / "in.csv"),
-                           embedder="openai", base_url=fake_openai.base_url, output=str(out),
-                           ledger=str(tmp_path / "ledger.sqlite3"), chunk_size=10,
-                           batch_size=5, max_attempts=1, chunk_retries=0)
+    fake_openai.fail_when(
+        lambda payload: (
+            {"status": 503}
+            if any(t == "package 17 description" for t in payload["input"])
+            else None
+        )
+    )
+    first = run_in_process(
+        prefect_api_url,
+        expect=1,
+        input=str(tmp_path / "in.csv"),
+        embedder="openai",
+        base_url=fake_openai.base_url,
+        output=str(out),
+        ledger=str(tmp_path / "ledger.sqlite3"),
+        chunk_size=10,
+        batch_size=5,
+        max_attempts=1,
+        chunk_retries=0,
+    )
     assert first["chunks_published"] == 1 and first["chunks_failed"] == 1, first
     paid = sorted((out / "_embedline" / "paid").rglob("*.parquet"))
     assert len(paid) == 1  # chunk 1's first request, kept
@@ -312,11 +393,20 @@ def test_gc_with_no_grace_keeps_what_a_paused_run_holds_and_its_paid_requests(
     fake_openai.reset()
 
     # The rerun stops itself (SIGSTOP) as chunk 1 is about to take its paid request
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests/support/signal_at'}:{REPO}",
-           "EMBEDLINE_TEST_SIGNALS": "before:tasks.paid:take_paid:SIGSTOP"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO / 'tests/support/signal_at'}:{REPO}",
+        "EMBEDLINE_TEST_SIGNALS": "before:tasks.paid:take_paid:SIGSTOP",
+    }
     args = [*_args(tmp_path, fake_openai, str(out)), "--batch-size", "5"]
-    running = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    running = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_until_stopped(running, "run")
         done = _gc(tmp_path, out, "--grace", "0s")
@@ -336,7 +426,6 @@ def test_gc_with_no_grace_keeps_what_a_paused_run_holds_and_its_paid_requests(
     assert "chunks     deleted 0 objects" in done, done
     assert running.returncode == 0, stderr[-3000:]
     assert fake_openai.counters()["inputs"] == 5  # only what chunk 1 never got an answer for
-    manifest = next(line.split()[-1] for line in stdout.splitlines()
-                    if line.startswith("manifest"))
+    manifest = next(line.split()[-1] for line in stdout.splitlines() if line.startswith("manifest"))
     _local_check(out, manifest, rows)
     assert not list((out / "_embedline" / "runs").glob("*.json"))  # dropped at the end

@@ -31,12 +31,25 @@ def _text(delimiter: str = ",", newline: str = "\n") -> str:
     return buf.getvalue()
 
 
-def _run(tmp_path: Path, server: FakeEmbeddingServer, source: str,
-         env: dict[str, str] | None = None) -> tuple[int, str]:
-    result = run_cli("run", source, "--embedder", "openai", "--base-url", server.base_url,
-                     "--output", str(tmp_path / "out"), "--ledger",
-                     str(tmp_path / "ledger.sqlite3"), "--chunk-size", "4",
-                     cwd=tmp_path, env=env)
+def _run(
+    tmp_path: Path, server: FakeEmbeddingServer, source: str, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    result = run_cli(
+        "run",
+        source,
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "4",
+        cwd=tmp_path,
+        env=env,
+    )
     return result.returncode, result.stdout + result.stderr
 
 
@@ -71,8 +84,10 @@ def test_semicolon_file_with_cr_only_line_ends(
 def test_cp932_file_is_detected_and_announced(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
-    rows = [(f"{i}", f"日本語のパッケージ説明です。番号{i}、とても便利なツールです。")
-            for i in range(30)]
+    rows = [
+        (f"{i}", f"日本語のパッケージ説明です。番号{i}、とても便利なツールです。")
+        for i in range(30)
+    ]
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\r\n").writerows([("id", "text"), *rows])
     (tmp_path / "sjis.csv").write_bytes(buf.getvalue().encode("cp932"))
@@ -84,20 +99,26 @@ def test_cp932_file_is_detected_and_announced(
         np.testing.assert_allclose(vectors[row_id], expected_vector(text), atol=1e-6)
 
 
-def _run_gzip_local_and_on_s3(tmp_path: Path, fake: FakeEmbeddingServer, moto_endpoint: str,
-                              bucket: str, packed: bytes, key: str) -> Path:
+def _run_gzip_local_and_on_s3(
+    tmp_path: Path,
+    fake: FakeEmbeddingServer,
+    moto_endpoint: str,
+    bucket: str,
+    packed: bytes,
+    key: str,
+) -> Path:
     """Run ``packed`` (gzip bytes) from a local file and from ``s3://bucket/key``; both must
     exit 0 with every vector right. Returns the S3 run's directory (its output in ``out``)."""
     (tmp_path / "in.csv.gz").write_bytes(packed)
     code, output = _run(tmp_path, fake, str(tmp_path / "in.csv.gz"))
     assert code == 0, output
     _check(tmp_path)
-    boto3.client("s3", endpoint_url=moto_endpoint).put_object(Bucket=bucket, Key=key,
-                                                              Body=packed)
+    boto3.client("s3", endpoint_url=moto_endpoint).put_object(Bucket=bucket, Key=key, Body=packed)
     remote = tmp_path / "remote"
     remote.mkdir()
-    code, output = _run(remote, fake, f"s3://{bucket}/{key}",
-                        env={"AWS_ENDPOINT_URL": moto_endpoint})
+    code, output = _run(
+        remote, fake, f"s3://{bucket}/{key}", env={"AWS_ENDPOINT_URL": moto_endpoint}
+    )
     assert code == 0, output
     _check(remote)
     return remote
@@ -107,8 +128,9 @@ def test_gzip_input_local_and_on_s3_streamed(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
 ) -> None:
     packed = gzip.compress(_text().encode("utf-8"))
-    remote = _run_gzip_local_and_on_s3(tmp_path, fake_openai, moto_endpoint, s3_bucket, packed,
-                                       "inputs/data.csv.gz")
+    remote = _run_gzip_local_and_on_s3(
+        tmp_path, fake_openai, moto_endpoint, s3_bucket, packed, "inputs/data.csv.gz"
+    )
     manifest, _ = read_local_output(remote / "out")
     assert manifest["input"]["name"] == "data.csv.gz"
     assert manifest["input"]["bytes"] == len(_text().encode("utf-8"))  # decompressed bytes
@@ -131,8 +153,9 @@ def test_gzip_with_nul_padding_after_the_member_runs_local_and_on_s3(
     """Issue 22 item 8: 1,024 NUL bytes after the member (block devices, some uploaders),
     which ``zcat`` and Python's gzip read, were planned and then failed every chunk read."""
     packed = gzip.compress(_text().encode("utf-8")) + b"\0" * 1024
-    _run_gzip_local_and_on_s3(tmp_path, fake_openai, moto_endpoint, s3_bucket, packed,
-                              "inputs/padded.csv.gz")
+    _run_gzip_local_and_on_s3(
+        tmp_path, fake_openai, moto_endpoint, s3_bucket, packed, "inputs/padded.csv.gz"
+    )
 
 
 def test_gzip_trailing_garbage_is_refused_at_planning_naming_the_offset(

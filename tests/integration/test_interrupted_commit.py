@@ -34,21 +34,41 @@ def _rows() -> list[tuple[str, str]]:
     return rows
 
 
-def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str,
-         signals: str = "") -> tuple[int, str, str]:
-    env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests/support/signal_at"), str(REPO)]),
-           "EMBEDLINE_TEST_SIGNALS": signals}
-    done = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", server.base_url,
-                   "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",
-                   "--allow-failed-rows", *extra, cwd=tmp_path, env=env)
+def _run(
+    tmp_path: Path, server: FakeEmbeddingServer, *extra: str, signals: str = ""
+) -> tuple[int, str, str]:
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests/support/signal_at"), str(REPO)]),
+        "EMBEDLINE_TEST_SIGNALS": signals,
+    }
+    done = run_cli(
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+        "--chunk-size",
+        "4",
+        "--allow-failed-rows",
+        *extra,
+        cwd=tmp_path,
+        env=env,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
 def _ledger_run(tmp_path: Path) -> tuple[str, str, int, int, str | None]:
     """The newest run: (run key, status, rows published, rows failed, manifest URI)."""
     with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
-        return db.execute("SELECT run_key, status, rows_published, rows_failed, manifest_uri "
-                          "FROM runs ORDER BY created_at DESC").fetchone()
+        return db.execute(
+            "SELECT run_key, status, rows_published, rows_failed, manifest_uri "
+            "FROM runs ORDER BY created_at DESC"
+        ).fetchone()
 
 
 def _assert_ledger_matches_the_store(tmp_path: Path) -> None:
@@ -67,14 +87,16 @@ def test_a_signal_just_after_the_manifest_put_leaves_the_run_complete_in_the_led
     (130/143) with one line that says the run is committed: nothing to redo. Before, the
     line asked to rerun, and a rerun had nothing to do."""
     write_rows(tmp_path / "in.csv", _rows())
-    code, _, err = _run(tmp_path, fake_openai,
-                        signals=SIGNAL_AFTER_MANIFEST_PUT.format(signum.name))
+    code, _, err = _run(
+        tmp_path, fake_openai, signals=SIGNAL_AFTER_MANIFEST_PUT.format(signum.name)
+    )
     assert code == 128 + signum, err[-3000:]
     _assert_ledger_matches_the_store(tmp_path)
     run_key, *_, manifest_uri = _ledger_run(tmp_path)
     assert err.strip().splitlines()[-1] == (
         f"embedline: interrupted by {signum.name} after run {run_key[:12]} was committed "
-        f"({manifest_uri}): nothing to resume"), err[-3000:]
+        f"({manifest_uri}): nothing to resume"
+    ), err[-3000:]
     requests = fake_openai.counters()["requests"]
     code, out, err = _run(tmp_path, fake_openai)
     assert code == 0 and "as committed earlier" in out, err[-3000:]
@@ -107,20 +129,28 @@ def test_a_kill_just_after_the_manifest_put_is_caught_up_by_the_rerun(
     assert fake_openai.counters()["requests"] == requests
     _assert_ledger_matches_the_store(tmp_path)
     status = run_cli("status", "--ledger", "ledger.sqlite3", cwd=tmp_path)
-    assert status.returncode == 0 and status.stdout.splitlines()[0].split()[1] == "complete", \
+    assert status.returncode == 0 and status.stdout.splitlines()[0].split()[1] == "complete", (
         status.stdout
+    )
 
 
-@pytest.mark.parametrize(("point", "signum", "sink"), [
-    ("after:tasks.commit:write_manifest", signal.SIGINT, False),  # in the commit's deferral
-    ("before:tasks.lease:drop_lease", signal.SIGTERM, False),  # after it: the last steps
-    ("before:tasks.lease:drop_lease", signal.SIGINT, False),
-    ("before:tasks.lease:drop_lease", signal.SIGINT, True),  # after the sink's load
-], ids=["SIGINT-at-commit", "SIGTERM-after-commit", "SIGINT-after-commit",
-        "SIGINT-after-load"])
+@pytest.mark.parametrize(
+    ("point", "signum", "sink"),
+    [
+        ("after:tasks.commit:write_manifest", signal.SIGINT, False),  # in the commit's deferral
+        ("before:tasks.lease:drop_lease", signal.SIGTERM, False),  # after it: the last steps
+        ("before:tasks.lease:drop_lease", signal.SIGINT, False),
+        ("before:tasks.lease:drop_lease", signal.SIGINT, True),  # after the sink's load
+    ],
+    ids=["SIGINT-at-commit", "SIGTERM-after-commit", "SIGINT-after-commit", "SIGINT-after-load"],
+)
 def test_a_signal_after_the_commit_leaves_the_flow_run_completed_in_prefect(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str, point: str,
-    signum: signal.Signals, sink: bool,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    prefect_api_url: str,
+    point: str,
+    signum: signal.Signals,
+    sink: bool,
 ) -> None:
     """Once the run is committed (and loaded, with ``--sink``), only reporting is left: the
     signal is held until the flow run has ended, so the Prefect UI shows it Completed, as
@@ -140,7 +170,8 @@ def test_a_signal_after_the_commit_leaves_the_flow_run_completed_in_prefect(
     run_key, *_, manifest_uri = _ledger_run(tmp_path)
     assert err.strip().splitlines()[-1] == (
         f"embedline: interrupted by {signum.name} after run {run_key[:12]} was committed "
-        f"({manifest_uri}): nothing to resume"), err[-3000:]
+        f"({manifest_uri}): nothing to resume"
+    ), err[-3000:]
     flow_run_id = re.search(r"flow-run/([0-9a-f-]{36})", err)
     assert flow_run_id, err[-3000:]
     flow_run = httpx.get(f"{prefect_api_url}/flow_runs/{flow_run_id.group(1)}").json()

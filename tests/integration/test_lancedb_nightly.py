@@ -34,16 +34,22 @@ def test_eight_nightly_loads_by_path_uri_never_conflict_and_keep_disk_use_bounde
     runs = []
     for night in range(2):  # two runs (nightly exports), loaded in turn: every load writes
         rows = edit_rows(rows, removed=10, changed=20, added=0, seed=night)
-        made = run_in_process(prefect_api_url, input=str(write_rows(tmp_path / "in.csv", rows)),
-                              embedder="openai", base_url=fake_openai.base_url, chunk_size=25,
-                              **common)
+        made = run_in_process(
+            prefect_api_url,
+            input=str(write_rows(tmp_path / "in.csv", rows)),
+            embedder="openai",
+            base_url=fake_openai.base_url,
+            chunk_size=25,
+            **common,
+        )
         runs.append((made["run_key"], len(rows)))
     sink = str(tmp_path / "db" / "nightly.lance")  # the PATH/NAME.lance form: not the identity
     ratios = []
     for night in range(8):
         run_key, count = runs[night % 2]
-        summary = load_in_process(prefect_api_url, to=sink, run=run_key,
-                                  lancedb_keep_versions_s=0.0, **common)
+        summary = load_in_process(
+            prefect_api_url, to=sink, run=run_key, lancedb_keep_versions_s=0.0, **common
+        )
         assert summary["status"] == "loaded", summary
         table = lancedb.connect(str(tmp_path / "db")).open_table("nightly")
         assert table.count_rows() == count

@@ -29,8 +29,12 @@ def _keys(client: Any, bucket: str) -> list[str]:
 
 
 def test_run_load_search_gc_keep_odd_names_literal(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str,
-    s3_client: Any, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
+    s3_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rows = [(f"r{i}", f"row number {i} of kind {i % 5}") for i in range(12)]
     body = "id,text\n" + "".join(f"{i},{t}\n" for i, t in rows)
@@ -38,10 +42,19 @@ def test_run_load_search_gc_keep_odd_names_literal(
     env = moto_env(moto_endpoint)
     source, output = f"s3://{s3_bucket}/{INPUT_KEY}", f"s3://{s3_bucket}/{PREFIX}/"
     sink = f"{tmp_path}/db #1?v=2/docs.lance"
-    common = ["--embedder", "openai", "--base-url", fake_openai.base_url, "--ledger", "l.db",
-              "--chunk-size", "5"]
-    first = run_cli("run", source, "--output", output, "--sink", sink, *common,
-                    cwd=tmp_path, env=env)
+    common = [
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--ledger",
+        "l.db",
+        "--chunk-size",
+        "5",
+    ]
+    first = run_cli(
+        "run", source, "--output", output, "--sink", sink, *common, cwd=tmp_path, env=env
+    )
     assert first.returncode == 0, first.stderr[-3000:]
 
     keys = _keys(s3_client, s3_bucket)
@@ -58,15 +71,25 @@ def test_run_load_search_gc_keep_odd_names_literal(
     # the .lance form keeps '#' and '?' of the database path literally
     assert (tmp_path / "db #1?v=2" / "docs.lance").is_dir()
     assert not (tmp_path / "db ").exists() and not (tmp_path / "db #1").exists()
-    loaded = run_cli("load", "--to", f"lancedb://{tmp_path}/db %20+x?table=t", "--output",
-                     output, "--ledger", "l.db", cwd=tmp_path, env=env)
+    loaded = run_cli(
+        "load",
+        "--to",
+        f"lancedb://{tmp_path}/db %20+x?table=t",
+        "--output",
+        output,
+        "--ledger",
+        "l.db",
+        cwd=tmp_path,
+        env=env,
+    )
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert (tmp_path / "db %20+x" / "t.lance").is_dir()
     assert re.search(r"^rows +12 upserted now", loaded.stdout, re.M), loaded.stdout
 
     for target in (output, sink):
-        found = run_cli("search", target, rows[7][1], "--k", "1", "--ledger", "l.db",
-                        cwd=tmp_path, env=env)
+        found = run_cli(
+            "search", target, rows[7][1], "--k", "1", "--ledger", "l.db", cwd=tmp_path, env=env
+        )
         assert found.returncode == 0, found.stderr[-2000:]
         assert found.stdout.strip().splitlines()[1].split()[2] == "r7", found.stdout
 
@@ -77,8 +100,9 @@ def test_run_load_search_gc_keep_odd_names_literal(
     assert second.returncode == 0, second.stderr[-3000:]
     manifests = [k for k in _keys(s3_client, s3_bucket) if k.startswith(f"{PREFIX}/manifests/")]
     assert len(manifests) == 2, manifests
-    swept = run_cli("gc", output, "--keep-runs", "1", "--grace", "0s", "--ledger", "l.db",
-                    cwd=tmp_path, env=env)
+    swept = run_cli(
+        "gc", output, "--keep-runs", "1", "--grace", "0s", "--ledger", "l.db", cwd=tmp_path, env=env
+    )
     assert swept.returncode == 0, swept.stderr[-2000:]
     after = _keys(s3_client, s3_bucket)
     assert len([k for k in after if k.startswith(f"{PREFIX}/manifests/")]) == 1, after

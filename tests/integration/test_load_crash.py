@@ -53,10 +53,13 @@ def _table(kind: str, sink: str, pg_uri: str) -> list[tuple[str, np.ndarray]]:
         return qdrant_vectors(qdrant_path(sink), "crash")
     import lancedb
 
-    table = lancedb.connect(sink[len("lancedb://"):].split("?")[0]).open_table("crash").to_arrow()
-    return [(i, np.asarray(v, dtype=np.float32)) for i, v in
-            zip(table.column("id").to_pylist(), table.column("embedding").to_pylist(),
-                strict=True)]
+    table = lancedb.connect(sink[len("lancedb://") :].split("?")[0]).open_table("crash").to_arrow()
+    return [
+        (i, np.asarray(v, dtype=np.float32))
+        for i, v in zip(
+            table.column("id").to_pylist(), table.column("embedding").to_pylist(), strict=True
+        )
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +71,23 @@ def published(
     cwd = tmp_path_factory.mktemp("published")
     rows = read_rows(ENGLISH, ROWS)
     with FakeEmbeddingServer() as server:
-        made = run_cli("run", str(write_rows(cwd / "in.csv", rows)), "--embedder", "openai",
-                       "--base-url", server.base_url, "--output", str(cwd / "out"), "--ledger",
-                       str(cwd / "ledger.sqlite3"), "--chunk-size", str(CHUNK),
-                       "--allow-failed-rows", cwd=cwd, timeout=600)
+        made = run_cli(
+            "run",
+            str(write_rows(cwd / "in.csv", rows)),
+            "--embedder",
+            "openai",
+            "--base-url",
+            server.base_url,
+            "--output",
+            str(cwd / "out"),
+            "--ledger",
+            str(cwd / "ledger.sqlite3"),
+            "--chunk-size",
+            str(CHUNK),
+            "--allow-failed-rows",
+            cwd=cwd,
+            timeout=600,
+        )
     assert made.returncode == 0, made.stderr[-2000:]
     yield rows, cwd
 
@@ -79,8 +95,9 @@ def published(
 # qdrant with make test-all only (CI budget: 18 s, the slowest of the three): the resume
 # is the ledger's, the same for every sink (lancedb and pgvector in CI), and Qdrant's
 # idempotent upsert is unit-tested (tests/unit/adapters/sinks/test_qdrant.py)
-@pytest.mark.parametrize("kind", ["lancedb", "pgvector",
-                                  pytest.param("qdrant", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "kind", ["lancedb", "pgvector", pytest.param("qdrant", marks=pytest.mark.slow)]
+)
 def test_kill_9_during_load_then_load_again_completes_without_duplicates(
     kind: str, tmp_path: Path, published: tuple[list[tuple[str, str]], Path], pg_uri: str
 ) -> None:
@@ -89,14 +106,20 @@ def test_kill_9_during_load_then_load_again_completes_without_duplicates(
     shutil.copytree(made / "out", tmp_path / "out")
     for part in made.glob("ledger.sqlite3*"):  # with any -wal/-shm beside it
         shutil.copyfile(part, tmp_path / part.name)
-    sink = {"pgvector": f"{pg_uri}&table=crash",
-            "qdrant": f"qdrant+local://{tmp_path}/qdrant?collection=crash",
-            "lancedb": f"lancedb://{tmp_path}/lance?table=crash"}[kind]
+    sink = {
+        "pgvector": f"{pg_uri}&table=crash",
+        "qdrant": f"qdrant+local://{tmp_path}/qdrant?collection=crash",
+        "lancedb": f"lancedb://{tmp_path}/lance?table=crash",
+    }[kind]
     load = ["load", "--to", sink, "--output", str(tmp_path / "out"), "--ledger", str(ledger)]
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *load], cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *load],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while _loaded_chunks(ledger) < 10 and proc.poll() is None:
@@ -111,8 +134,7 @@ def test_kill_9_during_load_then_load_again_completes_without_duplicates(
 
     again = run_cli(*load, cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    skipped = int(re.search(r"^chunks +\d+ loaded now, (\d+) skipped", again.stdout,
-                            re.M).group(1))
+    skipped = int(re.search(r"^chunks +\d+ loaded now, (\d+) skipped", again.stdout, re.M).group(1))
     assert skipped >= loaded_before  # what the ledger recorded was not loaded again
     table = _table(kind, sink, pg_uri)
     ids = [i for i, _ in table]

@@ -20,8 +20,17 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A committed run of a small file with a ledger in a directory of its own."""
     root = tmp_path_factory.mktemp("leftovers")
     (root / "in.csv").write_text("id,text\n1,hello\n2,\n3,world\n", encoding="utf-8")
-    done = run_cli("run", "in.csv", "--embedder", "local", "--output", "out", "--ledger",
-                   "book/ledger.sqlite3", cwd=root)
+    done = run_cli(
+        "run",
+        "in.csv",
+        "--embedder",
+        "local",
+        "--output",
+        "out",
+        "--ledger",
+        "book/ledger.sqlite3",
+        cwd=root,
+    )
     assert done.returncode == 0, done.stderr
     key = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("run "))
     return root, key
@@ -35,12 +44,19 @@ def test_a_run_leaves_only_its_ledger_beside_it(ran: tuple[Path, str]) -> None:
     assert _beside_the_ledger(ran[0]) == ["ledger.sqlite3"]
 
 
-@pytest.mark.parametrize("command", [
-    ["status"], ["status", "{run}", "--json"], ["dead-letters", "{run}"],
-    ["gc", "out", "--dry-run"], ["search", "out", "hello"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["status", "{run}", "--json"],
+        ["dead-letters", "{run}"],
+        ["gc", "out", "--dry-run"],
+        ["search", "out", "hello"],
+    ],
+)
 def test_a_command_that_reads_the_ledger_leaves_no_wal_or_shm_file(
-    ran: tuple[Path, str], command: list[str],
+    ran: tuple[Path, str],
+    command: list[str],
 ) -> None:
     root, key = ran
     args = [part.format(run=key) for part in command]
@@ -61,9 +77,14 @@ def _interrupt_in_reuse_stage(args: list[str], cwd: Path) -> tuple[int, str]:
 
     from tests.support.fixtures import REPO
 
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
         if any((cwd / "book" / "scratch").glob("*/reuse-*")):
@@ -76,7 +97,9 @@ def _interrupt_in_reuse_stage(args: list[str], cwd: Path) -> tuple[int, str]:
 
 @pytest.mark.parametrize("night", ["copied night", "night with one change"])
 def test_an_interrupted_run_with_the_temporary_server_leaves_only_its_ledger(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    monkeypatch: pytest.MonkeyPatch,
     night: str,
 ) -> None:
     """With the CLI's temporary server, an interrupted command ends with ``os._exit`` once
@@ -100,8 +123,18 @@ def test_an_interrupted_run_with_the_temporary_server_leaves_only_its_ledger(
             writer = csv.writer(f, lineterminator="\n")
             writer.writerow(("id", "text"))
             writer.writerows(order)
-    common = ["--embedder", "openai", "--base-url", fake_openai.base_url, "--output", "out",
-              "--ledger", "book/ledger.sqlite3", "--chunk-size", "200"]
+    common = [
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        "book/ledger.sqlite3",
+        "--chunk-size",
+        "200",
+    ]
     assert run_cli("run", "base.csv", *common, cwd=tmp_path).returncode == 0
     code, err = _interrupt_in_reuse_stage(["run", "night.csv", *common], tmp_path)
     assert code in (0, 143), err  # 0: the run ended before the signal landed

@@ -24,17 +24,37 @@ _GONE_WITHIN_S = 6.0
 
 
 def _start_cli(tmp_path: Path, base_url: str, *extra: str) -> tuple[subprocess.Popen[str], Path]:
-    (tmp_path / "in.csv").write_text(
-        "id,text\n" + "".join(f"r{i},text {i}\n" for i in range(40)))
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n" for i in range(40)))
     home = tmp_path / "prefect-home"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(fresh_prefect_home(home)))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
-         base_url, "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",
-         "--concurrency", "2", *extra],
-        cwd=tmp_path, env=env, text=True, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "run",
+            "in.csv",
+            "--embedder",
+            "openai",
+            "--base-url",
+            base_url,
+            "--output",
+            "out",
+            "--ledger",
+            "ledger.sqlite3",
+            "--chunk-size",
+            "4",
+            "--concurrency",
+            "2",
+            *extra,
+        ],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     return proc, home
 
@@ -70,8 +90,9 @@ def test_kill_9_of_a_dask_run_leaves_no_server_and_no_worker(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
     fake_openai.fail_when(lambda payload: {"delay_s": 0.3})
-    proc, home = _start_cli(tmp_path, fake_openai.base_url, "--task-runner", "dask",
-                            "--dask-workers", "2")
+    proc, home = _start_cli(
+        tmp_path, fake_openai.base_url, "--task-runner", "dask", "--dask-workers", "2"
+    )
     _wait_for_a_published_chunk(proc, tmp_path / "out")
     helpers = [p for p in processes_with_env("PREFECT_HOME", str(home)) if p != proc.pid]
     assert len(helpers) >= 3, "expected the Prefect server and two Dask worker processes"

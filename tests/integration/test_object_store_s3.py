@@ -98,15 +98,15 @@ class _Raw:
 
 def error_response(status: int, code: str) -> AWSResponse:
     """An S3 XML error response, as a store would send it."""
-    body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
-            f"<Message>injected</Message></Error>").encode()
-    return AWSResponse("http://injected", status, {"Content-Type": "application/xml"},
-                       _Raw(body))
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+        f"<Message>injected</Message></Error>"
+    ).encode()
+    return AWSResponse("http://injected", status, {"Content-Type": "application/xml"}, _Raw(body))
 
 
 @pytest.fixture
-def store(moto_endpoint: str, s3_bucket: str,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
+def store(moto_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
     """A store whose client is built the production way, from AWS_ENDPOINT_URL."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     slept: list[float] = []
@@ -129,8 +129,9 @@ def server_bucket(conditional_s3_endpoint: str) -> str:
 
 
 @pytest.fixture
-def server_store(conditional_s3_endpoint: str, server_bucket: str,
-                 monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
+def server_store(
+    conditional_s3_endpoint: str, server_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[S3Store]:
     """Like ``store``, on moto, then on ministack."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", conditional_s3_endpoint)
     store = S3Store(server_bucket, "runs/one", sleep=[].append)
@@ -262,8 +263,9 @@ def test_put_file_streams_the_file_with_sha256_metadata_and_checksum(
     body = os.urandom(3 << 20)  # several MiB read blocks
     wire = Wire(server_store.client)
 
-    result = server_store.put_file_if_absent(KEY, _file(tmp_path, "body", body),
-                                             content_type="application/x")
+    result = server_store.put_file_if_absent(
+        KEY, _file(tmp_path, "body", body), content_type="application/x"
+    )
 
     digest = hashlib.sha256(body)
     assert result == PutResult(created=True, sha256=digest.hexdigest())
@@ -281,8 +283,7 @@ def test_put_file_again_same_bytes_succeeds_other_bytes_conflict(
     server_store.put_file_if_absent(KEY, _file(tmp_path, "a", b"first"), content_type="x")
     wire = Wire(server_store.client)
 
-    again = server_store.put_file_if_absent(KEY, _file(tmp_path, "b", b"first"),
-                                            content_type="x")
+    again = server_store.put_file_if_absent(KEY, _file(tmp_path, "b", b"first"), content_type="x")
     with pytest.raises(ConflictError) as info:
         server_store.put_file_if_absent(KEY, _file(tmp_path, "c", b"second"), content_type="x")
 
@@ -321,8 +322,7 @@ def test_check_conditional_writes_true_on_servers_that_refuse_overwrites(
     server_store: S3Store, server_client: Any, server_bucket: str
 ) -> None:
     assert check_conditional_writes(server_store) is True
-    listed = server_client.list_objects_v2(Bucket=server_bucket,
-                                           Prefix="runs/one/_embedline/")
+    listed = server_client.list_objects_v2(Bucket=server_bucket, Prefix="runs/one/_embedline/")
     assert listed.get("KeyCount", 0) == 0  # scratch object deleted
 
 
@@ -334,8 +334,9 @@ def test_check_conditional_writes_false_on_s3rver_which_overwrites(
     wire = Wire(client)
 
     assert check_conditional_writes(store) is False
-    sent = [{k.lower(): v for k, v in r.headers.items()}.get("if-none-match")
-            for r in wire.requests]
+    sent = [
+        {k.lower(): v for k, v in r.headers.items()}.get("if-none-match") for r in wire.requests
+    ]
     assert sent == [b"*", b"*"]  # both creates were conditional ...
     assert wire.statuses == [200, 200]  # ... and the second overwrote all the same
     listed = client.list_objects_v2(Bucket=s3rver_server.bucket, Prefix="probe/")
@@ -429,8 +430,12 @@ def test_503_slowdown_is_retried_by_botocore_then_retryable(
     ],
 )
 def test_store_errors_map_to_failure_classes(
-    moto_endpoint: str, s3_bucket: str, status: int, code: str,
-    expected: type[Exception], fragment: str,
+    moto_endpoint: str,
+    s3_bucket: str,
+    status: int,
+    code: str,
+    expected: type[Exception],
+    fragment: str,
 ) -> None:
     client = make_s3_client(moto_endpoint, retries={"mode": "standard", "total_max_attempts": 1})
     store = S3Store(s3_bucket, client=client, conflict_attempts=1)
@@ -451,8 +456,11 @@ def test_connection_refused_is_retryable(s3_bucket: str) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    client = make_s3_client(f"http://127.0.0.1:{port}", connect_timeout=1,
-                            retries={"mode": "standard", "total_max_attempts": 1})
+    client = make_s3_client(
+        f"http://127.0.0.1:{port}",
+        connect_timeout=1,
+        retries={"mode": "standard", "total_max_attempts": 1},
+    )
     store = S3Store(s3_bucket, client=client)
 
     with pytest.raises(RetryableError, match="connection failed") as info:
@@ -481,15 +489,27 @@ def test_missing_credentials_are_fatal(
         (EndpointConnectionError(endpoint_url="http://x"), RetryableError),
         (NoCredentialsError(), FatalError),
         (ParamValidationError(report="bad"), type(None)),  # unknown: caller re-raises it
-        (ClientError({"Error": {"Code": "SlowDown"},
-                      "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"),
-         RetryableError),
-        (ClientError({"Error": {"Code": "RequestTimeout"},
-                      "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutObject"),
-         RetryableError),
-        (ClientError({"Error": {"Code": "ExpiredToken"},
-                      "ResponseMetadata": {"HTTPStatusCode": 400}}, "PutObject"),
-         FatalError),
+        (
+            ClientError(
+                {"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}},
+                "PutObject",
+            ),
+            RetryableError,
+        ),
+        (
+            ClientError(
+                {"Error": {"Code": "RequestTimeout"}, "ResponseMetadata": {"HTTPStatusCode": 400}},
+                "PutObject",
+            ),
+            RetryableError,
+        ),
+        (
+            ClientError(
+                {"Error": {"Code": "ExpiredToken"}, "ResponseMetadata": {"HTTPStatusCode": 400}},
+                "PutObject",
+            ),
+            FatalError,
+        ),
     ],
 )
 def test_translate_s3_error_branches(exc: Exception, expected: type) -> None:
@@ -504,8 +524,9 @@ def _client_without_if_none_match(tmp_path: Path, endpoint: str) -> Any:
     """A real botocore client whose S3 model predates conditional writes (< 1.35.2)."""
     data = Path(botocore.__file__).parent / "data" / "s3" / "2006-03-01"
     gz = data / "service-2.json.gz"
-    model = json.loads(gzip.decompress(gz.read_bytes()) if gz.exists()
-                       else (data / "service-2.json").read_bytes())
+    model = json.loads(
+        gzip.decompress(gz.read_bytes()) if gz.exists() else (data / "service-2.json").read_bytes()
+    )
     del model["shapes"]["PutObjectRequest"]["members"]["IfNoneMatch"]
     target = tmp_path / "models" / "s3" / "2006-03-01"
     target.mkdir(parents=True)
@@ -515,9 +536,7 @@ def _client_without_if_none_match(tmp_path: Path, endpoint: str) -> Any:
     return session.create_client("s3", endpoint_url=endpoint, region_name="us-east-1")
 
 
-def test_old_botocore_without_if_none_match_is_refused(
-    tmp_path: Path, moto_endpoint: str
-) -> None:
+def test_old_botocore_without_if_none_match_is_refused(tmp_path: Path, moto_endpoint: str) -> None:
     old = _client_without_if_none_match(tmp_path, moto_endpoint)
     assert supports_if_none_match(old) is False
     assert supports_if_none_match(make_s3_client(moto_endpoint)) is True
@@ -553,7 +572,12 @@ def test_subprocess_reaches_moto_through_aws_endpoint_url(
 
     proc = subprocess.run(
         [sys.executable, "-c", code, f"s3://{s3_bucket}/sub"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
     assert proc.returncode == 0, proc.stderr
@@ -562,8 +586,9 @@ def test_subprocess_reaches_moto_through_aws_endpoint_url(
     assert body.read() == b"from a child process"
 
 
-def test_open_store_s3_uses_prefix(moto_endpoint: str, s3_bucket: str, s3_client: Any,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_open_store_s3_uses_prefix(
+    moto_endpoint: str, s3_bucket: str, s3_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
     store = open_store(f"s3://{s3_bucket}/deep/prefix/")
 
@@ -593,8 +618,7 @@ def test_list_open_read_and_delete_stay_under_the_prefix(
     body = bytes(range(256)) * 1024  # 256 KiB: larger than the first (tail) read
     put(server_store, "chunks/a.parquet", body)
     put(server_store, "chunks/b.parquet", b"small")
-    server_client.put_object(Bucket=server_bucket, Key="runs/other/chunks/c.parquet",
-                             Body=b"x")
+    server_client.put_object(Bucket=server_bucket, Key="runs/other/chunks/c.parquet", Body=b"x")
     listed = {i.key: i.size_bytes for i in server_store.list("chunks/")}
     assert listed == {"chunks/a.parquet": len(body), "chunks/b.parquet": 5}
     wire = Wire(server_store.client, "GetObject")

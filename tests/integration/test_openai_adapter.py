@@ -68,8 +68,13 @@ class Recorder:
 
 def make(server: FakeEmbeddingServer, **overrides: Any) -> OpenAIEmbedder:
     options: dict[str, Any] = {
-        "base_url": server.base_url, "model": "text-embedding-3-small", "dimensions": None,
-        "api_key": "sk-test", "timeout_s": 5.0, "max_attempts": 3, "sleep": Recorder(),
+        "base_url": server.base_url,
+        "model": "text-embedding-3-small",
+        "dimensions": None,
+        "api_key": "sk-test",
+        "timeout_s": 5.0,
+        "max_attempts": 3,
+        "sleep": Recorder(),
     }
     options.update(overrides)
     return OpenAIEmbedder(**options)
@@ -138,9 +143,23 @@ def test_read_timeout_is_retried(server: FakeEmbeddingServer) -> None:
 
 
 def test_429_retry_after_ms_sleeps_then_retries_once(server: FakeEmbeddingServer) -> None:
-    server.script([{"status": 429, "headers": {"retry-after-ms": "200"},
-                    "body": json.dumps({"error": {"message": "slow down", "type": "requests",
-                                                  "code": "rate_limit_exceeded"}})}])
+    server.script(
+        [
+            {
+                "status": 429,
+                "headers": {"retry-after-ms": "200"},
+                "body": json.dumps(
+                    {
+                        "error": {
+                            "message": "slow down",
+                            "type": "requests",
+                            "code": "rate_limit_exceeded",
+                        }
+                    }
+                ),
+            }
+        ]
+    )
     sleep = Recorder(real=True)
     started = time.monotonic()
     result = make(server, sleep=sleep).embed(TEXTS, idempotency_key=KEY)
@@ -175,8 +194,14 @@ def test_two_html_502_pages_then_success(server: FakeEmbeddingServer) -> None:
 
 
 def test_insufficient_quota_is_fatal_without_retry(server: FakeEmbeddingServer) -> None:
-    body = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
-                      "param": None, "code": "insufficient_quota"}}
+    body = {
+        "error": {
+            "message": "You exceeded your current quota",
+            "type": "insufficient_quota",
+            "param": None,
+            "code": "insufficient_quota",
+        }
+    }
     server.script([{"status": 429, "body": json.dumps(body), "headers": {"retry-after-ms": "1"}}])
     with pytest.raises(FatalError) as caught:
         make(server, max_attempts=5).embed(TEXTS, idempotency_key=KEY)
@@ -204,25 +229,27 @@ def test_rejected_input_is_a_row_error(server: FakeEmbeddingServer) -> None:
 
 def _bad_200(mutate: Any) -> Any:
     """A fail_when hook answering a valid-looking 200 that ``mutate`` breaks."""
+
     def hook(request_json: dict[str, Any]) -> dict[str, Any]:
         n = len(request_json["input"])
         data = [{"object": "embedding", "index": i, "embedding": [0.5, 0.5]} for i in range(n)]
         body = {"object": "list", "data": data, "model": "m", "usage": {"total_tokens": 1}}
         mutate(body)
         return {"status": 200, "body": json.dumps(body)}
+
     return hook
 
 
 @pytest.mark.parametrize(
     "mutate",
-    [lambda b: b["data"].pop(),
-     lambda b: b["data"][1].__setitem__("index", 0),
-     lambda b: b["data"][0].__setitem__("embedding", [float("nan"), 0.5])],
+    [
+        lambda b: b["data"].pop(),
+        lambda b: b["data"][1].__setitem__("index", 0),
+        lambda b: b["data"][0].__setitem__("embedding", [float("nan"), 0.5]),
+    ],
     ids=["wrong count", "duplicate index", "nan"],
 )
-def test_bad_responses_are_retried_once_then_fail(
-    server: FakeEmbeddingServer, mutate: Any
-) -> None:
+def test_bad_responses_are_retried_once_then_fail(server: FakeEmbeddingServer, mutate: Any) -> None:
     server.fail_when(_bad_200(mutate))
     sleep = Recorder()
     with pytest.raises(BadResponseError):
@@ -256,9 +283,15 @@ def test_an_endpoint_that_never_answered_stops_the_client_after_one_call() -> No
     is wrong or down, so the call is fatal and latches (before: each chunk spent its own
     retries on it, minutes for a large input)."""
     sleep = Recorder()
-    client = OpenAIEmbedder(base_url=f"http://127.0.0.1:{_closed_port()}/v1",
-                            model="text-embedding-3-small", dimensions=None, api_key="sk-test",
-                            timeout_s=5.0, max_attempts=3, sleep=sleep)
+    client = OpenAIEmbedder(
+        base_url=f"http://127.0.0.1:{_closed_port()}/v1",
+        model="text-embedding-3-small",
+        dimensions=None,
+        api_key="sk-test",
+        timeout_s=5.0,
+        max_attempts=3,
+        sleep=sleep,
+    )
     with pytest.raises(FatalError) as caught:
         client.embed(TEXTS, idempotency_key=KEY)
     assert "no request of this run ever reached it" in str(caught.value)
@@ -295,7 +328,10 @@ def test_fake_server_runs_standalone_for_benchmarks() -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.fake_openai", "--port", "0", "--dims", "8"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None

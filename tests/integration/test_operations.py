@@ -48,8 +48,10 @@ def _wait_for(what: str, found: Any, timeout: float, log: Path) -> Any:
         if value:
             return value
         time.sleep(0.5)
-    pytest.fail(f"{what} did not happen within {timeout} s; worker log:\n"
-                f"{log.read_text(errors='replace')[-3000:]}")
+    pytest.fail(
+        f"{what} did not happen within {timeout} s; worker log:\n"
+        f"{log.read_text(errors='replace')[-3000:]}"
+    )
 
 
 def _texts(hooks: LoopbackRecorder, needle: str) -> list[str]:
@@ -70,7 +72,10 @@ def _automation(api: str, name: str) -> list[dict[str, Any]]:
 
 
 def test_alerts_events_and_status_json_on_a_real_server(
-    prefect_api_url: str, webhook: LoopbackRecorder, fake_api: tuple[str, str], tmp_path: Path,
+    prefect_api_url: str,
+    webhook: LoopbackRecorder,
+    fake_api: tuple[str, str],
+    tmp_path: Path,
 ) -> None:
     api, (base_url, _control) = prefect_api_url, fake_api
     _prefect("work-pool", "create", POOL, "--type", "process", "--overwrite")
@@ -83,9 +88,19 @@ def test_alerts_events_and_status_json_on_a_real_server(
     hook_url = f"{webhook.url}/hook"
     for _ in range(2):  # applying twice replaces: one automation of each name
         applied = subprocess.run(
-            [sys.executable, "deployments/automations.py", "--file", str(tmp_path /
-             "automations.yaml"), "--webhook-url", hook_url],
-            cwd=REPO, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "deployments/automations.py",
+                "--file",
+                str(tmp_path / "automations.yaml"),
+                "--webhook-url",
+                hook_url,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert applied.returncode == 0, applied.stderr
     assert applied.stdout.count("automation applied:") == 3
     assert hook_url not in applied.stdout + applied.stderr  # it may hold a token
@@ -96,19 +111,24 @@ def test_alerts_events_and_status_json_on_a_real_server(
 
     from deployments.automations import apply
 
-    with temporary_settings(updates={PREFECT_API_URL: api}), pytest.raises(
-            LookupError, match="no notification block 'custom-webhook/nowhere'"):
+    with (
+        temporary_settings(updates={PREFECT_API_URL: api}),
+        pytest.raises(LookupError, match="no notification block 'custom-webhook/nowhere'"),
+    ):
         apply(dict(config, notify_block="custom-webhook/nowhere"))
 
     # ── the commit event starts load-after-commit: switch its trigger on, point it here ───
     (trigger,) = _automation(api, "load-after-commit__automation_1")
-    httpx.patch(f"{api}/automations/{trigger['id']}", json={"enabled": True},
-                timeout=10).raise_for_status()
+    httpx.patch(
+        f"{api}/automations/{trigger['id']}", json={"enabled": True}, timeout=10
+    ).raise_for_status()
     out, ledger = tmp_path / "out", tmp_path / "ledger.sqlite3"
     sink = f"lancedb://{tmp_path / 'lancedb'}?table=documents"
     loader = httpx.get(f"{api}/deployments/name/load-run/load-after-commit", timeout=10).json()
-    httpx.patch(f"{api}/deployments/{loader['id']}", timeout=10, json={
-        "parameters": {"to": sink, "output": str(out), "ledger": str(ledger)}},
+    httpx.patch(
+        f"{api}/deployments/{loader['id']}",
+        timeout=10,
+        json={"parameters": {"to": sink, "output": str(out), "ledger": str(ledger)}},
     ).raise_for_status()
 
     log = tmp_path / "worker.log"
@@ -120,36 +140,59 @@ def test_alerts_events_and_status_json_on_a_real_server(
         failed = _wait_for("the Failed alert", lambda: _texts(webhook, "Failed"), 60, log)
         assert "nightly run" in failed[0]
         # ── no Completed nightly run within 10 s: the late alert ──────────────────────────
-        late = _wait_for("the late alert",
-                         lambda: _texts(webhook, "no successful nightly run"), 60, log)
+        late = _wait_for(
+            "the late alert", lambda: _texts(webhook, "no successful nightly run"), 60, log
+        )
         assert "10s" in late[0]
 
         # ── a nightly run that commits with one dead letter (an empty text, skipped) ──────
         rows = [(f"p{i}", "" if i == 3 else f"package {i}\nline two") for i in range(12)]
         with (tmp_path / "in.csv").open("w", newline="", encoding="utf-8") as f:
             csv.writer(f, lineterminator="\n").writerows([("id", "text"), *rows])
-        committing = _run_deployment("embed-csv/nightly", {
-            "input": tmp_path / "in.csv", "output": out, "ledger": ledger,
-            "embedder": "openai", "base_url": base_url, "chunk_size": 5})
+        committing = _run_deployment(
+            "embed-csv/nightly",
+            {
+                "input": tmp_path / "in.csv",
+                "output": out,
+                "ledger": ledger,
+                "embedder": "openai",
+                "base_url": base_url,
+                "chunk_size": 5,
+            },
+        )
         assert _wait_terminal(api, committing, log)["state_type"] == "COMPLETED"
-        dead = _wait_for("the dead-letter alert",
-                         lambda: _texts(webhook, "committed with 1 dead letters"), 60, log)
+        dead = _wait_for(
+            "the dead-letter alert",
+            lambda: _texts(webhook, "committed with 1 dead letters"),
+            60,
+            log,
+        )
         assert "embedline dead-letters RUN" in dead[0]
 
         # ── status --json: the run's facts, as the ledger holds them ──────────────────────
-        status = subprocess.run([sys.executable, "-m", "cli", "status", "--json", "--ledger",
-                                 str(ledger)], cwd=REPO, capture_output=True, text=True,
-                                timeout=60)
+        status = subprocess.run(
+            [sys.executable, "-m", "cli", "status", "--json", "--ledger", str(ledger)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         (facts,) = [json.loads(line) for line in status.stdout.splitlines()]
         assert (facts["status"], facts["rows_published"], facts["dead_letters"]) == (
-            "complete", 11, 1)
+            "complete",
+            11,
+            1,
+        )
         assert facts["committed"]["rows_added"] == 11 and facts["committed"]["tokens"] > 0
         run_key = facts["run_key"]
 
         # ── the commit event started load-after-commit with this run's key ────────────────
         def loads() -> list[dict[str, Any]]:
-            found = httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
-                "deployments": {"id": {"any_": [loader["id"]]}}}).json()
+            found = httpx.post(
+                f"{api}/flow_runs/filter",
+                timeout=10,
+                json={"deployments": {"id": {"any_": [loader["id"]]}}},
+            ).json()
             return [r for r in found if r["state_type"] == "COMPLETED"]
 
         (load,) = _wait_for("the triggered load", loads, 90, log)

@@ -28,8 +28,11 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-_NO_CREDENTIALS = {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent",
-                   "AWS_EC2_METADATA_DISABLED": "true"}
+_NO_CREDENTIALS = {
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    "AWS_CONFIG_FILE": "/nonexistent",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
@@ -41,9 +44,14 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _cli(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                          env=_env(tmp_path / "prefect-home", **extra), capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=_env(tmp_path / "prefect-home", **extra),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _prefect_started(tmp_path: Path) -> bool:
@@ -90,8 +98,9 @@ class _NotPrefect:
                 json_body = answer == "json"
                 body = b'{"status": "ok"}' if json_body else b"<html><body>an app</body></html>"
                 self.send_response(404 if answer == "404" else 200)
-                self.send_header("Content-Type", "application/json" if json_body else
-                                 "text/html; charset=utf-8")
+                self.send_header(
+                    "Content-Type", "application/json" if json_body else "text/html; charset=utf-8"
+                )
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -126,11 +135,15 @@ def test_a_prefect_api_url_that_is_not_a_prefect_api_is_one_line_and_exit_2(
     assert url in line and "not as a Prefect API" in line and "ends in /api" in line, line
 
 
-@pytest.mark.parametrize(("setting", "value", "problem"), [
-    ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "10", "greater than or equal to 30"),
-    ("PREFECT_API_REQUEST_TIMEOUT", "soon", "a valid number"),
-    ("prefect.toml", "[flows]\nheartbeat_frequency = 5\n", "greater than or equal to 30"),
-], ids=["env-range", "env-type", "prefect-toml"])
+@pytest.mark.parametrize(
+    ("setting", "value", "problem"),
+    [
+        ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "10", "greater than or equal to 30"),
+        ("PREFECT_API_REQUEST_TIMEOUT", "soon", "a valid number"),
+        ("prefect.toml", "[flows]\nheartbeat_frequency = 5\n", "greater than or equal to 30"),
+    ],
+    ids=["env-range", "env-type", "prefect-toml"],
+)
 def test_a_setting_prefect_refuses_is_one_line_and_exit_2(
     tmp_path: Path, csv_file: Path, setting: str, value: str, problem: str
 ) -> None:
@@ -188,8 +201,18 @@ def test_rerun_held_back_only_by_dead_letters_answers_without_prefect(
     says so as the flow did (same status line, exit 1) without a flow run (before: one, and
     5 s of waiting for the temporary server per rerun); with --allow-failed-rows it commits."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,\n3,gamma\n")
-    args = ("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--chunk-size", "2", "--on-empty-text", "fail")
+    args = (
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--chunk-size",
+        "2",
+        "--on-empty-text",
+        "fail",
+    )
     first = _cli(tmp_path, *args)
     assert first.returncode == 1, first.stderr[-3000:]
     assert "Flow run" in first.stderr
@@ -228,8 +251,13 @@ def test_output_that_is_a_file_is_refused_before_prefect(tmp_path: Path, csv_fil
 def test_s3_input_without_credentials_is_one_line_before_prefect(
     tmp_path: Path, moto_endpoint: str
 ) -> None:
-    result = _cli(tmp_path, "run", "s3://no-such-bucket/in.csv", AWS_ENDPOINT_URL=moto_endpoint,
-                  **_NO_CREDENTIALS)
+    result = _cli(
+        tmp_path,
+        "run",
+        "s3://no-such-bucket/in.csv",
+        AWS_ENDPOINT_URL=moto_endpoint,
+        **_NO_CREDENTIALS,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     line = _one_line(result.stderr)
     assert "s3://no-such-bucket/in.csv" in line and "credentials" in line
@@ -239,8 +267,15 @@ def test_s3_input_without_credentials_is_one_line_before_prefect(
 def test_s3_output_without_credentials_is_one_line_before_prefect(
     tmp_path: Path, csv_file: Path, moto_endpoint: str, s3_bucket: str
 ) -> None:
-    result = _cli(tmp_path, "run", "in.csv", "--output", f"s3://{s3_bucket}/out",
-                  AWS_ENDPOINT_URL=moto_endpoint, **_NO_CREDENTIALS)
+    result = _cli(
+        tmp_path,
+        "run",
+        "in.csv",
+        "--output",
+        f"s3://{s3_bucket}/out",
+        AWS_ENDPOINT_URL=moto_endpoint,
+        **_NO_CREDENTIALS,
+    )
     assert result.returncode in (2, 3), result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "credentials" in _one_line(result.stderr)
@@ -267,12 +302,19 @@ def _big_ledger(path: Path) -> str:
     chunk = ChunkSpec(0, "c" * 64, 1, 2, 5000, 0, 0, "h")
     plan = InputPlan(source, "f" * 64, 100, 5000, (chunk,))
     for i in range(3000):
-        ledger.start_run(f"{i:064x}", plan, output_uri="/out", settings={}, flow_run_id=None,
-                         object_uris=[f"/out/{i}/{chunk.object_key}"])
+        ledger.start_run(
+            f"{i:064x}",
+            plan,
+            output_uri="/out",
+            settings={},
+            flow_run_id=None,
+            object_uris=[f"/out/{i}/{chunk.object_key}"],
+        )
     run = f"{0:064x}"
     dead = [DeadLetter(1 + i, f"id-{i}", "empty_text") for i in range(5000)]
-    ledger.mark_published(run, chunk, object_uri=f"/out/0/{chunk.object_key}", sha256="s",
-                          rows=0, dead_letters=dead)
+    ledger.mark_published(
+        run, chunk, object_uri=f"/out/0/{chunk.object_key}", sha256="s", rows=0, dead_letters=dead
+    )
     ledger.close()
     return run
 
@@ -281,9 +323,13 @@ def _big_ledger(path: Path) -> str:
 def test_output_into_a_closed_pipe_exits_quietly(tmp_path: Path, command: str) -> None:
     run = _big_ledger(tmp_path / "ledger.sqlite3")
     args = [command, "--ledger", "ledger.sqlite3"] + ([run] if command != "status" else [])
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                            env=_env(tmp_path / "prefect-home"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=_env(tmp_path / "prefect-home"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     first = proc.stdout.readline()  # what `| head -1` does: one line, then close
     proc.stdout.close()
@@ -301,10 +347,29 @@ def test_status_after_a_double_sigint_says_the_run_is_not_running(
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t {i}\n" for i in range(60)))
     fake_openai.fail_when(lambda payload: {"delay_s": 0.5})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
-         fake_openai.base_url, "--output", "out", "--chunk-size", "4", "--concurrency", "2"],
-        cwd=tmp_path, env=_env(tmp_path / "prefect-home"), stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "run",
+            "in.csv",
+            "--embedder",
+            "openai",
+            "--base-url",
+            fake_openai.base_url,
+            "--output",
+            "out",
+            "--chunk-size",
+            "4",
+            "--concurrency",
+            "2",
+        ],
+        cwd=tmp_path,
+        env=_env(tmp_path / "prefect-home"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 180
     while not list((tmp_path / "out").glob("chunks/*.parquet")):
@@ -328,8 +393,19 @@ def test_status_after_a_double_sigint_says_the_run_is_not_running(
     fake_openai.fail_when(None)
     time.sleep(1.0)  # the killed run's delayed requests finish (and are counted) first
     fake_openai.reset()
-    rerun = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
-                 fake_openai.base_url, "--output", "out", "--chunk-size", "4")
+    rerun = _cli(
+        tmp_path,
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--chunk-size",
+        "4",
+    )
     assert rerun.returncode == 0, rerun.stderr
     # the rerun pays for what no published chunk and no kept request (tasks/paid.py: the
     # interrupted chunks' answered requests, at most the window's 3 chunks of 4 rows) paid for
@@ -353,9 +429,13 @@ def test_run_help_shows_every_default_and_explains_the_ledger(tmp_path: Path) ->
     # contradicted --auth-header's text), and --no-reuse says it is off
     assert "default: None" not in text and "(default: off: reuse is on)" in no_reuse
     assert "(default: $EMBEDLINE_AUTH_HEADER, else Authorization)" in text
-    for flag in ("--ledger LEDGER the SQLite ledger", "--id-column ID_COLUMN header name",
-                 "--text-column TEXT_COLUMN header name", "--dimensions DIMENSIONS shortened",
-                 "--on-too-long {dead-letter,truncate} what to do"):
+    for flag in (
+        "--ledger LEDGER the SQLite ledger",
+        "--id-column ID_COLUMN header name",
+        "--text-column TEXT_COLUMN header name",
+        "--dimensions DIMENSIONS shortened",
+        "--on-too-long {dead-letter,truncate} what to do",
+    ):
         assert flag in text
 
 
@@ -378,14 +458,33 @@ def test_settings_errors_carry_no_pydantic_prefix(tmp_path: Path, csv_file: Path
 
 def test_one_dead_letter_is_singular(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,\n3,gamma\n")
-    result = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
-                  fake_openai.base_url, "--on-empty-text", "fail")
+    result = _cli(
+        tmp_path,
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--on-empty-text",
+        "fail",
+    )
     assert result.returncode == 1, result.stderr[-2000:]
     assert "1 row is a dead letter (see" in result.stdout
     assert "1 rows" not in result.stdout and "1 dead letters" not in result.stdout
     assert ", 1 dead letter\n" in result.stdout  # the rows line
-    committed = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
-                     fake_openai.base_url, "--allow-failed-rows", "--on-empty-text", "fail")
+    committed = _cli(
+        tmp_path,
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--allow-failed-rows",
+        "--on-empty-text",
+        "fail",
+    )
     assert committed.returncode == 0, committed.stderr[-2000:]
     assert "1 row is a dead letter (committed with --allow-failed-rows)" in committed.stdout
     assert "1 dead letters" not in committed.stdout
@@ -403,9 +502,22 @@ def test_nothing_listening_at_base_url_stops_the_run_without_traceback(
     the 240-row sample, minutes for a large file)."""
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t {i}\n" for i in range(40)))
     base_url = f"http://127.0.0.1:{_closed_port()}/v1"
-    result = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url", base_url,
-                  "--max-attempts", "2", "--chunk-size", "2", "--concurrency", "2",
-                  *(["--debug"] if debug else []))
+    result = _cli(
+        tmp_path,
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        base_url,
+        "--max-attempts",
+        "2",
+        "--chunk-size",
+        "2",
+        "--concurrency",
+        "2",
+        *(["--debug"] if debug else []),
+    )
     assert result.returncode == 3, result.stderr[-2000:]
     assert "no request of this run ever reached it" in result.stdout, result.stdout
     assert "api        0 requests" in result.stdout  # refused connections sent nothing
@@ -426,9 +538,22 @@ def test_nothing_listening_at_base_url_stops_the_run_without_traceback(
 def _fake_server_process(port: int, *extra: str) -> subprocess.Popen[str]:
     """The fake OpenAI server as its own process on ``port`` (a SIGKILL drops every
     connection and refuses new ones, as a crashed server does)."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.fake_openai", "--port",
-                             str(port), "--dims", "8", *extra], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, env=_env(REPO))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.fake_openai",
+            "--port",
+            str(port),
+            "--dims",
+            "8",
+            *extra,
+        ],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        env=_env(REPO),
+    )
     assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
     return proc
 
@@ -453,12 +578,29 @@ def test_embedding_server_dying_mid_run_stops_in_seconds_and_a_rerun_sends_only_
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t {i}\n" for i in range(rows)))
     port = _closed_port()
     server = _fake_server_process(port, "--delay-s", "0.05")
-    args = [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
-            f"http://127.0.0.1:{port}/v1", "--output", "out", "--chunk-size", "4",
-            "--concurrency", "2", "--max-attempts", "3"]
+    args = [
+        sys.executable,
+        "-m",
+        "cli",
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        f"http://127.0.0.1:{port}/v1",
+        "--output",
+        "out",
+        "--chunk-size",
+        "4",
+        "--concurrency",
+        "2",
+        "--max-attempts",
+        "3",
+    ]
     env = _env(tmp_path / "prefect-home")
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 180
         while len(list((tmp_path / "out").glob("chunks/*.parquet"))) < 3:
@@ -482,8 +624,9 @@ def test_embedding_server_dying_mid_run_stops_in_seconds_and_a_rerun_sends_only_
     rows_kept = sum(1 for _ in (tmp_path / "out").glob("chunks/*.parquet")) * 4
     server = _fake_server_process(port)
     try:
-        again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
-                               timeout=300)
+        again = subprocess.run(
+            args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
     finally:
         sent = _inputs_received(server)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -498,11 +641,32 @@ def test_a_sigint_the_process_inherited_as_ignored_stays_ignored(
     dispatching) replaced it, so such a job stopped or not depending on the moment."""
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t {i}\n" for i in range(60)))
     fake_openai.fail_when(lambda payload: {"delay_s": 0.1})
-    args = [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
-            fake_openai.base_url, "--output", "out", "--chunk-size", "4", "--concurrency", "2"]
-    proc = subprocess.Popen(args, cwd=tmp_path, env=_env(tmp_path / "prefect-home"), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    args = [
+        sys.executable,
+        "-m",
+        "cli",
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--chunk-size",
+        "4",
+        "--concurrency",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        env=_env(tmp_path / "prefect-home"),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         for _ in range(40):  # start-up, importing Prefect, then dispatching
             if proc.poll() is not None:
@@ -527,10 +691,31 @@ def test_temporary_server_dying_mid_run_stops_at_once_and_a_rerun_finishes(
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t {i}\n" for i in range(80)))
     fake_openai.fail_when(lambda payload: {"delay_s": 0.3})
     home = tmp_path / "prefect-home"
-    args = [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
-            fake_openai.base_url, "--output", "out", "--chunk-size", "4", "--concurrency", "2"]
-    proc = subprocess.Popen(args, cwd=tmp_path, env=_env(home), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    args = [
+        sys.executable,
+        "-m",
+        "cli",
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--chunk-size",
+        "4",
+        "--concurrency",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        env=_env(home),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 180
     while not list((tmp_path / "out").glob("chunks/*.parquet")):
         assert time.monotonic() < deadline and proc.poll() is None, "no chunk was published"
@@ -552,8 +737,19 @@ def test_temporary_server_dying_mid_run_stops_at_once_and_a_rerun_finishes(
     assert "\tinterrupted\t" in status.stdout and " running=0 " in status.stdout, status.stdout
     assert f"published={published} " in status.stdout, status.stdout
     fake_openai.reset()
-    rerun = _cli(tmp_path, "run", "in.csv", "--embedder", "openai", "--base-url",
-                 fake_openai.base_url, "--output", "out", "--chunk-size", "4")
+    rerun = _cli(
+        tmp_path,
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--chunk-size",
+        "4",
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "rows       80 published of 80" in rerun.stdout
     assert fake_openai.counters()["inputs"] == 80 - published * 4  # nothing paid twice

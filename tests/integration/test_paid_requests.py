@@ -40,10 +40,27 @@ def _write(path: Path, rows: Rows) -> None:
 
 
 def _args(tmp_path: Path, server: FakeEmbeddingServer, output: str, *extra: str) -> list[str]:
-    return ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            server.base_url, "--output", output, "--ledger", str(tmp_path / "ledger.sqlite3"),
-            "--chunk-size", "6", "--batch-size", "2", "--max-attempts", "1",
-            "--chunk-retries", "0", *extra]
+    return [
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        output,
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "6",
+        "--batch-size",
+        "2",
+        "--max-attempts",
+        "1",
+        "--chunk-retries",
+        "0",
+        *extra,
+    ]
 
 
 class Output:
@@ -58,18 +75,26 @@ class Output:
     def keys(self, prefix: str) -> list[str]:
         if self.s3 is None:
             root = self.local / prefix
-            return sorted(str(p.relative_to(self.local)) for p in root.rglob("*")
-                          if p.is_file() and not p.name.startswith(".")) if root.exists() else []
+            return (
+                sorted(
+                    str(p.relative_to(self.local))
+                    for p in root.rglob("*")
+                    if p.is_file() and not p.name.startswith(".")
+                )
+                if root.exists()
+                else []
+            )
         listed = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"emb/{prefix}")
-        return sorted(o["Key"][len("emb/"):] for o in listed.get("Contents", []))
+        return sorted(o["Key"][len("emb/") :] for o in listed.get("Contents", []))
 
     def vectors(self) -> dict[str, np.ndarray]:
         if self.s3 is None:
             return read_local_output(self.local)[1]
         key = self.keys("manifests/")[0]
         manifest = json.loads(self._get(key))
-        return vectors_by_id({e["object"]: self._get(e["object"]) for e in manifest["chunks"]},
-                             manifest)
+        return vectors_by_id(
+            {e["object"]: self._get(e["object"]) for e in manifest["chunks"]}, manifest
+        )
 
     def _get(self, key: str) -> bytes:
         assert self.s3 is not None
@@ -83,22 +108,28 @@ def _check_vectors(output: Output, rows: Rows) -> None:
         np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("where", [
-    "threads-local",
-    # the same on Dask workers and S3 (the gave-up mark, no shared memory): ~40 s of two
-    # CLI runs with a cluster each, over the CI budget; run with -m slow (make test-all)
-    pytest.param("dask-s3", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "threads-local",
+        # the same on Dask workers and S3 (the gave-up mark, no shared memory): ~40 s of two
+        # CLI runs with a cluster each, over the CI budget; run with -m slow (make test-all)
+        pytest.param("dask-s3", marks=pytest.mark.slow),
+    ],
+)
 def test_a_failed_chunk_keeps_what_it_paid_for_and_hands_it_to_its_waiting_chunks(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, request: pytest.FixtureRequest,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    request: pytest.FixtureRequest,
     where: str,
 ) -> None:
     # chunk 0: three requests of two texts; the third fails (503, one attempt, no chunk
     # retries) after the first two were charged. Chunk 1 repeats t0 and t2, which chunk 0
     # owns in this run (the in-run dedup): it waits for chunk 0, which never publishes.
     chunk0 = [(f"a{i}", f"text {i}" + (" FAIL" if i >= 4 else "")) for i in range(6)]
-    chunk1 = [("b0", chunk0[0][1]), ("b1", chunk0[2][1])] + [(f"b{i}", f"other {i}")
-                                                              for i in range(2, 6)]
+    chunk1 = [("b0", chunk0[0][1]), ("b1", chunk0[2][1])] + [
+        (f"b{i}", f"other {i}") for i in range(2, 6)
+    ]
     chunk2 = [(f"c{i}", f"third {i}") for i in range(6)]
     rows = chunk0 + chunk1 + chunk2
     _write(tmp_path / "in.csv", rows)
@@ -107,8 +138,10 @@ def test_a_failed_chunk_keeps_what_it_paid_for_and_hands_it_to_its_waiting_chunk
     if where == "dask-s3":
         endpoint = request.getfixturevalue("moto_endpoint")
         output = Output(tmp_path, endpoint, request.getfixturevalue("s3_bucket"))
-        extra, env = ["--task-runner", "dask", "--dask-workers", "2"], {
-            "AWS_ENDPOINT_URL": endpoint}
+        extra, env = (
+            ["--task-runner", "dask", "--dask-workers", "2"],
+            {"AWS_ENDPOINT_URL": endpoint},
+        )
     else:
         output = Output(tmp_path, None, None)
     fake_openai.fail_texts_containing = "FAIL"
@@ -139,12 +172,19 @@ def test_a_rerun_after_kill_9_mid_chunk_sends_only_the_texts_not_kept(
 ) -> None:
     rows = [(f"k{i}", f"kill text {i}" + (" SLOW" if i >= 4 else "")) for i in range(6)]
     _write(tmp_path / "in.csv", rows)
-    fake_openai.fail_when(lambda payload: {"delay_s": 60.0} if any(
-        "SLOW" in t for t in payload.get("input", [])) else None)
+    fake_openai.fail_when(
+        lambda payload: (
+            {"delay_s": 60.0} if any("SLOW" in t for t in payload.get("input", [])) else None
+        )
+    )
     args = _args(tmp_path, fake_openai, str(tmp_path / "out"), "--concurrency", "1")
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and fake_openai.requests < 3:
@@ -165,7 +205,6 @@ def test_a_rerun_after_kill_9_mid_chunk_sends_only_the_texts_not_kept(
     assert list(paid.rglob("*.parquet")) == []
 
 
-
 def test_chunks_whose_publish_fails_after_their_last_request_keep_that_request(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
 ) -> None:
@@ -179,8 +218,10 @@ def test_chunks_whose_publish_fails_after_their_last_request_keep_that_request(
     _write(tmp_path / "in.csv", rows)
     output = Output(tmp_path, moto_endpoint, s3_bucket)
     args = _args(tmp_path, fake_openai, output.uri, "--batch-size", "6")
-    with ResettingProxy(moto_endpoint, fault=lambda method, path: denied if (
-            method == "PUT" and "/chunks/" in path) else None) as proxy:
+    with ResettingProxy(
+        moto_endpoint,
+        fault=lambda method, path: denied if (method == "PUT" and "/chunks/" in path) else None,
+    ) as proxy:
         first = run_cli(*args, cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
     assert first.returncode == 3, first.stderr[-3000:]
     charged = fake_openai.charged_texts()
@@ -190,8 +231,9 @@ def test_chunks_whose_publish_fails_after_their_last_request_keep_that_request(
 
     rerun = run_cli(*args, cwd=tmp_path, env={"AWS_ENDPOINT_URL": moto_endpoint})
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert fake_openai.charged_texts() == Counter({_sha(t): 1 for _, t in rows}), \
+    assert fake_openai.charged_texts() == Counter({_sha(t): 1 for _, t in rows}), (
         "the rerun paid again for a request a failed publish held"
+    )
     _check_vectors(output, rows)
     assert output.keys("_embedline/paid/") == []
 
@@ -212,9 +254,14 @@ def test_a_directory_at_the_chunks_key_at_publish_time_is_one_line_and_keeps_wha
     settings = RunSettings(input=str(tmp_path / "in.csv"), embedder="openai", chunk_size=6)
     plan = plan_csv(settings.input, **{**settings.plan_arguments, "scratch_root": None})
     fake_openai.fail_when(lambda payload: {"delay_s": 2.0})
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and fake_openai.requests < 1:

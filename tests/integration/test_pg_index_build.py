@@ -46,8 +46,13 @@ def test_the_index_build_says_how_far_it_got_and_a_second_finalize_builds_nothin
     n = 12_000
     vectors = np.random.default_rng(0).standard_normal((n, 64)).astype(np.float32)
     embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 64)
-    rows = pa.table({"id": pa.array([f"r{i}" for i in range(n)]), "embedding": embedding,
-                     "text_sha256": pa.array(["h"] * n)})
+    rows = pa.table(
+        {
+            "id": pa.array([f"r{i}" for i in range(n)]),
+            "embedding": embedding,
+            "text_sha256": pa.array(["h"] * n),
+        }
+    )
     assert sink.upsert(rows, run_key="r").rows == n
     with caplog.at_level(logging.INFO, logger="embedline"):
         assert sink.finalize() == "HNSW index built"
@@ -56,6 +61,10 @@ def test_the_index_build_says_how_far_it_got_and_a_second_finalize_builds_nothin
     assert any(" of 12000 rows (" in line for line in lines[1:]), lines  # a progress line
     assert sink.finalize() == "HNSW index present"
     with psycopg.connect(pg_uri) as conn:
-        assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = "
-                            "'progress_embedding_hnsw'").fetchone()[0] == 1
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_indexes WHERE indexname = 'progress_embedding_hnsw'"
+            ).fetchone()[0]
+            == 1
+        )
     sink.close()

@@ -29,7 +29,7 @@ _MARK = "EMBEDLINE_TEST_PLAN_AHEAD"
 
 def _csv(path: Path, rows: int) -> Path:
     with path.open("w", encoding="utf-8") as fh:
-        fh.write('id,text\n')
+        fh.write("id,text\n")
         for i in range(rows):
             fh.write(f'r{i},"text {i % 997}\nsecond line of {i}"\n')
     return path
@@ -37,13 +37,18 @@ def _csv(path: Path, rows: int) -> Path:
 
 def _rows(plan: object) -> np.ndarray:
     spill = Spill(Path(plan.scratch) / "rows", ROW_DTYPE)  # type: ignore[attr-defined]
-    return np.sort(np.concatenate([spill.read(b) for b in spill.partitions()]), order=[
-        "prefix", "chunk", "position"])
+    return np.sort(
+        np.concatenate([spill.read(b) for b in spill.partitions()]),
+        order=["prefix", "chunk", "position"],
+    )
 
 
 def test_the_child_plans_what_planning_here_plans(tmp_path: Path) -> None:
-    settings = RunSettings(input=str(_csv(tmp_path / "in.csv", 2500)), chunk_size=400,
-                           ledger=str(tmp_path / "ledger.sqlite3"))
+    settings = RunSettings(
+        input=str(_csv(tmp_path / "in.csv", 2500)),
+        chunk_size=400,
+        ledger=str(tmp_path / "ledger.sqlite3"),
+    )
     here = plan_csv(settings.input, **settings.plan_arguments)
     ahead = PlanAhead.start(settings)
     assert ahead is not None
@@ -77,16 +82,26 @@ def test_the_child_plans_without_importing_pandas(tmp_path: Path) -> None:
         "assert plan.rows == 300 and len(plan.chunks) == 3, plan.rows\n"
         "assert pa.array([1, 2]).to_numpy().tolist() == [1, 2]\n"
         "release(plan.scratch)\n"
-        "print('pandas' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        "print('pandas' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
 
 
 def test_a_child_that_dies_is_replaced_by_planning_here(tmp_path: Path) -> None:
-    settings = RunSettings(input=str(_csv(tmp_path / "in.csv", 300)), chunk_size=100,
-                           ledger=str(tmp_path / "ledger.sqlite3"))
+    settings = RunSettings(
+        input=str(_csv(tmp_path / "in.csv", 300)),
+        chunk_size=100,
+        ledger=str(tmp_path / "ledger.sqlite3"),
+    )
     ahead = PlanAhead.start(settings)
     assert ahead is not None
     os.kill(ahead.proc.pid, signal.SIGKILL)
@@ -103,8 +118,9 @@ def test_an_input_error_found_by_the_child_reads_as_before(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
     (tmp_path / "in.csv").write_text("id,text\n1,a\n2,b\n1,c\n", encoding="utf-8")
-    done = run_cli("run", "in.csv", "--embedder", "openai", "--base-url",
-                   fake_openai.base_url, cwd=tmp_path)
+    done = run_cli(
+        "run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url, cwd=tmp_path
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "in.csv:4" in done.stderr and "duplicate" in done.stderr.lower()
     assert "Traceback" not in done.stderr
@@ -124,18 +140,35 @@ def test_no_planning_child_outlives_the_cli(
 ) -> None:
     _csv(tmp_path / "big.csv", 400_000)  # about a second of planning
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "run", "big.csv", "--embedder", "openai",
-         "--base-url", fake_openai.base_url], cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "run",
+            "big.csv",
+            "--embedder",
+            "openai",
+            "--base-url",
+            fake_openai.base_url,
+        ],
+        cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO), _MARK: str(tmp_path)},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     children = lambda: _children_planning(str(tmp_path), proc.pid)  # noqa: E731
     try:
         scratch, planning = tmp_path / ".embedline" / "scratch", False
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not planning and proc.poll() is None:
             # planning started: the child read its request and cleared the directory
-            planning = bool(children()) and scratch.is_dir() and not list(
-                scratch.glob("*/plan-ahead.request")) and bool(list(scratch.iterdir()))
+            planning = (
+                bool(children())
+                and scratch.is_dir()
+                and not list(scratch.glob("*/plan-ahead.request"))
+                and bool(list(scratch.iterdir()))
+            )
             time.sleep(0.005)
         assert planning, "no planning child seen at work"
         proc.send_signal(how)
@@ -167,9 +200,23 @@ def test_an_input_the_child_cannot_open_as_the_cli_does_is_planned_here(
     source = _csv(tmp_path / "in.csv", 50)
     with source.open("rb") as stdin:
         done = subprocess.run(
-            [sys.executable, "-m", "cli", "run", "/dev/stdin", "--embedder", "openai",
-             "--base-url", fake_openai.base_url], cwd=tmp_path, stdin=stdin,
-            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-            timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "run",
+                "/dev/stdin",
+                "--embedder",
+                "openai",
+                "--base-url",
+                fake_openai.base_url,
+            ],
+            cwd=tmp_path,
+            stdin=stdin,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "50 published of 50" in done.stdout

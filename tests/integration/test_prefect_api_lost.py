@@ -32,13 +32,32 @@ ROWS, CHUNK = 800, 4  # 200 chunks; at 0.3 s a request and 2 in flight: about 30
 
 
 def _env(cli_home: Path, api_url: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(cli_home),
-            "PREFECT_API_URL": api_url}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PREFECT_HOME": str(cli_home),
+        "PREFECT_API_URL": api_url,
+    }
 
 
 def _run_args(fake: FakeEmbeddingServer) -> list[str]:
-    return [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
-            fake.base_url, "--output", "out", "--chunk-size", str(CHUNK), "--concurrency", "2"]
+    return [
+        sys.executable,
+        "-m",
+        "cli",
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake.base_url,
+        "--output",
+        "out",
+        "--chunk-size",
+        str(CHUNK),
+        "--concurrency",
+        "2",
+    ]
 
 
 def _objects(tmp_path: Path) -> list[Path]:
@@ -65,8 +84,14 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     fresh_prefect_home(server_home)  # migrated already: the server is up 6-7 s sooner
     server, url = start_prefect_server(server_home)
     fake_openai.fail_when(lambda payload: {"delay_s": 0.3})
-    proc = subprocess.Popen(_run_args(fake_openai), cwd=tmp_path, env=_env(cli_home, url),
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _run_args(fake_openai),
+        cwd=tmp_path,
+        env=_env(cli_home, url),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 180
         while len(_objects(tmp_path)) < 2:
@@ -94,9 +119,14 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     assert "status     interrupted" in out, out
     assert f"rows       {published * CHUNK} published of {ROWS}" in out, out
     # the ledger matches the store: every object recorded, nothing left running
-    status = subprocess.run([sys.executable, "-m", "cli", "status"], cwd=tmp_path,
-                            env=_env(cli_home, url), capture_output=True, text=True,
-                            timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "cli", "status"],
+        cwd=tmp_path,
+        env=_env(cli_home, url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "\tinterrupted\t" in status.stdout, status.stdout
     assert f"rows={published * CHUNK}/{ROWS}" in status.stdout, status.stdout
     assert f"published={published} " in status.stdout and " running=0 " in status.stdout
@@ -106,8 +136,14 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     fake_openai.reset()
     server, url = start_prefect_server(server_home)
     try:
-        rerun = subprocess.run(_run_args(fake_openai), cwd=tmp_path, env=_env(cli_home, url),
-                               capture_output=True, text=True, timeout=300)
+        rerun = subprocess.run(
+            _run_args(fake_openai),
+            cwd=tmp_path,
+            env=_env(cli_home, url),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         _kill(server)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -133,14 +169,22 @@ def test_api_lost_just_after_the_commit_prints_the_committed_run_at_once(
     server_home, cli_home = tmp_path / "server-home", tmp_path / "cli-home"
     fresh_prefect_home(server_home)  # migrated already: the server is up 6-7 s sooner
     server, url = start_prefect_server(server_home)
-    env = {**_env(cli_home, url),
-           "PYTHONPATH": os.pathsep.join((str(REPO / "tests/support/signal_at"), str(REPO))),
-           "EMBEDLINE_TEST_SIGNALS": f"after:tasks.commit:write_manifest:SIGKILL@{server.pid}"}
+    env = {
+        **_env(cli_home, url),
+        "PYTHONPATH": os.pathsep.join((str(REPO / "tests/support/signal_at"), str(REPO))),
+        "EMBEDLINE_TEST_SIGNALS": f"after:tasks.commit:write_manifest:SIGKILL@{server.pid}",
+    }
     extra = ["--sink", f"lancedb://{tmp_path}/lance?table=t"] if sink else []
     started = time.monotonic()
     try:
-        done = subprocess.run(_run_args(fake_openai) + extra, cwd=tmp_path, env=env, text=True,
-                              capture_output=True, timeout=120)
+        done = subprocess.run(
+            _run_args(fake_openai) + extra,
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=120,
+        )
     finally:
         _kill(server)
     took_s = time.monotonic() - started
@@ -150,12 +194,19 @@ def test_api_lost_just_after_the_commit_prints_the_committed_run_at_once(
     assert ("rows       40 upserted now" in done.stdout) is sink, done.stdout
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"embedline: warning: the Prefect API at {url} (PREFECT_API_URL) "
-                           "stopped answering during the run"), last
+    assert last.startswith(
+        f"embedline: warning: the Prefect API at {url} (PREFECT_API_URL) "
+        "stopped answering during the run"
+    ), last
     assert last.endswith("after the run completed; this run is missing from the Prefect UI")
-    status = subprocess.run([sys.executable, "-m", "cli", "status"], cwd=tmp_path,
-                            env=_env(cli_home, url), capture_output=True, text=True,
-                            timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "cli", "status"],
+        cwd=tmp_path,
+        env=_env(cli_home, url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "\tcomplete\t" in status.stdout and "rows=40/40" in status.stdout, status.stdout
 
 
@@ -254,8 +305,9 @@ def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrup
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
         env = {**_env(cli_home, url), "AWS_ENDPOINT_URL": proxy.url}
         args = [a if a != "out" else f"s3://{s3_bucket}/out" for a in _run_args(fake_openai)]
-        proc = subprocess.Popen(args, cwd=tmp_path, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            args, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         try:
             assert hold.reached.wait(120), "the flow never reached the store"
             _kill(server)
@@ -274,8 +326,13 @@ def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrup
     [line] = _error_lines(err)
     assert "stopped answering" in line and "rerun the same command" in line, line
     assert fake_openai.counters()["inputs"] == 0
-    status = subprocess.run([sys.executable, "-m", "cli", "status"], cwd=tmp_path,
-                            env=_env(cli_home, url), capture_output=True, text=True,
-                            timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "cli", "status"],
+        cwd=tmp_path,
+        env=_env(cli_home, url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "\tinterrupted\t" in status.stdout, status.stdout
     assert " running=0 " in status.stdout, status.stdout

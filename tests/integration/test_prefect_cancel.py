@@ -33,20 +33,43 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _run_args(fake: FakeEmbeddingServer, output: str, ledger: Path) -> list[str]:
-    return ["run", "in.csv", "--embedder", "openai", "--base-url", fake.base_url, "--output",
-            output, "--ledger", str(ledger), "--chunk-size", str(CHUNK), "--concurrency", "2",
-            "--grace", str(GRACE_S), "--chunk-retries", "0", "--progress-interval", "0"]
+    return [
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake.base_url,
+        "--output",
+        output,
+        "--ledger",
+        str(ledger),
+        "--chunk-size",
+        str(CHUNK),
+        "--concurrency",
+        "2",
+        "--grace",
+        str(GRACE_S),
+        "--chunk-retries",
+        "0",
+        "--progress-interval",
+        "0",
+    ]
 
 
 def _write_csv(tmp_path: Path, rows: int = ROWS) -> None:
-    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n"
-                                                           for i in range(rows)))
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n" for i in range(rows)))
 
 
 def _find_flow_run(api: str, ledger: Path, proc: subprocess.Popen[str]) -> str:
@@ -54,9 +77,14 @@ def _find_flow_run(api: str, ledger: Path, proc: subprocess.Popen[str]) -> str:
     through the API as a user finds it in the UI."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        found = httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
-            "flows": {"name": {"any_": ["embed-csv"]}},
-            "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}).json()
+        found = httpx.post(
+            f"{api}/flow_runs/filter",
+            timeout=10,
+            json={
+                "flows": {"name": {"any_": ["embed-csv"]}},
+                "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}},
+            },
+        ).json()
         mine = [r["id"] for r in found if r["parameters"].get("ledger") == str(ledger)]
         if mine:
             return str(mine[0])
@@ -66,8 +94,11 @@ def _find_flow_run(api: str, ledger: Path, proc: subprocess.Popen[str]) -> str:
 
 def _cancel(api: str, flow_run_id: str) -> None:
     """What the UI's Cancel sends (``prefect flow-run cancel`` sends the same state)."""
-    response = httpx.post(f"{api}/flow_runs/{flow_run_id}/set_state", timeout=10, json={
-        "state": {"type": "CANCELLING", "name": "Cancelling"}, "force": False})
+    response = httpx.post(
+        f"{api}/flow_runs/{flow_run_id}/set_state",
+        timeout=10,
+        json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": False},
+    )
     assert response.json()["status"] == "ACCEPT", response.text
 
 
@@ -81,8 +112,9 @@ def _final_state(api: str, flow_run_id: str) -> dict[str, Any]:
 
 
 def _history(api: str, flow_run_id: str) -> list[str]:
-    states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": flow_run_id},
-                       timeout=10).json()
+    states = httpx.get(
+        f"{api}/flow_run_states/", params={"flow_run_id": flow_run_id}, timeout=10
+    ).json()
     return [s["type"] for s in sorted(states, key=lambda s: s["timestamp"])]
 
 
@@ -91,9 +123,14 @@ def _embedline_lines(stderr: str) -> list[str]:
 
 
 def _status(cwd: Path, ledger: Path) -> str:
-    done = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", str(ledger)],
-                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "status", "--ledger", str(ledger)],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.stdout
 
 
@@ -110,8 +147,12 @@ def test_a_run_cancelled_from_prefect_stops_like_sigterm_ends_cancelled_and_resu
         while not list((tmp_path / "out").glob("chunks/*.parquet")):
             assert time.monotonic() < deadline and proc.poll() is None, "no chunk was published"
             time.sleep(0.1)
-        cancel = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "cancel",
-                                 flow_run_id], capture_output=True, text=True, timeout=60)
+        cancel = subprocess.run(
+            [sys.executable, "-m", "prefect", "flow-run", "cancel", flow_run_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert cancel.returncode == 0, cancel.stdout + cancel.stderr
         cancelled_at = time.monotonic()
         out, err = proc.communicate(timeout=60)
@@ -126,8 +167,10 @@ def test_a_run_cancelled_from_prefect_stops_like_sigterm_ends_cancelled_and_resu
     assert "Traceback" not in err and "UnfinishedRun" not in err, err[-3000:]
     published = len(list((tmp_path / "out").glob("chunks/*.parquet")))
     assert 1 <= published < ROWS // CHUNK
-    line = (f"embedline: cancelled from Prefect: {published} of {ROWS // CHUNK} chunks "
-            "published; rerun the same command to resume")
+    line = (
+        f"embedline: cancelled from Prefect: {published} of {ROWS // CHUNK} chunks "
+        "published; rerun the same command to resume"
+    )
     assert _embedline_lines(err) == [line] and err.strip().splitlines()[-1] == line, err[-3000:]
     assert "status     interrupted: cancelled from Prefect" in out, out
     assert f"rows       {published * CHUNK} published of {ROWS}" in out, out
@@ -141,9 +184,14 @@ def test_a_run_cancelled_from_prefect_stops_like_sigterm_ends_cancelled_and_resu
 
     # the rerun sends only the rows of chunks not published, and commits
     fake_openai.reset()
-    rerun = subprocess.run([sys.executable, "-m", "cli", *_run_args(fake_openai, "out", ledger)],
-                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
-                           capture_output=True, text=True, timeout=180)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "cli", *_run_args(fake_openai, "out", ledger)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert fake_openai.counters()["inputs"] == ROWS - published * CHUNK
     assert "status     complete" in rerun.stdout, rerun.stdout
@@ -162,8 +210,9 @@ def _ended(proc: subprocess.Popen[str], hold: _Hold) -> Iterator[None]:
             proc.communicate()
 
 
-def _cancel_then_release(api: str, flow_run_id: str, proc: subprocess.Popen[str],
-                         hold: _Hold, *, settle_s: float = 20.0) -> tuple[str, str]:
+def _cancel_then_release(
+    api: str, flow_run_id: str, proc: subprocess.Popen[str], hold: _Hold, *, settle_s: float = 20.0
+) -> tuple[str, str]:
     """Cancel the flow run while a request is held, let the CLI see it, then release the
     request; returns the CLI's stdout and stderr.
 
@@ -195,8 +244,12 @@ class _Hold:
 
 @pytest.mark.parametrize("moment", ["before-dispatch", "sink-load", "after-commit"])
 def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_does(
-    prefect_api_url: str, fake_openai: FakeEmbeddingServer, moto_endpoint: str,
-    s3_bucket: str, tmp_path: Path, moment: str,
+    prefect_api_url: str,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
+    tmp_path: Path,
+    moment: str,
 ) -> None:
     """Held in the run lease's PUT (the flow's last request before any chunk is dispatched;
     the conditional-write probe is sent by the CLI before Prefect starts, when no flow run
@@ -210,9 +263,11 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
     api, ledger = prefect_api_url, tmp_path / "ledger.sqlite3"
     _write_csv(tmp_path, rows=8)
     args = _run_args(fake_openai, f"s3://{s3_bucket}/out", ledger)
-    hold: Any = {"before-dispatch": _Hold("PUT", "_embedline/runs/"),
-                 "sink-load": _Hold("GET", "/chunks/"),
-                 "after-commit": _Hold("DELETE", "_embedline/runs/")}[moment]
+    hold: Any = {
+        "before-dispatch": _Hold("PUT", "_embedline/runs/"),
+        "sink-load": _Hold("GET", "/chunks/"),
+        "after-commit": _Hold("DELETE", "_embedline/runs/"),
+    }[moment]
     if moment == "sink-load":
         args += ["--sink", f"lancedb://{tmp_path / 'lance'}"]
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
@@ -220,8 +275,9 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
         with _ended(proc, hold):
             flow_run_id = _find_flow_run(api, ledger, proc)
             assert hold.reached.wait(120), "the flow never reached the held request"
-            out, err = _cancel_then_release(api, flow_run_id, proc, hold,
-                                            settle_s=6.0 if moment == "after-commit" else 20.0)
+            out, err = _cancel_then_release(
+                api, flow_run_id, proc, hold, settle_s=6.0 if moment == "after-commit" else 20.0
+            )
     assert proc.returncode == 143, err[-3000:]
     assert "Traceback" not in err and "UnfinishedRun" not in err, err[-3000:]
     final = _final_state(api, flow_run_id)
@@ -251,8 +307,11 @@ def test_a_cancel_before_dispatch_or_after_the_commit_ends_as_a_sigterm_there_do
 
 @pytest.mark.slow  # CI's 20-minute budget (docs: README, tests); make test-all runs it
 def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
-    prefect_api_url: str, fake_openai: FakeEmbeddingServer, moto_endpoint: str,
-    s3_bucket: str, tmp_path: Path,
+    prefect_api_url: str,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     """The ``load-run`` flow that ``embedline load`` runs, cancelled while a chunk is being
     loaded (its read from the store held): one line, 143, the flow run Cancelled; the next
@@ -260,31 +319,55 @@ def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
     api, ledger, output = prefect_api_url, tmp_path / "ledger.sqlite3", f"s3://{s3_bucket}/out"
     _write_csv(tmp_path, rows=8)
     run = _run_args(fake_openai, output, ledger)
-    embedded = subprocess.run([sys.executable, "-m", "cli", *run], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=180,
-                              env={**os.environ, "PYTHONPATH": str(REPO),
-                                   "AWS_ENDPOINT_URL": moto_endpoint})
+    embedded = subprocess.run(
+        [sys.executable, "-m", "cli", *run],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(REPO), "AWS_ENDPOINT_URL": moto_endpoint},
+    )
     assert embedded.returncode == 0, embedded.stderr[-3000:]
-    load = ["load", "--to", f"lancedb://{tmp_path / 'lance'}", "--output", output, "--ledger",
-            str(ledger)]
+    load = [
+        "load",
+        "--to",
+        f"lancedb://{tmp_path / 'lance'}",
+        "--output",
+        output,
+        "--ledger",
+        str(ledger),
+    ]
     hold = _Hold("GET", "/chunks/")
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
         proc = _cli(*load, cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
         with _ended(proc, hold):
             assert hold.reached.wait(120), "no chunk was read"
-            [flow_run] = [r for r in httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
-                "flows": {"name": {"any_": ["load-run"]}},
-                "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}}).json()
-                if r["parameters"].get("ledger") == str(ledger)]
+            [flow_run] = [
+                r
+                for r in httpx.post(
+                    f"{api}/flow_runs/filter",
+                    timeout=10,
+                    json={
+                        "flows": {"name": {"any_": ["load-run"]}},
+                        "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}},
+                    },
+                ).json()
+                if r["parameters"].get("ledger") == str(ledger)
+            ]
             _out, err = _cancel_then_release(api, flow_run["id"], proc, hold)
     assert proc.returncode == 143, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert _embedline_lines(err) == [
-        "embedline: cancelled from Prefect; rerun the same command to resume"], err[-3000:]
+        "embedline: cancelled from Prefect; rerun the same command to resume"
+    ], err[-3000:]
     assert _final_state(api, flow_run["id"])["state_type"] == "CANCELLED"
-    again = subprocess.run([sys.executable, "-m", "cli", *load], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=180,
-                           env={**os.environ, "PYTHONPATH": str(REPO),
-                                "AWS_ENDPOINT_URL": moto_endpoint})
+    again = subprocess.run(
+        [sys.executable, "-m", "cli", *load],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(REPO), "AWS_ENDPOINT_URL": moto_endpoint},
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "load       loaded" in again.stdout, again.stdout

@@ -13,17 +13,36 @@ from tests.support.fixtures import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
-_LINE = re.compile(r"^embedline: progress ([\d,]+) of 400 rows \([\d.]+%\), (\d) of 2 chunks, "
-                   r"[\d,]+ rows/s, ETA (?:[\d,]+ s|-)$")
+_LINE = re.compile(
+    r"^embedline: progress ([\d,]+) of 400 rows \([\d.]+%\), (\d) of 2 chunks, "
+    r"[\d,]+ rows/s, ETA (?:[\d,]+ s|-)$"
+)
 
 
 def test_progress_lines_move_per_batch(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> None:
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t{i}\n" for i in range(400)))
     fake_openai.fail_when(lambda payload: {"delay_s": 0.25})
-    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-                     "--chunk-size", "200", "--batch-size", "20", "--concurrency", "1",
-                     "--progress-interval", "0.5", "--output", "out", "--ledger", "l.sqlite3",
-                     cwd=tmp_path)
+    result = run_cli(
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--chunk-size",
+        "200",
+        "--batch-size",
+        "20",
+        "--concurrency",
+        "1",
+        "--progress-interval",
+        "0.5",
+        "--output",
+        "out",
+        "--ledger",
+        "l.sqlite3",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [m for m in map(_LINE.match, result.stderr.splitlines()) if m]
     assert len(lines) >= 3, result.stderr[-3000:]
@@ -48,11 +67,33 @@ def test_progress_never_goes_backwards_when_a_chunk_fails_and_is_retried(
         return {"delay_s": 0.25 if "t1" not in payload["input"][0] else 0.1}
 
     fake_openai.fail_when(fault)
-    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-                     "--chunk-size", "200", "--batch-size", "20", "--concurrency", "1",
-                     "--max-attempts", "1", "--chunk-retries", "1", "--chunk-retry-delay", "0",
-                     "--progress-interval", "0.3", "--output", "out", "--ledger", "l.sqlite3",
-                     cwd=tmp_path)
+    result = run_cli(
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--chunk-size",
+        "200",
+        "--batch-size",
+        "20",
+        "--concurrency",
+        "1",
+        "--max-attempts",
+        "1",
+        "--chunk-retries",
+        "1",
+        "--chunk-retry-delay",
+        "0",
+        "--progress-interval",
+        "0.3",
+        "--output",
+        "out",
+        "--ledger",
+        "l.sqlite3",
+        cwd=tmp_path,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     lines = [m for m in map(_LINE.match, result.stderr.splitlines()) if m]
     rows = [int(m.group(1).replace(",", "")) for m in lines]
@@ -63,18 +104,42 @@ def test_progress_never_goes_backwards_when_a_chunk_fails_and_is_retried(
 def test_with_the_local_model_progress_moves_per_forward_pass(tmp_path: Path) -> None:
     """The local model takes a chunk's texts in one call; counted per call, the bar sat
     still for a whole chunk (a break test saw 10 distinct counts in a 208 s run)."""
-    words = ["package", "provides", "library", "tools", "for", "the", "system", "and", "its",
-             "users"]
+    words = [
+        "package",
+        "provides",
+        "library",
+        "tools",
+        "for",
+        "the",
+        "system",
+        "and",
+        "its",
+        "users",
+    ]
     text = " ".join(words[i % len(words)] for i in range(120))
-    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},{i} {text}\n"
-                                                             for i in range(240)))
-    result = run_cli("run", "in.csv", "--embedder", "local", "--chunk-size", "240",
-                     "--progress-interval", "0.1", "--output", "out", "--ledger", "l.sqlite3",
-                     cwd=tmp_path)
+    (tmp_path / "in.csv").write_text(
+        "id,text\n" + "".join(f"r{i},{i} {text}\n" for i in range(240))
+    )
+    result = run_cli(
+        "run",
+        "in.csv",
+        "--embedder",
+        "local",
+        "--chunk-size",
+        "240",
+        "--progress-interval",
+        "0.1",
+        "--output",
+        "out",
+        "--ledger",
+        "l.sqlite3",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     line = re.compile(r"^embedline: progress ([\d,]+) of 240 rows ")
-    rows = [int(m.group(1).replace(",", "")) for m in map(line.match, result.stderr.splitlines())
-            if m]
+    rows = [
+        int(m.group(1).replace(",", "")) for m in map(line.match, result.stderr.splitlines()) if m
+    ]
     assert any(0 < r < 240 for r in rows), result.stderr[-3000:]
     assert rows == sorted(rows), rows
 
@@ -132,14 +197,34 @@ def test_on_a_terminal_log_lines_print_above_the_bar(
     width = 200
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, width, 0, 0))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color",
-           "COLUMNS": str(width)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color", "COLUMNS": str(width)}
     env.pop("NO_COLOR", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "run", "in.csv", "--embedder", "openai", "--base-url",
-         fake_openai.base_url, "--chunk-size", "100", "--batch-size", "20", "--concurrency",
-         "2", "--output", "out", "--ledger", "l.sqlite3"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "run",
+            "in.csv",
+            "--embedder",
+            "openai",
+            "--base-url",
+            fake_openai.base_url,
+            "--chunk-size",
+            "100",
+            "--batch-size",
+            "20",
+            "--concurrency",
+            "2",
+            "--output",
+            "out",
+            "--ledger",
+            "l.sqlite3",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
         stderr=slave,
     )
     os.close(slave)

@@ -39,14 +39,16 @@ def test_ambiguous_first_write_is_resolved_by_412_and_checksum(
 
     with ResettingProxy(moto_endpoint, drop_first_put) as proxy:
         client = boto3.session.Session().client(
-            "s3", endpoint_url=proxy.url,
+            "s3",
+            endpoint_url=proxy.url,
             config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
         )
         store = S3Store(s3_bucket, "p", client=client)
         body = b"parquet bytes"
         digest = hashlib.sha256(body).hexdigest()
-        result = store.put_if_absent("chunks/k.parquet", body, sha256=digest,
-                                     content_type="application/octet-stream")
+        result = store.put_if_absent(
+            "chunks/k.parquet", body, sha256=digest, content_type="application/octet-stream"
+        )
     puts = [status for method, path, status in proxy.seen if method == "PUT"]
     assert puts == ["dropped", 412]  # stored, answer lost; the retry found it there
     assert result.sha256 == digest and result.created is False
@@ -55,14 +57,33 @@ def test_ambiguous_first_write_is_resolved_by_412_and_checksum(
     assert stored["Body"].read() == body and stored["Metadata"]["sha256"] == digest
 
 
-def _start(tmp_path: Path, server: FakeEmbeddingServer, ledger: str, output: str,
-           env: dict[str, str]) -> subprocess.Popen[str]:
-    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            server.base_url, "--output", output, "--ledger", ledger,
-            "--chunk-size", "3", "--concurrency", "2"]
-    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **env}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _start(
+    tmp_path: Path, server: FakeEmbeddingServer, ledger: str, output: str, env: dict[str, str]
+) -> subprocess.Popen[str]:
+    args = [
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        output,
+        "--ledger",
+        ledger,
+        "--chunk-size",
+        "3",
+        "--concurrency",
+        "2",
+    ]
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 class _Output:
@@ -93,8 +114,10 @@ class _Output:
         assert len(keys) == 1, keys
         get = self.client.get_object
         manifest = json.loads(get(Bucket=self.bucket, Key=keys[0])["Body"].read())
-        bodies = {e["object"]: get(Bucket=self.bucket, Key=f"out/{e['object']}")["Body"].read()
-                  for e in manifest["chunks"]}
+        bodies = {
+            e["object"]: get(Bucket=self.bucket, Key=f"out/{e['object']}")["Body"].read()
+            for e in manifest["chunks"]
+        }
         return manifest, vectors_by_id(bodies, manifest)
 
 
@@ -105,7 +128,10 @@ class _Output:
     ids=["one-ledger", "two-ledgers", "two-ledgers-ministack"],
 )
 def test_two_concurrent_runs_publish_each_chunk_once(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, shared_ledger: bool, output: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    shared_ledger: bool,
+    output: str,
     request: pytest.FixtureRequest,
 ) -> None:
     """Two runs of one input at once; with two ledgers nothing but the store's conditional
@@ -133,8 +159,10 @@ def test_two_concurrent_runs_publish_each_chunk_once(
 
 
 def _s3_error(code: str, message: str) -> bytes:
-    return (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
-            f"<Message>{message}</Message></Error>").encode()
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+        f"<Message>{message}</Message></Error>"
+    ).encode()
 
 
 def _faulty_puts(statuses: list[tuple[int, bytes]]) -> object:
@@ -149,10 +177,14 @@ def _faulty_puts(statuses: list[tuple[int, bytes]]) -> object:
 @pytest.mark.parametrize(
     ("faults", "expected"),
     [
-        ([(503, _s3_error("SlowDown", "Please reduce your request rate."))] * 2,
-         [503, 503, 200]),  # retried by botocore's standard mode
-        ([(409, _s3_error("ConditionalRequestConflict", "A conflicting operation"))],
-         [409, 200]),  # retried by the store adapter
+        (
+            [(503, _s3_error("SlowDown", "Please reduce your request rate."))] * 2,
+            [503, 503, 200],
+        ),  # retried by botocore's standard mode
+        (
+            [(409, _s3_error("ConditionalRequestConflict", "A conflicting operation"))],
+            [409, 200],
+        ),  # retried by the store adapter
     ],
     ids=["503-SlowDown", "409-ConditionalRequestConflict"],
 )
@@ -163,9 +195,12 @@ def test_s3_server_faults_on_put_are_retried(
         client = boto3.session.Session().client("s3", endpoint_url=proxy.url)
         store = S3Store(s3_bucket, "f", client=client)
         body = b"chunk bytes"
-        result = store.put_if_absent("chunks/x.parquet", body,
-                                     sha256=hashlib.sha256(body).hexdigest(),
-                                     content_type="application/octet-stream")
+        result = store.put_if_absent(
+            "chunks/x.parquet",
+            body,
+            sha256=hashlib.sha256(body).hexdigest(),
+            content_type="application/octet-stream",
+        )
     assert result.created is True
     assert [status for method, _, status in proxy.seen if method == "PUT"] == expected
 
@@ -176,9 +211,18 @@ def test_store_ignoring_if_none_match_is_refused_unless_overridden(
 ) -> None:
     (tmp_path / "in.csv").write_text("id,text\n1,a\n2,b\n")
     with ResettingProxy(moto_endpoint, strip_request_headers=("If-None-Match",)) as proxy:
-        args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-                fake_openai.base_url, "--output", f"s3://{s3_bucket}/u", "--ledger",
-                str(tmp_path / "l.sqlite3")]
+        args = [
+            "run",
+            str(tmp_path / "in.csv"),
+            "--embedder",
+            "openai",
+            "--base-url",
+            fake_openai.base_url,
+            "--output",
+            f"s3://{s3_bucket}/u",
+            "--ledger",
+            str(tmp_path / "l.sqlite3"),
+        ]
         env = {"AWS_ENDPOINT_URL": proxy.url}
         refused = run_cli(*args, cwd=tmp_path, env=env)
         assert refused.returncode == 3
@@ -198,10 +242,20 @@ def test_s3rver_which_overwrites_is_refused_at_start_up(
     before any embedding request, leaving no object behind."""
     (tmp_path / "in.csv").write_text("id,text\n1,a\n2,b\n")
     prefix = f"refused-{tmp_path.name}"
-    result = run_cli("run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-                     fake_openai.base_url, "--output", f"s3://{s3rver_server.bucket}/{prefix}",
-                     "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path,
-                     env=s3rver_server.env())
+    result = run_cli(
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        f"s3://{s3rver_server.bucket}/{prefix}",
+        "--ledger",
+        str(tmp_path / "l.sqlite3"),
+        cwd=tmp_path,
+        env=s3rver_server.env(),
+    )
     assert result.returncode == 3, result.stderr[-2000:]
     assert result.stderr.count("\n") == 1, result.stderr  # one line, which says what to do
     assert result.stderr.startswith("embedline: error: ")

@@ -26,19 +26,37 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url"
 SAMPLE = REPO / "examples" / "debian-sample.csv"
 
 
-def _run(cwd: Path, server: FakeEmbeddingServer, csv_path: Path, output: str,
-         env: dict[str, str] | None = None) -> str:
-    result = run_cli("run", str(csv_path), "--embedder", "openai", "--base-url",
-                     server.base_url, "--output", output, "--ledger",
-                     str(cwd / "ledger.sqlite3"), "--chunk-size", "50", cwd=cwd,
-                     env=env)
+def _run(
+    cwd: Path,
+    server: FakeEmbeddingServer,
+    csv_path: Path,
+    output: str,
+    env: dict[str, str] | None = None,
+) -> str:
+    result = run_cli(
+        "run",
+        str(csv_path),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        output,
+        "--ledger",
+        str(cwd / "ledger.sqlite3"),
+        "--chunk-size",
+        "50",
+        cwd=cwd,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return re.search(r"^run +([0-9a-f]{64})", result.stdout, re.M).group(1)
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory: pytest.TempPathFactory,
-             prefect_api_url: str) -> Iterator[tuple[Path, dict]]:
+def two_runs(
+    tmp_path_factory: pytest.TempPathFactory, prefect_api_url: str
+) -> Iterator[tuple[Path, dict]]:
     """The sample, then an edited copy, into one output root: (cwd, {name: (key, rows)}).
     Runs in process: what is read back is under test here, not the CLI."""
     cwd = tmp_path_factory.mktemp("read")
@@ -47,10 +65,17 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory,
     keys = []
     with FakeEmbeddingServer() as server:
         for name, these in (("first.csv", rows), ("second.csv", edited)):
-            keys.append(run_in_process(
-                prefect_api_url, input=str(write_rows(cwd / name, these)), embedder="openai",
-                base_url=server.base_url, output=str(cwd / "embedline-output"),
-                ledger=str(cwd / "ledger.sqlite3"), chunk_size=50)["run_key"])
+            keys.append(
+                run_in_process(
+                    prefect_api_url,
+                    input=str(write_rows(cwd / name, these)),
+                    embedder="openai",
+                    base_url=server.base_url,
+                    output=str(cwd / "embedline-output"),
+                    ledger=str(cwd / "ledger.sqlite3"),
+                    chunk_size=50,
+                )["run_key"]
+            )
     yield cwd, {"first": (keys[0], rows), "second": (keys[1], edited)}
 
 
@@ -112,13 +137,22 @@ def test_guide_reading_examples_run_as_written(two_runs, monkeypatch: pytest.Mon
     assert printed[2].startswith("('0ad', 1.0)")
 
 
-def test_reads_an_s3_output(tmp_path: Path, fake_openai: FakeEmbeddingServer,
-                            moto_endpoint: str, s3_bucket: str,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reads_an_s3_output(
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rows = read_rows(SAMPLE, 120)
     env = moto_env(moto_endpoint)
-    key = _run(tmp_path, fake_openai, write_rows(tmp_path / "in.csv", rows),
-               f"s3://{s3_bucket}/emb", env=env)
+    key = _run(
+        tmp_path,
+        fake_openai,
+        write_rows(tmp_path / "in.csv", rows),
+        f"s3://{s3_bucket}/emb",
+        env=env,
+    )
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     frame = embedline.read_embeddings(f"s3://{s3_bucket}/emb")
     assert frame.attrs["run_key"] == key

@@ -42,8 +42,10 @@ def _litellm() -> str:
     if not found and local.exists():
         found = str(local)
     if not found:
-        pytest.fail("LiteLLM is not installed: run `make test-real-servers` (it installs "
-                    "litellm[proxy] into .venv-litellm and runs this test)")
+        pytest.fail(
+            "LiteLLM is not installed: run `make test-real-servers` (it installs "
+            "litellm[proxy] into .venv-litellm and runs this test)"
+        )
     return found
 
 
@@ -70,12 +72,21 @@ def litellm_proxy(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> Iterator[
         "general_settings:\n"
         f"  master_key: {MASTER_KEY}\n"
     )
-    env = {**os.environ, "LITELLM_LOG": "ERROR", "DO_NOT_TRACK": "1",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_PROXY": "127.0.0.1,localhost"}
+    env = {
+        **os.environ,
+        "LITELLM_LOG": "ERROR",
+        "DO_NOT_TRACK": "1",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
     log = open(tmp_path / "litellm.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([_litellm(), "--config", str(config), "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [_litellm(), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -87,8 +98,9 @@ def litellm_proxy(tmp_path: Path, fake_openai: FakeEmbeddingServer) -> Iterator[
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.flush()
-                pytest.fail("LiteLLM did not start: "
-                            + (tmp_path / "litellm.log").read_text()[-2000:])
+                pytest.fail(
+                    "LiteLLM did not start: " + (tmp_path / "litellm.log").read_text()[-2000:]
+                )
             time.sleep(0.5)
         yield f"{base}/v1"
     finally:
@@ -110,11 +122,27 @@ def test_the_main_job_through_litellms_proxy(
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows([("id", "text"), *texts.items()])
     (tmp_path / "in.csv").write_text(buf.getvalue(), encoding="utf-8")
-    result = run_cli("run", str(tmp_path / "in.csv"), "--embedder", "openai", "--model", MODEL,
-                     "--base-url", litellm_proxy, "--output", str(tmp_path / "out"),
-                     "--ledger", str(tmp_path / "ledger.sqlite3"), "--chunk-size", "16",
-                     "--batch-size", "8", "--allow-failed-rows", cwd=tmp_path,
-                     env={"EMBEDLINE_API_KEY": MASTER_KEY})
+    result = run_cli(
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--model",
+        MODEL,
+        "--base-url",
+        litellm_proxy,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        "16",
+        "--batch-size",
+        "8",
+        "--allow-failed-rows",
+        cwd=tmp_path,
+        env={"EMBEDLINE_API_KEY": MASTER_KEY},
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     manifest, vectors = read_local_output(tmp_path / "out")
     assert manifest["rows_published"] == 59 and manifest["rows_failed"] == 1

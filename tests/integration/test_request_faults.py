@@ -21,9 +21,16 @@ from tests.support.fake_openai import FakeEmbeddingServer
 pytestmark = pytest.mark.integration
 
 KEY = request_key(["row-1"])
-UNAUTHORIZED = json.dumps({"error": {"message": "Incorrect API key provided: sk-te***",
-                                     "type": "invalid_request_error", "param": None,
-                                     "code": "invalid_api_key"}})
+UNAUTHORIZED = json.dumps(
+    {
+        "error": {
+            "message": "Incorrect API key provided: sk-te***",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +49,12 @@ def server(running_server: FakeEmbeddingServer) -> Iterator[FakeEmbeddingServer]
 def make(server: FakeEmbeddingServer, **overrides: Any) -> OpenAIEmbedder:
     """A client with the real (interruptible) sleep and the real clock."""
     options: dict[str, Any] = {
-        "base_url": server.base_url, "model": "text-embedding-3-small", "dimensions": None,
-        "api_key": "sk-test", "timeout_s": 5.0, "max_attempts": 3,
+        "base_url": server.base_url,
+        "model": "text-embedding-3-small",
+        "dimensions": None,
+        "api_key": "sk-test",
+        "timeout_s": 5.0,
+        "max_attempts": 3,
     }
     options.update(overrides)
     return OpenAIEmbedder(**options)
@@ -162,8 +173,9 @@ def test_after_the_first_401_at_most_one_request_per_slot_reaches_the_server(
 def test_a_call_sleeping_in_backoff_stops_within_a_second_of_a_401(
     server: FakeEmbeddingServer,
 ) -> None:
-    server.script([{"status": 503, "headers": {"Retry-After": "30"}},
-                   {"status": 401, "body": UNAUTHORIZED}])
+    server.script(
+        [{"status": 503, "headers": {"Retry-After": "30"}}, {"status": 401, "body": UNAUTHORIZED}]
+    )
     emb = make(server, max_attempts=5)
     outcome: list[BaseException] = []
 

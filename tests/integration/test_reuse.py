@@ -57,8 +57,14 @@ def _distinct_texts(rows: Rows) -> int:
 class Nightly:
     """One output root and ledger; ``run(rows)`` rewrites the CSV and runs the CLI."""
 
-    def __init__(self, tmp: Path, server: FakeEmbeddingServer, output: str,
-                 env: dict[str, str] | None = None, chunk_size: int = 1000) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        server: FakeEmbeddingServer,
+        output: str,
+        env: dict[str, str] | None = None,
+        chunk_size: int = 1000,
+    ) -> None:
         self.tmp, self.server, self.output, self.env = tmp, server, output, env
         self.chunk_size = chunk_size
         self.ledger = tmp / "ledger.sqlite3"
@@ -68,14 +74,28 @@ class Nightly:
         self.server.reset()
         _write(self.tmp / "in.csv", rows, newline=newline)
         result = run_cli(
-            "run", str(self.tmp / "in.csv"), "--embedder", "openai", "--base-url",
-            self.server.base_url, "--output", self.output, "--ledger", str(self.ledger),
-            "--chunk-size", str(self.chunk_size), "--batch-size", "256", *extra,
-            cwd=self.tmp, env=self.env,
+            "run",
+            str(self.tmp / "in.csv"),
+            "--embedder",
+            "openai",
+            "--base-url",
+            self.server.base_url,
+            "--output",
+            self.output,
+            "--ledger",
+            str(self.ledger),
+            "--chunk-size",
+            str(self.chunk_size),
+            "--batch-size",
+            "256",
+            *extra,
+            cwd=self.tmp,
+            env=self.env,
         )
         assert result.returncode == 0, result.stderr[-3000:]
-        uri = next(line.split()[-1] for line in result.stdout.splitlines()
-                   if line.startswith("manifest"))
+        uri = next(
+            line.split()[-1] for line in result.stdout.splitlines() if line.startswith("manifest")
+        )
         return self.server.counters()["inputs"], json.loads(self._read(uri))
 
     def _read(self, uri: str) -> bytes:
@@ -98,8 +118,10 @@ class Nightly:
         assert sorted(vectors) == sorted(i for i, _ in live)
         expected = expected_matrix([t for _, t in live])
         got = np.stack([vectors[i] for i, _ in live])
-        wrong = [live[k][0] for k in np.flatnonzero(~np.isclose(got, expected, rtol=1e-6,
-                                                                 atol=1e-7).all(axis=1))]
+        wrong = [
+            live[k][0]
+            for k in np.flatnonzero(~np.isclose(got, expected, rtol=1e-6, atol=1e-7).all(axis=1))
+        ]
         assert not wrong, f"{len(wrong)} ids have another text's vector, e.g. {wrong[:5]}"
 
     def changes(self, manifest: dict[str, Any]) -> dict[str, list[str]]:
@@ -198,8 +220,12 @@ def test_nightly_edits_on_a_10000_row_sample(
     rows = _sample(10_000)
     nightly = Nightly(tmp_path, fake_openai, str(tmp_path / "out"), chunk_size=1000)
     results = _scenarios(nightly, rows)
-    print("\n".join(f"{name}: {charged} charged (right number {allowed})"
-                    for name, charged, allowed in results))
+    print(
+        "\n".join(
+            f"{name}: {charged} charged (right number {allowed})"
+            for name, charged, allowed in results
+        )
+    )
     _report(results)
 
 

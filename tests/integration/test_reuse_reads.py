@@ -24,7 +24,10 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_fresh_ledger_reads_each_s3_object_once_for_the_index_and_once_for_the_copies(
-    tmp_path: Path, s3_bucket: str, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    s3_bucket: str,
+    moto_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     rows = [(f"pkg-{i}", f"a description of package {i}") for i in range(600)]
@@ -36,9 +39,18 @@ def test_a_fresh_ledger_reads_each_s3_object_once_for_the_index_and_once_for_the
     plan = plan_rows(tmp_path, "night.csv", shuffled, 50)  # 12 chunks, each from ~all 15
     store = CountingStore(s3)
     ledger = Ledger(str(tmp_path / "fresh-ledger.sqlite3"))
-    stage = ReuseStage(store=store, ledger=ledger, plan=plan, run_key="f" * 64, model="m",
-                       dimensions=8, reuse=True, length=8, scratch_root=str(tmp_path),
-                       log=logging.getLogger("test"))
+    stage = ReuseStage(
+        store=store,
+        ledger=ledger,
+        plan=plan,
+        run_key="f" * 64,
+        model="m",
+        dimensions=8,
+        reuse=True,
+        length=8,
+        scratch_root=str(tmp_path),
+        log=logging.getLogger("test"),
+    )
     stage.prepare(list(plan.chunks))
     reads = {k: n for k, n in store.opened.items() if k.startswith("chunks/")}
     assert len(reads) == 15 and set(reads.values()) == {2}, reads  # before: up to 1 + 12 each
@@ -46,15 +58,18 @@ def test_a_fresh_ledger_reads_each_s3_object_once_for_the_index_and_once_for_the
         chunk = read_chunk(plan.source, spec)
         copies = take_prefill(chunk, stage.plan_for(spec)).vectors
         assert stage.fully_copied(spec) and len(copies) == len(chunk)
-        np.testing.assert_array_equal(np.stack([copies[r.row_number] for r in chunk]),
-                                      expected_matrix([r.text for r in chunk], 8))
+        np.testing.assert_array_equal(
+            np.stack([copies[r.row_number] for r in chunk]),
+            expected_matrix([r.text for r in chunk], 8),
+        )
     stage.close()
     ledger.close()
 
 
 @pytest.mark.parametrize("ledger_saw", ["each run", "nothing (a fresh ledger)"])
 def test_a_text_several_runs_hold_is_copied_from_the_newest_run_only(
-    tmp_path: Path, ledger_saw: str,
+    tmp_path: Path,
+    ledger_saw: str,
 ) -> None:
     """Two runs' objects hold every text (a night, then a reordered night). The next night
     reads only the newer run's objects, each once: the join's pick among a text's sources
@@ -77,21 +92,34 @@ def test_a_text_several_runs_hold_is_copied_from_the_newest_run_only(
     newer = publish_truth(local, plan_rows(tmp_path, "second.csv", shuffled, 50))  # 12
     night = plan_rows(tmp_path, "night.csv", rows[::2], 45)  # base order, half deleted
     store = CountingStore(local)
-    stage = ReuseStage(store=store, ledger=ledger, plan=night, run_key="e" * 64, model="m",
-                       dimensions=8, reuse=True, length=8, scratch_root=str(tmp_path),
-                       log=logging.getLogger("test"))
+    stage = ReuseStage(
+        store=store,
+        ledger=ledger,
+        plan=night,
+        run_key="e" * 64,
+        model="m",
+        dimensions=8,
+        reuse=True,
+        length=8,
+        scratch_root=str(tmp_path),
+        log=logging.getLogger("test"),
+    )
     stage.prepare(list(night.chunks))
     indexed_before = 1 if ledger_saw == "each run" else 0  # the first run's own index
     reads = {k: n for k, n in store.opened.items() if k.startswith("chunks/")}
-    assert {k: reads.get(k, 0) for k in (o.object_key for o in older.values())} == \
-        dict.fromkeys((o.object_key for o in older.values()), 1 - indexed_before), reads
-    assert {k: reads.get(k, 0) for k in (o.object_key for o in newer.values())} == \
-        dict.fromkeys((o.object_key for o in newer.values()), 2), reads  # index + copies
+    assert {k: reads.get(k, 0) for k in (o.object_key for o in older.values())} == dict.fromkeys(
+        (o.object_key for o in older.values()), 1 - indexed_before
+    ), reads
+    assert {k: reads.get(k, 0) for k in (o.object_key for o in newer.values())} == dict.fromkeys(
+        (o.object_key for o in newer.values()), 2
+    ), reads  # index + copies
     for spec in night.chunks:
         chunk = read_chunk(night.source, spec)
         copies = take_prefill(chunk, stage.plan_for(spec)).vectors
         assert stage.fully_copied(spec)
-        np.testing.assert_array_equal(np.stack([copies[r.row_number] for r in chunk]),
-                                      expected_matrix([r.text for r in chunk], 8))
+        np.testing.assert_array_equal(
+            np.stack([copies[r.row_number] for r in chunk]),
+            expected_matrix([r.text for r in chunk], 8),
+        )
     stage.close()
     ledger.close()

@@ -26,14 +26,33 @@ SAMPLE = REPO / "examples" / "debian-sample.csv"
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """What ``make demo`` does: the sample, local model, loaded into LanceDB."""
     cwd = tmp_path_factory.mktemp("demo")
-    result = run_cli("run", str(SAMPLE), "--chunk-size", "50", "--output", "embedline-output",
-                     "--sink", "lancedb://./embedline-output/lancedb", "--ledger",
-                     str(cwd / "ledger.sqlite3"), cwd=cwd, timeout=600)
+    result = run_cli(
+        "run",
+        str(SAMPLE),
+        "--chunk-size",
+        "50",
+        "--output",
+        "embedline-output",
+        "--sink",
+        "lancedb://./embedline-output/lancedb",
+        "--ledger",
+        str(cwd / "ledger.sqlite3"),
+        cwd=cwd,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^rows +250 upserted now", result.stdout, re.M), result.stdout
-    loaded = run_cli("load", "--to", "qdrant+local://./embedline-output/qdrant", "--output",
-                     "embedline-output", "--ledger", str(cwd / "ledger.sqlite3"), cwd=cwd,
-                     timeout=600)
+    loaded = run_cli(
+        "load",
+        "--to",
+        "qdrant+local://./embedline-output/qdrant",
+        "--output",
+        "embedline-output",
+        "--ledger",
+        str(cwd / "ledger.sqlite3"),
+        cwd=cwd,
+        timeout=600,
+    )
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert re.search(r"^rows +250 upserted now", loaded.stdout, re.M), loaded.stdout
     yield cwd
@@ -48,21 +67,26 @@ def _titles(n: int, seed: int = 0) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("where", ["published vectors", "lancedb sink", "qdrant sink"])
 def test_a_packages_short_description_finds_it_first_for_9_of_10(demo: Path, where: str) -> None:
     sampled = _titles(10)
-    target = {"published vectors": str(demo / "embedline-output"),
-              "lancedb sink": f"lancedb://{demo}/embedline-output/lancedb",
-              "qdrant sink": f"qdrant+local://{demo}/embedline-output/qdrant"}[where]
-    hits = search_target(target, [title for _, title in sampled], k=3,
-                         ledger=str(demo / "ledger.sqlite3"))
+    target = {
+        "published vectors": str(demo / "embedline-output"),
+        "lancedb sink": f"lancedb://{demo}/embedline-output/lancedb",
+        "qdrant sink": f"qdrant+local://{demo}/embedline-output/qdrant",
+    }[where]
+    hits = search_target(
+        target, [title for _, title in sampled], k=3, ledger=str(demo / "ledger.sqlite3")
+    )
     first = [h[0][0] for h in hits]
     found = sum(package == top for (package, _), top in zip(sampled, first, strict=True))
     assert found >= 9, list(zip([p for p, _ in sampled], first, strict=True))
 
 
-@pytest.mark.parametrize("sink", ["lancedb://./embedline-output/lancedb",
-                                  "qdrant+local://./embedline-output/qdrant"])
+@pytest.mark.parametrize(
+    "sink", ["lancedb://./embedline-output/lancedb", "qdrant+local://./embedline-output/qdrant"]
+)
 def test_embedline_search_prints_ranked_ids(demo: Path, sink: str) -> None:
-    result = run_cli("search", sink, "Real-time strategy game of ancient warfare", "--k", "5",
-                     cwd=demo)
+    result = run_cli(
+        "search", sink, "Real-time strategy game of ancient warfare", "--k", "5", cwd=demo
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].split() == ["rank", "score", "id"]
@@ -84,13 +108,26 @@ def test_search_on_a_sink_embeds_the_query_at_the_loaded_runs_base_url(
     rows = [(f"pkg{i}", f"package number {i} does a thing of kind {i % 7}") for i in range(30)]
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in rows))
     sink = f"lancedb://{tmp_path}/lance"
-    result = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-                     "--output", "out", "--sink", sink, "--ledger", "ledger.sqlite3",
-                     cwd=tmp_path)
+    result = run_cli(
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--sink",
+        sink,
+        "--ledger",
+        "ledger.sqlite3",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     before = fake_openai.requests
-    found = run_cli("search", sink, rows[12][1], "--k", "1", "--ledger", "ledger.sqlite3",
-                    cwd=tmp_path)
+    found = run_cli(
+        "search", sink, rows[12][1], "--k", "1", "--ledger", "ledger.sqlite3", cwd=tmp_path
+    )
     assert found.returncode == 0, found.stderr[-2000:]
     assert found.stdout.strip().splitlines()[1].split()[2] == "pkg12"
     assert fake_openai.requests == before + 1
@@ -103,7 +140,8 @@ def test_search_on_a_sink_embeds_the_query_at_the_loaded_runs_base_url(
         assert lost.stderr.splitlines() == [
             "embedline: error: which server embedded these vectors is unknown: the ledger "
             ".embedline/ledger.sqlite3 has no record of their run; pass --ledger (the one the "
-            "run used) or --base-url (its server)"], lost.stderr[-2000:]
+            "run used) or --base-url (its server)"
+        ], lost.stderr[-2000:]
 
 
 def test_load_without_run_or_output_takes_the_ledgers_newest_complete_run(
@@ -112,11 +150,22 @@ def test_load_without_run_or_output_takes_the_ledgers_newest_complete_run(
     """`load --to SINK --ledger L` looked in ./embedline-output ("no committed run") though
     the ledger recorded a complete run elsewhere; its help says the ledger decides."""
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"p{i},text {i}\n" for i in range(12)))
-    done = run_cli("run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-                   "--output", "elsewhere", "--ledger", "ledger.sqlite3", cwd=tmp_path)
+    done = run_cli(
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "elsewhere",
+        "--ledger",
+        "ledger.sqlite3",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    loaded = run_cli("load", "--to", f"lancedb://{tmp_path}/lance", "--ledger", "ledger.sqlite3",
-                     cwd=tmp_path)
+    loaded = run_cli(
+        "load", "--to", f"lancedb://{tmp_path}/lance", "--ledger", "ledger.sqlite3", cwd=tmp_path
+    )
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert re.search(r"^rows +12 upserted now", loaded.stdout, re.M), loaded.stdout
-

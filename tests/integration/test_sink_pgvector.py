@@ -43,34 +43,61 @@ def _sink(pg_uri: str, table: str) -> str:
     return f"{pg_uri}{'&' if '?' in pg_uri else '?'}table={table}"
 
 
-def _run(tmp_path: Path, server: FakeEmbeddingServer, csv_path: Path, sink: str,
-         chunk_size: int) -> str:
-    result = run_cli("run", str(csv_path), "--embedder", "openai", "--base-url",
-                     server.base_url, "--output", str(tmp_path / "out"), "--ledger",
-                     str(tmp_path / "ledger.sqlite3"), "--chunk-size", str(chunk_size),
-                     "--batch-size", "500", "--allow-failed-rows", "--sink", sink,
-                     cwd=tmp_path, timeout=900)
+def _run(
+    tmp_path: Path, server: FakeEmbeddingServer, csv_path: Path, sink: str, chunk_size: int
+) -> str:
+    result = run_cli(
+        "run",
+        str(csv_path),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-size",
+        str(chunk_size),
+        "--batch-size",
+        "500",
+        "--allow-failed-rows",
+        "--sink",
+        sink,
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
 
-def _check_whole_cycle(tmp_path: Path, server: FakeEmbeddingServer, pg_uri: str,
-                       rows: list[tuple[str, str]], table: str, chunk_size: int) -> None:
+def _check_whole_cycle(
+    tmp_path: Path,
+    server: FakeEmbeddingServer,
+    pg_uri: str,
+    rows: list[tuple[str, str]],
+    table: str,
+    chunk_size: int,
+) -> None:
     sink = _sink(pg_uri, table)
     first = _run(tmp_path, server, write_rows(tmp_path / "in.csv", rows), sink, chunk_size)
     assert re.search(r"^load +loaded .*mode replace", first, re.M), first
     # the load's own lines: the index build has one, and the load's wall time names it
     assert re.search(r"^index +HNSW index built in [\d.]+ s$", first, re.M), first
-    assert re.search(r"^wall time +[\d.]+ s \(the load, of which [\d.]+ s the index\)$", first,
-                     re.M) or re.search(r"^wall time +[\d.]+ s \(the load\)$", first, re.M), first
+    assert re.search(
+        r"^wall time +[\d.]+ s \(the load, of which [\d.]+ s the index\)$", first, re.M
+    ) or re.search(r"^wall time +[\d.]+ s \(the load\)$", first, re.M), first
     assert re.search(r"^wall time .*Prefect's start-up and the load below\)$", first, re.M), first
     _assert_equal(_table(pg_uri, table), expected_vectors(rows))
     with psycopg.connect(pg_uri) as conn:
-        indexes = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s",
-                               (table,)).fetchall()
+        indexes = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (table,)
+        ).fetchall()
         column = conn.execute(
             "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
-            "WHERE attrelid = %s::regclass AND attname = 'embedding'", (table,)).fetchone()
+            "WHERE attrelid = %s::regclass AND attname = 'embedding'",
+            (table,),
+        ).fetchone()
     assert any("USING hnsw (embedding vector_cosine_ops)" in i[0] for i in indexes), indexes
     assert any("PRIMARY KEY" in i[0] or "_pkey" in i[0] for i in indexes), indexes
     assert column == ("vector(384)",)
@@ -89,8 +116,9 @@ def test_first_600_rows_into_pgvector_then_an_edited_copy_leaves_exactly_the_edi
 ) -> None:
     # the whole-file cycle below on the real file's first 600 rows (multi-line texts) in 6
     # chunks, in CI: 30 removed, 15 changed, 37 added (2,000 rows proved the same, slower)
-    _check_whole_cycle(tmp_path, fake_openai, pg_uri, read_rows(ENGLISH, 600), "first600",
-                       chunk_size=100)
+    _check_whole_cycle(
+        tmp_path, fake_openai, pg_uri, read_rows(ENGLISH, 600), "first600", chunk_size=100
+    )
 
 
 @pytest.mark.slow  # about 100 s here: CI runs the same cycle on 600 rows; -m slow runs it
@@ -99,8 +127,7 @@ def test_whole_english_file_into_pgvector_then_an_edited_copy_leaves_exactly_the
 ) -> None:
     # 63,905 rows (one blank text: a dead letter), then 3,195 removed, 1,597 changed, 37
     # added; about 2 minutes here
-    _check_whole_cycle(tmp_path, fake_openai, pg_uri, read_rows(ENGLISH), "whole",
-                       chunk_size=1000)
+    _check_whole_cycle(tmp_path, fake_openai, pg_uri, read_rows(ENGLISH), "whole", chunk_size=1000)
 
 
 def test_a_table_of_another_length_exits_3_naming_both_and_no_server_exits_1(
@@ -108,30 +135,58 @@ def test_a_table_of_another_length_exits_3_naming_both_and_no_server_exits_1(
 ) -> None:
     with psycopg.connect(pg_uri) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        conn.execute("CREATE TABLE other (id text PRIMARY KEY, embedding vector(8), "
-                     "text_sha256 text, run_key text)")
-    run_in_process(prefect_api_url, input=str(write_rows(tmp_path / "in.csv",
-                   read_rows(ENGLISH, 40))), embedder="openai", base_url=fake_openai.base_url,
-                   output=str(tmp_path / "out"), ledger=str(tmp_path / "ledger.sqlite3"),
-                   chunk_size=20)  # a published run to load: a precondition
-    result = run_cli("load", "--to", _sink(pg_uri, "other"), "--output", str(tmp_path / "out"),
-                     "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path)
+        conn.execute(
+            "CREATE TABLE other (id text PRIMARY KEY, embedding vector(8), "
+            "text_sha256 text, run_key text)"
+        )
+    run_in_process(
+        prefect_api_url,
+        input=str(write_rows(tmp_path / "in.csv", read_rows(ENGLISH, 40))),
+        embedder="openai",
+        base_url=fake_openai.base_url,
+        output=str(tmp_path / "out"),
+        ledger=str(tmp_path / "ledger.sqlite3"),
+        chunk_size=20,
+    )  # a published run to load: a precondition
+    result = run_cli(
+        "load",
+        "--to",
+        _sink(pg_uri, "other"),
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 3, result.stderr[-2000:]
     assert "8-dimension vectors of model unknown" in result.stderr
     assert "384-dimension vectors of model text-embedding-3-small" in result.stderr
     with psycopg.connect(pg_uri) as conn:
         assert conn.execute("SELECT count(*) FROM other").fetchone() == (0,)
     # nothing listening where the URI points: one line, exit 1 (rerun when it is up)
-    gone = run_cli("load", "--to", f"postgresql://postgres@/postgres?host={tmp_path}/nothing",
-                   "--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3"),
-                   cwd=tmp_path)
+    gone = run_cli(
+        "load",
+        "--to",
+        f"postgresql://postgres@/postgres?host={tmp_path}/nothing",
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        cwd=tmp_path,
+    )
     assert gone.returncode == 1, gone.stderr[-2000:]
     ours = [line for line in gone.stderr.splitlines() if line.startswith("embedline:")]
     assert len(ours) == 1 and "check that the server is running" in ours[0], ours
 
 
 def test_a_password_in_the_sink_uri_is_refused_before_anything_runs(tmp_path: Path) -> None:
-    result = run_cli("load", "--to", "postgresql://app:hunter2@127.0.0.1:1/db",
-                     "--output", str(tmp_path / "out"), cwd=tmp_path)
+    result = run_cli(
+        "load",
+        "--to",
+        "postgresql://app:hunter2@127.0.0.1:1/db",
+        "--output",
+        str(tmp_path / "out"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert "PGPASSWORD" in result.stderr and "hunter2" not in result.stderr + result.stdout

@@ -68,15 +68,30 @@ def test_503_is_retryable_and_no_server_is_retryable(refusing: LoopbackRecorder)
 
 
 def test_embedline_load_into_a_server_refusing_the_key_exits_3_in_one_line_without_the_key(
-    refusing: LoopbackRecorder, tmp_path: Path, fake_openai: FakeEmbeddingServer,
+    refusing: LoopbackRecorder,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
     prefect_api_url: str,
 ) -> None:
-    run_in_process(prefect_api_url, input=str(write_rows(tmp_path / "in.csv",
-                   read_rows(ENGLISH, 20))), embedder="openai", base_url=fake_openai.base_url,
-                   output=str(tmp_path / "out"), ledger=str(tmp_path / "l.sqlite3"))
-    loaded = run_cli("load", "--to", _uri(refusing), "--output", str(tmp_path / "out"),
-                     "--ledger", str(tmp_path / "l.sqlite3"), cwd=tmp_path,
-                     env={"QDRANT_API_KEY": KEY})
+    run_in_process(
+        prefect_api_url,
+        input=str(write_rows(tmp_path / "in.csv", read_rows(ENGLISH, 20))),
+        embedder="openai",
+        base_url=fake_openai.base_url,
+        output=str(tmp_path / "out"),
+        ledger=str(tmp_path / "l.sqlite3"),
+    )
+    loaded = run_cli(
+        "load",
+        "--to",
+        _uri(refusing),
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "l.sqlite3"),
+        cwd=tmp_path,
+        env={"QDRANT_API_KEY": KEY},
+    )
     assert loaded.returncode == 3, loaded.stderr[-2000:]
     last = loaded.stderr.strip().splitlines()[-1]
     assert "QDRANT_API_KEY" in last, last

@@ -43,11 +43,13 @@ def _ids(pg_uri: str, table: str) -> set[str]:
 
 def _rows(ids: list[str], dims: int = 4) -> pa.Table:
     vectors = np.arange(len(ids) * dims, dtype=np.float32).reshape(-1, dims) + 1
-    return pa.table({
-        "id": pa.array(ids, type=pa.string()),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dims),
-        "text_sha256": pa.array(["0" * 64] * len(ids), type=pa.string()),
-    })
+    return pa.table(
+        {
+            "id": pa.array(ids, type=pa.string()),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dims),
+            "text_sha256": pa.array(["0" * 64] * len(ids), type=pa.string()),
+        }
+    )
 
 
 @pytest.mark.usefixtures("prefect_api_url")
@@ -59,9 +61,21 @@ def test_a_long_id_and_a_nul_id_are_load_dead_letters_the_chunk_loads_and_a_reru
     rows[12] = (NUL_ID, rows[12][1])
     sink = _sink(pg_uri, "refusals")
     common = ["--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3")]
-    first = run_cli("run", str(write_rows(tmp_path / "in.csv", rows)), "--embedder", "openai",
-                    "--base-url", fake_openai.base_url, "--chunk-size", "20", *common,
-                    "--sink", sink, cwd=tmp_path, timeout=600)
+    first = run_cli(
+        "run",
+        str(write_rows(tmp_path / "in.csv", rows)),
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--chunk-size",
+        "20",
+        *common,
+        "--sink",
+        sink,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert first.returncode == 1, first.stderr[-3000:]
     ours = [line for line in first.stderr.splitlines() if line.startswith("embedline:")]
     assert any("2 rows are dead letters of the load" in line for line in ours), ours
@@ -70,8 +84,15 @@ def test_a_long_id_and_a_nul_id_are_load_dead_letters_the_chunk_loads_and_a_reru
     # every good row is loaded, also those in the chunks that hold the bad ones
     assert _ids(pg_uri, "refusals") == {i for i, _ in rows} - {LONG_ID, NUL_ID}
     run_key = re.search(r"^load +\S+ \(run ([0-9a-f]+)", first.stdout, re.M).group(1)
-    listed = run_cli("dead-letters", run_key[:12], "--ledger",
-                     str(tmp_path / "ledger.sqlite3"), "--sink", sink, cwd=tmp_path)
+    listed = run_cli(
+        "dead-letters",
+        run_key[:12],
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--sink",
+        sink,
+        cwd=tmp_path,
+    )
     assert listed.returncode == 0, listed.stderr
     reasons = sorted(line.split("\t")[1] for line in listed.stdout.splitlines())
     assert reasons == ["id_has_nul", "id_too_long"], listed.stdout[-500:]
@@ -106,36 +127,53 @@ def test_one_bad_row_in_a_thousand_is_isolated_in_a_few_savepoints_not_n_transac
 def test_varchar_ids_too_long_and_ids_latin1_cannot_hold_are_dead_letters(pg_uri: str) -> None:
     with psycopg.connect(pg_uri, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        conn.execute("CREATE TABLE narrow (id varchar(8) PRIMARY KEY, embedding vector(4) NOT "
-                     "NULL, text_sha256 text NOT NULL, run_key text NOT NULL)")
+        conn.execute(
+            "CREATE TABLE narrow (id varchar(8) PRIMARY KEY, embedding vector(4) NOT "
+            "NULL, text_sha256 text NOT NULL, run_key text NOT NULL)"
+        )
         conn.execute("DROP DATABASE IF EXISTS latin")
-        conn.execute("CREATE DATABASE latin TEMPLATE template0 ENCODING 'LATIN1' "
-                     "LC_COLLATE 'C' LC_CTYPE 'C'")
+        conn.execute(
+            "CREATE DATABASE latin TEMPLATE template0 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'"
+        )
     narrow = PgVectorSink(pg_uri, table="narrow")
     narrow.ensure_table(embedder="openai", model="m", dimensions=4)
     result = narrow.upsert(_rows(["short", "much-too-long-id", "ok"]), run_key="r1")
     assert [(r[1], r[2], r[3]) for r in result.refused] == [
-        ("much-too-long-id", "value_too_long", "22001")]
+        ("much-too-long-id", "value_too_long", "22001")
+    ]
     narrow.close()
     latin = PgVectorSink(pg_uri.replace("/postgres?", "/latin?"), table="t")
     latin.ensure_table(embedder="openai", model="m", dimensions=4)
     result = latin.upsert(_rows(["café", "日本語", "plain"]), run_key="r1")
     assert result.rows == 2 and [(r[1], r[2]) for r in result.refused] == [
-        ("日本語", "untranslatable")]
+        ("日本語", "untranslatable")
+    ]
     latin.close()
 
 
-@pytest.mark.parametrize(("ddl", "named"), [
-    ("id integer PRIMARY KEY, embedding vector(4), text_sha256 text, run_key text",
-     "id is integer, not text"),
-    ("id text, embedding vector(4), text_sha256 text, run_key text",
-     "no primary key (or unique index) on id alone"),
-    ("id text PRIMARY KEY, embedding real[], text_sha256 text, run_key text",
-     "embedding is real[], not vector(4)"),
-    ("id text PRIMARY KEY, embedding vector(4), run_key text", "no column text_sha256"),
-    ("id text PRIMARY KEY, embedding vector(4), text_sha256 text, run_key text, "
-     "owner text NOT NULL", "column owner is NOT NULL without a default"),
-])
+@pytest.mark.parametrize(
+    ("ddl", "named"),
+    [
+        (
+            "id integer PRIMARY KEY, embedding vector(4), text_sha256 text, run_key text",
+            "id is integer, not text",
+        ),
+        (
+            "id text, embedding vector(4), text_sha256 text, run_key text",
+            "no primary key (or unique index) on id alone",
+        ),
+        (
+            "id text PRIMARY KEY, embedding real[], text_sha256 text, run_key text",
+            "embedding is real[], not vector(4)",
+        ),
+        ("id text PRIMARY KEY, embedding vector(4), run_key text", "no column text_sha256"),
+        (
+            "id text PRIMARY KEY, embedding vector(4), text_sha256 text, run_key text, "
+            "owner text NOT NULL",
+            "column owner is NOT NULL without a default",
+        ),
+    ],
+)
 def test_a_table_of_another_shape_is_refused_naming_what_differs(
     pg_uri: str, ddl: str, named: str
 ) -> None:
@@ -157,12 +195,21 @@ def test_load_into_a_table_of_another_shape_exits_3_naming_the_difference(
 ) -> None:
     with psycopg.connect(pg_uri, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        conn.execute("CREATE TABLE intids (id bigint PRIMARY KEY, embedding vector(384), "
-                     "text_sha256 text, run_key text)")
+        conn.execute(
+            "CREATE TABLE intids (id bigint PRIMARY KEY, embedding vector(384), "
+            "text_sha256 text, run_key text)"
+        )
     common = ["--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3")]
-    made = run_cli("run", str(write_rows(tmp_path / "in.csv", read_rows(ENGLISH, 20))),
-                   "--embedder", "openai", "--base-url", fake_openai.base_url, *common,
-                   cwd=tmp_path)
+    made = run_cli(
+        "run",
+        str(write_rows(tmp_path / "in.csv", read_rows(ENGLISH, 20))),
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        *common,
+        cwd=tmp_path,
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     result = run_cli("load", "--to", _sink(pg_uri, "intids"), *common, cwd=tmp_path)
     assert result.returncode == 3, result.stderr[-2000:]
@@ -175,11 +222,11 @@ def test_lancedb_leaves_out_a_nan_vector_and_stores_nul_and_long_ids(tmp_path: P
     rows = _rows(["a", NUL_ID, LONG_ID, "nan"])
     vectors = np.array(rows.column("embedding").combine_chunks().flatten())
     vectors[12] = np.nan
-    rows = rows.set_column(1, "embedding", pa.FixedSizeListArray.from_arrays(
-        pa.array(vectors), 4))
+    rows = rows.set_column(1, "embedding", pa.FixedSizeListArray.from_arrays(pa.array(vectors), 4))
     result = sink.upsert(rows, run_key="r1")
     assert result.rows == 3 and [(r[1], r[2]) for r in result.refused] == [
-        ("nan", "non_finite_vector")]
+        ("nan", "non_finite_vector")
+    ]
     assert sink.describe().rows == 3  # type: ignore[union-attr]
 
 
@@ -192,11 +239,11 @@ def test_qdrant_leaves_out_a_nan_vector_and_stores_nul_and_long_ids(tmp_path: Pa
     rows = _rows(["a", NUL_ID, LONG_ID, "nan"])
     vectors = np.array(rows.column("embedding").combine_chunks().flatten())
     vectors[12] = np.nan
-    rows = rows.set_column(1, "embedding", pa.FixedSizeListArray.from_arrays(
-        pa.array(vectors), 4))
+    rows = rows.set_column(1, "embedding", pa.FixedSizeListArray.from_arrays(pa.array(vectors), 4))
     result = sink.upsert(rows, run_key="r1")
     assert result.rows == 3 and [(r[1], r[2]) for r in result.refused] == [
-        ("nan", "non_finite_vector")]
+        ("nan", "non_finite_vector")
+    ]
     # any string is an id: its point id is a UUIDv5, the id itself is in the payload
     assert sorted(sink.held_keys().column("id").to_pylist()) == sorted(["a", NUL_ID, LONG_ID])
     sink.close()
@@ -205,12 +252,21 @@ def test_qdrant_leaves_out_a_nan_vector_and_stores_nul_and_long_ids(tmp_path: Pa
 def test_lancedb_table_of_another_shape_is_refused(tmp_path: Path) -> None:
     import lancedb
 
-    lancedb.connect(str(tmp_path / "db")).create_table("t", schema=pa.schema(
-        [("id", pa.int64()), ("embedding", pa.list_(pa.float32(), 4)),
-         ("text_sha256", pa.string()), ("run_key", pa.string())]))
+    lancedb.connect(str(tmp_path / "db")).create_table(
+        "t",
+        schema=pa.schema(
+            [
+                ("id", pa.int64()),
+                ("embedding", pa.list_(pa.float32(), 4)),
+                ("text_sha256", pa.string()),
+                ("run_key", pa.string()),
+            ]
+        ),
+    )
     with pytest.raises(FatalError, match="id is int64, not string"):
         LanceDBSink(str(tmp_path / "db"), table="t").ensure_table(
-            embedder="openai", model="m", dimensions=4)
+            embedder="openai", model="m", dimensions=4
+        )
 
 
 def test_a_column_added_by_hand_is_refused_also_when_the_table_holds_the_run(
@@ -222,9 +278,18 @@ def test_a_column_added_by_hand_is_refused_also_when_the_table_holds_the_run(
 
     common = ["--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "ledger.sqlite3")]
     sink = f"lancedb://{tmp_path / 'db'}?table=t"
-    made = run_cli("run", str(write_rows(tmp_path / "in.csv", read_rows(ENGLISH, 20))),
-                   "--embedder", "openai", "--base-url", fake_openai.base_url, *common,
-                   "--sink", sink, cwd=tmp_path)
+    made = run_cli(
+        "run",
+        str(write_rows(tmp_path / "in.csv", read_rows(ENGLISH, 20))),
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        *common,
+        "--sink",
+        sink,
+        cwd=tmp_path,
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     lancedb.connect(str(tmp_path / "db")).open_table("t").add_columns({"extra": "'x'"})
     again = run_cli("load", "--to", sink, *common, cwd=tmp_path)

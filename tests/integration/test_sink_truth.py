@@ -41,10 +41,13 @@ def _table(kind: str, sink: str, pg_uri: str, name: str) -> dict[str, np.ndarray
     else:
         import lancedb
 
-        table = lancedb.connect(sink[len("lancedb://"):].split("?")[0]).open_table(name).to_arrow()
-        pairs = [(i, np.asarray(v, dtype=np.float32)) for i, v in
-                 zip(table.column("id").to_pylist(), table.column("embedding").to_pylist(),
-                     strict=True)]
+        table = lancedb.connect(sink[len("lancedb://") :].split("?")[0]).open_table(name).to_arrow()
+        pairs = [
+            (i, np.asarray(v, dtype=np.float32))
+            for i, v in zip(
+                table.column("id").to_pylist(), table.column("embedding").to_pylist(), strict=True
+            )
+        ]
     assert len(pairs) == len({i for i, _ in pairs}), "an id appears twice"
     return dict(pairs)
 
@@ -62,12 +65,13 @@ def _delete(kind: str, sink: str, pg_uri: str, name: str, ids: list[str]) -> Non
         return
     import lancedb
 
-    table = lancedb.connect(sink[len("lancedb://"):].split("?")[0]).open_table(name)
+    table = lancedb.connect(sink[len("lancedb://") :].split("?")[0]).open_table(name)
     table.delete("id IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")")
 
 
-def _assert_holds(got: dict[str, np.ndarray], rows: list[tuple[str, str]],
-                  kind: str = "lancedb") -> None:
+def _assert_holds(
+    got: dict[str, np.ndarray], rows: list[tuple[str, str]], kind: str = "lancedb"
+) -> None:
     want = expected_vectors(rows)
     assert set(got) == set(want), (len(got), len(want))
     if kind == "qdrant":  # a Cosine collection stores unit vectors
@@ -77,18 +81,42 @@ def _assert_holds(got: dict[str, np.ndarray], rows: list[tuple[str, str]],
     assert all(np.array_equal(got[i], want[i]) for i in want)
 
 
-def _run(tmp_path: Path, server: FakeEmbeddingServer, rows: list[tuple[str, str]],
-         *extra: str) -> object:
-    return run_cli("run", str(write_rows(tmp_path / "in.csv", rows)), "--embedder", "openai",
-                   "--base-url", server.base_url, "--output", str(tmp_path / "out"),
-                   "--ledger", str(tmp_path / "run.sqlite3"), "--chunk-size", str(CHUNK),
-                   *extra, cwd=tmp_path, timeout=300)
+def _run(
+    tmp_path: Path, server: FakeEmbeddingServer, rows: list[tuple[str, str]], *extra: str
+) -> object:
+    return run_cli(
+        "run",
+        str(write_rows(tmp_path / "in.csv", rows)),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "run.sqlite3"),
+        "--chunk-size",
+        str(CHUNK),
+        *extra,
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 def _load(tmp_path: Path, run_key: str | None, sink: str, ledger: str, *extra: str) -> object:
-    return run_cli("load", *([run_key] if run_key else []), "--to", sink, "--output",
-                   str(tmp_path / "out"), "--ledger", str(tmp_path / ledger), *extra,
-                   cwd=tmp_path, timeout=300)
+    return run_cli(
+        "load",
+        *([run_key] if run_key else []),
+        "--to",
+        sink,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / ledger),
+        *extra,
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 def _status(result: object) -> str:
@@ -97,26 +125,46 @@ def _status(result: object) -> str:
 
 
 def _sink(kind: str, tmp_path: Path, pg_uri: str, name: str) -> str:
-    return {"pgvector": f"{pg_uri}&table={name}",
-            "qdrant": f"qdrant+local://{tmp_path}/qdrant?collection={name}",
-            "lancedb": f"lancedb://{tmp_path}/lance?table={name}"}[kind]
+    return {
+        "pgvector": f"{pg_uri}&table={name}",
+        "qdrant": f"qdrant+local://{tmp_path}/qdrant?collection={name}",
+        "lancedb": f"lancedb://{tmp_path}/lance?table={name}",
+    }[kind]
 
 
-def _publish(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, name: str,
-             rows: list[tuple[str, str]]) -> str:
+def _publish(
+    tmp_path: Path,
+    server: FakeEmbeddingServer,
+    api_url: str,
+    name: str,
+    rows: list[tuple[str, str]],
+) -> str:
     """Publish ``rows`` in process (a precondition; ``_run`` is the CLI); return the run key."""
     summary = run_in_process(
-        api_url, input=str(write_rows(tmp_path / name, rows)), embedder="openai",
-        base_url=server.base_url, output=str(tmp_path / "out"),
-        ledger=str(tmp_path / "run.sqlite3"), chunk_size=CHUNK)
+        api_url,
+        input=str(write_rows(tmp_path / name, rows)),
+        embedder="openai",
+        base_url=server.base_url,
+        output=str(tmp_path / "out"),
+        ledger=str(tmp_path / "run.sqlite3"),
+        chunk_size=CHUNK,
+    )
     return str(summary["run_key"])
 
 
-@pytest.mark.parametrize("kind", [  # pgvector in CI; the others with make test-all (budget)
-    pytest.param("lancedb", marks=pytest.mark.slow), "pgvector",
-    pytest.param("qdrant", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "kind",
+    [  # pgvector in CI; the others with make test-all (budget)
+        pytest.param("lancedb", marks=pytest.mark.slow),
+        "pgvector",
+        pytest.param("qdrant", marks=pytest.mark.slow),
+    ],
+)
 def test_any_ledger_converges_on_the_run_loaded_last_and_restores_rows_deleted_by_others(
-    kind: str, tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str,
+    kind: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    pg_uri: str,
     prefect_api_url: str,
 ) -> None:
     """The loads whose printed lines are checked go through the CLI; the others (and the two
@@ -132,8 +180,13 @@ def test_any_ledger_converges_on_the_run_loaded_last_and_restores_rows_deleted_b
         return _table(kind, sink, pg_uri, name)
 
     def load(run_key: str, ledger: str) -> dict[str, object]:
-        return load_in_process(prefect_api_url, to=sink, run=run_key,
-                               output=str(tmp_path / "out"), ledger=str(tmp_path / ledger))
+        return load_in_process(
+            prefect_api_url,
+            to=sink,
+            run=run_key,
+            output=str(tmp_path / "out"),
+            ledger=str(tmp_path / ledger),
+        )
 
     assert load(one, "a.sqlite3")["status"] == "loaded"
     _assert_holds(table(), first, kind)
@@ -170,10 +223,16 @@ def test_a_cut_short_export_is_refused_at_commit_and_at_load_until_the_flag_allo
 ) -> None:
     rows = read_rows(ENGLISH, ROWS)
     sink = f"lancedb://{tmp_path}/lance?table=short"
-    run_in_process(prefect_api_url, input=str(write_rows(tmp_path / "in.csv", rows)),
-                   embedder="openai", base_url=fake_openai.base_url, sink=sink,
-                   output=str(tmp_path / "out"), ledger=str(tmp_path / "run.sqlite3"),
-                   chunk_size=CHUNK)  # the full export, loaded: a precondition
+    run_in_process(
+        prefect_api_url,
+        input=str(write_rows(tmp_path / "in.csv", rows)),
+        embedder="openai",
+        base_url=fake_openai.base_url,
+        sink=sink,
+        output=str(tmp_path / "out"),
+        ledger=str(tmp_path / "run.sqlite3"),
+        chunk_size=CHUNK,
+    )  # the full export, loaded: a precondition
     _assert_holds(_table("lancedb", sink, "", "short"), rows)
     # the export arrives cut short: 2 rows of 60. Before: committed, then 58 rows deleted
     short = _run(tmp_path, fake_openai, rows[:2], "--sink", sink)

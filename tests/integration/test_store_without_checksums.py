@@ -27,13 +27,28 @@ REFUSED = ("x-amz-checksum-crc", "x-amz-checksum-sha", "x-amz-sdk-checksum-algor
 
 
 def test_store_refusing_checksum_headers_says_so_and_when_required_completes(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
     s3_client: Any,
 ) -> None:
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{i},text {i}\n" for i in range(8)))
     with ResettingProxy(moto_endpoint, refuse_request_headers=REFUSED) as proxy:
-        args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-                "--output", f"s3://{s3_bucket}/b2", "--ledger", "l.db", "--chunk-size", "3"]
+        args = [
+            "run",
+            "in.csv",
+            "--embedder",
+            "openai",
+            "--base-url",
+            fake_openai.base_url,
+            "--output",
+            f"s3://{s3_bucket}/b2",
+            "--ledger",
+            "l.db",
+            "--chunk-size",
+            "3",
+        ]
         env = moto_env(proxy.url)
         refused = run_cli(*args, cwd=tmp_path, env=env)
         said = refused.stdout + refused.stderr
@@ -42,8 +57,9 @@ def test_store_refusing_checksum_headers_says_so_and_when_required_completes(
         assert "AWS_REQUEST_CHECKSUM_CALCULATION=when_required" in said, said[-3000:]
         assert "Traceback" not in said
         assert fake_openai.counters()["requests"] == 0
-        done = run_cli(*args, cwd=tmp_path,
-                       env={**env, "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required"})
+        done = run_cli(
+            *args, cwd=tmp_path, env={**env, "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required"}
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     puts = [status for method, _, status in proxy.seen if method == "PUT"]
     assert 400 in puts and puts[-1] == 200

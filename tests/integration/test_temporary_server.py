@@ -50,15 +50,21 @@ def test_what_the_cli_imports_while_the_server_starts_is_what_a_flow_run_imports
 import json, sys
 from flows.embed_csv import embed_csv
 before = set(sys.modules.copy())
-state = embed_csv(input={str(tmp_path / 'in.csv')!r}, output={str(tmp_path / 'out')!r},
-                  ledger={str(tmp_path / 'ledger.sqlite3')!r}, embedder="openai",
+state = embed_csv(input={str(tmp_path / "in.csv")!r}, output={str(tmp_path / "out")!r},
+                  ledger={str(tmp_path / "ledger.sqlite3")!r}, embedder="openai",
                   base_url={fake_openai.base_url!r}, chunk_size=2, return_state=True)
 assert state.is_completed(), state
 print(json.dumps(sorted(set(sys.modules.copy()) - before)))
 """
     env = {**os.environ, "PREFECT_API_URL": prefect_api_url, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     imported = set(json.loads(done.stdout.strip().splitlines()[-1]))
     assert set(_IMPORTED_BY_THE_FLOW) <= imported, set(_IMPORTED_BY_THE_FLOW) - imported

@@ -32,12 +32,33 @@ def test_ctrl_c_to_the_process_group_stops_gracefully(
     home = tmp_path / "prefect-home"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(fresh_prefect_home(home)))
-    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "4",
-            "--concurrency", "2", "--chunk-retries", "0"]
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                            env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    args = [
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+        "--chunk-size",
+        "4",
+        "--concurrency",
+        "2",
+        "--chunk-retries",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while not list((tmp_path / "out").glob("chunks/*.parquet")):
         assert time.monotonic() < deadline and proc.poll() is None, "no chunk was published"
@@ -53,14 +74,18 @@ def test_ctrl_c_to_the_process_group_stops_gracefully(
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    return {**env, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(fresh_prefect_home(home)),
-            **extra}
+    return {**env, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(fresh_prefect_home(home)), **extra}
 
 
 def _status(tmp_path: Path, home: Path) -> str:
-    return subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
-                          cwd=tmp_path, env=_env(home), capture_output=True, text=True,
-                          timeout=60).stdout
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
+        cwd=tmp_path,
+        env=_env(home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
 
 
 def _mapped(pid: int, library: str) -> bool:
@@ -70,13 +95,29 @@ def _mapped(pid: int, library: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize(("signum", "delay_s"), [
-    (signal.SIGINT, None), (signal.SIGINT, 0.0), (signal.SIGINT, 0.6), (signal.SIGINT, 1.2),
-    (signal.SIGTERM, None), (signal.SIGTERM, 0.6),
-], ids=["SIGINT-loading", "SIGINT-planning", "SIGINT-importing", "SIGINT-waiting",
-        "SIGTERM-loading", "SIGTERM"])
+@pytest.mark.parametrize(
+    ("signum", "delay_s"),
+    [
+        (signal.SIGINT, None),
+        (signal.SIGINT, 0.0),
+        (signal.SIGINT, 0.6),
+        (signal.SIGINT, 1.2),
+        (signal.SIGTERM, None),
+        (signal.SIGTERM, 0.6),
+    ],
+    ids=[
+        "SIGINT-loading",
+        "SIGINT-planning",
+        "SIGINT-importing",
+        "SIGINT-waiting",
+        "SIGTERM-loading",
+        "SIGTERM",
+    ],
+)
 def test_a_signal_while_the_temporary_server_starts_is_one_line(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, signum: signal.Signals,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    signum: signal.Signals,
     delay_s: float | None,
 ) -> None:
     """Before the flow runs (the CLI loads its modules, plans, imports Prefect, then waits
@@ -88,10 +129,26 @@ def test_a_signal_while_the_temporary_server_starts_is_one_line(
     modules (settings), before any server was spawned."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
     home = tmp_path / "prefect-home"
-    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=_env(home),
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    args = [
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=_env(home),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     if delay_s is None:
         while not _mapped(proc.pid, "pydantic_core"):
@@ -106,8 +163,8 @@ def test_a_signal_while_the_temporary_server_starts_is_one_line(
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signum, err[-3000:]
     assert err.strip().splitlines() == [
-        f"embedline: interrupted by {signal.Signals(signum).name}; rerun the same command to "
-        "resume"], err[-3000:]
+        f"embedline: interrupted by {signal.Signals(signum).name}; rerun the same command to resume"
+    ], err[-3000:]
     assert fake_openai.counters()["requests"] == 0
     assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
     status = _status(tmp_path, home)  # no run recorded yet, or one that reads interrupted
@@ -126,11 +183,26 @@ def test_ctrl_c_while_the_flow_plans_reads_interrupted(
     home = tmp_path / "prefect-home"
     hold = FirstPutHold()
     with ResettingProxy(moto_endpoint, fault=hold) as proxy:
-        args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-                "--output", f"s3://{s3_bucket}/out", "--ledger", "ledger.sqlite3"]
-        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                                env=_env(home, AWS_ENDPOINT_URL=proxy.url), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        args = [
+            "run",
+            "in.csv",
+            "--embedder",
+            "openai",
+            "--base-url",
+            fake_openai.base_url,
+            "--output",
+            f"s3://{s3_bucket}/out",
+            "--ledger",
+            "ledger.sqlite3",
+        ]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", *args],
+            cwd=tmp_path,
+            env=_env(home, AWS_ENDPOINT_URL=proxy.url),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             assert hold.reached.wait(120), "the flow never reached the store"
             proc.send_signal(signal.SIGINT)
@@ -144,12 +216,14 @@ def test_ctrl_c_while_the_flow_plans_reads_interrupted(
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == (
-        "embedline: interrupted by SIGINT; rerun the same command to resume"), err[-3000:]
+        "embedline: interrupted by SIGINT; rerun the same command to resume"
+    ), err[-3000:]
     # Prefect's account of it printed above the one line (5 of 5 in a break test):
     # "Crash detected! Execution was aborted by an interrupt signal.", "Finished in state
     # Crashed(…)", "EventsWorker - Still processing items: 3 items remaining..."
-    assert not [line for line in err.splitlines()
-                if "Crash" in line or "Still processing" in line], err[-3000:]
+    assert not [
+        line for line in err.splitlines() if "Crash" in line or "Still processing" in line
+    ], err[-3000:]
     assert fake_openai.counters()["requests"] == 0
     assert "\tinterrupted\t" in _status(tmp_path, home)
     assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
@@ -163,10 +237,13 @@ def test_a_caught_interrupt_does_not_turn_the_exit_code_into_a_signal(tmp_path: 
     (tmp_path / "caught.py").write_text(
         "import sys\nfrom cli import forget_caught_interrupts\n"
         "try:\n    exec('raise KeyboardInterrupt', {})\nexcept KeyboardInterrupt:\n    pass\n"
-        "if sys.argv[1:] == ['forget']:\n    forget_caught_interrupts()\nsys.exit(130)\n")
+        "if sys.argv[1:] == ['forget']:\n    forget_caught_interrupts()\nsys.exit(130)\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    codes = [subprocess.run([sys.executable, "-m", "caught", *extra], env=env,
-                            timeout=60).returncode for extra in ([], ["forget"])]
+    codes = [
+        subprocess.run([sys.executable, "-m", "caught", *extra], env=env, timeout=60).returncode
+        for extra in ([], ["forget"])
+    ]
     assert codes == [-signal.SIGINT, 130]
 
 
@@ -177,14 +254,29 @@ def test_sigint_at_any_moment_of_planning_exits_130(
     imports): every run ends with exit 130 and the one line. Before the fix about 1 in 20
     ended by SIGINT (-2), when the interrupt landed in a dataclass being built."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
-    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]
+    args = [
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+    ]
     failures = []
     for step in range(26):
         home = tmp_path / f"prefect-home-{step}"
-        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                                env=_env(home), text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", *args],
+            cwd=tmp_path,
+            env=_env(home),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 60
         while not (home / "embedline-temporary-server.log").exists():
             assert time.monotonic() < deadline and proc.poll() is None, "no server was started"
@@ -213,13 +305,30 @@ def test_a_ctrl_c_that_python_drops_in_a_destructor_still_stops_the_run(
     home = tmp_path / "prefect-home"
     env = _env(home)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests/support/lost_interrupt"), str(REPO)])
-    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]
-    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    args = [
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 130, done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [
-        "embedline: interrupted by SIGINT; rerun the same command to resume"], done.stderr[-3000:]
+        "embedline: interrupted by SIGINT; rerun the same command to resume"
+    ], done.stderr[-3000:]
     assert fake_openai.counters()["requests"] == 0
     assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
 
@@ -233,16 +342,31 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
     about 0.7 s of every command) and never with a traceback ("Exception ignored in
     threading")."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
-    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]
+    args = [
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+    ]
     results = []
     home = tmp_path / "prefect-home"  # one for all: a fresh one costs seconds of migrations
     for step, signum in enumerate([signal.SIGINT, signal.SIGTERM] * 3):
         shutil.rmtree(tmp_path / "out", ignore_errors=True)
         (tmp_path / "ledger.sqlite3").unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                                env=_env(home), text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", *args],
+            cwd=tmp_path,
+            env=_env(home),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -255,11 +379,16 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
             exited_after_s = round(time.monotonic() - sent, 2)
         finally:
             proc.kill()
-        results.append((step, proc.returncode, "Traceback" in err or "Exception" in err,
-                        exited_after_s))
+        results.append(
+            (step, proc.returncode, "Traceback" in err or "Exception" in err, exited_after_s)
+        )
         assert wait_until_gone("PREFECT_HOME", str(home), timeout_s=5.0) == []
-    assert all(code in (0, 128 + signum) and not traced for (step, code, traced, _), signum in
-               zip(results, [signal.SIGINT, signal.SIGTERM] * 3, strict=False)), results
+    assert all(
+        code in (0, 128 + signum) and not traced
+        for (step, code, traced, _), signum in zip(
+            results, [signal.SIGINT, signal.SIGTERM] * 3, strict=False
+        )
+    ), results
     # A signal while the CLI flushed Prefect's log and event workers left items queued,
     # which Prefect's own exit handlers then retried against the stopped server: 3-4 s
     # here, over 30 s once in CI. A hang bound, not a speed target (the exit takes ~0.3 s).
@@ -269,21 +398,40 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
 def _signal_at(home: Path, signals: str) -> dict[str, str]:
     """The environment of a CLI that signals itself at the points ``signals`` names
     (``tests/support/signal_at``)."""
-    return {**_env(home), "EMBEDLINE_TEST_SIGNALS": signals,
-            "PYTHONPATH": os.pathsep.join([str(REPO / "tests/support/signal_at"), str(REPO)])}
+    return {
+        **_env(home),
+        "EMBEDLINE_TEST_SIGNALS": signals,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests/support/signal_at"), str(REPO)]),
+    }
 
 
-def _run_signalled(tmp_path: Path, server: FakeEmbeddingServer, signals: str, *,
-                   code: int, last_line: str) -> subprocess.CompletedProcess[str]:
+def _run_signalled(
+    tmp_path: Path, server: FakeEmbeddingServer, signals: str, *, code: int, last_line: str
+) -> subprocess.CompletedProcess[str]:
     """Run a two-row CLI run that signals itself at ``signals``; check the exit ``code``,
     the ``last_line`` on stderr, no traceback, no request sent and no process left."""
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n")
     home = tmp_path / "prefect-home"
-    args = ["run", "in.csv", "--embedder", "openai", "--base-url", server.base_url,
-            "--output", "out", "--ledger", "ledger.sqlite3"]
-    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path,
-                          env=_signal_at(home, signals), capture_output=True, text=True,
-                          timeout=60)
+    args = [
+        "run",
+        "in.csv",
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        "ledger.sqlite3",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=_signal_at(home, signals),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == code, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == last_line, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -299,10 +447,14 @@ def test_a_second_signal_while_the_first_ones_cleanups_run_exits_at_once(
     takes up to seconds); a second Ctrl-C then ends the command at once, with its own line,
     as during dispatch. Before: it was raised inside the cleanup as a second
     KeyboardInterrupt, and a break test measured 2.7-4 s to exit."""
-    _run_signalled(tmp_path, fake_openai, "after:cli.prefect_env:PrefectApi.wait_ready:SIGINT;"
-                   "before:cli.local_server:LocalServer.stop:SIGINT", code=130,
-                   last_line="embedline: second SIGINT, exiting now; rerun the same command "
-                             "to resume")
+    _run_signalled(
+        tmp_path,
+        fake_openai,
+        "after:cli.prefect_env:PrefectApi.wait_ready:SIGINT;"
+        "before:cli.local_server:LocalServer.stop:SIGINT",
+        code=130,
+        last_line="embedline: second SIGINT, exiting now; rerun the same command to resume",
+    )
 
 
 def test_a_sigterm_as_the_flow_run_begins_is_one_line(
@@ -313,10 +465,13 @@ def test_a_sigterm_as_the_flow_run_begins_is_one_line(
     detected! Execution was aborted by a termination signal.", "Finished in state
     Crashed(…)") no longer print above the command's one line (before: 6 of 7 SIGTERMs sent
     0-30 ms after "Beginning flow run", in a break test)."""
-    done = _run_signalled(tmp_path, fake_openai,
-                          "before:embedline.shutdown:STOP.take_over_sigterm:SIGTERM", code=143,
-                          last_line="embedline: interrupted by SIGTERM; rerun the same "
-                                    "command to resume")
+    done = _run_signalled(
+        tmp_path,
+        fake_openai,
+        "before:embedline.shutdown:STOP.take_over_sigterm:SIGTERM",
+        code=143,
+        last_line="embedline: interrupted by SIGTERM; rerun the same command to resume",
+    )
     assert "Crash" not in done.stderr, done.stderr[-3000:]
 
 
@@ -330,10 +485,14 @@ def test_a_second_signal_while_the_flow_records_the_stop_exits_at_once(
     ``interrupted``. Before, for SIGTERM: Prefect's own SIGTERM handler raised the second
     one inside the ledger's update, so the run stayed ``running`` in the ledger, and the
     command ended with the first signal's line."""
-    _run_signalled(tmp_path, fake_openai, f"before:tasks.lease:write_lease:{signum.name};"
-                   f"before:adapters.ledger:Ledger.mark_stopped:{signum.name}",
-                   code=128 + signum, last_line=f"embedline: second {signum.name}, exiting "
-                                                "now; rerun the same command to resume")
+    _run_signalled(
+        tmp_path,
+        fake_openai,
+        f"before:tasks.lease:write_lease:{signum.name};"
+        f"before:adapters.ledger:Ledger.mark_stopped:{signum.name}",
+        code=128 + signum,
+        last_line=f"embedline: second {signum.name}, exiting now; rerun the same command to resume",
+    )
     with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
         assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
 
@@ -348,9 +507,14 @@ def test_a_signal_as_the_command_returns_exits_with_its_code_not_by_the_signal(
     SIGTERMs after ``search``)."""
     (tmp_path / "ledger.sqlite3").touch()
     env = _signal_at(tmp_path / "prefect-home", f"after:cli:forget_caught_interrupts:{signum.name}")
-    done = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 128 + signum, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
 
@@ -360,9 +524,13 @@ def test_an_interrupted_read_only_command_has_nothing_to_resume(tmp_path: Path) 
     ask for a rerun "to resume" (a break test found it did)."""
     (tmp_path / "ledger.sqlite3").touch()
     env = _signal_at(tmp_path / "prefect-home", "after:cli.inspect:_status:SIGTERM")
-    done = subprocess.run([sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 143, done.stderr[-3000:]
     assert done.stderr.splitlines() == ["embedline: interrupted by SIGTERM"], done.stderr
-

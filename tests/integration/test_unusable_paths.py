@@ -15,17 +15,38 @@ from tests.support.fixtures import run_cli
 pytestmark = pytest.mark.integration
 
 
-def _run(tmp_path: Path, server: FakeEmbeddingServer, name: str, ledger: str,
-         env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    done = run_cli("run", name, "--embedder", "openai", "--base-url", server.base_url,
-                   "--output", "out", "--ledger", ledger, "--chunk-size", "1", cwd=tmp_path,
-                   env=env)
+def _run(
+    tmp_path: Path,
+    server: FakeEmbeddingServer,
+    name: str,
+    ledger: str,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str, str]:
+    done = run_cli(
+        "run",
+        name,
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        "out",
+        "--ledger",
+        ledger,
+        "--chunk-size",
+        "1",
+        cwd=tmp_path,
+        env=env,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
 @pytest.mark.parametrize("damage", ["random bytes", "a text file", "cut short"])
 def test_a_damaged_ledger_is_one_line_before_any_request(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str, damage: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    prefect_api_url: str,
+    damage: str,
 ) -> None:
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n2,beta\n", encoding="utf-8")
     ledger = tmp_path / "ledger.sqlite3"
@@ -39,14 +60,17 @@ def test_a_damaged_ledger_is_one_line_before_any_request(
     code, _, err = _run(tmp_path, fake_openai, "in.csv", "ledger.sqlite3")
     assert code == 2, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("embedline: error: cannot use the ledger "
-                                                   "ledger.sqlite3"), err
+    assert len(lines) == 1 and lines[0].startswith(
+        "embedline: error: cannot use the ledger ledger.sqlite3"
+    ), err
     assert "move it away" in lines[0]
     assert fake_openai.counters()["inputs"] == sent
 
 
 def test_a_ledger_in_a_path_that_cannot_hold_one_is_one_line(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    prefect_api_url: str,
 ) -> None:
     (tmp_path / "in.csv").write_text("id,text\n1,alpha\n", encoding="utf-8")
     (tmp_path / "taken").mkdir()  # --ledger names a directory
@@ -56,7 +80,9 @@ def test_a_ledger_in_a_path_that_cannot_hold_one_is_one_line(
 
 
 def test_an_unusable_prefect_home_stops_only_a_run_that_needs_the_temporary_server(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Without PREFECT_API_URL the CLI starts its own server, whose files go to
     PREFECT_HOME. A home that cannot be created was a PermissionError traceback, even for a
@@ -79,7 +105,10 @@ def test_an_unusable_prefect_home_stops_only_a_run_that_needs_the_temporary_serv
     code, _, err = _run(tmp_path, fake_openai, "new.csv", "ledger.sqlite3", unusable)
     assert code == 2, err
     assert "Traceback" not in err, err
-    assert err.strip().splitlines()[-1].startswith(
-        "embedline: error: cannot start the temporary Prefect server"), err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("embedline: error: cannot start the temporary Prefect server")
+    ), err
     assert "PREFECT_HOME" in err.strip().splitlines()[-1]
     assert fake_openai.counters()["inputs"] == sent

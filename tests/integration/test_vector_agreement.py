@@ -27,9 +27,21 @@ def _input(tmp_path: Path, texts: dict[str, str]) -> None:
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, *extra: str) -> tuple[int, str]:
-    args = ["run", str(tmp_path / "in.csv"), "--embedder", "openai", "--base-url",
-            server.base_url, "--output", str(tmp_path / "out"), "--ledger",
-            str(tmp_path / "ledger.sqlite3"), "--chunk-retries", "0", *extra]
+    args = [
+        "run",
+        str(tmp_path / "in.csv"),
+        "--embedder",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--chunk-retries",
+        "0",
+        *extra,
+    ]
     result = run_cli(*args, cwd=tmp_path)
     return result.returncode, result.stdout + result.stderr
 
@@ -82,8 +94,7 @@ def test_chunks_answered_with_another_length_are_never_committed_together(
     another is embedded again as its next generation, in the same run or the rerun."""
     _input(tmp_path, TEXTS)
     fake_openai.change_dims_after = 1
-    args = ("--chunk-size", "5", "--batch-size", "5", "--concurrency", "2", "--task-runner",
-            runner)
+    args = ("--chunk-size", "5", "--batch-size", "5", "--concurrency", "2", "--task-runner", runner)
     code, out = _run(tmp_path, fake_openai, *args)
     _assert_every_manifest_agrees(tmp_path)
     assert "embedding them again as their next generation" in out, out

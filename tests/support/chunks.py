@@ -18,26 +18,44 @@ from tests.support.fake_openai import expected_matrix
 __all__ = ["CountingStore", "plan_rows", "publish_truth"]
 
 
-def plan_rows(tmp: Path, name: str, rows: list[tuple[Any, str]], chunk_size: int, *,
-              model: str = "m", dimensions: int = 8) -> InputPlan:
+def plan_rows(
+    tmp: Path,
+    name: str,
+    rows: list[tuple[Any, str]],
+    chunk_size: int,
+    *,
+    model: str = "m",
+    dimensions: int = 8,
+) -> InputPlan:
     """Write ``rows`` (id, text) as ``tmp/name`` and plan it with a scratch directory."""
     path = tmp / name
     path.write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in rows), encoding="utf-8")
-    return plan_csv(path, id_column="id", text_column="text", codec="auto",
-                    chunk_size=chunk_size, model=model, dimensions=dimensions,
-                    delimiter="auto", scratch_root=str(tmp))
+    return plan_csv(
+        path,
+        id_column="id",
+        text_column="text",
+        codec="auto",
+        chunk_size=chunk_size,
+        model=model,
+        dimensions=dimensions,
+        delimiter="auto",
+        scratch_root=str(tmp),
+    )
 
 
-def publish_truth(store: Any, plan: InputPlan, *, model: str = "m",
-                  dimensions: int = 8) -> dict[int, ChunkOutcome]:
+def publish_truth(
+    store: Any, plan: InputPlan, *, model: str = "m", dimensions: int = 8
+) -> dict[int, ChunkOutcome]:
     """Publish every chunk of ``plan`` with the server's vectors for its texts."""
     done = {}
     for spec in plan.chunks:
         rows = read_chunk(plan.source, spec)
-        embedded = EmbeddedRows(rows, expected_matrix([r.text for r in rows], dimensions),
-                                [row_key(r.id, r.text_sha256, model, dimensions) for r in rows])
-        done[spec.index] = publish_chunk(store, spec, embedded, model=model,
-                                         dimensions=dimensions)
+        embedded = EmbeddedRows(
+            rows,
+            expected_matrix([r.text for r in rows], dimensions),
+            [row_key(r.id, r.text_sha256, model, dimensions) for r in rows],
+        )
+        done[spec.index] = publish_chunk(store, spec, embedded, model=model, dimensions=dimensions)
     return done
 
 

@@ -36,15 +36,17 @@ def write_rows(path: Path, rows: list[tuple[str, str]]) -> Path:
     return path
 
 
-def edit_rows(rows: list[tuple[str, str]], *, removed: int, changed: int, added: int,
-              seed: int = 7) -> list[tuple[str, str]]:
+def edit_rows(
+    rows: list[tuple[str, str]], *, removed: int, changed: int, added: int, seed: int = 7
+) -> list[tuple[str, str]]:
     """A nightly re-export: ``removed`` rows dropped, ``changed`` texts edited, ``added``
     new rows appended (ids never seen before)."""
     rng = random.Random(seed)
     picks = rng.sample(range(len(rows)), removed + changed)
     gone, edited = set(picks[:removed]), set(picks[removed:])
-    out = [(i, f"{t} (edited)" if n in edited else t) for n, (i, t) in enumerate(rows)
-           if n not in gone]
+    out = [
+        (i, f"{t} (edited)" if n in edited else t) for n, (i, t) in enumerate(rows) if n not in gone
+    ]
     out += [(f"new-package-{n}", f"A package added tonight, number {n}.") for n in range(added)]
     return out
 

@@ -91,8 +91,11 @@ class _BatchHandler(_Handler):
         path, _, query = self.path.partition("?")
         if "/files" in path or "/batches" in path:
             status, body = self.app.batch_get(path.rstrip("/"), query, self.headers)
-            content = "application/json" if path.endswith(("batches",)) or "/content" not in \
-                path else "application/octet-stream"
+            content = (
+                "application/json"
+                if path.endswith(("batches",)) or "/content" not in path
+                else "application/octet-stream"
+            )
             return self.app._reply(self, status, body, {"Content-Type": content})
         super().do_GET()
 
@@ -107,8 +110,16 @@ def _owner(headers: Any) -> str:
 
 
 def _error(status: int, message: str, code: str | None = None) -> tuple[int, bytes]:
-    return status, json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                         "param": None, "code": code}}).encode()
+    return status, json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": code,
+            }
+        }
+    ).encode()
 
 
 class FakeBatchServer(FakeEmbeddingServer):
@@ -173,8 +184,11 @@ class FakeBatchServer(FakeEmbeddingServer):
         handler = type("Handler", (_BatchHandler,), {"app": self})
         self._httpd = _HTTPServer(self._address, handler)
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-            name="fake-batch", daemon=True)
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="fake-batch",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -187,9 +201,17 @@ class FakeBatchServer(FakeEmbeddingServer):
 
     def _file(self, content: bytes, *, filename: str, purpose: str) -> dict[str, Any]:
         file_id = self._new_id("file")
-        record = {"id": file_id, "object": "file", "bytes": len(content),
-                  "created_at": int(time.time()), "filename": filename, "purpose": purpose,
-                  "status": "processed", "expires_at": None, "status_details": None}
+        record = {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(content),
+            "created_at": int(time.time()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+            "expires_at": None,
+            "status_details": None,
+        }
         with self.lock:
             self.files[file_id] = record
             self.contents[file_id] = content
@@ -197,11 +219,14 @@ class FakeBatchServer(FakeEmbeddingServer):
 
     def _upload(self, headers: Any, raw: bytes) -> tuple[int, bytes]:
         message = BytesParser(policy=HTTP).parsebytes(
-            f"Content-Type: {headers.get('Content-Type')}\r\n\r\n".encode() + raw)
+            f"Content-Type: {headers.get('Content-Type')}\r\n\r\n".encode() + raw
+        )
         fields: dict[str, tuple[str | None, bytes]] = {}
         for part in message.iter_parts():
             fields[str(part.get_param("name", header="content-disposition"))] = (
-                part.get_filename(), part.get_payload(decode=True) or b"")
+                part.get_filename(),
+                part.get_payload(decode=True) or b"",
+            )
         if fields.get("purpose", (None, b""))[1] != b"batch" or "file" not in fields:
             return _error(400, "purpose must be 'batch' and a file must be given")
         with self.lock:
@@ -251,40 +276,65 @@ class FakeBatchServer(FakeEmbeddingServer):
         file_id = body.get("input_file_id")
         if not self._visible(str(file_id), headers):
             return _error(400, f"Invalid 'input_file_id': '{file_id}'. File not found.")
-        if file_id not in self.contents or body.get("endpoint") != "/v1/embeddings" or \
-                body.get("completion_window") != "24h":
+        if (
+            file_id not in self.contents
+            or body.get("endpoint") != "/v1/embeddings"
+            or body.get("completion_window") != "24h"
+        ):
             return _error(400, "invalid input_file_id, endpoint or completion_window")
         metadata = body.get("metadata") or {}
         if len(metadata) > 16 or any(len(str(v)) > 512 for v in metadata.values()):
             return _error(400, "metadata: at most 16 keys, values of at most 512 characters")
         now = int(time.time())
         batch_id = self._new_id("batch")
-        batch = {"id": batch_id, "object": "batch", "endpoint": "/v1/embeddings",
-                 "errors": None, "input_file_id": file_id, "completion_window": "24h",
-                 "status": "validating", "output_file_id": None, "error_file_id": None,
-                 "created_at": now, "in_progress_at": None, "expires_at": now + 86400,
-                 "finalizing_at": None, "completed_at": None, "failed_at": None,
-                 "expired_at": None, "cancelling_at": None, "cancelled_at": None,
-                 "request_counts": {"total": 0, "completed": 0, "failed": 0},
-                 "metadata": metadata, "model": None, "usage": None,
-                 "_created": time.monotonic()}
+        batch = {
+            "id": batch_id,
+            "object": "batch",
+            "endpoint": "/v1/embeddings",
+            "errors": None,
+            "input_file_id": file_id,
+            "completion_window": "24h",
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": None,
+            "expires_at": now + 86400,
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "metadata": metadata,
+            "model": None,
+            "usage": None,
+            "_created": time.monotonic(),
+        }
         lines = [json.loads(line) for line in self.contents[file_id].splitlines() if line]
         tokens = sum(max(1, len(t.split())) for line in lines for t in _inputs(line))
         batch["request_counts"]["total"] = len(lines)
         batch["model"] = (lines[0].get("body") or {}).get("model") if lines else None
         with self.lock:
             limit = self.enqueued_token_limit
-            enqueued = sum(self._batch_tokens.get(b["id"], 0) for b in self.batches.values()
-                           if b["status"] in _ACTIVE)
+            enqueued = sum(
+                self._batch_tokens.get(b["id"], 0)
+                for b in self.batches.values()
+                if b["status"] in _ACTIVE
+            )
             valid = len(self.batches) < self.validation_error_after
             self.batches[batch_id] = batch
             self._batch_tokens[batch_id] = tokens
             self._owners[batch_id] = _owner(headers) if headers is not None else ""
             if limit is not None and enqueued + tokens > limit:
-                self._fail(batch, "token_limit_exceeded",
-                           f"Enqueued token limit reached for {lines[0]['body'].get('model')}"
-                           f". Limit: {limit} enqueued tokens. Please try again once some "
-                           "in_progress batches have been completed.")
+                self._fail(
+                    batch,
+                    "token_limit_exceeded",
+                    f"Enqueued token limit reached for {lines[0]['body'].get('model')}"
+                    f". Limit: {limit} enqueued tokens. Please try again once some "
+                    "in_progress batches have been completed.",
+                )
             elif self.validation_error is not None and not valid:
                 self._fail(batch, "invalid_request", self.validation_error)
         if fail_after:
@@ -294,8 +344,10 @@ class FakeBatchServer(FakeEmbeddingServer):
     def _fail(self, batch: dict[str, Any], code: str, message: str) -> None:
         batch["status"] = "failed"
         batch["failed_at"] = int(time.time())
-        batch["errors"] = {"object": "list", "data": [
-            {"code": code, "message": message, "param": None, "line": None}]}
+        batch["errors"] = {
+            "object": "list",
+            "data": [{"code": code, "message": message, "param": None, "line": None}],
+        }
 
     def _cancel(self, batch_id: str) -> tuple[int, bytes]:
         with self.lock:
@@ -343,10 +395,15 @@ class FakeBatchServer(FakeEmbeddingServer):
             ordered = [b for b in ordered if b["id"] < after]
         page = ordered[:limit]
         data = [_public(b) for b in page]
-        return 200, json.dumps({"object": "list", "data": data,
-                                "first_id": data[0]["id"] if data else None,
-                                "last_id": data[-1]["id"] if data else None,
-                                "has_more": len(ordered) > limit}).encode()
+        return 200, json.dumps(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": len(ordered) > limit,
+            }
+        ).encode()
 
     def _as_polled(self, batch: dict[str, Any]) -> dict[str, Any]:
         public = _public(batch)
@@ -371,8 +428,9 @@ class FakeBatchServer(FakeEmbeddingServer):
                 self._finish(batch, cancelled=status == "cancelling")
 
     def _finish(self, batch: dict[str, Any], *, cancelled: bool) -> None:
-        lines = [json.loads(line) for line in self.contents[batch["input_file_id"]].splitlines()
-                 if line]
+        lines = [
+            json.loads(line) for line in self.contents[batch["input_file_id"]].splitlines() if line
+        ]
         done_n = len(lines) if self.expire_after is None or cancelled else self.expire_after
         if cancelled:
             done_n = len(lines) // 2  # what had completed when the cancel arrived
@@ -381,15 +439,32 @@ class FakeBatchServer(FakeEmbeddingServer):
             custom_id = line["custom_id"]
             if number >= done_n:
                 code = "batch_cancelled" if cancelled else "batch_expired"
-                errors.append({"id": f"batch_req_{self._new_id('r')}", "custom_id": custom_id,
-                               "response": None, "error": {"code": code, "message":
-                               "This request could not be executed before the completion "
-                               "window expired." if not cancelled else "cancelled"}})
+                errors.append(
+                    {
+                        "id": f"batch_req_{self._new_id('r')}",
+                        "custom_id": custom_id,
+                        "response": None,
+                        "error": {
+                            "code": code,
+                            "message": "This request could not be executed before the completion "
+                            "window expired."
+                            if not cancelled
+                            else "cancelled",
+                        },
+                    }
+                )
                 continue
             status, body, inputs = self._line_answer(line)
-            record = {"id": f"batch_req_{self._new_id('r')}", "custom_id": custom_id,
-                      "response": {"status_code": status, "request_id": self._new_id("req"),
-                                   "body": json.loads(body)}, "error": None}
+            record = {
+                "id": f"batch_req_{self._new_id('r')}",
+                "custom_id": custom_id,
+                "response": {
+                    "status_code": status,
+                    "request_id": self._new_id("req"),
+                    "body": json.loads(body),
+                },
+                "error": None,
+            }
             if status == 200:
                 charged += inputs
                 outputs.append(record)
@@ -400,25 +475,32 @@ class FakeBatchServer(FakeEmbeddingServer):
         with self.lock:
             self.batch_inputs += charged
         if outputs:
-            out = self._file(_jsonl(outputs), filename="batch_output.jsonl",
-                             purpose="batch_output")
+            out = self._file(_jsonl(outputs), filename="batch_output.jsonl", purpose="batch_output")
             batch["output_file_id"] = out["id"]
         if errors:
-            err = self._file(_jsonl(errors), filename="batch_errors.jsonl",
-                             purpose="batch_output")
+            err = self._file(_jsonl(errors), filename="batch_errors.jsonl", purpose="batch_output")
             batch["error_file_id"] = err["id"]
         with self.lock:  # a batch's result files belong to whoever owns the batch
             for file_id in (batch["output_file_id"], batch["error_file_id"]):
                 if file_id and batch["id"] in self._owners:
                     self._owners[file_id] = self._owners[batch["id"]]
-        batch["request_counts"] = {"total": len(lines), "completed": len(outputs),
-                                   "failed": len(errors)}
+        batch["request_counts"] = {
+            "total": len(lines),
+            "completed": len(outputs),
+            "failed": len(errors),
+        }
         batch["finalizing_at"] = now
-        tokens = sum(int(((r["response"] or {}).get("body") or {}).get("usage", {}).get(
-            "total_tokens", 0)) for r in outputs)
-        batch["usage"] = {"input_tokens": tokens, "output_tokens": 0, "total_tokens": tokens,
-                          "input_tokens_details": {"cached_tokens": 0},
-                          "output_tokens_details": {"reasoning_tokens": 0}}
+        tokens = sum(
+            int(((r["response"] or {}).get("body") or {}).get("usage", {}).get("total_tokens", 0))
+            for r in outputs
+        )
+        batch["usage"] = {
+            "input_tokens": tokens,
+            "output_tokens": 0,
+            "total_tokens": tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
         if cancelled:
             batch["status"], batch["cancelled_at"] = "cancelled", now
         elif self.expire_after is not None and done_n < len(lines):
@@ -435,9 +517,22 @@ class FakeBatchServer(FakeEmbeddingServer):
                     limit = self.batch_texts_fail_times
                     if limit is None or times < limit:
                         self._failed_times[line["custom_id"]] = times + 1
-                        return status, json.dumps({"error": {
-                            "message": "The server had an error processing your request.",
-                            "type": "server_error", "param": None, "code": None}}).encode(), 0
+                        return (
+                            status,
+                            json.dumps(
+                                {
+                                    "error": {
+                                        "message": (
+                                            "The server had an error processing your request."
+                                        ),
+                                        "type": "server_error",
+                                        "param": None,
+                                        "code": None,
+                                    }
+                                }
+                            ).encode(),
+                            0,
+                        )
 
         class _Path:  # the parent's _answer reads only handler.path and headers
             path = "/v1/embeddings"
@@ -449,9 +544,13 @@ class FakeBatchServer(FakeEmbeddingServer):
         """``{"batch_inputs", "creates", "uploads", "batches", "requests"}`` (requests: the
         synchronous embeddings requests)."""
         with self.lock:
-            return {"batch_inputs": self.batch_inputs, "creates": self.creates,
-                    "uploads": self.uploads, "batches": len(self.batches),
-                    "requests": self.requests}
+            return {
+                "batch_inputs": self.batch_inputs,
+                "creates": self.creates,
+                "uploads": self.uploads,
+                "batches": len(self.batches),
+                "requests": self.requests,
+            }
 
 
 def _inputs(line: dict[str, Any]) -> list[str]:
@@ -460,8 +559,11 @@ def _inputs(line: dict[str, Any]) -> list[str]:
 
 
 def _public(batch: dict[str, Any]) -> dict[str, Any]:
-    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in batch.items()
-            if not k.startswith("_")}
+    return {
+        k: (dict(v) if isinstance(v, dict) else v)
+        for k, v in batch.items()
+        if not k.startswith("_")
+    }
 
 
 def _jsonl(records: list[dict[str, Any]]) -> bytes:
@@ -475,16 +577,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--dims", type=int, default=384)
-    parser.add_argument("--complete-after-s", type=float, default=0.1,
-                        help="seconds from a batch's create to its end")
-    parser.add_argument("--expire-after", type=int, default=None,
-                        help="a batch runs only its first N requests, then expires")
+    parser.add_argument(
+        "--complete-after-s",
+        type=float,
+        default=0.1,
+        help="seconds from a batch's create to its end",
+    )
+    parser.add_argument(
+        "--expire-after",
+        type=int,
+        default=None,
+        help="a batch runs only its first N requests, then expires",
+    )
     args = parser.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = FakeBatchServer(dims=args.dims, complete_after_s=args.complete_after_s,
-                             host=args.host, port=args.port).start()
+    server = FakeBatchServer(
+        dims=args.dims, complete_after_s=args.complete_after_s, host=args.host, port=args.port
+    ).start()
     server.expire_after = args.expire_after
     print(f"READY {server.base_url}", flush=True)
     while not stop.wait(0.2):

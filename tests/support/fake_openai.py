@@ -103,8 +103,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path.split("?")[0].rstrip("/") == "/control/counters":
             with self.app.lock:
-                body = {"requests": self.app.requests, "inputs": self.app.inputs,
-                        "log": [dict(entry) for entry in self.app.log]}
+                body = {
+                    "requests": self.app.requests,
+                    "inputs": self.app.inputs,
+                    "log": [dict(entry) for entry in self.app.log],
+                }
             return self.app._reply(self, 200, json.dumps(body).encode())
         self.app._reply(self, 200, b'{"status": "ok"}')
 
@@ -240,8 +243,10 @@ class FakeEmbeddingServer:
         handler = type("Handler", (_Handler,), {"app": self})
         self._httpd = _HTTPServer(self._address, handler)
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-            name="fake-openai", daemon=True,
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="fake-openai",
+            daemon=True,
         )
         self._thread.start()
         return self
@@ -323,8 +328,9 @@ class FakeEmbeddingServer:
         with self.lock:
             self.inputs += n_ok
             if n_ok:  # charged: counted per text (by hash), the independent truth of payment
-                texts = payload["input"] if isinstance(payload["input"], list) else [
-                    payload["input"]]
+                texts = (
+                    payload["input"] if isinstance(payload["input"], list) else [payload["input"]]
+                )
                 self.charged.update(hashlib.sha256(t.encode()).hexdigest() for t in texts)
         if fault is not None and fault.get("reset"):
             return self._reset(handler, entry)
@@ -356,8 +362,11 @@ class FakeEmbeddingServer:
             hook = self._fail_when
             marker, status = self.fail_texts_containing, self.fail_status
         fault = hook(payload) if hook is not None else None
-        if (fault is None or "status" not in fault) and marker is not None and \
-                isinstance(payload, dict):
+        if (
+            (fault is None or "status" not in fault)
+            and marker is not None
+            and isinstance(payload, dict)
+        ):
             texts = payload.get("input")
             texts = texts if isinstance(texts, list) else [texts]
             if any(isinstance(t, str) and marker in t for t in texts):
@@ -405,8 +414,9 @@ class FakeEmbeddingServer:
             else:
                 good = handler.headers.get("Authorization") == f"Bearer {self.require_key}"
             if not good:
-                body = _error_body("Access denied due to invalid subscription key.",
-                                   type_=invalid, code="401")
+                body = _error_body(
+                    "Access denied due to invalid subscription key.", type_=invalid, code="401"
+                )
                 return 401, body, 0
         refusal = self._refuse_base64(payload)
         if refusal is not None:
@@ -427,16 +437,30 @@ class FakeEmbeddingServer:
         if payload.get("encoding_format") != "base64":
             return None
         if status == 422:
-            detail = [{"loc": ["body", "encoding_format"], "type": "literal_error",
-                       "msg": "Input should be 'float'", "input": "base64"}]
+            detail = [
+                {
+                    "loc": ["body", "encoding_format"],
+                    "type": "literal_error",
+                    "msg": "Input should be 'float'",
+                    "input": "base64",
+                }
+            ]
             return 422, json.dumps({"detail": detail}).encode(), 0
         if status == 500:
             return 500, b"Internal Server Error", 0
-        return status, _error_body("Invalid value for encoding_format: 'base64'.",
-                                   type_="invalid_request_error", param="encoding_format"), 0
+        return (
+            status,
+            _error_body(
+                "Invalid value for encoding_format: 'base64'.",
+                type_="invalid_request_error",
+                param="encoding_format",
+            ),
+            0,
+        )
 
     def _invalid(self, payload: Any) -> bytes | None:
         """Return an OpenAI-shaped 400 body if the request is malformed, else None."""
+
         def bad(message: str, param: str | None) -> bytes:
             return _error_body(message, type_="invalid_request_error", param=param)
 
@@ -502,28 +526,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dims", type=int, default=384)
     parser.add_argument("--shuffle-index", action="store_true")
     parser.add_argument("--reject-texts-containing", default=None)
-    parser.add_argument("--fail-texts-containing", default=None,
-                        help="answer --fail-status to requests holding this marker until "
-                             "POST /control/heal")
+    parser.add_argument(
+        "--fail-texts-containing",
+        default=None,
+        help="answer --fail-status to requests holding this marker until POST /control/heal",
+    )
     parser.add_argument("--fail-status", type=int, default=503)
-    parser.add_argument("--reject-param", action="append", default=[], metavar="PARAM=MESSAGE",
-                        help="answer 400 MESSAGE to requests carrying PARAM")
+    parser.add_argument(
+        "--reject-param",
+        action="append",
+        default=[],
+        metavar="PARAM=MESSAGE",
+        help="answer 400 MESSAGE to requests carrying PARAM",
+    )
     parser.add_argument("--base64-refusal", type=int, default=None, choices=(400, 422, 500))
     parser.add_argument("--omit-first-index", action="store_true")
     parser.add_argument("--max-inputs", type=int, default=None)
-    parser.add_argument("--delay-s", type=float, default=0.0,
-                        help="seconds every request waits before its answer (a slow server)")
+    parser.add_argument(
+        "--delay-s",
+        type=float,
+        default=0.0,
+        help="seconds every request waits before its answer (a slow server)",
+    )
     args = parser.parse_args(argv)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server = FakeEmbeddingServer(
-        dims=args.dims, shuffle_index=args.shuffle_index,
+        dims=args.dims,
+        shuffle_index=args.shuffle_index,
         reject_texts_containing=args.reject_texts_containing,
-        fail_texts_containing=args.fail_texts_containing, fail_status=args.fail_status,
+        fail_texts_containing=args.fail_texts_containing,
+        fail_status=args.fail_status,
         reject_params=dict(p.split("=", 1) for p in args.reject_param),
-        base64_refusal=args.base64_refusal, omit_first_index=args.omit_first_index,
-        max_inputs=args.max_inputs, host=args.host, port=args.port,
+        base64_refusal=args.base64_refusal,
+        omit_first_index=args.omit_first_index,
+        max_inputs=args.max_inputs,
+        host=args.host,
+        port=args.port,
     ).start()
     if args.delay_s > 0:
         server.fail_when(lambda payload: {"delay_s": args.delay_s})

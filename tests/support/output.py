@@ -36,8 +36,9 @@ def vectors_by_id(bodies: dict[str, bytes], manifest: dict[str, Any]) -> dict[st
         if entry["rows"]:  # a 0-row chunk of unknown length has a variable-size list
             assert table.schema.field("embedding").type.list_size == manifest["dimensions"]
         assert str(table.schema.field("embedding").type.value_type) == "float"
-        for row_id, vector in zip(table.column("id").to_pylist(),
-                                  table.column("embedding").to_pylist(), strict=True):
+        for row_id, vector in zip(
+            table.column("id").to_pylist(), table.column("embedding").to_pylist(), strict=True
+        ):
             assert row_id not in vectors, f"id {row_id!r} published twice"
             vectors[row_id] = np.asarray(vector, dtype=np.float32)
     return vectors

@@ -24,7 +24,10 @@ from deployments.server import server_command, server_env
 from tests.support.processes import die_with_parent
 
 __all__ = [
-    "prefect_api_url", "start_prefect_server", "start_prefect_worker", "stop_prefect_worker",
+    "prefect_api_url",
+    "start_prefect_server",
+    "start_prefect_worker",
+    "stop_prefect_worker",
 ]
 
 _STARTUP_S = 120.0
@@ -36,8 +39,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_prefect_server(home: Path, *, ui: bool = False, database_url: str | None = None,
-                         ) -> tuple[subprocess.Popen[bytes], str]:
+def start_prefect_server(
+    home: Path,
+    *,
+    ui: bool = False,
+    database_url: str | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start a Prefect server with ``PREFECT_HOME=home`` the way deployments/README.md says
     (``deployments/server.py``: host, port and the UI's API address set together), on a free
     port, with its UI only when ``ui``, on ``database_url`` (PostgreSQL) or SQLite in
@@ -50,8 +57,12 @@ def start_prefect_server(home: Path, *, ui: bool = False, database_url: str | No
     env = server_env(base, port=port, database_url=database_url)
     log = open(home / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(
-        server_command(), env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True, preexec_fn=die_with_parent,
+        server_command(),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
     )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + _STARTUP_S
@@ -117,7 +128,10 @@ def start_prefect_worker(
     log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the worker
     return subprocess.Popen(
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
-        env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=full_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
         preexec_fn=die_with_parent,
     )
 

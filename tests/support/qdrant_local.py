@@ -9,7 +9,7 @@ __all__ = ["delete_points", "qdrant_path", "qdrant_vectors", "unit_vectors"]
 
 def qdrant_path(sink: str) -> str:
     """The directory of a ``qdrant+local://PATH?collection=NAME`` URI."""
-    return sink[len("qdrant+local://"):].rpartition("?")[0]
+    return sink[len("qdrant+local://") :].rpartition("?")[0]
 
 
 def qdrant_vectors(path: str, collection: str) -> list[tuple[str, np.ndarray]]:
@@ -30,8 +30,14 @@ def delete_points(path: str, collection: str, ids: list[str]) -> None:
 
     client = QdrantClient(path=path)
     try:
-        client.delete(collection, points_selector=models.FilterSelector(filter=models.Filter(
-            must=[models.FieldCondition(key="id", match=models.MatchAny(any=ids))])))
+        client.delete(
+            collection,
+            points_selector=models.FilterSelector(
+                filter=models.Filter(
+                    must=[models.FieldCondition(key="id", match=models.MatchAny(any=ids))]
+                )
+            ),
+        )
     finally:
         client.close()
 

@@ -53,8 +53,10 @@ def real_csv(name: str) -> Path:
         shutil.copyfileobj(packed, out, 1 << 20)
     if _sha256(Path(partial)) != expected:
         os.unlink(partial)
-        raise ValueError(f"{VENDORED / (name + '.gz')} does not hold the recorded bytes of "
-                         f"{name}; restore it with `git checkout tests/data`")
+        raise ValueError(
+            f"{VENDORED / (name + '.gz')} does not hold the recorded bytes of "
+            f"{name}; restore it with `git checkout tests/data`"
+        )
     os.replace(partial, path)
     return path
 

@@ -67,10 +67,14 @@ class ResettingProxy:
                     self.end_headers()
                     self.wfile.write(fault[1])
                     return
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in _HOP_HEADERS | proxy.strip}
-                response = proxy._client.request(self.command, proxy.upstream + self.path,
-                                                 headers=headers, content=body)
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in _HOP_HEADERS | proxy.strip
+                }
+                response = proxy._client.request(
+                    self.command, proxy.upstream + self.path, headers=headers, content=body
+                )
                 if proxy.drop_answer(self.command, self.path):
                     with proxy.lock:
                         proxy.seen.append((self.command, self.path, "dropped"))
@@ -98,9 +102,11 @@ class ResettingProxy:
     def _refused(self, headers: Any) -> Fault | None:
         for name in headers:
             if self.refuse and name.lower().startswith(self.refuse):
-                return 400, ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidArgument'
-                             f"</Code><Message>Unsupported header '{name.lower()}' received for "
-                             "this API call.</Message></Error>").encode()
+                return 400, (
+                    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidArgument'
+                    f"</Code><Message>Unsupported header '{name.lower()}' received for "
+                    "this API call.</Message></Error>"
+                ).encode()
         return None
 
     @property

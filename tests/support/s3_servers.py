@@ -72,8 +72,10 @@ _START_TIMEOUT_S = 60.0
 def _binary(default: Path, variable: str, target: str) -> str:
     path = os.environ.get(variable) or str(default)
     if not os.access(path, os.X_OK):
-        pytest.fail(f"{path} is missing: run `{target}` (`make test` does it), or set "
-                    f"{variable}", pytrace=False)
+        pytest.fail(
+            f"{path} is missing: run `{target}` (`make test` does it), or set {variable}",
+            pytrace=False,
+        )
     return path
 
 
@@ -93,7 +95,9 @@ def _start(argv: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.
             proc = subprocess.Popen(
                 [a.format(port=port) for a in argv],
                 env={k: v.format(port=port) for k, v in env.items()},
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 preexec_fn=die_with_parent,
             )
         endpoint = f"http://127.0.0.1:{port}"
@@ -101,8 +105,10 @@ def _start(argv: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.
             return proc, endpoint
         _stop(proc)
     tail = log.read_text(errors="replace")[-1500:]
-    pytest.fail(f"{argv[0]} did not start on 127.0.0.1 within {_START_TIMEOUT_S:.0f} s:\n{tail}",
-                pytrace=False)
+    pytest.fail(
+        f"{argv[0]} did not start on 127.0.0.1 within {_START_TIMEOUT_S:.0f} s:\n{tail}",
+        pytrace=False,
+    )
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], port: int) -> bool:
@@ -134,8 +140,9 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _running(name: str, argv: Callable[[Path], list[str]],
-             env: Callable[[Path], dict[str, str]]) -> Iterator[str]:
+def _running(
+    name: str, argv: Callable[[Path], list[str]], env: Callable[[Path], dict[str, str]]
+) -> Iterator[str]:
     """Start server ``name`` with a temporary home (``argv(home)``, ``env(home)``: see
     ``_start``); yield its endpoint; stop it and remove the home."""
     home = Path(tempfile.mkdtemp(prefix=f"embedline-test-{name}-"))
@@ -158,10 +165,19 @@ def ministack_endpoint() -> Iterator[str]:
             mp.delenv(name, raising=False)
         for name, value in DUMMY_AWS_ENV.items():
             mp.setenv(name, value)
-        with _running("ministack", lambda home: [binary], lambda home: _clean_env(
-                BIND_HOST="127.0.0.1", GATEWAY_PORT="{port}", SERVICES="s3",
-                LOG_LEVEL="WARNING", S3_PERSIST="0", TMPDIR=str(home),
-                S3_DATA_DIR=str(home / "s3"))) as endpoint:
+        with _running(
+            "ministack",
+            lambda home: [binary],
+            lambda home: _clean_env(
+                BIND_HOST="127.0.0.1",
+                GATEWAY_PORT="{port}",
+                SERVICES="s3",
+                LOG_LEVEL="WARNING",
+                S3_PERSIST="0",
+                TMPDIR=str(home),
+                S3_DATA_DIR=str(home / "s3"),
+            ),
+        ) as endpoint:
             yield endpoint
 
 
@@ -178,9 +194,13 @@ class S3rver:
         import boto3
 
         return boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint, region_name=DUMMY_AWS_ENV["AWS_DEFAULT_REGION"],
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=DUMMY_AWS_ENV["AWS_DEFAULT_REGION"],
             aws_access_key_id=S3RVER_KEYS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=S3RVER_KEYS["AWS_SECRET_ACCESS_KEY"], aws_session_token=None)
+            aws_secret_access_key=S3RVER_KEYS["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=None,
+        )
 
     def env(self) -> dict[str, str]:
         """Environment for a CLI under test: ``moto_env`` with s3rver's keys."""
@@ -197,8 +217,18 @@ def s3rver_server() -> Iterator[S3rver]:
 
     def argv(home: Path) -> list[str]:
         (home / "data").mkdir()
-        return [binary, "-a", "127.0.0.1", "-p", "{port}", "-d", str(home / "data"),
-                "--configure-bucket", S3RVER_BUCKET, "--silent"]
+        return [
+            binary,
+            "-a",
+            "127.0.0.1",
+            "-p",
+            "{port}",
+            "-d",
+            str(home / "data"),
+            "--configure-bucket",
+            S3RVER_BUCKET,
+            "--silent",
+        ]
 
     with _running("s3rver", argv, lambda home: _clean_env()) as endpoint:
         yield S3rver(endpoint, S3RVER_BUCKET)

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def gen() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "gen_cli_reference", REPO / "docs" / "gen_cli_reference.py")
+        "gen_cli_reference", REPO / "docs" / "gen_cli_reference.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -42,11 +43,12 @@ def test_an_added_option_makes_the_check_fail(gen: ModuleType) -> None:
 
 def test_a_hand_edited_table_makes_the_check_fail(gen: ModuleType, tmp_path: Path) -> None:
     page = tmp_path / "cli.md"
-    page.write_text(gen.CLI_MD.read_text(encoding="utf-8").replace(
-        "| `--chunk-size` |", "| `--chunk-sise` |"), encoding="utf-8")
+    page.write_text(
+        gen.CLI_MD.read_text(encoding="utf-8").replace("| `--chunk-size` |", "| `--chunk-sise` |"),
+        encoding="utf-8",
+    )
     assert not gen.check(page)
-    page.write_text(gen.rewrite(page.read_text(encoding="utf-8"), gen.render()),
-                    encoding="utf-8")
+    page.write_text(gen.rewrite(page.read_text(encoding="utf-8"), gen.render()), encoding="utf-8")
     assert gen.check(page)
 
 

@@ -28,8 +28,13 @@ LIMITS = {"README.md": 150, "docs/design.md": 400, "benchmarks/README.md": 200}
 
 
 def _tracked(*patterns: str) -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
-                          *patterns], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *patterns],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [REPO / line for line in out.stdout.splitlines() if (REPO / line).is_file()]
 
 
@@ -100,10 +105,13 @@ def test_every_relative_link_resolves() -> None:
 
 
 def test_the_cli_reference_equals_run_help() -> None:
-    spec = importlib.util.spec_from_file_location("gen_cli_reference",
-                                                  REPO / "docs" / "gen_cli_reference.py")
+    spec = importlib.util.spec_from_file_location(
+        "gen_cli_reference", REPO / "docs" / "gen_cli_reference.py"
+    )
     assert spec and spec.loader
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    assert gen.check(), "docs/reference/cli.md differs from `embedline run --help`: run " \
-                        "python docs/gen_cli_reference.py"
+    assert gen.check(), (
+        "docs/reference/cli.md differs from `embedline run --help`: run "
+        "python docs/gen_cli_reference.py"
+    )

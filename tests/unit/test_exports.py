@@ -23,9 +23,12 @@ def test_package_exports_exist_and_come_from_this_repo(package: str) -> None:
 
 
 def test_core_imports_neither_prefect_nor_adapters() -> None:
-    code = ("import sys, embedline, embedline.retry, embedline.shutdown, embedline.exit_cleanups; "
-            "bad = [m for m in ('prefect', 'adapters', 'tasks', 'flows', 'boto3', 'httpx') "
-            "if m in sys.modules]; print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    code = (
+        "import sys, embedline, embedline.retry, embedline.shutdown, embedline.exit_cleanups; "
+        "bad = [m for m in ('prefect', 'adapters', 'tasks', 'flows', 'boto3', 'httpx') "
+        "if m in sys.modules]; print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"

@@ -32,8 +32,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
             # `from pkg import mod` depends on the submodule, not on pkg's __init__
-            candidates = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                          for a in node.names]
+            candidates = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            ]
         else:
             continue
         for target in candidates:
@@ -81,7 +82,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_walk_finds_a_cycle_when_there_is_one() -> None:
     assert _cycles(defaultdict(set, {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})) == [
-        ["a", "b", "c"]]
+        ["a", "b", "c"]
+    ]
 
 
 def test_no_import_cycle_among_our_modules() -> None:

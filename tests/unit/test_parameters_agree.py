@@ -25,8 +25,7 @@ def _run_actions() -> dict[str, argparse.Action]:
     add_parsers(parser.add_subparsers())
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     run = sub.choices["run"]
-    return {a.dest: a for a in run._actions
-            if a.dest not in ("help", *CLI_ONLY)}
+    return {a.dest: a for a in run._actions if a.dest not in ("help", *CLI_ONLY)}
 
 
 def _flow_parameters() -> dict[str, inspect.Parameter]:
@@ -41,11 +40,14 @@ def _setting_default(name: str) -> object:
 def test_the_cli_the_flow_and_the_settings_name_the_same_parameters() -> None:
     cli = set(_run_actions())
     flow = set(_flow_parameters())
-    settings = {next((k for k, v in PARAMETER_FIELDS.items() if v == f), f)
-                for f in RunSettings.model_fields}
+    settings = {
+        next((k for k, v in PARAMETER_FIELDS.items() if v == f), f)
+        for f in RunSettings.model_fields
+    }
     assert cli == flow, f"only in the CLI: {cli - flow}; only in the flow: {flow - cli}"
-    assert flow == settings, (f"only in the flow: {flow - settings}; "
-                              f"only in RunSettings: {settings - flow}")
+    assert flow == settings, (
+        f"only in the flow: {flow - settings}; only in RunSettings: {settings - flow}"
+    )
 
 
 def test_every_default_agrees() -> None:

@@ -25,10 +25,31 @@ from embedline.models import InputPlan, Row
 from tests.support.real_data import ENGLISH_NAME, JAPANESE_NAME, real_csv
 
 _PIECES = [
-    "plain", "", " ", "two\nlines", "crlf\r\ninside", "lone\rcarriage return", "\r", "\n",
-    "\r\n\r\n", 'say "hi"', '""', "a,b", "a;b", "tab\there", "日本語の説明", "絵文字 🎉",
-    "ñandú", "line\u2028separator", "NEL\x85", "form\x0cfeed", "file\x1csep", "trailing\n",
-    "\nleading", "  padded  ", "end quote\"",
+    "plain",
+    "",
+    " ",
+    "two\nlines",
+    "crlf\r\ninside",
+    "lone\rcarriage return",
+    "\r",
+    "\n",
+    "\r\n\r\n",
+    'say "hi"',
+    '""',
+    "a,b",
+    "a;b",
+    "tab\there",
+    "日本語の説明",
+    "絵文字 🎉",
+    "ñandú",
+    "line\u2028separator",
+    "NEL\x85",
+    "form\x0cfeed",
+    "file\x1csep",
+    "trailing\n",
+    "\nleading",
+    "  padded  ",
+    'end quote"',
 ]
 
 
@@ -57,31 +78,44 @@ def _corpus_csv(seed: int) -> tuple[bytes, dict[str, Any]]:
     delimiter = rng.choice([",", ",", ";", "\t"])
     quote_all = rng.random() < 0.3
     width = rng.choice([3, 4])
-    lines = [delimiter.join(_field(name, delimiter, quote_all)
-                            for name in ["id", "title", "text", "note"][:width]) + ending]
+    lines = [
+        delimiter.join(
+            _field(name, delimiter, quote_all) for name in ["id", "title", "text", "note"][:width]
+        )
+        + ending
+    ]
     for i in range(rng.randint(1, 60)):
         if rng.random() < 0.1:
             lines.append(ending * rng.randint(1, 3))  # blank lines between records
         row_id = f"r{i:04d}" if rng.random() < 0.8 else f"id {i} 日"
         row = [row_id, _text(rng, codec), "plain" if i == 0 else _text(rng, codec), ""]
-        lines.append(delimiter.join(_field(v, delimiter, quote_all) for v in row[:width])
-                     + ending)
+        lines.append(delimiter.join(_field(v, delimiter, quote_all) for v in row[:width]) + ending)
     data = "".join(lines) + ending * rng.choice([0, 0, 1, 3])  # trailing blank lines
     if rng.random() < 0.3:
         data = data.rstrip("\r\n")  # no final newline
     raw = data.encode(codec)
     if codec == "utf-8" and rng.random() < 0.2:
         raw = codecs.BOM_UTF8 + raw
-    kwargs: dict[str, Any] = {"codec": codec, "delimiter": "auto",
-                              "chunk_size": rng.choice([1, 2, 3, 7, 1000])}
+    kwargs: dict[str, Any] = {
+        "codec": codec,
+        "delimiter": "auto",
+        "chunk_size": rng.choice([1, 2, 3, 7, 1000]),
+    }
     if rng.random() < 0.25:
         kwargs.update(text_template="{title}\n\n{text}", keep_columns=("title",))
     return raw, kwargs
 
 
 def _plan(path: Path, **kwargs: Any) -> InputPlan:
-    args: dict[str, Any] = {"id_column": "id", "text_column": "text", "codec": "auto",
-                            "chunk_size": 3, "model": "m", "dimensions": None, **kwargs}
+    args: dict[str, Any] = {
+        "id_column": "id",
+        "text_column": "text",
+        "codec": "auto",
+        "chunk_size": 3,
+        "model": "m",
+        "dimensions": None,
+        **kwargs,
+    }
     return plan_csv(path, **args)
 
 
@@ -104,8 +138,9 @@ def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return ("InputError", str(exc), exc.path, exc.line, exc.column)
 
 
-def _assert_same(monkeypatch: pytest.MonkeyPatch, path: Path, block_bytes: int,
-                 **kwargs: Any) -> InputPlan | None:
+def _assert_same(
+    monkeypatch: pytest.MonkeyPatch, path: Path, block_bytes: int, **kwargs: Any
+) -> InputPlan | None:
     """Plan ``path`` and read every chunk with blocks of ``block_bytes`` and with lines;
     assert both give the same plan and rows (or the same error). Returns the plan."""
     expected = _reference(monkeypatch, _outcome, _plan, path, **kwargs)
@@ -130,8 +165,7 @@ def test_generated_csvs_plan_and_read_alike_with_tiny_blocks(
         assert plan is not None and plan.bytes == len(raw)
 
 
-def test_generated_gzip_input_plans_alike(tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generated_gzip_input_plans_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     raw, kwargs = _corpus_csv(5)
     path = tmp_path / "in.csv.gz"
     path.write_bytes(gzip.compress(raw))
@@ -139,13 +173,21 @@ def test_generated_gzip_input_plans_alike(tmp_path: Path,
     assert plan is not None and plan.sha256 == hashlib.sha256(raw).hexdigest()
 
 
-@pytest.mark.parametrize("name, chunk_size, block_bytes", [
-    (ENGLISH_NAME, 1000, csv_lines.BLOCK_BYTES), (JAPANESE_NAME, 97, 4096)])
+@pytest.mark.parametrize(
+    "name, chunk_size, block_bytes",
+    [(ENGLISH_NAME, 1000, csv_lines.BLOCK_BYTES), (JAPANESE_NAME, 97, 4096)],
+)
 def test_the_real_debian_files_plan_and_read_alike(
     monkeypatch: pytest.MonkeyPatch, name: str, chunk_size: int, block_bytes: int
 ) -> None:
-    _assert_same(monkeypatch, real_csv(name), block_bytes, chunk_size=chunk_size,
-                 text_template="{title}\n\n{text}", keep_columns=("title",))
+    _assert_same(
+        monkeypatch,
+        real_csv(name),
+        block_bytes,
+        chunk_size=chunk_size,
+        text_template="{title}\n\n{text}",
+        keep_columns=("title",),
+    )
 
 
 def _bad(tmp_path: Path, raw: bytes) -> Path:
@@ -158,22 +200,25 @@ _LONG = "x" * 300
 _GOOD = f'id,text\n1,"a\nb"\n2,{_LONG}\n3,"c,d"\n'.encode()
 
 
-@pytest.mark.parametrize("raw", [
-    _GOOD + b'4,"never closed\n5,x\n',  # malformed: an unclosed quote
-    _GOOD + b'4,"ab"cd\n',  # malformed: text after a closing quote
-    _GOOD + b"4,a\rb\n",  # malformed: a lone CR in an unquoted field
-    _GOOD + b"4,caf\xe9\n5,x\n",  # undecodable byte
-    b"id,text\n1,caf\xe9\n" + _GOOD[8:] + b'4,"unclosed\n',  # undecodable before malformed
-    _GOOD + b'4,"unclosed\n5,caf\xe9\n',  # malformed record running into an undecodable line
-    _GOOD + b"4,x,extra\n",  # an extra non-empty field
-    _GOOD + b"4\n",  # a missing field
-    _GOOD + b",empty id\n",
-    _GOOD + b"\x1f,unit separator in the id\n",
-    _GOOD + b"1,duplicate\n3,again\n",
-    b"id,text\n1,\n2,  \n",  # every text empty
-    b"id,text\n\n\n",  # a header alone
-    b"",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _GOOD + b'4,"never closed\n5,x\n',  # malformed: an unclosed quote
+        _GOOD + b'4,"ab"cd\n',  # malformed: text after a closing quote
+        _GOOD + b"4,a\rb\n",  # malformed: a lone CR in an unquoted field
+        _GOOD + b"4,caf\xe9\n5,x\n",  # undecodable byte
+        b"id,text\n1,caf\xe9\n" + _GOOD[8:] + b'4,"unclosed\n',  # undecodable before malformed
+        _GOOD + b'4,"unclosed\n5,caf\xe9\n',  # malformed record running into an undecodable line
+        _GOOD + b"4,x,extra\n",  # an extra non-empty field
+        _GOOD + b"4\n",  # a missing field
+        _GOOD + b",empty id\n",
+        _GOOD + b"\x1f,unit separator in the id\n",
+        _GOOD + b"1,duplicate\n3,again\n",
+        b"id,text\n1,\n2,  \n",  # every text empty
+        b"id,text\n\n\n",  # a header alone
+        b"",
+    ],
+)
 def test_bad_inputs_fail_with_the_same_message_line_and_column(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw: bytes
 ) -> None:
@@ -182,14 +227,16 @@ def test_bad_inputs_fail_with_the_same_message_line_and_column(
         assert _assert_same(monkeypatch, path, block_bytes, codec="utf-8") is None
 
 
-def test_a_chunk_with_undecodable_bytes_is_read_by_lines_naming_the_byte(
-    tmp_path: Path
-) -> None:
+def test_a_chunk_with_undecodable_bytes_is_read_by_lines_naming_the_byte(tmp_path: Path) -> None:
     """Planning refuses such bytes, so only a chunk spec made by hand can hold them."""
     plan = _plan(_bad(tmp_path, b"id,text\n1,ok\n2,caf\xe9\n"), codec="latin-1")
     utf8 = replace(plan.source, encoding="utf-8")
-    spec = replace(plan.chunks[0], byte_stop=plan.bytes, rows=2,
-                   bytes_sha256=hashlib.sha256(b"1,ok\n2,caf\xe9\n").hexdigest())
+    spec = replace(
+        plan.chunks[0],
+        byte_stop=plan.bytes,
+        rows=2,
+        bytes_sha256=hashlib.sha256(b"1,ok\n2,caf\xe9\n").hexdigest(),
+    )
     with pytest.raises(InputError, match="byte 0xe9 at byte 6 of this line") as caught:
         read_chunk(utf8, spec)
     assert caught.value.line == 3
@@ -228,13 +275,23 @@ def test_block_codecs_never_hide_a_newline_in_a_character(codec: str) -> None:
             assert "\n" not in bytes([a, b, 0x81, 0x30]).decode(codec, errors="replace")
 
 
-@pytest.mark.parametrize("codec, newline, expected", [
-    ("utf-8", "\n", True), ("UTF8", "\n", True), ("cp932", "\n", True),
-    ("cp1252", "\n", True), ("koi8-r", "\n", True),
-    ("utf-8", "\r", False), ("utf-16-le", "\n", False), ("utf-16-be", "\n", False),
-    ("iso2022_jp", "\n", False), ("hz", "\n", False), ("utf-7", "\n", False),
-    ("cp037", "\n", False),  # EBCDIC: the newline is not 0x0A
-])
+@pytest.mark.parametrize(
+    "codec, newline, expected",
+    [
+        ("utf-8", "\n", True),
+        ("UTF8", "\n", True),
+        ("cp932", "\n", True),
+        ("cp1252", "\n", True),
+        ("koi8-r", "\n", True),
+        ("utf-8", "\r", False),
+        ("utf-16-le", "\n", False),
+        ("utf-16-be", "\n", False),
+        ("iso2022_jp", "\n", False),
+        ("hz", "\n", False),
+        ("utf-7", "\n", False),
+        ("cp037", "\n", False),  # EBCDIC: the newline is not 0x0A
+    ],
+)
 def test_block_decodable_names_the_formats_the_block_reader_covers(
     codec: str, newline: str, expected: bool
 ) -> None:
@@ -249,4 +306,6 @@ def test_a_line_longer_than_many_blocks_and_no_final_newline(
     plan = _assert_same(monkeypatch, path, 100, chunk_size=1)
     assert plan is not None
     assert [(c.byte_start, c.byte_stop, c.line_start) for c in plan.chunks] == [
-        (8, 10_011, 2), (10_011, plan.bytes, 3)]
+        (8, 10_011, 2),
+        (10_011, plan.bytes, 3),
+    ]

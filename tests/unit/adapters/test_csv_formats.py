@@ -18,8 +18,12 @@ from adapters.csv_source import plan_csv
 from embedline.errors import InputError
 from embedline.models import InputPlan
 
-ROWS = [("007", "first, with a comma"), ("008", "second\nover two lines"),
-        ("009", "café ünïcode 日本語"), ("010", 'a "quoted" word')]
+ROWS = [
+    ("007", "first, with a comma"),
+    ("008", "second\nover two lines"),
+    ("009", "café ünïcode 日本語"),
+    ("010", 'a "quoted" word'),
+]
 
 
 def _text(rows: list[tuple[str, str]], *, delimiter: str = ",", newline: str = "\n") -> str:
@@ -32,8 +36,16 @@ def _text(rows: list[tuple[str, str]], *, delimiter: str = ",", newline: str = "
 
 
 def _plan(path: Path, *, codec: str = "auto", delimiter: str = "auto") -> InputPlan:
-    return plan_csv(path, id_column="id", text_column="text", codec=codec, chunk_size=1,
-                    model="m", dimensions=None, delimiter=delimiter)
+    return plan_csv(
+        path,
+        id_column="id",
+        text_column="text",
+        codec=codec,
+        chunk_size=1,
+        model="m",
+        dimensions=None,
+        delimiter=delimiter,
+    )
 
 
 def _read(plan: InputPlan) -> list[tuple[str, str]]:
@@ -65,13 +77,22 @@ def test_a_missing_kept_column_is_not_told_about_placeholders(tmp_path: Path) ->
     path = tmp_path / "in.csv"
     path.write_text(_text(ROWS), encoding="utf-8")
     with pytest.raises(InputError, match="no column named by --keep-columns 'nope'") as info:
-        plan_csv(path, id_column="id", text_column="text", codec="auto", chunk_size=10,
-                 model="m", dimensions=None, keep_columns=("nope",))
+        plan_csv(
+            path,
+            id_column="id",
+            text_column="text",
+            codec="auto",
+            chunk_size=10,
+            model="m",
+            dimensions=None,
+            keep_columns=("nope",),
+        )
     assert "placeholder" not in str(info.value)
 
 
-@pytest.mark.parametrize("codec, bom", [("utf-16-le", codecs.BOM_UTF16_LE),
-                                        ("utf-16-be", codecs.BOM_UTF16_BE)])
+@pytest.mark.parametrize(
+    "codec, bom", [("utf-16-le", codecs.BOM_UTF16_LE), ("utf-16-be", codecs.BOM_UTF16_BE)]
+)
 def test_excel_unicode_text_utf16_with_bom_tabs_and_crlf(
     tmp_path: Path, codec: str, bom: bytes
 ) -> None:
@@ -101,8 +122,14 @@ def test_cr_only_line_ends(tmp_path: Path) -> None:
 
 
 def test_legacy_encoding_is_detected_and_decoded_strictly(tmp_path: Path) -> None:
-    rows = [(f"{i:03d}", f"日本語のパッケージ説明です。番号{i}は、とても便利なツールを提供します。"
-                         f"設定ファイルの書式は「{i}」章を参照してください。") for i in range(20)]
+    rows = [
+        (
+            f"{i:03d}",
+            f"日本語のパッケージ説明です。番号{i}は、とても便利なツールを提供します。"
+            f"設定ファイルの書式は「{i}」章を参照してください。",
+        )
+        for i in range(20)
+    ]
     path = tmp_path / "sjis.csv"
     path.write_bytes(_text(rows).encode("cp932"))
     plan = _plan(path)
@@ -113,17 +140,20 @@ def test_legacy_encoding_is_detected_and_decoded_strictly(tmp_path: Path) -> Non
         _plan(path, codec="utf-8")  # an explicit codec stays strict
 
 
-@pytest.mark.parametrize("language, text, codec, rows", [
-    ("French", "café crème, garçon naïve à la française", "cp1252", 30),
-    ("German", "Größe Übung schön für Bäcker", "cp1252", 30),
-    ("French DOS", "déjà été à la maison", "cp850", 30),
-    ("French ISO", "œuvre cœur à l'été", "iso8859-15", 30),
-    ("Polish", "zażółć gęślą jaźń w Łodzi", "cp1250", 30),
-    ("Lithuanian", "ąčęėįšųūž Vilniuje", "cp1257", 30),
-    ("Turkish", "İstanbul'da ğüşıöç", "cp1254", 30),
-    ("Russian", "Привет мир, как дела", "cp1251", 30),
-    ("Russian KOI8, 3 rows", "Привет мир", "koi8-r", 3),
-])
+@pytest.mark.parametrize(
+    "language, text, codec, rows",
+    [
+        ("French", "café crème, garçon naïve à la française", "cp1252", 30),
+        ("German", "Größe Übung schön für Bäcker", "cp1252", 30),
+        ("French DOS", "déjà été à la maison", "cp850", 30),
+        ("French ISO", "œuvre cœur à l'été", "iso8859-15", 30),
+        ("Polish", "zażółć gęślą jaźń w Łodzi", "cp1250", 30),
+        ("Lithuanian", "ąčęėįšųūž Vilniuje", "cp1257", 30),
+        ("Turkish", "İstanbul'da ğüşıöç", "cp1254", 30),
+        ("Russian", "Привет мир, как дела", "cp1251", 30),
+        ("Russian KOI8, 3 rows", "Привет мир", "koi8-r", 3),
+    ],
+)
 def test_a_code_page_the_bytes_cannot_tell_apart_is_refused_not_guessed(
     tmp_path: Path, language: str, text: str, codec: str, rows: int
 ) -> None:
@@ -135,8 +165,11 @@ def test_a_code_page_the_bytes_cannot_tell_apart_is_refused_not_guessed(
     data = [(f"{i:03d}", f"{text} {i}") for i in range(rows)]
     path = tmp_path / "in.csv"
     path.write_bytes(_text(data).encode(codec))
-    with pytest.raises(InputError, match=r"code page cannot be told .* byte 0x[0-9A-F]{2} "
-                                         r"reads: .* in cp1252") as caught:
+    with pytest.raises(
+        InputError,
+        match=r"code page cannot be told .* byte 0x[0-9A-F]{2} "
+        r"reads: .* in cp1252",
+    ) as caught:
         _plan(path)
     assert caught.value.line == 2 and "--encoding" in str(caught.value)
     first_word = next(w for w in f"{text} ".replace(",", " ").split() if not w.isascii())
@@ -164,7 +197,7 @@ def test_an_export_whose_every_text_is_empty_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="every text in column 'text' is empty") as caught:
         _plan(path)
     assert caught.value.column == "text"
-    path.write_text('id,text\na,\nb,x\n', encoding="utf-8", newline="")
+    path.write_text("id,text\na,\nb,x\n", encoding="utf-8", newline="")
     assert _plan(path).rows == 2  # one real text is enough
 
 
@@ -183,7 +216,10 @@ def test_gzip_input_is_read_as_a_stream_with_decompressed_offsets(tmp_path: Path
     a, b = _plan(plain), _plan(packed)
     assert _read(b) == ROWS
     assert (b.sha256, b.bytes, [c.key for c in b.chunks]) == (
-        a.sha256, a.bytes, [c.key for c in a.chunks])
+        a.sha256,
+        a.bytes,
+        [c.key for c in a.chunks],
+    )
 
 
 def test_zip_and_unnamed_gzip_are_refused_naming_the_format(tmp_path: Path) -> None:

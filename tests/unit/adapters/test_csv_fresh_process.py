@@ -22,17 +22,25 @@ print(len(rows), len(rows[0].text))
 """
 
 
-def test_read_chunk_in_a_fresh_interpreter_reads_a_field_over_131072_chars(
-    tmp_path: Path
-) -> None:
+def test_read_chunk_in_a_fresh_interpreter_reads_a_field_over_131072_chars(tmp_path: Path) -> None:
     long_text = "x" * 200_000
     path = tmp_path / "long.csv"
     path.write_text(f'id,text\na,"{long_text}"\nb,short\n', encoding="utf-8")
-    plan = plan_csv(path, id_column="id", text_column="text", codec="utf-8", chunk_size=10,
-                    model="m", dimensions=None)
+    plan = plan_csv(
+        path,
+        id_column="id",
+        text_column="text",
+        codec="utf-8",
+        chunk_size=10,
+        model="m",
+        dimensions=None,
+    )
     child = subprocess.run(
-        [sys.executable, "-c", _CHILD], input=pickle.dumps((plan.source, plan.chunks[0])),
-        cwd=REPO, capture_output=True, timeout=60,
+        [sys.executable, "-c", _CHILD],
+        input=pickle.dumps((plan.source, plan.chunks[0])),
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
     )
     assert child.returncode == 0, child.stderr.decode()[-500:]
     assert child.stdout.decode().split() == ["2", "200000"]

@@ -76,8 +76,10 @@ def test_error_names_physical_line_after_multiline_records(tmp_path: Path) -> No
     assert "empty id" in str(info.value) and "'id'" in str(info.value)
 
 
-@pytest.mark.parametrize(("row_id", "words"), [
-    ("   ", "empty id"), ("\u3000", "empty id"), ("\t ", "empty id"), ("a\x1fb", "U+001F")])
+@pytest.mark.parametrize(
+    ("row_id", "words"),
+    [("   ", "empty id"), ("\u3000", "empty id"), ("\t ", "empty id"), ("a\x1fb", "U+001F")],
+)
 def test_every_id_the_rule_refuses_is_refused_by_planning_naming_its_line(
     tmp_path: Path, row_id: str, words: str
 ) -> None:
@@ -93,16 +95,22 @@ def test_whitespace_only_texts_are_planned_empty_as_the_embed_rule_says(tmp_path
 
     texts = ["x", "  ", "\u3000\u2003", " y ", '"\n"', "\t"]
     body = "".join(f"{i},{t}\n" for i, t in enumerate(texts))
-    plan = plan_csv(_write(tmp_path, "id,text\n" + body), id_column="id", text_column="text",
-                    codec="utf-8", chunk_size=10, model="m", dimensions=None,
-                    scratch_root=str(tmp_path / "scratch"))
+    plan = plan_csv(
+        _write(tmp_path, "id,text\n" + body),
+        id_column="id",
+        text_column="text",
+        codec="utf-8",
+        chunk_size=10,
+        model="m",
+        dimensions=None,
+        scratch_root=str(tmp_path / "scratch"),
+    )
     try:
         empty = chunk_rows(str(plan.scratch), 0).column("empty").to_pylist()
     finally:
         release(plan.scratch)
     rows = read_chunk(plan.source, plan.chunks[0])
-    assert empty == [not row.text.strip() for row in rows] == [False, True, True, False, True,
-                                                               True]
+    assert empty == [not row.text.strip() for row in rows] == [False, True, True, False, True, True]
 
 
 def test_trailing_comma_on_every_row_does_not_shift_columns(tmp_path: Path) -> None:
@@ -224,9 +232,16 @@ def _tricky_csv(line_ending: str) -> tuple[str, list[tuple[str, str, int]]]:
     """A CSV whose records span lines in every way a real export does, with the expected
     (id, text, physical line) of each record, counted here rather than by a reader."""
     texts = [
-        "plain", "", "two\nlines", "crlf\r\ninside", "lone\rcarriage return",
+        "plain",
+        "",
+        "two\nlines",
+        "crlf\r\ninside",
+        "lone\rcarriage return",
         "unicode line\u2028separator, form\x0cfeed, NEL\x85 and \x1cfile separator",
-        'doubled ""quotes""', "日本語の説明\n二行目", "trailing newline\n", "a,b,c",
+        'doubled ""quotes""',
+        "日本語の説明\n二行目",
+        "trailing newline\n",
+        "a,b,c",
     ]
     out, expected, line = [f"id,text{line_ending}"], [], 2
     for i in range(37):
@@ -255,31 +270,52 @@ def test_chunk_reads_return_each_record_with_its_first_physical_line(
     assert all(r.text_sha256 == keys.text_sha256(r.text) for r in rows)
 
 
-@pytest.mark.parametrize("documents", [
-    {},
-    {"text_template": "{title}\n\n{text}"},
-    {"keep_columns": ("title",)},
-    {"keep_text": True},
-    {"text_template": "{title}: {text}", "keep_columns": ("title",), "keep_text": True},
-], ids=["plain", "template", "kept", "keep-text", "all"])
-def test_each_chunk_key_is_the_key_of_its_own_rows(tmp_path: Path,
-                                                     documents: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    "documents",
+    [
+        {},
+        {"text_template": "{title}\n\n{text}"},
+        {"keep_columns": ("title",)},
+        {"keep_text": True},
+        {"text_template": "{title}: {text}", "keep_columns": ("title",), "keep_text": True},
+    ],
+    ids=["plain", "template", "kept", "keep-text", "all"],
+)
+def test_each_chunk_key_is_the_key_of_its_own_rows(
+    tmp_path: Path, documents: dict[str, object]
+) -> None:
     """Every documents setting: a chunk's key is ``keys.chunk_key`` of the rows read back
     (a template without kept columns once keyed every chunk as if it had no rows, so all
     chunks shared one object and the manifest did not add up)."""
     path = tmp_path / "docs.csv"
     path.write_text("id,title,text\n" + "".join(f"{n},t{n % 3},text {n}\n" for n in range(8)))
-    plan = plan_csv(path, id_column="id", text_column="text", codec="auto", chunk_size=3,
-                    model="m", dimensions=8, **documents)  # type: ignore[arg-type]
+    plan = plan_csv(
+        path,
+        id_column="id",
+        text_column="text",
+        codec="auto",
+        chunk_size=3,
+        model="m",
+        dimensions=8,
+        **documents,
+    )  # type: ignore[arg-type]
     kept = documents.get("keep_columns", ())
-    lines = keys.columns_lines(documents.get("text_template"),  # type: ignore[arg-type]
-                               kept, bool(documents.get("keep_text")))  # type: ignore[arg-type]
+    lines = keys.columns_lines(
+        documents.get("text_template"),  # type: ignore[arg-type]
+        kept,
+        bool(documents.get("keep_text")),
+    )  # type: ignore[arg-type]
     found = []
     for spec in plan.chunks:
         rows = read_chunk(plan.source, spec)
-        key_rows = [(r.id, keys.text_sha256(r.text),
-                     *([kept_sha256(list(r.kept[:len(kept)]))] if kept else []))
-                    for r in rows]
+        key_rows = [
+            (
+                r.id,
+                keys.text_sha256(r.text),
+                *([kept_sha256(list(r.kept[: len(kept)]))] if kept else []),
+            )
+            for r in rows
+        ]
         assert spec.key == keys.chunk_key("m", 8, key_rows, lines)
         found.append(spec.key)
     assert len(set(found)) == len(plan.chunks) == 3

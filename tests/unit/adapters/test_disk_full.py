@@ -55,7 +55,11 @@ def test_a_full_output_filesystem_is_one_error_naming_the_object(tiny_tmpfs: Pat
     fill(tiny_tmpfs)
     body = b"x" * 300_000
     with pytest.raises(DiskFullError) as caught:
-        store.put_if_absent("chunks/a.parquet", body, sha256=hashlib.sha256(body).hexdigest(),
-                            content_type="application/octet-stream")
+        store.put_if_absent(
+            "chunks/a.parquet",
+            body,
+            sha256=hashlib.sha256(body).hexdigest(),
+            content_type="application/octet-stream",
+        )
     _is_the_one_line(caught.value, tiny_tmpfs / "out" / "chunks" / "a.parquet", tiny_tmpfs)
     assert [p.name for p in (tiny_tmpfs / "out").rglob("*") if p.is_file()] == []  # no temp left

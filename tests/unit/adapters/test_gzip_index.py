@@ -21,7 +21,7 @@ def _payload(size: int, seed: int = 7) -> bytes:
     words = [bytes(rng.choice(b"abcdefghij") for _ in range(rng.randint(2, 9))) for _ in range(500)]
     out = bytearray()
     while len(out) < size:
-        out += rng.choice(words) + b" \n"[rng.random() < 0.1: rng.random() < 0.1 + 1]
+        out += rng.choice(words) + b" \n"[rng.random() < 0.1 : rng.random() < 0.1 + 1]
     return bytes(out[:size])
 
 
@@ -53,8 +53,7 @@ def test_random_ranges_match_a_full_decompression_and_resume_from_checkpoints() 
     tally: list[int] = []
     index = GzipIndex(_opener(blob, tally), spacing_bytes=256 << 10)
     rng = random.Random(1)
-    ranges = [(a, a + rng.randint(0, 90_000)) for a in
-              (rng.randrange(len(raw)) for _ in range(60))]
+    ranges = [(a, a + rng.randint(0, 90_000)) for a in (rng.randrange(len(raw)) for _ in range(60))]
     ranges += [(0, 10), (len(raw) - 5, len(raw) + 100), (len(raw) + 10, len(raw) + 20)]
     for start, stop in ranges:
         assert index.read_range(start, stop) == raw[start:stop]
@@ -69,7 +68,7 @@ def test_multi_member_files_are_read_across_member_boundaries() -> None:
     raw = b"".join(parts)
     index = GzipIndex(_opener(blob, []), spacing_bytes=20_000)
     for start in range(0, len(raw), 17_333):
-        assert index.read_range(start, start + 40_000) == raw[start:start + 40_000]
+        assert index.read_range(start, start + 40_000) == raw[start : start + 40_000]
 
 
 def test_checkpoints_stay_bounded_by_thinning() -> None:
@@ -96,16 +95,17 @@ def test_gzip_input_chunks_of_the_real_file_equal_the_plain_files_bytes(tmp_path
     source = open_input(str(packed))
     step = max(1, len(raw) // 37)
     for start in list(range(0, len(raw), step))[::-1]:  # backwards: every read seeks back
-        assert source.read_range(start, start + step) == raw[start:start + step]
+        assert source.read_range(start, start + step) == raw[start : start + step]
 
 
 # Issue 22 item 8: the planning stream and the chunk reader read gzip with one code path, as
 # Python's gzip module reads it (NUL padding after a member skipped), and trailing garbage
 # is refused with its compressed offset.
 
+
 def _padded(raw: bytes, members: int = 1, padding: bytes = b"\0" * 1024) -> bytes:
     step = -(-len(raw) // members)
-    return b"".join(gzip.compress(raw[i:i + step]) + padding for i in range(0, len(raw), step))
+    return b"".join(gzip.compress(raw[i : i + step]) + padding for i in range(0, len(raw), step))
 
 
 @pytest.mark.parametrize("members", [1, 3])
@@ -118,7 +118,7 @@ def test_nul_padding_after_members_reads_as_python_gzip_reads_it(
     index = GzipIndex(_opener(blob, []), spacing_bytes=64 << 10)
     rng = random.Random(3)
     for start in [0, len(raw) - 10, *(rng.randrange(len(raw)) for _ in range(20))]:
-        assert index.read_range(start, start + 50_000) == raw[start:start + 50_000]
+        assert index.read_range(start, start + 50_000) == raw[start : start + 50_000]
     assert index.read_range(len(raw) - 5, len(raw) + 2000) == raw[-5:]
     path = tmp_path / "padded.csv.gz"
     path.write_bytes(blob)

@@ -32,8 +32,9 @@ def ledger() -> Ledger:
 
 
 def _start(ledger: Ledger, plan: InputPlan, run: str = "r" * 64, root: str = "/out") -> str:
-    ledger.start_run(run, plan, output_uri=root, settings={}, flow_run_id=None,
-                     object_uris=_uris(plan, root))
+    ledger.start_run(
+        run, plan, output_uri=root, settings={}, flow_run_id=None, object_uris=_uris(plan, root)
+    )
     return run
 
 
@@ -53,8 +54,9 @@ def test_claim_publish_and_dead_letters(ledger: Ledger) -> None:
     assert ledger.claim(run, 1, owner="a", lease_s=60)
     assert not ledger.claim(run, 1, owner="b", lease_s=60)  # held by a live lease
     dead = [DeadLetter(spec.first_row + 3, "id-3", "empty_text")]
-    ledger.mark_published(run, spec, object_uri="/out/" + spec.object_key, sha256="s",
-                          rows=9, dead_letters=dead)
+    ledger.mark_published(
+        run, spec, object_uri="/out/" + spec.object_key, sha256="s", rows=9, dead_letters=dead
+    )
     assert ledger.chunk_states(run)[1].state == "published"
     assert ledger.published_object("/out/" + spec.object_key).rows == 9
     assert ledger.run_dead_letters(run) == dead
@@ -69,15 +71,26 @@ def test_a_run_started_for_another_output_does_not_keep_the_old_outputs_counts(
     "rows=9000/20000" beside that output's 0 published chunks."""
     plan = _plan(2)
     run = _start(ledger, plan, root="/out")
-    ledger.finish_run(run, status="complete", rows_published=20, rows_failed=0,
-                      manifest_uri="/out/manifests/m.json")
+    ledger.finish_run(
+        run,
+        status="complete",
+        rows_published=20,
+        rows_failed=0,
+        manifest_uri="/out/manifests/m.json",
+    )
     _start(ledger, plan, run, root="/out")  # the same output again: its counts stand
     assert (ledger.runs()[0].rows_published, ledger.runs()[0].manifest_uri) == (
-        20, "/out/manifests/m.json")
+        20,
+        "/out/manifests/m.json",
+    )
     _start(ledger, plan, run, root="/out2")
     record = ledger.runs()[0]
-    assert (record.output_uri, record.rows_published, record.rows_failed,
-            record.manifest_uri) == ("/out2", 0, 0, None)
+    assert (record.output_uri, record.rows_published, record.rows_failed, record.manifest_uri) == (
+        "/out2",
+        0,
+        0,
+        None,
+    )
 
 
 def test_expired_lease_is_reclaimed(ledger: Ledger) -> None:
@@ -102,8 +115,14 @@ def test_failed_chunk_can_be_claimed_again_and_release_returns_to_pending(ledger
 def test_rerun_to_another_output_resets_chunks_not_published_there(ledger: Ledger) -> None:
     plan = _plan(1)
     run = _start(ledger, plan, root="/a")
-    ledger.mark_published(run, plan.chunks[0], object_uri="/a/" + plan.chunks[0].object_key,
-                          sha256="s", rows=10, dead_letters=[])
+    ledger.mark_published(
+        run,
+        plan.chunks[0],
+        object_uri="/a/" + plan.chunks[0].object_key,
+        sha256="s",
+        rows=10,
+        dead_letters=[],
+    )
     _start(ledger, plan, run, root="/b")
     assert ledger.chunk_states(run)[0].state == "pending"
     assert ledger.published_object("/b/" + plan.chunks[0].object_key) is None
@@ -128,8 +147,14 @@ def test_32_threads_drive_500_chunks_without_lock_errors(tmp_path: Path) -> None
         try:
             for spec in plan.chunks[n::32]:
                 assert led.claim(run, spec.index, owner=f"w{n}", lease_s=60)
-                led.mark_published(run, spec, object_uri=f"/out/{spec.object_key}",
-                                   sha256="s", rows=1, dead_letters=[])
+                led.mark_published(
+                    run,
+                    spec,
+                    object_uri=f"/out/{spec.object_key}",
+                    sha256="s",
+                    rows=1,
+                    dead_letters=[],
+                )
         except BaseException as exc:  # noqa: BLE001 - collected and asserted below
             errors.append(exc)
         finally:
@@ -176,8 +201,9 @@ def test_a_load_superseded_by_another_runs_load_starts_over(ledger: Ledger) -> N
     assert ledger.last_loaded_run(sink) == "r1"
 
 
-def _indexed(ledger: Ledger, output: str, model: str, dimensions: str
-             ) -> dict[str, list[tuple[str, int]]]:
+def _indexed(
+    ledger: Ledger, output: str, model: str, dimensions: str
+) -> dict[str, list[tuple[str, int]]]:
     """``{hash prefix (16 hex): [(object key, row position), ...]}`` over every bucket."""
     from adapters.ledger.reuse_index import BUCKETS
 
@@ -195,15 +221,19 @@ def test_the_reuse_index_gives_every_text_its_objects_and_row_positions(ledger: 
     import hashlib
 
     hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(1_203)]
-    ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="",
-                        text_hashes=hashes[:1_100])
-    ledger.index_object("/out", "chunks/0.parquet", model="m", dimensions="",
-                        text_hashes=hashes[1_000:])
+    ledger.index_object(
+        "/out", "chunks/1.parquet", model="m", dimensions="", text_hashes=hashes[:1_100]
+    )
+    ledger.index_object(
+        "/out", "chunks/0.parquet", model="m", dimensions="", text_hashes=hashes[1_000:]
+    )
     found = _indexed(ledger, "/out", "m", "")
     assert len(found) == 1_203  # every text, spread over the buckets
     assert found[hashes[5][:16]] == [("chunks/1.parquet", 5)]
-    assert sorted(found[hashes[1_050][:16]]) == [("chunks/0.parquet", 50),
-                                                ("chunks/1.parquet", 1_050)]
+    assert sorted(found[hashes[1_050][:16]]) == [
+        ("chunks/0.parquet", 50),
+        ("chunks/1.parquet", 1_050),
+    ]
     assert found[hashes[1_202][:16]] == [("chunks/0.parquet", 202)]
 
 
@@ -211,11 +241,15 @@ def test_reuse_index_matches_output_model_and_dimensions_only(ledger: Ledger) ->
     a, b, c = "a" * 64, "b" * 64, "c" * 64
     ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="", text_hashes=[a, b])
     ledger.index_object("/out", "chunks/1.parquet", model="m", dimensions="", text_hashes=[c])
-    ledger.index_object("/out", "chunks/2.parquet", model="m", dimensions="256",
-                        text_hashes=[c])
+    ledger.index_object("/out", "chunks/2.parquet", model="m", dimensions="256", text_hashes=[c])
     ledger.index_object("/other", "chunks/3.parquet", model="m", dimensions="", text_hashes=[c])
-    assert _indexed(ledger, "/out", "m", "") == {  # c only at 256 or under /other
-        a[:16]: [("chunks/1.parquet", 0)], b[:16]: [("chunks/1.parquet", 1)]}
+    assert (
+        _indexed(ledger, "/out", "m", "")
+        == {  # c only at 256 or under /other
+            a[:16]: [("chunks/1.parquet", 0)],
+            b[:16]: [("chunks/1.parquet", 1)],
+        }
+    )
     assert _indexed(ledger, "/out", "m", "256") == {c[:16]: [("chunks/2.parquet", 0)]}
     assert _indexed(ledger, "/out", "other", "") == {}
     assert ledger.indexed_objects("/out") == {"chunks/1.parquet", "chunks/2.parquet"}
@@ -229,8 +263,13 @@ def test_a_stop_never_overwrites_a_finished_run(ledger: Ledger) -> None:
     ledger.mark_stopped(run, status="crashed")
     assert ledger.find_run(run[:8]).status == "crashed"
     _start(ledger, _plan(2), run)  # the rerun
-    ledger.finish_run(run, status="complete", rows_published=20, rows_failed=0,
-                      manifest_uri="/out/manifests/r.json")
+    ledger.finish_run(
+        run,
+        status="complete",
+        rows_published=20,
+        rows_failed=0,
+        manifest_uri="/out/manifests/r.json",
+    )
     ledger.mark_stopped(run)  # an interrupt that landed just after the commit
     assert ledger.find_run(run[:8]).status == "complete"
 
@@ -242,6 +281,10 @@ def test_record_committed_catches_the_ledger_up_with_the_store_once(ledger: Ledg
     assert ledger.record_committed(run, **counts)
     record = ledger.find_run(run[:8])
     assert (record.status, record.rows_published, record.rows_failed, record.manifest_uri) == (
-        "complete", 19, 1, "/out/manifests/r.json")
+        "complete",
+        19,
+        1,
+        "/out/manifests/r.json",
+    )
     assert not ledger.record_committed(run, **counts)  # already agrees: no write
     assert not ledger.record_committed("cd" * 32, **counts)  # a run this ledger never saw

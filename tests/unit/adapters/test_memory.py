@@ -66,8 +66,14 @@ print(anon_mib() - before, sum(map(len, kept)) >> 20)
 
 def _run(script: str, *args: str, **extra: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | extra
-    return subprocess.run([sys.executable, "-c", script, str(REPO), *args], env=env,
-                          capture_output=True, text=True, check=True, timeout=60).stdout
+    return subprocess.run(
+        [sys.executable, "-c", script, str(REPO), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
@@ -112,9 +118,17 @@ def test_every_entry_point_gets_the_system_pool_before_pyarrow_allocates(
     """Arrow reads ARROW_DEFAULT_MEMORY_POOL once; a CLI that imported its commands first
     (the adapters package loading pyarrow) got mimalloc: peak RSS 481 MB instead of 327 at
     1M rows (bench_reuse)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("MALLOC_") and k != "ARROW_DEFAULT_MEMORY_POOL"}
-    out = subprocess.run([sys.executable, "-c", _POOL, str(REPO), entry,
-                          str(tmp_path / "ledger.sqlite3")],
-                         env=env, capture_output=True, text=True, check=True, timeout=120)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MALLOC_") and k != "ARROW_DEFAULT_MEMORY_POOL"
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _POOL, str(REPO), entry, str(tmp_path / "ledger.sqlite3")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert out.stdout.split()[0] == "system", out.stdout + out.stderr

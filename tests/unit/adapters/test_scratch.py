@@ -29,7 +29,7 @@ def test_a_spill_gives_back_each_partition_in_the_order_added(tmp_path: Path) ->
     values = rng.integers(0, 2**63, 100).astype(np.uint64)
     parts = values % np.uint64(5)
     for start in range(0, 100, 9):
-        spill.add(values[start:start + 9], parts[start:start + 9].astype(np.int64))
+        spill.add(values[start : start + 9], parts[start : start + 9].astype(np.int64))
     assert spill.partitions() == [0, 1, 2, 3, 4] and spill.rows == 100
     for part in range(5):
         np.testing.assert_array_equal(spill.read(part), values[parts == part])
@@ -39,8 +39,7 @@ def test_a_spill_gives_back_each_partition_in_the_order_added(tmp_path: Path) ->
     assert 3 not in spill.partitions() and len(spill.read(3)) == 0
 
 
-def test_records_filled_in_place_are_read_back_in_the_order_committed(tmp_path: Path
-                                                                      ) -> None:
+def test_records_filled_in_place_are_read_back_in_the_order_committed(tmp_path: Path) -> None:
     """``reserve`` gives at most the buffer's free room; ``commit`` adds only what was
     filled; runs in partition order (the flush's fast path) and shuffled ones both come
     back per partition in the order committed."""
@@ -54,20 +53,19 @@ def test_records_filled_in_place_are_read_back_in_the_order_committed(tmp_path: 
         room = spill.reserve(want)
         assert 1 <= len(room) <= min(want, 7)
         filled = int(rng.integers(1, len(room) + 1))
-        parts = (np.sort(rng.integers(0, 4, filled)) if step % 2 else
-                 rng.integers(0, 4, filled))
+        parts = np.sort(rng.integers(0, 4, filled)) if step % 2 else rng.integers(0, 4, filled)
         room["position"][:filled] = np.arange(position, position + filled)
         room["value"][:filled] = np.arange(position, position + filled)[:, None] * 0.5
         spill.commit(filled, parts.astype(np.int64))
         for offset, part in enumerate(parts.tolist()):
-            expected.setdefault(part, []).append((position + offset,
-                                                  (position + offset) * 0.5))
+            expected.setdefault(part, []).append((position + offset, (position + offset) * 0.5))
         position += filled
     assert spill.rows == position
     for part, rows in expected.items():
         got = spill.read(part)
-        assert [(int(p), float(v[0])) for p, v in zip(got["position"], got["value"],
-                                                        strict=True)] == rows
+        assert [
+            (int(p), float(v[0])) for p, v in zip(got["position"], got["value"], strict=True)
+        ] == rows
         assert (got["value"][:, 2] == got["value"][:, 0]).all()
 
 
@@ -82,7 +80,8 @@ def test_records_added_are_copied_so_the_caller_may_reuse_its_array(tmp_path: Pa
         spill.add(values, step % 3)
     for part in range(3):
         np.testing.assert_array_equal(
-            spill.read(part), np.repeat(np.arange(part, 25, 3), 10).astype(np.uint64))
+            spill.read(part), np.repeat(np.arange(part, 25, 3), 10).astype(np.uint64)
+        )
 
 
 @pytest.mark.parametrize("top", [3, 255, 65535, 65536, 2**40])
@@ -132,10 +131,16 @@ def test_hash_prefixes_are_the_first_16_hex_digits() -> None:
 
 def test_a_dead_process_scratch_is_swept_a_live_one_never(tmp_path: Path) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from adapters.scratch import Scratch; "
-         f"s = Scratch.create({str(tmp_path)!r}); print(s.path, flush=True); time.sleep(60)"],
-        cwd=REPO, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from adapters.scratch import Scratch; "
+            f"s = Scratch.create({str(tmp_path)!r}); print(s.path, flush=True); time.sleep(60)",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout is not None
     theirs = Path(child.stdout.readline().strip())
     mine = Scratch.create(tmp_path)  # their process is alive: kept
@@ -154,19 +159,30 @@ def test_planning_spills_row_hashes_and_finds_duplicates_over_buckets(tmp_path: 
     path = tmp_path / "in.csv"
     rows = [(f"id{i}", f"text {i % 7}" if i % 5 else "  ") for i in range(300)]
     path.write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in rows), encoding="utf-8")
-    args = dict(id_column="id", text_column="text", codec="auto", chunk_size=40, model="m",
-                dimensions=None, scratch_root=str(tmp_path))
+    args = dict(
+        id_column="id",
+        text_column="text",
+        codec="auto",
+        chunk_size=40,
+        model="m",
+        dimensions=None,
+        scratch_root=str(tmp_path),
+    )
     plan = plan_csv(path, **args)
     assert plan.scratch is not None
     spill = Spill(Path(plan.scratch) / "rows", ROW_DTYPE)
     got = np.concatenate([spill.read(p) for p in spill.partitions()])
-    want = {(int(text_sha256(t)[:16], 16), i // 40, i % 40)
-            for i, (_, t) in enumerate(rows) if t.strip()}  # empty texts left out
+    want = {
+        (int(text_sha256(t)[:16], 16), i // 40, i % 40)
+        for i, (_, t) in enumerate(rows)
+        if t.strip()
+    }  # empty texts left out
     assert {(int(r["prefix"]), int(r["chunk"]), int(r["position"])) for r in got} == want
     release(plan.scratch)
     assert not Path(plan.scratch).exists()
-    path.write_text("id,text\n" + "".join(f"{n % 250},{t}\n" for n, (_, t) in enumerate(rows)),
-                    encoding="utf-8")
+    path.write_text(
+        "id,text\n" + "".join(f"{n % 250},{t}\n" for n, (_, t) in enumerate(rows)), encoding="utf-8"
+    )
     with pytest.raises(InputError, match="50 duplicated id"):
         plan_csv(path, **args)
     assert not (tmp_path / "scratch").exists()  # an input error leaves no scratch at all
@@ -201,7 +217,8 @@ def test_the_last_scratch_closed_removes_the_empty_scratch_directory(tmp_path: P
 
 
 def test_a_scratch_directory_removed_while_another_is_made_is_made_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Another process may remove ``scratch/`` empty between this one's mkdir and its
     own directory's: ``create`` makes it again instead of failing the run."""

@@ -16,8 +16,9 @@ from embedline.errors import InputError
 ODD_KEY = "exports/2026 #1?v=2/naïve%20+x.csv"
 
 
-@pytest.mark.parametrize("key", [ODD_KEY, "a#b", "a?b", "a%2Fb", "a+b", "a b", "ü/ß.csv",
-                                 "x?table=t#frag"])
+@pytest.mark.parametrize(
+    "key", [ODD_KEY, "a#b", "a?b", "a%2Fb", "a+b", "a b", "ü/ß.csv", "x?table=t#frag"]
+)
 def test_s3_key_is_kept_exactly_as_written(key: str) -> None:
     found = split_location(f"s3://bucket/{key}", what="input", forms="")
     assert (found.kind, found.bucket, found.key) == ("s3", "bucket", key)
@@ -50,8 +51,10 @@ def test_file_uris_are_percent_decoded_per_rfc_8089(tmp_path: Path) -> None:
     assert split_location("file://localhost/a/b", what="--output", forms="").path == "/a/b"
 
 
-@pytest.mark.parametrize("uri", ["file:///tmp/out#1", "file:///tmp/a?b", "file://host/x",
-                                 "file://relative", "file:///x%ff"])
+@pytest.mark.parametrize(
+    "uri",
+    ["file:///tmp/out#1", "file:///tmp/a?b", "file://host/x", "file://relative", "file:///x%ff"],
+)
 def test_file_uris_with_raw_query_fragment_or_no_absolute_path_are_refused(uri: str) -> None:
     with pytest.raises(InputError) as info:
         open_store(uri)
@@ -59,11 +62,18 @@ def test_file_uris_with_raw_query_fragment_or_no_absolute_path_are_refused(uri: 
     assert uri in message and "\n" not in message
 
 
-@pytest.mark.parametrize(("uri", "says"), [
-    ("s3://", "no bucket"), ("s3:///key", "no bucket"), ("s3://u:p@b/k", "credentials"),
-    ("s3://b#x/k", "not a valid bucket"), ("s3://b?x", "not a valid bucket"),
-    ("gs://b/k", "unsupported scheme"), ("  ", "is empty"),
-])
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("s3://", "no bucket"),
+        ("s3:///key", "no bucket"),
+        ("s3://u:p@b/k", "credentials"),
+        ("s3://b#x/k", "not a valid bucket"),
+        ("s3://b?x", "not a valid bucket"),
+        ("gs://b/k", "unsupported scheme"),
+        ("  ", "is empty"),
+    ],
+)
 def test_bad_s3_uris_are_refused_in_one_line(uri: str, says: str) -> None:
     with pytest.raises(InputError) as info:
         split_location(uri, what="--output", forms="use s3://bucket")
@@ -83,11 +93,14 @@ def test_dot_lance_form_keeps_hash_and_question_mark(tmp_path: Path) -> None:
     assert sink.table_name == "docs"  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(("uri", "path", "table"), [
-    ("lancedb:///data/db #1", "/data/db #1", "embeddings"),
-    ("lancedb:///data/a?b/db?table=t", "/data/a?b/db", "t"),
-    ("lancedb:///data/db?v=2?table=docs", "/data/db?v=2", "docs"),  # a sink's identity
-])
+@pytest.mark.parametrize(
+    ("uri", "path", "table"),
+    [
+        ("lancedb:///data/db #1", "/data/db #1", "embeddings"),
+        ("lancedb:///data/a?b/db?table=t", "/data/a?b/db", "t"),
+        ("lancedb:///data/db?v=2?table=docs", "/data/db?v=2", "docs"),  # a sink's identity
+    ],
+)
 def test_lancedb_query_is_after_the_last_question_mark(uri: str, path: str, table: str) -> None:
     sink = open_sink(uri)
     assert (sink.path, sink.table_name) == (path, table)  # type: ignore[attr-defined]
@@ -102,8 +115,9 @@ def test_lancedb_path_with_question_mark_and_no_table_is_refused(uri: str) -> No
     assert uri in message and "PATH/NAME.lance" in message and "\n" not in message
 
 
-@pytest.mark.parametrize("uri", ["s3://b/out #1?x=%20+ü/", "s3://b/a%2Fb#c", "file:///tmp/o%231",
-                                 "./out#1?v=%20"])
+@pytest.mark.parametrize(
+    "uri", ["s3://b/out #1?x=%20+ü/", "s3://b/a%2Fb#c", "file:///tmp/o%231", "./out#1?v=%20"]
+)
 def test_a_stores_uri_reopens_the_same_store(uri: str) -> None:
     """Dask workers get the store's URI as a string and reopen it (tasks/chunk.store_for):
     the reopened store must name the same keys."""

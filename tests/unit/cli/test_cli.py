@@ -15,39 +15,51 @@ def test_dead_letter_ids_stay_onetsv_field() -> None:
     assert tsv_field("a\tb\nc\rd\\e") == "a\\tb\\nc\\rd\\\\e"
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--chunk-size", "0"),
-                                             ("--progress-interval", "-1"),
-                                             ("--progress-interval", "inf")])
-def test_bad_numbers_are_usage_errors(capsys: pytest.CaptureFixture[str], flag: str,
-                                      value: str) -> None:
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--chunk-size", "0"), ("--progress-interval", "-1"), ("--progress-interval", "inf")],
+)
+def test_bad_numbers_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
     with pytest.raises(SystemExit) as info:
         main(["run", "x.csv", flag, value])
     assert info.value.code == 2
     assert flag in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("argv", "words"), [
-    (["run", "x.csv", "--batch-size", "0"], "--batch-size: must be a whole number, at least 1"),
-    (["run", "x.csv", "--chunk-size", "x"], "--chunk-size: must be a whole number, at least 1, "
-                                            "got 'x'"),
-    (["run", "x.csv", "--max-delete-fraction", "2"], "--max-delete-fraction: must be a number"),
-    (["run", "x.csv", "--embedder", "foo"], "invalid choice: 'foo'"),
-    (["run"], "required: INPUT"),
-    (["gc"], "required: OUTPUT"),
-    (["rnu"], "invalid choice: 'rnu'"),
-    (["status", "--bogus"], "unrecognized arguments: --bogus"),
-    (["run", "x.csv", "extra"], "embedline run: error: unrecognized arguments: extra"),
-    (["status", "a", "b"], "embedline status: error: unrecognized arguments: b"),
-    # abbreviations are refused: they would change meaning when an option is added
-    (["run", "x.csv", "--dim", "64"], "embedline run: error: unrecognized arguments: --dim"),
-    (["gc", "out", "--gra", "1h"], "embedline gc: error: unrecognized arguments: --gra"),
-    # ... named before anything else argparse would say, with what they may mean
-    (["load", "abcdef12", "--t", "x"], "unrecognized arguments: --t (options are written in "
-                                       "full: --to)"),
-    (["run", "--he"], "embedline run: error: unrecognized arguments: --he"),
-    (["--vers"], "embedline: error: unrecognized arguments: --vers (options are written in "
-                 "full: --version)"),
-])
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["run", "x.csv", "--batch-size", "0"], "--batch-size: must be a whole number, at least 1"),
+        (
+            ["run", "x.csv", "--chunk-size", "x"],
+            "--chunk-size: must be a whole number, at least 1, got 'x'",
+        ),
+        (["run", "x.csv", "--max-delete-fraction", "2"], "--max-delete-fraction: must be a number"),
+        (["run", "x.csv", "--embedder", "foo"], "invalid choice: 'foo'"),
+        (["run"], "required: INPUT"),
+        (["gc"], "required: OUTPUT"),
+        (["rnu"], "invalid choice: 'rnu'"),
+        (["status", "--bogus"], "unrecognized arguments: --bogus"),
+        (["run", "x.csv", "extra"], "embedline run: error: unrecognized arguments: extra"),
+        (["status", "a", "b"], "embedline status: error: unrecognized arguments: b"),
+        # abbreviations are refused: they would change meaning when an option is added
+        (["run", "x.csv", "--dim", "64"], "embedline run: error: unrecognized arguments: --dim"),
+        (["gc", "out", "--gra", "1h"], "embedline gc: error: unrecognized arguments: --gra"),
+        # ... named before anything else argparse would say, with what they may mean
+        (
+            ["load", "abcdef12", "--t", "x"],
+            "unrecognized arguments: --t (options are written in full: --to)",
+        ),
+        (["run", "--he"], "embedline run: error: unrecognized arguments: --he"),
+        (
+            ["--vers"],
+            "embedline: error: unrecognized arguments: --vers (options are written in "
+            "full: --version)",
+        ),
+    ],
+)
 def test_every_usage_error_is_one_line_that_points_to_help(
     capsys: pytest.CaptureFixture[str], argv: list[str], words: str
 ) -> None:
@@ -59,14 +71,17 @@ def test_every_usage_error_is_one_line_that_points_to_help(
     assert err.rstrip().endswith("--help')"), err
 
 
-@pytest.mark.parametrize(("argv", "problem"), [
-    (["--grace", "-1"], "--grace: must be a finite number, 0 or more, got -1"),
-    (["--grace", "nan"], "--grace: must be a finite number, 0 or more, got nan"),
-    (["--chunk-retries", "-1"], "--chunk-retries: must be a whole number, 0 or more, got -1"),
-    (["--batch-size", "2049"], "--batch-size: must be at most 2048, got 2049"),
-    (["--max-attempts", "101"], "--max-attempts: must be at most 100, got 101"),
-    (["--chunk-retries", "11"], "--chunk-retries: must be at most 10, got 11"),
-])
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--grace", "-1"], "--grace: must be a finite number, 0 or more, got -1"),
+        (["--grace", "nan"], "--grace: must be a finite number, 0 or more, got nan"),
+        (["--chunk-retries", "-1"], "--chunk-retries: must be a whole number, 0 or more, got -1"),
+        (["--batch-size", "2049"], "--batch-size: must be at most 2048, got 2049"),
+        (["--max-attempts", "101"], "--max-attempts: must be at most 100, got 101"),
+        (["--chunk-retries", "11"], "--chunk-retries: must be at most 10, got 11"),
+    ],
+)
 def test_a_settings_error_names_the_flag_not_the_field(
     capsys: pytest.CaptureFixture[str], argv: list[str], problem: str
 ) -> None:
@@ -126,10 +141,20 @@ def test_the_summarys_chunk_counts_add_up_after_released_chunks(
     from cli.console import print_summary
     from embedline.models import RunSummary
 
-    summary = RunSummary(130, "interrupted", "interrupted by SIGINT", run_key="k" * 64,
-                         output="out", rows_total=640, chunks_total=64, chunks_published=3,
-                         chunks_skipped=2, chunks_failed=37, chunks_released=5,
-                         chunks_not_run=17)
+    summary = RunSummary(
+        130,
+        "interrupted",
+        "interrupted by SIGINT",
+        run_key="k" * 64,
+        output="out",
+        rows_total=640,
+        chunks_total=64,
+        chunks_published=3,
+        chunks_skipped=2,
+        chunks_failed=37,
+        chunks_released=5,
+        chunks_not_run=17,
+    )
     print_summary(summary.to_dict())
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("chunks"))
     assert "5 released" in line, line
@@ -149,8 +174,10 @@ def test_the_summary_gives_the_whole_commands_time_beside_the_runs(
     print_summary(summary.to_dict(), command_s=9.84)
     print_summary(summary.to_dict())
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("wall time")]
-    assert lines == ["wall time  4.7 s (the whole command: 9.8 s, with Prefect's start-up)",
-                     "wall time  4.7 s"]
+    assert lines == [
+        "wall time  4.7 s (the whole command: 9.8 s, with Prefect's start-up)",
+        "wall time  4.7 s",
+    ]
 
 
 def test_an_already_complete_reruns_changes_line_says_it_is_the_earlier_commits(
@@ -161,8 +188,14 @@ def test_an_already_complete_reruns_changes_line_says_it_is_the_earlier_commits(
     from cli.console import print_summary
     from embedline.models import RunSummary
 
-    fields = dict(run_key="k" * 64, output="out", rows_added=3, rows_changed=0,
-                  rows_removed=0, rows_unchanged=0)
+    fields = dict(
+        run_key="k" * 64,
+        output="out",
+        rows_added=3,
+        rows_changed=0,
+        rows_removed=0,
+        rows_unchanged=0,
+    )
     print_summary(RunSummary(0, "already_complete", "nothing to do", **fields).to_dict())
     print_summary(RunSummary(0, "complete", "", **fields).to_dict())
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("changes")]
@@ -206,8 +239,10 @@ def test_prefects_final_state_line_of_a_chunk_task_is_dropped_unless_debugging(
     assert record("Finished in state Failed('…')", task="load-chunk")  # other tasks keep it
     assert record("Finished in state Completed()", level=logging.INFO)
     assert not record("Task run failed with exception: RetryableError('…') - Retries are exhausted")
-    assert record("Task run failed with exception: boom - Retry 1/1 will start 10 second(s) "
-                  "from now", level=logging.INFO)
+    assert record(
+        "Task run failed with exception: boom - Retry 1/1 will start 10 second(s) from now",
+        level=logging.INFO,
+    )
     assert record("Task run failed with exception: boom", task="load-chunk")
     monkeypatch.setenv(DEBUG_ENV, "1")
     assert record("Finished in state Failed('…')")
@@ -225,14 +260,28 @@ def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_proc
     print_summary(RunSummary(0, "complete", "", requests=0, inputs=249, **base).to_dict())
     print_summary(RunSummary(0, "complete", "", requests=0, inputs=0, **base).to_dict())
     # Batch API mode: the texts batches answered were sent, not embedded in-process
-    print_summary(RunSummary(0, "complete", "", requests=0, inputs=10, batch_inputs=10,
-                             tokens=50, batch_tokens=50, batches=3, **base).to_dict())
+    print_summary(
+        RunSummary(
+            0,
+            "complete",
+            "",
+            requests=0,
+            inputs=10,
+            batch_inputs=10,
+            tokens=50,
+            batch_tokens=50,
+            batches=3,
+            **base,
+        ).to_dict()
+    )
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("api", "model"))]
-    assert lines == ["api        1 request, 1 input sent, 1 token reported",
-                     "model      249 inputs embedded in-process (no API requests)",
-                     "api        0 requests, 0 inputs sent, 0 tokens reported",
-                     "api        0 requests, 10 inputs sent (10 of them in Batch API batches), "
-                     "50 tokens reported"]
+    assert lines == [
+        "api        1 request, 1 input sent, 1 token reported",
+        "model      249 inputs embedded in-process (no API requests)",
+        "api        0 requests, 0 inputs sent, 0 tokens reported",
+        "api        0 requests, 10 inputs sent (10 of them in Batch API batches), "
+        "50 tokens reported",
+    ]
 
 
 @pytest.mark.parametrize("query", ["", "   ", "\t"])
@@ -260,14 +309,20 @@ def test_every_option_of_every_command_has_help_and_says_its_default() -> None:
         text = " ".join(parser.format_help().split())
         assert "default: None" not in text, name
         for action in parser._actions:
-            if not action.option_strings or action.help == argparse.SUPPRESS or \
-                    isinstance(action, argparse._HelpAction):
+            if (
+                not action.option_strings
+                or action.help == argparse.SUPPRESS
+                or isinstance(action, argparse._HelpAction)
+            ):
                 continue
             assert action.help, (name, action.option_strings)
             if action.default not in (None, argparse.SUPPRESS):
-                assert " ".join(parser._get_formatter()._get_help_string(action).split()) \
-                    .endswith("(default: %(default)s)") or "(default:" in action.help, \
-                    (name, action.option_strings)
+                assert (
+                    " ".join(parser._get_formatter()._get_help_string(action).split()).endswith(
+                        "(default: %(default)s)"
+                    )
+                    or "(default:" in action.help
+                ), (name, action.option_strings)
 
 
 def test_an_interrupted_batch_runs_summary_still_counts_its_batches(
@@ -276,10 +331,20 @@ def test_an_interrupted_batch_runs_summary_still_counts_its_batches(
     from cli.console import print_summary
     from embedline.models import RunSummary
 
-    print_summary(RunSummary(143, "interrupted", "interrupted by SIGTERM", run_key="k" * 64,
-                             output="out", batches=5, price_per_million_tokens=0.02).to_dict())
+    print_summary(
+        RunSummary(
+            143,
+            "interrupted",
+            "interrupted by SIGTERM",
+            run_key="k" * 64,
+            output="out",
+            batches=5,
+            price_per_million_tokens=0.02,
+        ).to_dict()
+    )
     assert "batch      5 Batch API batches, 0 tokens at the batch price (half)\n" in (
-        capsys.readouterr().out)
+        capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("where", ["missing", "empty", "a file's sibling"])
@@ -297,8 +362,9 @@ def test_gc_on_a_path_that_holds_no_output_says_so_instead_of_deleting_nothing(
     assert err.count("\n") == 1 and str(target) in err and "holds no embedline output" in err
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--grace", "x"), ("--older-than", "5q"),
-                                             ("--grace", "")])
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--grace", "x"), ("--older-than", "5q"), ("--grace", "")]
+)
 def test_gc_ages_that_do_not_parse_name_their_option(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
 ) -> None:
@@ -308,15 +374,18 @@ def test_gc_ages_that_do_not_parse_name_their_option(
     assert err.count("\n") == 1
 
 
-@pytest.mark.parametrize(("argv", "words"), [
-    (["gc", "OUT", "--grace", "-1h"], "argument --grace: an age is 0 or more, got '-1h'"),
-    (["gc", "OUT", "--older-than", "-2d"], "argument --older-than: an age is 0 or more"),
-    (["run", "x.csv", "--grace", "-1"], "argument --grace: must be a finite number, 0 or more"),
-    (["run", "x.csv", "--chunk-retry-delay", "-1.5"], "argument --chunk-retry-delay:"),
-    (["run", "x.csv", "--timeout", "-inf"], "argument --timeout: must be a finite number"),
-    (["gc", "OUT", "--grace", "-inf"], "argument --grace: an age is 0 or more"),
-    (["gc", "OUT", "--grace", "--dry-run"], "argument --grace: expected one argument"),
-])
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["gc", "OUT", "--grace", "-1h"], "argument --grace: an age is 0 or more, got '-1h'"),
+        (["gc", "OUT", "--older-than", "-2d"], "argument --older-than: an age is 0 or more"),
+        (["run", "x.csv", "--grace", "-1"], "argument --grace: must be a finite number, 0 or more"),
+        (["run", "x.csv", "--chunk-retry-delay", "-1.5"], "argument --chunk-retry-delay:"),
+        (["run", "x.csv", "--timeout", "-inf"], "argument --timeout: must be a finite number"),
+        (["gc", "OUT", "--grace", "-inf"], "argument --grace: an age is 0 or more"),
+        (["gc", "OUT", "--grace", "--dry-run"], "argument --grace: expected one argument"),
+    ],
+)
 def test_a_negative_value_reaches_its_options_own_check(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
 ) -> None:
@@ -336,6 +405,7 @@ def test_a_negative_value_reaches_its_options_own_check(
 def test_a_value_that_starts_with_a_minus_is_taken_as_written() -> None:
     from cli.main import _parser
 
-    args = _parser().parse_args(["run", "x.csv", "--id-column", "-id",
-                                 "--text-template", "-{title}"])
+    args = _parser().parse_args(
+        ["run", "x.csv", "--id-column", "-id", "--text-template", "-{title}"]
+    )
     assert (args.id_column, args.text_template) == ("-id", "-{title}")

@@ -29,8 +29,13 @@ def test_a_where_value_may_hold_equals_signs_and_quotes() -> None:
 
 def test_exact_top_k_ranks_by_cosine_and_breaks_ties_by_row() -> None:
     matrix = np.array([[1, 0], [0, 1], [1, 0], [1, 1], [0, 0]], dtype=np.float32)
-    hits = exact_top_k(matrix, ["a", "b", "c", "d", "z"], np.array([2, 0], np.float32), 4,
-                       [["A", "B", "C", "D", "Z"]])
+    hits = exact_top_k(
+        matrix,
+        ["a", "b", "c", "d", "z"],
+        np.array([2, 0], np.float32),
+        4,
+        [["A", "B", "C", "D", "Z"]],
+    )
     assert [h[0] for h in hits] == ["a", "c", "d", "b"]
     assert hits[0][2] == "A" and np.isclose(hits[2][1], 2**-0.5)
     assert exact_top_k(matrix[:0], [], np.array([1, 0], np.float32), 3) == []

@@ -20,8 +20,13 @@ from tests.support.fixtures import REPO
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_second_signal_while_the_first_interrupt_unwinds_exits_at_once() -> None:
@@ -39,7 +44,8 @@ def test_a_second_signal_while_the_first_interrupt_unwinds_exits_at_once() -> No
     """)
     assert done.stdout.splitlines() == ["first: raised"]
     assert done.stderr.splitlines() == [
-        "embedline: second SIGTERM, exiting now; rerun the same command to resume"]
+        "embedline: second SIGTERM, exiting now; rerun the same command to resume"
+    ]
     assert done.returncode == 143
 
 
@@ -88,11 +94,15 @@ def test_an_interrupt_a_library_swallowed_is_raised_again_before_anything_is_dis
     """)
     raised = "KeyboardInterrupt" if signame == "SIGINT" else "Terminated"
     assert (done.returncode, done.stdout.splitlines(), done.stderr) == (
-        0, ["swallowed", f"raised again: {raised}", "dispatching"], "")
+        0,
+        ["swallowed", f"raised again: {raised}", "dispatching"],
+        "",
+    )
 
 
-def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_on_a_second(
-) -> None:
+def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_on_a_second() -> (
+    None
+):
     first = _python("""
         import signal
         from embedline.interrupts import Terminated
@@ -117,7 +127,8 @@ def test_interrupts_deferred_raises_the_first_signal_after_the_block_and_exits_o
     """)
     assert second.stdout.splitlines() == ["noted"]
     assert second.stderr.splitlines() == [
-        "embedline: second SIGINT, exiting now; rerun the same command to resume"]
+        "embedline: second SIGINT, exiting now; rerun the same command to resume"
+    ]
     assert second.returncode == 130
 
 
@@ -158,8 +169,9 @@ def test_a_signal_while_a_committed_run_finishes_is_held_until_the_command_raise
         print("still held", flush=True)
     """)
     assert held.stdout.splitlines() == ["block finished"]
-    assert held.stderr.splitlines() == ["embedline: second SIGTERM, exiting now; run "
-                                        "aaaaaaaaaaaa is committed: nothing to resume"]
+    assert held.stderr.splitlines() == [
+        "embedline: second SIGTERM, exiting now; run aaaaaaaaaaaa is committed: nothing to resume"
+    ]
     assert held.returncode == 143
     raised = _python("""
         import signal
@@ -256,7 +268,10 @@ def test_a_cli_run_goes_planning_dispatching_committing_finishing_ended(
     assert state.phase is Phase.ENDED
     state.begin_command()  # the next command forgets the last one
     assert (state.phase, state.report.committed(), state.run_by_command()) == (
-        Phase.PLANNING, None, False)
+        Phase.PLANNING,
+        None,
+        False,
+    )
 
 
 @pytest.mark.parametrize("start", [Phase.PLANNING, Phase.DISPATCHING])
@@ -273,7 +288,9 @@ def test_a_commit_with_a_load_left_returns_to_the_phase_before_it(
     assert state.phase is start
     committed = state.report.committed()
     assert committed is not None and (committed.todo, committed.summary) == (
-        "rerun to load it", None)
+        "rerun to load it",
+        None,
+    )
 
 
 def test_outside_the_cli_a_committed_run_never_enters_finishing(state: StopState) -> None:
@@ -294,7 +311,10 @@ def test_starting_to_dispatch_clears_the_last_runs_stop(state: StopState) -> Non
     assert (state.stop_signal(), state.tasks_must_stop()) == (signal.SIGINT, True)
     state.start_dispatching()
     assert (state.stop_signal(), state.pending_termination(), state.tasks_must_stop()) == (
-        None, None, False)
+        None,
+        None,
+        False,
+    )
 
 
 def test_the_cli_waits_for_a_hand_over_only_once_the_flow_dispatches(state: StopState) -> None:

@@ -31,10 +31,16 @@ def test_placeholders_compose_the_text_with_literal_braces() -> None:
     assert parse_template("{a.b[0]:>9}").columns == ("a.b[0]:>9",)  # a name, not a format
 
 
-@pytest.mark.parametrize(("source", "said"), [
-    ("{title", "never closed"), ("title}", "single '}'"), ("{}", "empty '{}'"),
-    ("plain text", "names no column"), ("{a{b}", "inside the placeholder"),
-])
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("{title", "never closed"),
+        ("title}", "single '}'"),
+        ("{}", "empty '{}'"),
+        ("plain text", "names no column"),
+        ("{a{b}", "inside the placeholder"),
+    ],
+)
 def test_a_malformed_template_says_what_is_wrong(source: str, said: str) -> None:
     with pytest.raises(TemplateError, match=said):
         parse_template(source)
@@ -55,26 +61,33 @@ def test_kept_sha256_is_of_the_json_array_of_the_values() -> None:
 def test_plain_runs_keep_their_keys_and_documents_runs_get_lines() -> None:
     plain = RunSettings(input="x.csv")
     assert plain.key_columns == []
-    assert keys.run_key("abc", "id", "text", "m", None, 1000, columns=plain.key_columns) == \
-        _sha("\n".join(["run.v1", "abc", "id", "text", "m", "", "1000"]))
-    docs = RunSettings(input="x.csv", text_template="{title}\n\n{text}",
-                       keep_columns="title, section", keep_text=True)
+    assert keys.run_key("abc", "id", "text", "m", None, 1000, columns=plain.key_columns) == _sha(
+        "\n".join(["run.v1", "abc", "id", "text", "m", "", "1000"])
+    )
+    docs = RunSettings(
+        input="x.csv",
+        text_template="{title}\n\n{text}",
+        keep_columns="title, section",
+        keep_text=True,
+    )
     assert docs.kept_columns == ("title", "section")
     lines = ['template:"{title}\\n\\n{text}"', 'keep:["title", "section"]', "keep_text"]
     assert docs.key_columns == lines
-    assert keys.run_key("abc", "id", "text", "m", None, 1000, generation=1,
-                        columns=lines) == _sha("\n".join(
-        ["run.v1", "abc", "id", "text", "m", "", "1000", *lines, "g1"]))
+    assert keys.run_key("abc", "id", "text", "m", None, 1000, generation=1, columns=lines) == _sha(
+        "\n".join(["run.v1", "abc", "id", "text", "m", "", "1000", *lines, "g1"])
+    )
 
 
 def test_the_chunk_key_covers_kept_values_only_with_kept_columns() -> None:
     t = _sha("x")
     lines = ['keep:["title"]']
     k = kept_sha256(["T"])
-    assert keys.chunk_key("m", None, [("1", t, k)], lines) == \
-        _sha("\n".join(["chunk.v1", "m", "", *lines, f"1\x1f{t}\x1f{k}"]))
-    assert keys.chunk_key("m", None, [("1", t, kept_sha256(["T2"]))], lines) != \
-        keys.chunk_key("m", None, [("1", t, k)], lines)
+    assert keys.chunk_key("m", None, [("1", t, k)], lines) == _sha(
+        "\n".join(["chunk.v1", "m", "", *lines, f"1\x1f{t}\x1f{k}"])
+    )
+    assert keys.chunk_key("m", None, [("1", t, kept_sha256(["T2"]))], lines) != keys.chunk_key(
+        "m", None, [("1", t, k)], lines
+    )
     expected = _sha("\n".join(["chunk.v1", "m", "", f"1\x1f{t}"]))
     assert keys.chunk_key("m", None, [("1", t)]) == expected
 
@@ -86,21 +99,26 @@ def test_a_template_of_one_placeholder_is_the_text_column() -> None:
     assert placeholder("body") == "{body}"
 
 
-@pytest.mark.parametrize(("fields", "said"), [
-    ({"text_template": "{title"}, "never closed"),
-    ({"keep_columns": "title,,text"}, "empty column name"),
-    ({"keep_columns": "title,title"}, "named twice"),
-    ({"keep_columns": "embedding"}, "embedline's own columns"),
-    ({"keep_columns": "run_key"}, "embedline's own columns"),
-    ({"keep_columns": "title,text", "keep_text": True}, "--keep-text"),
-])
-def test_settings_refuse_bad_templates_and_kept_columns(fields: dict[str, object],
-                                                         said: str) -> None:
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"text_template": "{title"}, "never closed"),
+        ({"keep_columns": "title,,text"}, "empty column name"),
+        ({"keep_columns": "title,title"}, "named twice"),
+        ({"keep_columns": "embedding"}, "embedline's own columns"),
+        ({"keep_columns": "run_key"}, "embedline's own columns"),
+        ({"keep_columns": "title,text", "keep_text": True}, "--keep-text"),
+    ],
+)
+def test_settings_refuse_bad_templates_and_kept_columns(
+    fields: dict[str, object], said: str
+) -> None:
     with pytest.raises(ValidationError, match=said):
         RunSettings(input="x.csv", **fields)
 
 
 def test_kept_columns_round_trip_through_flow_parameters() -> None:
-    settings = RunSettings(input="x.csv", keep_columns=["title"], keep_text=True,
-                           text_template="{title}: {text}")
+    settings = RunSettings(
+        input="x.csv", keep_columns=["title"], keep_text=True, text_template="{title}: {text}"
+    )
     assert RunSettings.from_parameters(settings.to_parameters()) == settings

@@ -16,9 +16,15 @@ def _record(exc: BaseException) -> logging.LogRecord:
         raise exc
     except BaseException:  # noqa: BLE001
         info = sys.exc_info()
-    return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1,
-                             "Failed to communicate with scheduler during heartbeat.", None,
-                             info)
+    return logging.LogRecord(
+        "distributed.worker",
+        logging.ERROR,
+        __file__,
+        1,
+        "Failed to communicate with scheduler during heartbeat.",
+        None,
+        info,
+    )
 
 
 def test_a_closed_scheduler_connection_is_dropped_however_deep_in_the_chain() -> None:
@@ -42,6 +48,13 @@ def test_a_closed_scheduler_connection_is_dropped_however_deep_in_the_chain() ->
 @pytest.mark.parametrize("exc", [MemoryError(), ValueError("a task failed")])
 def test_any_other_worker_error_is_kept(exc: BaseException) -> None:
     assert SchedulerGoneFilter().filter(_record(exc))
-    plain = logging.LogRecord("distributed.worker", logging.WARNING, __file__, 1,
-                              "Worker is at 85% memory usage", None, None)
+    plain = logging.LogRecord(
+        "distributed.worker",
+        logging.WARNING,
+        __file__,
+        1,
+        "Worker is at 85% memory usage",
+        None,
+        None,
+    )
     assert SchedulerGoneFilter().filter(plain)

@@ -38,15 +38,24 @@ LOG = logging.getLogger("test.run")
 
 def _settings(tmp_path: Path, **overrides: object) -> RunSettings:
     parameters: dict[str, object] = {
-        "input": str(tmp_path / "in.csv"), "output": str(tmp_path / "out"),
-        "ledger": str(tmp_path / "ledger.sqlite3"), "chunk_size": 3, "embedder": "openai",
-        "dimensions": DIMS, **overrides}
+        "input": str(tmp_path / "in.csv"),
+        "output": str(tmp_path / "out"),
+        "ledger": str(tmp_path / "ledger.sqlite3"),
+        "chunk_size": 3,
+        "embedder": "openai",
+        "dimensions": DIMS,
+        **overrides,
+    }
     return RunSettings.from_parameters(parameters)
 
 
 def _open(settings: RunSettings) -> Run:
-    run = Run.open(settings, store=open_store(settings.output),
-                   plan_input=lambda s: plan_csv(s.input, **s.plan_arguments), log=LOG)
+    run = Run.open(
+        settings,
+        store=open_store(settings.output),
+        plan_input=lambda s: plan_csv(s.input, **s.plan_arguments),
+        log=LOG,
+    )
     assert isinstance(run, Run), run
     return run
 
@@ -58,8 +67,14 @@ def _publish_all(run: Run, *, empty_ids: tuple[str, ...] = ()) -> None:
         vectors = expected_matrix([r.text for r in rows], DIMS).astype(np.float32)
         model = run.settings.effective_model
         row_keys = [keys.row_key(r.id, r.text_sha256, model, DIMS) for r in rows]
-        publish_chunk(run.store, spec, EmbeddedRows(rows, vectors, row_keys), model=model,
-                      dimensions=DIMS, request_settings=run.settings.request_fingerprint)
+        publish_chunk(
+            run.store,
+            spec,
+            EmbeddedRows(rows, vectors, row_keys),
+            model=model,
+            dimensions=DIMS,
+            request_settings=run.settings.request_fingerprint,
+        )
 
 
 def _ledger_status(tmp_path: Path, run_key: str) -> str:
@@ -89,8 +104,12 @@ def rows(tmp_path: Path) -> list[tuple[str, str]]:
 
 def test_an_input_error_is_a_summary_before_anything_is_recorded(tmp_path: Path) -> None:
     (tmp_path / "in.csv").write_text("id,body\n1,x\n")
-    opened = Run.open(_settings(tmp_path), store=open_store(str(tmp_path / "out")),
-                      plan_input=lambda s: plan_csv(s.input, **s.plan_arguments), log=LOG)
+    opened = Run.open(
+        _settings(tmp_path),
+        store=open_store(str(tmp_path / "out")),
+        plan_input=lambda s: plan_csv(s.input, **s.plan_arguments),
+        log=LOG,
+    )
     assert isinstance(opened, RunSummary)
     assert (opened.exit_code, opened.status) == (2, "input_error")
     assert "text" in opened.message
@@ -117,8 +136,7 @@ def test_nothing_published_leaves_every_chunk_to_embed(tmp_path: Path, rows: lis
     assert not (tmp_path / "out/manifests").exists()
 
 
-def test_published_chunks_are_committed_with_the_served_vectors(tmp_path: Path,
-                                                                rows: list) -> None:
+def test_published_chunks_are_committed_with_the_served_vectors(tmp_path: Path, rows: list) -> None:
     run = _open(_settings(tmp_path))
     _publish_all(run)
     ended = _concluded(run)
@@ -142,8 +160,7 @@ def test_published_chunks_are_committed_with_the_served_vectors(tmp_path: Path,
     assert isinstance(frame, pd.DataFrame)
 
 
-def test_a_committed_run_opens_as_committed_and_writes_nothing(tmp_path: Path,
-                                                               rows: list) -> None:
+def test_a_committed_run_opens_as_committed_and_writes_nothing(tmp_path: Path, rows: list) -> None:
     run = _open(_settings(tmp_path))
     _publish_all(run)
     assert isinstance(_concluded(run), CommittedRun)
@@ -151,14 +168,12 @@ def test_a_committed_run_opens_as_committed_and_writes_nothing(tmp_path: Path,
     again = _open(_settings(tmp_path))
     assert again.committed is not None
     summary = again.already_committed()
-    assert (summary.exit_code, summary.status, summary.rows_published) == (0,
-                                                                          "already_complete", 7)
+    assert (summary.exit_code, summary.status, summary.rows_published) == (0, "already_complete", 7)
     assert summary.manifest_uri and summary.manifest_uri.endswith(f"{run.run_key}.json")
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before
 
 
-def test_blocking_dead_letters_keep_the_manifest_uncommitted(tmp_path: Path,
-                                                             rows: list) -> None:
+def test_blocking_dead_letters_keep_the_manifest_uncommitted(tmp_path: Path, rows: list) -> None:
     """A chunk published without one of its rows (rejected by the server: a dead letter)
     is not committed unless ``allow_failed_rows``; then it is, and counts the row."""
     run = _open(_settings(tmp_path))
@@ -168,10 +183,19 @@ def test_blocking_dead_letters_keep_the_manifest_uncommitted(tmp_path: Path,
         dead = [DeadLetter(r.row_number, r.id, "rejected", 400) for r in rows_ if r.id == "r1"]
         model = run.settings.effective_model
         vectors = expected_matrix([r.text for r in kept], DIMS).astype(np.float32)
-        publish_chunk(run.store, spec, EmbeddedRows(
-            kept, vectors, [keys.row_key(r.id, r.text_sha256, model, DIMS) for r in kept],
-            dead_letters=dead), model=model, dimensions=DIMS,
-            request_settings=run.settings.request_fingerprint)
+        publish_chunk(
+            run.store,
+            spec,
+            EmbeddedRows(
+                kept,
+                vectors,
+                [keys.row_key(r.id, r.text_sha256, model, DIMS) for r in kept],
+                dead_letters=dead,
+            ),
+            model=model,
+            dimensions=DIMS,
+            request_settings=run.settings.request_fingerprint,
+        )
     ended = _concluded(run)
     assert isinstance(ended, RunSummary)
     assert (ended.exit_code, ended.status, ended.rows_failed) == (1, "dead_letters", 1)
@@ -181,11 +205,12 @@ def test_blocking_dead_letters_keep_the_manifest_uncommitted(tmp_path: Path,
     assert isinstance(committed, CommittedRun) and committed.summary.rows_failed == 1
 
 
-@pytest.mark.parametrize(("error", "status"), [
-    (KeyboardInterrupt(), "interrupted"), (RuntimeError("bug"), "crashed")])
-def test_an_error_out_of_the_recorded_block_marks_the_run(tmp_path: Path, rows: list,
-                                                          error: BaseException,
-                                                          status: str) -> None:
+@pytest.mark.parametrize(
+    ("error", "status"), [(KeyboardInterrupt(), "interrupted"), (RuntimeError("bug"), "crashed")]
+)
+def test_an_error_out_of_the_recorded_block_marks_the_run(
+    tmp_path: Path, rows: list, error: BaseException, status: str
+) -> None:
     run = _open(_settings(tmp_path))
     run.open_ledger()
     with pytest.raises(type(error)), run.recorded(flow_run_id=None):
@@ -194,8 +219,7 @@ def test_an_error_out_of_the_recorded_block_marks_the_run(tmp_path: Path, rows: 
     assert _ledger_status(tmp_path, run.run_key) == status
 
 
-def test_a_deleted_object_is_forgotten_and_nothing_is_committed(tmp_path: Path,
-                                                                rows: list) -> None:
+def test_a_deleted_object_is_forgotten_and_nothing_is_committed(tmp_path: Path, rows: list) -> None:
     run = _open(_settings(tmp_path))
     _publish_all(run)
     run.open_ledger()
@@ -220,8 +244,9 @@ def test_a_deleted_object_is_forgotten_and_nothing_is_committed(tmp_path: Path,
 def test_run_imports_no_prefect() -> None:
     """The CLI builds a ``Run`` before Prefect starts (about 2 s of imports)."""
     code = "import sys, flows.run; assert 'prefect' not in sys.modules, 'prefect imported'"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
 
 

@@ -39,17 +39,35 @@ def vec(i: int, d: int = 4) -> np.ndarray:
     return np.full(d, float(i + 1), dtype=np.float32)
 
 
-def output_line(custom_id: str, vectors: list[np.ndarray], tokens: int = 3,
-                status: int = 200) -> bytes:
-    body: dict[str, object] = {"object": "list", "model": MODEL, "usage": {
-        "prompt_tokens": tokens, "total_tokens": tokens}, "data": [
-        {"object": "embedding", "index": i,
-         "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode()}
-        for i, v in enumerate(vectors)]}
+def output_line(
+    custom_id: str, vectors: list[np.ndarray], tokens: int = 3, status: int = 200
+) -> bytes:
+    body: dict[str, object] = {
+        "object": "list",
+        "model": MODEL,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "data": [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode(),
+            }
+            for i, v in enumerate(vectors)
+        ],
+    }
     if status != 200:
         body = {"error": {"message": "The input was rejected.", "type": "invalid_request_error"}}
-    return json.dumps({"id": "r", "custom_id": custom_id, "error": None,
-                       "response": {"status_code": status, "body": body}}).encode() + b"\n"
+    return (
+        json.dumps(
+            {
+                "id": "r",
+                "custom_id": custom_id,
+                "error": None,
+                "response": {"status_code": status, "body": body},
+            }
+        ).encode()
+        + b"\n"
+    )
 
 
 def test_custom_ids_are_the_synchronous_idempotency_keys() -> None:
@@ -69,11 +87,19 @@ def test_custom_ids_are_the_synchronous_idempotency_keys() -> None:
             return Embeddings(np.ones((len(texts), 4), dtype=np.float32))
 
     sendable = [chunk[0], chunk[1], chunk[2], chunk[4], chunk[5]]
-    embed_rows(sendable, Recorder(), model=MODEL, dimensions=None, batch_size=2,  # type: ignore[arg-type]
-               max_request_tokens=200_000)
+    embed_rows(
+        sendable,
+        Recorder(),
+        model=MODEL,
+        dimensions=None,
+        batch_size=2,  # type: ignore[arg-type]
+        max_request_tokens=200_000,
+    )
     assert [r.custom_id for r in requests] == seen
-    keys = [row_key("id0", text_sha256("a a"), MODEL, None),
-            row_key("id1", text_sha256("b"), MODEL, None)]
+    keys = [
+        row_key("id0", text_sha256("a a"), MODEL, None),
+        row_key("id1", text_sha256("b"), MODEL, None),
+    ]
     assert requests[0].custom_id == request_key(keys)
 
 
@@ -100,8 +126,9 @@ def test_results_are_matched_by_custom_id_not_by_order() -> None:
     results = BatchResults()
     # reversed order, in two files
     results.add_output(output_line(requests[1].custom_id, [vec(2), vec(3)]), dimensions=None)
-    results.add_output(output_line(requests[0].custom_id, [vec(0), vec(1)], tokens=5),
-                       dimensions=None)
+    results.add_output(
+        output_line(requests[0].custom_id, [vec(0), vec(1)], tokens=5), dimensions=None
+    )
     resolved = results.resolve(requests)
     assert not resolved.pending and not resolved.rejected
     for i, text in enumerate("abcd"):
@@ -116,8 +143,10 @@ def test_rejected_request_is_sent_again_input_by_input_then_dead_letters_one() -
     first = results.resolve(requests)
     assert [p.texts for p in first.pending] == [("good",), ("bad",)]  # one input each
     good, bad = first.pending
-    results.add_output(output_line(good.custom_id, [vec(0)]) +
-                       output_line(bad.custom_id, [], status=400), dimensions=None)
+    results.add_output(
+        output_line(good.custom_id, [vec(0)]) + output_line(bad.custom_id, [], status=400),
+        dimensions=None,
+    )
     second = results.resolve(requests)
     assert not second.pending
     assert second.rejected[text_sha256("bad")][0] == 400
@@ -131,10 +160,17 @@ def test_rejected_request_is_sent_again_input_by_input_then_dead_letters_one() -
 def test_expired_and_server_errors_are_pending_and_only_they() -> None:
     requests = chunk_requests(rows(["a", "b", "c", "d"]), ReusePlan(), SETTINGS)
     results = BatchResults()
-    expired = json.dumps({"id": "r", "custom_id": requests[1].custom_id, "response": None,
-                          "error": {"code": "batch_expired", "message": "expired"}}).encode()
-    results.add_output(output_line(requests[0].custom_id, [vec(0), vec(1)]) + b"\n" + expired,
-                       dimensions=None)
+    expired = json.dumps(
+        {
+            "id": "r",
+            "custom_id": requests[1].custom_id,
+            "response": None,
+            "error": {"code": "batch_expired", "message": "expired"},
+        }
+    ).encode()
+    results.add_output(
+        output_line(requests[0].custom_id, [vec(0), vec(1)]) + b"\n" + expired, dimensions=None
+    )
     assert [p.custom_id for p in results.resolve(requests).pending] == [requests[1].custom_id]
     results = BatchResults()
     results.add_output(output_line(requests[0].custom_id, [], status=500), dimensions=None)
@@ -152,11 +188,13 @@ def test_answers_send_only_what_no_batch_answered_to_the_fallback() -> None:
 
         def embed(self, texts: list[str], **_: object) -> Embeddings:
             sent.append(list(texts))
-            return Embeddings(np.zeros((len(texts), 4), dtype=np.float32), tokens=7,
-                              requests=1, inputs=len(texts))
+            return Embeddings(
+                np.zeros((len(texts), 4), dtype=np.float32), tokens=7, requests=1, inputs=len(texts)
+            )
 
-    client = BatchAnswers(results.resolve(requests), model=MODEL, dimensions=None,
-                          fallback=lambda: Sync())  # type: ignore[arg-type,return-value]
+    client = BatchAnswers(
+        results.resolve(requests), model=MODEL, dimensions=None, fallback=lambda: Sync()
+    )  # type: ignore[arg-type,return-value]
     answer = client.embed(["a", "new", "b"], idempotency_key="k")
     assert sent == [["new"]] and answer.requests == 1
     assert answer.inputs == 3  # two answered by the batch, one sent synchronously
@@ -170,20 +208,35 @@ def test_answers_send_only_what_no_batch_answered_to_the_fallback() -> None:
 def test_ledger_records_batches_before_and_after_create() -> None:
     ledger = Ledger(":memory:")
     first_layout = (("a" * 64, (0, 1)), ("b" * 64, (2, 3)))
-    ledger.add_batch_parts("r" * 64, 3, "c" * 64, [(0, 0, 2, first_layout),
-                                                   (1, 2, 3, (("d" * 64, (4, 5)),))])
+    ledger.add_batch_parts(
+        "r" * 64, 3, "c" * 64, [(0, 0, 2, first_layout), (1, 2, 3, (("d" * 64, (4, 5)),))]
+    )
     ledger.add_batch_parts("r" * 64, 3, "c" * 64, [(0, 0, 9, ())])  # kept as it was
     parts = ledger.run_batches("r" * 64, 3)
-    assert [(p.part, p.state, p.req_stop, p.batch_id, p.requests, p.inputs)
-            for p in parts] == [(0, "creating", 2, None, 2, 4), (1, "creating", 3, None, 1, 2)]
+    assert [(p.part, p.state, p.req_stop, p.batch_id, p.requests, p.inputs) for p in parts] == [
+        (0, "creating", 2, None, 2, 4),
+        (1, "creating", 3, None, 1, 2),
+    ]
     assert parts[0].layout == first_layout  # what the part carries, as recorded
-    ledger.mark_batch_submitted("r" * 64, 3, 0, batch_id="batch_1", input_file_id="file_1",
-                                status="validating")
-    ledger.update_batch("r" * 64, "batch_1", status="completed", output_file_id="file_2",
-                        error_file_id=None, completed=2, failed=0)
+    ledger.mark_batch_submitted(
+        "r" * 64, 3, 0, batch_id="batch_1", input_file_id="file_1", status="validating"
+    )
+    ledger.update_batch(
+        "r" * 64,
+        "batch_1",
+        status="completed",
+        output_file_id="file_2",
+        error_file_id=None,
+        completed=2,
+        failed=0,
+    )
     first = ledger.run_batches("r" * 64)[0]
     assert (first.state, first.status, first.output_file_id, first.completed) == (
-        "submitted", "completed", "file_2", 2)
+        "submitted",
+        "completed",
+        "file_2",
+        2,
+    )
     ledger.drop_batch_part("r" * 64, 3, 0)  # submitted: never dropped
     ledger.drop_batch_part("r" * 64, 3, 1)
     assert [p.part for p in ledger.run_batches("r" * 64)] == [0]
@@ -196,15 +249,16 @@ def test_recorded_layouts_answer_the_rows_whatever_the_batching_settings_now() -
     assert layout[0] == (submitted[0].custom_id, (0, 1))
     rerun = SETTINGS.model_copy(update={"batch_size": 3, "batch_max_inputs": 2})
     assert [r.custom_id for r in chunk_requests(chunk, ReusePlan(), rerun)] != [
-        r.custom_id for r in submitted]  # the rerun would batch them otherwise
+        r.custom_id for r in submitted
+    ]  # the rerun would batch them otherwise
     rebuilt = layout_requests(chunk, layout, rerun)
-    assert [(r.custom_id, r.texts) for r in rebuilt] == [
-        (r.custom_id, r.texts) for r in submitted]
+    assert [(r.custom_id, r.texts) for r in rebuilt] == [(r.custom_id, r.texts) for r in submitted]
     results = BatchResults()
     for i, request in enumerate(submitted):
-        results.add_output(output_line(request.custom_id, [vec(2 * i + j) for j in
-                                                           range(len(request.texts))]),
-                           dimensions=None)
+        results.add_output(
+            output_line(request.custom_id, [vec(2 * i + j) for j in range(len(request.texts))]),
+            dimensions=None,
+        )
     client = BatchAnswers(results.resolve(rebuilt), model=MODEL, dimensions=None)
     answer = client.embed(["e", "c", "a", "b", "d"], idempotency_key="other batching")
     np.testing.assert_array_equal(answer.vectors[:, 0], [5, 3, 1, 2, 4])
@@ -212,7 +266,9 @@ def test_recorded_layouts_answer_the_rows_whatever_the_batching_settings_now() -
     # a layout that does not describe these rows (another row at a position) matches none
     edited = rows(["a", "B", "c", "d", "e"])
     assert [r.custom_id for r in layout_requests(edited, layout, rerun)] == [
-        submitted[1].custom_id, submitted[2].custom_id]
+        submitted[1].custom_id,
+        submitted[2].custom_id,
+    ]
     assert layout_requests(chunk, ((submitted[0].custom_id, (0, 9)),), rerun) == []
 
 

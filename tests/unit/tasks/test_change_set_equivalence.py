@@ -21,16 +21,38 @@ from tasks.sorted_runs import SortLimits, SortStats
 
 #: Ids that sort differently by UTF-8 bytes than by UTF-16 units or by locale, prefixes of
 #: each other, and the empty string.
-ODD_IDS = ["", "a", "ab", "abc", "abd", "b", "B", "Z", "é", "e\u0301", "日本", "日本語",
-           "\uffff", "\U0001f600", "\U0001f600x", "a\x00", "id 10", "id 9", "ñ", "z"]
+ODD_IDS = [
+    "",
+    "a",
+    "ab",
+    "abc",
+    "abd",
+    "b",
+    "B",
+    "Z",
+    "é",
+    "e\u0301",
+    "日本",
+    "日本語",
+    "\uffff",
+    "\U0001f600",
+    "\U0001f600x",
+    "a\x00",
+    "id 10",
+    "id 9",
+    "ñ",
+    "z",
+]
 
 Row = tuple[str, str, str | None]  # id, text, kept title (None: no value)
 
 
 def _object(store: LocalDirStore, name: str, rows: list[Row], kept: bool) -> dict[str, Any]:
     """Store a chunk-shaped object (id, text_sha256[, title]); return its manifest entry."""
-    columns: dict[str, list[Any]] = {"id": [r[0] for r in rows],
-                                     "text_sha256": [text_sha256(r[1]) for r in rows]}
+    columns: dict[str, list[Any]] = {
+        "id": [r[0] for r in rows],
+        "text_sha256": [text_sha256(r[1]) for r in rows],
+    }
     if kept:
         columns["title"] = [r[2] for r in rows]
     table = pa.table(columns, schema=pa.schema([(c, pa.string()) for c in columns]))
@@ -41,15 +63,16 @@ def _object(store: LocalDirStore, name: str, rows: list[Row], kept: bool) -> dic
     return {"object": key, "rows": len(rows)}
 
 
-def _chunks(rng: random.Random, store: LocalDirStore, prefix: str, rows: list[Row],
-            kept: bool) -> list[dict[str, Any]]:
+def _chunks(
+    rng: random.Random, store: LocalDirStore, prefix: str, rows: list[Row], kept: bool
+) -> list[dict[str, Any]]:
     """Cut ``rows`` (shuffled) into objects of 1 to 7 rows, plus a 0-row object."""
     rows = rows[:]
     rng.shuffle(rows)
     chunks, start = [], 0
     while start < len(rows):
         size = rng.randint(1, 7)
-        chunks.append(_object(store, f"{prefix}-{len(chunks)}", rows[start:start + size], kept))
+        chunks.append(_object(store, f"{prefix}-{len(chunks)}", rows[start : start + size], kept))
         start += size
     chunks.insert(rng.randint(0, len(chunks)), _object(store, f"{prefix}-empty", [], kept))
     return chunks
@@ -62,16 +85,34 @@ def reference(new: list[Row], old: list[Row], kept: bool) -> list[dict[str, Any]
     out = []
     for id_ in now.keys() | before.keys():
         if id_ not in before:
-            out.append({"id": id_, "change": "added", "text_sha256": text_sha256(now[id_][1]),
-                        "text_changed": None})
+            out.append(
+                {
+                    "id": id_,
+                    "change": "added",
+                    "text_sha256": text_sha256(now[id_][1]),
+                    "text_changed": None,
+                }
+            )
         elif id_ not in now:
-            out.append({"id": id_, "change": "removed",
-                        "text_sha256": text_sha256(before[id_][1]), "text_changed": None})
+            out.append(
+                {
+                    "id": id_,
+                    "change": "removed",
+                    "text_sha256": text_sha256(before[id_][1]),
+                    "text_changed": None,
+                }
+            )
         else:
             text_changed = now[id_][1] != before[id_][1]
             if text_changed or (kept and now[id_][2] != before[id_][2]):
-                out.append({"id": id_, "change": "changed",
-                            "text_sha256": text_sha256(now[id_][1]), "text_changed": text_changed})
+                out.append(
+                    {
+                        "id": id_,
+                        "change": "changed",
+                        "text_sha256": text_sha256(now[id_][1]),
+                        "text_changed": text_changed,
+                    }
+                )
     return sorted(out, key=lambda r: r["id"].encode("utf-8"))
 
 
@@ -99,15 +140,22 @@ def _case(rng: random.Random, shape: str) -> tuple[list[Row], list[Row]]:
             title = rng.choice(titles)
         new.append((id_, text, title))
     taken = {r[0] for r in old}
-    new += [(i, rng.choice(texts), rng.choice(titles)) for i in universe
-            if i not in taken and rng.random() < 0.5]
+    new += [
+        (i, rng.choice(texts), rng.choice(titles))
+        for i in universe
+        if i not in taken and rng.random() < 0.5
+    ]
     return new, old
 
 
 def _tiny_limits(rng: random.Random) -> SortLimits:
-    return SortLimits(run_rows=rng.randint(1, 12), run_bytes=1 << 30,
-                      batch_rows=rng.randint(1, 4), batch_bytes=1 << 30,
-                      fan_in=rng.randint(2, 5))
+    return SortLimits(
+        run_rows=rng.randint(1, 12),
+        run_bytes=1 << 30,
+        batch_rows=rng.randint(1, 4),
+        batch_bytes=1 << 30,
+        fan_in=rng.randint(2, 5),
+    )
 
 
 def _shared_split(rng: random.Random, new: list[Row], old: list[Row]) -> tuple[list[Row], ...]:
@@ -134,8 +182,17 @@ def test_bounded_diff_equals_a_dict_diff(tmp_path: Path, seed: int) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 
-    blocks = list(diff_blocks(store, current, base, ["title"] if kept else [],
-                              scratch_dir=scratch, limits=limits, stats=stats))
+    blocks = list(
+        diff_blocks(
+            store,
+            current,
+            base,
+            ["title"] if kept else [],
+            scratch_dir=scratch,
+            limits=limits,
+            stats=stats,
+        )
+    )
 
     got = pa.concat_tables(blocks).to_pylist() if blocks else []
     assert got == reference(new, old, kept)
@@ -145,8 +202,9 @@ def test_bounded_diff_equals_a_dict_diff(tmp_path: Path, seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_written_change_set_has_the_rows_schema_metadata_and_counts(tmp_path: Path,
-                                                                     seed: int) -> None:
+def test_written_change_set_has_the_rows_schema_metadata_and_counts(
+    tmp_path: Path, seed: int
+) -> None:
     rng = random.Random(1000 + seed)
     kept = seed % 2 == 0
     new, old = _case(rng, SHAPES[seed % len(SHAPES)])
@@ -158,22 +216,39 @@ def test_written_change_set_has_the_rows_schema_metadata_and_counts(tmp_path: Pa
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 
-    counts = write_changes(store, run_key="r2", chunks=current, base=base,
-                           kept_columns=["title"] if kept else [], scratch_dir=scratch,
-                           limits=limits)
+    counts = write_changes(
+        store,
+        run_key="r2",
+        chunks=current,
+        base=base,
+        kept_columns=["title"] if kept else [],
+        scratch_dir=scratch,
+        limits=limits,
+    )
 
     path = Path(store.uri_for(counts.object))
     table = pq.read_table(path)
     want = reference(new, old, kept)
     assert table.to_pylist() == want
-    assert table.schema == pa.schema([("id", pa.string()), ("change", pa.string()),
-                                      ("text_sha256", pa.string()),
-                                      ("text_changed", pa.bool_())])
+    assert table.schema == pa.schema(
+        [
+            ("id", pa.string()),
+            ("change", pa.string()),
+            ("text_sha256", pa.string()),
+            ("text_changed", pa.bool_()),
+        ]
+    )
     assert json.loads(table.schema.metadata[b"embedline"]) == {
-        "format": "embedline.changes.v1", "run_key": "r2", "base_run_key": "r1"}
+        "format": "embedline.changes.v1",
+        "run_key": "r2",
+        "base_run_key": "r1",
+    }
     by_change = {c: sum(r["change"] == c for r in want) for c in ("added", "changed", "removed")}
     assert (counts.added, counts.changed, counts.removed) == (
-        by_change["added"], by_change["changed"], by_change["removed"])
+        by_change["added"],
+        by_change["changed"],
+        by_change["removed"],
+    )
     assert counts.unchanged == len(new) - by_change["added"] - by_change["changed"]
     assert counts.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert pq.ParquetFile(path).metadata.num_row_groups == -(-len(want) // limits.block_rows)

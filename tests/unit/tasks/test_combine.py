@@ -40,14 +40,21 @@ def test_each_row_gets_its_own_vector_whatever_its_source() -> None:
     np.testing.assert_array_equal(whole.vectors, np.stack([_vector(v) for v in source.values()]))
     assert whole.vectors.dtype == np.float32 and whole.vectors.flags.c_contiguous
     assert [(d.row_number, d.reason) for d in whole.dead_letters] == [
-        (5, "rejected"), (6, "rejected"), (7, "empty_text")]
+        (5, "rejected"),
+        (6, "rejected"),
+        (7, "empty_text"),
+    ]
     assert whole.row_keys == [keys.row_key(r.id, r.text_sha256, "m", None) for r in whole.rows]
     assert found.deduplicated == 2
 
 
 def test_a_chunk_with_nothing_kept_has_an_empty_matrix_of_the_known_width() -> None:
     rows = [_row(1, "")]
-    embedded = EmbeddedRows(rows=[], vectors=np.zeros((0, 4), np.float32), row_keys=[],
-                            dead_letters=[DeadLetter(1, "id1", "empty_text", None, 0)])
+    embedded = EmbeddedRows(
+        rows=[],
+        vectors=np.zeros((0, 4), np.float32),
+        row_keys=[],
+        dead_letters=[DeadLetter(1, "id1", "empty_text", None, 0)],
+    )
     whole = combine(rows, embedded, Reused({}), [], model="m", dimensions=4)
     assert whole.rows == [] and whole.vectors.shape == (0, 4)

@@ -25,13 +25,24 @@ def _publish(store: object, index: int, dims: int, *, sent: int | None = 2) -> C
         for i, t in enumerate(texts)
     ]
     spec = ChunkSpec(
-        index=index, key=f"{index:064x}", first_row=10 * index, line_start=2, rows=2,
-        byte_start=0, byte_stop=1, bytes_sha256="0" * 64,
+        index=index,
+        key=f"{index:064x}",
+        first_row=10 * index,
+        line_start=2,
+        rows=2,
+        byte_start=0,
+        byte_stop=1,
+        bytes_sha256="0" * 64,
     )
     vectors = np.ones((2, dims), dtype=np.float32)
     embedded = EmbeddedRows(rows=rows, vectors=vectors, row_keys=["k", "k"])
     return publish_chunk(
-        store, spec, embedded, model="m", dimensions=dims, rows_sent=sent  # type: ignore[arg-type]
+        store,
+        spec,
+        embedded,
+        model="m",
+        dimensions=dims,
+        rows_sent=sent,  # type: ignore[arg-type]
     )
 
 

@@ -26,8 +26,9 @@ class ScriptedClient(EmbeddingClientBase):
         self.calls: list[tuple[list[str], str]] = []
         self.expected: list[int | None] = []  # expect_dimensions of each call
 
-    def embed(self, texts: Sequence[str], *, idempotency_key: str,
-              expect_dimensions: int | None = None) -> Embeddings:
+    def embed(
+        self, texts: Sequence[str], *, idempotency_key: str, expect_dimensions: int | None = None
+    ) -> Embeddings:
         self.calls.append((list(texts), idempotency_key))
         self.expected.append(expect_dimensions)
         error = self.fail(texts)
@@ -159,6 +160,7 @@ def test_the_runs_length_given_by_the_flow_is_expected_from_the_first_request() 
 def test_a_chunk_with_nothing_to_send_needs_no_client() -> None:
     """Every row reused: the chunk task builds no client (a crash-resume test found
     ``'NoneType' object has no attribute 'caps'`` once ``caps`` was read, not probed)."""
-    result = embed_rows([], None, model="m", dimensions=None, batch_size=4,
-                        max_request_tokens=10**6)
+    result = embed_rows(
+        [], None, model="m", dimensions=None, batch_size=4, max_request_tokens=10**6
+    )
     assert (result.rows, result.dead_letters, result.requests) == ([], [], 0)

@@ -9,10 +9,22 @@ from tasks.events import load_payload, run_payload
 
 
 def _committed(**fields: object) -> RunSummary:
-    base = dict(exit_code=0, status="complete", message="", run_key="ab" * 32,
-                output="s3://bucket/out", manifest_uri="s3://bucket/out/manifests/x.json",
-                rows_total=10, rows_published=8, rows_failed=2, tokens=2_500_000,
-                rows_added=8, rows_changed=0, rows_removed=1, rows_unchanged=0)
+    base = dict(
+        exit_code=0,
+        status="complete",
+        message="",
+        run_key="ab" * 32,
+        output="s3://bucket/out",
+        manifest_uri="s3://bucket/out/manifests/x.json",
+        rows_total=10,
+        rows_published=8,
+        rows_failed=2,
+        tokens=2_500_000,
+        rows_added=8,
+        rows_changed=0,
+        rows_removed=1,
+        rows_unchanged=0,
+    )
     return RunSummary(**{**base, **fields})  # type: ignore[arg-type]
 
 
@@ -29,11 +41,23 @@ def test_run_payload_without_a_price_has_no_cost() -> None:
 
 
 def test_load_payload_names_the_sink_and_what_changed() -> None:
-    summary = LoadSummary(0, "loaded", "", sink="postgresql://u@h/db?table=t",
-                          run_key="cd" * 32, mode="upsert", rows_loaded=7, rows_deleted=3)
+    summary = LoadSummary(
+        0,
+        "loaded",
+        "",
+        sink="postgresql://u@h/db?table=t",
+        run_key="cd" * 32,
+        mode="upsert",
+        rows_loaded=7,
+        rows_deleted=3,
+    )
     payload = load_payload(summary)
-    assert (payload["sink"], payload["mode"], payload["rows_loaded"],
-            payload["rows_deleted"]) == ("postgresql://u@h/db?table=t", "upsert", 7, 3)
+    assert (payload["sink"], payload["mode"], payload["rows_loaded"], payload["rows_deleted"]) == (
+        "postgresql://u@h/db?table=t",
+        "upsert",
+        7,
+        3,
+    )
 
 
 def test_run_payload_prices_batch_tokens_at_half() -> None:

@@ -61,7 +61,14 @@ def test_routing_a_source_faults_in_no_new_memory() -> None:
     now: the kernel's own page moves (compaction, huge pages; more on a busy machine) add
     faults the route does not make, so the bound sits between the two."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    faults = int(subprocess.run([sys.executable, "-c", _ROUTE, str(REPO)], env=env,
-                                capture_output=True, text=True, check=True,
-                                timeout=120).stdout)
+    faults = int(
+        subprocess.run(
+            [sys.executable, "-c", _ROUTE, str(REPO)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+    )
     assert faults < 25_000, f"{faults} page faults routing 100 sources"

@@ -37,9 +37,15 @@ def _put(store: LocalDirStore, key: str, body: bytes, age_s: float) -> None:
 
 def _manifest(store: LocalDirStore, run: str, days_ago: float, chunks: list[str]) -> None:
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - days_ago * DAY))
-    body = json.dumps({"format": "embedline.manifest.v2", "run_key": run, "created_at": created,
-                       "chunks": [{"object": c, "rows": 1} for c in chunks],
-                       "changes": {"object": f"changes/{run}.parquet"}}).encode()
+    body = json.dumps(
+        {
+            "format": "embedline.manifest.v2",
+            "run_key": run,
+            "created_at": created,
+            "chunks": [{"object": c, "rows": 1} for c in chunks],
+            "changes": {"object": f"changes/{run}.parquet"},
+        }
+    ).encode()
     _put(store, f"manifests/{run}.json", body, days_ago * DAY)
     _put(store, f"changes/{run}.parquet", run.encode(), days_ago * DAY)
 
@@ -74,9 +80,17 @@ def test_plan_keeps_newest_runs_young_objects_and_leased_objects(tmp_path: Path)
 
 def _dataset_manifest(store: LocalDirStore, run: str, days_ago: float, **fields: object) -> None:
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - days_ago * DAY))
-    record = {"format": "embedline.manifest.v2", "run_key": run, "created_at": created,
-              "chunks": [{"object": f"chunks/{run}.parquet", "rows": 1}], "changes": None,
-              "id_column": "id", "text_column": "text", "model": "m1", "dimensions": 8}
+    record = {
+        "format": "embedline.manifest.v2",
+        "run_key": run,
+        "created_at": created,
+        "chunks": [{"object": f"chunks/{run}.parquet", "rows": 1}],
+        "changes": None,
+        "id_column": "id",
+        "text_column": "text",
+        "model": "m1",
+        "dimensions": 8,
+    }
     record.update(fields)
     _put(store, f"manifests/{run}.json", json.dumps(record).encode(), days_ago * DAY)
     _put(store, f"chunks/{run}.parquet", run.encode(), days_ago * DAY)
@@ -96,8 +110,15 @@ def test_retention_counts_runs_per_dataset_never_across(tmp_path: Path) -> None:
     assert sorted(plan.kept_runs) == ["dims1", "model1", "text2", "title1", "tmpl2"]
     assert {i.key for i in plan.manifests} == {"manifests/text1.json", "manifests/tmpl1.json"}
     assert {i.key for i in plan.chunks} == {"chunks/text1.parquet", "chunks/tmpl1.parquet"}
-    by_dataset = {(d.fields["text_column"], d.fields["model"], d.fields["dimensions"],
-                   d.fields["text_template"]): (d.kept, d.deleted) for d in plan.datasets}
+    by_dataset = {
+        (
+            d.fields["text_column"],
+            d.fields["model"],
+            d.fields["dimensions"],
+            d.fields["text_template"],
+        ): (d.kept, d.deleted)
+        for d in plan.datasets
+    }
     assert by_dataset == {
         ("text", "m1", 8, None): (["text2"], ["text1"]),
         ("title", "m1", 8, None): (["title1"], []),
@@ -150,8 +171,9 @@ def test_a_load_lease_is_renewed_and_an_expired_one_is_stale(tmp_path: Path) -> 
         assert record["expires_at"] > time.time() + 50
     assert list(store.list(LOAD_LEASE_PREFIX)) == []
     # a load that died: its lease expired and is older than the grace period
-    dead = json.dumps({"run_key": "old", "objects": ["chunks/old.parquet"],
-                       "expires_at": time.time() - 60}).encode()
+    dead = json.dumps(
+        {"run_key": "old", "objects": ["chunks/old.parquet"], "expires_at": time.time() - 60}
+    ).encode()
     _put(store, f"{LOAD_LEASE_PREFIX}old.dead.000000.json", dead, 2 * DAY)
     _dataset_manifest(store, "new", 10)
     plan = plan_gc(store, keep_runs=1)
@@ -174,8 +196,10 @@ def test_paid_requests_of_a_live_run_are_kept_abandoned_ones_go(tmp_path: Path) 
     _put(store, f"{PAID_PREFIX}{done}/c4/q4.parquet", b"done", 60)  # its chunk is published
     plan = plan_gc(store)
     assert sorted(i.key for i in plan.stale) == [
-        f"{PAID_PREFIX}{dead}/c2/gave-up-ab.json", f"{PAID_PREFIX}{dead}/c2/q2.parquet",
-        f"{PAID_PREFIX}{done}/c4/q4.parquet"]
+        f"{PAID_PREFIX}{dead}/c2/gave-up-ab.json",
+        f"{PAID_PREFIX}{dead}/c2/q2.parquet",
+        f"{PAID_PREFIX}{done}/c4/q4.parquet",
+    ]
     collect(store, plan, ledger=None, grace_s=DAY)
     left = sorted(i.key for i in store.list(PAID_PREFIX))
     assert left == [f"{PAID_PREFIX}{live}/c1/q1.parquet", f"{PAID_PREFIX}{young}/c3/q3.parquet"]
@@ -186,8 +210,9 @@ def test_paid_requests_of_a_live_run_are_kept_abandoned_ones_go(tmp_path: Path) 
 
 def _plan(*chunk_keys: str) -> Any:
     """What ``run_lease`` reads of an ``InputPlan``: its chunks' object keys."""
-    return SimpleNamespace(chunks=[SimpleNamespace(object_key=f"chunks/{k}.parquet")
-                                   for k in chunk_keys])
+    return SimpleNamespace(
+        chunks=[SimpleNamespace(object_key=f"chunks/{k}.parquet") for k in chunk_keys]
+    )
 
 
 def test_a_live_run_lease_keeps_its_run_whatever_the_grace(tmp_path: Path) -> None:
@@ -204,9 +229,13 @@ def test_a_live_run_lease_keeps_its_run_whatever_the_grace(tmp_path: Path) -> No
     with run_lease(store, run, _plan("c0", "c1", "c2")) as key:
         assert key.startswith(LEASE_PREFIX)
         record = json.loads(store.get(key))
-        assert record["objects"] == ["chunks/c0.parquet", "chunks/c1.parquet",
-                                     "chunks/c2.parquet", f"manifests/{run}.json",
-                                     f"changes/{run}.parquet"]
+        assert record["objects"] == [
+            "chunks/c0.parquet",
+            "chunks/c1.parquet",
+            "chunks/c2.parquet",
+            f"manifests/{run}.json",
+            f"changes/{run}.parquet",
+        ]
         assert time.time() + 14 * 60 < record["expires_at"] <= time.time() + 15 * 60
         _put(store, key, store.get(key), 3 * DAY)  # older than any grace: expires_at decides
         _put(store, f"manifests/{run}.json", b"{}", 0)  # the commit, then a gc at once
@@ -221,28 +250,33 @@ def test_a_live_run_lease_keeps_its_run_whatever_the_grace(tmp_path: Path) -> No
         assert store.head_sha256("chunks/c1.g1.parquet")
     assert list(store.list(LEASE_PREFIX)) == []  # the run ended: its lease went
     assert [i.key for i in plan_gc(store, grace_s=0).stale] == [
-        f"{PAID_PREFIX}{run}/c2/q.parquet"]  # nothing protects them any more
+        f"{PAID_PREFIX}{run}/c2/q.parquet"
+    ]  # nothing protects them any more
 
 
 def test_a_run_lease_is_renewed_and_an_expired_one_is_collected(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path)
     run = "7" * 64
     _put(store, "chunks/c0.parquet", b"c0", 3 * DAY)
-    with held_lease(store, LEASE_PREFIX, run, ["chunks/c0.parquet"], ttl_s=60,
-                    renew_s=0.05) as first:
+    with held_lease(
+        store, LEASE_PREFIX, run, ["chunks/c0.parquet"], ttl_s=60, renew_s=0.05
+    ) as first:
         deadline = time.monotonic() + 10
         while [i.key for i in store.list(LEASE_PREFIX)] == [first]:
             assert time.monotonic() < deadline, "the lease was never renewed"
             time.sleep(0.02)
         assert first not in {i.key for i in store.list(LEASE_PREFIX)}  # the old one went
     # a run killed (no `finally`): its last lease expired and is older than the grace period
-    dead = json.dumps({"run_key": run, "objects": ["chunks/c0.parquet"],
-                       "expires_at": time.time() - 60}).encode()
+    dead = json.dumps(
+        {"run_key": run, "objects": ["chunks/c0.parquet"], "expires_at": time.time() - 60}
+    ).encode()
     _put(store, f"{LEASE_PREFIX}{run}.dead.000003.json", dead, 2 * DAY)
     _put(store, f"{PAID_PREFIX}{run}/c0/q.parquet", b"paid", 2 * DAY)
     plan = plan_gc(store, grace_s=0)
     assert sorted(i.key for i in plan.stale) == [
-        f"{PAID_PREFIX}{run}/c0/q.parquet", f"{LEASE_PREFIX}{run}.dead.000003.json"]
+        f"{PAID_PREFIX}{run}/c0/q.parquet",
+        f"{LEASE_PREFIX}{run}.dead.000003.json",
+    ]
     assert [i.key for i in plan.chunks] == ["chunks/c0.parquet"]
     # expired, but younger than the grace period (killed an hour ago): still kept
     assert plan_gc(store, grace_s=3 * DAY).stale == []
@@ -259,14 +293,17 @@ class _RenewedWhileListed(LocalDirStore):
             self.renewed = True
             body = super().get(key)
             next_key = key.replace(".000000.json", ".000001.json")
-            self.put_if_absent(next_key, body, sha256=hashlib.sha256(body).hexdigest(),
-                               content_type="application/json")
+            self.put_if_absent(
+                next_key,
+                body,
+                sha256=hashlib.sha256(body).hexdigest(),
+                content_type="application/json",
+            )
             self.delete(key)
         return super().get(key)
 
 
-def test_a_lease_renewed_between_gc_listing_and_reading_it_still_protects(
-        tmp_path: Path) -> None:
+def test_a_lease_renewed_between_gc_listing_and_reading_it_still_protects(tmp_path: Path) -> None:
     store = _RenewedWhileListed(tmp_path)
     run = "8" * 64
     _put(store, "chunks/c0.parquet", b"c0", 3 * DAY)
@@ -276,7 +313,7 @@ def test_a_lease_renewed_between_gc_listing_and_reading_it_still_protects(
 
 
 def test_a_path_with_no_output_is_refused_and_a_run_in_progress_is_an_output(
-    tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """The CLI and the gc-output flow both plan with plan_gc: a mistyped output (or S3
     prefix) is an input error, not "deleted 0 objects"."""

@@ -77,8 +77,9 @@ def test_the_last_request_is_held_in_memory_and_written_only_if_the_chunk_then_f
     failing = PaidRequests(store, RUN, "failing")
     last = _vectors(2, seed=3)
     with pytest.raises(OSError), failing.keep_held_on_failure():
-        failing.keep(["r3", "r4"], last, tokens=5, request_key="q3", held=True,
-                     text_hashes=["t3", "t4"])
+        failing.keep(
+            ["r3", "r4"], last, tokens=5, request_key="q3", held=True, text_hashes=["t3", "t4"]
+        )
         assert list(store.list(PAID_PREFIX)) == []  # nothing written while it may publish
         raise OSError("the publish failed")
     retry = PaidRequests(store, RUN, "failing")  # the next attempt, in another process

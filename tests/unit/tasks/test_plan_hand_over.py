@@ -9,13 +9,21 @@ from pathlib import Path
 from adapters.csv_source import plan_csv
 from adapters.plan_hand_over import hand_over_plan
 
-PLAN_ARGS = dict(id_column="id", text_column="text", codec="auto", chunk_size=2, model="m",
-                 dimensions=None, delimiter="auto")
+PLAN_ARGS = dict(
+    id_column="id",
+    text_column="text",
+    codec="auto",
+    chunk_size=2,
+    model="m",
+    dimensions=None,
+    delimiter="auto",
+)
 
 
 def _csv(path: Path, texts: list[str]) -> Path:
-    path.write_text("id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)),
-                    encoding="utf-8")
+    path.write_text(
+        "id,text\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)), encoding="utf-8"
+    )
     return path
 
 

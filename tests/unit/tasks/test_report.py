@@ -36,9 +36,20 @@ def test_the_load_summary_has_its_own_index_line_in_the_artifact_and_on_the_term
     from embedline.models import LoadSummary
     from tasks.report import load_markdown
 
-    summary = LoadSummary(0, "loaded", "", sink="postgresql://app@db/v?table=t", run_key="ab" * 32,
-                          mode="replace", rows_loaded=63_904, chunks_total=64, chunks_loaded=64,
-                          wall_s=110.9, index_s=86.5, index_state="HNSW index built")
+    summary = LoadSummary(
+        0,
+        "loaded",
+        "",
+        sink="postgresql://app@db/v?table=t",
+        run_key="ab" * 32,
+        mode="replace",
+        rows_loaded=63_904,
+        chunks_total=64,
+        chunks_loaded=64,
+        wall_s=110.9,
+        index_s=86.5,
+        index_state="HNSW index built",
+    )
     text = load_markdown(summary)
     assert "| index | HNSW index built in 86.5 s |" in text
     assert "| rows | 63,904 upserted now, 0 held before, 0 deleted |" in text
@@ -53,11 +64,23 @@ def test_the_run_summary_artifact_of_run_with_sink_has_the_loads_own_section() -
     from embedline.models import LoadSummary, RunSummary
     from tasks.report import summary_markdown
 
-    load = LoadSummary(0, "loaded", "", sink="qdrant+local:///q?collection=c", run_key="k" * 64,
-                       mode="changes", rows_loaded=70, rows_skipped=63_834, rows_deleted=3,
-                       wall_s=2.5, index_s=0.01, index_state="nothing to build")
-    run = RunSummary(0, "complete", "", run_key="k" * 64, output="out", wall_s=8.7,
-                     load=load.to_dict())
+    load = LoadSummary(
+        0,
+        "loaded",
+        "",
+        sink="qdrant+local:///q?collection=c",
+        run_key="k" * 64,
+        mode="changes",
+        rows_loaded=70,
+        rows_skipped=63_834,
+        rows_deleted=3,
+        wall_s=2.5,
+        index_s=0.01,
+        index_state="nothing to build",
+    )
+    run = RunSummary(
+        0, "complete", "", run_key="k" * 64, output="out", wall_s=8.7, load=load.to_dict()
+    )
     text = summary_markdown(run)
     assert "| wall time | 8.7 s (the run; the load below has its own) |" in text
     section = text.split("## Load into the sink", 1)[1]
@@ -65,16 +88,27 @@ def test_the_run_summary_artifact_of_run_with_sink_has_the_loads_own_section() -
     assert "| rows | 70 upserted now, 63,834 held before, 3 deleted |" in section
     assert "| index | nothing to build in 0.0 s |" in section
     assert "| wall time | 2.5 s (the load, index included) |" in section
-    assert "Load into the sink" not in summary_markdown(RunSummary(0, "complete", "",
-                                                                   run_key="k" * 64))
+    assert "Load into the sink" not in summary_markdown(
+        RunSummary(0, "complete", "", run_key="k" * 64)
+    )
 
 
 def test_the_run_summary_artifact_counts_texts_batches_answered_as_sent() -> None:
     from embedline.models import RunSummary
     from tasks.report import summary_markdown
 
-    run = RunSummary(0, "complete", "", run_key="k" * 64, output="out", inputs=10,
-                     batch_inputs=10, tokens=50, batch_tokens=50, batches=3)
+    run = RunSummary(
+        0,
+        "complete",
+        "",
+        run_key="k" * 64,
+        output="out",
+        inputs=10,
+        batch_inputs=10,
+        tokens=50,
+        batch_tokens=50,
+        batches=3,
+    )
     text = summary_markdown(run, price_per_million_tokens=0.02)
     assert "| texts sent | 10 (10 of them in Batch API batches) |" in text
     assert "| requests | 0 |" in text

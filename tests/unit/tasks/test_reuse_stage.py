@@ -40,8 +40,9 @@ def _publish_truth(store: Any, plan: InputPlan) -> None:
     publish_truth(store, plan, dimensions=DIMS)
 
 
-def _shuffled_night(tmp: Path, rows: list[tuple[str, str]], *, seed: int
-                    ) -> tuple[Any, InputPlan, Ledger, ReuseStage, RunSettings]:
+def _shuffled_night(
+    tmp: Path, rows: list[tuple[str, str]], *, seed: int
+) -> tuple[Any, InputPlan, Ledger, ReuseStage, RunSettings]:
     """The first run's objects published (chunks of 10), then the rows shuffled and planned
     again, and that night's reuse stage prepared: (store, plan, ledger, stage, settings)."""
     local = open_store(str(tmp / "out"))
@@ -53,15 +54,30 @@ def _shuffled_night(tmp: Path, rows: list[tuple[str, str]], *, seed: int
     ledger = Ledger(str(tmp / "ledger.sqlite3"))
     stage = _stage(tmp, plan, local, ledger)
     stage.prepare(list(plan.chunks))
-    settings = RunSettings(input=str(tmp / "night.csv"), output=str(tmp / "out"), model="m",
-                           dimensions=DIMS, embedder="openai", ledger=str(tmp / "ledger.sqlite3"))
+    settings = RunSettings(
+        input=str(tmp / "night.csv"),
+        output=str(tmp / "out"),
+        model="m",
+        dimensions=DIMS,
+        embedder="openai",
+        ledger=str(tmp / "ledger.sqlite3"),
+    )
     return local, plan, ledger, stage, settings
 
 
 def _stage(tmp: Path, plan: InputPlan, store: Any, ledger: Ledger, **kw: Any) -> ReuseStage:
-    return ReuseStage(store=store, ledger=ledger, plan=plan, run_key=RUN, model="m",
-                      dimensions=DIMS, reuse=kw.get("reuse", True), length=DIMS,
-                      scratch_root=str(tmp), log=LOG)
+    return ReuseStage(
+        store=store,
+        ledger=ledger,
+        plan=plan,
+        run_key=RUN,
+        model="m",
+        dimensions=DIMS,
+        reuse=kw.get("reuse", True),
+        length=DIMS,
+        scratch_root=str(tmp),
+        log=LOG,
+    )
 
 
 def test_a_shuffled_night_reads_each_source_object_once_and_copies_true_vectors(
@@ -95,8 +111,10 @@ def test_a_shuffled_night_reads_each_source_object_once_and_copies_true_vectors(
     assert remote.prefill is None and remote.copies
     chunk_rows = read_chunk(plan.source, plan.chunks[3])
     copies = take_prefill(chunk_rows, remote).vectors
-    np.testing.assert_array_equal(np.stack([copies[r.row_number] for r in chunk_rows]),
-                                  expected_matrix([r.text for r in chunk_rows], DIMS))
+    np.testing.assert_array_equal(
+        np.stack([copies[r.row_number] for r in chunk_rows]),
+        expected_matrix([r.text for r in chunk_rows], DIMS),
+    )
     stage.close()
     ledger.close()
 
@@ -117,9 +135,18 @@ def test_only_new_texts_are_left_to_send_and_no_copy_of_another_length(tmp_path:
     got = take_prefill(read_chunk(plan.source, c0), stage.plan_for(c0))
     assert sorted(got.vectors) == [n for n in range(1, 11) if n != 5]  # row 5 is new
     stage.close()
-    other = ReuseStage(store=local, ledger=ledger, plan=plan, run_key=RUN, model="m",
-                       dimensions=DIMS, reuse=True, length=DIMS + 1,
-                       scratch_root=str(tmp_path), log=LOG)
+    other = ReuseStage(
+        store=local,
+        ledger=ledger,
+        plan=plan,
+        run_key=RUN,
+        model="m",
+        dimensions=DIMS,
+        reuse=True,
+        length=DIMS + 1,
+        scratch_root=str(tmp_path),
+        log=LOG,
+    )
     other.prepare(list(plan.chunks))  # the run's length is not the objects': nothing copied
     assert take_prefill(read_chunk(plan.source, c0), other.plan_for(c0)).vectors == {}
     other.close()
@@ -145,8 +172,9 @@ def test_in_run_owners_and_heirs_are_the_chunks_before_in_order(tmp_path: Path) 
     assert sources(c3) == [(c0.object_key, (0,), ((c1.object_key, c2.object_key),))]
     stage.note_failed(c0.index)
     marks = [i.key for i in local.list("_embedline/paid/")]
-    assert marks == [f"_embedline/paid/{RUN}/{chunk_name(c0.object_key)}/"
-                     f"gave-up-{stage.session}.json"]  # for waiters on Dask workers
+    assert marks == [
+        f"_embedline/paid/{RUN}/{chunk_name(c0.object_key)}/gave-up-{stage.session}.json"
+    ]  # for waiters on Dask workers
     stage.close()
     ledger.close()
 
@@ -160,7 +188,8 @@ def test_a_text_a_failed_chunk_kept_earlier_is_copied_from_its_kept_request(
     local.prepare()
     vector = expected_matrix(["x"], DIMS)
     PaidRequests(local, RUN, chunk_name(c1.object_key)).keep(
-        ["k"], vector, tokens=1, request_key="q", text_hashes=[text_sha256("x")])
+        ["k"], vector, tokens=1, request_key="q", text_hashes=[text_sha256("x")]
+    )
     ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
     stage = _stage(tmp_path, plan, local, ledger)
     stage.prepare(list(plan.chunks))
@@ -186,14 +215,20 @@ def test_texts_handed_over_are_kept_again_for_the_next_heir(tmp_path: Path) -> N
     stage.prepare(list(plan.chunks))
     vector = np.arange(DIMS, dtype=np.float32)
     PaidRequests(local, RUN, chunk_name(c0.object_key)).keep(
-        ["k0"], vector[None, :], tokens=1, request_key="q0", text_hashes=[text_sha256("x")])
+        ["k0"], vector[None, :], tokens=1, request_key="q0", text_hashes=[text_sha256("x")]
+    )
     stage.note_failed(c0.index)
     rows1 = read_chunk(plan.source, c1)
     found = take_reused(local, rows1, stage.plan_for(c1), model="m", run_key=RUN)
     assert found.handed == {rows1[0].row_number}
     np.testing.assert_array_equal(found.vectors[rows1[0].row_number], vector)
-    keep_handed(PaidRequests(local, RUN, chunk_name(c1.object_key)),
-                [rows1[0]], found.vectors, model="m", dimensions=DIMS)
+    keep_handed(
+        PaidRequests(local, RUN, chunk_name(c1.object_key)),
+        [rows1[0]],
+        found.vectors,
+        model="m",
+        dimensions=DIMS,
+    )
     stage.note_failed(c1.index)
     rows2 = read_chunk(plan.source, c2)
     found = take_reused(local, rows2, stage.plan_for(c2), model="m", run_key=RUN)
@@ -219,20 +254,45 @@ def test_a_fully_copied_chunk_is_the_object_the_chunk_task_would_publish(
         copies = stage.plan_for(spec)
         quick = open_store(str(tmp_path / "quick"))
         quick.prepare()
-        fast = publish_copied(spec, plan.source, settings, store=quick, scratch=plan.scratch,
-                              prefill=copies.prefill, width=copies.width, run_key=RUN,
-                              logger=LOG)
+        fast = publish_copied(
+            spec,
+            plan.source,
+            settings,
+            store=quick,
+            scratch=plan.scratch,
+            prefill=copies.prefill,
+            width=copies.width,
+            run_key=RUN,
+            logger=LOG,
+        )
         slow = run_chunk(spec, plan.source, settings, copies, DIMS, RUN, logger=LOG)
         assert fast is not None and slow.requests == 0
-        assert (tmp_path / "quick" / spec.object_key).read_bytes() == \
-            (tmp_path / "out" / spec.object_key).read_bytes()
-        assert (fast.rows, fast.dead_letters, fast.reused, fast.tokens_saved) == \
-            (slow.rows, slow.dead_letters, slow.reused, slow.tokens_saved)
-    kept = plan.source.__class__(**{**{f: getattr(plan.source, f) for f in
-                                        plan.source.__slots__}, "kept_columns": ("x",)})
-    assert publish_copied(plan.chunks[0], kept, settings, store=local, scratch=plan.scratch,
-                          prefill=stage.plan_for(plan.chunks[0]).prefill, width=DIMS,
-                          run_key=RUN, logger=LOG) is None
+        assert (tmp_path / "quick" / spec.object_key).read_bytes() == (
+            tmp_path / "out" / spec.object_key
+        ).read_bytes()
+        assert (fast.rows, fast.dead_letters, fast.reused, fast.tokens_saved) == (
+            slow.rows,
+            slow.dead_letters,
+            slow.reused,
+            slow.tokens_saved,
+        )
+    kept = plan.source.__class__(
+        **{**{f: getattr(plan.source, f) for f in plan.source.__slots__}, "kept_columns": ("x",)}
+    )
+    assert (
+        publish_copied(
+            plan.chunks[0],
+            kept,
+            settings,
+            store=local,
+            scratch=plan.scratch,
+            prefill=stage.plan_for(plan.chunks[0]).prefill,
+            width=DIMS,
+            run_key=RUN,
+            logger=LOG,
+        )
+        is None
+    )
     stage.close()
     ledger.close()
 
@@ -249,9 +309,20 @@ def test_objects_a_run_published_are_indexed_as_the_store_would_index_them(
 
     rows = [(f"p{i}", f"text {i}" if i % 9 else "") for i in range(50)]
     local, plan, ledger, stage, settings = _shuffled_night(tmp_path, rows, seed=4)
-    outcomes = [publish_copied(spec, plan.source, settings, store=local, scratch=plan.scratch,
-                               prefill=stage.plan_for(spec).prefill, width=DIMS, run_key=RUN,
-                               logger=LOG) for spec in plan.chunks]
+    outcomes = [
+        publish_copied(
+            spec,
+            plan.source,
+            settings,
+            store=local,
+            scratch=plan.scratch,
+            prefill=stage.plan_for(spec).prefill,
+            width=DIMS,
+            run_key=RUN,
+            logger=LOG,
+        )
+        for spec in plan.chunks
+    ]
     assert all(o is not None for o in outcomes) and any(o.dead_letters for o in outcomes)
     assert stage.index_published(outcomes) == len(plan.chunks)
     counting = CountingStore(local)
@@ -264,8 +335,10 @@ def test_objects_a_run_published_are_indexed_as_the_store_would_index_them(
         out = set()
         for bucket in range(BUCKETS):
             prefixes, ids, positions = led.bucket(bucket, list(objects))
-            out |= {(objects[int(o)], int(p), int(q))
-                    for p, o, q in zip(prefixes, ids, positions, strict=True)}
+            out |= {
+                (objects[int(o)], int(p), int(q))
+                for p, o, q in zip(prefixes, ids, positions, strict=True)
+            }
         return out
 
     assert entries(ledger) == entries(fresh)
@@ -291,8 +364,12 @@ def test_indexing_what_a_run_published_holds_one_batch_of_objects_at_a_time(
     ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
     stage = _stage(tmp_path, plan, local, ledger)
     stage.prepare(list(plan.chunks))  # a first run: nothing to reuse
-    outcomes = [ChunkOutcome(index=s.index, key=s.key, object_key=s.object_key,
-                             object_sha256="0" * 64, rows=s.rows) for s in plan.chunks]
+    outcomes = [
+        ChunkOutcome(
+            index=s.index, key=s.key, object_key=s.object_key, object_sha256="0" * 64, rows=s.rows
+        )
+        for s in plan.chunks
+    ]
 
     class Recording:
         def __init__(self) -> None:

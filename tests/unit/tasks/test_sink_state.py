@@ -9,13 +9,22 @@ from tasks.sink_state import MassDeleteError, check_delete_share, plan_load
 
 
 def _run(*rows: tuple[str, str, int]) -> pa.Table:
-    return pa.table({"id": [r[0] for r in rows], "text_sha256": [r[1] for r in rows],
-                     "chunk": pa.array([r[2] for r in rows], pa.int32())})
+    return pa.table(
+        {
+            "id": [r[0] for r in rows],
+            "text_sha256": [r[1] for r in rows],
+            "chunk": pa.array([r[2] for r in rows], pa.int32()),
+        }
+    )
 
 
 def _held(*rows: tuple[str, str]) -> pa.Table:
-    return pa.table({"id": pa.array([r[0] for r in rows], pa.string()),
-                     "text_sha256": pa.array([r[1] for r in rows], pa.string())})
+    return pa.table(
+        {
+            "id": pa.array([r[0] for r in rows], pa.string()),
+            "text_sha256": pa.array([r[1] for r in rows], pa.string()),
+        }
+    )
 
 
 def test_the_plan_upserts_what_the_sink_lacks_and_deletes_what_the_run_does_not_hold() -> None:
@@ -51,11 +60,16 @@ def test_the_load_artifact_says_a_refused_delete_with_its_counts_and_flag() -> N
     from embedline.models import LoadSummary
     from tasks.report import load_markdown
 
-    message = ("loading run abc into t would delete 58 of 60 rows (97%), more than "
-               "--max-delete-fraction 0.5 allows: nothing deleted. If the input really lost "
-               "those rows, rerun with --max-delete-fraction 0.97")
-    text = load_markdown(LoadSummary(2, "delete_refused", message, sink="lancedb:///x?table=t",
-                                     run_key="abc", mode="replace"))
+    message = (
+        "loading run abc into t would delete 58 of 60 rows (97%), more than "
+        "--max-delete-fraction 0.5 allows: nothing deleted. If the input really lost "
+        "those rows, rerun with --max-delete-fraction 0.97"
+    )
+    text = load_markdown(
+        LoadSummary(
+            2, "delete_refused", message, sink="lancedb:///x?table=t", run_key="abc", mode="replace"
+        )
+    )
     assert f"**delete_refused**: {message}" in text
 
 

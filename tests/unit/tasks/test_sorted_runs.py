@@ -22,15 +22,22 @@ SCHEMA = pa.schema([("id", pa.string()), ("value", pa.string())])
 
 
 def _tables(ids: list[str], size: int) -> list[pa.Table]:
-    return [pa.table({"id": ids[i:i + size], "value": [f"v{x}" for x in ids[i:i + size]]},
-                     schema=SCHEMA) for i in range(0, len(ids), size)]
+    return [
+        pa.table(
+            {"id": ids[i : i + size], "value": [f"v{x}" for x in ids[i : i + size]]}, schema=SCHEMA
+        )
+        for i in range(0, len(ids), size)
+    ]
 
 
-def _sources(tmp_path: Path, limits: SortLimits, stats: SortStats, sides: list[list[str]],
-             size: int = 37) -> list[list[SortedRun]]:
+def _sources(
+    tmp_path: Path, limits: SortLimits, stats: SortStats, sides: list[list[str]], size: int = 37
+) -> list[list[SortedRun]]:
     """Runs of each side, read as tables of ``size`` rows."""
-    return [write_runs(_tables(ids, size), tmp_path, name=f"s{n}", limits=limits, stats=stats)
-            for n, ids in enumerate(sides)]
+    return [
+        write_runs(_tables(ids, size), tmp_path, name=f"s{n}", limits=limits, stats=stats)
+        for n, ids in enumerate(sides)
+    ]
 
 
 def test_many_runs_merge_in_passes_with_the_rows_held_bounded(tmp_path: Path) -> None:
@@ -59,8 +66,9 @@ def test_many_runs_merge_in_passes_with_the_rows_held_bounded(tmp_path: Path) ->
         previous = max(i for side in ids for i in side)
     for n, side in enumerate(sides):
         assert sorted(i for b in blocks for i in b[n]["id"].to_pylist()) == sorted(side)
-    block_of = [{i: k for k, b in enumerate(blocks) for i in b[n]["id"].to_pylist()}
-                for n in range(2)]
+    block_of = [
+        {i: k for k, b in enumerate(blocks) for i in b[n]["id"].to_pylist()} for n in range(2)
+    ]
     both = set(sides[0]) & set(sides[1])
     assert all(block_of[0][i] == block_of[1][i] for i in both)
 

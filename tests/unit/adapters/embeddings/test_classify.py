@@ -70,9 +70,16 @@ def make_embedder(
 ) -> OpenAIEmbedder:
     options.setdefault("encoding_format", "base64")  # no float probe unless a test asks
     return OpenAIEmbedder(
-        base_url=base_url, model=MODEL, dimensions=dimensions, api_key=api_key, timeout_s=5.0,
-        max_attempts=max_attempts, concurrency=concurrency,
-        client=httpx.Client(transport=httpx.MockTransport(handler)), sleep=sleep, **options,
+        base_url=base_url,
+        model=MODEL,
+        dimensions=dimensions,
+        api_key=api_key,
+        timeout_s=5.0,
+        max_attempts=max_attempts,
+        concurrency=concurrency,
+        client=httpx.Client(transport=httpx.MockTransport(handler)),
+        sleep=sleep,
+        **options,
     )
 
 
@@ -80,20 +87,33 @@ def vectors_for(n: int, dims: int = 4) -> np.ndarray:
     return (np.arange(n * dims, dtype=np.float32).reshape(n, dims) + 1) / 100
 
 
-def ok_body(request: httpx.Request, *, dims: int = 4, order: list[int] | None = None,
-            usage: dict[str, int] | None = None) -> dict[str, Any]:
+def ok_body(
+    request: httpx.Request,
+    *,
+    dims: int = 4,
+    order: list[int] | None = None,
+    usage: dict[str, int] | None = None,
+) -> dict[str, Any]:
     body = json.loads(request.content)
     n = len(body["input"])
     matrix = vectors_for(n, dims)
     encode = body.get("encoding_format") == "base64"
     data = [
-        {"object": "embedding", "index": i,
-         "embedding": base64.b64encode(matrix[i].astype("<f4").tobytes()).decode()
-         if encode else matrix[i].tolist()}
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": base64.b64encode(matrix[i].astype("<f4").tobytes()).decode()
+            if encode
+            else matrix[i].tolist(),
+        }
         for i in (order if order is not None else range(n))
     ]
-    return {"object": "list", "data": data, "model": MODEL,
-            "usage": usage if usage is not None else {"prompt_tokens": n, "total_tokens": n}}
+    return {
+        "object": "list",
+        "data": data,
+        "model": MODEL,
+        "usage": usage if usage is not None else {"prompt_tokens": n, "total_tokens": n},
+    }
 
 
 def ok(request: httpx.Request) -> httpx.Response:
@@ -105,6 +125,7 @@ def answer(status: int, body: Any = None, headers: dict[str, str] | None = None)
         if isinstance(body, (str, bytes)):
             return httpx.Response(status, content=body, headers=headers)
         return httpx.Response(status, json=body, headers=headers)
+
     return handler
 
 
@@ -143,12 +164,21 @@ def assert_clean(message: str) -> None:
 
 @pytest.mark.parametrize(
     "exc_type",
-    [httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout,
-     httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.ProxyError],
+    [
+        httpx.ConnectTimeout,
+        httpx.ReadTimeout,
+        httpx.WriteTimeout,
+        httpx.PoolTimeout,
+        httpx.ReadError,
+        httpx.WriteError,
+        httpx.RemoteProtocolError,
+        httpx.ProxyError,
+    ],
 )
 def test_transport_failures_are_retryable(exc_type: type[httpx.RequestError]) -> None:
     """Retryable, and the client keeps sending (a ``ConnectError`` that outlives a call's
     attempts opens the circuit breaker: the cases below)."""
+
     def fail(request: httpx.Request) -> httpx.Response:
         raise exc_type("boom", request=request)
 
@@ -187,13 +217,16 @@ def test_refused_connections_after_answers_open_the_circuit_breaker() -> None:
     assert isinstance(again.value, RetryableError)  # the run's kind: resumable, not fatal
 
 
-@pytest.mark.parametrize("exc_type", [httpx.ConnectTimeout, httpx.ReadTimeout,
-                                      httpx.ReadError, httpx.RemoteProtocolError])
+@pytest.mark.parametrize(
+    "exc_type",
+    [httpx.ConnectTimeout, httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError],
+)
 def test_before_any_answer_only_refused_connections_mean_unreachable(
     exc_type: type[httpx.RequestError],
 ) -> None:
     """A wrong --base-url refuses connections (``ConnectError``); a timeout or a dropped
     connection may be a slow or overloaded server, so it stays retryable even first."""
+
     def fail(request: httpx.Request) -> httpx.Response:
         raise exc_type("boom", request=request)
 
@@ -255,9 +288,11 @@ def test_429_without_headers_has_no_server_wait() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [openai_error("insufficient_quota", type_="insufficient_quota"),
-     openai_error(None, type_="insufficient_quota"),
-     openai_error("insufficient_quota", type_="requests")],
+    [
+        openai_error("insufficient_quota", type_="insufficient_quota"),
+        openai_error(None, type_="insufficient_quota"),
+        openai_error("insufficient_quota", type_="requests"),
+    ],
 )
 def test_429_insufficient_quota_is_fatal_without_retry(body: dict[str, Any]) -> None:
     seq = Sequenced(answer(429, body, {"retry-after-ms": "10"}))
@@ -307,11 +342,13 @@ def test_long_error_messages_are_truncated() -> None:
 
 @pytest.mark.parametrize(
     ("status", "body", "headers"),
-    [(200, "<html><body>gateway</body></html>", {"Content-Type": "text/html"}),
-     (200, "not json at all", {"Content-Type": "text/plain"}),
-     (200, b"", None),
-     (502, "<html>Bad Gateway</html>", {"Content-Type": "text/html"}),
-     (418, "<html>I'm a teapot</html>", {"Content-Type": "text/html"})],
+    [
+        (200, "<html><body>gateway</body></html>", {"Content-Type": "text/html"}),
+        (200, "not json at all", {"Content-Type": "text/plain"}),
+        (200, b"", None),
+        (502, "<html>Bad Gateway</html>", {"Content-Type": "text/html"}),
+        (418, "<html>I'm a teapot</html>", {"Content-Type": "text/html"}),
+    ],
 )
 def test_html_or_non_json_bodies_are_retryable(status: int, body: Any, headers: Any) -> None:
     error = embed_error(answer(status, body, headers))
@@ -378,11 +415,13 @@ def test_tokens_come_from_usage(usage: dict[str, int], tokens: int) -> None:
 
 def _mutate(fn: Callable[[dict[str, Any]], Any]) -> Handler:
     """A 200 answer whose body ``fn`` breaks; plain json.dumps, so NaN/Infinity can be sent."""
+
     def handler(request: httpx.Request) -> httpx.Response:
         body = ok_body(request)
         fn(body)
         content = json.dumps(body)
         return httpx.Response(200, content=content, headers={"Content-Type": "application/json"})
+
     return handler
 
 
@@ -399,8 +438,9 @@ BAD_BODIES: dict[str, Handler] = {
     "payload is a list": lambda r: httpx.Response(200, json=[1, 2]),
     "too few": _mutate(lambda b: b["data"].pop()),
     "too many": _mutate(lambda b: b["data"].append(dict(b["data"][0], index=2))),
-    "missing index, other out of range": _mutate(lambda b: (b["data"][0].pop("index"),
-                                                            b["data"][1].update(index=7))),
+    "missing index, other out of range": _mutate(
+        lambda b: (b["data"][0].pop("index"), b["data"][1].update(index=7))
+    ),
     "bool index": _set_item(0, "index", True),
     "string index": _set_item(0, "index", "0"),
     "duplicate index": _set_item(1, "index", 0),
@@ -431,11 +471,14 @@ def test_malformed_2xx_is_a_bad_response(case: str) -> None:
 def _unpadded(mutate: Callable[[list[dict[str, Any]]], Any] = lambda data: None) -> Handler:
     """A 200 answer with 6-dimensional vectors (24 bytes: base64 without padding, which is
     decoded in one call for the whole answer), out of order, then ``mutate``d."""
+
     def handler(request: httpx.Request) -> httpx.Response:
         body = ok_body(request, dims=6, order=[1, 0])
         mutate(body["data"])
-        return httpx.Response(200, content=json.dumps(body),
-                              headers={"Content-Type": "application/json"})
+        return httpx.Response(
+            200, content=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
+
     return handler
 
 
@@ -476,7 +519,10 @@ def test_request_body_and_headers() -> None:
     request = seq.requests[0]
     assert request.method == "POST" and request.url.path == "/v1/embeddings"
     assert json.loads(request.content) == {
-        "model": MODEL, "input": ["a", "b"], "encoding_format": "base64", "dimensions": 64,
+        "model": MODEL,
+        "input": ["a", "b"],
+        "encoding_format": "base64",
+        "dimensions": 64,
     }
     assert request.headers["Idempotency-Key"] == IDEM
     assert request.headers["Authorization"] == f"Bearer {API_KEY}"
@@ -528,17 +574,31 @@ def _refuses_base64(status: int, body: Any) -> Handler:
                 return httpx.Response(status, text=body)
             return httpx.Response(status, json=body)
         return ok(request)
+
     return handler
 
 
-FASTAPI_422 = {"detail": [{"loc": ["body", "encoding_format"], "msg": "value is not a valid "
-                           "enumeration member; permitted: 'float'", "type": "type_error.enum"}]}
+FASTAPI_422 = {
+    "detail": [
+        {
+            "loc": ["body", "encoding_format"],
+            "msg": "value is not a valid enumeration member; permitted: 'float'",
+            "type": "type_error.enum",
+        }
+    ]
+}
 
 
-@pytest.mark.parametrize("status, body", [
-    (422, FASTAPI_422), (500, "Internal Server Error"),
-    (500, {"detail": "something broke"}), (400, openai_error(None, "unsupported parameter")),
-], ids=["fastapi-422", "plain-500", "json-500", "400-unnamed"])
+@pytest.mark.parametrize(
+    "status, body",
+    [
+        (422, FASTAPI_422),
+        (500, "Internal Server Error"),
+        (500, {"detail": "something broke"}),
+        (400, openai_error(None, "unsupported parameter")),
+    ],
+    ids=["fastapi-422", "plain-500", "json-500", "400-unnamed"],
+)
 def test_base64_refused_any_way_falls_back_to_float_once_for_the_run(
     status: int, body: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -616,8 +676,9 @@ def test_auth_header_api_key_sends_the_bare_key_and_no_bearer() -> None:
     assert "Authorization" not in seq.requests[0].headers
 
 
-@pytest.mark.parametrize("header, named", [("Authorization", "Authorization: Bearer"),
-                                           ("api-key", "'api-key' header")])
+@pytest.mark.parametrize(
+    "header, named", [("Authorization", "Authorization: Bearer"), ("api-key", "'api-key' header")]
+)
 def test_a_401_names_the_header_that_carried_the_key(header: str, named: str) -> None:
     body = openai_error("invalid_api_key", "Access denied due to invalid subscription key.")
     error = embed_error(answer(401, body), auth_header=header)
@@ -685,8 +746,10 @@ def test_in_flight_requests_never_exceed_concurrency() -> None:
         return ok(request)
 
     emb = make_embedder(handler, concurrency=2)
-    threads = [threading.Thread(target=emb.embed, args=(["a"],), kwargs={"idempotency_key": IDEM})
-               for _ in range(6)]
+    threads = [
+        threading.Thread(target=emb.embed, args=(["a"],), kwargs={"idempotency_key": IDEM})
+        for _ in range(6)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -735,6 +798,7 @@ def clocked(clock: FakeClock, handler: Handler) -> tuple[Handler, list[float]]:
     def wrapped(request: httpx.Request) -> httpx.Response:
         sent.append(clock.now)
         return handler(request)
+
     return wrapped, sent
 
 
@@ -764,8 +828,12 @@ def test_retries_are_paced_like_any_request() -> None:
 def test_tpm_books_the_estimate_then_credits_back_the_usage() -> None:
     clock = FakeClock()
     text = "x" * 300  # estimate_tokens: 100
-    handler, sent = clocked(clock, lambda r: httpx.Response(200, json=ok_body(
-        r, usage={"prompt_tokens": 20, "total_tokens": 20})))
+    handler, sent = clocked(
+        clock,
+        lambda r: httpx.Response(
+            200, json=ok_body(r, usage={"prompt_tokens": 20, "total_tokens": 20})
+        ),
+    )
     emb = make_embedder(handler, tpm=600, clock=clock, sleep=clock.sleep)  # 0.1 s/token
     emb.embed([text], idempotency_key=IDEM)
     emb.embed([text], idempotency_key=IDEM)
@@ -774,8 +842,9 @@ def test_tpm_books_the_estimate_then_credits_back_the_usage() -> None:
 
 def test_tpm_debits_a_usage_above_the_estimate() -> None:
     clock = FakeClock()
-    handler, sent = clocked(clock, lambda r: httpx.Response(200, json=ok_body(
-        r, usage={"total_tokens": 50})))
+    handler, sent = clocked(
+        clock, lambda r: httpx.Response(200, json=ok_body(r, usage={"total_tokens": 50}))
+    )
     emb = make_embedder(handler, tpm=600, clock=clock, sleep=clock.sleep)
     emb.embed(["abc"], idempotency_key=IDEM)  # estimated 1 token
     emb.embed(["abc"], idempotency_key=IDEM)
@@ -853,9 +922,12 @@ def test_after_a_fatal_answer_no_call_sends_anything() -> None:
 
 @pytest.mark.parametrize(
     "fatal",
-    [answer(403, openai_error(None)), answer(404, openai_error("model_not_found")),
-     answer(429, openai_error("insufficient_quota", type_="insufficient_quota")),
-     answer(418, openai_error("teapot"))],
+    [
+        answer(403, openai_error(None)),
+        answer(404, openai_error("model_not_found")),
+        answer(429, openai_error("insufficient_quota", type_="insufficient_quota")),
+        answer(418, openai_error("teapot")),
+    ],
     ids=["403", "404", "insufficient_quota", "other 4xx"],
 )
 def test_every_fatal_class_latches(fatal: Handler) -> None:
@@ -993,15 +1065,23 @@ def test_a_call_waiting_for_a_slot_checks_the_latch_before_sending() -> None:
 
 
 def test_classify_keeps_the_servers_whole_wait() -> None:
-    error = classify(429, {"Retry-After": "600"}, openai_error("rate_limit_exceeded"),
-                     model=MODEL, path="/v1/embeddings")
+    error = classify(
+        429,
+        {"Retry-After": "600"},
+        openai_error("rate_limit_exceeded"),
+        model=MODEL,
+        path="/v1/embeddings",
+    )
     assert isinstance(error, RateLimitedError) and error.retry_after_s == 600.0
 
 
 @pytest.mark.parametrize(
     ("status", "headers"),
-    [(429, {"Retry-After": "600"}), (429, {"retry-after-ms": "600000"}),
-     (503, {"Retry-After": "600"})],
+    [
+        (429, {"Retry-After": "600"}),
+        (429, {"retry-after-ms": "600000"}),
+        (503, {"Retry-After": "600"}),
+    ],
 )
 def test_a_wait_above_the_cap_is_not_slept(status: int, headers: dict[str, str]) -> None:
     seq = Sequenced(answer(status, openai_error(None), headers), ok)
@@ -1199,7 +1279,11 @@ def test_openai_path_never_imports_torch() -> None:
         "print('clean', e.__file__)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )
     assert done.returncode == 0, done.stderr

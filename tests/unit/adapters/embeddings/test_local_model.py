@@ -53,10 +53,13 @@ def test_long_inputs_are_truncated_at_256_word_pieces(model: MiniLM) -> None:
 
 
 def test_the_local_embedder_never_imports_torch() -> None:
-    code = ("import sys; from adapters.embeddings import LocalEmbedder; "
-            "LocalEmbedder().embed(['hello'], idempotency_key='k'); "
-            "print([m for m in ('torch', 'transformers', 'sentence_transformers') "
-            "if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    code = (
+        "import sys; from adapters.embeddings import LocalEmbedder; "
+        "LocalEmbedder().embed(['hello'], idempotency_key='k'); "
+        "print([m for m in ('torch', 'transformers', 'sentence_transformers') "
+        "if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"

@@ -22,41 +22,55 @@ def _client(handler: Handler, *, max_attempts: int = 2) -> tuple[BatchClient, li
         sent.append(f"{request.method} {request.url.path}")
         return handler(request)
 
-    client = BatchClient(base_url="http://batch.test/v1", api_key="sk-secret",
-                         max_attempts=max_attempts, sleep=lambda s: None,
-                         client=httpx.Client(transport=httpx.MockTransport(record)))
+    client = BatchClient(
+        base_url="http://batch.test/v1",
+        api_key="sk-secret",
+        max_attempts=max_attempts,
+        sleep=lambda s: None,
+        client=httpx.Client(transport=httpx.MockTransport(record)),
+    )
     return client, sent
 
 
 def _not_found(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(404, json={"error": {"message": "No batch found with id 'b'.",
-                                               "type": "invalid_request_error"}})
+    return httpx.Response(
+        404,
+        json={"error": {"message": "No batch found with id 'b'.", "type": "invalid_request_error"}},
+    )
 
 
 def test_a_404_for_a_recorded_batch_or_file_names_it_and_says_what_to_do() -> None:
     client, _ = _client(_not_found)
     for call, attribute, value in (
-            (lambda: client.get_batch("batch_abc"), "batch_id", "batch_abc"),
-            (lambda: client.cancel_batch("batch_abc"), "batch_id", "batch_abc"),
-            (lambda: client.file_content("file-xyz"), "file_id", "file-xyz")):
+        (lambda: client.get_batch("batch_abc"), "batch_id", "batch_abc"),
+        (lambda: client.cancel_batch("batch_abc"), "batch_id", "batch_abc"),
+        (lambda: client.file_content("file-xyz"), "file_id", "file-xyz"),
+    ):
         with pytest.raises(UnknownBatchError) as caught:
             call()
         error = caught.value
         assert getattr(error, attribute) == value and error.exit_code == 3
-        assert f"{'batch' if attribute == 'batch_id' else 'file'} {value} is unknown to " \
-               "http://batch.test/v1 (HTTP 404)" in str(error)
+        assert (
+            f"{'batch' if attribute == 'batch_id' else 'file'} {value} is unknown to "
+            "http://batch.test/v1 (HTTP 404)" in str(error)
+        )
         assert "the API key and --base-url that created it" in str(error)
         assert "sk-secret" not in str(error) and "\n" not in str(error)
         assert "check --model" not in str(error)
 
 
-@pytest.mark.parametrize("call", [
-    lambda c: c.upload("in.jsonl", b"{}\n"),
-    lambda c: c.create_batch("file-1", {}),
-    lambda c: list(c.list_batches()),
-], ids=["upload", "create", "list"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.upload("in.jsonl", b"{}\n"),
+        lambda c: c.create_batch("file-1", {}),
+        lambda c: list(c.list_batches()),
+    ],
+    ids=["upload", "create", "list"],
+)
 def test_a_404_for_the_collections_is_a_server_without_a_batch_api(
-        call: Callable[[BatchClient], object]) -> None:
+    call: Callable[[BatchClient], object],
+) -> None:
     client, _ = _client(_not_found)
     with pytest.raises(FatalError) as caught:
         call(client)

@@ -286,8 +286,11 @@ def test_open_store_file_uri(tmp_path: Path) -> None:
     [
         ("s3://bucket-a", "s3://bucket-a", "s3://bucket-a/chunks/k.parquet"),
         ("s3://bucket-a/", "s3://bucket-a", "s3://bucket-a/chunks/k.parquet"),
-        ("s3://bucket-a/runs/2026/", "s3://bucket-a/runs/2026",
-         "s3://bucket-a/runs/2026/chunks/k.parquet"),
+        (
+            "s3://bucket-a/runs/2026/",
+            "s3://bucket-a/runs/2026",
+            "s3://bucket-a/runs/2026/chunks/k.parquet",
+        ),
     ],
 )
 def test_open_store_s3(uri: str, uri_of_store: str, key_uri: str) -> None:
@@ -328,8 +331,9 @@ def test_open_store_never_echoes_uri_credentials() -> None:
 def test_list_open_read_and_delete_skip_temp_files(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path)
     body = b"0123456789"
-    store.put_if_absent("chunks/a.parquet", body, sha256=hashlib.sha256(body).hexdigest(),
-                        content_type="x")
+    store.put_if_absent(
+        "chunks/a.parquet", body, sha256=hashlib.sha256(body).hexdigest(), content_type="x"
+    )
     (tmp_path / "chunks" / ".b.parquet.tmp-1-0123456789abcdef").write_bytes(b"partial")
     assert [(i.key, i.size_bytes) for i in store.list("chunks/")] == [("chunks/a.parquet", 10)]
     assert list(store.list("manifests/")) == []

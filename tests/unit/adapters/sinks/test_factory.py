@@ -32,19 +32,30 @@ def test_lance_path_names_database_and_table(tmp_path: Path) -> None:
     assert (sink.path, sink.table_name) == (str(tmp_path / "db"), "embeddings")
 
 
-@pytest.mark.parametrize("uri", ["", "mysql://x/y", "lancedb://", "lancedb:///x?table=1bad",
-                                 "lancedb:///x?mode=overwrite", "out/vectors.parquet"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "",
+        "mysql://x/y",
+        "lancedb://",
+        "lancedb:///x?table=1bad",
+        "lancedb:///x?mode=overwrite",
+        "out/vectors.parquet",
+    ],
+)
 def test_unusable_sink_uris_are_input_errors(uri: str) -> None:
     with pytest.raises(InputError):
         validate_sink_uri(uri)
 
 
-
 def test_qdrant_uris_name_a_server_or_a_local_directory(tmp_path: Path) -> None:
     pytest.importorskip("qdrant_client")
     sink = open_sink("qdrant://vectors.example:6334/packages")
-    assert (sink.url, sink.collection, sink.local) == ("http://vectors.example:6334", "packages",
-                                                       False)
+    assert (sink.url, sink.collection, sink.local) == (
+        "http://vectors.example:6334",
+        "packages",
+        False,
+    )
     assert sink.identity == "qdrant://vectors.example:6334/packages"
     assert open_sink("qdrant+https://vectors.example/p").url == "https://vectors.example:6333"
     local = open_sink(f"qdrant+local://{tmp_path}/q dir#1?collection=docs")
@@ -72,10 +83,18 @@ def test_the_qdrant_api_key_comes_from_the_environment_and_is_never_shown(
     sink.close()
 
 
-@pytest.mark.parametrize("uri", ["qdrant://host:6333/", "qdrant://host:6333/a/b?x=1",
-                                 "qdrant://host:x/c", "qdrant://host/bad name",
-                                 "qdrant+local://", "qdrant+local:///x?table=t",
-                                 "qdrant+local:///x?collection=a&collection=b"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "qdrant://host:6333/",
+        "qdrant://host:6333/a/b?x=1",
+        "qdrant://host:x/c",
+        "qdrant://host/bad name",
+        "qdrant+local://",
+        "qdrant+local:///x?table=t",
+        "qdrant+local:///x?collection=a&collection=b",
+    ],
+)
 def test_unusable_qdrant_uris_are_input_errors(uri: str) -> None:
     with pytest.raises(InputError):
         validate_sink_uri(uri)

@@ -14,18 +14,27 @@ from embedline.errors import FatalError
 
 def _rows(ids: list[str], dims: int = 4, seed: int = 0) -> pa.Table:
     vectors = np.random.default_rng(seed).random((len(ids), dims), dtype=np.float32)
-    return pa.table({
-        "id": pa.array(ids, pa.string()),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dims),
-        "text_sha256": pa.array([f"h{i}" for i in ids], pa.string()),
-    })
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.string()),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dims),
+            "text_sha256": pa.array([f"h{i}" for i in ids], pa.string()),
+        }
+    )
 
 
 def _contents(sink) -> dict[str, tuple[list[float], str]]:
     table = sink._open().to_arrow()
-    return {i: (v, r) for i, v, r in zip(table.column("id").to_pylist(),
-                                         table.column("embedding").to_pylist(),
-                                         table.column("run_key").to_pylist(), strict=True)}
+    return {
+        i: (v, r)
+        for i, v, r in zip(
+            table.column("id").to_pylist(),
+            table.column("embedding").to_pylist(),
+            table.column("run_key").to_pylist(),
+            strict=True,
+        )
+    }
+
 
 def test_lancedb_upsert_is_idempotent_and_replace_deletes_other_runs(tmp_path: Path) -> None:
     sink = open_sink(f"lancedb://{tmp_path}")
@@ -39,8 +48,9 @@ def test_lancedb_upsert_is_idempotent_and_replace_deletes_other_runs(tmp_path: P
     assert sink.delete_other_runs("r2") == 1  # "a" is not in run r2
     got = _contents(sink)
     assert sorted(got) == ["b", "c", "d"]
-    expected = dict(zip(second.column("id").to_pylist(),
-                        second.column("embedding").to_pylist(), strict=True))
+    expected = dict(
+        zip(second.column("id").to_pylist(), second.column("embedding").to_pylist(), strict=True)
+    )
     assert all(np.array_equal(got[i][0], expected[i]) and got[i][1] == "r2" for i in got)
     assert sink.delete_ids(["b", "it's-absent"]) == 1
     sink.finalize()
@@ -71,8 +81,11 @@ def test_lancedb_mismatch_names_both_models_and_lengths(tmp_path: Path) -> None:
     with pytest.raises(FatalError, match="model other"):
         again.ensure_table(embedder="openai", model="other", dimensions=4)
 
-@pytest.mark.parametrize(("text", "seconds"), [("0", 0.0), ("90s", 90.0), ("30m", 1800.0),
-                                               ("1h", 3600.0), ("7d", 604800.0), ("12", 12.0)])
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("0", 0.0), ("90s", 90.0), ("30m", 1800.0), ("1h", 3600.0), ("7d", 604800.0), ("12", 12.0)],
+)
 def test_lancedb_keep_versions_durations(text: str, seconds: float) -> None:
     from cli.load import duration_s
 
@@ -87,19 +100,29 @@ def test_lancedb_keeps_columns_and_their_hash_and_refuses_other_columns(tmp_path
     columns = SinkColumns(("title", "Section name"), text=True)
     sink.ensure_table(embedder="openai", model="m", dimensions=4, columns=columns)
     rows = _rows(["a", "b"])
-    for name, values in (("title", ["T'a", "Tb"]), ("Section name", ["s1", "s2"]),
-                         ("text", ["text a", "text b"])):
+    for name, values in (
+        ("title", ["T'a", "Tb"]),
+        ("Section name", ["s1", "s2"]),
+        ("text", ["text a", "text b"]),
+    ):
         rows = rows.append_column(name, pa.array(values, pa.string()))
     assert sink.upsert(rows, run_key="r1").rows == 2
     held = sink.held_keys().to_pylist()
-    assert held == [{"id": "a", "text_sha256": "ha", "kept_sha256": kept_sha256(["T'a", "s1"])},
-                    {"id": "b", "text_sha256": "hb", "kept_sha256": kept_sha256(["Tb", "s2"])}]
-    hits = sink.search(np.asarray(rows.column("embedding")[0].as_py()), 1,
-                       columns=["title", "Section name"])
+    assert held == [
+        {"id": "a", "text_sha256": "ha", "kept_sha256": kept_sha256(["T'a", "s1"])},
+        {"id": "b", "text_sha256": "hb", "kept_sha256": kept_sha256(["Tb", "s2"])},
+    ]
+    hits = sink.search(
+        np.asarray(rows.column("embedding")[0].as_py()), 1, columns=["title", "Section name"]
+    )
     assert hits[0][0] == "a" and hits[0][2:] == ("T'a", "s1")
     assert sink.describe().columns == columns
     again = open_sink(f"lancedb://{tmp_path}?table=docs")
-    with pytest.raises(FatalError, match=r"keeps 'title', 'Section name', the text, but this "
-                                         r"run keeps 'title'"):
-        again.ensure_table(embedder="openai", model="m", dimensions=4,
-                           columns=SinkColumns(("title",)))
+    with pytest.raises(
+        FatalError,
+        match=r"keeps 'title', 'Section name', the text, but this "
+        r"run keeps 'title'",
+    ):
+        again.ensure_table(
+            embedder="openai", model="m", dimensions=4, columns=SinkColumns(("title",))
+        )

@@ -20,24 +20,34 @@ REPO = Path(__file__).resolve().parents[4]
 
 
 def test_package_exports_a_closed_list() -> None:
-    assert adapters.sinks.__all__ == ["DEFAULT_TABLE", "SINK_FORMAT", "check_compatible",
-                                      "is_sink_uri", "open_sink", "sink_metadata",
-                                      "sink_table_from_metadata", "validate_sink_uri"]
+    assert adapters.sinks.__all__ == [
+        "DEFAULT_TABLE",
+        "SINK_FORMAT",
+        "check_compatible",
+        "is_sink_uri",
+        "open_sink",
+        "sink_metadata",
+        "sink_table_from_metadata",
+        "validate_sink_uri",
+    ]
     for name in adapters.sinks.__all__:
         assert hasattr(adapters.sinks, name)
 
 
 def test_checking_a_uri_imports_no_store() -> None:
-    code = ("import sys; from adapters.sinks import validate_sink_uri; "
-            "validate_sink_uri('lancedb:///tmp/x?table=t'); "
-            "validate_sink_uri('postgresql://app@db/vectors?table=t'); "
-            "validate_sink_uri('qdrant://db:6333/vectors'); "
-            "validate_sink_uri('qdrant+local:///tmp/q?collection=c'); "
-            "print(sorted(m for m in sys.modules if m in ('adapters.sinks.lancedb', "
-            "'adapters.sinks.pgvector', 'adapters.sinks.qdrant', 'lancedb', 'psycopg', "
-            "'qdrant_client')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    code = (
+        "import sys; from adapters.sinks import validate_sink_uri; "
+        "validate_sink_uri('lancedb:///tmp/x?table=t'); "
+        "validate_sink_uri('postgresql://app@db/vectors?table=t'); "
+        "validate_sink_uri('qdrant://db:6333/vectors'); "
+        "validate_sink_uri('qdrant+local:///tmp/q?collection=c'); "
+        "print(sorted(m for m in sys.modules if m in ('adapters.sinks.lancedb', "
+        "'adapters.sinks.pgvector', 'adapters.sinks.qdrant', 'lancedb', 'psycopg', "
+        "'qdrant_client')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 

@@ -5,14 +5,24 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.parametrize(("error", "kind"), [
-    ("ProgramLimitExceeded", "row"),  # "index row requires 12016 bytes": an OperationalError
-    ("CharacterNotInRepertoire", "row"), ("StringDataRightTruncation", "row"),
-    ("UntranslatableCharacter", "row"), ("CheckViolation", "row"),
-    ("UndefinedColumn", "table"), ("DatatypeMismatch", "table"), ("NotNullViolation", "table"),
-    ("InvalidColumnReference", "table"), ("AdminShutdown", "retry"), ("DiskFull", "retry"),
-    ("SerializationFailure", "retry"), ("InsufficientPrivilege", "fatal"),
-])
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ("ProgramLimitExceeded", "row"),  # "index row requires 12016 bytes": an OperationalError
+        ("CharacterNotInRepertoire", "row"),
+        ("StringDataRightTruncation", "row"),
+        ("UntranslatableCharacter", "row"),
+        ("CheckViolation", "row"),
+        ("UndefinedColumn", "table"),
+        ("DatatypeMismatch", "table"),
+        ("NotNullViolation", "table"),
+        ("InvalidColumnReference", "table"),
+        ("AdminShutdown", "retry"),
+        ("DiskFull", "retry"),
+        ("SerializationFailure", "retry"),
+        ("InsufficientPrivilege", "fatal"),
+    ],
+)
 def test_postgresql_refusals_are_classified_by_sqlstate(error: str, kind: str) -> None:
     import psycopg
 
@@ -26,4 +36,3 @@ def test_postgresql_refusals_are_classified_by_sqlstate(error: str, kind: str) -
     if kind == "retry":
         assert isinstance(translate(exc, "upsert"), RetryableError)
     assert classify(psycopg.OperationalError("connection lost")) == "retry"
-

@@ -18,27 +18,32 @@ from embedline.errors import FatalError, RetryableError
 
 def _rows(ids: list[str], dims: int = 4, seed: int = 0) -> pa.Table:
     vectors = np.random.default_rng(seed).random((len(ids), dims), dtype=np.float32) + 0.01
-    return pa.table({
-        "id": pa.array(ids, pa.string()),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dims),
-        "text_sha256": pa.array([f"h{i}" for i in ids], pa.string()),
-    })
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.string()),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dims),
+            "text_sha256": pa.array([f"h{i}" for i in ids], pa.string()),
+        }
+    )
 
 
 def _unit(rows: pa.Table) -> dict[str, np.ndarray]:
     out = {}
-    for i, v in zip(rows.column("id").to_pylist(), rows.column("embedding").to_pylist(),
-                    strict=True):
+    for i, v in zip(
+        rows.column("id").to_pylist(), rows.column("embedding").to_pylist(), strict=True
+    ):
         v = np.asarray(v, dtype=np.float32)
         out[i] = v / np.linalg.norm(v)
     return out
 
 
 def _points(sink) -> dict[str, tuple[np.ndarray, dict]]:
-    points, _ = sink._client().scroll(sink.collection, limit=100_000, with_payload=True,
-                                      with_vectors=True)
-    return {p.payload["id"]: (np.asarray(p.vector, dtype=np.float32), p.payload, p.id)
-            for p in points}
+    points, _ = sink._client().scroll(
+        sink.collection, limit=100_000, with_payload=True, with_vectors=True
+    )
+    return {
+        p.payload["id"]: (np.asarray(p.vector, dtype=np.float32), p.payload, p.id) for p in points
+    }
 
 
 def test_point_ids_are_uuid5_of_the_csv_id_in_a_fixed_namespace() -> None:
@@ -63,9 +68,9 @@ def test_qdrant_upsert_is_idempotent_keeps_the_csv_id_and_replace_deletes_other_
         assert payload == {"id": row_id, "text_sha256": f"h{row_id}", "run_key": "r1"}
         assert np.allclose(vector, want[row_id], atol=1e-6)  # Cosine stores unit vectors
     held = sink.held_keys()
-    assert sorted(zip(held.column("id").to_pylist(), held.column("text_sha256").to_pylist(),
-                      strict=True)) \
-        == sorted((i, f"h{i}") for i in ["a", "b", "c", "it's"])
+    assert sorted(
+        zip(held.column("id").to_pylist(), held.column("text_sha256").to_pylist(), strict=True)
+    ) == sorted((i, f"h{i}") for i in ["a", "b", "c", "it's"])
     second = _rows(["b", "c", "d"], seed=1)
     sink.upsert(second, run_key="r2")
     assert sink.delete_other_runs("r2") == 2  # "a" and "it's" are not in run r2
@@ -86,8 +91,9 @@ def test_qdrant_refuses_a_non_finite_vector_and_removes_the_old_point_under_its_
     bad = _rows(["a", "b"], seed=2)
     vectors = np.asarray(bad.column("embedding").combine_chunks().flatten()).reshape(2, 4).copy()
     vectors[0, 1] = np.nan
-    bad = bad.set_column(1, "embedding", pa.FixedSizeListArray.from_arrays(
-        pa.array(vectors.reshape(-1)), 4))
+    bad = bad.set_column(
+        1, "embedding", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 4)
+    )
     result = sink.upsert(bad, run_key="r2")
     assert result.rows == 1
     assert [(r[0], r[1], r[2]) for r in result.refused] == [(0, "a", "non_finite_vector")]
@@ -127,8 +133,9 @@ def test_a_collection_of_another_distance_is_refused_before_any_point_is_sent(
     from qdrant_client import QdrantClient, models
 
     client = QdrantClient(path=str(tmp_path))
-    client.create_collection("dot", vectors_config=models.VectorParams(
-        size=4, distance=models.Distance.DOT))
+    client.create_collection(
+        "dot", vectors_config=models.VectorParams(size=4, distance=models.Distance.DOT)
+    )
     client.close()
     sink = open_sink(f"qdrant+local://{tmp_path}?collection=dot")
     with pytest.raises(FatalError) as caught:
@@ -175,8 +182,10 @@ def test_client_for_lends_the_sinks_one_client_with_its_error_translation(
             with sink.client_for("switch alias of") as second:
                 assert first is second
             assert first.get_aliases().aliases == []
-        with (pytest.raises(RetryableError, match=r"^read aliases of .*another process"),
-              sink.client_for("read aliases of")):
+        with (
+            pytest.raises(RetryableError, match=r"^read aliases of .*another process"),
+            sink.client_for("read aliases of"),
+        ):
             raise RuntimeError("Storage folder q is already accessed by another instance")
     finally:
         sink.close()
