@@ -15,7 +15,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Dated or versioned history: an ISO date, "HEAD abc1234", "issue 12" / "issue #12".
+# embedline's own history: an ISO date, "HEAD abc1234", "issue 12" / "issue #12". Another
+# project's bug report ("CPython gh-106883", "dask/distributed#8616") is a source, cited.
 HISTORY = re.compile(r"\b20\d\d-\d\d-\d\d\b|\bHEAD [0-9a-f]{7}|\b[Ii]ssues? #?\d+")
 # A short commit hash: 7 to 12 hex digits holding both a digit and a letter. Longer keys
 # (run keys, SHA-256 digests) are examples users need and are not matched.
