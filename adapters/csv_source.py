@@ -12,9 +12,9 @@ The format (encoding, newline, delimiter) is sniffed once per input by ``adapter
 physical lines are read by ``adapters.csv_lines`` (a block at a time where that reads alike,
 else line by line) and records by ``adapters.csv_records``. Compressed input (``.gz``) is
 decompressed as a stream by ``adapters.input_source``. The header is checked on its own before
-a run starts by ``adapters.csv_header``; duplicate ids are confirmed by ``adapters.csv_duplicates``;
-a plan ``embedline run`` made moments before its flow plans is taken from
-``adapters.plan_hand_over``.
+a run starts by ``adapters.csv_header``; duplicate ids are confirmed by ``adapters.csv_duplicates``.
+The plan ``embedline run`` made moments before its flow runs reaches the flow through the
+command's session (``flows.session``), not through here.
 
 Cost: one pass reads, hashes, decodes and parses the input in C a 1 MiB block at a time; the
 Python work is per record (``_plan_pass``'s loop: checks, id digest, text hash, chunk key),
@@ -47,7 +47,6 @@ from adapters.csv_records import (
 )
 from adapters.input_source import open_input
 from adapters.memory import large_buffers_reused
-from adapters.plan_hand_over import take_handed_over
 from adapters.row_facts import RowFacts
 from adapters.scratch import Scratch
 from embedline.errors import InputError
@@ -192,9 +191,6 @@ def plan_csv(
         keep_text,
         scratch_root,
     )
-    handed = take_handed_over(args)  # ``embedline run`` planned it moments ago
-    if handed is not None:
-        return handed
     return _plan_csv(*args, given=scratch)
 
 

@@ -246,7 +246,8 @@ def already_loaded(
     allow_failed_rows: bool = False,
 ) -> dict[str, Any] | None:
     """The summary of a load with nothing to do, found without starting Prefect: the sink
-    itself holds exactly the run's rows (ids and text hashes, ``tasks.sink_state``); else
+    itself holds exactly the run's rows (ids and text hashes: ``tasks.sink_state``
+    ``left_to_load``, the plan the load stage applies); else
     None (also when the store or the sink cannot be read here: the flow reports that).
     ``manifest``: the run's committed manifest, if the caller read it already;
     ``ledger_path`` is not consulted (the ledger never decides what a sink holds).
@@ -257,11 +258,10 @@ def already_loaded(
 
     from adapters.object_store import open_store
     from adapters.sinks import open_sink
-    from adapters.sinks.base import sink_columns_of
     from embedline.errors import EmbedlineError
     from embedline.models import LoadSummary
     from tasks.read import resolve_run
-    from tasks.sink_state import plan_load, run_keys
+    from tasks.sink_state import ensure_run_table, left_to_load
 
     del ledger_path, allow_failed_rows
     started = time.monotonic()
@@ -276,14 +276,8 @@ def already_loaded(
             return None
         # a table of another shape or model: the flow refuses it (exit 3), even if it holds
         # the run's ids and hashes (a column added by hand)
-        columns = sink_columns_of(manifest)
-        sink.ensure_table(
-            embedder=str(manifest.get("embedder")),
-            model=str(manifest["model"]),
-            dimensions=int(manifest["dimensions"]),
-            columns=columns,
-        )
-        plan = plan_load(run_keys(store, manifest["chunks"], columns.kept), sink.held_keys())
+        columns = ensure_run_table(sink, manifest)
+        _, plan = left_to_load(store, manifest, sink, columns)
     except (EmbedlineError, OSError):
         return None
     finally:

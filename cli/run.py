@@ -19,16 +19,12 @@ from cli.prefect_env import PrefectApi, PrefectApiError, with_prefect_api
 from cli.run_checks import check_before_prefect
 from cli.run_options import add_retry_arguments, add_run_arguments
 from cli.run_report import print_summaries, say_why_not_complete, stop_after_api_loss
-from cli.run_without_prefect import (
-    drop_recorded_run_hook,
-    release_handed_leases,
-    run_without_prefect,
-)
 from embedline.shutdown import STOP
 
 if TYPE_CHECKING:  # imported when used: `embedline --help` stays fast
     from cli.plan_ahead import PlanAhead
     from embedline.settings import RunSettings
+    from flows.session import Session
 
 __all__ = ["add_parsers"]
 
@@ -132,42 +128,42 @@ def _run_settings(settings: RunSettings, *, progress_interval_s: float = 10.0) -
     finally:
         if ahead is not None:
             ahead.close()
-        release_handed_leases()  # the flow took its own lease, and has ended
 
 
 def _run_flow(
     settings: RunSettings, api: PrefectApi, progress_interval_s: float, ahead: PlanAhead | None
 ) -> int:
-    from cli.console import ProgressBar, command_seconds
-
+    """Finish the run before Prefect if it can (``cli.run_without_prefect``), else run the
+    flow with what was prepared for it (``flows.session``)."""
     if ahead is not None:  # imported while the child plans (cli/plan_ahead.py)
         _import_the_flow()
+    from cli.run_without_prefect import run_without_prefect
+    from flows.session import Session, handing
+
     # a commit's event goes to a server someone reads, never to the temporary one this
     # command stops at its end (Prefect's events worker would wait for it: seconds, a line)
-    committed = (
+    before = (
         run_without_prefect(settings, emit_events=api.server is None, ahead=ahead)
         if "://" not in settings.input
-        else None
+        else Session(settings)
     )
-    if isinstance(committed, tuple):
-        return fail(f"embedline: error: {committed[0]}", committed[1])
-    if committed is not None:
-        from cli.load import already_loaded
+    if isinstance(before, tuple):
+        return fail(f"embedline: error: {before[0]}", before[1])
+    if isinstance(before, dict):  # finished without Prefect
+        print_summaries(before, before.get("load"))
+        say_why_not_complete(before)
+        return int(before["exit_code"])  # 1: every chunk published, dead letters
+    with handing(before):  # the run's lease and stage held until the flow has run
+        return _call_flow(settings, api, progress_interval_s, before)
 
-        loaded = settings.sink and already_loaded(
-            settings.output,
-            str(committed["run_key"]),
-            settings.sink,
-            settings.ledger,
-            allow_failed_rows=settings.allow_failed_rows,
-        )
-        if not settings.sink or loaded:
-            print_summaries(committed, loaded or None)
-            say_why_not_complete(committed)
-            if loaded and loaded["exit_code"]:  # the load's dead letters, said again at once
-                return int(loaded["exit_code"])
-            return int(committed["exit_code"])  # 1: every chunk published, dead letters
-        # with --sink and a load still to do, the flow loads the committed run
+
+def _call_flow(
+    settings: RunSettings, api: PrefectApi, progress_interval_s: float, session: Session
+) -> int:
+    """Start Prefect and run the ``embed-csv`` flow in this process, with ``session`` (what
+    was prepared for the run) current; print its summary; the exit code."""
+    from cli.console import ProgressBar, command_seconds
+
     api.start_server()
     embed_csv, raise_if_interrupted_by_cancel = _import_the_flow()
     if api.server is not None:
@@ -185,7 +181,7 @@ def _run_flow(
         _no_heartbeats(api),
     ):
         state = embed_csv(**parameters, return_state=True)  # an interrupt: cli.main says it
-    drop_recorded_run_hook()
+    session.flow_has_run()
     summary = state.result(raise_on_failure=False)
     summary = getattr(summary, "summary", summary)  # a Failed state carries RunNotComplete
     raise_if_interrupted_by_cancel(summary)  # cancelled before a summary: cli.main says it

@@ -13,8 +13,9 @@ flow calls it (``flows.embed``); so does ``embedline run`` before Prefect starts
   costs: its engine, API calls and background threads and the running server's work, about
   1.3 of a 12 CPU s 1M-row night, and the import of the flow (0.8 CPU s) when the command
   has not made it yet;
-- otherwise nothing is published here: the prepared stage is handed to the flow of the same
-  run in this process (``take_stage``), so no row is planned or copied twice.
+- otherwise nothing is published here: the prepared stage goes with ``HandedToFlow`` into
+  the command's session (``flows.session``) for the flow of the same run in this process
+  (``take_stage``), so no row is planned or copied twice.
 
 Prefect-free: imported by the CLI before it knows whether a flow will run.
 """
@@ -22,14 +23,15 @@ Prefect-free: imported by the CLI before it knows whether a flow will run.
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Any
 
 from embedline.models import ChunkOutcome, ChunkSpec
 from embedline.progress import cost_in_process, reset_cost
 from flows.dispatch import Dispatched, Dispatcher
+from flows.driver import HandedToFlow
 from flows.local_chunks import LocalChunks
 from flows.run import Run, Work
+from flows.session import Session
 from flows.signals import dispatch_with_graceful_stop
 from tasks.copied import publish_copied
 from tasks.reuse_stage import Log, ReuseStage
@@ -41,11 +43,6 @@ __all__ = [
     "publish_if_all_copied",
     "take_stage",
 ]
-
-#: The stage ``publish_if_all_copied`` prepared and left to the flow: (run key, indexes of
-#: the chunks it was prepared for, the stage).
-_handed: tuple[str, tuple[int, ...], ReuseStage] | None = None
-_handed_lock = threading.Lock()
 
 
 def prepare_stage(run: Run, work: Work, log: Log) -> ReuseStage:
@@ -78,18 +75,15 @@ def prepare_stage(run: Run, work: Work, log: Log) -> ReuseStage:
     return stage
 
 
-def take_stage(run: Run, work: Work, log: Log) -> ReuseStage | None:
-    """The stage ``publish_if_all_copied`` prepared for this run and these chunks, now the
-    caller's (its ledger and log become ``run``'s and ``log``); None if there is none. A
-    stage left for another run or other chunks is closed."""
-    global _handed
-    with _handed_lock:
-        handed, _handed = _handed, None
-    if handed is None:
+def take_stage(run: Run, work: Work, log: Log, session: Session | None) -> ReuseStage | None:
+    """The stage ``publish_if_all_copied`` prepared for this run and these chunks (in the
+    command's ``session``), now the caller's (its ledger and log become ``run``'s and
+    ``log``); None if there is none. A stage left for another run or other chunks is
+    closed."""
+    if session is None:
         return None
-    run_key, indexes, stage = handed
-    if run_key != run.run_key or indexes != tuple(s.index for s in work.todo):
-        stage.close()
+    stage = session.take_stage(run.run_key, tuple(s.index for s in work.todo))
+    if stage is None:
         return None
     assert run.ledger is not None
     stage.ledger, stage.log = run.ledger, log
@@ -98,20 +92,20 @@ def take_stage(run: Run, work: Work, log: Log) -> ReuseStage | None:
     return stage
 
 
-def publish_if_all_copied(run: Run, work: Work) -> Dispatched | None:
+def publish_if_all_copied(run: Run, work: Work) -> Dispatched:
     """Publish ``work.todo`` without Prefect if every chunk of it has every non-empty row
-    copied (module docstring): what the dispatch did, for ``Run.conclude``. None when the
-    run needs the flow (its prepared stage is left for ``take_stage``). Call it on a
+    copied (module docstring): what the dispatch did, for ``Run.conclude``. Call it on a
     recorded run, under its lease (the stage reads earlier objects), once
     ``may_publish_here`` said yes (not asked again: it reads the store for chunk lengths).
 
+    :raises HandedToFlow: the run needs the flow; it carries the prepared stage (for
+        ``take_stage``).
     :raises DiskFullError: the scratch or ledger filesystem is full.
     :raises RetryableError, FatalError: the store failed while the stage read it.
     """
     stage = prepare_stage(run, work, run.log)
     if not all(stage.fully_copied(spec) for spec in work.todo):
-        _hand_over(run.run_key, work, stage)
-        return None
+        raise HandedToFlow(stage, tuple(s.index for s in work.todo))
     try:
         return _dispatch(run, work, stage)
     finally:
@@ -159,14 +153,6 @@ def may_publish_here(run: Run, work: Work) -> bool:
         and run.ledger.indexes_output(run.store.uri)
         and not run.redoes_lengths(work)
     )
-
-
-def _hand_over(run_key: str, work: Work, stage: ReuseStage) -> None:
-    global _handed
-    with _handed_lock:
-        previous, _handed = _handed, (run_key, tuple(s.index for s in work.todo), stage)
-    if previous is not None:
-        previous[2].close()
 
 
 def _dispatch(run: Run, work: Work, stage: ReuseStage) -> Dispatched:

@@ -26,6 +26,7 @@ from flows.lengths import redo_other_lengths
 from flows.local_chunks import LocalChunks
 from flows.progress_report import ProgressReport, progress_reporter
 from flows.run import Run, Work
+from flows.session import Session
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
 from tasks.chunk import embed_chunk, show_published_chunk
@@ -36,14 +37,15 @@ from tasks.reuse_stage import ReuseStage
 __all__ = ["embed_and_publish"]
 
 
-def embed_and_publish(run: Run, work: Work) -> Dispatched:
-    """Plan and copy what the run reuses (``ReuseStage``), then embed and publish
-    ``work.todo`` (then the chunks of another vector length again), with a progress
-    artifact, honouring signals (``dispatch_with_graceful_stop``)."""
+def embed_and_publish(run: Run, work: Work, session: Session | None = None) -> Dispatched:
+    """Plan and copy what the run reuses (``ReuseStage``: the one the command's ``session``
+    prepared, if any), then embed and publish ``work.todo`` (then the chunks of another
+    vector length again), with a progress artifact, honouring signals
+    (``dispatch_with_graceful_stop``)."""
     assert run.ledger is not None, "embed_and_publish() of a run not recorded"
     STOP.report.note_left_running(None)  # an earlier run's batches, in a long-lived process
     logger = get_run_logger()
-    stage = take_stage(run, work, logger) or prepare_stage(run, work, logger)
+    stage = take_stage(run, work, logger, session) or prepare_stage(run, work, logger)
     try:
         return _embed_and_publish(run, work, stage)
     finally:

@@ -39,7 +39,6 @@ from prefect.states import Completed, Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from adapters.ledger import Ledger
-from adapters.sinks.base import sink_columns_of
 from adapters.sinks.factory import open_alias
 from embedline.errors import ConflictError, EmbedlineError
 from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
@@ -60,8 +59,9 @@ from tasks.sink_state import (
     LoadPlan,
     MassDeleteError,
     check_delete_share,
+    ensure_run_table,
+    left_to_load,
     plan_load,
-    run_keys,
 )
 
 __all__ = ["load_run", "load_stage"]
@@ -200,13 +200,7 @@ def _load_stage(
     base = LoadSummary(0, "loading", "", sink=sink_uri, run_key=run_key, chunks_total=len(chunks))
     try:
         sink = sink_for(sink_uri)
-        columns = sink_columns_of(manifest)
-        sink.ensure_table(
-            embedder=str(manifest.get("embedder")),
-            model=str(manifest["model"]),
-            dimensions=int(manifest["dimensions"]),
-            columns=columns,
-        )
+        columns = ensure_run_table(sink, manifest)
     except EmbedlineError as exc:
         return _with(
             base,
@@ -217,8 +211,7 @@ def _load_stage(
         )
     base.sink = sink.identity
     try:
-        run = run_keys(store_for(output), manifest["chunks"], columns.kept)
-        plan = plan_load(run, sink.held_keys())
+        run, plan = left_to_load(store_for(output), manifest, sink, columns)
         mode = _mode(output, manifest, plan)
     except EmbedlineError as exc:
         return _with(

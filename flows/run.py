@@ -1,14 +1,16 @@
 """``Run``: one run of the pipeline, the object that holds its state from plan to commit.
 
-Both the ``embed-csv`` flow and the CLI's path without Prefect (nothing to embed) drive a
-run through the same steps, in the same order (docs/design.md, "Layers"; the commit:
-docs/reference/output-layout.md):
+One driver (``flows.driver.drive``) takes every run through its steps, in this order,
+for the ``embed-csv`` flow and for the CLI's path without Prefect alike (docs/design.md,
+"Layers"; the commit: docs/reference/output-layout.md):
 
     open (plan, resolve the target) → record (ledger) → check the store (conditional
-    writes) → lease (the flow; the CLI's path leases only to conclude) → work left
-    (published chunks, dead letters to retry) → [embed + publish: the flow] → conclude
-    (missing objects, lengths, change set + manifest under deferred interrupts, ledger) →
-    [load: the flow]
+    writes) → lease → work left (published chunks, dead letters to retry) → [dispatch:
+    embed + publish] → conclude (missing objects, lengths, change set + manifest under
+    deferred interrupts, ledger) → [load]
+
+A step that ends the run before its commit raises ``RunStopped`` (``RunRefused`` before
+anything is recorded) carrying the summary; the driver's one handler returns it.
 
 No Prefect here (the CLI uses it before Prefect starts); the flow passes its Prefect pieces
 in (the ``plan-input`` task, its run logger). Every ``RunSummary`` is built here.
@@ -22,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 from adapters.ledger import Ledger, record_hard_stop
 from adapters.scratch import release
@@ -51,10 +53,24 @@ from tasks.sink_state import MassDeleteError
 from tasks.skip import find_published, retries_dead_letters
 from tasks.target import RunTarget, resolve_run_target
 
-__all__ = ["CommittedRun", "Run", "Work"]
+__all__ = ["CommittedRun", "Run", "RunRefused", "RunStopped", "Work"]
 
 Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
 _NOTHING_SENT = "every chunk was already published: committed without embedding"
+
+
+class RunStopped(Exception):
+    """Raised by a ``Run`` step that ends the run short of its commit; ``summary`` says why
+    (built by ``Run``, and recorded in the ledger if the run was)."""
+
+    def __init__(self, summary: RunSummary) -> None:
+        super().__init__(summary.message)
+        self.summary = summary
+
+
+class RunRefused(RunStopped):
+    """Raised by ``Run.open`` when the run cannot start (invalid input, an unreadable store):
+    nothing is recorded and ``summary`` has no run key."""
 
 
 @dataclass(slots=True)
@@ -109,24 +125,24 @@ class Run:
         plan_input: Callable[[RunSettings], InputPlan],
         log: Log,
         started: float | None = None,
-    ) -> Run | RunSummary:
+    ) -> Run:
         """Prepare the output, plan the input (``plan_input``) and resolve the run's target.
 
-        Returns the run, or the summary of why it cannot start: an input error (exit 2,
-        or the error's code: a missing output directory's parent, an unreadable input) or a
-        store that cannot be read (the error's exit code). Nothing is recorded.
+        :raises RunRefused: the run cannot start: an input error (exit 2, or the error's
+            code: a missing output directory's parent, an unreadable input) or a store that
+            cannot be read (the error's exit code). Nothing is recorded.
         """
         started = time.monotonic() if started is None else started
         try:
             store.prepare()
             plan = plan_input(settings)
         except InputError as exc:
-            return cls.refused(exc.exit_code, "input_error", str(exc))
+            raise RunRefused(cls.refused(exc.exit_code, "input_error", str(exc))) from None
         try:
             target = resolve_run_target(store, plan, settings)
         except EmbedlineError as exc:
             release(plan.scratch)
-            return cls.refused(
+            summary = cls.refused(
                 exc.exit_code,
                 "fatal",
                 str(exc),
@@ -134,6 +150,7 @@ class Run:
                 rows_total=plan.rows,
                 chunks_total=len(plan.chunks),
             )
+            raise RunRefused(summary) from None
         run = cls(settings, store, plan, target, started=started, log=log)
         if target.supersedes and target.committed is None:
             log.info(
@@ -281,10 +298,13 @@ class Run:
             yield
 
     # ── work left ────────────────────────────────────────────────────────────────────────
-    def check_store(self) -> RunSummary | None:
+    def check_store(self) -> None:
         """Check once per process that the store refuses to overwrite
-        (docs/reference/output-layout.md); the finished ``fatal`` summary if it does not (and that
-        is not allowed), else None."""
+        (docs/reference/output-layout.md).
+
+        :raises RunStopped: it does not, and that is not allowed (the finished ``fatal``
+            summary).
+        """
         from tasks.publish import ensure_conditional_writes
 
         try:
@@ -292,18 +312,17 @@ class Run:
                 self.store, allow_unconditional=self.settings.allow_unconditional_store
             )
         except EmbedlineError as exc:
-            return self.finish(
-                self.summary(exit_code=exc.exit_code, status="fatal", message=str(exc))
-            )
+            self.stop(self.summary(exit_code=exc.exit_code, status="fatal", message=str(exc)))
         if warning:
             self.log.warning(warning)
-        return None
 
-    def work_left(self) -> Work | RunSummary:
+    def work_left(self) -> Work:
         """The chunks published before (ledger, else the store), the dead letters this run
-        retries (docs/reference/output-layout.md, "Generations") and the chunks left to embed; or
-        the finished ``fatal`` summary of an object at a chunk's key that is something else (exit
-        3)."""
+        retries (docs/reference/output-layout.md, "Generations") and the chunks left to embed.
+
+        :raises RunStopped: an object at a chunk's key is something else (the finished
+            ``fatal`` summary, exit 3).
+        """
         settings, ledger = self.settings, self._ledger()
         try:
             skipped = find_published(
@@ -314,7 +333,7 @@ class Run:
                 model=settings.effective_model,
             )
         except ConflictError as exc:
-            return self.finish(self.summary(exit_code=3, status="fatal", message=str(exc)))
+            self.stop(self.summary(exit_code=3, status="fatal", message=str(exc)))
         todo = [c for c in self.plan.chunks if c.index not in skipped]
         todo = sorted(todo + self._supersede(skipped), key=lambda c: c.index)
         self.log.info(
@@ -362,18 +381,23 @@ class Run:
         result: DispatchResult,
         *,
         cost: tuple[int, int, int] | None = None,
+        batches: int = 0,
         resume_hint: str = "rerun the same command to resume",
         on_committed: Callable[[RunSummary], None] | None = None,
-    ) -> RunSummary | CommittedRun:
+    ) -> CommittedRun:
         """End the run after its dispatch: the summary of its outcomes, and when those allow
         it (every chunk published, no blocking dead letter unless ``allow_failed_rows``)
         the commit: objects still there, one vector length, change set and manifest (the
         commit point) with interrupts deferred until the ledger records it.
 
-        ``cost``: (requests, tokens, inputs) this process's chunk tasks sent, when known.
-        ``on_committed`` runs inside the deferred block, after the ledger's record (the
-        flow notes the commit for its signal handlers there). Returns the finished summary,
-        or ``CommittedRun`` with the manifest that stands.
+        ``cost``: (requests, tokens, inputs) this process's chunk tasks sent, when known;
+        ``batches``: the Batch API batches the dispatch used. ``on_committed`` runs inside
+        the deferred block, after the ledger's record (the driver notes the commit for the
+        signal handlers there). Returns ``CommittedRun`` with the manifest that stands.
+
+        :raises RunStopped: nothing committed (chunks not published, blocking dead letters,
+            objects deleted meanwhile, another vector length, a refused mass delete): the
+            finished summary.
         """
         skipped = {**work.skipped, **result.published_elsewhere}
         fields = outcome_fields(
@@ -386,25 +410,24 @@ class Run:
             resume_hint=resume_hint,
         )
         summary = self.summary(**fields)
+        summary.batches = batches
         committable = summary.exit_code == 0 or (
             summary.status == "dead_letters" and self.settings.allow_failed_rows
         )
         if not committable:
-            return self.finish(summary)
+            self.stop(summary)
         done = with_lengths(self.store, {**skipped, **result.published})
         missing = missing_objects(self.store, done)
         if missing:
-            return self.finish(self._lost_objects(summary, missing))
+            self.stop(self._lost_objects(summary, missing))
         refused = work.length.refusal(done)  # the last check before the commit point
         if refused:
-            return self.finish(
-                self.summary(summary, exit_code=1, status="incomplete", message=refused)
-            )
+            self.stop(self.summary(summary, exit_code=1, status="incomplete", message=refused))
         with STOP.committing():
             try:
                 committed = self._commit(done, summary, nothing_sent=not result.published)
             except MassDeleteError as exc:  # a cut-short export: nothing committed, all kept
-                return self.finish(
+                self.stop(
                     self.summary(
                         summary, exit_code=exc.exit_code, status="delete_refused", message=str(exc)
                     )
@@ -492,6 +515,13 @@ class Run:
                 facts=run_payload(summary) if committed else None,
             )
         return summary
+
+    def stop(self, summary: RunSummary) -> NoReturn:
+        """End the run short of its commit: record ``summary`` (``finish``) and raise it.
+
+        :raises RunStopped: always, carrying ``summary``.
+        """
+        raise RunStopped(self.finish(summary))
 
     def _ledger(self) -> Ledger:
         if self.ledger is None:

@@ -13,13 +13,16 @@ __all__ = ["plan_input"]
 
 
 @task(name="plan-input", cache_policy=NO_CACHE)
-def plan_input(settings: RunSettings) -> InputPlan:
-    """Stream the input once: hash, count, validate and cut it into chunks.
+def plan_input(settings: RunSettings, handed: InputPlan | None = None) -> InputPlan:
+    """Stream the input once: hash, count, validate and cut it into chunks; or take
+    ``handed``, the plan ``embedline run`` made of the same file moments ago
+    (``flows.session``; pass it in ``prefect.utilities.annotations.quote``: Prefect then
+    does not walk it as a task input).
 
     :raises InputError: anything wrong with the file (exit 2), before any API call.
     """
     logger = get_run_logger()
-    plan = plan_csv(settings.input, **settings.plan_arguments)
+    plan = handed if handed is not None else plan_csv(settings.input, **settings.plan_arguments)
     if plan.source.note:
         logger.info("read %s as: %s", plan.source.name, plan.source.note)
     logger.info(

@@ -31,9 +31,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from adapters.sinks.base import KEPT_HASH
+from adapters.sinks.base import KEPT_HASH, sink_columns_of
 from embedline.errors import InputError
-from embedline.protocols import ObjectStore
+from embedline.protocols import ObjectStore, SinkColumns, VectorSink
 from tasks.changes import read_keys
 
 __all__ = [
@@ -41,6 +41,8 @@ __all__ = [
     "LoadPlan",
     "MassDeleteError",
     "check_delete_share",
+    "ensure_run_table",
+    "left_to_load",
     "plan_load",
     "run_keys",
 ]
@@ -139,3 +141,34 @@ def plan_load(run: pa.Table, held: pa.Table) -> LoadPlan:
     return LoadPlan(
         {k: frozenset(v) for k, v in sorted(upsert.items())}, sorted(map(str, ids)), held.num_rows
     )
+
+
+def ensure_run_table(sink: VectorSink, manifest: dict[str, Any]) -> SinkColumns:
+    """Create the run's table in ``sink`` if absent (its model, length and the columns the
+    run carries, from ``manifest``); the columns.
+
+    :raises FatalError: the table exists with another model, length or columns (exit 3).
+    """
+    columns = sink_columns_of(manifest)
+    sink.ensure_table(
+        embedder=str(manifest.get("embedder")),
+        model=str(manifest["model"]),
+        dimensions=int(manifest["dimensions"]),
+        columns=columns,
+    )
+    return columns
+
+
+def left_to_load(
+    store: ObjectStore, manifest: dict[str, Any], sink: VectorSink, columns: SinkColumns
+) -> tuple[pa.Table, LoadPlan]:
+    """What is left to load run ``manifest`` (published in ``store``) into ``sink``, whose
+    table ``ensure_run_table`` made sure of: the run's keys (``run_keys``) and the plan
+    from what the sink holds now (``plan_load``; ``LoadPlan.done``: nothing). The one load
+    plan: the load stage applies it, ``embedline run`` and ``load`` ask it before Prefect.
+
+    :raises EmbedlineError: the store or the sink failed; ``FileNotFoundError``: a chunk
+        object is gone.
+    """
+    run = run_keys(store, manifest["chunks"], columns.kept)
+    return run, plan_load(run, sink.held_keys())

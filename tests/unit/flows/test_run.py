@@ -25,7 +25,7 @@ from embedline import keys
 from embedline.models import DeadLetter, RunSummary
 from embedline.settings import RunSettings
 from flows.dispatch import DispatchResult
-from flows.run import CommittedRun, Run, Work
+from flows.run import CommittedRun, Run, RunRefused, RunStopped, Work
 from tasks.embed import EmbeddedRows
 from tasks.publish import publish_chunk
 from tests.support.csv_data import write_rows
@@ -50,14 +50,12 @@ def _settings(tmp_path: Path, **overrides: object) -> RunSettings:
 
 
 def _open(settings: RunSettings) -> Run:
-    run = Run.open(
+    return Run.open(
         settings,
         store=open_store(settings.output),
         plan_input=lambda s: plan_csv(s.input, **s.plan_arguments),
         log=LOG,
     )
-    assert isinstance(run, Run), run
-    return run
 
 
 def _publish_all(run: Run, *, empty_ids: tuple[str, ...] = ()) -> None:
@@ -83,14 +81,16 @@ def _ledger_status(tmp_path: Path, run_key: str) -> str:
 
 
 def _concluded(run: Run) -> RunSummary | CommittedRun:
+    """``conclude``'s committed run, or the summary it stopped with (``RunStopped``)."""
     run.open_ledger()
     try:
         with run.recorded(flow_run_id=None):
-            assert run.check_store() is None
+            run.check_store()
             work = run.work_left()
-            assert isinstance(work, Work)
             with run.leased():
                 return run.conclude(work, DispatchResult())
+    except RunStopped as stopped:
+        return stopped.summary
     finally:
         run.close()
 
@@ -104,13 +104,14 @@ def rows(tmp_path: Path) -> list[tuple[str, str]]:
 
 def test_an_input_error_is_a_summary_before_anything_is_recorded(tmp_path: Path) -> None:
     (tmp_path / "in.csv").write_text("id,body\n1,x\n")
-    opened = Run.open(
-        _settings(tmp_path),
-        store=open_store(str(tmp_path / "out")),
-        plan_input=lambda s: plan_csv(s.input, **s.plan_arguments),
-        log=LOG,
-    )
-    assert isinstance(opened, RunSummary)
+    with pytest.raises(RunRefused) as refused:
+        Run.open(
+            _settings(tmp_path),
+            store=open_store(str(tmp_path / "out")),
+            plan_input=lambda s: plan_csv(s.input, **s.plan_arguments),
+            log=LOG,
+        )
+    opened = refused.value.summary
     assert (opened.exit_code, opened.status) == (2, "input_error")
     assert "text" in opened.message
     assert not (tmp_path / "ledger.sqlite3").exists()
@@ -126,9 +127,10 @@ def test_nothing_published_leaves_every_chunk_to_embed(tmp_path: Path, rows: lis
         assert [c.index for c in work.todo] == [0, 1, 2] and not work.skipped
         assert run.needs_dispatch(work)
         assert _ledger_status(tmp_path, run.run_key) == "running"
-        ended = run.conclude(work, DispatchResult())  # a dispatch that published nothing
+        with pytest.raises(RunStopped) as stopped:
+            run.conclude(work, DispatchResult())  # a dispatch that published nothing
     run.close()
-    assert isinstance(ended, RunSummary)
+    ended = stopped.value.summary
     assert (ended.exit_code, ended.status) == (1, "incomplete")
     assert ended.message.startswith("3 of 3 chunks not published")
     assert (ended.chunks_not_run, ended.rows_total) == (3, 7)
@@ -227,9 +229,10 @@ def test_a_deleted_object_is_forgotten_and_nothing_is_committed(tmp_path: Path, 
         work = run.work_left()
         assert isinstance(work, Work) and len(work.skipped) == 3
         (tmp_path / "out" / work.skipped[1].object_key).unlink()  # gc, by hand
-        ended = run.conclude(work, DispatchResult())
+        with pytest.raises(RunStopped) as stopped:
+            run.conclude(work, DispatchResult())
     run.close()
-    assert isinstance(ended, RunSummary)
+    ended = stopped.value.summary
     assert (ended.exit_code, ended.status) == (1, "incomplete")
     assert "1 chunk objects were deleted" in ended.message
     assert not (tmp_path / "out/manifests").exists()
