@@ -17,6 +17,7 @@ from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from flows.disk_full import disk_full_fields
 from flows.embed import embed_and_publish
+from flows.interrupt_handlers import only_reporting_left, take_over_sigterm
 from flows.load import load_stage
 from flows.run import CommittedRun, Run
 from flows.signals import under_prefect_runner
@@ -30,7 +31,7 @@ __all__ = ["run_settings"]
 
 def run_settings(settings: RunSettings) -> RunSummary:
     """Run the pipeline for ``settings`` inside the current flow run; return its summary."""
-    STOP.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
+    take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     opened = Run.open(
         settings, store=store_for(settings.output), plan_input=plan_input, log=get_run_logger()
     )
@@ -108,7 +109,7 @@ def _note_committed(run: Run, summary: RunSummary, threshold: int | None) -> Non
         None if sink else summary.to_dict(),
     )
     if not sink:
-        STOP.only_reporting_left()
+        only_reporting_left()
 
 
 def _resume_hint() -> str:
@@ -122,10 +123,10 @@ def _resume_hint() -> str:
 
 def _load_into_sink(run: Run, manifest: dict[str, Any], summary: RunSummary) -> RunSummary:
     """With ``--sink``, load the committed run; the run's exit code becomes the load's. Then
-    only reporting is left (``STOP.only_reporting_left``)."""
+    only reporting is left (``only_reporting_left``)."""
     settings = run.settings
     if not settings.sink:
-        STOP.only_reporting_left()
+        only_reporting_left()
         return summary
     opened_here = run.ledger is None
     ledger = run.open_ledger() if run.ledger is None else run.ledger
@@ -154,5 +155,5 @@ def _load_into_sink(run: Run, manifest: dict[str, Any], summary: RunSummary) -> 
         STOP.report.note_committed(
             run.run_key, str(summary.manifest_uri), "nothing to resume", loaded.to_dict()
         )
-    STOP.only_reporting_left()
+    only_reporting_left()
     return loaded
