@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STARTED_AT", "entry", "forget_caught_interrupts", "interrupted_line", "main"]
 
-#: True once ``entry`` runs: ``main`` then leaves ``shutdown.raise_interrupt`` installed
+#: True once ``entry`` runs: ``main`` then leaves ``interrupt_handlers.raise_interrupt`` installed
 #: for SIGINT/SIGTERM after the command (``cli.main`` restores only what it installed), so
 #: no moment between the command's end and ``_exit_at_once`` has Python's SIGTERM default,
 #: under which a SIGTERM sent as ``search`` prints its results kills the process (-15).
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             keep_memory_flat()
         from cli.main import main as run
-        from embedline.shutdown import raise_interrupt
+        from flows.interrupt_handlers import raise_interrupt
 
         if _entered:
             after = dict.fromkeys(early, raise_interrupt)
@@ -146,9 +146,9 @@ def _exit_quietly_on_signals() -> dict[int, _Handler]:
     replaced."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    # `shutdown` is not imported for this: it imports pydantic (0.2 s), which is what the
-    # quiet handlers are for
-    ours = getattr(sys.modules.get("embedline.shutdown"), "raise_interrupt", None)
+    # `interrupt_handlers` is not imported for this: it imports pydantic (0.2 s), which is
+    # what the quiet handlers are for
+    ours = getattr(sys.modules.get("flows.interrupt_handlers"), "raise_interrupt", None)
     defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     return {
         signum: signal.signal(signum, _exit_quietly)

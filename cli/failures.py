@@ -24,7 +24,7 @@ def exit_on_api_loss(
     """Print one line for an ``embedline.stop_report.ApiLoss`` and exit 1 at once (the hard-exit
     hooks run first: the temporary server is stopped, a started run marked ``interrupted``).
     ``todo`` replaces the loss's own advice (what a rerun does)."""
-    from embedline.shutdown import STOP
+    from flows.hard_exit import hard_exit
 
     sys.stderr.write(f"embedline: error: {loss.what}; {kept}: {todo or loss.todo}\n")
-    STOP.exit.hard_exit(1)
+    hard_exit(1)

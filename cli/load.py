@@ -306,8 +306,9 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
     from embedline.shutdown import STOP
+    from flows.interrupt_handlers import interrupts_deferred
 
-    with STOP.interrupts_deferred():  # an interrupt inside Prefect's import would be lost
+    with interrupts_deferred():  # an interrupt inside Prefect's import would be lost
         from flows.cancellation import raise_if_interrupted_by_cancel
         from flows.load import load_run
 

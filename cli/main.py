@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from cli import batches, gc, inspect, load, run, search
 from cli.arguments import usage_line
+from cli.command_signals import install_interrupt_handlers, redeliver_lost_interrupts
 from cli.started import interrupted_line
 from embedline.errors import DiskFullError
 from embedline.interrupts import exit_code_for, interrupt_of, signal_of
@@ -153,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in EXIT_DRAIN_LOGGERS:
             logging.getLogger(name).addFilter(drop_drain_progress)
     STOP.begin_command()
-    previous = STOP.install_interrupt_handlers()
+    previous = install_interrupt_handlers()
     previous_hook = sys.unraisablehook
     sys.unraisablehook = functools.partial(_unraisable, previous_hook)
     try:
@@ -193,9 +194,9 @@ def _invalid_prefect_setting(exc: BaseException) -> int:
 
 def _unraisable(default: Any, unraisable: Any) -> None:
     """An interrupt lost in a ``__del__`` or weakref callback is delivered again
-    (``STOP.redeliver_lost_interrupts``) and printed only with ``--debug``; anything
+    (``cli.command_signals.redeliver_lost_interrupts``) and printed only with ``--debug``; anything
     else goes to ``default``."""
-    if not STOP.redeliver_lost_interrupts(unraisable) or os.environ.get(DEBUG_ENV):
+    if not redeliver_lost_interrupts(unraisable) or os.environ.get(DEBUG_ENV):
         default(unraisable)
 
 

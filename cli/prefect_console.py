@@ -27,8 +27,8 @@ def quiet_prefect_console() -> None:
 def quiet_prefect_signal_crashes() -> None:
     """Call once Prefect is imported (its logging configured), before a flow runs. For the
     first milliseconds of a flow run (until the flow's body calls
-    ``STOP.take_over_sigterm``) SIGTERM goes to Prefect's own handler, which reports
-    the crash on the console ("Crash detected! Execution was aborted by a termination
+    ``flows.interrupt_handlers.take_over_sigterm``) SIGTERM goes to Prefect's own handler,
+    which reports the crash on the console ("Crash detected! Execution was aborted by a termination
     signal.", "Finished in state Crashed(…)") above the command's one line (most SIGTERMs
     sent 0-30 ms after "Beginning flow run" land there). Prefect's console handlers
     drop such a record and everything after it; its API handler still sends them.

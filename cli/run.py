@@ -20,6 +20,7 @@ from cli.run_checks import check_before_prefect
 from cli.run_options import add_retry_arguments, add_run_arguments
 from cli.run_report import print_summaries, say_why_not_complete, stop_after_api_loss
 from embedline.shutdown import STOP
+from flows.interrupt_handlers import interrupts_deferred
 
 if TYPE_CHECKING:  # imported when used: `embedline --help` stays fast
     from cli.plan_ahead import PlanAhead
@@ -200,7 +201,7 @@ _IMPORTED_BY_THE_FLOW = ("prefect.flow_engine", "prefect.task_engine", "fastapi.
 
 def _import_the_flow() -> tuple[Any, Any]:
     """The flow and its cancel check, imported with Prefect (0.8 s of CPU here)."""
-    with STOP.interrupts_deferred():  # an interrupt inside Prefect's import is lost
+    with interrupts_deferred():  # an interrupt inside Prefect's import is lost
         from flows.cancellation import raise_if_interrupted_by_cancel
         from flows.embed_csv import embed_csv
     return embed_csv, raise_if_interrupted_by_cancel

@@ -13,6 +13,7 @@ from cli.failures import exit_on_api_loss
 from embedline.interrupts import SIGNALS, exit_code_for
 from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
+from flows.hard_exit import hard_exit
 
 __all__ = ["print_summaries", "say_why_not_complete", "stop_after_api_loss"]
 
@@ -92,4 +93,4 @@ def stop_after_api_loss(loss: Any, grace_s: float) -> None:
                 "this run is missing from the Prefect UI\n"
             )
     finally:
-        STOP.exit.hard_exit(code)
+        hard_exit(code)

@@ -1,7 +1,7 @@
 """What an interrupt is and how the command exits on one: the signals the command handles,
 ``Terminated`` (SIGTERM raised like ``KeyboardInterrupt``), recognizing an interrupt (also one
 Python wrapped in another exception) and its exit code. No handler is installed here: the
-handlers are ``embedline.shutdown``'s and ``flows.signals``'."""
+handlers are ``flows.interrupt_handlers``' and ``flows.signals``'."""
 
 from __future__ import annotations
 

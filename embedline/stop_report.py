@@ -3,8 +3,9 @@ on: the run it committed (so an interrupt after the commit is not reported as wo
 what it leaves running elsewhere (Batch API batches), and the loss of the Prefect API with
 the summary the flow hands over to the CLI thread that waits for it.
 
-One per process, ``STOP.report`` (``embedline.shutdown``): the flow and its tasks write it,
-the CLI reads it for its last lines. No signal handling and no exit here.
+One per process, ``STOP.report`` (``embedline.shutdown``): the flow writes it, the CLI reads
+it for its last lines, and a task reads the API loss (``tasks.report``'s progress artifact
+stops posting), which is why it lives in the core. No signal handling and no exit here.
 """
 
 from __future__ import annotations

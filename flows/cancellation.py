@@ -39,6 +39,7 @@ from prefect.states import Cancelled, Running
 
 from embedline.interrupts import Terminated, is_interrupt, signal_of
 from embedline.shutdown import STOP
+from flows.interrupt_handlers import take_over_sigterm
 
 __all__ = [
     "POLL_S",
@@ -74,7 +75,7 @@ def run_stopping_on_cancel(body: Callable[[], T], *, poll_s: float = POLL_S) -> 
     flow_run_id = flow_run.get_id()
     if not STOP.run_by_command() or not flow_run_id:
         return body()  # a runner's process: its SIGTERM is the cancel
-    STOP.take_over_sigterm()  # the cancel's SIGTERM reaches the command's handler
+    take_over_sigterm()  # the cancel's SIGTERM reaches the command's handler
     watch = _CancelWatch(str(flow_run_id), poll_s)
     try:
         with watch:
@@ -174,9 +175,9 @@ def end_as_runner_cancellation(message: str) -> None:
     ``Cancelling`` would leave the run ``Cancelling``, with an ``UnfinishedRun``
     traceback, exit 1 and the worker's "general error" line.
 
-    :raises TerminationSignal: kept by ``STOP.note_termination``; else returns.
+    :raises TerminationSignal: kept by ``STOP.dispatch.note_termination``; else returns.
     """
-    termination = STOP.pending_termination()
+    termination = STOP.dispatch.pending_termination()
     if termination is None:
         return
     get_run_logger().warning("stopped: %s", message)

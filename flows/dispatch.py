@@ -150,7 +150,7 @@ class Dispatcher:
         return self.result
 
     def _release_inflight(self, why: str) -> None:
-        STOP.stop_tasks()  # running chunk tasks stop before their next request
+        STOP.dispatch.stop_tasks()  # running chunk tasks stop before their next request
         for spec in self._inflight.values():
             self.ledger.release(self.run_key, spec.index, owner=self.owner, error=why)
             self.result.released[spec.index] = ChunkFailure("released", why, expected=True)

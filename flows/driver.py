@@ -35,6 +35,7 @@ from embedline.models import RunSummary
 from embedline.shutdown import STOP
 from flows.disk_full import disk_full_fields
 from flows.dispatch import Dispatched
+from flows.interrupt_handlers import only_reporting_left
 from flows.run import Run, RunStopped, Work
 from flows.session import Session
 
@@ -190,13 +191,13 @@ def _note_committed(run: Run, summary: RunSummary, steps: Steps) -> None:
         None if sink else summary.to_dict(),
     )
     if not sink:
-        STOP.only_reporting_left()
+        only_reporting_left()
 
 
 def _load(run: Run, manifest: dict[str, Any], summary: RunSummary, steps: Steps) -> RunSummary:
     """With a sink, load the committed run (``Steps.load``); then only reporting is left
-    (``STOP.only_reporting_left``)."""
+    (``only_reporting_left``)."""
     if run.settings.sink:
         summary = steps.load(run, manifest, summary)
-    STOP.only_reporting_left()
+    only_reporting_left()
     return summary

@@ -44,7 +44,7 @@ def redo_other_lengths(
     length is pinned for the second pass: every answer must have it.
     """
     result = dispatcher.result
-    stopping = STOP.stop_signal() is not None or STOP.report.api_lost() is not None
+    stopping = STOP.dispatch.stop_signal() is not None or STOP.report.api_lost() is not None
     if result.stop is not None or stopping:
         return []
     done = with_lengths(store, {**skipped, **result.published})

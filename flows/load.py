@@ -46,6 +46,7 @@ from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import VectorSink
 from embedline.shutdown import STOP
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
+from flows.interrupt_handlers import take_over_sigterm
 from tasks.chunk import store_for
 from tasks.cutover import check_loaded, cut_over, cutover_target
 from tasks.events import emit_load_completed
@@ -90,7 +91,7 @@ def load_run(
     ``allow_failed_rows``: rows the sink refuses for good (load dead letters) do not make
     the load fail (exit 0). ``lancedb_keep_versions_s``: LanceDB versions older than this
     (seconds) are pruned after the load (default 3,600)."""
-    STOP.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
+    take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     started = time.monotonic()
     try:
         manifest = resolve_run(store_for(output), run)

@@ -101,7 +101,7 @@ def _status(
     API lost, a stop of the dispatch (outage, fatal, input), chunks not published, dead
     letters that block the commit; else ``complete``."""
     published = f"{len(done)} of {len(plan.chunks)} chunks"
-    signum = STOP.stop_signal()
+    signum = STOP.dispatch.stop_signal()
     if signum is not None:
         return _ended(
             exit_code_for(signum),

@@ -43,6 +43,7 @@ from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from flows.dispatch import DispatchResult
+from flows.interrupt_handlers import committing
 from flows.outcome import outcome_fields
 from tasks.commit import commit_run, ledger_catches_up, missing_objects
 from tasks.dimensions import RunLength, other_lengths, pinned_length, with_lengths
@@ -423,7 +424,7 @@ class Run:
         refused = work.length.refusal(done)  # the last check before the commit point
         if refused:
             self.stop(self.summary(summary, exit_code=1, status="incomplete", message=refused))
-        with STOP.committing():
+        with committing():
             try:
                 committed = self._commit(done, summary, nothing_sent=not result.published)
             except MassDeleteError as exc:  # a cut-short export: nothing committed, all kept

@@ -18,6 +18,7 @@ from flows import session as sessions
 from flows.dispatch import Dispatched
 from flows.driver import Steps, drive
 from flows.embed import embed_and_publish
+from flows.interrupt_handlers import take_over_sigterm
 from flows.load import load_stage
 from flows.run import Run, Work
 from flows.signals import under_prefect_runner
@@ -31,7 +32,7 @@ __all__ = ["run_settings"]
 
 def run_settings(settings: RunSettings) -> RunSummary:
     """Run the pipeline for ``settings`` inside the current flow run; return its summary."""
-    STOP.take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
+    take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     session = sessions.current()  # set by `embedline run`; checked by run key and plan
     steps = _FlowSteps(session)
 

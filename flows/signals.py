@@ -3,11 +3,11 @@
 First signal: submit no more chunks and give in-flight chunks ``grace_s`` seconds to finish
 (their requests are paid for: let them land); chunks still running then stop before their
 next request and are released in the ledger; the run exits 130 (SIGINT) or 143 (SIGTERM).
-Second signal: exit at once with the same code (``STOP.exit.hard_exit``, whose hook from
-``adapters.ledger.record_hard_stop`` marks the run ``interrupted``); the ledger stays consistent
-because
-every write is one SQLite transaction, and chunks left ``running`` are reclaimed by the next
-run on this host as soon as it sees their process is gone.
+Second signal: exit at once with the same code
+(``flows.interrupt_handlers.exit_on_second_signal``; the ``hard_exit`` hook from
+``adapters.ledger.record_hard_stop`` marks the run ``interrupted``); the ledger stays
+consistent because every write is one SQLite transaction, and chunks left ``running`` are
+reclaimed by the next run on this host as soon as it sees their process is gone.
 
 Prefect 3.9 installs its own SIGTERM handler for the flow run (it raises
 ``TerminationSignal`` and marks the run Crashed, or Cancelled when the runner asked for a
@@ -37,6 +37,7 @@ from typing import Any, Protocol, TypeVar
 from embedline.interrupts import SIGNALS
 from embedline.models import ChunkSpec
 from embedline.shutdown import STOP
+from flows.interrupt_handlers import exit_on_second_signal
 
 __all__ = [
     "RUNNER_KILL_AFTER_S",
@@ -105,7 +106,7 @@ def dispatch_with_graceful_stop(
     ``utilities/engine.commit_control_intent_and_ack``), and only then does the run end
     Cancelled without a traceback. The dispatcher then runs in a thread of its own while
     the main thread, which Prefect's ``TerminationSignal`` interrupts, only waits: the first
-    one starts the graceful stop and is kept for ``STOP.pending_termination``, which the
+    one starts the graceful stop and is kept for ``STOP.dispatch.pending_termination``, which the
     flow raises again once everything is recorded, so Prefect ends the run as it would have.
     """
     grace_s = signal_grace_s(grace_s)
@@ -138,7 +139,7 @@ def dispatch_with_graceful_stop(
             try:
                 done.wait(0.2)
             except TerminationSignal as exc:
-                STOP.note_termination(exc)
+                STOP.dispatch.note_termination(exc)
                 _stop(signal.SIGTERM, dispatcher, grace_s=grace_s, logger=logger, stopping=stopping)
     if "error" in outcome:
         raise outcome["error"]
@@ -155,7 +156,9 @@ def _stop(
 ) -> None:
     """The first signal stops dispatching (in-flight chunks get ``grace_s`` seconds); a
     second one exits at once."""
-    STOP.note_stop_signal(signum)  # a second one exits at once
+    if STOP.dispatch.stop_signal() is not None:
+        exit_on_second_signal(signum)
+    STOP.dispatch.note_stop_signal(signum)
     dispatcher.stop(grace_s=grace_s)
     hint = (
         "the Prefect runner kills this process 30 s after a cancel"

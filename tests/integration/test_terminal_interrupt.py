@@ -468,7 +468,7 @@ def test_a_sigterm_as_the_flow_run_begins_is_one_line(
     done = _run_signalled(
         tmp_path,
         fake_openai,
-        "before:embedline.shutdown:STOP.take_over_sigterm:SIGTERM",
+        "before:flows.interrupt_handlers:take_over_sigterm:SIGTERM",
         code=143,
         last_line="embedline: interrupted by SIGTERM; rerun the same command to resume",
     )

@@ -136,7 +136,7 @@ def test_truncate_cuts_long_text_but_keeps_the_original_hash() -> None:
 
 def test_stop_request_releases_before_the_next_request() -> None:
     client = ScriptedClient()
-    STOP.stop_tasks()
+    STOP.dispatch.stop_tasks()
     try:
         with pytest.raises(StopRequestedError):
             _run(_rows(["a", "b"]), client)
