@@ -320,7 +320,7 @@ def _plan_pass(
             add_id(row_id)
             add_hash(sha256(raw).hexdigest())  # keys.text_sha256, with the bytes kept
             add_size(len(raw))
-            if text and not text.isspace():  # the rule of tasks.embed (text.strip())
+            if text and not text.isspace():  # the rule of tasks.embed.rows (text.strip())
                 any_text = True
             else:
                 planner.empties.append(filled)

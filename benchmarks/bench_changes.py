@@ -1,4 +1,4 @@
-"""The change set of a shuffled night: the in-memory diff (``tasks/changes.py`` of
+"""The change set of a shuffled night: the in-memory diff (``tasks/commit/changes.py`` of
 ``--old-rev``, read from git) against the sort-merge one, peak RSS and seconds, as ratios.
 
 ::
@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-OLD_REV = "f605900"  # main before the sort-merge change set (its tasks/changes.py)
+OLD_REV = "f605900"  # main before the sort-merge change set (its tasks/commit/changes.py)
 CHUNK_ROWS = 5_000
 RUN_KEY = "bench-night"
 #: The allocators the CLI sets for itself (adapters/memory.py), here for both workers; an
@@ -148,22 +148,22 @@ def worker(impl: str, data: Path, out: Path, old_rev: str) -> None:
     extra: dict[str, Any] = {}
     if impl == "old":
         source = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{old_rev}:tasks/changes.py"],
+            ["git", "-C", str(REPO), "show", f"{old_rev}:tasks/commit/changes.py"],
             check=True,
             capture_output=True,
             text=True,
         ).stdout
         module = type(sys)("old_changes")
         sys.modules["old_changes"] = module
-        exec(compile(source, f"{old_rev}:tasks/changes.py", "exec"), module.__dict__)
+        exec(compile(source, f"{old_rev}:tasks/commit/changes.py", "exec"), module.__dict__)
         before = _rss_kib()
         started = time.perf_counter()
         counts = module.write_changes(
             store, run_key=RUN_KEY, chunks=runs["night"], base=runs["base"]
         )
     else:
-        from tasks.changes import write_changes
-        from tasks.sorted_runs import SortStats
+        from tasks.commit.changes import write_changes
+        from tasks.commit.sorted_spills import SortStats
 
         stats = SortStats()
         scratch = out / "scratch"
@@ -307,7 +307,7 @@ def _one_size(tmp: Path, rows: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def _report(results: list[dict[str, Any]], old_rev: str) -> None:
     print(
-        f"\nold = tasks/changes.py at {old_rev}, new = this checkout; shuffled night, "
+        f"\nold = tasks/commit/changes.py at {old_rev}, new = this checkout; shuffled night, "
         f"every chunk read"
     )
     print(

@@ -98,7 +98,7 @@ def _adapter_only(sink_uri: str, output: str) -> float:
     """Seconds for the sink adapter alone to upsert every chunk of the latest run."""
     from adapters.object_store import open_store
     from adapters.sinks import open_sink
-    from tasks.read import chunk_tables, resolve_run
+    from tasks.load.read_run import chunk_tables, resolve_run
 
     store = open_store(output)
     manifest = resolve_run(store)

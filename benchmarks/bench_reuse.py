@@ -28,7 +28,7 @@ fresh fake OpenAI server (``tests.support.fake_openai``, 64 dimensions, its own 
    item-4 pairs), each run's CPU counting the server's CPU during it (it and its children), not
    its start-up; the same 0.25 target reported for this pair.
 6. After each reused night, ``--sample`` (2,000) published vectors, read back with
-   ``tasks.read`` from the chunk objects the run's manifest lists, are compared with
+   ``tasks.load.read_run`` from the chunk objects the run's manifest lists, are compared with
    ``expected_matrix`` of their texts: exact float32 equality.
 
 Prints a table with MET/MISSED per target (never asserted) beside the before figures
@@ -449,7 +449,7 @@ def check_vectors(
     try:
         with _environ(env):
             from adapters.object_store import open_store
-            from tasks.read import chunk_tables, resolve_run
+            from tasks.load.read_run import chunk_tables, resolve_run
 
             store = open_store(output)
             manifest = resolve_run(store, run_key)

@@ -191,7 +191,7 @@ def _cancel_open(
 
 def _adopt_creating(ledger: Ledger, client: BatchClient, run_key: str) -> tuple[int, int]:
     """Record the provider's batch of each part still ``creating`` that the account's list
-    holds (by metadata, ``flows.batch_calls.listed_parts``); return (adopted, not found). Parts
+    holds (by metadata, ``tasks.batch.calls.listed_parts``); return (adopted, not found). Parts
     whose input was never uploaded were never created: not looked for, counted not found.
 
     :raises EmbedlineError: the list could not be read.
@@ -199,7 +199,7 @@ def _adopt_creating(ledger: Ledger, client: BatchClient, run_key: str) -> tuple[
     creating = [r for r in ledger.run_batches(run_key) if r.state == "creating"]
     if not any(r.input_file_id for r in creating):
         return 0, len(creating)
-    from flows.batch_calls import listed_parts
+    from tasks.batch.calls import listed_parts
 
     listed = listed_parts(client, run_key)
     adopted = 0

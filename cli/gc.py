@@ -1,4 +1,4 @@
-"""``embedline gc OUTPUT``: delete what no kept run needs (policy in ``tasks/gc.py``).
+"""``embedline gc OUTPUT``: delete what no kept run needs (policy in ``tasks/gc/retention.py``).
 
 Needs no Prefect: it lists and deletes objects directly (the ``gc-output`` flow wraps the
 same functions for scheduled runs).
@@ -93,7 +93,7 @@ def _gc(args: argparse.Namespace) -> int:
     from adapters.ledger import Ledger
     from adapters.object_store import open_store
     from embedline.errors import EmbedlineError
-    from tasks.gc import collect, parse_age, plan_gc
+    from tasks.gc.retention import collect, parse_age, plan_gc
 
     flag = "--grace"
     try:

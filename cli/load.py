@@ -178,7 +178,7 @@ def _alias_refused(args: argparse.Namespace, manifest: dict[str, Any] | None) ->
     said before Prefect starts; None if it can (or the manifest could not be read here)."""
     from adapters.sinks.factory import open_alias
     from embedline.errors import EmbedlineError, InputError
-    from tasks.cutover import cutover_target
+    from tasks.load.cutover import cutover_target
 
     if manifest is None:
         return None
@@ -203,7 +203,7 @@ def _rollback(args: argparse.Namespace) -> int:
     one line, exit 2 (no alias, or never switched)."""
     from adapters.sinks.factory import open_alias
     from embedline.errors import EmbedlineError
-    from tasks.cutover import roll_back
+    from tasks.load.cutover import roll_back
 
     if not args.alias:
         return fail("embedline: error: --rollback needs --alias NAME", EXIT_USAGE)
@@ -226,7 +226,7 @@ def _committed_manifest(output: str, run: str | None) -> dict[str, Any] | tuple[
     full context)."""
     from adapters.object_store import open_store
     from embedline.errors import EmbedlineError
-    from tasks.read import resolve_run
+    from tasks.load.read_run import resolve_run
 
     try:
         return resolve_run(open_store(output), run)
@@ -246,7 +246,7 @@ def already_loaded(
     allow_failed_rows: bool = False,
 ) -> dict[str, Any] | None:
     """The summary of a load with nothing to do, found without starting Prefect: the sink
-    itself holds exactly the run's rows (ids and text hashes: ``tasks.sink_state``
+    itself holds exactly the run's rows (ids and text hashes: ``tasks.load.sink_state``
     ``left_to_load``, the plan the load stage applies); else
     None (also when the store or the sink cannot be read here: the flow reports that).
     ``manifest``: the run's committed manifest, if the caller read it already;
@@ -260,8 +260,8 @@ def already_loaded(
     from adapters.sinks import open_sink
     from embedline.errors import EmbedlineError
     from embedline.models import LoadSummary
-    from tasks.read import resolve_run
-    from tasks.sink_state import ensure_run_table, left_to_load
+    from tasks.load.read_run import resolve_run
+    from tasks.load.sink_state import ensure_run_table, left_to_load
 
     del ledger_path, allow_failed_rows
     started = time.monotonic()

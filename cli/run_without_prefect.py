@@ -111,7 +111,7 @@ class _CommandSteps(Steps):
         return publish_if_all_copied(run, work)
 
     def load(self, run: Run, manifest: dict[str, Any], summary: RunSummary) -> RunSummary:
-        """A committed run whose sink already holds it (``tasks.sink_state.left_to_load``,
+        """A committed run whose sink already holds it (``tasks.load.sink_state.left_to_load``,
         read here); else the flow loads it."""
         from cli.load import already_loaded
 

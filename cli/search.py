@@ -247,7 +247,7 @@ def search_target(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tasks.read import read_embeddings_arrow
+    from tasks.load.read_run import read_embeddings_arrow
 
     table = read_embeddings_arrow(target, run)
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
@@ -314,7 +314,7 @@ def kept_columns(target: str, run: str | None = None) -> tuple[str, ...]:
             sink.close()
         return info.columns.kept if info is not None else ()
     from adapters.object_store import open_store
-    from tasks.read import resolve_run
+    from tasks.load.read_run import resolve_run
 
     manifest = resolve_run(open_store(target), run)
     return tuple(str(c) for c in manifest.get("kept_columns") or ())

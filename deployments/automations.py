@@ -9,7 +9,7 @@ of each). The placeholders ``$DEPLOYMENT`` (``prefect.deployment.<id>``), ``$BLO
 notification block's document id), ``$LATE_WITHIN`` (seconds: ``success_every`` +
 ``grace``) and ``$LATE_WITHIN_TEXT`` are filled in; ``dead_letters_threshold`` is stored
 as the Prefect Variable ``embedline_dead_letters_alert_threshold`` that a committing run
-reads (``tasks/events.py``). The webhook URL may hold a token: it is stored in the block
+reads (``flows/events.py``). The webhook URL may hold a token: it is stored in the block
 only, never printed.
 """
 
@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from tasks.events import THRESHOLD_VARIABLE  # noqa: E402
-from tasks.gc import parse_age  # noqa: E402
+from flows.events import THRESHOLD_VARIABLE  # noqa: E402
+from tasks.gc.retention import parse_age  # noqa: E402
 
 __all__ = ["apply", "automation_specs"]
 

@@ -3,7 +3,7 @@
 The CLI lives in the top-level ``cli`` package, above ``flows/``; adapters, tasks, flows and
 the CLI import this package, never the reverse — with one exception for users:
 ``read_embeddings`` and ``read_embeddings_arrow`` (reading a committed run back) are loaded
-from ``tasks.read`` on first use (PEP 562), so ``import embedline`` stays free of I/O
+from ``tasks.load.read_run`` on first use (PEP 562), so ``import embedline`` stays free of I/O
 libraries.
 """
 
@@ -60,7 +60,7 @@ __all__ = [
     "text_sha256",
 ]
 
-_LAZY = {"read_embeddings": "tasks.read", "read_embeddings_arrow": "tasks.read"}
+_LAZY = {"read_embeddings": "tasks.load.read_run", "read_embeddings_arrow": "tasks.load.read_run"}
 
 
 def __getattr__(name: str) -> Any:

@@ -307,11 +307,11 @@ class ReuseSource:
 
 @dataclass(frozen=True, slots=True)
 class ReusePlan:
-    """What a chunk task need not send: decided by the flow process (``tasks/reuse_plan``).
+    """What a chunk task need not send: decided by the flow process (``tasks/reuse/row_sources``).
 
     Small (a file path, object keys and row positions; no vectors, no text), so it travels
     to Dask workers. ``prefill`` is the local file of vectors the reuse stage copied for
-    this chunk (``tasks.gather.Prefill``, vectors ``width`` long; None: nothing copied) —
+    this chunk (``tasks.reuse.gather.Prefill``, vectors ``width`` long; None: nothing copied) —
     or, for workers that do not share the flow process's disk (``--dask-address``),
     ``copies``, that file's bytes (a few MB: 5,000 rows of 64 dims are 1.4 MB); ``sources``
     are the in-run owners it waits for. Rows covered by neither are embedded (and
@@ -319,7 +319,7 @@ class ReusePlan:
     """
 
     sources: tuple[ReuseSource, ...] = ()
-    session: str = ""  # the planning process's token: names its gave-up marks (tasks/paid.py)
+    session: str = ""  # the planning process's token: names its gave-up marks (tasks/embed/paid.py)
     prefill: str | None = None
     width: int | None = None
     copies: bytes | None = field(default=None, repr=False)

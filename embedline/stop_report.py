@@ -4,7 +4,7 @@ what it leaves running elsewhere (Batch API batches), and the loss of the Prefec
 the summary the flow hands over to the CLI thread that waits for it.
 
 One per process, ``STOP.report`` (``embedline.shutdown``): the flow writes it, the CLI reads
-it for its last lines, and a task reads the API loss (``tasks.report``'s progress artifact
+it for its last lines, and a task reads the API loss (``flows.artifacts``'s progress artifact
 stops posting), which is why it lives in the core. No signal handling and no exit here.
 """
 

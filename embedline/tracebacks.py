@@ -41,7 +41,7 @@ class ExpectedErrorFilter(logging.Filter):
         return True
 
 
-#: The chunk task's Prefect name (``tasks/chunk.py``), whose final-state line is dropped.
+#: The chunk task's Prefect name (``tasks/embed/task.py``), whose final-state line is dropped.
 CHUNK_TASK_NAME = "embed-chunk"
 
 

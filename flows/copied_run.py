@@ -1,8 +1,8 @@
 """The reuse stage of a run, and runs whose every chunk left is copied: no Prefect needed.
 
-``prepare_stage`` builds the run's reuse stage (``tasks/reuse_stage.py``) for its work: the
+``prepare_stage`` builds the run's reuse stage (``tasks/reuse/stage.py``) for its work: the
 index refreshed, every row planned, each reused vector copied once per source object. The
-flow calls it (``flows.embed``); so does ``embedline run`` before Prefect starts
+flow calls it (``flows.embed_and_publish``); so does ``embedline run`` before Prefect starts
 (``cli/run_without_prefect.py``, ``run_without_prefect``), through ``publish_if_all_copied``:
 
 - when every chunk left has every non-empty row copied (a shuffled or re-ordered export, a
@@ -33,8 +33,8 @@ from flows.local_chunks import LocalChunks
 from flows.run import Run, Work
 from flows.session import Session
 from flows.signals import dispatch_with_graceful_stop
-from tasks.copied import publish_copied
-from tasks.reuse_stage import Log, ReuseStage
+from tasks.reuse.copied_chunk import publish_copied
+from tasks.reuse.stage import Log, ReuseStage
 
 __all__ = [
     "may_publish_here",
@@ -116,7 +116,7 @@ def publish_copied_chunk(
     run: Run, work: Work, stage: ReuseStage, spec: ChunkSpec, logger: Any
 ) -> ChunkOutcome:
     """A chunk whose every row the reuse stage copied: from planning's rows and the copies
-    (``tasks.copied``), else (kept columns, a copy that fails its hash check) the chunk
+    (``tasks.reuse.copied_chunk``), else (kept columns, a copy that fails its hash check) the chunk
     task's body, in this process."""
     plan = stage.plan_for(spec)
     outcome = publish_copied(
@@ -132,7 +132,7 @@ def publish_copied_chunk(
     )
     if outcome is not None:
         return outcome
-    from tasks.chunk import run_chunk  # Prefect's task machinery: only when sending
+    from tasks.embed.task import run_chunk  # Prefect's task machinery: only when sending
 
     return run_chunk(
         spec, run.plan.source, run.settings, plan, work.length.current(), run.run_key, logger=logger

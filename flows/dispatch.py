@@ -21,7 +21,7 @@ from adapters.ledger import Ledger, new_owner
 from embedline.models import ChunkOutcome, ChunkSpec
 from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
-from tasks.outcome import ChunkFailure, status_for
+from tasks.embed.failures import ChunkFailure, status_for
 
 __all__ = ["DispatchResult", "Dispatched", "Dispatcher"]
 

@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 from embedline.errors import DiskFullError
 from embedline.models import RunSummary
 from embedline.shutdown import STOP
-from flows.disk_full import disk_full_fields
+from flows.disk_full_summary import disk_full_fields
 from flows.dispatch import Dispatched
 from flows.interrupt_handlers import only_reporting_left
 from flows.run import Run, RunStopped, Work
 from flows.session import Session
 
 if TYPE_CHECKING:
-    from tasks.reuse_stage import ReuseStage
+    from tasks.reuse.stage import ReuseStage
 
 __all__ = ["HandedToFlow", "Steps", "drive"]
 
@@ -180,7 +180,7 @@ def _note_committed(run: Run, summary: RunSummary, steps: Steps) -> None:
     """The commit hook: tell the signal handlers the run is committed (an interrupt now
     stops nothing) and emit ``embedline.run.committed`` when events go out."""
     if steps.emit_events:
-        from tasks.events import emit_run_committed
+        from flows.events import emit_run_committed
 
         emit_run_committed(summary, dead_letters_threshold=steps.dead_letters_threshold)
     sink = run.settings.sink

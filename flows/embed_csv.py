@@ -2,7 +2,7 @@
 
 Orchestration only: the flow checks its parameters and the API key, then runs the stages in
 order (``flows.run_stages``), each a method of ``flows.run.Run`` (no Prefect) or a stage
-module (``flows.embed``, ``flows.load``). Parameters mirror ``embedline run``
+module (``flows.embed_and_publish``, ``flows.load``). Parameters mirror ``embedline run``
 (docs/reference/cli.md) and never include a secret: the API key stays in the environment
 (or a Secret block: ``flows.api_key``). The flow's final state is Completed when the
 manifest is committed (or already was), Failed otherwise; its data is the run summary, whose
@@ -101,7 +101,7 @@ def embed_csv(
     ``flows.cancellation``).
 
     ``batch_api`` (openai embedder): the requests go through the provider's Batch API at half
-    price (``flows.batch``), polled every ``batch_poll_interval`` seconds at most (None:
+    price (``flows.batch_stage``), polled every ``batch_poll_interval`` seconds at most (None:
     60), at most ``batch_max_inputs`` inputs per batch (None: 50,000); ``batch_fallback``
     ``sync`` sends what batches left unanswered synchronously (None: ``batch``);
     ``batch_enqueued_tokens`` sizes batches to the account's enqueued-token budget

@@ -1,6 +1,6 @@
 """The ``gc-output`` flow: ``embedline gc`` as a Prefect flow, for a scheduled deployment.
 
-Orchestration only; the policy and the deleting live in ``tasks/gc.py``. Parameters mirror
+Orchestration only; the policy and the deleting live in ``tasks/gc/retention.py``. Parameters mirror
 the CLI (ages as text: ``90d``, ``24h``). The run's data is what was (or would be) deleted:
 counts and bytes per kind of object, also published as the ``embedline-gc`` artifact.
 """
@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from adapters.ledger import Ledger
 from adapters.object_store import open_store
-from tasks.gc import GcPlan, collect, parse_age, plan_gc
+from tasks.gc.retention import GcPlan, collect, parse_age, plan_gc
 
 __all__ = ["gc_output"]
 

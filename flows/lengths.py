@@ -1,6 +1,6 @@
 """The dispatcher's second pass: published chunks whose vectors are not the run's length.
 
-Orchestration only (the rule is ``tasks/dimensions.py``). After the first pass the run knows
+Orchestration only (the rule is ``tasks/publish/dimensions.py``). After the first pass the run knows
 its length (docs/reference/failure-classes.md): the chunks of another length, published before the
 first answer was seen or by an older run whose server answered another length, are embedded again as
 their next generation (``chunks/{key}.g{N}.parquet``,
@@ -20,7 +20,7 @@ from embedline.protocols import ObjectStore
 from embedline.shutdown import STOP
 from flows.dispatch import Dispatcher
 from flows.signals import dispatch_with_graceful_stop
-from tasks.dimensions import RunLength, other_lengths, with_lengths
+from tasks.publish.dimensions import RunLength, other_lengths, with_lengths
 
 __all__ = ["redo_other_lengths"]
 

@@ -6,7 +6,7 @@ its own flow ``load-run`` (``embedline load RUN --to URI``). Orchestration only:
 
 1. open the sink, create its table if absent, refuse another model or length (exit 3);
 2. read what the sink holds (every row's id and text hash) and the run's keys, and plan
-   what takes the table to exactly the run (``tasks.sink_state``): nothing to do is
+   what takes the table to exactly the run (``tasks.load.sink_state``): nothing to do is
    ``already_loaded``; a plan deleting more than ``max_delete_fraction`` of the held rows
    stops here (exit 2, nothing written); mode ``changes`` when the plan is the run's change
    set (the sink holds its base run), else ``replace``;
@@ -45,17 +45,16 @@ from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_de
 from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import VectorSink
 from embedline.shutdown import STOP
+from flows.artifacts import publish_load_summary
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
+from flows.events import emit_load_completed
 from flows.interrupt_handlers import take_over_sigterm
-from tasks.chunk import store_for
-from tasks.cutover import check_loaded, cut_over, cutover_target
-from tasks.events import emit_load_completed
-from tasks.load import LoadedChunk, LoadJob, load_chunk, sink_for
-from tasks.load_lease import load_lease
-from tasks.outcome import status_for
-from tasks.read import resolve_run
-from tasks.report import publish_load_summary
-from tasks.sink_state import (
+from tasks.embed.failures import status_for
+from tasks.embed.task import store_for
+from tasks.lease.load_lease import load_lease
+from tasks.load.cutover import check_loaded, cut_over, cutover_target
+from tasks.load.read_run import resolve_run
+from tasks.load.sink_state import (
     DEFAULT_MAX_DELETE_FRACTION,
     LoadPlan,
     MassDeleteError,
@@ -64,6 +63,7 @@ from tasks.sink_state import (
     left_to_load,
     plan_load,
 )
+from tasks.load.task import LoadedChunk, LoadJob, load_chunk, sink_for
 
 __all__ = ["load_run", "load_stage"]
 
@@ -84,7 +84,7 @@ def load_run(
     """Load committed run ``run`` (key or ≥ 8-hex prefix; default the latest) of ``output``
     into the sink ``to``; refuse (exit 2) to delete more than ``max_delete_fraction`` (0..1)
     of the rows the sink holds. Returns a Completed or Failed state carrying the
-    ``LoadSummary``. With ``alias``, the model cutover (``tasks.cutover``): the run goes into
+    ``LoadSummary``. With ``alias``, the model cutover (``tasks.load.cutover``): the run goes into
     the table of its model behind ``alias`` in the store ``to`` names, is checked, and
     only then ``alias`` is switched to it (a failed check exits 3, switching nothing).
 
@@ -153,7 +153,7 @@ def load_stage(
     keep_versions_s: float | None = None,
 ) -> LoadSummary:
     """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``: take the
-    table to exactly the run's rows, decided by what the sink holds (``tasks.sink_state``).
+    table to exactly the run's rows, decided by what the sink holds (``tasks.load.sink_state``).
 
     A load that would delete more than ``max_delete_fraction`` (0..1) of the rows the sink
     held stops before writing anything (exit 2). Call inside a flow run. Never raises for an

@@ -6,7 +6,7 @@ and waits for nobody: it is parsed, assembled and published. A Prefect task run 
 60 ms of CPU between the client and the API server (measured: a 1,000,000-row reused night
 in 200 chunks spent 14.5 s of its 48 s in the temporary server) — more than the chunk's own
 work. So these chunks run on a small thread pool in the flow process with the chunk task's
-own body (``tasks.chunk.run_chunk``), and the ``Dispatcher`` records them like any chunk
+own body (``tasks.embed.task.run_chunk``), and the ``Dispatcher`` records them like any chunk
 (claim, ledger, progress, failures) through ``LocalFuture``, which answers the part of
 Prefect's future interface it uses. The UI shows them in the flow's log and artifacts, not
 as task runs.

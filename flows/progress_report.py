@@ -9,8 +9,8 @@ from dataclasses import replace
 
 from embedline.models import ChunkOutcome, InputPlan
 from embedline.progress import BatchCount, Progress, notify, partial_rows
+from flows.artifacts import ProgressArtifact
 from flows.dispatch import DispatchResult
-from tasks.report import ProgressArtifact
 
 __all__ = ["ProgressReport", "progress_reporter"]
 

@@ -43,16 +43,16 @@ from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from flows.dispatch import DispatchResult
+from flows.events import run_payload
 from flows.interrupt_handlers import committing
-from flows.outcome import outcome_fields
-from tasks.commit import commit_run, ledger_catches_up, missing_objects
-from tasks.dimensions import RunLength, other_lengths, pinned_length, with_lengths
-from tasks.events import run_payload
-from tasks.manifest import already_complete_fields, change_fields
-from tasks.run_lease import run_lease
-from tasks.sink_state import MassDeleteError
-from tasks.skip import find_published, retries_dead_letters
-from tasks.target import RunTarget, resolve_run_target
+from flows.run_outcome import outcome_fields
+from tasks.commit.commit_run import commit_run, ledger_catches_up, missing_objects
+from tasks.commit.manifest import already_complete_fields, change_fields
+from tasks.lease.run_lease import run_lease
+from tasks.load.sink_state import MassDeleteError
+from tasks.plan.published import find_published, retries_dead_letters
+from tasks.plan.target import RunTarget, resolve_run_target
+from tasks.publish.dimensions import RunLength, other_lengths, pinned_length, with_lengths
 
 __all__ = ["CommittedRun", "Run", "RunRefused", "RunStopped", "Work"]
 
@@ -289,7 +289,7 @@ class Run:
 
     @contextlib.contextmanager
     def leased(self) -> Iterator[None]:
-        """Hold the run's lease in the store for the block (``tasks.run_lease``): gc keeps
+        """Hold the run's lease in the store for the block (``tasks.lease.run_lease``): gc keeps
         the run's chunk objects, manifest, change set and paid requests while it is live,
         whatever its grace period; renewed every 5 min, dropped when the block ends.
 
@@ -306,7 +306,7 @@ class Run:
         :raises RunStopped: it does not, and that is not allowed (the finished ``fatal``
             summary).
         """
-        from tasks.publish import ensure_conditional_writes
+        from tasks.publish.chunk_object import ensure_conditional_writes
 
         try:
             warning = ensure_conditional_writes(

@@ -1,6 +1,7 @@
 """The ``embed-csv`` flow's steps for the run driver (``flows.driver``): dispatch by chunk
-tasks (``flows.embed``), load into a sink (``flows.load``), the flow run's id, the summary
-artifact; and the command's session (``flows.session``) when ``embedline run`` runs the flow."""
+tasks (``flows.embed_and_publish``), load into a sink (``flows.load``), the flow run's id, the
+summary artifact; and the command's session (``flows.session``) when ``embedline run`` runs the
+flow."""
 
 from __future__ import annotations
 
@@ -15,17 +16,17 @@ from embedline.models import InputPlan, RunSummary
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from flows import session as sessions
+from flows.artifacts import publish_summary
 from flows.dispatch import Dispatched
 from flows.driver import Steps, drive
-from flows.embed import embed_and_publish
+from flows.embed_and_publish import embed_and_publish
+from flows.events import dead_letters_threshold
 from flows.interrupt_handlers import take_over_sigterm
 from flows.load import load_stage
 from flows.run import Run, Work
 from flows.signals import under_prefect_runner
-from tasks.chunk import store_for
-from tasks.events import dead_letters_threshold
-from tasks.plan import plan_input
-from tasks.report import publish_summary
+from tasks.embed.task import store_for
+from tasks.plan.task import plan_input
 
 __all__ = ["run_settings"]
 

@@ -33,7 +33,7 @@ from embedline.shutdown import STOP
 
 if TYPE_CHECKING:
     from embedline.settings import RunSettings
-    from tasks.reuse_stage import ReuseStage
+    from tasks.reuse.stage import ReuseStage
 
 __all__ = ["Session", "current", "handing"]
 

@@ -19,7 +19,7 @@ it (the UI's Cancel), and the runner sends SIGKILL 30 s later. There Prefect's h
 (``dispatch_with_graceful_stop``), and the grace period is capped so that in-flight chunks are
 released and recorded before the SIGKILL (``signal_grace_s``).
 
-The Batch API stage (``flows.batch.BatchStage``) is stopped the same way while it submits
+The Batch API stage (``flows.batch_stage.BatchStage``) is stopped the same way while it submits
 and waits: it has ``run`` and ``stop`` as the dispatcher has (``Stoppable``).
 """
 
@@ -53,7 +53,7 @@ _R_co = TypeVar("_R_co", covariant=True)
 
 class Stoppable(Protocol[_R_co]):
     """Work a first signal stops gracefully: the chunk dispatcher (``flows.dispatch``), or
-    the Batch API stage (``flows.batch``)."""
+    the Batch API stage (``flows.batch_stage``)."""
 
     def run(self, specs: Sequence[ChunkSpec]) -> _R_co:
         """Do the work of ``specs``; return once done or stopped."""

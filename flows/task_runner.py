@@ -15,7 +15,7 @@ from embedline.errors import InputError
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
-from tasks.chunk import warm_worker
+from tasks.embed.task import warm_worker
 
 __all__ = ["task_runner", "warm_up"]
 

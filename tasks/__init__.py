@@ -1,7 +1,10 @@
-"""Prefect tasks and the stage logic behind them: plan → embed → publish → record.
+"""The pipeline's stages, one package each, Prefect-free but for one thin ``task.py``:
 
-Exports load lazily (PEP 562): ``tasks.manifest`` and ``tasks.publish`` stay importable without
-Prefect's start-up cost, e.g. by the CLI's no-op rerun check.
+``plan`` → ``reuse`` → ``embed`` (or ``batch``, the Batch API) → ``publish`` → ``commit`` →
+``load``; ``lease`` keeps what a run or a load needs from ``gc``. ``flows/`` drives them.
+
+Exports load lazily (PEP 562): the stage modules stay importable without Prefect's start-up
+cost, e.g. by the CLI's no-op rerun check.
 """
 
 from __future__ import annotations
@@ -11,7 +14,11 @@ from typing import Any
 
 __all__ = ["embed_chunk", "find_published", "plan_input"]
 
-_HOMES = {"embed_chunk": "tasks.chunk", "find_published": "tasks.skip", "plan_input": "tasks.plan"}
+_HOMES = {
+    "embed_chunk": "tasks.embed.task",
+    "find_published": "tasks.plan.published",
+    "plan_input": "tasks.plan.task",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,7 @@ Files (``POST /files`` with ``purpose=batch``, ``GET /files/{id}/content``) and 
 ``POST /batches/{id}/cancel``). Every call but ``create_batch`` is retried under
 ``embedline.retry`` (an upload sent twice only leaves an unused file); a batch's create has
 no idempotency key, so it is sent once: the caller adopts, by listing, a batch that a failed
-or timed-out create may have made (``flows/batch_calls.py``). Answers are classified like the
+or timed-out create may have made (``tasks/batch/calls.py``). Answers are classified like the
 synchronous client's (``classify``), and so is an endpoint that refuses every connection
 (``FatalLatch.unreachable``: exit 3 before any answer, exit 1 after one). A 404 for a batch
 or file id is ``UnknownBatchError`` (another key or account, or gone), for the collection

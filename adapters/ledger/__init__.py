@@ -24,7 +24,8 @@ Tables:
   (``adapters/ledger/batches.py``): written before and after its create.
 - ``sink_chunks``: one row per chunk of a run loaded into a sink (written after the sink's
   transaction committed). Both are a cache of what loads did: what a sink holds is decided
-  by the sink's own rows (docs/reference/sinks.md, ``tasks/sink_state.py``), never by these tables.
+  by the sink's own rows (docs/reference/sinks.md, ``tasks/load/sink_state.py``), never by these
+  tables.
 - ``reuse_objects`` / ``reuse_buckets`` (the reuse index, docs/reference/ledger.md, migration
   ``0011_reuse_buckets``): which chunk objects under which output root hold a vector for
   which text, and at which row, by (output URI, model, requested dimensions as in the row

@@ -9,7 +9,7 @@ account's batch list by its metadata before anything is submitted again. ``layou
 and the positions of its rows in the chunk, recorded before the create and never derived
 again from the run's settings (a rerun may change them); NULL for a part recorded before
 that migration. ``req_start`` / ``req_stop`` is the part's range of the chunk's requests as
-first planned (``tasks.batch_requests``), NULL for a part that submits what earlier parts
+first planned (``tasks.batch.requests``), NULL for a part that submits what earlier parts
 left unanswered. Ids, counts, row positions and error messages of the provider only: never
 text.
 """

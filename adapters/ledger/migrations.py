@@ -179,7 +179,7 @@ MIGRATIONS += (
         """,
     ),
     (
-        # What a committed run did (``tasks.events.run_payload``: counts, tokens, cost, the
+        # What a committed run did (``flows.events.run_payload``: counts, tokens, cost, the
         # change set's counts), for ``status --json``: the same facts as the
         # ``embedline.run.committed`` event, without reading the manifest from the store.
         "0008_run_facts",

@@ -6,14 +6,14 @@ Texts are keyed by the first 64 bits of their SHA-256 (``adapters.scratch.hash_p
 and split into ``BUCKETS`` buckets by the top bits of that prefix. One row per (bucket,
 object) holds the object's prefixes in that bucket and their row positions, as packed
 ``uint64``/``uint32`` arrays. A run looks its texts up bucket by bucket (``bucket``: every
-indexed entry of one bucket for one output, model and dimensions; ``tasks/reuse_plan.py``
+indexed entry of one bucket for one output, model and dimensions; ``tasks/reuse/row_sources.py``
 joins them with numpy), so a lookup costs a sorted search, not a B-tree probe per row, and
 memory holds one bucket. A 64-bit prefix can collide: whoever takes a vector compares the
 full ``text_sha256`` stored beside it in the object, so a collision costs a request, never a
 wrong vector.
 
 A cache of the store: rebuilt from the chunk objects' ``text_sha256`` columns when it misses
-any (``tasks.reuse_plan.refresh_index``).
+any (``tasks.reuse.row_sources.refresh_index``).
 """
 
 from __future__ import annotations

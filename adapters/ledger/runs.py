@@ -92,7 +92,7 @@ class RunTable(LedgerBase):
     ) -> None:
         """Record a run's final status (``completed``, ``incomplete``, ``failed``,
         ``interrupted``) and counts (rows); ``facts``, a committed run's JSON-ready
-        ``tasks.events.run_payload`` (counts only), replaces the stored ones when given."""
+        ``flows.events.run_payload`` (counts only), replaces the stored ones when given."""
         with self.atomic() as db:
             db.execute(
                 """UPDATE runs SET status = ?, rows_published = ?, rows_failed = ?,

@@ -2,7 +2,7 @@
 (docs/reference/sinks.md, docs/reference/ledger.md).
 
 A cache of what loads did: what a sink holds is decided by the sink's own rows
-(``tasks/sink_state.py``), never by these tables.
+(``tasks/load/sink_state.py``), never by these tables.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ def check_conditional_writes(store: ObjectStore) -> bool:
         refused = True
     else:
         refused = False
-        # DEBUG: the caller says it once, in the one line the user reads (tasks/publish.py)
+        # DEBUG: the caller says it once, in the one line the user reads
+        # (tasks/publish/chunk_object.py)
         logger.debug(
             "%s overwrote an existing object: it ignores If-None-Match", store.uri_for(key)
         )

@@ -353,7 +353,7 @@ def open_sink(uri: str) -> VectorSink:
 
 def sink_uri_for_table(uri: str, table: str) -> str:
     """The URI of table (collection) ``table`` in the store ``uri`` names: the table a
-    cutover loads into (``tasks.cutover.alias_table``).
+    cutover loads into (``tasks.load.cutover.alias_table``).
 
     :raises InputError: see ``validate_sink_uri``; the store has no aliases (LanceDB).
     """

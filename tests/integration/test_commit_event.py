@@ -1,5 +1,5 @@
 """``embedline.run.committed`` is one event per commit, however many processes commit the
-same run: its id is the commit's (``tasks.events``). A real Prefect server stores events and
+same run: its id is the commit's (``flows.events``). A real Prefect server stores events and
 drops an id it has seen."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_a_run_committed_twice_is_one_committed_event(
     run_key = uuid.uuid4().hex * 2
     code = (
         "from embedline.models import RunSummary\n"
-        "from tasks.events import emit_run_committed\n"
+        "from flows.events import emit_run_committed\n"
         "from prefect.events.worker import EventsWorker\n"
         "for output, generation in (('/out', 0), ('/out', 0), ('/out', 1), ('/b', 0)):\n"
         f"    emit_run_committed(RunSummary(exit_code=0, status='complete', message='',\n"

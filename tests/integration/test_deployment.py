@@ -210,7 +210,7 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
     print(f"\nretry -> Completed: {retry_s:.1f} s")
 
     # ── the retry embedded what the failed chunks had not paid for, and nothing else ─────
-    # (the first attempt's successful requests of those chunks were kept: tasks/paid.py)
+    # (the first attempt's successful requests of those chunks were kept: tasks/embed/paid.py)
     failed_chunks = sorted({i // CHUNK_SIZE for i in FAILING_ROWS})
     chunk_rows = [min(CHUNK_SIZE, ROWS - c * CHUNK_SIZE) for c in failed_chunks]
     most = sum(math.ceil(n / BATCH_SIZE) for n in chunk_rows)  # 3 + 3 + 2: whole chunks

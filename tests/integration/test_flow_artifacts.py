@@ -112,7 +112,7 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
     from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
 
-    from tasks.report import ProgressArtifact
+    from flows.artifacts import ProgressArtifact
 
     def posted(client: Any, artifact_id: Any) -> Any:
         # by id: the server's default page holds 200 artifacts, and the session's

@@ -396,7 +396,7 @@ def test_gc_with_no_grace_keeps_what_a_paused_run_holds_and_its_paid_requests(
     env = {
         **os.environ,
         "PYTHONPATH": f"{REPO / 'tests/support/signal_at'}:{REPO}",
-        "EMBEDLINE_TEST_SIGNALS": "before:tasks.paid:take_paid:SIGSTOP",
+        "EMBEDLINE_TEST_SIGNALS": "before:tasks.embed.paid:take_paid:SIGSTOP",
     }
     args = [*_args(tmp_path, fake_openai, str(out)), "--batch-size", "5"]
     running = subprocess.Popen(

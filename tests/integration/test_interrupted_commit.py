@@ -25,7 +25,7 @@ from tests.support.fixtures import REPO, run_cli
 
 pytestmark = pytest.mark.integration
 
-SIGNAL_AFTER_MANIFEST_PUT = "after:tasks.commit:write_manifest:{}"
+SIGNAL_AFTER_MANIFEST_PUT = "after:tasks.commit.commit_run:write_manifest:{}"
 
 
 def _rows() -> list[tuple[str, str]]:
@@ -137,10 +137,14 @@ def test_a_kill_just_after_the_manifest_put_is_caught_up_by_the_rerun(
 @pytest.mark.parametrize(
     ("point", "signum", "sink"),
     [
-        ("after:tasks.commit:write_manifest", signal.SIGINT, False),  # in the commit's deferral
-        ("before:tasks.lease:drop_lease", signal.SIGTERM, False),  # after it: the last steps
-        ("before:tasks.lease:drop_lease", signal.SIGINT, False),
-        ("before:tasks.lease:drop_lease", signal.SIGINT, True),  # after the sink's load
+        (
+            "after:tasks.commit.commit_run:write_manifest",
+            signal.SIGINT,
+            False,
+        ),  # in the commit's deferral
+        ("before:tasks.lease.held:drop_lease", signal.SIGTERM, False),  # after it: the last steps
+        ("before:tasks.lease.held:drop_lease", signal.SIGINT, False),
+        ("before:tasks.lease.held:drop_lease", signal.SIGINT, True),  # after the sink's load
     ],
     ids=["SIGINT-at-commit", "SIGTERM-after-commit", "SIGINT-after-commit", "SIGINT-after-load"],
 )

@@ -407,7 +407,7 @@ def test_status_after_a_double_sigint_says_the_run_is_not_running(
         "4",
     )
     assert rerun.returncode == 0, rerun.stderr
-    # the rerun pays for what no published chunk and no kept request (tasks/paid.py: the
+    # the rerun pays for what no published chunk and no kept request (tasks/embed/paid.py: the
     # interrupted chunks' answered requests, at most the window's 3 chunks of 4 rows) paid for
     unpaid = 60 - 4 * stored
     assert unpaid - 4 * 3 <= fake_openai.inputs <= unpaid, (fake_openai.inputs, stored)

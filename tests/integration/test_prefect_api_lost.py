@@ -172,7 +172,9 @@ def test_api_lost_just_after_the_commit_prints_the_committed_run_at_once(
     env = {
         **_env(cli_home, url),
         "PYTHONPATH": os.pathsep.join((str(REPO / "tests/support/signal_at"), str(REPO))),
-        "EMBEDLINE_TEST_SIGNALS": f"after:tasks.commit:write_manifest:SIGKILL@{server.pid}",
+        "EMBEDLINE_TEST_SIGNALS": (
+            f"after:tasks.commit.commit_run:write_manifest:SIGKILL@{server.pid}"
+        ),
     }
     extra = ["--sink", f"lancedb://{tmp_path}/lance?table=t"] if sink else []
     started = time.monotonic()

@@ -15,8 +15,8 @@ import pytest
 from adapters.csv_chunks import read_chunk
 from adapters.ledger import Ledger
 from adapters.object_store import open_store
-from tasks.reuse import take_prefill
-from tasks.reuse_stage import ReuseStage
+from tasks.reuse.chunk_side import take_prefill
+from tasks.reuse.stage import ReuseStage
 from tests.support.chunks import CountingStore, plan_rows, publish_truth
 from tests.support.fake_openai import expected_matrix
 
@@ -86,7 +86,7 @@ def test_a_text_several_runs_hold_is_copied_from_the_newest_run_only(
     ledger = Ledger(str(tmp_path / "ledger.sqlite3"))
     shuffled = random.Random(12).sample(rows, len(rows))
     if ledger_saw == "each run":
-        from tasks.reuse_plan import refresh_index
+        from tasks.reuse.row_sources import refresh_index
 
         refresh_index(local, ledger)  # the first run's objects, indexed by the first run
     newer = publish_truth(local, plan_rows(tmp_path, "second.csv", shuffled, 50))  # 12

@@ -488,7 +488,7 @@ def test_a_second_signal_while_the_flow_records_the_stop_exits_at_once(
     _run_signalled(
         tmp_path,
         fake_openai,
-        f"before:tasks.lease:write_lease:{signum.name};"
+        f"before:tasks.lease.held:write_lease:{signum.name};"
         f"before:adapters.ledger:Ledger.mark_stopped:{signum.name}",
         code=128 + signum,
         last_line=f"embedline: second {signum.name}, exiting now; rerun the same command to resume",

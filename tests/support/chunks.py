@@ -11,8 +11,8 @@ from adapters.csv_chunks import read_chunk
 from adapters.csv_source import plan_csv
 from embedline.keys import row_key
 from embedline.models import ChunkOutcome, InputPlan
-from tasks.embed import EmbeddedRows
-from tasks.publish import publish_chunk
+from tasks.embed.rows import EmbeddedRows
+from tasks.publish.chunk_object import publish_chunk
 from tests.support.fake_openai import expected_matrix
 
 __all__ = ["CountingStore", "plan_rows", "publish_truth"]

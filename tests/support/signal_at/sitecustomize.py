@@ -2,12 +2,12 @@
 point, to hit a window a few milliseconds wide every time.
 
 ``EMBEDLINE_TEST_SIGNALS`` holds ``;``-separated ``WHEN:MODULE:ATTRIBUTE:SIGNAL`` entries:
-``after:tasks.commit:write_manifest:SIGKILL`` sends SIGKILL right after the manifest's PUT
-returns; ``before:cli.local_server:LocalServer.stop:SIGINT`` sends SIGINT as the temporary
+``after:tasks.commit.commit_run:write_manifest:SIGKILL`` sends SIGKILL right after the manifest's
+PUT returns; ``before:cli.local_server:LocalServer.stop:SIGINT`` sends SIGINT as the temporary
 server's stop begins; ``SIGKILL@1234`` sends it to process group 1234 instead of this
 process. Each entry fires once, at the first call; ``WHEN:MODULE:ATTRIBUTE:SIGNAL:N`` at
-the N-th (``before:tasks.lease:drop_lease:SIGINT:2``: the second lease released). A signal with a
-Python handler is raised by
+the N-th (``before:tasks.lease.held:drop_lease:SIGINT:2``: the second lease released). A signal with
+a Python handler is raised by
 ``signal.raise_signal``, so the handler runs at once in the main thread, as a real one would.
 """
 

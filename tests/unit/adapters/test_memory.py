@@ -105,8 +105,8 @@ if sys.argv[2] == "cli":  # what the console script does: entry() sets _entered,
 else:  # a deployment's process: Prefect loads the flow from the flows package
     import flows.embed_csv
 import pyarrow as pa
-import tasks.read
-tasks.read.read_embeddings_arrow
+import tasks.load.read_run
+tasks.load.read_run.read_embeddings_arrow
 print(pa.default_memory_pool().backend_name, pa.array([1.0]).nbytes)
 """
 

@@ -119,11 +119,11 @@ def test_lancedb_path_with_question_mark_and_no_table_is_refused(uri: str) -> No
     "uri", ["s3://b/out #1?x=%20+ü/", "s3://b/a%2Fb#c", "file:///tmp/o%231", "./out#1?v=%20"]
 )
 def test_a_stores_uri_reopens_the_same_store(uri: str) -> None:
-    """Dask workers get the store's URI as a string and reopen it (tasks/chunk.store_for):
+    """Dask workers get the store's URI as a string and reopen it (tasks/embed/task.store_for):
     the reopened store must name the same keys."""
     import pickle
 
-    from tasks.chunk import store_for
+    from tasks.embed.task import store_for
 
     store = open_store(uri)
     for again in (open_store(store.uri), store_for(store.uri), pickle.loads(pickle.dumps(store))):

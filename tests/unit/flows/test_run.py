@@ -26,8 +26,8 @@ from embedline.models import DeadLetter, RunSummary
 from embedline.settings import RunSettings
 from flows.dispatch import DispatchResult
 from flows.run import CommittedRun, Run, RunRefused, RunStopped, Work
-from tasks.embed import EmbeddedRows
-from tasks.publish import publish_chunk
+from tasks.embed.rows import EmbeddedRows
+from tasks.publish.chunk_object import publish_chunk
 from tests.support.csv_data import write_rows
 from tests.support.fake_openai import expected_matrix
 from tests.support.fixtures import REPO
@@ -153,7 +153,7 @@ def test_published_chunks_are_committed_with_the_served_vectors(tmp_path: Path, 
     assert not list((tmp_path / "out").glob("leases/*")), "the lease is dropped"
     import pandas as pd
 
-    from tasks.read import read_embeddings
+    from tasks.load.read_run import read_embeddings
 
     frame = read_embeddings(str(tmp_path / "out"), run.run_key)
     got = np.stack(frame.sort_values("id")["embedding"].to_numpy())

@@ -1,0 +1,447 @@
+"""Batch API mode (``--batch-api``): submit each chunk's requests as batches, wait, collect.
+
+Runs in the flow process before the chunk tasks (docs/design.md, "Batch API mode"):
+
+    for each chunk to embed: its reuse plan (``ReuseStage.plan_for``, the plan its task
+    gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating``
+    with their layout (each request's custom_id and row positions) → upload + create, one
+    by one, each recorded ``submitted`` → one poller for all of the run's batches, the
+    interval growing to ``--batch-poll-interval`` → a chunk whose batches all ended has its
+    unanswered requests submitted again as a new part (or left to ``--batch-fallback
+    sync``) → when every chunk is ready, the ordinary chunk tasks run with the chunk's
+    result files and recorded layouts (``tasks.batch.answers``): same objects, manifest,
+    change set and sinks as a synchronous run.
+
+What a batch carries is read from the ledger (its layout), never derived again from the
+run's settings: a rerun with another ``--batch-size``, ``--batch-max-inputs`` or
+``--max-request-tokens`` collects the batches already submitted, resubmits their
+unanswered requests as they were, and batches with its own settings only rows no batch of
+the run carries.
+
+Exactly once: a part is recorded before its create, and one still ``creating`` is looked for
+in the account's batch list and adopted (``tasks.batch.calls``, which records every answer of
+the provider). A rerun after a crash or Ctrl-C (batches keep running at the provider) polls
+and collects what the ledger records.
+
+Stopping: the flow runs the stage under ``flows.signals.dispatch_with_graceful_stop``, as it
+runs the chunk dispatcher, so the first SIGINT/SIGTERM (or a cancel from Prefect) calls
+``BatchStage.stop``: a create in progress ends and is recorded, nothing more is submitted,
+the wait ends, and the stage returns ``Staged.interrupted`` with the batches left running
+at the provider said in ``STOP.report.note_left_running`` (the run's summary and last line
+name ``embedline cancel-batches RUN``), so the command prints its summary. Any other end with
+batches still running (an error raised out of the stage, a failed validation) notes them the
+same way (``tasks.batch.records.left_running_note``).
+
+A batch ``failed`` for ``token_limit_exceeded`` (or a create refused so) is submitted again
+after earlier batches finish (exponential backoff, within the 24 h window); any other
+``failed`` stops the run with the server's reason (exit 3), nothing more submitted. A
+batch or file the provider answers 404 for (``UnknownBatchError``: another API key, purged,
+deleted) stops the run (exit 3), marked ``not_found`` in the ledger; it is never
+resubmitted on its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.embeddings import build_batch_client
+from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
+from adapters.ledger import BatchRecord, Ledger
+from embedline.errors import FatalError, RetryableError
+from embedline.models import ChunkBatches, ChunkSpec, ReusePlan, Row
+from embedline.progress import BatchCount
+from embedline.settings import RunSettings
+from embedline.shutdown import STOP
+from flows.signals import under_prefect_runner
+from tasks.batch.calls import BatchCalls, Log, batch_metadata
+from tasks.batch.parts import PartRequests
+from tasks.batch.records import (
+    all_answered,
+    batch_counts,
+    failed_for_token_limit,
+    ids_late,
+    left_running_note,
+    merged_layouts,
+)
+from tasks.batch.requests import BatchRequest, input_file, layout_of, pack
+from tasks.reuse.stage import ReuseStage
+
+__all__ = ["BatchStage", "Staged"]
+
+_FIRST_POLL_S = 0.05  # seconds; the interval grows by half each poll to --batch-poll-interval
+_MAX_REST_PARTS = 4  # resubmissions of a chunk's unanswered requests for server errors
+_WINDOW_S = 24 * 3600.0  # the completion window: token-limit waits end within it
+
+
+@dataclass(slots=True)
+class Staged:
+    """The stage's outcome: by chunk index, the reuse plan its task gets and what its
+    batches answered (result files and recorded layouts; chunks not ready are absent);
+    ``fatal``: why the run stopped (a batch failed validation), or None."""
+
+    plans: dict[int, ReusePlan] = field(default_factory=dict)
+    answers: dict[int, ChunkBatches] = field(default_factory=dict)
+    fatal: str | None = None
+    batches: int = 0
+    interrupted: bool = False  # stopped (``BatchStage.stop``) before every chunk was ready
+
+
+class BatchStage:
+    """Submits, polls and collects the batches of ``todo`` (see the module docstring).
+
+    ``client``: the Batch API client (default: ``build_batch_client(settings)``);
+    ``on_progress``: called after each poll with the run's batches by status (the CLI's
+    progress bar or lines); ``sleep`` and ``clock`` (seconds) are injected by tests (the
+    default sleep ends early when ``stop`` is called).
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: RunSettings,
+        ledger: Ledger,
+        run_key: str,
+        planner: ReuseStage,
+        source: Any,
+        log: Log,
+        client: BatchClient | None = None,
+        on_progress: Callable[[tuple[BatchCount, ...]], None] | None = None,
+        sleep: Callable[[float], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings, self.ledger, self.run_key = settings, ledger, run_key
+        self.planner, self.source, self.log = planner, source, log
+        self.client = client or build_batch_client(settings)
+        self.calls = BatchCalls(self.client, ledger, run_key, log)
+        self._stopped = threading.Event()
+        self.on_progress = on_progress
+        self.sleep, self.clock = sleep or self._stopped.wait, clock
+        self.staged = Staged()
+        self.parts = PartRequests(settings, source, self.staged.plans, self.calls)
+        self._specs: dict[int, ChunkSpec] = {}
+        self._not_before = 0.0  # no create before this clock time (token limit)
+        self._token_waits = 0
+        self._seen_limits: set[str] = set()
+        self._started = clock()
+        self._shown: tuple[BatchCount, ...] = ()
+        self._sent: set[tuple[int, int]] = set()  # (chunk, part) whose create was sent
+
+    # ── the stage ────────────────────────────────────────────────────────────────────────
+    def run(self, todo: Sequence[ChunkSpec]) -> Staged:
+        """Submit and wait for the batches of ``todo``; return what the chunk tasks need
+        (``interrupted`` after ``stop``: the batches keep running, noted for the summary).
+
+        Whenever it ends with batches still running at the provider (a stop, a batch that
+        failed validation, an error raised out of it), ``STOP.report.note_left_running`` says how
+        many and both ways on (rerun to collect them, ``embedline cancel-batches`` to cancel
+        them): the run's final message carries it (``flows.run_outcome``).
+
+        :raises KeyboardInterrupt, Terminated: raised into the stage (not through ``stop``):
+            the batches keep running (logged); a rerun collects them.
+        :raises UnknownBatchError: the provider does not know a batch or file the ledger
+            recorded (another API key, purged, deleted): the batch is marked ``not_found``
+            in the ledger (``embedline status RUN`` shows it); nothing is resubmitted.
+        :raises EmbedlineError: the Batch API failed past its retries, or its endpoint
+            refuses every connection (``FatalError``: never reached; ``EndpointDownError``).
+        """
+        STOP.report.note_left_running(None)  # an earlier run's, in a long-lived process
+        try:
+            for spec in todo:
+                if self._stopped.is_set() or self.staged.fatal:
+                    break
+                self._specs[spec.index] = spec
+                self.staged.plans[spec.index] = self.planner.plan_for(spec)
+                self._start(spec)
+                self._check_failures(self.ledger.run_batches(self.run_key, spec.index), spec)
+            if not self.staged.fatal:
+                self._wait()
+        except BaseException:  # an interrupt, the Batch API failing: batches may run on
+            self._left_running()
+            raise
+        self.staged.interrupted = self._stopped.is_set() and not self.staged.fatal
+        self._left_running()  # a stop or a failed validation: the others run on
+        self._count()
+        return self.staged
+
+    def stop(self, *, grace_s: float | None = None) -> None:
+        """Submit nothing more and stop waiting (from a signal handler or another thread):
+        ``run`` returns once a create in progress is recorded. ``grace_s`` is ignored:
+        nothing here is worth waiting for, the batches run on at the provider."""
+        self._stopped.set()
+
+    def _count(self) -> None:
+        self.staged.batches = sum(
+            1 for r in self.ledger.run_batches(self.run_key) if r.batch_id and r.idx in self._specs
+        )
+
+    def _start(self, spec: ChunkSpec) -> None:
+        """Record and submit the chunk's parts, or adopt those a crashed run created; rows
+        the chunk needs that no recorded part carries (a rerun planned reuse otherwise)
+        go in a part of their own."""
+        rows = self.parts.rows(spec)
+        requests = self.parts.needed(spec, rows)
+        for record in self.ledger.run_batches(self.run_key, spec.index):
+            if record.state == "creating":
+                self._resume_creating(spec, record, rows)
+        records = self.ledger.run_batches(self.run_key, spec.index)
+        if not records:
+            if not requests:
+                self.staged.answers[spec.index] = ChunkBatches()
+                return
+            parts = pack(requests, self.settings, max_tokens=self.settings.batch_enqueued_tokens)
+            self.ledger.add_batch_parts(
+                self.run_key,
+                spec.index,
+                spec.key,
+                [(p, a, b, layout_of(requests[a:b])) for p, (a, b) in enumerate(parts)],
+            )
+            for record in self.ledger.run_batches(self.run_key, spec.index):
+                self._submit(spec, record, requests[record.req_start : record.req_stop])
+            return
+        covered = {p for r in self.parts.recorded(spec, rows, records) for p in r.rows}
+        uncovered = {p for r in requests for p in r.rows} - covered
+        if uncovered:
+            rest = self.parts.needed(spec, rows, only=uncovered)
+            self.log.info(
+                "chunk %d: %d rows no batch of this run carries: submitting them as part %d",
+                spec.index,
+                len(uncovered),
+                max(r.part for r in records) + 1,
+            )
+            self._submit_rest(spec, records, rest)
+
+    def _resume_creating(
+        self, spec: ChunkSpec, record: BatchRecord, rows: list[Row] | None = None
+    ) -> None:
+        # a part whose input was never uploaded was never created: nothing to look for
+        adopted = self.calls.find(spec, record.part) if record.input_file_id else None
+        if adopted is not None:
+            self.calls.adopt(spec, record, adopted)
+            return
+        if record.layout is None and record.req_start is None:  # recorded without layouts
+            requests = self.parts.pending(
+                spec,
+                [
+                    r
+                    for r in self.ledger.run_batches(self.run_key, spec.index)
+                    if r.part < record.part
+                ],
+            )
+        else:
+            requests = self.parts.carried(spec, record, rows or self.parts.rows(spec))
+        if requests:
+            self._submit(spec, record, requests)
+        else:
+            self.ledger.drop_batch_part(self.run_key, spec.index, record.part)
+
+    # ── create ───────────────────────────────────────────────────────────────────────────
+    def _submit(self, spec: ChunkSpec, record: BatchRecord, requests: list[BatchRequest]) -> None:
+        """Upload the part's input file and create its batch (sent once); a create that
+        failed or timed out is looked for in the list and adopted; a token-limit refusal
+        leaves the part ``creating`` until earlier batches finish; so does a ``stop``
+        (the next run submits it)."""
+        self._wait_for_token_budget()
+        if self._stopped.is_set():
+            return
+        file_id = record.input_file_id
+        if file_id is None:
+            name = f"embedline-{self.run_key[:12]}-{spec.index:05d}-{record.part}.jsonl"
+            file_id = self.client.upload(name, input_file(requests, self.settings))
+            self.ledger.note_batch_input(self.run_key, spec.index, record.part, file_id)
+        metadata = batch_metadata(self.run_key, spec, record.part)
+        self._sent.add((spec.index, record.part))
+        try:
+            batch = self.client.create_batch(file_id, metadata)
+        except TokenLimitError:
+            self._token_limited()
+            return
+        except RetryableError as exc:
+            self.log.warning(
+                "chunk %d part %d: the batch create failed (%s): looking for "
+                "the batch it may have made",
+                spec.index,
+                record.part,
+                exc,
+            )
+            self.calls.forget_listing()  # list again: the batch would be new
+            found = self.calls.find(spec, record.part)
+            if found is None:
+                return  # still `creating`: submitted again on the next poll
+            batch = found
+        self.calls.adopt(spec, record, batch, created=True)
+
+    def _token_limited(self) -> None:
+        self._token_waits += 1
+        wait = min(self.settings.batch_poll_interval_s * 2 ** (self._token_waits - 1), 3600.0)
+        if self.clock() - self._started + wait > _WINDOW_S:
+            raise FatalError(
+                "the Batch API's enqueued-token limit stayed full for 24 h: "
+                "give --batch-enqueued-tokens or run fewer batches at once"
+            )
+        self._not_before = self.clock() + wait
+        self.log.warning(
+            "token_limit_exceeded: the model's enqueued-token budget is full; "
+            "submitting again in %.1f s, after earlier batches finish",
+            wait,
+        )
+
+    def _wait_for_token_budget(self) -> None:
+        delay = self._not_before - self.clock()
+        if delay > 0:
+            self.sleep(delay)
+            self._poll_all()
+
+    def _failed(self) -> bool:
+        """Whether a batch failed validation (``Staged.fatal``): a method, not the field, so
+        that a check after a call that may set it is not narrowed away."""
+        return self.staged.fatal is not None
+
+    # ── wait ─────────────────────────────────────────────────────────────────────────────
+    def _wait(self) -> None:
+        interval = min(_FIRST_POLL_S, self.settings.batch_poll_interval_s)
+        while not self._failed() and not self._stopped.is_set():
+            records = self._poll_all()
+            open_chunks = [i for i in self._specs if i not in self.staged.answers]
+            for index in open_chunks:
+                self._advance(self._specs[index], [r for r in records if r.idx == index])
+                if self._failed():
+                    return
+            if all(i in self.staged.answers for i in self._specs):
+                return
+            self._show(self.ledger.run_batches(self.run_key))
+            self.sleep(interval)
+            interval = min(interval * 1.5, self.settings.batch_poll_interval_s)
+
+    def _poll_all(self) -> list[BatchRecord]:
+        for record in self.ledger.run_batches(self.run_key):
+            if (
+                record.idx in self._specs
+                and record.batch_id
+                and (record.status not in TERMINAL_STATUSES or ids_late(record))
+            ):
+                self.calls.record_poll(self.calls.get_batch(record))  # running, or its ids are late
+        return self.ledger.run_batches(self.run_key)
+
+    def _advance(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
+        """Move one chunk on: resubmit a part still ``creating``; when all its batches have
+        ended, stop on a validation failure, else submit what is unanswered or mark the
+        chunk ready."""
+        for record in records:
+            if record.state == "creating" and self.clock() >= self._not_before:
+                self._resume_creating(spec, record)
+        records = self.ledger.run_batches(self.run_key, spec.index)
+        if any(
+            r.state == "creating" or r.status not in TERMINAL_STATUSES or ids_late(r)
+            for r in records
+        ):
+            return
+        self._check_failures(records, spec)
+        if self.staged.fatal:
+            return
+        if all(all_answered(r) for r in records):
+            self._ready(spec, records)
+            return
+        pending = self.parts.pending(spec, records)
+        rest_parts = sum(
+            1 for r in records if r.req_start is None and not failed_for_token_limit(r)
+        )
+        if not pending or self.settings.batch_fallback == "sync" or rest_parts >= _MAX_REST_PARTS:
+            if pending:
+                self.log.warning(
+                    "chunk %d: %d requests unanswered by its batches%s",
+                    spec.index,
+                    len(pending),
+                    ", sent synchronously" if self.settings.batch_fallback == "sync" else "",
+                )
+            self._ready(spec, records)
+            return
+        self.log.info(
+            "chunk %d: %d requests left unanswered (expired, cancelled or server "
+            "errors): submitting them as part %d",
+            spec.index,
+            len(pending),
+            max(r.part for r in records) + 1,
+        )
+        self._submit_rest(spec, records, pending)
+
+    def _submit_rest(
+        self, spec: ChunkSpec, records: list[BatchRecord], requests: list[BatchRequest]
+    ) -> None:
+        """Record ``requests`` as the chunk's next part (after ``records``) and submit it."""
+        part = max(r.part for r in records) + 1
+        self.ledger.add_batch_parts(
+            self.run_key, spec.index, spec.key, [(part, None, None, layout_of(requests))]
+        )
+        record = self.ledger.run_batches(self.run_key, spec.index)[-1]
+        self._submit(spec, record, requests)
+
+    def _check_failures(self, records: list[BatchRecord], spec: ChunkSpec) -> None:
+        """A batch ``failed`` validation: the run stops (``fatal``); one that failed for
+        the token limit: later creates wait (once per batch)."""
+        for record in records:
+            if record.status != "failed":
+                continue
+            if not failed_for_token_limit(record):
+                self.staged.fatal = (
+                    f"batch {record.batch_id} (chunk {spec.index}) failed "
+                    f"validation: {record.error or 'no reason given'}; "
+                    "nothing more is submitted"
+                )
+                return
+            if record.batch_id not in self._seen_limits:
+                self._seen_limits.add(str(record.batch_id))
+                self._token_limited()
+
+    def _ready(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
+        files = tuple(f for r in records for f in (r.output_file_id, r.error_file_id) if f)
+        layouts = [r.layout for r in records]
+        if any(layout is None for layout in layouts):  # recorded without layouts
+            layouts = [layout_of(self.parts.recorded(spec, self.parts.rows(spec), records))]
+        self.staged.answers[spec.index] = ChunkBatches(files, merged_layouts(layouts))
+
+    # ── report ───────────────────────────────────────────────────────────────────────────
+    def _show(self, records: list[BatchRecord]) -> None:
+        """The run's batches by status, with their requests and how many are done: to
+        ``on_progress`` after every poll, and one INFO line when they change."""
+        counts = batch_counts(r for r in records if r.idx in self._specs)
+        if self.on_progress is not None:
+            self.on_progress(counts)
+        if counts != self._shown:
+            self._shown = counts
+            self.log.info(
+                "batches: %s; %d of %d requests done",
+                ", ".join(f"{c.batches} {c.status}" for c in counts),
+                sum(c.completed for c in counts),
+                sum(c.requests for c in counts),
+            )
+
+    def _left_running(self) -> None:
+        """Note (``STOP.report.note_left_running``) and log the batches the run leaves running at
+        the provider, if any: those submitted that have not ended, and parts whose create
+        was sent but never confirmed (they may run)."""
+        records = self.ledger.run_batches(self.run_key)
+        running = sum(
+            1
+            for r in records
+            if r.batch_id and r.status not in TERMINAL_STATUSES and r.status != "not_found"
+        )  # unknown to the provider: said apart
+        unconfirmed = sum(
+            1
+            for r in records
+            if r.state == "creating" and r.input_file_id and (r.idx, r.part) in self._sent
+        )
+        what = left_running_note(
+            running,
+            unconfirmed,
+            self.run_key,
+            rerun=("a new run with the same parameters (or a Retry) collects them")
+            if under_prefect_runner()
+            else "rerun the same command to collect them",
+        )
+        if what is not None:
+            self.log.warning("the run stops: %s", what)
+            STOP.report.note_left_running(what)  # the run's final message and last line say it

@@ -1,0 +1,213 @@
+"""The embed + publish stage of the ``embed-csv`` flow: chunk tasks on a task runner.
+
+Each chunk task embeds its rows (reusing vectors the output already holds) and publishes one
+chunk object; the ``Dispatcher`` keeps a window of them in flight and records each outcome
+in the ledger as it arrives (docs/reference/output-layout.md, docs/reference/failure-classes.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.settings import get_current_settings
+
+from embedline.errors import EmbedlineError
+from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputPlan
+from embedline.progress import cost_in_process, reset_cost
+from embedline.protocols import ObjectStore
+from embedline.shutdown import STOP
+from flows.artifacts import ProgressArtifact
+from flows.batch_stage import BatchStage, Staged
+from flows.copied_run import prepare_stage, publish_copied_chunk, take_stage
+from flows.dispatch import Dispatched, Dispatcher, DispatchResult
+from flows.lengths import redo_other_lengths
+from flows.local_chunks import LocalChunks
+from flows.progress_report import ProgressReport, progress_reporter
+from flows.run import Run, Work
+from flows.session import Session
+from flows.signals import dispatch_with_graceful_stop
+from flows.task_runner import task_runner, warm_up
+from tasks.embed.failures import ChunkFailure, status_for
+from tasks.embed.task import embed_chunk, show_published_chunk
+from tasks.reuse.stage import ReuseStage
+
+__all__ = ["embed_and_publish"]
+
+
+def embed_and_publish(run: Run, work: Work, session: Session | None = None) -> Dispatched:
+    """Plan and copy what the run reuses (``ReuseStage``: the one the command's ``session``
+    prepared, if any), then embed and publish ``work.todo`` (then the chunks of another
+    vector length again), with a progress artifact, honouring signals
+    (``dispatch_with_graceful_stop``)."""
+    assert run.ledger is not None, "embed_and_publish() of a run not recorded"
+    STOP.report.note_left_running(None)  # an earlier run's batches, in a long-lived process
+    logger = get_run_logger()
+    stage = take_stage(run, work, logger, session) or prepare_stage(run, work, logger)
+    try:
+        return _embed_and_publish(run, work, stage)
+    finally:
+        stage.close()
+
+
+def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
+    logger = get_run_logger()
+    settings, plan, store, ledger = run.settings, run.plan, run.store, run.ledger
+    assert ledger is not None
+    artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
+    report = progress_reporter(plan, work.skipped, artifact)
+    report(DispatchResult())
+    try:
+        staged = _batches(run, work, stage, report) if settings.batch_api else None
+    except EmbedlineError as exc:  # the Batch API refused or could not be reached
+        failure = status_for(exc)
+        artifact.close()
+        stop = (
+            failure
+            if failure.kind != "failed"
+            else ChunkFailure("outage", failure.error, expected=True)
+        )  # a rerun resumes: nothing was lost
+        return Dispatched(DispatchResult(stop=stop, not_run=[s.index for s in work.todo]), None, 0)
+    if staged is not None and staged.fatal:  # a batch failed validation: exit 3
+        failure = ChunkFailure("fatal", staged.fatal, expected=True)
+        artifact.close()
+        return Dispatched(
+            DispatchResult(stop=failure, not_run=[s.index for s in work.todo]), None, staged.batches
+        )
+    if staged is not None and staged.interrupted:  # a signal while waiting: the summary
+        artifact.close()  # says it, and that the batches keep running (STOP.report.left_running)
+        return Dispatched(
+            DispatchResult(not_run=[s.index for s in work.todo]), None, staged.batches
+        )
+    window = 2 if settings.embedder == "local" else settings.concurrency + 1
+    chunk_task = embed_chunk.with_options(
+        retries=settings.chunk_retries,
+        retry_delay_seconds=settings.chunk_retry_delay_s,
+        # None: no jitter (Task's own type); with_options's annotation leaves None out
+        retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,  # type: ignore[arg-type]
+    )
+    reset_cost()
+    runner_started = time.monotonic()
+    copied = LocalChunks(lambda spec: publish_copied_chunk(run, work, stage, spec, logger))
+    with task_runner(settings, window) as runner, contextlib.closing(copied):
+        warm_up(runner, settings, logger, since=runner_started)
+
+        def submit(spec: ChunkSpec) -> Any:
+            if stage.fully_copied(spec):  # nothing to send: no task run (flows/local_chunks)
+                return copied.submit(spec)
+            return runner.submit(
+                chunk_task,
+                {
+                    "spec": spec,
+                    "source": plan.source,
+                    "settings": settings,
+                    "dimensions": work.length.current(),
+                    "run_key": run.run_key,
+                    **_chunk_inputs(spec, stage, staged),
+                },
+            )
+
+        def on_outcome(result: DispatchResult) -> None:
+            work.length.answered(result.published.values())
+            report(result)
+
+        dispatcher = Dispatcher(
+            ledger=ledger,
+            run_key=run.run_key,
+            object_uri=lambda spec: store.uri_for(spec.object_key),
+            submit=submit,
+            window=window,
+            logger=logger,
+            on_outcome=on_outcome,
+            on_tick=report,
+            on_gave_up=stage.note_failed,
+            grace_s=settings.grace_s,
+        )
+        _show_published(runner, plan, work.skipped, store)
+        STOP.start_dispatching()  # an API loss from now on: the summary is handed over
+        result = dispatch_with_graceful_stop(
+            dispatcher, work.todo, grace_s=settings.grace_s, logger=logger
+        )
+        redo_other_lengths(
+            dispatcher,
+            store=store,
+            plan=plan,
+            skipped=work.skipped,
+            length=work.length,
+            grace_s=settings.grace_s,
+            logger=logger,
+        )
+    if copied.submitted:
+        logger.info(
+            "%d chunks had every row copied: published by the flow itself, no "
+            "request and no task run",
+            copied.submitted,
+        )
+    stage.index_published(result.published.values())  # the next run reads none of them
+    artifact.close()
+    cost = cost_in_process() if settings.task_runner == "threads" else None
+    return Dispatched(result, cost, staged.batches if staged is not None else 0)
+
+
+def _batches(run: Run, work: Work, stage: ReuseStage, report: ProgressReport) -> Staged:
+    """Batch API mode: submit the work's requests as batches, wait, collect
+    (``flows.batch_stage``), the batches by status in the progress ``report``; a first signal
+    stops it as it stops the dispatcher (``dispatch_with_graceful_stop``):
+    ``Staged.interrupted``, the batches left running."""
+    assert run.ledger is not None
+    logger = get_run_logger()
+    batches = BatchStage(
+        settings=run.settings,
+        ledger=run.ledger,
+        run_key=run.run_key,
+        planner=stage,
+        source=run.plan.source,
+        log=logger,
+        on_progress=report.batches,
+    )
+    return dispatch_with_graceful_stop(
+        batches,
+        work.todo,
+        grace_s=run.settings.grace_s,
+        logger=logger,
+        stopping="nothing more is submitted; the run's batches keep running at the provider",
+    )
+
+
+def _chunk_inputs(spec: ChunkSpec, stage: ReuseStage, staged: Staged | None) -> dict[str, Any]:
+    """The reuse plan of a chunk task (the batch stage's, which its batches were built
+    from) and, in Batch API mode, its batches' result files and recorded layouts."""
+    if staged is None:
+        return {"reuse": stage.plan_for(spec)}
+    plan = staged.plans.get(spec.index)
+    return {
+        "reuse": stage.plan_for(spec) if plan is None else plan,
+        "batches": staged.answers.get(spec.index, ChunkBatches()),
+    }
+
+
+_SHOWN_SKIPPED_MAX = 2000  # chunks; beyond this, task runs for skipped chunks cost too much
+
+
+def _show_published(
+    runner: Any, plan: InputPlan, skipped: dict[int, ChunkOutcome], store: ObjectStore
+) -> None:
+    """One Completed("Cached") task run per chunk published before, for the UI.
+
+    Skipped with Prefect's temporary server (no PREFECT_API_URL): nobody can look at its UI
+    after the process exits, and stopping it while these runs' events are still being
+    recorded prints "Error flushing events" tracebacks on successful reruns.
+    """
+    if not skipped or len(skipped) > _SHOWN_SKIPPED_MAX or not get_current_settings().api.url:
+        return
+    futures = [
+        runner.submit(
+            show_published_chunk,
+            {"spec": plan.chunks[i], "object_uri": store.uri_for(plan.chunks[i].object_key)},
+        )
+        for i in sorted(skipped)
+    ]
+    for future in futures:
+        future.wait()

@@ -1,0 +1,150 @@
+"""A run's outcome from its chunks' outcomes: the counts and the status its summary carries.
+
+Pure: no I/O, no Prefect. ``Run.conclude`` turns these fields into the run's summary.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from embedline.interrupts import exit_code_for
+from embedline.models import (
+    ChunkOutcome,
+    InputPlan,
+    blocking_dead_letters,
+    dead_letters_block_message,
+)
+from embedline.shutdown import STOP
+from flows.dispatch import DispatchResult
+
+if TYPE_CHECKING:
+    from tasks.embed.failures import ChunkFailure
+
+__all__ = ["outcome_fields"]
+
+
+def outcome_fields(
+    plan: InputPlan,
+    run_key: str,
+    skipped: dict[int, ChunkOutcome],
+    result: DispatchResult,
+    *,
+    cost: tuple[int, int, int] | None = None,
+    on_empty_text: str = "skip",
+    resume_hint: str = "rerun the same command to resume",
+) -> dict[str, Any]:
+    """The ``RunSummary`` fields of a run whose chunks ``skipped`` were published before it
+    and whose dispatch ended with ``result``: counts (rows, chunks, requests, tokens, inputs)
+    and ``exit_code``/``status``/``message``.
+
+    ``cost`` (requests, tokens, inputs), when given, is what this process's chunk tasks sent,
+    which the outcomes undercount after failures. Empty texts block the commit only with
+    ``on_empty_text="fail"``. A status of ``complete`` (exit 0) means: ready to commit. A
+    run that did not complete and leaves Batch API batches running at the provider
+    (``STOP.report.left_running``) ends its message with how many and how to collect or cancel
+    them, whatever stopped it.
+    """
+    done = {**skipped, **result.published}
+    concurrent = result.published_elsewhere  # also in ``skipped``
+    attempts: list[ChunkOutcome | ChunkFailure] = [
+        *result.published.values(),
+        *result.failed.values(),
+        *result.released.values(),
+    ]
+    requests, tokens, inputs = cost or (
+        sum(o.requests for o in attempts),
+        sum(o.tokens for o in attempts),
+        sum(o.inputs for o in result.published.values()),
+    )
+    dead = [d for o in done.values() for d in o.dead_letters]
+    rows_failed, blocking = len(dead), blocking_dead_letters(dead, on_empty_text)
+    not_done = len(plan.chunks) - len(done)
+    counts = dict(
+        rows_published=sum(o.rows for o in done.values()),
+        rows_skipped=sum(o.rows for i, o in skipped.items() if i not in concurrent),
+        rows_concurrent=sum(o.rows for o in concurrent.values()),
+        chunks_concurrent=len(concurrent),
+        rows_failed=rows_failed,
+        rows_empty=rows_failed - blocking,
+        chunks_published=len(result.published),
+        chunks_skipped=len(skipped) - len(concurrent),
+        chunks_failed=len(result.failed),
+        chunks_released=len(result.released),
+        chunks_not_run=not_done - len(result.failed) - len(result.released),
+        # every request sent and token reported, failed and released chunks included
+        tokens=tokens,
+        requests=requests,
+        inputs=inputs,
+        rows_reused=sum(o.reused for o in result.published.values()),
+        rows_deduplicated=sum(o.deduplicated for o in result.published.values()),
+        tokens_saved=sum(o.tokens_saved for o in result.published.values()),
+        batch_tokens=sum(o.batch_tokens for o in result.published.values()),
+        batch_inputs=sum(o.batch_inputs for o in result.published.values()),
+    )
+    status = _status(plan, run_key, done, result, not_done, blocking, resume_hint)
+    left = STOP.report.left_running()  # Batch API batches this run leaves running at the provider
+    if status["exit_code"] and left and left not in status["message"]:
+        status["message"] += f"; {left}"
+    return {**counts, **status}
+
+
+def _status(
+    plan: InputPlan,
+    run_key: str,
+    done: dict[int, ChunkOutcome],
+    result: DispatchResult,
+    not_done: int,
+    blocking: int,
+    resume_hint: str,
+) -> dict[str, Any]:
+    """``exit_code``, ``status`` and ``message``: the first of a stop by signal, the Prefect
+    API lost, a stop of the dispatch (outage, fatal, input), chunks not published, dead
+    letters that block the commit; else ``complete``."""
+    published = f"{len(done)} of {len(plan.chunks)} chunks"
+    signum = STOP.dispatch.stop_signal()
+    if signum is not None:
+        return _ended(
+            exit_code_for(signum),
+            "interrupted",
+            f"{STOP.stop_cause(signum)}: {published} published; {resume_hint}",
+        )
+    loss = STOP.report.api_lost()
+    if loss is not None and not_done:
+        return _ended(
+            1, "interrupted", f"{loss.what}; {published} are published and kept: {loss.todo}"
+        )
+    if result.stop is not None and result.stop.kind == "outage":
+        return _ended(
+            1, "incomplete", f"stopped: {result.stop.error}; {published} are published and kept"
+        )
+    if result.stop is not None:
+        return _ended(
+            3 if result.stop.kind == "fatal" else 2,
+            result.stop.kind,
+            f"stopped: {result.stop.error}",
+        )
+    if not_done:
+        return _ended(
+            1,
+            "incomplete",
+            (
+                f"{not_done} of {len(plan.chunks)} chunks not published{_why(result)}; rerun the "
+                "same command to retry only those chunks"
+            ),
+        )
+    if blocking:
+        return _ended(1, "dead_letters", dead_letters_block_message(blocking, run_key))
+    return _ended(0, "complete", "")
+
+
+def _ended(exit_code: int, status: str, message: str) -> dict[str, Any]:
+    return {"exit_code": exit_code, "status": status, "message": message}
+
+
+def _why(result: DispatchResult) -> str:
+    """`` (N failed; chunk I: error)`` for the lowest failed chunk, or ``""``: the summary
+    says what went wrong, not only the log."""
+    if not result.failed:
+        return ""
+    first = min(result.failed)
+    return f" ({len(result.failed)} failed; chunk {first}: {result.failed[first].error})"

@@ -1,0 +1,290 @@
+"""Batch API mode, pure parts: a chunk's requests, its input lines, parts, and results.
+
+The flow process (``flows/batch_stage.py``) calls ``chunk_requests`` for what a chunk sends: the
+rows the chunk task would send synchronously (not reused, not a duplicate within the chunk,
+not empty, not too long), in the same request batches. Each request's ``custom_id`` is its
+``Idempotency-Key`` (``keys.request_key`` of its row keys): stable across retries, reruns
+and crashes, and the only way results are matched (the output file's order is not
+guaranteed). What a batch carried is recorded as its ``layout`` (custom_ids and row
+positions, ``embedline.models.BatchLayout``) when it is submitted; ``layout_requests``
+rebuilds those requests from the rows, so a rerun with other batching settings
+(``--batch-size``, ``--batch-max-inputs``, ``--max-request-tokens``) still matches the
+answers of the batches already submitted. No I/O here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from adapters.embeddings import estimate_tokens
+from adapters.embeddings.decode import parse_embeddings
+from adapters.embeddings.openai_batch import BATCH_ENDPOINT, parse_result_lines
+from embedline.keys import request_key, row_key
+from embedline.models import BatchLayout, ReusePlan, Row
+from embedline.settings import RunSettings
+from tasks.embed.rows import batches
+from tasks.reuse.chunk_side import split_duplicates, take_prefill
+
+__all__ = [
+    "BATCH_MAX_BYTES",
+    "BatchRequest",
+    "BatchResults",
+    "Resolved",
+    "chunk_requests",
+    "input_file",
+    "layout_of",
+    "layout_requests",
+    "pack",
+    "sent_text_sha256",
+]
+
+#: A batch input file's limit is 200 MB (OpenAI Batch guide); kept 5 % below it.
+BATCH_MAX_BYTES = 190_000_000
+#: Error codes of per-request failures that say nothing about the input: sent again.
+_NOT_RUN_CODES = frozenset({"batch_expired", "batch_cancelled"})
+
+
+def sent_text_sha256(text: str) -> str:
+    """The hex SHA-256 of a text as sent (a truncated text differs from its row's)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRequest:
+    """One request of a chunk: its ``custom_id`` and ``texts`` as sent (never logged)."""
+
+    custom_id: str
+    texts: tuple[str, ...] = field(repr=False)
+    row_keys: tuple[str, ...] = ()
+    rows: tuple[int, ...] = ()  # 0-based positions of its rows within the chunk's rows
+
+    def singles(self) -> list[BatchRequest]:
+        """The request's inputs as one request each (a rejected request of several inputs
+        is sent again this way, so the rejected input is found: a dead letter)."""
+        return [
+            BatchRequest(request_key([k]), (t,), (k,), (p,))
+            for t, k, p in zip(self.texts, self.row_keys, self.rows, strict=True)
+        ]
+
+    @property
+    def estimated_tokens(self) -> int:
+        """``estimate_tokens`` summed over the texts (for the enqueued-token budget)."""
+        return sum(estimate_tokens(t) for t in self.texts)
+
+
+def chunk_requests(
+    rows: Sequence[Row],
+    plan: ReusePlan,
+    settings: RunSettings,
+    *,
+    only: Collection[int] | None = None,
+) -> list[BatchRequest]:
+    """The requests a chunk of ``rows`` sends, given its reuse ``plan``: rows the plan does
+    not list (in-run owners, copied vectors), without in-chunk duplicates, empty texts and
+    (``on_too_long=dead-letter``) texts over ``max_input_tokens`` by the lenient estimate,
+    truncated texts as
+    ``tasks.embed.rows`` truncates them; batched by ``batch_size`` and ``max_request_tokens``.
+    ``only``: of those, the rows at these positions (0-based in ``rows``) alone."""
+    planned = {p for source in plan.sources for p in source.rows}
+    position = {id(r): i for i, r in enumerate(rows)}
+    copied = take_prefill(rows, plan).vectors  # by row number, as the chunk task takes them
+    send, _ = split_duplicates(
+        [r for i, r in enumerate(rows) if i not in planned and r.row_number not in copied]
+    )
+    limit = settings.max_input_tokens
+    kept = [
+        row
+        for row in send
+        if row.text.strip()
+        and not (
+            limit is not None
+            and settings.on_too_long != "truncate"
+            and math.ceil(len(row.text) / 4) > limit
+        )
+    ]
+    if only is not None:
+        kept = [row for row in kept if position[id(row)] in only]
+    model, dims = settings.effective_model, settings.dimensions
+    requests = []
+    for batch in batches(
+        kept, batch_size=settings.batch_size, max_request_tokens=settings.max_request_tokens
+    ):
+        keys = [row_key(r.id, r.text_sha256, model, dims) for r in batch]
+        requests.append(
+            BatchRequest(
+                request_key(keys),
+                tuple(_as_sent(r.text, settings) for r in batch),
+                tuple(keys),
+                tuple(position[id(r)] for r in batch),
+            )
+        )
+    return requests
+
+
+def _as_sent(text: str, settings: RunSettings) -> str:
+    """``text`` as a request carries it: cut as ``tasks.embed.rows`` cuts it when
+    ``on_too_long=truncate`` and its conservative estimate exceeds ``max_input_tokens``."""
+    limit = settings.max_input_tokens
+    if limit is not None and settings.on_too_long == "truncate" and estimate_tokens(text) > limit:
+        return text.encode("utf-8")[: 3 * limit].decode("utf-8", errors="ignore")
+    return text
+
+
+def layout_of(requests: Iterable[BatchRequest]) -> BatchLayout:
+    """What the ledger records of a batch's ``requests``: ``(custom_id, row positions)``."""
+    return tuple((r.custom_id, r.rows) for r in requests)
+
+
+def layout_requests(
+    rows: Sequence[Row], layout: BatchLayout, settings: RunSettings
+) -> list[BatchRequest]:
+    """The requests a recorded ``layout`` describes, rebuilt from the chunk's ``rows``
+    (texts as sent), whatever the batching settings are now. A request whose rows' keys do
+    not make its ``custom_id`` (not the rows it was built from, or another model or
+    dimensions) is left out: its answers are never matched to these rows."""
+    model, dims = settings.effective_model, settings.dimensions
+    requests = []
+    for custom_id, positions in layout:
+        if not positions or not all(0 <= p < len(rows) for p in positions):
+            continue
+        picked = [rows[p] for p in positions]
+        keys = tuple(row_key(r.id, r.text_sha256, model, dims) for r in picked)
+        if request_key(keys) == custom_id:
+            requests.append(
+                BatchRequest(
+                    custom_id,
+                    tuple(_as_sent(r.text, settings) for r in picked),
+                    keys,
+                    tuple(positions),
+                )
+            )
+    return requests
+
+
+def _line(request: BatchRequest, settings: RunSettings) -> bytes:
+    body: dict[str, object] = {
+        "model": settings.effective_model,
+        "input": list(request.texts),
+        "encoding_format": "float" if settings.encoding_format == "float" else "base64",
+    }
+    if settings.dimensions is not None:
+        body["dimensions"] = settings.dimensions
+    line = {"custom_id": request.custom_id, "method": "POST", "url": BATCH_ENDPOINT, "body": body}
+    return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def input_file(requests: Iterable[BatchRequest], settings: RunSettings) -> bytes:
+    """The JSONL batch input file of ``requests`` (one ``{custom_id, method, url, body}``
+    line each; base64 vectors unless ``--encoding-format float``)."""
+    return b"".join(_line(r, settings) for r in requests)
+
+
+def pack(
+    requests: Sequence[BatchRequest], settings: RunSettings, *, max_tokens: int | None = None
+) -> list[tuple[int, int]]:
+    """Split ``requests`` into consecutive parts ``[start, stop)``: each at most
+    ``batch_max_inputs`` inputs (≤ 50,000, OpenAI's limit for embeddings), 50,000 requests,
+    ``BATCH_MAX_BYTES`` bytes and, when given, ``max_tokens`` estimated tokens (the
+    enqueued-token budget, ``--batch-enqueued-tokens``). A single larger request goes alone."""
+    parts: list[tuple[int, int]] = []
+    start, inputs, size, tokens = 0, 0, 0, 0
+    for i, request in enumerate(requests):
+        n, b, t = len(request.texts), len(_line(request, settings)), request.estimated_tokens
+        full = (
+            inputs + n > settings.batch_max_inputs
+            or i - start >= 50_000
+            or size + b > BATCH_MAX_BYTES
+            or (max_tokens is not None and tokens + t > max_tokens)
+        )
+        if i > start and full:
+            parts.append((start, i))
+            start, inputs, size, tokens = i, 0, 0, 0
+        inputs, size, tokens = inputs + n, size + b, tokens + t
+    if start < len(requests):
+        parts.append((start, len(requests)))
+    return parts
+
+
+@dataclass(slots=True)
+class BatchResults:
+    """What a chunk's batches answered, by ``custom_id``.
+
+    ``vectors``: float32 ``(n_inputs, d)`` and the request's reported tokens;
+    ``rejected``: (HTTP status, the server's message cut to 200 characters) of a request
+    refused for its input (4xx but 429: a dead letter, as ``classify`` says);
+    ``retry``: requests that failed for the server's reasons (5xx, 429, expired or cancelled
+    before they ran): sent again.
+    """
+
+    vectors: dict[str, tuple[np.ndarray, int]] = field(default_factory=dict)
+    rejected: dict[str, tuple[int, str]] = field(default_factory=dict)
+    retry: set[str] = field(default_factory=set)
+
+    def add_output(self, content: bytes, *, dimensions: int | None) -> None:
+        """Read an output or error file (lines in any order, matched by ``custom_id``).
+
+        :raises BadResponseError: a 200 line whose body is not ``n`` vectors.
+        """
+        for record in parse_result_lines(content):
+            custom_id = record["custom_id"]
+            response = record.get("response") or {}
+            status = int(response.get("status_code") or 0)
+            body = response.get("body")
+            if status == 200 and isinstance(body, dict):
+                n = len(body.get("data") or [])
+                vectors, tokens = parse_embeddings(body, n, dimensions)
+                self.vectors[custom_id] = (vectors, tokens)
+                self.retry.discard(custom_id)
+                continue
+            if custom_id in self.vectors:
+                continue  # answered by another batch of the chunk
+            error = record.get("error") or {}
+            code = str(error.get("code") or "")
+            if status and 400 <= status < 500 and status not in (408, 409, 429):
+                message = str(((body or {}).get("error") or {}).get("message") or "")[:200]
+                self.rejected[custom_id] = (status, message)
+            elif code in _NOT_RUN_CODES or status >= 500 or status in (0, 408, 409, 429):
+                self.retry.add(custom_id)
+
+    def resolve(self, requests: Iterable[BatchRequest]) -> Resolved:
+        """Texts answered and rejected, and the requests still to send: a request neither
+        answered nor rejected; the single-input requests of a rejected request of several
+        inputs (which input the server refused is known only when each goes alone)."""
+        done = Resolved()
+        todo = list(requests)
+        while todo:
+            request = todo.pop(0)
+            answer = self.vectors.get(request.custom_id)
+            if answer is not None:
+                vectors, tokens = answer
+                n = len(request.texts)
+                for i, text in enumerate(request.texts):
+                    share = tokens // n + (1 if i < tokens % n else 0)
+                    done.vectors[sent_text_sha256(text)] = (vectors[i], share)
+            elif request.custom_id in self.rejected:
+                if len(request.texts) == 1:
+                    done.rejected[sent_text_sha256(request.texts[0])] = self.rejected[
+                        request.custom_id
+                    ]
+                else:
+                    todo[:0] = request.singles()
+            else:
+                done.pending.append(request)
+        return done
+
+
+@dataclass(slots=True)
+class Resolved:
+    """``BatchResults.resolve``: by SHA-256 of the text as sent, its vector (float32
+    ``(d,)``) and share of its request's tokens, or its rejection (HTTP status, message);
+    and the requests still to send."""
+
+    vectors: dict[str, tuple[np.ndarray, int]] = field(default_factory=dict)
+    rejected: dict[str, tuple[int, str]] = field(default_factory=dict)
+    pending: list[BatchRequest] = field(default_factory=list)

@@ -1,0 +1,290 @@
+"""The chunk task: read a chunk's rows, embed them, publish its object. Runs on any worker.
+
+It takes a small frozen ``ChunkSpec`` (byte offsets, not rows) plus settings, builds its
+adapters itself (shared per process), and returns a ``ChunkOutcome``. It never touches the
+ledger: only the flow process writes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
+from prefect.states import Cancelled, Completed
+
+from adapters.csv_chunks import read_chunk
+from adapters.embeddings import build_batch_client, build_embedder
+from adapters.object_store import open_store
+from embedline import progress
+from embedline.errors import StopRequestedError
+from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
+from embedline.protocols import ObjectStore
+from embedline.settings import RunSettings
+from embedline.tracebacks import CHUNK_TASK_NAME, quiet_expected_tracebacks
+from tasks.batch.answers import BatchAnswers, batch_answers
+from tasks.embed.failures import retry_condition
+from tasks.embed.paid import PaidRequests, chunk_name, keep_handed, take_paid
+from tasks.embed.rows import EmbeddedRows, embed_rows, merged
+from tasks.publish.chunk_object import publish_chunk
+from tasks.reuse.chunk_side import (
+    Reused,
+    combine,
+    drop_other_lengths,
+    split_duplicates,
+    take_prefill,
+    take_reused,
+)
+
+__all__ = ["embed_chunk", "run_chunk", "show_published_chunk", "store_for", "warm_worker"]
+
+
+@functools.lru_cache(maxsize=8)
+def store_for(uri: str) -> ObjectStore:
+    """Return this process's store for ``uri`` (one client and connection pool per URI)."""
+    return open_store(uri)
+
+
+@task(
+    name=CHUNK_TASK_NAME,
+    task_run_name="embed-chunk-{spec.index:04d}",
+    cache_policy=NO_CACHE,
+    retry_condition_fn=retry_condition,
+)
+def embed_chunk(
+    spec: ChunkSpec,
+    source: InputSource,
+    settings: RunSettings,
+    reuse: ReusePlan | None = None,
+    dimensions: int | None = None,
+    run_key: str | None = None,
+    batches: ChunkBatches | None = None,
+) -> ChunkOutcome | State[None]:
+    """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
+
+    ``batches`` (Batch API mode): the result files of every batch of the chunk and the
+    requests they carried; its texts are answered from them, not sent
+    (``tasks.batch.answers``).
+
+    ``dimensions`` is the run's vector length as the flow knew it at submission (None:
+    unknown yet; ``tasks/publish/dimensions.py``): every vector published must have it. Reused
+    vectors of another length are sent again; an answer of another length fails the chunk
+    as a bad response, nothing published. Unknown, the chunk's first answer sets it.
+
+    ``reuse`` (decided by the flow process's reuse stage, ``tasks/reuse/stage.py``) names
+    the file of vectors copied for the chunk's rows and the in-run owners it waits for;
+    rows with a text already sent in this chunk are copied; the rest are sent
+    (``tasks/reuse/chunk_side.py``). With ``run_key`` (the run's key), each successful
+    request's vectors are kept in the store until the chunk is published, and rows an
+    earlier attempt of this chunk kept are not sent again (``tasks/embed/paid.py``). A chunk
+    that the stopping run released (its grace period ran out: ``StopRequestedError``
+    before its next request) returns a Cancelled state, Prefect's state for work stopped
+    on request, so the UI does not list it as Failed.
+
+    :raises InputError: the input changed since planning.
+    :raises RetryableError: the API kept failing past the attempt budget (Prefect may retry
+        the task; see ``retry_condition``).
+    :raises BadResponseError: the API answered with wrong shapes or values.
+    :raises FatalError: credentials, quota, model or store refusals; the run stops.
+    :raises ConflictError: the chunk's key holds an object that is not this chunk.
+    """
+    try:
+        return run_chunk(
+            spec, source, settings, reuse, dimensions, run_key, batches, logger=get_run_logger()
+        )
+    except StopRequestedError as exc:
+        return Cancelled(message=f"{type(exc).__name__}: {exc}")
+
+
+def run_chunk(
+    spec: ChunkSpec,
+    source: InputSource,
+    settings: RunSettings,
+    reuse: ReusePlan | None,
+    dimensions: int | None,
+    run_key: str | None,
+    batches: ChunkBatches | None = None,
+    *,
+    logger: Any,
+) -> ChunkOutcome:
+    """``embed_chunk``'s body, without Prefect: also what the flow process runs itself for
+    a chunk whose every row the reuse stage copied (``flows/local_chunks.py``: no task
+    run, nothing to send). ``logger``: a logger or Prefect's run logger. Raises as
+    ``embed_chunk``, and ``StopRequestedError`` (the run is stopping)."""
+    quiet_expected_tracebacks()  # this process may be a Dask worker
+    store = store_for(settings.output)
+    rows = read_chunk(source, spec)
+    expected = settings.dimensions or dimensions
+    plan = reuse or ReusePlan()
+    paid = PaidRequests(store, run_key, chunk_name(spec.object_key)) if run_key else None
+    found = take_prefill(rows, plan)
+    found.merge(
+        take_reused(
+            store, rows, plan, model=settings.effective_model, dimensions=expected, run_key=run_key
+        )
+    )
+    if paid is not None and found.handed:  # kept as ours too, should this chunk fail
+        keep_handed(
+            paid,
+            [r for r in rows if r.row_number in found.handed],
+            found.vectors,
+            model=settings.effective_model,
+            dimensions=settings.dimensions,
+        )
+    rest = [r for r in rows if r.row_number not in found.vectors]
+    if paid is not None:  # an earlier attempt paid for these: not sent again
+        found.take_paid(
+            take_paid(
+                paid,
+                rest,
+                model=settings.effective_model,
+                dimensions=settings.dimensions,
+                length=expected,
+            )
+        )
+        rest = [r for r in rest if r.row_number not in found.vectors]
+    # the last request's vectors go straight into the object: written to the store only
+    # if the chunk fails first (tasks/embed/paid.py)
+    with paid.keep_held_on_failure() if paid is not None else contextlib.nullcontext():
+        send, copies = split_duplicates(rest)
+        answers = _batch_answers(rows, settings, batches) if send else None
+        client = progress.counting(
+            (answers or build_embedder(settings)) if send else None, spec.index
+        )
+        # batch answers are kept by the provider (the rerun reads them again): nothing to keep
+        embedded = _embed(send, client, settings, expected, paid if answers is None else None)
+        if expected is None and embedded.rows:  # learned from the server's first answer
+            stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
+            if stale:  # vectors of an older length: this run's are the server's answers
+                client = client or progress.counting(build_embedder(settings), spec.index)
+                embedded = merged(
+                    embedded, _embed(stale, client, settings, int(embedded.vectors.shape[1]), paid)
+                )
+        inputs = len(embedded.rows)  # texts this attempt sent and got vectors for
+        sent = inputs + len(found.paid)  # the server embedded these for the object
+        embedded = combine(
+            rows,
+            embedded,
+            found,
+            copies,
+            model=settings.effective_model,
+            dimensions=settings.dimensions,
+        )
+        if embedded.rows:
+            dimensions = int(embedded.vectors.shape[1])
+        else:
+            dimensions = expected or int(getattr(client, "dimensions", None) or 0)
+        outcome = publish_chunk(
+            store,
+            spec,
+            embedded,
+            model=settings.effective_model,
+            dimensions=dimensions,
+            request_settings=settings.request_fingerprint,
+            rows_sent=sent,
+            kept_columns=source.kept_columns,
+            keep_text=source.keep_text,
+        )
+    if paid is not None:
+        paid.clear()  # published: what the failed attempts paid for is in the object now
+    outcome = replace(
+        outcome,
+        inputs=inputs,
+        reused=found.reused,
+        deduplicated=found.deduplicated,
+        tokens_saved=found.tokens_saved,
+        batch_tokens=answers.batch_tokens if answers is not None else 0,
+        batch_inputs=answers.batch_inputs if answers is not None else 0,
+    )
+    logger.info(
+        "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens%s",
+        spec.index,
+        outcome.rows,
+        "" if outcome.created else " (object already existed)",
+        len(outcome.dead_letters),
+        outcome.requests,
+        outcome.tokens,
+        _sources(found),
+    )
+    return outcome
+
+
+def _sources(found: Reused) -> str:
+    """Where the rows not sent came from, for the chunk's one log line ("" if all were
+    sent). One line per chunk, not one per fact: each line also goes through Prefect's
+    API log worker to the server and the UI."""
+    parts = []
+    if found.paid:
+        parts.append(f"{len(found.paid)} from requests an earlier attempt paid for")
+    if found.reused or found.deduplicated:
+        parts.append(
+            f"{found.reused} reused from earlier runs, {found.deduplicated} "
+            "deduplicated in this run"
+        )
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _batch_answers(
+    rows: list[Row], settings: RunSettings, batches: ChunkBatches | None
+) -> BatchAnswers | None:
+    """Batch API mode: the chunk's batch results as its client (None in synchronous mode).
+    With ``--batch-fallback sync``, texts no batch answered are sent synchronously."""
+    if batches is None:
+        return None
+    fallback = (lambda: build_embedder(settings)) if settings.batch_fallback == "sync" else None
+    return batch_answers(
+        rows, settings, batches, client=build_batch_client(settings), fallback=fallback
+    )
+
+
+def _embed(
+    rows: list[Row],
+    client: Any,
+    settings: RunSettings,
+    expected: int | None,
+    paid: PaidRequests | None = None,
+) -> EmbeddedRows:
+    """``embed_rows`` with the run's settings; every answer must be ``expected`` long.
+    Nothing to send (every vector reused or copied): no client was built, none is called."""
+    if not rows:
+        return EmbeddedRows([], np.zeros((0, expected or 0), dtype=np.float32), [])
+    return embed_rows(
+        rows,
+        client,  # None when every row was reused: nothing to send
+        model=settings.effective_model,
+        dimensions=settings.dimensions,
+        batch_size=settings.batch_size,
+        max_request_tokens=settings.max_request_tokens,
+        max_input_tokens=settings.max_input_tokens if settings.embedder == "openai" else None,
+        on_too_long=settings.on_too_long,
+        expect_dimensions=expected,
+        paid=paid,
+    )
+
+
+@task(name=CHUNK_TASK_NAME, task_run_name="embed-chunk-{spec.index:04d}", cache_policy=NO_CACHE)
+def show_published_chunk(spec: ChunkSpec, object_uri: str) -> State[None]:
+    """A task run for a chunk published before this run, so the UI lists every chunk.
+
+    Embeds nothing: the ledger or the store already said the chunk is published. Its state
+    is Completed, named "Cached", like a Prefect cache hit.
+    """
+    return Completed(name="Cached", message=f"already published: {object_uri}")
+
+
+def warm_worker() -> int:
+    """Run once in each Dask worker before chunks are submitted: unpickling this function
+    imports this module and what a chunk task needs (Prefect's task engine, pyarrow, httpx),
+    so the first chunk on each worker does not pay for it. Returns the worker's pid."""
+    import os
+
+    import pandas  # noqa: F401 - pyarrow imports it on its first conversion, which blocked
+    import prefect.task_engine  # noqa: F401   every other thread of a cold worker on the
+    import pyarrow.parquet  # noqa: F401       import lock for ~1 s (py-spy, 20,000 rows)
+
+    return os.getpid()

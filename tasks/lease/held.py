@@ -1,0 +1,156 @@
+"""Leases: objects in the output store that tell gc what a run or a load in progress needs
+(docs/reference/output-layout.md, "Leases"). One helper, ``held_lease``, for both kinds.
+
+A lease is written before its holder reads or writes anything gc could delete, and deleted
+when it ends, whatever the outcome. Key::
+
+    _embedline/runs/{run_key}.{owner}.{generation:06d}.json    a run   (``run_lease.py``)
+    _embedline/loads/{run_key}.{owner}.{generation:06d}.json   a load  (``load_lease.py``)
+
+``owner`` is 16 hex of the holder's SHA-256 (no host names in keys). Body: ``run_key``,
+``started_at`` (Unix s), ``objects`` (the keys gc must keep) and ``expires_at`` (Unix s) =
+written + ``LEASE_TTL_S``. Objects are create-only (``put_if_absent``), so a lease is renewed
+by writing the next generation and deleting the one before; a thread renews it every
+``LEASE_RENEW_S`` while the holder runs, so a lease is live (gc keeps what it lists) for as
+long as its holder runs, whatever gc's ``--grace``. A holder killed without its ``finally``
+(``kill -9``, a machine lost) leaves a lease that protects for at most ``LEASE_TTL_S`` more,
+then until it is older than gc's grace period, when gc deletes it as stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from adapters.ledger import new_owner
+from adapters.object_store import SCRATCH_PREFIX
+from embedline.errors import EmbedlineError
+from embedline.protocols import ObjectStore
+
+__all__ = [
+    "LEASE_PREFIX",
+    "LEASE_PREFIXES",
+    "LEASE_RENEW_S",
+    "LEASE_TTL_S",
+    "LOAD_LEASE_PREFIX",
+    "drop_lease",
+    "held_lease",
+    "owner_tag",
+    "write_lease",
+]
+
+#: Leases of runs (embed and publish, commit, the load after it with ``--sink``).
+LEASE_PREFIX = f"{SCRATCH_PREFIX}runs/"
+#: Leases of loads into a sink (``embedline load``, ``run --sink``, flow ``load-run``).
+LOAD_LEASE_PREFIX = f"{SCRATCH_PREFIX}loads/"
+LEASE_PREFIXES = (LEASE_PREFIX, LOAD_LEASE_PREFIX)
+#: How long one lease generation protects without renewal (seconds).
+LEASE_TTL_S = 15 * 60.0
+#: How often a holder renews its lease (seconds): a third of the TTL, so two renewals can
+#: fail (a store outage) before the lease lapses.
+LEASE_RENEW_S = LEASE_TTL_S / 3
+
+
+def owner_tag(owner: str) -> str:
+    """The lease key's owner part: 16 hex of the owner's SHA-256 (no host names in keys)."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+
+def write_lease(
+    store: ObjectStore,
+    key: str,
+    run_key: str,
+    objects: Sequence[str],
+    *,
+    expires_at: float,
+) -> str:
+    """Create the lease object ``key`` listing ``objects`` (keys gc must keep) until
+    ``expires_at`` (Unix s); return ``key``.
+
+    :raises ConflictError: the key exists with other bytes.
+    :raises EmbedlineError: the store refused the write (its class says why).
+    """
+    record: dict[str, Any] = {
+        "run_key": run_key,
+        "started_at": time.time(),
+        "objects": list(objects),
+        "expires_at": expires_at,
+    }
+    body = json.dumps(record).encode()
+    store.put_if_absent(
+        key, body, sha256=hashlib.sha256(body).hexdigest(), content_type="application/json"
+    )
+    return key
+
+
+def drop_lease(store: ObjectStore, key: str) -> None:
+    """Delete the lease object ``key`` (its holder ended, whatever its outcome).
+
+    :raises EmbedlineError: the store refused the delete.
+    """
+    store.delete(key)
+
+
+@contextlib.contextmanager
+def held_lease(
+    store: ObjectStore,
+    prefix: str,
+    run_key: str,
+    objects: Sequence[str],
+    *,
+    ttl_s: float = LEASE_TTL_S,
+    renew_s: float = LEASE_RENEW_S,
+    log: Any = None,
+) -> Iterator[str]:
+    """Hold a lease under ``prefix`` (``LEASE_PREFIX`` or ``LOAD_LEASE_PREFIX``) on run
+    ``run_key``'s ``objects`` for the ``with`` body; yield the first generation's key.
+
+    Each generation expires ``ttl_s`` seconds after it is written; a daemon thread writes
+    the next one every ``renew_s`` seconds and deletes the one before. A failure to renew
+    or to delete the lease is logged (``log.warning``) and does not fail the holder: a lease
+    left behind only delays gc.
+
+    :raises EmbedlineError: the first generation cannot be written (the holder must not
+        start unprotected; the store's error says why).
+    """
+    stem = f"{prefix}{run_key}.{owner_tag(new_owner())}"
+    current = [
+        write_lease(store, f"{stem}.{0:06d}.json", run_key, objects, expires_at=time.time() + ttl_s)
+    ]
+    stop = threading.Event()
+
+    def renew() -> None:
+        generation = 0
+        while not stop.wait(renew_s):
+            generation += 1
+            try:
+                key = write_lease(
+                    store,
+                    f"{stem}.{generation:06d}.json",
+                    run_key,
+                    objects,
+                    expires_at=time.time() + ttl_s,
+                )
+                old, current[0] = current[0], key
+                drop_lease(store, old)
+            except (EmbedlineError, OSError) as exc:
+                if log is not None:
+                    log.warning("could not renew the lease %s: %s", current[0], exc)
+
+    thread = threading.Thread(target=renew, name=f"lease-{run_key[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield current[0]
+    finally:
+        stop.set()
+        thread.join()
+        try:
+            drop_lease(store, current[0])
+        except (EmbedlineError, OSError) as exc:
+            if log is not None:
+                log.warning("could not delete the lease %s: %s", current[0], exc)

@@ -1,0 +1,174 @@
+"""What a sink holds against what a run contains: the record every load decides by
+(docs/reference/sinks.md).
+
+The sink's own rows are the record: each row's ``id`` and ``text_sha256`` (written in the
+same transaction, or LanceDB commit, as its vector), and in a table with kept columns each
+row's ``kept_sha256`` (so a metadata-only edit is a row the sink does not hold yet). A load
+compares them with the run's
+``id`` and ``text_sha256`` columns (read from the chunk objects, never the vectors):
+
+- rows to upsert: the run's rows whose ``(id, text_sha256)`` the sink does not hold (absent,
+  removed by someone else, or holding another text);
+- ids to delete: the ids the sink holds that the run does not contain.
+
+A row the sink holds with the same id and text is the run's row: the table is pinned to one
+model and length (``check_compatible``), and a text's vector under one model is the one the
+change sets already assume (an ``unchanged`` id is never reloaded). So whatever any ledger,
+machine or interrupted load did before, the plan takes the table to exactly the run, and
+"already loaded" means the table holds exactly the run's ids and texts. The ledger's
+``sink_loads``/``sink_chunks`` are a cache of what loads did, never consulted to decide.
+
+Memory: about 100 bytes a row for each side (1M rows: ~200 MB of Arrow strings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from adapters.sinks.base import KEPT_HASH, sink_columns_of
+from embedline.errors import InputError
+from embedline.protocols import ObjectStore, SinkColumns, VectorSink
+from tasks.commit.changes import read_keys
+
+__all__ = [
+    "DEFAULT_MAX_DELETE_FRACTION",
+    "LoadPlan",
+    "MassDeleteError",
+    "check_delete_share",
+    "ensure_run_table",
+    "left_to_load",
+    "plan_load",
+    "run_keys",
+]
+
+DEFAULT_MAX_DELETE_FRACTION = 0.5  # a load or a change set may remove at most half the rows
+
+
+class MassDeleteError(InputError):
+    """Raised when a load or a change set would delete more than ``--max-delete-fraction`` of
+    the rows there are (a cut-short export, a wrong input): nothing was deleted. Exit 2."""
+
+
+def check_delete_share(
+    deletes: int,
+    of_rows: int,
+    fraction: float,
+    *,
+    what: str,
+    kept: str = "nothing deleted",
+    flag: str = "--max-delete-fraction",
+) -> None:
+    """Refuse ``deletes`` of ``of_rows`` rows when that is more than ``fraction`` (0..1).
+
+    :raises MassDeleteError: naming the counts, the share and the flag that allows it.
+    """
+    if of_rows <= 0 or deletes <= fraction * of_rows:
+        return
+    share = deletes / of_rows
+    allow = min(1.0, max(round(share + 0.005, 2), fraction))
+    raise MassDeleteError(
+        f"{what} would delete {deletes:,} of {of_rows:,} rows ({share:.0%}), more than "
+        f"{flag} {fraction:g} allows: {kept}. If the input really lost those rows, "
+        f"rerun with {flag} {allow:g} (deployments: parameter max_delete_fraction)"
+    )
+
+
+def run_keys(
+    store: ObjectStore, chunks: Sequence[dict[str, Any]], kept_columns: Sequence[str] = ()
+) -> pa.Table:
+    """The run's ``id``, ``text_sha256`` (strings), with ``kept_columns`` ``kept_sha256``
+    (the held key's part, ``adapters.sinks.base.kept_hashes``), and ``chunk`` (int32: the
+    manifest chunk's index) from its chunk objects' key columns (16 objects read at once)."""
+    with_rows = [c for c in chunks if int(c["rows"])]
+    with ThreadPoolExecutor(16) as pool:
+        tables = list(
+            pool.map(lambda c: read_keys(store, str(c["object"]), kept_columns), with_rows)
+        )
+    parts = [
+        t.append_column("chunk", pa.array([int(c["index"])] * t.num_rows, pa.int32()))
+        for c, t in zip(with_rows, tables, strict=True)
+    ]
+    if not parts:
+        names = ["id", "text_sha256"] + ([KEPT_HASH] if kept_columns else [])
+        return pa.table(
+            {**{n: pa.array([], pa.string()) for n in names}, "chunk": pa.array([], pa.int32())}
+        )
+    return pa.concat_tables(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    """What takes a sink to exactly a run: ``upsert`` ids per chunk index (rows the sink
+    lacks), ``delete`` ids (held, not in the run), and ``held`` rows at the time of reading."""
+
+    upsert: dict[int, frozenset[str]]
+    delete: list[str]
+    held: int
+
+    @property
+    def rows_to_upsert(self) -> int:
+        """Rows the plan upserts."""
+        return sum(len(v) for v in self.upsert.values())
+
+    @property
+    def done(self) -> bool:
+        """True when the sink already holds exactly the run."""
+        return not self.upsert and not self.delete
+
+
+def plan_load(run: pa.Table, held: pa.Table) -> LoadPlan:
+    """Compare ``run`` (``run_keys``) with ``held`` (``VectorSink.held_keys``) by ``id``,
+    ``text_sha256`` and, where both have it, ``kept_sha256``: a row whose kept values
+    changed is upserted though its text did not."""
+    key = ["id", "text_sha256"] + (
+        [KEPT_HASH] if KEPT_HASH in run.column_names and KEPT_HASH in held.column_names else []
+    )
+    held = held.select(key)
+    missing = run.join(held, keys=key, join_type="left anti")
+    upsert: dict[int, set[str]] = {}
+    for chunk, row_id in zip(
+        missing.column("chunk").to_pylist(), missing.column("id").to_pylist(), strict=True
+    ):
+        upsert.setdefault(int(chunk), set()).add(str(row_id))
+    gone = held.select(["id"]).join(run.select(["id"]), keys="id", join_type="left anti")
+    ids = pc.unique(gone.column("id")).to_pylist() if gone.num_rows else []
+    return LoadPlan(
+        {k: frozenset(v) for k, v in sorted(upsert.items())}, sorted(map(str, ids)), held.num_rows
+    )
+
+
+def ensure_run_table(sink: VectorSink, manifest: dict[str, Any]) -> SinkColumns:
+    """Create the run's table in ``sink`` if absent (its model, length and the columns the
+    run carries, from ``manifest``); the columns.
+
+    :raises FatalError: the table exists with another model, length or columns (exit 3).
+    """
+    columns = sink_columns_of(manifest)
+    sink.ensure_table(
+        embedder=str(manifest.get("embedder")),
+        model=str(manifest["model"]),
+        dimensions=int(manifest["dimensions"]),
+        columns=columns,
+    )
+    return columns
+
+
+def left_to_load(
+    store: ObjectStore, manifest: dict[str, Any], sink: VectorSink, columns: SinkColumns
+) -> tuple[pa.Table, LoadPlan]:
+    """What is left to load run ``manifest`` (published in ``store``) into ``sink``, whose
+    table ``ensure_run_table`` made sure of: the run's keys (``run_keys``) and the plan
+    from what the sink holds now (``plan_load``; ``LoadPlan.done``: nothing). The one load
+    plan: the load stage applies it, ``embedline run`` and ``load`` ask it before Prefect.
+
+    :raises EmbedlineError: the store or the sink failed; ``FileNotFoundError``: a chunk
+        object is gone.
+    """
+    run = run_keys(store, manifest["chunks"], columns.kept)
+    return run, plan_load(run, sink.held_keys())
