@@ -98,6 +98,15 @@ class _CommandSteps(Steps):
         except (OSError, sqlite3.Error):
             raise HandedToFlow from None  # the flow reports it with its full context
 
+    def before_lease(self, run: Run) -> None:
+        """A run with chunks to send that may not be published here goes to the flow before
+        anything is leased: the flow leases it for as long as it runs."""
+        from flows.copied_run import may_publish_here
+
+        work = run.work_left()
+        if run.needs_dispatch(work) and not may_publish_here(run, work):
+            raise HandedToFlow
+
     def dispatch(self, run: Run, work: Work) -> Dispatched:
         """Nothing to send: nothing dispatched. Every row copied: published here
         (``flows.copied_run``). Else the flow dispatches."""

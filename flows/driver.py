@@ -71,6 +71,10 @@ class Steps:
     def before_record(self, run: Run) -> None:
         """Called once the run is open and not committed, before anything is recorded."""
 
+    def before_lease(self, run: Run) -> None:
+        """Called once the run is recorded and the store checked, before it is leased: may
+        raise ``HandedToFlow`` for a run that only the flow can do (the flow leases it)."""
+
     def dispatch(self, run: Run, work: Work) -> Dispatched:
         """Embed and publish ``work.todo`` (and any chunks of another vector length)."""
         raise NotImplementedError
@@ -152,14 +156,18 @@ def _record_to_load(run: Run, steps: Steps) -> RunSummary:
         run.check_store()
         # gc keeps what the lease lists from before the published chunks are looked for
         # until the end (the load reads them too), whatever its grace period
-        session = steps.session
-        if session is None or not session.holds_lease(run.run_key):
-            leased.enter_context(run.leased())
-        work = run.work_left()
+        session, holding = steps.session, False
         try:
+            steps.before_lease(run)
+            if session is not None and session.holds_lease(run.run_key):
+                leased.enter_context(session.take_lease())  # released when this run ends
+            else:
+                leased.enter_context(run.leased())
+            holding = True
+            work = run.work_left()
             dispatched = steps.dispatch(run, work)
         except HandedToFlow as exc:  # the flow records the run's end: leave the block as is
-            exc.lease, handed = leased.pop_all(), exc
+            exc.lease, handed = (leased.pop_all() if holding else None), exc
         else:
             committed = run.conclude(
                 work,

@@ -95,6 +95,12 @@ class Session:
         """Whether the session holds run ``run_key``'s lease (the flow takes no second)."""
         return self.lease is not None and self.run_key == run_key
 
+    def take_lease(self) -> contextlib.ExitStack:
+        """The run's lease, now the caller's to release (``holds_lease`` was true)."""
+        lease, self.lease = self.lease, None
+        assert lease is not None, "take_lease() without a lease"
+        return lease
+
     def flow_has_run(self) -> None:
         """The flow has run and recorded the run's end itself: drop the hard-exit hook."""
         hook, self.hard_exit_hook = self.hard_exit_hook, None
