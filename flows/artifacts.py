@@ -22,6 +22,7 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.exceptions import PrefectException
 
 from embedline.models import DeadLetter, LoadSummary, RunSummary, run_cost
 from embedline.shutdown import STOP
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 _MAX_DEAD_LETTERS_SHOWN = 1000
+#: Posts of the progress artifact that may fail in a row before posting stops for the run.
+_MAX_FAILED_POSTS = 3
 logger = logging.getLogger("embedline.report")
 
 
@@ -45,7 +48,9 @@ class ProgressArtifact:
     The caller (the dispatcher, which records chunks in the ledger) never waits for the API:
     a call to a server that went away is retried by Prefect's client for about a minute
     (``PREFECT_CLIENT_MAX_RETRIES`` = 5, sleeping 2, 4, 8, 16, 32 s). Posting stops for good
-    once the API is lost (``STOP.report.api_lost``) or a call fails.
+    once the API is lost (``STOP.report.api_lost``) or three posts in a row fail; a failed
+    post (a busy server's 500, which the client does not retry) is tried again with the
+    next value, and the last value once more at ``close``.
     """
 
     def __init__(self, *, description: str, min_interval_s: float = 1.0) -> None:
@@ -86,6 +91,7 @@ class ProgressArtifact:
 
     def _post_loop(self) -> None:
         posted = None
+        failures = 0  # in a row: a busy server's 5xx is worth another try, a dead one is not
         while True:
             self._wake.wait()
             self._wake.clear()
@@ -95,12 +101,19 @@ class ProgressArtifact:
             if value is not None and value != posted:
                 try:
                     update_progress_artifact(self._id, value)
-                except httpx.HTTPError as exc:
-                    logger.debug("progress artifact not updated: %s", exc)
-                    return
-                posted = value
+                except (httpx.HTTPError, PrefectException) as exc:
+                    failures += 1
+                    logger.debug("progress artifact not updated (%d): %s", failures, exc)
+                    if failures >= _MAX_FAILED_POSTS:
+                        return
+                else:
+                    posted, failures = value, 0
             if self._closed.is_set():
-                return
+                if value == posted or failures >= _MAX_FAILED_POSTS:
+                    return
+                self._wake.set()  # one more try at the last value before close() gives up
+                time.sleep(0.2)
+                continue
             self._closed.wait(self._min_interval_s)  # close() ends the pause: its join waits
             # for one last post, not for the rest of a second
 
