@@ -125,7 +125,9 @@ class _Planner:
                 bytes_sha256=self._lines.cut(stop),
             )
         )
-        self._facts.add_chunk(index, self.ids, self.hashes, self.sizes, self.empties)
+        self._facts.add_chunk(
+            index, self.ids, self.hashes, self.sizes, self.empties, self.kept or None
+        )
         for rows in (self.ids, self.hashes, self.sizes, self.empties, self.kept):
             del rows[:]
 

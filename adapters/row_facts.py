@@ -9,9 +9,11 @@ the pass, and both grow with the row count, so with a scratch directory
 - for every non-empty text, the 64-bit prefix of its SHA-256 with its chunk index and its
   position in the chunk (``ROW_DTYPE``): the reuse stage joins them against the reuse index
   and finds in-run duplicates without reading the input again (``tasks/reuse/row_sources.py``);
-- every row's id, text SHA-256, UTF-8 length and emptiness, one Arrow record batch per chunk in
-  ``chunks.arrow`` (``chunk_rows``): a chunk whose every row the reuse stage copied is
-  published from these without parsing the input a second time (``tasks/reuse/copied_chunk.py``).
+- every row's id, text SHA-256, UTF-8 length, emptiness and kept-values hash, one Arrow
+  record batch per chunk in ``chunks.arrow`` (``chunk_rows``): a chunk whose every row the
+  reuse stage copied is published from these without parsing the input a second time
+  (``tasks/reuse/copied_chunk.py``); a delta night compares them with its base's
+  (``tasks/plan/delta.py``).
 
 Without a scratch directory (tools and tests that only plan), the id digests stay in memory,
 8 bytes a row, and nothing else is kept.
@@ -40,6 +42,7 @@ _CHUNK_SCHEMA = pa.schema(
         ("text_sha256", pa.string()),
         ("utf8_bytes", pa.int32()),
         ("empty", pa.bool_()),
+        ("kept_sha256", pa.string()),  # null without kept columns
     ]
 )
 _ID_SHIFT = np.uint64(64 - 6)
@@ -65,11 +68,19 @@ class RowFacts:
             self._writer = pa.ipc.new_file(str(scratch.file(CHUNK_ROWS)), _CHUNK_SCHEMA)
 
     def add_chunk(
-        self, chunk: int, ids: list[str], hashes: list[str], sizes: array[int], empties: list[int]
+        self,
+        chunk: int,
+        ids: list[str],
+        hashes: list[str],
+        sizes: array[int],
+        empties: list[int],
+        kept: list[str] | None = None,
     ) -> None:
         """Chunk ``chunk``'s rows, in order: their ids, texts' hex SHA-256s and UTF-8 sizes,
-        and the positions of the empty or whitespace-only texts (never reused nor sent).
-        The id digest of the duplicate check is computed here (``id_digests``)."""
+        the positions of the empty or whitespace-only texts (never reused nor sent) and, with
+        kept columns, each row's ``kept_sha256`` (a delta night compares them,
+        ``tasks/plan/delta.py``). The id digest of the duplicate check is computed here
+        (``id_digests``)."""
         self.count += len(ids)
         digests = id_digests(ids)
         if self._writer is None:
@@ -87,6 +98,7 @@ class RowFacts:
                     text_hashes,
                     pa.array(sizes, pa.int32()),
                     pa.array(empty),
+                    pa.array(kept, pa.string()) if kept else pa.nulls(len(ids), pa.string()),
                 ],
                 schema=_CHUNK_SCHEMA,
             )

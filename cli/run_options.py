@@ -215,6 +215,14 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         "without it, such texts are reused, not sent (default: off: reuse is on)",
     )
     run.add_argument(
+        "--compact",
+        action="store_true",
+        default=False,
+        help="write whole chunk objects this night instead of a delta of the last "
+        "committed run (a compaction: readers then read no dropped rows; a night "
+        "compacts by itself once its objects would hold 25%% rows it drops)",
+    )
+    run.add_argument(
         "--task-runner",
         choices=("threads", "dask"),
         default="threads",

@@ -163,6 +163,21 @@ class InputSource:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkPart:
+    """The rows a delta chunk takes from one planned chunk (docs/design.md, "Delta nights"):
+    the planned chunk's records (fields as ``ChunkSpec``'s) and the 0-based ``positions``
+    among them that it takes, ascending."""
+
+    first_row: int
+    line_start: int
+    rows: int
+    byte_start: int
+    byte_stop: int
+    bytes_sha256: str
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ChunkSpec:
     """One chunk of the input: ``rows`` consecutive records starting at ``first_row``.
 
@@ -181,11 +196,34 @@ class ChunkSpec:
     byte_stop: int
     bytes_sha256: str
     generation: int = 0  # > 0: supersedes the previous generation's dead letters
+    # a delta chunk: the rows it takes from planned chunks (``rows`` of them in all; the byte
+    # range spans the parts; ``bytes_sha256`` empty); none: the chunk is its byte range
+    parts: tuple[ChunkPart, ...] = ()
 
     @property
     def object_key(self) -> str:
         """The chunk's object key, ``chunks/{key}.parquet`` (``….g{N}.parquet`` for N ≥ 1)."""
         return chunk_object_key(self.key, self.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaBase:
+    """What a delta night inherits from the committed run ``base_run_key``
+    (docs/design.md, "Delta nights"): the base's manifest entries it keeps (``drop_ids``
+    updated), the rows they give (``rows_inherited``), the input's empty texts (dead
+    letters written to no chunk: ``rows_empty``) and the change counts of its change set,
+    whose rows wait in the plan's scratch directory (``tasks/plan/delta.py``)."""
+
+    base_run_key: str
+    base_rows: int  # the base's rows_published
+    dimensions: int  # the base's vector length, which the night's vectors must have
+    inherited: tuple[dict[str, object], ...]
+    rows_inherited: int
+    rows_empty: int
+    added: int
+    changed: int
+    removed: int
+    unchanged: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +241,8 @@ class InputPlan:
     # the planning pass's scratch directory (``adapters.row_facts``: its ``rows`` spill of
     # text hashes feeds the reuse stage); None when planned without one
     scratch: str | None = None
+    # a delta night (``tasks/plan/delta.py``): ``chunks`` are its delta chunks
+    delta: DeltaBase | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,18 +386,38 @@ class ChunkBatches:
 
 @dataclass(frozen=True, slots=True)
 class ManifestChunk:
-    """One entry of ``manifest.chunks`` (docs/reference/output-layout.md): ``rows`` in the object,
-    its SHA-256."""
+    """One entry of ``manifest.chunks`` (docs/reference/output-layout.md): the object, its
+    SHA-256, ``rows`` the run takes from it and ``drop_ids``, the ids of the object's rows
+    the run does not take (an object inherited from an earlier run whose rows this run
+    changed or removed: docs/reference/output-layout.md, "Delta nights")."""
 
     index: int
     key: str
     object: str
     rows: int
     sha256: str
+    drop_ids: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, builtins.object]:
-        """Return the entry as a JSON-ready dict."""
-        return asdict(self)
+        """Return the entry as a JSON-ready dict (``drop_ids`` only when there are some)."""
+        entry = asdict(self)
+        if self.drop_ids:
+            entry["drop_ids"] = list(self.drop_ids)
+        else:
+            del entry["drop_ids"]
+        return entry
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, builtins.object]) -> ManifestChunk:
+        """The entry of a manifest read back (v1/v2; ``drop_ids`` absent: none)."""
+        return cls(
+            int(str(entry["index"])),
+            str(entry["key"]),
+            str(entry["object"]),
+            int(str(entry["rows"])),
+            str(entry["sha256"]),
+            tuple(str(i) for i in entry.get("drop_ids") or ()),  # type: ignore[attr-defined]
+        )
 
 
 #: The Batch API's price as a share of the synchronous one (OpenAI: 50 % for embeddings).

@@ -221,6 +221,7 @@ class RunSettings(BaseModel):
     allow_unconditional_store: bool = False
     price_per_million_tokens: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     reuse: bool = True
+    compact: bool = False  # a full night, not a delta (tasks/plan/delta.py)
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None
     dask_workers: int = Field(default=2, ge=1, le=256)

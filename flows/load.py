@@ -195,9 +195,7 @@ def _load_stage(
     logger = get_run_logger()
     started = time.monotonic()
     run_key = str(manifest["run_key"])
-    chunks = [
-        ManifestChunk(**{f: e[f] for f in ManifestChunk.__slots__}) for e in manifest["chunks"]
-    ]
+    chunks = [ManifestChunk.from_dict(e) for e in manifest["chunks"]]
     base = LoadSummary(0, "loading", "", sink=sink_uri, run_key=run_key, chunks_total=len(chunks))
     try:
         sink = sink_for(sink_uri)

@@ -45,11 +45,12 @@ from embedline.shutdown import STOP
 from flows.dispatch import DispatchResult
 from flows.events import run_payload
 from flows.interrupt_handlers import committing
-from flows.run_outcome import outcome_fields
+from flows.run_outcome import outcome_fields, with_inherited
 from tasks.commit.commit_run import commit_run, ledger_catches_up, missing_objects
 from tasks.commit.manifest import already_complete_fields, change_fields
 from tasks.lease.run_lease import run_lease
 from tasks.load.sink_state import MassDeleteError
+from tasks.plan.delta import delta_night
 from tasks.plan.published import find_published, retries_dead_letters
 from tasks.plan.target import RunTarget, resolve_run_target
 from tasks.publish.dimensions import RunLength, other_lengths, pinned_length, with_lengths
@@ -152,6 +153,8 @@ class Run:
                 chunks_total=len(plan.chunks),
             )
             raise RunRefused(summary) from None
+        if target.committed is None and not target.supersedes and plan.delta is None:
+            plan = delta_night(store, plan, settings, log=log)
         run = cls(settings, store, plan, target, started=started, log=log)
         if target.supersedes and target.committed is None:
             log.info(
@@ -410,7 +413,7 @@ class Run:
             on_empty_text=self.settings.on_empty_text,
             resume_hint=resume_hint,
         )
-        summary = self.summary(**fields)
+        summary = self.summary(**with_inherited(fields, self.plan.delta))
         summary.batches = batches
         committable = summary.exit_code == 0 or (
             summary.status == "dead_letters" and self.settings.allow_failed_rows

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from embedline.interrupts import exit_code_for
 from embedline.models import (
     ChunkOutcome,
+    DeltaBase,
     InputPlan,
     blocking_dead_letters,
     dead_letters_block_message,
@@ -20,7 +21,7 @@ from flows.dispatch import DispatchResult
 if TYPE_CHECKING:
     from tasks.embed.failures import ChunkFailure
 
-__all__ = ["outcome_fields"]
+__all__ = ["outcome_fields", "with_inherited"]
 
 
 def outcome_fields(
@@ -86,6 +87,21 @@ def outcome_fields(
     if status["exit_code"] and left and left not in status["message"]:
         status["message"] += f"; {left}"
     return {**counts, **status}
+
+
+def with_inherited(fields: dict[str, Any], delta: DeltaBase | None) -> dict[str, Any]:
+    """``outcome_fields`` of a delta night (docs/design.md, "Delta nights") with what it
+    inherits: the rows the base's objects give count as published and skipped, the input's
+    empty texts (written to no chunk) as failed; a full night's fields as they are."""
+    if delta is None:
+        return fields
+    return {
+        **fields,
+        "rows_published": fields["rows_published"] + delta.rows_inherited,
+        "rows_skipped": fields["rows_skipped"] + delta.rows_inherited,
+        "rows_failed": fields["rows_failed"] + delta.rows_empty,
+        "rows_empty": fields["rows_empty"] + delta.rows_empty,
+    }
 
 
 def _status(

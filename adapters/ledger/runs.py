@@ -72,13 +72,22 @@ class RunTable(LedgerBase):
                    ON CONFLICT (run_key, idx) DO UPDATE SET
                        state = CASE WHEN chunks.object_uri = excluded.object_uri
                                     THEN chunks.state ELSE 'pending' END,
-                       object_uri = excluded.object_uri""",
+                       object_uri = excluded.object_uri, chunk_key = excluded.chunk_key,
+                       first_row = excluded.first_row, rows_total = excluded.rows_total""",
                 [
                     (run_key, s.index, s.key, s.first_row, s.rows, uri, now)
                     for s, uri in zip(plan.chunks, object_uris, strict=True)
                 ],
             )
-            db.execute("UPDATE runs SET owner = ? WHERE run_key = ?", (PROCESS_OWNER, run_key))
+            # a plan of other chunks (a delta night planned against another base): its
+            # count, and no chunk past it
+            db.execute(
+                "UPDATE runs SET owner = ?, chunks_total = ? WHERE run_key = ?",
+                (PROCESS_OWNER, len(plan.chunks), run_key),
+            )
+            db.execute(
+                "DELETE FROM chunks WHERE run_key = ? AND idx >= ?", (run_key, len(plan.chunks))
+            )
 
     def finish_run(
         self,

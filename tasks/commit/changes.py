@@ -42,21 +42,25 @@ import pyarrow.parquet as pq
 from adapters.sinks.base import KEPT_HASH, kept_hashes
 from embedline.errors import ConflictError
 from embedline.protocols import ObjectStore
+from tasks.commit.manifest import live_rows
 from tasks.commit.sorted_spills import SortLimits, SortStats, merge_blocks, reduce_runs, write_runs
 
 __all__ = [
     "CHANGES_FORMAT",
+    "CHANGES_SCHEMA",
     "ChangeCounts",
     "changes_object_key",
     "diff_blocks",
+    "read_entry_keys",
     "read_keys",
+    "write_change_table",
     "write_changes",
 ]
 
 CHANGES_FORMAT = "embedline.changes.v1"
 _META_KEY = b"embedline"
 _KEY_COLUMNS = ["id", "text_sha256"]
-_CHANGES_SCHEMA = pa.schema(
+CHANGES_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
         ("change", pa.string()),
@@ -110,6 +114,24 @@ def read_keys(store: ObjectStore, object_key: str, kept_columns: Sequence[str] =
     return table.select(_KEY_COLUMNS).append_column(KEPT_HASH, kept_hashes(table, kept_columns))
 
 
+def read_entry_keys(
+    store: ObjectStore, entry: dict[str, Any], kept_columns: Sequence[str] = ()
+) -> pa.Table:
+    """``read_keys`` of a manifest entry's object, without the rows the entry drops
+    (``tasks.commit.manifest.live_rows``).
+
+    :raises FileNotFoundError: the object does not exist.
+    :raises ConflictError: the object does not hold the rows its entry says.
+    """
+    table = read_keys(store, str(entry["object"]), kept_columns)
+    return live_rows(table, entry, uri=store.uri_for(str(entry["object"])))
+
+
+def _listed(entry: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """What a manifest entry takes: its object and the ids it drops from it."""
+    return str(entry["object"]), tuple(sorted(str(i) for i in entry.get("drop_ids") or ()))
+
+
 def _key_schema(kept_columns: Sequence[str]) -> pa.Schema:
     """The key tables' schema: ``id``, ``text_sha256`` and, with kept columns, their hash."""
     names = _KEY_COLUMNS + ([KEPT_HASH] if kept_columns else [])
@@ -122,12 +144,12 @@ def _key_tables(
     """``read_keys`` of each chunk with rows (cast to ``_key_schema``), in order, reading
     ``_READ_AHEAD`` objects at once (ranged reads on S3 wait on the network, not the CPU)."""
     schema = _key_schema(kept_columns)
-    keys = [str(c["object"]) for c in chunks if int(c["rows"])]
+    entries = [c for c in chunks if int(c["rows"])]
     with ThreadPoolExecutor(_READ_AHEAD) as pool:
         ahead: deque[Future[pa.Table]] = deque()
         try:
-            for key in keys:
-                ahead.append(pool.submit(read_keys, store, key, kept_columns))
+            for entry in entries:
+                ahead.append(pool.submit(read_entry_keys, store, entry, kept_columns))
                 if len(ahead) >= _READ_AHEAD:
                     yield ahead.popleft().result().cast(schema)
             while ahead:
@@ -153,20 +175,21 @@ def diff_blocks(
 
     ``current`` and ``base`` are manifest ``chunks`` entries (``object``, ``rows``). Ids are
     unique within each run (the planner refuses duplicates), so a chunk object both runs
-    list holds the same ids with the same texts (and kept values: they are in its key) on
-    both sides and is never read. The others' key columns are sorted on disk under
-    ``scratch_dir`` (``tasks.commit.sorted_spills``: about 80 bytes a row, each side) and merged,
-    holding ``limits`` rows at most (counted in ``stats``), whatever the row count.
+    list, dropping the same ids from it, holds the same ids with the same texts (and kept
+    values: they are in its key) on both sides and is never read. The others' key columns
+    are sorted on disk under ``scratch_dir`` (``tasks.commit.sorted_spills``: about 80 bytes
+    a row, each side) and merged, holding ``limits`` rows at most (counted in ``stats``),
+    whatever the row count.
 
     :raises FileNotFoundError: a chunk object is missing.
     :raises OSError: ``scratch_dir`` is full or not writable.
     """
     stats = SortStats() if stats is None else stats
-    shared = {str(c["object"]) for c in current} & {str(c["object"]) for c in base}
+    shared = {_listed(c) for c in current} & {_listed(c) for c in base}
     schema = _key_schema(kept_columns)
     sides = [
         write_runs(
-            _key_tables(store, [c for c in chunks if str(c["object"]) not in shared], kept_columns),
+            _key_tables(store, [c for c in chunks if _listed(c) not in shared], kept_columns),
             scratch_dir,
             name=name,
             limits=limits,
@@ -208,7 +231,7 @@ def _classify(new: pa.Table, old: pa.Table, kept_columns: Sequence[str]) -> pa.T
         differs = pc.or_(differs, _with_next(rows.column(KEPT_HASH).combine_chunks(), pc.not_equal))
     change = pc.if_else(single, pc.if_else(is_old, "removed", "added"), "changed")
     text_changed = pc.if_else(single, pa.scalar(None, pa.bool_()), text_differs)
-    table = pa.Table.from_arrays([ids, change, hashes, text_changed], schema=_CHANGES_SCHEMA)
+    table = pa.Table.from_arrays([ids, change, hashes, text_changed], schema=CHANGES_SCHEMA)
     return table.filter(pc.or_(single, pc.and_(pair, differs)))
 
 
@@ -229,7 +252,7 @@ def _write_parquet(
     """Write the change rows of ``blocks`` to the local file ``path`` (zstd, row groups of
     ``row_group_rows`` rows, ``meta`` as JSON under the schema key ``embedline``); return
     the rows by change. Holds one row group and one block at most."""
-    schema = _CHANGES_SCHEMA.with_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
+    schema = CHANGES_SCHEMA.with_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
     counts: Counter[str] = Counter()
     # a dictionary for ``change`` (four values) only: ids and hashes are unique, and hashing
     # them into a dictionary Parquet then abandons cost half the write (31.8 -> 17.5 ms for
@@ -237,7 +260,7 @@ def _write_parquet(
     with pq.ParquetWriter(
         str(path), schema, compression="zstd", use_dictionary=["change"]
     ) as writer:
-        pending = pa.Table.from_batches([], schema=_CHANGES_SCHEMA)
+        pending = pa.Table.from_batches([], schema=CHANGES_SCHEMA)
         for block in blocks:
             counts.update(
                 {
@@ -305,6 +328,42 @@ def write_changes(
             )
         )
         counts = _write_parquet(path, blocks, meta=meta, row_group_rows=limits.block_rows)
+        try:
+            put = store.put_file_if_absent(key, path, content_type=_CONTENT_TYPE)
+        except ConflictError:
+            found = _existing_counts(store, key, run_key, rows=rows)
+            if found is None:
+                raise
+            return found
+    return _change_counts(key, put.sha256, base_run_key, counts, rows=rows)
+
+
+def write_change_table(
+    store: ObjectStore,
+    *,
+    run_key: str,
+    base_run_key: str,
+    table: pa.Table,
+    rows: int,
+    scratch_dir: Path,
+) -> ChangeCounts:
+    """Create the change set of a delta night from its rows, already computed
+    (``tasks/plan/delta.py``: ``CHANGES_SCHEMA``, sorted by id) against ``base_run_key``;
+    ``rows``: ids with a vector in the run. Idempotent as ``write_changes``: a change set
+    already under the run's key is kept.
+
+    :raises ConflictError: the key holds an object that is not this run's change set.
+    :raises OSError: ``scratch_dir`` is full or not writable.
+    """
+    key = changes_object_key(run_key)
+    found = _existing_counts(store, key, run_key, rows=rows)
+    if found is not None:
+        return found
+    meta = {"format": CHANGES_FORMAT, "run_key": run_key, "base_run_key": base_run_key}
+    with tempfile.TemporaryDirectory(dir=scratch_dir, prefix="changes-") as tmp:
+        path = Path(tmp, "changes.parquet")
+        blocks = [table.cast(CHANGES_SCHEMA)] if table.num_rows else []
+        counts = _write_parquet(path, blocks, meta=meta, row_group_rows=SortLimits().block_rows)
         try:
             put = store.put_file_if_absent(key, path, content_type=_CONTENT_TYPE)
         except ConflictError:

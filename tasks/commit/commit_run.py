@@ -12,16 +12,19 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from adapters.disk_full import translate_full
 from adapters.ledger import Ledger
+from embedline.errors import BadResponseError
 from embedline.models import ChunkOutcome, InputPlan, ManifestChunk
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
-from tasks.commit.changes import ChangeCounts, write_changes
+from tasks.commit.changes import ChangeCounts, write_change_table, write_changes
 from tasks.commit.manifest import (
     build_manifest,
     dataset_key,
@@ -30,6 +33,7 @@ from tasks.commit.manifest import (
     write_manifest,
 )
 from tasks.load.sink_state import check_delete_share
+from tasks.plan.delta import CHANGES_FILE
 from tasks.publish.dimensions import checked_dimensions
 
 __all__ = ["CommitResult", "commit_run", "ledger_catches_up", "missing_objects", "run_fingerprint"]
@@ -118,6 +122,10 @@ def commit_run(
     :raises DiskFullError: the filesystem beside the ledger (the change set's scratch
         space) is full.
     """
+    if plan.delta is not None:
+        return _commit_delta(
+            store, settings=settings, plan=plan, run_key=run_key, done=done, rows_failed=rows_failed
+        )
     dims = _dimensions(settings, store, done)
     chunks = [
         ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
@@ -178,6 +186,72 @@ def commit_run(
     if not created:
         manifest = read_manifest(store, run_key) or manifest
     return CommitResult(uri, created, manifest, changes, dims)
+
+
+def _commit_delta(
+    store: ObjectStore,
+    *,
+    settings: RunSettings,
+    plan: InputPlan,
+    run_key: str,
+    done: dict[int, ChunkOutcome],
+    rows_failed: int,
+) -> CommitResult:
+    """``commit_run`` of a delta night (``plan.delta``, docs/design.md, "Delta nights"):
+    the manifest lists the night's chunk objects, then the base's entries it inherits
+    (indexes after the night's, ``drop_ids`` updated); its change set was computed when
+    the night was planned. Raises as ``commit_run``."""
+    delta = plan.delta
+    assert delta is not None and plan.scratch is not None
+    dims = _dimensions(settings, store, done) if done else delta.dimensions
+    if dims != delta.dimensions and any(o.rows for o in done.values()):
+        raise BadResponseError(
+            f"the night's vectors are {dims} long, run {delta.base_run_key[:12]}'s "
+            f"{delta.dimensions}: rerun with --compact to embed every row again"
+        )
+    night = [
+        ManifestChunk(o.index, o.key, o.object_key, o.rows, o.object_sha256)
+        for o in sorted(done.values(), key=lambda o: o.index)
+    ]
+    inherited = [
+        replace(ManifestChunk.from_dict(dict(e)), index=len(plan.chunks) + i)
+        for i, e in enumerate(delta.inherited)
+    ]
+    dead = Counter(d.reason for o in done.values() for d in o.dead_letters)
+    if delta.rows_empty:
+        dead["empty_text"] += delta.rows_empty
+    manifest = build_manifest(
+        run_key=run_key,
+        plan=plan,
+        embedder=settings.embedder,
+        model=settings.effective_model,
+        dimensions=delta.dimensions,
+        chunks=night + inherited,
+        rows_failed=rows_failed,
+        dead_letters=dead,
+        request_settings=settings.request_fingerprint,
+    )
+    check_delete_share(
+        delta.removed,
+        delta.base_rows,
+        settings.max_delete_fraction,
+        kept="nothing committed, every chunk is kept",
+        what=f"run {run_key[:12]}'s change set against run {delta.base_run_key[:12]}",
+    )
+    with translate_full(plan.scratch, "change set's scratch directory"):
+        changes = write_change_table(
+            store,
+            run_key=run_key,
+            base_run_key=delta.base_run_key,
+            table=pq.read_table(Path(plan.scratch) / CHANGES_FILE),
+            rows=int(manifest["rows_published"]),  # type: ignore[call-overload]
+            scratch_dir=Path(plan.scratch),
+        )
+    manifest["changes"] = changes.to_dict()
+    uri, created = write_manifest(store, manifest)
+    if not created:
+        manifest = read_manifest(store, run_key) or manifest
+    return CommitResult(uri, created, manifest, changes, delta.dimensions)
 
 
 def ledger_catches_up(

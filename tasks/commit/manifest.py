@@ -15,6 +15,9 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from embedline.errors import ConflictError
 from embedline.models import InputPlan, ManifestChunk, manifest_object_key
 from embedline.protocols import ObjectStore
@@ -32,6 +35,7 @@ __all__ = [
     "extra_columns",
     "latest_manifest",
     "list_manifests",
+    "live_rows",
     "read_manifest",
     "write_manifest",
 ]
@@ -99,6 +103,30 @@ def build_manifest(
         "supersedes": supersedes,
         "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
     }
+
+
+def live_rows(table: pa.Table, entry: dict[str, Any], *, uri: str) -> pa.Table:
+    """The rows of one chunk object (``table``, read whole) that the manifest entry ``entry``
+    takes: all of them, or all but those whose ``id`` is in ``drop_ids``
+    (docs/reference/output-layout.md, "Delta nights"). ``table`` needs its ``id`` column.
+
+    :raises ConflictError: the object does not hold ``rows`` plus the dropped rows (``uri``
+        names it), or a dropped id is not in it: the object is not the one committed.
+    """
+    drops = entry.get("drop_ids") or []
+    expected = int(entry["rows"]) + len(drops)
+    if table.num_rows != expected:
+        raise ConflictError(
+            f"{uri} holds {table.num_rows} rows, its manifest says {expected}"
+            + (f" ({entry['rows']} taken, {len(drops)} dropped)" if drops else "")
+        )
+    if not drops:
+        return table
+    keep = pc.invert(pc.is_in(table.column("id"), value_set=pa.array(drops, pa.string())))
+    kept = table.filter(keep)
+    if kept.num_rows != int(entry["rows"]):
+        raise ConflictError(f"{uri}: ids its manifest drops are not all in it")
+    return kept
 
 
 def write_manifest(store: ObjectStore, manifest: dict[str, object]) -> tuple[str, bool]:

@@ -26,9 +26,12 @@ __all__ = ["run_lease", "run_lease_objects"]
 
 def run_lease_objects(run_key: str, plan: InputPlan) -> list[str]:
     """The object keys run ``run_key`` of ``plan`` needs kept: its planned chunk objects
-    (generation 0; gc keeps each one's later generations with it), manifest, change set."""
+    (generation 0; gc keeps each one's later generations with it), those a delta night
+    inherits, manifest, change set."""
+    inherited = plan.delta.inherited if plan.delta is not None else ()
     return [
         *(c.object_key for c in plan.chunks),
+        *(str(e["object"]) for e in inherited),
         manifest_object_key(run_key),
         changes_object_key(run_key),
     ]

@@ -21,7 +21,13 @@ from adapters.object_store import open_store
 from embedline.errors import ConflictError, InputError
 from embedline.models import manifest_object_key
 from embedline.protocols import ObjectStore
-from tasks.commit.manifest import extra_columns, latest_manifest, list_manifests, read_manifest
+from tasks.commit.manifest import (
+    extra_columns,
+    latest_manifest,
+    list_manifests,
+    live_rows,
+    read_manifest,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -82,7 +88,8 @@ def resolve_run(store: ObjectStore, run: str | None = None) -> dict[str, Any]:
 def chunk_table(store: ObjectStore, entry: dict[str, Any], extra: Sequence[str] = ()) -> pa.Table:
     """Read one chunk object as ``id``/``embedding``/``text_sha256`` and the ``extra``
     columns (the run's kept columns and ``text``: ``tasks.commit.manifest.extra_columns``),
-    checked against its manifest entry (``object``, ``rows``, ``sha256``).
+    checked against its manifest entry (``object``, ``rows``, ``sha256``); the rows the
+    entry drops (``drop_ids``) are left out (``tasks.commit.manifest.live_rows``).
 
     :raises ConflictError: the bytes or row count differ from the manifest.
     :raises FileNotFoundError: the object is missing.
@@ -94,11 +101,7 @@ def chunk_table(store: ObjectStore, entry: dict[str, Any], extra: Sequence[str] 
             "SHA-256: the object was changed after publishing"
         )
     table = pq.read_table(io.BytesIO(body), columns=[*COLUMNS, *extra])
-    if table.num_rows != int(entry["rows"]):
-        raise ConflictError(
-            f"{store.uri_for(entry['object'])} holds {table.num_rows} rows, "
-            f"its manifest says {entry['rows']}"
-        )
+    table = live_rows(table, entry, uri=store.uri_for(str(entry["object"])))
     return table.replace_schema_metadata(None)
 
 
@@ -124,7 +127,8 @@ def read_embeddings_arrow(output: str, run: str | None = None) -> pa.Table:
 
     ``output`` is the run's ``--output`` (a directory, ``file://`` or ``s3://`` URI); ``run``
     a run key or a unique prefix (≥ 8 hex), default the latest committed run. The table's
-    chunks are the Parquet objects' own buffers: vectors are not copied. Rows in input order.
+    chunks are the Parquet objects' own buffers: vectors are not copied. Rows in manifest
+    order: input order within each object; a delta night's objects after those it inherits.
     The schema metadata carries the run key, model and dimensions.
 
     :raises InputError: no such committed run.

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from adapters.sinks.base import KEPT_HASH, sink_columns_of
 from embedline.errors import InputError
 from embedline.protocols import ObjectStore, SinkColumns, VectorSink
-from tasks.commit.changes import read_keys
+from tasks.commit.changes import read_entry_keys
 
 __all__ = [
     "DEFAULT_MAX_DELETE_FRACTION",
@@ -84,12 +84,11 @@ def run_keys(
 ) -> pa.Table:
     """The run's ``id``, ``text_sha256`` (strings), with ``kept_columns`` ``kept_sha256``
     (the held key's part, ``adapters.sinks.base.kept_hashes``), and ``chunk`` (int32: the
-    manifest chunk's index) from its chunk objects' key columns (16 objects read at once)."""
+    manifest chunk's index) from its chunk objects' key columns (16 objects read at once),
+    without the rows an entry drops (``drop_ids``)."""
     with_rows = [c for c in chunks if int(c["rows"])]
     with ThreadPoolExecutor(16) as pool:
-        tables = list(
-            pool.map(lambda c: read_keys(store, str(c["object"]), kept_columns), with_rows)
-        )
+        tables = list(pool.map(lambda c: read_entry_keys(store, c, kept_columns), with_rows))
     parts = [
         t.append_column("chunk", pa.array([int(c["index"])] * t.num_rows, pa.int32()))
         for c, t in zip(with_rows, tables, strict=True)

@@ -24,21 +24,25 @@ def read_manifest_file(root: Path) -> dict[str, Any]:
 def vectors_by_id(bodies: dict[str, bytes], manifest: dict[str, Any]) -> dict[str, np.ndarray]:
     """Check every manifest entry against its object and return ``{id: vector}``.
 
-    Asserts: object SHA-256 and row counts match the manifest, no id appears twice, vectors
-    are float32 of the manifest's dimensions.
+    Reads as a plain reader does (docs/reference/output-layout.md): each entry's object,
+    without the ids it drops. Asserts: object SHA-256 and row counts match the manifest, no
+    id appears twice, vectors are float32 of the manifest's dimensions.
     """
     vectors: dict[str, np.ndarray] = {}
     for entry in manifest["chunks"]:
         body = bodies[entry["object"]]
         assert hashlib.sha256(body).hexdigest() == entry["sha256"]
         table = pq.read_table(io.BytesIO(body))
-        assert table.num_rows == entry["rows"]
+        drops = set(entry.get("drop_ids") or ())  # a delta night's inherited object
+        assert table.num_rows == entry["rows"] + len(drops)
         if entry["rows"]:  # a 0-row chunk of unknown length has a variable-size list
             assert table.schema.field("embedding").type.list_size == manifest["dimensions"]
         assert str(table.schema.field("embedding").type.value_type) == "float"
-        for row_id, vector in zip(
-            table.column("id").to_pylist(), table.column("embedding").to_pylist(), strict=True
-        ):
+        ids = table.column("id").to_pylist()
+        assert drops <= set(ids), "a dropped id is not in its object"
+        for row_id, vector in zip(ids, table.column("embedding").to_pylist(), strict=True):
+            if row_id in drops:
+                continue
             assert row_id not in vectors, f"id {row_id!r} published twice"
             vectors[row_id] = np.asarray(vector, dtype=np.float32)
     return vectors

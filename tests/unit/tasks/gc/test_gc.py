@@ -211,7 +211,8 @@ def test_paid_requests_of_a_live_run_are_kept_abandoned_ones_go(tmp_path: Path) 
 def _plan(*chunk_keys: str) -> Any:
     """What ``run_lease`` reads of an ``InputPlan``: its chunks' object keys."""
     return SimpleNamespace(
-        chunks=[SimpleNamespace(object_key=f"chunks/{k}.parquet") for k in chunk_keys]
+        chunks=[SimpleNamespace(object_key=f"chunks/{k}.parquet") for k in chunk_keys],
+        delta=None,
     )
 
 

@@ -1,0 +1,371 @@
+"""Delta nights: a night that writes only what changed since the dataset's last committed run
+(docs/design.md, "Delta nights"; the manifest's form: docs/reference/output-layout.md).
+
+After planning, each input row is looked up once, by id, among the rows the base run (the
+latest committed run of the same dataset) takes from its objects:
+
+- same text and kept values: **unchanged**, not written — the new manifest inherits the
+  base's entry for its object;
+- a new id, or another text or other kept values: written to a **delta chunk** (rows to
+  write, ``chunk_size`` per chunk, in input order, keyed by the contract's chunk key over
+  its own rows), and its base row dropped from the inherited entry (``drop_ids``);
+- a base id gone from the input, or now an empty text: dropped (``removed``).
+
+The change set falls out of the same lookup. The rows to write replace the planned chunks:
+the reuse stage, the chunk tasks and the ledger see delta chunks as chunks (their
+``ChunkSpec.parts`` say which planned rows they read). A night whose inherited objects would
+hold more dropped rows than ``MAX_DROPPED_SHARE`` of its rows writes whole objects instead:
+that night is the compaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from adapters.ledger.reuse_index import bucket_of
+from adapters.row_facts import CHUNK_ROWS, ROW_DTYPE, chunk_rows
+from adapters.scratch import Scratch, hash_prefixes, release
+from embedline.errors import ConflictError
+from embedline.keys import ChunkKeyBuilder, columns_lines
+from embedline.models import ChunkPart, ChunkSpec, DeltaBase, InputPlan
+from embedline.protocols import ObjectStore
+from embedline.settings import RunSettings
+from tasks.commit.changes import CHANGES_SCHEMA, read_entry_keys
+from tasks.commit.manifest import latest_manifest
+
+__all__ = ["CHANGES_FILE", "MAX_DROPPED_SHARE", "delta_base", "delta_night", "plan_delta"]
+
+#: The compaction bound: a night inherits objects only while the rows they hold but the run
+#: drops stay within this share of the run's rows (read amplification at most 1.25: a reader
+#: reads 25 % more rows than it keeps). Past it the night writes whole objects. At 0.5 % of
+#: rows edited a night, that is a compaction every 40 nights or so.
+MAX_DROPPED_SHARE = 0.25
+#: The change set's rows, written beside the delta's chunk rows in its scratch directory.
+CHANGES_FILE = "changes.parquet"
+
+
+def delta_base(store: ObjectStore, plan: InputPlan, settings: RunSettings) -> dict[str, Any] | None:
+    """The committed run a night of ``plan`` can be a delta of, or None (a full night).
+
+    A delta needs: the planning pass's rows (``plan.scratch``), reuse on, no Batch API, no
+    ``--compact``, and a committed run of the same dataset (columns, template, kept columns,
+    text kept or not, model, requested dimensions) whose only dead letters are empty texts
+    (a rejected row is retried by a full night, never carried) and whose objects hold few
+    enough dropped rows (``MAX_DROPPED_SHARE``).
+    """
+    if plan.scratch is None or not settings.reuse or settings.batch_api or settings.compact:
+        return None
+    if settings.on_empty_text == "fail":  # empty texts must reach a chunk to block it
+        return None
+    source = plan.source
+    base = latest_manifest(
+        store,
+        id_column=source.id_column,
+        text_column=source.text_column,
+        model=settings.effective_model,
+        dimensions=settings.dimensions,
+    )
+    if base is None or base.get("generation") or base.get("supersedes"):
+        return None
+    template = base.get("text_template") or f"{{{source.text_column}}}"
+    wanted = source.text_template or f"{{{source.text_column}}}"
+    same_documents = (
+        template == wanted
+        and tuple(base.get("kept_columns") or ()) == source.kept_columns
+        and bool(base.get("keep_text")) == source.keep_text
+    )
+    dead = base.get("dead_letters")
+    failed = int(base["rows_failed"]) - int((dead or {}).get("empty_text", 0))
+    if not same_documents or failed or (dead is None and int(base["rows_failed"])):
+        return None
+    if _dropped(base) > MAX_DROPPED_SHARE * max(int(base["rows_published"]), 1):
+        return None
+    return base
+
+
+def delta_night(
+    store: ObjectStore, plan: InputPlan, settings: RunSettings, *, log: Any
+) -> InputPlan:
+    """``plan`` as a delta night (``plan_delta``) when ``delta_base`` finds a run to inherit
+    from, else ``plan`` itself (a full night). An object of the base that is gone or not
+    what its manifest says makes the night a full one, said in ``log``; nothing is lost."""
+    base = delta_base(store, plan, settings)
+    if base is None:
+        return plan
+    try:
+        night = plan_delta(store, plan, settings, base)
+    except (FileNotFoundError, ConflictError) as exc:
+        log.warning("a full night, not a delta of run %s: %s", str(base["run_key"])[:12], exc)
+        return plan
+    if night is None or night.delta is None:
+        log.info(
+            "a full night: run %s's objects hold too many dropped rows (a compaction)",
+            str(base["run_key"])[:12],
+        )
+        return plan
+    d = night.delta
+    log.info(
+        "delta night against run %s: %s rows to write in %d chunks (%s added, %s changed, "
+        "%s removed, %s unchanged)",
+        d.base_run_key[:12],
+        f"{sum(c.rows for c in night.chunks):,}",
+        len(night.chunks),
+        *(f"{n:,}" for n in (d.added, d.changed, d.removed, d.unchanged)),
+    )
+    return night
+
+
+def _dropped(manifest: dict[str, Any]) -> int:
+    """Rows a manifest's objects hold that the run does not take."""
+    return sum(len(c.get("drop_ids") or ()) for c in manifest["chunks"])
+
+
+def plan_delta(
+    store: ObjectStore, plan: InputPlan, settings: RunSettings, base: dict[str, Any]
+) -> InputPlan | None:
+    """The delta night of ``plan`` against the committed run ``base`` (``delta_base``): a plan
+    whose chunks are the delta chunks, whose ``scratch`` is a new directory holding their
+    rows (the planning pass's is released) and whose ``delta`` says what the manifest
+    inherits; None when the night should write whole objects (past ``MAX_DROPPED_SHARE``).
+
+    :raises FileNotFoundError: an object of ``base`` is gone (the caller runs a full night).
+    :raises ConflictError: an object of ``base`` does not hold the rows its manifest says.
+    """
+    assert plan.scratch is not None
+    kept = plan.source.kept_columns
+    rows = _input_rows(plan)
+    held = _base_rows(store, base, kept)
+    joined = rows.join(held, keys="id", join_type="full outer", coalesce_keys=True)
+    facts = _classify(joined)
+    inherited = _inherited(base, joined, facts)
+    written = joined.filter(facts["write"]).sort_by(
+        [("chunk", "ascending"), ("position", "ascending")]
+    )
+    held_rows = sum(int(c["rows"]) + len(c.get("drop_ids") or ()) for c in inherited)
+    live = sum(int(c["rows"]) for c in inherited) + written.num_rows
+    if held_rows - sum(int(c["rows"]) for c in inherited) > MAX_DROPPED_SHARE * max(live, 1):
+        return None
+    scratch = Scratch.create(Path(plan.scratch).parent.parent)  # {root}/scratch/{token}
+    try:
+        chunks = _delta_chunks(plan, written, settings)
+        _write_rows(scratch, plan, written, settings.chunk_size)
+        pq.write_table(_change_rows(joined, facts), scratch.file(CHANGES_FILE))
+    except BaseException:
+        scratch.close()
+        raise
+    counts = {k: int(pc.sum(facts[k]).as_py() or 0) for k in ("added", "changed", "removed")}
+    delta = DeltaBase(
+        base_run_key=str(base["run_key"]),
+        base_rows=int(base["rows_published"]),
+        dimensions=int(base["dimensions"]),
+        inherited=tuple(inherited),
+        rows_inherited=sum(int(c["rows"]) for c in inherited),
+        rows_empty=int(pc.sum(facts["empty"]).as_py() or 0),
+        added=counts["added"],
+        changed=counts["changed"],
+        removed=counts["removed"],
+        unchanged=int(pc.sum(facts["unchanged"]).as_py() or 0),
+    )
+    release(plan.scratch)
+    return replace(plan, chunks=tuple(chunks), scratch=str(scratch.path), delta=delta)
+
+
+def _input_rows(plan: InputPlan) -> pa.Table:
+    """Every input row: ``id``, ``text_sha256``, ``kept_sha256``, ``utf8_bytes``, ``empty``
+    and where planning put it (``chunk``, ``position``), from the planning pass's rows."""
+    assert plan.scratch is not None
+    tables = []
+    for spec in plan.chunks:
+        batch = chunk_rows(plan.scratch, spec.index)
+        tables.append(
+            pa.Table.from_batches([batch])
+            .append_column("chunk", pa.repeat(pa.scalar(spec.index, pa.int32()), batch.num_rows))
+            .append_column("position", pa.array(np.arange(batch.num_rows, dtype=np.int32)))
+        )
+    return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def _base_rows(store: ObjectStore, base: dict[str, Any], kept: Sequence[str]) -> pa.Table:
+    """The rows the base run takes: ``id``, ``base_text`` (its text hash), ``base_kept``
+    (its kept values' hash, null without kept columns) and ``entry`` (its manifest entry's
+    position in ``base["chunks"]``), reading only the objects' key columns, 16 at once."""
+    entries = [(i, c) for i, c in enumerate(base["chunks"]) if int(c["rows"])]
+    with ThreadPoolExecutor(16) as pool:
+        tables = list(pool.map(lambda e: read_entry_keys(store, e[1], kept), entries))
+    parts = []
+    for (i, _), table in zip(entries, tables, strict=True):
+        kept_hash = table.column("kept_sha256") if kept else pa.nulls(table.num_rows, pa.string())
+        parts.append(
+            pa.table(
+                {
+                    "id": table.column("id"),
+                    "base_text": table.column("text_sha256"),
+                    "base_kept": kept_hash,
+                    "entry": pa.repeat(pa.scalar(i, pa.int32()), table.num_rows),
+                }
+            )
+        )
+    if not parts:
+        schema = {"id": pa.string(), "base_text": pa.string(), "base_kept": pa.string()}
+        return pa.table(
+            {**{k: pa.array([], t) for k, t in schema.items()}, "entry": pa.array([], pa.int32())}
+        )
+    return pa.concat_tables(parts)
+
+
+def _classify(joined: pa.Table) -> dict[str, pa.ChunkedArray]:
+    """Boolean columns over ``joined`` (input rows full-outer-joined with the base's by id):
+    ``empty``, ``unchanged``, ``write``, ``added``, ``changed``, ``text_changed``,
+    ``removed`` and ``drop`` (the base row is not taken any more)."""
+    in_input = pc.is_valid(joined.column("chunk"))
+    in_base = pc.is_valid(joined.column("entry"))
+    empty = pc.and_(in_input, pc.fill_null(joined.column("empty"), False))
+    live = pc.and_(in_input, pc.invert(empty))
+    same_text = pc.fill_null(
+        pc.equal(joined.column("text_sha256"), joined.column("base_text")), False
+    )
+    kept_new, kept_old = joined.column("kept_sha256"), joined.column("base_kept")
+    same_kept = pc.or_(
+        pc.and_(pc.is_null(kept_new), pc.is_null(kept_old)),
+        pc.fill_null(pc.equal(kept_new, kept_old), False),
+    )
+    unchanged = pc.and_(pc.and_(live, in_base), pc.and_(same_text, same_kept))
+    write = pc.and_(live, pc.invert(unchanged))
+    changed = pc.and_(write, in_base)
+    removed = pc.and_(in_base, pc.invert(live))
+    return {
+        "empty": empty,
+        "unchanged": unchanged,
+        "write": write,
+        "added": pc.and_(write, pc.invert(in_base)),
+        "changed": changed,
+        "text_changed": pc.and_(changed, pc.invert(same_text)),
+        "removed": removed,
+        "drop": pc.or_(changed, removed),
+    }
+
+
+def _inherited(
+    base: dict[str, Any], joined: pa.Table, facts: dict[str, pa.ChunkedArray]
+) -> list[dict[str, Any]]:
+    """The base's entries the night keeps, each with the ids it now drops added to its
+    ``drop_ids`` (sorted) and ``rows`` lowered to match; entries left without a row go."""
+    dropped = joined.filter(facts["drop"]).select(["entry", "id"])
+    by_entry: dict[int, list[str]] = {}
+    for entry, row_id in zip(
+        dropped.column("entry").to_pylist(), dropped.column("id").to_pylist(), strict=True
+    ):
+        by_entry.setdefault(int(entry), []).append(str(row_id))
+    kept = []
+    for i, entry in enumerate(base["chunks"]):
+        drops = by_entry.get(i, [])
+        rows = int(entry["rows"]) - len(drops)
+        if rows <= 0:
+            continue
+        entry = dict(entry)
+        if drops:
+            entry["drop_ids"] = sorted([*(entry.get("drop_ids") or ()), *drops])
+            entry["rows"] = rows
+        kept.append(entry)
+    return kept
+
+
+def _delta_chunks(plan: InputPlan, written: pa.Table, settings: RunSettings) -> list[ChunkSpec]:
+    """The delta chunks: ``written`` (rows to write, in input order) cut every
+    ``chunk_size`` rows; each keyed over its own rows (docs/reference/keys.md, "Chunk key")."""
+    source, size = plan.source, settings.chunk_size
+    columns = columns_lines(source.text_template, source.kept_columns, source.keep_text)
+    specs = []
+    for index, start in enumerate(range(0, written.num_rows, size)):
+        part = written.slice(start, size)
+        key = ChunkKeyBuilder(settings.effective_model, settings.dimensions, columns)
+        key.add_many(
+            part.column("id").to_pylist(),
+            part.column("text_sha256").to_pylist(),
+            part.column("kept_sha256").to_pylist() if source.kept_columns else None,
+        )
+        parts = _parts(plan, part)
+        specs.append(
+            ChunkSpec(
+                index=index,
+                key=key.hexdigest(),
+                first_row=parts[0].first_row + parts[0].positions[0],
+                line_start=parts[0].line_start,
+                rows=part.num_rows,
+                byte_start=parts[0].byte_start,
+                byte_stop=parts[-1].byte_stop,
+                bytes_sha256="",
+                parts=tuple(parts),
+            )
+        )
+    return specs
+
+
+def _parts(plan: InputPlan, rows: pa.Table) -> list[ChunkPart]:
+    """The planned chunks ``rows`` (in input order) come from, with their positions."""
+    chunks = rows.column("chunk").to_numpy()
+    positions = rows.column("position").to_numpy()
+    cuts = np.flatnonzero(np.diff(chunks)) + 1
+    parts = []
+    for chunk_rows_at in np.split(np.arange(len(chunks)), cuts):
+        planned = plan.chunks[int(chunks[chunk_rows_at[0]])]
+        parts.append(
+            ChunkPart(
+                first_row=planned.first_row,
+                line_start=planned.line_start,
+                rows=planned.rows,
+                byte_start=planned.byte_start,
+                byte_stop=planned.byte_stop,
+                bytes_sha256=planned.bytes_sha256,
+                positions=tuple(int(p) for p in positions[chunk_rows_at]),
+            )
+        )
+    return parts
+
+
+def _write_rows(scratch: Scratch, plan: InputPlan, written: pa.Table, chunk_size: int) -> None:
+    """The delta chunks' rows in ``scratch`` as planning writes a plan's (``adapters.row_facts``):
+    ``chunks.arrow`` (batch i: delta chunk i's rows) and the ``rows`` spill of text-hash
+    prefixes by (delta chunk, position), which the reuse stage joins."""
+    with pa.memory_map(str(Path(str(plan.scratch)) / CHUNK_ROWS)) as planned:
+        schema = pa.ipc.open_file(planned).schema
+    spill = scratch.spill("rows", ROW_DTYPE)
+    with pa.ipc.new_file(str(scratch.file(CHUNK_ROWS)), schema) as writer:
+        for index, start in enumerate(range(0, written.num_rows, chunk_size)):
+            part = written.slice(start, chunk_size)
+            batch = pa.record_batch(
+                [part.column(n).combine_chunks() for n in schema.names], schema=schema
+            )
+            writer.write_batch(batch)
+            records = np.empty(part.num_rows, dtype=ROW_DTYPE)
+            records["prefix"] = hash_prefixes(part.column("text_sha256"))
+            records["chunk"] = index
+            records["position"] = np.arange(part.num_rows)
+            spill.add(records, bucket_of(records["prefix"]))
+    spill.flush()
+
+
+def _change_rows(joined: pa.Table, facts: dict[str, pa.ChunkedArray]) -> pa.Table:
+    """The change set's rows (``CHANGES_SCHEMA``), sorted by id (UTF-8 byte order)."""
+    added, changed, removed = facts["added"], facts["changed"], facts["removed"]
+    change = pc.if_else(added, "added", pc.if_else(changed, "changed", "removed"))
+    text = pc.if_else(removed, joined.column("base_text"), joined.column("text_sha256"))
+    text_changed = pc.if_else(changed, facts["text_changed"], pa.scalar(None, pa.bool_()))
+    table = pa.table(
+        {
+            "id": joined.column("id"),
+            "change": change,
+            "text_sha256": text,
+            "text_changed": text_changed,
+        }
+    ).filter(pc.or_(pc.or_(added, changed), removed))
+    return table.sort_by("id").cast(CHANGES_SCHEMA)
