@@ -11,10 +11,16 @@ Kept columns are ``text`` columns named as in the CSV (quoted with
 ``psycopg.sql.Identifier``, never pasted into SQL).
     CREATE INDEX t_embedding_hnsw ON t USING hnsw (embedding vector_cosine_ops)
 
-Each upsert is one transaction: binary ``COPY`` into a temporary table, then ``INSERT … ON
-CONFLICT (id) DO UPDATE``. The HNSW index is built after the first load, not before: pgvector
-builds it faster over existing rows than row by row (pgvector README, "HNSW"); HNSW indexes
-``vector`` of at most 2,000 dimensions, so longer vectors are searched without one.
+Each upsert is one transaction: one binary ``COPY`` of the batch into a temporary table
+(``ON COMMIT DROP``), then one ``INSERT … SELECT … ON CONFLICT (id) DO UPDATE`` from it into
+the table; a row the server refuses is isolated by selecting halves of the same staged rows
+in savepoints. Nothing outlives the transaction (no session settings, no prepared
+statements: ``prepare_threshold=None``), so a pooler in transaction mode (PgBouncer) may
+hand each transaction another server connection. The HNSW index is built after the first
+load, not before: pgvector builds it faster over existing rows than row by row (pgvector
+README, "HNSW"); HNSW indexes ``vector`` of at most 2,000 dimensions, so longer vectors are
+searched without one. Most of an upsert's time into an indexed table is the index's: each
+new row version is inserted into the HNSW graph (``benchmarks/bench_pg_upsert.py``).
 The password comes only from libpq's environment (``PGPASSWORD``, ``~/.pgpass``).
 """
 
@@ -24,6 +30,7 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -66,13 +73,25 @@ HNSW_MAX_DIMENSIONS = 2000  # pgvector: "vector - up to 2,000 dimensions" for HN
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are cut silently
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One upsert's rows by position: ``ids``, ``matrix`` (n × d float32), ``shas`` (text
+    SHA-256 hex), ``extra`` (values of the kept columns, ``kept_sha256``, ``text``)."""
+
+    ids: list[str]
+    matrix: np.ndarray
+    shas: list[str]
+    extra: dict[str, list[Any]]
+
+
 def sql_stage(dims: int, extra: Sequence[str] = ()) -> Any:
-    """The per-transaction stage table a batch is COPYed into (``extra``: text columns)."""
+    """The per-transaction stage table a batch is COPYed into: ``n`` (the row's 0-based
+    position in the batch), then the row's columns (``extra``: text columns)."""
     from psycopg import sql
 
     columns = sql.SQL("").join(sql.SQL(", {} text").format(sql.Identifier(n)) for n in extra)
     return sql.SQL(
-        "CREATE TEMP TABLE embedline_stage (id text, embedding vector({}), "
+        "CREATE TEMP TABLE embedline_stage (n integer, id text, embedding vector({}), "
         "text_sha256 text{}) ON COMMIT DROP"
     ).format(sql.Literal(dims), columns)
 
@@ -164,7 +183,14 @@ class PgVectorSink(KeptColumnsCache):
             try:
                 # UTF-8 on the wire whatever the database's encoding: the server then names a
                 # character it cannot hold (22P05, a dead letter), not psycopg's encoder
-                conn = psycopg.connect(self.dsn, connect_timeout=10, client_encoding="UTF8")
+                # no prepared statements: a pooler in transaction mode may run the next
+                # transaction on another server connection, where they do not exist
+                conn = psycopg.connect(
+                    self.dsn,
+                    connect_timeout=10,
+                    client_encoding="UTF8",
+                    prepare_threshold=None,
+                )
                 conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 conn.commit()
                 from pgvector.psycopg import register_vector
@@ -308,12 +334,15 @@ class PgVectorSink(KeptColumnsCache):
         good are left out and listed (``UpsertResult.refused``).
 
         Checked before sending: a NUL in an id (PostgreSQL text cannot hold one) and a
-        non-finite vector value (pgvector refuses NaN and infinity). A batch the server
-        refuses for a row (``classify`` = row: an index row too big, a value too long…) is
-        bisected in savepoints of the same transaction until each refused row stands alone,
-        as the embedding adapter bisects a 400: one bad row in n costs about 2·log2(n)
-        attempts, not n transactions. Any row already under a refused id is deleted in the
-        same transaction (the table keeps no stale vector for it).
+        non-finite vector value (pgvector refuses NaN and infinity). The other rows are
+        COPYed once into the stage table (``_stage``), then written by one ``INSERT …
+        ON CONFLICT`` (``_insert``). A batch the server refuses for a row (``classify`` =
+        row: an index row too big, a value too long…) is bisected in savepoints of the same
+        transaction, each attempt selecting its half of the staged rows, until each refused
+        row stands alone, as the embedding adapter bisects a 400: one bad row in n costs
+        about 2·log2(n) attempts, not n transactions, and the rows cross the network once.
+        Any row already under a refused id is deleted in the same transaction (the table
+        keeps no stale vector for it).
 
         :raises FatalError: the table is not of embedline's shape, or another refusal.
         :raises RetryableError: the connection failed.
@@ -328,10 +357,13 @@ class PgVectorSink(KeptColumnsCache):
         matrix = vector_matrix(rows)
         extra = extra_values(rows, self._columns())
         refused = _refused_before_sending(ids, matrix, extra)
-        stack = [[i for i in range(len(ids)) if i not in {r[0] for r in refused}]]
+        skipped = {r[0] for r in refused}
+        batch = Batch(ids, matrix, shas, extra)
+        stack = [[i for i in range(len(ids)) if i not in skipped]]
         attempts = 0
         with self._transaction("upsert into") as conn:
             conn.execute(sql_stage(dims, list(extra)))
+            staged = self._stage_all(conn, stack[0], batch)
             while stack:
                 part = stack.pop()
                 if not part:
@@ -339,7 +371,9 @@ class PgVectorSink(KeptColumnsCache):
                 attempts += 1
                 try:
                     with conn.transaction():  # a savepoint: a refusal undoes only this part
-                        self._write(conn, part, ids, matrix, shas, run_key, extra)
+                        if not staged:
+                            self._stage(conn, part, batch)
+                        self._insert(conn, part[0], part[-1], run_key, list(extra))
                 except psycopg.Error as exc:
                     if classify(exc) != "row":
                         raise
@@ -353,25 +387,44 @@ class PgVectorSink(KeptColumnsCache):
             self._forget(conn, [r[1] for r in refused if r[2] != "id_has_nul"])
         return UpsertResult(len(ids) - len(refused), tuple(sorted(refused)), max(attempts, 1))
 
-    def _write(
-        self,
-        conn: Any,
-        part: list[int],
-        ids: list[str],
-        matrix: np.ndarray,
-        shas: list[str],
-        run_key: str,
-        extra: dict[str, list[Any]],
-    ) -> None:
-        """COPY rows ``part`` into the stage table, upsert them, empty the stage. ``extra``:
-        values of the kept columns (and ``kept_sha256``, ``text``) by column."""
+    def _stage_all(self, conn: Any, part: list[int], batch: Batch) -> bool:
+        """COPY rows ``part`` of ``batch`` into the stage table in a savepoint; False if the
+        server refused a row on the way in (then each attempt stages its own rows)."""
+        import psycopg
+
+        if not part:
+            return True
+        try:
+            with conn.transaction():
+                self._stage(conn, part, batch)
+        except psycopg.Error as exc:
+            if classify(exc) != "row":
+                raise
+            return False
+        return True
+
+    def _stage(self, conn: Any, part: list[int], batch: Batch) -> None:
+        """One binary COPY of rows ``part`` of ``batch`` (positions, ascending) into the
+        stage table, each row under its position ``n``."""
+        names = list(batch.extra)
+        with conn.cursor().copy("COPY embedline_stage FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["int4", "text", "vector", "text"] + ["text"] * len(names))
+            for i in part:
+                copy.write_row(
+                    (
+                        i,
+                        batch.ids[i],
+                        batch.matrix[i],
+                        batch.shas[i],
+                        *(batch.extra[n][i] for n in names),
+                    )
+                )
+
+    def _insert(self, conn: Any, first: int, last: int, run_key: str, names: list[str]) -> None:
+        """Upsert the staged rows at positions ``first``..``last`` (inclusive) into the table
+        in one statement; ``names``: the kept columns (and ``kept_sha256``, ``text``)."""
         from psycopg import sql
 
-        names = list(extra)
-        with conn.cursor().copy("COPY embedline_stage FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["text", "vector", "text"] + ["text"] * len(names))
-            for i in part:
-                copy.write_row((ids[i], matrix[i], shas[i], *(extra[n][i] for n in names)))
         idents = [sql.Identifier(n) for n in names]
         columns = sql.SQL("").join(sql.SQL(", {}").format(i) for i in idents)
         updates = sql.SQL("").join(sql.SQL(", {} = EXCLUDED.{}").format(i, i) for i in idents)
@@ -379,25 +432,33 @@ class PgVectorSink(KeptColumnsCache):
             sql.SQL(
                 "INSERT INTO {} (id, embedding, text_sha256, run_key{}) "
                 "SELECT id, embedding, text_sha256, %s{} FROM embedline_stage "
+                "WHERE n BETWEEN %s AND %s "
                 "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
                 "text_sha256 = EXCLUDED.text_sha256, run_key = EXCLUDED.run_key{}"
             ).format(self._ident(), columns, columns, updates),
-            (run_key,),
+            (run_key, first, last),
         )
-        conn.execute("TRUNCATE embedline_stage")
 
     def _forget(self, conn: Any, ids: list[str]) -> None:
-        """Delete rows under refused ids (an id the server cannot even compare cannot be in
-        the table: skipped)."""
+        """Delete rows under refused ids: one statement, or one per id if the server refuses
+        an id (one it cannot even compare cannot be in the table: skipped)."""
         import psycopg
         from psycopg import sql
 
+        if not ids:
+            return
+        delete = sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(self._ident())
+        try:
+            with conn.transaction():
+                conn.execute(delete, (ids,))
+            return
+        except psycopg.Error as exc:
+            if classify(exc) != "row":
+                raise
         for row_id in ids:
             try:
                 with conn.transaction():
-                    conn.execute(
-                        sql.SQL("DELETE FROM {} WHERE id = %s").format(self._ident()), (row_id,)
-                    )
+                    conn.execute(delete, ([row_id],))
             except psycopg.Error as exc:
                 if classify(exc) != "row":
                     raise
