@@ -53,13 +53,20 @@ class ChunkGroup:
         return self.specs[-1].index
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class GroupOutcome:
     """What a group's task run did, chunk by chunk (in ``ChunkGroup.specs`` order): the
     chunk's ``ChunkOutcome`` (published), the exception it failed with, or None (not
     started: the group stopped before it)."""
 
     outcomes: tuple[ChunkOutcome | BaseException | None, ...]
+
+    def __repr__(self) -> str:
+        """Counts only: Prefect logs a retried state with its result's repr."""
+        published = sum(isinstance(o, ChunkOutcome) for o in self.outcomes)
+        failed = len(self.failures())
+        left = len(self.outcomes) - published - failed
+        return f"GroupOutcome({published} published, {failed} failed, {left} not started)"
 
     def failures(self) -> list[BaseException]:
         """The chunks' exceptions, in chunk order."""
