@@ -145,8 +145,7 @@ def embed_chunks(
     context = TaskRunContext.get()
     run_id = context.task_run.id if context is not None else None
     retry_left = context is not None and context.task_run.run_count <= context.task.retries
-    with _EARLIER_LOCK:
-        earlier = _EARLIER_ATTEMPTS.pop(run_id, {})
+    earlier = _take_earlier(run_id)
     outcome = run_group(
         group,
         source,
@@ -162,17 +161,31 @@ def embed_chunks(
     failed = [e for e in failures if not isinstance(e, StopRequestedError)]
     retried = any(retryable(e) for e in failures) and not any(stops_group(e) for e in failures)
     if retried and retry_left:  # as group_retry_condition decides
-        with _EARLIER_LOCK:  # what a retry keeps: all but the chunks it runs again
-            _EARLIER_ATTEMPTS[run_id] = {
-                s.index: o
-                for s, o in zip(group.specs, outcome.outcomes, strict=True)
-                if o is not None and not retryable(o)
-            }
+        _keep_for_retry(run_id, group, outcome)
     if failed:
         return Failed(data=outcome, message=_failed_message(group, outcome))
     if failures or None in outcome.outcomes:
         return Cancelled(data=outcome, message="the run is stopping: chunks given back")
     return outcome
+
+
+def _take_earlier(run_id: Any) -> dict[int, ChunkOutcome | BaseException]:
+    """The outcomes an earlier attempt of task run ``run_id`` kept for this one (or none).
+    A function of its own, not code in the task: the task's function is pickled by value
+    for Dask, with the globals it names, and a lock cannot be pickled."""
+    with _EARLIER_LOCK:
+        return _EARLIER_ATTEMPTS.pop(run_id, {})
+
+
+def _keep_for_retry(run_id: Any, group: ChunkGroup, outcome: GroupOutcome) -> None:
+    """Keep what the retry of task run ``run_id`` does not run again: every chunk's outcome
+    but those failed with a retryable error and those not started."""
+    with _EARLIER_LOCK:
+        _EARLIER_ATTEMPTS[run_id] = {
+            s.index: o
+            for s, o in zip(group.specs, outcome.outcomes, strict=True)
+            if o is not None and not retryable(o)
+        }
 
 
 def run_group(

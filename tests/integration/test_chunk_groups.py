@@ -103,7 +103,8 @@ def test_a_night_of_small_edits_runs_few_task_runs_and_publishes_every_chunk_exa
 
     manifest_path = tmp_path / "out" / "manifests" / f"{summary['run_key']}.json"
     manifest = json.loads(manifest_path.read_text())
-    bodies = {e["object"]: (tmp_path / "out" / e["object"]).read_bytes() for e in manifest["chunks"]}
+    out = tmp_path / "out"
+    bodies = {e["object"]: (out / e["object"]).read_bytes() for e in manifest["chunks"]}
     vectors = vectors_by_id(bodies, manifest)
     assert sorted(vectors) == sorted(i for i, _ in rows)
     for row_id, text in rows:

@@ -123,3 +123,16 @@ def test_a_group_is_retried_for_a_retryable_chunk_unless_the_run_stops(
     state = Failed(data=GroupOutcome((*errors, None)))
     assert group_retry_condition(None, None, state) is retried
     assert group_retry_condition(None, None, Failed(data=RetryableError("503"))) is True
+
+
+def test_the_group_task_pickles_for_dask_workers() -> None:
+    import cloudpickle
+
+    task = chunk_task.embed_chunks.with_options(retries=1)
+    assert cloudpickle.loads(cloudpickle.dumps(task)).name == "embed-chunks"
+
+
+def test_a_group_task_run_is_named_by_its_first_and_last_chunk() -> None:
+    group = ChunkGroup(tuple(ChunkSpec(i, "k", 1, 2, 1, 0, 1, "h") for i in (4, 5, 11)))
+    name = chunk_task.embed_chunks.task_run_name
+    assert isinstance(name, str) and name.format(group=group) == "embed-chunks-0004-0011"
