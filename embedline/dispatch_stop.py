@@ -3,7 +3,8 @@ Prefect's ``TerminationSignal`` kept for the flow to raise again, and the chunk 
 
 One per process, ``STOP.dispatch`` (``embedline.shutdown``), cleared each time a flow starts
 dispatching. ``flows.signals`` writes it, the flow reads it for its summary, chunk tasks read
-``tasks_must_stop`` before each request. Plain state: no handler, no exit.
+``tasks_must_stop`` before each request, group tasks ``new_chunks_held`` before each chunk.
+Plain state: no handler, no exit.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class DispatchStop:
         #: Prefect's ``TerminationSignal`` that started a graceful stop under a runner.
         self._termination: BaseException | None = None
         self._tasks_stop = threading.Event()
+        self._hold_chunks = threading.Event()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (getattr, (self._owner, "dispatch"))
@@ -35,6 +37,7 @@ class DispatchStop:
         long-lived process runs several runs)."""
         self._signal = self._termination = None
         self._tasks_stop.clear()
+        self._hold_chunks.clear()
 
     def note_stop_signal(self, signum: int) -> None:
         """``flows.signals``: the first signal while dispatching is recorded (the run is
@@ -59,6 +62,15 @@ class DispatchStop:
     def stop_tasks(self) -> None:
         """Ask every chunk task of this process to stop before its next request."""
         self._tasks_stop.set()
+
+    def hold_new_chunks(self) -> None:
+        """The dispatcher submits no more chunks: a group task of this process starts no
+        further chunk of its group either (``tasks.embed.task.run_group``)."""
+        self._hold_chunks.set()
+
+    def new_chunks_held(self) -> bool:
+        """True once ``hold_new_chunks`` was called (until the next dispatch: ``clear``)."""
+        return self._hold_chunks.is_set()
 
     def tasks_must_stop(self) -> bool:
         """True once ``stop_tasks`` was called (until the next dispatch: ``clear``)."""

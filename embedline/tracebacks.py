@@ -43,17 +43,20 @@ class ExpectedErrorFilter(logging.Filter):
 
 #: The chunk task's Prefect name (``tasks/embed/task.py``), whose final-state line is dropped.
 CHUNK_TASK_NAME = "embed-chunk"
+#: The Prefect name of the task that runs a group of chunks (``tasks/embed/groups.py``): its
+#: final-state line is dropped too (the dispatcher logs each chunk's outcome).
+GROUP_TASK_NAME = "embed-chunks"
 
 
 class ChunkFinalStateFilter(logging.Filter):
     """Drop Prefect's ERROR ``Finished in state …`` and ``Task run failed with …`` records
-    of an ``embed-chunk`` task run (the dispatcher logs that chunk's outcome itself); keep
-    everything else, and keep those too with ``--debug``."""
+    of an ``embed-chunk`` or ``embed-chunks`` task run (the dispatcher logs each chunk's
+    outcome itself); keep everything else, and keep those too with ``--debug``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if (
             record.levelno < logging.ERROR
-            or getattr(record, "task_name", None) != CHUNK_TASK_NAME
+            or getattr(record, "task_name", None) not in (CHUNK_TASK_NAME, GROUP_TASK_NAME)
             or _debugging(record.name)
         ):
             return True

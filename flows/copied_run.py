@@ -167,7 +167,7 @@ def _dispatch(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
             ledger=run.ledger,
             run_key=run.run_key,
             object_uri=lambda spec: run.store.uri_for(spec.object_key),
-            submit=copied.submit,
+            submit=lambda group: [copied.submit(spec) for spec in group],
             window=settings.concurrency + 1,
             logger=log,
             on_outcome=lambda result: work.length.answered(result.published.values()),

@@ -1,9 +1,10 @@
 """Run chunk tasks with a bounded number in flight and record each outcome in the ledger.
 
-Orchestration only: the dispatcher claims a chunk (a lease in the ledger), submits the chunk
-task to a Prefect task runner, and records the outcome when the future completes. The flow
-process is the ledger's only writer. At most ``window`` chunks are in flight, so memory stays
-flat however large the input is.
+Orchestration only: the dispatcher cuts the chunks into groups (``group``; one chunk each by
+default, ``tasks.embed.groups`` for the flow's chunk tasks), claims a group's chunks (a lease
+in the ledger each), submits the group (one future per chunk), and records each chunk's
+outcome when its future completes. The flow process is the ledger's only writer. At most
+``window`` groups are in flight, so memory stays flat however large the input is.
 """
 
 from __future__ import annotations
@@ -52,8 +53,20 @@ class Dispatched:
     batches: int = 0  # Batch API batches of the chunks this run embedded
 
 
+Group = tuple[ChunkSpec, ...]
+
+
+def _one_each(specs: Sequence[ChunkSpec]) -> list[Group]:
+    return [(spec,) for spec in specs]
+
+
 class Dispatcher:
-    """Claims, submits and records chunks. ``submit(spec)`` returns a Prefect future.
+    """Claims, submits and records chunks. ``group(specs)`` cuts the chunks to dispatch into
+    groups of consecutive chunks (default: one chunk each); ``submit(group)`` starts one and
+    returns a future per chunk, in order (a Prefect future, or one of ``flows.chunk_futures``).
+    A chunk its group never started (Pending: the group stopped at a chunk that stops the
+    run or was released, or because dispatching stops) is given back in the ledger
+    (``pending``) and counted as not run, as a chunk never submitted.
 
     ``lease_s`` (seconds) is how long a claim holds without renewal; leases of in-flight
     chunks are renewed every ``lease_s / 3``. ``on_outcome`` is called after each record,
@@ -68,7 +81,7 @@ class Dispatcher:
         ledger: Ledger,
         run_key: str,
         object_uri: Callable[[ChunkSpec], str],
-        submit: Callable[[ChunkSpec], Any],
+        submit: Callable[[Group], Sequence[Any]],
         window: int,
         logger: logging.Logger | logging.LoggerAdapter[Any],
         lease_s: float = 600.0,
@@ -76,6 +89,7 @@ class Dispatcher:
         on_tick: Callable[[DispatchResult], None] | None = None,
         on_gave_up: Callable[[int], None] | None = None,
         grace_s: float = 30.0,
+        group: Callable[[Sequence[ChunkSpec]], Sequence[Group]] = _one_each,
     ) -> None:
         self.ledger = ledger
         self.run_key = run_key
@@ -88,10 +102,15 @@ class Dispatcher:
         self.on_tick = on_tick or (lambda result: None)
         self.on_gave_up = on_gave_up or (lambda index: None)
         self.grace_s = grace_s
+        self.group = group
         self.owner = new_owner()
         self.result = DispatchResult()
         self._done: queue.Queue[Any] = queue.Queue()
         self._inflight: dict[Any, ChunkSpec] = {}
+        self._group_of: dict[Any, int] = {}  # future -> its group's number
+        self._groups: dict[int, int] = {}  # group number -> its chunks not recorded yet
+        self._submitted = 0  # groups submitted so far (their numbers)
+        self._unstarted: list[int] = []  # not started by their group: not run
         self._stopping = False
         self._deadline = float("inf")
         self._same_as_stop: list[int] = []  # failed later with the error that stopped the run
@@ -103,6 +122,7 @@ class Dispatcher:
         the ledger (back to ``pending``) and ``run`` returns without waiting for them.
         """
         self._stopping = True
+        STOP.dispatch.hold_new_chunks()  # a running group starts no further chunk
         if grace_s is not None:
             self._deadline = min(self._deadline, time.monotonic() + grace_s)
         if failure is not None and self.result.stop is None:
@@ -110,7 +130,7 @@ class Dispatcher:
 
     def run(self, specs: Sequence[ChunkSpec]) -> DispatchResult:
         """Process ``specs``; return when every chunk is recorded or dispatching stopped."""
-        pending = deque(specs)
+        pending: deque[Group] = deque(self.group(specs))
         held: list[ChunkSpec] = []
         renewed = time.monotonic()
         while pending or held or self._inflight:
@@ -130,7 +150,7 @@ class Dispatcher:
             self._drain(timeout=_POLL_S)
             self.on_tick(self.result)
             if held and not self._stopping:
-                pending.extend(held)
+                pending.extend((spec,) for spec in held)
                 held.clear()
             if time.monotonic() - renewed > self.lease_s / 3:
                 self.ledger.renew(
@@ -140,7 +160,8 @@ class Dispatcher:
                     lease_s=self.lease_s,
                 )
                 renewed = time.monotonic()
-        self.result.not_run = sorted({s.index for s in [*pending, *held]})
+        left = [spec.index for group in pending for spec in group]
+        self.result.not_run = sorted({*left, *(s.index for s in held), *self._unstarted})
         if self._same_as_stop:
             self.logger.error(
                 "%d more in-flight chunks failed with the same error: %s",
@@ -156,30 +177,41 @@ class Dispatcher:
             self.result.released[spec.index] = ChunkFailure("released", why, expected=True)
             self.on_gave_up(spec.index)
         self._inflight.clear()
+        self._group_of.clear()
+        self._groups.clear()
 
-    def _fill(self, pending: deque[ChunkSpec], held: list[ChunkSpec]) -> None:
-        while pending and len(self._inflight) < self.window:
-            spec = pending.popleft()
-            record = self.ledger.published_object(self.object_uri(spec))
-            if record is not None:  # published meanwhile by a concurrent run
-                self.result.published_elsewhere[spec.index] = ChunkOutcome(
-                    index=spec.index,
-                    key=spec.key,
-                    object_key=spec.object_key,
-                    object_sha256=record.sha256,
-                    rows=record.rows,
-                    dead_letters=tuple(self.ledger.chunk_dead_letters(spec)),
-                    created=False,
-                )
+    def _fill(self, pending: deque[Group], held: list[ChunkSpec]) -> None:
+        while pending and len(self._groups) < self.window:
+            claimed = tuple(spec for spec in pending.popleft() if self._claim(spec, held))
+            if not claimed:
                 continue
-            if not self.ledger.claim(
-                self.run_key, spec.index, owner=self.owner, lease_s=self.lease_s
-            ):
-                held.append(spec)  # another live process holds it: look again later
-                continue
-            future = self.submit(spec)
-            self._inflight[future] = spec
-            future.add_done_callback(self._done.put)
+            number = self._submitted = self._submitted + 1
+            futures = self.submit(claimed)
+            self._groups[number] = len(claimed)
+            for spec, future in zip(claimed, futures, strict=True):
+                self._inflight[future] = spec
+                self._group_of[future] = number
+                future.add_done_callback(self._done.put)
+
+    def _claim(self, spec: ChunkSpec, held: list[ChunkSpec]) -> bool:
+        """Claim ``spec`` for this dispatch; False if it was published meanwhile by a
+        concurrent run (recorded as such) or another live process holds it (``held``)."""
+        record = self.ledger.published_object(self.object_uri(spec))
+        if record is not None:  # published meanwhile by a concurrent run
+            self.result.published_elsewhere[spec.index] = ChunkOutcome(
+                index=spec.index,
+                key=spec.key,
+                object_key=spec.object_key,
+                object_sha256=record.sha256,
+                rows=record.rows,
+                dead_letters=tuple(self.ledger.chunk_dead_letters(spec)),
+                created=False,
+            )
+            return False
+        if not self.ledger.claim(self.run_key, spec.index, owner=self.owner, lease_s=self.lease_s):
+            held.append(spec)  # another live process holds it: look again later
+            return False
+        return True
 
     def _drain(self, *, timeout: float) -> None:
         try:
@@ -187,15 +219,30 @@ class Dispatcher:
         except queue.Empty:
             return
         while True:
-            self._record(future, self._inflight.pop(future))
+            if future in self._inflight:  # else released when the grace period ran out
+                self._record(future, self._inflight.pop(future))
+                self._recorded(future)
             try:
                 future = self._done.get_nowait()
             except queue.Empty:
                 return
 
+    def _recorded(self, future: Any) -> None:
+        """Count ``future``'s chunk out of its group; a group all recorded leaves the window."""
+        number = self._group_of.pop(future)
+        self._groups[number] -= 1
+        if not self._groups[number]:
+            del self._groups[number]
+
     def _record(self, future: Any, spec: ChunkSpec) -> None:
         future.wait()  # sets the final state locally; before it, .state asks the API server
         state = future.state
+        if state.is_pending():  # its group stopped before it: never started
+            self.ledger.release(self.run_key, spec.index, owner=self.owner)
+            self._unstarted.append(spec.index)
+            self.on_gave_up(spec.index)  # chunks waiting for it stop waiting
+            self.on_outcome(self.result)
+            return
         if state.is_completed():
             outcome: ChunkOutcome = future.result()
             self.ledger.mark_published(

@@ -1,14 +1,17 @@
 """The embed + publish stage of the ``embed-csv`` flow: chunk tasks on a task runner.
 
 Each chunk task embeds its rows (reusing vectors the output already holds) and publishes one
-chunk object; the ``Dispatcher`` keeps a window of them in flight and records each outcome
-in the ledger as it arrives (docs/reference/output-layout.md, docs/reference/failure-classes.md).
+chunk object; chunks with little to send share a task run, one after another
+(``tasks.embed.groups``). The ``Dispatcher`` keeps a window of task runs in flight and records
+each chunk's outcome in the ledger as it arrives (docs/reference/output-layout.md,
+docs/reference/failure-classes.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from prefect import get_run_logger
@@ -18,9 +21,11 @@ from embedline.errors import EmbedlineError
 from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputPlan
 from embedline.progress import cost_in_process, reset_cost
 from embedline.protocols import ObjectStore
+from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from flows.artifacts import ProgressArtifact
 from flows.batch_stage import BatchStage, Staged
+from flows.chunk_futures import chunks_of
 from flows.copied_run import prepare_stage, publish_copied_chunk, take_stage
 from flows.dispatch import Dispatched, Dispatcher, DispatchResult
 from flows.lengths import redo_other_lengths
@@ -31,7 +36,8 @@ from flows.session import Session
 from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import task_runner, warm_up
 from tasks.embed.failures import ChunkFailure, status_for
-from tasks.embed.task import embed_chunk, show_published_chunk
+from tasks.embed.groups import ChunkGroup, chunk_groups
+from tasks.embed.task import embed_chunk, embed_chunks, show_published_chunk
 from tasks.reuse.stage import ReuseStage
 
 __all__ = ["embed_and_publish"]
@@ -82,32 +88,40 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
             DispatchResult(not_run=[s.index for s in work.todo]), None, staged.batches
         )
     window = 2 if settings.embedder == "local" else settings.concurrency + 1
-    chunk_task = embed_chunk.with_options(
+    retries = dict(
         retries=settings.chunk_retries,
         retry_delay_seconds=settings.chunk_retry_delay_s,
         # None: no jitter (Task's own type); with_options's annotation leaves None out
-        retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,  # type: ignore[arg-type]
+        retry_jitter_factor=0.5 if settings.chunk_retry_delay_s else None,
     )
+    chunk_task = embed_chunk.with_options(**retries)  # type: ignore[arg-type]
+    group_task = embed_chunks.with_options(**retries)  # type: ignore[arg-type]
     reset_cost()
     runner_started = time.monotonic()
     copied = LocalChunks(lambda spec: publish_copied_chunk(run, work, stage, spec, logger))
     with task_runner(settings, window) as runner, contextlib.closing(copied):
         warm_up(runner, settings, logger, since=runner_started)
 
-        def submit(spec: ChunkSpec) -> Any:
-            if stage.fully_copied(spec):  # nothing to send: no task run (flows/local_chunks)
-                return copied.submit(spec)
-            return runner.submit(
-                chunk_task,
-                {
-                    "spec": spec,
-                    "source": plan.source,
-                    "settings": settings,
-                    "dimensions": work.length.current(),
-                    "run_key": run.run_key,
-                    **_chunk_inputs(spec, stage, staged),
-                },
-            )
+        def submit(group: tuple[ChunkSpec, ...]) -> list[Any]:
+            common = {
+                "source": plan.source,
+                "settings": settings,
+                "dimensions": work.length.current(),
+                "run_key": run.run_key,
+            }
+            if len(group) == 1 and stage.fully_copied(group[0]):  # no task run (local_chunks)
+                return [copied.submit(group[0])]
+            if len(group) == 1:  # a task run of its own: embed-chunk-NNNN
+                single = _chunk_inputs(group[0], stage, staged)
+                return [runner.submit(chunk_task, {"spec": group[0], **common, **single})]
+            inputs = [_chunk_inputs(spec, stage, staged) for spec in group]
+            parameters = {
+                "group": ChunkGroup(group),
+                **common,
+                "reuse": tuple(i["reuse"] for i in inputs),
+                "batches": tuple(i["batches"] for i in inputs) if staged is not None else None,
+            }
+            return chunks_of(runner.submit(group_task, parameters), len(group))
 
         def on_outcome(result: DispatchResult) -> None:
             work.length.answered(result.published.values())
@@ -124,6 +138,7 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
             on_tick=report,
             on_gave_up=stage.note_failed,
             grace_s=settings.grace_s,
+            group=lambda specs: _groups(specs, stage, settings, window),
         )
         _show_published(runner, plan, work.skipped, store)
         STOP.start_dispatching()  # an API loss from now on: the summary is handed over
@@ -149,6 +164,26 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     artifact.close()
     cost = cost_in_process() if settings.task_runner == "threads" else None
     return Dispatched(result, cost, staged.batches if staged is not None else 0)
+
+
+def _groups(
+    specs: Sequence[ChunkSpec], stage: ReuseStage, settings: RunSettings, window: int
+) -> list[tuple[ChunkSpec, ...]]:
+    """The chunk task runs of ``specs`` (docs/reference/prefect.md, "Chunk groups"): a chunk
+    with every row copied alone (published by the flow, no task run); the others in groups
+    (``tasks.embed.groups``), at least ``window`` (the groups run at once) when there are
+    that many. Chunk tasks on a Dask cluster that shares no disk with the flow get their
+    copied vectors in their parameters: their groups are sized by all their rows, not only
+    the rows they send, so a group's parameters stay near a chunk's."""
+    copied = [(spec,) for spec in specs if stage.fully_copied(spec)]
+    to_send = [spec for spec in specs if not stage.fully_copied(spec)]
+    grouped = chunk_groups(
+        to_send,
+        to_send=stage.rows_to_send if stage.shared_disk else (lambda spec: spec.rows),
+        chunk_size=settings.chunk_size,
+        parallel=window,
+    )
+    return sorted([*copied, *grouped], key=lambda group: group[0].index)
 
 
 def _batches(run: Run, work: Work, stage: ReuseStage, report: ProgressReport) -> Staged:

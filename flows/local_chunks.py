@@ -8,8 +8,8 @@ in 200 chunks spent 14.5 s of its 48 s in the temporary server) — more than th
 work. So these chunks run on a small thread pool in the flow process with the chunk task's
 own body (``tasks.embed.task.run_chunk``), and the ``Dispatcher`` records them like any chunk
 (claim, ledger, progress, failures) through ``LocalFuture``, which answers the part of
-Prefect's future interface it uses. The UI shows them in the flow's log and artifacts, not
-as task runs.
+Prefect's future interface it uses (``flows.chunk_futures``). The UI shows them in the flow's
+log and artifacts, not as task runs.
 """
 
 from __future__ import annotations
@@ -17,40 +17,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any
 
-from embedline.errors import StopRequestedError
 from embedline.models import ChunkOutcome, ChunkSpec
+from flows.chunk_futures import ChunkState
 
 __all__ = ["LocalChunks", "LocalFuture"]
-
-
-class _Type(Enum):
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-@dataclass(frozen=True, slots=True)
-class _State:
-    """The end state of a local chunk, shaped like the Prefect states the dispatcher reads."""
-
-    type: _Type
-    data: Any = None
-    message: str = ""
-
-    def is_completed(self) -> bool:
-        return self.type is _Type.COMPLETED
-
-    def is_cancelled(self) -> bool:
-        return self.type is _Type.CANCELLED
-
-    def result(self, raise_on_failure: bool = True) -> Any:
-        if raise_on_failure and isinstance(self.data, BaseException):
-            raise self.data
-        return self.data
 
 
 class LocalFuture:
@@ -59,7 +30,7 @@ class LocalFuture:
 
     def __init__(self, future: Future[ChunkOutcome]) -> None:
         self._future = future
-        self._state: _State | None = None
+        self._state: ChunkState | None = None
         self._lock = threading.Lock()
 
     def wait(self, timeout: float | None = None) -> None:
@@ -67,18 +38,13 @@ class LocalFuture:
         self._future.exception(timeout)
 
     @property
-    def state(self) -> _State:
+    def state(self) -> ChunkState:
         """Completed (data: the ``ChunkOutcome``), Cancelled (the run is stopping) or
         Failed (data: the exception); only once the chunk ended (``wait``)."""
         with self._lock:
             if self._state is None:
                 error = self._future.exception()
-                if error is None:
-                    self._state = _State(_Type.COMPLETED, self._future.result())
-                elif isinstance(error, StopRequestedError):
-                    self._state = _State(_Type.CANCELLED, error, f"{type(error).__name__}: {error}")
-                else:
-                    self._state = _State(_Type.FAILED, error, str(error))
+                self._state = ChunkState.of(self._future.result() if error is None else error)
             return self._state
 
     def result(self) -> ChunkOutcome:

@@ -21,7 +21,15 @@ from embedline.errors import (
     StopRequestedError,
 )
 
-__all__ = ["ChunkFailure", "FailureKind", "retry_condition", "status_for"]
+__all__ = [
+    "ChunkFailure",
+    "FailureKind",
+    "group_retry_condition",
+    "retry_condition",
+    "retryable",
+    "status_for",
+    "stops_group",
+]
 
 FailureKind = Literal["fatal", "input", "outage", "failed", "released"]
 
@@ -70,14 +78,33 @@ def retry_condition(task: Any, task_run: Any, state: Any) -> bool:
     Row-permanent, bad-response, fatal, input and unknown errors are never retried by
     Prefect (docs: how-to-guides/workflows/retries, "retry_condition_fn").
     """
-    try:
-        state.result()
-    except RetryLaterError:
-        return False  # the server asked for a wait above the cap: release, do not spin
-    except EndpointDownError:
-        return False  # the circuit breaker is open: a retry would be refused unsent
-    except RetryableError:
-        return True
-    except BaseException:  # noqa: BLE001 - any other failure is not retried
-        return False
-    return False
+    return retryable(state.result(raise_on_failure=False))
+
+
+def group_retry_condition(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn`` of a group of chunks (``tasks.embed.groups``): retry
+    when a chunk of the group failed with a ``RetryableError`` and none with an error that
+    stops the run (its retry runs only the chunks that failed so: ``tasks.embed.task``)."""
+    outcome = state.result(raise_on_failure=False)
+    failures = getattr(outcome, "failures", None)
+    if failures is None:  # the group itself failed, outside any chunk
+        return retryable(outcome)
+    errors = failures()
+    return any(retryable(e) for e in errors) and not any(stops_group(e) for e in errors)
+
+
+def retryable(exc: object) -> bool:
+    """Whether a chunk that failed with ``exc`` is retried by Prefect: a ``RetryableError``
+    but for a wait above the cap (``RetryLaterError``: release, do not spin) and an open
+    circuit breaker (``EndpointDownError``: a retry would be refused unsent)."""
+    return isinstance(exc, RetryableError) and not isinstance(
+        exc, (RetryLaterError, EndpointDownError)
+    )
+
+
+def stops_group(exc: BaseException) -> bool:
+    """Whether a group of chunks stops at a chunk that failed with ``exc``, its later chunks
+    not started: the run stops (fatal, input, outage) or the chunk was released (the run is
+    stopping, or the server asked for a wait above the cap, which its next chunks would get
+    too)."""
+    return status_for(exc).kind != "failed"

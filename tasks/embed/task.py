@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +17,8 @@ import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
-from prefect.states import Cancelled, Completed
+from prefect.context import TaskRunContext
+from prefect.states import Cancelled, Completed, Failed
 
 from adapters.csv_chunks import read_chunk
 from adapters.embeddings import build_batch_client, build_embedder
@@ -26,9 +28,11 @@ from embedline.errors import StopRequestedError
 from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
-from embedline.tracebacks import CHUNK_TASK_NAME, quiet_expected_tracebacks
+from embedline.shutdown import STOP
+from embedline.tracebacks import CHUNK_TASK_NAME, GROUP_TASK_NAME, quiet_expected_tracebacks
 from tasks.batch.answers import BatchAnswers, batch_answers
-from tasks.embed.failures import retry_condition
+from tasks.embed.failures import group_retry_condition, retry_condition, retryable, stops_group
+from tasks.embed.groups import ChunkGroup, GroupOutcome
 from tasks.embed.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.embed.rows import EmbeddedRows, embed_rows, merged
 from tasks.publish.chunk_object import publish_chunk
@@ -41,7 +45,22 @@ from tasks.reuse.chunk_side import (
     take_reused,
 )
 
-__all__ = ["embed_chunk", "run_chunk", "show_published_chunk", "store_for", "warm_worker"]
+__all__ = [
+    "embed_chunk",
+    "embed_chunks",
+    "run_chunk",
+    "run_group",
+    "show_published_chunk",
+    "store_for",
+    "warm_worker",
+]
+
+#: Outcomes of the chunks a group's earlier attempts ended, by task run id, for its retry
+#: (Prefect retries a task run in the process that ran it): a retry runs only the chunks
+#: that failed with a retryable error. Taken by the next attempt; kept only while the task
+#: run has a retry left.
+_EARLIER_ATTEMPTS: dict[Any, dict[int, ChunkOutcome | BaseException]] = {}
+_EARLIER_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=8)
@@ -99,6 +118,134 @@ def embed_chunk(
         )
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
+
+
+@task(
+    name=GROUP_TASK_NAME,
+    task_run_name="embed-chunks-{group.first:04d}-{group.last:04d}",
+    cache_policy=NO_CACHE,
+    retry_condition_fn=group_retry_condition,
+)
+def embed_chunks(
+    group: ChunkGroup,
+    source: InputSource,
+    settings: RunSettings,
+    reuse: tuple[ReusePlan | None, ...],
+    dimensions: int | None = None,
+    run_key: str | None = None,
+    batches: tuple[ChunkBatches | None, ...] | None = None,
+) -> GroupOutcome | State[Any]:
+    """Embed and publish the chunks of ``group`` one after another (``run_group``), each as
+    ``embed_chunk`` does (``reuse[i]`` and ``batches[i]`` are chunk ``i``'s); return what
+    each did (``GroupOutcome``), as the run's state: Completed when every chunk published,
+    Failed when one failed (Prefect retries the group if one failed with a retryable error;
+    the retry runs only those chunks), else Cancelled (the run is stopping: chunks not
+    started are given back).
+    """
+    context = TaskRunContext.get()
+    run_id = context.task_run.id if context is not None else None
+    retry_left = context is not None and context.task_run.run_count <= context.task.retries
+    earlier = _take_earlier(run_id)
+    outcome = run_group(
+        group,
+        source,
+        settings,
+        reuse,
+        dimensions,
+        run_key,
+        batches,
+        logger=get_run_logger(),
+        earlier=earlier,
+    )
+    failures = outcome.failures()
+    failed = [e for e in failures if not isinstance(e, StopRequestedError)]
+    retried = any(retryable(e) for e in failures) and not any(stops_group(e) for e in failures)
+    if retried and retry_left:  # as group_retry_condition decides
+        _keep_for_retry(run_id, group, outcome)
+    if failed:
+        return Failed(data=outcome, message=_failed_message(group, outcome))
+    if failures or None in outcome.outcomes:
+        return Cancelled(data=outcome, message="the run is stopping: chunks given back")
+    return outcome
+
+
+def _take_earlier(run_id: Any) -> dict[int, ChunkOutcome | BaseException]:
+    """The outcomes an earlier attempt of task run ``run_id`` kept for this one (or none).
+    A function of its own, not code in the task: the task's function is pickled by value
+    for Dask, with the globals it names, and a lock cannot be pickled."""
+    with _EARLIER_LOCK:
+        return _EARLIER_ATTEMPTS.pop(run_id, {})
+
+
+def _keep_for_retry(run_id: Any, group: ChunkGroup, outcome: GroupOutcome) -> None:
+    """Keep what the retry of task run ``run_id`` does not run again: every chunk's outcome
+    but those failed with a retryable error and those not started."""
+    with _EARLIER_LOCK:
+        _EARLIER_ATTEMPTS[run_id] = {
+            s.index: o
+            for s, o in zip(group.specs, outcome.outcomes, strict=True)
+            if o is not None and not retryable(o)
+        }
+
+
+def run_group(
+    group: ChunkGroup,
+    source: InputSource,
+    settings: RunSettings,
+    reuse: tuple[ReusePlan | None, ...],
+    dimensions: int | None,
+    run_key: str | None,
+    batches: tuple[ChunkBatches | None, ...] | None = None,
+    *,
+    logger: Any,
+    earlier: dict[int, ChunkOutcome | BaseException] | None = None,
+) -> GroupOutcome:
+    """``embed_chunks``'s body, without Prefect: ``run_chunk`` for each chunk of ``group``
+    in order, its exception kept as its outcome. ``earlier``: outcomes of an earlier
+    attempt, kept (those chunks are not run again). Stops before the next chunk when one
+    failed with an error that stops the run or released it (``stops_group``), or when the
+    run is stopping (the dispatcher's stop, in this process); the chunks after are None."""
+    earlier = earlier or {}
+    outcomes: list[ChunkOutcome | BaseException | None] = []
+    stopped = False
+    for n, spec in enumerate(group.specs):
+        if spec.index in earlier:
+            outcomes.append(earlier[spec.index])
+            continue
+        if stopped or STOP.dispatch.new_chunks_held() or STOP.dispatch.tasks_must_stop():
+            outcomes.append(None)
+            continue
+        try:
+            outcomes.append(
+                run_chunk(
+                    spec,
+                    source,
+                    settings,
+                    reuse[n],
+                    dimensions,
+                    run_key,
+                    batches[n] if batches is not None else None,
+                    logger=logger,
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - the chunk's outcome: status_for reads it
+            outcomes.append(exc)
+            stopped = stops_group(exc)
+    return GroupOutcome(tuple(outcomes))
+
+
+def _failed_message(group: ChunkGroup, outcome: GroupOutcome) -> str:
+    """The Failed state's message: how many chunks failed, and the first one's error."""
+    failed = [
+        (s.index, o)
+        for s, o in zip(group.specs, outcome.outcomes, strict=True)
+        if isinstance(o, BaseException) and not isinstance(o, StopRequestedError)
+    ]
+    index, error = failed[0]
+    return (
+        f"{len(failed)} of {len(group.specs)} chunks failed; chunk {index}: "
+        f"{type(error).__name__}: {error}"
+    )
 
 
 def run_chunk(

@@ -154,6 +154,15 @@ class ReuseStage:
             and int(self._gathered.copied[spec.index]) >= nonempty
         )
 
+    def rows_to_send(self, spec: ChunkSpec) -> int:
+        """The rows of ``spec`` with no copied vector: its non-empty rows less those copied
+        (rows waiting for an earlier chunk of the run count as sent). A chunk the stage did
+        not prepare sends all its rows. Sizes the chunk task groups (``tasks.embed.groups``)."""
+        if self._joined is None or self._gathered is None or spec.index not in self._specs:
+            return spec.rows
+        nonempty = int(self._joined.nonempty[spec.index])
+        return max(0, nonempty - int(self._gathered.copied[spec.index]))
+
     def plan_for(self, spec: ChunkSpec) -> ReusePlan:
         """The chunk's ``ReusePlan``: its copied vectors' file and the in-run owners its
         rows wait for. Chunks the stage did not prepare (redone for another vector length)

@@ -132,6 +132,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "tasks.reuse.chunk_side",
         "_failed_objects",
     ): "objects a process's reads found broken, not read again",
+    (
+        "tasks.embed.task",
+        "_EARLIER_ATTEMPTS",
+    ): "outcomes of a group task run's attempt, for its retry in the same process",
     ("cli", "_entered"): "the CLI's entry guard: one command per process entry",
     ("cli", "_exit_code"): "the exit code the process's exit handler returns",
     ("cli.console", "_active"): "the progress bar on the terminal now (one terminal per process)",

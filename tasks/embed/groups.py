@@ -1,0 +1,131 @@
+"""Chunk groups: how many chunks one chunk task run takes (docs/reference/prefect.md, "Chunk
+groups").
+
+A Prefect task run costs the flow, the client and the API server about as much as a chunk
+with little to send; a night's task runs must grow with what it sends, not with the input.
+So the chunks to dispatch are cut into *groups* of consecutive chunks (chunk order), one
+task run each, which runs its chunks one after another; each chunk is still published and
+recorded on its own. The rule (``chunk_groups``):
+
+- a group takes chunks until its rows to send reach a budget: ``chunk_size`` rows, raised to
+  ``total / (MAX_GROUPS - 1)`` when the run sends more than that. A chunk full of rows to
+  send is a group of its own; chunks with a few rows each are packed by the hundred;
+- so a run makes at most ``MAX_GROUPS`` groups (each group but the last reaches the budget);
+- and at least ``parallel`` groups (the chunk tasks that run at once) when there are that
+  many chunks: the heaviest group is halved until there are, so a small run runs in parallel.
+
+A chunk counts at least one row to send: one with none (empty texts, rows waiting for an
+earlier chunk of the run) still reads its rows and writes its object.
+
+Pure: no Prefect, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from embedline.models import ChunkOutcome, ChunkSpec
+
+__all__ = ["MAX_GROUPS", "ChunkGroup", "GroupOutcome", "chunk_groups", "group_name"]
+
+#: Most chunk task runs one dispatch makes. Prefect's self-hosted server is reported
+#: unsteady near 2,000 task runs per flow run and Prefect Cloud's entry tier takes 2,000
+#: events a minute (a task run makes about three): 1,000 leaves room for the run's other task
+#: runs and for a retry of each failed group. A 10M-row first run in 1,000-row chunks sends
+#: 11 chunks per task run (910 task runs).
+MAX_GROUPS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkGroup:
+    """Consecutive chunks (chunk order) one chunk task run publishes, one after another.
+    ``first``/``last``: the chunk indexes its task run's name shows."""
+
+    specs: tuple[ChunkSpec, ...]
+
+    @property
+    def first(self) -> int:
+        return self.specs[0].index
+
+    @property
+    def last(self) -> int:
+        return self.specs[-1].index
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class GroupOutcome:
+    """What a group's task run did, chunk by chunk (in ``ChunkGroup.specs`` order): the
+    chunk's ``ChunkOutcome`` (published), the exception it failed with, or None (not
+    started: the group stopped before it)."""
+
+    outcomes: tuple[ChunkOutcome | BaseException | None, ...]
+
+    def __repr__(self) -> str:
+        """Counts only: Prefect logs a retried state with its result's repr."""
+        published = sum(isinstance(o, ChunkOutcome) for o in self.outcomes)
+        failed = len(self.failures())
+        left = len(self.outcomes) - published - failed
+        return f"GroupOutcome({published} published, {failed} failed, {left} not started)"
+
+    def failures(self) -> list[BaseException]:
+        """The chunks' exceptions, in chunk order."""
+        return [o for o in self.outcomes if isinstance(o, BaseException)]
+
+
+def group_name(indexes: Sequence[int]) -> str:
+    """The task run name of a group of chunks ``indexes``: ``embed-chunk-0004`` for one
+    chunk (the name a single chunk always had), ``embed-chunks-0004-0011`` for several."""
+    if len(indexes) == 1:
+        return f"embed-chunk-{indexes[0]:04d}"
+    return f"embed-chunks-{indexes[0]:04d}-{indexes[-1]:04d}"
+
+
+def chunk_groups(
+    specs: Sequence[ChunkSpec],
+    *,
+    to_send: Callable[[ChunkSpec], int],
+    chunk_size: int,
+    parallel: int,
+    max_groups: int = MAX_GROUPS,
+) -> list[tuple[ChunkSpec, ...]]:
+    """Cut ``specs`` (in chunk order) into groups of consecutive chunks (module docstring).
+
+    ``to_send(spec)``: the rows chunk ``spec`` sends (rows neither copied nor empty);
+    ``chunk_size``: rows per chunk, the smallest budget of a group; ``parallel``: the chunk
+    task runs that run at once. Returns at most ``max_groups`` groups and at least
+    ``min(parallel, len(specs), max_groups)``; every spec in exactly one group, in order.
+    """
+    if not specs:
+        return []
+    weights = [max(1, to_send(s)) for s in specs]
+    total = sum(weights)
+    budget = max(chunk_size, -(-total // max(1, max_groups - 1)))
+    groups: list[list[int]] = [[]]  # positions in specs
+    sent = 0
+    for position, weight in enumerate(weights):
+        if sent >= budget:
+            groups.append([])
+            sent = 0
+        groups[-1].append(position)
+        sent += weight
+    floor = min(parallel, len(specs), max_groups)
+    while len(groups) < floor:
+        _halve_heaviest(groups, weights)
+    return [tuple(specs[p] for p in group) for group in groups]
+
+
+def _halve_heaviest(groups: list[list[int]], weights: list[int]) -> None:
+    """Split the heaviest group of more than one chunk where its rows to send halve."""
+    at = max(
+        (n for n, g in enumerate(groups) if len(g) > 1),
+        key=lambda n: (sum(weights[p] for p in groups[n]), len(groups[n])),
+    )
+    group = groups[at]
+    half, sent, cut = sum(weights[p] for p in group) / 2, 0, 1
+    for n, position in enumerate(group[:-1], start=1):
+        sent += weights[position]
+        cut = n
+        if sent >= half:
+            break
+    groups[at : at + 1] = [group[:cut], group[cut:]]

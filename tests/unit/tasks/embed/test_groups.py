@@ -1,0 +1,99 @@
+"""The chunk groups rule (tasks/embed/groups.py): bounds, packing, the parallel floor."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from embedline.models import ChunkSpec
+from tasks.embed.groups import MAX_GROUPS, ChunkGroup, chunk_groups, group_name
+
+
+def _specs(n: int, rows: int = 1000) -> list[ChunkSpec]:
+    return [
+        ChunkSpec(i, f"{i:064x}", 1 + i * rows, 2 + i * rows, rows, i * 10, i * 10 + 10, "h")
+        for i in range(n)
+    ]
+
+
+def _check(groups: list[tuple[ChunkSpec, ...]], specs: list[ChunkSpec]) -> None:
+    """Every spec in exactly one group, groups consecutive and in chunk order."""
+    assert [s for g in groups for s in g] == specs
+    assert all(groups)
+
+
+def test_a_first_run_of_10m_rows_makes_at_most_max_groups_task_runs() -> None:
+    specs = _specs(10_000)
+    groups = chunk_groups(specs, to_send=lambda s: s.rows, chunk_size=1000, parallel=9)
+    _check(groups, specs)
+    assert len(groups) <= MAX_GROUPS
+    assert len(groups) == 910  # 11 chunks (11,000 rows to send) per task run
+    assert {len(g) for g in groups} == {11, 1}
+
+
+def test_chunks_full_of_rows_to_send_are_groups_of_one() -> None:
+    specs = _specs(50)
+    groups = chunk_groups(specs, to_send=lambda s: s.rows, chunk_size=1000, parallel=8)
+    assert groups == [(s,) for s in specs]
+
+
+def test_chunks_with_little_to_send_are_packed_up_to_chunk_size_rows() -> None:
+    specs = _specs(2000)  # 5 rows to send in each: a lightly edited night
+    groups = chunk_groups(specs, to_send=lambda s: 5, chunk_size=1000, parallel=8)
+    _check(groups, specs)
+    assert len(groups) == 10 and {len(g) for g in groups} == {200}
+
+
+def test_a_chunk_with_nothing_to_send_still_weighs_one_row() -> None:
+    specs = _specs(3000)
+    groups = chunk_groups(specs, to_send=lambda s: 0, chunk_size=1000, parallel=1)
+    _check(groups, specs)
+    assert [len(g) for g in groups] == [1000, 1000, 1000]
+
+
+def test_a_small_run_has_at_least_as_many_groups_as_run_at_once() -> None:
+    specs = _specs(40)
+    groups = chunk_groups(specs, to_send=lambda s: 1, chunk_size=1000, parallel=9)
+    _check(groups, specs)
+    assert len(groups) == 9
+    assert max(len(g) for g in groups) - min(len(g) for g in groups) <= 3
+
+
+def test_fewer_chunks_than_run_at_once_run_one_each() -> None:
+    specs = _specs(3)
+    assert chunk_groups(specs, to_send=lambda s: 1, chunk_size=1000, parallel=9) == [
+        (s,) for s in specs
+    ]
+    assert chunk_groups([], to_send=lambda s: 1, chunk_size=1000, parallel=9) == []
+
+
+def test_the_floor_splits_the_heaviest_group_where_its_rows_halve() -> None:
+    specs = _specs(6)
+    sends = {0: 10, 1: 10, 2: 10, 3: 10, 4: 300, 5: 300}
+    groups = chunk_groups(specs, to_send=lambda s: sends[s.index], chunk_size=1000, parallel=2)
+    assert [[s.index for s in g] for g in groups] == [[0, 1, 2, 3, 4], [5]]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_bounds_hold_for_any_sizes(seed: int) -> None:
+    rng = random.Random(seed)
+    specs = _specs(rng.randint(1, 3000), rows=rng.choice([10, 100, 1000]))
+    sends = {s.index: rng.choice([0, 1, 5, s.rows // 2, s.rows]) for s in specs}
+    parallel, most = rng.randint(1, 64), rng.choice([10, 100, MAX_GROUPS])
+    groups = chunk_groups(
+        specs,
+        to_send=lambda s: sends[s.index],
+        chunk_size=specs[0].rows,
+        parallel=parallel,
+        max_groups=most,
+    )
+    _check(groups, specs)
+    assert min(parallel, len(specs), most) <= len(groups) <= most
+
+
+def test_task_run_names() -> None:
+    assert group_name([4]) == "embed-chunk-0004"
+    assert group_name([4, 5, 11]) == "embed-chunks-0004-0011"
+    group = ChunkGroup(tuple(_specs(12)[4:12]))
+    assert (group.first, group.last) == (4, 11)
