@@ -32,7 +32,7 @@ def _write(path: Path, edited: bool) -> list[tuple[str, str]]:
     return rows
 
 
-def _run(tmp_path: Path, server: FakeEmbeddingServer, api_url: str) -> Any:
+def _run(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, **kw: Any) -> Any:
     from flows.embed_csv import embed_csv
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
@@ -48,6 +48,7 @@ def _run(tmp_path: Path, server: FakeEmbeddingServer, api_url: str) -> Any:
             chunk_retries=1,
             chunk_retry_delay=0,
             return_state=True,
+            **kw,
         )
 
 
@@ -71,7 +72,8 @@ def test_a_night_of_small_edits_runs_few_task_runs_and_publishes_every_chunk_exa
         f"embed-chunk-{i:04d}" for i in range(CHUNKS)
     ]  # each chunk full of rows to send: a task run of its own
 
-    # ── the night: one row of each chunk edited, the rest copied; one request fails once ──
+    # ── the night: one row of each chunk edited, the rest copied; one request fails once.
+    # A full night (--compact): a delta night would write the 12 edited rows as one chunk ──
     rows = _write(tmp_path / "in.csv", edited=True)
     fake_openai.reset()
     failed: list[int] = []
@@ -83,7 +85,7 @@ def test_a_night_of_small_edits_runs_few_task_runs_and_publishes_every_chunk_exa
         return None
 
     fake_openai.fail_when(fail_once)
-    state = _run(tmp_path, fake_openai, prefect_api_url)
+    state = _run(tmp_path, fake_openai, prefect_api_url, compact=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["rows_published"] == len(rows) and summary["rows_reused"] == 48
