@@ -57,6 +57,7 @@ class Nights:
             "40",
             "--keep-columns",
             "section",
+            "--delta",
             *extra,
             cwd=self.tmp,
         )
