@@ -215,13 +215,6 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         "without it, such texts are reused, not sent (default: off: reuse is on)",
     )
     run.add_argument(
-        "--delta",
-        action="store_true",
-        default=False,
-        help="write only the rows that changed since the last committed run of the "
-        "dataset; the manifest inherits the rest (docs/nights.md)",
-    )
-    run.add_argument(
         "--compact",
         action="store_true",
         default=False,

@@ -221,7 +221,6 @@ class RunSettings(BaseModel):
     allow_unconditional_store: bool = False
     price_per_million_tokens: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     reuse: bool = True
-    delta: bool = False  # a delta night when there is a base (tasks/plan/delta.py)
     compact: bool = False  # a full night, not a delta (tasks/plan/delta.py)
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None

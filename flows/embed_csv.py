@@ -73,7 +73,6 @@ def embed_csv(
     allow_unconditional_store: bool = False,
     price_per_million_tokens: float | None = None,
     reuse: bool = True,
-    delta: bool = False,
     compact: bool = False,
     task_runner: Literal["threads", "dask"] = "threads",
     dask_address: str | None = None,

@@ -56,15 +56,13 @@ CHANGES_FILE = "changes.parquet"
 def delta_base(store: ObjectStore, plan: InputPlan, settings: RunSettings) -> dict[str, Any] | None:
     """The committed run a night of ``plan`` can be a delta of, or None (a full night).
 
-    A delta needs: ``--delta`` without ``--compact``, the planning pass's rows
-    (``plan.scratch``), reuse on, no Batch API, and a committed run of the same dataset (columns, template, kept columns,
+    A delta needs: the planning pass's rows (``plan.scratch``), reuse on, no Batch API, no
+    ``--compact``, and a committed run of the same dataset (columns, template, kept columns,
     text kept or not, model, requested dimensions) whose only dead letters are empty texts
     (a rejected row is retried by a full night, never carried) and whose objects hold few
     enough dropped rows (``MAX_DROPPED_SHARE``).
     """
-    if not settings.delta or settings.compact:
-        return None
-    if plan.scratch is None or not settings.reuse or settings.batch_api:
+    if plan.scratch is None or not settings.reuse or settings.batch_api or settings.compact:
         return None
     if settings.on_empty_text == "fail":  # empty texts must reach a chunk to block it
         return None

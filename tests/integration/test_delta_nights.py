@@ -57,7 +57,6 @@ class Nights:
             "40",
             "--keep-columns",
             "section",
-            "--delta",
             *extra,
             cwd=self.tmp,
         )
