@@ -49,7 +49,7 @@ def run_without_prefect(
     started = time.monotonic()
     steps = _CommandSteps(emit_events)
 
-    def opened() -> Run:
+    def opened(**again: Any) -> Run:
         steps.opened = Run.open(
             settings,
             store=open_store(settings.output),
@@ -58,6 +58,7 @@ def run_without_prefect(
             else lambda s: plan_csv(s.input, **s.plan_arguments),
             log=logging.getLogger("embedline.run"),
             started=started,
+            **again,
         )
         return steps.opened
 

@@ -27,6 +27,7 @@ Prefect-free: the CLI drives runs here before Prefect starts.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,7 @@ from embedline.shutdown import STOP
 from flows.disk_full_summary import disk_full_fields
 from flows.dispatch import Dispatched
 from flows.interrupt_handlers import only_reporting_left
-from flows.run import Run, RunStopped, Work
+from flows.run import NightOfAnotherLength, Run, RunStopped, Work
 from flows.session import Session
 
 if TYPE_CHECKING:
@@ -92,29 +93,44 @@ class Steps:
         """Called with a recorded run's summary while its ledger is open."""
 
 
-def drive(open_run: Callable[[], Run], steps: Steps) -> RunSummary:
-    """Open a run (``open_run``, e.g. ``Run.open`` with its arguments) and take it through
-    the steps (module docstring); its summary. The planning pass's scratch files are
+def drive(open_run: Callable[..., Run], steps: Steps) -> RunSummary:
+    """Open a run (``open_run``, e.g. ``Run.open`` with its arguments; called again with
+    ``full_night=True`` when a delta night's vectors come back of another length,
+    ``NightOfAnotherLength``) and take it through the steps (module docstring); its
+    summary. The planning pass's scratch files are
     released when the run ends here, not when the flow takes it over.
 
     :raises HandedToFlow: (the CLI's steps) the flow takes the run over.
     """
     try:
-        run = open_run()
-        handed = False
         try:
-            if run.committed is not None:  # nothing to embed; perhaps a load left to do
-                return _load(run, run.committed, run.already_committed(), steps)
-            steps.before_record(run)
-            return _recorded(run, steps)
-        except HandedToFlow:
-            handed = True
-            raise
-        finally:
-            if not handed:
-                run.discard_scratch()
+            return _driven(open_run(), steps)
+        except NightOfAnotherLength as exc:
+            logging.getLogger("embedline.run").warning(
+                "the server's vectors are now %d long, those of the run this night builds on "
+                "%d: embedding every row again as a full night",
+                exc.length,
+                exc.inherited,
+            )
+            return _driven(open_run(full_night=True, learned_length=exc.length), steps)
     except RunStopped as stopped:  # the one handler: the step's summary is the run's
         return stopped.summary
+
+
+def _driven(run: Run, steps: Steps) -> RunSummary:
+    """``drive``'s steps for an open run (the planning scratch released at its end here)."""
+    handed = False
+    try:
+        if run.committed is not None:  # nothing to embed; perhaps a load left to do
+            return _load(run, run.committed, run.already_committed(), steps)
+        steps.before_record(run)
+        return _recorded(run, steps)
+    except HandedToFlow:
+        handed = True
+        raise
+    finally:
+        if not handed:
+            run.discard_scratch()
 
 
 def _recorded(run: Run, steps: Steps) -> RunSummary:

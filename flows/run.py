@@ -55,7 +55,7 @@ from tasks.plan.published import find_published, retries_dead_letters
 from tasks.plan.target import RunTarget, resolve_run_target
 from tasks.publish.dimensions import RunLength, other_lengths, pinned_length, with_lengths
 
-__all__ = ["CommittedRun", "Run", "RunRefused", "RunStopped", "Work"]
+__all__ = ["CommittedRun", "NightOfAnotherLength", "Run", "RunRefused", "RunStopped", "Work"]
 
 Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
 _NOTHING_SENT = "every chunk was already published: committed without embedding"
@@ -68,6 +68,18 @@ class RunStopped(Exception):
     def __init__(self, summary: RunSummary) -> None:
         super().__init__(summary.message)
         self.summary = summary
+
+
+class NightOfAnotherLength(Exception):
+    """Raised by ``Run.conclude`` of a delta night whose new vectors have another length
+    than those it inherits (``--dimensions`` unset and the server's default changed): the
+    driver opens the run again as a full night (``Run.open(full_night=True)``), which
+    embeds the inherited rows again at the new length; what the delta published stays.
+    ``length``: the night's (the server's, learned this command), ``inherited``: the base's."""
+
+    def __init__(self, length: int, inherited: int) -> None:
+        super().__init__(f"{length} against {inherited}")
+        self.length, self.inherited = length, inherited
 
 
 class RunRefused(RunStopped):
@@ -116,6 +128,7 @@ class Run:
         self.settings, self.store, self.plan, self.target = settings, store, plan, target
         self.started, self.log = started, log
         self.ledger: Ledger | None = None
+        self.learned_length: int | None = None
 
     # ── open ──────────────────────────────────────────────────────────────────────────────
     @classmethod
@@ -127,8 +140,13 @@ class Run:
         plan_input: Callable[[RunSettings], InputPlan],
         log: Log,
         started: float | None = None,
+        full_night: bool = False,
+        learned_length: int | None = None,
     ) -> Run:
-        """Prepare the output, plan the input (``plan_input``) and resolve the run's target.
+        """Prepare the output, plan the input (``plan_input``) and resolve the run's target;
+        a delta night when the run has a base (``tasks.plan.delta.delta_night``) unless
+        ``full_night``. ``learned_length``: the vector length the server answered with
+        earlier in this command (a delta night's, ``NightOfAnotherLength``): the run's.
 
         :raises RunRefused: the run cannot start: an input error (exit 2, or the error's
             code: a missing output directory's parent, an unreadable input) or a store that
@@ -153,9 +171,10 @@ class Run:
                 chunks_total=len(plan.chunks),
             )
             raise RunRefused(summary) from None
-        if target.committed is None and not target.supersedes and plan.delta is None:
+        if target.committed is None and not (target.supersedes or plan.delta or full_night):
             plan = delta_night(store, plan, settings, log=log)
         run = cls(settings, store, plan, target, started=started, log=log)
+        run.learned_length = learned_length
         if target.supersedes and target.committed is None:
             log.info(
                 "run %s is committed with dead letters to retry: committing generation "
@@ -347,6 +366,7 @@ class Run:
             len(todo),
         )
         length = RunLength(pinned_length(self.store, settings.dimensions, self.target.supersedes))
+        length.first_seen = self.learned_length
         return Work(skipped, todo, length)
 
     def needs_dispatch(self, work: Work) -> bool:
@@ -421,6 +441,10 @@ class Run:
         if not committable:
             self.stop(summary)
         done = with_lengths(self.store, {**skipped, **result.published})
+        delta = self.plan.delta
+        off = other_lengths(done, delta.dimensions) if delta is not None else []
+        if delta is not None and off:
+            raise NightOfAnotherLength(int(done[off[0]].dimensions or 0), delta.dimensions)
         missing = missing_objects(self.store, done)
         if missing:
             self.stop(self._lost_objects(summary, missing))

@@ -45,8 +45,12 @@ def run_settings(settings: RunSettings) -> RunSummary:
 
     try:
         return drive(
-            lambda: Run.open(
-                settings, store=store_for(settings.output), plan_input=planned, log=get_run_logger()
+            lambda **again: Run.open(
+                settings,
+                store=store_for(settings.output),
+                plan_input=planned,
+                log=get_run_logger(),
+                **again,
             ),
             steps,
         )

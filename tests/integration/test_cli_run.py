@@ -495,10 +495,12 @@ def test_second_run_publishes_a_change_set_against_the_first(
         tmp_path, fake_openai, "--chunk-size", "5", "--price-per-million-tokens", "0.02"
     )
     assert code == 0, err
-    # every chunk key changed (a row went): the 10 known texts are copied, 2 texts sent
+    # a delta night: the 10 unchanged rows stay in the first run's objects (inherited, not
+    # copied), the 2 new texts are sent
     assert fake_openai.counters()["inputs"] == 2
     assert "2 inputs sent" in out
-    assert "reuse      10 rows reused from earlier runs, 0 deduplicated in this run" in out
+    assert "rows       12 published of 12 (10 already published before)" in out
+    assert "reuse      0 rows reused from earlier runs, 0 deduplicated in this run" in out
     tokens = int(re.search(r"inputs sent, ([\d,]+) tokens reported", out)[1].replace(",", ""))
     assert tokens > 0
     assert f"cost       ${tokens * 0.02 / 1e6:,.4f} estimated, ~$" in out

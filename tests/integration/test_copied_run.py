@@ -29,7 +29,9 @@ def _csv(path: Path, rows: list[tuple[str, str]]) -> None:
     path.write_text(buf.getvalue(), encoding="utf-8")
 
 
-def _run(tmp_path: Path, server: FakeEmbeddingServer, name: str) -> tuple[int, str, str]:
+def _run(
+    tmp_path: Path, server: FakeEmbeddingServer, name: str, *extra: str
+) -> tuple[int, str, str]:
     result = run_cli(
         "run",
         str(tmp_path / name),
@@ -43,6 +45,7 @@ def _run(tmp_path: Path, server: FakeEmbeddingServer, name: str) -> tuple[int, s
         str(tmp_path / "ledger.sqlite3"),
         "--chunk-size",
         "40",
+        *extra,
         cwd=tmp_path,
     )
     return result.returncode, result.stdout, result.stderr
@@ -63,10 +66,20 @@ def _latest_vectors(out: Path, run_key_line: str) -> dict[str, np.ndarray]:
     return vectors_by_id(bodies, manifest)
 
 
+@pytest.mark.parametrize(
+    ("night_args", "said"),
+    [
+        ((), "rows       200 published of 200 (200 already published before)"),  # a delta
+        (("--compact",), "200 rows reused from earlier runs"),  # whole objects, copied
+    ],
+    ids=["delta night", "compaction"],
+)
 def test_an_all_copied_night_sends_nothing_and_runs_no_flow(
     tmp_path: Path,
     fake_openai: FakeEmbeddingServer,
     prefect_api_url: str,
+    night_args: tuple[str, ...],
+    said: str,
 ) -> None:
     rows = [(f"pkg-{i}", f"package {i} does thing {i * 13 % 97}") for i in range(200)]
     _csv(tmp_path / "first.csv", rows)
@@ -77,9 +90,9 @@ def test_an_all_copied_night_sends_nothing_and_runs_no_flow(
     shuffled = list(rows)
     random.Random(5).shuffle(shuffled)  # every chunk key new, every row in an earlier object
     _csv(tmp_path / "night.csv", shuffled)
-    code, out, err = _run(tmp_path, fake_openai, "night.csv")
+    code, out, err = _run(tmp_path, fake_openai, "night.csv", *night_args)
     assert code == 0, err
-    assert "200 rows reused from earlier runs" in out
+    assert said in out
     assert fake_openai.counters()["inputs"] == sent  # nothing sent
     assert _flow_runs(prefect_api_url) == flows  # no flow run: published before Prefect
     assert "WARNING" not in err and "Traceback" not in err, err  # the commit's event, sent

@@ -205,11 +205,15 @@ def test_fresh_ledger_against_s3_reuses_what_the_store_holds(
     assert charged == 1
     first.check(manifest, shifted)
     assert first.changes(manifest) == {"added": ["new-first"], "changed": [], "removed": []}
+    # the second night was a delta: one chunk object, of its one new row
+    assert manifest["chunks"][0]["rows"] == 1 and "drop_ids" not in manifest["chunks"][0]
     # --no-reuse: rows of chunks not already published are all sent again (new chunk
-    # keys after a reversal), even though the bucket holds their vectors
+    # keys after a reversal), even though the bucket holds their vectors; the reversal's
+    # last chunk holds "new-first" alone, the very chunk the delta night published: a
+    # published chunk is skipped (resume, not reuse)
     reversed_rows = shifted[::-1]
     charged, manifest = first.run(reversed_rows, "--no-reuse")
-    assert charged == _distinct_texts(shifted)
+    assert charged == _distinct_texts(shifted) - 1
     first.check(manifest, reversed_rows)
 
 
