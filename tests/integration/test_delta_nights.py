@@ -8,9 +8,14 @@ deterministic vectors, never against embedline's earlier output.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
+import os
 import random
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_matrix
-from tests.support.fixtures import run_cli
+from tests.support.fixtures import REPO, run_cli
 from tests.support.output import vectors_by_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -34,32 +39,23 @@ class Nights:
         self.tmp, self.server = tmp, server
         self.out = tmp / "out"
 
-    def run(self, rows: Rows, *extra: str) -> tuple[int, dict[str, Any]]:
-        """(inputs the server was sent, the committed manifest) of one night."""
-        self.server.reset()
+    def args(self, rows: Rows, *extra: str) -> list[str]:
+        """Write ``rows`` as the night's CSV; the command line that runs it."""
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(("id", "text", "section"))
         writer.writerows(rows)
         (self.tmp / "in.csv").write_text(buf.getvalue(), encoding="utf-8")
-        result = run_cli(
-            "run",
-            "in.csv",
-            "--embedder",
-            "openai",
-            "--base-url",
-            self.server.base_url,
-            "--output",
-            str(self.out),
-            "--ledger",
-            "ledger.sqlite3",
-            "--chunk-size",
-            "40",
-            "--keep-columns",
-            "section",
-            *extra,
-            cwd=self.tmp,
-        )
+        return [
+            "run", "in.csv", "--embedder", "openai", "--base-url", self.server.base_url,
+            "--output", str(self.out), "--ledger", "ledger.sqlite3", "--chunk-size", "40",
+            "--keep-columns", "section", *extra,
+        ]  # fmt: skip
+
+    def run(self, rows: Rows, *extra: str) -> tuple[int, dict[str, Any]]:
+        """(inputs the server was sent, the committed manifest) of one night."""
+        self.server.reset()
+        result = run_cli(*self.args(rows, *extra), cwd=self.tmp)
         assert result.returncode == 0, result.stderr[-3000:]
         lines = result.stdout.splitlines()
         uri = next(line.split()[-1] for line in lines if line.startswith("manifest"))
@@ -170,3 +166,59 @@ def test_a_chain_of_delta_nights_writes_only_changes_and_reads_back_exactly(
     assert charged == 1
     assert not any(e.get("drop_ids") for e in fourth["chunks"]), "--compact writes whole objects"
     nights.check(fourth, rows4)
+
+
+def _chunk_files(out: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (out / "chunks").iterdir()}
+
+
+def _kill_at_random(nights: Nights, args: list[str], rng: random.Random, kills: int) -> None:
+    """Start ``args`` and kill -9 it at a random moment, ``kills`` times; no chunk object
+    is ever rewritten."""
+    seen = _chunk_files(nights.out)
+    for _ in range(kills):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli", *args],
+            cwd=nights.tmp,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(1.0, 6.0))  # start-up, planning, the delta, dispatch, commit
+        proc.kill()
+        proc.wait()
+        files = _chunk_files(nights.out)
+        assert {k: files.get(k) for k in seen} == seen, "a chunk object was rewritten"
+        seen = files
+
+
+def test_kill_9_at_random_points_of_a_delta_night_and_of_a_compaction(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """Every retained run stays readable whatever moment a night or a compaction dies at,
+    and the rerun commits exactly."""
+    nights = Nights(tmp_path, fake_openai)
+    rows = _first(480)
+    _, first = nights.run(rows)
+    rng = random.Random(11)
+    edited = sorted(rng.sample(range(480), 90))  # scattered: delta chunks of 40, 40 and 10 rows
+    rows2 = [(r[0], r[1] + " (night 2)", r[2]) if i in edited else r for i, r in enumerate(rows)]
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.4})  # a request takes its time
+    args = [*nights.args(rows2), "--batch-size", "4", "--concurrency", "2"]
+    _kill_at_random(nights, args, rng, kills=3)
+    nights.check(first, rows)  # the run before it reads back as it was
+    fake_openai.fail_when(lambda payload: None)
+    _, second = nights.run(rows2, "--batch-size", "4")
+    nights.check(second, rows2)
+    assert any(e.get("drop_ids") for e in second["chunks"]), "the night is a delta"
+
+    rows3 = [*rows2, ("pkg-last", "the last package", "s2")]
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.4})
+    args = [*nights.args(rows3, "--compact"), "--batch-size", "4", "--concurrency", "2"]
+    _kill_at_random(nights, args, rng, kills=3)
+    nights.check(second, rows2)
+    nights.check(first, rows)
+    fake_openai.fail_when(lambda payload: None)
+    _, third = nights.run(rows3, "--compact")
+    nights.check(third, rows3)
+    assert not any(e.get("drop_ids") for e in third["chunks"])
