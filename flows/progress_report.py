@@ -28,6 +28,8 @@ class ProgressReport:
     ) -> None:
         self.plan, self.skipped, self.artifact = plan, skipped, artifact
         self.rows_skipped = sum(c.rows for c in plan.chunks if c.index in skipped)
+        if plan.delta is not None:  # rows a delta night keeps from its base, or skips empty
+            self.rows_skipped += plan.delta.rows_inherited + plan.delta.rows_empty
         self._shown = 0  # the highest rows_done reported
         self._last: Progress | None = None
 
