@@ -20,9 +20,10 @@ that night is the compaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from adapters.ledger.reuse_index import bucket_of
-from adapters.row_facts import CHUNK_ROWS, ROW_DTYPE, chunk_rows
+from adapters.row_facts import CHUNK_ROWS, ROW_DTYPE, chunk_rows, id_digests
 from adapters.scratch import Scratch, hash_prefixes, release
 from embedline.errors import ConflictError
 from embedline.keys import ChunkKeyBuilder, columns_lines
@@ -139,87 +140,193 @@ def plan_delta(
 
     :raises FileNotFoundError: an object of ``base`` is gone (the caller runs a full night).
     :raises ConflictError: an object of ``base`` does not hold the rows its manifest says.
+    :raises DiskFullError: the scratch directory's filesystem is full.
     """
     assert plan.scratch is not None
-    kept = plan.source.kept_columns
-    rows = _input_rows(plan)
-    held = _base_rows(store, base, kept)
-    joined = rows.join(held, keys="id", join_type="full outer", coalesce_keys=True)
-    facts = _classify(joined)
-    inherited = _inherited(base, joined, facts)
-    written = joined.filter(facts["write"]).sort_by(
-        [("chunk", "ascending"), ("position", "ascending")]
-    )
-    held_rows = sum(int(c["rows"]) + len(c.get("drop_ids") or ()) for c in inherited)
-    live = sum(int(c["rows"]) for c in inherited) + written.num_rows
-    if held_rows - sum(int(c["rows"]) for c in inherited) > MAX_DROPPED_SHARE * max(live, 1):
-        return None
     scratch = Scratch.create(Path(plan.scratch).parent.parent)  # {root}/scratch/{token}
     try:
-        chunks = _delta_chunks(plan, written, settings)
+        found = _look_up(store, plan, base, scratch)
+        inherited = _inherited(base, found.drops)
+        written = (
+            pa.concat_tables(found.written).sort_by(
+                [("chunk", "ascending"), ("position", "ascending")]
+            )
+            if found.written
+            else None
+        )
+        rows_written = written.num_rows if written is not None else 0
+        taken = sum(int(c["rows"]) for c in inherited)
+        dropped = sum(len(c.get("drop_ids") or ()) for c in inherited)
+        if dropped > MAX_DROPPED_SHARE * max(taken + rows_written, 1):
+            scratch.close()
+            return None
+        chunks = _delta_chunks(plan, written, settings) if written is not None else []
         _write_rows(scratch, plan, written, settings.chunk_size)
-        pq.write_table(_change_rows(joined, facts), scratch.file(CHANGES_FILE))
+        changes = pa.concat_tables(found.changes) if found.changes else CHANGES_SCHEMA.empty_table()
+        pq.write_table(changes.sort_by("id"), scratch.file(CHANGES_FILE))
     except BaseException:
         scratch.close()
         raise
-    counts = {k: int(pc.sum(facts[k]).as_py() or 0) for k in ("added", "changed", "removed")}
     delta = DeltaBase(
         base_run_key=str(base["run_key"]),
         base_rows=int(base["rows_published"]),
         dimensions=int(base["dimensions"]),
         inherited=tuple(inherited),
-        rows_inherited=sum(int(c["rows"]) for c in inherited),
-        rows_empty=int(pc.sum(facts["empty"]).as_py() or 0),
-        added=counts["added"],
-        changed=counts["changed"],
-        removed=counts["removed"],
-        unchanged=int(pc.sum(facts["unchanged"]).as_py() or 0),
+        rows_inherited=taken,
+        rows_empty=found.counts["empty"],
+        added=found.counts["added"],
+        changed=found.counts["changed"],
+        removed=found.counts["removed"],
+        unchanged=found.counts["unchanged"],
     )
     release(plan.scratch)
     return replace(plan, chunks=tuple(chunks), scratch=str(scratch.path), delta=delta)
 
 
-def _input_rows(plan: InputPlan) -> pa.Table:
-    """Every input row: ``id``, ``text_sha256``, ``kept_sha256``, ``utf8_bytes``, ``empty``
-    and where planning put it (``chunk``, ``position``), from the planning pass's rows."""
+@dataclass(slots=True)
+class _Found:
+    """What the lookup found: the rows to write (tables of input rows), the ids each base
+    entry drops (by its position in ``base["chunks"]``), the change rows, the counts."""
+
+    written: list[pa.Table] = field(default_factory=list)
+    drops: dict[int, list[str]] = field(default_factory=dict)
+    changes: list[pa.Table] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+def _look_up(store: ObjectStore, plan: InputPlan, base: dict[str, Any], scratch: Scratch) -> _Found:
+    """Join the input's rows with the base's by id, one partition of ids at a time
+    (``_PARTITION_ROWS`` rows of both sides each; partitioned by a process-local id digest
+    and spilled to ``scratch`` as Arrow files when there is more than one), and classify."""
+    parts = max(1, -(-(plan.rows + int(base["rows_published"])) // _PARTITION_ROWS))
+    found = _Found()
+    sides: Iterable[tuple[pa.Table, pa.Table]]
+    if parts == 1:
+        sides = [(_input_rows(plan), _base_rows(store, base, plan.source.kept_columns))]
+    else:
+        sides = _partitioned(store, plan, base, scratch, parts)
+    for rows, held in sides:
+        joined = rows.join(held, keys="id", join_type="full outer", coalesce_keys=True)
+        facts = _classify(joined)
+        found.counts.update({k: int(pc.sum(v).as_py() or 0) for k, v in facts.items()})
+        found.written.append(joined.filter(facts["write"]).select(_WRITTEN))
+        found.changes.append(_change_rows(joined, facts))
+        dropped = joined.filter(facts["drop"])
+        for entry, row_id in zip(
+            dropped.column("entry").to_pylist(), dropped.column("id").to_pylist(), strict=True
+        ):
+            found.drops.setdefault(int(entry), []).append(str(row_id))
+    return found
+
+
+def _partitioned(
+    store: ObjectStore, plan: InputPlan, base: dict[str, Any], scratch: Scratch, parts: int
+) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """Both sides spilled to ``parts`` Arrow files each under ``scratch`` by
+    ``id_digests(id) % parts``, then read back a partition at a time."""
+    kept = plan.source.kept_columns
+    into = [scratch.file(f"lookup-in-{p}.arrow") for p in range(parts)]
+    held = [scratch.file(f"lookup-base-{p}.arrow") for p in range(parts)]
+    _spill(_input_batches(plan), into, _INPUT_SCHEMA)
+    _spill(_base_batches(store, base, kept), held, _BASE_SCHEMA)
+    for mine, theirs in zip(into, held, strict=True):
+        yield _read_spill(mine), _read_spill(theirs)
+        mine.unlink()
+        theirs.unlink()
+
+
+def _spill(tables: Iterator[pa.Table], paths: list[Path], schema: pa.Schema) -> None:
+    """Write each table's rows to ``paths[id_digests(id) % len(paths)]`` (Arrow IPC files
+    of ``schema``)."""
+    writers = [pa.ipc.new_file(str(p), schema) for p in paths]
+    try:
+        for table in tables:
+            part = id_digests(table.column("id").to_pylist()) % np.uint64(len(paths))
+            for p in np.unique(part):
+                writers[int(p)].write_table(table.cast(schema).filter(pa.array(part == p)))
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+def _read_spill(path: Path) -> pa.Table:
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+#: Rows of both sides joined at once: past it the lookup partitions the ids (about 400 bytes
+#: a row of both sides are held while a partition is joined, so about 200 MB at most).
+_PARTITION_ROWS = 500_000
+_INPUT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("text_sha256", pa.string()),
+        ("utf8_bytes", pa.int32()),
+        ("empty", pa.bool_()),
+        ("kept_sha256", pa.string()),
+        ("chunk", pa.int32()),
+        ("position", pa.int32()),
+    ]
+)
+_BASE_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("base_text", pa.string()),
+        ("base_kept", pa.string()),
+        ("entry", pa.int32()),
+    ]
+)
+#: The columns of a row to write (the input's).
+_WRITTEN = _INPUT_SCHEMA.names
+
+
+def _input_batches(plan: InputPlan) -> Iterator[pa.Table]:
+    """Every input row, a planned chunk at a time (``_INPUT_SCHEMA``: its facts from the
+    planning pass and where planning put it, ``chunk`` and ``position``)."""
     assert plan.scratch is not None
-    tables = []
     for spec in plan.chunks:
         batch = chunk_rows(plan.scratch, spec.index)
-        tables.append(
+        yield (
             pa.Table.from_batches([batch])
             .append_column("chunk", pa.repeat(pa.scalar(spec.index, pa.int32()), batch.num_rows))
             .append_column("position", pa.array(np.arange(batch.num_rows, dtype=np.int32)))
         )
-    return pa.concat_tables(tables) if tables else pa.table({})
 
 
-def _base_rows(store: ObjectStore, base: dict[str, Any], kept: Sequence[str]) -> pa.Table:
-    """The rows the base run takes: ``id``, ``base_text`` (its text hash), ``base_kept``
-    (its kept values' hash, null without kept columns) and ``entry`` (its manifest entry's
+def _base_batches(
+    store: ObjectStore, base: dict[str, Any], kept: Sequence[str]
+) -> Iterator[pa.Table]:
+    """The rows the base run takes, an entry at a time (``_BASE_SCHEMA``: ``base_text`` its
+    text hash, ``base_kept`` its kept values' hash or null, ``entry`` its manifest entry's
     position in ``base["chunks"]``), reading only the objects' key columns, 16 at once."""
     entries = [(i, c) for i, c in enumerate(base["chunks"]) if int(c["rows"])]
     with ThreadPoolExecutor(16) as pool:
-        tables = list(pool.map(lambda e: read_entry_keys(store, e[1], kept), entries))
-    parts = []
-    for (i, _), table in zip(entries, tables, strict=True):
-        kept_hash = table.column("kept_sha256") if kept else pa.nulls(table.num_rows, pa.string())
-        parts.append(
-            pa.table(
-                {
-                    "id": table.column("id"),
-                    "base_text": table.column("text_sha256"),
-                    "base_kept": kept_hash,
-                    "entry": pa.repeat(pa.scalar(i, pa.int32()), table.num_rows),
-                }
+        tables = pool.map(lambda e: read_entry_keys(store, e[1], kept), entries)
+        for (i, _), table in zip(entries, tables, strict=True):
+            kept_hash = (
+                table.column("kept_sha256") if kept else pa.nulls(table.num_rows, pa.string())
             )
-        )
-    if not parts:
-        schema = {"id": pa.string(), "base_text": pa.string(), "base_kept": pa.string()}
-        return pa.table(
-            {**{k: pa.array([], t) for k, t in schema.items()}, "entry": pa.array([], pa.int32())}
-        )
-    return pa.concat_tables(parts)
+            yield pa.table(
+                [
+                    table.column("id"),
+                    table.column("text_sha256"),
+                    kept_hash,
+                    pa.repeat(pa.scalar(i, pa.int32()), table.num_rows),
+                ],
+                schema=_BASE_SCHEMA,
+            )
+
+
+def _input_rows(plan: InputPlan) -> pa.Table:
+    return _concat(_input_batches(plan), _INPUT_SCHEMA)
+
+
+def _base_rows(store: ObjectStore, base: dict[str, Any], kept: Sequence[str]) -> pa.Table:
+    return _concat(_base_batches(store, base, kept), _BASE_SCHEMA)
+
+
+def _concat(tables: Iterator[pa.Table], schema: pa.Schema) -> pa.Table:
+    return pa.concat_tables([t.cast(schema) for t in tables] or [schema.empty_table()])
 
 
 def _classify(joined: pa.Table) -> dict[str, pa.ChunkedArray]:
@@ -254,26 +361,19 @@ def _classify(joined: pa.Table) -> dict[str, pa.ChunkedArray]:
     }
 
 
-def _inherited(
-    base: dict[str, Any], joined: pa.Table, facts: dict[str, pa.ChunkedArray]
-) -> list[dict[str, Any]]:
-    """The base's entries the night keeps, each with the ids it now drops added to its
-    ``drop_ids`` (sorted) and ``rows`` lowered to match; entries left without a row go."""
-    dropped = joined.filter(facts["drop"]).select(["entry", "id"])
-    by_entry: dict[int, list[str]] = {}
-    for entry, row_id in zip(
-        dropped.column("entry").to_pylist(), dropped.column("id").to_pylist(), strict=True
-    ):
-        by_entry.setdefault(int(entry), []).append(str(row_id))
+def _inherited(base: dict[str, Any], drops: dict[int, list[str]]) -> list[dict[str, Any]]:
+    """The base's entries the night keeps, each with the ids it now drops (``drops``, by the
+    entry's position) added to its ``drop_ids`` (sorted) and ``rows`` lowered to match;
+    entries left without a row go."""
     kept = []
     for i, entry in enumerate(base["chunks"]):
-        drops = by_entry.get(i, [])
-        rows = int(entry["rows"]) - len(drops)
+        dropped = drops.get(i, [])
+        rows = int(entry["rows"]) - len(dropped)
         if rows <= 0:
             continue
         entry = dict(entry)
-        if drops:
-            entry["drop_ids"] = sorted([*(entry.get("drop_ids") or ()), *drops])
+        if dropped:
+            entry["drop_ids"] = sorted([*(entry.get("drop_ids") or ()), *dropped])
             entry["rows"] = rows
         kept.append(entry)
     return kept
@@ -332,7 +432,9 @@ def _parts(plan: InputPlan, rows: pa.Table) -> list[ChunkPart]:
     return parts
 
 
-def _write_rows(scratch: Scratch, plan: InputPlan, written: pa.Table, chunk_size: int) -> None:
+def _write_rows(
+    scratch: Scratch, plan: InputPlan, written: pa.Table | None, chunk_size: int
+) -> None:
     """The delta chunks' rows in ``scratch`` as planning writes a plan's (``adapters.row_facts``):
     ``chunks.arrow`` (batch i: delta chunk i's rows) and the ``rows`` spill of text-hash
     prefixes by (delta chunk, position), which the reuse stage joins."""
@@ -340,7 +442,8 @@ def _write_rows(scratch: Scratch, plan: InputPlan, written: pa.Table, chunk_size
         schema = pa.ipc.open_file(planned).schema
     spill = scratch.spill("rows", ROW_DTYPE)
     with pa.ipc.new_file(str(scratch.file(CHUNK_ROWS)), schema) as writer:
-        for index, start in enumerate(range(0, written.num_rows, chunk_size)):
+        for index, start in enumerate(range(0, written.num_rows if written else 0, chunk_size)):
+            assert written is not None
             part = written.slice(start, chunk_size)
             batch = pa.record_batch(
                 [part.column(n).combine_chunks() for n in schema.names], schema=schema
@@ -368,4 +471,4 @@ def _change_rows(joined: pa.Table, facts: dict[str, pa.ChunkedArray]) -> pa.Tabl
             "text_changed": text_changed,
         }
     ).filter(pc.or_(pc.or_(added, changed), removed))
-    return table.sort_by("id").cast(CHANGES_SCHEMA)
+    return table.cast(CHANGES_SCHEMA)
