@@ -423,16 +423,22 @@ def check_vectors(
     dims: int = DIMS,
     env: dict[str, str] | None = None,
     expected_rows: int | None = None,
+    fraction: float = synthetic.DEFAULT_FRACTION,
+    tag: str = synthetic.DEFAULT_TAG,
+    include: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Read the run's chunk objects (the ones its manifest lists, each checked against the
     manifest's SHA-256) and compare ``sample`` rows' vectors with ``expected_matrix`` of their
     texts, bit for bit; also each row's ``text_sha256``. ``env``: the environment for the
-    store (moto's, for S3). Never raises: an error is reported in the result."""
+    store (moto's, for S3); ``fraction`` and ``tag``: the ``changed`` export's; ``include``:
+    base rows checked besides the sample (e.g. edited ones). Never raises: an error is reported
+    in the result."""
     import numpy as np
 
     from tests.support.fake_openai import expected_matrix
 
-    want = {synthetic.row_id(k): k for k in sample_rows(rows, variant, sample)}
+    picked = sorted({*sample_rows(rows, variant, sample), *include})
+    want = {synthetic.row_id(k): k for k in picked}
     result: dict[str, Any] = {
         "sampled": len(want),
         "checked": 0,
@@ -464,7 +470,7 @@ def check_vectors(
                 flat = column.flatten().to_numpy(zero_copy_only=False)
                 got = np.asarray(flat, dtype=np.float32).reshape(len(column), -1)[hits]
                 ks = [want[ids[i]] for i in hits]
-                texts = [synthetic.text_of(k, variant) for k in ks]
+                texts = [synthetic.text_of(k, variant, fraction, tag) for k in ks]
                 expected = expected_matrix(texts, dims)
                 shas = table.column("text_sha256").to_pylist()
                 for n, i in enumerate(hits):

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write the table of the newest benchmark results into ``benchmarks/README.md``.
+"""Write the table of the newest benchmark results into ``benchmarks/README.md``, and the
+per-night tables of the scale run into ``benchmarks/SCALE.md``.
 
 For each bench that writes JSON, the newest ``benchmarks/results/<kind>-<UTC time>.json`` (by
 the time stamp in its name; ``bench_scale`` writes ``scale-<ROWS>-<UTC time>.json``) gives one
@@ -7,9 +8,11 @@ row: its headline figures (ratios, rows/s, peak RSS) and how many of its targets
 committed baselines (``*-before-main-*.json``) and A/B files (``reuse-ab-*``) are not results
 of the current code and are left out. The table replaces what stands between the README's
 ``BEGIN GENERATED`` and ``END GENERATED`` markers; with no results at all it is one line
-saying to run ``make bench``. Standard library only::
+saying to run ``make bench``. ``SCALE.md`` gets, between the same markers, a table per row
+count from the newest ``scale-<ROWS>-*.json`` of that count that has per-night figures.
+Standard library only::
 
-    python benchmarks/report.py [--results DIR] [--readme PATH]
+    python benchmarks/report.py [--results DIR] [--readme PATH] [--scale PATH]
 """
 
 from __future__ import annotations
@@ -124,7 +127,52 @@ def _reuse(r: Result) -> tuple[str, str]:
     return "; ".join(figures), _met(r.get("targets", {}))
 
 
+def _mb(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value / 1e6:,.1f} MB" if value >= 1e5 else f"{value / 1e3:,.1f} KB"
+
+
+def _scale_checks(r: Result) -> str:
+    runs = r["runs"]
+    checks = r.get("vector_checks") or {}
+    ok = all(c.get("ok") for c in checks.values()) if checks else None
+    exits = all(run.get("exit_code") == 0 for run in runs)
+    judged = [run for run in runs if run.get("right_inputs") is not None]
+    charged = (
+        all(run.get("inputs_charged") == run["right_inputs"] for run in judged) if judged else None
+    )
+    return (
+        f"exit 0 everywhere: {_verdict(exits)}; sampled vectors exact: {_verdict(ok)}; "
+        f"charged the edited texts: {_verdict(charged)}"
+    )
+
+
 def _scale(r: Result) -> tuple[str, str]:
+    if "ratios" not in r:
+        return _scale_before_nights(r)
+    runs = {run["name"]: run for run in r["runs"]}
+    first = runs.get("first", {})
+    figures = [
+        f"{_n(r['settings']['rows'])} rows; first {_mb(first['written']['total']['bytes'])} "
+        f"written, {_n(first.get('task_runs'))} task runs, {_n(first.get('cpu_s'), 1)} CPU s"
+    ]
+    for name, q in r["ratios"].items():
+        figures.append(
+            f"{name}: bytes written {_x3(q.get('bytes_written'), 4)}, "
+            f"{_n(runs[name].get('task_runs'))} task runs, CPU {_x3(q.get('cpu'))} of the first"
+        )
+    gc = (r.get("sizes") or {}).get("after_gc", {}).get("output", {}).get("total", {})
+    figures.append(f"kept after gc {_mb(gc.get('bytes'))}; per night: [SCALE.md](SCALE.md)")
+    return "; ".join(figures), _scale_checks(r)
+
+
+def _x3(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}×"
+
+
+def _scale_before_nights(r: Result) -> tuple[str, str]:
+    """A scale result without per-night figures: rows/s and charges of each step."""
     runs = {run["name"]: run for run in r["runs"]}
     figures = [f"{_n(r['settings']['rows'])} rows"]
     for name, run in runs.items():
@@ -153,6 +201,74 @@ def _scale(r: Result) -> tuple[str, str]:
     return "; ".join(figures), (
         f"exit 0 everywhere: {_verdict(exits)}; sampled vectors exact: {_verdict(ok)}"
     )
+
+
+def scale_nights(r: Result) -> str:
+    """The per-night table of one scale result (Markdown)."""
+    settings = r["settings"]
+    lines = [
+        f"### {_n(settings['rows'])} rows",
+        "",
+        f"`{Path(r.get('_file', '')).name}`; {_scale_checks(r)}.",
+        "",
+        "| night | charged (ideal) | written | objects | kept | task runs | CPU s "
+        "embedline | CPU s server | wall s | peak RSS MB | written / first | task runs / "
+        "first | CPU / first |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |",
+    ]
+    ratios = r.get("ratios") or {}
+    for run in r["runs"]:
+        if "written" not in run:
+            continue
+        q = ratios.get(run["name"], {})
+        ideal = run.get("right_inputs")
+        charged = _n(run.get("inputs_charged")) + (f" ({_n(ideal)})" if ideal is not None else "")
+        lines.append(
+            f"| {run['name']} | {charged} | {_mb(run['written']['total']['bytes'])} | "
+            f"{_n(run['written']['total']['files'])} | {_mb(run.get('kept_bytes'))} | "
+            f"{_n(run.get('task_runs'))} | {_n(run.get('cpu_s'), 1)} | "
+            f"{_n(run.get('prefect_server_cpu_s'), 1)} | {_n(run.get('wall_s'), 1)} | "
+            f"{_n(run.get('peak_rss_cli_mb'))} | {_x3(q.get('bytes_written'), 4)} | "
+            f"{_x3(q.get('task_runs'))} | {_x3(q.get('cpu'))} |"
+        )
+    after = r.get("sizes", {}).get("after_gc", {})
+    gc = next((run for run in r["runs"] if run["name"] == "gc"), {})
+    if after:
+        lines += [
+            "",
+            f"After `embedline gc {settings.get('gc_args', '')}` ({_n(gc.get('wall_s'), 1)} s): "
+            f"the output holds {_mb(after.get('output', {}).get('total', {}).get('bytes'))}; "
+            f"the last night's run needs {_mb(after.get('last_night_kept_bytes'))}.",
+        ]
+    return "\n".join(lines)
+
+
+def newest_scale(results: Path) -> list[Path]:
+    """The newest per-night scale result of each row count, most rows first."""
+    newest: dict[int, tuple[str, Path]] = {}
+    for path in sorted(results.glob("scale-*.json")):
+        match = _NAME.match(path.name)
+        if not match or not match["rows"]:
+            continue
+        rows, stamp = int(match["rows"]), match["stamp"]
+        if rows not in newest or stamp > newest[rows][0]:
+            newest[rows] = (stamp, path)
+    return [path for _, (_, path) in sorted(newest.items(), reverse=True)]
+
+
+def scale_tables(results: Path) -> str:
+    """What goes between SCALE.md's markers: a table per row count with per-night figures."""
+    parts = []
+    for path in newest_scale(results):
+        try:
+            r = json.loads(path.read_text())
+            if "ratios" not in r:
+                continue  # no per-night figures in it
+            parts.append(scale_nights({**r, "_file": str(path)}))
+        except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+            parts.append(f"`{path.name}`: unreadable results ({type(exc).__name__}: {exc})")
+    return "\n\n".join(parts) or "No per-night results yet: run `make bench-scale ROWS=N`."
 
 
 def _paid(r: Result) -> tuple[str, str]:
@@ -294,12 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--readme", type=Path, default=HERE / "README.md")
+    parser.add_argument("--scale", type=Path, default=HERE / "SCALE.md")
     args = parser.parse_args(argv)
     generated, used = table(args.results)
     for kind, path in used.items():
         print(f"{kind:9} {path.name}")
-    changed = rewrite(args.readme, generated)
-    print(f"{args.readme}: {'rewritten' if changed else 'unchanged'}")
+    for page, text in ((args.readme, generated), (args.scale, scale_tables(args.results))):
+        changed = rewrite(page, text)
+        print(f"{page}: {'rewritten' if changed else 'unchanged'}")
     return 0
 
 

@@ -17,14 +17,15 @@ permutation array, 4 bytes a row):
 - ``shuffled``: the same rows in a seeded random order (every text the base has);
 - ``deleted10``: the base without 10 % of its rows (chosen by a hash of ``k``), order kept;
 - ``changed``: the base with a fraction (``--fraction``, default 0.001) of its texts edited
-  (the suffix becomes `` [row k, edited]``), chosen by a hash of ``k``; the rest identical,
-  order kept.
+  (the suffix becomes `` [row k, TAG]``, ``--tag`` default ``edited``), chosen by a hash of
+  ``k``; the rest identical, order kept. The rows a smaller fraction edits are among those a
+  larger one edits, so a night of another tag edits every chosen row again.
 
 The bench scripts import ``row_id``, ``row_text``, ``row_indices`` and ``write_export``; the
 command line writes one file::
 
     python benchmarks/synthetic.py ROWS OUT.csv [--variant base|shuffled|deleted10|changed]
-        [--fraction 0.001] [--seed 24]
+        [--fraction 0.001] [--tag edited] [--seed 24]
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ BASE_TEXT_BYTES = 290  # + the suffix, the id and the CSV punctuation: about 320
 MAX_ROWS = 999_999_999  # the id's nine digits
 DEFAULT_SEED = 24
 DEFAULT_FRACTION = 0.001
+DEFAULT_TAG = "edited"
 
 _MASK = (1 << 64) - 1
 
@@ -104,9 +106,9 @@ def is_changed(k: int, fraction: float = DEFAULT_FRACTION) -> bool:
     return _mix(k, 0xC4A) % 1_000_000 < round(fraction * 1_000_000)
 
 
-def row_text(k: int, *, edited: bool = False) -> str:
+def row_text(k: int, *, edited: bool = False, tag: str = DEFAULT_TAG) -> str:
     texts = debian_texts()
-    return f"{texts[k % len(texts)]} [row {k}{', edited' if edited else ''}]"
+    return f"{texts[k % len(texts)]} [row {k}{', ' + tag if edited else ''}]"
 
 
 def permutation(rows: int, seed: int = DEFAULT_SEED):  # -> numpy int32/int64 array
@@ -133,9 +135,11 @@ def row_indices(rows: int, variant: str, seed: int = DEFAULT_SEED) -> Iterator[i
         raise ValueError(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
 
 
-def text_of(k: int, variant: str, fraction: float = DEFAULT_FRACTION) -> str:
+def text_of(
+    k: int, variant: str, fraction: float = DEFAULT_FRACTION, tag: str = DEFAULT_TAG
+) -> str:
     """Row ``k``'s text as the variant holds it."""
-    return row_text(k, edited=variant == "changed" and is_changed(k, fraction))
+    return row_text(k, edited=variant == "changed" and is_changed(k, fraction), tag=tag)
 
 
 def write_export(
@@ -144,6 +148,7 @@ def write_export(
     variant: str = "base",
     *,
     fraction: float = DEFAULT_FRACTION,
+    tag: str = DEFAULT_TAG,
     seed: int = DEFAULT_SEED,
 ) -> dict[str, int]:
     """Write the variant of the ``rows``-row base export to ``dest`` (header ``id,text``, LF
@@ -163,7 +168,7 @@ def write_export(
         for k in row_indices(rows, variant, seed):
             change = variant == "changed" and is_changed(k, fraction)
             edited += change
-            batch.append((f"r{k:09d}", f"{texts[k % n]} [row {k}{', edited' if change else ''}]"))
+            batch.append((f"r{k:09d}", f"{texts[k % n]} [row {k}{', ' + tag if change else ''}]"))
             if len(batch) == 8192:
                 out.writerows(batch)
                 written += len(batch)
@@ -186,11 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         help="share of texts edited by --variant changed (default 0.001)",
     )
     parser.add_argument(
+        "--tag", default=DEFAULT_TAG, help="what --variant changed appends (default 'edited')"
+    )
+    parser.add_argument(
         "--seed", type=int, default=DEFAULT_SEED, help="seed of --variant shuffled's order"
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    done = write_export(args.rows, args.out, args.variant, fraction=args.fraction, seed=args.seed)
+    done = write_export(
+        args.rows, args.out, args.variant, fraction=args.fraction, tag=args.tag, seed=args.seed
+    )
     print(
         f"{args.out}: {done['rows']:,} rows, {done['bytes']:,} bytes "
         f"({done['bytes'] / max(done['rows'], 1):.0f} a row), {done['edited']:,} edited, "
