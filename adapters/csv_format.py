@@ -18,7 +18,7 @@ import codecs
 import csv
 import re
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 from embedline.errors import InputError
 
@@ -32,7 +32,7 @@ _SEP_LINE = re.compile(r"sep=([^\r\n\"])\r?")  # Excel's delimiter hint, the who
 #: ``--quoting``: ``minimal`` reads quoted fields as RFC 4180 does (a field may be quoted to
 #: hold delimiters, line breaks and doubled quotes); ``none`` splits on the delimiter only,
 #: quotes are literal characters and a record ends at its line's end.
-QUOTING = {"minimal": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}
+QUOTING: dict[str, Literal[0, 1, 2, 3]] = {"minimal": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class CsvFormat:
     sep_line: bool = False
 
     @property
-    def csv_quoting(self) -> int:
+    def csv_quoting(self) -> Literal[0, 1, 2, 3]:
         """The ``csv`` module's constant for ``quoting``."""
         return QUOTING[self.quoting]
 
@@ -253,7 +253,7 @@ def _reading(head: bytes, offset: int, codec: str) -> str:
 
 
 def _sniff_delimiter(
-    header: str, id_column: str, text_column: str, quoting: int = csv.QUOTE_MINIMAL
+    header: str, id_column: str, text_column: str, quoting: Literal[0, 1, 2, 3] = 0
 ) -> str:
     """The first of , ; TAB | that splits ``header`` into fields holding both columns; else
     the one giving most fields; else ``,`` (the header check then names what it found)."""

@@ -32,7 +32,7 @@ import unicodedata
 from array import array
 from collections.abc import Sequence
 from hashlib import sha256
-from typing import Any
+from typing import Any, Literal
 
 from adapters.csv_duplicates import raise_on_duplicates
 from adapters.csv_format import sniff_stream
@@ -150,7 +150,7 @@ def plan_csv(
     keep_columns: Sequence[str] = (),
     keep_text: bool = False,
     quoting: str = "minimal",
-    normalize: str = "none",
+    normalize: Literal["none", "NFC", "NFKC"] = "none",
     scratch_root: str | None = None,
     scratch: Scratch | None = None,
 ) -> InputPlan:
@@ -221,7 +221,7 @@ def _plan_csv(
     keep_columns: tuple[str, ...],
     keep_text: bool,
     quoting: str,
-    normalize: str,
+    normalize: Literal["none", "NFC", "NFKC"],
     scratch_root: str | None,
     *,
     given: Scratch | None = None,
@@ -272,7 +272,7 @@ def _plan_pass(
     keep_columns: tuple[str, ...],
     keep_text: bool,
     quoting: str,
-    normalize: str,
+    normalize: Literal["none", "NFC", "NFKC"],
     *,
     fast: bool,
     scratch: Scratch | None,
@@ -417,7 +417,7 @@ class _Shape:
         header: Header,
         template: Template | None,
         keep_columns: Sequence[str],
-        normalize: str = "none",
+        normalize: Literal["none", "NFC", "NFKC"] = "none",
     ) -> None:
         self.parts = (
             tuple(

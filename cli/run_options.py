@@ -70,7 +70,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         "--quoting",
         choices=("minimal", "none"),
         default="minimal",
-        help="minimal: a field may be quoted (\"a, b\", doubled \"\" inside, line breaks); "
+        help='minimal: a field may be quoted ("a, b", doubled "" inside, line breaks); '
         "none: fields are split on the delimiter only and quotes are kept as written, "
         "one record per line (a plain TSV or database dump with literal quotes)",
     )

@@ -11,6 +11,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
 
 __all__ = [
     "BATCH_PRICE_FACTOR",
@@ -148,7 +149,7 @@ class InputSource:
     keep_text: bool = False
     text_template: str | None = None  # as given (None: the plain text column)
     quoting: str = "minimal"
-    normalize: str = "none"  # "NFC", "NFKC" or "none" (docs/reference/keys.md, "Documents")
+    normalize: Literal["none", "NFC", "NFKC"] = "none"  # docs/reference/keys.md, "Documents"
 
     def text_of(self, fields: Sequence[str]) -> str:
         """A record's text: the template composed from ``fields``, or its text field, in the

@@ -441,9 +441,7 @@ class RunSettings(BaseModel):
     def key_columns(self) -> list[str]:
         """The run and chunk key lines of the documents settings (``keys.columns_lines``;
         empty for a plain run, whose keys have no such lines)."""
-        return columns_lines(
-            self.text_template, self.kept_columns, self.keep_text, self.normalize
-        )
+        return columns_lines(self.text_template, self.kept_columns, self.keep_text, self.normalize)
 
     @property
     def codec(self) -> str:

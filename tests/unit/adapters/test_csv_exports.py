@@ -71,7 +71,7 @@ def test_quoting_none_reads_literal_quotes_as_written(tmp_path: Path, packed: bo
 def test_quoting_none_is_checked_by_the_header_check_too(tmp_path: Path) -> None:
     path = tmp_path / "in.tsv"
     path.write_bytes(b'"id"\t"text"\n1\tx\n')
-    with pytest.raises(InputError, match="""no id column 'id'.*'"id"'"""):
+    with pytest.raises(InputError, match=r"""no id column 'id'.*'"id"'"""):
         check_header(
             path, id_column="id", text_column="text", codec="auto", delimiter="auto", quoting="none"
         )
