@@ -17,7 +17,9 @@ from __future__ import annotations
 import codecs
 import csv
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import BinaryIO, Literal
 
 from embedline.errors import InputError
@@ -32,7 +34,9 @@ _SEP_LINE = re.compile(r"sep=([^\r\n\"])\r?")  # Excel's delimiter hint, the who
 #: ``--quoting``: ``minimal`` reads quoted fields as RFC 4180 does (a field may be quoted to
 #: hold delimiters, line breaks and doubled quotes); ``none`` splits on the delimiter only,
 #: quotes are literal characters and a record ends at its line's end.
-QUOTING: dict[str, Literal[0, 1, 2, 3]] = {"minimal": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}
+QUOTING: Mapping[str, Literal[0, 1, 2, 3]] = MappingProxyType(
+    {"minimal": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}
+)
 
 
 @dataclass(frozen=True, slots=True)
