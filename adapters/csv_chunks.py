@@ -1,6 +1,8 @@
 """Reading one chunk of a planned CSV input: seek to its byte range, check the bytes against
 the plan's SHA-256, parse its records into ``Row``s. A chunk never reads another's bytes; a
-delta chunk reads the span of the planned chunks it takes rows from."""
+delta chunk reads the span of the planned chunks it takes rows from. Records are split as
+planning split them (``InputSource.quoting``) and texts composed and normalized alike
+(``InputSource.text_of``)."""
 
 from __future__ import annotations
 
@@ -92,7 +94,7 @@ def _chunk_rows(source: InputSource, spec: ChunkSpec, data: bytes, *, fast: bool
 
     :raises NeedsLineReader: ``fast`` met bytes it cannot decode.
     """
-    fmt = CsvFormat(source.encoding, source.newline, source.delimiter)
+    fmt = CsvFormat(source.encoding, source.newline, source.delimiter, quoting=source.quoting)
     lines = open_lines(
         io.BytesIO(data),
         source.path,
@@ -105,7 +107,7 @@ def _chunk_rows(source: InputSource, spec: ChunkSpec, data: bytes, *, fast: bool
     keeps = bool(source.kept_indexes)
     rows = []
     for number, (line, _, fields) in enumerate(
-        read_records(lines, source.path, source.delimiter), start=spec.first_row
+        read_records(lines, source.path, source.delimiter, source.quoting), start=spec.first_row
     ):
         text = text_of(fields)
         kept = kept_of(fields) if keeps else ()

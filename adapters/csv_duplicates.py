@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.csv_format import CsvFormat
-from adapters.csv_records import Header, open_lines, read_records
+from adapters.csv_records import Header, open_lines, read_header, read_records
 from adapters.row_facts import id_digests
 from embedline.errors import InputError
 
@@ -28,8 +28,8 @@ def raise_on_duplicates(suspects: set[int], found: Any, fmt: CsvFormat, header: 
     path = found.uri
     lines_by_id: dict[str, list[int]] = {}
     with found.open() as fh:
-        records = read_records(open_lines(fh, path, fmt), path, fmt.delimiter)
-        next(records)  # the header
+        records = read_records(open_lines(fh, path, fmt), path, fmt.delimiter, fmt.quoting)
+        read_header(records, fmt, path)
         for line, _, fields in records:
             row_id = fields[header.id_index]
             if int(id_digests([row_id])[0]) in suspects:

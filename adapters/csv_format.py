@@ -5,7 +5,9 @@ without a BOM takes UTF-8 if the sample decodes strictly, else the encoding
 charset-normalizer names (a single-byte code page it cannot confirm is refused, naming how
 one byte reads in each); the newline is ``\n`` unless the sample has only ``\r``;
 ``--delimiter auto`` tries ``,`` ``;`` TAB ``|`` on the header line and keeps the first that
-yields both the id and the text column. What was chosen is reported (``CsvFormat.note``).
+yields both the id and the text column. A first line ``sep=X`` (the hint Excel writes and
+reads) names the delimiter instead, and the header is the line after it. What was chosen is
+reported (``CsvFormat.note``).
 A ZIP or xlsx file, or gzip bytes without the ``.gz`` suffix, is refused naming what it is.
 Reading records in that format is ``adapters.csv_records``.
 """
@@ -14,41 +16,69 @@ from __future__ import annotations
 
 import codecs
 import csv
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
+from types import MappingProxyType
+from typing import BinaryIO, Literal
 
 from embedline.errors import InputError
 
-__all__ = ["CsvFormat", "single_byte_codec", "sniff_format", "sniff_stream"]
+__all__ = ["QUOTING", "CsvFormat", "single_byte_codec", "sniff_format", "sniff_stream"]
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 _UTF16_BOMS = {b"\xff\xfe": "utf-16-le", b"\xfe\xff": "utf-16-be"}
 _SNIFF_BYTES = 1 << 20
 _DELIMITERS = (",", ";", "\t", "|")
+_SEP_LINE = re.compile(r"sep=([^\r\n\"])\r?")  # Excel's delimiter hint, the whole first line
+#: ``--quoting``: ``minimal`` reads quoted fields as RFC 4180 does (a field may be quoted to
+#: hold delimiters, line breaks and doubled quotes); ``none`` splits on the delimiter only,
+#: quotes are literal characters and a record ends at its line's end.
+QUOTING: Mapping[str, Literal[0, 1, 2, 3]] = MappingProxyType(
+    {"minimal": csv.QUOTE_MINIMAL, "none": csv.QUOTE_NONE}
+)
 
 
 @dataclass(frozen=True, slots=True)
 class CsvFormat:
     """How an input's bytes become records: ``codec`` decodes each line (no BOM),
     ``newline`` ends a line (``"\n"`` or ``"\r"``), ``delimiter`` separates fields, ``bom``
-    bytes at the start are skipped; ``note`` says what was detected (empty: all defaults)."""
+    bytes at the start are skipped; ``note`` says what was detected (empty: all defaults);
+    ``quoting`` is a ``QUOTING`` name; ``sep_line``: the first line is Excel's ``sep=X``
+    (the delimiter), not the header."""
 
     codec: str
     newline: str = "\n"
     delimiter: str = ","
     bom: int = 0
     note: str = ""
+    quoting: str = "minimal"
+    sep_line: bool = False
+
+    @property
+    def csv_quoting(self) -> Literal[0, 1, 2, 3]:
+        """The ``csv`` module's constant for ``quoting``."""
+        return QUOTING[self.quoting]
 
 
 def sniff_format(
-    head: bytes, *, encoding: str, delimiter: str, path: str, id_column: str, text_column: str
+    head: bytes,
+    *,
+    encoding: str,
+    delimiter: str,
+    path: str,
+    id_column: str,
+    text_column: str,
+    quoting: str = "minimal",
 ) -> CsvFormat:
     """Decide codec, newline and delimiter from the input's first bytes (see module doc).
 
-    ``encoding`` is ``auto`` or a Python codec name; ``delimiter`` is ``auto`` or one character.
+    ``encoding`` is ``auto`` or a Python codec name; ``delimiter`` is ``auto`` or one
+    character; ``quoting`` a ``QUOTING`` name, kept in the format.
 
     :raises InputError: a binary format (ZIP/xlsx, gzip without ``.gz``), a BOM that
-        contradicts ``--encoding``, or bytes no detector can name.
+        contradicts ``--encoding``, bytes no detector can name, or a ``sep=X`` first line
+        that contradicts ``--delimiter``.
     """
     _refuse_binary(head, path)
     codec, bom, notes = _sniff_codec(head, encoding, path)
@@ -59,11 +89,25 @@ def sniff_format(
     if newline == "\r":
         notes.append("line ends: CR only")
     header = text.split(newline, 1)[0]
-    if delimiter == "auto":
-        delimiter = _sniff_delimiter(header, id_column, text_column)
+    sep = _SEP_LINE.fullmatch(header)
+    if sep:
+        if delimiter not in ("auto", sep.group(1)):
+            raise InputError(
+                f"the first line {header.rstrip()!r} (Excel's delimiter hint) names "
+                f"{sep.group(1)!r} but --delimiter is {delimiter!r}; pass --delimiter auto "
+                "(the line is then read as the delimiter, and the header is the next line)",
+                path=path,
+                line=1,
+            )
+        delimiter = sep.group(1)
+        notes.append(f"delimiter {delimiter!r} (from the 'sep=' first line; the header is line 2)")
+    elif delimiter == "auto":
+        delimiter = _sniff_delimiter(header, id_column, text_column, QUOTING[quoting])
         if delimiter != ",":
             notes.append(f"delimiter {delimiter!r} (found in the header)")
-    return CsvFormat(codec, newline, delimiter, bom, "; ".join(notes))
+    if quoting != "minimal":
+        notes.append(f"quoting {quoting}: fields split on the delimiter only, quotes kept")
+    return CsvFormat(codec, newline, delimiter, bom, "; ".join(notes), quoting, bool(sep))
 
 
 def _refuse_binary(head: bytes, path: str) -> None:
@@ -212,13 +256,15 @@ def _reading(head: bytes, offset: int, codec: str) -> str:
     return head[start:end].decode(codec, errors="replace")
 
 
-def _sniff_delimiter(header: str, id_column: str, text_column: str) -> str:
+def _sniff_delimiter(
+    header: str, id_column: str, text_column: str, quoting: Literal[0, 1, 2, 3] = 0
+) -> str:
     """The first of , ; TAB | that splits ``header`` into fields holding both columns; else
     the one giving most fields; else ``,`` (the header check then names what it found)."""
     best, most = ",", 1
     for candidate in _DELIMITERS:
         try:
-            fields = next(csv.reader([header], delimiter=candidate), [])
+            fields = next(csv.reader([header], delimiter=candidate, quoting=quoting), [])
         except csv.Error:
             continue
         if id_column in fields and text_column in fields:
@@ -229,7 +275,13 @@ def _sniff_delimiter(header: str, id_column: str, text_column: str) -> str:
 
 
 def sniff_stream(
-    fh: BinaryIO, path: str, encoding: str, delimiter: str, id_column: str, text_column: str
+    fh: BinaryIO,
+    path: str,
+    encoding: str,
+    delimiter: str,
+    id_column: str,
+    text_column: str,
+    quoting: str = "minimal",
 ) -> CsvFormat:
     """``sniff_format`` on the first MiB of ``fh`` (a buffered reader), peeked, not consumed.
 
@@ -243,4 +295,5 @@ def sniff_stream(
         path=path,
         id_column=id_column,
         text_column=text_column,
+        quoting=quoting,
     )

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 
 from adapters.csv_format import CsvFormat, sniff_stream
-from adapters.csv_records import open_lines, parse_header, read_records
+from adapters.csv_records import open_lines, parse_header, read_header, read_records
 from adapters.input_source import open_input
 from embedline.errors import InputError
 from embedline.template import Template, TemplateError, parse_template
@@ -24,9 +24,11 @@ def check_header(
     delimiter: str = ",",
     text_template: str | None = None,
     keep_columns: Sequence[str] = (),
+    quoting: str = "minimal",
 ) -> CsvFormat:
-    """Read only the header (and any BOM) of ``path``: a fast check before anything starts.
-    Returns the format ``sniff_format`` chose (its ``note`` says what was detected).
+    """Read only the header (and any BOM, and Excel's ``sep=X`` line) of ``path``: a fast
+    check before anything starts. Returns the format ``sniff_format`` chose (its ``note``
+    says what was detected); ``quoting`` as ``plan_csv``.
 
     :raises InputError: unreadable or binary file, undecodable header, missing or duplicated
         id/text column, a template or kept column missing, a malformed template, empty file.
@@ -41,18 +43,19 @@ def check_header(
             delimiter,
             id_column,
             template.columns[0] if template else text_column,
+            quoting,
         )
         lines = open_lines(fh, found.uri, fmt, fast=False)  # the header's lines alone
-        header = next(read_records(lines, found.uri, fmt.delimiter), None)
-    if header is None:
-        raise InputError("the file is empty: expected a header line", path=found.uri, line=1)
+        records = read_records(lines, found.uri, fmt.delimiter, fmt.quoting)
+        line, _, fields = read_header(records, fmt, found.uri)
     parse_header(
-        header[2],
+        fields,
         id_column=id_column,
         text_column=text_column,
         path=found.uri,
         template_columns=template.columns if template else (),
         keep_columns=keep_columns,
+        line=line,
     )
     return fmt
 

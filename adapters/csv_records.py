@@ -8,6 +8,12 @@ and legacy encodings such as cp932 (0x0A is never a trail byte); the 2-byte unit
 at an even offset for UTF-16-LE (``00 0A`` for BE); ``\r`` for files with CR-only line ends
 (classic Mac, some exports). The format comes from ``adapters.csv_format``; ``open_lines``
 picks the line reader (``Blocks`` where it reads alike, else ``Lines``).
+
+With ``--quoting none`` (``CsvFormat.quoting``) a record is one physical line split on the
+delimiter only, and quotes are kept as written. The header is the first record, or the
+second after Excel's ``sep=X`` line (``read_header``); the header again among the data
+(two exports joined with ``cat``, with or without the second one's BOM) is refused
+(``refuse_repeated_header``).
 """
 
 from __future__ import annotations
@@ -17,20 +23,31 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from adapters.csv_format import CsvFormat
+from adapters.csv_format import QUOTING, CsvFormat
 from adapters.csv_lines import Blocks, Hashes, Lines, LineSource, block_decodable
 from embedline.errors import InputError
 
-__all__ = ["Header", "check_width", "open_lines", "parse_header", "read_records", "row_id_of"]
+__all__ = [
+    "Header",
+    "check_width",
+    "header_starts",
+    "open_lines",
+    "parse_header",
+    "read_header",
+    "read_records",
+    "refuse_repeated_header",
+    "row_id_of",
+]
 
 _MAX_FIELD_CHARS = 64 * 1024 * 1024  # csv's default limit (131,072 chars) is too small for texts
 
 
 def read_records(
-    lines: LineSource, path: str, delimiter: str = ","
+    lines: LineSource, path: str, delimiter: str = ",", quoting: str = "minimal"
 ) -> Iterator[tuple[int, int, list[str]]]:
     """Yield ``(line, last_line, fields)`` for each non-blank record: the physical lines
-    where it starts and ends, and its fields as written.
+    where it starts and ends, and its fields as written. ``quoting`` is a
+    ``csv_format.QUOTING`` name (``none``: quotes are literal, a record is one line).
 
     While a record is yielded, ``last_line`` is the last line ``lines`` has read, so
     ``lines.offset_after(last_line)`` is the byte offset just after the record.
@@ -43,7 +60,7 @@ def read_records(
         ``lines`` raises.
     """
     csv.field_size_limit(_MAX_FIELD_CHARS)
-    reader = csv.reader(lines, strict=True, delimiter=delimiter)
+    reader = csv.reader(lines, strict=True, delimiter=delimiter, quoting=QUOTING[quoting])
     base = lines.first_line - 1
     line = lines.first_line  # where the next record starts
     try:
@@ -53,11 +70,71 @@ def read_records(
                 yield line, last_line, fields
             line = last_line + 1
     except csv.Error as exc:
+        hint = (
+            "; if this file's quotes are literal characters (a plain TSV, a database "
+            "dump), pass --quoting none"
+            if quoting == "minimal"
+            else ""
+        )
         raise InputError(
-            f"malformed CSV record ({exc}); check the quotes of the record starting here",
+            f"malformed CSV record ({exc}); check the quotes of the record starting here{hint}",
             path=path,
             line=line,
         ) from None
+
+
+def read_header(
+    records: Iterator[tuple[int, int, list[str]]], fmt: CsvFormat, path: str
+) -> tuple[int, int, list[str]]:
+    """The header record of ``records`` (``read_records`` from the input's start): the
+    first record, or the second when the first line is Excel's ``sep=X`` (``fmt.sep_line``).
+
+    :raises InputError: the file holds no header.
+    """
+    first = next(records, None)
+    if first is not None and fmt.sep_line:
+        first = next(records, None)
+    if first is None:
+        raise InputError(
+            "the file is empty: expected a header line",
+            path=path,
+            line=2 if fmt.sep_line else 1,
+        )
+    return first
+
+
+def header_starts(header: Header) -> frozenset[str]:
+    """First fields that make a data record worth ``refuse_repeated_header``'s look: the
+    header's first name (bare, quoted, after a BOM) and Excel's ``sep=`` line. One set
+    lookup per record is all the planning loop pays."""
+    first = header.names[0]
+    starts = {first, f'"{first}"', "sep="}
+    return frozenset(starts | {"\ufeff" + s for s in starts})
+
+
+def refuse_repeated_header(fields: list[str], line: int, header: Header, path: str) -> None:
+    """:raises InputError: the record ``fields`` starting at ``line`` is the header again
+    (with or without a BOM before it), or Excel's ``sep=`` line: two exports joined into one
+    file (``cat a.csv b.csv``). Refused rather than skipped: the join was likely an accident
+    and the user decides; skipped, its fields would never be seen, embedded, they would be
+    a row named after the id column."""
+    first = fields[0]
+    bom = first.startswith("\ufeff")
+    first = first.removeprefix("\ufeff")
+    names = header.names
+    if first == "sep=" and not any(fields[1:]):
+        what = "is Excel's 'sep=' line again"
+    elif first in (names[0], f'"{names[0]}"') and fields[1:] == names[1:]:
+        what = "repeats the header" + (" after a byte-order mark" if bom else "")
+    else:
+        return
+    raise InputError(
+        f"line {line} {what}: two exports joined into one file (cat a.csv b.csv)? "
+        "Embedded, it would be a row like any other. Remove it (sed -i "
+        f"'{line}d' FILE; or join exports with the header once: tail -n +2 b.csv >> a.csv)",
+        path=path,
+        line=line,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +160,11 @@ def parse_header(
     path: str,
     template_columns: Sequence[str] = (),
     keep_columns: Sequence[str] = (),
+    line: int = 1,
 ) -> Header:
-    """Find the id and text columns in the header record ``fields``; with a text template,
-    the columns it names (``template_columns``) instead of ``text_column``; and the
-    ``keep_columns``.
+    """Find the id and text columns in the header record ``fields`` (at physical ``line``);
+    with a text template, the columns it names (``template_columns``) instead of
+    ``text_column``; and the ``keep_columns``.
 
     :raises InputError: a column named twice, the same column for id and text, or any
         column missing (naming it and listing the columns found).
@@ -98,7 +176,7 @@ def parse_header(
                 f"column {name!r} appears twice in the header (fields {seen[name] + 1} and "
                 f"{position + 1}); rename one so the column to read is unambiguous",
                 path=path,
-                line=1,
+                line=line,
                 column=name,
             )
         seen[name] = position
@@ -137,7 +215,7 @@ def parse_header(
                     )
                 ),
                 path=path,
-                line=1,
+                line=line,
                 column=column,
             )
     last_named = max(i for i, name in enumerate(fields) if name)

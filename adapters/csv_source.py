@@ -28,10 +28,11 @@ directory (``adapters.row_facts``), so memory does not grow with the rows.
 from __future__ import annotations
 
 import os
+import unicodedata
 from array import array
 from collections.abc import Sequence
 from hashlib import sha256
-from typing import Any
+from typing import Any, Literal
 
 from adapters.csv_duplicates import raise_on_duplicates
 from adapters.csv_format import sniff_stream
@@ -40,9 +41,12 @@ from adapters.csv_lines import Hashes, LineSource, NeedsLineReader
 from adapters.csv_records import (
     Header,
     check_width,
+    header_starts,
     open_lines,
     parse_header,
+    read_header,
     read_records,
+    refuse_repeated_header,
     row_id_of,
 )
 from adapters.input_source import open_input
@@ -145,6 +149,8 @@ def plan_csv(
     text_template: str | None = None,
     keep_columns: Sequence[str] = (),
     keep_text: bool = False,
+    quoting: str = "minimal",
+    normalize: Literal["none", "NFC", "NFKC"] = "none",
     scratch_root: str | None = None,
     scratch: Scratch | None = None,
 ) -> InputPlan:
@@ -155,14 +161,18 @@ def plan_csv(
     are of the decompressed bytes).
 
     ``codec`` is ``auto`` or a Python codec name (``embedline.settings.codec_for``);
-    ``delimiter`` is ``auto`` or one character (``sniff_format``). The plan's source records
-    what was chosen (``encoding``, ``newline``, ``delimiter``, ``note``). The plan holds the
+    ``delimiter`` is ``auto`` or one character (``sniff_format``; a ``sep=X`` first line
+    names it); ``quoting`` ``minimal`` (RFC 4180 quotes) or ``none`` (split on the delimiter
+    only, quotes kept, a record per line). The plan's source records what was chosen
+    (``encoding``, ``newline``, ``delimiter``, ``quoting``, ``note``). The plan holds the
     file's SHA-256, size (bytes), record count and one ``ChunkSpec`` per chunk, each with its
     content key (docs/reference/keys.md) and byte range.
 
     ``text_template`` (``embedline.template``; None: the ``text_column`` field) builds each
     row's text; ``keep_columns`` are read beside it and, like ``keep_text``, enter the chunk
-    keys (``keys.columns_lines``).
+    keys (``keys.columns_lines``). ``normalize`` (``NFC``, ``NFKC``; ``none``: as read) is
+    the Unicode form each text is put in before it is hashed (and later sent); a form
+    enters the keys too.
 
     ``scratch_root`` (a directory, normally the ledger's): the pass keeps its per-row facts
     in a scratch directory under it (``adapters.row_facts``), so memory stays flat at any
@@ -176,8 +186,8 @@ def plan_csv(
         (naming it, listing the header), unreadable file, UTF-16 file, undecodable bytes, missing or
         duplicated header column, malformed record, record with extra non-empty or missing
         fields, empty id, duplicate ids (the first few, with their lines), a header with no
-        data rows under it. Every message names the file and the physical line where the
-        record starts.
+        data rows under it, the header repeated among the data (two exports joined). Every
+        message names the file and the physical line where the record starts.
     """
     args = (
         os.fspath(path),
@@ -191,6 +201,8 @@ def plan_csv(
         text_template,
         tuple(keep_columns),
         keep_text,
+        quoting,
+        normalize,
         scratch_root,
     )
     return _plan_csv(*args, given=scratch)
@@ -208,6 +220,8 @@ def _plan_csv(
     text_template: str | None,
     keep_columns: tuple[str, ...],
     keep_text: bool,
+    quoting: str,
+    normalize: Literal["none", "NFC", "NFKC"],
     scratch_root: str | None,
     *,
     given: Scratch | None = None,
@@ -224,6 +238,8 @@ def _plan_csv(
         text_template,
         keep_columns,
         keep_text,
+        quoting,
+        normalize,
     )
     for fast in (True, False):
         if given is not None:
@@ -255,6 +271,8 @@ def _plan_pass(
     text_template: str | None,
     keep_columns: tuple[str, ...],
     keep_text: bool,
+    quoting: str,
+    normalize: Literal["none", "NFC", "NFKC"],
     *,
     fast: bool,
     scratch: Scratch | None,
@@ -278,13 +296,11 @@ def _plan_pass(
             delimiter,
             id_column,
             template.columns[0] if template else text_column,
+            quoting,
         )
         lines = open_lines(fh, source_path, fmt, hashes=hashes, fast=fast)
-        records = read_records(lines, source_path, fmt.delimiter)
-        first = next(records, None)
-        if first is None:
-            raise InputError("the file is empty: expected a header line", path=source_path, line=1)
-        _, header_last_line, header_fields = first
+        records = read_records(lines, source_path, fmt.delimiter, fmt.quoting)
+        header_line, header_last_line, header_fields = read_header(records, fmt, source_path)
         header = parse_header(
             header_fields,
             id_column=id_column,
@@ -292,8 +308,9 @@ def _plan_pass(
             path=source_path,
             template_columns=template.columns if template else (),
             keep_columns=keep_columns,
+            line=header_line,
         )
-        shape = _Shape(header, template, keep_columns)
+        shape = _Shape(header, template, keep_columns, normalize)
         data_start = lines.offset_after(header_last_line)
         planner = _Planner(
             lines,
@@ -301,17 +318,21 @@ def _plan_pass(
             chunk_size=chunk_size,
             model=model,
             dimensions=dimensions,
-            columns=columns_lines(text_template, keep_columns, keep_text),
+            columns=columns_lines(text_template, keep_columns, keep_text, normalize),
         )
         planner.start(byte_start=data_start, line_start=header_last_line + 1)
         width, any_text, filled = len(header.names), False, 0
         text_of, kept_hash, keeping = shape.text_of, shape.kept_hash, bool(keep_columns)
-        id_index, text_index = header.id_index, None if template else header.text_index
+        id_index = header.id_index
+        text_index = None if template or normalize != "none" else header.text_index
+        starts = header_starts(header)  # a record starting so may be the header again
         add_id, add_hash, add_size = planner.ids.append, planner.hashes.append, planner.sizes.append
         # The one per-record loop: all that planning does per row happens here, in order.
         # Calls and copies per row are avoided where a test answers (a million rows: each
         # costs about 0.1 s): row_id_of only words the error of an id that fails its rule.
         for line, last_line, fields in records:
+            if fields[0] in starts:
+                refuse_repeated_header(fields, line, header, source_path)
             if len(fields) != width:
                 check_width(fields, line, header, source_path)
             row_id = fields[id_index]
@@ -343,7 +364,7 @@ def _plan_pass(
             "committed as a run would read as 'every row removed' (and a sink load would "
             "delete every row); check the export, or skip this run",
             path=source_path,
-            line=2,
+            line=header_line + 1,
         )
     if not any_text:
         column = header.names[header.text_index]
@@ -358,7 +379,7 @@ def _plan_pass(
             "would delete every row); check the export and "
             f"{'--text-template' if template else '--text-column'}",
             path=source_path,
-            line=2,
+            line=header_line + 1,
             column=column,
         )
     source = InputSource(
@@ -368,6 +389,7 @@ def _plan_pass(
         encoding=fmt.codec,
         newline=fmt.newline,
         delimiter=fmt.delimiter,
+        quoting=fmt.quoting,
         note=fmt.note,
         id_column=id_column,
         text_column=text_column,
@@ -391,7 +413,11 @@ class _Shape:
     """How a record becomes a text and kept values, by the header's positions."""
 
     def __init__(
-        self, header: Header, template: Template | None, keep_columns: Sequence[str]
+        self,
+        header: Header,
+        template: Template | None,
+        keep_columns: Sequence[str],
+        normalize: Literal["none", "NFC", "NFKC"] = "none",
     ) -> None:
         self.parts = (
             tuple(
@@ -404,11 +430,18 @@ class _Shape:
         self.text_index = header.text_index
         self.keep_columns = tuple(keep_columns)
         self.kept_indexes = tuple(header.columns[c] for c in keep_columns)
+        self.normalize = normalize
 
     def text_of(self, fields: list[str]) -> str:
+        """The record's text, as ``InputSource.text_of`` composes it (a test holds them
+        alike)."""
         if not self.parts:
-            return fields[self.text_index]
-        return "".join(literal + (fields[i] if i >= 0 else "") for literal, i in self.parts)
+            text = fields[self.text_index]
+        else:
+            text = "".join(literal + (fields[i] if i >= 0 else "") for literal, i in self.parts)
+        if self.normalize == "none":
+            return text
+        return unicodedata.normalize(self.normalize, text)
 
     def kept_hash(self, fields: list[str]) -> str | None:
         if not self.kept_indexes:
@@ -422,4 +455,5 @@ class _Shape:
             "kept_indexes": self.kept_indexes,
             "keep_text": keep_text,
             "text_template": text_template,
+            "normalize": self.normalize,
         }

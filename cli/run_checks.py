@@ -39,6 +39,7 @@ def check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
             text_template=settings.text_template,
             keep_columns=settings.kept_columns,
             delimiter=settings.delimiter,
+            quoting=settings.quoting,
         )
         if fmt.note:
             print(

@@ -63,8 +63,24 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--delimiter",
         default="auto",
-        help="field separator: auto (found in the header line among , ; tab |) "
-        "or one character; 'tab' for tab",
+        help="field separator: auto (Excel's 'sep=X' first line if there is one, else "
+        "found in the header line among , ; tab |) or one character; 'tab' for tab",
+    )
+    run.add_argument(
+        "--quoting",
+        choices=("minimal", "none"),
+        default="minimal",
+        help='minimal: a field may be quoted ("a, b", doubled "" inside, line breaks); '
+        "none: fields are split on the delimiter only and quotes are kept as written, "
+        "one record per line (a plain TSV or database dump with literal quotes)",
+    )
+    run.add_argument(
+        "--normalize",
+        choices=("none", "NFC", "NFKC"),
+        default="none",
+        help="Unicode form each text is put in before it is hashed and sent: none (as "
+        "read), NFC (composed: the same text exported decomposed is the same text), "
+        "NFKC (also folds compatibility forms such as full-width letters and ligatures)",
     )
     run.add_argument(
         "--embedder",

@@ -14,7 +14,8 @@ All keys follow ``docs/reference/keys.md`` (a contract: outside checks recompute
   were sent again, docs/reference/output-layout.md, "Generations") appends ``"g{N}"`` as a last
   line.
 - Documents (docs/reference/keys.md): a run with a text template other than ``{text_column}``, kept
-  columns or ``--keep-text`` appends ``columns_lines`` to the run key (before ``g{N}``) and
+  columns, ``--keep-text`` or ``--normalize NFC|NFKC`` appends ``columns_lines`` to the run
+  key (before ``g{N}``) and
   to the chunk key's header, and each chunk-key row line then also carries
   ``kept_sha256`` of the row's kept values. Without them the keys are exactly those above.
 
@@ -102,12 +103,18 @@ def request_key(row_keys: Sequence[str]) -> str:
 
 
 def columns_lines(
-    text_template: str | None, kept_columns: Sequence[str] = (), keep_text: bool = False
+    text_template: str | None,
+    kept_columns: Sequence[str] = (),
+    keep_text: bool = False,
+    normalize: str = "none",
 ) -> list[str]:
     """The key lines of a run's documents settings (docs/reference/keys.md): ``template:`` and the
     JSON of ``text_template`` (None: the plain text column, no line), ``keep:`` and the JSON list
-    of ``kept_columns`` (none: no line), ``keep_text`` when the text is kept. JSON so that a
-    template's newlines stay inside its one line."""
+    of ``kept_columns`` (none: no line), ``keep_text`` when the text is kept, ``normalize:`` and
+    the Unicode form (``NFC``, ``NFKC``; ``none``: no line). JSON so that a template's newlines
+    stay inside its one line. The same input bytes give other texts in another form, so the
+    form is in the keys; ``text_sha256`` is of the normalized text, so reuse across forms
+    happens exactly where the texts are equal."""
     lines = []
     if text_template is not None:
         lines.append("template:" + json.dumps(text_template, ensure_ascii=False))
@@ -115,6 +122,8 @@ def columns_lines(
         lines.append("keep:" + json.dumps(list(kept_columns), ensure_ascii=False))
     if keep_text:
         lines.append("keep_text")
+    if normalize != "none":
+        lines.append("normalize:" + normalize)
     return lines
 
 

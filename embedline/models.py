@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import builtins
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
 
 __all__ = [
     "BATCH_PRICE_FACTOR",
@@ -121,7 +123,9 @@ class InputSource:
 
     ``encoding`` is a Python codec name (``utf-8``, ``cp932``); ``data_start`` is the byte
     offset of the first data record (after the header); ``id_index``/``text_index`` are
-    0-based field positions; ``n_fields`` is the header's width.
+    0-based field positions; ``n_fields`` is the header's width. ``quoting`` is how fields
+    are split (``minimal`` or ``none``: ``adapters.csv_format.QUOTING``); ``normalize`` the
+    Unicode form the composed text is put in (``NFC``, ``NFKC``; ``none``: as read).
     """
 
     path: str
@@ -144,12 +148,21 @@ class InputSource:
     kept_indexes: tuple[int, ...] = ()
     keep_text: bool = False
     text_template: str | None = None  # as given (None: the plain text column)
+    quoting: str = "minimal"
+    normalize: Literal["none", "NFC", "NFKC"] = "none"  # docs/reference/keys.md, "Documents"
 
     def text_of(self, fields: Sequence[str]) -> str:
-        """A record's text: the template composed from ``fields``, or its text field."""
+        """A record's text: the template composed from ``fields``, or its text field, in the
+        Unicode form ``normalize``."""
         if not self.text_parts:
-            return fields[self.text_index]
-        return "".join(literal + (fields[i] if i >= 0 else "") for literal, i in self.text_parts)
+            text = fields[self.text_index]
+        else:
+            text = "".join(
+                literal + (fields[i] if i >= 0 else "") for literal, i in self.text_parts
+            )
+        if self.normalize == "none":
+            return text
+        return unicodedata.normalize(self.normalize, text)
 
     def kept_of(self, fields: Sequence[str]) -> tuple[str, ...]:
         """A record's kept values, exactly as read (empty without kept columns)."""

@@ -181,7 +181,10 @@ class RunSettings(BaseModel):
     each row's text from several columns (``{column}`` placeholders; None: the field of
     ``text_column``; a template that is one placeholder ``{X}`` is stored as ``text_column`` X);
     ``keep_columns`` are carried beside the vectors (names only here, never values; the CLI's
-    ``A,B`` is split at commas); ``keep_text`` keeps the composed text as column ``text``.
+    ``A,B`` is split at commas); ``keep_text`` keeps the composed text as column ``text``;
+    ``normalize`` puts each text in a Unicode form (``NFC``, ``NFKC``) before it is hashed
+    and sent (``none``: as read). ``quoting`` ``none`` splits fields on the delimiter only
+    (quotes are literal characters, a record is one line); ``minimal`` reads RFC 4180 quotes.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -195,6 +198,8 @@ class RunSettings(BaseModel):
     keep_text: bool = False
     encoding: str = "auto"
     delimiter: str = "auto"
+    quoting: Literal["minimal", "none"] = "minimal"
+    normalize: Literal["none", "NFC", "NFKC"] = "none"
     embedder: Literal["local", "openai"] = "local"
     model: str | None = None
     base_url: str = "https://api.openai.com/v1"
@@ -436,7 +441,7 @@ class RunSettings(BaseModel):
     def key_columns(self) -> list[str]:
         """The run and chunk key lines of the documents settings (``keys.columns_lines``;
         empty for a plain run, whose keys have no such lines)."""
-        return columns_lines(self.text_template, self.kept_columns, self.keep_text)
+        return columns_lines(self.text_template, self.kept_columns, self.keep_text, self.normalize)
 
     @property
     def codec(self) -> str:
@@ -446,8 +451,8 @@ class RunSettings(BaseModel):
     @property
     def plan_arguments(self) -> dict[str, Any]:
         """Keyword arguments of ``adapters.csv_source.plan_csv`` for ``input`` (columns,
-        codec, delimiter, chunk size in rows, model, dimensions, template, kept columns,
-        ``scratch_root``)."""
+        codec, delimiter, quoting, chunk size in rows, model, dimensions, template, kept
+        columns, normalization, ``scratch_root``)."""
         return {
             "id_column": self.id_column,
             "text_column": self.text_column,
@@ -459,6 +464,8 @@ class RunSettings(BaseModel):
             "text_template": self.text_template,
             "keep_columns": self.kept_columns,
             "keep_text": self.keep_text,
+            "quoting": self.quoting,
+            "normalize": self.normalize,
             "scratch_root": self.scratch_root,
         }
 

@@ -47,6 +47,8 @@ def embed_csv(
     keep_text: bool = False,
     encoding: str = "auto",
     delimiter: str = "auto",
+    quoting: Literal["minimal", "none"] = "minimal",
+    normalize: Literal["none", "NFC", "NFKC"] = "none",
     embedder: Literal["local", "openai"] = "local",
     model: str | None = None,
     base_url: str = "https://api.openai.com/v1",
@@ -91,7 +93,9 @@ def embed_csv(
     placeholders, ``{{``/``}}`` literal braces, e.g. ``"{title}\n\n{text}"``);
     ``keep_columns`` (names) are carried beside the vectors into chunk objects, readers and
     sinks, and ``keep_text`` keeps the text as column ``text`` (docs/reference/keys.md,
-    output-layout.md, sinks.md).
+    output-layout.md, sinks.md). ``quoting`` ``none`` splits fields on the delimiter only
+    (quotes kept); ``normalize`` ``NFC``/``NFKC`` puts each text in that Unicode form before
+    it is hashed and sent (``none``: as read; docs/reference/cli.md, "Input").
 
     With ``sink``, the committed run is then loaded into that vector store (``load-chunk``
     tasks; docs/reference/sinks.md); ``max_delete_fraction``: docs/reference/output-layout.md,

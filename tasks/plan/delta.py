@@ -383,7 +383,9 @@ def _delta_chunks(plan: InputPlan, written: pa.Table, settings: RunSettings) -> 
     """The delta chunks: ``written`` (rows to write, in input order) cut every
     ``chunk_size`` rows; each keyed over its own rows (docs/reference/keys.md, "Chunk key")."""
     source, size = plan.source, settings.chunk_size
-    columns = columns_lines(source.text_template, source.kept_columns, source.keep_text)
+    columns = columns_lines(
+        source.text_template, source.kept_columns, source.keep_text, source.normalize
+    )
     specs = []
     for index, start in enumerate(range(0, written.num_rows, size)):
         part = written.slice(start, size)

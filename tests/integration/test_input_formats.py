@@ -8,6 +8,9 @@ import codecs
 import csv
 import gzip
 import io
+import json
+import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 
 import boto3
@@ -16,7 +19,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import run_cli
-from tests.support.output import read_local_output
+from tests.support.output import read_local_output, vectors_by_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
@@ -32,7 +35,11 @@ def _text(delimiter: str = ",", newline: str = "\n") -> str:
 
 
 def _run(
-    tmp_path: Path, server: FakeEmbeddingServer, source: str, env: dict[str, str] | None = None
+    tmp_path: Path,
+    server: FakeEmbeddingServer,
+    source: str,
+    env: dict[str, str] | None = None,
+    extra: Sequence[str] = (),
 ) -> tuple[int, str]:
     result = run_cli(
         "run",
@@ -47,6 +54,7 @@ def _run(
         str(tmp_path / "ledger.sqlite3"),
         "--chunk-size",
         "4",
+        *extra,
         cwd=tmp_path,
         env=env,
     )
@@ -169,3 +177,88 @@ def test_gzip_trailing_garbage_is_refused_at_planning_naming_the_offset(
     lines = [line for line in output.splitlines() if f"byte offset {len(member) + 8}" in line]
     assert len(lines) == 1 and "in.csv.gz" in lines[0], output
     assert fake_openai.requests == 0
+
+
+#: A plain TSV as databases and PyPI dumps deliver it: quotes are characters of the text.
+LITERAL_ROWS = [
+    ("1", '"Quoted" name at the start of a summary'),
+    ("2", '"a well-formed quoted field keeps its quotes"'),
+    ("3", 'an unbalanced " quote, then a comma'),
+    ("4", 'doubled ""quotes"" stay doubled'),
+    ("5", "plain text"),
+    ("6", '"'),
+]
+
+
+def test_a_tsv_with_literal_quotes_reads_as_delivered_with_quoting_none(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, moto_endpoint: str, s3_bucket: str
+) -> None:
+    data = "".join(f"{i}\t{t}\n" for i, t in [("id", "text"), *LITERAL_ROWS]).encode()
+    (tmp_path / "dump.tsv").write_bytes(data)
+    before = fake_openai.counters()["requests"]
+    code, output = _run(tmp_path, fake_openai, str(tmp_path / "dump.tsv"))
+    assert code == 2 and "pass --quoting none" in output and "dump.tsv:2" in output, output
+    assert fake_openai.counters()["requests"] == before  # refused before any request
+
+    def check(where: Path) -> None:
+        _, vectors = read_local_output(where / "out")
+        assert set(vectors) == {i for i, _ in LITERAL_ROWS}
+        for row_id, text in LITERAL_ROWS:
+            np.testing.assert_allclose(vectors[row_id], expected_vector(text), atol=1e-6)
+
+    code, output = _run(
+        tmp_path, fake_openai, str(tmp_path / "dump.tsv"), extra=["--quoting", "none"]
+    )
+    assert code == 0, output
+    check(tmp_path)
+    # gzip on S3: the same readers, streamed
+    boto3.client("s3", endpoint_url=moto_endpoint).put_object(
+        Bucket=s3_bucket, Key="inputs/dump.tsv.gz", Body=gzip.compress(data)
+    )
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    code, output = _run(
+        remote,
+        fake_openai,
+        f"s3://{s3_bucket}/inputs/dump.tsv.gz",
+        env={"AWS_ENDPOINT_URL": moto_endpoint},
+        extra=["--quoting", "none"],
+    )
+    assert code == 0, output
+    check(remote)
+
+
+def test_the_same_texts_in_nfd_and_nfc_are_paid_once_with_normalize_nfc(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    texts = [f"café crème brûlée, Ångström №{i}" for i in range(6)]
+    for form in ("NFD", "NFC"):
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(
+            [
+                ("id", "text"),
+                *((str(i), unicodedata.normalize(form, t)) for i, t in enumerate(texts)),
+            ]
+        )
+        (tmp_path / f"{form}.csv").write_text(buf.getvalue(), encoding="utf-8")
+    inputs = fake_openai.counters()["inputs"]
+    code, output = _run(
+        tmp_path, fake_openai, str(tmp_path / "NFD.csv"), extra=["--normalize", "NFC"]
+    )
+    assert code == 0, output
+    assert fake_openai.counters()["inputs"] - inputs == len(texts)
+    code, output = _run(
+        tmp_path, fake_openai, str(tmp_path / "NFC.csv"), extra=["--normalize", "NFC"]
+    )
+    assert code == 0, output
+    assert fake_openai.counters()["inputs"] - inputs == len(texts)  # paid once
+    manifests = sorted((tmp_path / "out" / "manifests").glob("*.json"))
+    assert len(manifests) == 2  # two inputs (other bytes): two runs, the same chunks
+    for path in manifests:
+        manifest = json.loads(path.read_text())
+        bodies = {
+            e["object"]: (tmp_path / "out" / e["object"]).read_bytes() for e in manifest["chunks"]
+        }
+        vectors = vectors_by_id(bodies, manifest)
+        for i, text in enumerate(texts):
+            np.testing.assert_allclose(vectors[str(i)], expected_vector(text), atol=1e-6)
