@@ -40,8 +40,8 @@ __all__ = [
     "load_dead_letters_end",
     "manifest_object_key",
     "run_cost",
-    "usd",
     "shown_id",
+    "usd",
 ]
 
 

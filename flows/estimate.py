@@ -155,7 +155,9 @@ def _estimate(run: Run, settings: RunSettings) -> Estimate:
     inherited = delta.rows_inherited if delta is not None else 0
     estimate = Estimate(
         run.run_key,
-        rows_total=inherited + sum(c.rows for c in plan.chunks) + (delta.rows_empty if delta else 0),
+        rows_total=inherited
+        + sum(c.rows for c in plan.chunks)
+        + (delta.rows_empty if delta else 0),
         rows_inherited=inherited,
         price_per_million_tokens=settings.price_per_million_tokens,
     )
@@ -224,4 +226,3 @@ def _priced(estimate: Estimate) -> Estimate:
         estimate.cost = estimate.tokens * price / 1e6
         estimate.cost_batch = estimate.cost * BATCH_PRICE_FACTOR
     return estimate
-

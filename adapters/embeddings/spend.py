@@ -73,4 +73,3 @@ class SpendCap:
             "rerun with a higher --max-cost to resume (embedline run --dry-run shows what "
             "is left)"
         )
-

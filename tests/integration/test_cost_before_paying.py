@@ -25,7 +25,22 @@ from tests.support.output import vectors_by_id
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
 ESTIMATE = re.compile(r"^estimate   ([\d,]+) tokens for ([\d,]+) new texts, ", re.M)
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+]
 
 
 def _rows(n: int, *, edited: int = 0) -> list[tuple[str, str]]:
@@ -157,10 +172,47 @@ def test_max_cost_stops_before_the_cap_and_a_rerun_with_a_higher_cap_completes(
     charged = fake_openai.charged_texts()
     assert set(charged.values()) == {1}
     assert nights.spent_tokens(rows) == sum(_fake_tokens(t) for t in {t for _, t in rows})
-    uri = next(line.split()[-1] for line in result.stdout.splitlines() if line.startswith("manifest"))
+    uri = next(
+        line.split()[-1] for line in result.stdout.splitlines() if line.startswith("manifest")
+    )
     manifest = json.loads(Path(uri).read_text())
     bodies = {e["object"]: (nights.out / e["object"]).read_bytes() for e in manifest["chunks"]}
     vectors = vectors_by_id(bodies, manifest)
     assert sorted(vectors) == [i for i, _ in rows]
     got = np.stack([vectors[i] for i, _ in rows])
     assert np.allclose(got, expected_matrix([t for _, t in rows]), rtol=1e-6, atol=1e-7)
+
+
+def test_the_flow_parameter_dry_run_returns_the_estimate_as_data_and_an_artifact(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.embed_csv import embed_csv
+
+    rows = _rows(40)
+    Nights(tmp_path, fake_openai).args(rows)  # writes in.csv
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}):
+        state = embed_csv(
+            input=str(tmp_path / "in.csv"),
+            output=str(tmp_path / "out"),
+            ledger=str(tmp_path / "ledger.sqlite3"),
+            embedder="openai",
+            base_url=fake_openai.base_url,
+            price_per_million_tokens=0.02,
+            dry_run=True,
+            return_state=True,
+        )
+        assert state.is_completed()
+        estimate = state.result()
+        with get_client(sync_client=True) as client:
+            runs = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+            artifacts = {a.key: a for a in client.read_artifacts(flow_run_filter=runs) if a.key}
+    assert estimate["new_texts"] == len({t for _, t in rows})
+    assert estimate["cost"] == pytest.approx(estimate["tokens"] * 0.02 / 1e6)
+    assert "| estimate |" in str(artifacts["embedline-estimate"].data)
+    assert "~" not in str(artifacts["embedline-estimate"].data)  # no strikethrough
+    assert fake_openai.counters()["requests"] == 0
+    assert not (tmp_path / "out").exists()
