@@ -115,6 +115,9 @@ def _retry_failed(args: argparse.Namespace) -> int:
 def _run_settings(settings: RunSettings, *, progress_interval_s: float = 10.0) -> int:
     from cli.plan_ahead import PlanAhead, prefect_on_demand
 
+    if settings.dry_run:
+        return _dry_run(settings)
+
     lazy = prefect_on_demand(settings)  # else Prefect starts now, in parallel with planning
     ahead = None if lazy else PlanAhead.for_run(settings)  # first: the checks import it too
     try:
@@ -129,6 +132,30 @@ def _run_settings(settings: RunSettings, *, progress_interval_s: float = 10.0) -
     finally:
         if ahead is not None:
             ahead.close()
+
+
+def _dry_run(settings: RunSettings) -> int:
+    """``--dry-run``: print the estimate (``flows.estimate``) on stdout, exit 0; no
+    Prefect, no request, nothing written to the output or recorded in the ledger."""
+    from adapters.csv_source import plan_csv
+    from adapters.object_store import open_store
+    from embedline.errors import EmbedlineError
+    from flows.estimate import estimate_run
+
+    if "://" not in settings.input and not os.path.isfile(settings.input):
+        return fail(f"embedline: error: {settings.input}: no such file", EXIT_USAGE)
+    try:
+        estimate = estimate_run(
+            settings,
+            store=open_store(settings.output),
+            plan_input=lambda s: plan_csv(s.input, **s.plan_arguments),
+        )
+    except EmbedlineError as exc:
+        return fail(f"embedline: error: {exc}", exc.exit_code)
+    if isinstance(estimate, tuple):
+        return fail(f"embedline: error: {estimate[0]}", estimate[1])
+    print("\n".join(estimate.lines()))
+    return 0
 
 
 def _run_flow(

@@ -222,6 +222,21 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         help="USD per 1M tokens, for the cost estimate in the summary (default: no estimate)",
     )
     run.add_argument(
+        "--max-cost",
+        type=positive_float,
+        default=None,
+        metavar="USD",
+        help="stop before a request would take what this command has spent (tokens the "
+        "server reported × --price-per-million-tokens, which it needs) above USD: exit 3, "
+        "published chunks kept, a rerun with a higher cap resumes (default: no cap)",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="plan, look up what is published and reused, and print the rows, the new "
+        "texts, their estimated tokens and cost; send no request, write nothing",
+    )
+    run.add_argument(
         "--no-reuse",
         dest="reuse",
         action="store_false",

@@ -15,6 +15,8 @@ into these.
      ├─ StopRequestedError    the run is stopping (SIGINT/SIGTERM) → chunk released, rerun resumes
      ├─ FatalError            401/403, insufficient_quota, unknown model, store refusals → exit 3
      │   ├─ RequestRejectedError  a 4xx for the request itself, not one input → exit 3
+     │   ├─ CostCapError      the next request would take the spend above --max-cost → exit 3,
+     │   │                    published chunks kept, a rerun with a higher cap resumes
      │   ├─ UnknownBatchError a batch or file id the ledger recorded is a 404 at the Batch
      │   │                    API (another key or account, purged, deleted) → exit 3
      │   └─ ConflictError     an object at our key holds other bytes → never overwritten
@@ -36,6 +38,7 @@ from __future__ import annotations
 __all__ = [
     "BadResponseError",
     "ConflictError",
+    "CostCapError",
     "DiskFullError",
     "EmbedlineError",
     "EndpointDownError",
@@ -186,6 +189,11 @@ class RequestRejectedError(FatalError):
     deployment), not an input: dead-lettering every row would make the rejection final, so
     the run stops instead (exit 3) and publishes nothing for the affected chunks.
     """
+
+
+class CostCapError(FatalError):
+    """Raised before a request that would take what the run spent above ``--max-cost``
+    (``adapters.embeddings.spend``): nothing more is sent; what is published stays."""
 
 
 class UnknownBatchError(FatalError):

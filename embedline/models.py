@@ -7,6 +7,7 @@ holds a secret; only ``Row`` holds input text, and its ``repr`` leaves the text 
 from __future__ import annotations
 
 import builtins
+import math
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -42,6 +43,7 @@ __all__ = [
     "manifest_object_key",
     "run_cost",
     "shown_id",
+    "usd",
 ]
 
 
@@ -435,6 +437,14 @@ class ManifestChunk:
 
 #: The Batch API's price as a share of the synchronous one (OpenAI: 50 % for embeddings).
 BATCH_PRICE_FACTOR = 0.5
+
+
+def usd(amount: float) -> str:
+    """``$1,234.56``; below a cent, four significant digits (``$0.00006235``), never in
+    exponent notation."""
+    if amount >= 0.01 or amount <= 0:
+        return f"${amount:,.2f}"
+    return f"${amount:.{3 - math.floor(math.log10(amount))}f}".rstrip("0")
 
 
 def run_cost(tokens: int, batch_tokens: int, price_per_million: float) -> tuple[float, float]:

@@ -225,6 +225,10 @@ class RunSettings(BaseModel):
     retry_dead_letters: bool = False
     allow_unconditional_store: bool = False
     price_per_million_tokens: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    # stop before a request would take what the run spent (USD, reported tokens × price)
+    # above it (adapters/embeddings/spend.py); a dry run sends nothing (flows/estimate.py)
+    max_cost: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    dry_run: bool = False
     reuse: bool = True
     compact: bool = False  # a full night, not a delta (tasks/plan/delta.py)
     task_runner: Literal["threads", "dask"] = "threads"
@@ -331,6 +335,28 @@ class RunSettings(BaseModel):
             raise ValueError(
                 "--batch-api needs --embedder openai (OpenAI's Batch API, or a "
                 "server with the same /files and /batches endpoints)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _max_cost_is_checkable(self) -> RunSettings:
+        """``max_cost`` is checked where each synchronous request is sent, per process:
+        refused where it could not hold (no price, no paid request, batches, Dask)."""
+        if self.max_cost is None:
+            return self
+        if self.price_per_million_tokens is None:
+            raise ValueError("--max-cost needs --price-per-million-tokens (USD per 1M tokens)")
+        if self.embedder != "openai":
+            raise ValueError("--max-cost needs --embedder openai (the local model costs nothing)")
+        if self.batch_api:
+            raise ValueError(
+                "--max-cost caps synchronous requests, not Batch API batches: drop one of "
+                "--max-cost, --batch-api (--dry-run shows the cost first)"
+            )
+        if self.task_runner == "dask":
+            raise ValueError(
+                "--max-cost is checked in this process, not in Dask workers: drop one of "
+                "--max-cost, --task-runner dask"
             )
         return self
 

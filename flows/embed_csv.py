@@ -74,6 +74,8 @@ def embed_csv(
     retry_dead_letters: bool = False,
     allow_unconditional_store: bool = False,
     price_per_million_tokens: float | None = None,
+    max_cost: float | None = None,
+    dry_run: bool = False,
     reuse: bool = True,
     compact: bool = False,
     task_runner: Literal["threads", "dask"] = "threads",
@@ -112,6 +114,12 @@ def embed_csv(
     ``batch_enqueued_tokens`` sizes batches to the account's enqueued-token budget
     (estimated tokens). Any of these four set without ``batch_api`` is refused (exit 2),
     not ignored.
+
+    ``dry_run``: no request, no write, no run recorded: the run's estimate (rows, new texts,
+    estimated tokens, cost at ``price_per_million_tokens``: ``flows.estimate``) is the
+    Completed state's data and the ``embedline-estimate`` artifact. ``max_cost`` (USD, with
+    ``price_per_million_tokens``): stop before a request would take the spend above it
+    (exit 3; ``adapters.embeddings.spend``).
     """
     parameters = dict(locals())
     quiet_expected_tracebacks()
@@ -133,6 +141,8 @@ def embed_csv(
         return _final(
             Run.refused(2, "input_error", f"invalid parameters: {validation_message(exc)}")
         )
+    if settings.dry_run:  # nothing sent: no API key needed
+        return _dry_run(settings)
     problem = _api_key_problem(settings)
     if problem:
         return _final(Run.refused(3, "fatal", problem))
@@ -143,6 +153,32 @@ def embed_csv(
     # The Prefect API went away: the CLI prints this and exits (not 1 min of client retries)
     STOP.report.hand_over(summary.to_dict())
     return _final(summary)
+
+
+def _dry_run(settings: RunSettings) -> State[Any]:
+    """The run's estimate (``flows.estimate``): logged, the ``embedline-estimate``
+    artifact, the Completed state's data; a run that cannot start fails as it would."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from adapters.csv_source import plan_csv
+    from flows.estimate import estimate_run
+    from tasks.embed.task import store_for
+
+    logger = get_run_logger()
+    estimate = estimate_run(
+        settings,
+        store=store_for(settings.output),
+        plan_input=lambda s: plan_csv(s.input, **s.plan_arguments),
+        log=logger,
+    )
+    if isinstance(estimate, tuple):
+        return _final(Run.refused(estimate[1], "input_error", estimate[0]))
+    for line in estimate.lines():
+        logger.info("%s", line)
+    create_markdown_artifact(
+        estimate.markdown(), key="embedline-estimate", description="embedline dry run"
+    )
+    return Completed(message=estimate.lines()[0], data=estimate.to_dict())
 
 
 def _api_key_problem(settings: RunSettings) -> str | None:

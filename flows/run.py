@@ -142,11 +142,14 @@ class Run:
         started: float | None = None,
         full_night: bool = False,
         learned_length: int | None = None,
+        prepare_output: bool = True,
     ) -> Run:
         """Prepare the output, plan the input (``plan_input``) and resolve the run's target;
         a delta night when the run has a base (``tasks.plan.delta.delta_night``) unless
         ``full_night``. ``learned_length``: the vector length the server answered with
         earlier in this command (a delta night's, ``NightOfAnotherLength``): the run's.
+        ``prepare_output`` False (a dry run, ``flows.estimate``): the output is read as it
+        is, never created.
 
         :raises RunRefused: the run cannot start: an input error (exit 2, or the error's
             code: a missing output directory's parent, an unreadable input) or a store that
@@ -154,7 +157,8 @@ class Run:
         """
         started = time.monotonic() if started is None else started
         try:
-            store.prepare()
+            if prepare_output:
+                store.prepare()
             plan = plan_input(settings)
         except InputError as exc:
             raise RunRefused(cls.refused(exc.exit_code, "input_error", str(exc))) from None

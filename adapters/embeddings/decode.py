@@ -24,7 +24,7 @@ from adapters.embeddings.classify import error_detail, error_fields
 from adapters.vector_check import decode_vector, stack_vectors
 from embedline.errors import BadResponseError
 
-__all__ = ["json_or_none", "parse_embeddings", "well_formed"]
+__all__ = ["json_or_none", "parse_embeddings", "usage_tokens", "well_formed"]
 
 
 def json_or_none(response: httpx.Response) -> object:
@@ -147,6 +147,11 @@ def _index_of(item: object, n: int) -> int:
     if not 0 <= index < n:
         raise BadResponseError(f"embedding index {index} out of range for {n} inputs")
     return index
+
+
+def usage_tokens(payload: object) -> int:
+    """The tokens an answer's ``usage`` reports (``_usage_tokens``), 0 when it has none."""
+    return _usage_tokens(payload.get("usage") if isinstance(payload, Mapping) else None)
 
 
 def _usage_tokens(usage: object) -> int:

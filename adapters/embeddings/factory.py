@@ -15,6 +15,7 @@ from adapters.embeddings.endpoint import api_key_from_env, auth_header_for, safe
 from adapters.embeddings.local import LocalEmbedder
 from adapters.embeddings.openai_batch import BatchClient
 from adapters.embeddings.openai_compatible import OpenAIEmbedder
+from adapters.embeddings.spend import SpendCap
 from embedline.protocols import EmbeddingClient
 
 if TYPE_CHECKING:
@@ -109,6 +110,8 @@ def _cache_key(settings: RunSettings, api_key: str | None) -> tuple[object, ...]
         key_digest,
         auth_header_for(settings.auth_header),
         settings.encoding_format,
+        settings.max_cost,
+        settings.price_per_million_tokens,
     )
 
 
@@ -136,5 +139,13 @@ def _new_embedder(settings: RunSettings, api_key: str | None, logger: Logger) ->
         tpm=settings.tpm,
         auth_header=auth_header_for(settings.auth_header),
         encoding_format=settings.encoding_format,
+        spend=(
+            SpendCap(
+                max_cost=settings.max_cost,
+                price_per_million=settings.price_per_million_tokens or 0.0,
+            )
+            if settings.max_cost is not None
+            else None
+        ),
         logger=logger,
     )

@@ -30,7 +30,7 @@ import numpy as np
 from adapters.embeddings.caps import RequestCaps, estimate_tokens
 from adapters.embeddings.classify import NEVER_SENT, classify, classify_transport_error
 from adapters.embeddings.common import HTTP_LOGGER, Logger
-from adapters.embeddings.decode import json_or_none, parse_embeddings, well_formed
+from adapters.embeddings.decode import json_or_none, parse_embeddings, usage_tokens, well_formed
 from adapters.embeddings.encoding import FormatNegotiation
 from adapters.embeddings.endpoint import (
     auth_headers,
@@ -43,8 +43,10 @@ from adapters.embeddings.endpoint import (
 )
 from adapters.embeddings.latch import FatalLatch
 from adapters.embeddings.pause import SharedPause, defer_if_too_long
+from adapters.embeddings.spend import SpendCap
 from adapters.rate_limit import RequestPacer
 from embedline.errors import (
+    CostCapError,
     EmbedlineError,
     EndpointDownError,
     FatalError,
@@ -122,6 +124,9 @@ class OpenAIEmbedder:
     :param tpm: tokens per minute, None for no limit.
     :param max_wait_s: longest server wait (``retry-after-ms``/``Retry-After``) slept inside
         a call, seconds; default ``embedline.retry.MAX_RETRY_AFTER_S`` (120 s).
+    :param spend: ``--max-cost``: each request is booked against it as it is about to be
+        sent and settled with the answer's ``usage``; a refusal (``CostCapError``) latches
+        like a fatal answer (``adapters.embeddings.spend``).
     :param client: an ``httpx.Client`` to use (tests pass one with ``MockTransport``);
         not closed by ``close()``.
     :param sleep: called with seconds for backoff, pauses and pacing (tests record it);
@@ -146,6 +151,7 @@ class OpenAIEmbedder:
         max_wait_s: float = MAX_RETRY_AFTER_S,
         auth_header: str = "Authorization",
         encoding_format: str = "auto",
+        spend: SpendCap | None = None,
         client: httpx.Client | None = None,
         logger: Logger | None = None,
         sleep: Callable[[float], None] | None = None,
@@ -173,6 +179,7 @@ class OpenAIEmbedder:
         self._pause = SharedPause(clock)
         self._pacer = RequestPacer(rpm=rpm, tpm=tpm, clock=clock)
         self.caps = RequestCaps(logger=self._logger)
+        self.spend = spend
 
     whole_chunk = False  # request batches: the chunk logic sizes them
 
@@ -345,7 +352,12 @@ class OpenAIEmbedder:
         with self._slots:
             self._latch.check()
             fmt = fmt or self._format.current
-            response, payload = self._send(texts, key, fmt, call)
+            self._book(call)
+            try:
+                response, payload = self._send(texts, key, fmt, call)
+            except BaseException:
+                self._settle(call, None)
+                raise
             error = classify(
                 response.status_code,
                 response.headers,
@@ -355,9 +367,28 @@ class OpenAIEmbedder:
                 redact=texts,
                 auth_hint=auth_hint(self._api_key, self._auth_header),
             )
+            self._settle(call, None if error is not None else usage_tokens(payload))
             if isinstance(error, FatalError) and not self._format.may_explain(fmt, error, payload):
                 self._latch.stop(error)
         return response, payload, error, fmt
+
+    def _book(self, call: _Call) -> None:
+        """Book the request about to be sent against ``spend`` (``--max-cost``).
+
+        :raises CostCapError: it would pass the cap: latched, nothing more is sent.
+        """
+        if self.spend is None:
+            return
+        try:
+            self.spend.book(call.estimated_tokens)
+        except CostCapError as exc:
+            self._latch.stop(exc)
+            raise
+
+    def _settle(self, call: _Call, reported_tokens: int | None) -> None:
+        """Settle the booked request (``SpendCap.settle``): None for a failed answer."""
+        if self.spend is not None:
+            self.spend.settle(call.estimated_tokens, reported_tokens)
 
     def _try_float(
         self, texts: list[str], key: str, call: _Call, status: int

@@ -99,6 +99,9 @@ class JoinResult:
     waiting: int = 0
     owned: int = 0
     chunks_waiting: set[int] = field(default_factory=set)
+    # with ``join_run(keep_owners=True)``: the owner row of each distinct text left to send,
+    # as (chunk, position) records (a dry run counts their tokens: ``flows.estimate``)
+    owners: list[np.ndarray] | None = None
 
 
 # --------------------------------------------------------------------------- the index
@@ -203,12 +206,14 @@ def join_run(
     dimensions: int | None,
     reuse: bool,
     run_key: str,
+    keep_owners: bool = False,
 ) -> JoinResult:
     """Decide, for every non-empty row of the ``todo`` chunks, where its vector comes from
     (module docstring), writing the ``needs`` and ``waits`` spills under ``directory``.
     ``rows`` is planning's spill (``ROW_DTYPE``, by bucket);
     ``chunks_total`` the plan's chunk count. With ``reuse`` False the index is not used
-    (in-run deduplication and kept requests still are).
+    (in-run deduplication and kept requests still are). ``keep_owners``: also list the
+    owner row of every text left to send (``JoinResult.owners``).
     """
     in_todo = np.zeros(chunks_total, dtype=bool)
     in_todo[[s.index for s in todo]] = True
@@ -231,10 +236,12 @@ def join_run(
         Spill(directory / "needs", NEED_DTYPE),
         Spill(directory / "waits", WAIT_DTYPE),
         np.zeros(chunks_total, dtype=np.int64),
+        owners=[] if keep_owners else None,
     )
     owner_of = np.array(
-        [s.kept_by if s.kept_by is not None else -1 for s in sources], dtype=np.int64
-    )
+        [s.kept_by if s.kept_by is not None and not keep_owners else -1 for s in sources],
+        dtype=np.int64,
+    )  # a dry run (keep_owners) counts a chunk's own kept requests too: its task takes them
     for bucket in range(BUCKETS):
         run = rows.read(bucket)
         run = run[in_todo[run["chunk"]]]
@@ -318,6 +325,8 @@ def _in_run(result: JoinResult, run: np.ndarray) -> None:
     starts = np.flatnonzero(np.r_[True, prefixes[1:] != prefixes[:-1]])
     ends = np.r_[starts[1:], len(run)]
     result.owned += len(starts)
+    if result.owners is not None:
+        result.owners.append(np.stack([chunks[starts], run["position"][starts]], axis=1))
     shared = starts[chunks[starts] != chunks[ends - 1]]  # texts in more than one chunk
     waits = []
     for start in shared:

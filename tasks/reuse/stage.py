@@ -142,6 +142,36 @@ class ReuseStage:
             f"{self._joined.waiting:,}",
         )
 
+    def texts_to_send(self, todo: list[ChunkSpec]) -> tuple[JoinResult, np.ndarray]:
+        """A dry run's half of ``prepare``: the index refreshed (reuse on: new chunk objects
+        of the output are added to the ledger's reuse index, a local cache) and every row of
+        ``todo`` joined, but no vector copied. Returns the join and the owner row of each
+        distinct text left to send, as (chunk index, position) pairs (``int64``, shape
+        ``(n, 2)``), sorted.
+
+        :raises DiskFullError: the scratch filesystem is full.
+        :raises RetryableError, FatalError: the store failed.
+        """
+        self._specs = {s.index: s for s in todo}
+        if self.reuse and todo:
+            refresh_index(self.store, self.ledger)
+        joined = join_run(
+            directory=self.directory,
+            rows=self._row_hashes(todo),
+            todo=todo,
+            chunks_total=len(self.plan.chunks),
+            ledger=self.ledger,
+            store=self.store,
+            model=self.model,
+            dimensions=self.dimensions,
+            reuse=self.reuse,
+            run_key=self.run_key,
+            keep_owners=True,
+        )
+        owners = np.concatenate([*(joined.owners or []), np.empty((0, 2), dtype=np.int64)])
+        owners = owners.astype(np.int64)
+        return joined, owners[np.lexsort((owners[:, 1], owners[:, 0]))]
+
     def fully_copied(self, spec: ChunkSpec) -> bool:
         """Whether every non-empty row of ``spec`` has a copied vector (none to send, none
         to wait for; a copy that fails its full-hash check is still sent by the task)."""
