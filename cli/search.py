@@ -10,7 +10,15 @@ scripts that read the first three fields keep working; the kept text is not prin
 rows whose ``id`` or kept column equals VALUE exactly, and the hits are the true k nearest
 among those (each store's ``search(where=…)``; on an output root the rows are filtered, then
 scored exactly). A column the target does not have is an input error (exit 2) before any
-query is embedded.
+query is embedded. ``--exact`` scores every (matching) row instead of searching through an
+approximate index (pgvector's HNSW, a Qdrant server's graph, a LanceDB index someone built);
+an output root is always searched that way. ``embedline recall`` (``cli/recall.py``) measures
+how far the two differ.
+
+The embedder, model and server of the query are those of the run that made the vectors,
+whichever way TARGET names them: an output root's run (its manifest, and the ledger's
+record of its ``--base-url``), a sink table (its metadata, and the run last loaded into it),
+or a cutover alias (the same for the table it points at: ``loaded_identity``).
 """
 
 from __future__ import annotations
@@ -68,6 +76,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=None,
         help="the kept columns to print after rank, score and id (default: "
         "all kept columns; the kept text only when named)",
+    )
+    search.add_argument(
+        "--exact",
+        action="store_true",
+        help="score every (matching) row: the true k nearest, never through an "
+        "approximate index (slower on a large table; an output root is always exact)",
     )
     search.add_argument(
         "--ledger",
@@ -205,12 +219,14 @@ def search_target(
     ledger: str = DEFAULT_LEDGER,
     columns: bool | Sequence[str] = False,
     where: Sequence[tuple[str, str]] = (),
+    exact: bool = False,
 ) -> list[list[tuple[Any, ...]]]:
     """Embed ``queries`` like the target's vectors; return each one's ``k`` nearest ids as
     ``(id, cosine similarity)``, most similar first, among the rows meeting ``where``
     (``(column, value)`` pairs, exact string equality, all must hold); with ``columns``
     (True: the target's kept columns, ``kept_columns``; or a sequence of its column names),
-    each hit is followed by those columns' values.
+    each hit is followed by those columns' values. ``exact``: a sink scores every matching
+    row (``VectorSink.search``); an output root always does.
 
     :raises InputError: no committed run, no sink table, a bad URI, or a ``where`` or
         ``columns`` name the target lacks (before any query is embedded).
@@ -220,6 +236,7 @@ def search_target(
 
     if _is_sink(target):
         from adapters.sinks import open_sink
+        from adapters.sinks.factory import loaded_identity
 
         sink = open_sink(target)
         try:
@@ -231,7 +248,7 @@ def search_target(
                     f"sink {sink.identity} was not created by embedline: its model is unknown"
                 )
             shown = _shown(target, ("id", *info.columns.names), info.columns.kept, columns, where)
-            base_url = base_url or _recorded_base_url(ledger, sink=sink.identity)
+            base_url = base_url or _recorded_base_url(ledger, sink=loaded_identity(target, sink))
             vectors = _embed_queries(
                 queries,
                 embedder=info.embedder,
@@ -240,7 +257,9 @@ def search_target(
                 base_url=base_url,
                 ledger=ledger,
             )
-            return [sink.search(v, k, columns=shown, where=tuple(where)) for v in vectors]
+            return [
+                sink.search(v, k, columns=shown, where=tuple(where), exact=exact) for v in vectors
+            ]
         finally:
             sink.close()
     import numpy as np
@@ -342,6 +361,7 @@ def _search(args: argparse.Namespace) -> int:
             ledger=args.ledger,
             columns=names,
             where=args.where,
+            exact=args.exact,
         )[0]
     except EmbedlineError as exc:
         return fail(f"embedline: error: {exc}", exc.exit_code)

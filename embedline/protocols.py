@@ -343,14 +343,23 @@ class VectorSink(Protocol):
         *,
         columns: Sequence[str] = (),
         where: Sequence[tuple[str, str]] = (),
+        exact: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Return up to ``k`` ``(id, cosine similarity, *values of columns)``, most similar
         first (``columns``: some of the table's ``SinkColumns`` names; none: pairs).
+        ``exact``: score every (matching) row, never through an approximate index
+        (``embedline search --exact``); without it, the store's usual search (an index may
+        miss some of the true nearest: ``embedline recall`` measures how many).
 
         ``where``: ``(column, value)`` pairs, all of which a row must meet (exact string
         equality on ``id`` or a ``SinkColumns`` name); the hits are the true ``k`` nearest
         among the rows that meet them, never the nearest ``k`` filtered afterwards. Values
         are passed as parameters (or escaped), never pasted into a query."""
+        ...
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Return the stored vectors (float32) of those of ``ids`` the table holds, by id
+        (``embedline recall`` searches with them)."""
         ...
 
     def close(self) -> None:

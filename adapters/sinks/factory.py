@@ -45,6 +45,7 @@ __all__ = [
     "KINDS",
     "SinkKind",
     "is_sink_uri",
+    "loaded_identity",
     "open_alias",
     "open_sink",
     "sink_uri_for_table",
@@ -384,3 +385,27 @@ def _aliasing(uri: str) -> tuple[SinkKind, dict[str, str]]:
             "Qdrant"
         )
     return kind, params
+
+
+def loaded_identity(uri: str, sink: VectorSink) -> str:
+    """The identity of the table ``uri`` (opened as ``sink``) reads: the table the alias of
+    that name points at now, when it is one (a cutover's view or collection alias), else the
+    sink's own. Loads are recorded under the table's identity (the ledger's
+    ``last_loaded_run``), so this is how a search finds the run that made the vectors it
+    reads, whichever name it was given. A store without aliases (LanceDB): the sink's own.
+    """
+    kind, params = _parse(uri)
+    if kind.alias is None or kind.retable is None:
+        return sink.identity
+    try:
+        switch = kind.alias(params, sink.table_name, sink)
+    except InputError:  # a table name that cannot be an alias name: a table
+        return sink.identity
+    try:
+        current = switch.state().current
+    finally:
+        if getattr(switch, "sink", None) is not sink:  # Qdrant's lends the sink's client
+            switch.close()
+    if current is None or current == sink.table_name:
+        return sink.identity
+    return kind.open(kind.retable(params, current)).identity

@@ -327,9 +327,12 @@ class LanceDBSink(KeptColumnsCache):
         *,
         columns: Sequence[str] = (),
         where: Sequence[tuple[str, str]] = (),
+        exact: bool = False,
     ) -> list[tuple[Any, ...]]:
-        """Exact cosine search: up to ``k`` ``(id, similarity, *values of columns)``, most
-        similar first, among the rows whose ``where`` columns equal their values.
+        """Cosine search: up to ``k`` ``(id, similarity, *values of columns)``, most
+        similar first, among the rows whose ``where`` columns equal their values. Exact (a
+        flat search) unless someone built a vector index on the table (embedline builds
+        none); ``exact`` bypasses such an index too (``bypass_vector_index()``).
 
         The filter is a Lance prefilter (applied before the flat search, so the hits are
         the true nearest among the matching rows): column names quoted in backticks, values
@@ -342,6 +345,8 @@ class LanceDBSink(KeptColumnsCache):
         query = table.search(
             np.asarray(vector, dtype=np.float32), vector_column_name="embedding"
         ).distance_type("cosine")
+        if exact:
+            query = query.bypass_vector_index()
         if where:
             query = query.where(
                 " AND ".join(f"`{name}` = {_quote(value)}" for name, value in where), prefilter=True
@@ -375,6 +380,22 @@ class LanceDBSink(KeptColumnsCache):
             k,
             [rows.column(c).to_pylist() for c in columns],
         )
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors (float32) of ``ids`` that the table holds, by id (one scan
+        with an ``IN`` filter; values as SQL string literals)."""
+        if not ids:
+            return {}
+        rows = (
+            self._require()
+            .search()
+            .where(f"id IN ({', '.join(_quote(i) for i in ids)})")
+            .select(["id", "embedding"])
+            .limit(None)
+            .to_arrow()
+        )
+        matrix = vector_matrix(rows)
+        return {str(i): matrix[n] for n, i in enumerate(rows.column("id").to_pylist())}
 
     def close(self) -> None:
         """Forget the open table (LanceDB holds no connection)."""

@@ -24,6 +24,11 @@ What this module does (``filtered_search``), and why:
   transaction. Here the filter passes often and the scan ends after a few hundred nodes; the
   hits are what HNSW finds, as for an unfiltered search through the index.
 
+``exact=True`` (``embedline search --exact``, and the exact side of ``embedline recall``): the
+exact scan whatever the filter, also with none. The ``MATERIALIZED`` CTE is what keeps the
+index out; no ``SET`` of planner switches (``enable_indexscan``) is needed, so nothing of the
+session changes and a pooler in transaction mode (PgBouncer) sees one plain statement.
+
 The estimate comes from the planner's statistics (``EXPLAIN`` of the filter, no execution);
 a table never analyzed gives PostgreSQL's default equality selectivity (0.5 %): exact.
 Column names are ``psycopg.sql.Identifier``s and values parameters: nothing a user typed is
@@ -100,13 +105,16 @@ def filtered_search(
     k: int,
     columns: Sequence[str] = (),
     where: Sequence[tuple[str, str]] = (),
+    *,
+    exact: bool = False,
 ) -> list[tuple[Any, ...]]:
     """Up to ``k`` ``(id, cosine distance, *values of columns)`` of ``table``, nearest first,
     among the rows whose ``where`` columns equal their values; in ``conn``'s current
-    transaction (the ``SET LOCAL``s end with it). ``vector``: float32, the table's length."""
+    transaction (the ``SET LOCAL``s end with it). ``vector``: float32, the table's length.
+    ``exact``: the exact scan, never the index (ties in distance ordered by id)."""
     from psycopg import sql
 
-    plan = search_plan(conn, table, index, where)
+    plan = "exact" if exact else search_plan(conn, table, index, where)
     extra = sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(c)) for c in columns)
     values = [v for _, v in where]
     condition = _condition(where) if where else sql.SQL("TRUE")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from adapters.sinks.aliases import REGISTRY
 from adapters.sinks.base import (
     KEPT_HASH,
     KeptColumnsCache,
@@ -562,15 +563,19 @@ class PgVectorSink(KeptColumnsCache):
         *,
         columns: Sequence[str] = (),
         where: Sequence[tuple[str, str]] = (),
+        exact: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Cosine search (``<=>``, through the HNSW index when present): up to ``k``
         ``(id, similarity, *values of columns)``, most similar first, among the rows whose
         ``where`` columns equal their values (``pg_search.filtered_search``: an exact scan
-        or an iterative index scan, in one transaction; values are parameters)."""
+        or an iterative index scan, in one transaction; values are parameters). ``exact``:
+        always the exact scan (a ``MATERIALIZED`` CTE the index cannot serve).
+
+        Through an alias (a view), the index looked for is the one of the table the view
+        points at (the ``embedline_aliases`` registry, read in the same transaction)."""
         from psycopg import sql
 
         query = np.asarray(vector, dtype=np.float32)
-        index = '"' + f"{self.table_name}_embedding_hnsw" + '"'
         with self._transaction("search") as conn:
             # an alias (a view) switched to another model since the query was embedded: the
             # lock taken here holds further switches back until this search ends
@@ -582,8 +587,36 @@ class PgVectorSink(KeptColumnsCache):
                     f"{shape[0]} floats, the query has {len(query)}: an "
                     "alias switched models meanwhile; search again"
                 )
-            rows = filtered_search(conn, self._ident(), index, query, k, columns, where)
+            index = '"' + f"{self._indexed_table(conn)}_embedding_hnsw" + '"'
+            rows = filtered_search(
+                conn, self._ident(), index, query, k, columns, where, exact=exact
+            )
         return [(str(i), 1.0 - float(d), *rest) for i, d, *rest in rows]
+
+    def _indexed_table(self, conn: Any) -> str:
+        """The table whose HNSW index serves searches of this name: the table itself, or
+        for an alias (a view embedline made) the table it points at now."""
+        if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (REGISTRY,)).fetchone()[0]:
+            return self.table_name
+        row = conn.execute(
+            f"SELECT current FROM {REGISTRY} WHERE alias = %s", (self.table_name,)
+        ).fetchone()
+        return self.table_name if row is None else str(row[0])
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors (float32) of ``ids`` that the table holds, by id (one query)."""
+        from psycopg import sql
+
+        with self._transaction("read") as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%s)").format(self._ident()),
+                (list(ids),),
+            ).fetchall()
+        # pgvector's Vector (HalfVector) objects, or arrays
+        return {
+            str(i): np.asarray(getattr(e, "to_numpy", lambda e=e: e)(), dtype=np.float32)
+            for i, e in rows
+        }
 
     def close(self) -> None:
         """Close every connection this sink opened."""

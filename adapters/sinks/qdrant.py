@@ -467,10 +467,12 @@ class QdrantSink(KeptColumnsCache):
         *,
         columns: Sequence[str] = (),
         where: Sequence[tuple[str, str]] = (),
+        exact: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Cosine search: up to ``k`` ``(id, cosine similarity, *payload values of
         columns)``, most similar first, among the points whose ``where`` payload fields
-        equal their values.
+        equal their values. ``exact``: the server scores every (matching) point instead of
+        walking its HNSW graph (``SearchParams(exact=True)``).
 
         The filter is a payload ``Filter`` of ``FieldCondition``/``MatchValue``s (values as
         data, no filter text). Local mode searches exactly. A server plans a filtered search
@@ -498,8 +500,8 @@ class QdrantSink(KeptColumnsCache):
         )
         with self._lock, self._errors("search"):
             client = self._client()
-            params = None
-            if where and not self.local:
+            params = models.SearchParams(exact=True) if exact else None
+            if where and not self.local and not exact:
                 indexed = set(client.get_collection(self.collection).payload_schema or {})
                 if any(name not in indexed for name, _ in where):
                     params = models.SearchParams(exact=True)
@@ -551,6 +553,23 @@ class QdrantSink(KeptColumnsCache):
                     break
         matrix = np.asarray(vectors, dtype=np.float32).reshape(len(ids), len(vector))
         return exact_top_k(matrix, ids, vector, k, values)
+
+    def vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors (float32) of CSV ids ``ids`` that the collection holds, by id
+        (``retrieve`` by point id, ``_PAGE`` at a time)."""
+        found: dict[str, np.ndarray] = {}
+        with self._lock, self._errors("read from"):
+            client = self._client()
+            for start in range(0, len(ids), _PAGE):
+                points = client.retrieve(
+                    self.collection,
+                    [point_id(i) for i in ids[start : start + _PAGE]],
+                    with_payload=["id"],
+                    with_vectors=True,
+                )
+                for p in points:
+                    found[str((p.payload or {}).get("id"))] = np.asarray(p.vector, np.float32)
+        return found
 
     def close(self) -> None:
         """Close the client (in local mode: release the directory for other processes)."""
