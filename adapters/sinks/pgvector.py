@@ -30,7 +30,6 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,17 +47,15 @@ from adapters.sinks.base import (
     vector_matrix,
 )
 from adapters.sinks.pg_errors import (
-    classify,
     describe_columns_sql,
-    one_line,
     relkind_sql,
-    row_reason,
     shape_problems,
     unique_id_sql,
 )
 from adapters.sinks.pg_errors import translate as _translate
 from adapters.sinks.pg_index import index_build_settings, progress_lines
 from adapters.sinks.pg_search import filtered_search
+from adapters.sinks.pg_upsert import Batch, refused_before_sending, upsert_staged
 from embedline.errors import FatalError, RetryableError
 from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import SinkColumns, SinkTable, UpsertResult
@@ -74,84 +71,10 @@ HNSW_MAX_DIMENSIONS = 2000  # pgvector: "vector - up to 2,000 dimensions" for HN
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are cut silently
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """One upsert's rows by position: ``ids``, ``matrix`` (n × d float32), ``shas`` (text
-    SHA-256 hex), ``extra`` (values of the kept columns, ``kept_sha256``, ``text``)."""
-
-    ids: list[str]
-    matrix: np.ndarray
-    shas: list[str]
-    extra: dict[str, list[Any]]
-
-
-def sql_stage(dims: int, extra: Sequence[str] = ()) -> Any:
-    """The per-transaction stage table a batch is COPYed into: ``n`` (the row's 0-based
-    position in the batch), then the row's columns (``extra``: text columns)."""
-    from psycopg import sql
-
-    columns = sql.SQL("").join(sql.SQL(", {} text").format(sql.Identifier(n)) for n in extra)
-    return sql.SQL(
-        "CREATE TEMP TABLE embedline_stage (n integer, id text, embedding vector({}), "
-        "text_sha256 text{}) ON COMMIT DROP"
-    ).format(sql.Literal(dims), columns)
-
-
 def _extra_names(columns: SinkColumns) -> list[str]:
     """The table's columns after embedline's own: ``kept_sha256`` with kept columns, then
     the kept columns and ``text``."""
     return ([KEPT_HASH] if columns.kept else []) + list(columns.names)
-
-
-def _refused_before_sending(
-    ids: list[str], matrix: np.ndarray, extra: dict[str, list[Any]] | None = None
-) -> list[tuple[int, str, str, str | None, str]]:
-    """Rows no PostgreSQL table can take, found without a round trip: a NUL in the id or a
-    kept value (text cannot hold U+0000: PostgreSQL manual, "Character Types"; psycopg
-    refuses it client-side, with no SQLSTATE), NaN or infinity in the vector (pgvector
-    refuses them). Messages name the column, never the value."""
-    finite = np.isfinite(matrix).all(axis=1)
-    refused: list[tuple[int, str, str, str | None, str]] = []
-    for i, row_id in enumerate(ids):
-        nul = next(
-            (
-                name
-                for name, values in (extra or {}).items()
-                if values[i] is not None and "\x00" in values[i]
-            ),
-            None,
-        )
-        if "\x00" in row_id:
-            refused.append(
-                (
-                    i,
-                    row_id,
-                    "id_has_nul",
-                    None,
-                    "the id holds a NUL byte, which PostgreSQL text cannot store",
-                )
-            )
-        elif nul is not None:
-            refused.append(
-                (
-                    i,
-                    row_id,
-                    "value_has_nul",
-                    None,
-                    f"column {nul!r} holds a NUL byte, which PostgreSQL text cannot store",
-                )
-            )
-        elif not finite[i]:
-            refused.append(
-                (
-                    i,
-                    row_id,
-                    "non_finite_vector",
-                    None,
-                    "the vector holds NaN or infinity, which pgvector refuses",
-                )
-            )
-    return refused
 
 
 class PgVectorSink(KeptColumnsCache):
@@ -336,20 +259,18 @@ class PgVectorSink(KeptColumnsCache):
 
         Checked before sending: a NUL in an id (PostgreSQL text cannot hold one) and a
         non-finite vector value (pgvector refuses NaN and infinity). The other rows are
-        COPYed once into the stage table (``_stage``), then written by one ``INSERT …
-        ON CONFLICT`` (``_insert``). A batch the server refuses for a row (``classify`` =
-        row: an index row too big, a value too long…) is bisected in savepoints of the same
-        transaction, each attempt selecting its half of the staged rows, until each refused
-        row stands alone, as the embedding adapter bisects a 400: one bad row in n costs
-        about 2·log2(n) attempts, not n transactions, and the rows cross the network once.
-        Any row already under a refused id is deleted in the same transaction (the table
-        keeps no stale vector for it).
+        COPYed once into the stage table, then written by one ``INSERT … ON CONFLICT``
+        (``adapters.sinks.pg_upsert.upsert_staged``). A batch the server refuses for a row
+        (``classify`` = row: an index row too big, a value too long…) is bisected in
+        savepoints of the same transaction, each attempt selecting its half of the staged
+        rows, until each refused row stands alone, as the embedding adapter bisects a 400:
+        one bad row in n costs about 2·log2(n) attempts, not n transactions, and the rows
+        cross the network once. Any row already under a refused id is deleted in the same
+        transaction (the table keeps no stale vector for it).
 
         :raises FatalError: the table is not of embedline's shape, or another refusal.
         :raises RetryableError: the connection failed.
         """
-        import psycopg
-
         if rows.num_rows == 0:
             return UpsertResult(0)
         ids = rows.column("id").to_pylist()
@@ -357,112 +278,11 @@ class PgVectorSink(KeptColumnsCache):
         dims = rows.schema.field("embedding").type.list_size
         matrix = vector_matrix(rows)
         extra = extra_values(rows, self._columns())
-        refused = _refused_before_sending(ids, matrix, extra)
-        skipped = {r[0] for r in refused}
+        refused = refused_before_sending(ids, matrix, extra)
         batch = Batch(ids, matrix, shas, extra)
-        stack = [[i for i in range(len(ids)) if i not in skipped]]
-        attempts = 0
         with self._transaction("upsert into") as conn:
-            conn.execute(sql_stage(dims, list(extra)))
-            staged = self._stage_all(conn, stack[0], batch)
-            while stack:
-                part = stack.pop()
-                if not part:
-                    continue
-                attempts += 1
-                try:
-                    with conn.transaction():  # a savepoint: a refusal undoes only this part
-                        if not staged:
-                            self._stage(conn, part, batch)
-                        self._insert(conn, part[0], part[-1], run_key, list(extra))
-                except psycopg.Error as exc:
-                    if classify(exc) != "row":
-                        raise
-                    if len(part) == 1:
-                        refused.append(
-                            (part[0], ids[part[0]], row_reason(exc), exc.sqlstate, one_line(exc))
-                        )
-                    else:
-                        middle = len(part) // 2
-                        stack += [part[middle:], part[:middle]]
-            self._forget(conn, [r[1] for r in refused if r[2] != "id_has_nul"])
+            attempts = upsert_staged(conn, self._ident(), batch, dims, run_key, refused)
         return UpsertResult(len(ids) - len(refused), tuple(sorted(refused)), max(attempts, 1))
-
-    def _stage_all(self, conn: Any, part: list[int], batch: Batch) -> bool:
-        """COPY rows ``part`` of ``batch`` into the stage table in a savepoint; False if the
-        server refused a row on the way in (then each attempt stages its own rows)."""
-        import psycopg
-
-        if not part:
-            return True
-        try:
-            with conn.transaction():
-                self._stage(conn, part, batch)
-        except psycopg.Error as exc:
-            if classify(exc) != "row":
-                raise
-            return False
-        return True
-
-    def _stage(self, conn: Any, part: list[int], batch: Batch) -> None:
-        """One binary COPY of rows ``part`` of ``batch`` (positions, ascending) into the
-        stage table, each row under its position ``n``."""
-        names = list(batch.extra)
-        with conn.cursor().copy("COPY embedline_stage FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["int4", "text", "vector", "text"] + ["text"] * len(names))
-            for i in part:
-                copy.write_row(
-                    (
-                        i,
-                        batch.ids[i],
-                        batch.matrix[i],
-                        batch.shas[i],
-                        *(batch.extra[n][i] for n in names),
-                    )
-                )
-
-    def _insert(self, conn: Any, first: int, last: int, run_key: str, names: list[str]) -> None:
-        """Upsert the staged rows at positions ``first``..``last`` (inclusive) into the table
-        in one statement; ``names``: the kept columns (and ``kept_sha256``, ``text``)."""
-        from psycopg import sql
-
-        idents = [sql.Identifier(n) for n in names]
-        columns = sql.SQL("").join(sql.SQL(", {}").format(i) for i in idents)
-        updates = sql.SQL("").join(sql.SQL(", {} = EXCLUDED.{}").format(i, i) for i in idents)
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (id, embedding, text_sha256, run_key{}) "
-                "SELECT id, embedding, text_sha256, %s{} FROM embedline_stage "
-                "WHERE n BETWEEN %s AND %s "
-                "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
-                "text_sha256 = EXCLUDED.text_sha256, run_key = EXCLUDED.run_key{}"
-            ).format(self._ident(), columns, columns, updates),
-            (run_key, first, last),
-        )
-
-    def _forget(self, conn: Any, ids: list[str]) -> None:
-        """Delete rows under refused ids: one statement, or one per id if the server refuses
-        an id (one it cannot even compare cannot be in the table: skipped)."""
-        import psycopg
-        from psycopg import sql
-
-        if not ids:
-            return
-        delete = sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(self._ident())
-        try:
-            with conn.transaction():
-                conn.execute(delete, (ids,))
-            return
-        except psycopg.Error as exc:
-            if classify(exc) != "row":
-                raise
-        for row_id in ids:
-            try:
-                with conn.transaction():
-                    conn.execute(delete, ([row_id],))
-            except psycopg.Error as exc:
-                if classify(exc) != "row":
-                    raise
 
     def delete_ids(self, ids: Sequence[str]) -> int:
         """Delete rows whose id is in ``ids`` (one transaction); return how many existed."""
