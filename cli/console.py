@@ -259,6 +259,12 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             ),
             f"output     {summary['output']}",
         ]
+    if summary.get("delta_base"):
+        written = summary["rows_published"] - summary.get("rows_inherited", 0)
+        lines.append(
+            f"delta      {written:,} rows written, {summary.get('rows_inherited', 0):,} kept "
+            f"in the objects of run {summary['delta_base'][:12]} (a delta night)"
+        )
     if summary.get("rows_added") is not None:
         base = summary.get("changes_base")
         lines.append(

@@ -475,6 +475,9 @@ class RunSummary:
     rows_published: int = 0
     rows_skipped: int = 0
     rows_failed: int = 0
+    # a delta night (docs/nights.md): the run it builds on and the rows kept from its objects
+    delta_base: str | None = None
+    rows_inherited: int = 0
     chunks_total: int = 0
     chunks_published: int = 0
     chunks_skipped: int = 0

@@ -101,6 +101,8 @@ def with_inherited(fields: dict[str, Any], delta: DeltaBase | None) -> dict[str,
         "rows_skipped": fields["rows_skipped"] + delta.rows_inherited,
         "rows_failed": fields["rows_failed"] + delta.rows_empty,
         "rows_empty": fields["rows_empty"] + delta.rows_empty,
+        "rows_inherited": delta.rows_inherited,
+        "delta_base": delta.base_run_key,
     }
 
 
