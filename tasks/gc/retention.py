@@ -33,8 +33,8 @@ Policy (docs/reference/output-layout.md, "Retention"):
 - **Paid requests** (``_embedline/paid/{run_key}/…``, ``tasks/embed/paid.py``): the vectors a
   chunk kept of requests it paid for before failing. Never deleted while their run holds
   a live lease (a run in progress, whatever the grace period; one killed less than the
-  lease's 15 min or the grace period ago); otherwise deleted once older than the grace
-  period (a rerun within it still takes them), or at once when their chunk's object
+  lease's 15 min + 1 min margin or the grace period ago); otherwise deleted once older than
+  the grace period (a rerun within it still takes them), or at once when their chunk's object
   exists (the chunk was published; a best-effort delete after publishing failed).
 - **Temp files** of dead writers (local directories) and conditional-write probe scratch
   objects older than the grace period.
