@@ -13,7 +13,9 @@ MINISTACK_VENV := .venv-ministack
 MINISTACK_STAMP := $(MINISTACK_VENV)/.installed
 S3RVER_DIR := tests/support/s3rver
 S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
-TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP)
+# libfaketime (Debian package faketime, apt-get as root) for the clock-skew tests of gc.
+FAKETIME_STAMP := $(VENV)/.faketime
+TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP) $(FAKETIME_STAMP)
 
 .PHONY: demo test test-unit test-all test-real-servers bench bench-scale docs lint clean
 
@@ -68,6 +70,10 @@ $(MINISTACK_STAMP): tests/support/ministack/requirements.txt
 $(S3RVER_STAMP): $(S3RVER_DIR)/package.json $(S3RVER_DIR)/package-lock.json
 	npm ci --prefix $(S3RVER_DIR) --no-audit --no-fund --loglevel=error
 	touch $(S3RVER_STAMP)
+
+$(FAKETIME_STAMP): tests/support/faketime/install.sh
+	tests/support/faketime/install.sh
+	mkdir -p $(VENV) && touch $(FAKETIME_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py

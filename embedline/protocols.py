@@ -206,6 +206,12 @@ class ObjectStore(Protocol):
         """Delete the object (garbage collection only; a missing key is not an error)."""
         ...
 
+    def server_now(self) -> float:
+        """Return the store's own clock now (Unix s): the clock its ``ObjectInfo.modified``
+        comes from (S3: a response's ``Date``; a directory: a probe file's mtime), so an
+        object's age is judged by one clock, whatever this host's clock says."""
+        ...
+
     def prepare(self) -> None:
         """Make the output root ready for a run's first write (a local directory is created;
         S3: nothing, a bucket is never created).

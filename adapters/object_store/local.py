@@ -291,6 +291,30 @@ class LocalDirStore:
                     key = path.relative_to(self.root).as_posix()
                     yield ObjectInfo(key, stat.st_size, stat.st_mtime)
 
+    def server_now(self) -> float:
+        """The filesystem's clock now: the mtime of a probe temp file created (and removed)
+        under ``_embedline/``, or the root when that does not exist. A file server (NFS)
+        sets mtimes by its own clock, the clock ``list`` reports. When no probe can be
+        written (a read-only output), this host's clock, with a warning.
+        """
+        scratch = self.root / SCRATCH_PREFIX.rstrip("/")
+        where = scratch if scratch.is_dir() else self.root
+        probe = where / f".clock.tmp-{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            logger.warning(
+                "cannot read the clock of %s (%s): judging ages by this host's clock",
+                self.root,
+                exc.strerror,
+            )
+            return time.time()
+        try:
+            return os.fstat(fd).st_mtime
+        finally:
+            os.close(fd)
+            _unlink_quietly(probe)
+
     def delete(self, key: str) -> None:
         """Delete ``key`` (garbage collection only; a missing key is not an error)."""
         path = self._path(key)

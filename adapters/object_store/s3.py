@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import builtins
+import datetime
+import email.utils
 import io
 import logging
 import os
@@ -336,6 +338,22 @@ class S3Store:
                         int(item["Size"]),
                         item["LastModified"].timestamp(),
                     )
+
+    def server_now(self) -> float:
+        """The S3 server's clock now (Unix s): the ``Date`` header of a one-key
+        ``ListObjectsV2`` under the root (whole seconds, RFC 9110 §6.6.1), the clock that
+        stamps ``LastModified``. A response without one: this host's clock, with a warning.
+        """
+        root = f"{self.prefix}/" if self.prefix else ""
+        with self._errors(f"LIST s3://{self.bucket}/{root}"):
+            response = self.client.list_objects_v2(Bucket=self.bucket, Prefix=root, MaxKeys=1)
+        date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        try:
+            when = email.utils.parsedate_to_datetime(date)
+            return when.replace(tzinfo=when.tzinfo or datetime.UTC).timestamp()
+        except (TypeError, ValueError):
+            logger.warning("%s sent no Date header: judging ages by this host's clock", self.uri)
+            return time.time()
 
     def delete(self, key: str) -> None:
         """Delete ``key`` (garbage collection only; a missing key is not an error)."""

@@ -12,27 +12,29 @@ Policy (docs/reference/output-layout.md, "Retention"):
 - **Chunk and change-set objects** (``chunks/``, ``changes/``) that no kept manifest
   references are deleted.
 - **Leases** (``tasks/lease/held.py``): every run (``_embedline/runs/``,
-  ``tasks/lease/run_lease.py``) holds one from before it looks for published chunks until it ends,
-  listing its planned chunk objects, its manifest and its change set; every load
-  (``_embedline/loads/``, ``tasks/lease/load_lease.py``) holds one from before it reads anything,
-  listing the run's manifest, chunk objects and change set. A lease is **live** while its
-  ``expires_at`` (Unix s) is ahead, whatever the grace period (its holder renews it every 5 min
-  while it runs), or while it is younger than the grace period. Everything a live lease lists is
-  kept: the objects it names, a listed chunk object's later generations
-  (``chunks/{key}.g{N}.parquet``), and, for a run lease, the run's paid requests. A lease
-  that expired and is older than the grace period belonged to a holder that died (``kill
-  -9``) and is deleted itself; what it listed is then judged like anything else.
-- **Never** deleted: anything younger than the grace period (``grace_s``, default 24 h:
-  the object's ``LastModified``/mtime); anything a kept manifest or a live lease
-  references, so a run or load in progress keeps what it needs even with ``--grace 0s``.
-  Leases are listed again just before deleting, and a run re-checks (HEAD) its chunk
-  objects before committing its manifest, so a run that starts while gc runs at worst has
-  to be rerun, never commits a dangling manifest.
+  ``tasks/lease/run_lease.py``) holds one from before it looks for published chunks until it
+  ends, listing its planned chunk objects, its manifest and its change set; every load
+  (``_embedline/loads/``, ``tasks/lease/load_lease.py``) holds one from before it reads
+  anything, listing the run's manifest, chunk objects and change set. A lease is **live**
+  while its age by the store's clock (``tasks.lease.held.lease_stale``: ``LastModified``
+  against ``ObjectStore.server_now``) is within its ``ttl_s`` plus a 1 min skew margin,
+  whatever the grace period (its holder renews it every 5 min while it runs), or while it is
+  younger than the grace period. Everything a live lease lists is kept: the objects it
+  names, a listed chunk object's later generations (``chunks/{key}.g{N}.parquet``), and, for
+  a run lease, the run's paid requests. A lease that expired and is older than the grace
+  period belonged to a holder that died (``kill -9``) and is deleted itself; what it listed
+  is then judged like anything else.
+- **Never** deleted: anything younger than the grace period (``grace_s``, default 24 h: the
+  object's ``LastModified``/mtime against the store's clock, ``server_now``); anything a
+  kept manifest or a live lease references, so a run or load in progress keeps what it needs
+  even with ``--grace 0s``. Leases are listed again just before deleting, and a run
+  re-checks (HEAD) its chunk objects before committing its manifest, so a run that starts
+  while gc runs at worst has to be rerun, never commits a dangling manifest.
 - **Paid requests** (``_embedline/paid/{run_key}/…``, ``tasks/embed/paid.py``): the vectors a
   chunk kept of requests it paid for before failing. Never deleted while their run holds
   a live lease (a run in progress, whatever the grace period; one killed less than the
-  lease's 15 min or the grace period ago); otherwise deleted once older than the grace
-  period (a rerun within it still takes them), or at once when their chunk's object
+  lease's 15 min + 1 min margin or the grace period ago); otherwise deleted once older than
+  the grace period (a rerun within it still takes them), or at once when their chunk's object
   exists (the chunk was published; a best-effort delete after publishing failed).
 - **Temp files** of dead writers (local directories) and conditional-write probe scratch
   objects older than the grace period.
@@ -45,7 +47,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +58,7 @@ from embedline.models import chunk_generation
 from embedline.protocols import ObjectInfo, ObjectStore
 from tasks.commit.manifest import created_at, dataset_key, list_manifests
 from tasks.embed.paid import PAID_PREFIX, chunk_name, paid_run_key
-from tasks.lease.held import LEASE_PREFIX, LEASE_PREFIXES
+from tasks.lease.held import LEASE_PREFIX, LEASE_PREFIXES, lease_stale
 
 __all__ = [
     "DEFAULT_GRACE_S",
@@ -92,11 +93,11 @@ def parse_age(text: str) -> float:
 
 
 def _live_leases(
-    store: ObjectStore, cutoff: float, now: float
+    store: ObjectStore, grace_s: float, now: float
 ) -> tuple[set[str], list[ObjectInfo]]:
     """(objects protected by live run and load leases, stale lease objects). A lease is
-    live while its ``expires_at`` is ahead of ``now`` or it was written after ``cutoff``
-    (Unix s). A live run lease also protects its run's paid requests: its set holds
+    live unless ``lease_stale`` by the store's clock ``now`` (Unix s) and ``grace_s``. A live
+    run lease also protects its run's paid requests: its set holds
     ``{PAID_PREFIX}{run_key}/``.
 
     A listed lease gone when read was released, or renewed (the next generation written,
@@ -104,14 +105,14 @@ def _live_leases(
     ``_LEASE_READS`` times, so a renewal racing gc never leaves its run unprotected.
     """
     for _ in range(_LEASE_READS):
-        protected, stale, vanished = _read_leases(store, cutoff, now)
+        protected, stale, vanished = _read_leases(store, grace_s, now)
         if not vanished:
             break
     return protected, stale
 
 
 def _read_leases(
-    store: ObjectStore, cutoff: float, now: float
+    store: ObjectStore, grace_s: float, now: float
 ) -> tuple[set[str], list[ObjectInfo], bool]:
     """One listing of the leases: ``_live_leases``' pair and whether one listed lease was
     gone when read."""
@@ -122,18 +123,19 @@ def _read_leases(
         for info in store.list(prefix):
             try:
                 record = json.loads(store.get(info.key))
-                objects, expires_at = record["objects"], float(record.get("expires_at") or 0)
+                objects = list(record["objects"])
             except FileNotFoundError:
                 vanished = True  # its holder ended, or renewed it after the listing
                 continue
             except (ValueError, KeyError, TypeError):
-                objects, expires_at = [], 0.0  # unreadable: only its age protects it
-            if info.modified < cutoff and expires_at <= now:
+                record, objects = None, []  # unreadable: only its age protects it
+            if lease_stale(info.modified, record, now, grace_s):
                 stale.append(info)
                 continue
             protected.update(str(o) for o in objects)
-            if prefix == LEASE_PREFIX and isinstance(record.get("run_key"), str):
-                protected.add(f"{PAID_PREFIX}{record['run_key']}/")
+            run_key = record.get("run_key") if isinstance(record, dict) else None
+            if prefix == LEASE_PREFIX and isinstance(run_key, str):
+                protected.add(f"{PAID_PREFIX}{run_key}/")
     return protected, stale, vanished
 
 
@@ -269,18 +271,19 @@ def plan_gc(
     grace_s: float = DEFAULT_GRACE_S,
     now: float | None = None,
 ) -> GcPlan:
-    """Decide what to delete; deletes nothing. Ages in seconds; ``now`` a Unix time.
+    """Decide what to delete; deletes nothing. Ages in seconds; ``now`` a Unix time, by
+    default the store's clock (``store.server_now()``: every age gc judges is the store's).
 
     :raises InputError: (exit 2) nothing is under the output's folders: a mistyped path or
         prefix, which would otherwise read as "deleted 0 objects" (the CLI and the
         ``gc-output`` flow alike).
     """
-    now = time.time() if now is None else now
+    now = store.server_now() if now is None else now
     cutoff = now - grace_s
     manifests = list(list_manifests(store))
     kept, datasets = _kept_manifests(manifests, keep_runs, older_than_s, now)
     keep = _referenced(kept)
-    protected, stale_leases = _live_leases(store, cutoff, now)
+    protected, stale_leases = _live_leases(store, grace_s, now)
     plan = GcPlan(kept_runs=[str(m["run_key"]) for m in kept], datasets=datasets)
     _pin(plan, protected)
     published: set[str] = set()
@@ -325,9 +328,10 @@ def collect(
     now: float | None = None,
 ) -> GcPlan:
     """Carry out ``plan``: delete its objects (leases first re-read), sweep temp files,
-    and drop the ledger rows that referred to deleted objects. Returns what was deleted."""
-    now = time.time() if now is None else now
-    protected, _ = _live_leases(store, now - grace_s, now)  # a run or load started meanwhile
+    and drop the ledger rows that referred to deleted objects. Returns what was deleted.
+    ``now``: as in ``plan_gc`` (the store's clock by default)."""
+    now = store.server_now() if now is None else now
+    protected, _ = _live_leases(store, grace_s, now)  # a run or load started meanwhile
     done = GcPlan(
         kept_runs=plan.kept_runs,
         datasets=plan.datasets,
@@ -349,7 +353,7 @@ def collect(
     for group in (done.manifests, done.changes, done.chunks, done.stale):
         for info in group:
             store.delete(info.key)
-    done.temp_files = store.sweep_temp_files(grace_s)
+    done.temp_files = store.sweep_temp_files(grace_s, now=now)
     if ledger is not None:
         ledger.forget_collected(
             store.uri,

@@ -8,13 +8,20 @@ when it ends, whatever the outcome. Key::
     _embedline/loads/{run_key}.{owner}.{generation:06d}.json   a load  (``load_lease.py``)
 
 ``owner`` is 16 hex of the holder's SHA-256 (no host names in keys). Body: ``run_key``,
-``started_at`` (Unix s), ``objects`` (the keys gc must keep) and ``expires_at`` (Unix s) =
-written + ``LEASE_TTL_S``. Objects are create-only (``put_if_absent``), so a lease is renewed
-by writing the next generation and deleting the one before; a thread renews it every
-``LEASE_RENEW_S`` while the holder runs, so a lease is live (gc keeps what it lists) for as
-long as its holder runs, whatever gc's ``--grace``. A holder killed without its ``finally``
-(``kill -9``, a machine lost) leaves a lease that protects for at most ``LEASE_TTL_S`` more,
-then until it is older than gc's grace period, when gc deletes it as stale.
+``started_at`` (Unix s), ``objects`` (the keys gc must keep), ``ttl_s`` (``LEASE_TTL_S``) and
+``expires_at`` (Unix s, the holder's clock: for people; no one judges by it). Objects are
+create-only (``put_if_absent``), so a lease is renewed by writing the next generation and
+deleting the one before; a thread renews it every ``LEASE_RENEW_S`` (a monotonic timer) while
+the holder runs, so a lease is live (gc keeps what it lists) for as long as its holder runs,
+whatever gc's ``--grace``.
+
+A lease's age is judged by one clock, the store's (``lease_stale``): its ``LastModified``
+(a file's mtime) against the store's now (``ObjectStore.server_now``). It is stale only once
+that age exceeds ``ttl_s`` + ``LEASE_SKEW_MARGIN_S`` and the grace period, so a lease renewed
+within its TTL is never taken for stale, whatever the clock of the host that judges it. A
+holder killed without its ``finally`` (``kill -9``, a machine lost) leaves a lease that
+protects for at most ``ttl_s`` + the margin more, then until it is older than gc's grace
+period, when gc deletes it as stale.
 """
 
 from __future__ import annotations
@@ -36,10 +43,13 @@ __all__ = [
     "LEASE_PREFIX",
     "LEASE_PREFIXES",
     "LEASE_RENEW_S",
+    "LEASE_SKEW_MARGIN_S",
     "LEASE_TTL_S",
     "LOAD_LEASE_PREFIX",
     "drop_lease",
     "held_lease",
+    "lease_stale",
+    "lease_ttl",
     "owner_tag",
     "write_lease",
 ]
@@ -54,6 +64,34 @@ LEASE_TTL_S = 15 * 60.0
 #: How often a holder renews its lease (seconds): a third of the TTL, so two renewals can
 #: fail (a store outage) before the lease lapses.
 LEASE_RENEW_S = LEASE_TTL_S / 3
+#: Slack added to a lease's TTL before it is stale (seconds): the store stamps
+#: ``LastModified`` when a write starts or ends and S3's ``Date`` has whole seconds; one
+#: minute also covers a renewal that a slow store delays.
+LEASE_SKEW_MARGIN_S = 60.0
+
+
+def lease_ttl(record: Any) -> float:
+    """How long a lease body says it protects without renewal (seconds): its ``ttl_s``;
+    for a body without one, ``expires_at`` - ``started_at`` (both the holder's clock, so
+    their difference is skew-free); 0 for a body that is not a lease (only its age and the
+    grace period protect it)."""
+    if not isinstance(record, dict):
+        return 0.0
+    try:
+        if record.get("ttl_s") is not None:
+            return max(0.0, float(record["ttl_s"]))
+        return max(0.0, float(record["expires_at"]) - float(record["started_at"]))
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+
+
+def lease_stale(modified: float, record: Any, store_now: float, grace_s: float = 0.0) -> bool:
+    """Whether a lease object is stale: its age by the store's clock (``store_now`` -
+    ``modified``, both Unix s from ``ObjectStore.server_now`` and ``ObjectInfo.modified``)
+    exceeds ``lease_ttl(record)`` + ``LEASE_SKEW_MARGIN_S`` and ``grace_s``. The local
+    clock takes no part: a lease renewed within its TTL is live whatever it says."""
+    age = store_now - modified
+    return age > lease_ttl(record) + LEASE_SKEW_MARGIN_S and age > grace_s
 
 
 def owner_tag(owner: str) -> str:
@@ -67,19 +105,21 @@ def write_lease(
     run_key: str,
     objects: Sequence[str],
     *,
-    expires_at: float,
+    ttl_s: float = LEASE_TTL_S,
 ) -> str:
-    """Create the lease object ``key`` listing ``objects`` (keys gc must keep) until
-    ``expires_at`` (Unix s); return ``key``.
+    """Create the lease object ``key`` listing ``objects`` (keys gc must keep) for ``ttl_s``
+    seconds after the store stamps it; return ``key``.
 
     :raises ConflictError: the key exists with other bytes.
     :raises EmbedlineError: the store refused the write (its class says why).
     """
+    written = time.time()
     record: dict[str, Any] = {
         "run_key": run_key,
-        "started_at": time.time(),
+        "started_at": written,
         "objects": list(objects),
-        "expires_at": expires_at,
+        "ttl_s": ttl_s,
+        "expires_at": written + ttl_s,
     }
     body = json.dumps(record).encode()
     store.put_if_absent(
@@ -110,7 +150,8 @@ def held_lease(
     """Hold a lease under ``prefix`` (``LEASE_PREFIX`` or ``LOAD_LEASE_PREFIX``) on run
     ``run_key``'s ``objects`` for the ``with`` body; yield the first generation's key.
 
-    Each generation expires ``ttl_s`` seconds after it is written; a daemon thread writes
+    Each generation protects for ``ttl_s`` seconds after the store stamps it
+    (``lease_stale``); a daemon thread writes
     the next one every ``renew_s`` seconds and deletes the one before. A failure to renew
     or to delete the lease is logged (``log.warning``) and does not fail the holder: a lease
     left behind only delays gc.
@@ -119,9 +160,7 @@ def held_lease(
         start unprotected; the store's error says why).
     """
     stem = f"{prefix}{run_key}.{owner_tag(new_owner())}"
-    current = [
-        write_lease(store, f"{stem}.{0:06d}.json", run_key, objects, expires_at=time.time() + ttl_s)
-    ]
+    current = [write_lease(store, f"{stem}.{0:06d}.json", run_key, objects, ttl_s=ttl_s)]
     stop = threading.Event()
 
     def renew() -> None:
@@ -134,7 +173,7 @@ def held_lease(
                     f"{stem}.{generation:06d}.json",
                     run_key,
                     objects,
-                    expires_at=time.time() + ttl_s,
+                    ttl_s=ttl_s,
                 )
                 old, current[0] = current[0], key
                 drop_lease(store, old)

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -657,3 +658,16 @@ def test_test_servers_listen_on_loopback_only(
     for endpoint in (ministack_endpoint, s3rver_server.endpoint):
         port = int(endpoint.rsplit(":", 1)[1])
         assert _listening_addresses(port) == {"0100007F"}, endpoint  # 127.0.0.1 only
+
+
+def test_server_now_is_the_clock_that_stamps_last_modified(
+    server_store: S3Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gc judges lease ages by ``server_now`` (the response's ``Date``) against
+    ``LastModified``: both come from the server, so whole seconds apart at most."""
+    put(server_store, "_embedline/runs/r.o.000000.json", b"{}")
+    (listed,) = server_store.list("_embedline/runs/")
+    now = server_store.server_now()
+    assert listed.modified - 1 <= now <= listed.modified + 5
+    assert abs(now - time.time()) < 5  # the servers here share this host's clock
+    assert "Date header" not in caplog.text  # the server sent one

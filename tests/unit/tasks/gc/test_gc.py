@@ -15,7 +15,15 @@ import pytest
 from adapters.object_store import LocalDirStore
 from tasks.embed.paid import PAID_PREFIX
 from tasks.gc.retention import collect, parse_age, plan_gc
-from tasks.lease.held import LEASE_PREFIX, LOAD_LEASE_PREFIX, held_lease
+from tasks.lease.held import (
+    LEASE_PREFIX,
+    LEASE_SKEW_MARGIN_S,
+    LEASE_TTL_S,
+    LOAD_LEASE_PREFIX,
+    held_lease,
+    lease_stale,
+    lease_ttl,
+)
 from tasks.lease.load_lease import load_lease
 from tasks.lease.run_lease import run_lease
 
@@ -138,8 +146,7 @@ def test_a_live_load_lease_keeps_its_run_whatever_the_grace(tmp_path: Path) -> N
     _dataset_manifest(store, "new", 10)
     manifest = json.loads(store.get("manifests/old.json"))
     with load_lease(store, manifest) as key:
-        assert key.startswith(LOAD_LEASE_PREFIX)
-        _put(store, key, store.get(key), 3 * DAY)  # older than any grace: expires_at decides
+        assert key.startswith(LOAD_LEASE_PREFIX)  # fresh by the store's clock: live
         plan = plan_gc(store, keep_runs=1, grace_s=0)
         assert plan.kept_runs == ["new", "old"] and plan.manifests == plan.chunks == []
         assert plan.datasets[0].kept == ["new", "old"] and plan.datasets[0].deleted == []
@@ -219,8 +226,7 @@ def _plan(*chunk_keys: str) -> Any:
 def test_a_live_run_lease_keeps_its_run_whatever_the_grace(tmp_path: Path) -> None:
     """A run in progress (its lease written as ``Run.leased`` writes it) keeps its planned
     chunk objects, their later generations, its manifest, change set and paid requests,
-    even from ``--grace 0s``; before, its lease carried no ``expires_at``, so gc took any
-    lease older than the grace period for a dead run's and deleted it with all of those."""
+    even from ``--grace 0s``: a lease within its TTL by the store's clock is live."""
     store = LocalDirStore(tmp_path)
     run = "5" * 64
     for name in ("c0.parquet", "c1.parquet", "c1.g1.parquet", "other.parquet"):
@@ -237,8 +243,7 @@ def test_a_live_run_lease_keeps_its_run_whatever_the_grace(tmp_path: Path) -> No
             f"manifests/{run}.json",
             f"changes/{run}.parquet",
         ]
-        assert time.time() + 14 * 60 < record["expires_at"] <= time.time() + 15 * 60
-        _put(store, key, store.get(key), 3 * DAY)  # older than any grace: expires_at decides
+        assert record["ttl_s"] == 15 * 60  # fresh by the store's clock: live, grace or not
         _put(store, f"manifests/{run}.json", b"{}", 0)  # the commit, then a gc at once
         _put(store, f"changes/{run}.parquet", b"changes", 0)
         plan = plan_gc(store, grace_s=0)
@@ -327,3 +332,64 @@ def test_a_path_with_no_output_is_refused_and_a_run_in_progress_is_an_output(
     _put(store, f"{LEASE_PREFIX}run.json", b"{}", age_s=0)  # only a first run's lease
     plan = plan_gc(store, grace_s=0)
     assert not plan.manifests and not plan.chunks and not plan.changes
+
+
+def test_lease_age_is_judged_by_the_store_clock_with_a_margin() -> None:
+    ttl = LEASE_TTL_S
+    fresh = {"ttl_s": ttl}
+    assert not lease_stale(1000.0, fresh, 1000.0 + ttl + LEASE_SKEW_MARGIN_S)  # on the edge
+    assert lease_stale(1000.0, fresh, 1000.0 + ttl + LEASE_SKEW_MARGIN_S + 1)
+    assert not lease_stale(1000.0, fresh, 1000.0 + 2 * ttl, grace_s=3 * ttl)  # within grace
+    # a body without ttl_s: expires_at - started_at, both the holder's clock (skew cancels)
+    legacy = {"started_at": 5e9, "expires_at": 5e9 + 600}
+    assert lease_ttl(legacy) == 600 and not lease_stale(0.0, legacy, 600 + LEASE_SKEW_MARGIN_S)
+    assert lease_ttl(None) == 0 and lease_ttl({"ttl_s": "x"}) == 0  # not a lease: age alone
+    assert lease_stale(0.0, None, LEASE_SKEW_MARGIN_S + 1)
+
+
+def test_local_server_now_is_a_probe_files_mtime_and_leaves_nothing(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path)
+    store.prepare()
+    (tmp_path / "_embedline").mkdir()
+    before = time.time()
+    now = store.server_now()
+    assert before - 1 <= now <= time.time() + 1
+    assert [p.name for p in tmp_path.rglob("*")] == ["_embedline"]
+
+
+@pytest.mark.parametrize("skew_s", [20 * 60.0, -20 * 60.0])
+def test_gc_on_a_host_whose_clock_is_off_keeps_a_live_lease_and_drops_an_expired_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, skew_s: float
+) -> None:
+    """gc's host clock 20 min ahead or behind (``time.time`` shifted; the filesystem
+    keeps its own): a lease the store stamped just now is live with ``grace 0``, and one
+    the store stamped 30 min ago (TTL 15 min) is stale. Judged by ``expires_at`` against
+    the local clock, the first went with 20 min ahead and the second stayed with 20 min
+    behind."""
+    store = LocalDirStore(tmp_path)
+    live, dead = "a" * 64, "b" * 64
+    for name in ("live", "dead"):
+        _put(store, f"chunks/{name}.parquet", name.encode(), 3 * DAY)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + skew_s)
+    with held_lease(store, LEASE_PREFIX, live, ["chunks/live.parquet"]) as key:
+        store.put_if_absent(  # written by a host 20 min off, 30 min ago by the store's clock
+            f"{LEASE_PREFIX}{dead}.x.000000.json",
+            body := json.dumps(
+                {
+                    "run_key": dead,
+                    "objects": ["chunks/dead.parquet"],
+                    "started_at": time.time() - 1800,
+                    "expires_at": time.time() - 1800 + LEASE_TTL_S,
+                }
+            ).encode(),
+            sha256=hashlib.sha256(body).hexdigest(),
+            content_type="x",
+        )
+        then = real() - 1800
+        os.utime(store.uri_for(f"{LEASE_PREFIX}{dead}.x.000000.json"), (then, then))
+        plan = plan_gc(store, grace_s=0)
+        done = collect(store, plan, ledger=None, grace_s=0)
+        assert [i.key for i in done.chunks] == ["chunks/dead.parquet"]
+        assert [i.key for i in done.stale] == [f"{LEASE_PREFIX}{dead}.x.000000.json"]
+        assert store.head_sha256(key) and store.head_sha256("chunks/live.parquet")
