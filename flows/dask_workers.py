@@ -26,7 +26,9 @@ __all__ = [
 
 #: A worker's needs (``worker_needs``), by the name its message gives them.
 API_KEY_NEED = "EMBEDLINE_API_KEY (or OPENAI_API_KEY)"
-AWS_CREDENTIALS_NEED = "AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+AWS_CREDENTIALS_NEED = (
+    "AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+)
 _API_KEY_ENVS = ("EMBEDLINE_API_KEY", "OPENAI_API_KEY")
 #: S3 endpoint variables botocore reads (adapters/object_store/s3.py ``_build_client``).
 _ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")

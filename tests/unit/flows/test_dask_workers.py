@@ -40,7 +40,8 @@ class _Worker:
 
 def test_no_profiler_stops_the_profiler_callbacks_only() -> None:
     worker = _Worker()
-    profile, heartbeat = worker.periodic_callbacks["profile"], worker.periodic_callbacks["heartbeat"]
+    callbacks = worker.periodic_callbacks
+    profile, heartbeat = callbacks["profile"], callbacks["heartbeat"]
     assert profiler_running(worker)
     NoProfiler().setup(worker)
     assert not profiler_running(worker)
