@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,12 +104,18 @@ def _worker_count(address: str) -> int:
 
 
 def _profiler_running(address: str) -> list[bool]:
+    """Whether each worker's statistical profiler (its periodic callbacks) runs."""
     from distributed import Client
 
-    from flows.dask_workers import profiler_running
-
     with Client(address, timeout=10) as client:
-        return list(client.run(profiler_running).values())
+        return list(client.run(_profiler_callbacks_running).values())
+
+
+def _profiler_callbacks_running(dask_worker: Any) -> bool:
+    callbacks = dask_worker.periodic_callbacks
+    return any(
+        callbacks[name].is_running() for name in ("profile", "profile-cycle") if name in callbacks
+    )
 
 
 def _csv(tmp_path: Path) -> Path:
