@@ -20,7 +20,6 @@ __all__ = [
     "AWS_CREDENTIALS_NEED",
     "NoProfiler",
     "missing_settings",
-    "profiler_running",
     "worker_needs",
 ]
 
@@ -60,15 +59,6 @@ class NoProfiler(WorkerPlugin):
             callback = worker.periodic_callbacks.pop(name, None)
             if callback is not None:
                 callback.stop()
-
-
-def profiler_running(dask_worker: Any) -> bool:
-    """Whether ``dask_worker``'s statistical profiler runs (``Client.run`` passes the
-    worker)."""
-    return any(
-        getattr(dask_worker.periodic_callbacks.get(name), "is_running", lambda: False)()
-        for name in _PROFILER_CALLBACKS
-    )
 
 
 def worker_needs(settings: RunSettings, flow_env: dict[str, str]) -> tuple[str, ...]:
