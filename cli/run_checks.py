@@ -1,5 +1,6 @@
 """The checks ``embedline run`` makes before Prefect starts, each answering in about a
-second: the input, the output, the ledger, the sink URI and the API key. A problem is one
+second: the input, the output, the ledger, the sink URI, the API key, and a Dask cluster
+given by address (``cli.dask_checks``). A problem is one
 line and an exit code, said before any start-up cost."""
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ __all__ = ["check_before_prefect"]
 def check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
     """Everything that can be checked in about a second, before Prefect starts: the input
     (exists, header, encoding; S3: readable with these credentials), the output (a
-    directory, or a bucket these credentials reach) and the API key. Returns (one-line
-    message, exit code) or None."""
+    directory, or a bucket these credentials reach), the API key, and the scheduler at
+    ``--dask-address`` with a Prefect API its workers reach. Returns (one-line message, exit
+    code) or None."""
     from adapters.csv_header import check_header
     from embedline.errors import EmbedlineError, InputError
 
+    if settings.task_runner == "dask" and settings.dask_address:
+        from cli.dask_checks import check_dask_address
+        from cli.prefect_env import configured_api_url
+
+        problem = check_dask_address(settings.dask_address, configured_api_url())
+        if problem is not None:
+            return problem
     if "://" not in settings.input:
         if os.path.isdir(settings.input):
             return f"{settings.input} is a directory, not a CSV file", EXIT_USAGE

@@ -257,14 +257,17 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         "--task-runner",
         choices=("threads", "dask"),
         default="threads",
-        help="where chunk tasks run: threads here, or Dask workers (with no "
-        "PREFECT_API_URL they use this run's temporary Prefect server)",
+        help="where chunk tasks run: threads here, or Dask workers (a local cluster, "
+        "which with no PREFECT_API_URL uses this run's temporary Prefect server; or "
+        "the cluster at --dask-address)",
     )
     run.add_argument(
         "--dask-address",
         default=None,
-        help="an existing Dask scheduler (tcp://host:8786); remote workers need an "
-        "s3:// --output (default: a local cluster)",
+        help="an existing Dask scheduler (tcp://host:8786), checked before the run "
+        "starts; its workers need an s3:// --output, a PREFECT_API_URL they can reach "
+        "and the API key and AWS settings in their own environment "
+        "(default: a local cluster)",
     )
     run.add_argument(
         "--dask-workers",

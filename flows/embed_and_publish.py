@@ -100,7 +100,13 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     runner_started = time.monotonic()
     copied = LocalChunks(lambda spec: publish_copied_chunk(run, work, stage, spec, logger))
     with task_runner(settings, window) as runner, contextlib.closing(copied):
-        warm_up(runner, settings, logger, since=runner_started)
+        unfit = warm_up(runner, settings, logger, since=runner_started)
+        if unfit is not None:  # a worker lacks a setting: stop before any chunk, exit 3
+            artifact.close()
+            failure = ChunkFailure("fatal", unfit, expected=True)
+            return Dispatched(
+                DispatchResult(stop=failure, not_run=[s.index for s in work.todo]), None, 0
+            )
 
         def submit(group: tuple[ChunkSpec, ...]) -> list[Any]:
             common = {

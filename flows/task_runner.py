@@ -59,17 +59,46 @@ def task_runner(settings: RunSettings, window: int) -> Any:
     )
 
 
-def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) -> None:
-    """Dask: import the chunk task's modules on every worker before the first chunk (start-up,
-    not embedding), and log how long the task runner took to be ready (``since``: a
-    ``time.monotonic()`` before the cluster started)."""
+def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) -> str | None:
+    """Dask: on every worker, before the first chunk, stop the statistical profiler
+    (``flows.dask_workers.NoProfiler``, also on workers that join later), check that the
+    worker's environment holds what the run's chunks need, and import the chunk task's
+    modules (start-up, not embedding); log how long the task runner took to be ready
+    (``since``: a ``time.monotonic()`` before the cluster started).
+
+    :returns: one line naming a worker and the setting it lacks (the run stops before any
+        chunk), or None.
+    """
     if settings.task_runner != "dask":
-        return
-    workers = runner.client.run(warm_worker)
+        return None
+    from flows.dask_workers import NoProfiler, missing_settings, worker_needs
+
+    client = runner.client
+    client.register_plugin(NoProfiler())
+    needs = worker_needs(settings, dict(os.environ))
+    lacking = {a: m for a, m in client.run(missing_settings, needs).items() if m}
+    if lacking:
+        return _lacking_line(lacking, client)
+    workers = client.run(warm_worker)
     logger.info(
         "task runner ready: dask, %d workers, in %.1f s (cluster start and warm-up)",
         len(workers),
         time.monotonic() - since,
+    )
+    return None
+
+
+def _lacking_line(lacking: dict[str, list[str]], client: Any) -> str:
+    """One line for the workers that lack settings: the first (by address), its name when
+    it has one, what it lacks, and how many other workers lack something."""
+    address = sorted(lacking)[0]
+    name = client.scheduler_info().get("workers", {}).get(address, {}).get("name")
+    worker = f"{address} ({name})" if name not in (None, "", address) else address
+    others = len(lacking) - 1
+    more = f" (and {others} other worker{'s' if others > 1 else ''})" if others else ""
+    return (
+        f"Dask worker {worker}{more} has no {' and no '.join(lacking[address])} in its "
+        "environment: set it where the worker starts, then rerun"
     )
 
 

@@ -1,0 +1,122 @@
+"""The checks of ``run --task-runner dask --dask-address ADDRESS`` before Prefect starts: the
+cluster's workers must reach the run's Prefect API (Prefect sends its URL with every task),
+and a scheduler must answer at ADDRESS. Each is one line and exit 2, in seconds, instead of
+every chunk failing on the workers with a traceback (or a 30 s wait for the scheduler)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from cli.failures import EXIT_USAGE
+
+__all__ = [
+    "SCHEDULER_TIMEOUT_S",
+    "check_dask_address",
+    "is_loopback",
+    "prefect_api_problem",
+    "scheduler_host_port",
+]
+
+#: Seconds to wait for the scheduler's TCP connect (a host that drops packets answers never).
+SCHEDULER_TIMEOUT_S = 5.0
+
+#: Address schemes of Dask's TCP-based comms (distributed.comm: tcp, tls, ws, wss).
+_TCP_SCHEMES = ("tcp", "tls", "ws", "wss")
+
+_SET_API = "set PREFECT_API_URL to a Prefect server the cluster's workers can reach"
+
+
+def check_dask_address(
+    address: str,
+    api_url: str | None,
+    *,
+    connect: Callable[..., Any] = socket.create_connection,
+    timeout_s: float = SCHEDULER_TIMEOUT_S,
+) -> tuple[str, int] | None:
+    """(one-line message, exit code) when the cluster at ``address`` cannot run this run's
+    chunks, else None: its address is malformed, no scheduler answers there within
+    ``timeout_s`` seconds, or ``api_url`` (the configured ``PREFECT_API_URL``; None: the
+    CLI's temporary server) is one its workers cannot reach (``prefect_api_problem``)."""
+    try:
+        host, port = scheduler_host_port(address)
+    except ValueError as exc:
+        return f"--dask-address {address!r}: {exc}", EXIT_USAGE
+    problem = prefect_api_problem(api_url, scheduler_host=host)
+    if problem:
+        return f"--dask-address {address}: {problem}", EXIT_USAGE
+    try:
+        connect((host, port), timeout=timeout_s).close()
+    except TimeoutError:
+        why = f"no answer in {timeout_s:g} s"
+    except socket.gaierror:
+        why = f"host {host!r} not found"
+    except OSError as exc:
+        why = exc.strerror.lower() if exc.strerror else type(exc).__name__
+    else:
+        return None
+    return (
+        f"--dask-address {address}: no Dask scheduler reached ({why}); start it or fix "
+        "the address",
+        EXIT_USAGE,
+    )
+
+
+def scheduler_host_port(address: str) -> tuple[str, int]:
+    """The host and port of a Dask scheduler address (``tcp://HOST:PORT``, ``tls://…``,
+    ``[::1]:8786``; no scheme is ``tcp``, as Dask reads it).
+
+    :raises ValueError: not such an address (another scheme, no host, no port).
+    """
+    text = address.strip()
+    parts = urlsplit(text if "://" in text else f"tcp://{text}")
+    expected = "expected tcp://HOST:PORT (e.g. tcp://scheduler:8786)"
+    if parts.scheme not in _TCP_SCHEMES:
+        raise ValueError(f"{expected}, or tls://, ws://, wss://")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise ValueError(expected)
+    return parts.hostname, port
+
+
+def prefect_api_problem(api_url: str | None, *, scheduler_host: str) -> str | None:
+    """Why the workers of the scheduler at ``scheduler_host`` cannot reach the Prefect API
+    ``api_url``, or None.
+
+    None (the CLI's temporary server, which listens on this machine's loopback and stops
+    with the command) always; a loopback URL (127.0.0.0/8, ::1, ``localhost``) unless the
+    scheduler is on this machine's loopback too (its workers then run here).
+    """
+    if not api_url:
+        return (
+            "with no PREFECT_API_URL this run's temporary Prefect server listens on this "
+            f"machine's loopback, which the cluster's workers cannot reach: {_SET_API}"
+        )
+    host = urlsplit(api_url).hostname or ""
+    if is_loopback(host) and not is_loopback(scheduler_host):
+        return (
+            f"PREFECT_API_URL is on loopback ({host}), which the cluster's workers cannot "
+            f"reach: {_SET_API}"
+        )
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback: 127.0.0.0/8, ::1 (also IPv4-mapped),
+    ``localhost`` and its subdomains (RFC 6761 §6.3). Resolves nothing."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
