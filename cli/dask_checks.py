@@ -59,8 +59,7 @@ def check_dask_address(
     else:
         return None
     return (
-        f"--dask-address {address}: no Dask scheduler reached ({why}); start it or fix "
-        "the address",
+        f"--dask-address {address}: no Dask scheduler reached ({why}); start it or fix the address",
         EXIT_USAGE,
     )
 

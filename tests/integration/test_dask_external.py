@@ -64,8 +64,16 @@ def external_cluster(
     scheduler_file = home / "scheduler.json"
     procs = [
         _dask(
-            ["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(scheduler_file)],
+            [
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(scheduler_file),
+            ],
             env,
             home / "scheduler.log",
         )
@@ -75,8 +83,21 @@ def external_cluster(
         address = json.loads(scheduler_file.read_text())["address"]
         procs.append(
             _dask(
-                ["worker", address, "--name", "w-nokey", "--nthreads", "2", "--nworkers", "1",
-                 "--no-dashboard", "--host", "127.0.0.1", "--local-directory", str(home)],
+                [
+                    "worker",
+                    address,
+                    "--name",
+                    "w-nokey",
+                    "--nthreads",
+                    "2",
+                    "--nworkers",
+                    "1",
+                    "--no-dashboard",
+                    "--host",
+                    "127.0.0.1",
+                    "--local-directory",
+                    str(home),
+                ],
                 env,
                 home / "worker.log",
             )
@@ -124,14 +145,25 @@ def _csv(tmp_path: Path) -> Path:
     return path
 
 
-def _run(tmp_path: Path, address: str, bucket: str, *extra: str, env: dict[str, str]) -> tuple[
-    subprocess.CompletedProcess[str], float
-]:
+def _run(
+    tmp_path: Path, address: str, bucket: str, *extra: str, env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
     result = run_cli(
-        "run", str(_csv(tmp_path)), "--output", f"s3://{bucket}/ext", "--ledger",
-        str(tmp_path / "ledger.sqlite3"), "--task-runner", "dask", "--dask-address", address,
-        *extra, cwd=tmp_path, env=env, timeout=240,
+        "run",
+        str(_csv(tmp_path)),
+        "--output",
+        f"s3://{bucket}/ext",
+        "--ledger",
+        str(tmp_path / "ledger.sqlite3"),
+        "--task-runner",
+        "dask",
+        "--dask-address",
+        address,
+        *extra,
+        cwd=tmp_path,
+        env=env,
+        timeout=240,
     )
     return result, time.monotonic() - started
 
@@ -144,12 +176,17 @@ def _one_line(stderr: str) -> str:
 
 
 def test_without_prefect_api_url_a_cluster_by_address_is_refused_in_one_line(
-    tmp_path: Path, external_cluster: Cluster, moto_endpoint: str, s3_bucket: str,
+    tmp_path: Path,
+    external_cluster: Cluster,
+    moto_endpoint: str,
+    s3_bucket: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     result, took = _run(
-        tmp_path, external_cluster.address, s3_bucket,
+        tmp_path,
+        external_cluster.address,
+        s3_bucket,
         env={"AWS_ENDPOINT_URL": moto_endpoint},
     )
     assert result.returncode == 2, result.stderr[-3000:]
@@ -182,8 +219,13 @@ def test_a_worker_without_the_api_key_stops_the_run_naming_it_and_runs_no_profil
 ) -> None:
     assert _profiler_running(external_cluster.address) == [True]  # Dask's default
     result, _ = _run(
-        tmp_path, external_cluster.address, s3_bucket,
-        "--embedder", "openai", "--base-url", fake_openai.base_url,
+        tmp_path,
+        external_cluster.address,
+        s3_bucket,
+        "--embedder",
+        "openai",
+        "--base-url",
+        fake_openai.base_url,
         env={"AWS_ENDPOINT_URL": moto_endpoint, "EMBEDLINE_API_KEY": "sk-flow-only"},
     )
     assert result.returncode == 3, result.stderr[-3000:]  # a setting to fix (failures guide)

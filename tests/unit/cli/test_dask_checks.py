@@ -31,15 +31,24 @@ def _raising(exc: BaseException) -> Any:
 
 @pytest.mark.parametrize(
     "host",
-    ["127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost", "LOCALHOST.", "api.localhost",
-     "::ffff:127.0.0.1"],
+    [
+        "127.0.0.1",
+        "127.8.9.10",
+        "::1",
+        "[::1]",
+        "localhost",
+        "LOCALHOST.",
+        "api.localhost",
+        "::ffff:127.0.0.1",
+    ],
 )
 def test_loopback_hosts_are_recognised(host: str) -> None:
     assert is_loopback(host)
 
 
-@pytest.mark.parametrize("host", ["10.0.0.5", "192.0.2.2", "fd00::2", "prefect.internal",
-                                  "localhost.example.com", ""])
+@pytest.mark.parametrize(
+    "host", ["10.0.0.5", "192.0.2.2", "fd00::2", "prefect.internal", "localhost.example.com", ""]
+)
 def test_other_hosts_are_not_loopback(host: str) -> None:
     assert not is_loopback(host)
 
@@ -59,8 +68,16 @@ def test_scheduler_addresses_are_parsed(address: str, expected: tuple[str, int])
 
 @pytest.mark.parametrize(
     "address",
-    ["tcp://scheduler", "tcp://:8786", "tcp://host:port", "tcp://host:99999",
-     "http://host:8786", "ucx://host:8786", "tcp://host:8786/path", "scheduler"],
+    [
+        "tcp://scheduler",
+        "tcp://:8786",
+        "tcp://host:port",
+        "tcp://host:99999",
+        "http://host:8786",
+        "ucx://host:8786",
+        "tcp://host:8786/path",
+        "scheduler",
+    ],
 )
 def test_a_malformed_address_is_exit_2_in_one_line(address: str) -> None:
     message, code = check_dask_address(address, REMOTE_API, connect=_answers)
@@ -91,8 +108,10 @@ def test_a_loopback_prefect_api_is_refused_for_a_remote_scheduler(api_url: str) 
 
 def test_a_loopback_prefect_api_serves_a_scheduler_on_loopback() -> None:
     """Workers that reach their scheduler on this machine's loopback run on this machine."""
-    assert check_dask_address("tcp://localhost:8786", "http://127.0.0.1:4200/api",
-                              connect=_answers) is None
+    assert (
+        check_dask_address("tcp://localhost:8786", "http://127.0.0.1:4200/api", connect=_answers)
+        is None
+    )
 
 
 def test_a_reachable_scheduler_and_api_pass() -> None:
@@ -115,8 +134,7 @@ def test_a_reachable_scheduler_and_api_pass() -> None:
     ],
 )
 def test_an_unreachable_scheduler_is_exit_2_in_one_line(exc: BaseException, why: str) -> None:
-    message, code = check_dask_address("tcp://10.0.0.5:8786", REMOTE_API,
-                                       connect=_raising(exc))
+    message, code = check_dask_address("tcp://10.0.0.5:8786", REMOTE_API, connect=_raising(exc))
     assert code == 2
     assert "no Dask scheduler reached" in message and why in message
     assert "\n" not in message
