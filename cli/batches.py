@@ -230,7 +230,9 @@ def _cancel_at_provider(base_url: str, run: str) -> int:
 
     prefix = run.strip().lower()
     if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
-        return fail("embedline: error: a run key prefix needs at least 8 hex characters", EXIT_USAGE)
+        return fail(
+            "embedline: error: a run key prefix needs at least 8 hex characters", EXIT_USAGE
+        )
     client = BatchClient(
         base_url=base_url, api_key=api_key_from_env(), auth_header=auth_header_for(None)
     )

@@ -19,9 +19,12 @@ unanswered requests as they were, and batches with its own settings only rows no
 the run carries.
 
 Exactly once: a part is recorded before its create, and one still ``creating`` is looked for
-in the account's batch list and adopted (``tasks.batch.calls``, which records every answer of
-the provider). A rerun after a crash or Ctrl-C (batches keep running at the provider) polls
-and collects what the ledger records.
+in the account's batch list and adopted when it was created from the part's upload
+(``tasks.batch.calls``, which records every answer of the provider). A rerun after a crash or
+Ctrl-C (batches keep running at the provider) polls and collects what the ledger records; a
+chunk the ledger records no batch of (a fresh or lost ledger) first adopts the run's batches of
+that chunk that the list holds (``_adopt_unrecorded``): the ledger is a cache, the provider the
+truth.
 
 Stopping: the flow runs the stage under ``flows.signals.dispatch_with_graceful_stop``, as it
 runs the chunk dispatcher, so the first SIGINT/SIGTERM (or a cancel from Prefect) calls
@@ -240,7 +243,9 @@ class BatchStage:
             self.ledger.add_batch_parts(
                 self.run_key, spec.index, spec.key, [(part, 0, len(layout), layout)]
             )
-            (record,) = (r for r in self.ledger.run_batches(self.run_key, spec.index) if r.part == part)
+            (record,) = (
+                r for r in self.ledger.run_batches(self.run_key, spec.index) if r.part == part
+            )
             self.calls.adopt(spec, record, batch)
 
     def _resume_creating(

@@ -862,7 +862,11 @@ def test_kill_9_then_a_rerun_with_the_ledger_deleted_adopts_the_providers_batche
         leftover.unlink()
     server.hold = False
     rerun = subprocess.run(
-        cli_args(tmp_path, server), cwd=tmp_path, env=env, capture_output=True, text=True,
+        cli_args(tmp_path, server),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert rerun.returncode == 0, rerun.stderr
