@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
 from cli.failures import EXIT_FATAL, EXIT_USAGE, fail
@@ -201,17 +201,21 @@ def _ledger_knows(path: str, run: str) -> bool:
         ledger.close()
 
 
-def _cancel_listed(client: BatchClient, run_key: str, known: set[str]) -> int:
+def _cancel_listed(
+    client: BatchClient, run_key: str, known: set[str], listed: list[dict[str, Any]] | None = None
+) -> int:
     """Ask to cancel each batch of run ``run_key`` (a key or prefix) that the account's
-    list holds within the completion window, has not ended and is not in ``known`` (the
-    ledger's); print one line per batch; return how many were asked.
+    list holds within the completion window (``listed``, when already read), has not ended
+    and is not in ``known`` (the ledger's); print one line per batch; return how many.
 
     :raises EmbedlineError: the list or a cancel failed (the ones before it stand).
     """
     from tasks.batch.calls import WINDOW_S, run_batches_listed
 
     asked = 0
-    for batch in run_batches_listed(client, run_key, back_s=WINDOW_S):
+    if listed is None:
+        listed = run_batches_listed(client, run_key, back_s=WINDOW_S)
+    for batch in listed:
         if batch["id"] in known or batch.get("status") in _ENDED:
             continue
         answer = client.cancel_batch(str(batch["id"]))
@@ -244,7 +248,7 @@ def _cancel_at_provider(base_url: str, run: str) -> int:
                 f"embedline: error: run key prefix {prefix!r} is ambiguous; give more characters",
                 EXIT_USAGE,
             )
-        cancelled = _cancel_listed(client, prefix, set())
+        cancelled = _cancel_listed(client, prefix, set(), listed)
     except EmbedlineError as exc:
         return fail(f"embedline: error: {exc}", exc.exit_code)
     finally:

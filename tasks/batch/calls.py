@@ -30,7 +30,9 @@ __all__ = ["BatchCalls", "batch_metadata", "listed_parts", "run_batches_listed",
 
 Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 _LIST_BACK_S = 31 * 86400  # how far back the account's batches are listed to adopt one
-WINDOW_S = 24 * 3600  # the completion window: a batch unknown to the ledger is adopted within it
+#: How far back a batch the ledger does not record is looked for, seconds: the 24 h completion
+#: window, and an hour for a batch still finalizing and for the local clock's skew.
+WINDOW_S = 25 * 3600
 _ENDED_EARLY = frozenset({"expired", "cancelled"})  # ended; useful only if requests completed
 
 

@@ -428,8 +428,9 @@ def test_a_server_without_a_batch_api_stops_the_run_with_exit_3_saying_so(
     summary = run_flow(tmp_path, fake_openai, prefect_api_url)  # type: ignore[arg-type]
     assert summary["exit_code"] == 3 and summary["status"] == "fatal", summary
     # its first call, the list of the run's batches, is answered by no batch list
-    assert "has no Batch API (GET /batches: no batch list): run without --batch-api" in (
-        summary["message"]
+    assert (
+        "has no Batch API (GET /batches: no batch list): run without --batch-api"
+        in (summary["message"])
     )
     assert fake_openai.log == []  # nothing uploaded, nothing embedded
 
