@@ -5,7 +5,11 @@ of the run collects it and submits only the rest again. A part the ledger still 
 ``creating`` whose input was uploaded (the process died, or the create failed, between the
 provider's create and the ledger's record) is looked for in the account's batch list by its
 metadata, as a run does, adopted into the ledger and cancelled too; one whose input was
-never uploaded was never created.
+never uploaded was never created. The ledger is a cache, the provider's list the truth: a
+batch-mode run's batches the ledger does not record (a fresh or lost ledger) are found in the
+list by their ``metadata`` within the completion window and cancelled too; with no ledger
+that knows the run, ``--base-url URL`` names the provider to look in
+(``tasks.batch.calls.run_batches_listed``).
 
 Ends (docs/reference/cli.md): exit 0 with one line per batch asked to cancel and a summary line, or
 one line saying there is nothing to cancel (a run without ``--batch-api``, every batch ended,
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
 from cli.failures import EXIT_FATAL, EXIT_USAGE, fail
@@ -48,6 +52,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     cancel.add_argument("run", metavar="RUN", help="a run key or prefix (≥ 8 hex)")
     cancel.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
+    cancel.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="when no ledger knows RUN (lost, or a fresh one): the Batch API to find its "
+        "batches at by their metadata (the run's --base-url, e.g. https://api.openai.com/v1)",
+    )
     cancel.set_defaults(handler=_cancel_batches, resumable=False)
 
 
@@ -98,20 +108,30 @@ def _nothing_to_cancel(records: list[BatchRecord], run_key: str) -> str | None:
 def _cancel_batches(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from adapters.embeddings import build_batch_client
+    from adapters.embeddings import build_batch_client, close_embedders
     from embedline.errors import EmbedlineError
     from embedline.settings import RunSettings
 
+    if args.base_url and not _ledger_knows(args.ledger, args.run):
+        return _cancel_at_provider(args.base_url, args.run)
     ledger = open_ledger(args.ledger)
     try:
         run = find_run(ledger, args.run)
-        nothing = _nothing_to_cancel(ledger.run_batches(run.run_key), run.run_key)
-        if nothing is not None:  # no client: a run without batches may have no API key
-            print(f"embedline: {nothing}", file=sys.stderr)
-            return 0
         try:
             settings = RunSettings.model_validate(ledger.run_settings(run.run_key))
         except ValidationError:
+            settings = None
+        records = ledger.run_batches(run.run_key)
+        nothing = (
+            _nothing_to_cancel(records, run.run_key)
+            if records or settings is None or not settings.batch_api
+            else _NO_BATCHES.format(run.run_key[:12])  # a fresh ledger: the provider may know
+        )
+        if nothing is not None and (settings is None or not settings.batch_api):
+            # no client: a run without batches may have no API key
+            print(f"embedline: {nothing}", file=sys.stderr)
+            return 0
+        if settings is None:
             return fail(
                 "embedline: error: the run's recorded settings no longer validate", EXIT_USAGE
             )
@@ -119,18 +139,26 @@ def _cancel_batches(args: argparse.Namespace) -> int:
         try:
             adopted, never_created = _adopt_creating(ledger, client, run.run_key)
             cancelled, unknown = _cancel_open(ledger, client, run.run_key)
+            known = {r.batch_id for r in ledger.run_batches(run.run_key) if r.batch_id}
+            unrecorded = _cancel_listed(client, run.run_key, known)
         except EmbedlineError as exc:
             return fail(f"embedline: error: {exc}", exc.exit_code)
         finally:
-            client.close()
+            close_embedders()  # the shared client closed and forgotten, not left closed
     finally:
         ledger.close()
+    if nothing is not None and not cancelled and not unrecorded and not unknown:
+        print(f"embedline: {nothing}", file=sys.stderr)
+        return 0
+    if unrecorded:
+        adopted += unrecorded
+        cancelled += unrecorded
     if cancelled or not unknown:
         print(
             f"embedline: {cancelled} batches of run {run.run_key[:12]} asked to cancel"
             + (
-                f" ({adopted} of them found in the account's batch list: their create was "
-                "not recorded)"
+                f" ({adopted} of them found in the account's batch list: the ledger did "
+                "not record their create)"
                 if adopted
                 else ""
             )
@@ -150,6 +178,90 @@ def _cancel_batches(args: argparse.Namespace) -> int:
             "the provider no longer has it, nothing is left to cancel",
             EXIT_FATAL,
         )
+    return 0
+
+
+_NO_BATCHES = "run {} has no batch running at the provider: nothing to cancel"
+
+
+def _ledger_knows(path: str, run: str) -> bool:
+    """Whether a ledger at ``path`` exists and records a run ``run`` (key or prefix)."""
+    import os
+
+    from adapters.ledger import Ledger
+
+    if not os.path.exists(path):
+        return False
+    ledger = Ledger(path)
+    try:
+        return ledger.find_run(run) is not None
+    except ValueError:
+        return True  # a bad or ambiguous prefix: find_run says so
+    finally:
+        ledger.close()
+
+
+def _cancel_listed(
+    client: BatchClient, run_key: str, known: set[str], listed: list[dict[str, Any]] | None = None
+) -> int:
+    """Ask to cancel each batch of run ``run_key`` (a key or prefix) that the account's
+    list holds within the completion window (``listed``, when already read), has not ended
+    and is not in ``known`` (the ledger's); print one line per batch; return how many.
+
+    :raises EmbedlineError: the list or a cancel failed (the ones before it stand).
+    """
+    from tasks.batch.calls import WINDOW_S, run_batches_listed
+
+    asked = 0
+    if listed is None:
+        listed = run_batches_listed(client, run_key, back_s=WINDOW_S)
+    for batch in listed:
+        if batch["id"] in known or batch.get("status") in _ENDED:
+            continue
+        answer = client.cancel_batch(str(batch["id"]))
+        print(f"{batch['id']}\t{answer.get('status')}")
+        asked += 1
+    return asked
+
+
+def _cancel_at_provider(base_url: str, run: str) -> int:
+    """``cancel-batches RUN --base-url URL`` with no ledger that knows RUN: cancel the
+    batches the account's list holds whose metadata names a run key starting with RUN."""
+    from adapters.embeddings import api_key_from_env, auth_header_for
+    from adapters.embeddings.openai_batch import BatchClient
+    from embedline.errors import EmbedlineError
+    from tasks.batch.calls import WINDOW_S, run_batches_listed
+
+    prefix = run.strip().lower()
+    if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
+        return fail(
+            "embedline: error: a run key prefix needs at least 8 hex characters", EXIT_USAGE
+        )
+    client = BatchClient(
+        base_url=base_url, api_key=api_key_from_env(), auth_header=auth_header_for(None)
+    )
+    try:
+        listed = run_batches_listed(client, prefix, back_s=WINDOW_S)
+        runs = {str((b.get("metadata") or {}).get("embedline_run")) for b in listed}
+        if len(runs) > 1:
+            return fail(
+                f"embedline: error: run key prefix {prefix!r} is ambiguous; give more characters",
+                EXIT_USAGE,
+            )
+        cancelled = _cancel_listed(client, prefix, set(), listed)
+    except EmbedlineError as exc:
+        return fail(f"embedline: error: {exc}", exc.exit_code)
+    finally:
+        client.close()
+    if not cancelled:
+        print(f"embedline: {_NO_BATCHES.format(prefix[:12])}", file=sys.stderr)
+        return 0
+    print(
+        f"embedline: {cancelled} batches of run {prefix[:12]} asked to cancel (found in the "
+        "account's batch list by their metadata); what they completed is still billed: "
+        "rerun the run to collect it",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -19,9 +19,12 @@ unanswered requests as they were, and batches with its own settings only rows no
 the run carries.
 
 Exactly once: a part is recorded before its create, and one still ``creating`` is looked for
-in the account's batch list and adopted (``tasks.batch.calls``, which records every answer of
-the provider). A rerun after a crash or Ctrl-C (batches keep running at the provider) polls
-and collects what the ledger records.
+in the account's batch list and adopted when it was created from the part's upload
+(``tasks.batch.calls``, which records every answer of the provider). A rerun after a crash or
+Ctrl-C (batches keep running at the provider) polls and collects what the ledger records; a
+chunk the ledger records no batch of (a fresh or lost ledger) first adopts the run's batches of
+that chunk that the list holds (``_adopt_unrecorded``): the ledger is a cache, the provider the
+truth.
 
 Stopping: the flow runs the stage under ``flows.signals.dispatch_with_graceful_stop``, as it
 runs the chunk dispatcher, so the first SIGINT/SIGTERM (or a cancel from Prefect) calls
@@ -67,7 +70,7 @@ from tasks.batch.records import (
     left_running_note,
     merged_layouts,
 )
-from tasks.batch.requests import BatchRequest, input_file, layout_of, pack
+from tasks.batch.requests import BatchRequest, input_file, layout_from_input, layout_of, pack
 from tasks.reuse.stage import ReuseStage
 
 __all__ = ["BatchStage", "Staged"]
@@ -184,6 +187,8 @@ class BatchStage:
         go in a part of their own."""
         rows = self.parts.rows(spec)
         requests = self.parts.needed(spec, rows)
+        if requests:
+            self._adopt_unrecorded(spec, rows)
         for record in self.ledger.run_batches(self.run_key, spec.index):
             if record.state == "creating":
                 self._resume_creating(spec, record, rows)
@@ -214,11 +219,44 @@ class BatchStage:
             )
             self._submit_rest(spec, records, rest)
 
+    def _adopt_unrecorded(self, spec: ChunkSpec, rows: list[Row]) -> None:
+        """Adopt the provider's batches of this chunk that the ledger does not record (a
+        fresh or lost ledger: ``BatchCalls.unrecorded``), each as the part its metadata
+        names, carrying the requests its input file holds (``layout_from_input``). Parts
+        recorded ``creating`` but never uploaded were never created: dropped once a batch
+        is adopted (the rows no adopted batch carries go in a part of their own)."""
+        found = self.calls.unrecorded(spec)
+        records = {r.part: r for r in self.ledger.run_batches(self.run_key, spec.index)}
+        adopted = False
+        for part, batch in sorted(found.items()):
+            record = records.get(part)
+            if record is not None and (record.batch_id or record.input_file_id):
+                continue  # a batch of its own, or an upload matched by its file id
+            layout = layout_from_input(rows, self.calls.input_of(batch), self.settings)
+            if not layout:
+                continue  # none of its requests is this chunk's now
+            if not adopted:
+                for other in records.values():
+                    if other.state == "creating" and not other.input_file_id:
+                        self.ledger.drop_batch_part(self.run_key, spec.index, other.part)
+                adopted = True
+            self.ledger.add_batch_parts(
+                self.run_key, spec.index, spec.key, [(part, 0, len(layout), layout)]
+            )
+            (record,) = (
+                r for r in self.ledger.run_batches(self.run_key, spec.index) if r.part == part
+            )
+            self.calls.adopt(spec, record, batch)
+
     def _resume_creating(
         self, spec: ChunkSpec, record: BatchRecord, rows: list[Row] | None = None
     ) -> None:
         # a part whose input was never uploaded was never created: nothing to look for
-        adopted = self.calls.find(spec, record.part) if record.input_file_id else None
+        adopted = (
+            self.calls.find(spec, record.part, record.input_file_id)
+            if record.input_file_id
+            else None
+        )
         if adopted is not None:
             self.calls.adopt(spec, record, adopted)
             return
@@ -268,7 +306,7 @@ class BatchStage:
                 exc,
             )
             self.calls.forget_listing()  # list again: the batch would be new
-            found = self.calls.find(spec, record.part)
+            found = self.calls.find(spec, record.part, file_id)
             if found is None:
                 return  # still `creating`: submitted again on the next poll
             batch = found

@@ -166,7 +166,10 @@ class BatchClient:
         return self._call("POST", f"/batches/{batch_id}/cancel")  # type: ignore[no-any-return]  # JSON
 
     def list_batches(self, *, page_size: int = 100) -> Iterator[dict[str, Any]]:
-        """Every batch of the account, newest first (``limit``/``after`` pages)."""
+        """Every batch of the account, newest first (``limit``/``after`` pages).
+
+        :raises FatalError: the answer is no batch list (a server without a Batch API).
+        """
         after: str | None = None
         while True:
             params: dict[str, Any] = {"limit": page_size}
@@ -174,8 +177,12 @@ class BatchClient:
                 params["after"] = after
             page = self._call("GET", "/batches", params=params)
             data = page.get("data") if isinstance(page, dict) else None
-            if not isinstance(data, list):
-                raise BadResponseError("the batch list has no 'data' list")
+            if not isinstance(data, list):  # e.g. a health check answering every GET
+                raise FatalError(
+                    f"{safe_url(self.base_url)} has no Batch API (GET /batches: no batch "
+                    "list): run without --batch-api, or point --base-url at a server that "
+                    "offers one"
+                )
             yield from data
             if not page.get("has_more") or not data:
                 return

@@ -6,6 +6,13 @@ every batch carries ``metadata`` (run key, chunk key, chunk index, part: ``batch
 A part still ``creating`` (a crash, a create that failed or timed out) is looked for in the
 account's batch list (``listed_parts``) and adopted; only a part no batch carries is
 submitted. ``embedline cancel-batches`` finds a run's batches the same way.
+
+The ledger is a cache: the provider's list is the truth of which batches a run has. A chunk
+the ledger records no batch of (a fresh or lost ledger, a part recorded but never
+uploaded) is looked for in the list too (``BatchCalls.unrecorded``: this run's and chunk's
+batches created within the completion window that can still answer), and each such batch
+is adopted with the requests its own input file carries
+(``tasks.batch.requests.layout_from_input``), never assumed from today's settings.
 """
 
 from __future__ import annotations
@@ -19,10 +26,14 @@ from adapters.ledger import BatchRecord, Ledger
 from embedline.errors import UnknownBatchError
 from embedline.models import ChunkSpec
 
-__all__ = ["BatchCalls", "batch_metadata", "listed_parts"]
+__all__ = ["BatchCalls", "batch_metadata", "listed_parts", "run_batches_listed", "usable"]
 
 Log = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 _LIST_BACK_S = 31 * 86400  # how far back the account's batches are listed to adopt one
+#: How far back a batch the ledger does not record is looked for, seconds: the 24 h completion
+#: window, and an hour for a batch still finalizing and for the local clock's skew.
+WINDOW_S = 25 * 3600
+_ENDED_EARLY = frozenset({"expired", "cancelled"})  # ended; useful only if requests completed
 
 
 def batch_metadata(run_key: str, spec: ChunkSpec, part: int) -> dict[str, str]:
@@ -36,6 +47,37 @@ def batch_metadata(run_key: str, spec: ChunkSpec, part: int) -> dict[str, str]:
     }
 
 
+def run_batches_listed(
+    client: BatchClient, run_key: str, *, back_s: float = _LIST_BACK_S
+) -> list[dict[str, Any]]:
+    """The account's batches whose ``metadata`` names run ``run_key`` (a key, or a prefix of
+    at least 8 hex characters: ``cancel-batches`` with no ledger), newest first, created
+    within ``back_s`` seconds (the list is newest first: it is read no further back).
+
+    :raises RetryableError, FatalError: the list could not be read.
+    """
+    found = []
+    oldest = time.time() - back_s
+    for batch in client.list_batches():
+        if int(batch.get("created_at") or 0) < oldest:
+            break
+        run = (batch.get("metadata") or {}).get("embedline_run")
+        if isinstance(run, str) and run.startswith(run_key):
+            found.append(batch)
+    return found
+
+
+def usable(batch: dict[str, Any]) -> bool:
+    """Whether ``batch`` can still answer a request: running, completed, or ended early
+    (expired, cancelled) after completing some; a ``failed`` batch ran nothing."""
+    status = batch.get("status")
+    if status == "failed":
+        return False
+    if status in _ENDED_EARLY:
+        return int((batch.get("request_counts") or {}).get("completed") or 0) > 0
+    return True
+
+
 def listed_parts(client: BatchClient, run_key: str) -> dict[tuple[int, int], dict[str, Any]]:
     """The account's batches of run ``run_key`` by (chunk index, part), as their
     ``metadata`` says (``batch_metadata``): the newest of each, back 31 days. How a part
@@ -45,10 +87,7 @@ def listed_parts(client: BatchClient, run_key: str) -> dict[tuple[int, int], dic
     :raises RetryableError, FatalError: the list could not be read.
     """
     found: dict[tuple[int, int], dict[str, Any]] = {}
-    oldest = time.time() - _LIST_BACK_S
-    for batch in client.list_batches():
-        if int(batch.get("created_at") or 0) < oldest:
-            break
+    for batch in run_batches_listed(client, run_key):
         meta = batch.get("metadata") or {}
         if meta.get("embedline_run") != run_key:
             continue
@@ -67,12 +106,47 @@ class BatchCalls:
     def __init__(self, client: BatchClient, ledger: Ledger, run_key: str, log: Log) -> None:
         self.client, self.ledger, self.run_key, self.log = client, ledger, run_key, log
         self._listed: dict[tuple[int, int], dict[str, Any]] | None = None
+        self._run_list: list[dict[str, Any]] | None = None  # this run's, in the window
 
-    def find(self, spec: ChunkSpec, part: int) -> dict[str, Any] | None:
-        """The account's batch that carries this run's, chunk's and part's metadata."""
+    def find(self, spec: ChunkSpec, part: int, input_file_id: str) -> dict[str, Any] | None:
+        """The account's batch that carries this run's, chunk's and part's metadata and was
+        created from ``input_file_id`` (the part's upload: exactly the requests it carries)."""
         if self._listed is None:
             self._listed = listed_parts(self.client, self.run_key)
-        return self._listed.get((spec.index, part))
+        batch = self._listed.get((spec.index, part))
+        return batch if batch is not None and batch.get("input_file_id") == input_file_id else None
+
+    def input_of(self, batch: dict[str, Any]) -> bytes:
+        """The input file a listed batch was created from (what it carries).
+
+        :raises UnknownBatchError: the file is gone (deleted by its owner).
+        """
+        return self.client.file_content(str(batch["input_file_id"]))
+
+    def unrecorded(self, spec: ChunkSpec) -> dict[int, dict[str, Any]]:
+        """By part, the newest ``usable`` batch of this run and chunk (its key and index in
+        ``metadata``) created within the completion window whose id the ledger does not
+        record: a batch a lost ledger's run created. The list is read once per stage."""
+        if self._run_list is None:
+            self._run_list = run_batches_listed(self.client, self.run_key, back_s=WINDOW_S)
+        known = {r.batch_id for r in self.ledger.run_batches(self.run_key) if r.batch_id}
+        found: dict[int, dict[str, Any]] = {}
+        for batch in self._run_list:
+            meta = batch.get("metadata") or {}
+            if (
+                meta.get("embedline_run") != self.run_key
+                or meta.get("embedline_chunk") != spec.key
+                or meta.get("embedline_index") != str(spec.index)
+                or batch.get("id") in known
+                or not batch.get("input_file_id")
+                or not usable(batch)
+            ):
+                continue
+            try:
+                found.setdefault(int(meta["embedline_part"]), batch)  # newest first
+            except (KeyError, TypeError, ValueError):
+                continue
+        return found
 
     def forget_listing(self) -> None:
         """List the account's batches again at the next ``find`` (a create may have made a

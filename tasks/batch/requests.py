@@ -15,6 +15,7 @@ answers of the batches already submitted. No I/O here.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Collection, Iterable, Sequence
@@ -38,6 +39,7 @@ __all__ = [
     "Resolved",
     "chunk_requests",
     "input_file",
+    "layout_from_input",
     "layout_of",
     "layout_requests",
     "pack",
@@ -165,6 +167,37 @@ def layout_requests(
                 )
             )
     return requests
+
+
+def layout_from_input(rows: Sequence[Row], content: bytes, settings: RunSettings) -> BatchLayout:
+    """The layout of a batch input file ``content`` over the chunk's ``rows``: for each
+    line, its ``custom_id`` and the positions of rows whose texts it sends, kept only when
+    the rows' keys make that ``custom_id`` (``request_key``), so a batch found at the
+    provider is matched to exactly the requests it answers, whatever settings built it.
+    A line no rows of the chunk make is left out (its answer is never used)."""
+    model, dims = settings.effective_model, settings.dimensions
+    by_text: dict[str, list[int]] = {}
+    for position, row in enumerate(rows):
+        by_text.setdefault(sent_text_sha256(_as_sent(row.text, settings)), []).append(position)
+    layout = []
+    for line in content.splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            record = None
+        body = record.get("body") if isinstance(record, dict) else None
+        texts = body.get("input") if isinstance(body, dict) else None
+        custom_id = record.get("custom_id") if isinstance(record, dict) else None
+        if not isinstance(custom_id, str) or not isinstance(texts, list) or not texts:
+            continue
+        options = [by_text.get(sent_text_sha256(str(t)), []) for t in texts]
+        # the same text on several rows (ids differ): the row whose keys make the custom_id
+        for picked in itertools.islice(itertools.product(*options), 256):
+            keys = [row_key(rows[p].id, rows[p].text_sha256, model, dims) for p in picked]
+            if request_key(keys) == custom_id:
+                layout.append((custom_id, tuple(picked)))
+                break
+    return tuple(layout)
 
 
 def _line(request: BatchRequest, settings: RunSettings) -> bytes:

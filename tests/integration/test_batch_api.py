@@ -427,10 +427,12 @@ def test_a_server_without_a_batch_api_stops_the_run_with_exit_3_saying_so(
     write_csv(tmp_path / "in.csv", TEXTS)
     summary = run_flow(tmp_path, fake_openai, prefect_api_url)  # type: ignore[arg-type]
     assert summary["exit_code"] == 3 and summary["status"] == "fatal", summary
+    # its first call, the list of the run's batches, is answered by no batch list
     assert (
-        "has no Batch API (POST /files: HTTP 404): run without --batch-api" in (summary["message"])
+        "has no Batch API (GET /batches: no batch list): run without --batch-api"
+        in (summary["message"])
     )
-    assert [e["status"] for e in fake_openai.log] == [404]  # the upload only: nothing embedded
+    assert fake_openai.log == []  # nothing uploaded, nothing embedded
 
 
 @pytest.mark.parametrize(
@@ -487,6 +489,7 @@ def test_cancel_batches_adopts_a_batch_still_recorded_creating_and_cancels_it(
     # the create makes the batch but answers 500, and the list that would find it fails:
     # the run stops with the batch running and its part recorded `creating`
     server.create_fails_after_creating, server.list_status, server.hold = 1, 503, True
+    server.list_status_after = 1  # the list before the create answers (nothing there yet)
     first = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
     assert first["exit_code"] == 1, first["message"]
     ledger_path = tmp_path / "ledger.sqlite3"
@@ -841,5 +844,115 @@ def test_nothing_listening_at_base_url_in_batch_mode_stops_the_run_like_synchron
     cancel = run_cli(
         "cancel-batches", _run_key(tmp_path)[:12], "--ledger", "ledger.sqlite3", cwd=tmp_path
     )
-    assert cancel.returncode == 0, cancel.stderr  # nothing was ever created: nothing to cancel
-    assert "nothing to cancel" in cancel.stderr
+    # the ledger records no batch, which a lost ledger would not either: only the provider
+    # can say, and it refuses every connection: one line, exit 3
+    assert cancel.returncode == 3, cancel.stderr
+    assert "Traceback" not in cancel.stderr
+    assert "check that the server is running and --base-url is right" in cancel.stderr
+
+
+# -- a ledger is a cache: the provider's batches are found without it ---------------------
+
+
+def test_kill_9_then_a_rerun_with_the_ledger_deleted_adopts_the_providers_batches(
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
+    """A run killed while its batches run, its ledger deleted (a fresh container), rerun:
+    the rerun finds the run's batches in the provider's list by their metadata and adopts
+    them; no batch is created again, each distinct text billed once."""
+    rows, env, proc = start_waiting_run(tmp_path, server, prefect_api_url)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for leftover in tmp_path.glob("ledger.sqlite3*"):
+        leftover.unlink()
+    server.hold = False
+    rerun = subprocess.run(
+        cli_args(tmp_path, server),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["creates"] == counters["batches"] == 3  # adopted, not created again
+    assert counters["batch_inputs"] == distinct(rows)  # before: every text billed twice
+    assert counters["requests"] == 0
+
+
+def test_a_fresh_ledger_adopts_batches_made_with_other_batching_settings_exactly(
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
+    """The batches a lost ledger's run made are matched by the requests their input files
+    carry, not by today's settings: a rerun with another --batch-size collects them and
+    pays nothing twice."""
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    server.hold, server.poll_status = True, 503
+    first = run_flow(tmp_path, server, prefect_api_url, max_attempts=1)
+    assert first["exit_code"] == 1, first["message"]
+    server.hold, server.poll_status = False, None
+    for leftover in tmp_path.glob("ledger.sqlite3*"):
+        leftover.unlink()
+    summary = run_flow(tmp_path, server, prefect_api_url, batch_size=3)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["creates"] == counters["batches"] == 3
+    assert counters["batch_inputs"] == distinct(rows)
+
+
+def test_cancel_batches_finds_the_runs_batches_at_the_provider_with_a_fresh_ledger(
+    tmp_path: Path,
+    server: FakeBatchServer,
+    prefect_api_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """cancel-batches with a ledger that records the run but none of its batches, and with
+    no ledger at all (``--base-url``): the run's running batches are found in the
+    provider's list by their metadata and cancelled."""
+    from adapters.ledger import Ledger
+    from cli.main import main
+
+    write_csv(tmp_path / "in.csv", TEXTS)
+    first = _submitted_then_lost(tmp_path, server, prefect_api_url, TEXTS)
+    run_key = first["run_key"]
+    assert len(server.batches) == 3
+    ledger_path = tmp_path / "ledger.sqlite3"
+    ledger = Ledger(ledger_path)  # a ledger that lost the run's batches
+    ledger._conn.execute("DELETE FROM batches")
+    ledger._conn.commit()
+    ledger.close()
+    capsys.readouterr()
+    assert main(["cancel-batches", run_key[:12], "--ledger", str(ledger_path)]) == 0
+    out = capsys.readouterr()
+    assert all(b["status"] == "cancelling" for b in server.batches.values()), out
+    assert len([line for line in out.out.splitlines() if "\tcancelling" in line]) == 3
+
+    server.reset_batches()  # again, with no ledger at all
+    other = tmp_path / "other"
+    other.mkdir()
+    first = _submitted_then_lost(other, server, prefect_api_url, TEXTS)
+    for leftover in other.glob("ledger.sqlite3*"):
+        leftover.unlink()
+    capsys.readouterr()
+    missing = str(other / "ledger.sqlite3")
+    with pytest.raises(SystemExit) as no_ledger:  # without --base-url: where to look?
+        main(["cancel-batches", first["run_key"][:12], "--ledger", missing])
+    assert no_ledger.value.code == 2
+    assert (
+        main(
+            [
+                "cancel-batches",
+                first["run_key"][:12],
+                "--ledger",
+                missing,
+                "--base-url",
+                server.base_url,
+            ]
+        )
+        == 0
+    )
+    assert all(b["status"] == "cancelling" for b in server.batches.values())
+    assert "3 batches of run" in capsys.readouterr().err

@@ -37,7 +37,8 @@ Failure injection (attributes, set by tests before or between runs):
   (default: always).
 - ``hold``: batches stay ``in_progress`` until set back to False (a run waiting).
 - ``poll_status`` / ``list_status``: while set, ``GET /v1/batches/{id}`` (a poll) / ``GET
-  /v1/batches`` (the list) answer this HTTP status (e.g. 503: the API went away).
+  /v1/batches`` (the list) answer this HTTP status (e.g. 503: the API went away); the
+  list only once ``list_status_after`` batches exist.
 - ``validation_error_after``: with ``validation_error``, the first N batches created pass
   validation (later ones fail): a run stopped while earlier batches still run.
 - ``owner_scoped``: files and batches belong to the credential that created them (the
@@ -152,6 +153,7 @@ class FakeBatchServer(FakeEmbeddingServer):
         self.hold = False
         self.poll_status: int | None = None
         self.list_status: int | None = None
+        self.list_status_after = 0  # list_status only once this many batches exist
         self.validation_error_after = 0
         self.owner_scoped = False
         self._owners: dict[str, str] = {}  # file or batch id -> the credential that made it
@@ -169,6 +171,7 @@ class FakeBatchServer(FakeEmbeddingServer):
         self.batch_texts_fail, self.batch_texts_fail_times, self.hold = {}, None, False
         self.reject_texts_containing = None
         self.poll_status = self.list_status = None
+        self.list_status_after = 0
         self.validation_error_after, self.owner_scoped = 0, False
 
     def _visible(self, object_id: str, headers: Any) -> bool:
@@ -372,7 +375,11 @@ class FakeBatchServer(FakeEmbeddingServer):
         one = re.search(r"/batches/([^/]+)$", path)
         if one and self.poll_status is not None:
             return _error(self.poll_status, "The server is unavailable.")
-        if path.endswith("/batches") and self.list_status is not None:
+        if (
+            path.endswith("/batches")
+            and self.list_status is not None
+            and len(self.batches) >= self.list_status_after
+        ):
             return _error(self.list_status, "The server is unavailable.")
         if one:
             batch = self.batches.get(one.group(1))

@@ -21,6 +21,7 @@ from tasks.batch.requests import (
     BatchResults,
     chunk_requests,
     input_file,
+    layout_from_input,
     layout_of,
     layout_requests,
     pack,
@@ -276,3 +277,26 @@ def test_only_rows_at_given_positions_are_requested() -> None:
     chunk = rows(["a", "b", "c", "d"])
     requests = chunk_requests(chunk, ReusePlan(), SETTINGS, only={1, 3})
     assert [(r.texts, r.rows) for r in requests] == [(("b", "d"), (1, 3))]
+
+
+def test_a_batch_found_at_the_provider_is_matched_by_its_input_file_exactly() -> None:
+    """A fresh ledger's run adopts a batch by the requests its input file carries: each line
+    mapped to the rows whose keys make its custom_id, whatever settings built it; a line of
+    other rows (an edited text, a duplicate text on another id) maps to none of them."""
+    chunk = rows(["a", "b", "c", "d", "e"])
+    other = SETTINGS.model_copy(update={"batch_size": 3})
+    submitted = chunk_requests(chunk, ReusePlan(), other)  # what a lost ledger's run sent
+    content = input_file(submitted, other)
+    assert layout_from_input(chunk, content, SETTINGS) == layout_of(submitted)
+    edited = rows(["a", "b", "c", "D", "e"])  # row 3 changed since: its request is left out
+    assert layout_from_input(edited, content, SETTINGS) == layout_of(submitted[:1])
+    # the same text on two ids: the row whose id made the custom_id, not the first one
+    twins = [*rows(["x", "y"]), Row(3, 4, "twin", "x", text_sha256("x"))]
+    (single,) = chunk_requests(twins[2:], ReusePlan(), SETTINGS)
+    layout = layout_from_input(twins, input_file([single], SETTINGS), SETTINGS)
+    assert layout == ((single.custom_id, (2,)),)
+    # another model's batch answers none of these rows
+    large = SETTINGS.model_copy(update={"model": "text-embedding-3-large"})
+    large_requests = chunk_requests(chunk, ReusePlan(), large)
+    assert layout_from_input(chunk, input_file(large_requests, large), SETTINGS) == ()
+    assert layout_from_input(chunk, b"not json\n{}\n", SETTINGS) == ()
