@@ -123,15 +123,18 @@ def refuse_repeated_header(fields: list[str], line: int, header: Header, path: s
     first = first.removeprefix("\ufeff")
     names = header.names
     if first == "sep=" and not any(fields[1:]):
-        what = "is Excel's 'sep=' line again"
+        # the second export's header follows its sep= line: both go
+        what, lines, skip = "is Excel's 'sep=' line again, before a second header", 2, 3
     elif first in (names[0], f'"{names[0]}"') and fields[1:] == names[1:]:
         what = "repeats the header" + (" after a byte-order mark" if bom else "")
+        lines, skip = 1, 2
     else:
         return
+    span = f"{line}d" if lines == 1 else f"{line},{line + lines - 1}d"
     raise InputError(
         f"line {line} {what}: two exports joined into one file (cat a.csv b.csv)? "
         "Embedded, it would be a row like any other. Remove it (sed -i "
-        f"'{line}d' FILE; or join exports with the header once: tail -n +2 b.csv >> a.csv)",
+        f"'{span}' FILE; or join exports with the header once: tail -n +{skip} b.csv >> a.csv)",
         path=path,
         line=line,
     )

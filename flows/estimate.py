@@ -53,7 +53,9 @@ class Estimate:
     not at all), ``rows_published`` in chunks this run published before (a rerun),
     ``rows_to_write`` in the chunks left, of which ``rows_reused`` copy a vector the output
     holds (or a request this run kept), ``rows_duplicate`` repeat a text another row of
-    the run sends, ``rows_empty`` are empty texts (never sent); ``new_texts`` distinct texts
+    the run sends, ``rows_empty`` are empty texts (never sent); ``rows_empty_unwritten`` are
+    the empty texts a delta night writes to no chunk (outside ``rows_to_write``, so the four
+    counts add up to ``rows_total``); ``new_texts`` distinct texts
     to send, ``tokens`` their estimated tokens (``method``). Cost in USD, None without a
     price: ``cost`` synchronous, ``cost_batch`` with the Batch API. ``committed``: the run
     is already committed (nothing to send)."""
@@ -66,6 +68,7 @@ class Estimate:
     rows_reused: int = 0
     rows_duplicate: int = 0
     rows_empty: int = 0
+    rows_empty_unwritten: int = 0
     new_texts: int = 0
     tokens: int = 0
     chunks_to_send: int = 0
@@ -96,10 +99,16 @@ class Estimate:
             f"tokens     {self.method}",
             f"rows       {self.rows_total:,} in the input: {self.rows_inherited:,} unchanged "
             f"since the last committed run, {self.rows_published:,} already published, "
-            f"{self.rows_to_write:,} to write",
+            f"{self.rows_to_write:,} to write"
+            + (
+                f", {self.rows_empty_unwritten:,} empty texts (never sent)"
+                if self.rows_empty_unwritten
+                else ""
+            ),
             f"to write   {self.rows_to_write:,} rows: {self.rows_reused:,} reused, "
             f"{self.rows_duplicate:,} duplicates of another row, {self.rows_empty:,} empty, "
-            f"{self.new_texts:,} new texts to send in {self.chunks_to_send:,} chunks",
+            f"{self.new_texts:,} new texts to send in {self.chunks_to_send:,} "
+            + ("chunk" if self.chunks_to_send == 1 else "chunks"),
         ]
         if self.committed:
             lines.append("run        already committed: nothing to send")
@@ -178,9 +187,8 @@ def _estimate(run: Run, settings: RunSettings) -> Estimate:
         todo = [c for c in plan.chunks if c.index not in skipped]
         estimate.rows_published = sum(plan.chunks[i].rows for i in skipped)
         estimate.rows_to_write = sum(c.rows for c in todo)
-        if delta is not None:
-            estimate.rows_empty = delta.rows_empty
-            estimate.rows_total -= delta.rows_empty
+        if delta is not None:  # empty texts a delta night writes to no chunk
+            estimate.rows_empty_unwritten = delta.rows_empty
         stage = ReuseStage(
             store=run.store,
             ledger=ledger,

@@ -185,6 +185,12 @@ def test_a_second_excel_sep_line_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="'sep=' line again") as info:
         _plan(path)
     assert info.value.line == 4
+    # the advice removes the second export's sep= line and its header, and then reads
+    message = str(info.value)
+    assert "sed -i '4,5d'" in message and "tail -n +3" in message
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:3] + lines[5:]))  # what sed -i '4,5d' leaves
+    assert _plan(path).rows == 2
 
 
 # -- --normalize -----------------------------------------------------------------------------
