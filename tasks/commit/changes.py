@@ -29,7 +29,7 @@ import builtins
 import json
 import tempfile
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -305,37 +305,25 @@ def write_changes(
     :raises FileNotFoundError: a chunk object is missing.
     :raises OSError: ``scratch_dir`` is full or not writable.
     """
-    key = changes_object_key(run_key)
-    rows = sum(int(c["rows"]) for c in chunks)
-    found = _existing_counts(store, key, run_key, rows=rows)
-    if found is not None:
-        return found
     base_run_key = str(base["run_key"]) if base else None
-    meta = {"format": CHANGES_FORMAT, "run_key": run_key, "base_run_key": base_run_key}
-    with tempfile.TemporaryDirectory(dir=scratch_dir, prefix="changes-") as tmp:
-        path = Path(tmp, "changes.parquet")
-        blocks = (
-            iter(())
-            if same_rows and base
-            else diff_blocks(
-                store,
-                chunks,
-                list(base["chunks"]) if base else [],
-                kept_columns,
-                scratch_dir=Path(tmp),
-                limits=limits,
-                stats=stats,
-            )
+
+    def blocks(tmp: Path) -> Iterable[pa.Table]:
+        if same_rows and base:
+            return iter(())
+        base_chunks = list(base["chunks"]) if base else []
+        return diff_blocks(
+            store, chunks, base_chunks, kept_columns, scratch_dir=tmp, limits=limits, stats=stats
         )
-        counts = _write_parquet(path, blocks, meta=meta, row_group_rows=limits.block_rows)
-        try:
-            put = store.put_file_if_absent(key, path, content_type=_CONTENT_TYPE)
-        except ConflictError:
-            found = _existing_counts(store, key, run_key, rows=rows)
-            if found is None:
-                raise
-            return found
-    return _change_counts(key, put.sha256, base_run_key, counts, rows=rows)
+
+    return _create(
+        store,
+        run_key=run_key,
+        base_run_key=base_run_key,
+        rows=sum(int(c["rows"]) for c in chunks),
+        scratch_dir=scratch_dir,
+        blocks=blocks,
+        row_group_rows=limits.block_rows,
+    )
 
 
 def write_change_table(
@@ -355,6 +343,31 @@ def write_change_table(
     :raises ConflictError: the key holds an object that is not this run's change set.
     :raises OSError: ``scratch_dir`` is full or not writable.
     """
+    return _create(
+        store,
+        run_key=run_key,
+        base_run_key=base_run_key,
+        rows=rows,
+        scratch_dir=scratch_dir,
+        blocks=lambda _: [table.cast(CHANGES_SCHEMA)] if table.num_rows else [],
+        row_group_rows=SortLimits().block_rows,
+    )
+
+
+def _create(
+    store: ObjectStore,
+    *,
+    run_key: str,
+    base_run_key: str | None,
+    rows: int,
+    scratch_dir: Path,
+    blocks: Callable[[Path], Iterable[pa.Table]],
+    row_group_rows: int,
+) -> ChangeCounts:
+    """The one way a change set is created: kept if the run's key already holds one
+    (``_existing_counts``), else its rows (``blocks`` of a temporary directory under
+    ``scratch_dir``) written to a local Parquet file and created in the store with a
+    conditional write; a concurrent attempt's object, if it won, stands."""
     key = changes_object_key(run_key)
     found = _existing_counts(store, key, run_key, rows=rows)
     if found is not None:
@@ -362,8 +375,7 @@ def write_change_table(
     meta = {"format": CHANGES_FORMAT, "run_key": run_key, "base_run_key": base_run_key}
     with tempfile.TemporaryDirectory(dir=scratch_dir, prefix="changes-") as tmp:
         path = Path(tmp, "changes.parquet")
-        blocks = [table.cast(CHANGES_SCHEMA)] if table.num_rows else []
-        counts = _write_parquet(path, blocks, meta=meta, row_group_rows=SortLimits().block_rows)
+        counts = _write_parquet(path, blocks(Path(tmp)), meta=meta, row_group_rows=row_group_rows)
         try:
             put = store.put_file_if_absent(key, path, content_type=_CONTENT_TYPE)
         except ConflictError:
