@@ -191,6 +191,7 @@ def _call_flow(
     """Start Prefect and run the ``embed-csv`` flow in this process, with ``session`` (what
     was prepared for the run) current; print its summary; the exit code."""
     from cli.console import ProgressBar, command_seconds
+    from embedline.parameters import grouped
 
     api.start_server()
     embed_csv, raise_if_interrupted_by_cancel = _import_the_flow()
@@ -200,7 +201,7 @@ def _call_flow(
         api.wait_ready()
     except PrefectApiError as exc:
         return fail(f"embedline: error: {exc}", EXIT_USAGE)
-    parameters = settings.to_parameters()
+    parameters = grouped(settings.to_parameters())
     STOP.raise_lost_interrupt()  # a Ctrl-C that a library swallowed while it imported
     STOP.command_handles_signals()  # SIGTERM as SIGINT; held once committed
     quiet_prefect_signal_crashes()

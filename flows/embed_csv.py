@@ -2,16 +2,16 @@
 
 Orchestration only: the flow checks its parameters and the API key, then runs the stages in
 order (``flows.run_stages``), each a method of ``flows.run.Run`` (no Prefect) or a stage
-module (``flows.embed_and_publish``, ``flows.load``). Parameters mirror ``embedline run``
-(docs/reference/cli.md) and never include a secret: the API key stays in the environment
-(or a Secret block: ``flows.api_key``). The flow's final state is Completed when the
-manifest is committed (or already was), Failed otherwise; its data is the run summary, whose
-``exit_code`` the CLI returns.
+module (``flows.embed_and_publish``, ``flows.load``). Parameters are ``embedline run``'s
+options in sections (``embedline.parameters``; docs/reference/cli.md) and never include a
+secret: the API key stays in the environment (or a Secret block: ``flows.api_key``). The
+flow's final state is Completed when the manifest is committed (or already was), Failed
+otherwise; its data is the run summary, whose ``exit_code`` the CLI returns.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
@@ -20,6 +20,14 @@ from pydantic import ValidationError
 
 from adapters.embeddings import api_key_from_env
 from embedline.models import RunSummary
+from embedline.parameters import (
+    BatchModeParameters,
+    DestinationParameters,
+    EmbeddingParameters,
+    LimitParameters,
+    SourceParameters,
+    flattened,
+)
 from embedline.settings import (
     NO_API_KEY_MESSAGE,
     RunSettings,
@@ -38,61 +46,32 @@ __all__ = ["embed_csv"]
 
 @flow(name="embed-csv", log_prints=False)
 def embed_csv(
-    input: str,
-    output: str = "./embedline-output",
-    id_column: str = "id",
-    text_column: str = "text",
-    text_template: str | None = None,
-    keep_columns: list[str] | None = None,
-    keep_text: bool = False,
-    encoding: str = "auto",
-    delimiter: str = "auto",
-    quoting: Literal["minimal", "none"] = "minimal",
-    normalize: Literal["none", "NFC", "NFKC"] = "none",
-    embedder: Literal["local", "openai"] = "local",
-    model: str | None = None,
-    base_url: str = "https://api.openai.com/v1",
-    dimensions: int | None = None,
-    chunk_size: int = 1000,
-    batch_size: int = 1000,
-    max_request_tokens: int = 200_000,
-    concurrency: int = 8,
-    rpm: int | None = None,
-    tpm: int | None = None,
-    timeout: float = 60.0,
-    max_attempts: int = 6,
-    max_input_tokens: int | None = None,
-    on_too_long: Literal["dead-letter", "truncate"] = "dead-letter",
-    auth_header: str | None = None,
-    encoding_format: Literal["auto", "base64", "float"] = "auto",
-    chunk_retries: int = 1,
-    chunk_retry_delay: float = 10.0,
-    grace: float = 30.0,
-    ledger: str = ".embedline/ledger.sqlite3",
-    allow_failed_rows: bool = False,
-    on_empty_text: Literal["skip", "fail"] = "skip",
-    retry_dead_letters: bool = False,
-    allow_unconditional_store: bool = False,
-    price_per_million_tokens: float | None = None,
-    max_cost: float | None = None,
-    dry_run: bool = False,
-    reuse: bool = True,
-    compact: bool = False,
-    task_runner: Literal["threads", "dask"] = "threads",
-    dask_address: str | None = None,
-    dask_workers: int = 2,
-    sink: str | None = None,
-    max_delete_fraction: float = 0.5,
-    batch_api: bool = False,
-    batch_poll_interval: float | None = None,
-    batch_max_inputs: int | None = None,
-    batch_fallback: Literal["batch", "sync"] | None = None,
-    batch_enqueued_tokens: int | None = None,
+    source: SourceParameters,
+    embedding: EmbeddingParameters = EmbeddingParameters(),
+    limits: LimitParameters = LimitParameters(),
+    destination: DestinationParameters = DestinationParameters(),
+    batch_mode: BatchModeParameters = BatchModeParameters(),
 ) -> State[Any]:
     """Embed the ``text_column`` of the CSV at ``input`` and publish it under ``output``.
 
+    The parameters are ``embedline run``'s options in five sections
+    (``embedline.parameters``, defaults from ``RunSettings``), each field named as the
+    option (``--chunk-size`` is ``limits.chunk_size``).
+
+    Args:
+        source: Input: the CSV (input: a path relative to the working directory, or an
+            absolute path), its id and text columns or a text template, kept columns,
+            encoding, delimiter, quoting, Unicode normalization.
+        embedding: Embedder: local or openai, model, base URL, dimensions, what is sent
+            and reused.
+        limits: Limits: rows per chunk and per request, requests in flight, rpm/tpm,
+            timeouts, retries, cost cap and dry run, task runner.
+        destination: Output and sink: output location, ledger, a sink to load after the
+            commit, what may commit.
+        batch_mode: Batch mode: the openai embedder's requests through the Batch API.
+
     ``text_template`` builds the text from several columns instead (``{column}``
-    placeholders, ``{{``/``}}`` literal braces, e.g. ``"{title}\n\n{text}"``);
+    placeholders, ``{{``/``}}`` literal braces, e.g. ``"{title}\\n\\n{text}"``);
     ``keep_columns`` (names) are carried beside the vectors into chunk objects, readers and
     sinks, and ``keep_text`` keeps the text as column ``text`` (docs/reference/keys.md,
     output-layout.md, sinks.md). ``quoting`` ``none`` splits fields on the delimiter only
@@ -121,7 +100,15 @@ def embed_csv(
     ``price_per_million_tokens``): stop before a request would take the spend above it
     (exit 3; ``adapters.embeddings.spend``).
     """
-    parameters = dict(locals())
+    parameters = flattened(
+        dict(
+            source=source,
+            embedding=embedding,
+            limits=limits,
+            destination=destination,
+            batch_mode=batch_mode,
+        )
+    )
     quiet_expected_tracebacks()
     ignored = batch_options_without_batch_api(parameters)
     if ignored:  # refused, not ignored

@@ -57,6 +57,7 @@ TEXTS = [f"text number {i} about batches" for i in range(10)] + [
 
 
 def run_flow(tmp_path: Path, server: FakeBatchServer, api_url: str, **kw: Any) -> dict[str, Any]:
+    from embedline.parameters import grouped
     from flows.embed_csv import embed_csv
 
     options: dict[str, Any] = dict(
@@ -74,7 +75,7 @@ def run_flow(tmp_path: Path, server: FakeBatchServer, api_url: str, **kw: Any) -
     )
     options.update(kw)
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
-        state = embed_csv(**options, return_state=True)
+        state = embed_csv(**grouped(options), return_state=True)
     summary = state.result(raise_on_failure=False)
     return getattr(summary, "summary", summary)  # type: ignore[no-any-return]
 

@@ -33,10 +33,11 @@ def _write(path: Path, edited: bool) -> list[tuple[str, str]]:
 
 
 def _run(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, **kw: Any) -> Any:
+    from embedline.parameters import grouped
     from flows.embed_csv import embed_csv
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
-        return embed_csv(
+        parameters = dict(
             input=str(tmp_path / "in.csv"),
             output=str(tmp_path / "out"),
             ledger=str(tmp_path / "ledger.sqlite3"),
@@ -47,9 +48,9 @@ def _run(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, **kw: Any) -
             max_attempts=1,
             chunk_retries=1,
             chunk_retry_delay=0,
-            return_state=True,
             **kw,
         )
+        return embed_csv(**grouped(parameters), return_state=True)
 
 
 def _task_runs(api_url: str, flow_run_id: Any) -> dict[str, str]:

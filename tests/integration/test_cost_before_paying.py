@@ -190,12 +190,13 @@ def test_the_flow_parameter_dry_run_returns_the_estimate_as_data_and_an_artifact
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from embedline.parameters import grouped
     from flows.embed_csv import embed_csv
 
     rows = _rows(40)
     Nights(tmp_path, fake_openai).args(rows)  # writes in.csv
     with temporary_settings(updates={PREFECT_API_URL: prefect_api_url}):
-        state = embed_csv(
+        parameters = dict(
             input=str(tmp_path / "in.csv"),
             output=str(tmp_path / "out"),
             ledger=str(tmp_path / "ledger.sqlite3"),
@@ -203,8 +204,8 @@ def test_the_flow_parameter_dry_run_returns_the_estimate_as_data_and_an_artifact
             base_url=fake_openai.base_url,
             price_per_million_tokens=0.02,
             dry_run=True,
-            return_state=True,
         )
+        state = embed_csv(**grouped(parameters), return_state=True)
         assert state.is_completed()
         estimate = state.result()
         with get_client(sync_client=True) as client:

@@ -23,7 +23,11 @@ import pytest
 from tests.support.fake_openai import expected_vector
 from tests.support.fixtures import REPO
 from tests.support.output import read_local_output
-from tests.support.prefect_server import start_prefect_worker, stop_prefect_worker
+from tests.support.prefect_server import (
+    param_arguments,
+    start_prefect_worker,
+    stop_prefect_worker,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +177,8 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
         assert deployment["pull_steps"] == [
             {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
         ]
-        assert deployment["parameters"]["input"] == "examples/debian-sample.csv"
+        assert deployment["parameters"]["source"]["input"] == "examples/debian-sample.csv"
+        assert "limits" not in deployment["parameters"]  # the sample runs with the defaults
 
     # ── run it with per-run parameters: 3 of 20 chunks get 503s ───────────────────────────
     params = {
@@ -188,7 +193,7 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
         "max_attempts": 1,
         "timeout": 5,
     }
-    args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
+    args = param_arguments(params)
     started = _prefect("deployment", "run", "embed-csv/manual", *args)
     match = re.search(r"UUID: ([0-9a-f-]{36})", started)
     assert match, started
@@ -289,7 +294,7 @@ def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_ti
         "concurrency": 2,
         "grace": 4,
     }  # ≥ 10 requests of 2.5 s per chunk
-    args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
+    args = param_arguments(params)
     started = _prefect("deployment", "run", "embed-csv/manual", *args)
     match = re.search(r"UUID: ([0-9a-f-]{36})", started)
     assert match, started
@@ -382,7 +387,7 @@ def test_a_batch_deployment_run_cancelled_while_waiting_ends_cancelled_and_names
         "batch_api": "true",
         "batch_poll_interval": 0.5,
     }
-    args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
+    args = param_arguments(params)
     started = _prefect("deployment", "run", "embed-csv/manual", *args)
     match = re.search(r"UUID: ([0-9a-f-]{36})", started)
     assert match, started
@@ -460,7 +465,7 @@ def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
             "base_url": base_url,
             "chunk_size": 10,
         }
-        args = [arg for name, value in params.items() for arg in ("--param", f"{name}={value}")]
+        args = param_arguments(params)
         started = _prefect("deployment", "run", "embed-csv/manual-served", *args)
         match = re.search(r"UUID: ([0-9a-f-]{36})", started)
         assert match, started

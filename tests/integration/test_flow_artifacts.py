@@ -19,10 +19,11 @@ SECRET_TEXT = "confidential words that must never reach the UI"
 
 
 def _run_flow(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, **kw: Any) -> Any:
+    from embedline.parameters import grouped
     from flows.embed_csv import embed_csv
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
-        return embed_csv(
+        parameters = dict(
             input=str(tmp_path / "in.csv"),
             output=str(tmp_path / "out"),
             ledger=str(tmp_path / "ledger.sqlite3"),
@@ -31,9 +32,9 @@ def _run_flow(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, **kw: A
             chunk_size=2,
             chunk_retries=0,
             price_per_million_tokens=0.02,
-            return_state=True,
             **kw,
         )
+        return embed_csv(**grouped(parameters), return_state=True)
 
 
 def _artifacts_and_tasks(api_url: str, flow_run_id: Any) -> tuple[dict[str, Any], list[str]]:

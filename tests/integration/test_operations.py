@@ -24,7 +24,11 @@ import yaml
 from tests.integration.test_deployment import POOL, _fake_api, _prefect, _wait_terminal
 from tests.support.fixtures import REPO
 from tests.support.loopback_http import LoopbackRecorder
-from tests.support.prefect_server import start_prefect_worker, stop_prefect_worker
+from tests.support.prefect_server import (
+    param_arguments,
+    start_prefect_worker,
+    stop_prefect_worker,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +63,7 @@ def _texts(hooks: LoopbackRecorder, needle: str) -> list[str]:
 
 
 def _run_deployment(name: str, params: dict[str, Any]) -> str:
-    args = [arg for key, value in params.items() for arg in ("--param", f"{key}={value}")]
+    args = param_arguments(params)
     started = _prefect("deployment", "run", name, *args)
     match = re.search(r"UUID: ([0-9a-f-]{36})", started)
     assert match, started

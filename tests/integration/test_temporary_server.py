@@ -48,11 +48,13 @@ def test_what_the_cli_imports_while_the_server_starts_is_what_a_flow_run_imports
     (tmp_path / "in.csv").write_text("id,text\n1,a\n2,b\n3,c\n", encoding="utf-8")
     script = f"""
 import json, sys
+from embedline.parameters import grouped
 from flows.embed_csv import embed_csv
 before = set(sys.modules.copy())
-state = embed_csv(input={str(tmp_path / "in.csv")!r}, output={str(tmp_path / "out")!r},
-                  ledger={str(tmp_path / "ledger.sqlite3")!r}, embedder="openai",
-                  base_url={fake_openai.base_url!r}, chunk_size=2, return_state=True)
+state = embed_csv(**grouped(dict(input={str(tmp_path / "in.csv")!r},
+                  output={str(tmp_path / "out")!r}, ledger={str(tmp_path / "ledger.sqlite3")!r},
+                  embedder="openai", base_url={fake_openai.base_url!r}, chunk_size=2)),
+                  return_state=True)
 assert state.is_completed(), state
 print(json.dumps(sorted(set(sys.modules.copy()) - before)))
 """

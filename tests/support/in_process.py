@@ -31,9 +31,10 @@ def run_in_process(api_url: str, *, expect: int | None = 0, **params: Any) -> di
 
     :param expect: the exit code the summary must carry (None: any).
     """
+    from embedline.parameters import grouped
     from flows.embed_csv import embed_csv
 
-    summary = _summary(embed_csv, api_url, params)
+    summary = _summary(embed_csv, api_url, grouped(params))
     assert expect is None or summary["exit_code"] == expect, summary
     return summary
 

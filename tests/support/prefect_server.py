@@ -24,6 +24,7 @@ from deployments.server import server_command, server_env
 from tests.support.processes import die_with_parent
 
 __all__ = [
+    "param_arguments",
     "prefect_api_url",
     "start_prefect_server",
     "start_prefect_worker",
@@ -114,6 +115,22 @@ def prefect_api_url(tmp_path_factory: pytest.TempPathFactory, pg_uri: str) -> It
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def param_arguments(params: dict[str, object]) -> list[str]:
+    """``prefect deployment run``'s ``--param SECTION=JSON`` arguments for the embed-csv
+    flow's run options ``params`` (flat names, paths as strings), grouped as the flow takes
+    them (``embedline.parameters.grouped``)."""
+    import json
+
+    from embedline.parameters import grouped
+
+    flat = {name: str(v) if isinstance(v, Path) else v for name, v in params.items()}
+    return [
+        arg
+        for group, values in grouped(flat).items()
+        for arg in ("--param", f"{group}={json.dumps(values)}")
+    ]
 
 
 def start_prefect_worker(

@@ -1,17 +1,19 @@
-"""The run's parameters are declared in three places (argparse in ``cli/run_options.py``, the
-``embed-csv`` flow's signature, ``RunSettings``) and used in a fourth (the deployments'
-``prefect.yaml``): these tests fail when they disagree in name, default or choices."""
+"""The run's parameters are declared twice: argparse in ``cli/run_options.py`` (which
+``embedline --help`` reads without importing pydantic) and ``RunSettings``; the ``embed-csv``
+flow's parameter groups are built from ``RunSettings``' fields (``embedline.parameters``), and
+the deployments' ``prefect.yaml`` uses them. These tests fail when the CLI and the settings
+disagree in name, default, choices or type, or a deployment names a parameter the flow lacks."""
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import typing
 from pathlib import Path
 
 import yaml
 
 from cli.run import add_parsers
+from embedline.parameters import GROUPS, flattened, grouped, parameter_defaults
 from embedline.settings import BATCH_API_OPTIONS, PARAMETER_FIELDS, RunSettings
 from flows.embed_csv import embed_csv
 
@@ -28,8 +30,26 @@ def _run_actions() -> dict[str, argparse.Action]:
     return {a.dest: a for a in run._actions if a.dest not in ("help", *CLI_ONLY)}
 
 
-def _flow_parameters() -> dict[str, inspect.Parameter]:
-    return dict(inspect.signature(embed_csv.fn).parameters)
+_REQUIRED = object()
+
+
+def _flow_parameters() -> dict[str, object]:
+    """Each field of the flow's parameter groups: its default (``_REQUIRED``: none)."""
+    hints = typing.get_type_hints(embed_csv.fn)
+    fields: dict[str, object] = {}
+    for group, _, _ in GROUPS:
+        for name, info in hints[group].model_fields.items():
+            fields[name] = _REQUIRED if info.is_required() else info.default
+    return fields
+
+
+def _flow_hints() -> dict[str, object]:
+    hints = typing.get_type_hints(embed_csv.fn)
+    return {
+        name: info.annotation
+        for group, _, _ in GROUPS
+        for name, info in hints[group].model_fields.items()
+    }
 
 
 def _setting_default(name: str) -> object:
@@ -54,26 +74,27 @@ def test_every_default_agrees() -> None:
     flow = _flow_parameters()
     for name, action in _run_actions().items():
         if name == "input":
-            assert flow[name].default is inspect.Parameter.empty
+            assert flow[name] is _REQUIRED
             continue
         if name in BATCH_API_OPTIONS:  # unset: absent (CLI), None (flow); refused if set
             # without --batch-api; the default is RunSettings', stated in the help
             assert action.default == argparse.SUPPRESS, f"--{name}"
-            assert flow[name].default is None, f"{name}: unset in the flow is None"
+            assert flow[name] is None, f"{name}: unset in the flow is None"
             default = _setting_default(name)
             assert default is None or f"(default: {default})" in str(action.help), f"--{name}"
             continue
         # SUPPRESS: the option is absent from the namespace unless given (``--no-reuse``)
-        cli_default = flow[name].default if action.default == argparse.SUPPRESS else action.default
+        cli_default = flow[name] if action.default == argparse.SUPPRESS else action.default
         if action.default == argparse.SUPPRESS:
             assert isinstance(action, argparse._StoreFalseAction), f"--{name}"
-            assert flow[name].default is True, f"--{name}: a store_false flag of a True default"
-        assert cli_default == flow[name].default, f"--{name}: CLI vs flow"
-        assert flow[name].default == _setting_default(name), f"{name}: flow vs RunSettings"
+            assert flow[name] is True, f"--{name}: a store_false flag of a True default"
+        assert cli_default == flow[name], f"--{name}: CLI vs flow"
+        assert flow[name] == _setting_default(name), f"{name}: flow vs RunSettings"
+        assert parameter_defaults()[name] == flow[name], name
 
 
 def test_every_choice_agrees() -> None:
-    hints = typing.get_type_hints(embed_csv.fn)
+    hints = _flow_hints()
     for name, action in _run_actions().items():
         hint = hints[name]
         candidates = (hint,) if typing.get_origin(hint) is typing.Literal else typing.get_args(hint)
@@ -86,13 +107,18 @@ def test_every_choice_agrees() -> None:
 
 
 def test_deployment_parameters_are_flow_parameters() -> None:
+    """Each embed-csv deployment's parameters are the flow's groups, each holding only that
+    group's fields, with values the group accepts."""
     config = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
-    flow = set(_flow_parameters())
+    hints = typing.get_type_hints(embed_csv.fn)
     for deployment in config["deployments"]:
-        if not str(deployment.get("entrypoint", "")).endswith(":embed_csv"):
+        if not str(deployment.get("entrypoint", "")).endswith("embed_csv"):
             continue
-        unknown = set(deployment.get("parameters") or {}) - flow
-        assert not unknown, f"deployment {deployment['name']}: {unknown}"
+        parameters = deployment.get("parameters") or {}
+        assert set(parameters) <= {group for group, _, _ in GROUPS}, deployment["name"]
+        for group, values in parameters.items():
+            hints[group].model_validate(values)  # unknown names and bad values raise
+        assert grouped(flattened(parameters)) == parameters, deployment["name"]
 
 
 def _base_type(hint: object) -> type:
@@ -117,7 +143,7 @@ def _cli_type(action: argparse.Action) -> type:
 
 def test_every_type_agrees() -> None:
     """``--chunk-size 2.5`` must fail in the CLI exactly when the flow's ``int`` would."""
-    hints = typing.get_type_hints(embed_csv.fn)
+    hints = _flow_hints()
     for name, action in _run_actions().items():
         flow_type = _base_type(hints[name])
         assert _cli_type(action) is flow_type, f"--{name}: CLI vs flow ({flow_type})"
