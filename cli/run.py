@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # imported when used: `embedline --help` stays fast
     from embedline.settings import RunSettings
     from flows.session import Session
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parsers", "settings_from"]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,7 +48,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     retry.set_defaults(handler=_retry_failed)
 
 
-def _settings_from(args: argparse.Namespace) -> Any:
+def settings_from(args: argparse.Namespace, *, not_parameters: tuple[str, ...] = ()) -> Any:
+    """The ``RunSettings`` of ``run``'s options in ``args`` (``not_parameters``: more names of
+    the command's own to leave out); what ``run`` refuses at parse time exits 2, one line."""
     from pydantic import ValidationError
 
     from embedline.settings import (
@@ -57,7 +59,8 @@ def _settings_from(args: argparse.Namespace) -> Any:
         validation_message,
     )
 
-    parameters = {k: v for k, v in vars(args).items() if k not in _CLI_ONLY}
+    skipped = (*_CLI_ONLY, *not_parameters)
+    parameters = {k: v for k, v in vars(args).items() if k not in skipped}
     ignored = batch_options_without_batch_api(parameters)
     prog = f"embedline {args.command}"
     if ignored:  # refused, not ignored
@@ -76,7 +79,7 @@ _CLI_ONLY = ("command", "handler", "debug", "progress_interval")  # not flow par
 
 def _run(args: argparse.Namespace) -> int:
     _set_debug(args.debug)
-    return _run_settings(_settings_from(args), progress_interval_s=args.progress_interval)
+    return _run_settings(settings_from(args), progress_interval_s=args.progress_interval)
 
 
 def _set_debug(debug: bool) -> None:

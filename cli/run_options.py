@@ -20,9 +20,10 @@ from cli.arguments import (
 __all__ = ["add_retry_arguments", "add_run_arguments"]
 
 
-def add_run_arguments(run: argparse.ArgumentParser) -> None:
-    """The options of ``embedline run``: the flow's parameters, then the CLI's own
-    (``--progress-interval``, ``--debug``)."""
+def add_run_arguments(run: argparse.ArgumentParser, *, command_options: bool = True) -> None:
+    """The options of ``embedline run``: the flow's parameters, then (``command_options``) the
+    CLI's own (``--progress-interval``, ``--debug``); ``embedline deployment`` takes the
+    first only."""
     run.add_argument("input", metavar="INPUT", help="CSV file with an id and a text column")
     run.add_argument(
         "--output",
@@ -328,6 +329,8 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         "model: batches are sized to fit it (default: 50,000 inputs per "
         "batch; a refusal token_limit_exceeded waits for earlier batches)",
     )
+    if not command_options:
+        return
     run.add_argument(
         "--progress-interval",
         type=non_negative_float,

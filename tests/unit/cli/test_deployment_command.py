@@ -1,0 +1,122 @@
+"""``embedline deployment`` without a server: what it writes into prefect.yaml, what it keeps,
+and what it refuses (the real deploy and run: tests/integration/test_deployment_command.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli import main
+from embedline.parameters import GROUPS, flattened
+from embedline.settings import RunSettings
+
+
+def _write(tmp_path: Path, *argv: str) -> int:
+    return main(["deployment", *argv, "--prefect-file", str(tmp_path / "prefect.yaml")])
+
+
+def _deployments(tmp_path: Path) -> dict[str, dict[str, object]]:
+    config = yaml.safe_load((tmp_path / "prefect.yaml").read_text())
+    return {d["name"]: d for d in config["deployments"]}
+
+
+def test_a_new_file_gets_the_sample_steps_and_only_the_options_given(tmp_path: Path) -> None:
+    assert _write(tmp_path, "mine", "in.csv", "--chunk-size", "200", "--no-reuse") == 0
+    config = yaml.safe_load((tmp_path / "prefect.yaml").read_text())
+    assert config["build"][0]["prefect.deployments.steps.run_shell_script"]["id"] == "checkout"
+    assert config["pull"] == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": "{{ checkout.stdout }}"}}
+    ]
+    (mine,) = config["deployments"]
+    assert mine["entrypoint"] == "flows.embed_csv.embed_csv"
+    assert mine["parameters"] == {
+        "source": {"input": "in.csv"},
+        "embedding": {"reuse": False},
+        "limits": {"chunk_size": 200},
+    }
+    assert mine["schedules"] == []  # runs by hand: they wait for each other
+    assert mine["concurrency_limit"] == {"limit": 1, "collision_strategy": "ENQUEUE"}
+    assert mine["work_pool"]["name"] == "embedline-local"
+
+
+def test_the_parameters_give_back_the_settings_of_the_same_run_options(tmp_path: Path) -> None:
+    argv = ["in.csv", "--text-template", "{title}\\n{text}", "--keep-columns", "title,section"]
+    argv += ["--embedder", "openai", "--timeout", "5", "--batch-api", "--batch-max-inputs", "9"]
+    argv += ["--output", "s3://bucket/prefix", "--sink", "lancedb://./db"]
+    assert _write(tmp_path, "mine", *argv) == 0
+    parameters = _deployments(tmp_path)["mine"]["parameters"]
+    assert isinstance(parameters, dict)
+    assert set(parameters) <= {group for group, _, _ in GROUPS}
+    assert parameters["limits"] == {"timeout": 5.0}  # the option's name, not timeout_s
+    assert RunSettings.from_parameters(flattened(parameters)) == RunSettings(
+        input="in.csv",
+        text_template="{title}\n{text}",
+        keep_columns=("title", "section"),
+        embedder="openai",
+        timeout_s=5,
+        batch_api=True,
+        batch_max_inputs=9,
+        output="s3://bucket/prefix",
+        sink="lancedb://./db",
+    )
+
+
+def test_a_schedule_cancels_a_run_that_would_overlap(tmp_path: Path) -> None:
+    argv = ["--cron", "30 2 * * *", "--timezone", "Europe/Berlin", "--work-pool", "p"]
+    assert _write(tmp_path, "nightly", "in.csv", *argv) == 0
+    assert _write(tmp_path, "hourly", "in.csv", "--interval", "3600") == 0
+    found = _deployments(tmp_path)
+    assert found["nightly"]["schedules"] == [
+        {"cron": "30 2 * * *", "timezone": "Europe/Berlin", "active": True}
+    ]
+    assert found["nightly"]["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
+    assert found["hourly"]["schedules"] == [{"interval": 3600, "active": True}]
+
+
+def test_the_same_name_is_replaced_and_the_rest_of_the_file_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "prefect.yaml").write_text(
+        "# my project\nname: mine\ndeployments:\n"
+        "  - name: other # hand-written\n    entrypoint: x.py:f\n"
+        "  - name: nightly\n    entrypoint: old.py:f\n"
+    )
+    assert _write(tmp_path, "nightly", "new.csv") == 0
+    assert capsys.readouterr().out.startswith("replaced deployment embed-csv/nightly in ")
+    text = (tmp_path / "prefect.yaml").read_text()
+    assert text.startswith("# my project\n") and "# hand-written" in text
+    found = _deployments(tmp_path)
+    assert list(found) == ["other", "nightly"]
+    assert found["nightly"]["parameters"] == {"source": {"input": "new.csv"}}
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--chunk-size", "0"], "argument --chunk-size: must be a whole number, at least 1"),
+        (["--batch-fallback", "sync"], "argument --batch-fallback: needs --batch-api"),
+        (["--keep-columns", "a,a"], "argument --keep-columns: column 'a' is named twice"),
+        (["--max-cost", "1"], "--max-cost needs --price-per-million-tokens"),
+        (["--cron", "* * * * *", "--interval", "60"], "not allowed with argument"),
+        (["--timezone", "UTC"], "--timezone needs --cron or --interval"),
+    ],
+)
+def test_what_run_refuses_is_refused_in_one_line_and_nothing_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+) -> None:
+    try:
+        code = _write(tmp_path, "mine", "in.csv", *argv)
+    except SystemExit as exc:
+        code = int(str(exc.code))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert not (tmp_path / "prefect.yaml").exists()
+
+
+def test_no_secret_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBEDLINE_API_KEY", "sk-secret-value")
+    assert _write(tmp_path, "mine", "in.csv", "--embedder", "openai") == 0
+    assert "sk-secret-value" not in (tmp_path / "prefect.yaml").read_text()
