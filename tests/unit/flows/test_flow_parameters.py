@@ -90,3 +90,15 @@ def test_grouped_refuses_a_name_no_group_holds() -> None:
     }
     with pytest.raises(ValueError, match="not a parameter of embed-csv: chunksize"):
         grouped({"chunksize": 5})
+
+
+def test_the_prefect_reference_lists_each_section_s_fields() -> None:
+    import re
+
+    from tests.support.fixtures import REPO
+
+    text = (REPO / "docs" / "reference" / "prefect.md").read_text(encoding="utf-8")
+    for group, _, names in GROUPS:
+        match = re.search(rf"^  - `{group}`: (.*?);?$(?=\n  - |\n\n)", text, flags=re.M | re.S)
+        assert match, group
+        assert re.findall(r"`(\w+)`", match.group(1)) == list(names), group
