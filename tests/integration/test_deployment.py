@@ -384,7 +384,7 @@ def test_a_batch_deployment_run_cancelled_while_waiting_ends_cancelled_and_names
         "embedder": "openai",
         "base_url": held_batch_api,
         "chunk_size": 50,
-        "batch_api": "true",
+        "batch_api": True,
         "batch_poll_interval": 0.5,
     }
     args = param_arguments(params)

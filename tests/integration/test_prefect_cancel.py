@@ -72,6 +72,11 @@ def _write_csv(tmp_path: Path, rows: int = ROWS) -> None:
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},text {i}\n" for i in range(rows)))
 
 
+def _ledger_of(flow_run: dict[str, Any]) -> object:
+    """The ``destination.ledger`` parameter of an embed-csv flow run (None if not given)."""
+    return flow_run["parameters"].get("destination", {}).get("ledger")
+
+
 def _find_flow_run(api: str, ledger: Path, proc: subprocess.Popen[str]) -> str:
     """The id of the running ``embed-csv`` flow run whose ``ledger`` parameter is ours, found
     through the API as a user finds it in the UI."""
@@ -85,7 +90,7 @@ def _find_flow_run(api: str, ledger: Path, proc: subprocess.Popen[str]) -> str:
                 "flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}},
             },
         ).json()
-        mine = [r["id"] for r in found if r["parameters"].get("ledger") == str(ledger)]
+        mine = [r["id"] for r in found if _ledger_of(r) == str(ledger)]
         if mine:
             return str(mine[0])
         time.sleep(0.2)
