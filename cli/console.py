@@ -18,6 +18,7 @@ from rich.progress import (
 )
 
 from embedline import progress
+from embedline.models import saved_phrase
 
 __all__ = ["ProgressBar", "command_seconds", "cost_lines", "print_summary", "stop_progress"]
 
@@ -170,11 +171,7 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
     from embedline.models import run_cost
 
     spent, batch_saved = run_cost(summary["tokens"], batch_tokens, price)
-    saved = summary.get("tokens_saved", 0) * price / 1e6
-    lines = [
-        f"cost       ${spent:,.4f} estimated, ~${saved:,.4f} saved by reuse and "
-        f"deduplication (at ${price}/1M tokens)"
-    ]
+    lines = [f"cost       ${spent:,.4f} estimated (at ${price}/1M tokens)"]
     if batch_tokens:
         lines.append(f"{batches}: ${batch_saved:,.4f} saved by --batch-api")
     elif summary.get("batches"):  # submitted, nothing collected yet (an interrupted wait)
@@ -188,17 +185,49 @@ def plural(count: int, word: str) -> str:
 
 
 def _api_line(summary: dict[str, Any]) -> str:
-    """What the embedder was asked: HTTP requests, the texts they carried (in Batch API
-    mode, how many of them batches answered), tokens; an in-process model (no requests)
-    embedded its inputs locally."""
+    """What the embedder was asked: HTTP requests (those retried: rate limited, a server
+    error, a timeout, their texts not charged), the texts charged (answered with vectors;
+    in Batch API mode, how many of them batches answered), tokens; an in-process model (no
+    requests) embedded its inputs locally."""
     requests, inputs = summary["requests"], summary.get("inputs", 0)
     batch_inputs = int(summary.get("batch_inputs") or 0)
+    retried = int(summary.get("requests_retried") or 0)
     if requests == 0 and inputs and not batch_inputs:
         return f"model      {plural(inputs, 'input')} embedded in-process (no API requests)"
     return (
-        f"api        {plural(requests, 'request')}, {plural(inputs, 'input')} sent"
+        f"api        {plural(requests, 'request')}"
+        + (
+            f" ({retried:,} retried: {plural(int(summary.get('inputs_retried') or 0), 'text')}"
+            " not charged)"
+            if retried
+            else ""
+        )
+        + f", {plural(inputs, 'input')} charged"
         + (f" ({batch_inputs:,} of them in Batch API batches)" if batch_inputs else "")
         + f", {plural(summary['tokens'], 'token')} reported"
+    )
+
+
+def _reuse_line(summary: dict[str, Any]) -> str:
+    """Rows reused and deduplicated, and what that saved (``saved_phrase``)."""
+    reused, deduplicated = summary.get("rows_reused", 0), summary.get("rows_deduplicated", 0)
+    line = (
+        f"reuse      {reused:,} rows reused from earlier runs, {deduplicated:,} deduplicated "
+        "in this run"
+    )
+    if not reused + deduplicated:
+        return line
+    return (
+        line
+        + "; saved "
+        + saved_phrase(
+            rows=reused + deduplicated,
+            tokens_saved=int(summary.get("tokens_saved") or 0),
+            measured=bool(summary.get("tokens_saved_measured")),
+            tokens=int(summary.get("tokens") or 0),
+            inputs=int(summary.get("inputs") or 0),
+            price=summary.get("price_per_million_tokens"),
+        )
     )
 
 
@@ -246,9 +275,7 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             + (f"{summary['chunks_released']} released, " if summary.get("chunks_released") else "")
             + f"{summary['chunks_not_run']} not run, of {summary['chunks_total']}",
             _api_line(summary),
-            f"reuse      {summary.get('rows_reused', 0):,} rows reused from earlier runs, "
-            f"{summary.get('rows_deduplicated', 0):,} deduplicated in this run "
-            f"(~{summary.get('tokens_saved', 0):,} tokens not sent)",
+            _reuse_line(summary),
             *cost_lines(summary),
             f"wall time  {summary['wall_s']:.1f} s"
             + (

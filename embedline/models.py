@@ -42,7 +42,9 @@ __all__ = [
     "load_dead_letters_end",
     "manifest_object_key",
     "run_cost",
+    "saved_phrase",
     "shown_id",
+    "tokens_avoided",
     "usd",
 ]
 
@@ -456,6 +458,46 @@ def run_cost(tokens: int, batch_tokens: int, price_per_million: float) -> tuple[
     return spent, batch * (1 - BATCH_PRICE_FACTOR) * price_per_million / 1e6
 
 
+def tokens_avoided(
+    rows: int, *, estimated: int, tokens: int, inputs: int, rows_total: int
+) -> dict[str, int | bool]:
+    """The ``tokens_saved`` of ``rows`` rows that reuse and deduplication kept from the API,
+    and whether it is measured (``tokens_saved_measured``).
+
+    Measured when the run has reported tokens for charged inputs: ``rows`` times this run's
+    tokens per input, never more than that rate gives for all ``rows_total`` rows. Otherwise
+    ``estimated`` (``estimate_tokens`` of the rows' texts: UTF-8 bytes / 3, above what
+    English costs), an upper bound, not measured.
+    """
+    rows = max(0, min(rows, rows_total))
+    if tokens > 0 and inputs > 0:
+        per_input = tokens / inputs
+        saved = min(round(rows * per_input), round(rows_total * per_input))
+        return {"tokens_saved": saved, "tokens_saved_measured": True}
+    return {"tokens_saved": estimated if rows else 0, "tokens_saved_measured": False}
+
+
+def saved_phrase(
+    *, rows: int, tokens_saved: int, measured: bool, tokens: int, inputs: int, price: float | None
+) -> str:
+    """What reuse and deduplication avoided, for the summaries: the ``rows`` not sent and
+    their tokens (``tokens_avoided``: ``measured`` at this run's ``tokens`` per charged
+    input, else the byte estimate, an upper bound), priced at ``price`` (USD per 1M tokens)
+    when given."""
+    if not rows:
+        return "nothing (no row reused or deduplicated)"
+    money = f"{usd(tokens_saved * price / 1e6)}: " if price is not None else ""
+    if measured:
+        return (
+            f"{money}{tokens_saved:,} tokens for {rows:,} rows not sent (at this run's "
+            f"{tokens / max(inputs, 1):,.1f} tokens per input)"
+        )
+    return (
+        f"at most {money}{tokens_saved:,} tokens for {rows:,} rows not sent (UTF-8 bytes / 3: "
+        "nothing charged this run to measure tokens per input)"
+    )
+
+
 @dataclass(slots=True)
 class RunSummary:
     """What a run did, for the CLI, the flow's final state and artifacts. Counts only.
@@ -491,10 +533,19 @@ class RunSummary:
     requests: int = 0
     wall_s: float = 0.0
     dimensions: int | None = None
-    inputs: int = 0  # texts sent to the API
+    inputs: int = 0  # texts the API answered with vectors (charged); an in-process model's
+    # texts embedded
+    # requests that got no vectors (rate limited, a server error, a timeout), sent again or
+    # given up, and the texts they carried: not charged (counted in-process: 0 on Dask)
+    requests_retried: int = 0
+    inputs_retried: int = 0
     rows_reused: int = 0  # vectors copied from objects of earlier runs
     rows_deduplicated: int = 0  # rows whose text this run embedded once for another row
-    tokens_saved: int = 0  # estimated tokens not sent thanks to reuse and deduplication
+    # tokens reuse and deduplication avoided (``tokens_avoided``): measured at this run's
+    # reported tokens per charged input, or (``tokens_saved_measured`` False: nothing was
+    # charged to measure) the byte estimate, an upper bound
+    tokens_saved: int = 0
+    tokens_saved_measured: bool = False
     price_per_million_tokens: float | None = None  # USD, for the cost estimate
     # change set against the previous committed run (None: not committed / v1 manifest)
     rows_added: int | None = None

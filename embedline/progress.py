@@ -9,18 +9,24 @@ rows of every successful request to a per-chunk count in this process. The flow 
 per chunk. With Dask the tasks run in other processes: their counts stay there, and the
 flow's progress moves per chunk (never wrong, only coarser).
 
-Cost: the same wrapper adds every call's HTTP requests and the texts they carried (retries
-included) and the reported tokens to a process-wide count, failed calls too, so the run's summary
-counts what chunks
+Cost: the same wrapper adds every call's HTTP requests, the reported tokens and the texts
+to a process-wide count (``Usage``), failed calls too, so the run's summary counts what chunks
 that failed, were retried by Prefect or were released at a stop paid for (``cost_in_process``;
-the chunks' outcomes only carry their last attempt's). A request still on the wire when the
-summary is made is not in it.
+the chunks' outcomes only carry their last attempt's). The texts are split by what the
+provider did with them: ``inputs`` it answered with vectors (charged), ``inputs_retried`` those
+of requests that got no vectors (rate limited, a server error, a timeout: not charged, sent
+again or given up). A request still on the wire when the summary is made is not in it.
+
+Rate: ``Throughput`` turns the rows done into rows/s over a recent window and an ETA, for the
+progress artifact and the CLI's lines alike.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,10 +39,13 @@ __all__ = [
     "PROGRESS_LOGGER",
     "BatchCount",
     "Progress",
+    "Throughput",
+    "Usage",
     "batches_phrase",
     "chunk_started",
     "cost_in_process",
     "counting",
+    "duration_phrase",
     "listen",
     "notify",
     "partial_rows",
@@ -87,6 +96,63 @@ def batches_phrase(batches: Sequence[BatchCount]) -> str:
     )
 
 
+class Throughput:
+    """Rows/s over the last ``window_s`` seconds of ``observe`` calls, and the ETA it gives.
+
+    A recent window, not the run's average: a run that slowed down (rate limited, a Batch API
+    wait) says so within a minute, and the rows skipped at the start (published before) count
+    for nothing. ``clock`` is injectable (seconds, monotonic) for tests. Not thread-safe:
+    one feed (the dispatcher's thread) calls it.
+    """
+
+    def __init__(
+        self, *, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._seen: deque[tuple[float, int]] = deque()  # (time, rows done), oldest first
+
+    def observe(self, rows_done: int) -> None:
+        """Record that ``rows_done`` rows are done now; samples older than the window go,
+        but the newest of them stays as the window's start."""
+        now = self._clock()
+        self._seen.append((now, rows_done))
+        while len(self._seen) > 2 and self._seen[1][0] <= now - self.window_s:
+            self._seen.popleft()
+
+    def rows_per_s(self) -> float | None:
+        """Rows per second over the window; None until two samples a moment apart."""
+        if len(self._seen) < 2:
+            return None
+        (start, first), (end, last) = self._seen[0], self._seen[-1]
+        if end - start < 1e-3:
+            return None
+        return max(0, last - first) / (end - start)
+
+    def eta_s(self, rows_total: int) -> float | None:
+        """Seconds until ``rows_total`` at the window's rate: 0 once done, None while the
+        rate is unknown or zero."""
+        if not self._seen:
+            return None
+        left = rows_total - self._seen[-1][1]
+        if left <= 0:
+            return 0.0
+        rate = self.rows_per_s()
+        return left / rate if rate else None
+
+
+def duration_phrase(seconds: float | None) -> str:
+    """``45 s``, ``12 min``, ``3 h 05 min``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 90:
+        return f"{seconds:,.0f} s"
+    minutes = round(seconds / 60)
+    if minutes < 90:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 _listener: Callable[[Progress], None] | None = None
 
 
@@ -126,28 +192,51 @@ def partial_rows(finished: Collection[int]) -> int:
         return sum(_partial.values())
 
 
-_cost = [0, 0, 0]  # requests, tokens, inputs of every embed call since reset_cost()
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a run's ``embed`` calls asked of the provider: ``requests`` (HTTP requests,
+    retries included), ``tokens`` (as the provider reported them), ``inputs`` (texts in the
+    requests it answered with vectors: what it charges for), ``requests_retried`` and
+    ``inputs_retried`` (requests that got no vectors: rate limited, a server error, a
+    timeout; sent again or given up, not charged). An in-process model sends no request:
+    its inputs are the texts it embedded."""
+
+    requests: int = 0
+    tokens: int = 0
+    inputs: int = 0
+    requests_retried: int = 0
+    inputs_retried: int = 0
+
+
+_cost = [0, 0, 0, 0, 0]  # Usage's fields, in order, of every embed call since reset_cost()
 
 
 def reset_cost() -> None:
     """Start counting a run's requests and tokens from zero (the flow, before dispatching)."""
     with _partial_lock:
-        _cost[:] = [0, 0, 0]
+        _cost[:] = [0, 0, 0, 0, 0]
 
 
-def cost_in_process() -> tuple[int, int, int]:
-    """(HTTP requests, tokens, inputs) of every ``embed`` call made through ``counting``
-    clients in this process since ``reset_cost``: successful, failed and released chunks
-    alike; inputs are the texts those requests carried, retries included."""
+def cost_in_process() -> Usage:
+    """The ``Usage`` of every ``embed`` call made through ``counting`` clients in this
+    process since ``reset_cost``: successful, failed and released chunks alike."""
     with _partial_lock:
-        return _cost[0], _cost[1], _cost[2]
+        return Usage(*_cost)
 
 
-def _add_cost(source: object) -> None:
-    """Add the ``requests``, ``tokens`` and ``inputs`` of an ``Embeddings`` or an error."""
+def _add_cost(source: object, texts: int | None) -> None:
+    """Add the ``requests``, ``tokens`` and ``inputs`` of an ``Embeddings`` (``texts``: the
+    call's texts, all answered) or of an error (``texts`` None: nothing answered)."""
+    requests = int(getattr(source, "requests", 0) or 0)
+    tokens = int(getattr(source, "tokens", 0) or 0)
+    inputs = int(getattr(source, "inputs", 0) or 0)
+    if texts is None:  # a failed call: every request it sent went unanswered
+        charged, retried, resent = 0, requests, inputs
+    else:  # one answered request; the attempts before it (and their texts) were not
+        charged, retried, resent = texts, max(0, requests - 1), max(0, inputs - texts)
     with _partial_lock:
-        for n, name in enumerate(("requests", "tokens", "inputs")):
-            _cost[n] += int(getattr(source, name, 0) or 0)
+        for n, value in enumerate((requests, tokens, charged, retried, resent)):
+            _cost[n] += value
 
 
 class _CountingClient:
@@ -192,9 +281,9 @@ class _CountingClient:
         try:
             result = self._client.embed(texts, **kwargs)
         except BaseException as exc:  # an EmbedlineError carries what the call sent
-            _add_cost(exc)
+            _add_cost(exc, None)
             raise
-        _add_cost(result)
+        _add_cost(result, len(texts))
         if not per_pass:
             _add_rows(self._index, len(texts))
         return result

@@ -1,17 +1,24 @@
-"""What the Prefect UI shows: a progress artifact while chunks finish, a summary at the end.
+"""What the Prefect UI shows: progress while chunks finish, a summary at the end.
 
 Artifacts carry counts, ids, reasons and URIs only: never input text, never secrets.
-Keys are stable (``embedline-progress``, ``embedline-summary``, ``embedline-dead-letters``)
-so the Artifacts page keeps one history per key (Prefect docs: artifacts, "key").
+Keys are stable (``embedline-progress``, ``embedline-progress-detail``, ``embedline-summary``,
+``embedline-dead-letters``) so the Artifacts page keeps one history per key (Prefect docs:
+artifacts, "key"). The progress artifacts are updated in place (one version per run), the
+summary is created once.
+
+Markdown renders as written in Prefect's UI (GitHub-flavoured Markdown): every plain phrase
+goes through ``md_text``, which escapes what GFM would read as markup (``~`` strikes text
+through, ``|`` ends a table cell, ``*``/``_`` emphasise).
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -22,44 +29,144 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.exceptions import PrefectException
 
-from embedline.models import DeadLetter, LoadSummary, RunSummary, run_cost
+from embedline.models import DeadLetter, LoadSummary, RunSummary, run_cost, saved_phrase, usd
+from embedline.progress import Progress, Throughput, Usage, batches_phrase, duration_phrase
 from embedline.shutdown import STOP
 
 __all__ = [
     "ProgressArtifact",
+    "index_phrase",
     "load_markdown",
+    "load_rows_phrase",
+    "md_text",
+    "progress_markdown",
     "publish_load_summary",
     "publish_summary",
     "summary_markdown",
 ]
 
 _MAX_DEAD_LETTERS_SHOWN = 1000
-#: Posts of the progress artifact that may fail in a row before posting stops for the run.
+#: Posts of the progress artifacts that may fail in a row before posting stops for the run.
 _MAX_FAILED_POSTS = 3
+#: Seconds between two posts of the progress artifacts (each post is two API calls).
+PROGRESS_INTERVAL_S = 3.0
+#: Seconds of progress the rows/s and the ETA are measured over.
+RATE_WINDOW_S = 60.0
 logger = logging.getLogger("embedline.report")
+
+_GFM_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
+
+
+def md_text(text: object) -> str:
+    """``text`` as literal Markdown inside a table cell: GFM's specials backslash-escaped
+    (``~0.02`` would open a strikethrough), newlines as spaces."""
+    return _GFM_SPECIAL.sub(r"\\\1", str(text)).replace("\r", " ").replace("\n", " ")
+
+
+def _table(rows: Sequence[tuple[str, str]]) -> list[str]:
+    """A two-column Markdown table of (name, cell) rows; cells are Markdown already."""
+    return ["| | |", "|---|---|", *(f"| {md_text(n)} | {cell} |" for n, cell in rows)]
+
+
+def progress_markdown(
+    event: Progress,
+    *,
+    rows_per_s: float | None,
+    eta_s: float | None,
+    usage: Usage | None = None,
+    stages: Sequence[tuple[str, str]] = (),
+) -> str:
+    """The ``embedline-progress-detail`` artifact: rows done of the total, rows/s over the
+    last ``RATE_WINDOW_S`` seconds, ETA, chunks, requests sent and retried, inputs charged
+    and tokens reported (``usage``, when known), dead letters, Batch API batches by status,
+    and ``stages`` (the load into a sink and its index build: (name, phrase) each)."""
+    share = 100.0 * event.rows_done / event.rows_total if event.rows_total else 100.0
+    rows: list[tuple[str, str]] = [
+        ("rows", md_text(f"{event.rows_done:,} of {event.rows_total:,} ({share:.1f} %)")),
+        (
+            "rows/s",
+            md_text(
+                "-" if rows_per_s is None else f"{rows_per_s:,.0f} (last {RATE_WINDOW_S:.0f} s)"
+            ),
+        ),
+        ("ETA", md_text("done" if event.rows_done >= event.rows_total else duration_phrase(eta_s))),
+        (
+            "chunks",
+            md_text(
+                f"{event.chunks_done:,} of {event.chunks_total:,} published"
+                + (f", {event.chunks_failed:,} failed" if event.chunks_failed else "")
+            ),
+        ),
+    ]
+    if event.rows_skipped:
+        rows.append(("rows published before this run", md_text(f"{event.rows_skipped:,}")))
+    if usage is not None:
+        rows += [
+            (
+                "requests",
+                md_text(
+                    f"{usage.requests:,} sent, {usage.requests_retried:,} retried (rate "
+                    "limited, server errors, timeouts: not charged)"
+                ),
+            ),
+            (
+                "inputs charged",
+                md_text(
+                    f"{usage.inputs:,} texts answered with vectors, {usage.tokens:,} tokens "
+                    "reported"
+                ),
+            ),
+        ]
+    rows.append(("dead letters", md_text(f"{event.dead_letters:,}")))
+    if event.batches:
+        phrase = batches_phrase(event.batches).removeprefix("batches ")
+        rows.append(("Batch API batches", md_text(phrase)))
+    rows += [(name, md_text(phrase)) for name, phrase in stages]
+    return "\n".join(["# embedline progress", "", *_table(rows)]) + "\n"
 
 
 class ProgressArtifact:
-    """A progress artifact (0–100 %), posted by a thread of its own at most every
-    ``min_interval_s`` seconds.
+    """The run's progress in Prefect's UI, posted by a thread of its own at most every
+    ``min_interval_s`` seconds (a throttle: events arrive per chunk and per dispatcher tick):
+    ``embedline-progress``, a progress artifact (0–100 %), and ``embedline-progress-detail``,
+    a Markdown table (``progress_markdown``), both updated in place.
 
     The caller (the dispatcher, which records chunks in the ledger) never waits for the API:
     a call to a server that went away is retried by Prefect's client for about a minute
     (``PREFECT_CLIENT_MAX_RETRIES`` = 5, sleeping 2, 4, 8, 16, 32 s). Posting stops for good
     once the API is lost (``STOP.report.api_lost``) or three posts in a row fail; a failed
     post (a busy server's 500, which the client does not retry) is tried again with the
-    next value, and the last value once more at ``close``.
+    next value, and the last value once more at ``close``. ``clock``: seconds, monotonic
+    (rows/s and ETA), injectable for tests.
     """
 
-    def __init__(self, *, description: str, min_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        description: str,
+        min_interval_s: float = PROGRESS_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         # sync_compatible: a sync caller gets the UUID, not a coroutine
         self._id: UUID = create_progress_artifact(  # type: ignore[assignment]
             progress=0.0, key="embedline-progress", description=description
         )
+        self._detail_id: UUID = create_markdown_artifact(  # type: ignore[assignment]
+            "# embedline progress\n\nstarting\n",
+            key="embedline-progress-detail",
+            description=description,
+        )
         self._min_interval_s = min_interval_s
-        self._latest: float | None = None
+        self._throughput = Throughput(window_s=RATE_WINDOW_S, clock=clock)
+        self._lock = threading.Lock()
+        self._event: Progress | None = None
+        self._usage: Usage | None = None
+        self._stages: dict[str, str] = {}
+        self._latest: tuple[float, str] | None = None
         self._closed = threading.Event()
         self._wake = threading.Event()
         context = contextvars.copy_context()  # Prefect's settings and client context
@@ -72,8 +179,34 @@ class ProgressArtifact:
         self._thread.start()
 
     def update(self, done: int, total: int) -> None:
-        """Set progress to ``done / total`` (rows or chunks); returns at once."""
-        self._latest = 100.0 * done / total if total else 100.0
+        """Set progress to ``done`` of ``total`` rows (no chunk counts); returns at once."""
+        self.show(Progress(total, 0, done, 0, 0, 0, 0))
+
+    def show(self, event: Progress, usage: Usage | None = None) -> None:
+        """Show ``event`` (and the run's ``usage`` so far, when known); returns at once."""
+        with self._lock:
+            self._throughput.observe(event.rows_done)  # also while stalled: the rate falls
+            self._event, self._usage = event, usage if usage is not None else self._usage
+            self._render()
+
+    def stage(self, name: str, phrase: str) -> None:
+        """Show a stage after the chunks as its own line (``load``, ``index``): ``phrase``
+        replaces the stage's earlier one; returns at once."""
+        with self._lock:
+            self._stages[name] = phrase
+            self._render()
+
+    def _render(self) -> None:
+        event = self._event or Progress(0, 0, 0, 0, 0, 0, 0)
+        value = 100.0 * event.rows_done / event.rows_total if event.rows_total else 100.0
+        markdown = progress_markdown(
+            event,
+            rows_per_s=self._throughput.rows_per_s(),
+            eta_s=self._throughput.eta_s(event.rows_total),
+            usage=self._usage,
+            stages=tuple(self._stages.items()),
+        )
+        self._latest = (value, markdown)
         self._wake.set()
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -89,33 +222,41 @@ class ProgressArtifact:
                 return
             self._thread.join(min(left, 0.1))
 
+    def _post(self, value: float, markdown: str, posted: tuple[float, str] | None) -> None:
+        """Post what changed since ``posted``: the percentage, the Markdown table."""
+        if posted is None or value != posted[0]:
+            update_progress_artifact(self._id, value)
+        if posted is None or markdown != posted[1]:
+            with get_client(sync_client=True) as client:
+                client.update_artifact(self._detail_id, ArtifactUpdate(data=markdown))
+
     def _post_loop(self) -> None:
-        posted = None
+        posted: tuple[float, str] | None = None
         failures = 0  # in a row: a busy server's 5xx is worth another try, a dead one is not
         while True:
             self._wake.wait()
             self._wake.clear()
             if STOP.report.api_lost() is not None:
                 return
-            value = self._latest
-            if value is not None and value != posted:
+            latest = self._latest
+            if latest is not None and latest != posted:
                 try:
-                    update_progress_artifact(self._id, value)
+                    self._post(*latest, posted)
                 except (httpx.HTTPError, PrefectException) as exc:
                     failures += 1
                     logger.debug("progress artifact not updated (%d): %s", failures, exc)
                     if failures >= _MAX_FAILED_POSTS:
                         return
                 else:
-                    posted, failures = value, 0
+                    posted, failures = latest, 0
             if self._closed.is_set():
-                if value == posted or failures >= _MAX_FAILED_POSTS:
+                if latest == posted or failures >= _MAX_FAILED_POSTS:
                     return
                 self._wake.set()  # one more try at the last value before close() gives up
                 time.sleep(0.2)
                 continue
             self._closed.wait(self._min_interval_s)  # close() ends the pause: its join waits
-            # for one last post, not for the rest of a second
+            # for one last post, not for the rest of the interval
 
 
 def summary_markdown(
@@ -125,84 +266,83 @@ def summary_markdown(
     chunk_states: dict[str, int] | None = None,
     price_per_million_tokens: float | None = None,
 ) -> str:
-    """Render the run summary as Markdown (no text, no secrets)."""
+    """Render the run summary as Markdown (no text, no secrets); every phrase is literal
+    in GFM (``md_text``), so a number never turns into a strikethrough."""
     price = price_per_million_tokens
-    spent, batch_saved = run_cost(summary.tokens, summary.batch_tokens, price or 0.0)
-    cost = (
-        f"${spent:,.4f} (at ${price}/1M tokens"
-        + (
-            f"; {summary.batch_tokens:,} tokens at the batch price, ${price / 2}/1M)"
-            if summary.batch_tokens
-            else ")"
-        )
-        if price is not None
-        else "n/a (no price given)"
-    )
-    saved = (
-        f"~${summary.tokens_saved * price / 1e6:,.4f} (~{summary.tokens_saved:,} tokens "
-        "not sent, estimated)"
-        if price is not None
-        else f"~{summary.tokens_saved:,} tokens not sent (estimated)"
-    )
-    rows = [
-        ("status", f"**{summary.status}**" + (f": {summary.message}" if summary.message else "")),
-        ("run key", f"`{summary.run_key}`"),
-        ("rows published", f"{summary.rows_published:,} of {summary.rows_total:,}"),
-        ("rows already published before this run", f"{summary.rows_skipped:,}"),
-        ("rows published meanwhile by a concurrent run", f"{summary.rows_concurrent:,}"),
+    rows: list[tuple[str, str]] = [
+        (
+            "status",
+            f"**{md_text(summary.status)}**"
+            + (f": {md_text(summary.message)}" if summary.message else ""),
+        ),
+        ("run key", _code(summary.run_key)),
+        ("rows published", md_text(f"{summary.rows_published:,} of {summary.rows_total:,}")),
+        ("rows already published before this run", md_text(f"{summary.rows_skipped:,}")),
+        ("rows published meanwhile by a concurrent run", md_text(f"{summary.rows_concurrent:,}")),
         (
             "dead letters",
-            f"{summary.rows_failed:,}"
-            + (f" ({summary.rows_empty:,} empty texts, skipped)" if summary.rows_empty else ""),
+            md_text(
+                f"{summary.rows_failed:,}"
+                + (f" ({summary.rows_empty:,} empty texts, skipped)" if summary.rows_empty else "")
+            ),
         ),
         (
             "chunks",
-            f"{summary.chunks_published} published now, {summary.chunks_skipped} "
-            f"skipped, {summary.chunks_failed} failed, {summary.chunks_released} "
-            f"released, {summary.chunks_not_run} not run, of {summary.chunks_total}",
+            md_text(
+                f"{summary.chunks_published} published now, {summary.chunks_skipped} "
+                f"skipped, {summary.chunks_failed} failed, {summary.chunks_released} "
+                f"released, {summary.chunks_not_run} not run, of {summary.chunks_total}"
+            ),
         ),
         (
             "chunks by ledger state",
-            ", ".join(f"{k} {v}" for k, v in sorted((chunk_states or {}).items())) or "-",
+            md_text(", ".join(f"{k} {v}" for k, v in sorted((chunk_states or {}).items())) or "-"),
         ),
-        ("tokens (reported by the API)", f"{summary.tokens:,}"),
+        ("tokens (reported by the API)", md_text(f"{summary.tokens:,}")),
+        ("inputs charged", md_text(_charged_phrase(summary))),
+        ("requests", md_text(_requests_phrase(summary))),
+        ("rows reused from earlier runs", md_text(f"{summary.rows_reused:,}")),
+        ("rows deduplicated in this run", md_text(f"{summary.rows_deduplicated:,}")),
+        ("estimated cost", md_text(_cost_phrase(summary, price))),
         (
-            "texts sent",
-            f"{summary.inputs:,}"
-            + (
-                f" ({summary.batch_inputs:,} of them in Batch API batches)"
-                if summary.batch_inputs
-                else ""
+            "saved by reuse and deduplication",
+            md_text(
+                saved_phrase(
+                    rows=summary.rows_reused + summary.rows_deduplicated,
+                    tokens_saved=summary.tokens_saved,
+                    measured=summary.tokens_saved_measured,
+                    tokens=summary.tokens,
+                    inputs=summary.inputs,
+                    price=price,
+                )
             ),
         ),
-        ("rows reused from earlier runs", f"{summary.rows_reused:,}"),
-        ("rows deduplicated in this run", f"{summary.rows_deduplicated:,}"),
-        ("estimated cost", cost),
-        ("saved by reuse and deduplication", saved),
-        *(
-            [
-                (
-                    "saved by the Batch API (half price)",
-                    f"${batch_saved:,.4f} on {summary.batch_tokens:,} tokens"
+    ]
+    if summary.batch_tokens:
+        _, batch_saved = run_cost(summary.tokens, summary.batch_tokens, price or 0.0)
+        rows.append(
+            (
+                "saved by the Batch API (half price)",
+                md_text(
+                    f"{usd(batch_saved)} on {summary.batch_tokens:,} tokens"
                     if price is not None
-                    else f"half the price of {summary.batch_tokens:,} tokens",
-                )
-            ]
-            if summary.batch_tokens
-            else []
-        ),
-        ("requests", f"{summary.requests:,}"),
+                    else f"half the price of {summary.batch_tokens:,} tokens"
+                ),
+            )
+        )
+    rows += [
         (
             "wall time",
-            f"{summary.wall_s:.1f} s"
-            + (" (the run; the load below has its own)" if summary.load else ""),
+            md_text(
+                f"{summary.wall_s:.1f} s"
+                + (" (the run; the load below has its own)" if summary.load else "")
+            ),
         ),
-        ("output", f"`{summary.output}`"),
-        ("manifest", f"`{summary.manifest_uri}`" if summary.manifest_uri else "not committed"),
+        ("output", _code(summary.output)),
+        ("manifest", _code(summary.manifest_uri) if summary.manifest_uri else "not committed"),
         ("changes", _changes_cell(summary)),
     ]
-    lines = ["# embedline run", "", "| | |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines = ["# embedline run", "", *_table(rows)]
     if summary.exit_code != 0 and summary.run_key:
         lines += [
             "",
@@ -222,25 +362,66 @@ def summary_markdown(
             "|---|---|---|---|",
         ]
         lines += [
-            f"| {d.row_number} | `{_cell(d.id)}` | {d.reason} | {d.http_status or ''} |"
+            f"| {d.row_number} | `{_cell(d.id)}` | {md_text(d.reason)} | {d.http_status or ''} |"
             for d in dead_letters[:_MAX_DEAD_LETTERS_SHOWN]
         ]
     return "\n".join(lines) + "\n"
+
+
+def _charged_phrase(summary: RunSummary) -> str:
+    """``886,323 texts answered with vectors (12 of them in Batch API batches)``; an
+    in-process model's texts are embedded, not charged."""
+    if summary.requests == 0 and summary.inputs and not summary.batch_inputs:
+        return f"none: {summary.inputs:,} texts embedded in-process (no API request)"
+    return f"{summary.inputs:,} texts answered with vectors" + (
+        f" ({summary.batch_inputs:,} of them in Batch API batches)" if summary.batch_inputs else ""
+    )
+
+
+def _requests_phrase(summary: RunSummary) -> str:
+    """``1,204 sent; 18 retried (18,000 texts: rate limited, server errors, timeouts; not
+    charged)``."""
+    return f"{summary.requests:,} sent" + (
+        f"; {summary.requests_retried:,} retried ({summary.inputs_retried:,} texts: rate "
+        "limited, server errors, timeouts; not charged)"
+        if summary.requests_retried
+        else "; none retried"
+    )
+
+
+def _cost_phrase(summary: RunSummary, price: float | None) -> str:
+    """What the reported tokens cost at ``price`` (USD per 1M tokens), Batch API tokens at
+    half of it."""
+    if price is None:
+        return "n/a (no price given)"
+    spent, _ = run_cost(summary.tokens, summary.batch_tokens, price)
+    return f"{usd(spent)} (at ${price:g} per 1M tokens" + (
+        f"; {summary.batch_tokens:,} tokens at the batch price, ${price / 2:g} per 1M)"
+        if summary.batch_tokens
+        else ")"
+    )
 
 
 def _changes_cell(summary: RunSummary) -> str:
     if summary.rows_added is None:
         return "none (no manifest committed)"
     base = (
-        f"against run `{summary.changes_base[:12]}`"
+        f"against run {_code(summary.changes_base[:12])}"
         if summary.changes_base
         else "first run of this dataset on this output"
     )
     return (
-        f"{summary.rows_added:,} added, {summary.rows_changed:,} changed, "
-        f"{summary.rows_removed:,} removed, {summary.rows_unchanged:,} unchanged ({base}): "
-        f"`{summary.changes_object}`"
+        md_text(
+            f"{summary.rows_added:,} added, {summary.rows_changed:,} changed, "
+            f"{summary.rows_removed:,} removed, {summary.rows_unchanged:,} unchanged ("
+        )
+        + f"{base}): {_code(summary.changes_object)}"
     )
+
+
+def _code(value: object) -> str:
+    """``value`` as a code span in a table cell (a backtick would end it, a pipe the cell)."""
+    return f"`{_cell(str(value))}`"
 
 
 def _cell(value: str) -> str:
@@ -286,28 +467,39 @@ def load_markdown(summary: LoadSummary) -> str:
 def _load_lines(summary: LoadSummary) -> list[str]:
     """The load's table rows: status, sink, run, mode, rows, chunks, index, wall time."""
     rows = [
-        ("status", f"**{summary.status}**" + (f": {summary.message}" if summary.message else "")),
-        ("sink", f"`{summary.sink}`"),
-        ("run key", f"`{summary.run_key}`"),
-        ("mode", summary.mode or "-"),
         (
-            "rows",
-            f"{summary.rows_loaded:,} upserted now, {summary.rows_skipped:,} held before, "
-            f"{summary.rows_deleted:,} deleted",
+            "status",
+            f"**{md_text(summary.status)}**"
+            + (f": {md_text(summary.message)}" if summary.message else ""),
         ),
+        ("sink", _code(summary.sink)),
+        ("run key", _code(summary.run_key)),
+        ("mode", md_text(summary.mode or "-")),
+        ("rows", md_text(load_rows_phrase(summary))),
         (
             "chunks",
-            f"{summary.chunks_loaded} loaded now, {summary.chunks_skipped} skipped, "
-            f"{summary.chunks_failed} failed, of {summary.chunks_total}",
+            md_text(
+                f"{summary.chunks_loaded} loaded now, {summary.chunks_skipped} skipped, "
+                f"{summary.chunks_failed} failed, of {summary.chunks_total}"
+            ),
         ),
-        (
-            "index",
-            f"{summary.index_state} in {summary.index_s:.1f} s" if summary.index_state else "-",
-        ),
-        ("wall time", f"{summary.wall_s:.1f} s (the load, index included)"),
+        ("index", md_text(index_phrase(summary))),
+        ("wall time", md_text(f"{summary.wall_s:.1f} s (the load, index included)")),
     ]
-    cells = [value.replace("|", "\\|").replace("\n", " ") for _, value in rows]
-    return [f"| {n} | {c} |" for (n, _), c in zip(rows, cells, strict=True)]
+    return _table(rows)[2:]
+
+
+def load_rows_phrase(summary: LoadSummary) -> str:
+    """``63,904 upserted now, 0 held before, 0 deleted``."""
+    return (
+        f"{summary.rows_loaded:,} upserted now, {summary.rows_skipped:,} held before, "
+        f"{summary.rows_deleted:,} deleted"
+    )
+
+
+def index_phrase(summary: LoadSummary) -> str:
+    """``HNSW index built in 86.5 s``; ``-`` when the load did not get that far."""
+    return f"{summary.index_state} in {summary.index_s:.1f} s" if summary.index_state else "-"
 
 
 def publish_load_summary(summary: LoadSummary) -> None:

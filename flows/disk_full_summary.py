@@ -11,7 +11,7 @@ from typing import Any
 
 from embedline.errors import DiskFullError
 from embedline.models import InputPlan
-from embedline.progress import cost_in_process
+from embedline.progress import Usage, cost_in_process
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 
@@ -27,7 +27,7 @@ def disk_full_fields(
     inputs sent (this process's tally; 0 on Dask)."""
     done = [c for c in plan.chunks if store.head_sha256(c.object_key) is not None]
     threads = settings.task_runner == "threads"
-    requests, tokens, inputs = cost_in_process() if threads else (0, 0, 0)
+    usage = cost_in_process() if threads else Usage()
     return {
         "exit_code": exc.exit_code,
         "status": "disk_full",
@@ -35,7 +35,9 @@ def disk_full_fields(
         "rows_published": sum(c.rows for c in done),
         "chunks_published": len(done),
         "chunks_not_run": len(plan.chunks) - len(done),
-        "requests": requests,
-        "tokens": tokens,
-        "inputs": inputs,
+        "requests": usage.requests,
+        "tokens": usage.tokens,
+        "inputs": usage.inputs,
+        "requests_retried": usage.requests_retried,
+        "inputs_retried": usage.inputs_retried,
     }

@@ -20,6 +20,7 @@ from typing import Any
 
 from adapters.ledger import Ledger, new_owner
 from embedline.models import ChunkOutcome, ChunkSpec
+from embedline.progress import Usage
 from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
 from tasks.embed.failures import ChunkFailure, status_for
@@ -44,12 +45,12 @@ class DispatchResult:
 @dataclass(frozen=True, slots=True)
 class Dispatched:
     """What a run's embed and publish stage did: the dispatch's ``result`` and, with chunks
-    run in this process (threads), ``cost`` (requests, tokens, inputs) every chunk of this
-    process sent — failed, retried and released attempts too; None on Dask, whose workers
-    count in their own processes."""
+    run in this process (threads), ``cost`` (``Usage``: requests, tokens, inputs charged,
+    requests retried) every chunk of this process sent — failed, retried and released
+    attempts too; None on Dask, whose workers count in their own processes."""
 
     result: DispatchResult
-    cost: tuple[int, int, int] | None
+    cost: Usage | None
     batches: int = 0  # Batch API batches of the chunks this run embedded
 
 

@@ -40,36 +40,51 @@ from tasks.embed.groups import ChunkGroup, chunk_groups
 from tasks.embed.task import embed_chunk, embed_chunks, show_published_chunk
 from tasks.reuse.stage import ReuseStage
 
-__all__ = ["embed_and_publish"]
+__all__ = ["embed_and_publish", "new_progress_artifact"]
 
 
-def embed_and_publish(run: Run, work: Work, session: Session | None = None) -> Dispatched:
+def embed_and_publish(
+    run: Run,
+    work: Work,
+    session: Session | None = None,
+    artifact: ProgressArtifact | None = None,
+) -> Dispatched:
     """Plan and copy what the run reuses (``ReuseStage``: the one the command's ``session``
     prepared, if any), then embed and publish ``work.todo`` (then the chunks of another
-    vector length again), with a progress artifact, honouring signals
-    (``dispatch_with_graceful_stop``)."""
+    vector length again), with progress artifacts (``artifact``, which the caller closes,
+    or ones of its own), honouring signals (``dispatch_with_graceful_stop``)."""
     assert run.ledger is not None, "embed_and_publish() of a run not recorded"
     STOP.report.note_left_running(None)  # an earlier run's batches, in a long-lived process
     logger = get_run_logger()
     stage = take_stage(run, work, logger, session) or prepare_stage(run, work, logger)
+    own = artifact is None
     try:
-        return _embed_and_publish(run, work, stage)
+        if artifact is None:
+            artifact = new_progress_artifact(run)
+        return _embed_and_publish(run, work, stage, artifact)
     finally:
         stage.close()
+        if own and artifact is not None:
+            artifact.close()
 
 
-def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
+def new_progress_artifact(run: Run) -> ProgressArtifact:
+    """The run's progress artifacts (``ProgressArtifact``), posting from now on."""
+    return ProgressArtifact(description=f"{run.plan.source.name}: rows embedded and published")
+
+
+def _embed_and_publish(
+    run: Run, work: Work, stage: ReuseStage, artifact: ProgressArtifact
+) -> Dispatched:
     logger = get_run_logger()
     settings, plan, store, ledger = run.settings, run.plan, run.store, run.ledger
     assert ledger is not None
-    artifact = ProgressArtifact(description=f"{plan.source.name}: rows embedded and published")
     report = progress_reporter(plan, work.skipped, artifact)
     report(DispatchResult())
     try:
         staged = _batches(run, work, stage, report) if settings.batch_api else None
     except EmbedlineError as exc:  # the Batch API refused or could not be reached
         failure = status_for(exc)
-        artifact.close()
         stop = (
             failure
             if failure.kind != "failed"
@@ -78,12 +93,11 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
         return Dispatched(DispatchResult(stop=stop, not_run=[s.index for s in work.todo]), None, 0)
     if staged is not None and staged.fatal:  # a batch failed validation: exit 3
         failure = ChunkFailure("fatal", staged.fatal, expected=True)
-        artifact.close()
         return Dispatched(
             DispatchResult(stop=failure, not_run=[s.index for s in work.todo]), None, staged.batches
         )
     if staged is not None and staged.interrupted:  # a signal while waiting: the summary
-        artifact.close()  # says it, and that the batches keep running (STOP.report.left_running)
+        # says it, and that the batches keep running (STOP.report.left_running)
         return Dispatched(
             DispatchResult(not_run=[s.index for s in work.todo]), None, staged.batches
         )
@@ -102,7 +116,6 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
     with task_runner(settings, window) as runner, contextlib.closing(copied):
         unfit = warm_up(runner, settings, logger, since=runner_started)
         if unfit is not None:  # a worker lacks a setting: stop before any chunk, exit 3
-            artifact.close()
             failure = ChunkFailure("fatal", unfit, expected=True)
             return Dispatched(
                 DispatchResult(stop=failure, not_run=[s.index for s in work.todo]), None, 0
@@ -167,7 +180,6 @@ def _embed_and_publish(run: Run, work: Work, stage: ReuseStage) -> Dispatched:
             copied.submitted,
         )
     stage.index_published(result.published.values())  # the next run reads none of them
-    artifact.close()
     cost = cost_in_process() if settings.task_runner == "threads" else None
     return Dispatched(result, cost, staged.batches if staged is not None else 0)
 

@@ -25,6 +25,7 @@ import hashlib
 import io
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -151,6 +152,7 @@ def load_stage(
     max_delete_fraction: float = DEFAULT_MAX_DELETE_FRACTION,
     allow_failed_rows: bool = False,
     keep_versions_s: float | None = None,
+    on_stage: Callable[[str, str], None] | None = None,
 ) -> LoadSummary:
     """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``: take the
     table to exactly the run's rows, decided by what the sink holds (``tasks.load.sink_state``).
@@ -161,7 +163,9 @@ def load_stage(
     length, so gc keeps what it reads. Rows the sink refuses for good are load dead
     letters: the rest is loaded and the load finishes; the summary says ``dead_letters``,
     exit 1, unless ``allow_failed_rows``. ``keep_versions_s``: see ``load_run``. A load that
-    changed the sink and ended with exit 0 emits ``embedline.load.completed``.
+    changed the sink and ended with exit 0 emits ``embedline.load.completed``. ``on_stage``
+    receives the load's progress as it goes (``("load", phrase)`` after each wave of chunks,
+    ``("index", phrase)`` around the index build): the progress artifact's own lines.
     """
     with contextlib.ExitStack() as held:
         try:
@@ -175,7 +179,9 @@ def load_stage(
                 sink=sink_uri,
                 run_key=str(manifest["run_key"]),
             )
-        options = _Options(max_delete_fraction, allow_failed_rows, keep_versions_s)
+        options = _Options(
+            max_delete_fraction, allow_failed_rows, keep_versions_s, on_stage=on_stage
+        )
         summary = _load_stage(
             output=output, manifest=manifest, sink_uri=sink_uri, ledger=ledger, options=options
         )
@@ -287,6 +293,11 @@ def _load_stage(
         len(chunks),
     )
     options = replace(options, columns=columns.names)
+    options.show(
+        "load",
+        f"0 of {plan.rows_to_upsert:,} rows upserted, 0 of {len(plan.upsert):,} chunks, "
+        f"{len(plan.delete):,} ids to delete",
+    )
     return _converge(base, started, chunks, run, plan, sink, ledger, output, options)
 
 
@@ -300,6 +311,12 @@ class _Options:
     allow_failed_rows: bool
     keep_versions_s: float | None
     columns: tuple[str, ...] = ()  # the run's kept columns and text, read with each chunk
+    on_stage: Callable[[str, str], None] | None = None  # progress lines: (stage, phrase)
+
+    def show(self, stage: str, phrase: str) -> None:
+        """Send a progress line of ``stage`` (``load``, ``index``) to ``on_stage``, if any."""
+        if self.on_stage is not None:
+            self.on_stage(stage, phrase)
 
 
 _PASSES = 3  # plans applied before a table that keeps changing under the load is reported
@@ -334,7 +351,7 @@ def _converge(
             mode=str(summary.mode),
             columns=options.columns,
         )
-        loaded, failed, refused = _load_chunks(todo, job, sink, ledger, ids)
+        loaded, failed, refused = _load_chunks(todo, job, sink, ledger, ids, options.show)
         if refused:
             dead += refused
             run = run.filter(
@@ -426,9 +443,11 @@ def _finalized(summary: LoadSummary, sink: VectorSink, options: _Options) -> Loa
     """
     logger = get_run_logger()
     started = time.monotonic()
+    options.show("index", "building or compacting (the sink's finalize step)")
     state = sink.finalize(keep_versions_s=options.keep_versions_s)
     seconds = round(time.monotonic() - started, 3)
     logger.info("%s: %s in %.1f s", sink.identity, state, seconds)
+    options.show("index", f"{state} in {seconds:.1f} s")
     return replace(summary, index_s=seconds, index_state=state)
 
 
@@ -492,10 +511,13 @@ def _load_chunks(
     sink: VectorSink,
     ledger: Ledger,
     ids: dict[int, frozenset[str] | None],
+    show: Callable[[str, str], None],
 ) -> tuple[dict[int, int], dict[int, Any], list[LoadDeadLetter]]:
     """Run ``load-chunk`` tasks, ``sink.parallel_loads`` at a time; record each in the
-    ledger as it finishes, with the rows the sink refused for good. Stops submitting after
-    a fatal failure. Returns rows loaded and failures by chunk index, and the refused rows."""
+    ledger as it finishes, with the rows the sink refused for good, and ``show`` the rows
+    upserted after each wave. Stops submitting after a fatal failure. Returns rows loaded
+    and failures by chunk index, and the refused rows."""
+    to_upsert = sum(c.rows if ids[c.index] is None else len(ids[c.index] or ()) for c in todo)
     logger = get_run_logger()
     loaded: dict[int, int] = {}
     failed: dict[int, Any] = {}
@@ -532,6 +554,11 @@ def _load_chunks(
                 )
                 loaded[chunk.index] = done.rows
                 refused += done.dead_letters
+            show(
+                "load",
+                f"{sum(loaded.values()):,} of {to_upsert:,} rows upserted, {len(loaded):,} of "
+                f"{len(todo):,} chunks" + (f", {len(failed):,} failed" if failed else ""),
+            )
             if any(f.kind == "fatal" for f in failed.values()):
                 break
     return loaded, failed, refused

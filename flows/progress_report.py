@@ -1,6 +1,7 @@
-"""The progress feed of a run: the CLI's bar or lines and the Prefect progress artifact,
+"""The progress feed of a run: the CLI's bar or lines and the Prefect progress artifacts,
 fed from the dispatcher's results with the same numbers (docs/reference/prefect.md, "Artifacts and
-progress"), and, while the Batch API stage waits, with the run's batches by status."""
+progress"), and, while the Batch API stage waits, with the run's batches by status; the
+artifacts also with the requests and inputs charged so far."""
 
 from __future__ import annotations
 
@@ -8,9 +9,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from embedline.models import ChunkOutcome, InputPlan
-from embedline.progress import BatchCount, Progress, notify, partial_rows
+from embedline.progress import (
+    BatchCount,
+    Progress,
+    Usage,
+    cost_in_process,
+    notify,
+    partial_rows,
+)
 from flows.artifacts import ProgressArtifact
 from flows.dispatch import DispatchResult
+from tasks.embed.failures import ChunkFailure
 
 __all__ = ["ProgressReport", "progress_reporter"]
 
@@ -56,14 +65,34 @@ class ProgressReport:
             chunks_failed=len(result.failed),
         )
         notify(self._last)
-        self.artifact.update(rows_done, plan.rows)
+        self.artifact.show(self._last, _usage(result))
 
     def batches(self, counts: Sequence[BatchCount]) -> None:
         """The run's Batch API batches by status, with the rows last reported."""
         if self._last is None:
             self(DispatchResult())
         assert self._last is not None
-        notify(replace(self._last, batches=tuple(counts)))
+        event = replace(self._last, batches=tuple(counts))
+        notify(event)
+        self.artifact.show(event)
+
+
+def _usage(result: DispatchResult) -> Usage:
+    """The run's requests, tokens and inputs so far: this process's tally (chunk threads),
+    else (Dask: its workers count in their own processes) what the finished chunks report."""
+    tally = cost_in_process()
+    if tally.requests or tally.inputs:
+        return tally
+    attempts: list[ChunkOutcome | ChunkFailure] = [
+        *result.published.values(),
+        *result.failed.values(),
+        *result.released.values(),
+    ]
+    return Usage(
+        requests=sum(o.requests for o in attempts),
+        tokens=sum(o.tokens for o in attempts),
+        inputs=sum(o.inputs for o in result.published.values()),
+    )
 
 
 def progress_reporter(

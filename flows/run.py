@@ -39,6 +39,7 @@ from embedline.models import (
     committed_dead_letters_note,
     manifest_object_key,
 )
+from embedline.progress import Usage
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
@@ -408,7 +409,7 @@ class Run:
         work: Work,
         result: DispatchResult,
         *,
-        cost: tuple[int, int, int] | None = None,
+        cost: Usage | None = None,
         batches: int = 0,
         resume_hint: str = "rerun the same command to resume",
         on_committed: Callable[[RunSummary], None] | None = None,
@@ -418,7 +419,7 @@ class Run:
         the commit: objects still there, one vector length, change set and manifest (the
         commit point) with interrupts deferred until the ledger records it.
 
-        ``cost``: (requests, tokens, inputs) this process's chunk tasks sent, when known;
+        ``cost``: the ``Usage`` of this process's chunk tasks, when known;
         ``batches``: the Batch API batches the dispatch used. ``on_committed`` runs inside
         the deferred block, after the ledger's record (the driver notes the commit for the
         signal handlers there). Returns ``CommittedRun`` with the manifest that stands.

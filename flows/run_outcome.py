@@ -14,7 +14,9 @@ from embedline.models import (
     InputPlan,
     blocking_dead_letters,
     dead_letters_block_message,
+    tokens_avoided,
 )
+from embedline.progress import Usage
 from embedline.shutdown import STOP
 from flows.dispatch import DispatchResult
 
@@ -30,7 +32,7 @@ def outcome_fields(
     skipped: dict[int, ChunkOutcome],
     result: DispatchResult,
     *,
-    cost: tuple[int, int, int] | None = None,
+    cost: Usage | None = None,
     on_empty_text: str = "skip",
     resume_hint: str = "rerun the same command to resume",
 ) -> dict[str, Any]:
@@ -38,9 +40,10 @@ def outcome_fields(
     and whose dispatch ended with ``result``: counts (rows, chunks, requests, tokens, inputs)
     and ``exit_code``/``status``/``message``.
 
-    ``cost`` (requests, tokens, inputs), when given, is what this process's chunk tasks sent,
-    which the outcomes undercount after failures. Empty texts block the commit only with
-    ``on_empty_text="fail"``. A status of ``complete`` (exit 0) means: ready to commit. A
+    ``cost``, when given, is what this process's chunk tasks sent (``Usage``), which the
+    outcomes undercount after failures; without it (Dask) requests not answered are not
+    counted. ``tokens_saved`` is computed by ``tokens_avoided``. Empty texts block the commit
+    only with ``on_empty_text="fail"``. A status of ``complete`` (exit 0) means: ready to commit. A
     run that did not complete and leaves Batch API batches running at the provider
     (``STOP.report.left_running``) ends its message with how many and how to collect or cancel
     them, whatever stopped it.
@@ -52,11 +55,12 @@ def outcome_fields(
         *result.failed.values(),
         *result.released.values(),
     ]
-    requests, tokens, inputs = cost or (
-        sum(o.requests for o in attempts),
-        sum(o.tokens for o in attempts),
-        sum(o.inputs for o in result.published.values()),
+    usage = cost or Usage(
+        requests=sum(o.requests for o in attempts),
+        tokens=sum(o.tokens for o in attempts),
+        inputs=sum(o.inputs for o in result.published.values()),
     )
+    avoided = sum(o.reused + o.deduplicated for o in result.published.values())
     dead = [d for o in done.values() for d in o.dead_letters]
     rows_failed, blocking = len(dead), blocking_dead_letters(dead, on_empty_text)
     not_done = len(plan.chunks) - len(done)
@@ -73,12 +77,20 @@ def outcome_fields(
         chunks_released=len(result.released),
         chunks_not_run=not_done - len(result.failed) - len(result.released),
         # every request sent and token reported, failed and released chunks included
-        tokens=tokens,
-        requests=requests,
-        inputs=inputs,
+        tokens=usage.tokens,
+        requests=usage.requests,
+        inputs=usage.inputs,
+        requests_retried=usage.requests_retried,
+        inputs_retried=usage.inputs_retried,
         rows_reused=sum(o.reused for o in result.published.values()),
         rows_deduplicated=sum(o.deduplicated for o in result.published.values()),
-        tokens_saved=sum(o.tokens_saved for o in result.published.values()),
+        **tokens_avoided(
+            avoided,
+            estimated=sum(o.tokens_saved for o in result.published.values()),
+            tokens=usage.tokens,
+            inputs=usage.inputs,
+            rows_total=plan.rows,
+        ),
         batch_tokens=sum(o.batch_tokens for o in result.published.values()),
         batch_inputs=sum(o.batch_inputs for o in result.published.values()),
     )

@@ -16,10 +16,10 @@ from embedline.models import InputPlan, RunSummary
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from flows import session as sessions
-from flows.artifacts import publish_summary
+from flows.artifacts import ProgressArtifact, index_phrase, load_rows_phrase, publish_summary
 from flows.dispatch import Dispatched
 from flows.driver import Steps, drive
-from flows.embed_and_publish import embed_and_publish
+from flows.embed_and_publish import embed_and_publish, new_progress_artifact
 from flows.events import dead_letters_threshold
 from flows.interrupt_handlers import take_over_sigterm
 from flows.load import load_stage
@@ -59,11 +59,14 @@ def run_settings(settings: RunSettings) -> RunSummary:
 
 
 class _FlowSteps(Steps):
-    """The flow's steps: chunk tasks, the sink's load stage, the summary artifact."""
+    """The flow's steps: chunk tasks, the sink's load stage, the summary artifact; the
+    progress artifacts from the dispatch to the summary, the load and its index build as
+    their own lines."""
 
     def __init__(self, session: sessions.Session | None) -> None:
         self.session = session
         self.flow_run_id = flow_run.get_id()
+        self.progress: ProgressArtifact | None = None
 
     def before_record(self, run: Run) -> None:
         # read now, while the API is known to answer: after the commit a lost API would make
@@ -71,7 +74,12 @@ class _FlowSteps(Steps):
         self.dead_letters_threshold = dead_letters_threshold()
 
     def dispatch(self, run: Run, work: Work) -> Dispatched:
-        return embed_and_publish(run, work, self.session)
+        self.progress = new_progress_artifact(run)
+        try:
+            return embed_and_publish(run, work, self.session, self.progress)
+        except BaseException:
+            self.progress.close()
+            raise
 
     def resume_hint(self) -> str:
         left = STOP.report.left_running()  # Batch API batches: how to collect or cancel them
@@ -95,11 +103,16 @@ class _FlowSteps(Steps):
                 ledger=ledger,
                 max_delete_fraction=settings.max_delete_fraction,
                 allow_failed_rows=settings.allow_failed_rows,
+                on_stage=self.progress.stage if self.progress is not None else None,
             )
         finally:
             if opened_here:
                 run.close()
                 run.ledger = None
+        if self.progress is not None:
+            done = f"{load.status}: {load_rows_phrase(load)}, {load.wall_s:.1f} s"
+            self.progress.stage("load", done)
+            self.progress.stage("index", index_phrase(load))
         changes: dict[str, Any] = {"load": load.to_dict()}
         if load.exit_code:
             done = "finished with" if load.status == "dead_letters" else "did not finish:"
@@ -115,5 +128,7 @@ class _FlowSteps(Steps):
         return loaded
 
     def report(self, run: Run, summary: RunSummary) -> None:
+        if self.progress is not None:
+            self.progress.close()  # its last value first: the summary follows it
         if STOP.report.api_lost() is None:  # else no artifact: each call would retry a minute
             publish_summary(summary, **run.report_facts())

@@ -586,7 +586,7 @@ def test_batch_mode_on_dask_workers_with_s3_output(
     assert result.returncode == 0, result.stderr[-3000:]
     # counted on Dask too (from the chunks' outcomes: the workers' counts stay there)
     assert (
-        f"api        0 requests, {distinct(rows)} inputs sent ({distinct(rows)} of them in "
+        f"api        0 requests, {distinct(rows)} inputs charged ({distinct(rows)} of them in "
         "Batch API batches)"
     ) in result.stdout, result.stdout
     assert_exact(tmp_path, rows, output)

@@ -498,12 +498,12 @@ def test_second_run_publishes_a_change_set_against_the_first(
     # a delta night: the 10 unchanged rows stay in the first run's objects (inherited, not
     # copied), the 2 new texts are sent
     assert fake_openai.counters()["inputs"] == 2
-    assert "2 inputs sent" in out
+    assert "2 inputs charged" in out
     assert "rows       12 published of 12 (10 already published before)" in out
     assert "reuse      0 rows reused from earlier runs, 0 deduplicated in this run" in out
-    tokens = int(re.search(r"inputs sent, ([\d,]+) tokens reported", out)[1].replace(",", ""))
+    tokens = int(re.search(r"inputs charged, ([\d,]+) tokens reported", out)[1].replace(",", ""))
     assert tokens > 0
-    assert f"cost       ${tokens * 0.02 / 1e6:,.4f} estimated, ~$" in out
+    assert f"cost       ${tokens * 0.02 / 1e6:,.4f} estimated (at $0.02/1M tokens)" in out
     manifests = [json.loads(p.read_text()) for p in (tmp_path / "out/manifests").glob("*.json")]
     second = next(m for m in manifests if m["run_key"] != first["run_key"])
     changes = second["changes"]

@@ -3,6 +3,7 @@ artifacts the UI shows (progress, summary, dead letters) — with no input text 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +142,106 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
         artifact_id = progress_flow()
         with get_client(sync_client=True) as client:
             assert posted(client, artifact_id) == 100.0
+
+
+def _progress_artifacts(client: Any, description: str) -> dict[str, Any]:
+    """The progress artifacts (by key) of the flow run whose progress artifact has
+    ``description``; empty until it has one."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    keys = ["embedline-progress", "embedline-progress-detail", "embedline-summary"]
+    found = client.read_artifacts(
+        artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)),
+        sort=ArtifactSort.CREATED_DESC,
+        limit=30,
+    )
+    mine = [a for a in found if a.description == description]
+    if not mine:
+        return {}
+    run = mine[0].flow_run_id
+    return {a.key: a for a in found if a.flow_run_id == run}
+
+
+def test_a_cli_run_leaves_progress_with_rows_per_s_eta_and_the_charged_inputs(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
+) -> None:
+    """While the run goes, the detail artifact shows rows/s and an ETA (read back through
+    the Prefect client, as the UI reads it); at its end 100 %, and the summary counts the
+    inputs the server charged apart from the rate-limited request, in Markdown a GFM
+    renderer shows as written."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from markdown_it import MarkdownIt
+
+    from tests.support.fixtures import REPO
+
+    name = f"night-{tmp_path.name}.csv"
+    (tmp_path / name).write_text("id,text\n" + "".join(f"r{i},t{i}\n" for i in range(600)))
+    fake_openai.script([{"status": 429, "headers": {"retry-after-ms": "10"}}])
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.25})
+    args = [
+        *("run", name, "--embedder", "openai", "--base-url", fake_openai.base_url),
+        *("--chunk-size", "200", "--batch-size", "20", "--concurrency", "1"),
+        *("--price-per-million-tokens", "0.02", "--output", "out", "--ledger", "l.sqlite3"),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    description = f"{name}: rows embedded and published"
+    running: list[str] = []  # the detail tables seen while the run went
+    with (
+        temporary_settings(updates={PREFECT_API_URL: prefect_api_url}),
+        get_client(sync_client=True) as client,
+    ):
+        while proc.poll() is None:
+            detail = _progress_artifacts(client, description).get("embedline-progress-detail")
+            if detail is not None and detail.data not in running:
+                running.append(str(detail.data))
+            time.sleep(0.3)
+        out, err = proc.communicate()
+        assert proc.returncode == 0, err[-3000:]
+        artifacts = _progress_artifacts(client, description)
+    mid_run = [
+        md
+        for md in running
+        if re.search(r"\| rows/s \| [\d,]+ \(last 60 s\) \|", md)
+        and re.search(r"\| ETA \| [\d,]+ (s|min) \|", md)
+    ]
+    assert mid_run, running  # a running night shows rows/s and an ETA
+    assert artifacts["embedline-progress"].data == 100.0
+    final = str(artifacts["embedline-progress-detail"].data)
+    assert "| rows | 600 of 600 (100.0 %) |" in final and "| ETA | done |" in final
+    assert re.search(r"\| rows/s \| [\d,]+ \(last 60 s\) \|", final), final
+    served = fake_openai.counters()
+    assert f"| requests | {served['requests']} sent, 1 retried" in final, (final, served)
+    summary = str(artifacts["embedline-summary"].data)
+    assert f"| inputs charged | {served['inputs']:,} texts answered with vectors |" in summary
+    assert "1 retried (20 texts: rate limited" in summary, summary
+    assert "inputs charged" in out and "(1 retried: 20 texts not charged)" in out, out
+    html = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(summary + final)
+    assert "<del>" not in html and "<s>" not in html and html.count("<table>") == 2
+
+
+def test_a_run_with_a_sink_shows_the_load_and_the_index_as_their_own_progress_lines(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer, prefect_api_url: str
+) -> None:
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"r{i},t{i}\n" for i in range(6)))
+    state = _run_flow(
+        tmp_path, fake_openai, prefect_api_url, sink=f"lancedb://{tmp_path}/lance?table=t"
+    )
+    assert state.is_completed(), state.message
+    artifacts, _ = _artifacts_and_tasks(prefect_api_url, state.state_details.flow_run_id)
+    detail = str(artifacts["embedline-progress-detail"].data)
+    assert "| rows | 6 of 6 (100.0 %) |" in detail
+    assert "| load | loaded: 6 upserted now, 0 held before, 0 deleted, " in detail, detail
+    assert re.search(r"\| index \| .+ in [\d.]+ s \|", detail), detail

@@ -251,7 +251,8 @@ def test_prefects_final_state_line_of_a_chunk_task_is_dropped_unless_debugging(
 def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_process(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """It read "1 inputs sent", and "api 0 requests, 249 inputs sent" for the local model."""
+    """It read "1 inputs sent", and "api 0 requests, 249 inputs sent" for the local model;
+    the texts of retried requests are not counted as charged."""
     from cli.console import print_summary
     from embedline.models import RunSummary
 
@@ -276,12 +277,20 @@ def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_proc
     )
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("api", "model"))]
     assert lines == [
-        "api        1 request, 1 input sent, 1 token reported",
+        "api        1 request, 1 input charged, 1 token reported",
         "model      249 inputs embedded in-process (no API requests)",
-        "api        0 requests, 0 inputs sent, 0 tokens reported",
-        "api        0 requests, 10 inputs sent (10 of them in Batch API batches), "
+        "api        0 requests, 0 inputs charged, 0 tokens reported",
+        "api        0 requests, 10 inputs charged (10 of them in Batch API batches), "
         "50 tokens reported",
     ]
+    retried = RunSummary(
+        0, "complete", "", requests=904, requests_retried=18, inputs_retried=18_000, **base
+    )
+    print_summary(retried.to_dict())
+    assert capsys.readouterr().out.splitlines()[4] == (
+        "api        904 requests (18 retried: 18,000 texts not charged), 0 inputs charged, "
+        "0 tokens reported"
+    )
 
 
 @pytest.mark.parametrize("query", ["", "   ", "\t"])

@@ -93,7 +93,7 @@ def test_the_run_summary_artifact_of_run_with_sink_has_the_loads_own_section() -
     )
 
 
-def test_the_run_summary_artifact_counts_texts_batches_answered_as_sent() -> None:
+def test_the_run_summary_artifact_counts_texts_batches_answered_as_charged() -> None:
     from embedline.models import RunSummary
     from flows.artifacts import summary_markdown
 
@@ -110,5 +110,52 @@ def test_the_run_summary_artifact_counts_texts_batches_answered_as_sent() -> Non
         batches=3,
     )
     text = summary_markdown(run, price_per_million_tokens=0.02)
-    assert "| texts sent | 10 (10 of them in Batch API batches) |" in text
-    assert "| requests | 0 |" in text
+    assert (
+        "| inputs charged | 10 texts answered with vectors (10 of them in Batch API batches) |"
+        in text
+    )
+    assert "| requests | 0 sent; none retried |" in text
+
+
+def test_the_summary_names_inputs_charged_apart_from_requests_retried() -> None:
+    """Rate-limited requests carry texts the provider does not charge: they are counted
+    as retried, not added to the inputs (a summary said "texts sent 904,323" for 886,323
+    charged)."""
+    from embedline.models import RunSummary
+    from flows.artifacts import summary_markdown
+
+    run = RunSummary(
+        0,
+        "complete",
+        "",
+        run_key="k" * 64,
+        tokens=16_200_000,
+        requests=904,
+        inputs=886_323,
+        requests_retried=18,
+        inputs_retried=18_000,
+    )
+    text = summary_markdown(run)
+    assert "| inputs charged | 886,323 texts answered with vectors |" in text
+    assert (
+        "| requests | 904 sent; 18 retried (18,000 texts: rate limited, server errors, "
+        "timeouts; not charged) |" in text
+    )
+    assert "texts sent" not in text
+
+
+def test_saved_is_measured_at_the_runs_tokens_per_input_and_never_above_all_rows() -> None:
+    from embedline.models import saved_phrase, tokens_avoided
+
+    measured = tokens_avoided(900, estimated=21_000_000, tokens=1_000, inputs=100, rows_total=1000)
+    assert measured == {"tokens_saved": 9_000, "tokens_saved_measured": True}
+    # more rows counted than the run has (a double count): capped at all its rows
+    capped = tokens_avoided(5000, estimated=0, tokens=1_000, inputs=100, rows_total=1000)
+    assert capped["tokens_saved"] == 10_000
+    unmeasured = tokens_avoided(10, estimated=400, tokens=0, inputs=0, rows_total=10)
+    assert unmeasured == {"tokens_saved": 400, "tokens_saved_measured": False}
+    assert saved_phrase(
+        rows=900, tokens_saved=9_000, measured=True, tokens=1_000, inputs=100, price=0.02
+    ) == ("$0.00018: 9,000 tokens for 900 rows not sent (at this run's 10.0 tokens per input)")
+    copied = saved_phrase(rows=10, tokens_saved=400, measured=False, tokens=0, inputs=0, price=None)
+    assert copied.startswith("at most 400 tokens for 10 rows not sent")
