@@ -134,6 +134,7 @@ class _CommandSteps(Steps):
             settings.ledger,
             manifest=manifest,
             allow_failed_rows=settings.allow_failed_rows,
+            index=settings.index,
         )
         if loaded is None:
             raise HandedToFlow

@@ -83,6 +83,7 @@ def embed_csv(
     dask_workers: int = 2,
     sink: str | None = None,
     max_delete_fraction: float = 0.5,
+    index: Literal["now", "later"] = "now",
     batch_api: bool = False,
     batch_poll_interval: float | None = None,
     batch_max_inputs: int | None = None,
@@ -101,7 +102,8 @@ def embed_csv(
 
     With ``sink``, the committed run is then loaded into that vector store (``load-chunk``
     tasks; docs/reference/sinks.md); ``max_delete_fraction``: docs/reference/output-layout.md,
-    "Mass deletes at commit". Units: ``chunk_size``/``batch_size`` rows, ``concurrency``
+    "Mass deletes at commit"; ``index`` ``later``: the sink's index is not built after the
+    load (``embedline index TARGET`` builds it; the summary says so). Units: ``chunk_size``/``batch_size`` rows, ``concurrency``
     in-flight requests, ``rpm`` requests/min, ``tpm`` tokens/min, ``timeout`` seconds per
     request, ``max_attempts`` per request (first try included). Returns a Completed or
     Failed state carrying the summary (Cancelled if cancelled from Prefect:

@@ -21,16 +21,13 @@ what was committed to the sink is held, so it is not loaded again.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.client.schemas.objects import State
@@ -40,7 +37,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from adapters.ledger import Ledger
 from adapters.sinks.factory import open_alias
-from embedline.errors import ConflictError, EmbedlineError
+from embedline.errors import EmbedlineError
 from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
 from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import VectorSink
@@ -61,9 +58,10 @@ from tasks.load.sink_state import (
     check_delete_share,
     ensure_run_table,
     left_to_load,
+    load_mode,
     plan_load,
 )
-from tasks.load.task import LoadedChunk, LoadJob, load_chunk, sink_for
+from tasks.load.task import LoadedChunk, LoadJob, build_index, load_chunk, sink_for
 
 __all__ = ["load_run", "load_stage"]
 
@@ -80,6 +78,7 @@ def load_run(
     allow_failed_rows: bool = False,
     lancedb_keep_versions_s: float | None = None,
     alias: str | None = None,
+    index: Literal["now", "later"] = "now",
 ) -> State[Any]:
     """Load committed run ``run`` (key or ≥ 8-hex prefix; default the latest) of ``output``
     into the sink ``to``; refuse (exit 2) to delete more than ``max_delete_fraction`` (0..1)
@@ -90,7 +89,8 @@ def load_run(
 
     ``allow_failed_rows``: rows the sink refuses for good (load dead letters) do not make
     the load fail (exit 0). ``lancedb_keep_versions_s``: LanceDB versions older than this
-    (seconds) are pruned after the load (default 3,600)."""
+    (seconds) are pruned after the load (default 3,600). ``index`` ``later``: the sink's
+    index is not built (``embedline index TARGET`` builds it); the summary says so."""
     take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     started = time.monotonic()
     try:
@@ -112,6 +112,7 @@ def load_run(
                 max_delete_fraction=max_delete_fraction,
                 allow_failed_rows=allow_failed_rows,
                 keep_versions_s=lancedb_keep_versions_s,
+                index=index,
             )
         )
     finally:
@@ -151,6 +152,7 @@ def load_stage(
     max_delete_fraction: float = DEFAULT_MAX_DELETE_FRACTION,
     allow_failed_rows: bool = False,
     keep_versions_s: float | None = None,
+    index: Literal["now", "later"] = "now",
 ) -> LoadSummary:
     """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``: take the
     table to exactly the run's rows, decided by what the sink holds (``tasks.load.sink_state``).
@@ -161,7 +163,10 @@ def load_stage(
     length, so gc keeps what it reads. Rows the sink refuses for good are load dead
     letters: the rest is loaded and the load finishes; the summary says ``dead_letters``,
     exit 1, unless ``allow_failed_rows``. ``keep_versions_s``: see ``load_run``. A load that
-    changed the sink and ended with exit 0 emits ``embedline.load.completed``.
+    changed the sink and ended with exit 0 emits ``embedline.load.completed``. The index
+    is built last, in its own ``build-index`` task run (``tasks.load.task.build_index``),
+    unless ``index`` is ``later``; a sink holding the run's rows but not its index
+    (``VectorSink.needs_index``) gets it built, status ``loaded``, not ``already_loaded``.
     """
     with contextlib.ExitStack() as held:
         try:
@@ -175,7 +180,7 @@ def load_stage(
                 sink=sink_uri,
                 run_key=str(manifest["run_key"]),
             )
-        options = _Options(max_delete_fraction, allow_failed_rows, keep_versions_s)
+        options = _Options(max_delete_fraction, allow_failed_rows, keep_versions_s, index)
         summary = _load_stage(
             output=output, manifest=manifest, sink_uri=sink_uri, ledger=ledger, options=options
         )
@@ -211,7 +216,7 @@ def _load_stage(
     base.sink = sink.identity
     try:
         run, plan = left_to_load(store_for(output), manifest, sink, columns)
-        mode = _mode(output, manifest, plan)
+        mode = load_mode(store_for(output), manifest, plan)
     except EmbedlineError as exc:
         return _with(
             base,
@@ -242,19 +247,29 @@ def _load_stage(
     if plan.done:
         logger.info("%s holds exactly run %s (%d rows)", sink.identity, run_key, total)
         cached = ledger.sink_load(sink.identity, run_key)
-        if cached is None or cached.state != "loaded":  # e.g. killed before its index
-            try:
+        try:
+            # the index is part of what the sink holds: one missing (a build cancelled, or
+            # deferred) is built now
+            missing = options.index == "now" and sink.needs_index()
+            if missing or cached is None or cached.state != "loaded":  # killed before its index
                 base = _finalized(base, sink, options)
-            except EmbedlineError as exc:
-                return _with(
-                    base,
-                    started,
-                    exit_code=exc.exit_code if exc.exit_code == 3 else 1,
-                    status="incomplete",
-                    message=f"{exc}; rerun the same command",
-                )
+        except EmbedlineError as exc:
+            return _with(
+                base,
+                started,
+                exit_code=exc.exit_code if exc.exit_code == 3 else 1,
+                status="incomplete",
+                message=f"{exc}; rerun the same command",
+            )
         ledger.start_load(sink.identity, run_key, mode=mode)
         ledger.finish_load(sink.identity, run_key, rows_loaded=total, rows_deleted=0)
+        if missing:
+            return _with(
+                base,
+                started,
+                status="loaded",
+                message="the sink held the run's rows but not its index: index built",
+            )
         return _with(
             base,
             started,
@@ -293,12 +308,14 @@ def _load_stage(
 @dataclass(frozen=True, slots=True)
 class _Options:
     """A load's user options: the mass-delete guard (0..1 of the held rows), whether load
-    dead letters still exit 0, and LanceDB's version retention (seconds; None: default);
-    and the columns the run carries beside its vectors (from its manifest)."""
+    dead letters still exit 0, LanceDB's version retention (seconds; None: default), when
+    the index is built; and the columns the run carries beside its vectors (from its
+    manifest)."""
 
     max_delete_fraction: float
     allow_failed_rows: bool
     keep_versions_s: float | None
+    index: Literal["now", "later"] = "now"
     columns: tuple[str, ...] = ()  # the run's kept columns and text, read with each chunk
 
 
@@ -419,14 +436,19 @@ def _converge(
 
 
 def _finalized(summary: LoadSummary, sink: VectorSink, options: _Options) -> LoadSummary:
-    """Build the sink's index (or compact it), timed: its own line in the summary, so a
-    long HNSW build is not taken for a hang (or for Prefect's start-up).
+    """Build the sink's index (or compact it) in the ``build-index`` task run, timed: its
+    own line in the summary, so a long HNSW build is not taken for a hang (or for
+    Prefect's start-up). With ``index`` ``later``: nothing built, the summary says how to.
 
     :raises EmbedlineError: the sink failed (see ``VectorSink.finalize``).
     """
     logger = get_run_logger()
+    if options.index == "later":
+        state = f"deferred (--index later): embedline index '{sink.identity}' builds it"
+        logger.info("%s: index %s", sink.identity, state)
+        return replace(summary, index_s=0.0, index_state=state)
     started = time.monotonic()
-    state = sink.finalize(keep_versions_s=options.keep_versions_s)
+    state = build_index(sink.identity, options.keep_versions_s)
     seconds = round(time.monotonic() - started, 3)
     logger.info("%s: %s in %.1f s", sink.identity, state, seconds)
     return replace(summary, index_s=seconds, index_state=state)
@@ -450,40 +472,6 @@ def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:
         key="embedline-load-dead-letters",
         description=f"{len(dead)} rows the sink refuses (no text)",
     )
-
-
-def _mode(output: str, manifest: dict[str, Any], plan: LoadPlan) -> str:
-    """``changes`` when what the sink lacks and holds beyond the run is exactly the run's
-    change set (the sink holds the change set's base run), else ``replace``."""
-    changes = manifest.get("changes") or {}
-    if not changes.get("base_run_key"):
-        return "replace"
-    try:
-        table = _change_set(output, changes)
-    except FileNotFoundError:  # collected: the plan does not need it
-        return "replace"
-    upsert = pc.is_in(table.column("change"), pa.array(["added", "changed"]))
-    removed = pc.equal(table.column("change"), "removed")
-    same = (
-        set(table.filter(upsert).column("id").to_pylist())
-        == {i for ids in plan.upsert.values() for i in ids}
-        and sorted(table.filter(removed).column("id").to_pylist()) == plan.delete
-    )
-    return "changes" if same else "replace"
-
-
-def _change_set(output: str, changes: dict[str, Any]) -> pa.Table:
-    """The run's change set (``id``, ``change``, ``text_sha256``), checked by SHA-256.
-
-    :raises ConflictError: the object's bytes differ from the manifest's record.
-    """
-    store = store_for(output)
-    body = store.get(str(changes["object"]))
-    if hashlib.sha256(body).hexdigest() != changes["sha256"]:
-        raise ConflictError(
-            f"{store.uri_for(str(changes['object']))} does not match its manifest's SHA-256"
-        )
-    return pq.read_table(io.BytesIO(body), columns=["id", "change"])
 
 
 def _load_chunks(

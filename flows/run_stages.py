@@ -95,6 +95,7 @@ class _FlowSteps(Steps):
                 ledger=ledger,
                 max_delete_fraction=settings.max_delete_fraction,
                 allow_failed_rows=settings.allow_failed_rows,
+                index=settings.index,
             )
         finally:
             if opened_here:

@@ -102,6 +102,8 @@ def translate(exc: Exception, where: str) -> Exception:
         advice = (
             "free space on the database server"
             if str(state).startswith("53")
+            else _CANCELLED
+            if state == "57014"
             else "check that the server is running"
         )
         return RetryableError(f"{where}: {one_line(exc)}; {advice}")
@@ -115,6 +117,13 @@ def translate(exc: Exception, where: str) -> Exception:
         return exc  # a client-side misuse: a bug, reported as such
     return FatalError(f"{where}: PostgreSQL refused it ({state}: {one_line(exc)})")
 
+
+#: 57014 query_canceled: the server stopped the statement, it did not fail.
+_CANCELLED = (
+    "the server cancelled the statement (57014): a timeout it enforces — the role's or "
+    "database's statement_timeout (ALTER ROLE … SET statement_timeout = 0), or a pooler's "
+    "query_timeout — or someone cancelled it; lift the timeout for this role"
+)
 
 _TEXT_TYPES = ("text", "character varying")
 _MIN_KEY_LENGTH = 80  # run keys (64 hex + a generation suffix) and SHA-256 hex (64)
