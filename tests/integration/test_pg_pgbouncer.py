@@ -35,9 +35,7 @@ def test_loads_index_builds_and_searches_through_pgbouncer_in_transaction_mode(
 
     sink = PgVectorSink(pgbouncer_uri, table="pooled_bouncer")
     sink.progress_interval_s = 0.05
-    sink.ensure_table(
-        embedder="openai", model="m", dimensions=16, columns=SinkColumns(("title",))
-    )
+    sink.ensure_table(embedder="openai", model="m", dimensions=16, columns=SinkColumns(("title",)))
     # the same statements again and again: psycopg would prepare them by the fifth
     for start in range(0, 6000, 500):
         assert sink.upsert(_rows(start, 500), run_key="r").rows == 500

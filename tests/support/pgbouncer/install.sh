@@ -2,7 +2,8 @@
 # PgBouncer for the pooler tests (tests/integration/test_pg_pgbouncer.py): the sink loads,
 # builds its index and searches through PgBouncer in transaction mode in front of the
 # embedded PostgreSQL. Debian's package `pgbouncer`; installed with apt-get as root (or
-# through sudo), once; its own service is left stopped (the tests start their own).
+# through sudo), once. The tests start their own on a free port, whatever the package's
+# service does.
 # Prints the binary's path.
 set -eu
 find_bin() {
@@ -21,7 +22,6 @@ if ! find_bin >/dev/null; then
         SUDO=sudo
     fi
     $SUDO apt-get update -qq
-    # policy-rc.d 101: no service started by the package (the tests run their own)
-    DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq pgbouncer >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq pgbouncer >/dev/null
 fi
 find_bin
