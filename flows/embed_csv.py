@@ -103,9 +103,10 @@ def embed_csv(
     With ``sink``, the committed run is then loaded into that vector store (``load-chunk``
     tasks; docs/reference/sinks.md); ``max_delete_fraction``: docs/reference/output-layout.md,
     "Mass deletes at commit"; ``index`` ``later``: the sink's index is not built after the
-    load (``embedline index TARGET`` builds it; the summary says so). Units: ``chunk_size``/``batch_size`` rows, ``concurrency``
-    in-flight requests, ``rpm`` requests/min, ``tpm`` tokens/min, ``timeout`` seconds per
-    request, ``max_attempts`` per request (first try included). Returns a Completed or
+    load (``embedline index TARGET`` builds it; the summary says so). Units:
+    ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight requests, ``rpm``
+    requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
+    request (first try included). Returns a Completed or
     Failed state carrying the summary (Cancelled if cancelled from Prefect:
     ``flows.cancellation``).
 
