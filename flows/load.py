@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -42,7 +43,7 @@ from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_de
 from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import VectorSink
 from embedline.shutdown import STOP
-from flows.artifacts import publish_load_summary
+from flows.artifacts import ProgressArtifact, publish_load_summary
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
 from flows.events import emit_load_completed
 from flows.interrupt_handlers import take_over_sigterm
@@ -448,10 +449,31 @@ def _finalized(summary: LoadSummary, sink: VectorSink, options: _Options) -> Loa
         logger.info("%s: index %s", sink.identity, state)
         return replace(summary, index_s=0.0, index_state=state)
     started = time.monotonic()
-    state = build_index(sink.identity, options.keep_versions_s)
+    with _build_progress(sink):
+        state = build_index(sink.identity, options.keep_versions_s)
     seconds = round(time.monotonic() - started, 3)
     logger.info("%s: %s in %.1f s", sink.identity, state, seconds)
     return replace(summary, index_s=seconds, index_state=state)
+
+
+@contextlib.contextmanager
+def _build_progress(sink: VectorSink) -> Iterator[None]:
+    """While a pgvector index builds, its progress (rows done of rows) in the progress
+    artifact (``embedline-progress``, a new version starting at 0 %, 100 % once built), as
+    the chunks' was."""
+    from adapters.sinks.pgvector import PgVectorSink  # the store's module, only for it
+
+    if not isinstance(sink, PgVectorSink) or STOP.report.api_lost() is not None:
+        yield
+        return
+    artifact = ProgressArtifact(description=f"{sink.identity}: HNSW index build, rows done")
+    sink.on_progress = artifact.update
+    try:
+        yield
+        artifact.update(1, 1)
+    finally:
+        sink.on_progress = None
+        artifact.close()
 
 
 def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:

@@ -31,7 +31,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -211,16 +211,22 @@ def index_method(dimensions: int) -> Any:
 
 @contextmanager
 def progress_lines(
-    dsn: str, pid: int, identity: str, rows: int, interval_s: float
+    dsn: str,
+    pid: int,
+    identity: str,
+    rows: int,
+    interval_s: float,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[None]:
     """While the body runs, log every ``interval_s`` seconds how far backend ``pid``'s
-    ``CREATE INDEX`` got (phase, rows done of ``rows``), on a connection of its own. A
-    failure to read the progress is logged once at DEBUG and ends the lines, never the
-    build."""
+    ``CREATE INDEX`` got (phase, rows done of ``rows``), on a connection of its own, and
+    hand ``on_progress(done, total)`` the same counts (it must return at once: the flow's
+    progress artifact). A failure to read the progress is logged once at DEBUG and ends the
+    lines, never the build."""
     stop = threading.Event()
     thread = threading.Thread(
         target=_report,
-        args=(dsn, pid, identity, rows, interval_s, stop),
+        args=(dsn, pid, identity, rows, interval_s, stop, on_progress),
         name="embedline-index-progress",
         daemon=True,
     )
@@ -233,7 +239,13 @@ def progress_lines(
 
 
 def _report(
-    dsn: str, pid: int, identity: str, rows: int, interval_s: float, stop: threading.Event
+    dsn: str,
+    pid: int,
+    identity: str,
+    rows: int,
+    interval_s: float,
+    stop: threading.Event,
+    on_progress: Callable[[int, int], None] | None,
 ) -> None:
     import psycopg
 
@@ -253,6 +265,8 @@ def _report(
                     continue
                 phase, done, total = row
                 total = int(total or 0) or rows
+                if on_progress is not None:
+                    on_progress(int(done or 0), total)
                 progress_logger.info(
                     "%s: building the HNSW index, %s: %d of %d rows (%.0f %%), %.0f s",
                     identity,

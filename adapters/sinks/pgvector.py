@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -98,6 +98,8 @@ class PgVectorSink(KeptColumnsCache):
 
     parallel_loads = 2
     progress_interval_s = 10.0  # seconds between the index build's progress lines
+    #: called with (rows done, rows) at each progress line of an index build; returns at once
+    on_progress: Callable[[int, int], None] | None = None
 
     def __init__(self, dsn: str, *, table: str) -> None:
         self.dsn = dsn
@@ -407,7 +409,9 @@ class PgVectorSink(KeptColumnsCache):
             ", ".join(f"{k} {v}" for k, v in settings.items()) or "the server's settings",
         )
         pid = conn.info.backend_pid
-        with progress_lines(self.dsn, pid, self.identity, rows, self.progress_interval_s):
+        with progress_lines(
+            self.dsn, pid, self.identity, rows, self.progress_interval_s, self.on_progress
+        ):
             conn.execute(
                 sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} {}").format(
                     sql.Identifier(name), table, method

@@ -11,12 +11,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from tests.support.csv_data import ENGLISH, read_rows, write_rows
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import run_cli
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
+pytestmark = [pytest.mark.integration]
 
 
 def _indexes(pg_uri: str, table: str) -> list[bool]:
@@ -31,7 +34,11 @@ def _indexes(pg_uri: str, table: str) -> list[bool]:
 
 
 def test_index_later_then_embedline_index_then_a_load_rebuilds_a_dropped_index(
-    tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str, pgbouncer_uri: str
+    tmp_path: Path,
+    fake_openai: FakeEmbeddingServer,
+    pg_uri: str,
+    pgbouncer_uri: str,
+    prefect_api_url: str,
 ) -> None:
     rows = read_rows(ENGLISH, 300)
     csv_path = write_rows(tmp_path / "in.csv", rows)
@@ -78,6 +85,21 @@ def test_index_later_then_embedline_index_then_a_load_rebuilds_a_dropped_index(
     assert re.search(r"^load +loaded ", loaded.stdout, re.M), loaded.stdout
     assert re.search(r"^index +HNSW index built in [\d.]+ s$", loaded.stdout, re.M), loaded.stdout
     assert _indexes(pg_uri, "later") == [True]
+    # in the UI: the build's own task run, and its progress artifact at 100 %
+    with (
+        temporary_settings(updates={PREFECT_API_URL: prefect_api_url}),
+        get_client(sync_client=True) as client,
+    ):
+        progress = [
+            a
+            for a in client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["embedline-progress"]))
+            )
+            if "table=later: HNSW index build" in (a.description or "")
+        ]
+        tasks = [t.name for t in client.read_task_runs() if t.name == "build-index"]
+    assert [a.data for a in progress] == [100.0], progress
+    assert tasks
     done = run_cli("load", "--to", sink, *common, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"^load +already_loaded ", done.stdout, re.M), done.stdout
