@@ -302,7 +302,11 @@ def _load_lines(summary: LoadSummary) -> list[str]:
         ),
         (
             "index",
-            f"{summary.index_state} in {summary.index_s:.1f} s" if summary.index_state else "-",
+            "-"
+            if not summary.index_state
+            else summary.index_state  # deferred: nothing built, no seconds to give
+            if summary.index_state.startswith("deferred")
+            else f"{summary.index_state} in {summary.index_s:.1f} s",
         ),
         ("wall time", f"{summary.wall_s:.1f} s (the load, index included)"),
     ]
