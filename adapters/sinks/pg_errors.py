@@ -16,6 +16,8 @@ Error Codes"), most specific first:
 - **retry**: no SQLSTATE (the client lost or never got its connection) or classes 08
   (connection), 40 (serialization failure, deadlock), 53 (insufficient resources, disk full),
   55 (lock not available), 57 (operator intervention, query canceled), 58 (system I/O).
+  ``57014`` (query canceled) is named as such: a timeout the server or a pooler enforces
+  (``statement_timeout``, ``query_timeout``) or an operator's cancel, not a server down.
 - **fatal**: anything else (a refusal a rerun would meet again).
 
 Messages use the server's primary message only: its DETAIL may quote the row's values.
