@@ -15,7 +15,10 @@ S3RVER_DIR := tests/support/s3rver
 S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
 # libfaketime (Debian package faketime, apt-get as root) for the clock-skew tests of gc.
 FAKETIME_STAMP := $(VENV)/.faketime
-TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP) $(FAKETIME_STAMP)
+# PgBouncer (Debian package pgbouncer, apt-get as root) in front of the test PostgreSQL, in
+# transaction mode, for the pooler tests of the pgvector sink.
+PGBOUNCER_STAMP := $(VENV)/.pgbouncer
+TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP) $(FAKETIME_STAMP) $(PGBOUNCER_STAMP)
 
 .PHONY: demo test test-unit test-all test-real-servers bench bench-scale docs lint clean
 
@@ -74,6 +77,10 @@ $(S3RVER_STAMP): $(S3RVER_DIR)/package.json $(S3RVER_DIR)/package-lock.json
 $(FAKETIME_STAMP): tests/support/faketime/install.sh
 	tests/support/faketime/install.sh
 	mkdir -p $(VENV) && touch $(FAKETIME_STAMP)
+
+$(PGBOUNCER_STAMP): tests/support/pgbouncer/install.sh
+	tests/support/pgbouncer/install.sh
+	mkdir -p $(VENV) && touch $(PGBOUNCER_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py

@@ -10,6 +10,7 @@ from typing import TypeVar
 __all__ = [
     "DEFAULT_LEDGER",
     "HELP_FORMATTER",
+    "INDEX_HELP",
     "LEDGER_HELP",
     "MAX_DELETE_HELP",
     "fraction",
@@ -31,6 +32,12 @@ MAX_DELETE_HELP = (
     "share of the rows the sink holds, or a commit whose change set removes more "
     "than this share of the previous run's rows (a cut-short export); exit 2 "
     "with the counts. 1 allows any delete"
+)
+
+INDEX_HELP = (
+    "when the sink's index is built (pgvector's HNSW): now, after the load, in its own "
+    "build-index task; or later: the load skips it and says so, and `embedline index "
+    "TARGET` builds it (e.g. once maintenance_work_mem is raised)"
 )
 
 

@@ -18,7 +18,7 @@ from rich.progress import (
 )
 
 from embedline import progress
-from embedline.models import saved_phrase
+from embedline.summary import saved_phrase
 
 __all__ = ["ProgressBar", "command_seconds", "cost_lines", "print_summary", "stop_progress"]
 
@@ -168,7 +168,7 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
     )
     if price is None:
         return [batches] if batch_tokens or summary.get("batches") else []
-    from embedline.models import run_cost
+    from embedline.summary import run_cost
 
     spent, batch_saved = run_cost(summary["tokens"], batch_tokens, price)
     lines = [f"cost       ${spent:,.4f} estimated (at ${price}/1M tokens)"]

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, MAX_DELETE_HELP, fraction
+from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, INDEX_HELP, MAX_DELETE_HELP, fraction
 from cli.failures import EXIT_USAGE, exit_on_api_loss, fail
 from cli.prefect_console import quiet_prefect_signal_crashes
 from cli.prefect_env import PrefectApiError, with_prefect_api
@@ -57,6 +57,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     load.add_argument(
         "--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE", help=MAX_DELETE_HELP
     )
+    load.add_argument("--index", choices=("now", "later"), default="now", help=INDEX_HELP)
     load.add_argument(
         "--allow-failed-rows",
         action="store_true",
@@ -163,6 +164,7 @@ def _load(args: argparse.Namespace) -> int:
         args.ledger,
         manifest=manifest,
         allow_failed_rows=args.allow_failed_rows,
+        index=args.index,
     )
     if done is not None:
         print_load_summary(done)
@@ -244,6 +246,7 @@ def already_loaded(
     *,
     manifest: dict[str, Any] | None = None,
     allow_failed_rows: bool = False,
+    index: str = "now",
 ) -> dict[str, Any] | None:
     """The summary of a load with nothing to do, found without starting Prefect: the sink
     itself holds exactly the run's rows (ids and text hashes: ``tasks.load.sink_state``
@@ -252,14 +255,15 @@ def already_loaded(
     ``manifest``: the run's committed manifest, if the caller read it already;
     ``ledger_path`` is not consulted (the ledger never decides what a sink holds).
     ``allow_failed_rows`` is accepted for the callers' sake: a sink that holds exactly the
-    run has no load dead letters.
+    run has no load dead letters. With ``index`` ``now``, a sink whose index is missing
+    (``VectorSink.needs_index``) is not done: the flow builds it.
     """
     import time
 
     from adapters.object_store import open_store
     from adapters.sinks import open_sink
     from embedline.errors import EmbedlineError
-    from embedline.models import LoadSummary
+    from embedline.summary import LoadSummary
     from tasks.load.read_run import resolve_run
     from tasks.load.sink_state import ensure_run_table, left_to_load
 
@@ -278,6 +282,8 @@ def already_loaded(
         # the run's ids and hashes (a column added by hand)
         columns = ensure_run_table(sink, manifest)
         _, plan = left_to_load(store, manifest, sink, columns)
+        if plan.done and index == "now" and sink.needs_index():
+            return None
     except (EmbedlineError, OSError):
         return None
     finally:
@@ -323,6 +329,7 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
         allow_failed_rows=args.allow_failed_rows,
         lancedb_keep_versions_s=args.lancedb_keep_versions,
         alias=args.alias,
+        index=args.index,
         return_state=True,
     )  # an interrupt: cli.main says it
     summary = state.result(raise_on_failure=False)
@@ -362,7 +369,11 @@ def print_load_summary(summary: dict[str, Any]) -> None:
                 + (f" (was {before}; --rollback restores it)" if before else " (new)")
             )
         if summary.get("index_state"):
-            print(f"index      {summary['index_state']} in {summary.get('index_s', 0.0):.1f} s")
+            state = str(summary["index_state"])
+            took = (
+                "" if state.startswith("deferred") else f" in {summary.get('index_s', 0.0):.1f} s"
+            )
+            print(f"index      {state}{took}")
         print(
             f"wall time  {summary['wall_s']:.1f} s (the load"
             + (

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from cli import batches, deployment, gc, inspect, load, recall, run, search
+from cli import batches, deployment, gc, index, inspect, load, recall, run, search
 from cli.arguments import usage_line
 from cli.command_signals import install_interrupt_handlers, redeliver_lost_interrupts
 from cli.started import interrupted_line
@@ -23,7 +23,7 @@ from embedline.tracebacks import DEBUG_ENV
 
 __all__ = ["main"]
 
-_COMMAND_MODULES = (run, deployment, inspect, load, search, recall, gc, batches)
+_COMMAND_MODULES = (run, deployment, inspect, load, index, search, recall, gc, batches)
 
 
 class _Parser(argparse.ArgumentParser):

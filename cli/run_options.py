@@ -8,6 +8,7 @@ import argparse
 
 from cli.arguments import (
     DEFAULT_LEDGER,
+    INDEX_HELP,
     LEDGER_HELP,
     MAX_DELETE_HELP,
     fraction,
@@ -288,6 +289,7 @@ def add_run_arguments(run: argparse.ArgumentParser, *, command_options: bool = T
     run.add_argument(
         "--max-delete-fraction", type=fraction, default=0.5, metavar="SHARE", help=MAX_DELETE_HELP
     )
+    run.add_argument("--index", choices=("now", "later"), default="now", help=INDEX_HELP)
     run.add_argument(
         "--batch-api",
         action="store_true",

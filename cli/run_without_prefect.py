@@ -13,8 +13,8 @@ from flows.driver import HandedToFlow, Steps
 
 if TYPE_CHECKING:
     from cli.plan_ahead import PlanAhead
-    from embedline.models import RunSummary
     from embedline.settings import RunSettings
+    from embedline.summary import RunSummary
     from flows.dispatch import Dispatched
     from flows.run import Run, Work
     from flows.session import Session
@@ -134,6 +134,7 @@ class _CommandSteps(Steps):
             settings.ledger,
             manifest=manifest,
             allow_failed_rows=settings.allow_failed_rows,
+            index=settings.index,
         )
         if loaded is None:
             raise HandedToFlow

@@ -24,9 +24,10 @@ from embedline.errors import (
     StopRequestedError,
 )
 from embedline.keys import chunk_key, request_key, row_key, run_key, text_sha256
-from embedline.models import ChunkOutcome, ChunkSpec, DeadLetter, InputPlan, Row, RunSummary
+from embedline.models import ChunkOutcome, ChunkSpec, DeadLetter, InputPlan, Row
 from embedline.protocols import EmbeddingClient, Embeddings, ObjectStore, PutResult
 from embedline.settings import RunSettings
+from embedline.summary import RunSummary
 
 __all__ = [
     "BadResponseError",

@@ -7,15 +7,13 @@ holds a secret; only ``Row`` holds input text, and its ``repr`` leaves the text 
 from __future__ import annotations
 
 import builtins
-import math
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 __all__ = [
-    "BATCH_PRICE_FACTOR",
     "EMPTY_TEXT",
     "RETRYABLE_DEAD_LETTERS",
     "BatchLayout",
@@ -26,12 +24,10 @@ __all__ = [
     "InputPlan",
     "InputSource",
     "LoadDeadLetter",
-    "LoadSummary",
     "ManifestChunk",
     "ReusePlan",
     "ReuseSource",
     "Row",
-    "RunSummary",
     "blocking_dead_letters",
     "chunk_generation",
     "chunk_object_key",
@@ -39,13 +35,8 @@ __all__ = [
     "dead_letters_block_message",
     "dead_letters_phrase",
     "empty_texts_phrase",
-    "load_dead_letters_end",
     "manifest_object_key",
-    "run_cost",
-    "saved_phrase",
     "shown_id",
-    "tokens_avoided",
-    "usd",
 ]
 
 
@@ -437,208 +428,8 @@ class ManifestChunk:
         )
 
 
-#: The Batch API's price as a share of the synchronous one (OpenAI: 50 % for embeddings).
-BATCH_PRICE_FACTOR = 0.5
-
-
-def usd(amount: float) -> str:
-    """``$1,234.56``; below a cent, four significant digits (``$0.00006235``), never in
-    exponent notation."""
-    if amount >= 0.01 or amount <= 0:
-        return f"${amount:,.2f}"
-    return f"${amount:.{3 - math.floor(math.log10(amount))}f}".rstrip("0")
-
-
-def run_cost(tokens: int, batch_tokens: int, price_per_million: float) -> tuple[float, float]:
-    """(USD spent, USD the Batch API saved) for ``tokens``, of which ``batch_tokens`` were
-    billed at the batch price (``BATCH_PRICE_FACTOR`` of ``price_per_million``, the
-    synchronous USD per 1M tokens)."""
-    batch = min(batch_tokens, tokens)
-    spent = ((tokens - batch) + batch * BATCH_PRICE_FACTOR) * price_per_million / 1e6
-    return spent, batch * (1 - BATCH_PRICE_FACTOR) * price_per_million / 1e6
-
-
-def tokens_avoided(
-    rows: int, *, estimated: int, tokens: int, inputs: int, rows_total: int
-) -> dict[str, int | bool]:
-    """The ``tokens_saved`` of ``rows`` rows that reuse and deduplication kept from the API,
-    and whether it is measured (``tokens_saved_measured``).
-
-    Measured when the run has reported tokens for charged inputs: ``rows`` times this run's
-    tokens per input, never more than that rate gives for all ``rows_total`` rows. Otherwise
-    ``estimated`` (``estimate_tokens`` of the rows' texts: UTF-8 bytes / 3, above what
-    English costs), an upper bound, not measured.
-    """
-    rows = max(0, min(rows, rows_total))
-    if tokens > 0 and inputs > 0:
-        per_input = tokens / inputs
-        saved = min(round(rows * per_input), round(rows_total * per_input))
-        return {"tokens_saved": saved, "tokens_saved_measured": True}
-    return {"tokens_saved": estimated if rows else 0, "tokens_saved_measured": False}
-
-
-def saved_phrase(
-    *, rows: int, tokens_saved: int, measured: bool, tokens: int, inputs: int, price: float | None
-) -> str:
-    """What reuse and deduplication avoided, for the summaries: the ``rows`` not sent and
-    their tokens (``tokens_avoided``: ``measured`` at this run's ``tokens`` per charged
-    input, else the byte estimate, an upper bound), priced at ``price`` (USD per 1M tokens)
-    when given."""
-    if not rows:
-        return "nothing (no row reused or deduplicated)"
-    money = f"{usd(tokens_saved * price / 1e6)}: " if price is not None else ""
-    if measured:
-        return (
-            f"{money}{tokens_saved:,} tokens for {rows:,} rows not sent (at this run's "
-            f"{tokens / max(inputs, 1):,.1f} tokens per input)"
-        )
-    return (
-        f"at most {money}{tokens_saved:,} tokens for {rows:,} rows not sent (UTF-8 bytes / 3: "
-        "nothing charged this run to measure tokens per input)"
-    )
-
-
-@dataclass(slots=True)
-class RunSummary:
-    """What a run did, for the CLI, the flow's final state and artifacts. Counts only.
-
-    ``exit_code`` follows docs/reference/cli.md: 0 done, 1 incomplete, 2 input error, 3 fatal,
-    130/143 interrupted. Rows are data records; ``wall_s`` is seconds; ``tokens`` as
-    reported by the API.
-    """
-
-    exit_code: int
-    status: str
-    message: str
-    run_key: str | None = None
-    output: str | None = None
-    manifest_uri: str | None = None
-    rows_total: int = 0
-    rows_published: int = 0
-    rows_skipped: int = 0
-    rows_failed: int = 0
-    # a delta night (docs/nights.md): the run it builds on and the rows kept from its objects
-    delta_base: str | None = None
-    rows_inherited: int = 0
-    chunks_total: int = 0
-    chunks_published: int = 0
-    chunks_skipped: int = 0
-    chunks_failed: int = 0
-    chunks_released: int = 0
-    chunks_not_run: int = 0
-    # published meanwhile by another run sharing the work (not "before"; counted in skipped)
-    rows_concurrent: int = 0
-    chunks_concurrent: int = 0
-    tokens: int = 0
-    requests: int = 0
-    wall_s: float = 0.0
-    dimensions: int | None = None
-    inputs: int = 0  # texts the API answered with vectors (charged); an in-process model's
-    # texts embedded
-    # requests that got no vectors (rate limited, a server error, a timeout), sent again or
-    # given up, and the texts they carried: not charged (counted in-process: 0 on Dask)
-    requests_retried: int = 0
-    inputs_retried: int = 0
-    rows_reused: int = 0  # vectors copied from objects of earlier runs
-    rows_deduplicated: int = 0  # rows whose text this run embedded once for another row
-    # tokens reuse and deduplication avoided (``tokens_avoided``): measured at this run's
-    # reported tokens per charged input, or (``tokens_saved_measured`` False: nothing was
-    # charged to measure) the byte estimate, an upper bound
-    tokens_saved: int = 0
-    tokens_saved_measured: bool = False
-    price_per_million_tokens: float | None = None  # USD, for the cost estimate
-    # change set against the previous committed run (None: not committed / v1 manifest)
-    rows_added: int | None = None
-    rows_changed: int | None = None
-    rows_removed: int | None = None
-    rows_unchanged: int | None = None
-    changes_object: str | None = None
-    changes_base: str | None = None
-    load: dict[str, object] | None = None  # the LoadSummary of ``--sink``, when given
-    # a retry of a committed run's dead letters (docs/reference/output-layout.md, "Generations"):
-    # its generation, the run it supersedes
-    generation: int = 0
-    supersedes: str | None = None
-    rows_empty: int = 0  # empty texts skipped (--on-empty-text skip), counted in rows_failed
-    # Batch API mode: of ``tokens``, those billed at the batch price (half), of ``inputs``
-    # the texts batches answered, and the batches
-    batch_tokens: int = 0
-    batches: int = 0
-    batch_inputs: int = 0
-
-    def to_dict(self) -> dict[str, object]:
-        """Return the summary as a JSON-ready dict."""
-        return asdict(self)
-
-
-@dataclass(slots=True)
-class LoadSummary:
-    """What loading a committed run into a sink did (docs/reference/sinks.md). Counts only, no text.
-
-    ``exit_code``: 0 loaded, 1 chunks failed to load (rerun resumes) or rows the sink refuses
-    for good (``rows_failed`` load dead letters, without ``allow_failed_rows``: a rerun says
-    so again at once), 2 usage or input error, 3 a mismatch or refusal retrying cannot fix.
-    ``mode`` is ``replace`` (rows of
-    other runs deleted after every chunk loaded) or ``changes`` (only the change set's
-    added and changed rows upserted, its removed ids deleted). Rows are vectors; ``wall_s``
-    seconds; ``rows_skipped`` counts rows of chunks loaded into this sink before.
-    """
-
-    exit_code: int
-    status: str
-    message: str
-    sink: str | None = None
-    run_key: str | None = None
-    mode: str | None = None
-    rows_loaded: int = 0
-    rows_skipped: int = 0
-    rows_deleted: int = 0
-    chunks_total: int = 0
-    chunks_loaded: int = 0
-    chunks_skipped: int = 0
-    chunks_failed: int = 0
-    wall_s: float = 0.0
-    # load dead letters: rows the sink refuses for good (docs/reference/sinks.md)
-    rows_failed: int = 0
-    index_s: float = 0.0  # seconds the sink's index build (pgvector HNSW) or compaction took
-    index_state: str = ""  # what it did: "HNSW index built", "HNSW index present", "compacted…"
-    # model cutover (``--alias``): the alias, the table it now points at, and the one before
-    alias: str | None = None
-    alias_table: str | None = None
-    alias_previous: str | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        """Return the summary as a JSON-ready dict."""
-        return asdict(self)
-
-
 def shown_id(row_id: str) -> str:
     """An id for a log line or message: repr-quoted (a NUL shows as ``\\x00``), at most 40
     characters, with its length when cut."""
     text = repr(row_id)
     return text if len(text) <= 40 else f"{text[:37]}... ({len(row_id):,} characters)"
-
-
-def load_dead_letters_end(
-    summary: LoadSummary, dead: Sequence[LoadDeadLetter], allowed: bool
-) -> LoadSummary:
-    """A finished load with rows the sink refuses for good: exit 1 naming them (a rerun
-    cannot load them, so it says the same at once), or 0 with ``allow_failed_rows``."""
-    if not dead:
-        return summary
-    shown = ", ".join(f"{shown_id(d.id)} ({d.reason}: {d.message})" for d in dead[:3])
-    more = f" and {len(dead) - 3} more" if len(dead) > 3 else ""
-    listing = f"embedline dead-letters {(summary.run_key or '')[:12]} --sink '{summary.sink}'"
-    what = (
-        f"{dead_letters_phrase(len(dead))} of the load: the sink refuses them for good "
-        f"({shown}{more}; see `{listing}`); the run's other rows are loaded"
-    )
-    if allowed:
-        return replace(summary, rows_failed=len(dead), message=what)
-    advice = (
-        ": fix those ids (or the table) in the input, or accept them with "
-        "--allow-failed-rows (parameter allow_failed_rows)"
-    )
-    return replace(
-        summary, rows_failed=len(dead), exit_code=1, status="dead_letters", message=what + advice
-    )

@@ -97,6 +97,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "output",
             "ledger",
             "sink",
+            "index",
             "max_delete_fraction",
             "compact",
             "allow_failed_rows",

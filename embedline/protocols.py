@@ -342,6 +342,12 @@ class VectorSink(Protocol):
         it did in a few words, for the load summary ("HNSW index built", "compacted")."""
         ...
 
+    def needs_index(self) -> bool:
+        """Whether ``finalize`` has an index to build (pgvector: the HNSW index is missing
+        or INVALID): part of what the sink holds, so a load of a run the table already holds
+        builds it rather than ending ``already_loaded``. False for stores that build none."""
+        ...
+
     def search(
         self,
         vector: np.ndarray,

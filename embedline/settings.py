@@ -239,6 +239,8 @@ class RunSettings(BaseModel):
     # the most a commit's change set (share of the base run's rows) or a load (share of the
     # sink's rows) may delete before it stops, exit 2 (docs/reference/sinks.md)
     max_delete_fraction: float = Field(default=0.5, ge=0, le=1, allow_inf_nan=False)
+    # when the sink's index is built: after the load, or by `embedline index TARGET` later
+    index: Literal["now", "later"] = "now"
     # Batch API mode (docs/design.md, "Batch API mode"): the openai embedder's requests go into
     # batches (half price, within 24 h); polled every ``batch_poll_interval_s`` seconds at
     # most; at most ``batch_max_inputs`` inputs per batch (OpenAI: 50,000); what batches

@@ -33,9 +33,10 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.exceptions import PrefectException
 
-from embedline.models import DeadLetter, LoadSummary, RunSummary, run_cost, saved_phrase, usd
+from embedline.models import DeadLetter
 from embedline.progress import Progress, Throughput, Usage, batches_phrase, duration_phrase
 from embedline.shutdown import STOP
+from embedline.summary import LoadSummary, RunSummary, run_cost, saved_phrase, usd
 
 __all__ = [
     "ProgressArtifact",
@@ -498,8 +499,13 @@ def load_rows_phrase(summary: LoadSummary) -> str:
 
 
 def index_phrase(summary: LoadSummary) -> str:
-    """``HNSW index built in 86.5 s``; ``-`` when the load did not get that far."""
-    return f"{summary.index_state} in {summary.index_s:.1f} s" if summary.index_state else "-"
+    """``HNSW index built in 86.5 s``; ``-`` when the load did not get that far; a deferred
+    build as it is (nothing built, no seconds to give)."""
+    if not summary.index_state:
+        return "-"
+    if summary.index_state.startswith("deferred"):
+        return summary.index_state
+    return f"{summary.index_state} in {summary.index_s:.1f} s"
 
 
 def publish_load_summary(summary: LoadSummary) -> None:

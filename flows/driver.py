@@ -32,8 +32,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from embedline.errors import DiskFullError
-from embedline.models import RunSummary
 from embedline.shutdown import STOP
+from embedline.summary import RunSummary
 from flows.disk_full_summary import disk_full_fields
 from flows.dispatch import Dispatched
 from flows.interrupt_handlers import only_reporting_left

@@ -19,7 +19,6 @@ from prefect.states import Completed, Failed
 from pydantic import ValidationError
 
 from adapters.embeddings import api_key_from_env
-from embedline.models import RunSummary
 from embedline.parameters import (
     BatchModeParameters,
     DestinationParameters,
@@ -35,6 +34,7 @@ from embedline.settings import (
     validation_message,
 )
 from embedline.shutdown import STOP
+from embedline.summary import RunSummary
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows import cancellation
 from flows.api_key import export_api_key_from_block
@@ -80,9 +80,11 @@ def embed_csv(
 
     With ``sink``, the committed run is then loaded into that vector store (``load-chunk``
     tasks; docs/reference/sinks.md); ``max_delete_fraction``: docs/reference/output-layout.md,
-    "Mass deletes at commit". Units: ``chunk_size``/``batch_size`` rows, ``concurrency``
-    in-flight requests, ``rpm`` requests/min, ``tpm`` tokens/min, ``timeout`` seconds per
-    request, ``max_attempts`` per request (first try included). Returns a Completed or
+    "Mass deletes at commit"; ``index`` ``later``: the sink's index is not built after the
+    load (``embedline index TARGET`` builds it; the summary says so). Units:
+    ``chunk_size``/``batch_size`` rows, ``concurrency`` in-flight requests, ``rpm``
+    requests/min, ``tpm`` tokens/min, ``timeout`` seconds per request, ``max_attempts`` per
+    request (first try included). Returns a Completed or
     Failed state carrying the summary (Cancelled if cancelled from Prefect:
     ``flows.cancellation``).
 

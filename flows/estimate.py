@@ -33,9 +33,10 @@ import numpy as np
 from adapters.csv_chunks import read_chunk
 from adapters.embeddings import estimate_tokens
 from adapters.ledger import Ledger
-from embedline.models import BATCH_PRICE_FACTOR, InputPlan, usd
+from embedline.models import InputPlan
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
+from embedline.summary import BATCH_PRICE_FACTOR, usd
 from flows.run import Run
 from tasks.plan.published import find_published
 from tasks.reuse.stage import Log, ReuseStage

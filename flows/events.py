@@ -17,7 +17,7 @@ import json
 import uuid
 from typing import Any
 
-from embedline.models import LoadSummary, RunSummary, run_cost
+from embedline.summary import LoadSummary, RunSummary, run_cost
 
 __all__ = [
     "DEAD_LETTERS_EXCEEDED",

@@ -21,17 +21,14 @@ what was committed to the sink is held, so it is not loaded again.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.client.schemas.objects import State
@@ -41,15 +38,17 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from adapters.ledger import Ledger
 from adapters.sinks.factory import open_alias
-from embedline.errors import ConflictError, EmbedlineError
-from embedline.models import LoadDeadLetter, LoadSummary, ManifestChunk, load_dead_letters_end
+from embedline.errors import EmbedlineError
+from embedline.models import LoadDeadLetter, ManifestChunk
 from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import VectorSink
 from embedline.shutdown import STOP
+from embedline.summary import LoadSummary, load_dead_letters_end
 from flows.artifacts import publish_load_summary
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
 from flows.events import emit_load_completed
 from flows.interrupt_handlers import take_over_sigterm
+from flows.load_index import index_stage
 from tasks.embed.failures import status_for
 from tasks.embed.task import store_for
 from tasks.lease.load_lease import load_lease
@@ -62,6 +61,7 @@ from tasks.load.sink_state import (
     check_delete_share,
     ensure_run_table,
     left_to_load,
+    load_mode,
     plan_load,
 )
 from tasks.load.task import LoadedChunk, LoadJob, load_chunk, sink_for
@@ -81,6 +81,7 @@ def load_run(
     allow_failed_rows: bool = False,
     lancedb_keep_versions_s: float | None = None,
     alias: str | None = None,
+    index: Literal["now", "later"] = "now",
 ) -> State[Any]:
     """Load committed run ``run`` (key or ≥ 8-hex prefix; default the latest) of ``output``
     into the sink ``to``; refuse (exit 2) to delete more than ``max_delete_fraction`` (0..1)
@@ -91,7 +92,8 @@ def load_run(
 
     ``allow_failed_rows``: rows the sink refuses for good (load dead letters) do not make
     the load fail (exit 0). ``lancedb_keep_versions_s``: LanceDB versions older than this
-    (seconds) are pruned after the load (default 3,600)."""
+    (seconds) are pruned after the load (default 3,600). ``index`` ``later``: the sink's
+    index is not built (``embedline index TARGET`` builds it); the summary says so."""
     take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     started = time.monotonic()
     try:
@@ -113,6 +115,7 @@ def load_run(
                 max_delete_fraction=max_delete_fraction,
                 allow_failed_rows=allow_failed_rows,
                 keep_versions_s=lancedb_keep_versions_s,
+                index=index,
             )
         )
     finally:
@@ -153,6 +156,7 @@ def load_stage(
     allow_failed_rows: bool = False,
     keep_versions_s: float | None = None,
     on_stage: Callable[[str, str], None] | None = None,
+    index: Literal["now", "later"] = "now",
 ) -> LoadSummary:
     """Load the run of ``manifest`` (published under ``output``) into ``sink_uri``: take the
     table to exactly the run's rows, decided by what the sink holds (``tasks.load.sink_state``).
@@ -163,9 +167,13 @@ def load_stage(
     length, so gc keeps what it reads. Rows the sink refuses for good are load dead
     letters: the rest is loaded and the load finishes; the summary says ``dead_letters``,
     exit 1, unless ``allow_failed_rows``. ``keep_versions_s``: see ``load_run``. A load that
-    changed the sink and ended with exit 0 emits ``embedline.load.completed``. ``on_stage``
-    receives the load's progress as it goes (``("load", phrase)`` after each wave of chunks,
-    ``("index", phrase)`` around the index build): the progress artifact's own lines.
+    changed the sink and ended with exit 0 emits ``embedline.load.completed``. The index
+    is built last, in its own ``build-index`` task run (``tasks.load.task.build_index``),
+    unless ``index`` is ``later``; a sink holding the run's rows but not its index
+    (``VectorSink.needs_index``) gets it built, status ``loaded``, not ``already_loaded``.
+    ``on_stage`` receives the load's progress as it goes (``("load", phrase)`` after each
+    wave of chunks, ``("index", phrase)`` around the index build): the progress artifact's
+    own lines.
     """
     with contextlib.ExitStack() as held:
         try:
@@ -180,7 +188,7 @@ def load_stage(
                 run_key=str(manifest["run_key"]),
             )
         options = _Options(
-            max_delete_fraction, allow_failed_rows, keep_versions_s, on_stage=on_stage
+            max_delete_fraction, allow_failed_rows, keep_versions_s, index, on_stage=on_stage
         )
         summary = _load_stage(
             output=output, manifest=manifest, sink_uri=sink_uri, ledger=ledger, options=options
@@ -217,7 +225,7 @@ def _load_stage(
     base.sink = sink.identity
     try:
         run, plan = left_to_load(store_for(output), manifest, sink, columns)
-        mode = _mode(output, manifest, plan)
+        mode = load_mode(store_for(output), manifest, plan)
     except EmbedlineError as exc:
         return _with(
             base,
@@ -248,19 +256,29 @@ def _load_stage(
     if plan.done:
         logger.info("%s holds exactly run %s (%d rows)", sink.identity, run_key, total)
         cached = ledger.sink_load(sink.identity, run_key)
-        if cached is None or cached.state != "loaded":  # e.g. killed before its index
-            try:
-                base = _finalized(base, sink, options)
-            except EmbedlineError as exc:
-                return _with(
-                    base,
-                    started,
-                    exit_code=exc.exit_code if exc.exit_code == 3 else 1,
-                    status="incomplete",
-                    message=f"{exc}; rerun the same command",
-                )
+        try:
+            # the index is part of what the sink holds: one missing (a build cancelled, or
+            # deferred) is built now
+            missing = options.index == "now" and sink.needs_index()
+            if missing or cached is None or cached.state != "loaded":  # killed before its index
+                base = index_stage(base, sink, options.index, options.keep_versions_s, options.show)
+        except EmbedlineError as exc:
+            return _with(
+                base,
+                started,
+                exit_code=exc.exit_code if exc.exit_code == 3 else 1,
+                status="incomplete",
+                message=f"{exc}; rerun the same command",
+            )
         ledger.start_load(sink.identity, run_key, mode=mode)
         ledger.finish_load(sink.identity, run_key, rows_loaded=total, rows_deleted=0)
+        if missing:
+            return _with(
+                base,
+                started,
+                status="loaded",
+                message="the sink held the run's rows but not its index: index built",
+            )
         return _with(
             base,
             started,
@@ -304,12 +322,14 @@ def _load_stage(
 @dataclass(frozen=True, slots=True)
 class _Options:
     """A load's user options: the mass-delete guard (0..1 of the held rows), whether load
-    dead letters still exit 0, and LanceDB's version retention (seconds; None: default);
-    and the columns the run carries beside its vectors (from its manifest)."""
+    dead letters still exit 0, LanceDB's version retention (seconds; None: default), when
+    the index is built; and the columns the run carries beside its vectors (from its
+    manifest)."""
 
     max_delete_fraction: float
     allow_failed_rows: bool
     keep_versions_s: float | None
+    index: Literal["now", "later"] = "now"
     columns: tuple[str, ...] = ()  # the run's kept columns and text, read with each chunk
     on_stage: Callable[[str, str], None] | None = None  # progress lines: (stage, phrase)
 
@@ -393,7 +413,9 @@ def _converge(
                 )
             plan = plan_load(run, sink.held_keys())
             if plan.done:
-                summary = _finalized(summary, sink, options)
+                summary = index_stage(
+                    summary, sink, options.index, options.keep_versions_s, options.show
+                )
                 break
         except MassDeleteError as exc:
             return _with(
@@ -435,22 +457,6 @@ def _converge(
     )
 
 
-def _finalized(summary: LoadSummary, sink: VectorSink, options: _Options) -> LoadSummary:
-    """Build the sink's index (or compact it), timed: its own line in the summary, so a
-    long HNSW build is not taken for a hang (or for Prefect's start-up).
-
-    :raises EmbedlineError: the sink failed (see ``VectorSink.finalize``).
-    """
-    logger = get_run_logger()
-    started = time.monotonic()
-    options.show("index", "building or compacting (the sink's finalize step)")
-    state = sink.finalize(keep_versions_s=options.keep_versions_s)
-    seconds = round(time.monotonic() - started, 3)
-    logger.info("%s: %s in %.1f s", sink.identity, state, seconds)
-    options.show("index", f"{state} in {seconds:.1f} s")
-    return replace(summary, index_s=seconds, index_state=state)
-
-
 def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:
     """The ``embedline-load-dead-letters`` table artifact (ids and reasons, never text)."""
     if STOP.report.api_lost() is not None:
@@ -469,40 +475,6 @@ def _dead_letters_artifact(dead: list[LoadDeadLetter]) -> None:
         key="embedline-load-dead-letters",
         description=f"{len(dead)} rows the sink refuses (no text)",
     )
-
-
-def _mode(output: str, manifest: dict[str, Any], plan: LoadPlan) -> str:
-    """``changes`` when what the sink lacks and holds beyond the run is exactly the run's
-    change set (the sink holds the change set's base run), else ``replace``."""
-    changes = manifest.get("changes") or {}
-    if not changes.get("base_run_key"):
-        return "replace"
-    try:
-        table = _change_set(output, changes)
-    except FileNotFoundError:  # collected: the plan does not need it
-        return "replace"
-    upsert = pc.is_in(table.column("change"), pa.array(["added", "changed"]))
-    removed = pc.equal(table.column("change"), "removed")
-    same = (
-        set(table.filter(upsert).column("id").to_pylist())
-        == {i for ids in plan.upsert.values() for i in ids}
-        and sorted(table.filter(removed).column("id").to_pylist()) == plan.delete
-    )
-    return "changes" if same else "replace"
-
-
-def _change_set(output: str, changes: dict[str, Any]) -> pa.Table:
-    """The run's change set (``id``, ``change``, ``text_sha256``), checked by SHA-256.
-
-    :raises ConflictError: the object's bytes differ from the manifest's record.
-    """
-    store = store_for(output)
-    body = store.get(str(changes["object"]))
-    if hashlib.sha256(body).hexdigest() != changes["sha256"]:
-        raise ConflictError(
-            f"{store.uri_for(str(changes['object']))} does not match its manifest's SHA-256"
-        )
-    return pq.read_table(io.BytesIO(body), columns=["id", "change"])
 
 
 def _load_chunks(

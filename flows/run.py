@@ -34,7 +34,6 @@ from embedline.models import (
     ChunkOutcome,
     ChunkSpec,
     InputPlan,
-    RunSummary,
     chunk_generation,
     committed_dead_letters_note,
     manifest_object_key,
@@ -43,6 +42,7 @@ from embedline.progress import Usage
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
+from embedline.summary import RunSummary
 from flows.dispatch import DispatchResult
 from flows.events import run_payload
 from flows.interrupt_handlers import committing

@@ -14,10 +14,10 @@ from embedline.models import (
     InputPlan,
     blocking_dead_letters,
     dead_letters_block_message,
-    tokens_avoided,
 )
 from embedline.progress import Usage
 from embedline.shutdown import STOP
+from embedline.summary import tokens_avoided
 from flows.dispatch import DispatchResult
 
 if TYPE_CHECKING:

@@ -12,9 +12,10 @@ from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
 from adapters.embeddings import close_embedders
-from embedline.models import InputPlan, RunSummary
+from embedline.models import InputPlan
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
+from embedline.summary import RunSummary
 from flows import session as sessions
 from flows.artifacts import ProgressArtifact, index_phrase, load_rows_phrase, publish_summary
 from flows.dispatch import Dispatched
@@ -104,6 +105,7 @@ class _FlowSteps(Steps):
                 max_delete_fraction=settings.max_delete_fraction,
                 allow_failed_rows=settings.allow_failed_rows,
                 on_stage=self.progress.stage if self.progress is not None else None,
+                index=settings.index,
             )
         finally:
             if opened_here:

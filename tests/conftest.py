@@ -14,6 +14,7 @@ import tempfile
 from tests.support.fixtures import fake_openai  # noqa: F401
 from tests.support.moto_server import moto_endpoint, s3_bucket, s3_client  # noqa: F401
 from tests.support.pg_server import pg_uri  # noqa: F401
+from tests.support.pgbouncer_server import pgbouncer_uri  # noqa: F401
 from tests.support.prefect_server import prefect_api_url  # noqa: F401
 from tests.support.s3_servers import (  # noqa: F401
     conditional_s3_endpoint,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 
 from embedline.errors import CostCapError
-from embedline.models import usd
+from embedline.summary import usd
 
 __all__ = ["SpendCap"]
 

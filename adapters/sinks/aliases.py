@@ -47,7 +47,8 @@ class PgAlias:
             from adapters.sinks.pg_errors import translate
 
             try:
-                self._conn = psycopg.connect(self.dsn, connect_timeout=10)
+                # no prepared statements: PgBouncer in transaction mode (pgvector.py)
+                self._conn = psycopg.connect(self.dsn, connect_timeout=10, prepare_threshold=None)
             except psycopg.Error as exc:
                 raise translate(exc, f"PostgreSQL {self.dsn}") from None
         return self._conn

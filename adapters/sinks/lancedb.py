@@ -286,6 +286,10 @@ class LanceDBSink(KeptColumnsCache):
             result = self._require().delete(f"run_key != {_quote(run_key)}")
             return int(result.num_deleted_rows)
 
+    def needs_index(self) -> bool:
+        """Never: this store builds no index a load must wait for (``finalize``)."""
+        return False
+
     @_writes
     def finalize(self, *, keep_versions_s: float | None = None) -> str:
         """Compact fragments and prune versions older than ``keep_versions_s`` seconds

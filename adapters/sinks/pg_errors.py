@@ -16,6 +16,8 @@ Error Codes"), most specific first:
 - **retry**: no SQLSTATE (the client lost or never got its connection) or classes 08
   (connection), 40 (serialization failure, deadlock), 53 (insufficient resources, disk full),
   55 (lock not available), 57 (operator intervention, query canceled), 58 (system I/O).
+  ``57014`` (query canceled) is named as such: a timeout the server or a pooler enforces
+  (``statement_timeout``, ``query_timeout``) or an operator's cancel, not a server down.
 - **fatal**: anything else (a refusal a rerun would meet again).
 
 Messages use the server's primary message only: its DETAIL may quote the row's values.
@@ -102,6 +104,8 @@ def translate(exc: Exception, where: str) -> Exception:
         advice = (
             "free space on the database server"
             if str(state).startswith("53")
+            else _CANCELLED
+            if state == "57014"
             else "check that the server is running"
         )
         return RetryableError(f"{where}: {one_line(exc)}; {advice}")
@@ -115,6 +119,13 @@ def translate(exc: Exception, where: str) -> Exception:
         return exc  # a client-side misuse: a bug, reported as such
     return FatalError(f"{where}: PostgreSQL refused it ({state}: {one_line(exc)})")
 
+
+#: 57014 query_canceled: the server stopped the statement, it did not fail.
+_CANCELLED = (
+    "the server cancelled the statement (57014): a timeout it enforces — the role's or "
+    "database's statement_timeout (ALTER ROLE … SET statement_timeout = 0), or a pooler's "
+    "query_timeout — or someone cancelled it; lift the timeout for this role"
+)
 
 _TEXT_TYPES = ("text", "character varying")
 _MIN_KEY_LENGTH = 80  # run keys (64 hex + a generation suffix) and SHA-256 hex (64)

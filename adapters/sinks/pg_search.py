@@ -107,11 +107,15 @@ def filtered_search(
     where: Sequence[tuple[str, str]] = (),
     *,
     exact: bool = False,
+    half_dims: int | None = None,
 ) -> list[tuple[Any, ...]]:
     """Up to ``k`` ``(id, cosine distance, *values of columns)`` of ``table``, nearest first,
     among the rows whose ``where`` columns equal their values; in ``conn``'s current
     transaction (the ``SET LOCAL``s end with it). ``vector``: float32, the table's length.
-    ``exact``: the exact scan, never the index (ties in distance ordered by id)."""
+    ``exact``: the exact scan, never the index (ties in distance ordered by id).
+    ``half_dims``: the table's HNSW index is over ``embedding::halfvec(half_dims)``
+    (2,001–4,000 dimensions): searches that may use it order by the distance cast the same
+    way, as the index only serves that expression (distances then in half precision)."""
     from psycopg import sql
 
     plan = "exact" if exact else search_plan(conn, table, index, where)
@@ -137,8 +141,13 @@ def filtered_search(
         }
         for name, value in settings.items():
             conn.execute("SELECT set_config(%s, %s, true)", (name, value))
+    distance = (
+        sql.SQL("embedding::halfvec({d}) <=> %s::halfvec({d})").format(d=sql.Literal(half_dims))
+        if half_dims
+        else sql.SQL("embedding <=> %s")
+    )
     query = sql.SQL(
-        "SELECT id, embedding <=> %s AS distance{extra} FROM {table} WHERE {condition} "
+        "SELECT id, {distance} AS distance{extra} FROM {table} WHERE {condition} "
         "ORDER BY distance LIMIT %s"
-    ).format(extra=extra, table=table, condition=condition)
+    ).format(distance=distance, extra=extra, table=table, condition=condition)
     return list(conn.execute(query, [vector, *values, k]).fetchall())

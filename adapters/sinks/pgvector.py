@@ -8,8 +8,11 @@ Table (created if absent; the comment holds embedline's metadata as JSON)::
                     [, kept_sha256 text, "Kept Column" text, …] [, text text])
 
 Kept columns are ``text`` columns named as in the CSV (quoted with
-``psycopg.sql.Identifier``, never pasted into SQL).
-    CREATE INDEX t_embedding_hnsw ON t USING hnsw (embedding vector_cosine_ops)
+``psycopg.sql.Identifier``, never pasted into SQL). The index (``finalize``)::
+
+    CREATE INDEX t_embedding_hnsw ON t USING hnsw (embedding vector_cosine_ops)  -- d ≤ 2,000
+    CREATE INDEX t_embedding_hnsw ON t
+        USING hnsw ((embedding::halfvec(d)) halfvec_cosine_ops)              -- d ≤ 4,000
 
 Each upsert is one transaction: one binary ``COPY`` of the batch into a temporary table
 (``ON COMMIT DROP``), then one ``INSERT … SELECT … ON CONFLICT (id) DO UPDATE`` from it into
@@ -18,9 +21,11 @@ in savepoints. Nothing outlives the transaction (no session settings, no prepare
 statements: ``prepare_threshold=None``), so a pooler in transaction mode (PgBouncer) may
 hand each transaction another server connection. The HNSW index is built after the first
 load, not before: pgvector builds it faster over existing rows than row by row (pgvector
-README, "HNSW"); HNSW indexes ``vector`` of at most 2,000 dimensions, so longer vectors are
-searched without one. Most of an upsert's time into an indexed table is the index's: each
-new row version is inserted into the HNSW graph (``benchmarks/bench_pg_upsert.py``).
+README, "HNSW"); HNSW indexes ``vector`` of at most 2,000 dimensions and ``halfvec`` of at
+most 4,000, so vectors of 2,001–4,000 dimensions are indexed as ``halfvec`` (searches cast
+the same way) and longer ones are searched without an index. Most of an upsert's time into
+an indexed table is the index's: each new row version is inserted into the HNSW graph
+(``benchmarks/bench_pg_upsert.py``).
 The password comes only from libpq's environment (``PGPASSWORD``, ``~/.pgpass``).
 """
 
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -53,7 +58,14 @@ from adapters.sinks.pg_errors import (
     unique_id_sql,
 )
 from adapters.sinks.pg_errors import translate as _translate
-from adapters.sinks.pg_index import index_build_settings, progress_lines
+from adapters.sinks.pg_index import (
+    HALFVEC_MAX_DIMENSIONS,
+    VECTOR_MAX_DIMENSIONS,
+    index_build_settings,
+    index_method,
+    index_state,
+    progress_lines,
+)
 from adapters.sinks.pg_search import filtered_search
 from adapters.sinks.pg_upsert import Batch, refused_before_sending, upsert_staged
 from embedline.errors import FatalError, RetryableError
@@ -65,7 +77,7 @@ __all__ = ["HNSW_MAX_DIMENSIONS", "PgVectorSink"]
 logger = logging.getLogger("embedline")
 progress_logger = logging.getLogger(PROGRESS_LOGGER)  # shown at INFO (embedline.progress)
 
-HNSW_MAX_DIMENSIONS = 2000  # pgvector: "vector - up to 2,000 dimensions" for HNSW indexes
+HNSW_MAX_DIMENSIONS = HALFVEC_MAX_DIMENSIONS  # the longest vectors indexed (as halfvec)
 
 
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are cut silently
@@ -86,6 +98,8 @@ class PgVectorSink(KeptColumnsCache):
 
     parallel_loads = 2
     progress_interval_s = 10.0  # seconds between the index build's progress lines
+    #: called with (rows done, rows) at each progress line of an index build; returns at once
+    on_progress: Callable[[int, int], None] | None = None
 
     def __init__(self, dsn: str, *, table: str) -> None:
         self.dsn = dsn
@@ -323,58 +337,100 @@ class PgVectorSink(KeptColumnsCache):
             return int(cursor.rowcount)
 
     def finalize(self, *, keep_versions_s: float | None = None) -> str:
-        """Create the HNSW cosine index if absent (vectors of ≤ 2,000 dimensions); return
-        what was done, for the load summary. ``keep_versions_s`` is LanceDB's: PostgreSQL
-        keeps no table versions.
+        """Create the HNSW cosine index if absent (``vector`` up to 2,000 dimensions,
+        ``halfvec`` up to 4,000: ``pg_index.index_method``) and refresh the table's
+        statistics; return what was done, for the load summary. An INVALID index of that
+        name (a cancelled ``CREATE INDEX CONCURRENTLY``) is dropped and built again.
+        ``keep_versions_s`` is LanceDB's: PostgreSQL keeps no table versions. Through an
+        alias (a view embedline made), the table it points at gets the index.
 
-        The build gets what PostgreSQL offers for it (``index_build_settings``): enough
-        ``maintenance_work_mem`` for the graph and parallel maintenance workers, set for its
-        transaction only; while it runs, a line every ``progress_interval_s`` seconds says how
-        far it got (``pg_stat_progress_create_index``, read on a second connection).
+        One transaction, its first statement ``SET LOCAL statement_timeout = 0``: a role
+        with a statement timeout (managed services set one) does not cancel the build. The
+        build gets what the server offers for it (``pg_index.index_build_settings``: memory
+        for the graph, parallel workers within its cores), set for the transaction only;
+        while it runs, a line every ``progress_interval_s`` seconds says how far it got
+        (``pg_stat_progress_create_index``, read on a second connection).
+
+        :raises RetryableError: the server cancelled the build anyway (57014: a timeout it
+            enforces otherwise, e.g. a pooler's ``query_timeout``), named as the cause.
         """
         from psycopg import sql
 
-        found = self.describe()
-        if found is None or found.dimensions > HNSW_MAX_DIMENSIONS:
-            logger.warning(
-                "%s: no HNSW index for %s-dimension vectors (pgvector indexes at "
-                "most %d); searches scan the table",
-                self.identity,
-                found and found.dimensions,
-                HNSW_MAX_DIMENSIONS,
-            )
-            return "no index (vectors too long for HNSW)"
-        name = f"{self.table_name}_embedding_hnsw"
         with self._transaction("index") as conn:
+            conn.execute("SELECT set_config('statement_timeout', '0', true)")
+            shape = self._shape(conn)
+            method = index_method(shape[0]) if shape is not None and shape[0] else None
+            if shape is None or method is None:
+                logger.warning(
+                    "%s: no HNSW index for %s-dimension vectors (pgvector indexes at most "
+                    "%d, as halfvec); searches scan the table",
+                    self.identity,
+                    shape and shape[0],
+                    HALFVEC_MAX_DIMENSIONS,
+                )
+                return "no index (vectors too long for HNSW)"
+            table = sql.Identifier(self._indexed_table(conn))
             # fresh statistics: a filtered search picks its plan from them (pg_search)
-            conn.execute(sql.SQL("ANALYZE {}").format(self._ident()))
-            present = conn.execute(
-                "SELECT to_regclass(%s) IS NOT NULL", ('"' + name + '"',)
-            ).fetchone()[0]
-            if present:
+            conn.execute(sql.SQL("ANALYZE {}").format(table))
+            name = self._index_name(conn)
+            state = index_state(conn, '"' + name + '"')
+            if state == "valid":
                 return "HNSW index present"
-            settings = index_build_settings(conn, rows=found.rows, dimensions=found.dimensions)
-            for setting, value in settings.items():
-                conn.execute(
-                    sql.SQL("SELECT set_config({}, {}, true)").format(
-                        sql.Literal(setting), sql.Literal(value)
-                    )
+            if state == "invalid":
+                logger.warning(
+                    "%s: index %s is INVALID (a cancelled CREATE INDEX CONCURRENTLY?): "
+                    "dropped, built again",
+                    self.identity,
+                    name,
                 )
-            progress_logger.info(
-                "%s: building the HNSW index over %d rows (%s)",
-                self.identity,
-                found.rows,
-                ", ".join(f"{k} {v}" for k, v in settings.items()),
+                conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
+            self._build(conn, table, name, shape[0], method)
+        return "HNSW index built" + (" (halfvec)" if shape[0] > VECTOR_MAX_DIMENSIONS else "")
+
+    def _build(self, conn: Any, table: Any, name: str, dims: int, method: Any) -> None:
+        """``CREATE INDEX name ON table method`` in ``conn``'s transaction, with the settings
+        ``index_build_settings`` gives and progress lines."""
+        from psycopg import sql
+
+        rows = int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()[0])
+        settings = index_build_settings(
+            conn,
+            rows=rows,
+            dimensions=dims,
+            bytes_per_dimension=4 if dims <= VECTOR_MAX_DIMENSIONS else 2,
+            advice=", or load with --index later and build it with `embedline index` once set",
+        )
+        for setting, value in settings.items():
+            conn.execute("SELECT set_config(%s, %s, true)", (setting, value))
+        progress_logger.info(
+            "%s: building the HNSW index over %d rows (%s)",
+            self.identity,
+            rows,
+            ", ".join(f"{k} {v}" for k, v in settings.items()) or "the server's settings",
+        )
+        pid = conn.info.backend_pid
+        with progress_lines(
+            self.dsn, pid, self.identity, rows, self.progress_interval_s, self.on_progress
+        ):
+            conn.execute(
+                sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} {}").format(
+                    sql.Identifier(name), table, method
+                )
             )
-            pid = conn.info.backend_pid
-            with progress_lines(self.dsn, pid, self.identity, found.rows, self.progress_interval_s):
-                conn.execute(
-                    sql.SQL(
-                        "CREATE INDEX IF NOT EXISTS {} ON {} "
-                        "USING hnsw (embedding vector_cosine_ops)"
-                    ).format(sql.Identifier(name), self._ident())
-                )
-        return "HNSW index built"
+
+    def _index_name(self, conn: Any) -> str:
+        """The HNSW index's name: ``TABLE_embedding_hnsw`` of the table searches use (for an
+        alias, the table it points at now)."""
+        return f"{self._indexed_table(conn)}_embedding_hnsw"
+
+    def needs_index(self) -> bool:
+        """Whether ``finalize`` has an index to build: vectors pgvector can index, and no
+        valid HNSW index (none, or an INVALID one). One read-only transaction."""
+        with self._transaction("read") as conn:
+            shape = self._shape(conn)
+            if shape is None or index_method(shape[0] or HALFVEC_MAX_DIMENSIONS + 1) is None:
+                return False
+            return index_state(conn, '"' + self._index_name(conn) + '"') != "valid"
 
     def search(
         self,
@@ -407,9 +463,17 @@ class PgVectorSink(KeptColumnsCache):
                     f"{shape[0]} floats, the query has {len(query)}: an "
                     "alias switched models meanwhile; search again"
                 )
-            index = '"' + f"{self._indexed_table(conn)}_embedding_hnsw" + '"'
+            index = '"' + self._index_name(conn) + '"'
+            dims = len(query)
+            # a halfvec index serves only searches cast as it is (pg_index.index_method)
+            half = (
+                dims
+                if VECTOR_MAX_DIMENSIONS < dims <= HALFVEC_MAX_DIMENSIONS
+                and index_state(conn, index) == "valid"
+                else None
+            )
             rows = filtered_search(
-                conn, self._ident(), index, query, k, columns, where, exact=exact
+                conn, self._ident(), index, query, k, columns, where, exact=exact, half_dims=half
             )
         return [(str(i), 1.0 - float(d), *rest) for i, d, *rest in rows]
 

@@ -442,6 +442,10 @@ class QdrantSink(KeptColumnsCache):
                     break
         return pa.table({name: pa.array(values[name], type=pa.string()) for name in key})
 
+    def needs_index(self) -> bool:
+        """Never: this store builds no index a load must wait for (``finalize``)."""
+        return False
+
     def finalize(self, *, keep_versions_s: float | None = None) -> str:
         """Nothing to build: a Qdrant server indexes (HNSW) in the background as points
         arrive; local mode searches exactly. In local mode above 20,000 points, one line

@@ -23,6 +23,8 @@ Memory: about 100 bytes a row for each side (1M rows: ~200 MB of Arrow strings).
 
 from __future__ import annotations
 
+import hashlib
+import io
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,9 +32,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from adapters.sinks.base import KEPT_HASH, sink_columns_of
-from embedline.errors import InputError
+from embedline.errors import ConflictError, InputError
 from embedline.protocols import ObjectStore, SinkColumns, VectorSink
 from tasks.commit.changes import read_entry_keys
 
@@ -43,6 +46,7 @@ __all__ = [
     "check_delete_share",
     "ensure_run_table",
     "left_to_load",
+    "load_mode",
     "plan_load",
     "run_keys",
 ]
@@ -171,3 +175,36 @@ def left_to_load(
     """
     run = run_keys(store, manifest["chunks"], columns.kept)
     return run, plan_load(run, sink.held_keys())
+
+
+def load_mode(store: ObjectStore, manifest: dict[str, Any], plan: LoadPlan) -> str:
+    """``changes`` when what the sink lacks and holds beyond the run is exactly the run's
+    change set (the sink holds the change set's base run), else ``replace``."""
+    changes = manifest.get("changes") or {}
+    if not changes.get("base_run_key"):
+        return "replace"
+    try:
+        table = _change_set(store, changes)
+    except FileNotFoundError:  # collected: the plan does not need it
+        return "replace"
+    upsert = pc.is_in(table.column("change"), pa.array(["added", "changed"]))
+    removed = pc.equal(table.column("change"), "removed")
+    same = (
+        set(table.filter(upsert).column("id").to_pylist())
+        == {i for ids in plan.upsert.values() for i in ids}
+        and sorted(table.filter(removed).column("id").to_pylist()) == plan.delete
+    )
+    return "changes" if same else "replace"
+
+
+def _change_set(store: ObjectStore, changes: dict[str, Any]) -> pa.Table:
+    """The run's change set (``id``, ``change``, ``text_sha256``), checked by SHA-256.
+
+    :raises ConflictError: the object's bytes differ from the manifest's record.
+    """
+    body = store.get(str(changes["object"]))
+    if hashlib.sha256(body).hexdigest() != changes["sha256"]:
+        raise ConflictError(
+            f"{store.uri_for(str(changes['object']))} does not match its manifest's SHA-256"
+        )
+    return pq.read_table(io.BytesIO(body), columns=["id", "change"])

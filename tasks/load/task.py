@@ -1,4 +1,5 @@
-"""The load-chunk task: upsert one published chunk object into a vector-store sink.
+"""The load stage's tasks: ``load-chunk`` upserts one published chunk object into a
+vector-store sink; ``build-index`` builds the sink's index after the last chunk.
 
 It takes a small frozen ``LoadJob`` plus the manifest's entry for the chunk, reads the
 object from the output root (checked against the manifest's SHA-256), and upserts its rows
@@ -24,7 +25,7 @@ from tasks.embed.failures import retry_condition
 from tasks.embed.task import store_for
 from tasks.load.read_run import chunk_table
 
-__all__ = ["LoadJob", "LoadedChunk", "load_chunk", "rows_to_load", "sink_for"]
+__all__ = ["LoadJob", "LoadedChunk", "build_index", "load_chunk", "rows_to_load", "sink_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,3 +126,16 @@ def load_chunk(
             d.message,
         )
     return LoadedChunk(result.rows, dead)
+
+
+@task(name="build-index", task_run_name="build-index", cache_policy=NO_CACHE)
+def build_index(sink: str, keep_versions_s: float | None = None) -> str:
+    """Build (or refresh) the index of ``sink`` (a sink URI or identity) after a load: the
+    stage a long HNSW build is seen as in the Prefect UI. Returns what was done, in a few
+    words (``VectorSink.finalize``; ``keep_versions_s``: LanceDB's version retention).
+
+    :raises RetryableError: the server was unreachable, or cancelled the build (a timeout).
+    :raises FatalError: the server refused it.
+    """
+    get_run_logger().info("building the index of %s", sink)
+    return sink_for(sink).finalize(keep_versions_s=keep_versions_s)

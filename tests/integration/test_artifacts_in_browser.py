@@ -16,8 +16,8 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
 
-from embedline.models import RunSummary
 from embedline.progress import Progress, Usage
+from embedline.summary import RunSummary
 from flows.artifacts import progress_markdown, summary_markdown
 
 pytestmark = pytest.mark.integration

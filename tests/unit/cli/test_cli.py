@@ -139,7 +139,7 @@ def test_the_summarys_chunk_counts_add_up_after_released_chunks(
     import re
 
     from cli.console import print_summary
-    from embedline.models import RunSummary
+    from embedline.summary import RunSummary
 
     summary = RunSummary(
         130,
@@ -168,7 +168,7 @@ def test_the_summary_gives_the_whole_commands_time_beside_the_runs(
     """The flow's wall time leaves out Prefect's start-up (0.3 s printed for a 5.6 s
     command); both are printed, the whole command's only when it differs."""
     from cli.console import print_summary
-    from embedline.models import RunSummary
+    from embedline.summary import RunSummary
 
     summary = RunSummary(0, "complete", "", run_key="k" * 64, output="out", wall_s=4.7)
     print_summary(summary.to_dict(), command_s=9.84)
@@ -186,7 +186,7 @@ def test_an_already_complete_reruns_changes_line_says_it_is_the_earlier_commits(
     """A rerun of a committed run prints that run's change set; it read "(first run on this
     output)" as if this command had just made the first run."""
     from cli.console import print_summary
-    from embedline.models import RunSummary
+    from embedline.summary import RunSummary
 
     fields = dict(
         run_key="k" * 64,
@@ -254,7 +254,7 @@ def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_proc
     """It read "1 inputs sent", and "api 0 requests, 249 inputs sent" for the local model;
     the texts of retried requests are not counted as charged."""
     from cli.console import print_summary
-    from embedline.models import RunSummary
+    from embedline.summary import RunSummary
 
     base = dict(run_key="k" * 64, output="out")
     print_summary(RunSummary(0, "complete", "", requests=1, inputs=1, tokens=1, **base).to_dict())
@@ -338,7 +338,7 @@ def test_an_interrupted_batch_runs_summary_still_counts_its_batches(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from cli.console import print_summary
-    from embedline.models import RunSummary
+    from embedline.summary import RunSummary
 
     print_summary(
         RunSummary(

@@ -8,8 +8,9 @@ import re
 
 from markdown_it import MarkdownIt
 
-from embedline.models import DeadLetter, LoadSummary, RunSummary
+from embedline.models import DeadLetter
 from embedline.progress import BatchCount, Progress, Usage
+from embedline.summary import LoadSummary, RunSummary
 from flows.artifacts import md_text, progress_markdown, summary_markdown
 
 #: GFM's tables and strikethrough; linkify (the rest of "gfm-like") needs a package we lack

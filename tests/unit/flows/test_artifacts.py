@@ -33,7 +33,7 @@ def test_the_load_summary_has_its_own_index_line_in_the_artifact_and_on_the_term
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from cli.load import print_load_summary
-    from embedline.models import LoadSummary
+    from embedline.summary import LoadSummary
     from flows.artifacts import load_markdown
 
     summary = LoadSummary(
@@ -61,7 +61,7 @@ def test_the_load_summary_has_its_own_index_line_in_the_artifact_and_on_the_term
 
 
 def test_the_run_summary_artifact_of_run_with_sink_has_the_loads_own_section() -> None:
-    from embedline.models import LoadSummary, RunSummary
+    from embedline.summary import LoadSummary, RunSummary
     from flows.artifacts import summary_markdown
 
     load = LoadSummary(
@@ -94,7 +94,7 @@ def test_the_run_summary_artifact_of_run_with_sink_has_the_loads_own_section() -
 
 
 def test_the_run_summary_artifact_counts_texts_batches_answered_as_charged() -> None:
-    from embedline.models import RunSummary
+    from embedline.summary import RunSummary
     from flows.artifacts import summary_markdown
 
     run = RunSummary(
@@ -121,7 +121,7 @@ def test_the_summary_names_inputs_charged_apart_from_requests_retried() -> None:
     """Rate-limited requests carry texts the provider does not charge: they are counted
     as retried, not added to the inputs (a summary said "texts sent 904,323" for 886,323
     charged)."""
-    from embedline.models import RunSummary
+    from embedline.summary import RunSummary
     from flows.artifacts import summary_markdown
 
     run = RunSummary(
@@ -145,7 +145,7 @@ def test_the_summary_names_inputs_charged_apart_from_requests_retried() -> None:
 
 
 def test_saved_is_measured_at_the_runs_tokens_per_input_and_never_above_all_rows() -> None:
-    from embedline.models import saved_phrase, tokens_avoided
+    from embedline.summary import saved_phrase, tokens_avoided
 
     measured = tokens_avoided(900, estimated=21_000_000, tokens=1_000, inputs=100, rows_total=1000)
     assert measured == {"tokens_saved": 9_000, "tokens_saved_measured": True}

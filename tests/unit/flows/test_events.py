@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from embedline.models import LoadSummary, RunSummary
+from embedline.summary import LoadSummary, RunSummary
 from flows.events import load_payload, run_payload
 
 

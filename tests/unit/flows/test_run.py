@@ -22,8 +22,9 @@ from adapters.csv_chunks import read_chunk
 from adapters.csv_source import plan_csv
 from adapters.object_store import open_store
 from embedline import keys
-from embedline.models import DeadLetter, RunSummary
+from embedline.models import DeadLetter
 from embedline.settings import RunSettings
+from embedline.summary import RunSummary
 from flows.dispatch import DispatchResult
 from flows.run import CommittedRun, Run, RunRefused, RunStopped, Work
 from tasks.embed.rows import EmbeddedRows

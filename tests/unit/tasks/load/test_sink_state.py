@@ -57,8 +57,8 @@ def test_a_delete_above_the_share_is_refused_naming_the_counts_and_the_flag() ->
 
 
 def test_the_load_artifact_says_a_refused_delete_with_its_counts_and_flag() -> None:
-    from embedline.models import LoadSummary
-    from flows.artifacts import load_markdown
+    from embedline.summary import LoadSummary
+    from flows.artifacts import load_markdown, md_text
 
     message = (
         "loading run abc into t would delete 58 of 60 rows (97%), more than "
@@ -70,7 +70,8 @@ def test_the_load_artifact_says_a_refused_delete_with_its_counts_and_flag() -> N
             2, "delete_refused", message, sink="lancedb:///x?table=t", run_key="abc", mode="replace"
         )
     )
-    assert f"**delete_refused**: {message}" in text
+    # as written in the UI: GFM specials escaped
+    assert f"**{md_text('delete_refused')}**: {md_text(message)}" in text
 
 
 def test_with_kept_columns_a_metadata_edit_is_a_row_the_sink_lacks() -> None:
