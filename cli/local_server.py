@@ -17,11 +17,19 @@ The server process ends when the CLI does, however the CLI ended:
   write end the CLI holds; the kernel closes it when the CLI dies, the server reads EOF and
   exits (at most ``_EXIT_GRACE_S`` later). ``PR_SET_PDEATHSIG`` (Linux prctl(2)) is set as
   well, when available.
+
+Several CLIs started at once on one ``PREFECT_HOME`` (a shell loop, a cron minute, a fresh
+container) start one server each on one SQLite database. Prefect migrates a new database at
+start, and two servers migrating it at once fail (``duplicate column name``). Each server
+therefore starts under an exclusive lock on ``$PREFECT_HOME/embedline-temporary-server.lock``
+(flock(2)) and lets it go once its own ``/api/health`` answers: start-ups take turns, the
+servers then run side by side. The kernel drops the lock when a server dies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -56,9 +64,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _home() -> Path:
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
+
+
 def _log_path() -> Path:
-    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
-    return home / "embedline-temporary-server.log"
+    return _home() / "embedline-temporary-server.log"
 
 
 class LocalServer:
@@ -180,9 +191,35 @@ def _exit_when_parent_dies(watch_fd: int) -> None:
     os._exit(0)
 
 
+def _take_start_lock() -> int:
+    """In the server: block until no other temporary server of this ``PREFECT_HOME`` is
+    starting; return the locked file's descriptor (see the module docstring)."""
+    fd = os.open(_home() / "embedline-temporary-server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _release_when_healthy(lock_fd: int, port: int) -> None:
+    """In the server: let the next server start once this one answers ``/api/health``
+    (its database is migrated by then: Prefect migrates before it serves)."""
+    import httpx
+
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            try:
+                if client.get(f"http://127.0.0.1:{port}/api/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+    os.close(lock_fd)
+
+
 def _serve(port: int, watch_fd: int, parent_pid: int) -> None:
     set_parent_death_signal(parent_pid)
     threading.Thread(target=_exit_when_parent_dies, args=(watch_fd,), daemon=True).start()
+    lock_fd = _take_start_lock()
+    threading.Thread(target=_release_when_healthy, args=(lock_fd, port), daemon=True).start()
     import uvicorn
 
     uvicorn.run(

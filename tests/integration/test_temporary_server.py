@@ -70,3 +70,37 @@ print(json.dumps(sorted(set(sys.modules.copy()) - before)))
     assert done.returncode == 0, done.stderr[-3000:]
     imported = set(json.loads(done.stdout.strip().splitlines()[-1]))
     assert set(_IMPORTED_BY_THE_FLOW) <= imported, set(_IMPORTED_BY_THE_FLOW) - imported
+
+
+def test_four_clis_started_at_once_on_a_fresh_prefect_home_all_succeed(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """A fresh ``PREFECT_HOME`` (a new container, a new user) and several runs started at
+    once (a shell loop, a cron minute): each CLI's temporary server would create and migrate
+    the same new SQLite database, and one of them died. Each run embeds texts of its own, so
+    the fake's charges say every run finished its work exactly once."""
+    home = tmp_path / "fresh-home"  # does not exist yet: nothing set up
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(home), PYTHONPATH=str(REPO), OPENAI_API_KEY="sk-test")
+    runs = []
+    for n in range(4):
+        work = tmp_path / f"run{n}"
+        work.mkdir()
+        rows = "".join(f"{i},run {n} text {i}\n" for i in range(20))
+        (work / "in.csv").write_text("id,text\n" + rows, encoding="utf-8")
+        args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url]
+        runs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "cli", *args],
+                cwd=work,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outcomes = [run.communicate(timeout=300) for run in runs]
+    for run, (_, err) in zip(runs, outcomes, strict=True):
+        assert run.returncode == 0, err[-3000:]
+    charged = fake_openai.charged_texts()
+    assert len(charged) == 80 and set(charged.values()) == {1}
