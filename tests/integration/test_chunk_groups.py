@@ -5,6 +5,7 @@ runs, publishes every chunk exactly, and a retry of a group sends only its faile
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +54,27 @@ def _run(tmp_path: Path, server: FakeEmbeddingServer, api_url: str, **kw: Any) -
         return embed_csv(**grouped(parameters), return_state=True)
 
 
-def _task_runs(api_url: str, flow_run_id: Any) -> dict[str, str]:
+def _task_runs(api_url: str, flow_run_id: Any, expect: int) -> dict[str, str]:
+    """The flow run's task runs by name -> state name, once ``expect`` embed-chunk task runs
+    are final (Prefect records task runs from their events, a moment after the flow
+    returns), or whatever is there after 30 s."""
+    deadline = time.monotonic() + 30
     with (
         temporary_settings(updates={PREFECT_API_URL: api_url}),
         get_client(sync_client=True) as client,
     ):
         runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-        return {t.name: t.state.name for t in client.read_task_runs(flow_run_filter=runs)}
+        while True:
+            found = client.read_task_runs(flow_run_filter=runs)
+            tasks = {t.name: str(t.state.name) for t in found if t.state is not None}
+            final = [
+                t
+                for t in found
+                if t.name.startswith("embed-chunk") and t.state and t.state.is_final()
+            ]
+            if len(final) >= expect or time.monotonic() > deadline:
+                return tasks
+            time.sleep(0.2)
 
 
 def test_a_night_of_small_edits_runs_few_task_runs_and_publishes_every_chunk_exactly(
@@ -68,7 +83,7 @@ def test_a_night_of_small_edits_runs_few_task_runs_and_publishes_every_chunk_exa
     _write(tmp_path / "in.csv", edited=False)
     first = _run(tmp_path, fake_openai, prefect_api_url)
     assert first.is_completed()
-    tasks = _task_runs(prefect_api_url, first.state_details.flow_run_id)
+    tasks = _task_runs(prefect_api_url, first.state_details.flow_run_id, expect=CHUNKS)
     assert sorted(t for t in tasks if t.startswith("embed-chunk")) == [
         f"embed-chunk-{i:04d}" for i in range(CHUNKS)
     ]  # each chunk full of rows to send: a task run of its own
@@ -91,7 +106,7 @@ def test_a_night_of_small_edits_runs_few_task_runs_and_publishes_every_chunk_exa
     summary = state.result()
     assert summary["rows_published"] == len(rows) and summary["rows_reused"] == 48
 
-    tasks = _task_runs(prefect_api_url, state.state_details.flow_run_id)
+    tasks = _task_runs(prefect_api_url, state.state_details.flow_run_id, expect=3)
     chunk_runs = {n: s for n, s in tasks.items() if n.startswith("embed-chunk")}
     # 12 chunks of one row to send each: groups of 5 rows to send, 3 task runs
     assert chunk_runs == {
