@@ -53,7 +53,7 @@ test-unit: $(STAMP)
 
 # Everything, including the slow soak/crash runs and the real-server test below.
 test-all: $(STAMP) $(LITELLM_STAMP) $(TEST_SERVERS)
-	EMBEDLINE_LITELLM=$(LITELLM_VENV)/bin/litellm $(BIN)/python -m pytest
+	EMBEDLINE_SOAK=1 EMBEDLINE_LITELLM=$(LITELLM_VENV)/bin/litellm $(BIN)/python -m pytest
 
 # Slow: the main job through LiteLLM's proxy, a real OpenAI-compatible server from PyPI,
 # installed into its own venv (about 750 MB, 4 minutes) so the project's pins stay its own.

@@ -218,7 +218,14 @@ def _sink_rows(
     return by_id
 
 
-@pytest.mark.parametrize("kind", ["lancedb", "pgvector", "qdrant"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "lancedb",
+        "pgvector",
+        pytest.param("qdrant", marks=pytest.mark.slow),
+    ],  # CI's 20-minute budget: make test-all runs it
+)
 def test_kept_columns_reach_every_output_and_a_metadata_edit_costs_nothing(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, request: pytest.FixtureRequest, kind: str
 ) -> None:

@@ -237,7 +237,13 @@ def _alias_top5(dims: int) -> list[str]:
     return [i for _, i in sorted(scores, key=lambda s: (-s[0], s[1]))[:5]]
 
 
-@pytest.mark.parametrize("store", ["pgvector", "qdrant"])
+@pytest.mark.parametrize(
+    "store",
+    [
+        "pgvector",
+        pytest.param("qdrant", marks=pytest.mark.slow),
+    ],  # CI's 20-minute budget: make test-all runs it
+)
 def test_search_through_an_alias_embeds_with_the_alias_tables_run(
     tmp_path: Path, pg_uri: str, store: str
 ) -> None:

@@ -493,7 +493,9 @@ def test_one_dead_letter_is_singular(tmp_path: Path, fake_openai: FakeEmbeddingS
 # -- item 3: expected failures have no traceback (unless --debug) ------------------------------
 
 
-@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize(
+    "debug", [False, pytest.param(True, marks=pytest.mark.slow)]
+)  # CI's 20-minute budget: make test-all runs it
 def test_nothing_listening_at_base_url_stops_the_run_without_traceback(
     tmp_path: Path, debug: bool
 ) -> None:

@@ -84,7 +84,13 @@ def test_a_length_change_between_requests_of_a_chunk_is_a_bad_response_retried_o
     assert _manifests(tmp_path) == []
 
 
-@pytest.mark.parametrize("runner", ["threads", "dask"])
+@pytest.mark.parametrize(
+    "runner",
+    [
+        "threads",
+        pytest.param("dask", marks=pytest.mark.slow),
+    ],  # CI's 20-minute budget: make test-all runs it
+)
 def test_chunks_answered_with_another_length_are_never_committed_together(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, runner: str
 ) -> None:
