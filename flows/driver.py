@@ -4,7 +4,7 @@ The ``embed-csv`` flow (``flows.run_stages``) and ``embedline run`` before Prefe
 (``cli.run_without_prefect``) both call ``drive``:
 
     open → committed already? load : record → check the store → lease → work left →
-    dispatch → conclude (the commit) → load
+    [wait for an earlier live run] → dispatch → conclude (the commit) → load
 
 What differs between them is passed in as ``Steps``: how chunks are dispatched (the flow's
 ``embed_and_publish``; the CLI's "publish if every row is copied, else hand the run to the
@@ -14,6 +14,11 @@ here, once:
 
 - the lease: taken before the published chunks are looked for and held until the run ends
   (its load included), unless the command's session already holds it (``flows.session``);
+- overlapping runs: a run with something to send that finds an earlier live run's lease on
+  its output waits for it, bounded, then looks for its work again, or steps aside
+  (``Run.wait_for_earlier_runs``, ``tasks.lease.overlap``); a run with nothing to send
+  never waits (it cannot pay for anything); a session's lease was taken, and waited with,
+  by the command;
 - at the commit (``_note_committed``): ``STOP.report`` notes it, so an interrupt from then on
   is not reported as work to redo, and ``embedline.run.committed`` is emitted when events
   should go out;
@@ -175,12 +180,19 @@ def _record_to_load(run: Run, steps: Steps) -> RunSummary:
         session, holding = steps.session, False
         try:
             steps.before_lease(run)
+            lease_key: str | None = None  # a session's lease: the command waited with it
             if session is not None and session.holds_lease(run.run_key):
                 leased.enter_context(session.take_lease())  # released when this run ends
             else:
-                leased.enter_context(run.leased())
+                lease_key = leased.enter_context(run.leased())
             holding = True
             work = run.work_left()
+            if (
+                lease_key is not None
+                and run.needs_dispatch(work)
+                and run.wait_for_earlier_runs(lease_key)
+            ):
+                work = run.work_left()  # what the earlier run published meanwhile
             dispatched = steps.dispatch(run, work)
         except HandedToFlow as exc:  # the flow records the run's end: leave the block as is
             exc.lease, handed = (leased.pop_all() if holding else None), exc

@@ -68,6 +68,7 @@ def embed_csv(
     chunk_retries: int = 1,
     chunk_retry_delay: float = 10.0,
     grace: float = 30.0,
+    wait_for_live_run: float = 3600.0,
     ledger: str = ".embedline/ledger.sqlite3",
     allow_failed_rows: bool = False,
     on_empty_text: Literal["skip", "fail"] = "skip",
@@ -114,6 +115,10 @@ def embed_csv(
     ``batch_enqueued_tokens`` sizes batches to the account's enqueued-token budget
     (estimated tokens). Any of these four set without ``batch_api`` is refused (exit 2),
     not ignored.
+
+    ``wait_for_live_run`` (seconds): how long the run waits for an earlier live run on its
+    output that may send texts it would copy, before it steps aside (exit 75, nothing
+    published: ``tasks.lease.overlap``).
 
     ``dry_run``: no request, no write, no run recorded: the run's estimate (rows, new texts,
     estimated tokens, cost at ``price_per_million_tokens``: ``flows.estimate``) is the
