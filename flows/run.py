@@ -49,7 +49,6 @@ from flows.interrupt_handlers import committing
 from flows.run_outcome import outcome_fields, with_inherited
 from tasks.commit.commit_run import commit_run, ledger_catches_up, missing_objects
 from tasks.commit.manifest import already_complete_fields, change_fields
-from tasks.lease.overlap import span_text, wait_for_earlier_runs
 from tasks.lease.run_lease import run_lease
 from tasks.load.sink_state import MassDeleteError
 from tasks.plan.delta import delta_night
@@ -57,21 +56,10 @@ from tasks.plan.published import find_published, retries_dead_letters
 from tasks.plan.target import RunTarget, resolve_run_target
 from tasks.publish.dimensions import RunLength, other_lengths, pinned_length, with_lengths
 
-__all__ = [
-    "STEPPED_ASIDE_EXIT",
-    "CommittedRun",
-    "NightOfAnotherLength",
-    "Run",
-    "RunRefused",
-    "RunStopped",
-    "Work",
-]
+__all__ = ["CommittedRun", "NightOfAnotherLength", "Run", "RunRefused", "RunStopped", "Work"]
 
 Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
 _NOTHING_SENT = "every chunk was already published: committed without embedding"
-#: The exit code of a run that stepped aside for an earlier live run on its output:
-#: ``EX_TEMPFAIL`` of sysexits.h ("try again later"), which schedulers and systemd know.
-STEPPED_ASIDE_EXIT = 75
 
 
 class RunStopped(Exception):
@@ -331,7 +319,7 @@ class Run:
         """Hold the run's lease in the store for the block (``tasks.lease.run_lease``): gc keeps
         the run's chunk objects, manifest, change set and paid requests while it is live,
         whatever its grace period; renewed every 5 min, dropped when the block ends. Yields
-        the lease's first key (``wait_for_earlier_runs``).
+        the lease's first key (``flows.driver``: the wait for earlier runs).
 
         :raises EmbedlineError: the lease cannot be written (the store's error).
         """
@@ -344,42 +332,6 @@ class Run:
             log=self.log,
         ) as key:
             yield key
-
-    def wait_for_earlier_runs(self, lease_key: str) -> bool:
-        """Wait, at most ``settings.wait_for_live_run_s`` seconds, for the earlier live runs
-        on the output that may send texts this run would copy (``tasks.lease.overlap``; this
-        run holds lease ``lease_key``); whether it waited (its work left is then looked for
-        again: the earlier run published meanwhile).
-
-        :raises RunStopped: the bound passed with an earlier run still live: the run steps
-            aside, nothing published (status ``stepped_aside``, ``STEPPED_ASIDE_EXIT``).
-        :raises EmbedlineError: the store cannot be listed or read.
-        """
-        bound = self.settings.wait_for_live_run_s
-        waited = wait_for_earlier_runs(
-            self.store,
-            lease_key,
-            run_key=self.run_key,
-            model=self.settings.effective_model,
-            dimensions=self.settings.dimensions,
-            bound_s=bound,
-            log=self.log,
-        )
-        if waited.left:
-            first = waited.left[0]
-            self.stop(
-                self.summary(
-                    exit_code=STEPPED_ASIDE_EXIT,
-                    status="stepped_aside",
-                    message=(
-                        f"run {first.run_key[:12]} on this output, which may be embedding "
-                        "texts this run would copy, was still running after "
-                        f"{span_text(bound)} (--wait-for-live-run {bound:g}): stepped aside, "
-                        "nothing published; run the same command again once it has ended"
-                    ),
-                )
-            )
-        return waited.waited
 
     # ── work left ────────────────────────────────────────────────────────────────────────
     def check_store(self) -> None:
