@@ -174,6 +174,31 @@ def test_past_the_bound_a_run_steps_aside_with_exit_75_and_publishes_nothing(
     assert took < 60
 
 
+def test_a_waiting_run_stops_at_once_on_sigterm(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    planted = _plant_lease(out, "a" * 64, age_s=5)
+    csv = _write(tmp_path / "in.csv", [(f"r{i}", f"text {i}") for i in range(12)])
+    with FakeEmbeddingServer(dims=384) as server:
+        waiting = _start(
+            _args(tmp_path, server, csv, "ledger.sqlite3", "--wait-for-live-run", "600"),
+            tmp_path,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while len(list((out / LEASE_PREFIX).glob("*.json"))) < 2:  # its own lease
+                assert waiting.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            time.sleep(1.0)  # into the wait
+            os.kill(waiting.pid, signal.SIGTERM)
+            _, err = waiting.communicate(timeout=60)
+        finally:
+            if waiting.poll() is None:
+                os.killpg(waiting.pid, signal.SIGKILL)
+    assert waiting.returncode == 143, err[-3000:]
+    assert "waiting for run" in err
+    assert sorted((out / LEASE_PREFIX).glob("*.json")) == [planted]
+
+
 def test_a_killed_or_stale_run_holds_no_one_up(tmp_path: Path) -> None:
     rows = [(f"r{i}", f"text {i}") for i in range(36)]
     csv = _write(tmp_path / "in.csv", rows)
