@@ -25,6 +25,7 @@ import pytest
 from tasks.lease.held import LEASE_PREFIX, LEASE_SKEW_MARGIN_S, LEASE_TTL_S
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
+from tests.support.moto_server import make_s3_client
 from tests.support.output import vectors_by_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -43,7 +44,12 @@ def _write(path: Path, rows: Rows) -> Path:
 
 
 def _args(
-    tmp_path: Path, server: FakeEmbeddingServer, csv: Path, ledger: str, *extra: str
+    tmp_path: Path,
+    server: FakeEmbeddingServer,
+    csv: Path,
+    ledger: str,
+    *extra: str,
+    output: str | None = None,
 ) -> list[str]:
     return [
         "run",
@@ -53,7 +59,7 @@ def _args(
         "--base-url",
         server.base_url,
         "--output",
-        str(tmp_path / "out"),
+        output or str(tmp_path / "out"),
         "--ledger",
         str(tmp_path / ledger),
         "--chunk-size",
@@ -66,11 +72,11 @@ def _args(
     ]
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+def _start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "cli", *args],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -90,10 +96,34 @@ def _run_key(stdout: str) -> str:
     return line.split()[1]
 
 
-def _check_output(out: Path, run_key: str, rows: Rows) -> None:
-    manifest = json.loads((out / "manifests" / f"{run_key}.json").read_text())
-    bodies = {e["object"]: (out / e["object"]).read_bytes() for e in manifest["chunks"]}
-    vectors = vectors_by_id(bodies, manifest)
+class _Output:
+    """The output root both runs share: a local directory, or a prefix on the moto server."""
+
+    def __init__(self, tmp_path: Path, request: pytest.FixtureRequest, where: str) -> None:
+        self.local, self.s3, self.env = tmp_path / "out", None, {}
+        self.uri = str(self.local)
+        if where == "s3":
+            endpoint = request.getfixturevalue("moto_endpoint")
+            self.bucket = request.getfixturevalue("s3_bucket")
+            self.s3 = make_s3_client(endpoint)
+            self.uri, self.env = f"s3://{self.bucket}/emb", {"AWS_ENDPOINT_URL": endpoint}
+
+    def get(self, key: str) -> bytes:
+        if self.s3 is None:
+            return (self.local / key).read_bytes()
+        return bytes(self.s3.get_object(Bucket=self.bucket, Key=f"emb/{key}")["Body"].read())
+
+    def keys(self, prefix: str) -> list[str]:
+        if self.s3 is None:
+            return sorted(str(p.relative_to(self.local)) for p in self.local.glob(f"{prefix}*"))
+        listed = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"emb/{prefix}")
+        return sorted(o["Key"][len("emb/") :] for o in listed.get("Contents", []))
+
+
+def _check_output(out: Path | _Output, run_key: str, rows: Rows) -> None:
+    get = out.get if isinstance(out, _Output) else lambda key: (out / key).read_bytes()
+    manifest = json.loads(get(f"manifests/{run_key}.json"))
+    vectors = vectors_by_id({e["object"]: get(e["object"]) for e in manifest["chunks"]}, manifest)
     assert sorted(vectors) == sorted(i for i, _ in rows)
     for row_id, text in rows:
         np.testing.assert_allclose(vectors[row_id], expected_vector(text), rtol=1e-6, atol=1e-7)
@@ -117,21 +147,31 @@ def _plant_lease(out: Path, run_key: str, *, age_s: float) -> Path:
     return path
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_run_started_while_another_embeds_waits_and_copies_instead_of_paying(
-    tmp_path: Path,
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
 ) -> None:
     nightly = [(f"n{i}", f"shared text {i}") for i in range(48)]
     manual = nightly[12:]  # the next export: 36 of the rows as they were, 6 new ones
     manual += [(f"new{i}", f"a new text {i}") for i in range(6)]
     first_csv = _write(tmp_path / "nightly.csv", nightly)
     second_csv = _write(tmp_path / "manual.csv", manual)
+    out = _Output(tmp_path, request, where)
     with FakeEmbeddingServer(dims=384) as server:
         server.fail_when(lambda payload: {"delay_s": 0.6})  # 24 requests one at a time: ~15 s
-        first = _start(_args(tmp_path, server, first_csv, "nightly.sqlite3"), tmp_path)
+        first = _start(
+            _args(tmp_path, server, first_csv, "nightly.sqlite3", output=out.uri),
+            tmp_path,
+            out.env,
+        )
         try:
             _wait_for_requests(server, 1)
             # another host's ledger: only the store tells the second run about the first
-            second = run_cli(*_args(tmp_path, server, second_csv, "manual.sqlite3"), cwd=tmp_path)
+            second = run_cli(
+                *_args(tmp_path, server, second_csv, "manual.sqlite3", output=out.uri),
+                cwd=tmp_path,
+                env=out.env,
+            )
             first_out, first_err = first.communicate(timeout=300)
         finally:
             if first.poll() is None:
@@ -143,9 +183,9 @@ def test_a_run_started_while_another_embeds_waits_and_copies_instead_of_paying(
     assert "no earlier run on this output is running now" in second.stderr
     texts = {_sha(t) for _, t in nightly} | {_sha(t) for _, t in manual}
     assert set(charged) == texts and max(charged.values()) == 1, charged.most_common(3)
-    _check_output(tmp_path / "out", _run_key(first_out), nightly)
-    _check_output(tmp_path / "out", _run_key(second.stdout), manual)
-    assert not list((tmp_path / "out" / LEASE_PREFIX).glob("*.json"))
+    _check_output(out, _run_key(first_out), nightly)
+    _check_output(out, _run_key(second.stdout), manual)
+    assert out.keys(LEASE_PREFIX) == []
 
 
 def test_past_the_bound_a_run_steps_aside_with_exit_75_and_publishes_nothing(
