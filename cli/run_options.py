@@ -191,6 +191,16 @@ def add_run_arguments(run: argparse.ArgumentParser, *, command_options: bool = T
         default=30.0,
         help="seconds in-flight chunks may finish after SIGINT/SIGTERM",
     )
+    run.add_argument(
+        "--wait-for-live-run",
+        type=non_negative_float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="when an earlier run on this output (same model and dimensions) is still "
+        "running, wait up to SECONDS for it to end, then copy what it published instead "
+        "of sending it again; past that, step aside: exit 75, nothing published, run "
+        "again later. 0 steps aside at once",
+    )
     run.add_argument("--ledger", default=DEFAULT_LEDGER, help=LEDGER_HELP)
     run.add_argument(
         "--retry-dead-letters",

@@ -43,8 +43,9 @@ def say_why_not_complete(summary: dict[str, Any]) -> None:
     counts are on stdout; stderr ended with Prefect's last log line)."""
     code = int(summary["exit_code"])
     if code:
-        interrupted = code in (exit_code_for(s) for s in SIGNALS)
-        sys.stderr.write(f"embedline: {'' if interrupted else 'error: '}{summary['message']}\n")
+        # interrupted, or stepped aside for an earlier run (exit 75): no error of the run's
+        quiet = code in (exit_code_for(s) for s in SIGNALS) or summary["status"] == "stepped_aside"
+        sys.stderr.write(f"embedline: {'' if quiet else 'error: '}{summary['message']}\n")
 
 
 def stop_after_api_loss(loss: Any, grace_s: float) -> None:

@@ -99,6 +99,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "sink",
             "index",
             "max_delete_fraction",
+            "wait_for_live_run",
             "compact",
             "allow_failed_rows",
             "on_empty_text",

@@ -67,6 +67,7 @@ PARAMETER_FIELDS = {
     "timeout": "timeout_s",
     "chunk_retry_delay": "chunk_retry_delay_s",
     "grace": "grace_s",
+    "wait_for_live_run": "wait_for_live_run_s",
     "batch_poll_interval": "batch_poll_interval_s",
 }
 
@@ -219,6 +220,9 @@ class RunSettings(BaseModel):
     chunk_retries: int = Field(default=1, ge=0, le=10)
     chunk_retry_delay_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
     grace_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
+    # at most this long a run waits for an earlier live run on its output that may send
+    # texts it would copy, then steps aside, exit 75 (tasks/lease/overlap.py)
+    wait_for_live_run_s: float = Field(default=3600.0, ge=0, allow_inf_nan=False)
     ledger: str = ".embedline/ledger.sqlite3"
     allow_failed_rows: bool = False
     on_empty_text: Literal["skip", "fail"] = "skip"  # empty texts: dead letters that block?

@@ -4,7 +4,7 @@ The ``embed-csv`` flow (``flows.run_stages``) and ``embedline run`` before Prefe
 (``cli.run_without_prefect``) both call ``drive``:
 
     open → committed already? load : record → check the store → lease → work left →
-    dispatch → conclude (the commit) → load
+    [wait for an earlier live run] → dispatch → conclude (the commit) → load
 
 What differs between them is passed in as ``Steps``: how chunks are dispatched (the flow's
 ``embed_and_publish``; the CLI's "publish if every row is copied, else hand the run to the
@@ -14,6 +14,11 @@ here, once:
 
 - the lease: taken before the published chunks are looked for and held until the run ends
   (its load included), unless the command's session already holds it (``flows.session``);
+- overlapping runs: a run with something to send that finds an earlier live run's lease on
+  its output waits for it, bounded, then looks for its work again, or steps aside
+  (``waited_for_earlier_runs``, ``tasks.lease.overlap``); a run with nothing to send
+  never waits (it cannot pay for anything); a session's lease was taken, and waited with,
+  by the command;
 - at the commit (``_note_committed``): ``STOP.report`` notes it, so an interrupt from then on
   is not reported as work to redo, and ``embedline.run.committed`` is emitted when events
   should go out;
@@ -39,11 +44,16 @@ from flows.dispatch import Dispatched
 from flows.interrupt_handlers import only_reporting_left
 from flows.run import NightOfAnotherLength, Run, RunStopped, Work
 from flows.session import Session
+from tasks.lease.overlap import span_text, wait_for_earlier_runs
 
 if TYPE_CHECKING:
     from tasks.reuse.stage import ReuseStage
 
-__all__ = ["HandedToFlow", "Steps", "drive"]
+__all__ = ["STEPPED_ASIDE_EXIT", "HandedToFlow", "Steps", "drive", "waited_for_earlier_runs"]
+
+#: The exit code of a run that stepped aside for an earlier live run on its output:
+#: ``EX_TEMPFAIL`` of sysexits.h ("try again later"), which schedulers and systemd know.
+STEPPED_ASIDE_EXIT = 75
 
 
 class HandedToFlow(Exception):
@@ -175,12 +185,19 @@ def _record_to_load(run: Run, steps: Steps) -> RunSummary:
         session, holding = steps.session, False
         try:
             steps.before_lease(run)
+            lease_key: str | None = None  # a session's lease: the command waited with it
             if session is not None and session.holds_lease(run.run_key):
                 leased.enter_context(session.take_lease())  # released when this run ends
             else:
-                leased.enter_context(run.leased())
+                lease_key = leased.enter_context(run.leased())
             holding = True
             work = run.work_left()
+            if (
+                lease_key is not None
+                and run.needs_dispatch(work)
+                and waited_for_earlier_runs(run, lease_key)
+            ):
+                work = run.work_left()  # what the earlier run published meanwhile
             dispatched = steps.dispatch(run, work)
         except HandedToFlow as exc:  # the flow records the run's end: leave the block as is
             exc.lease, handed = (leased.pop_all() if holding else None), exc
@@ -198,6 +215,43 @@ def _record_to_load(run: Run, steps: Steps) -> RunSummary:
     handed.hard_exit_hook = run.hard_stop_hook()
     STOP.exit.on_hard_exit(handed.hard_exit_hook)
     raise handed
+
+
+def waited_for_earlier_runs(run: Run, lease_key: str) -> bool:
+    """Wait, at most ``run.settings.wait_for_live_run_s`` seconds, for the earlier live runs
+    on ``run``'s output that may send texts it would copy (``tasks.lease.overlap``; ``run``
+    holds lease ``lease_key``); whether it waited (its work left is then looked for again:
+    the earlier run published meanwhile).
+
+    :raises RunStopped: the bound passed with an earlier run still live: the run steps
+        aside, nothing published (status ``stepped_aside``, ``STEPPED_ASIDE_EXIT``).
+    :raises EmbedlineError: the store cannot be listed or read.
+    """
+    bound = run.settings.wait_for_live_run_s
+    waited = wait_for_earlier_runs(
+        run.store,
+        lease_key,
+        run_key=run.run_key,
+        model=run.settings.effective_model,
+        dimensions=run.settings.dimensions,
+        bound_s=bound,
+        log=run.log,
+    )
+    if waited.left:
+        first = waited.left[0]
+        run.stop(
+            run.summary(
+                exit_code=STEPPED_ASIDE_EXIT,
+                status="stepped_aside",
+                message=(
+                    f"run {first.run_key[:12]} on this output, which may be embedding "
+                    "texts this run would copy, was still running after "
+                    f"{span_text(bound)} (--wait-for-live-run {bound:g}): stepped aside, "
+                    "nothing published; run the same command again once it has ended"
+                ),
+            )
+        )
+    return waited.waited
 
 
 def _note_committed(run: Run, summary: RunSummary, steps: Steps) -> None:

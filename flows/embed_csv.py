@@ -96,6 +96,10 @@ def embed_csv(
     (estimated tokens). Any of these four set without ``batch_api`` is refused (exit 2),
     not ignored.
 
+    ``wait_for_live_run`` (seconds): how long the run waits for an earlier live run on its
+    output that may send texts it would copy, before it steps aside (exit 75, nothing
+    published: ``tasks.lease.overlap``).
+
     ``dry_run``: no request, no write, no run recorded: the run's estimate (rows, new texts,
     estimated tokens, cost at ``price_per_million_tokens``: ``flows.estimate``) is the
     Completed state's data and the ``embedline-estimate`` artifact. ``max_cost`` (USD, with

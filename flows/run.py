@@ -5,9 +5,10 @@ for the ``embed-csv`` flow and for the CLI's path without Prefect alike (docs/de
 "Layers"; the commit: docs/reference/output-layout.md):
 
     open (plan, resolve the target) → record (ledger) → check the store (conditional
-    writes) → lease → work left (published chunks, dead letters to retry) → [dispatch:
-    embed + publish] → conclude (missing objects, lengths, change set + manifest under
-    deferred interrupts, ledger) → [load]
+    writes) → lease → work left (published chunks, dead letters to retry) → [wait for an
+    earlier live run on the output, then work left again] → [dispatch: embed + publish] →
+    conclude (missing objects, lengths, change set + manifest under deferred interrupts,
+    ledger) → [load]
 
 A step that ends the run before its commit raises ``RunStopped`` (``RunRefused`` before
 anything is recorded) carrying the summary; the driver's one handler returns it.
@@ -315,15 +316,23 @@ class Run:
             STOP.exit.remove_hard_exit_hook(hook)
 
     @contextlib.contextmanager
-    def leased(self) -> Iterator[None]:
+    def leased(self) -> Iterator[str]:
         """Hold the run's lease in the store for the block (``tasks.lease.run_lease``): gc keeps
         the run's chunk objects, manifest, change set and paid requests while it is live,
-        whatever its grace period; renewed every 5 min, dropped when the block ends.
+        whatever its grace period; renewed every 5 min, dropped when the block ends. Yields
+        the lease's first key (``flows.driver``: the wait for earlier runs).
 
         :raises EmbedlineError: the lease cannot be written (the store's error).
         """
-        with run_lease(self.store, self.run_key, self.plan, log=self.log):
-            yield
+        with run_lease(
+            self.store,
+            self.run_key,
+            self.plan,
+            model=self.settings.effective_model,
+            dimensions=self.settings.dimensions,
+            log=self.log,
+        ) as key:
+            yield key
 
     # ── work left ────────────────────────────────────────────────────────────────────────
     def check_store(self) -> None:

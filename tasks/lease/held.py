@@ -8,8 +8,11 @@ when it ends, whatever the outcome. Key::
     _embedline/loads/{run_key}.{owner}.{generation:06d}.json   a load  (``load_lease.py``)
 
 ``owner`` is 16 hex of the holder's SHA-256 (no host names in keys). Body: ``run_key``,
-``started_at`` (Unix s), ``objects`` (the keys gc must keep), ``ttl_s`` (``LEASE_TTL_S``) and
-``expires_at`` (Unix s, the holder's clock: for people; no one judges by it). Objects are
+``started_at`` (Unix s), ``objects`` (the keys gc must keep), ``ttl_s`` (``LEASE_TTL_S``),
+``renew_s`` (``LEASE_RENEW_S``), ``expires_at`` (Unix s, the holder's clock: for people; no
+one judges by it), ``holder`` (``host``: 16 hex of a SHA-256 of the host name and its pid
+namespace, never the name; ``pid``), and the holder's ``facts`` (a run's model and
+dimensions: ``tasks/lease/overlap.py``). Objects are
 create-only (``put_if_absent``), so a lease is renewed by writing the next generation and
 deleting the one before; a thread renews it every ``LEASE_RENEW_S`` (a monotonic timer) while
 the holder runs, so a lease is live (gc keeps what it lists) for as long as its holder runs,
@@ -27,11 +30,14 @@ period, when gc deletes it as stale.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
+import os
+import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from adapters.ledger import new_owner
@@ -48,6 +54,7 @@ __all__ = [
     "LOAD_LEASE_PREFIX",
     "drop_lease",
     "held_lease",
+    "host_tag",
     "lease_stale",
     "lease_ttl",
     "owner_tag",
@@ -99,6 +106,18 @@ def owner_tag(owner: str) -> str:
     return hashlib.sha256(owner.encode()).hexdigest()[:16]
 
 
+@functools.cache
+def host_tag() -> str:
+    """This host as a lease's ``holder.host``: 16 hex of the SHA-256 of its name and its pid
+    namespace (``/proc/self/ns/pid`` where there is one), so two containers sharing a host
+    name but not their pids are two hosts. Never the name itself."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return hashlib.sha256(f"{socket.gethostname()}|{namespace}".encode()).hexdigest()[:16]
+
+
 def write_lease(
     store: ObjectStore,
     key: str,
@@ -106,20 +125,26 @@ def write_lease(
     objects: Sequence[str],
     *,
     ttl_s: float = LEASE_TTL_S,
+    renew_s: float = LEASE_RENEW_S,
+    facts: Mapping[str, Any] | None = None,
 ) -> str:
     """Create the lease object ``key`` listing ``objects`` (keys gc must keep) for ``ttl_s``
-    seconds after the store stamps it; return ``key``.
+    seconds after the store stamps it, renewed every ``renew_s`` seconds, with the holder's
+    ``facts`` (module docstring); return ``key``.
 
     :raises ConflictError: the key exists with other bytes.
     :raises EmbedlineError: the store refused the write (its class says why).
     """
     written = time.time()
     record: dict[str, Any] = {
+        **(facts or {}),
         "run_key": run_key,
         "started_at": written,
         "objects": list(objects),
         "ttl_s": ttl_s,
+        "renew_s": renew_s,
         "expires_at": written + ttl_s,
+        "holder": {"host": host_tag(), "pid": os.getpid()},
     }
     body = json.dumps(record).encode()
     store.put_if_absent(
@@ -145,10 +170,12 @@ def held_lease(
     *,
     ttl_s: float = LEASE_TTL_S,
     renew_s: float = LEASE_RENEW_S,
+    facts: Mapping[str, Any] | None = None,
     log: Any = None,
 ) -> Iterator[str]:
     """Hold a lease under ``prefix`` (``LEASE_PREFIX`` or ``LOAD_LEASE_PREFIX``) on run
-    ``run_key``'s ``objects`` for the ``with`` body; yield the first generation's key.
+    ``run_key``'s ``objects`` for the ``with`` body, its body carrying ``facts``; yield the
+    first generation's key.
 
     Each generation protects for ``ttl_s`` seconds after the store stamps it
     (``lease_stale``); a daemon thread writes
@@ -160,7 +187,16 @@ def held_lease(
         start unprotected; the store's error says why).
     """
     stem = f"{prefix}{run_key}.{owner_tag(new_owner())}"
-    current = [write_lease(store, f"{stem}.{0:06d}.json", run_key, objects, ttl_s=ttl_s)]
+    write = functools.partial(
+        write_lease,
+        store,
+        run_key=run_key,
+        objects=objects,
+        ttl_s=ttl_s,
+        renew_s=renew_s,
+        facts=facts,
+    )
+    current = [write(f"{stem}.{0:06d}.json")]
     stop = threading.Event()
 
     def renew() -> None:
@@ -168,13 +204,7 @@ def held_lease(
         while not stop.wait(renew_s):
             generation += 1
             try:
-                key = write_lease(
-                    store,
-                    f"{stem}.{generation:06d}.json",
-                    run_key,
-                    objects,
-                    ttl_s=ttl_s,
-                )
+                key = write(f"{stem}.{generation:06d}.json")
                 old, current[0] = current[0], key
                 drop_lease(store, old)
             except (EmbedlineError, OSError) as exc:

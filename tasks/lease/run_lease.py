@@ -7,7 +7,9 @@ with ``--sink`` included), whatever the outcome. The lease lists every chunk obj
 plans (gc keeps their later generations ``….g{N}.parquet`` too), its manifest and its change
 set; a live run lease also keeps the run's paid requests (``_embedline/paid/{run_key}/``,
 ``tasks/embed/paid.py``). Like a load's, it carries ``expires_at`` and is renewed while the run
-runs, so a run of any length is protected, even from ``gc --grace 0s``.
+runs, so a run of any length is protected, even from ``gc --grace 0s``. It also says which
+vectors the run may send (``model``, requested ``dimensions``): a later run that could copy
+them waits for it (``tasks/lease/overlap.py``).
 """
 
 from __future__ import annotations
@@ -43,11 +45,14 @@ def run_lease(
     run_key: str,
     plan: InputPlan,
     *,
+    model: str | None = None,
+    dimensions: int | None = None,
     ttl_s: float = LEASE_TTL_S,
     renew_s: float = LEASE_RENEW_S,
     log: Any = None,
 ) -> Iterator[str]:
-    """Hold run ``run_key``'s lease under ``store`` for the ``with`` body; yield the first
+    """Hold run ``run_key``'s lease under ``store`` for the ``with`` body, saying it embeds
+    with ``model`` at requested ``dimensions`` (None: the server's default); yield the first
     generation's key (``tasks.lease.held.held_lease``: ``ttl_s``, ``renew_s`` in seconds;
     renewal and delete failures logged on ``log``).
 
@@ -60,6 +65,7 @@ def run_lease(
         run_lease_objects(run_key, plan),
         ttl_s=ttl_s,
         renew_s=renew_s,
+        facts={"model": model, "dimensions": dimensions},
         log=log,
     ) as key:
         yield key

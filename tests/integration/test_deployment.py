@@ -414,6 +414,59 @@ def test_a_batch_deployment_run_cancelled_while_waiting_ends_cancelled_and_names
         assert noise not in logs, logs
 
 
+@pytest.mark.slow  # a worker, a deploy and two deployment runs (~90 s): make test-all
+def test_a_manual_run_beside_the_nightly_one_waits_for_it_and_pays_no_text_twice(
+    prefect_api_url: str, worker: Path, tmp_path: Path
+) -> None:
+    """The ``nightly`` and the ``manual`` deployment of one output at once (two deployments:
+    their concurrency limits do not meet), each on its own ledger as on two workers: the
+    later flow run waits for the earlier one's lease, then copies what it published
+    (tasks/lease/overlap.py); the fake server's charges are the judge."""
+    from tests.support.fake_openai import FakeEmbeddingServer
+
+    api = prefect_api_url
+    nightly_rows = [(f"pkg-{i:03d}", f"package {i}: tools for task {i * 7}") for i in range(40)]
+    manual_rows = nightly_rows[10:] + [(f"pkg-new{i}", f"a new package {i}") for i in range(5)]
+    for name, rows in (("nightly", nightly_rows), ("manual", manual_rows)):
+        with (tmp_path / f"{name}.csv").open("w", newline="", encoding="utf-8") as f:
+            csv.writer(f, lineterminator="\n").writerows([("id", "text"), *rows])
+    out = tmp_path / "out"
+    _prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
+    with FakeEmbeddingServer(dims=384) as server:
+        server.fail_when(lambda payload: {"delay_s": 0.6})  # 20 requests one at a time
+        ids = {}
+        for name in ("nightly", "manual"):
+            params = {
+                "input": tmp_path / f"{name}.csv",
+                "output": out,
+                "ledger": tmp_path / f"{name}.sqlite3",
+                "embedder": "openai",
+                "base_url": server.base_url,
+                "chunk_size": 5,
+                "batch_size": 2,
+                "concurrency": 1,
+            }
+            args = [a for k, v in params.items() for a in ("--param", f"{k}={v}")]
+            started = _prefect("deployment", "run", f"embed-csv/{name}", *args)
+            match = re.search(r"UUID: ([0-9a-f-]{36})", started)
+            assert match, started
+            ids[name] = match.group(1)
+            if name == "nightly":  # the manual run starts while the nightly one embeds
+                deadline = time.monotonic() + 120
+                while server.counters()["requests"] < 1:
+                    assert time.monotonic() < deadline, worker.read_text(errors="replace")
+                    time.sleep(0.2)
+        ends = {name: _wait_terminal(api, i, worker, timeout=240) for name, i in ids.items()}
+        charged = server.charged_texts()
+    for name, run in ends.items():
+        assert run["state_type"] == "COMPLETED", (name, run["state"])
+    assert "waiting for run " in _flow_run_logs(api, ids["manual"])
+    texts = {text for _, text in nightly_rows + manual_rows}
+    assert len(charged) == len(texts) and max(charged.values()) == 1, charged.most_common(3)
+    manifests = sorted((out / "manifests").glob("*.json"))
+    assert len(manifests) == 2
+
+
 def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
     prefect_api_url: str, failing_api: tuple[str, str], tmp_path: Path
 ) -> None:
