@@ -446,7 +446,7 @@ def test_a_manual_run_beside_the_nightly_one_waits_for_it_and_pays_no_text_twice
                 "batch_size": 2,
                 "concurrency": 1,
             }
-            args = [a for k, v in params.items() for a in ("--param", f"{k}={v}")]
+            args = param_arguments(params)
             started = _prefect("deployment", "run", f"embed-csv/{name}", *args)
             match = re.search(r"UUID: ([0-9a-f-]{36})", started)
             assert match, started
