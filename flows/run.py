@@ -428,6 +428,7 @@ class Run:
             objects deleted meanwhile, another vector length, a refused mass delete): the
             finished summary.
         """
+        self._calibrate(result)
         skipped = {**work.skipped, **result.published_elsewhere}
         fields = outcome_fields(
             self.plan,
@@ -469,6 +470,21 @@ class Run:
             if on_committed is not None:
                 on_committed(committed.summary)
         return committed
+
+    def _calibrate(self, result: DispatchResult) -> None:
+        """Add what the servers reported for this run's published chunks, and the estimate
+        of the same texts, to the ledger's token calibration (``embedline.calibration``),
+        whether or not the run then commits: the dry run's estimates learn from it."""
+        published = result.published.values()
+        estimated = sum(o.tokens_estimated for o in published)
+        if self.ledger is None or self.settings.embedder != "openai" or not estimated:
+            return
+        self.ledger.add_calibration(
+            self.settings.base_url,
+            self.settings.effective_model,
+            reported=sum(o.tokens for o in published if o.tokens_estimated),
+            estimated=estimated,
+        )
 
     def _commit(
         self, done: dict[int, ChunkOutcome], summary: RunSummary, *, nothing_sent: bool
