@@ -428,7 +428,8 @@ class Run:
             objects deleted meanwhile, another vector length, a refused mass delete): the
             finished summary.
         """
-        self._calibrate(result)
+        if self.ledger is not None:
+            _record_calibration(self.ledger, self.settings, result)
         skipped = {**work.skipped, **result.published_elsewhere}
         fields = outcome_fields(
             self.plan,
@@ -470,21 +471,6 @@ class Run:
             if on_committed is not None:
                 on_committed(committed.summary)
         return committed
-
-    def _calibrate(self, result: DispatchResult) -> None:
-        """Add what the servers reported for this run's published chunks, and the estimate
-        of the same texts, to the ledger's token calibration (``embedline.calibration``),
-        whether or not the run then commits: the dry run's estimates learn from it."""
-        published = result.published.values()
-        estimated = sum(o.tokens_estimated for o in published)
-        if self.ledger is None or self.settings.embedder != "openai" or not estimated:
-            return
-        self.ledger.add_calibration(
-            self.settings.base_url,
-            self.settings.effective_model,
-            reported=sum(o.tokens for o in published if o.tokens_estimated),
-            estimated=estimated,
-        )
 
     def _commit(
         self, done: dict[int, ChunkOutcome], summary: RunSummary, *, nothing_sent: bool
@@ -576,3 +562,19 @@ class Run:
         if self.ledger is None:
             raise RuntimeError("the run's ledger is not open: call Run.open_ledger() first")
         return self.ledger
+
+
+def _record_calibration(ledger: Ledger, settings: RunSettings, result: DispatchResult) -> None:
+    """Add what the server reported for the run's published chunks, and the estimate of the
+    same texts, to the ledger's token calibration (``embedline.calibration``), whether or
+    not the run then commits: the dry run's estimates learn from it."""
+    published = result.published.values()
+    estimated = sum(o.tokens_estimated for o in published)
+    if settings.embedder != "openai" or not estimated:
+        return
+    ledger.add_calibration(
+        settings.base_url,
+        settings.effective_model,
+        reported=sum(o.tokens for o in published if o.tokens_estimated),
+        estimated=estimated,
+    )
