@@ -334,6 +334,9 @@ class ChunkOutcome:
     batch_tokens: int = 0  # of ``tokens``: those answered by Batch API batches (half price)
     rows_xor: str | None = None  # the object's ``rows_fingerprint`` (None: not read yet)
     batch_inputs: int = 0  # of ``inputs``: the texts Batch API batches answered
+    # ``approximate_tokens`` of the texts whose answers reported usage (``tokens``): a run
+    # adds both to the ledger's token calibration (``embedline.calibration``)
+    tokens_estimated: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,11 @@ the reuse index, a cache of what the output's objects hold, may gain the objects
 know yet, and chunks found only in the store are noted, as a run would. Scratch files are
 the plan's and go with it.
 
-Tokens are *estimated* (``adapters.embeddings.estimate_tokens``: UTF-8 bytes / 3), no
-tokenizer ships with embedline: English text comes out about a third above what OpenAI's
-tokenizer counts, CJK text close to it. ``--max-cost`` (``adapters.embeddings.spend``) caps
-what is actually spent, as the server reports it.
+Tokens are *estimated*, no tokenizer ships with embedline: by script
+(``adapters.embeddings.approximate_tokens``), then scaled by what this endpoint reported for
+this model in earlier runs once enough tokens back the ratio (``embedline.calibration``, the
+ledger's ``token_calibration``). ``--max-cost`` (``adapters.embeddings.spend``) caps what is
+actually spent, as the server reports it.
 
 Prefect-free, like ``flows.run``: the CLI calls it before Prefect starts; the flow wraps it.
 """
@@ -31,8 +32,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from adapters.csv_chunks import read_chunk
-from adapters.embeddings import estimate_tokens
+from adapters.embeddings import approximate_tokens
 from adapters.ledger import Ledger
+from embedline.calibration import FIRST_RUN_METHOD, calibrated
 from embedline.models import InputPlan
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
@@ -43,8 +45,8 @@ from tasks.reuse.stage import Log, ReuseStage
 
 __all__ = ["ESTIMATE_METHOD", "Estimate", "estimate_run"]
 
-#: How the token counts are made (said with every estimate).
-ESTIMATE_METHOD = "estimated as UTF-8 bytes / 3 (a tokenizer counts about 25 % fewer for English)"
+#: How the token counts of a first run are made (said with every uncalibrated estimate).
+ESTIMATE_METHOD = FIRST_RUN_METHOD
 
 
 @dataclass(slots=True)
@@ -206,6 +208,11 @@ def _estimate(run: Run, settings: RunSettings) -> Estimate:
             joined, owners = stage.texts_to_send(todo)
         finally:
             stage.close()
+        calibration = (
+            ledger.calibration(settings.base_url, settings.effective_model)
+            if settings.embedder == "openai"
+            else None
+        )
     finally:
         ledger.close()
     nonempty = int(joined.nonempty.sum())
@@ -213,18 +220,19 @@ def _estimate(run: Run, settings: RunSettings) -> Estimate:
     estimate.rows_reused = joined.from_index + joined.from_kept
     estimate.new_texts = len(owners)
     estimate.rows_duplicate = nonempty - estimate.rows_reused - estimate.new_texts
-    estimate.tokens, estimate.chunks_to_send = _tokens(plan, owners)
+    tokens, estimate.chunks_to_send = _tokens(plan, owners)
+    estimate.tokens, estimate.method = calibrated(tokens, calibration)
     return _priced(estimate)
 
 
 def _tokens(plan: InputPlan, owners: np.ndarray) -> tuple[int, int]:
-    """(estimated tokens, chunks) of the owner rows ``owners`` ((chunk, position) pairs,
+    """(``approximate_tokens``, chunks) of the owner rows ``owners`` ((chunk, position) pairs,
     sorted): each chunk that holds one is read back from the input once."""
     tokens, chunks = 0, 0
     for chunk in np.unique(owners[:, 0]):
         rows = read_chunk(plan.source, plan.chunks[int(chunk)])
         positions = owners[owners[:, 0] == chunk][:, 1]
-        tokens += sum(estimate_tokens(rows[int(p)].text) for p in positions)
+        tokens += sum(approximate_tokens(rows[int(p)].text) for p in positions)
         chunks += 1
     return tokens, chunks
 

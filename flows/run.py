@@ -437,6 +437,8 @@ class Run:
             objects deleted meanwhile, another vector length, a refused mass delete): the
             finished summary.
         """
+        if self.ledger is not None:
+            _record_calibration(self.ledger, self.settings, result)
         skipped = {**work.skipped, **result.published_elsewhere}
         fields = outcome_fields(
             self.plan,
@@ -569,3 +571,19 @@ class Run:
         if self.ledger is None:
             raise RuntimeError("the run's ledger is not open: call Run.open_ledger() first")
         return self.ledger
+
+
+def _record_calibration(ledger: Ledger, settings: RunSettings, result: DispatchResult) -> None:
+    """Add what the server reported for the run's published chunks, and the estimate of the
+    same texts, to the ledger's token calibration (``embedline.calibration``), whether or
+    not the run then commits: the dry run's estimates learn from it."""
+    published = result.published.values()
+    estimated = sum(o.tokens_estimated for o in published)
+    if settings.embedder != "openai" or not estimated:
+        return
+    ledger.add_calibration(
+        settings.base_url,
+        settings.effective_model,
+        reported=sum(o.tokens for o in published if o.tokens_estimated),
+        estimated=estimated,
+    )

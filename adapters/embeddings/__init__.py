@@ -31,7 +31,7 @@ RFC 9110 §10.2.3 for ``Retry-After`` (via ``embedline.retry``); OpenAI rate-lim
 (https://platform.openai.com/docs/guides/rate-limits) for RPM/TPM.
 """
 
-from adapters.embeddings.caps import RequestCaps, estimate_tokens
+from adapters.embeddings.caps import RequestCaps, approximate_tokens, estimate_tokens
 from adapters.embeddings.classify import classify, classify_transport_error
 from adapters.embeddings.endpoint import AUTH_HEADER_ENV, api_key_from_env, auth_header_for
 from adapters.embeddings.factory import build_batch_client, build_embedder, close_embedders
@@ -44,6 +44,7 @@ __all__ = [
     "OpenAIEmbedder",
     "RequestCaps",
     "api_key_from_env",
+    "approximate_tokens",
     "auth_header_for",
     "build_batch_client",
     "build_embedder",

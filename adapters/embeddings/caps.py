@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 
 from adapters.embeddings.common import HTTP_LOGGER, Logger
 
-__all__ = ["RequestCaps", "estimate_tokens"]
+__all__ = ["RequestCaps", "approximate_tokens", "estimate_tokens"]
 
 
 def estimate_tokens(text: str) -> int:
@@ -26,6 +27,32 @@ def estimate_tokens(text: str) -> int:
     this estimate before a request and corrects it with the server's ``usage`` afterwards.
     """
     return max(1, math.ceil(len(text.encode("utf-8")) / 3))
+
+
+#: Kana, CJK ideographs, Hangul and full-width forms: about one token per character.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
+#: One match per token a BPE tokenizer (cl100k_base) makes, roughly.
+_PIECES = re.compile(
+    r"[A-Za-z]{1,9}"  # a Latin word: one token, one more per 9 letters
+    r"|[0-9]{1,3}"  # a number: one token per 3 digits
+    r"|[!-/:-@\[-`{-~]"  # ASCII punctuation: one each
+    rf"|[{_CJK}]"  # kana, CJK, Hangul: one each
+    rf"|[^\x00-\x7f{_CJK}\s]{{1,2}}"  # other scripts: one per 2 characters
+)
+
+
+def approximate_tokens(text: str) -> int:
+    """Return a central token estimate for ``text`` (at least 1): what a BPE tokenizer
+    would count, by script, without one.
+
+    Latin words count one token per 9 letters (rounded up), numbers one per 3 digits, ASCII
+    punctuation and each kana/CJK/Hangul character one, other scripts one per 2 characters.
+    Against ``cl100k_base`` (OpenAI's tokenizer for its embedding models) it comes within
+    about 7 % on English and on Japanese prose (benchmarks/LOG.md); unlike ``estimate_tokens``
+    it may count below a tokenizer, so it sizes no request: the dry run uses it (and
+    calibrates it with the server's ``usage``, ``embedline.calibration``).
+    """
+    return max(1, len(_PIECES.findall(text)))
 
 
 class RequestCaps:

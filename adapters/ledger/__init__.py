@@ -32,10 +32,14 @@ Tables:
   key: "" or decimal): per object and hash bucket, the texts' 64-bit hash prefixes and row
   positions as packed arrays, about 12 bytes a row, read a bucket at a time. A cache of the
   store: rebuilt from the chunk objects' ``text_sha256`` columns when it misses any.
+- ``token_calibration`` (migration ``0012_token_calibration``): per endpoint (``--base-url``)
+  and model, the tokens the servers' answers reported and the estimate of the same texts,
+  summed over runs: what ``run --dry-run`` scales its estimate by (``embedline.calibration``).
 
 Modules: ``migrations`` (the schema, named once-only migrations), ``base`` (connection,
 ``atomic``), one module per table group (``runs``, ``chunks``, ``objects``, ``sink_loads``,
-``reuse_index``), ``records`` (their rows), ``owners`` (``host:pid:random`` process ids).
+``reuse_index``, ``calibration``), ``records`` (their rows), ``owners`` (``host:pid:random``
+process ids).
 ``Ledger`` joins them: import it from here.
 """
 
@@ -46,6 +50,7 @@ from collections.abc import Sequence
 
 from adapters.ledger.base import now_iso
 from adapters.ledger.batches import BatchRecord, BatchTable
+from adapters.ledger.calibration import CalibrationTable
 from adapters.ledger.chunks import ChunkTable
 from adapters.ledger.migrations import SCHEMA_VERSION
 from adapters.ledger.objects import ObjectTable
@@ -68,7 +73,9 @@ __all__ = [
 ]
 
 
-class Ledger(RunTable, ChunkTable, ObjectTable, SinkLoadTable, ReuseIndex, BatchTable):
+class Ledger(
+    RunTable, ChunkTable, ObjectTable, SinkLoadTable, ReuseIndex, BatchTable, CalibrationTable
+):
     """The run ledger in one SQLite file (``":memory:"`` for tests): ``Ledger(path,
     busy_timeout_s=30.0)``; one method per transition, grouped by table in the base classes.
 

@@ -238,6 +238,26 @@ MIGRATIONS += (
     ),
 )
 
+MIGRATIONS += (
+    (
+        # Token estimates calibrated by what servers reported (docs/reference/ledger.md,
+        # ``embedline.calibration``): per endpoint (--base-url) and model, the tokens the
+        # answers' ``usage`` reported and the estimate of the same texts, both summed over
+        # runs; a dry run scales its estimate by their ratio. Counts only, never a text.
+        "0012_token_calibration",
+        """
+        CREATE TABLE token_calibration (
+            base_url TEXT NOT NULL,
+            model TEXT NOT NULL,
+            tokens_reported INTEGER NOT NULL,
+            tokens_estimated INTEGER NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (base_url, model)
+        ) STRICT;
+        """,
+    ),
+)
+
 #: One more per migration; migrations are applied by name, each once, in tuple order.
 SCHEMA_VERSION = len(MIGRATIONS)
 

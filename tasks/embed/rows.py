@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from adapters.embeddings import estimate_tokens
+from adapters.embeddings import approximate_tokens, estimate_tokens
 from embedline.errors import (
     BadResponseError,
     EmbedlineError,
@@ -37,7 +37,9 @@ class EmbeddedRows:
     """A chunk after embedding: ``rows`` kept (input order) and their ``vectors``.
 
     ``vectors`` is float32 of shape ``(len(rows), dimensions)``; ``row_keys`` are the rows'
-    idempotency keys; ``tokens`` as reported by the API; ``requests`` HTTP attempts made.
+    idempotency keys; ``tokens`` as reported by the API; ``requests`` HTTP attempts made;
+    ``tokens_estimated`` the ``approximate_tokens`` of the texts whose answers reported
+    ``tokens`` (for the token calibration, ``embedline.calibration``).
     """
 
     rows: list[Row]
@@ -46,6 +48,7 @@ class EmbeddedRows:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     tokens: int = 0
     requests: int = 0
+    tokens_estimated: int = 0
 
 
 def batches(
@@ -120,6 +123,7 @@ class _Embedder:
         self.accepted: list[tuple[int, int]] = []  # (inputs, estimated tokens) per request
         self.lone_rejections: list[tuple[int | None, str]] = []  # while nothing was accepted
         self.tokens = 0
+        self.tokens_estimated = 0  # approximate_tokens of the texts of answers with usage
         self.requests = 0
 
     def keys(self, batch: Sequence[Row]) -> list[str]:
@@ -159,6 +163,8 @@ class _Embedder:
                 return exc
             raise
         self.tokens += result.tokens
+        if result.tokens:  # the server reported usage: calibrates the dry run's estimate
+            self.tokens_estimated += sum(approximate_tokens(r.text) for r in batch)
         self.requests += result.requests
         if self.expected is None and len(result.vectors):
             self.expected = int(result.vectors.shape[1])  # later requests must agree
@@ -350,6 +356,7 @@ def embed_rows(
         dead_letters=sorted(embedder.dead_letters, key=lambda d: d.row_number),
         tokens=embedder.tokens,
         requests=embedder.requests,
+        tokens_estimated=embedder.tokens_estimated,
     )
 
 
@@ -362,6 +369,7 @@ def merged(first: EmbeddedRows, second: EmbeddedRows) -> EmbeddedRows:
             dead_letters=first.dead_letters + second.dead_letters,
             tokens=first.tokens + second.tokens,
             requests=first.requests + second.requests,
+            tokens_estimated=first.tokens_estimated + second.tokens_estimated,
         )
     return EmbeddedRows(
         rows=first.rows + second.rows,
@@ -370,6 +378,7 @@ def merged(first: EmbeddedRows, second: EmbeddedRows) -> EmbeddedRows:
         dead_letters=sorted(first.dead_letters + second.dead_letters, key=lambda d: d.row_number),
         tokens=first.tokens + second.tokens,
         requests=first.requests + second.requests,
+        tokens_estimated=first.tokens_estimated + second.tokens_estimated,
     )
 
 

@@ -313,6 +313,7 @@ def run_chunk(
                     embedded, _embed(stale, client, settings, int(embedded.vectors.shape[1]), paid)
                 )
         inputs = len(embedded.rows)  # texts this attempt sent and got vectors for
+        estimated = embedded.tokens_estimated  # of the answers that reported usage
         sent = inputs + len(found.paid)  # the server embedded these for the object
         embedded = combine(
             rows,
@@ -347,6 +348,7 @@ def run_chunk(
         tokens_saved=found.tokens_saved,
         batch_tokens=answers.batch_tokens if answers is not None else 0,
         batch_inputs=answers.batch_inputs if answers is not None else 0,
+        tokens_estimated=estimated,
     )
     logger.info(
         "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens%s",

@@ -1,8 +1,9 @@
 """Cost before you pay: ``run --dry-run`` prints the estimate without a request or a write,
-and counts only what a night would send; ``run --max-cost`` stops before a request would pass
-the cap (exit 3, nothing lost) and a rerun with a higher cap completes. Tokens spent are
-computed from the fake server's own ``usage`` rule (one token per word), never from
-embedline's output."""
+and counts only what a night would send; once earlier nights' reported usage calibrates the
+estimate, it comes within 5 % of what the server then charges; ``run --max-cost`` stops
+before a request would pass the cap (exit 3, nothing lost) and a rerun with a higher cap
+completes. Tokens spent are computed from the fake server's own ``usage`` rule (one token per
+word), never from embedline's output."""
 
 from __future__ import annotations
 
@@ -18,13 +19,19 @@ from typing import Any
 import numpy as np
 import pytest
 
+from adapters.embeddings import approximate_tokens
+from embedline.calibration import FIRST_RUN_METHOD
 from tests.support.fake_openai import FakeEmbeddingServer, expected_matrix
 from tests.support.fixtures import run_cli
 from tests.support.output import vectors_by_id
+from tests.support.real_data import ENGLISH_NAME, real_csv
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
 ESTIMATE = re.compile(r"^estimate   ([\d,]+) tokens for ([\d,]+) new texts, ", re.M)
+CALIBRATED = re.compile(
+    r"^tokens     calibrated by ([\d,]+) tokens reported by this endpoint for (\S+) ", re.M
+)
 WORDS = [
     "alpha",
     "beta",
@@ -124,10 +131,11 @@ def test_dry_run_sends_nothing_writes_nothing_and_counts_only_a_nights_new_texts
     assert not nights.out.exists()  # the output is not even created
     assert nights.state()[1] == []  # no run recorded
 
+    assert f"tokens     {FIRST_RUN_METHOD}" in result.stdout
+    assert tokens == sum(approximate_tokens(t) for t in {t for _, t in first})
+
     result = nights.run(first)
     assert result.returncode == 0, result.stderr[-3000:]
-    billed = nights.spent_tokens(first)
-    assert tokens >= billed  # the estimate over-counts; see benchmarks/LOG.md for by how much
 
     # a second night, 7 texts edited and 3 rows added: only those are new
     second = _rows(123, edited=7)
@@ -138,10 +146,54 @@ def test_dry_run_sends_nothing_writes_nothing_and_counts_only_a_nights_new_texts
     tokens, texts = _estimate(result.stdout)
     new = [t for _, t in second[:7]] + [t for _, t in second[120:]]
     assert texts == len(set(new))
-    assert tokens == sum(max(1, -(-len(t.encode()) // 3)) for t in set(new))
+    # the first night reported too few tokens to calibrate: the estimate by script stands
+    assert tokens == sum(approximate_tokens(t) for t in set(new))
+    assert f"tokens     {FIRST_RUN_METHOD}" in result.stdout
     assert "no price given" in result.stdout
     assert fake_openai.counters()["requests"] == 0
     assert nights.state() == before  # output files and the ledger's runs unchanged
+
+
+def _debian_rows(n: int) -> list[tuple[str, str]]:
+    """The first ``n`` rows of the English Debian file with a non-empty text."""
+    csv.field_size_limit(1 << 24)
+    rows = []
+    with open(real_csv(ENGLISH_NAME), encoding="utf-8-sig", newline="") as fh:
+        for record in csv.DictReader(fh):
+            if record["text"].strip():
+                rows.append((record["id"], record["text"]))
+            if len(rows) == n:
+                return rows
+    raise AssertionError(f"fewer than {n} rows")
+
+
+def test_a_dry_run_calibrated_by_earlier_nights_is_within_5_percent_of_the_charge(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    nights = Nights(tmp_path, fake_openai)
+    first = _debian_rows(400)[:300]
+    result = nights.run(first, "--chunk-size", "100", "--batch-size", "50")
+    assert result.returncode == 0, result.stderr[-3000:]
+    paid = nights.spent_tokens(first)
+    assert paid > 10_000  # enough to calibrate (embedline.calibration.MIN_CALIBRATION_TOKENS)
+
+    # an edited night: 40 texts changed, 100 rows added, 20 rows gone
+    more = _debian_rows(400)
+    second = [(i, f"{t} (revised)" if n % 7 == 0 else t) for n, (i, t) in enumerate(more[20:])]
+    fake_openai.reset()
+    result = nights.run(second, "--chunk-size", "100", "--batch-size", "50", "--dry-run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    estimated, texts = _estimate(result.stdout)
+    found = CALIBRATED.search(result.stdout)
+    assert found, result.stdout
+    assert int(found[1].replace(",", "")) == paid  # what the first night was charged
+    assert fake_openai.counters()["requests"] == 0
+
+    result = nights.run(second, "--chunk-size", "100", "--batch-size", "50")
+    assert result.returncode == 0, result.stderr[-3000:]
+    charged = nights.spent_tokens(second)
+    assert texts == sum(fake_openai.charged_texts().values())
+    assert abs(estimated - charged) <= 0.05 * charged, (estimated, charged)
 
 
 def test_max_cost_stops_before_the_cap_and_a_rerun_with_a_higher_cap_completes(

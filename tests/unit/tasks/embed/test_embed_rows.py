@@ -164,3 +164,24 @@ def test_a_chunk_with_nothing_to_send_needs_no_client() -> None:
         [], None, model="m", dimensions=None, batch_size=4, max_request_tokens=10**6
     )
     assert (result.rows, result.dead_letters, result.requests) == ([], [], 0)
+
+
+def test_only_answers_that_report_usage_add_to_the_calibration_estimate() -> None:
+    class Unmetered(ScriptedClient):
+        """Reports usage only for requests whose first text starts with "metered"."""
+
+        def embed(
+            self,
+            texts: Sequence[str],
+            *,
+            idempotency_key: str,
+            expect_dimensions: int | None = None,
+        ) -> Embeddings:
+            answer = super().embed(texts, idempotency_key=idempotency_key)
+            metered = texts[0].startswith("metered")
+            return Embeddings(answer.vectors, tokens=answer.tokens if metered else 0, requests=1)
+
+    texts = ["metered one, two", "metered three", "plain four five", "plain six"]
+    result = _run(_rows(texts), Unmetered(), batch_size=2)
+    assert result.tokens == 2  # the scripted client's usage: one token per text
+    assert result.tokens_estimated == 4 + 2  # approximate_tokens of the metered request only
