@@ -18,7 +18,11 @@ FAKETIME_STAMP := $(VENV)/.faketime
 # PgBouncer (Debian package pgbouncer, apt-get as root) in front of the test PostgreSQL, in
 # transaction mode, for the pooler tests of the pgvector sink.
 PGBOUNCER_STAMP := $(VENV)/.pgbouncer
-TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP) $(FAKETIME_STAMP) $(PGBOUNCER_STAMP)
+# Chromium (Debian package chromium, apt-get as root) for the test that renders the Prefect
+# UI's artifacts headless.
+CHROMIUM_STAMP := $(VENV)/.chromium
+TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP) $(FAKETIME_STAMP) $(PGBOUNCER_STAMP) \
+	$(CHROMIUM_STAMP)
 
 .PHONY: demo test test-ready test-unit test-all test-real-servers bench bench-scale docs lint clean
 
@@ -86,6 +90,10 @@ $(FAKETIME_STAMP): tests/support/faketime/install.sh
 $(PGBOUNCER_STAMP): tests/support/pgbouncer/install.sh | $(FAKETIME_STAMP)
 	tests/support/pgbouncer/install.sh
 	mkdir -p $(VENV) && touch $(PGBOUNCER_STAMP)
+
+$(CHROMIUM_STAMP): tests/support/chromium/install.sh | $(PGBOUNCER_STAMP)
+	tests/support/chromium/install.sh
+	mkdir -p $(VENV) && touch $(CHROMIUM_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py
