@@ -14,6 +14,7 @@ from embedline.progress import BatchCount
 __all__ = [
     "all_answered",
     "batch_counts",
+    "batch_requests",
     "failed_for_token_limit",
     "ids_late",
     "left_running_note",
@@ -36,10 +37,24 @@ def ids_late(record: BatchRecord) -> bool:
     )
 
 
-def all_answered(record: BatchRecord) -> bool:
-    """The batch completed with an answer for every request it carries."""
+def batch_requests(records: Iterable[BatchRecord]) -> dict[str, int]:
+    """By batch id, the requests of the parts ``records`` record for it (a batch packs the
+    parts of many chunks: its request count is theirs summed)."""
+    total: dict[str, int] = {}
+    for record in records:
+        if record.batch_id:
+            total[record.batch_id] = total.get(record.batch_id, 0) + record.requests
+    return total
+
+
+def all_answered(record: BatchRecord, requests: int | None = None) -> bool:
+    """The batch completed with an answer for every request it carries: ``requests``, the
+    batch's (``batch_requests``; default: the part's own, a batch of one part). A batch
+    whose parts the ledger does not all record reads not answered: its files tell."""
     return (
-        record.status == "completed" and record.failed == 0 and record.completed == record.requests
+        record.status == "completed"
+        and record.failed == 0
+        and record.completed == (record.requests if requests is None else requests)
     )
 
 
@@ -54,13 +69,21 @@ def merged_layouts(layouts: list[BatchLayout | None]) -> BatchLayout:
 
 def batch_counts(records: Iterable[BatchRecord]) -> tuple[BatchCount, ...]:
     """The batches of ``records`` by status (or state, before a create), with their
-    requests and how many are done, sorted by status."""
-    by_status: dict[str, list[BatchRecord]] = {}
+    requests and how many are done, sorted by status: parts that share a batch (or an
+    upload) are one batch, its requests theirs summed, its completed count the batch's."""
+    batches: dict[object, list[BatchRecord]] = {}
     for record in records:
-        by_status.setdefault(record.status or record.state, []).append(record)
+        key = record.batch_id or record.input_file_id or (record.idx, record.part)
+        batches.setdefault(key, []).append(record)
+    by_status: dict[str, list[list[BatchRecord]]] = {}
+    for parts in batches.values():
+        by_status.setdefault(parts[0].status or parts[0].state, []).append(parts)
     return tuple(
         BatchCount(
-            status, len(group), sum(r.requests for r in group), sum(r.completed for r in group)
+            status,
+            len(group),
+            sum(r.requests for parts in group for r in parts),
+            sum(parts[0].completed for parts in group),
         )
         for status, group in sorted(by_status.items())
     )
