@@ -4,13 +4,13 @@ One row per (run key, chunk index, part). A part is written ``creating`` before 
 file is uploaded and its batch created, and ``submitted`` with the provider's batch id
 after; its provider ``status``, file ids and request counts follow each poll. A part whose
 row is still ``creating`` (a crash, a create that failed or timed out) is looked up in the
-account's batch list (the batch made from its upload) before anything is submitted again. ``layout``
-(migration ``0010_batch_layouts``) is what the part carries: each request's ``custom_id``
-and the positions of its rows in the chunk, recorded before the create and never derived
-again from the run's settings (a rerun may change them); NULL for a part recorded before
-that migration. ``req_start`` / ``req_stop`` is the part's range of the chunk's requests as
-first planned (``tasks.batch.requests``), NULL for a part that submits what earlier parts
-left unanswered. One batch packs the parts of many chunks (migration
+account's batch list (the batch made from its upload) before anything is submitted again.
+``layout`` (migration ``0010_batch_layouts``) is what the part carries: each request's
+``custom_id`` and the positions of its rows in the chunk, recorded before the create and
+never derived again from the run's settings (a rerun may change them); NULL for a part
+recorded before that migration. ``req_start`` / ``req_stop`` is the part's range of the
+chunk's requests as first planned (``tasks.batch.requests``), NULL for a part that submits
+what earlier parts left unanswered. One batch packs the parts of many chunks (migration
 ``0012_packed_batches``): its parts share its ``batch_id`` and ``input_file_id``, each
 keeps its own ``requests``, ``inputs`` and ``layout``, and each poll writes the batch's
 ``status``, files and counts (``completed``, ``failed``: the whole batch's) on all of them.
