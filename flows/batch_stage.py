@@ -398,6 +398,8 @@ class BatchStage:
         self._created_tokens[str(batch["id"])] = tokens
         for spec, record, _ in units:
             self.calls.adopt(spec, record, batch, created=True)
+        # failed validation at once: nothing more is created (one chunk's records say it)
+        self._check_failures(self.ledger.run_batches(self.run_key, first[0].index), first[0])
 
     def _learn_token_cap(self, error: str, tokens: int | None) -> None:
         """Pack no batch over the enqueued-token limit again: the limit the provider's
