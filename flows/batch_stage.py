@@ -66,6 +66,7 @@ from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from flows.signals import under_prefect_runner
 from tasks.batch.calls import BatchCalls, Log, batch_metadata
+from tasks.batch.outputs import OUTPUTS
 from tasks.batch.parts import PartRequests
 from tasks.batch.records import (
     all_answered,
@@ -174,6 +175,7 @@ class BatchStage:
             refuses every connection (``FatalError``: never reached; ``EndpointDownError``).
         """
         STOP.report.note_left_running(None)  # an earlier run's, in a long-lived process
+        OUTPUTS.clear()  # an earlier run's result files, in a long-lived process
         try:
             for spec in todo:
                 if self._stopped.is_set() or self.staged.fatal:

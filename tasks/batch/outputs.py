@@ -7,7 +7,7 @@ own lines. ``OUTPUTS.lines`` reads a file once, splits its lines by the chunk th
 chunk its lines once (they are dropped when taken, the file when every chunk took its
 lines; the last few files are kept). A chunk that asks again (a task retried) reads the
 file again. Lines that name no chunk (a batch of one chunk made before parts were packed)
-are handed to every chunk that asks.
+are handed to every chunk that asks. The batch stage clears it when a run starts.
 """
 
 from __future__ import annotations
@@ -84,6 +84,13 @@ class OutputLines:
                     self._files.pop(key, None)
                     self._reading.pop(key, None)
         return b"\n".join(mine + split.unnamed) + b"\n"
+
+    def clear(self) -> None:
+        """Forget every file (a new run: a provider that reuses file ids, e.g. a local
+        server restarted, never hands a chunk an earlier run's lines)."""
+        with self._lock:
+            self._files.clear()
+            self._reading.clear()
 
 
 #: The process's result files: chunk tasks of one process share them.
