@@ -95,8 +95,8 @@ def _nothing_to_cancel(records: list[BatchRecord], run_key: str) -> str | None:
         for r in records
     ):
         return None
-    ended = sum(1 for r in records if r.batch_id)
-    never = len(records) - ended
+    ended = len({r.batch_id for r in records if r.batch_id})  # a packed batch: once
+    never = sum(1 for r in records if not r.batch_id)
     counts = ", ".join(
         part
         for part in (f"{ended} ended" if ended else "", f"{never} never created" if never else "")
