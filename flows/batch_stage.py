@@ -49,7 +49,6 @@ resubmitted on its own.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -76,6 +75,7 @@ from tasks.batch.records import (
     ids_late,
     left_running_note,
     merged_layouts,
+    token_cap,
 )
 from tasks.batch.requests import (
     BatchRequest,
@@ -92,8 +92,6 @@ __all__ = ["BatchStage", "Staged"]
 _FIRST_POLL_S = 0.05  # seconds; the interval grows by half each poll to --batch-poll-interval
 _MAX_REST_PARTS = 4  # resubmissions of a chunk's unanswered requests for server errors
 _WINDOW_S = 24 * 3600.0  # the completion window: token-limit waits end within it
-#: The enqueued-token limit as OpenAI's ``token_limit_exceeded`` message states it.
-_LIMIT = re.compile(r"Limit:\s*([\d,]+)\s*enqueued tokens", re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -377,7 +375,7 @@ class BatchStage:
         try:
             batch = self.client.create_batch(file_id, metadata)
         except TokenLimitError as exc:
-            self._learn_token_cap(str(exc), tokens)
+            self._token_cap = token_cap(str(exc), tokens, self._token_cap)
             if len(units) > 1:  # refused, never created: packed again within the cap
                 for spec, record, _ in units:
                     self.ledger.note_batch_input(self.run_key, spec.index, record.part, None)
@@ -402,20 +400,6 @@ class BatchStage:
             self.calls.adopt(spec, record, batch, created=True)
         # failed validation at once: nothing more is created (one chunk's records say it)
         self._check_failures(self.ledger.run_batches(self.run_key, first[0].index), first[0])
-
-    def _learn_token_cap(self, error: str, tokens: int | None) -> None:
-        """Pack no batch over the enqueued-token limit again: the limit the provider's
-        ``error`` states (``estimate_tokens`` over-counts, so a batch within it by the
-        estimate is within it), else half the refused batch's estimated ``tokens`` (or
-        of the cap learned so far). A batch of one part goes alone whatever the cap."""
-        stated = _LIMIT.search(error)
-        if stated is not None:
-            cap = int(stated.group(1).replace(",", ""))
-        elif tokens or self._token_cap:
-            cap = min(t for t in (tokens, self._token_cap) if t) // 2
-        else:
-            return
-        self._token_cap = max(1, min(cap, self._token_cap or cap))
 
     def _token_limited(self) -> None:
         self._token_waits += 1
@@ -546,9 +530,8 @@ class BatchStage:
                 return
             if record.batch_id not in self._seen_limits:
                 self._seen_limits.add(str(record.batch_id))
-                self._learn_token_cap(
-                    record.error or "", self._created_tokens.get(str(record.batch_id))
-                )
+                tokens = self._created_tokens.get(str(record.batch_id))
+                self._token_cap = token_cap(record.error or "", tokens, self._token_cap)
                 self._token_limited()
 
     def _ready(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:

@@ -1,15 +1,20 @@
 """What the ledger's batch records of a run say, read without calling the provider: a part
-that failed for the token limit, a completed batch whose file ids are late, a batch that
-answered every request, the parts' layouts merged, the batches by status (for the progress
-report), and what a run that ends with batches still running tells the user."""
+that failed for the token limit (and the cap it teaches the packing), a completed batch
+whose file ids are late, a batch that answered every request, the parts' layouts merged,
+the batches by status (for the progress report), and what a run that ends with batches still
+running tells the user."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from adapters.ledger import BatchRecord
 from embedline.models import BatchLayout
 from embedline.progress import BatchCount
+
+#: The enqueued-token limit as OpenAI's ``token_limit_exceeded`` message states it.
+_LIMIT = re.compile(r"Limit:\s*([\d,]+)\s*enqueued tokens", re.IGNORECASE)
 
 __all__ = [
     "all_answered",
@@ -19,12 +24,29 @@ __all__ = [
     "ids_late",
     "left_running_note",
     "merged_layouts",
+    "token_cap",
 ]
 
 
 def failed_for_token_limit(record: BatchRecord) -> bool:
     """The batch failed because the model's enqueued-token budget was full."""
     return record.status == "failed" and "token_limit_exceeded" in (record.error or "")
+
+
+def token_cap(error: str, tokens: int | None, cap: int | None) -> int | None:
+    """The estimated tokens a batch may pack after a ``token_limit_exceeded`` refusal whose
+    message is ``error``, of a batch of ``tokens`` estimated tokens (None: unknown), with
+    ``cap`` learned so far: the limit the message states (``estimate_tokens`` over-counts,
+    so a batch within it by the estimate is within it), else half the refused batch (or of
+    ``cap``); never above ``cap``. A batch of one part goes alone whatever the cap."""
+    stated = _LIMIT.search(error)
+    if stated is not None:
+        new = int(stated.group(1).replace(",", ""))
+    elif tokens or cap:
+        new = min(t for t in (tokens, cap) if t) // 2
+    else:
+        return cap
+    return max(1, min(new, cap or new))
 
 
 def ids_late(record: BatchRecord) -> bool:

@@ -19,7 +19,7 @@ from embedline.models import ReusePlan, Row
 from embedline.settings import RunSettings
 from tasks.batch.calls import BatchCalls, batch_metadata
 from tasks.batch.outputs import OutputLines
-from tasks.batch.records import all_answered, batch_counts, batch_requests
+from tasks.batch.records import all_answered, batch_counts, batch_requests, token_cap
 from tasks.batch.requests import (
     BatchResults,
     chunk_requests,
@@ -184,3 +184,12 @@ def test_the_parts_a_batch_packs_share_its_id_polls_and_count_as_one_batch() -> 
         4,
         4,
     )
+
+
+def test_a_token_limit_refusal_caps_the_batches_packed_after_it() -> None:
+    stated = "Enqueued token limit reached for m. Limit: 3,000,000 enqueued tokens. Please …"
+    assert token_cap(stated, 5_000_000, None) == 3_000_000  # the limit the message states
+    assert token_cap(stated, None, 1_000) == 1_000  # never above the cap learned so far
+    assert token_cap("token_limit_exceeded", 800, None) == 400  # no limit stated: half
+    assert token_cap("token_limit_exceeded", None, 400) == 200  # refused again: half again
+    assert token_cap("token_limit_exceeded", None, None) is None  # nothing to learn from
