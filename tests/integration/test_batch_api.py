@@ -271,9 +271,10 @@ def start_waiting_run(
     server: FakeBatchServer,
     api_url: str,
     *extra: str,
+    batches: int = 3,
 ) -> tuple[list[tuple[str, str]], dict[str, str], subprocess.Popen[str]]:
-    """A CLI run of ``TEXTS`` (on the Prefect server at ``api_url``) whose 3 batches are
-    submitted and held ``in_progress``: it waits. Returns (rows, env, process)."""
+    """A CLI run of ``TEXTS`` (on the Prefect server at ``api_url``) whose ``batches``
+    batches are submitted and held ``in_progress``: it waits. Returns (rows, env, process)."""
     rows = write_csv(tmp_path / "in.csv", TEXTS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": api_url}
     server.hold = True
@@ -287,7 +288,7 @@ def start_waiting_run(
         start_new_session=True,
     )
     deadline = time.monotonic() + 90
-    while server.batch_counters()["batches"] < 3:
+    while server.batch_counters()["batches"] < batches:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the run never submitted its batches"
         time.sleep(0.1)
@@ -874,17 +875,19 @@ def test_nothing_listening_at_base_url_in_batch_mode_stops_the_run_like_synchron
 def test_kill_9_then_a_rerun_with_the_ledger_deleted_adopts_the_providers_batches(
     tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
 ) -> None:
-    """A run killed while its batches run, its ledger deleted (a fresh container), rerun:
-    the rerun finds the run's batches in the provider's list by their metadata and adopts
-    them; no batch is created again, each distinct text billed once."""
-    rows, env, proc = start_waiting_run(tmp_path, server, prefect_api_url)
+    """A run killed while its batch runs, its ledger deleted (a fresh container), rerun: the
+    rerun finds the run's batch in the provider's list by its metadata (the range of chunks
+    it packs) and adopts it for each chunk whose lines it holds; no batch is created again,
+    each distinct text billed once."""
+    packed = ("--batch-max-inputs", str(PACKED))  # the three chunks in one batch
+    rows, env, proc = start_waiting_run(tmp_path, server, prefect_api_url, *packed, batches=1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     for leftover in tmp_path.glob("ledger.sqlite3*"):
         leftover.unlink()
     server.hold = False
     rerun = subprocess.run(
-        cli_args(tmp_path, server),
+        [*cli_args(tmp_path, server), *packed],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -894,7 +897,7 @@ def test_kill_9_then_a_rerun_with_the_ledger_deleted_adopts_the_providers_batche
     assert rerun.returncode == 0, rerun.stderr
     assert_exact(tmp_path, rows)
     counters = server.batch_counters()
-    assert counters["creates"] == counters["batches"] == 3  # adopted, not created again
+    assert counters["creates"] == counters["batches"] == 1  # adopted, not created again
     assert counters["batch_inputs"] == distinct(rows)  # before: every text billed twice
     assert counters["requests"] == 0
 
