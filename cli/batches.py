@@ -95,8 +95,8 @@ def _nothing_to_cancel(records: list[BatchRecord], run_key: str) -> str | None:
         for r in records
     ):
         return None
-    ended = sum(1 for r in records if r.batch_id)
-    never = len(records) - ended
+    ended = len({r.batch_id for r in records if r.batch_id})  # a packed batch: once
+    never = sum(1 for r in records if not r.batch_id)
     counts = ", ".join(
         part
         for part in (f"{ended} ended" if ended else "", f"{never} never created" if never else "")
@@ -277,9 +277,11 @@ def _cancel_open(
     from embedline.errors import UnknownBatchError
 
     cancelled, unknown = 0, []
+    asked: set[str] = set()  # a batch that packs many chunks' parts: cancelled once
     for record in ledger.run_batches(run_key):
-        if not record.batch_id or record.status in _ENDED:
+        if not record.batch_id or record.status in _ENDED or record.batch_id in asked:
             continue
+        asked.add(record.batch_id)
         try:
             batch = client.cancel_batch(record.batch_id)
         except UnknownBatchError as exc:
@@ -303,20 +305,21 @@ def _cancel_open(
 
 def _adopt_creating(ledger: Ledger, client: BatchClient, run_key: str) -> tuple[int, int]:
     """Record the provider's batch of each part still ``creating`` that the account's list
-    holds (by metadata, ``tasks.batch.calls.listed_parts``); return (adopted, not found). Parts
-    whose input was never uploaded were never created: not looked for, counted not found.
+    holds (the batch created from the part's upload, ``tasks.batch.calls.listed_inputs``);
+    return (adopted, not found). Parts whose input was never uploaded were never created:
+    not looked for, counted not found.
 
     :raises EmbedlineError: the list could not be read.
     """
     creating = [r for r in ledger.run_batches(run_key) if r.state == "creating"]
     if not any(r.input_file_id for r in creating):
         return 0, len(creating)
-    from tasks.batch.calls import listed_parts
+    from tasks.batch.calls import listed_inputs
 
-    listed = listed_parts(client, run_key)
+    listed = listed_inputs(client, run_key)
     adopted = 0
     for record in creating:
-        batch = listed.get((record.idx, record.part))
+        batch = listed.get(record.input_file_id or "")
         if batch is None:
             continue
         ledger.mark_batch_submitted(

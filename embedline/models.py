@@ -388,11 +388,13 @@ class ChunkBatches:
     ``files``: the output and error file ids of every batch of the chunk; ``layout``: every
     request those batches carried, as the ledger recorded it when each batch was submitted
     (``BatchLayout``), so answers are matched to rows whatever batching settings the run
-    has now. Small, so it travels to Dask workers.
+    has now; ``chunk``: the chunk's index, which names its lines in a batch that packs many
+    chunks (None: every line is the chunk's). Small, so it travels to Dask workers.
     """
 
     files: tuple[str, ...] = ()
     layout: BatchLayout = ()
+    chunk: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,14 @@
-"""Batch API mode (``--batch-api``): submit each chunk's requests as batches, wait, collect.
+"""Batch API mode (``--batch-api``): submit the chunks' requests as batches, wait, collect.
 
 Runs in the flow process before the chunk tasks (docs/design.md, "Batch API mode"):
 
     for each chunk to embed: its reuse plan (``ReuseStage.plan_for``, the plan its task
     gets) → its requests (``chunk_requests``) → parts (``pack``) recorded ``creating``
-    with their layout (each request's custom_id and row positions) → upload + create, one
-    by one, each recorded ``submitted`` → one poller for all of the run's batches, the
+    with their layout (each request's custom_id and row positions) → the parts of
+    consecutive chunks packed into batches up to the provider's limits (``pack_parts``:
+    a night of small edits over many chunks makes a few batches, not one per chunk) →
+    upload + create, one by one, each batch's parts recorded ``submitted`` with its id →
+    one poller for all of the run's batches, the
     interval growing to ``--batch-poll-interval`` → a chunk whose batches all ended has its
     unanswered requests submitted again as a new part (or left to ``--batch-fallback
     sync``) → when every chunk is ready, the ordinary chunk tasks run with the chunk's
@@ -22,8 +25,9 @@ Exactly once: a part is recorded before its create, and one still ``creating`` i
 in the account's batch list and adopted when it was created from the part's upload
 (``tasks.batch.calls``, which records every answer of the provider). A rerun after a crash or
 Ctrl-C (batches keep running at the provider) polls and collects what the ledger records; a
-chunk the ledger records no batch of (a fresh or lost ledger) first adopts the run's batches of
-that chunk that the list holds (``_adopt_unrecorded``): the ledger is a cache, the provider the
+chunk the ledger records no batch of (a fresh or lost ledger) first adopts the run's batches
+that carry that chunk's parts and that the list holds (``_adopt_unrecorded``; a batch that
+packs many chunks is adopted by each of them): the ledger is a cache, the provider the
 truth.
 
 Stopping: the flow runs the stage under ``flows.signals.dispatch_with_graceful_stop``, as it
@@ -61,16 +65,26 @@ from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from flows.signals import under_prefect_runner
 from tasks.batch.calls import BatchCalls, Log, batch_metadata
+from tasks.batch.outputs import OUTPUTS
 from tasks.batch.parts import PartRequests
 from tasks.batch.records import (
     all_answered,
     batch_counts,
+    batch_requests,
     failed_for_token_limit,
     ids_late,
     left_running_note,
     merged_layouts,
+    token_cap,
 )
-from tasks.batch.requests import BatchRequest, input_file, layout_from_input, layout_of, pack
+from tasks.batch.requests import (
+    BatchRequest,
+    input_file,
+    layout_from_input,
+    layout_of,
+    pack,
+    pack_parts,
+)
 from tasks.reuse.stage import ReuseStage
 
 __all__ = ["BatchStage", "Staged"]
@@ -132,6 +146,13 @@ class BatchStage:
         self._started = clock()
         self._shown: tuple[BatchCount, ...] = ()
         self._sent: set[tuple[int, int]] = set()  # (chunk, part) whose create was sent
+        # parts to submit, packed into batches by ``_flush``: (chunk, its record, requests)
+        self._queue: list[tuple[ChunkSpec, BatchRecord, list[BatchRequest]]] = []
+        self._queued: set[tuple[int, int]] = set()
+        # estimated tokens a batch may pack, learned from token_limit_exceeded (None: the
+        # --batch-enqueued-tokens budget alone); each batch created's estimate, by id
+        self._token_cap: int | None = None
+        self._created_tokens: dict[str, int] = {}
 
     # ── the stage ────────────────────────────────────────────────────────────────────────
     def run(self, todo: Sequence[ChunkSpec]) -> Staged:
@@ -152,6 +173,7 @@ class BatchStage:
             refuses every connection (``FatalError``: never reached; ``EndpointDownError``).
         """
         STOP.report.note_left_running(None)  # an earlier run's, in a long-lived process
+        OUTPUTS.clear()  # an earlier run's result files, in a long-lived process
         try:
             for spec in todo:
                 if self._stopped.is_set() or self.staged.fatal:
@@ -160,7 +182,9 @@ class BatchStage:
                 self.staged.plans[spec.index] = self.planner.plan_for(spec)
                 self._start(spec)
                 self._check_failures(self.ledger.run_batches(self.run_key, spec.index), spec)
+                self._flush(final=False)  # the batches full so far
             if not self.staged.fatal:
+                self._flush(final=True)
                 self._wait()
         except BaseException:  # an interrupt, the Batch API failing: batches may run on
             self._left_running()
@@ -177,8 +201,12 @@ class BatchStage:
         self._stopped.set()
 
     def _count(self) -> None:
-        self.staged.batches = sum(
-            1 for r in self.ledger.run_batches(self.run_key) if r.batch_id and r.idx in self._specs
+        self.staged.batches = len(  # a batch that packs many chunks' parts counted once
+            {
+                r.batch_id
+                for r in self.ledger.run_batches(self.run_key)
+                if r.batch_id and r.idx in self._specs
+            }
         )
 
     def _start(self, spec: ChunkSpec) -> None:
@@ -232,7 +260,9 @@ class BatchStage:
             record = records.get(part)
             if record is not None and (record.batch_id or record.input_file_id):
                 continue  # a batch of its own, or an upload matched by its file id
-            layout = layout_from_input(rows, self.calls.input_of(batch), self.settings)
+            layout = layout_from_input(
+                rows, self.calls.input_of(batch, spec.index, part), self.settings
+            )
             if not layout:
                 continue  # none of its requests is this chunk's now
             if not adopted:
@@ -278,39 +308,98 @@ class BatchStage:
 
     # ── create ───────────────────────────────────────────────────────────────────────────
     def _submit(self, spec: ChunkSpec, record: BatchRecord, requests: list[BatchRequest]) -> None:
-        """Upload the part's input file and create its batch (sent once); a create that
-        failed or timed out is looked for in the list and adopted; a token-limit refusal
-        leaves the part ``creating`` until earlier batches finish; so does a ``stop``
-        (the next run submits it)."""
+        """Queue the part for ``_flush``, which packs it with other chunks' parts into a
+        batch (a part already uploaded is created again from its upload)."""
+        key = (spec.index, record.part)
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.append((spec, record, requests))
+
+    def _flush(self, *, final: bool) -> None:
+        """Create the batches of the queued parts: those uploaded, from their upload; the
+        others packed in order (``pack_parts``) up to the provider's limits and the
+        enqueued-token budget. ``final=False``: only full batches (the last stays queued
+        for the next chunks' parts)."""
+        queue, self._queue = self._queue, []
+        uploaded: dict[str, list[tuple[ChunkSpec, BatchRecord, list[BatchRequest]]]] = {}
+        fresh = []
+        for item in queue:
+            if item[1].input_file_id:
+                uploaded.setdefault(item[1].input_file_id, []).append(item)
+            else:
+                fresh.append(item)
+        groups: list[tuple[list[tuple[ChunkSpec, BatchRecord, list[BatchRequest]]], str | None]]
+        groups = [(units, file_id) for file_id, units in uploaded.items()]
+        budgets = [b for b in (self.settings.batch_enqueued_tokens, self._token_cap) if b]
+        packed = pack_parts(
+            [requests for _, _, requests in fresh],
+            self.settings,
+            max_tokens=min(budgets) if budgets else None,
+        )
+        if not final and packed:
+            start, _ = packed.pop()  # not full yet: more parts may join it
+            self._queue = fresh[start:]
+        groups += [(fresh[a:b], None) for a, b in packed]
+        for units, file_id in groups:
+            for spec, record, _ in units:
+                self._queued.discard((spec.index, record.part))
+            if not self._stopped.is_set() and not self._failed():
+                self._create(units, file_id)
+
+    def _create(
+        self,
+        units: list[tuple[ChunkSpec, BatchRecord, list[BatchRequest]]],
+        file_id: str | None,
+    ) -> None:
+        """Upload the parts ``units`` as one input file (unless ``file_id``: uploaded) and
+        create their batch (sent once); a create that failed or timed out is looked for in
+        the list and adopted; a token-limit refusal leaves the parts ``creating`` until
+        earlier batches finish; so does a ``stop`` (the next run submits them)."""
         self._wait_for_token_budget()
         if self._stopped.is_set():
             return
-        file_id = record.input_file_id
+        first = units[0]
         if file_id is None:
-            name = f"embedline-{self.run_key[:12]}-{spec.index:05d}-{record.part}.jsonl"
-            file_id = self.client.upload(name, input_file(requests, self.settings))
-            self.ledger.note_batch_input(self.run_key, spec.index, record.part, file_id)
-        metadata = batch_metadata(self.run_key, spec, record.part)
-        self._sent.add((spec.index, record.part))
+            name = f"embedline-{self.run_key[:12]}-{first[0].index:05d}-{first[1].part}"
+            if len(units) > 1:
+                name += f"-{units[-1][0].index:05d}-{len(units)}parts"
+            file_id = self.client.upload(
+                f"{name}.jsonl",
+                input_file(((s.index, r.part, q) for s, r, q in units), self.settings),
+            )
+            for spec, record, _ in units:
+                self.ledger.note_batch_input(self.run_key, spec.index, record.part, file_id)
+        metadata = batch_metadata(self.run_key, [(s, r.part) for s, r, _ in units])
+        self._sent.update((s.index, r.part) for s, r, _ in units)
+        tokens = sum(q.estimated_tokens for _, _, requests in units for q in requests)
         try:
             batch = self.client.create_batch(file_id, metadata)
-        except TokenLimitError:
+        except TokenLimitError as exc:
+            self._token_cap = token_cap(str(exc), tokens, self._token_cap)
+            if len(units) > 1:  # refused, never created: packed again within the cap
+                for spec, record, _ in units:
+                    self.ledger.note_batch_input(self.run_key, spec.index, record.part, None)
             self._token_limited()
             return
         except RetryableError as exc:
             self.log.warning(
-                "chunk %d part %d: the batch create failed (%s): looking for "
+                "chunk %d part %d (%d parts packed): the batch create failed (%s): looking for "
                 "the batch it may have made",
-                spec.index,
-                record.part,
+                first[0].index,
+                first[1].part,
+                len(units),
                 exc,
             )
             self.calls.forget_listing()  # list again: the batch would be new
-            found = self.calls.find(spec, record.part, file_id)
+            found = self.calls.find(first[0], first[1].part, file_id)
             if found is None:
                 return  # still `creating`: submitted again on the next poll
             batch = found
-        self.calls.adopt(spec, record, batch, created=True)
+        self._created_tokens[str(batch["id"])] = tokens
+        for spec, record, _ in units:
+            self.calls.adopt(spec, record, batch, created=True)
+        # failed validation at once: nothing more is created (one chunk's records say it)
+        self._check_failures(self.ledger.run_batches(self.run_key, first[0].index), first[0])
 
     def _token_limited(self) -> None:
         self._token_waits += 1
@@ -343,11 +432,15 @@ class BatchStage:
         interval = min(_FIRST_POLL_S, self.settings.batch_poll_interval_s)
         while not self._failed() and not self._stopped.is_set():
             records = self._poll_all()
+            totals = batch_requests(records)
             open_chunks = [i for i in self._specs if i not in self.staged.answers]
             for index in open_chunks:
-                self._advance(self._specs[index], [r for r in records if r.idx == index])
+                self._advance(self._specs[index], [r for r in records if r.idx == index], totals)
                 if self._failed():
                     return
+            self._flush(final=True)  # resubmitted and still-creating parts, packed
+            if self._failed():
+                return
             if all(i in self.staged.answers for i in self._specs):
                 return
             self._show(self.ledger.run_batches(self.run_key))
@@ -355,19 +448,22 @@ class BatchStage:
             interval = min(interval * 1.5, self.settings.batch_poll_interval_s)
 
     def _poll_all(self) -> list[BatchRecord]:
+        polled: set[str] = set()  # a batch that packs many chunks' parts: polled once
         for record in self.ledger.run_batches(self.run_key):
             if (
                 record.idx in self._specs
                 and record.batch_id
+                and record.batch_id not in polled
                 and (record.status not in TERMINAL_STATUSES or ids_late(record))
             ):
+                polled.add(record.batch_id)
                 self.calls.record_poll(self.calls.get_batch(record))  # running, or its ids are late
         return self.ledger.run_batches(self.run_key)
 
-    def _advance(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
+    def _advance(self, spec: ChunkSpec, records: list[BatchRecord], totals: dict[str, int]) -> None:
         """Move one chunk on: resubmit a part still ``creating``; when all its batches have
         ended, stop on a validation failure, else submit what is unanswered or mark the
-        chunk ready."""
+        chunk ready. ``totals``: each batch's requests (``batch_requests``)."""
         for record in records:
             if record.state == "creating" and self.clock() >= self._not_before:
                 self._resume_creating(spec, record)
@@ -380,7 +476,7 @@ class BatchStage:
         self._check_failures(records, spec)
         if self.staged.fatal:
             return
-        if all(all_answered(r) for r in records):
+        if all(all_answered(r, totals.get(r.batch_id or "")) for r in records):
             self._ready(spec, records)
             return
         pending = self.parts.pending(spec, records)
@@ -432,14 +528,20 @@ class BatchStage:
                 return
             if record.batch_id not in self._seen_limits:
                 self._seen_limits.add(str(record.batch_id))
+                tokens = self._created_tokens.get(str(record.batch_id))
+                self._token_cap = token_cap(record.error or "", tokens, self._token_cap)
                 self._token_limited()
 
     def _ready(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
-        files = tuple(f for r in records for f in (r.output_file_id, r.error_file_id) if f)
+        files = tuple(
+            dict.fromkeys(f for r in records for f in (r.output_file_id, r.error_file_id) if f)
+        )
         layouts = [r.layout for r in records]
         if any(layout is None for layout in layouts):  # recorded without layouts
             layouts = [layout_of(self.parts.recorded(spec, self.parts.rows(spec), records))]
-        self.staged.answers[spec.index] = ChunkBatches(files, merged_layouts(layouts))
+        self.staged.answers[spec.index] = ChunkBatches(
+            files, merged_layouts(layouts), chunk=spec.index
+        )
 
     # ── report ───────────────────────────────────────────────────────────────────────────
     def _show(self, records: list[BatchRecord]) -> None:
@@ -462,15 +564,19 @@ class BatchStage:
         the provider, if any: those submitted that have not ended, and parts whose create
         was sent but never confirmed (they may run)."""
         records = self.ledger.run_batches(self.run_key)
-        running = sum(
-            1
-            for r in records
-            if r.batch_id and r.status not in TERMINAL_STATUSES and r.status != "not_found"
-        )  # unknown to the provider: said apart
-        unconfirmed = sum(
-            1
-            for r in records
-            if r.state == "creating" and r.input_file_id and (r.idx, r.part) in self._sent
+        running = len(
+            {
+                r.batch_id
+                for r in records
+                if r.batch_id and r.status not in TERMINAL_STATUSES and r.status != "not_found"
+            }
+        )  # unknown to the provider: said apart; a batch that packs many parts counted once
+        unconfirmed = len(
+            {
+                r.input_file_id
+                for r in records
+                if r.state == "creating" and r.input_file_id and (r.idx, r.part) in self._sent
+            }
         )
         what = left_running_note(
             running,

@@ -4,14 +4,17 @@ One row per (run key, chunk index, part). A part is written ``creating`` before 
 file is uploaded and its batch created, and ``submitted`` with the provider's batch id
 after; its provider ``status``, file ids and request counts follow each poll. A part whose
 row is still ``creating`` (a crash, a create that failed or timed out) is looked up in the
-account's batch list by its metadata before anything is submitted again. ``layout``
-(migration ``0010_batch_layouts``) is what the part carries: each request's ``custom_id``
-and the positions of its rows in the chunk, recorded before the create and never derived
-again from the run's settings (a rerun may change them); NULL for a part recorded before
-that migration. ``req_start`` / ``req_stop`` is the part's range of the chunk's requests as
-first planned (``tasks.batch.requests``), NULL for a part that submits what earlier parts
-left unanswered. Ids, counts, row positions and error messages of the provider only: never
-text.
+account's batch list (the batch made from its upload) before anything is submitted again.
+``layout`` (migration ``0010_batch_layouts``) is what the part carries: each request's
+``custom_id`` and the positions of its rows in the chunk, recorded before the create and
+never derived again from the run's settings (a rerun may change them); NULL for a part
+recorded before that migration. ``req_start`` / ``req_stop`` is the part's range of the
+chunk's requests as first planned (``tasks.batch.requests``), NULL for a part that submits
+what earlier parts left unanswered. One batch packs the parts of many chunks (migration
+``0013_packed_batches``): its parts share its ``batch_id`` and ``input_file_id``, each
+keeps its own ``requests``, ``inputs`` and ``layout``, and each poll writes the batch's
+``status``, files and counts (``completed``, ``failed``: the whole batch's) on all of them.
+Ids, counts, row positions and error messages of the provider only: never text.
 """
 
 from __future__ import annotations
@@ -105,8 +108,11 @@ class BatchTable(LedgerBase):
                 (batch_id, input_file_id, status, now_iso(), run_key, idx, part),
             )
 
-    def note_batch_input(self, run_key: str, idx: int, part: int, input_file_id: str) -> None:
-        """Record the uploaded input file of a part still ``creating``."""
+    def note_batch_input(
+        self, run_key: str, idx: int, part: int, input_file_id: str | None
+    ) -> None:
+        """Record the uploaded input file of a part still ``creating`` (None: forget it, a
+        create refused it and the part goes in another batch)."""
         with self._lock:
             self._conn.execute(
                 """UPDATE batches SET input_file_id = ?, updated_at = ?

@@ -256,6 +256,16 @@ MIGRATIONS += (
         ) STRICT;
         """,
     ),
+    (
+        # One batch packs the parts of many chunks (``flows/batch_stage.py``): each part keeps
+        # its row, and the parts a batch packs share its id, so the id is no longer unique
+        # within a run; still looked up by it (each poll updates every part it packs).
+        "0013_packed_batches",
+        """
+        DROP INDEX batches_by_run_id;
+        CREATE INDEX batches_by_run_id ON batches (run_key, batch_id);
+        """,
+    ),
 )
 
 #: One more per migration; migrations are applied by name, each once, in tuple order.

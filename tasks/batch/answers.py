@@ -24,6 +24,7 @@ from embedline.errors import BadResponseError, RetryableError, RowError
 from embedline.models import ChunkBatches, Row
 from embedline.protocols import EmbeddingClient, EmbeddingClientBase, Embeddings
 from embedline.settings import RunSettings
+from tasks.batch.outputs import OUTPUTS
 from tasks.batch.requests import BatchResults, Resolved, layout_requests, sent_text_sha256
 
 __all__ = ["BatchAnswers", "batch_answers"]
@@ -134,14 +135,22 @@ def batch_answers(
 ) -> BatchAnswers:
     """The chunk's ``BatchAnswers``: the requests its batches carried (``batches.layout``,
     rebuilt from ``rows``) resolved against the output and error files ``batches.files``
-    of every batch the chunk had, read with ``client``.
+    of every batch the chunk had, read with ``client`` (the chunk's lines of a file that
+    packs many chunks: ``tasks.batch.outputs``, each file read once per process).
 
     :raises RetryableError, FatalError: a file could not be read.
     :raises BadResponseError: a file's answer is malformed.
     """
     results = BatchResults()
     for file_id in batches.files:
-        results.add_output(client.file_content(file_id), dimensions=settings.dimensions)
+        content = (
+            client.file_content(file_id)
+            if batches.chunk is None
+            else OUTPUTS.lines(
+                client.file_content, getattr(client, "base_url", ""), file_id, batches.chunk
+            )
+        )
+        results.add_output(content, dimensions=settings.dimensions, chunk=batches.chunk)
     resolved = results.resolve(layout_requests(rows, batches.layout, settings))
     return BatchAnswers(
         resolved, model=settings.effective_model, dimensions=settings.dimensions, fallback=fallback

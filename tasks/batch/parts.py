@@ -5,6 +5,7 @@ chunk answered yet."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from typing import Any
 
@@ -13,6 +14,7 @@ from adapters.ledger import BatchRecord
 from embedline.models import ChunkSpec, ReusePlan, Row
 from embedline.settings import RunSettings
 from tasks.batch.calls import BatchCalls
+from tasks.batch.outputs import OUTPUTS
 from tasks.batch.requests import BatchRequest, BatchResults, chunk_requests, layout_requests
 
 __all__ = ["PartRequests"]
@@ -67,8 +69,14 @@ class PartRequests:
         for record in records:
             for file_id in (record.output_file_id, record.error_file_id):
                 if file_id:
+                    content = OUTPUTS.lines(
+                        functools.partial(self.calls.file, record),
+                        getattr(self.calls.client, "base_url", ""),
+                        file_id,
+                        spec.index,
+                    )
                     results.add_output(
-                        self.calls.file(record, file_id), dimensions=self.settings.dimensions
+                        content, dimensions=self.settings.dimensions, chunk=spec.index
                     )
         rows = self.rows(spec)
         needed = {p for r in self.needed(spec, rows) for p in r.rows}

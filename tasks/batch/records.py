@@ -1,29 +1,52 @@
 """What the ledger's batch records of a run say, read without calling the provider: a part
-that failed for the token limit, a completed batch whose file ids are late, a batch that
-answered every request, the parts' layouts merged, the batches by status (for the progress
-report), and what a run that ends with batches still running tells the user."""
+that failed for the token limit (and the cap it teaches the packing), a completed batch
+whose file ids are late, a batch that answered every request, the parts' layouts merged,
+the batches by status (for the progress report), and what a run that ends with batches still
+running tells the user."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from adapters.ledger import BatchRecord
 from embedline.models import BatchLayout
 from embedline.progress import BatchCount
 
+#: The enqueued-token limit as OpenAI's ``token_limit_exceeded`` message states it.
+_LIMIT = re.compile(r"Limit:\s*([\d,]+)\s*enqueued tokens", re.IGNORECASE)
+
 __all__ = [
     "all_answered",
     "batch_counts",
+    "batch_requests",
     "failed_for_token_limit",
     "ids_late",
     "left_running_note",
     "merged_layouts",
+    "token_cap",
 ]
 
 
 def failed_for_token_limit(record: BatchRecord) -> bool:
     """The batch failed because the model's enqueued-token budget was full."""
     return record.status == "failed" and "token_limit_exceeded" in (record.error or "")
+
+
+def token_cap(error: str, tokens: int | None, cap: int | None) -> int | None:
+    """The estimated tokens a batch may pack after a ``token_limit_exceeded`` refusal whose
+    message is ``error``, of a batch of ``tokens`` estimated tokens (None: unknown), with
+    ``cap`` learned so far: the limit the message states (``estimate_tokens`` over-counts,
+    so a batch within it by the estimate is within it), else half the refused batch (or of
+    ``cap``); never above ``cap``. A batch of one part goes alone whatever the cap."""
+    stated = _LIMIT.search(error)
+    if stated is not None:
+        new = int(stated.group(1).replace(",", ""))
+    elif tokens or cap:
+        new = min(t for t in (tokens, cap) if t) // 2
+    else:
+        return cap
+    return max(1, min(new, cap or new))
 
 
 def ids_late(record: BatchRecord) -> bool:
@@ -36,10 +59,24 @@ def ids_late(record: BatchRecord) -> bool:
     )
 
 
-def all_answered(record: BatchRecord) -> bool:
-    """The batch completed with an answer for every request it carries."""
+def batch_requests(records: Iterable[BatchRecord]) -> dict[str, int]:
+    """By batch id, the requests of the parts ``records`` record for it (a batch packs the
+    parts of many chunks: its request count is theirs summed)."""
+    total: dict[str, int] = {}
+    for record in records:
+        if record.batch_id:
+            total[record.batch_id] = total.get(record.batch_id, 0) + record.requests
+    return total
+
+
+def all_answered(record: BatchRecord, requests: int | None = None) -> bool:
+    """The batch completed with an answer for every request it carries: ``requests``, the
+    batch's (``batch_requests``; default: the part's own, a batch of one part). A batch
+    whose parts the ledger does not all record reads not answered: its files tell."""
     return (
-        record.status == "completed" and record.failed == 0 and record.completed == record.requests
+        record.status == "completed"
+        and record.failed == 0
+        and record.completed == (record.requests if requests is None else requests)
     )
 
 
@@ -54,13 +91,21 @@ def merged_layouts(layouts: list[BatchLayout | None]) -> BatchLayout:
 
 def batch_counts(records: Iterable[BatchRecord]) -> tuple[BatchCount, ...]:
     """The batches of ``records`` by status (or state, before a create), with their
-    requests and how many are done, sorted by status."""
-    by_status: dict[str, list[BatchRecord]] = {}
+    requests and how many are done, sorted by status: parts that share a batch (or an
+    upload) are one batch, its requests theirs summed, its completed count the batch's."""
+    batches: dict[object, list[BatchRecord]] = {}
     for record in records:
-        by_status.setdefault(record.status or record.state, []).append(record)
+        key = record.batch_id or record.input_file_id or (record.idx, record.part)
+        batches.setdefault(key, []).append(record)
+    by_status: dict[str, list[list[BatchRecord]]] = {}
+    for parts in batches.values():
+        by_status.setdefault(parts[0].status or parts[0].state, []).append(parts)
     return tuple(
         BatchCount(
-            status, len(group), sum(r.requests for r in group), sum(r.completed for r in group)
+            status,
+            len(group),
+            sum(r.requests for parts in group for r in parts),
+            sum(parts[0].completed for parts in group),
         )
         for status, group in sorted(by_status.items())
     )

@@ -9,7 +9,15 @@ guaranteed). What a batch carried is recorded as its ``layout`` (custom_ids and 
 positions, ``embedline.models.BatchLayout``) when it is submitted; ``layout_requests``
 rebuilds those requests from the rows, so a rerun with other batching settings
 (``--batch-size``, ``--batch-max-inputs``, ``--max-request-tokens``) still matches the
-answers of the batches already submitted. No I/O here.
+answers of the batches already submitted.
+
+One batch carries the parts of many chunks (``pack_parts``): in its input file each
+request's ``custom_id`` is ``wire_id(chunk, part, custom_id)``, so custom_ids are unique
+within a batch by construction (a request key is unique within a chunk's part) and every
+line names the chunk and part it belongs to; ``split_input`` takes each chunk's lines back
+(plain custom_ids), ``BatchResults.add_output(..., chunk=)`` one chunk's answers. A line
+without that prefix (a batch of one chunk made before parts were packed) is the chunk's
+whose batch it is. No I/O here.
 """
 
 from __future__ import annotations
@@ -43,13 +51,63 @@ __all__ = [
     "layout_of",
     "layout_requests",
     "pack",
+    "pack_parts",
     "sent_text_sha256",
+    "split_input",
+    "split_wire_id",
+    "wire_id",
 ]
 
 #: A batch input file's limit is 200 MB (OpenAI Batch guide); kept 5 % below it.
 BATCH_MAX_BYTES = 190_000_000
 #: Error codes of per-request failures that say nothing about the input: sent again.
 _NOT_RUN_CODES = frozenset({"batch_expired", "batch_cancelled"})
+#: Bytes a line's ``wire_id`` adds at most to its custom_id (``"99999999.9999."``).
+_WIRE_BYTES = 16
+
+
+def wire_id(chunk: int, part: int, custom_id: str) -> str:
+    """The ``custom_id`` a request of chunk ``chunk``'s part ``part`` carries in a batch
+    input file: ``"{chunk}.{part}.{custom_id}"`` (a request key is hex: no dot in it)."""
+    return f"{chunk}.{part}.{custom_id}"
+
+
+def split_wire_id(wire: str) -> tuple[int, int, str] | None:
+    """``(chunk, part, custom_id)`` of a ``wire_id``; None for a plain custom_id (a batch
+    made before parts were packed: one chunk's)."""
+    chunk, dot, rest = wire.partition(".")
+    part, dot2, custom_id = rest.partition(".")
+    if not (dot and dot2 and chunk.isdigit() and part.isdigit() and custom_id):
+        return None
+    return int(chunk), int(part), custom_id
+
+
+def split_input(content: bytes) -> dict[int | None, dict[int | None, bytes]]:
+    """A batch input file ``content``'s lines by chunk and part, with plain custom_ids;
+    lines without a ``wire_id`` (a batch of one chunk, made before parts were packed) under
+    ``None`` (chunk and part), as they are."""
+    found: dict[int | None, dict[int | None, list[bytes]]] = {}
+    for line in content.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        custom_id = record.get("custom_id") if isinstance(record, dict) else None
+        if not isinstance(custom_id, str):
+            continue
+        split = split_wire_id(custom_id)
+        if split is None:
+            found.setdefault(None, {}).setdefault(None, []).append(line + b"\n")
+        else:
+            record["custom_id"] = split[2]
+            lines = found.setdefault(split[0], {}).setdefault(split[1], [])
+            lines.append(json.dumps(record, ensure_ascii=False).encode() + b"\n")
+    return {
+        chunk: {part: b"".join(lines) for part, lines in parts.items()}
+        for chunk, parts in found.items()
+    }
 
 
 def sent_text_sha256(text: str) -> str:
@@ -174,7 +232,8 @@ def layout_from_input(rows: Sequence[Row], content: bytes, settings: RunSettings
     line, its ``custom_id`` and the positions of rows whose texts it sends, kept only when
     the rows' keys make that ``custom_id`` (``request_key``), so a batch found at the
     provider is matched to exactly the requests it answers, whatever settings built it.
-    A line no rows of the chunk make is left out (its answer is never used)."""
+    A line no rows of the chunk make is left out (its answer is never used); a line's
+    ``wire_id`` is read as its custom_id."""
     model, dims = settings.effective_model, settings.dimensions
     by_text: dict[str, list[int]] = {}
     for position, row in enumerate(rows):
@@ -190,6 +249,8 @@ def layout_from_input(rows: Sequence[Row], content: bytes, settings: RunSettings
         custom_id = record.get("custom_id") if isinstance(record, dict) else None
         if not isinstance(custom_id, str) or not isinstance(texts, list) or not texts:
             continue
+        split = split_wire_id(custom_id)
+        custom_id = custom_id if split is None else split[2]
         options = [by_text.get(sent_text_sha256(str(t)), []) for t in texts]
         # the same text on several rows (ids differ): the row whose keys make the custom_id
         for picked in itertools.islice(itertools.product(*options), 256):
@@ -200,7 +261,7 @@ def layout_from_input(rows: Sequence[Row], content: bytes, settings: RunSettings
     return tuple(layout)
 
 
-def _line(request: BatchRequest, settings: RunSettings) -> bytes:
+def _line(request: BatchRequest, settings: RunSettings, wire: str | None = None) -> bytes:
     body: dict[str, object] = {
         "model": settings.effective_model,
         "input": list(request.texts),
@@ -208,14 +269,26 @@ def _line(request: BatchRequest, settings: RunSettings) -> bytes:
     }
     if settings.dimensions is not None:
         body["dimensions"] = settings.dimensions
-    line = {"custom_id": request.custom_id, "method": "POST", "url": BATCH_ENDPOINT, "body": body}
+    line = {
+        "custom_id": wire or request.custom_id,
+        "method": "POST",
+        "url": BATCH_ENDPOINT,
+        "body": body,
+    }
     return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
-def input_file(requests: Iterable[BatchRequest], settings: RunSettings) -> bytes:
-    """The JSONL batch input file of ``requests`` (one ``{custom_id, method, url, body}``
-    line each; base64 vectors unless ``--encoding-format float``)."""
-    return b"".join(_line(r, settings) for r in requests)
+def input_file(
+    parts: Iterable[tuple[int, int, Iterable[BatchRequest]]], settings: RunSettings
+) -> bytes:
+    """The JSONL batch input file of ``parts`` ``(chunk, part, requests)``: one
+    ``{custom_id, method, url, body}`` line per request, its custom_id a ``wire_id``;
+    base64 vectors unless ``--encoding-format float``."""
+    return b"".join(
+        _line(r, settings, wire_id(chunk, part, r.custom_id))
+        for chunk, part, requests in parts
+        for r in requests
+    )
 
 
 def pack(
@@ -225,23 +298,37 @@ def pack(
     ``batch_max_inputs`` inputs (≤ 50,000, OpenAI's limit for embeddings), 50,000 requests,
     ``BATCH_MAX_BYTES`` bytes and, when given, ``max_tokens`` estimated tokens (the
     enqueued-token budget, ``--batch-enqueued-tokens``). A single larger request goes alone."""
-    parts: list[tuple[int, int]] = []
-    start, inputs, size, tokens = 0, 0, 0, 0
-    for i, request in enumerate(requests):
-        n, b, t = len(request.texts), len(_line(request, settings)), request.estimated_tokens
+    return pack_parts([[r] for r in requests], settings, max_tokens=max_tokens)
+
+
+def pack_parts(
+    parts: Sequence[Sequence[BatchRequest]],
+    settings: RunSettings,
+    *,
+    max_tokens: int | None = None,
+) -> list[tuple[int, int]]:
+    """Group consecutive ``parts`` (each the requests of one chunk's part, never split)
+    into batches ``[start, stop)`` of parts within the limits ``pack`` names, each line
+    counted with its ``wire_id``. A single part over a limit goes alone."""
+    groups: list[tuple[int, int]] = []
+    start, inputs, count, size, tokens = 0, 0, 0, 0, 0
+    for i, requests in enumerate(parts):
+        n = sum(len(r.texts) for r in requests)
+        b = sum(len(_line(r, settings)) + _WIRE_BYTES for r in requests)
+        t = sum(r.estimated_tokens for r in requests)
         full = (
             inputs + n > settings.batch_max_inputs
-            or i - start >= 50_000
+            or count + len(requests) > 50_000
             or size + b > BATCH_MAX_BYTES
             or (max_tokens is not None and tokens + t > max_tokens)
         )
         if i > start and full:
-            parts.append((start, i))
-            start, inputs, size, tokens = i, 0, 0, 0
-        inputs, size, tokens = inputs + n, size + b, tokens + t
-    if start < len(requests):
-        parts.append((start, len(requests)))
-    return parts
+            groups.append((start, i))
+            start, inputs, count, size, tokens = i, 0, 0, 0, 0
+        inputs, count, size, tokens = inputs + n, count + len(requests), size + b, tokens + t
+    if start < len(parts):
+        groups.append((start, len(parts)))
+    return groups
 
 
 @dataclass(slots=True)
@@ -259,13 +346,22 @@ class BatchResults:
     rejected: dict[str, tuple[int, str]] = field(default_factory=dict)
     retry: set[str] = field(default_factory=set)
 
-    def add_output(self, content: bytes, *, dimensions: int | None) -> None:
-        """Read an output or error file (lines in any order, matched by ``custom_id``).
+    def add_output(
+        self, content: bytes, *, dimensions: int | None, chunk: int | None = None
+    ) -> None:
+        """Read an output or error file (lines in any order, matched by ``custom_id``);
+        ``chunk``: only that chunk's lines of a batch that packs several (``wire_id``), and
+        lines without a chunk (a batch of one chunk).
 
         :raises BadResponseError: a 200 line whose body is not ``n`` vectors.
         """
         for record in parse_result_lines(content):
             custom_id = record["custom_id"]
+            split = split_wire_id(custom_id)
+            if split is not None:
+                if chunk is not None and split[0] != chunk:
+                    continue
+                custom_id = split[2]
             response = record.get("response") or {}
             status = int(response.get("status_code") or 0)
             body = response.get("body")

@@ -1,6 +1,6 @@
 """The summary and progress artifacts as Prefect's UI shows them, in headless Chromium
-(Debian's chromium, which ``make test`` installs: tests/support/chromium/install.sh): tables render as tables, and no number or
-message is struck through. The UI's Markdown is GitHub-flavoured: ``~…~`` strikes text
+(Debian's chromium, which ``make test`` installs: tests/support/chromium/install.sh):
+tables render as tables, and no number or message is struck through. The UI's Markdown is GitHub-flavoured: ``~…~`` strikes text
 through, shown as ``markdown-renderer__text--del`` (a control artifact checks that the
 check still sees it)."""
 
@@ -48,7 +48,9 @@ def _rendered(ui: str, artifact_id: object, profile: Path) -> str:
     return result.stdout
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: run tests/support/chromium/install.sh (make test does)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium: run tests/support/chromium/install.sh (make test does)"
+)
 def test_the_ui_shows_the_summary_and_progress_tables_without_strikethrough(
     prefect_api_url: str, tmp_path: Path
 ) -> None:

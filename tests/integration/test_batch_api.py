@@ -56,6 +56,11 @@ TEXTS = [f"text number {i} about batches" for i in range(10)] + [
 ]
 
 
+#: ``--batch-max-inputs`` that packs no two chunks of ``TEXTS`` (4 rows each) in one batch.
+ONE_CHUNK_EACH = 4
+PACKED = 50_000  # the default: as many chunks as the provider's limits allow
+
+
 def run_flow(tmp_path: Path, server: FakeBatchServer, api_url: str, **kw: Any) -> dict[str, Any]:
     from embedline.parameters import grouped
     from flows.embed_csv import embed_csv
@@ -73,6 +78,10 @@ def run_flow(tmp_path: Path, server: FakeBatchServer, api_url: str, **kw: Any) -
         batch_poll_interval=0.1,
         price_per_million_tokens=0.02,
     )
+    if kw.get("batch_api", True):
+        # one chunk's part per batch (chunks of TEXTS send at most 4 inputs): the scenarios
+        # below need several batches; the tests of packing give the default
+        options["batch_max_inputs"] = ONE_CHUNK_EACH
     options.update(kw)
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         state = embed_csv(**grouped(options), return_state=True)
@@ -104,18 +113,19 @@ def test_batch_mode_publishes_exact_vectors_with_no_synchronous_request(
     tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
 ) -> None:
     rows = write_csv(tmp_path / "in.csv", TEXTS)
-    summary = run_flow(tmp_path, server, prefect_api_url)
+    summary = run_flow(tmp_path, server, prefect_api_url, batch_max_inputs=PACKED)
     assert summary["exit_code"] == 0, summary["message"]
     assert_exact(tmp_path, rows)
     counters = server.batch_counters()
     assert counters["requests"] == 0  # no synchronous request
     assert counters["batch_inputs"] == distinct(rows)  # each distinct text paid once
-    assert counters["creates"] == counters["batches"] == 3  # one batch per chunk
+    assert counters["creates"] == counters["batches"] == 1  # the three chunks packed in one
+    assert summary["batches"] == 1
     assert summary["batch_tokens"] == summary["tokens"] > 0
     assert summary["inputs"] == summary["batch_inputs"] == distinct(rows)  # before: 0 sent
     # a rerun has nothing to do: no batch, no request
-    assert run_flow(tmp_path, server, prefect_api_url)["exit_code"] == 0
-    assert server.batch_counters()["creates"] == 3
+    assert run_flow(tmp_path, server, prefect_api_url, batch_max_inputs=PACKED)["exit_code"] == 0
+    assert server.batch_counters()["creates"] == 1
 
 
 def test_a_create_that_fails_after_creating_is_adopted_not_duplicated(
@@ -154,7 +164,9 @@ def test_completed_with_a_null_output_file_reads_the_error_file(
     )
     server.reject_texts_containing = "MARK"  # each of these requests is a 400 in the batch
     server.output_id_race = 1  # and the first poll of a finished batch has no file ids yet
-    summary = run_flow(tmp_path, server, prefect_api_url, batch_size=1, chunk_size=2)
+    summary = run_flow(
+        tmp_path, server, prefect_api_url, batch_size=1, chunk_size=2, batch_max_inputs=2
+    )
     assert server.output_id_race == 0  # a poll saw `completed` without file ids: polled again
     first = min(server.batches.values(), key=lambda b: b["id"])
     assert first["status"] == "completed" and first["output_file_id"] is None
@@ -249,6 +261,8 @@ def cli_args(tmp_path: Path, server: FakeBatchServer) -> list[str]:
         "--batch-api",
         "--batch-poll-interval",
         "0.1",
+        "--batch-max-inputs",
+        str(ONE_CHUNK_EACH),
     ]
 
 
@@ -257,9 +271,10 @@ def start_waiting_run(
     server: FakeBatchServer,
     api_url: str,
     *extra: str,
+    batches: int = 3,
 ) -> tuple[list[tuple[str, str]], dict[str, str], subprocess.Popen[str]]:
-    """A CLI run of ``TEXTS`` (on the Prefect server at ``api_url``) whose 3 batches are
-    submitted and held ``in_progress``: it waits. Returns (rows, env, process)."""
+    """A CLI run of ``TEXTS`` (on the Prefect server at ``api_url``) whose ``batches``
+    batches are submitted and held ``in_progress``: it waits. Returns (rows, env, process)."""
     rows = write_csv(tmp_path / "in.csv", TEXTS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": api_url}
     server.hold = True
@@ -273,7 +288,7 @@ def start_waiting_run(
         start_new_session=True,
     )
     deadline = time.monotonic() + 90
-    while server.batch_counters()["batches"] < 3:
+    while server.batch_counters()["batches"] < batches:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the run never submitted its batches"
         time.sleep(0.1)
@@ -331,8 +346,9 @@ def test_ctrl_c_leaves_batches_running_status_lists_them_cancel_batches_cancels(
     assert rerun.returncode == 0, rerun.stderr
     assert_exact(tmp_path, rows)
     counters = server.batch_counters()
-    # each cancelled batch delivered half its requests; only the rest went in new batches
-    assert counters["creates"] == counters["batches"] == 6
+    # each cancelled batch delivered half its requests; only the rest went in new batches,
+    # the rests of several chunks packed together (within --batch-max-inputs 4)
+    assert counters["creates"] == counters["batches"] == 5
     assert counters["batch_inputs"] == distinct(rows)
     assert counters["requests"] == 0
 
@@ -412,7 +428,8 @@ def test_a_crash_right_after_a_create_is_adopted_by_the_rerun(
     assert [r.state for r in ledger.run_batches(ledger.runs()[0].run_key)] == [
         "submitted",
         "creating",
-    ]  # the second part's batch exists, unrecorded
+        "creating",
+    ]  # the second part's batch exists, unrecorded; the third's was not created
     ledger.close()
     summary = run_flow(tmp_path, server, prefect_api_url)
     assert summary["exit_code"] == 0, summary["message"]
@@ -858,17 +875,19 @@ def test_nothing_listening_at_base_url_in_batch_mode_stops_the_run_like_synchron
 def test_kill_9_then_a_rerun_with_the_ledger_deleted_adopts_the_providers_batches(
     tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
 ) -> None:
-    """A run killed while its batches run, its ledger deleted (a fresh container), rerun:
-    the rerun finds the run's batches in the provider's list by their metadata and adopts
-    them; no batch is created again, each distinct text billed once."""
-    rows, env, proc = start_waiting_run(tmp_path, server, prefect_api_url)
+    """A run killed while its batch runs, its ledger deleted (a fresh container), rerun: the
+    rerun finds the run's batch in the provider's list by its metadata (the range of chunks
+    it packs) and adopts it for each chunk whose lines it holds; no batch is created again,
+    each distinct text billed once."""
+    packed = ("--batch-max-inputs", str(PACKED))  # the three chunks in one batch
+    rows, env, proc = start_waiting_run(tmp_path, server, prefect_api_url, *packed, batches=1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     for leftover in tmp_path.glob("ledger.sqlite3*"):
         leftover.unlink()
     server.hold = False
     rerun = subprocess.run(
-        cli_args(tmp_path, server),
+        [*cli_args(tmp_path, server), *packed],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -878,7 +897,7 @@ def test_kill_9_then_a_rerun_with_the_ledger_deleted_adopts_the_providers_batche
     assert rerun.returncode == 0, rerun.stderr
     assert_exact(tmp_path, rows)
     counters = server.batch_counters()
-    assert counters["creates"] == counters["batches"] == 3  # adopted, not created again
+    assert counters["creates"] == counters["batches"] == 1  # adopted, not created again
     assert counters["batch_inputs"] == distinct(rows)  # before: every text billed twice
     assert counters["requests"] == 0
 
@@ -957,3 +976,54 @@ def test_cancel_batches_finds_the_runs_batches_at_the_provider_with_a_fresh_ledg
     )
     assert all(b["status"] == "cancelling" for b in server.batches.values())
     assert "3 batches of run" in capsys.readouterr().err
+
+
+# -- packing: a night of small edits over many chunks makes a few batches -----------------
+
+
+def test_4500_texts_over_900_chunks_make_5_batches_and_a_fresh_ledger_adopts_them(
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
+    """Each chunk's few requests are packed with other chunks' into batches of up to
+    --batch-max-inputs (1,000 here: 5 batches; the default 50,000 would make one). The run
+    stops with them running (the API gone), its ledger is lost, and the rerun adopts all
+    five from the provider's list, each chunk its own lines: nothing created or paid twice."""
+    texts = [f"night text {i} of many small chunks" for i in range(4500)]
+    rows = write_csv(tmp_path / "in.csv", texts)
+    packed = {"chunk_size": 5, "batch_max_inputs": 1000}
+    server.hold, server.poll_status = True, 503  # submitted, then the API goes away
+    first = run_flow(tmp_path, server, prefect_api_url, max_attempts=1, **packed)
+    assert first["exit_code"] == 1, first["message"]
+    assert "5 batches keep running at the provider" in first["message"], first["message"]
+    batches = list(server.batches.values())
+    assert len(batches) == server.batch_counters()["creates"] == 5  # not 900
+    # 3 requests per chunk (--batch-size 2), 200 chunks (1,000 inputs) per batch
+    assert sorted(b["request_counts"]["total"] for b in batches) == [300, 600, 600, 600, 600]
+    (tmp_path / "ledger.sqlite3").unlink()  # a fresh ledger: the provider is the truth
+    server.hold, server.poll_status = False, None
+    summary = run_flow(tmp_path, server, prefect_api_url, **packed)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert summary["chunks_total"] == 900
+    assert_exact(tmp_path, rows)
+    counters = server.batch_counters()
+    assert counters["creates"] == counters["batches"] == 5  # adopted, not created again
+    assert counters["batch_inputs"] == len(texts) == summary["inputs"]  # each billed once
+    assert counters["requests"] == 0
+    assert summary["batches"] == 5
+
+
+def test_a_packed_batch_over_the_enqueued_token_limit_is_packed_again_within_it(
+    tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
+) -> None:
+    """The three chunks packed in one batch exceed the account's enqueued-token limit
+    (failed: token_limit_exceeded); the limit its message states caps the batches packed
+    after it, so each chunk's requests go in a batch that fits, one after the other."""
+    rows = write_csv(tmp_path / "in.csv", TEXTS)
+    server.enqueued_token_limit = 25  # about one chunk's requests at a time
+    summary = run_flow(tmp_path, server, prefect_api_url, batch_max_inputs=PACKED)
+    assert summary["exit_code"] == 0, summary["message"]
+    assert_exact(tmp_path, rows)
+    first = min(server.batches.values(), key=lambda b: b["id"])
+    assert first["status"] == "failed" and first["request_counts"]["total"] == 5
+    assert server.batch_counters()["batch_inputs"] == distinct(rows)
+    assert server.batch_counters()["requests"] == 0

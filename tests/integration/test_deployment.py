@@ -393,7 +393,8 @@ def test_a_batch_deployment_run_cancelled_while_waiting_ends_cancelled_and_names
     assert match, started
     flow_run_id = match.group(1)
     deadline = time.monotonic() + 90
-    while "batches: 2 in_progress" not in _flow_run_logs(api, flow_run_id):  # waiting
+    # the chunks' requests packed in one batch
+    while "batches: 1 in_progress" not in _flow_run_logs(api, flow_run_id):  # waiting
         assert time.monotonic() < deadline, worker.read_text(errors="replace")[-4000:]
         time.sleep(0.5)
     _prefect("flow-run", "cancel", flow_run_id)
@@ -406,7 +407,7 @@ def test_a_batch_deployment_run_cancelled_while_waiting_ends_cancelled_and_names
         time.sleep(0.5)
         logs = _flow_run_logs(api, flow_run_id)
     assert (
-        "2 batches keep running at the provider (billed when they complete): a new run "
+        "1 batch keeps running at the provider (billed when they complete): a new run "
         "with the same parameters (or a Retry) collects them"
     ) in logs, logs
     assert "`embedline cancel-batches " in logs, logs

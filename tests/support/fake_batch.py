@@ -33,8 +33,8 @@ Failure injection (attributes, set by tests before or between runs):
 - ``validation_error``: every new batch ends ``failed`` with this message (code
   ``invalid_request``), nothing charged.
 - ``batch_texts_fail``: ``{marker: status}``: a line holding a text with that marker gets
-  that status (e.g. 500) in the error file, ``batch_texts_fail_times`` times per custom_id
-  (default: always).
+  that status (e.g. 500) in the error file, ``batch_texts_fail_times`` times per request
+  (its custom_id's last dot-separated field: the same request in another part; default: always).
 - ``hold``: batches stay ``in_progress`` until set back to False (a run waiting).
 - ``poll_status`` / ``list_status``: while set, ``GET /v1/batches/{id}`` (a poll) / ``GET
   /v1/batches`` (the list) answer this HTTP status (e.g. 503: the API went away); the
@@ -519,11 +519,14 @@ class FakeBatchServer(FakeEmbeddingServer):
         texts = _inputs(line)
         for marker, status in self.batch_texts_fail.items():
             if any(marker in t for t in texts):
+                # the request, whichever batch carries it (embedline's custom_id is
+                # "CHUNK.PART.KEY": a resubmission is another part, the same KEY)
+                request = str(line["custom_id"]).rsplit(".", 1)[-1]
                 with self.lock:
-                    times = self._failed_times.get(line["custom_id"], 0)
+                    times = self._failed_times.get(request, 0)
                     limit = self.batch_texts_fail_times
                     if limit is None or times < limit:
-                        self._failed_times[line["custom_id"]] = times + 1
+                        self._failed_times[request] = times + 1
                         return (
                             status,
                             json.dumps(

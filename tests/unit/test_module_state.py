@@ -118,6 +118,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "_INDEXES",
     ): "per-process cache of gzip seek indexes, bounded, under a lock",
     (
+        "tasks.batch.outputs",
+        "OUTPUTS",
+    ): "per-process cache of packed batches' result files split by chunk, bounded, locked",
+    (
         "adapters.ledger.base",
         "_open",
     ): "weak registry of open ledger connections, closed at a hard exit",

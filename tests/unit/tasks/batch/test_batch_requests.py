@@ -117,7 +117,8 @@ def test_parts_respect_max_inputs_and_the_token_budget() -> None:
     budget = requests[0].estimated_tokens * 2
     assert pack(requests, SETTINGS, max_tokens=budget) == [(0, 2), (2, 4), (4, 5)]
     assert pack(requests, SETTINGS) == [(0, 5)]
-    line = json.loads(input_file(requests[:1], SETTINGS))
+    line = json.loads(input_file([(7, 1, requests[:1])], SETTINGS))
+    assert line["custom_id"] == f"7.1.{requests[0].custom_id}"  # chunk 7, part 1
     assert line["url"] == "/v1/embeddings" and line["method"] == "POST"
     assert line["body"]["input"] == ["text 0", "text 1"]
 
@@ -286,17 +287,17 @@ def test_a_batch_found_at_the_provider_is_matched_by_its_input_file_exactly() ->
     chunk = rows(["a", "b", "c", "d", "e"])
     other = SETTINGS.model_copy(update={"batch_size": 3})
     submitted = chunk_requests(chunk, ReusePlan(), other)  # what a lost ledger's run sent
-    content = input_file(submitted, other)
+    content = input_file([(0, 0, submitted)], other)
     assert layout_from_input(chunk, content, SETTINGS) == layout_of(submitted)
     edited = rows(["a", "b", "c", "D", "e"])  # row 3 changed since: its request is left out
     assert layout_from_input(edited, content, SETTINGS) == layout_of(submitted[:1])
     # the same text on two ids: the row whose id made the custom_id, not the first one
     twins = [*rows(["x", "y"]), Row(3, 4, "twin", "x", text_sha256("x"))]
     (single,) = chunk_requests(twins[2:], ReusePlan(), SETTINGS)
-    layout = layout_from_input(twins, input_file([single], SETTINGS), SETTINGS)
+    layout = layout_from_input(twins, input_file([(0, 0, [single])], SETTINGS), SETTINGS)
     assert layout == ((single.custom_id, (2,)),)
     # another model's batch answers none of these rows
     large = SETTINGS.model_copy(update={"model": "text-embedding-3-large"})
     large_requests = chunk_requests(chunk, ReusePlan(), large)
-    assert layout_from_input(chunk, input_file(large_requests, large), SETTINGS) == ()
+    assert layout_from_input(chunk, input_file([(0, 0, large_requests)], large), SETTINGS) == ()
     assert layout_from_input(chunk, b"not json\n{}\n", SETTINGS) == ()
