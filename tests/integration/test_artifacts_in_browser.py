@@ -1,8 +1,8 @@
 """The summary and progress artifacts as Prefect's UI shows them, in headless Chromium
 (Debian's chromium, which ``make test`` installs: tests/support/chromium/install.sh):
-tables render as tables, and no number or message is struck through. The UI's Markdown is GitHub-flavoured: ``~…~`` strikes text
-through, shown as ``markdown-renderer__text--del`` (a control artifact checks that the
-check still sees it)."""
+tables render as tables, and no number or message is struck through. The UI's Markdown is
+GitHub-flavoured: ``~…~`` strikes text through, shown as ``markdown-renderer__text--del``
+(a control artifact checks that the check still sees it)."""
 
 from __future__ import annotations
 
