@@ -48,16 +48,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_matrix
-from tests.support.fixtures import REPO, run_cli
+from tests.support.fixtures import REPO
 from tests.support.output import vectors_by_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
-CI_SEEDS = (35, 50)  # between them: kills at start-up and mid-embedding, a lost ledger, overlaps, --compact, sinks
+# between them: kills at start-up and mid-embedding, a lost ledger, overlaps, --compact, sinks
+CI_SEEDS = (35, 50)
 CI_NIGHTS = 4
 MAX_ROWS = 60
 DELAY_S = 0.25  # per request on nights that are killed or overlapped: time to be caught
 IN_FLIGHT_MARGIN_S = 1.5  # answered this long before a kill may not be stored yet
+GATE_S = 40.0  # longest hold of the first run's requests while the second one starts
 
 Row = tuple[str, str, str]  # id, text, section (the kept column)
 
@@ -191,8 +193,10 @@ class World:
     may_repeat: set[str] = field(default_factory=set)  # in flight at a kill
     fresh: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
+        self.gate.set()
         self.server.fail_when(self._on_request)
 
     def _on_request(self, payload: Any) -> dict[str, Any] | None:
@@ -200,6 +204,7 @@ class World:
         texts = texts if isinstance(texts, list) else [texts]
         with self.lock:
             self.requests.append((time.monotonic(), [_sha(t) for t in texts if isinstance(t, str)]))
+        self.gate.wait(GATE_S)  # closed while a second run is being started beside this one
         return {"delay_s": self.delay_s} if self.delay_s else None
 
     def where(self) -> str:
@@ -225,25 +230,34 @@ class World:
         args += ["--sink", f"lancedb://{self.tmp / 'db'}?table=t"] * night.sink
         return args + ["--compact"] * night.compact
 
-    def start(self, args: list[str]) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "cli", *args],
-            cwd=self.tmp,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+    def start(self, args: list[str], stderr: Path | None = None) -> subprocess.Popen[str]:
+        """Start ``embedline ARGS``; its stderr to a pipe, or to the file ``stderr``."""
+        err_file = open(stderr, "w") if stderr else None  # noqa: SIM115 (the child holds it)
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "cli", *args],
+                cwd=self.tmp,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                stdout=subprocess.PIPE,
+                stderr=err_file or subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        finally:
+            if err_file is not None:
+                err_file.close()
 
-    def finish(self, proc: subprocess.Popen[str], what: str) -> str:
+    def finish(self, proc: subprocess.Popen[str], what: str, stderr: Path | None = None) -> str:
         """Wait for ``proc``; assert exit 0; return its stdout."""
         try:
             out, err = proc.communicate(timeout=300)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.returncode == 0, f"{what} exited {proc.returncode}\n{err[-3000:]}\n{self.where()}"
+        err = stderr.read_text() if stderr else err
+        assert proc.returncode == 0, (
+            f"{what} exited {proc.returncode}\n{err[-3000:]}\n{self.where()}"
+        )
         return out
 
     def kill(self, night: Night, rng: random.Random, csv_name: str) -> None:
@@ -264,11 +278,15 @@ class World:
         proc.communicate()
         killed_at = time.monotonic()
         with self.lock:
-            for arrived, shas in self.requests[before:]:
-                if arrived >= killed_at - self.delay_s - IN_FLIGHT_MARGIN_S:
-                    self.may_repeat.update(shas)
-        self.steps[-1] += f" [killed after {killed_at - started:.1f} s" + (
-            ", it had ended]" if ended else "]"
+            in_flight = {
+                sha
+                for arrived, shas in self.requests[before:]
+                if arrived >= killed_at - self.delay_s - IN_FLIGHT_MARGIN_S
+                for sha in shas
+            }
+        self.may_repeat |= in_flight
+        self.steps[-1] += f" [killed after {killed_at - started:.1f} s, " + (
+            "it had ended]" if ended else f"{len(in_flight)} texts in flight]"
         )
 
     def run_night(self, night: Night, rng: random.Random) -> None:
@@ -294,22 +312,36 @@ class World:
         self.steps[-1] += " the night before embeds"
         self.delay_s = DELAY_S
         before = len(self.requests)
-        one = self.start(self.args(first, self.ledger(first.ledger), "in-1.csv"))
-        started = time.monotonic()
-        while len(self.requests) == before and one.poll() is None:
-            assert time.monotonic() - started < 120, f"no request in 120 s\n{self.where()}"
-            time.sleep(0.05)
-        two = self.start(self.args(second, self.ledger(second.ledger), "in-2.csv"))
+        self.gate.clear()  # the first run's requests wait until the second one waits for it
+        try:
+            one = self.start(self.args(first, self.ledger(first.ledger), "in-1.csv"))
+            started = time.monotonic()
+            while len(self.requests) == before and one.poll() is None:
+                assert time.monotonic() - started < 120, f"no request in 120 s\n{self.where()}"
+                time.sleep(0.05)
+            log = self.tmp / "second.stderr"
+            two = self.start(self.args(second, self.ledger(second.ledger), "in-2.csv"), log)
+            started = time.monotonic()
+            while "waiting for run" not in log.read_text() and time.monotonic() - started < GATE_S:
+                if two.poll() is not None or one.poll() is not None:
+                    break
+                time.sleep(0.1)
+        finally:
+            self.gate.set()
         out_one = self.finish(one, "the first of two overlapping runs")
         self.delay_s = 0.0
-        out_two = self.finish(two, "the second of two overlapping runs")
+        out_two = self.finish(two, "the second of two overlapping runs", log)
+        waited = "waiting for run" in log.read_text()
+        self.steps[-1] += " [it waited]" if waited else " [it did not wait]"
         self.check(first, out_one, sink=first.sink and not second.sink)
         self.check(second, out_two)
 
     def check(self, night: Night, stdout: str, *, sink: bool | None = None) -> None:
         """The night's manifest, its sink and every charge so far, against the truth."""
         where = self.where()
-        uri = next(ln.split(maxsplit=1)[1] for ln in stdout.splitlines() if ln.startswith("manifest"))
+        uri = next(
+            ln.split(maxsplit=1)[1] for ln in stdout.splitlines() if ln.startswith("manifest")
+        )
         manifest = json.loads(Path(uri.strip()).read_text())
         out = self.tmp / "out"
         bodies = {e["object"]: (out / e["object"]).read_bytes() for e in manifest["chunks"]}
@@ -362,6 +394,8 @@ def run_sequence(tmp: Path, seed: int, nights: int) -> int:
             if any(night is n.overlap for n in sequence):
                 continue  # run with the night it overlaps
             world.run_night(night, gen.rng)
+    repeats = sum(1 for n in server.charged_texts().values() if n > 1)
+    world.steps.append(f"{repeats} texts charged twice, each in flight at a kill")
     print(world.where())  # shown with -rP, or in the report when a later check fails
     return len(sequence)
 
