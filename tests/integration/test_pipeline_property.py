@@ -171,7 +171,7 @@ class Generator:
             if len(out) + 2 <= nights and not night.kill and self.rng.random() < 0.25:
                 rows, edits = self.edit(rows)
                 night.overlap = self.night(rows, edits)
-                night.overlap.kill = None
+                night.overlap.kill = night.overlap.rerun_ledger = None
             out.append(night)
             out += [night.overlap] if night.overlap else []
         return out
