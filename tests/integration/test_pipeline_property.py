@@ -400,22 +400,20 @@ def run_sequence(tmp: Path, seed: int, nights: int) -> int:
     return len(sequence)
 
 
-def _report(capsys: pytest.CaptureFixture[str], record: Any, seeds: int, nights: int) -> None:
-    record("sequences", seeds)
-    record("nights", nights)
-    with capsys.disabled():
-        print(f"\npipeline property: {seeds} sequences, {nights} nights, every invariant held")
+def _report(record: Any, seeds: list[int], nights: int) -> None:
+    """Record how many sequences and nights ran (shown in the terminal summary)."""
+    record(
+        "summary",
+        f"pipeline property: {len(seeds)} sequences (seeds {', '.join(map(str, seeds))}), "
+        f"{nights} nights, every invariant held",
+    )
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
 def test_random_nights_keep_output_and_sink_exact_and_pay_each_text_once(
-    tmp_path: Path,
-    seed: int,
-    capsys: pytest.CaptureFixture[str],
-    record_property: Any,
+    tmp_path: Path, seed: int, record_property: Any
 ) -> None:
-    nights = run_sequence(tmp_path, seed, CI_NIGHTS)
-    _report(capsys, record_property, 1, nights)
+    _report(record_property, [seed], run_sequence(tmp_path, seed, CI_NIGHTS))
 
 
 def _soak_seeds() -> list[int]:
@@ -426,13 +424,11 @@ def _soak_seeds() -> list[int]:
 
 
 @pytest.mark.slow
-def test_random_nights_soak(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], record_property: Any
-) -> None:
-    """Many more seeds and nights; ``EMBEDLINE_PROPERTY_SEEDS=17`` replays seed 17 alone
-    when given as ``17,``."""
+def test_random_nights_soak(tmp_path: Path, record_property: Any) -> None:
+    """Many more seeds and nights: ``EMBEDLINE_PROPERTY_SEEDS=N`` runs seeds 1000 to
+    1000 + N - 1, ``EMBEDLINE_PROPERTY_SEEDS=17,`` replays seed 17 alone."""
     nights_each = int(os.environ.get("EMBEDLINE_PROPERTY_NIGHTS", "8"))
     seeds, total = _soak_seeds(), 0
     for seed in seeds:
         total += run_sequence(tmp_path / f"seed-{seed}", seed, nights_each)
-    _report(capsys, record_property, len(seeds), total)
+    _report(record_property, seeds, total)
