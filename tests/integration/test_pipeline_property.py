@@ -404,7 +404,8 @@ def _report(record: Any, seeds: list[int], nights: int) -> None:
     """Record how many sequences and nights ran (shown in the terminal summary)."""
     record(
         "summary",
-        f"pipeline property: {len(seeds)} sequences (seeds {', '.join(map(str, seeds))}), "
+        f"pipeline property: {len(seeds)} sequences (seed{'s' * (len(seeds) > 1)} "
+        f"{', '.join(map(str, seeds))}), "
         f"{nights} nights, every invariant held",
     )
 
