@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import tempfile
+from typing import Any
 
 from tests.support.fixtures import fake_openai  # noqa: F401
 from tests.support.moto_server import moto_endpoint, s3_bucket, s3_client  # noqa: F401
@@ -64,6 +65,21 @@ def pytest_unconfigure(config: object) -> None:
     stopped their servers by now."""
     if _prefect_home is not None:
         shutil.rmtree(_prefect_home, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Show the lines passing tests recorded with ``record_property("summary", LINE)`` (how
+    many random sequences a property test tried), from xdist workers too."""
+    lines = [
+        str(value)
+        for report in terminalreporter.stats.get("passed", [])
+        for name, value in getattr(report, "user_properties", ())
+        if name == "summary"
+    ]
+    if lines:
+        terminalreporter.section("summaries")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def _interrupt(signum: int, frame: object) -> None:
