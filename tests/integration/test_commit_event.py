@@ -30,7 +30,7 @@ def test_a_run_committed_twice_is_one_committed_event(
 
     run_key = uuid.uuid4().hex * 2
     code = (
-        "from embedline.models import RunSummary\n"
+        "from embedline.summary import RunSummary\n"
         "from flows.events import emit_run_committed\n"
         "from prefect.events.worker import EventsWorker\n"
         "for output, generation in (('/out', 0), ('/out', 0), ('/out', 1), ('/b', 0)):\n"

@@ -67,8 +67,13 @@ def _summary_requests(out: str) -> int:
 
 
 def _summary_inputs(out: str) -> int:
+    """The texts the summary says were sent: charged, plus those of retried or failed
+    requests (not charged)."""
     line = next(x for x in out.splitlines() if x.startswith("api"))
-    return int(re.search(r"([\d,]+) inputs? sent", line)[1].replace(",", ""))
+    charged = re.search(r"([\d,]+) inputs? charged", line)
+    retried = re.search(r"([\d,]+) texts? not charged", line)
+    assert charged is not None, line
+    return sum(int(m[1].replace(",", "")) for m in (charged, retried) if m is not None)
 
 
 def _inputs_received(server: FakeEmbeddingServer) -> int:

@@ -133,7 +133,9 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
                 time.sleep(0.05)  # the poster is now in its 60 s pause
             assert posted(client, artifact._id) == 25.0
         artifact.update(4, 4)
-        artifact.close(timeout_s=5.0)
+        # well under the 60 s pause (the point), above what two posts to the busy shared
+        # test server can take
+        artifact.close(timeout_s=30.0)
         return artifact._id
 
     with temporary_settings(
