@@ -15,14 +15,15 @@ import runpy
 import select
 import sys
 import time
+from typing import SupportsIndex
 
 
-def _sleep(seconds: float) -> None:
+def _sleep(seconds: "float | SupportsIndex") -> None:
     """``time.sleep`` on the monotonic clock through ``select`` (signals interrupt it as
     they interrupt ``time.sleep``: a handler's exception propagates, PEP 475 resumes)."""
-    if seconds < 0:
+    if float(seconds) < 0:
         raise ValueError("sleep length must be non-negative")
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + float(seconds)
     while (left := deadline - time.monotonic()) > 0:
         select.select([], [], [], left)
 
