@@ -323,6 +323,20 @@ def _load(r: Result) -> tuple[str, str]:
     return "; ".join(figures), "–"
 
 
+def _pgindex(r: Result) -> tuple[str, str]:
+    e = r["embedding"]
+    builds = "; ".join(
+        f"{name} {r['seconds'][name]:.1f} s ({_n(r['rows_per_s'][name])} rows/s)"
+        for name in ("defaults", "embedline")
+    )
+    figures = (
+        f"{_n(r['rows'])} × {r['dims']} HNSW build: {builds}; defaults / embedline "
+        f"{_x(r['defaults_vs_embedline'])}; embedding at {_n(e['tpm'])} TPM "
+        f"({e['tokens_per_row']:g} tokens a row, assumed) {e['seconds']} s"
+    )
+    return figures, _met(r.get("targets", {}))
+
+
 def _local(r: Result) -> tuple[str, str]:
     figures, verdicts = [], []
     for base in ("sentence-transformers", "plain"):
@@ -360,6 +374,7 @@ BENCHES: dict[str, tuple[str, Callable[[Result], tuple[str, str]]]] = {
     "cli": ("bench_cli.py", _cli),
     "local": ("bench_local.py", _local),
     "load": ("bench_load.py", _load),
+    "pgindex": ("bench_pg_index.py", _pgindex),
     "planning": ("bench_planning.py", _planning),
     "batch": ("bench_batch.py", _batch),
     "paid": ("bench_paid.py", _paid),
