@@ -27,7 +27,6 @@ from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
-    update_progress_artifact,
 )
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
@@ -170,6 +169,7 @@ class ProgressArtifact:
         self._latest: tuple[float, str] | None = None
         self._closed = threading.Event()
         self._wake = threading.Event()
+        self._client: Any = None  # the posting thread's SyncPrefectClient, made on first post
         context = contextvars.copy_context()  # Prefect's settings and client context
         self._thread = threading.Thread(
             target=context.run,
@@ -210,10 +210,11 @@ class ProgressArtifact:
         self._latest = (value, markdown)
         self._wake.set()
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Post the last value (waiting at most ``timeout_s`` seconds) and stop; with the
-        API lost, stop at once (a call in progress is left to its retries), also when the
-        loss is found while waiting (waiting out the timeout would hold the commit 5 s)."""
+    def close(self, timeout_s: float = 15.0) -> None:
+        """Post the last value (waiting at most ``timeout_s`` seconds: a slow but live server
+        still gets it, or a finished run would read 0 % in the UI) and stop; with the API
+        lost, stop at once (a call in progress is left to its retries), also when the loss is
+        found while waiting (waiting out the timeout would hold the commit)."""
         self._closed.set()
         self._wake.set()
         deadline = time.monotonic() + timeout_s
@@ -224,12 +225,16 @@ class ProgressArtifact:
             self._thread.join(min(left, 0.1))
 
     def _post(self, value: float, markdown: str, posted: tuple[float, str] | None) -> None:
-        """Post what changed since ``posted``: the percentage, the Markdown table."""
+        """Post what changed since ``posted``: the percentage first, then the Markdown table.
+        One client for the thread's life, as ``update_progress_artifact`` uses one: entering a
+        new client per post checked the server's version each time, two more requests that a
+        busy server made slower than ``close``'s wait for the last value."""
+        if self._client is None:
+            self._client = get_client(sync_client=True)
         if posted is None or value != posted[0]:
-            update_progress_artifact(self._id, value)
+            self._client.update_artifact(self._id, ArtifactUpdate(data=value))
         if posted is None or markdown != posted[1]:
-            with get_client(sync_client=True) as client:
-                client.update_artifact(self._detail_id, ArtifactUpdate(data=markdown))
+            self._client.update_artifact(self._detail_id, ArtifactUpdate(data=markdown))
 
     def _post_loop(self) -> None:
         posted: tuple[float, str] | None = None
