@@ -6,22 +6,4 @@
 # service does.
 # Prints the binary's path.
 set -eu
-find_bin() {
-    for bin in /usr/sbin/pgbouncer /usr/bin/pgbouncer; do
-        if [ -x "$bin" ]; then
-            echo "$bin"
-            return 0
-        fi
-    done
-    return 1
-}
-if ! find_bin >/dev/null; then
-    if [ "$(id -u)" = 0 ]; then
-        SUDO=
-    else
-        SUDO=sudo
-    fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq pgbouncer >/dev/null
-fi
-find_bin
+exec "$(dirname "$0")/../apt_package.sh" pgbouncer /usr/sbin/pgbouncer /usr/bin/pgbouncer
