@@ -140,8 +140,8 @@ class ProgressArtifact:
     (``PREFECT_CLIENT_MAX_RETRIES`` = 5, sleeping 2, 4, 8, 16, 32 s). Posting stops for good
     once the API is lost (``STOP.report.api_lost``) or three posts in a row fail; a failed
     post (a busy server's 500, which the client does not retry) is tried again with the
-    next value, and the last value once more at ``close``. ``clock``: seconds, monotonic
-    (rows/s and ETA), injectable for tests.
+    next value, and the last value with backoff until ``close`` stops waiting. ``clock``:
+    seconds, monotonic (rows/s and ETA), injectable for tests.
     """
 
     def __init__(
@@ -168,6 +168,7 @@ class ProgressArtifact:
         self._stages: dict[str, str] = {}
         self._latest: tuple[float, str] | None = None
         self._closed = threading.Event()
+        self._close_deadline = 0.0  # monotonic s; set by close()
         self._wake = threading.Event()
         self._client: Any = None  # the posting thread's SyncPrefectClient, made on first post
         context = contextvars.copy_context()  # Prefect's settings and client context
@@ -215,9 +216,10 @@ class ProgressArtifact:
         still gets it, or a finished run would read 0 % in the UI) and stop; with the API
         lost, stop at once (a call in progress is left to its retries), also when the loss is
         found while waiting (waiting out the timeout would hold the commit)."""
+        deadline = time.monotonic() + timeout_s
+        self._close_deadline = deadline
         self._closed.set()
         self._wake.set()
-        deadline = time.monotonic() + timeout_s
         while self._thread.is_alive() and STOP.report.api_lost() is None:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -251,15 +253,18 @@ class ProgressArtifact:
                 except (httpx.HTTPError, PrefectException) as exc:
                     failures += 1
                     logger.debug("progress artifact not updated (%d): %s", failures, exc)
-                    if failures >= _MAX_FAILED_POSTS:
+                    if failures >= _MAX_FAILED_POSTS and not self._closed.is_set():
                         return
                 else:
                     posted, failures = latest, 0
             if self._closed.is_set():
-                if latest == posted or failures >= _MAX_FAILED_POSTS:
+                # the last value is tried until close() gives up, with backoff: a busy
+                # server's 500s come in bursts that three quick tries do not outlast
+                pause = min(0.2 * 2 ** max(failures - 1, 0), 2.0)
+                if latest == posted or time.monotonic() + pause > self._close_deadline:
                     return
-                self._wake.set()  # one more try at the last value before close() gives up
-                time.sleep(0.2)
+                self._wake.set()
+                time.sleep(pause)
                 continue
             self._closed.wait(self._min_interval_s)  # close() ends the pause: its join waits
             # for one last post, not for the rest of the interval

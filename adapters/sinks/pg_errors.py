@@ -89,10 +89,14 @@ def translate(exc: Exception, where: str) -> Exception:
     """Map a psycopg error to embedline's classes (adapter edge, most specific first)."""
     import psycopg
 
-    if isinstance(exc, psycopg.errors.InsufficientPrivilege | psycopg.errors.InvalidPassword):
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        # the primary message names the object ("permission denied for table T"), not values
         return FatalError(
-            f"{where}: {exc.__class__.__name__}: check the user's rights and PGPASSWORD"
+            f"{where}: {exc.__class__.__name__}: {one_line(exc)}: grant the user these "
+            "rights (docs/reference/sinks.md lists what each stage needs)"
         )
+    if isinstance(exc, psycopg.errors.InvalidPassword):
+        return FatalError(f"{where}: {exc.__class__.__name__}: check the user and PGPASSWORD")
     if isinstance(exc, psycopg.errors.UndefinedFile):
         return FatalError(
             f"{where}: the pgvector extension is not available on this server "

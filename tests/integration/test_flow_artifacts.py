@@ -103,11 +103,15 @@ def test_rerun_shows_published_chunks_as_cached_task_runs_without_requests(
     assert tasks["embed-chunk-0000"] == "Cached" and tasks["embed-chunk-0001"] == "Cached"
 
 
+@pytest.mark.parametrize("failed_posts", [0, 5], ids=["server-well", "burst-of-500s"])
 def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_interval(
-    prefect_api_url: str,
+    prefect_api_url: str, failed_posts: int
 ) -> None:
     """close() used to wait out the poster's pause after a post (min_interval_s) and gave
-    up after its own timeout, so with a long interval the last value was never posted."""
+    up after its own timeout, so with a long interval the last value was never posted; and
+    it gave the last value three quick tries, which a busy server's burst of 500s (which
+    Prefect's client does not retry) outlasted, so a finished run read 25 %."""
+    import threading
     import time
 
     from prefect import flow
@@ -115,6 +119,16 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
     from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
 
     from flows.artifacts import ProgressArtifact
+    from tests.support.s3_proxy import ResettingProxy
+
+    armed = threading.Event()
+    failures: list[str] = []
+
+    def fault(method: str, path: str) -> tuple[int, bytes] | None:
+        if armed.is_set() and method == "PATCH" and len(failures) < failed_posts:
+            failures.append(path)
+            return 500, b'{"detail": "database is locked"}'
+        return None
 
     def posted(client: Any, artifact_id: Any) -> Any:
         # by id: the server's default page holds 200 artifacts, and the session's
@@ -132,18 +146,22 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
             while posted(client, artifact._id) != 25.0 and time.monotonic() < deadline:
                 time.sleep(0.05)  # the poster is now in its 60 s pause
             assert posted(client, artifact._id) == 25.0
+        armed.set()
         artifact.update(4, 4)
         # well under the 60 s pause (the point), above what two posts to the busy shared
         # test server can take
         artifact.close(timeout_s=30.0)
         return artifact._id
 
-    with temporary_settings(
-        updates={PREFECT_API_URL: prefect_api_url, PREFECT_LOGGING_TO_API_ENABLED: False}
-    ):
-        artifact_id = progress_flow()
-        with get_client(sync_client=True) as client:
-            assert posted(client, artifact_id) == 100.0
+    upstream = prefect_api_url.removesuffix("/api")
+    with ResettingProxy(upstream, fault=fault) as proxy:
+        through = {PREFECT_API_URL: f"{proxy.url}/api", PREFECT_LOGGING_TO_API_ENABLED: False}
+        with temporary_settings(updates=through):
+            artifact_id = progress_flow()
+    direct = temporary_settings(updates={PREFECT_API_URL: prefect_api_url})
+    with direct, get_client(sync_client=True) as client:
+        assert posted(client, artifact_id) == 100.0
+    assert len(failures) == failed_posts  # the burst happened, and was outlasted
 
 
 def _progress_artifacts(client: Any, description: str) -> dict[str, Any]:

@@ -13,8 +13,9 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from adapters.sinks.aliases import PgAlias
 from adapters.sinks.pgvector import PgVectorSink
-from embedline.errors import RetryableError
+from embedline.errors import FatalError, RetryableError
 
 pytestmark = [pytest.mark.integration]
 
@@ -60,13 +61,21 @@ def _index(pg_uri: str, table: str) -> list[tuple[str, bool]]:
 def test_a_role_with_a_statement_timeout_still_gets_its_index_built(pg_uri: str) -> None:
     _loaded(pg_uri, "limited_t", _ROWS, 64).close()
     with psycopg.connect(pg_uri, autocommit=True) as conn:
-        conn.execute("DROP ROLE IF EXISTS limited")
+        conn.execute("DROP ROLE IF EXISTS limited")  # a rerun in the same session
         conn.execute("CREATE ROLE limited LOGIN")
         conn.execute("GRANT CREATE ON SCHEMA public TO limited")
         conn.execute("ALTER TABLE limited_t OWNER TO limited")
         # as Supabase's roles have one (there 8 s for `authenticated`; shorter than the build)
         conn.execute("ALTER ROLE limited SET statement_timeout = '100ms'")
+        # a shared database where another role switched an alias: the registry is theirs
+        theirs = PgAlias(pg_uri, "someone_elses")
+        theirs.switch("limited_t")
+        theirs.close()
     sink = PgVectorSink(_as(pg_uri, "limited"), table="limited_t")
+    with pytest.raises(FatalError, match="permission denied for table embedline_aliases"):
+        sink.finalize()  # the refusal names what to grant
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute("GRANT SELECT ON embedline_aliases TO limited")
     started = time.monotonic()
     assert sink.finalize() == "HNSW index built"
     assert time.monotonic() - started > 0.1  # the build outlasted the role's timeout

@@ -85,13 +85,14 @@ class ResettingProxy:
                     proxy.seen.append((self.command, self.path, response.status_code))
                 self.send_response(response.status_code)
                 for name, value in response.headers.items():
-                    if name.lower() not in _HOP_HEADERS:
+                    # response.content is decoded: its Content-Encoding no longer holds
+                    if name.lower() not in _HOP_HEADERS | {"content-encoding"}:
                         self.send_header(name, value)
                 self.send_header("Content-Length", str(len(response.content)))
                 self.end_headers()
                 self.wfile.write(response.content)
 
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward  # noqa: N815
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_PATCH = _forward  # noqa: N815
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 pass

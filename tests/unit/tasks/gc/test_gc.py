@@ -267,11 +267,13 @@ def test_a_run_lease_is_renewed_and_an_expired_one_is_collected(tmp_path: Path) 
     with held_lease(
         store, LEASE_PREFIX, run, ["chunks/c0.parquet"], ttl_s=60, renew_s=0.05
     ) as first:
+        # a renewal writes the next lease before it deletes this one (never a moment
+        # without a lease), so wait for both halves
         deadline = time.monotonic() + 10
-        while [i.key for i in store.list(LEASE_PREFIX)] == [first]:
-            assert time.monotonic() < deadline, "the lease was never renewed"
+        while first in (held := {i.key for i in store.list(LEASE_PREFIX)}) or not held:
+            assert time.monotonic() < deadline, "the lease was never renewed and deleted"
             time.sleep(0.02)
-        assert first not in {i.key for i in store.list(LEASE_PREFIX)}  # the old one went
+        assert held and first not in held  # a newer one holds, the old one went
     # a run killed (no `finally`): its last lease expired and is older than the grace period
     dead = json.dumps(
         {"run_key": run, "objects": ["chunks/c0.parquet"], "expires_at": time.time() - 60}
