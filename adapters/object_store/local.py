@@ -340,16 +340,24 @@ class LocalDirStore:
         those whose writer process (``pid``, on this host) no longer exists, and any older
         than ``max_age_s`` seconds (a writer on another host sharing the directory). A
         younger temp file of a live process belongs to a writer still running, so it is
-        left alone.
+        left alone. Ages are judged by the filesystem's clock (``server_now``, the clock
+        that stamped the files: a file server's on NFS), so a host whose clock runs ahead
+        never takes a live writer's file for old; ``now`` (Unix s) overrides it.
         """
-        cutoff = (time.time() if now is None else now) - max_age_s
+        candidates = [
+            path
+            for top in ("chunks", "changes", "manifests", SCRATCH_PREFIX.rstrip("/"))
+            for path in self._temp_files(self.root / top)
+        ]
+        if not candidates:
+            return []
+        cutoff = (self.server_now() if now is None else now) - max_age_s
         removed: list[str] = []
-        for top in ("chunks", "changes", "manifests", SCRATCH_PREFIX.rstrip("/")):
-            for path in self._temp_files(self.root / top):
-                with contextlib.suppress(FileNotFoundError):
-                    if _writer_is_dead(path.name) or path.stat().st_mtime < cutoff:
-                        os.unlink(path)
-                        removed.append(str(path))
+        for path in candidates:
+            with contextlib.suppress(FileNotFoundError):
+                if _writer_is_dead(path.name) or path.stat().st_mtime < cutoff:
+                    os.unlink(path)
+                    removed.append(str(path))
         return removed
 
     @staticmethod

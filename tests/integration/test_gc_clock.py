@@ -28,33 +28,14 @@ from adapters.object_store import open_store
 from embedline.protocols import ObjectStore
 from tasks.lease.held import LEASE_PREFIX, LEASE_TTL_S
 from tests.integration.test_gc import _args, _rows, _wait_until_stopped, _write
+from tests.support.clock import skewed
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
 from tests.support.moto_server import moto_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
-_INSTALL = REPO / "tests/support/faketime/install.sh"
 _DEAD_AGE_S = 30 * 60.0  # twice the lease TTL, by the store's clock
-
-
-def _libfaketime() -> str:
-    """The libfaketime library ``make test`` installs (``tests/support/faketime``)."""
-    for lib in sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1")):
-        return str(lib)
-    pytest.fail(f"libfaketime is not installed: run {_INSTALL} (make test does)")
-
-
-def _faked(env: dict[str, str], offset: str) -> dict[str, str]:
-    """``env`` with this process's clock shifted by ``offset`` (``+20m``, ``-20m``); file
-    times stay the filesystem's (``NO_FAKE_STAT``), monotonic clocks stay real."""
-    return {
-        **env,
-        "LD_PRELOAD": _libfaketime(),
-        "FAKETIME": offset,
-        "NO_FAKE_STAT": "1",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
 
 
 def _put(store: ObjectStore, key: str, body: bytes) -> None:
@@ -157,7 +138,7 @@ def test_gc_with_its_clock_20_minutes_off_keeps_a_live_run_and_collects_a_dead_l
             gc = subprocess.run(
                 [sys.executable, "-m", "cli", "gc", output, "--grace", "0s"],
                 cwd=tmp_path,
-                env=_faked(env, offset),
+                env={**env, **skewed(offset)},
                 capture_output=True,
                 text=True,
                 timeout=300,

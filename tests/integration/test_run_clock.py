@@ -28,7 +28,7 @@ import pytest
 
 from tasks.lease.held import LEASE_PREFIX, LEASE_SKEW_MARGIN_S, LEASE_TTL_S
 from tasks.lease.overlap import lease_stem
-from tests.integration.test_gc_clock import _libfaketime, _moto_age
+from tests.integration.test_gc_clock import _moto_age
 from tests.integration.test_overlapping_runs import (
     Rows,
     _args,
@@ -39,6 +39,7 @@ from tests.integration.test_overlapping_runs import (
     _start,
     _write,
 )
+from tests.support.clock import skewed
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
 
@@ -47,23 +48,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url"
 #: Old enough to be stale by the store's clock (TTL + margin), young enough that a clock 20
 #: min behind would still take it for live.
 _STALE_AGE_S = LEASE_TTL_S + LEASE_SKEW_MARGIN_S + 30
-
-
-_SLEEP_SHIM = REPO / "tests/support/faketime"  # its sitecustomize: time.sleep that works
-
-
-def _skewed(offset: str, *path: Path) -> dict[str, str]:
-    """Variables that shift a subprocess's clock by ``offset`` (``+20m``, ``-20m``); file
-    times stay the filesystem's, monotonic clocks stay real (as ``test_gc_clock._faked``).
-    ``PYTHONPATH``: the sleep shim (``tests/support/faketime/sitecustomize.py``), ``path``,
-    the repository."""
-    return {
-        "PYTHONPATH": ":".join(str(p) for p in (_SLEEP_SHIM, *path, REPO)),
-        "LD_PRELOAD": _libfaketime(),
-        "FAKETIME": offset,
-        "NO_FAKE_STAT": "1",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
 
 
 def _rows(n: int, tag: str = "") -> Rows:
@@ -118,7 +102,7 @@ def test_gc_beside_a_run_whose_clock_is_20_minutes_off_keeps_its_lease_and_chunk
     gc_env = {**os.environ, "PYTHONPATH": str(REPO), **out.env}
     run_env = {
         **out.env,
-        **_skewed(offset, REPO / "tests/support/signal_at"),
+        **skewed(offset, REPO / "tests/support/signal_at"),
         "EMBEDLINE_TEST_SIGNALS": "before:tasks.commit.commit_run:commit_run:SIGSTOP",
     }
 
