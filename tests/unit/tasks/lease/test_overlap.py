@@ -65,6 +65,22 @@ def _own(store: LocalDirStore, run_key: str = "c" * 64) -> Any:
     )
 
 
+def _wait(store: LocalDirStore, key: str, bound_s: float, sleep: Any, **kw: Any) -> Any:
+    """``wait_for_earlier_runs`` for run ``c…c`` of ``MODEL`` (a log that records, unless
+    ``log=`` is given)."""
+    kw.setdefault("log", _Log())
+    return wait_for_earlier_runs(
+        store,
+        key,
+        run_key="c" * 64,
+        model=MODEL,
+        dimensions=None,
+        bound_s=bound_s,
+        sleep=sleep,
+        **kw,
+    )
+
+
 def test_an_earlier_live_run_of_the_same_model_comes_before(tmp_path: Path) -> None:
     store = LocalDirStore(str(tmp_path))
     _plant(store, "a" * 64, "1" * 16, age_s=30)
@@ -124,16 +140,7 @@ def test_the_wait_ends_when_the_earlier_lease_is_gone(tmp_path: Path) -> None:
             store.delete(planted)  # the earlier run committed
 
     with _own(store) as key:
-        waited = wait_for_earlier_runs(
-            store,
-            key,
-            run_key="c" * 64,
-            model=MODEL,
-            dimensions=None,
-            bound_s=60,
-            log=log,
-            sleep=sleep,
-        )
+        waited = _wait(store, key, 60, sleep, log=log)
     assert waited.waited and waited.left == ()
     assert slept == [5.0, 5.0, 5.0]
     assert log.lines[0].startswith(f"waiting for run {'a' * 12}, started ")
@@ -150,16 +157,7 @@ def test_the_wait_ends_when_the_earlier_lease_turns_stale(tmp_path: Path) -> Non
         os.utime(store.uri_for(planted), (old, old))
 
     with _own(store) as key:
-        waited = wait_for_earlier_runs(
-            store,
-            key,
-            run_key="c" * 64,
-            model=MODEL,
-            dimensions=None,
-            bound_s=3600,
-            log=_Log(),
-            sleep=sleep,
-        )
+        waited = _wait(store, key, 3600, sleep)
     assert waited.waited and waited.left == ()
 
 
@@ -172,28 +170,8 @@ def test_past_the_bound_the_earlier_run_is_left(tmp_path: Path) -> None:
         now[0] += seconds
 
     with _own(store) as key:
-        waited = wait_for_earlier_runs(
-            store,
-            key,
-            run_key="c" * 64,
-            model=MODEL,
-            dimensions=None,
-            bound_s=12,
-            log=_Log(),
-            sleep=sleep,
-            clock=lambda: now[0],
-        )
-        zero = wait_for_earlier_runs(
-            store,
-            key,
-            run_key="c" * 64,
-            model=MODEL,
-            dimensions=None,
-            bound_s=0,
-            log=_Log(),
-            sleep=sleep,
-            clock=lambda: now[0],
-        )
+        waited = _wait(store, key, 12, sleep, clock=lambda: now[0])
+        zero = _wait(store, key, 0, sleep, clock=lambda: now[0])
     assert now[0] == 12.0 and [lease.run_key for lease in waited.left] == ["a" * 64]
     assert zero.waited and len(zero.left) == 1
 
@@ -201,16 +179,7 @@ def test_past_the_bound_the_earlier_run_is_left(tmp_path: Path) -> None:
 def test_no_earlier_run_no_wait(tmp_path: Path) -> None:
     store = LocalDirStore(str(tmp_path))
     with _own(store) as key:
-        waited = wait_for_earlier_runs(
-            store,
-            key,
-            run_key="c" * 64,
-            model=MODEL,
-            dimensions=None,
-            bound_s=60,
-            log=_Log(),
-            sleep=lambda s: None,
-        )
+        waited = _wait(store, key, 60, lambda s: None)
     assert not waited.waited
 
 
