@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adapters.ledger import Ledger
-from adapters.ledger.records import RunRecord
 from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
 from cli.ledger_lookup import find_run, open_ledger
+
+if TYPE_CHECKING:
+    from adapters.ledger import Ledger
+    from adapters.ledger.records import RunRecord
 
 __all__ = ["add_parsers", "run_status", "tsv_field"]
 

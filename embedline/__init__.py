@@ -8,7 +8,7 @@ libraries.
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embedline.errors import (
     BadResponseError,
@@ -26,8 +26,10 @@ from embedline.errors import (
 from embedline.keys import chunk_key, request_key, row_key, run_key, text_sha256
 from embedline.models import ChunkOutcome, ChunkSpec, DeadLetter, InputPlan, Row
 from embedline.protocols import EmbeddingClient, Embeddings, ObjectStore, PutResult
-from embedline.settings import RunSettings
 from embedline.summary import RunSummary
+
+if TYPE_CHECKING:
+    from embedline.settings import RunSettings
 
 __all__ = [
     "BadResponseError",
@@ -61,7 +63,11 @@ __all__ = [
     "text_sha256",
 ]
 
-_LAZY = {"read_embeddings": "tasks.load.read_run", "read_embeddings_arrow": "tasks.load.read_run"}
+_LAZY = {
+    "RunSettings": "embedline.settings",
+    "read_embeddings": "tasks.load.read_run",
+    "read_embeddings_arrow": "tasks.load.read_run",
+}
 
 
 def __getattr__(name: str) -> Any:
