@@ -1,44 +1,37 @@
-"""The argparse pieces the commands share: value types, the help formatter, shared defaults
-and help texts."""
+"""The argparse pieces the commands share: value types, the help formatter, and the record of
+one ``embedline run`` option."""
 
 from __future__ import annotations
 
 import argparse
 import math
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 __all__ = [
-    "DEFAULT_LEDGER",
     "HELP_FORMATTER",
-    "INDEX_HELP",
-    "LEDGER_HELP",
-    "MAX_DELETE_HELP",
+    "RunOption",
     "fraction",
     "non_negative_float",
     "non_negative_int",
     "positive_float",
     "positive_int",
+    "template_text",
     "usage_line",
 ]
 
-DEFAULT_LEDGER = ".embedline/ledger.sqlite3"
-LEDGER_HELP = (
-    "the SQLite ledger; a relative path is relative to the current directory, so "
-    "run `status`, `dead-letters` and `retry-failed` where `run` ran, or pass the "
-    "same --ledger"
-)
-MAX_DELETE_HELP = (
-    "stop, before deleting anything, a load that would delete more than this "
-    "share of the rows the sink holds, or a commit whose change set removes more "
-    "than this share of the previous run's rows (a cut-short export); exit 2 "
-    "with the counts. 1 allows any delete"
-)
 
-INDEX_HELP = (
-    "when the sink's index is built (pgvector's HNSW): now, after the load, in its own "
-    "build-index task; or later: the load skips it and says so, and `embedline index "
-    "TARGET` builds it (e.g. once maintenance_work_mem is raised)"
-)
+class RunOption(NamedTuple):
+    """One option of ``embedline run``, as ``argparse.add_argument`` takes it: the records of
+    ``cli/run_options_table.py``, generated from ``RunFields`` (``cli/gen_run_options.py``)."""
+
+    dest: str  # the flow parameter (``timeout`` for RunSettings.timeout_s)
+    flags: tuple[str, ...]  # ("--chunk-size",); () for the positional argument
+    help: str  # as argparse takes it: ``%`` doubled
+    action: str = "store"  # store, store_true or store_false
+    default: object = None  # argparse.SUPPRESS: absent from the namespace unless given
+    type: str | None = None  # an argparse type of this module, by name
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -111,3 +104,11 @@ def fraction(text: str) -> float:
     if not (0 <= value <= 1):
         raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text}")
     return value
+
+
+def template_text(text: str) -> str:
+    """argparse type of ``--text-template``: ``\\n``, ``\\t`` (and ``\\\\``) become the
+    characters a shell's single quotes cannot hold (``embedline.template.unescape_cli``)."""
+    from embedline.template import unescape_cli
+
+    return unescape_cli(text)

@@ -10,8 +10,9 @@ import argparse
 import os
 from typing import Any
 
-from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, positive_int, usage_line
+from cli.arguments import HELP_FORMATTER, positive_int, usage_line
 from cli.failures import EXIT_USAGE, fail
+from cli.run_options import DEFAULT_LEDGER
 
 __all__ = ["add_parsers", "format_report"]
 

@@ -6,8 +6,9 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, LEDGER_HELP
+from cli.arguments import HELP_FORMATTER
 from cli.ledger_lookup import find_run, open_ledger
+from cli.run_options import DEFAULT_LEDGER, LEDGER_HELP
 
 if TYPE_CHECKING:
     from adapters.ledger import Ledger

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from cli.arguments import DEFAULT_LEDGER
 from cli.failures import EXIT_USAGE, fail
+from cli.run_options import DEFAULT_LEDGER
 
 if TYPE_CHECKING:
     from adapters.ledger import Ledger

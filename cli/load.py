@@ -11,10 +11,11 @@ import os
 import sys
 from typing import Any
 
-from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, INDEX_HELP, MAX_DELETE_HELP, fraction
+from cli.arguments import HELP_FORMATTER, fraction
 from cli.failures import EXIT_USAGE, exit_on_api_loss, fail
 from cli.prefect_console import quiet_prefect_signal_crashes
 from cli.prefect_env import PrefectApiError, with_prefect_api
+from cli.run_options import DEFAULT_LEDGER, INDEX_HELP, MAX_DELETE_HELP
 
 __all__ = ["add_parsers", "already_loaded", "duration_s", "print_load_summary"]
 

@@ -29,8 +29,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from cli.arguments import DEFAULT_LEDGER, HELP_FORMATTER, positive_int
+from cli.arguments import HELP_FORMATTER, positive_int
 from cli.failures import EXIT_USAGE, fail
+from cli.run_options import DEFAULT_LEDGER
 
 __all__ = ["add_parsers", "kept_columns", "search_target", "top_k"]
 

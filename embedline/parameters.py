@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from embedline.settings import BATCH_API_OPTIONS, PARAMETER_FIELDS, RunSettings
+from embedline.settings import (
+    BATCH_API_OPTIONS,
+    PARAMETER_FIELDS,
+    RunSettings,
+    option_description,
+)
 
 __all__ = [
     "GROUPS",
@@ -123,12 +128,12 @@ class ParameterGroup(BaseModel):
 
 def _field(name: str) -> tuple[Any, Any]:
     """``RunSettings``' field behind parameter ``name``: its type and its FieldInfo (default,
-    bounds); a Batch API option is ``None`` unless given, its default stated in words."""
+    bounds, description: the help of ``embedline run --help``); a Batch API option is ``None``
+    unless given, its default stated in words, as in ``--help``."""
     info = RunSettings.model_fields[PARAMETER_FIELDS.get(name, name)]
     if name not in BATCH_API_OPTIONS:
         return info.annotation, info
-    unset_means = "" if info.default is None else f"; unset: {info.default}"
-    unset = Field(default=None, description=f"with batch_api{unset_means}", **_bounds(info))
+    unset = Field(default=None, description=option_description(name), **_bounds(info))
     return info.annotation | None, unset  # type: ignore[operator]
 
 

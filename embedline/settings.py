@@ -12,19 +12,13 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import ValidationError, field_validator, model_validator
 
 from embedline.http_names import is_field_name
 from embedline.keys import columns_lines
+from embedline.run_fields import RunFields
 from embedline.template import (
     RESERVED_COLUMNS,
     TEXT_COLUMN,
@@ -42,6 +36,7 @@ __all__ = [
     "RunSettings",
     "batch_options_without_batch_api",
     "codec_for",
+    "option_description",
     "validation_message",
 ]
 
@@ -89,6 +84,17 @@ def batch_options_without_batch_api(parameters: dict[str, object]) -> list[str]:
     if parameters.get("batch_api"):
         return []
     return [name for name in BATCH_API_OPTIONS if parameters.get(name) is not None]
+
+
+def option_description(name: str) -> str:
+    """The description of run option ``name`` (CLI or flow parameter name) as ``embedline run
+    --help`` and the flow's form show it: its field's, and for a Batch API option, which
+    both leave unset unless given, its default in words ("(default: 60.0)")."""
+    info = RunFields.model_fields[PARAMETER_FIELDS.get(name, name)]
+    text = info.description or ""
+    if name in BATCH_API_OPTIONS and info.default is not None:
+        return f"{text} (default: {info.default})"
+    return text
 
 
 def codec_for(encoding: str) -> str:
@@ -152,109 +158,9 @@ def _problem(error: Any) -> str:
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-class RunSettings(BaseModel):
-    """Everything a run needs but secrets. Units: seconds, rows, requests/min, tokens/min.
-
-    Limits that come from a documented API limit say so: ``batch_size`` ≤ 2048 inputs and
-    ``max_request_tokens`` ≤ 300,000 tokens per request (OpenAI embeddings API reference).
-    ``batch_size`` defaults to 1000 (LangChain's ``OpenAIEmbeddings`` default too): with the
-    default ``chunk_size`` a chunk is one request, so a hosted API's per-request latency and
-    RPM budget are paid once per chunk (128 sent 7.7× the requests of the English file).
-    ``max_input_tokens`` (None: no check before sending) is the model's per-input limit,
-    e.g. 8191 for OpenAI's text-embedding-3 models; unset, an over-long input is isolated
-    by the server's 400 and the batch bisection instead.
-
-    ``auth_header`` names the header that carries the API key (None: ``$EMBEDLINE_AUTH_HEADER``,
-    else ``Authorization: Bearer``); ``encoding_format`` is how vectors travel (``auto``:
-    base64, falling back to float once if the server refuses base64).
-
-    ``chunk_retries`` are Prefect task retries of a chunk that failed with a retryable error
-    after its requests' own retries, ``chunk_retry_delay_s`` apart; ``grace_s`` is how long
-    in-flight chunks may finish after SIGINT/SIGTERM before they are released;
-    ``on_empty_text`` ``skip`` (default) lets ``empty_text`` dead letters commit (an empty
-    text is a property of the input), ``fail`` makes them block like any dead letter;
-    ``allow_unconditional_store`` runs even on a store that ignores ``If-None-Match``
-    (exactly-once is then not guaranteed). ``reuse`` copies the vector of a text already
-    published under the output with the same model and dimensions instead of sending it
-    (``--no-reuse`` turns it off, e.g. for a model whose weights changed under its name).
-
-    Documents (docs/reference/keys.md, docs/reference/output-layout.md): ``text_template`` builds
-    each row's text from several columns (``{column}`` placeholders; None: the field of
-    ``text_column``; a template that is one placeholder ``{X}`` is stored as ``text_column`` X);
-    ``keep_columns`` are carried beside the vectors (names only here, never values; the CLI's
-    ``A,B`` is split at commas); ``keep_text`` keeps the composed text as column ``text``;
-    ``normalize`` puts each text in a Unicode form (``NFC``, ``NFKC``) before it is hashed
-    and sent (``none``: as read). ``quoting`` ``none`` splits fields on the delimiter only
-    (quotes are literal characters, a record is one line); ``minimal`` reads RFC 4180 quotes.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    input: str
-    output: str = "./embedline-output"
-    id_column: str = "id"
-    text_column: str = "text"
-    text_template: str | None = None
-    keep_columns: tuple[str, ...] | None = None
-    keep_text: bool = False
-    encoding: str = "auto"
-    delimiter: str = "auto"
-    quoting: Literal["minimal", "none"] = "minimal"
-    normalize: Literal["none", "NFC", "NFKC"] = "none"
-    embedder: Literal["local", "openai"] = "local"
-    model: str | None = None
-    base_url: str = "https://api.openai.com/v1"
-    dimensions: int | None = Field(default=None, ge=1)
-    chunk_size: int = Field(default=1000, ge=1, le=1_000_000)
-    batch_size: int = Field(default=1000, ge=1, le=2048)
-    max_request_tokens: int = Field(default=200_000, ge=1, le=300_000)
-    concurrency: int = Field(default=8, ge=1, le=256)
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
-    timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
-    max_attempts: int = Field(default=6, ge=1, le=100)
-    max_input_tokens: int | None = Field(default=None, ge=1)
-    auth_header: str | None = None
-    encoding_format: Literal["auto", "base64", "float"] = "auto"
-    on_too_long: Literal["dead-letter", "truncate"] = "dead-letter"
-    chunk_retries: int = Field(default=1, ge=0, le=10)
-    chunk_retry_delay_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
-    grace_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
-    # at most this long a run waits for an earlier live run on its output that may send
-    # texts it would copy, then steps aside, exit 75 (tasks/lease/overlap.py)
-    wait_for_live_run_s: float = Field(default=3600.0, ge=0, allow_inf_nan=False)
-    ledger: str = ".embedline/ledger.sqlite3"
-    allow_failed_rows: bool = False
-    on_empty_text: Literal["skip", "fail"] = "skip"  # empty texts: dead letters that block?
-    retry_dead_letters: bool = False
-    allow_unconditional_store: bool = False
-    price_per_million_tokens: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    # stop before a request would take what the run spent (USD, reported tokens × price)
-    # above it (adapters/embeddings/spend.py); a dry run sends nothing (flows/estimate.py)
-    max_cost: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    dry_run: bool = False
-    reuse: bool = True
-    compact: bool = False  # a full night, not a delta (tasks/plan/delta.py)
-    task_runner: Literal["threads", "dask"] = "threads"
-    dask_address: str | None = None
-    dask_workers: int = Field(default=2, ge=1, le=256)
-    # a vector store to load the committed run into (docs/reference/sinks.md)
-    sink: str | None = None
-    # the most a commit's change set (share of the base run's rows) or a load (share of the
-    # sink's rows) may delete before it stops, exit 2 (docs/reference/sinks.md)
-    max_delete_fraction: float = Field(default=0.5, ge=0, le=1, allow_inf_nan=False)
-    # when the sink's index is built: after the load, or by `embedline index TARGET` later
-    index: Literal["now", "later"] = "now"
-    # Batch API mode (docs/design.md, "Batch API mode"): the openai embedder's requests go into
-    # batches (half price, within 24 h); polled every ``batch_poll_interval_s`` seconds at
-    # most; at most ``batch_max_inputs`` inputs per batch (OpenAI: 50,000); what batches
-    # leave unanswered is sent again as a batch, or synchronously with ``sync``;
-    # ``batch_enqueued_tokens`` (estimated tokens) sizes batches to the account's budget
-    batch_api: bool = False
-    batch_poll_interval_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
-    batch_max_inputs: int = Field(default=50_000, ge=1, le=50_000)
-    batch_fallback: Literal["batch", "sync"] = "batch"
-    batch_enqueued_tokens: int | None = Field(default=None, ge=1)
+class RunSettings(RunFields):
+    """Everything a run needs but secrets: the fields of ``RunFields`` (types, defaults, bounds,
+    help), the rules between them, and the values derived from them."""
 
     @model_validator(mode="before")
     @classmethod

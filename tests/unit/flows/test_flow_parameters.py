@@ -1,5 +1,6 @@
 """The flow's parameters as Prefect's UI shows them in the custom-run form: five sections
-(pydantic-model parameters), each field with the CLI option's default, bounds and choices."""
+(pydantic-model parameters), each field with the CLI option's default, bounds, choices and
+help."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from prefect.utilities.callables import parameter_schema
 
 from embedline.parameters import GROUPS, grouped, parameter_defaults
+from embedline.settings import option_description
 from flows.embed_csv import embed_csv
 
 
@@ -53,6 +55,7 @@ def test_section_defaults_are_the_cli_defaults() -> None:
     assert limits["chunk_size"]["default"] == 1000
     assert limits["batch_size"] == {
         "default": 1000,
+        "description": "rows per request (at most 2048, OpenAI's limit)",
         "maximum": 2048,
         "minimum": 1,
         "title": "Batch Size",
@@ -78,7 +81,23 @@ def test_choices_are_enums_in_the_custom_run_form() -> None:
 def test_batch_options_are_unset_unless_given() -> None:
     fields = _section(_schema(), "batch_mode")["properties"]
     assert fields["batch_poll_interval"]["default"] is None
-    assert fields["batch_poll_interval"]["description"] == "with batch_api; unset: 60.0"
+    assert fields["batch_poll_interval"]["description"] == (
+        "with --batch-api: longest wait between two polls of the run's batches (the first "
+        "polls come sooner) (default: 60.0)"
+    )
+
+
+def test_every_field_of_the_form_has_the_option_s_help_as_description() -> None:
+    """The form says what each field does in the words of ``embedline run --help`` (both are
+    ``RunFields``' descriptions); ``reuse`` in the field's own sense, since the flag is
+    ``--no-reuse``."""
+    schema = _schema()
+    for group, _, names in GROUPS:
+        fields = _section(schema, group)["properties"]
+        for name in names:
+            assert fields[name]["description"] == option_description(name), name
+    reuse = _section(schema, "embedding")["properties"]["reuse"]["description"]
+    assert reuse.startswith("copy the vector of a text already published")
 
 
 def test_grouped_refuses_a_name_no_group_holds() -> None:
