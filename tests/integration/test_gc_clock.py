@@ -28,7 +28,7 @@ from adapters.object_store import open_store
 from embedline.protocols import ObjectStore
 from tasks.lease.held import LEASE_PREFIX, LEASE_TTL_S
 from tests.integration.test_gc import _args, _rows, _wait_until_stopped, _write
-from tests.support.clock import skewed
+from tests.support.clock import shifted_clock
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
 from tests.support.moto_server import moto_env
@@ -138,7 +138,7 @@ def test_gc_with_its_clock_20_minutes_off_keeps_a_live_run_and_collects_a_dead_l
             gc = subprocess.run(
                 [sys.executable, "-m", "cli", "gc", output, "--grace", "0s"],
                 cwd=tmp_path,
-                env={**env, **skewed(offset)},
+                env={**env, **shifted_clock(offset)},
                 capture_output=True,
                 text=True,
                 timeout=300,

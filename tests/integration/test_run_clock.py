@@ -39,7 +39,7 @@ from tests.integration.test_overlapping_runs import (
     _start,
     _write,
 )
-from tests.support.clock import skewed
+from tests.support.clock import shifted_clock
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
 
@@ -102,7 +102,7 @@ def test_gc_beside_a_run_whose_clock_is_20_minutes_off_keeps_its_lease_and_chunk
     gc_env = {**os.environ, "PYTHONPATH": str(REPO), **out.env}
     run_env = {
         **out.env,
-        **skewed(offset, REPO / "tests/support/signal_at"),
+        **shifted_clock(offset, REPO / "tests/support/signal_at"),
         "EMBEDLINE_TEST_SIGNALS": "before:tasks.commit.commit_run:commit_run:SIGSTOP",
     }
 

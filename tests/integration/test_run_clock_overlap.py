@@ -24,6 +24,7 @@ from tests.integration.test_overlapping_runs import (
     _write,
 )
 from tests.integration.test_run_clock import _keys, _rows
+from tests.support.clock import shifted_clock
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import run_cli
 
@@ -48,7 +49,7 @@ def test_overlapping_runs_whose_clocks_disagree_by_20_minutes_pay_once(
     first_csv = _write(tmp_path / "nightly.csv", nightly)
     second_csv = _write(tmp_path / "manual.csv", manual)
     out = _Output(tmp_path, request, where)
-    clocks = {"first": {}, "second": {}, skewed: skewed(offset)}
+    clocks = {"first": {}, "second": {}, skewed: shifted_clock(offset)}
     with FakeEmbeddingServer(dims=384) as server:
         # the first run is slow (1 s a request) until the second has taken its lease, then
         # quick: the second starts while the first embeds, however slowly it starts

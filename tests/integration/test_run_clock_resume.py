@@ -34,7 +34,7 @@ from tests.integration.test_run_clock import (
     _set_lease,
     _wait,
 )
-from tests.support.clock import skewed
+from tests.support.clock import shifted_clock
 from tests.support.fake_openai import FakeEmbeddingServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -106,7 +106,7 @@ def test_a_run_resumed_with_a_skewed_clock_after_kill_9_judges_the_old_lease_by_
                 output=out.uri,
             ),
             tmp_path,
-            {**out.env, **skewed(offset)},
+            {**out.env, **shifted_clock(offset)},
         )
         try:
             if old_lease == "live":

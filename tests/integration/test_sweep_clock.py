@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.clock import skewed
+from tests.support.clock import shifted_clock
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def test_a_host_clock_hours_off_sweeps_by_the_filesystems_clock(
         os.utime(path, (time.time() - age_s, time.time() - age_s))
     swept = subprocess.run(
         [sys.executable, "-c", _SWEEP, str(tmp_path / "out")],
-        env={**os.environ, **skewed(offset)},
+        env={**os.environ, **shifted_clock(offset)},
         capture_output=True,
         text=True,
         timeout=60,

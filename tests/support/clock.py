@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.fixtures import REPO
 
-__all__ = ["libfaketime", "skewed"]
+__all__ = ["libfaketime", "shifted_clock"]
 
 _INSTALL = REPO / "tests/support/faketime/install.sh"
 _SLEEP_SHIM = REPO / "tests/support/faketime"  # its sitecustomize: time.sleep that works
@@ -24,7 +24,7 @@ def libfaketime() -> str:
     pytest.fail(f"libfaketime is not installed: run {_INSTALL} (make test does)")
 
 
-def skewed(offset: str, *path: Path) -> dict[str, str]:
+def shifted_clock(offset: str, *path: Path) -> dict[str, str]:
     """Variables that shift a subprocess's clock by ``offset`` (``+20m``, ``-2h``).
     ``PYTHONPATH``: the sleep shim first (libfaketime with real monotonic clocks fails every
     ``time.sleep`` with EINVAL; ``tests/support/faketime/sitecustomize.py`` sleeps through
