@@ -212,7 +212,7 @@ class Usage:
     batch_inputs: int = 0
 
 
-_cost = [0] * 7  # Usage's fields, in order, of every embed call since reset_cost()
+_cost = [0, 0, 0, 0, 0, 0, 0]  # Usage's fields, in order, of every embed call since reset_cost()
 
 
 def reset_cost() -> None:
