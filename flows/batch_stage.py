@@ -353,6 +353,7 @@ class BatchStage:
             return [(spec, record, requests)]  # one input, or one request: nothing to split
         records = self.ledger.run_batches(self.run_key, spec.index)
         self.ledger.drop_batch_part(self.run_key, spec.index, record.part)
+        self._queued.discard((spec.index, record.part))  # its number may be taken again
         self.log.info(
             "chunk %d part %d: larger than the enqueued-token budget (%d estimated tokens): "
             "split to fit",

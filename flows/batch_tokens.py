@@ -70,7 +70,7 @@ class TokenLimit:
         self.cap = token_cap(error, tokens, self.cap)
         single = len(requests) == 1 and len(requests[0].texts) == 1
         why = unfittable_message("(refused at create)", chunk, error)
-        return self._limited(lambda: why if single else None)
+        return self._limited(lambda: why if single else None, tokens)
 
     def refused_batch(self, record: BatchRecord, chunk: int) -> str | None:
         """Batch ``record`` failed for the token limit: learn the cap once per batch and,
@@ -87,16 +87,20 @@ class TokenLimit:
                 unfittable_message(str(record.batch_id), chunk, record.error or "")
                 if one_input(self.ledger.run_batches(self.run_key), str(record.batch_id))
                 else None
-            )
+            ),
+            tokens,
         )
 
-    def _limited(self, unfittable: Callable[[], str | None]) -> str | None:
+    def _limited(self, unfittable: Callable[[], str | None], tokens: int) -> str | None:
         """Wait for the run's batches in flight (``TokenBackoff``); with none in flight, a
         refused batch of one input (``unfittable()`` says why) stops the run unless
-        ``--batch-fallback sync`` sends it synchronously; a larger one is split at once."""
+        ``--batch-fallback sync`` sends it synchronously; a larger one (``tokens``
+        estimated) is split at once, the cap at most half of it (what is free of the
+        budget is less than it, whatever the message states: other batches may hold it)."""
         in_flight = self.in_flight()
-        if not in_flight and self.settings.batch_fallback != "sync":
-            why = unfittable()
+        if not in_flight:
+            self.cap = max(1, min(self.cap or tokens, tokens // 2))
+            why = unfittable() if self.settings.batch_fallback != "sync" else None
             if why is not None:
                 return why
         wait = self.backoff.refused(in_flight=in_flight)
