@@ -352,14 +352,14 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         dest="batch_fallback",
         flags=("--batch-fallback",),
-        help="with --batch-api: what batches leave unanswered (expired, cancelled, server errors): sent again as a batch, or synchronously at full price (default: batch)",
+        help="with --batch-api: what batches leave unanswered (expired, cancelled, server errors): sent again as batches while the 24 h window lasts, or synchronously at full price (default: batch)",
         default=SUPPRESS,
         choices=("batch", "sync"),
     ),
     RunOption(
         dest="batch_enqueued_tokens",
         flags=("--batch-enqueued-tokens",),
-        help="with --batch-api: the account's enqueued-token limit for the model: batches are sized to fit it (default: 50,000 inputs per batch; a refusal token_limit_exceeded waits for earlier batches)",
+        help="with --batch-api: the account's enqueued-token limit for the model: batches and parts are sized to fit it (default: 50,000 inputs per batch; a refusal token_limit_exceeded teaches the limit)",
         default=SUPPRESS,
         type="positive_int",
         metavar="N",

@@ -199,22 +199,26 @@ class Usage:
     requests it answered with vectors: what it charges for), ``requests_retried`` and
     ``inputs_retried`` (requests that got no vectors: rate limited, a server error, a
     timeout; sent again or given up, not charged). An in-process model sends no request:
-    its inputs are the texts it embedded."""
+    its inputs are the texts it embedded. ``batch_tokens`` and ``batch_inputs``: of
+    ``tokens`` and ``inputs``, those Batch API batches answered (billed at the batch price),
+    failed chunks' included."""
 
     requests: int = 0
     tokens: int = 0
     inputs: int = 0
     requests_retried: int = 0
     inputs_retried: int = 0
+    batch_tokens: int = 0
+    batch_inputs: int = 0
 
 
-_cost = [0, 0, 0, 0, 0]  # Usage's fields, in order, of every embed call since reset_cost()
+_cost = [0, 0, 0, 0, 0, 0, 0]  # Usage's fields, in order, of every embed call since reset_cost()
 
 
 def reset_cost() -> None:
     """Start counting a run's requests and tokens from zero (the flow, before dispatching)."""
     with _partial_lock:
-        _cost[:] = [0, 0, 0, 0, 0]
+        _cost[:] = [0] * 7
 
 
 def cost_in_process() -> Usage:
@@ -234,8 +238,11 @@ def _add_cost(source: object, texts: int | None) -> None:
         charged, retried, resent = 0, requests, inputs
     else:  # one answered request; the attempts before it (and their texts) were not
         charged, retried, resent = texts, max(0, requests - 1), max(0, inputs - texts)
+    batch = (0, 0)  # a failed call: no batch answer handed out
+    if texts is not None:
+        batch = (int(getattr(source, "batch_tokens", 0)), int(getattr(source, "batch_inputs", 0)))
     with _partial_lock:
-        for n, value in enumerate((requests, tokens, charged, retried, resent)):
+        for n, value in enumerate((requests, tokens, charged, retried, resent, *batch)):
             _cost[n] += value
 
 

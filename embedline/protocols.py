@@ -38,12 +38,16 @@ class Embeddings:
     ``tokens`` is the API's reported usage (0 when the server reports none); ``requests``
     counts HTTP attempts made for it, retries included (0 for an in-process model);
     ``inputs`` the texts those attempts carried (``len(texts)`` for an in-process model).
+    ``batch_tokens`` and ``batch_inputs``: of ``tokens`` and ``inputs``, those Batch API
+    batches answered (sent and billed at the batch price, no request of this call).
     """
 
     vectors: np.ndarray
     tokens: int = 0
     requests: int = 0
     inputs: int = 0
+    batch_tokens: int = 0
+    batch_inputs: int = 0
 
 
 class RequestLimits(Protocol):

@@ -440,15 +440,16 @@ class RunFields(BaseModel):
         default="batch",
         description=(
             "with --batch-api: what batches leave unanswered (expired, cancelled, server "
-            "errors): sent again as a batch, or synchronously at full price"
+            "errors): sent again as batches while the 24 h window lasts, or synchronously at "
+            "full price"
         ),
     )
     batch_enqueued_tokens: Annotated[int | None, Cli(metavar="N")] = Field(
         default=None,
         ge=1,
         description=(
-            "with --batch-api: the account's enqueued-token limit for the model: batches are "
-            "sized to fit it (default: 50,000 inputs per batch; a refusal token_limit_exceeded "
-            "waits for earlier batches)"
+            "with --batch-api: the account's enqueued-token limit for the model: batches and "
+            "parts are sized to fit it (default: 50,000 inputs per batch; a refusal "
+            "token_limit_exceeded teaches the limit)"
         ),
     )

@@ -10,10 +10,10 @@ Runs in the flow process before the chunk tasks (docs/design.md, "Batch API mode
     upload + create, one by one, each batch's parts recorded ``submitted`` with its id →
     one poller for all of the run's batches, the
     interval growing to ``--batch-poll-interval`` → a chunk whose batches all ended has its
-    unanswered requests submitted again as a new part (or left to ``--batch-fallback
-    sync``) → when every chunk is ready, the ordinary chunk tasks run with the chunk's
-    result files and recorded layouts (``tasks.batch.answers``): same objects, manifest,
-    change set and sinks as a synchronous run.
+    unanswered requests submitted again as new parts while ``tasks.batch.rounds`` allows
+    (or left to ``--batch-fallback sync``) → when every chunk is ready, the ordinary chunk
+    tasks run with the chunk's result files and recorded layouts (``tasks.batch.answers``):
+    same objects, manifest, change set and sinks as a synchronous run.
 
 What a batch carries is read from the ledger (its layout), never derived again from the
 run's settings: a rerun with another ``--batch-size``, ``--batch-max-inputs`` or
@@ -39,12 +39,13 @@ name ``embedline cancel-batches RUN``), so the command prints its summary. Any o
 batches still running (an error raised out of the stage, a failed validation) notes them the
 same way (``tasks.batch.records.left_running_note``).
 
-A batch ``failed`` for ``token_limit_exceeded`` (or a create refused so) is submitted again
-after earlier batches finish (exponential backoff, within the 24 h window); any other
-``failed`` stops the run with the server's reason (exit 3), nothing more submitted. A
-batch or file the provider answers 404 for (``UnknownBatchError``: another API key, purged,
-deleted) stops the run (exit 3), marked ``not_found`` in the ledger; it is never
-resubmitted on its own.
+A batch ``failed`` for ``token_limit_exceeded`` (or a create refused so) teaches the stage a
+token cap: parts larger than it are split to fit, the refused requests submitted again after
+the run's batches in flight end, and a refusal no wait can end stops the run saying what to
+change (``flows.batch_tokens``). Any other ``failed`` stops the run with the server's reason
+(exit 3), nothing more submitted. A batch or file the provider answers 404 for
+(``UnknownBatchError``: another API key, purged, deleted) stops the run (exit 3), marked
+``not_found`` in the ledger; it is never resubmitted on its own.
 """
 
 from __future__ import annotations
@@ -58,40 +59,39 @@ from typing import Any
 from adapters.embeddings import build_batch_client
 from adapters.embeddings.openai_batch import TERMINAL_STATUSES, BatchClient, TokenLimitError
 from adapters.ledger import BatchRecord, Ledger
-from embedline.errors import FatalError, RetryableError
+from embedline.errors import RetryableError
 from embedline.models import ChunkBatches, ChunkSpec, ReusePlan, Row
 from embedline.progress import BatchCount
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
-from flows.signals import under_prefect_runner
+from flows.batch_report import BatchProgress, note_left_running
+from flows.batch_tokens import TokenLimit
 from tasks.batch.calls import BatchCalls, Log, batch_metadata
 from tasks.batch.outputs import OUTPUTS
 from tasks.batch.parts import PartRequests
 from tasks.batch.records import (
     all_answered,
-    batch_counts,
     batch_requests,
     failed_for_token_limit,
     ids_late,
-    left_running_note,
     merged_layouts,
-    token_cap,
 )
 from tasks.batch.requests import (
     BatchRequest,
+    fit,
     input_file,
     layout_from_input,
     layout_of,
     pack,
     pack_parts,
+    unique,
 )
+from tasks.batch.rounds import Rounds
 from tasks.reuse.stage import ReuseStage
 
 __all__ = ["BatchStage", "Staged"]
 
 _FIRST_POLL_S = 0.05  # seconds; the interval grows by half each poll to --batch-poll-interval
-_MAX_REST_PARTS = 4  # resubmissions of a chunk's unanswered requests for server errors
-_WINDOW_S = 24 * 3600.0  # the completion window: token-limit waits end within it
 
 
 @dataclass(slots=True)
@@ -135,24 +135,20 @@ class BatchStage:
         self.client = client or build_batch_client(settings)
         self.calls = BatchCalls(self.client, ledger, run_key, log)
         self._stopped = threading.Event()
-        self.on_progress = on_progress
+        self.progress = BatchProgress(log, on_progress)
         self.sleep, self.clock = sleep or self._stopped.wait, clock
         self.staged = Staged()
         self.parts = PartRequests(settings, source, self.staged.plans, self.calls)
         self._specs: dict[int, ChunkSpec] = {}
-        self._not_before = 0.0  # no create before this clock time (token limit)
-        self._token_waits = 0
-        self._seen_limits: set[str] = set()
-        self._started = clock()
-        self._shown: tuple[BatchCount, ...] = ()
+        self.rounds = Rounds(clock)  # unanswered requests submitted again: when
+        self._ended = 0  # the run's batches seen ended (progress: the backoff resets)
         self._sent: set[tuple[int, int]] = set()  # (chunk, part) whose create was sent
         # parts to submit, packed into batches by ``_flush``: (chunk, its record, requests)
         self._queue: list[tuple[ChunkSpec, BatchRecord, list[BatchRequest]]] = []
         self._queued: set[tuple[int, int]] = set()
-        # estimated tokens a batch may pack, learned from token_limit_exceeded (None: the
-        # --batch-enqueued-tokens budget alone); each batch created's estimate, by id
-        self._token_cap: int | None = None
-        self._created_tokens: dict[str, int] = {}
+        self.tokens = TokenLimit(
+            settings=settings, ledger=ledger, run_key=run_key, log=log, sent=self._sent, clock=clock
+        )
 
     # ── the stage ────────────────────────────────────────────────────────────────────────
     def run(self, todo: Sequence[ChunkSpec]) -> Staged:
@@ -225,7 +221,8 @@ class BatchStage:
             if not requests:
                 self.staged.answers[spec.index] = ChunkBatches()
                 return
-            parts = pack(requests, self.settings, max_tokens=self.settings.batch_enqueued_tokens)
+            requests = fit(requests, self.tokens.budget())
+            parts = pack(requests, self.settings, max_tokens=self.tokens.budget())
             self.ledger.add_batch_parts(
                 self.run_key,
                 spec.index,
@@ -322,19 +319,16 @@ class BatchStage:
         for the next chunks' parts)."""
         queue, self._queue = self._queue, []
         uploaded: dict[str, list[tuple[ChunkSpec, BatchRecord, list[BatchRequest]]]] = {}
-        fresh = []
+        fresh: list[tuple[ChunkSpec, BatchRecord, list[BatchRequest]]] = []
         for item in queue:
             if item[1].input_file_id:
                 uploaded.setdefault(item[1].input_file_id, []).append(item)
             else:
-                fresh.append(item)
+                fresh += self._fitted(*item)
         groups: list[tuple[list[tuple[ChunkSpec, BatchRecord, list[BatchRequest]]], str | None]]
         groups = [(units, file_id) for file_id, units in uploaded.items()]
-        budgets = [b for b in (self.settings.batch_enqueued_tokens, self._token_cap) if b]
         packed = pack_parts(
-            [requests for _, _, requests in fresh],
-            self.settings,
-            max_tokens=min(budgets) if budgets else None,
+            [requests for _, _, requests in fresh], self.settings, max_tokens=self.tokens.budget()
         )
         if not final and packed:
             start, _ = packed.pop()  # not full yet: more parts may join it
@@ -345,6 +339,32 @@ class BatchStage:
                 self._queued.discard((spec.index, record.part))
             if not self._stopped.is_set() and not self._failed():
                 self._create(units, file_id)
+
+    def _fitted(
+        self, spec: ChunkSpec, record: BatchRecord, requests: list[BatchRequest]
+    ) -> list[tuple[ChunkSpec, BatchRecord, list[BatchRequest]]]:
+        """A part never uploaded, as it is when it fits the budget, else split into parts
+        that do (``_submit_rest``: recorded in its place, which no batch carries)."""
+        budget = self.tokens.budget()
+        if budget is None or sum(q.estimated_tokens for q in requests) <= budget:
+            return [(spec, record, requests)]
+        fitted = fit(requests, budget)
+        if len(pack(fitted, self.settings, max_tokens=budget)) < 2:
+            return [(spec, record, requests)]  # one input, or one request: nothing to split
+        records = self.ledger.run_batches(self.run_key, spec.index)
+        self.ledger.drop_batch_part(self.run_key, spec.index, record.part)
+        self._queued.discard((spec.index, record.part))  # its number may be taken again
+        self.log.info(
+            "chunk %d part %d: larger than the enqueued-token budget (%d estimated tokens): "
+            "split to fit",
+            spec.index,
+            record.part,
+            budget,
+        )
+        queued, self._queue = self._queue, []
+        self._submit_rest(spec, records, fitted)
+        split, self._queue = self._queue, queued
+        return split
 
     def _create(
         self,
@@ -375,11 +395,12 @@ class BatchStage:
         try:
             batch = self.client.create_batch(file_id, metadata)
         except TokenLimitError as exc:
-            self._token_cap = token_cap(str(exc), tokens, self._token_cap)
-            if len(units) > 1:  # refused, never created: packed again within the cap
-                for spec, record, _ in units:
-                    self.ledger.note_batch_input(self.run_key, spec.index, record.part, None)
-            self._token_limited()
+            for spec, record, _ in units:  # refused, never created: packed again to fit
+                self.ledger.note_batch_input(self.run_key, spec.index, record.part, None)
+                self._sent.discard((spec.index, record.part))
+            self.staged.fatal = self.tokens.refused_at_create(
+                str(exc), tokens, [q for _, _, requests in units for q in requests], first[0].index
+            )
             return
         except RetryableError as exc:
             self.log.warning(
@@ -395,29 +416,14 @@ class BatchStage:
             if found is None:
                 return  # still `creating`: submitted again on the next poll
             batch = found
-        self._created_tokens[str(batch["id"])] = tokens
+        self.tokens.created_batch(str(batch["id"]), tokens, failed=batch.get("status") == "failed")
         for spec, record, _ in units:
             self.calls.adopt(spec, record, batch, created=True)
         # failed validation at once: nothing more is created (one chunk's records say it)
         self._check_failures(self.ledger.run_batches(self.run_key, first[0].index), first[0])
 
-    def _token_limited(self) -> None:
-        self._token_waits += 1
-        wait = min(self.settings.batch_poll_interval_s * 2 ** (self._token_waits - 1), 3600.0)
-        if self.clock() - self._started + wait > _WINDOW_S:
-            raise FatalError(
-                "the Batch API's enqueued-token limit stayed full for 24 h: "
-                "give --batch-enqueued-tokens or run fewer batches at once"
-            )
-        self._not_before = self.clock() + wait
-        self.log.warning(
-            "token_limit_exceeded: the model's enqueued-token budget is full; "
-            "submitting again in %.1f s, after earlier batches finish",
-            wait,
-        )
-
     def _wait_for_token_budget(self) -> None:
-        delay = self._not_before - self.clock()
+        delay = self.tokens.backoff.delay()
         if delay > 0:
             self.sleep(delay)
             self._poll_all()
@@ -432,6 +438,12 @@ class BatchStage:
         interval = min(_FIRST_POLL_S, self.settings.batch_poll_interval_s)
         while not self._failed() and not self._stopped.is_set():
             records = self._poll_all()
+            ended = {
+                r.batch_id for r in records if r.status in ("completed", "expired", "cancelled")
+            }
+            if len(ended) > self._ended:  # a batch of the run ended: budget freed
+                self._ended = len(ended)
+                self.tokens.backoff.progress()
             totals = batch_requests(records)
             open_chunks = [i for i in self._specs if i not in self.staged.answers]
             for index in open_chunks:
@@ -443,7 +455,7 @@ class BatchStage:
                 return
             if all(i in self.staged.answers for i in self._specs):
                 return
-            self._show(self.ledger.run_batches(self.run_key))
+            self.progress.show(self.ledger.run_batches(self.run_key), self._specs)
             self.sleep(interval)
             interval = min(interval * 1.5, self.settings.batch_poll_interval_s)
 
@@ -465,7 +477,7 @@ class BatchStage:
         ended, stop on a validation failure, else submit what is unanswered or mark the
         chunk ready. ``totals``: each batch's requests (``batch_requests``)."""
         for record in records:
-            if record.state == "creating" and self.clock() >= self._not_before:
+            if record.state == "creating" and self.tokens.backoff.delay() == 0:
                 self._resume_creating(spec, record)
         records = self.ledger.run_batches(self.run_key, spec.index)
         if any(
@@ -479,39 +491,56 @@ class BatchStage:
         if all(all_answered(r, totals.get(r.batch_id or "")) for r in records):
             self._ready(spec, records)
             return
-        pending = self.parts.pending(spec, records)
-        rest_parts = sum(
-            1 for r in records if r.req_start is None and not failed_for_token_limit(r)
-        )
-        if not pending or self.settings.batch_fallback == "sync" or rest_parts >= _MAX_REST_PARTS:
-            if pending:
-                self.log.warning(
-                    "chunk %d: %d requests unanswered by its batches%s",
+        unanswered = self.parts.unanswered(spec, records)
+        pending = unanswered.pending
+        sync = self.settings.batch_fallback == "sync"
+        if pending and not sync:
+            again = self.rounds.again(
+                spec.index, pending=len(pending), errored=len(unanswered.errored)
+            )
+            if again:
+                self.log.info(
+                    "chunk %d: %d requests left unanswered (expired, cancelled, refused for "
+                    "the token limit or server errors): submitting them again from part %d",
                     spec.index,
                     len(pending),
-                    ", sent synchronously" if self.settings.batch_fallback == "sync" else "",
+                    max(r.part for r in records) + 1,
                 )
-            self._ready(spec, records)
-            return
-        self.log.info(
-            "chunk %d: %d requests left unanswered (expired, cancelled or server "
-            "errors): submitting them as part %d",
-            spec.index,
-            len(pending),
-            max(r.part for r in records) + 1,
-        )
-        self._submit_rest(spec, records, pending)
+                self._submit_rest(spec, records, pending)
+                return
+        if pending:
+            self.log.warning(
+                "chunk %d: %d requests unanswered by its batches%s",
+                spec.index,
+                len(pending),
+                ", sent synchronously"
+                if sync
+                else " after the completion window or repeated server errors: a rerun "
+                "submits them again, --batch-fallback sync sends them synchronously",
+            )
+        self._ready(spec, records)
 
     def _submit_rest(
         self, spec: ChunkSpec, records: list[BatchRecord], requests: list[BatchRequest]
     ) -> None:
-        """Record ``requests`` as the chunk's next part (after ``records``) and submit it."""
-        part = max(r.part for r in records) + 1
+        """Record ``requests`` (each once, split to fit the enqueued-token budget) as the
+        chunk's next parts (after ``records``) and submit them."""
+        requests = fit(unique(requests), self.tokens.budget())
+        first = max(r.part for r in records) + 1
+        spans = {
+            first + n: span
+            for n, span in enumerate(pack(requests, self.settings, max_tokens=self.tokens.budget()))
+        }
         self.ledger.add_batch_parts(
-            self.run_key, spec.index, spec.key, [(part, None, None, layout_of(requests))]
+            self.run_key,
+            spec.index,
+            spec.key,
+            [(part, None, None, layout_of(requests[a:b])) for part, (a, b) in spans.items()],
         )
-        record = self.ledger.run_batches(self.run_key, spec.index)[-1]
-        self._submit(spec, record, requests)
+        for record in self.ledger.run_batches(self.run_key, spec.index):
+            if record.part in spans:
+                a, b = spans[record.part]
+                self._submit(spec, record, requests[a:b])
 
     def _check_failures(self, records: list[BatchRecord], spec: ChunkSpec) -> None:
         """A batch ``failed`` validation: the run stops (``fatal``); one that failed for
@@ -526,11 +555,9 @@ class BatchStage:
                     "nothing more is submitted"
                 )
                 return
-            if record.batch_id not in self._seen_limits:
-                self._seen_limits.add(str(record.batch_id))
-                tokens = self._created_tokens.get(str(record.batch_id))
-                self._token_cap = token_cap(record.error or "", tokens, self._token_cap)
-                self._token_limited()
+            self.staged.fatal = self.tokens.refused_batch(record, spec.index)
+            if self.staged.fatal:
+                return
 
     def _ready(self, spec: ChunkSpec, records: list[BatchRecord]) -> None:
         files = tuple(
@@ -543,49 +570,7 @@ class BatchStage:
             files, merged_layouts(layouts), chunk=spec.index
         )
 
-    # ── report ───────────────────────────────────────────────────────────────────────────
-    def _show(self, records: list[BatchRecord]) -> None:
-        """The run's batches by status, with their requests and how many are done: to
-        ``on_progress`` after every poll, and one INFO line when they change."""
-        counts = batch_counts(r for r in records if r.idx in self._specs)
-        if self.on_progress is not None:
-            self.on_progress(counts)
-        if counts != self._shown:
-            self._shown = counts
-            self.log.info(
-                "batches: %s; %d of %d requests done",
-                ", ".join(f"{c.batches} {c.status}" for c in counts),
-                sum(c.completed for c in counts),
-                sum(c.requests for c in counts),
-            )
-
     def _left_running(self) -> None:
-        """Note (``STOP.report.note_left_running``) and log the batches the run leaves running at
-        the provider, if any: those submitted that have not ended, and parts whose create
-        was sent but never confirmed (they may run)."""
-        records = self.ledger.run_batches(self.run_key)
-        running = len(
-            {
-                r.batch_id
-                for r in records
-                if r.batch_id and r.status not in TERMINAL_STATUSES and r.status != "not_found"
-            }
-        )  # unknown to the provider: said apart; a batch that packs many parts counted once
-        unconfirmed = len(
-            {
-                r.input_file_id
-                for r in records
-                if r.state == "creating" and r.input_file_id and (r.idx, r.part) in self._sent
-            }
-        )
-        what = left_running_note(
-            running,
-            unconfirmed,
-            self.run_key,
-            rerun=("a new run with the same parameters (or a Retry) collects them")
-            if under_prefect_runner()
-            else "rerun the same command to collect them",
-        )
-        if what is not None:
-            self.log.warning("the run stops: %s", what)
-            STOP.report.note_left_running(what)  # the run's final message and last line say it
+        """Note and log the batches the run leaves running at the provider, if any
+        (``flows.batch_report.note_left_running``)."""
+        note_left_running(self.ledger.run_batches(self.run_key), self._sent, self.run_key, self.log)

@@ -26,6 +26,7 @@ from embedline.protocols import EmbeddingClient, EmbeddingClientBase, Embeddings
 from embedline.settings import RunSettings
 from tasks.batch.outputs import OUTPUTS
 from tasks.batch.requests import BatchResults, Resolved, layout_requests, sent_text_sha256
+from tasks.batch.rounds import unanswered_message
 
 __all__ = ["BatchAnswers", "batch_answers"]
 
@@ -106,16 +107,15 @@ class BatchAnswers(EmbeddingClientBase):
             tokens=tokens + sync.tokens,
             requests=sync.requests,
             inputs=len(texts) - len(missing) + sync.inputs,
+            batch_tokens=tokens,
+            batch_inputs=len(texts) - len(missing),
         )
 
     def _send(
         self, texts: Sequence[str], missing: list[int], key: str, expect_dimensions: int | None
     ) -> Embeddings:
         if self._fallback is None:
-            raise RetryableError(
-                f"{len(missing)} texts have no answer in the chunk's batches: "
-                "rerun to submit them again (or --batch-fallback sync)"
-            )
+            raise RetryableError(unanswered_message(len(missing)))
         if self._sync is None:
             self._sync = self._fallback()
         if len(missing) < len(texts):  # another request than the batch's: another key

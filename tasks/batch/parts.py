@@ -15,7 +15,13 @@ from embedline.models import ChunkSpec, ReusePlan, Row
 from embedline.settings import RunSettings
 from tasks.batch.calls import BatchCalls
 from tasks.batch.outputs import OUTPUTS
-from tasks.batch.requests import BatchRequest, BatchResults, chunk_requests, layout_requests
+from tasks.batch.requests import (
+    BatchRequest,
+    BatchResults,
+    Resolved,
+    chunk_requests,
+    layout_requests,
+)
 
 __all__ = ["PartRequests"]
 
@@ -64,7 +70,12 @@ class PartRequests:
 
     def pending(self, spec: ChunkSpec, records: list[BatchRecord]) -> list[BatchRequest]:
         """The requests of ``records`` (as recorded) that no batch answered or rejected for
-        good, and that carry a row the chunk still needs."""
+        good, and that carry a row the chunk still needs, each once."""
+        return self.unanswered(spec, records).pending
+
+    def unanswered(self, spec: ChunkSpec, records: list[BatchRecord]) -> Resolved:
+        """``pending``, as a ``Resolved`` whose ``errored`` names those of them the server
+        ran and failed (the others expired or were cancelled before they ran)."""
         results = BatchResults()
         for record in records:
             for file_id in (record.output_file_id, record.error_file_id):
@@ -80,8 +91,7 @@ class PartRequests:
                     )
         rows = self.rows(spec)
         needed = {p for r in self.needed(spec, rows) for p in r.rows}
-        return [
-            r
-            for r in results.resolve(self.recorded(spec, rows, records)).pending
-            if needed.intersection(r.rows)
-        ]
+        resolved = results.resolve(self.recorded(spec, rows, records))
+        resolved.pending = [r for r in resolved.pending if needed.intersection(r.rows)]
+        resolved.errored &= {r.custom_id for r in resolved.pending}
+        return resolved

@@ -7,7 +7,7 @@ running tells the user."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from adapters.ledger import BatchRecord
 from embedline.models import BatchLayout
@@ -24,8 +24,14 @@ __all__ = [
     "ids_late",
     "left_running_note",
     "merged_layouts",
+    "one_input",
+    "running_batches",
     "token_cap",
+    "unconfirmed",
 ]
+
+#: A batch's statuses that hold no request: ended, or unknown to the provider (said apart).
+_NOT_RUNNING = frozenset({"completed", "failed", "expired", "cancelled", "not_found"})
 
 
 def failed_for_token_limit(record: BatchRecord) -> bool:
@@ -47,6 +53,30 @@ def token_cap(error: str, tokens: int | None, cap: int | None) -> int | None:
     else:
         return cap
     return max(1, min(new, cap or new))
+
+
+def running_batches(records: Iterable[BatchRecord]) -> set[str]:
+    """The ids of the batches of ``records`` that have not ended (a batch that packs many
+    parts once); one unknown to the provider (``not_found``) is not among them."""
+    return {r.batch_id for r in records if r.batch_id and r.status not in _NOT_RUNNING}
+
+
+def unconfirmed(records: Iterable[BatchRecord], sent: Collection[tuple[int, int]]) -> set[str]:
+    """The uploads of parts still ``creating`` whose create was sent (``sent``: chunk and
+    part) but never confirmed: a batch made from them may be running."""
+    return {
+        r.input_file_id
+        for r in records
+        if r.state == "creating" and r.input_file_id and (r.idx, r.part) in sent
+    }
+
+
+def one_input(records: Iterable[BatchRecord], batch_id: str) -> bool:
+    """Whether batch ``batch_id`` carries one request of one input (nothing smaller can
+    be sent), by the layouts ``records`` record of its parts (False when one has none)."""
+    layouts = [r.layout for r in records if r.batch_id == batch_id]
+    requests = [rows for layout in layouts for _, rows in layout or ()]
+    return None not in layouts and len(requests) == 1 and len(requests[0]) == 1
 
 
 def ids_late(record: BatchRecord) -> bool:

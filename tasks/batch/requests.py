@@ -46,6 +46,7 @@ __all__ = [
     "BatchResults",
     "Resolved",
     "chunk_requests",
+    "fit",
     "input_file",
     "layout_from_input",
     "layout_of",
@@ -55,6 +56,7 @@ __all__ = [
     "sent_text_sha256",
     "split_input",
     "split_wire_id",
+    "unique",
     "wire_id",
 ]
 
@@ -283,12 +285,44 @@ def input_file(
 ) -> bytes:
     """The JSONL batch input file of ``parts`` ``(chunk, part, requests)``: one
     ``{custom_id, method, url, body}`` line per request, its custom_id a ``wire_id``;
-    base64 vectors unless ``--encoding-format float``."""
-    return b"".join(
-        _line(r, settings, wire_id(chunk, part, r.custom_id))
-        for chunk, part, requests in parts
-        for r in requests
-    )
+    base64 vectors unless ``--encoding-format float``.
+
+    Every custom_id is unique within the file by construction (the provider fails a batch
+    that repeats one whole, ``duplicate_custom_id``): a request's custom_id is the
+    ``request_key`` of its rows, so the same custom_id in the same part is the same
+    request, written once."""
+    seen: set[str] = set()
+    lines = []
+    for chunk, part, requests in parts:
+        for request in requests:
+            wire = wire_id(chunk, part, request.custom_id)
+            if wire not in seen:
+                seen.add(wire)
+                lines.append(_line(request, settings, wire))
+    return b"".join(lines)
+
+
+def unique(requests: Iterable[BatchRequest]) -> list[BatchRequest]:
+    """``requests`` with each custom_id once, in order (what one part may carry)."""
+    seen: set[str] = set()
+    kept = []
+    for request in requests:
+        if request.custom_id not in seen:
+            seen.add(request.custom_id)
+            kept.append(request)
+    return kept
+
+
+def fit(requests: Iterable[BatchRequest], max_tokens: int | None) -> list[BatchRequest]:
+    """``requests`` with each one of several inputs whose estimated tokens exceed
+    ``max_tokens`` (the enqueued-token budget) replaced by its inputs one per request
+    (``BatchRequest.singles``), so that every part ``pack`` makes of them can fit; each
+    custom_id once. A single input over the budget stays as it is (nothing to split)."""
+    fitted: list[BatchRequest] = []
+    for request in requests:
+        over = max_tokens is not None and request.estimated_tokens > max_tokens
+        fitted += request.singles() if over and len(request.texts) > 1 else [request]
+    return unique(fitted)
 
 
 def pack(
@@ -339,12 +373,14 @@ class BatchResults:
     ``rejected``: (HTTP status, the server's message cut to 200 characters) of a request
     refused for its input (4xx but 429: a dead letter, as ``classify`` says);
     ``retry``: requests that failed for the server's reasons (5xx, 429, expired or cancelled
-    before they ran): sent again.
+    before they ran): sent again; ``errors``: those of them the server ran and failed (5xx,
+    429, 408, 409), not expired or cancelled before they ran.
     """
 
     vectors: dict[str, tuple[np.ndarray, int]] = field(default_factory=dict)
     rejected: dict[str, tuple[int, str]] = field(default_factory=dict)
     retry: set[str] = field(default_factory=set)
+    errors: set[str] = field(default_factory=set)
 
     def add_output(
         self, content: bytes, *, dimensions: int | None, chunk: int | None = None
@@ -370,6 +406,7 @@ class BatchResults:
                 vectors, tokens = parse_embeddings(body, n, dimensions)
                 self.vectors[custom_id] = (vectors, tokens)
                 self.retry.discard(custom_id)
+                self.errors.discard(custom_id)
                 continue
             if custom_id in self.vectors:
                 continue  # answered by another batch of the chunk
@@ -380,15 +417,23 @@ class BatchResults:
                 self.rejected[custom_id] = (status, message)
             elif code in _NOT_RUN_CODES or status >= 500 or status in (0, 408, 409, 429):
                 self.retry.add(custom_id)
+                if code not in _NOT_RUN_CODES and status:
+                    self.errors.add(custom_id)
 
     def resolve(self, requests: Iterable[BatchRequest]) -> Resolved:
-        """Texts answered and rejected, and the requests still to send: a request neither
-        answered nor rejected; the single-input requests of a rejected request of several
-        inputs (which input the server refused is known only when each goes alone)."""
+        """Texts answered and rejected, and the requests still to send, each once: a
+        request neither answered nor rejected; the single-input requests of a request of
+        several inputs that was rejected (which input the server refused is known only when
+        each goes alone) or split to fit the enqueued-token budget (``fit``: a file answers
+        one of its inputs alone)."""
         done = Resolved()
         todo = list(requests)
+        seen: set[str] = set()  # a request listed twice (a part and a split of it): once
         while todo:
             request = todo.pop(0)
+            if request.custom_id in seen:
+                continue
+            seen.add(request.custom_id)
             answer = self.vectors.get(request.custom_id)
             if answer is not None:
                 vectors, tokens = answer
@@ -403,17 +448,28 @@ class BatchResults:
                     ]
                 else:
                     todo[:0] = request.singles()
+            elif len(request.texts) > 1 and any(self._known(s) for s in request.singles()):
+                todo[:0] = request.singles()  # split to fit the token budget: sent one by one
             else:
                 done.pending.append(request)
+                if request.custom_id in self.errors:
+                    done.errored.add(request.custom_id)
         return done
+
+    def _known(self, request: BatchRequest) -> bool:
+        """Whether a file answers ``request`` (a vector, a rejection or an error)."""
+        return any(request.custom_id in k for k in (self.vectors, self.rejected, self.retry))
 
 
 @dataclass(slots=True)
 class Resolved:
     """``BatchResults.resolve``: by SHA-256 of the text as sent, its vector (float32
     ``(d,)``) and share of its request's tokens, or its rejection (HTTP status, message);
-    and the requests still to send."""
+    and the requests still to send, each once (``errored``: the custom_ids of those the
+    server ran and failed; the others expired or were cancelled before they ran, or no
+    file names them)."""
 
     vectors: dict[str, tuple[np.ndarray, int]] = field(default_factory=dict)
     rejected: dict[str, tuple[int, str]] = field(default_factory=dict)
     pending: list[BatchRequest] = field(default_factory=list)
+    errored: set[str] = field(default_factory=set)

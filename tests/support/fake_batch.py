@@ -32,6 +32,8 @@ Failure injection (attributes, set by tests before or between runs):
   with error code ``token_limit_exceeded`` (how OpenAI refuses it; nothing is charged).
 - ``validation_error``: every new batch ends ``failed`` with this message (code
   ``invalid_request``), nothing charged.
+- Always, as OpenAI does: an input file that repeats a ``custom_id`` fails validation
+  whole (``failed``, code ``duplicate_custom_id``, naming the line), nothing charged.
 - ``batch_texts_fail``: ``{marker: status}``: a line holding a text with that marker gets
   that status (e.g. 500) in the error file, ``batch_texts_fail_times`` times per request
   (its custom_id's last dot-separated field: the same request in another part; default: always).
@@ -58,6 +60,8 @@ SIGTERM, then prints its counters as one JSON line.
 from __future__ import annotations
 
 import argparse
+import collections
+import hashlib
 import json
 import re
 import signal
@@ -127,7 +131,9 @@ class FakeBatchServer(FakeEmbeddingServer):
     """``FakeEmbeddingServer`` plus the Batch and Files APIs (module docstring).
 
     Counters, under ``lock``: ``batch_inputs`` (inputs charged in batches), ``creates``
-    (POST /v1/batches received), ``uploads``; ``batches`` and ``files`` by id.
+    (POST /v1/batches received), ``uploads``; ``batches`` and ``files`` by id;
+    ``batch_charged`` (sha256 of each text charged in a batch → times), beside the parent's
+    ``charged`` (the synchronous requests'): the independent truth of payment.
     ``requests``/``inputs`` stay the synchronous embeddings counters.
     """
 
@@ -140,6 +146,7 @@ class FakeBatchServer(FakeEmbeddingServer):
         self._batch_tokens: dict[str, int] = {}
         self._seq = 0
         self.batch_inputs = 0
+        self.batch_charged: collections.Counter[str] = collections.Counter()
         self.creates = 0
         self.uploads = 0
         self.expire_after: int | None = None
@@ -164,6 +171,7 @@ class FakeBatchServer(FakeEmbeddingServer):
         self.reset()
         with self.lock:
             self.batch_inputs = self.creates = self.uploads = 0
+            self.batch_charged = collections.Counter()
             self.batches.clear()
             self._owners.clear()
         self.expire_after = self.enqueued_token_limit = self.validation_error = None
@@ -316,6 +324,7 @@ class FakeBatchServer(FakeEmbeddingServer):
             "_created": time.monotonic(),
         }
         lines = [json.loads(line) for line in self.contents[file_id].splitlines() if line]
+        duplicate = _first_duplicate(lines)
         tokens = sum(max(1, len(t.split())) for line in lines for t in _inputs(line))
         batch["request_counts"]["total"] = len(lines)
         batch["model"] = (lines[0].get("body") or {}).get("model") if lines else None
@@ -330,7 +339,15 @@ class FakeBatchServer(FakeEmbeddingServer):
             self.batches[batch_id] = batch
             self._batch_tokens[batch_id] = tokens
             self._owners[batch_id] = _owner(headers) if headers is not None else ""
-            if limit is not None and enqueued + tokens > limit:
+            if duplicate is not None:
+                self._fail(
+                    batch,
+                    "duplicate_custom_id",
+                    "The custom_id for this request is a duplicate of another request. The "
+                    "custom_id parameter must be unique for each individual request in a batch.",
+                    line=duplicate,
+                )
+            elif limit is not None and enqueued + tokens > limit:
                 self._fail(
                     batch,
                     "token_limit_exceeded",
@@ -344,12 +361,14 @@ class FakeBatchServer(FakeEmbeddingServer):
             return 500, b'{"error": {"message": "The server had an error", "type": "server_error"}}'
         return 200, json.dumps(_public(batch)).encode()
 
-    def _fail(self, batch: dict[str, Any], code: str, message: str) -> None:
+    def _fail(
+        self, batch: dict[str, Any], code: str, message: str, *, line: int | None = None
+    ) -> None:
         batch["status"] = "failed"
         batch["failed_at"] = int(time.time())
         batch["errors"] = {
             "object": "list",
-            "data": [{"code": code, "message": message, "param": None, "line": None}],
+            "data": [{"code": code, "message": message, "param": None, "line": line}],
         }
 
     def _cancel(self, batch_id: str) -> tuple[int, bytes]:
@@ -442,6 +461,7 @@ class FakeBatchServer(FakeEmbeddingServer):
         if cancelled:
             done_n = len(lines) // 2  # what had completed when the cancel arrived
         outputs, errors, charged = [], [], 0
+        charged_texts: list[str] = []
         for number, line in enumerate(lines):
             custom_id = line["custom_id"]
             if number >= done_n:
@@ -474,6 +494,7 @@ class FakeBatchServer(FakeEmbeddingServer):
             }
             if status == 200:
                 charged += inputs
+                charged_texts.extend(_inputs(line))
                 outputs.append(record)
             else:
                 errors.append(record)
@@ -481,6 +502,7 @@ class FakeBatchServer(FakeEmbeddingServer):
         now = int(time.time())
         with self.lock:
             self.batch_inputs += charged
+            self.batch_charged.update(hashlib.sha256(t.encode()).hexdigest() for t in charged_texts)
         if outputs:
             out = self._file(_jsonl(outputs), filename="batch_output.jsonl", purpose="batch_output")
             batch["output_file_id"] = out["id"]
@@ -561,6 +583,16 @@ class FakeBatchServer(FakeEmbeddingServer):
                 "batches": len(self.batches),
                 "requests": self.requests,
             }
+
+
+def _first_duplicate(lines: list[dict[str, Any]]) -> int | None:
+    """The 1-based number of the first line whose ``custom_id`` an earlier line has."""
+    seen: set[object] = set()
+    for number, line in enumerate(lines, start=1):
+        if line.get("custom_id") in seen:
+            return number
+        seen.add(line.get("custom_id"))
+    return None
 
 
 def _inputs(line: dict[str, Any]) -> list[str]:
