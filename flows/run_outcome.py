@@ -93,10 +93,8 @@ def outcome_fields(
         ),
         # what batches answered, failed chunks' too (this process's tally; on Dask, the
         # published chunks')
-        batch_tokens=usage.batch_tokens
-        or sum(o.batch_tokens for o in result.published.values()),
-        batch_inputs=usage.batch_inputs
-        or sum(o.batch_inputs for o in result.published.values()),
+        batch_tokens=usage.batch_tokens or sum(o.batch_tokens for o in result.published.values()),
+        batch_inputs=usage.batch_inputs or sum(o.batch_inputs for o in result.published.values()),
     )
     status = _status(plan, run_key, done, result, not_done, blocking, resume_hint)
     left = STOP.report.left_running()  # Batch API batches this run leaves running at the provider
