@@ -1,5 +1,8 @@
 """Process-wide request pacing: requests per minute (RPM) and tokens per minute (TPM).
 
+The same pacer holds a Dask cluster's budget, once, on its scheduler
+(``tasks.embed.cluster_budget``); a client there is given that budget as its ``Pacer``.
+
 ``RequestPacer`` spaces requests evenly instead of letting a whole minute's allowance out at
 once: with ``rpm=120`` a request may start every 0.5 s; with ``tpm=60_000`` a request of
 1,000 tokens holds the next one back by 1 s. RPM and TPM are the two limits OpenAI applies
