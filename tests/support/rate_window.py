@@ -6,8 +6,9 @@ bucket per limit, refilled at ``limit / 60`` per second and holding ``burst_s`` 
 it (the provider's tolerance). A request the bucket cannot take gets a 429 with
 ``Retry-After`` (whole seconds, at least 1) and is counted in ``refused``; it takes nothing
 from either bucket. Tokens are counted as the fake's ``usage`` counts them (words per text,
-at least 1). ``accepted_at`` keeps the arrival time (``time.monotonic()``) of every request
-let through, for the rate a test achieved.
+at least 1). ``accepted_at`` and ``accepted_tokens`` keep the arrival time
+(``time.monotonic()``) and tokens of every request let through, for the rate a test
+achieved.
 """
 
 from __future__ import annotations
@@ -91,13 +92,14 @@ class RateWindow:
             self.accepted_tokens.append(tokens)
         return None
 
-    def rate_per_minute(self, *, skip_s: float = 0.0) -> float:
-        """Requests accepted per minute between the ``skip_s``-th second after the first
-        and the last one (the steady part of a run)."""
+    def rate_per_minute(self, *, skip_s: float = 0.0, tokens: bool = False) -> float:
+        """Requests (``tokens``: tokens) accepted per minute from ``skip_s`` seconds after the
+        first accepted request to the last one (the steady part of a run); the last
+        request's weight is left out, as it started at the period's end."""
         with self._lock:
-            times = list(self.accepted_at)
-        start = times[0] + skip_s
-        steady = [t for t in times if t >= start]
+            accepted = list(zip(self.accepted_at, self.accepted_tokens, strict=True))
+        start = accepted[0][0] + skip_s if accepted else 0.0
+        steady = [(at, n if tokens else 1) for at, n in accepted if at >= start]
         if len(steady) < 2:
             return 0.0
-        return 60.0 * (len(steady) - 1) / (steady[-1] - start)
+        return 60.0 * sum(n for _, n in steady[:-1]) / (steady[-1][0] - start)
