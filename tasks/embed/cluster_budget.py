@@ -26,6 +26,7 @@ from typing import Any
 import adapters.rate_limit
 from adapters.embeddings.endpoint import api_key_from_env
 from adapters.rate_limit import RequestPacer
+from embedline.errors import FatalError
 from embedline.settings import RunSettings
 
 __all__ = [
@@ -118,24 +119,32 @@ class ClusterPacer:
 
     def reserve(self, tokens: int) -> float:
         """Book one request of ``tokens`` (estimated) tokens on the scheduler; return the
-        seconds to wait before sending it."""
+        seconds to wait before sending it.
+
+        :raises FatalError: the scheduler has no budget handler (a scheduler that restarted
+            after the flow installed it): the run stops rather than send unpaced.
+        """
         from distributed.utils import sync
 
         with self._lock:
             correction, self._correction = self._correction, 0
         worker = self._worker
         call = getattr(worker.scheduler, HANDLER)
-        return float(
-            sync(
-                worker.loop,
-                call,
-                name=self.name,
-                rpm=self.rpm,
-                tpm=self.tpm,
-                tokens=tokens,
-                correction=correction,
-            )
+        wait = sync(
+            worker.loop,
+            call,
+            name=self.name,
+            rpm=self.rpm,
+            tpm=self.tpm,
+            tokens=tokens,
+            correction=correction,
         )
+        if wait is None:  # distributed answers None for an operation it has no handler for
+            raise FatalError(
+                f"the Dask scheduler {worker.scheduler.address} holds no rate budget (it "
+                "restarted?): --rpm/--tpm cannot be held; rerun to resume"
+            )
+        return float(wait)
 
     def correct(self, *, estimated: int, used: int) -> None:
         """Carry ``used - estimated`` tokens to the next reservation (no TPM: nothing)."""
