@@ -83,7 +83,8 @@ class OpenAIEmbedder:
     - at most ``concurrency`` HTTP requests are in flight at once (a semaphore held only
       while a request is on the wire and its answer is classified, never while waiting for
       the pacer, a pause or a backoff);
-    - ``rpm``/``tpm`` pace request starts evenly (``adapters.rate_limit.RequestPacer``);
+    - ``rpm``/``tpm`` pace request starts evenly (``adapters.rate_limit.RequestPacer``, or
+      the ``pacer`` given, which holds them beyond this process);
       each attempt books one request and the batch's ``estimate_tokens``, corrected with
       the answer's ``usage`` (a failed answer keeps the estimate). A booked start is the
       earliest one: a request that then waits for a slot goes later, so when every slot
