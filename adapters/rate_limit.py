@@ -1,5 +1,8 @@
 """Process-wide request pacing: requests per minute (RPM) and tokens per minute (TPM).
 
+The same pacer holds a Dask cluster's budget, once, on its scheduler
+(``tasks.embed.cluster_budget``); a client there is given that budget as its ``Pacer``.
+
 ``RequestPacer`` spaces requests evenly instead of letting a whole minute's allowance out at
 once: with ``rpm=120`` a request may start every 0.5 s; with ``tpm=60_000`` a request of
 1,000 tokens holds the next one back by 1 s. RPM and TPM are the two limits OpenAI applies
@@ -53,8 +56,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["GCRA", "RequestPacer"]
+__all__ = ["GCRA", "Pacer", "RequestPacer"]
+
+
+class Pacer(Protocol):
+    """What a client asks of its pacer: ``RequestPacer`` (one process), or a budget held
+    elsewhere and shared by several processes (``tasks.embed.cluster_budget.ClusterPacer``)."""
+
+    rpm: int | None
+    tpm: int | None
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def reserve(self, tokens: int) -> float: ...
+
+    def correct(self, *, estimated: int, used: int) -> None: ...
 
 
 @dataclass(slots=True)
@@ -138,6 +157,17 @@ class RequestPacer:
             if self._tokens is not None:
                 self._tokens.book(start, max(0, tokens))
         return start - now
+
+    def carry_over(self, other: RequestPacer) -> None:
+        """Take ``other``'s bookings (a budget whose limits changed): the next request starts
+        no earlier than ``other``'s would have."""
+        with self._lock, other._lock:
+            latest = max(
+                (r.tat for r in (other._requests, other._tokens) if r is not None), default=0.0
+            )
+            for rate in (self._requests, self._tokens):
+                if rate is not None:
+                    rate.tat = max(rate.tat, latest)
 
     def correct(self, *, estimated: int, used: int) -> None:
         """Replace a request's ``estimated`` tokens by the ``used`` ones the server reported.

@@ -61,9 +61,10 @@ def task_runner(settings: RunSettings, window: int) -> Any:
 
 def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) -> str | None:
     """Dask: on every worker, before the first chunk, stop the statistical profiler
-    (``flows.dask_workers.NoProfiler``, also on workers that join later), check that the
-    worker's environment holds what the run's chunks need, and import the chunk task's
-    modules (start-up, not embedding); log how long the task runner took to be ready
+    (``flows.dask_workers.NoProfiler``, also on workers that join later), hold ``--rpm``/
+    ``--tpm`` once for the whole cluster (``tasks.embed.cluster_budget``, on the scheduler),
+    check that the worker's environment holds what the run's chunks need, and import the
+    chunk task's modules (start-up, not embedding); log how long the task runner took to be ready
     (``since``: a ``time.monotonic()`` before the cluster started).
 
     :returns: one line naming a worker and the setting it lacks (the run stops before any
@@ -75,6 +76,11 @@ def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) ->
 
     client = runner.client
     client.register_plugin(NoProfiler())
+    if settings.rpm is not None or settings.tpm is not None:
+        from tasks.embed.cluster_budget import install_budget, ship_by_value
+
+        ship_by_value()
+        client.run_on_scheduler(install_budget)
     needs = worker_needs(settings, dict(os.environ))
     lacking = {a: m for a, m in client.run(missing_settings, needs).items() if m}
     if lacking:

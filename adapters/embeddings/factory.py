@@ -16,6 +16,7 @@ from adapters.embeddings.local import LocalEmbedder
 from adapters.embeddings.openai_batch import BatchClient
 from adapters.embeddings.openai_compatible import OpenAIEmbedder
 from adapters.embeddings.spend import SpendCap
+from adapters.rate_limit import Pacer
 from embedline.protocols import EmbeddingClient
 
 if TYPE_CHECKING:
@@ -29,13 +30,17 @@ _warned_no_key: set[str] = set()
 _batch_clients: dict[tuple[object, ...], BatchClient] = {}
 
 
-def build_embedder(settings: RunSettings, *, logger: Logger | None = None) -> EmbeddingClient:
+def build_embedder(
+    settings: RunSettings, *, logger: Logger | None = None, pacer: Pacer | None = None
+) -> EmbeddingClient:
     """Return the process's shared client for ``settings``, creating it on first use.
 
     Cached by (embedder, model, base_url, dimensions, timeout_s, max_attempts, concurrency,
     rpm, tpm, and a digest of the API key), so every chunk task of a process shares one
     client: one concurrency semaphore, one RPM/TPM pacer, one 429 pause and one fatal latch.
-    The first caller's ``logger`` is kept: pass a stdlib logger, not a per-task-run logger.
+    The first caller's ``logger`` and ``pacer`` are kept: pass a stdlib logger, not a
+    per-task-run logger; ``pacer`` holds ``--rpm``/``--tpm`` when the client itself does
+    not (a Dask cluster's shared budget, ``tasks.embed.cluster_budget``).
     The API key comes from ``api_key_from_env()``; with none, a WARNING (once per base URL)
     says no ``Authorization`` header is sent.
 
@@ -47,7 +52,9 @@ def build_embedder(settings: RunSettings, *, logger: Logger | None = None) -> Em
     with _embedders_lock:
         client = _embedders.get(key)
         if client is None:
-            client = _new_embedder(settings, api_key, logger or logging.getLogger(HTTP_LOGGER))
+            client = _new_embedder(
+                settings, api_key, logger or logging.getLogger(HTTP_LOGGER), pacer
+            )
             _embedders[key] = client
         return client
 
@@ -115,7 +122,9 @@ def _cache_key(settings: RunSettings, api_key: str | None) -> tuple[object, ...]
     )
 
 
-def _new_embedder(settings: RunSettings, api_key: str | None, logger: Logger) -> EmbeddingClient:
+def _new_embedder(
+    settings: RunSettings, api_key: str | None, logger: Logger, pacer: Pacer | None
+) -> EmbeddingClient:
     if settings.embedder == "local":
         return LocalEmbedder(
             model=settings.effective_model, dimensions=settings.dimensions, logger=logger
@@ -137,6 +146,7 @@ def _new_embedder(settings: RunSettings, api_key: str | None, logger: Logger) ->
         concurrency=settings.concurrency,
         rpm=settings.rpm,
         tpm=settings.tpm,
+        pacer=pacer,
         auth_header=auth_header_for(settings.auth_header),
         encoding_format=settings.encoding_format,
         spend=(

@@ -44,7 +44,7 @@ from adapters.embeddings.endpoint import (
 from adapters.embeddings.latch import FatalLatch
 from adapters.embeddings.pause import SharedPause, defer_if_too_long
 from adapters.embeddings.spend import SpendCap
-from adapters.rate_limit import RequestPacer
+from adapters.rate_limit import Pacer, RequestPacer
 from embedline.errors import (
     CostCapError,
     EmbedlineError,
@@ -83,7 +83,8 @@ class OpenAIEmbedder:
     - at most ``concurrency`` HTTP requests are in flight at once (a semaphore held only
       while a request is on the wire and its answer is classified, never while waiting for
       the pacer, a pause or a backoff);
-    - ``rpm``/``tpm`` pace request starts evenly (``adapters.rate_limit.RequestPacer``);
+    - ``rpm``/``tpm`` pace request starts evenly (``adapters.rate_limit.RequestPacer``, or
+      the ``pacer`` given, which holds them beyond this process);
       each attempt books one request and the batch's ``estimate_tokens``, corrected with
       the answer's ``usage`` (a failed answer keeps the estimate). A booked start is the
       earliest one: a request that then waits for a slot goes later, so when every slot
@@ -122,6 +123,9 @@ class OpenAIEmbedder:
     :param concurrency: HTTP requests in flight at once, across threads.
     :param rpm: requests per minute, None for no limit.
     :param tpm: tokens per minute, None for no limit.
+    :param pacer: the pacer that holds ``rpm``/``tpm``, when they are a budget shared beyond
+        this process (a Dask cluster's: ``tasks.embed.cluster_budget``); default a
+        ``RequestPacer`` of this client's own.
     :param max_wait_s: longest server wait (``retry-after-ms``/``Retry-After``) slept inside
         a call, seconds; default ``embedline.retry.MAX_RETRY_AFTER_S`` (120 s).
     :param spend: ``--max-cost``: each request is booked against it as it is about to be
@@ -148,6 +152,7 @@ class OpenAIEmbedder:
         concurrency: int = 8,
         rpm: int | None = None,
         tpm: int | None = None,
+        pacer: Pacer | None = None,
         max_wait_s: float = MAX_RETRY_AFTER_S,
         auth_header: str = "Authorization",
         encoding_format: str = "auto",
@@ -177,7 +182,7 @@ class OpenAIEmbedder:
         self._sleep: Callable[[float], None] = sleep if sleep is not None else self._latch.nap
         self._slots = threading.BoundedSemaphore(concurrency)
         self._pause = SharedPause(clock)
-        self._pacer = RequestPacer(rpm=rpm, tpm=tpm, clock=clock)
+        self._pacer: Pacer = pacer or RequestPacer(rpm=rpm, tpm=tpm, clock=clock)
         self.caps = RequestCaps(logger=self._logger)
         self.spend = spend
 

@@ -26,7 +26,7 @@ from adapters.object_store import open_store
 from embedline import progress
 from embedline.errors import StopRequestedError
 from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
-from embedline.protocols import ObjectStore
+from embedline.protocols import EmbeddingClient, ObjectStore
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from embedline.tracebacks import CHUNK_TASK_NAME, GROUP_TASK_NAME, quiet_expected_tracebacks
@@ -300,15 +300,13 @@ def run_chunk(
     with paid.keep_held_on_failure() if paid is not None else contextlib.nullcontext():
         send, copies = split_duplicates(rest)
         answers = _batch_answers(rows, settings, batches) if send else None
-        client = progress.counting(
-            (answers or build_embedder(settings)) if send else None, spec.index
-        )
+        client = progress.counting((answers or _embedder(settings)) if send else None, spec.index)
         # batch answers are kept by the provider (the rerun reads them again): nothing to keep
         embedded = _embed(send, client, settings, expected, paid if answers is None else None)
         if expected is None and embedded.rows:  # learned from the server's first answer
             stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
             if stale:  # vectors of an older length: this run's are the server's answers
-                client = client or progress.counting(build_embedder(settings), spec.index)
+                client = client or progress.counting(_embedder(settings), spec.index)
                 embedded = merged(
                     embedded, _embed(stale, client, settings, int(embedded.vectors.shape[1]), paid)
                 )
@@ -378,6 +376,17 @@ def _sources(found: Reused) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+def _embedder(settings: RunSettings) -> EmbeddingClient:
+    """The process's shared client; on a Dask worker with ``--rpm``/``--tpm``, one whose
+    pacer is the cluster's budget (``tasks.embed.cluster_budget``)."""
+    pacer = None
+    if settings.task_runner == "dask" and (settings.rpm is not None or settings.tpm is not None):
+        from tasks.embed.cluster_budget import cluster_pacer
+
+        pacer = cluster_pacer(settings)
+    return build_embedder(settings, pacer=pacer)
+
+
 def _batch_answers(
     rows: list[Row], settings: RunSettings, batches: ChunkBatches | None
 ) -> BatchAnswers | None:
@@ -385,7 +394,7 @@ def _batch_answers(
     With ``--batch-fallback sync``, texts no batch answered are sent synchronously."""
     if batches is None:
         return None
-    fallback = (lambda: build_embedder(settings)) if settings.batch_fallback == "sync" else None
+    fallback = (lambda: _embedder(settings)) if settings.batch_fallback == "sync" else None
     return batch_answers(
         rows, settings, batches, client=build_batch_client(settings), fallback=fallback
     )

@@ -233,3 +233,16 @@ def test_threads_sleeping_for_real_keep_the_pace() -> None:
     assert all(s >= slot for s, slot in zip(sorted(sent), sorted(slots), strict=True))
     gaps = [b - a for a, b in zip(sorted(slots), sorted(slots)[1:], strict=False)]
     assert min(gaps) >= 0.01 * 0.999, min(gaps)
+
+
+def test_carry_over_keeps_the_old_pacers_bookings() -> None:
+    """A budget whose limits change (a run with another --rpm on the same account) starts
+    no earlier than the old pacer's next request would have: no burst on the change."""
+    clock = FakeClock()
+    old = RequestPacer(rpm=60, clock=clock)
+    for _ in range(3):
+        old.reserve(1)  # booked until now + 3 s
+    new = RequestPacer(rpm=120, tpm=600, clock=clock)
+    new.carry_over(old)
+    assert new.reserve(10) == pytest.approx(3.0)
+    assert new.reserve(10) == pytest.approx(4.0)  # 10 tokens at 600 TPM: 1 s after

@@ -816,6 +816,34 @@ def test_rpm_spaces_the_clients_requests_evenly() -> None:
     assert sent[0] == 100.0  # the first request waits for nothing
 
 
+class RecordingPacer:
+    """A pacer held elsewhere (a Dask cluster's budget): records what the client asks."""
+
+    rpm: int | None = 60
+    tpm: int | None = 6000
+    enabled = True
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+
+    def reserve(self, tokens: int) -> float:
+        self.calls.append(("reserve", tokens, 0))
+        return 0.25
+
+    def correct(self, *, estimated: int, used: int) -> None:
+        self.calls.append(("correct", estimated, used))
+
+
+def test_a_given_pacer_holds_the_limits_instead_of_the_clients_own() -> None:
+    pacer = RecordingPacer()
+    slept: list[float] = []
+    emb = make_embedder(ok, pacer=pacer, sleep=slept.append)
+    emb.embed(["x" * 30], idempotency_key=IDEM)  # estimate_tokens: 10
+    assert pacer.calls[0] == ("reserve", 10, 0) and slept == [0.25]
+    assert pacer.calls[1][:2] == ("correct", 10)  # the answer's usage, as for its own pacer
+    assert (emb.rpm, emb.tpm) == (60, 6000)
+
+
 def test_retries_are_paced_like_any_request() -> None:
     clock = FakeClock()
     busy = answer(503, openai_error(None), {"retry-after-ms": "1"})
