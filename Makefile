@@ -45,11 +45,12 @@ demo: $(STAMP)
 
 # The test suite CI runs, after the linters and the docs build (unit + integration on loopback
 # servers); slow soak runs excluded.
-# Two workers (pytest-xdist), one test file per worker at a time so module fixtures are
-# shared: the suite is CPU-bound on one core, and this machine has two.
+# Three workers (pytest-xdist), one test file per worker at a time so module fixtures are
+# shared. Many tests wait (for a server, a signal, a fake's delay) while holding no core, so
+# on two cores a third worker fills those waits (benchmarks/LOG.md has the comparison).
 # What the suite needs is installed side by side (downloads wait on the network, not on a
 # core; the two apt-get installs take turns: dpkg has one lock), then linted and built.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 test:
 	$(MAKE) --jobs=4 --output-sync=target test-ready
 	$(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
