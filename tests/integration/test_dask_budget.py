@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url"
 LIMITS = {"rpm": 300, "tpm": 1800}
 
 
-@pytest.mark.parametrize("limit", sorted(LIMITS))
+# the TPM budget books estimated tokens, corrected by usage: its own path, run by
+# `make test-all` (CI's 20 minutes hold the RPM case, the same budget and round trip)
+@pytest.mark.parametrize("limit", ["rpm", pytest.param("tpm", marks=pytest.mark.slow)])
 def test_two_workers_share_one_budget(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, limit: str
 ) -> None:
