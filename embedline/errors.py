@@ -52,6 +52,7 @@ __all__ = [
     "RunIncompleteError",
     "StopRequestedError",
     "UnknownBatchError",
+    "WorkerLostError",
 ]
 
 
@@ -159,6 +160,16 @@ class EndpointDownError(RetryableError):
     backoff): the server went down. The client's circuit breaker opens: every later call
     raises this at once, without sending; the run dispatches no more chunks and exits 1,
     and a rerun resumes. Never retried within the run (neither per request nor per task).
+    """
+
+
+class WorkerLostError(RetryableError):
+    """Raised for a chunk task that never reported its end because its process went away:
+    the client lost the Dask scheduler, or the task's worker died as often as Dask allows
+    (``KilledWorker``; a worker killed once has its tasks run again elsewhere). The task run
+    still reads Running. Its chunk is not published; like ``EndpointDownError`` the run
+    dispatches no more chunks (without a scheduler none could run) and exits 1, and a rerun
+    resumes. Never retried within the run.
     """
 
 

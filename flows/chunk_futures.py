@@ -3,10 +3,11 @@ reads them: chunks the flow process publishes itself (``flows.local_chunks``) an
 of a group's task run (``tasks.embed.groups``, ``chunks_of``).
 
 ``flows.dispatch.Dispatcher`` records chunk by chunk: it calls ``wait()``, reads ``state``
-(``is_completed()``, ``is_cancelled()``, ``is_pending()``, ``result(raise_on_failure=False)``,
-``message``, ``type.value``), calls ``result()`` and ``add_done_callback(fn)``, as on a
-Prefect future. ``ChunkState`` answers that part of a Prefect state. A chunk that a group
-never started (it stopped before it) is Pending: the dispatcher gives it back.
+(``is_completed()``, ``is_cancelled()``, ``is_pending()``, ``is_final()``,
+``result(raise_on_failure=False)``, ``message``, ``type.value``), calls ``result()`` and
+``add_done_callback(fn)``, as on a Prefect future. ``ChunkState`` answers that part of a
+Prefect state. A chunk that a group never started (it stopped before it) is Pending: the
+dispatcher gives it back.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from embedline.errors import StopRequestedError
+from embedline.errors import StopRequestedError, WorkerLostError
 from embedline.models import ChunkOutcome
 from tasks.embed.groups import GroupOutcome
 
-__all__ = ["ChunkOfGroup", "ChunkState", "StateType", "chunks_of"]
+__all__ = ["ChunkOfGroup", "ChunkState", "StateType", "chunks_of", "end_state"]
 
 
 class StateType(Enum):
@@ -48,6 +49,9 @@ class ChunkState:
     def is_pending(self) -> bool:
         return self.type is StateType.PENDING
 
+    def is_final(self) -> bool:
+        return self.type is not StateType.PENDING
+
     def result(self, raise_on_failure: bool = True) -> Any:
         if raise_on_failure and isinstance(self.data, BaseException):
             raise self.data
@@ -67,6 +71,30 @@ class ChunkState:
         return cls(StateType.COMPLETED, outcome)
 
 
+#: A distributed future's status once its task cannot report any more (distributed/client.py).
+_GONE = frozenset({"error", "cancelled", "lost"})
+
+
+def end_state(future: Any) -> Any:
+    """The end state of a task run's Prefect ``future``, after ``future.wait()``: its own,
+    or a Failed ``ChunkState`` holding a ``WorkerLostError`` when the task never reported
+    its end because its process went away (a killed Dask worker, a lost scheduler: the
+    distributed future ended in error while the task run still reads Running, and Prefect's
+    ``state.result()`` would raise ``UnfinishedRun``)."""
+    state = future.state
+    if state.is_final():
+        return state
+    wrapped = getattr(future, "wrapped_future", None)
+    status = getattr(wrapped, "status", None)  # a distributed.Future's; threads have none
+    if status not in _GONE:
+        return state
+    error = WorkerLostError(  # one text for every chunk: the dispatcher logs it once
+        f"a chunk task ended without a result ({status}): its Dask worker or the scheduler "
+        "went away; the chunk is not published: rerun the same command to resume"
+    )
+    return ChunkState(StateType.FAILED, error, str(error))
+
+
 class _GroupStates:
     """The chunk states of one group's task run, read once from its Prefect future."""
 
@@ -80,7 +108,7 @@ class _GroupStates:
         with self._lock:
             if self._states is None:
                 self.future.wait()  # sets the final state locally: .state does not ask the API
-                self._states = self._read(self.future.state)
+                self._states = self._read(end_state(self.future))
             return self._states[position]
 
     def _read(self, state: Any) -> list[ChunkState]:

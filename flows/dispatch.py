@@ -23,6 +23,7 @@ from embedline.models import ChunkOutcome, ChunkSpec
 from embedline.progress import Usage
 from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
+from flows.chunk_futures import end_state
 from tasks.embed.failures import ChunkFailure, status_for
 
 __all__ = ["DispatchResult", "Dispatched", "Dispatcher"]
@@ -237,7 +238,7 @@ class Dispatcher:
 
     def _record(self, future: Any, spec: ChunkSpec) -> None:
         future.wait()  # sets the final state locally; before it, .state asks the API server
-        state = future.state
+        state = end_state(future)
         if state.is_pending():  # its group stopped before it: never started
             self.ledger.release(self.run_key, spec.index, owner=self.owner)
             self._unstarted.append(spec.index)

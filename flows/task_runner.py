@@ -43,6 +43,7 @@ def task_runner(settings: RunSettings, window: int) -> Any:
         raise InputError(
             "--task-runner dask needs prefect-dask: pip install 'embedline[dask]'"
         ) from None
+    _quiet_scheduler_loss()
     if settings.dask_address:
         return DaskTaskRunner(address=settings.dask_address)
     _no_worker_profiler()
@@ -117,6 +118,21 @@ def _quiet_dask() -> None:
         _quiet_resource_tracker()
     if os.environ.get(_DASK_LOG_LEVEL_ENV) == "warning":  # dask imported earlier: this process
         logging.getLogger("distributed").setLevel(logging.WARNING)
+
+
+def _quiet_scheduler_loss() -> None:
+    """A lost scheduler makes this process's Dask client log its failed reconnects at ERROR
+    with a ``CommClosedError`` traceback, beside the one line the run ends with (its chunks
+    fail with ``WorkerLostError``); drop those records as the workers do
+    (``flows.dask_preload.SchedulerGoneFilter``), unless ``--debug``."""
+    if os.environ.get(DEBUG_ENV):
+        return
+    from flows.dask_preload import SchedulerGoneFilter
+
+    # a filter of the logger itself: its records also reach Prefect's handlers on the root
+    client = logging.getLogger("distributed.client")
+    if not any(isinstance(f, SchedulerGoneFilter) for f in client.filters):
+        client.addFilter(SchedulerGoneFilter())
 
 
 #: A ``-W`` option for multiprocessing's resource tracker (see ``_quiet_resource_tracker``).

@@ -19,6 +19,7 @@ from embedline.errors import (
     RetryableError,
     RetryLaterError,
     StopRequestedError,
+    WorkerLostError,
 )
 
 __all__ = [
@@ -63,7 +64,7 @@ def status_for(exc: BaseException) -> ChunkFailure:
         return ChunkFailure("fatal", text, expected=True, **cost)
     if isinstance(exc, InputError):
         return ChunkFailure("input", text, expected=True, **cost)
-    if isinstance(exc, (EndpointDownError, DiskFullError)):  # every later chunk would fail
+    if isinstance(exc, (EndpointDownError, DiskFullError, WorkerLostError)):  # so would later
         return ChunkFailure("outage", text, expected=True, **cost)
     if isinstance(exc, (StopRequestedError, RetryLaterError)):
         return ChunkFailure("released", text, expected=True, **cost)
@@ -96,9 +97,10 @@ def group_retry_condition(task: Any, task_run: Any, state: Any) -> bool:
 def retryable(exc: object) -> bool:
     """Whether a chunk that failed with ``exc`` is retried by Prefect: a ``RetryableError``
     but for a wait above the cap (``RetryLaterError``: release, do not spin) and an open
-    circuit breaker (``EndpointDownError``: a retry would be refused unsent)."""
+    circuit breaker (``EndpointDownError``: a retry would be refused unsent), nor a task
+    whose process went away (``WorkerLostError``)."""
     return isinstance(exc, RetryableError) and not isinstance(
-        exc, (RetryLaterError, EndpointDownError)
+        exc, (RetryLaterError, EndpointDownError, WorkerLostError)
     )
 
 

@@ -1,0 +1,111 @@
+"""A Dask cluster that goes away mid-run ends like the single process does: one line that
+says to rerun, exit 1, no traceback; the rerun on a new cluster finishes what is left and
+every vector is the fake server's. (The scheduler and worker are processes of their own, as
+a user's platform starts them; the scheduler is SIGKILLed while chunks are in flight.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedline import read_embeddings
+from tests.integration.test_dask_external import _dask, _kill, _wait_for, _worker_count
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import REPO
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("prefect_api_url"),
+    pytest.mark.slow,  # two clusters and a 30 s reconnect timeout: make test-all runs it
+]
+
+
+@contextmanager
+def _cluster(home: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A scheduler and one worker of 2 threads on 127.0.0.1: (address, scheduler process)."""
+    home.mkdir(parents=True)
+    scheduler_file = home / "scheduler.json"
+    args = ["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
+    scheduler = _dask([*args, "--scheduler-file", str(scheduler_file)], env, home / "s.log")
+    procs = [scheduler]
+    try:
+        _wait_for(scheduler_file.exists, 60, "the scheduler's file")
+        address = json.loads(scheduler_file.read_text())["address"]
+        worker_args = ["worker", address, "--nthreads", "2", "--no-dashboard"]
+        procs.append(_dask([*worker_args, "--host", "127.0.0.1"], env, home / "w.log"))
+        _wait_for(lambda: _worker_count(address) == 1, 90, "the worker")
+        yield address, scheduler
+    finally:
+        for proc in reversed(procs):
+            _kill(proc)
+
+
+def test_a_scheduler_killed_mid_run_is_one_line_exit_1_and_a_rerun_finishes(
+    tmp_path: Path,
+    moto_endpoint: str,
+    s3_bucket: str,
+    fake_openai: FakeEmbeddingServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "EMBEDLINE_API_KEY": "sk-test",
+    }
+    rows = [(f"r{i:03d}", f"scheduler text {i}") for i in range(200)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    output = f"s3://{s3_bucket}/lost"
+
+    def run(address: str) -> subprocess.Popen[str]:
+        args = ["run", "in.csv", "--output", output, "--ledger", "ledger.sqlite3"]
+        args += ["--embedder", "openai", "--base-url", fake_openai.base_url]
+        args += ["--chunk-size", "10", "--batch-size", "2"]
+        args += ["--task-runner", "dask", "--dask-address", address]
+        return subprocess.Popen(
+            [sys.executable, "-m", "cli", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.5})
+    with _cluster(tmp_path / "first", env) as (address, scheduler):
+        first = run(address)
+        deadline = time.monotonic() + 120
+        while fake_openai.answered < 10:
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr
+            time.sleep(0.1)
+        os.killpg(scheduler.pid, signal.SIGKILL)
+        _, stderr = first.communicate(timeout=180)
+    assert first.returncode == 1, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("embedline: error: stopped: WorkerLostError"), stderr[-3000:]
+    assert "rerun the same command to resume" in last
+
+    fake_openai.fail_when(lambda payload: None)
+    with _cluster(tmp_path / "second", env) as (address, _):
+        rerun = run(address)
+        _, stderr = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, stderr[-3000:]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    frame = read_embeddings(output)
+    got = dict(zip(frame["id"], frame["embedding"], strict=True))
+    assert sorted(got) == [a for a, _ in rows]
+    for row_id, text in rows:
+        assert np.allclose(got[row_id], expected_vector(text), atol=1e-6)
+    # texts in requests in flight at the kill may be charged again, nothing else
+    assert max(fake_openai.charged_texts().values()) <= 2
