@@ -101,6 +101,9 @@ def _deployment(args: argparse.Namespace) -> int:
             "(see 'embedline deployment --help')",
             EXIT_USAGE,
         )
+    problem = _schedule_problem(args.cron, args.timezone)
+    if problem is not None:
+        return fail(f"embedline deployment: error: {problem}", EXIT_USAGE)
     entry = deployment_entry(
         args.name,
         settings,
@@ -110,14 +113,47 @@ def _deployment(args: argparse.Namespace) -> int:
         work_pool=args.work_pool,
     )
     path = Path(args.prefect_file)
+    from ruamel.yaml.error import YAMLError
+
     try:
         replaced = _write(path, entry)
     except (OSError, ValueError) as exc:
         return fail(f"embedline deployment: error: {path}: {exc}", EXIT_USAGE)
+    except YAMLError as exc:  # its first line names the problem, its mark the line
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        return fail(
+            f"embedline deployment: error: {path}: not a prefect.yaml: not YAML{where}: "
+            f"{getattr(exc, 'problem', None) or type(exc).__name__}",
+            EXIT_USAGE,
+        )
     verb = "replaced" if replaced else "added"
     print(f"{verb} deployment embed-csv/{args.name} in {path}")
     print(f"next: prefect --no-prompt deploy --prefect-file {path} --name {args.name}")
     return 0
+
+
+def _schedule_problem(cron: str | None, timezone: str | None) -> str | None:
+    """Why Prefect would refuse the schedule at ``prefect deploy`` (its ``CronSchedule``
+    checks the cron string with croniter and the time zone against the IANA database), or
+    None: refused here, before anything is written."""
+    if cron is None and timezone is None:
+        return None
+    import datetime
+
+    import pydantic
+    from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule
+
+    try:
+        if cron is not None:
+            CronSchedule(cron=cron, timezone=timezone)
+        else:
+            IntervalSchedule(interval=datetime.timedelta(seconds=60), timezone=timezone)
+    except pydantic.ValidationError as exc:
+        reason = str(exc.errors()[0].get("msg", "invalid")).removeprefix("Value error, ")
+        option = "--cron" if cron is not None and "cron" in reason.lower() else "--timezone"
+        return f"{option}: {reason}"
+    return None
 
 
 def deployment_parameters(settings: RunSettings) -> dict[str, dict[str, object]]:

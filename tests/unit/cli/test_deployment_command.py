@@ -101,6 +101,9 @@ def test_the_same_name_is_replaced_and_the_rest_of_the_file_kept(
         (["--max-cost", "1"], "--max-cost needs --price-per-million-tokens"),
         (["--cron", "* * * * *", "--interval", "60"], "not allowed with argument"),
         (["--timezone", "UTC"], "--timezone needs --cron or --interval"),
+        (["--cron", "not a cron"], '--cron: Invalid cron string: "not a cron"'),
+        (["--cron", "0 1 * * *", "--timezone", "Mars/Olympus"], "--timezone: Invalid timezone"),
+        (["--interval", "60", "--timezone", "Mars/Olympus"], "--timezone: Invalid timezone"),
     ],
 )
 def test_what_run_refuses_is_refused_in_one_line_and_nothing_written(
@@ -120,3 +123,23 @@ def test_no_secret_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("EMBEDLINE_API_KEY", "sk-secret-value")
     assert _write(tmp_path, "mine", "in.csv", "--embedder", "openai") == 0
     assert "sk-secret-value" not in (tmp_path / "prefect.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("foo: [1, 2\n", "not a prefect.yaml: not YAML (line 2)"),
+        ("id,text\n1,a\n", "not a prefect.yaml (its top level is not a mapping)"),
+        ("key: value: other\n", "not a prefect.yaml: not YAML (line 1)"),
+    ],
+    ids=["unclosed", "a-csv", "two-colons"],
+)
+def test_a_prefect_file_that_is_not_yaml_is_one_line_and_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, words: str
+) -> None:
+    path = tmp_path / "prefect.yaml"
+    path.write_text(text)
+    assert _write(tmp_path, "mine", "in.csv") == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert path.read_text() == text
