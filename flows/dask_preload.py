@@ -5,35 +5,32 @@ When the flow stops (a Ctrl-C while the cluster starts or runs), the scheduler i
 process closes before its workers; a worker then logs "Failed to communicate with scheduler
 during heartbeat." at ERROR with a 40-line ``CommClosedError`` traceback, after the CLI's
 one-line message. Records whose exception is the scheduler's connection closing are dropped
-here, unless ``--debug``: the CLI reports how the run ended itself. Any other worker warning
-or error (memory, a task's crash) is kept.
+here (``flows.dask_logging``), unless ``--debug``: the CLI reports how the run ended
+itself. Any other worker warning or error (memory, a task's crash) is kept. A worker ignores
+SIGINT (a terminal's Ctrl-C): the CLI stops it. Never import this module elsewhere: it
+changes the importing process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 
 from adapters.memory import keep_memory_flat
 from embedline.tracebacks import DEBUG_ENV
-
-#: Exceptions a worker gets when its scheduler's connection closes (distributed.comm.core,
-#: tornado.iostream), matched by name: this module must not import distributed's internals.
-_CLOSED = frozenset({"CommClosedError", "StreamClosedError"})
+from flows.dask_logging import SchedulerGoneFilter
 
 
-class SchedulerGoneFilter(logging.Filter):
-    """Drop a record whose exception, or one it was raised from or during, is a closed
-    connection (``_CLOSED``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        seen = 0
-        while exc is not None and seen < 10:
-            if type(exc).__name__ in _CLOSED:
-                return False
-            exc, seen = exc.__cause__ or exc.__context__, seen + 1
-        return True
+def _ignore_terminal_interrupts() -> None:
+    """A terminal's Ctrl-C goes to its whole foreground process group, and the local
+    cluster's workers are in the CLI's: each got the SIGINT itself and cancelled its chunk
+    tasks at once (what they had paid for lost, KeyboardInterrupt tracebacks printed) while
+    the CLI was giving in-flight chunks ``--grace`` seconds. The CLI stops its workers itself
+    (closing the cluster), so a worker ignores SIGINT."""
+    with contextlib.suppress(ValueError):  # not the main thread: nothing to change there
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _install() -> None:
@@ -44,5 +41,6 @@ def _install() -> None:
         handler.addFilter(SchedulerGoneFilter())
 
 
+_ignore_terminal_interrupts()
 _install()
 keep_memory_flat()  # the workers' chunk threads fragment malloc arenas like the CLI's

@@ -124,10 +124,10 @@ def _quiet_scheduler_loss() -> None:
     """A lost scheduler makes this process's Dask client log its failed reconnects at ERROR
     with a ``CommClosedError`` traceback, beside the one line the run ends with (its chunks
     fail with ``WorkerLostError``); drop those records as the workers do
-    (``flows.dask_preload.SchedulerGoneFilter``), unless ``--debug``."""
+    (``flows.dask_logging.SchedulerGoneFilter``), unless ``--debug``."""
     if os.environ.get(DEBUG_ENV):
         return
-    from flows.dask_preload import SchedulerGoneFilter
+    from flows.dask_logging import SchedulerGoneFilter
 
     # a filter of the logger itself: its records also reach Prefect's handlers on the root
     client = logging.getLogger("distributed.client")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -172,4 +173,44 @@ def test_ctrl_c_while_the_local_cluster_starts_is_one_line_and_leaves_no_process
     # ("There appear to be 12 leaked semaphore objects") after the last line: 5 of 5 in a
     # break test, before
     assert "Crash detected" not in err and "resource_tracker" not in err, err[-3000:]
+    assert wait_until_gone("EMBEDLINE_TEST_MARK", str(tmp_path), timeout_s=10.0) == []
+
+
+def test_ctrl_c_to_the_process_group_gives_in_flight_chunks_their_grace(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """A terminal's Ctrl-C reaches the whole foreground process group, the local cluster's
+    workers included. Before, each worker took the SIGINT itself: every chunk task ended
+    with CancelledError at once (the requests it had paid for lost), KeyboardInterrupt
+    tracebacks were printed, and the run waited out ``--grace`` with nothing to wait for."""
+    rows = [(f"g{i:03d}", f"grace text {i}") for i in range(200)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.5})
+    args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url]
+    args += ["--output", "out", "--ledger", "ledger.sqlite3", "--chunk-size", "50"]
+    args += ["--batch-size", "5", "--concurrency", "4", "--grace", "60"]
+    args += ["--task-runner", "dask", "--dask-workers", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "EMBEDLINE_TEST_MARK": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own group, as a terminal's foreground job
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while fake_openai.answered < 6:  # every chunk in flight, none finished (10 requests)
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert re.search(r"^chunks +4 published now", out, re.M), out  # all 4 were in flight
+    assert sum(fake_openai.charged_texts().values()) == len(rows)  # nothing paid for twice
     assert wait_until_gone("EMBEDLINE_TEST_MARK", str(tmp_path), timeout_s=10.0) == []

@@ -1,5 +1,6 @@
-"""``flows.dask_preload``: a local Dask worker drops the traceback of its scheduler's
-connection closing (the CLI says how the run ended), and keeps every other record."""
+"""``flows.dask_logging``: a local Dask worker (and the CLI's client) drops the traceback
+of its scheduler's connection closing (the CLI says how the run ended), and keeps every
+other record."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from flows.dask_preload import SchedulerGoneFilter
+from flows.dask_logging import SchedulerGoneFilter
 
 
 def _record(exc: BaseException) -> logging.LogRecord:
