@@ -64,16 +64,24 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def batch_lines(ledger: Ledger, run_key: str) -> list[str]:
     """``batch<TAB>id<TAB>chunk=N part=P<TAB>status<TAB>requests=done/total failed=F<TAB>note``
-    per batch of the run (``embedline status RUN`` prints them after the run's line);
-    ``note`` is empty, or why the batch cannot be collected (the provider's validation
-    error, a 404 for the batch or one of its result files)."""
+    per chunk's part of the run's batches, the counts the whole batch's (``embedline status
+    RUN`` prints them after the run's line); ``note`` is empty, or why the batch cannot be
+    collected (the provider's validation error, a 404 for the batch or one of its result
+    files)."""
+    from tasks.batch.records import batch_requests
+
+    records = ledger.run_batches(run_key)
+    # the provider's counts are the whole batch's, so the total is too: the requests of every
+    # part the batch packs (a part's own total beside them read "6/1")
+    totals = batch_requests(records)
     lines = []
-    for record in ledger.run_batches(run_key):
+    for record in records:
         note = _NOT_FOUND_NOTE if record.status == "not_found" else (record.error or "")
+        total = totals.get(record.batch_id or "", record.requests)
         lines.append(
             f"batch\t{record.batch_id or '-'}\tchunk={record.idx} part={record.part}\t"
             f"{record.status or record.state}\trequests={record.completed}/"
-            f"{record.requests} failed={record.failed}\t{_one_field(note)}"
+            f"{total} failed={record.failed}\t{_one_field(note)}"
         )
     return lines
 

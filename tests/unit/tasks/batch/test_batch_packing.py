@@ -183,6 +183,13 @@ def test_the_parts_a_batch_packs_share_its_id_polls_and_count_as_one_batch() -> 
     assert totals == {"b1": 4}
     assert all(all_answered(r, totals["b1"]) for r in records)
     assert not all_answered(records[0])  # the part's own 2 requests are not the batch's 4
+    # `embedline status RUN`: one line a part, done/total both the whole batch's
+    from cli.batches import batch_lines
+
+    assert [line.split("\t")[4] for line in batch_lines(ledger, RUN)] == [
+        "requests=4/4 failed=0",
+        "requests=4/4 failed=0",
+    ]
     (count,) = batch_counts(records)
     assert (count.status, count.batches, count.requests, count.completed) == (
         "completed",
