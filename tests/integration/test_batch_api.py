@@ -5,7 +5,6 @@ after creating, partial outcomes, the token limit, validation failures."""
 
 from __future__ import annotations
 
-import csv
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from tests.support.bounded import write_csv
 from tests.support.fake_batch import FakeBatchServer
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
@@ -39,15 +39,6 @@ def running_batch_server() -> Iterator[FakeBatchServer]:
 def server(running_batch_server: FakeBatchServer) -> Iterator[FakeBatchServer]:
     yield running_batch_server
     running_batch_server.reset_batches()  # the batch API's faults and counters too
-
-
-def write_csv(path: Path, texts: list[str]) -> list[tuple[str, str]]:
-    rows = [(f"r{i:03d}", t) for i, t in enumerate(texts)]
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["id", "text"])
-        writer.writerows(rows)
-    return rows
 
 
 TEXTS = [f"text number {i} about batches" for i in range(10)] + [

@@ -32,13 +32,10 @@ or comma-separated seeds to replay one). A failure names the seed and every run'
 
 from __future__ import annotations
 
-import csv
 import io
 import os
 import random
-import signal
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +45,7 @@ import pyarrow.parquet as pq
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from tests.support.bounded import within, write_csv
 from tests.support.fake_batch import FakeBatchServer
 from tests.support.fake_openai import expected_vector
 from tests.support.output import read_local_output
@@ -135,31 +133,6 @@ def draw(seed: int) -> Sequence:
         },
         lose_ledger={r for r in range(1, MAX_RUNS) if rng.random() < 0.3},
     )
-
-
-@contextmanager
-def within(seconds: int) -> Iterator[None]:
-    """Raise ``TimeoutError`` in a run that does not end (a wait that cannot end)."""
-
-    def expired(*_: object) -> None:
-        raise TimeoutError(f"the run did not end within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def write_csv(path: Path, texts: list[str]) -> list[tuple[str, str]]:
-    rows = [(f"r{i:03d}", t) for i, t in enumerate(texts)]
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["id", "text"])
-        writer.writerows(rows)
-    return rows
 
 
 @dataclass

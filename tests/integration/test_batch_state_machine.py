@@ -14,10 +14,7 @@ synchronous ``charged``, per text) and its deterministic vectors:
 
 from __future__ import annotations
 
-import csv
-import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ import numpy as np
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from tests.support.bounded import within, write_csv
 from tests.support.fake_batch import FakeBatchServer
 from tests.support.fake_openai import expected_vector
 from tests.support.output import read_local_output
@@ -44,31 +42,6 @@ def running_batch_server() -> Iterator[FakeBatchServer]:
 def server(running_batch_server: FakeBatchServer) -> Iterator[FakeBatchServer]:
     yield running_batch_server
     running_batch_server.reset_batches()
-
-
-@contextmanager
-def within(seconds: int) -> Iterator[None]:
-    """Fail (``TimeoutError``) instead of waiting for ever: a run that cannot end."""
-
-    def expired(*_: object) -> None:
-        raise TimeoutError(f"the run did not end within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def write_csv(path: Path, texts: list[str]) -> list[tuple[str, str]]:
-    rows = [(f"r{i:03d}", t) for i, t in enumerate(texts)]
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["id", "text"])
-        writer.writerows(rows)
-    return rows
 
 
 def run_flow(tmp_path: Path, server: FakeBatchServer, api_url: str, **kw: Any) -> dict[str, Any]:
