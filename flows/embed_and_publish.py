@@ -34,9 +34,9 @@ from flows.progress_report import ProgressReport, progress_reporter
 from flows.run import Run, Work
 from flows.session import Session
 from flows.signals import dispatch_with_graceful_stop
-from flows.task_runner import task_runner, warm_up
+from flows.task_runner import in_flight, task_runner, warm_up
 from tasks.embed.failures import ChunkFailure, status_for
-from tasks.embed.groups import ChunkGroup, chunk_groups
+from tasks.embed.groups import CLUSTER_CHUNKS_PER_RUN, ChunkGroup, chunk_groups
 from tasks.embed.task import embed_chunk, embed_chunks, show_published_chunk
 from tasks.reuse.stage import ReuseStage
 
@@ -120,6 +120,9 @@ def _embed_and_publish(
             return Dispatched(
                 DispatchResult(stop=failure, not_run=[s.index for s in work.todo]), None, 0
             )
+        window = in_flight(runner, settings, window)
+        if settings.task_runner == "dask":
+            logger.info("chunk task runs in flight: at most %d (the cluster's threads)", window)
 
         def submit(group: tuple[ChunkSpec, ...]) -> list[Any]:
             common = {
@@ -200,6 +203,7 @@ def _groups(
         to_send=stage.rows_to_send if stage.shared_disk else (lambda spec: spec.rows),
         chunk_size=settings.chunk_size,
         parallel=window,
+        per_run=CLUSTER_CHUNKS_PER_RUN if settings.task_runner == "dask" else 1,
     )
     return sorted([*copied, *grouped], key=lambda group: group[0].index)
 

@@ -17,7 +17,7 @@ from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
 from tasks.embed.task import warm_worker
 
-__all__ = ["task_runner", "warm_up"]
+__all__ = ["in_flight", "task_runner", "warm_up"]
 
 #: Dask's level for its ``distributed`` loggers, read from the environment when ``dask`` is
 #: imported, here and in each worker process the nanny spawns (Dask configuration docs:
@@ -29,8 +29,10 @@ _log = logging.getLogger(__name__)
 
 def task_runner(settings: RunSettings, window: int) -> Any:
     """The Prefect task runner for ``settings.task_runner``: a ``ThreadPoolTaskRunner`` of
-    ``window`` threads, or a ``DaskTaskRunner`` (``window`` threads spread over
-    ``settings.dask_workers`` worker processes of a local cluster).
+    ``window`` threads, or a ``DaskTaskRunner``: the cluster at ``settings.dask_address``, or
+    a local cluster of ``settings.dask_workers`` worker processes, each with the threads one
+    process runs (``--concurrency`` + 1: one chunk between requests; with the local embedder,
+    ``window`` threads spread over the workers).
 
     :raises InputError: ``dask`` without prefect-dask installed.
     """
@@ -49,13 +51,18 @@ def task_runner(settings: RunSettings, window: int) -> Any:
     _no_worker_profiler()
     _close_clusters_quietly_at_exit()
     STOP.on_first_interrupt(_silence_dask)
-    threads = max(1, -(-window // settings.dask_workers))
+    if settings.embedder == "local":  # CPU-bound: the machine's cores, not the API, limit it
+        threads = max(1, -(-window // settings.dask_workers))
+    else:
+        threads = settings.concurrency + 1
     return DaskTaskRunner(
         cluster_kwargs={
             "n_workers": settings.dask_workers,
             "threads_per_worker": threads,
             "processes": True,
-            "dashboard_address": None,
+            # the scheduler serves HTTP even without a dashboard, by default on port 8787:
+            # a second cluster on the machine warned "Port 8787 is already in use"
+            "dashboard_address": "127.0.0.1:0",
         }
     )
 
@@ -93,6 +100,18 @@ def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) ->
         time.monotonic() - since,
     )
     return None
+
+
+def in_flight(runner: Any, settings: RunSettings, window: int) -> int:
+    """The chunk task runs to keep in flight (the dispatcher's window): ``window`` with
+    threads; on Dask, the cluster's worker threads (``Client.nthreads()``, read from the
+    scheduler after ``warm_up``) plus one per worker, waiting on it, so a thread that
+    finishes a chunk task starts the next at once (docs/guide/running.md, "Throughput on a
+    Dask cluster")."""
+    if settings.task_runner != "dask":
+        return window
+    threads = runner.client.nthreads()
+    return max(1, sum(threads.values()) + len(threads))
 
 
 def _lacking_line(lacking: dict[str, list[str]], client: Any) -> str:

@@ -14,6 +14,13 @@ recorded on its own. The rule (``chunk_groups``):
 - and at least ``parallel`` groups (the chunk tasks that run at once) when there are that
   many chunks: the heaviest group is halved until there are, so a small run runs in parallel.
 
+On a Dask cluster a task run costs its worker more than a chunk's own work (Prefect rebuilds
+its settings and its API client for each task run it hydrates there), so there a group may
+take up to ``per_run`` chunks' worth of rows (``CLUSTER_CHUNKS_PER_RUN``), shrinking as the
+run nears its end (guided self-scheduling): a group takes at most the rows still to group
+divided by ``parallel``, so the last task runs are single chunks and the cluster's
+threads finish together.
+
 A chunk counts at least one row to send: one with none (empty texts, rows waiting for an
 earlier chunk of the run) still reads its rows and writes its object.
 
@@ -27,7 +34,14 @@ from dataclasses import dataclass
 
 from embedline.models import ChunkOutcome, ChunkSpec
 
-__all__ = ["MAX_GROUPS", "ChunkGroup", "GroupOutcome", "chunk_groups", "group_name"]
+__all__ = [
+    "CLUSTER_CHUNKS_PER_RUN",
+    "MAX_GROUPS",
+    "ChunkGroup",
+    "GroupOutcome",
+    "chunk_groups",
+    "group_name",
+]
 
 #: Most chunk task runs one dispatch makes. Prefect's self-hosted server is reported
 #: unsteady near 2,000 task runs per flow run and Prefect Cloud's entry tier takes 2,000
@@ -35,6 +49,13 @@ __all__ = ["MAX_GROUPS", "ChunkGroup", "GroupOutcome", "chunk_groups", "group_na
 #: runs and for a retry of each failed group. A 10M-row first run in 1,000-row chunks sends
 #: 11 chunks per task run (910 task runs).
 MAX_GROUPS = 1000
+
+#: Most chunks' worth of rows a group takes on a Dask cluster (``per_run``). Measured on a
+#: worker (py-spy): each task run spent about as long in Prefect's hydration of its context
+#: (a new API client with its TLS context, the settings read again) as in its chunk at 100
+#: rows; 8 chunks a task run leave that an eighth, and a lost worker's group is at most 8
+#: chunks to rerun.
+CLUSTER_CHUNKS_PER_RUN = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,29 +109,41 @@ def chunk_groups(
     chunk_size: int,
     parallel: int,
     max_groups: int = MAX_GROUPS,
+    per_run: int = 1,
 ) -> list[tuple[ChunkSpec, ...]]:
     """Cut ``specs`` (in chunk order) into groups of consecutive chunks (module docstring).
 
     ``to_send(spec)``: the rows chunk ``spec`` sends (rows neither copied nor empty);
     ``chunk_size``: rows per chunk, the smallest budget of a group; ``parallel``: the chunk
-    task runs that run at once. Returns at most ``max_groups`` groups and at least
+    task runs that run at once; ``per_run``: chunks' worth of rows a group may take while
+    the run is far from its end (1: ``chunk_size`` rows; ``CLUSTER_CHUNKS_PER_RUN`` on a
+    Dask cluster). Returns at most ``max_groups`` groups and at least
     ``min(parallel, len(specs), max_groups)``; every spec in exactly one group, in order.
     """
     if not specs:
         return []
     weights = [max(1, to_send(s)) for s in specs]
     total = sum(weights)
-    budget = max(chunk_size, -(-total // max(1, max_groups - 1)))
+    floor = max(chunk_size, -(-total // max(1, max_groups - 1)))
+
+    def budget(left: int) -> int:  # rows a group takes while ``left`` are not grouped yet
+        guided = left // (max(1, parallel) * chunk_size)
+        return max(floor, chunk_size * min(per_run, guided))
+
     groups: list[list[int]] = [[]]  # positions in specs
     sent = 0
+    left = total
+    limit = budget(left)
     for position, weight in enumerate(weights):
-        if sent >= budget:
+        if sent >= limit:
             groups.append([])
             sent = 0
+            limit = budget(left)
         groups[-1].append(position)
         sent += weight
-    floor = min(parallel, len(specs), max_groups)
-    while len(groups) < floor:
+        left -= weight
+    least = min(parallel, len(specs), max_groups)
+    while len(groups) < least:
         _halve_heaviest(groups, weights)
     return [tuple(specs[p] for p in group) for group in groups]
 

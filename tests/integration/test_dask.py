@@ -102,6 +102,35 @@ def test_local_cluster_workers_run_without_the_statistical_profiler(tmp_path: Pa
     assert list(filtered.values()) == [True, True]  # flows.dask_preload ran in each worker
 
 
+def test_the_window_follows_the_clusters_threads(tmp_path: Path) -> None:
+    """Before, the flow kept ``--concurrency`` + 1 chunk task runs in flight whatever the
+    cluster's size, so a second worker added no throughput. Now: the cluster's worker threads
+    plus one per worker, read from the scheduler (an in-process cluster: seconds, no
+    sockets)."""
+    from distributed import LocalCluster
+
+    from embedline.settings import RunSettings
+    from flows.task_runner import in_flight, task_runner
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=3, processes=False, dashboard_address="127.0.0.1:0"
+    ) as cluster:
+        settings = RunSettings(
+            input=str(tmp_path / "in.csv"),
+            output="s3://bucket/out",
+            task_runner="dask",
+            dask_address=cluster.scheduler_address,
+            concurrency=8,
+        )
+        with task_runner(settings, settings.concurrency + 1) as runner:
+            assert in_flight(runner, settings, settings.concurrency + 1) == 2 * 3 + 2
+            cluster.scale(3)
+            runner.client.wait_for_workers(3, timeout=30)
+            assert in_flight(runner, settings, settings.concurrency + 1) == 3 * 3 + 3
+    threads = RunSettings(input=str(tmp_path / "in.csv"), concurrency=8)
+    assert in_flight(None, threads, 9) == 9  # threads: --concurrency + 1, as given
+
+
 def _distributed_log_level() -> int:
     return logging.getLogger("distributed").getEffectiveLevel()
 

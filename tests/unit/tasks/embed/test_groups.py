@@ -7,7 +7,13 @@ import random
 import pytest
 
 from embedline.models import ChunkSpec
-from tasks.embed.groups import MAX_GROUPS, ChunkGroup, chunk_groups, group_name
+from tasks.embed.groups import (
+    CLUSTER_CHUNKS_PER_RUN,
+    MAX_GROUPS,
+    ChunkGroup,
+    chunk_groups,
+    group_name,
+)
 
 
 def _specs(n: int, rows: int = 1000) -> list[ChunkSpec]:
@@ -90,6 +96,35 @@ def test_bounds_hold_for_any_sizes(seed: int) -> None:
     )
     _check(groups, specs)
     assert min(parallel, len(specs), most) <= len(groups) <= most
+
+
+def test_on_a_cluster_full_chunks_share_task_runs_that_shrink_toward_the_end() -> None:
+    """A Dask worker pays Prefect's set-up of each task run (about a 100-row chunk's CPU):
+    up to 8 chunks a task run, then fewer, the last ``parallel`` single chunks, so the
+    cluster's threads finish together."""
+    specs = _specs(200, rows=100)
+    groups = chunk_groups(
+        specs, to_send=lambda s: s.rows, chunk_size=100, parallel=12, per_run=CLUSTER_CHUNKS_PER_RUN
+    )
+    _check(groups, specs)
+    sizes = [len(g) for g in groups]
+    assert len(groups) == 55 and max(sizes) == CLUSTER_CHUNKS_PER_RUN
+    assert sizes == sorted(sizes, reverse=True)  # guided: never larger later
+    assert sizes[-12:] == [1] * 12
+
+
+def test_a_cluster_groups_a_small_run_as_threads_do() -> None:
+    """Fewer chunks than twice the window: one chunk per task run, all at once."""
+    specs = _specs(20, rows=100)
+    groups = chunk_groups(specs, to_send=lambda s: s.rows, chunk_size=100, parallel=12, per_run=8)
+    assert groups == [(s,) for s in specs]
+
+
+def test_a_cluster_keeps_the_bound_on_task_runs_of_a_large_run() -> None:
+    specs = _specs(10_000)
+    groups = chunk_groups(specs, to_send=lambda s: s.rows, chunk_size=1000, parallel=12, per_run=8)
+    _check(groups, specs)
+    assert len(groups) == 910  # the MAX_GROUPS budget (11 chunks) is above 8 chunks
 
 
 def test_task_run_names() -> None:
