@@ -133,7 +133,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         dest="concurrency",
         flags=("--concurrency",),
-        help="embedding requests in flight across the process",
+        help="embedding requests in flight at once per process: this one's with threads, each Dask worker's (whose threads set the chunks in flight)",
         default=8,
         type="positive_int",
     ),

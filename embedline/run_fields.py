@@ -187,7 +187,10 @@ class RunFields(BaseModel):
         default=8,
         ge=1,
         le=256,
-        description="embedding requests in flight across the process",
+        description=(
+            "embedding requests in flight at once per process: this one's with threads, each "
+            "Dask worker's (whose threads set the chunks in flight)"
+        ),
     )
     rpm: int | None = Field(
         default=None,
