@@ -105,13 +105,12 @@ def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) ->
 def in_flight(runner: Any, settings: RunSettings, window: int) -> int:
     """The chunk task runs to keep in flight (the dispatcher's window): ``window`` with
     threads; on Dask, the cluster's worker threads (``Client.nthreads()``, read from the
-    scheduler after ``warm_up``) plus one per worker, waiting on it, so a thread that
-    finishes a chunk task starts the next at once (docs/guide/running.md, "Throughput on a
-    Dask cluster")."""
+    scheduler after ``warm_up``): none waits in a busy worker's queue while another
+    worker's thread is free (docs/guide/running.md, "Throughput on a Dask cluster")."""
     if settings.task_runner != "dask":
         return window
-    threads = runner.client.nthreads()
-    return max(1, sum(threads.values()) + len(threads))
+    threads: dict[str, int] = runner.client.nthreads()  # worker address -> its threads
+    return max(1, sum(threads.values()))
 
 
 def _lacking_line(lacking: dict[str, list[str]], client: Any) -> str:

@@ -104,9 +104,8 @@ def test_local_cluster_workers_run_without_the_statistical_profiler(tmp_path: Pa
 
 def test_the_window_follows_the_clusters_threads(tmp_path: Path) -> None:
     """Before, the flow kept ``--concurrency`` + 1 chunk task runs in flight whatever the
-    cluster's size, so a second worker added no throughput. Now: the cluster's worker threads
-    plus one per worker, read from the scheduler (an in-process cluster: seconds, no
-    sockets)."""
+    cluster's size, so a second worker added no throughput. Now: the cluster's worker
+    threads, read from the scheduler (an in-process cluster: seconds, no sockets)."""
     from distributed import LocalCluster
 
     from embedline.settings import RunSettings
@@ -123,10 +122,10 @@ def test_the_window_follows_the_clusters_threads(tmp_path: Path) -> None:
             concurrency=8,
         )
         with task_runner(settings, settings.concurrency + 1) as runner:
-            assert in_flight(runner, settings, settings.concurrency + 1) == 2 * 3 + 2
+            assert in_flight(runner, settings, settings.concurrency + 1) == 2 * 3
             cluster.scale(3)
             runner.client.wait_for_workers(3, timeout=30)
-            assert in_flight(runner, settings, settings.concurrency + 1) == 3 * 3 + 3
+            assert in_flight(runner, settings, settings.concurrency + 1) == 3 * 3
     threads = RunSettings(input=str(tmp_path / "in.csv"), concurrency=8)
     assert in_flight(None, threads, 9) == 9  # threads: --concurrency + 1, as given
 
