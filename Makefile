@@ -104,6 +104,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_gzip.py
 	$(BIN)/python benchmarks/bench_batch.py
 	$(BIN)/python benchmarks/bench_paid.py
+	$(BIN)/python benchmarks/bench_dask.py
 	$(BIN)/python benchmarks/bench_reuse.py --running-server
 	$(BIN)/python benchmarks/report.py
 

@@ -18,13 +18,16 @@ rows/s: inputs the fake answered / (last answer's arrival - first's + ``--delay-
 the embedding phase seen from the server (start-up apart). CPU s: the command and its
 reaped processes (the workers of the local cluster). Targets (reported, never asserted):
 ``dask-2`` >= 1.8x ``dask-1``; ``dask-2`` >= 1.0x ``threads``; ``rpm-2`` 0 refused and >= 90 %
-of the limit used. The before figures: ``--before-repo PATH`` measures another checkout's CLI
-in the same run, alternating case by case; else the newest committed
-``results/dask-before-main-*.json`` is printed beside. JSON to ``--out`` (default
-``results/dask-<UTC time>.json``)::
+of the limit used. The before figures are measured in the same run, case by case
+alternated with the current code (the machine's drift lands on both sides): the code of
+``--before-ref REF`` (``git archive``; default: the commit the newest committed
+``results/dask-before-main-REF.json`` names) or of the checkout ``--before-repo PATH``. With
+``--no-before`` (or no git history) that committed file is printed beside instead. JSON to
+``--out`` (default ``results/dask-<UTC time>.json``)::
 
     python benchmarks/bench_dask.py [--rows 20000] [--chunk-size 100] [--concurrency 4]
-        [--delay-s 1] [--rpm 300] [--repo PATH] [--before-repo PATH] [--out FILE]
+        [--delay-s 1] [--rpm 300] [--repo PATH] [--before-ref REF | --before-repo PATH |
+        --no-before] [--out FILE]
 """
 
 from __future__ import annotations
@@ -169,9 +172,33 @@ def targets(figures: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_BASELINE = "dask-before-main-"
+
+
 def newest_before() -> dict[str, Any] | None:
-    files = sorted(RESULTS.glob("dask-before-main-*.json"))
+    """The newest committed baseline's figures (``results/dask-before-main-REF.json``)."""
+    files = sorted(RESULTS.glob(f"{_BASELINE}*.json"), key=lambda p: p.stat().st_mtime)
     return json.loads(files[-1].read_text()) if files else None
+
+
+def baseline_ref() -> str | None:
+    """The commit the newest committed baseline was measured on (its file name's REF)."""
+    files = sorted(RESULTS.glob(f"{_BASELINE}*.json"), key=lambda p: p.stat().st_mtime)
+    return files[-1].stem[len(_BASELINE) :] if files else None
+
+
+def checkout(ref: str, dest: Path) -> Path | None:
+    """``ref``'s tree extracted into ``dest`` (``git archive``), or None without that
+    commit (a shallow clone)."""
+    dest.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        print(f"bench: no commit {ref} here: before figures from the committed file", flush=True)
+        return None
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
 
 
 def print_table(after: dict[str, Any], before: dict[str, Any] | None) -> None:
@@ -216,13 +243,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="threads,dask-1,dask-2,rpm-2")
     parser.add_argument("--repo", type=Path, default=REPO)
     parser.add_argument("--before-repo", type=Path, default=None)
+    parser.add_argument("--before-ref", default=None)
+    parser.add_argument("--no-before", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     chosen = {k: v for k, v in cases(args).items() if k in args.cases.split(",")}
-    codes = {"after": args.repo, **({"before": args.before_repo} if args.before_repo else {})}
-    runs: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in codes}
     with tempfile.TemporaryDirectory(prefix="bench-dask-") as tmp_name:
         tmp = Path(tmp_name)
+        before_repo = args.before_repo
+        ref = None if args.no_before or before_repo else args.before_ref or baseline_ref()
+        if ref is not None:
+            before_repo = checkout(ref, tmp / "before")
+        codes = {"after": args.repo, **({"before": before_repo} if before_repo else {})}
+        runs: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in codes}
         with running_prefect_server(tmp / "prefect-home") as (_, api_url):
             for case, extra in chosen.items():
                 for label, repo in codes.items():  # alternated: drift lands on both sides
@@ -238,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     params = {k: getattr(args, k) for k in ("rows", "chunk_size", "concurrency", "delay_s", "rpm")}
     reports: dict[str, dict[str, Any]] = {
         label: {
-            "repo": str(repo),
+            "repo": str(repo) if label == "after" or ref is None else f"{ref} (git archive)",
             "params": params,
             "runs": runs[label],
             "figures": ratios(runs[label], args.rpm),

@@ -369,6 +369,20 @@ def _planning(r: Result) -> tuple[str, str]:
     return "; ".join(figures), "–"
 
 
+def _dask(r: Result) -> tuple[str, str]:
+    runs, f = r["runs"], r["figures"]
+    rate = {case: _n(run.get("rows_per_s")) for case, run in runs.items()}
+    before = (r.get("before") or {}).get("runs", {})
+    was = {case: _n(run.get("rows_per_s")) for case, run in before.items()}
+    figures = (
+        "rows/s at 1 s latency: "
+        + ", ".join(f"{case} {rate[case]} (before {was.get(case, '–')})" for case in rate)
+        + f"; 2 workers / 1 {_x(f.get('dask2_over_dask1'))}, / threads "
+        + f"{_x(f.get('dask2_over_threads'))}; `--rpm` on 2 workers: {f.get('refused_429')} 429s"
+    )
+    return figures, _met(r["targets"])
+
+
 # kind -> (bench script, summary); in the order the README lists the benches
 BENCHES: dict[str, tuple[str, Callable[[Result], tuple[str, str]]]] = {
     "cli": ("bench_cli.py", _cli),
@@ -378,6 +392,7 @@ BENCHES: dict[str, tuple[str, Callable[[Result], tuple[str, str]]]] = {
     "planning": ("bench_planning.py", _planning),
     "batch": ("bench_batch.py", _batch),
     "paid": ("bench_paid.py", _paid),
+    "dask": ("bench_dask.py", _dask),
     "reuse": ("bench_reuse.py", _reuse),
     "scale": ("bench_scale.py", _scale),
     "changes": ("bench_changes.py", _changes),
