@@ -98,26 +98,27 @@ def test_bounds_hold_for_any_sizes(seed: int) -> None:
     assert min(parallel, len(specs), most) <= len(groups) <= most
 
 
-def test_on_a_cluster_full_chunks_share_task_runs_that_shrink_toward_the_end() -> None:
-    """A Dask worker pays Prefect's set-up of each task run (about a 100-row chunk's CPU):
-    up to 8 chunks a task run, then fewer, the last ``parallel`` single chunks, so the
-    cluster's threads finish together."""
+def test_on_a_cluster_full_chunks_share_task_runs_in_even_waves() -> None:
+    """A Dask worker pays Prefect's set-up of each task run (about a 100-row chunk's CPU,
+    GIL held): up to 8 chunks a task run, in the fewest waves of ``parallel`` groups, the
+    groups as even as the waves allow, so the threads finish each wave together."""
     specs = _specs(200, rows=100)
     groups = chunk_groups(
-        specs, to_send=lambda s: s.rows, chunk_size=100, parallel=12, per_run=CLUSTER_CHUNKS_PER_RUN
+        specs, to_send=lambda s: s.rows, chunk_size=100, parallel=10, per_run=CLUSTER_CHUNKS_PER_RUN
     )
     _check(groups, specs)
-    sizes = [len(g) for g in groups]
-    assert len(groups) == 55 and max(sizes) == CLUSTER_CHUNKS_PER_RUN
-    assert sizes == sorted(sizes, reverse=True)  # guided: never larger later
-    assert sizes[-12:] == [1] * 12
+    assert len(groups) == 29 and {len(g) for g in groups} == {7, 4}  # 3 waves of 10
+    assert all(len(g) <= CLUSTER_CHUNKS_PER_RUN for g in groups)
 
 
-def test_a_cluster_groups_a_small_run_as_threads_do() -> None:
-    """Fewer chunks than twice the window: one chunk per task run, all at once."""
-    specs = _specs(20, rows=100)
-    groups = chunk_groups(specs, to_send=lambda s: s.rows, chunk_size=100, parallel=12, per_run=8)
-    assert groups == [(s,) for s in specs]
+def test_a_small_run_on_a_cluster_is_one_wave_of_even_groups() -> None:
+    specs = _specs(40, rows=100)
+    groups = chunk_groups(specs, to_send=lambda s: s.rows, chunk_size=100, parallel=10, per_run=8)
+    assert [len(g) for g in groups] == [4] * 10
+    fewer = chunk_groups(
+        specs[:8], to_send=lambda s: s.rows, chunk_size=100, parallel=10, per_run=8
+    )
+    assert fewer == [(s,) for s in specs[:8]]  # fewer chunks than threads: one each
 
 
 def test_a_cluster_keeps_the_bound_on_task_runs_of_a_large_run() -> None:
