@@ -42,14 +42,14 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         dest="text_template",
         flags=("--text-template",),
-        help="build the text to embed from several columns: {column} placeholders, {{ }} for literal braces, \\n and \\t understood, e.g. '{title}\\n\\n{text}' (instead of --text-column)",
+        help="build the text to embed from several columns: {column} placeholders, {{ }} for literal braces, \\n and \\t understood, e.g. '{title}\\n\\n{text}' (default: none, the --text-column field is embedded as read)",
         type="template_text",
         metavar="TEMPLATE",
     ),
     RunOption(
         dest="keep_columns",
         flags=("--keep-columns",),
-        help="columns carried beside the vectors, as read, into chunk objects, read_embeddings and sinks (comma-separated header names)",
+        help="columns carried beside the vectors, as read, into chunk objects, read_embeddings and sinks (comma-separated header names) (default: none)",
         metavar="A,B",
     ),
     RunOption(

@@ -96,15 +96,15 @@ class RunFields(BaseModel):
         default=None,
         description=(
             "build the text to embed from several columns: {column} placeholders, {{ }} for "
-            "literal braces, \\n and \\t understood, e.g. '{title}\\n\\n{text}' (instead of "
-            "--text-column)"
+            "literal braces, \\n and \\t understood, e.g. '{title}\\n\\n{text}' (default: "
+            "none, the --text-column field is embedded as read)"
         ),
     )
     keep_columns: Annotated[tuple[str, ...] | None, Cli(metavar="A,B")] = Field(
         default=None,
         description=(
             "columns carried beside the vectors, as read, into chunk objects, read_embeddings "
-            "and sinks (comma-separated header names)"
+            "and sinks (comma-separated header names) (default: none)"
         ),
     )
     keep_text: bool = Field(

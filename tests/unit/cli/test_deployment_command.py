@@ -143,3 +143,44 @@ def test_a_prefect_file_that_is_not_yaml_is_one_line_and_left_alone(
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1, err
     assert path.read_text() == text
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("nightly/eu", "Prefect refuses / in a deployment's name"),
+        ("a&b<c", "Prefect refuses & < in a deployment's name"),
+        ("  ", "argument NAME: empty"),
+    ],
+    ids=["slash", "two-banned", "blank"],
+)
+def test_a_name_prefect_would_refuse_is_refused_here_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, words: str
+) -> None:
+    assert _write(tmp_path, name, "in.csv") == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert not (tmp_path / "prefect.yaml").exists()
+
+
+def test_the_next_command_is_quoted_for_a_shell(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "my flows"
+    folder.mkdir()
+    path = folder / "prefect.yaml"
+    assert main(["deployment", "catalogue nightly", "in.csv", "--prefect-file", str(path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        f"next: prefect --no-prompt deploy --prefect-file '{path}' --name 'catalogue nightly'"
+    )
+
+
+def test_a_prefect_file_in_a_missing_folder_is_refused_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "typo" / "prefect.yaml"
+    assert main(["deployment", "mine", "in.csv", "--prefect-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"folder {tmp_path / 'typo'} does not exist" in err and err.count("\n") == 1, err
+    assert not path.parent.exists()
