@@ -297,12 +297,13 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         dest="dask_address",
         flags=("--dask-address",),
         help="an existing Dask scheduler (tcp://host:8786), checked before the run starts; its workers need an s3:// --output, a PREFECT_API_URL they can reach and the API key and AWS settings in their own environment (default: a local cluster)",
+        default=SUPPRESS,
     ),
     RunOption(
         dest="dask_workers",
         flags=("--dask-workers",),
-        help="worker processes of the local Dask cluster",
-        default=2,
+        help="worker processes of the local Dask cluster (default: 2)",
+        default=SUPPRESS,
         type="positive_int",
     ),
     RunOption(

@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import ValidationError, field_validator, model_validator
@@ -28,15 +30,17 @@ from embedline.template import (
 
 __all__ = [
     "BATCH_API_OPTIONS",
+    "DASK_OPTIONS",
     "DEFAULT_MODELS",
     "LOCAL_DIMENSIONS",
     "LOCAL_MODEL_NAMES",
+    "MODE_OPTIONS",
     "NO_API_KEY_MESSAGE",
     "PARAMETER_FIELDS",
     "RunSettings",
-    "batch_options_without_batch_api",
     "codec_for",
     "option_description",
+    "options_without_their_mode",
     "validation_message",
 ]
 
@@ -67,32 +71,48 @@ PARAMETER_FIELDS = {
 }
 
 #: Options (CLI flags and flow parameters, by parameter name) only the Batch API mode reads.
-#: Unset is None in the flow's signature and absent from the CLI's namespace; set without
-#: ``batch_api`` they are refused (``batch_options_without_batch_api``), never ignored.
 BATCH_API_OPTIONS = (
     "batch_poll_interval",
     "batch_max_inputs",
     "batch_fallback",
     "batch_enqueued_tokens",
 )
+#: Options only a Dask run reads (``dask_workers``: only a local cluster's).
+DASK_OPTIONS = ("dask_address", "dask_workers")
+
+#: Each option only one mode reads → (the parameter that turns its mode on, its value then,
+#: the CLI's words for it). Unset is None in the flow's signature and absent from the CLI's
+#: namespace; given without their mode they are refused (``options_without_their_mode``),
+#: never ignored.
+MODE_OPTIONS: Mapping[str, tuple[str, object, str]] = MappingProxyType(
+    {
+        **dict.fromkeys(BATCH_API_OPTIONS, ("batch_api", True, "--batch-api")),
+        **dict.fromkeys(DASK_OPTIONS, ("task_runner", "dask", "--task-runner dask")),
+    }
+)
 
 
-def batch_options_without_batch_api(parameters: dict[str, object]) -> list[str]:
-    """The ``BATCH_API_OPTIONS`` given (not None) in ``parameters`` (CLI or flow parameter
-    names) although ``batch_api`` is not: each would be ignored, so the caller refuses the
-    run (exit 2), naming the first."""
-    if parameters.get("batch_api"):
-        return []
-    return [name for name in BATCH_API_OPTIONS if parameters.get(name) is not None]
+def options_without_their_mode(
+    parameters: Mapping[str, object],
+) -> list[tuple[str, str, object, str]]:
+    """The ``MODE_OPTIONS`` given (not None) in ``parameters`` (CLI or flow parameter names)
+    although their mode is off, each as (option, mode parameter, its value that turns the
+    mode on, the CLI's words for that): each would be ignored, so the caller refuses the run
+    (exit 2), naming the first."""
+    return [
+        (name, mode, on, words)
+        for name, (mode, on, words) in MODE_OPTIONS.items()
+        if parameters.get(name) is not None and parameters.get(mode) != on
+    ]
 
 
 def option_description(name: str) -> str:
     """The description of run option ``name`` (CLI or flow parameter name) as ``embedline run
-    --help`` and the flow's form show it: its field's, and for a Batch API option, which
-    both leave unset unless given, its default in words ("(default: 60.0)")."""
+    --help`` and the flow's form show it: its field's, and for an option only one mode
+    reads, which both leave unset unless given, its default in words ("(default: 60.0)")."""
     info = RunFields.model_fields[PARAMETER_FIELDS.get(name, name)]
     text = info.description or ""
-    if name in BATCH_API_OPTIONS and info.default is not None:
+    if name in MODE_OPTIONS and info.default is not None:
         return f"{text} (default: {info.default})"
     return text
 
@@ -273,6 +293,15 @@ class RunSettings(RunFields):
         return self
 
     @model_validator(mode="after")
+    def _a_cluster_by_address_has_its_own_workers(self) -> RunSettings:
+        if self.dask_address and "dask_workers" in self.model_fields_set:
+            raise ValueError(
+                "--dask-workers sizes the local cluster: the cluster at --dask-address has "
+                "its own workers (drop --dask-workers)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _remote_workers_need_shared_storage(self) -> RunSettings:
         if self.task_runner == "dask" and self.dask_address and "://" not in self.output:
             raise ValueError(
@@ -326,7 +355,7 @@ class RunSettings(RunFields):
         :raises pydantic.ValidationError: a value is out of range or unknown.
         """
         fields = {
-            k: v for k, v in parameters.items() if not (k in BATCH_API_OPTIONS and v is None)
+            k: v for k, v in parameters.items() if not (k in MODE_OPTIONS and v is None)
         }  # unset: the default
         for name, field in PARAMETER_FIELDS.items():
             if name in fields:
@@ -335,12 +364,16 @@ class RunSettings(RunFields):
 
     def to_parameters(self) -> dict[str, object]:
         """The inverse of ``from_parameters``: flow parameters mirroring the CLI. Without
-        ``batch_api`` the ``BATCH_API_OPTIONS`` are None (unset): the flow refuses them set."""
+        its mode the ``MODE_OPTIONS`` are None (unset): the flow refuses them set; so is
+        ``dask_workers`` with a ``dask_address`` (that cluster has its own workers)."""
         parameters = self.model_dump()
         for name, field in PARAMETER_FIELDS.items():
             parameters[name] = parameters.pop(field)
-        if not self.batch_api:
-            parameters.update(dict.fromkeys(BATCH_API_OPTIONS))
+        for name, (mode, on, _) in MODE_OPTIONS.items():
+            if getattr(self, mode) != on:
+                parameters[name] = None
+        if self.dask_address:
+            parameters["dask_workers"] = None
         return parameters
 
     @property

@@ -11,6 +11,7 @@ otherwise; its data is the run summary, whose ``exit_code`` the CLI returns.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -30,7 +31,7 @@ from embedline.parameters import (
 from embedline.settings import (
     NO_API_KEY_MESSAGE,
     RunSettings,
-    batch_options_without_batch_api,
+    options_without_their_mode,
     validation_message,
 )
 from embedline.shutdown import STOP
@@ -116,16 +117,15 @@ def embed_csv(
         )
     )
     quiet_expected_tracebacks()
-    ignored = batch_options_without_batch_api(parameters)
+    ignored = options_without_their_mode(parameters)
     if ignored:  # refused, not ignored
+        name, mode, on, _ = ignored[0]
+        value = json.dumps(on) if isinstance(on, bool) else on
         return _final(
             Run.refused(
                 2,
                 "input_error",
-                (
-                    f"invalid parameters: {ignored[0]} needs batch_api: true "
-                    "(only the Batch API mode reads it)"
-                ),
+                f"invalid parameters: {name} needs {mode}: {value} (only that mode reads it)",
             )
         )
     try:
