@@ -1,6 +1,7 @@
-"""The checks of ``run --task-runner dask --dask-address ADDRESS`` before Prefect starts: the
-cluster's workers must reach the run's Prefect API (Prefect sends its URL with every task),
-and a scheduler must answer at ADDRESS. Each is one line and exit 2, in seconds, instead of
+"""The checks of ``run --task-runner dask --dask-address ADDRESS`` (or ``--dask-cluster-class
+CLASS``) before Prefect starts: the cluster's workers must reach the run's Prefect API
+(Prefect sends its URL with every task), a scheduler must answer at ADDRESS, and CLASS must
+import here. Each is one line and exit 2, in seconds, instead of
 every chunk failing on the workers with a traceback (or a 30 s wait for the scheduler)."""
 
 from __future__ import annotations
@@ -8,13 +9,17 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from cli.failures import EXIT_USAGE
 
+if TYPE_CHECKING:
+    from embedline.settings import RunSettings
+
 __all__ = [
     "SCHEDULER_TIMEOUT_S",
+    "check_cluster_class",
     "check_dask_address",
     "is_loopback",
     "prefect_api_problem",
@@ -62,6 +67,27 @@ def check_dask_address(
         f"--dask-address {address}: no Dask scheduler reached ({why}); start it or fix the address",
         EXIT_USAGE,
     )
+
+
+def check_cluster_class(settings: RunSettings, api_url: str | None) -> tuple[str, int] | None:
+    """(one-line message, exit code) when the cluster ``settings.dask_cluster_class`` starts
+    cannot run this run's chunks, else None: the class does not import here (where the flow
+    starts it), or its workers run on other machines (every class but distributed's
+    ``LocalCluster``) and cannot reach ``api_url`` (``prefect_api_problem``)."""
+    from embedline.errors import InputError
+    from embedline.settings import remote_dask
+    from flows.dask_cluster import cluster_class
+
+    path = settings.dask_cluster_class or ""
+    if remote_dask(settings):
+        problem = prefect_api_problem(api_url, scheduler_host="")
+        if problem:
+            return f"--dask-cluster-class {path}: {problem}", EXIT_USAGE
+    try:
+        cluster_class(path)
+    except InputError as exc:
+        return str(exc), EXIT_USAGE
+    return None
 
 
 def scheduler_host_port(address: str) -> tuple[str, int]:

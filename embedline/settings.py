@@ -33,10 +33,12 @@ __all__ = [
     "LOCAL_MODEL_NAMES",
     "NO_API_KEY_MESSAGE",
     "PARAMETER_FIELDS",
+    "LOCAL_CLUSTER_CLASSES",
     "RunSettings",
     "batch_options_without_batch_api",
     "codec_for",
     "option_description",
+    "remote_dask",
     "validation_message",
 ]
 
@@ -131,6 +133,45 @@ _BOUNDS = {
     "greater_than": ("must be greater than", "gt"),
     "less_than": ("must be less than", "lt"),
 }
+
+
+#: ``module.Class`` (dotted Python identifiers): ``--dask-cluster-class``.
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+#: Cluster classes whose workers run on this machine (the output may be a local directory).
+LOCAL_CLUSTER_CLASSES = frozenset(
+    {"distributed.LocalCluster", "distributed.deploy.local.LocalCluster", "dask.distributed.LocalCluster"}
+)
+
+#: Keys of ``--dask-cluster-kwargs`` that name a secret (refused: parameters are stored).
+_SECRET_KEY = re.compile(r"password|passwd|secret|token|api_?key|credential|private_?key", re.I)
+
+
+def remote_dask(settings: RunFields) -> bool:
+    """Whether the run's chunk tasks run on other machines: a Dask cluster by address, or
+    started from a cluster class other than distributed's ``LocalCluster``."""
+    cluster_class = settings.dask_cluster_class
+    return bool(settings.dask_address) or (
+        cluster_class is not None and cluster_class not in LOCAL_CLUSTER_CLASSES
+    )
+
+
+def _secret_key(value: object) -> str | None:
+    """The first key of a JSON value (nested objects and lists included) that names a
+    secret, or None."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if _SECRET_KEY.search(str(key)):
+                return str(key)
+            found = _secret_key(item)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for item in value:
+            found = _secret_key(item)
+            if found is not None:
+                return found
+    return None
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -273,13 +314,55 @@ class RunSettings(RunFields):
         return self
 
     @model_validator(mode="after")
-    def _remote_workers_need_shared_storage(self) -> RunSettings:
-        if self.task_runner == "dask" and self.dask_address and "://" not in self.output:
+    def _one_dask_cluster(self) -> RunSettings:
+        """A cluster is named once (an address, or a class to start), for the dask runner;
+        kwargs go with a class."""
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in ("dask_address", "dask_cluster_class", "dask_cluster_kwargs")
+            if getattr(self, name) is not None
+        ]
+        if given and self.task_runner != "dask":
+            raise ValueError(f"{given[0]} needs --task-runner dask")
+        if self.dask_address and self.dask_cluster_class:
             raise ValueError(
-                "with --dask-address the chunk tasks run on other machines, which cannot "
-                f"write to the local directory {self.output!r}: use an s3:// --output"
+                "give one Dask cluster: --dask-address (a running scheduler) or "
+                "--dask-cluster-class (a cluster the run starts), not both"
             )
+        if self.dask_cluster_kwargs is not None and not self.dask_cluster_class:
+            raise ValueError("--dask-cluster-kwargs needs --dask-cluster-class")
         return self
+
+    @model_validator(mode="after")
+    def _remote_workers_need_shared_storage(self) -> RunSettings:
+        if self.task_runner != "dask" or "://" in self.output or not remote_dask(self):
+            return self
+        option = "--dask-address" if self.dask_address else "--dask-cluster-class"
+        raise ValueError(
+            f"with {option} the chunk tasks run on other machines, which cannot "
+            f"write to the local directory {self.output!r}: use an s3:// --output"
+        )
+
+    @field_validator("dask_cluster_class")
+    @classmethod
+    def _import_path(cls, value: str | None) -> str | None:
+        if value is not None and not _IMPORT_PATH.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not an import path of a class (module.Class, e.g. "
+                "dask_kubernetes.operator.KubeCluster)"
+            )
+        return value
+
+    @field_validator("dask_cluster_kwargs")
+    @classmethod
+    def _no_secret_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        secret = _secret_key(value) if value is not None else None
+        if secret is not None:
+            raise ValueError(
+                f"{secret!r} looks like a secret, which would be stored in the flow run's "
+                "parameters: set it in the environment the cluster class reads instead"
+            )
+        return value
 
     @field_validator("encoding")
     @classmethod
