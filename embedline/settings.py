@@ -157,11 +157,16 @@ def remote_dask(settings: RunFields) -> bool:
 
 
 def _secret_key(value: object) -> str | None:
-    """The first key of a JSON value (nested objects and lists included) that names a
-    secret, or None."""
+    """The first name of a secret given a literal value in a JSON value (nested objects and
+    lists included): a key that names a secret with a string or number under it, or a
+    Kubernetes ``{"name": NAME, "value": …}`` pair whose NAME does; None if there is none. A
+    secret named with an object under it (``secretKeyRef``: a reference) is not a value."""
     if isinstance(value, dict):
+        name = value.get("name")
+        if isinstance(name, str) and "value" in value and _SECRET_KEY.search(name):
+            return name
         for key, item in value.items():
-            if _SECRET_KEY.search(str(key)):
+            if isinstance(item, (str, int, float)) and _SECRET_KEY.search(str(key)):
                 return str(key)
             found = _secret_key(item)
             if found is not None:
