@@ -31,6 +31,7 @@ from embedline.settings import (
     NO_API_KEY_MESSAGE,
     RunSettings,
     batch_options_without_batch_api,
+    remote_dask,
     validation_message,
 )
 from embedline.shutdown import STOP
@@ -134,6 +135,9 @@ def embed_csv(
         return _final(
             Run.refused(2, "input_error", f"invalid parameters: {validation_message(exc)}")
         )
+    problem = _cluster_problem(settings)
+    if problem:
+        return _final(Run.refused(2, "input_error", problem))
     if settings.dry_run:  # nothing sent: no API key needed
         return _dry_run(settings)
     problem = _api_key_problem(settings)
@@ -172,6 +176,25 @@ def _dry_run(settings: RunSettings) -> State[Any]:
         estimate.markdown(), key="embedline-estimate", description="embedline dry run"
     )
     return Completed(message=estimate.lines()[0], data=estimate.to_dict())
+
+
+#: The module this flow is imported as when its tasks can run on other machines.
+_MODULE = "flows.embed_csv"
+
+
+def _cluster_problem(settings: RunSettings) -> str | None:
+    """Why this flow cannot send its chunk tasks to a Dask cluster on other machines, or
+    None: Prefect loads a deployment's file entrypoint (``flows/embed_csv.py:embed_csv``) as
+    a module named after the file (``embed_csv``), and the tasks it sends refer to that
+    module, which the scheduler and the workers cannot import (every chunk would fail there
+    with ``No module named 'embed_csv'``)."""
+    if __name__ == _MODULE or settings.task_runner != "dask" or not remote_dask(settings):
+        return None
+    return (
+        f"this flow was loaded from its file as module {__name__!r}, which a Dask cluster "
+        "on other machines cannot import: deploy it with the entrypoint "
+        f"{_MODULE}.embed_csv (as embedline deployment writes it)"
+    )
 
 
 def _api_key_problem(settings: RunSettings) -> str | None:
