@@ -314,7 +314,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         dest="dask_cluster_kwargs",
         flags=("--dask-cluster-kwargs",),
-        help="keyword arguments of --dask-cluster-class, a JSON object, e.g. '{\"n_workers\": 4, \"image\": \"embedline:1\"}'; no secrets (a key named like a password, token or key is refused) (default: none)",
+        help="keyword arguments of --dask-cluster-class, a JSON object, e.g. '{\"n_workers\": 4, \"image\": \"embedline:1\"}'; no secrets: a key naming a password, token, secret or API key with a value under it is refused (default: none)",
         type="json_object",
         metavar="JSON",
     ),

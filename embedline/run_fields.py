@@ -393,8 +393,8 @@ class RunFields(BaseModel):
         default=None,
         description=(
             "keyword arguments of --dask-cluster-class, a JSON object, e.g. "
-            "'{\"n_workers\": 4, \"image\": \"embedline:1\"}'; no secrets (a key named like "
-            "a password, token or key is refused) (default: none)"
+            '\'{"n_workers": 4, "image": "embedline:1"}\'; no secrets: a key naming a '
+            "password, token, secret or API key with a value under it is refused (default: none)"
         ),
     )
     # a vector store to load the committed run into (docs/reference/sinks.md)

@@ -29,14 +29,15 @@ from embedline.template import (
 __all__ = [
     "BATCH_API_OPTIONS",
     "DEFAULT_MODELS",
+    "LOCAL_CLUSTER_CLASSES",
     "LOCAL_DIMENSIONS",
     "LOCAL_MODEL_NAMES",
     "NO_API_KEY_MESSAGE",
     "PARAMETER_FIELDS",
-    "LOCAL_CLUSTER_CLASSES",
     "RunSettings",
     "batch_options_without_batch_api",
     "codec_for",
+    "dask_cluster_problem",
     "option_description",
     "remote_dask",
     "validation_message",
@@ -140,11 +141,55 @@ _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 #: Cluster classes whose workers run on this machine (the output may be a local directory).
 LOCAL_CLUSTER_CLASSES = frozenset(
-    {"distributed.LocalCluster", "distributed.deploy.local.LocalCluster", "dask.distributed.LocalCluster"}
+    {
+        "distributed.LocalCluster",
+        "distributed.deploy.local.LocalCluster",
+        "dask.distributed.LocalCluster",
+    }
 )
 
 #: Keys of ``--dask-cluster-kwargs`` that name a secret (refused: parameters are stored).
 _SECRET_KEY = re.compile(r"password|passwd|secret|token|api_?key|credential|private_?key", re.I)
+
+
+def dask_cluster_problem(settings: RunFields) -> str | None:
+    """Why the Dask cluster options of ``settings`` cannot make one cluster, or None: a
+    cluster named without the dask runner, both an address and a class, kwargs without a
+    class, a class that is not an import path, a secret in the kwargs (parameters are
+    stored), or workers on other machines with a local output."""
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("dask_address", "dask_cluster_class", "dask_cluster_kwargs")
+        if getattr(settings, name) is not None
+    ]
+    if given and settings.task_runner != "dask":
+        return f"{given[0]} needs --task-runner dask"
+    if settings.dask_address and settings.dask_cluster_class:
+        return (
+            "give one Dask cluster: --dask-address (a running scheduler) or "
+            "--dask-cluster-class (a cluster the run starts), not both"
+        )
+    kwargs, cluster_class = settings.dask_cluster_kwargs, settings.dask_cluster_class
+    if kwargs is not None and not cluster_class:
+        return "--dask-cluster-kwargs needs --dask-cluster-class"
+    if cluster_class is not None and not _IMPORT_PATH.fullmatch(cluster_class):
+        return (
+            f"--dask-cluster-class: {cluster_class!r} is not an import path of a class "
+            "(module.Class, e.g. dask_kubernetes.operator.KubeCluster)"
+        )
+    secret = _secret_key(kwargs) if kwargs is not None else None
+    if secret is not None:
+        return (
+            f"--dask-cluster-kwargs: {secret!r} looks like a secret, which would be stored in "
+            "the flow run's parameters: set it in the environment the cluster class reads instead"
+        )
+    if settings.task_runner == "dask" and "://" not in settings.output and remote_dask(settings):
+        option = "--dask-address" if settings.dask_address else "--dask-cluster-class"
+        return (
+            f"with {option} the chunk tasks run on other machines, which cannot "
+            f"write to the local directory {settings.output!r}: use an s3:// --output"
+        )
+    return None
 
 
 def remote_dask(settings: RunFields) -> bool:
@@ -319,55 +364,11 @@ class RunSettings(RunFields):
         return self
 
     @model_validator(mode="after")
-    def _one_dask_cluster(self) -> RunSettings:
-        """A cluster is named once (an address, or a class to start), for the dask runner;
-        kwargs go with a class."""
-        given = [
-            f"--{name.replace('_', '-')}"
-            for name in ("dask_address", "dask_cluster_class", "dask_cluster_kwargs")
-            if getattr(self, name) is not None
-        ]
-        if given and self.task_runner != "dask":
-            raise ValueError(f"{given[0]} needs --task-runner dask")
-        if self.dask_address and self.dask_cluster_class:
-            raise ValueError(
-                "give one Dask cluster: --dask-address (a running scheduler) or "
-                "--dask-cluster-class (a cluster the run starts), not both"
-            )
-        if self.dask_cluster_kwargs is not None and not self.dask_cluster_class:
-            raise ValueError("--dask-cluster-kwargs needs --dask-cluster-class")
+    def _one_usable_dask_cluster(self) -> RunSettings:
+        problem = dask_cluster_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         return self
-
-    @model_validator(mode="after")
-    def _remote_workers_need_shared_storage(self) -> RunSettings:
-        if self.task_runner != "dask" or "://" in self.output or not remote_dask(self):
-            return self
-        option = "--dask-address" if self.dask_address else "--dask-cluster-class"
-        raise ValueError(
-            f"with {option} the chunk tasks run on other machines, which cannot "
-            f"write to the local directory {self.output!r}: use an s3:// --output"
-        )
-
-    @field_validator("dask_cluster_class")
-    @classmethod
-    def _import_path(cls, value: str | None) -> str | None:
-        if value is not None and not _IMPORT_PATH.fullmatch(value):
-            raise ValueError(
-                f"{value!r} is not an import path of a class (module.Class, e.g. "
-                "dask_kubernetes.operator.KubeCluster)"
-            )
-        return value
-
-    @field_validator("dask_cluster_kwargs")
-    @classmethod
-    def _no_secret_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        secret = _secret_key(value) if value is not None else None
-        if secret is not None:
-            raise ValueError(
-                f"{secret!r} looks like a secret, which would be stored in the flow run's "
-                "parameters: set it in the environment the cluster class reads instead"
-            )
-        return value
 
     @field_validator("encoding")
     @classmethod

@@ -77,9 +77,7 @@ def test_its_command_exists_once_installed() -> None:
 
 def test_its_workers_start_without_the_profiler() -> None:
     env = dict(
-        re.findall(
-            r"(\w+)=(\S+)", " ".join(args for op, args in _instructions() if op == "ENV")
-        )
+        re.findall(r"(\w+)=(\S+)", " ".join(args for op, args in _instructions() if op == "ENV"))
     )
     setting = env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"]
     read = subprocess.run(

@@ -37,7 +37,10 @@ def test_a_cluster_class_and_its_kwargs_are_run_settings() -> None:
         dask_cluster_kwargs={"n_workers": 4, "image": "embedline:1"},
     )
     assert remote_dask(settings)
-    assert settings.to_parameters()["dask_cluster_kwargs"] == {"n_workers": 4, "image": "embedline:1"}
+    assert settings.to_parameters()["dask_cluster_kwargs"] == {
+        "n_workers": 4,
+        "image": "embedline:1",
+    }
     local = RunSettings(
         input="in.csv", task_runner="dask", dask_cluster_class="distributed.LocalCluster"
     )
