@@ -9,7 +9,9 @@ bridge, as servers on a network do.
 - The ``embed-csv/cluster-address`` sample of ``deployments/prefect.yaml``, deployed to a
   Prefect server bound to the bridge and run by a process worker with the scheduler's
   address: input and output on S3, every vector exact, each distinct text charged once, the
-  chunks run by both workers. Slow (about a minute: a Prefect server of its own, a cluster).
+  chunks run by both workers; the same run deployed by file (the ``manual`` sample) is
+  refused in one line, nothing sent. Slow (over two minutes here: a Prefect server of its
+  own, a cluster, two flow runs).
 
 Skipped with the reason ``ip`` gives where namespaces cannot be made (not root, a container
 without CAP_SYS_ADMIN).
@@ -337,10 +339,30 @@ def test_a_deployment_drives_a_cluster_of_separate_machines_exactly_once(
         assert match, started
         run = _wait_terminal(api, match.group(1), logs)
         messages = _flow_logs(api, match.group(1))
+        assert run["state_type"] == "COMPLETED", f"{run['state_name']}:\n{_tails(logs)}"
+        assert any("task runner ready: dask, 2 workers" in m for m in messages), messages
+        charged_once = services.fake.charged_texts()
+
+        # the same run from a deployment by file (the manual sample): refused in one line
+        _prefect(
+            api,
+            "--no-prompt",
+            "deploy",
+            "--prefect-file",
+            "deployments/prefect.yaml",
+            "--name",
+            "manual",
+        )
+        by_file = {**params, "output": "s3://cluster/by-file"}
+        started = _prefect(api, "deployment", "run", "embed-csv/manual", *param_arguments(by_file))
+        match = re.search(r"UUID: ([0-9a-f-]{36})", started)
+        assert match, started
+        refused = _wait_terminal(api, match.group(1), logs)
     finally:
         stop_prefect_worker(worker)
-    assert run["state_type"] == "COMPLETED", f"{run['state_name']}:\n{_tails(logs)}"
-    assert any("task runner ready: dask, 2 workers" in m for m in messages), messages
+    assert refused["state_type"] == "FAILED"
+    assert "loaded from its file as module 'embed_csv'" in refused["state"]["message"]
+    assert services.fake.charged_texts() == charged_once  # nothing sent
 
     # ── every vector exact, each distinct text paid once, both machines worked ───────────
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="cluster", Prefix="out/")["Contents"]]

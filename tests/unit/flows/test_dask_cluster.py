@@ -118,5 +118,26 @@ def test_a_flow_loaded_from_its_file_refuses_a_remote_cluster() -> None:
     assert "flows.embed_csv.embed_csv" in problem
     assert by_file._cluster_problem(_settings()) is None  # a local cluster: its own process
 
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     by_module = importlib.import_module("flows.embed_csv")  # what the module entrypoint loads
-    assert by_module._cluster_problem(remote) is None
+    with temporary_settings({PREFECT_API_URL: "http://10.0.0.4:4200/api"}):
+        assert by_module._cluster_problem(remote) is None
+
+
+def test_a_deployment_s_flow_refuses_a_loopback_prefect_api_for_a_remote_cluster() -> None:
+    """A deployment's flow run, which no CLI checked: workers on other machines cannot report
+    to a Prefect API on the flow's loopback (every chunk would fail there)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    flow_module = importlib.import_module("flows.embed_csv")
+    remote = _settings(dask_address="tcp://10.0.0.5:8786")
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        problem = flow_module._cluster_problem(remote)
+        assert problem.startswith("--dask-address tcp://10.0.0.5:8786: PREFECT_API_URL is on")
+        started = flow_module._cluster_problem(_settings(dask_cluster_class="coiled.Cluster"))
+        assert started.startswith("--dask-cluster-class coiled.Cluster: PREFECT_API_URL is on")
+        here = _settings(dask_address="tcp://127.0.0.1:8786")  # its workers run here
+        assert flow_module._cluster_problem(here) is None
+    with temporary_settings({PREFECT_API_URL: "http://10.0.0.4:4200/api"}):
+        assert flow_module._cluster_problem(remote) is None
