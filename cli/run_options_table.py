@@ -289,7 +289,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         dest="task_runner",
         flags=("--task-runner",),
-        help="where chunk tasks run: threads here, or Dask workers (a local cluster, which with no PREFECT_API_URL uses this run's temporary Prefect server; or the cluster at --dask-address)",
+        help="where chunk tasks run: threads here, or Dask workers (a local cluster, which with no PREFECT_API_URL uses this run's temporary Prefect server; the cluster at --dask-address; or one --dask-cluster-class starts)",
         default="threads",
         choices=("threads", "dask"),
     ),
@@ -305,6 +305,21 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         help="worker processes of the local Dask cluster (default: 2)",
         default=SUPPRESS,
         type="positive_int",
+    ),
+    RunOption(
+        dest="dask_cluster_class",
+        flags=("--dask-cluster-class",),
+        help="a Dask cluster class the run starts and closes, by import path, e.g. dask_kubernetes.operator.KubeCluster or coiled.Cluster; importable where the flow runs; its workers need what --dask-address's do (default: a local cluster)",
+        default=SUPPRESS,
+        metavar="CLASS",
+    ),
+    RunOption(
+        dest="dask_cluster_kwargs",
+        flags=("--dask-cluster-kwargs",),
+        help="keyword arguments of --dask-cluster-class, a JSON object, e.g. '{\"n_workers\": 4, \"image\": \"embedline:1\"}'; no secrets: a key naming a password, token, secret or API key with a value under it is refused (default: none)",
+        default=SUPPRESS,
+        type="json_object",
+        metavar="JSON",
     ),
     RunOption(
         dest="sink",

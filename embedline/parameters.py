@@ -95,6 +95,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "task_runner",
             "dask_address",
             "dask_workers",
+            "dask_cluster_class",
+            "dask_cluster_kwargs",
         ),
     ),
     (

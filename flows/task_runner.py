@@ -1,5 +1,6 @@
 """The ``embed-csv`` flow's task runner: threads in the flow's process, or Dask workers (a
-local cluster the flow starts, or a running one at ``dask_address``)."""
+local cluster the flow starts, a running one at ``dask_address``, or one prefect-dask starts
+from ``dask_cluster_class`` and ``dask_cluster_kwargs``)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,11 @@ _log = logging.getLogger(__name__)
 def task_runner(settings: RunSettings, window: int) -> Any:
     """The Prefect task runner for ``settings.task_runner``: a ``ThreadPoolTaskRunner`` of
     ``window`` threads, or a ``DaskTaskRunner`` (``window`` threads spread over
-    ``settings.dask_workers`` worker processes of a local cluster).
+    ``settings.dask_workers`` worker processes of a local cluster; the scheduler at
+    ``dask_address``; or ``dask_cluster_class(**dask_cluster_kwargs)``, which sizes itself).
 
-    :raises InputError: ``dask`` without prefect-dask installed.
+    :raises InputError: ``dask`` without prefect-dask installed; a cluster class that does not
+        import.
     """
     if settings.task_runner == "threads":
         return ThreadPoolTaskRunner(max_workers=window)
@@ -46,6 +49,13 @@ def task_runner(settings: RunSettings, window: int) -> Any:
     _quiet_scheduler_loss()
     if settings.dask_address:
         return DaskTaskRunner(address=settings.dask_address)
+    if settings.dask_cluster_class:
+        from flows.dask_cluster import cluster_class
+
+        return DaskTaskRunner(
+            cluster_class=cluster_class(settings.dask_cluster_class),
+            cluster_kwargs=dict(settings.dask_cluster_kwargs or {}),
+        )
     _no_worker_profiler()
     _close_clusters_quietly_at_exit()
     STOP.on_first_interrupt(_silence_dask)

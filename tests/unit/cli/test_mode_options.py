@@ -29,7 +29,16 @@ from embedline.settings import MODE_OPTIONS, RunSettings, options_without_their_
                 "--dask-workers",
                 "2",
             ],
-            "the cluster at --dask-address has its own workers (drop --dask-workers)",
+            "the cluster of --dask-address has its own workers (drop --dask-workers)",
+        ),
+        (
+            ["--task-runner", "dask", "--dask-cluster-class", "distributed.LocalCluster"]
+            + ["--dask-workers", "3"],
+            "the cluster of --dask-cluster-class has its own workers (drop --dask-workers)",
+        ),
+        (
+            ["--dask-cluster-kwargs", '{"n_workers": 2}'],
+            "argument --dask-cluster-kwargs: needs --task-runner dask",
         ),
     ],
     ids=[
@@ -37,6 +46,8 @@ from embedline.settings import MODE_OPTIONS, RunSettings, options_without_their_
         "address-without-dask",
         "batch-without-batch-api",
         "workers-with-address",
+        "workers-with-class",
+        "kwargs-without-dask",
     ],
 )
 def test_an_option_its_mode_would_not_read_is_refused_in_one_line(
