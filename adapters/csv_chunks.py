@@ -12,8 +12,10 @@ import io
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from adapters.csv_format import CsvFormat
-from adapters.csv_lines import NeedsLineReader
+from adapters.csv_lines import NeedsLineReader, block_decodable
 from adapters.csv_records import open_lines, read_records
 from adapters.input_source import InputFile, open_input
 from embedline.errors import InputError
@@ -64,7 +66,7 @@ def _delta_rows(source: InputSource, spec: ChunkSpec, opened: InputFile) -> list
             )
             start = part.byte_start - span[0].byte_start
             part_bytes = data[start : start + part.byte_stop - part.byte_start]
-            rows.extend(_planned_rows(source, planned, part_bytes, positions=part.positions))
+            rows.extend(_planned_rows(source, planned, part_bytes, part=part))
     if len(rows) != spec.rows:
         raise InputError(
             f"chunk {spec.index} holds {len(rows)} records, the plan said {spec.rows}",
@@ -88,12 +90,12 @@ def _spans(parts: Sequence[ChunkPart]) -> Iterator[list[ChunkPart]]:
 
 
 def _planned_rows(
-    source: InputSource, spec: ChunkSpec, data: bytes, positions: Sequence[int] | None = None
+    source: InputSource, spec: ChunkSpec, data: bytes, part: ChunkPart | None = None
 ) -> list[Row]:
     """The ``spec.rows`` records of a planned chunk whose bytes are ``data``, checked against
-    the plan's SHA-256; with ``positions`` (ascending), only the rows at those positions,
-    parsed no further than the last (the bytes' SHA-256 already says they are the planned
-    ones)."""
+    the plan's SHA-256; with ``part``, only the rows at its positions (the bytes' SHA-256
+    already says they are the planned ones): each parsed alone from the lines planning saw
+    it on (``_rows_on_lines``), or the chunk parsed no further than the last."""
     if hashlib.sha256(data).hexdigest() != spec.bytes_sha256:
         raise InputError(
             f"the input changed while the run read it (chunk {spec.index}, bytes "
@@ -101,6 +103,9 @@ def _planned_rows(
             path=source.path,
             line=spec.line_start,
         )
+    if part is not None and part.lines and block_decodable(source.encoding, source.newline):
+        return _rows_on_lines(source, spec, data, part)
+    positions = part.positions if part is not None else None
     try:
         rows = _chunk_rows(source, spec, data, fast=True, positions=positions)
     except NeedsLineReader:  # undecodable bytes: the line reader names the line
@@ -112,6 +117,37 @@ def _planned_rows(
             path=source.path,
             line=spec.line_start,
         )
+    return rows
+
+
+def _rows_on_lines(source: InputSource, spec: ChunkSpec, data: bytes, part: ChunkPart) -> list[Row]:
+    """The rows at ``part``'s positions of the planned chunk ``spec`` (bytes ``data``), each
+    parsed from its own lines (``part.lines`` to ``part.last_lines``, found by counting
+    ``\n`` bytes: an input ``block_decodable`` reads lines so)."""
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A)
+    rows: list[Row] = []
+    for position, line, last_line in zip(part.positions, part.lines, part.last_lines, strict=True):
+        first, last = line - spec.line_start, last_line - spec.line_start
+        start = int(ends[first - 1]) + 1 if first > 0 else 0
+        stop = int(ends[last]) + 1 if last < len(ends) else len(data)
+        record = replace(
+            spec,
+            first_row=spec.first_row + position,
+            line_start=line,
+            byte_start=spec.byte_start + start,
+        )
+        try:
+            read = _chunk_rows(source, record, data[start:stop], fast=True)
+        except NeedsLineReader:
+            read = _chunk_rows(source, record, data[start:stop], fast=False)
+        if len(read) != 1:
+            raise InputError(
+                f"chunk {spec.index}: lines {line}-{last_line} hold {len(read)} records, "
+                "planning read one",
+                path=source.path,
+                line=line,
+            )
+        rows.append(read[0])
     return rows
 
 

@@ -291,6 +291,8 @@ _INPUT_SCHEMA = pa.schema(
         ("utf8_bytes", pa.int32()),
         ("empty", pa.bool_()),
         ("kept_sha256", pa.string()),
+        ("line", pa.int64()),
+        ("last_line", pa.int64()),
         ("chunk", pa.int32()),
         ("position", pa.int32()),
     ]
@@ -457,10 +459,13 @@ def _parts(plan: InputPlan, rows: pa.Table) -> list[ChunkPart]:
     """The planned chunks ``rows`` (in input order) come from, with their positions."""
     chunks = rows.column("chunk").to_numpy()
     positions = rows.column("position").to_numpy()
+    lines, last_lines = rows.column("line"), rows.column("last_line")
+    known = lines.null_count == 0 and last_lines.null_count == 0
     cuts = np.flatnonzero(np.diff(chunks)) + 1
     parts = []
     for chunk_rows_at in np.split(np.arange(len(chunks)), cuts):
         planned = plan.chunks[int(chunks[chunk_rows_at[0]])]
+        at = pa.array(chunk_rows_at)
         parts.append(
             ChunkPart(
                 first_row=planned.first_row,
@@ -470,6 +475,8 @@ def _parts(plan: InputPlan, rows: pa.Table) -> list[ChunkPart]:
                 byte_stop=planned.byte_stop,
                 bytes_sha256=planned.bytes_sha256,
                 positions=tuple(int(p) for p in positions[chunk_rows_at]),
+                lines=tuple(lines.take(at).to_pylist()) if known else (),
+                last_lines=tuple(last_lines.take(at).to_pylist()) if known else (),
             )
         )
     return parts

@@ -121,50 +121,73 @@ def test_an_id_a_previous_delta_rewrote_is_looked_up_in_its_live_object_only(
     assert found.drops == {0: ["id7"]}
 
 
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("lines_known", [True, False])
 def test_a_delta_chunk_reads_its_scattered_rows_a_span_at_a_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, newline: str, lines_known: bool
 ) -> None:
-    """A delta chunk's rows, taken from planned chunks all through the input, equal the
-    planned chunks' rows at those positions, however many spans it reads; bytes changed
-    since planning are refused."""
+    """A delta chunk's rows, taken from planned chunks all through the input (records over
+    several lines, blank lines between), equal the planned chunks' rows at those positions,
+    parsed alone from the lines planning saw them on or up to the last position, however
+    many spans it reads; bytes changed since planning are refused."""
     from dataclasses import replace
 
     from adapters import csv_chunks
+    from adapters.row_facts import chunk_rows
     from embedline.errors import InputError
     from embedline.models import ChunkPart
 
-    rows = [(f"id{i}", f'text "{i}", with, commas\nand a line') for i in range(70)]
+    rows = [(f"id{i}", f'text "{i}", with, commas{newline}and a line') for i in range(70)]
     path = tmp_path / "in.csv"
-    path.write_text(
-        "id,text\n" + "".join(f'{i},"{t.replace(chr(34), 2 * chr(34))}"\n' for i, t in rows),
-        encoding="utf-8",
+    body = "".join(
+        f'{i},"{t.replace(chr(34), 2 * chr(34))}"{newline}' + (newline if n % 4 == 1 else "")
+        for n, (i, t) in enumerate(rows)
     )
+    path.write_bytes(f"id,text{newline}{body}".encode())
     plan = plan_csv(
         path, id_column="id", text_column="text", codec="utf-8", chunk_size=7, model="m",
-        dimensions=8,
+        dimensions=8, scratch_root=str(tmp_path),
     )  # fmt: skip
-    taken = {0: (0, 3), 2: (6,), 3: (1, 2, 5), 9: (4,)}
-    parts = tuple(
-        ChunkPart(
-            first_row=c.first_row,
-            line_start=c.line_start,
-            rows=c.rows,
-            byte_start=c.byte_start,
-            byte_stop=c.byte_stop,
-            bytes_sha256=c.bytes_sha256,
-            positions=taken[c.index],
+    taken = {0: (0, 3), 2: (6,), 3: (1, 2, 5), 9: (4, 6)}
+    parts = []
+    for c in plan.chunks:
+        if c.index not in taken:
+            continue
+        facts = chunk_rows(str(plan.scratch), c.index)
+        at = list(taken[c.index])
+        parts.append(
+            ChunkPart(
+                first_row=c.first_row,
+                line_start=c.line_start,
+                rows=c.rows,
+                byte_start=c.byte_start,
+                byte_stop=c.byte_stop,
+                bytes_sha256=c.bytes_sha256,
+                positions=taken[c.index],
+                lines=tuple(facts.column("line").take(at).to_pylist()) if lines_known else (),
+                last_lines=tuple(facts.column("last_line").take(at).to_pylist())
+                if lines_known
+                else (),
+            )
         )
-        for c in plan.chunks
-        if c.index in taken
-    )
     spec = replace(
         plan.chunks[0],
         rows=sum(len(p) for p in taken.values()),
         byte_stop=parts[-1].byte_stop,
-        parts=parts,
+        parts=tuple(parts),
     )
     whole = {i: csv_chunks.read_chunk(plan.source, plan.chunks[i]) for i in taken}
     expected = [whole[i][p] for i, at in taken.items() for p in at]
+    assert [r.id for r in expected] == [
+        "id0",
+        "id3",
+        "id20",
+        "id22",
+        "id23",
+        "id26",
+        "id67",
+        "id69",
+    ]
     for span_bytes in (1 << 30, 200, 1):
         monkeypatch.setattr(csv_chunks, "_SPAN_BYTES", span_bytes)
         assert csv_chunks.read_chunk(plan.source, spec) == expected
