@@ -1,7 +1,7 @@
 """Reading one chunk of a planned CSV input: seek to its byte range, check the bytes against
 the plan's SHA-256, parse its records into ``Row``s. A chunk never reads another's bytes; a
 delta chunk reads the planned chunks it takes rows from, a span of at most 16 MiB at a time,
-and builds only the rows it takes. Records are split as
+and parses only the records it takes, from the lines planning saw them on. Records are split as
 planning split them (``InputSource.quoting``) and texts composed and normalized alike
 (``InputSource.text_of``)."""
 

@@ -9,11 +9,12 @@ the pass, and both grow with the row count, so with a scratch directory
 - for every non-empty text, the 64-bit prefix of its SHA-256 with its chunk index and its
   position in the chunk (``ROW_DTYPE``): the reuse stage joins them against the reuse index
   and finds in-run duplicates without reading the input again (``tasks/reuse/row_sources.py``);
-- every row's id, text SHA-256, UTF-8 length, emptiness and kept-values hash, one Arrow
-  record batch per chunk in ``chunks.arrow`` (``chunk_rows``): a chunk whose every row the
-  reuse stage copied is published from these without parsing the input a second time
-  (``tasks/reuse/copied_chunk.py``); a delta night compares them with its base's
-  (``tasks/plan/delta.py``).
+- every row's id, text SHA-256, UTF-8 length, emptiness, kept-values hash and the physical
+  lines its record starts and ends on, one Arrow record batch per chunk in ``chunks.arrow``
+  (``chunk_rows``): a chunk whose every row the reuse stage copied is published from these
+  without parsing the input a second time (``tasks/reuse/copied_chunk.py``); a delta night
+  compares them with its base's (``tasks/plan/delta.py``), and its chunks parse only their
+  own records, found by those lines (``adapters/csv_chunks.py``).
 
 Without a scratch directory (tools and tests that only plan), the id digests stay in memory,
 8 bytes a row, and nothing else is kept.
