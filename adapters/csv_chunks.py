@@ -48,8 +48,8 @@ _SPAN_BYTES = 16 << 20
 
 def _delta_rows(source: InputSource, spec: ChunkSpec, opened: InputFile) -> list[Row]:
     """The rows of a delta chunk (``spec.parts``): the parts' bytes read a span at a time
-    (``_SPAN_BYTES``), each part's bytes checked as its planned chunk's and parsed up to the
-    last position it takes; only the rows taken are built (their texts composed and hashed)."""
+    (``_SPAN_BYTES``), each part's bytes checked as its planned chunk's, then only the
+    records it takes parsed (``_planned_rows`` with the part)."""
     rows: list[Row] = []
     for span in _spans(spec.parts):
         data = opened.read_range(span[0].byte_start, span[-1].byte_stop)
