@@ -32,8 +32,14 @@ from embedline.settings import MODE_OPTIONS, RunSettings, options_without_their_
             "the cluster of --dask-address has its own workers (drop --dask-workers)",
         ),
         (
-            ["--task-runner", "dask", "--dask-cluster-class", "distributed.LocalCluster"]
-            + ["--dask-workers", "3"],
+            [
+                "--task-runner",
+                "dask",
+                "--dask-cluster-class",
+                "distributed.LocalCluster",
+                "--dask-workers",
+                "3",
+            ],
             "the cluster of --dask-cluster-class has its own workers (drop --dask-workers)",
         ),
         (
