@@ -21,8 +21,11 @@ PGBOUNCER_STAMP := $(VENV)/.pgbouncer
 # Chromium (Debian package chromium, apt-get as root) for the test that renders the Prefect
 # UI's artifacts headless.
 CHROMIUM_STAMP := $(VENV)/.chromium
+# iproute2's ip (Debian package iproute2, apt-get as root) for the tests that run a Dask
+# cluster across network namespaces (tests/support/netns.py).
+IPROUTE2_STAMP := $(VENV)/.iproute2
 TEST_SERVERS := $(MINISTACK_STAMP) $(S3RVER_STAMP) $(FAKETIME_STAMP) $(PGBOUNCER_STAMP) \
-	$(CHROMIUM_STAMP)
+	$(CHROMIUM_STAMP) $(IPROUTE2_STAMP)
 
 .PHONY: demo test test-ready test-unit test-all test-real-servers bench bench-scale docs lint clean
 
@@ -95,6 +98,10 @@ $(PGBOUNCER_STAMP): tests/support/pgbouncer/install.sh | $(FAKETIME_STAMP)
 $(CHROMIUM_STAMP): tests/support/chromium/install.sh | $(PGBOUNCER_STAMP)
 	tests/support/chromium/install.sh
 	mkdir -p $(VENV) && touch $(CHROMIUM_STAMP)
+
+$(IPROUTE2_STAMP): tests/support/iproute2/install.sh | $(CHROMIUM_STAMP)
+	tests/support/iproute2/install.sh
+	mkdir -p $(VENV) && touch $(IPROUTE2_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py

@@ -90,6 +90,8 @@ class _Planner:
         self.sizes: array[int] = array("i")  # UTF-8 bytes of each text
         self.empties: list[int] = []  # positions of empty or whitespace-only texts
         self.kept: list[str] = []  # kept_sha256 of each row (with kept columns)
+        self.lines: array[int] = array("q")  # the physical line where each record starts
+        self.last_lines: array[int] = array("q")  # and where it ends
         self._facts = facts
         self._lines = lines
         self._open(byte_start=0, line_start=1, first_row=1)
@@ -130,9 +132,16 @@ class _Planner:
             )
         )
         self._facts.add_chunk(
-            index, self.ids, self.hashes, self.sizes, self.empties, self.kept or None
+            index,
+            self.ids,
+            self.hashes,
+            self.sizes,
+            self.empties,
+            self.kept or None,
+            (self.lines, self.last_lines),
         )
-        for rows in (self.ids, self.hashes, self.sizes, self.empties, self.kept):
+        held = (self.ids, self.hashes, self.sizes, self.empties, self.kept)
+        for rows in (*held, self.lines, self.last_lines):
             del rows[:]
 
 
@@ -327,6 +336,7 @@ def _plan_pass(
         text_index = None if template or normalize != "none" else header.text_index
         starts = header_starts(header)  # a record starting so may be the header again
         add_id, add_hash, add_size = planner.ids.append, planner.hashes.append, planner.sizes.append
+        add_line, add_last_line = planner.lines.append, planner.last_lines.append
         # The one per-record loop: all that planning does per row happens here, in order.
         # Calls and copies per row are avoided where a test answers (a million rows: each
         # costs about 0.1 s): row_id_of only words the error of an id that fails its rule.
@@ -343,6 +353,8 @@ def _plan_pass(
             add_id(row_id)
             add_hash(sha256(raw).hexdigest())  # keys.text_sha256, with the bytes kept
             add_size(len(raw))
+            add_line(line)
+            add_last_line(last_line)
             if text and not text.isspace():  # the rule of tasks.embed.rows (text.strip())
                 any_text = True
             else:

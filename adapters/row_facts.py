@@ -9,11 +9,12 @@ the pass, and both grow with the row count, so with a scratch directory
 - for every non-empty text, the 64-bit prefix of its SHA-256 with its chunk index and its
   position in the chunk (``ROW_DTYPE``): the reuse stage joins them against the reuse index
   and finds in-run duplicates without reading the input again (``tasks/reuse/row_sources.py``);
-- every row's id, text SHA-256, UTF-8 length, emptiness and kept-values hash, one Arrow
-  record batch per chunk in ``chunks.arrow`` (``chunk_rows``): a chunk whose every row the
-  reuse stage copied is published from these without parsing the input a second time
-  (``tasks/reuse/copied_chunk.py``); a delta night compares them with its base's
-  (``tasks/plan/delta.py``).
+- every row's id, text SHA-256, UTF-8 length, emptiness, kept-values hash and the physical
+  lines its record starts and ends on, one Arrow record batch per chunk in ``chunks.arrow``
+  (``chunk_rows``): a chunk whose every row the reuse stage copied is published from these
+  without parsing the input a second time (``tasks/reuse/copied_chunk.py``); a delta night
+  compares them with its base's (``tasks/plan/delta.py``), and its chunks parse only their
+  own records, found by those lines (``adapters/csv_chunks.py``).
 
 Without a scratch directory (tools and tests that only plan), the id digests stay in memory,
 8 bytes a row, and nothing else is kept.
@@ -43,6 +44,8 @@ _CHUNK_SCHEMA = pa.schema(
         ("utf8_bytes", pa.int32()),
         ("empty", pa.bool_()),
         ("kept_sha256", pa.string()),  # null without kept columns
+        ("line", pa.int64()),  # the physical lines where the record starts and ends
+        ("last_line", pa.int64()),  # (null when not known: a chunk the reuse stage read)
     ]
 )
 _ID_SHIFT = np.uint64(64 - 6)
@@ -75,12 +78,14 @@ class RowFacts:
         sizes: array[int],
         empties: list[int],
         kept: list[str] | None = None,
+        lines: tuple[array[int], array[int]] | None = None,
     ) -> None:
         """Chunk ``chunk``'s rows, in order: their ids, texts' hex SHA-256s and UTF-8 sizes,
-        the positions of the empty or whitespace-only texts (never reused nor sent) and, with
-        kept columns, each row's ``kept_sha256`` (a delta night compares them,
-        ``tasks/plan/delta.py``). The id digest of the duplicate check is computed here
-        (``id_digests``)."""
+        the positions of the empty or whitespace-only texts (never reused nor sent), with
+        kept columns each row's ``kept_sha256`` (a delta night compares them,
+        ``tasks/plan/delta.py``) and, from planning, the physical lines where each record
+        starts and ends (a delta chunk parses only its own records). The id digest of the
+        duplicate check is computed here (``id_digests``)."""
         self.count += len(ids)
         digests = id_digests(ids)
         if self._writer is None:
@@ -99,6 +104,11 @@ class RowFacts:
                     pa.array(sizes, pa.int32()),
                     pa.array(empty),
                     pa.array(kept, pa.string()) if kept else pa.nulls(len(ids), pa.string()),
+                    *(
+                        (pa.array(lines[0], pa.int64()), pa.array(lines[1], pa.int64()))
+                        if lines
+                        else (pa.nulls(len(ids), pa.int64()),) * 2
+                    ),
                 ],
                 schema=_CHUNK_SCHEMA,
             )

@@ -99,10 +99,13 @@ import json, resource, sys, time
 out = {"error": None}
 try:
     from cli.main import _parser
-    from cli.run import _settings_from
+    try:
+        from cli.run import settings_from
+    except ImportError:  # a checkout from before the rename
+        from cli.run import _settings_from as settings_from
     from adapters.csv_source import plan_csv
     args = _parser().parse_args(["run", *sys.argv[1:]])
-    settings = _settings_from(args)
+    settings = settings_from(args)
     wall, cpu = time.perf_counter(), time.process_time()
     plan = plan_csv(settings.input, **settings.plan_arguments)
     out.update(wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu,

@@ -11,6 +11,7 @@ __all__ = [
     "HELP_FORMATTER",
     "RunOption",
     "fraction",
+    "json_object",
     "non_negative_float",
     "non_negative_int",
     "positive_float",
@@ -112,3 +113,16 @@ def template_text(text: str) -> str:
     from embedline.template import unescape_cli
 
     return unescape_cli(text)
+
+
+def json_object(text: str) -> dict[str, object]:
+    """argparse type of ``--dask-cluster-kwargs``: a JSON object."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object {{...}}, got {text}")
+    return value

@@ -162,9 +162,10 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
     mode also the batches and what their half price saved."""
     price = summary.get("price_per_million_tokens")
     batch_tokens = int(summary.get("batch_tokens") or 0)
+    count = int(summary.get("batches") or 0)
     batches = (
-        f"batch      {summary.get('batches', 0):,} Batch API batches, {batch_tokens:,} "
-        "tokens at the batch price (half)"
+        f"batch      {plural(count, 'Batch API batch', 'Batch API batches')}, "
+        f"{batch_tokens:,} tokens at the batch price (half)"
     )
     if price is None:
         return [batches] if batch_tokens or summary.get("batches") else []
@@ -179,9 +180,10 @@ def cost_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plural(count: int, word: str) -> str:
-    """``1 request``, ``2 requests`` (thousands grouped)."""
-    return f"{count:,} {word}" + ("" if count == 1 else "s")
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 request``, ``2 requests`` (thousands grouped); ``words``: the plural where it is
+    not ``word`` + s (``batch``, ``batches``)."""
+    return f"{count:,} " + (word if count == 1 else words or f"{word}s")
 
 
 def _api_line(summary: dict[str, Any]) -> str:

@@ -1,23 +1,26 @@
-"""The checks of ``run --task-runner dask --dask-address ADDRESS`` before Prefect starts: the
-cluster's workers must reach the run's Prefect API (Prefect sends its URL with every task),
-and a scheduler must answer at ADDRESS. Each is one line and exit 2, in seconds, instead of
+"""The checks of ``run --task-runner dask --dask-address ADDRESS`` (or ``--dask-cluster-class
+CLASS``) before Prefect starts: the cluster's workers must reach the run's Prefect API
+(Prefect sends its URL with every task), a scheduler must answer at ADDRESS, and CLASS must
+import here. Each is one line and exit 2, in seconds, instead of
 every chunk failing on the workers with a traceback (or a 30 s wait for the scheduler)."""
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from cli.failures import EXIT_USAGE
+from embedline.reachable import prefect_api_problem
+
+if TYPE_CHECKING:
+    from embedline.settings import RunSettings
 
 __all__ = [
     "SCHEDULER_TIMEOUT_S",
+    "check_cluster_class",
     "check_dask_address",
-    "is_loopback",
-    "prefect_api_problem",
     "scheduler_host_port",
 ]
 
@@ -26,8 +29,6 @@ SCHEDULER_TIMEOUT_S = 5.0
 
 #: Address schemes of Dask's TCP-based comms (distributed.comm: tcp, tls, ws, wss).
 _TCP_SCHEMES = ("tcp", "tls", "ws", "wss")
-
-_SET_API = "set PREFECT_API_URL to a Prefect server the cluster's workers can reach"
 
 
 def check_dask_address(
@@ -64,6 +65,27 @@ def check_dask_address(
     )
 
 
+def check_cluster_class(settings: RunSettings, api_url: str | None) -> tuple[str, int] | None:
+    """(one-line message, exit code) when the cluster ``settings.dask_cluster_class`` starts
+    cannot run this run's chunks, else None: the class does not import here (where the flow
+    starts it), or its workers run on other machines (every class but distributed's
+    ``LocalCluster``) and cannot reach ``api_url`` (``prefect_api_problem``)."""
+    from embedline.errors import InputError
+    from embedline.settings import remote_dask
+    from flows.dask_cluster import cluster_class
+
+    path = settings.dask_cluster_class or ""
+    if remote_dask(settings):
+        problem = prefect_api_problem(api_url, scheduler_host="")
+        if problem:
+            return f"--dask-cluster-class {path}: {problem}", EXIT_USAGE
+    try:
+        cluster_class(path)
+    except InputError as exc:
+        return str(exc), EXIT_USAGE
+    return None
+
+
 def scheduler_host_port(address: str) -> tuple[str, int]:
     """The host and port of a Dask scheduler address (``tcp://HOST:PORT``, ``tls://…``,
     ``[::1]:8786``; no scheme is ``tcp``, as Dask reads it).
@@ -82,40 +104,3 @@ def scheduler_host_port(address: str) -> tuple[str, int]:
     if not parts.hostname or port is None or parts.path not in ("", "/"):
         raise ValueError(expected)
     return parts.hostname, port
-
-
-def prefect_api_problem(api_url: str | None, *, scheduler_host: str) -> str | None:
-    """Why the workers of the scheduler at ``scheduler_host`` cannot reach the Prefect API
-    ``api_url``, or None.
-
-    None (the CLI's temporary server, which listens on this machine's loopback and stops
-    with the command) always; a loopback URL (127.0.0.0/8, ::1, ``localhost``) unless the
-    scheduler is on this machine's loopback too (its workers then run here).
-    """
-    if not api_url:
-        return (
-            "with no PREFECT_API_URL this run's temporary Prefect server listens on this "
-            f"machine's loopback, which the cluster's workers cannot reach: {_SET_API}"
-        )
-    host = urlsplit(api_url).hostname or ""
-    if is_loopback(host) and not is_loopback(scheduler_host):
-        return (
-            f"PREFECT_API_URL is on loopback ({host}), which the cluster's workers cannot "
-            f"reach: {_SET_API}"
-        )
-    return None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine's loopback: 127.0.0.0/8, ::1 (also IPv4-mapped),
-    ``localhost`` and its subdomains (RFC 6761 §6.3). Resolves nothing."""
-    name = host.strip("[]").rstrip(".").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        ip = ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +87,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--prefect-file",
         default="prefect.yaml",
         metavar="FILE",
-        help="the prefect.yaml to write into (created if missing)",
+        help="the prefect.yaml to write into (created if missing, in a folder that exists)",
     )
     parser.set_defaults(handler=_deployment)
 
@@ -101,7 +102,7 @@ def _deployment(args: argparse.Namespace) -> int:
             "(see 'embedline deployment --help')",
             EXIT_USAGE,
         )
-    problem = _schedule_problem(args.cron, args.timezone)
+    problem = _name_problem(args.name) or _schedule_problem(args.cron, args.timezone)
     if problem is not None:
         return fail(f"embedline deployment: error: {problem}", EXIT_USAGE)
     entry = deployment_entry(
@@ -129,8 +130,27 @@ def _deployment(args: argparse.Namespace) -> int:
         )
     verb = "replaced" if replaced else "added"
     print(f"{verb} deployment embed-csv/{args.name} in {path}")
-    print(f"next: prefect --no-prompt deploy --prefect-file {path} --name {args.name}")
+    print(
+        f"next: prefect --no-prompt deploy --prefect-file {shlex.quote(str(path))} "
+        f"--name {shlex.quote(args.name)}"
+    )
     return 0
+
+
+def _name_problem(name: str) -> str | None:
+    """Why Prefect would refuse ``name`` as a deployment's name (its ``BANNED_CHARACTERS``,
+    or nothing but blanks and quotes), or None."""
+    from prefect.types.names import BANNED_CHARACTERS
+
+    banned = sorted({c for c in name if c in BANNED_CHARACTERS})
+    if banned:
+        return (
+            f"argument NAME: {name!r}: Prefect refuses {' '.join(banned)} in a deployment's "
+            "name; choose a name without " + ", ".join(BANNED_CHARACTERS)
+        )
+    if not name.strip("' \""):
+        return "argument NAME: empty: give the deployment a name, e.g. nightly"
+    return None
 
 
 def _schedule_problem(cron: str | None, timezone: str | None) -> str | None:
@@ -280,8 +300,8 @@ def _write(path: Path, entry: dict[str, Any]) -> bool:
     text = io.StringIO()
     yaml.dump(config, text)
     written = text.getvalue() if exists else _HEADER + text.getvalue()
-    if path.parent != Path(""):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():  # a typo in a folder's name is refused, not created
+        raise ValueError(f"folder {path.parent} does not exist: create it, or name another file")
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(written, encoding="utf-8")
     temporary.replace(path)  # a reader never sees half a file

@@ -14,9 +14,9 @@ option by these rules (what they cannot say is the field's ``Cli``):
   ``cli/arguments.py`` (``ge=1`` int: ``positive_int``, ``ge=0`` and ``le=1`` float:
   ``fraction`` …), so ``--chunk-size 0`` is refused by the parser in the same words as every
   other command's counts;
-- the help is the field's description (``%`` doubled for argparse); a Batch API option
-  (``BATCH_API_OPTIONS``) is absent from the namespace unless given, and its help ends with
-  its default, which the help formatter cannot show.
+- the help is the field's description (``%`` doubled for argparse); an option only one mode
+  reads (``MODE_OPTIONS``: the Batch API's, Dask's) is absent from the namespace unless
+  given, and its help ends with its default, which the help formatter cannot show.
 
 Usage, from the repository root::
 
@@ -40,7 +40,7 @@ from cli import arguments
 from cli.arguments import RunOption
 from embedline.run_fields import Cli
 from embedline.settings import (
-    BATCH_API_OPTIONS,
+    MODE_OPTIONS,
     PARAMETER_FIELDS,
     RunSettings,
     option_description,
@@ -111,7 +111,7 @@ def _option(field: str, info: Any) -> RunOption:
         if info.default:
             return RunOption(dest, ("--no-" + flag[2:],), help_, "store_false", argparse.SUPPRESS)
         return RunOption(dest, (flag,), help_, "store_true", False)
-    default = argparse.SUPPRESS if dest in BATCH_API_OPTIONS else info.default
+    default = argparse.SUPPRESS if dest in MODE_OPTIONS else info.default
     choices = _choices(info.annotation)
     argparse_type = None if choices else cli.type or _type_for(field, kind, info.metadata)
     if argparse_type is not None and not callable(getattr(arguments, argparse_type, None)):

@@ -55,17 +55,18 @@ def settings_from(args: argparse.Namespace, *, not_parameters: tuple[str, ...] =
 
     from embedline.settings import (
         RunSettings,
-        batch_options_without_batch_api,
+        options_without_their_mode,
         validation_message,
     )
 
     skipped = (*_CLI_ONLY, *not_parameters)
     parameters = {k: v for k, v in vars(args).items() if k not in skipped}
-    ignored = batch_options_without_batch_api(parameters)
+    ignored = options_without_their_mode(parameters)
     prog = f"embedline {args.command}"
     if ignored:  # refused, not ignored
-        flag = "--" + ignored[0].replace("_", "-")
-        raise SystemExit(fail(usage_line(prog, f"argument {flag}: needs --batch-api"), EXIT_USAGE))
+        name, _, _, needs = ignored[0]
+        flag = "--" + name.replace("_", "-")
+        raise SystemExit(fail(usage_line(prog, f"argument {flag}: needs {needs}"), EXIT_USAGE))
     try:
         return RunSettings.from_parameters(parameters)
     except ValidationError as exc:

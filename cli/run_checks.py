@@ -1,6 +1,6 @@
 """The checks ``embedline run`` makes before Prefect starts, each answering in about a
 second: the input, the output, the ledger, the sink URI, the API key, and a Dask cluster
-given by address (``cli.dask_checks``). A problem is one
+given by address or class (``cli.dask_checks``). A problem is one
 line and an exit code, said before any start-up cost."""
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ def check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
         from cli.prefect_env import configured_api_url
 
         problem = check_dask_address(settings.dask_address, configured_api_url())
+        if problem is not None:
+            return problem
+    if settings.task_runner == "dask" and settings.dask_cluster_class:
+        from cli.dask_checks import check_cluster_class
+        from cli.prefect_env import configured_api_url
+
+        problem = check_cluster_class(settings, configured_api_url())
         if problem is not None:
             return problem
     if "://" not in settings.input:

@@ -42,14 +42,14 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         dest="text_template",
         flags=("--text-template",),
-        help="build the text to embed from several columns: {column} placeholders, {{ }} for literal braces, \\n and \\t understood, e.g. '{title}\\n\\n{text}' (instead of --text-column)",
+        help="build the text to embed from several columns: {column} placeholders, {{ }} for literal braces, \\n and \\t understood, e.g. '{title}\\n\\n{text}' (default: none, the --text-column field is embedded as read)",
         type="template_text",
         metavar="TEMPLATE",
     ),
     RunOption(
         dest="keep_columns",
         flags=("--keep-columns",),
-        help="columns carried beside the vectors, as read, into chunk objects, read_embeddings and sinks (comma-separated header names)",
+        help="columns carried beside the vectors, as read, into chunk objects, read_embeddings and sinks (comma-separated header names) (default: none)",
         metavar="A,B",
     ),
     RunOption(
@@ -289,7 +289,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         dest="task_runner",
         flags=("--task-runner",),
-        help="where chunk tasks run: threads here, or Dask workers (a local cluster, which with no PREFECT_API_URL uses this run's temporary Prefect server; or the cluster at --dask-address)",
+        help="where chunk tasks run: threads here, or Dask workers (a local cluster, which with no PREFECT_API_URL uses this run's temporary Prefect server; the cluster at --dask-address; or one --dask-cluster-class starts)",
         default="threads",
         choices=("threads", "dask"),
     ),
@@ -297,13 +297,29 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         dest="dask_address",
         flags=("--dask-address",),
         help="an existing Dask scheduler (tcp://host:8786), checked before the run starts; its workers need an s3:// --output, a PREFECT_API_URL they can reach and the API key and AWS settings in their own environment (default: a local cluster)",
+        default=SUPPRESS,
     ),
     RunOption(
         dest="dask_workers",
         flags=("--dask-workers",),
-        help="worker processes of the local Dask cluster",
-        default=2,
+        help="worker processes of the local Dask cluster (default: 2)",
+        default=SUPPRESS,
         type="positive_int",
+    ),
+    RunOption(
+        dest="dask_cluster_class",
+        flags=("--dask-cluster-class",),
+        help="a Dask cluster class the run starts and closes, by import path, e.g. dask_kubernetes.operator.KubeCluster or coiled.Cluster; importable where the flow runs; its workers need what --dask-address's do (default: a local cluster)",
+        default=SUPPRESS,
+        metavar="CLASS",
+    ),
+    RunOption(
+        dest="dask_cluster_kwargs",
+        flags=("--dask-cluster-kwargs",),
+        help="keyword arguments of --dask-cluster-class, a JSON object, e.g. '{\"n_workers\": 4, \"image\": \"embedline:1\"}'; no secrets: a key naming a password, token, secret or API key with a value under it is refused (default: none)",
+        default=SUPPRESS,
+        type="json_object",
+        metavar="JSON",
     ),
     RunOption(
         dest="sink",

@@ -44,7 +44,10 @@ def build_deployments() -> list[Any]:
 
     deployments = []
     for spec in _spec()["deployments"]:
-        flow: Flow[..., Any] = load_flow_from_entrypoint(str(REPO / spec["entrypoint"]))
+        entrypoint = str(spec["entrypoint"])  # a file in the checkout, or a module's flow
+        flow: Flow[..., Any] = load_flow_from_entrypoint(
+            str(REPO / entrypoint) if ":" in entrypoint else entrypoint
+        )
         limit = spec["concurrency_limit"]
         schedules = [
             Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))

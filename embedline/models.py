@@ -174,7 +174,9 @@ class InputSource:
 class ChunkPart:
     """The rows a delta chunk takes from one planned chunk (docs/design.md, "Delta nights"):
     the planned chunk's records (fields as ``ChunkSpec``'s) and the 0-based ``positions``
-    among them that it takes, ascending."""
+    among them that it takes, ascending; ``lines`` and ``last_lines``, the physical lines
+    where each of those records starts and ends, let a reader parse only them (empty:
+    the planned chunk is parsed up to the last position)."""
 
     first_row: int
     line_start: int
@@ -183,6 +185,8 @@ class ChunkPart:
     byte_stop: int
     bytes_sha256: str
     positions: tuple[int, ...]
+    lines: tuple[int, ...] = ()
+    last_lines: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

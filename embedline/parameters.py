@@ -4,8 +4,9 @@ Prefect renders a pydantic-model parameter as a section of the run form; each gr
 such a model, and its fields are ``RunSettings``' fields (type, default, bounds) under their
 parameter names (``timeout`` for ``timeout_s``: ``PARAMETER_FIELDS``). So a default is
 declared once, in ``RunSettings``, and the flow, the CLI and a deployment read it from there.
-The Batch API options are ``None`` (unset) in their group, as on the command line: set
-without ``batch_api`` they are refused, not ignored (``batch_options_without_batch_api``).
+The options only one mode reads (the Batch API's, Dask's) are ``None`` (unset) in their
+group, as on the command line: set without their mode they are refused, not ignored
+(``embedline.settings.options_without_their_mode``).
 
 ``grouped`` and ``flattened`` convert between the flat names of ``embedline run``'s options
 (``chunk_size``) and the grouped parameters (``{"limits": {"chunk_size": …}}``).
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from embedline.settings import (
     BATCH_API_OPTIONS,
+    MODE_OPTIONS,
     PARAMETER_FIELDS,
     RunSettings,
     option_description,
@@ -93,6 +95,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "task_runner",
             "dask_address",
             "dask_workers",
+            "dask_cluster_class",
+            "dask_cluster_kwargs",
         ),
     ),
     (
@@ -128,10 +132,10 @@ class ParameterGroup(BaseModel):
 
 def _field(name: str) -> tuple[Any, Any]:
     """``RunSettings``' field behind parameter ``name``: its type and its FieldInfo (default,
-    bounds, description: the help of ``embedline run --help``); a Batch API option is ``None``
-    unless given, its default stated in words, as in ``--help``."""
+    bounds, description: the help of ``embedline run --help``); an option only one mode reads
+    is ``None`` unless given, its default stated in words, as in ``--help``."""
     info = RunSettings.model_fields[PARAMETER_FIELDS.get(name, name)]
-    if name not in BATCH_API_OPTIONS:
+    if name not in MODE_OPTIONS:
         return info.annotation, info
     unset = Field(default=None, description=option_description(name), **_bounds(info))
     return info.annotation | None, unset  # type: ignore[operator]
@@ -208,9 +212,9 @@ def flattened(groups: Mapping[str, object]) -> dict[str, object]:
 
 def parameter_defaults() -> dict[str, object]:
     """Every run option's default by parameter name (``input`` excluded: it has none); the
-    Batch API options are None (unset)."""
+    options only one mode reads are None (unset)."""
     return {
-        name: (None if name in BATCH_API_OPTIONS else _field(name)[1].default)
+        name: (None if name in MODE_OPTIONS else _field(name)[1].default)
         for _, _, names in GROUPS
         for name in names
         if name != "input"

@@ -15,7 +15,7 @@ field's ``Annotated`` metadata (pydantic keeps it and leaves it out of every sch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,8 +71,9 @@ class RunFields(BaseModel):
     (quotes are literal characters, a record is one line); ``minimal`` reads RFC 4180 quotes.
 
     The Batch API options (``batch_poll_interval_s`` … ``batch_enqueued_tokens``) are read
-    only with ``batch_api``: their help states their default, since the CLI and the flow leave
-    them unset unless given (``embedline.settings.BATCH_API_OPTIONS``).
+    only with ``batch_api``, the Dask options (``dask_address`` … ``dask_workers``) only with
+    ``task_runner`` ``dask``: their help states their default, since the CLI and the flow leave
+    them unset unless given (``embedline.settings.MODE_OPTIONS``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -96,15 +97,15 @@ class RunFields(BaseModel):
         default=None,
         description=(
             "build the text to embed from several columns: {column} placeholders, {{ }} for "
-            "literal braces, \\n and \\t understood, e.g. '{title}\\n\\n{text}' (instead of "
-            "--text-column)"
+            "literal braces, \\n and \\t understood, e.g. '{title}\\n\\n{text}' (default: "
+            "none, the --text-column field is embedded as read)"
         ),
     )
     keep_columns: Annotated[tuple[str, ...] | None, Cli(metavar="A,B")] = Field(
         default=None,
         description=(
             "columns carried beside the vectors, as read, into chunk objects, read_embeddings "
-            "and sinks (comma-separated header names)"
+            "and sinks (comma-separated header names) (default: none)"
         ),
     )
     keep_text: bool = Field(
@@ -361,8 +362,8 @@ class RunFields(BaseModel):
         default="threads",
         description=(
             "where chunk tasks run: threads here, or Dask workers (a local cluster, which with "
-            "no PREFECT_API_URL uses this run's temporary Prefect server; or the cluster at "
-            "--dask-address)"
+            "no PREFECT_API_URL uses this run's temporary Prefect server; the cluster at "
+            "--dask-address; or one --dask-cluster-class starts)"
         ),
     )
     dask_address: str | None = Field(
@@ -378,6 +379,27 @@ class RunFields(BaseModel):
         ge=1,
         le=256,
         description="worker processes of the local Dask cluster",
+    )
+    # a cluster prefect-dask starts for the run (DaskTaskRunner's cluster_class and
+    # cluster_kwargs), e.g. on Kubernetes or Coiled; secrets never go in its kwargs
+    # (embedline.settings: refused), they stay in the environment the cluster's tools read
+    dask_cluster_class: Annotated[str | None, Cli(metavar="CLASS")] = Field(
+        default=None,
+        description=(
+            "a Dask cluster class the run starts and closes, by import path, e.g. "
+            "dask_kubernetes.operator.KubeCluster or coiled.Cluster; importable where the flow "
+            "runs; its workers need what --dask-address's do (default: a local cluster)"
+        ),
+    )
+    dask_cluster_kwargs: Annotated[
+        dict[str, Any] | None, Cli(metavar="JSON", type="json_object")
+    ] = Field(
+        default=None,
+        description=(
+            "keyword arguments of --dask-cluster-class, a JSON object, e.g. "
+            '\'{"n_workers": 4, "image": "embedline:1"}\'; no secrets: a key naming a '
+            "password, token, secret or API key with a value under it is refused (default: none)"
+        ),
     )
     # a vector store to load the committed run into (docs/reference/sinks.md)
     sink: Annotated[str | None, Cli(metavar="URI")] = Field(

@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import ValidationError, field_validator, model_validator
@@ -28,15 +30,20 @@ from embedline.template import (
 
 __all__ = [
     "BATCH_API_OPTIONS",
+    "DASK_OPTIONS",
     "DEFAULT_MODELS",
+    "LOCAL_CLUSTER_CLASSES",
     "LOCAL_DIMENSIONS",
     "LOCAL_MODEL_NAMES",
+    "MODE_OPTIONS",
     "NO_API_KEY_MESSAGE",
     "PARAMETER_FIELDS",
     "RunSettings",
-    "batch_options_without_batch_api",
     "codec_for",
+    "dask_cluster_problem",
     "option_description",
+    "options_without_their_mode",
+    "remote_dask",
     "validation_message",
 ]
 
@@ -67,32 +74,48 @@ PARAMETER_FIELDS = {
 }
 
 #: Options (CLI flags and flow parameters, by parameter name) only the Batch API mode reads.
-#: Unset is None in the flow's signature and absent from the CLI's namespace; set without
-#: ``batch_api`` they are refused (``batch_options_without_batch_api``), never ignored.
 BATCH_API_OPTIONS = (
     "batch_poll_interval",
     "batch_max_inputs",
     "batch_fallback",
     "batch_enqueued_tokens",
 )
+#: Options only a Dask run reads (``dask_workers``: only a local cluster's).
+DASK_OPTIONS = ("dask_address", "dask_cluster_class", "dask_cluster_kwargs", "dask_workers")
+
+#: Each option only one mode reads → (the parameter that turns its mode on, its value then,
+#: the CLI's words for it). Unset is None in the flow's signature and absent from the CLI's
+#: namespace; given without their mode they are refused (``options_without_their_mode``),
+#: never ignored.
+MODE_OPTIONS: Mapping[str, tuple[str, object, str]] = MappingProxyType(
+    {
+        **dict.fromkeys(BATCH_API_OPTIONS, ("batch_api", True, "--batch-api")),
+        **dict.fromkeys(DASK_OPTIONS, ("task_runner", "dask", "--task-runner dask")),
+    }
+)
 
 
-def batch_options_without_batch_api(parameters: dict[str, object]) -> list[str]:
-    """The ``BATCH_API_OPTIONS`` given (not None) in ``parameters`` (CLI or flow parameter
-    names) although ``batch_api`` is not: each would be ignored, so the caller refuses the
-    run (exit 2), naming the first."""
-    if parameters.get("batch_api"):
-        return []
-    return [name for name in BATCH_API_OPTIONS if parameters.get(name) is not None]
+def options_without_their_mode(
+    parameters: Mapping[str, object],
+) -> list[tuple[str, str, object, str]]:
+    """The ``MODE_OPTIONS`` given (not None) in ``parameters`` (CLI or flow parameter names)
+    although their mode is off, each as (option, mode parameter, its value that turns the
+    mode on, the CLI's words for that): each would be ignored, so the caller refuses the run
+    (exit 2), naming the first."""
+    return [
+        (name, mode, on, words)
+        for name, (mode, on, words) in MODE_OPTIONS.items()
+        if parameters.get(name) is not None and parameters.get(mode) != on
+    ]
 
 
 def option_description(name: str) -> str:
     """The description of run option ``name`` (CLI or flow parameter name) as ``embedline run
-    --help`` and the flow's form show it: its field's, and for a Batch API option, which
-    both leave unset unless given, its default in words ("(default: 60.0)")."""
+    --help`` and the flow's form show it: its field's, and for an option only one mode
+    reads, which both leave unset unless given, its default in words ("(default: 60.0)")."""
     info = RunFields.model_fields[PARAMETER_FIELDS.get(name, name)]
     text = info.description or ""
-    if name in BATCH_API_OPTIONS and info.default is not None:
+    if name in MODE_OPTIONS and info.default is not None:
         return f"{text} (default: {info.default})"
     return text
 
@@ -131,6 +154,102 @@ _BOUNDS = {
     "greater_than": ("must be greater than", "gt"),
     "less_than": ("must be less than", "lt"),
 }
+
+
+#: ``module.Class`` (dotted Python identifiers): ``--dask-cluster-class``.
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+#: Cluster classes whose workers run on this machine (the output may be a local directory).
+LOCAL_CLUSTER_CLASSES = frozenset(
+    {
+        "distributed.LocalCluster",
+        "distributed.deploy.local.LocalCluster",
+        "dask.distributed.LocalCluster",
+    }
+)
+
+#: Keys of ``--dask-cluster-kwargs`` that name a secret (refused: parameters are stored).
+_SECRET_KEY = re.compile(r"password|passwd|secret|token|api_?key|credential|private_?key", re.I)
+
+
+def dask_cluster_problem(settings: RunFields) -> str | None:
+    """Why the Dask cluster options of ``settings`` cannot make one cluster, or None: a
+    cluster named without the dask runner, both an address and a class, kwargs without a
+    class, a class that is not an import path, a secret in the kwargs (parameters are
+    stored), or workers on other machines with a local output."""
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("dask_address", "dask_cluster_class", "dask_cluster_kwargs")
+        if getattr(settings, name) is not None
+    ]
+    if given and settings.task_runner != "dask":
+        return f"{given[0]} needs --task-runner dask"
+    if settings.dask_address and settings.dask_cluster_class:
+        return (
+            "give one Dask cluster: --dask-address (a running scheduler) or "
+            "--dask-cluster-class (a cluster the run starts), not both"
+        )
+    if (settings.dask_address or settings.dask_cluster_class) and (
+        "dask_workers" in settings.model_fields_set
+    ):
+        option = "--dask-address" if settings.dask_address else "--dask-cluster-class"
+        return (
+            f"--dask-workers sizes the local cluster: the cluster of {option} has its own "
+            "workers (drop --dask-workers)"
+        )
+    kwargs, cluster_class = settings.dask_cluster_kwargs, settings.dask_cluster_class
+    if kwargs is not None and not cluster_class:
+        return "--dask-cluster-kwargs needs --dask-cluster-class"
+    if cluster_class is not None and not _IMPORT_PATH.fullmatch(cluster_class):
+        return (
+            f"--dask-cluster-class: {cluster_class!r} is not an import path of a class "
+            "(module.Class, e.g. dask_kubernetes.operator.KubeCluster)"
+        )
+    secret = _secret_key(kwargs) if kwargs is not None else None
+    if secret is not None:
+        return (
+            f"--dask-cluster-kwargs: {secret!r} looks like a secret, which would be stored in "
+            "the flow run's parameters: set it in the environment the cluster class reads instead"
+        )
+    if settings.task_runner == "dask" and "://" not in settings.output and remote_dask(settings):
+        option = "--dask-address" if settings.dask_address else "--dask-cluster-class"
+        return (
+            f"with {option} the chunk tasks run on other machines, which cannot "
+            f"write to the local directory {settings.output!r}: use an s3:// --output"
+        )
+    return None
+
+
+def remote_dask(settings: RunFields) -> bool:
+    """Whether the run's chunk tasks run on other machines: a Dask cluster by address, or
+    started from a cluster class other than distributed's ``LocalCluster``."""
+    cluster_class = settings.dask_cluster_class
+    return bool(settings.dask_address) or (
+        cluster_class is not None and cluster_class not in LOCAL_CLUSTER_CLASSES
+    )
+
+
+def _secret_key(value: object) -> str | None:
+    """The first name of a secret given a literal value in a JSON value (nested objects and
+    lists included): a key that names a secret with a string or number under it, or a
+    Kubernetes ``{"name": NAME, "value": …}`` pair whose NAME does; None if there is none. A
+    secret named with an object under it (``secretKeyRef``: a reference) is not a value."""
+    if isinstance(value, dict):
+        name = value.get("name")
+        if isinstance(name, str) and "value" in value and _SECRET_KEY.search(name):
+            return name
+        for key, item in value.items():
+            if isinstance(item, (str, int, float)) and _SECRET_KEY.search(str(key)):
+                return str(key)
+            found = _secret_key(item)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for item in value:
+            found = _secret_key(item)
+            if found is not None:
+                return found
+    return None
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -273,12 +392,10 @@ class RunSettings(RunFields):
         return self
 
     @model_validator(mode="after")
-    def _remote_workers_need_shared_storage(self) -> RunSettings:
-        if self.task_runner == "dask" and self.dask_address and "://" not in self.output:
-            raise ValueError(
-                "with --dask-address the chunk tasks run on other machines, which cannot "
-                f"write to the local directory {self.output!r}: use an s3:// --output"
-            )
+    def _one_usable_dask_cluster(self) -> RunSettings:
+        problem = dask_cluster_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @field_validator("encoding")
@@ -326,7 +443,7 @@ class RunSettings(RunFields):
         :raises pydantic.ValidationError: a value is out of range or unknown.
         """
         fields = {
-            k: v for k, v in parameters.items() if not (k in BATCH_API_OPTIONS and v is None)
+            k: v for k, v in parameters.items() if not (k in MODE_OPTIONS and v is None)
         }  # unset: the default
         for name, field in PARAMETER_FIELDS.items():
             if name in fields:
@@ -335,12 +452,17 @@ class RunSettings(RunFields):
 
     def to_parameters(self) -> dict[str, object]:
         """The inverse of ``from_parameters``: flow parameters mirroring the CLI. Without
-        ``batch_api`` the ``BATCH_API_OPTIONS`` are None (unset): the flow refuses them set."""
+        its mode the ``MODE_OPTIONS`` are None (unset): the flow refuses them set; so is
+        ``dask_workers`` with a ``dask_address`` or a ``dask_cluster_class`` (that cluster has
+        its own workers)."""
         parameters = self.model_dump()
         for name, field in PARAMETER_FIELDS.items():
             parameters[name] = parameters.pop(field)
-        if not self.batch_api:
-            parameters.update(dict.fromkeys(BATCH_API_OPTIONS))
+        for name, (mode, on, _) in MODE_OPTIONS.items():
+            if getattr(self, mode) != on:
+                parameters[name] = None
+        if self.dask_address or self.dask_cluster_class:
+            parameters["dask_workers"] = None
         return parameters
 
     @property

@@ -11,7 +11,9 @@ otherwise; its data is the run summary, whose ``exit_code`` the CLI returns.
 
 from __future__ import annotations
 
+import json
 from typing import Any
+from urllib.parse import urlsplit
 
 from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
@@ -27,10 +29,12 @@ from embedline.parameters import (
     SourceParameters,
     flattened,
 )
+from embedline.reachable import prefect_api_problem
 from embedline.settings import (
     NO_API_KEY_MESSAGE,
     RunSettings,
-    batch_options_without_batch_api,
+    options_without_their_mode,
+    remote_dask,
     validation_message,
 )
 from embedline.shutdown import STOP
@@ -116,16 +120,15 @@ def embed_csv(
         )
     )
     quiet_expected_tracebacks()
-    ignored = batch_options_without_batch_api(parameters)
+    ignored = options_without_their_mode(parameters)
     if ignored:  # refused, not ignored
+        name, mode, on, _ = ignored[0]
+        value = json.dumps(on) if isinstance(on, bool) else on
         return _final(
             Run.refused(
                 2,
                 "input_error",
-                (
-                    f"invalid parameters: {ignored[0]} needs batch_api: true "
-                    "(only the Batch API mode reads it)"
-                ),
+                f"invalid parameters: {name} needs {mode}: {value} (only that mode reads it)",
             )
         )
     try:
@@ -134,6 +137,9 @@ def embed_csv(
         return _final(
             Run.refused(2, "input_error", f"invalid parameters: {validation_message(exc)}")
         )
+    problem = _cluster_problem(settings)
+    if problem:
+        return _final(Run.refused(2, "input_error", problem))
     if settings.dry_run:  # nothing sent: no API key needed
         return _dry_run(settings)
     problem = _api_key_problem(settings)
@@ -172,6 +178,40 @@ def _dry_run(settings: RunSettings) -> State[Any]:
         estimate.markdown(), key="embedline-estimate", description="embedline dry run"
     )
     return Completed(message=estimate.lines()[0], data=estimate.to_dict())
+
+
+#: The module this flow is imported as when its tasks can run on other machines.
+_MODULE = "flows.embed_csv"
+
+
+def _cluster_problem(settings: RunSettings) -> str | None:
+    """Why this flow cannot send its chunk tasks to a Dask cluster on other machines, or
+    None; the CLI checks the same before Prefect starts, a deployment's flow run here.
+
+    - Prefect loads a deployment's file entrypoint (``flows/embed_csv.py:embed_csv``) as a
+      module named after the file (``embed_csv``), and the tasks it sends refer to that
+      module, which the scheduler and the workers cannot import (every chunk would fail
+      there with ``No module named 'embed_csv'``).
+    - The workers report to this flow's Prefect API: on loopback they cannot reach it
+      (``embedline.reachable.prefect_api_problem``).
+    """
+    if settings.task_runner != "dask" or not remote_dask(settings):
+        return None
+    if __name__ != _MODULE:
+        return (
+            f"this flow was loaded from its file as module {__name__!r}, which a Dask cluster "
+            "on other machines cannot import: deploy it with the entrypoint "
+            f"{_MODULE}.embed_csv (as embedline deployment writes it)"
+        )
+    from prefect.settings import get_current_settings
+
+    address = settings.dask_address or ""
+    host = urlsplit(address if "://" in address else f"tcp://{address}").hostname or ""
+    problem = prefect_api_problem(get_current_settings().api.url, scheduler_host=host)
+    if problem is None:
+        return None
+    option = address and f"--dask-address {address}"
+    return f"{option or f'--dask-cluster-class {settings.dask_cluster_class}'}: {problem}"
 
 
 def _api_key_problem(settings: RunSettings) -> str | None:

@@ -1,5 +1,6 @@
 """The ``embed-csv`` flow's task runner: threads in the flow's process, or Dask workers (a
-local cluster the flow starts, or a running one at ``dask_address``)."""
+local cluster the flow starts, a running one at ``dask_address``, or one prefect-dask starts
+from ``dask_cluster_class`` and ``dask_cluster_kwargs``)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ _log = logging.getLogger(__name__)
 
 def task_runner(settings: RunSettings, window: int) -> Any:
     """The Prefect task runner for ``settings.task_runner``: a ``ThreadPoolTaskRunner`` of
-    ``window`` threads, or a ``DaskTaskRunner``: the cluster at ``settings.dask_address``, or
-    a local cluster of ``settings.dask_workers`` worker processes, each with the threads one
-    process runs (``--concurrency`` + 1: one chunk between requests; with the local embedder,
-    ``window`` threads spread over the workers).
+    ``window`` threads, or a ``DaskTaskRunner``: the scheduler at ``dask_address``;
+    ``dask_cluster_class(**dask_cluster_kwargs)``, which sizes itself; or a local cluster of
+    ``settings.dask_workers`` worker processes, each with the threads one process runs
+    (``--concurrency`` + 1: one chunk between requests; with the local embedder, ``window``
+    threads spread over the workers).
 
-    :raises InputError: ``dask`` without prefect-dask installed.
+    :raises InputError: ``dask`` without prefect-dask installed; a cluster class that does not
+        import.
     """
     if settings.task_runner == "threads":
         return ThreadPoolTaskRunner(max_workers=window)
@@ -48,6 +51,13 @@ def task_runner(settings: RunSettings, window: int) -> Any:
     _quiet_scheduler_loss()
     if settings.dask_address:
         return DaskTaskRunner(address=settings.dask_address)
+    if settings.dask_cluster_class:
+        from flows.dask_cluster import cluster_class
+
+        return DaskTaskRunner(
+            cluster_class=cluster_class(settings.dask_cluster_class),
+            cluster_kwargs=dict(settings.dask_cluster_kwargs or {}),
+        )
     _no_worker_profiler()
     _close_clusters_quietly_at_exit()
     STOP.on_first_interrupt(_silence_dask)
@@ -106,11 +116,12 @@ def in_flight(runner: Any, settings: RunSettings, window: int) -> int:
     """The chunk task runs to keep in flight (the dispatcher's window): ``window`` with
     threads; on Dask, the cluster's worker threads (``Client.nthreads()``, read from the
     scheduler after ``warm_up``): none waits in a busy worker's queue while another
-    worker's thread is free (docs/guide/running.md, "Throughput on a Dask cluster")."""
+    worker's thread is free; ``window`` if the cluster has no worker yet (an adaptive one)
+    (docs/guide/cluster.md, "Sizing workers and concurrency")."""
     if settings.task_runner != "dask":
         return window
     threads: dict[str, int] = runner.client.nthreads()  # worker address -> its threads
-    return max(1, sum(threads.values()))
+    return sum(threads.values()) or window  # no worker yet (an adaptive cluster): ``window``
 
 
 def _lacking_line(lacking: dict[str, list[str]], client: Any) -> str:

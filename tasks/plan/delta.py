@@ -20,10 +20,11 @@ that night is the compaction.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -237,16 +238,38 @@ def _partitioned(
 
 def _spill(tables: Iterator[pa.Table], paths: list[Path], schema: pa.Schema) -> None:
     """Write each table's rows to ``paths[id_digests(id) % len(paths)]`` (Arrow IPC files
-    of ``schema``)."""
+    of ``schema``), ``_SPILL_ROWS`` rows at a time: one sort by partition and a slice per
+    partition, so each file gets batches of ``_SPILL_ROWS / len(paths)`` rows, not one per
+    planned chunk."""
     writers = [pa.ipc.new_file(str(p), schema) for p in paths]
+    every = np.arange(len(paths) + 1, dtype=np.uint64)
     try:
-        for table in tables:
+        for table in _regrouped(tables, schema):
             part = id_digests(table.column("id").to_pylist()) % np.uint64(len(paths))
-            for p in np.unique(part):
-                writers[int(p)].write_table(table.cast(schema).filter(pa.array(part == p)))
+            order = np.argsort(part, kind="stable")
+            cuts = np.searchsorted(part[order], every)
+            table = table.take(pa.array(order))
+            for p, (start, stop) in enumerate(pairwise(cuts)):
+                if stop > start:
+                    writers[p].write_table(table.slice(int(start), int(stop - start)))
     finally:
         for writer in writers:
             writer.close()
+
+
+def _regrouped(tables: Iterator[pa.Table], schema: pa.Schema) -> Iterator[pa.Table]:
+    """``tables`` cast to ``schema`` and gathered into tables of ``_SPILL_ROWS`` rows or
+    more (the last may be shorter)."""
+    held: list[pa.Table] = []
+    rows = 0
+    for table in tables:
+        held.append(table.cast(schema))
+        rows += table.num_rows
+        if rows >= _SPILL_ROWS:
+            yield pa.concat_tables(held)
+            held, rows = [], 0
+    if held:
+        yield pa.concat_tables(held)
 
 
 def _read_spill(path: Path) -> pa.Table:
@@ -257,6 +280,10 @@ def _read_spill(path: Path) -> pa.Table:
 #: Rows of both sides joined at once: past it the lookup partitions the ids (about 400 bytes
 #: a row of both sides are held while a partition is joined, so about 200 MB at most).
 _PARTITION_ROWS = 500_000
+#: Rows the spill sorts by partition at once (about 100 bytes a row).
+_SPILL_ROWS = 1 << 16
+#: Base objects whose key columns are read at once (ranged reads on S3 wait on the network).
+_READ_AHEAD = 8
 _INPUT_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -264,6 +291,8 @@ _INPUT_SCHEMA = pa.schema(
         ("utf8_bytes", pa.int32()),
         ("empty", pa.bool_()),
         ("kept_sha256", pa.string()),
+        ("line", pa.int64()),
+        ("last_line", pa.int64()),
         ("chunk", pa.int32()),
         ("position", pa.int32()),
     ]
@@ -298,23 +327,37 @@ def _base_batches(
 ) -> Iterator[pa.Table]:
     """The rows the base run takes, an entry at a time (``_BASE_SCHEMA``: ``base_text`` its
     text hash, ``base_kept`` its kept values' hash or null, ``entry`` its manifest entry's
-    position in ``base["chunks"]``), reading only the objects' key columns, 16 at once."""
+    position in ``base["chunks"]``), reading only the objects' key columns, ``_READ_AHEAD``
+    objects at once and no further ahead of the consumer (memory: ``_READ_AHEAD`` objects'
+    keys, whatever the run's size)."""
     entries = [(i, c) for i, c in enumerate(base["chunks"]) if int(c["rows"])]
-    with ThreadPoolExecutor(16) as pool:
-        tables = pool.map(lambda e: read_entry_keys(store, e[1], kept), entries)
-        for (i, _), table in zip(entries, tables, strict=True):
-            kept_hash = (
-                table.column("kept_sha256") if kept else pa.nulls(table.num_rows, pa.string())
-            )
-            yield pa.table(
-                [
-                    table.column("id"),
-                    table.column("text_sha256"),
-                    kept_hash,
-                    pa.repeat(pa.scalar(i, pa.int32()), table.num_rows),
-                ],
-                schema=_BASE_SCHEMA,
-            )
+    with ThreadPoolExecutor(_READ_AHEAD) as pool:
+        ahead: deque[tuple[int, Future[pa.Table]]] = deque()
+        try:
+            for i, entry in entries:
+                ahead.append((i, pool.submit(read_entry_keys, store, entry, kept)))
+                if len(ahead) >= _READ_AHEAD:
+                    yield _keyed(*ahead.popleft(), kept)
+            while ahead:
+                yield _keyed(*ahead.popleft(), kept)
+        finally:
+            for _, future in ahead:
+                future.cancel()
+
+
+def _keyed(i: int, read: Future[pa.Table], kept: Sequence[str]) -> pa.Table:
+    """Entry ``i``'s key table (``read``'s result) as ``_BASE_SCHEMA`` rows."""
+    table = read.result()
+    kept_hash = table.column("kept_sha256") if kept else pa.nulls(table.num_rows, pa.string())
+    return pa.table(
+        [
+            table.column("id"),
+            table.column("text_sha256"),
+            kept_hash,
+            pa.repeat(pa.scalar(i, pa.int32()), table.num_rows),
+        ],
+        schema=_BASE_SCHEMA,
+    )
 
 
 def _input_rows(plan: InputPlan) -> pa.Table:
@@ -416,10 +459,13 @@ def _parts(plan: InputPlan, rows: pa.Table) -> list[ChunkPart]:
     """The planned chunks ``rows`` (in input order) come from, with their positions."""
     chunks = rows.column("chunk").to_numpy()
     positions = rows.column("position").to_numpy()
+    lines, last_lines = rows.column("line"), rows.column("last_line")
+    known = lines.null_count == 0 and last_lines.null_count == 0
     cuts = np.flatnonzero(np.diff(chunks)) + 1
     parts = []
     for chunk_rows_at in np.split(np.arange(len(chunks)), cuts):
         planned = plan.chunks[int(chunks[chunk_rows_at[0]])]
+        at = pa.array(chunk_rows_at)
         parts.append(
             ChunkPart(
                 first_row=planned.first_row,
@@ -429,6 +475,8 @@ def _parts(plan: InputPlan, rows: pa.Table) -> list[ChunkPart]:
                 byte_stop=planned.byte_stop,
                 bytes_sha256=planned.bytes_sha256,
                 positions=tuple(int(p) for p in positions[chunk_rows_at]),
+                lines=tuple(lines.take(at).to_pylist()) if known else (),
+                last_lines=tuple(last_lines.take(at).to_pylist()) if known else (),
             )
         )
     return parts

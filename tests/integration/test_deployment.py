@@ -493,13 +493,15 @@ def test_serve_py_serves_every_deployment_of_prefect_yaml_and_runs_one(
     try:
         deadline = time.monotonic() + 60
         names: dict[str, Any] = {}
-        while len(names) < 5:
+        while len(names) < 7:
             assert serve.poll() is None, log.read_text(errors="replace")[-4000:]
             assert time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
             time.sleep(0.5)
             found = httpx.post(f"{api}/deployments/filter", timeout=10, json={}).json()
             names = {d["name"]: d for d in found if d["name"].endswith("-served")}
         assert sorted(names) == [
+            "cluster-address-served",
+            "cluster-kubernetes-served",
             "gc-weekly-served",
             "load-after-commit-served",
             "manual-served",

@@ -62,16 +62,17 @@ _REMOVED_AWS_ENV = (
 
 
 class MotoS3Server:
-    """A ``ThreadedMotoServer`` on 127.0.0.1 and an ephemeral port; use as a context manager."""
+    """A ``ThreadedMotoServer`` on ``host`` (127.0.0.1 unless told) and an ephemeral port; use
+    as a context manager."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         from moto.server import ThreadedMotoServer
 
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
         self.endpoint = ""
 
     def start(self) -> str:
-        """Start the server; return its endpoint URL ``http://127.0.0.1:PORT``."""
+        """Start the server; return its endpoint URL ``http://HOST:PORT``."""
         self._server.start()
         host, port = self._server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"

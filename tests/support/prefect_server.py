@@ -34,9 +34,9 @@ __all__ = [
 _STARTUP_S = 120.0
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
@@ -45,17 +45,19 @@ def start_prefect_server(
     *,
     ui: bool = False,
     database_url: str | None = None,
+    host: str = "127.0.0.1",
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start a Prefect server with ``PREFECT_HOME=home`` the way deployments/README.md says
     (``deployments/server.py``: host, port and the UI's API address set together), on a free
-    port, with its UI only when ``ui``, on ``database_url`` (PostgreSQL) or SQLite in
-    ``home``; return it and its API URL.
+    port of ``host`` (a non-loopback address: reachable from other network namespaces), with
+    its UI only when ``ui``, on ``database_url`` (PostgreSQL) or SQLite in ``home``; return it
+    and its API URL.
 
     :raises RuntimeError: it did not answer ``/api/health`` within 120 s.
     """
-    port = _free_port()
+    port = _free_port(host)
     base = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": str(ui).lower()}
-    env = server_env(base, port=port, database_url=database_url)
+    env = server_env(base, host=host, port=port, database_url=database_url)
     log = open(home / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(
         server_command(),
@@ -65,7 +67,7 @@ def start_prefect_server(
         start_new_session=True,
         preexec_fn=die_with_parent,
     )
-    url = f"http://127.0.0.1:{port}/api"
+    url = f"http://{host}:{port}/api"
     deadline = time.monotonic() + _STARTUP_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:

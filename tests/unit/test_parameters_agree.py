@@ -15,7 +15,7 @@ import yaml
 
 from cli.run import settings_from
 from embedline.parameters import GROUPS, flattened, grouped, parameter_defaults
-from embedline.settings import BATCH_API_OPTIONS, PARAMETER_FIELDS, RunSettings
+from embedline.settings import MODE_OPTIONS, PARAMETER_FIELDS, RunSettings
 from flows.embed_csv import embed_csv
 
 # Options of the command only: they change how the CLI talks to the user, not the run.
@@ -66,10 +66,10 @@ def test_the_cli_the_flow_and_the_settings_name_the_same_parameters() -> None:
 def test_a_run_without_options_has_the_settings_and_the_flow_s_defaults() -> None:
     """``embedline run IN`` gives the settings' defaults (the options absent from the
     namespace unless given included), and the flow's groups hold the same defaults, the
-    Batch API options unset."""
+    options only one mode reads unset."""
     args = _parser().parse_args(["run", "in.csv"])
     assert settings_from(args) == RunSettings(input="in.csv")
-    for name in (*BATCH_API_OPTIONS, "reuse"):
+    for name in (*MODE_OPTIONS, "reuse"):
         assert name not in vars(args), f"--{name}: in the namespace although not given"
     flow = _flow_parameters()
     assert flow.pop("input") is _REQUIRED

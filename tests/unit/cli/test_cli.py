@@ -356,6 +356,14 @@ def test_an_interrupted_batch_runs_summary_still_counts_its_batches(
     )
 
 
+def test_one_batch_is_said_in_the_singular(capsys):
+    from cli.console import cost_lines
+
+    assert cost_lines({"batches": 1, "batch_tokens": 7}) == [
+        "batch      1 Batch API batch, 7 tokens at the batch price (half)"
+    ]
+
+
 @pytest.mark.parametrize("where", ["missing", "empty", "a file's sibling"])
 def test_gc_on_a_path_that_holds_no_output_says_so_instead_of_deleting_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from cli.dask_checks import check_dask_address, is_loopback, scheduler_host_port
+from cli.dask_checks import check_dask_address, scheduler_host_port
+from embedline.reachable import is_loopback
 
 REMOTE_API = "http://prefect.internal:4200/api"
 

@@ -143,3 +143,89 @@ def test_a_prefect_file_that_is_not_yaml_is_one_line_and_left_alone(
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1, err
     assert path.read_text() == text
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("nightly/eu", "Prefect refuses / in a deployment's name"),
+        ("a&b<c", "Prefect refuses & < in a deployment's name"),
+        ("  ", "argument NAME: empty"),
+    ],
+    ids=["slash", "two-banned", "blank"],
+)
+def test_a_name_prefect_would_refuse_is_refused_here_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, words: str
+) -> None:
+    assert _write(tmp_path, name, "in.csv") == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert not (tmp_path / "prefect.yaml").exists()
+
+
+def test_the_next_command_is_quoted_for_a_shell(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "my flows"
+    folder.mkdir()
+    path = folder / "prefect.yaml"
+    assert main(["deployment", "catalogue nightly", "in.csv", "--prefect-file", str(path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        f"next: prefect --no-prompt deploy --prefect-file '{path}' --name 'catalogue nightly'"
+    )
+
+
+def test_a_prefect_file_in_a_missing_folder_is_refused_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "typo" / "prefect.yaml"
+    assert main(["deployment", "mine", "in.csv", "--prefect-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"folder {tmp_path / 'typo'} does not exist" in err and err.count("\n") == 1, err
+    assert not path.parent.exists()
+
+
+def test_a_cluster_deployment_is_the_sample_s_cluster_address(tmp_path: Path) -> None:
+    """``embedline deployment … --task-runner dask --dask-address …`` writes the parameters of
+    deployments/prefect.yaml's ``cluster-address``, with the flow named by module (the
+    cluster's workers import it by that name). No scheduler is contacted."""
+    argv = ["s3://my-bucket/input/catalogue.csv", "--embedder", "openai", "--task-runner"]
+    argv += ["dask", "--dask-address", "tcp://dask-scheduler:8786", "--concurrency", "8"]
+    argv += ["--output", "s3://my-bucket/embeddings"]
+    assert _write(tmp_path, "cluster-address", *argv) == 0
+    mine = _deployments(tmp_path)["cluster-address"]
+    repo = Path(__file__).resolve().parents[3]
+    samples = yaml.safe_load((repo / "deployments" / "prefect.yaml").read_text())["deployments"]
+    (sample,) = [d for d in samples if d["name"] == "cluster-address"]
+    assert mine["entrypoint"] == sample["entrypoint"] == "flows.embed_csv.embed_csv"
+    assert mine["work_pool"]["name"] == sample["work_pool"]["name"]
+    defaults = RunSettings(input="x").to_parameters()
+    assert flattened(mine["parameters"]) == {
+        name: value
+        for name, value in flattened(sample["parameters"]).items()
+        if name == "input" or value != defaults.get(name)  # the sample spells out its ledger
+    }
+
+
+def test_a_cluster_class_deployment_carries_its_kwargs_and_refuses_secrets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["in.csv", "--output", "s3://b/o", "--task-runner", "dask"]
+    argv += ["--dask-cluster-class", "coiled.Cluster"]
+    assert _write(tmp_path, "c", *argv, "--dask-cluster-kwargs", '{"n_workers": 4}') == 0
+    limits = _deployments(tmp_path)["c"]["parameters"]["limits"]
+    assert limits == {
+        "task_runner": "dask",
+        "dask_cluster_class": "coiled.Cluster",
+        "dask_cluster_kwargs": {"n_workers": 4},
+    }
+    capsys.readouterr()
+    secret = '{"n_workers": 4, "token": "tok-123"}'
+    with pytest.raises(SystemExit) as refused:
+        _write(tmp_path, "s", *argv, "--dask-cluster-kwargs", secret)
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "'token' looks like a secret" in err and "tok-123" not in err
+    assert err.count("\n") == 1, err
+    assert "tok-123" not in (tmp_path / "prefect.yaml").read_text()

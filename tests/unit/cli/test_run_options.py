@@ -14,7 +14,7 @@ import pytest
 from cli import arguments
 from cli import gen_run_options as gen
 from cli.run_options_table import RUN_OPTIONS
-from embedline.settings import BATCH_API_OPTIONS, PARAMETER_FIELDS, RunSettings
+from embedline.settings import BATCH_API_OPTIONS, MODE_OPTIONS, PARAMETER_FIELDS, RunSettings
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -79,9 +79,10 @@ def test_each_field_is_an_option_by_the_rules() -> None:
     assert "25%% rows" in options["compact"].help  # argparse's %-formatting
 
 
-def test_batch_api_options_are_unset_unless_given_and_say_their_default() -> None:
+def test_options_of_one_mode_are_unset_unless_given_and_say_their_default() -> None:
     options = {option.dest: option for option in RUN_OPTIONS}
-    for name in BATCH_API_OPTIONS:
+    assert set(BATCH_API_OPTIONS) < set(MODE_OPTIONS)
+    for name in MODE_OPTIONS:
         assert options[name].default is SUPPRESS, name
         default = RunSettings.model_fields[PARAMETER_FIELDS.get(name, name)].default
         if default is not None:
@@ -96,8 +97,9 @@ def test_each_argparse_type_gives_the_field_s_type() -> None:
             continue
         field = RunSettings.model_fields[PARAMETER_FIELDS.get(option.dest, option.dest)]
         kind = typing.get_args(field.annotation) or (field.annotation,)
-        value = getattr(arguments, option.type)("1")
-        assert type(value) in kind, f"--{option.dest}: {option.type} gives {type(value)}"
+        kinds = {typing.get_origin(k) or k for k in kind}  # dict[str, Any]: dict
+        value = getattr(arguments, option.type)("{}" if option.type == "json_object" else "1")
+        assert type(value) in kinds, f"--{option.dest}: {option.type} gives {type(value)}"
 
 
 def test_a_field_the_rules_cannot_place_needs_a_cli_type() -> None:

@@ -90,3 +90,109 @@ def test_each_row_is_classified_once_joined_whole_or_by_partition(
     assert sorted(written) == sorted(changed | {"fresh"} | ({dropped_before} & set(dict(new))))
     drops = sorted(i for ids in found.drops.values() for i in ids)
     assert drops == sorted(changed | (gone - {dropped_before}) | {"id30"})
+
+
+@pytest.mark.parametrize("partition_rows", [1_000_000, 17])
+def test_an_id_a_previous_delta_rewrote_is_looked_up_in_its_live_object_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partition_rows: int
+) -> None:
+    """The base holds id3 twice, dropped from its first object and live in a later delta
+    object (as a delta night leaves it), and the input moves rows between planned chunks:
+    each id is compared once, with its live row, whatever its partition or chunk."""
+    monkeypatch.setattr(delta, "_PARTITION_ROWS", partition_rows)
+    monkeypatch.setattr(delta, "_SPILL_ROWS", 5)  # several sorted groups per side
+    old = [(f"id{i}", f"text {i}") for i in range(40)]
+    base = _base(tmp_path / "out", [*old, ("id3", "text 3 again"), ("id40", "text 40")], 10)
+    first, later = base["chunks"][0], base["chunks"][4]  # type: ignore[index]
+    first["drop_ids"], first["rows"] = ["id3"], 9
+    base["chunks"][1].pop("drop_ids")  # type: ignore[index]
+    base["chunks"][1]["rows"] = 10  # type: ignore[index]
+    assert later["rows"] == 2
+    base["rows_published"] = 41
+    new = [*reversed(old[20:]), ("id40", "text 40"), *old[:20]]  # rows change chunks
+    new[new.index(("id3", "text 3"))] = ("id3", "text 3 again")  # the live text: unchanged
+    new[new.index(("id7", "text 7"))] = ("id7", "text 7 edited")
+    plan = _night(tmp_path, new)
+    with Scratch.create(tmp_path) as scratch:
+        found = delta._look_up(open_store(str(tmp_path / "out")), plan, base, scratch)
+    assert found.counts["unchanged"] == 40
+    assert (found.counts["changed"], found.counts["added"], found.counts["removed"]) == (1, 0, 0)
+    assert pa.concat_tables(found.written).column("id").to_pylist() == ["id7"]
+    assert found.drops == {0: ["id7"]}
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("lines_known", [True, False])
+def test_a_delta_chunk_reads_its_scattered_rows_a_span_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, newline: str, lines_known: bool
+) -> None:
+    """A delta chunk's rows, taken from planned chunks all through the input (records over
+    several lines, blank lines between), equal the planned chunks' rows at those positions,
+    parsed alone from the lines planning saw them on or up to the last position, however
+    many spans it reads; bytes changed since planning are refused."""
+    from dataclasses import replace
+
+    from adapters import csv_chunks
+    from adapters.row_facts import chunk_rows
+    from embedline.errors import InputError
+    from embedline.models import ChunkPart
+
+    rows = [(f"id{i}", f'text "{i}", with, commas{newline}and a line') for i in range(70)]
+    path = tmp_path / "in.csv"
+    body = "".join(
+        f'{i},"{t.replace(chr(34), 2 * chr(34))}"{newline}' + (newline if n % 4 == 1 else "")
+        for n, (i, t) in enumerate(rows)
+    )
+    path.write_bytes(f"id,text{newline}{body}".encode())
+    plan = plan_csv(
+        path, id_column="id", text_column="text", codec="utf-8", chunk_size=7, model="m",
+        dimensions=8, scratch_root=str(tmp_path),
+    )  # fmt: skip
+    taken = {0: (0, 3), 2: (6,), 3: (1, 2, 5), 9: (4, 6)}
+    parts = []
+    for c in plan.chunks:
+        if c.index not in taken:
+            continue
+        facts = chunk_rows(str(plan.scratch), c.index)
+        at = list(taken[c.index])
+        parts.append(
+            ChunkPart(
+                first_row=c.first_row,
+                line_start=c.line_start,
+                rows=c.rows,
+                byte_start=c.byte_start,
+                byte_stop=c.byte_stop,
+                bytes_sha256=c.bytes_sha256,
+                positions=taken[c.index],
+                lines=tuple(facts.column("line").take(at).to_pylist()) if lines_known else (),
+                last_lines=tuple(facts.column("last_line").take(at).to_pylist())
+                if lines_known
+                else (),
+            )
+        )
+    spec = replace(
+        plan.chunks[0],
+        rows=sum(len(p) for p in taken.values()),
+        byte_stop=parts[-1].byte_stop,
+        parts=tuple(parts),
+    )
+    whole = {i: csv_chunks.read_chunk(plan.source, plan.chunks[i]) for i in taken}
+    expected = [whole[i][p] for i, at in taken.items() for p in at]
+    assert [r.id for r in expected] == [
+        "id0",
+        "id3",
+        "id20",
+        "id22",
+        "id23",
+        "id26",
+        "id67",
+        "id69",
+    ]
+    for span_bytes in (1 << 30, 200, 1):
+        monkeypatch.setattr(csv_chunks, "_SPAN_BYTES", span_bytes)
+        assert csv_chunks.read_chunk(plan.source, spec) == expected
+    data = path.read_bytes()
+    at = parts[1].byte_start + 10
+    path.write_bytes(data[:at] + b"X" + data[at + 1 :])
+    with pytest.raises(InputError, match="changed while the run read it"):
+        csv_chunks.read_chunk(plan.source, spec)
