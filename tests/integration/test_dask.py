@@ -126,6 +126,10 @@ def test_the_window_follows_the_clusters_threads(tmp_path: Path) -> None:
             cluster.scale(3)
             runner.client.wait_for_workers(3, timeout=30)
             assert in_flight(runner, settings, settings.concurrency + 1) == 3 * 3
+    with LocalCluster(n_workers=0, processes=False, dashboard_address="127.0.0.1:0") as empty:
+        adaptive = settings.model_copy(update={"dask_address": empty.scheduler_address})
+        with task_runner(adaptive, 9) as runner:  # no worker yet: as one process
+            assert in_flight(runner, adaptive, 9) == 9
     threads = RunSettings(input=str(tmp_path / "in.csv"), concurrency=8)
     assert in_flight(None, threads, 9) == 9  # threads: --concurrency + 1, as given
 
