@@ -30,6 +30,7 @@ Body: ``run_key``, ``chunk``, ``epoch``, ``ttl_s``, ``renew_s``, ``skew_s``, ``h
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -300,7 +301,5 @@ def _create(store: ObjectStore, key: str, body: bytes) -> bool:
 
 
 def _delete(store: ObjectStore, key: str) -> None:
-    try:
+    with contextlib.suppress(EmbedlineError, OSError):  # left to embedline gc
         store.discard_scratch(key)
-    except (EmbedlineError, OSError):
-        pass  # left to embedline gc
