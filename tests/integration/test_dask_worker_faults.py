@@ -51,6 +51,7 @@ def _cluster(home: Path, env: dict[str, str], *, nanny: bool = True) -> Iterator
         for n in range(2):
             worker = ["worker", address, "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"]
             worker += [] if nanny else ["--no-nanny"]
+            worker += ["--preload", "tests.support.dask_warm"]  # before the short worker-ttl
             procs.append(_dask([*worker, "--name", f"w{n}"], env, home / f"w{n}.log"))
         _wait_for(lambda: _worker_count(address) == 2, 90, "the workers")
         yield address
@@ -73,7 +74,7 @@ def _env(moto_endpoint: str) -> dict[str, str]:
         "AWS_ENDPOINT_URL": moto_endpoint,
         "EMBEDLINE_API_KEY": "sk-test",
         "EMBEDLINE_CHUNK_LEASE_TTL_S": "4",  # a stalled copy's lease lapses in 4 s + 2 s
-        "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "5s",  # gives up on a silent worker
+        "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "8s",  # gives up on a silent worker
     }
 
 
@@ -134,7 +135,7 @@ def _scenario(
             os.kill(victim, signal.SIGKILL)
         else:
             os.kill(victim, signal.SIGSTOP)
-            time.sleep(15)  # past the scheduler's 5 s and the chunk lease's 4 s + 2 s
+            time.sleep(20)  # past the scheduler's 8 s and the chunk lease's 4 s + 2 s
             os.kill(victim, signal.SIGCONT)
         out, err = first.communicate(timeout=300)
         _ended_as_documented(first, out, err)
