@@ -4,7 +4,8 @@ holder that lapsed sends nothing more once another copy took over."""
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tasks.lease.chunk_lease import (
     chunk_lease_prefix,
     take_chunk_lease,
 )
+from tests.support.fixtures import REPO
 
 RUN = "a" * 64
 
@@ -55,12 +57,16 @@ def test_a_second_copy_waits_and_adopts_the_chunk_the_first_published(tmp_path: 
 
 def test_a_lease_whose_holder_process_is_gone_is_taken_over_at_once(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path)
-    pid = os.fork()
-    if pid == 0:  # a holder that dies without releasing (kill -9)
-        lease = take_chunk_lease(store, RUN, "c1", published=lambda: False, ttl_s=300)
-        os._exit(0 if lease is not None else 1)
-    _, status = os.waitpid(pid, 0)
-    assert status == 0
+    holder = (  # a holder that dies without releasing (kill -9): a process of its own
+        "import os, sys; from adapters.object_store import LocalDirStore; "
+        "from tasks.lease.chunk_lease import take_chunk_lease; "
+        "lease = take_chunk_lease(LocalDirStore(sys.argv[1]), sys.argv[2], 'c1', "
+        "published=lambda: False, ttl_s=300); os._exit(0 if lease else 1)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", holder, str(tmp_path), RUN], cwd=REPO, check=False, timeout=120
+    )
+    assert done.returncode == 0
     waited: list[float] = []
     second = take_chunk_lease(
         store, RUN, "c1", published=lambda: False, ttl_s=300, sleep=waited.append
