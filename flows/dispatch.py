@@ -48,7 +48,8 @@ class Dispatched:
     """What a run's embed and publish stage did: the dispatch's ``result`` and, with chunks
     run in this process (threads), ``cost`` (``Usage``: requests, tokens, inputs charged,
     requests retried) every chunk of this process sent — failed, retried and released
-    attempts too; None on Dask, whose workers count in their own processes."""
+    attempts too; on Dask the spend records drained from the store
+    (``tasks/embed/spent.py``); None in Batch API mode on Dask (the outcomes' counts)."""
 
     result: DispatchResult
     cost: Usage | None

@@ -19,7 +19,7 @@ from prefect.settings import get_current_settings
 
 from embedline.errors import EmbedlineError
 from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputPlan
-from embedline.progress import cost_in_process, reset_cost
+from embedline.progress import Usage, cost_in_process, reset_cost
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
@@ -37,6 +37,7 @@ from flows.signals import dispatch_with_graceful_stop
 from flows.task_runner import in_flight, task_runner, warm_up
 from tasks.embed.failures import ChunkFailure, status_for
 from tasks.embed.groups import CLUSTER_CHUNKS_PER_RUN, ChunkGroup, chunk_groups
+from tasks.embed.spent import drain_spent
 from tasks.embed.task import embed_chunk, embed_chunks, show_published_chunk
 from tasks.reuse.stage import ReuseStage
 
@@ -183,8 +184,25 @@ def _embed_and_publish(
             copied.submitted,
         )
     stage.index_published(result.published.values())  # the next run reads none of them
-    cost = cost_in_process() if settings.task_runner == "threads" else None
+    cost = _cost(run)
     return Dispatched(result, cost, staged.batches if staged is not None else 0)
+
+
+def _cost(run: Run) -> Usage | None:
+    """What the run's chunks sent: this process's tally with threads; on Dask, the spend
+    records its chunk tasks left in the store (``tasks/embed/spent.py``), which count a
+    killed worker's and a dropped copy's requests too; None (the outcomes' counts) in Batch
+    API mode or when the store cannot be listed."""
+    settings = run.settings
+    if settings.task_runner == "threads":
+        return cost_in_process()
+    if settings.batch_api:
+        return None
+    try:
+        return drain_spent(run.store, run.run_key)
+    except (EmbedlineError, OSError) as exc:
+        get_run_logger().warning("could not read the run's spend records: %s", exc)
+        return None
 
 
 def _groups(

@@ -40,13 +40,14 @@ def outcome_fields(
     and whose dispatch ended with ``result``: counts (rows, chunks, requests, tokens, inputs)
     and ``exit_code``/``status``/``message``.
 
-    ``cost``, when given, is what this process's chunk tasks sent (``Usage``), which the
-    outcomes undercount after failures; without it (Dask) requests not answered are not
-    counted. ``tokens_saved`` is computed by ``tokens_avoided``. Empty texts block the commit
-    only with ``on_empty_text="fail"``. A status of ``complete`` (exit 0) means: ready to commit. A
-    run that did not complete and leaves Batch API batches running at the provider
-    (``STOP.report.left_running``) ends its message with how many and how to collect or cancel
-    them, whatever stopped it.
+    ``cost``, when given, is what the run's chunk tasks sent (``Usage``: this process's
+    tally with threads, the store's spend records on Dask), which the outcomes undercount
+    after failures and lost workers; without it (Batch API mode on Dask) requests not
+    answered are not counted. ``tokens_saved`` is computed by ``tokens_avoided``. Empty
+    texts block the commit only with ``on_empty_text="fail"``. A status of ``complete``
+    (exit 0) means: ready to commit. A run that did not complete and leaves Batch API
+    batches running at the provider (``STOP.report.left_running``) ends its message with
+    how many and how to collect or cancel them, whatever stopped it.
     """
     done = {**skipped, **result.published}
     concurrent = result.published_elsewhere  # also in ``skipped``

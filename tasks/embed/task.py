@@ -35,7 +35,9 @@ from tasks.embed.failures import group_retry_condition, retry_condition, retryab
 from tasks.embed.groups import ChunkGroup, GroupOutcome
 from tasks.embed.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.embed.rows import EmbeddedRows, embed_rows, merged
-from tasks.publish.chunk_object import publish_chunk
+from tasks.embed.spent import SpendRecords, spending
+from tasks.lease.chunk_lease import ChunkLeaseLost, take_chunk_lease
+from tasks.publish.chunk_object import adopt_existing, publish_chunk
 from tasks.reuse.chunk_side import (
     Reused,
     combine,
@@ -114,7 +116,15 @@ def embed_chunk(
     """
     try:
         return run_chunk(
-            spec, source, settings, reuse, dimensions, run_key, batches, logger=get_run_logger()
+            spec,
+            source,
+            settings,
+            reuse,
+            dimensions,
+            run_key,
+            batches,
+            logger=get_run_logger(),
+            leased=settings.task_runner == "dask",
         )
     except StopRequestedError as exc:
         return Cancelled(message=f"{type(exc).__name__}: {exc}")
@@ -226,6 +236,7 @@ def run_group(
                     run_key,
                     batches[n] if batches is not None else None,
                     logger=logger,
+                    leased=getattr(settings, "task_runner", None) == "dask",
                 )
             )
         except Exception as exc:  # noqa: BLE001 - the chunk's outcome: status_for reads it
@@ -258,12 +269,58 @@ def run_chunk(
     batches: ChunkBatches | None = None,
     *,
     logger: Any,
+    leased: bool = False,
 ) -> ChunkOutcome:
     """``embed_chunk``'s body, without Prefect: also what the flow process runs itself for
     a chunk whose every row the reuse stage copied (``flows/local_chunks.py``: no task
     run, nothing to send). ``logger``: a logger or Prefect's run logger. Raises as
-    ``embed_chunk``, and ``StopRequestedError`` (the run is stopping)."""
+    ``embed_chunk``, and ``StopRequestedError`` (the run is stopping).
+
+    ``leased`` (a chunk task on Dask, with ``run_key``): the chunk's lease is taken first,
+    so no two copies of the chunk send at once (``tasks/lease/chunk_lease.py``), and what
+    it sends is recorded in the store (``tasks/embed/spent.py``). A copy that finds the
+    chunk published by another adopts its object."""
     quiet_expected_tracebacks()  # this process may be a Dask worker
+    if not (leased and run_key):
+        return _run_chunk(spec, source, settings, reuse, dimensions, run_key, batches, logger)
+    store = store_for(settings.output)
+    chunk = chunk_name(spec.object_key)
+    while True:
+        lease = take_chunk_lease(
+            store,
+            run_key,
+            chunk,
+            published=lambda: store.head_sha256(spec.object_key) is not None,
+            log=logger,
+        )
+        if lease is None:  # another copy published it: nothing to send
+            logger.info("chunk %d: published by another copy of its task", spec.index)
+            return adopt_existing(store, spec, model=settings.effective_model)
+        spent = SpendRecords(store, run_key, chunk, check=lease.check)
+        try:
+            return _run_chunk(
+                spec, source, settings, reuse, dimensions, run_key, batches, logger, spent
+            )
+        except ChunkLeaseLost as exc:
+            logger.warning("chunk %d: %s; waiting for it", spec.index, exc)
+        finally:
+            spent.flush()  # the last answer's tokens and retries
+            lease.release()
+
+
+def _run_chunk(
+    spec: ChunkSpec,
+    source: InputSource,
+    settings: RunSettings,
+    reuse: ReusePlan | None,
+    dimensions: int | None,
+    run_key: str | None,
+    batches: ChunkBatches | None,
+    logger: Any,
+    spent: SpendRecords | None = None,
+) -> ChunkOutcome:
+    """``run_chunk``'s work; with ``spent`` (a leased chunk), each request is recorded
+    there after the lease's check, and the lease is checked again before publishing."""
     store = store_for(settings.output)
     rows = read_chunk(source, spec)
     expected = settings.dimensions or dimensions
@@ -301,12 +358,16 @@ def run_chunk(
         send, copies = split_duplicates(rest)
         answers = _batch_answers(rows, settings, batches) if send else None
         client = progress.counting((answers or _embedder(settings)) if send else None, spec.index)
+        if answers is None:  # requests sent: recorded, each after the lease's check
+            client = spending(client, spent)
         # batch answers are kept by the provider (the rerun reads them again): nothing to keep
         embedded = _embed(send, client, settings, expected, paid if answers is None else None)
         if expected is None and embedded.rows:  # learned from the server's first answer
             stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
             if stale:  # vectors of an older length: this run's are the server's answers
-                client = client or progress.counting(_embedder(settings), spec.index)
+                client = client or spending(
+                    progress.counting(_embedder(settings), spec.index), spent
+                )
                 embedded = merged(
                     embedded, _embed(stale, client, settings, int(embedded.vectors.shape[1]), paid)
                 )
@@ -325,6 +386,8 @@ def run_chunk(
             dimensions = int(embedded.vectors.shape[1])
         else:
             dimensions = expected or int(getattr(client, "dimensions", None) or 0)
+        if spent is not None:
+            spent.check()  # still the holder: another copy may have taken the chunk over
         outcome = publish_chunk(
             store,
             spec,

@@ -1,12 +1,15 @@
 """A Dask cluster that goes away mid-run ends like the single process does: one line that
 says to rerun, exit 1, no traceback; the rerun on a new cluster finishes what is left and
-every vector is the fake server's. (The scheduler and worker are processes of their own, as
-a user's platform starts them; the scheduler is SIGKILLed while chunks are in flight.)"""
+every vector is the fake server's; the summary counts every input the fake charged (from the
+store: what the chunks in flight sent too). (The scheduler and worker are processes of their
+own, as a user's platform starts them; the scheduler is SIGKILLed while chunks are in
+flight, the worker frozen just before.)"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,8 +34,11 @@ pytestmark = [
 
 
 @contextmanager
-def _cluster(home: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A scheduler and one worker of 2 threads on 127.0.0.1: (address, scheduler process)."""
+def _cluster(
+    home: Path, env: dict[str, str]
+) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+    """A scheduler and one worker of 2 threads on 127.0.0.1: (address, scheduler process,
+    worker process: its nanny, in a process group with the worker)."""
     home.mkdir(parents=True)
     scheduler_file = home / "scheduler.json"
     args = ["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
@@ -44,7 +50,7 @@ def _cluster(home: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.
         worker_args = ["worker", address, "--nthreads", "2", "--no-dashboard"]
         procs.append(_dask([*worker_args, "--host", "127.0.0.1"], env, home / "w.log"))
         _wait_for(lambda: _worker_count(address) == 1, 90, "the worker")
-        yield address, scheduler
+        yield address, scheduler, procs[1]
     finally:
         for proc in reversed(procs):
             _kill(proc)
@@ -81,15 +87,24 @@ def test_a_scheduler_killed_mid_run_is_one_line_exit_1_and_a_rerun_finishes(
             text=True,
         )
 
+    fake_openai.reset()
     fake_openai.fail_when(lambda payload: {"delay_s": 0.5})
-    with _cluster(tmp_path / "first", env) as (address, scheduler):
+    with _cluster(tmp_path / "first", env) as (address, scheduler, worker):
         first = run(address)
         deadline = time.monotonic() + 120
         while fake_openai.answered < 10:
             assert first.poll() is None and time.monotonic() < deadline, first.stderr
             time.sleep(0.1)
+        # the worker is frozen first, so that what it sent is what the summary can count:
+        # a worker that goes on after the CLI ends sends what no summary sees
+        os.killpg(worker.pid, signal.SIGSTOP)
         os.killpg(scheduler.pid, signal.SIGKILL)
-        _, stderr = first.communicate(timeout=180)
+        stdout, stderr = first.communicate(timeout=180)
+    time.sleep(1)  # the fake charges a request in flight after its delay, client or not
+    summary = re.findall(r"([\d,]+) inputs? charged", stdout + stderr)
+    assert summary, (stdout + stderr)[-3000:]
+    # what the chunk tasks sent, from the store: kept requests of unpublished chunks too
+    assert int(summary[-1].replace(",", "")) == sum(fake_openai.charged_texts().values())
     assert first.returncode == 1, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
@@ -97,7 +112,7 @@ def test_a_scheduler_killed_mid_run_is_one_line_exit_1_and_a_rerun_finishes(
     assert "rerun the same command to resume" in last
 
     fake_openai.fail_when(lambda payload: None)
-    with _cluster(tmp_path / "second", env) as (address, _):
+    with _cluster(tmp_path / "second", env) as (address, _, _):
         rerun = run(address)
         _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr[-3000:]

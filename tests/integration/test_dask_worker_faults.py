@@ -1,0 +1,194 @@
+"""A worker of a Dask cluster that dies or stalls mid-run costs nothing twice and is counted:
+a worker SIGKILLed mid-run (its nanny starts a new one, Dask runs its chunks again) and a
+worker SIGSTOPped past the scheduler's timeout (no nanny kills it: Dask runs its chunks
+elsewhere while the first copies still hold them; SIGCONT wakes them) each end with the
+summary, exit 0 or "rerun to resume" with exit 1, no traceback; the summary's inputs charged
+are the fake server's charged count; a rerun completes with every vector exact and no text
+charged twice but those of a request in flight at the fault. The scheduler and workers are
+processes of their own, as a user's platform starts them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from embedline import read_embeddings
+from tests.integration.test_dask_external import _dask, _kill, _wait_for, _worker_count
+from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fixtures import REPO
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("prefect_api_url"),
+    pytest.mark.slow,  # a cluster of three processes, two runs each: make test-all runs it
+]
+
+
+@contextmanager
+def _cluster(home: Path, env: dict[str, str], *, nanny: bool = True) -> Iterator[str]:
+    """A scheduler and two workers of 2 threads each on 127.0.0.1 (``nanny``: each with
+    a nanny, which starts a new worker when one dies, and kills one the scheduler gave up
+    on)."""
+    home.mkdir(parents=True)
+    scheduler_file = home / "scheduler.json"
+    args = ["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
+    procs = [_dask([*args, "--scheduler-file", str(scheduler_file)], env, home / "s.log")]
+    try:
+        _wait_for(scheduler_file.exists, 60, "the scheduler's file")
+        address = json.loads(scheduler_file.read_text())["address"]
+        for n in range(2):
+            worker = ["worker", address, "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"]
+            worker += [] if nanny else ["--no-nanny"]
+            worker += ["--preload", "tests.support.dask_warm"]  # before the short worker-ttl
+            procs.append(_dask([*worker, "--name", f"w{n}"], env, home / f"w{n}.log"))
+        _wait_for(lambda: _worker_count(address) == 2, 90, "the workers")
+        yield address
+    finally:
+        for proc in reversed(procs):
+            _kill(proc)
+
+
+def _worker_pids(address: str) -> list[int]:
+    from distributed import Client
+
+    with Client(address, timeout=10) as client:
+        return sorted(client.run(os.getpid).values())
+
+
+def _env(moto_endpoint: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "EMBEDLINE_API_KEY": "sk-test",
+        "EMBEDLINE_CHUNK_LEASE_TTL_S": "4",  # a stalled copy's lease lapses in 4 s + 2 s
+        "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "8s",  # gives up on a silent worker
+    }
+
+
+def _start(tmp_path: Path, env: dict[str, str], address: str, base_url: str, output: str) -> Any:
+    args = ["run", "in.csv", "--output", output, "--ledger", "ledger.sqlite3"]
+    args += ["--embedder", "openai", "--base-url", base_url]
+    args += ["--chunk-size", "20", "--batch-size", "2", "--concurrency", "4"]
+    args += ["--task-runner", "dask", "--dask-address", address]
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _charged_in_summary(out: str) -> int:
+    found = re.findall(r"([\d,]+) inputs? charged", out)
+    assert found, out[-3000:]
+    return int(found[-1].replace(",", ""))
+
+
+def _paid_twice_per_chunk(fake: FakeEmbeddingServer, rows: list[tuple[str, str]]) -> int:
+    """The most texts of one chunk (20 rows) the fake charged more than once. A copy that
+    dies or stops mid-chunk leaves at most one request (2 texts: in flight, or answered and
+    not yet kept) to be paid again; one kill has been seen to cost a chunk two copies (Dask
+    ran it again on the worker being replaced): 4. A chunk paid again whole would be 20."""
+    charged = fake.charged_texts()
+    twice = [
+        n // 20
+        for n, (_, text) in enumerate(rows)
+        if charged[hashlib.sha256(text.encode()).hexdigest()] > 1
+    ]
+    return max((twice.count(c) for c in set(twice)), default=0)
+
+
+def _ended_as_documented(proc: Any, out: str, err: str) -> None:
+    """Exit 0, or exit 1 with "rerun to resume"; the summary; no traceback."""
+    assert "Traceback" not in out + err, (out + err)[-4000:]
+    assert proc.returncode in (0, 1), (out + err)[-4000:]
+    if proc.returncode == 1:
+        assert "rerun the same command" in err, (out + err)[-4000:]
+
+
+def _scenario(
+    tmp_path: Path,
+    moto_endpoint: str,
+    s3_bucket: str,
+    fake: FakeEmbeddingServer,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: str,
+) -> None:
+    env = _env(moto_endpoint)
+    rows = [(f"r{i:03d}", f"{fault} text {i}") for i in range(240)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    output = f"s3://{s3_bucket}/{fault}"
+    fake.reset()
+    fake.fail_when(lambda payload: {"delay_s": 0.4})
+    with _cluster(tmp_path / "first", env, nanny=fault == "kill") as address:
+        first = _start(tmp_path, env, address, fake.base_url, output)
+        deadline = time.monotonic() + 120
+        while fake.answered < 12:
+            if first.poll() is not None or time.monotonic() > deadline:
+                first.kill()
+                out, err = first.communicate()
+                pytest.fail(f"the run ended before the fault: {(out + err)[-3000:]}")
+            time.sleep(0.1)
+        victim = _worker_pids(address)[0]
+        if fault == "kill":
+            os.kill(victim, signal.SIGKILL)
+        else:
+            os.kill(victim, signal.SIGSTOP)
+            time.sleep(20)  # past the scheduler's 8 s and the chunk lease's 4 s + 2 s
+            os.kill(victim, signal.SIGCONT)
+        out, err = first.communicate(timeout=300)
+        _ended_as_documented(first, out, err)
+        time.sleep(3)  # a woken copy may still be asking its fenced lease
+        charged = sum(fake.charged_texts().values())
+        assert _charged_in_summary(out + err) == charged, (out + err)[-4000:]
+        assert _paid_twice_per_chunk(fake, rows) <= 4, (out + err)[-4000:]
+
+    fake.fail_when(None)
+    with _cluster(tmp_path / "second", env) as address:
+        rerun = _start(tmp_path, env, address, fake.base_url, output)
+        out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, (out + err)[-4000:]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    frame = read_embeddings(output)
+    got = dict(zip(frame["id"], frame["embedding"], strict=True))
+    assert sorted(got) == [a for a, _ in rows]
+    for row_id, text in rows:
+        assert np.allclose(got[row_id], expected_vector(text), atol=1e-6)
+    assert _paid_twice_per_chunk(fake, rows) <= 4
+    assert max(fake.charged_texts().values()) <= 2
+
+
+def test_a_worker_killed_mid_run_is_counted_and_costs_nothing_twice(
+    tmp_path: Path,
+    moto_endpoint: str,
+    s3_bucket: str,
+    fake_openai: FakeEmbeddingServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _scenario(tmp_path, moto_endpoint, s3_bucket, fake_openai, monkeypatch, "kill")
+
+
+def test_a_worker_paused_past_the_scheduler_timeout_does_not_pay_again_when_woken(
+    tmp_path: Path,
+    moto_endpoint: str,
+    s3_bucket: str,
+    fake_openai: FakeEmbeddingServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _scenario(tmp_path, moto_endpoint, s3_bucket, fake_openai, monkeypatch, "pause")
