@@ -53,20 +53,25 @@ demo: $(STAMP)
 # on two cores a third worker fills those waits (benchmarks/LOG.md has the comparison).
 # What the suite needs is installed side by side (downloads wait on the network, not on a
 # core; the two apt-get installs take turns: dpkg has one lock), then linted and built.
+# Bytecode is cached even where the environment sets PYTHONDONTWRITEBYTECODE (common in CI
+# images): the suite starts hundreds of CLI processes, each of which would otherwise
+# compile the project's modules again (about 0.25 CPU s each), and every xdist worker would
+# rewrite every test module's assertions again at collection.
 PYTEST_WORKERS ?= 3
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 test:
 	$(MAKE) --jobs=4 --output-sync=target test-ready
-	$(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
+	$(PYTEST) -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
 
 test-ready: $(STAMP) $(TEST_SERVERS) lint docs
 
 # Unit tests only: no sockets, no servers, about 40 s.
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit -m "not slow" -n $(PYTEST_WORKERS)
+	$(PYTEST) tests/unit -m "not slow" -n $(PYTEST_WORKERS)
 
 # Everything, including the slow soak/crash runs and the real-server test below.
 test-all: $(STAMP) $(LITELLM_STAMP) $(TEST_SERVERS)
-	EMBEDLINE_SOAK=1 EMBEDLINE_LITELLM=$(LITELLM_VENV)/bin/litellm $(BIN)/python -m pytest
+	EMBEDLINE_SOAK=1 EMBEDLINE_LITELLM=$(LITELLM_VENV)/bin/litellm $(PYTEST)
 
 # Slow: the main job through LiteLLM's proxy, a real OpenAI-compatible server from PyPI,
 # installed into its own venv (about 750 MB, 4 minutes) so the project's pins stay its own.

@@ -972,29 +972,29 @@ def test_cancel_batches_finds_the_runs_batches_at_the_provider_with_a_fresh_ledg
 # -- packing: a night of small edits over many chunks makes a few batches -----------------
 
 
-def test_4500_texts_over_900_chunks_make_5_batches_and_a_fresh_ledger_adopts_them(
+def test_450_texts_over_90_chunks_make_5_batches_and_a_fresh_ledger_adopts_them(
     tmp_path: Path, server: FakeBatchServer, prefect_api_url: str
 ) -> None:
     """Each chunk's few requests are packed with other chunks' into batches of up to
-    --batch-max-inputs (1,000 here: 5 batches; the default 50,000 would make one). The run
+    --batch-max-inputs (100 here: 5 batches; the default 50,000 would make one). The run
     stops with them running (the API gone), its ledger is lost, and the rerun adopts all
     five from the provider's list, each chunk its own lines: nothing created or paid twice."""
-    texts = [f"night text {i} of many small chunks" for i in range(4500)]
+    texts = [f"night text {i} of many small chunks" for i in range(450)]
     rows = write_csv(tmp_path / "in.csv", texts)
-    packed = {"chunk_size": 5, "batch_max_inputs": 1000}
+    packed = {"chunk_size": 5, "batch_max_inputs": 100}
     server.hold, server.poll_status = True, 503  # submitted, then the API goes away
     first = run_flow(tmp_path, server, prefect_api_url, max_attempts=1, **packed)
     assert first["exit_code"] == 1, first["message"]
     assert "5 batches keep running at the provider" in first["message"], first["message"]
     batches = list(server.batches.values())
-    assert len(batches) == server.batch_counters()["creates"] == 5  # not 900
-    # 3 requests per chunk (--batch-size 2), 200 chunks (1,000 inputs) per batch
-    assert sorted(b["request_counts"]["total"] for b in batches) == [300, 600, 600, 600, 600]
+    assert len(batches) == server.batch_counters()["creates"] == 5  # not 90
+    # 3 requests per chunk (--batch-size 2), 20 chunks (100 inputs) per batch
+    assert sorted(b["request_counts"]["total"] for b in batches) == [30, 60, 60, 60, 60]
     (tmp_path / "ledger.sqlite3").unlink()  # a fresh ledger: the provider is the truth
     server.hold, server.poll_status = False, None
     summary = run_flow(tmp_path, server, prefect_api_url, **packed)
     assert summary["exit_code"] == 0, summary["message"]
-    assert summary["chunks_total"] == 900
+    assert summary["chunks_total"] == 90
     assert_exact(tmp_path, rows)
     counters = server.batch_counters()
     assert counters["creates"] == counters["batches"] == 5  # adopted, not created again
