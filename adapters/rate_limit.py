@@ -29,9 +29,17 @@ starts at ``start = max(now, tat_rpm, tat_tpm)`` and moves each ``tat`` to
 
 ``reserve`` books the slot and returns how long to wait; the caller sleeps outside the lock
 (and outside any concurrency slot). ``correct`` adjusts TPM once the server's ``usage`` is
-known: an over-estimate is credited back and an under-estimate debited, applied to the
-reservations that follow; a credit never moves ``tat`` before ``now`` (idle time does not
-accumulate into a burst).
+known: an under-estimate is debited (``tat`` moves later at once) and an over-estimate
+credited, applied to the reservations that follow. A credit often arrives after later
+requests were booked (each request in flight holds a slot; on a Dask cluster a worker's
+credits ride on its next reservation, so several land at once), and those slots are fixed.
+So a credit moves ``tat`` back, but never before the latest booking's start plus its likely
+weight: its estimate times the ``usage``/estimate ratio of the last minute's worth of
+corrected tokens. What a credit cannot use yet waits for the bookings that follow, each
+taking what its own likely weight leaves (at most one second's worth waits). Without that
+floor, credits landing together would start several requests together, beyond the second's
+worth a provider's per-minute limit tolerates. A credit never moves ``tat`` before ``now``
+either: idle time does not accumulate into a burst, and the rest of such a credit is dropped.
 
 Thread-safe: one ``threading.Lock`` guards every ``tat``; nothing sleeps under it. The clock
 is injected (tests pass a fake one).
@@ -128,6 +136,13 @@ class RequestPacer:
         self._lock = threading.Lock()
         self._requests = GCRA(rpm) if rpm is not None else None
         self._tokens = GCRA(tpm) if tpm is not None else None
+        # TPM credits (see the module docstring): the latest booking, the credit not yet
+        # applied, and the corrected tokens' estimate and over-estimate (the last minute's)
+        self._last_start: float | None = None
+        self._last_tokens = 0
+        self._credit = 0.0
+        self._corrected = 0.0
+        self._returned = 0.0
 
     def __repr__(self) -> str:
         return f"RequestPacer(rpm={self.rpm!r}, tpm={self.tpm!r})"
@@ -156,6 +171,8 @@ class RequestPacer:
                 self._requests.book(start, 1)
             if self._tokens is not None:
                 self._tokens.book(start, max(0, tokens))
+                self._last_start, self._last_tokens = start, max(0, tokens)
+                self._apply_credit(now)
         return start - now
 
     def carry_over(self, other: RequestPacer) -> None:
@@ -168,14 +185,63 @@ class RequestPacer:
             for rate in (self._requests, self._tokens):
                 if rate is not None:
                     rate.tat = max(rate.tat, latest)
+            self._last_start, self._last_tokens = other._last_start, other._last_tokens
+            self._corrected, self._returned = other._corrected, other._returned
 
     def correct(self, *, estimated: int, used: int) -> None:
-        """Replace a request's ``estimated`` tokens by the ``used`` ones the server reported.
+        """Replace ``estimated`` tokens by the ``used`` ones the server reported, for one
+        request or for several answered since (their sums: a cluster worker's carried
+        correction).
 
         ``used > estimated`` delays the following requests (debit); ``used < estimated``
-        lets them go earlier (credit), but never earlier than now. No effect without a TPM.
+        lets them go earlier (credit), but never earlier than now, nor closer to the latest
+        booking than its likely weight (module docstring). No effect without a TPM.
         """
-        if self._tokens is None or used == estimated:
+        if self._tokens is None:
             return
         with self._lock:
-            self._tokens.adjust(self._clock(), used - estimated)
+            now = self._clock()
+            if estimated > 0:
+                self._learn(estimated, used)
+            debit = used - estimated
+            if debit == 0:
+                return
+            if debit > 0:
+                taken = min(self._credit, debit)  # credit not applied yet pays first
+                self._credit -= taken
+                self._tokens.adjust(now, debit - taken)
+            else:
+                self._credit += -debit
+                self._apply_credit(now)
+
+    def _learn(self, estimated: int, used: int) -> None:
+        """Count corrected tokens toward the ratio, keeping about the last minute's worth."""
+        self._corrected += estimated
+        self._returned += estimated - used
+        limit = self._tokens.per_minute if self._tokens is not None else 0
+        if self._corrected > limit > 0:
+            keep = limit / self._corrected
+            self._corrected *= keep
+            self._returned *= keep
+
+    def _apply_credit(self, now: float) -> None:
+        """Move the TPM ``tat`` back by the credit held, as far as it may go (under the
+        lock): not before ``now`` (the rest is dropped), nor before the latest booking's
+        start plus its likely weight (the rest, at most a second's worth, is kept for the
+        next booking)."""
+        rate = self._tokens
+        if rate is None or self._credit <= 0:
+            return
+        floor = now
+        if self._last_start is not None:
+            share = self._returned / self._corrected if self._corrected else 0.0
+            likely = self._last_tokens * (1 - min(1.0, max(0.0, share)))  # its likely tokens
+            floor = max(floor, self._last_start + likely * rate.interval_s)
+        tat = max(floor, rate.tat - self._credit * rate.interval_s)
+        if tat < rate.tat:
+            self._credit -= (rate.tat - tat) / rate.interval_s
+            rate.tat = tat
+        if floor <= now:
+            self._credit = 0.0  # the rest would move ``tat`` into the past: idle time
+        else:
+            self._credit = min(max(0.0, self._credit), rate.per_minute / 60)

@@ -6,11 +6,12 @@ request.
 scheduler handler, ``embedline_budget``. A worker's ``ClusterPacer.reserve`` is one round
 trip to it: the scheduler books the request against the budget's ``RequestPacer`` and
 answers how long to wait before sending, as a process's own pacer does; the worker sleeps
-that long. A TPM correction (the answer's ``usage`` against the estimate) rides on the
-worker's next reservation, so each request costs one round trip. The budget is named by what
-it belongs to (``budget_name``: the API key's digest, the base URL and the model), so runs
-that overlap on one cluster and one account share it, and workers that join later ask the
-same one.
+that long. A TPM correction (the answers' ``usage`` and their estimates, each summed since
+the worker's last reservation) rides on the worker's next reservation, so each request costs
+one round trip; both sums, not only their difference, let the pacer learn how heavy a
+request turns out against its estimate. The budget is named by what it belongs to
+(``budget_name``: the API key's digest, the base URL and the model), so runs that overlap on
+one cluster and one account share it, and workers that join later ask the same one.
 
 The handler and the pacer are shipped to the scheduler by value (cloudpickle), so a
 scheduler that does not have embedline installed holds the budget too. Imported only for
@@ -59,15 +60,20 @@ def install_budget(dask_scheduler: Any) -> bool:
     lock = threading.Lock()
 
     def reserve(
-        name: str, rpm: int | None, tpm: int | None, tokens: int, correction: int = 0
+        name: str,
+        rpm: int | None,
+        tpm: int | None,
+        tokens: int,
+        estimated: int = 0,
+        used: int = 0,
     ) -> float:
         with lock:
             pacer = pacers.get(name)
             if pacer is None or (pacer.rpm, pacer.tpm) != (rpm, tpm):
                 pacer = _resized(pacer, rpm, tpm)
                 pacers[name] = pacer
-        if correction:
-            pacer.correct(estimated=0, used=correction)
+        if estimated or used:
+            pacer.correct(estimated=estimated, used=used)
         return pacer.reserve(tokens)
 
     dask_scheduler.handlers[HANDLER] = reserve
@@ -107,7 +113,8 @@ class ClusterPacer:
         self.tpm = tpm
         self._worker = worker
         self._lock = threading.Lock()
-        self._correction = 0  # tokens used beyond (or, negative, below) the estimates
+        self._estimated = 0  # estimated tokens of the answers not yet carried
+        self._used = 0  # and the tokens they used
 
     def __repr__(self) -> str:
         return f"ClusterPacer({self.name!r}, rpm={self.rpm!r}, tpm={self.tpm!r})"
@@ -127,7 +134,8 @@ class ClusterPacer:
         from distributed.utils import sync
 
         with self._lock:
-            correction, self._correction = self._correction, 0
+            estimated, used = self._estimated, self._used
+            self._estimated = self._used = 0
         worker = self._worker
         call = getattr(worker.scheduler, HANDLER)
         wait = sync(
@@ -137,7 +145,8 @@ class ClusterPacer:
             rpm=self.rpm,
             tpm=self.tpm,
             tokens=tokens,
-            correction=correction,
+            estimated=estimated,
+            used=used,
         )
         if wait is None:  # distributed answers None for an operation it has no handler for
             raise FatalError(
@@ -147,10 +156,12 @@ class ClusterPacer:
         return float(wait)
 
     def correct(self, *, estimated: int, used: int) -> None:
-        """Carry ``used - estimated`` tokens to the next reservation (no TPM: nothing)."""
-        if self.tpm is not None and used != estimated:
+        """Carry ``estimated`` and ``used`` tokens to the next reservation (no TPM: nothing);
+        an exact estimate too, as it counts toward the ratio the pacer learns."""
+        if self.tpm is not None:
             with self._lock:
-                self._correction += used - estimated
+                self._estimated += estimated
+                self._used += used
 
 
 def cluster_pacer(settings: RunSettings) -> ClusterPacer | None:

@@ -152,6 +152,35 @@ def test_a_credit_never_builds_up_a_burst() -> None:
     assert pacer.reserve(10) == pytest.approx(1.0)  # paced by the first one's 10 tokens
 
 
+def test_late_credits_arriving_together_never_start_a_burst() -> None:
+    """Ten requests in flight (a Dask cluster's threads, two workers of five), each booked at
+    its estimate of 10 tokens and using 6. An answer's credit rides on its worker's next
+    reservation; once a thread has no more to send, its credit waits for another thread of
+    its worker, so two to four credits land at once on bookings already queued. Counted at
+    the tokens they use, the requests starting within any second stay within one second's
+    worth, and the budget is still used (the requests go 0.2 s apart: 6 tokens at 30/s)."""
+    clock = FakeClock()
+    pacer = RequestPacer(tpm=1800, clock=clock)  # 30 tokens a second
+    left = [5, 5, 5, 5, 10, 5, 5, 5, 5, 10]  # requests to send, per thread
+    carried = [0, 0]  # answers whose credit waits for the worker's next reservation
+    starts = {thread: clock.now + pacer.reserve(10) for thread in range(10)}
+    sent: list[float] = []
+    while starts:
+        thread = min(starts, key=lambda t: (starts[t], t))
+        clock.now = starts.pop(thread)
+        sent.append(clock.now)  # answered at once
+        left[thread] -= 1
+        carried[thread // 5] += 1
+        if left[thread]:
+            answers, carried[thread // 5] = carried[thread // 5], 0
+            pacer.correct(estimated=10 * answers, used=6 * answers)
+            starts[thread] = clock.now + pacer.reserve(10)
+    assert len(sent) == 60
+    assert max_in_window(sent, 1.0) * 6 <= 30  # one second's worth: 5 requests of 6
+    steady = [s for s in sorted(sent) if s >= sent[0] + 4.0]  # once the credits flow
+    assert 60 * 6 * (len(steady) - 1) / (steady[-1] - steady[0]) >= 0.99 * 1800
+
+
 def test_a_request_above_the_whole_tpm_goes_when_the_limiter_is_idle() -> None:
     clock = FakeClock()
     pacer = RequestPacer(tpm=600, clock=clock)

@@ -34,7 +34,7 @@ def test_handler_applies_a_carried_tpm_correction_before_booking() -> None:
     reserve = _scheduler().handlers[HANDLER]
     assert reserve(name="b", rpm=None, tpm=6000, tokens=100) == pytest.approx(0.0, abs=0.01)
     # the first request used 200 tokens, not 100: the next waits for 200 (2 s at 100/s)
-    wait = reserve(name="b", rpm=None, tpm=6000, tokens=100, correction=100)
+    wait = reserve(name="b", rpm=None, tpm=6000, tokens=100, estimated=100, used=200)
     assert wait == pytest.approx(2.0, abs=0.01)
 
 
