@@ -23,7 +23,13 @@ if ! find_path "$@" >/dev/null; then
     else
         SUDO=sudo
     fi
-    $SUDO apt-get update -qq
+    # One index download serves every install script of the run (make test runs four):
+    # the first downloads it and leaves a stamp, the others find it under an hour old.
+    stamp=/tmp/.embedline-apt-updated
+    if ! find "$stamp" -mmin -60 2>/dev/null | grep -q .; then
+        $SUDO apt-get update -qq
+        touch "$stamp"
+    fi
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$package" >/dev/null
 fi
 find_path "$@"
