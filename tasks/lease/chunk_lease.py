@@ -39,11 +39,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from adapters.processes import local_process_is_gone
 from embedline.errors import ConflictError, EmbedlineError
 from embedline.protocols import ObjectStore
 from tasks.embed.paid import PAID_PREFIX
-from tasks.lease.held import host_tag
+from tasks.lease.held import holder_gone, host_tag
 
 __all__ = [
     "CHUNK_LEASE_TTL_S",
@@ -267,11 +266,8 @@ def _free(store: ObjectStore, key: str, modified: float) -> bool:
         record = {}
     if not isinstance(record, dict):
         record = {}
-    holder = record.get("holder")
-    if isinstance(holder, dict) and holder.get("host") == host_tag():
-        pid = holder.get("pid")
-        if isinstance(pid, int) and local_process_is_gone(pid):
-            return True
+    if holder_gone(record):
+        return True
     try:
         ttl = float(record.get("ttl_s") or CHUNK_LEASE_TTL_S)
         skew = float(record.get("skew_s") or _skew(ttl))

@@ -42,6 +42,7 @@ from typing import Any
 
 from adapters.ledger import new_owner
 from adapters.object_store import SCRATCH_PREFIX
+from adapters.processes import local_process_is_gone
 from embedline.errors import EmbedlineError
 from embedline.protocols import ObjectStore
 
@@ -54,6 +55,7 @@ __all__ = [
     "LOAD_LEASE_PREFIX",
     "drop_lease",
     "held_lease",
+    "holder_gone",
     "host_tag",
     "lease_stale",
     "lease_ttl",
@@ -116,6 +118,17 @@ def host_tag() -> str:
     except OSError:
         namespace = ""
     return hashlib.sha256(f"{socket.gethostname()}|{namespace}".encode()).hexdigest()[:16]
+
+
+def holder_gone(record: Any) -> bool:
+    """Whether a lease body's ``holder`` is a process of this host that is gone (``kill -9``):
+    its ``host`` is ``host_tag()`` and its ``pid`` no longer runs. Another host's holder, or a
+    body without one, is not known to be gone."""
+    holder = record.get("holder") if isinstance(record, dict) else None
+    if not isinstance(holder, dict) or holder.get("host") != host_tag():
+        return False
+    pid = holder.get("pid")
+    return isinstance(pid, int) and local_process_is_gone(pid)
 
 
 def write_lease(

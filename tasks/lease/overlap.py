@@ -34,10 +34,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from adapters.processes import local_process_is_gone
 from embedline.errors import EmbedlineError
 from embedline.protocols import ObjectStore
-from tasks.lease.held import LEASE_PREFIX, LEASE_RENEW_S, host_tag, lease_stale
+from tasks.lease.held import LEASE_PREFIX, LEASE_RENEW_S, holder_gone, lease_stale
 
 __all__ = [
     "WAIT_POLL_S",
@@ -119,15 +118,6 @@ def _read(store: ObjectStore, key: str, modified: float) -> RunLease | None:
     return RunLease(lease_stem(key), key, modified, record, since)
 
 
-def _holder_gone(record: dict[str, Any]) -> bool:
-    """Whether the lease's holder is a process of this host that is gone (``kill -9``)."""
-    holder = record.get("holder")
-    if not isinstance(holder, dict) or holder.get("host") != host_tag():
-        return False
-    pid = holder.get("pid")
-    return isinstance(pid, int) and local_process_is_gone(pid)
-
-
 def _may_send_ours(record: dict[str, Any], model: str, dimensions: int | None) -> bool:
     """Whether the lease's run may send vectors this run could copy (module docstring)."""
     if "model" not in record:
@@ -165,7 +155,7 @@ def earlier_runs(
             and lease.order() < place
             and _may_send_ours(lease.record, model, dimensions)
             and not lease_stale(lease.modified, lease.record, now)
-            and not _holder_gone(lease.record)
+            and not holder_gone(lease.record)
         ),
         key=RunLease.order,
     )
