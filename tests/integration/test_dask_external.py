@@ -5,13 +5,9 @@ worker lacks is named at warm-up; the worker's profiler is off before any chunk.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import dask_cluster
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO, run_cli
 
@@ -34,22 +31,6 @@ class Cluster:
     worker_name: str
 
 
-def _dask(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [str(Path(sys.executable).with_name("dask")), *args],
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # killed as a group at the end, whatever happens
-    )
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def external_cluster(
     tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str
@@ -61,67 +42,9 @@ def external_cluster(
     env = {k: v for k, v in os.environ.items() if k not in _KEYS}
     env.update(PYTHONPATH=str(REPO), AWS_ENDPOINT_URL=moto_endpoint)
     env.pop("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", None)
-    scheduler_file = home / "scheduler.json"
-    procs = [
-        _dask(
-            [
-                "scheduler",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--no-dashboard",
-                "--scheduler-file",
-                str(scheduler_file),
-            ],
-            env,
-            home / "scheduler.log",
-        )
-    ]
-    try:
-        _wait_for(scheduler_file.exists, 60, "the scheduler's file")
-        address = json.loads(scheduler_file.read_text())["address"]
-        procs.append(
-            _dask(
-                [
-                    "worker",
-                    address,
-                    "--name",
-                    "w-nokey",
-                    "--nthreads",
-                    "2",
-                    "--nworkers",
-                    "1",
-                    "--no-dashboard",
-                    "--host",
-                    "127.0.0.1",
-                    "--local-directory",
-                    str(home),
-                ],
-                env,
-                home / "worker.log",
-            )
-        )
-        _wait_for(lambda: _worker_count(address) == 1, 90, "the worker")
-        yield Cluster(address, "w-nokey")
-    finally:
-        for proc in reversed(procs):
-            _kill(proc)
-
-
-def _wait_for(ready: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not come up in {timeout_s} s")
-        time.sleep(0.3)
-
-
-def _worker_count(address: str) -> int:
-    from distributed import Client
-
-    with Client(address, timeout=10) as client:
-        return len(client.scheduler_info()["workers"])
+    worker = ["--name", "w-nokey", "--nthreads", "2", "--nworkers", "1"]
+    with dask_cluster.external_cluster(home, env, [[*worker, "--local-directory", str(home)]]) as c:
+        yield Cluster(c.address, "w-nokey")
 
 
 def _profiler_running(address: str) -> list[bool]:

@@ -7,53 +7,28 @@ flight, the worker frozen just before.)"""
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from embedline import read_embeddings
-from tests.integration.test_dask_external import _dask, _kill, _wait_for, _worker_count
+from tests.support.dask_cluster import external_cluster, inputs_charged, start_run
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO
+
+#: The one worker: 2 threads, its nanny in a process group with it.
+ONE_WORKER = ("--nthreads", "2")
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.usefixtures("prefect_api_url"),
     pytest.mark.slow,  # two clusters and a 30 s reconnect timeout: make test-all runs it
 ]
-
-
-@contextmanager
-def _cluster(
-    home: Path, env: dict[str, str]
-) -> Iterator[tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
-    """A scheduler and one worker of 2 threads on 127.0.0.1: (address, scheduler process,
-    worker process: its nanny, in a process group with the worker)."""
-    home.mkdir(parents=True)
-    scheduler_file = home / "scheduler.json"
-    args = ["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
-    scheduler = _dask([*args, "--scheduler-file", str(scheduler_file)], env, home / "s.log")
-    procs = [scheduler]
-    try:
-        _wait_for(scheduler_file.exists, 60, "the scheduler's file")
-        address = json.loads(scheduler_file.read_text())["address"]
-        worker_args = ["worker", address, "--nthreads", "2", "--no-dashboard"]
-        procs.append(_dask([*worker_args, "--host", "127.0.0.1"], env, home / "w.log"))
-        _wait_for(lambda: _worker_count(address) == 1, 90, "the worker")
-        yield address, scheduler, procs[1]
-    finally:
-        for proc in reversed(procs):
-            _kill(proc)
 
 
 def test_a_scheduler_killed_mid_run_is_one_line_exit_1_and_a_rerun_finishes(
@@ -77,34 +52,24 @@ def test_a_scheduler_killed_mid_run_is_one_line_exit_1_and_a_rerun_finishes(
         args = ["run", "in.csv", "--output", output, "--ledger", "ledger.sqlite3"]
         args += ["--embedder", "openai", "--base-url", fake_openai.base_url]
         args += ["--chunk-size", "10", "--batch-size", "2"]
-        args += ["--task-runner", "dask", "--dask-address", address]
-        return subprocess.Popen(
-            [sys.executable, "-m", "cli", *args],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        return start_run(tmp_path, env, [*args, "--task-runner", "dask", "--dask-address", address])
 
     fake_openai.reset()
     fake_openai.fail_when(lambda payload: {"delay_s": 0.5})
-    with _cluster(tmp_path / "first", env) as (address, scheduler, worker):
-        first = run(address)
+    with external_cluster(tmp_path / "first", env, [ONE_WORKER]) as cluster:
+        first = run(cluster.address)
         deadline = time.monotonic() + 120
         while fake_openai.answered < 10:
             assert first.poll() is None and time.monotonic() < deadline, first.stderr
             time.sleep(0.1)
         # the worker is frozen first, so that what it sent is what the summary can count:
         # a worker that goes on after the CLI ends sends what no summary sees
-        os.killpg(worker.pid, signal.SIGSTOP)
-        os.killpg(scheduler.pid, signal.SIGKILL)
+        os.killpg(cluster.workers[0].pid, signal.SIGSTOP)
+        os.killpg(cluster.scheduler.pid, signal.SIGKILL)
         stdout, stderr = first.communicate(timeout=180)
     time.sleep(1)  # the fake charges a request in flight after its delay, client or not
-    summary = re.findall(r"([\d,]+) inputs? charged", stdout + stderr)
-    assert summary, (stdout + stderr)[-3000:]
     # what the chunk tasks sent, from the store: kept requests of unpublished chunks too
-    assert int(summary[-1].replace(",", "")) == sum(fake_openai.charged_texts().values())
+    assert inputs_charged(stdout + stderr) == sum(fake_openai.charged_texts().values())
     assert first.returncode == 1, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
@@ -112,8 +77,8 @@ def test_a_scheduler_killed_mid_run_is_one_line_exit_1_and_a_rerun_finishes(
     assert "rerun the same command to resume" in last
 
     fake_openai.fail_when(lambda payload: None)
-    with _cluster(tmp_path / "second", env) as (address, _, _):
-        rerun = run(address)
+    with external_cluster(tmp_path / "second", env, [ONE_WORKER]) as cluster:
+        rerun = run(cluster.address)
         _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr[-3000:]
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)

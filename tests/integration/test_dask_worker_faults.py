@@ -10,15 +10,9 @@ processes of their own, as a user's platform starts them."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +20,7 @@ import numpy as np
 import pytest
 
 from embedline import read_embeddings
-from tests.integration.test_dask_external import _dask, _kill, _wait_for, _worker_count
+from tests.support.dask_cluster import external_cluster, inputs_charged, start_run
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO
 
@@ -37,28 +31,12 @@ pytestmark = [
 ]
 
 
-@contextmanager
-def _cluster(home: Path, env: dict[str, str], *, nanny: bool = True) -> Iterator[str]:
-    """A scheduler and two workers of 2 threads each on 127.0.0.1 (``nanny``: each with
-    a nanny, which starts a new worker when one dies, and kills one the scheduler gave up
-    on)."""
-    home.mkdir(parents=True)
-    scheduler_file = home / "scheduler.json"
-    args = ["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
-    procs = [_dask([*args, "--scheduler-file", str(scheduler_file)], env, home / "s.log")]
-    try:
-        _wait_for(scheduler_file.exists, 60, "the scheduler's file")
-        address = json.loads(scheduler_file.read_text())["address"]
-        for n in range(2):
-            worker = ["worker", address, "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"]
-            worker += [] if nanny else ["--no-nanny"]
-            worker += ["--preload", "tests.support.dask_warm"]  # before the short worker-ttl
-            procs.append(_dask([*worker, "--name", f"w{n}"], env, home / f"w{n}.log"))
-        _wait_for(lambda: _worker_count(address) == 2, 90, "the workers")
-        yield address
-    finally:
-        for proc in reversed(procs):
-            _kill(proc)
+def _workers(nanny: bool) -> list[tuple[str, ...]]:
+    """Two workers of 2 threads each (``nanny``: each with a nanny, which starts a new worker
+    when one dies, and kills one the scheduler gave up on)."""
+    own = ("--nthreads", "2", *(() if nanny else ("--no-nanny",)))
+    preload = ("--preload", "tests.support.dask_warm")  # before the short worker-ttl
+    return [(*own, *preload, "--name", f"w{n}") for n in range(2)]
 
 
 def _worker_pids(address: str) -> list[int]:
@@ -83,21 +61,7 @@ def _start(tmp_path: Path, env: dict[str, str], address: str, base_url: str, out
     args = ["run", "in.csv", "--output", output, "--ledger", "ledger.sqlite3"]
     args += ["--embedder", "openai", "--base-url", base_url]
     args += ["--chunk-size", "20", "--batch-size", "2", "--concurrency", "4"]
-    args += ["--task-runner", "dask", "--dask-address", address]
-    return subprocess.Popen(
-        [sys.executable, "-m", "cli", *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _charged_in_summary(out: str) -> int:
-    found = re.findall(r"([\d,]+) inputs? charged", out)
-    assert found, out[-3000:]
-    return int(found[-1].replace(",", ""))
+    return start_run(tmp_path, env, [*args, "--task-runner", "dask", "--dask-address", address])
 
 
 def _paid_twice_per_chunk(fake: FakeEmbeddingServer, rows: list[tuple[str, str]]) -> int:
@@ -136,7 +100,8 @@ def _scenario(
     output = f"s3://{s3_bucket}/{fault}"
     fake.reset()
     fake.fail_when(lambda payload: {"delay_s": 0.4})
-    with _cluster(tmp_path / "first", env, nanny=fault == "kill") as address:
+    with external_cluster(tmp_path / "first", env, _workers(nanny=fault == "kill")) as cluster:
+        address = cluster.address
         first = _start(tmp_path, env, address, fake.base_url, output)
         deadline = time.monotonic() + 120
         while fake.answered < 12:
@@ -156,12 +121,12 @@ def _scenario(
         _ended_as_documented(first, out, err)
         time.sleep(3)  # a woken copy may still be asking its fenced lease
         charged = sum(fake.charged_texts().values())
-        assert _charged_in_summary(out + err) == charged, (out + err)[-4000:]
+        assert inputs_charged(out + err) == charged, (out + err)[-4000:]
         assert _paid_twice_per_chunk(fake, rows) <= 4, (out + err)[-4000:]
 
     fake.fail_when(None)
-    with _cluster(tmp_path / "second", env) as address:
-        rerun = _start(tmp_path, env, address, fake.base_url, output)
+    with external_cluster(tmp_path / "second", env, _workers(nanny=True)) as cluster:
+        rerun = _start(tmp_path, env, cluster.address, fake.base_url, output)
         out, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, (out + err)[-4000:]
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)

@@ -1,0 +1,127 @@
+"""A Dask cluster started apart, as a user's platform starts one: a ``dask scheduler`` and
+``dask worker`` processes of their own on 127.0.0.1, each in its own session (killed as a
+group at the end, whatever happens), with the environment the test gives; and an
+``embedline run`` started against it. For the tests of ``--dask-address``
+(tests/integration/test_dask_external.py, test_dask_faults.py, test_dask_worker_faults.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "ExternalCluster",
+    "dask_process",
+    "external_cluster",
+    "inputs_charged",
+    "kill_group",
+    "start_run",
+    "wait_for",
+    "worker_count",
+]
+
+
+@dataclass(frozen=True)
+class ExternalCluster:
+    """A running cluster: the scheduler's address, its process, the workers' processes (a
+    nanny's, in one process group with its worker, unless started with ``--no-nanny``)."""
+
+    address: str
+    scheduler: subprocess.Popen[bytes]
+    workers: tuple[subprocess.Popen[bytes], ...]
+
+
+def dask_process(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``dask ARGS`` (the CLI beside this Python) in a session of its own, output to ``log``."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("dask")), *args],
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # killed as a group at the end, whatever happens
+    )
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc``'s process group (a nanny and its worker) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def wait_for(ready: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll ``ready`` every 0.3 s until it is true.
+
+    :raises TimeoutError: not within ``timeout_s`` seconds (the message names ``what``).
+    """
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not come up in {timeout_s} s")
+        time.sleep(0.3)
+
+
+def worker_count(address: str) -> int:
+    """How many workers the scheduler at ``address`` has."""
+    from distributed import Client
+
+    with Client(address, timeout=10) as client:
+        return len(client.scheduler_info()["workers"])
+
+
+@contextlib.contextmanager
+def external_cluster(
+    home: Path,
+    env: dict[str, str],
+    worker_args: Sequence[Sequence[str]],
+) -> Iterator[ExternalCluster]:
+    """A scheduler and one worker per item of ``worker_args`` (each worker's own options
+    after ``dask worker ADDRESS --no-dashboard --host 127.0.0.1``), logs in ``home``
+    (created); yields once every worker has joined, kills them all at the end."""
+    home.mkdir(parents=True, exist_ok=True)
+    scheduler_file = home / "scheduler.json"
+    args = ["scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
+    scheduler = dask_process([*args, "--scheduler-file", str(scheduler_file)], env, home / "s.log")
+    procs = [scheduler]
+    try:
+        wait_for(scheduler_file.exists, 60, "the scheduler's file")
+        address = json.loads(scheduler_file.read_text())["address"]
+        for n, own in enumerate(worker_args):
+            worker = ["worker", address, "--no-dashboard", "--host", "127.0.0.1", *own]
+            procs.append(dask_process(worker, env, home / f"w{n}.log"))
+        wait_for(lambda: worker_count(address) == len(worker_args), 90, "the workers")
+        yield ExternalCluster(address, scheduler, tuple(procs[1:]))
+    finally:
+        for proc in reversed(procs):
+            kill_group(proc)
+
+
+def start_run(cwd: Path, env: dict[str, str], args: Sequence[str]) -> subprocess.Popen[str]:
+    """``embedline ARGS`` (``python -m cli``) in ``cwd`` with ``env``, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def inputs_charged(output: str) -> int:
+    """The ``N inputs charged`` of the last summary in a command's ``output``.
+
+    :raises AssertionError: no summary line says it.
+    """
+    found = re.findall(r"([\d,]+) inputs? charged", output)
+    assert found, output[-3000:]
+    return int(found[-1].replace(",", ""))
