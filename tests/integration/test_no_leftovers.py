@@ -87,7 +87,11 @@ def _interrupt_in_reuse_stage(args: list[str], cwd: Path) -> tuple[int, str]:
     )
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
-        if any((cwd / "book" / "scratch").glob("*/reuse-*")):
+        try:
+            staged = any((cwd / "book" / "scratch").glob("*/reuse-*"))
+        except FileNotFoundError:  # a scratch directory removed while listed: look again
+            staged = False
+        if staged:
             proc.send_signal(signal.SIGTERM)
             break
         time.sleep(0.005)
