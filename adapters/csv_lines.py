@@ -269,6 +269,7 @@ class Blocks(_Reader):
         self._lines_before = line  # physical lines before it
         self._hashed = 0  # its bytes already in the chunk hash (or before ``begin``)
         self._ends: np.ndarray | None = None  # offsets in it just after each of its lines
+        self._file_hashed = 0  # bytes of the blocks entered next already in the file hash
 
     def __iter__(self) -> Iterator[str]:
         return itertools.chain.from_iterable(self._texts())
@@ -306,7 +307,9 @@ class Blocks(_Reader):
         hash, the whole of this one to the file hash."""
         if self.hashes is not None:
             self.hashes.chunk.update(memoryview(self._block)[self._hashed :])
-            self.hashes.file.update(block)
+            skip = min(self._file_hashed, len(block))
+            self.hashes.file.update(memoryview(block)[skip:])
+            self._file_hashed -= skip
         self._lines_before += self._block.count(b"\n")
         self._start += len(self._block)
         self._block, self._hashed, self._ends = block, 0, None

@@ -300,10 +300,12 @@ def open_lines(
     fast: bool = True,
     line: int = 0,
     offset: int = 0,
+    blocks: type[Blocks] = Blocks,
 ) -> LineSource:
     """Skip ``fh``'s BOM (hashing it, with ``hashes``) and wrap the rest in a line reader:
-    ``Blocks`` if ``fast`` and ``block_decodable`` for ``fmt``, else ``Lines``. ``line`` lines
-    and ``offset`` bytes of the input lie before ``fh``'s start (a chunk read).
+    ``blocks`` (``Blocks`` or a subclass) if ``fast`` and ``block_decodable`` for ``fmt``,
+    else ``Lines``. ``line`` lines and ``offset`` bytes of the input lie before ``fh``'s
+    start (a chunk read).
 
     Whoever reads ``Blocks`` catches ``csv_lines.NeedsLineReader`` and reads again with
     ``fast=False``, for the exact error.
@@ -313,7 +315,7 @@ def open_lines(
         hashes.file.update(bom)
     offset += len(bom)
     if fast and block_decodable(fmt.codec, fmt.newline):
-        return Blocks(fh, codec=fmt.codec, line=line, offset=offset, hashes=hashes)
+        return blocks(fh, codec=fmt.codec, line=line, offset=offset, hashes=hashes)
     return Lines(
         fh,
         codec=fmt.codec,

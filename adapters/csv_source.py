@@ -1,12 +1,14 @@
 """Planning a CSV input: one streaming pass validates it, hashes it and cuts it into chunks
 at record boundaries, so that each chunk later reads only its own bytes (``adapters.csv_chunks``).
 
-Why the standard library's ``csv`` reader and not ``pandas.read_csv``: planning needs the byte
-offset of every record boundary (so a chunk task can seek to its rows instead of re-scanning
-the file) and the physical line where each record starts (for error messages). pandas gives
-neither, and its type inference is the source of the classic bugs this module must not have
-(``007`` read as 7, a trailing comma turning the id into the index, ``NA`` read as missing).
-``csv.reader`` yields every field as the exact ``str`` written, in C, one record at a time.
+Why ``csv.reader`` and Arrow's CSV parser and not ``pandas.read_csv``: planning needs the
+byte offset of every record boundary (so a chunk task can seek to its rows instead of
+re-scanning the file) and the physical line where each record starts (for error messages).
+pandas gives neither, and its type inference is the source of the classic bugs this module
+must not have (``007`` read as 7, a trailing comma turning the id into the index, ``NA``
+read as missing). ``csv.reader`` yields every field as the exact ``str`` written, in C, one
+record at a time; where a block of records provably reads alike, Arrow's parser reads it as
+string columns, faster (``adapters.csv_batches``), and the lines come from counting.
 
 The format (encoding, newline, delimiter) is sniffed once per input by ``adapters.csv_format``;
 physical lines are read by ``adapters.csv_lines`` (a block at a time where that reads alike,
@@ -17,8 +19,9 @@ The plan ``embedline run`` made moments before its flow runs reaches the flow th
 command's session (``flows.session``), not through here.
 
 Cost: one pass reads, hashes, decodes and parses the input in C a 1 MiB block at a time; the
-Python work is per record (``_plan_pass``'s loop: checks, id digest, text hash, chunk key),
-plus a byte-offset lookup per chunk. Measured by ``benchmarks/bench_planning.py``.
+Python work is per record (a text hash, and on ``csv.reader``'s path ``_plan_pass``'s loop:
+checks, id digest, chunk key) or per block (Arrow's path: the checks on columns), plus a
+byte-offset lookup per chunk. Measured by ``benchmarks/bench_planning.py``.
 
 Memory: the pass holds one block and its text, one record and the list of chunk specs; the
 per-row facts (id digests for the duplicate check, text hashes for reuse) go to a scratch
@@ -30,14 +33,16 @@ from __future__ import annotations
 import os
 import unicodedata
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from hashlib import sha256
 from typing import Any, Literal
 
+from adapters.csv_batches import RecordBatch, RecordBlocks
+from adapters.csv_batches import applies as batches_apply
 from adapters.csv_duplicates import raise_on_duplicates
 from adapters.csv_format import sniff_stream
 from adapters.csv_header import template_of
-from adapters.csv_lines import Hashes, LineSource, NeedsLineReader
+from adapters.csv_lines import Blocks, Hashes, LineSource, NeedsLineReader
 from adapters.csv_records import (
     Header,
     check_width,
@@ -92,6 +97,8 @@ class _Planner:
         self.kept: list[str] = []  # kept_sha256 of each row (with kept columns)
         self.lines: array[int] = array("q")  # the physical line where each record starts
         self.last_lines: array[int] = array("q")  # and where it ends
+        self.filled = 0  # rows in the open chunk (kept here by ``add_batch`` only)
+        self.any_text = False  # a text not empty nor whitespace was seen (``add_batch``)
         self._facts = facts
         self._lines = lines
         self._open(byte_start=0, line_start=1, first_row=1)
@@ -103,6 +110,26 @@ class _Planner:
 
     def _open(self, *, byte_start: int, line_start: int, first_row: int) -> None:
         self._byte_start, self._line_start, self._first_row = byte_start, line_start, first_row
+
+    def add_batch(self, batch: RecordBatch) -> None:
+        """Append a block's records (``csv_batches``), closing each chunk that fills."""
+        n, done = len(batch.ids), 0
+        if len(batch.empties) < n:
+            self.any_text = True
+        while done < n:
+            stop = done + min(self.chunk_size - self.filled, n - done)
+            self.ids += batch.ids[done:stop]
+            self.hashes += batch.hashes[done:stop]
+            self.sizes.frombytes(batch.sizes[done:stop].astype("=i").tobytes())
+            self.lines.frombytes(batch.lines[done:stop].astype("=q").tobytes())
+            self.last_lines.frombytes(batch.last_lines[done:stop].astype("=q").tobytes())
+            empties = batch.empties[(batch.empties >= done) & (batch.empties < stop)]
+            self.empties += (empties - done + self.filled).tolist()
+            self.filled += stop - done
+            if self.filled == self.chunk_size:
+                self.full(int(batch.last_lines[stop - 1]))
+                self.filled = 0
+            done = stop
 
     def full(self, last_line: int) -> None:
         """The open chunk holds ``chunk_size`` rows, the last ending on physical line
@@ -307,7 +334,16 @@ def _plan_pass(
             template.columns[0] if template else text_column,
             quoting,
         )
-        lines = open_lines(fh, source_path, fmt, hashes=hashes, fast=fast)
+        plain = not (template or keep_columns or normalize != "none")
+        batches = fast and batches_apply(fmt.codec, fmt.quoting, fmt.delimiter, plain_text=plain)
+        lines = open_lines(
+            fh,
+            source_path,
+            fmt,
+            hashes=hashes,
+            fast=fast,
+            blocks=RecordBlocks if batches else Blocks,
+        )
         records = read_records(lines, source_path, fmt.delimiter, fmt.quoting)
         header_line, header_last_line, header_fields = read_header(records, fmt, source_path)
         header = parse_header(
@@ -330,7 +366,10 @@ def _plan_pass(
             columns=columns_lines(text_template, keep_columns, keep_text, normalize),
         )
         planner.start(byte_start=data_start, line_start=header_last_line + 1)
-        width, any_text, filled = len(header.names), False, 0
+        width = len(header.names)
+        if isinstance(lines, RecordBlocks):
+            records = _add_batches(lines, planner, header, data_start, fmt.delimiter, source_path)
+        any_text, filled = planner.any_text, planner.filled
         text_of, kept_hash, keeping = shape.text_of, shape.kept_hash, bool(keep_columns)
         id_index = header.id_index
         text_index = None if template or normalize != "none" else header.text_index
@@ -419,6 +458,28 @@ def _plan_pass(
         chunks=tuple(planner.chunks),
         scratch=str(scratch.path) if scratch is not None else None,
     )
+
+
+def _add_batches(
+    lines: RecordBlocks,
+    planner: _Planner,
+    header: Header,
+    data_start: int,
+    delimiter: str,
+    source_path: str,
+) -> Iterator[tuple[int, int, list[str]]]:
+    """Plan the data records Arrow reads alike (``adapters.csv_batches``); the records
+    (``read_records``) from where it stops."""
+    lines.split_at(data_start)
+    for batch in lines.batches(
+        width=len(header.names),
+        id_index=header.id_index,
+        text_index=header.text_index,
+        delimiter=delimiter,
+        starts=header_starts(header),
+    ):
+        planner.add_batch(batch)
+    return read_records(lines, source_path, delimiter, "minimal")
 
 
 class _Shape:

@@ -1,0 +1,290 @@
+"""Planning's fast path: whole blocks of records parsed by Arrow's CSV parser, each block
+checked to read exactly as ``csv.reader`` reads it, else handed back to ``csv.reader``.
+
+Why: ``csv.reader`` yields a Python list of ``str`` per record and is fed one physical line
+at a time, which makes it most of planning's CPU; and planning is most of what a night that
+changed little costs (it must read the whole input once). Arrow's parser (``pyarrow.csv``)
+reads the same bytes in C++ into string columns, from whose UTF-8 buffer the text hashes are
+taken directly (``benchmarks/bench_planning.py`` measures both paths).
+
+Where Arrow's reading and ``csv.reader``'s (``strict=True``, RFC 4180 quotes) could differ,
+the block is not Arrow's to take, and ``csv.reader`` reads it and the rest of the input as
+before (the same records, the same error naming the same line):
+
+- quotes ``csv.reader`` refuses or reads literally: a quote run that opens a field not at a
+  field's start, or closes a field followed by anything but the delimiter or a line end, or a
+  quoted field still open at the block's end (``_quotes_plain``); Arrow would read on;
+- blank lines (Arrow skips them without a trace; planning numbers lines) and a lone ``\\r``
+  (Arrow ends a record there): the records' physical lines, counted from the ``\\n`` in their
+  fields, must add up to the block's ``\\n`` count;
+- whatever Arrow refuses (a record with another field count, bytes that are not UTF-8);
+- a record ``csv.reader`` would check further: an id that is empty, whitespace or holds
+  ``\\x1f``, a first field that may be the header repeated;
+- a block longer than ``csv.reader``'s field limit.
+
+Applies to UTF-8 inputs with ``\\n`` line ends (``csv_lines.block_decodable``) and RFC 4180
+quotes, when the text is one column as read (no ``--text-template``, ``--normalize`` or
+``--keep-columns``: those need every record's fields in Python anyway).
+
+A block of records ends after the last ``\\n`` before which the count of quotes is even
+(``record_end``): outside a quoted field, by the rules the check above holds each block to.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from hashlib import sha256
+from typing import BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from adapters.csv_lines import Blocks, Hashes
+
+__all__ = ["RecordBatch", "RecordBlocks", "applies", "record_end"]
+
+_QUOTE, _NL, _CR = 0x22, 0x0A, 0x0D
+_FIELD_LIMIT = 64 * 1024 * 1024  # csv_records._MAX_FIELD_CHARS: a longer block goes to csv
+#: Bytes read without finding a record's end before ``csv.reader`` takes over (a stray quote
+#: makes every later ``\n`` look quoted; this bounds what is held meanwhile).
+_MAX_CARRY = 16 * 1024 * 1024
+#: First bytes after which a text may be all whitespace by ``str.isspace``: ASCII whitespace,
+#: the separators 0x1C-0x1F, and any non-ASCII lead byte (U+0085, U+00A0, U+3000, ...).
+_SPACE_LEADS = frozenset({0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x1F, 0x20})
+
+
+def applies(codec: str, quoting: str, delimiter: str, *, plain_text: bool) -> bool:
+    """Whether planning may read an input's data records with ``RecordBlocks``: a UTF-8
+    input (``codec``; ``\\n`` line ends are the caller's ``Blocks``), RFC 4180 quotes
+    (``quoting`` ``minimal``), a one-byte delimiter other than the quote, and the text one
+    column as read (``plain_text``)."""
+    utf8 = codecs.lookup(codec).name in {"utf-8", "utf-8-sig"}
+    one_byte = len(delimiter.encode("utf-8")) == 1 and delimiter not in '"\r\n'
+    return utf8 and quoting == "minimal" and one_byte and plain_text
+
+
+@dataclass(frozen=True)
+class RecordBatch:
+    """The records of one block, in order (``n`` rows): ``ids`` (``str``), the text's hex
+    SHA-256 (``keys.text_sha256``) and UTF-8 size in bytes (``int32``), the positions of
+    the empty or whitespace-only texts (``int64``, ascending), and the physical lines where
+    each record starts and ends (``int64``, 1-based)."""
+
+    ids: list[str]
+    hashes: list[str]
+    sizes: np.ndarray
+    empties: np.ndarray
+    lines: np.ndarray
+    last_lines: np.ndarray
+
+
+class RecordBlocks(Blocks):
+    """``Blocks`` that also yields its data as ``RecordBatch``es (``batches``) until a block
+    is not Arrow's to take (module docstring); iterated afterwards (``csv.reader``), it reads
+    from that block on, as ``Blocks`` does.
+
+    ``split_at(offset)`` first: the header's block is cut at the first data record, whose
+    bytes the batches then read again (hashed into the input's SHA-256 once).
+    """
+
+    def __init__(
+        self, fh: BinaryIO, *, codec: str, line: int, offset: int, hashes: Hashes | None = None
+    ) -> None:
+        super().__init__(fh, codec=codec, line=line, offset=offset, hashes=hashes)
+        self._raw: Iterator[bytes] | None = None
+        self._pending: collections.deque[bytes] = collections.deque()
+
+    def _read(self) -> Iterator[bytes]:
+        if self._raw is None:
+            self._raw = Blocks._read(self)
+        while self._pending:
+            yield self._pending.popleft()
+        # a for loop, not ``yield from``: closing an abandoned reader must not close _raw
+        for block in self._raw:  # noqa: UP028
+            yield block
+
+    def split_at(self, offset: int) -> None:
+        """Cut the block read last at ``offset`` (a record boundary in it): the rest is read
+        again as the next block."""
+        cut = offset - self._start
+        assert 0 <= cut <= len(self._block)
+        rest = self._block[cut:]
+        self._block, self._ends = self._block[:cut], None
+        self.offset -= len(rest)
+        if rest:
+            self._pending.appendleft(rest)
+            self._file_hashed = len(rest)
+
+    def batches(
+        self, *, width: int, id_index: int, text_index: int, delimiter: str, starts: frozenset[str]
+    ) -> Iterator[RecordBatch]:
+        """The data records a block at a time, until the input ends or a block is not
+        Arrow's to take: that block is given back, and iterating this reader (``csv.reader``)
+        starts there, at ``first_line``."""
+        parse = _Parser(width, id_index, text_index, delimiter, starts)
+        carry = b""
+        for data in self._read():
+            buf = carry + data if carry else data
+            cut = record_end(buf)
+            if not cut:
+                carry = buf
+                if len(carry) > _MAX_CARRY:
+                    break
+                continue
+            block, carry = buf[:cut], buf[cut:]
+            batch = parse(block, self._lines_before + self._block.count(b"\n") + 1)
+            if batch is None:
+                self._give_back(block + carry)
+                return
+            self._enter(block)
+            yield batch
+        self._give_back(carry)  # the last record has no newline, or a quote left open
+
+    def _give_back(self, data: bytes) -> None:
+        if data:
+            self._pending.appendleft(data)
+        self.first_line = self._lines_before + self._block.count(b"\n") + 1
+
+
+def record_end(data: bytes) -> int:
+    """Offset just after the last ``\\n`` in ``data`` with an even count of quotes before
+    it (outside a quoted field if ``data`` starts at a record and its quotes follow RFC
+    4180); 0 if there is none."""
+    total = data.count(b'"')
+    pos, after = len(data), 0
+    while (newline := data.rfind(b"\n", 0, pos)) >= 0:
+        after += data.count(b'"', newline + 1, pos)
+        if (total - after) % 2 == 0:
+            return newline + 1
+        pos = newline
+    return 0
+
+
+class _Parser:
+    """One block of whole records into a ``RecordBatch``, or None where the block is not
+    Arrow's to take (module docstring)."""
+
+    def __init__(
+        self, width: int, id_index: int, text_index: int, delimiter: str, starts: frozenset[str]
+    ) -> None:
+        self.width, self.id_index, self.text_index = width, id_index, text_index
+        self.delimiter = ord(delimiter)
+        self.starts = pa.array(sorted(starts), pa.string())
+        names = [f"f{i}" for i in range(width)]
+        self.read_options = pacsv.ReadOptions(column_names=names, use_threads=False)
+        self.parse_options = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+        self.convert_options = pacsv.ConvertOptions(
+            column_types={name: pa.string() for name in names},
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        )
+
+    def __call__(self, block: bytes, first_line: int) -> RecordBatch | None:
+        if len(block) > _FIELD_LIMIT or not _quotes_plain(block, self.delimiter):
+            return None
+        try:
+            table = pacsv.read_csv(
+                pa.py_buffer(block),
+                read_options=self.read_options,
+                parse_options=self.parse_options,
+                convert_options=self.convert_options,
+            )
+        except (pa.ArrowInvalid, pa.ArrowException):
+            return None
+        columns = [table.column(i).combine_chunks() for i in range(self.width)]
+        spans = np.ones(table.num_rows, dtype=np.int64)
+        for column in columns:
+            spans += _newlines(column)
+        newlines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+        if table.num_rows == 0 or int(spans.sum()) != newlines:
+            return None
+        if pc.any(pc.is_in(columns[0], value_set=self.starts)).as_py():
+            return None
+        ids = columns[self.id_index]
+        if (
+            pc.min(pc.utf8_length(ids)).as_py() == 0
+            or pc.any(pc.match_substring(ids, "\x1f")).as_py()
+        ):
+            return None
+        id_list = ids.to_pylist()
+        if any(map(str.isspace, id_list)):
+            return None
+        hashes, sizes, empties = _texts(columns[self.text_index])
+        last_lines = first_line - 1 + np.cumsum(spans)
+        return RecordBatch(id_list, hashes, sizes, empties, last_lines - spans + 1, last_lines)
+
+
+def _texts(texts: pa.Array) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Hex SHA-256s, UTF-8 sizes (``int32``) and empty-or-whitespace positions of a string
+    array, hashed from its buffer with no ``str`` per row."""
+    n = len(texts)
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset : texts.offset + n + 1]
+    data = texts.buffers()[2]
+    view = memoryview(data) if data is not None else memoryview(b"")
+    bounds = offsets.tolist()
+    hashes = [sha256(view[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    sizes = np.diff(offsets).astype(np.int32)
+    raw = np.frombuffer(view, dtype=np.uint8)
+    starts = offsets[:-1]
+    filled = sizes > 0
+    maybe = ~filled
+    leads = raw[starts[filled]]
+    maybe[filled] = (leads >= 0x80) | np.isin(leads, list(_SPACE_LEADS))
+    candidates = np.flatnonzero(maybe)
+    empty = [
+        i
+        for i in candidates.tolist()
+        if sizes[i] == 0 or bytes(view[bounds[i] : bounds[i + 1]]).decode("utf-8").isspace()
+    ]
+    return hashes, sizes, np.asarray(empty, dtype=np.int64)
+
+
+def _newlines(strings: pa.Array) -> np.ndarray:
+    """The count of ``\\n`` in each value of a string array (``int64``)."""
+    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int32)
+    offsets = offsets[strings.offset : strings.offset + len(strings) + 1]
+    data = strings.buffers()[2]
+    if data is None:
+        return np.zeros(len(strings), dtype=np.int64)
+    raw = np.frombuffer(data, dtype=np.uint8)[offsets[0] : offsets[-1]]
+    found = np.flatnonzero(raw == _NL) + offsets[0]
+    if not len(found):
+        return np.zeros(len(strings), dtype=np.int64)
+    rows = np.searchsorted(offsets, found, side="right") - 1
+    return np.bincount(rows, minlength=len(strings)).astype(np.int64)
+
+
+def _quotes_plain(block: bytes, delimiter: int) -> bool:
+    """Whether every quote in ``block`` (whole records from a record's start) is one
+    ``csv.reader`` (``strict``, ``doublequote``) and Arrow read alike: each run of quotes
+    outside a field opens one at the field's start (after the delimiter or a line end), each
+    run inside a field either doubles quotes or closes the field right before the delimiter
+    or a line end, and no field is open at the end."""
+    arr = np.frombuffer(block, dtype=np.uint8)
+    quotes = np.flatnonzero(arr == _QUOTE)
+    if not len(quotes):
+        return True
+    first = np.ones(len(quotes), dtype=bool)
+    first[1:] = np.diff(quotes) != 1
+    run_starts = quotes[first]
+    run_lengths = np.diff(np.append(np.flatnonzero(first), len(quotes)))
+    inside = (np.cumsum(run_lengths) - run_lengths) % 2 == 1
+    if (int(run_lengths.sum()) % 2) != 0:
+        return False  # a field open at the block's end
+    before = np.where(run_starts > 0, arr[np.maximum(run_starts - 1, 0)], _NL)
+    ends = run_starts + run_lengths  # where each run's next byte is (the end: a line end)
+    last = len(arr) - 1
+    after = np.where(ends <= last, arr[np.minimum(ends, last)], _NL)
+    after2 = np.where(ends + 1 <= last, arr[np.minimum(ends + 1, last)], _NL)
+    opening = ~inside
+    if not np.all((before[opening] == delimiter) | (before[opening] == _NL)):
+        return False
+    closes = (opening & (run_lengths % 2 == 0)) | (inside & (run_lengths % 2 == 1))
+    ok_after = (after == delimiter) | (after == _NL) | ((after == _CR) & (after2 == _NL))
+    return bool(np.all(ok_after[closes]))
