@@ -124,6 +124,7 @@ bench: $(STAMP)
 ROWS ?= 10000000
 bench-scale: $(STAMP)
 	$(BIN)/python benchmarks/bench_scale.py --rows $(ROWS)
+	$(BIN)/python benchmarks/bench_nights.py
 	$(BIN)/python benchmarks/report.py
 
 # Formatting, lint and types (pyproject.toml): seconds, but for mypy's first run (about 30 s).

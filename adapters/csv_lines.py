@@ -304,12 +304,12 @@ class Blocks(_Reader):
 
     def _enter(self, block: bytes) -> None:
         """Make ``block`` the current block: the rest of the previous one goes to the chunk
-        hash, the whole of this one to the file hash."""
+        hash, this one to the file hash (but for bytes already in it: ``_file_hashed``)."""
+        skip = min(self._file_hashed, len(block))
+        self._file_hashed -= skip
         if self.hashes is not None:
             self.hashes.chunk.update(memoryview(self._block)[self._hashed :])
-            skip = min(self._file_hashed, len(block))
             self.hashes.file.update(memoryview(block)[skip:])
-            self._file_hashed -= skip
         self._lines_before += self._block.count(b"\n")
         self._start += len(self._block)
         self._block, self._hashed, self._ends = block, 0, None

@@ -383,6 +383,20 @@ def _dask(r: Result) -> tuple[str, str]:
     return figures, _met(r["targets"])
 
 
+def _nights(r: Result) -> tuple[str, str]:
+    s, settings = r["summary"], r["settings"]
+    night = s["worst_night_over_first"]
+    kept = s["kept_after_gc_over_one_copy"]
+    figures = (
+        f"{_n(settings['rows'])} rows, {settings['nights']} nights of "
+        f"{settings['fraction'] * 100:g} % edits at new positions: the largest night wrote "
+        f"{night:.4f}× the first run's bytes; after `gc --keep-runs {settings['keep_runs']}` "
+        f"{kept:.3f}× one full copy; charged = edited every night: {s['charged_equals_edited']}"
+    )
+    met = [night <= s["targets"]["night"], kept <= s["targets"]["kept"]]
+    return figures, f"{sum(met)}/2 met" + ("" if all(met) else "; missed")
+
+
 # kind -> (bench script, summary); in the order the README lists the benches
 BENCHES: dict[str, tuple[str, Callable[[Result], tuple[str, str]]]] = {
     "cli": ("bench_cli.py", _cli),
@@ -395,6 +409,7 @@ BENCHES: dict[str, tuple[str, Callable[[Result], tuple[str, str]]]] = {
     "dask": ("bench_dask.py", _dask),
     "reuse": ("bench_reuse.py", _reuse),
     "scale": ("bench_scale.py", _scale),
+    "nights": ("bench_nights.py", _nights),
     "changes": ("bench_changes.py", _changes),
 }
 
