@@ -13,7 +13,8 @@ before (the same records, the same error naming the same line):
 
 - quotes ``csv.reader`` refuses or reads literally: a quote run that opens a field not at a
   field's start, or closes a field followed by anything but the delimiter or a line end, or a
-  quoted field still open at the block's end (``_quotes_plain``); Arrow would read on;
+  quoted field still open at the block's end, a ``\\r`` outside quotes and not before a
+  ``\\n`` (``_plain``); Arrow would read on;
 - blank lines (Arrow skips them without a trace; planning numbers lines) and a lone ``\\r``
   (Arrow ends a record there): the records' physical lines, counted from the ``\\n`` in their
   fields, must add up to the block's ``\\n`` count;
@@ -178,7 +179,9 @@ class _Parser:
         self.starts = pa.array(sorted(starts), pa.string())
         names = [f"f{i}" for i in range(width)]
         self.read_options = pacsv.ReadOptions(column_names=names, use_threads=False)
-        self.parse_options = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+        self.parse_options = pacsv.ParseOptions(
+            delimiter=delimiter, newlines_in_values=True, ignore_empty_lines=False
+        )
         self.convert_options = pacsv.ConvertOptions(
             column_types={name: pa.string() for name in names},
             strings_can_be_null=False,
@@ -186,7 +189,7 @@ class _Parser:
         )
 
     def __call__(self, block: bytes, first_line: int) -> RecordBatch | None:
-        if len(block) > _FIELD_LIMIT or not _quotes_plain(block, self.delimiter):
+        if len(block) > _FIELD_LIMIT or not _plain(block, self.delimiter):
             return None
         try:
             table = pacsv.read_csv(
@@ -260,14 +263,29 @@ def _newlines(strings: pa.Array) -> np.ndarray:
     return np.bincount(rows, minlength=len(strings)).astype(np.int64)
 
 
-def _quotes_plain(block: bytes, delimiter: int) -> bool:
-    """Whether every quote in ``block`` (whole records from a record's start) is one
-    ``csv.reader`` (``strict``, ``doublequote``) and Arrow read alike: each run of quotes
-    outside a field opens one at the field's start (after the delimiter or a line end), each
-    run inside a field either doubles quotes or closes the field right before the delimiter
-    or a line end, and no field is open at the end."""
+def _plain(block: bytes, delimiter: int) -> bool:
+    """Whether every quote and carriage return in ``block`` (whole records from a record's
+    start) is one ``csv.reader`` (``strict``, ``doublequote``) and Arrow read alike: each
+    run of quotes outside a field opens one at the field's start (after the delimiter or a
+    line end), each run inside a field either doubles quotes or closes the field right before
+    the delimiter or a line end, no field is open at the end, and every ``\\r`` outside a
+    quoted field comes right before a ``\\n`` (Arrow ends a record at a lone one, and skips
+    the empty line a lone one at a line's start makes; ``csv.reader`` refuses it)."""
     arr = np.frombuffer(block, dtype=np.uint8)
     quotes = np.flatnonzero(arr == _QUOTE)
+    return _quotes_plain(arr, quotes, delimiter) and _returns_plain(arr, quotes)
+
+
+def _returns_plain(arr: np.ndarray, quotes: np.ndarray) -> bool:
+    returns = np.flatnonzero(arr == _CR)
+    if not len(returns):
+        return True
+    following = arr[np.minimum(returns + 1, len(arr) - 1)]
+    lone = returns[(returns == len(arr) - 1) | (following != _NL)]
+    return bool(np.all(np.searchsorted(quotes, lone) % 2 == 1))
+
+
+def _quotes_plain(arr: np.ndarray, quotes: np.ndarray, delimiter: int) -> bool:
     if not len(quotes):
         return True
     first = np.ones(len(quotes), dtype=bool)

@@ -46,6 +46,8 @@ _ODDITIES = [
     ("blank line", b"\n"),
     ("whitespace line", b"   \n"),
     ("lone CR in an unquoted field", b"r9,a\rb\n"),
+    ("lone CR as a field", b"\r,r9\n"),
+    ("lone CRs making lines of their own", b"r8,a\rr9,b\n\n"),
     ("the header again", b"id,text\n"),
     ("empty id", b",text\n"),
     ("whitespace id", b"  ,text\n"),
@@ -185,7 +187,12 @@ def test_record_end_is_the_last_newline_outside_quotes(data: bytes, end: int) ->
         (b'1,"a\n"b\n', False),  # closing at a line's start, then text
         (b'1,"a"\rb\n', False),  # a lone CR after the closing quote
         (b'1,"open\n', False),
+        (b'1,"a\rb"\n', True),  # a CR inside a quoted field
+        (b"1,a\r\n", True),
+        (b"\r,a\n", False),  # a lone CR at a line's start: Arrow skips it as an empty line
+        (b"1,a\rb\n", False),
+        (b'1,"a"\r', False),
     ],
 )
-def test_quotes_plain_accepts_only_what_both_parsers_read_alike(block: bytes, plain: bool) -> None:
-    assert csv_batches._quotes_plain(block, ord(",")) is plain
+def test_plain_accepts_only_what_both_parsers_read_alike(block: bytes, plain: bool) -> None:
+    assert csv_batches._plain(block, ord(",")) is plain
