@@ -21,7 +21,8 @@ before (the same records, the same error naming the same line):
 - whatever Arrow refuses (a record with another field count, bytes that are not UTF-8);
 - a record ``csv.reader`` would check further: an id that is empty, whitespace or holds
   ``\\x1f``, a first field that may be the header repeated;
-- a block longer than ``csv.reader``'s field limit.
+- a block longer than ``csv.reader``'s field limit, or starting with a BOM (Arrow drops a
+  BOM at the start of what it reads; ``csv.reader`` keeps it in the field).
 
 Applies to UTF-8 inputs with ``\\n`` line ends (``csv_lines.block_decodable``) and RFC 4180
 quotes, when the text is one column as read (no ``--text-template``, ``--normalize`` or
@@ -55,6 +56,7 @@ _FIELD_LIMIT = 64 * 1024 * 1024  # csv_records._MAX_FIELD_CHARS: a longer block 
 #: Bytes read without finding a record's end before ``csv.reader`` takes over (a stray quote
 #: makes every later ``\n`` look quoted; this bounds what is held meanwhile).
 _MAX_CARRY = 16 * 1024 * 1024
+_LINES_TRIED = 32  # ``record_end``'s lines tried one by one before it looks at all at once
 #: First bytes after which a text may be all whitespace by ``str.isspace``: ASCII whitespace,
 #: the separators 0x1C-0x1F, and any non-ASCII lead byte (U+0085, U+00A0, U+3000, ...).
 _SPACE_LEADS = frozenset({0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x1F, 0x20})
@@ -132,7 +134,7 @@ class RecordBlocks(Blocks):
         carry = b""
         for data in self._read():
             buf = carry + data if carry else data
-            cut = record_end(buf)
+            cut = record_end(buf, after=len(carry))  # no record ends in the carry: scanned
             if not cut:
                 carry = buf
                 if len(carry) > _MAX_CARRY:
@@ -153,18 +155,30 @@ class RecordBlocks(Blocks):
         self.first_line = self._lines_before + self._block.count(b"\n") + 1
 
 
-def record_end(data: bytes) -> int:
+def record_end(data: bytes, after: int = 0) -> int:
     """Offset just after the last ``\\n`` in ``data`` with an even count of quotes before
     it (outside a quoted field if ``data`` starts at a record and its quotes follow RFC
-    4180); 0 if there is none."""
+    4180), looking only at the ``\\n`` at ``after`` or later; 0 if there is none.
+
+    The last few lines are tried one by one (a record's end is almost always among them);
+    past them every ``\\n`` at once, so a quote left open over many lines costs linear time."""
     total = data.count(b'"')
-    pos, after = len(data), 0
-    while (newline := data.rfind(b"\n", 0, pos)) >= 0:
-        after += data.count(b'"', newline + 1, pos)
-        if (total - after) % 2 == 0:
+    pos, behind = len(data), 0
+    for _ in range(_LINES_TRIED):
+        newline = data.rfind(b"\n", after, pos)
+        if newline < 0:
+            return 0
+        behind += data.count(b'"', newline + 1, pos)
+        if (total - behind) % 2 == 0:
             return newline + 1
         pos = newline
-    return 0
+    arr = np.frombuffer(data, dtype=np.uint8)[after:pos]
+    newlines = np.flatnonzero(arr == _NL)
+    quotes_before = data.count(b'"', 0, after) + np.searchsorted(
+        np.flatnonzero(arr == _QUOTE), newlines
+    )
+    even = newlines[quotes_before % 2 == 0]
+    return after + int(even[-1]) + 1 if len(even) else 0
 
 
 class _Parser:
@@ -177,8 +191,8 @@ class _Parser:
         self.width, self.id_index, self.text_index = width, id_index, text_index
         self.delimiter = ord(delimiter)
         self.starts = pa.array(sorted(starts), pa.string())
-        names = [f"f{i}" for i in range(width)]
-        self.read_options = pacsv.ReadOptions(column_names=names, use_threads=False)
+        self.names = [f"f{i}" for i in range(width)]
+        names = self.names
         self.parse_options = pacsv.ParseOptions(
             delimiter=delimiter, newlines_in_values=True, ignore_empty_lines=False
         )
@@ -189,12 +203,19 @@ class _Parser:
         )
 
     def __call__(self, block: bytes, first_line: int) -> RecordBatch | None:
-        if len(block) > _FIELD_LIMIT or not _plain(block, self.delimiter):
+        if len(block) > _FIELD_LIMIT or block.startswith(codecs.BOM_UTF8):
+            return None  # Arrow drops a BOM at the start of what it reads; csv.reader keeps it
+        if not _plain(block, self.delimiter):
             return None
+        # one Arrow block for the whole block: a record longer than Arrow's default
+        # block (1 MiB) would otherwise be refused as straddling two
+        read_options = pacsv.ReadOptions(
+            column_names=self.names, use_threads=False, block_size=len(block) + 1
+        )
         try:
             table = pacsv.read_csv(
                 pa.py_buffer(block),
-                read_options=self.read_options,
+                read_options=read_options,
                 parse_options=self.parse_options,
                 convert_options=self.convert_options,
             )

@@ -57,6 +57,7 @@ _ODDITIES = [
     ("undecodable byte", b"r9,caf\xe9\n"),
     ("quote never closed", b'r9,"open\n'),
     ("duplicate id", b"r0001,again\n"),
+    ("a BOM before a record", b"\xef\xbb\xbfr9,text\n"),  # Arrow drops one at its start
 ]
 
 
@@ -149,6 +150,44 @@ def test_a_clean_export_is_read_by_arrow_whole(
     monkeypatch.setattr(csv_lines, "BLOCK_BYTES", 256)
     got, taken = _both(monkeypatch, path, 5)
     assert taken == got[2] > 0  # every row
+
+
+def test_a_bom_before_the_first_data_record_stays_in_its_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cat header.csv rows.csv`` with rows saved as Excel's "CSV UTF-8": the id holds
+    U+FEFF, as ``csv.reader`` reads it, so a duplicate of it is still found."""
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"id,text\n\xef\xbb\xbfr1,a\n\xef\xbb\xbfr1,b\n")
+    got, _ = _both(monkeypatch, path, 3)
+    assert got[0] == "InputError" and "duplicated id" in got[1]
+
+
+def test_a_record_longer_than_arrows_block_is_read_by_arrow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "in.csv"
+    long = ("word " * 250_000 + "\n") * 2  # 2.5 MB over two lines, quoted
+    path.write_bytes(f'id,text\nr1,short\nr2,"{long}"\nr3,after\n'.encode())
+    got, taken = _both(monkeypatch, path, 2)
+    assert taken == got[2] == 3
+
+
+def _record_end_reference(data: bytes, after: int) -> int:
+    ends = [
+        i + 1
+        for i, byte in enumerate(data)
+        if byte == 0x0A and i >= after and data[:i].count(b'"') % 2 == 0
+    ]
+    return ends[-1] if ends else 0
+
+
+def test_record_end_agrees_with_counting_quotes_before_every_newline() -> None:
+    rng = random.Random(7)
+    for _ in range(2000):
+        data = bytes(rng.choice(b'ab",\n') for _ in range(rng.randint(0, 400)))
+        after = rng.randint(0, len(data))
+        assert record_end(data, after) == _record_end_reference(data, after), (data, after)
 
 
 @pytest.mark.parametrize("name", [ENGLISH_NAME, JAPANESE_NAME])
