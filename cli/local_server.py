@@ -86,6 +86,7 @@ class LocalServer:
         self.log_path = _log_path()
         self.process: subprocess.Popen[bytes] | None = None
         self._write_fd: int | None = None
+        self.ready = False  # its health check answered once (``wait_ready``)
 
     def start(self) -> LocalServer:
         """Spawn the server (call from the main thread: PR_SET_PDEATHSIG is per thread).
@@ -140,6 +141,7 @@ class LocalServer:
                     )
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
+                        self.ready = True
                         return
                 except httpx.HTTPError:
                     pass

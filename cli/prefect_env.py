@@ -180,7 +180,9 @@ class PrefectApi:
 
     def _server_exited(self) -> ApiLoss | None:
         server = self.server
-        if server is None or not server.started or server.alive():
+        # A server that exits before it ever answered did not start: ``wait_ready`` says so,
+        # unless the reason (a Prefect setting Prefect refuses) stops the run first, exit 2.
+        if server is None or not server.ready or server.alive():
             return None
         return ApiLoss(
             f"the temporary Prefect server exited during the run (see {server.log_path})",
