@@ -141,7 +141,7 @@ class RecordBlocks(Blocks):
                     break
                 continue
             block, carry = buf[:cut], buf[cut:]
-            batch = parse(block, self._lines_before + self._block.count(b"\n") + 1)
+            batch = parse(block, self._next_line())
             if batch is None:
                 self._give_back(block + carry)
                 return
@@ -149,10 +149,14 @@ class RecordBlocks(Blocks):
             yield batch
         self._give_back(carry)  # the last record has no newline, or a quote left open
 
+    def _next_line(self) -> int:
+        """The number of the first line after the block read last."""
+        return self._lines_before + self._block.count(b"\n") + 1
+
     def _give_back(self, data: bytes) -> None:
         if data:
             self._pending.appendleft(data)
-        self.first_line = self._lines_before + self._block.count(b"\n") + 1
+        self.first_line = self._next_line()
 
 
 def record_end(data: bytes, after: int = 0) -> int:
