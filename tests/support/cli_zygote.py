@@ -1,0 +1,284 @@
+"""A fork server for ``run_cli``: each ``embedline`` command a test runs is a process of its
+own, forked from one that imported the CLI's third-party libraries once.
+
+Why: the suite runs several hundred ``embedline`` commands, and a fresh interpreter spends
+about 0.9 CPU s of its 2-3 importing numpy, pandas, pyarrow, boto3, httpx and pydantic
+before embedline's first line runs (``-X importtime``); on CI's two cores that is minutes.
+
+What the forked child shares with ``python -m cli``: its own pid, exit status (a signal's
+too), working directory, environment (exactly the test's), ``sys.argv`` and ``sys.path`` as
+``-m`` sets them, stdout and stderr captured whole, stdin empty, and the interpreter's own
+ending (``atexit``, non-daemon threads joined, an uncaught ``KeyboardInterrupt`` ending by
+SIGINT). What it does not: Prefect, embedline and everything that reads settings or the
+environment at import are imported in the child, never here; only the libraries in
+``PRELOAD`` (none of which reads the environment at import) are. A test of what a command
+imports, of the interpreter's start, or of a command started beside others (signals to a
+process group) starts its own process (``subprocess``/``Popen``), not this.
+
+``EMBEDLINE_TEST_FRESH_CLI=1`` turns it off: every ``run_cli`` a fresh interpreter.
+The server ends with the pytest process that started it (its stdin closes).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Zygote", "zygote"]
+
+PRELOAD = (
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "pyarrow.compute",
+    "pyarrow.csv",
+    "pyarrow.parquet",
+    "httpx",
+    "boto3",
+    "botocore.client",
+    "pydantic",
+    "pydantic_settings",
+    "rich.console",
+    "anyio",
+    "yaml",
+    "tenacity",
+)
+
+#: Environment variables read when an interpreter or a preloaded library starts.
+_READ_AT_START = (
+    *("PYTHON", "LD_", "LC_", "LANG", "TZ"),
+    *("FAKETIME", "MALLOC_", "ARROW_", "OPENBLAS", "OMP_"),
+)
+
+#: Modules the ``site`` module imports from the path as an interpreter starts.
+_STARTUP_HOOKS = ("sitecustomize.py", "usercustomize.py")
+
+
+# ── the client, in the test process ────────────────────────────────────────────────────────
+
+
+@dataclass
+class _Call:
+    done: threading.Event = field(default_factory=threading.Event)
+    pid: int | None = None
+    status: int | None = None
+
+
+class Zygote:
+    """The fork server's client: ``run`` has the server fork a child that runs
+    ``python -m cli ARGS``, and waits for its exit status. Thread-safe."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.cli_zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        self._lock = threading.Lock()
+        self._calls: dict[int, _Call] = {}
+        self._next = 0
+        self._env = env
+        self._tmp = Path(tempfile.mkdtemp(prefix="embedline-cli-zygote-"))
+        ready = self._proc.stdout.readline() if self._proc.stdout else b""
+        if json.loads(ready or b"{}").get("ready") is not True:
+            raise RuntimeError(f"the CLI fork server did not start: {ready!r}")
+        threading.Thread(target=self._read, daemon=True).start()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """End the server (it ends when its stdin closes) and wait for it: none outlives
+        the pytest process, and its children's CPU time is counted in this process's."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            reply = json.loads(line)
+            call = self._calls.get(reply["id"])
+            if call is None:  # its caller gave up (timeout)
+                continue
+            if "pid" in reply:
+                call.pid = reply["pid"]
+            else:
+                call.status = reply["status"]
+                call.done.set()
+
+    def forkable(self, env: Mapping[str, str]) -> bool:
+        """Whether a child forked here starts as a fresh interpreter would under ``env``:
+        every variable the interpreter or a preloaded library reads at start (``PYTHON*``
+        but the path, locale, ``LD_*``, allocators, libfaketime) equals the server's, and no
+        directory of ``PYTHONPATH`` holds a module the interpreter runs as it starts (a
+        test's ``sitecustomize``: ``tests/support/signal_at``, ``faketime``)."""
+        names = {k for k in (*env, *self._env) if k.startswith(_READ_AT_START)}
+        names -= {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE"}
+        if any(env.get(k) != self._env.get(k) for k in names):
+            return False
+        path = [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        return not any((p / hook).exists() for p in path for hook in _STARTUP_HOOKS)
+
+    def run(
+        self, argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        """``python -m cli ARGV`` in ``cwd`` with exactly ``env``; its output (text) and
+        return code as ``subprocess.run`` gives them. Raises ``subprocess.TimeoutExpired``
+        after ``timeout`` seconds (the child killed)."""
+        with self._lock:
+            self._next += 1
+            ident = self._next
+            call = self._calls[ident] = _Call()
+            out, err = self._tmp / f"{ident}.out", self._tmp / f"{ident}.err"
+            request = {"id": ident, "argv": argv, "cwd": str(cwd), "env": dict(env)}
+            request.update(stdout=str(out), stderr=str(err))
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self._proc.stdin.flush()
+        try:
+            if not call.done.wait(timeout):
+                if call.pid is not None:
+                    os.kill(call.pid, signal.SIGKILL)
+                call.done.wait(30)
+                raise subprocess.TimeoutExpired(
+                    [sys.executable, "-m", "cli", *argv], timeout, _text(out), _text(err)
+                )
+            assert call.status is not None
+            return subprocess.CompletedProcess(
+                [sys.executable, "-m", "cli", *argv], call.status, _text(out), _text(err)
+            )
+        finally:
+            del self._calls[ident]
+            for path in (out, err):
+                path.unlink(missing_ok=True)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode(errors="replace").replace("\r\n", "\n")
+    except FileNotFoundError:
+        return ""
+
+
+_zygote: Zygote | None = None
+_zygote_lock = threading.Lock()
+
+
+def zygote() -> Zygote | None:
+    """This process's fork server (started on first use), or None when turned off."""
+    global _zygote
+    if os.environ.get("EMBEDLINE_TEST_FRESH_CLI") == "1":
+        return None
+    with _zygote_lock:
+        if _zygote is None or _zygote._proc.poll() is not None:
+            _zygote = Zygote()
+        return _zygote
+
+
+# ── the server ─────────────────────────────────────────────────────────────────────────────
+
+
+def _serve() -> dict[str, Any] | None:
+    """Answer requests until stdin closes (None) or, in a forked child, return its request."""
+    import importlib
+
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # as the CLI's entry does
+    for name in PRELOAD:
+        importlib.import_module(name)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C of the suite is the tests' to handle
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    reply.write(json.dumps({"ready": True}) + "\n")
+    requests = os.fdopen(os.dup(0), "rb", buffering=0)
+    children: dict[int, int] = {}
+    pending = b""
+    while True:
+        ready, _, _ = select.select([requests.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _reap(children, reply)
+        if requests.fileno() in ready:
+            data = os.read(requests.fileno(), 65536)
+            if not data:
+                return None
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    for fd in (wake_r, wake_w, requests.fileno(), reply.fileno()):
+                        os.close(fd)
+                    return dict(request)
+                children[pid] = request["id"]
+                reply.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+        _reap(children, reply)
+
+
+def _reap(children: dict[int, int], reply: Any) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        ident = children.pop(pid, None)
+        if ident is not None:
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            reply.write(json.dumps({"id": ident, "status": code}) + "\n")
+
+
+def _become(request: dict[str, Any], base_path: list[str]) -> None:
+    """In the forked child: the process ``python -m cli ARGV`` would have been."""
+    signal.set_wakeup_fd(-1)
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.getcwd(), *extra, *base_path]
+    sys.argv = ["-m", *request["argv"]]
+
+
+if __name__ == "__main__":
+    _own = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    _base = [p for p in sys.path[1:] if p and p not in _own]
+    _request = _serve()
+    if _request is not None:
+        _become(_request, _base)
+        del _request, _base
+        import runpy
+
+        runpy.run_module("cli", run_name="__main__", alter_sys=True)
