@@ -172,6 +172,19 @@ def _settled(proc: subprocess.Popen[bytes], name: str, address: str, timeout_s: 
     return True
 
 
+def _requests_seen(fake: Any, path: Path, cut_at: float, healed_at: float) -> None:
+    """Write what the fake saw (arrival relative to the cut, inputs, status), one request a
+    line, to ``path``: what a failure here is read against."""
+    now_wall, now_mono = time.time(), time.monotonic()
+    with fake.lock:
+        log = [dict(entry) for entry in fake.log]
+    lines = [f"cut at 0.0 s, healed at {healed_at - cut_at:.1f} s"]
+    for entry in log:
+        at = entry["at"] - now_mono + now_wall - cut_at
+        lines.append(f"{at:8.1f} {entry['n_inputs']} {entry['status']} {entry['idempotency_key']}")
+    path.write_text("\n".join(lines) + "\n")
+
+
 def _run(
     machines: Machines, services: Services, home: Path, address: str, output: str
 ) -> subprocess.Popen[str]:
@@ -241,6 +254,7 @@ def test_a_worker_cut_off_mid_run_pays_nothing_twice_and_is_counted(
         assert _settled(cluster.workers[victim], name, address, 120), tails(cluster.logs)
         time.sleep(3)  # a spend record the copy wrote on its way out
         summaries += inputs_charged(out + err)
+        _requests_seen(fake, tmp_path / "requests.txt", cut_at, healed_at)
         assert paid_twice_per_chunk(fake, rows, CHUNK_ROWS) <= BATCH, (out + err)[-4000:]
 
     if first.returncode == 1:
@@ -252,7 +266,8 @@ def test_a_worker_cut_off_mid_run_pays_nothing_twice_and_is_counted(
         assert rerun.returncode == 0, (out + err)[-4000:]
         summaries += inputs_charged(out + err)
 
-    assert summaries == sum(fake.charged_texts().values()), (out + err)[-4000:]
+    charged = sum(fake.charged_texts().values())
+    assert summaries == charged, f"summaries {summaries}, the fake charged {charged}: {tmp_path}"
     frame = read_embeddings(output)
     got = dict(zip(frame["id"], frame["embedding"], strict=True))
     assert sorted(got) == [row_id for row_id, _ in rows]
