@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
@@ -99,10 +99,19 @@ class EmbeddingClient(Protocol):
         ...
 
     def embed(
-        self, texts: Sequence[str], *, idempotency_key: str, expect_dimensions: int | None = None
+        self,
+        texts: Sequence[str],
+        *,
+        idempotency_key: str,
+        expect_dimensions: int | None = None,
+        before_send: Callable[[], None] | None = None,
     ) -> Embeddings:
         """Return one vector per text, in the order of ``texts``; each of
         ``expect_dimensions`` components when given (the run's length).
+
+        ``before_send`` (a chunk lease's fence on a Dask cluster) is called right before
+        each request goes out, every retry included; what it raises ends the call with
+        nothing more sent (its ``requests`` and ``inputs``: what was sent before).
 
         :raises RowError: the batch holds an input the server rejects (400/413/422).
         :raises RetryableError: still failing after the attempt budget.

@@ -79,12 +79,15 @@ class LocalEmbedder(EmbeddingClientBase):
         idempotency_key: str,
         on_rows: Callable[[int], None] | None = None,
         expect_dimensions: int | None = None,
+        before_send: Callable[[], None] | None = None,
     ) -> Embeddings:
         """Return float32 ``(len(texts), 384)`` unit vectors; ``tokens=0``, ``requests=0``.
 
         ``idempotency_key`` is accepted for the protocol and unused (no request is sent).
         ``expect_dimensions`` (the run's length) is checked before the model runs.
         ``on_rows(n)`` is called as each forward pass of ``n`` texts ends (progress).
+        ``before_send`` (a fence) is called once before the model runs; what it raises
+        ends the call.
 
         :raises FatalError: if the local model's packages are not installed.
         :raises BadResponseError: if the model returns the wrong shape or non-finite values.
@@ -92,6 +95,8 @@ class LocalEmbedder(EmbeddingClientBase):
         if not texts:
             raise ValueError("embed() needs at least one text")
         check_length(LOCAL_DIMENSIONS, expect_dimensions)
+        if before_send is not None:
+            before_send()
         model = _load_local_model(self._logger)
         with _encode_lock:
             matrix = model.encode(list(texts), on_pass=on_rows)

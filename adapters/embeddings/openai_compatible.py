@@ -72,6 +72,7 @@ class _Call:
     requests: int = 0
     inputs: int = 0  # texts in the requests sent (a retry sends them again)
     pause_deadline: float = 0.0
+    before_send: Callable[[], None] | None = None  # the caller's fence, before each attempt
 
 
 class OpenAIEmbedder:
@@ -228,7 +229,12 @@ class OpenAIEmbedder:
         return self._latch.endpoint_down
 
     def embed(
-        self, texts: Sequence[str], *, idempotency_key: str, expect_dimensions: int | None = None
+        self,
+        texts: Sequence[str],
+        *,
+        idempotency_key: str,
+        expect_dimensions: int | None = None,
+        before_send: Callable[[], None] | None = None,
     ) -> Embeddings:
         """Embed ``texts`` in one request, retried; return float32 ``(len(texts), d)``.
 
@@ -237,6 +243,12 @@ class OpenAIEmbedder:
         response). Every attempt carries the same ``Idempotency-Key``. ``tokens`` is the server's
         ``usage`` (0 if absent); ``requests`` counts HTTP requests sent, retries included
         (a connection that never opened is not one).
+
+        ``before_send`` is called once a request holds its concurrency slot, right before
+        it goes out: every attempt, after every wait (a chunk lease's fence: a copy cut off
+        from the network through its retries, whose chunk another copy took meanwhile,
+        sends no retry when the network returns). What it raises ends the call at once,
+        not retried, carrying the ``requests`` and ``inputs`` sent before.
 
         :raises ValueError: if ``texts`` is empty (callers never send an empty batch).
         :raises RowError: 400/413/422: the batch holds an input the server rejects.
@@ -258,6 +270,7 @@ class OpenAIEmbedder:
         call = _Call(
             estimated_tokens=sum(estimate_tokens(t) for t in batch),
             expect_dimensions=expect_dimensions,
+            before_send=before_send,
         )
         retrying = request_retrying(
             max_attempts=self.max_attempts,
@@ -356,6 +369,8 @@ class OpenAIEmbedder:
         self._admit(call)
         with self._slots:
             self._latch.check()
+            if call.before_send is not None:
+                call.before_send()
             fmt = fmt or self._format.current
             self._book(call)
             try:

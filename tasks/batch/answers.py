@@ -64,9 +64,16 @@ class BatchAnswers(EmbeddingClientBase):
         return len(self._resolved.vectors) + len(self._resolved.rejected) + (sync or 0)
 
     def embed(
-        self, texts: Sequence[str], *, idempotency_key: str, expect_dimensions: int | None = None
+        self,
+        texts: Sequence[str],
+        *,
+        idempotency_key: str,
+        expect_dimensions: int | None = None,
+        before_send: Callable[[], None] | None = None,
     ) -> Embeddings:
-        """One vector per text from the batch results (see the class docstring).
+        """One vector per text from the batch results (see the class docstring);
+        ``before_send`` goes with the synchronous fallback's requests (nothing else is
+        sent).
 
         :raises RowError: a text of ``texts`` was rejected alone by its batch.
         :raises RetryableError: a text has no answer and there is no synchronous fallback.
@@ -90,7 +97,7 @@ class BatchAnswers(EmbeddingClientBase):
         missing = [i for i, v in enumerate(found) if v is None]
         sync = Embeddings(np.zeros((0, 0), dtype=np.float32))
         if missing:
-            sync = self._send(texts, missing, idempotency_key, expect_dimensions)
+            sync = self._send(texts, missing, idempotency_key, expect_dimensions, before_send)
             for i, vector in zip(missing, sync.vectors, strict=True):
                 found[i] = vector
         width = expect_dimensions or self.dimensions
@@ -112,7 +119,12 @@ class BatchAnswers(EmbeddingClientBase):
         )
 
     def _send(
-        self, texts: Sequence[str], missing: list[int], key: str, expect_dimensions: int | None
+        self,
+        texts: Sequence[str],
+        missing: list[int],
+        key: str,
+        expect_dimensions: int | None,
+        before_send: Callable[[], None] | None,
     ) -> Embeddings:
         if self._fallback is None:
             raise RetryableError(unanswered_message(len(missing)))
@@ -121,7 +133,10 @@ class BatchAnswers(EmbeddingClientBase):
         if len(missing) < len(texts):  # another request than the batch's: another key
             key = hashlib.sha256(f"{key}:rest:{missing}".encode()).hexdigest()
         return self._sync.embed(
-            [texts[i] for i in missing], idempotency_key=key, expect_dimensions=expect_dimensions
+            [texts[i] for i in missing],
+            idempotency_key=key,
+            expect_dimensions=expect_dimensions,
+            before_send=before_send,
         )
 
 

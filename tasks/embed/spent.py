@@ -37,7 +37,7 @@ from embedline.progress import Usage
 from embedline.protocols import ObjectStore
 from tasks.embed.paid import PAID_PREFIX
 
-__all__ = ["SpendRecords", "drain_spent", "spending", "spent_prefix"]
+__all__ = ["SpendRecords", "drain_spent", "fenced", "spending", "spent_prefix"]
 
 logger = logging.getLogger("embedline")
 _EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # of b""
@@ -134,6 +134,31 @@ def spending(client: Any, records: SpendRecords | None) -> Any:
     if client is None or records is None:
         return client
     return _SpendingClient(client, records)
+
+
+class _FencedClient:
+    """An embedding client whose every request, retries included, first passes ``check``."""
+
+    def __init__(self, client: Any, check: Any) -> None:
+        self._client = client
+        self._check = check
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def embed(self, texts: Sequence[str], **kwargs: Any) -> Any:
+        return self._client.embed(texts, before_send=self._check, **kwargs)
+
+
+def fenced(client: Any, records: SpendRecords | None) -> Any:
+    """``client`` calling ``records.check`` (the chunk lease's fence) right before each
+    request goes out, every retry included (``EmbeddingClient.embed``'s ``before_send``):
+    the check before a spend record is written is not enough, since a request can wait
+    long after it (a retry's backoff, a connection that hangs while the network is cut).
+    ``None``s stay as they are."""
+    if client is None or records is None:
+        return client
+    return _FencedClient(client, records.check)
 
 
 def parse_spent(key: str) -> tuple[int, ...] | None:

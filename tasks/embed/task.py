@@ -35,7 +35,7 @@ from tasks.embed.failures import group_retry_condition, retry_condition, retryab
 from tasks.embed.groups import ChunkGroup, GroupOutcome
 from tasks.embed.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.embed.rows import EmbeddedRows, embed_rows, merged
-from tasks.embed.spent import SpendRecords, spending
+from tasks.embed.spent import SpendRecords, fenced, spending
 from tasks.lease.chunk_lease import ChunkLeaseLost, take_chunk_lease
 from tasks.publish.chunk_object import adopt_existing, publish_chunk
 from tasks.reuse.chunk_side import (
@@ -358,6 +358,7 @@ def _run_chunk(
         send, copies = split_duplicates(rest)
         answers = _batch_answers(rows, settings, batches) if send else None
         client = progress.counting((answers or _embedder(settings)) if send else None, spec.index)
+        client = fenced(client, spent)  # each request, retries included, after the lease's check
         if answers is None:  # requests sent: recorded, each after the lease's check
             client = spending(client, spent)
         # batch answers are kept by the provider (the rerun reads them again): nothing to keep
@@ -366,7 +367,7 @@ def _run_chunk(
             stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
             if stale:  # vectors of an older length: this run's are the server's answers
                 client = client or spending(
-                    progress.counting(_embedder(settings), spec.index), spent
+                    fenced(progress.counting(_embedder(settings), spec.index), spent), spent
                 )
                 embedded = merged(
                     embedded, _embed(stale, client, settings, int(embedded.vectors.shape[1]), paid)

@@ -19,10 +19,13 @@ it, the other gets ``ConflictError`` and waits again.
 
 The holder fences itself by its own monotonic clock: before each request and before
 publishing (``check``), if ``ttl_s`` passed since its last successful write began (it was
-paused, or the store refused the renewals), it stops as holder (``ChunkLeaseLost``) unless
-it can take the next epoch itself and the chunk is not published. So a copy that wakes up
-after another took over sends nothing more; at most the requests it had in flight when it
-stopped are paid twice.
+paused, cut off from the network, or the store refused the renewals), it stops as holder
+(``ChunkLeaseLost``) unless it can take the next epoch itself and the chunk is not
+published. "Before each request" is every attempt, right before it goes out (the
+embedding client calls ``check`` as ``before_send``, ``tasks.embed.spent.fenced``): a
+retry's backoff or a connection that hangs while the network is cut can outlast the lease.
+So a copy that wakes up or comes back after another took over sends nothing more; at most
+the request it had on the wire when it stopped is paid twice.
 
 Body: ``run_key``, ``chunk``, ``epoch``, ``ttl_s``, ``renew_s``, ``skew_s``, ``holder``
 (``host``: ``host_tag()``, ``pid``).

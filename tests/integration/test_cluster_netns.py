@@ -19,7 +19,6 @@ without CAP_SYS_ADMIN).
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import io
@@ -30,7 +29,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,60 +36,36 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
+from tests.support.fake_openai import expected_vector
 from tests.support.fixtures import REPO
-from tests.support.moto_server import DUMMY_AWS_ENV, MotoS3Server, make_s3_client
-from tests.support.netns import NetHost, NetLab, net_lab
+from tests.support.moto_server import DUMMY_AWS_ENV, make_s3_client
+from tests.support.netns_cluster import (
+    Machines,
+    Services,
+    aws_env,
+    bridge_services,
+    lab_machines,
+    machine_env,
+    netns_cluster,
+    tails,
+)
 from tests.support.output import vectors_by_id
 from tests.support.prefect_server import (
     param_arguments,
-    start_prefect_server,
     start_prefect_worker,
     stop_prefect_worker,
 )
 
 pytestmark = pytest.mark.integration
 
-SCHEDULER_PORT = 8786
 POOL = "embedline-local"  # the pool of deployments/prefect.yaml's samples
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-BIN = Path(sys.executable).parent
-
-
-@dataclass(frozen=True)
-class Machines:
-    lab: NetLab
-    scheduler: NetHost
-    workers: tuple[NetHost, NetHost]
-    client: NetHost  # where a user's CLI runs
-
-    @property
-    def address(self) -> str:
-        return f"tcp://{self.scheduler.ip}:{SCHEDULER_PORT}"
 
 
 @pytest.fixture(scope="module")
 def machines() -> Iterator[Machines]:
-    with net_lab("cl40") as lab:
-        yield Machines(
-            lab,
-            lab.add("sched"),
-            (lab.add("w1"), lab.add("w2")),
-            lab.add("cli"),
-        )
-
-
-def _base_env(home: Path) -> dict[str, str]:
-    """A machine's own environment: this interpreter's tools, the checkout on the path (the
-    same package on every machine), its own home; nothing of the test process."""
-    home.mkdir(parents=True, exist_ok=True)
-    return {
-        "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin",
-        "PYTHONPATH": str(REPO),
-        "HOME": str(home),
-        "PREFECT_HOME": str(home / "prefect"),
-        "HF_HUB_OFFLINE": "1",
-    }
+    with lab_machines("cl40") as machines:
+        yield machines
 
 
 def _one_line(stderr: str) -> str:
@@ -105,7 +79,7 @@ def test_from_another_machine_what_cannot_work_is_refused_in_one_line(
     machines: Machines, tmp_path: Path
 ) -> None:
     (tmp_path / "in.csv").write_text("id,text\na,one\n")
-    env = _base_env(tmp_path / "home")
+    env = machine_env(tmp_path / "home")
     run = ["run", "in.csv", "--output", "s3://bucket/out", "--task-runner", "dask"]
     cases = (
         # (PREFECT_API_URL, address, what the line says)
@@ -136,14 +110,6 @@ def test_from_another_machine_what_cannot_work_is_refused_in_one_line(
 # ── the whole path: a deployment, a cluster of three machines, S3 ─────────────────────────
 
 
-@dataclass(frozen=True)
-class Services:
-    api_url: str
-    s3_endpoint: str
-    fake: FakeEmbeddingServer
-    home: Path
-
-
 @pytest.fixture
 def services(
     machines: Machines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -152,83 +118,16 @@ def services(
     process holds moto's dummy credentials (to set up and read the bucket)."""
     for name, value in DUMMY_AWS_ENV.items():
         monkeypatch.setenv(name, value)
-    home = tmp_path / "prefect-server"
-    home.mkdir()
-    proc, api_url = start_prefect_server(home, host=machines.lab.host_ip)
-    try:
-        with (
-            MotoS3Server(host=machines.lab.host_ip) as s3,
-            FakeEmbeddingServer(host=machines.lab.host_ip) as fake,
-        ):
-            yield Services(api_url, s3.endpoint, fake, home)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _aws_env(endpoint: str) -> dict[str, str]:
-    return {**DUMMY_AWS_ENV, "AWS_ENDPOINT_URL": endpoint}
+    with bridge_services(machines.lab, tmp_path / "prefect-server") as services:
+        yield services
 
 
 @pytest.fixture
 def cluster(machines: Machines, services: Services, tmp_path: Path) -> Iterator[list[Path]]:
-    """``dask scheduler`` and two ``dask worker``s (3 threads each), each in its namespace with
-    its own directory and environment: the workers hold the API key and the S3 settings, as
-    the cluster guide says; Dask's default settings otherwise (the profiler on). Yields the
-    logs."""
-    lab, logs = machines.lab, []
-    home = tmp_path / "sched"
-    logs.append(home / "scheduler.log")
-    sched_args = ["scheduler", "--host", machines.scheduler.ip, "--port", str(SCHEDULER_PORT)]
-    started = [
-        lab.popen(
-            machines.scheduler,
-            [str(BIN / "dask"), *sched_args, "--no-dashboard"],
-            env=_base_env(home),
-            cwd=home,
-            log=logs[-1],
-        )
-    ]
-    for i, worker in enumerate(machines.workers, 1):
-        home = tmp_path / f"w{i}"
-        env = {**_base_env(home), **_aws_env(services.s3_endpoint), "EMBEDLINE_API_KEY": "sk-w"}
-        logs.append(home / "worker.log")
-        worker_args = ["--name", f"w{i}", "--nthreads", "3", "--host", worker.ip]
-        started.append(
-            lab.popen(
-                worker,
-                [str(BIN / "dask"), "worker", machines.address, *worker_args, "--no-dashboard"],
-                env=env,
-                cwd=home,
-                log=logs[-1],
-            )
-        )
-    deadline = time.monotonic() + 90
-    while _worker_names(machines.address) != ["w1", "w2"]:
-        dead = [p.args for p in started if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            pytest.fail(f"cluster not up ({dead}): {_tails(logs)}")
-        time.sleep(0.5)
-    try:
-        yield logs
-    finally:
-        for proc in started:  # the lab kills them too, at the module's end
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-
-
-def _worker_names(address: str) -> list[str]:
-    from distributed import Client
-
-    try:
-        with Client(address, timeout=5) as client:
-            workers = client.scheduler_info()["workers"].values()
-            return sorted(str(w.get("name")) for w in workers)
-    except OSError:
-        return []
+    """``dask scheduler`` and two ``dask worker``s (3 threads each) on Dask's default
+    settings (the profiler on), as ``netns_cluster`` starts them. Yields the logs."""
+    with netns_cluster(machines, services, tmp_path) as cluster:
+        yield list(cluster.logs)
 
 
 def _executed(address: str) -> dict[str, int]:
@@ -239,12 +138,6 @@ def _executed(address: str) -> dict[str, int]:
         info = client.scheduler_info()["workers"]
         counts = client.run(lambda dask_worker: dask_worker.state.executed_count)
         return {str(info[a]["name"]): n for a, n in counts.items()}
-
-
-def _tails(logs: list[Path]) -> str:
-    return "\n".join(
-        f"--- {log}\n{log.read_text(errors='replace')[-2000:]}" for log in logs if log.exists()
-    )
 
 
 def _prefect(api_url: str, *args: str) -> str:
@@ -269,7 +162,7 @@ def _wait_terminal(api_url: str, flow_run_id: str, logs: list[Path]) -> dict[str
         if run["state_type"] in TERMINAL:
             return dict(run)
         time.sleep(0.5)
-    pytest.fail(f"flow run {flow_run_id} not finished in 240 s:\n{_tails(logs)}")
+    pytest.fail(f"flow run {flow_run_id} not finished in 240 s:\n{tails(logs)}")
 
 
 def _flow_logs(api_url: str, flow_run_id: str) -> list[str]:
@@ -314,7 +207,7 @@ def test_a_deployment_drives_a_cluster_of_separate_machines_exactly_once(
 
     # the pool's worker, on the host: it hands its PREFECT_API_URL (the bridge's) to flow runs
     worker_env = {
-        **_aws_env(services.s3_endpoint),
+        **aws_env(services.s3_endpoint),
         "PREFECT_API_URL": api,
         "EMBEDLINE_API_KEY": "sk-flow",
     }
@@ -339,7 +232,7 @@ def test_a_deployment_drives_a_cluster_of_separate_machines_exactly_once(
         assert match, started
         run = _wait_terminal(api, match.group(1), logs)
         messages = _flow_logs(api, match.group(1))
-        assert run["state_type"] == "COMPLETED", f"{run['state_name']}:\n{_tails(logs)}"
+        assert run["state_type"] == "COMPLETED", f"{run['state_name']}:\n{tails(logs)}"
         assert any("task runner ready: dask, 2 workers" in m for m in messages), messages
         charged_once = services.fake.charged_texts()
 

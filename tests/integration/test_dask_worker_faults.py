@@ -9,7 +9,6 @@ processes of their own, as a user's platform starts them."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import time
@@ -20,7 +19,13 @@ import numpy as np
 import pytest
 
 from embedline import read_embeddings
-from tests.support.dask_cluster import external_cluster, inputs_charged, start_run
+from tests.support.dask_cluster import (
+    ended_as_documented,
+    external_cluster,
+    inputs_charged,
+    paid_twice_per_chunk,
+    start_run,
+)
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO
 
@@ -64,28 +69,6 @@ def _start(tmp_path: Path, env: dict[str, str], address: str, base_url: str, out
     return start_run(tmp_path, env, [*args, "--task-runner", "dask", "--dask-address", address])
 
 
-def _paid_twice_per_chunk(fake: FakeEmbeddingServer, rows: list[tuple[str, str]]) -> int:
-    """The most texts of one chunk (20 rows) the fake charged more than once. A copy that
-    dies or stops mid-chunk leaves at most one request (2 texts: in flight, or answered and
-    not yet kept) to be paid again; one kill has been seen to cost a chunk two copies (Dask
-    ran it again on the worker being replaced): 4. A chunk paid again whole would be 20."""
-    charged = fake.charged_texts()
-    twice = [
-        n // 20
-        for n, (_, text) in enumerate(rows)
-        if charged[hashlib.sha256(text.encode()).hexdigest()] > 1
-    ]
-    return max((twice.count(c) for c in set(twice)), default=0)
-
-
-def _ended_as_documented(proc: Any, out: str, err: str) -> None:
-    """Exit 0, or exit 1 with "rerun to resume"; the summary; no traceback."""
-    assert "Traceback" not in out + err, (out + err)[-4000:]
-    assert proc.returncode in (0, 1), (out + err)[-4000:]
-    if proc.returncode == 1:
-        assert "rerun the same command" in err, (out + err)[-4000:]
-
-
 def _scenario(
     tmp_path: Path,
     moto_endpoint: str,
@@ -118,11 +101,13 @@ def _scenario(
             time.sleep(20)  # past the scheduler's 8 s and the chunk lease's 4 s + 2 s
             os.kill(victim, signal.SIGCONT)
         out, err = first.communicate(timeout=300)
-        _ended_as_documented(first, out, err)
+        ended_as_documented(first, out, err)
         time.sleep(3)  # a woken copy may still be asking its fenced lease
         charged = sum(fake.charged_texts().values())
         assert inputs_charged(out + err) == charged, (out + err)[-4000:]
-        assert _paid_twice_per_chunk(fake, rows) <= 4, (out + err)[-4000:]
+        # one kill has been seen to cost a chunk two copies' requests in flight (Dask ran it
+        # again on the worker being replaced): 2 requests of 2 texts
+        assert paid_twice_per_chunk(fake, rows, 20) <= 4, (out + err)[-4000:]
 
     fake.fail_when(None)
     with external_cluster(tmp_path / "second", env, _workers(nanny=True)) as cluster:
@@ -135,7 +120,7 @@ def _scenario(
     assert sorted(got) == [a for a, _ in rows]
     for row_id, text in rows:
         assert np.allclose(got[row_id], expected_vector(text), atol=1e-6)
-    assert _paid_twice_per_chunk(fake, rows) <= 4
+    assert paid_twice_per_chunk(fake, rows, 20) <= 4
     assert max(fake.charged_texts().values()) <= 2
 
 

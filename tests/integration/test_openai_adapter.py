@@ -20,6 +20,7 @@ import pytest
 from adapters.embeddings import OpenAIEmbedder
 from embedline.errors import (
     BadResponseError,
+    EmbedlineError,
     EndpointDownError,
     FatalError,
     RateLimitedError,
@@ -140,6 +141,27 @@ def test_read_timeout_is_retried(server: FakeEmbeddingServer) -> None:
     result = make(server, timeout_s=0.2).embed(TEXTS, idempotency_key=KEY)
     assert result.requests == 2
     np.testing.assert_array_equal(result.vectors, expected_matrix(TEXTS))
+
+
+def test_before_send_runs_before_every_attempt_and_what_it_raises_sends_nothing_more(
+    server: FakeEmbeddingServer,
+) -> None:
+    server.script([{"status": 503}])
+    seen: list[int] = []
+
+    class Fenced(EmbedlineError):
+        pass
+
+    def before_send() -> None:  # a chunk lease's fence: lost before the retry
+        seen.append(server.counters()["requests"])
+        if len(seen) == 2:
+            raise Fenced("another copy took the chunk")
+
+    with pytest.raises(Fenced) as caught:
+        make(server).embed(TEXTS, idempotency_key=KEY, before_send=before_send)
+    assert seen == [0, 1]  # before the first request, and before the retry
+    assert [e["status"] for e in server.log] == [503]  # the retry was not sent
+    assert (caught.value.requests, caught.value.inputs) == (1, 3)  # what went out before
 
 
 def test_429_retry_after_ms_sleeps_then_retries_once(server: FakeEmbeddingServer) -> None:

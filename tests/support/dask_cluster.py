@@ -7,6 +7,7 @@ group at the end, whatever happens), with the environment the test gives; and an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -17,13 +18,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "ExternalCluster",
     "dask_process",
+    "ended_as_documented",
     "external_cluster",
     "inputs_charged",
     "kill_group",
+    "paid_twice_per_chunk",
     "start_run",
     "wait_for",
     "worker_count",
@@ -125,3 +129,27 @@ def inputs_charged(output: str) -> int:
     found = re.findall(r"([\d,]+) inputs? charged", output)
     assert found, output[-3000:]
     return int(found[-1].replace(",", ""))
+
+
+def ended_as_documented(proc: subprocess.Popen[str], out: str, err: str) -> None:
+    """Assert that a finished run ended as the failure guide says a fault does: exit 0, or
+    exit 1 with "rerun the same command"; no traceback in its output."""
+    assert "Traceback" not in out + err, (out + err)[-4000:]
+    assert proc.returncode in (0, 1), (out + err)[-4000:]
+    if proc.returncode == 1:
+        assert "rerun the same command" in err, (out + err)[-4000:]
+
+
+def paid_twice_per_chunk(fake: Any, rows: Sequence[tuple[str, str]], chunk_size: int) -> int:
+    """The most texts of one chunk (``rows`` as ``(id, text)``, in file order, ``chunk_size``
+    rows a chunk) that ``fake`` (a ``FakeEmbeddingServer``: its ``charged_texts()``)
+    charged more than once. A copy of a chunk that dies, stops or is cut off mid-chunk
+    leaves at most its request in flight (``--batch-size`` texts) to be paid again; a chunk
+    paid again whole is ``chunk_size``."""
+    charged = fake.charged_texts()
+    twice = [
+        n // chunk_size
+        for n, (_, text) in enumerate(rows)
+        if charged[hashlib.sha256(text.encode()).hexdigest()] > 1
+    ]
+    return max((twice.count(c) for c in set(twice)), default=0)

@@ -5,7 +5,8 @@ host's loopback.
 ``NetLab`` owns one bridge (the host's side, ``lab.host_ip``: bind a server there to make it
 reachable from every namespace) and the namespaces ``lab.add(name)`` creates, each with a veth
 pair on the bridge; ``lab.popen(host, argv, …)`` starts a process inside one (``ip netns exec``)
-in a session of its own. ``net_lab(tag)`` yields a lab and always tears it down (every process
+in a session of its own; ``lab.partition(host)`` cuts one off the bridge for a while, the
+processes in it still running. ``net_lab(tag)`` yields a lab and always tears it down (every process
 started in it killed, the namespaces and the bridge deleted), even when the test fails; a
 kernel or a user that cannot make namespaces (not root, no ``ip``, ``ip netns add`` refused in
 an unprivileged container) skips the test with the reason ``ip`` gave.
@@ -34,10 +35,12 @@ _IFNAMSIZ = 15
 
 @dataclass(frozen=True)
 class NetHost:
-    """One namespace: its name (for ``ip netns exec``) and its address on the lab's bridge."""
+    """One namespace: its name (for ``ip netns exec``), its address on the lab's bridge and
+    the host's end of its veth pair (the bridge port ``NetLab.cut`` takes down)."""
 
     namespace: str
     ip: str
+    port: str
 
 
 @dataclass
@@ -49,7 +52,7 @@ class NetLab:
     prefix: str  # "10.A.B": the lab's /24
     bridge: str
     hosts: list[NetHost] = field(default_factory=list)
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes] | subprocess.Popen[str]] = field(default_factory=list)
 
     @property
     def host_ip(self) -> str:
@@ -60,8 +63,8 @@ class NetLab:
         """A new namespace with a veth pair on the bridge, address ``prefix.N/24``, its own
         loopback up and a default route through the host's side."""
         n = len(self.hosts) + 2
-        host = NetHost(f"{self.tag}-{name}", f"{self.prefix}.{n}")
         outside, inside = f"{self.tag}h{n}", f"{self.tag}n{n}"
+        host = NetHost(f"{self.tag}-{name}", f"{self.prefix}.{n}", outside)
         _ip("netns", "add", host.namespace)
         self.hosts.append(host)  # deleted at teardown from here on
         _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
@@ -73,6 +76,29 @@ class NetLab:
         _ip("-n", host.namespace, "link", "set", "lo", "up")
         _ip("-n", host.namespace, "route", "add", "default", "via", self.host_ip)
         return host
+
+    def cut(self, host: NetHost) -> None:
+        """Cut ``host`` off the network: its bridge port (the host's end of its veth) goes
+        down, as a pulled cable or a failed switch port does. Inside, the link loses its
+        carrier and keeps its address and routes, so its processes go on running and see
+        what a partition shows: packets lost, connections that hang until TCP's
+        retransmissions give up, new ones refused (``No route to host``) once ARP fails
+        (about 3 s). Nothing is reset: ``heal`` brings the same connections back."""
+        _ip("link", "set", host.port, "down")
+
+    def heal(self, host: NetHost) -> None:
+        """Reconnect ``host`` (``cut`` undone): its bridge port up again."""
+        _ip("link", "set", host.port, "up")
+
+    @contextlib.contextmanager
+    def partition(self, host: NetHost) -> Iterator[None]:
+        """``cut`` ``host`` for the block's duration; healed on the way out, also when the
+        block raises."""
+        self.cut(host)
+        try:
+            yield
+        finally:
+            self.heal(host)
 
     def popen(
         self,
@@ -92,6 +118,25 @@ class NetLab:
             cwd=cwd,
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def spawn(
+        self, host: NetHost, argv: Sequence[str], *, env: dict[str, str], cwd: Path
+    ) -> subprocess.Popen[str]:
+        """Start ``argv`` inside ``host``'s namespace with exactly ``env`` and ``cwd``, its
+        stdout and stderr piped as text (read them with ``communicate``); killed (its whole
+        session) at teardown."""
+        ip = shutil.which("ip") or "ip"
+        proc = subprocess.Popen(
+            [ip, "netns", "exec", host.namespace, *argv],
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             start_new_session=True,
         )
         self.procs.append(proc)
