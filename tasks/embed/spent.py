@@ -108,8 +108,9 @@ class SpendRecords:
         self._pending = [a + b for a, b in zip(self._pending, counts, strict=True)]
 
 
-class _SpendingClient:
-    """An embedding client that writes a spend record before each ``embed`` call."""
+class _FencedClient:
+    """An embedding client whose every request, retries included, first passes the
+    records' ``check`` (the chunk lease's fence)."""
 
     def __init__(self, client: Any, records: SpendRecords) -> None:
         self._client = client
@@ -119,35 +120,21 @@ class _SpendingClient:
         return getattr(self._client, name)
 
     def embed(self, texts: Sequence[str], **kwargs: Any) -> Any:
+        return self._client.embed(texts, before_send=self._records.check, **kwargs)
+
+
+class _SpendingClient(_FencedClient):
+    """A fenced client that also writes a spend record around each ``embed`` call."""
+
+    def embed(self, texts: Sequence[str], **kwargs: Any) -> Any:
         self._records.sending(len(texts))
         try:
-            result = self._client.embed(texts, **kwargs)
+            result = super().embed(texts, **kwargs)
         except BaseException as exc:
             self._records.failed(exc, len(texts))
             raise
         self._records.answered(result, len(texts))
         return result
-
-
-def spending(client: Any, records: SpendRecords | None) -> Any:
-    """``client`` writing ``records`` around each request (``None``s stay as they are)."""
-    if client is None or records is None:
-        return client
-    return _SpendingClient(client, records)
-
-
-class _FencedClient:
-    """An embedding client whose every request, retries included, first passes ``check``."""
-
-    def __init__(self, client: Any, check: Any) -> None:
-        self._client = client
-        self._check = check
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def embed(self, texts: Sequence[str], **kwargs: Any) -> Any:
-        return self._client.embed(texts, before_send=self._check, **kwargs)
 
 
 def fenced(client: Any, records: SpendRecords | None) -> Any:
@@ -158,7 +145,15 @@ def fenced(client: Any, records: SpendRecords | None) -> Any:
     ``None``s stay as they are."""
     if client is None or records is None:
         return client
-    return _FencedClient(client, records.check)
+    return _FencedClient(client, records)
+
+
+def spending(client: Any, records: SpendRecords | None) -> Any:
+    """``client`` fenced as ``fenced`` does and writing ``records`` around each request
+    (``None``s stay as they are)."""
+    if client is None or records is None:
+        return client
+    return _SpendingClient(client, records)
 
 
 def parse_spent(key: str) -> tuple[int, ...] | None:

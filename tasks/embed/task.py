@@ -358,16 +358,16 @@ def _run_chunk(
         send, copies = split_duplicates(rest)
         answers = _batch_answers(rows, settings, batches) if send else None
         client = progress.counting((answers or _embedder(settings)) if send else None, spec.index)
-        client = fenced(client, spent)  # each request, retries included, after the lease's check
-        if answers is None:  # requests sent: recorded, each after the lease's check
-            client = spending(client, spent)
+        # each request, retries included, after the lease's check; sent requests recorded
+        # (batch answers only send their synchronous fallback's)
+        client = spending(client, spent) if answers is None else fenced(client, spent)
         # batch answers are kept by the provider (the rerun reads them again): nothing to keep
         embedded = _embed(send, client, settings, expected, paid if answers is None else None)
         if expected is None and embedded.rows:  # learned from the server's first answer
             stale = drop_other_lengths(found, rows, int(embedded.vectors.shape[1]))
             if stale:  # vectors of an older length: this run's are the server's answers
                 client = client or spending(
-                    fenced(progress.counting(_embedder(settings), spec.index), spent), spent
+                    progress.counting(_embedder(settings), spec.index), spent
                 )
                 embedded = merged(
                     embedded, _embed(stale, client, settings, int(embedded.vectors.shape[1]), paid)

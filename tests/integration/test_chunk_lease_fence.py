@@ -20,7 +20,7 @@ import pytest
 from adapters.embeddings import OpenAIEmbedder
 from adapters.object_store import LocalDirStore
 from embedline.keys import request_key
-from tasks.embed.spent import SpendRecords, drain_spent, fenced, spending
+from tasks.embed.spent import SpendRecords, drain_spent, spending
 from tasks.lease.chunk_lease import ChunkLeaseLost, take_chunk_lease
 from tests.support.fake_openai import FakeEmbeddingServer
 
@@ -55,7 +55,7 @@ def test_a_retry_after_the_lease_went_to_another_copy_is_not_sent(tmp_path: Path
             max_attempts=3,
             sleep=backoff,
         )
-        client = spending(fenced(embedder, records), records)  # as a leased chunk task does
+        client = spending(embedder, records)  # as a leased chunk task does
         with pytest.raises(ChunkLeaseLost):
             client.embed(TEXTS, idempotency_key=request_key(["a", "b"]))
         records.flush()

@@ -45,7 +45,12 @@ import numpy as np
 import pytest
 
 from embedline import read_embeddings
-from tests.support.dask_cluster import ended_as_documented, inputs_charged, paid_twice_per_chunk
+from tests.support.dask_cluster import (
+    ended_as_documented,
+    inputs_charged,
+    paid_twice_per_chunk,
+    wait_for_answers,
+)
 from tests.support.fake_openai import expected_vector
 from tests.support.moto_server import DUMMY_AWS_ENV, make_s3_client
 from tests.support.netns import NetHost
@@ -223,13 +228,7 @@ def test_a_worker_cut_off_mid_run_pays_nothing_twice_and_is_counted(
     with _cluster(machines, services, tmp_path / "first", cut) as cluster:
         address = machines.address
         first = _run(machines, services, tmp_path, address, output)
-        deadline = time.monotonic() + 120
-        while fake.answered < 12:
-            if first.poll() is not None or time.monotonic() > deadline:
-                first.kill()
-                out, err = first.communicate()
-                pytest.fail(f"the run ended before the cut: {(out + err)[-3000:]}")
-            time.sleep(0.1)
+        wait_for_answers(fake, first, 12, "cut")
         victim = _busy_worker(address)
         host: NetHost = machines.workers[victim]
         with machines.lab.partition(host):

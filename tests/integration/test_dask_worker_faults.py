@@ -25,6 +25,7 @@ from tests.support.dask_cluster import (
     inputs_charged,
     paid_twice_per_chunk,
     start_run,
+    wait_for_answers,
 )
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO
@@ -86,13 +87,7 @@ def _scenario(
     with external_cluster(tmp_path / "first", env, _workers(nanny=fault == "kill")) as cluster:
         address = cluster.address
         first = _start(tmp_path, env, address, fake.base_url, output)
-        deadline = time.monotonic() + 120
-        while fake.answered < 12:
-            if first.poll() is not None or time.monotonic() > deadline:
-                first.kill()
-                out, err = first.communicate()
-                pytest.fail(f"the run ended before the fault: {(out + err)[-3000:]}")
-            time.sleep(0.1)
+        wait_for_answers(fake, first, 12, "fault")
         victim = _worker_pids(address)[0]
         if fault == "kill":
             os.kill(victim, signal.SIGKILL)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 __all__ = [
     "ExternalCluster",
     "dask_process",
@@ -30,6 +32,7 @@ __all__ = [
     "paid_twice_per_chunk",
     "start_run",
     "wait_for",
+    "wait_for_answers",
     "worker_count",
 ]
 
@@ -129,6 +132,19 @@ def inputs_charged(output: str) -> int:
     found = re.findall(r"([\d,]+) inputs? charged", output)
     assert found, output[-3000:]
     return int(found[-1].replace(",", ""))
+
+
+def wait_for_answers(fake: Any, run: subprocess.Popen[str], answered: int, what: str) -> None:
+    """Wait (up to 120 s) until the fake server has answered ``answered`` requests of
+    ``run``, so a fault injected next finds chunks in flight; fail the test with the run's
+    output if it ends first or the time passes (``what``: the fault, for the message)."""
+    deadline = time.monotonic() + 120
+    while fake.answered < answered:
+        if run.poll() is not None or time.monotonic() > deadline:
+            run.kill()
+            out, err = run.communicate()
+            pytest.fail(f"the run ended before the {what}: {(out + err)[-3000:]}")
+        time.sleep(0.1)
 
 
 def ended_as_documented(proc: subprocess.Popen[str], out: str, err: str) -> None:

@@ -111,9 +111,8 @@ class NetLab:
     ) -> subprocess.Popen[bytes]:
         """Start ``argv`` inside ``host``'s namespace with exactly ``env`` and ``cwd``, its
         output in ``log``; killed (its whole session) at teardown."""
-        ip = shutil.which("ip") or "ip"
         proc = subprocess.Popen(
-            [ip, "netns", "exec", host.namespace, *argv],
+            _inside(host, argv),
             env=env,
             cwd=cwd,
             stdout=log.open("wb"),
@@ -129,9 +128,8 @@ class NetLab:
         """Start ``argv`` inside ``host``'s namespace with exactly ``env`` and ``cwd``, its
         stdout and stderr piped as text (read them with ``communicate``); killed (its whole
         session) at teardown."""
-        ip = shutil.which("ip") or "ip"
         proc = subprocess.Popen(
-            [ip, "netns", "exec", host.namespace, *argv],
+            _inside(host, argv),
             env=env,
             cwd=cwd,
             stdout=subprocess.PIPE,
@@ -146,14 +144,8 @@ class NetLab:
         self, host: NetHost, argv: Sequence[str], *, env: dict[str, str], cwd: Path, timeout: float
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` in ``host``'s namespace to its end; its output captured as text."""
-        ip = shutil.which("ip") or "ip"
         return subprocess.run(
-            [ip, "netns", "exec", host.namespace, *argv],
-            env=env,
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            _inside(host, argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
         )
 
     def close(self) -> None:
@@ -173,6 +165,11 @@ class NetLab:
                     os.kill(int(pid), signal.SIGKILL)
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+def _inside(host: NetHost, argv: Sequence[str]) -> list[str]:
+    """``argv`` as run inside ``host``'s namespace (``ip netns exec``)."""
+    return [shutil.which("ip") or "ip", "netns", "exec", host.namespace, *argv]
 
 
 def _ip(*args: str) -> None:
