@@ -156,14 +156,16 @@ def cli_bench(
     args: argparse.Namespace, tmp: Path, repo: Path, *, cli_args: Sequence[str] = ()
 ) -> Bench:
     """A ``bench_cli.Bench`` whose runs are ``python -m cli run … --embedder openai
-    --dimensions 64 --chunk-size 5000`` from ``repo`` against a 64-dim fake server."""
+    --dimensions D --chunk-size 5000`` from ``repo`` against a D-dim fake server (D:
+    ``args.dims`` when given, else 64)."""
+    dims = getattr(args, "dims", None) or DIMS
     options = argparse.Namespace(
         python=args.python,
         allow_failed_rows=False,
         quiet_wait=args.quiet_wait,
         prefect_api_url=None,
-        dims=DIMS,
-        cli_arg=["--dimensions", str(DIMS), "--chunk-size", str(CHUNK_SIZE), *cli_args],
+        dims=dims,
+        cli_arg=["--dimensions", str(dims), "--chunk-size", str(CHUNK_SIZE), *cli_args],
     )
     bench = Bench(options, tmp)
     bench.env["PYTHONPATH"] = str(repo)  # the measured checkout's modules, not this one's

@@ -5,8 +5,9 @@ CPU (embedline and the Prefect server apart), wall time, peak RSS.
 
 ``make bench-scale ROWS=10000000`` (not in ``make bench``, not in CI). On the synthetic
 exports of ``benchmarks/synthetic.py`` (about 320 bytes a row, so 10M rows are 3.2 GB a
-file), each command measured by ``bench_cli.run_cli`` against a fresh 64-dim fake OpenAI
-server, ``embedline run --embedder openai --dimensions 64 --chunk-size 5000``, one output
+file), each command measured by ``bench_cli.run_cli`` against a fresh fake OpenAI
+server, ``embedline run --embedder openai --dimensions 64 --chunk-size 5000`` (``--dims``: another
+dimension for both), one output
 and one ledger for every step, and one ``prefect server start`` the bench starts for the
 whole run (its own ``PREFECT_HOME``; ``PREFECT_API_URL`` set for every command, as a
 deployment runs), so its task runs can be counted and its CPU measured apart:
@@ -602,6 +603,13 @@ def _parser() -> argparse.ArgumentParser:
         help="share of texts each edited night edits, one night each (default 0.001 0.01)",
     )
     parser.add_argument(
+        "--dims",
+        type=int,
+        default=DIMS,
+        help=f"dimensions of the fake's vectors and of --dimensions (default {DIMS}; the "
+        "first run's cost grows with them, a night's hardly)",
+    )
+    parser.add_argument(
         "--sample",
         type=int,
         default=2_000,
@@ -658,7 +666,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or REPO / "benchmarks" / "results" / (
         f"scale-{args.rows}-{started_at:%Y%m%dT%H%M%SZ}.json"
     )
-    tmp = make_workdir(args.workdir, args.rows * 2_000, "embedline-bench-scale-")
+    # an export (~320 bytes a row) at a time, the output (~4.2 bytes a dimension a row,
+    # float32 in Parquet and the change sets), the ledger, with room to spare
+    need = args.rows * (1_400 + int(4.4 * args.dims))
+    tmp = make_workdir(args.workdir, need, "embedline-bench-scale-")
     machine = _machine()
     bench = cli_bench(args, tmp, repo)
     output, ledger = tmp / "out", tmp / "ledger.sqlite3"
@@ -705,6 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.rows,
                         variant,
                         sample=args.sample,
+                        dims=args.dims,
                         expected_rows=n,
                         include=edited_rows(args.rows, extra["fraction"]) if extra else (),
                         **extra,
@@ -732,7 +744,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rows": args.rows,
             "fractions": args.fractions,
             "prefect": "a running `prefect server start`, PREFECT_API_URL set",
-            "dims": DIMS,
+            "dims": args.dims,
             "chunk_size": CHUNK_SIZE,
             "sample": args.sample,
             "gc_args": args.gc_args,
