@@ -5,10 +5,9 @@ per-night tables of the scale run into ``benchmarks/SCALE.md``.
 For each bench that writes JSON, the newest ``benchmarks/results/<kind>-<UTC time>.json`` (by
 the time stamp in its name; ``bench_scale`` writes ``scale-<ROWS>[-d<DIMS>]-<UTC time>.json``)
 gives one row: its headline figures (ratios, rows/s, peak RSS) and how many of its targets it
-met. The
-committed baselines (``*-before-main-*.json``) and A/B files (``reuse-ab-*``) are not results
-of the current code and are left out. The table replaces what stands between the README's
-``BEGIN GENERATED`` and ``END GENERATED`` markers; with no results at all it is one line
+met. The committed baselines (``*-before-main-*.json``) and A/B files (``reuse-ab-*``) are
+not results of the current code and are left out. The table replaces what stands between the
+README's ``BEGIN GENERATED`` and ``END GENERATED`` markers; with no results at all it is one line
 saying to run ``make bench``. ``SCALE.md`` gets, between the same markers, a table per row
 count and vector size from the newest ``scale-<ROWS>[-d<DIMS>]-*.json`` of them that has
 per-night figures.
