@@ -42,7 +42,7 @@ prints one).
 
 Temp files go to ``--workdir`` (default: the system temp dir, or beside the repo when that
 disk is short): one export at a time is on disk (each is deleted after its run), plus the
-output and the ledger. JSON to ``benchmarks/results/scale-<ROWS>-<UTC time>.json``::
+output and the ledger. JSON to ``benchmarks/results/scale-<ROWS>[-d<DIMS>]-<UTC time>.json``::
 
     python benchmarks/bench_scale.py --rows 10000000 [--fractions 0.001 0.01] [--repo PATH]
         [--workdir DIR] [--sample 2000] [--quiet-wait 60] [--keep]
@@ -663,8 +663,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_scale: error: {repo} is not an embedline checkout", file=sys.stderr)
         return 2
     started_at = dt.datetime.now(dt.UTC)
+    shape = f"{args.rows}" if args.dims == DIMS else f"{args.rows}-d{args.dims}"
     out = args.out or REPO / "benchmarks" / "results" / (
-        f"scale-{args.rows}-{started_at:%Y%m%dT%H%M%SZ}.json"
+        f"scale-{shape}-{started_at:%Y%m%dT%H%M%SZ}.json"
     )
     # an export (~320 bytes a row) at a time, the output (~4.2 bytes a dimension a row,
     # float32 in Parquet and the change sets), the ledger, with room to spare

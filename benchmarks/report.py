@@ -3,13 +3,14 @@
 per-night tables of the scale run into ``benchmarks/SCALE.md``.
 
 For each bench that writes JSON, the newest ``benchmarks/results/<kind>-<UTC time>.json`` (by
-the time stamp in its name; ``bench_scale`` writes ``scale-<ROWS>-<UTC time>.json``) gives one
-row: its headline figures (ratios, rows/s, peak RSS) and how many of its targets it met. The
-committed baselines (``*-before-main-*.json``) and A/B files (``reuse-ab-*``) are not results
-of the current code and are left out. The table replaces what stands between the README's
-``BEGIN GENERATED`` and ``END GENERATED`` markers; with no results at all it is one line
+the time stamp in its name; ``bench_scale`` writes ``scale-<ROWS>[-d<DIMS>]-<UTC time>.json``)
+gives one row: its headline figures (ratios, rows/s, peak RSS) and how many of its targets it
+met. The committed baselines (``*-before-main-*.json``) and A/B files (``reuse-ab-*``) are
+not results of the current code and are left out. The table replaces what stands between the
+README's ``BEGIN GENERATED`` and ``END GENERATED`` markers; with no results at all it is one line
 saying to run ``make bench``. ``SCALE.md`` gets, between the same markers, a table per row
-count from the newest ``scale-<ROWS>-*.json`` of that count that has per-night figures.
+count and vector size from the newest ``scale-<ROWS>[-d<DIMS>]-*.json`` of them that has
+per-night figures.
 Standard library only::
 
     python benchmarks/report.py [--results DIR] [--readme PATH] [--scale PATH]
@@ -31,7 +32,9 @@ END = "<!-- END GENERATED -->"
 
 # <kind>[-<rows>]-<UTC time>.json; bench_cli's results before it took the ``cli-`` prefix are
 # named by their time alone (``2026-12-05T093313Z.json``).
-_NAME = re.compile(r"^(?P<kind>[a-z]+)-(?:(?P<rows>\d+)-)?(?P<stamp>\d{8}T\d{6}Z)\.json$")
+_NAME = re.compile(
+    r"^(?P<kind>[a-z]+)-(?:(?P<rows>\d+)-)?(?:d(?P<dims>\d+)-)?(?P<stamp>\d{8}T\d{6}Z)\.json$"
+)
 _BARE_CLI = re.compile(r"^(?P<stamp>\d{4}-\d{2}-\d{2}T\d{6}Z)\.json$")
 
 Result = dict[str, Any]
@@ -154,7 +157,8 @@ def _scale(r: Result) -> tuple[str, str]:
     runs = {run["name"]: run for run in r["runs"]}
     first = runs.get("first", {})
     figures = [
-        f"{_n(r['settings']['rows'])} rows; first {_mb(first['written']['total']['bytes'])} "
+        f"{_n(r['settings']['rows'])} rows at {_n(r['settings'].get('dims', 64))} dimensions; "
+        f"first {_mb(first['written']['total']['bytes'])} "
         f"written, {_n(first.get('task_runs'))} task runs, {_n(first.get('cpu_s'), 1)} CPU s"
     ]
     for name, q in r["ratios"].items():
@@ -207,7 +211,7 @@ def scale_nights(r: Result) -> str:
     """The per-night table of one scale result (Markdown)."""
     settings = r["settings"]
     lines = [
-        f"### {_n(settings['rows'])} rows",
+        f"### {_n(settings['rows'])} rows, {_n(settings.get('dims', 64))} dimensions",
         "",
         f"`{Path(r.get('_file', '')).name}`; {_scale_checks(r)}.",
         "",
@@ -245,16 +249,17 @@ def scale_nights(r: Result) -> str:
 
 
 def newest_scale(results: Path) -> list[Path]:
-    """The newest per-night scale result of each row count, most rows first."""
-    newest: dict[int, tuple[str, Path]] = {}
+    """The newest per-night scale result of each row count and vector size (``d1536`` in
+    the name; none: 64), most rows first, then fewest dimensions."""
+    newest: dict[tuple[int, int], tuple[str, Path]] = {}
     for path in sorted(results.glob("scale-*.json")):
         match = _NAME.match(path.name)
         if not match or not match["rows"]:
             continue
-        rows, stamp = int(match["rows"]), match["stamp"]
-        if rows not in newest or stamp > newest[rows][0]:
-            newest[rows] = (stamp, path)
-    return [path for _, (_, path) in sorted(newest.items(), reverse=True)]
+        shape = (-int(match["rows"]), int(match["dims"] or 64))
+        if shape not in newest or match["stamp"] > newest[shape][0]:
+            newest[shape] = (match["stamp"], path)
+    return [path for _, (_, path) in sorted(newest.items())]
 
 
 def scale_tables(results: Path) -> str:

@@ -16,17 +16,23 @@ recorded on its own. The rule (``chunk_groups``):
 
 On a Dask cluster a task run costs its worker more than a chunk's own work (Prefect rebuilds
 its settings and its API client for each task run it hydrates there, holding the GIL), so
-there a group may take up to ``per_run`` chunks' worth of rows (``CLUSTER_CHUNKS_PER_RUN``):
-the run is cut into the fewest waves of ``parallel`` groups of at most that many, and the
-groups made as even as those waves allow (200 chunks on 10 threads: 3 waves, 7 chunks a
-group), so the threads finish each wave together and the run's end is no trickle of
-single-chunk task runs.
+there a group may take up to ``per_run`` chunks' worth of rows (``CLUSTER_CHUNKS_PER_RUN``).
+Groups of one size would end together on every thread of a worker, and their successors'
+set-ups would then hold that worker's GIL at once, its request slots idle meanwhile. So a
+run of two waves or more (of ``parallel`` groups of at most ``per_run`` chunks) is cut
+*staggered* (``_staggered_budgets``): the first ``parallel`` groups grow from 1/``parallel``
+of a whole group to a whole one (each thread starts on one and keeps that offset), then
+whole groups, then the last ``parallel`` shrink back (the thread that started first, freed
+first, takes the largest), so the threads still end together. 200 chunks on 10 threads:
+40 task runs, the first of 1, 1, 2, 2, 4, ... 6 chunks, then 20 of 6 or 7, then 6, ... 1.
+A run of one wave is cut into even groups: they end together only at the run's end.
 
 Pure: no Prefect, no I/O.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -123,11 +129,26 @@ def chunk_groups(
         return []
     weights = [max(1, to_send(s)) for s in specs]
     total = sum(weights)
-    budget = max(
-        chunk_size * _chunks_per_run(total / chunk_size, max(1, parallel), per_run),
-        -(-total // max(1, max_groups - 1)),
-    )
-    groups: list[list[int]] = [[]]  # positions in specs
+    parallel = max(1, parallel)
+    budgets = _staggered_budgets(total / chunk_size, parallel, per_run, max_groups)
+    if budgets:
+        groups = _cut_at(weights, [b * chunk_size for b in budgets])
+    else:
+        budget = max(
+            chunk_size * _chunks_per_run(total / chunk_size, parallel, per_run),
+            -(-total // max(1, max_groups - 1)),
+        )
+        groups = _cut_by(weights, budget)
+    least = min(parallel, len(specs), max_groups)
+    while len(groups) < least:
+        _halve_heaviest(groups, weights)
+    return [tuple(specs[p] for p in group) for group in groups]
+
+
+def _cut_by(weights: list[int], budget: float) -> list[list[int]]:
+    """Positions cut into groups that each take chunks until their weights reach
+    ``budget`` (the last group takes what is left)."""
+    groups: list[list[int]] = [[]]
     sent = 0
     for position, weight in enumerate(weights):
         if sent >= budget:
@@ -135,10 +156,44 @@ def chunk_groups(
             sent = 0
         groups[-1].append(position)
         sent += weight
-    least = min(parallel, len(specs), max_groups)
-    while len(groups) < least:
-        _halve_heaviest(groups, weights)
-    return [tuple(specs[p] for p in group) for group in groups]
+    return groups
+
+
+def _cut_at(weights: list[int], budgets: list[float]) -> list[list[int]]:
+    """Positions cut into groups of about ``budgets`` (rows each, in order): a chunk goes to
+    the group whose share of the running total holds the chunk's middle, so rounding never
+    drifts; a budget too small to hold a chunk's middle makes no group."""
+    bounds = list(itertools.accumulate(budgets))
+    groups: list[list[int]] = [[] for _ in bounds]
+    sent, at = 0.0, 0
+    for position, weight in enumerate(weights):
+        middle = sent + weight / 2
+        while at < len(bounds) - 1 and middle >= bounds[at]:
+            at += 1
+        groups[at].append(position)
+        sent += weight
+    return [group for group in groups if group]
+
+
+def _staggered_budgets(
+    chunks: float, parallel: int, per_run: int, max_groups: int
+) -> list[float] | None:
+    """The groups' budgets (chunks' worth, in dispatch order) of a staggered cut (module
+    docstring), or None where the run is cut evenly: ``per_run`` 1 (threads), one wave (its
+    groups end together only at the run's end), or more groups than ``max_groups``.
+
+    With ``w`` the fewest waves of groups of at most ``per_run`` chunks and ``G`` the size
+    of a whole group, thread ``k`` (0-based, of ``T`` = ``parallel``) runs a first group of
+    ``G (k+1) / T``, ``w - 1`` whole ones and a last of ``G (T-k) / T``: ``G (w + 1/T)``
+    chunks each, all of ``chunks`` over ``T`` threads."""
+    waves = math.ceil(chunks / (parallel * per_run))
+    if per_run <= 1 or waves < 2 or parallel * (waves + 1) > max_groups - 1:
+        return None
+    whole = chunks / parallel / (waves + 1 / parallel)
+    if whole < 2:
+        return None
+    first = [whole * (k + 1) / parallel for k in range(parallel)]
+    return [*first, *[whole] * (parallel * (waves - 1)), *reversed(first)]
 
 
 def _chunks_per_run(chunks: float, parallel: int, per_run: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import heapq
 import random
 
 import pytest
@@ -98,17 +100,68 @@ def test_bounds_hold_for_any_sizes(seed: int) -> None:
     assert min(parallel, len(specs), most) <= len(groups) <= most
 
 
-def test_on_a_cluster_full_chunks_share_task_runs_in_even_waves() -> None:
+def _simulate(groups: list[tuple[ChunkSpec, ...]], threads: int) -> tuple[list[int], list[int]]:
+    """Each group, in order, on the thread freed first (a chunk: one time unit, as with
+    one request a chunk at a fixed latency): the times at which a thread ended a group and
+    started another (hydrating it), and each thread's last end."""
+    free = [(0, t) for t in range(threads)]
+    heapq.heapify(free)
+    ends: list[int] = []
+    last = [0] * threads
+    for group in groups:
+        at, thread = heapq.heappop(free)
+        if at:
+            ends.append(at)
+        last[thread] = at + len(group)
+        heapq.heappush(free, (last[thread], thread))
+    return ends, last
+
+
+def test_on_a_cluster_task_runs_are_staggered_so_their_set_ups_never_come_together() -> None:
     """A Dask worker pays Prefect's set-up of each task run (about a 100-row chunk's CPU,
-    GIL held): up to 8 chunks a task run, in the fewest waves of ``parallel`` groups, the
-    groups as even as the waves allow, so the threads finish each wave together."""
+    GIL held): up to 8 chunks a task run; and few threads end a group at the same time,
+    or their successors' set-ups hold the worker's GIL together (even groups: all 10 at
+    once), while the threads still finish the run together."""
     specs = _specs(200, rows=100)
     groups = chunk_groups(
         specs, to_send=lambda s: s.rows, chunk_size=100, parallel=10, per_run=CLUSTER_CHUNKS_PER_RUN
     )
     _check(groups, specs)
-    assert len(groups) == 29 and {len(g) for g in groups} == {7, 4}  # 3 waves of 10
     assert all(len(g) <= CLUSTER_CHUNKS_PER_RUN for g in groups)
+    assert len(groups) == 40
+    sizes = [len(g) for g in groups]
+    assert sizes[:10] == sorted(sizes[:10]) and sizes[-10:] == sorted(sizes[-10:], reverse=True)
+    ends, last = _simulate(groups, 10)
+    # 10 threads' offsets in steps of 0.65 of a chunk: at most 3 (of 2 workers) at once
+    assert max(collections.Counter(ends).values()) <= 3
+    assert max(last) - min(last) <= 2
+    even, _ = _simulate(
+        chunk_groups(
+            specs,
+            to_send=lambda s: s.rows,
+            chunk_size=100,
+            parallel=10,
+            per_run=CLUSTER_CHUNKS_PER_RUN,
+            max_groups=30,
+        ),
+        10,
+    )
+    assert max(collections.Counter(even).values()) == 10  # what staggering avoids
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_staggered_groups_keep_their_bounds(seed: int) -> None:
+    rng = random.Random(seed)
+    threads = rng.randint(2, 24)
+    specs = _specs(rng.randint(2 * 8 * threads + 1, 3000), rows=100)
+    sends = {s.index: rng.choice([100, 100, 60]) for s in specs}
+    groups = chunk_groups(
+        specs, to_send=lambda s: sends[s.index], chunk_size=100, parallel=threads, per_run=8
+    )
+    _check(groups, specs)
+    assert all(sum(sends[s.index] for s in g) <= 9 * 100 for g in groups)  # a chunk over, at most
+    _, last = _simulate(groups, threads)
+    assert max(last) - min(last) <= 8
 
 
 def test_a_small_run_on_a_cluster_is_one_wave_of_even_groups() -> None:
