@@ -140,7 +140,9 @@ def ratios(runs: dict[str, dict[str, Any]], rpm: int) -> dict[str, Any]:
 
     def ratio(a: str, b: str) -> float | None:
         x, y = rate(a), rate(b)
-        return round(x / y, 2) if x and y else None
+        # four places: a target is judged on the ratio, not on a rounding of it (0.998 of
+        # threads is below 1.0)
+        return round(x / y, 4) if x and y else None
 
     rpm_run = runs.get("rpm-2") or {}
     return {

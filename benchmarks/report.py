@@ -65,8 +65,8 @@ def _n(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _x(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}×"
+def _x(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}×"
 
 
 def _met(targets: dict[str, Any]) -> str:
@@ -383,7 +383,8 @@ def _dask(r: Result) -> tuple[str, str]:
         "rows/s at 1 s latency: "
         + ", ".join(f"{case} {rate[case]} (before {was.get(case, '–')})" for case in rate)
         + f"; 2 workers / 1 {_x(f.get('dask2_over_dask1'))}, / threads "
-        + f"{_x(f.get('dask2_over_threads'))}; `--rpm` on 2 workers: {f.get('refused_429')} 429s"
+        + f"{_x(f.get('dask2_over_threads'), 3)}; `--rpm` on 2 workers: "
+        + f"{f.get('refused_429')} 429s"
     )
     return figures, _met(r["targets"])
 
