@@ -3,13 +3,12 @@
 output, with what each night costs: bytes and objects written, bytes kept, Prefect task runs,
 CPU (embedline and the Prefect server apart), wall time, peak RSS.
 
-``make bench-scale ROWS=10000000`` (not in ``make bench``, not in CI). On the synthetic
-exports of ``benchmarks/synthetic.py`` (about 320 bytes a row, so 10M rows are 3.2 GB a
-file), each command measured by ``bench_cli.run_cli`` against a fresh fake OpenAI
-server, ``embedline run --embedder openai --dimensions 64 --chunk-size 5000`` (``--dims``: another
-dimension for both), one output
-and one ledger for every step, and one ``prefect server start`` the bench starts for the
-whole run (its own ``PREFECT_HOME``; ``PREFECT_API_URL`` set for every command, as a
+``make bench-scale ROWS=10000000`` (not in ``make bench``, not in CI). On the synthetic exports
+of ``benchmarks/synthetic.py`` (about 320 bytes a row, so 10M rows are 3.2 GB a file), each
+command measured by ``bench_cli.run_cli`` against a fresh fake OpenAI server, ``embedline run
+--embedder openai --dimensions 64 --chunk-size 5000`` (``--dims``: another dimension for both),
+one output and one ledger for every step, and one ``prefect server start`` the bench starts for
+the whole run (its own ``PREFECT_HOME``; ``PREFECT_API_URL`` set for every command, as a
 deployment runs), so its task runs can be counted and its CPU measured apart:
 
 1. warm-up (1,000 rows, a throwaway output);
@@ -44,7 +43,8 @@ Temp files go to ``--workdir`` (default: the system temp dir, or beside the repo
 disk is short): one export at a time is on disk (each is deleted after its run), plus the
 output and the ledger. JSON to ``benchmarks/results/scale-<ROWS>[-d<DIMS>]-<UTC time>.json``::
 
-    python benchmarks/bench_scale.py --rows 10000000 [--fractions 0.001 0.01] [--repo PATH]
+    python benchmarks/bench_scale.py --rows 10000000 [--dims 64] [--fractions 0.001 0.01]
+        [--repo PATH]
         [--workdir DIR] [--sample 2000] [--quiet-wait 60] [--keep]
 """
 

@@ -119,11 +119,12 @@ def chunk_groups(
     """Cut ``specs`` (in chunk order) into groups of consecutive chunks (module docstring).
 
     ``to_send(spec)``: the rows chunk ``spec`` sends (rows neither copied nor empty);
-    ``chunk_size``: rows per chunk, the smallest budget of a group; ``parallel``: the chunk
-    task runs that run at once; ``per_run``: chunks' worth of rows a group may take while
-    the run is far from its end (1: ``chunk_size`` rows; ``CLUSTER_CHUNKS_PER_RUN`` on a
-    Dask cluster). Returns at most ``max_groups`` groups and at least
-    ``min(parallel, len(specs), max_groups)``; every spec in exactly one group, in order.
+    ``chunk_size``: rows per chunk, the unit of a group's budget; ``parallel``: the chunk task
+    runs that run at once; ``per_run``: most chunks' worth of rows a group takes (1:
+    ``chunk_size`` rows, unless ``max_groups`` asks for more; ``CLUSTER_CHUNKS_PER_RUN`` on a
+    Dask cluster, where a run of two waves or more is cut staggered). Returns at most
+    ``max_groups`` groups and at least ``min(parallel, len(specs), max_groups)``; every spec in
+    exactly one group, in order.
     """
     if not specs:
         return []
