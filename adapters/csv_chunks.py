@@ -19,8 +19,9 @@ from adapters.csv_lines import NeedsLineReader, block_decodable
 from adapters.csv_records import open_lines, read_records
 from adapters.input_source import InputFile, open_input
 from embedline.errors import InputError
-from embedline.keys import text_sha256
+from embedline.keys import rows_sha256, text_sha256
 from embedline.models import ChunkPart, ChunkSpec, InputSource, Row
+from embedline.template import kept_sha256
 
 __all__ = ["read_chunk"]
 
@@ -48,8 +49,13 @@ _SPAN_BYTES = 16 << 20
 
 def _delta_rows(source: InputSource, spec: ChunkSpec, opened: InputFile) -> list[Row]:
     """The rows of a delta chunk (``spec.parts``): the parts' bytes read a span at a time
-    (``_SPAN_BYTES``), each part's bytes checked as its planned chunk's, then only the
-    records it takes parsed (``_planned_rows`` with the part)."""
+    (``_SPAN_BYTES``), then only the records it takes parsed (``_planned_rows`` with the part).
+
+    What is checked against planning: with ``spec.rows_sha256`` and lines known (an input
+    ``block_decodable`` reads lines so), the rows parsed (ids, text hashes, kept values), as
+    a whole, by ``keys.rows_sha256``; no other row's bytes are hashed. Else each part's bytes,
+    as its planned chunk's (``bytes_sha256``)."""
+    by_rows = bool(spec.rows_sha256) and block_decodable(source.encoding, source.newline)
     rows: list[Row] = []
     for span in _spans(spec.parts):
         data = opened.read_range(span[0].byte_start, span[-1].byte_stop)
@@ -66,14 +72,31 @@ def _delta_rows(source: InputSource, spec: ChunkSpec, opened: InputFile) -> list
             )
             start = part.byte_start - span[0].byte_start
             part_bytes = data[start : start + part.byte_stop - part.byte_start]
-            rows.extend(_planned_rows(source, planned, part_bytes, part=part))
+            if by_rows and part.lines:
+                rows.extend(_rows_on_lines(source, planned, part_bytes, part))
+            else:
+                rows.extend(_planned_rows(source, planned, part_bytes, part=part))
     if len(rows) != spec.rows:
         raise InputError(
             f"chunk {spec.index} holds {len(rows)} records, the plan said {spec.rows}",
             path=source.path,
             line=spec.line_start,
         )
+    if spec.rows_sha256 and _rows_sha256(source, rows) != spec.rows_sha256:
+        raise InputError(
+            f"the input changed while the run read it (chunk {spec.index}: its records are not "
+            "the ones planned); rerun once the file is no longer being written",
+            path=source.path,
+            line=spec.line_start,
+        )
     return rows
+
+
+def _rows_sha256(source: InputSource, rows: Sequence[Row]) -> str:
+    """``keys.rows_sha256`` of ``rows`` as planning hashed them (kept values by
+    ``template.kept_sha256``)."""
+    kept = [kept_sha256(r.kept) for r in rows] if source.kept_indexes else None
+    return rows_sha256([r.id for r in rows], [r.text_sha256 for r in rows], kept)
 
 
 def _spans(parts: Sequence[ChunkPart]) -> Iterator[list[ChunkPart]]:
@@ -124,7 +147,7 @@ def _rows_on_lines(source: InputSource, spec: ChunkSpec, data: bytes, part: Chun
     """The rows at ``part``'s positions of the planned chunk ``spec`` (bytes ``data``), each
     parsed from its own lines (``part.lines`` to ``part.last_lines``, found by counting
     ``\n`` bytes: an input ``block_decodable`` reads lines so)."""
-    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A)
+    ends = _line_ends(data, part.last_lines[-1] - spec.line_start + 1 if part.last_lines else 0)
     rows: list[Row] = []
     for position, line, last_line in zip(part.positions, part.lines, part.last_lines, strict=True):
         first, last = line - spec.line_start, last_line - spec.line_start
@@ -149,6 +172,25 @@ def _rows_on_lines(source: InputSource, spec: ChunkSpec, data: bytes, part: Chun
             )
         rows.append(read[0])
     return rows
+
+
+def _line_ends(data: bytes, lines: int) -> np.ndarray:
+    """Offsets of the first ``lines`` ``\n`` bytes of ``data`` (fewer if it has fewer),
+    found a 256 KiB window at a time: a part's last taken record is often far from its end."""
+    found: list[np.ndarray] = []
+    held, start = 0, 0
+    while held < lines and start < len(data):
+        window = np.frombuffer(
+            data, dtype=np.uint8, count=min(_WINDOW, len(data) - start), offset=start
+        )
+        ends = np.flatnonzero(window == 0x0A) + start
+        found.append(ends)
+        held += len(ends)
+        start += _WINDOW
+    return np.concatenate(found)[:lines] if found else np.zeros(0, dtype=np.int64)
+
+
+_WINDOW = 1 << 18
 
 
 def _chunk_rows(

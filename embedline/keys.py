@@ -37,6 +37,7 @@ __all__ = [
     "row_key",
     "row_key_digests",
     "row_keys",
+    "rows_sha256",
     "run_key",
     "text_sha256",
 ]
@@ -143,9 +144,19 @@ class ChunkKeyBuilder:
     __slots__ = ("_hash", "rows")
 
     def __init__(self, model: str, dimensions: int | None, columns: Sequence[str] = ()) -> None:
-        head = "\n".join(["chunk.v1", model, dims_text(dimensions), *columns])
+        self._start("\n".join(["chunk.v1", model, dims_text(dimensions), *columns]))
+
+    def _start(self, head: str) -> None:
         self._hash = hashlib.sha256(head.encode())
         self.rows = 0
+
+    @classmethod
+    def rows_only(cls) -> ChunkKeyBuilder:
+        """A builder of ``rows_sha256``: the same row lines under the head ``rows.v1``, with no
+        model, dimensions nor columns (what a chunk reader can check without the settings)."""
+        builder = cls.__new__(cls)
+        builder._start("rows.v1")
+        return builder
 
     def add(self, row_id: str, text_hash: str, kept_hash: str | None = None) -> None:
         """Append one row (its id, the hex SHA-256 of its text, and with kept columns the
@@ -176,6 +187,21 @@ class ChunkKeyBuilder:
     def hexdigest(self) -> str:
         """Return the chunk key for the rows added so far (64 hex chars)."""
         return self._hash.hexdigest()
+
+
+def rows_sha256(
+    row_ids: Sequence[str],
+    text_hashes: Sequence[str],
+    kept_hashes: Sequence[str] | None = None,
+) -> str:
+    """The hex SHA-256 of rows as a chunk key hashes them (``ChunkKeyBuilder.add_many``) under
+    the head ``rows.v1``: a delta chunk's readers compare the rows they parsed with the
+    planned ones by it (``adapters.csv_chunks``), reading no other row's bytes.
+
+    :raises ValueError: the sequences differ in length."""
+    builder = ChunkKeyBuilder.rows_only()
+    builder.add_many(row_ids, text_hashes, kept_hashes)
+    return builder.hexdigest()
 
 
 def chunk_key(

@@ -211,6 +211,9 @@ class ChunkSpec:
     # a delta chunk: the rows it takes from planned chunks (``rows`` of them in all; the byte
     # range spans the parts; ``bytes_sha256`` empty); none: the chunk is its byte range
     parts: tuple[ChunkPart, ...] = ()
+    # a delta chunk: ``keys.rows_sha256`` of its rows, which its reader checks in place of
+    # each part's ``bytes_sha256`` (so it parses and checks only the records it takes)
+    rows_sha256: str = ""
 
     @property
     def object_key(self) -> str:

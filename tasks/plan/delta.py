@@ -35,9 +35,9 @@ import pyarrow.parquet as pq
 
 from adapters.ledger.reuse_index import bucket_of
 from adapters.row_facts import CHUNK_ROWS, ROW_DTYPE, chunk_rows, id_digests
-from adapters.scratch import Scratch, hash_prefixes, release
+from adapters.scratch import Scratch, hash_prefixes, release, stable_order
 from embedline.errors import ConflictError
-from embedline.keys import ChunkKeyBuilder, columns_lines
+from embedline.keys import ChunkKeyBuilder, columns_lines, rows_sha256
 from embedline.models import ChunkPart, ChunkSpec, DeltaBase, InputPlan
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
@@ -246,7 +246,7 @@ def _spill(tables: Iterator[pa.Table], paths: list[Path], schema: pa.Schema) -> 
     try:
         for table in _regrouped(tables, schema):
             part = id_digests(table.column("id").to_pylist()) % np.uint64(len(paths))
-            order = np.argsort(part, kind="stable")
+            order = stable_order(part)
             cuts = np.searchsorted(part[order], every)
             table = table.take(pa.array(order))
             for p, (start, stop) in enumerate(pairwise(cuts)):
@@ -433,11 +433,12 @@ def _delta_chunks(plan: InputPlan, written: pa.Table, settings: RunSettings) -> 
     for index, start in enumerate(range(0, written.num_rows, size)):
         part = written.slice(start, size)
         key = ChunkKeyBuilder(settings.effective_model, settings.dimensions, columns)
-        key.add_many(
+        facts = (
             part.column("id").to_pylist(),
             part.column("text_sha256").to_pylist(),
             part.column("kept_sha256").to_pylist() if source.kept_columns else None,
         )
+        key.add_many(*facts)
         parts = _parts(plan, part)
         specs.append(
             ChunkSpec(
@@ -450,6 +451,7 @@ def _delta_chunks(plan: InputPlan, written: pa.Table, settings: RunSettings) -> 
                 byte_stop=parts[-1].byte_stop,
                 bytes_sha256="",
                 parts=tuple(parts),
+                rows_sha256=rows_sha256(*facts),
             )
         )
     return specs

@@ -15,7 +15,7 @@ import pytest
 from adapters.csv_source import plan_csv
 from adapters.object_store import open_store
 from adapters.scratch import Scratch
-from embedline.keys import text_sha256
+from embedline.keys import rows_sha256, text_sha256
 from tasks.plan import delta
 
 
@@ -192,6 +192,25 @@ def test_a_delta_chunk_reads_its_scattered_rows_a_span_at_a_time(
         monkeypatch.setattr(csv_chunks, "_SPAN_BYTES", span_bytes)
         assert csv_chunks.read_chunk(plan.source, spec) == expected
     data = path.read_bytes()
+    checked = replace(
+        spec, rows_sha256=rows_sha256([r.id for r in expected], [r.text_sha256 for r in expected])
+    )
+    assert csv_chunks.read_chunk(plan.source, checked) == expected
+    # a byte of a row it does not take (row 1 of planned chunk 2): the rows are the planned ones
+    untaken = data.index(b'text ""15""')
+    edited = data[:untaken] + b"X" + data[untaken + 1 :]
+    path.write_bytes(edited)
+    if lines_known:
+        assert csv_chunks.read_chunk(plan.source, checked) == expected
+    else:  # no lines to find its records by: the parts' bytes are checked
+        with pytest.raises(InputError, match="changed while the run read it"):
+            csv_chunks.read_chunk(plan.source, checked)
+    # a byte of a row it takes (row 3 of planned chunk 2: "id20"), whatever is checked
+    taken_at = data.index(b'text ""20""') + 7
+    for checking in (spec, checked):
+        path.write_bytes(data[:taken_at] + b"X" + data[taken_at + 1 :])
+        with pytest.raises(InputError, match="changed while the run read it"):
+            csv_chunks.read_chunk(plan.source, checking)
     at = parts[1].byte_start + 10
     path.write_bytes(data[:at] + b"X" + data[at + 1 :])
     with pytest.raises(InputError, match="changed while the run read it"):
