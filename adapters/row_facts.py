@@ -101,11 +101,14 @@ class RowFacts:
                 [
                     pa.array(ids, pa.string()),
                     text_hashes,
-                    pa.array(sizes, pa.int32()),
+                    pa.array(_copied(sizes, np.int32)),
                     pa.array(empty),
                     pa.array(kept, pa.string()) if kept else pa.nulls(len(ids), pa.string()),
                     *(
-                        (pa.array(lines[0], pa.int64()), pa.array(lines[1], pa.int64()))
+                        (
+                            pa.array(_copied(lines[0], np.int64)),
+                            pa.array(_copied(lines[1], np.int64)),
+                        )
                         if lines
                         else (pa.nulls(len(ids), pa.int64()),) * 2
                     ),
@@ -141,6 +144,12 @@ class RowFacts:
             found |= _repeated(self._id_spill.read(bucket))
             self._id_spill.drop(bucket)
         return found
+
+
+def _copied(values: array[int], dtype: type[np.integer]) -> np.ndarray:
+    """``values`` (an ``array.array`` of ``dtype``'s size) as a numpy array, copied from its
+    buffer (no Python int per row; a copy, so the caller may clear ``values`` after)."""
+    return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.zeros(0, dtype)
 
 
 def id_digests(ids: list[str]) -> np.ndarray:
