@@ -294,8 +294,14 @@ def _take(
     """Match the rows still ``left`` against one set of source entries (the first source
     per prefix: lowest number, then position), add their needs, clear them from ``left``.
     A source kept by the row's own chunk is not used (that chunk's task takes it)."""
-    if not len(prefixes):
+    if not len(prefixes) or not left.any():
         return 0
+    if len(prefixes) > len(run):  # a small run against a large index: sort what it can use
+        wanted = np.unique(run["prefix"][left])
+        usable = wanted[np.minimum(np.searchsorted(wanted, prefixes), len(wanted) - 1)] == prefixes
+        prefixes, numbers, positions = prefixes[usable], numbers[usable], positions[usable]
+        if not len(prefixes):
+            return 0
     order = np.lexsort((positions, numbers, prefixes))
     prefixes, numbers, positions = prefixes[order], numbers[order], positions[order]
     first = np.r_[True, prefixes[1:] != prefixes[:-1]]
