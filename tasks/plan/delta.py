@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from adapters.ledger.reuse_index import bucket_of
 from adapters.row_facts import CHUNK_ROWS, ROW_DTYPE, chunk_rows, id_digests
-from adapters.scratch import Scratch, hash_prefixes, release, stable_order
+from adapters.scratch import Scratch, digests, hash_prefixes, release, stable_order
 from embedline.errors import ConflictError
 from embedline.keys import ChunkKeyBuilder, columns_lines, rows_sha256
 from embedline.models import ChunkPart, ChunkSpec, DeltaBase, InputPlan
@@ -148,13 +148,8 @@ def plan_delta(
     try:
         found = _look_up(store, plan, base, scratch)
         inherited = _inherited(base, found.drops)
-        written = (
-            pa.concat_tables(found.written).sort_by(
-                [("chunk", "ascending"), ("position", "ascending")]
-            )
-            if found.written
-            else None
-        )
+        at = pa.concat_tables(found.written) if found.written else None
+        written = _written_rows(plan, at) if at is not None and at.num_rows else None
         rows_written = written.num_rows if written is not None else 0
         taken = sum(int(c["rows"]) for c in inherited)
         dropped = sum(len(c.get("drop_ids") or ()) for c in inherited)
@@ -186,7 +181,8 @@ def plan_delta(
 
 @dataclass(slots=True)
 class _Found:
-    """What the lookup found: the rows to write (tables of input rows), the ids each base
+    """What the lookup found: the rows to write (tables of their planned ``chunk`` and
+    ``position``), the ids each base
     entry drops (by its position in ``base["chunks"]``), the change rows, the counts."""
 
     written: list[pa.Table] = field(default_factory=list)
@@ -210,7 +206,7 @@ def _look_up(store: ObjectStore, plan: InputPlan, base: dict[str, Any], scratch:
         joined = rows.join(held, keys="id", join_type="full outer", coalesce_keys=True)
         facts = _classify(joined)
         found.counts.update({k: int(pc.sum(v).as_py() or 0) for k, v in facts.items()})
-        found.written.append(joined.filter(facts["write"]).select(_WRITTEN))
+        found.written.append(joined.filter(facts["write"]).select(["chunk", "position"]))
         found.changes.append(_change_rows(joined, facts))
         dropped = joined.filter(facts["drop"])
         for entry, row_id in zip(
@@ -284,7 +280,7 @@ _PARTITION_ROWS = 500_000
 _SPILL_ROWS = 1 << 16
 #: Base objects whose key columns are read at once (ranged reads on S3 wait on the network).
 _READ_AHEAD = 8
-_INPUT_SCHEMA = pa.schema(
+_ROW_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
         ("text_sha256", pa.string()),
@@ -297,16 +293,26 @@ _INPUT_SCHEMA = pa.schema(
         ("position", pa.int32()),
     ]
 )
+#: An input row as the lookup joins it: text hashes as raw SHA-256s (half the bytes to
+#: spill and join); a row to write is read back whole from planning's ``chunks.arrow``.
+_INPUT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("text_sha256", pa.binary(32)),
+        ("empty", pa.bool_()),
+        ("kept_sha256", pa.string()),
+        ("chunk", pa.int32()),
+        ("position", pa.int32()),
+    ]
+)
 _BASE_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
-        ("base_text", pa.string()),
+        ("base_text", pa.binary(32)),
         ("base_kept", pa.string()),
         ("entry", pa.int32()),
     ]
 )
-#: The columns of a row to write (the input's).
-_WRITTEN = _INPUT_SCHEMA.names
 
 
 def _input_batches(plan: InputPlan) -> Iterator[pa.Table]:
@@ -314,12 +320,63 @@ def _input_batches(plan: InputPlan) -> Iterator[pa.Table]:
     planning pass and where planning put it, ``chunk`` and ``position``)."""
     assert plan.scratch is not None
     for spec in plan.chunks:
-        batch = chunk_rows(plan.scratch, spec.index)
-        yield (
-            pa.Table.from_batches([batch])
-            .append_column("chunk", pa.repeat(pa.scalar(spec.index, pa.int32()), batch.num_rows))
-            .append_column("position", pa.array(np.arange(batch.num_rows, dtype=np.int32)))
+        batch = chunk_rows(plan.scratch, spec.index)  # mapped a chunk at a time: RSS stays flat
+        n = batch.num_rows
+        yield pa.table(
+            [
+                batch.column("id"),
+                _binary32(batch.column("text_sha256")),
+                batch.column("empty"),
+                batch.column("kept_sha256"),
+                pa.repeat(pa.scalar(spec.index, pa.int32()), n),
+                pa.array(np.arange(n, dtype=np.int32)),
+            ],
+            schema=_INPUT_SCHEMA,
         )
+
+
+def _written_rows(plan: InputPlan, at: pa.Table) -> pa.Table:
+    """The rows to write, whole (``_ROW_SCHEMA``), in input order: read back from planning's
+    ``chunks.arrow`` at their ``chunk`` and ``position`` (``at``)."""
+    assert plan.scratch is not None
+    at = at.sort_by([("chunk", "ascending"), ("position", "ascending")])
+    chunks = at.column("chunk").to_numpy()
+    positions = at.column("position").to_numpy()
+    tables = []
+    for rows in np.split(np.arange(len(chunks)), np.flatnonzero(np.diff(chunks)) + 1):
+        chunk, taken = int(chunks[rows[0]]), positions[rows]
+        batch = chunk_rows(plan.scratch, chunk).take(pa.array(taken))
+        table = pa.Table.from_batches([batch])
+        table = table.append_column(
+            "chunk", pa.repeat(pa.scalar(chunk, pa.int32()), len(taken))
+        ).append_column("position", pa.array(taken, pa.int32()))
+        tables.append(table.cast(_ROW_SCHEMA))
+    return pa.concat_tables(tables)
+
+
+def _binary32(hex_hashes: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Hex SHA-256s as raw ones (``binary(32)``; decoded in numpy, ``scratch.digests``)."""
+    raw = digests(hex_hashes)
+    return pa.Array.from_buffers(pa.binary(32), len(raw), [None, pa.py_buffer(raw.tobytes())])
+
+
+def _hex(raw: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Raw SHA-256s (``binary(32)``, no nulls) as hex strings, built in numpy."""
+    array = raw.combine_chunks() if isinstance(raw, pa.ChunkedArray) else raw
+    n = len(array)
+    if n == 0:
+        return pa.array([], pa.string())
+    data = np.frombuffer(array.buffers()[1], dtype=np.uint8)[array.offset * 32 :][: n * 32]
+    digits = _HEX_DIGITS[data].tobytes()  # two ASCII digits a byte
+    offsets = np.arange(0, 64 * n + 1, 64, dtype=np.int32)
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(digits)]
+    )
+
+
+_HEX_DIGITS = np.array(
+    [[ord(f"{b:02x}"[0]), ord(f"{b:02x}"[1])] for b in range(256)], dtype=np.uint8
+)
 
 
 def _base_batches(
@@ -352,7 +409,7 @@ def _keyed(i: int, read: Future[pa.Table], kept: Sequence[str]) -> pa.Table:
     return pa.table(
         [
             table.column("id"),
-            table.column("text_sha256"),
+            _binary32(table.column("text_sha256")),
             kept_hash,
             pa.repeat(pa.scalar(i, pa.int32()), table.num_rows),
         ],
@@ -523,4 +580,5 @@ def _change_rows(joined: pa.Table, facts: dict[str, pa.ChunkedArray]) -> pa.Tabl
             "text_changed": text_changed,
         }
     ).filter(pc.or_(pc.or_(added, changed), removed))
+    table = table.set_column(2, "text_sha256", _hex(table.column("text_sha256")))
     return table.cast(CHANGES_SCHEMA)

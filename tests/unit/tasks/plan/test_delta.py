@@ -86,7 +86,7 @@ def test_each_row_is_classified_once_joined_whole_or_by_partition(
     assert counts["changed"] == len(changed)
     assert counts["removed"] == len(gone - {dropped_before}) + 1  # the emptied row
     assert counts["empty"] == 1
-    written = pa.concat_tables(found.written).column("id").to_pylist()
+    written = delta._written_rows(plan, pa.concat_tables(found.written)).column("id").to_pylist()
     assert sorted(written) == sorted(changed | {"fresh"} | ({dropped_before} & set(dict(new))))
     drops = sorted(i for ids in found.drops.values() for i in ids)
     assert drops == sorted(changed | (gone - {dropped_before}) | {"id30"})
@@ -117,7 +117,9 @@ def test_an_id_a_previous_delta_rewrote_is_looked_up_in_its_live_object_only(
         found = delta._look_up(open_store(str(tmp_path / "out")), plan, base, scratch)
     assert found.counts["unchanged"] == 40
     assert (found.counts["changed"], found.counts["added"], found.counts["removed"]) == (1, 0, 0)
-    assert pa.concat_tables(found.written).column("id").to_pylist() == ["id7"]
+    assert delta._written_rows(plan, pa.concat_tables(found.written)).column("id").to_pylist() == [
+        "id7"
+    ]
     assert found.drops == {0: ["id7"]}
 
 
