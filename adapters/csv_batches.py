@@ -119,6 +119,7 @@ class RecordBlocks(Blocks):
         assert 0 <= cut <= len(self._block)
         rest = self._block[cut:]
         self._block, self._ends = self._block[:cut], None
+        self._block_lines = self._block.count(b"\n")
         self.offset -= len(rest)
         if rest:
             self._pending.appendleft(rest)
@@ -141,17 +142,18 @@ class RecordBlocks(Blocks):
                     break
                 continue
             block, carry = buf[:cut], buf[cut:]
-            batch = parse(block, self._next_line())
+            newlines = block.count(b"\n")
+            batch = parse(block, self._next_line(), newlines)
             if batch is None:
                 self._give_back(block + carry)
                 return
-            self._enter(block)
+            self._enter(block, newlines)
             yield batch
         self._give_back(carry)  # the last record has no newline, or a quote left open
 
     def _next_line(self) -> int:
         """The number of the first line after the block read last."""
-        return self._lines_before + self._block.count(b"\n") + 1
+        return self._lines_before + self._block_lines + 1
 
     def _give_back(self, data: bytes) -> None:
         if data:
@@ -206,7 +208,9 @@ class _Parser:
             quoted_strings_can_be_null=False,
         )
 
-    def __call__(self, block: bytes, first_line: int) -> RecordBatch | None:
+    def __call__(self, block: bytes, first_line: int, newlines: int) -> RecordBatch | None:
+        """``block``'s records (it starts at physical line ``first_line`` and holds
+        ``newlines`` ``\n`` bytes), or None."""
         if len(block) > _FIELD_LIMIT or block.startswith(codecs.BOM_UTF8):
             return None  # Arrow drops a BOM at the start of what it reads; csv.reader keeps it
         if not _plain(block, self.delimiter):
@@ -229,8 +233,8 @@ class _Parser:
         spans = np.ones(table.num_rows, dtype=np.int64)
         for column in columns:
             spans += _newlines(column)
-        newlines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
-        if table.num_rows == 0 or int(spans.sum()) != newlines:
+        lines = newlines + (0 if block.endswith(b"\n") else 1)
+        if table.num_rows == 0 or int(spans.sum()) != lines:
             return None
         if pc.any(pc.is_in(columns[0], value_set=self.starts)).as_py():
             return None

@@ -267,6 +267,7 @@ class Blocks(_Reader):
         self._block = b""  # the block read last
         self._start = offset  # its byte offset in the input
         self._lines_before = line  # physical lines before it
+        self._block_lines = 0  # the count of ``\n`` in it (counted once: a pass over it)
         self._hashed = 0  # its bytes already in the chunk hash (or before ``begin``)
         self._ends: np.ndarray | None = None  # offsets in it just after each of its lines
         self._file_hashed = 0  # bytes of the blocks entered next already in the file hash
@@ -302,17 +303,19 @@ class Blocks(_Reader):
         if parts:
             yield b"".join(parts)
 
-    def _enter(self, block: bytes) -> None:
+    def _enter(self, block: bytes, newlines: int | None = None) -> None:
         """Make ``block`` the current block: the rest of the previous one goes to the chunk
-        hash, this one to the file hash (but for bytes already in it: ``_file_hashed``)."""
+        hash, this one to the file hash (but for bytes already in it: ``_file_hashed``).
+        ``newlines``: the count of ``\n`` in ``block`` when the caller has it."""
         skip = min(self._file_hashed, len(block))
         self._file_hashed -= skip
         if self.hashes is not None:
             self.hashes.chunk.update(memoryview(self._block)[self._hashed :])
             self.hashes.file.update(memoryview(block)[skip:])
-        self._lines_before += self._block.count(b"\n")
+        self._lines_before += self._block_lines
         self._start += len(self._block)
         self._block, self._hashed, self._ends = block, 0, None
+        self._block_lines = block.count(b"\n") if newlines is None else newlines
         self.offset += len(block)
 
     def offset_after(self, line: int) -> int:
