@@ -361,22 +361,17 @@ def _binary32(hex_hashes: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def _hex(raw: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """Raw SHA-256s (``binary(32)``, no nulls) as hex strings, built in numpy."""
+    """Raw SHA-256s (``binary(32)``, no nulls) as hex strings, from one ``bytes.hex`` of
+    their buffer (no ``str`` per row)."""
     array = raw.combine_chunks() if isinstance(raw, pa.ChunkedArray) else raw
     n = len(array)
     if n == 0:
         return pa.array([], pa.string())
-    data = np.frombuffer(array.buffers()[1], dtype=np.uint8)[array.offset * 32 :][: n * 32]
-    digits = _HEX_DIGITS[data].tobytes()  # two ASCII digits a byte
+    data = array.buffers()[1].to_pybytes()[array.offset * 32 :][: n * 32]
     offsets = np.arange(0, 64 * n + 1, 64, dtype=np.int32)
     return pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(digits)]
+        pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.hex().encode())]
     )
-
-
-_HEX_DIGITS = np.array(
-    [[ord(f"{b:02x}"[0]), ord(f"{b:02x}"[1])] for b in range(256)], dtype=np.uint8
-)
 
 
 def _base_batches(
