@@ -210,7 +210,7 @@ class _Parser:
 
     def __call__(self, block: bytes, first_line: int, newlines: int) -> RecordBatch | None:
         """``block``'s records (it starts at physical line ``first_line`` and holds
-        ``newlines`` ``\n`` bytes), or None."""
+        ``newlines`` ``\\n`` bytes), or None."""
         if len(block) > _FIELD_LIMIT or block.startswith(codecs.BOM_UTF8):
             return None  # Arrow drops a BOM at the start of what it reads; csv.reader keeps it
         if not _plain(block, self.delimiter):

@@ -175,7 +175,7 @@ def _rows_on_lines(source: InputSource, spec: ChunkSpec, data: bytes, part: Chun
 
 
 def _line_ends(data: bytes, lines: int) -> np.ndarray:
-    """Offsets of the first ``lines`` ``\n`` bytes of ``data`` (fewer if it has fewer),
+    """Offsets of the first ``lines`` ``\\n`` bytes of ``data`` (fewer if it has fewer),
     found a 256 KiB window at a time: a part's last taken record is often far from its end."""
     found: list[np.ndarray] = []
     held, start = 0, 0

@@ -182,8 +182,8 @@ def plan_delta(
 @dataclass(slots=True)
 class _Found:
     """What the lookup found: the rows to write (tables of their planned ``chunk`` and
-    ``position``), the ids each base
-    entry drops (by its position in ``base["chunks"]``), the change rows, the counts."""
+    ``position``), the ids each base entry drops (by its position in ``base["chunks"]``), the
+    change rows, the counts."""
 
     written: list[pa.Table] = field(default_factory=list)
     drops: dict[int, list[str]] = field(default_factory=dict)
