@@ -107,6 +107,16 @@ def digests(hex_hashes: Any) -> np.ndarray:
         return np.stack([_one(v) for v in values]) if values else np.zeros((0, 32), dtype=np.uint8)
 
 
+def hex_digests(raw: bytes) -> pa.Array:
+    """Arrow strings of the 64-hex-digit SHA-256s whose 32-byte digests are ``raw``, back to
+    back (the inverse of ``digests``): one ``bytes.hex`` for all of them, no ``str`` per row."""
+    n = len(raw) // 32
+    offsets = np.arange(0, 64 * n + 1, 64, dtype=np.int32)
+    return pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(raw.hex().encode("ascii"))
+    )
+
+
 def _one(value: str) -> np.ndarray:
     try:
         return np.frombuffer(bytes.fromhex(value), dtype=np.uint8)

@@ -82,7 +82,7 @@ def row_key_digests(
 ) -> bytes:
     """The 32-byte SHA-256 of each ``row_key``, in order, back to back (``32 * n`` bytes):
     ``row_keys`` without a hex string per row, for a caller that hexes them all at once
-    (``tasks.publish.chunk_object.hex_keys``) and folds them into a fingerprint."""
+    (``adapters.scratch.hex_digests``) and folds them into a fingerprint."""
     tail = f"{_SEP}{model}{_SEP}{dims_text(dimensions)}"
     sha256 = hashlib.sha256
     return b"".join(

@@ -35,7 +35,14 @@ import pyarrow.parquet as pq
 
 from adapters.ledger.reuse_index import bucket_of
 from adapters.row_facts import CHUNK_ROWS, ROW_DTYPE, chunk_rows, id_digests
-from adapters.scratch import Scratch, digests, hash_prefixes, release, stable_order
+from adapters.scratch import (
+    Scratch,
+    digests,
+    hash_prefixes,
+    hex_digests,
+    release,
+    stable_order,
+)
 from embedline.errors import ConflictError
 from embedline.keys import ChunkKeyBuilder, columns_lines, rows_sha256
 from embedline.models import ChunkPart, ChunkSpec, DeltaBase, InputPlan
@@ -343,7 +350,7 @@ def _written_rows(plan: InputPlan, at: pa.Table) -> pa.Table:
     chunks = at.column("chunk").to_numpy()
     positions = at.column("position").to_numpy()
     tables = []
-    for rows in np.split(np.arange(len(chunks)), np.flatnonzero(np.diff(chunks)) + 1):
+    for rows in _runs(chunks):
         chunk, taken = int(chunks[rows[0]]), positions[rows]
         batch = chunk_rows(plan.scratch, chunk).take(pa.array(taken))
         table = pa.Table.from_batches([batch])
@@ -354,6 +361,12 @@ def _written_rows(plan: InputPlan, at: pa.Table) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+def _runs(chunks: np.ndarray) -> list[np.ndarray]:
+    """The positions in ``chunks`` (planned chunk indexes, in input order) of each run of one
+    chunk."""
+    return np.split(np.arange(len(chunks)), np.flatnonzero(np.diff(chunks)) + 1)
+
+
 def _binary32(hex_hashes: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Hex SHA-256s as raw ones (``binary(32)``; decoded in numpy, ``scratch.digests``)."""
     raw = digests(hex_hashes)
@@ -361,17 +374,9 @@ def _binary32(hex_hashes: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def _hex(raw: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """Raw SHA-256s (``binary(32)``, no nulls) as hex strings, from one ``bytes.hex`` of
-    their buffer (no ``str`` per row)."""
+    """Raw SHA-256s (``binary(32)``, no nulls) as hex strings (``scratch.hex_digests``)."""
     array = raw.combine_chunks() if isinstance(raw, pa.ChunkedArray) else raw
-    n = len(array)
-    if n == 0:
-        return pa.array([], pa.string())
-    data = array.buffers()[1].to_pybytes()[array.offset * 32 :][: n * 32]
-    offsets = np.arange(0, 64 * n + 1, 64, dtype=np.int32)
-    return pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.hex().encode())]
-    )
+    return hex_digests(array.buffers()[1].to_pybytes()[array.offset * 32 :][: len(array) * 32])
 
 
 def _base_batches(
@@ -515,9 +520,8 @@ def _parts(plan: InputPlan, rows: pa.Table) -> list[ChunkPart]:
     positions = rows.column("position").to_numpy()
     lines, last_lines = rows.column("line"), rows.column("last_line")
     known = lines.null_count == 0 and last_lines.null_count == 0
-    cuts = np.flatnonzero(np.diff(chunks)) + 1
     parts = []
-    for chunk_rows_at in np.split(np.arange(len(chunks)), cuts):
+    for chunk_rows_at in _runs(chunks):
         planned = plan.chunks[int(chunks[chunk_rows_at[0]])]
         at = pa.array(chunk_rows_at)
         parts.append(

@@ -218,16 +218,6 @@ def fold_fingerprint(raw: np.ndarray) -> str:
     return f"{int(np.bitwise_xor.reduce(folded)) if len(folded) else 0:016x}"
 
 
-def hex_keys(raw: bytes) -> pa.Array:
-    """Arrow strings of the 64-hex-digit keys whose 32-byte digests are ``raw``, back to
-    back (``embedline.keys.row_key_digests``): one ``bytes.hex`` for all of them."""
-    n = len(raw) // 32
-    offsets = np.arange(0, 64 * n + 1, 64, dtype=np.int32)
-    return pa.StringArray.from_buffers(
-        n, pa.py_buffer(offsets), pa.py_buffer(raw.hex().encode("ascii"))
-    )
-
-
 def _strings(values: Sequence[str] | pa.Array) -> pa.Array:
     return values if isinstance(values, pa.Array) else pa.array(values, type=pa.string())
 

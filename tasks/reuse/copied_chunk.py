@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from adapters.row_facts import chunk_rows
-from adapters.scratch import digests
+from adapters.scratch import digests, hex_digests
 from embedline.keys import row_key_digests
 from embedline.models import EMPTY_TEXT, ChunkOutcome, ChunkSpec, DeadLetter, InputSource
 from embedline.protocols import ObjectStore
@@ -31,7 +31,6 @@ from tasks.embed.paid import PaidRequests, chunk_name
 from tasks.publish.chunk_object import (
     chunk_parquet_columns,
     fold_fingerprint,
-    hex_keys,
     publish_body,
     reusing_pool,
 )
@@ -84,7 +83,7 @@ def publish_copied(
         keep = pa.array(~empty)
         ids, hashes = ids.filter(keep), hashes.filter(keep)
     raw = row_key_digests(ids.to_pylist(), hashes.to_pylist(), model, dims)
-    keys = hex_keys(raw)
+    keys = hex_digests(raw)
     fingerprint = fold_fingerprint(np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32))
     kept = vectors[~empty] if dead else vectors
     body = chunk_parquet_columns(

@@ -1,5 +1,5 @@
 """A copied chunk's row keys made in bulk (``embedline.keys.row_key_digests``,
-``tasks.publish.chunk_object.hex_keys`` and ``fold_fingerprint``) are the keys and fingerprint that
+``adapters.scratch.hex_digests`` and ``fold_fingerprint``) are the keys and fingerprint that
 ``row_keys`` and ``rows_fingerprint`` give row by row (docs/reference/keys.md: outside checks
 recompute them)."""
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adapters.scratch import hex_digests
 from embedline.keys import row_key, row_key_digests, row_keys, text_sha256
-from tasks.publish.chunk_object import fold_fingerprint, hex_keys, rows_fingerprint
+from tasks.publish.chunk_object import fold_fingerprint, rows_fingerprint
 
 
 @pytest.mark.parametrize("rows", [0, 1, 5000])
@@ -20,7 +21,7 @@ def test_bulk_row_keys_are_the_row_by_row_keys(rows: int) -> None:
         raw = row_key_digests(ids, hashes, "text-embedding-3-small", dimensions)
         expected = row_keys(ids, hashes, "text-embedding-3-small", dimensions)
         assert len(raw) == 32 * rows
-        assert hex_keys(raw).to_pylist() == expected
+        assert hex_digests(raw).to_pylist() == expected
         digests = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32)
         assert fold_fingerprint(digests) == rows_fingerprint(expected)
     if rows:
