@@ -258,10 +258,12 @@ class ProgressArtifact:
                 else:
                     posted, failures = latest, 0
             if self._closed.is_set():
-                # the last value is tried until close() gives up, with backoff: a busy
-                # server's 500s come in bursts that three quick tries do not outlast
-                pause = min(0.2 * 2 ** max(failures - 1, 0), 2.0)
-                if latest == posted or time.monotonic() + pause > self._close_deadline:
+                # the last value, read again: one shown while this post was in flight is
+                # newer than ``latest`` (a finished run read 0 % when only ``latest`` was
+                # compared); it is tried until close() gives up, with backoff after a
+                # failure: a busy server's 500s come in bursts three quick tries do not outlast
+                pause = min(0.2 * 2 ** (failures - 1), 2.0) if failures else 0.0
+                if self._latest == posted or time.monotonic() + pause > self._close_deadline:
                     return
                 self._wake.set()
                 time.sleep(pause)

@@ -164,6 +164,53 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
     assert len(failures) == failed_posts  # the burst happened, and was outlasted
 
 
+def test_a_value_shown_while_a_post_is_in_flight_is_posted_by_close(
+    prefect_api_url: str,
+) -> None:
+    """The poster compared the value it had read before a post with what it posted, so a
+    value shown during the post, with close() called before the post returned, was never
+    posted: a completed run read 0 % in the UI. The post here is held in a proxy while
+    the run finishes."""
+    import threading
+    import time
+
+    from prefect import flow
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
+
+    from flows.artifacts import ProgressArtifact
+    from tests.support.s3_proxy import ResettingProxy
+
+    armed, held = threading.Event(), threading.Event()
+
+    def hold_first_patch(method: str, path: str) -> None:
+        if armed.is_set() and method == "PATCH" and not held.is_set():
+            held.set()
+            time.sleep(1.0)  # then forwarded: the post of 50 % returns after close()
+        return None
+
+    @flow
+    def progress_flow() -> Any:
+        artifact = ProgressArtifact(description="test", min_interval_s=0.0)
+        armed.set()
+        artifact.update(2, 4)
+        assert held.wait(30)  # the poster read 50 % and is posting it
+        artifact.update(4, 4)
+        artifact.close(timeout_s=30.0)
+        return artifact._id
+
+    upstream = prefect_api_url.removesuffix("/api")
+    with ResettingProxy(upstream, fault=hold_first_patch) as proxy:
+        through = {PREFECT_API_URL: f"{proxy.url}/api", PREFECT_LOGGING_TO_API_ENABLED: False}
+        with temporary_settings(updates=through):
+            artifact_id = progress_flow()
+    direct = temporary_settings(updates={PREFECT_API_URL: prefect_api_url})
+    with direct, get_client(sync_client=True) as client:
+        only = ArtifactFilter(id=ArtifactFilterId(any_=[artifact_id]))
+        (artifact,) = client.read_artifacts(artifact_filter=only)
+    assert artifact.data == 100.0
+
+
 def _progress_artifacts(client: Any, description: str) -> dict[str, Any]:
     """The progress artifacts (by key) of the flow run whose progress artifact has
     ``description``; empty until it has one."""
