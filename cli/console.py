@@ -242,8 +242,8 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
     lines = [
         f"run        {summary.get('run_key') or '-'}"
         + (
-            f" (generation {summary['generation']}: retries the dead letters of run "
-            f"{str(summary['supersedes'])[:12]})"
+            f" (generation {summary['generation']}: commits run "
+            f"{str(summary['supersedes'])[:12]}'s input again)"
             if summary.get("supersedes")
             else ""
         ),

@@ -58,7 +58,8 @@ class Estimate:
     holds (or a request this run kept), ``rows_duplicate`` repeat a text another row of
     the run sends, ``rows_empty`` are empty texts (never sent); ``rows_empty_unwritten`` are
     the empty texts a delta night writes to no chunk (outside ``rows_to_write``, so the four
-    counts add up to ``rows_total``); ``new_texts`` distinct texts
+    counts add up to ``rows_total``); a delta night's change set against the run
+    ``base_run_key``: ``added``, ``changed``, ``removed`` rows; ``new_texts`` distinct texts
     to send, ``tokens`` their estimated tokens (``method``). Cost in USD, None without a
     price: ``cost`` synchronous, ``cost_batch`` with the Batch API. ``committed``: the run
     is already committed (nothing to send)."""
@@ -72,6 +73,10 @@ class Estimate:
     rows_duplicate: int = 0
     rows_empty: int = 0
     rows_empty_unwritten: int = 0
+    base_run_key: str | None = None
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
     new_texts: int = 0
     tokens: int = 0
     chunks_to_send: int = 0
@@ -113,6 +118,11 @@ class Estimate:
             f"{self.new_texts:,} new texts to send in {self.chunks_to_send:,} "
             + ("chunk" if self.chunks_to_send == 1 else "chunks"),
         ]
+        if self.base_run_key:
+            lines.append(
+                f"changes    {self.added:,} added, {self.changed:,} changed, "
+                f"{self.removed:,} removed against run {self.base_run_key[:12]} (a delta night)"
+            )
         if self.committed:
             lines.append("run        already committed: nothing to send")
         lines.append("dry run    nothing sent, nothing written")
@@ -192,6 +202,9 @@ def _estimate(run: Run, settings: RunSettings) -> Estimate:
         estimate.rows_to_write = sum(c.rows for c in todo)
         if delta is not None:  # empty texts a delta night writes to no chunk
             estimate.rows_empty_unwritten = delta.rows_empty
+            estimate.base_run_key = delta.base_run_key
+            estimate.added, estimate.changed = delta.added, delta.changed
+            estimate.removed = delta.removed
         stage = ReuseStage(
             store=run.store,
             ledger=ledger,

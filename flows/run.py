@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 from adapters.ledger import Ledger, record_hard_stop
 from adapters.scratch import release
+from embedline.delete_share import MassDeleteError
 from embedline.errors import ConflictError, EmbedlineError, InputError
 from embedline.interrupts import interrupt_of
 from embedline.models import (
@@ -51,10 +52,9 @@ from flows.run_outcome import outcome_fields, with_inherited
 from tasks.commit.commit_run import commit_run, ledger_catches_up, missing_objects
 from tasks.commit.manifest import already_complete_fields, change_fields
 from tasks.lease.run_lease import run_lease
-from tasks.load.sink_state import MassDeleteError
 from tasks.plan.delta import delta_night
 from tasks.plan.published import find_published, retries_dead_letters
-from tasks.plan.target import RunTarget, resolve_run_target
+from tasks.plan.target import REASONS, RunTarget, resolve_run_target
 from tasks.publish.dimensions import RunLength, other_lengths, pinned_length, with_lengths
 
 __all__ = ["CommittedRun", "NightOfAnotherLength", "Run", "RunRefused", "RunStopped", "Work"]
@@ -178,14 +178,26 @@ class Run:
             )
             raise RunRefused(summary) from None
         if target.committed is None and not (target.supersedes or plan.delta or full_night):
-            plan = delta_night(store, plan, settings, log=log)
+            try:
+                plan = delta_night(store, plan, settings, log=log)
+            except MassDeleteError as exc:  # known before anything is sent
+                release(plan.scratch)
+                summary = cls.refused(
+                    exc.exit_code,
+                    "delete_refused",
+                    str(exc),
+                    output=store.uri,
+                    rows_total=plan.rows,
+                    chunks_total=len(plan.chunks),
+                )
+                raise RunRefused(summary) from None
         run = cls(settings, store, plan, target, started=started, log=log)
         run.learned_length = learned_length
         if target.supersedes and target.committed is None:
             log.info(
-                "run %s is committed with dead letters to retry: committing generation "
-                "%d as run %s",
+                "run %s is committed, and %s: committing generation %d as run %s",
                 target.supersedes,
+                REASONS[target.reason],
                 target.generation,
                 target.run_key,
             )

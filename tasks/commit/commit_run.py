@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from adapters.disk_full import translate_full
 from adapters.ledger import Ledger
+from embedline.delete_share import check_delete_share
 from embedline.errors import BadResponseError
 from embedline.models import ChunkOutcome, InputPlan, ManifestChunk
 from embedline.protocols import ObjectStore
@@ -32,7 +33,6 @@ from tasks.commit.manifest import (
     read_manifest,
     write_manifest,
 )
-from tasks.load.sink_state import check_delete_share
 from tasks.plan.delta import CHANGES_FILE
 from tasks.publish.dimensions import checked_dimensions
 

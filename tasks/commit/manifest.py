@@ -281,6 +281,8 @@ def already_complete_fields(manifest: dict[str, Any]) -> dict[str, Any]:
         rows_published=int(manifest["rows_published"]),
         rows_skipped=int(manifest["rows_published"]),
         rows_failed=int(manifest["rows_failed"]),
+        # the objects the run takes, counted alike (a delta run's planned chunks are not)
+        chunks_total=len(manifest["chunks"]),
         chunks_skipped=len(manifest["chunks"]),
         dimensions=int(manifest["dimensions"]),
         **change_fields(manifest),

@@ -35,7 +35,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from adapters.sinks.base import KEPT_HASH, sink_columns_of
-from embedline.errors import ConflictError, InputError
+from embedline.delete_share import (
+    DEFAULT_MAX_DELETE_FRACTION,
+    MassDeleteError,
+    check_delete_share,
+)
+from embedline.errors import ConflictError
 from embedline.protocols import ObjectStore, SinkColumns, VectorSink
 from tasks.commit.changes import read_entry_keys
 
@@ -50,37 +55,6 @@ __all__ = [
     "plan_load",
     "run_keys",
 ]
-
-DEFAULT_MAX_DELETE_FRACTION = 0.5  # a load or a change set may remove at most half the rows
-
-
-class MassDeleteError(InputError):
-    """Raised when a load or a change set would delete more than ``--max-delete-fraction`` of
-    the rows there are (a cut-short export, a wrong input): nothing was deleted. Exit 2."""
-
-
-def check_delete_share(
-    deletes: int,
-    of_rows: int,
-    fraction: float,
-    *,
-    what: str,
-    kept: str = "nothing deleted",
-    flag: str = "--max-delete-fraction",
-) -> None:
-    """Refuse ``deletes`` of ``of_rows`` rows when that is more than ``fraction`` (0..1).
-
-    :raises MassDeleteError: naming the counts, the share and the flag that allows it.
-    """
-    if of_rows <= 0 or deletes <= fraction * of_rows:
-        return
-    share = deletes / of_rows
-    allow = min(1.0, max(round(share + 0.005, 2), fraction))
-    raise MassDeleteError(
-        f"{what} would delete {deletes:,} of {of_rows:,} rows ({share:.0%}), more than "
-        f"{flag} {fraction:g} allows: {kept}. If the input really lost those rows, "
-        f"rerun with {flag} {allow:g} (deployments: parameter max_delete_fraction)"
-    )
 
 
 def run_keys(

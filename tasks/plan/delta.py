@@ -43,6 +43,7 @@ from adapters.scratch import (
     release,
     stable_order,
 )
+from embedline.delete_share import check_delete_share
 from embedline.errors import ConflictError
 from embedline.keys import ChunkKeyBuilder, columns_lines, rows_sha256
 from embedline.models import ChunkPart, ChunkSpec, DeltaBase, InputPlan
@@ -146,14 +147,27 @@ def plan_delta(
     rows (the planning pass's is released) and whose ``delta`` says what the manifest
     inherits; None when the night should write whole objects (past ``MAX_DROPPED_SHARE``).
 
+    The change set's removals are checked against ``--max-delete-fraction`` here, before
+    anything is sent (a cut-short export is refused before it is paid for), and again when
+    the night commits.
+
     :raises FileNotFoundError: an object of ``base`` is gone (the caller runs a full night).
     :raises ConflictError: an object of ``base`` does not hold the rows its manifest says.
+    :raises MassDeleteError: the night would remove more than ``--max-delete-fraction`` of
+        the base's rows (exit 2; nothing sent, nothing written).
     :raises DiskFullError: the scratch directory's filesystem is full.
     """
     assert plan.scratch is not None
     scratch = Scratch.create(Path(plan.scratch).parent.parent)  # {root}/scratch/{token}
     try:
         found = _look_up(store, plan, base, scratch)
+        check_delete_share(
+            found.counts["removed"],
+            int(base["rows_published"]),
+            settings.max_delete_fraction,
+            kept="nothing sent, nothing committed",
+            what=f"this night's change set against run {str(base['run_key'])[:12]}",
+        )
         inherited = _inherited(base, found.drops)
         at = pa.concat_tables(found.written) if found.written else None
         written = _written_rows(plan, at) if at is not None and at.num_rows else None

@@ -159,13 +159,103 @@ def test_a_chain_of_delta_nights_writes_only_changes_and_reads_back_exactly(
     assert result.returncode == 0, result.stderr[-2000:]
     nights.check(third, rows3)  # gc kept every object the delta chain needs
 
-    _, again = nights.run(rows3, "--compact")
-    assert again["run_key"] == third["run_key"], "the same input is the same, committed run"
+    charged, again = nights.run(rows3, "--compact")
+    assert charged == 0, "a compaction of the same input sends nothing"
+    assert (again["generation"], again["supersedes"]) == (1, third["run_key"])
+    assert not any(e.get("drop_ids") for e in again["chunks"]), "--compact writes whole objects"
+    nights.check(again, rows3)
+    _, still = nights.run(rows3, "--compact")
+    assert still["run_key"] == again["run_key"], "compacted: the same, committed run"
     rows4 = [*rows3, ("pkg-new-c", "one more package", "s1")]
     charged, fourth = nights.run(rows4, "--compact")
     assert charged == 1
     assert not any(e.get("drop_ids") for e in fourth["chunks"]), "--compact writes whole objects"
     nights.check(fourth, rows4)
+
+
+def test_an_earlier_nights_input_run_again_becomes_the_latest_run_exactly(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """An export reverted to an earlier night's (the same bytes, or the same rows gzipped)
+    was "already complete" under its old run key: the output, its readers and the sink kept
+    the later night. It is committed again as the next generation of its run: the latest
+    run, with its change set against the night before, nothing sent."""
+    import gzip
+
+    from tasks.load.read_run import read_embeddings
+
+    nights = Nights(tmp_path, fake_openai)
+    rows_a = _first(120)
+    _, night_a = nights.run(rows_a)
+    rows_b = [(r[0], r[1] + " (b)", r[2]) if i % 9 == 4 else r for i, r in enumerate(rows_a)]
+    rows_b = [r for i, r in enumerate(rows_b) if i % 31 != 6] + [("pkg-b-new", "new in b", "s1")]
+    _, night_b = nights.run(rows_b)
+    nights.load(night_b, rows_b)
+
+    charged, again_a = nights.run(rows_a)
+    assert charged == 0
+    assert (again_a["generation"], again_a["supersedes"]) == (1, night_a["run_key"])
+    nights.check(again_a, rows_a)
+    nights.load(again_a, rows_a)
+    latest = read_embeddings(str(nights.out))  # the default run: the latest committed
+    assert sorted(latest["id"]) == sorted(r[0] for r in rows_a)
+    assert again_a["changes"]["base_run_key"] == night_b["run_key"]
+    b_ids, a_ids = {r[0] for r in rows_b}, {r[0] for r in rows_a}
+    assert nights.changes(again_a) == {
+        "added": sorted(a_ids - b_ids),
+        "changed": sorted(rows_a[i][0] for i in range(120) if i % 9 == 4 and i % 31 != 6),
+        "removed": sorted(b_ids - a_ids),
+    }
+    _, still_a = nights.run(rows_a)
+    assert still_a["run_key"] == again_a["run_key"], "now the latest: nothing to do"
+
+    nights.args(rows_b)  # night b's rows, sent again gzipped
+    packed = tmp_path / "in.csv.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "in.csv").read_bytes()))
+    fake_openai.reset()
+    args = ["run", packed.name, *nights.args(rows_b)[2:]]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    uri = next(ln.split()[-1] for ln in result.stdout.splitlines() if ln.startswith("manifest"))
+    again_b = json.loads(Path(uri).read_text())
+    assert fake_openai.counters()["inputs"] == 0
+    assert (again_b["generation"], again_b["supersedes"]) == (1, night_b["run_key"])
+    nights.check(again_b, rows_b)
+    nights.load(again_b, rows_b)
+    assert sorted(read_embeddings(str(nights.out))["id"]) == sorted(b_ids)
+
+
+def test_a_cut_short_export_is_refused_before_anything_is_sent_dry_run_or_not(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """A delta night removing more than --max-delete-fraction of the last run's rows was
+    refused only at its commit, after its new texts were paid for, and its dry run said
+    nothing of the removals. The lookup knows them: both refuse there, nothing sent."""
+    nights = Nights(tmp_path, fake_openai)
+    rows = _first(100)
+    nights.run(rows)
+    short = [(r[0], r[1] + " (edited)", r[2]) if i < 10 else r for i, r in enumerate(rows[:30])]
+    before = _chunk_files(nights.out)
+    for extra in (["--dry-run"], []):
+        fake_openai.reset()
+        result = run_cli(*nights.args(short), *extra, cwd=tmp_path)
+        assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+        said = result.stdout + result.stderr
+        assert "would delete 70 of 100 rows (70%)" in said and "--max-delete-fraction" in said
+        assert "Traceback" not in said
+        assert fake_openai.counters()["inputs"] == 0, "refused before any request"
+        assert _chunk_files(nights.out) == before, "nothing written"
+    result = run_cli(*nights.args(short), "--dry-run", "--max-delete-fraction", "0.7", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "10 new texts" in result.stdout
+    charged, second = nights.run(short, "--max-delete-fraction", "0.7")  # a compaction
+    assert charged == 10
+    nights.check(second, short)
+    one_less = [(r[0], r[1] + " again", r[2]) if i == 3 else r for i, r in enumerate(short[1:])]
+    result = run_cli(*nights.args(one_less), "--dry-run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = f"0 added, 1 changed, 1 removed against run {second['run_key'][:12]} (a delta night)"
+    assert said in result.stdout
 
 
 def _chunk_files(out: Path) -> dict[str, str]:
