@@ -76,6 +76,8 @@ class Dispatcher:
     ``on_tick`` at least every 0.5 s while chunks are in flight (progress between outcomes).
     When the Prefect API goes away (``STOP.report.api_lost``), dispatching stops as after a
     first signal: in-flight chunks get ``grace_s`` seconds, then are released.
+    ``on_stop`` is called once, when dispatching first stops (a run on Dask writes its stop
+    marker there: ``tasks/lease/run_stop.py``).
     """
 
     def __init__(
@@ -93,7 +95,9 @@ class Dispatcher:
         on_gave_up: Callable[[int], None] | None = None,
         grace_s: float = 30.0,
         group: Callable[[Sequence[ChunkSpec]], Sequence[Group]] = _one_each,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
+        self.on_stop = on_stop or (lambda: None)
         self.ledger = ledger
         self.run_key = run_key
         self.object_uri = object_uri
@@ -124,6 +128,8 @@ class Dispatcher:
         With ``grace_s`` (seconds), chunks still in flight when it runs out are released in
         the ledger (back to ``pending``) and ``run`` returns without waiting for them.
         """
+        if not self._stopping:
+            self.on_stop()
         self._stopping = True
         STOP.dispatch.hold_new_chunks()  # a running group starts no further chunk
         if grace_s is not None:

@@ -39,6 +39,7 @@ from tasks.embed.failures import ChunkFailure, status_for
 from tasks.embed.groups import CLUSTER_CHUNKS_PER_RUN, ChunkGroup, chunk_groups
 from tasks.embed.spent import drain_spent
 from tasks.embed.task import embed_chunk, embed_chunks, show_published_chunk
+from tasks.lease.run_stop import mark_run_stopped, new_stop_key
 from tasks.reuse.stage import ReuseStage
 
 __all__ = ["embed_and_publish", "new_progress_artifact"]
@@ -125,12 +126,16 @@ def _embed_and_publish(
         if settings.task_runner == "dask":
             logger.info("chunk task runs in flight: at most %d (the cluster's threads)", window)
 
+        # a run on Dask: its stop reaches the workers through the store (run_stop)
+        stop_key = new_stop_key(run.run_key) if settings.task_runner == "dask" else None
+
         def submit(group: tuple[ChunkSpec, ...]) -> list[Any]:
             common = {
                 "source": plan.source,
                 "settings": settings,
                 "dimensions": work.length.current(),
                 "run_key": run.run_key,
+                **({"stop_key": stop_key} if stop_key else {}),
             }
             if len(group) == 1 and stage.fully_copied(group[0]):  # no task run (local_chunks)
                 return [copied.submit(group[0])]
@@ -162,6 +167,7 @@ def _embed_and_publish(
             on_gave_up=stage.note_failed,
             grace_s=settings.grace_s,
             group=lambda specs: _groups(specs, stage, settings, window),
+            on_stop=(lambda: mark_run_stopped(store, stop_key)) if stop_key else None,
         )
         _show_published(runner, plan, work.skipped, store)
         STOP.start_dispatching()  # an API loss from now on: the summary is handed over

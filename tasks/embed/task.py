@@ -37,6 +37,7 @@ from tasks.embed.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.embed.rows import EmbeddedRows, embed_rows, merged
 from tasks.embed.spent import SpendRecords, fenced, spending
 from tasks.lease.chunk_lease import ChunkLeaseLost, take_chunk_lease
+from tasks.lease.run_stop import RunStop
 from tasks.publish.chunk_object import adopt_existing, publish_chunk
 from tasks.reuse.chunk_side import (
     Reused,
@@ -85,6 +86,7 @@ def embed_chunk(
     dimensions: int | None = None,
     run_key: str | None = None,
     batches: ChunkBatches | None = None,
+    stop_key: str | None = None,
 ) -> ChunkOutcome | State[None]:
     """Embed chunk ``spec`` of ``source`` and publish it; return what was published.
 
@@ -105,7 +107,9 @@ def embed_chunk(
     earlier attempt of this chunk kept are not sent again (``tasks/embed/paid.py``). A chunk
     that the stopping run released (its grace period ran out: ``StopRequestedError``
     before its next request) returns a Cancelled state, Prefect's state for work stopped
-    on request, so the UI does not list it as Failed.
+    on request, so the UI does not list it as Failed. ``stop_key`` (a run on Dask): the
+    run's stop marker (``tasks/lease/run_stop.py``); once it exists the chunk does not start
+    (Cancelled).
 
     :raises InputError: the input changed since planning.
     :raises RetryableError: the API kept failing past the attempt budget (Prefect may retry
@@ -114,6 +118,8 @@ def embed_chunk(
     :raises FatalError: credentials, quota, model or store refusals; the run stops.
     :raises ConflictError: the chunk's key holds an object that is not this chunk.
     """
+    if stop_key and RunStop(store_for(settings.output), stop_key).stopped():
+        return Cancelled(message="the run is stopping: the chunk was not started")
     try:
         return run_chunk(
             spec,
@@ -144,13 +150,14 @@ def embed_chunks(
     dimensions: int | None = None,
     run_key: str | None = None,
     batches: tuple[ChunkBatches | None, ...] | None = None,
+    stop_key: str | None = None,
 ) -> GroupOutcome | State[Any]:
     """Embed and publish the chunks of ``group`` one after another (``run_group``), each as
     ``embed_chunk`` does (``reuse[i]`` and ``batches[i]`` are chunk ``i``'s); return what
     each did (``GroupOutcome``), as the run's state: Completed when every chunk published,
     Failed when one failed (Prefect retries the group if one failed with a retryable error;
     the retry runs only those chunks), else Cancelled (the run is stopping: chunks not
-    started are given back).
+    started are given back). ``stop_key``: as ``embed_chunk``'s, looked for before each chunk.
     """
     context = TaskRunContext.get()
     run_id = context.task_run.id if context is not None else None
@@ -166,6 +173,7 @@ def embed_chunks(
         batches,
         logger=get_run_logger(),
         earlier=earlier,
+        stop=RunStop(store_for(settings.output), stop_key) if stop_key else None,
     )
     failures = outcome.failures()
     failed = [e for e in failures if not isinstance(e, StopRequestedError)]
@@ -209,12 +217,14 @@ def run_group(
     *,
     logger: Any,
     earlier: dict[int, ChunkOutcome | BaseException] | None = None,
+    stop: RunStop | None = None,
 ) -> GroupOutcome:
     """``embed_chunks``'s body, without Prefect: ``run_chunk`` for each chunk of ``group``
     in order, its exception kept as its outcome. ``earlier``: outcomes of an earlier
     attempt, kept (those chunks are not run again). Stops before the next chunk when one
     failed with an error that stops the run or released it (``stops_group``), or when the
-    run is stopping (the dispatcher's stop, in this process); the chunks after are None."""
+    run is stopping (the dispatcher's stop in this process, or ``stop``: its marker in the
+    store, for a worker of another machine); the chunks after are None."""
     earlier = earlier or {}
     outcomes: list[ChunkOutcome | BaseException | None] = []
     stopped = False
@@ -222,7 +232,12 @@ def run_group(
         if spec.index in earlier:
             outcomes.append(earlier[spec.index])
             continue
-        if stopped or STOP.dispatch.new_chunks_held() or STOP.dispatch.tasks_must_stop():
+        if (
+            stopped
+            or STOP.dispatch.new_chunks_held()
+            or STOP.dispatch.tasks_must_stop()
+            or (stop is not None and stop.stopped())
+        ):
             outcomes.append(None)
             continue
         try:
