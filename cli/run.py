@@ -70,9 +70,9 @@ def settings_from(args: argparse.Namespace, *, not_parameters: tuple[str, ...] =
     try:
         return RunSettings.from_parameters(parameters)
     except ValidationError as exc:
-        raise SystemExit(
-            fail(usage_line(prog, f"argument {validation_message(exc)}"), EXIT_USAGE)
-        ) from None
+        message = validation_message(exc)  # "--flag: …", or a rule of several options
+        said = f"argument {message}" if message.startswith("--") else message
+        raise SystemExit(fail(usage_line(prog, said), EXIT_USAGE)) from None
 
 
 _CLI_ONLY = ("command", "handler", "debug", "progress_interval")  # not flow parameters

@@ -9,6 +9,7 @@ Imported only for ``--task-runner dask`` (it imports distributed).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -18,6 +19,7 @@ from embedline.settings import RunSettings
 __all__ = [
     "API_KEY_NEED",
     "AWS_CREDENTIALS_NEED",
+    "INPUT_FILE_NEED",
     "NoProfiler",
     "missing_settings",
     "worker_needs",
@@ -28,6 +30,8 @@ API_KEY_NEED = "EMBEDLINE_API_KEY (or OPENAI_API_KEY)"
 AWS_CREDENTIALS_NEED = (
     "AWS credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
 )
+#: A need for a local input: this prefix, then the input's absolute path on the flow's machine.
+INPUT_FILE_NEED = "the input file "
 _API_KEY_ENVS = ("EMBEDLINE_API_KEY", "OPENAI_API_KEY")
 #: S3 endpoint variables botocore reads (adapters/object_store/s3.py ``_build_client``).
 _ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -67,7 +71,9 @@ def worker_needs(settings: RunSettings, flow_env: dict[str, str]) -> tuple[str, 
     The API key when the openai embedder needs one: OpenAI's own API, or any base URL when
     the flow's process has a key (``flow_env``: its environment), which the chunks then
     send. AWS credentials when the input or output is on S3, and the S3 endpoint variable
-    the flow's process sets (without it a worker would write to AWS instead).
+    the flow's process sets (without it a worker would write to AWS instead). A local input
+    (a path, ``file://``): the file itself, at the same absolute path (a filesystem the
+    workers share), since each chunk task reads its own bytes of the input.
     """
     needs: list[str] = []
     if settings.embedder == "openai" and (
@@ -77,6 +83,8 @@ def worker_needs(settings: RunSettings, flow_env: dict[str, str]) -> tuple[str, 
     if settings.output.startswith("s3://") or settings.input.startswith("s3://"):
         needs.append(AWS_CREDENTIALS_NEED)
         needs += [name for name in _ENDPOINT_ENVS if flow_env.get(name)][:1]
+    if "://" not in settings.input or settings.input.startswith("file://"):
+        needs.append(INPUT_FILE_NEED + os.path.abspath(settings.input.removeprefix("file://")))
     return tuple(needs)
 
 
@@ -91,6 +99,8 @@ def missing_settings(needs: tuple[str, ...]) -> list[str]:
             ok = any(os.environ.get(name) for name in _API_KEY_ENVS)
         elif need == AWS_CREDENTIALS_NEED:
             ok = _aws_credentials_found()
+        elif need.startswith(INPUT_FILE_NEED):
+            ok = os.access(need.removeprefix(INPUT_FILE_NEED), os.R_OK)
         else:
             ok = bool(os.environ.get(need))
         if not ok:

@@ -127,11 +127,22 @@ def in_flight(runner: Any, settings: RunSettings, window: int) -> int:
 def _lacking_line(lacking: dict[str, list[str]], client: Any) -> str:
     """One line for the workers that lack settings: the first (by address), its name when
     it has one, what it lacks, and how many other workers lack something."""
+    from flows.dask_workers import INPUT_FILE_NEED
+
     address = sorted(lacking)[0]
     name = client.scheduler_info().get("workers", {}).get(address, {}).get("name")
     worker = f"{address} ({name})" if name not in (None, "", address) else address
     others = len(lacking) - 1
     more = f" (and {others} other worker{'s' if others > 1 else ''})" if others else ""
+    files = [
+        n.removeprefix(INPUT_FILE_NEED) for n in lacking[address] if n.startswith(INPUT_FILE_NEED)
+    ]
+    if files:
+        return (
+            f"Dask worker {worker}{more} cannot read the input {files[0]!r}, a file of this "
+            "machine: its chunk tasks read their own bytes of it. Give an s3:// input (or the "
+            "same path on a filesystem every worker mounts), then rerun"
+        )
     return (
         f"Dask worker {worker}{more} has no {' and no '.join(lacking[address])} in its "
         "environment: set it where the worker starts, then rerun"

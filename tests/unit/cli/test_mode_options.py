@@ -46,6 +46,11 @@ from embedline.settings import MODE_OPTIONS, RunSettings, options_without_their_
             ["--dask-cluster-kwargs", '{"n_workers": 2}'],
             "argument --dask-cluster-kwargs: needs --task-runner dask",
         ),
+        (
+            ["--task-runner", "dask", "--dask-address", "tcp://h:8786", "--output", "out"],
+            "error: with --dask-address the chunk tasks run on other machines, which cannot "
+            "write to the local directory 'out'",  # a rule of several options: no "argument"
+        ),
     ],
     ids=[
         "workers-without-dask",
@@ -54,6 +59,7 @@ from embedline.settings import MODE_OPTIONS, RunSettings, options_without_their_
         "workers-with-address",
         "workers-with-class",
         "kwargs-without-dask",
+        "address-with-local-output",
     ],
 )
 def test_an_option_its_mode_would_not_read_is_refused_in_one_line(

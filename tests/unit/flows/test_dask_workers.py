@@ -11,6 +11,7 @@ from embedline.settings import RunSettings
 from flows.dask_workers import (
     API_KEY_NEED,
     AWS_CREDENTIALS_NEED,
+    INPUT_FILE_NEED,
     NoProfiler,
     missing_settings,
     worker_needs,
@@ -45,7 +46,7 @@ def test_no_profiler_stops_the_profiler_callbacks_only() -> None:
 
 
 def _settings(**kw: Any) -> RunSettings:
-    return RunSettings(input="in.csv", output="s3://bucket/out", **kw)
+    return RunSettings(input="s3://bucket/in.csv", output="s3://bucket/out", **kw)
 
 
 def test_the_api_key_is_needed_when_the_flow_sends_one() -> None:
@@ -76,3 +77,29 @@ def test_missing_settings_names_what_the_environment_lacks(
     monkeypatch.setenv("OPENAI_API_KEY", "k")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://s3:9000")
     assert missing_settings(needs) == []
+
+
+def test_a_local_input_is_needed_at_its_absolute_path_and_named_when_unreadable(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each chunk task reads its bytes of the input: a worker on a machine without the
+    file stopped the run only after chunks were sent to it, with an InputError naming a
+    file the user could see. Warm-up now names the worker and the file."""
+    from flows.task_runner import _lacking_line
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.csv").write_text("id,text\n1,a\n")
+    settings = RunSettings(input="in.csv", output="s3://bucket/out", embedder="local")
+    need = INPUT_FILE_NEED + str(tmp_path / "in.csv")
+    assert worker_needs(settings, {})[-1] == need
+    assert missing_settings((need,)) == []  # this machine reads it
+    gone = INPUT_FILE_NEED + str(tmp_path / "elsewhere.csv")
+    assert missing_settings((gone,)) == [gone]
+
+    class _Client:
+        def scheduler_info(self) -> dict[str, Any]:
+            return {"workers": {"tcp://10.0.0.9:1": {"name": "w-9"}}}
+
+    line = _lacking_line({"tcp://10.0.0.9:1": [gone]}, _Client())
+    assert line.startswith("Dask worker tcp://10.0.0.9:1 (w-9) cannot read the input ")
+    assert str(tmp_path / "elsewhere.csv") in line and "s3://" in line
