@@ -34,7 +34,7 @@ from flows.progress_report import ProgressReport, progress_reporter
 from flows.run import Run, Work
 from flows.session import Session
 from flows.signals import dispatch_with_graceful_stop
-from flows.task_runner import in_flight, task_runner, warm_up
+from flows.task_runner import has_workers, in_flight, task_runner, warm_up
 from tasks.embed.failures import ChunkFailure, status_for
 from tasks.embed.groups import CLUSTER_CHUNKS_PER_RUN, ChunkGroup, chunk_groups
 from tasks.embed.spent import drain_spent
@@ -116,7 +116,7 @@ def _embed_and_publish(
     runner_started = time.monotonic()
     copied = LocalChunks(lambda spec: publish_copied_chunk(run, work, stage, spec, logger))
     with task_runner(settings, window) as runner, contextlib.closing(copied):
-        unfit = warm_up(runner, settings, logger, since=runner_started)
+        unfit = warm_up(runner, settings, logger, since=runner_started, work_left=bool(work.todo))
         if unfit is not None:  # a worker lacks a setting: stop before any chunk, exit 3
             failure = ChunkFailure("fatal", unfit, expected=True)
             return Dispatched(
@@ -169,7 +169,8 @@ def _embed_and_publish(
             group=lambda specs: _groups(specs, stage, settings, window),
             on_stop=(lambda: mark_run_stopped(store, stop_key)) if stop_key else None,
         )
-        _show_published(runner, plan, work.skipped, store)
+        if has_workers(runner):  # a cluster with none has nothing to embed (warm_up)
+            _show_published(runner, plan, work.skipped, store)
         STOP.start_dispatching()  # an API loss from now on: the summary is handed over
         result = dispatch_with_graceful_stop(
             dispatcher, work.todo, grace_s=settings.grace_s, logger=logger

@@ -24,6 +24,9 @@ __all__ = ["in_flight", "task_runner", "warm_up"]
 #: imported, here and in each worker process the nanny spawns (Dask configuration docs:
 #: ``DASK_`` variables, ``__`` for nesting).
 _DASK_LOG_LEVEL_ENV = "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"
+#: Seconds a run by ``--dask-address`` waits for a first worker of a cluster that has none
+#: (workers still starting); ``EMBEDLINE_DASK_WORKER_WAIT_S`` sets another.
+WORKER_WAIT_S = 60.0
 
 _log = logging.getLogger(__name__)
 
@@ -77,7 +80,9 @@ def task_runner(settings: RunSettings, window: int) -> Any:
     )
 
 
-def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) -> str | None:
+def warm_up(
+    runner: Any, settings: RunSettings, logger: Any, *, since: float, work_left: bool = True
+) -> str | None:
     """Dask: on every worker, before the first chunk, stop the statistical profiler
     (``flows.dask_workers.NoProfiler``, also on workers that join later), hold ``--rpm``/
     ``--tpm`` once for the whole cluster (``tasks.embed.cluster_budget``, on the scheduler),
@@ -85,14 +90,21 @@ def warm_up(runner: Any, settings: RunSettings, logger: Any, *, since: float) ->
     chunk task's modules (start-up, not embedding); log how long the task runner took to be ready
     (``since``: a ``time.monotonic()`` before the cluster started).
 
-    :returns: one line naming a worker and the setting it lacks (the run stops before any
-        chunk), or None.
+    :returns: one line naming a worker and the setting it lacks, or saying that the
+        cluster by address has no worker after ``WORKER_WAIT_S`` while ``work_left`` (the
+        run stops before any chunk), or None.
     """
     if settings.task_runner != "dask":
         return None
     from flows.dask_workers import NoProfiler, missing_settings, worker_needs
 
     client = runner.client
+    if settings.dask_address and work_left and not _first_worker(client):
+        return (
+            f"the Dask scheduler at {settings.dask_address} has no workers (waited "
+            f"{_worker_wait_s():g} s): start workers with `dask worker {settings.dask_address}`, "
+            "then rerun"
+        )
     client.register_plugin(NoProfiler())
     if settings.rpm is not None or settings.tpm is not None:
         from tasks.embed.cluster_budget import install_budget, ship_by_value
@@ -122,6 +134,34 @@ def in_flight(runner: Any, settings: RunSettings, window: int) -> int:
         return window
     threads: dict[str, int] = runner.client.nthreads()  # worker address -> its threads
     return sum(threads.values()) or window  # no worker yet (an adaptive cluster): ``window``
+
+
+def has_workers(runner: Any) -> bool:
+    """Whether the task runner can run a task now: threads always; Dask with a worker."""
+    client = getattr(runner, "client", None)
+    return client is None or bool(client.scheduler_info().get("workers"))
+
+
+def _first_worker(client: Any) -> bool:
+    """Whether the cluster has a worker, waiting up to ``_worker_wait_s()`` for one: every
+    chunk task (and the cached task runs shown for published chunks) would wait for one
+    forever, the run saying nothing."""
+    if client.scheduler_info().get("workers"):
+        return True
+    try:
+        client.wait_for_workers(1, timeout=_worker_wait_s())
+    except TimeoutError:
+        return False
+    return True
+
+
+def _worker_wait_s() -> float:
+    """``WORKER_WAIT_S``, or ``EMBEDLINE_DASK_WORKER_WAIT_S`` when set to a number > 0."""
+    try:
+        value = float(os.environ.get("EMBEDLINE_DASK_WORKER_WAIT_S", "") or WORKER_WAIT_S)
+    except ValueError:
+        return WORKER_WAIT_S
+    return value if value > 0 else WORKER_WAIT_S
 
 
 def _lacking_line(lacking: dict[str, list[str]], client: Any) -> str:

@@ -159,3 +159,53 @@ def test_a_worker_without_the_api_key_stops_the_run_naming_it_and_runs_no_profil
     assert "sk-flow-only" not in result.stderr
     assert fake_openai.answered == 0  # no chunk ran
     assert _profiler_running(external_cluster.address) == [False]  # stopped at warm-up
+
+
+def test_a_scheduler_without_workers_stops_the_run_in_one_line_after_its_wait(
+    tmp_path: Path,
+    prefect_api_url: str,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
+) -> None:
+    """A scheduler with no worker: the run printed "progress 0 of N" for ever (and a rerun
+    with every chunk published waited for a worker to show its cached task runs). Now it
+    waits for a first worker (``EMBEDLINE_DASK_WORKER_WAIT_S``), then stops in one line,
+    exit 3; with nothing left to embed it commits without one."""
+    env = {k: v for k, v in os.environ.items() if k not in _KEYS}
+    env.update(PYTHONPATH=str(REPO), AWS_ENDPOINT_URL=moto_endpoint)
+    with dask_cluster.external_cluster(tmp_path / "empty", env, []) as empty:
+        args = ("--embedder", "openai", "--base-url", fake_openai.base_url)
+        wait = {"AWS_ENDPOINT_URL": moto_endpoint, "EMBEDLINE_DASK_WORKER_WAIT_S": "2"}
+        result, took = _run(tmp_path, empty.address, s3_bucket, *args, env=wait)
+        assert result.returncode == 3, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr and took < 60
+        named = [x for x in result.stderr.splitlines() if x.startswith("embedline: error:")]
+        assert len(named) == 1 and "has no workers (waited 2 s)" in named[0], result.stderr
+        assert fake_openai.answered == 0
+        # every chunk published, the manifest not (a run killed at its commit): nothing to
+        # embed, so the cluster's rerun commits without a worker
+        ran = run_cli(
+            *_run_args(tmp_path, s3_bucket), *args, cwd=tmp_path, env={**os.environ, **wait}
+        )
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        _drop_manifests(moto_endpoint, s3_bucket)
+        done, _ = _run(tmp_path, empty.address, s3_bucket, *args, env=wait)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "status     complete" in done.stdout, done.stdout[-3000:]
+
+
+def _run_args(tmp_path: Path, bucket: str) -> list[str]:
+    """``_run``'s command line without the cluster (threads)."""
+    return [
+        "run", str(_csv(tmp_path)), "--output", f"s3://{bucket}/ext",
+        "--ledger", str(tmp_path / "other.sqlite3"),  # another machine's
+    ]  # fmt: skip
+
+
+def _drop_manifests(endpoint: str, bucket: str) -> None:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    for item in s3.list_objects_v2(Bucket=bucket, Prefix="ext/manifests/").get("Contents", []):
+        s3.delete_object(Bucket=bucket, Key=item["Key"])
