@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,10 +133,22 @@ def _deployment(args: argparse.Namespace) -> int:
     verb = "replaced" if replaced else "added"
     print(f"{verb} deployment embed-csv/{args.name} in {path}")
     print(
-        f"next: prefect --no-prompt deploy --prefect-file {shlex.quote(str(path))} "
+        f"next: {_prefect_command()} --no-prompt deploy --prefect-file {shlex.quote(str(path))} "
         f"--name {shlex.quote(args.name)}"
     )
     return 0
+
+
+def _prefect_command() -> str:
+    """How to call the ``prefect`` beside this Python: ``prefect`` when the shell finds that
+    one, else its path (``.venv/bin/prefect`` from the project's folder: embedline run as
+    ``.venv/bin/embedline``, the environment not activated)."""
+    beside = Path(sys.executable).with_name("prefect")
+    found = shutil.which("prefect")
+    if not beside.exists() or (found is not None and Path(found).resolve() == beside.resolve()):
+        return "prefect"
+    relative = os.path.relpath(beside)
+    return shlex.quote(relative if not relative.startswith("..") else str(beside))
 
 
 def _name_problem(name: str) -> str | None:

@@ -171,9 +171,25 @@ def test_the_next_command_is_quoted_for_a_shell(
     path = folder / "prefect.yaml"
     assert main(["deployment", "catalogue nightly", "in.csv", "--prefect-file", str(path)]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last == (
-        f"next: prefect --no-prompt deploy --prefect-file '{path}' --name 'catalogue nightly'"
+    assert last.startswith("next: ") and last.endswith(
+        f" --no-prompt deploy --prefect-file '{path}' --name 'catalogue nightly'"
     )
+
+
+def test_the_next_command_names_the_prefect_beside_embedline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as .venv/bin/embedline (not activated), "prefect" is not on the shell's PATH."""
+    import sys
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(Path(sys.executable).parent.parent.parent)  # the venv's parent
+    assert (
+        main(["deployment", "nightly", "in.csv", "--prefect-file", str(tmp_path / "p.yaml")]) == 0
+    )
+    last = capsys.readouterr().out.splitlines()[-1]
+    venv = Path(sys.executable).parent.parent.name
+    assert last.startswith(f"next: {venv}/bin/prefect --no-prompt deploy"), last
 
 
 def test_a_prefect_file_in_a_missing_folder_is_refused_not_created(
