@@ -76,6 +76,7 @@ def format_report(done: Any, *, dry_run: bool) -> str:
         lines.append(
             f"dataset    {entry.label()}: kept {plural(len(entry.kept), 'run')}, "
             f"{verb} {len(entry.deleted)}"
+            + (f" ({len(entry.young)} more once older than --grace)" if entry.young else "")
         )
 
     for kind, items in done.groups().items():

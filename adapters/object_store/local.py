@@ -295,8 +295,11 @@ class LocalDirStore:
         """The filesystem's clock now: the mtime of a probe temp file created (and removed)
         under ``_embedline/``, or the root when that does not exist. A file server (NFS)
         sets mtimes by its own clock, the clock ``list`` reports. When no probe can be
-        written (a read-only output), this host's clock, with a warning.
+        written (a read-only output), this host's clock, with a warning; for a root that does
+        not exist, this host's clock (it holds nothing whose age matters).
         """
+        if not self.root.is_dir():  # nothing stored here (a mistyped path): no ages to judge
+            return time.time()
         scratch = self.root / SCRATCH_PREFIX.rstrip("/")
         where = scratch if scratch.is_dir() else self.root
         probe = where / f".clock.tmp-{os.getpid()}-{secrets.token_hex(8)}"

@@ -166,11 +166,13 @@ def _paid_published(key: str, published: set[str]) -> bool:
 @dataclass(slots=True)
 class DatasetRetention:
     """One dataset's retention: its key fields (column names, model, dimensions; no input
-    text or values), the run keys kept and the run keys whose manifests go."""
+    text or values), the run keys kept, the run keys whose manifests go, and ``young``: those
+    past the retention rules whose manifests are younger than the grace period (kept for now)."""
 
     fields: dict[str, Any]
     kept: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    young: list[str] = field(default_factory=list)
 
     def label(self) -> str:
         """``id_column=id text_column=text model=m dimensions=8`` (fields in key order; a
@@ -253,6 +255,15 @@ def _pin(plan: GcPlan, protected: set[str]) -> None:
         plan.kept_runs += [r for r in pinned if r not in plan.kept_runs]
 
 
+def _defer_young(plan: GcPlan) -> None:
+    """Count a run past the rules whose manifest the grace period keeps (not in
+    ``plan.manifests``) as ``young``, not deleted: the report says what goes now."""
+    going = {info.key for info in plan.manifests}
+    for entry in plan.datasets:
+        entry.young = [r for r in entry.deleted if f"manifests/{r}.json" not in going]
+        entry.deleted = [r for r in entry.deleted if f"manifests/{r}.json" in going]
+
+
 def _referenced(manifests: Iterable[dict[str, Any]]) -> set[str]:
     keys: set[str] = set()
     for manifest in manifests:
@@ -282,7 +293,11 @@ def plan_gc(
     cutoff = now - grace_s
     manifests = list(list_manifests(store))
     kept, datasets = _kept_manifests(manifests, keep_runs, older_than_s, now)
-    keep = _referenced(kept)
+    # a manifest past the rules but within the grace period stays: so do its objects (by the
+    # store's clock, as every age here; an old object only it lists would leave it unreadable)
+    written = {info.key: info.modified for info in store.list("manifests/")}
+    young = [m for m in manifests if written.get(f"manifests/{m['run_key']}.json", now) >= cutoff]
+    keep = _referenced([*kept, *young])
     protected, stale_leases = _live_leases(store, grace_s, now)
     plan = GcPlan(kept_runs=[str(m["run_key"]) for m in kept], datasets=datasets)
     _pin(plan, protected)
@@ -303,6 +318,7 @@ def plan_gc(
                 plan.leased += 1
             else:
                 bucket.append(info)
+    _defer_young(plan)
     listed = list(store.list(SCRATCH_PREFIX))
     if not seen and not listed:  # _embedline/ alone: a first run in progress is an output
         raise InputError(

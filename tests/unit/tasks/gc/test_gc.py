@@ -104,6 +104,29 @@ def _dataset_manifest(store: LocalDirStore, run: str, days_ago: float, **fields:
     _put(store, f"chunks/{run}.parquet", run.encode(), days_ago * DAY)
 
 
+def test_a_run_past_the_rules_but_within_the_grace_keeps_its_objects_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """keep-runs 1 with two runs of today: the older one's manifest stays for the grace
+    period, so an old object only it lists (a delta night's inherited object) must stay too,
+    and the report counts that run as kept for now, not as deleted."""
+    from cli.gc import format_report
+
+    store = LocalDirStore(tmp_path)
+    _put(store, "chunks/old-only-r2.parquet", b"x", 30 * DAY)
+    _put(store, "chunks/new.parquet", b"y", 3600)
+    _manifest(store, "r2", 0.1, ["chunks/old-only-r2.parquet"])
+    _manifest(store, "r3", 0.05, ["chunks/new.parquet"])
+    plan = plan_gc(store, keep_runs=1)
+    assert plan.kept_runs == ["r3"]
+    assert plan.chunks == [] and plan.manifests == []
+    (entry,) = plan.datasets
+    assert (entry.deleted, entry.young) == ([], ["r2"])
+    assert "would delete 0 (1 more once older than --grace)" in format_report(plan, dry_run=True)
+    collect(store, plan, ledger=None, grace_s=24 * 3600)
+    assert (tmp_path / "chunks/old-only-r2.parquet").exists()
+
+
 def test_retention_counts_runs_per_dataset_never_across(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path)
     _dataset_manifest(store, "text1", 30)
@@ -321,15 +344,17 @@ def test_a_lease_renewed_between_gc_listing_and_reading_it_still_protects(tmp_pa
 
 
 def test_a_path_with_no_output_is_refused_and_a_run_in_progress_is_an_output(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The CLI and the gc-output flow both plan with plan_gc: a mistyped output (or S3
-    prefix) is an input error, not "deleted 0 objects"."""
+    prefix) is an input error, not "deleted 0 objects", and the only line said (no
+    warning about the clock of a directory that does not exist before it)."""
     from embedline.errors import InputError
 
     with pytest.raises(InputError, match="holds no embedline output") as info:
-        plan_gc(LocalDirStore(str(tmp_path / "typo")), grace_s=0)
+        plan_gc(LocalDirStore(str(tmp_path / "typo")))
     assert info.value.exit_code == 2
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
     store = LocalDirStore(str(tmp_path / "out"))
     _put(store, f"{LEASE_PREFIX}run.json", b"{}", age_s=0)  # only a first run's lease
     plan = plan_gc(store, grace_s=0)
