@@ -21,6 +21,7 @@ __all__ = [
     "SCHEDULER_TIMEOUT_S",
     "check_cluster_class",
     "check_dask_address",
+    "dask_identity",
     "scheduler_host_port",
 ]
 
@@ -31,17 +32,45 @@ SCHEDULER_TIMEOUT_S = 5.0
 _TCP_SCHEMES = ("tcp", "tls", "ws", "wss")
 
 
+def dask_identity(address: str, timeout_s: float) -> None:
+    """Ask what listens at ``address`` for its Dask identity (the ``identity`` call every
+    Dask server answers), within ``timeout_s`` seconds.
+
+    :raises ValueError: a Dask server that is not a scheduler answered.
+    :raises Exception: whatever the exchange raised (``TimeoutError``: something that is not
+        Dask, an HTTP server say, accepted the connection and never answered).
+    """
+    import asyncio
+
+    from distributed.core import rpc
+
+    async def ask() -> Any:
+        server = rpc(address, timeout=timeout_s)  # type: ignore[no-untyped-call]
+        try:
+            return await asyncio.wait_for(server.identity(), timeout_s)
+        finally:
+            await server.close_rpc()  # type: ignore[no-untyped-call]
+
+    info = asyncio.run(ask())
+    kind = info.get("type") if isinstance(info, dict) else type(info).__name__
+    if kind != "Scheduler":
+        raise ValueError(f"a Dask {kind} answers there, not a scheduler")
+
+
 def check_dask_address(
     address: str,
     api_url: str | None,
     *,
     connect: Callable[..., Any] = socket.create_connection,
+    identify: Callable[[str, float], None] = dask_identity,
     timeout_s: float = SCHEDULER_TIMEOUT_S,
 ) -> tuple[str, int] | None:
     """(one-line message, exit code) when the cluster at ``address`` cannot run this run's
     chunks, else None: its address is malformed, no scheduler answers there within
-    ``timeout_s`` seconds, or ``api_url`` (the configured ``PREFECT_API_URL``; None: the
-    CLI's temporary server) is one its workers cannot reach (``prefect_api_problem``)."""
+    ``timeout_s`` seconds (the TCP connect, then Dask's ``identity``: another server on the
+    port hung the run, or failed it with a traceback), or ``api_url`` (the configured
+    ``PREFECT_API_URL``; None: the CLI's temporary server) is one its workers cannot reach
+    (``prefect_api_problem``)."""
     try:
         host, port = scheduler_host_port(address)
     except ValueError as exc:
@@ -58,11 +87,31 @@ def check_dask_address(
     except OSError as exc:
         why = exc.strerror.lower() if exc.strerror else type(exc).__name__
     else:
-        return None
+        refused = _not_a_scheduler(address, identify, timeout_s)
+        if refused is None:
+            return None
+        why = refused
     return (
         f"--dask-address {address}: no Dask scheduler reached ({why}); start it or fix the address",
         EXIT_USAGE,
     )
+
+
+def _not_a_scheduler(
+    address: str, identify: Callable[[str, float], None], timeout_s: float
+) -> str | None:
+    """Why what accepted the connection at ``address`` is not a Dask scheduler, or None."""
+    if not address.strip().startswith(("tcp://", "ws://")) and "://" in address:
+        return None  # tls:// and wss:// need the cluster's security settings to talk
+    try:
+        identify(address, timeout_s)
+    except TimeoutError:
+        return f"something accepted the connection but gave no Dask answer in {timeout_s:g} s"
+    except ValueError as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - any failure to talk Dask is the same answer
+        return f"something answered that is not Dask ({type(exc).__name__})"
+    return None
 
 
 def check_cluster_class(settings: RunSettings, api_url: str | None) -> tuple[str, int] | None:

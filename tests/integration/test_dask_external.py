@@ -132,6 +132,25 @@ def test_an_unreachable_scheduler_is_refused_in_seconds(
     assert "no Dask scheduler reached" in _one_line(result.stderr)
 
 
+def test_an_http_server_at_the_address_is_refused_in_seconds(
+    tmp_path: Path,
+    prefect_api_url: str,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
+) -> None:
+    """A port where something other than a scheduler listens accepted the TCP connect: the
+    run hung (an HTTP server never answers Dask), or failed after a minute with a traceback."""
+    port = fake_openai.base_url.split(":")[-1].split("/")[0]
+    result, took = _run(
+        tmp_path, f"tcp://127.0.0.1:{port}", s3_bucket, env={"AWS_ENDPOINT_URL": moto_endpoint}
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert took < 30
+    line = _one_line(result.stderr)
+    assert "no Dask scheduler reached" in line and "no Dask answer" in line
+
+
 def test_a_worker_without_the_api_key_stops_the_run_naming_it_and_runs_no_profiler(
     tmp_path: Path,
     external_cluster: Cluster,

@@ -110,7 +110,12 @@ def test_a_loopback_prefect_api_is_refused_for_a_remote_scheduler(api_url: str) 
 def test_a_loopback_prefect_api_serves_a_scheduler_on_loopback() -> None:
     """Workers that reach their scheduler on this machine's loopback run on this machine."""
     assert (
-        check_dask_address("tcp://localhost:8786", "http://127.0.0.1:4200/api", connect=_answers)
+        check_dask_address(
+            "tcp://localhost:8786",
+            "http://127.0.0.1:4200/api",
+            connect=_answers,
+            identify=_a_scheduler,
+        )
         is None
     )
 
@@ -122,8 +127,39 @@ def test_a_reachable_scheduler_and_api_pass() -> None:
         seen.append((address, timeout))
         return _Conn()
 
-    assert check_dask_address("tcp://10.0.0.5:8786", REMOTE_API, connect=connect) is None
+    assert (
+        check_dask_address(
+            "tcp://10.0.0.5:8786", REMOTE_API, connect=connect, identify=_a_scheduler
+        )
+        is None
+    )
     assert seen == [(("10.0.0.5", 8786), 5.0)]
+
+
+def _a_scheduler(address: str, timeout_s: float) -> None:
+    """A Dask scheduler's identity: nothing to say."""
+
+
+@pytest.mark.parametrize(
+    ("exc", "why"),
+    [
+        (TimeoutError(), "gave no Dask answer in 5 s"),
+        (ValueError("a Dask Worker answers there, not a scheduler"), "not a scheduler"),
+        (MemoryError("Unable to allocate 3.07 EiB"), "not Dask (MemoryError)"),
+    ],
+)
+def test_a_port_where_something_else_answers_is_exit_2_in_one_line(
+    exc: BaseException, why: str
+) -> None:
+    """An HTTP server on the port hung the run; a stray frame made Dask allocate exabytes."""
+
+    def identify(address: str, timeout_s: float) -> None:
+        raise exc
+
+    message, code = check_dask_address(
+        "tcp://10.0.0.5:8786", REMOTE_API, connect=_answers, identify=identify
+    )
+    assert code == 2 and "no Dask scheduler reached" in message and why in message
 
 
 @pytest.mark.parametrize(
