@@ -64,7 +64,7 @@ from tasks.load.sink_state import (
     load_mode,
     plan_load,
 )
-from tasks.load.task import LoadedChunk, LoadJob, load_chunk, sink_for
+from tasks.load.task import LoadedChunk, LoadJob, load_chunk, release_sink, sink_for
 
 __all__ = ["load_run", "load_stage"]
 
@@ -190,6 +190,7 @@ def load_stage(
         options = _Options(
             max_delete_fraction, allow_failed_rows, keep_versions_s, index, on_stage=on_stage
         )
+        held.callback(release_sink, sink_uri)  # when the stage ends, before the lease goes
         summary = _load_stage(
             output=output, manifest=manifest, sink_uri=sink_uri, ledger=ledger, options=options
         )

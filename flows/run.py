@@ -49,8 +49,10 @@ from flows.dispatch import DispatchResult
 from flows.events import run_payload
 from flows.interrupt_handlers import committing
 from flows.run_outcome import outcome_fields, with_inherited
+from flows.run_stops import NightOfAnotherLength, RunRefused, RunStopped
 from tasks.commit.commit_run import commit_run, ledger_catches_up, missing_objects
 from tasks.commit.manifest import already_complete_fields, change_fields
+from tasks.commit.unwritten import record_unwritten_empties
 from tasks.lease.run_lease import run_lease
 from tasks.plan.delta import delta_night
 from tasks.plan.published import find_published, retries_dead_letters
@@ -61,32 +63,6 @@ __all__ = ["CommittedRun", "NightOfAnotherLength", "Run", "RunRefused", "RunStop
 
 Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
 _NOTHING_SENT = "every chunk was already published: committed without embedding"
-
-
-class RunStopped(Exception):
-    """Raised by a ``Run`` step that ends the run short of its commit; ``summary`` says why
-    (built by ``Run``, and recorded in the ledger if the run was)."""
-
-    def __init__(self, summary: RunSummary) -> None:
-        super().__init__(summary.message)
-        self.summary = summary
-
-
-class NightOfAnotherLength(Exception):
-    """Raised by ``Run.conclude`` of a delta night whose new vectors have another length
-    than those it inherits (``--dimensions`` unset and the server's default changed): the
-    driver opens the run again as a full night (``Run.open(full_night=True)``), which
-    embeds the inherited rows again at the new length; what the delta published stays.
-    ``length``: the night's (the server's, learned this command), ``inherited``: the base's."""
-
-    def __init__(self, length: int, inherited: int) -> None:
-        super().__init__(f"{length} against {inherited}")
-        self.length, self.inherited = length, inherited
-
-
-class RunRefused(RunStopped):
-    """Raised by ``Run.open`` when the run cannot start (invalid input, an unreadable store):
-    nothing is recorded and ``summary`` has no run key."""
 
 
 @dataclass(slots=True)
@@ -167,30 +143,12 @@ class Run:
         try:
             target = resolve_run_target(store, plan, settings)
         except EmbedlineError as exc:
-            release(plan.scratch)
-            summary = cls.refused(
-                exc.exit_code,
-                "fatal",
-                str(exc),
-                output=store.uri,
-                rows_total=plan.rows,
-                chunks_total=len(plan.chunks),
-            )
-            raise RunRefused(summary) from None
+            raise _refusal(plan, store, exc, "fatal") from None
         if target.committed is None and not (target.supersedes or plan.delta or full_night):
             try:
                 plan = delta_night(store, plan, settings, log=log)
             except MassDeleteError as exc:  # known before anything is sent
-                release(plan.scratch)
-                summary = cls.refused(
-                    exc.exit_code,
-                    "delete_refused",
-                    str(exc),
-                    output=store.uri,
-                    rows_total=plan.rows,
-                    chunks_total=len(plan.chunks),
-                )
-                raise RunRefused(summary) from None
+                raise _refusal(plan, store, exc, "delete_refused") from None
         run = cls(settings, store, plan, target, started=started, log=log)
         run.learned_length = learned_length
         if target.supersedes and target.committed is None:
@@ -507,6 +465,8 @@ class Run:
             supersedes=summary.supersedes,
         )
         changes = made.changes
+        if self.ledger is not None:  # a delta night's empty texts: in no chunk
+            record_unwritten_empties(self.ledger, self.plan, self.run_key)
         self.log.info(
             "manifest %s %s", "committed" if made.created else "already committed", made.uri
         )
@@ -583,6 +543,21 @@ class Run:
         if self.ledger is None:
             raise RuntimeError("the run's ledger is not open: call Run.open_ledger() first")
         return self.ledger
+
+
+def _refusal(plan: InputPlan, store: ObjectStore, exc: EmbedlineError, status: str) -> RunRefused:
+    """The refusal of a run planned as ``plan`` that cannot start (``exc``): its scratch
+    directory released, its summary saying ``status``, the error and the plan's totals."""
+    release(plan.scratch)
+    summary = Run.refused(
+        exc.exit_code,
+        status,
+        str(exc),
+        output=store.uri,
+        rows_total=plan.rows,
+        chunks_total=len(plan.chunks),
+    )
+    return RunRefused(summary)
 
 
 def _record_calibration(ledger: Ledger, settings: RunSettings, result: DispatchResult) -> None:

@@ -36,13 +36,34 @@ class ObjectTable(LedgerBase):
         ]
 
     def run_dead_letters(self, run_key: str) -> list[DeadLetter]:
-        """Return the run's dead letters in row order (row numbers are 1-based records)."""
+        """Return the run's dead letters in row order (row numbers are 1-based records): its
+        published chunks' and those it wrote to no chunk (``record_unwritten``)."""
         rows = self._conn.execute(
             """SELECT c.first_row + d.chunk_row AS row_number, d.id, d.reason, d.http_status,
                       d.attempts
                FROM chunks c JOIN dead_letters d ON d.chunk_key = c.chunk_key
                WHERE c.run_key = ? AND c.state = 'published'
+               UNION ALL
+               SELECT d.chunk_row, d.id, d.reason, d.http_status, d.attempts
+               FROM dead_letters d WHERE d.chunk_key = ?
                ORDER BY row_number""",
-            (run_key,),
+            (run_key, _UNWRITTEN + run_key),
         )
         return [DeadLetter(*r) for r in rows]
+
+    def record_unwritten(self, run_key: str, dead: list[DeadLetter]) -> None:
+        """Record dead letters of ``run_key`` that no chunk holds (a delta night's empty
+        texts: docs/nights.md), by row number, in ``dead_letters`` under the pseudo chunk key
+        ``unwritten:{run_key}``; recording them again replaces them."""
+        with self.atomic():
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (_UNWRITTEN + run_key, d.row_number, d.id, d.reason, d.http_status, d.attempts)
+                    for d in dead
+                ],
+            )
+
+
+#: The pseudo chunk key prefix of a run's dead letters that no chunk holds.
+_UNWRITTEN = "unwritten:"

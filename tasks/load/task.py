@@ -25,7 +25,15 @@ from tasks.embed.failures import retry_condition
 from tasks.embed.task import store_for
 from tasks.load.read_run import chunk_table
 
-__all__ = ["LoadJob", "LoadedChunk", "build_index", "load_chunk", "rows_to_load", "sink_for"]
+__all__ = [
+    "LoadJob",
+    "LoadedChunk",
+    "build_index",
+    "load_chunk",
+    "release_sink",
+    "rows_to_load",
+    "sink_for",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,19 @@ def sink_for(uri: str) -> VectorSink:
                 _SINKS.popitem(last=False)
         _SINKS.move_to_end(candidate.identity)
         return sink
+
+
+def release_sink(uri: str) -> None:
+    """Close this process's sink for ``uri`` (``sink_for``) and forget it: a load that
+    ended lets go of its connections, and of a local-mode store's lock (Qdrant's
+    ``qdrant+local://`` directory admits one client: a served deployment's process, which
+    outlives its loads, kept every other process out of it). The next ``sink_for`` opens a
+    new one."""
+    identity = open_sink(uri).identity
+    with _SINKS_LOCK:
+        sink = _SINKS.pop(identity, None)
+    if sink is not None:
+        sink.close()
 
 
 def rows_to_load(table: pa.Table, upsert_ids: frozenset[str] | None) -> pa.Table:

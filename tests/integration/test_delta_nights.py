@@ -135,6 +135,10 @@ def test_a_chain_of_delta_nights_writes_only_changes_and_reads_back_exactly(
     charged, second = nights.run(rows2)
     assert charged == 6, "only the edited and new texts are sent"
     nights.check(second, rows2)
+    # the emptied text is in no chunk of a delta night: still the run's dead letter
+    listed = run_cli("dead-letters", second["run_key"], "--ledger", "ledger.sqlite3", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert listed.stdout.splitlines() == [f"{rows[emptied][0]}\tempty_text\t"]
     nights.load(second, rows2)
     assert nights.changes(second) == {
         "added": ["pkg-new-a", "pkg-new-b"],

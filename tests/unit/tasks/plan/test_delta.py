@@ -16,7 +16,7 @@ from adapters.csv_source import plan_csv
 from adapters.object_store import open_store
 from adapters.scratch import Scratch
 from embedline.keys import rows_sha256, text_sha256
-from tasks.plan import delta
+from tasks.plan import delta, delta_lookup
 
 
 def _base(out: Path, rows: list[tuple[str, str]], per_object: int) -> dict[str, object]:
@@ -65,7 +65,7 @@ def _night(tmp: Path, rows: list[tuple[str, str]]) -> object:
 def test_each_row_is_classified_once_joined_whole_or_by_partition(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partition_rows: int
 ) -> None:
-    monkeypatch.setattr(delta, "_PARTITION_ROWS", partition_rows)
+    monkeypatch.setattr(delta_lookup, "_PARTITION_ROWS", partition_rows)
     old = [(f"id{i}", f"text {i}") for i in range(60)]
     base = _base(tmp_path / "out", old, per_object=10)
     rng = random.Random(4)
@@ -78,7 +78,7 @@ def test_each_row_is_classified_once_joined_whole_or_by_partition(
     new = [r for r in new if r[0] not in gone] + [("fresh", "a new text")]
     plan = _night(tmp_path, new)
     with Scratch.create(tmp_path) as scratch:
-        found = delta._look_up(open_store(str(tmp_path / "out")), plan, base, scratch)
+        found = delta_lookup.look_up(open_store(str(tmp_path / "out")), plan, base, scratch)
     dropped_before = "id10"  # entry 1 dropped it already: neither live nor written now
     counts = found.counts
     changed = {new_id for new_id, _ in (old[i] for i in edited)} - gone - {"id30", dropped_before}
@@ -99,8 +99,8 @@ def test_an_id_a_previous_delta_rewrote_is_looked_up_in_its_live_object_only(
     """The base holds id3 twice, dropped from its first object and live in a later delta
     object (as a delta night leaves it), and the input moves rows between planned chunks:
     each id is compared once, with its live row, whatever its partition or chunk."""
-    monkeypatch.setattr(delta, "_PARTITION_ROWS", partition_rows)
-    monkeypatch.setattr(delta, "_SPILL_ROWS", 5)  # several sorted groups per side
+    monkeypatch.setattr(delta_lookup, "_PARTITION_ROWS", partition_rows)
+    monkeypatch.setattr(delta_lookup, "_SPILL_ROWS", 5)  # several sorted groups per side
     old = [(f"id{i}", f"text {i}") for i in range(40)]
     base = _base(tmp_path / "out", [*old, ("id3", "text 3 again"), ("id40", "text 40")], 10)
     first, later = base["chunks"][0], base["chunks"][4]  # type: ignore[index]
@@ -114,7 +114,7 @@ def test_an_id_a_previous_delta_rewrote_is_looked_up_in_its_live_object_only(
     new[new.index(("id7", "text 7"))] = ("id7", "text 7 edited")
     plan = _night(tmp_path, new)
     with Scratch.create(tmp_path) as scratch:
-        found = delta._look_up(open_store(str(tmp_path / "out")), plan, base, scratch)
+        found = delta_lookup.look_up(open_store(str(tmp_path / "out")), plan, base, scratch)
     assert found.counts["unchanged"] == 40
     assert (found.counts["changed"], found.counts["added"], found.counts["removed"]) == (1, 0, 0)
     assert delta._written_rows(plan, pa.concat_tables(found.written)).column("id").to_pylist() == [
