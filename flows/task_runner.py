@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -105,17 +106,25 @@ def warm_up(
             f"{_worker_wait_s():g} s): start workers with `dask worker {settings.dask_address}`, "
             "then rerun"
         )
-    client.register_plugin(NoProfiler())
-    if settings.rpm is not None or settings.tpm is not None:
-        from tasks.embed.cluster_budget import install_budget, ship_by_value
+    try:
+        client.register_plugin(NoProfiler())
+        if settings.rpm is not None or settings.tpm is not None:
+            from tasks.embed.cluster_budget import install_budget, ship_by_value
 
-        ship_by_value()
-        client.run_on_scheduler(install_budget)
-    needs = worker_needs(settings, dict(os.environ))
-    lacking = {a: m for a, m in client.run(missing_settings, needs).items() if m}
-    if lacking:
-        return _lacking_line(lacking, client)
-    workers = client.run(warm_worker)
+            ship_by_value()
+            client.run_on_scheduler(install_budget)
+        needs = worker_needs(settings, dict(os.environ))
+        lacking = {a: m for a, m in client.run(missing_settings, needs).items() if m}
+        if lacking:
+            return _lacking_line(lacking, client)
+        workers = client.run(warm_worker)
+    except Exception as exc:
+        if "No module named" not in str(exc):
+            raise
+        return (
+            f"a Dask worker cannot load embedline's code ({_first_line(exc)}): install the "
+            "same embedline on every worker (docs/guide/cluster.md), then rerun"
+        )
     logger.info(
         "task runner ready: dask, %d workers, in %.1f s (cluster start and warm-up)",
         len(workers),
@@ -134,6 +143,13 @@ def in_flight(runner: Any, settings: RunSettings, window: int) -> int:
         return window
     threads: dict[str, int] = runner.client.nthreads()  # worker address -> its threads
     return sum(threads.values()) or window  # no worker yet (an adaptive cluster): ``window``
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error's own words, one line: Dask wraps a worker's as ``Exception("Error(...)")``."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    wrapped = re.fullmatch(r"\w+\((['\"])(.*)\1\)", text)
+    return wrapped.group(2).replace("\\'", "'") if wrapped else text
 
 
 def has_workers(runner: Any) -> bool:

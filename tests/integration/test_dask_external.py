@@ -228,3 +228,28 @@ def _drop_manifests(endpoint: str, bucket: str) -> None:
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     for item in s3.list_objects_v2(Bucket=bucket, Prefix="ext/manifests/").get("Contents", []):
         s3.delete_object(Bucket=bucket, Key=item["Key"])
+
+
+def test_a_worker_without_embedline_stops_the_run_in_one_line(
+    tmp_path: Path,
+    prefect_api_url: str,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
+) -> None:
+    """A worker whose Python lacks embedline failed the run with a traceback at warm-up (or
+    hung it: the worker stays registered once its plugin fails)."""
+    env = {k: v for k, v in os.environ.items() if k not in _KEYS}
+    blocker = REPO / "tests" / "support" / "no_embedline"
+    env.update(PYTHONPATH=str(blocker), AWS_ENDPOINT_URL=moto_endpoint)
+    with dask_cluster.external_cluster(tmp_path / "bare", env, [("--nthreads", "1")]) as bare:
+        args = ("--embedder", "openai", "--base-url", fake_openai.base_url)
+        result, took = _run(
+            tmp_path, bare.address, s3_bucket, *args, env={"AWS_ENDPOINT_URL": moto_endpoint}
+        )
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and took < 90
+    named = [x for x in result.stderr.splitlines() if x.startswith("embedline: error:")]
+    assert len(named) == 1, result.stderr[-3000:]
+    assert "cannot load embedline's code (No module named" in named[0]
+    assert fake_openai.answered == 0
