@@ -144,7 +144,10 @@ class Run:
             target = resolve_run_target(store, plan, settings)
         except EmbedlineError as exc:
             raise _refusal(plan, store, exc, "fatal") from None
-        if target.committed is None and not (target.supersedes or plan.delta or full_night):
+        # a generation retrying dead letters or compacting writes whole objects; one that
+        # commits an earlier night's input again is a delta of the night before, as any night
+        whole = bool(target.supersedes) and target.reason != "overtaken"
+        if target.committed is None and not (whole or plan.delta or full_night):
             try:
                 plan = delta_night(store, plan, settings, log=log)
             except MassDeleteError as exc:  # known before anything is sent
@@ -214,7 +217,10 @@ class Run:
             self.log.info(
                 "the ledger now records run %s as complete, as the store does", self.run_key
             )
-        return self.summary(**already_complete_fields(manifest), manifest_uri=uri)
+        fields = already_complete_fields(manifest)
+        if self.settings.compact:  # asked for, and not needed (tasks/plan/target.py)
+            fields["message"] += " (--compact: its objects hold no dropped rows)"
+        return self.summary(**fields, manifest_uri=uri)
 
     # ── record ───────────────────────────────────────────────────────────────────────────
     def hard_stop_hook(self) -> Callable[[], None]:

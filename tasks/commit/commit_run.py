@@ -124,7 +124,14 @@ def commit_run(
     """
     if plan.delta is not None:
         return _commit_delta(
-            store, settings=settings, plan=plan, run_key=run_key, done=done, rows_failed=rows_failed
+            store,
+            settings=settings,
+            plan=plan,
+            run_key=run_key,
+            done=done,
+            rows_failed=rows_failed,
+            generation=generation,
+            supersedes=supersedes,
         )
     dims = _dimensions(settings, store, done)
     chunks = [
@@ -196,6 +203,8 @@ def _commit_delta(
     run_key: str,
     done: dict[int, ChunkOutcome],
     rows_failed: int,
+    generation: int = 0,
+    supersedes: str | None = None,
 ) -> CommitResult:
     """``commit_run`` of a delta night (``plan.delta``, docs/design.md, "Delta nights"):
     the manifest lists the night's chunk objects, then the base's entries it inherits
@@ -230,6 +239,8 @@ def _commit_delta(
         rows_failed=rows_failed,
         dead_letters=dead,
         request_settings=settings.request_fingerprint,
+        generation=generation,
+        supersedes=supersedes,
     )
     check_delete_share(
         delta.removed,

@@ -87,7 +87,7 @@ def delta_base(store: ObjectStore, plan: InputPlan, settings: RunSettings) -> di
         model=settings.effective_model,
         dimensions=settings.dimensions,
     )
-    if base is None or base.get("generation") or base.get("supersedes"):
+    if base is None:
         return None
     template = base.get("text_template") or f"{{{source.text_column}}}"
     wanted = source.text_template or f"{{{source.text_column}}}"

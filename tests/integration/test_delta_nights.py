@@ -170,6 +170,8 @@ def test_a_chain_of_delta_nights_writes_only_changes_and_reads_back_exactly(
     nights.check(again, rows3)
     _, still = nights.run(rows3, "--compact")
     assert still["run_key"] == again["run_key"], "compacted: the same, committed run"
+    said = run_cli(*nights.args(rows3, "--compact"), cwd=tmp_path).stdout
+    assert "nothing to do (--compact: its objects hold no dropped rows)" in said
     rows4 = [*rows3, ("pkg-new-c", "one more package", "s1")]
     charged, fourth = nights.run(rows4, "--compact")
     assert charged == 1
@@ -199,6 +201,7 @@ def test_an_earlier_nights_input_run_again_becomes_the_latest_run_exactly(
     charged, again_a = nights.run(rows_a)
     assert charged == 0
     assert (again_a["generation"], again_a["supersedes"]) == (1, night_a["run_key"])
+    assert any(e.get("drop_ids") for e in again_a["chunks"]), "a delta of night b"
     nights.check(again_a, rows_a)
     nights.load(again_a, rows_a)
     latest = read_embeddings(str(nights.out))  # the default run: the latest committed
@@ -227,6 +230,17 @@ def test_an_earlier_nights_input_run_again_becomes_the_latest_run_exactly(
     nights.check(again_b, rows_b)
     nights.load(again_b, rows_b)
     assert sorted(read_embeddings(str(nights.out))["id"]) == sorted(b_ids)
+    # the night after a generation is a delta of it: a cut-short export is refused before
+    # anything is sent, its dry run too
+    fake_openai.reset()
+    short = [(r[0], r[1] + " (cut)", r[2]) for r in rows_b[:20]]
+    for extra in (["--dry-run"], []):
+        result = run_cli(*nights.args(short), *extra, cwd=tmp_path)
+        assert result.returncode == 2 and "would delete" in result.stdout + result.stderr
+    assert fake_openai.counters()["inputs"] == 0
+    charged, night_c = nights.run(rows_b[:-1])
+    assert charged == 0 and any(e.get("drop_ids") for e in night_c["chunks"])
+    nights.check(night_c, rows_b[:-1])
 
 
 def test_a_cut_short_export_is_refused_before_anything_is_sent_dry_run_or_not(
