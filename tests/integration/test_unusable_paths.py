@@ -100,7 +100,9 @@ def test_an_unusable_prefect_home_stops_only_a_run_that_needs_the_temporary_serv
     assert code == 0, err  # no flow needed: the server is never started
     assert "status     complete" in out
     assert "Traceback" not in err, err
-    (tmp_path / "new.csv").write_text("id,text\n3,gamma\n", encoding="utf-8")
+    # a new text to send (the rows before kept: a night that removes most rows is refused
+    # before it needs anything, by the mass-delete guard)
+    (tmp_path / "new.csv").write_text("id,text\n1,alpha\n2,beta\n3,gamma\n", encoding="utf-8")
     sent = fake_openai.counters()["inputs"]
     code, _, err = _run(tmp_path, fake_openai, "new.csv", "ledger.sqlite3", unusable)
     assert code == 2, err
