@@ -295,7 +295,8 @@ def plan_gc(
     kept, datasets = _kept_manifests(manifests, keep_runs, older_than_s, now)
     # a manifest past the rules but within the grace period stays: so do its objects (by the
     # store's clock, as every age here; an old object only it lists would leave it unreadable)
-    written = {info.key: info.modified for info in store.list("manifests/")}
+    manifest_objects = list(store.list("manifests/"))  # listed once: ages here, plan below
+    written = {info.key: info.modified for info in manifest_objects}
     young = [m for m in manifests if written.get(f"manifests/{m['run_key']}.json", now) >= cutoff]
     keep = _referenced([*kept, *young])
     protected, stale_leases = _live_leases(store, grace_s, now)
@@ -303,12 +304,12 @@ def plan_gc(
     _pin(plan, protected)
     published: set[str] = set()
     seen = 0  # objects under manifests/, chunks/ and changes/
-    for prefix, bucket in (
-        ("manifests/", plan.manifests),
-        ("chunks/", plan.chunks),
-        ("changes/", plan.changes),
+    for prefix, bucket, infos in (
+        ("manifests/", plan.manifests, manifest_objects),
+        ("chunks/", plan.chunks, store.list("chunks/")),
+        ("changes/", plan.changes, store.list("changes/")),
     ):
-        for info in store.list(prefix):
+        for info in infos:
             seen += 1
             if prefix == "chunks/":
                 published.add(chunk_name(info.key))

@@ -39,8 +39,7 @@ def external_cluster(
     settings of the moto server but no API key, Dask's default settings otherwise (its
     profiler on)."""
     home = tmp_path_factory.mktemp("dask-external")
-    env = {k: v for k, v in os.environ.items() if k not in _KEYS}
-    env.update(PYTHONPATH=str(REPO), AWS_ENDPOINT_URL=moto_endpoint)
+    env = _worker_env(str(REPO), moto_endpoint)
     env.pop("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", None)
     worker = ["--name", "w-nokey", "--nthreads", "2", "--nworkers", "1"]
     with dask_cluster.external_cluster(home, env, [[*worker, "--local-directory", str(home)]]) as c:
@@ -89,6 +88,19 @@ def _run(
         timeout=240,
     )
     return result, time.monotonic() - started
+
+
+def _worker_env(pythonpath: str, moto_endpoint: str) -> dict[str, str]:
+    """A worker's environment: this one without an API key, ``PYTHONPATH`` and the S3
+    endpoint of the moto server."""
+    env = {k: v for k, v in os.environ.items() if k not in _KEYS}
+    env.update(PYTHONPATH=pythonpath, AWS_ENDPOINT_URL=moto_endpoint)
+    return env
+
+
+def _error_lines(stderr: str) -> list[str]:
+    """The ``embedline: error:`` lines of a command's standard error."""
+    return [x for x in stderr.splitlines() if x.startswith("embedline: error:")]
 
 
 def _one_line(stderr: str) -> str:
@@ -172,7 +184,7 @@ def test_a_worker_without_the_api_key_stops_the_run_naming_it_and_runs_no_profil
     )
     assert result.returncode == 3, result.stderr[-3000:]  # a setting to fix (failures guide)
     assert "Traceback" not in result.stderr
-    named = [x for x in result.stderr.splitlines() if x.startswith("embedline: error:")]
+    named = _error_lines(result.stderr)
     assert len(named) == 1, result.stderr[-3000:]
     assert "w-nokey" in named[0] and "EMBEDLINE_API_KEY" in named[0]
     assert "sk-flow-only" not in result.stderr
@@ -191,15 +203,14 @@ def test_a_scheduler_without_workers_stops_the_run_in_one_line_after_its_wait(
     with every chunk published waited for a worker to show its cached task runs). Now it
     waits for a first worker (``EMBEDLINE_DASK_WORKER_WAIT_S``), then stops in one line,
     exit 3; with nothing left to embed it commits without one."""
-    env = {k: v for k, v in os.environ.items() if k not in _KEYS}
-    env.update(PYTHONPATH=str(REPO), AWS_ENDPOINT_URL=moto_endpoint)
+    env = _worker_env(str(REPO), moto_endpoint)
     with dask_cluster.external_cluster(tmp_path / "empty", env, []) as empty:
         args = ("--embedder", "openai", "--base-url", fake_openai.base_url)
         wait = {"AWS_ENDPOINT_URL": moto_endpoint, "EMBEDLINE_DASK_WORKER_WAIT_S": "2"}
         result, took = _run(tmp_path, empty.address, s3_bucket, *args, env=wait)
         assert result.returncode == 3, result.stderr[-3000:]
         assert "Traceback" not in result.stderr and took < 60
-        named = [x for x in result.stderr.splitlines() if x.startswith("embedline: error:")]
+        named = _error_lines(result.stderr)
         assert len(named) == 1 and "has no workers (waited 2 s)" in named[0], result.stderr
         assert fake_openai.answered == 0
         # every chunk published, the manifest not (a run killed at its commit): nothing to
@@ -239,9 +250,7 @@ def test_a_worker_without_embedline_stops_the_run_in_one_line(
 ) -> None:
     """A worker whose Python lacks embedline failed the run with a traceback at warm-up (or
     hung it: the worker stays registered once its plugin fails)."""
-    env = {k: v for k, v in os.environ.items() if k not in _KEYS}
-    blocker = REPO / "tests" / "support" / "no_embedline"
-    env.update(PYTHONPATH=str(blocker), AWS_ENDPOINT_URL=moto_endpoint)
+    env = _worker_env(str(REPO / "tests" / "support" / "no_embedline"), moto_endpoint)
     with dask_cluster.external_cluster(tmp_path / "bare", env, [("--nthreads", "1")]) as bare:
         args = ("--embedder", "openai", "--base-url", fake_openai.base_url)
         result, took = _run(
@@ -249,7 +258,7 @@ def test_a_worker_without_embedline_stops_the_run_in_one_line(
         )
     assert result.returncode == 3, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and took < 90
-    named = [x for x in result.stderr.splitlines() if x.startswith("embedline: error:")]
+    named = _error_lines(result.stderr)
     assert len(named) == 1, result.stderr[-3000:]
     assert "cannot load embedline's code (No module named" in named[0]
     assert fake_openai.answered == 0

@@ -115,7 +115,6 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
     import time
 
     from prefect import flow
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
     from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
 
     from flows.artifacts import ProgressArtifact
@@ -130,22 +129,15 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
             return 500, b'{"detail": "database is locked"}'
         return None
 
-    def posted(client: Any, artifact_id: Any) -> Any:
-        # by id: the server's default page holds 200 artifacts, and the session's
-        # server has more than that once other tests ran on it
-        only = ArtifactFilter(id=ArtifactFilterId(any_=[artifact_id]))
-        (artifact,) = client.read_artifacts(artifact_filter=only)
-        return artifact.data
-
     @flow
     def progress_flow() -> Any:
         artifact = ProgressArtifact(description="test", min_interval_s=60.0)
         artifact.update(1, 4)
         with get_client(sync_client=True) as client:
             deadline = time.monotonic() + 30
-            while posted(client, artifact._id) != 25.0 and time.monotonic() < deadline:
+            while _posted(client, artifact._id) != 25.0 and time.monotonic() < deadline:
                 time.sleep(0.05)  # the poster is now in its 60 s pause
-            assert posted(client, artifact._id) == 25.0
+            assert _posted(client, artifact._id) == 25.0
         armed.set()
         artifact.update(4, 4)
         # well under the 60 s pause (the point), above what two posts to the busy shared
@@ -160,7 +152,7 @@ def test_progress_artifact_close_posts_the_last_value_without_waiting_out_the_in
             artifact_id = progress_flow()
     direct = temporary_settings(updates={PREFECT_API_URL: prefect_api_url})
     with direct, get_client(sync_client=True) as client:
-        assert posted(client, artifact_id) == 100.0
+        assert _posted(client, artifact_id) == 100.0
     assert len(failures) == failed_posts  # the burst happened, and was outlasted
 
 
@@ -175,7 +167,6 @@ def test_a_value_shown_while_a_post_is_in_flight_is_posted_by_close(
     import time
 
     from prefect import flow
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
     from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
 
     from flows.artifacts import ProgressArtifact
@@ -206,9 +197,18 @@ def test_a_value_shown_while_a_post_is_in_flight_is_posted_by_close(
             artifact_id = progress_flow()
     direct = temporary_settings(updates={PREFECT_API_URL: prefect_api_url})
     with direct, get_client(sync_client=True) as client:
-        only = ArtifactFilter(id=ArtifactFilterId(any_=[artifact_id]))
-        (artifact,) = client.read_artifacts(artifact_filter=only)
-    assert artifact.data == 100.0
+        assert _posted(client, artifact_id) == 100.0
+
+
+def _posted(client: Any, artifact_id: Any) -> Any:
+    """The data of artifact ``artifact_id`` as the server holds it. By id: the server's
+    default page holds 200 artifacts, and the session's server has more than that once other
+    tests ran on it."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
+
+    only = ArtifactFilter(id=ArtifactFilterId(any_=[artifact_id]))
+    (artifact,) = client.read_artifacts(artifact_filter=only)
+    return artifact.data
 
 
 def _progress_artifacts(client: Any, description: str) -> dict[str, Any]:
