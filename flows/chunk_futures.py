@@ -90,7 +90,7 @@ def end_state(future: Any) -> Any:
         return state
     error = WorkerLostError(  # one text for every chunk: the dispatcher logs it once
         f"a chunk task ended without a result ({status}): its Dask worker or the scheduler "
-        "went away; the chunk is not published: rerun the same command to resume"
+        "went away: rerun the same command to resume"
     )
     return ChunkState(StateType.FAILED, error, str(error))
 

@@ -30,6 +30,7 @@ from flows.copied_run import prepare_stage, publish_copied_chunk, take_stage
 from flows.dispatch import Dispatched, Dispatcher, DispatchResult
 from flows.lengths import redo_other_lengths
 from flows.local_chunks import LocalChunks
+from flows.lost_chunks import settle_lost_chunks
 from flows.progress_report import ProgressReport, progress_reporter
 from flows.run import Run, Work
 from flows.session import Session
@@ -189,6 +190,17 @@ def _embed_and_publish(
             "%d chunks had every row copied: published by the flow itself, no "
             "request and no task run",
             copied.submitted,
+        )
+    if settings.task_runner == "dask":  # a lost cluster's workers may still publish
+        result.still_running = settle_lost_chunks(
+            result,
+            plan.chunks,
+            store=store,
+            ledger=ledger,
+            run_key=run.run_key,
+            model=settings.effective_model,
+            wait_s=settings.grace_s,
+            logger=logger,
         )
     stage.index_published(result.published.values())  # the next run reads none of them
     cost = _cost(run)

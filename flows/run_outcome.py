@@ -147,8 +147,16 @@ def _status(
             1, "interrupted", f"{loss.what}; {published} are published and kept: {loss.todo}"
         )
     if result.stop is not None and result.stop.kind == "outage":
+        running = (
+            f"; {result.still_running} more were still running on the cluster's workers when "
+            "this command stopped waiting: the rerun waits for them"
+            if result.still_running
+            else ""
+        )
         return _ended(
-            1, "incomplete", f"stopped: {result.stop.error}; {published} are published and kept"
+            1,
+            "incomplete",
+            f"stopped: {result.stop.error}; {published} are published and kept{running}",
         )
     if result.stop is not None:
         return _ended(

@@ -51,6 +51,7 @@ __all__ = [
     "CHUNK_LEASE_TTL_S",
     "ChunkLease",
     "ChunkLeaseLost",
+    "chunk_lease_held",
     "chunk_lease_prefix",
     "chunk_lease_ttl",
     "take_chunk_lease",
@@ -249,6 +250,21 @@ def take_chunk_lease(
                 _delete(store, lease.key)
                 return None
             return lease.start()
+
+
+def chunk_lease_held(store: ObjectStore, run_key: str, chunk: str) -> bool:
+    """Whether a copy of chunk ``chunk`` holds its lease now: the newest generation of its
+    newest epoch exists and is not free by ``take_chunk_lease``'s rule (its holder not
+    known to be gone, nor silent past its TTL and slack by the store's clock).
+
+    :raises EmbedlineError: the store refused to list.
+    """
+    prefix = chunk_lease_prefix(run_key, chunk)
+    listed = _listed(store, prefix)
+    if not listed:
+        return False
+    (epoch, generation), modified = max(listed.items())
+    return not _free(store, f"{prefix}{_name(epoch, generation)}", modified)
 
 
 def _skew(ttl_s: float) -> float:

@@ -8,16 +8,23 @@ flight, the worker frozen just before.)"""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from embedline import read_embeddings
-from tests.support.dask_cluster import external_cluster, inputs_charged, start_run
+from tests.support.dask_cluster import (
+    external_cluster,
+    inputs_charged,
+    start_run,
+    wait_for_answers,
+)
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO
 
@@ -89,3 +96,62 @@ def test_a_scheduler_killed_mid_run_is_one_line_exit_1_and_a_rerun_finishes(
         assert np.allclose(got[row_id], expected_vector(text), atol=1e-6)
     # texts in requests in flight at the kill may be charged again, nothing else
     assert max(fake_openai.charged_texts().values()) <= 2
+
+
+def test_chunks_a_lost_scheduler_leaves_running_are_waited_for_and_counted(
+    tmp_path: Path,
+    moto_endpoint: str,
+    s3_bucket: str,
+    s3_client: Any,
+    fake_openai: FakeEmbeddingServer,
+) -> None:
+    """The scheduler SIGKILLed, its two workers left alone: they finish the chunks they run
+    and publish them after the flow's futures ended. The command waits for them (their
+    leases in the store), so its line counts every chunk object the store ends with and its
+    summary every input the fake charged; the rerun pays for no text again."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "EMBEDLINE_API_KEY": "sk-test",
+    }
+    rows = [(f"r{i:04d}", f"orphaned text {i}") for i in range(2000)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    output = f"s3://{s3_bucket}/orphans"
+
+    def run(address: str) -> subprocess.Popen[str]:
+        args = ["run", "in.csv", "--output", output, "--ledger", "ledger.sqlite3"]
+        args += ["--embedder", "openai", "--base-url", fake_openai.base_url]
+        args += ["--chunk-size", "100", "--batch-size", "10"]
+        return start_run(tmp_path, env, [*args, "--task-runner", "dask", "--dask-address", address])
+
+    fake_openai.reset()
+    fake_openai.fail_when(lambda payload: {"delay_s": 1.0})
+    two_workers = [ONE_WORKER, ONE_WORKER]
+    with external_cluster(tmp_path / "first", env, two_workers) as cluster:
+        first = run(cluster.address)
+        wait_for_answers(fake_openai, first, 20, "scheduler's kill")
+        os.killpg(cluster.scheduler.pid, signal.SIGKILL)
+        stdout, stderr = first.communicate(timeout=180)
+        for worker in cluster.workers:  # they end once their chunk tasks have
+            worker.wait(timeout=120)
+    time.sleep(1)
+    assert first.returncode == 1, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    found = re.search(r"; (\d+) of 20 chunks are published and kept", last)
+    assert found, last
+    listed = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="orphans/chunks/")
+    objects = len(listed.get("Contents", []))
+    assert objects > 0, "the workers published nothing after the kill: nothing was tested"
+    assert int(found.group(1)) == objects, stderr[-6000:]
+    assert inputs_charged(stdout + stderr) == sum(fake_openai.charged_texts().values())
+
+    fake_openai.fail_when(lambda payload: None)
+    with external_cluster(tmp_path / "second", env, [ONE_WORKER]) as cluster:
+        rerun = run(cluster.address)
+        _, stderr = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, stderr[-3000:]
+    assert f"{objects} of 20 chunks already published" in stderr, stderr[-3000:]
+    assert max(fake_openai.charged_texts().values()) == 1
+    assert len(fake_openai.charged_texts()) == len(rows)

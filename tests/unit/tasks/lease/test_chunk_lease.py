@@ -14,6 +14,7 @@ import pytest
 from adapters.object_store import LocalDirStore
 from tasks.lease.chunk_lease import (
     ChunkLeaseLost,
+    chunk_lease_held,
     chunk_lease_prefix,
     take_chunk_lease,
 )
@@ -35,6 +36,28 @@ def test_the_first_copy_holds_and_releases_its_lease(tmp_path: Path) -> None:
     lease.check()  # within its TTL: goes on
     lease.release()
     assert _keys(store, prefix) == []
+
+
+def test_a_lease_is_held_while_its_holder_renews_it_and_not_once_released_or_gone(
+    tmp_path: Path,
+) -> None:
+    store = LocalDirStore(tmp_path)
+    assert not chunk_lease_held(store, RUN, "c1")  # never taken
+    lease = take_chunk_lease(store, RUN, "c1", published=lambda: False, ttl_s=30)
+    assert lease is not None
+    assert chunk_lease_held(store, RUN, "c1")
+    assert not chunk_lease_held(store, RUN, "c2")
+    lease.release()
+    assert not chunk_lease_held(store, RUN, "c1")
+    holder = (  # a holder that dies without releasing (kill -9)
+        "import os, sys; from adapters.object_store import LocalDirStore; "
+        "from tasks.lease.chunk_lease import take_chunk_lease; "
+        "take_chunk_lease(LocalDirStore(sys.argv[1]), sys.argv[2], 'c1', "
+        "published=lambda: False, ttl_s=300); os._exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", holder, str(tmp_path), RUN], cwd=REPO, timeout=120)
+    assert _keys(store, chunk_lease_prefix(RUN, "c1")) == ["000000.000000.json"]  # left behind
+    assert not chunk_lease_held(store, RUN, "c1")
 
 
 def test_a_second_copy_waits_and_adopts_the_chunk_the_first_published(tmp_path: Path) -> None:
