@@ -41,10 +41,14 @@ _THREADS = 16  # store requests at once (a LIST or a HEAD each)
 
 
 def lost_chunks(result: DispatchResult) -> list[int]:
-    """Indexes of the chunks whose task ended without a result because its worker or the
-    scheduler went away (``WorkerLostError``), in order."""
+    """Indexes of the chunks a lost cluster may still run, in order: once a chunk task ended
+    without a result because its worker or the scheduler went away (``WorkerLostError``),
+    every chunk the flow holds as failed or released (a group task cancelled with its
+    scheduler reads as released, whatever its running chunk then does); none otherwise."""
     lost = f"{WorkerLostError.__name__}:"
-    return sorted(i for i, failure in result.failed.items() if failure.error.startswith(lost))
+    if not any(failure.error.startswith(lost) for failure in result.failed.values()):
+        return []
+    return sorted({*result.failed, *result.released})
 
 
 def settle_lost_chunks(
@@ -62,7 +66,8 @@ def settle_lost_chunks(
 ) -> int:
     """Wait (at most ``wait_s`` seconds, or until a signal stops the run) while a lost chunk
     (``lost_chunks``) of ``chunks`` (the plan's, by index) holds its lease, then move each
-    one published meanwhile from ``result.failed`` to ``result.published`` and the ledger
+    one published meanwhile from ``result.failed`` or ``result.released`` to
+    ``result.published`` and the ledger
     (module docstring). Returns how many chunks were still held when the wait ended.
 
     A store that cannot be read ends the wait and adopts nothing more: the chunks stay
@@ -96,7 +101,8 @@ def settle_lost_chunks(
             rows=outcome.rows,
             dead_letters=outcome.dead_letters,
         )
-        del result.failed[spec.index]
+        result.failed.pop(spec.index, None)
+        result.released.pop(spec.index, None)
         result.published[spec.index] = outcome
     adopted = sum(o is not None for o in outcomes)
     if adopted:

@@ -32,10 +32,11 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from embedline.errors import EmbedlineError
+from embedline.errors import EmbedlineError, StopRequestedError
 from embedline.progress import Usage
 from embedline.protocols import ObjectStore
 from tasks.embed.paid import PAID_PREFIX
+from tasks.lease.chunk_lease import worker_closing
 
 __all__ = ["SpendRecords", "drain_spent", "fenced", "spending", "spent_prefix"]
 
@@ -62,14 +63,30 @@ class SpendRecords:
         self._pending = [0] * _FIELDS
 
     def check(self) -> None:
-        """The lease's fence (``ChunkLease.check``), when there is one."""
+        """The lease's fence (``ChunkLease.check``), when there is one: before the publish."""
         if self._check is not None:
             self._check()
 
-    def sending(self, inputs: int) -> None:
-        """Before a request of ``inputs`` texts: fence (the lease's ``check``), then record
-        it as sent and charged, with what is pending."""
+    def before_request(self) -> None:
+        """Before each request (every attempt): stop once this process is a closing Dask
+        worker (``worker_closing``), then ``check``. Not before the publish: a chunk whose
+        requests are all answered publishes while its worker closes.
+
+        :raises StopRequestedError: the worker is closing: the chunk is released and sends
+            nothing more; its paid requests are kept for the next run.
+        :raises ChunkLeaseLost: as ``ChunkLease.check``.
+        """
+        if worker_closing():
+            raise StopRequestedError(
+                "this Dask worker is closing (its scheduler went away, or it is shut down); "
+                "chunk released for the next run, its paid requests kept"
+            )
         self.check()
+
+    def sending(self, inputs: int) -> None:
+        """Before a request of ``inputs`` texts: fence (``before_request``), then record
+        it as sent and charged, with what is pending."""
+        self.before_request()
         self._add(1, inputs, 0, 0, 0)
         self.flush()
 
@@ -120,7 +137,7 @@ class _FencedClient:
         return getattr(self._client, name)
 
     def embed(self, texts: Sequence[str], **kwargs: Any) -> Any:
-        return self._client.embed(texts, before_send=self._records.check, **kwargs)
+        return self._client.embed(texts, before_send=self._records.before_request, **kwargs)
 
 
 class _SpendingClient(_FencedClient):
@@ -138,7 +155,7 @@ class _SpendingClient(_FencedClient):
 
 
 def fenced(client: Any, records: SpendRecords | None) -> Any:
-    """``client`` calling ``records.check`` (the chunk lease's fence) right before each
+    """``client`` calling ``records.before_request`` (the chunk lease's fence) right before each
     request goes out, every retry included (``EmbeddingClient.embed``'s ``before_send``):
     the check before a spend record is written is not enough, since a request can wait
     long after it (a retry's backoff, a connection that hangs while the network is cut).

@@ -105,24 +105,25 @@ def test_chunks_a_lost_scheduler_leaves_running_are_waited_for_and_counted(
     s3_client: Any,
     fake_openai: FakeEmbeddingServer,
 ) -> None:
-    """The scheduler SIGKILLed, its two workers left alone: they finish the chunks they run
-    and publish them after the flow's futures ended. The command waits for them (their
-    leases in the store), so its line counts every chunk object the store ends with and its
-    summary every input the fake charged; the rerun pays for no text again."""
+    """The scheduler SIGKILLed, its two workers left alone: a chunk whose one request is on
+    the wire publishes after the flow's futures ended (its worker closes, and sends nothing
+    more). The command waits for such chunks (their leases in the store), so its line counts
+    every chunk object the store ends with and its summary every input the fake charged;
+    the rerun pays for no text again."""
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
         "AWS_ENDPOINT_URL": moto_endpoint,
         "EMBEDLINE_API_KEY": "sk-test",
     }
-    rows = [(f"r{i:04d}", f"orphaned text {i}") for i in range(2000)]
+    rows = [(f"r{i:04d}", f"orphaned text {i}") for i in range(400)]
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
     output = f"s3://{s3_bucket}/orphans"
 
     def run(address: str) -> subprocess.Popen[str]:
         args = ["run", "in.csv", "--output", output, "--ledger", "ledger.sqlite3"]
         args += ["--embedder", "openai", "--base-url", fake_openai.base_url]
-        args += ["--chunk-size", "100", "--batch-size", "10"]
+        args += ["--chunk-size", "10", "--batch-size", "10"]  # a chunk is one request
         return start_run(tmp_path, env, [*args, "--task-runner", "dask", "--dask-address", address])
 
     fake_openai.reset()
@@ -130,7 +131,7 @@ def test_chunks_a_lost_scheduler_leaves_running_are_waited_for_and_counted(
     two_workers = [ONE_WORKER, ONE_WORKER]
     with external_cluster(tmp_path / "first", env, two_workers) as cluster:
         first = run(cluster.address)
-        wait_for_answers(fake_openai, first, 20, "scheduler's kill")
+        wait_for_answers(fake_openai, first, 8, "scheduler's kill")
         os.killpg(cluster.scheduler.pid, signal.SIGKILL)
         stdout, stderr = first.communicate(timeout=180)
         for worker in cluster.workers:  # they end once their chunk tasks have
@@ -139,7 +140,7 @@ def test_chunks_a_lost_scheduler_leaves_running_are_waited_for_and_counted(
     assert first.returncode == 1, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
-    found = re.search(r"; (\d+) of 20 chunks are published and kept", last)
+    found = re.search(r"; (\d+) of 40 chunks are published and kept", last)
     assert found, last
     listed = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="orphans/chunks/")
     objects = len(listed.get("Contents", []))
@@ -152,6 +153,57 @@ def test_chunks_a_lost_scheduler_leaves_running_are_waited_for_and_counted(
         rerun = run(cluster.address)
         _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr[-3000:]
-    assert f"{objects} of 20 chunks already published" in stderr, stderr[-3000:]
+    assert f"{objects} of 40 chunks already published" in stderr, stderr[-3000:]
     assert max(fake_openai.charged_texts().values()) == 1
     assert len(fake_openai.charged_texts()) == len(rows)
+
+
+def test_a_worker_closing_on_a_lost_scheduler_stops_its_chunks_and_keeps_what_they_paid(
+    tmp_path: Path,
+    moto_endpoint: str,
+    s3_bucket: str,
+    fake_openai: FakeEmbeddingServer,
+) -> None:
+    """A worker that loses its scheduler closes, and closing waits for its running tasks
+    only so long (Dask: 30 s) before the process exits with whatever request is on the
+    wire. Chunks longer than that (40 requests of 1 s) stop sending once their worker
+    closes: the worker ends within a request or two, and the rerun pays for no text again."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "EMBEDLINE_API_KEY": "sk-test",
+    }
+    rows = [(f"r{i:04d}", f"long chunk text {i}") for i in range(800)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    output = f"s3://{s3_bucket}/closing"
+
+    def run(address: str) -> subprocess.Popen[str]:
+        args = ["run", "in.csv", "--output", output, "--ledger", "ledger.sqlite3"]
+        args += ["--embedder", "openai", "--base-url", fake_openai.base_url]
+        args += ["--chunk-size", "400", "--batch-size", "10", "--grace", "5"]
+        return start_run(tmp_path, env, [*args, "--task-runner", "dask", "--dask-address", address])
+
+    fake_openai.reset()
+    fake_openai.fail_when(lambda payload: {"delay_s": 1.0})
+    with external_cluster(tmp_path / "first", env, [ONE_WORKER]) as cluster:
+        first = run(cluster.address)
+        wait_for_answers(fake_openai, first, 6, "scheduler's kill")
+        os.killpg(cluster.scheduler.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        first.communicate(timeout=180)
+        cluster.workers[0].wait(timeout=120)
+        closed_in = time.monotonic() - killed
+    time.sleep(1.5)  # the fake charges a request in flight after its delay, client or not
+    sent = sum(fake_openai.charged_texts().values())
+    assert sent < len(rows), "the chunks finished before the kill: nothing was tested"
+    assert closed_in < 20, f"the worker took {closed_in:.1f} s to close"
+
+    fake_openai.fail_when(lambda payload: None)
+    with external_cluster(tmp_path / "second", env, [ONE_WORKER]) as cluster:
+        rerun = run(cluster.address)
+        _, stderr = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, stderr[-3000:]
+    charged = fake_openai.charged_texts()
+    assert len(charged) == len(rows)
+    assert max(charged.values()) == 1, sum(charged.values()) - len(rows)
