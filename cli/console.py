@@ -190,10 +190,12 @@ def _api_line(summary: dict[str, Any]) -> str:
     """What the embedder was asked: HTTP requests (those retried: rate limited, a server
     error, a timeout, their texts not charged), the texts charged (answered with vectors;
     in Batch API mode, how many of them batches answered), tokens; an in-process model (no
-    requests) embedded its inputs locally."""
+    requests) embedded its inputs locally; a run committed before embedded nothing."""
     requests, inputs = summary["requests"], summary.get("inputs", 0)
     batch_inputs = int(summary.get("batch_inputs") or 0)
     retried = int(summary.get("requests_retried") or 0)
+    if summary.get("status") == "already_complete" and not requests + inputs:
+        return "embedder   nothing embedded: the run was committed before"  # any embedder
     if requests == 0 and inputs and not batch_inputs:
         return f"model      {plural(inputs, 'input')} embedded in-process (no API requests)"
     return (

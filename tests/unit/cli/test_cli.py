@@ -260,6 +260,8 @@ def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_proc
     print_summary(RunSummary(0, "complete", "", requests=1, inputs=1, tokens=1, **base).to_dict())
     print_summary(RunSummary(0, "complete", "", requests=0, inputs=249, **base).to_dict())
     print_summary(RunSummary(0, "complete", "", requests=0, inputs=0, **base).to_dict())
+    # committed before: nothing was asked of the API or of a local model
+    print_summary(RunSummary(0, "already_complete", "", requests=0, inputs=0, **base).to_dict())
     # Batch API mode: the texts batches answered were sent, not embedded in-process
     print_summary(
         RunSummary(
@@ -275,11 +277,16 @@ def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_proc
             **base,
         ).to_dict()
     )
-    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("api", "model"))]
+    lines = [
+        x
+        for x in capsys.readouterr().out.splitlines()
+        if x.startswith(("api", "model", "embedder"))
+    ]
     assert lines == [
         "api        1 request, 1 input charged, 1 token reported",
         "model      249 inputs embedded in-process (no API requests)",
         "api        0 requests, 0 inputs charged, 0 tokens reported",
+        "embedder   nothing embedded: the run was committed before",
         "api        0 requests, 10 inputs charged (10 of them in Batch API batches), "
         "50 tokens reported",
     ]
