@@ -62,19 +62,29 @@ def check_dask_address(
     api_url: str | None,
     *,
     connect: Callable[..., Any] = socket.create_connection,
+    resolve: Callable[..., Any] = socket.getaddrinfo,
     identify: Callable[[str, float], None] = dask_identity,
     timeout_s: float = SCHEDULER_TIMEOUT_S,
 ) -> tuple[str, int] | None:
     """(one-line message, exit code) when the cluster at ``address`` cannot run this run's
-    chunks, else None: its address is malformed, no scheduler answers there within
-    ``timeout_s`` seconds (the TCP connect, then Dask's ``identity``: another server on the
-    port hung the run, or failed it with a traceback), or ``api_url`` (the configured
+    chunks, else None, the first of: its address is malformed, or names a host that does
+    not resolve (``resolve``: a typo, fixed first); ``api_url`` (the configured
     ``PREFECT_API_URL``; None: the CLI's temporary server) is one its workers cannot reach
-    (``prefect_api_problem``)."""
+    (``prefect_api_problem``); no scheduler answers there within ``timeout_s`` seconds (the
+    TCP connect, then Dask's ``identity``: another server on the port hung the run, or
+    failed it with a traceback)."""
     try:
         host, port = scheduler_host_port(address)
     except ValueError as exc:
         return f"--dask-address {address!r}: {exc}", EXIT_USAGE
+    try:
+        resolve(host, port)
+    except socket.gaierror:  # a typo to fix before anything else is judged
+        return (
+            f"--dask-address {address}: no Dask scheduler reached (host {host!r} not found); "
+            "fix the address",
+            EXIT_USAGE,
+        )
     problem = prefect_api_problem(api_url, scheduler_host=host)
     if problem:
         return f"--dask-address {address}: {problem}", EXIT_USAGE

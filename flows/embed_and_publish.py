@@ -30,12 +30,13 @@ from flows.copied_run import prepare_stage, publish_copied_chunk, take_stage
 from flows.dispatch import Dispatched, Dispatcher, DispatchResult
 from flows.lengths import redo_other_lengths
 from flows.local_chunks import LocalChunks
-from flows.lost_chunks import settle_lost_chunks
+from flows.lost_chunks import SettlingDispatch, settle_lost_chunks
 from flows.progress_report import ProgressReport, progress_reporter
 from flows.run import Run, Work
 from flows.session import Session
 from flows.signals import dispatch_with_graceful_stop
-from flows.task_runner import has_workers, in_flight, task_runner, warm_up
+from flows.task_runner import has_workers, in_flight, task_runner, warm_up, worker_wait_s
+from flows.worker_watch import WorkerWatch
 from tasks.embed.failures import ChunkFailure, status_for
 from tasks.embed.groups import CLUSTER_CHUNKS_PER_RUN, ChunkGroup, chunk_groups
 from tasks.embed.spent import drain_spent
@@ -156,6 +157,18 @@ def _embed_and_publish(
             work.length.answered(result.published.values())
             report(result)
 
+        watch = (  # a cluster by address that lost its last worker mid-run (worker_watch)
+            WorkerWatch(runner.client, settings.dask_address, worker_wait_s(), logger)
+            if settings.task_runner == "dask" and settings.dask_address
+            else None
+        )
+
+        def on_tick(result: DispatchResult) -> None:
+            report(result)
+            gone = watch.gone_for_good() if watch is not None else None
+            if gone is not None:
+                dispatcher.stop(ChunkFailure("outage", gone, expected=True), grace_s=0.0)
+
         dispatcher = Dispatcher(
             ledger=ledger,
             run_key=run.run_key,
@@ -164,7 +177,7 @@ def _embed_and_publish(
             window=window,
             logger=logger,
             on_outcome=on_outcome,
-            on_tick=report,
+            on_tick=on_tick,
             on_gave_up=stage.note_failed,
             grace_s=settings.grace_s,
             group=lambda specs: _groups(specs, stage, settings, window),
@@ -174,7 +187,10 @@ def _embed_and_publish(
             _show_published(runner, plan, work.skipped, store)
         STOP.start_dispatching()  # an API loss from now on: the summary is handed over
         result = dispatch_with_graceful_stop(
-            dispatcher, work.todo, grace_s=settings.grace_s, logger=logger
+            _settling(dispatcher, run) if settings.task_runner == "dask" else dispatcher,
+            work.todo,
+            grace_s=settings.grace_s,
+            logger=logger,
         )
         redo_other_lengths(
             dispatcher,
@@ -191,20 +207,30 @@ def _embed_and_publish(
             "request and no task run",
             copied.submitted,
         )
-    if settings.task_runner == "dask":  # a lost cluster's workers may still publish
-        result.still_running = settle_lost_chunks(
-            result,
-            plan.chunks,
-            store=store,
-            ledger=ledger,
-            run_key=run.run_key,
-            model=settings.effective_model,
-            wait_s=settings.grace_s,
-            logger=logger,
-        )
     stage.index_published(result.published.values())  # the next run reads none of them
     cost = _cost(run)
     return Dispatched(result, cost, staged.batches if staged is not None else 0)
+
+
+def _settling(dispatcher: Dispatcher, run: Run) -> SettlingDispatch:
+    """The dispatch of a run on Dask: a lost cluster's workers may still publish the chunks
+    they ran (``flows.lost_chunks``), waited for under the run's signal handling."""
+    assert run.ledger is not None
+    ledger, logger = run.ledger, get_run_logger()
+
+    def settle(result: DispatchResult) -> int:
+        return settle_lost_chunks(
+            result,
+            run.plan.chunks,
+            store=run.store,
+            ledger=ledger,
+            run_key=run.run_key,
+            model=run.settings.effective_model,
+            wait_s=run.settings.grace_s,
+            logger=logger,
+        )
+
+    return SettlingDispatch(dispatcher, settle)
 
 
 def _cost(run: Run) -> Usage | None:

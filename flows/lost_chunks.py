@@ -35,9 +35,30 @@ from tasks.embed.paid import chunk_name
 from tasks.lease.chunk_lease import POLL_S, chunk_lease_held
 from tasks.publish.chunk_object import adopt_existing
 
-__all__ = ["lost_chunks", "settle_lost_chunks"]
+__all__ = ["SettlingDispatch", "lost_chunks", "settle_lost_chunks"]
 
 _THREADS = 16  # store requests at once (a LIST or a HEAD each)
+
+
+class SettlingDispatch:
+    """``dispatcher`` (a ``flows.signals.Stoppable``: ``flows.dispatch.Dispatcher``), then
+    ``settle(result)`` (``settle_lost_chunks`` bound to the run: how many chunks are still
+    held), as one piece of work under the run's signal handling: a first Ctrl-C or SIGTERM
+    during the wait ends it, and the summary follows as after any stop."""
+
+    def __init__(self, dispatcher: Any, settle: Callable[[DispatchResult], int]) -> None:
+        self.dispatcher = dispatcher
+        self.settle = settle
+
+    def run(self, specs: Sequence[ChunkSpec]) -> DispatchResult:
+        """The dispatcher's ``run``, then the wait for lost chunks; its result."""
+        result: DispatchResult = self.dispatcher.run(specs)
+        result.still_running = self.settle(result)
+        return result
+
+    def stop(self, *args: Any, **kwargs: Any) -> None:
+        """The dispatcher's ``stop``; a signal also ends the wait (``STOP.dispatch``)."""
+        self.dispatcher.stop(*args, **kwargs)
 
 
 def lost_chunks(result: DispatchResult) -> list[int]:

@@ -19,7 +19,7 @@ from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
 from tasks.embed.task import warm_worker
 
-__all__ = ["in_flight", "task_runner", "warm_up"]
+__all__ = ["in_flight", "task_runner", "warm_up", "worker_wait_s"]
 
 #: Dask's level for its ``distributed`` loggers, read from the environment when ``dask`` is
 #: imported, here and in each worker process the nanny spawns (Dask configuration docs:
@@ -103,7 +103,7 @@ def warm_up(
     if settings.dask_address and work_left and not _first_worker(client):
         return (
             f"the Dask scheduler at {settings.dask_address} has no workers (waited "
-            f"{_worker_wait_s():g} s): start workers with `dask worker {settings.dask_address}`, "
+            f"{worker_wait_s():g} s): start workers with `dask worker {settings.dask_address}`, "
             "then rerun"
         )
     try:
@@ -159,19 +159,19 @@ def has_workers(runner: Any) -> bool:
 
 
 def _first_worker(client: Any) -> bool:
-    """Whether the cluster has a worker, waiting up to ``_worker_wait_s()`` for one: every
+    """Whether the cluster has a worker, waiting up to ``worker_wait_s()`` for one: every
     chunk task (and the cached task runs shown for published chunks) would wait for one
     forever, the run saying nothing."""
     if client.scheduler_info().get("workers"):
         return True
     try:
-        client.wait_for_workers(1, timeout=_worker_wait_s())
+        client.wait_for_workers(1, timeout=worker_wait_s())
     except TimeoutError:
         return False
     return True
 
 
-def _worker_wait_s() -> float:
+def worker_wait_s() -> float:
     """``WORKER_WAIT_S``, or ``EMBEDLINE_DASK_WORKER_WAIT_S`` when set to a number > 0."""
     try:
         value = float(os.environ.get("EMBEDLINE_DASK_WORKER_WAIT_S", "") or WORKER_WAIT_S)

@@ -2,9 +2,9 @@
 
 A Dask worker counts in its own process, and a worker that is killed, a scheduler that is
 lost or a copy of a chunk whose result Dask drops (it gave up on its worker) never reports
-what it sent. So on Dask each chunk task writes, before each request, one empty object
-whose name holds what it sent and was answered since its previous record
-(docs/reference/output-layout.md, "Spend records")::
+what it sent. So on Dask each chunk task writes, as each request goes out (its concurrency
+slot held, the rate limiter passed), one empty object whose name holds what it sent and was
+answered since its previous record (docs/reference/output-layout.md, "Spend records")::
 
     _embedline/paid/{run_key}/{chunk_name}.spent/{attempt}.{seq:06d}.{r}_{i}_{t}_{rr}_{ir}
 
@@ -84,9 +84,9 @@ class SpendRecords:
         self.check()
 
     def sending(self, inputs: int) -> None:
-        """Before a request of ``inputs`` texts: fence (``before_request``), then record
-        it as sent and charged, with what is pending."""
-        self.before_request()
+        """A request of ``inputs`` texts goes out now (its first attempt holds its
+        concurrency slot and passed ``before_request``): record it as sent and charged, with
+        what is pending."""
         self._add(1, inputs, 0, 0, 0)
         self.flush()
 
@@ -141,16 +141,31 @@ class _FencedClient:
 
 
 class _SpendingClient(_FencedClient):
-    """A fenced client that also writes a spend record around each ``embed`` call."""
+    """A fenced client that also writes a spend record around each ``embed`` call: the
+    first when its first attempt goes out (``before_send``: it holds its concurrency slot
+    and passed the rate limiter), so a worker killed while a request waits for its slot
+    leaves nothing counted for it; the last when it is answered or fails."""
 
     def embed(self, texts: Sequence[str], **kwargs: Any) -> Any:
-        self._records.sending(len(texts))
+        records, inputs = self._records, len(texts)
+        sent = False
+
+        def before_send() -> None:
+            nonlocal sent
+            records.before_request()
+            if not sent:
+                sent = True
+                records.sending(inputs)
+
         try:
-            result = super().embed(texts, **kwargs)
+            result = self._client.embed(texts, before_send=before_send, **kwargs)
         except BaseException as exc:
-            self._records.failed(exc, len(texts))
+            if sent:
+                records.failed(exc, inputs)
             raise
-        self._records.answered(result, len(texts))
+        if not sent:  # a client that never called before_send: count the request anyway
+            records.sending(inputs)
+        records.answered(result, inputs)
         return result
 
 

@@ -11,22 +11,22 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from embedline import read_embeddings
 from tests.support.dask_cluster import (
+    assert_read_back_exact,
+    cluster_env,
     external_cluster,
     inputs_charged,
     start_run,
     wait_for_answers,
 )
-from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
-from tests.support.fixtures import REPO
+from tests.support.fake_openai import FakeEmbeddingServer
 
 #: The one worker: 2 threads, its nanny in a process group with it.
 ONE_WORKER = ("--nthreads", "2")
@@ -45,12 +45,7 @@ def test_a_scheduler_killed_mid_run_is_one_line_exit_1_and_a_rerun_finishes(
     fake_openai: FakeEmbeddingServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "EMBEDLINE_API_KEY": "sk-test",
-    }
+    env = cluster_env(moto_endpoint)
     rows = [(f"r{i:03d}", f"scheduler text {i}") for i in range(200)]
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
     output = f"s3://{s3_bucket}/lost"
@@ -88,12 +83,7 @@ def test_a_scheduler_killed_mid_run_is_one_line_exit_1_and_a_rerun_finishes(
         rerun = run(cluster.address)
         _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr[-3000:]
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    frame = read_embeddings(output)
-    got = dict(zip(frame["id"], frame["embedding"], strict=True))
-    assert sorted(got) == [a for a, _ in rows]
-    for row_id, text in rows:
-        assert np.allclose(got[row_id], expected_vector(text), atol=1e-6)
+    assert_read_back_exact(output, rows, moto_endpoint, monkeypatch)
     # texts in requests in flight at the kill may be charged again, nothing else
     assert max(fake_openai.charged_texts().values()) <= 2
 
@@ -110,12 +100,7 @@ def test_chunks_a_lost_scheduler_leaves_running_are_waited_for_and_counted(
     more). The command waits for such chunks (their leases in the store), so its line counts
     every chunk object the store ends with and its summary every input the fake charged;
     the rerun pays for no text again."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "EMBEDLINE_API_KEY": "sk-test",
-    }
+    env = cluster_env(moto_endpoint)
     rows = [(f"r{i:04d}", f"orphaned text {i}") for i in range(400)]
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
     output = f"s3://{s3_bucket}/orphans"
@@ -168,12 +153,7 @@ def test_a_worker_closing_on_a_lost_scheduler_stops_its_chunks_and_keeps_what_th
     only so long (Dask: 30 s) before the process exits with whatever request is on the
     wire. Chunks longer than that (40 requests of 1 s) stop sending once their worker
     closes: the worker ends within a request or two, and the rerun pays for no text again."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "EMBEDLINE_API_KEY": "sk-test",
-    }
+    env = cluster_env(moto_endpoint)
     rows = [(f"r{i:04d}", f"long chunk text {i}") for i in range(800)]
     (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
     output = f"s3://{s3_bucket}/closing"
@@ -207,3 +187,52 @@ def test_a_worker_closing_on_a_lost_scheduler_stops_its_chunks_and_keeps_what_th
     charged = fake_openai.charged_texts()
     assert len(charged) == len(rows)
     assert max(charged.values()) == 1, sum(charged.values()) - len(rows)
+
+
+def test_a_signal_while_waiting_for_a_lost_clusters_chunks_ends_with_the_summary(
+    tmp_path: Path,
+    moto_endpoint: str,
+    s3_bucket: str,
+    fake_openai: FakeEmbeddingServer,
+) -> None:
+    """The scheduler killed while its worker is frozen: the command waits up to ``--grace``
+    for the chunks whose leases the worker holds. A Ctrl-C during that wait ends it as a
+    Ctrl-C ends a run (it exited at once, without the summary or the published count)."""
+    env = cluster_env(moto_endpoint)
+    rows = [(f"r{i:03d}", f"waited text {i}") for i in range(200)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    args = ["run", "in.csv", "--output", f"s3://{s3_bucket}/waited", "--ledger", "l.sqlite3"]
+    args += ["--embedder", "openai", "--base-url", fake_openai.base_url, "--grace", "120"]
+    args += ["--chunk-size", "10", "--batch-size", "2", "--task-runner", "dask"]
+    fake_openai.reset()
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.5})
+    with external_cluster(tmp_path / "c", env, [ONE_WORKER]) as cluster:
+        run = start_run(tmp_path, env, [*args, "--dask-address", cluster.address])
+        waiting = threading.Event()
+        err: list[str] = []
+
+        def read() -> None:
+            assert run.stderr is not None
+            for line in run.stderr:
+                err.append(line)
+                if "the cluster went away with" in line:
+                    waiting.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        # chunks of 5 requests on 2 threads: answers 11-12 are the first of chunks 2 and 3,
+        # so both threads are mid-chunk (their leases held) until answer 19
+        wait_for_answers(fake_openai, run, 12, "scheduler's kill")
+        os.killpg(cluster.workers[0].pid, signal.SIGSTOP)  # its chunks' leases stay held
+        os.killpg(cluster.scheduler.pid, signal.SIGKILL)
+        assert waiting.wait(120), "".join(err)[-3000:]
+        run.send_signal(signal.SIGINT)
+        out = run.stdout.read() if run.stdout else ""
+        run.wait(timeout=60)
+        reader.join(10)
+    stderr = "".join(err)
+    assert run.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert re.search(r"^chunks +\d+ published now", out, re.M), out + stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert re.search(r"interrupted by SIGINT: \d+ of 20 chunks published", last), last

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from embedline import read_embeddings
 from tests.support.dask_cluster import (
+    assert_read_back_exact,
+    cluster_env,
     ended_as_documented,
     external_cluster,
     inputs_charged,
@@ -27,8 +27,7 @@ from tests.support.dask_cluster import (
     start_run,
     wait_for_answers,
 )
-from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
-from tests.support.fixtures import REPO
+from tests.support.fake_openai import FakeEmbeddingServer
 
 pytestmark = [
     pytest.mark.integration,
@@ -53,14 +52,11 @@ def _worker_pids(address: str) -> list[int]:
 
 
 def _env(moto_endpoint: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "EMBEDLINE_API_KEY": "sk-test",
-        "EMBEDLINE_CHUNK_LEASE_TTL_S": "4",  # a stalled copy's lease lapses in 4 s + 2 s
-        "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "8s",  # gives up on a silent worker
-    }
+    return cluster_env(
+        moto_endpoint,
+        EMBEDLINE_CHUNK_LEASE_TTL_S="4",  # a stalled copy's lease lapses in 4 s + 2 s
+        DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL="8s",  # gives up on a silent worker
+    )
 
 
 def _start(tmp_path: Path, env: dict[str, str], address: str, base_url: str, output: str) -> Any:
@@ -109,12 +105,7 @@ def _scenario(
         rerun = _start(tmp_path, env, cluster.address, fake.base_url, output)
         out, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, (out + err)[-4000:]
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    frame = read_embeddings(output)
-    got = dict(zip(frame["id"], frame["embedding"], strict=True))
-    assert sorted(got) == [a for a, _ in rows]
-    for row_id, text in rows:
-        assert np.allclose(got[row_id], expected_vector(text), atol=1e-6)
+    assert_read_back_exact(output, rows, moto_endpoint, monkeypatch)
     assert paid_twice_per_chunk(fake, rows, 20) <= 4
     assert max(fake.charged_texts().values()) <= 2
 
@@ -137,3 +128,47 @@ def test_a_worker_paused_past_the_scheduler_timeout_does_not_pay_again_when_woke
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _scenario(tmp_path, moto_endpoint, s3_bucket, fake_openai, monkeypatch, "pause")
+
+
+def test_a_cluster_that_loses_its_last_worker_stops_the_run_in_one_line(
+    tmp_path: Path,
+    moto_endpoint: str,
+    s3_bucket: str,
+    fake_openai: FakeEmbeddingServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its only worker SIGKILLed with its nanny, the scheduler alive: every chunk task run
+    waited for a worker that never came, and the command printed "progress 0 of N" for
+    ever. Now, after the worker wait (5 s here), one line names the scheduler and says to
+    start workers and rerun: exit 1, no traceback; the rerun on a cluster with a worker
+    finishes, every vector exact."""
+    env = {**_env(moto_endpoint), "EMBEDLINE_DASK_WORKER_WAIT_S": "5"}
+    rows = [(f"r{i:03d}", f"last worker text {i}") for i in range(200)]
+    (tmp_path / "in.csv").write_text("id,text\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    output = f"s3://{s3_bucket}/no-workers"
+    args = ["run", "in.csv", "--output", output, "--ledger", "ledger.sqlite3"]
+    args += ["--embedder", "openai", "--base-url", fake_openai.base_url]
+    args += ["--chunk-size", "10", "--batch-size", "5", "--task-runner", "dask"]
+
+    fake_openai.reset()
+    fake_openai.fail_when(lambda payload: {"delay_s": 0.5})
+    with external_cluster(tmp_path / "first", env, [("--nthreads", "2")]) as cluster:
+        run = start_run(tmp_path, env, [*args, "--dask-address", cluster.address])
+        wait_for_answers(fake_openai, run, 4, "worker's kill")
+        os.killpg(cluster.workers[0].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = run.communicate(timeout=120)
+        ended_in = time.monotonic() - killed
+    assert run.returncode == 1, err[-3000:]
+    assert "Traceback" not in out + err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert f"the Dask scheduler at {cluster.address} has had no workers for 5 s" in last, last
+    assert "rerun the same command to resume" in last and "dask worker" in last, last
+    assert ended_in < 60, f"the run ended {ended_in:.0f} s after its last worker"
+
+    fake_openai.fail_when(lambda payload: None)
+    with external_cluster(tmp_path / "second", env, [("--nthreads", "2")]) as cluster:
+        rerun = start_run(tmp_path, env, [*args, "--dask-address", cluster.address])
+        _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err[-3000:]
+    assert_read_back_exact(output, rows, moto_endpoint, monkeypatch)

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.fixtures import REPO
+
 __all__ = [
     "ExternalCluster",
     "dask_process",
@@ -169,3 +171,33 @@ def paid_twice_per_chunk(fake: Any, rows: Sequence[tuple[str, str]], chunk_size:
         if charged[hashlib.sha256(text.encode()).hexdigest()] > 1
     ]
     return max((twice.count(c) for c in set(twice)), default=0)
+
+
+def cluster_env(moto_endpoint: str, **more: str) -> dict[str, str]:
+    """The environment of a test's scheduler, workers and ``embedline`` command: this
+    checkout on the path, S3 at the moto server, the fake's API key; ``more`` on top."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "EMBEDLINE_API_KEY": "sk-test",
+        **more,
+    }
+
+
+def assert_read_back_exact(
+    output: str, rows: Sequence[tuple[str, str]], moto_endpoint: str, monkeypatch: Any
+) -> None:
+    """Every ``(id, text)`` of ``rows`` reads back from run ``output`` (on the moto server)
+    once, with the fake server's vector for its text (``expected_vector``)."""
+    import numpy as np
+
+    from embedline import read_embeddings
+    from tests.support.fake_openai import expected_vector
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    frame = read_embeddings(output)
+    got = dict(zip(frame["id"], frame["embedding"], strict=True))
+    assert sorted(got) == sorted(a for a, _ in rows)
+    for row_id, text in rows:
+        assert np.allclose(got[row_id], expected_vector(text), atol=1e-6), row_id

@@ -4,6 +4,7 @@ line, exit 2. No socket is opened: the connect is injected."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -87,7 +88,9 @@ def test_a_malformed_address_is_exit_2_in_one_line(address: str) -> None:
 
 
 def test_no_prefect_api_url_is_refused_naming_what_to_set() -> None:
-    message, code = check_dask_address("tcp://10.0.0.5:8786", None, connect=_answers)
+    message, code = check_dask_address(
+        "tcp://10.0.0.5:8786", None, connect=_answers, identify=_a_scheduler
+    )
     assert code == 2
     assert "temporary Prefect server" in message
     assert "set PREFECT_API_URL to a Prefect server the cluster's workers can reach" in message
@@ -102,9 +105,24 @@ def test_no_prefect_api_url_is_refused_with_a_scheduler_on_loopback_too() -> Non
     ["http://127.0.0.1:4200/api", "http://localhost:4200/api", "http://[::1]:4200/api"],
 )
 def test_a_loopback_prefect_api_is_refused_for_a_remote_scheduler(api_url: str) -> None:
-    message, code = check_dask_address("tcp://10.0.0.5:8786", api_url, connect=_answers)
+    message, code = check_dask_address(
+        "tcp://10.0.0.5:8786", api_url, connect=_answers, identify=_a_scheduler
+    )
     assert code == 2
     assert "PREFECT_API_URL is on loopback" in message
+
+
+def test_an_unknown_host_is_named_before_the_prefect_api_is_judged() -> None:
+    """It read "PREFECT_API_URL is on loopback": fixed, the address still failed."""
+
+    def unknown(host: str, port: int) -> list[Any]:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    message, code = check_dask_address(
+        "tcp://no-such-host.invalid:8786", "http://127.0.0.1:4200/api", resolve=unknown
+    )
+    assert code == 2
+    assert "host 'no-such-host.invalid' not found" in message, message
 
 
 def test_a_loopback_prefect_api_serves_a_scheduler_on_loopback() -> None:

@@ -1,5 +1,6 @@
-"""Spend records: written before each request, corrected after it, summed and removed by
-the flow; a lease that lapsed to another copy stops the request before it is recorded."""
+"""Spend records: written as each request goes out, corrected after it, summed and removed
+by the flow; a lease that lapsed to another copy stops the request before it is recorded,
+and a request that never went out (waiting for its slot) is not counted."""
 
 from __future__ import annotations
 
@@ -18,12 +19,19 @@ from tasks.lease.chunk_lease import ChunkLeaseLost
 RUN = "b" * 64
 
 
+class _Unsent(Exception):
+    """Raised by ``_Client`` before its request goes out: it waited for its concurrency
+    slot when its process was stopped."""
+
+
 class _Client:
     def __init__(self, answers: list[Any]) -> None:
         self.answers = answers
         self.model = "m"
 
     def embed(self, texts: list[str], **kwargs: Any) -> Any:
+        if not isinstance(self.answers[0], _Unsent):  # as the HTTP client: slot, fence, send
+            kwargs["before_send"]()
         answer = self.answers.pop(0)
         if isinstance(answer, BaseException):
             raise answer
@@ -63,3 +71,15 @@ def test_a_lost_lease_stops_the_request_before_it_is_sent_or_counted(tmp_path: P
     with pytest.raises(ChunkLeaseLost):
         spending(client, SpendRecords(store, RUN, "c1", check=lost)).embed(["a"])
     assert client.answers and drain_spent(store, RUN).requests == 0
+
+
+def test_a_request_that_never_left_its_slot_wait_is_not_counted(tmp_path: Path) -> None:
+    """A worker killed while a request waited for its concurrency slot (one thread per worker
+    does, at ``--nthreads`` = ``--concurrency`` + 1) counted it as sent and charged: the
+    summary said 20 inputs more than the server charged."""
+    store = LocalDirStore(tmp_path)
+    client = spending(_Client([_Unsent("stopped while waiting")]), SpendRecords(store, RUN, "c1"))
+    with pytest.raises(_Unsent):
+        client.embed(["a", "b"])
+    usage = drain_spent(store, RUN)
+    assert (usage.requests, usage.inputs) == (0, 0)
