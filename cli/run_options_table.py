@@ -206,7 +206,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         dest="grace",
         flags=("--grace",),
-        help="seconds in-flight chunks may finish after SIGINT/SIGTERM",
+        help="seconds in-flight chunks may finish after SIGINT/SIGTERM (on Dask, also after the scheduler is lost)",
         default=30.0,
         type="non_negative_float",
     ),

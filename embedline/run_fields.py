@@ -261,7 +261,10 @@ class RunFields(BaseModel):
         default=30.0,
         ge=0,
         allow_inf_nan=False,
-        description="seconds in-flight chunks may finish after SIGINT/SIGTERM",
+        description=(
+            "seconds in-flight chunks may finish after SIGINT/SIGTERM (on Dask, also after "
+            "the scheduler is lost)"
+        ),
     )
     # at most this long a run waits for an earlier live run on its output that may send
     # texts it would copy, then steps aside, exit 75 (tasks/lease/overlap.py)
