@@ -5,8 +5,8 @@ dispatches, a scheduler that loses its last worker (killed, evicted, its machine
 every chunk task run queued for a worker that may never come, and the command printed
 "progress 0 of N" for as long as it was left running. Dask itself waits without a bound: a
 platform that restarts workers (Kubernetes, systemd) brings one back in seconds. So while
-chunks are in flight the flow looks at the scheduler's worker list (the client's cached
-``scheduler_info``, refreshed by Dask every few seconds: no request of its own); once it has
+chunks are in flight the flow looks at the scheduler's worker list (``Client.scheduler_info``:
+one request to the scheduler, at most every ``LOOK_EVERY_S``, from the dispatch loop); once it has
 been empty for the same wait a run gives a first worker (``WORKER_WAIT_S``, or
 ``EMBEDLINE_DASK_WORKER_WAIT_S``), the dispatch stops as after an outage: in-flight chunks
 are released, the line says to start workers and rerun, exit 1. A worker that joins within
