@@ -145,10 +145,9 @@ def _held(store: ObjectStore, run_key: str, specs: Sequence[ChunkSpec]) -> list[
 
 
 def _adopted(store: ObjectStore, spec: ChunkSpec, model: str) -> Any:
-    """The chunk's outcome from its object in the store, or None: not there, or unreadable."""
+    """The chunk's outcome from its object in the store (one GET), or None: not there
+    (``FileNotFoundError``, an ``OSError``), or unreadable."""
     try:
-        if store.head_sha256(spec.object_key) is None:
-            return None
         return adopt_existing(store, spec, model=model)
     except (EmbedlineError, OSError):
         return None
