@@ -7,8 +7,11 @@ during heartbeat." at ERROR with a 40-line ``CommClosedError`` traceback, after 
 one-line message. Records whose exception is the scheduler's connection closing are dropped
 here (``flows.dask_logging``), unless ``--debug``: the CLI reports how the run ended
 itself. Any other worker warning or error (memory, a task's crash) is kept. A worker ignores
-SIGINT (a terminal's Ctrl-C): the CLI stops it. Never import this module elsewhere: it
-changes the importing process.
+SIGINT (a terminal's Ctrl-C): the CLI stops it.
+
+Importing the module changes nothing: Dask calls ``dask_setup(worker)`` once the worker
+starts (the preload protocol), so a process that imports it to read it (a test, a linter)
+keeps its own signal handlers.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import logging
 import os
 import signal
+from typing import Any
 
 from adapters.memory import keep_memory_flat
 from embedline.tracebacks import DEBUG_ENV
@@ -41,6 +45,9 @@ def _install() -> None:
         handler.addFilter(SchedulerGoneFilter())
 
 
-_ignore_terminal_interrupts()
-_install()
-keep_memory_flat()  # the workers' chunk threads fragment malloc arenas like the CLI's
+def dask_setup(worker: Any) -> None:
+    """Dask's preload hook, called in the worker's process as ``worker`` (a
+    ``distributed.Worker``) starts."""
+    _ignore_terminal_interrupts()
+    _install()
+    keep_memory_flat()  # the workers' chunk threads fragment malloc arenas like the CLI's

@@ -10,7 +10,10 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from tests.support.fixtures import fake_openai  # noqa: F401
 from tests.support.moto_server import moto_endpoint, s3_bucket, s3_client  # noqa: F401
@@ -84,3 +87,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_put_back(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves SIGINT or SIGTERM handled otherwise than it found them errors, and
+    the handlers are put back: an ignored SIGINT left in this process is inherited by every
+    CLI a later test starts (which keeps it ignored, as ``nohup`` asks), so a Ctrl-C test run
+    after it failed on which tests an xdist worker happened to run first."""
+    expected = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    left = {s: signal.getsignal(s) for s in expected}
+    for signum, handler in expected.items():
+        signal.signal(signum, handler)
+    changed = [signal.Signals(s).name for s in expected if left[s] is not expected[s]]
+    assert not changed, f"{request.node.nodeid} left {', '.join(changed)} handled otherwise"

@@ -97,10 +97,12 @@ def test_local_cluster_workers_run_without_the_statistical_profiler(tmp_path: Pa
         enabled = runner.client.run(dask.config.get, "distributed.worker.profile.enabled")
         levels = runner.client.run(_distributed_log_level)
         filtered = runner.client.run(_drops_scheduler_gone_tracebacks)
+        ctrl_c = runner.client.run(_sigint_handler)
     assert list(enabled.values()) == [False, False]
     # Dask's INFO chatter ("Closing Nanny …", 34 lines a run) is off in the workers too
     assert list(levels.values()) == [logging.WARNING, logging.WARNING]
     assert list(filtered.values()) == [True, True]  # flows.dask_preload ran in each worker
+    assert list(ctrl_c.values()) == ["SIG_IGN", "SIG_IGN"]  # the CLI stops its workers
 
 
 def test_the_window_follows_the_clusters_threads(tmp_path: Path) -> None:
@@ -137,6 +139,11 @@ def test_the_window_follows_the_clusters_threads(tmp_path: Path) -> None:
 
 def _distributed_log_level() -> int:
     return logging.getLogger("distributed").getEffectiveLevel()
+
+
+def _sigint_handler() -> str:
+    handler = signal.getsignal(signal.SIGINT)
+    return getattr(handler, "name", str(handler))
 
 
 def _drops_scheduler_gone_tracebacks() -> bool:
