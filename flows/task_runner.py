@@ -17,6 +17,7 @@ from embedline.errors import InputError
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
+from flows.worker_watch import cluster_workers
 from tasks.embed.task import warm_worker
 
 __all__ = ["in_flight", "task_runner", "warm_up", "worker_wait_s"]
@@ -155,14 +156,14 @@ def _first_line(exc: BaseException) -> str:
 def has_workers(runner: Any) -> bool:
     """Whether the task runner can run a task now: threads always; Dask with a worker."""
     client = getattr(runner, "client", None)
-    return client is None or bool(client.scheduler_info().get("workers"))
+    return client is None or bool(cluster_workers(client))
 
 
 def _first_worker(client: Any) -> bool:
     """Whether the cluster has a worker, waiting up to ``worker_wait_s()`` for one: every
     chunk task (and the cached task runs shown for published chunks) would wait for one
     forever, the run saying nothing."""
-    if client.scheduler_info().get("workers"):
+    if cluster_workers(client):
         return True
     try:
         client.wait_for_workers(1, timeout=worker_wait_s())
@@ -186,7 +187,7 @@ def _lacking_line(lacking: dict[str, list[str]], client: Any) -> str:
     from flows.dask_workers import INPUT_FILE_NEED
 
     address = sorted(lacking)[0]
-    name = client.scheduler_info().get("workers", {}).get(address, {}).get("name")
+    name = (cluster_workers(client) or {}).get(address, {}).get("name")
     worker = f"{address} ({name})" if name not in (None, "", address) else address
     others = len(lacking) - 1
     more = f" (and {others} other worker{'s' if others > 1 else ''})" if others else ""

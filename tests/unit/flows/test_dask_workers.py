@@ -96,9 +96,16 @@ def test_a_local_input_is_needed_at_its_absolute_path_and_named_when_unreadable(
     gone = INPUT_FILE_NEED + str(tmp_path / "elsewhere.csv")
     assert missing_settings((gone,)) == [gone]
 
-    class _Client:
-        def scheduler_info(self) -> dict[str, Any]:
+    class _Scheduler:
+        @staticmethod
+        def identity(n_workers: int) -> dict[str, Any]:
             return {"workers": {"tcp://10.0.0.9:1": {"name": "w-9"}}}
+
+    class _Client:  # what flows.worker_watch.cluster_workers asks of a distributed.Client
+        status, scheduler = "running", _Scheduler()
+
+        def sync(self, func: Any, *args: Any, callback_timeout: float, **kwargs: Any) -> Any:
+            return func(*args, **kwargs)
 
     line = _lacking_line({"tcp://10.0.0.9:1": [gone]}, _Client())
     assert line.startswith("Dask worker tcp://10.0.0.9:1 (w-9) cannot read the input ")
