@@ -461,9 +461,15 @@ class RunSettings(RunFields):
         for name, (mode, on, _) in MODE_OPTIONS.items():
             if getattr(self, mode) != on:
                 parameters[name] = None
-        if self.dask_address or self.dask_cluster_class:
+        if self.cluster_apart:
             parameters["dask_workers"] = None
         return parameters
+
+    @property
+    def cluster_apart(self) -> bool:
+        """Whether the run's Dask workers were started apart from this process
+        (``--dask-address``, ``--dask-cluster-class``): each has an environment of its own."""
+        return bool(self.dask_address or self.dask_cluster_class)
 
     @property
     def request_fingerprint(self) -> str:

@@ -29,6 +29,7 @@ from adapters.embeddings.endpoint import api_key_from_env
 from adapters.rate_limit import RequestPacer
 from embedline.errors import FatalError
 from embedline.settings import RunSettings
+from tasks.embed.dask_worker import this_worker
 
 __all__ = [
     "HANDLER",
@@ -169,19 +170,8 @@ def cluster_pacer(settings: RunSettings) -> ClusterPacer | None:
     ``--tpm``; None elsewhere (the process's own pacer then holds the limits)."""
     if settings.task_runner != "dask" or (settings.rpm is None and settings.tpm is None):
         return None
-    worker = _this_worker()
+    worker = this_worker()
     if worker is None:
         return None
     name = budget_name(settings, api_key_from_env())
     return ClusterPacer(name, rpm=settings.rpm, tpm=settings.tpm, worker=worker)
-
-
-def _this_worker() -> Any:
-    """The Dask worker of this process, or None (not a worker process)."""
-    from distributed import Worker, get_worker
-
-    try:
-        return get_worker()
-    except ValueError:
-        running = [w for w in list(Worker._instances) if w.status.name == "running"]
-        return running[0] if running else None

@@ -26,6 +26,7 @@ __all__ = [
     "ChunkFailure",
     "FailureKind",
     "group_retry_condition",
+    "name_the_worker",
     "retry_condition",
     "retryable",
     "status_for",
@@ -110,3 +111,14 @@ def stops_group(exc: BaseException) -> bool:
     stopping, or the server asked for a wait above the cap, which its next chunks would get
     too)."""
     return status_for(exc).kind != "failed"
+
+
+def name_the_worker(exc: FatalError, worker: str | None) -> None:
+    """Add ``worker`` (``tasks.embed.dask_worker.worker_label``; None: not on a worker) to the
+    message of ``exc``, raised by a chunk task on a cluster started apart: each worker has
+    its own environment, so a key the API refuses or AWS settings S3 refuses may be that
+    worker's alone, while the shell that started the run has good ones."""
+    if worker is None:
+        return
+    exc.message = f"{exc.message} (the chunk ran on {worker}: check that worker's environment)"
+    exc.args = (exc.message, *exc.args[1:])

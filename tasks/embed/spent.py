@@ -35,8 +35,8 @@ from typing import Any
 from embedline.errors import EmbedlineError, StopRequestedError
 from embedline.progress import Usage
 from embedline.protocols import ObjectStore
+from tasks.embed.dask_worker import worker_closing
 from tasks.embed.paid import PAID_PREFIX
-from tasks.lease.chunk_lease import worker_closing
 
 __all__ = ["SpendRecords", "drain_spent", "fenced", "spending", "spent_prefix"]
 

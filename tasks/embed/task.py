@@ -24,14 +24,21 @@ from adapters.csv_chunks import read_chunk
 from adapters.embeddings import build_batch_client, build_embedder
 from adapters.object_store import open_store
 from embedline import progress
-from embedline.errors import StopRequestedError
+from embedline.errors import FatalError, StopRequestedError
 from embedline.models import ChunkBatches, ChunkOutcome, ChunkSpec, InputSource, ReusePlan, Row
 from embedline.protocols import EmbeddingClient, ObjectStore
 from embedline.settings import RunSettings
 from embedline.shutdown import STOP
 from embedline.tracebacks import CHUNK_TASK_NAME, GROUP_TASK_NAME, quiet_expected_tracebacks
 from tasks.batch.answers import BatchAnswers, batch_answers
-from tasks.embed.failures import group_retry_condition, retry_condition, retryable, stops_group
+from tasks.embed.dask_worker import worker_label
+from tasks.embed.failures import (
+    group_retry_condition,
+    name_the_worker,
+    retry_condition,
+    retryable,
+    stops_group,
+)
 from tasks.embed.groups import ChunkGroup, GroupOutcome
 from tasks.embed.paid import PaidRequests, chunk_name, keep_handed, take_paid
 from tasks.embed.rows import EmbeddedRows, embed_rows, merged
@@ -298,6 +305,25 @@ def run_chunk(
     quiet_expected_tracebacks()  # this process may be a Dask worker
     if not (leased and run_key):
         return _run_chunk(spec, source, settings, reuse, dimensions, run_key, batches, logger)
+    try:
+        return _run_leased(spec, source, settings, reuse, dimensions, run_key, batches, logger)
+    except FatalError as exc:
+        if settings.cluster_apart:
+            name_the_worker(exc, worker_label())
+        raise
+
+
+def _run_leased(
+    spec: ChunkSpec,
+    source: InputSource,
+    settings: RunSettings,
+    reuse: ReusePlan | None,
+    dimensions: int | None,
+    run_key: str,
+    batches: ChunkBatches | None,
+    logger: Any,
+) -> ChunkOutcome:
+    """``run_chunk`` of a chunk on Dask: under its lease, its requests recorded."""
     store = store_for(settings.output)
     chunk = chunk_name(spec.object_key)
     while True:

@@ -55,7 +55,6 @@ __all__ = [
     "chunk_lease_prefix",
     "chunk_lease_ttl",
     "take_chunk_lease",
-    "worker_closing",
 ]
 
 #: How long a chunk lease holds without renewal (seconds); ``EMBEDLINE_CHUNK_LEASE_TTL_S``
@@ -63,8 +62,6 @@ __all__ = [
 CHUNK_LEASE_TTL_S = 60.0
 #: How often a copy waiting for a chunk's lease looks again (seconds).
 POLL_S = 1.0
-#: ``distributed.core.Status`` names of a worker that is going away.
-_CLOSING = frozenset({"closing", "closed", "failed"})
 
 
 class ChunkLeaseLost(EmbedlineError):
@@ -207,20 +204,6 @@ class ChunkLease:
             self._thread.join()
         with self._lock:
             _delete(self.store, self.key)
-
-
-def worker_closing() -> bool:
-    """Whether this runs in a Dask worker that is closing: it lost its scheduler, or is
-    shut down. Closing waits for the tasks it runs only so long (``Worker.close``'s executor
-    timeout, 30 s) before the process exits with whatever request is on the wire: paid, and
-    never kept. A worker retiring gracefully (its scheduler alive) is not closing yet."""
-    try:
-        from distributed import get_worker  # only on a Dask worker; a lazy import
-
-        status = get_worker().status
-    except (ImportError, ValueError):  # not in a worker's task
-        return False
-    return status.name in _CLOSING
 
 
 def take_chunk_lease(

@@ -6,6 +6,7 @@ worker lacks is named at warm-up; the worker's profiler is off before any chunk.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -262,3 +263,39 @@ def test_a_worker_without_embedline_stops_the_run_in_one_line(
     assert len(named) == 1, result.stderr[-3000:]
     assert "cannot load embedline's code (No module named" in named[0]
     assert fake_openai.answered == 0
+
+
+@pytest.mark.parametrize("stale", ["api key", "s3 endpoint"])
+def test_a_setting_refused_on_one_worker_is_named_with_that_worker(
+    tmp_path: Path,
+    stale: str,
+    request: pytest.FixtureRequest,
+    prefect_api_url: str,
+    fake_openai: FakeEmbeddingServer,
+    moto_endpoint: str,
+    s3_bucket: str,
+) -> None:
+    """A worker whose environment holds a stale value the warm-up cannot judge (an API key
+    the API answers 401, another S3 server, without the output's bucket): the stop line said to
+    check EMBEDLINE_API_KEY or the bucket, which in the shell that started the run are
+    right. Now it names the worker the chunk ran on; no key is ever printed."""
+    fake_openai.require_key = "sk-right"
+    env = {**_worker_env(str(REPO), moto_endpoint), "EMBEDLINE_API_KEY": "sk-right"}
+    flow = {"AWS_ENDPOINT_URL": moto_endpoint, "EMBEDLINE_API_KEY": "sk-right"}
+    worker = ("--name", "w-stale", "--nthreads", "1")
+    if stale == "api key":
+        env["EMBEDLINE_API_KEY"], expected = "sk-stale", "check EMBEDLINE_API_KEY"
+    else:  # a server of its own: moto's state is shared by every moto in this process
+        env["AWS_ENDPOINT_URL"] = request.getfixturevalue("ministack_endpoint")
+        expected = "NoSuchBucket"
+    with dask_cluster.external_cluster(tmp_path / "stale", env, [worker]) as cluster:
+        args = ("--embedder", "openai", "--base-url", fake_openai.base_url)
+        result, _ = _run(tmp_path, cluster.address, s3_bucket, *args, env=flow)
+    assert result.returncode == 3, result.stderr[-3000:]  # a setting to fix
+    assert "Traceback" not in result.stderr
+    named = _error_lines(result.stderr)
+    assert len(named) == 1, result.stderr[-3000:]
+    assert expected in named[0], named[0]
+    assert re.search(r"ran on Dask worker tcp://127\.0\.0\.1:\d+ \(w-stale\)", named[0]), named[0]
+    assert "sk-stale" not in result.stderr + result.stdout
+    assert "sk-right" not in result.stderr + result.stdout
