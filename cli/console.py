@@ -187,8 +187,8 @@ def plural(count: int, word: str, words: str | None = None) -> str:
 
 
 def _api_line(summary: dict[str, Any]) -> str:
-    """What the embedder was asked: HTTP requests (those retried: rate limited, a server
-    error, a timeout, their texts not charged), the texts charged (answered with vectors;
+    """What the embedder was asked: HTTP requests (those that got no vectors: rate limited,
+    a server error, a timeout, a refusal such as a 401; their texts not charged), the texts charged (answered with vectors;
     in Batch API mode, how many of them batches answered), tokens; an in-process model (no
     requests) embedded its inputs locally; a run committed before embedded nothing."""
     requests, inputs = summary["requests"], summary.get("inputs", 0)
@@ -201,7 +201,7 @@ def _api_line(summary: dict[str, Any]) -> str:
     return (
         f"api        {plural(requests, 'request')}"
         + (
-            f" ({retried:,} retried: {plural(int(summary.get('inputs_retried') or 0), 'text')}"
+            f" ({retried:,} without vectors: {plural(int(summary.get('inputs_retried') or 0), 'text')}"
             " not charged)"
             if retried
             else ""

@@ -109,8 +109,8 @@ def progress_markdown(
             (
                 "requests",
                 md_text(
-                    f"{usage.requests:,} sent, {usage.requests_retried:,} retried (rate "
-                    "limited, server errors, timeouts: not charged)"
+                    f"{usage.requests:,} sent, {usage.requests_retried:,} without vectors "
+                    "(rate limited, server errors, timeouts, refusals: not charged)"
                 ),
             ),
             (
@@ -392,13 +392,13 @@ def _charged_phrase(summary: RunSummary) -> str:
 
 
 def _requests_phrase(summary: RunSummary) -> str:
-    """``1,204 sent; 18 retried (18,000 texts: rate limited, server errors, timeouts; not
-    charged)``."""
+    """``1,204 sent; 18 without vectors (18,000 texts: rate limited, server errors,
+    timeouts, refusals; not charged)``."""
     return f"{summary.requests:,} sent" + (
-        f"; {summary.requests_retried:,} retried ({summary.inputs_retried:,} texts: rate "
-        "limited, server errors, timeouts; not charged)"
+        f"; {summary.requests_retried:,} without vectors ({summary.inputs_retried:,} texts: "
+        "rate limited, server errors, timeouts, refusals; not charged)"
         if summary.requests_retried
-        else "; none retried"
+        else ("; each answered with vectors" if summary.requests else "")
     )
 
 

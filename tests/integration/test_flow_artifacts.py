@@ -293,8 +293,8 @@ def test_a_cli_run_leaves_progress_with_rows_per_s_eta_and_the_charged_inputs(
     assert f"| requests | {served['requests']} sent, 1 retried" in final, (final, served)
     summary = str(artifacts["embedline-summary"].data)
     assert f"| inputs charged | {served['inputs']:,} texts answered with vectors |" in summary
-    assert "1 retried (20 texts: rate limited" in summary, summary
-    assert "inputs charged" in out and "(1 retried: 20 texts not charged)" in out, out
+    assert "1 without vectors (20 texts: rate limited" in summary, summary
+    assert "inputs charged" in out and "(1 without vectors: 20 texts not charged)" in out, out
     html = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(summary + final)
     assert "<del>" not in html and "<s>" not in html and html.count("<table>") == 2
 

@@ -295,7 +295,7 @@ def test_the_api_line_counts_in_the_singular_and_says_when_the_model_ran_in_proc
     )
     print_summary(retried.to_dict())
     assert capsys.readouterr().out.splitlines()[4] == (
-        "api        904 requests (18 retried: 18,000 texts not charged), 0 inputs charged, "
+        "api        904 requests (18 without vectors: 18,000 texts not charged), 0 inputs charged, "
         "0 tokens reported"
     )
 

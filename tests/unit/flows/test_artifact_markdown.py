@@ -70,7 +70,8 @@ def test_the_progress_table_renders_without_strikethrough() -> None:
         "<td>12,000 of 63,905 (18.8 %)</td>",
         "<td>5,210 (last 60 s)</td>",
         "<td>10 s</td>",
-        "<td>64 sent, 2 retried (rate limited, server errors, timeouts: not charged)</td>",
+        "<td>64 sent, 2 without vectors (rate limited, server errors, timeouts, refusals: not "
+        "charged)</td>",
         "<td>60,581 texts answered with vectors, 3,377,136 tokens reported</td>",
         "<td>2 in_progress (1,200 of 4,000 requests done)</td>",
         "<td>~0 of 10 rows</td>",

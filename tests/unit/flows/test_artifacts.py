@@ -114,7 +114,7 @@ def test_the_run_summary_artifact_counts_texts_batches_answered_as_charged() -> 
         "| inputs charged | 10 texts answered with vectors (10 of them in Batch API batches) |"
         in text
     )
-    assert "| requests | 0 sent; none retried |" in text
+    assert "| requests | 0 sent |" in text
 
 
 def test_the_summary_names_inputs_charged_apart_from_requests_retried() -> None:
@@ -138,8 +138,8 @@ def test_the_summary_names_inputs_charged_apart_from_requests_retried() -> None:
     text = summary_markdown(run)
     assert "| inputs charged | 886,323 texts answered with vectors |" in text
     assert (
-        "| requests | 904 sent; 18 retried (18,000 texts: rate limited, server errors, "
-        "timeouts; not charged) |" in text
+        "| requests | 904 sent; 18 without vectors (18,000 texts: rate limited, server "
+        "errors, timeouts, refusals; not charged) |" in text
     )
     assert "texts sent" not in text
 
