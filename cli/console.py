@@ -188,24 +188,21 @@ def plural(count: int, word: str, words: str | None = None) -> str:
 
 def _api_line(summary: dict[str, Any]) -> str:
     """What the embedder was asked: HTTP requests (those that got no vectors: rate limited,
-    a server error, a timeout, a refusal such as a 401; their texts not charged), the texts charged (answered with vectors;
-    in Batch API mode, how many of them batches answered), tokens; an in-process model (no
-    requests) embedded its inputs locally; a run committed before embedded nothing."""
+    a server error, a timeout, a refusal such as a 401; their texts not charged), the texts
+    charged (answered with vectors; in Batch API mode, how many of them batches answered),
+    tokens; an in-process model (no requests) embedded its inputs locally; a run committed
+    before embedded nothing."""
     requests, inputs = summary["requests"], summary.get("inputs", 0)
     batch_inputs = int(summary.get("batch_inputs") or 0)
-    retried = int(summary.get("requests_retried") or 0)
+    retried = int(summary.get("requests_retried") or 0)  # got no vectors: not charged
+    unpaid = plural(int(summary.get("inputs_retried") or 0), "text")
     if summary.get("status") == "already_complete" and not requests + inputs:
         return "embedder   nothing embedded: the run was committed before"  # any embedder
     if requests == 0 and inputs and not batch_inputs:
         return f"model      {plural(inputs, 'input')} embedded in-process (no API requests)"
     return (
         f"api        {plural(requests, 'request')}"
-        + (
-            f" ({retried:,} without vectors: {plural(int(summary.get('inputs_retried') or 0), 'text')}"
-            " not charged)"
-            if retried
-            else ""
-        )
+        + (f" ({retried:,} without vectors: {unpaid} not charged)" if retried else "")
         + f", {plural(inputs, 'input')} charged"
         + (f" ({batch_inputs:,} of them in Batch API batches)" if batch_inputs else "")
         + f", {plural(summary['tokens'], 'token')} reported"
