@@ -257,13 +257,8 @@ class Dispatcher:
             return
         if state.is_completed():
             outcome: ChunkOutcome = future.result()
-            self.ledger.mark_published(
-                self.run_key,
-                spec,
-                object_uri=self.object_uri(spec),
-                sha256=outcome.object_sha256,
-                rows=outcome.rows,
-                dead_letters=outcome.dead_letters,
+            self.ledger.record_published(
+                self.run_key, spec, outcome, object_uri=self.object_uri(spec)
             )
             self.result.published[spec.index] = outcome
         else:

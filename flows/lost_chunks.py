@@ -114,13 +114,8 @@ def settle_lost_chunks(
     for spec, outcome in zip(lost, outcomes, strict=True):
         if outcome is None:
             continue
-        ledger.mark_published(
-            run_key,
-            spec,
-            object_uri=store.uri_for(outcome.object_key),
-            sha256=outcome.object_sha256,
-            rows=outcome.rows,
-            dead_letters=outcome.dead_letters,
+        ledger.record_published(
+            run_key, spec, outcome, object_uri=store.uri_for(outcome.object_key)
         )
         result.failed.pop(spec.index, None)
         result.released.pop(spec.index, None)

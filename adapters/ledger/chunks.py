@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from adapters.ledger.base import LedgerBase, now_iso
 from adapters.ledger.owners import owner_is_dead
 from adapters.ledger.records import ChunkRecord
-from embedline.models import ChunkSpec, DeadLetter
+from embedline.models import ChunkOutcome, ChunkSpec, DeadLetter
 
 __all__ = ["ChunkTable"]
 
@@ -126,6 +126,21 @@ class ChunkTable(LedgerBase):
                        AND (? IS NULL OR lease_owner IS NULL OR lease_owner = ?)""",
                 (error[:2000], now_iso(), run_key, idx, owner, owner),
             )
+
+    def record_published(
+        self, run_key: str, spec: ChunkSpec, outcome: ChunkOutcome, *, object_uri: str
+    ) -> None:
+        """``mark_published`` from what publishing chunk ``spec`` gave (``outcome``: its task's
+        return, or the adoption of its object found in the store): the object's SHA-256,
+        rows and dead letters; ``object_uri`` is the store's URI of ``outcome.object_key``."""
+        self.mark_published(
+            run_key,
+            spec,
+            object_uri=object_uri,
+            sha256=outcome.object_sha256,
+            rows=outcome.rows,
+            dead_letters=outcome.dead_letters,
+        )
 
     def mark_published(
         self,

@@ -64,13 +64,8 @@ def find_published(
     for spec in plan.chunks:
         adopted = found.get(spec.index)
         if adopted is not None:
-            ledger.mark_published(
-                run_key,
-                spec,
-                object_uri=store.uri_for(adopted.object_key),
-                sha256=adopted.object_sha256,
-                rows=adopted.rows,
-                dead_letters=adopted.dead_letters,
+            ledger.record_published(
+                run_key, spec, adopted, object_uri=store.uri_for(adopted.object_key)
             )
     return found
 

@@ -35,7 +35,7 @@ class _Ledger:
     def release(self, run_key: str, idx: int, **kw: Any) -> None:
         self.events.append(("release", idx))
 
-    def mark_published(self, run_key: str, spec: ChunkSpec, **kw: Any) -> None:
+    def record_published(self, run_key: str, spec: ChunkSpec, *args: Any, **kw: Any) -> None:
         self.events.append(("published", spec.index))
 
     def mark_failed(self, run_key: str, idx: int, **kw: Any) -> None:
