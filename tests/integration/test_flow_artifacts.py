@@ -290,7 +290,7 @@ def test_a_cli_run_leaves_progress_with_rows_per_s_eta_and_the_charged_inputs(
     assert "| rows | 600 of 600 (100.0 %) |" in final and "| ETA | done |" in final
     assert re.search(r"\| rows/s \| [\d,]+ \(last 60 s\) \|", final), final
     served = fake_openai.counters()
-    assert f"| requests | {served['requests']} sent, 1 retried" in final, (final, served)
+    assert f"| requests | {served['requests']} sent, 1 without vectors" in final, (final, served)
     summary = str(artifacts["embedline-summary"].data)
     assert f"| inputs charged | {served['inputs']:,} texts answered with vectors |" in summary
     assert "1 without vectors (20 texts: rate limited" in summary, summary
