@@ -34,8 +34,9 @@ _POLL_S = 0.5  # seconds between checks of held chunks and leases
 @dataclass(slots=True)
 class DispatchResult:
     """Outcomes by chunk index; ``stop`` is the failure that stopped dispatching, if any;
-    ``still_running``: chunks a lost Dask cluster's workers still ran when the flow stopped
-    waiting for them (``flows.lost_chunks``)."""
+    ``workers_lost``: the run stopped because its Dask cluster had no worker left
+    (``flows.worker_watch``); ``still_running``: chunks a lost Dask cluster's workers still
+    ran when the flow stopped waiting for them (``flows.lost_chunks``)."""
 
     published: dict[int, ChunkOutcome] = field(default_factory=dict)
     published_elsewhere: dict[int, ChunkOutcome] = field(default_factory=dict)
@@ -43,6 +44,7 @@ class DispatchResult:
     released: dict[int, ChunkFailure] = field(default_factory=dict)
     not_run: list[int] = field(default_factory=list)
     stop: ChunkFailure | None = None
+    workers_lost: bool = False
     still_running: int = 0  # chunks a lost cluster still ran when the flow stopped waiting
 
 

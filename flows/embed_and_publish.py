@@ -127,6 +127,8 @@ def _embed_and_publish(
         window = in_flight(runner, settings, window)
         if settings.task_runner == "dask":
             logger.info("chunk task runs in flight: at most %d (the cluster's threads)", window)
+        else:  # said too: a deployment run whose parameters left the cluster out shows it
+            logger.info("task runner: threads of this process, at most %d chunks in flight", window)
 
         # a run on Dask: its stop reaches the workers through the store (run_stop)
         stop_key = new_stop_key(run.run_key) if settings.task_runner == "dask" else None
@@ -167,6 +169,7 @@ def _embed_and_publish(
             report(result)
             gone = watch.gone_for_good() if watch is not None else None
             if gone is not None:
+                result.workers_lost = True  # their chunks may be published: lost_chunks
                 dispatcher.stop(ChunkFailure("outage", gone, expected=True), grace_s=0.0)
 
         dispatcher = Dispatcher(

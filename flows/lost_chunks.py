@@ -62,12 +62,17 @@ class SettlingDispatch:
 
 
 def lost_chunks(result: DispatchResult) -> list[int]:
-    """Indexes of the chunks a lost cluster may still run, in order: once a chunk task ended
-    without a result because its worker or the scheduler went away (``WorkerLostError``),
-    every chunk the flow holds as failed or released (a group task cancelled with its
-    scheduler reads as released, whatever its running chunk then does); none otherwise."""
+    """Indexes of the chunks a lost cluster may still run or have published, in order: once
+    a chunk task ended without a result because its worker or the scheduler went away
+    (``WorkerLostError``), or the run stopped because the cluster had no worker left
+    (``result.workers_lost``: a group task whose worker died after publishing some of its
+    chunks never returns them), every chunk the flow holds as failed or released (a group
+    task cancelled with its scheduler reads as released, whatever its running chunk then
+    does); none otherwise."""
     lost = f"{WorkerLostError.__name__}:"
-    if not any(failure.error.startswith(lost) for failure in result.failed.values()):
+    if not result.workers_lost and not any(
+        failure.error.startswith(lost) for failure in result.failed.values()
+    ):
         return []
     return sorted({*result.failed, *result.released})
 

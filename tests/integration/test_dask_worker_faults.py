@@ -10,6 +10,7 @@ processes of their own, as a user's platform starts them."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -134,13 +135,16 @@ def test_a_cluster_that_loses_its_last_worker_stops_the_run_in_one_line(
     tmp_path: Path,
     moto_endpoint: str,
     s3_bucket: str,
+    s3_client: Any,
     fake_openai: FakeEmbeddingServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Its only worker SIGKILLed with its nanny, the scheduler alive: every chunk task run
     waited for a worker that never came, and the command printed "progress 0 of N" for
     ever. Now, after the worker wait (5 s here), one line names the scheduler and says to
-    start workers and rerun: exit 1, no traceback; the rerun on a cluster with a worker
+    start workers and rerun: exit 1, no traceback; its count of chunks published and kept is
+    the store's (it said 0 while the worker had published chunks of a group task that never
+    returned), and so is the summary's charge; the rerun on a cluster with a worker
     finishes, every vector exact."""
     env = {**_env(moto_endpoint), "EMBEDLINE_DASK_WORKER_WAIT_S": "5"}
     rows = [(f"r{i:03d}", f"last worker text {i}") for i in range(200)]
@@ -154,7 +158,7 @@ def test_a_cluster_that_loses_its_last_worker_stops_the_run_in_one_line(
     fake_openai.fail_when(lambda payload: {"delay_s": 0.5})
     with external_cluster(tmp_path / "first", env, [("--nthreads", "2")]) as cluster:
         run = start_run(tmp_path, env, [*args, "--dask-address", cluster.address])
-        wait_for_answers(fake_openai, run, 4, "worker's kill")
+        wait_for_answers(fake_openai, run, 6, "worker's kill")  # 2 chunks of a group
         os.killpg(cluster.workers[0].pid, signal.SIGKILL)
         killed = time.monotonic()
         out, err = run.communicate(timeout=120)
@@ -165,6 +169,13 @@ def test_a_cluster_that_loses_its_last_worker_stops_the_run_in_one_line(
     assert f"the Dask scheduler at {cluster.address} has had no workers for 5 s" in last, last
     assert "rerun the same command to resume" in last and "dask worker" in last, last
     assert ended_in < 60, f"the run ended {ended_in:.0f} s after its last worker"
+    found = re.search(r"; (\d+) of 20 chunks are published and kept", last)
+    assert found, last
+    listed = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="no-workers/chunks/")
+    objects = len(listed.get("Contents", []))
+    assert objects > 0, "the worker published nothing before its kill: nothing was tested"
+    assert int(found.group(1)) == objects, err[-6000:]
+    assert inputs_charged(out + err) == sum(fake_openai.charged_texts().values())
 
     fake_openai.fail_when(lambda payload: None)
     with external_cluster(tmp_path / "second", env, [("--nthreads", "2")]) as cluster:
