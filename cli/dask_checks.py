@@ -1,127 +1,30 @@
 """The checks of ``run --task-runner dask --dask-address ADDRESS`` (or ``--dask-cluster-class
 CLASS``) before Prefect starts: the cluster's workers must reach the run's Prefect API
-(Prefect sends its URL with every task), a scheduler must answer at ADDRESS, and CLASS must
-import here. Each is one line and exit 2, in seconds, instead of
-every chunk failing on the workers with a traceback (or a 30 s wait for the scheduler)."""
+(Prefect sends its URL with every task), a scheduler must answer at ADDRESS
+(``flows.dask_address``, which a deployment's flow run asks too), and CLASS must import
+here. Each is one line and exit 2, in seconds, instead of every chunk failing on the workers
+with a traceback (or a 30 s wait for the scheduler)."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from cli.failures import EXIT_USAGE
 from embedline.reachable import prefect_api_problem
+from flows.dask_address import dask_address_problem
 
 if TYPE_CHECKING:
     from embedline.settings import RunSettings
 
-__all__ = [
-    "SCHEDULER_TIMEOUT_S",
-    "check_cluster_class",
-    "check_dask_address",
-    "dask_identity",
-    "scheduler_host_port",
-]
-
-#: Seconds to wait for the scheduler's TCP connect (a host that drops packets answers never).
-SCHEDULER_TIMEOUT_S = 5.0
-
-#: Address schemes of Dask's TCP-based comms (distributed.comm: tcp, tls, ws, wss).
-_TCP_SCHEMES = ("tcp", "tls", "ws", "wss")
+__all__ = ["check_cluster_class", "check_dask_address"]
 
 
-def dask_identity(address: str, timeout_s: float) -> None:
-    """Ask what listens at ``address`` for its Dask identity (the ``identity`` call every
-    Dask server answers), within ``timeout_s`` seconds.
-
-    :raises ValueError: a Dask server that is not a scheduler answered.
-    :raises Exception: whatever the exchange raised (``TimeoutError``: something that is not
-        Dask, an HTTP server say, accepted the connection and never answered).
-    """
-    import asyncio
-
-    from distributed.core import rpc
-
-    async def ask() -> Any:
-        server = rpc(address, timeout=timeout_s)  # type: ignore[no-untyped-call]
-        try:
-            return await asyncio.wait_for(server.identity(), timeout_s)
-        finally:
-            await server.close_rpc()  # type: ignore[no-untyped-call]
-
-    info = asyncio.run(ask())
-    kind = info.get("type") if isinstance(info, dict) else type(info).__name__
-    if kind != "Scheduler":
-        raise ValueError(f"a Dask {kind} answers there, not a scheduler")
-
-
-def check_dask_address(
-    address: str,
-    api_url: str | None,
-    *,
-    connect: Callable[..., Any] = socket.create_connection,
-    resolve: Callable[..., Any] = socket.getaddrinfo,
-    identify: Callable[[str, float], None] = dask_identity,
-    timeout_s: float = SCHEDULER_TIMEOUT_S,
-) -> tuple[str, int] | None:
-    """(one-line message, exit code) when the cluster at ``address`` cannot run this run's
-    chunks, else None, the first of: its address is malformed, or names a host that does
-    not resolve (``resolve``: a typo, fixed first); ``api_url`` (the configured
-    ``PREFECT_API_URL``; None: the CLI's temporary server) is one its workers cannot reach
-    (``prefect_api_problem``); no scheduler answers there within ``timeout_s`` seconds (the
-    TCP connect, then Dask's ``identity``: another server on the port hung the run, or
-    failed it with a traceback)."""
-    try:
-        host, port = scheduler_host_port(address)
-    except ValueError as exc:
-        return f"--dask-address {address!r}: {exc}", EXIT_USAGE
-    try:
-        resolve(host, port)
-    except socket.gaierror:  # a typo to fix before anything else is judged
-        return (
-            f"--dask-address {address}: no Dask scheduler reached (host {host!r} not found); "
-            "fix the address",
-            EXIT_USAGE,
-        )
-    problem = prefect_api_problem(api_url, scheduler_host=host)
-    if problem:
-        return f"--dask-address {address}: {problem}", EXIT_USAGE
-    try:
-        connect((host, port), timeout=timeout_s).close()
-    except TimeoutError:
-        why = f"no answer in {timeout_s:g} s"
-    except socket.gaierror:
-        why = f"host {host!r} not found"
-    except OSError as exc:
-        why = exc.strerror.lower() if exc.strerror else type(exc).__name__
-    else:
-        refused = _not_a_scheduler(address, identify, timeout_s)
-        if refused is None:
-            return None
-        why = refused
-    return (
-        f"--dask-address {address}: no Dask scheduler reached ({why}); start it or fix the address",
-        EXIT_USAGE,
-    )
-
-
-def _not_a_scheduler(
-    address: str, identify: Callable[[str, float], None], timeout_s: float
-) -> str | None:
-    """Why what accepted the connection at ``address`` is not a Dask scheduler, or None."""
-    if not address.strip().startswith(("tcp://", "ws://")) and "://" in address:
-        return None  # tls:// and wss:// need the cluster's security settings to talk
-    try:
-        identify(address, timeout_s)
-    except TimeoutError:
-        return f"something accepted the connection but gave no Dask answer in {timeout_s:g} s"
-    except ValueError as exc:
-        return str(exc)
-    except Exception as exc:  # noqa: BLE001 - any failure to talk Dask is the same answer
-        return f"something answered that is not Dask ({type(exc).__name__})"
-    return None
+def check_dask_address(address: str, api_url: str | None, **probes: Any) -> tuple[str, int] | None:
+    """(one-line message, exit 2) when the cluster at ``address`` cannot run this run's
+    chunks (``flows.dask_address.dask_address_problem``, ``probes`` its ``connect``,
+    ``resolve``, ``identify`` and ``timeout_s``), else None."""
+    problem = dask_address_problem(address, api_url, **probes)
+    return (problem, EXIT_USAGE) if problem else None
 
 
 def check_cluster_class(settings: RunSettings, api_url: str | None) -> tuple[str, int] | None:
@@ -143,23 +46,3 @@ def check_cluster_class(settings: RunSettings, api_url: str | None) -> tuple[str
     except InputError as exc:
         return str(exc), EXIT_USAGE
     return None
-
-
-def scheduler_host_port(address: str) -> tuple[str, int]:
-    """The host and port of a Dask scheduler address (``tcp://HOST:PORT``, ``tls://…``,
-    ``[::1]:8786``; no scheme is ``tcp``, as Dask reads it).
-
-    :raises ValueError: not such an address (another scheme, no host, no port).
-    """
-    text = address.strip()
-    parts = urlsplit(text if "://" in text else f"tcp://{text}")
-    expected = "expected tcp://HOST:PORT (e.g. tcp://scheduler:8786)"
-    if parts.scheme not in _TCP_SCHEMES:
-        raise ValueError(f"{expected}, or tls://, ws://, wss://")
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise ValueError(expected)
-    return parts.hostname, port

@@ -11,7 +11,10 @@ from urllib.parse import urlsplit
 
 __all__ = ["is_loopback", "prefect_api_problem"]
 
-_SET_API = "set PREFECT_API_URL to a Prefect server the cluster's workers can reach"
+_SET_API = (
+    "set PREFECT_API_URL to a Prefect server the cluster's workers can reach (for a "
+    "deployment's flow run, in the environment of the work pool's worker that runs it)"
+)
 
 
 def prefect_api_problem(api_url: str | None, *, scheduler_host: str) -> str | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import urlsplit
 
 from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
@@ -42,6 +41,7 @@ from embedline.summary import RunSummary
 from embedline.tracebacks import quiet_expected_tracebacks
 from flows import cancellation
 from flows.api_key import export_api_key_from_block
+from flows.dask_address import dask_address_problem
 from flows.run import Run
 from flows.run_stages import run_settings
 
@@ -194,6 +194,8 @@ def _cluster_problem(settings: RunSettings) -> str | None:
       there with ``No module named 'embed_csv'``).
     - The workers report to this flow's Prefect API: on loopback they cannot reach it
       (``embedline.reachable.prefect_api_problem``).
+    - A scheduler by address must answer there (``flows.dask_address``): a wrong one failed
+      the flow run after Dask's 30 s connect timeout, with its tracebacks.
     """
     if settings.task_runner != "dask" or not remote_dask(settings):
         return None
@@ -205,13 +207,11 @@ def _cluster_problem(settings: RunSettings) -> str | None:
         )
     from prefect.settings import get_current_settings
 
-    address = settings.dask_address or ""
-    host = urlsplit(address if "://" in address else f"tcp://{address}").hostname or ""
-    problem = prefect_api_problem(get_current_settings().api.url, scheduler_host=host)
-    if problem is None:
-        return None
-    option = address and f"--dask-address {address}"
-    return f"{option or f'--dask-cluster-class {settings.dask_cluster_class}'}: {problem}"
+    api_url = get_current_settings().api.url
+    if settings.dask_address:  # named as a deployment's parameter: the CLI asked already
+        return dask_address_problem(settings.dask_address, api_url, option="limits.dask_address")
+    problem = prefect_api_problem(api_url, scheduler_host="")
+    return problem and f"--dask-cluster-class {settings.dask_cluster_class}: {problem}"
 
 
 def _api_key_problem(settings: RunSettings) -> str | None:

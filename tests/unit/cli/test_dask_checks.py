@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from cli.dask_checks import check_dask_address, scheduler_host_port
+from cli.dask_checks import check_dask_address
 from embedline.reachable import is_loopback
+from flows.dask_address import scheduler_host_port
 
 REMOTE_API = "http://prefect.internal:4200/api"
 

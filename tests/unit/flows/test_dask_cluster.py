@@ -5,7 +5,9 @@ No cluster starts, no socket opens."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import socket
 from pathlib import Path
 
 import pytest
@@ -112,7 +114,7 @@ def test_a_flow_loaded_from_its_file_refuses_a_remote_cluster() -> None:
     assert spec is not None and spec.loader is not None
     by_file = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(by_file)
-    remote = _settings(dask_address="tcp://scheduler:8786")
+    remote = _settings(dask_address="tcp://scheduler.invalid:8786")  # RFC 6761: never resolves
     problem = by_file._cluster_problem(remote)
     assert "loaded from its file as module 'embed_csv'" in problem
     assert "flows.embed_csv.embed_csv" in problem
@@ -122,7 +124,11 @@ def test_a_flow_loaded_from_its_file_refuses_a_remote_cluster() -> None:
 
     by_module = importlib.import_module("flows.embed_csv")  # what the module entrypoint loads
     with temporary_settings({PREFECT_API_URL: "http://10.0.0.4:4200/api"}):
-        assert by_module._cluster_problem(remote) is None
+        problem = by_module._cluster_problem(remote)  # the module is fine: the host is not
+    assert problem == (
+        "limits.dask_address tcp://scheduler.invalid:8786: no Dask scheduler reached "
+        "(host 'scheduler.invalid' not found); fix the address"
+    )
 
 
 def test_a_deployment_s_flow_refuses_a_loopback_prefect_api_for_a_remote_cluster() -> None:
@@ -134,10 +140,37 @@ def test_a_deployment_s_flow_refuses_a_loopback_prefect_api_for_a_remote_cluster
     remote = _settings(dask_address="tcp://10.0.0.5:8786")
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
         problem = flow_module._cluster_problem(remote)
-        assert problem.startswith("--dask-address tcp://10.0.0.5:8786: PREFECT_API_URL is on")
+        assert problem.startswith("limits.dask_address tcp://10.0.0.5:8786: PREFECT_API_URL is")
         started = flow_module._cluster_problem(_settings(dask_cluster_class="coiled.Cluster"))
         assert started.startswith("--dask-cluster-class coiled.Cluster: PREFECT_API_URL is on")
-        here = _settings(dask_address="tcp://127.0.0.1:8786")  # its workers run here
-        assert flow_module._cluster_problem(here) is None
-    with temporary_settings({PREFECT_API_URL: "http://10.0.0.4:4200/api"}):
-        assert flow_module._cluster_problem(remote) is None
+
+
+def test_a_deployment_s_flow_asks_the_scheduler_at_its_address() -> None:
+    """A deployment's flow run with a wrong ``dask_address`` planned, then failed after
+    Dask's 30 s connect timeout with 191 lines of tracebacks (the CLI refused the same
+    address in one line). The flow now asks the scheduler first, as the CLI does."""
+    from distributed import LocalCluster
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    flow_module = importlib.import_module("flows.embed_csv")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    with (
+        temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}),
+        LocalCluster(
+            n_workers=0,
+            processes=False,
+            protocol="tcp://",
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+        ) as cluster,
+    ):
+        assert (
+            flow_module._cluster_problem(_settings(dask_address=cluster.scheduler_address)) is None
+        )
+        refused = flow_module._cluster_problem(_settings(dask_address=closed))
+    assert refused == (
+        f"limits.dask_address {closed}: no Dask scheduler reached (connection refused); "
+        "start it or fix the address"
+    )

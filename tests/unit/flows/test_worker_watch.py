@@ -17,7 +17,7 @@ def test_the_worker_list_holds_the_worker_whatever_the_clients_refresh_does() ->
     refresh = {"distributed.client.scheduler-info-interval": "5ms"}
     with (
         dask.config.set(refresh),
-        LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
         Client(cluster) as client,
     ):
         looks = [cluster_workers(client) for _ in range(300)]
@@ -27,7 +27,7 @@ def test_the_worker_list_holds_the_worker_whatever_the_clients_refresh_does() ->
 
 def test_a_closed_client_gives_no_answer_not_an_empty_cluster() -> None:
     with (
-        LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
         Client(cluster) as client,
     ):
         assert cluster_workers(client)
