@@ -29,6 +29,8 @@ __all__ = ["server_command", "server_env"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
+#: Bind addresses that mean "every interface": no browser can connect to them.
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
 def server_env(
@@ -40,14 +42,16 @@ def server_env(
 ) -> dict[str, str]:
     """``base`` plus the settings that make the API, the UI's API address and the database
     agree: ``PREFECT_SERVER_API_HOST``/``PORT``, ``PREFECT_UI_API_URL`` =
-    ``http://HOST:PORT/api``, and ``PREFECT_API_DATABASE_CONNECTION_URL`` when given.
+    ``http://HOST:PORT/api`` (``/api``, relative to the page, for a wildcard ``HOST`` such
+    as ``0.0.0.0``: no browser can use that address, and one on another machine reaches
+    the UI by a name only it knows), and ``PREFECT_API_DATABASE_CONNECTION_URL`` when given.
     ``PREFECT_API_URL`` is dropped: it is the client's setting, and a stale one would win
     over the port for the UI. Analytics are off."""
     env = {k: v for k, v in base.items() if k != "PREFECT_API_URL"}
     env.update(
         PREFECT_SERVER_API_HOST=host,
         PREFECT_SERVER_API_PORT=str(port),
-        PREFECT_UI_API_URL=f"http://{host}:{port}/api",
+        PREFECT_UI_API_URL="/api" if host in _WILDCARD_HOSTS else f"http://{host}:{port}/api",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
     )
     if database_url:

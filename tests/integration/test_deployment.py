@@ -586,3 +586,5 @@ def test_server_py_gives_the_ui_its_own_port_even_with_a_stale_api_url(
     stale = {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}
     assert resolved(stale) == ("http://127.0.0.1:4200/api", 4200)  # the pitfall
     assert resolved(server_env(stale, port=4371)) == ("http://127.0.0.1:4371/api", 4371)
+    # bound to every interface: the UI asks the host the browser loaded it from
+    assert resolved(server_env(stale, host="0.0.0.0", port=4371)) == ("/api", 4371)
