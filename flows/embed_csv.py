@@ -20,6 +20,7 @@ from prefect.states import Completed, Failed
 from pydantic import ValidationError
 
 from adapters.embeddings import api_key_from_env
+from embedline.errors import EmbedlineError
 from embedline.parameters import (
     BatchModeParameters,
     DestinationParameters,
@@ -229,11 +230,14 @@ def _api_key_problem(settings: RunSettings) -> str | None:
     return None
 
 
-class RunNotComplete(Exception):
+class RunNotComplete(EmbedlineError):
     """The data of a Failed ``embed-csv`` state: carries the run summary (``.summary``).
 
     An exception, not a dict, because Prefect's engine re-raises a failed flow run's data;
     a dict there becomes ``TypeError: Unexpected result for failed state`` in worker logs.
+    An ``EmbedlineError``: the engine logs that re-raise ("Engine execution exited with
+    unexpected exception") on the flow run's logger, and the run's expected end then shows
+    its one line without a traceback (``embedline.tracebacks``), not 40 lines after it.
     """
 
     def __init__(self, summary: dict[str, Any]) -> None:

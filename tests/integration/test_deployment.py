@@ -213,6 +213,11 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
     assert final["state_type"] == "COMPLETED", final["state"]
     assert final["run_count"] == 2
     print(f"\nretry -> Completed: {retry_s:.1f} s")
+    # the Failed attempt's logs: its one line, not Prefect's engine re-raising the run's
+    # result with a traceback after it (40 lines that buried the line)
+    logs = _flow_run_logs(api, flow_run_id)
+    assert "3 of 20 chunks not published" in logs
+    assert "Traceback" not in logs, logs[-3000:]
 
     # ── the retry embedded what the failed chunks had not paid for, and nothing else ─────
     # (the first attempt's successful requests of those chunks were kept: tasks/embed/paid.py)
