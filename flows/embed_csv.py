@@ -45,6 +45,7 @@ from flows.api_key import export_api_key_from_block
 from flows.dask_address import dask_address_problem
 from flows.run import Run
 from flows.run_stages import run_settings
+from flows.signals import under_prefect_runner
 
 __all__ = ["embed_csv"]
 
@@ -245,7 +246,22 @@ class RunNotComplete(EmbedlineError):
         self.summary = summary
 
 
+#: What a deployment's flow run says for the CLI's "rerun the same command": it has no
+#: command; the UI's Retry on the flow run (or ``prefect flow-run retry ID``) runs it again
+#: with its parameters, and resumes as a rerun does.
+_RERUN = "rerun the same command"
+_RETRY = "run it again (Retry on the flow run's page in the UI)"
+
+
+def for_this_process(message: str) -> str:
+    """``message`` as the one who reads it can act on it: in a flow run a Prefect worker or
+    ``serve`` started (``flows.signals.under_prefect_runner``), "rerun the same command"
+    becomes a retry of the flow run; elsewhere (the CLI) it is unchanged."""
+    return message.replace(_RERUN, _RETRY) if under_prefect_runner() else message
+
+
 def _final(summary: RunSummary) -> State[Any]:
+    summary.message = for_this_process(summary.message)
     if summary.exit_code == 0:
         cancellation.complete_despite_cancel()  # a cancel after the commit stopped nothing
         return Completed(message=summary.message or summary.status, data=summary.to_dict())

@@ -201,6 +201,11 @@ def test_retry_of_a_failed_deployment_run_embeds_only_the_failed_chunks(
     first = _wait_terminal(api, flow_run_id, worker)
     assert first["state_type"] == "FAILED", first["state"]
     assert first["state"]["message"].startswith("3 of 20 chunks not published")
+    # no command to rerun here: the UI's Retry (below) resumes it
+    assert first["state"]["message"].endswith(
+        "; run it again (Retry on the flow run's page in the UI) to retry only those chunks"
+    )
+    assert "rerun the same command" not in first["state"]["message"]
     assert not (out / "manifests").exists()
     requests_before = len(_log(control))
 
