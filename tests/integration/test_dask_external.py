@@ -265,7 +265,14 @@ def test_a_worker_without_embedline_stops_the_run_in_one_line(
     assert fake_openai.answered == 0
 
 
-@pytest.mark.parametrize("stale", ["api key", "s3 endpoint"])
+@pytest.mark.parametrize(
+    "stale",
+    [
+        "api key",
+        # CI's 20-minute budget: the second half of the family runs with -m slow (make test-all)
+        pytest.param("s3 endpoint", marks=pytest.mark.slow),
+    ],
+)
 def test_a_setting_refused_on_one_worker_is_named_with_that_worker(
     tmp_path: Path,
     stale: str,
