@@ -210,7 +210,9 @@ def _cluster_problem(settings: RunSettings) -> str | None:
     from prefect.settings import get_current_settings
 
     api_url = get_current_settings().api.url
-    if settings.dask_address:  # named as a deployment's parameter: the CLI asked already
+    if settings.dask_address and STOP.run_by_command():  # asked before Prefect started
+        return None
+    if settings.dask_address:  # a deployment's flow run: named as its parameter
         return dask_address_problem(settings.dask_address, api_url, option="limits.dask_address")
     problem = prefect_api_problem(api_url, scheduler_host="")
     return problem and f"--dask-cluster-class {settings.dask_cluster_class}: {problem}"

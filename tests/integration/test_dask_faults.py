@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support.dask_cluster import (
+    assert_counted_as_the_store_holds,
     assert_read_back_exact,
     cluster_env,
     external_cluster,
@@ -124,14 +125,9 @@ def test_chunks_a_lost_scheduler_leaves_running_are_waited_for_and_counted(
     time.sleep(1)
     assert first.returncode == 1, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
-    last = stderr.strip().splitlines()[-1]
-    found = re.search(r"; (\d+) of 40 chunks are published and kept", last)
-    assert found, last
-    listed = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="orphans/chunks/")
-    objects = len(listed.get("Contents", []))
-    assert objects > 0, "the workers published nothing after the kill: nothing was tested"
-    assert int(found.group(1)) == objects, stderr[-6000:]
-    assert inputs_charged(stdout + stderr) == sum(fake_openai.charged_texts().values())
+    objects = assert_counted_as_the_store_holds(
+        stdout + stderr, 40, s3_client, s3_bucket, "orphans", fake_openai
+    )
 
     fake_openai.fail_when(lambda payload: None)
     with external_cluster(tmp_path / "second", env, [ONE_WORKER]) as cluster:

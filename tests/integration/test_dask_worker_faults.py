@@ -10,7 +10,6 @@ processes of their own, as a user's platform starts them."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.dask_cluster import (
+    assert_counted_as_the_store_holds,
     assert_read_back_exact,
     cluster_env,
     ended_as_documented,
@@ -169,13 +169,9 @@ def test_a_cluster_that_loses_its_last_worker_stops_the_run_in_one_line(
     assert f"the Dask scheduler at {cluster.address} has had no workers for 5 s" in last, last
     assert "rerun the same command to resume" in last and "dask worker" in last, last
     assert ended_in < 60, f"the run ended {ended_in:.0f} s after its last worker"
-    found = re.search(r"; (\d+) of 20 chunks are published and kept", last)
-    assert found, last
-    listed = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="no-workers/chunks/")
-    objects = len(listed.get("Contents", []))
-    assert objects > 0, "the worker published nothing before its kill: nothing was tested"
-    assert int(found.group(1)) == objects, err[-6000:]
-    assert inputs_charged(out + err) == sum(fake_openai.charged_texts().values())
+    assert_counted_as_the_store_holds(
+        out + err, 20, s3_client, s3_bucket, "no-workers", fake_openai
+    )
 
     fake_openai.fail_when(lambda payload: None)
     with external_cluster(tmp_path / "second", env, [("--nthreads", "2")]) as cluster:

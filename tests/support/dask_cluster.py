@@ -201,3 +201,22 @@ def assert_read_back_exact(
     assert sorted(got) == sorted(a for a, _ in rows)
     for row_id, text in rows:
         assert np.allclose(got[row_id], expected_vector(text), atol=1e-6), row_id
+
+
+def assert_counted_as_the_store_holds(
+    output: str, chunks: int, s3_client: Any, bucket: str, prefix: str, fake: Any
+) -> int:
+    """Assert that a stopped run's ``output`` (its stdout and stderr) says as many of its
+    ``chunks`` are "published and kept" as the store holds chunk objects under ``prefix``
+    (``s3://bucket/prefix``; at least one, else nothing was tested), and that its summary's
+    inputs charged equal what ``fake`` (a ``FakeEmbeddingServer``) charged. Returns the
+    count of chunk objects."""
+    last = output.strip().splitlines()[-1]
+    found = re.search(rf"; (\d+) of {chunks} chunks are published and kept", last)
+    assert found, last
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/chunks/")
+    objects = len(listed.get("Contents", []))
+    assert objects > 0, "no chunk was published before the fault: nothing was tested"
+    assert int(found.group(1)) == objects, output[-6000:]
+    assert inputs_charged(output) == sum(fake.charged_texts().values())
+    return objects
