@@ -27,8 +27,21 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 _STRUCK = re.compile(r"text--del|<del[ >]|<s[ >]")
 
 
-def _rendered(ui: str, artifact_id: object, profile: Path) -> str:
-    """The DOM of the UI's page of ``artifact_id`` once its scripts have run."""
+def _rendered(ui: str, artifact_id: object, profile: Path, *, attempts: int = 3) -> str:
+    """The DOM of the UI's page of ``artifact_id`` once its scripts have run.
+
+    On a loaded machine Chromium can dump the page before the UI's app has mounted (an
+    empty ``<div id="app">``: the UI's own start, not the artifact); such a dump is taken
+    again, up to ``attempts`` times in all, and the last one returned."""
+    dom = ""
+    for _ in range(attempts):
+        dom = _dump_dom(f"{ui}/artifacts/artifact/{artifact_id}", profile)
+        if "markdown-renderer" in dom:
+            break
+    return dom
+
+
+def _dump_dom(url: str, profile: Path) -> str:
     result = subprocess.run(
         [
             str(CHROMIUM),
@@ -38,7 +51,7 @@ def _rendered(ui: str, artifact_id: object, profile: Path) -> str:
             f"--user-data-dir={profile}",
             "--virtual-time-budget=20000",
             "--dump-dom",
-            f"{ui}/artifacts/artifact/{artifact_id}",
+            url,
         ],
         capture_output=True,
         text=True,
