@@ -53,12 +53,36 @@ PRELOAD = (
     "anyio",
     "yaml",
     "tenacity",
+    # what Prefect's client imports of other packages (``-X importtime`` of a run: about 0.3
+    # CPU s of a small run's 2), not Prefect itself, which reads its settings at import.
+    # coolname (flow run names) draws from ``random``, which a forked child reseeds
+    "coolname",
+    "fastapi",
+    "fastapi.encoders",
+    "httpcore",
+    "h2.connection",
+    "griffe",
+    "jsonschema",
+    "websockets.asyncio.client",
+    "websockets.client",
+    "fsspec",
+    "opentelemetry.trace",
+    "pendulum",
+    "pathspec",
+    "graphviz",
+    "humanize",
+    "cachetools",
+    "sqlite3",
+    "prometheus_client",
+    "cloudpickle",
+    "jinja2",
 )
 
 #: Environment variables read when an interpreter or a preloaded library starts.
 _READ_AT_START = (
     *("PYTHON", "LD_", "LC_", "LANG", "TZ"),
     *("FAKETIME", "MALLOC_", "ARROW_", "OPENBLAS", "OMP_"),
+    *("FSSPEC_", "OTEL_", "WEBSOCKETS_", "PENDULUM_", "PROMETHEUS_"),
 )
 
 #: Modules the ``site`` module imports from the path as an interpreter starts.
