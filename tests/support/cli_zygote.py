@@ -25,6 +25,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,7 +126,8 @@ class Zygote:
 
     def close(self) -> None:
         """End the server (it ends when its stdin closes) and wait for it: none outlives
-        the pytest process, and its children's CPU time is counted in this process's."""
+        the pytest process, and its children's CPU time is counted in this process's. Its
+        directory of outputs goes too."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             self._proc.stdin.close()
         try:
@@ -133,6 +135,7 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
     def _read(self) -> None:
         assert self._proc.stdout is not None

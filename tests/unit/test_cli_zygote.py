@@ -93,3 +93,15 @@ def test_an_environment_read_at_interpreter_start_gets_a_fresh_interpreter(
     hooked = REPO / "tests" / "support" / "signal_at"  # a sitecustomize runs at start
     assert (hooked / "sitecustomize.py").exists()
     assert not server.forkable({**os.environ, "PYTHONPATH": f"{hooked}{os.pathsep}{REPO}"})
+
+
+def test_a_closed_server_has_ended_and_left_no_directory(tmp_path: Path) -> None:
+    own = Zygote()
+    (tmp_path / "in.csv").write_text("id,text\na,one\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    assert own.run(["--help"], cwd=tmp_path, env=env, timeout=120).returncode == 0
+    outputs = own._tmp
+    assert outputs.is_dir()
+    own.close()
+    assert own._proc.poll() is not None
+    assert not outputs.exists()
