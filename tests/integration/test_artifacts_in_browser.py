@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from prefect.settings import PREFECT_API_URL, PREFECT_LOGGING_TO_API_ENABLED, te
 from embedline.progress import Progress, Usage
 from embedline.summary import RunSummary
 from flows.artifacts import progress_markdown, summary_markdown
+from tests.support.netns import net_lab
+from tests.support.prefect_server import start_prefect_server
 
 pytestmark = pytest.mark.integration
 
@@ -27,32 +30,42 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 _STRUCK = re.compile(r"text--del|<del[ >]|<s[ >]")
 
 
-def _rendered(ui: str, artifact_id: object, profile: Path, *, attempts: int = 3) -> str:
-    """The DOM of the UI's page of ``artifact_id`` once its scripts have run.
+def _rendered(
+    ui: str,
+    artifact_id: object,
+    profile: Path,
+    *,
+    attempts: int = 3,
+    inside: Callable[[list[str]], list[str]] = list,
+) -> str:
+    """The DOM of the UI's page of ``artifact_id`` once its scripts have run, the browser
+    started by the command ``inside`` makes of its own (as is: on this machine).
 
     On a loaded machine Chromium can dump the page before the UI's app has mounted (an
     empty ``<div id="app">``: the UI's own start, not the artifact); such a dump is taken
     again, up to ``attempts`` times in all, and the last one returned."""
     dom = ""
     for _ in range(attempts):
-        dom = _dump_dom(f"{ui}/artifacts/artifact/{artifact_id}", profile)
+        dom = _dump_dom(inside, f"{ui}/artifacts/artifact/{artifact_id}", profile)
         if "markdown-renderer" in dom:
             break
     return dom
 
 
-def _dump_dom(url: str, profile: Path) -> str:
+def _dump_dom(inside: Callable[[list[str]], list[str]], url: str, profile: Path) -> str:
     result = subprocess.run(
-        [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            f"--user-data-dir={profile}",
-            "--virtual-time-budget=20000",
-            "--dump-dom",
-            url,
-        ],
+        inside(
+            [
+                str(CHROMIUM),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                f"--user-data-dir={profile}",
+                "--virtual-time-budget=20000",
+                "--dump-dom",
+                url,
+            ]
+        ),
         capture_output=True,
         text=True,
         timeout=120,
@@ -106,3 +119,45 @@ def test_the_ui_shows_the_summary_and_progress_tables_without_strikethrough(
         for cell in cells:
             assert cell in dom, (cell, dom[-3000:])
         assert not _STRUCK.search(dom), dom[-3000:]
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium: run tests/support/chromium/install.sh (make test does)"
+)
+def test_a_server_bound_to_every_address_serves_its_ui_to_a_browser_on_another_machine(
+    tmp_path: Path,
+) -> None:
+    """``deployments/server.py --host 0.0.0.0`` (a server for workers and people on other
+    machines): a browser in another network namespace, which knows the server only by its
+    address on the bridge, gets the UI and the UI gets its data (``PREFECT_UI_API_URL``
+    relative to the page, not ``http://0.0.0.0:…``)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with net_lab("ui") as lab:
+        proc, api = start_prefect_server(home, ui=True, host="0.0.0.0")
+        try:
+            port = api.rsplit(":", 1)[1].removesuffix("/api")
+            table = "| night | rows |\n|---|---|\n| first | 1,234 |\n"
+
+            @flow
+            def artifacts() -> object:
+                return create_markdown_artifact(table)
+
+            with temporary_settings(
+                updates={
+                    PREFECT_API_URL: f"http://127.0.0.1:{port}/api",
+                    PREFECT_LOGGING_TO_API_ENABLED: False,
+                }
+            ):
+                artifact_id = artifacts()
+            browser = lab.add("browser")
+            dom = _rendered(
+                f"http://{lab.host_ip}:{port}",
+                artifact_id,
+                tmp_path / "chromium",
+                inside=lambda argv: ["ip", "netns", "exec", browser.namespace, *argv],
+            )
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+    assert "<table" in dom and "1,234" in dom, dom[-3000:]
