@@ -12,6 +12,7 @@ otherwise; its data is the run summary, whose ``exit_code`` the CLI returns.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -122,6 +123,7 @@ def embed_csv(
         )
     )
     quiet_expected_tracebacks()
+    reword_run_logs()
     ignored = options_without_their_mode(parameters)
     if ignored:  # refused, not ignored
         name, mode, on, _ = ignored[0]
@@ -260,6 +262,32 @@ def for_this_process(message: str) -> str:
     ``serve`` started (``flows.signals.under_prefect_runner``), "rerun the same command"
     becomes a retry of the flow run; elsewhere (the CLI) it is unchanged."""
     return message.replace(_RERUN, _RETRY) if under_prefect_runner() else message
+
+
+class _ForThisProcess(logging.Filter):
+    """Rewords the run's log lines as ``for_this_process`` does its final message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if _RERUN in message:
+            record.msg, record.args = for_this_process(message), ()
+        return True
+
+
+_REWORD = _ForThisProcess()
+
+
+def reword_run_logs() -> None:
+    """In a flow run a Prefect worker or ``serve`` started, the lines the flow and its tasks
+    log through Prefect's run loggers (``prefect.flow_runs``, ``prefect.task_runs``: the
+    flow run's page) say what to do there too (``for_this_process``); idempotent, and
+    nothing in the CLI's own process."""
+    if not under_prefect_runner():
+        return
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if _REWORD not in logger.filters:
+            logger.addFilter(_REWORD)
 
 
 def _final(summary: RunSummary) -> State[Any]:
