@@ -84,6 +84,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "_CHUNK_STATE_FILTER",
     ): "a logging filter installed once per process; holds no state",
     (
+        "flows.embed_csv",
+        "_REWORD",
+    ): "a logging filter installed once per process; holds no state",
+    (
         "embedline.shutdown",
         "STOP",
     ): "the process's signal and stop state: signals are per process",
