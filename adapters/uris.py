@@ -44,8 +44,11 @@ class Location(NamedTuple):
 
 
 def redact(uri: str) -> str:
-    """Return ``uri`` with any ``user:password@`` part replaced by ``***@``, for messages."""
-    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1***@", uri)
+    """Return ``uri`` with any ``user:password@`` part replaced by ``***@`` and the value of
+    a ``password``, ``sslpassword`` or ``oauth_client_secret`` query parameter (libpq's) by
+    ``***``, for messages."""
+    shown = re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1***@", uri)
+    return re.sub(r"([?&](?:password|sslpassword|oauth_client_secret)=)[^&#]*", r"\1***", shown)
 
 
 def scheme_of(uri: str) -> str:

@@ -145,11 +145,96 @@ def _pgvector_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
             f"sink {shown}: a password in the URI is not accepted; set "
             "PGPASSWORD (or use ~/.pgpass) and leave it out of the URI"
         )
+    if "?" in parts.query:
+        raise InputError(
+            f"sink {shown}: a second '?' in the URI; join its query parameters with '&' "
+            "(postgresql://[user@]host[:port]/db?param=value&table=NAME)"
+        )
     table, query = _split_table(parts.query, shown)
+    _check_libpq_params(query, shown)
     netloc = parts.netloc.split("@")
     user_host = (netloc[0].split(":")[0] + "@" + netloc[1]) if len(netloc) == 2 else netloc[0]
     dsn = urlunsplit((scheme, user_host, parts.path, query, ""))
     return {"dsn": dsn, "table": table}
+
+
+#: libpq's connection parameter key words (PostgreSQL 18 documentation, libpq "Parameter Key
+#: Words"), which a ``postgresql://`` URI's query may carry besides embedline's ``table``.
+_LIBPQ_PARAMS = frozenset(
+    [
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "require_auth",
+        "channel_binding",
+        "connect_timeout",
+        "client_encoding",
+        "options",
+        "application_name",
+        "fallback_application_name",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+        "replication",
+        "gssencmode",
+        "sslmode",
+        "requiressl",
+        "sslnegotiation",
+        "sslcompression",
+        "sslcert",
+        "sslkey",
+        "sslkeylogfile",
+        "sslpassword",
+        "sslcertmode",
+        "sslrootcert",
+        "sslcrl",
+        "sslcrldir",
+        "sslsni",
+        "requirepeer",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "min_protocol_version",
+        "max_protocol_version",
+        "krbsrvname",
+        "gsslib",
+        "gssdelegation",
+        "scram_client_key",
+        "scram_server_key",
+        "service",
+        "target_session_attrs",
+        "load_balance_hosts",
+        "oauth_issuer",
+        "oauth_client_id",
+        "oauth_client_secret",
+        "oauth_scope",
+    ]
+)
+#: Of those, the ones holding a secret: never in a URI that reaches logs and Prefect.
+_LIBPQ_SECRETS = frozenset({"password", "sslpassword", "oauth_client_secret"})
+
+
+def _check_libpq_params(query: str, shown: str) -> None:
+    """Refuse, before anything is sent or connected, a query parameter libpq would refuse
+    only at connect time (after the run had embedded and committed): a name it does not
+    know (``tabel``), or a secret, which belongs in PGPASSWORD or ~/.pgpass."""
+    for name, _ in parse_qsl(query, keep_blank_values=True):
+        if name in _LIBPQ_SECRETS:
+            raise InputError(
+                f"sink {shown}: a password in the URI is not accepted; set "
+                "PGPASSWORD (or use ~/.pgpass) and leave it out of the URI"
+            )
+        if name not in _LIBPQ_PARAMS:
+            raise InputError(
+                f"sink {shown}: unknown query parameter {name!r}; the query takes libpq's "
+                "connection parameters (host, port, sslmode, ...) and embedline's "
+                "table=NAME, joined by '&'"
+            )
 
 
 def _pgvector_open(params: dict[str, str]) -> VectorSink:

@@ -17,6 +17,33 @@ def test_password_in_a_postgres_uri_is_refused_without_echoing_it() -> None:
     assert "s3cret" not in str(caught.value)
 
 
+@pytest.mark.parametrize("param", ["password", "sslpassword", "oauth_client_secret"])
+def test_a_secret_query_parameter_is_refused_without_echoing_it(param: str) -> None:
+    with pytest.raises(InputError) as caught:
+        validate_sink_uri(f"postgresql://app@db.example/vectors?{param}=s3cret&table=docs")
+    assert "PGPASSWORD" in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "named"),
+    [
+        ("postgresql://app@/vectors?host=/tmp/sock&tabel=docs", "'tabel'"),
+        ("postgresql://app@/vectors?host=/tmp/sock?table=docs", "second '?'"),
+        ("postgres://app@/vectors?sslmode=require&hots=db", "'hots'"),
+    ],
+    ids=["misspelled-table", "second-question-mark", "misspelled-libpq-param"],
+)
+def test_a_postgres_uri_libpq_cannot_parse_is_an_input_error_before_any_connect(
+    uri: str, named: str
+) -> None:
+    with pytest.raises(InputError) as caught:
+        validate_sink_uri(uri)
+    message = str(caught.value)
+    assert named in message and "&" in message
+    assert "server is running" not in message
+
+
 def test_postgres_uri_keeps_libpq_params_and_takes_the_table_out() -> None:
     pytest.importorskip("psycopg")
     sink = open_sink("postgresql://app@/vectors?host=/tmp/sock&table=docs")
