@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from adapters.ledger import Ledger
 from adapters.object_store import open_store
+from embedline.tracebacks import quiet_expected_tracebacks
 from tasks.gc.retention import GcPlan, collect, parse_age, plan_gc
 
 __all__ = ["gc_output"]
@@ -54,6 +55,7 @@ def gc_output(
 
     :raises ValueError: an age is not like ``90d``/``24h``/``2w``.
     """
+    quiet_expected_tracebacks()  # an unreachable store is a line, not a traceback
     logger = get_run_logger()
     plan = _plan(output, keep_runs, older_than, grace)
     done = plan if dry_run else _collect(output, plan, grace, ledger)

@@ -44,6 +44,7 @@ from embedline.progress import PROGRESS_LOGGER
 from embedline.protocols import VectorSink
 from embedline.shutdown import STOP
 from embedline.summary import LoadSummary, load_dead_letters_end
+from embedline.tracebacks import quiet_expected_tracebacks
 from flows.artifacts import publish_load_summary
 from flows.cancellation import cancelled_or, complete_despite_cancel, run_stopping_on_cancel
 from flows.events import emit_load_completed
@@ -94,6 +95,7 @@ def load_run(
     the load fail (exit 0). ``lancedb_keep_versions_s``: LanceDB versions older than this
     (seconds) are pruned after the load (default 3,600). ``index`` ``later``: the sink's
     index is not built (``embedline index TARGET`` builds it); the summary says so."""
+    quiet_expected_tracebacks()  # a lost sink is a line, not a traceback
     take_over_sigterm()  # run by the CLI: its SIGTERM handling, not Prefect's
     started = time.monotonic()
     try:
@@ -395,7 +397,7 @@ def _converge(
                 started,
                 exit_code=3 if fatal else 1,
                 status="incomplete",
-                message=f"{len(failed)} of {len(chunks)} chunks not loaded "
+                message=f"{len(todo) - len(loaded)} of {len(chunks)} chunks not loaded "
                 f"({first.error}); rerun the same command to load only "
                 "those",
             )
@@ -488,8 +490,10 @@ def _load_chunks(
 ) -> tuple[dict[int, int], dict[int, Any], list[LoadDeadLetter]]:
     """Run ``load-chunk`` tasks, ``sink.parallel_loads`` at a time; record each in the
     ledger as it finishes, with the rows the sink refused for good, and ``show`` the rows
-    upserted after each wave. Stops submitting after a fatal failure. Returns rows loaded
-    and failures by chunk index, and the refused rows."""
+    upserted after each wave. Stops submitting after a fatal failure, and after a wave the
+    sink took none of (it is unreachable: a circuit breaker, as the embedder's). Returns
+    rows loaded and failures by chunk index (chunks never sent are in neither), and the
+    refused rows."""
     to_upsert = sum(c.rows if ids[c.index] is None else len(ids[c.index] or ()) for c in todo)
     logger = get_run_logger()
     loaded: dict[int, int] = {}
@@ -533,6 +537,15 @@ def _load_chunks(
                 f"{len(todo):,} chunks" + (f", {len(failed):,} failed" if failed else ""),
             )
             if any(f.kind == "fatal" for f in failed.values()):
+                break
+            if not any(c.index in loaded for c in wave) and start + window < len(todo):
+                # the sink took none of a whole wave: it is gone (a server stopped, a lost
+                # network), and the other chunks would each fail the same way, each logged
+                logger.warning(
+                    "the sink took none of the last %d chunks: the other %d are not sent",
+                    len(wave),
+                    len(todo) - start - len(wave),
+                )
                 break
     return loaded, failed, refused
 
