@@ -24,13 +24,17 @@ from urllib.parse import unquote
 
 from embedline.errors import InputError
 
-__all__ = ["Location", "redact", "scheme_of", "split_location"]
+__all__ = ["LIBPQ_SECRET_PARAMS", "Location", "redact", "scheme_of", "split_location"]
 
 _SCHEME_RE = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://")
 # AWS bucket naming rules allow only lowercase letters, digits, '.', '-'; S3-compatible
 # stores also accept uppercase and '_'. Anything else (a '?', '#', '@', space) is a typo or a
 # URI that meant something else: refuse it rather than guess.
 _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+#: libpq's connection parameters that hold a secret (PostgreSQL 18 documentation, libpq
+#: "Parameter Key Words"): redacted here, refused in a sink URI (``adapters.sinks.factory``).
+LIBPQ_SECRET_PARAMS = ("password", "sslpassword", "oauth_client_secret")
+_SECRET_QUERY_RE = re.compile(rf"([?&](?:{'|'.join(LIBPQ_SECRET_PARAMS)})=)[^&#]*")
 
 
 class Location(NamedTuple):
@@ -45,10 +49,9 @@ class Location(NamedTuple):
 
 def redact(uri: str) -> str:
     """Return ``uri`` with any ``user:password@`` part replaced by ``***@`` and the value of
-    a ``password``, ``sslpassword`` or ``oauth_client_secret`` query parameter (libpq's) by
-    ``***``, for messages."""
+    a secret query parameter of libpq's (``LIBPQ_SECRET_PARAMS``) by ``***``, for messages."""
     shown = re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1***@", uri)
-    return re.sub(r"([?&](?:password|sslpassword|oauth_client_secret)=)[^&#]*", r"\1***", shown)
+    return _SECRET_QUERY_RE.sub(r"\1***", shown)
 
 
 def scheme_of(uri: str) -> str:

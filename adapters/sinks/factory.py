@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from adapters.sinks.base import DEFAULT_TABLE
-from adapters.uris import redact, scheme_of
+from adapters.uris import LIBPQ_SECRET_PARAMS, redact, scheme_of
 from embedline.errors import FatalError, InputError
 from embedline.protocols import AliasSwitch, VectorSink
 
@@ -141,10 +141,7 @@ def _pgvector_claims(scheme: str, text: str) -> bool:
 def _pgvector_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
     parts = urlsplit(text)  # a libpq URI: RFC 3986 rules, percent-decoded by libpq
     if parts.password:
-        raise InputError(
-            f"sink {shown}: a password in the URI is not accepted; set "
-            "PGPASSWORD (or use ~/.pgpass) and leave it out of the URI"
-        )
+        raise _password_refused(shown)
     if "?" in parts.query:
         raise InputError(
             f"sink {shown}: a second '?' in the URI; join its query parameters with '&' "
@@ -215,8 +212,15 @@ _LIBPQ_PARAMS = frozenset(
         "oauth_scope",
     ]
 )
-#: Of those, the ones holding a secret: never in a URI that reaches logs and Prefect.
-_LIBPQ_SECRETS = frozenset({"password", "sslpassword", "oauth_client_secret"})
+
+
+def _password_refused(shown: str) -> InputError:
+    """A secret in a postgresql:// URI (as ``user:pass@`` or a ``LIBPQ_SECRET_PARAMS``
+    parameter) would reach logs and Prefect's parameters."""
+    return InputError(
+        f"sink {shown}: a password in the URI is not accepted; set "
+        "PGPASSWORD (or use ~/.pgpass) and leave it out of the URI"
+    )
 
 
 def _check_libpq_params(query: str, shown: str) -> None:
@@ -224,11 +228,8 @@ def _check_libpq_params(query: str, shown: str) -> None:
     only at connect time (after the run had embedded and committed): a name it does not
     know (``tabel``), or a secret, which belongs in PGPASSWORD or ~/.pgpass."""
     for name, _ in parse_qsl(query, keep_blank_values=True):
-        if name in _LIBPQ_SECRETS:
-            raise InputError(
-                f"sink {shown}: a password in the URI is not accepted; set "
-                "PGPASSWORD (or use ~/.pgpass) and leave it out of the URI"
-            )
+        if name in LIBPQ_SECRET_PARAMS:
+            raise _password_refused(shown)
         if name not in _LIBPQ_PARAMS:
             raise InputError(
                 f"sink {shown}: unknown query parameter {name!r}; the query takes libpq's "
