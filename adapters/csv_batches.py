@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import codecs
 import collections
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from hashlib import sha256
@@ -49,7 +48,7 @@ import pyarrow.csv as pacsv
 
 from adapters.csv_lines import Blocks, Hashes
 
-__all__ = ["RecordBatch", "RecordBlocks", "applies", "record_end"]
+__all__ = ["RecordBatch", "RecordBlocks", "RecordShape", "applies", "record_end"]
 
 _QUOTE, _NL, _CR = 0x22, 0x0A, 0x0D
 _FIELD_LIMIT = 64 * 1024 * 1024  # csv_records._MAX_FIELD_CHARS: a longer block goes to csv
@@ -70,6 +69,22 @@ def applies(codec: str, quoting: str, delimiter: str, *, plain_text: bool) -> bo
     utf8 = codecs.lookup(codec).name in {"utf-8", "utf-8-sig"}
     one_byte = len(delimiter.encode("utf-8")) == 1 and delimiter not in '"\r\n'
     return utf8 and quoting == "minimal" and one_byte and plain_text
+
+
+@dataclass(frozen=True)
+class RecordShape:
+    """What planning takes of each data record: ``width`` fields split on ``delimiter``,
+    the id and text at ``id_index``/``text_index`` (0-based), ``starts`` the first fields
+    that may be the header again (such a block goes to ``csv.reader``), and
+    ``truncate_bytes`` the UTF-8 bytes a text is cut to before it is hashed, sized and
+    tested for emptiness (``keys.cut_text``; None: whole)."""
+
+    width: int
+    id_index: int
+    text_index: int
+    delimiter: str
+    starts: frozenset[str]
+    truncate_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -125,13 +140,11 @@ class RecordBlocks(Blocks):
             self._pending.appendleft(rest)
             self._file_hashed = len(rest)
 
-    def batches(
-        self, *, width: int, id_index: int, text_index: int, delimiter: str, starts: frozenset[str]
-    ) -> Iterator[RecordBatch]:
-        """The data records a block at a time, until the input ends or a block is not
-        Arrow's to take: that block is given back, and iterating this reader (``csv.reader``)
-        starts there, at ``first_line``."""
-        parse = _Parser(width, id_index, text_index, delimiter, starts)
+    def batches(self, shape: RecordShape) -> Iterator[RecordBatch]:
+        """The data records of ``shape`` a block at a time, until the input ends or a block
+        is not Arrow's to take: that block is given back, and iterating this reader
+        (``csv.reader``) starts there, at ``first_line``."""
+        parse = _Parser(shape)
         carry = b""
         for data in self._read():
             buf = carry + data if carry else data
@@ -191,12 +204,12 @@ class _Parser:
     """One block of whole records into a ``RecordBatch``, or None where the block is not
     Arrow's to take (module docstring)."""
 
-    def __init__(
-        self, width: int, id_index: int, text_index: int, delimiter: str, starts: frozenset[str]
-    ) -> None:
-        self.width, self.id_index, self.text_index = width, id_index, text_index
+    def __init__(self, shape: RecordShape) -> None:
+        width, delimiter = shape.width, shape.delimiter
+        self.width, self.id_index, self.text_index = width, shape.id_index, shape.text_index
+        self.truncate_bytes = shape.truncate_bytes
         self.delimiter = ord(delimiter)
-        self.starts = pa.array(sorted(starts), pa.string())
+        self.starts = pa.array(sorted(shape.starts), pa.string())
         self.names = [f"f{i}" for i in range(width)]
         names = self.names
         self.parse_options = pacsv.ParseOptions(
@@ -247,23 +260,27 @@ class _Parser:
         id_list = ids.to_pylist()
         if any(map(str.isspace, id_list)):
             return None
-        hashes, sizes, empties = _texts(columns[self.text_index])
+        hashes, sizes, empties = _texts(columns[self.text_index], self.truncate_bytes)
         last_lines = first_line - 1 + np.cumsum(spans)
         return RecordBatch(id_list, hashes, sizes, empties, last_lines - spans + 1, last_lines)
 
 
-def _texts(texts: pa.Array) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _texts(
+    texts: pa.Array, truncate_bytes: int | None = None
+) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Hex SHA-256s, UTF-8 sizes (``int32``) and empty-or-whitespace positions of a string
-    array, hashed from its buffer with no ``str`` per row."""
+    array, hashed from its buffer with no ``str`` per row; with ``truncate_bytes``, of each
+    text cut as ``keys.cut_text`` cuts it."""
     n = len(texts)
     offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset : texts.offset + n + 1]
     data = texts.buffers()[2]
     view = memoryview(data) if data is not None else memoryview(b"")
-    bounds = offsets.tolist()
-    hashes = [sha256(view[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
-    sizes = np.diff(offsets).astype(np.int32)
     raw = np.frombuffer(view, dtype=np.uint8)
     starts = offsets[:-1]
+    ends = offsets[1:] if truncate_bytes is None else _cut_ends(raw, offsets, truncate_bytes)
+    firsts, lasts = starts.tolist(), ends.tolist()
+    hashes = [sha256(view[a:b]).hexdigest() for a, b in zip(firsts, lasts, strict=True)]
+    sizes = (ends - starts).astype(np.int32)
     filled = sizes > 0
     maybe = ~filled
     leads = raw[starts[filled]]
@@ -272,9 +289,22 @@ def _texts(texts: pa.Array) -> tuple[list[str], np.ndarray, np.ndarray]:
     empty = [
         i
         for i in candidates.tolist()
-        if sizes[i] == 0 or bytes(view[bounds[i] : bounds[i + 1]]).decode("utf-8").isspace()
+        if sizes[i] == 0 or bytes(view[firsts[i] : lasts[i]]).decode("utf-8").isspace()
     ]
     return hashes, sizes, np.asarray(empty, dtype=np.int64)
+
+
+def _cut_ends(raw: np.ndarray, offsets: np.ndarray, limit: int) -> np.ndarray:
+    """Where each text of a UTF-8 buffer ends when cut to ``limit`` bytes less a character the
+    cut would split (``keys.cut_text``): before the lead byte of a character that straddles
+    the cut (continuation bytes are ``0b10xxxxxx``)."""
+    ends: np.ndarray = np.minimum(offsets[1:], offsets[:-1] + limit)
+    for i in np.flatnonzero(ends < offsets[1:]).tolist():
+        end = int(ends[i])
+        while raw[end] & 0xC0 == 0x80:
+            end -= 1
+        ends[i] = end
+    return ends
 
 
 def _newlines(strings: pa.Array) -> np.ndarray:

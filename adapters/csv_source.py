@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from hashlib import sha256
 from typing import Any, Literal
 
-from adapters.csv_batches import RecordBatch, RecordBlocks
+from adapters.csv_batches import RecordBatch, RecordBlocks, RecordShape
 from adapters.csv_batches import applies as batches_apply
 from adapters.csv_duplicates import raise_on_duplicates
 from adapters.csv_format import sniff_stream
@@ -59,7 +59,7 @@ from adapters.memory import large_buffers_reused
 from adapters.row_facts import RowFacts
 from adapters.scratch import Scratch
 from embedline.errors import InputError
-from embedline.keys import ChunkKeyBuilder, columns_lines
+from embedline.keys import ChunkKeyBuilder, columns_lines, cut_text
 from embedline.models import ChunkSpec, InputPlan, InputSource
 from embedline.template import Template, kept_sha256
 
@@ -187,6 +187,7 @@ def plan_csv(
     keep_text: bool = False,
     quoting: str = "minimal",
     normalize: Literal["none", "NFC", "NFKC"] = "none",
+    truncate_bytes: int | None = None,
     scratch_root: str | None = None,
     scratch: Scratch | None = None,
 ) -> InputPlan:
@@ -208,7 +209,9 @@ def plan_csv(
     row's text; ``keep_columns`` are read beside it and, like ``keep_text``, enter the chunk
     keys (``keys.columns_lines``). ``normalize`` (``NFC``, ``NFKC``; ``none``: as read) is
     the Unicode form each text is put in before it is hashed (and later sent); a form
-    enters the keys too.
+    enters the keys too. ``truncate_bytes`` (None: texts whole) cuts each text to that many
+    UTF-8 bytes after that (``keys.cut_text``, ``--on-too-long truncate``): the cut text is
+    hashed, and the cut enters the keys.
 
     ``scratch_root`` (a directory, normally the ledger's): the pass keeps its per-row facts
     in a scratch directory under it (``adapters.row_facts``), so memory stays flat at any
@@ -239,6 +242,7 @@ def plan_csv(
         keep_text,
         quoting,
         normalize,
+        truncate_bytes,
         scratch_root,
     )
     return _plan_csv(*args, given=scratch)
@@ -258,6 +262,7 @@ def _plan_csv(
     keep_text: bool,
     quoting: str,
     normalize: Literal["none", "NFC", "NFKC"],
+    truncate_bytes: int | None,
     scratch_root: str | None,
     *,
     given: Scratch | None = None,
@@ -276,6 +281,7 @@ def _plan_csv(
         keep_text,
         quoting,
         normalize,
+        truncate_bytes,
     )
     for fast in (True, False):
         if given is not None:
@@ -309,6 +315,7 @@ def _plan_pass(
     keep_text: bool,
     quoting: str,
     normalize: Literal["none", "NFC", "NFKC"],
+    truncate_bytes: int | None,
     *,
     fast: bool,
     scratch: Scratch | None,
@@ -355,7 +362,7 @@ def _plan_pass(
             keep_columns=keep_columns,
             line=header_line,
         )
-        shape = _Shape(header, template, keep_columns, normalize)
+        shape = _Shape(header, template, keep_columns, normalize, truncate_bytes)
         data_start = lines.offset_after(header_last_line)
         planner = _Planner(
             lines,
@@ -363,16 +370,21 @@ def _plan_pass(
             chunk_size=chunk_size,
             model=model,
             dimensions=dimensions,
-            columns=columns_lines(text_template, keep_columns, keep_text, normalize),
+            columns=columns_lines(
+                text_template, keep_columns, keep_text, normalize, truncate_bytes
+            ),
         )
         planner.start(byte_start=data_start, line_start=header_last_line + 1)
         width = len(header.names)
         if isinstance(lines, RecordBlocks):
-            records = _add_batches(lines, planner, header, data_start, fmt.delimiter, source_path)
+            records = _add_batches(
+                lines, planner, header, data_start, fmt.delimiter, source_path, truncate_bytes
+            )
         any_text, filled = planner.any_text, planner.filled
         text_of, kept_hash, keeping = shape.text_of, shape.kept_hash, bool(keep_columns)
         id_index = header.id_index
-        text_index = None if template or normalize != "none" else header.text_index
+        as_read = not (template or normalize != "none" or truncate_bytes is not None)
+        text_index = header.text_index if as_read else None
         starts = header_starts(header)  # a record starting so may be the header again
         add_id, add_hash, add_size = planner.ids.append, planner.hashes.append, planner.sizes.append
         add_line, add_last_line = planner.lines.append, planner.last_lines.append
@@ -467,17 +479,20 @@ def _add_batches(
     data_start: int,
     delimiter: str,
     source_path: str,
+    truncate_bytes: int | None,
 ) -> Iterator[tuple[int, int, list[str]]]:
     """Plan the data records Arrow reads alike (``adapters.csv_batches``); the records
     (``read_records``) from where it stops."""
     lines.split_at(data_start)
-    for batch in lines.batches(
+    shape = RecordShape(
         width=len(header.names),
         id_index=header.id_index,
         text_index=header.text_index,
         delimiter=delimiter,
         starts=header_starts(header),
-    ):
+        truncate_bytes=truncate_bytes,
+    )
+    for batch in lines.batches(shape):
         planner.add_batch(batch)
     return read_records(lines, source_path, delimiter, "minimal")
 
@@ -491,6 +506,7 @@ class _Shape:
         template: Template | None,
         keep_columns: Sequence[str],
         normalize: Literal["none", "NFC", "NFKC"] = "none",
+        truncate_bytes: int | None = None,
     ) -> None:
         self.parts = (
             tuple(
@@ -504,6 +520,7 @@ class _Shape:
         self.keep_columns = tuple(keep_columns)
         self.kept_indexes = tuple(header.columns[c] for c in keep_columns)
         self.normalize = normalize
+        self.truncate_bytes = truncate_bytes
 
     def text_of(self, fields: list[str]) -> str:
         """The record's text, as ``InputSource.text_of`` composes it (a test holds them
@@ -512,9 +529,9 @@ class _Shape:
             text = fields[self.text_index]
         else:
             text = "".join(literal + (fields[i] if i >= 0 else "") for literal, i in self.parts)
-        if self.normalize == "none":
-            return text
-        return unicodedata.normalize(self.normalize, text)
+        if self.normalize != "none":
+            text = unicodedata.normalize(self.normalize, text)
+        return cut_text(text, self.truncate_bytes)
 
     def kept_hash(self, fields: list[str]) -> str | None:
         if not self.kept_indexes:
@@ -529,4 +546,5 @@ class _Shape:
             "keep_text": keep_text,
             "text_template": text_template,
             "normalize": self.normalize,
+            "truncate_bytes": self.truncate_bytes,
         }

@@ -172,7 +172,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
         dest="on_too_long",
         flags=("--on-too-long",),
-        help="what to do with a text over --max-input-tokens",
+        help="what to do with a text over --max-input-tokens: a dead letter, or cut to 3 x N UTF-8 bytes when read (the cut text is hashed, sent and reused)",
         default="dead-letter",
         choices=("dead-letter", "truncate"),
     ),

@@ -2,7 +2,8 @@
 
 All keys follow ``docs/reference/keys.md`` (a contract: outside checks recompute them).
 
-- ``text_sha256(text)``: the exact text as read, UTF-8, no trimming.
+- ``text_sha256(text)``: the exact text as embedded (read, or composed, normalized and cut as
+  the documents lines below say), UTF-8, no trimming.
 - ``row_key``: ``sha256("{id}\\x1f{text_sha256}\\x1f{model}\\x1f{dimensions}")``.
 - ``request_key``: sha256 of a request's row keys joined by ``\\n`` (the ``Idempotency-Key``
   header), so every attempt of the same request, in this process or after a crash, carries
@@ -13,11 +14,11 @@ All keys follow ``docs/reference/keys.md`` (a contract: outside checks recompute
   dims, str(chunk_size)]))``; generation N >= 1 of a run (a committed run whose dead letters
   were sent again, docs/reference/output-layout.md, "Generations") appends ``"g{N}"`` as a last
   line.
-- Documents (docs/reference/keys.md): a run with a text template other than ``{text_column}``, kept
-  columns, ``--keep-text`` or ``--normalize NFC|NFKC`` appends ``columns_lines`` to the run
-  key (before ``g{N}``) and
-  to the chunk key's header, and each chunk-key row line then also carries
-  ``kept_sha256`` of the row's kept values. Without them the keys are exactly those above.
+- Documents (docs/reference/keys.md): a run with a text template other than ``{text_column}``,
+  kept columns, ``--keep-text``, ``--normalize NFC|NFKC`` or ``--on-too-long truncate``
+  appends ``columns_lines`` to the run key (before ``g{N}``) and to the chunk key's header,
+  and each chunk-key row line then also carries ``kept_sha256`` of the row's kept values.
+  Without them the keys are exactly those above.
 
 An unset ``dimensions`` (``None``) is the empty string everywhere.
 """
@@ -32,6 +33,7 @@ __all__ = [
     "ChunkKeyBuilder",
     "chunk_key",
     "columns_lines",
+    "cut_text",
     "dims_text",
     "request_key",
     "row_key",
@@ -57,6 +59,18 @@ def dims_text(dimensions: int | None) -> str:
 def text_sha256(text: str) -> str:
     """Return the lowercase hex SHA-256 of ``text`` encoded as UTF-8 (64 chars)."""
     return _sha256(text)
+
+
+def cut_text(text: str, max_bytes: int | None) -> str:
+    """``text`` cut to its first ``max_bytes`` UTF-8 bytes, less a character the cut would
+    split (docs/reference/keys.md, "Documents": ``truncate:``); whole when it fits or
+    ``max_bytes`` is None. The cut text is what a truncating run hashes and sends."""
+    if max_bytes is None or len(text) * 4 <= max_bytes:  # 4 bytes a character at most
+        return text
+    raw = text.encode("utf-8")
+    if len(raw) <= max_bytes:
+        return text
+    return raw[:max_bytes].decode("utf-8", errors="ignore")
 
 
 def row_key(row_id: str, text_hash: str, model: str, dimensions: int | None) -> str:
@@ -108,6 +122,7 @@ def columns_lines(
     kept_columns: Sequence[str] = (),
     keep_text: bool = False,
     normalize: str = "none",
+    truncate_bytes: int | None = None,
 ) -> list[str]:
     """The key lines of a run's documents settings (docs/reference/keys.md): ``template:`` and the
     JSON of ``text_template`` (None: the plain text column, no line), ``keep:`` and the JSON list
@@ -115,7 +130,9 @@ def columns_lines(
     the Unicode form (``NFC``, ``NFKC``; ``none``: no line). JSON so that a template's newlines
     stay inside its one line. The same input bytes give other texts in another form, so the
     form is in the keys; ``text_sha256`` is of the normalized text, so reuse across forms
-    happens exactly where the texts are equal."""
+    happens exactly where the texts are equal. ``truncate:`` and ``truncate_bytes`` when texts
+    are cut to that many UTF-8 bytes (``cut_text``; None: no line): ``text_sha256`` is of the
+    cut text, so a truncated vector is never taken for its whole text's."""
     lines = []
     if text_template is not None:
         lines.append("template:" + json.dumps(text_template, ensure_ascii=False))
@@ -125,6 +142,8 @@ def columns_lines(
         lines.append("keep_text")
     if normalize != "none":
         lines.append("normalize:" + normalize)
+    if truncate_bytes is not None:
+        lines.append(f"truncate:{int(truncate_bytes)}")
     return lines
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from embedline.keys import columns_lines, cut_text
+
 __all__ = [
     "EMPTY_TEXT",
     "RETRYABLE_DEAD_LETTERS",
@@ -120,7 +122,9 @@ class InputSource:
     offset of the first data record (after the header); ``id_index``/``text_index`` are
     0-based field positions; ``n_fields`` is the header's width. ``quoting`` is how fields
     are split (``minimal`` or ``none``: ``adapters.csv_format.QUOTING``); ``normalize`` the
-    Unicode form the composed text is put in (``NFC``, ``NFKC``; ``none``: as read).
+    Unicode form the composed text is put in (``NFC``, ``NFKC``; ``none``: as read);
+    ``truncate_bytes`` the UTF-8 bytes a text is cut to after that (``keys.cut_text``; None:
+    whole; ``--on-too-long truncate``).
     """
 
     path: str
@@ -145,23 +149,35 @@ class InputSource:
     text_template: str | None = None  # as given (None: the plain text column)
     quoting: str = "minimal"
     normalize: Literal["none", "NFC", "NFKC"] = "none"  # docs/reference/keys.md, "Documents"
+    truncate_bytes: int | None = None  # docs/reference/keys.md, "Documents"
 
     def text_of(self, fields: Sequence[str]) -> str:
         """A record's text: the template composed from ``fields``, or its text field, in the
-        Unicode form ``normalize``."""
+        Unicode form ``normalize``, cut to ``truncate_bytes``."""
         if not self.text_parts:
             text = fields[self.text_index]
         else:
             text = "".join(
                 literal + (fields[i] if i >= 0 else "") for literal, i in self.text_parts
             )
-        if self.normalize == "none":
-            return text
-        return unicodedata.normalize(self.normalize, text)
+        if self.normalize != "none":
+            text = unicodedata.normalize(self.normalize, text)
+        return cut_text(text, self.truncate_bytes)
 
     def kept_of(self, fields: Sequence[str]) -> tuple[str, ...]:
         """A record's kept values, exactly as read (empty without kept columns)."""
         return tuple(fields[i] for i in self.kept_indexes)
+
+    @property
+    def key_lines(self) -> list[str]:
+        """The documents lines of the run and chunk keys (``keys.columns_lines``)."""
+        return columns_lines(
+            self.text_template,
+            self.kept_columns,
+            self.keep_text,
+            self.normalize,
+            self.truncate_bytes,
+        )
 
     @property
     def extra_columns(self) -> tuple[str, ...]:

@@ -228,7 +228,10 @@ class RunFields(BaseModel):
     )
     on_too_long: Literal["dead-letter", "truncate"] = Field(
         default="dead-letter",
-        description="what to do with a text over --max-input-tokens",
+        description=(
+            "what to do with a text over --max-input-tokens: a dead letter, or cut to "
+            "3 x N UTF-8 bytes when read (the cut text is hashed, sent and reused)"
+        ),
     )
     auth_header: Annotated[str | None, Cli(metavar="NAME")] = Field(
         default=None,

@@ -19,7 +19,6 @@ from typing import Any
 from pydantic import ValidationError, field_validator, model_validator
 
 from embedline.http_names import is_field_name
-from embedline.keys import columns_lines
 from embedline.run_fields import RunFields
 from embedline.template import (
     RESERVED_COLUMNS,
@@ -504,10 +503,14 @@ class RunSettings(RunFields):
         return self.keep_columns or ()
 
     @property
-    def key_columns(self) -> list[str]:
-        """The run and chunk key lines of the documents settings (``keys.columns_lines``;
-        empty for a plain run, whose keys have no such lines)."""
-        return columns_lines(self.text_template, self.kept_columns, self.keep_text, self.normalize)
+    def truncate_bytes(self) -> int | None:
+        """The UTF-8 bytes each text is cut to before it is hashed and sent (``keys.cut_text``):
+        ``3 × max_input_tokens`` with ``--on-too-long truncate`` on an OpenAI-compatible
+        embedder, which no script's tokens exceed (``estimate_tokens``); None: texts whole (the
+        local model truncates itself)."""
+        if self.on_too_long != "truncate" or self.max_input_tokens is None:
+            return None
+        return 3 * self.max_input_tokens if self.embedder == "openai" else None
 
     @property
     def codec(self) -> str:
@@ -518,7 +521,7 @@ class RunSettings(RunFields):
     def plan_arguments(self) -> dict[str, Any]:
         """Keyword arguments of ``adapters.csv_source.plan_csv`` for ``input`` (columns,
         codec, delimiter, quoting, chunk size in rows, model, dimensions, template, kept
-        columns, normalization, ``scratch_root``)."""
+        columns, normalization, truncation, ``scratch_root``)."""
         return {
             "id_column": self.id_column,
             "text_column": self.text_column,
@@ -532,6 +535,7 @@ class RunSettings(RunFields):
             "keep_text": self.keep_text,
             "quoting": self.quoting,
             "normalize": self.normalize,
+            "truncate_bytes": self.truncate_bytes,
             "scratch_root": self.scratch_root,
         }
 

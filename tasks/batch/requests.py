@@ -113,7 +113,7 @@ def split_input(content: bytes) -> dict[int | None, dict[int | None, bytes]]:
 
 
 def sent_text_sha256(text: str) -> str:
-    """The hex SHA-256 of a text as sent (a truncated text differs from its row's)."""
+    """The hex SHA-256 of a text as sent (``keys.text_sha256``: texts are cut when read)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -149,9 +149,8 @@ def chunk_requests(
 ) -> list[BatchRequest]:
     """The requests a chunk of ``rows`` sends, given its reuse ``plan``: rows the plan does
     not list (in-run owners, copied vectors), without in-chunk duplicates, empty texts and
-    (``on_too_long=dead-letter``) texts over ``max_input_tokens`` by the lenient estimate,
-    truncated texts as
-    ``tasks.embed.rows`` truncates them; batched by ``batch_size`` and ``max_request_tokens``.
+    (``on_too_long=dead-letter``) texts over ``max_input_tokens`` by the lenient estimate
+    (``truncate``: texts were cut when read); batched by ``batch_size`` and ``max_request_tokens``.
     ``only``: of those, the rows at these positions (0-based in ``rows``) alone."""
     planned = {p for source in plan.sources for p in source.rows}
     position = {id(r): i for i, r in enumerate(rows)}
@@ -181,21 +180,12 @@ def chunk_requests(
         requests.append(
             BatchRequest(
                 request_key(keys),
-                tuple(_as_sent(r.text, settings) for r in batch),
+                tuple(r.text for r in batch),
                 tuple(keys),
                 tuple(position[id(r)] for r in batch),
             )
         )
     return requests
-
-
-def _as_sent(text: str, settings: RunSettings) -> str:
-    """``text`` as a request carries it: cut as ``tasks.embed.rows`` cuts it when
-    ``on_too_long=truncate`` and its conservative estimate exceeds ``max_input_tokens``."""
-    limit = settings.max_input_tokens
-    if limit is not None and settings.on_too_long == "truncate" and estimate_tokens(text) > limit:
-        return text.encode("utf-8")[: 3 * limit].decode("utf-8", errors="ignore")
-    return text
 
 
 def layout_of(requests: Iterable[BatchRequest]) -> BatchLayout:
@@ -221,7 +211,7 @@ def layout_requests(
             requests.append(
                 BatchRequest(
                     custom_id,
-                    tuple(_as_sent(r.text, settings) for r in picked),
+                    tuple(r.text for r in picked),
                     keys,
                     tuple(positions),
                 )
@@ -239,7 +229,7 @@ def layout_from_input(rows: Sequence[Row], content: bytes, settings: RunSettings
     model, dims = settings.effective_model, settings.dimensions
     by_text: dict[str, list[int]] = {}
     for position, row in enumerate(rows):
-        by_text.setdefault(sent_text_sha256(_as_sent(row.text, settings)), []).append(position)
+        by_text.setdefault(sent_text_sha256(row.text), []).append(position)
     layout = []
     for line in content.splitlines():
         try:

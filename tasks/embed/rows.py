@@ -293,9 +293,9 @@ def embed_rows(
     (``ceil(chars / 4)``, OpenAI's rule of thumb for English) exceeds the limit is a
     ``too_long`` dead letter, never sent; shorter texts that the server still rejects (CJK
     runs about one token per character) are caught by the 400 bisection. With
-    ``"truncate"``, a text whose *conservative* estimate (``estimate_tokens``) exceeds the
-    limit is cut to ``3 × max_input_tokens`` UTF-8 bytes, which fits in any script; its keys
-    and ``text_sha256`` stay those of the full input text.
+    ``"truncate"``, every text was cut to ``3 × max_input_tokens`` UTF-8 bytes when it was read
+    (``InputSource.truncate_bytes``, which fits in any script), so its keys and ``text_sha256``
+    are of the text sent, and it is sent as is.
 
     Every vector has the run's length: ``expect_dimensions`` when given (the flow knows it
     from chunks published before), else ``dimensions``, else the first answer's length; an
@@ -318,10 +318,8 @@ def embed_rows(
     for row in rows:
         if not row.text.strip():
             embedder.dead_letters.append(DeadLetter(row.row_number, row.id, "empty_text"))
-        elif max_input_tokens is None:
+        elif max_input_tokens is None or on_too_long == "truncate":  # truncate: cut when read
             sendable.append(row)
-        elif on_too_long == "truncate":
-            sendable.append(_truncated(row, max_input_tokens))
         elif math.ceil(len(row.text) / 4) > max_input_tokens:
             embedder.dead_letters.append(DeadLetter(row.row_number, row.id, "too_long"))
         else:
@@ -380,13 +378,6 @@ def merged(first: EmbeddedRows, second: EmbeddedRows) -> EmbeddedRows:
         requests=first.requests + second.requests,
         tokens_estimated=first.tokens_estimated + second.tokens_estimated,
     )
-
-
-def _truncated(row: Row, max_input_tokens: int) -> Row:
-    if estimate_tokens(row.text) <= max_input_tokens:
-        return row
-    cut = row.text.encode("utf-8")[: 3 * max_input_tokens].decode("utf-8", errors="ignore")
-    return dataclasses.replace(row, text=cut)
 
 
 def _stack(vectors: list[np.ndarray], dimensions: int | None) -> np.ndarray:

@@ -37,7 +37,7 @@ from adapters.scratch import (
 )
 from embedline.delete_share import check_delete_share
 from embedline.errors import ConflictError
-from embedline.keys import ChunkKeyBuilder, columns_lines, rows_sha256
+from embedline.keys import ChunkKeyBuilder, rows_sha256
 from embedline.models import ChunkPart, ChunkSpec, DeltaBase, InputPlan
 from embedline.protocols import ObjectStore
 from embedline.settings import RunSettings
@@ -280,9 +280,7 @@ def _delta_chunks(plan: InputPlan, written: pa.Table, settings: RunSettings) -> 
     """The delta chunks: ``written`` (rows to write, in input order) cut every
     ``chunk_size`` rows; each keyed over its own rows (docs/reference/keys.md, "Chunk key")."""
     source, size = plan.source, settings.chunk_size
-    columns = columns_lines(
-        source.text_template, source.kept_columns, source.keep_text, source.normalize
-    )
+    columns = source.key_lines
     specs = []
     for index, start in enumerate(range(0, written.num_rows, size)):
         part = written.slice(start, size)

@@ -121,7 +121,7 @@ def _key_function(plan: InputPlan, settings: RunSettings) -> Callable[[int], str
             settings.dimensions,
             settings.chunk_size,
             generation=generation,
-            columns=settings.key_columns,
+            columns=plan.source.key_lines,
         )
 
     return key_for

@@ -4,6 +4,7 @@ real Prefect server, local and S3 outputs (moto, and ministack for the main job,
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
@@ -462,15 +463,47 @@ def test_max_input_tokens_truncate_and_dead_letter_before_sending(
     code, out, _ = _run(tmp_path, fake_openai, "--max-input-tokens", "50")
     assert code == 1 and "1 row is a dead letter" in out
     assert fake_openai.counters()["inputs"] == 3  # the long text was never sent
-    (tmp_path / "ledger.sqlite3").unlink()
-    import shutil
 
-    shutil.rmtree(tmp_path / "out")
-    code, _, err = _run(
-        tmp_path, fake_openai, "--max-input-tokens", "50", "--on-too-long", "truncate"
-    )
-    assert code == 0, err
-    assert set(read_local_output(tmp_path / "out")[1]) == {r[0] for r in rows}
+
+def test_a_truncated_texts_vector_is_keyed_by_the_cut_text_across_nights(
+    tmp_path: Path, fake_openai: FakeEmbeddingServer
+) -> None:
+    """--on-too-long truncate: the vector of a cut text is stored under the cut text's hash,
+    so a night without the limit sends the whole text, and a night with it reuses the cut."""
+    rows = _rows(6)
+    long_text = "ü" * 30 + "long text " * 40  # 460 bytes; the cut (150 bytes) ends mid-word
+    rows[1] = (rows[1][0], long_text)
+    _csv(tmp_path / "in.csv", rows)
+    truncate = ("--max-input-tokens", "50", "--on-too-long", "truncate")
+    cut = long_text.encode()[:150].decode("utf-8", errors="ignore")
+    texts = dict(rows)
+
+    def night(*extra: str) -> dict[str, str]:
+        """Run; check every vector against the fake's for the text it embedded; return
+        ``{id: text_sha256}`` of the run (the latest)."""
+        from tasks.load.read_run import read_embeddings
+
+        fake_openai.reset()
+        code, out, err = _run(tmp_path, fake_openai, *extra)
+        assert code == 0, out + err
+        frame = read_embeddings(str(tmp_path / "out"))
+        assert sorted(frame["id"]) == sorted(texts)
+        for row_id, vector in zip(frame["id"], frame["embedding"], strict=True):
+            embedded = cut if row_id == rows[1][0] and extra else texts[row_id]
+            np.testing.assert_allclose(vector, expected_vector(embedded), atol=1e-6)
+        return dict(zip(frame["id"], frame["text_sha256"], strict=True))
+
+    hashes = night(*truncate)
+    assert fake_openai.counters()["inputs"] == 6
+    assert hashes[rows[1][0]] == hashlib.sha256(cut.encode()).hexdigest()
+    hashes = night()  # the limit lifted: only the cut text is sent again, whole
+    assert fake_openai.counters()["inputs"] == 1
+    assert hashes[rows[1][0]] == hashlib.sha256(long_text.encode()).hexdigest()
+    rows[3] = (rows[3][0], "an edited description")
+    texts = dict(rows)
+    _csv(tmp_path / "in.csv", rows)
+    night(*truncate)  # the limit again: the cut text's vector is reused, the edit sent
+    assert fake_openai.counters()["inputs"] == 1
 
 
 def test_second_run_publishes_a_change_set_against_the_first(

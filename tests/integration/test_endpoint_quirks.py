@@ -517,13 +517,12 @@ def test_a_rerun_with_another_setting_retries_the_dead_letters_it_may_fix(
     fake_openai.reset()
     code, out, err = _run(tmp_path, fake_openai, *args)
     assert code == 1 and fake_openai.requests == 0  # same settings: final
-    code, out, err = _run(tmp_path, fake_openai, *args, "--on-too-long", "truncate")
+    code, out, err = _run(tmp_path, fake_openai, "--chunk-size", "10", "--max-input-tokens", "60")
     assert code == 0, out + err
     assert [e["n_inputs"] for e in fake_openai.log] == [1]  # only the dead letter is sent
     manifest, vectors = read_local_output(tmp_path / "out")
     assert manifest["rows_failed"] == 0 and set(vectors) == set(texts)
-    cut = long_text.encode()[:60].decode()  # truncated to 3 bytes per token
-    np.testing.assert_allclose(vectors["003"], expected_vector(cut), atol=1e-6)
+    np.testing.assert_allclose(vectors["003"], expected_vector(long_text), atol=1e-6)
 
 
 def _run_key(tmp_path: Path, generation: int = 0) -> str:
@@ -596,10 +595,10 @@ def test_a_committed_run_is_retried_when_the_request_settings_change(
     tmp_path: Path, fake_openai: FakeEmbeddingServer
 ) -> None:
     _input(tmp_path, dict(TEXTS, **{"003": "word " * 40}))  # over --max-input-tokens 20
-    args = ("--chunk-size", "10", "--max-input-tokens", "20", "--allow-failed-rows")
-    assert _run(tmp_path, fake_openai, *args)[0] == 0
+    args = ("--chunk-size", "10", "--allow-failed-rows", "--max-input-tokens")
+    assert _run(tmp_path, fake_openai, *args, "20")[0] == 0
     fake_openai.reset()
-    code, out, err = _run(tmp_path, fake_openai, *args, "--on-too-long", "truncate")
+    code, out, err = _run(tmp_path, fake_openai, *args, "60")  # now within the limit
     assert code == 0, out + err
     assert [e["n_inputs"] for e in fake_openai.log] == [1]
     manifest = _manifest(tmp_path, _run_key(tmp_path, generation=1))

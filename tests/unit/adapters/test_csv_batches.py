@@ -7,6 +7,9 @@ again) at a random place, read with blocks small enough that records cross them.
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import random
 from pathlib import Path
 from typing import Any
@@ -83,7 +86,7 @@ def _export(seed: int, oddity: bytes | None) -> bytes:
     return raw.rstrip(b"\n") if rng.random() < 0.2 else raw
 
 
-def _plan(path: Path, chunk_size: int) -> Any:
+def _plan(path: Path, chunk_size: int, truncate_bytes: int | None = None) -> Any:
     """The plan and its per-row facts, or the error as (message, path, line, column)."""
     scratch = path.parent / f"scratch-{random.random()}"
     scratch.mkdir()
@@ -96,6 +99,7 @@ def _plan(path: Path, chunk_size: int) -> Any:
             chunk_size=chunk_size,
             model="m",
             dimensions=None,
+            truncate_bytes=truncate_bytes,
             scratch_root=str(scratch),
         )
     except InputError as exc:
@@ -105,24 +109,26 @@ def _plan(path: Path, chunk_size: int) -> Any:
     return plan.sha256, plan.bytes, plan.rows, plan.chunks, plan.source, facts.to_pylist()
 
 
-def _both(monkeypatch: pytest.MonkeyPatch, path: Path, chunk_size: int) -> tuple[Any, int]:
+def _both(
+    monkeypatch: pytest.MonkeyPatch, path: Path, chunk_size: int, truncate_bytes: int | None = None
+) -> tuple[Any, int]:
     """(outcome with the Arrow path, rows it took); asserts the reference (``csv.reader``
     on every record) gives the same outcome."""
     with monkeypatch.context() as patch:
         patch.setattr(csv_source, "batches_apply", lambda *args, **kwargs: False)
-        expected = _plan(path, chunk_size)
+        expected = _plan(path, chunk_size, truncate_bytes)
     taken = 0
     batches = RecordBlocks.batches
 
-    def counted(self: RecordBlocks, **kwargs: Any) -> Any:
+    def counted(self: RecordBlocks, shape: Any) -> Any:
         nonlocal taken
-        for batch in batches(self, **kwargs):
+        for batch in batches(self, shape):
             taken += len(batch.ids)
             yield batch
 
     with monkeypatch.context() as patch:
         patch.setattr(RecordBlocks, "batches", counted)
-        got = _plan(path, chunk_size)
+        got = _plan(path, chunk_size, truncate_bytes)
     assert got == expected
     return got, taken
 
@@ -198,6 +204,35 @@ def test_the_real_debian_files_plan_alike_and_arrow_takes_every_row(
     path.write_bytes(Path(real_csv(name)).read_bytes())
     got, taken = _both(monkeypatch, path, 997)
     assert taken == got[2]
+
+
+@pytest.mark.parametrize("name", [ENGLISH_NAME, JAPANESE_NAME])
+def test_truncated_texts_plan_alike_and_hash_the_cut_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """``--on-too-long truncate``: both paths hash each text's first N UTF-8 bytes less a
+    character cut in two (3-byte kana, a 4-byte emoji at every offset of the cut)."""
+    path = tmp_path / "real.csv"
+    rows = list(csv.reader(io.StringIO(Path(real_csv(name)).read_text("utf-8"))))[:400]
+    rows += [[f"emoji{i}", "title", "x" * i + "\U0001f600" * 40] for i in range(4)]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(rows)
+    limit = 100
+    got, taken = _both(monkeypatch, path, 37, truncate_bytes=limit)
+    assert taken == got[2] == len(rows) - 1
+    text_at = rows[0].index("text")
+    cut = [r[text_at].encode()[:limit].decode("utf-8", errors="ignore") for r in rows[1:]]
+    assert sum(c != r[text_at] for c, r in zip(cut, rows[1:], strict=True)) > 100
+    expected = [hashlib.sha256(c.encode()).hexdigest() for c in cut]
+    whole = _plan(path, 37)
+    assert got[0] == whole[0] and got[3] != whole[3]  # the file's hash, other chunk keys
+    hashes = _row_hashes(got)
+    assert hashes == expected and _row_hashes(whole) != expected
+
+
+def _row_hashes(outcome: Any) -> list[str]:
+    """The per-row text hashes a plan spilled, in input order."""
+    return [row["text_sha256"] for row in outcome[5]]
 
 
 @pytest.mark.parametrize(

@@ -228,6 +228,29 @@ def test_normalize_applies_to_a_composed_template(tmp_path: Path) -> None:
     assert _read(plan) == [("1", "é: é")]
 
 
+def test_truncated_texts_are_read_and_hashed_cut_and_the_cut_enters_the_keys(
+    tmp_path: Path,
+) -> None:
+    """--on-too-long truncate: planning and the chunk reader take the same cut text (30
+    bytes for --max-input-tokens 10, a 2-byte character never split), and its hash."""
+    path = tmp_path / "in.csv"
+    path.write_text("id,text\n1," + "é" * 100 + "\n2,short\n", encoding="utf-8")
+    settings = RunSettings(
+        input=str(path), embedder="openai", max_input_tokens=10, on_too_long="truncate"
+    )
+    assert settings.plan_arguments["truncate_bytes"] == 30
+    dead_letter = settings.model_copy(update={"on_too_long": "dead-letter"})
+    local = settings.model_copy(update={"embedder": "local"})  # the model truncates itself
+    assert dead_letter.truncate_bytes is None and local.truncate_bytes is None
+    plan = _plan(path, truncate_bytes=30)
+    assert _read(plan) == [("1", "é" * 15), ("2", "short")]
+    rows = read_chunk(plan.source, plan.chunks[0])
+    assert [r.text_sha256 for r in rows] == [text_sha256("é" * 15), text_sha256("short")]
+    assert plan.source.key_lines == ["truncate:30"]
+    whole = _plan(path)
+    assert whole.chunks[0].key != plan.chunks[0].key and _read(whole)[0][1] == "é" * 100
+
+
 def test_a_normalization_form_enters_the_keys_and_none_leaves_them(tmp_path: Path) -> None:
     assert columns_lines(None) == columns_lines(None, normalize="none") == []
     assert columns_lines("{a}{b}", ("k",), True, "NFC") == [
@@ -242,6 +265,7 @@ def test_a_normalization_form_enters_the_keys_and_none_leaves_them(tmp_path: Pat
     nfd = _plan(_export(tmp_path, "nfd.tsv", "NFD"), normalize="none")
     assert [c.key for c in nfd.chunks] != keys["none"]  # none: hashed as read
     assert _read(nfd)[0][1] == unicodedata.normalize("NFD", TEXTS[0])
-    plain = RunSettings(input="x.csv")
-    assert plain.key_columns == [] and plain.plan_arguments["normalize"] == "none"
-    assert RunSettings(input="x.csv", normalize="NFC").key_columns == ["normalize:NFC"]
+    plain = RunSettings(input="x.csv").plan_arguments
+    assert plain["normalize"] == "none" and plain["truncate_bytes"] is None
+    assert RunSettings(input="x.csv", normalize="NFC").plan_arguments["normalize"] == "NFC"
+    assert _plan(path, normalize="NFC").source.key_lines == ["normalize:NFC"]

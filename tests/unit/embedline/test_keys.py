@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from embedline import keys
+from embedline.keys import columns_lines, cut_text, run_key
 
 
 def _sha(text: str) -> str:
@@ -50,3 +53,43 @@ def test_run_key_matches_the_documented_formula() -> None:
     got = keys.run_key("abc", "id", "text", "m", None, 1000)
     assert got == _sha("\n".join(["run.v1", "abc", "id", "text", "m", "", "1000"]))
     assert keys.run_key("abc", "id", "text", "m", None, 999) != got
+
+
+@pytest.mark.parametrize(
+    "text, limit, expected",
+    [
+        ("short", 10, "short"),
+        ("exactly10!", 10, "exactly10!"),
+        ("eleven char", 10, "eleven cha"),
+        ("ああああ", 7, "ああ"),  # 3-byte kana: the third would be split
+        ("ああああ", 9, "あああ"),
+        ("ab\U0001f600cd", 5, "ab"),  # a 4-byte emoji cut in two is dropped whole
+        ("ab\U0001f600cd", 6, "ab\U0001f600"),
+        ("\U0001f600", 3, ""),
+        ("any text", None, "any text"),
+    ],
+)
+def test_cut_text_keeps_whole_characters_within_the_byte_limit(
+    text: str, limit: int | None, expected: str
+) -> None:
+    cut = cut_text(text, limit)
+    assert cut == expected
+    assert limit is None or len(cut.encode()) <= limit
+
+
+def test_a_truncating_run_has_its_own_documents_line_and_run_key() -> None:
+    assert columns_lines(None, truncate_bytes=24573) == ["truncate:24573"]
+    assert columns_lines("{title}", (), normalize="NFC", truncate_bytes=30) == [
+        'template:"{title}"',
+        "normalize:NFC",
+        "truncate:30",
+    ]
+    whole = run_key("f" * 64, "id", "text", "m", None, 100)
+    cut = run_key("f" * 64, "id", "text", "m", None, 100, columns=["truncate:30"])
+    assert cut != whole
+    assert (
+        cut
+        == hashlib.sha256(
+            "\n".join(["run.v1", "f" * 64, "id", "text", "m", "", "100", "truncate:30"]).encode()
+        ).hexdigest()
+    )

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from adapters.csv_source import plan_csv
 from embedline import keys
 from embedline.settings import RunSettings
 from embedline.template import (
@@ -58,10 +60,18 @@ def test_kept_sha256_is_of_the_json_array_of_the_values() -> None:
     assert kept_sha256(["a", "b"]) != kept_sha256(["ab", ""])
 
 
-def test_plain_runs_keep_their_keys_and_documents_runs_get_lines() -> None:
+def _key_lines(settings: RunSettings, tmp_path: Path) -> list[str]:
+    """The documents lines of a run with ``settings`` (its plan's source), on a small file."""
+    path = tmp_path / "x.csv"
+    path.write_text("id,title,section,text,body\n1,a,b,c,d\n", encoding="utf-8")
+    plan = plan_csv(path, **{**settings.plan_arguments, "scratch_root": None})
+    return plan.source.key_lines
+
+
+def test_plain_runs_keep_their_keys_and_documents_runs_get_lines(tmp_path: Path) -> None:
     plain = RunSettings(input="x.csv")
-    assert plain.key_columns == []
-    assert keys.run_key("abc", "id", "text", "m", None, 1000, columns=plain.key_columns) == _sha(
+    assert _key_lines(plain, tmp_path) == []
+    assert keys.run_key("abc", "id", "text", "m", None, 1000, columns=[]) == _sha(
         "\n".join(["run.v1", "abc", "id", "text", "m", "", "1000"])
     )
     docs = RunSettings(
@@ -72,7 +82,7 @@ def test_plain_runs_keep_their_keys_and_documents_runs_get_lines() -> None:
     )
     assert docs.kept_columns == ("title", "section")
     lines = ['template:"{title}\\n\\n{text}"', 'keep:["title", "section"]', "keep_text"]
-    assert docs.key_columns == lines
+    assert _key_lines(docs, tmp_path) == lines
     assert keys.run_key("abc", "id", "text", "m", None, 1000, generation=1, columns=lines) == _sha(
         "\n".join(["run.v1", "abc", "id", "text", "m", "", "1000", *lines, "g1"])
     )
@@ -92,10 +102,10 @@ def test_the_chunk_key_covers_kept_values_only_with_kept_columns() -> None:
     assert keys.chunk_key("m", None, [("1", t)]) == expected
 
 
-def test_a_template_of_one_placeholder_is_the_text_column() -> None:
+def test_a_template_of_one_placeholder_is_the_text_column(tmp_path: Path) -> None:
     settings = RunSettings(input="x.csv", text_template="{body}")
     assert (settings.text_template, settings.text_column) == (None, "body")
-    assert settings.key_columns == []
+    assert _key_lines(settings, tmp_path) == []
     assert placeholder("body") == "{body}"
 
 

@@ -124,13 +124,14 @@ def test_too_long_text_is_dead_lettered_before_sending() -> None:
     assert [t for texts, _ in client.calls for t in texts] == ["short"]
 
 
-def test_truncate_cuts_long_text_but_keeps_the_original_hash() -> None:
+def test_truncate_sends_the_text_as_read_which_reading_has_cut() -> None:
+    """The cut happens when the chunk is read (``InputSource.truncate_bytes``), so the text
+    sent is the row's, and its hash is the hash of what is sent."""
     client = ScriptedClient()
-    rows = _rows(["é" * 100])  # 200 UTF-8 bytes: over 10 tokens by the conservative estimate
+    rows = _rows(["é" * 15, "short"])  # 30 bytes: as read with --max-input-tokens 10
     result = _run(rows, client, max_input_tokens=10, on_too_long="truncate")
-    sent = client.calls[0][0][0]
-    assert sent == "é" * 15  # 30 bytes = 3 × 10 tokens, cut on a character boundary
-    assert result.rows[0].text_sha256 == text_sha256("é" * 100)
+    assert client.calls[0][0] == ["é" * 15, "short"]
+    assert result.rows[0].text_sha256 == text_sha256("é" * 15)
     assert result.dead_letters == []
 
 
