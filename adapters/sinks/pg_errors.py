@@ -18,13 +18,18 @@ Error Codes"), most specific first:
   55 (lock not available), 57 (operator intervention, query canceled), 58 (system I/O).
   ``57014`` (query canceled) is named as such: a timeout the server or a pooler enforces
   (``statement_timeout``, ``query_timeout``) or an operator's cancel, not a server down.
-- **fatal**: anything else (a refusal a rerun would meet again).
+- **fatal**: anything else (a refusal a rerun would meet again), and a connection the server
+  refused at startup for good: libpq gives those no SQLSTATE, only the server's ``FATAL:``
+  message (``3D000`` database, ``28000`` role or ``pg_hba.conf``, ``28P01`` password,
+  ``42501`` ``CONNECT`` privilege), matched in the server's default English wording
+  (``_REFUSED_AT_STARTUP``); other wordings stay *retry*.
 
 Messages use the server's primary message only: its DETAIL may quote the row's values.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -54,6 +59,12 @@ REASONS = {
     "23514": "check_violation",
 }
 _RETRY_CLASSES = ("08", "40", "53", "55", "57", "58")
+#: A server's startup refusals that a rerun meets again (PostgreSQL's src/backend messages):
+#: a ``FATAL:`` at connect such as "too many clients" or "starting up" passes in a while.
+_REFUSED_AT_STARTUP = re.compile(
+    r"FATAL:\s+(database \".*\" does not exist|role \".*\" does not exist"
+    r"|password authentication failed|no pg_hba\.conf entry|permission denied for database)"
+)
 
 
 def classify(exc: BaseException) -> Refusal:
@@ -61,7 +72,7 @@ def classify(exc: BaseException) -> Refusal:
     (retry), or the load (fatal)."""
     state = getattr(exc, "sqlstate", None)
     if state is None:
-        return "retry"
+        return "fatal" if _refused_at_startup(exc) else "retry"
     if state.startswith("22") or state in ("54000", "23514"):
         return "row"
     if state.startswith(("42", "23")) and state != "42501":
@@ -69,6 +80,15 @@ def classify(exc: BaseException) -> Refusal:
     if state.startswith(_RETRY_CLASSES):
         return "retry"
     return "fatal"
+
+
+def _refused_at_startup(exc: BaseException) -> str:
+    """The server's ``FATAL:`` message if ``exc`` is a connection it refused for good (a
+    database or role that does not exist, a password or ``pg_hba.conf`` refusal), else "".
+    """
+    text = str(exc)
+    found = _REFUSED_AT_STARTUP.search(text)
+    return text[found.start(1) :].splitlines()[0].strip() if found else ""
 
 
 def row_reason(exc: BaseException) -> str:
@@ -101,6 +121,12 @@ def translate(exc: Exception, where: str) -> Exception:
         return FatalError(
             f"{where}: the pgvector extension is not available on this server "
             f"({exc.__class__.__name__}); install pgvector"
+        )
+    refused = _refused_at_startup(exc)
+    if refused:
+        return FatalError(
+            f"{where}: the server refused the connection ({refused}): check the database "
+            "name, the user and PGPASSWORD the URI uses"
         )
     kind = classify(exc)
     state = getattr(exc, "sqlstate", None)

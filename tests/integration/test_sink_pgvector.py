@@ -130,7 +130,7 @@ def test_whole_english_file_into_pgvector_then_an_edited_copy_leaves_exactly_the
     _check_whole_cycle(tmp_path, fake_openai, pg_uri, read_rows(ENGLISH), "whole", chunk_size=1000)
 
 
-def test_a_table_of_another_length_exits_3_naming_both_and_no_server_exits_1(
+def test_another_length_or_a_refused_connection_exits_3_and_no_server_exits_1(
     tmp_path: Path, fake_openai: FakeEmbeddingServer, pg_uri: str, prefect_api_url: str
 ) -> None:
     with psycopg.connect(pg_uri) as conn:
@@ -177,6 +177,21 @@ def test_a_table_of_another_length_exits_3_naming_both_and_no_server_exits_1(
     assert gone.returncode == 1, gone.stderr[-2000:]
     ours = [line for line in gone.stderr.splitlines() if line.startswith("embedline:")]
     assert len(ours) == 1 and "check that the server is running" in ours[0], ours
+    # a server that refuses the connection for good (no such database, no such role): exit
+    # 3, one line naming it, since a rerun would meet it again
+    no_role = "postgresql://nosuchrole@" + pg_uri.split("@", 1)[1]
+    for uri, named in (
+        (pg_uri.replace("/postgres?", "/nosuchdb?"), "nosuchdb"),
+        (no_role, "nosuchrole"),
+    ):
+        refused = run_cli(
+            "load", "--to", _sink(uri, "other"), "--output", str(tmp_path / "out"),
+            "--ledger", str(tmp_path / "ledger.sqlite3"), cwd=tmp_path,
+        )  # fmt: skip
+        assert refused.returncode == 3, refused.stderr[-2000:]
+        ours = [line for line in refused.stderr.splitlines() if line.startswith("embedline:")]
+        assert len(ours) == 1 and "refused the connection" in ours[0], ours
+        assert f'"{named}" does not exist' in ours[0] and "Traceback" not in refused.stderr
 
 
 def test_a_password_in_the_sink_uri_is_refused_before_anything_runs(tmp_path: Path) -> None:

@@ -51,3 +51,35 @@ def test_a_statement_the_server_cancelled_names_the_timeout_not_a_server_down() 
     assert "check that the server is running" not in str(got)
     down = translate(psycopg.errors.AdminShutdown("terminating connection"), "index t")
     assert "check that the server is running" in str(down)
+
+
+@pytest.mark.parametrize(
+    "fatal, kind",
+    [
+        ('database "nosuchdb" does not exist', "fatal"),
+        ('role "nosuchrole" does not exist', "fatal"),
+        ('password authentication failed for user "app"', "fatal"),
+        ('no pg_hba.conf entry for host "10.0.0.2", user "app", database "db"', "fatal"),
+        ('permission denied for database "db"', "fatal"),
+        ("sorry, too many clients already", "retry"),
+        ("the database system is starting up", "retry"),
+    ],
+)
+def test_a_connection_refused_at_startup_is_fatal_only_when_a_rerun_meets_it_again(
+    fatal: str, kind: str
+) -> None:
+    """libpq's startup errors carry no SQLSTATE, only the server's FATAL message."""
+    import psycopg
+
+    from adapters.sinks.pg_errors import classify, translate
+    from embedline.errors import FatalError, RetryableError
+
+    exc = psycopg.OperationalError(
+        f'connection failed: connection to server on socket "/tmp/.s.PGSQL.5432" failed: '
+        f"FATAL:  {fatal}"
+    )
+    assert classify(exc) == kind
+    got = translate(exc, "PostgreSQL postgresql://app@/db")
+    assert isinstance(got, FatalError if kind == "fatal" else RetryableError)
+    if kind == "fatal":
+        assert fatal in str(got) and "refused the connection" in str(got)
