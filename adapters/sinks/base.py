@@ -135,24 +135,27 @@ def check_compatible(
     model: str,
     dimensions: int,
     columns: SinkColumns = SinkColumns(),
+    called: str = "table",
 ) -> None:
     """Refuse to mix vectors of another length or model in one table, or to load a run
-    keeping other columns than the table was created with.
+    keeping other columns than the table was created with. ``called``: what the store calls
+    a table, which is also its URI parameter (``collection`` for Qdrant).
 
     :raises FatalError: naming both the table's and the run's model and dimensions (or
         kept columns).
     """
+    another = f"load into another {called} (?{called}=NAME)"
     if found.dimensions != dimensions or found.model not in (None, model):
         raise FatalError(
             f"{where} holds {found.dimensions}-dimension vectors of model "
             f"{found.model or 'unknown'}, but this run has {dimensions}-dimension vectors of "
-            f"model {model}: load into another table (?table=NAME) or drop that one"
+            f"model {model}: {another} or drop that one"
         )
     if found.embedder is not None and found.columns != columns:
         raise FatalError(
             f"{where} keeps {found.columns.describe()}, but this run keeps "
-            f"{columns.describe()}: load into another table (?table=NAME), drop that one, "
-            "or run with the table's --keep-columns/--keep-text"
+            f"{columns.describe()}: {another}, drop that one, "
+            f"or run with the {called}'s --keep-columns/--keep-text"
         )
 
 

@@ -297,6 +297,7 @@ class QdrantSink(KeptColumnsCache):
             model=model,
             dimensions=dimensions,
             columns=columns,
+            called="collection",
         )
         self._kept = found.columns
         return found

@@ -123,6 +123,7 @@ def test_qdrant_mismatch_names_both_models_and_lengths(tmp_path: Path) -> None:
     message = str(caught.value)
     for part in ("text-embedding-3-small", "4-dimension", "all-MiniLM-L6-v2", "384-dimension"):
         assert part in message
+    assert "another collection (?collection=NAME)" in message and "?table=" not in message
     assert caught.value.exit_code == 3
     again.close()
 
