@@ -31,6 +31,7 @@ __all__ = [
     "invalid_prefect_setting",
     "is_prefect_cloud",
     "prefect_api",
+    "reread_prefect_settings",
     "temporary_server_stopped",
     "with_prefect_api",
 ]
@@ -70,6 +71,36 @@ def configure_prefect_environment() -> None:
         os.environ.setdefault(name, value)
 
 
+def reread_prefect_settings() -> None:
+    """Have Prefect read the settings just exported, if this process imported it already.
+
+    Prefect reads its settings and configures its logging when it is imported; the CLI
+    exports its own (``configure_prefect_environment``, the temporary server's URL) before
+    that. A process that imported Prefect first (a fork server that preloads it, a notebook
+    that calls the CLI) would run on the settings of that import: Prefect's settings context
+    is refreshed (``prefect.context.refresh_global_settings_context``, as Prefect does after
+    its plugins set variables) and its logging configured again, without the handlers the
+    first configuration gave the extra loggers (else each line would print twice).
+
+    :raises pydantic.ValidationError: a Prefect setting Prefect refuses
+        (``invalid_prefect_setting`` words it).
+    """
+    if "prefect.context" not in sys.modules:
+        return  # Prefect reads them when it is imported
+    import logging
+
+    from prefect.context import refresh_global_settings_context
+    from prefect.logging.configuration import setup_logging
+
+    refresh_global_settings_context()
+    given = logging.getLogger("prefect.extra").handlers
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger) and logger.name != "prefect.extra":
+            for handler in [h for h in logger.handlers if h in given]:
+                logger.removeHandler(handler)
+    setup_logging(incremental=False)
+
+
 def is_prefect_cloud(url: str) -> bool:
     """Whether ``url`` (a ``PREFECT_API_URL``) is Prefect Cloud's API (``*.prefect.cloud``)."""
     return (urlsplit(url).hostname or "").endswith("prefect.cloud")
@@ -77,8 +108,9 @@ def is_prefect_cloud(url: str) -> bool:
 
 def invalid_prefect_setting(exc: BaseException) -> str | None:
     """One line for a Prefect setting that Prefect's own settings model refuses (raised by
-    ``import prefect`` or a settings read: a ``pydantic.ValidationError`` from
-    ``prefect/settings``), naming the variables that set it; None for any other error.
+    ``import prefect``, a settings read or ``reread_prefect_settings``: a
+    ``pydantic.ValidationError`` from ``prefect/settings`` or Prefect's root settings
+    context), naming the variables that set it; None for any other error.
 
     Only each error's location and message are shown, never the value (it may be a key).
     """
@@ -88,6 +120,7 @@ def invalid_prefect_setting(exc: BaseException) -> str | None:
 
     if not isinstance(exc, ValidationError) or not any(
         "/prefect/settings/" in frame.filename.replace(os.sep, "/")
+        or frame.name == "root_settings_context"
         for frame in traceback.extract_tb(exc.__traceback__)
     ):
         return None
@@ -256,12 +289,14 @@ def prefect_api(*, defer_server: bool = False) -> PrefectApi:
     configured = configured_api_url()
     if configured:
         _check_reachable(configured)
+        reread_prefect_settings()
         return PrefectApi(configured, None)
     from cli.local_server import LocalServer
 
     server = LocalServer()
     # Before Prefect is imported: its settings are read once, at import.
     os.environ["PREFECT_API_URL"] = server.api_url
+    reread_prefect_settings()
     api = PrefectApi(server.api_url, server)
     if not defer_server:
         api.start_server()

@@ -3,17 +3,21 @@ own, forked from one that imported the CLI's third-party libraries once.
 
 Why: the suite runs several hundred ``embedline`` commands, and a fresh interpreter spends
 about 0.9 CPU s of its 2-3 importing numpy, pandas, pyarrow, boto3, httpx and pydantic
-before embedline's first line runs (``-X importtime``); on CI's two cores that is minutes.
+before embedline's first line runs (``-X importtime``), and 0.5-0.8 more importing Prefect;
+on CI's two cores that is minutes.
 
 What the forked child shares with ``python -m cli``: its own pid, exit status (a signal's
 too), working directory, environment (exactly the test's), ``sys.argv`` and ``sys.path`` as
 ``-m`` sets them, stdout and stderr captured whole, stdin empty, and the interpreter's own
 ending (``atexit``, non-daemon threads joined, an uncaught ``KeyboardInterrupt`` ending by
-SIGINT). What it does not: Prefect, embedline and everything that reads settings or the
-environment at import are imported in the child, never here; only the libraries in
-``PRELOAD`` (none of which reads the environment at import) are. A test of what a command
-imports, of the interpreter's start, or of a command started beside others (signals to a
-process group) starts its own process (``subprocess``/``Popen``), not this.
+SIGINT). What it does not: embedline and everything that reads settings or the environment
+at import are imported in the child, never here. Only the libraries in ``PRELOAD`` are:
+none of them reads the environment at import but Prefect, and a command that talks to
+Prefect has it read its settings again once the command has exported its own
+(``cli.prefect_env.reread_prefect_settings``), so the child runs on the test's settings. A
+test of what a command imports, of the interpreter's start, or of a command started beside
+others (signals to a process group) starts its own process (``subprocess``/``Popen``), not
+this.
 
 ``EMBEDLINE_TEST_FRESH_CLI=1`` turns it off: every ``run_cli`` a fresh interpreter.
 The server ends with the pytest process that started it (its stdin closes).
@@ -77,6 +81,31 @@ PRELOAD = (
     "prometheus_client",
     "cloudpickle",
     "jinja2",
+    # Prefect and the parts of it a run imports (about 0.5-0.8 CPU s a command). Prefect
+    # reads its settings and configures its logging at import; a command that talks to
+    # Prefect has it read them again once it has exported its own
+    # (``cli.prefect_env.reread_prefect_settings``), as it would for a notebook that
+    # imported Prefect first. Not prefect_dask: Dask reads its config at import.
+    "prefect",
+    "prefect.main",
+    "prefect.artifacts",
+    "prefect.cache_policies",
+    "prefect.client.orchestration",
+    "prefect.client.schemas.actions",
+    "prefect.client.schemas.objects",
+    "prefect.client.schemas.schedules",
+    "prefect.events",
+    "prefect.events.worker",
+    "prefect.exceptions",
+    "prefect.flow_engine",
+    "prefect.futures",
+    "prefect.logging.handlers",
+    "prefect.runtime",
+    "prefect.states",
+    "prefect.task_engine",
+    "prefect.task_runners",
+    "prefect.utilities.annotations",
+    "prefect.variables",
 )
 
 #: Environment variables read when an interpreter or a preloaded library starts.
