@@ -79,8 +79,9 @@ def reread_prefect_settings() -> None:
     that. A process that imported Prefect first (a fork server that preloads it, a notebook
     that calls the CLI) would run on the settings of that import: Prefect's settings context
     is refreshed (``prefect.context.refresh_global_settings_context``, as Prefect does after
-    its plugins set variables) and its logging configured again, without the handlers the
-    first configuration gave the extra loggers (else each line would print twice).
+    its plugins set variables) and, where what its logging is made of changed
+    (``_logging_unchanged``), its logging configured again, without the handlers the first
+    configuration gave the extra loggers (else each line would print twice).
 
     :raises pydantic.ValidationError: a Prefect setting Prefect refuses
         (``invalid_prefect_setting`` words it).
@@ -91,14 +92,33 @@ def reread_prefect_settings() -> None:
 
     from prefect.context import refresh_global_settings_context
     from prefect.logging.configuration import setup_logging
+    from prefect.settings import get_current_settings
 
+    before = get_current_settings()
     refresh_global_settings_context()
+    if _logging_unchanged(before, get_current_settings()):
+        return
     given = logging.getLogger("prefect.extra").handlers
     for logger in list(logging.Logger.manager.loggerDict.values()):
         if isinstance(logger, logging.Logger) and logger.name != "prefect.extra":
             for handler in [h for h in logger.handlers if h in given]:
                 logger.removeHandler(handler)
     setup_logging(incremental=False)
+
+
+def _logging_unchanged(before: Any, after: Any) -> bool:
+    """Whether Prefect's logging configuration under settings ``after`` is the one made under
+    ``before``: ``setup_logging`` takes the logging settings, the server's and the internal
+    loggers' levels and, beyond the settings, ``PREFECT_LOGGING_*`` variables that override
+    a key of its configuration file (any such variable: not known unchanged)."""
+
+    def made_of(settings: Any) -> tuple[str, str, str]:
+        levels = (settings.server.logging_level, settings.internal.logging_level)
+        return settings.logging.model_dump_json(), *map(str, levels)
+
+    named = after.logging.to_environment_variables(include_aliases=True)
+    overrides = [k for k in os.environ if k.startswith("PREFECT_LOGGING_") and k not in named]
+    return not overrides and made_of(before) == made_of(after)
 
 
 def is_prefect_cloud(url: str) -> bool:

@@ -115,6 +115,9 @@ _READ_AT_START = (
     *("FSSPEC_", "OTEL_", "WEBSOCKETS_", "PENDULUM_", "PROMETHEUS_"),
 )
 
+#: The project's top-level packages: never left imported here.
+_PROJECT_PACKAGES = ("adapters", "cli", "deployments", "embedline", "flows", "tasks")
+
 #: Modules the ``site`` module imports from the path as an interpreter starts.
 _STARTUP_HOOKS = ("sitecustomize.py", "usercustomize.py")
 
@@ -256,6 +259,7 @@ def _serve() -> dict[str, Any] | None:
     import importlib
 
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # as the CLI's entry does
+    _export_the_clis_prefect_settings()
     for name in PRELOAD:
         importlib.import_module(name)
     wake_r, wake_w = os.pipe()
@@ -291,6 +295,20 @@ def _serve() -> dict[str, Any] | None:
                 children[pid] = request["id"]
                 reply.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
         _reap(children, reply)
+
+
+def _export_the_clis_prefect_settings() -> None:
+    """Export the Prefect settings a command exports (``configure_prefect_environment``), so
+    that Prefect is imported under them and most children find its logging configured as
+    they would (``reread_prefect_settings`` compares). The project's modules this imports
+    are dropped again: a child imports them itself (from its working directory first)."""
+    before = set(sys.modules)
+    from cli.prefect_env import configure_prefect_environment
+
+    configure_prefect_environment()
+    for name in set(sys.modules) - before:
+        if name.partition(".")[0] in _PROJECT_PACKAGES:
+            del sys.modules[name]
 
 
 def _reap(children: dict[int, int], reply: Any) -> None:

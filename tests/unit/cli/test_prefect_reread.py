@@ -16,31 +16,41 @@ _SCRIPT = """
 import json, logging, os
 os.environ["PREFECT_API_URL"] = "http://first.invalid/api"
 os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] = "embedline"
-import prefect  # reads the settings above, gives "embedline" Prefect's extra handlers
+import prefect.main  # reads the settings above, gives "embedline" Prefect's extra handlers
 from prefect.settings import get_current_settings
 from cli.prefect_env import reread_prefect_settings
 
+kept = []  # every handler seen stays alive, so no two share an id()
+
+def state():
+    ours = logging.getLogger("embedline").handlers
+    kept.extend(ours)
+    extra = logging.getLogger("prefect.extra").handlers
+    return {
+        "url": str(get_current_settings().api.url),
+        "level": logging.getLogger("prefect").level,
+        "handlers": [id(h) for h in ours],
+        "same": all(h in extra for h in ours),
+    }
+
+found = {"imported": state()}
 os.environ["PREFECT_API_URL"] = "http://second.invalid/api"
+reread_prefect_settings()
+found["url"] = state()  # the logging settings are those of the import: kept as configured
 os.environ["PREFECT_LOGGING_LEVEL"] = "DEBUG"
 reread_prefect_settings()
 reread_prefect_settings()  # again: still one set of handlers
-extra = list(logging.getLogger("prefect.extra").handlers)
-ours = list(logging.getLogger("embedline").handlers)
-url = str(get_current_settings().api.url)
+found["level"] = state()
+os.environ["PREFECT_LOGGING_HANDLERS_API_LEVEL"] = "ERROR"  # overrides a key of logging.yml
+reread_prefect_settings()
+found["override"] = state()
 os.environ["PREFECT_API_REQUEST_TIMEOUT"] = "soon"
 try:
     reread_prefect_settings()
-    refused = None
 except Exception as exc:
     from cli.prefect_env import invalid_prefect_setting
-    refused = invalid_prefect_setting(exc)
-print(json.dumps({
-    "url": url,
-    "level": logging.getLogger("prefect").level,
-    "handlers": len(ours),
-    "same": all(h in extra for h in ours),
-    "refused": refused,
-}))
+    found["refused"] = invalid_prefect_setting(exc)
+print(json.dumps(found))
 """
 
 
@@ -51,8 +61,13 @@ def test_an_imported_prefect_reads_the_settings_exported_after_it() -> None:
         [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, cwd=REPO
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.splitlines()[-1])
-    assert got["url"] == "http://second.invalid/api"
-    assert got["level"] == 10  # PREFECT_LOGGING_LEVEL=DEBUG, set after the import
-    assert got["handlers"] == 1 and got["same"]  # Prefect's API handler, once
-    assert got["refused"] and "PREFECT_API_REQUEST_TIMEOUT" in got["refused"]
+    found = json.loads(done.stdout.splitlines()[-1])
+    imported, url, level, override = (found[k] for k in ("imported", "url", "level", "override"))
+    assert imported["url"] == "http://first.invalid/api" and len(imported["handlers"]) == 1
+    assert url["url"] == "http://second.invalid/api"
+    assert url["handlers"] == imported["handlers"]  # logging unchanged: not configured again
+    assert level["level"] == 10  # PREFECT_LOGGING_LEVEL=DEBUG, set after the import
+    assert len(level["handlers"]) == 1 and level["same"]  # Prefect's API handler, once
+    assert level["handlers"] != imported["handlers"]
+    assert len(override["handlers"]) == 1 and override["handlers"] != level["handlers"]
+    assert found["refused"] and "PREFECT_API_REQUEST_TIMEOUT" in found["refused"]
