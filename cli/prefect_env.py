@@ -8,6 +8,7 @@ and exports its URL, so the flow, its tasks and Dask workers all talk to that on
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -110,11 +111,15 @@ def _logging_unchanged(before: Any, after: Any) -> bool:
     """Whether Prefect's logging configuration under settings ``after`` is the one made under
     ``before``: ``setup_logging`` takes the logging settings, the server's and the internal
     loggers' levels and, beyond the settings, ``PREFECT_LOGGING_*`` variables that override
-    a key of its configuration file (any such variable: not known unchanged)."""
+    a key of its configuration file (any such variable: not known unchanged), and the
+    configuration file itself where one exists."""
 
-    def made_of(settings: Any) -> tuple[str, str, str]:
+    def made_of(settings: Any) -> tuple[str, ...]:
         levels = (settings.server.logging_level, settings.internal.logging_level)
-        return settings.logging.model_dump_json(), *map(str, levels)
+        chosen = settings.logging.model_dump(mode="json")
+        path = settings.logging.config_path  # read only where it exists, else Prefect's own
+        chosen["config_path"] = str(path) if path is not None and path.exists() else ""
+        return json.dumps(chosen, sort_keys=True), *map(str, levels)
 
     named = after.logging.to_environment_variables(include_aliases=True)
     overrides = [k for k in os.environ if k.startswith("PREFECT_LOGGING_") and k not in named]

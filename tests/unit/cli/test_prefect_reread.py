@@ -35,6 +35,7 @@ def state():
 
 found = {"imported": state()}
 os.environ["PREFECT_API_URL"] = "http://second.invalid/api"
+os.environ["PREFECT_HOME"] = os.environ["OTHER_HOME"]  # no logging.yml there either
 reread_prefect_settings()
 found["url"] = state()  # the logging settings are those of the import: kept as configured
 os.environ["PREFECT_LOGGING_LEVEL"] = "DEBUG"
@@ -54,9 +55,10 @@ print(json.dumps(found))
 """
 
 
-def test_an_imported_prefect_reads_the_settings_exported_after_it() -> None:
+def test_an_imported_prefect_reads_the_settings_exported_after_it(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["PYTHONPATH"] = str(REPO)
+    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(tmp_path / "a"))
+    env["OTHER_HOME"] = str(tmp_path / "b")
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, cwd=REPO
     )
