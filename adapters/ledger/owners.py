@@ -9,16 +9,13 @@ import uuid
 
 from adapters.processes import local_process_is_gone
 
-__all__ = ["PROCESS_OWNER", "new_owner", "owner_is_dead"]
+__all__ = ["new_owner", "owner_is_dead"]
 
 
 def new_owner() -> str:
-    """Return a lease owner id unique to this process and run: ``host:pid:random``."""
+    """Return a lease or run owner id unique to this process and run: ``host:pid:random``
+    (taken when the run or lease starts, so a forked process names itself, not its parent)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-#: This process as a run owner (``host:pid:random``), recorded by ``start_run``.
-PROCESS_OWNER = new_owner()
 
 
 def owner_is_dead(owner: str | None) -> bool:

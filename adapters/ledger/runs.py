@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from adapters.ledger.base import LedgerBase, now_iso
-from adapters.ledger.owners import PROCESS_OWNER, owner_is_dead
+from adapters.ledger.owners import new_owner, owner_is_dead
 from adapters.ledger.records import RunRecord
 from embedline.models import InputPlan
 
@@ -83,7 +83,7 @@ class RunTable(LedgerBase):
             # count, and no chunk past it
             db.execute(
                 "UPDATE runs SET owner = ?, chunks_total = ? WHERE run_key = ?",
-                (PROCESS_OWNER, len(plan.chunks), run_key),
+                (new_owner(), len(plan.chunks), run_key),
             )
             db.execute(
                 "DELETE FROM chunks WHERE run_key = ? AND idx >= ?", (run_key, len(plan.chunks))

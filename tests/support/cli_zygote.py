@@ -3,21 +3,21 @@ own, forked from one that imported the CLI's third-party libraries once.
 
 Why: the suite runs several hundred ``embedline`` commands, and a fresh interpreter spends
 about 0.9 CPU s of its 2-3 importing numpy, pandas, pyarrow, boto3, httpx and pydantic
-before embedline's first line runs (``-X importtime``), and 0.5-0.8 more importing Prefect;
-on CI's two cores that is minutes.
+before embedline's first line runs (``-X importtime``), 0.5-0.8 more importing Prefect and
+0.3 importing embedline's flows; on CI's two cores that is minutes.
 
 What the forked child shares with ``python -m cli``: its own pid, exit status (a signal's
 too), working directory, environment (exactly the test's), ``sys.argv`` and ``sys.path`` as
 ``-m`` sets them, stdout and stderr captured whole, stdin empty, and the interpreter's own
 ending (``atexit``, non-daemon threads joined, an uncaught ``KeyboardInterrupt`` ending by
-SIGINT). What it does not: embedline and everything that reads settings or the environment
-at import are imported in the child, never here. Only the libraries in ``PRELOAD`` are:
-none of them reads the environment at import but Prefect, and a command that talks to
-Prefect has it read its settings again once the command has exported its own
-(``cli.prefect_env.reread_prefect_settings``), so the child runs on the test's settings. A
-test of what a command imports, of the interpreter's start, or of a command started beside
-others (signals to a process group) starts its own process (``subprocess``/``Popen``), not
-this.
+SIGINT). What it does not: only the libraries in ``PRELOAD`` and embedline's flows
+(``PRELOAD_PROJECT``) are imported here, none of which reads the environment or keeps a
+value of its process at import but Prefect, which a command that talks to Prefect has read
+its settings again once the command has exported its own
+(``cli.prefect_env.reread_prefect_settings``), so the child runs on the test's settings. The
+CLI package and everything else is imported in the child. A test of what a command imports,
+of the interpreter's start, or of a command started beside others (signals to a process
+group) starts its own process (``subprocess``/``Popen``), not this.
 
 ``EMBEDLINE_TEST_FRESH_CLI=1`` turns it off: every ``run_cli`` a fresh interpreter.
 The server ends with the pytest process that started it (its stdin closes).
@@ -107,6 +107,12 @@ PRELOAD = (
     "prefect.utilities.annotations",
     "prefect.variables",
 )
+
+#: embedline's flows, and what they import of embedline (about 0.3 CPU s a command): no module
+#: of the shipped packages reads the environment or keeps a value of its process at import
+#: (``tests/unit/test_module_state.py``). Not ``cli``: a child imports it itself, from its
+#: working directory first, as ``python -m cli`` does.
+PRELOAD_PROJECT = ("flows.embed_csv", "flows.load")
 
 #: Environment variables read when an interpreter or a preloaded library starts.
 _READ_AT_START = (
@@ -260,7 +266,7 @@ def _serve() -> dict[str, Any] | None:
 
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # as the CLI's entry does
     _export_the_clis_prefect_settings()
-    for name in PRELOAD:
+    for name in (*PRELOAD, *PRELOAD_PROJECT):
         importlib.import_module(name)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

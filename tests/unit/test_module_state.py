@@ -74,7 +74,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ): "constant sort key pyarrow takes as a list, never written",
     ("cli.local_server", "_SKIP_BLOCK_REGISTRATION"): "constant settings table, never written",
     ("cli.prefect_env", "_PREFECT_DEFAULTS"): "constant settings table, never written",
-    ("adapters.ledger.owners", "PROCESS_OWNER"): "this process's owner id (a str), fixed at import",
     (
         "embedline.tracebacks",
         "_FILTER",
