@@ -119,6 +119,38 @@ def option_description(name: str) -> str:
     return text
 
 
+def _embedder_problem(settings: RunSettings) -> str | None:
+    """Why ``settings`` ask the embedder for what it does not do, or None."""
+    local = settings.embedder == "local"
+    if local and settings.model is not None and settings.model not in LOCAL_MODEL_NAMES:
+        return (
+            f"the local embedder runs {DEFAULT_MODELS['local']} only; use "
+            f"--embedder openai for {settings.model!r}"
+        )
+    if local and settings.dimensions not in (None, LOCAL_DIMENSIONS):
+        return (
+            f"the local model gives {LOCAL_DIMENSIONS} dimensions; omit "
+            "--dimensions or use --embedder openai"
+        )
+    if local and settings.max_input_tokens is not None:
+        return (
+            "--max-input-tokens is a limit of an OpenAI-compatible server (--embedder "
+            "openai); the local model truncates every text to its 256 word pieces itself: "
+            "omit --max-input-tokens"
+        )
+    if settings.on_too_long == "truncate" and settings.max_input_tokens is None:
+        return (
+            "--on-too-long truncate needs --max-input-tokens N (the model's limit per text, "
+            "e.g. 8191 for text-embedding-3): texts are cut to 3 x N UTF-8 bytes"
+        )
+    if settings.batch_api and settings.embedder != "openai":
+        return (
+            "--batch-api needs --embedder openai (OpenAI's Batch API, or a "
+            "server with the same /files and /batches endpoints)"
+        )
+    return None
+
+
 def codec_for(encoding: str) -> str:
     """Return the Python codec name for ``--encoding``, or ``"auto"`` (UTF-8 with or without
     BOM, UTF-16 by its BOM, else detected: ``adapters.csv_format.sniff_format``).
@@ -344,28 +376,12 @@ class RunSettings(RunFields):
         return self
 
     @model_validator(mode="after")
-    def _local_model_is_fixed(self) -> RunSettings:
-        if self.embedder != "local":
-            return self
-        if self.model is not None and self.model not in LOCAL_MODEL_NAMES:
-            raise ValueError(
-                f"the local embedder runs {DEFAULT_MODELS['local']} only; use "
-                f"--embedder openai for {self.model!r}"
-            )
-        if self.dimensions not in (None, LOCAL_DIMENSIONS):
-            raise ValueError(
-                f"the local model gives {LOCAL_DIMENSIONS} dimensions; omit "
-                "--dimensions or use --embedder openai"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _batch_api_is_openai(self) -> RunSettings:
-        if self.batch_api and self.embedder != "openai":
-            raise ValueError(
-                "--batch-api needs --embedder openai (OpenAI's Batch API, or a "
-                "server with the same /files and /batches endpoints)"
-            )
+    def _embedder_options_fit(self) -> RunSettings:
+        """What the chosen embedder takes: the local model's name and length, the Batch API,
+        and the too-long policy (``_embedder_problem``)."""
+        problem = _embedder_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -242,6 +242,13 @@ def test_truncated_texts_are_read_and_hashed_cut_and_the_cut_enters_the_keys(
     dead_letter = settings.model_copy(update={"on_too_long": "dead-letter"})
     local = settings.model_copy(update={"embedder": "local"})  # the model truncates itself
     assert dead_letter.truncate_bytes is None and local.truncate_bytes is None
+    # a truncation that would do nothing is refused, not ignored
+    for fields, named in (
+        ({"on_too_long": "truncate"}, "needs --max-input-tokens"),
+        ({"embedder": "local", "max_input_tokens": 10}, "omit --max-input-tokens"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            RunSettings(input="x.csv", **fields)  # type: ignore[arg-type]
     plan = _plan(path, truncate_bytes=30)
     assert _read(plan) == [("1", "é" * 15), ("2", "short")]
     rows = read_chunk(plan.source, plan.chunks[0])
