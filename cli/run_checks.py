@@ -65,12 +65,15 @@ def check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
     except InputError as exc:
         return str(exc), exc.exit_code
     try:
-        _check_output(settings.output)
-        check_ledger(settings.ledger)
         if settings.sink:
-            from adapters.sinks import validate_sink_uri
+            from adapters.sinks import server_refusal, validate_sink_uri
 
             validate_sink_uri(settings.sink)
+            refused = None if settings.dry_run else server_refusal(settings.sink)
+            if refused is not None:  # before a request is paid for: exit 3
+                raise refused
+        _check_output(settings.output)
+        check_ledger(settings.ledger)
     except EmbedlineError as exc:
         return str(exc), exc.exit_code
     return _check_api_key(settings)

@@ -17,7 +17,7 @@ from adapters.sinks.base import (
     sink_metadata,
     sink_table_from_metadata,
 )
-from adapters.sinks.factory import is_sink_uri, open_sink, validate_sink_uri
+from adapters.sinks.factory import is_sink_uri, open_sink, server_refusal, validate_sink_uri
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -25,6 +25,7 @@ __all__ = [
     "check_compatible",
     "is_sink_uri",
     "open_sink",
+    "server_refusal",
     "sink_metadata",
     "sink_table_from_metadata",
     "validate_sink_uri",

@@ -34,6 +34,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from adapters.sinks.base import DEFAULT_TABLE
@@ -103,9 +104,26 @@ def _lancedb_claims(scheme: str, text: str) -> bool:
     return scheme == "lancedb" or (scheme == "" and text.rstrip("/").endswith(".lance"))
 
 
+def _a_directory(path: str, shown: str) -> str:
+    """``path`` (absolute), which is a directory or can be made one: refused if it, or what
+    exists of its parents, is a file (the store would fail at open, after the run).
+
+    :raises InputError: naming the file.
+    """
+    probe = path
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if os.path.lexists(probe) and not os.path.isdir(probe):
+        raise InputError(
+            f"sink {shown}: {probe} is a file; the sink's path names a directory, which "
+            "holds the database (created if absent)"
+        )
+    return path
+
+
 def _lancedb_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
     if scheme == "":  # PATH/NAME.lance
-        path = os.path.abspath(text.rstrip("/"))
+        path = _a_directory(os.path.abspath(text.rstrip("/")), shown)
         name = os.path.basename(path)[: -len(".lance")]
         return {"path": os.path.dirname(path), "table": _table_name(name, shown)}
     # The text after the LAST '?' is embedline's own query, so a sink's identity
@@ -122,7 +140,7 @@ def _lancedb_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
             "path holding '?' needs ?table=NAME after it, or write the sink "
             f"as PATH/NAME.lance); {_forms()}"
         )
-    return {"path": os.path.abspath(path), "table": table}
+    return {"path": _a_directory(os.path.abspath(path), shown), "table": table}
 
 
 def _lancedb_open(params: dict[str, str]) -> VectorSink:
@@ -214,6 +232,49 @@ _LIBPQ_PARAMS = frozenset(
 )
 
 
+#: libpq parameters that take one of a few words (PostgreSQL 18 manual, "Parameter Key
+#: Words"): libpq checks the value only when it connects.
+_LIBPQ_CHOICES = MappingProxyType(
+    {
+        "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+        "gssencmode": ("disable", "prefer", "require"),
+        "channel_binding": ("disable", "prefer", "require"),
+        "sslnegotiation": ("postgres", "direct"),
+        "sslcertmode": ("disable", "allow", "require"),
+        "target_session_attrs": (
+            "any", "read-write", "read-only", "primary", "standby", "prefer-standby",
+        ),
+        "load_balance_hosts": ("disable", "random"),
+        "sslcompression": ("0", "1"),
+        "sslsni": ("0", "1"),
+        "requiressl": ("0", "1"),
+        "keepalives": ("0", "1"),
+    }
+)  # fmt: skip
+#: libpq parameters that take an integer (``port``: one per host, comma-separated).
+_LIBPQ_INTEGERS = frozenset(
+    {
+        "port",
+        "connect_timeout",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+    }
+)
+
+
+def _libpq_value_problem(name: str, value: str) -> str | None:
+    """Why libpq would refuse ``value`` for parameter ``name`` when it connects, or None."""
+    choices = _LIBPQ_CHOICES.get(name)
+    if choices is not None and value not in choices:
+        return f"{name}={value!r} is not one of {', '.join(choices)}"
+    parts = value.split(",") if name == "port" else [value]
+    if name in _LIBPQ_INTEGERS and not all(p.strip().isdigit() for p in parts if p):
+        return f"{name}={value!r} is not a whole number"
+    return None
+
+
 def _password_refused(shown: str) -> InputError:
     """A secret in a postgresql:// URI (as ``user:pass@`` or a ``LIBPQ_SECRET_PARAMS``
     parameter) would reach logs and Prefect's parameters."""
@@ -226,8 +287,9 @@ def _password_refused(shown: str) -> InputError:
 def _check_libpq_params(query: str, shown: str) -> None:
     """Refuse, before anything is sent or connected, a query parameter libpq would refuse
     only at connect time (after the run had embedded and committed): a name it does not
-    know (``tabel``), or a secret, which belongs in PGPASSWORD or ~/.pgpass."""
-    for name, _ in parse_qsl(query, keep_blank_values=True):
+    know (``tabel``), a value it would not take (``sslmode=requre``, ``port=abc``:
+    ``_libpq_value_problem``), or a secret, which belongs in PGPASSWORD or ~/.pgpass."""
+    for name, value in parse_qsl(query, keep_blank_values=True):
         if name in LIBPQ_SECRET_PARAMS:
             raise _password_refused(shown)
         if name not in _LIBPQ_PARAMS:
@@ -236,6 +298,9 @@ def _check_libpq_params(query: str, shown: str) -> None:
                 "connection parameters (host, port, sslmode, ...) and embedline's "
                 "table=NAME, joined by '&'"
             )
+        problem = _libpq_value_problem(name, value)
+        if problem is not None:
+            raise InputError(f"sink {shown}: {problem} (libpq's connection parameters)")
 
 
 def _pgvector_open(params: dict[str, str]) -> VectorSink:
@@ -285,7 +350,7 @@ def _qdrant_parse(text: str, scheme: str, shown: str) -> dict[str, str]:
                 f"{_forms()}"
             )
         collection = _collection_name(names[0] if names else DEFAULT_TABLE, shown)
-        path = os.path.abspath(path)
+        path = _a_directory(os.path.abspath(path), shown)
         return {
             "path": path,
             "collection": collection,
@@ -426,6 +491,35 @@ def validate_sink_uri(uri: str) -> str:
     """
     _parse(uri)
     return uri
+
+
+def server_refusal(uri: str) -> FatalError | None:
+    """One connect to a sink on a PostgreSQL server, before a run pays for anything: the
+    refusal a rerun would meet again (no such database or role, a password, ``pg_hba.conf``
+    or a connection parameter refused: ``pg_errors.translate``), or None when it answers,
+    when the store is not one (a local store opens at the load), or when it does not answer
+    now (the load waits for it and a rerun loads).
+
+    :raises InputError: see ``validate_sink_uri``.
+    """
+    kind, params = _parse(uri)
+    if kind.name != "pgvector":
+        return None
+    try:
+        import psycopg
+    except ImportError:
+        return None  # the load's open names the missing package
+    from adapters.sinks.pg_errors import translate
+
+    try:
+        psycopg.connect(params["dsn"], connect_timeout=_CHECK_CONNECT_S).close()
+    except psycopg.Error as exc:
+        refused = translate(exc, f"PostgreSQL {redact(uri)}")
+        return refused if isinstance(refused, FatalError) else None
+    return None
+
+
+_CHECK_CONNECT_S = 5  # seconds: libpq's connect_timeout for server_refusal
 
 
 def open_sink(uri: str) -> VectorSink:

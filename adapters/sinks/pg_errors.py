@@ -65,6 +65,9 @@ _REFUSED_AT_STARTUP = re.compile(
     r"FATAL:\s+(database \".*\" does not exist|role \".*\" does not exist"
     r"|password authentication failed|no pg_hba\.conf entry|permission denied for database)"
 )
+#: libpq's own refusals of a connection parameter's value (``invalid sslmode value``,
+#: ``invalid integer value "abc" for connection option "port"``): the URI is wrong.
+_BAD_PARAMETER = re.compile(r"(invalid [a-z_]+ value.*|invalid connection option.*)")
 
 
 def classify(exc: BaseException) -> Refusal:
@@ -72,7 +75,7 @@ def classify(exc: BaseException) -> Refusal:
     (retry), or the load (fatal)."""
     state = getattr(exc, "sqlstate", None)
     if state is None:
-        return "fatal" if _refused_at_startup(exc) else "retry"
+        return "fatal" if _refused_at_startup(exc) or _bad_parameter(exc) else "retry"
     if state.startswith("22") or state in ("54000", "23514"):
         return "row"
     if state.startswith(("42", "23")) and state != "42501":
@@ -89,6 +92,12 @@ def _refused_at_startup(exc: BaseException) -> str:
     text = str(exc)
     found = _REFUSED_AT_STARTUP.search(text)
     return text[found.start(1) :].splitlines()[0].strip() if found else ""
+
+
+def _bad_parameter(exc: BaseException) -> str:
+    """libpq's refusal of a connection parameter's value in ``exc``, else ""."""
+    found = _BAD_PARAMETER.search(str(exc))
+    return found.group(1).splitlines()[0].strip() if found else ""
 
 
 def row_reason(exc: BaseException) -> str:
@@ -122,6 +131,9 @@ def translate(exc: Exception, where: str) -> Exception:
             f"{where}: the pgvector extension is not available on this server "
             f"({exc.__class__.__name__}); install pgvector"
         )
+    bad = _bad_parameter(exc)
+    if bad:
+        return FatalError(f"{where}: libpq refused a connection parameter ({bad}): fix the URI")
     refused = _refused_at_startup(exc)
     if refused:
         return FatalError(

@@ -192,6 +192,17 @@ def test_another_length_or_a_refused_connection_exits_3_and_no_server_exits_1(
         ours = [line for line in refused.stderr.splitlines() if line.startswith("embedline:")]
         assert len(ours) == 1 and "refused the connection" in ours[0], ours
         assert f'"{named}" does not exist' in ours[0] and "Traceback" not in refused.stderr
+    # run --sink meets the refusal before it pays for anything
+    fake_openai.reset()
+    refused = run_cli(
+        "run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url,
+        "--output", "out-refused", "--ledger", "refused.sqlite3",
+        "--sink", _sink(pg_uri.replace("/postgres?", "/nosuchdb?"), "other"), cwd=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode == 3, refused.stderr[-2000:]
+    ours = [line for line in refused.stderr.splitlines() if line.startswith("embedline:")]
+    assert len(ours) == 1 and '"nosuchdb" does not exist' in ours[0], ours
+    assert fake_openai.counters()["inputs"] == 0 and not (tmp_path / "out-refused").exists()
 
 
 def test_a_password_in_the_sink_uri_is_refused_before_anything_runs(tmp_path: Path) -> None:

@@ -44,6 +44,28 @@ def test_a_postgres_uri_libpq_cannot_parse_is_an_input_error_before_any_connect(
     assert "server is running" not in message
 
 
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("sslmode=requre", "sslmode='requre' is not one of disable, allow, prefer"),
+        ("port=abc", "port='abc' is not a whole number"),
+        ("host=a,b&port=5432,x", "port='5432,x'"),
+        ("connect_timeout=x", "connect_timeout='x'"),
+        ("target_session_attrs=primary-ish", "target_session_attrs="),
+        ("gssencmode=yes", "gssencmode='yes'"),
+    ],
+)
+def test_a_libpq_parameter_value_libpq_would_refuse_is_an_input_error_before_any_connect(
+    query: str, named: str
+) -> None:
+    """libpq checks a value only when it connects: after the run had embedded and
+    committed, with "check that the server is running"."""
+    with pytest.raises(InputError) as caught:
+        validate_sink_uri(f"postgresql://app@/vectors?{query}&table=docs")
+    assert named in str(caught.value) and "server is running" not in str(caught.value)
+    validate_sink_uri("postgresql://app@/v?sslmode=verify-full&port=5432,6432&host=a,b")
+
+
 def test_postgres_uri_keeps_libpq_params_and_takes_the_table_out() -> None:
     pytest.importorskip("psycopg")
     sink = open_sink("postgresql://app@/vectors?host=/tmp/sock&table=docs")
@@ -125,3 +147,25 @@ def test_the_qdrant_api_key_comes_from_the_environment_and_is_never_shown(
 def test_unusable_qdrant_uris_are_input_errors(uri: str) -> None:
     with pytest.raises(InputError):
         validate_sink_uri(uri)
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "lancedb://{file}?table=t",
+        "lancedb://{file}/under?table=t",
+        "{file}/docs.lance",
+        "qdrant+local://{file}?collection=c",
+        "qdrant+local://{file}/sub?collection=c",
+    ],
+)
+def test_a_local_sink_path_that_is_a_file_is_an_input_error_naming_it(
+    tmp_path: Path, form: str
+) -> None:
+    """It failed at the store's open, after the run: a traceback and exit 1."""
+    data = tmp_path / "ja.csv"
+    data.write_text("id,text\n")
+    with pytest.raises(InputError) as caught:
+        validate_sink_uri(form.format(file=data))
+    assert f"{data} is a file" in str(caught.value)
+    validate_sink_uri(form.format(file=tmp_path / "new" / "db"))  # absent: created later

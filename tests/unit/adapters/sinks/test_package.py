@@ -26,6 +26,7 @@ def test_package_exports_a_closed_list() -> None:
         "check_compatible",
         "is_sink_uri",
         "open_sink",
+        "server_refusal",
         "sink_metadata",
         "sink_table_from_metadata",
         "validate_sink_uri",

@@ -83,3 +83,23 @@ def test_a_connection_refused_at_startup_is_fatal_only_when_a_rerun_meets_it_aga
     assert isinstance(got, FatalError if kind == "fatal" else RetryableError)
     if kind == "fatal":
         assert fatal in str(got) and "refused the connection" in str(got)
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        'invalid sslmode value: "requre"',
+        'invalid integer value "abc" for connection option "port"',
+    ],
+)
+def test_libpqs_refusal_of_a_parameter_value_is_fatal_and_names_it(said: str) -> None:
+    """A value no check caught before (a service file's, an environment variable's)."""
+    import psycopg
+
+    from adapters.sinks.pg_errors import classify, translate
+    from embedline.errors import FatalError
+
+    exc = psycopg.OperationalError(f"connection is bad: {said}")
+    assert classify(exc) == "fatal"
+    got = translate(exc, "PostgreSQL postgresql://app@/db")
+    assert isinstance(got, FatalError) and said in str(got) and "server is running" not in str(got)
