@@ -31,7 +31,6 @@ directory (``adapters.row_facts``), so memory does not grow with the rows.
 from __future__ import annotations
 
 import os
-import unicodedata
 from array import array
 from collections.abc import Iterator, Sequence
 from hashlib import sha256
@@ -59,8 +58,8 @@ from adapters.memory import large_buffers_reused
 from adapters.row_facts import RowFacts
 from adapters.scratch import Scratch
 from embedline.errors import InputError
-from embedline.keys import ChunkKeyBuilder, columns_lines, cut_text
-from embedline.models import ChunkSpec, InputPlan, InputSource
+from embedline.keys import ChunkKeyBuilder, columns_lines
+from embedline.models import ChunkSpec, InputPlan, InputSource, compose_text
 from embedline.template import Template, kept_sha256
 
 __all__ = ["plan_csv"]
@@ -523,15 +522,10 @@ class _Shape:
         self.truncate_bytes = truncate_bytes
 
     def text_of(self, fields: list[str]) -> str:
-        """The record's text, as ``InputSource.text_of`` composes it (a test holds them
-        alike)."""
-        if not self.parts:
-            text = fields[self.text_index]
-        else:
-            text = "".join(literal + (fields[i] if i >= 0 else "") for literal, i in self.parts)
-        if self.normalize != "none":
-            text = unicodedata.normalize(self.normalize, text)
-        return cut_text(text, self.truncate_bytes)
+        """The record's text, as ``InputSource.text_of`` composes it (``compose_text``)."""
+        return compose_text(
+            fields, self.parts, self.text_index, self.normalize, self.truncate_bytes
+        )
 
     def kept_hash(self, fields: list[str]) -> str | None:
         if not self.kept_indexes:

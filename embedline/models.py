@@ -34,6 +34,7 @@ __all__ = [
     "chunk_generation",
     "chunk_object_key",
     "committed_dead_letters_note",
+    "compose_text",
     "dead_letters_block_message",
     "dead_letters_phrase",
     "empty_texts_phrase",
@@ -114,6 +115,26 @@ def manifest_object_key(run_key: str) -> str:
     return f"manifests/{run_key}.json"
 
 
+def compose_text(
+    fields: Sequence[str],
+    parts: Sequence[tuple[str, int]],
+    text_index: int,
+    normalize: Literal["none", "NFC", "NFKC"],
+    truncate_bytes: int | None,
+) -> str:
+    """A record's text as embedded (docs/reference/keys.md, "Documents"): the template's
+    ``parts`` (literal, field position; -1 for a trailing literal) composed from ``fields``,
+    or the field at ``text_index`` without parts; in the Unicode form ``normalize``
+    (``none``: as read); cut to ``truncate_bytes`` UTF-8 bytes (``keys.cut_text``)."""
+    if not parts:
+        text = fields[text_index]
+    else:
+        text = "".join(literal + (fields[i] if i >= 0 else "") for literal, i in parts)
+    if normalize != "none":
+        text = unicodedata.normalize(normalize, text)
+    return cut_text(text, truncate_bytes)
+
+
 @dataclass(frozen=True, slots=True)
 class InputSource:
     """Where the CSV is (a local path or ``s3://`` URI) and how its records map to ids and texts.
@@ -154,15 +175,9 @@ class InputSource:
     def text_of(self, fields: Sequence[str]) -> str:
         """A record's text: the template composed from ``fields``, or its text field, in the
         Unicode form ``normalize``, cut to ``truncate_bytes``."""
-        if not self.text_parts:
-            text = fields[self.text_index]
-        else:
-            text = "".join(
-                literal + (fields[i] if i >= 0 else "") for literal, i in self.text_parts
-            )
-        if self.normalize != "none":
-            text = unicodedata.normalize(self.normalize, text)
-        return cut_text(text, self.truncate_bytes)
+        return compose_text(
+            fields, self.text_parts, self.text_index, self.normalize, self.truncate_bytes
+        )
 
     def kept_of(self, fields: Sequence[str]) -> tuple[str, ...]:
         """A record's kept values, exactly as read (empty without kept columns)."""

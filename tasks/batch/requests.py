@@ -229,7 +229,7 @@ def layout_from_input(rows: Sequence[Row], content: bytes, settings: RunSettings
     model, dims = settings.effective_model, settings.dimensions
     by_text: dict[str, list[int]] = {}
     for position, row in enumerate(rows):
-        by_text.setdefault(sent_text_sha256(row.text), []).append(position)
+        by_text.setdefault(row.text_sha256, []).append(position)  # of the text as sent
     layout = []
     for line in content.splitlines():
         try:
