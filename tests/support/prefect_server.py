@@ -50,13 +50,22 @@ def start_prefect_server(
     """Start a Prefect server with ``PREFECT_HOME=home`` the way deployments/README.md says
     (``deployments/server.py``: host, port and the UI's API address set together), on a free
     port of ``host`` (a non-loopback address: reachable from other network namespaces), with
-    its UI only when ``ui``, on ``database_url`` (PostgreSQL) or SQLite in ``home``; return it
-    and its API URL.
+    its UI only when ``ui``, on ``database_url`` (PostgreSQL) or SQLite in ``home``, its
+    scheduler service off (no deployment's schedule starts a run); return it and its API URL.
 
     :raises RuntimeError: it did not answer ``/api/health`` within 120 s.
     """
     port = _free_port(host)
-    base = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": str(ui).lower()}
+    base = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_UI_ENABLED": str(ui).lower(),
+        # No scheduled runs: the tests deploy the sample's schedules (the nightly at 02:30
+        # Europe/Berlin), and a suite running at that hour had the scheduler start the real
+        # nightly on a test's worker, taking the deployment's one slot (CANCEL_NEW) from the
+        # run the test started. Tests read the schedules; none waits for one to fire.
+        "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false",
+    }
     env = server_env(base, host=host, port=port, database_url=database_url)
     log = open(home / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(
