@@ -35,6 +35,11 @@ _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 #: "Parameter Key Words"): redacted here, refused in a sink URI (``adapters.sinks.factory``).
 LIBPQ_SECRET_PARAMS = ("password", "sslpassword", "oauth_client_secret")
 _SECRET_QUERY_RE = re.compile(rf"([?&](?:{'|'.join(LIBPQ_SECRET_PARAMS)})=)[^&#]*")
+# RFC 3986 §3.2.1: userinfo is "user:password", the password everything after its first ":"
+# and up to the authority's last "@" (a raw "@" in a password is invalid but written).
+_USERINFO_PASSWORD_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@:]*):[^/?#]*@")
+_USERINFO_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#]*@")
+_USER_IS_NO_SECRET = ("postgresql", "postgres")
 
 
 class Location(NamedTuple):
@@ -48,9 +53,15 @@ class Location(NamedTuple):
 
 
 def redact(uri: str) -> str:
-    """Return ``uri`` with any ``user:password@`` part replaced by ``***@`` and the value of
-    a secret query parameter of libpq's (``LIBPQ_SECRET_PARAMS``) by ``***``, for messages."""
-    shown = re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1***@", uri)
+    """Return ``uri`` for messages, its secrets replaced by ``***``: the value of a secret
+    query parameter of libpq's (``LIBPQ_SECRET_PARAMS``) and the ``user:password@`` part. In
+    a PostgreSQL URI only the password goes: the user names whom a server refused, as
+    SQLAlchemy's ``hide_password`` shows it; elsewhere a lone user part may be an API key
+    (``qdrant://KEY@host``), so all of it goes."""
+    if scheme_of(uri) in _USER_IS_NO_SECRET:
+        shown = _USERINFO_PASSWORD_RE.sub(r"\1:***@", uri)
+    else:
+        shown = _USERINFO_RE.sub(r"\1***@", uri)
     return _SECRET_QUERY_RE.sub(r"\1***", shown)
 
 

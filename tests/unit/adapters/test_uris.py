@@ -10,7 +10,7 @@ import pytest
 from adapters.input_source import open_input
 from adapters.object_store import LocalDirStore, S3Store, open_store
 from adapters.sinks import open_sink, validate_sink_uri
-from adapters.uris import split_location
+from adapters.uris import redact, split_location
 from embedline.errors import InputError
 
 ODD_KEY = "exports/2026 #1?v=2/naïve%20+x.csv"
@@ -129,3 +129,25 @@ def test_a_stores_uri_reopens_the_same_store(uri: str) -> None:
     for again in (open_store(store.uri), store_for(store.uri), pickle.loads(pickle.dumps(store))):
         assert type(again) is type(store) and again.uri == store.uri
         assert again.uri_for("manifests/m.json") == store.uri_for("manifests/m.json")
+
+
+@pytest.mark.parametrize(
+    ("uri", "shown"),
+    [
+        ("postgresql://app:s3cret@db:5432/v", "postgresql://app:***@db:5432/v"),
+        ("postgres://app:s3c@ret@db/v", "postgres://app:***@db/v"),
+        ("postgresql://app@db/v", "postgresql://app@db/v"),
+        (
+            "postgresql://db/v?user=app&password=s3cret&sslmode=require",
+            "postgresql://db/v?user=app&password=***&sslmode=require",
+        ),
+        ("postgresql://db:5432?options=a@b", "postgresql://db:5432?options=a@b"),
+        ("qdrant://s3cret@vectors:6333/docs", "qdrant://***@vectors:6333/docs"),
+        ("qdrant://a:s3c@ret@vectors/docs", "qdrant://***@vectors/docs"),
+        ("s3://bucket/key@s3cret:1", "s3://bucket/key@s3cret:1"),
+    ],
+)
+def test_redact_hides_secrets_and_keeps_a_postgresql_user(uri: str, shown: str) -> None:
+    """The user a server refused is named; a password, a libpq secret parameter and any
+    other scheme's user part (an API key) are not. An S3 key is not userinfo."""
+    assert redact(uri) == shown
