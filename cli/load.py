@@ -342,8 +342,9 @@ def _load_flow(args: argparse.Namespace, api: Any) -> int:
     return int(summary["exit_code"])
 
 
-def print_load_summary(summary: dict[str, Any]) -> None:
-    """Print a load's summary (stdout), and its message on stderr when it did not finish."""
+def print_load_summary(summary: dict[str, Any], *, message: bool = True) -> None:
+    """Print a load's summary (stdout), and with ``message`` its message on stderr when it
+    did not finish (``run --sink`` ends with the run's own line, which holds it)."""
     print(f"sink       {summary['sink']}")
     if summary.get("run_key"):
         print(
@@ -383,5 +384,5 @@ def print_load_summary(summary: dict[str, Any]) -> None:
                 else ")"
             )
         )
-    if summary["exit_code"] != 0:
+    if message and summary["exit_code"] != 0:
         print(f"embedline: {summary['message']}", file=sys.stderr)

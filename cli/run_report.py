@@ -28,14 +28,15 @@ def print_summaries(
     summary: dict[str, Any], load: dict[str, Any] | None = None, *, command_s: float | None = None
 ) -> None:
     """Print the run's summary on stdout (``command_s``: the command's seconds, if known),
-    then the summary of its sink load, if one ran."""
+    then the summary of its sink load, if one ran (a load's failure is said once, in the
+    run's last line: ``say_why_not_complete``)."""
     from cli.console import print_summary
 
     print_summary(summary, command_s=command_s)
     if load:
         from cli.load import print_load_summary
 
-        print_load_summary(load)
+        print_load_summary(load, message=False)
 
 
 def say_why_not_complete(summary: dict[str, Any]) -> None:
@@ -85,7 +86,7 @@ def stop_after_api_loss(loss: Any, grace_s: float) -> None:
         if summary.get("load"):
             from cli.load import print_load_summary
 
-            print_load_summary(summary["load"])
+            print_load_summary(summary["load"], message=False)
         if code:
             sys.stderr.write(f"embedline: error: {summary['message']}\n")
         else:
