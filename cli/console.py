@@ -209,6 +209,25 @@ def _api_line(summary: dict[str, Any]) -> str:
     )
 
 
+def _chunks_line(summary: dict[str, Any]) -> str:
+    """The chunks published, skipped, failed and not run; a run with no chunk to write (a
+    delta night that only removes rows, an input of empty texts) says so instead of "of 0"."""
+    if not summary["chunks_total"]:
+        return "chunks     none to write"
+    return (
+        f"chunks     {summary['chunks_published']} published now, "
+        f"{summary['chunks_skipped']} skipped, "
+        + (
+            f"{summary['chunks_concurrent']} by a concurrent run, "
+            if summary.get("chunks_concurrent")
+            else ""
+        )
+        + f"{summary['chunks_failed']} failed, "
+        + (f"{summary['chunks_released']} released, " if summary.get("chunks_released") else "")
+        + f"{summary['chunks_not_run']} not run, of {summary['chunks_total']}"
+    )
+
+
 def _reuse_line(summary: dict[str, Any]) -> str:
     """Rows reused and deduplicated, and what that saved (``saved_phrase``)."""
     reused, deduplicated = summary.get("rows_reused", 0), summary.get("rows_deduplicated", 0)
@@ -225,8 +244,6 @@ def _reuse_line(summary: dict[str, Any]) -> str:
             rows=reused + deduplicated,
             tokens_saved=int(summary.get("tokens_saved") or 0),
             measured=bool(summary.get("tokens_saved_measured")),
-            tokens=int(summary.get("tokens") or 0),
-            inputs=int(summary.get("inputs") or 0),
             price=summary.get("price_per_million_tokens"),
         )
     )
@@ -265,16 +282,7 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
                 if summary.get("rows_empty")
                 else ""
             ),
-            f"chunks     {summary['chunks_published']} published now, "
-            f"{summary['chunks_skipped']} skipped, "
-            + (
-                f"{summary['chunks_concurrent']} by a concurrent run, "
-                if summary.get("chunks_concurrent")
-                else ""
-            )
-            + f"{summary['chunks_failed']} failed, "
-            + (f"{summary['chunks_released']} released, " if summary.get("chunks_released") else "")
-            + f"{summary['chunks_not_run']} not run, of {summary['chunks_total']}",
+            _chunks_line(summary),
             _api_line(summary),
             _reuse_line(summary),
             *cost_lines(summary),

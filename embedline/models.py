@@ -375,6 +375,9 @@ class ChunkOutcome:
     # ``approximate_tokens`` of the texts whose answers reported usage (``tokens``): a run
     # adds both to the ledger's token calibration (``embedline.calibration``)
     tokens_estimated: int = 0
+    # ``estimate_tokens`` (UTF-8 bytes / 3) of the same texts: scales ``tokens_saved``, counted
+    # in that unit, to what the server reports (``embedline.summary.tokens_avoided``)
+    tokens_bound: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,38 +45,36 @@ def run_cost(tokens: int, batch_tokens: int, price_per_million: float) -> tuple[
 
 
 def tokens_avoided(
-    rows: int, *, estimated: int, tokens: int, inputs: int, rows_total: int
+    rows: int, *, estimated: int, reported: int, bound: int
 ) -> dict[str, int | bool]:
     """The ``tokens_saved`` of ``rows`` rows that reuse and deduplication kept from the API,
     and whether it is measured (``tokens_saved_measured``).
 
-    Measured when the run has reported tokens for charged inputs: ``rows`` times this run's
-    tokens per input, never more than that rate gives for all ``rows_total`` rows. Otherwise
-    ``estimated`` (``estimate_tokens`` of the rows' texts: UTF-8 bytes / 3, above what
-    English costs), an upper bound, not measured.
+    ``estimated`` is ``estimate_tokens`` of those rows' texts (UTF-8 bytes / 3, above what
+    English costs): an upper bound, returned as it is when nothing measures the rate. When
+    this run's answers reported ``reported`` tokens for texts of ``bound`` such estimated
+    tokens, ``estimated`` is scaled by ``reported / bound``: each row counts at its own
+    length, so one long text sent does not price every short one reused.
     """
-    rows = max(0, min(rows, rows_total))
-    if tokens > 0 and inputs > 0:
-        per_input = tokens / inputs
-        saved = min(round(rows * per_input), round(rows_total * per_input))
-        return {"tokens_saved": saved, "tokens_saved_measured": True}
-    return {"tokens_saved": estimated if rows else 0, "tokens_saved_measured": False}
+    if not rows:
+        return {"tokens_saved": 0, "tokens_saved_measured": False}
+    if reported > 0 and bound > 0:
+        return {"tokens_saved": round(estimated * reported / bound), "tokens_saved_measured": True}
+    return {"tokens_saved": estimated, "tokens_saved_measured": False}
 
 
-def saved_phrase(
-    *, rows: int, tokens_saved: int, measured: bool, tokens: int, inputs: int, price: float | None
-) -> str:
+def saved_phrase(*, rows: int, tokens_saved: int, measured: bool, price: float | None) -> str:
     """What reuse and deduplication avoided, for the summaries: the ``rows`` not sent and
-    their tokens (``tokens_avoided``: ``measured`` at this run's ``tokens`` per charged
-    input, else the byte estimate, an upper bound), priced at ``price`` (USD per 1M tokens)
-    when given."""
+    their tokens (``tokens_avoided``: ``measured``, their lengths at the tokens per byte this
+    run's answers reported, else the byte estimate, an upper bound), priced at ``price``
+    (USD per 1M tokens) when given."""
     if not rows:
         return "nothing (no row reused or deduplicated)"
     money = f"{usd(tokens_saved * price / 1e6)}: " if price is not None else ""
     if measured:
         return (
-            f"{money}{tokens_saved:,} tokens for {rows:,} rows not sent (at this run's "
-            f"{tokens / max(inputs, 1):,.1f} tokens per input)"
+            f"{money}{tokens_saved:,} tokens for {rows:,} rows not sent (their lengths at the "
+            "tokens per byte this run's answers reported)"
         )
     return (
         f"at most {money}{tokens_saved:,} tokens for {rows:,} rows not sent (UTF-8 bytes / 3: "
@@ -127,9 +125,9 @@ class RunSummary:
     inputs_retried: int = 0
     rows_reused: int = 0  # vectors copied from objects of earlier runs
     rows_deduplicated: int = 0  # rows whose text this run embedded once for another row
-    # tokens reuse and deduplication avoided (``tokens_avoided``): measured at this run's
-    # reported tokens per charged input, or (``tokens_saved_measured`` False: nothing was
-    # charged to measure) the byte estimate, an upper bound
+    # tokens reuse and deduplication avoided (``tokens_avoided``): the rows' lengths at the
+    # tokens per byte this run's answers reported, or (``tokens_saved_measured`` False:
+    # nothing was charged to measure) the byte estimate, an upper bound
     tokens_saved: int = 0
     tokens_saved_measured: bool = False
     price_per_million_tokens: float | None = None  # USD, for the cost estimate

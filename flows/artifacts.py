@@ -305,6 +305,8 @@ def summary_markdown(
                 f"{summary.chunks_published} published now, {summary.chunks_skipped} "
                 f"skipped, {summary.chunks_failed} failed, {summary.chunks_released} "
                 f"released, {summary.chunks_not_run} not run, of {summary.chunks_total}"
+                if summary.chunks_total
+                else "none to write"
             ),
         ),
         (
@@ -324,8 +326,6 @@ def summary_markdown(
                     rows=summary.rows_reused + summary.rows_deduplicated,
                     tokens_saved=summary.tokens_saved,
                     measured=summary.tokens_saved_measured,
-                    tokens=summary.tokens,
-                    inputs=summary.inputs,
                     price=price,
                 )
             ),

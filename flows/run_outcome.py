@@ -88,9 +88,8 @@ def outcome_fields(
         **tokens_avoided(
             avoided,
             estimated=sum(o.tokens_saved for o in result.published.values()),
-            tokens=usage.tokens,
-            inputs=usage.inputs,
-            rows_total=plan.rows,
+            reported=sum(o.tokens for o in result.published.values() if o.tokens_bound),
+            bound=sum(o.tokens_bound for o in result.published.values()),
         ),
         # what batches answered, failed chunks' too (this process's tally; on Dask, the
         # published chunks')

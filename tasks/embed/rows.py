@@ -39,7 +39,8 @@ class EmbeddedRows:
     ``vectors`` is float32 of shape ``(len(rows), dimensions)``; ``row_keys`` are the rows'
     idempotency keys; ``tokens`` as reported by the API; ``requests`` HTTP attempts made;
     ``tokens_estimated`` the ``approximate_tokens`` of the texts whose answers reported
-    ``tokens`` (for the token calibration, ``embedline.calibration``).
+    ``tokens`` (for the token calibration, ``embedline.calibration``), ``tokens_bound`` their
+    ``estimate_tokens`` (UTF-8 bytes / 3).
     """
 
     rows: list[Row]
@@ -49,6 +50,7 @@ class EmbeddedRows:
     tokens: int = 0
     requests: int = 0
     tokens_estimated: int = 0
+    tokens_bound: int = 0
 
 
 def batches(
@@ -124,6 +126,7 @@ class _Embedder:
         self.lone_rejections: list[tuple[int | None, str]] = []  # while nothing was accepted
         self.tokens = 0
         self.tokens_estimated = 0  # approximate_tokens of the texts of answers with usage
+        self.tokens_bound = 0  # estimate_tokens of the same texts
         self.requests = 0
 
     def keys(self, batch: Sequence[Row]) -> list[str]:
@@ -163,12 +166,14 @@ class _Embedder:
                 return exc
             raise
         self.tokens += result.tokens
-        if result.tokens:  # the server reported usage: calibrates the dry run's estimate
+        bound = sum(estimate_tokens(r.text) for r in batch)
+        if result.tokens:  # the server reported usage: calibrates the estimates
             self.tokens_estimated += sum(approximate_tokens(r.text) for r in batch)
+            self.tokens_bound += bound
         self.requests += result.requests
         if self.expected is None and len(result.vectors):
             self.expected = int(result.vectors.shape[1])  # later requests must agree
-        self.accepted.append((len(batch), sum(estimate_tokens(r.text) for r in batch)))
+        self.accepted.append((len(batch), bound))
         if self.paid is not None:  # paid for: kept before anything else can fail the chunk
             self.paid.keep(
                 keys,
@@ -355,6 +360,7 @@ def embed_rows(
         tokens=embedder.tokens,
         requests=embedder.requests,
         tokens_estimated=embedder.tokens_estimated,
+        tokens_bound=embedder.tokens_bound,
     )
 
 
@@ -368,6 +374,7 @@ def merged(first: EmbeddedRows, second: EmbeddedRows) -> EmbeddedRows:
             tokens=first.tokens + second.tokens,
             requests=first.requests + second.requests,
             tokens_estimated=first.tokens_estimated + second.tokens_estimated,
+            tokens_bound=first.tokens_bound + second.tokens_bound,
         )
     return EmbeddedRows(
         rows=first.rows + second.rows,
@@ -377,6 +384,7 @@ def merged(first: EmbeddedRows, second: EmbeddedRows) -> EmbeddedRows:
         tokens=first.tokens + second.tokens,
         requests=first.requests + second.requests,
         tokens_estimated=first.tokens_estimated + second.tokens_estimated,
+        tokens_bound=first.tokens_bound + second.tokens_bound,
     )
 
 

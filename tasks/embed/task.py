@@ -414,7 +414,8 @@ def _run_chunk(
                     embedded, _embed(stale, client, settings, int(embedded.vectors.shape[1]), paid)
                 )
         inputs = len(embedded.rows)  # texts this attempt sent and got vectors for
-        estimated = embedded.tokens_estimated  # of the answers that reported usage
+        # of the answers that reported usage
+        estimated, bound = embedded.tokens_estimated, embedded.tokens_bound
         sent = inputs + len(found.paid)  # the server embedded these for the object
         embedded = combine(
             rows,
@@ -452,6 +453,7 @@ def _run_chunk(
         batch_tokens=answers.batch_tokens if answers is not None else 0,
         batch_inputs=answers.batch_inputs if answers is not None else 0,
         tokens_estimated=estimated,
+        tokens_bound=bound,
     )
     logger.info(
         "chunk %d: %d rows published%s, %d dead letters, %d requests, %d tokens%s",

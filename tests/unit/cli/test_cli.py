@@ -162,6 +162,24 @@ def test_the_summarys_chunk_counts_add_up_after_released_chunks(
     assert sum(parts) == total == 64, line
 
 
+def test_a_run_with_no_chunk_to_write_says_so_not_of_0(capsys: pytest.CaptureFixture[str]) -> None:
+    """A delta night that only removes rows commits without a chunk: its line read
+    "0 published now, 0 skipped, 0 failed, 0 not run, of 0"."""
+    from cli.console import print_summary
+    from embedline.summary import RunSummary
+
+    fields = dict(run_key="k" * 64, output="out", rows_total=5, delta_base="b" * 64)
+    print_summary(RunSummary(0, "complete", "", chunks_total=0, **fields).to_dict())
+    print_summary(
+        RunSummary(0, "complete", "", chunks_total=2, chunks_published=2, **fields).to_dict()
+    )
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("chunks")]
+    assert lines == [
+        "chunks     none to write",
+        "chunks     2 published now, 0 skipped, 0 failed, 0 not run, of 2",
+    ]
+
+
 def test_the_summary_gives_the_whole_commands_time_beside_the_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

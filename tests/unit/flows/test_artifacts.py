@@ -144,18 +144,20 @@ def test_the_summary_names_inputs_charged_apart_from_requests_retried() -> None:
     assert "texts sent" not in text
 
 
-def test_saved_is_measured_at_the_runs_tokens_per_input_and_never_above_all_rows() -> None:
+def test_saved_is_the_rows_own_lengths_at_the_runs_measured_rate() -> None:
+    """One long text sent (its 20,000 tokens reported for 27,000 estimated) and 900 short
+    rows reused (9,000 estimated): the saved tokens scale the rows' own estimate (6,667),
+    not 900 times the one text's 20,000."""
     from embedline.summary import saved_phrase, tokens_avoided
 
-    measured = tokens_avoided(900, estimated=21_000_000, tokens=1_000, inputs=100, rows_total=1000)
-    assert measured == {"tokens_saved": 9_000, "tokens_saved_measured": True}
-    # more rows counted than the run has (a double count): capped at all its rows
-    capped = tokens_avoided(5000, estimated=0, tokens=1_000, inputs=100, rows_total=1000)
-    assert capped["tokens_saved"] == 10_000
-    unmeasured = tokens_avoided(10, estimated=400, tokens=0, inputs=0, rows_total=10)
+    measured = tokens_avoided(900, estimated=9_000, reported=20_000, bound=27_000)
+    assert measured == {"tokens_saved": 6_667, "tokens_saved_measured": True}
+    unmeasured = tokens_avoided(10, estimated=400, reported=0, bound=0)
     assert unmeasured == {"tokens_saved": 400, "tokens_saved_measured": False}
-    assert saved_phrase(
-        rows=900, tokens_saved=9_000, measured=True, tokens=1_000, inputs=100, price=0.02
-    ) == ("$0.00018: 9,000 tokens for 900 rows not sent (at this run's 10.0 tokens per input)")
-    copied = saved_phrase(rows=10, tokens_saved=400, measured=False, tokens=0, inputs=0, price=None)
+    assert tokens_avoided(0, estimated=0, reported=5, bound=9)["tokens_saved"] == 0
+    assert saved_phrase(rows=900, tokens_saved=9_000, measured=True, price=0.02) == (
+        "$0.00018: 9,000 tokens for 900 rows not sent (their lengths at the tokens per byte "
+        "this run's answers reported)"
+    )
+    copied = saved_phrase(rows=10, tokens_saved=400, measured=False, price=None)
     assert copied.startswith("at most 400 tokens for 10 rows not sent")

@@ -27,17 +27,29 @@ def test_texts_batches_answered_count_as_inputs_sent_and_as_batch_inputs() -> No
 def test_inputs_are_what_was_charged_and_saved_is_measured_from_the_run() -> None:
     """The process's tally splits the texts: charged (answered) as ``inputs``, those of
     rate-limited requests as retried; the tokens reuse avoided are the rows not sent at
-    this run's tokens per charged input."""
+    their own lengths, scaled by what this run's answers reported per estimated token."""
     from embedline.progress import Usage
 
     plan = SimpleNamespace(chunks=(0, 1), rows=8)
     published = {
-        i: ChunkOutcome(i, f"k{i}", f"o{i}", "s", rows=4, inputs=2, reused=2, tokens_saved=99)
+        i: ChunkOutcome(
+            i,
+            f"k{i}",
+            f"o{i}",
+            "s",
+            rows=4,
+            tokens=20,
+            inputs=2,
+            reused=2,
+            tokens_saved=99,
+            tokens_bound=40,
+        )
         for i in (0, 1)
     }
     usage = Usage(requests=5, tokens=40, inputs=4, requests_retried=3, inputs_retried=6)
     fields = outcome_fields(plan, "r" * 64, {}, DispatchResult(published=published), cost=usage)  # type: ignore[arg-type]
     assert (fields["inputs"], fields["requests"], fields["tokens"]) == (4, 5, 40)
     assert (fields["requests_retried"], fields["inputs_retried"]) == (3, 6)
-    assert (fields["rows_reused"], fields["tokens_saved"]) == (4, 40)  # 4 rows x 10 tokens
+    # 198 estimated tokens reused, at the 40 reported for 80 estimated of the texts sent
+    assert (fields["rows_reused"], fields["tokens_saved"]) == (4, 99)
     assert fields["tokens_saved_measured"] is True
