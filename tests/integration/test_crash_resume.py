@@ -22,6 +22,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.output import read_local_output, vectors_by_id
 from tests.support.s3_servers import make_bucket, shared_client
 
@@ -89,7 +90,7 @@ def _popen(
     tmp_path: Path, args: list[str], extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), **(extra_env or {})}
-    return subprocess.Popen(
+    return popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env=env,

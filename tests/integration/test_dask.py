@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.output import vectors_by_id
 from tests.support.processes import wait_until_gone
 
@@ -231,7 +232,7 @@ def test_ctrl_c_to_the_process_group_gives_in_flight_chunks_their_grace(
     args += ["--batch-size", "5", "--concurrency", "4", "--grace", "60"]
     args += ["--task-runner", "dask", "--dask-workers", "2"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "EMBEDLINE_TEST_MARK": str(tmp_path)}
-    proc = subprocess.Popen(
+    proc = popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env=env,

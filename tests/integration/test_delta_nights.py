@@ -25,6 +25,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_matrix
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.output import vectors_by_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -285,7 +286,7 @@ def _kill_at_random(nights: Nights, args: list[str], rng: random.Random, kills: 
     is ever rewritten."""
     seen = _chunk_files(nights.out)
     for _ in range(kills):
-        proc = subprocess.Popen(
+        proc = popen_cli(
             [sys.executable, "-m", "cli", *args],
             cwd=nights.tmp,
             env={**os.environ, "PYTHONPATH": str(REPO)},

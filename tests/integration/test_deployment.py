@@ -22,6 +22,7 @@ import pytest
 
 from tests.support.fake_openai import expected_vector
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import run_cli_process
 from tests.support.output import read_local_output
 from tests.support.prefect_server import (
     param_arguments,
@@ -335,7 +336,7 @@ def test_a_deployment_run_cancelled_from_the_ui_ends_cancelled_quietly_and_in_ti
     worker_log = worker.read_text(errors="replace")
     for code in ("status code: 1", "status code: -9"):  # a general error; SIGKILL
         assert code not in worker_log, worker_log[-4000:]
-    status = subprocess.run(
+    status = run_cli_process(
         [sys.executable, "-m", "cli", "status", "--ledger", str(ledger)],
         cwd=REPO,
         capture_output=True,

@@ -22,6 +22,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.output import read_local_output
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -387,7 +388,7 @@ def _sigint_during_dispatch(
         "--grace",
         str(grace_s),
     ]
-    proc = subprocess.Popen(
+    proc = popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         text=True,

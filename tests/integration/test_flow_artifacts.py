@@ -13,6 +13,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from tests.support.fake_openai import FakeEmbeddingServer
+from tests.support.forked_cli import popen_cli
 
 pytestmark = pytest.mark.integration
 
@@ -256,7 +257,7 @@ def test_a_cli_run_leaves_progress_with_rows_per_s_eta_and_the_charged_inputs(
         *("--price-per-million-tokens", "0.02", "--output", "out", "--ledger", "l.sqlite3"),
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": prefect_api_url}
-    proc = subprocess.Popen(
+    proc = popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env=env,

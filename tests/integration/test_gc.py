@@ -20,6 +20,7 @@ import pytest
 from adapters.ledger import Ledger
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.in_process import run_in_process
 from tests.support.moto_server import make_s3_client
 from tests.support.output import vectors_by_id
@@ -136,7 +137,7 @@ def test_gc_keeps_what_kept_runs_and_a_run_in_progress_need(
     fake_openai.fail_when(lambda payload: {"delay_s": 4.0})
     third = [*first, ("id999", "a new package")]
     _write(tmp_path / "in.csv", third)
-    running = subprocess.Popen(
+    running = popen_cli(
         [sys.executable, "-m", "cli", *_args(tmp_path, fake_openai, str(out))],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -288,7 +289,7 @@ def test_gc_racing_a_load_rolling_back_keeps_the_run_and_the_load_completes(
         "PYTHONPATH": f"{REPO / 'tests/support/signal_at'}:{REPO}",
         "EMBEDLINE_TEST_SIGNALS": "after:adapters.ledger:Ledger.mark_chunk_loaded:SIGSTOP",
     }
-    loading = subprocess.Popen(
+    loading = popen_cli(
         [sys.executable, "-m", "cli", *load, old],
         cwd=tmp_path,
         env=env,
@@ -399,7 +400,7 @@ def test_gc_with_no_grace_keeps_what_a_paused_run_holds_and_its_paid_requests(
         "EMBEDLINE_TEST_SIGNALS": "before:tasks.embed.paid:take_paid:SIGSTOP",
     }
     args = [*_args(tmp_path, fake_openai, str(out)), "--batch-size", "5"]
-    running = subprocess.Popen(
+    running = popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env=env,

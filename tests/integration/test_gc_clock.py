@@ -31,6 +31,7 @@ from tests.integration.test_gc import _args, _rows, _wait_until_stopped, _write
 from tests.support.clock import shifted_clock
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import popen_cli, run_cli_process
 from tests.support.moto_server import moto_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -119,7 +120,7 @@ def test_gc_with_its_clock_20_minutes_off_keeps_a_live_run_and_collects_a_dead_l
         "PYTHONPATH": f"{REPO / 'tests/support/signal_at'}:{REPO}",
         "EMBEDLINE_TEST_SIGNALS": "before:tasks.commit.commit_run:commit_run:SIGSTOP",
     }
-    running = subprocess.Popen(
+    running = popen_cli(
         [sys.executable, "-m", "cli", *_args(tmp_path, fake_openai, output)],
         cwd=tmp_path,
         env=paused,
@@ -135,7 +136,7 @@ def test_gc_with_its_clock_20_minutes_off_keeps_a_live_run_and_collects_a_dead_l
         outputs = []
         for digit, offset in (("d", "+20m"), ("e", "-20m")):
             dead_chunk, dead_lease = _plant_dead_run(store, age, digit)
-            gc = subprocess.run(
+            gc = run_cli_process(
                 [sys.executable, "-m", "cli", "gc", output, "--grace", "0s"],
                 cwd=tmp_path,
                 env={**env, **shifted_clock(offset)},

@@ -20,6 +20,7 @@ import pytest
 from tests.support.csv_data import ENGLISH, expected_vectors, read_rows, write_rows
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.qdrant_local import qdrant_path, qdrant_vectors, unit_vectors
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -112,7 +113,7 @@ def test_kill_9_during_load_then_load_again_completes_without_duplicates(
         "lancedb": f"lancedb://{tmp_path}/lance?table=crash",
     }[kind]
     load = ["load", "--to", sink, "--output", str(tmp_path / "out"), "--ledger", str(ledger)]
-    proc = subprocess.Popen(
+    proc = popen_cli(
         [sys.executable, "-m", "cli", *load],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import run_cli
+from tests.support.forked_cli import popen_cli
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,7 @@ def _interrupt_in_reuse_stage(args: list[str], cwd: Path) -> tuple[int, str]:
 
     from tests.support.fixtures import REPO
 
-    proc = subprocess.Popen(
+    proc = popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=cwd,
         text=True,

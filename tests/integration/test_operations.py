@@ -23,6 +23,7 @@ import yaml
 
 from tests.integration.test_deployment import POOL, _fake_api, _prefect, _wait_terminal
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import run_cli_process
 from tests.support.loopback_http import LoopbackRecorder
 from tests.support.prefect_server import (
     param_arguments,
@@ -174,7 +175,7 @@ def test_alerts_events_and_status_json_on_a_real_server(
         assert "embedline dead-letters RUN" in dead[0]
 
         # ── status --json: the run's facts, as the ledger holds them ──────────────────────
-        status = subprocess.run(
+        status = run_cli_process(
             [sys.executable, "-m", "cli", "status", "--json", "--ledger", str(ledger)],
             cwd=REPO,
             capture_output=True,

@@ -17,6 +17,7 @@ from adapters.ledger import Ledger
 from embedline.models import ChunkSpec, DeadLetter, InputPlan, InputSource
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import popen_cli, run_cli_process
 from tests.support.prefect_home import fresh_prefect_home
 
 pytestmark = pytest.mark.integration
@@ -44,7 +45,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _cli(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_cli_process(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env=_env(tmp_path / "prefect-home", **extra),
@@ -323,7 +324,7 @@ def _big_ledger(path: Path) -> str:
 def test_output_into_a_closed_pipe_exits_quietly(tmp_path: Path, command: str) -> None:
     run = _big_ledger(tmp_path / "ledger.sqlite3")
     args = [command, "--ledger", "ledger.sqlite3"] + ([run] if command != "status" else [])
-    proc = subprocess.Popen(
+    proc = popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env=_env(tmp_path / "prefect-home"),

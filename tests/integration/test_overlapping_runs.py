@@ -25,6 +25,7 @@ import pytest
 from tasks.lease.held import LEASE_PREFIX, LEASE_SKEW_MARGIN_S, LEASE_TTL_S
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.moto_server import make_s3_client
 from tests.support.output import vectors_by_id
 
@@ -73,7 +74,7 @@ def _args(
 
 
 def _start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},

@@ -23,6 +23,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.moto_server import make_s3_client
 from tests.support.output import read_local_output, vectors_by_id
 
@@ -178,7 +179,7 @@ def test_a_rerun_after_kill_9_mid_chunk_sends_only_the_texts_not_kept(
         )
     )
     args = _args(tmp_path, fake_openai, str(tmp_path / "out"), "--concurrency", "1")
-    proc = subprocess.Popen(
+    proc = popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -254,7 +255,7 @@ def test_a_directory_at_the_chunks_key_at_publish_time_is_one_line_and_keeps_wha
     settings = RunSettings(input=str(tmp_path / "in.csv"), embedder="openai", chunk_size=6)
     plan = plan_csv(settings.input, **{**settings.plan_arguments, "scratch_root": None})
     fake_openai.fail_when(lambda payload: {"delay_s": 2.0})
-    proc = subprocess.Popen(
+    proc = popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},

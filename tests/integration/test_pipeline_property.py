@@ -49,6 +49,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_matrix
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import popen_cli
 from tests.support.output import vectors_by_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -234,7 +235,7 @@ class World:
         """Start ``embedline ARGS``; its stderr to a pipe, or to the file ``stderr``."""
         err_file = open(stderr, "w") if stderr else None  # noqa: SIM115 (the child holds it)
         try:
-            return subprocess.Popen(
+            return popen_cli(
                 [sys.executable, "-m", "cli", *args],
                 cwd=self.tmp,
                 env={**os.environ, "PYTHONPATH": str(REPO)},

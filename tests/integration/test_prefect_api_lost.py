@@ -22,6 +22,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer, expected_vector
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import run_cli_process
 from tests.support.prefect_home import fresh_prefect_home
 from tests.support.prefect_server import start_prefect_server
 from tests.support.processes import wait_until_gone
@@ -119,7 +120,7 @@ def test_configured_server_killed_mid_run_stops_in_seconds_and_a_rerun_pays_only
     assert "status     interrupted" in out, out
     assert f"rows       {published * CHUNK} published of {ROWS}" in out, out
     # the ledger matches the store: every object recorded, nothing left running
-    status = subprocess.run(
+    status = run_cli_process(
         [sys.executable, "-m", "cli", "status"],
         cwd=tmp_path,
         env=_env(cli_home, url),
@@ -201,7 +202,7 @@ def test_api_lost_just_after_the_commit_prints_the_committed_run_at_once(
         "stopped answering during the run"
     ), last
     assert last.endswith("after the run completed; this run is missing from the Prefect UI")
-    status = subprocess.run(
+    status = run_cli_process(
         [sys.executable, "-m", "cli", "status"],
         cwd=tmp_path,
         env=_env(cli_home, url),
@@ -328,7 +329,7 @@ def test_api_lost_before_dispatching_exits_in_seconds_and_the_run_reads_interrup
     [line] = _error_lines(err)
     assert "stopped answering" in line and "rerun the same command" in line, line
     assert fake_openai.counters()["inputs"] == 0
-    status = subprocess.run(
+    status = run_cli_process(
         [sys.executable, "-m", "cli", "status"],
         cwd=tmp_path,
         env=_env(cli_home, url),

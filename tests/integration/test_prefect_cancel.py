@@ -24,6 +24,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import popen_cli, run_cli_process
 from tests.support.s3_proxy import ResettingProxy
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
@@ -128,7 +129,7 @@ def _embedline_lines(stderr: str) -> list[str]:
 
 
 def _status(cwd: Path, ledger: Path) -> str:
-    done = subprocess.run(
+    done = run_cli_process(
         [sys.executable, "-m", "cli", "status", "--ledger", str(ledger)],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -189,7 +190,7 @@ def test_a_run_cancelled_from_prefect_stops_like_sigterm_ends_cancelled_and_resu
 
     # the rerun sends only the rows of chunks not published, and commits
     fake_openai.reset()
-    rerun = subprocess.run(
+    rerun = run_cli_process(
         [sys.executable, "-m", "cli", *_run_args(fake_openai, "out", ledger)],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -324,7 +325,7 @@ def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
     api, ledger, output = prefect_api_url, tmp_path / "ledger.sqlite3", f"s3://{s3_bucket}/out"
     _write_csv(tmp_path, rows=8)
     run = _run_args(fake_openai, output, ledger)
-    embedded = subprocess.run(
+    embedded = run_cli_process(
         [sys.executable, "-m", "cli", *run],
         cwd=tmp_path,
         capture_output=True,
@@ -366,7 +367,7 @@ def test_embedline_load_cancelled_from_prefect_ends_cancelled_and_a_rerun_loads(
         "embedline: cancelled from Prefect; rerun the same command to resume"
     ], err[-3000:]
     assert _final_state(api, flow_run["id"])["state_type"] == "CANCELLED"
-    again = subprocess.run(
+    again = run_cli_process(
         [sys.executable, "-m", "cli", *load],
         cwd=tmp_path,
         capture_output=True,

@@ -19,6 +19,7 @@ from botocore.config import Config
 from adapters.object_store import S3Store
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.output import read_local_output, vectors_by_id
 from tests.support.s3_proxy import ResettingProxy
 from tests.support.s3_servers import S3rver, make_bucket, shared_client
@@ -76,7 +77,7 @@ def _start(
         "--concurrency",
         "2",
     ]
-    return subprocess.Popen(
+    return popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO), **env},

@@ -42,6 +42,7 @@ from tests.integration.test_overlapping_runs import (
 from tests.support.clock import shifted_clock
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import run_cli_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 
@@ -107,7 +108,7 @@ def test_gc_beside_a_run_whose_clock_is_20_minutes_off_keeps_its_lease_and_chunk
     }
 
     def gc() -> str:
-        done = subprocess.run(
+        done = run_cli_process(
             [sys.executable, "-m", "cli", "gc", out.uri, "--grace", "0s"],
             cwd=tmp_path,
             env=gc_env,

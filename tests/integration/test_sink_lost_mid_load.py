@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO, run_cli
+from tests.support.forked_cli import popen_cli
 from tests.support.pg_server import start_postgres, stop_postgres
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
@@ -69,7 +70,7 @@ def test_a_server_lost_mid_load_ends_in_lines_not_tracebacks(
         )  # fmt: skip
     assert embedded.returncode == 0, embedded.stderr[-2000:]
     target = f"{uri}&table=lost"
-    load = subprocess.Popen(
+    load = popen_cli(
         [sys.executable, "-m", "cli", "load", "--to", target, "--index", "later", *common],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},

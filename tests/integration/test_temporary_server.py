@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import popen_cli
 from tests.support.prefect_home import fresh_prefect_home
 
 
@@ -90,7 +91,7 @@ def test_four_clis_started_at_once_on_a_fresh_prefect_home_all_succeed(
         (work / "in.csv").write_text("id,text\n" + rows, encoding="utf-8")
         args = ["run", "in.csv", "--embedder", "openai", "--base-url", fake_openai.base_url]
         runs.append(
-            subprocess.Popen(
+            popen_cli(
                 [sys.executable, "-m", "cli", *args],
                 cwd=work,
                 env=env,

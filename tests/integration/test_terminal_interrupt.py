@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.fake_openai import FakeEmbeddingServer
 from tests.support.fixtures import REPO
+from tests.support.forked_cli import popen_cli, run_cli_process
 from tests.support.prefect_home import fresh_prefect_home
 from tests.support.processes import wait_until_gone
 
@@ -50,7 +51,7 @@ def test_ctrl_c_to_the_process_group_stops_gracefully(
         "--chunk-retries",
         "0",
     ]
-    proc = subprocess.Popen(
+    proc = popen_cli(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env=env,
@@ -78,7 +79,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _status(tmp_path: Path, home: Path) -> str:
-    return subprocess.run(
+    return run_cli_process(
         [sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
         cwd=tmp_path,
         env=_env(home),
@@ -141,6 +142,7 @@ def test_a_signal_while_the_temporary_server_starts_is_one_line(
         "--ledger",
         "ledger.sqlite3",
     ]
+    # a fresh interpreter, not a fork: "loading" signals it while it imports (maps pydantic)
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
@@ -195,7 +197,7 @@ def test_ctrl_c_while_the_flow_plans_reads_interrupted(
             "--ledger",
             "ledger.sqlite3",
         ]
-        proc = subprocess.Popen(
+        proc = popen_cli(
             [sys.executable, "-m", "cli", *args],
             cwd=tmp_path,
             env=_env(home, AWS_ENDPOINT_URL=proxy.url),
@@ -269,7 +271,7 @@ def test_sigint_at_any_moment_of_planning_exits_130(
     failures = []
     for step in range(26):
         home = tmp_path / f"prefect-home-{step}"
-        proc = subprocess.Popen(
+        proc = popen_cli(
             [sys.executable, "-m", "cli", *args],
             cwd=tmp_path,
             env=_env(home),
@@ -317,7 +319,7 @@ def test_a_ctrl_c_that_python_drops_in_a_destructor_still_stops_the_run(
         "--ledger",
         "ledger.sqlite3",
     ]
-    done = subprocess.run(
+    done = run_cli_process(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env=env,
@@ -363,7 +365,7 @@ def test_a_signal_while_a_finished_command_exits_ends_it_at_once_with_its_code(
     for step, signum in signals.items():
         shutil.rmtree(tmp_path / "out", ignore_errors=True)
         (tmp_path / "ledger.sqlite3").unlink(missing_ok=True)
-        proc = subprocess.Popen(
+        proc = popen_cli(
             [sys.executable, "-m", "cli", *args],
             cwd=tmp_path,
             env=_env(home),
@@ -425,7 +427,7 @@ def _run_signalled(
         "--ledger",
         "ledger.sqlite3",
     ]
-    done = subprocess.run(
+    done = run_cli_process(
         [sys.executable, "-m", "cli", *args],
         cwd=tmp_path,
         env=_signal_at(home, signals),
@@ -508,7 +510,7 @@ def test_a_signal_as_the_command_returns_exits_with_its_code_not_by_the_signal(
     SIGTERMs after ``search``)."""
     (tmp_path / "ledger.sqlite3").touch()
     env = _signal_at(tmp_path / "prefect-home", f"after:cli:forget_caught_interrupts:{signum.name}")
-    done = subprocess.run(
+    done = run_cli_process(
         [sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
         cwd=tmp_path,
         env=env,
@@ -525,7 +527,7 @@ def test_an_interrupted_read_only_command_has_nothing_to_resume(tmp_path: Path) 
     ask for a rerun "to resume" (a break test found it did)."""
     (tmp_path / "ledger.sqlite3").touch()
     env = _signal_at(tmp_path / "prefect-home", "after:cli.inspect:_status:SIGTERM")
-    done = subprocess.run(
+    done = run_cli_process(
         [sys.executable, "-m", "cli", "status", "--ledger", "ledger.sqlite3"],
         cwd=tmp_path,
         env=env,

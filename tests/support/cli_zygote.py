@@ -26,11 +26,14 @@ The server ends with the pytest process that started it (its stdin closes).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import itertools
 import json
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -134,6 +137,7 @@ _STARTUP_HOOKS = ("sitecustomize.py", "usercustomize.py")
 @dataclass
 class _Call:
     done: threading.Event = field(default_factory=threading.Event)
+    started: threading.Event = field(default_factory=threading.Event)
     pid: int | None = None
     status: int | None = None
 
@@ -144,18 +148,24 @@ class Zygote:
 
     def __init__(self) -> None:
         env = dict(os.environ)
+        # requests go over a socket, which carries a started child's stdout and stderr
+        # (SCM_RIGHTS); stdin stays the server's lifeline
+        self._requests, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.cli_zygote"],
+            [sys.executable, "-m", "tests.support.cli_zygote", str(theirs.fileno())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
             cwd=Path(__file__).resolve().parents[2],
+            pass_fds=(theirs.fileno(),),
         )
+        theirs.close()
         self._lock = threading.Lock()
         self._calls: dict[int, _Call] = {}
         self._next = 0
         self._env = env
         self._tmp = Path(tempfile.mkdtemp(prefix="embedline-cli-zygote-"))
+        self._outputs = itertools.count()
         ready = self._proc.stdout.readline() if self._proc.stdout else b""
         if json.loads(ready or b"{}").get("ready") is not True:
             raise RuntimeError(f"the CLI fork server did not start: {ready!r}")
@@ -168,6 +178,7 @@ class Zygote:
         directory of outputs goes too."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             self._proc.stdin.close()
+        self._requests.close()
         try:
             self._proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -184,9 +195,11 @@ class Zygote:
                 continue
             if "pid" in reply:
                 call.pid = reply["pid"]
+                call.started.set()
             else:
                 call.status = reply["status"]
                 call.done.set()
+                self._calls.pop(reply["id"], None)
 
     def forkable(self, env: Mapping[str, str]) -> bool:
         """Whether a child forked here starts as a fresh interpreter would under ``env``:
@@ -207,16 +220,10 @@ class Zygote:
         """``python -m cli ARGV`` in ``cwd`` with exactly ``env``; its output (text) and
         return code as ``subprocess.run`` gives them. Raises ``subprocess.TimeoutExpired``
         after ``timeout`` seconds (the child killed)."""
-        with self._lock:
-            self._next += 1
-            ident = self._next
-            call = self._calls[ident] = _Call()
-            out, err = self._tmp / f"{ident}.out", self._tmp / f"{ident}.err"
-            request = {"id": ident, "argv": argv, "cwd": str(cwd), "env": dict(env)}
-            request.update(stdout=str(out), stderr=str(err))
-            assert self._proc.stdin is not None
-            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
-            self._proc.stdin.flush()
+        stem = self._tmp / str(next(self._outputs))
+        out, err = stem.with_suffix(".out"), stem.with_suffix(".err")
+        with open(out, "wb") as out_file, open(err, "wb") as err_file:
+            ident, call = self._send(argv, cwd, env, (out_file.fileno(), err_file.fileno()))
         try:
             if not call.done.wait(timeout):
                 if call.pid is not None:
@@ -230,9 +237,45 @@ class Zygote:
                 [sys.executable, "-m", "cli", *argv], call.status, _text(out), _text(err)
             )
         finally:
-            del self._calls[ident]
+            self._calls.pop(ident, None)
             for path in (out, err):
                 path.unlink(missing_ok=True)
+
+    def start(
+        self,
+        argv: list[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        stdout: int,
+        stderr: int,
+        new_session: bool = False,
+    ) -> tuple[int, _Call]:
+        """Fork ``python -m cli ARGV`` writing to the descriptors ``stdout`` and ``stderr``
+        (this process's to close), in a session of its own when ``new_session``, and return
+        its pid and the call that gets its exit status (``tests.support.forked_cli``)."""
+        _, call = self._send(argv, cwd, env, (stdout, stderr), new_session=new_session)
+        if not call.started.wait(60) or call.pid is None:
+            raise RuntimeError(f"the CLI fork server did not start {argv!r}")
+        return call.pid, call
+
+    def _send(
+        self,
+        argv: list[str],
+        cwd: Path,
+        env: Mapping[str, str],
+        fds: tuple[int, int],
+        *,
+        new_session: bool = False,
+    ) -> tuple[int, _Call]:
+        with self._lock:
+            self._next += 1
+            ident = self._next
+            call = self._calls[ident] = _Call()
+            request = {"id": ident, "argv": argv, "cwd": str(cwd), "env": dict(env)}
+            request["session"] = new_session
+            socket.send_fds(self._requests, [json.dumps(request).encode()], list(fds))
+        return ident, call
 
 
 def _text(path: Path) -> str:
@@ -260,8 +303,9 @@ def zygote() -> Zygote | None:
 # ── the server ─────────────────────────────────────────────────────────────────────────────
 
 
-def _serve() -> dict[str, Any] | None:
-    """Answer requests until stdin closes (None) or, in a forked child, return its request."""
+def _serve(requests: socket.socket) -> dict[str, Any] | None:
+    """Answer ``requests`` until stdin closes (None) or, in a forked child, return its
+    request (its ``fds``: the child's stdout and stderr)."""
     import importlib
 
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # as the CLI's entry does
@@ -275,31 +319,30 @@ def _serve() -> dict[str, Any] | None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C of the suite is the tests' to handle
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     reply.write(json.dumps({"ready": True}) + "\n")
-    requests = os.fdopen(os.dup(0), "rb", buffering=0)
     children: dict[int, int] = {}
-    pending = b""
     while True:
-        ready, _, _ = select.select([requests.fileno(), wake_r], [], [])
+        ready, _, _ = select.select([0, requests.fileno(), wake_r], [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
             _reap(children, reply)
+        if 0 in ready and not os.read(0, 4096):
+            return None  # the client closed our stdin: it ended
         if requests.fileno() in ready:
-            data = os.read(requests.fileno(), 65536)
+            data, fds, _flags, _addr = socket.recv_fds(requests, 1 << 20, 2)
             if not data:
                 return None
-            pending += data
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                request = json.loads(line)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    for fd in (wake_r, wake_w, requests.fileno(), reply.fileno()):
-                        os.close(fd)
-                    return dict(request)
-                children[pid] = request["id"]
-                reply.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+            request = {**json.loads(data), "fds": fds}
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                for fd in (wake_r, wake_w, requests.fileno(), reply.fileno()):
+                    os.close(fd)
+                return request
+            for fd in fds:
+                os.close(fd)
+            children[pid] = request["id"]
+            reply.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
         _reap(children, reply)
 
 
@@ -315,6 +358,15 @@ def _export_the_clis_prefect_settings() -> None:
     for name in set(sys.modules) - before:
         if name.partition(".")[0] in _PROJECT_PACKAGES:
             del sys.modules[name]
+
+
+def _die_with_the_server() -> None:
+    """SIGTERM when this server dies (prctl(2) ``PR_SET_PDEATHSIG``), as a test's
+    ``die_with_parent`` child gets when the test process dies: the server ends with it."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def _reap(children: dict[int, int], reply: Any) -> None:
@@ -337,13 +389,18 @@ def _become(request: dict[str, Any], base_path: list[str]) -> None:
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if request["session"]:
+        os.setsid()
+    _die_with_the_server()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(target, fd)
-        os.close(target)
+    out, err = request["fds"]
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for fd in {out, err}:
+        if fd > 2:
+            os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -355,7 +412,7 @@ def _become(request: dict[str, Any], base_path: list[str]) -> None:
 if __name__ == "__main__":
     _own = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     _base = [p for p in sys.path[1:] if p and p not in _own]
-    _request = _serve()
+    _request = _serve(socket.socket(fileno=int(sys.argv[1])))
     if _request is not None:
         _become(_request, _base)
         del _request, _base

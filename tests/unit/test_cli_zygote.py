@@ -105,3 +105,56 @@ def test_a_closed_server_has_ended_and_left_no_directory(tmp_path: Path) -> None
     own.close()
     assert own._proc.poll() is not None
     assert not outputs.exists()
+
+
+_SLOW_CLI = """import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+print("started", flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+
+
+def test_popen_cli_gives_a_forked_command_popens_pipes_signals_and_session(
+    tmp_path: Path,
+) -> None:
+    """``popen_cli`` forks the command (not a fresh interpreter: its command line is the
+    fork server's) and gives what the tests use of ``Popen``: live pipes, a signal, the
+    exit status, a session of its own, stderr into stdout."""
+    import signal
+
+    import psutil
+
+    from tests.support.forked_cli import ForkedCli, popen_cli, run_cli_process
+
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "__init__.py").write_text("")
+    (tmp_path / "cli" / "__main__.py").write_text(_SLOW_CLI)
+    command = [sys.executable, "-m", "cli", "run"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = popen_cli(
+        command,
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert isinstance(proc, ForkedCli)
+    assert "cli_zygote" in " ".join(psutil.Process(proc.pid).cmdline())
+    assert proc.stdout is not None and proc.stdout.readline() == "started\n"
+    assert os.getsid(proc.pid) == proc.pid and proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out, err) == (7, "", "to stderr\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_cli_process(command, cwd=tmp_path, env=env, capture_output=True, timeout=1)
+    merged = popen_cli(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    assert merged.stdout is not None
+    assert merged.stdout.readline() + merged.stdout.readline() == b"started\nto stderr\n"
+    assert os.getsid(merged.pid) != merged.pid  # no start_new_session: the server's
+    merged.kill()
+    assert merged.wait(30) == -signal.SIGKILL
