@@ -263,16 +263,15 @@ def test_sigint_at_any_moment_of_planning_exits_130(
         "openai",
         "--base-url",
         fake_openai.base_url,
-        "--output",
-        "out",
-        "--ledger",
-        "ledger.sqlite3",
     ]
     failures = []
     for step in range(26):
         home = tmp_path / f"prefect-home-{step}"
+        # an output and ledger of its own: a step whose signal came after the commit (a
+        # forked command plans fast) leaves the next one nothing to do but say so
+        own = ["--output", f"out-{step}", "--ledger", f"ledger-{step}.sqlite3"]
         proc = popen_cli(
-            [sys.executable, "-m", "cli", *args],
+            [sys.executable, "-m", "cli", *args, *own],
             cwd=tmp_path,
             env=_env(home),
             text=True,
