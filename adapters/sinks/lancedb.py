@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -75,14 +76,47 @@ def _lance_errors(where: str) -> Iterator[None]:
         raise
 
 
+#: An operating system's refusal inside Lance's error text: "…(IO): Permission denied (os
+#: error 13), /root/.cargo/…/object_store.rs:1000:21" (the tail is Lance's source line).
+_OS_ERROR_RE = re.compile(r"(?:LanceError\(IO\): )?([^:(]*?)\s*\(os error (\d+)\)")
+
+
+@contextmanager
+def _os_refusals(identity: str) -> Iterator[None]:
+    """An operating system's refusal of the database directory (permission denied, a file
+    where a directory should be, a read-only filesystem; Python's ``OSError`` or Lance's
+    ``RuntimeError`` carrying "(os error N)") as one ``FatalError`` naming the sink (exit 3:
+    a rerun meets it again until the directory is fixed); a full disk is
+    ``translate_full``'s, anything else passes through."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise FatalError(
+            f"LanceDB sink {identity}: {exc.strerror} ({exc.filename or ''})"
+            "; check that the path is a directory this user can write"
+        ) from None
+    except RuntimeError as exc:
+        found = _OS_ERROR_RE.search(str(exc))
+        if found is None or "commit conflict" in str(exc).lower():
+            raise
+        reason = found[1].strip() or "refused"
+        raise FatalError(
+            f"LanceDB sink {identity}: {reason} (os error {found[2]}); check that the path is "
+            "a directory this user can write"
+        ) from None
+
+
 def _writes(method: Callable[..., _T]) -> Callable[..., _T]:
     """A method that writes the database directory: a full filesystem (Lance raises
     ``RuntimeError("lance error: LanceError(IO): No space left on device (os error 28)")``)
-    becomes one ``DiskFullError`` naming the directory (``adapters.disk_full``)."""
+    becomes one ``DiskFullError`` naming the directory (``adapters.disk_full``), another
+    refusal of the operating system one ``FatalError`` (``_os_refusals``)."""
 
     @functools.wraps(method)
     def wrapper(self: LanceDBSink, *args: Any, **kwargs: Any) -> _T:
-        with translate_full(self.path, "LanceDB sink directory"):
+        with _os_refusals(self.identity), translate_full(self.path, "LanceDB sink directory"):
             return method(self, *args, **kwargs)
 
     return wrapper
@@ -118,10 +152,11 @@ class LanceDBSink(KeptColumnsCache):
 
     def _open(self) -> Any:
         if self._table is None:
-            try:
-                self._table = self._db().open_table(self.table_name)
-            except (FileNotFoundError, ValueError):
-                return None
+            with _os_refusals(self.identity):
+                try:
+                    self._table = self._db().open_table(self.table_name)
+                except (FileNotFoundError, ValueError):
+                    return None
         return self._table
 
     def describe(self) -> SinkTable | None:

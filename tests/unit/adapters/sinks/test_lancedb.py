@@ -126,3 +126,37 @@ def test_lancedb_keeps_columns_and_their_hash_and_refuses_other_columns(tmp_path
         again.ensure_table(
             embedder="openai", model="m", dimensions=4, columns=SinkColumns(("title",))
         )
+
+
+def test_a_path_the_system_refuses_is_one_fatal_line_naming_the_sink(tmp_path: Path) -> None:
+    """Lance's IO errors (a table directory that is a file, a database path under a file,
+    a directory it may not write) were tracebacks ending a run after its commit; they are
+    one ``FatalError`` (exit 3) naming the sink and the system's reason."""
+    from adapters.sinks.lancedb import LanceDBSink, _os_refusals
+    from embedline.errors import FatalError
+
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "t.lance").write_text("not a table")
+    (tmp_path / "file").write_text("not a directory")
+    calls = [
+        lambda: LanceDBSink(str(tmp_path / "db"), table="t").describe(),
+        lambda: LanceDBSink(str(tmp_path / "db"), table="t").ensure_table(
+            embedder="openai", model="m", dimensions=4
+        ),
+        lambda: LanceDBSink(str(tmp_path / "file" / "db"), table="t").describe(),
+    ]
+    for call in calls:
+        with pytest.raises(FatalError, match=r"^LanceDB sink lancedb://.*Not a directory") as err:
+            call()
+        assert err.value.exit_code == 3 and "\n" not in str(err.value)
+    lance_said = (
+        "lance error: LanceError(IO): Operation not permitted (os error 1), "
+        "/root/.cargo/registry/src/x/lance-io-13.0.0/src/object_store.rs:1000:21"
+    )
+    with pytest.raises(FatalError) as err, _os_refusals("lancedb://d?table=t"):
+        raise RuntimeError(lance_said)
+    assert str(err.value).startswith(
+        "LanceDB sink lancedb://d?table=t: Operation not permitted (os error 1); check"
+    )
+    with pytest.raises(RuntimeError, match="commit conflict"), _os_refusals("x"):
+        raise RuntimeError("Retryable commit conflict (os error 11)")
