@@ -34,7 +34,13 @@ _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 #: libpq's connection parameters that hold a secret (PostgreSQL 18 documentation, libpq
 #: "Parameter Key Words"): redacted here, refused in a sink URI (``adapters.sinks.factory``).
 LIBPQ_SECRET_PARAMS = ("password", "sslpassword", "oauth_client_secret")
-_SECRET_QUERY_RE = re.compile(rf"([?&](?:{'|'.join(LIBPQ_SECRET_PARAMS)})=)[^&#]*")
+#: Query parameters whose value is hidden in messages: libpq's secrets and the names API
+#: keys go by in other stores' URIs (``qdrant://host/c?api_key=…``, refused there too).
+_SECRET_QUERY_PARAMS = (*LIBPQ_SECRET_PARAMS, "api_key", "apikey", "api-key", "key", "token")
+_SECRET_QUERY_RE = re.compile(
+    rf"([?&](?:{'|'.join(map(re.escape, _SECRET_QUERY_PARAMS))}|[a-z_-]*secret[a-z_-]*)=)[^&#]*",
+    re.IGNORECASE,
+)
 # RFC 3986 §3.2.1: userinfo is "user:password", the password everything after its first ":"
 # and up to the authority's last "@" (a raw "@" in a password is invalid but written).
 _USERINFO_PASSWORD_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@:]*):[^/?#]*@")
@@ -54,7 +60,8 @@ class Location(NamedTuple):
 
 def redact(uri: str) -> str:
     """Return ``uri`` for messages, its secrets replaced by ``***``: the value of a secret
-    query parameter of libpq's (``LIBPQ_SECRET_PARAMS``) and the ``user:password@`` part. In
+    query parameter (libpq's ``LIBPQ_SECRET_PARAMS``, an ``api_key``, ``key``, ``token`` or
+    any ``*secret*``) and the ``user:password@`` part. In
     a PostgreSQL URI only the password goes: the user names whom a server refused, as
     SQLAlchemy's ``hide_password`` shows it; elsewhere a lone user part may be an API key
     (``qdrant://KEY@host``), so all of it goes."""

@@ -423,9 +423,10 @@ class RunSettings(RunFields):
     @classmethod
     def _sink_has_no_password(cls, value: str | None) -> str | None:
         if value and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:[^/@]+@", value):
+            instead = "QDRANT_API_KEY" if value.lower().startswith("qdrant") else "PGPASSWORD"
             raise ValueError(
                 "a password in the sink URI is not accepted (it would be stored "
-                "in Prefect parameters and the ledger): set PGPASSWORD instead"
+                f"in Prefect parameters and the ledger): set {instead} instead"
             )
         return value or None
 

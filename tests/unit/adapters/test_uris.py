@@ -145,6 +145,12 @@ def test_a_stores_uri_reopens_the_same_store(uri: str) -> None:
         ("qdrant://s3cret@vectors:6333/docs", "qdrant://***@vectors:6333/docs"),
         ("qdrant://a:s3c@ret@vectors/docs", "qdrant://***@vectors/docs"),
         ("s3://bucket/key@s3cret:1", "s3://bucket/key@s3cret:1"),
+        ("qdrant://vectors/docs?api_key=s3cret", "qdrant://vectors/docs?api_key=***"),
+        ("qdrant://vectors/docs?x=1&API_KEY=s3cret", "qdrant://vectors/docs?x=1&API_KEY=***"),
+        (
+            "postgresql://db/v?oauth_client_secret=s3cret",
+            "postgresql://db/v?oauth_client_secret=***",
+        ),
     ],
 )
 def test_redact_hides_secrets_and_keeps_a_postgresql_user(uri: str, shown: str) -> None:

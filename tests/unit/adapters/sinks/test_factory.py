@@ -169,3 +169,24 @@ def test_a_local_sink_path_that_is_a_file_is_an_input_error_naming_it(
         validate_sink_uri(form.format(file=data))
     assert f"{data} is a file" in str(caught.value)
     validate_sink_uri(form.format(file=tmp_path / "new" / "db"))  # absent: created later
+
+
+@pytest.mark.parametrize(
+    ("sink", "instead"),
+    [
+        ("postgresql://app:s3cret@db/v?table=t", "set PGPASSWORD instead"),
+        ("qdrant://key:s3cret@vectors:6333/docs", "set QDRANT_API_KEY instead"),
+    ],
+)
+def test_run_refuses_a_password_in_the_sink_and_names_the_stores_own_setting(
+    sink: str, instead: str
+) -> None:
+    """``run --sink`` with a password said "set PGPASSWORD" for a Qdrant URI too."""
+    from pydantic import ValidationError
+
+    from embedline.settings import RunSettings
+
+    with pytest.raises(ValidationError) as caught:
+        RunSettings(input="in.csv", sink=sink)
+    [error] = caught.value.errors()  # the CLI prints its message, not the input
+    assert instead in error["msg"] and "s3cret" not in error["msg"]
