@@ -135,6 +135,15 @@ def tsv_field(value: str) -> str:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
+    if args.sink:
+        from adapters.sinks import validate_sink_uri
+        from cli.failures import EXIT_USAGE, fail
+        from embedline.errors import InputError
+
+        try:
+            validate_sink_uri(args.sink)
+        except InputError as exc:  # one line, as load's --to (it was a traceback)
+            return fail(f"embedline: error: {exc}", EXIT_USAGE)
     ledger = open_ledger(args.ledger)
     run = find_run(ledger, args.run)
     if args.sink:

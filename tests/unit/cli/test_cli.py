@@ -451,3 +451,17 @@ def test_a_value_that_starts_with_a_minus_is_taken_as_written() -> None:
         ["run", "x.csv", "--id-column", "-id", "--text-template", "-{title}"]
     )
     assert (args.id_column, args.text_template) == ("-id", "-{title}")
+
+
+@pytest.mark.parametrize(
+    "sink",
+    ["foo://x", "lancedb://./db?tabel=t", "postgresql://a:s3cret@h/db", "qdrant://s3cret@h/x"],
+)
+def test_dead_letters_with_a_bad_sink_is_one_line_and_exit_2(
+    sink: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was a traceback and exit 1, before the ledger was even read."""
+    assert main(["dead-letters", "abc", "--sink", sink, "--ledger", str(tmp_path / "l")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("embedline: error: ") and err.count("\n") == 1, err
+    assert "s3cret" not in err and not (tmp_path / "l").exists()
