@@ -109,8 +109,8 @@ def test_a_closed_server_has_ended_and_left_no_directory(tmp_path: Path) -> None
 
 _SLOW_CLI = """import signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
-print("started", flush=True)
 print("to stderr", file=sys.stderr, flush=True)
+print("started", flush=True)
 time.sleep(60)
 """
 
@@ -154,7 +154,7 @@ def test_popen_cli_gives_a_forked_command_popens_pipes_signals_and_session(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     assert merged.stdout is not None
-    assert merged.stdout.readline() + merged.stdout.readline() == b"started\nto stderr\n"
+    assert merged.stdout.readline() + merged.stdout.readline() == b"to stderr\nstarted\n"
     assert os.getsid(merged.pid) != merged.pid  # no start_new_session: the server's
     merged.kill()
     assert merged.wait(30) == -signal.SIGKILL
