@@ -25,7 +25,7 @@ def check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
     ``--dask-address`` with a Prefect API its workers reach. Returns (one-line message, exit
     code) or None."""
     from adapters.csv_header import check_header
-    from embedline.errors import EmbedlineError, InputError
+    from embedline.errors import EmbedlineError, FatalError, InputError
 
     if settings.task_runner == "dask" and settings.dask_address:
         from cli.dask_checks import check_dask_address
@@ -70,8 +70,14 @@ def check_before_prefect(settings: RunSettings) -> tuple[str, int] | None:
 
             validate_sink_uri(settings.sink)
             refused = None if settings.dry_run else server_refusal(settings.sink)
-            if refused is not None:  # before a request is paid for: exit 3
+            if isinstance(refused, FatalError):  # before a request is paid for: exit 3
                 raise refused
+            if refused is not None:  # may come back by the load: said, not refused
+                print(
+                    f"embedline: warning: {refused}; the run goes on, and if the sink still "
+                    "does not answer at its load, rerun the same command to load it",
+                    file=sys.stderr,
+                )
         _check_output(settings.output)
         check_ledger(settings.ledger)
     except EmbedlineError as exc:

@@ -493,12 +493,13 @@ def validate_sink_uri(uri: str) -> str:
     return uri
 
 
-def server_refusal(uri: str) -> FatalError | None:
+def server_refusal(uri: str) -> Exception | None:
     """One connect to a sink on a PostgreSQL server, before a run pays for anything: the
-    refusal a rerun would meet again (no such database or role, a password, ``pg_hba.conf``
-    or a connection parameter refused: ``pg_errors.translate``), or None when it answers,
-    when the store is not one (a local store opens at the load), or when it does not answer
-    now (the load waits for it and a rerun loads).
+    refusal a rerun would meet again as a ``FatalError`` (no such database or role, a
+    password, ``pg_hba.conf`` or a connection parameter refused: ``pg_errors.translate``),
+    the error of a server that does not answer now (not fatal: it may answer by the load,
+    and a rerun loads what a run could not; the CLI warns), or None when it answers or the
+    store is not one (a local store opens at the load).
 
     :raises InputError: see ``validate_sink_uri``.
     """
@@ -514,8 +515,7 @@ def server_refusal(uri: str) -> FatalError | None:
     try:
         psycopg.connect(params["dsn"], connect_timeout=_CHECK_CONNECT_S).close()
     except psycopg.Error as exc:
-        refused = translate(exc, f"PostgreSQL {redact(uri)}")
-        return refused if isinstance(refused, FatalError) else None
+        return translate(exc, f"PostgreSQL {redact(uri)}")
     return None
 
 

@@ -190,3 +190,15 @@ def test_run_refuses_a_password_in_the_sink_and_names_the_stores_own_setting(
         RunSettings(input="in.csv", sink=sink)
     [error] = caught.value.errors()  # the CLI prints its message, not the input
     assert instead in error["msg"] and "s3cret" not in error["msg"]
+
+
+def test_a_server_that_does_not_answer_is_not_a_refusal_but_is_reported() -> None:
+    """Nothing listens on port 1: not fatal (it may be back by the load), but returned, so
+    ``run --sink`` warns before it pays; a local store is not checked."""
+    from adapters.sinks import server_refusal
+    from embedline.errors import EmbedlineError, FatalError
+
+    found = server_refusal("postgresql://alice@127.0.0.1:1/db?table=t")
+    assert isinstance(found, EmbedlineError) and not isinstance(found, FatalError)
+    assert "postgresql://alice@127.0.0.1:1/db" in str(found) and "\n" not in str(found)
+    assert server_refusal("lancedb://./nowhere?table=t") is None
