@@ -296,10 +296,12 @@ def print_summary(summary: dict[str, Any], *, command_s: float | None = None) ->
             f"output     {summary['output']}",
         ]
     if summary.get("delta_base"):
-        written = summary["rows_published"] - summary.get("rows_inherited", 0)
+        inherited = summary.get("rows_inherited", 0)
+        written = summary["rows_published"] - inherited
+        kept = f"{inherited:,} kept in the objects of" if inherited else "none kept from"
         lines.append(
-            f"delta      {written:,} rows written, {summary.get('rows_inherited', 0):,} kept "
-            f"in the objects of run {summary['delta_base'][:12]} (a delta night)"
+            f"delta      {written:,} rows written, {kept} run {summary['delta_base'][:12]} "
+            "(a delta night)"
         )
     if summary.get("rows_added") is not None:
         base = summary.get("changes_base")

@@ -384,5 +384,9 @@ def print_load_summary(summary: dict[str, Any], *, message: bool = True) -> None
                 else ")"
             )
         )
-    if message and summary["exit_code"] != 0:
-        print(f"embedline: {summary['message']}", file=sys.stderr)
+    code = int(summary["exit_code"])
+    if message and code != 0:
+        from embedline.interrupts import SIGNALS, exit_code_for
+
+        quiet = code in (exit_code_for(s) for s in SIGNALS)  # interrupted: no error of its own
+        print(f"embedline: {'' if quiet else 'error: '}{summary['message']}", file=sys.stderr)

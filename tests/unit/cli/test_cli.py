@@ -465,3 +465,32 @@ def test_dead_letters_with_a_bad_sink_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert err.startswith("embedline: error: ") and err.count("\n") == 1, err
     assert "s3cret" not in err and not (tmp_path / "l").exists()
+
+
+def test_a_delta_night_that_keeps_nothing_says_none_kept(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It read "3,001 rows written, 0 kept in the objects of run …"."""
+    from cli.console import print_summary
+    from embedline.summary import RunSummary
+
+    fields = dict(run_key="k" * 64, output="out", delta_base="b" * 64, chunks_total=1)
+    print_summary(RunSummary(0, "complete", "", rows_published=3001, **fields).to_dict())
+    print_summary(
+        RunSummary(0, "complete", "", rows_published=5, rows_inherited=4, **fields).to_dict()
+    )
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("delta")]
+    assert lines == [
+        f"delta      3,001 rows written, none kept from run {'b' * 12} (a delta night)",
+        f"delta      1 rows written, 4 kept in the objects of run {'b' * 12} (a delta night)",
+    ]
+
+
+@pytest.mark.parametrize(("code", "prefix"), [(3, "embedline: error: "), (143, "embedline: ")])
+def test_a_loads_last_line_says_error_unless_interrupted(
+    code: int, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli.load import print_load_summary
+
+    print_load_summary({"sink": "s", "exit_code": code, "message": "it stopped"})
+    assert capsys.readouterr().err == f"{prefix}it stopped\n"
