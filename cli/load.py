@@ -386,7 +386,7 @@ def print_load_summary(summary: dict[str, Any], *, message: bool = True) -> None
         )
     code = int(summary["exit_code"])
     if message and code != 0:
-        from embedline.interrupts import SIGNALS, exit_code_for
+        from embedline.interrupts import is_interrupt_exit
 
-        quiet = code in (exit_code_for(s) for s in SIGNALS)  # interrupted: no error of its own
+        quiet = is_interrupt_exit(code)  # interrupted: no error of its own
         print(f"embedline: {'' if quiet else 'error: '}{summary['message']}", file=sys.stderr)

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from cli.failures import exit_on_api_loss
-from embedline.interrupts import SIGNALS, exit_code_for
+from embedline.interrupts import is_interrupt_exit
 from embedline.shutdown import STOP
 from embedline.tracebacks import DEBUG_ENV
 from flows.hard_exit import hard_exit
@@ -45,7 +45,7 @@ def say_why_not_complete(summary: dict[str, Any]) -> None:
     code = int(summary["exit_code"])
     if code:
         # interrupted, or stepped aside for an earlier run (exit 75): no error of the run's
-        quiet = code in (exit_code_for(s) for s in SIGNALS) or summary["status"] == "stepped_aside"
+        quiet = is_interrupt_exit(code) or summary["status"] == "stepped_aside"
         sys.stderr.write(f"embedline: {'' if quiet else 'error: '}{summary['message']}\n")
 
 

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["SIGNALS", "Terminated", "exit_code_for", "interrupt_of", "is_interrupt", "signal_of"]
+__all__ = [
+    "SIGNALS",
+    "Terminated",
+    "exit_code_for",
+    "interrupt_of",
+    "is_interrupt",
+    "is_interrupt_exit",
+    "signal_of",
+]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -55,3 +63,9 @@ def interrupt_of(exc: BaseException) -> BaseException | None:
 def exit_code_for(signum: int) -> int:
     """Shell convention: 128 + signal number (130 for SIGINT, 143 for SIGTERM)."""
     return 128 + int(signum)
+
+
+def is_interrupt_exit(code: int) -> bool:
+    """Whether exit code ``code`` is that of a stop by one of ``SIGNALS`` (130, 143): a
+    command's last line then says what stopped it, not an error of its own."""
+    return code in (exit_code_for(s) for s in SIGNALS)
