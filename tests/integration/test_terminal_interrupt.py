@@ -270,7 +270,8 @@ def test_sigint_at_any_moment_of_planning_exits_130(
         # an output and ledger of its own: a step whose signal came after the commit (a
         # forked command plans fast) leaves the next one nothing to do but say so
         own = ["--output", f"out-{step}", "--ledger", f"ledger-{step}.sqlite3"]
-        proc = popen_cli(
+        # a fresh interpreter: a forked one can finish these 2 rows inside the 50 ms swept
+        proc = subprocess.Popen(
             [sys.executable, "-m", "cli", *args, *own],
             cwd=tmp_path,
             env=_env(home),
